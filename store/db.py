@@ -1,0 +1,125 @@
+"""SQLite connections of one database file, off the event loop.
+
+This module owns opening a database (pragmas, schema), its two aiosqlite
+connections (one writer, one reader) and the write transaction discipline. It
+knows nothing about what the tables mean; :mod:`store.schema` owns that.
+
+* WAL mode, so readers never wait for the writer and the writer never waits for
+  readers.
+* One writer connection guarded by an :class:`asyncio.Lock`: every multi-row
+  change is one ``BEGIN IMMEDIATE`` ... ``COMMIT`` taken through :meth:`Database.write`.
+* One reader connection (``query_only``) that sees committed data only.
+* 64 KiB pages, so a whole chunk (at most 64 KiB) is stored without overflow pages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Literal
+
+import aiosqlite
+
+from store.errors import ClosedError
+
+log = logging.getLogger(__name__)
+
+Synchronous = Literal["OFF", "NORMAL", "FULL"]
+
+PAGE_SIZE = 65536
+
+
+def _prepare(path: Path, create_schema: Callable[[sqlite3.Connection], None]) -> None:
+    """Create the file with our page size and WAL, then create or migrate the schema."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
+            conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        create_schema(conn)
+    finally:
+        conn.close()
+
+
+class Database:
+    """One SQLite database file with a writer and a reader connection."""
+
+    def __init__(self, path: Path, writer: aiosqlite.Connection, reader: aiosqlite.Connection):
+        self.path = path
+        self.writer = writer
+        self.reader = reader
+        self._lock = asyncio.Lock()
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls,
+        path: Path,
+        create_schema: Callable[[sqlite3.Connection], None],
+        *,
+        synchronous: Synchronous = "NORMAL",
+    ) -> Database:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(_prepare, path, create_schema)
+        writer = await aiosqlite.connect(path, isolation_level=None)
+        try:
+            await writer.execute(f"PRAGMA synchronous = {synchronous}")
+            await writer.execute("PRAGMA temp_store = MEMORY")
+            await writer.execute("PRAGMA cache_size = -16384")  # 16 MiB
+            reader = await aiosqlite.connect(path, isolation_level=None)
+        except BaseException:
+            await writer.close()
+            raise
+        try:
+            await reader.execute("PRAGMA query_only = 1")
+            await reader.execute("PRAGMA cache_size = -16384")
+        except BaseException:
+            await reader.close()
+            await writer.close()
+            raise
+        return cls(path, writer, reader)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"database {self.path} is closed")
+
+    @asynccontextmanager
+    async def write(self) -> AsyncIterator[aiosqlite.Connection]:
+        """One write transaction: committed if the block succeeds, rolled back if not."""
+        self._check_open()
+        async with self._lock:
+            self._check_open()
+            conn = self.writer
+            await conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                await asyncio.shield(conn.rollback())
+                raise
+            else:
+                await asyncio.shield(conn.commit())
+
+    async def read_all(self, sql: str, params: Sequence[object] = ()) -> list[sqlite3.Row]:
+        """Run a query on the reader connection and return every row."""
+        self._check_open()
+        return list(await self.reader.execute_fetchall(sql, params))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        async with self._lock:
+            self._closed = True
+            await self.reader.close()
+            try:
+                await self.writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as e:  # a busy reader elsewhere; the WAL stays, which is fine
+                log.debug("checkpoint on close of %s failed: %s", self.path, e)
+            await self.writer.close()

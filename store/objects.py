@@ -1,0 +1,434 @@
+"""The object store of one page: pieces in SQLite, values written and read as streams.
+
+This module owns storing and reading pieces (``objects``), their sync status
+(``object_status``), which open journal staged them (``journal_pieces``), and
+garbage collection of transient pieces. It does not know about trees, commits or
+the cloud; a *fetcher* hook lets sync supply pieces that are not stored locally.
+
+Writing a value
+    The source (bytes, an async iterator of bytes, or a file) is read in blocks;
+    each block is split on a worker thread (FastCDC and SHA-256 release the GIL)
+    while the previous block's pieces are inserted, so hashing and SQLite work
+    overlap. Pieces are staged in short transactions under a private
+    ``U``-prefixed token, then handed to the caller's journal in one transaction
+    (:meth:`ObjectStore.adopt`). A crash mid-stream leaves only staged pieces,
+    which the next open collects.
+
+Reading a value
+    Index pieces are walked depth first; chunk pieces are fetched in batches and
+    verified against their digest before a byte is returned. Ranged reads skip
+    every subtree outside the range.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiofiles
+import aiosqlite
+
+from store import digest as dg
+from store import split
+from store.db import Database
+from store.errors import CorruptObjectError, ObjectNotFoundError, RangeError
+from store.schema import LOCAL, SYNCED, TRANSIENT
+
+log = logging.getLogger(__name__)
+
+BLOCK_SIZE = 4 * 1024 * 1024
+"""Bytes read from a source and split per worker-thread hop."""
+
+READ_BATCH = 64
+"""Pieces fetched per query when reading a value."""
+
+_THREAD_MIN = 256 * 1024
+"""Below this many bytes, splitting or verifying runs inline instead of on a thread."""
+
+Fetcher = Callable[[list[bytes]], Awaitable[dict[bytes, bytes]]]
+"""Given digests of pieces missing locally, returns their contents (unverified)."""
+
+Source = bytes | bytearray | memoryview | AsyncIterable[bytes] | Path
+
+
+@dataclass(frozen=True, slots=True)
+class ValueRef:
+    """A stored value: its root digest and size in bytes."""
+
+    digest: bytes
+    size: int
+
+
+async def _blocks(source: Source, block_size: int = BLOCK_SIZE) -> AsyncIterator[bytes]:
+    """Re-block any source into blocks of about ``block_size`` bytes."""
+    if isinstance(source, bytes | bytearray | memoryview):
+        mv = memoryview(source)
+        for i in range(0, len(mv), block_size):
+            yield bytes(mv[i : i + block_size])
+        return
+    if isinstance(source, Path):
+        async with aiofiles.open(source, "rb") as f:
+            while block := await f.read(block_size):
+                yield block
+        return
+    pending: list[bytes] = []
+    size = 0
+    async for part in source:
+        if not isinstance(part, bytes | bytearray | memoryview):
+            raise TypeError(f"value stream yielded {type(part).__name__}, expected bytes")
+        pending.append(bytes(part))
+        size += len(part)
+        if size >= block_size:
+            yield b"".join(pending)
+            pending, size = [], 0
+    if pending:
+        yield b"".join(pending)
+
+
+class ObjectStore:
+    """Pieces of one page's database."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.fetcher: Fetcher | None = None
+
+    # -- writing ---------------------------------------------------------------
+
+    async def _stage(self, token: str, pieces: list[split.Piece]) -> None:
+        if not pieces:
+            return
+        async with self.db.write() as conn:
+            await conn.executemany(
+                "INSERT OR IGNORE INTO objects (digest, data) VALUES (?, ?)",
+                [(p.digest, p.data) for p in pieces],
+            )
+            await conn.executemany(
+                "INSERT OR IGNORE INTO journal_pieces (journal_id, digest) VALUES (?, ?)",
+                [(token, p.digest) for p in pieces],
+            )
+
+    async def stage_value(
+        self, source: Source, kind: dg.Kind = dg.Kind.VALUE
+    ) -> tuple[str, ValueRef]:
+        """Split and store ``source``; returns a staging token and the value.
+
+        The pieces stay transient under the token until :meth:`adopt` hands them
+        to a journal (or :meth:`discard` drops them). Splitting of block N+1
+        overlaps the insertion of block N.
+        """
+        token = "U" + uuid.uuid4().hex
+        splitter = split.Splitter(kind)
+        inserting: asyncio.Task[None] | None = None
+        try:
+            async for block in _blocks(source):
+                if len(block) >= _THREAD_MIN:
+                    pieces = await asyncio.to_thread(splitter.feed, block)
+                else:
+                    pieces = splitter.feed(block)
+                if inserting is not None:
+                    await inserting
+                    inserting = None
+                if pieces:
+                    inserting = asyncio.ensure_future(self._stage(token, pieces))
+            tail, root = splitter.finish()
+            if inserting is not None:
+                await inserting
+                inserting = None
+            await self._stage(token, tail)
+        except BaseException:
+            if inserting is not None:
+                inserting.cancel()
+                await asyncio.gather(inserting, return_exceptions=True)
+            await asyncio.shield(self._discard_quietly(token))
+            raise
+        return token, ValueRef(root.digest, root.size)
+
+    async def _discard_quietly(self, token: str) -> None:
+        try:
+            await self.discard(token)
+        except Exception as e:  # the database may be closing; the next open collects
+            log.debug("could not discard staged pieces %s: %s", token, e)
+
+    async def adopt(
+        self, token: str, journal_id: str, conn: aiosqlite.Connection | None = None
+    ) -> None:
+        """Move staged pieces from ``token`` to ``journal_id``.
+
+        Pass the open write connection when calling inside a transaction.
+        """
+        sql = (
+            "INSERT OR IGNORE INTO journal_pieces (journal_id, digest) "
+            "SELECT ?, digest FROM journal_pieces WHERE journal_id = ?"
+        )
+        if conn is None:
+            async with self.db.write() as c:
+                await c.execute(sql, (journal_id, token))
+                await c.execute("DELETE FROM journal_pieces WHERE journal_id = ?", (token,))
+        else:
+            await conn.execute(sql, (journal_id, token))
+            await conn.execute("DELETE FROM journal_pieces WHERE journal_id = ?", (token,))
+
+    async def put_value(
+        self, source: Source, journal_id: str, kind: dg.Kind = dg.Kind.VALUE
+    ) -> ValueRef:
+        """Store a value and stage its pieces under ``journal_id``."""
+        token, ref = await self.stage_value(source, kind)
+        await self.adopt(token, journal_id)
+        return ref
+
+    async def recover(self) -> int:
+        """After a crash: drop what half-written values and explicit journals staged.
+
+        Pieces of implicit (``I``) journals stay; their journal is committed by the
+        page on open. Returns the number of pieces collected.
+        """
+        async with self.db.write() as conn:
+            return await self._collect(conn, "substr(journal_id, 1, 1) IN ('U', 'E')", ())
+
+    # -- status ----------------------------------------------------------------
+
+    async def mark_local(self, journal_id: str, conn: aiosqlite.Connection) -> None:
+        """The journal committed: its pieces become ``local`` and stop being staged.
+
+        ``conn`` is the write connection of the caller's transaction.
+        """
+        await conn.execute(
+            f"INSERT OR IGNORE INTO object_status (digest, status) "
+            f"SELECT digest, {LOCAL} FROM journal_pieces WHERE journal_id = ?",
+            (journal_id,),
+        )
+        await conn.execute("DELETE FROM journal_pieces WHERE journal_id = ?", (journal_id,))
+
+    async def mark_synced(self, digests: Iterable[bytes]) -> None:
+        """These pieces are in the cloud (uploaded, or seen in a remote pack)."""
+        rows = [(d,) for d in digests if not dg.is_inline(d)]
+        if not rows:
+            return
+        async with self.db.write() as conn:
+            await conn.executemany(
+                f"INSERT INTO object_status (digest, status) VALUES (?, {SYNCED}) "
+                f"ON CONFLICT (digest) DO UPDATE SET status = {SYNCED}",
+                rows,
+            )
+
+    async def status(self, digest: bytes) -> int | None:
+        """TRANSIENT, LOCAL or SYNCED; None if this page does not know the piece."""
+        rows = await self.db.read_all(
+            "SELECT (SELECT status FROM object_status WHERE digest = ?1), "
+            "EXISTS (SELECT 1 FROM objects WHERE digest = ?1)",
+            (digest,),
+        )
+        status, stored = rows[0]
+        if status is not None:
+            return int(status)
+        return TRANSIENT if stored else None
+
+    async def discard(self, journal_id: str) -> int:
+        """Forget what ``journal_id`` staged and collect pieces nothing else needs."""
+        async with self.db.write() as conn:
+            return await self._collect(conn, "journal_id = ?", (journal_id,))
+
+    async def collect_garbage(self) -> int:
+        """Delete every transient piece that no open journal stages (a full scan)."""
+        async with self.db.write() as conn:
+            cur = await conn.execute(
+                "DELETE FROM objects WHERE digest IN (SELECT digest FROM objects "
+                "EXCEPT SELECT digest FROM object_status EXCEPT SELECT digest FROM journal_pieces)"
+            )
+            return int(cur.rowcount)
+
+    @staticmethod
+    async def _collect(
+        conn: aiosqlite.Connection, journals: str, params: tuple[object, ...]
+    ) -> int:
+        """Drop the journals matching ``journals`` and the pieces only they staged."""
+        await conn.execute("CREATE TEMP TABLE IF NOT EXISTS gc (digest BLOB PRIMARY KEY)")
+        await conn.execute(
+            f"INSERT OR IGNORE INTO temp.gc SELECT digest FROM journal_pieces WHERE {journals}",
+            params,
+        )
+        await conn.execute(f"DELETE FROM journal_pieces WHERE {journals}", params)
+        cur = await conn.execute(
+            "DELETE FROM objects WHERE digest IN (SELECT digest FROM temp.gc "
+            "EXCEPT SELECT digest FROM object_status EXCEPT SELECT digest FROM journal_pieces)"
+        )
+        await conn.execute("DELETE FROM temp.gc")
+        n = int(cur.rowcount)
+        if n:
+            log.debug("collected %d transient pieces", n)
+        return n
+
+    # -- reading ---------------------------------------------------------------
+
+    async def get_pieces(self, digests: list[bytes]) -> dict[bytes, bytes]:
+        """Verified contents of ``digests`` (hashed ones), fetching missing ones if possible."""
+        found: dict[bytes, bytes] = {}
+        want = list(dict.fromkeys(digests))
+        for i in range(0, len(want), 500):
+            part = want[i : i + 500]
+            marks = ",".join("?" * len(part))
+            rows = await self.db.read_all(
+                f"SELECT digest, data FROM objects WHERE digest IN ({marks})", part
+            )
+            found.update((bytes(d), bytes(v)) for d, v in rows)
+        await self._verify(found)
+        missing = [d for d in want if d not in found]
+        if missing:
+            found.update(await self._fetch(missing))
+        return found
+
+    async def _verify(self, pieces: dict[bytes, bytes]) -> None:
+        total = sum(len(v) for v in pieces.values())
+
+        def check() -> list[bytes]:
+            return [d for d, v in pieces.items() if not dg.verify(d, v)]
+
+        bad = await asyncio.to_thread(check) if total >= _THREAD_MIN else check()
+        if bad:
+            raise CorruptObjectError(
+                f"stored object {dg.short(bad[0])} in {self.db.path} does not match its digest"
+            )
+
+    async def _fetch(self, missing: list[bytes]) -> dict[bytes, bytes]:
+        if self.fetcher is None:
+            raise ObjectNotFoundError(f"object {dg.short(missing[0])} is not stored on this device")
+        got = await self.fetcher(missing)
+        await self._verify(got)
+        absent = [d for d in missing if d not in got]
+        if absent:
+            raise ObjectNotFoundError(f"object {dg.short(absent[0])} could not be fetched")
+        async with self.db.write() as conn:
+            await conn.executemany(
+                "INSERT OR IGNORE INTO objects (digest, data) VALUES (?, ?)", list(got.items())
+            )
+            await conn.executemany(
+                f"INSERT INTO object_status (digest, status) VALUES (?, {SYNCED}) "
+                f"ON CONFLICT (digest) DO UPDATE SET status = {SYNCED}",
+                [(d,) for d in got],
+            )
+        return got
+
+    async def get_piece(self, digest: bytes) -> bytes:
+        if dg.is_inline(digest):
+            return dg.inline_content(digest)
+        return (await self.get_pieces([digest]))[digest]
+
+    async def has_value(self, digest: bytes) -> bool:
+        """True if every piece of the value is stored locally."""
+        stack = [digest]
+        while stack:
+            d = stack.pop()
+            if dg.is_inline(d):
+                continue
+            rows = await self.db.read_all("SELECT data FROM objects WHERE digest = ?", (d,))
+            if not rows:
+                return False
+            if dg.is_index(d):
+                data = bytes(rows[0][0])
+                if not dg.verify(d, data):
+                    raise CorruptObjectError(
+                        f"stored object {dg.short(d)} does not match its digest"
+                    )
+                stack.extend(c.digest for c in split.decode_index(data))
+        return True
+
+    async def size(self, digest: bytes) -> int:
+        """Size in bytes of the value named by a root digest."""
+        if dg.is_inline(digest):
+            return len(digest) - 1
+        if dg.is_index(digest):
+            return sum(c.size for c in split.decode_index(await self.get_piece(digest)))
+        rows = await self.db.read_all(
+            "SELECT length(data) FROM objects WHERE digest = ?", (digest,)
+        )
+        if rows:
+            return int(rows[0][0])
+        return len(await self.get_piece(digest))
+
+    async def read(
+        self, digest: bytes, offset: int = 0, length: int | None = None
+    ) -> AsyncIterator[bytes]:
+        """Stream the bytes ``[offset, offset + length)`` of a value.
+
+        Only the pieces covering the range are read. Raises :class:`RangeError`
+        if ``offset`` is past the end; a ``length`` running past the end is cut.
+        """
+        if offset < 0 or (length is not None and length < 0):
+            raise RangeError("offset and length must not be negative")
+        total = await self.size(digest)
+        if offset > total:
+            raise RangeError(f"offset {offset} is past the end of a {total}-byte value")
+        end = total if length is None else min(total, offset + length)
+        return self._read_range(digest, offset, end)
+
+    async def _read_range(self, root: bytes, start: int, end: int) -> AsyncIterator[bytes]:
+        if start >= end:
+            return
+        # Leaves covering [start, end) in order, as (digest, leaf_start), resolved lazily.
+        async for batch in self._leaves(root, start, end):
+            contents = await self.get_pieces([d for d, _ in batch if not dg.is_inline(d)])
+            for d, leaf_start in batch:
+                data = dg.inline_content(d) if dg.is_inline(d) else contents[d]
+                lo = max(start - leaf_start, 0)
+                hi = min(end - leaf_start, len(data))
+                if lo == 0 and hi == len(data):
+                    yield data
+                else:
+                    yield data[lo:hi]
+
+    async def _leaves(
+        self, root: bytes, start: int, end: int
+    ) -> AsyncIterator[list[tuple[bytes, int]]]:
+        """Batches of (chunk digest, offset of the chunk) covering [start, end)."""
+        batch: list[tuple[bytes, int]] = []
+        # Depth-first walk with an explicit stack of (digest, offset, size).
+        stack: list[tuple[bytes, int]] = [(root, 0)]
+        while stack:
+            d, pos = stack.pop()
+            if not dg.is_index(d):
+                batch.append((d, pos))
+                if len(batch) >= READ_BATCH:
+                    yield batch
+                    batch = []
+                continue
+            children = split.decode_index(await self.get_piece(d))
+            items: list[tuple[bytes, int]] = []
+            for c in children:
+                if pos < end and pos + c.size > start:
+                    items.append((c.digest, pos))
+                pos += c.size
+            stack.extend(reversed(items))
+        if batch:
+            yield batch
+
+    async def read_all(self, digest: bytes) -> bytes:
+        """The whole value in memory; for small values (tree nodes, tests)."""
+        return b"".join([b async for b in await self.read(digest)])
+
+    async def read_to_file(self, digest: bytes, path: Path) -> int:
+        """Write a value to ``path`` (atomically, via a temporary file)."""
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        n = 0
+        try:
+            async with aiofiles.open(tmp, "wb") as f:
+                async for block in await self.read(digest):
+                    await f.write(block)
+                    n += len(block)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return n
+
+    # -- counting (tests, benchmarks, status) ------------------------------------
+
+    async def counts(self) -> dict[str, int]:
+        rows = await self.db.read_all(
+            "SELECT count(*), coalesce(sum(length(data)), 0) FROM objects"
+        )
+        return {"objects": int(rows[0][0]), "bytes": int(rows[0][1])}

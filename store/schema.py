@@ -1,0 +1,189 @@
+"""The SQLite schemas: one per-page database and the repository-wide page-usage database.
+
+This module owns every ``CREATE`` statement and the schema version
+(``PRAGMA user_version``), with the migrations between versions. It runs no
+queries of its own beyond creating and migrating.
+
+Status values used in ``object_status``:
+
+======  ===========  ==========================================================
+value   name         meaning
+======  ===========  ==========================================================
+(none) transient    staged by an open journal (or a value still being written):
+                    the piece has an ``objects`` row and no ``object_status`` row
+1      local        referenced by a commit, not yet in the cloud
+2      synced       in the cloud (uploaded by us or seen in another device's pack)
+======  ===========  ==========================================================
+
+Transient pieces have no status row so that streaming a large value in costs one
+index insert per piece fewer; the state machine is the same.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+FORMAT_VERSION = 1
+"""Path component of the repository layout: ``{data_dir}/{FORMAT_VERSION}/ledgers/...``."""
+
+SCHEMA_VERSION = 1
+"""``PRAGMA user_version`` of a current page database."""
+
+TRANSIENT, LOCAL, SYNCED = 0, 1, 2
+
+PAGE_SCHEMA = """
+-- objects: stored pieces (chunks and index pieces of values and of tree nodes).
+--   digest: a hashed digest (store.digest); inline pieces are never rows.
+--   data:   the piece's exact content; digest.verify(digest, data) holds unless the
+--           file was damaged, which every read checks.
+-- A row may be absent while its status row says 'synced': a LAZY piece that is in
+-- the cloud and has not been fetched yet.
+CREATE TABLE objects (
+    digest BLOB PRIMARY KEY,
+    data   BLOB NOT NULL
+);
+
+-- object_status: sync status of pieces past 'transient': 1 local (referenced by a
+--   commit), 2 synced (in the cloud). No row = transient (if an objects row
+--   exists) or unknown. Status only increases; rows are never deleted.
+--   A piece with an objects row, no status row and no journal_pieces row is
+--   garbage (a discarded journal's) and may be deleted.
+CREATE TABLE object_status (
+    digest BLOB PRIMARY KEY,
+    status INTEGER NOT NULL CHECK (status IN (1, 2))
+) WITHOUT ROWID;
+
+-- journal_pieces: which open journal staged which piece. journal_id starts with
+--   'I' (implicit journal, survives a crash), 'E' (explicit journal/transaction,
+--   discarded on start) or 'U' (a value being streamed in, discarded on start).
+--   Rows exist only while the journal is open, so the table stays small and
+--   has no index by digest (collection scans it once).
+CREATE TABLE journal_pieces (
+    journal_id TEXT NOT NULL,
+    digest     BLOB NOT NULL,
+    PRIMARY KEY (journal_id, digest)
+) WITHOUT ROWID;
+
+-- commits: every commit of this page. id = hash of data (store.commit); data is
+--   the deterministic encoding; the other columns are copies of fields of data,
+--   kept for queries. generation = 1 + max(parent generations), 1 for a root
+--   commit. Rows are never changed or deleted.
+CREATE TABLE commits (
+    id         BLOB PRIMARY KEY,
+    data       BLOB NOT NULL,
+    generation INTEGER NOT NULL,
+    timestamp  INTEGER NOT NULL,
+    root       BLOB NOT NULL
+) WITHOUT ROWID;
+
+-- commit_parents: edges of the commit graph (child -> parent).
+CREATE TABLE commit_parents (
+    child  BLOB NOT NULL,
+    parent BLOB NOT NULL,
+    PRIMARY KEY (child, parent)
+) WITHOUT ROWID;
+
+-- heads: commits with no children. Never empty once the page has its first
+--   commit; more than one row means a merge is due.
+CREATE TABLE heads (
+    commit_id BLOB PRIMARY KEY,
+    timestamp INTEGER NOT NULL
+) WITHOUT ROWID;
+
+-- unsynced_commits: commits made on this device and not yet uploaded.
+CREATE TABLE unsynced_commits (
+    commit_id  BLOB PRIMARY KEY,
+    generation INTEGER NOT NULL
+) WITHOUT ROWID;
+
+-- journals: open journals. id as in journal_pieces. base is the commit the
+--   journal applies to. cleared = 1 if the journal starts by dropping every entry
+--   of base (a 'clear'); entries then apply to the empty page.
+CREATE TABLE journals (
+    id      TEXT PRIMARY KEY,
+    base    BLOB NOT NULL,
+    cleared INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+
+-- journal_entries: the changes of an open journal, one per key (the last write
+--   to a key wins within a journal). value IS NULL means delete; otherwise value
+--   is the value's root digest and priority 0 = EAGER, 1 = LAZY.
+CREATE TABLE journal_entries (
+    journal_id TEXT NOT NULL,
+    key        BLOB NOT NULL,
+    value      BLOB,
+    priority   INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (journal_id, key)
+) WITHOUT ROWID;
+
+-- sync_metadata: small named values owned by sync (cursors, last sync time).
+CREATE TABLE sync_metadata (
+    name  TEXT PRIMARY KEY,
+    value BLOB NOT NULL
+) WITHOUT ROWID;
+
+-- page_metadata: small named values owned by the store (merge policy, page creation).
+CREATE TABLE page_metadata (
+    name  TEXT PRIMARY KEY,
+    value BLOB NOT NULL
+) WITHOUT ROWID;
+"""
+
+USAGE_SCHEMA = """
+-- page_usage: one row per page stored on this device ('opened/{ledger}{page}'
+--   in the Ledger storage layout). closed_at is the UNIX time in milliseconds the
+--   page was last closed, 0 while it is open.
+CREATE TABLE page_usage (
+    ledger    BLOB NOT NULL,
+    page      BLOB NOT NULL,
+    closed_at INTEGER NOT NULL,
+    PRIMARY KEY (ledger, page)
+) WITHOUT ROWID;
+"""
+
+USAGE_SCHEMA_VERSION = 1
+
+_MIGRATIONS: dict[int, str] = {}
+"""Statements that take a page database from version ``n`` to ``n + 1``."""
+
+
+class SchemaError(Exception):
+    """The database was written by a newer ledgerd."""
+
+
+def _apply(conn: sqlite3.Connection, schema: str, version: int, migrations: dict[int, str]) -> None:
+    current = conn.execute("PRAGMA user_version").fetchone()[0]
+    if current > version:
+        raise SchemaError(
+            f"database schema version {current} is newer than this ledgerd supports ({version})"
+        )
+    if current == version:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if current == 0:
+            for statement in _statements(schema):
+                conn.execute(statement)
+        else:
+            for v in range(current, version):
+                for statement in _statements(migrations[v]):
+                    conn.execute(statement)
+        conn.execute(f"PRAGMA user_version = {version}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _statements(script: str) -> list[str]:
+    lines = [ln for ln in script.splitlines() if not ln.lstrip().startswith("--")]
+    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
+
+
+def create_page_schema(conn: sqlite3.Connection) -> None:
+    """Create or migrate a page database (runs on the connection's own thread)."""
+    _apply(conn, PAGE_SCHEMA, SCHEMA_VERSION, _MIGRATIONS)
+
+
+def create_usage_schema(conn: sqlite3.Connection) -> None:
+    _apply(conn, USAGE_SCHEMA, USAGE_SCHEMA_VERSION, {})

@@ -1,0 +1,1 @@
+"""Cloud sync: the CloudStore boundary and page upload/download (arrives with the sync issue)."""

@@ -1,0 +1,21 @@
+"""Shared fixtures: real SQLite files under pytest's tmp_path."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from store.db import Database
+from store.objects import ObjectStore
+from store.schema import create_page_schema
+
+
+@pytest.fixture
+async def objects(tmp_path: Path) -> AsyncIterator[ObjectStore]:
+    db = await Database.open(tmp_path / "page.sqlite", create_page_schema)
+    try:
+        yield ObjectStore(db)
+    finally:
+        await db.close()

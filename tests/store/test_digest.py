@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import hashlib
+import struct
+
+import pytest
+
+from store import digest as dg
+from store.errors import InvalidDigestError
+
+
+def test_inline_up_to_32_bytes() -> None:
+    for n in (0, 1, 32):
+        d = dg.chunk_digest(dg.Kind.VALUE, b"x" * n)
+        assert dg.is_inline(d) and dg.inline_content(d) == b"x" * n
+        assert len(d) == n + 1
+    d = dg.chunk_digest(dg.Kind.VALUE, b"x" * 33)
+    assert not dg.is_inline(d)
+    assert d[1:] == hashlib.sha256(struct.pack(">Q", 33) + b"x" * 33).digest()
+
+
+def test_type_byte_tells_kind_and_index() -> None:
+    data = b"y" * 100
+    v = dg.chunk_digest(dg.Kind.VALUE, data)
+    t = dg.chunk_digest(dg.Kind.TREE, data)
+    i = dg.index_digest(dg.Kind.VALUE, data)
+    assert len({v, t, i}) == 3 and v[1:] == t[1:] == i[1:]
+    assert dg.kind_of(v) is dg.Kind.VALUE and dg.kind_of(t) is dg.Kind.TREE
+    assert dg.is_index(i) and not dg.is_index(v)
+    assert dg.verify(v, data) and not dg.verify(v, data + b"!")
+
+
+@pytest.mark.parametrize(
+    "bad", [b"", b"\x80" + b"\0" * 32, b"\x00" + b"\0" * 10, b"\x01" + b"\0" * 33, b"\x03abc"]
+)
+def test_validate_rejects_malformed(bad: bytes) -> None:
+    with pytest.raises(InvalidDigestError):
+        dg.validate(bad)

@@ -1,0 +1,30 @@
+"""The project's own rules: ruff and mypy --strict are clean."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+
+
+def test_ruff_clean() -> None:
+    out = _run("ruff", "check", ".")
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_mypy_strict_clean() -> None:
+    if shutil.which("mypy") is None and _run("mypy", "--version").returncode:
+        pytest.fail("mypy is not installed; install the test extra: pip install -e '.[test]'")
+    out = _run("mypy")
+    assert out.returncode == 0, out.stdout + out.stderr
