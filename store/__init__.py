@@ -1,29 +1,65 @@
 """Local page storage: content-addressed objects in SQLite, and the embedded API.
 
-``store`` has no network code and can be used on its own (embedded mode).
+``store`` has no network code and can be used on its own (embedded mode)::
+
+    from store import Repository
+
+    async with await Repository.open(path) as repo:
+        page = await repo.ledger("notes").page("inbox")
+        await page.put(b"k", b"v")
+        async with page.transaction() as txn:
+            await txn.put(b"a", b"1")
 """
 
+from store.btree import Entry, Priority
+from store.commit import Commit
 from store.digest import Kind
 from store.errors import (
     ClosedError,
+    CommitNotFoundError,
     CorruptObjectError,
     InvalidArgumentError,
+    KeyNotFoundError,
+    KeyTooLargeError,
+    NameTooLargeError,
     ObjectNotFoundError,
     RangeError,
     StoreError,
+    TransactionClosedError,
     TransientStoreError,
 )
 from store.objects import ObjectStore, ValueRef
+from store.page import ChangedEntry, Notification, Page, Snapshot, Transaction, Watcher
+from store.repository import Ledger, Repository
+from store.view import KeyValue, RangeResult
 
 __all__ = [
+    "ChangedEntry",
     "ClosedError",
+    "Commit",
+    "CommitNotFoundError",
     "CorruptObjectError",
+    "Entry",
     "InvalidArgumentError",
+    "KeyNotFoundError",
+    "KeyTooLargeError",
+    "KeyValue",
     "Kind",
+    "Ledger",
+    "NameTooLargeError",
+    "Notification",
     "ObjectNotFoundError",
     "ObjectStore",
+    "Page",
+    "Priority",
     "RangeError",
+    "RangeResult",
+    "Repository",
+    "Snapshot",
     "StoreError",
+    "Transaction",
+    "TransactionClosedError",
     "TransientStoreError",
     "ValueRef",
+    "Watcher",
 ]

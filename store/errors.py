@@ -53,3 +53,21 @@ class RangeError(InvalidArgumentError):
 
 class ClosedError(StoreError):
     """The page or repository is closed."""
+
+
+class KeyNotFoundError(StoreError, KeyError):
+    """The key is not in the page."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class CommitNotFoundError(StoreError, KeyError):
+    """No such commit in this page."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class TransactionClosedError(StoreError):
+    """The transaction was already committed or rolled back."""

@@ -130,6 +130,13 @@ CREATE TABLE page_metadata (
 """
 
 USAGE_SCHEMA = """
+-- repository: small named values of the repository. 'device_id' = 16 random
+--   bytes generated once, naming this device in the cloud; never changes.
+CREATE TABLE repository (
+    name  TEXT PRIMARY KEY,
+    value BLOB NOT NULL
+) WITHOUT ROWID;
+
 -- page_usage: one row per page stored on this device ('opened/{ledger}{page}'
 --   in the Ledger storage layout). closed_at is the UNIX time in milliseconds the
 --   page was last closed, 0 while it is open.

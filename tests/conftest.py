@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from store.db import Database
+from store.page import Page
+from store.repository import Repository
 from store.objects import ObjectStore
 from store.schema import create_page_schema
 
@@ -19,3 +21,17 @@ async def objects(tmp_path: Path) -> AsyncIterator[ObjectStore]:
         yield ObjectStore(db)
     finally:
         await db.close()
+
+
+@pytest.fixture
+async def repo(tmp_path: Path) -> AsyncIterator[Repository]:
+    r = await Repository.open(tmp_path / "data")
+    try:
+        yield r
+    finally:
+        await r.close()
+
+
+@pytest.fixture
+async def page(repo: Repository) -> Page:
+    return await repo.ledger("test").page("page")

@@ -1,0 +1,469 @@
+"""The page tree: a history-independent Merkle search tree of entries.
+
+This module owns tree nodes (their encoding, levels and digests) and the
+algorithms over them: lookup, batch update, ordered range iteration, and two-
+and three-way diffs. It reads and writes nodes through a :class:`NodeStore`; it
+knows nothing of commits, journals or SQLite.
+
+Shape
+    Every key has a *level*: the number of trailing zero 6-bit groups of
+    ``xxh3_64(key)`` (so about one key in 64 reaches level 1, one in 4096 level
+    2, ...). The tree over a set of entries is defined, not built:
+
+    * the root is a node at the highest level present, whose *separators* are the
+      entries of that level, in key order;
+    * between (and around) the separators of a level-``L`` node sit ``L-1``
+      subtrees over the key ranges they delimit: ``n`` separators, ``n + 1``
+      children. A child over an empty range is the empty digest ``b""``; a child
+      over a range with no level-``L-1`` key is a node with no separators and one
+      child;
+    * level-0 nodes have no children.
+
+    The same entries therefore give the same nodes and the same root digest on
+    every device, whatever the order of insertion. With 6 bits per level a
+    100,000-entry page is three levels deep, so a one-entry change rewrites three
+    nodes.
+
+Nodes are objects of kind TREE: a node encoding of at most 64 KiB is one chunk
+(inline when at most 32 bytes), a larger one is split like any value.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import msgpack
+import xxhash
+
+from store import digest as dg
+from store import split
+from store.errors import CorruptObjectError
+
+LEVEL_BITS = 6
+MAX_LEVEL = 10
+EMPTY = b""
+"""Digest of the empty tree (and of an empty child)."""
+
+
+class Priority(enum.IntEnum):
+    """EAGER values are synced to every device; LAZY ones are fetched on first read."""
+
+    EAGER = 0
+    LAZY = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One entry of a page: a key, the root digest of its value, and its priority."""
+
+    key: bytes
+    value: bytes
+    priority: Priority = Priority.EAGER
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    level: int
+    entries: tuple[Entry, ...]
+    children: tuple[bytes, ...]  # len(entries) + 1 at level > 0, empty at level 0
+
+    def is_empty(self) -> bool:
+        return not self.entries and (self.level == 0 or self.children[0] == EMPTY)
+
+
+def key_level(key: bytes) -> int:
+    h = xxhash.xxh3_64_intdigest(key)
+    level = 0
+    mask = (1 << LEVEL_BITS) - 1
+    while level < MAX_LEVEL and h & mask == 0:
+        level += 1
+        h >>= LEVEL_BITS
+    return level
+
+
+def encode_node(node: Node) -> bytes:
+    flat: list[bytes | int] = []
+    for e in node.entries:
+        flat.extend((e.key, e.value, int(e.priority)))
+    return msgpack.packb([node.level, flat, list(node.children)], use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def decode_node(data: bytes) -> Node:
+    try:
+        level, flat, children = msgpack.unpackb(data, raw=False, use_list=True)
+        entries = tuple(
+            Entry(flat[i], flat[i + 1], Priority(flat[i + 2])) for i in range(0, len(flat), 3)
+        )
+        node = Node(int(level), entries, tuple(children))
+    except (ValueError, TypeError, IndexError) as e:
+        raise CorruptObjectError(f"undecodable tree node: {e}") from e
+    except Exception as e:  # msgpack's own exception types
+        raise CorruptObjectError(f"undecodable tree node: {e}") from e
+    n = len(node.entries)
+    if node.level < 0 or len(node.children) != (n + 1 if node.level else 0):
+        raise CorruptObjectError("tree node has a malformed shape")
+    return node
+
+
+def node_pieces(data: bytes) -> tuple[bytes, list[split.Piece]]:
+    """Digest and storable pieces of an encoded node."""
+    if len(data) <= split.MAX_CHUNK:
+        d = dg.chunk_digest(dg.Kind.TREE, data)
+        return d, ([] if dg.is_inline(d) else [split.Piece(d, data)])
+    pieces, root = split.split_bytes(data, dg.Kind.TREE)
+    return root.digest, pieces
+
+
+class NodeReader(Protocol):
+    async def read_node_bytes(self, digest: bytes) -> bytes: ...
+
+
+class NodeStore:
+    """Loads nodes (with an LRU cache of decoded nodes) and collects new ones."""
+
+    def __init__(self, reader: NodeReader, cache_size: int = 4096) -> None:
+        self.reader = reader
+        self.cache: OrderedDict[bytes, Node] = OrderedDict()
+        self.cache_size = cache_size
+
+    async def load(self, digest: bytes) -> Node:
+        node = self.cache.get(digest)
+        if node is not None:
+            self.cache.move_to_end(digest)
+            return node
+        if dg.is_inline(digest):
+            node = decode_node(dg.inline_content(digest))
+        else:
+            node = decode_node(await self.reader.read_node_bytes(digest))
+        self._remember(digest, node)
+        return node
+
+    def _remember(self, digest: bytes, node: Node) -> None:
+        self.cache[digest] = node
+        if len(self.cache) > self.cache_size:
+            self.cache.popitem(last=False)
+
+
+class Builder:
+    """One batch of changes: new nodes are kept here until the caller stores them."""
+
+    def __init__(self, nodes: NodeStore) -> None:
+        self.nodes = nodes
+        self.new: dict[bytes, tuple[Node, list[split.Piece]]] = {}
+
+    async def load(self, digest: bytes) -> Node:
+        got = self.new.get(digest)
+        return got[0] if got is not None else await self.nodes.load(digest)
+
+    def make(self, level: int, entries: list[Entry], children: list[bytes]) -> bytes:
+        node = Node(level, tuple(entries), tuple(children))
+        if node.is_empty():
+            return EMPTY
+        d, pieces = node_pieces(encode_node(node))
+        if d not in self.new:
+            self.new[d] = (node, pieces)
+        return d
+
+    def pieces_reachable(self, root: bytes) -> list[split.Piece]:
+        """Pieces of the new nodes reachable from ``root`` (drops intermediate ones)."""
+        out: list[split.Piece] = []
+        stack = [root]
+        seen: set[bytes] = set()
+        while stack:
+            d = stack.pop()
+            if d in seen or d not in self.new:
+                continue
+            seen.add(d)
+            node, pieces = self.new[d]
+            out.extend(pieces)
+            stack.extend(c for c in node.children if c)
+        for d in seen:
+            self.nodes._remember(d, self.new[d][0])
+        return out
+
+    # -- update ----------------------------------------------------------------
+
+    async def apply(self, root: bytes, changes: Iterable[tuple[bytes, Entry | None]]) -> bytes:
+        """New root after applying ``changes`` (key -> entry to put, or None to delete).
+
+        The last change to a key wins. Only nodes on changed paths are rewritten.
+        """
+        batch: dict[bytes, Entry | None] = {}
+        for key, entry in changes:
+            batch[key] = entry
+        if not batch:
+            return root
+        items = sorted((k, key_level(k), e) for k, e in batch.items())
+        level = (await self.load(root)).level if root else -1
+        top = max([level] + [lvl for _, lvl, e in items if e is not None])
+        if top < 0:
+            return EMPTY  # deletes on an empty tree
+        d = root
+        if root:  # grow: wrap the root in separator-less nodes up to the new top level
+            for lvl in range(level + 1, top + 1):
+                d = self.make(lvl, [], [d])
+        d = await self._update(d, top, items)
+        # The root sits at the highest level present: drop separator-less tops.
+        while d:
+            node = await self.load(d)
+            if node.entries or node.level == 0:
+                break
+            d = node.children[0]
+        return d
+
+    async def _update(
+        self, d: bytes, level: int, items: list[tuple[bytes, int, Entry | None]]
+    ) -> bytes:
+        if not items:
+            return d
+        if d:
+            node = await self.load(d)
+            if node.level != level:
+                raise CorruptObjectError(f"tree node at level {node.level}, expected {level}")
+            entries = list(node.entries)
+            children = list(node.children)
+        else:
+            entries, children = [], ([EMPTY] if level > 0 else [])
+        keys = [e.key for e in entries]
+        lower: list[tuple[bytes, int, Entry | None]] = []
+        for item in items:
+            key, lvl, new = item
+            if lvl < level:
+                lower.append(item)
+                continue
+            i = bisect.bisect_left(keys, key)
+            present = i < len(keys) and keys[i] == key
+            if present and new is not None:
+                entries[i] = new
+            elif present:
+                del entries[i], keys[i]
+                if level > 0:
+                    children[i : i + 2] = [
+                        await self._merge(children[i], children[i + 1], level - 1)
+                    ]
+            elif new is not None:
+                entries.insert(i, new)
+                keys.insert(i, key)
+                if level > 0:
+                    children[i : i + 1] = list(await self._split(children[i], level - 1, key))
+        if level > 0 and lower:
+            start = 0
+            for i in range(len(children)):
+                end = start
+                hi = keys[i] if i < len(keys) else None
+                while end < len(lower) and (hi is None or lower[end][0] < hi):
+                    end += 1
+                if end > start:
+                    children[i] = await self._update(children[i], level - 1, lower[start:end])
+                start = end
+        return self.make(level, entries, children)
+
+    async def _split(self, d: bytes, level: int, key: bytes) -> tuple[bytes, bytes]:
+        """Split a subtree into the parts below and above ``key`` (which it lacks)."""
+        if not d:
+            return EMPTY, EMPTY
+        node = await self.load(d)
+        i = bisect.bisect_left([e.key for e in node.entries], key)
+        if level == 0:
+            return (
+                self.make(0, list(node.entries[:i]), []),
+                self.make(0, list(node.entries[i:]), []),
+            )
+        lo, hi = await self._split(node.children[i], level - 1, key)
+        left = self.make(level, list(node.entries[:i]), [*node.children[:i], lo])
+        right = self.make(level, list(node.entries[i:]), [hi, *node.children[i + 1 :]])
+        return left, right
+
+    async def _merge(self, a: bytes, b: bytes, level: int) -> bytes:
+        """Join two adjacent subtrees of the same level (all keys of ``a`` < keys of ``b``)."""
+        if not a:
+            return b
+        if not b:
+            return a
+        na, nb = await self.load(a), await self.load(b)
+        entries = [*na.entries, *nb.entries]
+        if level == 0:
+            return self.make(0, entries, [])
+        mid = await self._merge(na.children[-1], nb.children[0], level - 1)
+        return self.make(level, entries, [*na.children[:-1], mid, *nb.children[1:]])
+
+
+# -- reading ------------------------------------------------------------------
+
+
+async def lookup(nodes: NodeStore, root: bytes, key: bytes) -> Entry | None:
+    d = root
+    while d:
+        node = await nodes.load(d)
+        keys = [e.key for e in node.entries]
+        i = bisect.bisect_left(keys, key)
+        if i < len(keys) and keys[i] == key:
+            return node.entries[i]
+        if node.level == 0:
+            return None
+        d = node.children[i]
+    return None
+
+
+async def iterate(
+    nodes: NodeStore, root: bytes, start: bytes = b"", end: bytes | None = None
+) -> AsyncIterator[Entry]:
+    """Entries with ``start <= key < end`` in key order, loading only the nodes needed."""
+    # Explicit stack of pending work: ("node", digest) or ("entry", Entry).
+    stack: list[tuple[bytes, Entry | None]] = [(root, None)] if root else []
+    while stack:
+        d, entry = stack.pop()
+        if entry is not None:
+            yield entry
+            continue
+        node = await nodes.load(d)
+        keys = [e.key for e in node.entries]
+        lo = bisect.bisect_left(keys, start)
+        hi = len(keys) if end is None else bisect.bisect_left(keys, end)
+        work: list[tuple[bytes, Entry | None]] = []
+        if node.level > 0:
+            # children[lo] holds keys between entries[lo-1] and entries[lo] (may include start);
+            # children[hi] may hold keys below end.
+            for i in range(lo, hi + 1):
+                if node.children[i]:
+                    work.append((node.children[i], None))
+                if i < hi:
+                    work.append((EMPTY, node.entries[i]))
+        else:
+            work = [(EMPTY, e) for e in node.entries[lo:hi]]
+        stack.extend(reversed(work))
+
+
+def prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key starting with ``prefix`` (None: no bound)."""
+    p = bytearray(prefix)
+    while p and p[-1] == 0xFF:
+        p.pop()
+    if not p:
+        return None
+    p[-1] += 1
+    return bytes(p)
+
+
+# -- diff ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A key whose entry differs: ``old``/``new`` is None where the key is absent."""
+
+    key: bytes
+    old: Entry | None
+    new: Entry | None
+
+
+class _Cursor:
+    """Walks a tree in key order, yielding whole subtrees so equal ones can be skipped."""
+
+    def __init__(self, nodes: NodeStore, root: bytes) -> None:
+        self.nodes = nodes
+        # Items in reverse order: (digest, level, None) for a subtree, (b"", -1, entry).
+        self.stack: list[tuple[bytes, int, Entry | None]] = []
+        self.root = root
+
+    async def start(self) -> None:
+        if self.root:
+            node = await self.nodes.load(self.root)
+            self.stack.append((self.root, node.level, None))
+
+    def peek(self) -> tuple[bytes, int, Entry | None] | None:
+        return self.stack[-1] if self.stack else None
+
+    async def expand(self) -> None:
+        d, _, _ = self.stack.pop()
+        node = await self.nodes.load(d)
+        items: list[tuple[bytes, int, Entry | None]] = []
+        for i, e in enumerate(node.entries):
+            if node.level > 0 and node.children[i]:
+                items.append((node.children[i], node.level - 1, None))
+            items.append((EMPTY, -1, e))
+        if node.level > 0 and node.children[-1]:
+            items.append((node.children[-1], node.level - 1, None))
+        self.stack.extend(reversed(items))
+
+
+async def diff(nodes: NodeStore, old: bytes, new: bytes) -> AsyncIterator[Change]:
+    """Changes from tree ``old`` to tree ``new`` in key order.
+
+    Subtrees with equal digests on both sides are skipped unopened, so the cost
+    grows with the size of the change, not of the page.
+    """
+    if old == new:
+        return
+    a, b = _Cursor(nodes, old), _Cursor(nodes, new)
+    await a.start()
+    await b.start()
+    while True:
+        x, y = a.peek(), b.peek()
+        if x is None and y is None:
+            return
+        if x is not None and y is not None and x[2] is None and y[2] is None and x[0] == y[0]:
+            a.stack.pop()
+            b.stack.pop()
+            continue
+        if x is not None and x[2] is None and (y is None or y[2] is not None or x[1] >= y[1]):
+            await a.expand()
+            continue
+        if y is not None and y[2] is None:
+            await b.expand()
+            continue
+        # Both fronts are entries (or one side is exhausted).
+        ex = x[2] if x is not None else None
+        ey = y[2] if y is not None else None
+        if ey is None or (ex is not None and ex.key < ey.key):
+            assert ex is not None
+            a.stack.pop()
+            yield Change(ex.key, ex, None)
+        elif ex is None or ey.key < ex.key:
+            b.stack.pop()
+            yield Change(ey.key, None, ey)
+        else:
+            a.stack.pop()
+            b.stack.pop()
+            if ex != ey:
+                yield Change(ex.key, ex, ey)
+
+
+@dataclass(frozen=True, slots=True)
+class Change3:
+    """A key changed on at least one side of a three-way diff."""
+
+    key: bytes
+    base: Entry | None
+    left: Entry | None
+    right: Entry | None
+
+
+async def diff3(nodes: NodeStore, base: bytes, left: bytes, right: bytes) -> AsyncIterator[Change3]:
+    """Keys changed base→left or base→right, in key order, with all three entries."""
+    la = diff(nodes, base, left).__aiter__()
+    ra = diff(nodes, base, right).__aiter__()
+
+    async def nxt(it: AsyncIterator[Change]) -> Change | None:
+        try:
+            return await it.__anext__()
+        except StopAsyncIteration:
+            return None
+
+    lc, rc = await nxt(la), await nxt(ra)
+    while lc is not None or rc is not None:
+        if rc is None or (lc is not None and lc.key < rc.key):
+            assert lc is not None
+            yield Change3(lc.key, lc.old, lc.new, lc.old)
+            lc = await nxt(la)
+        elif lc is None or rc.key < lc.key:
+            yield Change3(rc.key, rc.old, rc.old, rc.new)
+            rc = await nxt(ra)
+        else:
+            yield Change3(lc.key, lc.old, lc.new, rc.new)
+            lc, rc = await nxt(la), await nxt(ra)

@@ -1,0 +1,106 @@
+"""Commits: immutable snapshots of a page and their identifiers.
+
+This module owns the commit record, its deterministic encoding and id, the
+hybrid logical clock for timestamps, and the well-known first commit every page
+starts from. It does not store commits (:mod:`store.page` does).
+
+Commit = ``(parents (sorted), timestamp, generation, root, salt)``; its id is
+SHA-256 over the msgpack encoding ``[1, parents, timestamp, generation, root,
+salt]``. A merge commit has an empty salt and the largest parent timestamp, so
+two devices merging the same heads into the same tree create the same commit.
+Timestamps are microseconds since the UNIX epoch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+
+import msgpack
+
+from store.btree import EMPTY
+from store.errors import CorruptObjectError
+
+FORMAT = 1
+ID_SIZE = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    id: bytes
+    parents: tuple[bytes, ...]
+    timestamp: int
+    generation: int
+    root: bytes
+    salt: bytes
+    data: bytes
+
+    @property
+    def is_merge(self) -> bool:
+        return len(self.parents) > 1
+
+
+def _encode(
+    parents: tuple[bytes, ...], timestamp: int, generation: int, root: bytes, salt: bytes
+) -> bytes:
+    return msgpack.packb(  # type: ignore[no-any-return]
+        [FORMAT, list(parents), timestamp, generation, root, salt], use_bin_type=True
+    )
+
+
+def make(
+    parents: tuple[bytes, ...], timestamp: int, generation: int, root: bytes, salt: bytes
+) -> Commit:
+    parents = tuple(sorted(parents))
+    data = _encode(parents, timestamp, generation, root, salt)
+    return Commit(hashlib.sha256(data).digest(), parents, timestamp, generation, root, salt, data)
+
+
+def decode(data: bytes, expected_id: bytes | None = None) -> Commit:
+    """Parse and check a commit encoding; raises CorruptObjectError on anything wrong."""
+    try:
+        fmt, parents, timestamp, generation, root, salt = msgpack.unpackb(data, raw=False)
+        parents = tuple(parents)
+        ok = (
+            fmt == FORMAT
+            and all(isinstance(p, bytes) and len(p) == ID_SIZE for p in parents)
+            and list(parents) == sorted(parents)
+            and isinstance(timestamp, int)
+            and isinstance(generation, int)
+            and isinstance(root, bytes)
+            and isinstance(salt, bytes)
+        )
+    except Exception as e:  # msgpack raises several unrelated types
+        raise CorruptObjectError(f"undecodable commit: {e}") from e
+    if not ok:
+        raise CorruptObjectError("malformed commit")
+    c = Commit(hashlib.sha256(data).digest(), parents, timestamp, generation, root, salt, data)
+    if c.data != _encode(parents, timestamp, generation, root, salt):
+        raise CorruptObjectError("commit encoding is not canonical")
+    if expected_id is not None and c.id != expected_id:
+        raise CorruptObjectError("commit id does not match its content")
+    return c
+
+
+FIRST = make((), 0, 0, EMPTY, b"")
+"""The empty commit every page starts from, identical on every device."""
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def child(parents: list[Commit], root: bytes) -> Commit:
+    """An ordinary commit on ``parents``: a fresh salt and a hybrid-logical-clock time."""
+    ts = max(now_us(), 1 + max(p.timestamp for p in parents))
+    gen = 1 + max(p.generation for p in parents)
+    return make(tuple(p.id for p in parents), ts, gen, root, os.urandom(16))
+
+
+def merge(parents: list[Commit], root: bytes) -> Commit:
+    """A merge commit: deterministic given its parents and merged tree."""
+    ts = max(p.timestamp for p in parents)
+    gen = 1 + max(p.generation for p in parents)
+    return make(tuple(p.id for p in parents), ts, gen, root, b"")

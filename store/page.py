@@ -1,0 +1,710 @@
+"""A page: an ordered byte map with history, stored in its own SQLite database.
+
+This module owns a page's write path (implicit journals with group commit,
+explicit journals for transactions, clears), its commits and heads, merging
+several heads (last-one-wins for now), snapshots, history and watchers. Reads
+are in :mod:`store.view`, the tree in :mod:`store.btree`, pieces in
+:mod:`store.objects`.
+
+Plain writes (implicit journal)
+    A write is queued; one worker task per page takes everything queued, appends
+    it to the page's implicit journal in one SQLite transaction and acknowledges
+    the writers (the write is durable from then on), then commits the journal:
+    one commit for everything appended since the last one. Writes arriving
+    meanwhile wait for the next round, so concurrent writers share commits.
+    Acknowledged but not yet committed changes are served from an in-memory
+    overlay, so a caller always reads its own writes. On open, implicit journals
+    left by a crash are committed.
+
+Transactions (explicit journal)
+    A transaction reads its base commit plus its own writes; its entries live in
+    memory, the pieces of its values in SQLite as transient under its journal id.
+    Committing creates one commit on the base; if the page moved meanwhile there
+    are two heads, which are merged at once. Rollback, an exception, or a crash
+    discards everything it staged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import aiosqlite
+
+from store import btree, commit, merge, split
+from store.btree import EMPTY, Builder, Entry, NodeStore, Priority
+from store.commit import Commit
+from store.db import Database, Synchronous
+from store.errors import (
+    ClosedError,
+    CommitNotFoundError,
+    InvalidArgumentError,
+    StoreError,
+    TransactionClosedError,
+)
+from store.objects import ObjectStore, Source
+from store.schema import LOCAL, create_page_schema
+from store.view import NO_OVERLAY, Overlay, TreeView, View, check_key
+
+log = logging.getLogger(__name__)
+
+SMALL_VALUE = 256 * 1024
+"""Values given as bytes up to this size are split in memory and written with their
+journal entry in one transaction; larger ones and streams are staged first."""
+
+WATCH_VALUE_LIMIT = 64 * 1024
+"""Watch notifications carry values up to this size; larger ones carry None."""
+
+
+class _Nodes:
+    def __init__(self, objects: ObjectStore) -> None:
+        self.objects = objects
+
+    async def read_node_bytes(self, digest: bytes) -> bytes:
+        return await self.objects.read_all(digest)
+
+
+@dataclass(slots=True)
+class _Write:
+    clear: bool
+    changes: list[tuple[bytes, Entry | None]]
+    pieces: list[split.Piece]
+    tokens: list[str]
+    done: asyncio.Future[None]
+
+
+@dataclass(frozen=True, slots=True)
+class ChangedEntry:
+    key: bytes
+    value: bytes | None  # None when larger than WATCH_VALUE_LIMIT: read it at the commit
+    priority: Priority
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    """What one commit changed in the page (restricted to the watcher's prefix)."""
+
+    commit: bytes
+    changed: list[ChangedEntry]
+    deleted: list[bytes]
+
+
+class Watcher:
+    """An async iterator of notifications, one per commit, in commit order."""
+
+    def __init__(self, page: Page, prefix: bytes) -> None:
+        self.page = page
+        self.prefix = prefix
+        self.queue: asyncio.Queue[Notification | None] = asyncio.Queue()
+        self.closed = False
+
+    def __aiter__(self) -> Watcher:
+        return self
+
+    async def __anext__(self) -> Notification:
+        if self.closed and self.queue.empty():
+            raise StopAsyncIteration
+        note = await self.queue.get()
+        if note is None:
+            self.closed = True
+            raise StopAsyncIteration
+        return note
+
+    def close(self) -> None:
+        if not self.closed:
+            self.page._watchers.discard(self)
+            self.queue.put_nowait(None)
+
+    async def __aenter__(self) -> Watcher:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(slots=True)
+class _TxnState:
+    overlay: Overlay = field(default_factory=Overlay)
+    open: bool = True
+
+
+class Snapshot(TreeView):
+    """Reads at one commit of the page."""
+
+    def __init__(self, page: Page, c: Commit) -> None:
+        super().__init__(page.objects, page.nodes, c.root)
+        self.commit = c
+
+
+class Transaction(View):
+    """An explicit journal: reads its base commit plus its own writes; one commit.
+
+    The base is the page's head when the transaction starts (at ``async with``
+    or its first operation), after every write acknowledged before is committed.
+    """
+
+    def __init__(self, page: Page) -> None:
+        super().__init__(page.objects, page.nodes)
+        self.page = page
+        self._base: Commit | None = None
+        self.id = f"E{time.time_ns():020d}{uuid.uuid4().hex[:12]}"
+        self._state_ = _TxnState()
+        self.commit_id: bytes | None = None
+
+    @property
+    def base(self) -> Commit:
+        if self._base is None:
+            raise TransactionClosedError("the transaction has not started")
+        return self._base
+
+    async def start(self) -> Transaction:
+        """Fix the base (done by ``async with`` and by the first operation)."""
+        if self._base is None:
+            await self.page.flush()
+            self._base = self.page.head
+        return self
+
+    def _state(self) -> tuple[bytes, Overlay]:
+        return self.base.root, self._state_.overlay
+
+    async def get_entry(self, key: bytes) -> Entry | None:
+        await self.start()
+        return await super().get_entry(key)
+
+    async def iter_entries(
+        self,
+        start: bytes | None = None,
+        end: bytes | None = None,
+        prefix: bytes | None = None,
+        token: bytes | None = None,
+    ) -> AsyncIterator[Entry]:
+        await self.start()
+        async for e in super().iter_entries(start, end, prefix, token):
+            yield e
+
+    async def _check(self) -> None:
+        if not self._state_.open:
+            raise TransactionClosedError()
+        await self.start()
+
+    async def put(self, key: bytes, value: Source, priority: Priority = Priority.EAGER) -> None:
+        await self._check()
+        key = check_key(key)
+        ref = await self.page.objects.put_value(value, self.id)
+        await self._check()
+        self._state_.overlay = self._state_.overlay.with_changes(
+            False, [(key, Entry(key, ref.digest, Priority(priority)))]
+        )
+
+    async def delete(self, key: bytes) -> None:
+        await self._check()
+        key = check_key(key)
+        self._state_.overlay = self._state_.overlay.with_changes(False, [(key, None)])
+
+    async def clear(self) -> None:
+        await self._check()
+        self._state_.overlay = self._state_.overlay.with_changes(True, [])
+
+    async def commit(self) -> bytes | None:
+        """Commit; returns the new commit id (None if the transaction changed nothing)."""
+        await self._check()
+        self._state_.open = False
+        self.commit_id = await self.page._commit_transaction(self)
+        return self.commit_id
+
+    async def rollback(self) -> None:
+        if not self._state_.open:
+            return
+        self._state_.open = False
+        await self.page.objects.discard(self.id)
+
+    async def __aenter__(self) -> Transaction:
+        return await self.start()
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if et is None and self._state_.open:
+            await self.commit()
+        elif self._state_.open:
+            await asyncio.shield(self.rollback())
+
+
+class Page(View):
+    """One page. Obtain it from :class:`store.repository.Ledger`; close it when done."""
+
+    def __init__(self, ledger: bytes, page_id: bytes, db: Database) -> None:
+        objects = ObjectStore(db)
+        super().__init__(objects, NodeStore(_Nodes(objects)))
+        self.ledger = ledger
+        self.id = page_id
+        self.db = db
+        self._commits: dict[bytes, Commit] = {}
+        self._heads: list[Commit] = []
+        self._overlay = NO_OVERLAY
+        self._journal: str | None = None
+        self._pending: list[_Write] = []
+        self._worker: asyncio.Task[None] | None = None
+        self._commit_lock = asyncio.Lock()
+        self._watchers: set[Watcher] = set()
+        self._closed = False
+        self.commit_listeners: list[Callable[[Commit], None]] = []
+        self.on_close: list[Callable[[Page], None]] = []
+
+    # -- opening and closing ---------------------------------------------------
+
+    @classmethod
+    async def open(
+        cls, path: Path, ledger: bytes, page_id: bytes, *, synchronous: Synchronous = "NORMAL"
+    ) -> Page:
+        db = await Database.open(path, create_page_schema, synchronous=synchronous)
+        page = cls(ledger, page_id, db)
+        try:
+            await page._recover()
+        except BaseException:
+            await db.close()
+            raise
+        return page
+
+    async def _recover(self) -> None:
+        collected = await self.objects.recover()
+        rows = await self.db.read_all("SELECT commit_id FROM heads")
+        if not rows:
+            async with self.db.write() as conn:
+                await self._insert_commit(conn, commit.FIRST, unsynced=False)
+        ids = [bytes(r[0]) for r in rows] or [commit.FIRST.id]
+        self._heads = sorted([await self.load_commit(i) for i in ids], key=_order)
+        journals = await self.db.read_all(
+            "SELECT id, cleared FROM journals WHERE substr(id, 1, 1) = 'I' ORDER BY id"
+        )
+        for jid, cleared in journals:
+            entries = await self.db.read_all(
+                "SELECT key, value, priority FROM journal_entries WHERE journal_id = ?", (jid,)
+            )
+            changes = [
+                (bytes(k), None if v is None else Entry(bytes(k), bytes(v), Priority(p)))
+                for k, v, p in entries
+            ]
+            self._journal = str(jid)
+            self._overlay = Overlay(bool(cleared), dict(changes))
+            log.info(
+                "committing implicit journal %s left by a crash (%d entries)", jid, len(changes)
+            )
+            await self._commit_journal()
+        if collected or journals:
+            log.info("page %r recovered: %d staged pieces collected", self.id, collected)
+        if len(self._heads) > 1:
+            async with self._commit_lock:
+                await self._merge_heads()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"page {self.id!r} is closed")
+
+    async def close(self) -> None:
+        """Finish queued writes, end watchers, close the database."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._worker is not None:
+            await asyncio.gather(self._worker, return_exceptions=True)
+        for w in list(self._watchers):
+            w.close()
+        await self.db.close()
+        for cb in self.on_close:
+            cb(self)
+
+    async def __aenter__(self) -> Page:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- state -----------------------------------------------------------------
+
+    @property
+    def head(self) -> Commit:
+        """The head reads are served from: the latest (timestamp, then id) of the heads."""
+        return self._heads[-1]
+
+    def _state(self) -> tuple[bytes, Overlay]:
+        return self.head.root, self._overlay
+
+    async def heads(self) -> list[Commit]:
+        return list(self._heads)
+
+    async def load_commit(self, cid: bytes) -> Commit:
+        c = self._commits.get(cid)
+        if c is None:
+            rows = await self.db.read_all("SELECT data FROM commits WHERE id = ?", (cid,))
+            if not rows:
+                raise CommitNotFoundError(f"commit {cid.hex()} is not in page {self.id!r}")
+            c = commit.decode(bytes(rows[0][0]), cid)
+            self._commits[cid] = c
+        return c
+
+    async def snapshot(self, commit_id: bytes | None = None) -> Snapshot:
+        """Reads at ``commit_id`` (any commit of the page), or at the current head."""
+        c = self.head if commit_id is None else await self.load_commit(commit_id)
+        return Snapshot(self, c)
+
+    async def log(self, start: bytes | None = None) -> AsyncIterator[Commit]:
+        """Commits from the heads (or ``start``) back to the first, newest generation first."""
+        tops = self._heads if start is None else [await self.load_commit(start)]
+        heap = [(-c.generation, -c.timestamp, c.id) for c in tops]
+        heapq.heapify(heap)
+        seen = {c.id for c in tops}
+        while heap:
+            _, _, cid = heapq.heappop(heap)
+            c = await self.load_commit(cid)
+            yield c
+            for pid in c.parents:
+                if pid not in seen:
+                    seen.add(pid)
+                    p = await self.load_commit(pid)
+                    heapq.heappush(heap, (-p.generation, -p.timestamp, p.id))
+
+    async def history(self, limit: int = 100, start: bytes | None = None) -> list[Commit]:
+        out: list[Commit] = []
+        async for c in self.log(start):
+            if len(out) >= limit:
+                break
+            out.append(c)
+        return out
+
+    # -- plain writes ----------------------------------------------------------
+
+    async def put(self, key: bytes, value: Source, priority: Priority = Priority.EAGER) -> None:
+        """Set ``key`` to ``value`` (bytes, an async iterator of bytes, or a file Path)."""
+        await self.write([(key, value)], priority=priority)
+
+    async def delete(self, key: bytes) -> None:
+        await self.write([(key, None)])
+
+    async def clear(self) -> None:
+        """Delete every entry (one commit)."""
+        self._check_open()
+        await self._submit(_Write(True, [], [], [], asyncio.get_running_loop().create_future()))
+
+    async def write(
+        self,
+        changes: Iterable[tuple[bytes, Source | None]],
+        priority: Priority = Priority.EAGER,
+    ) -> None:
+        """Many puts (value) and deletes (None) that land in one commit."""
+        self._check_open()
+        prepared: list[tuple[bytes, Entry | None]] = []
+        pieces: list[split.Piece] = []
+        tokens: list[str] = []
+        try:
+            for key, value in changes:
+                key = check_key(key)
+                if value is None:
+                    prepared.append((key, None))
+                    continue
+                if isinstance(value, bytes | bytearray | memoryview) and len(value) <= SMALL_VALUE:
+                    more, root = split.split_bytes(bytes(value))
+                    pieces.extend(more)
+                    prepared.append((key, Entry(key, root.digest, Priority(priority))))
+                elif isinstance(value, bytes | bytearray | memoryview | Path | AsyncIterable):
+                    token, ref = await self.objects.stage_value(value)
+                    tokens.append(token)
+                    prepared.append((key, Entry(key, ref.digest, Priority(priority))))
+                else:
+                    raise InvalidArgumentError(
+                        f"a value is bytes, an async iterator of bytes or a Path, "
+                        f"not {type(value).__name__}"
+                    )
+        except BaseException:
+            for t in tokens:
+                await asyncio.shield(self.objects.discard(t))
+            raise
+        loop = asyncio.get_running_loop()
+        await self._submit(_Write(False, prepared, pieces, tokens, loop.create_future()))
+
+    async def flush(self) -> None:
+        """Wait until every acknowledged plain write is committed."""
+        while self._worker is not None and not self._worker.done():
+            await asyncio.gather(asyncio.shield(self._worker), return_exceptions=True)
+        if self._journal is not None and not self._closed:
+            await self._commit_journal()
+
+    async def _submit(self, w: _Write) -> None:
+        self._check_open()
+        self._pending.append(w)
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._run_writes(), name=f"page-writes-{self.id!r}")
+        await asyncio.shield(w.done)
+
+    async def _run_writes(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                await self._append(batch)
+            except BaseException as e:
+                for w in batch:
+                    if not w.done.done():
+                        w.done.set_exception(e)
+                    for t in w.tokens:
+                        await asyncio.shield(self.objects.discard(t))
+                if not isinstance(e, Exception):
+                    raise
+                continue
+            for w in batch:
+                if not w.done.done():
+                    w.done.set_result(None)
+            try:
+                await self._commit_journal()
+            except Exception:
+                # The journal and its overlay stay; the next round or the next open retries.
+                log.exception("committing the implicit journal of page %r failed", self.id)
+
+    async def _append(self, batch: list[_Write]) -> None:
+        """Append writes to the implicit journal in one transaction (they are durable after)."""
+        jid = self._journal or f"I{time.time_ns():020d}{uuid.uuid4().hex[:12]}"
+        overlay = self._overlay
+        async with self.db.write() as conn:
+            if self._journal is None:
+                await conn.execute(
+                    "INSERT INTO journals (id, base, cleared) VALUES (?, ?, 0)", (jid, self.head.id)
+                )
+            for w in batch:
+                if w.clear:
+                    await conn.execute("UPDATE journals SET cleared = 1 WHERE id = ?", (jid,))
+                    await conn.execute("DELETE FROM journal_entries WHERE journal_id = ?", (jid,))
+                if w.changes:
+                    await conn.executemany(
+                        "INSERT OR REPLACE INTO journal_entries (journal_id, key, value, priority) "
+                        "VALUES (?, ?, ?, ?)",
+                        [
+                            (jid, k, None if e is None else e.value, 0 if e is None else e.priority)
+                            for k, e in w.changes
+                        ],
+                    )
+                if w.pieces:
+                    await conn.executemany(
+                        "INSERT OR IGNORE INTO objects (digest, data) VALUES (?, ?)",
+                        [(p.digest, p.data) for p in w.pieces],
+                    )
+                    await conn.executemany(
+                        "INSERT OR IGNORE INTO journal_pieces (journal_id, digest) VALUES (?, ?)",
+                        [(jid, p.digest) for p in w.pieces],
+                    )
+                for t in w.tokens:
+                    await self.objects.adopt(t, jid, conn)
+                overlay = overlay.with_changes(w.clear, w.changes)
+        self._journal = jid
+        self._overlay = overlay
+
+    async def _commit_journal(self) -> None:
+        async with self._commit_lock:
+            jid, overlay = self._journal, self._overlay
+            if jid is None:
+                return
+            base = self.head
+            builder = Builder(self.nodes)
+            root = await builder.apply(
+                EMPTY if overlay.cleared else base.root, overlay.entries.items()
+            )
+            if root == base.root:
+                async with self.db.write() as conn:
+                    await self._drop_journal(conn, jid)
+                    await self.objects._collect(conn, "journal_id = ?", (jid,))
+                self._journal, self._overlay = None, NO_OVERLAY
+                return
+            c = commit.child([base], root)
+            await self._store(c, builder, journal=jid)
+
+    async def _drop_journal(self, conn: aiosqlite.Connection, jid: str) -> None:
+        await conn.execute("DELETE FROM journal_entries WHERE journal_id = ?", (jid,))
+        await conn.execute("DELETE FROM journals WHERE id = ?", (jid,))
+
+    # -- commits ---------------------------------------------------------------
+
+    async def _insert_commit(
+        self, conn: aiosqlite.Connection, c: Commit, *, unsynced: bool = True
+    ) -> None:
+        await conn.execute(
+            "INSERT OR IGNORE INTO commits (id, data, generation, timestamp, root) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (c.id, c.data, c.generation, c.timestamp, c.root),
+        )
+        await conn.executemany(
+            "INSERT OR IGNORE INTO commit_parents (child, parent) VALUES (?, ?)",
+            [(c.id, p) for p in c.parents],
+        )
+        await conn.executemany("DELETE FROM heads WHERE commit_id = ?", [(p,) for p in c.parents])
+        # A commit that already has a child is not a head (it arrived after the child).
+        child = await conn.execute_fetchall(
+            "SELECT 1 FROM commit_parents WHERE parent = ? LIMIT 1", (c.id,)
+        )
+        if not list(child):
+            await conn.execute(
+                "INSERT OR IGNORE INTO heads (commit_id, timestamp) VALUES (?, ?)",
+                (c.id, c.timestamp),
+            )
+        if unsynced:
+            await conn.execute(
+                "INSERT OR IGNORE INTO unsynced_commits (commit_id, generation) VALUES (?, ?)",
+                (c.id, c.generation),
+            )
+        self._commits[c.id] = c
+
+    async def _store(
+        self,
+        c: Commit,
+        builder: Builder,
+        *,
+        journal: str | None = None,
+        explicit: str | None = None,
+        notify: bool = True,
+    ) -> None:
+        """Write a new local commit with its new nodes and move heads. Lock held.
+
+        Watchers are told unless ``notify`` is false (the caller merges first and
+        tells them once about the merged result).
+        """
+        pieces = builder.pieces_reachable(c.root)
+        old_root = self.head.root
+        async with self.db.write() as conn:
+            if pieces:
+                await conn.executemany(
+                    "INSERT OR IGNORE INTO objects (digest, data) VALUES (?, ?)",
+                    [(p.digest, p.data) for p in pieces],
+                )
+                await conn.executemany(
+                    f"INSERT OR IGNORE INTO object_status (digest, status) VALUES (?, {LOCAL})",
+                    [(p.digest,) for p in pieces],
+                )
+            await self._insert_commit(conn, c)
+            for jid in (journal, explicit):
+                if jid is not None:
+                    await self.objects.mark_local(jid, conn)
+            if journal is not None:
+                await self._drop_journal(conn, journal)
+        heads = [h for h in self._heads if h.id not in c.parents]
+        heads.append(c)
+        self._heads = sorted(heads, key=_order)
+        if journal is not None:
+            self._journal, self._overlay = None, NO_OVERLAY
+        for cb in self.commit_listeners:
+            try:
+                cb(c)
+            except Exception:
+                log.exception("commit listener failed")
+        if notify:
+            await self._notify_change(old_root)
+
+    async def _notify_change(self, old_root: bytes) -> None:
+        new_root = self.head.root
+        if self._watchers and new_root != old_root:
+            await self._notify(self.head.id, old_root, new_root)
+
+    async def _notify(self, cid: bytes, old_root: bytes, new_root: bytes) -> None:
+        changes = [ch async for ch in btree.diff(self.nodes, old_root, new_root)]
+        for w in list(self._watchers):
+            changed: list[ChangedEntry] = []
+            deleted: list[bytes] = []
+            for ch in changes:
+                if not ch.key.startswith(w.prefix):
+                    continue
+                if ch.new is None:
+                    deleted.append(ch.key)
+                    continue
+                size = await self.objects.size(ch.new.value)
+                value = None
+                if size <= WATCH_VALUE_LIMIT:
+                    with contextlib.suppress(StoreError):
+                        value = await self.objects.read_all(ch.new.value)
+                changed.append(ChangedEntry(ch.key, value, ch.new.priority, size))
+            if changed or deleted:
+                w.queue.put_nowait(Notification(cid, changed, deleted))
+
+    # -- transactions ----------------------------------------------------------
+
+    def transaction(self) -> Transaction:
+        """A transaction on the current head: ``async with page.transaction() as txn:``."""
+        self._check_open()
+        return Transaction(self)
+
+    async def _commit_transaction(self, txn: Transaction) -> bytes | None:
+        self._check_open()
+        async with self._commit_lock:
+            overlay = txn._state_.overlay
+            builder = Builder(self.nodes)
+            root = await builder.apply(
+                EMPTY if overlay.cleared else txn.base.root, overlay.entries.items()
+            )
+            if root == txn.base.root:
+                await self.objects.discard(txn.id)
+                return None
+            c = commit.child([txn.base], root)
+            old_root = self.head.root
+            moved = txn.base.id not in {h.id for h in self._heads}
+            await self._store(c, builder, explicit=txn.id, notify=not moved)
+            if len(self._heads) > 1:
+                await self._merge_heads()
+            if moved:
+                await self._notify_change(old_root)
+            return c.id
+
+    # -- merging ---------------------------------------------------------------
+
+    async def _merge_heads(self) -> None:
+        """Merge until one head remains (last-one-wins). Commit lock held.
+
+        Watchers are not told here: the caller tells them about the end result.
+        """
+        while len(self._heads) > 1:
+            a, b = sorted(self._heads, key=lambda h: h.id)[:2]
+            builder = Builder(self.nodes)
+            base_root = await self._merge_base_root(builder, a, b, {})
+            root = await merge.last_one_wins(builder, base_root, a, b)
+            m = commit.merge([a, b], root)
+            log.debug(
+                "merging heads %s and %s into %s", a.id.hex()[:12], b.id.hex()[:12], m.id.hex()[:12]
+            )
+            await self._store(m, builder, notify=False)
+
+    async def _merge_base_root(
+        self, builder: Builder, a: Commit, b: Commit, virtual: dict[bytes, Commit]
+    ) -> bytes:
+        """Root of the merge base; several common ancestors are merged first (recursively)."""
+
+        async def load(cid: bytes) -> Commit:
+            return virtual[cid] if cid in virtual else await self.load_commit(cid)
+
+        bases = await merge.common_ancestors(load, a, b)
+        acc = bases[0]
+        for other in bases[1:]:
+            root_base = await self._merge_base_root(builder, acc, other, virtual)
+            root = await merge.last_one_wins(builder, root_base, acc, other)
+            acc = commit.merge([acc, other], root)
+            virtual[acc.id] = acc
+        return acc.root
+
+    # -- watchers --------------------------------------------------------------
+
+    def watch(self, prefix: bytes = b"") -> Watcher:
+        """Notifications of every later commit that changes keys under ``prefix``."""
+        self._check_open()
+        w = Watcher(self, check_key(prefix))
+        self._watchers.add(w)
+        return w
+
+
+def _order(c: Commit) -> tuple[int, bytes]:
+    return (c.timestamp, c.id)

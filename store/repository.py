@@ -1,0 +1,204 @@
+"""A repository: one device's data directory, its ledgers and their pages.
+
+This module owns the directory layout, name validation, the repository-wide
+``page_usage.sqlite`` (when each page was last closed), the device id, and the
+set of open pages. It is the entry point of the embedded API::
+
+    repo = await Repository.open(Path("~/.local/share/ledgerd").expanduser())
+    page = await repo.ledger("notes").page("inbox")
+    await page.put(b"k", b"v")
+    await repo.close()
+
+Layout: ``{data_dir}/{FORMAT_VERSION}/ledgers/{ledger_b64}/{page_b64}/page.sqlite``
+with base64url names without padding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import logging
+import os
+import time
+from pathlib import Path
+
+from store.db import Database, Synchronous
+from store.errors import InvalidArgumentError, NameTooLargeError
+from store.page import Page
+from store.schema import FORMAT_VERSION, create_usage_schema
+
+log = logging.getLogger(__name__)
+
+NAME_LIMIT = 128
+PAGE_ID_SIZE = 16
+"""Bytes of a page id chosen at random when none is given."""
+
+
+def _name(value: bytes | str, what: str) -> bytes:
+    raw = value.encode() if isinstance(value, str) else bytes(value)
+    if not raw:
+        raise InvalidArgumentError(f"{what} must not be empty")
+    if len(raw) > NAME_LIMIT:
+        raise NameTooLargeError(f"{what} of {len(raw)} bytes is over the {NAME_LIMIT}-byte limit")
+    return raw
+
+
+def encode_name(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def decode_name(text: str) -> bytes | None:
+    try:
+        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (binascii.Error, ValueError):
+        return None
+
+
+class Repository:
+    """One device's data directory."""
+
+    def __init__(self, root: Path, usage: Database, synchronous: Synchronous) -> None:
+        self.root = root
+        self.usage = usage
+        self.synchronous = synchronous
+        self.device_id = b""
+        self._pages: dict[tuple[bytes, bytes], Page] = {}
+        self._opening: dict[tuple[bytes, bytes], asyncio.Lock] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    async def open(cls, root: Path, *, synchronous: Synchronous = "NORMAL") -> Repository:
+        root = Path(root)
+        (root / str(FORMAT_VERSION) / "ledgers").mkdir(parents=True, exist_ok=True)
+        usage = await Database.open(root / "page_usage.sqlite", create_usage_schema)
+        repo = cls(root, usage, synchronous)
+        await repo._load_device_id()
+        return repo
+
+    async def _load_device_id(self) -> None:
+        rows = await self.usage.read_all("SELECT value FROM repository WHERE name = 'device_id'")
+        if rows:
+            self.device_id = bytes(rows[0][0])
+            return
+        device = os.urandom(16)
+        async with self.usage.write() as conn:
+            await conn.execute(
+                "INSERT OR IGNORE INTO repository (name, value) VALUES ('device_id', ?)", (device,)
+            )
+        rows = await self.usage.read_all("SELECT value FROM repository WHERE name = 'device_id'")
+        self.device_id = bytes(rows[0][0])
+
+    @property
+    def ledgers_dir(self) -> Path:
+        return self.root / str(FORMAT_VERSION) / "ledgers"
+
+    def ledger(self, name: bytes | str) -> Ledger:
+        return Ledger(self, _name(name, "ledger name"))
+
+    async def ledgers(self) -> list[bytes]:
+        def scan() -> list[bytes]:
+            out = []
+            for p in self.ledgers_dir.iterdir():
+                raw = decode_name(p.name)
+                if raw is not None and p.is_dir() and encode_name(raw) == p.name:
+                    out.append(raw)
+            return sorted(out)
+
+        return await asyncio.to_thread(scan)
+
+    def page_path(self, ledger: bytes, page_id: bytes) -> Path:
+        return self.ledgers_dir / encode_name(ledger) / encode_name(page_id) / "page.sqlite"
+
+    async def open_page(self, ledger: bytes, page_id: bytes) -> Page:
+        key = (ledger, page_id)
+        page = self._pages.get(key)
+        if page is not None and not page.closed:
+            return page
+        lock = self._opening.setdefault(key, asyncio.Lock())
+        async with lock:
+            page = self._pages.get(key)
+            if page is not None and not page.closed:
+                return page
+            page = await Page.open(
+                self.page_path(ledger, page_id), ledger, page_id, synchronous=self.synchronous
+            )
+            page.on_close.append(self._closed_page)
+            self._pages[key] = page
+            async with self.usage.write() as conn:
+                await conn.execute(
+                    "INSERT OR REPLACE INTO page_usage (ledger, page, closed_at) VALUES (?, ?, 0)",
+                    (ledger, page_id),
+                )
+            return page
+
+    def _closed_page(self, page: Page) -> None:
+        key = (page.ledger, page.id)
+        if self._pages.get(key) is page:
+            del self._pages[key]
+        if not self.usage.closed:
+            task = asyncio.get_running_loop().create_task(self._record_close(page))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def _record_close(self, page: Page) -> None:
+        try:
+            async with self.usage.write() as conn:
+                await conn.execute(
+                    "UPDATE page_usage SET closed_at = ? WHERE ledger = ? AND page = ?",
+                    (int(time.time() * 1000), page.ledger, page.id),
+                )
+        except Exception as e:
+            log.warning("could not record that page %r was closed: %s", page.id, e)
+
+    async def usage_of(self, ledger: bytes | str, page_id: bytes | str) -> int | None:
+        """When the page was last closed (UNIX ms), 0 while open, None if unknown."""
+        rows = await self.usage.read_all(
+            "SELECT closed_at FROM page_usage WHERE ledger = ? AND page = ?",
+            (_name(ledger, "ledger name"), _name(page_id, "page id")),
+        )
+        return int(rows[0][0]) if rows else None
+
+    def open_pages(self) -> list[Page]:
+        return list(self._pages.values())
+
+    async def close(self) -> None:
+        for page in list(self._pages.values()):
+            await page.close()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
+        await self.usage.close()
+
+    async def __aenter__(self) -> Repository:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class Ledger:
+    """A namespace of pages (one per application)."""
+
+    def __init__(self, repo: Repository, name: bytes) -> None:
+        self.repo = repo
+        self.name = name
+
+    async def page(self, page_id: bytes | str | None = None) -> Page:
+        """Open (creating on first use) a page; a fresh random id when none is given."""
+        raw = os.urandom(PAGE_ID_SIZE) if page_id is None else _name(page_id, "page id")
+        return await self.repo.open_page(self.name, raw)
+
+    async def pages(self) -> list[bytes]:
+        directory = self.repo.ledgers_dir / encode_name(self.name)
+
+        def scan() -> list[bytes]:
+            if not directory.is_dir():
+                return []
+            out = []
+            for p in directory.iterdir():
+                raw = decode_name(p.name)
+                if raw is not None and (p / "page.sqlite").exists() and encode_name(raw) == p.name:
+                    out.append(raw)
+            return sorted(out)
+
+        return await asyncio.to_thread(scan)

@@ -1,0 +1,219 @@
+"""Reading a page's contents: point reads, values and range queries over one state.
+
+This module owns the read side shared by a page's live state, its snapshots and
+transactions: a tree root plus an optional *overlay* of not-yet-committed
+changes (the implicit journal, or a transaction's own writes). It does not write.
+
+Ranges
+    ``start`` is inclusive, ``end`` exclusive, ``prefix`` narrows both. A
+    continuation *token* is the key to resume from (opaque to callers): a page
+    of results with ``limit`` set returns the token of the next page, or None.
+    Paging reads the state current at each call; take a snapshot for a stable
+    listing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from store import btree
+from store.btree import EMPTY, Entry, NodeStore, Priority
+from store.errors import InvalidArgumentError, KeyNotFoundError, KeyTooLargeError
+from store.objects import ObjectStore
+
+KEY_LIMIT = 4096
+
+T = TypeVar("T")
+
+
+def check_key(key: bytes) -> bytes:
+    if not isinstance(key, bytes | bytearray | memoryview):
+        raise InvalidArgumentError(f"keys are bytes, not {type(key).__name__}")
+    key = bytes(key)
+    if len(key) > KEY_LIMIT:
+        raise KeyTooLargeError(f"key of {len(key)} bytes is over the {KEY_LIMIT}-byte limit")
+    return key
+
+
+@dataclass(frozen=True, slots=True)
+class Overlay:
+    """Changes not in the tree yet: key -> entry (None = deleted), after an optional clear."""
+
+    cleared: bool = False
+    entries: Mapping[bytes, Entry | None] = field(default_factory=dict)
+
+    def with_changes(self, clear: bool, changes: list[tuple[bytes, Entry | None]]) -> Overlay:
+        entries = {} if clear else dict(self.entries)
+        entries.update(changes)
+        return Overlay(self.cleared or clear, entries)
+
+    def __bool__(self) -> bool:
+        return self.cleared or bool(self.entries)
+
+
+NO_OVERLAY = Overlay()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyValue:
+    key: bytes
+    value: bytes
+    priority: Priority
+
+
+@dataclass(frozen=True, slots=True)
+class RangeResult(Generic[T]):
+    """One page of a range query; ``token`` continues it (None: nothing more)."""
+
+    items: list[T]
+    token: bytes | None
+
+
+def bounds(
+    start: bytes | None, end: bytes | None, prefix: bytes | None, token: bytes | None
+) -> tuple[bytes, bytes | None]:
+    lo = check_key(start) if start is not None else b""
+    hi = check_key(end) if end is not None else None
+    if prefix is not None:
+        prefix = check_key(prefix)
+        lo = max(lo, prefix)
+        pe = btree.prefix_end(prefix)
+        if pe is not None:
+            hi = pe if hi is None else min(hi, pe)
+    if token is not None:
+        lo = max(lo, bytes(token))
+    return lo, hi
+
+
+class View:
+    """Reads over one (root, overlay) state. Subclasses say where the state comes from."""
+
+    def __init__(self, objects: ObjectStore, nodes: NodeStore) -> None:
+        self.objects = objects
+        self.nodes = nodes
+
+    def _state(self) -> tuple[bytes, Overlay]:
+        raise NotImplementedError
+
+    async def get_entry(self, key: bytes) -> Entry | None:
+        key = check_key(key)
+        root, overlay = self._state()
+        if key in overlay.entries:
+            return overlay.entries[key]
+        if overlay.cleared:
+            return None
+        return await btree.lookup(self.nodes, root, key)
+
+    async def _entry(self, key: bytes) -> Entry:
+        e = await self.get_entry(key)
+        if e is None:
+            raise KeyNotFoundError(f"key {key[:64]!r} is not in the page")
+        return e
+
+    async def contains(self, key: bytes) -> bool:
+        return await self.get_entry(key) is not None
+
+    async def get(self, key: bytes) -> bytes:
+        """The whole value of ``key``; raises KeyNotFoundError. Use :meth:`read` for large ones."""
+        return await self.objects.read_all((await self._entry(key)).value)
+
+    async def size(self, key: bytes) -> int:
+        return await self.objects.size((await self._entry(key)).value)
+
+    async def read(
+        self, key: bytes, offset: int = 0, length: int | None = None
+    ) -> AsyncIterator[bytes]:
+        """Stream ``length`` bytes of the value from ``offset`` (only the chunks covered)."""
+        return await self.objects.read((await self._entry(key)).value, offset, length)
+
+    async def get_range(self, key: bytes, offset: int, length: int) -> bytes:
+        """A byte range of a value, in memory."""
+        return b"".join([b async for b in await self.read(key, offset, length)])
+
+    async def iter_entries(
+        self,
+        start: bytes | None = None,
+        end: bytes | None = None,
+        prefix: bytes | None = None,
+        token: bytes | None = None,
+    ) -> AsyncIterator[Entry]:
+        """Entries in key order, streamed: only the nodes on the way are loaded."""
+        lo, hi = bounds(start, end, prefix, token)
+        root, overlay = self._state()
+        if hi is not None and lo >= hi:
+            return
+        pending = sorted(
+            (k, e) for k, e in overlay.entries.items() if k >= lo and (hi is None or k < hi)
+        )
+        i = 0
+        if not overlay.cleared:
+            async for e in btree.iterate(self.nodes, root, lo, hi):
+                while i < len(pending) and pending[i][0] < e.key:
+                    over = pending[i][1]
+                    if over is not None:
+                        yield over
+                    i += 1
+                if i < len(pending) and pending[i][0] == e.key:
+                    over = pending[i][1]
+                    i += 1
+                    if over is not None:
+                        yield over
+                    continue
+                yield e
+        for _, over in pending[i:]:
+            if over is not None:
+                yield over
+
+    async def _page(
+        self,
+        start: bytes | None,
+        end: bytes | None,
+        prefix: bytes | None,
+        limit: int | None,
+        token: bytes | None,
+    ) -> tuple[list[Entry], bytes | None]:
+        if limit is not None and limit < 1:
+            raise InvalidArgumentError("limit must be at least 1")
+        out: list[Entry] = []
+        async for e in self.iter_entries(start, end, prefix, token):
+            if limit is not None and len(out) == limit:
+                return out, e.key
+            out.append(e)
+        return out, None
+
+    async def entries(
+        self,
+        start: bytes | None = None,
+        end: bytes | None = None,
+        prefix: bytes | None = None,
+        limit: int | None = None,
+        token: bytes | None = None,
+    ) -> RangeResult[KeyValue]:
+        """Keys and values (in memory) over a range; see the module docs for paging."""
+        found, nxt = await self._page(start, end, prefix, limit, token)
+        items = [KeyValue(e.key, await self.objects.read_all(e.value), e.priority) for e in found]
+        return RangeResult(items, nxt)
+
+    async def keys(
+        self,
+        start: bytes | None = None,
+        end: bytes | None = None,
+        prefix: bytes | None = None,
+        limit: int | None = None,
+        token: bytes | None = None,
+    ) -> RangeResult[bytes]:
+        found, nxt = await self._page(start, end, prefix, limit, token)
+        return RangeResult([e.key for e in found], nxt)
+
+
+class TreeView(View):
+    """A fixed tree (a snapshot at a commit)."""
+
+    def __init__(self, objects: ObjectStore, nodes: NodeStore, root: bytes = EMPTY) -> None:
+        super().__init__(objects, nodes)
+        self.root = root
+
+    def _state(self) -> tuple[bytes, Overlay]:
+        return self.root, NO_OVERLAY

@@ -1,0 +1,230 @@
+"""The page tree: history independence, diffs and range reads against a dict model."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from store import btree
+from store import digest as dg
+from store.btree import EMPTY, Builder, Entry, NodeStore
+
+
+class MemoryNodes:
+    """An in-memory node reader: the tree algorithms need nothing else."""
+
+    def __init__(self) -> None:
+        self.pieces: dict[bytes, bytes] = {}
+        self.reads = 0
+
+    async def read_node_bytes(self, digest: bytes) -> bytes:
+        self.reads += 1
+        return self.pieces[digest]
+
+
+@contextmanager
+def _level_bits(bits: int) -> Iterator[None]:
+    """Fewer bits per level make small trees deep, so properties cover every level."""
+    saved = btree.LEVEL_BITS
+    btree.LEVEL_BITS = bits
+    try:
+        yield
+    finally:
+        btree.LEVEL_BITS = saved
+
+
+def _entry(key: bytes, value: bytes = b"v") -> Entry:
+    return Entry(key, dg.chunk_digest(dg.Kind.VALUE, value))
+
+
+async def _build(mem: MemoryNodes, root: bytes, changes: list[tuple[bytes, Entry | None]]) -> bytes:
+    b = Builder(NodeStore(mem))
+    new_root = await b.apply(root, changes)
+    for p in b.pieces_reachable(new_root):
+        mem.pieces[p.digest] = p.data
+    return new_root
+
+
+async def _items(mem: MemoryNodes, root: bytes, start: bytes = b"", end: bytes | None = None):
+    return [(e.key, e.value) async for e in btree.iterate(NodeStore(mem), root, start, end)]
+
+
+def _model(d: dict[bytes, bytes]) -> list[tuple[bytes, bytes]]:
+    return [(k, dg.chunk_digest(dg.Kind.VALUE, v)) for k, v in sorted(d.items())]
+
+
+keys = st.binary(min_size=0, max_size=6)
+ops = st.lists(st.tuples(keys, st.one_of(st.none(), st.binary(max_size=3))), max_size=300)
+
+
+@pytest.mark.parametrize("bits", [1, 6])
+@settings(max_examples=60, deadline=None)
+@given(ops, st.randoms(use_true_random=False))
+async def test_root_independent_of_insertion_order(bits, ops_list, rnd) -> None:
+    with _level_bits(bits):
+        await _root_independent_of_insertion_order(ops_list, rnd)
+
+
+async def _root_independent_of_insertion_order(ops_list, rnd) -> None:
+    model: dict[bytes, bytes] = {}
+    mem = MemoryNodes()
+    root = EMPTY
+    # Apply in several random batches.
+    i = 0
+    while i < len(ops_list):
+        n = rnd.randint(1, 40)
+        batch = ops_list[i : i + n]
+        i += n
+        root = await _build(mem, root, [(k, None if v is None else _entry(k, v)) for k, v in batch])
+        for k, v in batch:
+            if v is None:
+                model.pop(k, None)
+            else:
+                model[k] = v
+    # The same final set inserted at once, in another order, into an empty tree.
+    final = list(model.items())
+    rnd.shuffle(final)
+    mem2 = MemoryNodes()
+    root2 = await _build(mem2, EMPTY, [(k, _entry(k, v)) for k, v in final])
+    assert root == root2
+    assert await _items(mem, root) == _model(model)
+    for k, v in model.items():
+        got = await btree.lookup(NodeStore(mem), root, k)
+        assert got is not None and got.value == dg.chunk_digest(dg.Kind.VALUE, v)
+    assert await btree.lookup(NodeStore(mem), root, b"\xff" * 7) is None
+
+
+async def test_large_tree_is_shallow_and_updates_touch_a_path() -> None:
+    rng = random.Random(5)
+    mem = MemoryNodes()
+    entries = {rng.randbytes(16): rng.randbytes(100) for _ in range(20_000)}
+    root = await _build(mem, EMPTY, [(k, _entry(k, v)) for k, v in entries.items()])
+    depth, d = 0, root
+    while d:
+        node = await NodeStore(mem).load(d)
+        depth += 1
+        d = node.children[0] if node.level else EMPTY
+    assert depth <= 4
+    before = set(mem.pieces)
+    k = next(iter(entries))
+    root2 = await _build(mem, root, [(k, _entry(k, b"changed"))])
+    assert 1 <= len(set(mem.pieces) - before) <= depth
+    assert [c.key async for c in btree.diff(NodeStore(mem), root, root2)] == [k]
+
+
+@pytest.mark.parametrize("bits", [1, 6])
+@settings(max_examples=60, deadline=None)
+@given(
+    st.dictionaries(keys, st.binary(max_size=3), max_size=150),
+    st.dictionaries(keys, st.one_of(st.none(), st.binary(max_size=3)), max_size=60),
+)
+async def test_two_way_diff_equals_dict_difference(bits, base, edits) -> None:
+    with _level_bits(bits):
+        await _two_way_diff_equals_dict_difference(base, edits)
+
+
+async def _two_way_diff_equals_dict_difference(base, edits) -> None:
+    mem = MemoryNodes()
+    a = await _build(mem, EMPTY, [(k, _entry(k, v)) for k, v in base.items()])
+    b = await _build(mem, a, [(k, None if v is None else _entry(k, v)) for k, v in edits.items()])
+    after = dict(base)
+    for k, v in edits.items():
+        if v is None:
+            after.pop(k, None)
+        else:
+            after[k] = v
+    want = []
+    for k in sorted(set(base) | set(after)):
+        if base.get(k) != after.get(k):
+            want.append((k, base.get(k), after.get(k)))
+
+    def val(e: Entry | None) -> bytes | None:
+        return None if e is None else dg.inline_content(e.value)
+
+    got = [(c.key, val(c.old), val(c.new)) async for c in btree.diff(NodeStore(mem), a, b)]
+    assert got == want
+    back = [(c.key, val(c.new), val(c.old)) async for c in btree.diff(NodeStore(mem), b, a)]
+    assert back == want
+
+
+@pytest.mark.parametrize("bits", [1, 6])
+@settings(max_examples=40, deadline=None)
+@given(
+    st.dictionaries(keys, st.binary(max_size=3), max_size=120),
+    st.dictionaries(keys, st.one_of(st.none(), st.binary(max_size=3)), max_size=40),
+    st.dictionaries(keys, st.one_of(st.none(), st.binary(max_size=3)), max_size=40),
+)
+async def test_three_way_diff(bits, base, left_edits, right_edits) -> None:
+    with _level_bits(bits):
+        await _three_way_diff(base, left_edits, right_edits)
+
+
+async def _three_way_diff(base, left_edits, right_edits) -> None:
+    mem = MemoryNodes()
+
+    def applied(d: dict[bytes, bytes], edits: dict[bytes, bytes | None]) -> dict[bytes, bytes]:
+        out = dict(d)
+        for k, v in edits.items():
+            if v is None:
+                out.pop(k, None)
+            else:
+                out[k] = v
+        return out
+
+    b = await _build(mem, EMPTY, [(k, _entry(k, v)) for k, v in base.items()])
+    lroot = await _build(
+        mem, b, [(k, None if v is None else _entry(k, v)) for k, v in left_edits.items()]
+    )
+    rroot = await _build(
+        mem, b, [(k, None if v is None else _entry(k, v)) for k, v in right_edits.items()]
+    )
+    left, right = applied(base, left_edits), applied(base, right_edits)
+    want = [
+        (k, base.get(k), left.get(k), right.get(k))
+        for k in sorted(set(base) | set(left) | set(right))
+        if base.get(k) != left.get(k) or base.get(k) != right.get(k)
+    ]
+
+    def val(e: Entry | None) -> bytes | None:
+        return None if e is None else dg.inline_content(e.value)
+
+    got = [
+        (c.key, val(c.base), val(c.left), val(c.right))
+        async for c in btree.diff3(NodeStore(mem), b, lroot, rroot)
+    ]
+    assert got == want
+
+
+async def test_diff_cost_grows_with_change_not_page() -> None:
+    rng = random.Random(6)
+    mem = MemoryNodes()
+    entries = {rng.randbytes(16): rng.randbytes(8) for _ in range(20_000)}
+    a = await _build(mem, EMPTY, [(k, _entry(k, v)) for k, v in entries.items()])
+    changed = rng.sample(sorted(entries), 3)
+    b = await _build(mem, a, [(k, _entry(k, b"new")) for k in changed])
+    mem.reads = 0
+    got = [c.key async for c in btree.diff(NodeStore(mem), a, b)]
+    assert got == sorted(changed)
+    assert mem.reads < 40  # a few paths, not the ~300 nodes of the page
+
+
+async def test_range_iteration_bounds() -> None:
+    mem = MemoryNodes()
+    ks = [bytes([i, j]) for i in range(0, 256, 7) for j in range(0, 256, 31)]
+    root = await _build(mem, EMPTY, [(k, _entry(k, k)) for k in ks])
+    for start, end in [
+        (b"", None),
+        (b"\x07", b"\x1c"),
+        (b"\x07\x1f", b"\x07\x20"),
+        (b"\xff", None),
+    ]:
+        want = [k for k in ks if k >= start and (end is None or k < end)]
+        assert [k for k, _ in await _items(mem, root, start, end)] == want
+    assert btree.prefix_end(b"ab") == b"ac"
+    assert btree.prefix_end(b"a\xff") == b"b"
+    assert btree.prefix_end(b"\xff\xff") is None

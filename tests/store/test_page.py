@@ -1,0 +1,380 @@
+"""The embedded page API: writes, reads, ranges, snapshots, transactions, watchers."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from store import (
+    CommitNotFoundError,
+    InvalidArgumentError,
+    KeyNotFoundError,
+    KeyTooLargeError,
+    NameTooLargeError,
+    Page,
+    Priority,
+    Repository,
+)
+from store import commit as commit_mod
+from store.page import Notification
+
+
+async def _count(page: Page, sql: str) -> int:
+    return int((await page.db.read_all(sql))[0][0])
+
+
+async def _garbage(page: Page) -> int:
+    """Pieces that are transient and staged by no open journal."""
+    return await _count(
+        page,
+        "SELECT count(*) FROM objects WHERE digest NOT IN (SELECT digest FROM object_status) "
+        "AND digest NOT IN (SELECT digest FROM journal_pieces)",
+    )
+
+
+async def test_put_get_delete_clear(page: Page) -> None:
+    await page.put(b"a", b"1")
+    await page.put(b"b", b"x" * 5000, Priority.LAZY)
+    assert await page.get(b"a") == b"1"
+    assert await page.get(b"b") == b"x" * 5000
+    assert (await page.get_entry(b"b")).priority is Priority.LAZY  # type: ignore[union-attr]
+    assert await page.get_range(b"b", 4990, 100) == b"x" * 10
+    assert await page.size(b"b") == 5000
+    await page.delete(b"a")
+    with pytest.raises(KeyNotFoundError):
+        await page.get(b"a")
+    await page.delete(b"never-there")
+    await page.clear()
+    assert (await page.keys()).items == []
+    await page.flush()
+    assert len(await page.heads()) == 1
+
+
+async def test_binary_keys_and_empty_values(page: Page) -> None:
+    keys = [b"", b"\x00", b"\x00\x00", b"\xff\xfe", "ключ".encode()]
+    for k in keys:
+        await page.put(k, b"")
+    assert (await page.keys()).items == sorted(keys)
+    assert await page.get(b"\x00") == b""
+
+
+async def test_streamed_value_and_file(page: Page, tmp_path: Path) -> None:
+    async def gen() -> AsyncIterator[bytes]:
+        for i in range(20):
+            yield bytes([i]) * 100_000
+
+    await page.put(b"big", gen())
+    want = b"".join(bytes([i]) * 100_000 for i in range(20))
+    assert await page.size(b"big") == len(want)
+    assert b"".join([b async for b in await page.read(b"big", 150_000, 100_000)]) == want[
+        150_000:250_000
+    ]
+    f = tmp_path / "v"
+    f.write_bytes(b"from a file")
+    await page.put(b"file", f)
+    assert await page.get(b"file") == b"from a file"
+
+
+async def test_limits_give_clear_errors(repo: Repository, page: Page) -> None:
+    with pytest.raises(KeyTooLargeError, match="4096"):
+        await page.put(b"k" * 4097, b"v")
+    await page.put(b"k" * 4096, b"v")
+    with pytest.raises(NameTooLargeError):
+        repo.ledger("l" * 129)
+    with pytest.raises(NameTooLargeError):
+        await repo.ledger("ok").page(b"p" * 129)
+    with pytest.raises(InvalidArgumentError):
+        repo.ledger("")
+    with pytest.raises(InvalidArgumentError):
+        await page.put("text-key", b"v")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError):
+        await page.put(b"k", 12)  # type: ignore[arg-type]
+    assert (await page.keys()).items == [b"k" * 4096]
+
+
+async def test_concurrent_writes_share_commits(page: Page) -> None:
+    before = len(await page.history(10_000))
+    await asyncio.gather(*[page.put(b"k%03d" % i, b"v%d" % i) for i in range(200)])
+    # Every acknowledged write is readable at once, committed or not.
+    assert len((await page.keys()).items) == 200
+    await page.flush()
+    commits = len(await page.history(10_000)) - before
+    assert 1 <= commits <= 3
+    assert await page.get(b"k123") == b"v123"
+
+
+async def test_batch_write_is_one_commit(page: Page) -> None:
+    await page.put(b"gone", b"x")
+    await page.flush()
+    before = page.head.id
+    await page.write([(b"a", b"1"), (b"b", b"2"), (b"gone", None)])
+    await page.flush()
+    assert page.head.parents == (before,)
+    assert (await page.keys()).items == [b"a", b"b"]
+
+
+async def test_random_page_id_and_listing(repo: Repository) -> None:
+    ledger = repo.ledger(b"\x00bin\xff")
+    p1 = await ledger.page()
+    p2 = await ledger.page()
+    assert p1.id != p2.id and len(p1.id) == 16
+    assert sorted(await ledger.pages()) == sorted([p1.id, p2.id])
+    assert b"\x00bin\xff" in await repo.ledgers()
+
+
+async def test_reopen_keeps_data_and_records_usage(tmp_path: Path) -> None:
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        assert await repo.usage_of("l", "p") == 0
+        await page.put(b"k", b"v")
+        device = repo.device_id
+        await page.close()
+        await asyncio.gather(*repo._closing)
+        assert (await repo.usage_of("l", "p") or 0) > 0
+    async with await Repository.open(tmp_path) as repo:
+        assert repo.device_id == device and len(device) == 16
+        page = await repo.ledger("l").page("p")
+        assert await page.get(b"k") == b"v"
+
+
+async def test_snapshots_read_past_commits(page: Page) -> None:
+    await page.put(b"k", b"one")
+    await page.flush()
+    first = page.head.id
+    await page.put(b"k", b"two")
+    await page.put(b"other", b"x")
+    await page.flush()
+    snap = await page.snapshot(first)
+    assert await snap.get(b"k") == b"one"
+    assert (await snap.keys()).items == [b"k"]
+    assert await (await page.snapshot()).get(b"k") == b"two"
+    empty = await page.snapshot(commit_mod.FIRST.id)
+    assert (await empty.keys()).items == []
+    with pytest.raises(CommitNotFoundError):
+        await page.snapshot(b"\x00" * 32)
+    ids = [c.id for c in await page.history()]
+    assert ids[-1] == commit_mod.FIRST.id and first in ids
+
+
+# -- ranges -------------------------------------------------------------------
+
+small_keys = st.binary(max_size=3)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.dictionaries(small_keys, st.binary(max_size=4), max_size=80),
+    st.dictionaries(small_keys, st.one_of(st.none(), st.binary(max_size=4)), max_size=20),
+    st.lists(
+        st.tuples(
+            st.one_of(st.none(), small_keys),
+            st.one_of(st.none(), small_keys),
+            st.one_of(st.none(), st.binary(max_size=2)),
+            st.one_of(st.none(), st.integers(1, 7)),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+)
+async def test_ranges_equal_sorted_dict_slices(data, txn_edits, queries) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        async with await Repository.open(Path(d)) as repo:
+            page = await repo.ledger("l").page("p")
+            await page.write(list(data.items()))
+            txn = page.transaction()
+            for k, v in txn_edits.items():
+                if v is None:
+                    await txn.delete(k)
+                else:
+                    await txn.put(k, v)
+            in_txn = dict(data)
+            for k, v in txn_edits.items():
+                if v is None:
+                    in_txn.pop(k, None)
+                else:
+                    in_txn[k] = v
+            for view, model in ((page, data), (txn, in_txn)):
+                for start, end, prefix, limit in queries:
+                    want = [
+                        (k, model[k])
+                        for k in sorted(model)
+                        if (start is None or k >= start)
+                        and (end is None or k < end)
+                        and (prefix is None or k.startswith(prefix))
+                    ]
+                    got: list[tuple[bytes, bytes]] = []
+                    token = None
+                    while True:
+                        res = await view.entries(start, end, prefix, limit, token)
+                        got.extend((kv.key, kv.value) for kv in res.items)
+                        assert limit is None or len(res.items) <= limit
+                        if res.token is None:
+                            break
+                        token = res.token
+                    assert got == want
+            await txn.rollback()
+
+
+# -- transactions -------------------------------------------------------------
+
+
+async def test_transaction_isolation_and_commit(page: Page) -> None:
+    await page.put(b"a", b"base")
+    async with page.transaction() as txn:
+        await txn.put(b"a", b"txn")
+        await txn.put(b"t", b"1")
+        await page.put(b"plain", b"concurrent")  # lands while the transaction is open
+        assert await txn.get(b"a") == b"txn"
+        assert not await txn.contains(b"plain")  # the base is fixed
+        assert await page.get(b"a") == b"base"  # not visible outside before commit
+        assert not await page.contains(b"t")
+    await page.flush()
+    assert await page.get(b"a") == b"txn"
+    assert await page.get(b"plain") == b"concurrent"
+    assert len(await page.heads()) == 1  # the page moved: two heads, merged at once
+
+
+async def test_transaction_on_moved_page_last_one_wins(page: Page) -> None:
+    await page.put(b"k", b"base")
+    t1 = page.transaction()
+    t2 = page.transaction()
+    await t1.put(b"k", b"first")
+    await t1.put(b"only1", b"x")
+    await t2.put(b"k", b"second")
+    await t2.put(b"only2", b"y")
+    await t1.commit()
+    await t2.commit()  # later commit: wins on the shared key
+    heads = await page.heads()
+    assert len(heads) == 1 and heads[0].is_merge
+    assert await page.get(b"k") == b"second"
+    assert await page.get(b"only1") == b"x" and await page.get(b"only2") == b"y"
+
+
+async def test_rollback_leaves_no_trace(page: Page) -> None:
+    await page.put(b"keep", b"v")
+    await page.flush()
+    objects_before = await _count(page, "SELECT count(*) FROM objects")
+    commits_before = await _count(page, "SELECT count(*) FROM commits")
+    rng = random.Random(1)
+    with pytest.raises(RuntimeError):
+        async with page.transaction() as txn:
+            await txn.put(b"big", rng.randbytes(3_000_000))
+            await txn.put(b"small", b"s" * 100)
+            raise RuntimeError("application error")
+    txn2 = page.transaction()
+    await txn2.put(b"big2", rng.randbytes(1_000_000))
+    await txn2.rollback()
+    await page.objects.collect_garbage()
+    assert await _count(page, "SELECT count(*) FROM objects") == objects_before
+    assert await _count(page, "SELECT count(*) FROM commits") == commits_before
+    assert await _count(page, "SELECT count(*) FROM journal_pieces") == 0
+    assert await _garbage(page) == 0
+    assert not await page.contains(b"big")
+
+
+async def test_transaction_clear_and_empty_commit(page: Page) -> None:
+    await page.write([(b"a", b"1"), (b"b", b"2")])
+    async with page.transaction() as txn:
+        await txn.clear()
+        await txn.put(b"c", b"3")
+        assert (await txn.keys()).items == [b"c"]
+    assert (await page.keys()).items == [b"c"]
+    head = page.head.id
+    async with page.transaction() as txn:
+        await txn.put(b"c", b"3")  # no change: no commit
+    assert page.head.id == head and txn.commit_id is None
+
+
+# -- watchers -----------------------------------------------------------------
+
+
+async def _take(w: AsyncIterator[Notification], n: int) -> list[Notification]:
+    return [await asyncio.wait_for(w.__anext__(), 10) for _ in range(n)]
+
+
+async def test_watchers_order_prefix_and_one_per_commit(page: Page) -> None:
+    everything = page.watch()
+    users = page.watch(b"user/")
+    for i in range(5):
+        await page.put(b"user/%d" % i, b"v%d" % i)
+        await page.flush()
+    await page.put(b"other", b"x")
+    await page.flush()
+    async with page.transaction() as txn:
+        for i in range(30):
+            await txn.put(b"user/t%02d" % i, b"t")
+        await txn.delete(b"user/0")
+    notes = await _take(everything, 7)
+    assert [n.changed[0].key for n in notes[:5]] == [b"user/%d" % i for i in range(5)]
+    assert notes[5].changed[0].key == b"other"
+    assert len(notes[6].changed) == 30 and notes[6].deleted == [b"user/0"]  # never split
+    assert notes[6].commit == page.head.id
+    unote = await _take(users, 6)
+    assert [len(n.changed) for n in unote] == [1, 1, 1, 1, 1, 30]  # 'other' filtered out
+    assert unote[0].changed[0].value == b"v0"
+    everything.close()
+    assert [n async for n in everything] == []
+
+
+async def test_watcher_sees_merge_result(page: Page) -> None:
+    await page.put(b"k", b"base")
+    await page.flush()
+    t1, t2 = page.transaction(), page.transaction()
+    await t1.put(b"a", b"1")
+    await t2.put(b"b", b"2")
+    w = page.watch()
+    await t1.commit()
+    await t2.commit()
+    notes = await _take(w, 2)
+    assert [c.key for c in notes[0].changed] == [b"a"]
+    assert [c.key for c in notes[1].changed] == [b"b"]  # the merge adds t2's change
+    assert notes[1].commit == page.head.id
+
+
+# -- crashes (in-process simulations; the SIGKILL test is test_crash.py) --------
+
+
+async def test_implicit_journal_is_committed_on_next_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+
+        async def no_commit(self: Page) -> None:  # the process "dies" before committing
+            return None
+
+        monkeypatch.setattr(Page, "_commit_journal", no_commit)
+        await page.put(b"acked", b"value")
+        await page.put(b"big", b"b" * 1_000_000)
+        assert await page.get(b"acked") == b"value"
+        assert len(await page.history()) == 1
+        monkeypatch.undo()
+        page._journal = None  # forget it in memory, as a crash would
+        await page.close()
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        assert await page.get(b"acked") == b"value"
+        assert await page.get(b"big") == b"b" * 1_000_000
+        assert len(await page.history()) == 2
+        assert await _count(page, "SELECT count(*) FROM journals") == 0
+
+
+async def test_explicit_journal_is_discarded_on_next_open(tmp_path: Path) -> None:
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        txn = page.transaction()
+        await txn.put(b"big", b"z" * 2_000_000)
+        assert await _count(page, "SELECT count(*) FROM journal_pieces") > 0
+        await page.close()  # no commit, no rollback: as if the process died
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        assert not await page.contains(b"big")
+        assert await _count(page, "SELECT count(*) FROM journal_pieces") == 0
+        assert await _count(page, "SELECT count(*) FROM objects") == 0
