@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 Synchronous = Literal["OFF", "NORMAL", "FULL"]
 
-PAGE_SIZE = 65536
+PAGE_SIZE = 4096
+WAL_CHECKPOINT_PAGES = 16384
 
 
 def _prepare(path: Path, create_schema: Callable[[sqlite3.Connection], None]) -> None:
@@ -70,6 +71,10 @@ class Database:
             await writer.execute(f"PRAGMA synchronous = {synchronous}")
             await writer.execute("PRAGMA temp_store = MEMORY")
             await writer.execute("PRAGMA cache_size = -16384")  # 16 MiB
+            # Checkpoint (copy the WAL into the database, with an fsync) every ~64 MiB
+            # of WAL rather than SQLite's 4 MiB: fewer stalls under write bursts.
+            await writer.execute(f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}")
+            await writer.execute(f"PRAGMA journal_size_limit = {WAL_CHECKPOINT_PAGES * PAGE_SIZE}")
             reader = await aiosqlite.connect(path, isolation_level=None)
         except BaseException:
             await writer.close()

@@ -26,7 +26,7 @@ import asyncio
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,9 +93,16 @@ async def _blocks(source: Source, block_size: int = BLOCK_SIZE) -> AsyncIterator
 class ObjectStore:
     """Pieces of one page's database."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, memory: Mapping[bytes, bytes] | None = None) -> None:
         self.db = db
         self.fetcher: Fetcher | None = None
+        self.memory: Mapping[bytes, bytes] = memory if memory is not None else {}
+
+    def overlaid(self, memory: Mapping[bytes, bytes]) -> ObjectStore:
+        """The same store, also reading pieces held in ``memory`` (a transaction's)."""
+        view = ObjectStore(self.db, memory)
+        view.fetcher = self.fetcher
+        return view
 
     # -- writing ---------------------------------------------------------------
 
@@ -269,6 +276,9 @@ class ObjectStore:
         """Verified contents of ``digests`` (hashed ones), fetching missing ones if possible."""
         found: dict[bytes, bytes] = {}
         want = list(dict.fromkeys(digests))
+        if self.memory:
+            found.update((d, self.memory[d]) for d in want if d in self.memory)
+            want = [d for d in want if d not in found]
         for i in range(0, len(want), 500):
             part = want[i : i + 500]
             marks = ",".join("?" * len(part))
@@ -343,6 +353,8 @@ class ObjectStore:
             return len(digest) - 1
         if dg.is_index(digest):
             return sum(c.size for c in split.decode_index(await self.get_piece(digest)))
+        if digest in self.memory:
+            return len(self.memory[digest])
         rows = await self.db.read_all(
             "SELECT length(data) FROM objects WHERE digest = ?", (digest,)
         )
@@ -405,6 +417,21 @@ class ObjectStore:
             stack.extend(reversed(items))
         if batch:
             yield batch
+
+    async def read_many(self, digests: Iterable[bytes]) -> dict[bytes, bytes]:
+        """Whole values of many digests; single-piece values are fetched in batches."""
+        out: dict[bytes, bytes] = {}
+        single: list[bytes] = []
+        for d in dict.fromkeys(digests):
+            if dg.is_inline(d):
+                out[d] = dg.inline_content(d)
+            elif dg.is_index(d):
+                out[d] = await self.read_all(d)
+            else:
+                single.append(d)
+        for i in range(0, len(single), 500):
+            out.update(await self.get_pieces(single[i : i + 500]))
+        return out
 
     async def read_all(self, digest: bytes) -> bytes:
         """The whole value in memory; for small values (tree nodes, tests)."""

@@ -17,8 +17,8 @@ Plain writes (implicit journal)
     left by a crash are committed.
 
 Transactions (explicit journal)
-    A transaction reads its base commit plus its own writes; its entries live in
-    memory, the pieces of its values in SQLite as transient under its journal id.
+    A transaction reads its base commit plus its own writes. Its entries and small
+    values live in memory; large values are staged in SQLite as transient pieces.
     Committing creates one commit on the base; if the page moved meanwhile there
     are two heads, which are merged at once. Rollback, an exception, or a crash
     discards everything it staged.
@@ -133,8 +133,15 @@ class Watcher:
 
 @dataclass(slots=True)
 class _TxnState:
-    overlay: Overlay = field(default_factory=Overlay)
+    cleared: bool = False
+    entries: dict[bytes, Entry | None] = field(default_factory=dict)
+    pieces: dict[bytes, list[split.Piece]] = field(default_factory=dict)  # by value digest
+    tokens: list[str] = field(default_factory=list)  # staged large values
     open: bool = True
+
+    @property
+    def overlay(self) -> Overlay:
+        return Overlay(self.cleared, self.entries)
 
 
 class Snapshot(TreeView):
@@ -153,7 +160,8 @@ class Transaction(View):
     """
 
     def __init__(self, page: Page) -> None:
-        super().__init__(page.objects, page.nodes)
+        self._memory: dict[bytes, bytes] = {}  # pieces of small values, by digest
+        super().__init__(page.objects.overlaid(self._memory), page.nodes)
         self.page = page
         self._base: Commit | None = None
         self.id = f"E{time.time_ns():020d}{uuid.uuid4().hex[:12]}"
@@ -197,22 +205,29 @@ class Transaction(View):
         await self.start()
 
     async def put(self, key: bytes, value: Source, priority: Priority = Priority.EAGER) -> None:
+        """Small values stay in memory until commit; large ones and streams are staged."""
         await self._check()
         key = check_key(key)
-        ref = await self.page.objects.put_value(value, self.id)
-        await self._check()
-        self._state_.overlay = self._state_.overlay.with_changes(
-            False, [(key, Entry(key, ref.digest, Priority(priority)))]
-        )
+        entry, pieces, token = await self.page._prepare(key, value, priority)
+        st = self._state_
+        if token is not None:
+            st.tokens.append(token)
+        if not st.open:  # rolled back while the value was being staged
+            await self.page._discard_tokens(st.tokens)
+            raise TransactionClosedError()
+        if pieces:
+            st.pieces[entry.value] = pieces
+            self._memory.update((p.digest, p.data) for p in pieces)
+        st.entries[key] = entry
 
     async def delete(self, key: bytes) -> None:
         await self._check()
-        key = check_key(key)
-        self._state_.overlay = self._state_.overlay.with_changes(False, [(key, None)])
+        self._state_.entries[check_key(key)] = None
 
     async def clear(self) -> None:
         await self._check()
-        self._state_.overlay = self._state_.overlay.with_changes(True, [])
+        self._state_.cleared = True
+        self._state_.entries.clear()
 
     async def commit(self) -> bytes | None:
         """Commit; returns the new commit id (None if the transaction changed nothing)."""
@@ -225,7 +240,7 @@ class Transaction(View):
         if not self._state_.open:
             return
         self._state_.open = False
-        await self.page.objects.discard(self.id)
+        await self.page._discard_tokens(self._state_.tokens)
 
     async def __aenter__(self) -> Transaction:
         return await self.start()
@@ -415,25 +430,37 @@ class Page(View):
                 if value is None:
                     prepared.append((key, None))
                     continue
-                if isinstance(value, bytes | bytearray | memoryview) and len(value) <= SMALL_VALUE:
-                    more, root = split.split_bytes(bytes(value))
-                    pieces.extend(more)
-                    prepared.append((key, Entry(key, root.digest, Priority(priority))))
-                elif isinstance(value, bytes | bytearray | memoryview | Path | AsyncIterable):
-                    token, ref = await self.objects.stage_value(value)
+                entry, more, token = await self._prepare(key, value, priority)
+                pieces.extend(more)
+                if token is not None:
                     tokens.append(token)
-                    prepared.append((key, Entry(key, ref.digest, Priority(priority))))
-                else:
-                    raise InvalidArgumentError(
-                        f"a value is bytes, an async iterator of bytes or a Path, "
-                        f"not {type(value).__name__}"
-                    )
+                prepared.append((key, entry))
         except BaseException:
-            for t in tokens:
-                await asyncio.shield(self.objects.discard(t))
+            await self._discard_tokens(tokens)
             raise
         loop = asyncio.get_running_loop()
         await self._submit(_Write(False, prepared, pieces, tokens, loop.create_future()))
+
+    async def _prepare(
+        self, key: bytes, value: Source, priority: Priority
+    ) -> tuple[Entry, list[split.Piece], str | None]:
+        """Split a value: in memory if small (pieces returned), else staged (token returned)."""
+        if isinstance(value, bytes | bytearray | memoryview) and len(value) <= SMALL_VALUE:
+            if len(value) > 65536:
+                pieces, root = await asyncio.to_thread(split.split_bytes, bytes(value))
+            else:
+                pieces, root = split.split_bytes(bytes(value))
+            return Entry(key, root.digest, Priority(priority)), pieces, None
+        if isinstance(value, bytes | bytearray | memoryview | Path | AsyncIterable):
+            token, ref = await self.objects.stage_value(value)
+            return Entry(key, ref.digest, Priority(priority)), [], token
+        raise InvalidArgumentError(
+            f"a value is bytes, an async iterator of bytes or a Path, not {type(value).__name__}"
+        )
+
+    async def _discard_tokens(self, tokens: list[str]) -> None:
+        for t in tokens:
+            await asyncio.shield(self.objects.discard(t))
 
     async def flush(self) -> None:
         """Wait until every acknowledged plain write is committed."""
@@ -569,7 +596,8 @@ class Page(View):
         builder: Builder,
         *,
         journal: str | None = None,
-        explicit: str | None = None,
+        values: list[split.Piece] | None = None,
+        tokens: list[str] | None = None,
         notify: bool = True,
     ) -> None:
         """Write a new local commit with its new nodes and move heads. Lock held.
@@ -577,7 +605,7 @@ class Page(View):
         Watchers are told unless ``notify`` is false (the caller merges first and
         tells them once about the merged result).
         """
-        pieces = builder.pieces_reachable(c.root)
+        pieces = builder.pieces_reachable(c.root) + (values or [])
         old_root = self.head.root
         async with self.db.write() as conn:
             if pieces:
@@ -590,7 +618,7 @@ class Page(View):
                     [(p.digest,) for p in pieces],
                 )
             await self._insert_commit(conn, c)
-            for jid in (journal, explicit):
+            for jid in [journal, *(tokens or [])]:
                 if jid is not None:
                     await self.objects.mark_local(jid, conn)
             if journal is not None:
@@ -641,20 +669,25 @@ class Page(View):
         return Transaction(self)
 
     async def _commit_transaction(self, txn: Transaction) -> bytes | None:
-        self._check_open()
+        st = txn._state_
+        try:
+            self._check_open()
+        except ClosedError:
+            await self._discard_tokens(st.tokens)
+            raise
         async with self._commit_lock:
-            overlay = txn._state_.overlay
             builder = Builder(self.nodes)
-            root = await builder.apply(
-                EMPTY if overlay.cleared else txn.base.root, overlay.entries.items()
-            )
+            root = await builder.apply(EMPTY if st.cleared else txn.base.root, st.entries.items())
             if root == txn.base.root:
-                await self.objects.discard(txn.id)
+                await self._discard_tokens(st.tokens)
                 return None
             c = commit.child([txn.base], root)
             old_root = self.head.root
             moved = txn.base.id not in {h.id for h in self._heads}
-            await self._store(c, builder, explicit=txn.id, notify=not moved)
+            values = [
+                p for e in st.entries.values() if e is not None for p in st.pieces.get(e.value, [])
+            ]
+            await self._store(c, builder, values=values, tokens=st.tokens, notify=not moved)
             if len(self._heads) > 1:
                 await self._merge_heads()
             if moved:

@@ -204,6 +204,9 @@ class Splitter:
 
 def split_bytes(data: bytes, kind: dg.Kind = dg.Kind.VALUE) -> tuple[list[Piece], Child]:
     """Split an in-memory object in one go (small values and tree nodes)."""
+    if len(data) <= MIN_CHUNK:  # FastCDC never cuts below its minimum: one chunk
+        d = dg.chunk_digest(kind, data)
+        return ([] if dg.is_inline(d) else [Piece(d, bytes(data))]), Child(d, len(data))
     s = Splitter(kind)
     pieces = s.feed(data)
     more, root = s.finish()

@@ -193,8 +193,8 @@ class View:
     ) -> RangeResult[KeyValue]:
         """Keys and values (in memory) over a range; see the module docs for paging."""
         found, nxt = await self._page(start, end, prefix, limit, token)
-        items = [KeyValue(e.key, await self.objects.read_all(e.value), e.priority) for e in found]
-        return RangeResult(items, nxt)
+        values = await self.objects.read_many(e.value for e in found)
+        return RangeResult([KeyValue(e.key, values[e.value], e.priority) for e in found], nxt)
 
     async def keys(
         self,

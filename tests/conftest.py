@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from store.db import Database
+from store.objects import ObjectStore
 from store.page import Page
 from store.repository import Repository
-from store.objects import ObjectStore
 from store.schema import create_page_schema
 
 

@@ -19,8 +19,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 async def _run_and_kill(data: Path, seed: int, lines_before_kill: int) -> list[str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.store.crash_child", str(data), str(seed),
-        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "tests.store.crash_child",
+        str(data),
+        str(seed),
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     assert proc.stdout is not None
     seen: list[str] = []

@@ -73,9 +73,10 @@ async def test_streamed_value_and_file(page: Page, tmp_path: Path) -> None:
     await page.put(b"big", gen())
     want = b"".join(bytes([i]) * 100_000 for i in range(20))
     assert await page.size(b"big") == len(want)
-    assert b"".join([b async for b in await page.read(b"big", 150_000, 100_000)]) == want[
-        150_000:250_000
-    ]
+    assert (
+        b"".join([b async for b in await page.read(b"big", 150_000, 100_000)])
+        == want[150_000:250_000]
+    )
     f = tmp_path / "v"
     f.write_bytes(b"from a file")
     await page.put(b"file", f)

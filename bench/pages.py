@@ -1,0 +1,147 @@
+"""Page benchmarks: bulk load, one-entry update cost, range scan and point gets.
+
+    python -m bench.pages [--entries 100000] [--txn 1000]
+
+Prints JSON. The bulk load is reported next to raw SQLite inserting the same
+rows with executemany into a ``(key BLOB PRIMARY KEY, value BLOB)`` WAL table in
+the same run (target ratio >= 0.3). The update figure counts the objects and
+bytes a one-entry change adds to a page of that size (target <= 4 objects,
+<= 128 KiB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sqlite3
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import emit, peak_rss_mib, timed
+from store import Repository
+
+
+def _rows(n: int, seed: int = 1) -> list[tuple[bytes, bytes]]:
+    rng = random.Random(seed)
+    return [(rng.randbytes(16), rng.randbytes(100)) for _ in range(n)]
+
+
+def _raw_sqlite(path: Path, rows: list[tuple[bytes, bytes]], txn: int) -> float:
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode = WAL")
+    db.execute("PRAGMA synchronous = NORMAL")
+    db.execute("CREATE TABLE kv (key BLOB PRIMARY KEY, value BLOB)")
+    with timed() as t:
+        for i in range(0, len(rows), txn):
+            db.execute("BEGIN")
+            db.executemany("INSERT OR REPLACE INTO kv VALUES (?, ?)", rows[i : i + txn])
+            db.execute("COMMIT")
+    db.close()
+    return t.seconds
+
+
+async def _counts(page: object) -> tuple[int, int]:
+    rows = await page.db.read_all(  # type: ignore[attr-defined]
+        "SELECT count(*), coalesce(sum(length(data)), 0) FROM objects"
+    )
+    return int(rows[0][0]), int(rows[0][1])
+
+
+async def _bench(directory: Path, rows: list[tuple[bytes, bytes]], txn: int) -> dict[str, object]:
+    out: dict[str, object] = {}
+    sorted_rows = sorted(rows)
+    async with await Repository.open(directory / "repo") as repo:
+        page = await repo.ledger("bench").page("bulk")
+        with timed() as t:
+            for i in range(0, len(rows), txn):
+                async with page.transaction() as tx:
+                    for k, v in rows[i : i + txn]:
+                        await tx.put(k, v)
+        out["bulk_load_s"] = round(t.seconds, 3)
+        out["bulk_load_entries_per_s"] = round(len(rows) / t.seconds)
+
+        # The same rows in key order (an import of an export): only the right edge moves.
+        ordered = await repo.ledger("bench").page("sorted")
+        with timed() as t:
+            for i in range(0, len(sorted_rows), txn):
+                async with ordered.transaction() as tx:
+                    for k, v in sorted_rows[i : i + txn]:
+                        await tx.put(k, v)
+        out["sorted_bulk_load_s"] = round(t.seconds, 3)
+
+        # One-entry update: objects and bytes added.
+        n0, b0 = await _counts(page)
+        key = rows[len(rows) // 2][0]
+        await page.put(key, random.Random(2).randbytes(100))
+        await page.flush()
+        n1, b1 = await _counts(page)
+        out["update_new_objects"] = n1 - n0
+        out["update_new_bytes"] = b1 - b0
+
+        # Range scan of the whole page, streamed.
+        with timed() as t:
+            n = 0
+            async for _ in page.iter_entries():
+                n += 1
+        assert n == len(rows), (n, len(rows))
+        out["range_scan_entries_per_s"] = round(n / t.seconds)
+        with timed() as t:
+            res = await page.entries(limit=10_000)
+        out["range_with_values_10k_s"] = round(t.seconds, 3)
+        assert len(res.items) == 10_000
+
+        # Point gets (values read and verified), after a cold cache.
+        page.nodes.cache.clear()
+        rng = random.Random(3)
+        lat = []
+        for _ in range(2000):
+            k = rows[rng.randrange(len(rows))][0]
+            t0 = time.perf_counter()
+            await page.get(k)
+            lat.append(time.perf_counter() - t0)
+        lat.sort()
+        out["get_p50_us"] = round(lat[len(lat) // 2] * 1e6)
+        out["get_p99_us"] = round(lat[int(len(lat) * 0.99)] * 1e6)
+        out["get_mean_us"] = round(statistics.mean(lat) * 1e6)
+    return out
+
+
+def _seconds(value: object) -> float:
+    assert isinstance(value, float)
+    return value
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--entries", type=int, default=100_000)
+    ap.add_argument("--txn", type=int, default=1000)
+    args = ap.parse_args()
+    rows = _rows(args.entries)
+    with tempfile.TemporaryDirectory() as d:
+        directory = Path(d)
+        raw_s = _raw_sqlite(directory / "raw.sqlite", rows, args.txn)
+        figures = asyncio.run(_bench(directory, rows, args.txn))
+    emit(
+        "pages",
+        {
+            "entries": args.entries,
+            "txn_size": args.txn,
+            "raw_sqlite_s": round(raw_s, 3),
+            "raw_sqlite_entries_per_s": round(len(rows) / raw_s),
+            **figures,
+            "bulk_ratio_vs_raw_sqlite": round(raw_s / _seconds(figures["bulk_load_s"]), 3),
+            "sorted_bulk_ratio_vs_raw_sqlite": round(
+                raw_s / _seconds(figures["sorted_bulk_load_s"]), 3
+            ),
+            "target_bulk_ratio": 0.3,
+            "target_update": {"objects": 4, "bytes": 131072},
+            "peak_rss_MiB": round(peak_rss_mib(), 1),
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
