@@ -9,7 +9,7 @@ knows nothing about what the tables mean; :mod:`store.schema` owns that.
 * One writer connection guarded by an :class:`asyncio.Lock`: every multi-row
   change is one ``BEGIN IMMEDIATE`` ... ``COMMIT`` taken through :meth:`Database.write`.
 * One reader connection (``query_only``) that sees committed data only.
-* 64 KiB pages, so a whole chunk (at most 64 KiB) is stored without overflow pages.
+* 4 KiB pages (small commits write little) and a WAL checkpoint every ~64 MiB.
 """
 
 from __future__ import annotations

@@ -416,21 +416,25 @@ class Page(View):
 
     async def write(
         self,
-        changes: Iterable[tuple[bytes, Source | None]],
+        changes: Iterable[tuple[bytes, Source | None] | tuple[bytes, Source | None, Priority]],
         priority: Priority = Priority.EAGER,
     ) -> None:
-        """Many puts (value) and deletes (None) that land in one commit."""
+        """Many puts (value) and deletes (None) that land in one commit.
+
+        Each change is ``(key, value)`` or ``(key, value, priority)``.
+        """
         self._check_open()
         prepared: list[tuple[bytes, Entry | None]] = []
         pieces: list[split.Piece] = []
         tokens: list[str] = []
         try:
-            for key, value in changes:
-                key = check_key(key)
+            for change in changes:
+                key, value = check_key(change[0]), change[1]
+                prio = change[2] if len(change) == 3 else priority
                 if value is None:
                     prepared.append((key, None))
                     continue
-                entry, more, token = await self._prepare(key, value, priority)
+                entry, more, token = await self._prepare(key, value, prio)
                 pieces.extend(more)
                 if token is not None:
                     tokens.append(token)

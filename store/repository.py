@@ -110,6 +110,12 @@ class Repository:
     def page_path(self, ledger: bytes, page_id: bytes) -> Path:
         return self.ledgers_dir / encode_name(ledger) / encode_name(page_id) / "page.sqlite"
 
+    def page_exists(self, ledger: bytes, page_id: bytes) -> bool:
+        return (ledger, page_id) in self._pages or self.page_path(ledger, page_id).exists()
+
+    def ledger_exists(self, ledger: bytes) -> bool:
+        return (self.ledgers_dir / encode_name(ledger)).is_dir()
+
     async def open_page(self, ledger: bytes, page_id: bytes) -> Page:
         key = (ledger, page_id)
         page = self._pages.get(key)

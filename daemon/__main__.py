@@ -1,0 +1,5 @@
+import sys
+
+from daemon.main import main
+
+sys.exit(main())

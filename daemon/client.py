@@ -1,0 +1,655 @@
+"""Python clients of the daemon: :class:`AsyncClient` (asyncio) and :class:`Client` (blocking).
+
+This module owns talking to ledgerd over its Unix socket: URLs and encodings,
+streaming of values, paging of ranges, error mapping, and WebSocket sessions
+(transactions as context managers, watchers as iterators). ``ledgerctl`` is
+built on it.
+
+    async with AsyncClient() as c:
+        await c.put("notes", "inbox", b"k", b"v")
+        async with c.transaction("notes", "inbox") as txn:
+            await txn.put(b"a", b"1")
+
+    with Client() as c:
+        c.put("notes", "inbox", b"k", b"v")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import json
+import os
+import threading
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import aiofiles
+import aiohttp
+from yarl import URL
+
+from daemon.config import default_socket
+
+T = TypeVar("T")
+Name = bytes | str
+Progress = Callable[[int, int | None], None]
+"""Called with (bytes done, total or None) during long transfers."""
+
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_~")
+CHUNK = 256 * 1024
+
+
+class LedgerError(Exception):
+    """The daemon refused a request: ``code`` is stable, ``status`` is the HTTP status."""
+
+    def __init__(self, code: str, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+
+class NotFoundError(LedgerError):
+    pass
+
+
+class DaemonUnavailableError(LedgerError):
+    """The daemon is not running or its socket cannot be reached."""
+
+
+def _error(status: int, body: bytes) -> LedgerError:
+    try:
+        err = json.loads(body)["error"]
+        code, message = str(err["code"]), str(err["message"])
+    except (ValueError, KeyError, TypeError):
+        code, message = f"http_{status}", body.decode(errors="replace")[:500]
+    cls = NotFoundError if status == 404 else LedgerError
+    return cls(code, message, status)
+
+
+def _raw(name: Name) -> bytes:
+    return name.encode() if isinstance(name, str) else bytes(name)
+
+
+def quote(data: Name) -> str:
+    """Percent-encode every byte but the unreserved ones (dots included)."""
+    return "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in _raw(data))
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def unb64(text: str) -> bytes:
+    return base64.b64decode(text)
+
+
+def socket_path(path: str | Path | None = None) -> Path:
+    """The socket to use: the argument, ``$LEDGERD_SOCKET``, or the daemon's default."""
+    if path:
+        return Path(path)
+    if env := os.environ.get("LEDGERD_SOCKET"):
+        return Path(env)
+    return default_socket()
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One entry of a range: ``value`` is None for values over the inline limit (see size)."""
+
+    key: bytes
+    value: bytes | None
+    priority: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A watch event: one commit's changes."""
+
+    commit: str
+    changed: list[Item]
+    deleted: list[bytes]
+
+
+def _item(d: dict[str, Any]) -> Item:
+    v = d.get("value")
+    return Item(unb64(d["key"]), None if v is None else unb64(v), d["priority"], int(d["size"]))
+
+
+class AsyncClient:
+    def __init__(self, socket: str | Path | None = None, timeout: float | None = None) -> None:
+        self.socket = socket_path(socket)
+        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=10)
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=str(self.socket)), timeout=self._timeout
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @staticmethod
+    def url(path: str, query: dict[str, str | bytes | int | None] | None = None) -> URL:
+        q = ""
+        if query:
+            parts = []
+            for k, v in query.items():
+                if v is None:
+                    continue
+                parts.append(f"{k}={quote(v if isinstance(v, bytes) else str(v))}")
+            q = "?" + "&".join(parts) if parts else ""
+        return URL("http://ledgerd" + path + q, encoded=True)
+
+    @staticmethod
+    def page_path(ledger: Name, page: Name) -> str:
+        return f"/v1/ledgers/{quote(ledger)}/pages/{quote(page)}"
+
+    async def request(
+        self,
+        method: str,
+        url: URL,
+        *,
+        data: Any = None,
+        json_body: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> aiohttp.ClientResponse:
+        try:
+            resp = await self.session.request(
+                method, url, data=data, json=json_body, headers=headers
+            )
+        except (aiohttp.ClientConnectorError, FileNotFoundError, ConnectionRefusedError) as e:
+            raise DaemonUnavailableError(
+                "unavailable", f"cannot reach ledgerd at {self.socket}: {e}"
+            ) from None
+        if resp.status >= 400:
+            body = await resp.read()
+            resp.release()
+            raise _error(resp.status, body)
+        return resp
+
+    async def _json(self, method: str, url: URL, body: Any = None) -> Any:
+        resp = await self.request(method, url, json_body=body)
+        async with resp:
+            return await resp.json()
+
+    # -- repository ----------------------------------------------------------------
+
+    async def status(self) -> dict[str, Any]:
+        return dict(await self._json("GET", self.url("/v1/status")))
+
+    async def ledgers(self) -> list[bytes]:
+        doc = await self._json("GET", self.url("/v1/ledgers"))
+        return [unb64(x["name"]) for x in doc["ledgers"]]
+
+    async def pages(self, ledger: Name) -> list[bytes]:
+        doc = await self._json("GET", self.url(f"/v1/ledgers/{quote(ledger)}/pages"))
+        return [unb64(x["id"]) for x in doc["pages"]]
+
+    # -- values --------------------------------------------------------------------
+
+    async def get_stream(
+        self,
+        ledger: Name,
+        page: Name,
+        key: bytes,
+        *,
+        at: str | None = None,
+        offset: int | None = None,
+        length: int | None = None,
+        progress: Progress | None = None,
+    ) -> AsyncIterator[bytes]:
+        url = self.url(
+            self.page_path(ledger, page) + "/keys/" + quote(key),
+            {"at": at, "offset": offset, "length": length},
+        )
+        resp = await self.request("GET", url)
+        async with resp:
+            done = 0
+            async for chunk in resp.content.iter_chunked(CHUNK):
+                done += len(chunk)
+                if progress:
+                    progress(done, resp.content_length)
+                yield chunk
+
+    async def get(self, ledger: Name, page: Name, key: bytes, **kw: Any) -> bytes:
+        return b"".join([c async for c in self.get_stream(ledger, page, key, **kw)])
+
+    async def get_to_file(
+        self, ledger: Name, page: Name, key: bytes, path: Path, progress: Progress | None = None
+    ) -> int:
+        n = 0
+        tmp = path.with_name(f".{path.name}.part")
+        try:
+            async with aiofiles.open(tmp, "wb") as f:
+                async for chunk in self.get_stream(ledger, page, key, progress=progress):
+                    await f.write(chunk)
+                    n += len(chunk)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return n
+
+    async def put(
+        self,
+        ledger: Name,
+        page: Name,
+        key: bytes,
+        value: bytes | AsyncIterable[bytes] | Path,
+        *,
+        lazy: bool = False,
+        progress: Progress | None = None,
+    ) -> None:
+        url = self.url(
+            self.page_path(ledger, page) + "/keys/" + quote(key),
+            {"priority": "lazy" if lazy else None},
+        )
+        data: Any = value
+        headers = {"Content-Type": "application/octet-stream"}
+        if isinstance(value, Path):
+            total = value.stat().st_size
+            data = _file_chunks(value, total, progress)
+            headers["Content-Length"] = str(total)
+        resp = await self.request("PUT", url, data=data, headers=headers)
+        resp.release()
+
+    async def delete(self, ledger: Name, page: Name, key: bytes) -> None:
+        (
+            await self.request(
+                "DELETE", self.url(self.page_path(ledger, page) + "/keys/" + quote(key))
+            )
+        ).release()
+
+    async def clear(self, ledger: Name, page: Name) -> None:
+        (await self.request("POST", self.url(self.page_path(ledger, page) + "/clear"))).release()
+
+    async def batch(
+        self,
+        ledger: Name,
+        page: Name,
+        puts: Iterable[tuple[bytes, bytes] | tuple[bytes, bytes, str]] = (),
+        deletes: Iterable[bytes] = (),
+    ) -> int:
+        """Many puts and deletes in one commit; returns how many were applied."""
+        ops: list[dict[str, str]] = []
+        for p in puts:
+            op = {"op": "put", "key": b64(p[0]), "value": b64(p[1])}
+            if len(p) == 3:
+                op["priority"] = p[2]
+            ops.append(op)
+        ops.extend({"op": "delete", "key": b64(k)} for k in deletes)
+        doc = await self._json(
+            "POST", self.url(self.page_path(ledger, page) + "/batch"), {"ops": ops}
+        )
+        return int(doc["applied"])
+
+    async def entries(
+        self,
+        ledger: Name,
+        page: Name,
+        *,
+        start: bytes | None = None,
+        end: bytes | None = None,
+        prefix: bytes | None = None,
+        limit: int | None = None,
+        at: str | None = None,
+        values: bool = True,
+        page_size: int = 1000,
+    ) -> AsyncIterator[Item]:
+        """Entries in key order, paging through the whole range (or ``limit`` entries)."""
+        token: str | None = None
+        sent = 0
+        while True:
+            want = page_size if limit is None else min(page_size, limit - sent)
+            if want <= 0:
+                return
+            doc = await self._json(
+                "GET",
+                self.url(
+                    self.page_path(ledger, page) + "/entries",
+                    {
+                        "start": start,
+                        "end": end,
+                        "prefix": prefix,
+                        "limit": want,
+                        "at": at,
+                        "token": token,
+                        "values": None if values else 0,
+                    },
+                ),
+            )
+            for d in doc["entries"]:
+                yield _item(d)
+                sent += 1
+            token = doc["next"]
+            if token is None:
+                return
+
+    async def heads(self, ledger: Name, page: Name) -> list[dict[str, Any]]:
+        doc = await self._json("GET", self.url(self.page_path(ledger, page) + "/heads"))
+        return list(doc["heads"])
+
+    async def history(self, ledger: Name, page: Name, limit: int = 100) -> list[dict[str, Any]]:
+        doc = await self._json(
+            "GET", self.url(self.page_path(ledger, page) + "/history", {"limit": limit})
+        )
+        return list(doc["commits"])
+
+    # -- sessions --------------------------------------------------------------------
+
+    async def open_session(self) -> Session:
+        try:
+            ws = await self.session.ws_connect(self.url("/v1/session"), max_msg_size=0)
+        except (aiohttp.ClientConnectorError, FileNotFoundError, ConnectionRefusedError) as e:
+            raise DaemonUnavailableError(
+                "unavailable", f"cannot reach ledgerd at {self.socket}: {e}"
+            ) from None
+        except aiohttp.WSServerHandshakeError as e:
+            raise LedgerError(f"http_{e.status}", str(e), e.status) from None
+        s = Session(ws)
+        s.start()
+        return s
+
+    def transaction(self, ledger: Name, page: Name) -> _TxnContext:
+        """``async with c.transaction(l, p) as txn:`` commits on success, rolls back on error."""
+        return _TxnContext(self, ledger, page)
+
+    async def watch(self, ledger: Name, page: Name, prefix: bytes = b"") -> AsyncIterator[Change]:
+        """Changes of every later commit under ``prefix``, in order, until the caller stops."""
+        s = await self.open_session()
+        try:
+            async for change in s.watch(ledger, page, prefix):
+                yield change
+        finally:
+            await s.close()
+
+
+async def _file_chunks(path: Path, total: int, progress: Progress | None) -> AsyncIterator[bytes]:
+    done = 0
+    async with aiofiles.open(path, "rb") as f:
+        while chunk := await f.read(CHUNK):
+            done += len(chunk)
+            if progress:
+                progress(done, total)
+            yield chunk
+
+
+class Session:
+    """One WebSocket session: requests in order, watch events routed to their iterators."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._events: dict[str, asyncio.Queue[dict[str, Any] | None]] = {}
+        self._reader: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            async for msg in self.ws:
+                if msg.type != aiohttp.WSMsgType.TEXT:
+                    continue
+                doc = json.loads(msg.data)
+                if "event" in doc:
+                    q = self._events.get(doc.get("watch", ""))
+                    if q is not None:
+                        q.put_nowait(doc)
+                    continue
+                fut = self._waiting.pop(doc.get("id"), None)
+                if fut is not None and not fut.done():
+                    fut.set_result(doc)
+        finally:
+            for fut in self._waiting.values():
+                if not fut.done():
+                    fut.set_exception(LedgerError("closed", "the session was closed"))
+            for q in self._events.values():
+                q.put_nowait(None)
+
+    async def call(self, op: str, **args: Any) -> dict[str, Any]:
+        rid = next(self._ids)
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiting[rid] = fut
+        await self.ws.send_str(json.dumps({"id": rid, "op": op, **args}))
+        doc = await fut
+        if not doc.get("ok"):
+            err = doc.get("error", {})
+            raise LedgerError(err.get("code", "error"), err.get("message", "request failed"))
+        return doc
+
+    async def close(self) -> None:
+        await self.ws.close()
+        if self._reader is not None:
+            await asyncio.gather(self._reader, return_exceptions=True)
+
+    async def begin(self, ledger: Name, page: Name) -> Transaction:
+        doc = await self.call("begin", ledger=b64(_raw(ledger)), page=b64(_raw(page)))
+        return Transaction(self, doc["txn"], doc["base"])
+
+    async def watch(self, ledger: Name, page: Name, prefix: bytes = b"") -> AsyncIterator[Change]:
+        doc = await self.call(
+            "watch", ledger=b64(_raw(ledger)), page=b64(_raw(page)), prefix=b64(prefix)
+        )
+        q: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self._events[doc["watch"]] = q
+        while True:
+            ev = await q.get()
+            if ev is None:
+                return
+            yield Change(
+                ev["commit"], [_item(c) for c in ev["changed"]], [unb64(k) for k in ev["deleted"]]
+            )
+
+    async def register_resolver(self, ledger: Name) -> None:
+        await self.call("register_resolver", ledger=b64(_raw(ledger)))
+
+
+class Transaction:
+    """A transaction held by a session; the daemon rolls it back if the connection drops."""
+
+    def __init__(self, session: Session, tid: str, base: str) -> None:
+        self.session = session
+        self.id = tid
+        self.base = base
+
+    async def get(self, key: bytes) -> bytes | None:
+        doc = await self.session.call("get", txn=self.id, key=b64(key))
+        return unb64(doc["value"]) if doc["found"] else None
+
+    async def put(self, key: bytes, value: bytes, *, lazy: bool = False) -> None:
+        await self.session.call(
+            "put", txn=self.id, key=b64(key), value=b64(value), priority="lazy" if lazy else "eager"
+        )
+
+    async def delete(self, key: bytes) -> None:
+        await self.session.call("delete", txn=self.id, key=b64(key))
+
+    async def clear(self) -> None:
+        await self.session.call("clear", txn=self.id)
+
+    async def entries(self, prefix: bytes | None = None, limit: int = 1000) -> list[Item]:
+        args: dict[str, Any] = {"txn": self.id, "limit": limit}
+        if prefix is not None:
+            args["prefix"] = b64(prefix)
+        doc = await self.session.call("entries", **args)
+        return [_item(d) for d in doc["entries"]]
+
+    async def commit(self) -> str | None:
+        return (await self.session.call("commit", txn=self.id))["commit"]  # type: ignore[no-any-return]
+
+    async def rollback(self) -> None:
+        await self.session.call("rollback", txn=self.id)
+
+
+class _TxnContext:
+    def __init__(self, client: AsyncClient, ledger: Name, page: Name) -> None:
+        self.client, self.ledger, self.page = client, ledger, page
+        self.session: Session | None = None
+        self.txn: Transaction | None = None
+        self.commit_id: str | None = None
+
+    async def __aenter__(self) -> Transaction:
+        self.session = await self.client.open_session()
+        self.txn = await self.session.begin(self.ledger, self.page)
+        return self.txn
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self.session is not None and self.txn is not None
+        try:
+            if et is None:
+                self.commit_id = await self.txn.commit()
+            else:
+                await self.txn.rollback()
+        finally:
+            await self.session.close()
+
+
+class Client:
+    """A blocking client: the async client on a private event loop in a background thread."""
+
+    def __init__(self, socket: str | Path | None = None, timeout: float | None = None) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="ledgerd-client", daemon=True
+        )
+        self._thread.start()
+        self.aio = AsyncClient(socket, timeout)
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _next(self, ait: AsyncIterator[T]) -> T:
+        return await ait.__anext__()
+
+    def _iter(self, ait: AsyncIterator[T]) -> Iterator[T]:
+        while True:
+            try:
+                yield self._run(self._next(ait))
+            except StopAsyncIteration:
+                return
+
+    def close(self) -> None:
+        if self._loop.is_running():
+            self._run(self.aio.close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def status(self) -> dict[str, Any]:
+        return self._run(self.aio.status())
+
+    def ledgers(self) -> list[bytes]:
+        return self._run(self.aio.ledgers())
+
+    def pages(self, ledger: Name) -> list[bytes]:
+        return self._run(self.aio.pages(ledger))
+
+    def get(self, ledger: Name, page: Name, key: bytes, **kw: Any) -> bytes:
+        return self._run(self.aio.get(ledger, page, key, **kw))
+
+    def get_to_file(
+        self, ledger: Name, page: Name, key: bytes, path: Path, progress: Progress | None = None
+    ) -> int:
+        return self._run(self.aio.get_to_file(ledger, page, key, path, progress))
+
+    def put(
+        self,
+        ledger: Name,
+        page: Name,
+        key: bytes,
+        value: bytes | Path,
+        *,
+        lazy: bool = False,
+        progress: Progress | None = None,
+    ) -> None:
+        self._run(self.aio.put(ledger, page, key, value, lazy=lazy, progress=progress))
+
+    def delete(self, ledger: Name, page: Name, key: bytes) -> None:
+        self._run(self.aio.delete(ledger, page, key))
+
+    def clear(self, ledger: Name, page: Name) -> None:
+        self._run(self.aio.clear(ledger, page))
+
+    def batch(
+        self,
+        ledger: Name,
+        page: Name,
+        puts: Iterable[tuple[bytes, bytes] | tuple[bytes, bytes, str]] = (),
+        deletes: Iterable[bytes] = (),
+    ) -> int:
+        return self._run(self.aio.batch(ledger, page, list(puts), list(deletes)))
+
+    def entries(self, ledger: Name, page: Name, **kw: Any) -> Iterator[Item]:
+        return self._iter(self.aio.entries(ledger, page, **kw))
+
+    def heads(self, ledger: Name, page: Name) -> list[dict[str, Any]]:
+        return self._run(self.aio.heads(ledger, page))
+
+    def history(self, ledger: Name, page: Name, limit: int = 100) -> list[dict[str, Any]]:
+        return self._run(self.aio.history(ledger, page, limit))
+
+    def watch(self, ledger: Name, page: Name, prefix: bytes = b"") -> Iterator[Change]:
+        return self._iter(self.aio.watch(ledger, page, prefix))
+
+    def transaction(self, ledger: Name, page: Name) -> BlockingTransaction:
+        return BlockingTransaction(self, ledger, page)
+
+
+class BlockingTransaction:
+    """``with client.transaction(l, p) as txn:`` in blocking code."""
+
+    def __init__(self, client: Client, ledger: Name, page: Name) -> None:
+        self._ctx = _TxnContext(client.aio, ledger, page)
+        self._run = client._run
+        self._txn: Transaction | None = None
+
+    def __enter__(self) -> BlockingTransaction:
+        self._txn = self._run(self._ctx.__aenter__())
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._run(self._ctx.__aexit__(et, e, tb))
+
+    @property
+    def commit_id(self) -> str | None:
+        return self._ctx.commit_id
+
+    def get(self, key: bytes) -> bytes | None:
+        assert self._txn is not None
+        return self._run(self._txn.get(key))
+
+    def put(self, key: bytes, value: bytes, *, lazy: bool = False) -> None:
+        assert self._txn is not None
+        self._run(self._txn.put(key, value, lazy=lazy))
+
+    def delete(self, key: bytes) -> None:
+        assert self._txn is not None
+        self._run(self._txn.delete(key))

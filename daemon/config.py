@@ -1,0 +1,193 @@
+"""Daemon configuration: defaults, the TOML file, ``LEDGERD_*`` variables and flags.
+
+This module owns every configuration key, its default, its validation and the
+order in which sources override each other (later wins): built-in defaults, the
+TOML file (``--config``, or ``LEDGERD_CONFIG``), ``LEDGERD_<KEY>`` environment
+variables, command-line flags. ``config/ledgerd.toml`` documents each key.
+
+Invalid configuration raises :class:`ConfigError` whose message is one line
+naming the key; the daemon prints it and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import grp
+import logging
+import os
+import pwd
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+DURABILITY = ("normal", "full")
+
+
+class ConfigError(Exception):
+    """Invalid configuration."""
+
+    exit_code = 2
+
+
+def default_data_dir() -> Path:
+    if d := os.environ.get("STATE_DIRECTORY"):
+        return Path(d.split(":")[0])
+    base = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
+    return Path(base) / "ledgerd"
+
+
+def default_socket() -> Path:
+    """``$RUNTIME_DIRECTORY/ledgerd.sock``, ``$XDG_RUNTIME_DIR/ledgerd/ledgerd.sock``,
+    or ``/tmp/ledgerd-$UID/ledgerd.sock``. ``ledgerctl`` uses the same rule."""
+    if d := os.environ.get("RUNTIME_DIRECTORY"):
+        return Path(d.split(":")[0]) / "ledgerd.sock"
+    if d := os.environ.get("XDG_RUNTIME_DIR"):
+        return Path(d) / "ledgerd" / "ledgerd.sock"
+    return Path(f"/tmp/ledgerd-{os.getuid()}") / "ledgerd.sock"
+
+
+@dataclass
+class Config:
+    data_dir: Path = field(default_factory=default_data_dir)
+    socket: Path = field(default_factory=default_socket)
+    socket_group: str = ""
+    allowed_users: list[str] = field(default_factory=list)
+    cloud: str = ""
+    log_level: str = "info"
+    durability: str = "normal"
+    max_batch_bytes: int = 64 * 1024 * 1024
+    shutdown_timeout: float = 30.0
+
+    # -- derived ---------------------------------------------------------------
+
+    def allowed_uids(self) -> set[int]:
+        """The uids that may connect: the listed users, or else this process's user and root."""
+        if not self.allowed_users:
+            return {os.getuid(), 0}
+        return {_uid(u) for u in self.allowed_users}
+
+    def socket_gid(self) -> int | None:
+        if not self.socket_group:
+            return None
+        try:
+            return grp.getgrnam(self.socket_group).gr_gid
+        except KeyError:
+            if self.socket_group.isdigit():
+                return int(self.socket_group)
+            raise ConfigError(f"socket_group: no such group {self.socket_group!r}") from None
+
+
+def _uid(user: str) -> int:
+    if user.isdigit():
+        return int(user)
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        raise ConfigError(f"allowed_users: no such user {user!r}") from None
+
+
+_TYPES: dict[str, type] = {f.name: f.type for f in fields(Config)}  # type: ignore[misc]
+
+
+def _coerce(key: str, value: Any, source: str) -> Any:
+    kind = Config.__dataclass_fields__[key].type
+    where = f"{key} (from {source})"
+    try:
+        if kind == "Path":
+            if not isinstance(value, str | Path) or not str(value):
+                raise ValueError("expected a path")
+            return Path(os.path.expanduser(str(value)))
+        if kind == "int":
+            if isinstance(value, bool):
+                raise ValueError("expected an integer")
+            v = int(value)
+            if v <= 0:
+                raise ValueError("must be positive")
+            return v
+        if kind == "float":
+            f = float(value)
+            if f < 0:
+                raise ValueError("must not be negative")
+            return f
+        if kind == "list[str]":
+            if isinstance(value, str):
+                return [x.strip() for x in value.split(",") if x.strip()]
+            if not isinstance(value, list) or not all(isinstance(x, str | int) for x in value):
+                raise ValueError("expected a list of names")
+            return [str(x) for x in value]
+        if not isinstance(value, str):
+            raise ValueError("expected a string")
+        return value
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}: {value!r}") from None
+
+
+def load(
+    path: Path | None = None,
+    env: dict[str, str] | None = None,
+    flags: dict[str, Any] | None = None,
+) -> Config:
+    """Build and validate the configuration from its sources."""
+    env = dict(os.environ) if env is None else env
+    values: dict[str, Any] = {}
+    cfg_path = path or (Path(env["LEDGERD_CONFIG"]) if env.get("LEDGERD_CONFIG") else None)
+    if cfg_path is not None:
+        try:
+            with open(cfg_path, "rb") as f:
+                doc = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"config: file {cfg_path} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config: {cfg_path} is not valid TOML: {e}") from None
+        for key, value in _flatten(doc).items():
+            if key not in _TYPES:
+                raise ConfigError(f"{key}: unknown key in {cfg_path}")
+            values[key] = _coerce(key, value, str(cfg_path))
+    for key in _TYPES:
+        name = "LEDGERD_" + key.upper()
+        if name in env and env[name] != "":
+            values[key] = _coerce(key, env[name], name)
+    for key, value in (flags or {}).items():
+        if value is not None:
+            values[key] = _coerce(key, value, "--" + key.replace("_", "-"))
+    cfg = Config(**values)
+    validate(cfg)
+    return cfg
+
+
+def _flatten(doc: dict[str, Any]) -> dict[str, Any]:
+    """Top-level keys, plus ``[section] key`` read as ``section_key`` (e.g. ``[socket] group``)."""
+    out: dict[str, Any] = {}
+    for k, v in doc.items():
+        if isinstance(v, dict):
+            for k2, v2 in v.items():
+                out[f"{k}_{k2}"] = v2
+        else:
+            out[k] = v
+    return out
+
+
+def validate(cfg: Config) -> None:
+    if cfg.log_level.lower() not in LOG_LEVELS:
+        raise ConfigError(
+            f"log_level: must be one of {', '.join(LOG_LEVELS)}, not {cfg.log_level!r}"
+        )
+    cfg.log_level = cfg.log_level.lower()
+    if cfg.durability not in DURABILITY:
+        raise ConfigError(f"durability: must be 'normal' or 'full', not {cfg.durability!r}")
+    if len(os.fsencode(str(cfg.socket))) > 107:
+        raise ConfigError(f"socket: path {cfg.socket} is longer than the 107 bytes a socket allows")
+    if cfg.cloud:
+        u = urlparse(cfg.cloud)
+        if u.scheme not in ("s3", "file") or (u.scheme == "s3" and not u.netloc):
+            raise ConfigError(
+                f"cloud: expected s3://bucket/prefix or file:///path, not {cfg.cloud!r}"
+            )
+    cfg.allowed_uids()
+    cfg.socket_gid()
+
+
+def log_level(cfg: Config) -> int:
+    return int(getattr(logging, cfg.log_level.upper()))

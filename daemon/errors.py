@@ -1,0 +1,130 @@
+"""API errors: a stable code, an HTTP status and a message, for every failure a client sees.
+
+This module owns the mapping from store errors to API errors. Every error
+response body is ``{"error": {"code": CODE, "message": TEXT}}``.
+"""
+
+from __future__ import annotations
+
+from store import errors as se
+
+
+class ApiError(Exception):
+    """The request failed."""
+
+    status = 500
+    code = "internal"
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or self.code).strip())
+
+    def body(self) -> dict[str, dict[str, str]]:
+        return {"error": {"code": self.code, "message": str(self)}}
+
+
+class BadRequest(ApiError):
+    """The request is malformed."""
+
+    status, code = 400, "bad_request"
+
+
+class InvalidKey(BadRequest):
+    """The key is not valid."""
+
+    code = "invalid_key"
+
+
+class NotFound(ApiError):
+    """Not found."""
+
+    status, code = 404, "not_found"
+
+
+class KeyNotFound(NotFound):
+    """The key is not in the page."""
+
+    code = "key_not_found"
+
+
+class PageNotFound(NotFound):
+    """No such page."""
+
+    code = "page_not_found"
+
+
+class LedgerNotFound(NotFound):
+    """No such ledger."""
+
+    code = "ledger_not_found"
+
+
+class CommitNotFound(NotFound):
+    """No such commit in this page."""
+
+    code = "commit_not_found"
+
+
+class Conflict(ApiError):
+    """The request conflicts with the current state."""
+
+    status, code = 409, "conflict"
+
+
+class TooLarge(ApiError):
+    """The request is too large."""
+
+    status, code = 413, "too_large"
+
+
+class RangeNotSatisfiable(ApiError):
+    """The requested byte range is outside the value."""
+
+    status, code = 416, "range_not_satisfiable"
+
+
+class PeerRefused(ApiError):
+    """This user may not use the daemon."""
+
+    status, code = 403, "peer_refused"
+
+
+class ShuttingDown(ApiError):
+    """The daemon is shutting down."""
+
+    status, code = 503, "shutting_down"
+
+
+class Unavailable(ApiError):
+    """The data is not available on this device right now."""
+
+    status, code = 503, "unavailable"
+
+
+class Corrupt(ApiError):
+    """Stored data is damaged; the daemon refused to return it."""
+
+    status, code = 500, "corrupt"
+
+
+def from_store(e: se.StoreError) -> ApiError:
+    """The API error for a store error (its message is kept)."""
+    msg = str(e)
+    if isinstance(e, se.KeyTooLargeError | se.NameTooLargeError):
+        return TooLarge(msg)
+    if isinstance(e, se.RangeError):
+        return RangeNotSatisfiable(msg)
+    if isinstance(e, se.InvalidArgumentError):
+        return BadRequest(msg)
+    if isinstance(e, se.KeyNotFoundError):
+        return KeyNotFound(msg)
+    if isinstance(e, se.CommitNotFoundError):
+        return CommitNotFound(msg)
+    if isinstance(e, se.TransactionClosedError):
+        return Conflict(msg)
+    if isinstance(e, se.ObjectNotFoundError):
+        return Unavailable(msg)
+    if isinstance(e, se.CorruptObjectError):
+        return Corrupt(msg)
+    if isinstance(e, se.ClosedError):
+        return ShuttingDown(msg)
+    return ApiError(msg)

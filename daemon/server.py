@@ -1,0 +1,152 @@
+"""The ledgerd process: start-up, serving, and an orderly shutdown.
+
+This module owns the daemon's lifecycle. Every part is built inside one
+``contextlib.AsyncExitStack`` so that shutdown runs in reverse order of
+start-up: stop listening and remove the socket, drain requests and sessions,
+flush pages, close the repository.
+
+SIGTERM and SIGINT stop accepting new requests (503 ``shutting_down``), let
+in-flight requests finish (up to ``shutdown_timeout``), commit every
+acknowledged write, and exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+from daemon import systemd
+from daemon.api import Api, DaemonState
+from daemon.config import Config, ConfigError, log_level
+from daemon.session import Sessions
+from store import Repository
+
+log = logging.getLogger("ledgerd")
+
+
+def setup_logging(cfg: Config) -> None:
+    if os.environ.get("JOURNAL_STREAM") or not sys.stderr.isatty():
+        fmt = "%(levelname)s %(name)s: %(message)s"  # journald adds time and pid
+    else:
+        fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=log_level(cfg), format=fmt, stream=sys.stderr, force=True)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    logging.getLogger("aiosqlite").setLevel(logging.INFO)  # one line per query otherwise
+
+
+def _lock_data_dir(data_dir: Path) -> int:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(data_dir / "ledgerd.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(f"data_dir: {data_dir} is in use by another ledgerd") from None
+    return fd
+
+
+def _prepare_socket_path(path: Path) -> None:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.exists() or path.is_symlink():
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(str(path))
+            except OSError:
+                path.unlink()  # stale socket of a daemon that died
+            else:
+                raise ConfigError(f"socket: another ledgerd is listening on {path}")
+
+
+async def serve(cfg: Config) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with contextlib.AsyncExitStack() as stack:
+        lock_fd = _lock_data_dir(cfg.data_dir)
+        stack.callback(os.close, lock_fd)
+
+        repo = await Repository.open(
+            cfg.data_dir, synchronous="FULL" if cfg.durability == "full" else "NORMAL"
+        )
+        stack.push_async_callback(repo.close)
+        log.info("repository %s opened (device %s)", cfg.data_dir, repo.device_id.hex())
+
+        state = DaemonState()
+        api = Api(repo, cfg, state)
+        sessions = Sessions(api)
+        api.sessions = sessions
+        runner = web.AppRunner(
+            api.app(), handle_signals=False, access_log=None, shutdown_timeout=cfg.shutdown_timeout
+        )
+        await runner.setup()
+        stack.push_async_callback(runner.cleanup)
+
+        site: web.BaseSite
+        activated = systemd.listen_socket()
+        if activated is not None:
+            site = web.SockSite(runner, activated)
+            where = "a socket passed by systemd"
+        else:
+            _prepare_socket_path(cfg.socket)
+            old = os.umask(0o177)  # the socket is born 0600: no window where others can connect
+            try:
+                site = web.UnixSite(runner, str(cfg.socket))
+                await site.start()
+            finally:
+                os.umask(old)
+            gid = cfg.socket_gid()
+            if gid is not None:
+                os.chown(cfg.socket, -1, gid)
+                os.chmod(cfg.socket, 0o660)
+            stack.callback(_unlink, cfg.socket)
+            where = str(cfg.socket)
+        if activated is not None:
+            await site.start()
+
+        watchdog: asyncio.Task[None] | None = None
+        interval = systemd.watchdog_interval()
+        if interval is not None:
+            watchdog = asyncio.create_task(systemd.watchdog(interval), name="watchdog")
+            stack.callback(watchdog.cancel)
+
+        systemd.notify(f"READY=1\nSTATUS=serving on {where}\nMAINPID={os.getpid()}")
+        log.info("ledgerd %s ready on %s (pid %d)", _version(), where, os.getpid())
+
+        await stop.wait()
+
+        log.info("stopping: draining requests and flushing pages")
+        systemd.notify("STOPPING=1\nSTATUS=draining")
+        state.shutting_down = True
+        await site.stop()  # no new connections
+        await sessions.close_all()
+        if state.inflight:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(state.idle.wait(), cfg.shutdown_timeout)
+        for page in repo.open_pages():
+            try:
+                await page.flush()
+            except Exception:
+                log.exception("flushing page %r failed", page.id)
+    log.info("ledgerd stopped")
+    return 0
+
+
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+def _version() -> str:
+    from daemon.api import VERSION
+
+    return VERSION

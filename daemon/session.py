@@ -1,0 +1,288 @@
+"""WebSocket sessions: what lives as long as a client connection.
+
+This module owns ``GET /v1/session``: transactions (rolled back when the
+connection closes), watchers (changes pushed in commit order) and conflict-
+resolver registrations (kept per ledger for the merge machinery).
+
+Protocol: JSON text frames. A request is ``{"id": ID, "op": OP, ...}``; its reply
+is ``{"id": ID, "ok": true, ...}`` or ``{"id": ID, "ok": false, "error": {"code",
+"message"}}``. Requests of one connection are served in order. Watch events are
+``{"event": "change", "watch": W, "commit": HEX, "changed": [...], "deleted":
+[...]}``. Bytes are base64 as in the HTTP API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from daemon import errors as ae
+from daemon.api import Api, b64, entries_json, parse_priority, priority_name, unb64
+from store import Page, StoreError, Transaction, Watcher
+
+log = logging.getLogger(__name__)
+
+
+class Resolvers:
+    """Which sessions offered to resolve conflicts, per ledger (used by merges)."""
+
+    def __init__(self) -> None:
+        self.by_ledger: dict[bytes, list[Session]] = {}
+
+    def add(self, ledger: bytes, s: Session) -> None:
+        self.by_ledger.setdefault(ledger, []).append(s)
+
+    def remove(self, s: Session) -> None:
+        for lst in self.by_ledger.values():
+            while s in lst:
+                lst.remove(s)
+
+    def for_ledger(self, ledger: bytes) -> list[Session]:
+        return list(self.by_ledger.get(ledger, []))
+
+
+class Sessions:
+    def __init__(self, api: Api) -> None:
+        self.api = api
+        self.live: set[Session] = set()
+        self.resolvers = Resolvers()
+        self._ids = itertools.count(1)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(heartbeat=30, max_msg_size=self.api.cfg.max_batch_bytes)
+        await ws.prepare(request)
+        s = Session(self, ws, next(self._ids))
+        self.live.add(s)
+        try:
+            await s.run()
+        finally:
+            self.live.discard(s)
+            await s.close()
+        return ws
+
+    async def close_all(self) -> None:
+        for s in list(self.live):
+            await s.ws.close(code=1001, message=b"ledgerd is shutting down")
+
+
+class Session:
+    def __init__(self, sessions: Sessions, ws: web.WebSocketResponse, number: int) -> None:
+        self.sessions = sessions
+        self.api = sessions.api
+        self.ws = ws
+        self.number = number
+        self.txns: dict[str, Transaction] = {}
+        self.watchers: dict[str, tuple[Watcher, asyncio.Task[None]]] = {}
+        self._send_lock = asyncio.Lock()
+        self._ids = itertools.count(1)
+        self.ops: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
+            "ping": self.op_ping,
+            "begin": self.op_begin,
+            "get": self.op_get,
+            "put": self.op_put,
+            "delete": self.op_delete,
+            "clear": self.op_clear,
+            "entries": self.op_entries,
+            "commit": self.op_commit,
+            "rollback": self.op_rollback,
+            "watch": self.op_watch,
+            "unwatch": self.op_unwatch,
+            "register_resolver": self.op_register_resolver,
+        }
+
+    async def send(self, doc: dict[str, Any]) -> None:
+        async with self._send_lock:
+            await self.ws.send_str(json.dumps(doc))
+
+    async def run(self) -> None:
+        async for msg in self.ws:
+            if msg.type != WSMsgType.TEXT:
+                if msg.type == WSMsgType.BINARY:
+                    await self.send(
+                        {
+                            "ok": False,
+                            "error": ae.BadRequest("send JSON text frames").body()["error"],
+                        }
+                    )
+                continue
+            rid: Any = None
+            try:
+                try:
+                    req = json.loads(msg.data)
+                except json.JSONDecodeError as e:
+                    raise ae.BadRequest(f"message is not valid JSON: {e}") from None
+                if not isinstance(req, dict):
+                    raise ae.BadRequest("a message must be a JSON object")
+                rid = req.get("id")
+                op = self.ops.get(str(req.get("op")))
+                if op is None:
+                    raise ae.BadRequest(f"unknown op {req.get('op')!r}")
+                result = await op(req)
+                await self.send({"id": rid, "ok": True, **result})
+            except ae.ApiError as e:
+                await self.send({"id": rid, "ok": False, **e.body()})
+            except StoreError as e:
+                await self.send({"id": rid, "ok": False, **ae.from_store(e).body()})
+            except (ConnectionResetError, asyncio.CancelledError):
+                raise
+            except Exception as e:
+                log.exception("session %d: internal error", self.number)
+                await self.send(
+                    {
+                        "id": rid,
+                        "ok": False,
+                        **ae.ApiError(f"internal error: {type(e).__name__}").body(),
+                    }
+                )
+
+    async def close(self) -> None:
+        """The connection ended: roll back its transactions, end its watchers."""
+        for tid, txn in list(self.txns.items()):
+            with contextlib.suppress(Exception):
+                await txn.rollback()
+            log.debug("session %d: rolled back transaction %s on disconnect", self.number, tid)
+        self.txns.clear()
+        for w, task in self.watchers.values():
+            w.close()
+            task.cancel()
+        self.watchers.clear()
+        self.sessions.resolvers.remove(self)
+
+    # -- helpers -----------------------------------------------------------------
+
+    async def _page(self, req: dict[str, Any], create: bool) -> Page:
+        ledger = self.api.name_bytes(unb64(req.get("ledger"), "ledger"), "ledger name")
+        page_id = self.api.name_bytes(unb64(req.get("page"), "page"), "page id")
+        return await self.api.page(ledger, page_id, create=create)
+
+    def _txn(self, req: dict[str, Any]) -> Transaction:
+        txn = self.txns.get(str(req.get("txn")))
+        if txn is None:
+            raise ae.Conflict(f"no open transaction {req.get('txn')!r} in this session")
+        return txn
+
+    @staticmethod
+    def _opt_bytes(req: dict[str, Any], name: str) -> bytes | None:
+        v = req.get(name)
+        return None if v is None else unb64(v, name)
+
+    # -- ops ---------------------------------------------------------------------
+
+    async def op_ping(self, req: dict[str, Any]) -> dict[str, Any]:
+        return {"pong": True}
+
+    async def op_begin(self, req: dict[str, Any]) -> dict[str, Any]:
+        page = await self._page(req, create=True)
+        txn = await page.transaction().start()
+        tid = f"t{next(self._ids)}"
+        self.txns[tid] = txn
+        return {"txn": tid, "base": txn.base.id.hex()}
+
+    async def op_get(self, req: dict[str, Any]) -> dict[str, Any]:
+        txn = self._txn(req)
+        entry = await txn.get_entry(unb64(req.get("key"), "key"))
+        if entry is None:
+            return {"found": False}
+        value = await txn.objects.read_all(entry.value)
+        return {"found": True, "value": b64(value), "priority": priority_name(entry.priority)}
+
+    async def op_put(self, req: dict[str, Any]) -> dict[str, Any]:
+        txn = self._txn(req)
+        prio = req.get("priority")
+        await txn.put(
+            unb64(req.get("key"), "key"),
+            unb64(req.get("value"), "value"),
+            parse_priority(prio if isinstance(prio, str) else None),
+        )
+        return {}
+
+    async def op_delete(self, req: dict[str, Any]) -> dict[str, Any]:
+        await self._txn(req).delete(unb64(req.get("key"), "key"))
+        return {}
+
+    async def op_clear(self, req: dict[str, Any]) -> dict[str, Any]:
+        await self._txn(req).clear()
+        return {}
+
+    async def op_entries(self, req: dict[str, Any]) -> dict[str, Any]:
+        txn = self._txn(req)
+        limit = req.get("limit", 1000)
+        if not isinstance(limit, int) or limit < 1:
+            raise ae.BadRequest("limit must be a positive integer")
+        found, nxt = await txn._page(
+            self._opt_bytes(req, "start"),
+            self._opt_bytes(req, "end"),
+            self._opt_bytes(req, "prefix"),
+            limit,
+            self._opt_bytes(req, "token"),
+        )
+        return {
+            "entries": await entries_json(txn, found, True),
+            "next": b64(nxt) if nxt is not None else None,
+        }
+
+    async def op_commit(self, req: dict[str, Any]) -> dict[str, Any]:
+        txn = self._txn(req)
+        del self.txns[str(req.get("txn"))]
+        cid = await txn.commit()
+        return {"commit": cid.hex() if cid else None}
+
+    async def op_rollback(self, req: dict[str, Any]) -> dict[str, Any]:
+        txn = self._txn(req)
+        del self.txns[str(req.get("txn"))]
+        await txn.rollback()
+        return {}
+
+    async def op_watch(self, req: dict[str, Any]) -> dict[str, Any]:
+        page = await self._page(req, create=True)
+        prefix = self._opt_bytes(req, "prefix") or b""
+        watcher = page.watch(prefix)
+        wid = f"w{next(self._ids)}"
+        task = asyncio.create_task(self._forward(wid, watcher), name=f"watch-{wid}")
+        self.watchers[wid] = (watcher, task)
+        return {"watch": wid}
+
+    async def _forward(self, wid: str, watcher: Watcher) -> None:
+        try:
+            async for note in watcher:
+                await self.send(
+                    {
+                        "event": "change",
+                        "watch": wid,
+                        "commit": note.commit.hex(),
+                        "changed": [
+                            {
+                                "key": b64(c.key),
+                                "value": b64(c.value) if c.value is not None else None,
+                                "priority": priority_name(c.priority),
+                                "size": c.size,
+                            }
+                            for c in note.changed
+                        ],
+                        "deleted": [b64(k) for k in note.deleted],
+                    }
+                )
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        except Exception:
+            log.exception("session %d: watcher %s failed", self.number, wid)
+
+    async def op_unwatch(self, req: dict[str, Any]) -> dict[str, Any]:
+        got = self.watchers.pop(str(req.get("watch")), None)
+        if got is None:
+            raise ae.Conflict(f"no watcher {req.get('watch')!r} in this session")
+        got[0].close()
+        got[1].cancel()
+        return {}
+
+    async def op_register_resolver(self, req: dict[str, Any]) -> dict[str, Any]:
+        ledger = self.api.name_bytes(unb64(req.get("ledger"), "ledger"), "ledger name")
+        self.sessions.resolvers.add(ledger, self)
+        return {"resolver": True}
