@@ -370,14 +370,25 @@ class AsyncClient:
         """``async with c.transaction(l, p) as txn:`` commits on success, rolls back on error."""
         return _TxnContext(self, ledger, page)
 
-    async def watch(self, ledger: Name, page: Name, prefix: bytes = b"") -> AsyncIterator[Change]:
-        """Changes of every later commit under ``prefix``, in order, until the caller stops."""
+    async def subscribe(self, ledger: Name, page: Name, prefix: bytes = b"") -> Watch:
+        """A :class:`Watch` on its own session, registered when this returns; close it."""
         s = await self.open_session()
         try:
-            async for change in s.watch(ledger, page, prefix):
+            w = await s.subscribe(ledger, page, prefix)
+        except BaseException:
+            await s.close()
+            raise
+        w.owns_session = True
+        return w
+
+    async def watch(self, ledger: Name, page: Name, prefix: bytes = b"") -> AsyncIterator[Change]:
+        """Changes of every later commit under ``prefix``, in order, until the caller stops."""
+        w = await self.subscribe(ledger, page, prefix)
+        try:
+            async for change in w:
                 yield change
         finally:
-            await s.close()
+            await w.close()
 
 
 async def _file_chunks(path: Path, total: int, progress: Progress | None) -> AsyncIterator[bytes]:
@@ -398,6 +409,7 @@ class Session:
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._events: dict[str, asyncio.Queue[dict[str, Any] | None]] = {}
+        self._early: dict[str, list[dict[str, Any]]] = {}
         self._reader: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -413,6 +425,8 @@ class Session:
                     q = self._events.get(doc.get("watch", ""))
                     if q is not None:
                         q.put_nowait(doc)
+                    else:
+                        self._early.setdefault(doc.get("watch", ""), []).append(doc)
                     continue
                 fut = self._waiting.pop(doc.get("id"), None)
                 if fut is not None and not fut.done():
@@ -444,22 +458,52 @@ class Session:
         doc = await self.call("begin", ledger=b64(_raw(ledger)), page=b64(_raw(page)))
         return Transaction(self, doc["txn"], doc["base"])
 
-    async def watch(self, ledger: Name, page: Name, prefix: bytes = b"") -> AsyncIterator[Change]:
+    async def subscribe(self, ledger: Name, page: Name, prefix: bytes = b"") -> Watch:
+        """Start watching; every commit after this returns is delivered by the Watch."""
+        q: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         doc = await self.call(
             "watch", ledger=b64(_raw(ledger)), page=b64(_raw(page)), prefix=b64(prefix)
         )
-        q: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self._events[doc["watch"]] = q
-        while True:
-            ev = await q.get()
-            if ev is None:
-                return
-            yield Change(
-                ev["commit"], [_item(c) for c in ev["changed"]], [unb64(k) for k in ev["deleted"]]
-            )
+        # Events that arrived before the reply was routed wait in the reader's backlog.
+        for ev in self._early.pop(doc["watch"], []):
+            q.put_nowait(ev)
+        return Watch(self, doc["watch"], q)
+
+    async def watch(self, ledger: Name, page: Name, prefix: bytes = b"") -> AsyncIterator[Change]:
+        w = await self.subscribe(ledger, page, prefix)
+        async for change in w:
+            yield change
 
     async def register_resolver(self, ledger: Name) -> None:
         await self.call("register_resolver", ledger=b64(_raw(ledger)))
+
+
+class Watch:
+    """An async iterator of :class:`Change`, one per commit, in commit order."""
+
+    def __init__(self, session: Session, wid: str, queue: asyncio.Queue[dict[str, Any] | None]):
+        self.session = session
+        self.id = wid
+        self.queue = queue
+        self.owns_session = False
+
+    def __aiter__(self) -> Watch:
+        return self
+
+    async def __anext__(self) -> Change:
+        ev = await self.queue.get()
+        if ev is None:
+            raise StopAsyncIteration
+        return Change(
+            ev["commit"], [_item(c) for c in ev["changed"]], [unb64(k) for k in ev["deleted"]]
+        )
+
+    async def close(self) -> None:
+        if self.owns_session:
+            await self.session.close()
+        else:
+            await self.session.call("unwatch", watch=self.id)
 
 
 class Transaction:

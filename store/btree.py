@@ -129,6 +129,10 @@ class NodeReader(Protocol):
     async def read_node_bytes(self, digest: bytes) -> bytes: ...
 
 
+class NodeLoader(Protocol):
+    async def load(self, digest: bytes) -> Node: ...
+
+
 class NodeStore:
     """Loads nodes (with an LRU cache of decoded nodes) and collects new ones."""
 
@@ -368,7 +372,7 @@ class Change:
 class _Cursor:
     """Walks a tree in key order, yielding whole subtrees so equal ones can be skipped."""
 
-    def __init__(self, nodes: NodeStore, root: bytes) -> None:
+    def __init__(self, nodes: NodeLoader, root: bytes) -> None:
         self.nodes = nodes
         # Items in reverse order: (digest, level, None) for a subtree, (b"", -1, entry).
         self.stack: list[tuple[bytes, int, Entry | None]] = []
@@ -395,7 +399,7 @@ class _Cursor:
         self.stack.extend(reversed(items))
 
 
-async def diff(nodes: NodeStore, old: bytes, new: bytes) -> AsyncIterator[Change]:
+async def diff(nodes: NodeLoader, old: bytes, new: bytes) -> AsyncIterator[Change]:
     """Changes from tree ``old`` to tree ``new`` in key order.
 
     Subtrees with equal digests on both sides are skipped unopened, so the cost
@@ -447,7 +451,9 @@ class Change3:
     right: Entry | None
 
 
-async def diff3(nodes: NodeStore, base: bytes, left: bytes, right: bytes) -> AsyncIterator[Change3]:
+async def diff3(
+    nodes: NodeLoader, base: bytes, left: bytes, right: bytes
+) -> AsyncIterator[Change3]:
     """Keys changed base→left or base→right, in key order, with all three entries."""
     la = diff(nodes, base, left).__aiter__()
     ra = diff(nodes, base, right).__aiter__()

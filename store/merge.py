@@ -95,7 +95,8 @@ async def last_one_wins(builder: Builder, base_root: bytes, a: Commit, b: Commit
     """
     win, lose = later(a, b)
     changes: list[tuple[bytes, Entry | None]] = []
-    async for c in btree.diff3(builder.nodes, base_root, win.root, lose.root):
+    # Through the builder: a virtual merge base's nodes exist only in it.
+    async for c in btree.diff3(builder, base_root, win.root, lose.root):
         # left is the winner's side, right the loser's.
         if c.left == c.base and c.right != c.base:
             changes.append((c.key, c.right))

@@ -79,6 +79,11 @@ class _Write:
     pieces: list[split.Piece]
     tokens: list[str]
     done: asyncio.Future[None]
+    flush: bool = False  # resolve only once the journal is committed
+
+    @property
+    def empty(self) -> bool:
+        return not (self.clear or self.changes or self.pieces or self.tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,11 +215,11 @@ class Transaction(View):
         key = check_key(key)
         entry, pieces, token = await self.page._prepare(key, value, priority)
         st = self._state_
+        if not st.open:  # committed or rolled back while the value was being staged
+            await self.page._discard_tokens([token] if token else [])
+            raise TransactionClosedError()
         if token is not None:
             st.tokens.append(token)
-        if not st.open:  # rolled back while the value was being staged
-            await self.page._discard_tokens(st.tokens)
-            raise TransactionClosedError()
         if pieces:
             st.pieces[entry.value] = pieces
             self._memory.update((p.digest, p.data) for p in pieces)
@@ -233,7 +238,9 @@ class Transaction(View):
         """Commit; returns the new commit id (None if the transaction changed nothing)."""
         await self._check()
         self._state_.open = False
-        self.commit_id = await self.page._commit_transaction(self)
+        # Shielded: once started, a commit completes (memory and database agree) even if
+        # the caller is cancelled, e.g. by a client disconnecting.
+        self.commit_id = await asyncio.shield(self.page._commit_transaction(self))
         return self.commit_id
 
     async def rollback(self) -> None:
@@ -336,6 +343,8 @@ class Page(View):
         self._closed = True
         if self._worker is not None:
             await asyncio.gather(self._worker, return_exceptions=True)
+        async with self._commit_lock:  # let an in-flight commit or merge finish
+            pass
         for w in list(self._watchers):
             w.close()
         await self.db.close()
@@ -467,11 +476,15 @@ class Page(View):
             await asyncio.shield(self.objects.discard(t))
 
     async def flush(self) -> None:
-        """Wait until every acknowledged plain write is committed."""
-        while self._worker is not None and not self._worker.done():
-            await asyncio.gather(asyncio.shield(self._worker), return_exceptions=True)
-        if self._journal is not None and not self._closed:
-            await self._commit_journal()
+        """Wait until every acknowledged plain write is committed.
+
+        Only the write worker commits the implicit journal; this queues a marker
+        that it resolves after its next commit attempt (raising if that failed).
+        """
+        if self._closed or (self._journal is None and not self._pending):
+            return
+        loop = asyncio.get_running_loop()
+        await self._submit(_Write(False, [], [], [], loop.create_future(), flush=True))
 
     async def _submit(self, w: _Write) -> None:
         self._check_open()
@@ -481,27 +494,39 @@ class Page(View):
         await asyncio.shield(w.done)
 
     async def _run_writes(self) -> None:
+        """The page's write worker: the only code that appends to or commits the journal."""
         while self._pending:
             batch, self._pending = self._pending, []
+            writes = [w for w in batch if not w.empty]
+            flushes = [w for w in batch if w.empty]
             try:
-                await self._append(batch)
+                if writes:
+                    await self._append(writes)
             except BaseException as e:
-                for w in batch:
+                for w in writes:
                     if not w.done.done():
                         w.done.set_exception(e)
                     for t in w.tokens:
                         await asyncio.shield(self.objects.discard(t))
                 if not isinstance(e, Exception):
                     raise
-                continue
-            for w in batch:
+            for w in writes:
                 if not w.done.done():
                     w.done.set_result(None)
+            error: Exception | None = None
             try:
                 await self._commit_journal()
-            except Exception:
+            except Exception as e:
                 # The journal and its overlay stay; the next round or the next open retries.
                 log.exception("committing the implicit journal of page %r failed", self.id)
+                error = e
+            for w in flushes:
+                if w.done.done():
+                    continue
+                if error is None:
+                    w.done.set_result(None)
+                else:
+                    w.done.set_exception(error)
 
     async def _append(self, batch: list[_Write]) -> None:
         """Append writes to the implicit journal in one transaction (they are durable after)."""
@@ -607,9 +632,23 @@ class Page(View):
         """Write a new local commit with its new nodes and move heads. Lock held.
 
         Watchers are told unless ``notify`` is false (the caller merges first and
-        tells them once about the merged result).
+        tells them once about the merged result). Shielded from cancellation so the
+        in-memory heads always match the database.
         """
-        pieces = builder.pieces_reachable(c.root) + (values or [])
+        await asyncio.shield(
+            self._store_unshielded(c, builder, journal, values or [], tokens or [], notify)
+        )
+
+    async def _store_unshielded(
+        self,
+        c: Commit,
+        builder: Builder,
+        journal: str | None,
+        values: list[split.Piece],
+        tokens: list[str],
+        notify: bool,
+    ) -> None:
+        pieces = builder.pieces_reachable(c.root) + values
         old_root = self.head.root
         async with self.db.write() as conn:
             if pieces:
@@ -622,7 +661,7 @@ class Page(View):
                     [(p.digest,) for p in pieces],
                 )
             await self._insert_commit(conn, c)
-            for jid in [journal, *(tokens or [])]:
+            for jid in [journal, *tokens]:
                 if jid is not None:
                     await self.objects.mark_local(jid, conn)
             if journal is not None:
@@ -674,12 +713,10 @@ class Page(View):
 
     async def _commit_transaction(self, txn: Transaction) -> bytes | None:
         st = txn._state_
-        try:
-            self._check_open()
-        except ClosedError:
-            await self._discard_tokens(st.tokens)
-            raise
         async with self._commit_lock:
+            if self._closed:
+                await self._discard_tokens(st.tokens)
+                raise ClosedError(f"page {self.id!r} is closed")
             builder = Builder(self.nodes)
             root = await builder.apply(EMPTY if st.cleared else txn.base.root, st.entries.items())
             if root == txn.base.root:

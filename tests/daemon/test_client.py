@@ -1,0 +1,135 @@
+"""The Python clients (async and blocking) against the real daemon, sessions included."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from daemon.client import AsyncClient, Client, DaemonUnavailableError, LedgerError, NotFoundError
+from tests.daemon.conftest import Daemon
+
+
+async def test_async_client_covers_the_api(daemon: Daemon, tmp_path: Path) -> None:
+    async with AsyncClient(daemon.socket) as c:
+        await c.put("l", "p", b"\x00key", b"value")
+        await c.put("l", "p", b"lazy", b"zzz", lazy=True)
+        assert await c.get("l", "p", b"\x00key") == b"value"
+        assert await c.get("l", "p", b"\x00key", offset=1, length=3) == b"alu"
+        assert await c.ledgers() == [b"l"] and await c.pages("l") == [b"p"]
+        items = [i async for i in c.entries("l", "p")]
+        assert [(i.key, i.value, i.priority) for i in items] == [
+            (b"\x00key", b"value", "eager"),
+            (b"lazy", b"zzz", "lazy"),
+        ]
+        assert (
+            await c.batch(
+                "l", "p", puts=[(b"b%d" % i, b"x") for i in range(2500)], deletes=[b"lazy"]
+            )
+            == 2501
+        )
+        assert len([i async for i in c.entries("l", "p", prefix=b"b", page_size=700)]) == 2500
+        assert len([i async for i in c.entries("l", "p", prefix=b"b", limit=10)]) == 10
+        f = tmp_path / "f"
+        f.write_bytes(b"F" * 3_000_000)
+        await c.put("l", "p", b"file", f)
+        out = tmp_path / "out"
+        assert await c.get_to_file("l", "p", b"file", out) == 3_000_000
+        assert out.read_bytes() == f.read_bytes()
+        heads = await c.heads("l", "p")
+        hist = await c.history("l", "p", limit=3)
+        assert len(heads) == 1 and hist[0]["id"] == heads[0]["id"]
+        await c.delete("l", "p", b"file")
+        with pytest.raises(NotFoundError) as e:
+            await c.get("l", "p", b"file")
+        assert e.value.code == "key_not_found"
+        await c.clear("l", "p")
+        assert [i async for i in c.entries("l", "p")] == []
+        st = await c.status()
+        assert st["pid"] == daemon.proc.pid
+
+
+async def test_transactions_and_watchers(daemon: Daemon) -> None:
+    async with AsyncClient(daemon.socket) as c:
+        await c.put("l", "p", b"a", b"base")
+        await c.heads("l", "p")  # commits every acknowledged write first
+        watch = await c.subscribe("l", "p")
+        async with c.transaction("l", "p") as txn:
+            await txn.put(b"a", b"txn")
+            await txn.put(b"b", b"2")
+            assert await txn.get(b"a") == b"txn"
+            assert await c.get("l", "p", b"a") == b"base"  # not visible before commit
+            assert [i.key for i in await txn.entries()] == [b"a", b"b"]
+        assert await c.get("l", "p", b"a") == b"txn"
+        with pytest.raises(RuntimeError):
+            async with c.transaction("l", "p") as txn:
+                await txn.put(b"never", b"x")
+                raise RuntimeError("application failure")
+        with pytest.raises(NotFoundError):
+            await c.get("l", "p", b"never")
+        change = await asyncio.wait_for(watch.__anext__(), 20)
+        await watch.close()
+        assert [(i.key, i.value) for i in change.changed] == [(b"a", b"txn"), (b"b", b"2")]
+
+
+async def test_watcher_gets_every_commit_in_order(daemon: Daemon) -> None:
+    async with AsyncClient(daemon.socket) as c:
+        await c.put("l", "p", b"init", b"0")
+        session = await c.open_session()
+        watch = await session.subscribe("l", "p", prefix=b"n/")
+        got: list[bytes] = []
+
+        async def collect() -> None:
+            async for ch in watch:
+                got.extend(i.key for i in ch.changed)
+                if len(got) >= 30:
+                    return
+
+        task = asyncio.ensure_future(collect())
+        for i in range(30):
+            await c.put("l", "p", b"n/%02d" % i, b"v")
+            await c.put("l", "p", b"other/%02d" % i, b"v")
+        await asyncio.wait_for(task, 30)
+        assert got == [b"n/%02d" % i for i in range(30)]
+        await session.close()
+
+
+def test_blocking_client(daemon: Daemon, tmp_path: Path) -> None:
+    with Client(daemon.socket) as c:
+        c.put("l", "p", b"k", b"v")
+        assert c.get("l", "p", b"k") == b"v"
+        assert c.batch("l", "p", puts=[(b"x", b"1"), (b"y", b"2", "lazy")]) == 2
+        assert [i.key for i in c.entries("l", "p")] == [b"k", b"x", b"y"]
+        with c.transaction("l", "p") as txn:
+            txn.put(b"t", b"1")
+            assert txn.get(b"t") == b"1"
+        assert c.get("l", "p", b"t") == b"1"
+        assert len(c.heads("l", "p")) == 1 and c.history("l", "p")
+        c.delete("l", "p", b"t")
+        with pytest.raises(NotFoundError):
+            c.get("l", "p", b"t")
+        assert c.ledgers() == [b"l"] and c.pages("l") == [b"p"]
+
+
+async def test_unreachable_daemon_is_a_clear_error(tmp_path: Path) -> None:
+    async with AsyncClient(tmp_path / "none.sock") as c:
+        with pytest.raises(DaemonUnavailableError, match="cannot reach ledgerd"):
+            await c.status()
+
+
+async def test_session_errors(daemon: Daemon) -> None:
+    async with AsyncClient(daemon.socket) as c:
+        s = await c.open_session()
+        with pytest.raises(LedgerError) as e:
+            await s.call("put", txn="t999", key="", value="")
+        assert e.value.code == "conflict"
+        with pytest.raises(LedgerError) as e:
+            await s.call("fly")
+        assert e.value.code == "bad_request"
+        txn = await s.begin("l", "p")
+        with pytest.raises(LedgerError) as e:
+            await txn.put(b"k" * 5000, b"v")
+        assert e.value.code == "too_large"
+        await txn.rollback()
+        await s.close()

@@ -1,0 +1,185 @@
+"""Every endpoint through raw HTTP over the Unix socket, as curl would use it."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import aiohttp
+from yarl import URL
+
+from daemon.client import quote
+
+P = "/v1/ledgers/notes/pages/inbox"
+
+
+def u(path: str) -> URL:
+    return URL("http://ledgerd" + path, encoded=True)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+async def _err(resp: aiohttp.ClientResponse) -> tuple[int, str]:
+    doc = await resp.json()
+    return resp.status, doc["error"]["code"]
+
+
+async def test_status_and_listing(http: aiohttp.ClientSession) -> None:
+    st = await (await http.get(u("/v1/status"))).json()
+    assert st["version"] and len(st["device_id"]) == 32 and st["cloud"] is None
+    assert (await (await http.get(u("/v1/ledgers"))).json()) == {"ledgers": []}
+    assert (await http.put(u(P + "/keys/k"), data=b"v")).status == 204
+    assert (await (await http.get(u("/v1/ledgers"))).json())["ledgers"] == [
+        {"name": b64(b"notes"), "text": "notes"}
+    ]
+    pages = (await (await http.get(u("/v1/ledgers/notes/pages"))).json())["pages"]
+    assert pages == [{"id": b64(b"inbox"), "text": "inbox"}]
+
+
+async def test_put_get_head_range_delete(http: aiohttp.ClientSession) -> None:
+    value = bytes(range(256)) * 1000
+    assert (await http.put(u(P + "/keys/a/b/c"), data=value)).status == 204
+    r = await http.get(u(P + "/keys/a/b/c"))
+    assert r.status == 200 and await r.read() == value
+    assert r.headers["Ledger-Priority"] == "eager" and r.headers["Accept-Ranges"] == "bytes"
+    h = await http.head(u(P + "/keys/a/b/c"))
+    assert h.status == 200 and int(h.headers["Content-Length"]) == len(value)
+    r = await http.get(u(P + "/keys/a/b/c"), headers={"Range": "bytes=1000-1999"})
+    assert r.status == 206 and await r.read() == value[1000:2000]
+    assert r.headers["Content-Range"] == f"bytes 1000-1999/{len(value)}"
+    r = await http.get(u(P + "/keys/a/b/c"), headers={"Range": "bytes=-10"})
+    assert await r.read() == value[-10:]
+    r = await http.get(u(P + "/keys/a/b/c?offset=5&length=7"))
+    assert await r.read() == value[5:12]
+    assert await _err(
+        await http.get(u(P + "/keys/a/b/c"), headers={"Range": f"bytes={len(value)}-"})
+    ) == (416, "range_not_satisfiable")
+    assert (await http.put(u(P + "/keys/lazy?priority=lazy"), data=b"x")).status == 204
+    assert (await http.get(u(P + "/keys/lazy"))).headers["Ledger-Priority"] == "lazy"
+    assert (await http.delete(u(P + "/keys/a/b/c"))).status == 204
+    assert await _err(await http.get(u(P + "/keys/a/b/c"))) == (404, "key_not_found")
+
+
+async def test_binary_keys_with_nul_and_invalid_utf8(http: aiohttp.ClientSession) -> None:
+    keys = [b"\x00", b"\x00\x01\xff", b"\xc3\x28", b"..", b".", b"a/./b", b"%41", b"\xff" * 100]
+    for i, k in enumerate(keys):
+        assert (await http.put(u(P + "/keys/" + quote(k)), data=b"v%d" % i)).status == 204
+    for i, k in enumerate(keys):
+        assert await (await http.get(u(P + "/keys/" + quote(k)))).read() == b"v%d" % i
+    doc = await (await http.get(u(P + "/entries"))).json()
+    assert [base64.b64decode(e["key"]) for e in doc["entries"]] == sorted(keys)
+    # Binary ledger and page names too.
+    assert (await http.put(u("/v1/ledgers/%00%FF/pages/%C3%28/keys/k"), data=b"v")).status == 204
+    assert await (await http.get(u("/v1/ledgers/%00%FF/pages/%C3%28/keys/k"))).read() == b"v"
+
+
+async def test_entries_ranges_and_continuation(http: aiohttp.ClientSession) -> None:
+    ops = [{"op": "put", "key": b64(b"k%03d" % i), "value": b64(b"v%d" % i)} for i in range(250)]
+    ops.append({"op": "put", "key": b64(b"other"), "value": b64(b"o")})
+    r = await http.post(u(P + "/batch"), json={"ops": ops})
+    assert r.status == 200 and (await r.json())["applied"] == 251
+    seen: list[bytes] = []
+    token = None
+    while True:
+        q = "?prefix=k&limit=100" + (f"&token={quote(token.encode())}" if token else "")
+        doc = await (await http.get(u(P + "/entries" + q))).json()
+        seen += [base64.b64decode(e["key"]) for e in doc["entries"]]
+        assert len(doc["entries"]) <= 100
+        token = doc["next"]
+        if token is None:
+            break
+    assert seen == [b"k%03d" % i for i in range(250)]
+    doc = await (await http.get(u(P + "/entries?start=k010&end=k013"))).json()
+    assert [(base64.b64decode(e["key"]), base64.b64decode(e["value"])) for e in doc["entries"]] == [
+        (b"k010", b"v10"),
+        (b"k011", b"v11"),
+        (b"k012", b"v12"),
+    ]
+    doc = await (await http.get(u(P + "/entries?start=k249&values=0"))).json()
+    assert doc["entries"] == [
+        {"key": b64(b"k249"), "priority": "eager", "size": 4},
+        {"key": b64(b"other"), "priority": "eager", "size": 1},
+    ]
+
+
+async def test_batch_is_one_commit_and_history(http: aiohttp.ClientSession) -> None:
+    await http.put(u(P + "/keys/gone"), data=b"x")
+    before = (await (await http.get(u(P + "/heads"))).json())["heads"]
+    ops = [
+        {"op": "put", "key": b64(b"a"), "value": b64(b"1")},
+        {"op": "put", "key": b64(b"b"), "value": b64(b"2"), "priority": "lazy"},
+        {"op": "delete", "key": b64(b"gone")},
+    ]
+    assert (await http.post(u(P + "/batch"), json={"ops": ops})).status == 200
+    heads = (await (await http.get(u(P + "/heads"))).json())["heads"]
+    assert len(heads) == 1 and heads[0]["parents"] == [before[0]["id"]]
+    hist = (await (await http.get(u(P + "/history?limit=10"))).json())["commits"]
+    assert hist[0]["id"] == heads[0]["id"] and hist[-1]["generation"] == 0
+    one = await (await http.get(u(P + "/commits/" + heads[0]["id"]))).json()
+    assert one == heads[0]
+    # Read at an older commit.
+    old = before[0]["id"]
+    assert await (await http.get(u(P + f"/keys/gone?at={old}"))).read() == b"x"
+    doc = await (await http.get(u(P + f"/entries?at={old}"))).json()
+    assert [base64.b64decode(e["key"]) for e in doc["entries"]] == [b"gone"]
+    assert await _err(await http.get(u(P + "/commits/" + "00" * 32))) == (404, "commit_not_found")
+
+
+async def test_clear(http: aiohttp.ClientSession) -> None:
+    await http.put(u(P + "/keys/a"), data=b"1")
+    assert (await http.post(u(P + "/clear"))).status == 204
+    assert (await (await http.get(u(P + "/entries"))).json())["entries"] == []
+
+
+async def test_errors_are_json_with_stable_codes(http: aiohttp.ClientSession) -> None:
+    await http.put(u(P + "/keys/k"), data=b"v")
+    assert await _err(await http.get(u("/v1/ledgers/nope/pages/x/keys/k"))) == (
+        404,
+        "ledger_not_found",
+    )
+    assert await _err(await http.get(u("/v1/ledgers/notes/pages/nope/entries"))) == (
+        404,
+        "page_not_found",
+    )
+    assert await _err(await http.get(u("/v1/ledgers/nope/pages"))) == (404, "ledger_not_found")
+    assert await _err(await http.get(u("/v1/nothing"))) == (404, "not_found")
+    assert await _err(await http.get(u("/v2/status"))) == (404, "not_found")
+    assert await _err(await http.put(u(P + "/keys/" + "k" * 4097), data=b"v")) == (413, "too_large")
+    assert await _err(
+        await http.put(u("/v1/ledgers/" + "l" * 129 + "/pages/p/keys/k"), data=b"v")
+    ) == (413, "too_large")
+    assert await _err(await http.post(u(P + "/batch"), data=b"{not json")) == (400, "bad_request")
+    assert await _err(
+        await http.post(u(P + "/batch"), json={"ops": [{"op": "put", "key": "!!", "value": ""}]})
+    ) == (400, "bad_request")
+    assert await _err(
+        await http.post(u(P + "/batch"), json={"ops": [{"op": "jump", "key": ""}]})
+    ) == (400, "bad_request")
+    assert await _err(await http.post(u(P + "/batch"), json=[1, 2])) == (400, "bad_request")
+    assert await _err(await http.get(u(P + "/entries?limit=abc"))) == (400, "bad_request")
+    assert await _err(await http.get(u(P + "/entries?limit=0"))) == (400, "bad_request")
+    assert await _err(await http.get(u(P + "/entries?token=***"))) == (400, "bad_request")
+    assert await _err(await http.get(u(P + "/entries?at=zz"))) == (400, "bad_request")
+    assert await _err(await http.put(u(P + "/keys/k?priority=urgent"), data=b"v")) == (
+        400,
+        "bad_request",
+    )
+    assert await _err(await http.get(u(P + "/keys/k"), headers={"Range": "lines=1-2"})) == (
+        400,
+        "bad_request",
+    )
+    r = await http.request("PATCH", u(P + "/keys/k"))
+    assert r.status == 404 and (await r.json())["error"]["code"] == "not_found"
+    # Nothing stored was touched by any of that.
+    assert await (await http.get(u(P + "/keys/k"))).read() == b"v"
+
+
+async def test_oversize_batch_body_is_413(http: aiohttp.ClientSession) -> None:
+    big = json.dumps({"ops": [{"op": "put", "key": "", "value": "A" * (65 * 1024 * 1024)}]})
+    r = await http.post(
+        u(P + "/batch"), data=io.BytesIO(big.encode()), headers={"Content-Type": "application/json"}
+    )
+    assert r.status == 413 and (await r.json())["error"]["code"] == "too_large"

@@ -1,0 +1,111 @@
+"""Merging heads: common ancestors, criss-cross histories, and commits racing cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from store import Page, Repository, TransactionClosedError, commit, merge
+from store import digest as dg
+from store.btree import Builder, Entry
+from store.commit import Commit
+
+
+def _ent(k: bytes, v: bytes) -> tuple[bytes, Entry]:
+    return k, Entry(k, dg.chunk_digest(dg.Kind.VALUE, v))
+
+
+async def _commit(page: Page, parents: list[Commit], changes: list[tuple[bytes, Entry]]) -> Commit:
+    """A commit as another device would have made it (stored without merging)."""
+    b = Builder(page.nodes)
+    root = await b.apply(parents[0].root, changes)
+    c = commit.child(parents, root)
+    async with page._commit_lock:
+        await page._store(c, b, notify=False)
+    return c
+
+
+async def _lww(page: Page, base: Commit, a: Commit, b: Commit) -> Commit:
+    bld = Builder(page.nodes)
+    root = await merge.last_one_wins(bld, base.root, a, b)
+    c = commit.merge([a, b], root)
+    async with page._commit_lock:
+        await page._store(c, bld, notify=False)
+    return c
+
+
+async def test_criss_cross_heads_merge_on_open(tmp_path: Path) -> None:
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.write([(b"k%04d" % i, b"v" * 40) for i in range(300)])
+        await page.flush()
+        f = page.head
+        p = await _commit(page, [f], [_ent(b"k0001", b"P")])
+        q = await _commit(page, [f], [_ent(b"k0200", b"Q")])
+        p1 = await _commit(page, [p], [_ent(b"k0002", b"P1")])
+        q1 = await _commit(page, [q], [_ent(b"k0201", b"Q1")])
+        h1 = await _lww(page, f, p, q1)  # device X merged P with Q1
+        h2 = await _lww(page, f, p1, q)  # device Y merged P1 with Q
+        lcas = await merge.common_ancestors(page.load_commit, h1, h2)
+        assert {c.id for c in lcas} == {p.id, q.id}
+        assert len(await page.heads()) == 2
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")  # opening merges the heads
+        assert len(await page.heads()) == 1
+        for k, v in [(b"k0001", b"P"), (b"k0002", b"P1"), (b"k0200", b"Q"), (b"k0201", b"Q1")]:
+            assert await page.get(k) == v
+
+
+async def test_same_merge_on_two_devices_is_the_same_commit(tmp_path: Path) -> None:
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        f = page.head
+        a = await _commit(page, [f], [_ent(b"x", b"1")])
+        b = await _commit(page, [f], [_ent(b"x", b"2"), _ent(b"y", b"3")])
+        m1 = await _lww(page, f, a, b)
+        m2 = await _lww(page, f, b, a)
+        assert m1.id == m2.id and m1.salt == b""
+        assert m1.timestamp == max(a.timestamp, b.timestamp)
+
+
+async def test_cancelled_commit_keeps_memory_and_database_in_step(tmp_path: Path) -> None:
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        txn = page.transaction()
+        await txn.put(b"t", b"txn")
+        async with page._commit_lock:  # hold commits so the cancel lands mid-commit
+            task = asyncio.ensure_future(txn.commit())
+            await asyncio.sleep(0)
+            task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await page.flush()
+        async with page._commit_lock:  # the shielded commit finished
+            pass
+        assert await page.get(b"t") == b"txn"
+        await page.put(b"after", b"x")
+        await page.flush()
+        rows = await page.db.read_all("SELECT count(*) FROM heads")
+        assert rows[0][0] == len(await page.heads()) == 1
+
+
+async def test_put_racing_commit_does_not_discard_committed_values(tmp_path: Path) -> None:
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        txn = page.transaction()
+        await txn.put(b"a", b"A" * 600_000)  # staged (large)
+
+        async def slow() -> object:
+            yield b"B" * 300_000
+            await asyncio.sleep(0)
+            yield b"B" * 300_000
+
+        late = asyncio.ensure_future(txn.put(b"b", slow()))  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        await txn.commit()
+        with pytest.raises(TransactionClosedError):
+            await late
+        assert await page.get(b"a") == b"A" * 600_000
+        assert not await page.contains(b"b")
