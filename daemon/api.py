@@ -18,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import grp
 import json
 import logging
 import os
+import pwd
 import socket
 import struct
 import time
@@ -87,13 +89,22 @@ def commit_json(c: Commit) -> dict[str, Any]:
     }
 
 
-def peer_uid(request: web.Request) -> int | None:
+def peer_credentials(request: web.Request) -> tuple[int, int] | None:
+    """(uid, gid) of the process at the other end of the Unix socket."""
     sock = request.transport.get_extra_info("socket") if request.transport else None
     if sock is None or sock.family != socket.AF_UNIX:
         return None
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return int(uid)
+    _pid, uid, gid = struct.unpack("3i", creds)
+    return int(uid), int(gid)
+
+
+def _in_group(uid: int, gid: int) -> bool:
+    try:
+        name = pwd.getpwuid(uid).pw_name
+        return name in grp.getgrgid(gid).gr_mem or pwd.getpwuid(uid).pw_gid == gid
+    except KeyError:
+        return False
 
 
 class Query:
@@ -173,6 +184,8 @@ class Api:
         self.cfg = cfg
         self.state = state
         self.allowed = cfg.allowed_uids()
+        self.group = cfg.socket_gid()
+        self._peers: dict[int, bool] = {}
         self.sessions: Any = None  # daemon.session.Sessions, set by the server
 
     def app(self) -> web.Application:
@@ -187,10 +200,10 @@ class Api:
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
-            uid = peer_uid(request)
-            if uid is not None and uid not in self.allowed:
-                log.warning("refused a connection from uid %d", uid)
-                raise ae.PeerRefused(f"uid {uid} is not allowed to use this ledgerd")
+            creds = peer_credentials(request)
+            if creds is not None and not self.peer_allowed(*creds):
+                log.warning("refused a request from uid %d", creds[0])
+                raise ae.PeerRefused(f"uid {creds[0]} is not allowed to use this ledgerd")
             if self.state.shutting_down:
                 raise ae.ShuttingDown()
             self.state.inflight += 1
@@ -218,6 +231,18 @@ class Api:
         except Exception as e:
             log.exception("internal error serving %s %s", request.method, request.path)
             return self.error(ae.ApiError(f"internal error: {type(e).__name__}"))
+
+    def peer_allowed(self, uid: int, gid: int) -> bool:
+        """Listed users (or this user and root) and members of ``socket_group``."""
+        if uid in self.allowed:
+            return True
+        if self.group is None:
+            return False
+        if gid == self.group:
+            return True
+        if uid not in self._peers:
+            self._peers[uid] = _in_group(uid, self.group)
+        return self._peers[uid]
 
     @staticmethod
     def error(e: ae.ApiError) -> web.Response:

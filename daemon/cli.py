@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_NOT_FOUND
     except LedgerError as e:
         print(f"ledgerctl: {e} ({e.code})", file=sys.stderr)
-        return EXIT_USAGE if 400 <= e.status < 500 and e.status != 404 else EXIT_ERROR
+        return EXIT_USAGE if e.status in (400, 413, 416) else EXIT_ERROR
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

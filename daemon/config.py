@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import grp
 import logging
+import math
 import os
 import pwd
 import tomllib
@@ -63,7 +64,10 @@ class Config:
     # -- derived ---------------------------------------------------------------
 
     def allowed_uids(self) -> set[int]:
-        """The uids that may connect: the listed users, or else this process's user and root."""
+        """The uids that may connect: the listed users, or else this process's user and root.
+
+        Members of ``socket_group`` may connect as well (see :meth:`socket_gid`).
+        """
         if not self.allowed_users:
             return {os.getuid(), 0}
         return {_uid(u) for u in self.allowed_users}
@@ -98,18 +102,20 @@ def _coerce(key: str, value: Any, source: str) -> Any:
         if kind == "Path":
             if not isinstance(value, str | Path) or not str(value):
                 raise ValueError("expected a path")
-            return Path(os.path.expanduser(str(value)))
+            return Path(os.path.abspath(os.path.expanduser(str(value))))
         if kind == "int":
-            if isinstance(value, bool):
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError("expected an integer")
             v = int(value)
             if v <= 0:
                 raise ValueError("must be positive")
             return v
         if kind == "float":
+            if isinstance(value, bool):
+                raise ValueError("expected a number")
             f = float(value)
-            if f < 0:
-                raise ValueError("must not be negative")
+            if not math.isfinite(f) or f < 0:
+                raise ValueError("must be a finite number, not negative")
             return f
         if kind == "list[str]":
             if isinstance(value, str):
@@ -120,7 +126,7 @@ def _coerce(key: str, value: Any, source: str) -> Any:
         if not isinstance(value, str):
             raise ValueError("expected a string")
         return value
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
         raise ConfigError(f"{where}: {e}: {value!r}") from None
 
 
@@ -175,13 +181,16 @@ def validate(cfg: Config) -> None:
             f"log_level: must be one of {', '.join(LOG_LEVELS)}, not {cfg.log_level!r}"
         )
     cfg.log_level = cfg.log_level.lower()
+    cfg.durability = cfg.durability.lower()
     if cfg.durability not in DURABILITY:
         raise ConfigError(f"durability: must be 'normal' or 'full', not {cfg.durability!r}")
     if len(os.fsencode(str(cfg.socket))) > 107:
         raise ConfigError(f"socket: path {cfg.socket} is longer than the 107 bytes a socket allows")
     if cfg.cloud:
         u = urlparse(cfg.cloud)
-        if u.scheme not in ("s3", "file") or (u.scheme == "s3" and not u.netloc):
+        bad_s3 = u.scheme == "s3" and not u.netloc
+        bad_file = u.scheme == "file" and not u.path.startswith("/")
+        if u.scheme not in ("s3", "file") or bad_s3 or bad_file:
             raise ConfigError(
                 f"cloud: expected s3://bucket/prefix or file:///path, not {cfg.cloud!r}"
             )

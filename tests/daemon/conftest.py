@@ -31,7 +31,9 @@ class Daemon:
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        return self.proc.wait(timeout)
+        code = self.proc.wait(timeout)
+        self.notify.close()
+        return code
 
     def wait_notify(self, word: str, timeout: float = 30) -> None:
         """Block until the daemon sent a systemd notification containing ``word``."""
@@ -123,7 +125,6 @@ def daemon(short_tmp: Path) -> Iterator[Daemon]:
         yield d
     finally:
         code = d.stop()
-        d.notify.close()
         assert code == 0, f"ledgerd exited with {code}; log:\n{d.log_text()}"
 
 

@@ -1,0 +1,173 @@
+"""Bad input: each gets a clear error, the daemon stays up, nothing stored is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import base64
+import json
+from pathlib import Path
+
+import aiohttp
+from yarl import URL
+
+from store import Repository
+from tests.daemon.conftest import Daemon
+
+P = "/v1/ledgers/l/pages/p"
+
+
+def u(path: str) -> URL:
+    return URL("http://ledgerd" + path, encoded=True)
+
+
+async def _raw(daemon: Daemon, data: bytes, read: bool = True) -> bytes:
+    """Send raw bytes on a fresh connection; return what came back before it closed."""
+    reader, writer = await asyncio.open_unix_connection(str(daemon.socket))
+    writer.write(data)
+    await writer.drain()
+    got = b""
+    if read:
+        try:
+            got = await asyncio.wait_for(reader.read(65536), 10)
+        except (ConnectionResetError, TimeoutError):
+            pass
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+    return got
+
+
+async def _alive_and_intact(http: aiohttp.ClientSession) -> None:
+    r = await http.get(u("/v1/status"))
+    assert r.status == 200
+    assert await (await http.get(u(P + "/keys/precious"))).read() == b"keep me"
+
+
+async def _check_store(daemon: Daemon) -> None:
+    """After the daemon stopped: sound database, no half-written value, nothing leaked."""
+    async with await Repository.open(daemon.data) as repo:
+        page = await repo.ledger("l").page("p")
+        assert (await page.db.read_all("PRAGMA integrity_check"))[0][0] == "ok"
+        assert await page.get(b"precious") == b"keep me"
+        assert not await page.contains(b"truncated") and not await page.contains(b"chunked")
+        leaked = await page.db.read_all(
+            "SELECT count(*) FROM objects WHERE digest NOT IN (SELECT digest FROM object_status)"
+        )
+        assert leaked[0][0] == 0
+
+
+async def test_truncated_and_abandoned_uploads(daemon: Daemon, http: aiohttp.ClientSession) -> None:
+    await http.put(u(P + "/keys/precious"), data=b"keep me")
+    # Content-Length promises 4 MiB, 1 MiB arrives, the client goes away.
+    head = (
+        f"PUT {P}/keys/truncated HTTP/1.1\r\nHost: ledgerd\r\n"
+        f"Content-Length: {4 * 1024 * 1024}\r\n\r\n"
+    ).encode()
+    await _raw(daemon, head + b"x" * (1024 * 1024), read=False)
+    # A chunked upload cut off mid-stream.
+    chunk = b"y" * 65536
+    body = b"".join(b"%x\r\n" % len(chunk) + chunk + b"\r\n" for _ in range(40))
+    head = (
+        f"PUT {P}/keys/chunked HTTP/1.1\r\nHost: ledgerd\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    await _raw(daemon, head + body, read=False)
+    # A small body shorter than its Content-Length, then EOF from the client.
+    await _raw(
+        daemon,
+        (f"PUT {P}/keys/truncated HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc").encode(),
+        read=False,
+    )
+    await _alive_and_intact(http)
+    r = await http.get(u(P + "/keys/truncated"))
+    assert r.status == 404
+    await http.close()
+    assert daemon.stop() == 0
+    await _check_store(daemon)
+
+
+async def test_abandoned_download(daemon: Daemon, http: aiohttp.ClientSession) -> None:
+    await http.put(u(P + "/keys/precious"), data=b"keep me")
+    await http.put(u(P + "/keys/big"), data=io.BytesIO(b"z" * (20 * 1024 * 1024)))
+    reader, writer = await asyncio.open_unix_connection(str(daemon.socket))
+    writer.write(f"GET {P}/keys/big HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await writer.drain()
+    await reader.readexactly(100_000)
+    writer.transport.abort()
+    await _alive_and_intact(http)
+    assert len(await (await http.get(u(P + "/keys/big"))).read()) == 20 * 1024 * 1024
+
+
+async def test_malformed_http(daemon: Daemon, http: aiohttp.ClientSession) -> None:
+    await http.put(u(P + "/keys/precious"), data=b"keep me")
+    for junk in (
+        b"GARBAGE\r\n\r\n",
+        b"GET /v1/status HTTP/9.9\r\n\r\n",
+        b"\x00\xff\xfe\r\n\r\n",
+        b"GET " + b"/x" * 40000 + b" HTTP/1.1\r\n\r\n",
+        b"POST /v1/ledgers/l/pages/p/batch HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+    ):
+        got = await _raw(daemon, junk)
+        assert got == b"" or got.startswith(b"HTTP/1.")
+    bad_json = [
+        b"{",
+        b"null",
+        b'{"ops": 5}',
+        b'{"ops": [null]}',
+        b'{"ops": [{"op": "put"}]}',
+        b'{"ops": [{"op": "put", "key": "a", "value": 7}]}',
+        "\udcff".encode("utf-8", "surrogatepass"),
+    ]
+    for body in bad_json:
+        r = await http.post(
+            u(P + "/batch"), data=body, headers={"Content-Type": "application/json"}
+        )
+        assert r.status == 400, body
+        assert (await r.json())["error"]["code"] == "bad_request"
+    await _alive_and_intact(http)
+
+
+async def test_bad_session_messages(daemon: Daemon, http: aiohttp.ClientSession) -> None:
+    await http.put(u(P + "/keys/precious"), data=b"keep me")
+    ws = await http.ws_connect(u("/v1/session"))
+    await ws.send_str("not json")
+    assert (await ws.receive_json())["error"]["code"] == "bad_request"
+    await ws.send_bytes(b"\x00\x01")
+    assert (await ws.receive_json())["ok"] is False
+    await ws.send_str("[1, 2]")
+    assert (await ws.receive_json())["error"]["code"] == "bad_request"
+    for msg in (
+        {"id": 1, "op": "begin"},
+        {"id": 2, "op": "begin", "ledger": "!!", "page": "cA=="},
+        {"id": 3, "op": "begin", "ledger": base64.b64encode(b"x" * 200).decode(), "page": "cA=="},
+        {"id": 4, "op": "get", "txn": "nope", "key": ""},
+        {"id": 5, "op": "watch", "ledger": "bA==", "page": "cA==", "prefix": 12},
+    ):
+        await ws.send_str(json.dumps(msg))
+        reply = await ws.receive_json()
+        assert reply["id"] == msg["id"] and reply["ok"] is False and reply["error"]["code"]
+    await ws.close()
+    await _alive_and_intact(http)
+
+
+async def test_store_is_sound_after_a_barrage(
+    daemon: Daemon, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    await http.put(u(P + "/keys/precious"), data=b"keep me")
+    tasks = [
+        _raw(
+            daemon,
+            b"PUT "
+            + P.encode()
+            + b"/keys/x%d HTTP/1.1\r\nContent-Length: 999999\r\n\r\npartial" % i,
+            read=False,
+        )
+        for i in range(30)
+    ]
+    await asyncio.gather(*tasks)
+    await _alive_and_intact(http)
+    await http.close()
+    assert daemon.stop() == 0
+    await _check_store(daemon)

@@ -1,0 +1,83 @@
+"""Sessions: a transaction whose connection drops is rolled back."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+
+import aiohttp
+from yarl import URL
+
+from daemon.client import AsyncClient, NotFoundError
+from store import Repository
+from tests.daemon.conftest import Daemon
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+async def _wait_for_log(daemon: Daemon, text: str, timeout: float = 20) -> None:
+    """Wait for a line in the daemon's log (polling the file, bounded by ``timeout``)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while text not in daemon.log_text():
+        assert loop.time() < deadline, f"{text!r} never logged:\n{daemon.log_text()}"
+        await asyncio.sleep(0.05)
+
+
+async def test_dropped_connection_rolls_back(daemon: Daemon) -> None:
+    async with aiohttp.ClientSession(
+        connector=aiohttp.UnixConnector(path=str(daemon.socket))
+    ) as http:
+        ws = await http.ws_connect(URL("http://ledgerd/v1/session"))
+        await ws.send_str(
+            json.dumps({"id": 1, "op": "begin", "ledger": b64(b"l"), "page": b64(b"p")})
+        )
+        reply = await ws.receive_json()
+        tid = reply["txn"]
+        await ws.send_str(
+            json.dumps(
+                {"id": 2, "op": "put", "txn": tid, "key": b64(b"k"), "value": b64(b"x" * 500_000)}
+            )
+        )
+        assert (await ws.receive_json())["ok"]
+        await ws.send_str(
+            json.dumps({"id": 3, "op": "put", "txn": tid, "key": b64(b"small"), "value": b64(b"s")})
+        )
+        assert (await ws.receive_json())["ok"]
+        # The client vanishes without committing or closing politely.
+        ws._response.connection.transport.abort()  # type: ignore[union-attr]
+    await _wait_for_log(daemon, f"rolled back transaction {tid} on disconnect")
+    async with AsyncClient(daemon.socket) as c:
+        for key in (b"k", b"small"):
+            try:
+                await c.get("l", "p", key)
+                raise AssertionError(f"{key!r} of a dropped transaction is visible")
+            except NotFoundError:
+                pass
+        # Another session commits normally afterwards.
+        async with c.transaction("l", "p") as txn:
+            await txn.put(b"after", b"ok")
+        assert await c.get("l", "p", b"after") == b"ok"
+    assert daemon.stop() == 0
+    async with await Repository.open(daemon.data) as repo:
+        page = await repo.ledger("l").page("p")
+        assert not await page.contains(b"k")
+        staged = await page.db.read_all("SELECT count(*) FROM journal_pieces")
+        assert staged[0][0] == 0
+
+
+async def test_session_closing_mid_commit_leaves_one_consistent_state(daemon: Daemon) -> None:
+    async with AsyncClient(daemon.socket) as c:
+        for i in range(20):
+            s = await c.open_session()
+            txn = await s.begin("l", "p")
+            await txn.put(b"k%d" % i, b"v")
+            await s.ws.send_str(json.dumps({"id": 999, "op": "commit", "txn": txn.id}))
+            await s.close()  # may land before, during or after the commit
+        heads = await c.heads("l", "p")
+        assert len(heads) == 1
+        keys = {i.key async for i in c.entries("l", "p")}
+        assert keys <= {b"k%d" % i for i in range(20)}
