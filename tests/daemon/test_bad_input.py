@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import io
 import base64
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -28,15 +29,11 @@ async def _raw(daemon: Daemon, data: bytes, read: bool = True) -> bytes:
     await writer.drain()
     got = b""
     if read:
-        try:
+        with contextlib.suppress(ConnectionResetError, TimeoutError):
             got = await asyncio.wait_for(reader.read(65536), 10)
-        except (ConnectionResetError, TimeoutError):
-            pass
     writer.close()
-    try:
+    with contextlib.suppress(ConnectionResetError, BrokenPipeError):
         await writer.wait_closed()
-    except (ConnectionResetError, BrokenPipeError):
-        pass
     return got
 
 
