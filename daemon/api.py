@@ -36,6 +36,7 @@ from aiohttp import web
 from daemon import errors as ae
 from daemon.config import Config
 from store import Commit, Page, Priority, Repository, StoreError
+from store import digest as dg
 from store.btree import Entry
 from store.view import View
 
@@ -67,7 +68,7 @@ def unb64(text: object, what: str) -> bytes:
     if not isinstance(text, str):
         raise ae.BadRequest(f"{what} must be a base64 string")
     try:
-        return base64.b64decode(text, validate=True)
+        return binascii.a2b_base64(text, strict_mode=True)
     except (binascii.Error, ValueError):
         raise ae.BadRequest(f"{what} is not valid base64") from None
 
@@ -366,6 +367,18 @@ class Api:
         entry = await view.get_entry(key)
         if entry is None:
             raise ae.KeyNotFound(f"key {key[:64]!r} is not in the page")
+        headers = {
+            "Accept-Ranges": "bytes",
+            "ETag": '"' + entry.value.hex() + '"',
+            "Ledger-Priority": priority_name(entry.priority),
+        }
+        plain = not request.query_string and "Range" not in request.headers
+        if plain and not dg.is_index(entry.value):  # one piece: answer from memory
+            data = await view.objects.get_piece(entry.value)
+            if request.method == "HEAD":
+                headers["Content-Length"] = str(len(data))
+                return web.Response(status=200, headers=headers)
+            return web.Response(body=data, headers=headers, content_type="application/octet-stream")
         size = await view.objects.size(entry.value)
         q = Query(request.query_string)
         offset, length, status = 0, size, 200
@@ -381,9 +394,7 @@ class Api:
         resp = web.StreamResponse(status=status)
         resp.content_type = "application/octet-stream"
         resp.content_length = length
-        resp.headers["Accept-Ranges"] = "bytes"
-        resp.headers["ETag"] = '"' + entry.value.hex() + '"'
-        resp.headers["Ledger-Priority"] = priority_name(entry.priority)
+        resp.headers.update(headers)
         if status == 206:
             resp.headers["Content-Range"] = f"bytes {offset}-{offset + length - 1}/{size}"
         if request.method == "HEAD":
@@ -449,6 +460,7 @@ class Api:
         if not isinstance(ops, list):
             raise ae.BadRequest('batch body must be {"ops": [...]}')
         changes: list[tuple[bytes, bytes | None, Priority]] = []
+        eager = Priority.EAGER
         for i, op in enumerate(ops):
             if not isinstance(op, dict):
                 raise ae.BadRequest(f"ops[{i}] must be an object")
@@ -456,9 +468,8 @@ class Api:
             key = unb64(op.get("key"), f"ops[{i}].key")
             if kind == "put":
                 value = unb64(op.get("value"), f"ops[{i}].value")
-                prio = parse_priority(
-                    op.get("priority") if isinstance(op.get("priority"), str) else None
-                )
+                p = op.get("priority")
+                prio = eager if p is None else parse_priority(p if isinstance(p, str) else "?")
                 changes.append((key, value, prio))
             elif kind == "delete":
                 changes.append((key, None, Priority.EAGER))
@@ -497,8 +508,6 @@ class Api:
 
 async def entries_json(view: View, found: list[Entry], with_values: bool) -> list[dict[str, Any]]:
     """JSON objects for entries: key, priority, size, and the value when small enough."""
-    from store import digest as dg
-
     small = [e.value for e in found if not dg.is_index(e.value)]
     values = await view.objects.read_many(small) if with_values else {}
     out = []

@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from daemon.client import AsyncClient, DaemonUnavailableError, Item, LedgerError, NotFoundError
 
@@ -44,10 +44,29 @@ def _arg_bytes(text: str, hex_mode: bool, what: str) -> bytes:
         raise UsageError(f"{what} {text!r} is not valid hex") from None
 
 
+_ESCAPES = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
 def _show(data: bytes) -> str:
-    """Bytes as one line of text: UTF-8 where valid, backslash escapes elsewhere."""
-    text = data.decode("utf-8", "backslashreplace")
-    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+    """Bytes as one line of text: printable UTF-8 as is, everything else escaped.
+
+    A backslash is doubled, tab, newline and CR become ``\\t \\n \\r``, bytes that are
+    not valid UTF-8 become ``\\xNN`` and other non-printable characters ``\\xNN`` or
+    ``\\uNNNN``, so distinct keys always print distinctly.
+    """
+    out = []
+    for ch in data.decode("utf-8", "surrogateescape"):
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif "\udc80" <= ch <= "\udcff":
+            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
+        elif ch.isprintable():
+            out.append(ch)
+        elif ord(ch) < 0x100:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(f"\\u{ord(ch):04x}")
+    return "".join(out)
 
 
 class Progress:
@@ -61,7 +80,7 @@ class Progress:
         self.shown = False
 
     def __call__(self, done: int, total: int | None) -> None:
-        if not self.active or (total is not None and total < PROGRESS_MIN):
+        if not self.active or (total if total is not None else done) < PROGRESS_MIN:
             return
         now = time.monotonic()
         if now - self.last < 0.1 and (total is None or done < total):
@@ -178,7 +197,9 @@ class Cli:
         bar = Progress("get")
         try:
             if self.a.output:
-                await self.c.get_to_file(ledger, page, key, Path(self.a.output), progress=bar)
+                await self.c.get_to_file(
+                    ledger, page, key, Path(self.a.output), progress=bar, at=self.a.at
+                )
             else:
                 out = sys.stdout.buffer
                 async for chunk in self.c.get_stream(ledger, page, key, at=self.a.at, progress=bar):
@@ -230,7 +251,7 @@ class Cli:
 
     async def import_(self) -> int:
         ledger, page = self.lp
-        src: TextIO = open(self.a.file, encoding="utf-8") if self.a.file else sys.stdin  # noqa: SIM115
+        src: BinaryIO = open(self.a.file, "rb") if self.a.file else sys.stdin.buffer  # noqa: SIM115
         batch: list[tuple[bytes, bytes, str]] = []
         size = total = 0
         try:
@@ -238,13 +259,13 @@ class Cli:
                 if not raw.strip():
                     continue
                 try:
-                    doc = json.loads(raw)
+                    doc = json.loads(raw.decode("utf-8"))
                     key = base64.b64decode(doc["key"], validate=True)
                     value = base64.b64decode(doc["value"], validate=True)
                     prio = doc.get("priority", "eager")
                     if prio not in ("eager", "lazy"):
                         raise ValueError(f"priority {prio!r}")
-                except (ValueError, KeyError, TypeError, binascii.Error) as e:
+                except (ValueError, KeyError, TypeError, binascii.Error) as e:  # incl. bad UTF-8
                     raise UsageError(
                         f"line {n}: not an entry in the 'ls --json' format: {e}"
                     ) from None
@@ -256,7 +277,7 @@ class Cli:
             if batch:
                 total += await self.c.batch(ledger, page, batch)
         finally:
-            if src is not sys.stdin:
+            if src is not sys.stdin.buffer:
                 src.close()
         print(f"imported {total} entries", file=sys.stderr)
         return 0

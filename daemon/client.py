@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import itertools
 import json
 import os
@@ -232,13 +233,19 @@ class AsyncClient:
         return b"".join([c async for c in self.get_stream(ledger, page, key, **kw)])
 
     async def get_to_file(
-        self, ledger: Name, page: Name, key: bytes, path: Path, progress: Progress | None = None
+        self,
+        ledger: Name,
+        page: Name,
+        key: bytes,
+        path: Path,
+        progress: Progress | None = None,
+        at: str | None = None,
     ) -> int:
         n = 0
         tmp = path.with_name(f".{path.name}.part")
         try:
             async with aiofiles.open(tmp, "wb") as f:
-                async for chunk in self.get_stream(ledger, page, key, progress=progress):
+                async for chunk in self.get_stream(ledger, page, key, progress=progress, at=at):
                     await f.write(chunk)
                     n += len(chunk)
             os.replace(tmp, path)
@@ -260,7 +267,7 @@ class AsyncClient:
             self.page_path(ledger, page) + "/keys/" + quote(key),
             {"priority": "lazy" if lazy else None},
         )
-        data: Any = value
+        data: Any = io.BytesIO(value) if isinstance(value, bytes) and len(value) > CHUNK else value
         headers = {"Content-Type": "application/octet-stream"}
         if isinstance(value, Path):
             total = value.stat().st_size
@@ -618,9 +625,15 @@ class Client:
         return self._run(self.aio.get(ledger, page, key, **kw))
 
     def get_to_file(
-        self, ledger: Name, page: Name, key: bytes, path: Path, progress: Progress | None = None
+        self,
+        ledger: Name,
+        page: Name,
+        key: bytes,
+        path: Path,
+        progress: Progress | None = None,
+        at: str | None = None,
     ) -> int:
-        return self._run(self.aio.get_to_file(ledger, page, key, path, progress))
+        return self._run(self.aio.get_to_file(ledger, page, key, path, progress, at))
 
     def put(
         self,

@@ -26,6 +26,7 @@ import asyncio
 import logging
 import os
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,10 @@ READ_BATCH = 64
 """Pieces fetched per query when reading a value."""
 
 _THREAD_MIN = 256 * 1024
+
+CACHE_BYTES = 4 * 1024 * 1024
+CACHE_PIECE_LIMIT = 64 * 1024
+"""Verified pieces up to this size are kept in a per-page LRU of CACHE_BYTES."""
 """Below this many bytes, splitting or verifying runs inline instead of on a thread."""
 
 Fetcher = Callable[[list[bytes]], Awaitable[dict[bytes, bytes]]]
@@ -97,12 +102,25 @@ class ObjectStore:
         self.db = db
         self.fetcher: Fetcher | None = None
         self.memory: Mapping[bytes, bytes] = memory if memory is not None else {}
+        self._cache: OrderedDict[bytes, bytes] = OrderedDict()  # verified pieces, LRU
+        self._cache_bytes = 0
 
     def overlaid(self, memory: Mapping[bytes, bytes]) -> ObjectStore:
         """The same store, also reading pieces held in ``memory`` (a transaction's)."""
         view = ObjectStore(self.db, memory)
         view.fetcher = self.fetcher
+        view._cache = self._cache
         return view
+
+    def _remember(self, pieces: dict[bytes, bytes]) -> None:
+        for d, v in pieces.items():
+            if len(v) > CACHE_PIECE_LIMIT or d in self._cache:
+                continue
+            self._cache[d] = v
+            self._cache_bytes += len(v)
+        while self._cache_bytes > CACHE_BYTES:
+            _, old = self._cache.popitem(last=False)
+            self._cache_bytes -= len(old)
 
     # -- writing ---------------------------------------------------------------
 
@@ -276,17 +294,26 @@ class ObjectStore:
         """Verified contents of ``digests`` (hashed ones), fetching missing ones if possible."""
         found: dict[bytes, bytes] = {}
         want = list(dict.fromkeys(digests))
+        cached = {d: self._cache[d] for d in want if d in self._cache}
+        if cached:
+            found.update(cached)
+            for d in cached:
+                self._cache.move_to_end(d)
+            want = [d for d in want if d not in found]
         if self.memory:
             found.update((d, self.memory[d]) for d in want if d in self.memory)
             want = [d for d in want if d not in found]
+        fresh: dict[bytes, bytes] = {}
         for i in range(0, len(want), 500):
             part = want[i : i + 500]
             marks = ",".join("?" * len(part))
             rows = await self.db.read_all(
                 f"SELECT digest, data FROM objects WHERE digest IN ({marks})", part
             )
-            found.update((bytes(d), bytes(v)) for d, v in rows)
-        await self._verify(found)
+            fresh.update((bytes(d), bytes(v)) for d, v in rows)
+        await self._verify(fresh)
+        self._remember(fresh)
+        found.update(fresh)
         missing = [d for d in want if d not in found]
         if missing:
             found.update(await self._fetch(missing))

@@ -9,9 +9,11 @@ are in :mod:`store.view`, the tree in :mod:`store.btree`, pieces in
 Plain writes (implicit journal)
     A write is queued; one worker task per page takes everything queued, appends
     it to the page's implicit journal in one SQLite transaction and acknowledges
-    the writers (the write is durable from then on), then commits the journal:
-    one commit for everything appended since the last one. Writes arriving
-    meanwhile wait for the next round, so concurrent writers share commits.
+    the writers (the write is durable from then on). It commits the journal, one
+    commit for everything appended since the last one, when writes pause for a
+    few milliseconds, when the journal grows large, or when someone flushes
+    (transactions, history and heads do), so concurrent and back-to-back writers
+    share commits.
     Acknowledged but not yet committed changes are served from an in-memory
     overlay, so a caller always reads its own writes. On open, implicit journals
     left by a crash are committed.
@@ -30,6 +32,7 @@ import asyncio
 import contextlib
 import heapq
 import logging
+import sqlite3
 import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
@@ -37,9 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-import aiosqlite
-
-from store import btree, commit, merge, split
+from store import btree, commit, merge, split, sql
+from store import digest as dg
 from store.btree import EMPTY, Builder, Entry, NodeStore, Priority
 from store.commit import Commit
 from store.db import Database, Synchronous
@@ -52,13 +54,22 @@ from store.errors import (
 )
 from store.objects import ObjectStore, Source
 from store.schema import LOCAL, create_page_schema
-from store.view import NO_OVERLAY, Overlay, TreeView, View, check_key
+from store.view import KEY_LIMIT, NO_OVERLAY, Overlay, TreeView, View, check_key
 
 log = logging.getLogger(__name__)
 
 SMALL_VALUE = 256 * 1024
 """Values given as bytes up to this size are split in memory and written with their
 journal entry in one transaction; larger ones and streams are staged first."""
+
+COMMIT_DELAY = 0.005
+"""Seconds the write worker waits for more writes before committing the journal."""
+
+MAX_JOURNAL_ENTRIES = 4096
+
+DIRECT_BATCH = 1000
+"""A write of at least this many changes is committed directly, not through the journal."""
+"""The journal is committed at once when it holds this many keys."""
 
 WATCH_VALUE_LIMIT = 64 * 1024
 """Watch notifications carry values up to this size; larger ones carry None."""
@@ -80,6 +91,7 @@ class _Write:
     tokens: list[str]
     done: asyncio.Future[None]
     flush: bool = False  # resolve only once the journal is committed
+    direct: bool = False  # a large batch: committed on its own, without the journal
 
     @property
     def empty(self) -> bool:
@@ -275,6 +287,7 @@ class Page(View):
         self._overlay = NO_OVERLAY
         self._journal: str | None = None
         self._pending: list[_Write] = []
+        self._wake = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._commit_lock = asyncio.Lock()
         self._watchers: set[Watcher] = set()
@@ -301,8 +314,9 @@ class Page(View):
         collected = await self.objects.recover()
         rows = await self.db.read_all("SELECT commit_id FROM heads")
         if not rows:
-            async with self.db.write() as conn:
-                await self._insert_commit(conn, commit.FIRST, unsynced=False)
+            await self.db.run(
+                lambda conn: sql.insert_commit(conn, commit.FIRST, unsynced=False), write=True
+            )
         ids = [bytes(r[0]) for r in rows] or [commit.FIRST.id]
         self._heads = sorted([await self.load_commit(i) for i in ids], key=_order)
         journals = await self.db.read_all(
@@ -436,12 +450,21 @@ class Page(View):
         prepared: list[tuple[bytes, Entry | None]] = []
         pieces: list[split.Piece] = []
         tokens: list[str] = []
+        small = split.MIN_CHUNK
         try:
             for change in changes:
-                key, value = check_key(change[0]), change[1]
+                key, value = change[0], change[1]
+                if type(key) is not bytes or len(key) > KEY_LIMIT:
+                    key = check_key(key)
                 prio = change[2] if len(change) == 3 else priority
                 if value is None:
                     prepared.append((key, None))
+                    continue
+                if type(value) is bytes and len(value) <= small:  # the common case, inline
+                    d = dg.chunk_digest(dg.Kind.VALUE, value)
+                    if len(value) > dg.INLINE_LIMIT:
+                        pieces.append(split.Piece(d, value))
+                    prepared.append((key, Entry(key, d, _PRIORITY[prio])))
                     continue
                 entry, more, token = await self._prepare(key, value, prio)
                 pieces.extend(more)
@@ -452,7 +475,10 @@ class Page(View):
             await self._discard_tokens(tokens)
             raise
         loop = asyncio.get_running_loop()
-        await self._submit(_Write(False, prepared, pieces, tokens, loop.create_future()))
+        direct = len(prepared) >= DIRECT_BATCH
+        await self._submit(
+            _Write(False, prepared, pieces, tokens, loop.create_future(), direct=direct)
+        )
 
     async def _prepare(
         self, key: bytes, value: Source, priority: Priority
@@ -489,14 +515,37 @@ class Page(View):
     async def _submit(self, w: _Write) -> None:
         self._check_open()
         self._pending.append(w)
+        self._wake.set()
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._run_writes(), name=f"page-writes-{self.id!r}")
         await asyncio.shield(w.done)
 
     async def _run_writes(self) -> None:
-        """The page's write worker: the only code that appends to or commits the journal."""
-        while self._pending:
-            batch, self._pending = self._pending, []
+        """The page's write worker: the only code that appends to or commits the journal.
+
+        Group commit: after appending, the worker keeps appending while writes keep
+        coming and commits the journal once they pause for ``COMMIT_DELAY``, once it
+        holds ``MAX_JOURNAL_ENTRIES`` keys, or at once when someone flushes.
+        """
+        while True:
+            if not self._pending:
+                if self._journal is None:
+                    return
+                if not self._closed and len(self._overlay.entries) < MAX_JOURNAL_ENTRIES:
+                    self._wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), COMMIT_DELAY)
+                    if self._pending:
+                        continue
+                if not await self._try_commit([]):
+                    return  # the journal stays; the next write, flush or open retries
+                continue
+            if self._pending[0].direct:
+                w = self._pending.pop(0)
+                await self._commit_direct(w)
+                continue
+            cut = next((i for i, w in enumerate(self._pending) if w.direct), len(self._pending))
+            batch, self._pending = self._pending[:cut], self._pending[cut:]
             writes = [w for w in batch if not w.empty]
             flushes = [w for w in batch if w.empty]
             try:
@@ -513,36 +562,69 @@ class Page(View):
             for w in writes:
                 if not w.done.done():
                     w.done.set_result(None)
-            error: Exception | None = None
-            try:
+            if flushes or len(self._overlay.entries) >= MAX_JOURNAL_ENTRIES:
+                await self._try_commit(flushes)
+
+    async def _commit_direct(self, w: _Write) -> None:
+        """A large batch becomes one commit of its own, after the journal's."""
+        try:
+            if self._journal is not None:
                 await self._commit_journal()
-            except Exception as e:
-                # The journal and its overlay stay; the next round or the next open retries.
-                log.exception("committing the implicit journal of page %r failed", self.id)
-                error = e
-            for w in flushes:
-                if w.done.done():
-                    continue
-                if error is None:
-                    w.done.set_result(None)
+            async with self._commit_lock:
+                base = self.head
+                builder = Builder(self.nodes)
+                root = await builder.apply(EMPTY if w.clear else base.root, w.changes)
+                if root == base.root:
+                    await self._discard_tokens(w.tokens)
                 else:
-                    w.done.set_exception(error)
+                    c = commit.child([base], root)
+                    live = {e.value for _, e in w.changes if e is not None}
+                    values = [p for p in w.pieces if p.digest in live or dg.is_index(p.digest)]
+                    await self._store(c, builder, values=values, tokens=w.tokens)
+        except BaseException as e:
+            if not w.done.done():
+                w.done.set_exception(e)
+            await self._discard_tokens(w.tokens)
+            if not isinstance(e, Exception):
+                raise
+            return
+        if not w.done.done():
+            w.done.set_result(None)
+
+    async def _try_commit(self, flushes: list[_Write]) -> bool:
+        """Commit the journal; tell the flushers how it went. False if it failed."""
+        error: Exception | None = None
+        try:
+            await self._commit_journal()
+        except Exception as e:
+            log.exception("committing the implicit journal of page %r failed", self.id)
+            error = e
+        for w in flushes:
+            if w.done.done():
+                continue
+            if error is None:
+                w.done.set_result(None)
+            else:
+                w.done.set_exception(error)
+        return error is None
 
     async def _append(self, batch: list[_Write]) -> None:
         """Append writes to the implicit journal in one transaction (they are durable after)."""
+        new = self._journal is None
         jid = self._journal or f"I{time.time_ns():020d}{uuid.uuid4().hex[:12]}"
-        overlay = self._overlay
-        async with self.db.write() as conn:
-            if self._journal is None:
-                await conn.execute(
-                    "INSERT INTO journals (id, base, cleared) VALUES (?, ?, 0)", (jid, self.head.id)
+        base = self.head.id
+
+        def work(conn: sqlite3.Connection) -> None:
+            if new:
+                conn.execute(
+                    "INSERT INTO journals (id, base, cleared) VALUES (?, ?, 0)", (jid, base)
                 )
             for w in batch:
                 if w.clear:
-                    await conn.execute("UPDATE journals SET cleared = 1 WHERE id = ?", (jid,))
-                    await conn.execute("DELETE FROM journal_entries WHERE journal_id = ?", (jid,))
+                    conn.execute("UPDATE journals SET cleared = 1 WHERE id = ?", (jid,))
+                    conn.execute("DELETE FROM journal_entries WHERE journal_id = ?", (jid,))
                 if w.changes:
-                    await conn.executemany(
+                    conn.executemany(
                         "INSERT OR REPLACE INTO journal_entries (journal_id, key, value, priority) "
                         "VALUES (?, ?, ?, ?)",
                         [
@@ -551,17 +633,21 @@ class Page(View):
                         ],
                     )
                 if w.pieces:
-                    await conn.executemany(
+                    conn.executemany(
                         "INSERT OR IGNORE INTO objects (digest, data) VALUES (?, ?)",
                         [(p.digest, p.data) for p in w.pieces],
                     )
-                    await conn.executemany(
+                    conn.executemany(
                         "INSERT OR IGNORE INTO journal_pieces (journal_id, digest) VALUES (?, ?)",
                         [(jid, p.digest) for p in w.pieces],
                     )
                 for t in w.tokens:
-                    await self.objects.adopt(t, jid, conn)
-                overlay = overlay.with_changes(w.clear, w.changes)
+                    sql.adopt(conn, t, jid)
+
+        await self.db.run(work, write=True)
+        overlay = self._overlay
+        for w in batch:
+            overlay = overlay.with_changes(w.clear, w.changes)
         self._journal = jid
         self._overlay = overlay
 
@@ -576,48 +662,14 @@ class Page(View):
                 EMPTY if overlay.cleared else base.root, overlay.entries.items()
             )
             if root == base.root:
-                async with self.db.write() as conn:
-                    await self._drop_journal(conn, jid)
-                    await self.objects._collect(conn, "journal_id = ?", (jid,))
+                await self.db.run(lambda conn: sql.drop_journal(conn, jid), write=True)
+                await self.objects.discard(jid)
                 self._journal, self._overlay = None, NO_OVERLAY
                 return
             c = commit.child([base], root)
             await self._store(c, builder, journal=jid)
 
-    async def _drop_journal(self, conn: aiosqlite.Connection, jid: str) -> None:
-        await conn.execute("DELETE FROM journal_entries WHERE journal_id = ?", (jid,))
-        await conn.execute("DELETE FROM journals WHERE id = ?", (jid,))
-
     # -- commits ---------------------------------------------------------------
-
-    async def _insert_commit(
-        self, conn: aiosqlite.Connection, c: Commit, *, unsynced: bool = True
-    ) -> None:
-        await conn.execute(
-            "INSERT OR IGNORE INTO commits (id, data, generation, timestamp, root) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (c.id, c.data, c.generation, c.timestamp, c.root),
-        )
-        await conn.executemany(
-            "INSERT OR IGNORE INTO commit_parents (child, parent) VALUES (?, ?)",
-            [(c.id, p) for p in c.parents],
-        )
-        await conn.executemany("DELETE FROM heads WHERE commit_id = ?", [(p,) for p in c.parents])
-        # A commit that already has a child is not a head (it arrived after the child).
-        child = await conn.execute_fetchall(
-            "SELECT 1 FROM commit_parents WHERE parent = ? LIMIT 1", (c.id,)
-        )
-        if not list(child):
-            await conn.execute(
-                "INSERT OR IGNORE INTO heads (commit_id, timestamp) VALUES (?, ?)",
-                (c.id, c.timestamp),
-            )
-        if unsynced:
-            await conn.execute(
-                "INSERT OR IGNORE INTO unsynced_commits (commit_id, generation) VALUES (?, ?)",
-                (c.id, c.generation),
-            )
-        self._commits[c.id] = c
 
     async def _store(
         self,
@@ -650,22 +702,26 @@ class Page(View):
     ) -> None:
         pieces = builder.pieces_reachable(c.root) + values
         old_root = self.head.root
-        async with self.db.write() as conn:
+
+        def work(conn: sqlite3.Connection) -> None:
             if pieces:
-                await conn.executemany(
+                conn.executemany(
                     "INSERT OR IGNORE INTO objects (digest, data) VALUES (?, ?)",
                     [(p.digest, p.data) for p in pieces],
                 )
-                await conn.executemany(
+                conn.executemany(
                     f"INSERT OR IGNORE INTO object_status (digest, status) VALUES (?, {LOCAL})",
                     [(p.digest,) for p in pieces],
                 )
-            await self._insert_commit(conn, c)
+            sql.insert_commit(conn, c)
             for jid in [journal, *tokens]:
                 if jid is not None:
-                    await self.objects.mark_local(jid, conn)
+                    sql.mark_local(conn, jid)
             if journal is not None:
-                await self._drop_journal(conn, journal)
+                sql.drop_journal(conn, journal)
+
+        await self.db.run(work, write=True)
+        self._commits[c.id] = c
         heads = [h for h in self._heads if h.id not in c.parents]
         heads.append(c)
         self._heads = sorted(heads, key=_order)
@@ -778,6 +834,14 @@ class Page(View):
         w = Watcher(self, check_key(prefix))
         self._watchers.add(w)
         return w
+
+
+_PRIORITY = {
+    Priority.EAGER: Priority.EAGER,
+    Priority.LAZY: Priority.LAZY,
+    0: Priority.EAGER,
+    1: Priority.LAZY,
+}
 
 
 def _order(c: Commit) -> tuple[int, bytes]:

@@ -250,6 +250,7 @@ async def test_fetcher_supplies_missing_pieces_and_is_verified(objects: ObjectSt
     cloud[victim] = cloud[victim][:-1]
     async with objects.db.write() as conn:
         await conn.execute("DELETE FROM objects WHERE digest = ?", (victim,))
+    objects._cache.clear()  # as in a fresh process
     with pytest.raises(CorruptObjectError):
         await _read(objects, root.digest)
     assert not await objects.db.read_all("SELECT 1 FROM objects WHERE digest = ?", (victim,))

@@ -1,0 +1,176 @@
+"""Daemon benchmark: single-key puts/gets over the socket, and batch writes.
+
+    python -m bench.daemon [--ops 2000] [--concurrency 16]
+
+Prints JSON. The real daemon runs as a subprocess; next to it, in the same run,
+a bare aiohttp server on a Unix socket answers the same requests by echoing the
+bytes (PUT reads the body, GET returns 100 bytes): the ratio of the two is the
+figure (target >= 0.5). Batch writes report entries per second for 100-byte
+values (target >= 100,000).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from yarl import URL
+
+from bench.common import emit
+
+ROOT = Path(__file__).resolve().parents[1]
+VALUE = b"v" * 100
+
+ECHO_SERVER = """
+import sys
+from aiohttp import web
+body = b"v" * 100
+async def put(request):
+    await request.read()
+    return web.Response(status=204)
+async def get(request):
+    return web.Response(body=body, content_type="application/octet-stream")
+app = web.Application()
+app.router.add_put("/{tail:.*}", put)
+app.router.add_get("/{tail:.*}", get)
+web.run_app(app, path=sys.argv[1], print=None, access_log=None)
+"""
+
+
+def _wait_for_socket(path: Path, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(str(path))
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError(f"{path} never accepted connections")
+
+
+def _pct(lat: list[float], q: float) -> float:
+    lat = sorted(lat)
+    return round(lat[min(len(lat) - 1, int(len(lat) * q))] * 1e6)
+
+
+async def _single(sock: Path, ops: int, concurrency: int, prefix: str) -> dict[str, Any]:
+    conn = aiohttp.UnixConnector(path=str(sock), limit=concurrency)
+    out: dict[str, Any] = {}
+    async with aiohttp.ClientSession(connector=conn) as http:
+
+        async def one(method: str, i: int, lat: list[float]) -> None:
+            url = URL(f"http://ledgerd{prefix}/keys/k{i:08d}", encoded=True)
+            t0 = time.perf_counter()
+            if method == "PUT":
+                async with http.put(url, data=VALUE) as r:
+                    assert r.status == 204, r.status
+            else:
+                async with http.get(url) as r:
+                    assert r.status == 200, r.status
+                    await r.read()
+            lat.append(time.perf_counter() - t0)
+
+        for method in ("PUT", "GET"):
+            lat: list[float] = []
+            t0 = time.perf_counter()
+            for i in range(ops):  # one at a time: latency
+                await one(method, i, lat)
+            seq = time.perf_counter() - t0
+            out[f"{method.lower()}_sequential_ops_per_s"] = round(ops / seq)
+            out[f"{method.lower()}_p50_us"] = _pct(lat, 0.5)
+            out[f"{method.lower()}_p99_us"] = _pct(lat, 0.99)
+            lat2: list[float] = []
+            async def bounded(
+                i: int,
+                m: str = method,
+                lt: list[float] = lat2,
+                sem: asyncio.Semaphore = asyncio.Semaphore(concurrency),  # noqa: B008
+            ) -> None:
+                async with sem:
+                    await one(m, ops + i, lt) if m == "PUT" else await one(m, i, lt)
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*[bounded(i) for i in range(ops)])
+            out[f"{method.lower()}_concurrent_ops_per_s"] = round(ops / (time.perf_counter() - t0))
+    return out
+
+
+async def _batch(sock: Path, batches: int, size: int) -> float:
+    conn = aiohttp.UnixConnector(path=str(sock))
+    value = base64.b64encode(VALUE).decode()
+    async with aiohttp.ClientSession(connector=conn) as http:
+        t0 = time.perf_counter()
+        for b in range(batches):
+            ops = [
+                {"op": "put", "key": base64.b64encode(b"b%04d-%06d" % (b, i)).decode(),
+                 "value": value}
+                for i in range(size)
+            ]
+            url = URL("http://ledgerd/v1/ledgers/bench/pages/batch/batch", encoded=True)
+            async with http.post(url, json={"ops": ops}) as r:
+                assert r.status == 200, await r.text()
+        return batches * size / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ops", type=int, default=2000)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--batches", type=int, default=10)
+    ap.add_argument("--batch-size", type=int, default=10_000)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="ldb-", dir="/tmp") as d:
+        base = Path(d)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGERD_")}
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "daemon", "--data-dir", str(base / "data"),
+             "--socket", str(base / "ledgerd.sock"), "--log-level", "warning"],
+            cwd=ROOT, env=env,
+        )
+        echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, str(base / "echo.sock")])
+        try:
+            _wait_for_socket(base / "ledgerd.sock", daemon)
+            _wait_for_socket(base / "echo.sock", echo)
+            bare = asyncio.run(
+                _single(base / "echo.sock", args.ops, args.concurrency, "/v1/ledgers/b/pages/p")
+            )
+            ours = asyncio.run(
+                _single(base / "ledgerd.sock", args.ops, args.concurrency, "/v1/ledgers/b/pages/p")
+            )
+            batch = asyncio.run(_batch(base / "ledgerd.sock", args.batches, args.batch_size))
+        finally:
+            for p in (daemon, echo):
+                p.send_signal(signal.SIGTERM)
+                p.wait(60)
+    ratios = {
+        f"{k}_ratio": round(ours[k] / bare[k], 3) for k in ours if k.endswith("ops_per_s")
+    }
+    emit("daemon", {
+        "ops": args.ops,
+        "concurrency": args.concurrency,
+        "ledgerd": ours,
+        "bare_aiohttp_echo": bare,
+        **ratios,
+        "target_single_op_ratio": 0.5,
+        "batch_entries_per_s": round(batch),
+        "batch_size": args.batch_size,
+        "target_batch_entries_per_s": 100_000,
+    })
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""Multi-statement SQL steps shared by the page's write transactions.
+
+This module owns small synchronous functions that run on a page database's
+writer thread inside one transaction (see :meth:`store.db.Database.run`): adopting
+staged pieces, marking a journal's pieces local, inserting a commit and moving
+heads, dropping a journal. They know the schema (:mod:`store.schema`) and nothing
+else.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from store.commit import Commit
+from store.schema import LOCAL
+
+
+def adopt(conn: sqlite3.Connection, token: str, journal_id: str) -> None:
+    """Move pieces staged under ``token`` to ``journal_id``."""
+    conn.execute(
+        "INSERT OR IGNORE INTO journal_pieces (journal_id, digest) "
+        "SELECT ?, digest FROM journal_pieces WHERE journal_id = ?",
+        (journal_id, token),
+    )
+    conn.execute("DELETE FROM journal_pieces WHERE journal_id = ?", (token,))
+
+
+def mark_local(conn: sqlite3.Connection, journal_id: str) -> None:
+    """The journal committed: its pieces become ``local`` and stop being staged."""
+    conn.execute(
+        f"INSERT OR IGNORE INTO object_status (digest, status) "
+        f"SELECT digest, {LOCAL} FROM journal_pieces WHERE journal_id = ?",
+        (journal_id,),
+    )
+    conn.execute("DELETE FROM journal_pieces WHERE journal_id = ?", (journal_id,))
+
+
+def drop_journal(conn: sqlite3.Connection, journal_id: str) -> None:
+    conn.execute("DELETE FROM journal_entries WHERE journal_id = ?", (journal_id,))
+    conn.execute("DELETE FROM journals WHERE id = ?", (journal_id,))
+
+
+def insert_commit(conn: sqlite3.Connection, c: Commit, *, unsynced: bool = True) -> None:
+    """Store a commit; its parents stop being heads; it becomes one unless it has a child."""
+    conn.execute(
+        "INSERT OR IGNORE INTO commits (id, data, generation, timestamp, root) "
+        "VALUES (?, ?, ?, ?, ?)",
+        (c.id, c.data, c.generation, c.timestamp, c.root),
+    )
+    conn.executemany(
+        "INSERT OR IGNORE INTO commit_parents (child, parent) VALUES (?, ?)",
+        [(c.id, p) for p in c.parents],
+    )
+    conn.executemany("DELETE FROM heads WHERE commit_id = ?", [(p,) for p in c.parents])
+    # A commit that already has a child is not a head (it arrived after the child).
+    if (
+        conn.execute("SELECT 1 FROM commit_parents WHERE parent = ? LIMIT 1", (c.id,)).fetchone()
+        is None
+    ):
+        conn.execute(
+            "INSERT OR IGNORE INTO heads (commit_id, timestamp) VALUES (?, ?)", (c.id, c.timestamp)
+        )
+    if unsynced:
+        conn.execute(
+            "INSERT OR IGNORE INTO unsynced_commits (commit_id, generation) VALUES (?, ?)",
+            (c.id, c.generation),
+        )

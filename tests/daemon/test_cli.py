@@ -1,0 +1,723 @@
+"""``ledgerctl`` end to end: every command, run as a subprocess against the real daemon.
+
+Most tests share one daemon (module scope) and work in a ledger of their own, so the
+file stays fast; tests that need exact daemon-wide listings start a fresh one.
+Nothing here sleeps: watchers are synchronized by writing sentinels until they show up.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import json
+import os
+import random
+import re
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from daemon.client import Client, Name
+from tests.daemon.conftest import ROOT, Daemon, start_daemon
+
+Run = subprocess.CompletedProcess[bytes]
+COMMIT_ID = re.compile(r"[0-9a-f]{64}")
+MiB = 1024 * 1024
+
+
+# -- fixtures and helpers ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def shared() -> Iterator[Daemon]:
+    """One daemon for the module; each test uses its own ledger (see ``ledger``)."""
+    base = Path(tempfile.mkdtemp(prefix="ld-cli-", dir="/tmp"))
+    d = start_daemon(base)
+    try:
+        yield d
+    finally:
+        code = d.stop()
+        d.notify.close()
+        log = d.log_text()
+        shutil.rmtree(base, ignore_errors=True)
+        assert code == 0, f"ledgerd exited with {code}; log:\n{log}"
+
+
+@pytest.fixture
+def ledger(request: pytest.FixtureRequest) -> str:
+    """A ledger name private to the running test."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", request.node.name)
+
+
+def ctl(d: Daemon, *args: str, input: bytes | None = None) -> bytes:
+    """Run ``ledgerctl`` and expect success with nothing on stderr; returns stdout."""
+    p = d.ledgerctl(*args, input=input)
+    assert (p.returncode, p.stderr) == (0, b""), f"ledgerctl {args}: {p}"
+    return p.stdout
+
+
+def ctl_fails(d: Daemon, code: int, *args: str, input: bytes | None = None) -> str:
+    """Run ``ledgerctl``, expect exit status ``code`` and no output; returns stderr."""
+    p = d.ledgerctl(*args, input=input)
+    assert p.returncode == code, f"ledgerctl {args}: {p}"
+    assert p.stdout == b""
+    err = p.stderr.decode()
+    assert err.startswith("ledgerctl: ") and "Traceback" not in err, err
+    return err
+
+
+def ctl_all(d: Daemon, *commands: Sequence[str]) -> list[Run]:
+    """Run independent ``ledgerctl`` commands concurrently (they are slow to start)."""
+    with ThreadPoolExecutor(max_workers=len(commands)) as pool:
+        return list(pool.map(lambda args: d.ledgerctl(*args), commands))
+
+
+def outputs(runs: list[Run]) -> list[bytes]:
+    for p in runs:
+        assert (p.returncode, p.stderr) == (0, b""), p
+    return [p.stdout for p in runs]
+
+
+def cli_env(socket: Path | str) -> dict[str, str]:
+    return {**os.environ, "LEDGERD_SOCKET": str(socket)}
+
+
+def cli_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "daemon.cli", *args]
+
+
+def parse_json_lines(out: bytes) -> list[tuple[bytes, bytes, str]]:
+    """``ls --json`` / ``export`` output as (key, value, priority), checking the format."""
+    rows = []
+    for line in out.decode().splitlines():
+        doc = json.loads(line)
+        assert set(doc) == {"key", "value", "priority"}, line
+        assert doc["priority"] in ("eager", "lazy")
+        rows.append(
+            (
+                base64.b64decode(doc["key"], validate=True),
+                base64.b64decode(doc["value"], validate=True),
+                doc["priority"],
+            )
+        )
+    return rows
+
+
+def json_line(key: bytes, value: bytes, priority: str = "eager") -> bytes:
+    doc = {
+        "key": base64.b64encode(key).decode(),
+        "value": base64.b64encode(value).decode(),
+        "priority": priority,
+    }
+    return json.dumps(doc).encode() + b"\n"
+
+
+def seed(d: Daemon, ledger: Name, page: Name, entries: Sequence[tuple[bytes, bytes, str]]) -> None:
+    """Write test data with the in-process client (cheap: no ledgerctl start-up)."""
+    with Client(d.socket) as c:
+        c.batch(ledger, page, entries)
+
+
+def listing(d: Daemon, ledger: Name, page: Name) -> list[tuple[bytes, bytes, str]]:
+    """The page's entries, read with the in-process client."""
+    with Client(d.socket) as c:
+        return [(i.key, c.get(ledger, page, i.key), i.priority) for i in c.entries(ledger, page)]
+
+
+# -- status, ledgers, pages ----------------------------------------------------------
+
+
+def test_status_ledgers_and_pages(daemon: Daemon) -> None:
+    seed(daemon, "notes", "inbox", [(b"k", b"v", "eager")])
+    seed(daemon, "notes", "work", [(b"k", b"v", "eager")])
+    seed(daemon, "é", b"\x00\xff", [(b"k", b"v", "eager")])
+    status_b, st_json, ledgers, pages, pages_hex = outputs(
+        ctl_all(
+            daemon,
+            ["status"],
+            ["status", "--json"],
+            ["ledgers"],
+            ["pages", "notes"],
+            ["--hex", "pages", "c3a9"],
+        )
+    )
+    status = status_b.decode().splitlines()
+    assert re.fullmatch(rf"ledgerd \S+ \(pid {daemon.proc.pid}\), up \d+s", status[0]), status
+    assert re.fullmatch(r"device   \S+", status[1])
+    assert status[2:4] == [f"data     {daemon.data}", "cloud    off"]
+    page_lines = status[4:]
+    # A page id that is not UTF-8 is shown in base64.
+    assert sorted(page_lines) == ["page     notes/inbox", "page     notes/work", "page     é/AP8="]
+    assert ledgers.decode() == "notes\né\n"
+    assert pages == b"inbox\nwork\n"
+    assert pages_hex == b"00ff\n"
+
+    st = json.loads(st_json)
+    assert st["pid"] == daemon.proc.pid
+    assert st["data_dir"] == str(daemon.data)
+    assert st["cloud"] is None
+    assert isinstance(st["version"], str) and isinstance(st["uptime_s"], int | float)
+    assert sorted(
+        (base64.b64decode(p["ledger"]), base64.b64decode(p["page"]), p["page_text"], p["heads"])
+        for p in st["open_pages"]
+    ) == [
+        (b"notes", b"inbox", "inbox", 1),
+        (b"notes", b"work", "work", 1),
+        ("é".encode(), b"\x00\xff", None, 1),
+    ]
+
+
+# -- put and get ---------------------------------------------------------------------
+
+
+def test_put_and_get_every_way(shared: Daemon, ledger: str, tmp_path: Path) -> None:
+    rng = random.Random(7)
+    streamed = bytes(range(256)) + b"\x00\x00\r\n\x1a" + rng.randbytes(600_000) + b"\x00"
+    on_disk = rng.randbytes(1_500_000)  # over the daemon's inline limit for listings
+    src = tmp_path / "value.bin"
+    src.write_bytes(on_disk)
+
+    puts = [
+        (["put", ledger, "p", "plain", "hello wörld"], None),
+        (["put", ledger, "p", "stdin"], streamed),  # no VALUE: standard input, streamed
+        (["put", "--file", str(src), ledger, "p", "file"], None),
+        (["put", "--lazy", ledger, "p", "lazy", "later"], None),
+    ]
+    with ThreadPoolExecutor(len(puts)) as pool:
+        outputs(list(pool.map(lambda a: shared.ledgerctl(*a[0], input=a[1]), puts)))
+
+    out = tmp_path / "out.bin"
+    get, get_o, ls_json = outputs(
+        ctl_all(
+            shared,
+            ["get", ledger, "p", "stdin"],
+            ["get", "-o", str(out), ledger, "p", "file"],
+            ["ls", "--json", ledger, "p"],
+        )
+    )
+    assert get == streamed  # byte-exact, NULs and all
+    assert get_o == b"" and out.read_bytes() == on_disk
+    assert sorted(tmp_path.iterdir()) == sorted([src, out])  # no partial download left
+    assert parse_json_lines(ls_json) == [
+        (b"file", on_disk, "eager"),
+        (b"lazy", b"later", "lazy"),
+        (b"plain", "hello wörld".encode(), "eager"),
+        (b"stdin", streamed, "eager"),
+    ]
+
+
+def test_get_of_an_absent_key_exits_1(shared: Daemon, ledger: str, tmp_path: Path) -> None:
+    seed(shared, ledger, "p", [(b"here", b"v", "eager")])
+    out = tmp_path / "out"
+    runs = ctl_all(
+        shared,
+        ["get", ledger, "p", "absent"],
+        ["get", "-o", str(out), ledger, "p", "absent"],
+    )
+    for p, named in zip(runs, [b"absent", b"absent"], strict=True):
+        assert p.returncode == 1, p
+        assert p.stdout == b""
+        assert p.stderr.startswith(b"ledgerctl: ") and named in p.stderr, p
+        assert b"Traceback" not in p.stderr
+    assert list(tmp_path.iterdir()) == []  # neither the file nor a partial one
+
+
+# -- delete and clear ----------------------------------------------------------------
+
+
+def test_delete_and_clear(shared: Daemon, ledger: str) -> None:
+    seed(shared, ledger, "p", [(b"a", b"A", "eager"), (b"b", b"B", "eager"), (b"c", b"C", "eager")])
+    seed(shared, ledger, "q", [(b"x", b"X", "eager"), (b"y", b"Y", "lazy")])
+    outputs(ctl_all(shared, ["delete", ledger, "p", "b"], ["clear", ledger, "q"]))
+    assert ctl(shared, "ls", ledger, "p") == b"a\tA\nc\tC\n"
+    assert listing(shared, ledger, "q") == []
+    with Client(shared.socket) as c:
+        assert c.pages(ledger) == [b"p", b"q"]  # clearing empties a page, it does not drop it
+
+
+# -- ls ------------------------------------------------------------------------------
+
+
+def test_ls_text_format_and_ranges(shared: Daemon, ledger: str) -> None:
+    entries = [
+        (b"a/1", b"one"),
+        (b"a/2", b"two"),
+        (b"a/3", b"three"),
+        (b"b/1", b"tab\there"),
+        (b"b/2", b"line\nbreak\r"),
+        (b"back\\slash", b"c:\\dir"),
+        (b"c", "é ü".encode()),
+    ]
+    entries += [(b"n/%04d" % i, b"%d" % i) for i in range(1500)]  # more than one page of results
+    seed(shared, ledger, "p", [(k, v, "lazy" if k == b"a/2" else "eager") for k, v in entries])
+    whole, prefix, start_end, combined, ls_json = outputs(
+        ctl_all(
+            shared,
+            ["ls", ledger, "p"],
+            ["ls", ledger, "p", "--prefix", "a/"],
+            ["ls", ledger, "p", "--start", "a/2", "--end", "b/2"],
+            ["ls", ledger, "p", "--prefix", "n/", "--start", "n/0998", "--limit", "3"],
+            ["ls", "--json", ledger, "p"],
+        )
+    )
+    assert whole.decode().splitlines() == [
+        "a/1\tone",
+        "a/2\ttwo",
+        "a/3\tthree",
+        "b/1\ttab\\there",
+        "b/2\tline\\nbreak\\r",
+        "back\\\\slash\tc:\\\\dir",
+        "c\té ü",
+    ] + [f"n/{i:04d}\t{i}" for i in range(1500)]
+    assert prefix == b"a/1\tone\na/2\ttwo\na/3\tthree\n"
+    assert start_end == b"a/2\ttwo\na/3\tthree\nb/1\ttab\\there\n"  # the end is exclusive
+    assert combined == b"n/0998\t998\nn/0999\t999\nn/1000\t1000\n"
+    assert parse_json_lines(ls_json) == [
+        (k, v, "lazy" if k == b"a/2" else "eager") for k, v in sorted(entries)
+    ]
+
+
+def test_ls_text_escapes_non_printable_bytes(shared: Daemon, ledger: str) -> None:
+    seed(shared, ledger, "p", [(b"\x00\x01x", b"nul", "eager"), (b"y", b"\xff\x1b", "eager")])
+    assert ctl(shared, "ls", ledger, "p") == b"\\x00\\x01x\tnul\ny\t\\xff\\x1b\n"
+
+
+# -- hex mode ------------------------------------------------------------------------
+
+
+def test_hex_mode(shared: Daemon, ledger: str) -> None:
+    lh = ledger.encode().hex()  # page b"\x00", keys b"\x00\xff", b"\x01\x00", b"\xff"
+    seed(
+        shared,
+        ledger,
+        b"\x00",
+        [(b"\x01\x00", b"\x00\xff\x00", "eager"), (b"\xff", b"L", "lazy"), (b"\xfe", b"", "eager")],
+    )
+    outputs(
+        ctl_all(
+            shared,
+            ["--hex", "put", lh, "00", "00ff", "text value"],  # VALUE itself stays text
+            ["--hex", "delete", lh, "00", "fe"],
+        )
+    )
+    get, ls_hex, ls_range = outputs(
+        ctl_all(
+            shared,
+            ["--hex", "get", lh, "00", "0100"],
+            ["--hex", "ls", lh, "00"],
+            ["--hex", "ls", lh, "00", "--prefix", "01", "--start", "0100", "--end", "ff"],
+        )
+    )
+    assert get == b"\x00\xff\x00"
+    assert ls_hex == b"00ff\t" + b"text value".hex().encode() + b"\n0100\t00ff00\nff\t4c\n"
+    assert ls_range == b"0100\t00ff00\n"
+    assert listing(shared, ledger, b"\x00") == [
+        (b"\x00\xff", b"text value", "eager"),
+        (b"\x01\x00", b"\x00\xff\x00", "eager"),
+        (b"\xff", b"L", "lazy"),
+    ]
+
+
+# -- export and import ---------------------------------------------------------------
+
+
+def test_export_import_round_trip(shared: Daemon, ledger: str, tmp_path: Path) -> None:
+    rng = random.Random(3)
+    seed(
+        shared,
+        ledger,
+        "src",
+        [(b"k%03d" % i, rng.randbytes(i), "lazy" if i % 3 == 0 else "eager") for i in range(300)]
+        + [(b"\x00\xff\n\t", b"\x00bin\xff", "eager"), (b"empty", b"", "lazy")],
+    )
+    huge = tmp_path / "huge"
+    huge.write_bytes(rng.randbytes(1_200_000))  # not inline in listings: fetched on its own
+    with Client(shared.socket) as c:
+        c.put(ledger, "src", b"huge", huge)
+
+    env = cli_env(shared.socket)
+    exporter = subprocess.Popen(
+        cli_cmd("export", ledger, "src"), stdout=subprocess.PIPE, env=env, cwd=ROOT
+    )
+    assert exporter.stdout is not None
+    with ThreadPoolExecutor(1) as pool:
+        src_listing = pool.submit(ctl, shared, "ls", "--json", ledger, "src")
+        # A real pipe: ledgerctl export | ledgerctl import
+        importer = subprocess.run(
+            cli_cmd("import", ledger, "dst"),
+            stdin=exporter.stdout,
+            capture_output=True,
+            env=env,
+            cwd=ROOT,
+            timeout=60,
+        )
+        exporter.stdout.close()
+        assert exporter.wait(60) == 0
+        src = src_listing.result()
+    assert (importer.returncode, importer.stdout) == (0, b""), importer
+    assert importer.stderr == b"imported 303 entries\n"
+
+    dump = tmp_path / "dump.jsonl"
+    dump.write_bytes(b"\n" + src + b"\n  \n")  # blank lines are skipped
+    p = shared.ledgerctl("import", ledger, "from-file", str(dump))
+    assert (p.returncode, p.stdout, p.stderr) == (0, b"", b"imported 303 entries\n"), p
+
+    dst, from_file = outputs(
+        ctl_all(shared, ["ls", "--json", ledger, "dst"], ["ls", "--json", ledger, "from-file"])
+    )
+    assert dst == src
+    assert from_file == src
+    rows = parse_json_lines(src)
+    assert len(rows) == 303 and [r[0] for r in rows] == sorted(r[0] for r in rows)
+    assert sum(r[2] == "lazy" for r in rows) == 101
+    assert (b"huge", huge.read_bytes(), "eager") in rows
+
+
+def test_import_rejects_a_malformed_line(shared: Daemon, ledger: str, tmp_path: Path) -> None:
+    good = json_line(b"a", b"1") + b'{"key": "Yg==", "value": "Mg=="}\n'  # priority optional
+    bad_file = tmp_path / "in.jsonl"
+    bad_file.write_bytes(good + b'{"key": "%%%", "value": "YQ=="}\n' + good)
+    cases = [
+        (b"not json", "line 4:", "Expecting value"),
+        (b'{"key": "YQ==", "value": "YQ==", "priority": "urgent"}', "line 4:", "urgent"),
+        (None, "line 3:", ""),
+    ]
+    commands: list[tuple[list[str], bytes | None]] = [
+        (["import", ledger, "p"], good + b"\n" + bad + b"\n" + good)
+        for bad, _, _ in cases
+        if bad is not None
+    ] + [(["import", ledger, "p", str(bad_file)], None)]
+    with ThreadPoolExecutor(len(commands)) as pool:
+        runs = list(pool.map(lambda c: shared.ledgerctl(*c[0], input=c[1]), commands))
+    for p, (_, where, why) in zip(runs, cases, strict=True):
+        assert p.returncode == 2, p
+        assert p.stdout == b""
+        err = p.stderr.decode()
+        assert err.startswith(f"ledgerctl: {where} not an entry in the 'ls --json' format"), err
+        assert why in err and "Traceback" not in err
+    with Client(shared.socket) as c:
+        assert ledger.encode() not in c.ledgers()  # the lines before the bad one: not written
+
+
+def test_import_of_a_non_utf8_file_is_a_usage_error(
+    shared: Daemon, ledger: str, tmp_path: Path
+) -> None:
+    f = tmp_path / "in.jsonl"
+    f.write_bytes(json_line(b"a", b"1") + b"\xff\xfe\n")
+    err = ctl_fails(shared, 2, "import", ledger, "p", str(f))
+    assert "line 2" in err
+
+
+# -- heads, log and reads at a commit ------------------------------------------------
+
+
+def test_heads_log_and_reads_at_a_commit(shared: Daemon, ledger: str) -> None:
+    with Client(shared.socket) as c:
+        c.put(ledger, "p", b"k", b"v1")
+        first = c.heads(ledger, "p")[0]["id"]  # heads commits acknowledged writes first
+        c.put(ledger, "p", b"k", b"v2")
+        c.heads(ledger, "p")
+        c.put(ledger, "p", b"other", b"x")
+        head = c.heads(ledger, "p")[0]["id"]
+    heads, log, log2, at_get = outputs(
+        ctl_all(
+            shared,
+            ["heads", ledger, "p"],
+            ["log", ledger, "p"],
+            ["log", "--limit", "2", ledger, "p"],
+            ["get", "--at", first, ledger, "p", "k"],
+        )
+    )
+    assert heads.decode() == f"{head}\n" and COMMIT_ID.fullmatch(head)
+
+    pattern = re.compile(
+        r"(?P<id>[0-9a-f]{64})  gen (?P<gen>\d+)  "
+        r"(?P<when>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00)(?P<merge> merge)?"
+        r"  parents (?P<parents>-|[0-9a-f]{12}(,[0-9a-f]{12})*)"
+    )
+    commits = []
+    for line in log.decode().splitlines():
+        m = pattern.fullmatch(line)
+        assert m, line
+        commits.append(m)
+    assert [int(m["gen"]) for m in commits] == [3, 2, 1, 0]  # newest first
+    assert commits[0]["id"] == head and commits[2]["id"] == first
+    assert commits[-1]["parents"] == "-"  # the page's first commit: generation 0
+    for newer, older in zip(commits, commits[1:], strict=False):
+        assert newer["parents"] == older["id"][:12] and not newer["merge"]
+    assert log2.decode().splitlines() == log.decode().splitlines()[:2]
+
+    assert at_get == b"v1"
+
+
+def test_get_to_file_at_a_commit(shared: Daemon, ledger: str, tmp_path: Path) -> None:
+    with Client(shared.socket) as c:
+        c.put(ledger, "p", b"k", b"old")
+        first = c.heads(ledger, "p")[0]["id"]
+        c.put(ledger, "p", b"k", b"new")
+    out = tmp_path / "o"
+    ctl(shared, "get", "--at", first, "-o", str(out), ledger, "p", "k")
+    assert out.read_bytes() == b"old"
+
+
+# -- watch ---------------------------------------------------------------------------
+
+
+class Watcher:
+    """A ``ledgerctl watch`` subprocess whose stdout is read line by line with timeouts."""
+
+    def __init__(self, d: Daemon, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            cli_cmd("watch", *args),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=cli_env(d.socket),
+            cwd=ROOT,
+        )
+        assert self.proc.stdout is not None
+        self.fd = self.proc.stdout.fileno()
+        self.buf = b""
+        self.lines: list[str] = []
+
+    def next_line(self, deadline: float) -> str | None:
+        """The next line of output, or None if none is complete by ``deadline``."""
+        while not self.lines:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            ready, _, _ = select.select([self.fd], [], [], remaining)
+            if not ready:
+                return None
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                self.proc.wait(10)
+                assert self.proc.stderr is not None
+                pytest.fail(
+                    f"watch exited with {self.proc.returncode}: {self.proc.stderr.read()!r}"
+                )
+            self.buf += chunk
+            *complete, self.buf = self.buf.split(b"\n")
+            self.lines.extend(x.decode() for x in complete)
+        return self.lines.pop(0)
+
+    def read_until(self, match: Callable[[str], bool], deadline: float) -> list[str] | None:
+        """The lines before the first that ``match``es (consumed too); None at the deadline."""
+        before: list[str] = []
+        while (line := self.next_line(deadline)) is not None:
+            if match(line):
+                return before
+            before.append(line)
+        self.lines[:0] = before  # keep them for the next attempt
+        return None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        self.proc.wait(10)
+        for f in (self.proc.stdout, self.proc.stderr):
+            if f is not None:
+                f.close()
+
+
+def json_events(line: str) -> list[tuple[str, bytes, bytes | None]]:
+    """One ``watch --json`` line (a commit) as ("put", key, value) / ("delete", key, None)."""
+    doc = json.loads(line)
+    assert COMMIT_ID.fullmatch(doc["commit"]), line
+    out: list[tuple[str, bytes, bytes | None]] = []
+    for c in doc["changed"]:
+        assert set(c) == {"key", "value", "priority", "size"} and c["priority"] == "eager"
+        value = base64.b64decode(c["value"])
+        assert c["size"] == len(value)
+        out.append(("put", base64.b64decode(c["key"]), value))
+    out.extend(("delete", base64.b64decode(k), None) for k in doc["deleted"])
+    return out
+
+
+def test_watch_prints_changes_in_order(shared: Daemon, ledger: str) -> None:
+    client = Client(shared.socket)
+
+    def commit(key: bytes, value: bytes | None) -> None:
+        """One write in a commit of its own (heads commits acknowledged writes first)."""
+        if value is None:
+            client.delete(ledger, "p", key)
+        else:
+            client.put(ledger, "p", key, value)
+        client.heads(ledger, "p")
+
+    commit(b"init", b"0")  # the page exists before anyone watches
+    watchers = [
+        Watcher(shared, ledger, "p"),
+        Watcher(shared, ledger, "p", "--prefix", "w/"),
+        Watcher(shared, ledger, "p", "--json"),
+    ]
+    *text_watchers, json_watcher = watchers
+
+    def text_is(want: str) -> Callable[[str], bool]:
+        return lambda line: line == want
+
+    def json_is(*events: tuple[str, bytes, bytes | None]) -> Callable[[str], bool]:
+        return lambda line: json_events(line) == list(events)
+
+    try:
+        # Subscribed yet? Write sentinels under the watched prefix until every watcher
+        # shows the latest one; earlier sentinels, if any, arrive in order before it.
+        for attempt in range(100):
+            commit(b"w/sentinel", b"s%d" % attempt)
+            deadline = time.monotonic() + 0.5
+            matches = [text_is(f"put\tw/sentinel\ts{attempt}")] * len(text_watchers) + [
+                json_is(("put", b"w/sentinel", b"s%d" % attempt))
+            ]
+            seen = [w.read_until(m, deadline) for w, m in zip(watchers, matches, strict=True)]
+            if all(s is not None for s in seen):
+                for s in seen[:-1]:
+                    assert s is not None and all(x.startswith("put\tw/sentinel\ts") for x in s)
+                break
+        else:
+            pytest.fail("the watchers never reported the sentinel")
+
+        commit(b"w/a", b"1")
+        commit(b"other", b"2")  # outside the prefix
+        commit(b"w/b", b"tab\there\nnl")
+        commit(b"w/a", None)
+        commit(b"other", None)
+        commit(b"w/end", b"done")
+
+        deadline = time.monotonic() + 20
+        everything, prefixed = (
+            w.read_until(text_is("put\tw/end\tdone"), deadline) for w in text_watchers
+        )
+        assert everything == [
+            "put\tw/a\t1",
+            "put\tother\t2",
+            "put\tw/b\ttab\\there\\nnl",
+            "delete\tw/a",
+            "delete\tother",
+        ]
+        assert prefixed == ["put\tw/a\t1", "put\tw/b\ttab\\there\\nnl", "delete\tw/a"]
+
+        commits = json_watcher.read_until(json_is(("put", b"w/end", b"done")), deadline)
+        assert commits is not None
+        assert [json_events(c) for c in commits] == [
+            [("put", b"w/a", b"1")],
+            [("put", b"other", b"2")],
+            [("put", b"w/b", b"tab\there\nnl")],
+            [("delete", b"w/a", None)],
+            [("delete", b"other", None)],
+        ]
+        for w in watchers:
+            assert w.proc.poll() is None  # still watching
+    finally:
+        for w in watchers:
+            w.stop()
+        client.close()
+
+
+# -- exit statuses -------------------------------------------------------------------
+
+
+def test_exit_statuses_without_a_daemon(tmp_path: Path) -> None:
+    """Bad usage exits 2 before any connection; an unreachable daemon exits 3 with a hint."""
+    sock = tmp_path / "missing.sock"
+    f = tmp_path / "f"
+    f.write_bytes(b"x")
+    cases: list[tuple[list[str], int, str]] = [
+        (["--hex", "get", "6c", "70", "zz"], 2, "ledgerctl: key 'zz' is not valid hex\n"),
+        (["--hex", "ls", "abc", "70"], 2, "ledgerctl: ledger 'abc' is not valid hex\n"),
+        (["put", "--file", str(f), "l", "p", "k", "v"], 2, "ledgerctl: give either VALUE or"),
+        (["put", "--file", str(tmp_path / "nope"), "l", "p", "k"], 2, "ledgerctl: --file "),
+        (["status"], 3, f"ledgerctl: cannot reach ledgerd at {sock}: "),  # $LEDGERD_SOCKET
+        (["--socket", str(tmp_path / "x"), "watch", "l", "p"], 3, "ledgerctl: cannot reach"),
+    ]
+
+    def run(args: list[str]) -> Run:
+        return subprocess.run(
+            cli_cmd(*args), capture_output=True, env=cli_env(sock), cwd=ROOT, timeout=60
+        )
+
+    with ThreadPoolExecutor(len(cases)) as pool:
+        runs = list(pool.map(run, [c[0] for c in cases]))
+    for p, (_, code, message) in zip(runs, cases, strict=True):
+        assert p.returncode == code, p
+        assert p.stdout == b""
+        err = p.stderr.decode()
+        assert message in err and "Traceback" not in err, err
+        if code == 3:
+            assert err.endswith("(is ledgerd running? start it with: ledgerd)\n"), err
+    assert "no such file" in runs[3].stderr.decode()
+
+
+# -- progress bar --------------------------------------------------------------------
+
+
+def run_on_pty(d: Daemon, *args: str) -> tuple[int, bytes]:
+    """Run ``ledgerctl`` with stderr on a pseudo-terminal; returns (status, what it showed)."""
+    master, slave = os.openpty()
+    try:
+        proc = subprocess.Popen(
+            cli_cmd(*args),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=slave,
+            env=cli_env(d.socket),
+            cwd=ROOT,
+        )
+        os.close(slave)
+        slave = -1
+        shown = b""
+        deadline = time.monotonic() + 60
+        while True:
+            ready, _, _ = select.select([master], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, f"ledgerctl {args} still running; showed {shown!r}"
+            try:
+                chunk = os.read(master, 65536)
+            except OSError as e:  # EIO: every copy of the terminal's slave side is closed
+                assert e.errno == errno.EIO
+                break
+            if not chunk:
+                break
+            shown += chunk
+        return proc.wait(60), shown
+    finally:
+        os.close(master)
+        if slave >= 0:
+            os.close(slave)
+
+
+def test_progress_bar_only_on_a_terminal_for_large_transfers(
+    shared: Daemon, ledger: str, tmp_path: Path
+) -> None:
+    big = tmp_path / "big"
+    big.write_bytes(random.Random(5).randbytes(8 * MiB + 12345))
+    small = tmp_path / "small"
+    small.write_bytes(b"s" * (8 * MiB - 1))
+    with ThreadPoolExecutor(3) as pool:
+        on_tty = pool.submit(run_on_pty, shared, "put", "--file", str(big), ledger, "p", "big")
+        small_on_tty = pool.submit(
+            run_on_pty, shared, "put", "--file", str(small), ledger, "p", "small"
+        )
+        # Not a terminal: nothing at all on stderr (ctl checks).
+        no_tty = pool.submit(ctl, shared, "put", "--file", str(big), ledger, "p", "big2")
+        code, shown = on_tty.result()
+        assert small_on_tty.result() == (0, b"")  # under 8 MiB: silent even on a terminal
+        assert no_tty.result() == b""
+
+    assert code == 0, shown
+    text = shown.decode()
+    assert "put [" in text and "%" in text, text
+    assert re.search(r"put \[#{30}\] 100\.0% +8\.0 MiB\r?\n$", text), text  # ends complete
+    assert "Traceback" not in text
+    with Client(shared.socket) as c:
+        assert c.get(ledger, "p", b"big") == c.get(ledger, "p", b"big2") == big.read_bytes()
+
+    out = tmp_path / "out"
+    code, shown = run_on_pty(shared, "get", "-o", str(out), ledger, "p", "big")
+    assert code == 0 and re.search(r"get \[#{30}\] 100\.0%", shown.decode()), shown
+    assert out.read_bytes() == big.read_bytes()
