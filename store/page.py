@@ -461,7 +461,7 @@ class Page(View):
                     prepared.append((key, None))
                     continue
                 if type(value) is bytes and len(value) <= small:  # the common case, inline
-                    d = dg.chunk_digest(dg.Kind.VALUE, value)
+                    d = dg.value_chunk_digest(value)
                     if len(value) > dg.INLINE_LIMIT:
                         pieces.append(split.Piece(d, value))
                     prepared.append((key, Entry(key, d, _PRIORITY[prio])))

@@ -36,3 +36,9 @@ def test_type_byte_tells_kind_and_index() -> None:
 def test_validate_rejects_malformed(bad: bytes) -> None:
     with pytest.raises(InvalidDigestError):
         dg.validate(bad)
+
+
+def test_fast_value_digest_matches() -> None:
+    for n in (0, 1, 32, 33, 100, 4096):
+        data = bytes(range(256)) * 20
+        assert dg.value_chunk_digest(data[:n]) == dg.chunk_digest(dg.Kind.VALUE, data[:n])
