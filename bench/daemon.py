@@ -94,6 +94,7 @@ async def _single(sock: Path, ops: int, concurrency: int, prefix: str) -> dict[s
             out[f"{method.lower()}_p50_us"] = _pct(lat, 0.5)
             out[f"{method.lower()}_p99_us"] = _pct(lat, 0.99)
             lat2: list[float] = []
+
             async def bounded(
                 i: int,
                 m: str = method,
@@ -116,8 +117,11 @@ async def _batch(sock: Path, batches: int, size: int) -> float:
         t0 = time.perf_counter()
         for b in range(batches):
             ops = [
-                {"op": "put", "key": base64.b64encode(b"b%04d-%06d" % (b, i)).decode(),
-                 "value": value}
+                {
+                    "op": "put",
+                    "key": base64.b64encode(b"b%04d-%06d" % (b, i)).decode(),
+                    "value": value,
+                }
                 for i in range(size)
             ]
             url = URL("http://ledgerd/v1/ledgers/bench/pages/batch/batch", encoded=True)
@@ -137,9 +141,19 @@ def main() -> None:
         base = Path(d)
         env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGERD_")}
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "daemon", "--data-dir", str(base / "data"),
-             "--socket", str(base / "ledgerd.sock"), "--log-level", "warning"],
-            cwd=ROOT, env=env,
+            [
+                sys.executable,
+                "-m",
+                "daemon",
+                "--data-dir",
+                str(base / "data"),
+                "--socket",
+                str(base / "ledgerd.sock"),
+                "--log-level",
+                "warning",
+            ],
+            cwd=ROOT,
+            env=env,
         )
         echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, str(base / "echo.sock")])
         try:
@@ -156,20 +170,21 @@ def main() -> None:
             for p in (daemon, echo):
                 p.send_signal(signal.SIGTERM)
                 p.wait(60)
-    ratios = {
-        f"{k}_ratio": round(ours[k] / bare[k], 3) for k in ours if k.endswith("ops_per_s")
-    }
-    emit("daemon", {
-        "ops": args.ops,
-        "concurrency": args.concurrency,
-        "ledgerd": ours,
-        "bare_aiohttp_echo": bare,
-        **ratios,
-        "target_single_op_ratio": 0.5,
-        "batch_entries_per_s": round(batch),
-        "batch_size": args.batch_size,
-        "target_batch_entries_per_s": 100_000,
-    })
+    ratios = {f"{k}_ratio": round(ours[k] / bare[k], 3) for k in ours if k.endswith("ops_per_s")}
+    emit(
+        "daemon",
+        {
+            "ops": args.ops,
+            "concurrency": args.concurrency,
+            "ledgerd": ours,
+            "bare_aiohttp_echo": bare,
+            **ratios,
+            "target_single_op_ratio": 0.5,
+            "batch_entries_per_s": round(batch),
+            "batch_size": args.batch_size,
+            "target_batch_entries_per_s": 100_000,
+        },
+    )
 
 
 if __name__ == "__main__":

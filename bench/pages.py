@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from bench.common import emit, peak_rss_mib, timed
-from store import Repository
+from store import Page, Repository
 
 
 def _rows(n: int, seed: int = 1) -> list[tuple[bytes, bytes]]:
@@ -50,27 +50,28 @@ async def _counts(page: object) -> tuple[int, int]:
     return int(rows[0][0]), int(rows[0][1])
 
 
+async def _load(page: Page, rows: list[tuple[bytes, bytes]], txn: int) -> float:
+    """Seconds to write ``rows`` in transactions of ``txn`` entries."""
+    with timed() as t:
+        for i in range(0, len(rows), txn):
+            async with page.transaction() as tx:
+                for k, v in rows[i : i + txn]:
+                    await tx.put(k, v)
+    return t.seconds
+
+
 async def _bench(directory: Path, rows: list[tuple[bytes, bytes]], txn: int) -> dict[str, object]:
     out: dict[str, object] = {}
     sorted_rows = sorted(rows)
     async with await Repository.open(directory / "repo") as repo:
         page = await repo.ledger("bench").page("bulk")
-        with timed() as t:
-            for i in range(0, len(rows), txn):
-                async with page.transaction() as tx:
-                    for k, v in rows[i : i + txn]:
-                        await tx.put(k, v)
-        out["bulk_load_s"] = round(t.seconds, 3)
-        out["bulk_load_entries_per_s"] = round(len(rows) / t.seconds)
+        seconds = await _load(page, rows, txn)
+        out["bulk_load_s"] = round(seconds, 3)
+        out["bulk_load_entries_per_s"] = round(len(rows) / seconds)
 
         # The same rows in key order (an import of an export): only the right edge moves.
         ordered = await repo.ledger("bench").page("sorted")
-        with timed() as t:
-            for i in range(0, len(sorted_rows), txn):
-                async with ordered.transaction() as tx:
-                    for k, v in sorted_rows[i : i + txn]:
-                        await tx.put(k, v)
-        out["sorted_bulk_load_s"] = round(t.seconds, 3)
+        out["sorted_bulk_load_s"] = round(await _load(ordered, sorted_rows, txn), 3)
 
         # One-entry update: objects and bytes added.
         n0, b0 = await _counts(page)
@@ -106,6 +107,16 @@ async def _bench(directory: Path, rows: list[tuple[bytes, bytes]], txn: int) -> 
         out["get_p50_us"] = round(lat[len(lat) // 2] * 1e6)
         out["get_p99_us"] = round(lat[int(len(lat) * 0.99)] * 1e6)
         out["get_mean_us"] = round(statistics.mean(lat) * 1e6)
+        # The same gets again: the tree nodes are cached now.
+        warm = []
+        for _ in range(2000):
+            k = rows[rng.randrange(len(rows))][0]
+            t0 = time.perf_counter()
+            await page.get(k)
+            warm.append(time.perf_counter() - t0)
+        warm.sort()
+        out["warm_get_p50_us"] = round(warm[len(warm) // 2] * 1e6)
+        out["warm_get_p99_us"] = round(warm[int(len(warm) * 0.99)] * 1e6)
     return out
 
 

@@ -85,13 +85,8 @@ class Node:
 
 
 def key_level(key: bytes) -> int:
-    h = xxhash.xxh3_64_intdigest(key)
-    level = 0
-    mask = (1 << LEVEL_BITS) - 1
-    while level < MAX_LEVEL and h & mask == 0:
-        level += 1
-        h >>= LEVEL_BITS
-    return level
+    """The level of ``key`` in every tree: zero 6-bit groups at the bottom of its hash."""
+    return split.zero_groups(xxhash.xxh3_64_intdigest(key), LEVEL_BITS, MAX_LEVEL)
 
 
 def encode_node(node: Node) -> bytes:

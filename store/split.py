@@ -65,15 +65,19 @@ class Child:
     size: int
 
 
+def zero_groups(h: int, bits: int, cap: int) -> int:
+    """How many low groups of ``bits`` bits of ``h`` are all zero (at most ``cap``)."""
+    level = 0
+    mask = (1 << bits) - 1
+    while level < cap and h & mask == 0:
+        level += 1
+        h >>= bits
+    return level
+
+
 def boundary_level(digest: bytes) -> int:
     """How many index levels end after the child named ``digest`` (0 = none)."""
-    h = xxhash.xxh64_intdigest(digest)
-    level = 0
-    mask = (1 << FANOUT_BITS) - 1
-    while level < MAX_LEVEL and h & mask == 0:
-        level += 1
-        h >>= FANOUT_BITS
-    return level
+    return zero_groups(xxhash.xxh64_intdigest(digest), FANOUT_BITS, MAX_LEVEL)
 
 
 def encode_index(children: list[Child]) -> bytes:
