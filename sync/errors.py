@@ -1,0 +1,40 @@
+"""Exceptions raised by the sync layer.
+
+Every error derives from :class:`SyncError`. Whether an error may go away on
+retry is in the type: :class:`TransientCloudError` (timeouts, connection resets,
+5xx, throttling) is retried with backoff; everything else is permanent and is
+reported (access denied, no such bucket, a corrupt pack).
+"""
+
+from __future__ import annotations
+
+
+class SyncError(Exception):
+    """Cloud sync failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or self.__class__.__name__).strip())
+
+
+class CloudError(SyncError):
+    """The cloud store refused or failed a request."""
+
+
+class TransientCloudError(CloudError):
+    """A temporary cloud failure; the same request may succeed later."""
+
+
+class PermanentCloudError(CloudError):
+    """A cloud failure that retrying will not fix."""
+
+
+class CloudNotFoundError(PermanentCloudError):
+    """No such object in the cloud store."""
+
+
+class AlreadyExistsError(PermanentCloudError):
+    """The object already exists; objects are written once."""
+
+
+class InvalidNameError(PermanentCloudError, ValueError):
+    """Not a valid object name."""

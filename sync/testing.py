@@ -1,0 +1,96 @@
+"""Test doubles of :class:`~sync.cloud.CloudStore`: counting requests and injecting faults.
+
+They wrap any real store, so the contract holds underneath. ``CountingStore``
+proves request budgets (how many PUTs, GETs, LISTs an operation costs);
+``FaultyStore`` fails a fraction of calls transiently and can cut uploads short.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import AsyncIterator
+
+from sync.cloud import CloudStore
+from sync.errors import TransientCloudError
+
+
+class CountingStore(CloudStore):
+    def __init__(self, inner: CloudStore) -> None:
+        self.inner = inner
+        self.counts: Counter[str] = Counter()
+        self.bytes_put = 0
+        self.bytes_got = 0
+
+    def reset(self) -> None:
+        self.counts.clear()
+        self.bytes_put = self.bytes_got = 0
+
+    async def put(self, name: str, data: bytes) -> None:
+        self.counts["put"] += 1
+        self.bytes_put += len(data)
+        await self.inner.put(name, data)
+
+    async def get(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
+        self.counts["get"] += 1
+        data = await self.inner.get(name, offset, length)
+        self.bytes_got += len(data)
+        return data
+
+    async def list(self, prefix: str = "", after: str = "") -> AsyncIterator[str]:
+        self.counts["list"] += 1
+        async for n in self.inner.list(prefix, after):
+            yield n
+
+    async def delete(self, name: str) -> None:
+        self.counts["delete"] += 1
+        await self.inner.delete(name)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+class FaultyStore(CloudStore):
+    """Fails ``rate`` of calls with a transient error, before or after doing them.
+
+    A put that "fails after" was stored: the caller sees an error for an upload
+    that happened, as after a connection reset on the response.
+    """
+
+    def __init__(self, inner: CloudStore, rate: float = 0.3, seed: int = 0) -> None:
+        self.inner = inner
+        self.rate = rate
+        self.rng = random.Random(seed)
+        self.failures = 0
+
+    def _fail(self) -> bool:
+        if self.rng.random() < self.rate:
+            self.failures += 1
+            return True
+        return False
+
+    async def put(self, name: str, data: bytes) -> None:
+        if self._fail():
+            raise TransientCloudError(f"injected failure before put {name}")
+        await self.inner.put(name, data)
+        if self._fail():
+            raise TransientCloudError(f"injected failure after put {name}")
+
+    async def get(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
+        if self._fail():
+            raise TransientCloudError(f"injected failure on get {name}")
+        return await self.inner.get(name, offset, length)
+
+    async def list(self, prefix: str = "", after: str = "") -> AsyncIterator[str]:
+        if self._fail():
+            raise TransientCloudError(f"injected failure on list {prefix}")
+        async for n in self.inner.list(prefix, after):
+            yield n
+
+    async def delete(self, name: str) -> None:
+        if self._fail():
+            raise TransientCloudError(f"injected failure on delete {name}")
+        await self.inner.delete(name)
+
+    async def close(self) -> None:
+        await self.inner.close()

@@ -1,0 +1,109 @@
+"""Retries, error classification and name checks at the cloud boundary."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from pathlib import Path
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from sync.cloud import Retrying, check_name
+from sync.errors import (
+    AlreadyExistsError,
+    CloudNotFoundError,
+    InvalidNameError,
+    PermanentCloudError,
+    TransientCloudError,
+)
+from sync.folder import FolderStore
+from sync.s3 import S3Store
+from sync.testing import CountingStore, FaultyStore
+from sync.url import open_store
+
+
+async def test_transient_failures_are_retried(tmp_path: Path) -> None:
+    counting = CountingStore(FolderStore(tmp_path))
+    faulty = FaultyStore(counting, rate=0.3, seed=1)
+    store = Retrying(faulty, deadline=30, first=0.001, most=0.01)
+    for i in range(50):
+        # AlreadyExists: an earlier attempt stored it, then its reply was lost.
+        with contextlib.suppress(AlreadyExistsError):
+            await store.put(f"o/{i:04d}", b"%d" % i)
+    assert faulty.failures > 5
+    assert [n async for n in store.list("o/")] == [f"o/{i:04d}" for i in range(50)]
+    for i in range(50):
+        assert await store.get(f"o/{i:04d}") == b"%d" % i
+
+
+async def test_permanent_failures_are_not_retried(tmp_path: Path) -> None:
+    counting = CountingStore(FolderStore(tmp_path))
+    store = Retrying(counting, deadline=30, first=0.001)
+    with pytest.raises(CloudNotFoundError):
+        await store.get("missing")
+    assert counting.counts["get"] == 1
+
+
+async def test_retries_stop_at_the_deadline(tmp_path: Path) -> None:
+    store = Retrying(FaultyStore(FolderStore(tmp_path), rate=1.0), deadline=0.2, first=0.01)
+    with pytest.raises(TransientCloudError):
+        await store.put("x", b"y")
+
+
+async def test_s3_errors_are_classified(aws_env: None) -> None:
+    with mock_aws():
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="exists")
+        missing = S3Store("no-such-bucket", region="us-east-1")
+        with pytest.raises(PermanentCloudError, match="NoSuchBucket"):
+            await missing.put("x", b"y")
+        await missing.close()
+    # Nothing listens on this port: a connection error is transient.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dead = S3Store("b", endpoint_url=f"http://127.0.0.1:{port}", region="us-east-1", timeout=2)
+    with pytest.raises(TransientCloudError):
+        await dead.get("x")
+    await dead.close()
+
+
+async def test_s3_listing_pages_and_skips_foreign_names(aws_env: None) -> None:
+    with mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket="bkt")
+        store = S3Store("bkt", "root", region="us-east-1", page_size=7)
+        for i in range(30):
+            await store.put(f"k/{i:03d}", b"")
+        client.put_object(Bucket="bkt", Key="root/k/bad name", Body=b"")
+        names = [n async for n in store.list("k/")]
+        assert names == [f"k/{i:03d}" for i in range(30)]
+        assert [n async for n in store.list("k/", after="k/027")] == ["k/028", "k/029"]
+        await store.close()
+
+
+async def test_folder_skips_temporary_and_foreign_files(tmp_path: Path) -> None:
+    store = FolderStore(tmp_path)
+    await store.put("a/x", b"1")
+    (tmp_path / "a" / ".tmp-123").write_bytes(b"partial")
+    (tmp_path / "a" / "bad name").write_bytes(b"foreign")
+    assert [n async for n in store.list()] == ["a/x"]
+
+
+def test_names() -> None:
+    assert check_name("ledgers/bm90ZXM/log/0011/00000001") == "ledgers/bm90ZXM/log/0011/00000001"
+    with pytest.raises(InvalidNameError):
+        check_name("a/../b")
+
+
+async def test_open_store_from_url(tmp_path: Path) -> None:
+    store = open_store(f"file://{tmp_path}/cloud")
+    await store.put("x", b"1")
+    assert (tmp_path / "cloud" / "x").read_bytes() == b"1"
+    s3 = open_store("s3://bucket/some/prefix", endpoint_url="http://127.0.0.1:1")
+    assert isinstance(s3, Retrying) and isinstance(s3.inner, S3Store)
+    assert s3.inner.prefix == "some/prefix/"
+    await s3.close()
+    with pytest.raises(PermanentCloudError):
+        open_store("ftp://x/y")
