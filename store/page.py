@@ -791,6 +791,28 @@ class Page(View):
                 await self._notify_change(old_root)
             return c.id
 
+    # -- remote commits (sync) ---------------------------------------------------
+
+    async def adopt_remote(
+        self, work: Callable[[sqlite3.Connection], None], new: list[Commit]
+    ) -> None:
+        """Store verified remote commits (``work`` writes them), then merge heads.
+
+        Watchers hear once about the resulting state. Used by :mod:`store.exchange`.
+        """
+        async with self._commit_lock:
+            if self._closed:
+                raise ClosedError(f"page {self.id!r} is closed")
+            old_root = self.head.root
+            await self.db.run(work, write=True)
+            for c in new:
+                self._commits[c.id] = c
+            rows = await self.db.read_all("SELECT commit_id FROM heads")
+            self._heads = sorted([await self.load_commit(bytes(r[0])) for r in rows], key=_order)
+            if len(self._heads) > 1:
+                await self._merge_heads()
+            await self._notify_change(old_root)
+
     # -- merging ---------------------------------------------------------------
 
     async def _merge_heads(self) -> None:

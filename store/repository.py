@@ -21,6 +21,7 @@ import binascii
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from store.db import Database, Synchronous
@@ -66,6 +67,8 @@ class Repository:
         self._pages: dict[tuple[bytes, bytes], Page] = {}
         self._opening: dict[tuple[bytes, bytes], asyncio.Lock] = {}
         self._closing: set[asyncio.Task[None]] = set()
+        self.on_open: list[Callable[[Page], None]] = []
+        """Called with every page this repository opens (sync installs its hooks here)."""
 
     @classmethod
     async def open(cls, root: Path, *, synchronous: Synchronous = "NORMAL") -> Repository:
@@ -131,6 +134,8 @@ class Repository:
             )
             page.on_close.append(self._closed_page)
             self._pages[key] = page
+            for hook in self.on_open:
+                hook(page)
             async with self.usage.write() as conn:
                 await conn.execute(
                     "INSERT OR REPLACE INTO page_usage (ledger, page, closed_at) VALUES (?, ?, 0)",
@@ -156,6 +161,17 @@ class Repository:
                 )
         except Exception as e:
             log.warning("could not record that page %r was closed: %s", page.id, e)
+
+    async def get_meta(self, name: str) -> bytes | None:
+        """A small named value of the repository (sync keeps its cursors here)."""
+        rows = await self.usage.read_all("SELECT value FROM repository WHERE name = ?", (name,))
+        return bytes(rows[0][0]) if rows else None
+
+    async def set_meta(self, name: str, value: bytes) -> None:
+        async with self.usage.write() as conn:
+            await conn.execute(
+                "INSERT OR REPLACE INTO repository (name, value) VALUES (?, ?)", (name, value)
+            )
 
     async def usage_of(self, ledger: bytes | str, page_id: bytes | str) -> int | None:
         """When the page was last closed (UNIX ms), 0 while open, None if unknown."""

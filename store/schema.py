@@ -122,6 +122,14 @@ CREATE TABLE sync_metadata (
     value BLOB NOT NULL
 ) WITHOUT ROWID;
 
+-- remote_pieces: where a piece that is in the cloud but not stored here can be
+--   fetched (LAZY values): an opaque location owned by sync (pack name and byte
+--   range). A row is dropped once the piece is stored locally.
+CREATE TABLE remote_pieces (
+    digest   BLOB PRIMARY KEY,
+    location TEXT NOT NULL
+) WITHOUT ROWID;
+
 -- page_metadata: small named values owned by the store (merge policy, page creation).
 CREATE TABLE page_metadata (
     name  TEXT PRIMARY KEY,

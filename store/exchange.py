@@ -1,0 +1,242 @@
+"""What a page gives to and takes from sync: pending uploads and verified imports.
+
+This module owns the store side of cloud sync without any network code: listing
+what a page has not uploaded yet (commits and pieces, split into EAGER and LAZY),
+recording an upload, and importing commits and pieces that came from elsewhere
+after verifying them (digests, commit ids, references). Sync
+(:mod:`sync.engine`) moves the bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from store import btree, commit, split
+from store import digest as dg
+from store.btree import Priority
+from store.commit import Commit
+from store.errors import CorruptObjectError, StoreError
+from store.page import Page
+from store.schema import LOCAL, SYNCED
+
+log = logging.getLogger(__name__)
+
+
+class MissingParentError(StoreError):
+    """A commit's parent is not here yet: import it after the parent arrives."""
+
+
+@dataclass
+class Upload:
+    """What a page has not uploaded: commits (oldest first) and pieces by priority."""
+
+    commits: list[Commit]
+    eager: list[bytes] = field(default_factory=list)
+    lazy: list[bytes] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.commits and not self.eager and not self.lazy
+
+
+async def pending_upload(page: Page) -> Upload:
+    """Unsynced commits, and the local (not yet synced) pieces they brought."""
+    await page.flush()
+    rows = await page.db.read_all(
+        "SELECT commit_id FROM unsynced_commits ORDER BY generation, commit_id"
+    )
+    commits = [await page.load_commit(bytes(r[0])) for r in rows]
+    rows = await page.db.read_all(
+        f"SELECT s.digest FROM object_status s JOIN objects o ON o.digest = s.digest "
+        f"WHERE s.status = {LOCAL}"
+    )
+    local = {bytes(r[0]) for r in rows}
+    lazy_roots: set[bytes] = set()
+    for c in commits:
+        base = (await page.load_commit(c.parents[0])).root if c.parents else btree.EMPTY
+        async for ch in btree.diff(page.nodes, base, c.root):
+            if ch.new is not None and ch.new.priority == Priority.LAZY:
+                lazy_roots.add(ch.new.value)
+    lazy: set[bytes] = set()
+    for root in lazy_roots:
+        lazy.update(d for d in await _value_pieces(page, root) if d in local)
+    eager = sorted(local - lazy)
+    return Upload(commits, eager, sorted(lazy))
+
+
+async def _value_pieces(page: Page, root: bytes) -> list[bytes]:
+    out: list[bytes] = []
+    stack = [root]
+    while stack:
+        d = stack.pop()
+        if dg.is_inline(d):
+            continue
+        out.append(d)
+        if dg.is_index(d):
+            stack.extend(c.digest for c in split.decode_index(await page.objects.get_piece(d)))
+    return out
+
+
+async def read_pieces(page: Page, digests: list[bytes]) -> dict[bytes, bytes]:
+    return await page.objects.get_pieces(digests)
+
+
+async def mark_uploaded(page: Page, commit_ids: Iterable[bytes], digests: Iterable[bytes]) -> None:
+    """After a successful upload: pieces become ``synced``, commits leave ``unsynced``."""
+    ids = [(c,) for c in commit_ids]
+    ds = [(d,) for d in digests]
+
+    def work(conn: sqlite3.Connection) -> None:
+        conn.executemany(
+            f"INSERT INTO object_status (digest, status) VALUES (?, {SYNCED}) "
+            f"ON CONFLICT (digest) DO UPDATE SET status = {SYNCED}",
+            ds,
+        )
+        conn.executemany("DELETE FROM unsynced_commits WHERE commit_id = ?", ids)
+
+    await page.db.run(work, write=True)
+
+
+async def sync_value(page: Page, name: str) -> bytes | None:
+    rows = await page.db.read_all("SELECT value FROM sync_metadata WHERE name = ?", (name,))
+    return bytes(rows[0][0]) if rows else None
+
+
+async def set_sync_value(page: Page, name: str, value: bytes) -> None:
+    await page.db.run(
+        lambda conn: conn.execute(
+            "INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)", (name, value)
+        ),
+        write=True,
+    )
+
+
+async def import_remote(
+    page: Page,
+    commit_data: list[bytes],
+    pieces: dict[bytes, bytes],
+    lazy: dict[bytes, str],
+    marker: tuple[str, bytes] | None = None,
+) -> list[Commit]:
+    """Verify and store commits and pieces that came from the cloud; merge heads.
+
+    ``pieces`` are EAGER contents (verified against their digests here); ``lazy``
+    maps digests of pieces left in the cloud to their location. Every commit id is
+    recomputed, its parents must be here or in the batch, and every tree node its
+    root reaches must be here or in ``pieces``. Nothing is stored unless all of it
+    checks out. ``marker`` is a sync_metadata row written in the same transaction
+    (the cursor). Returns the commits that were new.
+    """
+    bad = [d for d, v in pieces.items() if not dg.verify(d, v)]
+    if bad:
+        raise CorruptObjectError(f"piece {dg.short(bad[0])} does not match its digest")
+    commits = [commit.decode(data) for data in commit_data]
+    known = {c.id for c in commits}
+    new: list[Commit] = []
+    for c in commits:
+        try:
+            await page.load_commit(c.id)
+            continue
+        except StoreError:
+            pass
+        for p in c.parents:
+            if p in known:
+                continue
+            try:
+                await page.load_commit(p)
+            except StoreError:
+                raise MissingParentError(f"commit {c.id.hex()[:12]} needs {p.hex()[:12]}") from None
+        new.append(c)
+    await _check_trees(page, [c.root for c in new], pieces, lazy)
+
+    def work(conn: sqlite3.Connection) -> None:
+        conn.executemany(
+            "INSERT OR IGNORE INTO objects (digest, data) VALUES (?, ?)", list(pieces.items())
+        )
+        conn.executemany(
+            f"INSERT INTO object_status (digest, status) VALUES (?, {SYNCED}) "
+            f"ON CONFLICT (digest) DO UPDATE SET status = {SYNCED}",
+            [(d,) for d in [*pieces, *lazy]],
+        )
+        conn.executemany(
+            "INSERT OR IGNORE INTO remote_pieces (digest, location) "
+            "SELECT ?, ? WHERE NOT EXISTS (SELECT 1 FROM objects WHERE digest = ?)",
+            [(d, loc, d) for d, loc in lazy.items()],
+        )
+        for c in sorted(new, key=lambda c: c.generation):
+            _sql_insert_commit(conn, c)
+        if marker is not None:
+            conn.execute("INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)", marker)
+
+    await page.adopt_remote(work, new)
+    return new
+
+
+def _sql_insert_commit(conn: sqlite3.Connection, c: Commit) -> None:
+    from store import sql
+
+    sql.insert_commit(conn, c, unsynced=False)
+
+
+async def _check_trees(
+    page: Page, roots: list[bytes], pieces: dict[bytes, bytes], lazy: dict[bytes, str]
+) -> None:
+    """Every tree node reachable from ``roots`` is here or arriving; values are somewhere."""
+    seen: set[bytes] = set()
+    stack = [r for r in roots if r]
+    while stack:
+        d = stack.pop()
+        if d in seen:
+            continue
+        seen.add(d)
+        node_bytes = await _node_bytes(page, d, pieces)
+        if node_bytes is None:
+            continue  # already stored: its subtree was checked when it arrived
+        node = btree.decode_node(node_bytes)
+        stack.extend(ch for ch in node.children if ch)
+        for e in node.entries:
+            v = e.value
+            if dg.is_inline(v) or v in pieces or v in lazy:
+                continue
+            if await page.objects.status(v) is None:
+                raise CorruptObjectError(f"value {dg.short(v)} of a remote commit is nowhere")
+
+
+async def _node_bytes(page: Page, d: bytes, pieces: dict[bytes, bytes]) -> bytes | None:
+    """Content of a node that arrives now (None if it is already stored here)."""
+    if dg.is_inline(d):
+        return dg.inline_content(d)
+    if await page.objects.status(d) is not None and d not in pieces:
+        return None
+    if d not in pieces:
+        raise CorruptObjectError(f"tree node {dg.short(d)} of a remote commit is missing")
+    if not dg.is_index(d):
+        return pieces[d]
+    out = b""
+    for child in split.decode_index(pieces[d]):
+        part = await _node_bytes(page, child.digest, pieces)
+        if part is None:
+            part = await page.objects.get_piece(child.digest)
+        out += part
+    return out
+
+
+async def remote_locations(page: Page, digests: list[bytes]) -> dict[bytes, str]:
+    """Where the cloud holds pieces that are not stored here (LAZY values)."""
+    out: dict[bytes, str] = {}
+    for i in range(0, len(digests), 500):
+        part = digests[i : i + 500]
+        marks = ",".join("?" * len(part))
+        rows = await page.db.read_all(
+            f"SELECT digest, location FROM remote_pieces WHERE digest IN ({marks})", part
+        )
+        out.update((bytes(d), str(loc)) for d, loc in rows)
+    return out
+
+
+async def unsynced_count(page: Page) -> int:
+    rows = await page.db.read_all("SELECT count(*) FROM unsynced_commits")
+    return int(rows[0][0])
