@@ -188,6 +188,7 @@ class Api:
         self.group = cfg.socket_gid()
         self._peers: dict[int, bool] = {}
         self.sessions: Any = None  # daemon.session.Sessions, set by the server
+        self.engine: Any = None  # sync.engine.SyncEngine when cloud sync is on
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -262,6 +263,8 @@ class Api:
             return await self.sessions.handle(request)  # type: ignore[no-any-return]
         if p == ["ledgers"] and m == "GET":
             return await self.ledgers(request)
+        if p == ["sync"] and m == "POST":
+            return await self.sync(request)
         if len(p) >= 2 and p[0] == "ledgers":
             ledger = self.name(p[1], "ledger name")
             if p[2:] == ["pages"] and m == "GET":
@@ -332,6 +335,7 @@ class Api:
                     "ledger_text": text_or_none(pg.ledger),
                     "page_text": text_or_none(pg.id),
                     "heads": len(await pg.heads()),
+                    **(await self.engine.page_status(pg) if self.engine else {}),
                 }
             )
         return web.json_response(
@@ -342,8 +346,42 @@ class Api:
                 "data_dir": str(self.repo.root),
                 "uptime_s": round(time.time() - self.state.started, 3),
                 "cloud": self.cfg.cloud or None,
+                "sync_error": self.engine.last_error if self.engine else None,
                 "open_pages": pages,
                 **self.state.extra_status,
+            }
+        )
+
+    async def sync(self, request: web.Request) -> web.Response:
+        """Upload everything pending, fetch everything visible, merge, until a round is quiet."""
+        if self.engine is None:
+            raise ae.Conflict("cloud sync is off: start ledgerd with --cloud URL")
+        q = Query(request.query_string)
+        ledger, page = q.bytes("ledger"), q.bytes("page")
+        timeout = float(q.text("timeout") or 60)
+        if page is not None and ledger is None:
+            raise ae.BadRequest("page needs ledger")
+        from sync.errors import SyncError
+
+        try:
+            stats = await self.engine.sync(ledger or None, page or None, timeout=timeout)
+        except TimeoutError:
+            raise ae.Unavailable(f"sync did not finish within {timeout:g}s") from None
+        except SyncError as e:
+            raise ae.Unavailable(f"sync failed: {e}") from None
+        errors = [
+            {"ledger": b64(led), "page": b64(pid), "error": st.last_error}
+            for (led, pid), st in self.engine.states.items()
+            if st.last_error
+        ]
+        if errors:
+            err = ae.Unavailable(f"sync incomplete: {errors[0]['error']}")
+            return web.json_response({**err.body(), "pages": errors}, status=err.status)
+        return web.json_response(
+            {
+                "rounds": stats.rounds,
+                "uploaded_packs": stats.uploaded_packs,
+                "downloaded_packs": stats.downloaded_packs,
             }
         )
 

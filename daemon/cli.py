@@ -314,6 +314,17 @@ class Cli:
                 self.line(f"delete\t{_show(k)}")
         return 0
 
+    async def sync(self) -> int:
+        ledger = self.b(self.a.ledger, "ledger") if self.a.ledger else None
+        page = self.b(self.a.page, "page") if self.a.page else None
+        res = await self.c.sync(ledger, page, timeout=self.a.timeout)
+        print(
+            f"synced: {res['uploaded_packs']} packs up, {res['downloaded_packs']} down, "
+            f"{res['rounds']} rounds",
+            file=sys.stderr,
+        )
+        return 0
+
     async def heads(self) -> int:
         for h in await self.c.heads(*self.lp):
             self.line(h["id"])
@@ -374,6 +385,10 @@ def parser() -> argparse.ArgumentParser:
     p = cmd("import", "write entries in the 'ls --json' format in large batches", "ledger", "page")
     p.add_argument("file", nargs="?", help="(default: standard input)")
     cmd("export", "the whole page in the 'ls --json' format", "ledger", "page")
+    p = cmd("sync", "upload pending changes, fetch and merge remote ones, until quiet")
+    p.add_argument("ledger", nargs="?")
+    p.add_argument("page", nargs="?")
+    p.add_argument("--timeout", type=float, default=60.0, help="give up after S seconds")
     cmd("heads", "list the page's head commits", "ledger", "page")
     p = cmd("log", "commit history, newest first", "ledger", "page")
     p.add_argument("--limit", type=int, default=20)

@@ -348,6 +348,20 @@ class AsyncClient:
             if token is None:
                 return
 
+    async def sync(
+        self, ledger: Name | None = None, page: Name | None = None, timeout: float = 60.0
+    ) -> dict[str, Any]:
+        """Upload, download and merge until quiet; LedgerError if it cannot finish."""
+        url = self.url(
+            "/v1/sync",
+            {
+                "ledger": _raw(ledger) if ledger is not None else None,
+                "page": _raw(page) if page is not None else None,
+                "timeout": str(timeout),
+            },
+        )
+        return dict(await self._json("POST", url))
+
     async def heads(self, ledger: Name, page: Name) -> list[dict[str, Any]]:
         doc = await self._json("GET", self.url(self.page_path(ledger, page) + "/heads"))
         return list(doc["heads"])
@@ -667,6 +681,11 @@ class Client:
 
     def heads(self, ledger: Name, page: Name) -> list[dict[str, Any]]:
         return self._run(self.aio.heads(ledger, page))
+
+    def sync(
+        self, ledger: Name | None = None, page: Name | None = None, timeout: float = 60.0
+    ) -> dict[str, Any]:
+        return self._run(self.aio.sync(ledger, page, timeout))
 
     def history(self, ledger: Name, page: Name, limit: int = 100) -> list[dict[str, Any]]:
         return self._run(self.aio.history(ledger, page, limit))

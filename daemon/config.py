@@ -56,6 +56,9 @@ class Config:
     socket_group: str = ""
     allowed_users: list[str] = field(default_factory=list)
     cloud: str = ""
+    endpoint_url: str = ""
+    sync_interval: float = 5.0
+    sync_debounce: float = 0.5
     log_level: str = "info"
     durability: str = "normal"
     max_batch_bytes: int = 64 * 1024 * 1024
@@ -194,6 +197,10 @@ def validate(cfg: Config) -> None:
             raise ConfigError(
                 f"cloud: expected s3://bucket/prefix or file:///path, not {cfg.cloud!r}"
             )
+    if cfg.endpoint_url and urlparse(cfg.endpoint_url).scheme not in ("http", "https"):
+        raise ConfigError(f"endpoint_url: expected http(s)://host[:port], not {cfg.endpoint_url!r}")
+    if cfg.sync_interval <= 0:
+        raise ConfigError("sync_interval: must be positive")
     cfg.allowed_uids()
     cfg.socket_gid()
 

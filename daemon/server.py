@@ -81,8 +81,22 @@ async def serve(cfg: Config) -> int:
         stack.push_async_callback(repo.close)
         log.info("repository %s opened (device %s)", cfg.data_dir, repo.device_id.hex())
 
+        engine = None
+        if cfg.cloud:
+            from sync.engine import SyncEngine
+            from sync.url import open_store
+
+            store = open_store(cfg.cloud, endpoint_url=cfg.endpoint_url or None)
+            engine = SyncEngine(
+                repo, store, poll_interval=cfg.sync_interval, debounce=cfg.sync_debounce
+            )
+            await engine.start()
+            stack.push_async_callback(engine.stop)
+            log.info("cloud sync on with %s", cfg.cloud)
+
         state = DaemonState()
         api = Api(repo, cfg, state)
+        api.engine = engine
         sessions = Sessions(api)
         api.sessions = sessions
         runner = web.AppRunner(
@@ -137,6 +151,7 @@ async def serve(cfg: Config) -> int:
                 await page.flush()
             except Exception:
                 log.exception("flushing page %r failed", page.id)
+        # (The sync engine, stopped next, makes one last bounded upload round.)
     log.info("ledgerd stopped")
     return 0
 

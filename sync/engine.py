@@ -194,7 +194,7 @@ class SyncEngine:
                 self._scanned = False
             stats.uploaded_packs = await self._upload_all(only)
             if download:
-                stats.downloaded_packs = await self._download(only)
+                stats.downloaded_packs = await self._download(only, list_devices=full)
             stats.rounds = 1
         return stats
 
@@ -309,8 +309,10 @@ class SyncEngine:
 
     # -- download --------------------------------------------------------------------
 
-    async def _download(self, only: tuple[bytes, bytes | None] | None = None) -> int:
-        if not self.devices or self._polls % self.device_list_every == 0:
+    async def _download(
+        self, only: tuple[bytes, bytes | None] | None = None, list_devices: bool = False
+    ) -> int:
+        if list_devices or not self.devices or self._polls % self.device_list_every == 0:
             self.devices = {n.split("/", 1)[1] async for n in self.store.list("devices/")} - {
                 self.device
             }

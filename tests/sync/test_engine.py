@@ -84,7 +84,7 @@ async def test_upload_round_budget_and_idle_poll(tmp_path: Path, bucket: FolderS
         await b.engine.sync()
         assert len(await _keys(b.repo)) == 10_000
         b.cloud.reset()
-        await b.engine.round()  # idle
+        await b.engine.round()  # an idle background poll
         assert b.cloud.counts["get"] == 0
         assert b.cloud.counts["list"] <= 1, b.cloud.counts  # one remote device, one ledger
         assert b.cloud.counts["put"] == 0

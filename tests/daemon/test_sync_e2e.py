@@ -1,0 +1,191 @@
+"""Several real daemons sharing a bucket on moto's HTTP server (loopback only)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+
+from daemon.client import Client
+from store.repository import encode_name
+from tests.daemon.conftest import ROOT, Daemon, start_daemon
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while True:  # wait until it accepts connections
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < deadline, "moto server did not start"
+            time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+AWS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_CONFIG_FILE": "/dev/null",
+    "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+}
+
+
+@pytest.fixture
+def bucket(s3_endpoint: str) -> str:
+    name = f"ledgerd-{os.urandom(4).hex()}"
+    boto3.client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    ).create_bucket(Bucket=name)
+    return name
+
+
+def _start(base: Path, endpoint: str, bucket: str) -> Daemon:
+    env = {**AWS, "LEDGERD_ENDPOINT_URL": endpoint, "LEDGERD_SYNC_INTERVAL": "60"}
+    return start_daemon(base, "--cloud", f"s3://{bucket}/e2e", env=env)
+
+
+def _sync(d: Daemon) -> None:
+    out = d.ledgerctl("sync", "--timeout", "60")
+    assert out.returncode == 0, out.stderr.decode()
+
+
+def _ls(d: Daemon, ledger: str = "notes", page: str = "inbox") -> list[dict[str, str]]:
+    out = d.ledgerctl("ls", ledger, page, "--json", check=True)
+    return [json.loads(x) for x in out.stdout.decode().splitlines()]
+
+
+@pytest.fixture
+def three(short_tmp: Path, s3_endpoint: str, bucket: str) -> Iterator[list[Daemon]]:
+    ds = [_start(short_tmp / n, s3_endpoint, bucket) for n in ("a", "b", "c")]
+    try:
+        yield ds
+    finally:
+        for d in ds:
+            assert d.stop() == 0, d.log_text()
+
+
+def test_writes_propagate_and_converge(three: list[Daemon]) -> None:
+    a, b, c = three
+    with Client(a.socket) as ca, Client(b.socket) as cb, Client(c.socket) as cc:
+        ca.put("notes", "inbox", b"hello", b"from a")
+        _sync(a)
+        _sync(b)
+        _sync(c)
+        assert cb.get("notes", "inbox", b"hello") == b"from a"
+        assert cc.get("notes", "inbox", b"hello") == b"from a"
+        # Disjoint concurrent writes all survive; the same key converges everywhere.
+        ca.put("notes", "inbox", b"only-a", b"1")
+        cb.put("notes", "inbox", b"only-b", b"2")
+        cc.batch("notes", "inbox", puts=[(b"only-c%d" % i, b"3") for i in range(50)])
+        for cl, v in ((ca, b"A"), (cb, b"B"), (cc, b"C")):
+            cl.put("notes", "inbox", b"same", v)
+        for _ in range(2):
+            for d in three:
+                _sync(d)
+    listings = [_ls(d) for d in three]
+    assert listings[0] == listings[1] == listings[2]
+    keys = {x["key"] for x in listings[0]}
+    assert len(keys) == 1 + 2 + 50 + 1
+    st = json.loads(a.ledgerctl("status", "--json", check=True).stdout)
+    page = next(p for p in st["open_pages"] if p["page_text"] == "inbox")
+    assert page["unsynced_commits"] == 0 and page["last_sync"] and page["last_error"] is None
+
+
+def test_new_device_bootstraps_and_lazy_values_wait_for_a_read(
+    short_tmp: Path, s3_endpoint: str, bucket: str
+) -> None:
+    a = _start(short_tmp / "a", s3_endpoint, bucket)
+    try:
+        with Client(a.socket) as ca:
+            ca.put("notes", "inbox", b"eager", b"e" * 1000)
+            ca.put("notes", "photos", b"photo", os.urandom(300_000), lazy=True)
+            ca.put("other", "page", b"k", b"v")
+        _sync(a)
+        d = _start(short_tmp / "d", s3_endpoint, bucket)
+        try:
+            _sync(d)
+            assert sorted(d.ledgerctl("ledgers", check=True).stdout.split()) == [b"notes", b"other"]
+            db = (
+                d.data
+                / "1"
+                / "ledgers"
+                / encode_name(b"notes")
+                / encode_name(b"photos")
+                / "page.sqlite"
+            )
+            conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+            try:
+                lazy = conn.execute("SELECT count(*) FROM remote_pieces").fetchone()[0]
+                stored = conn.execute(
+                    "SELECT count(*) FROM objects WHERE digest IN (SELECT digest FROM remote_pieces)"
+                ).fetchone()[0]
+            finally:
+                conn.close()
+            assert lazy > 0 and stored == 0  # known, not fetched
+            with Client(d.socket) as cd:
+                assert len(cd.get("notes", "photos", b"photo")) == 300_000  # fetched now
+                assert cd.get("other", "page", b"k") == b"v"
+        finally:
+            assert d.stop() == 0
+    finally:
+        assert a.stop() == 0
+
+
+def test_killed_mid_upload_completes_after_restart(
+    short_tmp: Path, s3_endpoint: str, bucket: str
+) -> None:
+    a = _start(short_tmp / "a", s3_endpoint, bucket)
+    with Client(a.socket) as ca:
+        ca.put("notes", "inbox", b"big", os.urandom(20 * 1024 * 1024))
+        ca.put("notes", "inbox", b"small", b"s")
+    env = {**os.environ, "LEDGERD_SOCKET": str(a.socket)}
+    syncing = subprocess.Popen(
+        [sys.executable, "-m", "daemon.cli", "sync"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    a.proc.send_signal(signal.SIGKILL)  # somewhere in the round
+    a.proc.wait(30)
+    syncing.wait(60)
+    a.notify.close()
+    a2 = _start(short_tmp / "a", s3_endpoint, bucket)
+    b = _start(short_tmp / "b", s3_endpoint, bucket)
+    try:
+        _sync(a2)
+        _sync(b)
+        with Client(b.socket) as cb:
+            assert len(cb.get("notes", "inbox", b"big")) == 20 * 1024 * 1024
+            assert cb.get("notes", "inbox", b"small") == b"s"
+    finally:
+        assert a2.stop() == 0 and b.stop() == 0
