@@ -189,3 +189,48 @@ def test_killed_mid_upload_completes_after_restart(
             assert cb.get("notes", "inbox", b"small") == b"s"
     finally:
         assert a2.stop() == 0 and b.stop() == 0
+
+
+def test_background_poll_and_debounce_sync_without_asking(
+    short_tmp: Path, s3_endpoint: str, bucket: str
+) -> None:
+    env = {
+        **AWS,
+        "LEDGERD_ENDPOINT_URL": s3_endpoint,
+        "LEDGERD_SYNC_INTERVAL": "0.3",
+        "LEDGERD_SYNC_DEBOUNCE": "0.05",
+    }
+    a = start_daemon(short_tmp / "a", "--cloud", f"s3://{bucket}/bg", env=env)
+    b = start_daemon(short_tmp / "b", "--cloud", f"s3://{bucket}/bg", env=env)
+    try:
+        with Client(a.socket) as ca, Client(b.socket) as cb:
+            ca.put("notes", "inbox", b"k", b"arrives by itself")
+            deadline = time.monotonic() + 30
+            while True:  # wait for the condition, bounded
+                try:
+                    if cb.get("notes", "inbox", b"k") == b"arrives by itself":
+                        break
+                except Exception:
+                    pass
+                assert time.monotonic() < deadline, "background sync never delivered"
+                time.sleep(0.1)
+    finally:
+        assert a.stop() == 0 and b.stop() == 0
+
+
+def test_sync_reports_why_it_cannot_finish(short_tmp: Path, daemon: Daemon) -> None:
+    out = daemon.ledgerctl("sync")
+    assert out.returncode == 4 and b"cloud sync is off" in out.stderr
+    with socket.socket() as s:  # nothing listens here
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**AWS, "LEDGERD_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    d = start_daemon(short_tmp / "x", "--cloud", "s3://nowhere/x", env=env)
+    try:
+        with Client(d.socket) as c:
+            c.put("notes", "inbox", b"k", b"v")
+        out = d.ledgerctl("sync", "--timeout", "3")
+        assert out.returncode != 0
+        assert b"sync" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    finally:
+        assert d.stop() == 0

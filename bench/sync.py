@@ -1,0 +1,206 @@
+"""Sync benchmark: propagation between two devices through moto's HTTP server.
+
+    python -m bench.sync [--entries 10000] [--page-entries 100000]
+
+Prints JSON:
+* propagation: 10,000 entries written on device A, readable on device B:
+  seconds and the PUT/GET/LIST requests it took;
+* incremental: after one entry changes in a 100,000-entry page, the bytes and
+  requests of the next upload round (target <= 2 PUTs and <= 128 KiB);
+* side by side in the same run: ``rclone copy`` of the same 10,000 values as
+  files to the same endpoint (seconds and requests), if rclone is installed
+  (``apt-get install rclone``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+from bench.common import emit, timed
+from store import Repository
+from sync.engine import SyncEngine
+from sync.s3 import S3Store
+from sync.testing import CountingStore
+
+AWS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def _moto() -> tuple[subprocess.Popen[bytes], str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError("moto server did not start") from None
+            time.sleep(0.05)
+
+
+async def _device(
+    path: Path, endpoint: str, bucket: str
+) -> tuple[Repository, SyncEngine, CountingStore]:
+    repo = await Repository.open(path)
+    store = CountingStore(S3Store(bucket, "bench", endpoint_url=endpoint, region="us-east-1"))
+    engine = SyncEngine(repo, store)
+    await engine.start(background=False)
+    return repo, engine, store
+
+
+async def _bench(base: Path, endpoint: str, bucket: str, n: int, big: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    a_repo, a, a_cloud = await _device(base / "a", endpoint, bucket)
+    b_repo, b, b_cloud = await _device(base / "b", endpoint, bucket)
+    rng = random.Random(1)
+    rows = [(b"k%08d" % i, rng.randbytes(100)) for i in range(n)]
+    page = await a_repo.ledger("bench").page("propagation")
+    await page.write(rows)
+    a_cloud.reset()
+    b_cloud.reset()
+    with timed() as t:
+        await a.sync()
+        await b.sync()
+        pb = await b_repo.ledger("bench").page("propagation")
+        assert len((await pb.keys()).items) == n
+    out["propagation"] = {
+        "entries": n,
+        "seconds": round(t.seconds, 3),
+        "upload_requests": dict(a_cloud.counts),
+        "download_requests": dict(b_cloud.counts),
+        "bytes_up": a_cloud.bytes_put,
+        "bytes_down": b_cloud.bytes_got,
+    }
+    # Incremental: one entry changes in a large page.
+    big_page = await a_repo.ledger("bench").page("incremental")
+    for i in range(0, big, 10_000):
+        await big_page.write([(b"e%08d" % j, rng.randbytes(100)) for j in range(i, i + 10_000)])
+    await a.sync()
+    a_cloud.reset()
+    await big_page.put(b"e%08d" % (big // 2), b"changed" * 10)
+    await a.round(download=False, full=True)
+    out["incremental"] = {
+        "page_entries": big,
+        "requests": dict(a_cloud.counts),
+        "bytes_up": a_cloud.bytes_put,
+        "target": {"put": 2, "bytes": 131072},
+    }
+    b_cloud.reset()
+    await b.round(full=False)
+    await b.round(full=False)  # idle now
+    b_cloud.reset()
+    await b.round(full=False)
+    out["idle_poll_requests"] = dict(b_cloud.counts)
+    await a.stop()
+    await b.stop()
+    await a_repo.close()
+    await b_repo.close()
+    return out
+
+
+def _rclone(base: Path, endpoint: str, bucket: str, n: int) -> dict[str, Any] | None:
+    if shutil.which("rclone") is None:
+        return None
+    src = base / "files"
+    src.mkdir()
+    rng = random.Random(1)
+    for i in range(n):
+        (src / f"k{i:08d}").write_bytes(rng.randbytes(100))
+    env = {k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"}  # plain http here
+    env |= {
+        "RCLONE_CONFIG_MOTO_TYPE": "s3",
+        "RCLONE_CONFIG_MOTO_PROVIDER": "Other",
+        "RCLONE_CONFIG_MOTO_ENDPOINT": endpoint,
+        "RCLONE_CONFIG_MOTO_ACCESS_KEY_ID": "testing",
+        "RCLONE_CONFIG_MOTO_SECRET_ACCESS_KEY": "testing",
+        "RCLONE_CONFIG_MOTO_REGION": "us-east-1",
+        "RCLONE_CONFIG": "/dev/null",
+    }
+    with timed() as t:
+        res = subprocess.run(
+            [
+                "rclone",
+                "copy",
+                str(src),
+                f"moto:{bucket}/rclone",
+                "--dump",
+                "headers",
+                "--transfers",
+                "16",
+                "--checkers",
+                "16",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    if res.returncode != 0:
+        return {"error": res.stderr[-500:]}
+    methods = re.findall(r"\b(GET|PUT|HEAD|POST|DELETE) /\S* HTTP/1\.1", res.stderr)
+    counts: dict[str, int] = {}
+    for m in methods:
+        counts[m] = counts.get(m, 0) + 1
+    return {"files": n, "seconds": round(t.seconds, 3), "requests": counts}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--entries", type=int, default=10_000)
+    ap.add_argument("--page-entries", type=int, default=100_000)
+    args = ap.parse_args()
+    os.environ.update(AWS)
+    proc, endpoint = _moto()
+    try:
+        bucket = "bench"
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
+            Bucket=bucket
+        )
+        with tempfile.TemporaryDirectory() as d:
+            figures = asyncio.run(
+                _bench(Path(d), endpoint, bucket, args.entries, args.page_entries)
+            )
+            figures["rclone_copy"] = _rclone(Path(d), endpoint, bucket, args.entries)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    ours = figures["propagation"]
+    rc = figures["rclone_copy"]
+    if rc and "seconds" in rc:
+        ours_requests = sum(ours["upload_requests"].values())
+        figures["ratio_seconds_rclone_over_ledgerd_upload_and_download"] = round(
+            rc["seconds"] / ours["seconds"], 2
+        )
+        figures["ratio_requests_rclone_over_ledgerd_upload"] = round(
+            sum(rc["requests"].values()) / max(1, ours_requests), 1
+        )
+    emit("sync", figures)
+
+
+if __name__ == "__main__":
+    main()
