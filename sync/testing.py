@@ -62,6 +62,7 @@ class FaultyStore(CloudStore):
         self.rate = rate
         self.rng = random.Random(seed)
         self.failures = 0
+        self.cut_short = 0
 
     def _fail(self) -> bool:
         if self.rng.random() < self.rate:
@@ -71,10 +72,13 @@ class FaultyStore(CloudStore):
 
     async def put(self, name: str, data: bytes) -> None:
         if self._fail():
-            raise TransientCloudError(f"injected failure before put {name}")
+            # The upload is cut short: the connection drops while the body is sent.
+            # Stores publish objects atomically, so nothing is stored.
+            self.cut_short += 1
+            raise TransientCloudError(f"injected: upload of {name} cut short")
         await self.inner.put(name, data)
         if self._fail():
-            raise TransientCloudError(f"injected failure after put {name}")
+            raise TransientCloudError(f"injected failure after put {name} (it was stored)")
 
     async def get(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
         if self._fail():

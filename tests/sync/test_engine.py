@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from store import ObjectNotFoundError, Priority, Repository
+from store import ObjectNotFoundError, Priority, Repository, commit
+from sync import pack
 from sync.cloud import CloudStore, Retrying
 from sync.engine import SyncEngine
 from sync.folder import FolderStore
@@ -177,4 +178,14 @@ async def test_new_device_bootstraps_and_faults_converge(
             await c.engine.sync()
             for p in ("p0", "p1", "p2"):
                 ka, kb, kc = [await _keys(x.repo, "l", p) for x in (a, b, c)]
-                assert ka == kb == kc and len(ka) > 5
+                assert ka == kb == kc and len(ka) == 2 * len(
+                    [i for i in range(20) if i % 3 == int(p[1])]
+                )
+    # Nothing duplicated: no device uploaded the same commit twice.
+    for dev_log in (tmp_path / "bucket" / "log").iterdir():
+        seen: list[bytes] = []
+        for f in sorted(dev_log.iterdir()):
+            eager_end = int(f.name.split(".")[1])
+            prefix = pack.decode_prefix(f.read_bytes()[:eager_end], eager_end)
+            seen.extend(commit.decode(c).id for c in prefix.commits)
+        assert len(seen) == len(set(seen)), f"{dev_log.name} uploaded a commit twice"
