@@ -151,12 +151,18 @@ class Cli:
         self.line(f"device   {st['device_id']}")
         self.line(f"data     {st['data_dir']}")
         self.line(f"cloud    {st.get('cloud') or 'off'}")
+        if st.get("sync_error"):
+            self.line(f"sync     error: {st['sync_error']}")
         for p in st.get("open_pages", []):
             name = f"{p['ledger_text'] or p['ledger']}/{p['page_text'] or p['page']}"
             extra = f"  heads={p['heads']}" if p["heads"] != 1 else ""
-            for k in ("unsynced_commits", "last_sync", "last_error"):
-                if p.get(k) not in (None, 0, ""):
-                    extra += f"  {k}={p[k]}"
+            if p.get("unsynced_commits"):
+                extra += f"  unsynced={p['unsynced_commits']}"
+            if p.get("last_sync"):
+                when = datetime.fromtimestamp(p["last_sync"], UTC).isoformat(timespec="seconds")
+                extra += f"  synced {when}"
+            if p.get("last_error"):
+                extra += f"  error: {p['last_error']}"
             self.line(f"page     {name}{extra}")
         return 0
 
