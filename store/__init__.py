@@ -28,6 +28,7 @@ from store.errors import (
     TransactionClosedError,
     TransientStoreError,
 )
+from store.merge import Choice, Conflict, MergeRequest, Policy, Resolver
 from store.objects import ObjectStore, ValueRef
 from store.page import ChangedEntry, Notification, Page, Snapshot, Transaction, Watcher
 from store.repository import Ledger, Repository
@@ -35,6 +36,11 @@ from store.view import KeyValue, RangeResult
 
 __all__ = [
     "ChangedEntry",
+    "Choice",
+    "Conflict",
+    "MergeRequest",
+    "Policy",
+    "Resolver",
     "ClosedError",
     "Commit",
     "CommitNotFoundError",

@@ -43,8 +43,14 @@ class Upload:
 
 
 async def pending_upload(page: Page) -> Upload:
-    """Unsynced commits, and the local (not yet synced) pieces they brought."""
+    """Unsynced commits, and the local (not yet synced) pieces they brought.
+
+    Nothing while the page has several heads (a conflict waiting for its
+    resolver): upload waits until the page is back to one head.
+    """
     await page.flush()
+    if len(await page.heads()) > 1:
+        return Upload([])
     rows = await page.db.read_all(
         "SELECT commit_id FROM unsynced_commits ORDER BY generation, commit_id"
     )

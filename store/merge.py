@@ -7,8 +7,11 @@ not choose when to merge or store anything; :mod:`store.page` does.
 
 from __future__ import annotations
 
+import enum
 import heapq
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Literal
 
 from store import btree
 from store.btree import Builder, Entry
@@ -101,3 +104,96 @@ async def last_one_wins(builder: Builder, base_root: bytes, a: Commit, b: Commit
         if c.left == c.base and c.right != c.base:
             changes.append((c.key, c.right))
     return await builder.apply(win.root, changes)
+
+
+class Policy(enum.Enum):
+    """How a page merges concurrent changes (remembered per page)."""
+
+    LAST_ONE_WINS = "last_one_wins"
+    AUTOMATIC_WITH_FALLBACK = "automatic_with_fallback"
+    CUSTOM = "custom"
+
+
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    """One key for a resolver: its entry at the merge base and on each side (None: absent)."""
+
+    key: bytes
+    base: Entry | None
+    left: Entry | None
+    right: Entry | None
+
+
+@dataclass
+class MergeRequest:
+    """What a resolver decides. ``left`` is the head with the smaller commit id, so
+    every device sees the same orientation and, resolving the same way, creates
+    the same merge commit."""
+
+    ledger: bytes
+    page: bytes
+    left: Commit
+    right: Commit
+    policy: Policy
+    conflicts: list[Conflict]
+
+
+Choice = Literal["left", "right"] | bytes | None
+"""A resolver's answer for a key: take a side, a new value (bytes), or delete (None)."""
+
+Resolver = Callable[[MergeRequest], Awaitable[dict[bytes, Choice]]]
+
+
+class NeedsResolver(Exception):
+    """The page's policy needs a resolver and none gave an answer; heads are kept."""
+
+
+async def resolve(
+    builder: Builder,
+    base_root: bytes,
+    left: Commit,
+    right: Commit,
+    policy: Policy,
+    ask: Callable[[list[Conflict]], Awaitable[dict[bytes, Choice]]] | None,
+    new_value: Callable[[bytes, bytes, Entry | None], Entry],
+) -> bytes:
+    """Merged tree of two heads under ``policy`` (``left.id < right.id``).
+
+    AUTOMATIC_WITH_FALLBACK: keys changed on one side (or the same way on both)
+    merge by themselves; the rest go to ``ask``. CUSTOM: every changed key goes to
+    ``ask``. Raises NeedsResolver when an answer is needed and ``ask`` is None.
+    """
+    changes = [c async for c in btree.diff3(builder, base_root, left.root, right.root)]
+    result: dict[bytes, Entry | None] = {}
+    pending: list[Conflict] = []
+    for c in changes:
+        conflict = Conflict(c.key, c.base, c.left, c.right)
+        if policy is Policy.CUSTOM:
+            pending.append(conflict)
+        elif c.left == c.base:
+            result[c.key] = c.right
+        elif c.right == c.base or c.left == c.right:
+            result[c.key] = c.left
+        else:
+            pending.append(conflict)
+    if pending:
+        if ask is None:
+            raise NeedsResolver(f"{len(pending)} keys need a conflict resolver")
+        answers = await ask(pending)
+        for conflict in pending:
+            if conflict.key not in answers:
+                raise NeedsResolver(f"the resolver gave no answer for {conflict.key[:40]!r}")
+            choice = answers[conflict.key]
+            if choice == "left":
+                result[conflict.key] = conflict.left
+            elif choice == "right":
+                result[conflict.key] = conflict.right
+            elif choice is None:
+                result[conflict.key] = None
+            elif isinstance(choice, bytes):
+                result[conflict.key] = new_value(
+                    conflict.key, choice, conflict.left or conflict.right
+                )
+            else:
+                raise NeedsResolver(f"the resolver's answer for {conflict.key[:40]!r} is invalid")
+    return await builder.apply(base_root, list(result.items()))

@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import heapq
 import logging
 import sqlite3
 import time
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -61,6 +62,9 @@ log = logging.getLogger(__name__)
 SMALL_VALUE = 256 * 1024
 """Values given as bytes up to this size are split in memory and written with their
 journal entry in one transaction; larger ones and streams are staged first."""
+
+RESOLVER_TIMEOUT = 30.0
+"""Seconds a conflict resolver may take before the merge is abandoned (heads kept)."""
 
 COMMIT_DELAY = 0.005
 """Seconds the write worker waits for more writes before committing the journal."""
@@ -293,6 +297,10 @@ class Page(View):
         self._watchers: set[Watcher] = set()
         self._closed = False
         self.commit_listeners: list[Callable[[Commit], None]] = []
+        self.policy = merge.Policy.LAST_ONE_WINS
+        self.resolver: merge.Resolver | None = None
+        """Answers merges that need one (AUTOMATIC_WITH_FALLBACK, CUSTOM)."""
+        self.pending_conflict: str | None = None
         self.on_close: list[Callable[[Page], None]] = []
 
     # -- opening and closing ---------------------------------------------------
@@ -312,6 +320,12 @@ class Page(View):
 
     async def _recover(self) -> None:
         collected = await self.objects.recover()
+        rows = await self.db.read_all("SELECT value FROM page_metadata WHERE name = 'merge_policy'")
+        if rows:
+            try:
+                self.policy = merge.Policy(bytes(rows[0][0]).decode())
+            except ValueError:
+                log.warning("page %r has an unknown merge policy; using last-one-wins", self.id)
         rows = await self.db.read_all("SELECT commit_id FROM heads")
         if not rows:
             await self.db.run(
@@ -816,20 +830,86 @@ class Page(View):
     # -- merging ---------------------------------------------------------------
 
     async def _merge_heads(self) -> None:
-        """Merge until one head remains (last-one-wins). Commit lock held.
+        """Merge until one head remains, under the page's policy. Commit lock held.
 
-        Watchers are not told here: the caller tells them about the end result.
+        Under AUTOMATIC_WITH_FALLBACK and CUSTOM a merge that needs an answer waits
+        for a resolver: without one, or if it fails or times out, the heads stay
+        (reads serve the latest head) and nothing changes. Watchers are not told
+        here: the caller tells them about the end result.
         """
         while len(self._heads) > 1:
             a, b = sorted(self._heads, key=lambda h: h.id)[:2]
             builder = Builder(self.nodes)
             base_root = await self._merge_base_root(builder, a, b, {})
-            root = await merge.last_one_wins(builder, base_root, a, b)
+            values: list[split.Piece] = []
+            if self.policy is merge.Policy.LAST_ONE_WINS:
+                root = await merge.last_one_wins(builder, base_root, a, b)
+            else:
+                try:
+                    root = await merge.resolve(
+                        builder,
+                        base_root,
+                        a,
+                        b,
+                        self.policy,
+                        self._asker(a, b) if self.resolver else None,
+                        functools.partial(self._new_value, out=values),
+                    )
+                except merge.NeedsResolver as e:
+                    self.pending_conflict = str(e)
+                    log.info("page %r keeps %d heads: %s", self.id, len(self._heads), e)
+                    return
+                except Exception as e:  # a resolver that failed or vanished changes nothing
+                    self.pending_conflict = f"resolver failed: {type(e).__name__}: {e}"
+                    log.warning("page %r: %s", self.id, self.pending_conflict)
+                    return
             m = commit.merge([a, b], root)
             log.debug(
                 "merging heads %s and %s into %s", a.id.hex()[:12], b.id.hex()[:12], m.id.hex()[:12]
             )
-            await self._store(m, builder, notify=False)
+            await self._store(m, builder, values=values, notify=False)
+        self.pending_conflict = None
+
+    def _asker(
+        self, left: Commit, right: Commit
+    ) -> Callable[[list[merge.Conflict]], Awaitable[dict[bytes, merge.Choice]]]:
+        async def ask(conflicts: list[merge.Conflict]) -> dict[bytes, merge.Choice]:
+            assert self.resolver is not None
+            req = merge.MergeRequest(self.ledger, self.id, left, right, self.policy, conflicts)
+            return await asyncio.wait_for(self.resolver(req), RESOLVER_TIMEOUT)
+
+        return ask
+
+    def _new_value(
+        self, key: bytes, data: bytes, like: Entry | None, out: list[split.Piece]
+    ) -> Entry:
+        pieces, root = split.split_bytes(data)
+        out.extend(pieces)
+        return Entry(key, root.digest, like.priority if like else Priority.EAGER)
+
+    async def try_merge(self) -> bool:
+        """Merge pending heads now (e.g. when a resolver arrives). True if one head remains."""
+        async with self._commit_lock:
+            if self._closed:
+                return False
+            old_root = self.head.root
+            await self._merge_heads()
+            await self._notify_change(old_root)
+        return len(self._heads) == 1
+
+    async def set_policy(self, policy: merge.Policy) -> None:
+        """Remember the page's merge policy (and merge now if that settles pending heads)."""
+        value = policy.value.encode()
+        await self.db.run(
+            lambda conn: conn.execute(
+                "INSERT OR REPLACE INTO page_metadata (name, value) VALUES ('merge_policy', ?)",
+                (value,),
+            ),
+            write=True,
+        )
+        self.policy = policy
+        if len(self._heads) > 1:
+            await self.try_merge()
 
     async def _merge_base_root(
         self, builder: Builder, a: Commit, b: Commit, virtual: dict[bytes, Commit]
