@@ -35,7 +35,7 @@ from aiohttp import web
 
 from daemon import errors as ae
 from daemon.config import Config
-from store import Commit, Page, Priority, Repository, StoreError
+from store import Commit, Page, Policy, Priority, Repository, StoreError
 from store import digest as dg
 from store.btree import Entry
 from store.view import View
@@ -286,6 +286,8 @@ class Api:
                     return await self.batch(request, ledger, page_id)
                 if rest == ["clear"] and m == "POST":
                     return await self.clear(ledger, page_id)
+                if rest == ["policy"] and m in ("GET", "PUT"):
+                    return await self.policy(request, ledger, page_id)
                 if rest == ["heads"] and m == "GET":
                     return await self.heads(ledger, page_id)
                 if rest == ["history"] and m == "GET":
@@ -335,6 +337,8 @@ class Api:
                     "ledger_text": text_or_none(pg.ledger),
                     "page_text": text_or_none(pg.id),
                     "heads": len(await pg.heads()),
+                    "policy": pg.policy.value,
+                    "conflict": pg.pending_conflict,
                     **(await self.engine.page_status(pg) if self.engine else {}),
                 }
             )
@@ -516,6 +520,27 @@ class Api:
         page = await self.page(ledger, page_id, create=True)
         await page.write(changes)
         return web.json_response({"applied": len(changes)})
+
+    async def policy(self, request: web.Request, ledger: bytes, page_id: bytes) -> web.Response:
+        """GET: the page's merge policy; PUT {"policy": NAME}: set it (remembered)."""
+        page = await self.page(ledger, page_id, create=request.method == "PUT")
+        if request.method == "PUT":
+            try:
+                doc = await request.json()
+                policy = Policy(doc["policy"])
+            except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+                names = ", ".join(p.value for p in Policy)
+                raise ae.BadRequest(
+                    f'body must be {{"policy": NAME}} with NAME one of {names}'
+                ) from None
+            await page.set_policy(policy)
+        return web.json_response(
+            {
+                "policy": page.policy.value,
+                "heads": len(await page.heads()),
+                "conflict": page.pending_conflict,
+            }
+        )
 
     async def heads(self, ledger: bytes, page_id: bytes) -> web.Response:
         page = await self.page(ledger, page_id, create=False)

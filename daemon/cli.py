@@ -161,6 +161,8 @@ class Cli:
             if p.get("last_sync"):
                 when = datetime.fromtimestamp(p["last_sync"], UTC).isoformat(timespec="seconds")
                 extra += f"  synced {when}"
+            if p.get("conflict"):
+                extra += f"  conflict: {p['conflict']}"
             if p.get("last_error"):
                 extra += f"  error: {p['last_error']}"
             self.line(f"page     {name}{extra}")
@@ -331,6 +333,12 @@ class Cli:
         )
         return 0
 
+    async def policy(self) -> int:
+        doc = await self.c.policy(*self.lp, self.a.policy)
+        conflict = f"  conflict: {doc['conflict']}" if doc.get("conflict") else ""
+        self.line(f"{doc['policy']}  heads={doc['heads']}{conflict}")
+        return 0
+
     async def heads(self) -> int:
         for h in await self.c.heads(*self.lp):
             self.line(h["id"])
@@ -395,6 +403,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("ledger", nargs="?")
     p.add_argument("page", nargs="?")
     p.add_argument("--timeout", type=float, default=60.0, help="give up after S seconds")
+    p = cmd("policy", "show or set the page's merge policy", "ledger", "page")
+    p.add_argument(
+        "policy", nargs="?", choices=["last_one_wins", "automatic_with_fallback", "custom"]
+    )
     cmd("heads", "list the page's head commits", "ledger", "page")
     p = cmd("log", "commit history, newest first", "ledger", "page")
     p.add_argument("--limit", type=int, default=20)

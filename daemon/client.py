@@ -18,12 +18,21 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
 import itertools
 import json
 import os
 import threading
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Iterator
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+)
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -114,6 +123,47 @@ class Change:
     commit: str
     changed: list[Item]
     deleted: list[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class Side:
+    """One side of a conflict: the value (None if over the inline limit), size, priority."""
+
+    value: bytes | None
+    size: int
+    priority: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConflictItem:
+    key: bytes
+    base: Side | None
+    left: Side | None
+    right: Side | None
+
+
+@dataclass(frozen=True, slots=True)
+class ResolveRequest:
+    """A merge waiting for this client. ``left`` has the smaller commit id on every device."""
+
+    ledger: bytes
+    page: bytes
+    policy: str
+    left: str
+    right: str
+    conflicts: list[ConflictItem]
+
+
+Answer = dict[bytes, str | bytes | None]
+"""Per key: "left", "right", None (delete) or new value bytes."""
+ResolverCallback = Callable[[ResolveRequest], Awaitable[Answer]]
+
+
+def _side(d: dict[str, Any] | None) -> Side | None:
+    if d is None:
+        return None
+    v = d.get("value")
+    return Side(None if v is None else unb64(v), int(d["size"]), d["priority"])
 
 
 def _item(d: dict[str, Any]) -> Item:
@@ -362,6 +412,23 @@ class AsyncClient:
         )
         return dict(await self._json("POST", url))
 
+    async def policy(self, ledger: Name, page: Name, policy: str | None = None) -> dict[str, Any]:
+        """The page's merge policy (and its conflict state); set it when ``policy`` is given."""
+        url = self.url(self.page_path(ledger, page) + "/policy")
+        if policy is None:
+            return dict(await self._json("GET", url))
+        return dict(await self._json("PUT", url, {"policy": policy}))
+
+    async def register_resolver(self, ledger: Name, callback: ResolverCallback) -> Session:
+        """Resolve the ledger's conflicts with ``callback`` until the returned session closes."""
+        s = await self.open_session()
+        try:
+            await s.register_resolver(ledger, callback)
+        except BaseException:
+            await s.close()
+            raise
+        return s
+
     async def heads(self, ledger: Name, page: Name) -> list[dict[str, Any]]:
         doc = await self._json("GET", self.url(self.page_path(ledger, page) + "/heads"))
         return list(doc["heads"])
@@ -432,6 +499,8 @@ class Session:
         self._events: dict[str, asyncio.Queue[dict[str, Any] | None]] = {}
         self._early: dict[str, list[dict[str, Any]]] = {}
         self._reader: asyncio.Task[None] | None = None
+        self._resolver: ResolverCallback | None = None
+        self._answering: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         self._reader = asyncio.create_task(self._read())
@@ -442,6 +511,11 @@ class Session:
                 if msg.type != aiohttp.WSMsgType.TEXT:
                     continue
                 doc = json.loads(msg.data)
+                if doc.get("event") == "resolve" and self._resolver is not None:
+                    task = asyncio.create_task(self._answer(doc, self._resolver))
+                    self._answering.add(task)
+                    task.add_done_callback(self._answering.discard)
+                    continue
                 if "event" in doc:
                     q = self._events.get(doc.get("watch", ""))
                     if q is not None:
@@ -496,8 +570,37 @@ class Session:
         async for change in w:
             yield change
 
-    async def register_resolver(self, ledger: Name) -> None:
+    async def register_resolver(self, ledger: Name, callback: ResolverCallback) -> None:
+        """Answer the ledger's merges with ``callback`` while this session is open."""
+        self._resolver = callback
         await self.call("register_resolver", ledger=b64(_raw(ledger)))
+
+    async def _answer(self, doc: dict[str, Any], callback: ResolverCallback) -> None:
+        req = ResolveRequest(
+            unb64(doc["ledger"]),
+            unb64(doc["page"]),
+            doc["policy"],
+            doc["left"],
+            doc["right"],
+            [
+                ConflictItem(unb64(c["key"]), _side(c["base"]), _side(c["left"]), _side(c["right"]))
+                for c in doc["conflicts"]
+            ],
+        )
+        try:
+            answer = await callback(req)
+        except Exception:
+            return  # no answer: the daemon's merge times out and changes nothing
+        choices: list[dict[str, str]] = []
+        for key, choice in answer.items():
+            if choice in ("left", "right"):
+                choices.append({"key": b64(key), "take": str(choice)})
+            elif choice is None:
+                choices.append({"key": b64(key), "take": "delete"})
+            elif isinstance(choice, bytes):
+                choices.append({"key": b64(key), "take": "value", "value": b64(choice)})
+        with contextlib.suppress(LedgerError):  # the merge gave up waiting
+            await self.call("resolved", request=doc["request"], choices=choices)
 
 
 class Watch:

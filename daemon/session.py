@@ -26,18 +26,55 @@ from aiohttp import WSMsgType, web
 from daemon import errors as ae
 from daemon.api import Api, b64, entries_json, parse_priority, priority_name, unb64
 from store import Page, StoreError, Transaction, Watcher
+from store.btree import Entry
+from store.merge import Choice, MergeRequest, NeedsResolver
 
 log = logging.getLogger(__name__)
 
+INLINE_RESOLVE = 1024 * 1024
+"""Resolve events carry values up to this size; larger ones carry null (read them by key)."""
+
 
 class Resolvers:
-    """Which sessions offered to resolve conflicts, per ledger (used by merges)."""
+    """Which sessions offered to resolve conflicts, per ledger, and the pages' hook.
 
-    def __init__(self) -> None:
+    Every page the repository opens gets a resolver that asks the first session
+    registered for its ledger. With none registered the page keeps its heads.
+    """
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
         self.by_ledger: dict[bytes, list[Session]] = {}
+        api.repo.on_open.append(self._install)
+        for page in api.repo.open_pages():
+            self._install(page)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _install(self, page: Page) -> None:
+        async def resolve(req: MergeRequest) -> dict[bytes, Choice]:
+            sessions = self.by_ledger.get(page.ledger)
+            if not sessions:
+                raise NeedsResolver("no conflict resolver is connected for this ledger")
+            return await sessions[0].ask(page, req)
+
+        page.resolver = resolve
 
     def add(self, ledger: bytes, s: Session) -> None:
         self.by_ledger.setdefault(ledger, []).append(s)
+        task = asyncio.create_task(self._resume(ledger), name="resume-merges")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _resume(self, ledger: bytes) -> None:
+        """A resolver arrived: merge the ledger's pages that were waiting for one."""
+        repo = self.api.repo
+        for pid in await repo.ledger(ledger).pages():
+            try:
+                page = await repo.open_page(ledger, pid)
+                if len(await page.heads()) > 1:
+                    await page.try_merge()
+            except Exception:
+                log.exception("resuming merges of page %r failed", pid)
 
     def remove(self, s: Session) -> None:
         for lst in self.by_ledger.values():
@@ -52,7 +89,7 @@ class Sessions:
     def __init__(self, api: Api) -> None:
         self.api = api
         self.live: set[Session] = set()
-        self.resolvers = Resolvers()
+        self.resolvers = Resolvers(api)
         self._ids = itertools.count(1)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -82,6 +119,7 @@ class Session:
         self.watchers: dict[str, tuple[Watcher, asyncio.Task[None]]] = {}
         self._send_lock = asyncio.Lock()
         self._ids = itertools.count(1)
+        self._asked: dict[str, asyncio.Future[dict[bytes, Choice]]] = {}
         self.ops: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
             "ping": self.op_ping,
             "begin": self.op_begin,
@@ -95,6 +133,7 @@ class Session:
             "watch": self.op_watch,
             "unwatch": self.op_unwatch,
             "register_resolver": self.op_register_resolver,
+            "resolved": self.op_resolved,
         }
 
     async def send(self, doc: dict[str, Any]) -> None:
@@ -154,6 +193,9 @@ class Session:
             task.cancel()
         self.watchers.clear()
         self.sessions.resolvers.remove(self)
+        for fut in self._asked.values():  # merges waiting on us change nothing
+            if not fut.done():
+                fut.set_exception(ConnectionResetError("the resolver disconnected"))
 
     # -- helpers -----------------------------------------------------------------
 
@@ -280,6 +322,72 @@ class Session:
             raise ae.Conflict(f"no watcher {req.get('watch')!r} in this session")
         got[0].close()
         got[1].cancel()
+        return {}
+
+    async def ask(self, page: Page, req: MergeRequest) -> dict[bytes, Choice]:
+        """Send a merge to this session's resolver and wait for its answer."""
+        rid = f"r{next(self._ids)}"
+        fut: asyncio.Future[dict[bytes, Choice]] = asyncio.get_running_loop().create_future()
+        self._asked[rid] = fut
+
+        async def side(e: Entry | None) -> dict[str, Any] | None:
+            if e is None:
+                return None
+            size = await page.objects.size(e.value)
+            value = await page.objects.read_all(e.value) if size <= INLINE_RESOLVE else None
+            return {
+                "value": b64(value) if value is not None else None,
+                "size": size,
+                "priority": priority_name(e.priority),
+            }
+
+        try:
+            await self.send(
+                {
+                    "event": "resolve",
+                    "request": rid,
+                    "ledger": b64(page.ledger),
+                    "page": b64(page.id),
+                    "policy": req.policy.value,
+                    "left": req.left.id.hex(),
+                    "right": req.right.id.hex(),
+                    "conflicts": [
+                        {
+                            "key": b64(c.key),
+                            "base": await side(c.base),
+                            "left": await side(c.left),
+                            "right": await side(c.right),
+                        }
+                        for c in req.conflicts
+                    ],
+                }
+            )
+            return await fut
+        finally:
+            self._asked.pop(rid, None)
+
+    async def op_resolved(self, req: dict[str, Any]) -> dict[str, Any]:
+        fut = self._asked.get(str(req.get("request")))
+        if fut is None or fut.done():
+            raise ae.Conflict(f"no merge {req.get('request')!r} is waiting for this session")
+        choices = req.get("choices")
+        if not isinstance(choices, list):
+            raise ae.BadRequest("choices must be a list")
+        out: dict[bytes, Choice] = {}
+        for i, ch in enumerate(choices):
+            if not isinstance(ch, dict):
+                raise ae.BadRequest(f"choices[{i}] must be an object")
+            key = unb64(ch.get("key"), f"choices[{i}].key")
+            take = ch.get("take")
+            if take in ("left", "right"):
+                out[key] = take
+            elif take == "delete":
+                out[key] = None
+            elif take == "value":
+                out[key] = unb64(ch.get("value"), f"choices[{i}].value")
+            else:
+                raise ae.BadRequest(f"choices[{i}].take must be left, right, delete or value")
+        fut.set_result(out)
         return {}
 
     async def op_register_resolver(self, req: dict[str, Any]) -> dict[str, Any]:
