@@ -8,7 +8,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from store import Repository
+from store import Page, Repository
 from sync.engine import SyncEngine
 from sync.folder import FolderStore
 
@@ -26,8 +26,8 @@ step = st.one_of(
 )
 
 
-async def _merges(page: object) -> int:
-    return sum(1 for c in await page.history(100_000) if c.is_merge)  # type: ignore[attr-defined]
+async def _merges(page: Page) -> int:
+    return len([c for c in await page.history(100_000) if c.is_merge])
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
