@@ -589,8 +589,12 @@ class Session:
         )
         try:
             answer = await callback(req)
-        except Exception:
-            return  # no answer: the daemon's merge times out and changes nothing
+        except Exception as e:  # tell the daemon at once: the merge changes nothing
+            with contextlib.suppress(LedgerError):
+                await self.call(
+                    "resolved", request=doc["request"], error=f"{type(e).__name__}: {e}"
+                )
+            return
         choices: list[dict[str, str]] = []
         for key, choice in answer.items():
             if choice in ("left", "right"):

@@ -141,45 +141,74 @@ class Session:
             await self.ws.send_str(json.dumps(doc))
 
     async def run(self) -> None:
-        async for msg in self.ws:
-            if msg.type != WSMsgType.TEXT:
+        """Read frames; serve requests in order on a worker, answers to merges at once.
+
+        A ``resolved`` answer never waits behind the session's other requests, so a
+        client that resolves conflicts and also commits on the same connection
+        cannot deadlock against itself.
+        """
+        queue: asyncio.Queue[str | None] = asyncio.Queue()
+        worker = asyncio.create_task(self._serve(queue), name=f"session-{self.number}")
+        try:
+            async for msg in self.ws:
                 if msg.type == WSMsgType.BINARY:
-                    await self.send(
-                        {
-                            "ok": False,
-                            "error": ae.BadRequest("send JSON text frames").body()["error"],
-                        }
-                    )
-                continue
-            rid: Any = None
+                    err = ae.BadRequest("send JSON text frames").body()["error"]
+                    await self.send({"ok": False, "error": err})
+                    continue
+                if msg.type != WSMsgType.TEXT:
+                    continue
+                if '"resolved"' in msg.data:
+                    await self._handle(msg.data, only_resolved=True, queue=queue)
+                else:
+                    queue.put_nowait(msg.data)
+        finally:
+            queue.put_nowait(None)
+            worker.cancel()
+            await asyncio.gather(worker, return_exceptions=True)
+
+    async def _serve(self, queue: asyncio.Queue[str | None]) -> None:
+        while (data := await queue.get()) is not None:
+            await self._handle(data)
+
+    async def _handle(
+        self,
+        data: str,
+        only_resolved: bool = False,
+        queue: asyncio.Queue[str | None] | None = None,
+    ) -> None:
+        rid: Any = None
+        try:
             try:
-                try:
-                    req = json.loads(msg.data)
-                except json.JSONDecodeError as e:
-                    raise ae.BadRequest(f"message is not valid JSON: {e}") from None
-                if not isinstance(req, dict):
-                    raise ae.BadRequest("a message must be a JSON object")
-                rid = req.get("id")
-                op = self.ops.get(str(req.get("op")))
-                if op is None:
-                    raise ae.BadRequest(f"unknown op {req.get('op')!r}")
-                result = await op(req)
-                await self.send({"id": rid, "ok": True, **result})
-            except ae.ApiError as e:
-                await self.send({"id": rid, "ok": False, **e.body()})
-            except StoreError as e:
-                await self.send({"id": rid, "ok": False, **ae.from_store(e).body()})
-            except (ConnectionResetError, asyncio.CancelledError):
-                raise
-            except Exception as e:
-                log.exception("session %d: internal error", self.number)
-                await self.send(
-                    {
-                        "id": rid,
-                        "ok": False,
-                        **ae.ApiError(f"internal error: {type(e).__name__}").body(),
-                    }
-                )
+                req = json.loads(data)
+            except json.JSONDecodeError as e:
+                raise ae.BadRequest(f"message is not valid JSON: {e}") from None
+            if not isinstance(req, dict):
+                raise ae.BadRequest("a message must be a JSON object")
+            if only_resolved and req.get("op") != "resolved":
+                assert queue is not None
+                queue.put_nowait(data)  # just mentioned the word: an ordinary request
+                return
+            rid = req.get("id")
+            op = self.ops.get(str(req.get("op")))
+            if op is None:
+                raise ae.BadRequest(f"unknown op {req.get('op')!r}")
+            result = await op(req)
+            await self.send({"id": rid, "ok": True, **result})
+        except ae.ApiError as e:
+            await self.send({"id": rid, "ok": False, **e.body()})
+        except StoreError as e:
+            await self.send({"id": rid, "ok": False, **ae.from_store(e).body()})
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception as e:
+            log.exception("session %d: internal error", self.number)
+            await self.send(
+                {
+                    "id": rid,
+                    "ok": False,
+                    **ae.ApiError(f"internal error: {type(e).__name__}").body(),
+                }
+            )
 
     async def close(self) -> None:
         """The connection ended: roll back its transactions, end its watchers."""
@@ -370,6 +399,9 @@ class Session:
         fut = self._asked.get(str(req.get("request")))
         if fut is None or fut.done():
             raise ae.Conflict(f"no merge {req.get('request')!r} is waiting for this session")
+        if req.get("error"):
+            fut.set_exception(RuntimeError(f"the resolver failed: {req.get('error')}"))
+            return {}
         choices = req.get("choices")
         if not isinstance(choices, list):
             raise ae.BadRequest("choices must be a list")

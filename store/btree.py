@@ -100,6 +100,11 @@ def decode_node(data: bytes) -> Node:
         entries = tuple([Entry(k, v, _PRIORITIES[p]) for k, v, p in raw])
         if not all(isinstance(e.key, bytes) and isinstance(e.value, bytes) for e in entries):
             raise TypeError("entry keys and values are bytes")
+        for e in entries:
+            dg.validate(e.value)
+        for ch in children:
+            if not isinstance(ch, bytes) or (ch and dg.validate(ch) is None):
+                raise TypeError("children are digests")
         node = Node(int(level), entries, tuple(children))
     except (ValueError, TypeError, IndexError) as e:
         raise CorruptObjectError(f"undecodable tree node: {e}") from e

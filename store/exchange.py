@@ -61,14 +61,17 @@ async def pending_upload(page: Page) -> Upload:
     )
     local = {bytes(r[0]) for r in rows}
     lazy_roots: set[bytes] = set()
+    eager_roots: set[bytes] = set()
     for c in commits:
         base = (await page.load_commit(c.parents[0])).root if c.parents else btree.EMPTY
         async for ch in btree.diff(page.nodes, base, c.root):
-            if ch.new is not None and ch.new.priority == Priority.LAZY:
-                lazy_roots.add(ch.new.value)
+            if ch.new is not None:
+                (lazy_roots if ch.new.priority == Priority.LAZY else eager_roots).add(ch.new.value)
     lazy: set[bytes] = set()
     for root in lazy_roots:
         lazy.update(d for d in await _value_pieces(page, root) if d in local)
+    for root in eager_roots:  # a piece an EAGER value also uses travels EAGER
+        lazy.difference_update(await _value_pieces(page, root))
     eager = sorted(local - lazy)
     return Upload(commits, eager, sorted(lazy))
 
@@ -140,7 +143,7 @@ async def import_remote(
     if bad:
         raise CorruptObjectError(f"piece {dg.short(bad[0])} does not match its digest")
     commits = [commit.decode(data) for data in commit_data]
-    known = {c.id for c in commits}
+    known = {c.id: c for c in commits}
     new: list[Commit] = []
     for c in commits:
         try:
@@ -148,13 +151,19 @@ async def import_remote(
             continue
         except StoreError:
             pass
+        generations = []
         for p in c.parents:
             if p in known:
+                generations.append(known[p].generation)
                 continue
             try:
-                await page.load_commit(p)
+                generations.append((await page.load_commit(p)).generation)
             except StoreError:
                 raise MissingParentError(f"commit {c.id.hex()[:12]} needs {p.hex()[:12]}") from None
+        if c.parents and c.generation != 1 + max(generations):
+            raise CorruptObjectError(f"commit {c.id.hex()[:12]} has a wrong generation")
+        if not c.parents:
+            raise CorruptObjectError(f"commit {c.id.hex()[:12]} claims to be a first commit")
         new.append(c)
     await _check_trees(page, [c.root for c in new], pieces, lazy)
 

@@ -813,16 +813,27 @@ class Page(View):
         """Store verified remote commits (``work`` writes them), then merge heads.
 
         Watchers hear once about the resulting state. Used by :mod:`store.exchange`.
+        Shielded: once the write starts, memory follows the database even if the
+        caller is cancelled (a sync that timed out).
         """
+        await asyncio.shield(self._adopt_remote(work, new))
+
+    async def _adopt_remote(
+        self, work: Callable[[sqlite3.Connection], None], new: list[Commit]
+    ) -> None:
         async with self._commit_lock:
             if self._closed:
                 raise ClosedError(f"page {self.id!r} is closed")
             old_root = self.head.root
-            await self.db.run(work, write=True)
-            for c in new:
-                self._commits[c.id] = c
-            rows = await self.db.read_all("SELECT commit_id FROM heads")
-            self._heads = sorted([await self.load_commit(bytes(r[0])) for r in rows], key=_order)
+            try:
+                await self.db.run(work, write=True)
+            finally:
+                for c in new:
+                    self._commits[c.id] = c
+                rows = await self.db.read_all("SELECT commit_id FROM heads")
+                self._heads = sorted(
+                    [await self.load_commit(bytes(r[0])) for r in rows], key=_order
+                )
             if len(self._heads) > 1:
                 await self._merge_heads()
             await self._notify_change(old_root)

@@ -74,7 +74,10 @@ class Repository:
     async def open(cls, root: Path, *, synchronous: Synchronous = "NORMAL") -> Repository:
         root = Path(root)
         (root / str(FORMAT_VERSION) / "ledgers").mkdir(parents=True, exist_ok=True)
-        usage = await Database.open(root / "page_usage.sqlite", create_usage_schema)
+        # FULL: the device id and sync's sequence numbers must survive a power loss.
+        usage = await Database.open(
+            root / "page_usage.sqlite", create_usage_schema, synchronous="FULL"
+        )
         repo = cls(root, usage, synchronous)
         await repo._load_device_id()
         return repo

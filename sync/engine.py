@@ -40,11 +40,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from store import Page, Repository
+from store import digest as dg
 from store import exchange as ex
-from store.errors import CorruptObjectError, ObjectNotFoundError, StoreError
+from store.errors import ObjectNotFoundError, StoreError
 from sync import pack
 from sync.cloud import CloudStore
-from sync.errors import AlreadyExistsError, CloudError
+from sync.errors import AlreadyExistsError, CloudError, PermanentCloudError
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ class SyncEngine:
         self._task: asyncio.Task[None] | None = None
         self._dirty: set[tuple[bytes, bytes]] = set()
         self._scanned = False
+        self._seq_checked = False
         self._wake = asyncio.Event()
 
     # -- lifecycle -----------------------------------------------------------------
@@ -266,7 +268,10 @@ class SyncEngine:
             return 0
         eager = await ex.read_pieces(page, up.eager) if up.eager else {}
         lazy = await ex.read_pieces(page, up.lazy) if up.lazy else {}
-        items_e = [(d, eager[d]) for d in up.eager]
+        # Tree nodes go with the commits (the last pack): the reader checks a commit's
+        # whole new tree in the same pack. Only value pieces are spread ahead of it.
+        nodes = [(d, eager[d]) for d in up.eager if dg.kind_of(d) is dg.Kind.TREE]
+        items_e = [(d, eager[d]) for d in up.eager if dg.kind_of(d) is not dg.Kind.TREE]
         items_l = [(d, lazy[d]) for d in up.lazy]
         # Spread pieces over packs of at most max_pack bytes; commits go in the last.
         groups: list[tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]] = []
@@ -280,7 +285,10 @@ class SyncEngine:
                     cur_e, cur_l, size = [], [], 0
                 (cur_l if is_lazy else cur_e).append((d, v))
                 size += len(v)
-        groups.append((cur_e, cur_l))
+        if size + sum(len(v) for _, v in nodes) > self.max_pack and (cur_e or cur_l):
+            groups.append((cur_e, cur_l))
+            cur_e, cur_l = [], []
+        groups.append((nodes + cur_e, cur_l))
         for i, (ge, gl) in enumerate(groups):
             commits = [c.data for c in up.commits] if i == len(groups) - 1 else []
             await self._put_pack(page, commits, ge, gl)
@@ -291,6 +299,23 @@ class SyncEngine:
         )
         return len(groups)
 
+    async def _next_seq(self) -> int:
+        """The next sequence number, saved before use; never below what the bucket shows.
+
+        On the first use after start the device's own log is listed once, so a
+        rolled-back counter (a power loss, a restored backup) cannot reuse a number.
+        """
+        seq = int(await self.repo.get_meta("sync/seq") or b"0")
+        if not self._seq_checked:
+            async for name in self.store.list(f"log/{self.device}/"):
+                ln = LogName.parse(name)
+                if ln is not None:
+                    seq = max(seq, ln.seq)
+            self._seq_checked = True
+        seq += 1
+        await self.repo.set_meta("sync/seq", str(seq).encode())
+        return seq
+
     async def _put_pack(
         self,
         page: Page,
@@ -298,14 +323,21 @@ class SyncEngine:
         eager: list[tuple[bytes, bytes]],
         lazy: list[tuple[bytes, bytes]],
     ) -> None:
-        seq = int(await self.repo.get_meta("sync/seq") or b"0") + 1
-        await self.repo.set_meta("sync/seq", str(seq).encode())  # taken before the PUT
-        data, eager_end = pack.encode(
-            pack.Pack(page.ledger, page.id, self.repo.device_id, seq, commits, eager, lazy)
-        )
-        name = f"log/{self.device}/{seq:016d}.{eager_end}.{_b64(page.ledger)}.{_b64(page.id)}"
-        with contextlib.suppress(AlreadyExistsError):  # a retried PUT whose first try landed
-            await self.store.put(name, data)
+        while True:
+            seq = await self._next_seq()  # taken (and saved) before the PUT
+            data, eager_end = pack.encode(
+                pack.Pack(page.ledger, page.id, self.repo.device_id, seq, commits, eager, lazy)
+            )
+            name = f"log/{self.device}/{seq:016d}.{eager_end}.{_b64(page.ledger)}.{_b64(page.id)}"
+            try:
+                await self.store.put(name, data)
+                return
+            except AlreadyExistsError:
+                # Ours if a retried PUT's first attempt landed; otherwise a reused number.
+                if await self.store.get(name, 0, eager_end) == data[:eager_end]:
+                    return
+                log.warning("sequence %d was already used; taking the next", seq)
+                self._seq_checked = False
 
     # -- download --------------------------------------------------------------------
 
@@ -319,7 +351,11 @@ class SyncEngine:
         self._polls += 1
         n = 0
         for device in sorted(self.devices):
-            n += await self._download_device(device, only)
+            try:
+                n += await self._download_device(device, only)
+            except CloudError as e:  # this device's log is unreachable now; the others go on
+                self.last_error = f"device {device}: {type(e).__name__}: {e}"
+                log.warning("download from device %s failed: %s", device, e)
         return n
 
     async def _download_device(self, device: str, only: tuple[bytes, bytes | None] | None) -> int:
@@ -332,7 +368,12 @@ class SyncEngine:
                 log.warning("ignoring a foreign object in the bucket: %s", name)
                 await self.repo.set_meta(cursor_key, name.encode())
                 continue
-            page = await self.repo.open_page(ln.ledger, ln.page)
+            try:
+                page = await self.repo.open_page(ln.ledger, ln.page)
+            except StoreError as e:  # a name this device cannot hold (too long, ...)
+                log.error("ignoring pack %s: %s", name, e)
+                await self.repo.set_meta(cursor_key, name.encode())
+                continue
             marker = f"imported/{device}"
             done = await ex.sync_value(page, marker)
             if done is None or int(done) < ln.seq:
@@ -342,7 +383,8 @@ class SyncEngine:
                 except ex.MissingParentError as e:
                     log.info("pack %s waits for its parents: %s", name, e)
                     return n  # later packs of this device may depend on it
-                except (pack.CorruptPackError, CorruptObjectError) as e:
+                except (pack.CorruptPackError, StoreError, PermanentCloudError, ValueError) as e:
+                    # Refused and reported; this device's later packs wait behind it.
                     self._fail(page, e)
                     log.error("refused pack %s: %s", name, e)
                     return n

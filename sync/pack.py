@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import msgpack
 
+from store import digest as dg
+from store.errors import InvalidDigestError
 from sync.errors import SyncError
 
 MAGIC = b"LDGPACK1"
@@ -118,10 +120,17 @@ def decode_prefix(data: bytes, eager_end: int) -> PackPrefix:
 
 
 def _piece_ok(x: object) -> bool:
-    return (
+    """``[digest, length]`` with a well-formed, hashed (never inline) digest."""
+    if not (
         isinstance(x, list)
         and len(x) == 2
         and isinstance(x[0], bytes)
         and isinstance(x[1], int)
         and 0 <= x[1] <= 1 << 32
-    )
+    ):
+        return False
+    try:
+        dg.validate(x[0])
+    except InvalidDigestError:
+        return False
+    return not dg.is_inline(x[0])

@@ -133,3 +133,25 @@ async def test_session_errors(daemon: Daemon) -> None:
         assert e.value.code == "too_large"
         await txn.rollback()
         await s.close()
+
+
+async def test_resolver_on_the_committing_session_does_not_deadlock(daemon: Daemon) -> None:
+    from daemon.client import Answer, ResolveRequest
+
+    async with AsyncClient(daemon.socket) as c:
+        await c.policy("l", "p", "automatic_with_fallback")
+        await c.put("l", "p", b"k", b"base")
+        s = await c.open_session()
+
+        async def take_right(req: ResolveRequest) -> Answer:
+            return {x.key: "right" for x in req.conflicts}
+
+        await s.register_resolver("l", take_right)
+        txn = await s.begin("l", "p")
+        await txn.put(b"k", b"from txn")
+        await c.put("l", "p", b"k", b"plain")  # the page moves: the commit needs a merge
+        await c.heads("l", "p")
+        await asyncio.wait_for(txn.commit(), 10)  # answered on the same session, at once
+        doc = await c.policy("l", "p")
+        assert doc["heads"] == 1 and doc["conflict"] is None
+        await s.close()

@@ -189,3 +189,54 @@ async def test_new_device_bootstraps_and_faults_converge(
             prefix = pack.decode_prefix(f.read_bytes()[:eager_end], eager_end)
             seen.extend(commit.decode(c).id for c in prefix.commits)
         assert len(seen) == len(set(seen)), f"{dev_log.name} uploaded a commit twice"
+
+
+async def test_a_bad_device_does_not_block_the_others(tmp_path: Path, bucket: FolderStore) -> None:
+    bad = "00" * 16
+    data, eager_end = pack.encode(pack.Pack(b"l", b"junk", bytes(16), 1, [], [(b"", b"x")], []))
+    await bucket.put(f"devices/{bad}", b"")
+    await bucket.put(f"log/{bad}/{1:016d}.{eager_end}.bA.anVuaw", data)
+    async with device(tmp_path / "a", bucket) as a, device(tmp_path / "b", bucket) as b:
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"k", b"v")
+        await a.engine.sync()
+        await b.engine.sync()  # refuses the bad pack, still downloads from a
+        assert (await _keys(b.repo)) == {b"k": b"v"}
+        junk = await b.repo.ledger("l").page("junk")
+        assert "malformed" in ((await b.engine.page_status(junk))["last_error"] or "")
+
+
+async def test_a_commit_with_a_wrong_generation_is_refused(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    async with device(tmp_path / "a", bucket) as a, device(tmp_path / "b", bucket) as b:
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"k", b"v")
+        await pa.flush()
+        liar = commit.make((pa.head.id,), pa.head.timestamp + 1, 99, pa.head.root, b"salt")
+        data, eager_end = pack.encode(
+            pack.Pack(b"l", b"p", a.repo.device_id, 50, [liar.data], [], [])
+        )
+        await a.engine.sync()
+        await bucket.put(f"log/{a.repo.device_id.hex()}/{50:016d}.{eager_end}.bA.cA", data)
+        await b.engine.sync()
+        pb = await b.repo.ledger("l").page("p")
+        assert liar.id not in {h.id for h in await pb.heads()}
+        assert "generation" in ((await b.engine.page_status(pb))["last_error"] or "")
+
+
+async def test_pieces_shared_with_an_eager_value_travel_eager(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    blob = random.Random(3).randbytes(200_000)
+    async with device(tmp_path / "a", bucket) as a:
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"attachment", blob, Priority.LAZY)
+        await pa.put(b"copy", blob)  # EAGER, same pieces
+        await a.engine.sync()
+    offline = FaultyStore(bucket, rate=0.0)
+    async with device(tmp_path / "b", offline) as b:
+        await b.engine.sync()
+        offline.rate = 1.0
+        pb = await b.repo.ledger("l").page("p")
+        assert await pb.get(b"copy") == blob  # available offline
