@@ -21,11 +21,11 @@ from typing import Any
 import boto3
 
 from bench.common import emit, timed
-from bench.sync import AWS, _moto
+from bench.sync import AWS
 from store import Page, Repository
 from sync.engine import SyncEngine
 from sync.s3 import S3Store
-from sync.testing import CountingStore
+from sync.testing import CountingStore, moto_server
 
 
 async def _run(base: Path, endpoint: str, bucket: str, devices: int, ops: int) -> dict[str, Any]:
@@ -92,16 +92,12 @@ def main() -> None:
     ap.add_argument("--ops", type=int, default=1000)
     args = ap.parse_args()
     os.environ.update(AWS)
-    proc, endpoint = _moto()
-    try:
+    with moto_server() as endpoint:
         boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
             Bucket="conv"
         )
         with tempfile.TemporaryDirectory() as d:
             figures = asyncio.run(_run(Path(d), endpoint, "conv", args.devices, args.ops))
-    finally:
-        proc.terminate()
-        proc.wait(30)
     emit("convergence", figures)
 
 

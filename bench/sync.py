@@ -20,11 +20,8 @@ import os
 import random
 import re
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,33 +31,13 @@ from bench.common import emit, timed
 from store import Repository
 from sync.engine import SyncEngine
 from sync.s3 import S3Store
-from sync.testing import CountingStore
+from sync.testing import CountingStore, moto_server
 
 AWS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
-
-
-def _moto() -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc, f"http://127.0.0.1:{port}"
-        except OSError:
-            if time.monotonic() > deadline:
-                raise RuntimeError("moto server did not start") from None
-            time.sleep(0.05)
 
 
 async def _device(
@@ -175,8 +152,7 @@ def main() -> None:
     ap.add_argument("--page-entries", type=int, default=100_000)
     args = ap.parse_args()
     os.environ.update(AWS)
-    proc, endpoint = _moto()
-    try:
+    with moto_server() as endpoint:
         bucket = "bench"
         boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
             Bucket=bucket
@@ -186,9 +162,6 @@ def main() -> None:
                 _bench(Path(d), endpoint, bucket, args.entries, args.page_entries)
             )
             figures["rclone_copy"] = _rclone(Path(d), endpoint, bucket, args.entries)
-    finally:
-        proc.terminate()
-        proc.wait(30)
     ours = figures["propagation"]
     rc = figures["rclone_copy"]
     if rc and "seconds" in rc:

@@ -8,8 +8,13 @@ proves request budgets (how many PUTs, GETs, LISTs an operation costs);
 from __future__ import annotations
 
 import random
+import socket
+import subprocess
+import sys
+import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 
 from sync.cloud import CloudStore
 from sync.errors import TransientCloudError
@@ -98,3 +103,30 @@ class FaultyStore(CloudStore):
 
     async def close(self) -> None:
         await self.inner.close()
+
+
+@contextmanager
+def moto_server(timeout: float = 30.0) -> Iterator[str]:
+    """moto's S3 HTTP server as a child process on a free loopback port; yields its URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while True:  # wait until it accepts connections
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("moto server did not start") from None
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(30)

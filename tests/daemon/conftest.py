@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -14,7 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+import boto3
 import pytest
+
+from sync.testing import moto_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -134,3 +138,59 @@ async def http(daemon: Daemon) -> AsyncIterator[aiohttp.ClientSession]:
         connector=aiohttp.UnixConnector(path=str(daemon.socket)), base_url="http://ledgerd"
     ) as s:
         yield s
+
+
+# -- several daemons sharing a bucket on moto's HTTP server ---------------------------
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    with moto_server() as url:
+        yield url
+
+
+AWS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_CONFIG_FILE": "/dev/null",
+    "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+}
+
+
+@pytest.fixture
+def bucket(s3_endpoint: str) -> str:
+    name = f"ledgerd-{os.urandom(4).hex()}"
+    boto3.client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    ).create_bucket(Bucket=name)
+    return name
+
+
+def _start(base: Path, endpoint: str, bucket: str) -> Daemon:
+    env = {**AWS, "LEDGERD_ENDPOINT_URL": endpoint, "LEDGERD_SYNC_INTERVAL": "60"}
+    return start_daemon(base, "--cloud", f"s3://{bucket}/e2e", env=env)
+
+
+def _sync(d: Daemon) -> None:
+    out = d.ledgerctl("sync", "--timeout", "60")
+    assert out.returncode == 0, out.stderr.decode()
+
+
+def _ls(d: Daemon, ledger: str = "notes", page: str = "inbox") -> list[dict[str, str]]:
+    out = d.ledgerctl("ls", ledger, page, "--json", check=True)
+    return [json.loads(x) for x in out.stdout.decode().splitlines()]
+
+
+@pytest.fixture
+def three(short_tmp: Path, s3_endpoint: str, bucket: str) -> Iterator[list[Daemon]]:
+    ds = [_start(short_tmp / n, s3_endpoint, bucket) for n in ("a", "b", "c")]
+    try:
+        yield ds
+    finally:
+        for d in ds:
+            assert d.stop() == 0, d.log_text()

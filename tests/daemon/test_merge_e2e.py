@@ -5,30 +5,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from daemon.client import Answer, AsyncClient, ResolveRequest
 from tests.daemon.conftest import Daemon
-from tests.daemon.test_sync_e2e import (  # noqa: F401  (fixture)
-    _start,
-    bucket,  # noqa: F401  (fixture)
-    s3_endpoint,
-)
 
 KEYS = [b"key-%03d" % i for i in range(100)]
-
-
-@pytest.fixture
-def three(short_tmp: Path, s3_endpoint: str, bucket: str) -> Iterator[list[Daemon]]:  # noqa: F811
-    ds = [_start(short_tmp / n, s3_endpoint, bucket) for n in ("a", "b", "c")]
-    try:
-        yield ds
-    finally:
-        for d in ds:
-            assert d.stop() == 0, d.log_text()
 
 
 async def _write_everywhere(clients: list[AsyncClient]) -> None:

@@ -10,87 +10,11 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import boto3
-import pytest
 
 from daemon.client import Client
 from store.repository import encode_name
-from tests.daemon.conftest import ROOT, Daemon, start_daemon
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while True:  # wait until it accepts connections
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, "moto server did not start"
-            time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(30)
-
-
-AWS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_CONFIG_FILE": "/dev/null",
-    "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
-}
-
-
-@pytest.fixture
-def bucket(s3_endpoint: str) -> str:
-    name = f"ledgerd-{os.urandom(4).hex()}"
-    boto3.client(
-        "s3",
-        endpoint_url=s3_endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    ).create_bucket(Bucket=name)
-    return name
-
-
-def _start(base: Path, endpoint: str, bucket: str) -> Daemon:
-    env = {**AWS, "LEDGERD_ENDPOINT_URL": endpoint, "LEDGERD_SYNC_INTERVAL": "60"}
-    return start_daemon(base, "--cloud", f"s3://{bucket}/e2e", env=env)
-
-
-def _sync(d: Daemon) -> None:
-    out = d.ledgerctl("sync", "--timeout", "60")
-    assert out.returncode == 0, out.stderr.decode()
-
-
-def _ls(d: Daemon, ledger: str = "notes", page: str = "inbox") -> list[dict[str, str]]:
-    out = d.ledgerctl("ls", ledger, page, "--json", check=True)
-    return [json.loads(x) for x in out.stdout.decode().splitlines()]
-
-
-@pytest.fixture
-def three(short_tmp: Path, s3_endpoint: str, bucket: str) -> Iterator[list[Daemon]]:
-    ds = [_start(short_tmp / n, s3_endpoint, bucket) for n in ("a", "b", "c")]
-    try:
-        yield ds
-    finally:
-        for d in ds:
-            assert d.stop() == 0, d.log_text()
+from tests.daemon.conftest import AWS, ROOT, Daemon, _ls, _start, _sync, start_daemon
 
 
 def test_writes_propagate_and_converge(three: list[Daemon]) -> None:
