@@ -1,1 +1,1 @@
-"""The ledgerd process: config, Unix-socket API, client and CLI (arrives with the daemon issue)."""
+"""The ledgerd process: config, Unix-socket API, sessions, clients and ``ledgerctl``."""

@@ -1,9 +1,10 @@
-"""Cloud sync: the CloudStore boundary (S3, local folder) and, next, page upload/download.
+"""Cloud sync: pages to and from a bucket, through one CloudStore boundary.
 
-Only the cloud boundary exists so far: :class:`sync.cloud.CloudStore` with its
-S3 (:mod:`sync.s3`) and folder (:mod:`sync.folder`) implementations, retries
-(:class:`sync.cloud.Retrying`) and test doubles (:mod:`sync.testing`). The page
-protocol (packs, per-device logs, discovery, lazy fetch) is not written yet.
+:class:`sync.cloud.CloudStore` with its S3 (:mod:`sync.s3`) and folder
+(:mod:`sync.folder`) implementations and retries (:class:`sync.cloud.Retrying`);
+the pack format (:mod:`sync.pack`); the protocol and background loop
+(:mod:`sync.engine`); test doubles (:mod:`sync.testing`). ``sync`` sees the store
+only through its public API (:mod:`store.exchange`, :class:`store.Repository`).
 """
 
 from sync.cloud import CloudStore, Retrying, check_name
