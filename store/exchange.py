@@ -199,44 +199,52 @@ def _sql_insert_commit(conn: sqlite3.Connection, c: Commit) -> None:
 async def _check_trees(
     page: Page, roots: list[bytes], pieces: dict[bytes, bytes], lazy: dict[bytes, str]
 ) -> None:
-    """Every tree node reachable from ``roots`` is here or arriving; values are somewhere."""
+    """Every tree node reachable from ``roots`` is here or arriving; values are somewhere.
+
+    Walks level by level with one existence query per level (not one per entry).
+    Nodes already stored were checked when they arrived and are not opened.
+    """
     seen: set[bytes] = set()
-    stack = [r for r in roots if r]
-    while stack:
-        d = stack.pop()
-        if d in seen:
-            continue
-        seen.add(d)
-        node_bytes = await _node_bytes(page, d, pieces)
-        if node_bytes is None:
-            continue  # already stored: its subtree was checked when it arrived
-        node = btree.decode_node(node_bytes)
-        stack.extend(ch for ch in node.children if ch)
-        for e in node.entries:
-            v = e.value
-            if dg.is_inline(v) or v in pieces or v in lazy:
-                continue
-            if await page.objects.status(v) is None:
-                raise CorruptObjectError(f"value {dg.short(v)} of a remote commit is nowhere")
+    frontier = [r for r in roots if r]
+    while frontier:
+        frontier = [d for d in dict.fromkeys(frontier) if d not in seen]
+        seen.update(frontier)
+        stored = await page.objects.known(
+            [d for d in frontier if not dg.is_inline(d) and d not in pieces]
+        )
+        children: list[bytes] = []
+        values: list[bytes] = []
+        for d in frontier:
+            if not dg.is_inline(d) and d not in pieces:
+                if d in stored:
+                    continue
+                raise CorruptObjectError(f"tree node {dg.short(d)} of a remote commit is missing")
+            node = btree.decode_node(await _node_bytes(page, d, pieces))
+            children.extend(ch for ch in node.children if ch)
+            values.extend(
+                e.value
+                for e in node.entries
+                if not (dg.is_inline(e.value) or e.value in pieces or e.value in lazy)
+            )
+        if values:
+            known = await page.objects.known(values)
+            missing = [v for v in values if v not in known]
+            if missing:
+                raise CorruptObjectError(
+                    f"value {dg.short(missing[0])} of a remote commit is nowhere"
+                )
+        frontier = children
 
 
-async def _node_bytes(page: Page, d: bytes, pieces: dict[bytes, bytes]) -> bytes | None:
-    """Content of a node that arrives now (None if it is already stored here)."""
+async def _node_bytes(page: Page, d: bytes, pieces: dict[bytes, bytes]) -> bytes:
+    """Content of an arriving node (a large one is assembled from its pieces)."""
     if dg.is_inline(d):
         return dg.inline_content(d)
-    if await page.objects.status(d) is not None and d not in pieces:
-        return None
-    if d not in pieces:
-        raise CorruptObjectError(f"tree node {dg.short(d)} of a remote commit is missing")
     if not dg.is_index(d):
-        return pieces[d]
-    out = b""
-    for child in split.decode_index(pieces[d]):
-        part = await _node_bytes(page, child.digest, pieces)
-        if part is None:
-            part = await page.objects.get_piece(child.digest)
-        out += part
-    return out
+        return pieces[d] if d in pieces else await page.objects.get_piece(d)
+    index = pieces[d] if d in pieces else await page.objects.get_piece(d)
+    parts = [await _node_bytes(page, c.digest, pieces) for c in split.decode_index(index)]
+    return b"".join(parts)
 
 
 async def remote_locations(page: Page, digests: list[bytes]) -> dict[bytes, str]:

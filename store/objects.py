@@ -253,6 +253,21 @@ class ObjectStore:
             return int(status)
         return TRANSIENT if stored else None
 
+    async def known(self, digests: list[bytes]) -> set[bytes]:
+        """Which of ``digests`` this page knows (stored, or with a status row)."""
+        out: set[bytes] = set()
+        want = list(dict.fromkeys(digests))
+        for i in range(0, len(want), 400):
+            part = want[i : i + 400]
+            marks = ",".join("?" * len(part))
+            rows = await self.db.read_all(
+                f"SELECT digest FROM object_status WHERE digest IN ({marks}) "
+                f"UNION SELECT digest FROM objects WHERE digest IN ({marks})",
+                part + part,
+            )
+            out.update(bytes(r[0]) for r in rows)
+        return out
+
     async def discard(self, journal_id: str) -> int:
         """Forget what ``journal_id`` staged and collect pieces nothing else needs."""
         async with self.db.write() as conn:
