@@ -14,7 +14,7 @@ import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from store import btree, commit, split
+from store import btree, commit, split, sql
 from store import digest as dg
 from store.btree import Priority
 from store.commit import Commit
@@ -146,11 +146,8 @@ async def import_remote(
     known = {c.id: c for c in commits}
     new: list[Commit] = []
     for c in commits:
-        try:
-            await page.load_commit(c.id)
+        if await _has_commit(page, c.id):
             continue
-        except StoreError:
-            pass
         generations = []
         for p in c.parents:
             if p in known:
@@ -190,9 +187,15 @@ async def import_remote(
     return new
 
 
-def _sql_insert_commit(conn: sqlite3.Connection, c: Commit) -> None:
-    from store import sql
+async def _has_commit(page: Page, cid: bytes) -> bool:
+    try:
+        await page.load_commit(cid)
+    except StoreError:
+        return False
+    return True
 
+
+def _sql_insert_commit(conn: sqlite3.Connection, c: Commit) -> None:
     sql.insert_commit(conn, c, unsynced=False)
 
 

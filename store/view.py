@@ -14,6 +14,7 @@ Ranges
 
 from __future__ import annotations
 
+import abc
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -87,15 +88,16 @@ def bounds(
     return lo, hi
 
 
-class View:
+class View(abc.ABC):
     """Reads over one (root, overlay) state. Subclasses say where the state comes from."""
 
     def __init__(self, objects: ObjectStore, nodes: NodeStore) -> None:
         self.objects = objects
         self.nodes = nodes
 
+    @abc.abstractmethod
     def _state(self) -> tuple[bytes, Overlay]:
-        raise NotImplementedError
+        """The tree root and the overlay reads see now."""
 
     async def get_entry(self, key: bytes) -> Entry | None:
         key = check_key(key)
