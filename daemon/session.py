@@ -81,9 +81,6 @@ class Resolvers:
             while s in lst:
                 lst.remove(s)
 
-    def for_ledger(self, ledger: bytes) -> list[Session]:
-        return list(self.by_ledger.get(ledger, []))
-
 
 class Sessions:
     def __init__(self, api: Api) -> None:

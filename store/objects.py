@@ -38,7 +38,7 @@ from store import digest as dg
 from store import split
 from store.db import Database
 from store.errors import CorruptObjectError, ObjectNotFoundError, RangeError
-from store.schema import LOCAL, SYNCED, TRANSIENT
+from store.schema import SYNCED, TRANSIENT
 
 log = logging.getLogger(__name__)
 
@@ -217,18 +217,6 @@ class ObjectStore:
 
     # -- status ----------------------------------------------------------------
 
-    async def mark_local(self, journal_id: str, conn: aiosqlite.Connection) -> None:
-        """The journal committed: its pieces become ``local`` and stop being staged.
-
-        ``conn`` is the write connection of the caller's transaction.
-        """
-        await conn.execute(
-            f"INSERT OR IGNORE INTO object_status (digest, status) "
-            f"SELECT digest, {LOCAL} FROM journal_pieces WHERE journal_id = ?",
-            (journal_id,),
-        )
-        await conn.execute("DELETE FROM journal_pieces WHERE journal_id = ?", (journal_id,))
-
     async def mark_synced(self, digests: Iterable[bytes]) -> None:
         """These pieces are in the cloud (uploaded, or seen in a remote pack)."""
         rows = [(d,) for d in digests if not dg.is_inline(d)]
@@ -369,25 +357,6 @@ class ObjectStore:
         if dg.is_inline(digest):
             return dg.inline_content(digest)
         return (await self.get_pieces([digest]))[digest]
-
-    async def has_value(self, digest: bytes) -> bool:
-        """True if every piece of the value is stored locally."""
-        stack = [digest]
-        while stack:
-            d = stack.pop()
-            if dg.is_inline(d):
-                continue
-            rows = await self.db.read_all("SELECT data FROM objects WHERE digest = ?", (d,))
-            if not rows:
-                return False
-            if dg.is_index(d):
-                data = bytes(rows[0][0])
-                if not dg.verify(d, data):
-                    raise CorruptObjectError(
-                        f"stored object {dg.short(d)} does not match its digest"
-                    )
-                stack.extend(c.digest for c in split.decode_index(data))
-        return True
 
     async def size(self, digest: bytes) -> int:
         """Size in bytes of the value named by a root digest."""

@@ -36,7 +36,7 @@ import base64
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from store import Page, Repository
@@ -83,7 +83,6 @@ class LogName:
 class PageState:
     last_sync: float | None = None
     last_error: str | None = None
-    permanent: bool = False
 
 
 @dataclass
@@ -91,7 +90,6 @@ class Stats:
     uploaded_packs: int = 0
     downloaded_packs: int = 0
     rounds: int = 0
-    errors: list[str] = field(default_factory=list)
 
 
 class SyncEngine:
@@ -419,7 +417,7 @@ class SyncEngine:
 
     def _ok(self, page: Page) -> None:
         st = self.states.setdefault((page.ledger, page.id), PageState())
-        st.last_sync, st.last_error, st.permanent = time.time(), None, False
+        st.last_sync, st.last_error = time.time(), None
 
     def _fail(self, page: Page, e: BaseException) -> None:
         st = self.states.setdefault((page.ledger, page.id), PageState())

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from store import digest as dg
-from store import split
+from store import split, sql
 from store.errors import CorruptObjectError, ObjectNotFoundError, RangeError
 from store.objects import ObjectStore
 from store.schema import LOCAL, SYNCED, TRANSIENT
@@ -155,8 +155,7 @@ async def test_status_moves_forward_and_discard_collects(objects: ObjectStore) -
     # Another journal stages the same value; discarding the first keeps it.
     await objects.put_value(data, "Iother")
     assert await objects.discard("Ejournal") == 0
-    async with objects.db.write() as conn:
-        await objects.mark_local("Iother", conn)
+    await objects.db.run(lambda conn: sql.mark_local(conn, "Iother"), write=True)
     assert all([await objects.status(d) == LOCAL for d in digests])
     await objects.mark_synced(digests)
     assert all([await objects.status(d) == SYNCED for d in digests])
