@@ -154,6 +154,18 @@ class Database:
         self._check_open()
         return list(await self.reader.execute_fetchall(sql, params))
 
+    async def read_in(
+        self, sql: str, keys: Sequence[bytes], *, repeat: int = 1, chunk: int = 400
+    ) -> list[sqlite3.Row]:
+        """Rows of ``sql`` for many keys: ``{marks}`` in ``sql`` becomes the placeholders
+        of one chunk of keys (used ``repeat`` times), so no query has too many."""
+        rows: list[sqlite3.Row] = []
+        for i in range(0, len(keys), chunk):
+            part = list(keys[i : i + chunk])
+            marks = ",".join("?" * len(part))
+            rows.extend(await self.read_all(sql.format(marks=marks), part * repeat))
+        return rows
+
     async def close(self) -> None:
         if self._closed:
             return

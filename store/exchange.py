@@ -252,15 +252,10 @@ async def _node_bytes(page: Page, d: bytes, pieces: dict[bytes, bytes]) -> bytes
 
 async def remote_locations(page: Page, digests: list[bytes]) -> dict[bytes, str]:
     """Where the cloud holds pieces that are not stored here (LAZY values)."""
-    out: dict[bytes, str] = {}
-    for i in range(0, len(digests), 500):
-        part = digests[i : i + 500]
-        marks = ",".join("?" * len(part))
-        rows = await page.db.read_all(
-            f"SELECT digest, location FROM remote_pieces WHERE digest IN ({marks})", part
-        )
-        out.update((bytes(d), str(loc)) for d, loc in rows)
-    return out
+    rows = await page.db.read_in(
+        "SELECT digest, location FROM remote_pieces WHERE digest IN ({marks})", digests
+    )
+    return {bytes(d): str(loc) for d, loc in rows}
 
 
 async def unsynced_count(page: Page) -> int:

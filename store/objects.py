@@ -243,18 +243,13 @@ class ObjectStore:
 
     async def known(self, digests: list[bytes]) -> set[bytes]:
         """Which of ``digests`` this page knows (stored, or with a status row)."""
-        out: set[bytes] = set()
-        want = list(dict.fromkeys(digests))
-        for i in range(0, len(want), 400):
-            part = want[i : i + 400]
-            marks = ",".join("?" * len(part))
-            rows = await self.db.read_all(
-                f"SELECT digest FROM object_status WHERE digest IN ({marks}) "
-                f"UNION SELECT digest FROM objects WHERE digest IN ({marks})",
-                part + part,
-            )
-            out.update(bytes(r[0]) for r in rows)
-        return out
+        rows = await self.db.read_in(
+            "SELECT digest FROM object_status WHERE digest IN ({marks}) "
+            "UNION SELECT digest FROM objects WHERE digest IN ({marks})",
+            list(dict.fromkeys(digests)),
+            repeat=2,
+        )
+        return {bytes(r[0]) for r in rows}
 
     async def discard(self, journal_id: str) -> int:
         """Forget what ``journal_id`` staged and collect pieces nothing else needs."""
@@ -306,14 +301,10 @@ class ObjectStore:
         if self.memory:
             found.update((d, self.memory[d]) for d in want if d in self.memory)
             want = [d for d in want if d not in found]
-        fresh: dict[bytes, bytes] = {}
-        for i in range(0, len(want), 500):
-            part = want[i : i + 500]
-            marks = ",".join("?" * len(part))
-            rows = await self.db.read_all(
-                f"SELECT digest, data FROM objects WHERE digest IN ({marks})", part
-            )
-            fresh.update((bytes(d), bytes(v)) for d, v in rows)
+        rows = await self.db.read_in(
+            "SELECT digest, data FROM objects WHERE digest IN ({marks})", want
+        )
+        fresh = {bytes(d): bytes(v) for d, v in rows}
         await self._verify(fresh)
         self._remember(fresh)
         found.update(fresh)
