@@ -21,23 +21,17 @@ from typing import Any
 import boto3
 
 from bench.common import emit, timed
-from bench.sync import AWS
-from store import Page, Repository
-from sync.engine import SyncEngine
-from sync.s3 import S3Store
-from sync.testing import CountingStore, moto_server
+from bench.sync import AWS, _device
+from store import Page
+from sync.testing import moto_server
 
 
 async def _run(base: Path, endpoint: str, bucket: str, devices: int, ops: int) -> dict[str, Any]:
     rng = random.Random(7)
-    repos = [await Repository.open(base / f"dev{i}") for i in range(devices)]
-    clouds = [
-        CountingStore(S3Store(bucket, "conv", endpoint_url=endpoint, region="us-east-1"))
-        for _ in range(devices)
-    ]
-    engines = [SyncEngine(r, c) for r, c in zip(repos, clouds, strict=True)]
-    for e in engines:
-        await e.start(background=False)
+    made = [await _device(base / f"dev{i}", endpoint, bucket, "conv") for i in range(devices)]
+    repos = [r for r, _, _ in made]
+    engines = [e for _, e, _ in made]
+    clouds = [c for _, _, c in made]
     pages: list[Page] = [await r.ledger("bench").page("conv") for r in repos]
     keys = [b"k%03d" % i for i in range(200)]
     for _ in range(ops):

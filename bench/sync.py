@@ -41,10 +41,11 @@ AWS = {
 
 
 async def _device(
-    path: Path, endpoint: str, bucket: str
+    path: Path, endpoint: str, bucket: str, prefix: str = "bench"
 ) -> tuple[Repository, SyncEngine, CountingStore]:
+    """A repository with a sync engine whose S3 requests are counted (no background loop)."""
     repo = await Repository.open(path)
-    store = CountingStore(S3Store(bucket, "bench", endpoint_url=endpoint, region="us-east-1"))
+    store = CountingStore(S3Store(bucket, prefix, endpoint_url=endpoint, region="us-east-1"))
     engine = SyncEngine(repo, store)
     await engine.start(background=False)
     return repo, engine, store

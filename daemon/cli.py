@@ -32,7 +32,7 @@ PROGRESS_MIN = 8 * 1024 * 1024
 
 
 class UsageError(Exception):
-    pass
+    """The command line is wrong (exit status 2)."""
 
 
 def _arg_bytes(text: str, hex_mode: bool, what: str) -> bytes:

@@ -63,7 +63,7 @@ class LedgerError(Exception):
 
 
 class NotFoundError(LedgerError):
-    pass
+    """The ledger, page, key or commit does not exist (HTTP 404)."""
 
 
 class DaemonUnavailableError(LedgerError):

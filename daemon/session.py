@@ -338,7 +338,7 @@ class Session:
                     }
                 )
         except (ConnectionResetError, asyncio.CancelledError):
-            pass
+            return  # the session ended: nobody to tell
         except Exception:
             log.exception("session %d: watcher %s failed", self.number, wid)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from daemon.client import Client
+from daemon.client import Client, NotFoundError
 from store.repository import encode_name
 from tests.daemon.conftest import AWS, ROOT, Daemon, _ls, _start, _sync, start_daemon
 
@@ -131,11 +132,9 @@ def test_background_poll_and_debounce_sync_without_asking(
             ca.put("notes", "inbox", b"k", b"arrives by itself")
             deadline = time.monotonic() + 30
             while True:  # wait for the condition, bounded
-                try:
+                with contextlib.suppress(NotFoundError):  # not there yet
                     if cb.get("notes", "inbox", b"k") == b"arrives by itself":
                         break
-                except Exception:
-                    pass
                 assert time.monotonic() < deadline, "background sync never delivered"
                 time.sleep(0.1)
     finally:
