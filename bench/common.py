@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import platform
 import resource
+import sqlite3
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 
@@ -40,3 +42,34 @@ def emit(name: str, figures: dict[str, Any]) -> None:
     }
     json.dump(doc, sys.stdout, indent=2)
     sys.stdout.write("\n")
+
+
+def storage_floor(path: Path, txns: Sequence[Sequence[tuple[bytes, bytes]]]) -> float:
+    """Seconds for bare ``sqlite3`` to store the same pieces the way a page must.
+
+    Each transaction inserts ``(digest, data)`` rows into ``objects`` and their
+    ``object_status`` rows, with the page schema and the page's pragmas, one
+    ``executemany`` per table: what the storage alone costs on this machine, with
+    no tree, hashing, encoding or event loop of ours around it.
+    """
+    from store.db import PAGE_SIZE, WAL_CHECKPOINT_PAGES
+    from store.schema import LOCAL, create_page_schema
+
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+    db.execute("PRAGMA journal_mode = WAL")
+    db.execute("PRAGMA synchronous = NORMAL")
+    db.execute("PRAGMA cache_size = -16384")
+    db.execute(f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}")
+    create_page_schema(db)
+    with timed() as t:
+        for rows in txns:
+            db.execute("BEGIN IMMEDIATE")
+            db.executemany("INSERT OR IGNORE INTO objects (digest, data) VALUES (?, ?)", rows)
+            db.executemany(
+                f"INSERT OR IGNORE INTO object_status (digest, status) VALUES (?, {LOCAL})",
+                [(d,) for d, _ in rows],
+            )
+            db.execute("COMMIT")
+    db.close()
+    return t.seconds

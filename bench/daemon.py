@@ -6,7 +6,9 @@ Prints JSON. The real daemon runs as a subprocess; next to it, in the same run,
 a bare aiohttp server on a Unix socket answers the same requests by echoing the
 bytes (PUT reads the body, GET returns 100 bytes): the ratio of the two is the
 figure (target >= 0.5). Batch writes report entries per second for 100-byte
-values (target >= 100,000).
+values (target >= 100,000): random values, the same value in every entry (so one
+value piece is stored per batch), and the floor: bare SQLite storing just the
+random values' pieces and status rows, batch by batch, with the page schema.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import json
 import os
 import signal
 import socket
@@ -27,7 +30,8 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from bench.common import emit
+from bench.common import emit, storage_floor
+from store import digest as dg
 
 ROOT = Path(__file__).resolve().parents[1]
 VALUE = b"v" * 100
@@ -110,24 +114,44 @@ async def _single(sock: Path, ops: int, concurrency: int, prefix: str) -> dict[s
     return out
 
 
-async def _batch(sock: Path, batches: int, size: int) -> float:
+def _batch_bodies(batches: int, size: int, distinct: bool) -> list[bytes]:
+    """Request bodies of ``batches`` batch writes of ``size`` puts of 100-byte values:
+    random values, or the same value everywhere (then one value piece is stored)."""
+    bodies = []
+    for b in range(batches):
+        ops = [
+            {
+                "op": "put",
+                "key": base64.b64encode(b"b%04d-%06d" % (b, i)).decode(),
+                "value": base64.b64encode(os.urandom(100) if distinct else VALUE).decode(),
+            }
+            for i in range(size)
+        ]
+        bodies.append(json.dumps({"ops": ops}).encode())
+    return bodies
+
+
+async def _batch(sock: Path, page: str, bodies: list[bytes]) -> float:
+    """Seconds to post the bodies one after another (built before timing: this is the
+    daemon's rate, not the client's JSON encoder's)."""
     conn = aiohttp.UnixConnector(path=str(sock))
-    value = base64.b64encode(VALUE).decode()
+    url = URL(f"http://ledgerd/v1/ledgers/bench/pages/{page}/batch", encoded=True)
+    headers = {"Content-Type": "application/json"}
     async with aiohttp.ClientSession(connector=conn) as http:
         t0 = time.perf_counter()
-        for b in range(batches):
-            ops = [
-                {
-                    "op": "put",
-                    "key": base64.b64encode(b"b%04d-%06d" % (b, i)).decode(),
-                    "value": value,
-                }
-                for i in range(size)
-            ]
-            url = URL("http://ledgerd/v1/ledgers/bench/pages/batch/batch", encoded=True)
-            async with http.post(url, json={"ops": ops}) as r:
+        for body in bodies:
+            async with http.post(url, data=body, headers=headers) as r:
                 assert r.status == 200, await r.text()
-        return batches * size / (time.perf_counter() - t0)
+        return time.perf_counter() - t0
+
+
+def _value_rows(bodies: list[bytes]) -> list[list[tuple[bytes, bytes]]]:
+    """The value pieces each batch stores: one per distinct value."""
+    out = []
+    for body in bodies:
+        values = {base64.b64decode(op["value"]) for op in json.loads(body)["ops"]}
+        out.append([(dg.value_chunk_digest(v), v) for v in values])
+    return out
 
 
 def main() -> None:
@@ -165,11 +189,16 @@ def main() -> None:
             ours = asyncio.run(
                 _single(base / "ledgerd.sock", args.ops, args.concurrency, "/v1/ledgers/b/pages/p")
             )
-            batch = asyncio.run(_batch(base / "ledgerd.sock", args.batches, args.batch_size))
+            distinct = _batch_bodies(args.batches, args.batch_size, distinct=True)
+            same = _batch_bodies(args.batches, args.batch_size, distinct=False)
+            batch_s = asyncio.run(_batch(base / "ledgerd.sock", "distinct", distinct))
+            same_s = asyncio.run(_batch(base / "ledgerd.sock", "same", same))
+            floor_s = storage_floor(base / "floor.sqlite", _value_rows(distinct))
         finally:
             for p in (daemon, echo):
                 p.send_signal(signal.SIGTERM)
                 p.wait(60)
+    entries = args.batches * args.batch_size
     ratios = {f"{k}_ratio": round(ours[k] / bare[k], 3) for k in ours if k.endswith("ops_per_s")}
     emit(
         "daemon",
@@ -180,7 +209,9 @@ def main() -> None:
             "bare_aiohttp_echo": bare,
             **ratios,
             "target_single_op_ratio": 0.5,
-            "batch_entries_per_s": round(batch),
+            "batch_entries_per_s": round(entries / batch_s),
+            "batch_same_value_entries_per_s": round(entries / same_s),
+            "value_storage_floor_entries_per_s": round(entries / floor_s),
             "batch_size": args.batch_size,
             "target_batch_entries_per_s": 100_000,
         },

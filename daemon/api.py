@@ -64,13 +64,17 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def unb64(text: object, what: str) -> bytes:
-    if not isinstance(text, str):
-        raise ae.BadRequest(f"{what} must be a base64 string")
+def unb64(text: object, what: str, index: int | None = None) -> bytes:
+    """Decode base64 from JSON; ``what`` names the field in the error (with
+    ``index``, as ``ops[index].what``: formatted only when there is an error)."""
     try:
+        if type(text) is not str:
+            raise TypeError
         return binascii.a2b_base64(text, strict_mode=True)
-    except (binascii.Error, ValueError):
-        raise ae.BadRequest(f"{what} is not valid base64") from None
+    except (binascii.Error, ValueError, TypeError):
+        name = what if index is None else f"ops[{index}].{what}"
+        problem = "is not valid base64" if type(text) is str else "must be a base64 string"
+        raise ae.BadRequest(f"{name} {problem}") from None
 
 
 def text_or_none(data: bytes) -> str | None:
@@ -507,9 +511,9 @@ class Api:
             if not isinstance(op, dict):
                 raise ae.BadRequest(f"ops[{i}] must be an object")
             kind = op.get("op")
-            key = unb64(op.get("key"), f"ops[{i}].key")
+            key = unb64(op.get("key"), "key", i)
             if kind == "put":
-                value = unb64(op.get("value"), f"ops[{i}].value")
+                value = unb64(op.get("value"), "value", i)
                 p = op.get("priority")
                 prio = eager if p is None else parse_priority(p if isinstance(p, str) else "?")
                 changes.append((key, value, prio))

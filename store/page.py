@@ -70,10 +70,10 @@ COMMIT_DELAY = 0.005
 """Seconds the write worker waits for more writes before committing the journal."""
 
 MAX_JOURNAL_ENTRIES = 4096
+"""The journal is committed at once when it holds this many keys."""
 
 DIRECT_BATCH = 1000
 """A write of at least this many changes is committed directly, not through the journal."""
-"""The journal is committed at once when it holds this many keys."""
 
 WATCH_VALUE_LIMIT = 64 * 1024
 """Watch notifications carry values up to this size; larger ones carry None."""
@@ -229,6 +229,14 @@ class Transaction(View):
         """Small values stay in memory until commit; large ones and streams are staged."""
         await self._check()
         key = check_key(key)
+        if type(value) is bytes and len(value) <= split.MIN_CHUNK:  # the common case
+            entry, piece = _one_chunk(key, value, priority)
+            st = self._state_
+            if piece is not None:
+                st.pieces[entry.value] = [piece]
+                self._memory[piece.digest] = piece.data
+            st.entries[key] = entry
+            return
         entry, pieces, token = await self.page._prepare(key, value, priority)
         st = self._state_
         if not st.open:  # committed or rolled back while the value was being staged
@@ -474,11 +482,11 @@ class Page(View):
                 if value is None:
                     prepared.append((key, None))
                     continue
-                if type(value) is bytes and len(value) <= small:  # the common case, inline
-                    d = dg.value_chunk_digest(value)
-                    if len(value) > dg.INLINE_LIMIT:
-                        pieces.append(split.Piece(d, value))
-                    prepared.append((key, Entry(key, d, _PRIORITY[prio])))
+                if type(value) is bytes and len(value) <= small:  # the common case
+                    entry, piece = _one_chunk(key, value, prio)
+                    if piece is not None:
+                        pieces.append(piece)
+                    prepared.append((key, entry))
                     continue
                 entry, more, token = await self._prepare(key, value, prio)
                 pieces.extend(more)
@@ -627,6 +635,7 @@ class Page(View):
         new = self._journal is None
         jid = self._journal or f"I{time.time_ns():020d}{uuid.uuid4().hex[:12]}"
         base = self.head.id
+        pieces = {p.digest: p.data for w in batch for p in w.pieces}  # one row per piece
 
         def work(conn: sqlite3.Connection) -> None:
             if new:
@@ -646,17 +655,16 @@ class Page(View):
                             for k, e in w.changes
                         ],
                     )
-                if w.pieces:
-                    conn.executemany(
-                        "INSERT OR IGNORE INTO objects (digest, data) VALUES (?, ?)",
-                        [(p.digest, p.data) for p in w.pieces],
-                    )
-                    conn.executemany(
-                        "INSERT OR IGNORE INTO journal_pieces (journal_id, digest) VALUES (?, ?)",
-                        [(jid, p.digest) for p in w.pieces],
-                    )
                 for t in w.tokens:
                     sql.adopt(conn, t, jid)
+            if pieces:
+                conn.executemany(
+                    "INSERT OR IGNORE INTO objects (digest, data) VALUES (?, ?)", pieces.items()
+                )
+                conn.executemany(
+                    "INSERT OR IGNORE INTO journal_pieces (journal_id, digest) VALUES (?, ?)",
+                    [(jid, d) for d in pieces],
+                )
 
         await self.db.run(work, write=True)
         overlay = self._overlay
@@ -714,7 +722,8 @@ class Page(View):
         tokens: list[str],
         notify: bool,
     ) -> None:
-        pieces = builder.pieces_reachable(c.root) + values
+        # One row per distinct piece: many entries may share a value.
+        pieces = list({p.digest: p for p in builder.pieces_reachable(c.root) + values}.values())
         old_root = self.head.root
 
         def work(conn: sqlite3.Connection) -> None:
@@ -955,6 +964,14 @@ _PRIORITY = {
     0: Priority.EAGER,
     1: Priority.LAZY,
 }
+
+
+def _one_chunk(key: bytes, value: bytes, priority: int) -> tuple[Entry, split.Piece | None]:
+    """Entry and piece of a value that is a single chunk (at most ``split.MIN_CHUNK``
+    bytes); no piece when the value is inline in its digest."""
+    d = dg.value_chunk_digest(value)
+    piece = split.Piece(d, value) if len(value) > dg.INLINE_LIMIT else None
+    return Entry(key, d, _PRIORITY[priority]), piece
 
 
 def _order(c: Commit) -> tuple[int, bytes]:

@@ -23,6 +23,7 @@ repository. ``tests/store/test_split.py`` pins them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import msgpack
 import xxhash
@@ -49,9 +50,11 @@ _BLOCK = 1024 * 1024
 _cdc = FastCDC(AVG_CHUNK, min_size=MIN_CHUNK, max_size=MAX_CHUNK, normalized_chunking=1, seed=0)
 
 
-@dataclass(frozen=True, slots=True)
-class Piece:
-    """One storable piece: a chunk or an index. ``data`` is its exact content."""
+class Piece(NamedTuple):
+    """One storable piece: a chunk or an index. ``data`` is its exact content.
+
+    A tuple, so that making one per small value stays cheap.
+    """
 
     digest: bytes
     data: bytes

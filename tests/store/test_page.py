@@ -121,6 +121,36 @@ async def test_batch_write_is_one_commit(page: Page) -> None:
     assert (await page.keys()).items == [b"a", b"b"]
 
 
+@pytest.mark.parametrize("n", [10, 2000])  # through the journal; a direct commit
+async def test_shared_value_is_stored_once(page: Page, n: int) -> None:
+    value = b"shared" * 20  # one piece, not inline
+    await page.write([(b"k%05d" % i, value) for i in range(n)])
+    async with page.transaction() as txn:
+        for i in range(n, n + 10):
+            await txn.put(b"k%05d" % i, value)
+    await page.flush()
+    rows = await page.db.read_all(
+        "SELECT count(*), min(s.status) FROM objects o JOIN object_status s USING (digest) "
+        "WHERE o.data = ?",
+        (value,),
+    )
+    assert tuple(rows[0]) == (1, 1)  # one row, local
+    assert await _garbage(page) == 0
+    assert await page.get(b"k00003") == value and await page.get(b"k%05d" % (n + 9)) == value
+
+
+async def test_transaction_values_around_the_piece_limits(page: Page) -> None:
+    sizes = [0, 32, 33, 4096, 4097, 70_000]  # inline, one piece, split in memory
+    values = {b"s%d" % n: random.Random(n).randbytes(n) for n in sizes}
+    async with page.transaction() as txn:
+        for k, v in values.items():
+            await txn.put(k, v)
+        assert [await txn.get(k) for k in values] == list(values.values())
+    for k, v in values.items():
+        assert await page.get(k) == v
+    assert await _garbage(page) == 0
+
+
 async def test_random_page_id_and_listing(repo: Repository) -> None:
     ledger = repo.ledger(b"\x00bin\xff")
     p1 = await ledger.page()
