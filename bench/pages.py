@@ -122,6 +122,7 @@ async def _bench(directory: Path, rows: list[tuple[bytes, bytes]], txn: int) -> 
 
         # Point gets (values read and verified), after a cold cache.
         page.nodes.cache.clear()
+        page.objects.clear_cache()
         rng = random.Random(3)
         for label in ("get", "warm_get"):  # cold node cache first, then warm
             lat = []

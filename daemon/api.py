@@ -26,6 +26,7 @@ import pwd
 import socket
 import struct
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,14 +95,32 @@ def commit_json(c: Commit) -> dict[str, Any]:
     }
 
 
+_peer_cache: weakref.WeakKeyDictionary[asyncio.BaseTransport, tuple[int, int] | None] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def peer_credentials(request: web.Request) -> tuple[int, int] | None:
-    """(uid, gid) of the process at the other end of the Unix socket."""
-    sock = request.transport.get_extra_info("socket") if request.transport else None
-    if sock is None or sock.family != socket.AF_UNIX:
+    """(uid, gid) of the process at the other end of the Unix socket.
+
+    The kernel fixes them when the peer connects, so they are asked once per
+    connection, not once per request.
+    """
+    transport = request.transport
+    if transport is None:
         return None
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, gid = struct.unpack("3i", creds)
-    return int(uid), int(gid)
+    try:
+        return _peer_cache[transport]
+    except KeyError:
+        pass
+    sock = transport.get_extra_info("socket")
+    creds: tuple[int, int] | None = None
+    if sock is not None and sock.family == socket.AF_UNIX:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _pid, uid, gid = struct.unpack("3i", raw)
+        creds = int(uid), int(gid)
+    _peer_cache[transport] = creds
+    return creds
 
 
 def _in_group(uid: int, gid: int) -> bool:

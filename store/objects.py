@@ -95,6 +95,37 @@ async def _blocks(source: Source, block_size: int = BLOCK_SIZE) -> AsyncIterator
         yield b"".join(pending)
 
 
+class _PieceCache:
+    """An LRU of verified pieces up to CACHE_PIECE_LIMIT bytes, CACHE_BYTES in all."""
+
+    def __init__(self) -> None:
+        self._pieces: OrderedDict[bytes, bytes] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, digests: Iterable[bytes]) -> dict[bytes, bytes]:
+        found = {}
+        for d in digests:
+            v = self._pieces.get(d)
+            if v is not None:
+                self._pieces.move_to_end(d)
+                found[d] = v
+        return found
+
+    def add(self, pieces: Iterable[tuple[bytes, bytes]]) -> None:
+        for d, v in pieces:
+            if len(v) > CACHE_PIECE_LIMIT or d in self._pieces:
+                continue
+            self._pieces[d] = v
+            self._bytes += len(v)
+        while self._bytes > CACHE_BYTES:
+            _, old = self._pieces.popitem(last=False)
+            self._bytes -= len(old)
+
+    def clear(self) -> None:
+        self._pieces.clear()
+        self._bytes = 0
+
+
 class ObjectStore:
     """Pieces of one page's database."""
 
@@ -102,8 +133,7 @@ class ObjectStore:
         self.db = db
         self.fetcher: Fetcher | None = None
         self.memory: Mapping[bytes, bytes] = memory if memory is not None else {}
-        self._cache: OrderedDict[bytes, bytes] = OrderedDict()  # verified pieces, LRU
-        self._cache_bytes = 0
+        self._cache = _PieceCache()
 
     def overlaid(self, memory: Mapping[bytes, bytes]) -> ObjectStore:
         """The same store, also reading pieces held in ``memory`` (a transaction's)."""
@@ -112,15 +142,13 @@ class ObjectStore:
         view._cache = self._cache
         return view
 
-    def _remember(self, pieces: dict[bytes, bytes]) -> None:
-        for d, v in pieces.items():
-            if len(v) > CACHE_PIECE_LIMIT or d in self._cache:
-                continue
-            self._cache[d] = v
-            self._cache_bytes += len(v)
-        while self._cache_bytes > CACHE_BYTES:
-            _, old = self._cache.popitem(last=False)
-            self._cache_bytes -= len(old)
+    def remember(self, pieces: Iterable[tuple[bytes, bytes]]) -> None:
+        """Keep verified (or just written) small pieces in the LRU cache."""
+        self._cache.add(pieces)
+
+    def clear_cache(self) -> None:
+        """Forget every cached piece (as in a freshly started process)."""
+        self._cache.clear()
 
     # -- writing ---------------------------------------------------------------
 
@@ -292,11 +320,9 @@ class ObjectStore:
         """Verified contents of ``digests`` (hashed ones), fetching missing ones if possible."""
         found: dict[bytes, bytes] = {}
         want = list(dict.fromkeys(digests))
-        cached = {d: self._cache[d] for d in want if d in self._cache}
+        cached = self._cache.get(want)
         if cached:
             found.update(cached)
-            for d in cached:
-                self._cache.move_to_end(d)
             want = [d for d in want if d not in found]
         if self.memory:
             found.update((d, self.memory[d]) for d in want if d in self.memory)
@@ -306,7 +332,7 @@ class ObjectStore:
         )
         fresh = {bytes(d): bytes(v) for d, v in rows}
         await self._verify(fresh)
-        self._remember(fresh)
+        self._cache.add(fresh.items())
         found.update(fresh)
         missing = [d for d in want if d not in found]
         if missing:
@@ -355,13 +381,8 @@ class ObjectStore:
             return len(digest) - 1
         if dg.is_index(digest):
             return sum(c.size for c in split.decode_index(await self.get_piece(digest)))
-        if digest in self.memory:
-            return len(self.memory[digest])
-        rows = await self.db.read_all(
-            "SELECT length(data) FROM objects WHERE digest = ?", (digest,)
-        )
-        if rows:
-            return int(rows[0][0])
+        # A single chunk (at most 64 KiB): reading it costs what asking its length
+        # would, and leaves it in the cache for the read that usually follows.
         return len(await self.get_piece(digest))
 
     async def read(

@@ -554,9 +554,14 @@ class Page(View):
                 if self._journal is None:
                     return
                 if not self._closed and len(self._overlay.entries) < MAX_JOURNAL_ENTRIES:
+                    # Wait for more writes or COMMIT_DELAY, whichever comes first (a
+                    # timer rather than wait_for: no task per pause on the hot path).
                     self._wake.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), COMMIT_DELAY)
+                    timer = asyncio.get_running_loop().call_later(COMMIT_DELAY, self._wake.set)
+                    try:
+                        await self._wake.wait()
+                    finally:
+                        timer.cancel()
                     if self._pending:
                         continue
                 if not await self._try_commit([]):
@@ -667,6 +672,7 @@ class Page(View):
                 )
 
         await self.db.run(work, write=True)
+        self.objects.remember(pieces.items())  # read-your-writes
         overlay = self._overlay
         for w in batch:
             overlay = overlay.with_changes(w.clear, w.changes)
@@ -744,6 +750,7 @@ class Page(View):
                 sql.drop_journal(conn, journal)
 
         await self.db.run(work, write=True)
+        self.objects.remember((p.digest, p.data) for p in values)  # read-your-writes
         self._commits[c.id] = c
         heads = [h for h in self._heads if h.id not in c.parents]
         heads.append(c)

@@ -12,7 +12,7 @@ import pytest
 from store import digest as dg
 from store import split, sql
 from store.errors import CorruptObjectError, ObjectNotFoundError, RangeError
-from store.objects import ObjectStore
+from store.objects import CACHE_BYTES, ObjectStore
 from store.schema import LOCAL, SYNCED, TRANSIENT
 
 MiB = 1024 * 1024
@@ -249,7 +249,17 @@ async def test_fetcher_supplies_missing_pieces_and_is_verified(objects: ObjectSt
     cloud[victim] = cloud[victim][:-1]
     async with objects.db.write() as conn:
         await conn.execute("DELETE FROM objects WHERE digest = ?", (victim,))
-    objects._cache.clear()  # as in a fresh process
+    objects.clear_cache()  # as in a fresh process
     with pytest.raises(CorruptObjectError):
         await _read(objects, root.digest)
     assert not await objects.db.read_all("SELECT 1 FROM objects WHERE digest = ?", (victim,))
+
+
+async def test_piece_cache_is_bounded_across_views(objects: ObjectStore) -> None:
+    view = objects.overlaid({b"m": b"in memory"})  # a transaction's view shares the cache
+    piece = 60 * 1024
+    for i in range(2 * CACHE_BYTES // piece):
+        (view if i % 2 else objects).remember([(b"%05d" % i, bytes(piece))])
+    held = objects._cache.get(b"%05d" % i for i in range(2 * CACHE_BYTES // piece))
+    assert 0 < sum(map(len, held.values())) <= CACHE_BYTES
+    assert b"%05d" % (2 * CACHE_BYTES // piece - 1) in held  # the newest stay
