@@ -20,6 +20,7 @@ import sqlite3
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from bench.common import emit, peak_rss_mib, storage_floor, timed
@@ -84,16 +85,22 @@ async def _bench(directory: Path, rows: list[tuple[bytes, bytes]], txn: int) -> 
         out["bulk_load_entries_per_s"] = round(len(rows) / seconds)
         # The pieces each commit of that load stored (values and tree nodes), replayed
         # into bare SQLite commit by commit: the storage alone, nothing of ours around it.
-        stored = await page.db.read_all("SELECT rowid, digest, data FROM objects ORDER BY rowid")
-        groups: list[list[tuple[bytes, bytes]]] = [[] for _ in marks]
-        g = 0
-        for rowid, d, v in stored:
-            while rowid > marks[g]:
-                g += 1
-            groups[g].append((bytes(d), bytes(v)))
-        out["bulk_load_pieces"] = len(stored)
-        out["bulk_load_piece_MB"] = round(sum(len(v) for _, _, v in stored) / 1e6, 1)
-        out["storage_floor_s"] = round(storage_floor(directory / "floor.sqlite", groups), 3)
+        source = sqlite3.connect(f"file:{page.db.path}?mode=ro", uri=True)
+        sizes: list[int] = []
+
+        def commits() -> Iterator[list[tuple[bytes, bytes]]]:
+            """The pieces of each commit, one commit at a time (memory stays flat)."""
+            for lo, hi in zip([0, *marks], marks, strict=False):
+                rows = source.execute(
+                    "SELECT digest, data FROM objects WHERE rowid > ? AND rowid <= ?", (lo, hi)
+                ).fetchall()
+                sizes.extend(len(v) for _, v in rows)
+                yield rows
+
+        out["storage_floor_s"] = round(storage_floor(directory / "floor.sqlite", commits()), 3)
+        source.close()
+        out["bulk_load_pieces"] = len(sizes)
+        out["bulk_load_piece_MB"] = round(sum(sizes) / 1e6, 1)
 
         # The same rows in key order (an import of an export): only the right edge moves.
         ordered = await repo.ledger("bench").page("sorted")
