@@ -49,11 +49,13 @@ READ_BATCH = 64
 """Pieces fetched per query when reading a value."""
 
 _THREAD_MIN = 256 * 1024
+"""Below this many bytes, splitting or verifying runs inline instead of on a thread."""
 
 CACHE_BYTES = 4 * 1024 * 1024
 CACHE_PIECE_LIMIT = 64 * 1024
-"""Verified pieces up to this size are kept in a per-page LRU of CACHE_BYTES."""
-"""Below this many bytes, splitting or verifying runs inline instead of on a thread."""
+"""Pieces up to this size that were read (and verified) or written are kept in a
+per-page LRU of CACHE_BYTES, so reading what was just written or read needs no
+trip to SQLite."""
 
 Fetcher = Callable[[list[bytes]], Awaitable[dict[bytes, bytes]]]
 """Given digests of pieces missing locally, returns their contents (unverified)."""
@@ -96,7 +98,8 @@ async def _blocks(source: Source, block_size: int = BLOCK_SIZE) -> AsyncIterator
 
 
 class _PieceCache:
-    """An LRU of verified pieces up to CACHE_PIECE_LIMIT bytes, CACHE_BYTES in all."""
+    """An LRU of pieces known good (verified when read, hashed when written), each
+    up to CACHE_PIECE_LIMIT bytes, CACHE_BYTES in all."""
 
     def __init__(self) -> None:
         self._pieces: OrderedDict[bytes, bytes] = OrderedDict()
