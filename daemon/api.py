@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
+import contextvars
 import grp
 import json
 import logging
@@ -94,6 +96,9 @@ def commit_json(c: Commit) -> dict[str, Any]:
         "merge": c.is_merge,
     }
 
+
+_leases: contextvars.ContextVar[contextlib.ExitStack] = contextvars.ContextVar("leases")
+"""The page leases of the request being served (sessions included: they are requests)."""
 
 _peer_cache: weakref.WeakKeyDictionary[asyncio.BaseTransport, tuple[int, int] | None] = (
     weakref.WeakKeyDictionary()
@@ -233,9 +238,13 @@ class Api:
                 raise ae.ShuttingDown()
             self.state.inflight += 1
             self.state.idle.clear()
+            leases = contextlib.ExitStack()  # pages this request uses stay open until it ends
+            token = _leases.set(leases)
             try:
-                return await handler(request)
+                with leases:
+                    return await handler(request)
             finally:
+                _leases.reset(token)
                 self.state.inflight -= 1
                 if self.state.inflight == 0:
                     self.state.idle.set()
@@ -336,7 +345,11 @@ class Api:
             if not self.repo.ledger_exists(ledger):
                 raise ae.LedgerNotFound(f"no ledger {ledger!r}")
             raise ae.PageNotFound(f"no page {page_id!r} in ledger {ledger!r}")
-        return await self.repo.open_page(ledger, page_id)
+        page = await self.repo.open_page(ledger, page_id)
+        leases = _leases.get(None)
+        if leases is not None:  # no await since open_page returned: it is still open
+            leases.enter_context(page.lease())
+        return page
 
     async def view(self, request: web.Request, page: Page) -> View:
         at = Query(request.query_string).text("at")
@@ -353,18 +366,21 @@ class Api:
     async def status(self, request: web.Request) -> web.Response:
         pages = []
         for pg in self.repo.open_pages():
-            pages.append(
-                {
-                    "ledger": b64(pg.ledger),
-                    "page": b64(pg.id),
-                    "ledger_text": text_or_none(pg.ledger),
-                    "page_text": text_or_none(pg.id),
-                    "heads": len(await pg.heads()),
-                    "policy": pg.policy.value,
-                    "conflict": pg.pending_conflict,
-                    **(await self.engine.page_status(pg) if self.engine else {}),
-                }
-            )
+            if pg.closed:  # closed as idle while this listed the others
+                continue
+            with pg.lease(use=False):
+                pages.append(
+                    {
+                        "ledger": b64(pg.ledger),
+                        "page": b64(pg.id),
+                        "ledger_text": text_or_none(pg.ledger),
+                        "page_text": text_or_none(pg.id),
+                        "heads": len(await pg.heads()),
+                        "policy": pg.policy.value,
+                        "conflict": pg.pending_conflict,
+                        **(await self.engine.page_status(pg) if self.engine else {}),
+                    }
+                )
         return web.json_response(
             {
                 "version": VERSION,

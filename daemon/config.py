@@ -63,6 +63,7 @@ class Config:
     durability: str = "normal"
     max_batch_bytes: int = 64 * 1024 * 1024
     shutdown_timeout: float = 30.0
+    page_idle_seconds: float = 300.0
 
     # -- derived ---------------------------------------------------------------
 

@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
@@ -71,6 +72,7 @@ async def serve(cfg: Config) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    raise_open_file_limit()
     async with contextlib.AsyncExitStack() as stack:
         lock_fd = _lock_data_dir(cfg.data_dir)
         stack.callback(os.close, lock_fd)
@@ -127,6 +129,12 @@ async def serve(cfg: Config) -> int:
         if activated is not None:
             await site.start()
 
+        done = asyncio.Event()
+        closer = asyncio.create_task(
+            _close_idle_pages(repo, cfg.page_idle_seconds, done), name="idle-pages"
+        )
+        stack.push_async_callback(_finish, closer, done)
+
         watchdog: asyncio.Task[None] | None = None
         interval = systemd.watchdog_interval()
         if interval is not None:
@@ -154,6 +162,38 @@ async def serve(cfg: Config) -> int:
         # (The sync engine, stopped next, makes one last bounded upload round.)
     log.info("ledgerd stopped")
     return 0
+
+
+async def _close_idle_pages(repo: Repository, idle_seconds: float, done: asyncio.Event) -> None:
+    """Close pages idle for ``idle_seconds`` (checked every half of it, at most every
+    30 s), so that open files and threads do not grow with every page ever served.
+    Returns once ``done`` is set, never in the middle of closing a page."""
+    interval = min(30.0, max(0.05, idle_seconds / 2))
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), interval)
+        if done.is_set():
+            return
+        try:
+            if n := await repo.close_idle(idle_seconds):
+                log.debug("closed %d idle pages; %d stay open", n, len(repo.open_pages()))
+        except Exception:
+            log.exception("closing idle pages failed")
+
+
+async def _finish(task: asyncio.Task[None], done: asyncio.Event) -> None:
+    done.set()
+    await task
+
+
+def raise_open_file_limit(want: int = 65536) -> None:
+    """Raise the soft limit on open files towards the hard one: every open page
+    holds a few files (two SQLite connections), and 1,024 runs out early."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 def _unlink(path: Path) -> None:

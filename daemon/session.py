@@ -71,8 +71,9 @@ class Resolvers:
         for pid in await repo.ledger(ledger).pages():
             try:
                 page = await repo.open_page(ledger, pid)
-                if len(await page.heads()) > 1:
-                    await page.try_merge()
+                with page.lease():
+                    if len(await page.heads()) > 1:
+                        await page.try_merge()
             except Exception:
                 log.exception("resuming merges of page %r failed", pid)
 

@@ -36,7 +36,7 @@ import logging
 import sqlite3
 import time
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -159,6 +159,7 @@ class _TxnState:
     pieces: dict[bytes, list[split.Piece]] = field(default_factory=dict)  # by value digest
     tokens: list[str] = field(default_factory=list)  # staged large values
     open: bool = True
+    counted_out: bool = False  # taken off Page._transactions
 
     @property
     def overlay(self) -> Overlay:
@@ -199,7 +200,9 @@ class Transaction(View):
         """Fix the base (done by ``async with`` and by the first operation)."""
         if self._base is None:
             await self.page.flush()
-            self._base = self.page.head
+            if self._base is None:
+                self._base = self.page.head
+                self.page._transactions += 1
         return self
 
     def _state(self) -> tuple[bytes, Overlay]:
@@ -262,16 +265,28 @@ class Transaction(View):
         """Commit; returns the new commit id (None if the transaction changed nothing)."""
         await self._check()
         self._state_.open = False
-        # Shielded: once started, a commit completes (memory and database agree) even if
-        # the caller is cancelled, e.g. by a client disconnecting.
-        self.commit_id = await asyncio.shield(self.page._commit_transaction(self))
+        try:
+            # Shielded: once started, a commit completes (memory and database agree)
+            # even if the caller is cancelled, e.g. by a client disconnecting.
+            self.commit_id = await asyncio.shield(self.page._commit_transaction(self))
+        finally:
+            self._ended()
         return self.commit_id
 
     async def rollback(self) -> None:
         if not self._state_.open:
             return
         self._state_.open = False
-        await self.page._discard_tokens(self._state_.tokens)
+        try:
+            await self.page._discard_tokens(self._state_.tokens)
+        finally:
+            self._ended()
+
+    def _ended(self) -> None:
+        """The page no longer counts this transaction as under way."""
+        if self._base is not None and not self._state_.counted_out:
+            self._state_.counted_out = True
+            self.page._transactions -= 1
 
     async def __aenter__(self) -> Transaction:
         return await self.start()
@@ -310,6 +325,10 @@ class Page(View):
         """Answers merges that need one (AUTOMATIC_WITH_FALLBACK, CUSTOM)."""
         self.pending_conflict: str | None = None
         self.on_close: list[Callable[[Page], None]] = []
+        self._leases = 0
+        self._transactions = 0  # started and neither committed nor rolled back
+        self.last_used = time.monotonic()
+        """When a lease on the page last ended (or it was opened); see :meth:`lease`."""
 
     # -- opening and closing ---------------------------------------------------
 
@@ -367,6 +386,36 @@ class Page(View):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @contextlib.contextmanager
+    def lease(self, *, use: bool = True) -> Iterator[Page]:
+        """Hold the page open for the block: :meth:`Repository.close_idle` never
+        closes a page while someone holds a lease on it. Unless ``use`` is false
+        (a look that should not keep the page open, like a status listing), the
+        page counts as used when the lease ends."""
+        self._check_open()
+        self._leases += 1
+        try:
+            yield self
+        finally:
+            self._leases -= 1
+            if use:
+                self.last_used = time.monotonic()
+
+    @property
+    def idle(self) -> bool:
+        """Nobody holds the page and nothing is under way in it: closing it now
+        would interrupt nobody (no lease, watcher, transaction, queued write,
+        uncommitted journal or commit in progress)."""
+        return not (
+            self._leases
+            or self._watchers
+            or self._transactions
+            or self._pending
+            or self._journal is not None
+            or self._commit_lock.locked()
+            or (self._worker is not None and not self._worker.done())
+        )
 
     def _check_open(self) -> None:
         if self._closed:

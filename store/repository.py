@@ -187,6 +187,28 @@ class Repository:
     def open_pages(self) -> list[Page]:
         return list(self._pages.values())
 
+    def is_open(self, ledger: bytes, page_id: bytes) -> bool:
+        page = self._pages.get((ledger, page_id))
+        return page is not None and not page.closed
+
+    async def close_idle(self, idle_seconds: float) -> int:
+        """Close the open pages that are idle (:attr:`Page.idle`) and whose last lease
+        ended at least ``idle_seconds`` ago; they reopen on their next use.
+
+        For long-running users that open many pages (the daemon), so that open
+        files and threads stay bounded. Pages used without :meth:`Page.lease`
+        must not be in a repository this runs on. Returns how many were closed.
+        """
+        now = time.monotonic()
+        closed = 0
+        for page in list(self._pages.values()):
+            # Checked and closed with no await in between: Page.close marks the page
+            # closed before it awaits anything, so no lease can start in a gap.
+            if not page.closed and page.idle and now - page.last_used >= idle_seconds:
+                await page.close()
+                closed += 1
+        return closed
+
     async def close(self) -> None:
         for page in list(self._pages.values()):
             await page.close()

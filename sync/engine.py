@@ -36,6 +36,7 @@ import base64
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -226,8 +227,9 @@ class SyncEngine:
 
     # -- upload ----------------------------------------------------------------------
 
-    async def _pages(self, only: tuple[bytes, bytes | None] | None) -> list[Page]:
-        pages: list[Page] = []
+    async def _pages(self, only: tuple[bytes, bytes | None] | None) -> list[tuple[bytes, bytes]]:
+        """(ledger, page id) of the existing pages, or of those ``only`` names."""
+        keys: list[tuple[bytes, bytes]] = []
         ledgers = [only[0]] if only else await self.repo.ledgers()
         for ledger in ledgers:
             ids = (
@@ -235,30 +237,49 @@ class SyncEngine:
                 if only and only[1] is not None
                 else await self.repo.ledger(ledger).pages()
             )
-            for pid in ids:
-                if self.repo.page_exists(ledger, pid):
-                    pages.append(await self.repo.open_page(ledger, pid))
-        return pages
+            keys.extend((ledger, pid) for pid in ids if self.repo.page_exists(ledger, pid))
+        return keys
 
     async def _upload_all(self, only: tuple[bytes, bytes | None] | None = None) -> int:
         """Upload pages with unsynced commits: those committed to since the last round,
         and on the first round every page (commits from before a restart)."""
         if only is not None:
-            pages = await self._pages(only)
+            keys = await self._pages(only)
         elif not self._scanned:
-            pages = await self._pages(None)
+            keys = await self._pages(None)
             self._scanned = True
         else:
-            pages = [await self.repo.open_page(led, pid) for led, pid in sorted(self._dirty)]
-        self._dirty.difference_update((p.ledger, p.id) for p in pages)
+            keys = sorted(self._dirty)
+        self._dirty.difference_update(keys)
         n = 0
-        for page in pages:
+        for key in keys:
+            page = None
             try:
-                n += await self.upload_page(page)
+                async with self._using(key) as page:
+                    n += await self.upload_page(page)
             except (CloudError, StoreError) as e:
-                self._fail(page, e)
-                self._dirty.add((page.ledger, page.id))  # retried next round
+                if page is not None:
+                    self._fail(page, e)
+                else:
+                    log.error(
+                        "cannot open page %r of ledger %r to upload it: %s", key[1], key[0], e
+                    )
+                self._dirty.add(key)  # retried next round
         return n
+
+    @contextlib.asynccontextmanager
+    async def _using(self, key: tuple[bytes, bytes]) -> AsyncIterator[Page]:
+        """The page, leased (not closed as idle) for one sync step. A page that was
+        not open before is closed again after it, if nothing else took it up
+        meanwhile: a first round that visits every page keeps one open at a time."""
+        was_open = self.repo.is_open(*key)
+        page = await self.repo.open_page(*key)
+        try:
+            with page.lease(use=was_open):
+                yield page
+        finally:
+            if not was_open and page.idle and not page.closed:
+                await page.close()
 
     async def upload_page(self, page: Page) -> int:
         up = await ex.pending_upload(page)
@@ -366,26 +387,32 @@ class SyncEngine:
                 log.warning("ignoring a foreign object in the bucket: %s", name)
                 await self.repo.set_meta(cursor_key, name.encode())
                 continue
-            try:
-                page = await self.repo.open_page(ln.ledger, ln.page)
-            except StoreError as e:  # a name this device cannot hold (too long, ...)
-                log.error("ignoring pack %s: %s", name, e)
-                await self.repo.set_meta(cursor_key, name.encode())
-                continue
-            marker = f"imported/{device}"
-            done = await ex.sync_value(page, marker)
-            if done is None or int(done) < ln.seq:
+            async with contextlib.AsyncExitStack() as stack:
                 try:
-                    await self._import(page, ln, marker)
-                    n += 1
-                except ex.MissingParentError as e:
-                    log.info("pack %s waits for its parents: %s", name, e)
-                    return n  # later packs of this device may depend on it
-                except (pack.CorruptPackError, StoreError, PermanentCloudError, ValueError) as e:
-                    # Refused and reported; this device's later packs wait behind it.
-                    self._fail(page, e)
-                    log.error("refused pack %s: %s", name, e)
-                    return n
+                    page = await stack.enter_async_context(self._using((ln.ledger, ln.page)))
+                except StoreError as e:  # a name this device cannot hold (too long, ...)
+                    log.error("ignoring pack %s: %s", name, e)
+                    await self.repo.set_meta(cursor_key, name.encode())
+                    continue
+                marker = f"imported/{device}"
+                done = await ex.sync_value(page, marker)
+                if done is None or int(done) < ln.seq:
+                    try:
+                        await self._import(page, ln, marker)
+                        n += 1
+                    except ex.MissingParentError as e:
+                        log.info("pack %s waits for its parents: %s", name, e)
+                        return n  # later packs of this device may depend on it
+                    except (
+                        pack.CorruptPackError,
+                        StoreError,
+                        PermanentCloudError,
+                        ValueError,
+                    ) as e:
+                        # Refused and reported; this device's later packs wait behind it.
+                        self._fail(page, e)
+                        log.error("refused pack %s: %s", name, e)
+                        return n
             await self.repo.set_meta(cursor_key, name.encode())
         return n
 

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from store import (
+    ClosedError,
     CommitNotFoundError,
     InvalidArgumentError,
     KeyNotFoundError,
@@ -409,3 +410,41 @@ async def test_explicit_journal_is_discarded_on_next_open(tmp_path: Path) -> Non
         assert not await page.contains(b"big")
         assert await _count(page, "SELECT count(*) FROM journal_pieces") == 0
         assert await _count(page, "SELECT count(*) FROM objects") == 0
+
+
+async def test_close_idle_spares_pages_in_use(repo: Repository) -> None:
+    ledger = repo.ledger("idle")
+    leased, watched, in_txn, pending, idle = [await ledger.page(n) for n in "lwtpi"]
+    for p in (leased, watched, in_txn, pending, idle):
+        await p.put(b"k", p.id)
+        await p.flush()
+    watcher = watched.watch()
+    txn = await in_txn.transaction().start()
+    await txn.put(b"t", b"in a transaction")
+    with leased.lease():
+        await pending.put(b"queued", b"not committed yet")
+        assert not pending.idle  # its journal is uncommitted
+        await pending.flush()
+        assert await repo.close_idle(3600) == 0  # nobody idle for that long
+        assert await repo.close_idle(0) == 2  # `idle` and, once flushed, `pending`
+        assert idle.closed and pending.closed
+        assert not (leased.closed or watched.closed or in_txn.closed)
+    watcher.close()
+    await txn.commit()
+    assert await repo.close_idle(0) == 3
+    assert repo.open_pages() == []
+    # Closed pages reopen on their next use, with everything they held.
+    for name in "lwtpi":
+        p = await ledger.page(name)
+        assert await p.get(b"k") == name.encode()
+    assert await (await ledger.page("t")).get(b"t") == b"in a transaction"
+    assert await (await ledger.page("p")).get(b"queued") == b"not committed yet"
+    assert (await repo.usage_of("idle", "i") or 0) == 0  # open again
+
+
+async def test_a_lease_on_a_closed_page_is_refused(repo: Repository) -> None:
+    page = await repo.ledger("l").page("p")
+    await repo.close_idle(0)
+    assert page.closed
+    with pytest.raises(ClosedError):
+        page.lease().__enter__()

@@ -240,3 +240,22 @@ async def test_pieces_shared_with_an_eager_value_travel_eager(
         offline.rate = 1.0
         pb = await b.repo.ledger("l").page("p")
         assert await pb.get(b"copy") == blob  # available offline
+
+
+async def test_sync_leaves_open_only_the_pages_that_were_open(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    async with device(tmp_path / "a", bucket) as a:
+        for name in ("p1", "p2", "p3"):
+            page = await a.repo.ledger("l").page(name)
+            await page.put(b"k", name.encode())
+        assert await a.repo.close_idle(0) == 3
+        kept = await a.repo.ledger("l").page("p1")  # in use by the application
+        with kept.lease():
+            await a.engine.sync()  # the first round visits and uploads every page
+            assert [p.id for p in a.repo.open_pages()] == [b"p1"]
+    async with device(tmp_path / "b", bucket) as b:
+        await b.engine.sync()  # pages it downloads into are closed again too
+        assert b.repo.open_pages() == []
+        for name in ("p1", "p2", "p3"):
+            assert (await _keys(b.repo, "l", name))[b"k"] == name.encode()
