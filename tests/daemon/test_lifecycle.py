@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import grp
 import os
+import resource
 import signal
 import socket
 import stat
@@ -216,8 +217,19 @@ def aiohttp_errors() -> type[Exception]:
 
 
 async def test_idle_pages_are_closed_and_reopen_on_use(short_tmp: Path) -> None:
-    d = start_daemon(short_tmp, env={"LEDGERD_PAGE_IDLE_SECONDS": "0.2"})
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 1024), hard))  # as under systemd
     try:
+        d = start_daemon(short_tmp, env={"LEDGERD_PAGE_IDLE_SECONDS": "0.2"})
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        # Open pages hold files: the daemon raised its soft limit towards the hard one.
+        limits = Path(f"/proc/{d.proc.pid}/limits").read_text()
+        line = next(ln for ln in limits.splitlines() if ln.startswith("Max open files"))
+        daemon_soft = line[len("Max open files") :].split()[0]
+        want = 65536 if hard == resource.RLIM_INFINITY else min(65536, hard)
+        assert daemon_soft == "unlimited" or int(daemon_soft) >= want, limits
         async with AsyncClient(d.socket) as c:
 
             async def open_pages() -> set[str]:
