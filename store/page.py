@@ -159,7 +159,7 @@ class _TxnState:
     pieces: dict[bytes, list[split.Piece]] = field(default_factory=dict)  # by value digest
     tokens: list[str] = field(default_factory=list)  # staged large values
     open: bool = True
-    counted_out: bool = False  # taken off Page._transactions
+    counted: bool = False  # counted in Page._transactions (started, not ended)
 
     @property
     def overlay(self) -> Overlay:
@@ -202,7 +202,9 @@ class Transaction(View):
             await self.page.flush()
             if self._base is None:
                 self._base = self.page.head
-                self.page._transactions += 1
+                if self._state_.open:  # not rolled back while the page flushed
+                    self._state_.counted = True
+                    self.page._transactions += 1
         return self
 
     def _state(self) -> tuple[bytes, Overlay]:
@@ -227,6 +229,8 @@ class Transaction(View):
         if not self._state_.open:
             raise TransactionClosedError()
         await self.start()
+        if not self._state_.open:  # committed or rolled back while it started
+            raise TransactionClosedError()
 
     async def put(self, key: bytes, value: Source, priority: Priority = Priority.EAGER) -> None:
         """Small values stay in memory until commit; large ones and streams are staged."""
@@ -268,7 +272,7 @@ class Transaction(View):
         try:
             # Shielded: once started, a commit completes (memory and database agree)
             # even if the caller is cancelled, e.g. by a client disconnecting.
-            self.commit_id = await asyncio.shield(self.page._commit_transaction(self))
+            self.commit_id = await asyncio.shield(self.page._committing_task(self))
         finally:
             self._ended()
         return self.commit_id
@@ -284,8 +288,8 @@ class Transaction(View):
 
     def _ended(self) -> None:
         """The page no longer counts this transaction as under way."""
-        if self._base is not None and not self._state_.counted_out:
-            self._state_.counted_out = True
+        if self._state_.counted:
+            self._state_.counted = False
             self.page._transactions -= 1
 
     async def __aenter__(self) -> Transaction:
@@ -327,6 +331,7 @@ class Page(View):
         self.on_close: list[Callable[[Page], None]] = []
         self._leases = 0
         self._transactions = 0  # started and neither committed nor rolled back
+        self._committing: set[asyncio.Task[bytes | None]] = set()  # transaction commits
         self.last_used = time.monotonic()
         """When a lease on the page last ended (or it was opened); see :meth:`lease`."""
 
@@ -411,6 +416,7 @@ class Page(View):
             self._leases
             or self._watchers
             or self._transactions
+            or self._committing
             or self._pending
             or self._journal is not None
             or self._commit_lock.locked()
@@ -519,7 +525,7 @@ class Page(View):
         """
         self._check_open()
         prepared: list[tuple[bytes, Entry | None]] = []
-        pieces: list[split.Piece] = []
+        pieces_of: dict[bytes, list[split.Piece]] = {}  # value root digest -> its pieces
         tokens: list[str] = []
         small = split.MIN_CHUNK
         try:
@@ -534,17 +540,22 @@ class Page(View):
                 if type(value) is bytes and len(value) <= small:  # the common case
                     entry, piece = _one_chunk(key, value, prio)
                     if piece is not None:
-                        pieces.append(piece)
+                        pieces_of[entry.value] = [piece]
                     prepared.append((key, entry))
                     continue
                 entry, more, token = await self._prepare(key, value, prio)
-                pieces.extend(more)
+                if more:
+                    pieces_of[entry.value] = more
                 if token is not None:
                     tokens.append(token)
                 prepared.append((key, entry))
         except BaseException:
             await self._discard_tokens(tokens)
             raise
+        # Every piece of the values the write keeps (the last change to a key wins);
+        # pieces of a value overwritten within this same write are not stored.
+        live = {e.value for e in dict(prepared).values() if e is not None}
+        pieces = [p for root, ps in pieces_of.items() if root in live for p in ps]
         loop = asyncio.get_running_loop()
         direct = len(prepared) >= DIRECT_BATCH
         await self._submit(
@@ -573,11 +584,14 @@ class Page(View):
             await asyncio.shield(self.objects.discard(t))
 
     async def flush(self) -> None:
-        """Wait until every acknowledged plain write is committed.
+        """Wait until every acknowledged plain write is committed, and every
+        transaction commit under way has finished (with the merge it may need).
 
         Only the write worker commits the implicit journal; this queues a marker
         that it resolves after its next commit attempt (raising if that failed).
         """
+        if self._committing:  # their own outcome is their committers' to report
+            await asyncio.gather(*self._committing, return_exceptions=True)
         if self._closed or (self._journal is None and not self._pending):
             return
         loop = asyncio.get_running_loop()
@@ -654,9 +668,7 @@ class Page(View):
                     await self._discard_tokens(w.tokens)
                 else:
                     c = commit.child([base], root)
-                    live = {e.value for _, e in w.changes if e is not None}
-                    values = [p for p in w.pieces if p.digest in live or dg.is_index(p.digest)]
-                    await self._store(c, builder, values=values, tokens=w.tokens)
+                    await self._store(c, builder, values=w.pieces, tokens=w.tokens)
         except BaseException as e:
             if not w.done.done():
                 w.done.set_exception(e)
@@ -845,6 +857,13 @@ class Page(View):
         """A transaction on the current head: ``async with page.transaction() as txn:``."""
         self._check_open()
         return Transaction(self)
+
+    def _committing_task(self, txn: Transaction) -> asyncio.Task[bytes | None]:
+        """Commit ``txn`` in a task of its own, which :meth:`flush` waits for."""
+        task = asyncio.ensure_future(self._commit_transaction(txn))
+        self._committing.add(task)
+        task.add_done_callback(self._committing.discard)
+        return task
 
     async def _commit_transaction(self, txn: Transaction) -> bytes | None:
         st = txn._state_

@@ -22,6 +22,7 @@ from store import (
     Page,
     Priority,
     Repository,
+    TransactionClosedError,
 )
 from store import commit as commit_mod
 from store.page import Notification
@@ -448,3 +449,45 @@ async def test_a_lease_on_a_closed_page_is_refused(repo: Repository) -> None:
     assert page.closed
     with pytest.raises(ClosedError):
         page.lease().__enter__()
+
+
+@pytest.mark.parametrize("n", [10, 1000])  # through the journal; a direct commit
+async def test_a_write_stores_every_chunk_of_its_values(tmp_path: Path, n: int) -> None:
+    big = random.Random(n).randbytes(100_000)  # several chunks and an index piece
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.write(
+            [(b"big", b"overwritten" * 500), (b"big", big)]
+            + [(b"k%04d" % i, b"x") for i in range(n - 2)]
+        )
+    async with await Repository.open(tmp_path) as repo:  # nothing cached
+        page = await repo.ledger("l").page("p")
+        assert await page.get(b"big") == big
+        rows = await page.db.read_all(
+            "SELECT count(*) FROM objects WHERE data = ?", (b"overwritten" * 500,)
+        )
+        assert rows[0][0] == 0  # a value overwritten within the same write is not stored
+
+
+async def test_a_put_racing_rollback_is_refused(page: Page) -> None:
+    await page.put(b"x", b"1")  # so that starting the transaction awaits a flush
+    txn = page.transaction()
+    put = asyncio.create_task(txn.put(b"k", b"v" * 100))
+    await asyncio.sleep(0)  # the put is starting the transaction
+    await txn.rollback()
+    with pytest.raises(TransactionClosedError):
+        await put
+    assert page.idle  # the rolled-back transaction is not counted as under way
+
+
+async def test_flush_waits_for_a_transaction_commit_under_way(page: Page) -> None:
+    txn = await page.transaction().start()
+    await txn.put(b"t", b"from the transaction")
+    await page.put(b"moved", b"the base")  # the commit will need a merge
+    await page.flush()
+    commit = asyncio.create_task(txn.commit())
+    await asyncio.sleep(0)  # the commit is under way
+    await page.flush()
+    assert await page.get(b"t") == b"from the transaction"
+    assert len(await page.heads()) == 1
+    await commit
