@@ -249,6 +249,7 @@ async def test_sync_leaves_open_only_the_pages_that_were_open(
         for name in ("p1", "p2", "p3"):
             page = await a.repo.ledger("l").page(name)
             await page.put(b"k", name.encode())
+            await page.flush()  # committed: nothing left under way in it
         assert await a.repo.close_idle(0) == 3
         kept = await a.repo.ledger("l").page("p1")  # in use by the application
         with kept.lease():
