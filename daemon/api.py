@@ -29,7 +29,7 @@ import socket
 import struct
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes
@@ -98,7 +98,21 @@ def commit_json(c: Commit) -> dict[str, Any]:
 
 
 _leases: contextvars.ContextVar[contextlib.ExitStack] = contextvars.ContextVar("leases")
-"""The page leases of the request being served (sessions included: they are requests)."""
+"""The page leases of the request (or session op) being served."""
+
+
+@contextlib.contextmanager
+def page_leases() -> Iterator[None]:
+    """Pages that :meth:`Api.page` hands out inside the block stay leased (open)
+    until it ends: one block per request, and one per op of a session (a session's
+    transactions and watchers keep their pages open by themselves)."""
+    with contextlib.ExitStack() as stack:
+        token = _leases.set(stack)
+        try:
+            yield
+        finally:
+            _leases.reset(token)
+
 
 _peer_cache: weakref.WeakKeyDictionary[asyncio.BaseTransport, tuple[int, int] | None] = (
     weakref.WeakKeyDictionary()
@@ -238,13 +252,10 @@ class Api:
                 raise ae.ShuttingDown()
             self.state.inflight += 1
             self.state.idle.clear()
-            leases = contextlib.ExitStack()  # pages this request uses stay open until it ends
-            token = _leases.set(leases)
             try:
-                with leases:
+                with page_leases():  # pages this request uses stay open until it ends
                     return await handler(request)
             finally:
-                _leases.reset(token)
                 self.state.inflight -= 1
                 if self.state.inflight == 0:
                     self.state.idle.set()

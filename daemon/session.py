@@ -24,7 +24,15 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from daemon import errors as ae
-from daemon.api import Api, b64, entries_json, parse_priority, priority_name, unb64
+from daemon.api import (
+    Api,
+    b64,
+    entries_json,
+    page_leases,
+    parse_priority,
+    priority_name,
+    unb64,
+)
 from store import Page, StoreError, Transaction, Watcher
 from store.btree import Entry
 from store.merge import Choice, MergeRequest, NeedsResolver
@@ -190,7 +198,8 @@ class Session:
             op = self.ops.get(str(req.get("op")))
             if op is None:
                 raise ae.BadRequest(f"unknown op {req.get('op')!r}")
-            result = await op(req)
+            with page_leases():  # the op's pages, not the session's whole life
+                result = await op(req)
             await self.send({"id": rid, "ok": True, **result})
         except ae.ApiError as e:
             await self.send({"id": rid, "ok": False, **e.body()})

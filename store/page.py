@@ -331,9 +331,13 @@ class Page(View):
         self.on_close: list[Callable[[Page], None]] = []
         self._leases = 0
         self._transactions = 0  # started and neither committed nor rolled back
-        self._committing: set[asyncio.Task[bytes | None]] = set()  # transaction commits
+        # Transaction commits under way, each with an event set once flushers need not
+        # wait for it any longer: when it is done, or when its merge asks a resolver.
+        self._committing: dict[asyncio.Task[bytes | None], asyncio.Event] = {}
         self.last_used = time.monotonic()
         """When a lease on the page last ended (or it was opened); see :meth:`lease`."""
+        self.handed_out = 0
+        """How many times :meth:`Repository.open_page` returned this page."""
 
     # -- opening and closing ---------------------------------------------------
 
@@ -591,7 +595,7 @@ class Page(View):
         that it resolves after its next commit attempt (raising if that failed).
         """
         if self._committing:  # their own outcome is their committers' to report
-            await asyncio.gather(*self._committing, return_exceptions=True)
+            await asyncio.gather(*(e.wait() for e in list(self._committing.values())))
         if self._closed or (self._journal is None and not self._pending):
             return
         loop = asyncio.get_running_loop()
@@ -861,8 +865,14 @@ class Page(View):
     def _committing_task(self, txn: Transaction) -> asyncio.Task[bytes | None]:
         """Commit ``txn`` in a task of its own, which :meth:`flush` waits for."""
         task = asyncio.ensure_future(self._commit_transaction(txn))
-        self._committing.add(task)
-        task.add_done_callback(self._committing.discard)
+        settled = asyncio.Event()
+        self._committing[task] = settled
+
+        def done(t: asyncio.Task[bytes | None]) -> None:
+            settled.set()
+            del self._committing[t]
+
+        task.add_done_callback(done)
         return task
 
     async def _commit_transaction(self, txn: Transaction) -> bytes | None:
@@ -971,6 +981,10 @@ class Page(View):
         async def ask(conflicts: list[merge.Conflict]) -> dict[bytes, merge.Choice]:
             assert self.resolver is not None
             req = merge.MergeRequest(self.ledger, self.id, left, right, self.policy, conflicts)
+            # Whoever flushes stops waiting for commits now: the resolver may well
+            # read the page (and so flush) before it answers.
+            for settled in self._committing.values():
+                settled.set()
             return await asyncio.wait_for(self.resolver(req), RESOLVER_TIMEOUT)
 
         return ask

@@ -126,24 +126,35 @@ class Repository:
         key = (ledger, page_id)
         page = self._pages.get(key)
         if page is not None and not page.closed:
+            page.handed_out += 1
             return page
         lock = self._opening.setdefault(key, asyncio.Lock())
         async with lock:
             page = self._pages.get(key)
             if page is not None and not page.closed:
+                page.handed_out += 1
                 return page
             page = await Page.open(
                 self.page_path(ledger, page_id), ledger, page_id, synchronous=self.synchronous
             )
+            try:
+                async with self.usage.write() as conn:
+                    await conn.execute(
+                        "INSERT OR REPLACE INTO page_usage (ledger, page, closed_at) "
+                        "VALUES (?, ?, 0)",
+                        (ledger, page_id),
+                    )
+            except BaseException:
+                await asyncio.shield(page.close())
+                raise
+            # Published only now, fully open, with no await until the caller has it:
+            # close_idle cannot close it before the caller takes a lease.
             page.on_close.append(self._closed_page)
+            page.last_used = time.monotonic()
             self._pages[key] = page
             for hook in self.on_open:
                 hook(page)
-            async with self.usage.write() as conn:
-                await conn.execute(
-                    "INSERT OR REPLACE INTO page_usage (ledger, page, closed_at) VALUES (?, ?, 0)",
-                    (ledger, page_id),
-                )
+            page.handed_out += 1
             return page
 
     def _closed_page(self, page: Page) -> None:
@@ -158,6 +169,8 @@ class Repository:
     async def _record_close(self, page: Page) -> None:
         try:
             async with self.usage.write() as conn:
+                if self.is_open(page.ledger, page.id):
+                    return  # reopened meanwhile: it is open again (closed_at stays 0)
                 await conn.execute(
                     "UPDATE page_usage SET closed_at = ? WHERE ledger = ? AND page = ?",
                     (int(time.time() * 1000), page.ledger, page.id),

@@ -43,7 +43,7 @@ from typing import Any
 from store import Page, Repository
 from store import digest as dg
 from store import exchange as ex
-from store.errors import ObjectNotFoundError, StoreError
+from store.errors import InvalidArgumentError, ObjectNotFoundError, StoreError
 from sync import pack
 from sync.cloud import CloudStore
 from sync.errors import AlreadyExistsError, CloudError, PermanentCloudError
@@ -270,15 +270,18 @@ class SyncEngine:
     @contextlib.asynccontextmanager
     async def _using(self, key: tuple[bytes, bytes]) -> AsyncIterator[Page]:
         """The page, leased (not closed as idle) for one sync step. A page that was
-        not open before is closed again after it, if nothing else took it up
-        meanwhile: a first round that visits every page keeps one open at a time."""
+        not open before is closed again after it, unless someone else opened it
+        meanwhile or something is under way in it: a first round that visits
+        every page keeps one open at a time."""
         was_open = self.repo.is_open(*key)
         page = await self.repo.open_page(*key)
+        mine = page.handed_out
         try:
             with page.lease(use=was_open):
                 yield page
         finally:
-            if not was_open and page.idle and not page.closed:
+            nobody_else = page.handed_out == mine
+            if not was_open and nobody_else and page.idle and not page.closed:
                 await page.close()
 
     async def upload_page(self, page: Page) -> int:
@@ -390,10 +393,13 @@ class SyncEngine:
             async with contextlib.AsyncExitStack() as stack:
                 try:
                     page = await stack.enter_async_context(self._using((ln.ledger, ln.page)))
-                except StoreError as e:  # a name this device cannot hold (too long, ...)
+                except InvalidArgumentError as e:  # a name this device cannot hold
                     log.error("ignoring pack %s: %s", name, e)
                     await self.repo.set_meta(cursor_key, name.encode())
                     continue
+                except StoreError as e:  # the page cannot be opened now: next round
+                    log.error("cannot open the page of pack %s: %s", name, e)
+                    return n
                 marker = f"imported/{device}"
                 done = await ex.sync_value(page, marker)
                 if done is None or int(done) < ln.seq:

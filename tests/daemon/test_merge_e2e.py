@@ -111,3 +111,26 @@ async def test_without_a_resolver_the_conflict_waits_and_shows(three: list[Daemo
     finally:
         await ca.close()
         await cb.close()
+
+
+async def test_a_resolver_may_read_the_page_before_answering(daemon: Daemon) -> None:
+    async with AsyncClient(daemon.socket) as c, AsyncClient(daemon.socket) as r:
+        await c.policy("l", "p", "automatic_with_fallback")
+        await c.put("l", "p", b"k", b"base")
+        seen: list[int] = []
+
+        async def look_then_take_left(req: ResolveRequest) -> Answer:
+            seen.append(len(await r.heads("l", "p")))  # reads the page it resolves
+            return {x.key: "left" for x in req.conflicts}
+
+        resolver = await r.register_resolver("l", look_then_take_left)
+        s = await c.open_session()
+        txn = await s.begin("l", "p")
+        await txn.put(b"k", b"from the transaction")
+        await c.put("l", "p", b"k", b"plain")  # the head moves: the commit needs a merge
+        await c.heads("l", "p")
+        await asyncio.wait_for(txn.commit(), 20)  # not held up by the resolver's read
+        assert seen and len(await c.heads("l", "p")) == 1
+        assert (await c.policy("l", "p"))["conflict"] is None
+        await s.close()
+        await resolver.close()

@@ -491,3 +491,14 @@ async def test_flush_waits_for_a_transaction_commit_under_way(page: Page) -> Non
     assert await page.get(b"t") == b"from the transaction"
     assert len(await page.heads()) == 1
     await commit
+
+
+async def test_open_page_racing_close_idle_returns_an_open_page(repo: Repository) -> None:
+    for _ in range(20):
+        await (await repo.ledger("l").page("p")).flush()
+        await repo.close_idle(0)
+        opening = asyncio.create_task(repo.open_page(b"l", b"p"))
+        while not opening.done():  # close idle pages at every turn of the loop
+            await repo.close_idle(0)
+            await asyncio.sleep(0)
+        assert not opening.result().closed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
 from collections.abc import AsyncIterator
@@ -260,3 +261,40 @@ async def test_sync_leaves_open_only_the_pages_that_were_open(
         assert b.repo.open_pages() == []
         for name in ("p1", "p2", "p3"):
             assert (await _keys(b.repo, "l", name))[b"k"] == name.encode()
+
+
+async def test_sync_survives_pages_closing_under_it(tmp_path: Path, bucket: FolderStore) -> None:
+    async with device(tmp_path / "a", bucket) as a, device(tmp_path / "b", bucket) as b:
+        await (await a.repo.ledger("l").page("p")).put(b"k", b"from a")
+        await a.engine.sync()
+        stop = asyncio.Event()
+
+        async def closer() -> None:  # the daemon's idle closer, at its most eager
+            while not stop.is_set():
+                await b.repo.close_idle(0)
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(closer())
+        try:
+            await b.engine.sync()
+        finally:
+            stop.set()
+            await task
+        await b.engine.sync()  # a pack put off by a closing page comes next round
+        assert await _keys(b.repo) == {b"k": b"from a"}
+
+
+async def test_sync_leaves_open_a_page_the_application_opened(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    async with device(tmp_path / "a", bucket) as a:
+        page = await a.repo.ledger("l").page("p")
+        await page.put(b"k", b"v")
+        await page.close()
+        sync = asyncio.create_task(a.engine.sync())
+        while not a.repo.is_open(b"l", b"p"):  # the sync step has opened it
+            await asyncio.sleep(0)
+        mine = await a.repo.ledger("l").page("p")  # and so does the application
+        await sync
+        await mine.put(b"k2", b"still open")
+        assert not mine.closed
