@@ -575,10 +575,10 @@ class Page(View):
                 pieces, root = await asyncio.to_thread(split.split_bytes, bytes(value))
             else:
                 pieces, root = split.split_bytes(bytes(value))
-            return Entry(key, root.digest, Priority(priority)), pieces, None
+            return Entry(key, root.digest, _priority(priority)), pieces, None
         if isinstance(value, bytes | bytearray | memoryview | Path | AsyncIterable):
             token, ref = await self.objects.stage_value(value)
-            return Entry(key, ref.digest, Priority(priority)), [], token
+            return Entry(key, ref.digest, _priority(priority)), [], token
         raise InvalidArgumentError(
             f"a value is bytes, an async iterator of bytes or a Path, not {type(value).__name__}"
         )
@@ -1055,12 +1055,20 @@ _PRIORITY = {
 }
 
 
+def _priority(p: object) -> Priority:
+    """``p`` as a Priority (EAGER or LAZY, or 0 or 1); anything else is refused."""
+    try:
+        return _PRIORITY[p]  # type: ignore[index]
+    except (KeyError, TypeError):
+        raise InvalidArgumentError(f"a priority is EAGER (0) or LAZY (1), not {p!r}") from None
+
+
 def _one_chunk(key: bytes, value: bytes, priority: int) -> tuple[Entry, split.Piece | None]:
     """Entry and piece of a value that is a single chunk (at most ``split.MIN_CHUNK``
     bytes); no piece when the value is inline in its digest."""
     d = dg.value_chunk_digest(value)
     piece = split.Piece(d, value) if len(value) > dg.INLINE_LIMIT else None
-    return Entry(key, d, _PRIORITY[priority]), piece
+    return Entry(key, d, _priority(priority)), piece
 
 
 def _order(c: Commit) -> tuple[int, bytes]:

@@ -502,3 +502,13 @@ async def test_open_page_racing_close_idle_returns_an_open_page(repo: Repository
             await repo.close_idle(0)
             await asyncio.sleep(0)
         assert not opening.result().closed
+
+
+async def test_a_bad_priority_is_a_clear_error(page: Page) -> None:
+    for value in (b"small", b"x" * 5000):  # one chunk; split in memory
+        with pytest.raises(InvalidArgumentError, match="priority"):
+            await page.put(b"k", value, 2)  # type: ignore[arg-type]
+        async with page.transaction() as txn:
+            with pytest.raises(InvalidArgumentError, match="priority"):
+                await txn.put(b"k", value, "lazy")  # type: ignore[arg-type]
+    assert (await page.keys()).items == []
