@@ -15,13 +15,14 @@ knows nothing about what the tables mean; :mod:`store.schema` owns that.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import aiosqlite
 
@@ -66,6 +67,13 @@ def _in_transaction(fn: Callable[[sqlite3.Connection], T], conn: sqlite3.Connect
         raise
     conn.commit()
     return result
+
+
+async def _undo_begin(conn: aiosqlite.Connection, begin: asyncio.Future[Any]) -> None:
+    with contextlib.suppress(BaseException):
+        await begin
+    if conn.in_transaction:
+        await conn.rollback()
 
 
 class Database:
@@ -125,7 +133,14 @@ class Database:
         async with self._lock:
             self._check_open()
             conn = self.writer
-            await conn.execute("BEGIN IMMEDIATE")
+            begin = asyncio.ensure_future(conn.execute("BEGIN IMMEDIATE"))
+            try:
+                await asyncio.shield(begin)
+            except BaseException:
+                # Cancelled while BEGIN ran on the thread: once it has run, undo it, so
+                # that the connection is never left inside a transaction.
+                await asyncio.shield(_undo_begin(conn, begin))
+                raise
             try:
                 yield conn
             except BaseException:

@@ -143,6 +143,7 @@ class Watcher:
     def close(self) -> None:
         if not self.closed:
             self.page._watchers.discard(self)
+            self.page.last_used = time.monotonic()
             self.queue.put_nowait(None)
 
     async def __aenter__(self) -> Watcher:
@@ -291,6 +292,7 @@ class Transaction(View):
         if self._state_.counted:
             self._state_.counted = False
             self.page._transactions -= 1
+            self.page.last_used = time.monotonic()
 
     async def __aenter__(self) -> Transaction:
         return await self.start()
@@ -334,6 +336,7 @@ class Page(View):
         # Transaction commits under way, each with an event set once flushers need not
         # wait for it any longer: when it is done, or when its merge asks a resolver.
         self._committing: dict[asyncio.Task[bytes | None], asyncio.Event] = {}
+        self._asking = 0  # merges waiting for a resolver's answer
         self.last_used = time.monotonic()
         """When a lease on the page last ended (or it was opened); see :meth:`lease`."""
         self.handed_out = 0
@@ -432,10 +435,16 @@ class Page(View):
             raise ClosedError(f"page {self.id!r} is closed")
 
     async def close(self) -> None:
-        """Finish queued writes, end watchers, close the database."""
+        """Finish queued writes, end watchers, close the database.
+
+        Once begun, closing completes even if the caller is cancelled (a page left
+        half closed would keep its connections, threads and files)."""
         if self._closed:
             return
         self._closed = True
+        await asyncio.shield(self._close())
+
+    async def _close(self) -> None:
         if self._worker is not None:
             await asyncio.gather(self._worker, return_exceptions=True)
         async with self._commit_lock:  # let an in-flight commit or merge finish
@@ -590,12 +599,16 @@ class Page(View):
     async def flush(self) -> None:
         """Wait until every acknowledged plain write is committed, and every
         transaction commit under way has finished (with the merge it may need).
+        While a merge waits for a resolver, return at once instead: every commit
+        waits for that merge, and the resolver itself may be the one flushing.
 
         Only the write worker commits the implicit journal; this queues a marker
         that it resolves after its next commit attempt (raising if that failed).
         """
         if self._committing:  # their own outcome is their committers' to report
             await asyncio.gather(*(e.wait() for e in list(self._committing.values())))
+        if self._asking:
+            return  # commits wait for a merge that waits for a resolver (see _asker)
         if self._closed or (self._journal is None and not self._pending):
             return
         loop = asyncio.get_running_loop()
@@ -866,6 +879,8 @@ class Page(View):
         """Commit ``txn`` in a task of its own, which :meth:`flush` waits for."""
         task = asyncio.ensure_future(self._commit_transaction(txn))
         settled = asyncio.Event()
+        if self._asking:
+            settled.set()  # it waits for a merge that waits for a resolver
         self._committing[task] = settled
 
         def done(t: asyncio.Task[bytes | None]) -> None:
@@ -981,11 +996,16 @@ class Page(View):
         async def ask(conflicts: list[merge.Conflict]) -> dict[bytes, merge.Choice]:
             assert self.resolver is not None
             req = merge.MergeRequest(self.ledger, self.id, left, right, self.policy, conflicts)
-            # Whoever flushes stops waiting for commits now: the resolver may well
-            # read the page (and so flush) before it answers.
+            # While a resolver is asked (holding the commit lock), flush waits for no
+            # commit: the resolver may well read the page, and so flush, before it
+            # answers, and every commit waits for this merge.
+            self._asking += 1
             for settled in self._committing.values():
                 settled.set()
-            return await asyncio.wait_for(self.resolver(req), RESOLVER_TIMEOUT)
+            try:
+                return await asyncio.wait_for(self.resolver(req), RESOLVER_TIMEOUT)
+            finally:
+                self._asking -= 1
 
         return ask
 

@@ -123,17 +123,21 @@ class Repository:
         return (self.ledgers_dir / encode_name(ledger)).is_dir()
 
     async def open_page(self, ledger: bytes, page_id: bytes) -> Page:
+        return (await self.acquire(ledger, page_id))[0]
+
+    async def acquire(self, ledger: bytes, page_id: bytes) -> tuple[Page, bool]:
+        """Like :meth:`open_page`, and whether this call is the one that opened it."""
         key = (ledger, page_id)
         page = self._pages.get(key)
         if page is not None and not page.closed:
             page.handed_out += 1
-            return page
+            return page, False
         lock = self._opening.setdefault(key, asyncio.Lock())
         async with lock:
             page = self._pages.get(key)
             if page is not None and not page.closed:
                 page.handed_out += 1
-                return page
+                return page, False
             page = await Page.open(
                 self.page_path(ledger, page_id), ledger, page_id, synchronous=self.synchronous
             )
@@ -155,7 +159,7 @@ class Repository:
             for hook in self.on_open:
                 hook(page)
             page.handed_out += 1
-            return page
+            return page, True
 
     def _closed_page(self, page: Page) -> None:
         key = (page.ledger, page.id)

@@ -273,15 +273,14 @@ class SyncEngine:
         not open before is closed again after it, unless someone else opened it
         meanwhile or something is under way in it: a first round that visits
         every page keeps one open at a time."""
-        was_open = self.repo.is_open(*key)
-        page = await self.repo.open_page(*key)
+        page, opened = await self.repo.acquire(*key)
         mine = page.handed_out
         try:
-            with page.lease(use=was_open):
+            with page.lease(use=not opened):
                 yield page
         finally:
             nobody_else = page.handed_out == mine
-            if not was_open and nobody_else and page.idle and not page.closed:
+            if opened and nobody_else and page.idle and not page.closed:
                 await page.close()
 
     async def upload_page(self, page: Page) -> int:

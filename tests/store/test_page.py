@@ -25,6 +25,7 @@ from store import (
     TransactionClosedError,
 )
 from store import commit as commit_mod
+from store.merge import Choice, MergeRequest, Policy
 from store.page import Notification
 
 
@@ -512,3 +513,55 @@ async def test_a_bad_priority_is_a_clear_error(page: Page) -> None:
             with pytest.raises(InvalidArgumentError, match="priority"):
                 await txn.put(b"k", value, "lazy")  # type: ignore[arg-type]
     assert (await page.keys()).items == []
+
+
+async def test_a_resolver_may_flush_the_page_it_resolves(page: Page) -> None:
+    await page.set_policy(Policy.AUTOMATIC_WITH_FALLBACK)
+    await page.put(b"k", b"base")
+    later = await page.transaction().start()
+    await later.put(b"x", b"from a later transaction")
+    meanwhile: list[asyncio.Task[bytes | None]] = []
+
+    async def resolver(req: MergeRequest) -> dict[bytes, Choice]:
+        if not meanwhile:  # while the merge waits for us, more work arrives
+            meanwhile.append(asyncio.create_task(later.commit()))
+            await page.put(b"plain", b"written meanwhile")
+        await asyncio.wait_for(page.flush(), 10)  # and we read the page before answering
+        return {c.key: "left" for c in req.conflicts}
+
+    page.resolver = resolver
+    txn = await page.transaction().start()
+    await txn.put(b"k", b"from the transaction")
+    await page.put(b"k", b"plain")  # the head moves: the commit needs a merge
+    await page.flush()
+    await asyncio.wait_for(txn.commit(), 20)
+    await asyncio.wait_for(meanwhile[0], 20)
+    await page.flush()
+    assert len(await page.heads()) == 1 and page.pending_conflict is None
+    assert await page.get(b"x") == b"from a later transaction"
+    assert await page.get(b"plain") == b"written meanwhile"
+
+
+async def test_a_cancelled_close_still_closes(repo: Repository) -> None:
+    page = await repo.ledger("l").page("p")
+    await page.put(b"k", b"v")
+    closed = asyncio.Event()
+    page.on_close.append(lambda _p: closed.set())
+    closing = asyncio.create_task(page.close())
+    await asyncio.sleep(0)  # closing has begun
+    closing.cancel()
+    await asyncio.wait_for(closed.wait(), 10)  # the database closed all the same
+    assert page.db.closed and not repo.is_open(b"l", b"p")
+    assert await (await repo.ledger("l").page("p")).get(b"k") == b"v"
+
+
+async def test_a_write_cancelled_during_begin_leaves_no_transaction(repo: Repository) -> None:
+    setting = asyncio.create_task(repo.set_meta("x", b"1"))
+    while not repo.usage._lock.locked():  # BEGIN is on its way to the writer's thread
+        await asyncio.sleep(0)
+    setting.cancel()
+    await asyncio.gather(setting, return_exceptions=True)
+    await repo.set_meta("y", b"2")  # the next write starts its own transaction
+    assert await repo.get_meta("y") == b"2"
+    page = await repo.ledger("l").page("p")  # opening a page writes to the usage db
+    assert not page.closed

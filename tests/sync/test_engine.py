@@ -298,3 +298,18 @@ async def test_sync_leaves_open_a_page_the_application_opened(
         await sync
         await mine.put(b"k2", b"still open")
         assert not mine.closed
+
+
+async def test_sync_leaves_open_a_page_the_application_was_opening(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    async with device(tmp_path / "a", bucket) as a:
+        page = await a.repo.ledger("l").page("p")
+        await page.put(b"k", b"v")
+        await page.close()
+        opening = asyncio.create_task(a.repo.ledger("l").page("p"))  # the application
+        await asyncio.sleep(0)  # it holds the page's opening lock
+        await a.engine.sync(b"l", b"p")  # a sync step on the same page meanwhile
+        mine = await opening
+        await mine.put(b"k2", b"still open")
+        assert not mine.closed
