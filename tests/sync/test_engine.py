@@ -284,32 +284,24 @@ async def test_sync_survives_pages_closing_under_it(tmp_path: Path, bucket: Fold
         assert await _keys(b.repo) == {b"k": b"from a"}
 
 
+@pytest.mark.parametrize("first", ["sync", "application"])
 async def test_sync_leaves_open_a_page_the_application_opened(
-    tmp_path: Path, bucket: FolderStore
+    tmp_path: Path, bucket: FolderStore, first: str
 ) -> None:
     async with device(tmp_path / "a", bucket) as a:
         page = await a.repo.ledger("l").page("p")
         await page.put(b"k", b"v")
         await page.close()
-        sync = asyncio.create_task(a.engine.sync())
-        while not a.repo.is_open(b"l", b"p"):  # the sync step has opened it
-            await asyncio.sleep(0)
-        mine = await a.repo.ledger("l").page("p")  # and so does the application
-        await sync
-        await mine.put(b"k2", b"still open")
-        assert not mine.closed
-
-
-async def test_sync_leaves_open_a_page_the_application_was_opening(
-    tmp_path: Path, bucket: FolderStore
-) -> None:
-    async with device(tmp_path / "a", bucket) as a:
-        page = await a.repo.ledger("l").page("p")
-        await page.put(b"k", b"v")
-        await page.close()
-        opening = asyncio.create_task(a.repo.ledger("l").page("p"))  # the application
-        await asyncio.sleep(0)  # it holds the page's opening lock
-        await a.engine.sync(b"l", b"p")  # a sync step on the same page meanwhile
-        mine = await opening
+        if first == "sync":
+            sync = asyncio.create_task(a.engine.sync())
+            while not a.repo.is_open(b"l", b"p"):  # the sync step has opened it
+                await asyncio.sleep(0)
+            mine = await a.repo.ledger("l").page("p")  # and so does the application
+            await sync
+        else:
+            opening = asyncio.create_task(a.repo.ledger("l").page("p"))
+            await asyncio.sleep(0)  # the application holds the page's opening lock
+            await a.engine.sync(b"l", b"p")  # when a sync step comes for the same page
+            mine = await opening
         await mine.put(b"k2", b"still open")
         assert not mine.closed
