@@ -128,10 +128,8 @@ def peer_credentials(request: web.Request) -> tuple[int, int] | None:
     transport = request.transport
     if transport is None:
         return None
-    try:
+    if transport in _peer_cache:
         return _peer_cache[transport]
-    except KeyError:
-        pass
     sock = transport.get_extra_info("socket")
     creds: tuple[int, int] | None = None
     if sock is not None and sock.family == socket.AF_UNIX:
