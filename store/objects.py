@@ -384,9 +384,17 @@ class ObjectStore:
             return len(digest) - 1
         if dg.is_index(digest):
             return sum(c.size for c in split.decode_index(await self.get_piece(digest)))
-        # A single chunk (at most 64 KiB): reading it costs what asking its length
-        # would, and leaves it in the cache for the read that usually follows.
-        return len(await self.get_piece(digest))
+        # A single chunk: from memory if it is there, else its length from SQLite
+        # (a listing of sizes should not read and verify every value).
+        known = self._cache.get([digest]).get(digest) or self.memory.get(digest)
+        if known is not None:
+            return len(known)
+        rows = await self.db.read_all(
+            "SELECT length(data) FROM objects WHERE digest = ?", (digest,)
+        )
+        if rows:
+            return int(rows[0][0])
+        return len(await self.get_piece(digest))  # not stored here: fetched, if possible
 
     async def read(
         self, digest: bytes, offset: int = 0, length: int | None = None
