@@ -44,6 +44,19 @@ def emit(name: str, figures: dict[str, Any]) -> None:
     sys.stdout.write("\n")
 
 
+def bare_sqlite(path: Path) -> sqlite3.Connection:
+    """A plain ``sqlite3`` connection set up like a page's writer: same page size,
+    WAL, and the writer's pragmas."""
+    from store.db import PAGE_SIZE, writer_pragmas
+
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+    db.execute("PRAGMA journal_mode = WAL")
+    for pragma in writer_pragmas():
+        db.execute(pragma)
+    return db
+
+
 def storage_floor(path: Path, txns: Iterable[Sequence[tuple[bytes, bytes]]]) -> float:
     """Seconds for bare ``sqlite3`` to store the same pieces the way a page must.
 
@@ -52,15 +65,9 @@ def storage_floor(path: Path, txns: Iterable[Sequence[tuple[bytes, bytes]]]) -> 
     ``executemany`` per table: what the storage alone costs on this machine, with
     no tree, hashing, encoding or event loop of ours around it.
     """
-    from store.db import PAGE_SIZE, WAL_CHECKPOINT_PAGES
     from store.schema import LOCAL, create_page_schema
 
-    db = sqlite3.connect(path, isolation_level=None)
-    db.execute(f"PRAGMA page_size = {PAGE_SIZE}")
-    db.execute("PRAGMA journal_mode = WAL")
-    db.execute("PRAGMA synchronous = NORMAL")
-    db.execute("PRAGMA cache_size = -16384")
-    db.execute(f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}")
+    db = bare_sqlite(path)
     create_page_schema(db)
     seconds = 0.0
     for rows in txns:  # only the inserts are timed, not producing the rows

@@ -20,7 +20,7 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
-from bench.common import emit, peak_rss_mib, timed
+from bench.common import bare_sqlite, emit, peak_rss_mib, timed
 from store.db import Database
 from store.objects import ObjectStore
 from store.schema import create_page_schema
@@ -61,15 +61,17 @@ def _sqlite_floor(path: Path, directory: Path, *, best_case: bool = False) -> fl
     SQLite-backed object store here.
     """
     from store import split
-    from store.db import PAGE_SIZE
 
-    db = sqlite3.connect(directory / f"floor{int(best_case)}.sqlite", isolation_level=None)
-    db.execute(f"PRAGMA page_size = {65536 if best_case else PAGE_SIZE}")
-    db.execute("PRAGMA journal_mode = WAL")
-    db.execute("PRAGMA synchronous = NORMAL")
+    db_path = directory / f"floor{int(best_case)}.sqlite"
     if best_case:
+        db = sqlite3.connect(db_path, isolation_level=None)
+        db.execute("PRAGMA page_size = 65536")
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = NORMAL")
         db.execute("PRAGMA cache_size = -65536")
         db.execute("PRAGMA wal_autocheckpoint = 0")
+    else:
+        db = bare_sqlite(db_path)
     db.execute("CREATE TABLE t (k BLOB PRIMARY KEY, v BLOB NOT NULL)")
     # Chunks computed first (streaming, 4 MiB at a time), so only the inserts are timed.
     splitter = split.Splitter()

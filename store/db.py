@@ -40,6 +40,19 @@ PAGE_SIZE = 4096
 WAL_CHECKPOINT_PAGES = 16384
 
 
+def writer_pragmas(synchronous: Synchronous = "NORMAL") -> list[str]:
+    """The settings of a writer connection (benchmarks use them for bare SQLite too)."""
+    return [
+        f"PRAGMA synchronous = {synchronous}",
+        "PRAGMA temp_store = MEMORY",
+        "PRAGMA cache_size = -16384",  # 16 MiB
+        # Checkpoint (copy the WAL into the database, with an fsync) every ~64 MiB of
+        # WAL rather than SQLite's 4 MiB: fewer stalls under write bursts.
+        f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}",
+        f"PRAGMA journal_size_limit = {WAL_CHECKPOINT_PAGES * PAGE_SIZE}",
+    ]
+
+
 def _prepare(path: Path, create_schema: Callable[[sqlite3.Connection], None]) -> None:
     """Create the file with our page size and WAL, then create or migrate the schema."""
     conn = sqlite3.connect(path, isolation_level=None)
@@ -98,13 +111,8 @@ class Database:
         await asyncio.to_thread(_prepare, path, create_schema)
         writer = await aiosqlite.connect(path, isolation_level=None)
         try:
-            await writer.execute(f"PRAGMA synchronous = {synchronous}")
-            await writer.execute("PRAGMA temp_store = MEMORY")
-            await writer.execute("PRAGMA cache_size = -16384")  # 16 MiB
-            # Checkpoint (copy the WAL into the database, with an fsync) every ~64 MiB
-            # of WAL rather than SQLite's 4 MiB: fewer stalls under write bursts.
-            await writer.execute(f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}")
-            await writer.execute(f"PRAGMA journal_size_limit = {WAL_CHECKPOINT_PAGES * PAGE_SIZE}")
+            for pragma in writer_pragmas(synchronous):
+                await writer.execute(pragma)
             reader = await aiosqlite.connect(path, isolation_level=None)
         except BaseException:
             await writer.close()
