@@ -45,7 +45,7 @@ from store import btree, commit, merge, split, sql
 from store import digest as dg
 from store.btree import EMPTY, Builder, Entry, NodeStore, Priority
 from store.commit import Commit
-from store.db import Database, Synchronous
+from store.db import INLINE_MAX_BYTES, Database, Synchronous
 from store.errors import (
     ClosedError,
     CommitNotFoundError,
@@ -74,6 +74,10 @@ MAX_JOURNAL_ENTRIES = 4096
 
 DIRECT_BATCH = 1000
 """A write of at least this many changes is committed directly, not through the journal."""
+
+INLINE_MAX_ROWS = 64
+"""Journal appends of at most this many keys (and ``INLINE_MAX_BYTES`` of pieces) are
+written inline, without a thread round trip (see :meth:`Database.run`)."""
 
 WATCH_VALUE_LIMIT = 64 * 1024
 """Watch notifications carry values up to this size; larger ones carry None."""
@@ -749,7 +753,11 @@ class Page(View):
                     [(jid, d) for d in pieces],
                 )
 
-        await self.db.run(work, write=True)
+        small = (
+            sum(map(len, pieces.values())) <= INLINE_MAX_BYTES
+            and sum(len(w.changes) for w in batch) <= INLINE_MAX_ROWS
+        )
+        await self.db.run(work, write=True, small=small)
         self.objects.remember(pieces.items())  # read-your-writes
         overlay = self._overlay
         for w in batch:
@@ -827,7 +835,14 @@ class Page(View):
             if journal is not None:
                 sql.drop_journal(conn, journal)
 
-        await self.db.run(work, write=True)
+        # A commit of a few keys writes a few nodes: inline (see Database.run).
+        small = (
+            not tokens
+            and len(pieces) <= INLINE_MAX_ROWS
+            and sum(len(p.data) for p in pieces) <= INLINE_MAX_BYTES
+            and (journal is None or len(self._overlay.entries) <= INLINE_MAX_ROWS)
+        )
+        await self.db.run(work, write=True, small=small)
         self.objects.remember((p.digest, p.data) for p in values)  # read-your-writes
         self._commits[c.id] = c
         heads = [h for h in self._heads if h.id not in c.parents]

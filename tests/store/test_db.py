@@ -1,0 +1,98 @@
+"""Database: inline small writes, and their fallback to the writer's thread."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from store.db import Database
+
+
+def _schema(conn: sqlite3.Connection) -> None:
+    conn.execute("CREATE TABLE IF NOT EXISTS t (k INTEGER PRIMARY KEY, thread INTEGER)")
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    d = await Database.open(tmp_path / "t.sqlite", _schema)
+    try:
+        yield d
+    finally:
+        await d.close()
+
+
+def _insert(k: int) -> Callable[[sqlite3.Connection], int]:
+    def work(conn: sqlite3.Connection) -> int:
+        conn.execute("INSERT INTO t (k, thread) VALUES (?, ?)", (k, threading.get_ident()))
+        return threading.get_ident()
+
+    return work
+
+
+async def _rows(db: Database) -> list[tuple[int, int]]:
+    return [(int(k), int(t)) for k, t in await db.read_all("SELECT k, thread FROM t ORDER BY k")]
+
+
+async def test_a_small_write_runs_inline_and_a_large_one_on_the_writer_thread(
+    db: Database,
+) -> None:
+    here = threading.get_ident()
+    assert await db.run(_insert(1), write=True, small=True) == here
+    assert await db.run(_insert(2), write=True) != here
+    assert [k for k, _ in await _rows(db)] == [1, 2]  # both committed, both visible
+
+
+async def test_a_failing_inline_write_leaves_nothing_and_the_next_one_works(db: Database) -> None:
+    def fail(conn: sqlite3.Connection) -> None:
+        conn.execute("INSERT INTO t (k, thread) VALUES (1, 0)")
+        raise ValueError("no")
+
+    with pytest.raises(ValueError):
+        await db.run(fail, write=True, small=True)
+    assert db.inline is not None and not db.inline.in_transaction
+    await db.run(_insert(2), write=True, small=True)
+    assert [k for k, _ in await _rows(db)] == [2]
+
+
+async def test_an_inline_write_waits_on_the_writer_thread_while_another_process_writes(
+    db: Database, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    other = sqlite3.connect(tmp_path / "t.sqlite", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # holds the write lock, as another process could
+    other.execute("INSERT INTO t (k, thread) VALUES (1, 0)")
+    caplog.set_level(logging.DEBUG, logger="store.db")
+    writing = asyncio.ensure_future(db.run(_insert(2), write=True, small=True))
+    while not any("waits for the writer" in r.message for r in caplog.records):
+        await asyncio.sleep(0)  # the loop is free: the write waits off it
+        assert not writing.done()
+    other.execute("COMMIT")
+    other.close()
+    assert await writing != threading.get_ident()
+    assert [k for k, _ in await _rows(db)] == [1, 2]
+
+
+async def test_full_durability_writes_nothing_inline(tmp_path: Path) -> None:
+    db = await Database.open(tmp_path / "f.sqlite", _schema, synchronous="FULL")
+    try:
+        assert db.inline is None
+        assert await db.run(_insert(1), write=True, small=True) != threading.get_ident()
+    finally:
+        await db.close()
+
+
+async def test_only_the_writer_thread_checkpoints(db: Database, tmp_path: Path) -> None:
+    assert db.inline is not None
+    assert db.inline.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+    for k in range(50):
+        await db.run(_insert(k), write=True, small=True)
+    # Closing checkpoints the inline writes into the database file: nothing is lost.
+    await db.close()
+    conn = sqlite3.connect(tmp_path / "t.sqlite")
+    assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == 50
+    conn.close()
