@@ -22,6 +22,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from store.db import Database, Synchronous
@@ -56,6 +57,14 @@ def decode_name(text: str) -> bytes | None:
         return None
 
 
+@dataclass(slots=True)
+class _Opening:
+    """The lock that opens one page once, and how many callers hold or wait for it."""
+
+    lock: asyncio.Lock
+    users: int = 0
+
+
 class Repository:
     """One device's data directory."""
 
@@ -65,7 +74,7 @@ class Repository:
         self.synchronous = synchronous
         self.device_id = b""
         self._pages: dict[tuple[bytes, bytes], Page] = {}
-        self._opening: dict[tuple[bytes, bytes], asyncio.Lock] = {}
+        self._opening: dict[tuple[bytes, bytes], _Opening] = {}
         self._closing: set[asyncio.Task[None]] = set()
         self.on_open: list[Callable[[Page], None]] = []
         """Called with every page this repository opens (sync installs its hooks here)."""
@@ -132,34 +141,44 @@ class Repository:
         if page is not None and not page.closed:
             page.handed_out += 1
             return page, False
-        lock = self._opening.setdefault(key, asyncio.Lock())
-        async with lock:
-            page = self._pages.get(key)
-            if page is not None and not page.closed:
+        # One lock per page being opened, dropped once nobody waits on it (a
+        # long-running daemon opens many pages over its life).
+        opening = self._opening.get(key)
+        if opening is None:
+            opening = self._opening[key] = _Opening(asyncio.Lock())
+        opening.users += 1
+        try:
+            async with opening.lock:
+                page = self._pages.get(key)
+                if page is not None and not page.closed:
+                    page.handed_out += 1
+                    return page, False
+                page = await Page.open(
+                    self.page_path(ledger, page_id), ledger, page_id, synchronous=self.synchronous
+                )
+                try:
+                    async with self.usage.write() as conn:
+                        await conn.execute(
+                            "INSERT OR REPLACE INTO page_usage (ledger, page, closed_at) "
+                            "VALUES (?, ?, 0)",
+                            (ledger, page_id),
+                        )
+                except BaseException:
+                    await asyncio.shield(page.close())
+                    raise
+                # Published only now, fully open, with no await until the caller has it:
+                # close_idle cannot close it before the caller takes a lease.
+                page.on_close.append(self._closed_page)
+                page.last_used = time.monotonic()
+                self._pages[key] = page
+                for hook in self.on_open:
+                    hook(page)
                 page.handed_out += 1
-                return page, False
-            page = await Page.open(
-                self.page_path(ledger, page_id), ledger, page_id, synchronous=self.synchronous
-            )
-            try:
-                async with self.usage.write() as conn:
-                    await conn.execute(
-                        "INSERT OR REPLACE INTO page_usage (ledger, page, closed_at) "
-                        "VALUES (?, ?, 0)",
-                        (ledger, page_id),
-                    )
-            except BaseException:
-                await asyncio.shield(page.close())
-                raise
-            # Published only now, fully open, with no await until the caller has it:
-            # close_idle cannot close it before the caller takes a lease.
-            page.on_close.append(self._closed_page)
-            page.last_used = time.monotonic()
-            self._pages[key] = page
-            for hook in self.on_open:
-                hook(page)
-            page.handed_out += 1
-            return page, True
+                return page, True
+        finally:
+            opening.users -= 1
+            if opening.users == 0:
+                del self._opening[key]
 
     def _closed_page(self, page: Page) -> None:
         key = (page.ledger, page.id)

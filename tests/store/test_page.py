@@ -505,6 +505,19 @@ async def test_open_page_racing_close_idle_returns_an_open_page(repo: Repository
         assert not opening.result().closed
 
 
+async def test_opening_pages_leaves_no_lock_behind(repo: Repository) -> None:
+    """Many callers opening many pages at once all get the same page each; the
+    per-page opening locks are gone afterwards (a daemon opens pages for months)."""
+    names = [f"p{i}".encode() for i in range(10)]
+    pages = await asyncio.gather(*(repo.open_page(b"l", n) for n in names for _ in range(3)))
+    for i in range(len(names)):
+        assert pages[3 * i] is pages[3 * i + 1] is pages[3 * i + 2]
+    await repo.close_idle(0)
+    with pytest.raises(OSError):  # an open that fails (here: a file name over 255 bytes)
+        await repo.open_page(b"l", b"x" * 200)
+    assert repo._opening == {}
+
+
 async def test_a_bad_priority_is_a_clear_error(page: Page) -> None:
     for value in (b"small", b"x" * 5000):  # one chunk; split in memory
         with pytest.raises(InvalidArgumentError, match="priority"):
