@@ -623,6 +623,12 @@ class Watch:
         ev = await self.queue.get()
         if ev is None:
             raise StopAsyncIteration
+        if ev.get("event") == "ended":  # the daemon ended this watcher
+            self.queue.put_nowait(ev)  # every later call ends the same way
+            err = ev.get("error")
+            if err:
+                raise LedgerError(err.get("code", "error"), err.get("message", "watch failed"))
+            raise StopAsyncIteration
         return Change(
             ev["commit"], [_item(c) for c in ev["changed"]], [unb64(k) for k in ev["deleted"]]
         )

@@ -8,7 +8,9 @@ Protocol: JSON text frames. A request is ``{"id": ID, "op": OP, ...}``; its repl
 is ``{"id": ID, "ok": true, ...}`` or ``{"id": ID, "ok": false, "error": {"code",
 "message"}}``. Requests of one connection are served in order. Watch events are
 ``{"event": "change", "watch": W, "commit": HEX, "changed": [...], "deleted":
-[...]}``. Bytes are base64 as in the HTTP API.
+[...]}``; a watcher that ends by itself (its page closed, or it failed) sends
+``{"event": "ended", "watch": W}``, with ``"error"`` if it failed. Bytes are base64
+as in the HTTP API.
 """
 
 from __future__ import annotations
@@ -328,6 +330,9 @@ class Session:
         return {"watch": wid}
 
     async def _forward(self, wid: str, watcher: Watcher) -> None:
+        """Send the watcher's notifications; when it ends by itself (its page closed,
+        or sending failed), release it and tell the client with an ``ended`` event."""
+        ended: dict[str, Any] = {"event": "ended", "watch": wid}
         try:
             async for note in watcher:
                 await self.send(
@@ -348,9 +353,16 @@ class Session:
                     }
                 )
         except (ConnectionResetError, asyncio.CancelledError):
-            return  # the session ended: nobody to tell
-        except Exception:
+            return  # the session ended or unwatched: nobody to tell
+        except Exception as e:
             log.exception("session %d: watcher %s failed", self.number, wid)
+            ended.update(ae.ApiError(f"the watcher failed: {type(e).__name__}").body())
+        finally:
+            watcher.close()  # a watcher keeps its page open
+            if self.watchers.get(wid, (None,))[0] is watcher:
+                del self.watchers[wid]
+        with contextlib.suppress(Exception):
+            await self.send(ended)
 
     async def op_unwatch(self, req: dict[str, Any]) -> dict[str, Any]:
         got = self.watchers.pop(str(req.get("watch")), None)

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from daemon.client import AsyncClient, Client, DaemonUnavailableError, LedgerError, NotFoundError
+from daemon.client import (
+    AsyncClient,
+    Client,
+    DaemonUnavailableError,
+    LedgerError,
+    NotFoundError,
+    Watch,
+)
 from tests.daemon.conftest import Daemon
 
 
@@ -155,3 +163,16 @@ async def test_resolver_on_the_committing_session_does_not_deadlock(daemon: Daem
         doc = await c.policy("l", "p")
         assert doc["heads"] == 1 and doc["conflict"] is None
         await s.close()
+
+
+async def test_a_watch_ends_when_the_daemon_ends_it() -> None:
+    """The ``ended`` event stops the iterator; with an error it raises, every time."""
+    q: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    q.put_nowait({"event": "ended", "watch": "w1"})
+    assert [c async for c in Watch(None, "w1", q)] == []  # type: ignore[arg-type]
+    q = asyncio.Queue()
+    q.put_nowait({"event": "ended", "watch": "w1", "error": {"code": "internal", "message": "m"}})
+    failed = Watch(None, "w1", q)  # type: ignore[arg-type]
+    for _ in range(2):
+        with pytest.raises(LedgerError, match="m"):
+            await anext(failed)

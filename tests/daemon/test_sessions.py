@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from pathlib import Path
+from types import SimpleNamespace
 
 import aiohttp
 import pytest
 from yarl import URL
 
 from daemon.client import AsyncClient, NotFoundError
+from daemon.session import Session
 from store import Repository
 from tests.daemon.conftest import Daemon
 
@@ -79,3 +82,43 @@ async def test_session_closing_mid_commit_leaves_one_consistent_state(daemon: Da
         assert len(heads) == 1
         keys = {i.key async for i in c.entries("l", "p")}
         assert keys <= {b"k%d" % i for i in range(20)}
+
+
+class _Socket:
+    """Stands in for a session's WebSocket: keeps what is sent; change events fail."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, object]] = []
+        self.got = asyncio.Event()
+
+    async def send_str(self, text: str) -> None:
+        doc = json.loads(text)
+        if doc.get("event") == "change":
+            raise RuntimeError("cannot send")
+        self.sent.append(doc)
+        self.got.set()
+
+
+@pytest.mark.parametrize("how", ["fails", "page closes"])
+async def test_a_watcher_that_ends_by_itself_releases_its_page_and_says_so(
+    tmp_path: Path, how: str
+) -> None:
+    """In process: a watcher whose forwarding fails, or whose page closes, no longer
+    keeps the page open, leaves the session, and the client gets an ``ended`` event."""
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        ws = _Socket()
+        session = Session(SimpleNamespace(api=None), ws, 1)  # type: ignore[arg-type]
+        watcher = page.watch(b"")
+        task = asyncio.create_task(session._forward("w1", watcher))
+        session.watchers["w1"] = (watcher, task)
+        if how == "fails":
+            await page.put(b"k", b"v")
+        else:
+            await page.close()
+        await asyncio.wait_for(ws.got.wait(), 10)
+        await task
+        assert session.watchers == {} and not page._watchers
+        [ended] = ws.sent
+        assert ended["event"] == "ended" and ended["watch"] == "w1"
+        assert ("error" in ended) == (how == "fails")
