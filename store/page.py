@@ -544,6 +544,7 @@ class Page(View):
         prepared: list[tuple[bytes, Entry | None]] = []
         pieces_of: dict[bytes, list[split.Piece]] = {}  # value root digest -> its pieces
         tokens: list[str] = []
+        staged: list[tuple[bytes, str]] = []  # (value root digest, token) of staged values
         small = split.MIN_CHUNK
         try:
             for change in changes:
@@ -565,14 +566,19 @@ class Page(View):
                     pieces_of[entry.value] = more
                 if token is not None:
                     tokens.append(token)
+                    staged.append((entry.value, token))
                 prepared.append((key, entry))
         except BaseException:
             await self._discard_tokens(tokens)
             raise
         # Every piece of the values the write keeps (the last change to a key wins);
-        # pieces of a value overwritten within this same write are not stored.
+        # pieces of a value overwritten within this same write are not stored, and
+        # values staged for it are dropped.
         live = {e.value for e in dict(prepared).values() if e is not None}
         pieces = [p for root, ps in pieces_of.items() if root in live for p in ps]
+        if len(live) < len(staged) or any(root not in live for root, _ in staged):
+            tokens = [t for root, t in staged if root in live]
+            await self._discard_tokens([t for root, t in staged if root not in live])
         loop = asyncio.get_running_loop()
         direct = len(prepared) >= DIRECT_BATCH
         await self._submit(

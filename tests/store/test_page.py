@@ -26,7 +26,7 @@ from store import (
 )
 from store import commit as commit_mod
 from store.merge import Choice, MergeRequest, Policy
-from store.page import Notification
+from store.page import SMALL_VALUE, Notification
 
 
 async def _count(page: Page, sql: str) -> int:
@@ -468,6 +468,19 @@ async def test_a_write_stores_every_chunk_of_its_values(tmp_path: Path, n: int) 
             "SELECT count(*) FROM objects WHERE data = ?", (b"overwritten" * 500,)
         )
         assert rows[0][0] == 0  # a value overwritten within the same write is not stored
+
+
+async def test_a_staged_value_overwritten_within_a_write_is_not_kept(page: Page) -> None:
+    """A value over SMALL_VALUE is staged before the write; if a later change of the
+    same write replaces it, its pieces are dropped, not committed (and uploaded)."""
+    staged = random.Random(7).randbytes(SMALL_VALUE + 1)
+    kept = random.Random(8).randbytes(SMALL_VALUE + 1)
+    await page.write([(b"a", staged), (b"a", b"small"), (b"b", kept), (b"c", kept)])
+    await page.flush()
+    assert await page.get(b"a") == b"small" and await page.get(b"c") == kept
+    assert await _garbage(page) == 0
+    total = await _count(page, "SELECT coalesce(sum(length(data)), 0) FROM objects")
+    assert len(kept) < total < len(kept) + 64 * 1024  # one copy of kept, none of staged
 
 
 async def test_a_put_racing_rollback_is_refused(page: Page) -> None:
