@@ -188,7 +188,7 @@ async def _finish(task: asyncio.Task[None], done: asyncio.Event) -> None:
 
 def raise_open_file_limit(want: int = 65536) -> None:
     """Raise the soft limit on open files towards the hard one: every open page
-    holds a few files (two SQLite connections), and 1,024 runs out early."""
+    holds a few files (three SQLite connections), and 1,024 runs out early."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = want if hard == resource.RLIM_INFINITY else min(want, hard)
     if soft != resource.RLIM_INFINITY and soft < target:

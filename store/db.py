@@ -45,6 +45,8 @@ PAGE_SIZE = 4096
 WAL_CHECKPOINT_PAGES = 16384
 INLINE_MAX_BYTES = 64 * 1024
 """What a caller may write inline (see :meth:`Database.run`): about this many bytes."""
+INLINE_ROUND = 64
+"""One small write in this many goes to the writer's thread, whose commit checkpoints."""
 
 
 def writer_pragmas(synchronous: Synchronous = "NORMAL") -> list[str]:
@@ -130,6 +132,7 @@ class Database:
         self.writer = writer
         self.reader = reader
         self.inline = inline
+        self._inline_count = 0
         self._lock = asyncio.Lock()
         self._closed = False
 
@@ -207,21 +210,40 @@ class Database:
 
         A ``small`` write (a few rows, at most about ``INLINE_MAX_BYTES``) runs inline
         instead, on this thread, unless the database is busy (another process holds
-        the write lock): then it takes the writer's thread like any other.
+        the write lock): then it takes the writer's thread like any other. So does
+        one small write in every ``INLINE_ROUND``, for the checkpoints.
         """
         self._check_open()
         if not write:
             return await _hop(self.reader, fn)
         async with self._lock:
             self._check_open()
-            if small and self.inline is not None:
+            if small and self.inline is not None and self._inline_turn():
+                inline = self.inline
+                if inline.in_transaction:  # never expected; never keep the write lock
+                    inline.rollback()
                 try:
-                    self.inline.execute("BEGIN IMMEDIATE")
+                    inline.execute("BEGIN IMMEDIATE")
                 except sqlite3.OperationalError as e:
+                    if e.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:
+                        raise
                     log.debug("inline write to %s waits for the writer: %s", self.path, e)
                 else:
-                    return _in_begun_transaction(fn, self.inline)
+                    return _in_begun_transaction(fn, inline)
             return await asyncio.shield(_hop(self.writer, partial(_in_transaction, fn)))
+
+    def _inline_turn(self) -> bool:
+        """Whether this small write may run inline: all but one in ``INLINE_ROUND``.
+
+        Only the writer's commits checkpoint the WAL (when it is over
+        ``WAL_CHECKPOINT_PAGES``, inline frames included), so a steady trickle of
+        small writes sends one in every round to the writer's thread.
+        """
+        self._inline_count += 1
+        if self._inline_count >= INLINE_ROUND:
+            self._inline_count = 0
+            return False
+        return True
 
     async def read_all(self, sql: str, params: Sequence[object] = ()) -> list[sqlite3.Row]:
         """Run a query on the reader connection and return every row."""

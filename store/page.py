@@ -323,6 +323,7 @@ class Page(View):
         self._heads: list[Commit] = []
         self._overlay = NO_OVERLAY
         self._journal: str | None = None
+        self._journal_rows = 0  # rows the implicit journal has staged (entries, pieces)
         self._pending: list[_Write] = []
         self._wake = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
@@ -759,11 +760,13 @@ class Page(View):
                     [(jid, d) for d in pieces],
                 )
 
-        small = (
-            sum(map(len, pieces.values())) <= INLINE_MAX_BYTES
-            and sum(len(w.changes) for w in batch) <= INLINE_MAX_ROWS
-        )
+        # Staged values (tokens) and clears move rows in proportion to their size.
+        rows = sum(len(w.changes) for w in batch) + len(pieces)
+        if any(w.tokens or w.clear for w in batch):
+            rows += INLINE_MAX_ROWS + 1
+        small = rows <= INLINE_MAX_ROWS and sum(map(len, pieces.values())) <= INLINE_MAX_BYTES
         await self.db.run(work, write=True, small=small)
+        self._journal_rows = rows + (0 if new else self._journal_rows)
         self.objects.remember(pieces.items())  # read-your-writes
         overlay = self._overlay
         for w in batch:
@@ -846,7 +849,7 @@ class Page(View):
             not tokens
             and len(pieces) <= INLINE_MAX_ROWS
             and sum(len(p.data) for p in pieces) <= INLINE_MAX_BYTES
-            and (journal is None or len(self._overlay.entries) <= INLINE_MAX_ROWS)
+            and (journal is None or self._journal_rows <= INLINE_MAX_ROWS)
         )
         await self.db.run(work, write=True, small=small)
         self.objects.remember((p.digest, p.data) for p in values)  # read-your-writes

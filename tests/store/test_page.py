@@ -7,6 +7,7 @@ import random
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -481,6 +482,33 @@ async def test_a_staged_value_overwritten_within_a_write_is_not_kept(page: Page)
     assert await _garbage(page) == 0
     total = await _count(page, "SELECT coalesce(sum(length(data)), 0) FROM objects")
     assert len(kept) < total < len(kept) + 64 * 1024  # one copy of kept, none of staged
+
+
+async def test_small_writes_go_inline_and_staged_values_do_not(
+    page: Page, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Appends and commits of a few small keys run inline; a staged value's (its
+    pieces are adopted row by row) and its journal's commit take the writer's thread."""
+    calls: list[bool] = []
+    run = page.db.run
+
+    async def recording(fn: Any, *, write: bool = False, small: bool = False) -> Any:
+        if write:
+            calls.append(small)
+        return await run(fn, write=write, small=small)
+
+    monkeypatch.setattr(page.db, "run", recording)
+    await page.put(b"a", b"small")
+    await page.flush()
+    assert calls == [True, True]  # the append, the commit
+    calls.clear()
+    await page.put(b"b", random.Random(1).randbytes(SMALL_VALUE + 1))
+    await page.flush()
+    assert calls == [False, False]
+    calls.clear()
+    async with page.transaction() as txn:
+        await txn.put(b"c", b"small")
+    assert calls == [True]
 
 
 async def test_a_put_racing_rollback_is_refused(page: Page) -> None:
