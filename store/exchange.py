@@ -47,9 +47,18 @@ async def pending_upload(page: Page) -> Upload:
 
     Nothing while the page has several heads (a conflict waiting for its
     resolver): upload waits until the page is back to one head.
+
+    Every local piece is uploaded; LAZY values' pieces apart. Which values are
+    LAZY comes from one diff: from the newest synced commit on the head's line of
+    first parents to the head. So the cost follows what changed since the last
+    upload, not how many commits did it (a bulk load of 100 commits rewrites most
+    leaves 100 times). Only when some local value is in no such change (a later
+    unsynced commit replaced it) does it take a diff per unsynced commit, to learn
+    whether that value was LAZY.
     """
     await page.flush()
-    if len(await page.heads()) > 1:
+    heads = await page.heads()
+    if len(heads) > 1:
         return Upload([])
     rows = await page.db.read_all(
         "SELECT commit_id FROM unsynced_commits ORDER BY generation, commit_id"
@@ -60,18 +69,34 @@ async def pending_upload(page: Page) -> Upload:
         f"WHERE s.status = {LOCAL}"
     )
     local = {bytes(r[0]) for r in rows}
+    unsynced = {c.id for c in commits}
     lazy_roots: set[bytes] = set()
     eager_roots: set[bytes] = set()
-    for c in commits:
-        base = (await page.load_commit(c.parents[0])).root if c.parents else btree.EMPTY
-        async for ch in btree.diff(page.nodes, base, c.root):
+
+    async def changes(base_root: bytes, root: bytes) -> None:
+        async for ch in btree.diff(page.nodes, base_root, root):
             if ch.new is not None:
                 (lazy_roots if ch.new.priority == Priority.LAZY else eager_roots).add(ch.new.value)
-    lazy: set[bytes] = set()
-    for root in lazy_roots:
-        lazy.update(d for d in await _value_pieces(page, root) if d in local)
-    for root in eager_roots:  # a piece an EAGER value also uses travels EAGER
-        lazy.difference_update(await _value_pieces(page, root))
+
+    if heads and heads[0].id in unsynced:
+        base = heads[0]
+        while base.id in unsynced and base.parents:
+            base = await page.load_commit(base.parents[0])
+        await changes(btree.EMPTY if base.id in unsynced else base.root, heads[0].root)
+    pieces_of = {root: await _value_pieces(page, root) for root in lazy_roots | eager_roots}
+    seen = {d for ps in pieces_of.values() for d in ps}
+    if any(dg.kind_of(d) == dg.Kind.VALUE and d not in seen for d in local):
+        for c in commits:  # a value replaced since: which priority did it have?
+            await changes(
+                (await page.load_commit(c.parents[0])).root if c.parents else btree.EMPTY, c.root
+            )
+        for root in lazy_roots | eager_roots:
+            if root not in pieces_of:
+                pieces_of[root] = await _value_pieces(page, root)
+    lazy = {d for root in lazy_roots for d in pieces_of[root] if d in local}
+    if lazy:
+        for root in eager_roots:  # a piece an EAGER value also uses travels EAGER
+            lazy.difference_update(pieces_of[root])
     eager = sorted(local - lazy)
     return Upload(commits, eager, sorted(lazy))
 

@@ -1,0 +1,68 @@
+"""What a page gives to sync: pending uploads, split into EAGER and LAZY pieces."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from store import Page, Priority, Repository, exchange
+from store.schema import LOCAL
+
+
+async def _local(page: Page) -> set[bytes]:
+    rows = await page.db.read_all(f"SELECT digest FROM object_status WHERE status = {LOCAL}")
+    return {bytes(r[0]) for r in rows}
+
+
+async def test_every_local_piece_is_listed_once_and_lazy_values_wait(tmp_path: Path) -> None:
+    """LAZY values stay behind, also one that a later unsynced commit replaced."""
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        photo = random.Random(1).randbytes(200_000)
+        replaced = random.Random(2).randbytes(200_000)
+        await page.put(b"photo", photo, Priority.LAZY)
+        await page.put(b"draft", replaced, Priority.LAZY)
+        await page.flush()
+        await page.put(b"draft", b"final", Priority.LAZY)  # a later commit replaces it
+        await page.put(b"e", b"e" * 100)
+        up = await exchange.pending_upload(page)
+        assert len(up.commits) >= 2
+        assert not set(up.eager) & set(up.lazy)
+        assert set(up.eager) | set(up.lazy) == await _local(page)
+        lazy = await page.objects.get_pieces(up.lazy)
+        assert sum(map(len, lazy.values())) >= len(photo) + len(replaced)
+        eager = await page.objects.get_pieces(up.eager)
+        assert not [v for v in eager.values() if len(v) > 1000 and (v in photo or v in replaced)]
+
+
+async def test_the_cost_of_an_upload_follows_the_change_not_the_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fifty commits of 100 new random keys each, after an upload of 5,000: one
+    diff from the last upload to the head, not one walk per commit (each of which
+    would visit most leaves twice)."""
+    rng = random.Random(3)
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.write([(rng.randbytes(16), rng.randbytes(100)) for _ in range(5000)])
+        up = await exchange.pending_upload(page)
+        await exchange.mark_uploaded(page, [c.id for c in up.commits], up.eager + up.lazy)
+        for _ in range(50):
+            async with page.transaction() as txn:
+                for _ in range(100):
+                    await txn.put(rng.randbytes(16), rng.randbytes(100))
+        loads = 0
+        load = page.nodes.load
+
+        async def counting(digest: bytes) -> Any:
+            nonlocal loads
+            loads += 1
+            return await load(digest)
+
+        monkeypatch.setattr(page.nodes, "load", counting)
+        up = await exchange.pending_upload(page)
+        assert len(up.commits) == 50
+        assert 0 < loads <= 500, loads  # the head's tree has about 160 nodes
