@@ -389,6 +389,7 @@ class Page(View):
                 for k, v, p in entries
             ]
             self._journal = str(jid)
+            self._journal_rows = INLINE_MAX_ROWS + 1  # its pieces are unknown: not inline
             self._overlay = Overlay(bool(cleared), dict(changes))
             log.info(
                 "committing implicit journal %s left by a crash (%d entries)", jid, len(changes)
