@@ -100,6 +100,11 @@ def validate(digest: bytes) -> bytes:
     return digest
 
 
+def is_valid_hashed_type(t: int) -> bool:
+    """Whether ``t`` is the type byte of a well-formed hashed (not inline) digest."""
+    return not t & ~_KNOWN_BITS and not t & _INLINE
+
+
 def is_inline(digest: bytes) -> bool:
     return bool(digest[0] & _INLINE)
 

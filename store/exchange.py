@@ -10,6 +10,7 @@ after verifying them (digests, commit ids, references). Sync
 from __future__ import annotations
 
 import logging
+import operator
 import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -224,6 +225,9 @@ def _sql_insert_commit(conn: sqlite3.Connection, c: Commit) -> None:
     sql.insert_commit(conn, c, unsynced=False)
 
 
+_VALUE = operator.itemgetter(1)
+
+
 async def _check_trees(
     page: Page, roots: list[bytes], pieces: dict[bytes, bytes], lazy: dict[bytes, str]
 ) -> None:
@@ -241,19 +245,18 @@ async def _check_trees(
             [d for d in frontier if not dg.is_inline(d) and d not in pieces]
         )
         children: list[bytes] = []
-        values: list[bytes] = []
+        referenced: set[bytes] = set()
         for d in frontier:
             if not dg.is_inline(d) and d not in pieces:
                 if d in stored:
                     continue
                 raise CorruptObjectError(f"tree node {dg.short(d)} of a remote commit is missing")
             node = btree.decode_node(await _node_bytes(page, d, pieces))
-            children.extend(ch for ch in node.children if ch)
-            values.extend(
-                e.value
-                for e in node.entries
-                if not (dg.is_inline(e.value) or e.value in pieces or e.value in lazy)
-            )
+            children.extend(filter(None, node.children))
+            referenced.update(map(_VALUE, node.entries))  # every version of a leaf repeats most
+        referenced.difference_update(pieces)
+        referenced.difference_update(lazy)
+        values = [v for v in referenced if not dg.is_inline(v)]
         if values:
             known = await page.objects.known(values)
             missing = [v for v in values if v not in known]

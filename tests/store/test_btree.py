@@ -6,6 +6,7 @@ import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from store import btree
 from store import digest as dg
 from store.btree import EMPTY, Builder, Entry, NodeStore
+from store.errors import CorruptObjectError
 
 
 class MemoryNodes:
@@ -228,3 +230,67 @@ async def test_range_iteration_bounds() -> None:
     assert btree.prefix_end(b"ab") == b"ac"
     assert btree.prefix_end(b"a\xff") == b"b"
     assert btree.prefix_end(b"\xff\xff") is None
+
+
+_digests = st.one_of(
+    st.binary(min_size=32, max_size=32).map(lambda h: bytes([dg.Kind.VALUE]) + h),
+    st.binary(min_size=32, max_size=32).map(lambda h: bytes([dg.Kind.VALUE | 0x02]) + h),
+    st.binary(max_size=32).map(lambda c: dg.chunk_digest(dg.Kind.VALUE, c)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 10),
+    st.lists(
+        st.tuples(st.binary(max_size=300), _digests, st.sampled_from(list(btree.Priority))),
+        max_size=40,
+    ),
+    st.data(),
+)
+def test_nodes_decode_to_what_was_encoded(
+    level: int, raw: list[tuple[bytes, bytes, btree.Priority]], data: st.DataObject
+) -> None:
+    entries = tuple(Entry(k, v, p) for k, v, p in raw)
+    children: tuple[bytes, ...] = ()
+    if level:
+        tree = st.binary(min_size=32, max_size=32).map(lambda h: bytes([dg.Kind.TREE]) + h)
+        children = tuple(
+            data.draw(
+                st.lists(
+                    st.one_of(st.just(b""), tree), min_size=len(raw) + 1, max_size=len(raw) + 1
+                )
+            )
+        )
+    node = btree.Node(level, entries, children)
+    got = btree.decode_node(btree.encode_node(node))
+    assert got == node and btree.encode_node(got) == btree.encode_node(node)
+    assert all(type(e.priority) is btree.Priority for e in got.entries)
+
+
+_GOOD = bytes([dg.Kind.VALUE]) + b"h" * 32
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        [0, [[b"k", _GOOD]], []],  # an entry of two fields
+        [0, [[b"k", _GOOD, 2]], []],  # a priority that is not 0 or 1
+        [0, [[b"k", _GOOD, True]], []],  # a priority that is a bool
+        [0, [["k", _GOOD, 0]], []],  # a key that is text
+        [0, [[b"k", _GOOD[:-1], 0]], []],  # a hashed digest one byte short
+        [0, [[b"k", bytes([0x80]) + b"h" * 32, 0]], []],  # an unknown type byte
+        [0, [[b"k", bytes([0x03]) + b"h", 0]], []],  # an inline index
+        [0, [[b"k", b"", 0]], []],  # an empty digest
+        [1, [[b"k", _GOOD, 0]], [b""]],  # one child too few
+        [1, [[b"k", _GOOD, 0]], [b"", b"x" * 33]],  # a child that is no digest
+        [0, [], [b""]],  # children at level 0
+        ["0", [], []],  # a level that is text
+        [-1, [], []],  # a negative level
+        [0, {}, []],  # entries that are a map
+        [0, [b"k"], []],  # an entry that is not a list
+    ],
+)
+def test_malformed_nodes_are_corrupt(shape: list[object]) -> None:
+    with pytest.raises(CorruptObjectError):
+        btree.decode_node(msgpack.packb(shape, use_bin_type=True))
