@@ -33,6 +33,7 @@ import contextlib
 import functools
 import heapq
 import logging
+import operator
 import sqlite3
 import time
 import uuid
@@ -830,13 +831,13 @@ class Page(View):
 
         def work(conn: sqlite3.Connection) -> None:
             if pieces:
+                # Pieces are (digest, data) tuples already: no row is built in Python.
                 conn.executemany(
-                    "INSERT OR IGNORE INTO objects (digest, data) VALUES (?, ?)",
-                    [(p.digest, p.data) for p in pieces],
+                    "INSERT OR IGNORE INTO objects (digest, data) VALUES (?, ?)", pieces
                 )
                 conn.executemany(
                     f"INSERT OR IGNORE INTO object_status (digest, status) VALUES (?, {LOCAL})",
-                    [(p.digest,) for p in pieces],
+                    zip(map(_DIGEST, pieces)),
                 )
             sql.insert_commit(conn, c)
             for jid in [journal, *tokens]:
@@ -1114,6 +1115,9 @@ def _one_chunk(key: bytes, value: bytes, priority: int) -> tuple[Entry, split.Pi
     d = dg.value_chunk_digest(value)
     piece = split.Piece(d, value) if len(value) > dg.INLINE_LIMIT else None
     return Entry(key, d, _priority(priority)), piece
+
+
+_DIGEST = operator.itemgetter(0)
 
 
 def _order(c: Commit) -> tuple[int, bytes]:
