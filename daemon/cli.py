@@ -320,7 +320,9 @@ class Cli:
                 self.line(f"put\t{_show(i.key)}\t{shown}")
             for k in ch.deleted:
                 self.line(f"delete\t{_show(k)}")
-        return 0
+        # Only the daemon ends a watch (it is shutting down, or closed the page).
+        print("ledgerctl: the daemon ended the watch", file=sys.stderr)
+        return 1
 
     async def sync(self) -> int:
         ledger = self.b(self.a.ledger, "ledger") if self.a.ledger else None

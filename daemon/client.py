@@ -615,17 +615,18 @@ class Watch:
         self.id = wid
         self.queue = queue
         self.owns_session = False
+        self.ended = False
+        """The daemon ended this watch (or the session closed): nothing more will come."""
 
     def __aiter__(self) -> Watch:
         return self
 
     async def __anext__(self) -> Change:
         ev = await self.queue.get()
-        if ev is None:
-            raise StopAsyncIteration
-        if ev.get("event") == "ended":  # the daemon ended this watcher
+        if ev is None or ev.get("event") == "ended":
+            self.ended = True
             self.queue.put_nowait(ev)  # every later call ends the same way
-            err = ev.get("error")
+            err = ev.get("error") if ev is not None else None
             if err:
                 raise LedgerError(err.get("code", "error"), err.get("message", "watch failed"))
             raise StopAsyncIteration
@@ -636,8 +637,12 @@ class Watch:
     async def close(self) -> None:
         if self.owns_session:
             await self.session.close()
-        else:
-            await self.session.call("unwatch", watch=self.id)
+        elif not self.ended:
+            try:
+                await self.session.call("unwatch", watch=self.id)
+            except LedgerError as e:
+                if e.code != "conflict":  # it ended as we asked: nothing to undo
+                    raise
 
 
 class Transaction:

@@ -147,6 +147,7 @@ class Watcher:
 
     def close(self) -> None:
         if not self.closed:
+            self.closed = True  # what is queued is still delivered, then the end
             self.page._watchers.discard(self)
             self.page.last_used = time.monotonic()
             self.queue.put_nowait(None)

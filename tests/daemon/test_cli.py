@@ -721,3 +721,27 @@ def test_progress_bar_only_on_a_terminal_for_large_transfers(
     code, shown = run_on_pty(shared, "get", "-o", str(out), ledger, "p", "big")
     assert code == 0 and re.search(r"get \[#{30}\] 100\.0%", shown.decode()), shown
     assert out.read_bytes() == big.read_bytes()
+
+
+def test_watch_says_so_when_the_daemon_ends_it(daemon: Daemon) -> None:
+    """``watch`` runs until interrupted; if the daemon goes away first it says so and
+    fails, rather than exiting 0 as if interrupted."""
+    client = Client(daemon.socket)
+    client.put("l", "p", b"init", b"0")
+    watcher = Watcher(daemon, "l", "p")
+    try:
+        for attempt in range(100):  # subscribed once a sentinel shows
+            client.put("l", "p", b"sentinel", b"s%d" % attempt)
+            client.heads("l", "p")
+            want = f"put\tsentinel\ts{attempt}"
+            if watcher.read_until(want.__eq__, time.monotonic() + 0.5) is not None:
+                break
+        else:
+            pytest.fail("the watcher never showed a change")
+        assert daemon.stop() == 0
+        assert watcher.proc.wait(30) == 1
+        assert watcher.proc.stderr is not None
+        assert "the daemon ended the watch" in watcher.proc.stderr.read().decode()
+    finally:
+        watcher.stop()
+        client.close()

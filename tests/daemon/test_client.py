@@ -176,3 +176,10 @@ async def test_a_watch_ends_when_the_daemon_ends_it() -> None:
     for _ in range(2):
         with pytest.raises(LedgerError, match="m"):
             await anext(failed)
+    await failed.close()  # no unwatch for a watch the daemon ended (no session here)
+    q = asyncio.Queue()
+    q.put_nowait(None)  # the session closed
+    dropped = Watch(None, "w1", q)  # type: ignore[arg-type]
+    for _ in range(2):
+        with pytest.raises(StopAsyncIteration):
+            await anext(dropped)
