@@ -53,7 +53,7 @@ async def pending_upload(page: Page) -> Upload:
     LAZY comes from one diff: from the newest synced commit on the head's line of
     first parents to the head. So the cost follows what changed since the last
     upload, not how many commits did it (a bulk load of 100 commits rewrites most
-    leaves 100 times). So the head decides a value's priority: one that the head
+    leaves 100 times). The head therefore decides a value's priority: one that it
     holds as LAZY waits to be fetched, even if an earlier unsynced commit held it
     as EAGER (reading that commit elsewhere fetches it). Only when some local value
     is in no such change (a later unsynced commit replaced it) does it take a diff

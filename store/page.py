@@ -580,7 +580,7 @@ class Page(View):
         # values staged for it are dropped.
         live = {e.value for e in dict(prepared).values() if e is not None}
         pieces = [p for root, ps in pieces_of.items() if root in live for p in ps]
-        if len(live) < len(staged) or any(root not in live for root, _ in staged):
+        if any(root not in live for root, _ in staged):
             tokens = [t for root, t in staged if root in live]
             await self._discard_tokens([t for root, t in staged if root not in live])
         loop = asyncio.get_running_loop()

@@ -150,35 +150,38 @@ class Repository:
         try:
             async with opening.lock:
                 page = self._pages.get(key)
-                if page is not None and not page.closed:
-                    page.handed_out += 1
-                    return page, False
-                page = await Page.open(
-                    self.page_path(ledger, page_id), ledger, page_id, synchronous=self.synchronous
-                )
-                try:
-                    async with self.usage.write() as conn:
-                        await conn.execute(
-                            "INSERT OR REPLACE INTO page_usage (ledger, page, closed_at) "
-                            "VALUES (?, ?, 0)",
-                            (ledger, page_id),
-                        )
-                except BaseException:
-                    await asyncio.shield(page.close())
-                    raise
-                # Published only now, fully open, with no await until the caller has it:
-                # close_idle cannot close it before the caller takes a lease.
-                page.on_close.append(self._closed_page)
-                page.last_used = time.monotonic()
-                self._pages[key] = page
-                for hook in self.on_open:
-                    hook(page)
+                opened = page is None or page.closed
+                if page is None or page.closed:
+                    page = await self._open_new(ledger, page_id)
+                # No await since the page was published: close_idle cannot close it
+                # before the caller takes a lease.
                 page.handed_out += 1
-                return page, True
+                return page, opened
         finally:
             opening.users -= 1
             if opening.users == 0:
                 del self._opening[key]
+
+    async def _open_new(self, ledger: bytes, page_id: bytes) -> Page:
+        """Open a page, record its use, and publish it: only once fully open."""
+        page = await Page.open(
+            self.page_path(ledger, page_id), ledger, page_id, synchronous=self.synchronous
+        )
+        try:
+            async with self.usage.write() as conn:
+                await conn.execute(
+                    "INSERT OR REPLACE INTO page_usage (ledger, page, closed_at) VALUES (?, ?, 0)",
+                    (ledger, page_id),
+                )
+        except BaseException:
+            await asyncio.shield(page.close())
+            raise
+        page.on_close.append(self._closed_page)
+        page.last_used = time.monotonic()
+        self._pages[(ledger, page_id)] = page
+        for hook in self.on_open:
+            hook(page)
+        return page
 
     def _closed_page(self, page: Page) -> None:
         key = (page.ledger, page.id)
