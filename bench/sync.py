@@ -1,12 +1,14 @@
 """Sync benchmark: propagation between two devices through moto's HTTP server.
 
-    python -m bench.sync [--entries 10000] [--page-entries 100000]
+    python -m bench.sync [--entries 10000] [--page-entries 100000] [--history-entries 100000]
 
 Prints JSON:
 * propagation: 10,000 entries written on device A, readable on device B:
   seconds and the PUT/GET/LIST requests it took;
 * incremental: after one entry changes in a 100,000-entry page, the bytes and
   requests of the next upload round (target <= 2 PUTs and <= 128 KiB);
+* history: the first upload and download of a page of 100,000 random keys written
+  in 100 transactions of 1,000 (every version of every rewritten leaf travels);
 * side by side in the same run: ``rclone copy`` of the same 10,000 values as
   files to the same endpoint (seconds and requests), if rclone is installed
   (``apt-get install rclone``).
@@ -51,7 +53,9 @@ async def _device(
     return repo, engine, store
 
 
-async def _bench(base: Path, endpoint: str, bucket: str, n: int, big: int) -> dict[str, Any]:
+async def _bench(
+    base: Path, endpoint: str, bucket: str, n: int, big: int, history: int
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     a_repo, a, a_cloud = await _device(base / "a", endpoint, bucket)
     b_repo, b, b_cloud = await _device(base / "b", endpoint, bucket)
@@ -94,11 +98,50 @@ async def _bench(base: Path, endpoint: str, bucket: str, n: int, big: int) -> di
     b_cloud.reset()
     await b.round(full=False)
     out["idle_poll_requests"] = dict(b_cloud.counts)
+    if history:
+        out["history"] = await _history(a_repo, a, a_cloud, b_repo, b, b_cloud, history)
     await a.stop()
     await b.stop()
     await a_repo.close()
     await b_repo.close()
     return out
+
+
+async def _history(
+    a_repo: Repository,
+    a: SyncEngine,
+    a_cloud: CountingStore,
+    b_repo: Repository,
+    b: SyncEngine,
+    b_cloud: CountingStore,
+    n: int,
+) -> dict[str, Any]:
+    """The first sync of a page with history: ``n`` random keys written in
+    transactions of 1,000 (as ``bench.pages`` loads them), so the upload carries
+    every version of every rewritten leaf."""
+    rng = random.Random(2)
+    page = await a_repo.ledger("bench").page("history")
+    for _ in range(0, n, 1000):
+        async with page.transaction() as txn:
+            for _ in range(1000):
+                await txn.put(rng.randbytes(16), rng.randbytes(100))
+    a_cloud.reset()
+    b_cloud.reset()
+    with timed() as up:
+        await a.sync()
+    with timed() as down:
+        await b.sync()
+    pb = await b_repo.ledger("bench").page("history")
+    assert (await pb.heads())[0].root == (await page.heads())[0].root
+    return {
+        "entries": n,
+        "commits": n // 1000,
+        "upload_seconds": round(up.seconds, 3),
+        "download_seconds": round(down.seconds, 3),
+        "bytes_up": a_cloud.bytes_put,
+        "upload_requests": dict(a_cloud.counts),
+        "download_requests": dict(b_cloud.counts),
+    }
 
 
 def _rclone(base: Path, endpoint: str, bucket: str, n: int) -> dict[str, Any] | None:
@@ -151,6 +194,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--entries", type=int, default=10_000)
     ap.add_argument("--page-entries", type=int, default=100_000)
+    ap.add_argument("--history-entries", type=int, default=100_000, help="0: skip")
     args = ap.parse_args()
     os.environ.update(AWS)
     with moto_server() as endpoint:
@@ -160,7 +204,14 @@ def main() -> None:
         )
         with tempfile.TemporaryDirectory() as d:
             figures = asyncio.run(
-                _bench(Path(d), endpoint, bucket, args.entries, args.page_entries)
+                _bench(
+                    Path(d),
+                    endpoint,
+                    bucket,
+                    args.entries,
+                    args.page_entries,
+                    args.history_entries,
+                )
             )
             figures["rclone_copy"] = _rclone(Path(d), endpoint, bucket, args.entries)
     ours = figures["propagation"]
