@@ -855,7 +855,7 @@ class Page(View):
             and (journal is None or self._journal_rows <= INLINE_MAX_ROWS)
         )
         await self.db.run(work, write=True, small=small)
-        self.objects.remember((p.digest, p.data) for p in values)  # read-your-writes
+        self.objects.remember(values)  # read-your-writes (pieces are (digest, data) pairs)
         self._commits[c.id] = c
         heads = [h for h in self._heads if h.id not in c.parents]
         heads.append(c)
