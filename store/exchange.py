@@ -86,7 +86,7 @@ async def pending_upload(page: Page) -> Upload:
         while base.id in unsynced and base.parents:
             base = await page.load_commit(base.parents[0])
         await changes(btree.EMPTY if base.id in unsynced else base.root, heads[0].root)
-    pieces_of = {root: await _value_pieces(page, root) for root in lazy_roots | eager_roots}
+    pieces_of = {root: await page.objects.value_pieces([root]) for root in lazy_roots | eager_roots}
     seen = {d for ps in pieces_of.values() for d in ps}
     if any(dg.kind_of(d) == dg.Kind.VALUE and d not in seen for d in local):
         for c in commits:  # a value replaced since: which priority did it have?
@@ -95,26 +95,13 @@ async def pending_upload(page: Page) -> Upload:
             )
         for root in lazy_roots | eager_roots:
             if root not in pieces_of:
-                pieces_of[root] = await _value_pieces(page, root)
+                pieces_of[root] = await page.objects.value_pieces([root])
     lazy = {d for root in lazy_roots for d in pieces_of[root] if d in local}
     if lazy:
         for root in eager_roots:  # a piece an EAGER value also uses travels EAGER
             lazy.difference_update(pieces_of[root])
     eager = sorted(local - lazy)
     return Upload(commits, eager, sorted(lazy))
-
-
-async def _value_pieces(page: Page, root: bytes) -> list[bytes]:
-    out: list[bytes] = []
-    stack = [root]
-    while stack:
-        d = stack.pop()
-        if dg.is_inline(d):
-            continue
-        out.append(d)
-        if dg.is_index(d):
-            stack.extend(c.digest for c in split.decode_index(await page.objects.get_piece(d)))
-    return out
 
 
 async def read_pieces(page: Page, digests: list[bytes]) -> dict[bytes, bytes]:

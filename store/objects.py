@@ -35,7 +35,7 @@ import aiofiles
 import aiosqlite
 
 from store import digest as dg
-from store import split
+from store import split, sql
 from store.db import Database
 from store.errors import CorruptObjectError, ObjectNotFoundError, RangeError
 from store.schema import SYNCED, TRANSIENT
@@ -243,8 +243,7 @@ class ObjectStore:
         Pieces of implicit (``I``) journals stay; their journal is committed by the
         page on open. Returns the number of pieces collected.
         """
-        async with self.db.write() as conn:
-            return await self._collect(conn, "substr(journal_id, 1, 1) IN ('U', 'E')", ())
+        return await self._collect("substr(journal_id, 1, 1) IN ('U', 'E')", ())
 
     # -- status ----------------------------------------------------------------
 
@@ -284,8 +283,7 @@ class ObjectStore:
 
     async def discard(self, journal_id: str) -> int:
         """Forget what ``journal_id`` staged and collect pieces nothing else needs."""
-        async with self.db.write() as conn:
-            return await self._collect(conn, "journal_id = ?", (journal_id,))
+        return await self._collect("journal_id = ?", (journal_id,))
 
     async def collect_garbage(self) -> int:
         """Delete every transient piece that no open journal stages (a full scan)."""
@@ -296,26 +294,27 @@ class ObjectStore:
             )
             return int(cur.rowcount)
 
-    @staticmethod
-    async def _collect(
-        conn: aiosqlite.Connection, journals: str, params: tuple[object, ...]
-    ) -> int:
+    async def _collect(self, journals: str, params: tuple[object, ...]) -> int:
         """Drop the journals matching ``journals`` and the pieces only they staged."""
-        await conn.execute("CREATE TEMP TABLE IF NOT EXISTS gc (digest BLOB PRIMARY KEY)")
-        await conn.execute(
-            f"INSERT OR IGNORE INTO temp.gc SELECT digest FROM journal_pieces WHERE {journals}",
-            params,
-        )
-        await conn.execute(f"DELETE FROM journal_pieces WHERE {journals}", params)
-        cur = await conn.execute(
-            "DELETE FROM objects WHERE digest IN (SELECT digest FROM temp.gc "
-            "EXCEPT SELECT digest FROM object_status EXCEPT SELECT digest FROM journal_pieces)"
-        )
-        await conn.execute("DELETE FROM temp.gc")
-        n = int(cur.rowcount)
+        n = await self.db.run(lambda conn: sql.collect(conn, journals, params), write=True)
         if n:
             log.debug("collected %d transient pieces", n)
         return n
+
+    async def value_pieces(self, roots: Iterable[bytes]) -> set[bytes]:
+        """The stored pieces of the values with these root digests (index pieces are
+        read to find their chunks; inline digests have none)."""
+        out: set[bytes] = set()
+        stack = [r for r in roots if not dg.is_inline(r)]
+        while stack:
+            d = stack.pop()
+            if d in out:
+                continue
+            out.add(d)
+            if dg.is_index(d):
+                index = split.decode_index(await self.get_piece(d))
+                stack.extend(c.digest for c in index if not dg.is_inline(c.digest))
+        return out
 
     # -- reading ---------------------------------------------------------------
 

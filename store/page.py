@@ -793,7 +793,11 @@ class Page(View):
                 self._journal, self._overlay = None, NO_OVERLAY
                 return
             c = commit.child([base], root)
-            await self._store(c, builder, journal=jid)
+            # Values a later write of this journal replaced are in no commit: their
+            # pieces are collected rather than kept (and uploaded) for nothing.
+            live = {e.value for e in overlay.entries.values() if e is not None}
+            keep = await self.objects.value_pieces(live)
+            await self._store(c, builder, journal=jid, keep=keep)
 
     # -- commits ---------------------------------------------------------------
 
@@ -803,18 +807,23 @@ class Page(View):
         builder: Builder,
         *,
         journal: str | None = None,
+        keep: set[bytes] | None = None,
         values: list[split.Piece] | None = None,
         tokens: list[str] | None = None,
         notify: bool = True,
     ) -> None:
         """Write a new local commit with its new nodes and move heads. Lock held.
 
+        With ``journal`` (the implicit journal being committed), the pieces it
+        staged become local if they are in ``keep`` and are collected if not.
         Watchers are told unless ``notify`` is false (the caller merges first and
         tells them once about the merged result). Shielded from cancellation so the
         in-memory heads always match the database.
         """
         await asyncio.shield(
-            self._store_unshielded(c, builder, journal, values or [], tokens or [], notify)
+            self._store_unshielded(
+                c, builder, journal, keep or set(), values or [], tokens or [], notify
+            )
         )
 
     async def _store_unshielded(
@@ -822,6 +831,7 @@ class Page(View):
         c: Commit,
         builder: Builder,
         journal: str | None,
+        keep: set[bytes],
         values: list[split.Piece],
         tokens: list[str],
         notify: bool,
@@ -841,10 +851,10 @@ class Page(View):
                     zip(map(_DIGEST, pieces)),
                 )
             sql.insert_commit(conn, c)
-            for jid in [journal, *tokens]:
-                if jid is not None:
-                    sql.mark_local(conn, jid)
+            for token in tokens:
+                sql.mark_local(conn, token)
             if journal is not None:
+                sql.keep_journal_pieces(conn, journal, keep)
                 sql.drop_journal(conn, journal)
 
         # A commit of a few keys writes a few nodes: inline (see Database.run).

@@ -2,14 +2,15 @@
 
 This module owns small synchronous functions that run on a page database's
 writer thread inside one transaction (see :meth:`store.db.Database.run`): adopting
-staged pieces, marking a journal's pieces local, inserting a commit and moving
-heads, dropping a journal. They know the schema (:mod:`store.schema`) and nothing
-else.
+staged pieces, marking a journal's pieces local (and collecting those it no
+longer needs), inserting a commit and moving heads, dropping a journal. They know
+the schema (:mod:`store.schema`) and nothing else.
 """
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterable
 
 from store.commit import Commit
 from store.schema import LOCAL
@@ -33,6 +34,35 @@ def mark_local(conn: sqlite3.Connection, journal_id: str) -> None:
         (journal_id,),
     )
     conn.execute("DELETE FROM journal_pieces WHERE journal_id = ?", (journal_id,))
+
+
+def keep_journal_pieces(conn: sqlite3.Connection, journal_id: str, keep: Iterable[bytes]) -> int:
+    """The journal committed: of the pieces it staged, those in ``keep`` (the pieces
+    of the values it left in the page) become ``local``; the others, of values a
+    later write in the same journal replaced, are collected. Returns how many."""
+    conn.executemany(
+        f"INSERT OR IGNORE INTO object_status (digest, status) "
+        f"SELECT digest, {LOCAL} FROM journal_pieces WHERE journal_id = ? AND digest = ?",
+        [(journal_id, d) for d in keep],
+    )
+    return collect(conn, "journal_id = ?", (journal_id,))
+
+
+def collect(conn: sqlite3.Connection, journals: str, params: tuple[object, ...]) -> int:
+    """Drop the journals matching ``journals`` (SQL over ``journal_id``) and the
+    pieces only they staged (no status row, no other journal). Returns how many."""
+    conn.execute("CREATE TEMP TABLE IF NOT EXISTS gc (digest BLOB PRIMARY KEY)")
+    conn.execute(
+        f"INSERT OR IGNORE INTO temp.gc SELECT digest FROM journal_pieces WHERE {journals}",
+        params,
+    )
+    conn.execute(f"DELETE FROM journal_pieces WHERE {journals}", params)
+    cur = conn.execute(
+        "DELETE FROM objects WHERE digest IN (SELECT digest FROM temp.gc "
+        "EXCEPT SELECT digest FROM object_status EXCEPT SELECT digest FROM journal_pieces)"
+    )
+    conn.execute("DELETE FROM temp.gc")
+    return int(cur.rowcount)
 
 
 def drop_journal(conn: sqlite3.Connection, journal_id: str) -> None:

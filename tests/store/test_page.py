@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import store.page
 from store import (
     ClosedError,
     CommitNotFoundError,
@@ -24,6 +25,7 @@ from store import (
     Priority,
     Repository,
     TransactionClosedError,
+    exchange,
 )
 from store import commit as commit_mod
 from store.merge import Choice, MergeRequest, Policy
@@ -619,3 +621,37 @@ async def test_a_write_cancelled_during_begin_leaves_no_transaction(repo: Reposi
     assert await repo.get_meta("y") == b"2"
     page = await repo.ledger("l").page("p")  # opening a page writes to the usage db
     assert not page.closed
+
+
+async def test_values_replaced_within_one_journal_are_not_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writes that share one implicit journal (group commit) land in one commit: a
+    value a later write of that journal replaced is in no commit, so its pieces are
+    collected, not kept and uploaded. What the commit holds stays, across a reopen."""
+    monkeypatch.setattr(store.page, "COMMIT_DELAY", 3600)  # commit only on flush
+    rng = random.Random(5)
+    first, second, gone = rng.randbytes(100), rng.randbytes(100), rng.randbytes(100)
+    big_first, big_second = rng.randbytes(100_000), rng.randbytes(100_000)  # several chunks
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.put(b"k", first)
+        await page.put(b"k", second)
+        await page.put(b"big", big_first, Priority.LAZY)
+        await page.put(b"big", big_second, Priority.LAZY)
+        await page.put(b"gone", gone)
+        await page.delete(b"gone")
+        await page.flush()
+        assert len(await page.history()) == 2  # the empty first commit, then the journal's
+        up = await exchange.pending_upload(page)
+        assert set(up.eager) | set(up.lazy) == set(up.eager + up.lazy)
+        assert len(up.lazy) > 1  # big_second waits to be fetched
+    async with await Repository.open(tmp_path) as repo:  # nothing cached
+        page = await repo.ledger("l").page("p")
+        assert await page.get(b"k") == second and await page.get(b"big") == big_second
+        with pytest.raises(KeyNotFoundError):
+            await page.get(b"gone")
+        stored = [bytes(r[0]) for r in await page.db.read_all("SELECT data FROM objects")]
+        assert first not in stored and gone not in stored
+        assert not [d for d in stored if len(d) > 1000 and d in big_first]
+        assert await _garbage(page) == 0
