@@ -165,6 +165,7 @@ class _TxnState:
     entries: dict[bytes, Entry | None] = field(default_factory=dict)
     pieces: dict[bytes, list[split.Piece]] = field(default_factory=dict)  # by value digest
     tokens: list[str] = field(default_factory=list)  # staged large values
+    staged: dict[str, bytes] = field(default_factory=dict)  # token -> its value's digest
     open: bool = True
     counted: bool = False  # counted in Page._transactions (started, not ended)
 
@@ -258,6 +259,7 @@ class Transaction(View):
             raise TransactionClosedError()
         if token is not None:
             st.tokens.append(token)
+            st.staged[token] = entry.value
         if pieces:
             st.pieces[entry.value] = pieces
             self._memory.update((p.digest, p.data) for p in pieces)
@@ -941,9 +943,13 @@ class Page(View):
             c = commit.child([txn.base], root)
             old_root = self.head.root
             moved = txn.base.id not in {h.id for h in self._heads}
-            values = [
-                p for e in st.entries.values() if e is not None for p in st.pieces.get(e.value, [])
-            ]
+            live = {e.value for e in st.entries.values() if e is not None}
+            values = [p for v in live for p in st.pieces.get(v, [])]
+            # A staged value that a later put of the transaction replaced: dropped.
+            replaced = [t for t in st.tokens if st.staged[t] not in live]
+            if replaced:
+                st.tokens = [t for t in st.tokens if st.staged[t] in live]
+                await self._discard_tokens(replaced)
             await self._store(c, builder, values=values, tokens=st.tokens, notify=not moved)
             if len(self._heads) > 1:
                 await self._merge_heads()

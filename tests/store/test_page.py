@@ -655,3 +655,18 @@ async def test_values_replaced_within_one_journal_are_not_kept(
         assert first not in stored and gone not in stored
         assert not [d for d in stored if len(d) > 1000 and d in big_first]
         assert await _garbage(page) == 0
+
+
+async def test_a_staged_value_a_transaction_replaced_is_not_kept(page: Page) -> None:
+    staged = random.Random(11).randbytes(SMALL_VALUE + 1)
+    kept = random.Random(12).randbytes(SMALL_VALUE + 1)
+    async with page.transaction() as txn:
+        await txn.put(b"a", staged)
+        await txn.put(b"a", b"small")
+        await txn.put(b"b", kept)
+        await txn.put(b"c", kept)
+        await txn.put(b"c", b"replaced, but b still holds the same value")
+    assert await page.get(b"a") == b"small" and await page.get(b"b") == kept
+    assert await _garbage(page) == 0
+    total = await _count(page, "SELECT coalesce(sum(length(data)), 0) FROM objects")
+    assert len(kept) < total < len(kept) + 64 * 1024  # one copy of kept, none of staged
