@@ -43,8 +43,10 @@ if not hasattr(aiosqlite.Connection, "_execute"):  # pragma: no cover - guards a
 
 PAGE_SIZE = 4096
 WAL_CHECKPOINT_PAGES = 16384
+INLINE_MAX_ROWS = 64
 INLINE_MAX_BYTES = 64 * 1024
-"""What a caller may write inline (see :meth:`Database.run`): about this many bytes."""
+"""What a caller may write inline (see :meth:`Database.run`): about this many rows
+and bytes."""
 INLINE_ROUND = 64
 """One small write in this many goes to the writer's thread, whose commit checkpoints."""
 
@@ -87,6 +89,12 @@ def _connect_inline(path: Path, synchronous: Synchronous) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+def fits_inline(rows: int, nbytes: int) -> bool:
+    """Whether a write of ``rows`` rows and ``nbytes`` bytes is small enough to run
+    inline (``Database.run(..., small=True)``)."""
+    return rows <= INLINE_MAX_ROWS and nbytes <= INLINE_MAX_BYTES
 
 
 async def _hop(conn: aiosqlite.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:

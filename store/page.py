@@ -46,7 +46,7 @@ from store import btree, commit, merge, split, sql
 from store import digest as dg
 from store.btree import EMPTY, Builder, Entry, NodeStore, Priority
 from store.commit import Commit
-from store.db import INLINE_MAX_BYTES, Database, Synchronous
+from store.db import INLINE_MAX_ROWS, Database, Synchronous, fits_inline
 from store.errors import (
     ClosedError,
     CommitNotFoundError,
@@ -75,10 +75,6 @@ MAX_JOURNAL_ENTRIES = 4096
 
 DIRECT_BATCH = 1000
 """A write of at least this many changes is committed directly, not through the journal."""
-
-INLINE_MAX_ROWS = 64
-"""Journal appends of at most this many keys (and ``INLINE_MAX_BYTES`` of pieces) are
-written inline, without a thread round trip (see :meth:`Database.run`)."""
 
 WATCH_VALUE_LIMIT = 64 * 1024
 """Watch notifications carry values up to this size; larger ones carry None."""
@@ -164,7 +160,6 @@ class _TxnState:
     cleared: bool = False
     entries: dict[bytes, Entry | None] = field(default_factory=dict)
     pieces: dict[bytes, list[split.Piece]] = field(default_factory=dict)  # by value digest
-    tokens: list[str] = field(default_factory=list)  # staged large values
     staged: dict[str, bytes] = field(default_factory=dict)  # token -> its value's digest
     open: bool = True
     counted: bool = False  # counted in Page._transactions (started, not ended)
@@ -172,6 +167,11 @@ class _TxnState:
     @property
     def overlay(self) -> Overlay:
         return Overlay(self.cleared, self.entries)
+
+    @property
+    def tokens(self) -> list[str]:
+        """The staged large values' tokens."""
+        return list(self.staged)
 
 
 class Snapshot(TreeView):
@@ -258,7 +258,6 @@ class Transaction(View):
             await self.page._discard_tokens([token] if token else [])
             raise TransactionClosedError()
         if token is not None:
-            st.tokens.append(token)
             st.staged[token] = entry.value
         if pieces:
             st.pieces[entry.value] = pieces
@@ -549,8 +548,7 @@ class Page(View):
         self._check_open()
         prepared: list[tuple[bytes, Entry | None]] = []
         pieces_of: dict[bytes, list[split.Piece]] = {}  # value root digest -> its pieces
-        tokens: list[str] = []
-        staged: list[tuple[bytes, str]] = []  # (value root digest, token) of staged values
+        staged: dict[str, bytes] = {}  # token -> its value's root digest
         small = split.MIN_CHUNK
         try:
             for change in changes:
@@ -571,20 +569,15 @@ class Page(View):
                 if more:
                     pieces_of[entry.value] = more
                 if token is not None:
-                    tokens.append(token)
-                    staged.append((entry.value, token))
+                    staged[token] = entry.value
                 prepared.append((key, entry))
         except BaseException:
-            await self._discard_tokens(tokens)
+            await self._discard_tokens(list(staged))
             raise
-        # Every piece of the values the write keeps (the last change to a key wins);
-        # pieces of a value overwritten within this same write are not stored, and
-        # values staged for it are dropped.
+        # The last change to a key wins: values overwritten within this same write
+        # are not stored.
         live = {e.value for e in dict(prepared).values() if e is not None}
-        pieces = [p for root, ps in pieces_of.items() if root in live for p in ps]
-        if any(root not in live for root, _ in staged):
-            tokens = [t for root, t in staged if root in live]
-            await self._discard_tokens([t for root, t in staged if root not in live])
+        pieces, tokens = await self._only_live(live, pieces_of, staged)
         loop = asyncio.get_running_loop()
         direct = len(prepared) >= DIRECT_BATCH
         await self._submit(
@@ -607,6 +600,15 @@ class Page(View):
         raise InvalidArgumentError(
             f"a value is bytes, an async iterator of bytes or a Path, not {type(value).__name__}"
         )
+
+    async def _only_live(
+        self, live: set[bytes], pieces_of: dict[bytes, list[split.Piece]], staged: dict[str, bytes]
+    ) -> tuple[list[split.Piece], list[str]]:
+        """The pieces (held in memory) and staged tokens of the values in ``live``,
+        by value root digest; staged values not in it are discarded."""
+        pieces = [p for root in live for p in pieces_of.get(root, ())]
+        await self._discard_tokens([t for t, root in staged.items() if root not in live])
+        return pieces, [t for t, root in staged.items() if root in live]
 
     async def _discard_tokens(self, tokens: list[str]) -> None:
         for t in tokens:
@@ -769,7 +771,7 @@ class Page(View):
         rows = sum(len(w.changes) for w in batch) + len(pieces)
         if any(w.tokens or w.clear for w in batch):
             rows += INLINE_MAX_ROWS + 1
-        small = rows <= INLINE_MAX_ROWS and sum(map(len, pieces.values())) <= INLINE_MAX_BYTES
+        small = fits_inline(rows, sum(map(len, pieces.values())))
         await self.db.run(work, write=True, small=small)
         self._journal_rows = rows + (0 if new else self._journal_rows)
         self.objects.remember(pieces.items())  # read-your-writes
@@ -862,9 +864,8 @@ class Page(View):
         # A commit of a few keys writes a few nodes: inline (see Database.run).
         small = (
             not tokens
-            and len(pieces) <= INLINE_MAX_ROWS
-            and sum(len(p.data) for p in pieces) <= INLINE_MAX_BYTES
-            and (journal is None or self._journal_rows <= INLINE_MAX_ROWS)
+            and (journal is None or fits_inline(self._journal_rows, 0))
+            and fits_inline(len(pieces), sum(len(p.data) for p in pieces))
         )
         await self.db.run(work, write=True, small=small)
         self.objects.remember(values)  # read-your-writes (pieces are (digest, data) pairs)
@@ -943,14 +944,11 @@ class Page(View):
             c = commit.child([txn.base], root)
             old_root = self.head.root
             moved = txn.base.id not in {h.id for h in self._heads}
+            # Values a later put of the transaction replaced are not stored.
             live = {e.value for e in st.entries.values() if e is not None}
-            values = [p for v in live for p in st.pieces.get(v, [])]
-            # A staged value that a later put of the transaction replaced: dropped.
-            replaced = [t for t in st.tokens if st.staged[t] not in live]
-            if replaced:
-                st.tokens = [t for t in st.tokens if st.staged[t] in live]
-                await self._discard_tokens(replaced)
-            await self._store(c, builder, values=values, tokens=st.tokens, notify=not moved)
+            values, tokens = await self._only_live(live, st.pieces, st.staged)
+            st.staged = {t: st.staged[t] for t in tokens}
+            await self._store(c, builder, values=values, tokens=tokens, notify=not moved)
             if len(self._heads) > 1:
                 await self._merge_heads()
             if moved:
