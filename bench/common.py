@@ -60,12 +60,13 @@ def bare_sqlite(path: Path) -> sqlite3.Connection:
 def storage_floor(path: Path, txns: Iterable[Sequence[tuple[bytes, bytes]]]) -> float:
     """Seconds for bare ``sqlite3`` to store the same pieces the way a page must.
 
-    Each transaction inserts ``(digest, data)`` rows into ``objects`` and their
-    ``object_status`` rows, with the page schema and the page's pragmas, one
-    ``executemany`` per table: what the storage alone costs on this machine, with
-    no tree, hashing, encoding or event loop of ours around it.
+    Each transaction inserts ``(digest, data)`` rows into ``objects`` as ``local``
+    pieces, with the page schema, the page's pragmas and the page's statement, in
+    one ``executemany``: what the storage alone costs on this machine, with no
+    tree, hashing, encoding or event loop of ours around it.
     """
     from store.schema import LOCAL, create_page_schema
+    from store.sql import put_pieces
 
     db = bare_sqlite(path)
     create_page_schema(db)
@@ -73,11 +74,7 @@ def storage_floor(path: Path, txns: Iterable[Sequence[tuple[bytes, bytes]]]) -> 
     for rows in txns:  # only the inserts are timed, not producing the rows
         with timed() as t:
             db.execute("BEGIN IMMEDIATE")
-            db.executemany("INSERT OR IGNORE INTO objects (digest, data) VALUES (?, ?)", rows)
-            db.executemany(
-                f"INSERT OR IGNORE INTO object_status (digest, status) VALUES (?, {LOCAL})",
-                [(d,) for d, _ in rows],
-            )
+            put_pieces(db, rows, LOCAL)
             db.execute("COMMIT")
         seconds += t.seconds
     db.close()

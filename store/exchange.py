@@ -68,8 +68,7 @@ async def pending_upload(page: Page) -> Upload:
     )
     commits = [await page.load_commit(bytes(r[0])) for r in rows]
     rows = await page.db.read_all(
-        f"SELECT s.digest FROM object_status s JOIN objects o ON o.digest = s.digest "
-        f"WHERE s.status = {LOCAL}"
+        f"SELECT digest FROM objects WHERE status < 2 AND status = {LOCAL} AND data IS NOT NULL"
     )
     local = {bytes(r[0]) for r in rows}
     unsynced = {c.id for c in commits}
@@ -111,14 +110,9 @@ async def read_pieces(page: Page, digests: list[bytes]) -> dict[bytes, bytes]:
 async def mark_uploaded(page: Page, commit_ids: Iterable[bytes], digests: Iterable[bytes]) -> None:
     """After a successful upload: pieces become ``synced``, commits leave ``unsynced``."""
     ids = [(c,) for c in commit_ids]
-    ds = [(d,) for d in digests]
 
     def work(conn: sqlite3.Connection) -> None:
-        conn.executemany(
-            f"INSERT INTO object_status (digest, status) VALUES (?, {SYNCED}) "
-            f"ON CONFLICT (digest) DO UPDATE SET status = {SYNCED}",
-            ds,
-        )
+        sql.mark_synced(conn, digests)
         conn.executemany("DELETE FROM unsynced_commits WHERE commit_id = ?", ids)
 
     await page.db.run(work, write=True)
@@ -180,17 +174,11 @@ async def import_remote(
     await _check_trees(page, [c.root for c in new], pieces, lazy)
 
     def work(conn: sqlite3.Connection) -> None:
+        sql.put_pieces(conn, pieces.items(), SYNCED)
+        sql.mark_synced(conn, lazy)
         conn.executemany(
-            "INSERT OR IGNORE INTO objects (digest, data) VALUES (?, ?)", list(pieces.items())
-        )
-        conn.executemany(
-            f"INSERT INTO object_status (digest, status) VALUES (?, {SYNCED}) "
-            f"ON CONFLICT (digest) DO UPDATE SET status = {SYNCED}",
-            [(d,) for d in [*pieces, *lazy]],
-        )
-        conn.executemany(
-            "INSERT OR IGNORE INTO remote_pieces (digest, location) "
-            "SELECT ?, ? WHERE NOT EXISTS (SELECT 1 FROM objects WHERE digest = ?)",
+            "INSERT OR IGNORE INTO remote_pieces (digest, location) SELECT ?, ? "
+            "WHERE NOT EXISTS (SELECT 1 FROM objects WHERE digest = ? AND data IS NOT NULL)",
             [(d, loc, d) for d, loc in lazy.items()],
         )
         for c in sorted(new, key=lambda c: c.generation):

@@ -1,7 +1,7 @@
 """The object store of one page: pieces in SQLite, values written and read as streams.
 
-This module owns storing and reading pieces (``objects``), their sync status
-(``object_status``), which open journal staged them (``journal_pieces``), and
+This module owns storing and reading pieces and their sync status (``objects``),
+which open journal staged them (``journal_pieces``), and
 garbage collection of transient pieces. It does not know about trees, commits or
 the cloud; a *fetcher* hook lets sync supply pieces that are not stored locally.
 
@@ -160,8 +160,7 @@ class ObjectStore:
             return
         async with self.db.write() as conn:
             await conn.executemany(
-                "INSERT OR IGNORE INTO objects (digest, data) VALUES (?, ?)",
-                [(p.digest, p.data) for p in pieces],
+                sql.put_pieces_sql(TRANSIENT), [(p.digest, p.data) for p in pieces]
             )
             await conn.executemany(
                 "INSERT OR IGNORE INTO journal_pieces (journal_id, digest) VALUES (?, ?)",
@@ -249,35 +248,20 @@ class ObjectStore:
 
     async def mark_synced(self, digests: Iterable[bytes]) -> None:
         """These pieces are in the cloud (uploaded, or seen in a remote pack)."""
-        rows = [(d,) for d in digests if not dg.is_inline(d)]
+        rows = [d for d in digests if not dg.is_inline(d)]
         if not rows:
             return
-        async with self.db.write() as conn:
-            await conn.executemany(
-                f"INSERT INTO object_status (digest, status) VALUES (?, {SYNCED}) "
-                f"ON CONFLICT (digest) DO UPDATE SET status = {SYNCED}",
-                rows,
-            )
+        await self.db.run(lambda conn: sql.mark_synced(conn, rows), write=True)
 
     async def status(self, digest: bytes) -> int | None:
         """TRANSIENT, LOCAL or SYNCED; None if this page does not know the piece."""
-        rows = await self.db.read_all(
-            "SELECT (SELECT status FROM object_status WHERE digest = ?1), "
-            "EXISTS (SELECT 1 FROM objects WHERE digest = ?1)",
-            (digest,),
-        )
-        status, stored = rows[0]
-        if status is not None:
-            return int(status)
-        return TRANSIENT if stored else None
+        rows = await self.db.read_all("SELECT status FROM objects WHERE digest = ?", (digest,))
+        return int(rows[0][0]) if rows else None
 
     async def known(self, digests: list[bytes]) -> set[bytes]:
-        """Which of ``digests`` this page knows (stored, or with a status row)."""
+        """Which of ``digests`` this page knows (stored, or known to be in the cloud)."""
         rows = await self.db.read_in(
-            "SELECT digest FROM object_status WHERE digest IN ({marks}) "
-            "UNION SELECT digest FROM objects WHERE digest IN ({marks})",
-            list(dict.fromkeys(digests)),
-            repeat=2,
+            "SELECT digest FROM objects WHERE digest IN ({marks})", list(dict.fromkeys(digests))
         )
         return {bytes(r[0]) for r in rows}
 
@@ -289,8 +273,8 @@ class ObjectStore:
         """Delete every transient piece that no open journal stages (a full scan)."""
         async with self.db.write() as conn:
             cur = await conn.execute(
-                "DELETE FROM objects WHERE digest IN (SELECT digest FROM objects "
-                "EXCEPT SELECT digest FROM object_status EXCEPT SELECT digest FROM journal_pieces)"
+                f"DELETE FROM objects WHERE status < 2 AND status = {TRANSIENT} "
+                "AND digest NOT IN (SELECT digest FROM journal_pieces)"
             )
             return int(cur.rowcount)
 
@@ -330,7 +314,7 @@ class ObjectStore:
             found.update((d, self.memory[d]) for d in want if d in self.memory)
             want = [d for d in want if d not in found]
         rows = await self.db.read_in(
-            "SELECT digest, data FROM objects WHERE digest IN ({marks})", want
+            "SELECT digest, data FROM objects WHERE digest IN ({marks}) AND data IS NOT NULL", want
         )
         fresh = {bytes(d): bytes(v) for d, v in rows}
         await self._verify(fresh)
@@ -361,15 +345,7 @@ class ObjectStore:
         absent = [d for d in missing if d not in got]
         if absent:
             raise ObjectNotFoundError(f"object {dg.short(absent[0])} could not be fetched")
-        async with self.db.write() as conn:
-            await conn.executemany(
-                "INSERT OR IGNORE INTO objects (digest, data) VALUES (?, ?)", list(got.items())
-            )
-            await conn.executemany(
-                f"INSERT INTO object_status (digest, status) VALUES (?, {SYNCED}) "
-                f"ON CONFLICT (digest) DO UPDATE SET status = {SYNCED}",
-                [(d,) for d in got],
-            )
+        await self.db.run(lambda conn: sql.put_pieces(conn, got.items(), SYNCED), write=True)
         return got
 
     async def get_piece(self, digest: bytes) -> bytes:
@@ -389,7 +365,7 @@ class ObjectStore:
         if known is not None:
             return len(known)
         rows = await self.db.read_all(
-            "SELECT length(data) FROM objects WHERE digest = ?", (digest,)
+            "SELECT length(data) FROM objects WHERE digest = ? AND data IS NOT NULL", (digest,)
         )
         if rows:
             return int(rows[0][0])
@@ -489,6 +465,6 @@ class ObjectStore:
 
     async def counts(self) -> dict[str, int]:
         rows = await self.db.read_all(
-            "SELECT count(*), coalesce(sum(length(data)), 0) FROM objects"
+            "SELECT count(data), coalesce(sum(length(data)), 0) FROM objects"
         )
         return {"objects": int(rows[0][0]), "bytes": int(rows[0][1])}

@@ -33,7 +33,6 @@ import contextlib
 import functools
 import heapq
 import logging
-import operator
 import sqlite3
 import time
 import uuid
@@ -55,7 +54,7 @@ from store.errors import (
     TransactionClosedError,
 )
 from store.objects import ObjectStore, Source
-from store.schema import LOCAL, create_page_schema
+from store.schema import LOCAL, TRANSIENT, create_page_schema
 from store.view import KEY_LIMIT, NO_OVERLAY, Overlay, TreeView, View, check_key
 
 log = logging.getLogger(__name__)
@@ -759,9 +758,7 @@ class Page(View):
                 for t in w.tokens:
                     sql.adopt(conn, t, jid)
             if pieces:
-                conn.executemany(
-                    "INSERT OR IGNORE INTO objects (digest, data) VALUES (?, ?)", pieces.items()
-                )
+                sql.put_pieces(conn, pieces.items(), TRANSIENT)
                 conn.executemany(
                     "INSERT OR IGNORE INTO journal_pieces (journal_id, digest) VALUES (?, ?)",
                     [(jid, d) for d in pieces],
@@ -845,15 +842,8 @@ class Page(View):
         old_root = self.head.root
 
         def work(conn: sqlite3.Connection) -> None:
-            if pieces:
-                # Pieces are (digest, data) tuples already: no row is built in Python.
-                conn.executemany(
-                    "INSERT OR IGNORE INTO objects (digest, data) VALUES (?, ?)", pieces
-                )
-                conn.executemany(
-                    f"INSERT OR IGNORE INTO object_status (digest, status) VALUES (?, {LOCAL})",
-                    zip(map(_DIGEST, pieces)),
-                )
+            # Pieces are (digest, data) tuples already: no row is built in Python.
+            sql.put_pieces(conn, pieces, LOCAL)
             sql.insert_commit(conn, c)
             for token in tokens:
                 sql.mark_local(conn, token)
@@ -1130,9 +1120,6 @@ def _one_chunk(key: bytes, value: bytes, priority: int) -> tuple[Entry, split.Pi
     d = dg.value_chunk_digest(value)
     piece = split.Piece(d, value) if len(value) > dg.INLINE_LIMIT else None
     return Entry(key, d, _priority(priority)), piece
-
-
-_DIGEST = operator.itemgetter(0)
 
 
 def _order(c: Commit) -> tuple[int, bytes]:

@@ -13,7 +13,32 @@ import sqlite3
 from collections.abc import Iterable
 
 from store.commit import Commit
-from store.schema import LOCAL
+from store.schema import LOCAL, SYNCED, TRANSIENT
+
+
+def put_pieces_sql(status: int) -> str:
+    """The statement of :func:`put_pieces`, for ``executemany`` over ``(digest, data)``."""
+    return (
+        f"INSERT INTO objects (digest, data, status) VALUES (?, ?, {int(status)}) "
+        "ON CONFLICT (digest) DO UPDATE SET "
+        "status = max(status, excluded.status), data = coalesce(data, excluded.data) "
+        "WHERE status < excluded.status OR (data IS NULL AND excluded.data IS NOT NULL)"
+    )
+
+
+def put_pieces(
+    conn: sqlite3.Connection, pieces: Iterable[tuple[bytes, bytes | None]], status: int
+) -> None:
+    """Store ``(digest, data)`` pieces with at least ``status`` (TRANSIENT for a
+    journal's, LOCAL for a commit's, SYNCED for the cloud's). A piece already known
+    keeps the higher status and gains its data if it had none; ``data`` may be None
+    only with SYNCED (a piece known to be in the cloud, not fetched)."""
+    conn.executemany(put_pieces_sql(status), pieces)
+
+
+def mark_synced(conn: sqlite3.Connection, digests: Iterable[bytes]) -> None:
+    """These pieces are in the cloud (uploaded, or seen in a remote pack)."""
+    put_pieces(conn, ((d, None) for d in digests), SYNCED)
 
 
 def adopt(conn: sqlite3.Connection, token: str, journal_id: str) -> None:
@@ -29,8 +54,8 @@ def adopt(conn: sqlite3.Connection, token: str, journal_id: str) -> None:
 def mark_local(conn: sqlite3.Connection, journal_id: str) -> None:
     """The journal committed: its pieces become ``local`` and stop being staged."""
     conn.execute(
-        f"INSERT OR IGNORE INTO object_status (digest, status) "
-        f"SELECT digest, {LOCAL} FROM journal_pieces WHERE journal_id = ?",
+        f"UPDATE objects SET status = {LOCAL} WHERE status = {TRANSIENT} "
+        f"AND digest IN (SELECT digest FROM journal_pieces WHERE journal_id = ?)",
         (journal_id,),
     )
     conn.execute("DELETE FROM journal_pieces WHERE journal_id = ?", (journal_id,))
@@ -41,28 +66,27 @@ def keep_journal_pieces(conn: sqlite3.Connection, journal_id: str, keep: Iterabl
     of the values it left in the page) become ``local``; the others, of values a
     later write in the same journal replaced, are collected. Returns how many."""
     conn.executemany(
-        f"INSERT OR IGNORE INTO object_status (digest, status) "
-        f"SELECT digest, {LOCAL} FROM journal_pieces WHERE journal_id = ? AND digest = ?",
-        [(journal_id, d) for d in keep],
+        f"UPDATE objects SET status = {LOCAL} WHERE digest = ? AND status = {TRANSIENT}",
+        [(d,) for d in keep],
     )
     return collect(conn, "journal_id = ?", (journal_id,))
 
 
 def collect(conn: sqlite3.Connection, journals: str, params: tuple[object, ...]) -> int:
     """Drop the journals matching ``journals`` (SQL over ``journal_id``) and the
-    pieces only they staged (no status row, no other journal). Returns how many."""
+    pieces only they staged (still transient, staged by no other journal). Returns
+    how many."""
     conn.execute("CREATE TEMP TABLE IF NOT EXISTS gc (digest BLOB PRIMARY KEY)")
     conn.execute(
         f"INSERT OR IGNORE INTO temp.gc SELECT digest FROM journal_pieces WHERE {journals}",
         params,
     )
     conn.execute(f"DELETE FROM journal_pieces WHERE {journals}", params)
-    # Status rows by key (EXCEPT would scan every status row of the page); the
-    # journal_pieces of the journals still open are few.
+    # Pieces by key, not by a scan of the page; the journal_pieces of the journals
+    # still open are few.
     cur = conn.execute(
-        "DELETE FROM objects WHERE digest IN (SELECT g.digest FROM temp.gc g "
-        "WHERE NOT EXISTS (SELECT 1 FROM object_status s WHERE s.digest = g.digest) "
-        "AND g.digest NOT IN (SELECT digest FROM journal_pieces))"
+        f"DELETE FROM objects WHERE status = {TRANSIENT} AND digest IN (SELECT g.digest "
+        "FROM temp.gc g WHERE g.digest NOT IN (SELECT digest FROM journal_pieces))"
     )
     conn.execute("DELETE FROM temp.gc")
     return int(cur.rowcount)

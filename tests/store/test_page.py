@@ -40,7 +40,7 @@ async def _garbage(page: Page) -> int:
     """Pieces that are transient and staged by no open journal."""
     return await _count(
         page,
-        "SELECT count(*) FROM objects WHERE digest NOT IN (SELECT digest FROM object_status) "
+        "SELECT count(*) FROM objects WHERE status = 0 "
         "AND digest NOT IN (SELECT digest FROM journal_pieces)",
     )
 
@@ -136,8 +136,7 @@ async def test_shared_value_is_stored_once(page: Page, n: int) -> None:
             await txn.put(b"k%05d" % i, value)
     await page.flush()
     rows = await page.db.read_all(
-        "SELECT count(*), min(s.status) FROM objects o JOIN object_status s USING (digest) "
-        "WHERE o.data = ?",
+        "SELECT count(*), min(status) FROM objects WHERE data = ?",
         (value,),
     )
     assert tuple(rows[0]) == (1, 1)  # one row, local

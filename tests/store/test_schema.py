@@ -1,0 +1,100 @@
+"""Schema versions: a page database written by an older ledgerd opens and keeps
+everything; one written by a newer ledgerd is refused."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from store import Page, Priority, Repository, exchange
+from store.schema import LOCAL, SCHEMA_VERSION, SYNCED, TRANSIENT, SchemaError, create_page_schema
+
+V1_TO_STATUS_TABLE = """
+BEGIN;
+CREATE TABLE object_status (
+    digest BLOB PRIMARY KEY,
+    status INTEGER NOT NULL CHECK (status IN (1, 2))
+) WITHOUT ROWID;
+INSERT INTO object_status SELECT digest, status FROM objects WHERE status > 0;
+CREATE TABLE objects_v1 (digest BLOB PRIMARY KEY, data BLOB NOT NULL);
+INSERT INTO objects_v1 SELECT digest, data FROM objects WHERE data IS NOT NULL ORDER BY rowid;
+DROP TABLE objects;
+ALTER TABLE objects_v1 RENAME TO objects;
+PRAGMA user_version = 1;
+COMMIT;
+"""
+"""Turns a current page database back into version 1: the status in a table of
+its own, no row for a piece that is not stored."""
+
+
+def _v1(conn: sqlite3.Connection) -> None:
+    conn.executescript(V1_TO_STATUS_TABLE)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+
+
+async def _statuses(page: Page) -> dict[bytes, int]:
+    return {bytes(d): s for d, s in await page.db.read_all("SELECT digest, status FROM objects")}
+
+
+def test_version_1_pieces_keep_their_data_and_status() -> None:
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    create_page_schema(conn)
+    _v1(conn)
+    conn.executemany(
+        "INSERT INTO objects (digest, data) VALUES (?, ?)",
+        [(b"transient", b"t"), (b"local", b"l"), (b"synced", b"s")],
+    )
+    conn.executemany(
+        "INSERT INTO object_status (digest, status) VALUES (?, ?)",
+        [(b"local", LOCAL), (b"synced", SYNCED), (b"unfetched", SYNCED)],
+    )
+    create_page_schema(conn)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    rows = conn.execute("SELECT digest, data, status FROM objects ORDER BY digest").fetchall()
+    assert rows == [
+        (b"local", b"l", LOCAL),
+        (b"synced", b"s", SYNCED),
+        (b"transient", b"t", TRANSIENT),
+        (b"unfetched", None, SYNCED),
+    ]
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_schema")}
+    assert "object_status" not in tables and "objects_unsynced" in tables
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+async def test_a_page_written_by_version_1_reads_and_syncs_the_same(tmp_path: Path) -> None:
+    """Values, statuses and what waits for upload are the same after the migration."""
+    big = random.Random(7).randbytes(300_000)
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.write([(b"k%03d" % i, b"v%03d" % i * 20) for i in range(200)])
+        first = await exchange.pending_upload(page)
+        await exchange.mark_uploaded(page, [c.id for c in first.commits], first.eager)
+        await page.put(b"big", big, Priority.LAZY)
+        await page.put(b"later", b"not uploaded yet" * 10)
+        before = await exchange.pending_upload(page)
+        path = page.db.path
+        statuses = await _statuses(page)
+    assert before.lazy and before.eager and set(statuses.values()) == {LOCAL, SYNCED}
+    conn = sqlite3.connect(path, isolation_level=None)
+    _v1(conn)
+    conn.close()
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        assert await page.get(b"big") == big
+        assert await page.get(b"k123") == b"v123" * 20
+        assert await page.get(b"later") == b"not uploaded yet" * 10
+        assert await _statuses(page) == statuses
+        after = await exchange.pending_upload(page)
+        assert (after.eager, after.lazy) == (before.eager, before.lazy)
+        assert [c.id for c in after.commits] == [c.id for c in before.commits]
+
+
+def test_a_newer_schema_is_refused() -> None:
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    with pytest.raises(SchemaError, match="newer than this ledgerd supports"):
+        create_page_schema(conn)
