@@ -80,6 +80,56 @@ def unb64(text: object, what: str, index: int | None = None) -> bytes:
         raise ae.BadRequest(f"{name} {problem}") from None
 
 
+Change = tuple[bytes, bytes | None, Priority]
+
+
+def batch_changes(ops: list[Any]) -> list[Change]:
+    """The changes of a batch's ``ops``: ``{"op": "put", "key", "value", "priority"?}``
+    or ``{"op": "delete", "key"}``, keys and values in base64.
+
+    Well-formed ops take a lean loop; the first sign of trouble hands the whole
+    list to the checking loop, whose error names the op and the field (and which
+    decides alone whether the ops are good).
+    """
+    a2b, eager = binascii.a2b_base64, Priority.EAGER
+    changes: list[Change] = []
+    try:
+        for op in ops:
+            kind = op["op"]
+            if kind == "put":
+                p = op.get("priority")
+                prio = eager if p is None else parse_priority(p)
+                changes.append(
+                    (a2b(op["key"], strict_mode=True), a2b(op["value"], strict_mode=True), prio)
+                )
+            elif kind == "delete":
+                changes.append((a2b(op["key"], strict_mode=True), None, eager))
+            else:
+                raise ValueError(kind)
+    except (KeyError, TypeError, ValueError, AttributeError, binascii.Error):
+        return _checked_batch_changes(ops)
+    return changes
+
+
+def _checked_batch_changes(ops: list[Any]) -> list[Change]:
+    changes: list[Change] = []
+    for i, op in enumerate(ops):
+        if not isinstance(op, dict):
+            raise ae.BadRequest(f"ops[{i}] must be an object")
+        kind = op.get("op")
+        key = unb64(op.get("key"), "key", i)
+        if kind == "put":
+            value = unb64(op.get("value"), "value", i)
+            p = op.get("priority")
+            prio = Priority.EAGER if p is None else parse_priority(p if isinstance(p, str) else "?")
+            changes.append((key, value, prio))
+        elif kind == "delete":
+            changes.append((key, None, Priority.EAGER))
+        else:
+            raise ae.BadRequest(f"ops[{i}].op must be 'put' or 'delete'")
+    return changes
+
+
 def text_or_none(data: bytes) -> str | None:
     try:
         return data.decode()
@@ -549,22 +599,7 @@ class Api:
         ops = doc.get("ops") if isinstance(doc, dict) else None
         if not isinstance(ops, list):
             raise ae.BadRequest('batch body must be {"ops": [...]}')
-        changes: list[tuple[bytes, bytes | None, Priority]] = []
-        eager = Priority.EAGER
-        for i, op in enumerate(ops):
-            if not isinstance(op, dict):
-                raise ae.BadRequest(f"ops[{i}] must be an object")
-            kind = op.get("op")
-            key = unb64(op.get("key"), "key", i)
-            if kind == "put":
-                value = unb64(op.get("value"), "value", i)
-                p = op.get("priority")
-                prio = eager if p is None else parse_priority(p if isinstance(p, str) else "?")
-                changes.append((key, value, prio))
-            elif kind == "delete":
-                changes.append((key, None, Priority.EAGER))
-            else:
-                raise ae.BadRequest(f"ops[{i}].op must be 'put' or 'delete'")
+        changes = batch_changes(ops)
         page = await self.page(ledger, page_id, create=True)
         await page.write(changes)
         return web.json_response({"applied": len(changes)})

@@ -10,9 +10,12 @@ import json
 from pathlib import Path
 
 import aiohttp
+import pytest
 from yarl import URL
 
-from store import Repository
+from daemon import errors as ae
+from daemon.api import _checked_batch_changes, batch_changes
+from store import Priority, Repository
 from tests.daemon.conftest import Daemon
 
 P = "/v1/ledgers/l/pages/p"
@@ -166,3 +169,39 @@ async def test_store_is_sound_after_a_barrage(
     await http.close()
     assert daemon.stop() == 0
     await _check_store(daemon)
+
+
+def _op(i: int, **fields: object) -> dict[str, object]:
+    key = base64.b64encode(b"k%d" % i).decode()
+    return {"op": "put", "key": key, "value": base64.b64encode(b"v%d" % i).decode(), **fields}
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ("not an op", "ops[7] must be an object"),
+        ({"op": "put", "key": "a2V5"}, "ops[7].value must be a base64 string"),
+        ({"op": "put", "key": "a2V5", "value": "!!"}, "ops[7].value is not valid base64"),
+        ({"op": "delete", "key": 5}, "ops[7].key must be a base64 string"),
+        ({"op": "move", "key": "a2V5"}, "ops[7].op must be 'put' or 'delete'"),
+        (_op(7, priority=1), "priority must be 'eager' or 'lazy', not '?'"),
+        (_op(7, priority="soon"), "priority must be 'eager' or 'lazy', not 'soon'"),
+    ],
+)
+def test_a_bad_batch_op_is_named(bad: object, message: str) -> None:
+    """The lean loop for good batches hands a bad one to the checking loop."""
+    ops = [_op(i) for i in range(10)]
+    ops[7] = bad  # type: ignore[call-overload]
+    with pytest.raises(ae.BadRequest) as e:
+        batch_changes(ops)
+    assert str(e.value) == message
+
+
+def test_good_batch_ops_are_read_alike_on_both_loops() -> None:
+    ops: list[object] = [_op(i) for i in range(5)]
+    ops += [_op(5, priority="lazy"), _op(6, priority="EAGER"), {"op": "delete", "key": "a2V5"}]
+    want: list[tuple[bytes, bytes | None, Priority]]
+    want = [(b"k%d" % i, b"v%d" % i, Priority.EAGER) for i in range(5)]
+    want += [(b"k5", b"v5", Priority.LAZY), (b"k6", b"v6", Priority.EAGER), (b"key", None, Priority.EAGER)]
+    assert batch_changes(ops) == want
+    assert _checked_batch_changes(ops) == want
