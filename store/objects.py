@@ -115,11 +115,10 @@ class _PieceCache:
         return found
 
     def add(self, pieces: Iterable[tuple[bytes, bytes]]) -> None:
-        for d, v in pieces:
-            if len(v) > CACHE_PIECE_LIMIT or d in self._pieces:
-                continue
-            self._pieces[d] = v
-            self._bytes += len(v)
+        known = self._pieces
+        new = {d: v for d, v in pieces if len(v) <= CACHE_PIECE_LIMIT and d not in known}
+        known.update(new)
+        self._bytes += sum(map(len, new.values()))
         while self._bytes > CACHE_BYTES:
             _, old = self._pieces.popitem(last=False)
             self._bytes -= len(old)

@@ -1114,12 +1114,17 @@ def _priority(p: object) -> Priority:
         raise InvalidArgumentError(f"a priority is EAGER (0) or LAZY (1), not {p!r}") from None
 
 
+# Tuples made without their classes' Python-level __new__ (a batch makes one per value).
+_new_entry = functools.partial(tuple.__new__, Entry)
+_new_piece = functools.partial(tuple.__new__, split.Piece)
+
+
 def _one_chunk(key: bytes, value: bytes, priority: int) -> tuple[Entry, split.Piece | None]:
     """Entry and piece of a value that is a single chunk (at most ``split.MIN_CHUNK``
     bytes); no piece when the value is inline in its digest."""
     d = dg.value_chunk_digest(value)
-    piece = split.Piece(d, value) if len(value) > dg.INLINE_LIMIT else None
-    return Entry(key, d, _priority(priority)), piece
+    piece = _new_piece((d, value)) if len(value) > dg.INLINE_LIMIT else None
+    return _new_entry((key, d, _priority(priority))), piece
 
 
 def _order(c: Commit) -> tuple[int, bytes]:
