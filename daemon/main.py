@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import sys
 from pathlib import Path
 
@@ -28,6 +29,23 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+GC_YOUNG_THRESHOLD = 50_000
+
+
+def tune_gc() -> None:
+    """Collect young objects every 50,000 allocations instead of CPython's 700, and
+    leave the objects alive at start-up out of collections altogether.
+
+    A 10,000-entry batch allocates a few objects per entry that live until it is
+    committed. At 700 they went through a hundred young collections per batch and,
+    surviving them, were promoted into the older generations, whose collections
+    walk the whole heap (page caches included): batches ran a fifth slower, and
+    slower still as the heap grew. Cycles are still collected, a little later.
+    """
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, 10, 10)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     flags = {
@@ -44,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from daemon.server import serve, setup_logging
 
     setup_logging(cfg)
+    tune_gc()
     try:
         return asyncio.run(serve(cfg))
     except ConfigError as e:

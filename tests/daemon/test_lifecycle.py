@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import grp
 import os
 import resource
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from daemon.client import AsyncClient, DaemonUnavailableError, LedgerError
+from daemon.main import GC_YOUNG_THRESHOLD, tune_gc
 from tests.daemon.conftest import ROOT, Daemon, start_daemon
 
 
@@ -256,3 +258,14 @@ async def test_idle_pages_are_closed_and_reopen_on_use(short_tmp: Path) -> None:
     finally:
         assert d.stop() == 0, d.log_text()
     assert "idle pages" in d.log_text()
+
+
+def test_the_daemon_collects_young_objects_less_often() -> None:
+    before = gc.get_threshold()
+    try:
+        tune_gc()
+        assert gc.get_threshold()[0] == GC_YOUNG_THRESHOLD
+        assert gc.get_freeze_count() > 0  # what start-up made is left out of collections
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
