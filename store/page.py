@@ -858,7 +858,8 @@ class Page(View):
             and fits_inline(len(pieces), sum(len(p.data) for p in pieces))
         )
         await self.db.run(work, write=True, small=small)
-        self.objects.remember(values)  # read-your-writes (pieces are (digest, data) pairs)
+        if small:  # a large batch would only push the cache's other pieces out
+            self.objects.remember(values)  # pieces are (digest, data) pairs
         self._commits[c.id] = c
         heads = [h for h in self._heads if h.id not in c.parents]
         heads.append(c)
