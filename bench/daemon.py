@@ -67,6 +67,29 @@ def _wait_for_socket(path: Path, proc: subprocess.Popen[bytes], timeout: float =
     raise RuntimeError(f"{path} never accepted connections")
 
 
+def _thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) of each thread of process ``pid`` (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _cpu_split(pid: int, before: dict[int, float], after: dict[int, float]) -> dict[str, float]:
+    """CPU seconds between two samples: the event loop's thread (the main one, where
+    every line of Python of a request runs) and all the others (SQLite's threads)."""
+    used = {t: s - before.get(t, 0.0) for t, s in after.items()}
+    return {
+        "event_loop_thread_s": round(used.pop(pid, 0.0), 2),
+        "other_threads_s": round(sum(used.values()), 2),
+    }
+
+
 def _pct(lat: list[float], q: float) -> float:
     lat = sorted(lat)
     return round(lat[min(len(lat) - 1, int(len(lat) * q))] * 1e6)
@@ -200,7 +223,9 @@ def main() -> None:
                 )
             distinct = _batch_bodies(args.batches, args.batch_size, distinct=True)
             same = _batch_bodies(args.batches, args.batch_size, distinct=False)
+            cpu0 = _thread_cpu(daemon.pid)
             batch_s = asyncio.run(_batch(base / "ledgerd.sock", "distinct", distinct))
+            batch_cpu = _cpu_split(daemon.pid, cpu0, _thread_cpu(daemon.pid))
             same_s = asyncio.run(_batch(base / "ledgerd.sock", "same", same))
             floor_s = storage_floor(base / "floor.sqlite", _value_rows(distinct))
         finally:
@@ -231,6 +256,8 @@ def main() -> None:
             },
             "target_single_op_ratio": 0.5,
             "batch_entries_per_s": round(entries / batch_s),
+            "batch_s": round(batch_s, 2),
+            "batch_daemon_cpu": batch_cpu,
             "batch_same_value_entries_per_s": round(entries / same_s),
             "value_storage_floor_entries_per_s": round(entries / floor_s),
             "batch_size": args.batch_size,
