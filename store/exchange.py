@@ -21,7 +21,7 @@ from store.btree import Priority
 from store.commit import Commit
 from store.errors import CorruptObjectError, StoreError
 from store.page import Page
-from store.schema import LOCAL, SYNCED
+from store.schema import SYNCED
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +67,7 @@ async def pending_upload(page: Page) -> Upload:
         "SELECT commit_id FROM unsynced_commits ORDER BY generation, commit_id"
     )
     commits = [await page.load_commit(bytes(r[0])) for r in rows]
-    rows = await page.db.read_all(
-        f"SELECT digest FROM objects WHERE status < 2 AND status = {LOCAL} AND data IS NOT NULL"
-    )
+    rows = await page.db.read_all(sql.LOCAL_PIECES)
     local = {bytes(r[0]) for r in rows}
     unsynced = {c.id for c in commits}
     lazy_roots: set[bytes] = set()

@@ -38,7 +38,7 @@ from store import digest as dg
 from store import split, sql
 from store.db import Database
 from store.errors import CorruptObjectError, ObjectNotFoundError, RangeError
-from store.schema import SYNCED, TRANSIENT
+from store.schema import TRANSIENT
 
 log = logging.getLogger(__name__)
 
@@ -269,12 +269,9 @@ class ObjectStore:
         return await self._collect("journal_id = ?", (journal_id,))
 
     async def collect_garbage(self) -> int:
-        """Delete every transient piece that no open journal stages (a full scan)."""
+        """Delete every transient piece that no open journal stages."""
         async with self.db.write() as conn:
-            cur = await conn.execute(
-                f"DELETE FROM objects WHERE status < 2 AND status = {TRANSIENT} "
-                "AND digest NOT IN (SELECT digest FROM journal_pieces)"
-            )
+            cur = await conn.execute(sql.DELETE_GARBAGE)
             return int(cur.rowcount)
 
     async def _collect(self, journals: str, params: tuple[object, ...]) -> int:
@@ -344,7 +341,7 @@ class ObjectStore:
         absent = [d for d in missing if d not in got]
         if absent:
             raise ObjectNotFoundError(f"object {dg.short(absent[0])} could not be fetched")
-        await self.db.run(lambda conn: sql.put_pieces(conn, got.items(), SYNCED), write=True)
+        await self.db.run(lambda conn: sql.store_fetched(conn, got), write=True)
         return got
 
     async def get_piece(self, digest: bytes) -> bytes:

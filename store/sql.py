@@ -16,6 +16,18 @@ from collections.abc import Iterable
 from store.commit import Commit
 from store.schema import LOCAL, SYNCED, TRANSIENT
 
+# Both go through the partial index objects_unsynced (whose condition they repeat),
+# not through a scan of every piece of the page.
+LOCAL_PIECES = (
+    f"SELECT digest FROM objects WHERE status < 2 AND status = {LOCAL} AND data IS NOT NULL"
+)
+"""Pieces that a commit references and that are not in the cloud yet."""
+DELETE_GARBAGE = (
+    f"DELETE FROM objects WHERE status < 2 AND status = {TRANSIENT} "
+    "AND digest NOT IN (SELECT digest FROM journal_pieces)"
+)
+"""Delete every transient piece that no open journal stages."""
+
 
 def put_pieces_sql(status: int) -> str:
     """The statement of :func:`put_pieces`, for ``executemany`` over ``(digest, data)``."""
@@ -58,6 +70,12 @@ def put_pieces(
             conn.execute(statement, [x for row in rows[i : i + ROWS_PER_STATEMENT] for x in row])
     if full < len(rows):
         conn.executemany(put_pieces_sql(status), rows[full:])
+
+
+def store_fetched(conn: sqlite3.Connection, pieces: dict[bytes, bytes]) -> None:
+    """Pieces fetched from the cloud: stored, synced, and no longer to be located there."""
+    put_pieces(conn, pieces.items(), SYNCED)
+    conn.executemany("DELETE FROM remote_pieces WHERE digest = ?", zip(pieces))
 
 
 def mark_synced(conn: sqlite3.Connection, digests: Iterable[bytes]) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from store import Page, Priority, Repository, exchange
+from store import Page, Priority, Repository, exchange, sql
 from store.schema import LOCAL, SCHEMA_VERSION, SYNCED, TRANSIENT, SchemaError, create_page_schema
 
 V1_TO_STATUS_TABLE = """
@@ -98,3 +98,14 @@ def test_a_newer_schema_is_refused() -> None:
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     with pytest.raises(SchemaError, match="newer than this ledgerd supports"):
         create_page_schema(conn)
+
+
+@pytest.mark.parametrize("query", [sql.LOCAL_PIECES, sql.DELETE_GARBAGE])
+def test_finding_unsynced_pieces_does_not_scan_the_page(query: str) -> None:
+    """What waits for upload, and what may be garbage, is read through the partial
+    index of the pieces not yet in the cloud, not by a scan of every piece."""
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    create_page_schema(conn)
+    plan = " ".join(str(row[-1]) for row in conn.execute(f"EXPLAIN QUERY PLAN {query}"))
+    assert "USING INDEX objects_unsynced" in plan or "USING COVERING INDEX objects_unsynced" in plan
+    assert "SCAN objects" not in plan
