@@ -125,7 +125,8 @@ CREATE TABLE sync_metadata (
 
 -- remote_pieces: where a piece that is in the cloud but not stored here can be
 --   fetched (LAZY values): an opaque location owned by sync (pack name and byte
---   range). A row is dropped once the piece is stored locally.
+--   range). A row is dropped when the piece is fetched (a piece stored by a
+--   local write meanwhile keeps its row, which is then never used).
 CREATE TABLE remote_pieces (
     digest   BLOB PRIMARY KEY,
     location TEXT NOT NULL

@@ -80,6 +80,11 @@ def test_new_device_bootstraps_and_lazy_values_wait_for_a_read(
             with Client(d.socket) as cd:
                 assert len(cd.get("notes", "photos", b"photo")) == 300_000  # fetched now
                 assert cd.get("other", "page", b"k") == b"v"
+            conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+            try:  # fetched: stored, and no longer located in the cloud
+                assert conn.execute("SELECT count(*) FROM remote_pieces").fetchone()[0] == 0
+            finally:
+                conn.close()
         finally:
             assert d.stop() == 0
     finally:
