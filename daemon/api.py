@@ -97,16 +97,14 @@ def batch_changes(ops: list[Any]) -> list[Change]:
         for op in ops:
             kind = op["op"]
             if kind == "put":
+                key, value = a2b(op["key"], strict_mode=True), a2b(op["value"], strict_mode=True)
                 p = op.get("priority")
-                prio = eager if p is None else parse_priority(p)
-                changes.append(
-                    (a2b(op["key"], strict_mode=True), a2b(op["value"], strict_mode=True), prio)
-                )
+                changes.append((key, value, eager if p is None else parse_priority(p)))
             elif kind == "delete":
                 changes.append((a2b(op["key"], strict_mode=True), None, eager))
             else:
                 raise ValueError(kind)
-    except (KeyError, TypeError, ValueError, AttributeError, binascii.Error):
+    except (KeyError, TypeError, ValueError, AttributeError, binascii.Error, ae.BadRequest):
         return _checked_batch_changes(ops)
     return changes
 

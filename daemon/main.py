@@ -42,6 +42,7 @@ def tune_gc() -> None:
     walk the whole heap (page caches included): batches ran a fifth slower, and
     slower still as the heap grew. Cycles are still collected, a little later.
     """
+    gc.collect()  # nothing left over from start-up is frozen with the rest
     gc.freeze()
     gc.set_threshold(GC_YOUNG_THRESHOLD, 10, 10)
 

@@ -84,7 +84,9 @@ class Entry(_EntryTuple):
         return _PRIORITIES[self[2]]
 
 
-_decoded_entry = functools.partial(tuple.__new__, Entry)
+new_entry = functools.partial(tuple.__new__, Entry)
+"""An Entry from a ``(key, value digest, priority)`` tuple, without the Python-level
+``__new__`` of a named tuple (for decoding, and for batches: one per entry)."""
 _KEY = operator.itemgetter(0)
 _packer = msgpack.Packer(use_bin_type=True)
 
@@ -130,7 +132,7 @@ def decode_node(data: bytes) -> Node:
             if set(map(type, children)) != {bytes}:
                 raise TypeError("children are digests")
             _validate_digests([c for c in children if c])
-        node = Node(level, tuple(map(_decoded_entry, raw)), children)
+        node = Node(level, tuple(map(new_entry, raw)), children)
     except (ValueError, TypeError, IndexError) as e:
         raise CorruptObjectError(f"undecodable tree node: {e}") from e
     except Exception as e:  # msgpack's own exception types

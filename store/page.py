@@ -858,7 +858,7 @@ class Page(View):
             and fits_inline(len(pieces), sum(len(p.data) for p in pieces))
         )
         await self.db.run(work, write=True, small=small)
-        if small:  # a large batch would only push the cache's other pieces out
+        if len(values) < DIRECT_BATCH:  # a large batch would only push the others out
             self.objects.remember(values)  # pieces are (digest, data) pairs
         self._commits[c.id] = c
         heads = [h for h in self._heads if h.id not in c.parents]
@@ -1115,8 +1115,7 @@ def _priority(p: object) -> Priority:
         raise InvalidArgumentError(f"a priority is EAGER (0) or LAZY (1), not {p!r}") from None
 
 
-# Tuples made without their classes' Python-level __new__ (a batch makes one per value).
-_new_entry = functools.partial(tuple.__new__, Entry)
+# Made without the named tuple's Python-level __new__ (a batch makes one per value).
 _new_piece = functools.partial(tuple.__new__, split.Piece)
 
 
@@ -1125,7 +1124,7 @@ def _one_chunk(key: bytes, value: bytes, priority: int) -> tuple[Entry, split.Pi
     bytes); no piece when the value is inline in its digest."""
     d = dg.value_chunk_digest(value)
     piece = _new_piece((d, value)) if len(value) > dg.INLINE_LIMIT else None
-    return _new_entry((key, d, _priority(priority))), piece
+    return btree.new_entry((key, d, _priority(priority))), piece
 
 
 def _order(c: Commit) -> tuple[int, bytes]:

@@ -21,6 +21,7 @@ is most of what a batch of small values costs.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 
 FORMAT_VERSION = 1
@@ -30,6 +31,8 @@ SCHEMA_VERSION = 2
 """``PRAGMA user_version`` of a current page database."""
 
 TRANSIENT, LOCAL, SYNCED = 0, 1, 2
+
+log = logging.getLogger(__name__)
 
 PAGE_SCHEMA = """
 -- objects: stored pieces (chunks and index pieces of values and of tree nodes),
@@ -189,20 +192,27 @@ class SchemaError(Exception):
     """The database was written by a newer ledgerd."""
 
 
-def _apply(conn: sqlite3.Connection, schema: str, version: int, migrations: dict[int, str]) -> None:
-    current = conn.execute("PRAGMA user_version").fetchone()[0]
+def _version(conn: sqlite3.Connection, version: int) -> int:
+    current = int(conn.execute("PRAGMA user_version").fetchone()[0])
     if current > version:
         raise SchemaError(
             f"database schema version {current} is newer than this ledgerd supports ({version})"
         )
-    if current == version:
+    return current
+
+
+def _apply(conn: sqlite3.Connection, schema: str, version: int, migrations: dict[int, str]) -> None:
+    if _version(conn, version) == version:
         return
     conn.execute("BEGIN IMMEDIATE")
     try:
+        # Read again under the write lock: another connection may have just done it.
+        current = _version(conn, version)
         if current == 0:
             for statement in _statements(schema):
                 conn.execute(statement)
-        else:
+        elif current < version:
+            log.info("migrating %s from schema version %d to %d", _name(conn), current, version)
             for v in range(current, version):
                 for statement in _statements(migrations[v]):
                     conn.execute(statement)
@@ -211,6 +221,10 @@ def _apply(conn: sqlite3.Connection, schema: str, version: int, migrations: dict
     except BaseException:
         conn.execute("ROLLBACK")
         raise
+
+
+def _name(conn: sqlite3.Connection) -> str:
+    return str(conn.execute("PRAGMA database_list").fetchone()[2] or "an in-memory database")
 
 
 def _statements(script: str) -> list[str]:

@@ -104,9 +104,11 @@ def mark_local(conn: sqlite3.Connection, journal_id: str) -> None:
 
 
 def keep_journal_pieces(conn: sqlite3.Connection, journal_id: str, keep: Iterable[bytes]) -> int:
-    """The journal committed: of the pieces it staged, those in ``keep`` (the pieces
-    of the values it left in the page) become ``local``; the others, of values a
-    later write in the same journal replaced, are collected. Returns how many."""
+    """The journal committed: the pieces in ``keep`` (the pieces of the values its
+    commit holds) become ``local`` if they were transient, also one that another
+    open journal staged too (the commit references it: it must outlive that
+    journal). Of the pieces the journal staged, the others (of values a later
+    write in the same journal replaced) are collected. Returns how many."""
     conn.executemany(
         f"UPDATE objects SET status = {LOCAL} WHERE digest = ? AND status = {TRANSIENT}",
         [(d,) for d in keep],

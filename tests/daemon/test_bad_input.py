@@ -7,6 +7,7 @@ import base64
 import contextlib
 import io
 import json
+import random
 from pathlib import Path
 
 import aiohttp
@@ -186,6 +187,7 @@ def _op(i: int, **fields: object) -> dict[str, object]:
         ({"op": "move", "key": "a2V5"}, "ops[7].op must be 'put' or 'delete'"),
         (_op(7, priority=1), "priority must be 'eager' or 'lazy', not '?'"),
         (_op(7, priority="soon"), "priority must be 'eager' or 'lazy', not 'soon'"),
+        ({"op": "put", "priority": "soon"}, "ops[7].key must be a base64 string"),
     ],
 )
 def test_a_bad_batch_op_is_named(bad: object, message: str) -> None:
@@ -206,3 +208,28 @@ def test_good_batch_ops_are_read_alike_on_both_loops() -> None:
     want += [(b"key", None, Priority.EAGER)]
     assert batch_changes(ops) == want
     assert _checked_batch_changes(ops) == want
+
+
+def test_both_batch_loops_agree_on_random_ops() -> None:
+    """The same changes, or the same error, for ops drawn from good and bad parts."""
+    rnd = random.Random(3)
+    parts: dict[str, list[object]] = {
+        "op": ["put", "delete", "move", None, 1],
+        "key": ["a2V5", "", "!!", 5, None, ["a"], "é"],
+        "value": ["dmFsdWU=", "", "abc", None, 2.5],
+        "priority": ["lazy", "EAGER", "", "soon", 1, True, None, "é"],
+    }
+    for _ in range(3000):
+        ops: list[object] = []
+        for _ in range(rnd.randrange(1, 4)):
+            if rnd.random() < 0.05:
+                ops.append(rnd.choice([[], "op", 7]))
+                continue
+            ops.append({f: rnd.choice(vs) for f, vs in parts.items() if rnd.random() < 0.8})
+        outcomes: list[object] = []
+        for parse in (batch_changes, _checked_batch_changes):
+            try:
+                outcomes.append(parse(ops))
+            except ae.BadRequest as e:
+                outcomes.append(str(e))
+        assert outcomes[0] == outcomes[1], ops

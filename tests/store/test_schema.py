@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import random
 import sqlite3
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from store import Page, Priority, Repository, exchange, sql
+from store import Page, Priority, Repository, exchange, schema, sql
 from store.schema import LOCAL, SCHEMA_VERSION, SYNCED, TRANSIENT, SchemaError, create_page_schema
 
 V1_TO_STATUS_TABLE = """
@@ -109,3 +112,33 @@ def test_finding_unsynced_pieces_does_not_scan_the_page(query: str) -> None:
     plan = " ".join(str(row[-1]) for row in conn.execute(f"EXPLAIN QUERY PLAN {query}"))
     assert "USING INDEX objects_unsynced" in plan or "USING COVERING INDEX objects_unsynced" in plan
     assert "SCAN objects" not in plan
+
+
+def test_two_connections_opening_a_version_1_page_at_once(tmp_path: Path) -> None:
+    """One migrates; the other, which saw version 1 too, finds it done once it has
+    the write lock instead of migrating again."""
+    path = tmp_path / "page.sqlite"
+    first = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    first.execute("PRAGMA journal_mode = WAL")
+    create_page_schema(first)
+    _v1(first)
+    first.execute("INSERT INTO objects (digest, data) VALUES (x'01', x'02')")
+    waiting = threading.Event()
+
+    class Second(sqlite3.Connection):
+        def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+            if sql == "BEGIN IMMEDIATE":
+                waiting.set()  # it has read the version: 1
+            return super().execute(sql, *args)
+
+    second = sqlite3.connect(path, isolation_level=None, factory=Second, check_same_thread=False)
+    first.execute("BEGIN IMMEDIATE")  # the first one's migration is under way
+    for statement in schema._statements(schema._MIGRATIONS[1]):
+        first.execute(statement)
+    first.execute("PRAGMA user_version = 2")
+    with ThreadPoolExecutor(1) as pool:
+        opened = pool.submit(create_page_schema, second)
+        assert waiting.wait(30)
+        first.execute("COMMIT")
+        opened.result(timeout=30)  # used to fail: no such table: object_status
+    assert second.execute("SELECT data, status FROM objects").fetchall() == [(b"\x02", 0)]

@@ -6,7 +6,7 @@ import random
 import sqlite3
 
 from store import sql
-from store.schema import SYNCED, TRANSIENT, create_page_schema
+from store.schema import LOCAL, SYNCED, TRANSIENT, create_page_schema
 
 
 def test_put_pieces_only_raises_a_status_and_only_adds_data() -> None:
@@ -33,3 +33,20 @@ def test_put_pieces_only_raises_a_status_and_only_adds_data() -> None:
     assert stored == model
     unsynced = conn.execute("SELECT count(*) FROM objects WHERE status < 2 AND status = 1")
     assert unsynced.fetchone()[0] == sum(1 for _, s in model.values() if s == 1)
+
+
+def test_a_committed_journal_keeps_what_its_commit_references() -> None:
+    """A piece of a value the commit holds becomes local, even one that another open
+    journal staged too, so that discarding that journal keeps it; a piece of a value
+    the journal replaced is collected, unless another journal still stages it."""
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    create_page_schema(conn)
+    kept, replaced, shared = b"kept", b"replaced", b"shared"
+    sql.put_pieces(conn, [(d, b"data") for d in (kept, replaced, shared)], TRANSIENT)
+    conn.executemany(
+        "INSERT INTO journal_pieces (journal_id, digest) VALUES (?, ?)",
+        [("Ia", kept), ("Ia", replaced), ("Ia", shared), ("Eb", kept), ("Eb", shared)],
+    )
+    assert sql.keep_journal_pieces(conn, "Ia", {kept}) == 1  # replaced
+    assert sql.collect(conn, "journal_id = ?", ("Eb",)) == 1  # shared, staged by Eb alone
+    assert conn.execute("SELECT digest, status FROM objects").fetchall() == [(kept, LOCAL)]
