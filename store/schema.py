@@ -9,14 +9,19 @@ Status values of ``objects.status``:
 ======  ===========  ==========================================================
 value   name         meaning
 ======  ===========  ==========================================================
-0       transient    staged by an open journal (or a value still being written)
-1       local        referenced by a commit, not yet in the cloud
-2       synced       in the cloud (uploaded by us or seen in another device's pack)
+2       transient    staged by an open journal (or a value still being written)
+3       local        referenced by a commit, not yet in the cloud
+4       synced       in the cloud (uploaded by us or seen in another device's pack)
 ======  ===========  ==========================================================
 
 The status is a column of the piece's own row (schema version 2; version 1 kept it
 in a table of its own): storing a piece is then one index insert, not two, which
-is most of what a batch of small values costs.
+is most of what a batch of small values costs. Its codes are 2-4 rather than 0-2
+because SQLite stores 0 and 1 in no bytes and other small integers in one: with
+these, every status takes the same room in the row, and changing it rewrites the
+first page of a large piece in place instead of all of it (a 64 KiB chunk marked
+synced wrote 13 times less). The price of the fold: marking a small or
+medium piece synced rewrites the page that holds it, not a narrow status row.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ FORMAT_VERSION = 1
 SCHEMA_VERSION = 2
 """``PRAGMA user_version`` of a current page database."""
 
-TRANSIENT, LOCAL, SYNCED = 0, 1, 2
+TRANSIENT, LOCAL, SYNCED = 2, 3, 4
 
 log = logging.getLogger(__name__)
 
@@ -39,23 +44,23 @@ PAGE_SCHEMA = """
 --   and what this page knows of pieces it does not store.
 --   digest: a hashed digest (store.digest); inline pieces are never rows.
 --   data:   the piece's exact content; digest.verify(digest, data) holds unless the
---           file was damaged, which every read checks. NULL only with status 2: a
+--           file was damaged, which every read checks. NULL only with status 4: a
 --           LAZY piece that is in the cloud and has not been fetched yet.
---   status: 0 transient, 1 local, 2 synced (see the module docstring). It only
---           increases; data, once there, stays. A status 0 row with no
---           journal_pieces row is garbage (a discarded journal's) and may be
---           deleted; rows of status 1 and 2 are never deleted.
--- objects_unsynced: the pieces not yet in the cloud (status 0 and 1), so that
+--   status: 2 transient, 3 local, 4 synced (see the module docstring for why not
+--           0-2). It only increases; data, once there, stays. A status 2 row
+--           with no journal_pieces row is garbage (a discarded journal's) and may
+--           be deleted; rows of status 3 and 4 are never deleted.
+-- objects_unsynced: the pieces not yet in the cloud (status 2 and 3), so that
 --   finding what to upload or to collect does not scan the page. Queries use it
---   by repeating its condition ("status < 2 AND status = 1").
--- The CHECK says BETWEEN, not IN (0, 1, 2): SQLite builds an IN list's lookup
+--   by repeating its condition ("status < 4 AND status = 3").
+-- The CHECK says BETWEEN, not IN (2, 3, 4): SQLite builds an IN list's lookup
 --   table at every execution, which cost a third of a batch's inserts.
 CREATE TABLE objects (
     digest BLOB PRIMARY KEY,
     data   BLOB,
-    status INTEGER NOT NULL CHECK (status BETWEEN 0 AND 2)
+    status INTEGER NOT NULL CHECK (status BETWEEN 2 AND 4)
 );
-CREATE INDEX objects_unsynced ON objects (status) WHERE status < 2;
+CREATE INDEX objects_unsynced ON objects (status) WHERE status < 4;
 
 -- journal_pieces: which open journal staged which piece. journal_id starts with
 --   'I' (implicit journal, survives a crash), 'E' (explicit journal/transaction,
@@ -164,25 +169,26 @@ CREATE TABLE page_usage (
 USAGE_SCHEMA_VERSION = 1
 
 _MIGRATIONS: dict[int, str] = {
-    # 1 -> 2: the status moves from its own table into the piece's row. Every piece
-    # is copied once (at the first open by this version; one transaction).
+    # 1 -> 2: the status moves from its own table into the piece's row, its codes
+    # from 0-2 to 2-4. Every piece is copied once (at the first open by this
+    # version; one transaction).
     1: """
 CREATE TABLE objects_v2 (
     digest BLOB PRIMARY KEY,
     data   BLOB,
-    status INTEGER NOT NULL CHECK (status BETWEEN 0 AND 2)
+    status INTEGER NOT NULL CHECK (status BETWEEN 2 AND 4)
 );
 INSERT INTO objects_v2 (digest, data, status)
-    SELECT o.digest, o.data, coalesce(s.status, 0)
+    SELECT o.digest, o.data, coalesce(s.status, 0) + 2
     FROM objects o LEFT JOIN object_status s ON s.digest = o.digest ORDER BY o.rowid;
 -- Status rows without a piece: synced LAZY pieces not fetched yet.
 INSERT INTO objects_v2 (digest, data, status)
-    SELECT s.digest, NULL, s.status FROM object_status s
+    SELECT s.digest, NULL, s.status + 2 FROM object_status s
     WHERE NOT EXISTS (SELECT 1 FROM objects o WHERE o.digest = s.digest);
 DROP TABLE object_status;
 DROP TABLE objects;
 ALTER TABLE objects_v2 RENAME TO objects;
-CREATE INDEX objects_unsynced ON objects (status) WHERE status < 2;
+CREATE INDEX objects_unsynced ON objects (status) WHERE status < 4;
 """,
 }
 """Statements that take a page database from version ``n`` to ``n + 1``."""

@@ -19,11 +19,11 @@ from store.schema import LOCAL, SYNCED, TRANSIENT
 # Both go through the partial index objects_unsynced (whose condition they repeat),
 # not through a scan of every piece of the page.
 LOCAL_PIECES = (
-    f"SELECT digest FROM objects WHERE status < 2 AND status = {LOCAL} AND data IS NOT NULL"
+    f"SELECT digest FROM objects WHERE status < {SYNCED} AND status = {LOCAL} AND data IS NOT NULL"
 )
 """Pieces that a commit references and that are not in the cloud yet."""
 DELETE_GARBAGE = (
-    f"DELETE FROM objects WHERE status < 2 AND status = {TRANSIENT} "
+    f"DELETE FROM objects WHERE status < {SYNCED} AND status = {TRANSIENT} "
     "AND digest NOT IN (SELECT digest FROM journal_pieces)"
 )
 """Delete every transient piece that no open journal stages."""

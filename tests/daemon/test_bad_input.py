@@ -17,6 +17,7 @@ from yarl import URL
 from daemon import errors as ae
 from daemon.api import _checked_batch_changes, batch_changes
 from store import Priority, Repository
+from store.schema import TRANSIENT
 from tests.daemon.conftest import Daemon
 
 P = "/v1/ledgers/l/pages/p"
@@ -54,7 +55,7 @@ async def _check_store(daemon: Daemon) -> None:
         assert (await page.db.read_all("PRAGMA integrity_check"))[0][0] == "ok"
         assert await page.get(b"precious") == b"keep me"
         assert not await page.contains(b"truncated") and not await page.contains(b"chunked")
-        leaked = await page.db.read_all("SELECT count(*) FROM objects WHERE status = 0")
+        leaked = await page.db.read_all(f"SELECT count(*) FROM objects WHERE status = {TRANSIENT}")
         assert leaked[0][0] == 0
 
 

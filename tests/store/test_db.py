@@ -14,7 +14,7 @@ import pytest
 import store.db
 from store import sql
 from store.db import Database
-from store.schema import LOCAL, create_page_schema
+from store.schema import LOCAL, TRANSIENT, create_page_schema
 
 
 def _schema(conn: sqlite3.Connection) -> None:
@@ -127,7 +127,9 @@ def test_collecting_a_journal_does_not_scan_the_status_of_every_piece() -> None:
         [(i.to_bytes(33, "big"),) for i in range(20_000)],
     )
     staged = [(b"s%032d" % i, b"x") for i in range(3)]
-    conn.executemany("INSERT INTO objects (digest, data, status) VALUES (?, ?, 0)", staged)
+    conn.executemany(
+        f"INSERT INTO objects (digest, data, status) VALUES (?, ?, {TRANSIENT})", staged
+    )
     conn.executemany(
         "INSERT INTO journal_pieces (journal_id, digest) VALUES ('Ij', ?)",
         [(d,) for d, _ in staged],
@@ -143,7 +145,7 @@ def test_collecting_a_journal_does_not_scan_the_status_of_every_piece() -> None:
     assert sql.keep_journal_pieces(conn, "Ij", {staged[0][0]}) == 2
     conn.set_progress_handler(None, 0)
     assert steps < 50, steps  # a scan of the pieces alone is over 1,000
-    left = conn.execute("SELECT digest, status FROM objects WHERE status < 2 AND status = 0")
+    left = conn.execute(f"SELECT digest FROM objects WHERE status = {TRANSIENT}")
     assert left.fetchall() == []
     kept = conn.execute("SELECT status FROM objects WHERE digest = ?", (staged[0][0],))
     assert kept.fetchall() == [(LOCAL,)]

@@ -30,6 +30,7 @@ from store import (
 from store import commit as commit_mod
 from store.merge import Choice, MergeRequest, Policy
 from store.page import SMALL_VALUE, Notification
+from store.schema import LOCAL, TRANSIENT
 
 
 async def _count(page: Page, sql: str) -> int:
@@ -40,7 +41,7 @@ async def _garbage(page: Page) -> int:
     """Pieces that are transient and staged by no open journal."""
     return await _count(
         page,
-        "SELECT count(*) FROM objects WHERE status = 0 "
+        f"SELECT count(*) FROM objects WHERE status = {TRANSIENT} "
         "AND digest NOT IN (SELECT digest FROM journal_pieces)",
     )
 
@@ -139,7 +140,7 @@ async def test_shared_value_is_stored_once(page: Page, n: int) -> None:
         "SELECT count(*), min(status) FROM objects WHERE data = ?",
         (value,),
     )
-    assert tuple(rows[0]) == (1, 1)  # one row, local
+    assert tuple(rows[0]) == (1, LOCAL)  # one row, local
     assert await _garbage(page) == 0
     assert await page.get(b"k00003") == value and await page.get(b"k%05d" % (n + 9)) == value
 

@@ -21,7 +21,7 @@ CREATE TABLE object_status (
     digest BLOB PRIMARY KEY,
     status INTEGER NOT NULL CHECK (status IN (1, 2))
 ) WITHOUT ROWID;
-INSERT INTO object_status SELECT digest, status FROM objects WHERE status > 0;
+INSERT INTO object_status SELECT digest, status - 2 FROM objects WHERE status > 2;
 CREATE TABLE objects_v1 (digest BLOB PRIMARY KEY, data BLOB NOT NULL);
 INSERT INTO objects_v1 SELECT digest, data FROM objects WHERE data IS NOT NULL ORDER BY rowid;
 DROP TABLE objects;
@@ -52,7 +52,7 @@ def test_version_1_pieces_keep_their_data_and_status() -> None:
     )
     conn.executemany(
         "INSERT INTO object_status (digest, status) VALUES (?, ?)",
-        [(b"local", LOCAL), (b"synced", SYNCED), (b"unfetched", SYNCED)],
+        [(b"local", 1), (b"synced", 2), (b"unfetched", 2)],  # version 1's codes
     )
     create_page_schema(conn)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
@@ -141,4 +141,4 @@ def test_two_connections_opening_a_version_1_page_at_once(tmp_path: Path) -> Non
         assert waiting.wait(30)
         first.execute("COMMIT")
         opened.result(timeout=30)  # used to fail: no such table: object_status
-    assert second.execute("SELECT data, status FROM objects").fetchall() == [(b"\x02", 0)]
+    assert second.execute("SELECT data, status FROM objects").fetchall() == [(b"\x02", TRANSIENT)]

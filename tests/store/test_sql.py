@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import sqlite3
+from pathlib import Path
 
 from store import sql
 from store.schema import LOCAL, SYNCED, TRANSIENT, create_page_schema
@@ -17,7 +18,7 @@ def test_put_pieces_only_raises_a_status_and_only_adds_data() -> None:
     create_page_schema(conn)
     model: dict[bytes, tuple[bytes | None, int]] = {}
     for _ in range(40):
-        status = rnd.choice([0, 1, 2])
+        status = rnd.choice([TRANSIENT, LOCAL, SYNCED])
         n = rnd.choice([1, 3, sql.ROWS_PER_STATEMENT - 1, sql.ROWS_PER_STATEMENT * 2 + 7])
         rows: list[tuple[bytes, bytes | None]] = []
         for _ in range(n):
@@ -31,8 +32,8 @@ def test_put_pieces_only_raises_a_status_and_only_adds_data() -> None:
         conn.execute("COMMIT")
     stored = {bytes(d): (v, s) for d, v, s in conn.execute("SELECT * FROM objects")}
     assert stored == model
-    unsynced = conn.execute("SELECT count(*) FROM objects WHERE status < 2 AND status = 1")
-    assert unsynced.fetchone()[0] == sum(1 for _, s in model.values() if s == 1)
+    unsynced = conn.execute(sql.LOCAL_PIECES).fetchall()
+    assert len(unsynced) == sum(1 for v, s in model.values() if s == LOCAL and v is not None)
 
 
 def test_a_committed_journal_keeps_what_its_commit_references() -> None:
@@ -50,3 +51,23 @@ def test_a_committed_journal_keeps_what_its_commit_references() -> None:
     assert sql.keep_journal_pieces(conn, "Ia", {kept}) == 1  # replaced
     assert sql.collect(conn, "journal_id = ?", ("Eb",)) == 1  # shared, staged by Eb alone
     assert conn.execute("SELECT digest, status FROM objects").fetchall() == [(kept, LOCAL)]
+
+
+def test_marking_a_large_piece_synced_rewrites_only_its_first_page(tmp_path: Path) -> None:
+    """Every status takes the same room in the row, so SQLite changes it in place:
+    the chunk's overflow pages are not written again (they were, with codes 0-2)."""
+    conn = sqlite3.connect(tmp_path / "page.sqlite", isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
+    create_page_schema(conn)
+    chunks = [(b"c%02d" % i, random.Random(i).randbytes(64 * 1024)) for i in range(16)]
+    for status in (TRANSIENT, LOCAL, SYNCED):
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.execute("BEGIN")
+        sql.put_pieces(conn, chunks, status)
+        conn.execute("COMMIT")
+        written = (tmp_path / "page.sqlite-wal").stat().st_size
+        if status == TRANSIENT:
+            assert written > 1024 * 1024  # the chunks themselves
+        else:
+            assert written < 16 * 3 * 4096 + 64 * 1024, (status, written)
