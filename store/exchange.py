@@ -110,7 +110,7 @@ async def mark_uploaded(page: Page, commit_ids: Iterable[bytes], digests: Iterab
     ids = [(c,) for c in commit_ids]
 
     def work(conn: sqlite3.Connection) -> None:
-        sql.mark_synced(conn, digests)
+        sql.mark_uploaded(conn, digests)
         conn.executemany("DELETE FROM unsynced_commits WHERE commit_id = ?", ids)
 
     await page.db.run(work, write=True)

@@ -78,6 +78,22 @@ def store_fetched(conn: sqlite3.Connection, pieces: dict[bytes, bytes]) -> None:
     conn.executemany("DELETE FROM remote_pieces WHERE digest = ?", zip(pieces))
 
 
+def mark_uploaded(conn: sqlite3.Connection, digests: Iterable[bytes]) -> None:
+    """Local pieces that an upload put in the cloud become synced.
+
+    The rows change in the order they are stored in (through objects_unsynced), not
+    in the digests' random order: a large upload then writes each page of the
+    table once, instead of again whenever the page cache spilled it meanwhile.
+    """
+    conn.execute("CREATE TEMP TABLE IF NOT EXISTS uploaded (digest BLOB PRIMARY KEY)")
+    conn.executemany("INSERT OR IGNORE INTO temp.uploaded (digest) VALUES (?)", zip(digests))
+    conn.execute(
+        f"UPDATE objects SET status = {SYNCED} WHERE status < {SYNCED} AND status = {LOCAL} "
+        "AND digest IN (SELECT digest FROM temp.uploaded)"
+    )
+    conn.execute("DELETE FROM temp.uploaded")
+
+
 def mark_synced(conn: sqlite3.Connection, digests: Iterable[bytes]) -> None:
     """These pieces are in the cloud (uploaded, or seen in a remote pack)."""
     put_pieces(conn, ((d, None) for d in digests), SYNCED)

@@ -71,3 +71,18 @@ def test_marking_a_large_piece_synced_rewrites_only_its_first_page(tmp_path: Pat
             assert written > 1024 * 1024  # the chunks themselves
         else:
             assert written < 16 * 3 * 4096 + 64 * 1024, (status, written)
+
+
+def test_an_upload_marks_its_local_pieces_synced() -> None:
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    create_page_schema(conn)
+    sql.put_pieces(conn, [(b"l%04d" % i, b"x") for i in range(3000)], LOCAL)
+    sql.put_pieces(conn, [(b"staged", b"x")], TRANSIENT)
+    uploaded = [b"l%04d" % i for i in range(0, 3000, 2)]
+    sql.mark_uploaded(conn, [*uploaded, b"staged", b"unknown"])
+    sql.mark_uploaded(conn, [b"l0001"])  # a second upload, in the same connection
+    statuses = dict(conn.execute("SELECT digest, status FROM objects"))
+    assert statuses == {
+        **{b"l%04d" % i: SYNCED if i % 2 == 0 or i == 1 else LOCAL for i in range(3000)},
+        b"staged": TRANSIENT,
+    }
