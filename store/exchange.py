@@ -176,7 +176,7 @@ async def import_remote(
         sql.mark_synced(conn, lazy)
         conn.executemany(
             "INSERT OR IGNORE INTO remote_pieces (digest, location) SELECT ?, ? "
-            "WHERE NOT EXISTS (SELECT 1 FROM objects WHERE digest = ? AND data IS NOT NULL)",
+            "WHERE NOT EXISTS (SELECT 1 FROM objects WHERE digest = ?)",
             [(d, loc, d) for d, loc in lazy.items()],
         )
         for c in sorted(new, key=lambda c: c.generation):

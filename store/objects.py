@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sqlite3
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
@@ -38,7 +39,7 @@ from store import digest as dg
 from store import split, sql
 from store.db import Database
 from store.errors import CorruptObjectError, ObjectNotFoundError, RangeError
-from store.schema import TRANSIENT
+from store.schema import SYNCED, TRANSIENT
 
 log = logging.getLogger(__name__)
 
@@ -157,14 +158,15 @@ class ObjectStore:
     async def _stage(self, token: str, pieces: list[split.Piece]) -> None:
         if not pieces:
             return
-        async with self.db.write() as conn:
-            await conn.executemany(
-                sql.put_pieces_sql(TRANSIENT), [(p.digest, p.data) for p in pieces]
-            )
-            await conn.executemany(
+
+        def work(conn: sqlite3.Connection) -> None:
+            sql.put_pieces(conn, pieces, TRANSIENT)
+            conn.executemany(
                 "INSERT OR IGNORE INTO journal_pieces (journal_id, digest) VALUES (?, ?)",
                 [(token, p.digest) for p in pieces],
             )
+
+        await self.db.run(work, write=True)
 
     async def stage_value(
         self, source: Source, kind: dg.Kind = dg.Kind.VALUE
@@ -254,13 +256,21 @@ class ObjectStore:
 
     async def status(self, digest: bytes) -> int | None:
         """TRANSIENT, LOCAL or SYNCED; None if this page does not know the piece."""
-        rows = await self.db.read_all("SELECT status FROM objects WHERE digest = ?", (digest,))
+        rows = await self.db.read_all(
+            f"SELECT coalesce(u.status, {SYNCED}) FROM objects o "
+            "LEFT JOIN unsynced u ON u.id = o.id WHERE o.digest = ?1 "
+            f"UNION ALL SELECT {SYNCED} FROM remote_pieces WHERE digest = ?1",
+            (digest,),
+        )
         return int(rows[0][0]) if rows else None
 
     async def known(self, digests: list[bytes]) -> set[bytes]:
         """Which of ``digests`` this page knows (stored, or known to be in the cloud)."""
         rows = await self.db.read_in(
-            "SELECT digest FROM objects WHERE digest IN ({marks})", list(dict.fromkeys(digests))
+            "SELECT digest FROM objects WHERE digest IN ({marks}) "
+            "UNION SELECT digest FROM remote_pieces WHERE digest IN ({marks})",
+            list(dict.fromkeys(digests)),
+            repeat=2,
         )
         return {bytes(r[0]) for r in rows}
 
@@ -270,9 +280,7 @@ class ObjectStore:
 
     async def collect_garbage(self) -> int:
         """Delete every transient piece that no open journal stages."""
-        async with self.db.write() as conn:
-            cur = await conn.execute(sql.DELETE_GARBAGE)
-            return int(cur.rowcount)
+        return await self.db.run(sql.collect_garbage, write=True)
 
     async def _collect(self, journals: str, params: tuple[object, ...]) -> int:
         """Drop the journals matching ``journals`` and the pieces only they staged."""
@@ -310,7 +318,7 @@ class ObjectStore:
             found.update((d, self.memory[d]) for d in want if d in self.memory)
             want = [d for d in want if d not in found]
         rows = await self.db.read_in(
-            "SELECT digest, data FROM objects WHERE digest IN ({marks}) AND data IS NOT NULL", want
+            "SELECT digest, data FROM objects WHERE digest IN ({marks})", want
         )
         fresh = {bytes(d): bytes(v) for d, v in rows}
         await self._verify(fresh)
@@ -341,7 +349,8 @@ class ObjectStore:
         absent = [d for d in missing if d not in got]
         if absent:
             raise ObjectNotFoundError(f"object {dg.short(absent[0])} could not be fetched")
-        await self.db.run(lambda conn: sql.store_fetched(conn, got), write=True)
+        # Stored and synced; their remote_pieces rows go (see sql.put_pieces).
+        await self.db.run(lambda conn: sql.put_pieces(conn, got.items(), SYNCED), write=True)
         return got
 
     async def get_piece(self, digest: bytes) -> bytes:
@@ -361,7 +370,7 @@ class ObjectStore:
         if known is not None:
             return len(known)
         rows = await self.db.read_all(
-            "SELECT length(data) FROM objects WHERE digest = ? AND data IS NOT NULL", (digest,)
+            "SELECT length(data) FROM objects WHERE digest = ?", (digest,)
         )
         if rows:
             return int(rows[0][0])
@@ -461,6 +470,6 @@ class ObjectStore:
 
     async def counts(self) -> dict[str, int]:
         rows = await self.db.read_all(
-            "SELECT count(data), coalesce(sum(length(data)), 0) FROM objects"
+            "SELECT count(*), coalesce(sum(length(data)), 0) FROM objects"
         )
         return {"objects": int(rows[0][0]), "bytes": int(rows[0][1])}

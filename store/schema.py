@@ -4,24 +4,22 @@ This module owns every ``CREATE`` statement and the schema version
 (``PRAGMA user_version``), with the migrations between versions. It runs no
 queries of its own beyond creating and migrating.
 
-Status values of ``objects.status``:
+Sync status of a stored piece:
 
 ======  ===========  ==========================================================
 value   name         meaning
 ======  ===========  ==========================================================
-2       transient    staged by an open journal (or a value still being written)
-3       local        referenced by a commit, not yet in the cloud
-4       synced       in the cloud (uploaded by us or seen in another device's pack)
+0       transient    staged by an open journal (or a value still being written)
+1       local        referenced by a commit, not yet in the cloud
+2       synced       in the cloud (uploaded by us or seen in another device's pack)
 ======  ===========  ==========================================================
 
-The status is a column of the piece's own row (schema version 2; version 1 kept it
-in a table of its own): storing a piece is then one index insert, not two, which
-is most of what a batch of small values costs. Its codes are 2-4 rather than 0-2
-because SQLite stores 0 and 1 in no bytes and other small integers in one: with
-these, every status takes the same room in the row, and changing it rewrites the
-first page of a large piece in place instead of all of it (a 64 KiB chunk marked
-synced wrote 13 times less). The price of the fold: marking a small or
-medium piece synced rewrites the page that holds it, not a narrow status row.
+Schema version 2 keeps the first two in ``unsynced``, a narrow table keyed by the
+piece's ``objects.id``; a stored piece without such a row is synced, and a piece
+not stored but listed in ``remote_pieces`` is synced too. Version 1 kept every
+status in a table keyed by digest, so storing a piece cost two random index
+inserts; now the second is an append (new pieces get increasing ids), and an
+upload deletes narrow rows rather than rewriting the pieces' own rows.
 """
 
 from __future__ import annotations
@@ -35,32 +33,42 @@ FORMAT_VERSION = 1
 SCHEMA_VERSION = 2
 """``PRAGMA user_version`` of a current page database."""
 
-TRANSIENT, LOCAL, SYNCED = 2, 3, 4
+TRANSIENT, LOCAL, SYNCED = 0, 1, 2
 
 log = logging.getLogger(__name__)
 
 PAGE_SCHEMA = """
--- objects: stored pieces (chunks and index pieces of values and of tree nodes),
---   and what this page knows of pieces it does not store.
+-- objects: stored pieces (chunks and index pieces of values and of tree nodes).
+--   id:     assigned on insert, increasing; never reused while the row exists and
+--           never changed (an INTEGER PRIMARY KEY: VACUUM keeps it), so that
+--           unsynced can refer to it.
 --   digest: a hashed digest (store.digest); inline pieces are never rows.
 --   data:   the piece's exact content; digest.verify(digest, data) holds unless the
---           file was damaged, which every read checks. NULL only with status 4: a
---           LAZY piece that is in the cloud and has not been fetched yet.
---   status: 2 transient, 3 local, 4 synced (see the module docstring for why not
---           0-2). It only increases; data, once there, stays. A status 2 row
---           with no journal_pieces row is garbage (a discarded journal's) and may
---           be deleted; rows of status 3 and 4 are never deleted.
--- objects_unsynced: the pieces not yet in the cloud (status 2 and 3), so that
---   finding what to upload or to collect does not scan the page. Queries use it
---   by repeating its condition ("status < 4 AND status = 3").
--- The CHECK says BETWEEN, not IN (2, 3, 4): SQLite builds an IN list's lookup
---   table at every execution, which cost a third of a batch's inserts.
+--           file was damaged, which every read checks.
+--   Rows are deleted only when transient and garbage (see unsynced).
 CREATE TABLE objects (
-    digest BLOB PRIMARY KEY,
-    data   BLOB,
-    status INTEGER NOT NULL CHECK (status BETWEEN 2 AND 4)
+    id     INTEGER PRIMARY KEY,
+    digest BLOB NOT NULL UNIQUE,
+    data   BLOB NOT NULL
 );
-CREATE INDEX objects_unsynced ON objects (status) WHERE status < 4;
+
+-- unsynced: the stored pieces not yet in the cloud, by objects.id: status 0
+--   transient, 1 local (see the module docstring). No row: synced. A status
+--   only increases (a row goes from 0 to 1, and is deleted when the piece is
+--   synced). A status 0 piece with no journal_pieces row is garbage (a discarded
+--   journal's): it is deleted with its objects row. Small in steady state.
+-- The CHECK says BETWEEN, not IN (0, 1): SQLite builds an IN list's lookup table
+--   at every execution, which cost a third of a batch's inserts.
+CREATE TABLE unsynced (
+    id     INTEGER PRIMARY KEY,
+    status INTEGER NOT NULL CHECK (status BETWEEN 0 AND 1)
+);
+
+-- piece_status: every stored piece with its status (for reading, tests and
+--   operators; the code writes objects and unsynced).
+CREATE VIEW piece_status AS
+    SELECT o.id, o.digest, o.data, coalesce(u.status, 2) AS status
+    FROM objects o LEFT JOIN unsynced u ON u.id = o.id;
 
 -- journal_pieces: which open journal staged which piece. journal_id starts with
 --   'I' (implicit journal, survives a crash), 'E' (explicit journal/transaction,
@@ -133,8 +141,8 @@ CREATE TABLE sync_metadata (
 
 -- remote_pieces: where a piece that is in the cloud but not stored here can be
 --   fetched (LAZY values): an opaque location owned by sync (pack name and byte
---   range). A row is dropped when the piece is fetched (a piece stored by a
---   local write meanwhile keeps its row, which is then never used).
+--   range). A row is dropped when the piece is stored here (fetched, or written
+--   by this device: it is then synced already).
 CREATE TABLE remote_pieces (
     digest   BLOB PRIMARY KEY,
     location TEXT NOT NULL
@@ -169,26 +177,29 @@ CREATE TABLE page_usage (
 USAGE_SCHEMA_VERSION = 1
 
 _MIGRATIONS: dict[int, str] = {
-    # 1 -> 2: the status moves from its own table into the piece's row, its codes
-    # from 0-2 to 2-4. Every piece is copied once (at the first open by this
-    # version; one transaction).
+    # 1 -> 2: objects gains an id (each piece is copied once, at the first open by
+    # this version, in one transaction); the status of unsynced pieces moves to
+    # unsynced. Synced pieces that are not stored stay known through remote_pieces.
     1: """
 CREATE TABLE objects_v2 (
-    digest BLOB PRIMARY KEY,
-    data   BLOB,
-    status INTEGER NOT NULL CHECK (status BETWEEN 2 AND 4)
+    id     INTEGER PRIMARY KEY,
+    digest BLOB NOT NULL UNIQUE,
+    data   BLOB NOT NULL
 );
-INSERT INTO objects_v2 (digest, data, status)
-    SELECT o.digest, o.data, coalesce(s.status, 0) + 2
-    FROM objects o LEFT JOIN object_status s ON s.digest = o.digest ORDER BY o.rowid;
--- Status rows without a piece: synced LAZY pieces not fetched yet.
-INSERT INTO objects_v2 (digest, data, status)
-    SELECT s.digest, NULL, s.status + 2 FROM object_status s
-    WHERE NOT EXISTS (SELECT 1 FROM objects o WHERE o.digest = s.digest);
+INSERT INTO objects_v2 (id, digest, data) SELECT rowid, digest, data FROM objects ORDER BY rowid;
+CREATE TABLE unsynced (
+    id     INTEGER PRIMARY KEY,
+    status INTEGER NOT NULL CHECK (status BETWEEN 0 AND 1)
+);
+INSERT INTO unsynced (id, status)
+    SELECT o.id, coalesce(s.status, 0) FROM objects_v2 o
+    LEFT JOIN object_status s ON s.digest = o.digest WHERE coalesce(s.status, 0) < 2;
 DROP TABLE object_status;
 DROP TABLE objects;
 ALTER TABLE objects_v2 RENAME TO objects;
-CREATE INDEX objects_unsynced ON objects (status) WHERE status < 4;
+CREATE VIEW piece_status AS
+    SELECT o.id, o.digest, o.data, coalesce(u.status, 2) AS status
+    FROM objects o LEFT JOIN unsynced u ON u.id = o.id;
 """,
 }
 """Statements that take a page database from version ``n`` to ``n + 1``."""

@@ -16,87 +16,98 @@ from collections.abc import Iterable
 from store.commit import Commit
 from store.schema import LOCAL, SYNCED, TRANSIENT
 
-# Both go through the partial index objects_unsynced (whose condition they repeat),
-# not through a scan of every piece of the page.
+# The joins say CROSS JOIN to fix their order (SQLite keeps it as written): from the
+# few rows at hand to the pieces by key, never a scan of a large table first.
 LOCAL_PIECES = (
-    f"SELECT digest FROM objects WHERE status < {SYNCED} AND status = {LOCAL} AND data IS NOT NULL"
+    f"SELECT o.digest FROM unsynced u CROSS JOIN objects o ON o.id = u.id WHERE u.status = {LOCAL}"
 )
 """Pieces that a commit references and that are not in the cloud yet."""
-DELETE_GARBAGE = (
-    f"DELETE FROM objects WHERE status < {SYNCED} AND status = {TRANSIENT} "
-    "AND digest NOT IN (SELECT digest FROM journal_pieces)"
-)
-"""Delete every transient piece that no open journal stages."""
-
-
-def put_pieces_sql(status: int) -> str:
-    """The statement of :func:`put_pieces`, for ``executemany`` over ``(digest, data)``."""
-    return (
-        f"INSERT INTO objects (digest, data, status) VALUES (?, ?, {int(status)}) "
-        "ON CONFLICT (digest) DO UPDATE SET "
-        "status = max(status, excluded.status), data = coalesce(data, excluded.data) "
-        "WHERE status < excluded.status OR (data IS NULL AND excluded.data IS NOT NULL)"
-    )
-
 
 ROWS_PER_STATEMENT = 256
 """Rows one statement of :func:`put_pieces` inserts when there are many."""
 
+_INSERT = "INSERT OR IGNORE INTO objects (digest, data) VALUES "
+
 
 @functools.cache
-def _put_rows_sql(status: int, rows: int) -> str:
-    one = put_pieces_sql(status)
-    head, tail = one.split(" ON CONFLICT ", 1)
-    row = head[head.index("VALUES ") + len("VALUES ") :]
-    return f"{head}{f', {row}' * (rows - 1)} ON CONFLICT {tail}"
+def _insert_rows_sql(rows: int) -> str:
+    return _INSERT + ", ".join(["(?, ?)"] * rows)
 
 
 def put_pieces(
-    conn: sqlite3.Connection, pieces: Iterable[tuple[bytes, bytes | None]], status: int
+    conn: sqlite3.Connection, pieces: Iterable[tuple[bytes, bytes]], status: int
 ) -> None:
-    """Store ``(digest, data)`` pieces with at least ``status`` (TRANSIENT for a
-    journal's, LOCAL for a commit's, SYNCED for the cloud's). A piece already known
-    keeps the higher status and gains its data if it had none; ``data`` may be None
-    only with SYNCED (a piece known to be in the cloud, not fetched).
+    """Store ``(digest, data)`` pieces with at least ``status``: TRANSIENT for a
+    journal's, LOCAL for a commit's, SYNCED for the cloud's. A piece stored already
+    keeps the higher of its status and ``status``; one that ``remote_pieces`` lists
+    is in the cloud already, so it is synced, and its row there is dropped.
 
-    Many pieces go ``ROWS_PER_STATEMENT`` to a statement: a fifth faster than a row
-    per statement, and SQLite then works that long without Python's GIL.
+    New pieces cost one random index insert each (their digest) and an append to
+    ``unsynced``. Many go ``ROWS_PER_STATEMENT`` to a statement: a fifth faster
+    than a row per statement, and SQLite then works that long without the GIL.
     """
     rows = pieces if isinstance(pieces, list) else list(pieces)
+    if not rows:
+        return
+    last = conn.execute("SELECT coalesce(max(id), 0) FROM objects").fetchone()[0]
+    changes = conn.total_changes
     full = len(rows) - len(rows) % ROWS_PER_STATEMENT
     if full:
-        statement = _put_rows_sql(status, ROWS_PER_STATEMENT)
+        statement = _insert_rows_sql(ROWS_PER_STATEMENT)
         for i in range(0, full, ROWS_PER_STATEMENT):
             conn.execute(statement, [x for row in rows[i : i + ROWS_PER_STATEMENT] for x in row])
     if full < len(rows):
-        conn.executemany(put_pieces_sql(status), rows[full:])
-
-
-def store_fetched(conn: sqlite3.Connection, pieces: dict[bytes, bytes]) -> None:
-    """Pieces fetched from the cloud: stored, synced, and no longer to be located there."""
-    put_pieces(conn, pieces.items(), SYNCED)
-    conn.executemany("DELETE FROM remote_pieces WHERE digest = ?", zip(pieces))
+        conn.executemany(_insert_rows_sql(1), rows[full:])
+    inserted = conn.total_changes - changes  # the new pieces have ids above last
+    if inserted and status != SYNCED:
+        conn.execute(
+            "INSERT INTO unsynced (id, status) SELECT id, ? FROM objects WHERE id > ?",
+            (status, last),
+        )
+    if inserted and conn.execute("SELECT 1 FROM remote_pieces LIMIT 1").fetchone():
+        new_in_cloud = (
+            "SELECT o.id FROM objects o CROSS JOIN remote_pieces r ON r.digest = o.digest "
+            "WHERE o.id > ?"
+        )
+        conn.execute(f"DELETE FROM unsynced WHERE id IN ({new_in_cloud})", (last,))
+        conn.execute(
+            "DELETE FROM remote_pieces WHERE digest IN (SELECT digest FROM objects WHERE id > ?)",
+            (last,),
+        )
+    if inserted < len(rows):  # some were stored already (or came twice)
+        old = [(d, last) for d, _ in rows]
+        if status == LOCAL:
+            conn.executemany(
+                f"UPDATE unsynced SET status = {LOCAL} WHERE status = {TRANSIENT} "
+                "AND id = (SELECT id FROM objects WHERE digest = ? AND id <= ?)",
+                old,
+            )
+        elif status == SYNCED:
+            conn.executemany(
+                "DELETE FROM unsynced "
+                "WHERE id = (SELECT id FROM objects WHERE digest = ? AND id <= ?)",
+                old,
+            )
 
 
 def mark_uploaded(conn: sqlite3.Connection, digests: Iterable[bytes]) -> None:
-    """Local pieces that an upload put in the cloud become synced.
-
-    The rows change in the order they are stored in (through objects_unsynced), not
-    in the digests' random order: a large upload then writes each page of the
-    table once, instead of again whenever the page cache spilled it meanwhile.
-    """
+    """Local pieces that an upload put in the cloud become synced (narrow rows of
+    ``unsynced`` are deleted; the pieces' own rows are not touched)."""
     conn.execute("CREATE TEMP TABLE IF NOT EXISTS uploaded (digest BLOB PRIMARY KEY)")
     conn.executemany("INSERT OR IGNORE INTO temp.uploaded (digest) VALUES (?)", zip(digests))
     conn.execute(
-        f"UPDATE objects SET status = {SYNCED} WHERE status < {SYNCED} AND status = {LOCAL} "
-        "AND digest IN (SELECT digest FROM temp.uploaded)"
+        f"DELETE FROM unsynced WHERE status = {LOCAL} AND id IN "
+        "(SELECT o.id FROM temp.uploaded t CROSS JOIN objects o ON o.digest = t.digest)"
     )
     conn.execute("DELETE FROM temp.uploaded")
 
 
 def mark_synced(conn: sqlite3.Connection, digests: Iterable[bytes]) -> None:
-    """These pieces are in the cloud (uploaded, or seen in a remote pack)."""
-    put_pieces(conn, ((d, None) for d in digests), SYNCED)
+    """These pieces are in the cloud (uploaded, or seen in a remote pack). Those
+    not stored here are known through ``remote_pieces`` instead."""
+    conn.executemany(
+        "DELETE FROM unsynced WHERE id = (SELECT id FROM objects WHERE digest = ?)", zip(digests)
+    )
 
 
 def adopt(conn: sqlite3.Connection, token: str, journal_id: str) -> None:
@@ -112,8 +123,9 @@ def adopt(conn: sqlite3.Connection, token: str, journal_id: str) -> None:
 def mark_local(conn: sqlite3.Connection, journal_id: str) -> None:
     """The journal committed: its pieces become ``local`` and stop being staged."""
     conn.execute(
-        f"UPDATE objects SET status = {LOCAL} WHERE status = {TRANSIENT} "
-        f"AND digest IN (SELECT digest FROM journal_pieces WHERE journal_id = ?)",
+        f"UPDATE unsynced SET status = {LOCAL} WHERE status = {TRANSIENT} AND id IN "
+        "(SELECT o.id FROM journal_pieces j CROSS JOIN objects o ON o.digest = j.digest "
+        "WHERE j.journal_id = ?)",
         (journal_id,),
     )
     conn.execute("DELETE FROM journal_pieces WHERE journal_id = ?", (journal_id,))
@@ -126,8 +138,9 @@ def keep_journal_pieces(conn: sqlite3.Connection, journal_id: str, keep: Iterabl
     journal). Of the pieces the journal staged, the others (of values a later
     write in the same journal replaced) are collected. Returns how many."""
     conn.executemany(
-        f"UPDATE objects SET status = {LOCAL} WHERE digest = ? AND status = {TRANSIENT}",
-        [(d,) for d in keep],
+        f"UPDATE unsynced SET status = {LOCAL} WHERE status = {TRANSIENT} "
+        "AND id = (SELECT id FROM objects WHERE digest = ?)",
+        zip(keep),
     )
     return collect(conn, "journal_id = ?", (journal_id,))
 
@@ -144,12 +157,38 @@ def collect(conn: sqlite3.Connection, journals: str, params: tuple[object, ...])
     conn.execute(f"DELETE FROM journal_pieces WHERE {journals}", params)
     # Pieces by key, not by a scan of the page; the journal_pieces of the journals
     # still open are few.
-    cur = conn.execute(
-        f"DELETE FROM objects WHERE status = {TRANSIENT} AND digest IN (SELECT g.digest "
-        "FROM temp.gc g WHERE g.digest NOT IN (SELECT digest FROM journal_pieces))"
+    n = _delete(
+        conn,
+        "SELECT o.id FROM temp.gc g CROSS JOIN objects o ON o.digest = g.digest "
+        f"CROSS JOIN unsynced u ON u.id = o.id WHERE u.status = {TRANSIENT} "
+        "AND g.digest NOT IN (SELECT digest FROM journal_pieces)",
     )
     conn.execute("DELETE FROM temp.gc")
-    return int(cur.rowcount)
+    return n
+
+
+GARBAGE = (
+    f"SELECT u.id FROM unsynced u CROSS JOIN objects o ON o.id = u.id "
+    f"WHERE u.status = {TRANSIENT} "
+    "AND o.digest NOT IN (SELECT digest FROM journal_pieces)"
+)
+"""Ids of the transient pieces that no open journal stages (a scan of ``unsynced``,
+not of the page)."""
+
+
+def collect_garbage(conn: sqlite3.Connection) -> int:
+    """Delete every transient piece that no open journal stages. Returns how many."""
+    return _delete(conn, GARBAGE)
+
+
+def _delete(conn: sqlite3.Connection, ids: str) -> int:
+    """Delete the pieces whose ids ``ids`` (SQL) selects, with their ``unsynced`` rows."""
+    conn.execute("CREATE TEMP TABLE IF NOT EXISTS gone (id INTEGER PRIMARY KEY)")
+    conn.execute(f"INSERT OR IGNORE INTO temp.gone (id) {ids}")
+    n = conn.execute("DELETE FROM objects WHERE id IN (SELECT id FROM temp.gone)").rowcount
+    conn.execute("DELETE FROM unsynced WHERE id IN (SELECT id FROM temp.gone)")
+    conn.execute("DELETE FROM temp.gone")
+    return int(n)
 
 
 def drop_journal(conn: sqlite3.Connection, journal_id: str) -> None:

@@ -55,7 +55,9 @@ async def _check_store(daemon: Daemon) -> None:
         assert (await page.db.read_all("PRAGMA integrity_check"))[0][0] == "ok"
         assert await page.get(b"precious") == b"keep me"
         assert not await page.contains(b"truncated") and not await page.contains(b"chunked")
-        leaked = await page.db.read_all(f"SELECT count(*) FROM objects WHERE status = {TRANSIENT}")
+        leaked = await page.db.read_all(
+            f"SELECT count(*) FROM piece_status WHERE status = {TRANSIENT}"
+        )
         assert leaked[0][0] == 0
 
 

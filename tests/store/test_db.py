@@ -119,17 +119,14 @@ async def test_the_wal_is_checkpointed_when_every_write_is_small(
 
 def test_collecting_a_journal_does_not_scan_the_status_of_every_piece() -> None:
     """Collecting what a journal staged costs in proportion to the journal, not to
-    the page: SQLite's own instruction count stays flat with 20,000 stored pieces."""
+    the page: SQLite's own instruction count stays flat with 20,000 stored pieces,
+    all of them waiting for upload."""
     conn = sqlite3.connect(":memory:", isolation_level=None)
     create_page_schema(conn)
-    conn.executemany(
-        f"INSERT INTO objects (digest, data, status) VALUES (?, x'00', {LOCAL})",
-        [(i.to_bytes(33, "big"),) for i in range(20_000)],
-    )
+    # Local pieces: each has an objects row and an unsynced row, neither scanned.
+    sql.put_pieces(conn, [(i.to_bytes(33, "big"), b"\0") for i in range(20_000)], LOCAL)
     staged = [(b"s%032d" % i, b"x") for i in range(3)]
-    conn.executemany(
-        f"INSERT INTO objects (digest, data, status) VALUES (?, ?, {TRANSIENT})", staged
-    )
+    sql.put_pieces(conn, staged, TRANSIENT)
     conn.executemany(
         "INSERT INTO journal_pieces (journal_id, digest) VALUES ('Ij', ?)",
         [(d,) for d, _ in staged],
@@ -145,7 +142,7 @@ def test_collecting_a_journal_does_not_scan_the_status_of_every_piece() -> None:
     assert sql.keep_journal_pieces(conn, "Ij", {staged[0][0]}) == 2
     conn.set_progress_handler(None, 0)
     assert steps < 50, steps  # a scan of the pieces alone is over 1,000
-    left = conn.execute(f"SELECT digest FROM objects WHERE status = {TRANSIENT}")
+    left = conn.execute(f"SELECT digest FROM piece_status WHERE status = {TRANSIENT}")
     assert left.fetchall() == []
-    kept = conn.execute("SELECT status FROM objects WHERE digest = ?", (staged[0][0],))
+    kept = conn.execute("SELECT status FROM piece_status WHERE digest = ?", (staged[0][0],))
     assert kept.fetchall() == [(LOCAL,)]

@@ -13,7 +13,7 @@ from store.schema import LOCAL
 
 
 async def _local(page: Page) -> set[bytes]:
-    rows = await page.db.read_all(f"SELECT digest FROM objects WHERE status = {LOCAL}")
+    rows = await page.db.read_all(f"SELECT digest FROM piece_status WHERE status = {LOCAL}")
     return {bytes(r[0]) for r in rows}
 
 
