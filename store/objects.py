@@ -1,7 +1,7 @@
 """The object store of one page: pieces in SQLite, values written and read as streams.
 
-This module owns storing and reading pieces and their sync status (``objects``),
-which open journal staged them (``journal_pieces``), and
+This module owns storing and reading pieces (``objects``), their sync status
+(``unsynced``), which open journal staged them (``journal_pieces``), and
 garbage collection of transient pieces. It does not know about trees, commits or
 the cloud; a *fetcher* hook lets sync supply pieces that are not stored locally.
 

@@ -1,10 +1,11 @@
 """Multi-statement SQL steps shared by the page's write transactions.
 
 This module owns small synchronous functions that run on a page database's
-writer thread inside one transaction (see :meth:`store.db.Database.run`): adopting
-staged pieces, marking a journal's pieces local (and collecting those it no
-longer needs), inserting a commit and moving heads, dropping a journal. They know
-the schema (:mod:`store.schema`) and nothing else.
+writer thread inside one transaction (see :meth:`store.db.Database.run`): storing
+pieces and moving their sync status, adopting staged pieces, marking a journal's
+pieces local (and collecting those it no longer needs), inserting a commit and
+moving heads, dropping a journal. They know the schema (:mod:`store.schema`) and
+nothing else.
 """
 
 from __future__ import annotations
