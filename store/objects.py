@@ -248,7 +248,9 @@ class ObjectStore:
     # -- status ----------------------------------------------------------------
 
     async def mark_synced(self, digests: Iterable[bytes]) -> None:
-        """These pieces are in the cloud (uploaded, or seen in a remote pack)."""
+        """These pieces are in the cloud (uploaded, or seen in a remote pack). Those
+        not stored here are left alone: what a page knows of a piece it does not
+        store is where to fetch it (``remote_pieces``, written by sync)."""
         rows = [d for d in digests if not dg.is_inline(d)]
         if not rows:
             return

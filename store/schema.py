@@ -65,7 +65,8 @@ CREATE TABLE unsynced (
 );
 
 -- piece_status: every stored piece with its status (for reading, tests and
---   operators; the code writes objects and unsynced).
+--   operators; the code writes objects and unsynced). Pieces known only through
+--   remote_pieces (synced, not fetched) are not in it.
 CREATE VIEW piece_status AS
     SELECT o.id, o.digest, o.data, coalesce(u.status, 2) AS status
     FROM objects o LEFT JOIN unsynced u ON u.id = o.id;
@@ -194,6 +195,8 @@ CREATE TABLE unsynced (
 INSERT INTO unsynced (id, status)
     SELECT o.id, coalesce(s.status, 0) FROM objects_v2 o
     LEFT JOIN object_status s ON s.digest = o.digest WHERE coalesce(s.status, 0) < 2;
+-- Version 1 kept the location of a piece fetched or written since.
+DELETE FROM remote_pieces WHERE digest IN (SELECT digest FROM objects_v2);
 DROP TABLE object_status;
 DROP TABLE objects;
 ALTER TABLE objects_v2 RENAME TO objects;

@@ -59,7 +59,7 @@ def put_pieces(
             conn.execute(statement, [x for row in rows[i : i + ROWS_PER_STATEMENT] for x in row])
     if full < len(rows):
         conn.executemany(_insert_rows_sql(1), rows[full:])
-    inserted = conn.total_changes - changes  # the new pieces have ids above last
+    inserted = conn.total_changes - changes  # (no triggers) the new ones: ids above last
     if inserted and status != SYNCED:
         conn.execute(
             "INSERT INTO unsynced (id, status) SELECT id, ? FROM objects WHERE id > ?",

@@ -57,7 +57,10 @@ def test_version_1_pieces_keep_their_data_and_status() -> None:
         "INSERT INTO object_status (digest, status) VALUES (?, ?)",
         [(b"local", LOCAL), (b"synced", SYNCED), (b"unfetched", SYNCED)],
     )
-    conn.execute("INSERT INTO remote_pieces (digest, location) VALUES (x'aa', 'pack:0:1')")
+    conn.executemany(  # a location of a piece not stored, and one stored since
+        "INSERT INTO remote_pieces (digest, location) VALUES (?, 'pack:0:1')",
+        [(b"unstored",), (b"synced",)],
+    )
     create_page_schema(conn)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
     rows = conn.execute("SELECT digest, data, status FROM piece_status ORDER BY id").fetchall()
@@ -66,6 +69,7 @@ def test_version_1_pieces_keep_their_data_and_status() -> None:
         (b"local", b"l", LOCAL),
         (b"synced", b"s", SYNCED),
     ]  # the status of a piece not stored is known only where it can be fetched
+    assert conn.execute("SELECT digest FROM remote_pieces").fetchall() == [(b"unstored",)]
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_schema")}
     assert "object_status" not in tables and {"unsynced", "piece_status"} <= tables
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
