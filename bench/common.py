@@ -60,10 +60,10 @@ def bare_sqlite(path: Path) -> sqlite3.Connection:
 def storage_floor(path: Path, txns: Iterable[Sequence[tuple[bytes, bytes]]]) -> float:
     """Seconds for bare ``sqlite3`` to store the same pieces the way a page must.
 
-    Each transaction inserts ``(digest, data)`` rows into ``objects`` as ``local``
-    pieces, with the page schema, the page's pragmas and the page's statement, in
-    one ``executemany``: what the storage alone costs on this machine, with no
-    tree, hashing, encoding or event loop of ours around it.
+    Each transaction stores ``(digest, data)`` rows as ``local`` pieces through the
+    page's own :func:`store.sql.put_pieces`, with the page schema and pragmas: what
+    the storage alone costs on this machine, with no tree, hashing, encoding or
+    event loop of ours around it.
     """
     from store.schema import LOCAL, create_page_schema
     from store.sql import put_pieces

@@ -8,7 +8,8 @@ bytes (PUT reads the body, GET returns 100 bytes): the ratio of the two is the
 figure (target >= 0.5). Batch writes report entries per second for 100-byte
 values (target >= 100,000): random values, the same value in every entry (so one
 value piece is stored per batch), and the floor: bare SQLite storing just the
-random values' pieces and status rows, batch by batch, with the page schema.
+random values' pieces, batch by batch, with the page schema. The daemon's CPU
+during the random batches is split between its event loop's thread and the others.
 """
 
 from __future__ import annotations

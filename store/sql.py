@@ -75,40 +75,33 @@ def put_pieces(
             "DELETE FROM remote_pieces WHERE digest IN (SELECT digest FROM objects WHERE id > ?)",
             (last,),
         )
-    if inserted < len(rows):  # some were stored already (or came twice)
-        old = [(d, last) for d, _ in rows]
+    if inserted < len(rows):  # some were stored already (or came twice): raise those
         if status == LOCAL:
-            conn.executemany(
-                f"UPDATE unsynced SET status = {LOCAL} WHERE status = {TRANSIENT} "
-                "AND id = (SELECT id FROM objects WHERE digest = ? AND id <= ?)",
-                old,
-            )
+            _make_local(conn, (d for d, _ in rows))
         elif status == SYNCED:
-            conn.executemany(
-                "DELETE FROM unsynced "
-                "WHERE id = (SELECT id FROM objects WHERE digest = ? AND id <= ?)",
-                old,
-            )
+            mark_synced(conn, (d for d, _ in rows))
+
+
+_BY_DIGEST = "id = (SELECT id FROM objects WHERE digest = ?)"
+
+
+def _make_local(conn: sqlite3.Connection, digests: Iterable[bytes]) -> None:
+    conn.executemany(
+        f"UPDATE unsynced SET status = {LOCAL} WHERE status = {TRANSIENT} AND {_BY_DIGEST}",
+        zip(digests),
+    )
 
 
 def mark_uploaded(conn: sqlite3.Connection, digests: Iterable[bytes]) -> None:
     """Local pieces that an upload put in the cloud become synced (narrow rows of
     ``unsynced`` are deleted; the pieces' own rows are not touched)."""
-    conn.execute("CREATE TEMP TABLE IF NOT EXISTS uploaded (digest BLOB PRIMARY KEY)")
-    conn.executemany("INSERT OR IGNORE INTO temp.uploaded (digest) VALUES (?)", zip(digests))
-    conn.execute(
-        f"DELETE FROM unsynced WHERE status = {LOCAL} AND id IN "
-        "(SELECT o.id FROM temp.uploaded t CROSS JOIN objects o ON o.digest = t.digest)"
-    )
-    conn.execute("DELETE FROM temp.uploaded")
+    conn.executemany(f"DELETE FROM unsynced WHERE status = {LOCAL} AND {_BY_DIGEST}", zip(digests))
 
 
 def mark_synced(conn: sqlite3.Connection, digests: Iterable[bytes]) -> None:
     """These pieces are in the cloud (uploaded, or seen in a remote pack). Those
     not stored here are known through ``remote_pieces`` instead."""
-    conn.executemany(
-        "DELETE FROM unsynced WHERE id = (SELECT id FROM objects WHERE digest = ?)", zip(digests)
-    )
+    conn.executemany(f"DELETE FROM unsynced WHERE {_BY_DIGEST}", zip(digests))
 
 
 def adopt(conn: sqlite3.Connection, token: str, journal_id: str) -> None:
@@ -138,11 +131,7 @@ def keep_journal_pieces(conn: sqlite3.Connection, journal_id: str, keep: Iterabl
     open journal staged too (the commit references it: it must outlive that
     journal). Of the pieces the journal staged, the others (of values a later
     write in the same journal replaced) are collected. Returns how many."""
-    conn.executemany(
-        f"UPDATE unsynced SET status = {LOCAL} WHERE status = {TRANSIENT} "
-        "AND id = (SELECT id FROM objects WHERE digest = ?)",
-        zip(keep),
-    )
+    _make_local(conn, keep)
     return collect(conn, "journal_id = ?", (journal_id,))
 
 
