@@ -47,7 +47,7 @@ def emit(name: str, figures: dict[str, Any]) -> None:
 def bare_sqlite(path: Path) -> sqlite3.Connection:
     """A plain ``sqlite3`` connection set up like a page's writer: same page size,
     WAL, and the writer's pragmas."""
-    from store.db import PAGE_SIZE, writer_pragmas
+    from ledgerd.store.db import PAGE_SIZE, writer_pragmas
 
     db = sqlite3.connect(path, isolation_level=None)
     db.execute(f"PRAGMA page_size = {PAGE_SIZE}")
@@ -65,8 +65,8 @@ def storage_floor(path: Path, txns: Iterable[Sequence[tuple[bytes, bytes]]]) -> 
     the storage alone costs on this machine, with no tree, hashing, encoding or
     event loop of ours around it.
     """
-    from store.schema import LOCAL, create_page_schema
-    from store.sql import put_pieces
+    from ledgerd.store.schema import LOCAL, create_page_schema
+    from ledgerd.store.sql import put_pieces
 
     db = bare_sqlite(path)
     create_page_schema(db)

@@ -22,8 +22,8 @@ import boto3
 
 from bench.common import emit, timed
 from bench.sync import AWS, _device
-from store import Page
-from sync.testing import moto_server
+from ledgerd.store import Page
+from ledgerd.sync.testing import moto_server
 
 
 async def _run(base: Path, endpoint: str, bucket: str, devices: int, ops: int) -> dict[str, Any]:

@@ -33,7 +33,7 @@ import aiohttp
 from yarl import URL
 
 from bench.common import emit, storage_floor
-from store import digest as dg
+from ledgerd.store import digest as dg
 
 ROOT = Path(__file__).resolve().parents[1]
 VALUE = b"v" * 100

@@ -21,9 +21,9 @@ import tempfile
 from pathlib import Path
 
 from bench.common import bare_sqlite, emit, peak_rss_mib, timed
-from store.db import Database
-from store.objects import ObjectStore
-from store.schema import create_page_schema
+from ledgerd.store.db import Database
+from ledgerd.store.objects import ObjectStore
+from ledgerd.store.schema import create_page_schema
 
 MiB = 1024 * 1024
 
@@ -60,7 +60,7 @@ def _sqlite_floor(path: Path, directory: Path, *, best_case: bool = False) -> fl
     copied into the database after the clock stops), an upper bound for any
     SQLite-backed object store here.
     """
-    from store import split
+    from ledgerd.store import split
 
     db_path = directory / f"floor{int(best_case)}.sqlite"
     if best_case:

@@ -26,8 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bench.common import emit, peak_rss_mib, storage_floor, timed
-from store import Page, Repository, btree
-from store import digest as dg
+from ledgerd.store import Page, Repository, btree
+from ledgerd.store import digest as dg
 
 
 def _rows(n: int, seed: int = 1) -> list[tuple[bytes, bytes]]:

@@ -30,10 +30,10 @@ from typing import Any
 import boto3
 
 from bench.common import emit, timed
-from store import Repository
-from sync.engine import SyncEngine
-from sync.s3 import S3Store
-from sync.testing import CountingStore, moto_server
+from ledgerd.store import Repository
+from ledgerd.sync.engine import SyncEngine
+from ledgerd.sync.s3 import S3Store
+from ledgerd.sync.testing import CountingStore, moto_server
 
 AWS = {
     "AWS_ACCESS_KEY_ID": "testing",

@@ -1,5 +1,5 @@
 import sys
 
-from daemon.main import main
+from ledgerd.daemon.main import main
 
 sys.exit(main())

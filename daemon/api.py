@@ -36,16 +36,17 @@ from urllib.parse import parse_qsl, unquote_to_bytes
 
 from aiohttp import web
 
-from daemon import errors as ae
-from daemon.config import Config
-from store import Commit, Page, Policy, Priority, Repository, StoreError
-from store import digest as dg
-from store.btree import Entry
-from store.view import View
+from ledgerd.daemon import __version__
+from ledgerd.daemon import errors as ae
+from ledgerd.daemon.config import Config
+from ledgerd.store import Commit, Page, Policy, Priority, Repository, StoreError
+from ledgerd.store import digest as dg
+from ledgerd.store.btree import Entry
+from ledgerd.store.view import View
 
 log = logging.getLogger(__name__)
 
-VERSION = "0.1.0"
+VERSION = __version__
 INLINE_VALUE_LIMIT = 1024 * 1024
 """``entries`` responses carry values up to this size; larger ones carry null and a size."""
 DEFAULT_LIMIT, MAX_LIMIT = 1000, 10_000
@@ -461,7 +462,7 @@ class Api:
         timeout = float(q.text("timeout") or 60)
         if page is not None and ledger is None:
             raise ae.BadRequest("page needs ledger")
-        from sync.errors import SyncError
+        from ledgerd.sync.errors import SyncError
 
         try:
             stats = await self.engine.sync(ledger or None, page or None, timeout=timeout)

@@ -23,7 +23,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
-from daemon.client import AsyncClient, DaemonUnavailableError, Item, LedgerError, NotFoundError
+from ledgerd.daemon import __version__
+from ledgerd.daemon.client import (
+    AsyncClient,
+    DaemonUnavailableError,
+    Item,
+    LedgerError,
+    NotFoundError,
+)
 
 EXIT_NOT_FOUND, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_ERROR = 1, 2, 3, 4
 IMPORT_BATCH_ENTRIES = 10_000
@@ -359,6 +366,7 @@ class Cli:
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ledgerctl", description="Command-line client of ledgerd.")
+    ap.add_argument("--version", action="version", version=f"ledgerctl {__version__}")
     ap.add_argument(
         "--socket", help="daemon socket (default: $LEDGERD_SOCKET or the daemon's default)"
     )

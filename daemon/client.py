@@ -42,7 +42,7 @@ import aiofiles
 import aiohttp
 from yarl import URL
 
-from daemon.config import default_socket
+from ledgerd.daemon.config import default_socket
 
 T = TypeVar("T")
 Name = bytes | str

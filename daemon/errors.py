@@ -6,7 +6,7 @@ response body is ``{"error": {"code": CODE, "message": TEXT}}``.
 
 from __future__ import annotations
 
-from store import errors as se
+from ledgerd.store import errors as se
 
 
 class ApiError(Exception):

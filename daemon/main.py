@@ -8,8 +8,8 @@ import gc
 import sys
 from pathlib import Path
 
-from daemon.api import VERSION
-from daemon.config import ConfigError, load
+from ledgerd.daemon.api import VERSION
+from ledgerd.daemon.config import ConfigError, load
 
 
 def parser() -> argparse.ArgumentParser:
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"ledgerd: invalid configuration: {e}", file=sys.stderr)
         return e.exit_code
-    from daemon.server import serve, setup_logging
+    from ledgerd.daemon.server import serve, setup_logging
 
     setup_logging(cfg)
     tune_gc()

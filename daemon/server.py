@@ -25,11 +25,11 @@ from pathlib import Path
 
 from aiohttp import web
 
-from daemon import systemd
-from daemon.api import Api, DaemonState
-from daemon.config import Config, ConfigError, log_level
-from daemon.session import Sessions
-from store import Repository
+from ledgerd.daemon import systemd
+from ledgerd.daemon.api import Api, DaemonState
+from ledgerd.daemon.config import Config, ConfigError, log_level
+from ledgerd.daemon.session import Sessions
+from ledgerd.store import Repository
 
 log = logging.getLogger("ledgerd")
 
@@ -85,8 +85,8 @@ async def serve(cfg: Config) -> int:
 
         engine = None
         if cfg.cloud:
-            from sync.engine import SyncEngine
-            from sync.url import open_store
+            from ledgerd.sync.engine import SyncEngine
+            from ledgerd.sync.url import open_store
 
             store = open_store(cfg.cloud, endpoint_url=cfg.endpoint_url or None)
             engine = SyncEngine(
@@ -202,6 +202,6 @@ def _unlink(path: Path) -> None:
 
 
 def _version() -> str:
-    from daemon.api import VERSION
+    from ledgerd.daemon.api import VERSION
 
     return VERSION

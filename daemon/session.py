@@ -25,8 +25,8 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from daemon import errors as ae
-from daemon.api import (
+from ledgerd.daemon import errors as ae
+from ledgerd.daemon.api import (
     Api,
     b64,
     entries_json,
@@ -35,9 +35,9 @@ from daemon.api import (
     priority_name,
     unb64,
 )
-from store import Page, StoreError, Transaction, Watcher
-from store.btree import Entry
-from store.merge import Choice, MergeRequest, NeedsResolver
+from ledgerd.store import Page, StoreError, Transaction, Watcher
+from ledgerd.store.btree import Entry
+from ledgerd.store.merge import Choice, MergeRequest, NeedsResolver
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 ``store`` has no network code and can be used on its own (embedded mode)::
 
-    from store import Repository
+    from ledgerd.store import Repository
 
     async with await Repository.open(path) as repo:
         page = await repo.ledger("notes").page("inbox")
@@ -11,10 +11,10 @@
             await txn.put(b"a", b"1")
 """
 
-from store.btree import Entry, Priority
-from store.commit import Commit
-from store.digest import Kind
-from store.errors import (
+from ledgerd.store.btree import Entry, Priority
+from ledgerd.store.commit import Commit
+from ledgerd.store.digest import Kind
+from ledgerd.store.errors import (
     ClosedError,
     CommitNotFoundError,
     CorruptObjectError,
@@ -28,11 +28,11 @@ from store.errors import (
     TransactionClosedError,
     TransientStoreError,
 )
-from store.merge import Choice, Conflict, MergeRequest, Policy, Resolver
-from store.objects import ObjectStore, ValueRef
-from store.page import ChangedEntry, Notification, Page, Snapshot, Transaction, Watcher
-from store.repository import Ledger, Repository
-from store.view import KeyValue, RangeResult
+from ledgerd.store.merge import Choice, Conflict, MergeRequest, Policy, Resolver
+from ledgerd.store.objects import ObjectStore, ValueRef
+from ledgerd.store.page import ChangedEntry, Notification, Page, Snapshot, Transaction, Watcher
+from ledgerd.store.repository import Ledger, Repository
+from ledgerd.store.view import KeyValue, RangeResult
 
 __all__ = [
     "ChangedEntry",

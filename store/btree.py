@@ -42,9 +42,9 @@ from typing import NamedTuple, Protocol
 import msgpack
 import xxhash
 
-from store import digest as dg
-from store import split
-from store.errors import CorruptObjectError
+from ledgerd.store import digest as dg
+from ledgerd.store import split
+from ledgerd.store.errors import CorruptObjectError
 
 LEVEL_BITS = 6
 MAX_LEVEL = 10

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import msgpack
 
-from store.btree import EMPTY
-from store.errors import CorruptObjectError
+from ledgerd.store.btree import EMPTY
+from ledgerd.store.errors import CorruptObjectError
 
 FORMAT = 1
 ID_SIZE = 32

@@ -31,7 +31,7 @@ from typing import Any, Literal, TypeVar
 
 import aiosqlite
 
-from store.errors import ClosedError
+from ledgerd.store.errors import ClosedError
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ import enum
 import hashlib
 import struct
 
-from store.errors import InvalidDigestError
+from ledgerd.store.errors import InvalidDigestError
 
 INLINE_LIMIT = 32
 """Content of at most this many bytes is carried inside its digest."""

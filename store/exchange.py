@@ -15,13 +15,13 @@ import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from store import btree, commit, split, sql
-from store import digest as dg
-from store.btree import Priority
-from store.commit import Commit
-from store.errors import CorruptObjectError, StoreError
-from store.page import Page
-from store.schema import SYNCED
+from ledgerd.store import btree, commit, split, sql
+from ledgerd.store import digest as dg
+from ledgerd.store.btree import Priority
+from ledgerd.store.commit import Commit
+from ledgerd.store.errors import CorruptObjectError, StoreError
+from ledgerd.store.page import Page
+from ledgerd.store.schema import SYNCED
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from store import btree
-from store.btree import Builder, Entry
-from store.commit import Commit
+from ledgerd.store import btree
+from ledgerd.store.btree import Builder, Entry
+from ledgerd.store.commit import Commit
 
 LoadCommit = Callable[[bytes], Awaitable[Commit]]
 

@@ -35,11 +35,11 @@ from pathlib import Path
 import aiofiles
 import aiosqlite
 
-from store import digest as dg
-from store import split, sql
-from store.db import Database
-from store.errors import CorruptObjectError, ObjectNotFoundError, RangeError
-from store.schema import SYNCED, TRANSIENT
+from ledgerd.store import digest as dg
+from ledgerd.store import split, sql
+from ledgerd.store.db import Database
+from ledgerd.store.errors import CorruptObjectError, ObjectNotFoundError, RangeError
+from ledgerd.store.schema import SYNCED, TRANSIENT
 
 log = logging.getLogger(__name__)
 

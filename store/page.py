@@ -41,21 +41,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from store import btree, commit, merge, split, sql
-from store import digest as dg
-from store.btree import EMPTY, Builder, Entry, NodeStore, Priority
-from store.commit import Commit
-from store.db import INLINE_MAX_ROWS, Database, Synchronous, fits_inline
-from store.errors import (
+from ledgerd.store import btree, commit, merge, split, sql
+from ledgerd.store import digest as dg
+from ledgerd.store.btree import EMPTY, Builder, Entry, NodeStore, Priority
+from ledgerd.store.commit import Commit
+from ledgerd.store.db import INLINE_MAX_ROWS, Database, Synchronous, fits_inline
+from ledgerd.store.errors import (
     ClosedError,
     CommitNotFoundError,
     InvalidArgumentError,
     StoreError,
     TransactionClosedError,
 )
-from store.objects import ObjectStore, Source
-from store.schema import LOCAL, TRANSIENT, create_page_schema
-from store.view import KEY_LIMIT, NO_OVERLAY, Overlay, TreeView, View, check_key
+from ledgerd.store.objects import ObjectStore, Source
+from ledgerd.store.schema import LOCAL, TRANSIENT, create_page_schema
+from ledgerd.store.view import KEY_LIMIT, NO_OVERLAY, Overlay, TreeView, View, check_key
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from store.db import Database, Synchronous
-from store.errors import InvalidArgumentError, NameTooLargeError
-from store.page import Page
-from store.schema import FORMAT_VERSION, create_usage_schema
+from ledgerd.store.db import Database, Synchronous
+from ledgerd.store.errors import InvalidArgumentError, NameTooLargeError
+from ledgerd.store.page import Page
+from ledgerd.store.schema import FORMAT_VERSION, create_usage_schema
 
 log = logging.getLogger(__name__)
 

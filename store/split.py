@@ -29,8 +29,8 @@ import msgpack
 import xxhash
 from pyfastcdc import FastCDC
 
-from store import digest as dg
-from store.errors import CorruptObjectError
+from ledgerd.store import digest as dg
+from ledgerd.store.errors import CorruptObjectError
 
 MIN_CHUNK = 4 * 1024
 AVG_CHUNK = 16 * 1024

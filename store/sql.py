@@ -14,8 +14,8 @@ import functools
 import sqlite3
 from collections.abc import Iterable
 
-from store.commit import Commit
-from store.schema import LOCAL, SYNCED, TRANSIENT
+from ledgerd.store.commit import Commit
+from ledgerd.store.schema import LOCAL, SYNCED, TRANSIENT
 
 # The joins say CROSS JOIN to fix their order (SQLite keeps it as written): from the
 # few rows at hand to the pieces by key, never a scan of a large table first.

@@ -19,10 +19,10 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from store import btree
-from store.btree import EMPTY, Entry, NodeStore, Priority
-from store.errors import InvalidArgumentError, KeyNotFoundError, KeyTooLargeError
-from store.objects import ObjectStore
+from ledgerd.store import btree
+from ledgerd.store.btree import EMPTY, Entry, NodeStore, Priority
+from ledgerd.store.errors import InvalidArgumentError, KeyNotFoundError, KeyTooLargeError
+from ledgerd.store.objects import ObjectStore
 
 KEY_LIMIT = 4096
 

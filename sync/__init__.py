@@ -7,8 +7,8 @@ the pack format (:mod:`sync.pack`); the protocol and background loop
 only through its public API (:mod:`store.exchange`, :class:`store.Repository`).
 """
 
-from sync.cloud import CloudStore, Retrying, check_name
-from sync.errors import (
+from ledgerd.sync.cloud import CloudStore, Retrying, check_name
+from ledgerd.sync.errors import (
     AlreadyExistsError,
     CloudError,
     CloudNotFoundError,

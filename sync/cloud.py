@@ -27,7 +27,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from sync.errors import InvalidNameError, TransientCloudError
+from ledgerd.sync.errors import InvalidNameError, TransientCloudError
 
 log = logging.getLogger(__name__)
 

@@ -40,13 +40,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from store import Page, Repository
-from store import digest as dg
-from store import exchange as ex
-from store.errors import InvalidArgumentError, ObjectNotFoundError, StoreError
-from sync import pack
-from sync.cloud import CloudStore
-from sync.errors import AlreadyExistsError, CloudError, PermanentCloudError
+from ledgerd.store import Page, Repository
+from ledgerd.store import digest as dg
+from ledgerd.store import exchange as ex
+from ledgerd.store.errors import InvalidArgumentError, ObjectNotFoundError, StoreError
+from ledgerd.sync import pack
+from ledgerd.sync.cloud import CloudStore
+from ledgerd.sync.errors import AlreadyExistsError, CloudError, PermanentCloudError
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from sync.cloud import CloudStore, check_name, check_prefix, filtered_names
-from sync.errors import AlreadyExistsError, CloudNotFoundError, PermanentCloudError
+from ledgerd.sync.cloud import CloudStore, check_name, check_prefix, filtered_names
+from ledgerd.sync.errors import AlreadyExistsError, CloudNotFoundError, PermanentCloudError
 
 _TMP = ".tmp-"
 

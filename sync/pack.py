@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import msgpack
 
-from store import digest as dg
-from store.errors import InvalidDigestError
-from sync.errors import SyncError
+from ledgerd.store import digest as dg
+from ledgerd.store.errors import InvalidDigestError
+from ledgerd.sync.errors import SyncError
 
 MAGIC = b"LDGPACK1"
 _LEN = struct.Struct(">I")

@@ -21,8 +21,8 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
 
-from sync.cloud import CloudStore, check_name, check_prefix, filtered_names
-from sync.errors import (
+from ledgerd.sync.cloud import CloudStore, check_name, check_prefix, filtered_names
+from ledgerd.sync.errors import (
     AlreadyExistsError,
     CloudError,
     CloudNotFoundError,

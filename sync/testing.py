@@ -16,8 +16,8 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 
-from sync.cloud import CloudStore
-from sync.errors import TransientCloudError
+from ledgerd.sync.cloud import CloudStore
+from ledgerd.sync.errors import TransientCloudError
 
 
 class CountingStore(CloudStore):

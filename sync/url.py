@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlparse
 
-from sync.cloud import CloudStore, Retrying
-from sync.errors import PermanentCloudError
+from ledgerd.sync.cloud import CloudStore, Retrying
+from ledgerd.sync.errors import PermanentCloudError
 
 
 def open_store(url: str, *, endpoint_url: str | None = None, deadline: float = 60.0) -> CloudStore:
@@ -14,11 +14,11 @@ def open_store(url: str, *, endpoint_url: str | None = None, deadline: float = 6
     u = urlparse(url)
     inner: CloudStore
     if u.scheme == "file" and u.path.startswith("/"):
-        from sync.folder import FolderStore
+        from ledgerd.sync.folder import FolderStore
 
         inner = FolderStore(Path(u.path))
     elif u.scheme == "s3" and u.netloc:
-        from sync.s3 import S3Store
+        from ledgerd.sync.s3 import S3Store
 
         inner = S3Store(u.netloc, u.path.strip("/"), endpoint_url=endpoint_url or None)
     else:

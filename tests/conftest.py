@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from store.db import Database
-from store.objects import ObjectStore
-from store.page import Page
-from store.repository import Repository
-from store.schema import create_page_schema
+from ledgerd.store.db import Database
+from ledgerd.store.objects import ObjectStore
+from ledgerd.store.page import Page
+from ledgerd.store.repository import Repository
+from ledgerd.store.schema import create_page_schema
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import aiohttp
 import boto3
 import pytest
 
-from sync.testing import moto_server
+from ledgerd.sync.testing import moto_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,7 +62,7 @@ class Daemon:
     ) -> subprocess.CompletedProcess[bytes]:
         env = {**os.environ, "LEDGERD_SOCKET": str(self.socket)}
         return subprocess.run(
-            [sys.executable, "-m", "daemon.cli", *args],
+            [sys.executable, "-m", "ledgerd.daemon.cli", *args],
             input=input,
             capture_output=True,
             env=env,
@@ -92,7 +92,7 @@ def start_daemon(
             [
                 sys.executable,
                 "-m",
-                "daemon",
+                "ledgerd.daemon",
                 "--data-dir",
                 str(base / "data"),
                 "--socket",

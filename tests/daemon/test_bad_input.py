@@ -14,10 +14,10 @@ import aiohttp
 import pytest
 from yarl import URL
 
-from daemon import errors as ae
-from daemon.api import _checked_batch_changes, batch_changes
-from store import Priority, Repository
-from store.schema import TRANSIENT
+from ledgerd.daemon import errors as ae
+from ledgerd.daemon.api import _checked_batch_changes, batch_changes
+from ledgerd.store import Priority, Repository
+from ledgerd.store.schema import TRANSIENT
 from tests.daemon.conftest import Daemon
 
 P = "/v1/ledgers/l/pages/p"

@@ -6,7 +6,7 @@ import hashlib
 import random
 from collections.abc import AsyncIterator
 
-from daemon.client import AsyncClient
+from ledgerd.daemon.client import AsyncClient
 from tests.daemon.conftest import Daemon
 
 MiB = 1024 * 1024

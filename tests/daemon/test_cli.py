@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.client import Client, Name
+from ledgerd.daemon.client import Client, Name
 from tests.daemon.conftest import ROOT, Daemon, start_daemon
 
 Run = subprocess.CompletedProcess[bytes]
@@ -91,7 +91,7 @@ def cli_env(socket: Path | str) -> dict[str, str]:
 
 
 def cli_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "daemon.cli", *args]
+    return [sys.executable, "-m", "ledgerd.daemon.cli", *args]
 
 
 def parse_json_lines(out: bytes) -> list[tuple[bytes, bytes, str]]:

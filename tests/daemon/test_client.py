@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from daemon.client import (
+from ledgerd.daemon.client import (
     AsyncClient,
     Client,
     DaemonUnavailableError,
@@ -144,7 +144,7 @@ async def test_session_errors(daemon: Daemon) -> None:
 
 
 async def test_resolver_on_the_committing_session_does_not_deadlock(daemon: Daemon) -> None:
-    from daemon.client import Answer, ResolveRequest
+    from ledgerd.daemon.client import Answer, ResolveRequest
 
     async with AsyncClient(daemon.socket) as c:
         await c.policy("l", "p", "automatic_with_fallback")

@@ -9,7 +9,7 @@ import json
 import aiohttp
 from yarl import URL
 
-from daemon.client import quote
+from ledgerd.daemon.client import quote
 
 P = "/v1/ledgers/notes/pages/inbox"
 

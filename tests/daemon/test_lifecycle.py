@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from daemon.client import AsyncClient, DaemonUnavailableError, LedgerError
-from daemon.main import GC_YOUNG_THRESHOLD, tune_gc
+from ledgerd.daemon.client import AsyncClient, DaemonUnavailableError, LedgerError
+from ledgerd.daemon.main import GC_YOUNG_THRESHOLD, tune_gc
 from tests.daemon.conftest import ROOT, Daemon, start_daemon
 
 
 def _run_ledgerd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("LEDGERD_")}
     return subprocess.run(
-        [sys.executable, "-m", "daemon", *args],
+        [sys.executable, "-m", "ledgerd.daemon", *args],
         cwd=ROOT,
         env={**full, **(env or {})},
         capture_output=True,
@@ -149,7 +149,7 @@ async def test_socket_activation(short_tmp: Path) -> None:
         [
             "sh",
             "-c",
-            f'exec env LISTEN_PID=$$ "{sys.executable}" -m daemon --data-dir '
+            f'exec env LISTEN_PID=$$ "{sys.executable}" -m ledgerd.daemon --data-dir '
             f'"{short_tmp}/data" --socket "{short_tmp}/unused.sock"',
         ],
         cwd=ROOT,

@@ -6,7 +6,7 @@ import asyncio
 import base64
 import json
 
-from daemon.client import Answer, AsyncClient, ResolveRequest
+from ledgerd.daemon.client import Answer, AsyncClient, ResolveRequest
 from tests.daemon.conftest import Daemon
 
 KEYS = [b"key-%03d" % i for i in range(100)]

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.config import Config, load
-from daemon.main import parser
+from ledgerd.daemon.config import Config, load
+from ledgerd.daemon.main import parser
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "config" / "ledgerd.toml"
@@ -193,7 +193,7 @@ def test_units_pass_systemd_analyze(tmp_path: Path) -> None:
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         return  # only this check needs systemd; the tests above cover the files
-    exec_start = f"ExecStart={sys.executable} -m daemon.main run"
+    exec_start = f"ExecStart={sys.executable} -m ledgerd.daemon.main run"
 
     def install(src: Path, directory: Path, name: str) -> Path:
         directory.mkdir(exist_ok=True)

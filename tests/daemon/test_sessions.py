@@ -12,9 +12,9 @@ import aiohttp
 import pytest
 from yarl import URL
 
-from daemon.client import AsyncClient, NotFoundError
-from daemon.session import Session
-from store import Repository
+from ledgerd.daemon.client import AsyncClient, NotFoundError
+from ledgerd.daemon.session import Session
+from ledgerd.store import Repository
 from tests.daemon.conftest import Daemon
 
 

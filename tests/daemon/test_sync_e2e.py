@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from daemon.client import Client, NotFoundError
-from store.repository import encode_name
+from ledgerd.daemon.client import Client, NotFoundError
+from ledgerd.store.repository import encode_name
 from tests.daemon.conftest import AWS, ROOT, Daemon, _ls, _start, _sync, start_daemon
 
 
@@ -99,7 +99,7 @@ def test_killed_mid_upload_completes_after_restart(
         ca.put("notes", "inbox", b"small", b"s")
     env = {**os.environ, "LEDGERD_SOCKET": str(a.socket)}
     syncing = subprocess.Popen(
-        [sys.executable, "-m", "daemon.cli", "sync"],
+        [sys.executable, "-m", "ledgerd.daemon.cli", "sync"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,

@@ -13,7 +13,7 @@ import random
 import sys
 from pathlib import Path
 
-from store import Page, Repository
+from ledgerd.store import Page, Repository
 
 
 def say(line: str) -> None:

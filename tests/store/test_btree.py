@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from store import btree
-from store import digest as dg
-from store.btree import EMPTY, Builder, Entry, NodeStore
-from store.errors import CorruptObjectError
+from ledgerd.store import btree
+from ledgerd.store import digest as dg
+from ledgerd.store.btree import EMPTY, Builder, Entry, NodeStore
+from ledgerd.store.errors import CorruptObjectError
 
 
 class MemoryNodes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import signal
 import sqlite3
@@ -11,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from store import Repository
-from store.repository import encode_name
+from ledgerd.store import Repository
+from ledgerd.store.repository import encode_name
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,7 +39,9 @@ async def _run_and_kill(data: Path, seed: int, lines_before_kill: int) -> list[s
                 pytest.fail(f"child exited early: {err.decode()[-2000:]}")
             seen.append(line.decode().strip())
     finally:
-        proc.send_signal(signal.SIGKILL)
+        if proc.returncode is None:  # not when it exited early (its error is reported)
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGKILL)
         await proc.wait()
     # Lines already in the pipe were acknowledged before the kill too.
     rest = await proc.stdout.read()

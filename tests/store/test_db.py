@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-import store.db
-from store import sql
-from store.db import Database
-from store.schema import LOCAL, TRANSIENT, create_page_schema
+from ledgerd.store import db as store_db
+from ledgerd.store import sql
+from ledgerd.store.db import Database
+from ledgerd.store.schema import LOCAL, TRANSIENT, create_page_schema
 
 
 def _schema(conn: sqlite3.Connection) -> None:
@@ -69,7 +69,7 @@ async def test_an_inline_write_waits_on_the_writer_thread_while_another_process_
     other = sqlite3.connect(tmp_path / "t.sqlite", isolation_level=None)
     other.execute("BEGIN IMMEDIATE")  # holds the write lock, as another process could
     other.execute("INSERT INTO t (k, thread) VALUES (1, 0)")
-    caplog.set_level(logging.DEBUG, logger="store.db")
+    caplog.set_level(logging.DEBUG, logger="ledgerd.store.db")
     writing = asyncio.ensure_future(db.run(_insert(2), write=True, small=True))
     while not any("waits for the writer" in r.message for r in caplog.records):
         await asyncio.sleep(0)  # the loop is free: the write waits off it
@@ -94,7 +94,7 @@ async def test_the_wal_is_checkpointed_when_every_write_is_small(
 ) -> None:
     """Only the writer's thread checkpoints, and one small write in every round goes
     there: a steady trickle of small writes keeps the WAL near its limit."""
-    monkeypatch.setattr(store.db, "WAL_CHECKPOINT_PAGES", 64)  # 256 KiB
+    monkeypatch.setattr(store_db, "WAL_CHECKPOINT_PAGES", 64)  # 256 KiB
     db = await Database.open(tmp_path / "w.sqlite", _schema)
     assert db.inline is not None
     assert db.inline.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0

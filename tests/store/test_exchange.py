@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from store import Page, Priority, Repository, exchange
-from store.schema import LOCAL
+from ledgerd.store import Page, Priority, Repository, exchange
+from ledgerd.store.schema import LOCAL
 
 
 async def _local(page: Page) -> set[bytes]:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from store import Page, Repository, TransactionClosedError, commit, merge
-from store import digest as dg
-from store.btree import Builder, Entry
-from store.commit import Commit
+from ledgerd.store import Page, Repository, TransactionClosedError, commit, merge
+from ledgerd.store import digest as dg
+from ledgerd.store.btree import Builder, Entry
+from ledgerd.store.commit import Commit
 
 
 def _ent(k: bytes, v: bytes) -> tuple[bytes, Entry]:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from store import digest as dg
-from store import split, sql
-from store.errors import CorruptObjectError, ObjectNotFoundError, RangeError
-from store.objects import CACHE_BYTES, ObjectStore
-from store.schema import LOCAL, SYNCED, TRANSIENT
+from ledgerd.store import digest as dg
+from ledgerd.store import split, sql
+from ledgerd.store.errors import CorruptObjectError, ObjectNotFoundError, RangeError
+from ledgerd.store.objects import CACHE_BYTES, ObjectStore
+from ledgerd.store.schema import LOCAL, SYNCED, TRANSIENT
 
 MiB = 1024 * 1024
 

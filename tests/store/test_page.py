@@ -13,8 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import store.page
-from store import (
+from ledgerd.store import (
     ClosedError,
     CommitNotFoundError,
     InvalidArgumentError,
@@ -27,10 +26,11 @@ from store import (
     TransactionClosedError,
     exchange,
 )
-from store import commit as commit_mod
-from store.merge import Choice, MergeRequest, Policy
-from store.page import SMALL_VALUE, Notification
-from store.schema import LOCAL, TRANSIENT
+from ledgerd.store import commit as commit_mod
+from ledgerd.store import page as store_page
+from ledgerd.store.merge import Choice, MergeRequest, Policy
+from ledgerd.store.page import SMALL_VALUE, Notification
+from ledgerd.store.schema import LOCAL, TRANSIENT
 
 
 async def _count(page: Page, sql: str) -> int:
@@ -629,7 +629,7 @@ async def test_values_replaced_within_one_journal_are_not_kept(
     """Writes that share one implicit journal (group commit) land in one commit: a
     value a later write of that journal replaced is in no commit, so its pieces are
     collected, not kept and uploaded. What the commit holds stays, across a reopen."""
-    monkeypatch.setattr(store.page, "COMMIT_DELAY", 3600)  # commit only on flush
+    monkeypatch.setattr(store_page, "COMMIT_DELAY", 3600)  # commit only on flush
     rng = random.Random(5)
     first, second, gone = rng.randbytes(100), rng.randbytes(100), rng.randbytes(100)
     big_first, big_second = rng.randbytes(100_000), rng.randbytes(100_000)  # several chunks

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from store import Page, Policy, Repository, commit
-from store import digest as dg
-from store.btree import Builder, Entry
-from store.commit import Commit
-from store.merge import Choice, MergeRequest
+from ledgerd.store import Page, Policy, Repository, commit
+from ledgerd.store import digest as dg
+from ledgerd.store.btree import Builder, Entry
+from ledgerd.store.commit import Commit
+from ledgerd.store.merge import Choice, MergeRequest
 
 
 def _ent(k: bytes, v: bytes) -> tuple[bytes, Entry | None]:
@@ -141,7 +141,7 @@ async def test_custom_gets_the_full_diff_and_choices_apply(tmp_path: Path) -> No
 async def test_a_failing_resolver_changes_nothing(
     tmp_path: Path, failure: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import store.page as page_mod
+    import ledgerd.store.page as page_mod
 
     monkeypatch.setattr(page_mod, "RESOLVER_TIMEOUT", 0.2)
     repo, page, base = await _forked(tmp_path)

@@ -12,8 +12,15 @@ from typing import Any
 
 import pytest
 
-from store import Page, Priority, Repository, exchange, schema, sql
-from store.schema import LOCAL, SCHEMA_VERSION, SYNCED, TRANSIENT, SchemaError, create_page_schema
+from ledgerd.store import Page, Priority, Repository, exchange, schema, sql
+from ledgerd.store.schema import (
+    LOCAL,
+    SCHEMA_VERSION,
+    SYNCED,
+    TRANSIENT,
+    SchemaError,
+    create_page_schema,
+)
 
 V1_TO_STATUS_TABLE = """
 BEGIN;

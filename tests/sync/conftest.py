@@ -11,9 +11,9 @@ import pytest
 from moto import mock_aws
 from moto.server import ThreadedMotoServer
 
-from sync.cloud import CloudStore
-from sync.folder import FolderStore
-from sync.s3 import S3Store
+from ledgerd.sync.cloud import CloudStore
+from ledgerd.sync.folder import FolderStore
+from ledgerd.sync.s3 import S3Store
 
 BUCKET = "ledgerd-test"
 

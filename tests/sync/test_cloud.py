@@ -10,18 +10,18 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from sync.cloud import Retrying, check_name
-from sync.errors import (
+from ledgerd.sync.cloud import Retrying, check_name
+from ledgerd.sync.errors import (
     AlreadyExistsError,
     CloudNotFoundError,
     InvalidNameError,
     PermanentCloudError,
     TransientCloudError,
 )
-from sync.folder import FolderStore
-from sync.s3 import S3Store
-from sync.testing import CountingStore, FaultyStore
-from sync.url import open_store
+from ledgerd.sync.folder import FolderStore
+from ledgerd.sync.s3 import S3Store
+from ledgerd.sync.testing import CountingStore, FaultyStore
+from ledgerd.sync.url import open_store
 
 
 async def test_transient_failures_are_retried(tmp_path: Path) -> None:

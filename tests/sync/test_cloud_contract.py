@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sync.cloud import CloudStore
-from sync.errors import AlreadyExistsError, CloudNotFoundError, InvalidNameError
+from ledgerd.sync.cloud import CloudStore
+from ledgerd.sync.errors import AlreadyExistsError, CloudNotFoundError, InvalidNameError
 
 
 async def _names(store: CloudStore, prefix: str = "", after: str = "") -> list[str]:

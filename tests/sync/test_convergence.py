@@ -8,9 +8,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from store import Page, Repository
-from sync.engine import SyncEngine
-from sync.folder import FolderStore
+from ledgerd.store import Page, Repository
+from ledgerd.sync.engine import SyncEngine
+from ledgerd.sync.folder import FolderStore
 
 DEVICES = 3
 keys = st.sampled_from([b"a", b"b", b"c", b"d", b"e"])

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from store import ObjectNotFoundError, Priority, Repository, commit
-from sync import pack
-from sync.cloud import CloudStore, Retrying
-from sync.engine import SyncEngine
-from sync.folder import FolderStore
-from sync.testing import CountingStore, FaultyStore
+from ledgerd.store import ObjectNotFoundError, Priority, Repository, commit
+from ledgerd.sync import pack
+from ledgerd.sync.cloud import CloudStore, Retrying
+from ledgerd.sync.engine import SyncEngine
+from ledgerd.sync.folder import FolderStore
+from ledgerd.sync.testing import CountingStore, FaultyStore
 
 
 @dataclass
