@@ -28,8 +28,9 @@ from aiohttp import web
 from ledgerd.daemon import systemd
 from ledgerd.daemon.api import Api, DaemonState
 from ledgerd.daemon.config import Config, ConfigError, log_level
-from ledgerd.daemon.session import Sessions
+from ledgerd.daemon.session import Resolvers, Sessions
 from ledgerd.store import Repository
+from ledgerd.store.hooks import PageHooks
 
 log = logging.getLogger("ledgerd")
 
@@ -77,8 +78,11 @@ async def serve(cfg: Config) -> int:
         lock_fd = _lock_data_dir(cfg.data_dir)
         stack.callback(os.close, lock_fd)
 
+        resolvers = Resolvers()
         repo = await Repository.open(
-            cfg.data_dir, synchronous="FULL" if cfg.durability == "full" else "NORMAL"
+            cfg.data_dir,
+            synchronous="FULL" if cfg.durability == "full" else "NORMAL",
+            hooks=PageHooks(resolvers=resolvers),
         )
         stack.push_async_callback(repo.close)
         log.info("repository %s opened (device %s)", cfg.data_dir, repo.device_id.hex())
@@ -99,7 +103,7 @@ async def serve(cfg: Config) -> int:
         state = DaemonState()
         api = Api(repo, cfg, state)
         api.engine = engine
-        sessions = Sessions(api)
+        sessions = Sessions(api, resolvers)
         api.sessions = sessions
         runner = web.AppRunner(
             api.app(), handle_signals=False, access_log=None, shutdown_timeout=cfg.shutdown_timeout

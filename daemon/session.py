@@ -35,9 +35,9 @@ from ledgerd.daemon.api import (
     priority_name,
     unb64,
 )
-from ledgerd.store import Page, StoreError, Transaction, Watcher
+from ledgerd.store import Page, Repository, StoreError, Transaction, Watcher
 from ledgerd.store.btree import Entry
-from ledgerd.store.merge import Choice, MergeRequest, NeedsResolver
+from ledgerd.store.merge import Choice, MergeRequest, Resolver
 
 log = logging.getLogger(__name__)
 
@@ -46,38 +46,31 @@ INLINE_RESOLVE = 1024 * 1024
 
 
 class Resolvers:
-    """Which sessions offered to resolve conflicts, per ledger, and the pages' hook.
+    """Which sessions offered to resolve conflicts, per ledger.
 
-    Every page the repository opens gets a resolver that asks the first session
-    registered for its ledger. With none registered the page keeps its heads.
+    The repository's pages ask it for a ledger's resolver when a merge needs one
+    (:class:`ledgerd.store.hooks.ResolverSource`): the first session registered
+    for the ledger answers. With none registered the page keeps its heads.
     """
 
-    def __init__(self, api: Api) -> None:
-        self.api = api
+    def __init__(self) -> None:
         self.by_ledger: dict[bytes, list[Session]] = {}
-        api.repo.on_open.append(self._install)
-        for page in api.repo.open_pages():
-            self._install(page)
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def _install(self, page: Page) -> None:
-        async def resolve(req: MergeRequest) -> dict[bytes, Choice]:
-            sessions = self.by_ledger.get(page.ledger)
-            if not sessions:
-                raise NeedsResolver("no conflict resolver is connected for this ledger")
-            return await sessions[0].ask(page, req)
-
-        page.resolver = resolve
+    def resolver_for(self, ledger: bytes) -> Resolver | None:
+        sessions = self.by_ledger.get(ledger)
+        if not sessions:
+            return None
+        return sessions[0].ask
 
     def add(self, ledger: bytes, s: Session) -> None:
         self.by_ledger.setdefault(ledger, []).append(s)
-        task = asyncio.create_task(self._resume(ledger), name="resume-merges")
+        task = asyncio.create_task(self._resume(ledger, s.api.repo), name="resume-merges")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _resume(self, ledger: bytes) -> None:
+    async def _resume(self, ledger: bytes, repo: Repository) -> None:
         """A resolver arrived: merge the ledger's pages that were waiting for one."""
-        repo = self.api.repo
         for pid in await repo.ledger(ledger).pages():
             try:
                 page = await repo.open_page(ledger, pid)
@@ -94,10 +87,10 @@ class Resolvers:
 
 
 class Sessions:
-    def __init__(self, api: Api) -> None:
+    def __init__(self, api: Api, resolvers: Resolvers) -> None:
         self.api = api
         self.live: set[Session] = set()
-        self.resolvers = Resolvers(api)
+        self.resolvers = resolvers
         self._ids = itertools.count(1)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -372,8 +365,9 @@ class Session:
         got[1].cancel()
         return {}
 
-    async def ask(self, page: Page, req: MergeRequest) -> dict[bytes, Choice]:
+    async def ask(self, req: MergeRequest) -> dict[bytes, Choice]:
         """Send a merge to this session's resolver and wait for its answer."""
+        page = await self.api.repo.open_page(req.ledger, req.page)  # open: it is merging
         rid = f"r{next(self._ids)}"
         fut: asyncio.Future[dict[bytes, Choice]] = asyncio.get_running_loop().create_future()
         self._asked[rid] = fut

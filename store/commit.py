@@ -92,9 +92,14 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
-def child(parents: list[Commit], root: bytes) -> Commit:
-    """An ordinary commit on ``parents``: a fresh salt and a hybrid-logical-clock time."""
-    ts = max(now_us(), 1 + max(p.timestamp for p in parents))
+def child(parents: list[Commit], root: bytes, at: int | None = None) -> Commit:
+    """An ordinary commit on ``parents``: a fresh salt and a hybrid-logical-clock time.
+
+    ``at`` (UNIX µs) is when its changes were made, if earlier than now: an
+    implicit journal's commit is stamped with its first acknowledged write, so
+    that under last-one-wins "later" means acknowledged later. The timestamp is
+    never older than a parent's."""
+    ts = max(now_us() if at is None else at, 1 + max(p.timestamp for p in parents))
     gen = 1 + max(p.generation for p in parents)
     return make(tuple(p.id for p in parents), ts, gen, root, os.urandom(16))
 

@@ -3,7 +3,8 @@
 This module owns storing and reading pieces (``objects``), their sync status
 (``unsynced``), which open journal staged them (``journal_pieces``), and
 garbage collection of transient pieces. It does not know about trees, commits or
-the cloud; a *fetcher* hook lets sync supply pieces that are not stored locally.
+the cloud; a *fetcher*, given when the store is made, supplies pieces that are
+not stored locally (:class:`store.hooks.PieceFetcher`, through the page).
 
 Writing a value
     The source (bytes, an async iterator of bytes, or a file) is read in blocks;
@@ -132,18 +133,30 @@ class _PieceCache:
 class ObjectStore:
     """Pieces of one page's database."""
 
-    def __init__(self, db: Database, memory: Mapping[bytes, bytes] | None = None) -> None:
+    def __init__(
+        self,
+        db: Database,
+        memory: Mapping[bytes, bytes] | None = None,
+        fetcher: Fetcher | None = None,
+    ) -> None:
         self.db = db
-        self.fetcher: Fetcher | None = None
+        self.fetcher = fetcher
+        """Brings pieces not stored here (LAZY values); None: they are not found."""
         self.memory: Mapping[bytes, bytes] = memory if memory is not None else {}
         self._cache = _PieceCache()
 
-    def overlaid(self, memory: Mapping[bytes, bytes]) -> ObjectStore:
-        """The same store, also reading pieces held in ``memory`` (a transaction's)."""
-        view = ObjectStore(self.db, memory)
-        view.fetcher = self.fetcher
+    def _sharing(self, memory: Mapping[bytes, bytes], fetcher: Fetcher | None) -> ObjectStore:
+        view = ObjectStore(self.db, memory, fetcher)
         view._cache = self._cache
         return view
+
+    def overlaid(self, memory: Mapping[bytes, bytes]) -> ObjectStore:
+        """The same store, also reading pieces held in ``memory`` (a transaction's)."""
+        return self._sharing(memory, self.fetcher)
+
+    def local_only(self) -> ObjectStore:
+        """The same store, never fetching: a piece not stored here is not found."""
+        return self._sharing(self.memory, None)
 
     def remember(self, pieces: Iterable[tuple[bytes, bytes]]) -> None:
         """Keep verified (or just written) small pieces in the LRU cache."""

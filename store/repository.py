@@ -18,17 +18,21 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from ledgerd.store.db import Database, Synchronous
 from ledgerd.store.errors import InvalidArgumentError, NameTooLargeError
+from ledgerd.store.hooks import NO_HOOKS, PageHooks
 from ledgerd.store.page import Page
 from ledgerd.store.schema import FORMAT_VERSION, create_usage_schema
+from ledgerd.store.transaction import TXN_MEMORY
+from ledgerd.store.watch import MAX_WATCH_QUEUE
 
 log = logging.getLogger(__name__)
 
@@ -68,26 +72,58 @@ class _Opening:
 class Repository:
     """One device's data directory."""
 
-    def __init__(self, root: Path, usage: Database, synchronous: Synchronous) -> None:
+    def __init__(
+        self,
+        root: Path,
+        usage: Database,
+        synchronous: Synchronous,
+        hooks: PageHooks = NO_HOOKS,
+        *,
+        txn_memory: int = TXN_MEMORY,
+        max_watch_queue: int = MAX_WATCH_QUEUE,
+    ) -> None:
         self.root = root
         self.usage = usage
         self.synchronous = synchronous
+        self.hooks = hooks
+        """What every page of this repository reaches outside the store."""
+        self.txn_memory = txn_memory
+        self.max_watch_queue = max_watch_queue
         self.device_id = b""
         self._pages: dict[tuple[bytes, bytes], Page] = {}
+        self._handed_out: dict[tuple[bytes, bytes], int] = {}
         self._opening: dict[tuple[bytes, bytes], _Opening] = {}
         self._closing: set[asyncio.Task[None]] = set()
-        self.on_open: list[Callable[[Page], None]] = []
-        """Called with every page this repository opens (sync installs its hooks here)."""
 
     @classmethod
-    async def open(cls, root: Path, *, synchronous: Synchronous = "NORMAL") -> Repository:
+    async def open(
+        cls,
+        root: Path,
+        *,
+        synchronous: Synchronous = "NORMAL",
+        hooks: PageHooks = NO_HOOKS,
+        txn_memory: int = TXN_MEMORY,
+        max_watch_queue: int = MAX_WATCH_QUEUE,
+    ) -> Repository:
+        """Open (creating on first use) the repository at ``root``.
+
+        ``hooks`` are the collaborators every page gets (see :mod:`store.hooks`);
+        ``txn_memory`` is what one transaction may hold in memory before staging
+        its values, ``max_watch_queue`` how far a watcher may fall behind."""
         root = Path(root)
         (root / str(FORMAT_VERSION) / "ledgers").mkdir(parents=True, exist_ok=True)
         # FULL: the device id and sync's sequence numbers must survive a power loss.
         usage = await Database.open(
             root / "page_usage.sqlite", create_usage_schema, synchronous="FULL"
         )
-        repo = cls(root, usage, synchronous)
+        repo = cls(
+            root,
+            usage,
+            synchronous,
+            hooks,
+            txn_memory=txn_memory,
+            max_watch_queue=max_watch_queue,
+        )
         await repo._load_device_id()
         return repo
 
@@ -139,7 +175,7 @@ class Repository:
         key = (ledger, page_id)
         page = self._pages.get(key)
         if page is not None and not page.closed:
-            page.handed_out += 1
+            self._hand_out(key)
             return page, False
         # One lock per page being opened, dropped once nobody waits on it (a
         # long-running daemon opens many pages over its life).
@@ -155,17 +191,56 @@ class Repository:
                     page = await self._open_new(ledger, page_id)
                 # No await since the page was published: close_idle cannot close it
                 # before the caller takes a lease.
-                page.handed_out += 1
+                self._hand_out(key)
                 return page, opened
         finally:
             opening.users -= 1
             if opening.users == 0:
                 del self._opening[key]
 
+    def _hand_out(self, key: tuple[bytes, bytes]) -> None:
+        self._handed_out[key] = self._handed_out.get(key, 0) + 1
+
+    def handed_out(self, page: Page) -> int:
+        """How many times the open page was handed out since it was opened."""
+        return self._handed_out.get((page.ledger, page.id), 0)
+
+    @contextlib.asynccontextmanager
+    async def page(
+        self, ledger: bytes, page_id: bytes, *, transient: bool = False
+    ) -> AsyncIterator[Page]:
+        """The page, opened if need be and held (leased) for the block: the one way
+        the daemon's API, its sessions and sync use pages.
+
+        With ``transient`` (a background look, like a sync round's), a page this
+        call opened is closed again at the end unless someone else took it
+        meanwhile or something is under way in it."""
+        page, opened = await self.acquire(ledger, page_id)
+        mine = self.handed_out(page)
+        try:
+            with page.lease(use=not (transient and opened)):
+                yield page
+        finally:
+            if (
+                transient
+                and opened
+                and self.handed_out(page) == mine
+                and page.idle
+                and not page.closed
+            ):
+                await page.close()
+
     async def _open_new(self, ledger: bytes, page_id: bytes) -> Page:
         """Open a page, record its use, and publish it: only once fully open."""
         page = await Page.open(
-            self.page_path(ledger, page_id), ledger, page_id, synchronous=self.synchronous
+            self.page_path(ledger, page_id),
+            ledger,
+            page_id,
+            synchronous=self.synchronous,
+            hooks=self.hooks,
+            txn_memory=self.txn_memory,
+            max_watch_queue=self.max_watch_queue,
+            on_close=self._closed_page,
         )
         try:
             async with self.usage.write() as conn:
@@ -176,17 +251,16 @@ class Repository:
         except BaseException:
             await asyncio.shield(page.close())
             raise
-        page.on_close.append(self._closed_page)
         page.last_used = time.monotonic()
         self._pages[(ledger, page_id)] = page
-        for hook in self.on_open:
-            hook(page)
+        self._handed_out[(ledger, page_id)] = 0
         return page
 
     def _closed_page(self, page: Page) -> None:
         key = (page.ledger, page.id)
         if self._pages.get(key) is page:
             del self._pages[key]
+            self._handed_out.pop(key, None)
         if not self.usage.closed:
             task = asyncio.get_running_loop().create_task(self._record_close(page))
             self._closing.add(task)

@@ -30,7 +30,7 @@ import sqlite3
 FORMAT_VERSION = 1
 """Path component of the repository layout: ``{data_dir}/{FORMAT_VERSION}/ledgers/...``."""
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """``PRAGMA user_version`` of a current page database."""
 
 TRANSIENT, LOCAL, SYNCED = 0, 1, 2
@@ -114,13 +114,15 @@ CREATE TABLE unsynced_commits (
     generation INTEGER NOT NULL
 ) WITHOUT ROWID;
 
--- journals: open journals. id as in journal_pieces. base is the commit the
---   journal applies to. cleared = 1 if the journal starts by dropping every entry
---   of base (a 'clear'); entries then apply to the empty page.
+-- journals: open journals. id as in journal_pieces; implicit journals ('I...')
+--   apply to the page's head when they are committed. cleared = 1 if the journal
+--   starts by dropping every entry (a 'clear'); entries then apply to the empty
+--   page. since is when the journal's first write was acknowledged (UNIX µs): its
+--   commit is stamped with it, also when a crash left the journal; NULL: unknown.
 CREATE TABLE journals (
     id      TEXT PRIMARY KEY,
-    base    BLOB NOT NULL,
-    cleared INTEGER NOT NULL DEFAULT 0
+    cleared INTEGER NOT NULL DEFAULT 0,
+    since   INTEGER
 ) WITHOUT ROWID;
 
 -- journal_entries: the changes of an open journal, one per key (the last write
@@ -158,7 +160,9 @@ CREATE TABLE page_metadata (
 
 USAGE_SCHEMA = """
 -- repository: small named values of the repository. 'device_id' = 16 random
---   bytes generated once, naming this device in the cloud; never changes.
+--   bytes generated once, naming this device in the cloud; never changes. Names
+--   under 'sync/' belong to the sync engine (its sequence number, cursors, and
+--   whether this device registered itself in the bucket).
 CREATE TABLE repository (
     name  TEXT PRIMARY KEY,
     value BLOB NOT NULL
@@ -203,6 +207,11 @@ ALTER TABLE objects_v2 RENAME TO objects;
 CREATE VIEW piece_status AS
     SELECT o.id, o.digest, o.data, coalesce(u.status, 2) AS status
     FROM objects o LEFT JOIN unsynced u ON u.id = o.id;
+""",
+    # 2 -> 3: journals lose base (written, never read) and gain since.
+    2: """
+ALTER TABLE journals DROP COLUMN base;
+ALTER TABLE journals ADD COLUMN since INTEGER;
 """,
 }
 """Statements that take a page database from version ``n`` to ``n + 1``."""

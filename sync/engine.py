@@ -40,10 +40,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from ledgerd.store import Page, Repository
+from ledgerd.store import Commit, Page, Repository
 from ledgerd.store import digest as dg
 from ledgerd.store import exchange as ex
 from ledgerd.store.errors import InvalidArgumentError, ObjectNotFoundError, StoreError
+from ledgerd.store.hooks import PageHooks
 from ledgerd.sync import pack
 from ledgerd.sync.cloud import CloudStore
 from ledgerd.sync.errors import AlreadyExistsError, CloudError, PermanentCloudError
@@ -125,9 +126,10 @@ class SyncEngine:
     # -- lifecycle -----------------------------------------------------------------
 
     async def start(self, background: bool = True) -> None:
-        self.repo.on_open.append(self._hook)
-        for page in self.repo.open_pages():
-            self._hook(page)
+        # TODO(namespace issue): give the engine to Repository.open instead.
+        self.repo.hooks = PageHooks(
+            fetcher=self, listener=self, resolvers=self.repo.hooks.resolvers
+        )
         if background:
             self._task = asyncio.create_task(self._loop(), name="sync")
 
@@ -140,13 +142,11 @@ class SyncEngine:
             await asyncio.wait_for(self._upload_all(), final_upload_timeout)
         await self.store.close()
 
-    def _hook(self, page: Page) -> None:
-        async def fetch(digests: list[bytes]) -> dict[bytes, bytes]:
-            return await self._fetch(page, digests)
+    async def fetch_pieces(self, page: Page, digests: list[bytes]) -> dict[bytes, bytes]:
+        return await self._fetch(page, digests)
 
-        page.objects.fetcher = fetch
-        key = (page.ledger, page.id)
-        page.commit_listeners.append(lambda _c: self._changed(key))
+    def page_committed(self, page: Page, commit: Commit) -> None:
+        self._changed((page.ledger, page.id))
 
     def _changed(self, key: tuple[bytes, bytes]) -> None:
         self._dirty.add(key)
@@ -273,15 +273,8 @@ class SyncEngine:
         not open before is closed again after it, unless someone else opened it
         meanwhile or something is under way in it: a first round that visits
         every page keeps one open at a time."""
-        page, opened = await self.repo.acquire(*key)
-        mine = page.handed_out
-        try:
-            with page.lease(use=not opened):
-                yield page
-        finally:
-            nobody_else = page.handed_out == mine
-            if opened and nobody_else and page.idle and not page.closed:
-                await page.close()
+        async with self.repo.page(*key, transient=True) as page:
+            yield page
 
     async def upload_page(self, page: Page) -> int:
         up = await ex.pending_upload(page)

@@ -12,6 +12,7 @@ from ledgerd.store.objects import ObjectStore
 from ledgerd.store.page import Page
 from ledgerd.store.repository import Repository
 from ledgerd.store.schema import create_page_schema
+from tests.store import resolvers
 
 
 @pytest.fixture
@@ -25,7 +26,8 @@ async def objects(tmp_path: Path) -> AsyncIterator[ObjectStore]:
 
 @pytest.fixture
 async def repo(tmp_path: Path) -> AsyncIterator[Repository]:
-    r = await Repository.open(tmp_path / "data")
+    # With a resolver source, so tests can connect a conflict resolver.
+    r = await Repository.open(tmp_path / "data", hooks=resolvers.hooks())
     try:
         yield r
     finally:

@@ -118,7 +118,7 @@ async def test_a_watcher_that_ends_by_itself_releases_its_page_and_says_so(
             await page.close()
         await asyncio.wait_for(ws.got.wait(), 10)
         await task
-        assert session.watchers == {} and not page._watchers
+        assert session.watchers == {} and not page.watchers
         [ended] = ws.sent
         assert ended["event"] == "ended" and ended["watch"] == "w1"
         assert ("error" in ended) == (how == "fails")

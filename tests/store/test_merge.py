@@ -22,8 +22,8 @@ async def _commit(page: Page, parents: list[Commit], changes: list[tuple[bytes, 
     b = Builder(page.nodes)
     root = await b.apply(parents[0].root, changes)
     c = commit.child(parents, root)
-    async with page._commit_lock:
-        await page._store(c, b, notify=False)
+    async with page.graph.lock:
+        await page.graph.store(c, b, notify=False)
     return c
 
 
@@ -31,8 +31,8 @@ async def _lww(page: Page, base: Commit, a: Commit, b: Commit) -> Commit:
     bld = Builder(page.nodes)
     root = await merge.last_one_wins(bld, base.root, a, b)
     c = commit.merge([a, b], root)
-    async with page._commit_lock:
-        await page._store(c, bld, notify=False)
+    async with page.graph.lock:
+        await page.graph.store(c, bld, notify=False)
     return c
 
 
@@ -75,14 +75,14 @@ async def test_cancelled_commit_keeps_memory_and_database_in_step(tmp_path: Path
         page = await repo.ledger("l").page("p")
         txn = page.transaction()
         await txn.put(b"t", b"txn")
-        async with page._commit_lock:  # hold commits so the cancel lands mid-commit
+        async with page.graph.lock:  # hold commits so the cancel lands mid-commit
             task = asyncio.ensure_future(txn.commit())
             await asyncio.sleep(0)
             task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         await page.flush()
-        async with page._commit_lock:  # the shielded commit finished
+        async with page.graph.lock:  # the shielded commit finished
             pass
         assert await page.get(b"t") == b"txn"
         await page.put(b"after", b"x")

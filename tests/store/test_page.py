@@ -27,10 +27,12 @@ from ledgerd.store import (
     exchange,
 )
 from ledgerd.store import commit as commit_mod
-from ledgerd.store import page as store_page
+from ledgerd.store import writer as store_writer
 from ledgerd.store.merge import Choice, MergeRequest, Policy
 from ledgerd.store.page import SMALL_VALUE, Notification
 from ledgerd.store.schema import LOCAL, TRANSIENT
+from ledgerd.store.writer import JournalWriter
+from tests.store.resolvers import set_resolver
 
 
 async def _count(page: Page, sql: str) -> int:
@@ -384,16 +386,16 @@ async def test_implicit_journal_is_committed_on_next_open(
     async with await Repository.open(tmp_path) as repo:
         page = await repo.ledger("l").page("p")
 
-        async def no_commit(self: Page) -> None:  # the process "dies" before committing
+        async def no_commit(self: JournalWriter) -> None:  # the process "dies" first
             return None
 
-        monkeypatch.setattr(Page, "_commit_journal", no_commit)
+        monkeypatch.setattr(JournalWriter, "commit_journal", no_commit)
         await page.put(b"acked", b"value")
         await page.put(b"big", b"b" * 1_000_000)
         assert await page.get(b"acked") == b"value"
         assert len(await page.history()) == 1
         monkeypatch.undo()
-        page._journal = None  # forget it in memory, as a crash would
+        page.writer._reset()  # forget it in memory, as a crash would
         await page.close()
     async with await Repository.open(tmp_path) as repo:
         page = await repo.ledger("l").page("p")
@@ -571,7 +573,7 @@ async def test_a_bad_priority_is_a_clear_error(page: Page) -> None:
     assert (await page.keys()).items == []
 
 
-async def test_a_resolver_may_flush_the_page_it_resolves(page: Page) -> None:
+async def test_a_resolver_may_flush_the_page_it_resolves(repo: Repository, page: Page) -> None:
     await page.set_policy(Policy.AUTOMATIC_WITH_FALLBACK)
     await page.put(b"k", b"base")
     later = await page.transaction().start()
@@ -585,7 +587,7 @@ async def test_a_resolver_may_flush_the_page_it_resolves(page: Page) -> None:
         await asyncio.wait_for(page.flush(), 10)  # and we read the page before answering
         return {c.key: "left" for c in req.conflicts}
 
-    page.resolver = resolver
+    set_resolver(repo, resolver)
     txn = await page.transaction().start()
     await txn.put(b"k", b"from the transaction")
     await page.put(b"k", b"plain")  # the head moves: the commit needs a merge
@@ -601,12 +603,15 @@ async def test_a_resolver_may_flush_the_page_it_resolves(page: Page) -> None:
 async def test_a_cancelled_close_still_closes(repo: Repository) -> None:
     page = await repo.ledger("l").page("p")
     await page.put(b"k", b"v")
-    closed = asyncio.Event()
-    page.on_close.append(lambda _p: closed.set())
     closing = asyncio.create_task(page.close())
     await asyncio.sleep(0)  # closing has begun
     closing.cancel()
-    await asyncio.wait_for(closed.wait(), 10)  # the database closed all the same
+
+    async def closed() -> None:
+        while not page.db.closed:
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(closed(), 10)  # the database closed all the same
     assert page.db.closed and not repo.is_open(b"l", b"p")
     assert await (await repo.ledger("l").page("p")).get(b"k") == b"v"
 
@@ -629,7 +634,7 @@ async def test_values_replaced_within_one_journal_are_not_kept(
     """Writes that share one implicit journal (group commit) land in one commit: a
     value a later write of that journal replaced is in no commit, so its pieces are
     collected, not kept and uploaded. What the commit holds stays, across a reopen."""
-    monkeypatch.setattr(store_page, "COMMIT_DELAY", 3600)  # commit only on flush
+    monkeypatch.setattr(store_writer, "COMMIT_DELAY", 3600)  # commit only on flush
     rng = random.Random(5)
     first, second, gone = rng.randbytes(100), rng.randbytes(100), rng.randbytes(100)
     big_first, big_second = rng.randbytes(100_000), rng.randbytes(100_000)  # several chunks

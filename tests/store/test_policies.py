@@ -12,6 +12,7 @@ from ledgerd.store import digest as dg
 from ledgerd.store.btree import Builder, Entry
 from ledgerd.store.commit import Commit
 from ledgerd.store.merge import Choice, MergeRequest
+from tests.store.resolvers import hooks, set_resolver
 
 
 def _ent(k: bytes, v: bytes) -> tuple[bytes, Entry | None]:
@@ -25,13 +26,13 @@ async def _commit(
     b = Builder(page.nodes)
     root = await b.apply(b"" if clear else parent.root, changes)
     c = commit.child([parent], root)
-    async with page._commit_lock:
-        await page._store(c, b, notify=False)
+    async with page.graph.lock:
+        await page.graph.store(c, b, notify=False)
     return c
 
 
 async def _forked(tmp_path: Path) -> tuple[Repository, Page, Commit]:
-    repo = await Repository.open(tmp_path)
+    repo = await Repository.open(tmp_path, hooks=hooks())
     page = await repo.ledger("l").page("p")
     await page.write([(b"a", b"base-a"), (b"b", b"base-b"), (b"c", b"base-c")])
     await page.flush()
@@ -100,7 +101,7 @@ async def test_automatic_with_fallback(tmp_path: Path) -> None:
             out[c.key] = lv + rv
         return out
 
-    page.resolver = concat
+    set_resolver(repo, concat)
     assert await page.try_merge()
     assert [c.key for c in asked[0].conflicts] == [b"a"]  # only the real conflict
     left, right = sorted((left_side, right_side), key=lambda c: c.id)
@@ -129,7 +130,7 @@ async def test_custom_gets_the_full_diff_and_choices_apply(tmp_path: Path) -> No
             b"only-x": "right" if left is x else "left",
         }
 
-    page.resolver = resolver
+    set_resolver(repo, resolver)
     assert await page.try_merge()
     got = await _values(page)
     assert got[b"a"] == b"x" and b"b" not in got and got[b"c"] == b"restored"
@@ -141,9 +142,9 @@ async def test_custom_gets_the_full_diff_and_choices_apply(tmp_path: Path) -> No
 async def test_a_failing_resolver_changes_nothing(
     tmp_path: Path, failure: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import ledgerd.store.page as page_mod
+    from ledgerd.store import merging
 
-    monkeypatch.setattr(page_mod, "RESOLVER_TIMEOUT", 0.2)
+    monkeypatch.setattr(merging, "RESOLVER_TIMEOUT", 0.2)
     repo, page, base = await _forked(tmp_path)
     await page.set_policy(Policy.AUTOMATIC_WITH_FALLBACK)
     await _commit(page, base, [_ent(b"a", b"1")])
@@ -158,7 +159,7 @@ async def test_a_failing_resolver_changes_nothing(
             await never.wait()
         return {}
 
-    page.resolver = bad
+    set_resolver(repo, bad)
     assert not await page.try_merge()
     assert {h.id for h in await page.heads()} == heads_before and page.pending_conflict
     commits = await page.db.read_all("SELECT count(*) FROM commits")

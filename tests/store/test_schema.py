@@ -35,11 +35,17 @@ CREATE TABLE objects_v1 (digest BLOB PRIMARY KEY, data BLOB NOT NULL);
 INSERT INTO objects_v1 SELECT digest, data FROM objects ORDER BY id;
 DROP TABLE objects;
 ALTER TABLE objects_v1 RENAME TO objects;
+DROP TABLE journals;
+CREATE TABLE journals (
+    id      TEXT PRIMARY KEY,
+    base    BLOB NOT NULL,
+    cleared INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
 PRAGMA user_version = 1;
 COMMIT;
 """
-"""Turns a current page database back into version 1: every status in a table of
-its own, keyed by digest."""
+"""Turns an empty current page database back into version 1: every status in a
+table of its own, keyed by digest; journals with a base."""
 
 
 def _v1(conn: sqlite3.Connection) -> None:
@@ -69,7 +75,7 @@ def test_version_1_pieces_keep_their_data_and_status() -> None:
         [(b"unstored",), (b"synced",)],
     )
     create_page_schema(conn)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     rows = conn.execute("SELECT digest, data, status FROM piece_status ORDER BY id").fetchall()
     assert rows == [
         (b"transient", b"t", TRANSIENT),
@@ -146,9 +152,10 @@ def test_two_connections_opening_a_version_1_page_at_once(tmp_path: Path) -> Non
 
     second = sqlite3.connect(path, isolation_level=None, factory=Second, check_same_thread=False)
     first.execute("BEGIN IMMEDIATE")  # the first one's migration is under way
-    for statement in schema._statements(schema._MIGRATIONS[1]):
-        first.execute(statement)
-    first.execute("PRAGMA user_version = 2")
+    for version in range(1, SCHEMA_VERSION):
+        for statement in schema._statements(schema._MIGRATIONS[version]):
+            first.execute(statement)
+    first.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     with ThreadPoolExecutor(1) as pool:
         opened = pool.submit(create_page_schema, second)
         assert waiting.wait(30)
@@ -156,3 +163,36 @@ def test_two_connections_opening_a_version_1_page_at_once(tmp_path: Path) -> Non
         opened.result(timeout=30)  # used to fail: no such table: object_status
     rows = second.execute("SELECT data, status FROM piece_status").fetchall()
     assert rows == [(b"\x02", TRANSIENT)]
+
+
+async def test_version_2_journal_left_by_a_crash_is_committed(tmp_path: Path) -> None:
+    """Version 3 drops journals.base (never read) and adds since: a version 2 page
+    with an implicit journal left by a crash migrates, and the journal commits."""
+    from ledgerd.store import Repository
+
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.put(b"k", b"before")
+        await page.flush()
+        path = page.db.path
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.executescript(
+        """
+        BEGIN;
+        DROP TABLE journals;
+        CREATE TABLE journals (
+            id TEXT PRIMARY KEY, base BLOB NOT NULL, cleared INTEGER NOT NULL DEFAULT 0
+        ) WITHOUT ROWID;
+        INSERT INTO journals VALUES ('I1', x'00', 0);
+        INSERT INTO journal_entries VALUES ('I1', x'6b', x'016e6577', 0);
+        PRAGMA user_version = 2;
+        COMMIT;
+        """
+    )
+    conn.close()
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        assert await page.get(b"k") == b"new"
+        assert await page.db.read_all("SELECT count(*) FROM journals") == [(0,)]
+        columns = [r[1] for r in await page.db.read_all("PRAGMA table_info(journals)")]
+        assert columns == ["id", "cleared", "since"]

@@ -1,0 +1,215 @@
+"""Merging a page's heads, under its policy, and adopting commits from elsewhere.
+
+This module decides when a page merges and stores the result; the algorithms
+(common ancestors, last-one-wins, three-way resolution) are in
+:mod:`store.merge`. A page has several heads after a remote import or after a
+transaction committed on a page that moved; :meth:`Merger.settle` merges them
+two at a time (the pair with the smallest ids, so every device merges the same
+pair) until one head remains.
+
+A merge is computed without the commit lock: tree reads need none, and under
+AUTOMATIC_WITH_FALLBACK or CUSTOM it may wait up to ``RESOLVER_TIMEOUT`` for a
+resolver over the network, during which commits and imports of the page go on.
+Only storing the merge commit takes the lock. A merge commit's parents need not
+still be heads when it is stored (a commit may have landed on one of them
+meanwhile): it is a correct commit all the same, and the loop merges what is
+left. One settle runs per page at a time; a caller that finds one running
+leaves the heads to it.
+
+Without a resolver, or when it fails, times out or answers badly, the heads
+stay (reads serve the latest), :attr:`Merger.pending_conflict` says why, and
+nothing changes; :meth:`Merger.settle` runs again when a resolver arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import Awaitable, Callable
+
+from ledgerd.store import commit, merge, split
+from ledgerd.store.btree import Builder, Entry, NodeStore, Priority
+from ledgerd.store.commit import Commit
+from ledgerd.store.db import Database
+from ledgerd.store.errors import ClosedError
+from ledgerd.store.graph import CommitGraph
+from ledgerd.store.hooks import ResolverSource
+
+log = logging.getLogger(__name__)
+
+RESOLVER_TIMEOUT = 30.0
+"""Seconds a conflict resolver may take before the merge is abandoned (heads kept)."""
+
+
+class Merger:
+    """The merge policy of one page and the merging of its heads."""
+
+    def __init__(
+        self,
+        ledger: bytes,
+        name: bytes,
+        db: Database,
+        nodes: NodeStore,
+        graph: CommitGraph,
+        resolvers: ResolverSource | None,
+        is_closed: Callable[[], bool],
+    ) -> None:
+        self.ledger = ledger
+        self.name = name
+        self.db = db
+        self.nodes = nodes
+        self.graph = graph
+        self.resolvers = resolvers
+        self._is_closed = is_closed
+        self.policy = merge.Policy.LAST_ONE_WINS
+        self.pending_conflict: str | None = None
+        """Why the page keeps several heads, or None."""
+        self._running = False
+
+    @property
+    def running(self) -> bool:
+        """A settle is under way (perhaps waiting for a resolver)."""
+        return self._running
+
+    async def load_policy(self) -> None:
+        rows = await self.db.read_all("SELECT value FROM page_metadata WHERE name = 'merge_policy'")
+        if rows:
+            try:
+                self.policy = merge.Policy(bytes(rows[0][0]).decode())
+            except ValueError:
+                log.warning("page %r has an unknown merge policy; using last-one-wins", self.name)
+
+    async def set_policy(self, policy: merge.Policy) -> None:
+        """Remember the page's merge policy (and merge now if that settles pending heads)."""
+        value = policy.value.encode()
+        await self.db.run(
+            lambda conn: conn.execute(
+                "INSERT OR REPLACE INTO page_metadata (name, value) VALUES ('merge_policy', ?)",
+                (value,),
+            ),
+            write=True,
+        )
+        self.policy = policy
+        if len(self.graph.heads) > 1:
+            await self.settle()
+
+    # -- merging -------------------------------------------------------------------
+
+    async def settle(self) -> bool:
+        """Merge the heads until one remains; tell watchers the result. True if one
+        head remains. Returns at once (False) while another settle runs."""
+        if self._running:
+            async with self.graph.lock:
+                await self.graph.tell()
+            return False
+        self._running = True
+        try:
+            return await self._settle()
+        finally:
+            self._running = False
+
+    async def _settle(self) -> bool:
+        graph = self.graph
+        while len(graph.heads) > 1 and not self._is_closed():
+            a, b = sorted(graph.heads, key=lambda h: h.id)[:2]
+            try:
+                m, builder, values = await self._merge(a, b)
+            except merge.NeedsResolver as e:
+                self.pending_conflict = str(e)
+                log.info("page %r keeps %d heads: %s", self.name, len(graph.heads), e)
+                break
+            except Exception as e:  # a resolver that failed or vanished changes nothing
+                self.pending_conflict = f"resolver failed: {type(e).__name__}: {e}"
+                log.warning("page %r: %s", self.name, self.pending_conflict)
+                break
+            async with graph.lock:
+                if self._is_closed():
+                    break
+                log.debug(
+                    "merging heads %s and %s into %s",
+                    a.id.hex()[:12],
+                    b.id.hex()[:12],
+                    m.id.hex()[:12],
+                )
+                await graph.store(m, builder, values=values)
+        else:
+            self.pending_conflict = None
+        if not self._is_closed():
+            async with graph.lock:
+                await graph.tell()
+        return len(graph.heads) == 1
+
+    async def _merge(self, a: Commit, b: Commit) -> tuple[Commit, Builder, list[split.Piece]]:
+        """The merge commit of heads ``a`` and ``b`` (``a.id < b.id``), not stored."""
+        builder = Builder(self.nodes)
+        base_root = await self._base_root(builder, a, b, {})
+        values: list[split.Piece] = []
+        if self.policy is merge.Policy.LAST_ONE_WINS:
+            root = await merge.last_one_wins(builder, base_root, a, b)
+        else:
+            resolver = self.resolvers.resolver_for(self.ledger) if self.resolvers else None
+
+            def new_value(key: bytes, data: bytes, like: Entry | None) -> Entry:
+                pieces, r = split.split_bytes(data)
+                values.extend(pieces)
+                return Entry(key, r.digest, like.priority if like else Priority.EAGER)
+
+            root = await merge.resolve(
+                builder,
+                base_root,
+                a,
+                b,
+                self.policy,
+                self._asker(resolver, a, b) if resolver else None,
+                new_value,
+            )
+        return commit.merge([a, b], root), builder, values
+
+    def _asker(
+        self, resolver: merge.Resolver, left: Commit, right: Commit
+    ) -> Callable[[list[merge.Conflict]], Awaitable[dict[bytes, merge.Choice]]]:
+        async def ask(conflicts: list[merge.Conflict]) -> dict[bytes, merge.Choice]:
+            req = merge.MergeRequest(self.ledger, self.name, left, right, self.policy, conflicts)
+            return await asyncio.wait_for(resolver(req), RESOLVER_TIMEOUT)
+
+        return ask
+
+    async def _base_root(
+        self, builder: Builder, a: Commit, b: Commit, virtual: dict[bytes, Commit]
+    ) -> bytes:
+        """Root of the merge base; several common ancestors are merged first (recursively)."""
+
+        async def load(cid: bytes) -> Commit:
+            return virtual[cid] if cid in virtual else await self.graph.load(cid)
+
+        bases = await merge.common_ancestors(load, a, b)
+        acc = bases[0]
+        for other in bases[1:]:
+            root_base = await self._base_root(builder, acc, other, virtual)
+            root = await merge.last_one_wins(builder, root_base, acc, other)
+            acc = commit.merge([acc, other], root)
+            virtual[acc.id] = acc
+        return acc.root
+
+    # -- commits from elsewhere ------------------------------------------------------
+
+    async def adopt(self, work: Callable[[sqlite3.Connection], None], new: list[Commit]) -> None:
+        """Store verified remote commits (``work`` writes them), then merge the heads.
+
+        Watchers hear once about the resulting state. Shielded: once the write
+        starts, memory follows the database even if the caller is cancelled (a
+        sync that timed out)."""
+        await asyncio.shield(self._adopt(work, new))
+
+    async def _adopt(self, work: Callable[[sqlite3.Connection], None], new: list[Commit]) -> None:
+        graph = self.graph
+        async with graph.lock:
+            if self._is_closed():
+                raise ClosedError(f"page {self.name!r} is closed")
+            try:
+                await self.db.run(work, write=True)
+            finally:
+                graph.remember(new)
+                await graph.load_heads()
+        await self.settle()

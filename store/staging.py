@@ -1,0 +1,94 @@
+"""Turning values given to a write into entries and pieces, before they are committed.
+
+This module owns the one path by which a value (bytes, an async iterator of
+bytes, or a file) becomes a tree entry: split in memory when small (its pieces
+travel with the write), staged in SQLite as transient pieces under a token when
+large or streamed. Plain writes (:mod:`store.writer`) and transactions
+(:mod:`store.transaction`) both use it; neither splits values by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import AsyncIterable, Iterable
+from pathlib import Path
+
+from ledgerd.store import btree, split
+from ledgerd.store import digest as dg
+from ledgerd.store.btree import Entry, Priority
+from ledgerd.store.errors import InvalidArgumentError
+from ledgerd.store.objects import ObjectStore, Source
+
+SMALL_VALUE = 256 * 1024
+"""Values given as bytes up to this size are split in memory and written with their
+journal entry in one transaction; larger ones and streams are staged first."""
+
+_THREAD_SPLIT = 65536
+"""Values larger than this are split on a worker thread."""
+
+_PRIORITY = {
+    Priority.EAGER: Priority.EAGER,
+    Priority.LAZY: Priority.LAZY,
+    0: Priority.EAGER,
+    1: Priority.LAZY,
+}
+
+
+def priority(p: object) -> Priority:
+    """``p`` as a Priority (EAGER or LAZY, or 0 or 1); anything else is refused."""
+    try:
+        return _PRIORITY[p]  # type: ignore[index]
+    except (KeyError, TypeError):
+        raise InvalidArgumentError(f"a priority is EAGER (0) or LAZY (1), not {p!r}") from None
+
+
+# Made without the named tuple's Python-level __new__ (a batch makes one per value).
+_new_piece = functools.partial(tuple.__new__, split.Piece)
+
+
+def one_chunk(key: bytes, value: bytes, prio: object) -> tuple[Entry, split.Piece | None]:
+    """Entry and piece of a value that is a single chunk (at most ``split.MIN_CHUNK``
+    bytes); no piece when the value is inline in its digest. The fast path of
+    :func:`prepare`: both give the same entry for the same value."""
+    d = dg.value_chunk_digest(value)
+    piece = _new_piece((d, value)) if len(value) > dg.INLINE_LIMIT else None
+    return btree.new_entry((key, d, priority(prio))), piece
+
+
+async def prepare(
+    objects: ObjectStore, key: bytes, value: Source, prio: object
+) -> tuple[Entry, list[split.Piece], str | None]:
+    """Split a value: in memory if small (pieces returned), else staged (token returned)."""
+    if isinstance(value, bytes | bytearray | memoryview) and len(value) <= SMALL_VALUE:
+        if len(value) > _THREAD_SPLIT:
+            pieces, root = await asyncio.to_thread(split.split_bytes, bytes(value))
+        else:
+            pieces, root = split.split_bytes(bytes(value))
+        return Entry(key, root.digest, priority(prio)), pieces, None
+    if isinstance(value, bytes | bytearray | memoryview | Path | AsyncIterable):
+        p = priority(prio)
+        token, ref = await objects.stage_value(value)
+        return Entry(key, ref.digest, p), [], token
+    raise InvalidArgumentError(
+        f"a value is bytes, an async iterator of bytes or a Path, not {type(value).__name__}"
+    )
+
+
+async def discard(objects: ObjectStore, tokens: Iterable[str]) -> None:
+    """Drop staged values (each drop completes even if the caller is cancelled)."""
+    for t in tokens:
+        await asyncio.shield(objects.discard(t))
+
+
+async def only_live(
+    objects: ObjectStore,
+    live: set[bytes],
+    pieces_of: dict[bytes, list[split.Piece]],
+    staged: dict[str, bytes],
+) -> tuple[list[split.Piece], list[str]]:
+    """The pieces (held in memory) and staged tokens of the values in ``live``,
+    by value root digest; staged values not in it are discarded."""
+    pieces = [p for root in live for p in pieces_of.get(root, ())]
+    await discard(objects, [t for t, root in staged.items() if root not in live])
+    return pieces, [t for t, root in staged.items() if root in live]

@@ -1,0 +1,281 @@
+"""Transactions: explicit journals that read a fixed base and make one commit.
+
+This module owns a transaction's state (its base, its changes, the values it
+holds in memory or has staged) and committing it. A transaction reads its base
+commit plus its own writes. Small values live in memory, up to the page's
+``txn_memory`` budget per transaction; larger ones, streams, and everything past
+the budget are staged in SQLite as transient pieces. Committing creates one
+commit on the base; if the page moved meanwhile there are two heads, merged at
+once (:mod:`store.merging`). Rollback, an exception, or a crash discards
+everything the transaction staged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+
+from ledgerd.store import commit, split, staging
+from ledgerd.store.btree import EMPTY, Builder, Entry, NodeStore, Priority
+from ledgerd.store.commit import Commit
+from ledgerd.store.errors import ClosedError, TransactionClosedError
+from ledgerd.store.graph import CommitGraph
+from ledgerd.store.merging import Merger
+from ledgerd.store.objects import ObjectStore, Source
+from ledgerd.store.view import Overlay, View, check_key
+
+TXN_MEMORY = 64 * 1024 * 1024
+"""Bytes of small values a transaction keeps in memory; past that it stages them."""
+
+
+@dataclass(slots=True)
+class _TxnState:
+    cleared: bool = False
+    entries: dict[bytes, Entry | None] = field(default_factory=dict)
+    pieces: dict[bytes, list[split.Piece]] = field(default_factory=dict)  # by value digest
+    staged: dict[str, bytes] = field(default_factory=dict)  # token -> its value's digest
+    memory: int = 0  # bytes of pieces held in memory
+    open: bool = True
+    counted: bool = False  # counted in Transactions.open (started, not ended)
+
+    @property
+    def overlay(self) -> Overlay:
+        return Overlay(self.cleared, self.entries)
+
+
+class Transactions:
+    """The transactions of one page: how many are under way, and committing them."""
+
+    def __init__(
+        self,
+        name: bytes,
+        objects: ObjectStore,
+        nodes: NodeStore,
+        graph: CommitGraph,
+        merger: Merger,
+        flush_writes: Callable[[], Awaitable[None]],
+        touched: Callable[[], None],
+        is_closed: Callable[[], bool],
+        memory_budget: int = TXN_MEMORY,
+    ) -> None:
+        self.name = name
+        self.objects = objects
+        self.nodes = nodes
+        self.graph = graph
+        self.merger = merger
+        self._flush_writes = flush_writes
+        self._touched = touched
+        self._is_closed = is_closed
+        self.memory_budget = memory_budget
+        self.open = 0
+        """Transactions started and neither committed nor rolled back."""
+        # Commits under way, each with an event set once it is stored (flush waits
+        # for that, not for the merge that may follow).
+        self._committing: dict[asyncio.Task[bytes | None], asyncio.Event] = {}
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.open or self._committing)
+
+    def begin(self) -> Transaction:
+        return Transaction(self)
+
+    async def flush(self) -> None:
+        """Wait until every transaction commit under way is stored."""
+        if self._committing:
+            await asyncio.gather(*(e.wait() for e in list(self._committing.values())))
+
+    def committing(self, txn: Transaction) -> asyncio.Task[bytes | None]:
+        """Commit ``txn`` in a task of its own, which :meth:`flush` waits for."""
+        stored = asyncio.Event()
+        task = asyncio.ensure_future(self._commit(txn, stored))
+        self._committing[task] = stored
+
+        def done(t: asyncio.Task[bytes | None]) -> None:
+            stored.set()
+            del self._committing[t]
+
+        task.add_done_callback(done)
+        return task
+
+    async def _commit(self, txn: Transaction, stored: asyncio.Event) -> bytes | None:
+        st = txn.state
+        graph = self.graph
+        async with graph.lock:
+            if self._is_closed():
+                await staging.discard(self.objects, st.staged)
+                raise ClosedError(f"page {self.name!r} is closed")
+            builder = Builder(self.nodes)
+            root = await builder.apply(EMPTY if st.cleared else txn.base.root, st.entries.items())
+            if root == txn.base.root:
+                await staging.discard(self.objects, st.staged)
+                return None
+            c = commit.child([txn.base], root)
+            moved = txn.base.id not in {h.id for h in graph.heads}
+            # Values a later put of the transaction replaced are not stored.
+            live = {e.value for e in st.entries.values() if e is not None}
+            values, tokens = await staging.only_live(self.objects, live, st.pieces, st.staged)
+            st.staged = {t: st.staged[t] for t in tokens}
+            await graph.store(c, builder, values=values, tokens=tokens, notify=not moved)
+        stored.set()
+        if len(graph.heads) > 1:
+            await self.merger.settle()
+        return c.id
+
+    def started(self, st: _TxnState) -> None:
+        st.counted = True
+        self.open += 1
+
+    def ended(self, st: _TxnState) -> None:
+        if st.counted:
+            st.counted = False
+            self.open -= 1
+            self._touched()
+
+
+class Transaction(View):
+    """An explicit journal: reads its base commit plus its own writes; one commit.
+
+    The base is the page's head when the transaction starts (at ``async with``
+    or its first operation), after every write acknowledged before is committed.
+    """
+
+    def __init__(self, txns: Transactions) -> None:
+        self._memory: dict[bytes, bytes] = {}  # pieces of small values, by digest
+        super().__init__(txns.objects.overlaid(self._memory), txns.nodes)
+        self._txns = txns
+        self._base: Commit | None = None
+        self.id = f"E{time.time_ns():020d}{uuid.uuid4().hex[:12]}"
+        self.state = _TxnState()
+        self.commit_id: bytes | None = None
+
+    @property
+    def base(self) -> Commit:
+        if self._base is None:
+            raise TransactionClosedError("the transaction has not started")
+        return self._base
+
+    async def start(self) -> Transaction:
+        """Fix the base (done by ``async with`` and by the first operation)."""
+        if self._base is None:
+            await self._txns._flush_writes()
+            if self._base is None:
+                self._base = self._txns.graph.head
+                if self.state.open:  # not rolled back while the page flushed
+                    self._txns.started(self.state)
+        return self
+
+    def _state(self) -> tuple[bytes, Overlay]:
+        return self.base.root, self.state.overlay
+
+    async def get_entry(self, key: bytes) -> Entry | None:
+        await self.start()
+        return await super().get_entry(key)
+
+    async def iter_entries(
+        self,
+        start: bytes | None = None,
+        end: bytes | None = None,
+        prefix: bytes | None = None,
+        token: bytes | None = None,
+    ) -> AsyncIterator[Entry]:
+        await self.start()
+        async for e in super().iter_entries(start, end, prefix, token):
+            yield e
+
+    async def _check(self) -> None:
+        if not self.state.open:
+            raise TransactionClosedError()
+        await self.start()
+        if not self.state.open:  # committed or rolled back while it started
+            raise TransactionClosedError()
+
+    async def put(self, key: bytes, value: Source, priority: Priority = Priority.EAGER) -> None:
+        """Small values stay in memory until commit (within the page's budget); large
+        ones, streams, and values past the budget are staged."""
+        await self._check()
+        key = check_key(key)
+        st = self.state
+        in_budget = st.memory < self._txns.memory_budget
+        if in_budget and type(value) is bytes and len(value) <= split.MIN_CHUNK:
+            entry, piece = staging.one_chunk(key, value, priority)
+            if piece is not None:
+                st.pieces[entry.value] = [piece]
+                self._memory[piece.digest] = piece.data
+                st.memory += len(piece.data)
+            st.entries[key] = entry
+            return
+        if not in_budget and isinstance(value, bytes | bytearray | memoryview):
+            value = _Stream(bytes(value))  # staged, not held
+        entry, pieces, token = await staging.prepare(self._txns.objects, key, value, priority)
+        if not st.open:  # committed or rolled back while the value was being staged
+            await staging.discard(self._txns.objects, [token] if token else [])
+            raise TransactionClosedError()
+        if token is not None:
+            st.staged[token] = entry.value
+        if pieces:
+            st.pieces[entry.value] = pieces
+            self._memory.update((p.digest, p.data) for p in pieces)
+            st.memory += sum(len(p.data) for p in pieces)
+        st.entries[key] = entry
+
+    async def delete(self, key: bytes) -> None:
+        await self._check()
+        self.state.entries[check_key(key)] = None
+
+    async def clear(self) -> None:
+        await self._check()
+        self.state.cleared = True
+        self.state.entries.clear()
+
+    async def commit(self) -> bytes | None:
+        """Commit; returns the new commit id (None if the transaction changed nothing)."""
+        await self._check()
+        self.state.open = False
+        try:
+            # Shielded: once started, a commit completes (memory and database agree)
+            # even if the caller is cancelled, e.g. by a client disconnecting.
+            self.commit_id = await asyncio.shield(self._txns.committing(self))
+        finally:
+            self._txns.ended(self.state)
+        return self.commit_id
+
+    async def rollback(self) -> None:
+        if not self.state.open:
+            return
+        self.state.open = False
+        try:
+            await staging.discard(self._txns.objects, self.state.staged)
+        finally:
+            self._txns.ended(self.state)
+
+    async def __aenter__(self) -> Transaction:
+        return await self.start()
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if et is None and self.state.open:
+            await self.commit()
+        elif self.state.open:
+            await asyncio.shield(self.rollback())
+
+
+class _Stream(AsyncIterator[bytes]):
+    """Bytes given as an async iterator of one block, so that they are staged."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data: bytes | None = data
+
+    def __aiter__(self) -> _Stream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._data is None:
+            raise StopAsyncIteration
+        data, self._data = self._data, None
+        return data

@@ -1,0 +1,371 @@
+"""Plain writes: a page's implicit journal and its group commit.
+
+This module owns the write worker of one page. A write (puts, deletes, a clear)
+is queued; the worker takes everything queued, appends it to the page's
+implicit journal in one SQLite transaction and acknowledges the writers: the
+write is durable from then on, and readable at once through the journal's
+in-memory overlay. The worker commits the journal, one commit for everything
+appended since the last one, when writes pause for ``COMMIT_DELAY``, when the
+journal holds ``MAX_JOURNAL_ENTRIES`` keys, or when someone flushes; so
+concurrent and back-to-back writers share commits. A write of at least
+``DIRECT_BATCH`` changes is committed on its own, after the journal.
+
+The journal's commit is stamped with the time of its first acknowledged write
+(never older than its parents), so that last-one-wins orders writes by when
+they were acknowledged, not by when the group commit ran. Journals left by a
+crash are committed when the page opens (:meth:`JournalWriter.recover`).
+
+It does not read (the page's views do) nor merge: its commits always build on
+the current head.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from ledgerd.store import commit, split, sql, staging
+from ledgerd.store.btree import EMPTY, Builder, Entry, NodeStore, Priority
+from ledgerd.store.db import INLINE_MAX_ROWS, Database, fits_inline
+from ledgerd.store.graph import DIRECT_BATCH, CommitGraph
+from ledgerd.store.objects import ObjectStore, Source
+from ledgerd.store.schema import TRANSIENT
+from ledgerd.store.view import KEY_LIMIT, NO_OVERLAY, Overlay, check_key
+
+log = logging.getLogger(__name__)
+
+COMMIT_DELAY = 0.005
+"""Seconds the write worker waits for more writes before committing the journal."""
+
+MAX_JOURNAL_ENTRIES = 4096
+"""The journal is committed at once when it holds this many keys."""
+
+
+@dataclass(slots=True)
+class _Write:
+    clear: bool
+    changes: list[tuple[bytes, Entry | None]]
+    pieces: list[split.Piece]
+    tokens: list[str]
+    done: asyncio.Future[None]
+    flush: bool = False  # resolve only once the journal is committed
+    direct: bool = False  # a large batch: committed on its own, without the journal
+
+    @property
+    def empty(self) -> bool:
+        return not (self.clear or self.changes or self.pieces or self.tokens)
+
+
+Change = tuple[bytes, Source | None] | tuple[bytes, Source | None, Priority]
+
+
+class JournalWriter:
+    """The implicit journal of one page and the worker that appends to and commits it."""
+
+    def __init__(
+        self,
+        name: bytes,
+        db: Database,
+        objects: ObjectStore,
+        nodes: NodeStore,
+        graph: CommitGraph,
+        check_open: Callable[[], None],
+    ) -> None:
+        self.name = name
+        self.db = db
+        self.objects = objects
+        self.nodes = nodes
+        self.graph = graph
+        self._check_open = check_open
+        self.overlay = NO_OVERLAY
+        """Acknowledged changes not committed yet: what reads see over the head."""
+        self._journal: str | None = None
+        self._since: int | None = None  # when its first write was acknowledged (µs)
+        self._rows = 0  # rows the journal has staged (entries, pieces)
+        self._pending: list[_Write] = []
+        self._wake = asyncio.Event()
+        self._worker: asyncio.Task[None] | None = None
+        self.stopping = False
+        """Set when the page closes: the worker commits what it has and ends."""
+
+    @property
+    def busy(self) -> bool:
+        """Writes are queued, uncommitted, or the worker is running."""
+        return bool(
+            self._pending
+            or self._journal is not None
+            or (self._worker is not None and not self._worker.done())
+        )
+
+    @property
+    def uncommitted(self) -> bool:
+        return self._journal is not None or bool(self._pending)
+
+    async def stop(self) -> None:
+        """Let the worker finish what is queued (the page is closing)."""
+        self.stopping = True
+        if self._worker is not None:
+            await asyncio.gather(self._worker, return_exceptions=True)
+
+    # -- writing -------------------------------------------------------------------
+
+    async def clear(self) -> None:
+        loop = asyncio.get_running_loop()
+        await self._submit(_Write(True, [], [], [], loop.create_future()))
+
+    async def write(self, changes: Iterable[Change], prio: Priority = Priority.EAGER) -> None:
+        """Many puts (value) and deletes (None) that land in one commit."""
+        prepared: list[tuple[bytes, Entry | None]] = []
+        pieces_of: dict[bytes, list[split.Piece]] = {}  # value root digest -> its pieces
+        staged: dict[str, bytes] = {}  # token -> its value's root digest
+        small = split.MIN_CHUNK
+        try:
+            for change in changes:
+                key, value = change[0], change[1]
+                if type(key) is not bytes or len(key) > KEY_LIMIT:
+                    key = check_key(key)
+                p = change[2] if len(change) == 3 else prio
+                if value is None:
+                    prepared.append((key, None))
+                    continue
+                if type(value) is bytes and len(value) <= small:  # the common case
+                    entry, piece = staging.one_chunk(key, value, p)
+                    if piece is not None:
+                        pieces_of[entry.value] = [piece]
+                    prepared.append((key, entry))
+                    continue
+                entry, more, token = await staging.prepare(self.objects, key, value, p)
+                if more:
+                    pieces_of[entry.value] = more
+                if token is not None:
+                    staged[token] = entry.value
+                prepared.append((key, entry))
+        except BaseException:
+            await staging.discard(self.objects, staged)
+            raise
+        # The last change to a key wins: values overwritten within this same write
+        # are not stored.
+        live = {e.value for e in dict(prepared).values() if e is not None}
+        pieces, tokens = await staging.only_live(self.objects, live, pieces_of, staged)
+        loop = asyncio.get_running_loop()
+        direct = len(prepared) >= DIRECT_BATCH
+        await self._submit(
+            _Write(False, prepared, pieces, tokens, loop.create_future(), direct=direct)
+        )
+
+    async def flush(self) -> None:
+        """Wait until every acknowledged write is committed (raising if that failed).
+
+        Only the worker commits the journal; this queues a marker that it resolves
+        after its next commit attempt."""
+        if self._journal is None and not self._pending:
+            return
+        loop = asyncio.get_running_loop()
+        await self._submit(_Write(False, [], [], [], loop.create_future(), flush=True))
+
+    async def _submit(self, w: _Write) -> None:
+        self._check_open()
+        self._pending.append(w)
+        self._wake.set()
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._run(), name=f"page-writes-{self.name!r}")
+        await asyncio.shield(w.done)
+
+    # -- the worker ----------------------------------------------------------------
+
+    async def _run(self) -> None:
+        """The only code that appends to or commits the journal (group commit)."""
+        while True:
+            if not self._pending:
+                if self._journal is None:
+                    return
+                if not self.stopping and len(self.overlay.entries) < MAX_JOURNAL_ENTRIES:
+                    # Wait for more writes or COMMIT_DELAY, whichever comes first (a
+                    # timer rather than wait_for: no task per pause on the hot path).
+                    self._wake.clear()
+                    timer = asyncio.get_running_loop().call_later(COMMIT_DELAY, self._wake.set)
+                    try:
+                        await self._wake.wait()
+                    finally:
+                        timer.cancel()
+                    if self._pending:
+                        continue
+                if not await self._try_commit([]):
+                    return  # the journal stays; the next write, flush or open retries
+                continue
+            if self._pending[0].direct:
+                await self._commit_direct(self._pending.pop(0))
+                continue
+            cut = next((i for i, w in enumerate(self._pending) if w.direct), len(self._pending))
+            batch, self._pending = self._pending[:cut], self._pending[cut:]
+            writes = [w for w in batch if not w.empty]
+            flushes = [w for w in batch if w.empty]
+            try:
+                if writes:
+                    await self._append(writes)
+            except BaseException as e:
+                for w in writes:
+                    if not w.done.done():
+                        w.done.set_exception(e)
+                    await staging.discard(self.objects, w.tokens)
+                if not isinstance(e, Exception):
+                    raise
+            for w in writes:
+                if not w.done.done():
+                    w.done.set_result(None)
+            if flushes or len(self.overlay.entries) >= MAX_JOURNAL_ENTRIES:
+                await self._try_commit(flushes)
+
+    async def _commit_direct(self, w: _Write) -> None:
+        """A large batch becomes one commit of its own, after the journal's."""
+        try:
+            if self._journal is not None:
+                await self.commit_journal()
+            async with self.graph.lock:
+                base = self.graph.head
+                builder = Builder(self.nodes)
+                root = await builder.apply(EMPTY if w.clear else base.root, w.changes)
+                if root == base.root:
+                    await staging.discard(self.objects, w.tokens)
+                else:
+                    c = commit.child([base], root)
+                    await self.graph.store(c, builder, values=w.pieces, tokens=w.tokens)
+        except BaseException as e:
+            if not w.done.done():
+                w.done.set_exception(e)
+            await staging.discard(self.objects, w.tokens)
+            if not isinstance(e, Exception):
+                raise
+            return
+        if not w.done.done():
+            w.done.set_result(None)
+
+    async def _try_commit(self, flushes: list[_Write]) -> bool:
+        """Commit the journal; tell the flushers how it went. False if it failed."""
+        error: Exception | None = None
+        try:
+            await self.commit_journal()
+        except Exception as e:
+            log.warning("committing the implicit journal of page %r failed: %s", self.name, e)
+            error = e
+        for w in flushes:
+            if w.done.done():
+                continue
+            if error is None:
+                w.done.set_result(None)
+            else:
+                w.done.set_exception(error)
+        if error is not None and self._pending:
+            # Writes queued meanwhile wait for a worker: start the next round now
+            # rather than leaving them until another write comes.
+            self._wake.set()
+            return True
+        return error is None
+
+    async def _append(self, batch: list[_Write]) -> None:
+        """Append writes to the journal in one transaction (they are durable after)."""
+        new = self._journal is None
+        jid = self._journal or f"I{time.time_ns():020d}{uuid.uuid4().hex[:12]}"
+        since = commit.now_us() if new else self._since
+        pieces = {p.digest: p.data for w in batch for p in w.pieces}  # one row per piece
+
+        def work(conn: sqlite3.Connection) -> None:
+            if new:
+                conn.execute(
+                    "INSERT INTO journals (id, cleared, since) VALUES (?, 0, ?)", (jid, since)
+                )
+            for w in batch:
+                if w.clear:
+                    conn.execute("UPDATE journals SET cleared = 1 WHERE id = ?", (jid,))
+                    conn.execute("DELETE FROM journal_entries WHERE journal_id = ?", (jid,))
+                if w.changes:
+                    conn.executemany(
+                        "INSERT OR REPLACE INTO journal_entries (journal_id, key, value, priority) "
+                        "VALUES (?, ?, ?, ?)",
+                        [
+                            (jid, k, None if e is None else e.value, 0 if e is None else e.priority)
+                            for k, e in w.changes
+                        ],
+                    )
+                for t in w.tokens:
+                    sql.adopt(conn, t, jid)
+            if pieces:
+                sql.put_pieces(conn, pieces.items(), TRANSIENT)
+                conn.executemany(
+                    "INSERT OR IGNORE INTO journal_pieces (journal_id, digest) VALUES (?, ?)",
+                    [(jid, d) for d in pieces],
+                )
+
+        # Staged values (tokens) and clears move rows in proportion to their size.
+        rows = sum(len(w.changes) for w in batch) + len(pieces)
+        if any(w.tokens or w.clear for w in batch):
+            rows += INLINE_MAX_ROWS + 1
+        small = fits_inline(rows, sum(map(len, pieces.values())))
+        await self.db.run(work, write=True, small=small)
+        self._rows = rows + (0 if new else self._rows)
+        self.objects.remember(pieces.items())  # read-your-writes
+        overlay = self.overlay
+        for w in batch:
+            overlay = overlay.with_changes(w.clear, w.changes)
+        self._since = since
+        self._journal = jid
+        self.overlay = overlay
+
+    async def commit_journal(self) -> None:
+        async with self.graph.lock:
+            jid, overlay = self._journal, self.overlay
+            if jid is None:
+                return
+            base = self.graph.head
+            builder = Builder(self.nodes)
+            root = await builder.apply(
+                EMPTY if overlay.cleared else base.root, overlay.entries.items()
+            )
+            if root == base.root:
+                await self.db.run(lambda conn: sql.drop_journal(conn, jid), write=True)
+                await self.objects.discard(jid)
+                self._reset()
+                return
+            c = commit.child([base], root, at=self._since)
+            # Values a later write of this journal replaced are in no commit: their
+            # pieces are collected rather than kept (and uploaded) for nothing.
+            live = {e.value for e in overlay.entries.values() if e is not None}
+            keep = await self.objects.value_pieces(live)
+
+            def drop(conn: sqlite3.Connection) -> None:
+                sql.keep_journal_pieces(conn, jid, keep)
+                sql.drop_journal(conn, jid)
+
+            await self.graph.store(
+                c, builder, also=drop, also_small=fits_inline(self._rows, 0), then=self._reset
+            )
+
+    def _reset(self) -> None:
+        self._journal, self.overlay, self._since = None, NO_OVERLAY, None
+
+    async def recover(self) -> bool:
+        """Commit the implicit journals a crash left (their writes were acknowledged)."""
+        journals = await self.db.read_all(
+            "SELECT id, cleared, since FROM journals WHERE substr(id, 1, 1) = 'I' ORDER BY id"
+        )
+        for jid, cleared, since in journals:
+            entries = await self.db.read_all(
+                "SELECT key, value, priority FROM journal_entries WHERE journal_id = ?", (jid,)
+            )
+            changes = [
+                (bytes(k), None if v is None else Entry(bytes(k), bytes(v), Priority(p)))
+                for k, v, p in entries
+            ]
+            self._journal, self._since = str(jid), since
+            self._rows = INLINE_MAX_ROWS + 1  # its pieces are unknown: not inline
+            self.overlay = Overlay(bool(cleared), dict(changes))
+            log.info(
+                "committing implicit journal %s left by a crash (%d entries)", jid, len(changes)
+            )
+            await self.commit_journal()
+        return bool(journals)
