@@ -1,6 +1,6 @@
 """Tuple layer benchmark: pack and unpack rates of :mod:`store.tuple` next to ``fdb.tuple``.
 
-    python -m bench.tuples [--ops 100000] [--repeat 5]
+    python -m bench.tuples [--ops 100000] [--repeat 7]
 
 Prints JSON: for a typical 3-element key (str, int, UUID) and a 10-element mixed key
 (str, bytes, ints, float, bool, None, UUID, str with 0x00, nested tuple), the pack and
@@ -47,45 +47,52 @@ KEYS: dict[str, tuple[Any, ...]] = {
 }
 
 
-def _rate(fn: Callable[[Any], Any], arg: Any, ops: int, repeat: int) -> float:
-    """Calls per second of ``fn(arg)``: the best of ``repeat`` runs of ``ops`` calls."""
-    best = float("inf")
+def _seconds(fn: Callable[[Any], Any], arg: Any, ops: int) -> float:
+    start = time.perf_counter()
+    for _ in range(ops):
+        fn(arg)
+    return time.perf_counter() - start
+
+
+def _rates(libs: dict[str, Any], key: tuple[Any, ...], ops: int, repeat: int) -> dict[str, Any]:
+    """Pack and unpack calls per second of each library: the best of ``repeat`` runs of
+    ``ops`` calls, the libraries taking turns so that both see the same machine load."""
+    packed = {name: lib.pack(key) for name, lib in libs.items()}
+    best = {(name, op): float("inf") for name in libs for op in ("pack", "unpack")}
     for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(ops):
-            fn(arg)
-        best = min(best, time.perf_counter() - start)
-    return ops / best
-
-
-def _measure(lib: Any, key: tuple[Any, ...], ops: int, repeat: int) -> dict[str, float]:
-    packed = lib.pack(key)
+        for name, lib in libs.items():
+            for op, fn, arg in (("pack", lib.pack, key), ("unpack", lib.unpack, packed[name])):
+                best[name, op] = min(best[name, op], _seconds(fn, arg, ops))
     return {
-        "pack_per_s": round(_rate(lib.pack, key, ops, repeat)),
-        "unpack_per_s": round(_rate(lib.unpack, packed, ops, repeat)),
+        name: {f"{op}_per_s": round(ops / best[name, op]) for op in ("pack", "unpack")}
+        for name in libs
     }
 
 
 def run(ops: int, repeat: int) -> dict[str, Any]:
     out: dict[str, Any] = {"ops": ops, "repeat": repeat}
+    libs: dict[str, Any] = {"ledgerd": ours}
     if theirs is None:
         out["note"] = "foundationdb is not installed (pip install foundationdb): no fdb figures"
+    else:
+        libs["fdb"] = theirs
     for name, key in KEYS.items():
-        mine = _measure(ours, key, ops, repeat)
-        fig: dict[str, Any] = {"ledgerd": mine, "fdb": None, "ratio": None}
         if theirs is not None:
             assert ours.pack(key) == theirs.pack(key), "encodings differ"
-            other = _measure(theirs, key, ops, repeat)
-            fig["fdb"] = other
-            fig["ratio"] = {k: round(mine[k] / other[k], 2) for k in mine}
-        out[name] = fig
+        rates = _rates(libs, key, ops, repeat)
+        mine, other = rates["ledgerd"], rates.get("fdb")
+        out[name] = {
+            "ledgerd": mine,
+            "fdb": other,
+            "ratio": None if other is None else {k: round(mine[k] / other[k], 2) for k in mine},
+        }
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--ops", type=int, default=100_000)
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=7)
     args = ap.parse_args()
     emit("tuples", run(args.ops, args.repeat))
 
