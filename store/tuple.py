@@ -27,6 +27,10 @@ Format
     0x33        :class:`Versionstamp`: 10 bytes of transaction version, 2 of user version
     ==========  ========================================================================
 
+    :func:`pack` takes those types and their subclasses (an IntEnum packs as an int, a
+    NamedTuple as a nested tuple); ``fdb.tuple`` also takes ctypes floats, which are
+    not accepted here (use :class:`SingleFloat` or ``float``).
+
     The bindings disagree at ±(2**64-1): the Java binding packs 2**64-1 in 8 bytes,
     ``0x1c ff*8``, while the Python binding packs it as ``0x1d 0x08 ff*8``, and likewise
     ``-(2**64-1)`` as ``0x0b 0xf7 00*8`` where Java writes ``0x0c 00*8``. This module packs
