@@ -1,0 +1,101 @@
+"""Tuple layer benchmark: pack and unpack rates of :mod:`store.tuple` next to ``fdb.tuple``.
+
+    python -m bench.tuples [--ops 100000] [--repeat 7]
+
+Prints JSON: for a typical 3-element key (str, int, UUID) and a 10-element mixed key
+(str, bytes, ints, float, bool, None, UUID, str with 0x00, nested tuple), the pack and
+unpack rates in operations per second (best of ``--repeat`` runs of ``--ops`` calls),
+next to the ``foundationdb`` package's pure-Python ``fdb.tuple`` measured in the same
+run, and ours divided by theirs (target >= 1.0). Without the ``foundationdb`` package the
+``fdb`` figures are ``null`` and a note says why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from ledgerd.store import tuple as ours
+
+from bench.common import emit
+
+try:
+    import fdb.tuple as theirs
+except ImportError:  # the test extra installs it; the benchmark runs without it
+    theirs = None
+
+KEY_ID = uuid.UUID("8a0f3a57-6a8e-4c43-9d69-3b1e5c2f7a10")
+
+
+KEYS: dict[str, tuple[Any, ...]] = {
+    "key3": ("users", 1234567, KEY_ID),
+    "key10": (
+        "orders",
+        b"\x01\x02\x03",
+        2024,
+        -17,
+        1.5,
+        True,
+        None,
+        KEY_ID,
+        "line\x00item",
+        ("tag", 7),
+    ),
+}
+
+
+def _seconds(fn: Callable[[Any], Any], arg: Any, ops: int) -> float:
+    start = time.perf_counter()
+    for _ in range(ops):
+        fn(arg)
+    return time.perf_counter() - start
+
+
+def _rates(libs: dict[str, Any], key: tuple[Any, ...], ops: int, repeat: int) -> dict[str, Any]:
+    """Pack and unpack calls per second of each library: the best of ``repeat`` runs of
+    ``ops`` calls, the libraries taking turns so that both see the same machine load."""
+    packed = {name: lib.pack(key) for name, lib in libs.items()}
+    best = {(name, op): float("inf") for name in libs for op in ("pack", "unpack")}
+    for _ in range(repeat):
+        for name, lib in libs.items():
+            for op, fn, arg in (("pack", lib.pack, key), ("unpack", lib.unpack, packed[name])):
+                best[name, op] = min(best[name, op], _seconds(fn, arg, ops))
+    return {
+        name: {f"{op}_per_s": round(ops / best[name, op]) for op in ("pack", "unpack")}
+        for name in libs
+    }
+
+
+def run(ops: int, repeat: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"ops": ops, "repeat": repeat}
+    libs: dict[str, Any] = {"ledgerd": ours}
+    if theirs is None:
+        out["note"] = "foundationdb is not installed (pip install foundationdb): no fdb figures"
+    else:
+        libs["fdb"] = theirs
+    for name, key in KEYS.items():
+        if theirs is not None:
+            assert ours.pack(key) == theirs.pack(key), "encodings differ"
+        rates = _rates(libs, key, ops, repeat)
+        mine, other = rates["ledgerd"], rates.get("fdb")
+        out[name] = {
+            "ledgerd": mine,
+            "fdb": other,
+            "ratio": None if other is None else {k: round(mine[k] / other[k], 2) for k in mine},
+        }
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--ops", type=int, default=100_000)
+    ap.add_argument("--repeat", type=int, default=7)
+    args = ap.parse_args()
+    emit("tuples", run(args.ops, args.repeat))
+
+
+if __name__ == "__main__":
+    main()
