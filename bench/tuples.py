@@ -18,9 +18,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ledgerd.store import tuple as ours
-
 from bench.common import emit
+from ledgerd.store import tuple as ours
 
 try:
     import fdb.tuple as theirs

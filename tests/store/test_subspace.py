@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from ledgerd.store import tuple as fdbtuple
 from ledgerd.store.subspace import Subspace
 from ledgerd.store.tuple import TupleError, Versionstamp

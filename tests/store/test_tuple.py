@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+
 from ledgerd.store import tuple as fdbtuple
 from ledgerd.store.tuple import SingleFloat, TupleError, Versionstamp
 
