@@ -15,8 +15,10 @@ from ledgerd.store.btree import Entry, Priority
 from ledgerd.store.commit import Commit
 from ledgerd.store.digest import Kind
 from ledgerd.store.errors import (
+    BusyError,
     ClosedError,
     CommitNotFoundError,
+    CorruptDatabaseError,
     CorruptObjectError,
     InvalidArgumentError,
     KeyNotFoundError,
@@ -24,17 +26,32 @@ from ledgerd.store.errors import (
     NameTooLargeError,
     ObjectNotFoundError,
     RangeError,
+    SchemaError,
+    StorageError,
+    StorageFullError,
     StoreError,
+    TooManyOpenPagesError,
     TransactionClosedError,
     TransientStoreError,
 )
-from ledgerd.store.merge import Choice, Conflict, MergeRequest, Policy, Resolver
+from ledgerd.store.hooks import CommitListener, PageHooks, PieceFetcher, ResolverSource
+from ledgerd.store.merge import Choice, Conflict, MergeRequest, NeedsResolver, Policy, Resolver
 from ledgerd.store.objects import ObjectStore, ValueRef
 from ledgerd.store.page import ChangedEntry, Notification, Page, Snapshot, Transaction, Watcher
 from ledgerd.store.repository import Ledger, Repository
 from ledgerd.store.view import KeyValue, RangeResult
 
 __all__ = [
+    "BusyError",
+    "CommitListener",
+    "CorruptDatabaseError",
+    "NeedsResolver",
+    "PageHooks",
+    "PieceFetcher",
+    "ResolverSource",
+    "SchemaError",
+    "StorageError",
+    "StorageFullError",
     "ChangedEntry",
     "Choice",
     "Conflict",
@@ -66,6 +83,7 @@ __all__ = [
     "Transaction",
     "TransactionClosedError",
     "TransientStoreError",
+    "TooManyOpenPagesError",
     "ValueRef",
     "Watcher",
 ]

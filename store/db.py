@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -31,7 +31,7 @@ from typing import Any, Literal, TypeVar
 
 import aiosqlite
 
-from ledgerd.store.errors import ClosedError
+from ledgerd.store.errors import ClosedError, from_os, from_sqlite
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,21 @@ def writer_pragmas(synchronous: Synchronous = "NORMAL") -> list[str]:
         f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}",
         f"PRAGMA journal_size_limit = {WAL_CHECKPOINT_PAGES * PAGE_SIZE}",
     ]
+
+
+@contextlib.contextmanager
+def translating(path: Path) -> Iterator[None]:
+    """SQLite's and the file system's errors on ``path`` as the store's own (see
+    :func:`store.errors.from_sqlite`); errors that are bugs pass unchanged."""
+    try:
+        yield
+    except sqlite3.Error as e:
+        err = from_sqlite(e, path)
+        if err is None:
+            raise
+        raise err from e
+    except OSError as e:
+        raise from_os(e, path) from e
 
 
 def _prepare(path: Path, create_schema: Callable[[sqlite3.Connection], None]) -> None:
@@ -152,6 +167,16 @@ class Database:
         *,
         synchronous: Synchronous = "NORMAL",
     ) -> Database:
+        with translating(path):
+            return await cls._open(path, create_schema, synchronous)
+
+    @classmethod
+    async def _open(
+        cls,
+        path: Path,
+        create_schema: Callable[[sqlite3.Connection], None],
+        synchronous: Synchronous,
+    ) -> Database:
         path.parent.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(_prepare, path, create_schema)
         writer = await aiosqlite.connect(path, isolation_level=None)
@@ -187,6 +212,12 @@ class Database:
     async def write(self) -> AsyncIterator[aiosqlite.Connection]:
         """One write transaction: committed if the block succeeds, rolled back if not."""
         self._check_open()
+        with translating(self.path):
+            async with self._write() as conn:
+                yield conn
+
+    @asynccontextmanager
+    async def _write(self) -> AsyncIterator[aiosqlite.Connection]:
         async with self._lock:
             self._check_open()
             conn = self.writer
@@ -222,8 +253,12 @@ class Database:
         one small write in every ``INLINE_ROUND``, for the checkpoints.
         """
         self._check_open()
-        if not write:
-            return await _hop(self.reader, fn)
+        with translating(self.path):
+            if not write:
+                return await _hop(self.reader, fn)
+            return await self._write_with(fn, small)
+
+    async def _write_with(self, fn: Callable[[sqlite3.Connection], T], small: bool) -> T:
         async with self._lock:
             self._check_open()
             if small and self.inline is not None and self._inline_turn():
@@ -256,7 +291,8 @@ class Database:
     async def read_all(self, sql: str, params: Sequence[object] = ()) -> list[sqlite3.Row]:
         """Run a query on the reader connection and return every row."""
         self._check_open()
-        return list(await self.reader.execute_fetchall(sql, params))
+        with translating(self.path):
+            return list(await self.reader.execute_fetchall(sql, params))
 
     async def read_in(
         self, sql: str, keys: Sequence[bytes], *, repeat: int = 1, chunk: int = 400

@@ -3,10 +3,15 @@
 Every error the store raises derives from :class:`StoreError`. A subclass's
 docstring is its message when it is raised without arguments. Errors that may
 go away on retry derive from :class:`TransientStoreError`; everything else is
-permanent.
+permanent. SQLite's and the file system's errors are translated where the store
+meets them (:func:`from_sqlite`, :func:`from_os`), by their codes, so callers
+never see ``sqlite3`` or ``OSError`` from the store.
 """
 
 from __future__ import annotations
+
+import errno
+import sqlite3
 
 
 class StoreError(Exception):
@@ -71,3 +76,64 @@ class CommitNotFoundError(StoreError, KeyError):
 
 class TransactionClosedError(StoreError):
     """The transaction was already committed or rolled back."""
+
+
+class TooManyOpenPagesError(TransientStoreError):
+    """Every open page is busy and no more may be opened; try again."""
+
+
+class SchemaError(StoreError):
+    """The database was written by a newer ledgerd."""
+
+
+class StorageError(StoreError):
+    """The page's files could not be read or written."""
+
+
+class StorageFullError(StorageError):
+    """The disk is full: free some space (the write was not stored)."""
+
+
+class CorruptDatabaseError(StorageError):
+    """A database file is damaged (SQLite reports it corrupt or not a database)."""
+
+
+class BusyError(TransientStoreError, StorageError):
+    """The database is locked by another process; try again."""
+
+
+_FULL = {sqlite3.SQLITE_FULL}
+_CORRUPT = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
+_BUSY = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+_STORAGE = {
+    sqlite3.SQLITE_IOERR,
+    sqlite3.SQLITE_CANTOPEN,
+    sqlite3.SQLITE_READONLY,
+    sqlite3.SQLITE_PERM,
+    sqlite3.SQLITE_PROTOCOL,
+}
+
+
+def from_sqlite(e: sqlite3.Error, where: object) -> StoreError | None:
+    """The store's error for an SQLite error on ``where`` (a path), by its primary
+    result code; None for errors that are bugs (SQL, constraints), left as they are."""
+    code = getattr(e, "sqlite_errorcode", None)
+    if code is None:
+        return None
+    primary = code & 0xFF
+    if primary in _FULL:
+        return StorageFullError(f"the disk is full: {where} could not be written ({e})")
+    if primary in _CORRUPT:
+        return CorruptDatabaseError(f"{where} is damaged: {e}")
+    if primary in _BUSY:
+        return BusyError(f"{where} is locked by another process: {e}")
+    if primary in _STORAGE:
+        return StorageError(f"{where}: {e}")
+    return None
+
+
+def from_os(e: OSError, where: object) -> StoreError:
+    """The store's error for a file-system error on ``where``."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StorageFullError(f"the disk is full: {where} could not be written ({e.strerror})")
+    return StorageError(f"{where}: {e.strerror or e}")

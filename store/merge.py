@@ -16,6 +16,7 @@ from typing import Literal
 from ledgerd.store import btree
 from ledgerd.store.btree import Builder, Entry
 from ledgerd.store.commit import Commit
+from ledgerd.store.errors import StoreError
 
 LoadCommit = Callable[[bytes], Awaitable[Commit]]
 
@@ -144,7 +145,7 @@ Choice = Literal["left", "right"] | bytes | None
 Resolver = Callable[[MergeRequest], Awaitable[dict[bytes, Choice]]]
 
 
-class NeedsResolver(Exception):
+class NeedsResolver(StoreError):
     """The page's policy needs a resolver and none gave an answer; heads are kept."""
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ledgerd.store.db import Database, Synchronous
-from ledgerd.store.errors import InvalidArgumentError, NameTooLargeError
+from ledgerd.store.errors import InvalidArgumentError, NameTooLargeError, TooManyOpenPagesError
 from ledgerd.store.hooks import NO_HOOKS, PageHooks
 from ledgerd.store.page import Page
 from ledgerd.store.schema import FORMAT_VERSION, create_usage_schema
@@ -37,6 +37,9 @@ from ledgerd.store.watch import MAX_WATCH_QUEUE
 log = logging.getLogger(__name__)
 
 NAME_LIMIT = 128
+MAX_OPEN_PAGES = 1024
+"""Pages open at once, by default (each holds three SQLite connections: a few
+files and two threads)."""
 PAGE_ID_SIZE = 16
 """Bytes of a page id chosen at random when none is given."""
 
@@ -81,8 +84,10 @@ class Repository:
         *,
         txn_memory: int = TXN_MEMORY,
         max_watch_queue: int = MAX_WATCH_QUEUE,
+        max_open_pages: int = MAX_OPEN_PAGES,
     ) -> None:
         self.root = root
+        self.max_open_pages = max_open_pages
         self.usage = usage
         self.synchronous = synchronous
         self.hooks = hooks
@@ -104,12 +109,16 @@ class Repository:
         hooks: PageHooks = NO_HOOKS,
         txn_memory: int = TXN_MEMORY,
         max_watch_queue: int = MAX_WATCH_QUEUE,
+        max_open_pages: int = MAX_OPEN_PAGES,
     ) -> Repository:
         """Open (creating on first use) the repository at ``root``.
 
         ``hooks`` are the collaborators every page gets (see :mod:`store.hooks`);
         ``txn_memory`` is what one transaction may hold in memory before staging
-        its values, ``max_watch_queue`` how far a watcher may fall behind."""
+        its values, ``max_watch_queue`` how far a watcher may fall behind, and
+        ``max_open_pages`` how many pages may be open at once: opening one more
+        closes the least recently used idle page, and fails with
+        :class:`TooManyOpenPagesError` when every open page is busy."""
         root = Path(root)
         (root / str(FORMAT_VERSION) / "ledgers").mkdir(parents=True, exist_ok=True)
         # FULL: the device id and sync's sequence numbers must survive a power loss.
@@ -123,6 +132,7 @@ class Repository:
             hooks,
             txn_memory=txn_memory,
             max_watch_queue=max_watch_queue,
+            max_open_pages=max_open_pages,
         )
         await repo._load_device_id()
         return repo
@@ -188,6 +198,7 @@ class Repository:
                 page = self._pages.get(key)
                 opened = page is None or page.closed
                 if page is None or page.closed:
+                    await self._make_room()
                     page = await self._open_new(ledger, page_id)
                 # No await since the page was published: close_idle cannot close it
                 # before the caller takes a lease.
@@ -197,6 +208,18 @@ class Repository:
             opening.users -= 1
             if opening.users == 0:
                 del self._opening[key]
+
+    async def _make_room(self) -> None:
+        """Close least recently used idle pages until one more may open."""
+        while len(self._pages) >= self.max_open_pages:
+            idle = [p for p in self._pages.values() if not p.closed and p.idle]
+            if not idle:
+                raise TooManyOpenPagesError(
+                    f"all {len(self._pages)} open pages are in use (max_open_pages); "
+                    "try again when one is released"
+                )
+            # Checked and closed with no await in between (see close_idle).
+            await min(idle, key=lambda p: p.last_used).close()
 
     def _hand_out(self, key: tuple[bytes, bytes]) -> None:
         self._handed_out[key] = self._handed_out.get(key, 0) + 1

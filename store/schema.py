@@ -27,6 +27,8 @@ from __future__ import annotations
 import logging
 import sqlite3
 
+from ledgerd.store.errors import SchemaError
+
 FORMAT_VERSION = 1
 """Path component of the repository layout: ``{data_dir}/{FORMAT_VERSION}/ledgers/...``."""
 
@@ -215,10 +217,6 @@ ALTER TABLE journals ADD COLUMN since INTEGER;
 """,
 }
 """Statements that take a page database from version ``n`` to ``n + 1``."""
-
-
-class SchemaError(Exception):
-    """The database was written by a newer ledgerd."""
 
 
 def _version(conn: sqlite3.Connection, version: int) -> int:

@@ -1,0 +1,52 @@
+"""The repository: the bound on open pages, and one owner of a page's use."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+
+from ledgerd.store import Repository, TooManyOpenPagesError
+
+
+async def test_opening_past_max_open_pages_closes_the_least_recently_used(
+    tmp_path: Path,
+) -> None:
+    async with await Repository.open(tmp_path, max_open_pages=3) as repo:
+        pages = [await repo.ledger("l").page(f"p{i}") for i in range(3)]
+        for p in pages:
+            await p.put(b"k", p.id)
+            await p.flush()
+        with pages[0].lease():
+            pass  # p0 is the most recently used now; p1 the least
+        fourth = await repo.ledger("l").page("p3")
+        assert len(repo.open_pages()) == 3
+        assert pages[1].closed and not pages[0].closed and not pages[2].closed
+        assert not fourth.closed
+        reopened = await repo.ledger("l").page("p1")  # comes back on its next use
+        assert await reopened.get(b"k") == b"p1"
+        assert len(repo.open_pages()) == 3
+
+
+async def test_when_every_open_page_is_busy_opening_one_more_fails_clearly(
+    tmp_path: Path,
+) -> None:
+    async with await Repository.open(tmp_path, max_open_pages=2) as repo:
+        with contextlib.ExitStack() as held:
+            for i in range(2):
+                held.enter_context((await repo.ledger("l").page(f"p{i}")).lease())
+            with pytest.raises(TooManyOpenPagesError, match="max_open_pages"):
+                await repo.ledger("l").page("p2")
+        assert not (await repo.ledger("l").page("p2")).closed  # free again: it opens
+
+
+async def test_a_transient_use_closes_only_what_it_opened(tmp_path: Path) -> None:
+    async with await Repository.open(tmp_path) as repo:
+        async with repo.page(b"l", b"a", transient=True) as a:
+            assert not await a.contains(b"k")
+        assert a.closed  # opened by this use, and nothing is under way: closed again
+        b = await repo.ledger("l").page("b")
+        async with repo.page(b"l", b"b", transient=True) as same:
+            assert same is b
+        assert not b.closed  # it was open before: left open
