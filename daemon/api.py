@@ -39,10 +39,8 @@ from aiohttp import web
 from ledgerd.daemon import __version__
 from ledgerd.daemon import errors as ae
 from ledgerd.daemon.config import Config
-from ledgerd.store import Commit, Page, Policy, Priority, Repository, StoreError
+from ledgerd.store import Commit, Entry, Page, Policy, Priority, Repository, StoreError, View
 from ledgerd.store import digest as dg
-from ledgerd.store.btree import Entry
-from ledgerd.store.view import View
 
 log = logging.getLogger(__name__)
 

@@ -35,8 +35,7 @@ from ledgerd.daemon.api import (
     priority_name,
     unb64,
 )
-from ledgerd.store import Page, Repository, StoreError, Transaction, Watcher
-from ledgerd.store.btree import Entry
+from ledgerd.store import Entry, Page, Repository, StoreError, Transaction, Watcher
 from ledgerd.store.merge import Choice, MergeRequest, Resolver
 
 log = logging.getLogger(__name__)

@@ -39,7 +39,7 @@ from ledgerd.store.merge import Choice, Conflict, MergeRequest, NeedsResolver, P
 from ledgerd.store.objects import ObjectStore, ValueRef
 from ledgerd.store.page import ChangedEntry, Notification, Page, Snapshot, Transaction, Watcher
 from ledgerd.store.repository import Ledger, Repository
-from ledgerd.store.view import KeyValue, RangeResult
+from ledgerd.store.view import KeyValue, RangeResult, View
 
 __all__ = [
     "BusyError",
@@ -85,5 +85,6 @@ __all__ = [
     "TransientStoreError",
     "TooManyOpenPagesError",
     "ValueRef",
+    "View",
     "Watcher",
 ]

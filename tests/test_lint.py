@@ -32,3 +32,15 @@ def test_mypy_strict_clean() -> None:
     # with editable_mode=strict (the README's commands do), which mypy can follow.
     out = _run("mypy", *(f"--package=ledgerd.{p}" for p in ("store", "sync", "daemon")))
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_layers_hold() -> None:
+    """daemon -> sync -> store, and store's private modules stay inside it."""
+    out = subprocess.run(
+        [str(Path(sys.executable).with_name("lint-imports"))],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
