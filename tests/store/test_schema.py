@@ -12,13 +12,12 @@ from typing import Any
 
 import pytest
 
-from ledgerd.store import Page, Priority, Repository, exchange, schema, sql
+from ledgerd.store import Page, Priority, Repository, SchemaError, exchange, schema, sql
 from ledgerd.store.schema import (
     LOCAL,
     SCHEMA_VERSION,
     SYNCED,
     TRANSIENT,
-    SchemaError,
     create_page_schema,
 )
 
