@@ -1,7 +1,8 @@
 """SQLite connections of one database file, off the event loop.
 
-This module owns opening a database (pragmas, schema), its two aiosqlite
-connections (one writer, one reader) and the write transaction discipline. It
+This module owns opening a database (pragmas, schema), its connections (an
+aiosqlite writer and reader, and a plain one for inline writes), the write
+transaction discipline, and translating SQLite's errors into the store's. It
 knows nothing about what the tables mean; :mod:`store.schema` owns that.
 
 * WAL mode, so readers never wait for the writer and the writer never waits for

@@ -14,7 +14,13 @@ The type byte is a bit field:
 bit 0  1 = inline (body is the content), 0 = body is a SHA-256
 bit 1  1 = index piece (lists child digests), 0 = data chunk
 bit 2  1 = part of a tree node, 0 = part of a value
+bit 3  1 = a tombstone: exactly :data:`TOMBSTONE` (0x09, no body)
 =====  =======================================================
+
+A *tombstone* is the value of a key deleted by a commit whose base did not have
+it: an inline, empty value with bit 3 set. It keeps such a delete in the tree so
+that merges weigh it like a put (see :mod:`store.view`, which reads it as absent).
+Being inline, it is never stored, uploaded or fetched.
 
 Identical content of the same kind therefore has an identical digest on every
 device, which is what makes dedup and sync work.
@@ -36,7 +42,11 @@ HASH_SIZE = 32
 _INLINE = 0x01
 _INDEX = 0x02
 _TREE = 0x04
-_KNOWN_BITS = _INLINE | _INDEX | _TREE
+_DELETED = 0x08
+_KNOWN_BITS = _INLINE | _INDEX | _TREE | _DELETED
+
+TOMBSTONE = bytes((_DELETED | _INLINE,))
+"""The value digest of a deleted key kept in the tree (see above)."""
 
 _U64 = struct.Struct(">Q")
 
@@ -90,6 +100,8 @@ def validate(digest: bytes) -> bytes:
     t = digest[0]
     if t & ~_KNOWN_BITS:
         raise InvalidDigestError(f"unknown digest type byte 0x{t:02x}")
+    if t & _DELETED and digest != TOMBSTONE:
+        raise InvalidDigestError("a tombstone digest is the single byte 0x09")
     if t & _INLINE:
         if t & _INDEX:
             raise InvalidDigestError("index pieces are never inline")
@@ -102,7 +114,7 @@ def validate(digest: bytes) -> bytes:
 
 def is_valid_hashed_type(t: int) -> bool:
     """Whether ``t`` is the type byte of a well-formed hashed (not inline) digest."""
-    return not t & ~_KNOWN_BITS and not t & _INLINE
+    return not t & ~_KNOWN_BITS and not t & (_INLINE | _DELETED)
 
 
 def is_inline(digest: bytes) -> bool:

@@ -17,6 +17,7 @@ from ledgerd.store import btree
 from ledgerd.store.btree import Builder, Entry
 from ledgerd.store.commit import Commit
 from ledgerd.store.errors import StoreError
+from ledgerd.store.view import live
 
 LoadCommit = Callable[[bytes], Awaitable[Commit]]
 
@@ -168,7 +169,8 @@ async def resolve(
     result: dict[bytes, Entry | None] = {}
     pending: list[Conflict] = []
     for c in changes:
-        conflict = Conflict(c.key, c.base, c.left, c.right)
+        # A resolver sees a tombstone (a delete kept for merges) as absent.
+        conflict = Conflict(c.key, live(c.base), live(c.left), live(c.right))
         if policy is Policy.CUSTOM:
             pending.append(conflict)
         elif c.left == c.base:

@@ -1,10 +1,16 @@
-"""Turning values given to a write into entries and pieces, before they are committed.
+"""Turning the changes of a write into entries and pieces, before they are committed.
 
 This module owns the one path by which a value (bytes, an async iterator of
 bytes, or a file) becomes a tree entry: split in memory when small (its pieces
 travel with the write), staged in SQLite as transient pieces under a token when
 large or streamed. Plain writes (:mod:`store.writer`) and transactions
 (:mod:`store.transaction`) both use it; neither splits values by itself.
+
+It also owns what a delete becomes at commit (:func:`with_tombstones`): the entry
+is removed when the base has the key, and a tombstone is kept when it does not,
+so that under last-one-wins a later delete of a key another device created
+concurrently wins like a later put would (a removal of nothing would leave no
+trace for the merge to weigh).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from pathlib import Path
 
 from ledgerd.store import btree, split
 from ledgerd.store import digest as dg
-from ledgerd.store.btree import Entry, Priority
+from ledgerd.store.btree import Entry, NodeStore, Priority
 from ledgerd.store.errors import InvalidArgumentError
 from ledgerd.store.objects import ObjectStore, Source
 
@@ -92,3 +98,18 @@ async def only_live(
     pieces = [p for root in live for p in pieces_of.get(root, ())]
     await discard(objects, [t for t, root in staged.items() if root not in live])
     return pieces, [t for t, root in staged.items() if root in live]
+
+
+async def with_tombstones(
+    nodes: NodeStore, base_root: bytes, changes: Iterable[tuple[bytes, Entry | None]]
+) -> list[tuple[bytes, Entry | None]]:
+    """``changes`` to apply on ``base_root``, with each delete of a key the base does
+    not have (or has as a tombstone already) made a tombstone entry."""
+    out: list[tuple[bytes, Entry | None]] = []
+    for key, e in changes:
+        if e is None:
+            old = await btree.lookup(nodes, base_root, key)
+            if old is None or old.value == dg.TOMBSTONE:
+                e = btree.new_entry((key, dg.TOMBSTONE, Priority.EAGER))
+        out.append((key, e))
+    return out

@@ -110,7 +110,9 @@ class Transactions:
                 await staging.discard(self.objects, st.staged)
                 raise ClosedError(f"page {self.name!r} is closed")
             builder = Builder(self.nodes)
-            root = await builder.apply(EMPTY if st.cleared else txn.base.root, st.entries.items())
+            start = EMPTY if st.cleared else txn.base.root
+            changes = await staging.with_tombstones(self.nodes, start, st.entries.items())
+            root = await builder.apply(start, changes)
             if root == txn.base.root:
                 await staging.discard(self.objects, st.staged)
                 return None

@@ -21,12 +21,19 @@ from typing import Generic, TypeVar
 
 from ledgerd.store import btree
 from ledgerd.store.btree import EMPTY, Entry, NodeStore, Priority
+from ledgerd.store.digest import TOMBSTONE
 from ledgerd.store.errors import InvalidArgumentError, KeyNotFoundError, KeyTooLargeError
 from ledgerd.store.objects import ObjectStore
 
 KEY_LIMIT = 4096
 
 T = TypeVar("T")
+
+
+def live(e: Entry | None) -> Entry | None:
+    """``e``, or None if it is absent or a tombstone (a delete kept for merges:
+    :data:`store.digest.TOMBSTONE`). Every read goes through this."""
+    return None if e is None or e.value == TOMBSTONE else e
 
 
 def check_key(key: bytes) -> bytes:
@@ -103,10 +110,10 @@ class View(abc.ABC):
         key = check_key(key)
         root, overlay = self._state()
         if key in overlay.entries:
-            return overlay.entries[key]
+            return live(overlay.entries[key])
         if overlay.cleared:
             return None
-        return await btree.lookup(self.nodes, root, key)
+        return live(await btree.lookup(self.nodes, root, key))
 
     async def _entry(self, key: bytes) -> Entry:
         e = await self.get_entry(key)
@@ -154,18 +161,19 @@ class View(abc.ABC):
             async for e in btree.iterate(self.nodes, root, lo, hi):
                 while i < len(pending) and pending[i][0] < e.key:
                     over = pending[i][1]
-                    if over is not None:
+                    if over is not None and over.value != TOMBSTONE:
                         yield over
                     i += 1
                 if i < len(pending) and pending[i][0] == e.key:
                     over = pending[i][1]
                     i += 1
-                    if over is not None:
+                    if over is not None and over.value != TOMBSTONE:
                         yield over
                     continue
-                yield e
+                if e.value != TOMBSTONE:
+                    yield e
         for _, over in pending[i:]:
-            if over is not None:
+            if over is not None and over.value != TOMBSTONE:
                 yield over
 
     async def _page(

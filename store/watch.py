@@ -24,6 +24,7 @@ from ledgerd.store import btree
 from ledgerd.store.btree import NodeStore, Priority
 from ledgerd.store.errors import StoreError
 from ledgerd.store.objects import ObjectStore
+from ledgerd.store.view import live
 
 WATCH_VALUE_LIMIT = 64 * 1024
 """Notifications carry values up to this size; larger ones carry None."""
@@ -146,12 +147,14 @@ class Watchers:
             for ch in changes:
                 if not ch.key.startswith(w.prefix):
                     continue
-                if ch.new is None:
-                    deleted.append(ch.key)
+                old, new = live(ch.old), live(ch.new)
+                if new is None:
+                    if old is not None:  # a tombstone replacing nothing is no change
+                        deleted.append(ch.key)
                     continue
                 entry = described.get(ch.key)
                 if entry is None:
-                    entry = described[ch.key] = await self._describe(ch.key, ch.new)
+                    entry = described[ch.key] = await self._describe(ch.key, new)
                 changed.append(entry)
             if changed or deleted:
                 w.deliver(Notification(cid, changed, deleted))

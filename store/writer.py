@@ -229,7 +229,9 @@ class JournalWriter:
             async with self.graph.lock:
                 base = self.graph.head
                 builder = Builder(self.nodes)
-                root = await builder.apply(EMPTY if w.clear else base.root, w.changes)
+                start = EMPTY if w.clear else base.root
+                changes = await staging.with_tombstones(self.nodes, start, w.changes)
+                root = await builder.apply(start, changes)
                 if root == base.root:
                     await staging.discard(self.objects, w.tokens)
                 else:
@@ -323,9 +325,9 @@ class JournalWriter:
                 return
             base = self.graph.head
             builder = Builder(self.nodes)
-            root = await builder.apply(
-                EMPTY if overlay.cleared else base.root, overlay.entries.items()
-            )
+            start = EMPTY if overlay.cleared else base.root
+            changes = await staging.with_tombstones(self.nodes, start, overlay.entries.items())
+            root = await builder.apply(start, changes)
             if root == base.root:
                 await self.db.run(lambda conn: sql.drop_journal(conn, jid), write=True)
                 await self.objects.discard(jid)

@@ -23,6 +23,7 @@ from ledgerd.store import (
     Page,
     Priority,
     Repository,
+    StorageError,
     TransactionClosedError,
     exchange,
 )
@@ -558,7 +559,7 @@ async def test_opening_pages_leaves_no_lock_behind(repo: Repository) -> None:
     for i in range(len(names)):
         assert pages[3 * i] is pages[3 * i + 1] is pages[3 * i + 2]
     await repo.close_idle(0)
-    with pytest.raises(OSError):  # an open that fails (here: a file name over 255 bytes)
+    with pytest.raises(StorageError):  # an open that fails (a file name over 255 bytes)
         await repo.open_page(b"l", b"x" * 200)
     assert repo._opening == {}
 

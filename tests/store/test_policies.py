@@ -168,3 +168,46 @@ async def test_a_failing_resolver_changes_nothing(
         p2 = await repo2.ledger("l").page("p")
         assert p2.policy is Policy.AUTOMATIC_WITH_FALLBACK  # remembered
         assert (await p2.db.read_all("SELECT count(*) FROM commits")) == commits
+
+
+@pytest.mark.parametrize("what", ["delete", "put"])
+async def test_last_one_wins_a_later_delete_beats_an_earlier_put_like_a_later_put(
+    tmp_path: Path, what: str
+) -> None:
+    """Device X puts a new key; device Y, which never saw it, deletes (or puts) that
+    key later. Under last-one-wins the later side wins, a delete included: the
+    delete of a key Y did not have is kept (as a tombstone) instead of vanishing."""
+    repo, page, base = await _forked(tmp_path)
+    later = page.transaction()
+    await later.start()  # Y's view: the base, without the key
+    earlier = await _commit(page, base, [_ent(b"new", b"from x")])  # X, earlier
+    if what == "delete":
+        await later.delete(b"new")
+    else:
+        await later.put(b"new", b"from y")
+    y = await later.commit()
+    assert y is not None and (await page.load_commit(y)).timestamp > earlier.timestamp
+    assert len(await page.heads()) == 1
+    got = await _values(page)
+    assert got.get(b"new") == (None if what == "delete" else b"from y")
+    assert not await page.contains(b"new") if what == "delete" else True
+    assert b"new" not in (await page.keys()).items or what == "put"
+    await repo.close()
+
+
+async def test_a_tombstone_reads_as_absent_everywhere(tmp_path: Path) -> None:
+    repo, page, base = await _forked(tmp_path)
+    notes = page.watch()
+    await page.delete(b"never-there")  # a delete of an absent key leaves a tombstone
+    await page.put(b"z", b"1")
+    await page.flush()
+    assert not await page.contains(b"never-there")
+    assert [e.key async for e in page.iter_entries()] == [b"a", b"b", b"c", b"z"]
+    snap = await page.snapshot()
+    assert not await snap.contains(b"never-there")
+    note = await asyncio.wait_for(notes.__anext__(), 10)
+    assert note.deleted == [] and [c.key for c in note.changed] == [b"z"]
+    await page.put(b"never-there", b"now")  # a tombstone replaced by a value
+    await page.flush()
+    assert await page.get(b"never-there") == b"now"
+    await repo.close()
