@@ -42,7 +42,6 @@ def setup_logging(cfg: Config) -> None:
         fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(level=log_level(cfg), format=fmt, stream=sys.stderr, force=True)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    logging.getLogger("aiosqlite").setLevel(logging.INFO)  # one line per query otherwise
 
 
 def _lock_data_dir(data_dir: Path) -> int:

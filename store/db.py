@@ -1,8 +1,9 @@
 """SQLite connections of one database file, off the event loop.
 
-This module owns opening a database (pragmas, schema), its connections (an
-aiosqlite writer and reader, and a plain one for inline writes), the write
-transaction discipline, and translating SQLite's errors into the store's. It
+This module owns opening a database (pragmas, schema), its connections (a
+writer and a reader on the shared SQLite threads of :mod:`store.threads`, and a
+plain one for inline writes), the write transaction discipline, and translating
+SQLite's errors into the store's. It
 knows nothing about what the tables mean; :mod:`store.schema` owns that.
 
 * WAL mode, so readers never wait for the writer and the writer never waits for
@@ -24,23 +25,19 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import aiosqlite
-
 from ledgerd.store.errors import ClosedError, from_os, from_sqlite
+from ledgerd.store.threads import Connection
 
 log = logging.getLogger(__name__)
 
 Synchronous = Literal["OFF", "NORMAL", "FULL"]
 T = TypeVar("T")
-
-if not hasattr(aiosqlite.Connection, "_execute"):  # pragma: no cover - guards an upgrade
-    raise ImportError("this aiosqlite has no Connection._execute; ledgerd needs aiosqlite 0.17-0.x")
 
 PAGE_SIZE = 4096
 WAL_CHECKPOINT_PAGES = 16384
@@ -113,12 +110,6 @@ def fits_inline(rows: int, nbytes: int) -> bool:
     return rows <= INLINE_MAX_ROWS and nbytes <= INLINE_MAX_BYTES
 
 
-async def _hop(conn: aiosqlite.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
-    """Run ``fn`` with the sqlite3 connection on aiosqlite's worker thread."""
-    execute: Callable[..., Awaitable[T]] = conn._execute
-    return await execute(fn, conn._conn)
-
-
 def _in_transaction(fn: Callable[[sqlite3.Connection], T], conn: sqlite3.Connection) -> T:
     conn.execute("BEGIN IMMEDIATE")
     return _in_begun_transaction(fn, conn)
@@ -135,7 +126,7 @@ def _in_begun_transaction(fn: Callable[[sqlite3.Connection], T], conn: sqlite3.C
     return result
 
 
-async def _undo_begin(conn: aiosqlite.Connection, begin: asyncio.Future[Any]) -> None:
+async def _undo_begin(conn: Connection, begin: asyncio.Future[Any]) -> None:
     with contextlib.suppress(BaseException):
         await begin
     if conn.in_transaction:
@@ -148,8 +139,8 @@ class Database:
     def __init__(
         self,
         path: Path,
-        writer: aiosqlite.Connection,
-        reader: aiosqlite.Connection,
+        writer: Connection,
+        reader: Connection,
         inline: sqlite3.Connection | None = None,
     ):
         self.path = path
@@ -180,11 +171,11 @@ class Database:
     ) -> Database:
         path.parent.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(_prepare, path, create_schema)
-        writer = await aiosqlite.connect(path, isolation_level=None)
+        writer = await Connection.connect(path, isolation_level=None)
         try:
             for pragma in writer_pragmas(synchronous):
                 await writer.execute(pragma)
-            reader = await aiosqlite.connect(path, isolation_level=None)
+            reader = await Connection.connect(path, isolation_level=None)
         except BaseException:
             await writer.close()
             raise
@@ -210,7 +201,7 @@ class Database:
             raise ClosedError(f"database {self.path} is closed")
 
     @asynccontextmanager
-    async def write(self) -> AsyncIterator[aiosqlite.Connection]:
+    async def write(self) -> AsyncIterator[Connection]:
         """One write transaction: committed if the block succeeds, rolled back if not."""
         self._check_open()
         with translating(self.path):
@@ -218,7 +209,7 @@ class Database:
                 yield conn
 
     @asynccontextmanager
-    async def _write(self) -> AsyncIterator[aiosqlite.Connection]:
+    async def _write(self) -> AsyncIterator[Connection]:
         async with self._lock:
             self._check_open()
             conn = self.writer
@@ -244,9 +235,9 @@ class Database:
         """Run ``fn(connection)`` on the connection's own thread: one hop for many statements.
 
         With ``write`` it runs as one ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction under
-        the write lock (rolled back if ``fn`` raises). This is aiosqlite's own worker
-        thread, reached through ``Connection._execute``; the hot paths use it so that a
-        transaction costs one thread round trip instead of one per statement.
+        the write lock (rolled back if ``fn`` raises). It runs on a shared SQLite
+        thread (:mod:`store.threads`); the hot paths use it so that a transaction
+        costs one thread round trip instead of one per statement.
 
         A ``small`` write (a few rows, at most about ``INLINE_MAX_BYTES``) runs inline
         instead, on this thread, unless the database is busy (another process holds
@@ -256,7 +247,7 @@ class Database:
         self._check_open()
         with translating(self.path):
             if not write:
-                return await _hop(self.reader, fn)
+                return await self.reader.run(fn)
             return await self._write_with(fn, small)
 
     async def _write_with(self, fn: Callable[[sqlite3.Connection], T], small: bool) -> T:
@@ -274,7 +265,7 @@ class Database:
                     log.debug("inline write to %s waits for the writer: %s", self.path, e)
                 else:
                     return _in_begun_transaction(fn, inline)
-            return await asyncio.shield(_hop(self.writer, partial(_in_transaction, fn)))
+            return await asyncio.shield(self.writer.run(partial(_in_transaction, fn)))
 
     def _inline_turn(self) -> bool:
         """Whether this small write may run inline: all but one in ``INLINE_ROUND``.

@@ -34,13 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiofiles
-import aiosqlite
 
 from ledgerd.store import digest as dg
 from ledgerd.store import split, sql
 from ledgerd.store.db import Database
 from ledgerd.store.errors import CorruptObjectError, ObjectNotFoundError, RangeError
 from ledgerd.store.schema import SYNCED, TRANSIENT
+from ledgerd.store.threads import Connection
 
 log = logging.getLogger(__name__)
 
@@ -223,9 +223,7 @@ class ObjectStore:
         except Exception as e:  # the database may be closing; the next open collects
             log.debug("could not discard staged pieces %s: %s", token, e)
 
-    async def adopt(
-        self, token: str, journal_id: str, conn: aiosqlite.Connection | None = None
-    ) -> None:
+    async def adopt(self, token: str, journal_id: str, conn: Connection | None = None) -> None:
         """Move staged pieces from ``token`` to ``journal_id``.
 
         Pass the open write connection when calling inside a transaction.

@@ -50,3 +50,19 @@ async def test_a_transient_use_closes_only_what_it_opened(tmp_path: Path) -> Non
         async with repo.page(b"l", b"b", transient=True) as same:
             assert same is b
         assert not b.closed  # it was open before: left open
+
+
+async def test_open_pages_share_a_bounded_set_of_threads(tmp_path: Path) -> None:
+    """Threads do not grow with open pages (they did: two per page)."""
+    import threading
+
+    from ledgerd.store import threads
+
+    async with await Repository.open(tmp_path) as repo:
+        for i in range(60):
+            page = await repo.ledger("l").page(f"p{i}")
+            await page.put(b"k", b"v")
+            await page.get(b"k")
+        sqlite_threads = [t for t in threading.enumerate() if t.name.startswith("sqlite")]
+        assert len(repo.open_pages()) == 60
+        assert 0 < len(sqlite_threads) <= threads.SQLITE_THREADS

@@ -1,0 +1,111 @@
+"""SQLite connections that run on one bounded thread pool shared by every database.
+
+This module owns how the store's SQLite work leaves the event loop. Each open
+page has a writer and a reader connection; with a thread per connection (as
+aiosqlite gives) a daemon with a thousand open pages runs two thousand threads,
+each with its own stack and, under glibc, its own malloc arena, and memory freed
+by closed pages is not given back. Here every connection runs its calls on one
+:class:`~concurrent.futures.ThreadPoolExecutor` of at most ``SQLITE_THREADS``
+threads (configurable: :func:`set_threads`), one call of a connection at a time.
+
+Written here rather than taken from a library because aiosqlite, the maintained
+asyncio binding, hard-wires one thread per connection; what is needed on top of
+the standard library is small: an executor, and a lock per connection that is
+held until the thread's work ends, even when the awaiting task is cancelled (so
+that a connection is never used by two threads at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+SQLITE_THREADS = 8
+"""Threads that run SQLite work for every database of the process, by default."""
+
+_pool: ThreadPoolExecutor | None = None
+_threads = SQLITE_THREADS
+_pool_lock = threading.Lock()
+
+
+def set_threads(n: int) -> None:
+    """The number of threads for SQLite work (takes effect for a pool not started yet)."""
+    global _threads
+    if n < 1:
+        raise ValueError("at least one SQLite thread is needed")
+    _threads = n
+
+
+def pool() -> ThreadPoolExecutor:
+    """The shared pool, started on first use."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(_threads, thread_name_prefix="sqlite")
+        return _pool
+
+
+class Connection:
+    """A sqlite3 connection whose calls run on the shared pool, one at a time."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.raw = conn
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def connect(cls, path: Path, **kwargs: Any) -> Connection:
+        def open_() -> sqlite3.Connection:
+            conn: sqlite3.Connection = sqlite3.connect(path, check_same_thread=False, **kwargs)
+            return conn
+
+        return cls(await asyncio.get_running_loop().run_in_executor(pool(), open_))
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on a pool thread, after any call of this connection under way.
+
+        If the caller is cancelled, the work still runs to its end and the
+        connection stays taken until then."""
+        await self._lock.acquire()
+        try:
+            fut = asyncio.get_running_loop().run_in_executor(pool(), fn, *args)
+        except BaseException:
+            self._lock.release()
+            raise
+        fut.add_done_callback(lambda _f: self._lock.release())
+        return await asyncio.shield(fut)
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn(connection)`` on a pool thread."""
+        return await self.call(fn, self.raw)
+
+    async def execute(self, sql: str, params: Sequence[object] = ()) -> None:
+        def work(conn: sqlite3.Connection) -> None:
+            conn.execute(sql, params).close()
+
+        await self.run(work)
+
+    async def execute_fetchall(self, sql: str, params: Sequence[object] = ()) -> list[Any]:
+        def work(conn: sqlite3.Connection) -> list[Any]:
+            return conn.execute(sql, params).fetchall()
+
+        return await self.run(work)
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.raw.in_transaction
+
+    async def commit(self) -> None:
+        await self.run(lambda conn: conn.commit())
+
+    async def rollback(self) -> None:
+        await self.run(lambda conn: conn.rollback())
+
+    async def close(self) -> None:
+        await self.run(lambda conn: conn.close())
