@@ -305,3 +305,13 @@ async def test_bad_templates_are_refused_and_write_nothing(page: Page) -> None:
     await page.flush()
     assert (await page.entries()).items == []
     assert len(await page.history()) == 1
+
+
+def test_structured_keys_are_exported_for_embedded_users() -> None:
+    import ledgerd.store as store
+    from ledgerd.store import subspace
+
+    assert store.tuple is fdbtuple and store.tuple.pack(("a", 1)) == b"\x02a\x00\x15\x01"
+    assert store.Subspace is subspace.Subspace and store.Versionstamp is Versionstamp
+    assert store.StampedKey is StampedKey and store.VersionstampError is VersionstampError
+    assert {"tuple", "Subspace", "Versionstamp", "TupleError"} <= set(store.__all__)
