@@ -9,8 +9,19 @@
         await page.put(b"k", b"v")
         async with page.transaction() as txn:
             await txn.put(b"a", b"1")
+
+Structured keys: ``tuple`` (FoundationDB's tuple layer), :class:`Subspace`, and
+versionstamped keys (:class:`Versionstamp`, ``Page.set_versionstamped_key``)::
+
+    from ledgerd.store import Subspace, Versionstamp, tuple
+
+    log = Subspace(("log",))
+    key = await page.set_versionstamped_key(
+        log.pack_with_versionstamp((Versionstamp.incomplete(),)), tuple.pack(("hello",))
+    )
 """
 
+from ledgerd.store import tuple
 from ledgerd.store.btree import Entry, Priority
 from ledgerd.store.commit import Commit
 from ledgerd.store.digest import Kind
@@ -39,6 +50,9 @@ from ledgerd.store.merge import Choice, Conflict, MergeRequest, NeedsResolver, P
 from ledgerd.store.objects import ObjectStore, ValueRef
 from ledgerd.store.page import ChangedEntry, Notification, Page, Snapshot, Transaction, Watcher
 from ledgerd.store.repository import Ledger, Repository
+from ledgerd.store.stamps import StampedKey, StampedValue, VersionstampError, stamp_time
+from ledgerd.store.subspace import Subspace
+from ledgerd.store.tuple import SingleFloat, TupleError, Versionstamp
 from ledgerd.store.view import KeyValue, RangeResult, View
 
 __all__ = [
@@ -78,13 +92,22 @@ __all__ = [
     "RangeError",
     "RangeResult",
     "Repository",
+    "SingleFloat",
     "Snapshot",
+    "StampedKey",
+    "StampedValue",
     "StoreError",
+    "Subspace",
     "Transaction",
     "TransactionClosedError",
     "TransientStoreError",
     "TooManyOpenPagesError",
+    "TupleError",
     "ValueRef",
+    "Versionstamp",
+    "VersionstampError",
     "View",
     "Watcher",
+    "stamp_time",
+    "tuple",
 ]

@@ -9,6 +9,7 @@ serves reads of its current state, and hands each job to the part that owns it:
 :mod:`store.graph`         commits, heads, storing a commit (the commit lock)
 :mod:`store.merging`       merge policy, merging heads, adopting remote commits
 :mod:`store.watch`         watchers and their notifications
+:mod:`store.stamps`        versionstamps: the page's stamp clock
 :mod:`store.view`          reads over a root plus an overlay
 :mod:`store.objects`       pieces and values
 =========================  ==================================================
@@ -40,6 +41,7 @@ from ledgerd.store.merging import RESOLVER_TIMEOUT, Merger
 from ledgerd.store.objects import ObjectStore, Source
 from ledgerd.store.schema import create_page_schema
 from ledgerd.store.staging import SMALL_VALUE
+from ledgerd.store.stamps import StampClock, StampedKey, StampedValue
 from ledgerd.store.transaction import TXN_MEMORY, Transaction, Transactions
 from ledgerd.store.view import Overlay, TreeView, View, check_key
 from ledgerd.store.watch import (
@@ -99,6 +101,7 @@ class Page(View):
         txn_memory: int = TXN_MEMORY,
         max_watch_queue: int = MAX_WATCH_QUEUE,
         on_close: Callable[[Page], None] | None = None,
+        device_id: bytes = b"",
     ) -> None:
         fetcher = hooks.fetcher
         objects = ObjectStore(
@@ -116,7 +119,11 @@ class Page(View):
         """When a lease on the page last ended (or it was opened); see :meth:`lease`."""
         self.watchers = Watchers(self.nodes, objects, self._touch, max_watch_queue)
         self.graph = CommitGraph(page_id, db, objects, self.watchers, self._committed)
-        self.writer = JournalWriter(page_id, db, objects, self.nodes, self.graph, self._check_open)
+        self.stamps = StampClock(device_id, lambda: self.graph.head.timestamp)
+        """Where the page's versionstamps come from (``device_id``: the repository's)."""
+        self.writer = JournalWriter(
+            page_id, db, objects, self.nodes, self.graph, self.stamps, self._check_open
+        )
         self.merger = Merger(
             ledger, page_id, db, self.nodes, self.graph, hooks.resolvers, lambda: self._closed
         )
@@ -126,6 +133,7 @@ class Page(View):
             self.nodes,
             self.graph,
             self.merger,
+            self.stamps,
             self.flush,
             self._touch,
             lambda: self._closed,
@@ -146,9 +154,10 @@ class Page(View):
         txn_memory: int = TXN_MEMORY,
         max_watch_queue: int = MAX_WATCH_QUEUE,
         on_close: Callable[[Page], None] | None = None,
+        device_id: bytes = b"",
     ) -> Page:
         """Open the page's database (``on_close`` is called once it is closed: the
-        repository that owns the page's lifetime)."""
+        repository that owns the page's lifetime; ``device_id`` ends its versionstamps)."""
         db = await Database.open(path, create_page_schema, synchronous=synchronous)
         page = cls(
             ledger,
@@ -158,6 +167,7 @@ class Page(View):
             txn_memory=txn_memory,
             max_watch_queue=max_watch_queue,
             on_close=on_close,
+            device_id=device_id,
         )
         try:
             await page._recover()
@@ -295,13 +305,35 @@ class Page(View):
         self._check_open()
         await self.writer.clear()
 
-    async def write(self, changes: Iterable[Change], priority: Priority = Priority.EAGER) -> None:
+    async def write(
+        self, changes: Iterable[Change], priority: Priority = Priority.EAGER
+    ) -> list[bytes]:
         """Many puts (value) and deletes (None) that land in one commit.
 
-        Each change is ``(key, value)`` or ``(key, value, priority)``.
+        Each change is ``(key, value)`` or ``(key, value, priority)``. A key given as
+        :class:`~store.stamps.StampedKey`, or a value as
+        :class:`~store.stamps.StampedValue`, is completed with the write's one
+        versionstamp; returns those completed keys and values, in order.
         """
         self._check_open()
-        await self.writer.write(changes, priority)
+        return await self.writer.write(changes, priority)
+
+    async def set_versionstamped_key(
+        self, key: bytes, value: Source, priority: Priority = Priority.EAGER
+    ) -> bytes:
+        """Set the key ``key`` becomes once its incomplete versionstamp is filled in
+        (``key`` ends in the stamp's 4-byte offset, as
+        :func:`store.tuple.pack_with_versionstamp` makes it); returns that key."""
+        (done,) = await self.write([(StampedKey(key), value, priority)])
+        return done
+
+    async def set_versionstamped_value(
+        self, key: bytes, value: bytes, priority: Priority = Priority.EAGER
+    ) -> bytes:
+        """Set ``key`` to ``value`` with its incomplete versionstamp filled in (``value``
+        ends in the stamp's 4-byte offset); returns the value stored."""
+        (done,) = await self.write([(key, StampedValue(value), priority)])
+        return done
 
     async def flush(self) -> None:
         """Wait until every acknowledged plain write is committed, and every

@@ -264,6 +264,7 @@ class Repository:
             txn_memory=self.txn_memory,
             max_watch_queue=self.max_watch_queue,
             on_close=self._closed_page,
+            device_id=self.device_id,
         )
         try:
             async with self.usage.write() as conn:

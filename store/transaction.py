@@ -8,6 +8,16 @@ the budget are staged in SQLite as transient pieces. Committing creates one
 commit on the base; if the page moved meanwhile there are two heads, merged at
 once (:mod:`store.merging`). Rollback, an exception, or a crash discards
 everything the transaction staged.
+
+Versionstamped keys and values (:mod:`store.stamps`) are held apart from the
+other changes and completed at commit, under the commit lock, all with one stamp
+(they differ by the user version, as in FoundationDB). Their stamp is known only
+then: :meth:`Transaction.set_versionstamped_key` returns nothing, and after
+:meth:`Transaction.commit` the transaction's ``versionstamp`` and
+``versionstamped_keys`` hold the stamp and the completed keys. As in FoundationDB,
+the transaction cannot read what it stamps: a stamped key is not among its
+entries, and reading a key whose value it stamps raises
+:class:`~store.stamps.VersionstampError`.
 """
 
 from __future__ import annotations
@@ -20,13 +30,14 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 from ledgerd.store import commit, split, staging
-from ledgerd.store.btree import EMPTY, Builder, Entry, NodeStore, Priority
+from ledgerd.store.btree import EMPTY, Builder, Entry, NodeStore, Priority, new_entry
 from ledgerd.store.commit import Commit
 from ledgerd.store.errors import ClosedError, TransactionClosedError
 from ledgerd.store.graph import CommitGraph
 from ledgerd.store.merging import Merger
 from ledgerd.store.objects import ObjectStore, Source
-from ledgerd.store.view import Overlay, View, check_key
+from ledgerd.store.stamps import StampClock, StampedKey, StampedValue, VersionstampError
+from ledgerd.store.view import Overlay, View, bounds, check_key
 
 TXN_MEMORY = 64 * 1024 * 1024
 """Bytes of small values a transaction keeps in memory; past that it stages them."""
@@ -39,6 +50,8 @@ class _TxnState:
     pieces: dict[bytes, list[split.Piece]] = field(default_factory=dict)  # by value digest
     staged: dict[str, bytes] = field(default_factory=dict)  # token -> its value's digest
     memory: int = 0  # bytes of pieces held in memory
+    stamped_keys: list[tuple[StampedKey, Entry]] = field(default_factory=list)
+    stamped_values: dict[bytes, tuple[StampedValue, Priority]] = field(default_factory=dict)
     open: bool = True
     counted: bool = False  # counted in Transactions.open (started, not ended)
 
@@ -57,6 +70,7 @@ class Transactions:
         nodes: NodeStore,
         graph: CommitGraph,
         merger: Merger,
+        clock: StampClock,
         flush_writes: Callable[[], Awaitable[None]],
         touched: Callable[[], None],
         is_closed: Callable[[], bool],
@@ -67,6 +81,7 @@ class Transactions:
         self.nodes = nodes
         self.graph = graph
         self.merger = merger
+        self.clock = clock
         self._flush_writes = flush_writes
         self._touched = touched
         self._is_closed = is_closed
@@ -109,17 +124,21 @@ class Transactions:
             if self._is_closed():
                 await staging.discard(self.objects, st.staged)
                 raise ClosedError(f"page {self.name!r} is closed")
+            entries, at = st.entries, None
+            if st.stamped_keys or st.stamped_values:
+                entries = dict(entries)
+                at = await self._stamp(txn, entries)
             builder = Builder(self.nodes)
             start = EMPTY if st.cleared else txn.base.root
-            changes = await staging.with_tombstones(self.nodes, start, st.entries.items())
+            changes = await staging.with_tombstones(self.nodes, start, entries.items())
             root = await builder.apply(start, changes)
             if root == txn.base.root:
                 await staging.discard(self.objects, st.staged)
                 return None
-            c = commit.child([txn.base], root)
+            c = commit.child([txn.base], root, at=at)
             moved = txn.base.id not in {h.id for h in graph.heads}
             # Values a later put of the transaction replaced are not stored.
-            live = {e.value for e in st.entries.values() if e is not None}
+            live = {e.value for e in entries.values() if e is not None}
             values, tokens = await staging.only_live(self.objects, live, st.pieces, st.staged)
             st.staged = {t: st.staged[t] for t in tokens}
             await graph.store(c, builder, values=values, tokens=tokens, notify=not moved)
@@ -127,6 +146,23 @@ class Transactions:
         if len(graph.heads) > 1:
             await self.merger.settle()
         return c.id
+
+    async def _stamp(self, txn: Transaction, entries: dict[bytes, Entry | None]) -> int:
+        """Complete the transaction's stamped keys and values into ``entries`` with one
+        new stamp (commit lock held); returns the stamp's time."""
+        st = txn.state
+        t, stamp = self.clock.next()
+        keys = []
+        for template, e in st.stamped_keys:
+            key = template.complete(stamp)
+            entries[key] = new_entry((key, e.value, e.priority))
+            keys.append(key)
+        for key, (value, prio) in st.stamped_values.items():
+            entry, pieces, _ = await staging.prepare(self.objects, key, value.complete(stamp), prio)
+            st.pieces[entry.value] = pieces  # in memory: stamped values are small
+            entries[key] = entry
+        txn.versionstamp, txn.versionstamped_keys = stamp, keys
+        return t
 
     def started(self, st: _TxnState) -> None:
         st.counted = True
@@ -154,6 +190,12 @@ class Transaction(View):
         self.id = f"E{time.time_ns():020d}{uuid.uuid4().hex[:12]}"
         self.state = _TxnState()
         self.commit_id: bytes | None = None
+        self.versionstamp: bytes | None = None
+        """The ten bytes that completed the transaction's versionstamped keys and values
+        (set by its commit; None before, or without any)."""
+        self.versionstamped_keys: list[bytes] = []
+        """The keys given to :meth:`set_versionstamped_key`, completed, in that order
+        (set by the commit)."""
 
     @property
     def base(self) -> Commit:
@@ -176,6 +218,8 @@ class Transaction(View):
 
     async def get_entry(self, key: bytes) -> Entry | None:
         await self.start()
+        if key in self.state.stamped_values:
+            raise _unreadable(key)
         return await super().get_entry(key)
 
     async def iter_entries(
@@ -186,6 +230,11 @@ class Transaction(View):
         token: bytes | None = None,
     ) -> AsyncIterator[Entry]:
         await self.start()
+        if self.state.stamped_values:
+            lo, hi = bounds(start, end, prefix, token)
+            for key in self.state.stamped_values:
+                if lo <= key and (hi is None or key < hi):
+                    raise _unreadable(key)
         async for e in super().iter_entries(start, end, prefix, token):
             yield e
 
@@ -201,6 +250,37 @@ class Transaction(View):
         ones, streams, and values past the budget are staged."""
         await self._check()
         key = check_key(key)
+        entry = await self._prepare(key, value, priority)
+        self.state.stamped_values.pop(key, None)
+        self.state.entries[key] = entry
+
+    async def set_versionstamped_key(
+        self, key: bytes, value: Source, priority: Priority = Priority.EAGER
+    ) -> None:
+        """Set the key that ``key`` becomes once its incomplete versionstamp is filled
+        in at commit (``key`` ends in the stamp's 4-byte offset, as
+        :func:`store.tuple.pack_with_versionstamp` makes it). After the commit the
+        completed key is in :attr:`versionstamped_keys`."""
+        await self._check()
+        template = StampedKey(key)
+        entry = await self._prepare(template.template, value, priority)
+        self.state.stamped_keys.append((template, entry))
+
+    async def set_versionstamped_value(
+        self, key: bytes, value: bytes, priority: Priority = Priority.EAGER
+    ) -> None:
+        """Set ``key`` to ``value`` with its incomplete versionstamp filled in at commit
+        (``value`` ends in the stamp's 4-byte offset; at most
+        :data:`store.stamps.STAMPED_VALUE_LIMIT` bytes). The transaction cannot read
+        ``key`` afterwards."""
+        await self._check()
+        key = check_key(key)
+        template = StampedValue(value)
+        self.state.entries.pop(key, None)
+        self.state.stamped_values[key] = (template, staging.priority(priority))
+
+    async def _prepare(self, key: bytes, value: Source, priority: Priority) -> Entry:
+        """The entry of ``value``, its pieces held in memory or staged."""
         st = self.state
         in_budget = st.memory < self._txns.memory_budget
         if in_budget and type(value) is bytes and len(value) <= split.MIN_CHUNK:
@@ -209,8 +289,7 @@ class Transaction(View):
                 st.pieces[entry.value] = [piece]
                 self._memory[piece.digest] = piece.data
                 st.memory += len(piece.data)
-            st.entries[key] = entry
-            return
+            return entry
         if not in_budget and isinstance(value, bytes | bytearray | memoryview):
             value = _Stream(bytes(value))  # staged, not held
         entry, pieces, token = await staging.prepare(self._txns.objects, key, value, priority)
@@ -223,16 +302,20 @@ class Transaction(View):
             st.pieces[entry.value] = pieces
             self._memory.update((p.digest, p.data) for p in pieces)
             st.memory += sum(len(p.data) for p in pieces)
-        st.entries[key] = entry
+        return entry
 
     async def delete(self, key: bytes) -> None:
         await self._check()
-        self.state.entries[check_key(key)] = None
+        key = check_key(key)
+        self.state.stamped_values.pop(key, None)
+        self.state.entries[key] = None
 
     async def clear(self) -> None:
         await self._check()
         self.state.cleared = True
         self.state.entries.clear()
+        self.state.stamped_keys.clear()
+        self.state.stamped_values.clear()
 
     async def commit(self) -> bytes | None:
         """Commit; returns the new commit id (None if the transaction changed nothing)."""
@@ -265,6 +348,13 @@ class Transaction(View):
             await self.commit()
         elif self.state.open:
             await asyncio.shield(self.rollback())
+
+
+def _unreadable(key: bytes) -> VersionstampError:
+    return VersionstampError(
+        f"key {key!r} is set to a versionstamped value: it cannot be read in the"
+        " transaction that sets it"
+    )
 
 
 class _Stream(AsyncIterator[bytes]):

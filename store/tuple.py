@@ -5,7 +5,12 @@ This module owns the tuple encoding and nothing else: :func:`pack`, :func:`unpac
 (:func:`pack_with_versionstamp`, :func:`complete_versionstamp`) and the two value types
 the encoding adds (:class:`SingleFloat`, :class:`Versionstamp`). It does no I/O and
 knows nothing of pages, transactions or where a versionstamp's ten bytes come from;
-:mod:`store.subspace` builds key prefixes on top of it.
+:mod:`store.subspace` builds key prefixes on top of it, and :mod:`store.stamps` fills in
+versionstamps when a page commits.
+
+It is longer than the store's ~600 lines because it is one format: the encoders and
+decoders of every type code, which must mirror each other byte for byte, are kept in
+one module next to the table below, so that a change to one side is seen with the other.
 
 Format
     Byte-identical to the ``foundationdb`` package's ``fdb.tuple`` (API version 520 and
@@ -40,7 +45,8 @@ Format
 
 Errors
     :func:`unpack` is safe on untrusted bytes: whatever the input, it raises
-    :class:`TupleError` (a ``ValueError``) naming the byte offset, never ``IndexError``,
+    :class:`TupleError` naming the byte offset (an ``InvalidArgumentError`` of the store,
+    so a ``ValueError``, which the daemon answers with 400), never ``IndexError``,
     ``struct.error``, ``UnicodeDecodeError`` or ``RecursionError``: truncated bodies,
     unterminated strings and nested tuples, invalid UTF-8, and type codes that are
     unknown or only reserved by the specification (0x03, 0x04, 0x0a, 0x1e, 0x22-0x25,
@@ -74,6 +80,8 @@ import struct
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Final
+
+from ledgerd.store.errors import InvalidArgumentError
 
 __all__ = [
     "MAX_DEPTH",
@@ -113,7 +121,7 @@ _MASK32: Final = (1 << 32) - 1
 _STAMP_PLACEHOLDER: Final = b"\xff" * 10
 
 
-class TupleError(ValueError):
+class TupleError(InvalidArgumentError):
     """Bytes that are not a packed tuple, or a value that cannot be packed."""
 
 

@@ -12,7 +12,14 @@ concurrent and back-to-back writers share commits. A write of at least
 
 The journal's commit is stamped with the time of its first acknowledged write
 (never older than its parents), so that last-one-wins orders writes by when
-they were acknowledged, not by when the group commit ran. Journals left by a
+they were acknowledged, not by when the group commit ran; if the journal holds
+versionstamped writes, with the time of its latest stamp, so that the stamps a
+device has seen are all older than its head (:mod:`store.stamps`).
+
+A write's versionstamped keys and values (:class:`store.stamps.StampedKey`,
+:class:`~store.stamps.StampedValue`) share one stamp, taken by the worker just
+before it appends the write: writes are stamped in the order they are appended
+and acknowledged, so several in one group commit get distinct, increasing stamps. Journals left by a
 crash are committed when the page opens (:meth:`JournalWriter.recover`).
 
 It does not read (the page's views do) nor merge: its commits always build on
@@ -27,14 +34,15 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ledgerd.store import commit, split, sql, staging
-from ledgerd.store.btree import EMPTY, Builder, Entry, NodeStore, Priority
+from ledgerd.store.btree import EMPTY, Builder, Entry, NodeStore, Priority, new_entry
 from ledgerd.store.db import INLINE_MAX_ROWS, Database, fits_inline
 from ledgerd.store.graph import DIRECT_BATCH, CommitGraph
 from ledgerd.store.objects import ObjectStore, Source
 from ledgerd.store.schema import TRANSIENT
+from ledgerd.store.stamps import StampClock, StampedKey, StampedValue, VersionstampError
 from ledgerd.store.view import KEY_LIMIT, NO_OVERLAY, Overlay, check_key
 
 log = logging.getLogger(__name__)
@@ -46,6 +54,15 @@ MAX_JOURNAL_ENTRIES = 4096
 """The journal is committed at once when it holds this many keys."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Stamp:
+    """A change of a write that is completed when the write is stamped."""
+
+    index: int  # in _Write.changes
+    template: StampedKey | StampedValue
+    priority: Priority
+
+
 @dataclass(slots=True)
 class _Write:
     clear: bool
@@ -55,13 +72,18 @@ class _Write:
     done: asyncio.Future[None]
     flush: bool = False  # resolve only once the journal is committed
     direct: bool = False  # a large batch: committed on its own, without the journal
+    stamps: list[_Stamp] = field(default_factory=list)
+    completed: list[bytes] = field(default_factory=list)  # the stamped keys and values
 
     @property
     def empty(self) -> bool:
         return not (self.clear or self.changes or self.pieces or self.tokens)
 
 
-Change = tuple[bytes, Source | None] | tuple[bytes, Source | None, Priority]
+Change = (
+    tuple[bytes | StampedKey, Source | StampedValue | None]
+    | tuple[bytes | StampedKey, Source | StampedValue | None, Priority]
+)
 
 
 class JournalWriter:
@@ -74,9 +96,11 @@ class JournalWriter:
         objects: ObjectStore,
         nodes: NodeStore,
         graph: CommitGraph,
+        clock: StampClock,
         check_open: Callable[[], None],
     ) -> None:
         self.name = name
+        self.clock = clock
         self.db = db
         self.objects = objects
         self.nodes = nodes
@@ -86,6 +110,7 @@ class JournalWriter:
         """Acknowledged changes not committed yet: what reads see over the head."""
         self._journal: str | None = None
         self._since: int | None = None  # when its first write was acknowledged (µs)
+        self._stamped: int | None = None  # the time of its latest versionstamp (µs)
         self._rows = 0  # rows the journal has staged (entries, pieces)
         self._pending: list[_Write] = []
         self._wake = asyncio.Event()
@@ -118,18 +143,37 @@ class JournalWriter:
         loop = asyncio.get_running_loop()
         await self._submit(_Write(True, [], [], [], loop.create_future()))
 
-    async def write(self, changes: Iterable[Change], prio: Priority = Priority.EAGER) -> None:
-        """Many puts (value) and deletes (None) that land in one commit."""
+    async def write(
+        self, changes: Iterable[Change], prio: Priority = Priority.EAGER
+    ) -> list[bytes]:
+        """Many puts (value) and deletes (None) that land in one commit; returns the
+        completed versionstamped keys and values, in the order of the changes."""
         prepared: list[tuple[bytes, Entry | None]] = []
+        stamps: list[_Stamp] = []
         pieces_of: dict[bytes, list[split.Piece]] = {}  # value root digest -> its pieces
         staged: dict[str, bytes] = {}  # token -> its value's root digest
         small = split.MIN_CHUNK
         try:
             for change in changes:
                 key, value = change[0], change[1]
-                if type(key) is not bytes or len(key) > KEY_LIMIT:
-                    key = check_key(key)
                 p = change[2] if len(change) == 3 else prio
+                if type(key) is not bytes or len(key) > KEY_LIMIT:
+                    if isinstance(key, StampedKey):
+                        if isinstance(value, StampedValue):
+                            raise VersionstampError(
+                                "a change stamps its key or its value, not both"
+                            )
+                        if value is None:
+                            raise VersionstampError("a versionstamped key needs a value")
+                        # Stored under its template until the write is stamped.
+                        stamps.append(_Stamp(len(prepared), key, staging.priority(p)))
+                        key = key.template
+                    else:
+                        key = check_key(key)
+                if isinstance(value, StampedValue):
+                    stamps.append(_Stamp(len(prepared), value, staging.priority(p)))
+                    prepared.append((key, None))  # its entry is made when it is stamped
+                    continue
                 if value is None:
                     prepared.append((key, None))
                     continue
@@ -154,9 +198,11 @@ class JournalWriter:
         pieces, tokens = await staging.only_live(self.objects, live, pieces_of, staged)
         loop = asyncio.get_running_loop()
         direct = len(prepared) >= DIRECT_BATCH
-        await self._submit(
-            _Write(False, prepared, pieces, tokens, loop.create_future(), direct=direct)
+        w = _Write(
+            False, prepared, pieces, tokens, loop.create_future(), direct=direct, stamps=stamps
         )
+        await self._submit(w)
+        return w.completed
 
     async def flush(self) -> None:
         """Wait until every acknowledged write is committed (raising if that failed).
@@ -206,6 +252,10 @@ class JournalWriter:
             writes = [w for w in batch if not w.empty]
             flushes = [w for w in batch if w.empty]
             try:
+                for w in writes:
+                    if w.stamps:
+                        t = await self._stamp(w)
+                        self._stamped = max(t, self._stamped or 0)
                 if writes:
                     await self._append(writes)
             except BaseException as e:
@@ -227,6 +277,7 @@ class JournalWriter:
             if self._journal is not None:
                 await self.commit_journal()
             async with self.graph.lock:
+                at = await self._stamp(w) if w.stamps else None
                 base = self.graph.head
                 builder = Builder(self.nodes)
                 start = EMPTY if w.clear else base.root
@@ -235,7 +286,7 @@ class JournalWriter:
                 if root == base.root:
                     await staging.discard(self.objects, w.tokens)
                 else:
-                    c = commit.child([base], root)
+                    c = commit.child([base], root, at=at)
                     await self.graph.store(c, builder, values=w.pieces, tokens=w.tokens)
         except BaseException as e:
             if not w.done.done():
@@ -246,6 +297,23 @@ class JournalWriter:
             return
         if not w.done.done():
             w.done.set_result(None)
+
+    async def _stamp(self, w: _Write) -> int:
+        """Complete the write's versionstamped keys and values with one new stamp;
+        returns the stamp's time."""
+        t, stamp = self.clock.next()
+        for s in w.stamps:
+            done = s.template.complete(stamp)
+            key, entry = w.changes[s.index]
+            if isinstance(s.template, StampedValue):
+                entry, pieces, _ = await staging.prepare(self.objects, key, done, s.priority)
+                w.pieces.extend(pieces)  # in memory: stamped values are small
+            else:
+                assert entry is not None
+                key, entry = done, new_entry((done, entry.value, entry.priority))
+            w.changes[s.index] = (key, entry)
+            w.completed.append(done)
+        return t
 
     async def _try_commit(self, flushes: list[_Write]) -> bool:
         """Commit the journal; tell the flushers how it went. False if it failed."""
@@ -333,7 +401,8 @@ class JournalWriter:
                 await self.objects.discard(jid)
                 self._reset()
                 return
-            c = commit.child([base], root, at=self._since)
+            at = self._since if self._stamped is None else max(self._since or 0, self._stamped)
+            c = commit.child([base], root, at=at)
             # Values a later write of this journal replaced are in no commit: their
             # pieces are collected rather than kept (and uploaded) for nothing.
             live = {e.value for e in overlay.entries.values() if e is not None}
@@ -348,7 +417,7 @@ class JournalWriter:
             )
 
     def _reset(self) -> None:
-        self._journal, self.overlay, self._since = None, NO_OVERLAY, None
+        self._journal, self.overlay, self._since, self._stamped = None, NO_OVERLAY, None, None
 
     async def recover(self) -> bool:
         """Commit the implicit journals a crash left (their writes were acknowledged)."""

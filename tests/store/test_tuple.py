@@ -659,3 +659,17 @@ def test_fdb_tuple_runs_without_an_api_version() -> None:
     import fdb
 
     assert not fdb.is_api_version_selected()
+
+
+def test_tuple_errors_are_the_stores_invalid_arguments() -> None:
+    """So the daemon answers them with 400 bad_request, and they stay ValueErrors."""
+    from ledgerd.daemon import errors as api_errors
+    from ledgerd.store.errors import InvalidArgumentError
+
+    with pytest.raises(TupleError) as info:
+        fdbtuple.unpack(b"\x02abc")
+    assert isinstance(info.value, InvalidArgumentError)
+    assert isinstance(info.value, ValueError)
+    api = api_errors.from_store(info.value)
+    assert (api.status, api.code) == (400, "bad_request")
+    assert str(info.value) == "unterminated string at byte 0"
