@@ -1,11 +1,13 @@
 """``ledgerctl``: the command-line client of ledgerd.
 
-Keys, ledger names and page ids are UTF-8 text on the command line, or hex with
-``--hex``. The daemon is found through ``--socket``, ``$LEDGERD_SOCKET`` or the
-daemon's default socket path.
+Keys, ledger names and page ids are the exact bytes given on the command line
+(``os.fsencode``: UTF-8, or raw bytes that are not), or hex with ``--hex``. The
+daemon is found through ``--socket``, ``$LEDGERD_SOCKET`` or the daemon's default
+socket path.
 
-Exit status: 0 success, 1 not found, 2 bad usage or bad input, 3 the daemon
-cannot be reached, 4 any other error reported by the daemon.
+Exit status: 0 success, 1 not found, 2 bad usage or bad input (local files and an
+unsafe socket directory included), 3 the daemon cannot be reached or went away
+mid-request, 4 any other error reported by the daemon.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import base64
 import binascii
 import contextlib
 import json
+import os
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -30,6 +33,7 @@ from ledgerd.daemon.client import (
     Item,
     LedgerError,
     NotFoundError,
+    UnsafeSocketError,
 )
 
 EXIT_NOT_FOUND, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_ERROR = 1, 2, 3, 4
@@ -43,8 +47,10 @@ class UsageError(Exception):
 
 
 def _arg_bytes(text: str, hex_mode: bool, what: str) -> bytes:
+    """An argument's bytes: exactly the bytes given on the command line (even when they
+    are not valid UTF-8, through ``os.fsencode``), or hex-decoded with ``--hex``."""
     if not hex_mode:
-        return text.encode()
+        return os.fsencode(text)
     try:
         return bytes.fromhex(text)
     except ValueError:
@@ -142,6 +148,17 @@ class Cli:
         return _arg_bytes(text, self.a.hex, what)
 
     @property
+    def at(self) -> str | None:
+        """``--at``: a commit id, checked to be hex before it goes into a URL."""
+        at: str | None = getattr(self.a, "at", None)
+        if at is not None:
+            try:
+                bytes.fromhex(at)
+            except ValueError:
+                raise UsageError(f"--at {at!r} is not a commit id (hex)") from None
+        return at
+
+    @property
     def lp(self) -> tuple[bytes, bytes]:
         return self.b(self.a.ledger, "ledger"), self.b(self.a.page, "page")
 
@@ -196,7 +213,7 @@ class Cli:
             if not value.is_file():
                 raise UsageError(f"--file {value}: no such file")
         elif self.a.value is not None:
-            value = self.a.value.encode()
+            value = os.fsencode(self.a.value)
         else:
             value = _stdin_chunks()
         bar = Progress("put")
@@ -209,15 +226,23 @@ class Cli:
     async def get(self) -> int:
         ledger, page = self.lp
         key = self.b(self.a.key)
+        at = self.at
+        target = Path(self.a.output) if self.a.output else None
+        if target is not None:
+            if target.is_dir():
+                raise UsageError(f"-o {target}: is a directory")
+            if not target.parent.is_dir():
+                raise UsageError(f"-o {target}: directory {target.parent} does not exist")
         bar = Progress("get")
         try:
-            if self.a.output:
-                await self.c.get_to_file(
-                    ledger, page, key, Path(self.a.output), progress=bar, at=self.a.at
-                )
+            if target is not None:
+                try:
+                    await self.c.get_to_file(ledger, page, key, target, progress=bar, at=at)
+                except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
+                    raise UsageError(f"-o {target}: {e.strerror}") from None
             else:
                 out = sys.stdout.buffer
-                async for chunk in self.c.get_stream(ledger, page, key, at=self.a.at, progress=bar):
+                async for chunk in self.c.get_stream(ledger, page, key, at=at, progress=bar):
                     out.write(chunk)
                 out.flush()
         finally:
@@ -235,7 +260,7 @@ class Cli:
 
     async def _items(self, whole: bool) -> AsyncIterator[tuple[Item, bytes]]:
         ledger, page = self.lp
-        kw: dict[str, Any] = {"at": getattr(self.a, "at", None)}
+        kw: dict[str, Any] = {"at": self.at}
         if not whole:
             kw.update(
                 prefix=self.b(self.a.prefix) if self.a.prefix is not None else None,
@@ -266,7 +291,10 @@ class Cli:
 
     async def import_(self) -> int:
         ledger, page = self.lp
-        src: BinaryIO = open(self.a.file, "rb") if self.a.file else sys.stdin.buffer  # noqa: SIM115
+        try:
+            src: BinaryIO = open(self.a.file, "rb") if self.a.file else sys.stdin.buffer  # noqa: SIM115
+        except OSError as e:
+            raise UsageError(f"{self.a.file}: {e.strerror}") from None
         batch: list[tuple[bytes, bytes, str]] = []
         size = total = 0
         try:
@@ -435,6 +463,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return asyncio.run(run(args))
     except UsageError as e:
+        print(f"ledgerctl: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except UnsafeSocketError as e:
         print(f"ledgerctl: {e}", file=sys.stderr)
         return EXIT_USAGE
     except DaemonUnavailableError as e:

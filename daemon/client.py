@@ -43,6 +43,7 @@ import aiohttp
 from yarl import URL
 
 from ledgerd.daemon.config import default_socket
+from ledgerd.daemon.socketdir import socket_dir_problem
 
 T = TypeVar("T")
 Name = bytes | str
@@ -68,6 +69,26 @@ class NotFoundError(LedgerError):
 
 class DaemonUnavailableError(LedgerError):
     """The daemon is not running or its socket cannot be reached."""
+
+
+class UnsafeSocketError(LedgerError):
+    """The socket is in a directory that others can write: they could have replaced it."""
+
+
+_DISCONNECTED = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError)
+"""What a daemon that is not there, or goes away mid-request, raises from aiohttp."""
+
+
+@contextlib.contextmanager
+def _reaching(socket: Path) -> Iterator[None]:
+    """Turn a connection that fails or drops (at any point of a request, body included)
+    into :class:`DaemonUnavailableError`."""
+    try:
+        yield
+    except _DISCONNECTED as e:
+        raise DaemonUnavailableError(
+            "unavailable", f"cannot reach ledgerd at {socket}: {e or type(e).__name__}"
+        ) from None
 
 
 def _error(status: int, body: bytes) -> LedgerError:
@@ -180,6 +201,8 @@ class AsyncClient:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
+            if problem := socket_dir_problem(self.socket):
+                raise UnsafeSocketError("unsafe_socket", f"refusing to connect: {problem}")
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.UnixConnector(path=str(self.socket)), timeout=self._timeout
             )
@@ -221,24 +244,20 @@ class AsyncClient:
         json_body: Any = None,
         headers: dict[str, str] | None = None,
     ) -> aiohttp.ClientResponse:
-        try:
-            resp = await self.session.request(
-                method, url, data=data, json=json_body, headers=headers
-            )
-        except (aiohttp.ClientConnectorError, FileNotFoundError, ConnectionRefusedError) as e:
-            raise DaemonUnavailableError(
-                "unavailable", f"cannot reach ledgerd at {self.socket}: {e}"
-            ) from None
-        if resp.status >= 400:
-            body = await resp.read()
-            resp.release()
-            raise _error(resp.status, body)
+        session = self.session
+        with _reaching(self.socket):
+            resp = await session.request(method, url, data=data, json=json_body, headers=headers)
+            if resp.status >= 400:
+                body = await resp.read()
+                resp.release()
+                raise _error(resp.status, body)
         return resp
 
     async def _json(self, method: str, url: URL, body: Any = None) -> Any:
         resp = await self.request(method, url, json_body=body)
-        async with resp:
-            return await resp.json()
+        with _reaching(self.socket):
+            async with resp:
+                return await resp.json()
 
     # -- repository ----------------------------------------------------------------
 
@@ -273,7 +292,13 @@ class AsyncClient:
         resp = await self.request("GET", url)
         async with resp:
             done = 0
-            async for chunk in resp.content.iter_chunked(CHUNK):
+            chunks = resp.content.iter_chunked(CHUNK)
+            while True:
+                with _reaching(self.socket):
+                    try:
+                        chunk = await chunks.__anext__()
+                    except StopAsyncIteration:
+                        break
                 done += len(chunk)
                 if progress:
                     progress(done, resp.content_length)
@@ -442,12 +467,10 @@ class AsyncClient:
     # -- sessions --------------------------------------------------------------------
 
     async def open_session(self) -> Session:
+        session = self.session
         try:
-            ws = await self.session.ws_connect(self.url("/v1/session"), max_msg_size=0)
-        except (aiohttp.ClientConnectorError, FileNotFoundError, ConnectionRefusedError) as e:
-            raise DaemonUnavailableError(
-                "unavailable", f"cannot reach ledgerd at {self.socket}: {e}"
-            ) from None
+            with _reaching(self.socket):
+                ws = await session.ws_connect(self.url("/v1/session"), max_msg_size=0)
         except aiohttp.WSServerHandshakeError as e:
             raise LedgerError(f"http_{e.status}", str(e), e.status) from None
         s = Session(ws)
@@ -537,7 +560,13 @@ class Session:
         rid = next(self._ids)
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[rid] = fut
-        await self.ws.send_str(json.dumps({"id": rid, "op": op, **args}))
+        try:
+            await self.ws.send_str(json.dumps({"id": rid, "op": op, **args}))
+        except _DISCONNECTED as e:
+            self._waiting.pop(rid, None)
+            raise DaemonUnavailableError(
+                "unavailable", f"the session's connection to ledgerd was lost: {e}"
+            ) from None
         doc = await fut
         if not doc.get("ok"):
             err = doc.get("error", {})

@@ -71,3 +71,7 @@ class CommitNotFoundError(StoreError, KeyError):
 
 class TransactionClosedError(StoreError):
     """The transaction was already committed or rolled back."""
+
+
+class RepositoryLockedError(StoreError):
+    """The data directory is in use by another process (a running ledgerd?)."""

@@ -230,6 +230,32 @@ def test_get_of_an_absent_key_exits_1(shared: Daemon, ledger: str, tmp_path: Pat
     assert list(tmp_path.iterdir()) == []  # neither the file nor a partial one
 
 
+def test_local_path_problems_are_one_line(shared: Daemon, ledger: str, tmp_path: Path) -> None:
+    seed(shared, ledger, "p", [(b"k", b"v", "eager")])
+    missing = tmp_path / "missing" / "x"
+    for args, says in [
+        (["get", "-o", str(missing), ledger, "p", "k"], "does not exist"),
+        (["get", "-o", str(tmp_path), ledger, "p", "k"], "is a directory"),
+        (["import", ledger, "p", str(missing)], "No such file"),
+        (["ls", "--at", "\udcff", ledger, "p"], "not a commit id"),
+    ]:
+        err = ctl_fails(shared, 2, *args)
+        assert says in err and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_arguments_that_are_not_utf8_are_raw_key_bytes(shared: Daemon, ledger: str) -> None:
+    """argv bytes are the key's bytes (os.fsencode), as with --hex ff."""
+    raw = os.fsdecode(b"\xff\xfek")  # what Python makes of those argv bytes
+    ctl(shared, "put", ledger, "p", raw, os.fsdecode(b"v\xff"))
+    assert listing(shared, ledger, "p") == [(b"\xff\xfek", b"v\xff", "eager")]
+    assert ctl(shared, "get", ledger, "p", raw) == b"v\xff"
+    assert ctl(shared, "--hex", "get", ledger.encode().hex(), "70", "fffe6b") == b"v\xff"
+    assert (
+        ctl(shared, "ls", ledger, "p", "--prefix", os.fsdecode(b"\xff")) == b"\\xff\\xfek\tv\\xff\n"
+    )
+
+
 # -- delete and clear ----------------------------------------------------------------
 
 
