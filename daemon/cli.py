@@ -1,11 +1,13 @@
 """``ledgerctl``: the command-line client of ledgerd.
 
-Keys, ledger names and page ids are UTF-8 text on the command line, or hex with
-``--hex``. The daemon is found through ``--socket``, ``$LEDGERD_SOCKET`` or the
-daemon's default socket path.
+Keys, ledger names and page ids are the exact bytes given on the command line
+(``os.fsencode``: UTF-8, or raw bytes that are not), or hex with ``--hex``. The
+daemon is found through ``--socket``, ``$LEDGERD_SOCKET`` or the daemon's default
+socket path.
 
-Exit status: 0 success, 1 not found, 2 bad usage or bad input, 3 the daemon
-cannot be reached, 4 any other error reported by the daemon.
+Exit status: 0 success, 1 not found, 2 bad usage or bad input (local files and an
+unsafe socket directory included), 3 the daemon cannot be reached or went away
+mid-request, 4 any other error reported by the daemon.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import base64
 import binascii
 import contextlib
 import json
+import os
+import re
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -30,12 +34,20 @@ from ledgerd.daemon.client import (
     Item,
     LedgerError,
     NotFoundError,
+    UnsafeSocketError,
 )
 
 EXIT_NOT_FOUND, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_ERROR = 1, 2, 3, 4
 IMPORT_BATCH_ENTRIES = 10_000
 IMPORT_BATCH_BYTES = 16 * 1024 * 1024
+IMPORT_INLINE_VALUE = 1024 * 1024
+"""``import`` sends larger values on their own, as a streamed PUT, not in a batch."""
+IMPORT_LINE_LIMIT = 2 * 1024 * 1024
+"""``import`` parses lines up to this size whole; longer ones are streamed (export's layout)."""
+LIST_PAGE_SIZE = 100
+"""Entries per listing request: at most this many inline values (1 MiB each) in memory."""
 PROGRESS_MIN = 8 * 1024 * 1024
+B64_IN = 3 * 64 * 1024
 
 
 class UsageError(Exception):
@@ -43,8 +55,10 @@ class UsageError(Exception):
 
 
 def _arg_bytes(text: str, hex_mode: bool, what: str) -> bytes:
+    """An argument's bytes: exactly the bytes given on the command line (even when they
+    are not valid UTF-8, through ``os.fsencode``), or hex-decoded with ``--hex``."""
     if not hex_mode:
-        return text.encode()
+        return os.fsencode(text)
     try:
         return bytes.fromhex(text)
     except ValueError:
@@ -117,15 +131,93 @@ async def _stdin_chunks() -> AsyncIterator[bytes]:
         yield chunk
 
 
-def _item_json(item: Item, value: bytes) -> str:
-    return json.dumps(
-        {
-            "key": base64.b64encode(item.key).decode(),
-            "value": base64.b64encode(value).decode(),
-            "priority": item.priority,
-        },
-        separators=(",", ":"),
-    )
+def _item_json(item: Item) -> str:
+    """One ``ls --json``/``export`` line: key, priority, value (base64) in this order.
+
+    A value over the listing's inline limit comes as ``null`` with its ``size``.
+    """
+    doc: dict[str, Any] = {
+        "key": base64.b64encode(item.key).decode(),
+        "priority": item.priority,
+        "value": None if item.value is None else base64.b64encode(item.value).decode(),
+    }
+    if item.value is None:
+        doc["size"] = item.size
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def _size_text(n: int) -> str:
+    """``<300.0 MiB>``: what ``ls`` prints instead of a value too large to list."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"<{n / scale:.1f} {unit}>"
+    return f"<{n} bytes>"
+
+
+_STREAMED_HEAD = re.compile(
+    rb'\s*\{\s*"key"\s*:\s*"([A-Za-z0-9+/]*={0,2})"\s*,\s*"priority"\s*:\s*"(eager|lazy)"'
+    rb'\s*,\s*"value"\s*:\s*"'
+)
+
+
+def _parse_line(raw: bytes, n: int) -> tuple[bytes, bytes, str]:
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+        key = base64.b64decode(doc["key"], validate=True)
+        if doc["value"] is None:
+            raise ValueError("the value is null ('ls --json' leaves out large values: use export)")
+        value = base64.b64decode(doc["value"], validate=True)
+        prio = doc.get("priority", "eager")
+        if prio not in ("eager", "lazy"):
+            raise ValueError(f"priority {prio!r}")
+    except (ValueError, KeyError, TypeError, binascii.Error) as e:  # incl. bad UTF-8
+        raise UsageError(f"line {n}: not an entry in the 'ls --json' format: {e}") from None
+    return key, value, prio
+
+
+class _StreamedValue:
+    """The base64 value of one long ``import`` line, decoded as it is read (bounded memory).
+
+    ``error`` keeps what was wrong with the line: the upload it fed fails with
+    whatever aiohttp makes of the exception, the caller reports this instead.
+    """
+
+    def __init__(self, first: bytes, src: BinaryIO, n: int) -> None:
+        self.first, self.src, self.n = first, src, n
+        self.error: UsageError | None = None
+
+    def _bad(self, why: str) -> UsageError:
+        self.error = UsageError(f"line {self.n}: {why}")
+        return self.error
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        pending = b""
+        data = self.first
+        while True:
+            end = data.find(b'"')
+            pending += data if end < 0 else data[:end]
+            cut = len(pending) - len(pending) % 4
+            if cut:
+                try:
+                    yield base64.b64decode(pending[:cut], validate=True)
+                except binascii.Error as e:
+                    raise self._bad(f"the value is not valid base64: {e}") from None
+                pending = pending[cut:]
+            if end >= 0:
+                tail = data[end + 1 :]
+                while not tail.endswith(b"\n") and len(tail) < 1024:
+                    more = await asyncio.to_thread(self.src.readline, 1024)
+                    if not more:
+                        break
+                    tail += more
+                if pending or tail.strip() != b"}":
+                    raise self._bad("a long line must end with the value and '}'")
+                return
+            if data.endswith(b"\n"):
+                raise self._bad("the line ends inside the value")
+            data = await asyncio.to_thread(self.src.readline, B64_IN)
+            if not data:
+                raise self._bad("the input ends inside the value")
 
 
 def _when(us: int) -> str:
@@ -137,9 +229,22 @@ class Cli:
         self.a = args
         self.c = client
         self.out = sys.stdout
+        self.batch_bytes = IMPORT_BATCH_BYTES
+        """``import``'s batch size: smaller once the daemon found a batch too large."""
 
     def b(self, text: str, what: str = "key") -> bytes:
         return _arg_bytes(text, self.a.hex, what)
+
+    @property
+    def at(self) -> str | None:
+        """``--at``: a commit id, checked to be hex before it goes into a URL."""
+        at: str | None = getattr(self.a, "at", None)
+        if at is not None:
+            try:
+                bytes.fromhex(at)
+            except ValueError:
+                raise UsageError(f"--at {at!r} is not a commit id (hex)") from None
+        return at
 
     @property
     def lp(self) -> tuple[bytes, bytes]:
@@ -196,7 +301,7 @@ class Cli:
             if not value.is_file():
                 raise UsageError(f"--file {value}: no such file")
         elif self.a.value is not None:
-            value = self.a.value.encode()
+            value = os.fsencode(self.a.value)
         else:
             value = _stdin_chunks()
         bar = Progress("put")
@@ -209,15 +314,23 @@ class Cli:
     async def get(self) -> int:
         ledger, page = self.lp
         key = self.b(self.a.key)
+        at = self.at
+        target = Path(self.a.output) if self.a.output else None
+        if target is not None:
+            if target.is_dir():
+                raise UsageError(f"-o {target}: is a directory")
+            if not target.parent.is_dir():
+                raise UsageError(f"-o {target}: directory {target.parent} does not exist")
         bar = Progress("get")
         try:
-            if self.a.output:
-                await self.c.get_to_file(
-                    ledger, page, key, Path(self.a.output), progress=bar, at=self.a.at
-                )
+            if target is not None:
+                try:
+                    await self.c.get_to_file(ledger, page, key, target, progress=bar, at=at)
+                except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
+                    raise UsageError(f"-o {target}: {e.strerror}") from None
             else:
                 out = sys.stdout.buffer
-                async for chunk in self.c.get_stream(ledger, page, key, at=self.a.at, progress=bar):
+                async for chunk in self.c.get_stream(ledger, page, key, at=at, progress=bar):
                     out.write(chunk)
                 out.flush()
         finally:
@@ -233,9 +346,10 @@ class Cli:
         await self.c.clear(*self.lp)
         return 0
 
-    async def _items(self, whole: bool) -> AsyncIterator[tuple[Item, bytes]]:
+    async def _entries(self, whole: bool) -> AsyncIterator[Item]:
+        """The listing, a few entries at a time; values over 1 MiB come as None (not fetched)."""
         ledger, page = self.lp
-        kw: dict[str, Any] = {"at": getattr(self.a, "at", None)}
+        kw: dict[str, Any] = {"at": self.at, "page_size": LIST_PAGE_SIZE}
         if not whole:
             kw.update(
                 prefix=self.b(self.a.prefix) if self.a.prefix is not None else None,
@@ -244,58 +358,121 @@ class Cli:
                 limit=self.a.limit,
             )
         async for item in self.c.entries(ledger, page, **kw):
-            value = item.value
-            if value is None:  # too large to travel inline: fetch it on its own
-                value = await self.c.get(ledger, page, item.key, at=kw["at"])
-            yield item, value
+            yield item
 
     async def ls(self) -> int:
-        async for item, value in self._items(whole=False):
+        async for item in self._entries(whole=False):
             if self.a.json:
-                self.line(_item_json(item, value))
+                self.line(_item_json(item))
+            elif item.value is None:
+                key = item.key.hex() if self.a.hex else _show(item.key)
+                self.line(f"{key}\t{_size_text(item.size)}")
             elif self.a.hex:
-                self.line(f"{item.key.hex()}\t{value.hex()}")
+                self.line(f"{item.key.hex()}\t{item.value.hex()}")
             else:
-                self.line(f"{_show(item.key)}\t{_show(value)}")
+                self.line(f"{_show(item.key)}\t{_show(item.value)}")
         return 0
 
     async def export(self) -> int:
-        async for item, value in self._items(whole=True):
-            self.line(_item_json(item, value))
+        ledger, page = self.lp
+        async for item in self._entries(whole=True):
+            if item.value is not None:
+                self.line(_item_json(item))
+                continue
+            # Too large to list: streamed and encoded a chunk at a time.
+            head = '{"key":"%s","priority":"%s","value":"' % (  # noqa: UP031
+                base64.b64encode(item.key).decode(),
+                item.priority,
+            )
+            self.out.write(head)
+            carry = b""
+            async for chunk in self.c.get_stream(ledger, page, item.key, at=self.at):
+                data = carry + chunk
+                cut = len(data) - len(data) % 3
+                self.out.write(base64.b64encode(data[:cut]).decode())
+                carry = data[cut:]
+            self.line(base64.b64encode(carry).decode() + '"}')
         return 0
 
     async def import_(self) -> int:
         ledger, page = self.lp
-        src: BinaryIO = open(self.a.file, "rb") if self.a.file else sys.stdin.buffer  # noqa: SIM115
-        batch: list[tuple[bytes, bytes, str]] = []
-        size = total = 0
         try:
-            for n, raw in enumerate(src, 1):
+            src: BinaryIO = open(self.a.file, "rb") if self.a.file else sys.stdin.buffer  # noqa: SIM115
+        except OSError as e:
+            raise UsageError(f"{self.a.file}: {e.strerror}") from None
+        batch: list[tuple[bytes, bytes, str]] = []
+        size = total = n = 0
+        try:
+            while raw := src.readline(IMPORT_LINE_LIMIT):
+                n += 1
+                if len(raw) == IMPORT_LINE_LIMIT and not raw.endswith(b"\n"):
+                    total += await self._send(ledger, page, batch)
+                    batch, size = [], 0
+                    await self._put_streamed(ledger, page, raw, src, n)
+                    total += 1
+                    continue
                 if not raw.strip():
                     continue
-                try:
-                    doc = json.loads(raw.decode("utf-8"))
-                    key = base64.b64decode(doc["key"], validate=True)
-                    value = base64.b64decode(doc["value"], validate=True)
-                    prio = doc.get("priority", "eager")
-                    if prio not in ("eager", "lazy"):
-                        raise ValueError(f"priority {prio!r}")
-                except (ValueError, KeyError, TypeError, binascii.Error) as e:  # incl. bad UTF-8
-                    raise UsageError(
-                        f"line {n}: not an entry in the 'ls --json' format: {e}"
-                    ) from None
+                key, value, prio = _parse_line(raw, n)
+                if len(value) > IMPORT_INLINE_VALUE:
+                    total += await self._send(ledger, page, batch)
+                    batch, size = [], 0
+                    total += await self._send(ledger, page, [(key, value, prio)])
+                    continue
                 batch.append((key, value, prio))
                 size += len(key) + len(value)
-                if len(batch) >= IMPORT_BATCH_ENTRIES or size >= IMPORT_BATCH_BYTES:
-                    total += await self.c.batch(ledger, page, batch)
+                if len(batch) >= IMPORT_BATCH_ENTRIES or size >= self.batch_bytes:
+                    total += await self._send(ledger, page, batch)
                     batch, size = [], 0
-            if batch:
-                total += await self.c.batch(ledger, page, batch)
+            total += await self._send(ledger, page, batch)
         finally:
             if src is not sys.stdin.buffer:
                 src.close()
         print(f"imported {total} entries", file=sys.stderr)
         return 0
+
+    async def _send(self, ledger: bytes, page: bytes, batch: list[tuple[bytes, bytes, str]]) -> int:
+        """Write ``batch`` (in order): one batch request, split in halves while the daemon
+        finds it over its ``max_batch_bytes``; a single entry that is goes as a PUT."""
+        if not batch:
+            return 0
+        if len(batch) > 1 or len(batch[0][1]) <= IMPORT_INLINE_VALUE:
+            try:
+                return await self.c.batch(ledger, page, batch)
+            except LedgerError as e:
+                if e.code != "too_large":
+                    raise
+        if len(batch) == 1:
+            key, value, prio = batch[0]
+            await self.c.put(ledger, page, key, value, lazy=prio == "lazy")
+            return 1
+        half = len(batch) // 2
+        self.batch_bytes = max(
+            1, min(self.batch_bytes, sum(len(k) + len(v) for k, v, _ in batch) // 2)
+        )
+        return await self._send(ledger, page, batch[:half]) + await self._send(
+            ledger, page, batch[half:]
+        )
+
+    async def _put_streamed(
+        self, ledger: bytes, page: bytes, first: bytes, src: BinaryIO, n: int
+    ) -> None:
+        """A line too long to parse whole: key and priority first, then the value streamed
+        into a PUT (the layout export writes)."""
+        m = _STREAMED_HEAD.match(first)
+        if m is None:
+            raise UsageError(
+                f"line {n}: a line over {IMPORT_LINE_LIMIT} bytes must be export's layout: "
+                '{"key":...,"priority":...,"value":...}'
+            )
+        key = base64.b64decode(m.group(1))
+        value = _StreamedValue(first[m.end() :], src, n)
+        try:
+            await self.c.put(ledger, page, key, value, lazy=m.group(2) == b"lazy")
+        except Exception:
+            if value.error is not None:
+                raise value.error from None
+            raise
 
     async def watch(self) -> int:
         ledger, page = self.lp
@@ -323,7 +500,7 @@ class Cli:
                 )
                 continue
             for i in ch.changed:
-                shown = _show(i.value) if i.value is not None else f"<{i.size} bytes>"
+                shown = _show(i.value) if i.value is not None else _size_text(i.size)
                 self.line(f"put\t{_show(i.key)}\t{shown}")
             for k in ch.deleted:
                 self.line(f"delete\t{_show(k)}")
@@ -401,7 +578,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int)
     p.add_argument("--at", help="list at this commit (hex id)")
     p.add_argument(
-        "--json", action="store_true", help='one {"key","value","priority"} (base64) per line'
+        "--json",
+        action="store_true",
+        help='one {"key","priority","value"} (base64; null and "size" over 1 MiB) per line',
     )
     p = cmd("watch", "print every change until interrupted", "ledger", "page")
     p.add_argument("--prefix")
@@ -435,6 +614,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return asyncio.run(run(args))
     except UsageError as e:
+        print(f"ledgerctl: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except UnsafeSocketError as e:
         print(f"ledgerctl: {e}", file=sys.stderr)
         return EXIT_USAGE
     except DaemonUnavailableError as e:

@@ -43,6 +43,7 @@ import aiohttp
 from yarl import URL
 
 from ledgerd.daemon.config import default_socket
+from ledgerd.daemon.socketdir import socket_dir_problem
 
 T = TypeVar("T")
 Name = bytes | str
@@ -68,6 +69,26 @@ class NotFoundError(LedgerError):
 
 class DaemonUnavailableError(LedgerError):
     """The daemon is not running or its socket cannot be reached."""
+
+
+class UnsafeSocketError(LedgerError):
+    """The socket is in a directory that others can write: they could have replaced it."""
+
+
+_DISCONNECTED = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError)
+"""What a daemon that is not there, or goes away mid-request, raises from aiohttp."""
+
+
+@contextlib.contextmanager
+def _reaching(socket: Path) -> Iterator[None]:
+    """Turn a connection that fails or drops (at any point of a request, body included)
+    into :class:`DaemonUnavailableError`."""
+    try:
+        yield
+    except _DISCONNECTED as e:
+        raise DaemonUnavailableError(
+            "unavailable", f"cannot reach ledgerd at {socket}: {e or type(e).__name__}"
+        ) from None
 
 
 def _error(status: int, body: bytes) -> LedgerError:
@@ -180,6 +201,8 @@ class AsyncClient:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
+            if problem := socket_dir_problem(self.socket):
+                raise UnsafeSocketError("unsafe_socket", f"refusing to connect: {problem}")
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.UnixConnector(path=str(self.socket)), timeout=self._timeout
             )
@@ -221,24 +244,20 @@ class AsyncClient:
         json_body: Any = None,
         headers: dict[str, str] | None = None,
     ) -> aiohttp.ClientResponse:
-        try:
-            resp = await self.session.request(
-                method, url, data=data, json=json_body, headers=headers
-            )
-        except (aiohttp.ClientConnectorError, FileNotFoundError, ConnectionRefusedError) as e:
-            raise DaemonUnavailableError(
-                "unavailable", f"cannot reach ledgerd at {self.socket}: {e}"
-            ) from None
-        if resp.status >= 400:
-            body = await resp.read()
-            resp.release()
-            raise _error(resp.status, body)
+        session = self.session
+        with _reaching(self.socket):
+            resp = await session.request(method, url, data=data, json=json_body, headers=headers)
+            if resp.status >= 400:
+                body = await resp.read()
+                resp.release()
+                raise _error(resp.status, body)
         return resp
 
     async def _json(self, method: str, url: URL, body: Any = None) -> Any:
         resp = await self.request(method, url, json_body=body)
-        async with resp:
-            return await resp.json()
+        with _reaching(self.socket):
+            async with resp:
+                return await resp.json()
 
     # -- repository ----------------------------------------------------------------
 
@@ -273,7 +292,13 @@ class AsyncClient:
         resp = await self.request("GET", url)
         async with resp:
             done = 0
-            async for chunk in resp.content.iter_chunked(CHUNK):
+            chunks = resp.content.iter_chunked(CHUNK)
+            while True:
+                with _reaching(self.socket):
+                    try:
+                        chunk = await chunks.__anext__()
+                    except StopAsyncIteration:
+                        break
                 done += len(chunk)
                 if progress:
                     progress(done, resp.content_length)
@@ -442,16 +467,14 @@ class AsyncClient:
     # -- sessions --------------------------------------------------------------------
 
     async def open_session(self) -> Session:
+        session = self.session
         try:
-            ws = await self.session.ws_connect(self.url("/v1/session"), max_msg_size=0)
-        except (aiohttp.ClientConnectorError, FileNotFoundError, ConnectionRefusedError) as e:
-            raise DaemonUnavailableError(
-                "unavailable", f"cannot reach ledgerd at {self.socket}: {e}"
-            ) from None
+            with _reaching(self.socket):
+                ws = await session.ws_connect(self.url("/v1/session"), max_msg_size=0)
         except aiohttp.WSServerHandshakeError as e:
             raise LedgerError(f"http_{e.status}", str(e), e.status) from None
         s = Session(ws)
-        s.start()
+        s._start()
         return s
 
     def transaction(self, ledger: Name, page: Name) -> _TxnContext:
@@ -502,7 +525,7 @@ class Session:
         self._resolver: ResolverCallback | None = None
         self._answering: set[asyncio.Task[None]] = set()
 
-    def start(self) -> None:
+    def _start(self) -> None:
         self._reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
@@ -537,7 +560,13 @@ class Session:
         rid = next(self._ids)
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[rid] = fut
-        await self.ws.send_str(json.dumps({"id": rid, "op": op, **args}))
+        try:
+            await self.ws.send_str(json.dumps({"id": rid, "op": op, **args}))
+        except _DISCONNECTED as e:
+            self._waiting.pop(rid, None)
+            raise DaemonUnavailableError(
+                "unavailable", f"the session's connection to ledgerd was lost: {e}"
+            ) from None
         doc = await fut
         if not doc.get("ok"):
             err = doc.get("error", {})
@@ -549,9 +578,9 @@ class Session:
         if self._reader is not None:
             await asyncio.gather(self._reader, return_exceptions=True)
 
-    async def begin(self, ledger: Name, page: Name) -> Transaction:
+    async def begin(self, ledger: Name, page: Name) -> AsyncTransaction:
         doc = await self.call("begin", ledger=b64(_raw(ledger)), page=b64(_raw(page)))
-        return Transaction(self, doc["txn"], doc["base"])
+        return AsyncTransaction(self, doc["txn"], doc["base"])
 
     async def subscribe(self, ledger: Name, page: Name, prefix: bytes = b"") -> Watch:
         """Start watching; every commit after this returns is delivered by the Watch."""
@@ -645,13 +674,15 @@ class Watch:
                     raise
 
 
-class Transaction:
+class AsyncTransaction:
     """A transaction held by a session; the daemon rolls it back if the connection drops."""
 
     def __init__(self, session: Session, tid: str, base: str) -> None:
         self.session = session
         self.id = tid
         self.base = base
+        self.commit_id: str | None = None
+        """The commit this transaction made (None before, or if it changed nothing)."""
 
     async def get(self, key: bytes) -> bytes | None:
         doc = await self.session.call("get", txn=self.id, key=b64(key))
@@ -676,7 +707,9 @@ class Transaction:
         return [_item(d) for d in doc["entries"]]
 
     async def commit(self) -> str | None:
-        return (await self.session.call("commit", txn=self.id))["commit"]  # type: ignore[no-any-return]
+        doc = await self.session.call("commit", txn=self.id)
+        self.commit_id = doc["commit"]
+        return self.commit_id
 
     async def rollback(self) -> None:
         await self.session.call("rollback", txn=self.id)
@@ -686,10 +719,10 @@ class _TxnContext:
     def __init__(self, client: AsyncClient, ledger: Name, page: Name) -> None:
         self.client, self.ledger, self.page = client, ledger, page
         self.session: Session | None = None
-        self.txn: Transaction | None = None
+        self.txn: AsyncTransaction | None = None
         self.commit_id: str | None = None
 
-    async def __aenter__(self) -> Transaction:
+    async def __aenter__(self) -> AsyncTransaction:
         self.session = await self.client.open_session()
         self.txn = await self.session.begin(self.ledger, self.page)
         return self.txn
@@ -707,36 +740,77 @@ class _TxnContext:
             await self.session.close()
 
 
-class Client:
-    """A blocking client: the async client on a private event loop in a background thread."""
+Transaction = AsyncTransaction
+"""The name this class had first."""
 
-    def __init__(self, socket: str | Path | None = None, timeout: float | None = None) -> None:
-        self._loop = asyncio.new_event_loop()
+BlockingResolver = Callable[[ResolveRequest], Answer]
+"""A resolver for blocking code: it runs on a worker thread, not on the client's loop."""
+
+
+async def _anext(ait: AsyncIterator[T]) -> T:
+    return await ait.__anext__()
+
+
+async def _pull(chunks: Iterable[bytes]) -> AsyncIterator[bytes]:
+    """A blocking iterable of chunks as an async one (each ``next`` on a worker thread)."""
+    it = iter(chunks)
+    while (chunk := await asyncio.to_thread(next, it, None)) is not None:
+        yield chunk
+
+
+class _Bridge:
+    """The one way the blocking classes run the async ones: a private event loop on a
+    background thread; :meth:`call` runs one coroutine there and returns its result (or
+    raises its exception) in the calling thread, :meth:`iterate` does the same per item."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
-            target=self._loop.run_forever, name="ledgerd-client", daemon=True
+            target=self.loop.run_forever, name="ledgerd-client", daemon=True
         )
         self._thread.start()
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def iterate(self, ait: AsyncIterator[T]) -> Iterator[T]:
+        """Items of ``ait``; closing the blocking iterator (or leaving a for loop early
+        and dropping it) closes the async one on the loop."""
+        try:
+            while True:
+                try:
+                    yield self.call(_anext(ait))
+                except StopAsyncIteration:
+                    return
+        finally:
+            aclose = getattr(ait, "aclose", None)
+            if aclose is not None and self.loop.is_running():
+                self.call(aclose())
+
+    def stop(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join()
+            self.loop.close()
+
+
+class Client:
+    """A blocking client: :class:`AsyncClient` through :class:`_Bridge`, method for method
+    (``tests/daemon/test_client.py`` checks that every public method has its counterpart
+    with the same parameters)."""
+
+    def __init__(self, socket: str | Path | None = None, timeout: float | None = None) -> None:
+        self._bridge = _Bridge()
         self.aio = AsyncClient(socket, timeout)
+        self._call = self._bridge.call
 
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    async def _next(self, ait: AsyncIterator[T]) -> T:
-        return await ait.__anext__()
-
-    def _iter(self, ait: AsyncIterator[T]) -> Iterator[T]:
-        while True:
-            try:
-                yield self._run(self._next(ait))
-            except StopAsyncIteration:
-                return
+    url = staticmethod(AsyncClient.url)
+    page_path = staticmethod(AsyncClient.page_path)
 
     def close(self) -> None:
-        if self._loop.is_running():
-            self._run(self.aio.close())
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
-            self._loop.close()
+        if self._bridge.loop.is_running():
+            self._call(self.aio.close())
+            self._bridge.stop()
 
     def __enter__(self) -> Client:
         return self
@@ -744,17 +818,38 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # -- repository ----------------------------------------------------------------
+
     def status(self) -> dict[str, Any]:
-        return self._run(self.aio.status())
+        return self._call(self.aio.status())
 
     def ledgers(self) -> list[bytes]:
-        return self._run(self.aio.ledgers())
+        return self._call(self.aio.ledgers())
 
     def pages(self, ledger: Name) -> list[bytes]:
-        return self._run(self.aio.pages(ledger))
+        return self._call(self.aio.pages(ledger))
+
+    # -- values --------------------------------------------------------------------
+
+    def get_stream(
+        self,
+        ledger: Name,
+        page: Name,
+        key: bytes,
+        *,
+        at: str | None = None,
+        offset: int | None = None,
+        length: int | None = None,
+        progress: Progress | None = None,
+    ) -> Iterator[bytes]:
+        return self._bridge.iterate(
+            self.aio.get_stream(
+                ledger, page, key, at=at, offset=offset, length=length, progress=progress
+            )
+        )
 
     def get(self, ledger: Name, page: Name, key: bytes, **kw: Any) -> bytes:
-        return self._run(self.aio.get(ledger, page, key, **kw))
+        return self._call(self.aio.get(ledger, page, key, **kw))
 
     def get_to_file(
         self,
@@ -765,25 +860,27 @@ class Client:
         progress: Progress | None = None,
         at: str | None = None,
     ) -> int:
-        return self._run(self.aio.get_to_file(ledger, page, key, path, progress, at))
+        return self._call(self.aio.get_to_file(ledger, page, key, path, progress, at))
 
     def put(
         self,
         ledger: Name,
         page: Name,
         key: bytes,
-        value: bytes | Path,
+        value: bytes | Iterable[bytes] | Path,
         *,
         lazy: bool = False,
         progress: Progress | None = None,
     ) -> None:
-        self._run(self.aio.put(ledger, page, key, value, lazy=lazy, progress=progress))
+        """Like :meth:`AsyncClient.put`; an iterable of chunks is streamed."""
+        data = value if isinstance(value, bytes | Path) else _pull(value)
+        self._call(self.aio.put(ledger, page, key, data, lazy=lazy, progress=progress))
 
     def delete(self, ledger: Name, page: Name, key: bytes) -> None:
-        self._run(self.aio.delete(ledger, page, key))
+        self._call(self.aio.delete(ledger, page, key))
 
     def clear(self, ledger: Name, page: Name) -> None:
-        self._run(self.aio.clear(ledger, page))
+        self._call(self.aio.clear(ledger, page))
 
     def batch(
         self,
@@ -792,58 +889,200 @@ class Client:
         puts: Iterable[tuple[bytes, bytes] | tuple[bytes, bytes, str]] = (),
         deletes: Iterable[bytes] = (),
     ) -> int:
-        return self._run(self.aio.batch(ledger, page, list(puts), list(deletes)))
+        return self._call(self.aio.batch(ledger, page, list(puts), list(deletes)))
 
-    def entries(self, ledger: Name, page: Name, **kw: Any) -> Iterator[Item]:
-        return self._iter(self.aio.entries(ledger, page, **kw))
-
-    def heads(self, ledger: Name, page: Name) -> list[dict[str, Any]]:
-        return self._run(self.aio.heads(ledger, page))
+    def entries(
+        self,
+        ledger: Name,
+        page: Name,
+        *,
+        start: bytes | None = None,
+        end: bytes | None = None,
+        prefix: bytes | None = None,
+        limit: int | None = None,
+        at: str | None = None,
+        values: bool = True,
+        page_size: int = 1000,
+    ) -> Iterator[Item]:
+        return self._bridge.iterate(
+            self.aio.entries(
+                ledger,
+                page,
+                start=start,
+                end=end,
+                prefix=prefix,
+                limit=limit,
+                at=at,
+                values=values,
+                page_size=page_size,
+            )
+        )
 
     def sync(
         self, ledger: Name | None = None, page: Name | None = None, timeout: float = 60.0
     ) -> dict[str, Any]:
-        return self._run(self.aio.sync(ledger, page, timeout))
+        return self._call(self.aio.sync(ledger, page, timeout))
+
+    def policy(self, ledger: Name, page: Name, policy: str | None = None) -> dict[str, Any]:
+        return self._call(self.aio.policy(ledger, page, policy))
+
+    def register_resolver(self, ledger: Name, callback: BlockingResolver) -> BlockingSession:
+        """Resolve the ledger's conflicts with ``callback`` (run on a worker thread) until
+        the returned session closes."""
+        return BlockingSession(
+            self._bridge, self._call(self.aio.register_resolver(ledger, _on_thread(callback)))
+        )
+
+    def heads(self, ledger: Name, page: Name) -> list[dict[str, Any]]:
+        return self._call(self.aio.heads(ledger, page))
 
     def history(self, ledger: Name, page: Name, limit: int = 100) -> list[dict[str, Any]]:
-        return self._run(self.aio.history(ledger, page, limit))
+        return self._call(self.aio.history(ledger, page, limit))
 
-    def watch(self, ledger: Name, page: Name, prefix: bytes = b"") -> Iterator[Change]:
-        return self._iter(self.aio.watch(ledger, page, prefix))
+    # -- sessions --------------------------------------------------------------------
+
+    def open_session(self) -> BlockingSession:
+        return BlockingSession(self._bridge, self._call(self.aio.open_session()))
 
     def transaction(self, ledger: Name, page: Name) -> BlockingTransaction:
-        return BlockingTransaction(self, ledger, page)
+        """``with client.transaction(l, p) as txn:`` commits on a clean exit, rolls back
+        on an exception; ``txn.commit_id`` is the commit made."""
+        return BlockingTransaction(self._bridge, _TxnContext(self.aio, ledger, page))
+
+    def subscribe(self, ledger: Name, page: Name, prefix: bytes = b"") -> BlockingWatch:
+        return BlockingWatch(self._bridge, self._call(self.aio.subscribe(ledger, page, prefix)))
+
+    def watch(self, ledger: Name, page: Name, prefix: bytes = b"") -> Iterator[Change]:
+        return self._bridge.iterate(self.aio.watch(ledger, page, prefix))
+
+
+def _on_thread(callback: BlockingResolver) -> ResolverCallback:
+    async def resolve(request: ResolveRequest) -> Answer:
+        return await asyncio.to_thread(callback, request)
+
+    return resolve
+
+
+class BlockingSession:
+    """A :class:`Session` for blocking code (from :meth:`Client.open_session`)."""
+
+    def __init__(self, bridge: _Bridge, session: Session) -> None:
+        self._bridge = bridge
+        self.aio = session
+        self._call = bridge.call
+
+    def __enter__(self) -> BlockingSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def call(self, op: str, **args: Any) -> dict[str, Any]:
+        return self._call(self.aio.call(op, **args))
+
+    def close(self) -> None:
+        self._call(self.aio.close())
+
+    def begin(self, ledger: Name, page: Name) -> BlockingTransaction:
+        """A transaction on this session: end it with ``commit`` or ``rollback``."""
+        return BlockingTransaction(self._bridge, self._call(self.aio.begin(ledger, page)))
+
+    def subscribe(self, ledger: Name, page: Name, prefix: bytes = b"") -> BlockingWatch:
+        return BlockingWatch(self._bridge, self._call(self.aio.subscribe(ledger, page, prefix)))
+
+    def watch(self, ledger: Name, page: Name, prefix: bytes = b"") -> Iterator[Change]:
+        return self._bridge.iterate(self.aio.watch(ledger, page, prefix))
+
+    def register_resolver(self, ledger: Name, callback: BlockingResolver) -> None:
+        self._call(self.aio.register_resolver(ledger, _on_thread(callback)))
+
+
+class BlockingWatch:
+    """A :class:`Watch` for blocking code: an iterator of :class:`Change`; close it."""
+
+    def __init__(self, bridge: _Bridge, watch: Watch) -> None:
+        self._call = bridge.call
+        self.aio = watch
+
+    def __iter__(self) -> BlockingWatch:
+        return self
+
+    def __next__(self) -> Change:
+        try:
+            return self._call(self.aio.__anext__())
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def __enter__(self) -> BlockingWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._call(self.aio.close())
 
 
 class BlockingTransaction:
-    """``with client.transaction(l, p) as txn:`` in blocking code."""
+    """An :class:`AsyncTransaction` for blocking code. From :meth:`Client.transaction` it
+    is a context manager that opens its own session (commit on a clean exit, rollback
+    on an exception); from :meth:`BlockingSession.begin` it is already open."""
 
-    def __init__(self, client: Client, ledger: Name, page: Name) -> None:
-        self._ctx = _TxnContext(client.aio, ledger, page)
-        self._run = client._run
-        self._txn: Transaction | None = None
+    def __init__(self, bridge: _Bridge, txn: AsyncTransaction | _TxnContext) -> None:
+        self._call = bridge.call
+        self._ctx = txn if isinstance(txn, _TxnContext) else None
+        self._txn = txn if isinstance(txn, AsyncTransaction) else None
 
     def __enter__(self) -> BlockingTransaction:
-        self._txn = self._run(self._ctx.__aenter__())
+        if self._ctx is not None:
+            self._txn = self._call(self._ctx.__aenter__())
         return self
 
     def __exit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._run(self._ctx.__aexit__(et, e, tb))
+        if self._ctx is not None:
+            self._call(self._ctx.__aexit__(et, e, tb))
+        elif et is None:
+            self.commit()
+        else:
+            self.rollback()
+
+    @property
+    def aio(self) -> AsyncTransaction:
+        if self._txn is None:
+            raise LedgerError("closed", "the transaction is not open: use it in a with block")
+        return self._txn
+
+    @property
+    def id(self) -> str:
+        return self.aio.id
+
+    @property
+    def base(self) -> str:
+        return self.aio.base
 
     @property
     def commit_id(self) -> str | None:
-        return self._ctx.commit_id
+        return self._txn.commit_id if self._txn is not None else None
 
     def get(self, key: bytes) -> bytes | None:
-        assert self._txn is not None
-        return self._run(self._txn.get(key))
+        return self._call(self.aio.get(key))
 
     def put(self, key: bytes, value: bytes, *, lazy: bool = False) -> None:
-        assert self._txn is not None
-        self._run(self._txn.put(key, value, lazy=lazy))
+        self._call(self.aio.put(key, value, lazy=lazy))
 
     def delete(self, key: bytes) -> None:
-        assert self._txn is not None
-        self._run(self._txn.delete(key))
+        self._call(self.aio.delete(key))
+
+    def clear(self) -> None:
+        self._call(self.aio.clear())
+
+    def entries(self, prefix: bytes | None = None, limit: int = 1000) -> list[Item]:
+        return self._call(self.aio.entries(prefix, limit))
+
+    def commit(self) -> str | None:
+        return self._call(self.aio.commit())
+
+    def rollback(self) -> None:
+        self._call(self.aio.rollback())

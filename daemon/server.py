@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
 import os
 import resource
 import signal
 import socket
+import sqlite3
+import stat
 import sys
 from pathlib import Path
 
@@ -29,8 +30,8 @@ from ledgerd.daemon import systemd
 from ledgerd.daemon.api import Api, DaemonState
 from ledgerd.daemon.config import Config, ConfigError, log_level
 from ledgerd.daemon.session import Resolvers, Sessions
-from ledgerd.store import Repository
-from ledgerd.store.hooks import PageHooks
+from ledgerd.daemon.socketdir import socket_dir_problem
+from ledgerd.store import PageHooks, Repository, RepositoryLockedError, StoreError
 
 log = logging.getLogger("ledgerd")
 
@@ -44,27 +45,59 @@ def setup_logging(cfg: Config) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
-def _lock_data_dir(data_dir: Path) -> int:
-    data_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(data_dir / "ledgerd.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+def _check_socket_path(path: Path) -> None:
+    """Refuse, before anything is created, a socket that another daemon listens on, a
+    path that is not a socket, or a directory that others could replace it in."""
+    if not path.parent.is_dir() and not path.parent.parent.is_dir():
+        raise ConfigError(f"socket: directory {path.parent.parent} does not exist")
+    if problem := socket_dir_problem(path, owner=os.geteuid()):
+        raise ConfigError(f"socket: {problem}")
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise ConfigError(f"data_dir: {data_dir} is in use by another ledgerd") from None
-    return fd
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise ConfigError(f"socket: cannot inspect {path}: {e.strerror}") from None
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ConfigError(f"socket: {path} exists and is not a socket; not removing it")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return  # a stale socket of a daemon that died: removed when we listen
+    raise ConfigError(f"socket: another ledgerd is listening on {path}")
 
 
 def _prepare_socket_path(path: Path) -> None:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if path.exists() or path.is_symlink():
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            try:
-                probe.connect(str(path))
-            except OSError:
-                path.unlink()  # stale socket of a daemon that died
-            else:
-                raise ConfigError(f"socket: another ledgerd is listening on {path}")
+    """Create the socket's directory (0700) if it is missing, check it again, and
+    remove a stale socket: never anything but a socket."""
+    try:
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+    except FileNotFoundError:
+        raise ConfigError(f"socket: directory {path.parent.parent} does not exist") from None
+    except OSError as e:
+        raise ConfigError(f"socket: cannot create directory {path.parent}: {e.strerror}") from None
+    _check_socket_path(path)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # _check_socket_path found a stale socket (or nothing)
+
+
+async def _open_repository(cfg: Config, hooks: PageHooks) -> Repository:
+    """The repository, or one line (ConfigError) saying why the data directory is unusable."""
+    where = cfg.data_dir
+    if where.exists() and not where.is_dir():
+        raise ConfigError(f"data_dir: {where} exists and is not a directory")
+    try:
+        return await Repository.open(
+            where, synchronous="FULL" if cfg.durability == "full" else "NORMAL", hooks=hooks
+        )
+    except RepositoryLockedError:
+        raise ConfigError(f"data_dir: {where} is in use by another ledgerd") from None
+    except OSError as e:
+        problem = e.strerror or str(e)
+        raise ConfigError(f"data_dir: cannot use {where}: {problem}") from None
+    except (sqlite3.Error, StoreError) as e:
+        raise ConfigError(f"data_dir: cannot open the repository in {where}: {e}") from None
 
 
 async def serve(cfg: Config) -> int:
@@ -74,15 +107,11 @@ async def serve(cfg: Config) -> int:
         loop.add_signal_handler(sig, stop.set)
     raise_open_file_limit()
     async with contextlib.AsyncExitStack() as stack:
-        lock_fd = _lock_data_dir(cfg.data_dir)
-        stack.callback(os.close, lock_fd)
-
+        activated = systemd.listen_socket()
+        if activated is None:
+            _check_socket_path(cfg.socket)  # before the data directory is created
         resolvers = Resolvers()
-        repo = await Repository.open(
-            cfg.data_dir,
-            synchronous="FULL" if cfg.durability == "full" else "NORMAL",
-            hooks=PageHooks(resolvers=resolvers),
-        )
+        repo = await _open_repository(cfg, PageHooks(resolvers=resolvers))  # takes its lock
         stack.push_async_callback(repo.close)
         log.info("repository %s opened (device %s)", cfg.data_dir, repo.device_id.hex())
 
@@ -111,7 +140,6 @@ async def serve(cfg: Config) -> int:
         stack.push_async_callback(runner.cleanup)
 
         site: web.BaseSite
-        activated = systemd.listen_socket()
         if activated is not None:
             site = web.SockSite(runner, activated)
             where = "a socket passed by systemd"
@@ -121,6 +149,8 @@ async def serve(cfg: Config) -> int:
             try:
                 site = web.UnixSite(runner, str(cfg.socket))
                 await site.start()
+            except OSError as e:
+                raise ConfigError(f"socket: cannot listen on {cfg.socket}: {e.strerror}") from None
             finally:
                 os.umask(old)
             gid = cfg.socket_gid()

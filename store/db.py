@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
@@ -75,6 +76,16 @@ def translating(path: Path) -> Iterator[None]:
         raise err from e
     except OSError as e:
         raise from_os(e, path) from e
+
+
+def _create_private(path: Path) -> None:
+    """Create the database file ``0600`` (and missing directories ``0700``) whatever the
+    umask, before SQLite opens it: SQLite gives its -wal and -shm files the database's
+    mode."""
+    missing = [d for d in (path.parent, *path.parent.parents) if not d.exists()]
+    for d in reversed(missing):
+        d.mkdir(mode=0o700, exist_ok=True)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
 
 
 def _prepare(path: Path, create_schema: Callable[[sqlite3.Connection], None]) -> None:
@@ -169,7 +180,7 @@ class Database:
         create_schema: Callable[[sqlite3.Connection], None],
         synchronous: Synchronous,
     ) -> Database:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(_create_private, path)
         await asyncio.to_thread(_prepare, path, create_schema)
         writer = await Connection.connect(path, isolation_level=None)
         try:

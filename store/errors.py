@@ -137,3 +137,7 @@ def from_os(e: OSError, where: object) -> StoreError:
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return StorageFullError(f"the disk is full: {where} could not be written ({e.strerror})")
     return StorageError(f"{where}: {e.strerror or e}")
+
+
+class RepositoryLockedError(StoreError):
+    """The data directory is in use by another process (a running ledgerd?)."""

@@ -11,6 +11,12 @@ set of open pages. It is the entry point of the embedded API::
 
 Layout: ``{data_dir}/{FORMAT_VERSION}/ledgers/{ledger_b64}/{page_b64}/page.sqlite``
 with base64url names without padding.
+
+One process at a time: :meth:`Repository.open` takes an exclusive ``flock`` on
+``{data_dir}/ledgerd.lock`` for as long as the repository is open, so an embedded
+open of a running daemon's directory (or a second daemon) fails with
+:class:`RepositoryLockedError` instead of writing where the daemon cannot see it.
+Directories are created ``0700`` and databases ``0600``, whatever the umask.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import fcntl
 import logging
 import os
 import time
@@ -27,7 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ledgerd.store.db import Database, Synchronous
-from ledgerd.store.errors import InvalidArgumentError, NameTooLargeError, TooManyOpenPagesError
+from ledgerd.store.errors import (
+    InvalidArgumentError,
+    NameTooLargeError,
+    RepositoryLockedError,
+    TooManyOpenPagesError,
+)
 from ledgerd.store.hooks import NO_HOOKS, PageHooks
 from ledgerd.store.page import Page
 from ledgerd.store.schema import FORMAT_VERSION, create_usage_schema
@@ -64,6 +76,27 @@ def decode_name(text: str) -> bytes | None:
         return None
 
 
+def _lock(root: Path) -> int:
+    """Create ``root`` (0700) if needed and take the exclusive lock of ``ledgerd.lock``."""
+    if not root.is_dir():
+        root.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):  # created meanwhile: checked below
+            root.mkdir(mode=0o700)
+    fd = os.open(root / "ledgerd.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RepositoryLockedError(
+            f"the data directory {root} is in use by another process (a running ledgerd? "
+            "then use its client, ledgerd.daemon.client, instead of opening the directory)"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 @dataclass(slots=True)
 class _Opening:
     """The lock that opens one page once, and how many callers hold or wait for it."""
@@ -82,11 +115,14 @@ class Repository:
         synchronous: Synchronous,
         hooks: PageHooks = NO_HOOKS,
         *,
+        lock_fd: int = -1,
         txn_memory: int = TXN_MEMORY,
         max_watch_queue: int = MAX_WATCH_QUEUE,
         max_open_pages: int = MAX_OPEN_PAGES,
     ) -> None:
         self.root = root
+        self._lock_fd = lock_fd
+        """The open ``ledgerd.lock`` whose flock this repository holds (-1: none)."""
         self.max_open_pages = max_open_pages
         self.usage = usage
         self.synchronous = synchronous
@@ -111,30 +147,42 @@ class Repository:
         max_watch_queue: int = MAX_WATCH_QUEUE,
         max_open_pages: int = MAX_OPEN_PAGES,
     ) -> Repository:
-        """Open (creating on first use) the repository at ``root``.
+        """Open (creating it on first use) the data directory ``root``.
 
-        ``hooks`` are the collaborators every page gets (see :mod:`store.hooks`);
-        ``txn_memory`` is what one transaction may hold in memory before staging
-        its values, ``max_watch_queue`` how far a watcher may fall behind, and
-        ``max_open_pages`` how many pages may be open at once: opening one more
-        closes the least recently used idle page, and fails with
+        Raises :class:`RepositoryLockedError` while another process (a running
+        ledgerd) has it open. ``hooks`` are the collaborators every page gets (see
+        :mod:`store.hooks`); ``txn_memory`` is what one transaction may hold in
+        memory before staging its values, ``max_watch_queue`` how far a watcher may
+        fall behind, and ``max_open_pages`` how many pages may be open at once:
+        opening one more closes the least recently used idle page, and fails with
         :class:`TooManyOpenPagesError` when every open page is busy."""
         root = Path(root)
-        (root / str(FORMAT_VERSION) / "ledgers").mkdir(parents=True, exist_ok=True)
-        # FULL: the device id and sync's sequence numbers must survive a power loss.
-        usage = await Database.open(
-            root / "page_usage.sqlite", create_usage_schema, synchronous="FULL"
-        )
+        lock_fd = await asyncio.to_thread(_lock, root)
+        try:
+            for d in (root / str(FORMAT_VERSION), root / str(FORMAT_VERSION) / "ledgers"):
+                d.mkdir(mode=0o700, exist_ok=True)
+            # FULL: the device id and sync's sequence numbers must survive a power loss.
+            usage = await Database.open(
+                root / "page_usage.sqlite", create_usage_schema, synchronous="FULL"
+            )
+        except BaseException:
+            os.close(lock_fd)
+            raise
         repo = cls(
             root,
             usage,
             synchronous,
             hooks,
+            lock_fd=lock_fd,
             txn_memory=txn_memory,
             max_watch_queue=max_watch_queue,
             max_open_pages=max_open_pages,
         )
-        await repo._load_device_id()
+        try:
+            await repo._load_device_id()
+        except BaseException:
+            await repo.close()
+            raise
         return repo
 
     async def _load_device_id(self) -> None:
@@ -351,7 +399,12 @@ class Repository:
             await page.close()
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
-        await self.usage.close()
+        try:
+            await self.usage.close()
+        finally:
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)  # releases the flock
+                self._lock_fd = -1
 
     async def __aenter__(self) -> Repository:
         return self

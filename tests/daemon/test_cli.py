@@ -95,19 +95,29 @@ def cli_cmd(*args: str) -> list[str]:
 
 
 def parse_json_lines(out: bytes) -> list[tuple[bytes, bytes, str]]:
-    """``ls --json`` / ``export`` output as (key, value, priority), checking the format."""
+    """``export`` output (or ``ls --json`` of small values) as (key, value, priority),
+    checking the format."""
     rows = []
+    for key, value, priority in parse_listing(out):
+        assert isinstance(value, bytes), key
+        rows.append((key, value, priority))
+    return rows
+
+
+def parse_listing(out: bytes) -> list[tuple[bytes, bytes | int, str]]:
+    """``ls --json`` output: (key, value or, for a value too large to list, its size, priority)."""
+    rows: list[tuple[bytes, bytes | int, str]] = []
     for line in out.decode().splitlines():
         doc = json.loads(line)
-        assert set(doc) == {"key", "value", "priority"}, line
+        assert list(doc)[:3] == ["key", "priority", "value"], line  # export's layout
         assert doc["priority"] in ("eager", "lazy")
-        rows.append(
-            (
-                base64.b64decode(doc["key"], validate=True),
-                base64.b64decode(doc["value"], validate=True),
-                doc["priority"],
-            )
-        )
+        key = base64.b64decode(doc["key"], validate=True)
+        if doc["value"] is None:
+            assert set(doc) == {"key", "value", "priority", "size"}, line
+            rows.append((key, int(doc["size"]), doc["priority"]))
+        else:
+            assert set(doc) == {"key", "value", "priority"}, line
+            rows.append((key, base64.b64decode(doc["value"], validate=True), doc["priority"]))
     return rows
 
 
@@ -206,8 +216,8 @@ def test_put_and_get_every_way(shared: Daemon, ledger: str, tmp_path: Path) -> N
     assert get == streamed  # byte-exact, NULs and all
     assert get_o == b"" and out.read_bytes() == on_disk
     assert sorted(tmp_path.iterdir()) == sorted([src, out])  # no partial download left
-    assert parse_json_lines(ls_json) == [
-        (b"file", on_disk, "eager"),
+    assert parse_listing(ls_json) == [
+        (b"file", len(on_disk), "eager"),  # over 1 MiB: its size, not fetched
         (b"lazy", b"later", "lazy"),
         (b"plain", "hello wörld".encode(), "eager"),
         (b"stdin", streamed, "eager"),
@@ -228,6 +238,32 @@ def test_get_of_an_absent_key_exits_1(shared: Daemon, ledger: str, tmp_path: Pat
         assert p.stderr.startswith(b"ledgerctl: ") and named in p.stderr, p
         assert b"Traceback" not in p.stderr
     assert list(tmp_path.iterdir()) == []  # neither the file nor a partial one
+
+
+def test_local_path_problems_are_one_line(shared: Daemon, ledger: str, tmp_path: Path) -> None:
+    seed(shared, ledger, "p", [(b"k", b"v", "eager")])
+    missing = tmp_path / "missing" / "x"
+    for args, says in [
+        (["get", "-o", str(missing), ledger, "p", "k"], "does not exist"),
+        (["get", "-o", str(tmp_path), ledger, "p", "k"], "is a directory"),
+        (["import", ledger, "p", str(missing)], "No such file"),
+        (["ls", "--at", "\udcff", ledger, "p"], "not a commit id"),
+    ]:
+        err = ctl_fails(shared, 2, *args)
+        assert says in err and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_arguments_that_are_not_utf8_are_raw_key_bytes(shared: Daemon, ledger: str) -> None:
+    """argv bytes are the key's bytes (os.fsencode), as with --hex ff."""
+    raw = os.fsdecode(b"\xff\xfek")  # what Python makes of those argv bytes
+    ctl(shared, "put", ledger, "p", raw, os.fsdecode(b"v\xff"))
+    assert listing(shared, ledger, "p") == [(b"\xff\xfek", b"v\xff", "eager")]
+    assert ctl(shared, "get", ledger, "p", raw) == b"v\xff"
+    assert ctl(shared, "--hex", "get", ledger.encode().hex(), "70", "fffe6b") == b"v\xff"
+    assert (
+        ctl(shared, "ls", ledger, "p", "--prefix", os.fsdecode(b"\xff")) == b"\\xff\\xfek\tv\\xff\n"
+    )
 
 
 # -- delete and clear ----------------------------------------------------------------
@@ -349,7 +385,7 @@ def test_export_import_round_trip(shared: Daemon, ledger: str, tmp_path: Path) -
     )
     assert exporter.stdout is not None
     with ThreadPoolExecutor(1) as pool:
-        src_listing = pool.submit(ctl, shared, "ls", "--json", ledger, "src")
+        src_listing = pool.submit(ctl, shared, "export", ledger, "src")
         # A real pipe: ledgerctl export | ledgerctl import
         importer = subprocess.run(
             cli_cmd("import", ledger, "dst"),
@@ -371,7 +407,7 @@ def test_export_import_round_trip(shared: Daemon, ledger: str, tmp_path: Path) -
     assert (p.returncode, p.stdout, p.stderr) == (0, b"", b"imported 303 entries\n"), p
 
     dst, from_file = outputs(
-        ctl_all(shared, ["ls", "--json", ledger, "dst"], ["ls", "--json", ledger, "from-file"])
+        ctl_all(shared, ["export", ledger, "dst"], ["export", ledger, "from-file"])
     )
     assert dst == src
     assert from_file == src
@@ -414,6 +450,101 @@ def test_import_of_a_non_utf8_file_is_a_usage_error(
     f.write_bytes(json_line(b"a", b"1") + b"\xff\xfe\n")
     err = ctl_fails(shared, 2, "import", ledger, "p", str(f))
     assert "line 2" in err
+
+
+def peak_rss(d: Daemon, out: Path, *args: str, input: Path | None = None) -> float:
+    """Run ``ledgerctl`` (stdout to ``out``) and return its peak memory in MiB."""
+    wrapper = (
+        "import resource, subprocess, sys\n"
+        "stdin = open(sys.argv[2], 'rb') if sys.argv[2] else None\n"
+        "with open(sys.argv[1], 'wb') as f:\n"
+        "    r = subprocess.run(sys.argv[3:], stdout=f, stdin=stdin)\n"
+        "assert r.returncode == 0, r\n"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", wrapper, str(out), str(input or ""), *cli_cmd(*args)],
+        capture_output=True,
+        env=cli_env(d.socket),
+        cwd=ROOT,
+        timeout=120,
+        check=True,
+    )
+    return float(p.stdout)
+
+
+def test_ls_and_export_of_large_values_stream_in_bounded_memory(
+    shared: Daemon, ledger: str, tmp_path: Path
+) -> None:
+    """ls prints a placeholder for a value too large to list and never fetches it; export
+    and import stream it, a chunk at a time, both ways."""
+    big = random.Random(8).randbytes(96 * MiB)
+    src = tmp_path / "big"
+    src.write_bytes(big)
+    with Client(shared.socket) as c:
+        c.put(ledger, "p", b"big", src, lazy=True)
+        c.batch(ledger, "p", [(b"a", b"1"), (b"z", b"2")])
+    del big
+
+    listed = tmp_path / "ls.txt"
+    assert peak_rss(shared, listed, "ls", ledger, "p") < 80
+    assert listed.read_bytes() == b"a\t1\nbig\t<96.0 MiB>\nz\t2\n"
+    assert parse_listing(ctl(shared, "ls", "--json", ledger, "p")) == [
+        (b"a", b"1", "eager"),
+        (b"big", 96 * MiB, "lazy"),
+        (b"z", b"2", "eager"),
+    ]
+    assert ctl(shared, "--hex", "ls", ledger.encode().hex(), "70", "--prefix", "62") == (
+        b"626967\t<96.0 MiB>\n"
+    )
+
+    dump = tmp_path / "dump.jsonl"
+    assert peak_rss(shared, dump, "export", ledger, "p") < 80
+    lines = dump.read_bytes().splitlines()
+    assert len(lines) == 3 and len(lines[1]) > 128 * MiB
+    # The long line goes back in streamed, as a PUT, without ever being held whole.
+    assert peak_rss(shared, tmp_path / "none", "import", ledger, "copy", input=dump) < 80
+    with Client(shared.socket) as c:
+        items = list(c.entries(ledger, "copy", values=False))
+        assert [(i.key, i.priority, i.size) for i in items] == [
+            (b"a", "eager", 1),
+            (b"big", "lazy", 96 * MiB),
+            (b"z", "eager", 1),
+        ]
+        assert c.get(ledger, "copy", b"big") == src.read_bytes()
+
+
+def test_a_long_import_line_in_another_layout_is_a_usage_error(
+    shared: Daemon, ledger: str, tmp_path: Path
+) -> None:
+    value = base64.b64encode(b"v" * 3 * MiB).decode()
+    f = tmp_path / "in.jsonl"
+    f.write_text(json.dumps({"value": value, "key": "aw=="}) + "\n")
+    err = ctl_fails(shared, 2, "import", ledger, "p", str(f))
+    assert "line 1: a line over" in err and err.count("\n") == 1
+    f.write_text('{"key":"aw==","priority":"eager","value":"' + value[:-5] + '!!!!"}\n')
+    err = ctl_fails(shared, 2, "import", ledger, "p", str(f))
+    assert "line 1: the value is not valid base64" in err and err.count("\n") == 1
+    f.write_text('{"key":"aw==","priority":"eager","value":"' + value + '"')  # no '}'
+    err = ctl_fails(shared, 2, "import", ledger, "p", str(f))
+    assert "line 1: a long line must end with" in err
+    with Client(shared.socket) as c:
+        assert list(c.entries(ledger, "p")) == []  # no half-imported value
+
+
+def test_import_fits_the_daemons_batch_limit(short_tmp: Path) -> None:
+    """Batches are split to the daemon's max_batch_bytes; a value over it goes on its own."""
+    d = start_daemon(short_tmp, env={"LEDGERD_MAX_BATCH_BYTES": str(256 * 1024)})
+    try:
+        rng = random.Random(9)
+        entries = [(b"s%04d" % i, rng.randbytes(2000), "eager") for i in range(400)]
+        entries += [(b"mid", rng.randbytes(700_000), "lazy"), (b"big", rng.randbytes(MiB), "eager")]
+        dump = b"".join(json_line(*e) for e in entries)
+        p = d.ledgerctl("import", "l", "p", input=dump)
+        assert (p.returncode, p.stderr) == (0, b"imported 402 entries\n"), p
+        assert sorted(listing(d, "l", "p")) == sorted(entries)
+    finally:
+        assert d.stop() == 0
 
 
 # -- heads, log and reads at a commit ------------------------------------------------

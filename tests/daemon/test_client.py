@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ledgerd.daemon.client import (
+    Answer,
     AsyncClient,
+    AsyncTransaction,
+    BlockingSession,
+    BlockingTransaction,
+    BlockingWatch,
     Client,
     DaemonUnavailableError,
     LedgerError,
     NotFoundError,
+    ResolveRequest,
+    Session,
     Watch,
 )
 from tests.daemon.conftest import Daemon
@@ -120,6 +129,100 @@ def test_blocking_client(daemon: Daemon, tmp_path: Path) -> None:
         assert c.ledgers() == [b"l"] and c.pages("l") == [b"p"]
 
 
+BLOCKING_NAME = {
+    "__aenter__": "__enter__",
+    "__aexit__": "__exit__",
+    "__aiter__": "__iter__",
+    "__anext__": "__next__",
+}
+LOW_LEVEL = {"request", "session"}
+"""AsyncClient's aiohttp-level members: blocking code reaches them through ``Client.aio``."""
+
+
+def _parameters(fn: Any) -> list[tuple[str, Any, Any]]:
+    sig = inspect.signature(fn)
+    return [(p.name, p.kind, p.default) for p in sig.parameters.values()]
+
+
+@pytest.mark.parametrize(
+    ("aio", "blocking"),
+    [
+        (AsyncClient, Client),
+        (AsyncTransaction, BlockingTransaction),
+        (Session, BlockingSession),
+        (Watch, BlockingWatch),
+    ],
+)
+def test_every_async_method_has_a_blocking_counterpart(aio: type, blocking: type) -> None:
+    """The blocking classes are the async ones through one bridge: same methods, same
+    parameters (names, kinds, defaults), so the two cannot drift apart."""
+    names = [
+        n
+        for n, member in vars(aio).items()
+        if callable(member) or isinstance(member, staticmethod | property)
+        if (not n.startswith("_") or n in BLOCKING_NAME) and n not in LOW_LEVEL
+    ]
+    assert names
+    for name in names:
+        counterpart = getattr(blocking, BLOCKING_NAME.get(name, name), None)
+        assert counterpart is not None, f"{blocking.__name__} has no {name}"
+        if name in ("__aenter__", "__aexit__"):
+            continue  # (self) / (self, exc info) either way
+        assert _parameters(getattr(aio, name)) == _parameters(counterpart), name
+
+
+def test_blocking_client_streams_sessions_and_resolvers(daemon: Daemon, tmp_path: Path) -> None:
+    with Client(daemon.socket) as c:
+        c.put("l", "p", b"big", iter([b"a" * 300_000, b"b" * 300_000]))  # chunks, streamed
+        assert b"".join(c.get_stream("l", "p", b"big", offset=299_999, length=2)) == b"ab"
+        assert c.policy("l", "p", "automatic_with_fallback")["policy"] == (
+            "automatic_with_fallback"
+        )
+        with c.transaction("l", "p") as txn:
+            txn.put(b"a", b"1")
+            txn.put(b"b", b"2")
+            txn.delete(b"b")
+            assert [i.key for i in txn.entries(prefix=b"a")] == [b"a"]
+        assert txn.commit_id is not None and c.heads("l", "p")[0]["id"] == txn.commit_id
+        with pytest.raises(KeyError), c.transaction("l", "p") as txn:
+            txn.clear()
+            assert txn.entries() == []
+            raise KeyError("rolls back")
+        assert c.get("l", "p", b"a") == b"1"  # the clear was rolled back
+        with c.open_session() as s:
+            t = s.begin("l", "p")
+            t.put(b"x", b"y")
+            t.rollback()
+            with pytest.raises(LedgerError):
+                t.put(b"x", b"y")  # the transaction is over
+        with pytest.raises(NotFoundError):
+            c.get("l", "p", b"x")
+
+        seen: list[ResolveRequest] = []
+
+        def take_right(req: ResolveRequest) -> Answer:
+            assert threading.current_thread() is not threading.main_thread()
+            seen.append(req)
+            return {x.key: "right" for x in req.conflicts}
+
+        with c.register_resolver("l", take_right), c.subscribe("l", "p") as watch:
+            s = c.open_session()
+            t = s.begin("l", "p")
+            t.put(b"a", b"from txn")
+            c.put("l", "p", b"a", b"plain")  # the page moves: the commit needs a merge
+            c.heads("l", "p")
+            assert t.commit() is not None
+            s.close()
+            c.put("l", "p", b"end", b"")
+            keys = []
+            for change in watch:  # every commit in order, up to the sentinel
+                keys += [i.key for i in change.changed]
+                if b"end" in keys:
+                    break
+            assert keys[0] == b"a" and keys[-1] == b"end"
+        assert seen and c.policy("l", "p")["heads"] == 1
+
+
 async def test_unreachable_daemon_is_a_clear_error(tmp_path: Path) -> None:
     async with AsyncClient(tmp_path / "none.sock") as c:
         with pytest.raises(DaemonUnavailableError, match="cannot reach ledgerd"):
@@ -144,8 +247,6 @@ async def test_session_errors(daemon: Daemon) -> None:
 
 
 async def test_resolver_on_the_committing_session_does_not_deadlock(daemon: Daemon) -> None:
-    from ledgerd.daemon.client import Answer, ResolveRequest
-
     async with AsyncClient(daemon.socket) as c:
         await c.policy("l", "p", "automatic_with_fallback")
         await c.put("l", "p", b"k", b"base")

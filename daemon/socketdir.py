@@ -1,0 +1,73 @@
+"""Whether a Unix socket's directory is safe: nobody but its owner can replace the socket.
+
+This module owns the strict-modes rule (OpenSSH's, for the same reason) that the
+daemon applies before it listens and the clients apply before they connect. It
+does not create directories or sockets (``daemon/server.py`` does).
+
+Whoever can write to the directory that holds the socket can unlink it and bind
+their own, and so read every request sent to it next. So:
+
+* the socket's own directory must not be writable by group or others (a sticky
+  bit does not make it safe: another user could bind the path while the daemon is
+  down and wait for a client);
+* each directory above it must not be writable by group or others either, unless
+  it has the sticky bit (``/tmp``): there others cannot rename what they do not own;
+* for the daemon, the socket's directory and those above it must belong to the
+  daemon's user or to root. Clients do not check ownership: a daemon of another
+  user (a system service with ``socket_group``) is legitimate.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+
+def _mode(st: os.stat_result) -> str:
+    return f"{stat.S_IMODE(st.st_mode):04o}"
+
+
+def socket_dir_problem(socket: Path, *, owner: int | None = None) -> str | None:
+    """What makes ``socket``'s directory unsafe, as one sentence; None if it is safe.
+
+    ``owner``: the uid that (besides root) must own the directories (the daemon's
+    effective uid); None skips the ownership check (clients). A directory that does
+    not exist is not a problem here: nothing can be connected to in it.
+    """
+    directory = Path(os.path.realpath(socket.parent if str(socket.parent) else "."))
+    try:
+        st = os.stat(directory)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"cannot inspect the socket's directory {directory}: {e.strerror}"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{directory} is not a directory"
+    if st.st_mode & 0o022:
+        return (
+            f"the socket's directory {directory} is writable by others (mode {_mode(st)}): "
+            f"they could replace the socket; use a directory only its owner can write "
+            f"(chmod go-w {directory})"
+        )
+    if owner is not None and st.st_uid not in (owner, 0):
+        return (
+            f"the socket's directory {directory} belongs to uid {st.st_uid}, "
+            f"not to this user (uid {owner}) or root"
+        )
+    for parent in directory.parents:
+        try:
+            pst = os.stat(parent)
+        except OSError as e:
+            return f"cannot inspect {parent}: {e.strerror}"
+        if pst.st_mode & 0o022 and not pst.st_mode & stat.S_ISVTX:
+            return (
+                f"{parent}, above the socket's directory, is writable by others "
+                f"(mode {_mode(pst)}, no sticky bit): they could replace the socket's directory"
+            )
+        if owner is not None and pst.st_uid not in (owner, 0):
+            return (
+                f"{parent}, above the socket's directory, belongs to uid {pst.st_uid}, "
+                f"not to this user (uid {owner}) or root"
+            )
+    return None
