@@ -23,6 +23,7 @@ import contextvars
 import grp
 import json
 import logging
+import math
 import os
 import pwd
 import socket
@@ -42,7 +43,7 @@ from ledgerd.daemon.config import Config
 from ledgerd.store import Commit, Page, Policy, Priority, Repository, StoreError
 from ledgerd.store import digest as dg
 from ledgerd.store.btree import Entry
-from ledgerd.store.view import View
+from ledgerd.store.view import KEY_LIMIT, View
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,21 @@ def _checked_batch_changes(ops: list[Any]) -> list[Change]:
         else:
             raise ae.BadRequest(f"ops[{i}].op must be 'put' or 'delete'")
     return changes
+
+
+def parse_json(data: bytes | str, what: str) -> Any:
+    """Decode JSON from a client: any failure is a 400 naming ``what``. Besides syntax
+    errors, that covers what ``json`` raises on hostile input: nesting deep enough to
+    exhaust the recursion limit, integers past Python's int-string conversion limit
+    (both ValueError or RecursionError, not JSONDecodeError), and bodies that are not
+    UTF-8."""
+    try:
+        text = data.decode() if isinstance(data, bytes) else data
+        return json.loads(text)
+    except RecursionError:
+        raise ae.BadRequest(f"{what} is nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, int-string limit
+        raise ae.BadRequest(f"{what} is not valid JSON: {e}") from None
 
 
 def text_or_none(data: bytes) -> str | None:
@@ -228,6 +244,19 @@ class Query:
             raise ae.BadRequest(f"query parameter {name} must be an integer") from None
         if n < lo:
             raise ae.BadRequest(f"query parameter {name} must be at least {lo}")
+        return n
+
+    def seconds(self, name: str, default: float) -> float:
+        """A positive, finite number of seconds (``default`` when absent)."""
+        v = self.text(name)
+        if v is None or v == "":
+            return default
+        try:
+            n = float(v)
+        except ValueError:
+            n = math.nan
+        if not math.isfinite(n) or n <= 0:
+            raise ae.BadRequest(f"query parameter {name} must be a positive number of seconds")
         return n
 
     def flag(self, name: str, default: bool) -> bool:
@@ -364,6 +393,10 @@ class Api:
                 rest = p[4:]
                 if len(rest) >= 2 and rest[0] == "keys":
                     key = unquote_to_bytes("/".join(rest[1:]))
+                    if len(key) > KEY_LIMIT:
+                        raise ae.UriTooLong(
+                            f"key of {len(key)} bytes is over the {KEY_LIMIT}-byte limit"
+                        )
                     if m in ("GET", "HEAD"):
                         return await self.get_key(request, ledger, page_id, key)
                     if m == "PUT":
@@ -455,13 +488,13 @@ class Api:
 
     async def sync(self, request: web.Request) -> web.Response:
         """Upload everything pending, fetch everything visible, merge, until a round is quiet."""
-        if self.engine is None:
-            raise ae.Conflict("cloud sync is off: start ledgerd with --cloud URL")
         q = Query(request.query_string)
         ledger, page = q.bytes("ledger"), q.bytes("page")
-        timeout = float(q.text("timeout") or 60)
+        timeout = q.seconds("timeout", 60.0)
         if page is not None and ledger is None:
             raise ae.BadRequest("page needs ledger")
+        if self.engine is None:
+            raise ae.Conflict("cloud sync is off: start ledgerd with --cloud URL")
         from ledgerd.sync.errors import SyncError
 
         try:
@@ -591,10 +624,7 @@ class Api:
         return web.json_response({"entries": out, "next": b64(nxt) if nxt is not None else None})
 
     async def batch(self, request: web.Request, ledger: bytes, page_id: bytes) -> web.Response:
-        try:
-            doc = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ae.BadRequest(f"batch body is not valid JSON: {e}") from None
+        doc = parse_json(await request.read(), "batch body")
         ops = doc.get("ops") if isinstance(doc, dict) else None
         if not isinstance(ops, list):
             raise ae.BadRequest('batch body must be {"ops": [...]}')
@@ -608,9 +638,9 @@ class Api:
         page = await self.page(ledger, page_id, create=request.method == "PUT")
         if request.method == "PUT":
             try:
-                doc = await request.json()
+                doc = parse_json(await request.read(), "policy body")
                 policy = Policy(doc["policy"])
-            except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+            except (ValueError, KeyError, TypeError, ae.BadRequest):
                 names = ", ".join(p.value for p in Policy)
                 raise ae.BadRequest(
                     f'body must be {{"policy": NAME}} with NAME one of {names}'

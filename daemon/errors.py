@@ -28,10 +28,16 @@ class BadRequest(ApiError):
     status, code = 400, "bad_request"
 
 
-class InvalidKey(BadRequest):
-    """The key is not valid."""
+class KeyTooLarge(BadRequest):
+    """The key is over the 4 KiB limit."""
 
-    code = "invalid_key"
+    code = "key_too_large"
+
+
+class UriTooLong(KeyTooLarge):
+    """The key in the path (or the request line) is over the 4 KiB key limit."""
+
+    status = 414
 
 
 class NotFound(ApiError):
@@ -109,7 +115,9 @@ class Corrupt(ApiError):
 def from_store(e: se.StoreError) -> ApiError:
     """The API error for a store error (its message is kept)."""
     msg = str(e)
-    if isinstance(e, se.KeyTooLargeError | se.NameTooLargeError):
+    if isinstance(e, se.KeyTooLargeError):
+        return KeyTooLarge(msg)
+    if isinstance(e, se.NameTooLargeError):
         return TooLarge(msg)
     if isinstance(e, se.RangeError):
         return RangeNotSatisfiable(msg)

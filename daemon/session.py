@@ -31,6 +31,7 @@ from ledgerd.daemon.api import (
     b64,
     entries_json,
     page_leases,
+    parse_json,
     parse_priority,
     priority_name,
     unb64,
@@ -186,10 +187,7 @@ class Session:
     ) -> None:
         rid: Any = None
         try:
-            try:
-                req = json.loads(data)
-            except json.JSONDecodeError as e:
-                raise ae.BadRequest(f"message is not valid JSON: {e}") from None
+            req = parse_json(data, "message")
             if not isinstance(req, dict):
                 raise ae.BadRequest("a message must be a JSON object")
             if only_resolved and req.get("op") != "resolved":

@@ -147,7 +147,10 @@ async def test_errors_are_json_with_stable_codes(http: aiohttp.ClientSession) ->
     assert await _err(await http.get(u("/v1/ledgers/nope/pages"))) == (404, "ledger_not_found")
     assert await _err(await http.get(u("/v1/nothing"))) == (404, "not_found")
     assert await _err(await http.get(u("/v2/status"))) == (404, "not_found")
-    assert await _err(await http.put(u(P + "/keys/" + "k" * 4097), data=b"v")) == (413, "too_large")
+    assert await _err(await http.put(u(P + "/keys/" + "k" * 4097), data=b"v")) == (
+        414,
+        "key_too_large",
+    )
     assert await _err(
         await http.put(u("/v1/ledgers/" + "l" * 129 + "/pages/p/keys/k"), data=b"v")
     ) == (413, "too_large")
