@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import pwd
+import re
 import socket
 import struct
 import time
@@ -278,23 +279,41 @@ def priority_name(p: Priority) -> str:
     return "lazy" if p == Priority.LAZY else "eager"
 
 
+_RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)", re.ASCII)
+
+
+def _position(digits: str) -> int:
+    """A byte position; one past any value's size when it is too long to be a size
+    (and too long for ``int()``'s digit limit)."""
+    return int(digits) if len(digits) <= 18 else 2**63
+
+
 def parse_range(header: str, size: int) -> tuple[int, int]:
-    """``bytes=a-b`` / ``bytes=a-`` / ``bytes=-n`` -> (offset, length)."""
-    unit, _, spec = header.partition("=")
-    if unit.strip() != "bytes" or "," in spec:
-        raise ae.BadRequest("only a single 'bytes=' range is supported")
-    first, _, last = spec.strip().partition("-")
-    try:
-        if first == "":
-            n = int(last)
-            return max(size - n, 0), min(n, size)
-        a = int(first)
-        b = int(last) if last else size - 1
-    except ValueError:
-        raise ae.BadRequest(f"malformed Range header {header!r}") from None
-    if a >= size or b < a:
-        raise ae.RangeNotSatisfiable(f"range {header} is outside the {size}-byte value")
-    return a, min(b, size - 1) - a + 1
+    """``bytes=a-b`` / ``bytes=a-`` / ``bytes=-n`` -> (offset, length), as RFC 9110
+    14.1.2: a range must select at least one byte of the value (``bytes=-0``, a start
+    at or past the end, any range of an empty value: 416); a malformed one is 400."""
+    m = _RANGE.fullmatch(header.strip())
+    if m is None or m.group(1) == m.group(2) == "":
+        raise ae.BadRequest(f"malformed Range header {header[:100]!r}: one 'bytes=' range")
+    first, last = m.group(1), m.group(2)
+    if first == "":  # a suffix: the last n bytes
+        n = _position(last)
+        if n == 0 or size == 0:
+            raise ae.RangeNotSatisfiable(
+                f"range {header[:100]} selects no byte of the {size}-byte value",
+                {"Content-Range": f"bytes */{size}"},
+            )
+        return size - min(n, size), min(n, size)
+    a = _position(first)
+    if last and _position(last) < a:
+        raise ae.BadRequest(f"malformed Range header {header[:100]!r}: the end is before the start")
+    if a >= size:
+        raise ae.RangeNotSatisfiable(
+            f"range {header[:100]} is outside the {size}-byte value",
+            {"Content-Range": f"bytes */{size}"},
+        )
+    b = min(_position(last), size - 1) if last else size - 1
+    return a, b - a + 1
 
 
 class Api:
@@ -367,7 +386,7 @@ class Api:
 
     @staticmethod
     def error(e: ae.ApiError) -> web.Response:
-        return web.json_response(e.body(), status=e.status)
+        return web.json_response(e.body(), status=e.status, headers=e.headers)
 
     async def route(self, request: web.Request) -> web.StreamResponse:
         raw_path = request.raw_path.split("?", 1)[0]

@@ -15,8 +15,9 @@ class ApiError(Exception):
     status = 500
     code = "internal"
 
-    def __init__(self, message: str | None = None) -> None:
+    def __init__(self, message: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message or (self.__doc__ or self.code).strip())
+        self.headers = headers or {}
 
     def body(self) -> dict[str, dict[str, str]]:
         return {"error": {"code": self.code, "message": str(self)}}
