@@ -357,7 +357,10 @@ class Api:
         except ae.ApiError as e:
             return self.error(e)
         except StoreError as e:
-            return self.error(ae.from_store(e))
+            err = ae.from_store(e)
+            if err.status >= 500:
+                log.error("%s %s failed: %s", request.method, request.path, e)
+            return self.error(err)
         except web.HTTPRequestEntityTooLarge:
             return self.error(
                 ae.TooLarge(f"request body is over the {self.cfg.max_batch_bytes}-byte limit")
@@ -591,11 +594,27 @@ class Api:
         if request.method == "HEAD":
             await resp.prepare(request)
             return resp
-        chunks = await view.objects.read(entry.value, offset, length)
+        chunks = aiter(await view.objects.read(entry.value, offset, length))
+        # The first batch of pieces is read (and verified) before the headers go out,
+        # so a corrupt index or first chunk is still a clean 500 corrupt.
+        first = await anext(chunks, b"")
         await resp.prepare(request)
-        async for chunk in chunks:
-            await resp.write(chunk)
-        await resp.write_eof()
+        try:
+            await resp.write(first)
+            async for chunk in chunks:
+                await resp.write(chunk)
+            await resp.write_eof()
+        except ConnectionError:  # the client went away (`ledgerctl get | head`): normal
+            log.debug("the client of %s %s left before the end", request.method, request.path)
+        except Exception as e:
+            # The headers (status 200, Content-Length) are out: another response would
+            # land inside the body. Abort the connection so the client sees a short body.
+            if isinstance(e, StoreError):  # e.g. a corrupt chunk: the message says it all
+                log.error("aborted %s %s mid-body: %s", request.method, request.path, e)
+            else:
+                log.exception("aborted %s %s mid-body", request.method, request.path)
+            if request.transport is not None:
+                request.transport.abort()
         return resp
 
     async def put_key(

@@ -301,3 +301,25 @@ async def test_http_parser_errors_are_json(
     err = json.loads(body)["error"]
     assert err["message"] and err["code"] == (code or "bad_request")
     assert "Traceback" not in daemon.log_text()
+
+
+async def test_a_client_leaving_mid_download_is_not_an_error(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """``ledgerctl get ... | head -c 10``: the reader goes away; that is normal (DEBUG)."""
+    await http.put(u(P + "/keys/precious"), data=b"keep me")
+    await http.put(u(P + "/keys/big"), data=io.BytesIO(random.randbytes(8 * 1024 * 1024)))
+    for close in ("abort", "close"):
+        reader, writer = await asyncio.open_unix_connection(str(daemon.socket))
+        writer.write(f"GET {P}/keys/big HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        await writer.drain()
+        await reader.readexactly(10)
+        if close == "abort":
+            writer.transport.abort()
+        else:
+            writer.close()
+    await _alive_and_intact(http)
+    await http.close()
+    assert daemon.stop() == 0
+    log = daemon.log_text()
+    assert "ERROR" not in log and "Traceback" not in log, log
