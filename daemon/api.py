@@ -331,7 +331,9 @@ class Api:
         app = web.Application(
             middlewares=[self.middleware], client_max_size=self.cfg.max_batch_bytes
         )
-        app.router.add_route("*", "/{tail:.*}", self.route)
+        # Every path (with any byte, newlines included: not ``.*``) goes to self.route,
+        # which reads the raw, still percent-encoded path.
+        app.router.add_route("*", r"/{tail:[\s\S]*}", self.route)
         return app
 
     # -- plumbing ----------------------------------------------------------------
@@ -365,9 +367,11 @@ class Api:
             return self.error(
                 ae.TooLarge(f"request body is over the {self.cfg.max_batch_bytes}-byte limit")
             )
-        except web.HTTPException as e:
-            err = ae.ApiError(e.reason)
-            err.status, err.code = e.status, "http_" + str(e.status)
+        except web.HTTPException as e:  # aiohttp's own (the router's, a body reader's)
+            err = ae.NotFound(e.reason) if e.status in (404, 405) else ae.BadRequest(e.reason)
+            if e.status >= 500:
+                err = ae.ApiError(e.reason)
+            err.status = e.status
             return self.error(err)
         except (ConnectionResetError, asyncio.CancelledError):
             raise
