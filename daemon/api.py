@@ -31,7 +31,7 @@ import socket
 import struct
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes
@@ -393,7 +393,10 @@ class Api:
 
     @staticmethod
     def error(e: ae.ApiError) -> web.Response:
-        return web.json_response(e.body(), status=e.status, headers=e.headers)
+        resp = web.json_response(e.body(), status=e.status, headers=e.headers)
+        if isinstance(e, ae.RequestTimeout):  # the rest of its body is not worth waiting for
+            resp.force_close()
+        return resp
 
     async def route(self, request: web.Request) -> web.StreamResponse:
         raw_path = request.raw_path.split("?", 1)[0]
@@ -467,6 +470,31 @@ class Api:
         if leases is not None:  # no await since open_page returned: it is still open
             leases.enter_context(page.lease())
         return page
+
+    async def body_chunks(self, request: web.Request) -> AsyncIterator[bytes]:
+        """The request body as it arrives; a client silent for ``request_timeout``
+        seconds ends it with 408 (and the connection is closed)."""
+        chunks = aiter(request.content.iter_chunked(STREAM_CHUNK))
+        while True:
+            try:
+                async with asyncio.timeout(self.cfg.request_timeout):
+                    chunk = await anext(chunks)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise ae.RequestTimeout(
+                    f"no part of the request body came for {self.cfg.request_timeout:g}s"
+                ) from None
+            yield chunk
+
+    async def read_body(self, request: web.Request) -> bytes:
+        """The whole body (at most ``max_batch_bytes``), read as :meth:`body_chunks`."""
+        body = bytearray()
+        async for chunk in self.body_chunks(request):
+            body += chunk
+            if len(body) > self.cfg.max_batch_bytes:
+                raise ae.TooLarge(f"request body is over the {self.cfg.max_batch_bytes}-byte limit")
+        return bytes(body)
 
     async def view(self, request: web.Request, page: Page) -> View:
         at = Query(request.query_string).text("at")
@@ -628,12 +656,12 @@ class Api:
         page = await self.page(ledger, page_id, create=True)
         length = request.content_length
         if length is not None and length <= 256 * 1024:
-            body = await request.read()
+            body = await self.read_body(request)
             if len(body) != length:
                 raise ae.BadRequest("request body is shorter than its Content-Length")
             await page.put(key, body, priority)
         else:
-            await page.put(key, request.content.iter_chunked(STREAM_CHUNK), priority)
+            await page.put(key, self.body_chunks(request), priority)
         return web.Response(status=204)
 
     async def delete_key(self, ledger: bytes, page_id: bytes, key: bytes) -> web.Response:
@@ -666,7 +694,7 @@ class Api:
         return web.json_response({"entries": out, "next": b64(nxt) if nxt is not None else None})
 
     async def batch(self, request: web.Request, ledger: bytes, page_id: bytes) -> web.Response:
-        doc = parse_json(await request.read(), "batch body")
+        doc = parse_json(await self.read_body(request), "batch body")
         ops = doc.get("ops") if isinstance(doc, dict) else None
         if not isinstance(ops, list):
             raise ae.BadRequest('batch body must be {"ops": [...]}')
@@ -680,7 +708,7 @@ class Api:
         page = await self.page(ledger, page_id, create=request.method == "PUT")
         if request.method == "PUT":
             try:
-                doc = parse_json(await request.read(), "policy body")
+                doc = parse_json(await self.read_body(request), "policy body")
                 policy = Policy(doc["policy"])
             except (ValueError, KeyError, TypeError, ae.BadRequest):
                 names = ", ".join(p.value for p in Policy)

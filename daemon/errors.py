@@ -71,6 +71,12 @@ class CommitNotFound(NotFound):
     code = "commit_not_found"
 
 
+class RequestTimeout(ApiError):
+    """The client stopped sending its request."""
+
+    status, code = 408, "request_timeout"
+
+
 class Conflict(ApiError):
     """The request conflicts with the current state."""
 

@@ -86,6 +86,29 @@ class _Connection(web.RequestHandler):
     def __init__(self, manager: _Server, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self.limits = manager.limits
+        self._first_request: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        # aiohttp's keep-alive timer closes a connection idle between requests (and one
+        # whose next request is half sent); this one bounds the wait for the first.
+        self._first_request = asyncio.get_running_loop().call_later(
+            self.limits.request_timeout, self._no_request
+        )
+
+    def request_arrived(self) -> None:
+        if self._first_request is not None:
+            self._first_request.cancel()
+            self._first_request = None
+
+    def _no_request(self) -> None:
+        self._first_request = None
+        log.debug("closing a connection with no request in %gs", self.limits.request_timeout)
+        self.force_close()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.request_arrived()
+        super().connection_lost(exc)
 
     def handle_error(
         self,
@@ -110,9 +133,19 @@ class _Server(web.Server):
     """The Server ``web.AppRunner`` built, making :class:`_Connection` protocols."""
 
     def __init__(self, base: web.Server, limits: Limits, **kwargs: Any) -> None:
+        factory = base.request_factory
+
+        def make_request(
+            message: Any, payload: Any, protocol: web.RequestHandler, *rest: Any
+        ) -> web.BaseRequest:
+            """The app's request factory, which aiohttp calls once per parsed request."""
+            if isinstance(protocol, _Connection):
+                protocol.request_arrived()
+            return factory(message, payload, protocol, *rest)
+
         super().__init__(
             base.request_handler,
-            request_factory=base.request_factory,
+            request_factory=make_request,
             handler_cancellation=base.handler_cancellation,
             **kwargs,
         )
@@ -127,6 +160,9 @@ class _Server(web.Server):
             "max_line_size": self.limits.max_line_size,
             "max_field_size": self.limits.max_field_size,
             "keepalive_timeout": self.limits.keepalive_timeout,
+            # After an error that left a body unread, aiohttp reads (and drops) the
+            # rest for up to this long before closing; a silent client gets no more.
+            "lingering_time": min(10.0, self.limits.request_timeout),
         }
 
 
