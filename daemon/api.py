@@ -52,6 +52,8 @@ VERSION = __version__
 INLINE_VALUE_LIMIT = 1024 * 1024
 """``entries`` responses carry values up to this size; larger ones carry null and a size."""
 DEFAULT_LIMIT, MAX_LIMIT = 1000, 10_000
+ENTRY_GROUP = 128
+"""Entries of a listing whose values are read at once (at most 128 x 64 KiB)."""
 STREAM_CHUNK = 256 * 1024
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -690,7 +692,9 @@ class Api:
             unb64(token, "token") if token else None,
         )
         with_values = q.flag("values", True)
-        out = await entries_json(view, found, with_values)
+        out, n = await entries_json(view, found, with_values, self.cfg.max_listing_bytes)
+        if n < len(found):  # the body is full: the next listing starts at the first left out
+            nxt = found[n].key
         return web.json_response({"entries": out, "next": b64(nxt) if nxt is not None else None})
 
     async def batch(self, request: web.Request, ledger: bytes, page_id: bytes) -> web.Response:
@@ -751,24 +755,47 @@ class Api:
         return web.json_response(commit_json(await page.load_commit(cid)))
 
 
-async def entries_json(view: View, found: list[Entry], with_values: bool) -> list[dict[str, Any]]:
-    """JSON objects for entries: key, priority, size, and the value when small enough."""
-    small = [e.value for e in found if not dg.is_index(e.value)]
-    values = await view.objects.read_many(small) if with_values else {}
-    out = []
-    for e in found:
-        item: dict[str, Any] = {"key": b64(e.key), "priority": priority_name(e.priority)}
-        if e.value in values:
-            item["value"] = b64(values[e.value])
-            item["size"] = len(values[e.value])
-        else:
-            size = await view.objects.size(e.value)
-            item["size"] = size
-            if with_values:
-                item["value"] = (
-                    b64(await view.objects.read_all(e.value))
-                    if size <= INLINE_VALUE_LIMIT
-                    else None
-                )
-        out.append(item)
-    return out
+ENTRY_OVERHEAD = 64
+"""Bytes counted per entry of a listing besides its base64 key and value (names, quotes,
+priority, size)."""
+
+
+def _b64_len(n: int) -> int:
+    return 4 * -(-n // 3)
+
+
+async def entries_json(
+    view: View, found: list[Entry], with_values: bool, budget: int
+) -> tuple[list[dict[str, Any]], int]:
+    """JSON objects for entries (key, priority, size, and the value when small enough),
+    and how many of ``found`` they are: they stop before the one that would take
+    the JSON past ``budget`` bytes (but hold at least one entry), so that a listing
+    of large values never builds an unbounded body. Values are read a group at a
+    time, a group's single-piece values in one query."""
+    out: list[dict[str, Any]] = []
+    used = 0
+    for g in range(0, len(found), ENTRY_GROUP):
+        group = found[g : g + ENTRY_GROUP]
+        small = [e.value for e in group if not dg.is_index(e.value)]
+        values = await view.objects.read_many(small) if with_values else {}
+        for i, e in enumerate(group, g):
+            item: dict[str, Any] = {"key": b64(e.key), "priority": priority_name(e.priority)}
+            cost = len(item["key"]) + ENTRY_OVERHEAD
+            if e.value in values:
+                item["size"] = len(values[e.value])
+                cost += _b64_len(item["size"])
+            else:
+                item["size"] = size = await view.objects.size(e.value)
+                if with_values:
+                    inline = size <= INLINE_VALUE_LIMIT
+                    cost += _b64_len(size) if inline else 0
+                    if out and used + cost > budget:  # don't read what will not be sent
+                        return out, i
+                    item["value"] = b64(await view.objects.read_all(e.value)) if inline else None
+            if out and used + cost > budget:
+                return out, i
+            if e.value in values:
+                item["value"] = b64(values[e.value])
+            used += cost
+            out.append(item)
+    return out, len(found)

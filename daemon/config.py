@@ -66,6 +66,9 @@ class Config:
     page_idle_seconds: float = 300.0
     request_timeout: float = 60.0
     keepalive_timeout: float = 75.0
+    max_listing_bytes: int = 16 * 1024 * 1024
+    max_session_queue: int = 1000
+    max_event_bytes: int = 4 * 1024 * 1024
 
     # -- derived ---------------------------------------------------------------
 

@@ -89,6 +89,12 @@ class TooLarge(ApiError):
     status, code = 413, "too_large"
 
 
+class Busy(ApiError):
+    """Too many requests are waiting."""
+
+    status, code = 429, "too_many_requests"
+
+
 class RangeNotSatisfiable(ApiError):
     """The requested byte range is outside the value."""
 
