@@ -378,6 +378,9 @@ class Api:
         except (ConnectionResetError, asyncio.CancelledError):
             raise
         except Exception as e:
+            if (known := ae.from_exception(e)) is not None:
+                log.error("%s %s failed: %s", request.method, request.path, known)
+                return self.error(known)
             log.exception("internal error serving %s %s", request.method, request.path)
             return self.error(ae.ApiError(f"internal error: {type(e).__name__}"))
 

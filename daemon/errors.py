@@ -6,6 +6,9 @@ response body is ``{"error": {"code": CODE, "message": TEXT}}``.
 
 from __future__ import annotations
 
+import errno
+import sqlite3
+
 from ledgerd.store import errors as se
 
 
@@ -119,15 +122,48 @@ class Unavailable(ApiError):
     status, code = 503, "unavailable"
 
 
+class InsufficientStorage(ApiError):
+    """The disk is full: nothing was written. Free some space and try again."""
+
+    status, code = 507, "insufficient_storage"
+
+
 class Corrupt(ApiError):
     """Stored data is damaged; the daemon refused to return it."""
 
     status, code = 500, "corrupt"
 
 
+def disk_full(e: BaseException) -> bool:
+    """Whether ``e`` (or an exception it came from) says the disk is full: the store's
+    StorageFullError, SQLite's SQLITE_FULL, or ENOSPC from the OS."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, se.StorageFullError):
+            return True
+        if isinstance(cur, sqlite3.Error) and cur.sqlite_errorcode & 0xFF == sqlite3.SQLITE_FULL:
+            return True
+        if isinstance(cur, OSError) and cur.errno == errno.ENOSPC:
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+def from_exception(e: Exception) -> ApiError | None:
+    """The API error for an exception that is not an ApiError or a StoreError, if it
+    has one (a full disk); None for a bug."""
+    if disk_full(e):
+        return InsufficientStorage()
+    return None
+
+
 def from_store(e: se.StoreError) -> ApiError:
     """The API error for a store error (its message is kept)."""
     msg = str(e)
+    if disk_full(e):
+        return InsufficientStorage()
     if isinstance(e, se.KeyTooLargeError):
         return KeyTooLarge(msg)
     if isinstance(e, se.NameTooLargeError):

@@ -225,6 +225,10 @@ class Session:
         except (ConnectionResetError, asyncio.CancelledError):
             raise
         except Exception as e:
+            if (known := ae.from_exception(e)) is not None:
+                log.error("session %d: %s", self.number, known)
+                await self.send({"id": rid, "ok": False, **known.body()})
+                return
             log.exception("session %d: internal error", self.number)
             await self.send(
                 {

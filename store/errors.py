@@ -20,6 +20,10 @@ class TransientStoreError(StoreError):
     """A temporary failure; the same call may succeed later."""
 
 
+class StorageFullError(StoreError):
+    """The disk is full."""
+
+
 class InvalidArgumentError(StoreError, ValueError):
     """An argument is malformed or out of range."""
 
