@@ -71,9 +71,9 @@ async def test_a_full_disk_is_507_and_loses_nothing(full_daemon: Daemon) -> None
         assert "disk is full" in err["message"]
         # Small writes and batches are refused the same way, or fit; never a 500.
         for _ in range(5):
-            value = base64.b64encode(rnd.randbytes(100 * 1024)).decode()
+            text = base64.b64encode(rnd.randbytes(100 * 1024)).decode()
             r = await http.post(
-                u(P + "/batch"), json={"ops": [{"op": "put", "key": "eA==", "value": value}]}
+                u(P + "/batch"), json={"ops": [{"op": "put", "key": "eA==", "value": text}]}
             )
             assert r.status in (200, 507), await r.text()
         # Reads still work, and everything acknowledged is there.
@@ -88,8 +88,8 @@ async def test_a_full_disk_is_507_and_loses_nothing(full_daemon: Daemon) -> None
         codes = [reply.get("error", {}).get("code")]
         if reply["ok"]:
             for i in range(2, 12):
-                value = base64.b64encode(rnd.randbytes(200 * 1024)).decode()
-                op = {"id": i, "op": "put", "txn": reply["txn"], "key": "eA==", "value": value}
+                text = base64.b64encode(rnd.randbytes(200 * 1024)).decode()
+                op = {"id": i, "op": "put", "txn": reply["txn"], "key": "eA==", "value": text}
                 await ws.send_json(op)
                 codes.append((await ws.receive_json()).get("error", {}).get("code"))
             await ws.send_json({"id": 99, "op": "commit", "txn": reply["txn"]})
