@@ -1,8 +1,10 @@
 """The HTTP API over the Unix socket (``/v1/...``), served by aiohttp.
 
-This module owns the routes, how names, keys and values travel, peer-credential
-checks, error responses and request draining. WebSocket sessions are in
-:mod:`daemon.session`.
+This module owns the routes (:data:`ROUTES`, a table matched on the raw path), how
+names, keys and values travel in requests, peer-credential checks, error responses
+and request draining. JSON shapes and base64 are in :mod:`daemon.codec`, the
+connection layer under aiohttp's parser in :mod:`daemon.protocol`, WebSocket
+sessions in :mod:`daemon.session`.
 
 How bytes travel
     Ledger names, page ids and keys are percent-encoded bytes in the path, so any
@@ -16,12 +18,9 @@ How bytes travel
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import contextvars
 import grp
-import json
 import logging
 import math
 import os
@@ -40,23 +39,39 @@ from aiohttp import web
 
 from ledgerd.daemon import __version__
 from ledgerd.daemon import errors as ae
+from ledgerd.daemon.codec import (
+    b64,
+    batch_changes,
+    commit_json,
+    entries_json,
+    parse_json,
+    parse_priority,
+    priority_name,
+    text_or_none,
+    unb64,
+)
 from ledgerd.daemon.config import Config
-from ledgerd.store import Commit, Page, Policy, Priority, Repository, StoreError
+from ledgerd.store import Page, Policy, Repository, StoreError
 from ledgerd.store import digest as dg
-from ledgerd.store.btree import Entry
 from ledgerd.store.view import KEY_LIMIT, View
 
 log = logging.getLogger(__name__)
 
 VERSION = __version__
-INLINE_VALUE_LIMIT = 1024 * 1024
-"""``entries`` responses carry values up to this size; larger ones carry null and a size."""
 DEFAULT_LIMIT, MAX_LIMIT = 1000, 10_000
-ENTRY_GROUP = 128
-"""Entries of a listing whose values are read at once (at most 128 x 64 KiB)."""
 STREAM_CHUNK = 256 * 1024
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class Params:
+    """A route's path parameters: names and key as bytes, a commit id as its hex text."""
+
+    ledger: bytes = b""
+    page: bytes = b""
+    key: bytes = b""
+    commit: str = ""
 
 
 @dataclass
@@ -66,103 +81,6 @@ class DaemonState:
     inflight: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     extra_status: dict[str, Any] = field(default_factory=dict)
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def unb64(text: object, what: str, index: int | None = None) -> bytes:
-    """Decode base64 from JSON; ``what`` names the field in the error (with
-    ``index``, as ``ops[index].what``: formatted only when there is an error)."""
-    try:
-        if type(text) is not str:
-            raise TypeError
-        return binascii.a2b_base64(text, strict_mode=True)
-    except (binascii.Error, ValueError, TypeError):
-        name = what if index is None else f"ops[{index}].{what}"
-        problem = "is not valid base64" if type(text) is str else "must be a base64 string"
-        raise ae.BadRequest(f"{name} {problem}") from None
-
-
-Change = tuple[bytes, bytes | None, Priority]
-
-
-def batch_changes(ops: list[Any]) -> list[Change]:
-    """The changes of a batch's ``ops``: ``{"op": "put", "key", "value", "priority"?}``
-    or ``{"op": "delete", "key"}``, keys and values in base64.
-
-    Well-formed ops take a lean loop; the first sign of trouble hands the whole
-    list to the checking loop, whose error names the op and the field (and which
-    decides alone whether the ops are good).
-    """
-    a2b, eager = binascii.a2b_base64, Priority.EAGER
-    changes: list[Change] = []
-    try:
-        for op in ops:
-            kind = op["op"]
-            if kind == "put":
-                key, value = a2b(op["key"], strict_mode=True), a2b(op["value"], strict_mode=True)
-                p = op.get("priority")
-                changes.append((key, value, eager if p is None else parse_priority(p)))
-            elif kind == "delete":
-                changes.append((a2b(op["key"], strict_mode=True), None, eager))
-            else:
-                raise ValueError(kind)
-    except (KeyError, TypeError, ValueError, AttributeError, binascii.Error, ae.BadRequest):
-        return _checked_batch_changes(ops)
-    return changes
-
-
-def _checked_batch_changes(ops: list[Any]) -> list[Change]:
-    changes: list[Change] = []
-    for i, op in enumerate(ops):
-        if not isinstance(op, dict):
-            raise ae.BadRequest(f"ops[{i}] must be an object")
-        kind = op.get("op")
-        key = unb64(op.get("key"), "key", i)
-        if kind == "put":
-            value = unb64(op.get("value"), "value", i)
-            p = op.get("priority")
-            prio = Priority.EAGER if p is None else parse_priority(p if isinstance(p, str) else "?")
-            changes.append((key, value, prio))
-        elif kind == "delete":
-            changes.append((key, None, Priority.EAGER))
-        else:
-            raise ae.BadRequest(f"ops[{i}].op must be 'put' or 'delete'")
-    return changes
-
-
-def parse_json(data: bytes | str, what: str) -> Any:
-    """Decode JSON from a client: any failure is a 400 naming ``what``. Besides syntax
-    errors, that covers what ``json`` raises on hostile input: nesting deep enough to
-    exhaust the recursion limit, integers past Python's int-string conversion limit
-    (both ValueError or RecursionError, not JSONDecodeError), and bodies that are not
-    UTF-8."""
-    try:
-        text = data.decode() if isinstance(data, bytes) else data
-        return json.loads(text)
-    except RecursionError:
-        raise ae.BadRequest(f"{what} is nested too deeply") from None
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, int-string limit
-        raise ae.BadRequest(f"{what} is not valid JSON: {e}") from None
-
-
-def text_or_none(data: bytes) -> str | None:
-    try:
-        return data.decode()
-    except UnicodeDecodeError:
-        return None
-
-
-def commit_json(c: Commit) -> dict[str, Any]:
-    return {
-        "id": c.id.hex(),
-        "parents": [p.hex() for p in c.parents],
-        "timestamp": c.timestamp,
-        "generation": c.generation,
-        "merge": c.is_merge,
-    }
 
 
 _leases: contextvars.ContextVar[contextlib.ExitStack] = contextvars.ContextVar("leases")
@@ -267,18 +185,6 @@ class Query:
         if v is None:
             return default
         return v.lower() not in ("0", "false", "no", "")
-
-
-def parse_priority(text: str | None) -> Priority:
-    if text is None or text == "" or text.lower() == "eager":
-        return Priority.EAGER
-    if text.lower() == "lazy":
-        return Priority.LAZY
-    raise ae.BadRequest(f"priority must be 'eager' or 'lazy', not {text!r}")
-
-
-def priority_name(p: Priority) -> str:
-    return "lazy" if p == Priority.LAZY else "eager"
 
 
 _RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)", re.ASCII)
@@ -404,54 +310,31 @@ class Api:
         return resp
 
     async def route(self, request: web.Request) -> web.StreamResponse:
+        """Serve a request by :data:`ROUTES`, matched on the raw (still percent-encoded)
+        path, so that names and keys keep every byte."""
         raw_path = request.raw_path.split("?", 1)[0]
         parts = raw_path.split("/")[1:]
-        m = request.method
         if not parts or parts[0] != "v1":
             raise ae.NotFound(f"no such endpoint {raw_path} (the API lives under /v1/)")
-        p = parts[1:]
-        if p == ["status"] and m == "GET":
-            return await self.status(request)
-        if p == ["session"] and m == "GET":
-            return await self.sessions.handle(request)  # type: ignore[no-any-return]
-        if p == ["ledgers"] and m == "GET":
-            return await self.ledgers(request)
-        if p == ["sync"] and m == "POST":
-            return await self.sync(request)
-        if len(p) >= 2 and p[0] == "ledgers":
-            ledger = self.name(p[1], "ledger name")
-            if p[2:] == ["pages"] and m == "GET":
-                return await self.pages(ledger)
-            if len(p) >= 4 and p[2] == "pages":
-                page_id = self.name(p[3], "page id")
-                rest = p[4:]
-                if len(rest) >= 2 and rest[0] == "keys":
-                    key = unquote_to_bytes("/".join(rest[1:]))
-                    if len(key) > KEY_LIMIT:
-                        raise ae.UriTooLong(
-                            f"key of {len(key)} bytes is over the {KEY_LIMIT}-byte limit"
-                        )
-                    if m in ("GET", "HEAD"):
-                        return await self.get_key(request, ledger, page_id, key)
-                    if m == "PUT":
-                        return await self.put_key(request, ledger, page_id, key)
-                    if m == "DELETE":
-                        return await self.delete_key(ledger, page_id, key)
-                if rest == ["entries"] and m == "GET":
-                    return await self.entries(request, ledger, page_id)
-                if rest == ["batch"] and m == "POST":
-                    return await self.batch(request, ledger, page_id)
-                if rest == ["clear"] and m == "POST":
-                    return await self.clear(ledger, page_id)
-                if rest == ["policy"] and m in ("GET", "PUT"):
-                    return await self.policy(request, ledger, page_id)
-                if rest == ["heads"] and m == "GET":
-                    return await self.heads(ledger, page_id)
-                if rest == ["history"] and m == "GET":
-                    return await self.history(request, ledger, page_id)
-                if len(rest) == 2 and rest[0] == "commits" and m == "GET":
-                    return await self.commit(ledger, page_id, rest[1])
-        raise ae.NotFound(f"no such endpoint: {m} {raw_path}")
+        for route in ROUTES:
+            found = route.match(parts[1:])
+            if found is not None and request.method in route.methods:
+                return await route.handler(self, request, self.params(found))
+        raise ae.NotFound(f"no such endpoint: {request.method} {raw_path}")
+
+    def params(self, found: dict[str, str]) -> Params:
+        """A route's path parameters, decoded and checked."""
+        p = Params()
+        if "ledger" in found:
+            p.ledger = self.name(found["ledger"], "ledger name")
+        if "page" in found:
+            p.page = self.name(found["page"], "page id")
+        if "key" in found:
+            p.key = unquote_to_bytes(found["key"])
+            if len(p.key) > KEY_LIMIT:
+                raise ae.UriTooLong(f"key of {len(p.key)} bytes is over the {KEY_LIMIT}-byte limit")
+        p.commit = found.get("commit", "")
+        return p
 
     @classmethod
     def name(cls, segment: str, what: str) -> bytes:
@@ -511,9 +394,12 @@ class Api:
             raise ae.BadRequest("at must be a commit id in hex") from None
         return await page.snapshot(cid)
 
-    # -- endpoints -----------------------------------------------------------------
+    # -- endpoints (in ROUTES) -------------------------------------------------------
 
-    async def status(self, request: web.Request) -> web.Response:
+    async def session(self, request: web.Request, p: Params) -> web.StreamResponse:
+        return await self.sessions.handle(request)  # type: ignore[no-any-return]
+
+    async def status(self, request: web.Request, p: Params) -> web.Response:
         pages = []
         for pg in self.repo.open_pages():
             if pg.closed:  # closed as idle while this listed the others
@@ -545,7 +431,7 @@ class Api:
             }
         )
 
-    async def sync(self, request: web.Request) -> web.Response:
+    async def sync(self, request: web.Request, p: Params) -> web.Response:
         """Upload everything pending, fetch everything visible, merge, until a round is quiet."""
         q = Query(request.query_string)
         ledger, page = q.bytes("ledger"), q.bytes("page")
@@ -578,22 +464,20 @@ class Api:
             }
         )
 
-    async def ledgers(self, request: web.Request) -> web.Response:
+    async def ledgers(self, request: web.Request, p: Params) -> web.Response:
         names = await self.repo.ledgers()
         return web.json_response(
             {"ledgers": [{"name": b64(n), "text": text_or_none(n)} for n in names]}
         )
 
-    async def pages(self, ledger: bytes) -> web.Response:
-        if not self.repo.ledger_exists(ledger):
-            raise ae.LedgerNotFound(f"no ledger {ledger!r}")
-        ids = await self.repo.ledger(ledger).pages()
+    async def pages(self, request: web.Request, p: Params) -> web.Response:
+        if not self.repo.ledger_exists(p.ledger):
+            raise ae.LedgerNotFound(f"no ledger {p.ledger!r}")
+        ids = await self.repo.ledger(p.ledger).pages()
         return web.json_response({"pages": [{"id": b64(i), "text": text_or_none(i)} for i in ids]})
 
-    async def get_key(
-        self, request: web.Request, ledger: bytes, page_id: bytes, key: bytes
-    ) -> web.StreamResponse:
-        page = await self.page(ledger, page_id, create=False)
+    async def get_key(self, request: web.Request, p: Params) -> web.StreamResponse:
+        page, key = await self.page(p.ledger, p.page, create=False), p.key
         view = await self.view(request, page)
         entry = await view.get_entry(key)
         if entry is None:
@@ -654,11 +538,9 @@ class Api:
                 request.transport.abort()
         return resp
 
-    async def put_key(
-        self, request: web.Request, ledger: bytes, page_id: bytes, key: bytes
-    ) -> web.Response:
-        priority = parse_priority(Query(request.query_string).text("priority"))
-        page = await self.page(ledger, page_id, create=True)
+    async def put_key(self, request: web.Request, p: Params) -> web.Response:
+        priority, key = parse_priority(Query(request.query_string).text("priority")), p.key
+        page = await self.page(p.ledger, p.page, create=True)
         length = request.content_length
         if length is not None and length <= 256 * 1024:
             body = await self.read_body(request)
@@ -669,18 +551,18 @@ class Api:
             await page.put(key, self.body_chunks(request), priority)
         return web.Response(status=204)
 
-    async def delete_key(self, ledger: bytes, page_id: bytes, key: bytes) -> web.Response:
-        page = await self.page(ledger, page_id, create=False)
-        await page.delete(key)
+    async def delete_key(self, request: web.Request, p: Params) -> web.Response:
+        page = await self.page(p.ledger, p.page, create=False)
+        await page.delete(p.key)
         return web.Response(status=204)
 
-    async def clear(self, ledger: bytes, page_id: bytes) -> web.Response:
-        page = await self.page(ledger, page_id, create=False)
+    async def clear(self, request: web.Request, p: Params) -> web.Response:
+        page = await self.page(p.ledger, p.page, create=False)
         await page.clear()
         return web.Response(status=204)
 
-    async def entries(self, request: web.Request, ledger: bytes, page_id: bytes) -> web.Response:
-        page = await self.page(ledger, page_id, create=False)
+    async def entries(self, request: web.Request, p: Params) -> web.Response:
+        page = await self.page(p.ledger, p.page, create=False)
         view = await self.view(request, page)
         q = Query(request.query_string)
         limit = q.int("limit", DEFAULT_LIMIT, lo=1) or DEFAULT_LIMIT
@@ -700,19 +582,19 @@ class Api:
             nxt = found[n].key
         return web.json_response({"entries": out, "next": b64(nxt) if nxt is not None else None})
 
-    async def batch(self, request: web.Request, ledger: bytes, page_id: bytes) -> web.Response:
+    async def batch(self, request: web.Request, p: Params) -> web.Response:
         doc = parse_json(await self.read_body(request), "batch body")
         ops = doc.get("ops") if isinstance(doc, dict) else None
         if not isinstance(ops, list):
             raise ae.BadRequest('batch body must be {"ops": [...]}')
         changes = batch_changes(ops)
-        page = await self.page(ledger, page_id, create=True)
+        page = await self.page(p.ledger, p.page, create=True)
         await page.write(changes)
         return web.json_response({"applied": len(changes)})
 
-    async def policy(self, request: web.Request, ledger: bytes, page_id: bytes) -> web.Response:
+    async def policy(self, request: web.Request, p: Params) -> web.Response:
         """GET: the page's merge policy; PUT {"policy": NAME}: set it (remembered)."""
-        page = await self.page(ledger, page_id, create=request.method == "PUT")
+        page = await self.page(p.ledger, p.page, create=request.method == "PUT")
         if request.method == "PUT":
             try:
                 doc = parse_json(await self.read_body(request), "policy body")
@@ -731,13 +613,13 @@ class Api:
             }
         )
 
-    async def heads(self, ledger: bytes, page_id: bytes) -> web.Response:
-        page = await self.page(ledger, page_id, create=False)
+    async def heads(self, request: web.Request, p: Params) -> web.Response:
+        page = await self.page(p.ledger, p.page, create=False)
         await page.flush()
         return web.json_response({"heads": [commit_json(c) for c in await page.heads()]})
 
-    async def history(self, request: web.Request, ledger: bytes, page_id: bytes) -> web.Response:
-        page = await self.page(ledger, page_id, create=False)
+    async def history(self, request: web.Request, p: Params) -> web.Response:
+        page = await self.page(p.ledger, p.page, create=False)
         await page.flush()
         q = Query(request.query_string)
         limit = q.int("limit", 100, lo=1) or 100
@@ -749,56 +631,64 @@ class Api:
         commits = await page.history(min(limit, MAX_LIMIT), start_id)
         return web.json_response({"commits": [commit_json(c) for c in commits]})
 
-    async def commit(self, ledger: bytes, page_id: bytes, cid_hex: str) -> web.Response:
-        page = await self.page(ledger, page_id, create=False)
+    async def commit(self, request: web.Request, p: Params) -> web.Response:
+        page = await self.page(p.ledger, p.page, create=False)
         try:
-            cid = bytes.fromhex(cid_hex)
+            cid = bytes.fromhex(p.commit)
         except ValueError:
             raise ae.BadRequest("commit id must be hex") from None
         return web.json_response(commit_json(await page.load_commit(cid)))
 
 
-ENTRY_OVERHEAD = 64
-"""Bytes counted per entry of a listing besides its base64 key and value (names, quotes,
-priority, size)."""
+Endpoint = Callable[[Api, web.Request, Params], Awaitable[web.StreamResponse]]
 
 
-def _b64_len(n: int) -> int:
-    return 4 * -(-n // 3)
+@dataclass(frozen=True)
+class Route:
+    """Methods, a path under ``/v1/`` and the endpoint serving them. In the path,
+    ``{name}`` is one segment and ``{name*}`` the rest of the path (keys may hold
+    ``/``)."""
+
+    methods: frozenset[str]
+    path: tuple[str, ...]
+    handler: Endpoint
+
+    def match(self, parts: list[str]) -> dict[str, str] | None:
+        """The path's parameters (still percent-encoded) if ``parts`` match."""
+        found: dict[str, str] = {}
+        for i, seg in enumerate(self.path):
+            if i >= len(parts):
+                return None
+            if seg.endswith("*}"):
+                found[seg[1:-2]] = "/".join(parts[i:])
+                return found
+            if seg.startswith("{"):
+                found[seg[1:-1]] = parts[i]
+            elif seg != parts[i]:
+                return None
+        return found if len(parts) == len(self.path) else None
 
 
-async def entries_json(
-    view: View, found: list[Entry], with_values: bool, budget: int
-) -> tuple[list[dict[str, Any]], int]:
-    """JSON objects for entries (key, priority, size, and the value when small enough),
-    and how many of ``found`` they are: they stop before the one that would take
-    the JSON past ``budget`` bytes (but hold at least one entry), so that a listing
-    of large values never builds an unbounded body. Values are read a group at a
-    time, a group's single-piece values in one query."""
-    out: list[dict[str, Any]] = []
-    used = 0
-    for g in range(0, len(found), ENTRY_GROUP):
-        group = found[g : g + ENTRY_GROUP]
-        small = [e.value for e in group if not dg.is_index(e.value)]
-        values = await view.objects.read_many(small) if with_values else {}
-        for i, e in enumerate(group, g):
-            item: dict[str, Any] = {"key": b64(e.key), "priority": priority_name(e.priority)}
-            cost = len(item["key"]) + ENTRY_OVERHEAD
-            if e.value in values:
-                item["size"] = len(values[e.value])
-                cost += _b64_len(item["size"])
-            else:
-                item["size"] = size = await view.objects.size(e.value)
-                if with_values:
-                    inline = size <= INLINE_VALUE_LIMIT
-                    cost += _b64_len(size) if inline else 0
-                    if out and used + cost > budget:  # don't read what will not be sent
-                        return out, i
-                    item["value"] = b64(await view.objects.read_all(e.value)) if inline else None
-            if out and used + cost > budget:
-                return out, i
-            if e.value in values:
-                item["value"] = b64(values[e.value])
-            used += cost
-            out.append(item)
-    return out, len(found)
+def _route(methods: str, path: str, handler: Endpoint) -> Route:
+    return Route(frozenset(methods.split()), tuple(path.split("/")), handler)
+
+
+PAGE = "ledgers/{ledger}/pages/{page}"
+ROUTES = [
+    _route("GET", "status", Api.status),
+    _route("GET", "session", Api.session),
+    _route("GET", "ledgers", Api.ledgers),
+    _route("POST", "sync", Api.sync),
+    _route("GET", "ledgers/{ledger}/pages", Api.pages),
+    _route("GET HEAD", PAGE + "/keys/{key*}", Api.get_key),
+    _route("PUT", PAGE + "/keys/{key*}", Api.put_key),
+    _route("DELETE", PAGE + "/keys/{key*}", Api.delete_key),
+    _route("GET", PAGE + "/entries", Api.entries),
+    _route("POST", PAGE + "/batch", Api.batch),
+    _route("POST", PAGE + "/clear", Api.clear),
+    _route("GET PUT", PAGE + "/policy", Api.policy),
+    _route("GET", PAGE + "/heads", Api.heads),
+    _route("GET", PAGE + "/history", Api.history),
+    _route("GET", PAGE + "/commits/{commit}", Api.commit),
+]
+"""The API's routes (the README's table), tried in order."""

@@ -26,13 +26,10 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from ledgerd.daemon import errors as ae
-from ledgerd.daemon.api import (
-    DEFAULT_LIMIT,
-    MAX_LIMIT,
-    Api,
+from ledgerd.daemon.api import DEFAULT_LIMIT, MAX_LIMIT, Api, page_leases
+from ledgerd.daemon.codec import (
     b64,
     entries_json,
-    page_leases,
     parse_json,
     parse_priority,
     priority_name,

@@ -15,7 +15,7 @@ import pytest
 from yarl import URL
 
 from ledgerd.daemon import errors as ae
-from ledgerd.daemon.api import _checked_batch_changes, batch_changes
+from ledgerd.daemon.codec import _checked_batch_changes, batch_changes
 from ledgerd.store import Priority, Repository
 from ledgerd.store.schema import TRANSIENT
 from tests.daemon.conftest import Daemon
