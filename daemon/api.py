@@ -1,8 +1,10 @@
 """The HTTP API over the Unix socket (``/v1/...``), served by aiohttp.
 
-This module owns the routes, how names, keys and values travel, peer-credential
-checks, error responses and request draining. WebSocket sessions are in
-:mod:`daemon.session`.
+This module owns the routes (:data:`ROUTES`, a table matched on the raw path), how
+names, keys and values travel in requests, peer-credential checks, error responses
+and request draining. JSON shapes and base64 are in :mod:`daemon.codec`, the
+connection layer under aiohttp's parser in :mod:`daemon.protocol`, WebSocket
+sessions in :mod:`daemon.session`.
 
 How bytes travel
     Ledger names, page ids and keys are percent-encoded bytes in the path, so any
@@ -16,20 +18,19 @@ How bytes travel
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import contextvars
 import grp
-import json
 import logging
+import math
 import os
 import pwd
+import re
 import socket
 import struct
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes
@@ -38,19 +39,38 @@ from aiohttp import web
 
 from ledgerd.daemon import __version__
 from ledgerd.daemon import errors as ae
+from ledgerd.daemon.codec import (
+    b64,
+    batch_changes,
+    commit_json,
+    entries_json,
+    parse_json,
+    parse_priority,
+    priority_name,
+    text_or_none,
+    unb64,
+)
 from ledgerd.daemon.config import Config
-from ledgerd.store import Commit, Entry, Page, Policy, Priority, Repository, StoreError, View
+from ledgerd.store import KEY_LIMIT, Page, Policy, Repository, StoreError, View
 from ledgerd.store import digest as dg
 
 log = logging.getLogger(__name__)
 
 VERSION = __version__
-INLINE_VALUE_LIMIT = 1024 * 1024
-"""``entries`` responses carry values up to this size; larger ones carry null and a size."""
 DEFAULT_LIMIT, MAX_LIMIT = 1000, 10_000
 STREAM_CHUNK = 256 * 1024
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class Params:
+    """A route's path parameters: names and key as bytes, a commit id as its hex text."""
+
+    ledger: bytes = b""
+    page: bytes = b""
+    key: bytes = b""
+    commit: str = ""
 
 
 @dataclass
@@ -60,88 +80,6 @@ class DaemonState:
     inflight: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     extra_status: dict[str, Any] = field(default_factory=dict)
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def unb64(text: object, what: str, index: int | None = None) -> bytes:
-    """Decode base64 from JSON; ``what`` names the field in the error (with
-    ``index``, as ``ops[index].what``: formatted only when there is an error)."""
-    try:
-        if type(text) is not str:
-            raise TypeError
-        return binascii.a2b_base64(text, strict_mode=True)
-    except (binascii.Error, ValueError, TypeError):
-        name = what if index is None else f"ops[{index}].{what}"
-        problem = "is not valid base64" if type(text) is str else "must be a base64 string"
-        raise ae.BadRequest(f"{name} {problem}") from None
-
-
-Change = tuple[bytes, bytes | None, Priority]
-
-
-def batch_changes(ops: list[Any]) -> list[Change]:
-    """The changes of a batch's ``ops``: ``{"op": "put", "key", "value", "priority"?}``
-    or ``{"op": "delete", "key"}``, keys and values in base64.
-
-    Well-formed ops take a lean loop; the first sign of trouble hands the whole
-    list to the checking loop, whose error names the op and the field (and which
-    decides alone whether the ops are good).
-    """
-    a2b, eager = binascii.a2b_base64, Priority.EAGER
-    changes: list[Change] = []
-    try:
-        for op in ops:
-            kind = op["op"]
-            if kind == "put":
-                key, value = a2b(op["key"], strict_mode=True), a2b(op["value"], strict_mode=True)
-                p = op.get("priority")
-                changes.append((key, value, eager if p is None else parse_priority(p)))
-            elif kind == "delete":
-                changes.append((a2b(op["key"], strict_mode=True), None, eager))
-            else:
-                raise ValueError(kind)
-    except (KeyError, TypeError, ValueError, AttributeError, binascii.Error, ae.BadRequest):
-        return _checked_batch_changes(ops)
-    return changes
-
-
-def _checked_batch_changes(ops: list[Any]) -> list[Change]:
-    changes: list[Change] = []
-    for i, op in enumerate(ops):
-        if not isinstance(op, dict):
-            raise ae.BadRequest(f"ops[{i}] must be an object")
-        kind = op.get("op")
-        key = unb64(op.get("key"), "key", i)
-        if kind == "put":
-            value = unb64(op.get("value"), "value", i)
-            p = op.get("priority")
-            prio = Priority.EAGER if p is None else parse_priority(p if isinstance(p, str) else "?")
-            changes.append((key, value, prio))
-        elif kind == "delete":
-            changes.append((key, None, Priority.EAGER))
-        else:
-            raise ae.BadRequest(f"ops[{i}].op must be 'put' or 'delete'")
-    return changes
-
-
-def text_or_none(data: bytes) -> str | None:
-    try:
-        return data.decode()
-    except UnicodeDecodeError:
-        return None
-
-
-def commit_json(c: Commit) -> dict[str, Any]:
-    return {
-        "id": c.id.hex(),
-        "parents": [p.hex() for p in c.parents],
-        "timestamp": c.timestamp,
-        "generation": c.generation,
-        "merge": c.is_merge,
-    }
 
 
 _leases: contextvars.ContextVar[contextlib.ExitStack] = contextvars.ContextVar("leases")
@@ -228,6 +166,19 @@ class Query:
             raise ae.BadRequest(f"query parameter {name} must be at least {lo}")
         return n
 
+    def seconds(self, name: str, default: float) -> float:
+        """A positive, finite number of seconds (``default`` when absent)."""
+        v = self.text(name)
+        if v is None or v == "":
+            return default
+        try:
+            n = float(v)
+        except ValueError:
+            n = math.nan
+        if not math.isfinite(n) or n <= 0:
+            raise ae.BadRequest(f"query parameter {name} must be a positive number of seconds")
+        return n
+
     def flag(self, name: str, default: bool) -> bool:
         v = self.text(name)
         if v is None:
@@ -235,35 +186,41 @@ class Query:
         return v.lower() not in ("0", "false", "no", "")
 
 
-def parse_priority(text: str | None) -> Priority:
-    if text is None or text == "" or text.lower() == "eager":
-        return Priority.EAGER
-    if text.lower() == "lazy":
-        return Priority.LAZY
-    raise ae.BadRequest(f"priority must be 'eager' or 'lazy', not {text!r}")
+_RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)", re.ASCII)
 
 
-def priority_name(p: Priority) -> str:
-    return "lazy" if p == Priority.LAZY else "eager"
+def _position(digits: str) -> int:
+    """A byte position; one past any value's size when it is too long to be a size
+    (and too long for ``int()``'s digit limit)."""
+    return int(digits) if len(digits) <= 18 else 2**63
 
 
 def parse_range(header: str, size: int) -> tuple[int, int]:
-    """``bytes=a-b`` / ``bytes=a-`` / ``bytes=-n`` -> (offset, length)."""
-    unit, _, spec = header.partition("=")
-    if unit.strip() != "bytes" or "," in spec:
-        raise ae.BadRequest("only a single 'bytes=' range is supported")
-    first, _, last = spec.strip().partition("-")
-    try:
-        if first == "":
-            n = int(last)
-            return max(size - n, 0), min(n, size)
-        a = int(first)
-        b = int(last) if last else size - 1
-    except ValueError:
-        raise ae.BadRequest(f"malformed Range header {header!r}") from None
-    if a >= size or b < a:
-        raise ae.RangeNotSatisfiable(f"range {header} is outside the {size}-byte value")
-    return a, min(b, size - 1) - a + 1
+    """``bytes=a-b`` / ``bytes=a-`` / ``bytes=-n`` -> (offset, length), as RFC 9110
+    14.1.2: a range must select at least one byte of the value (``bytes=-0``, a start
+    at or past the end, any range of an empty value: 416); a malformed one is 400."""
+    m = _RANGE.fullmatch(header.strip())
+    if m is None or m.group(1) == m.group(2) == "":
+        raise ae.BadRequest(f"malformed Range header {header[:100]!r}: one 'bytes=' range")
+    first, last = m.group(1), m.group(2)
+    if first == "":  # a suffix: the last n bytes
+        n = _position(last)
+        if n == 0 or size == 0:
+            raise ae.RangeNotSatisfiable(
+                f"range {header[:100]} selects no byte of the {size}-byte value",
+                {"Content-Range": f"bytes */{size}"},
+            )
+        return size - min(n, size), min(n, size)
+    a = _position(first)
+    if last and _position(last) < a:
+        raise ae.BadRequest(f"malformed Range header {header[:100]!r}: the end is before the start")
+    if a >= size:
+        raise ae.RangeNotSatisfiable(
+            f"range {header[:100]} is outside the {size}-byte value",
+            {"Content-Range": f"bytes */{size}"},
+        )
+    b = min(_position(last), size - 1) if last else size - 1
+    return a, b - a + 1
 
 
 class Api:
@@ -281,7 +238,9 @@ class Api:
         app = web.Application(
             middlewares=[self.middleware], client_max_size=self.cfg.max_batch_bytes
         )
-        app.router.add_route("*", "/{tail:.*}", self.route)
+        # Every path (with any byte, newlines included: not ``.*``) goes to self.route,
+        # which reads the raw, still percent-encoded path.
+        app.router.add_route("*", r"/{tail:[\s\S]*}", self.route)
         return app
 
     # -- plumbing ----------------------------------------------------------------
@@ -307,18 +266,26 @@ class Api:
         except ae.ApiError as e:
             return self.error(e)
         except StoreError as e:
-            return self.error(ae.from_store(e))
+            err = ae.from_store(e)
+            if err.status >= 500:
+                log.error("%s %s failed: %s", request.method, request.path, e)
+            return self.error(err)
         except web.HTTPRequestEntityTooLarge:
             return self.error(
                 ae.TooLarge(f"request body is over the {self.cfg.max_batch_bytes}-byte limit")
             )
-        except web.HTTPException as e:
-            err = ae.ApiError(e.reason)
-            err.status, err.code = e.status, "http_" + str(e.status)
+        except web.HTTPException as e:  # aiohttp's own (the router's, a body reader's)
+            err = ae.NotFound(e.reason) if e.status in (404, 405) else ae.BadRequest(e.reason)
+            if e.status >= 500:
+                err = ae.ApiError(e.reason)
+            err.status = e.status
             return self.error(err)
         except (ConnectionResetError, asyncio.CancelledError):
             raise
         except Exception as e:
+            if (known := ae.from_exception(e)) is not None:
+                log.error("%s %s failed: %s", request.method, request.path, known)
+                return self.error(known)
             log.exception("internal error serving %s %s", request.method, request.path)
             return self.error(ae.ApiError(f"internal error: {type(e).__name__}"))
 
@@ -336,53 +303,37 @@ class Api:
 
     @staticmethod
     def error(e: ae.ApiError) -> web.Response:
-        return web.json_response(e.body(), status=e.status)
+        resp = web.json_response(e.body(), status=e.status, headers=e.headers)
+        if isinstance(e, ae.RequestTimeout):  # the rest of its body is not worth waiting for
+            resp.force_close()
+        return resp
 
     async def route(self, request: web.Request) -> web.StreamResponse:
+        """Serve a request by :data:`ROUTES`, matched on the raw (still percent-encoded)
+        path, so that names and keys keep every byte."""
         raw_path = request.raw_path.split("?", 1)[0]
         parts = raw_path.split("/")[1:]
-        m = request.method
         if not parts or parts[0] != "v1":
             raise ae.NotFound(f"no such endpoint {raw_path} (the API lives under /v1/)")
-        p = parts[1:]
-        if p == ["status"] and m == "GET":
-            return await self.status(request)
-        if p == ["session"] and m == "GET":
-            return await self.sessions.handle(request)  # type: ignore[no-any-return]
-        if p == ["ledgers"] and m == "GET":
-            return await self.ledgers(request)
-        if p == ["sync"] and m == "POST":
-            return await self.sync(request)
-        if len(p) >= 2 and p[0] == "ledgers":
-            ledger = self.name(p[1], "ledger name")
-            if p[2:] == ["pages"] and m == "GET":
-                return await self.pages(ledger)
-            if len(p) >= 4 and p[2] == "pages":
-                page_id = self.name(p[3], "page id")
-                rest = p[4:]
-                if len(rest) >= 2 and rest[0] == "keys":
-                    key = unquote_to_bytes("/".join(rest[1:]))
-                    if m in ("GET", "HEAD"):
-                        return await self.get_key(request, ledger, page_id, key)
-                    if m == "PUT":
-                        return await self.put_key(request, ledger, page_id, key)
-                    if m == "DELETE":
-                        return await self.delete_key(ledger, page_id, key)
-                if rest == ["entries"] and m == "GET":
-                    return await self.entries(request, ledger, page_id)
-                if rest == ["batch"] and m == "POST":
-                    return await self.batch(request, ledger, page_id)
-                if rest == ["clear"] and m == "POST":
-                    return await self.clear(ledger, page_id)
-                if rest == ["policy"] and m in ("GET", "PUT"):
-                    return await self.policy(request, ledger, page_id)
-                if rest == ["heads"] and m == "GET":
-                    return await self.heads(ledger, page_id)
-                if rest == ["history"] and m == "GET":
-                    return await self.history(request, ledger, page_id)
-                if len(rest) == 2 and rest[0] == "commits" and m == "GET":
-                    return await self.commit(ledger, page_id, rest[1])
-        raise ae.NotFound(f"no such endpoint: {m} {raw_path}")
+        for route in ROUTES:
+            found = route.match(parts[1:])
+            if found is not None and request.method in route.methods:
+                return await route.handler(self, request, self.params(found))
+        raise ae.NotFound(f"no such endpoint: {request.method} {raw_path}")
+
+    def params(self, found: dict[str, str]) -> Params:
+        """A route's path parameters, decoded and checked."""
+        p = Params()
+        if "ledger" in found:
+            p.ledger = self.name(found["ledger"], "ledger name")
+        if "page" in found:
+            p.page = self.name(found["page"], "page id")
+        if "key" in found:
+            p.key = unquote_to_bytes(found["key"])
+            if len(p.key) > KEY_LIMIT:
+                raise ae.UriTooLong(f"key of {len(p.key)} bytes is over the {KEY_LIMIT}-byte limit")
+        p.commit = found.get("commit", "")
+        return p
 
     @classmethod
     def name(cls, segment: str, what: str) -> bytes:
@@ -407,6 +358,31 @@ class Api:
             leases.enter_context(page.lease())
         return page
 
+    async def body_chunks(self, request: web.Request) -> AsyncIterator[bytes]:
+        """The request body as it arrives; a client silent for ``request_timeout``
+        seconds ends it with 408 (and the connection is closed)."""
+        chunks = aiter(request.content.iter_chunked(STREAM_CHUNK))
+        while True:
+            try:
+                async with asyncio.timeout(self.cfg.request_timeout):
+                    chunk = await anext(chunks)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise ae.RequestTimeout(
+                    f"no part of the request body came for {self.cfg.request_timeout:g}s"
+                ) from None
+            yield chunk
+
+    async def read_body(self, request: web.Request) -> bytes:
+        """The whole body (at most ``max_batch_bytes``), read as :meth:`body_chunks`."""
+        body = bytearray()
+        async for chunk in self.body_chunks(request):
+            body += chunk
+            if len(body) > self.cfg.max_batch_bytes:
+                raise ae.TooLarge(f"request body is over the {self.cfg.max_batch_bytes}-byte limit")
+        return bytes(body)
+
     async def view(self, request: web.Request, page: Page) -> View:
         at = Query(request.query_string).text("at")
         if not at:
@@ -417,9 +393,12 @@ class Api:
             raise ae.BadRequest("at must be a commit id in hex") from None
         return await page.snapshot(cid)
 
-    # -- endpoints -----------------------------------------------------------------
+    # -- endpoints (in ROUTES) -------------------------------------------------------
 
-    async def status(self, request: web.Request) -> web.Response:
+    async def session(self, request: web.Request, p: Params) -> web.StreamResponse:
+        return await self.sessions.handle(request)  # type: ignore[no-any-return]
+
+    async def status(self, request: web.Request, p: Params) -> web.Response:
         pages = []
         for pg in self.repo.open_pages():
             if pg.closed:  # closed as idle while this listed the others
@@ -451,15 +430,15 @@ class Api:
             }
         )
 
-    async def sync(self, request: web.Request) -> web.Response:
+    async def sync(self, request: web.Request, p: Params) -> web.Response:
         """Upload everything pending, fetch everything visible, merge, until a round is quiet."""
-        if self.engine is None:
-            raise ae.Conflict("cloud sync is off: start ledgerd with --cloud URL")
         q = Query(request.query_string)
         ledger, page = q.bytes("ledger"), q.bytes("page")
-        timeout = float(q.text("timeout") or 60)
+        timeout = q.seconds("timeout", 60.0)
         if page is not None and ledger is None:
             raise ae.BadRequest("page needs ledger")
+        if self.engine is None:
+            raise ae.Conflict("cloud sync is off: start ledgerd with --cloud URL")
         from ledgerd.sync.errors import SyncError
 
         try:
@@ -484,22 +463,20 @@ class Api:
             }
         )
 
-    async def ledgers(self, request: web.Request) -> web.Response:
+    async def ledgers(self, request: web.Request, p: Params) -> web.Response:
         names = await self.repo.ledgers()
         return web.json_response(
             {"ledgers": [{"name": b64(n), "text": text_or_none(n)} for n in names]}
         )
 
-    async def pages(self, ledger: bytes) -> web.Response:
-        if not self.repo.ledger_exists(ledger):
-            raise ae.LedgerNotFound(f"no ledger {ledger!r}")
-        ids = await self.repo.ledger(ledger).pages()
+    async def pages(self, request: web.Request, p: Params) -> web.Response:
+        if not self.repo.ledger_exists(p.ledger):
+            raise ae.LedgerNotFound(f"no ledger {p.ledger!r}")
+        ids = await self.repo.ledger(p.ledger).pages()
         return web.json_response({"pages": [{"id": b64(i), "text": text_or_none(i)} for i in ids]})
 
-    async def get_key(
-        self, request: web.Request, ledger: bytes, page_id: bytes, key: bytes
-    ) -> web.StreamResponse:
-        page = await self.page(ledger, page_id, create=False)
+    async def get_key(self, request: web.Request, p: Params) -> web.StreamResponse:
+        page, key = await self.page(p.ledger, p.page, create=False), p.key
         view = await self.view(request, page)
         entry = await view.get_entry(key)
         if entry is None:
@@ -537,40 +514,54 @@ class Api:
         if request.method == "HEAD":
             await resp.prepare(request)
             return resp
-        chunks = await view.objects.read(entry.value, offset, length)
+        chunks = aiter(await view.objects.read(entry.value, offset, length))
+        # The first batch of pieces is read (and verified) before the headers go out,
+        # so a corrupt index or first chunk is still a clean 500 corrupt.
+        first = await anext(chunks, b"")
         await resp.prepare(request)
-        async for chunk in chunks:
-            await resp.write(chunk)
-        await resp.write_eof()
+        try:
+            await resp.write(first)
+            async for chunk in chunks:
+                await resp.write(chunk)
+            await resp.write_eof()
+        except ConnectionError:  # the client went away (`ledgerctl get | head`): normal
+            log.debug("the client of %s %s left before the end", request.method, request.path)
+        except Exception as e:
+            # The headers (status 200, Content-Length) are out: another response would
+            # land inside the body. Abort the connection so the client sees a short body.
+            if isinstance(e, StoreError):  # e.g. a corrupt chunk: the message says it all
+                log.error("aborted %s %s mid-body: %s", request.method, request.path, e)
+            else:
+                log.exception("aborted %s %s mid-body", request.method, request.path)
+            if request.transport is not None:
+                request.transport.abort()
         return resp
 
-    async def put_key(
-        self, request: web.Request, ledger: bytes, page_id: bytes, key: bytes
-    ) -> web.Response:
-        priority = parse_priority(Query(request.query_string).text("priority"))
-        page = await self.page(ledger, page_id, create=True)
+    async def put_key(self, request: web.Request, p: Params) -> web.Response:
+        priority, key = parse_priority(Query(request.query_string).text("priority")), p.key
+        page = await self.page(p.ledger, p.page, create=True)
         length = request.content_length
         if length is not None and length <= 256 * 1024:
-            body = await request.read()
+            body = await self.read_body(request)
             if len(body) != length:
                 raise ae.BadRequest("request body is shorter than its Content-Length")
             await page.put(key, body, priority)
         else:
-            await page.put(key, request.content.iter_chunked(STREAM_CHUNK), priority)
+            await page.put(key, self.body_chunks(request), priority)
         return web.Response(status=204)
 
-    async def delete_key(self, ledger: bytes, page_id: bytes, key: bytes) -> web.Response:
-        page = await self.page(ledger, page_id, create=False)
-        await page.delete(key)
+    async def delete_key(self, request: web.Request, p: Params) -> web.Response:
+        page = await self.page(p.ledger, p.page, create=False)
+        await page.delete(p.key)
         return web.Response(status=204)
 
-    async def clear(self, ledger: bytes, page_id: bytes) -> web.Response:
-        page = await self.page(ledger, page_id, create=False)
+    async def clear(self, request: web.Request, p: Params) -> web.Response:
+        page = await self.page(p.ledger, p.page, create=False)
         await page.clear()
         return web.Response(status=204)
 
-    async def entries(self, request: web.Request, ledger: bytes, page_id: bytes) -> web.Response:
-        page = await self.page(ledger, page_id, create=False)
+    async def entries(self, request: web.Request, p: Params) -> web.Response:
+        page = await self.page(p.ledger, p.page, create=False)
         view = await self.view(request, page)
         q = Query(request.query_string)
         limit = q.int("limit", DEFAULT_LIMIT, lo=1) or DEFAULT_LIMIT
@@ -585,30 +576,29 @@ class Api:
             unb64(token, "token") if token else None,
         )
         with_values = q.flag("values", True)
-        out = await entries_json(view, found, with_values)
+        out, n = await entries_json(view, found, with_values, self.cfg.max_listing_bytes)
+        if n < len(found):  # the body is full: the next listing starts at the first left out
+            nxt = found[n].key
         return web.json_response({"entries": out, "next": b64(nxt) if nxt is not None else None})
 
-    async def batch(self, request: web.Request, ledger: bytes, page_id: bytes) -> web.Response:
-        try:
-            doc = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ae.BadRequest(f"batch body is not valid JSON: {e}") from None
+    async def batch(self, request: web.Request, p: Params) -> web.Response:
+        doc = parse_json(await self.read_body(request), "batch body")
         ops = doc.get("ops") if isinstance(doc, dict) else None
         if not isinstance(ops, list):
             raise ae.BadRequest('batch body must be {"ops": [...]}')
         changes = batch_changes(ops)
-        page = await self.page(ledger, page_id, create=True)
+        page = await self.page(p.ledger, p.page, create=True)
         await page.write(changes)
         return web.json_response({"applied": len(changes)})
 
-    async def policy(self, request: web.Request, ledger: bytes, page_id: bytes) -> web.Response:
+    async def policy(self, request: web.Request, p: Params) -> web.Response:
         """GET: the page's merge policy; PUT {"policy": NAME}: set it (remembered)."""
-        page = await self.page(ledger, page_id, create=request.method == "PUT")
+        page = await self.page(p.ledger, p.page, create=request.method == "PUT")
         if request.method == "PUT":
             try:
-                doc = await request.json()
+                doc = parse_json(await self.read_body(request), "policy body")
                 policy = Policy(doc["policy"])
-            except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+            except (ValueError, KeyError, TypeError, ae.BadRequest):
                 names = ", ".join(p.value for p in Policy)
                 raise ae.BadRequest(
                     f'body must be {{"policy": NAME}} with NAME one of {names}'
@@ -622,13 +612,13 @@ class Api:
             }
         )
 
-    async def heads(self, ledger: bytes, page_id: bytes) -> web.Response:
-        page = await self.page(ledger, page_id, create=False)
+    async def heads(self, request: web.Request, p: Params) -> web.Response:
+        page = await self.page(p.ledger, p.page, create=False)
         await page.flush()
         return web.json_response({"heads": [commit_json(c) for c in await page.heads()]})
 
-    async def history(self, request: web.Request, ledger: bytes, page_id: bytes) -> web.Response:
-        page = await self.page(ledger, page_id, create=False)
+    async def history(self, request: web.Request, p: Params) -> web.Response:
+        page = await self.page(p.ledger, p.page, create=False)
         await page.flush()
         q = Query(request.query_string)
         limit = q.int("limit", 100, lo=1) or 100
@@ -640,33 +630,64 @@ class Api:
         commits = await page.history(min(limit, MAX_LIMIT), start_id)
         return web.json_response({"commits": [commit_json(c) for c in commits]})
 
-    async def commit(self, ledger: bytes, page_id: bytes, cid_hex: str) -> web.Response:
-        page = await self.page(ledger, page_id, create=False)
+    async def commit(self, request: web.Request, p: Params) -> web.Response:
+        page = await self.page(p.ledger, p.page, create=False)
         try:
-            cid = bytes.fromhex(cid_hex)
+            cid = bytes.fromhex(p.commit)
         except ValueError:
             raise ae.BadRequest("commit id must be hex") from None
         return web.json_response(commit_json(await page.load_commit(cid)))
 
 
-async def entries_json(view: View, found: list[Entry], with_values: bool) -> list[dict[str, Any]]:
-    """JSON objects for entries: key, priority, size, and the value when small enough."""
-    small = [e.value for e in found if not dg.is_index(e.value)]
-    values = await view.objects.read_many(small) if with_values else {}
-    out = []
-    for e in found:
-        item: dict[str, Any] = {"key": b64(e.key), "priority": priority_name(e.priority)}
-        if e.value in values:
-            item["value"] = b64(values[e.value])
-            item["size"] = len(values[e.value])
-        else:
-            size = await view.objects.size(e.value)
-            item["size"] = size
-            if with_values:
-                item["value"] = (
-                    b64(await view.objects.read_all(e.value))
-                    if size <= INLINE_VALUE_LIMIT
-                    else None
-                )
-        out.append(item)
-    return out
+Endpoint = Callable[[Api, web.Request, Params], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class Route:
+    """Methods, a path under ``/v1/`` and the endpoint serving them. In the path,
+    ``{name}`` is one segment and ``{name*}`` the rest of the path (keys may hold
+    ``/``)."""
+
+    methods: frozenset[str]
+    path: tuple[str, ...]
+    handler: Endpoint
+
+    def match(self, parts: list[str]) -> dict[str, str] | None:
+        """The path's parameters (still percent-encoded) if ``parts`` match."""
+        found: dict[str, str] = {}
+        for i, seg in enumerate(self.path):
+            if i >= len(parts):
+                return None
+            if seg.endswith("*}"):
+                found[seg[1:-2]] = "/".join(parts[i:])
+                return found
+            if seg.startswith("{"):
+                found[seg[1:-1]] = parts[i]
+            elif seg != parts[i]:
+                return None
+        return found if len(parts) == len(self.path) else None
+
+
+def _route(methods: str, path: str, handler: Endpoint) -> Route:
+    return Route(frozenset(methods.split()), tuple(path.split("/")), handler)
+
+
+PAGE = "ledgers/{ledger}/pages/{page}"
+ROUTES = [
+    _route("GET", "status", Api.status),
+    _route("GET", "session", Api.session),
+    _route("GET", "ledgers", Api.ledgers),
+    _route("POST", "sync", Api.sync),
+    _route("GET", "ledgers/{ledger}/pages", Api.pages),
+    _route("GET HEAD", PAGE + "/keys/{key*}", Api.get_key),
+    _route("PUT", PAGE + "/keys/{key*}", Api.put_key),
+    _route("DELETE", PAGE + "/keys/{key*}", Api.delete_key),
+    _route("GET", PAGE + "/entries", Api.entries),
+    _route("POST", PAGE + "/batch", Api.batch),
+    _route("POST", PAGE + "/clear", Api.clear),
+    _route("GET PUT", PAGE + "/policy", Api.policy),
+    _route("GET", PAGE + "/heads", Api.heads),
+    _route("GET", PAGE + "/history", Api.history),
+    _route("GET", PAGE + "/commits/{commit}", Api.commit),
+]
+"""The API's routes (the README's table), tried in order."""

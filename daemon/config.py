@@ -64,6 +64,11 @@ class Config:
     max_batch_bytes: int = 64 * 1024 * 1024
     shutdown_timeout: float = 30.0
     page_idle_seconds: float = 300.0
+    request_timeout: float = 60.0
+    keepalive_timeout: float = 75.0
+    max_listing_bytes: int = 16 * 1024 * 1024
+    max_session_queue: int = 1000
+    max_event_bytes: int = 4 * 1024 * 1024
 
     # -- derived ---------------------------------------------------------------
 
@@ -200,8 +205,9 @@ def validate(cfg: Config) -> None:
             )
     if cfg.endpoint_url and urlparse(cfg.endpoint_url).scheme not in ("http", "https"):
         raise ConfigError(f"endpoint_url: expected http(s)://host[:port], not {cfg.endpoint_url!r}")
-    if cfg.sync_interval <= 0:
-        raise ConfigError("sync_interval: must be positive")
+    for key in ("sync_interval", "request_timeout", "keepalive_timeout"):
+        if getattr(cfg, key) <= 0:
+            raise ConfigError(f"{key}: must be positive")
     cfg.allowed_uids()
     cfg.socket_gid()
 

@@ -6,6 +6,9 @@ response body is ``{"error": {"code": CODE, "message": TEXT}}``.
 
 from __future__ import annotations
 
+import errno
+import sqlite3
+
 from ledgerd.store import errors as se
 
 
@@ -15,8 +18,9 @@ class ApiError(Exception):
     status = 500
     code = "internal"
 
-    def __init__(self, message: str | None = None) -> None:
+    def __init__(self, message: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message or (self.__doc__ or self.code).strip())
+        self.headers = headers or {}
 
     def body(self) -> dict[str, dict[str, str]]:
         return {"error": {"code": self.code, "message": str(self)}}
@@ -28,10 +32,16 @@ class BadRequest(ApiError):
     status, code = 400, "bad_request"
 
 
-class InvalidKey(BadRequest):
-    """The key is not valid."""
+class KeyTooLarge(BadRequest):
+    """The key is over the 4 KiB limit."""
 
-    code = "invalid_key"
+    code = "key_too_large"
+
+
+class UriTooLong(KeyTooLarge):
+    """The key in the path (or the request line) is over the 4 KiB key limit."""
+
+    status = 414
 
 
 class NotFound(ApiError):
@@ -64,6 +74,12 @@ class CommitNotFound(NotFound):
     code = "commit_not_found"
 
 
+class RequestTimeout(ApiError):
+    """The client stopped sending its request."""
+
+    status, code = 408, "request_timeout"
+
+
 class Conflict(ApiError):
     """The request conflicts with the current state."""
 
@@ -74,6 +90,12 @@ class TooLarge(ApiError):
     """The request is too large."""
 
     status, code = 413, "too_large"
+
+
+class Busy(ApiError):
+    """Too many requests are waiting."""
+
+    status, code = 429, "too_many_requests"
 
 
 class RangeNotSatisfiable(ApiError):
@@ -100,16 +122,51 @@ class Unavailable(ApiError):
     status, code = 503, "unavailable"
 
 
+class InsufficientStorage(ApiError):
+    """The disk is full: nothing was written. Free some space and try again."""
+
+    status, code = 507, "insufficient_storage"
+
+
 class Corrupt(ApiError):
     """Stored data is damaged; the daemon refused to return it."""
 
     status, code = 500, "corrupt"
 
 
+def disk_full(e: BaseException) -> bool:
+    """Whether ``e`` (or an exception it came from) says the disk is full: the store's
+    StorageFullError, SQLite's SQLITE_FULL, or ENOSPC from the OS."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, se.StorageFullError):
+            return True
+        if isinstance(cur, sqlite3.Error) and cur.sqlite_errorcode & 0xFF == sqlite3.SQLITE_FULL:
+            return True
+        if isinstance(cur, OSError) and cur.errno == errno.ENOSPC:
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+def from_exception(e: Exception) -> ApiError | None:
+    """The API error for an exception that is not an ApiError or a StoreError, if it
+    has one (a full disk); None for a bug."""
+    if disk_full(e):
+        return InsufficientStorage()
+    return None
+
+
 def from_store(e: se.StoreError) -> ApiError:
     """The API error for a store error (its message is kept)."""
     msg = str(e)
-    if isinstance(e, se.KeyTooLargeError | se.NameTooLargeError):
+    if disk_full(e):
+        return InsufficientStorage()
+    if isinstance(e, se.KeyTooLargeError):
+        return KeyTooLarge(msg)
+    if isinstance(e, se.NameTooLargeError):
         return TooLarge(msg)
     if isinstance(e, se.RangeError):
         return RangeNotSatisfiable(msg)

@@ -29,6 +29,7 @@ from aiohttp import web
 from ledgerd.daemon import systemd
 from ledgerd.daemon.api import Api, DaemonState
 from ledgerd.daemon.config import Config, ConfigError, log_level
+from ledgerd.daemon.protocol import ApiRunner, Limits
 from ledgerd.daemon.session import Resolvers, Sessions
 from ledgerd.daemon.socketdir import socket_dir_problem
 from ledgerd.store import PageHooks, Repository, RepositoryLockedError, StoreError
@@ -133,8 +134,8 @@ async def serve(cfg: Config) -> int:
         api.engine = engine
         sessions = Sessions(api, resolvers)
         api.sessions = sessions
-        runner = web.AppRunner(
-            api.app(), handle_signals=False, access_log=None, shutdown_timeout=cfg.shutdown_timeout
+        runner = ApiRunner(
+            api.app(), Limits.of(cfg), handle_signals=False, shutdown_timeout=cfg.shutdown_timeout
         )
         await runner.setup()
         stack.push_async_callback(runner.cleanup)

@@ -26,11 +26,11 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from ledgerd.daemon import errors as ae
-from ledgerd.daemon.api import (
-    Api,
+from ledgerd.daemon.api import DEFAULT_LIMIT, MAX_LIMIT, Api, page_leases
+from ledgerd.daemon.codec import (
     b64,
     entries_json,
-    page_leases,
+    parse_json,
     parse_priority,
     priority_name,
     unb64,
@@ -160,11 +160,26 @@ class Session:
                 if '"resolved"' in msg.data:
                     await self._handle(msg.data, only_resolved=True, queue=queue)
                 else:
-                    queue.put_nowait(msg.data)
+                    await self._enqueue(msg.data, queue)
         finally:
             queue.put_nowait(None)
             worker.cancel()
             await asyncio.gather(worker, return_exceptions=True)
+
+    async def _enqueue(self, data: str, queue: asyncio.Queue[str | None]) -> None:
+        """Queue a request for the worker, or refuse it at once when ``max_session_queue``
+        requests are already waiting. (Refusing, not waiting: the reader must stay free
+        to take ``resolved`` answers, which a request in the queue may be waiting for.)"""
+        limit = self.api.cfg.max_session_queue
+        if queue.qsize() < limit:
+            queue.put_nowait(data)
+            return
+        rid: Any = None
+        with contextlib.suppress(ae.ApiError):
+            req = parse_json(data, "message")
+            rid = req.get("id") if isinstance(req, dict) else None
+        err = ae.Busy(f"{limit} requests of this session are waiting: wait for their replies")
+        await self.send({"id": rid, "ok": False, **err.body()})
 
     async def _serve(self, queue: asyncio.Queue[str | None]) -> None:
         while (data := await queue.get()) is not None:
@@ -178,15 +193,12 @@ class Session:
     ) -> None:
         rid: Any = None
         try:
-            try:
-                req = json.loads(data)
-            except json.JSONDecodeError as e:
-                raise ae.BadRequest(f"message is not valid JSON: {e}") from None
+            req = parse_json(data, "message")
             if not isinstance(req, dict):
                 raise ae.BadRequest("a message must be a JSON object")
             if only_resolved and req.get("op") != "resolved":
                 assert queue is not None
-                queue.put_nowait(data)  # just mentioned the word: an ordinary request
+                await self._enqueue(data, queue)  # just mentioned the word: an ordinary request
                 return
             rid = req.get("id")
             op = self.ops.get(str(req.get("op")))
@@ -202,6 +214,10 @@ class Session:
         except (ConnectionResetError, asyncio.CancelledError):
             raise
         except Exception as e:
+            if (known := ae.from_exception(e)) is not None:
+                log.error("session %d: %s", self.number, known)
+                await self.send({"id": rid, "ok": False, **known.body()})
+                return
             log.exception("session %d: internal error", self.number)
             await self.send(
                 {
@@ -285,9 +301,9 @@ class Session:
 
     async def op_entries(self, req: dict[str, Any]) -> dict[str, Any]:
         txn = self._txn(req)
-        limit = req.get("limit", 1000)
-        if not isinstance(limit, int) or limit < 1:
-            raise ae.BadRequest("limit must be a positive integer")
+        limit = req.get("limit", DEFAULT_LIMIT)
+        if type(limit) is not int or not 1 <= limit <= MAX_LIMIT:
+            raise ae.BadRequest(f"limit must be an integer from 1 to {MAX_LIMIT}")
         found, nxt = await txn._page(
             self._opt_bytes(req, "start"),
             self._opt_bytes(req, "end"),
@@ -295,10 +311,10 @@ class Session:
             limit,
             self._opt_bytes(req, "token"),
         )
-        return {
-            "entries": await entries_json(txn, found, True),
-            "next": b64(nxt) if nxt is not None else None,
-        }
+        out, n = await entries_json(txn, found, True, self.api.cfg.max_listing_bytes)
+        if n < len(found):  # the message is full: the next listing starts at the first left out
+            nxt = found[n].key
+        return {"entries": out, "next": b64(nxt) if nxt is not None else None}
 
     async def op_commit(self, req: dict[str, Any]) -> dict[str, Any]:
         txn = self._txn(req)
@@ -365,11 +381,23 @@ class Session:
         return {}
 
     async def ask(self, req: MergeRequest) -> dict[bytes, Choice]:
-        """Send a merge to this session's resolver and wait for its answer."""
+        """Send a merge's conflicts to this session's resolver and wait for its answers.
+
+        The conflicts go in ``resolve`` events of at most ``max_event_bytes`` each (but
+        at least one conflict each), built and sent one at a time; each event is a
+        request of its own, answered by its own ``resolved``. The merge goes ahead
+        once every part is answered, and fails if one part fails.
+        """
         page = await self.api.repo.open_page(req.ledger, req.page)  # open: it is merging
-        rid = f"r{next(self._ids)}"
-        fut: asyncio.Future[dict[bytes, Choice]] = asyncio.get_running_loop().create_future()
-        self._asked[rid] = fut
+        head = {
+            "event": "resolve",
+            "ledger": b64(page.ledger),
+            "page": b64(page.id),
+            "policy": req.policy.value,
+            "left": req.left.id.hex(),
+            "right": req.right.id.hex(),
+        }
+        budget = self.api.cfg.max_event_bytes
 
         async def side(e: Entry | None) -> dict[str, Any] | None:
             if e is None:
@@ -382,30 +410,43 @@ class Session:
                 "priority": priority_name(e.priority),
             }
 
+        asked: list[tuple[str, asyncio.Future[dict[bytes, Choice]]]] = []
+
+        async def send(part: list[dict[str, Any]]) -> None:
+            rid = f"r{next(self._ids)}"
+            fut: asyncio.Future[dict[bytes, Choice]] = asyncio.get_running_loop().create_future()
+            self._asked[rid] = fut
+            asked.append((rid, fut))
+            await self.send({**head, "request": rid, "conflicts": part})
+
         try:
-            await self.send(
-                {
-                    "event": "resolve",
-                    "request": rid,
-                    "ledger": b64(page.ledger),
-                    "page": b64(page.id),
-                    "policy": req.policy.value,
-                    "left": req.left.id.hex(),
-                    "right": req.right.id.hex(),
-                    "conflicts": [
-                        {
-                            "key": b64(c.key),
-                            "base": await side(c.base),
-                            "left": await side(c.left),
-                            "right": await side(c.right),
-                        }
-                        for c in req.conflicts
-                    ],
+            part: list[dict[str, Any]] = []
+            used = len(json.dumps(head)) + 64
+            for c in req.conflicts:
+                item = {
+                    "key": b64(c.key),
+                    "base": await side(c.base),
+                    "left": await side(c.left),
+                    "right": await side(c.right),
                 }
-            )
-            return await fut
+                n = len(json.dumps(item)) + 2
+                if part and used + n > budget:
+                    await send(part)
+                    part, used = [], len(json.dumps(head)) + 64
+                part.append(item)
+                used += n
+            if part or not asked:
+                await send(part)
+            results = await asyncio.gather(*(f for _, f in asked), return_exceptions=True)
+            answers: dict[bytes, Choice] = {}
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+                answers.update(r)
+            return answers
         finally:
-            self._asked.pop(rid, None)
+            for rid, _ in asked:
+                self._asked.pop(rid, None)
 
     async def op_resolved(self, req: dict[str, Any]) -> dict[str, Any]:
         fut = self._asked.get(str(req.get("request")))

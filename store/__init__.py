@@ -50,13 +50,15 @@ from ledgerd.store.hooks import CommitListener, PageHooks, PieceFetcher, Resolve
 from ledgerd.store.merge import Choice, Conflict, MergeRequest, NeedsResolver, Policy, Resolver
 from ledgerd.store.objects import ObjectStore, ValueRef
 from ledgerd.store.page import ChangedEntry, Notification, Page, Snapshot, Transaction, Watcher
-from ledgerd.store.repository import Ledger, Repository
+from ledgerd.store.repository import NAME_LIMIT, Ledger, Repository
 from ledgerd.store.stamps import StampedKey, StampedValue, VersionstampError, stamp_time
 from ledgerd.store.subspace import Subspace
 from ledgerd.store.tuple import SingleFloat, TupleError, Versionstamp
-from ledgerd.store.view import KeyValue, RangeResult, View
+from ledgerd.store.view import KEY_LIMIT, KeyValue, RangeResult, View
 
 __all__ = [
+    "KEY_LIMIT",
+    "NAME_LIMIT",
     "BusyError",
     "CommitListener",
     "CorruptDatabaseError",

@@ -15,7 +15,7 @@ import pytest
 from yarl import URL
 
 from ledgerd.daemon import errors as ae
-from ledgerd.daemon.api import _checked_batch_changes, batch_changes
+from ledgerd.daemon.codec import _checked_batch_changes, batch_changes
 from ledgerd.store import Priority, Repository
 from ledgerd.store.schema import TRANSIENT
 from tests.daemon.conftest import Daemon
@@ -236,3 +236,90 @@ def test_both_batch_loops_agree_on_random_ops() -> None:
             except ae.BadRequest as e:
                 outcomes.append(str(e))
         assert outcomes[0] == outcomes[1], ops
+
+
+# -- hostile input that used to be answered 500 (issue 13) ---------------------------
+
+DEEP = b'{"ops": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+BIG_INT = b'{"ops": [{"op": "put", "key": "", "value": "", "priority": ' + b"9" * 5000 + b"}]}"
+
+
+@pytest.mark.parametrize("timeout", ["abc", "nan", "inf", "-1", "0", "1e999", "9" * 5000])
+async def test_a_bad_sync_timeout_is_400(http: aiohttp.ClientSession, timeout: str) -> None:
+    r = await http.post(u(f"/v1/sync?timeout={timeout}"))
+    assert r.status == 400, await r.text()
+    assert (await r.json())["error"]["code"] == "bad_request"
+
+
+async def test_hostile_json_is_400_over_http_and_sessions(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    await http.put(u(P + "/keys/precious"), data=b"keep me")
+    for body in (DEEP, BIG_INT, b"[" * 100_000):
+        for path in ("/batch", "/policy"):
+            method = "POST" if path == "/batch" else "PUT"
+            r = await http.request(method, u(P + path), data=body)
+            assert r.status == 400, (path, await r.text())
+            assert (await r.json())["error"]["code"] == "bad_request"
+    ws = await http.ws_connect(u("/v1/session"))
+    for body in (DEEP, BIG_INT, b"[" * 100_000):
+        await ws.send_str(body.decode())
+        reply = await ws.receive_json()
+        assert reply["ok"] is False and reply["error"]["code"] == "bad_request", reply
+    await ws.close()
+    await _alive_and_intact(http)
+    assert "Traceback" not in daemon.log_text()
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "code"),
+    [
+        (b"G\x01T /v1/status HTTP/1.1\r\nHost: x\r\n\r\n", 400, "bad_request"),
+        (b"GET /" + b"x" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "key_too_large"),
+        (b"GET /v1/status HTTP/1.1\r\nHost: x\r\nX: " + b"y" * 9000 + b"\r\n\r\n", 400, None),
+        (
+            b"POST /v1/ledgers/l/pages/p/batch HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            400,
+            "bad_request",
+        ),
+        (
+            b"POST /v1/ledgers/l/pages/p/batch HTTP/1.1\r\nHost: x\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
+            400,
+            "bad_request",
+        ),
+    ],
+)
+async def test_http_parser_errors_are_json(
+    daemon: Daemon, request_bytes: bytes, status: int, code: str | None
+) -> None:
+    got = await _raw(daemon, request_bytes)
+    head, _, body = got.partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == b"%d" % status, got[:300]
+    assert b"application/json" in head.lower(), got[:300]
+    err = json.loads(body)["error"]
+    assert err["message"] and err["code"] == (code or "bad_request")
+    assert "Traceback" not in daemon.log_text()
+
+
+async def test_a_client_leaving_mid_download_is_not_an_error(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """``ledgerctl get ... | head -c 10``: the reader goes away; that is normal (DEBUG)."""
+    await http.put(u(P + "/keys/precious"), data=b"keep me")
+    await http.put(u(P + "/keys/big"), data=io.BytesIO(random.randbytes(8 * 1024 * 1024)))
+    for close in ("abort", "close"):
+        reader, writer = await asyncio.open_unix_connection(str(daemon.socket))
+        writer.write(f"GET {P}/keys/big HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        await writer.drain()
+        await reader.readexactly(10)
+        if close == "abort":
+            writer.transport.abort()
+        else:
+            writer.close()
+    await _alive_and_intact(http)
+    await http.close()
+    assert daemon.stop() == 0
+    log = daemon.log_text()
+    assert "ERROR" not in log and "Traceback" not in log, log

@@ -241,7 +241,7 @@ async def test_session_errors(daemon: Daemon) -> None:
         txn = await s.begin("l", "p")
         with pytest.raises(LedgerError) as e:
             await txn.put(b"k" * 5000, b"v")
-        assert e.value.code == "too_large"
+        assert e.value.code == "key_too_large"
         await txn.rollback()
         await s.close()
 

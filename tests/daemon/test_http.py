@@ -147,7 +147,10 @@ async def test_errors_are_json_with_stable_codes(http: aiohttp.ClientSession) ->
     assert await _err(await http.get(u("/v1/ledgers/nope/pages"))) == (404, "ledger_not_found")
     assert await _err(await http.get(u("/v1/nothing"))) == (404, "not_found")
     assert await _err(await http.get(u("/v2/status"))) == (404, "not_found")
-    assert await _err(await http.put(u(P + "/keys/" + "k" * 4097), data=b"v")) == (413, "too_large")
+    assert await _err(await http.put(u(P + "/keys/" + "k" * 4097), data=b"v")) == (
+        414,
+        "key_too_large",
+    )
     assert await _err(
         await http.put(u("/v1/ledgers/" + "l" * 129 + "/pages/p/keys/k"), data=b"v")
     ) == (413, "too_large")
@@ -183,3 +186,47 @@ async def test_oversize_batch_body_is_413(http: aiohttp.ClientSession) -> None:
         u(P + "/batch"), data=io.BytesIO(big.encode()), headers={"Content-Type": "application/json"}
     )
     assert r.status == 413 and (await r.json())["error"]["code"] == "too_large"
+
+
+async def test_every_range_edge(http: aiohttp.ClientSession) -> None:
+    """RFC 9110 14.1.2: a range that selects no byte is 416 (with ``bytes */size``),
+    a malformed one 400; never a 206 with an impossible Content-Range."""
+    await http.put(u(P + "/keys/ten"), data=b"0123456789")
+    await http.put(u(P + "/keys/empty"), data=b"")
+    cases = {
+        "bytes=-0": (416, None, "bytes */10"),
+        "bytes=0-0": (206, b"0", "bytes 0-0/10"),
+        "bytes=9-": (206, b"9", "bytes 9-9/10"),
+        "bytes=5-100": (206, b"56789", "bytes 5-9/10"),
+        "bytes=-1": (206, b"9", "bytes 9-9/10"),
+        "bytes=-10": (206, b"0123456789", "bytes 0-9/10"),
+        "bytes=-11": (206, b"0123456789", "bytes 0-9/10"),
+        "bytes=0-99999999999999999999": (206, b"0123456789", "bytes 0-9/10"),
+        "bytes=-" + "9" * 5000: (206, b"0123456789", "bytes 0-9/10"),
+        "bytes=10-": (416, None, "bytes */10"),
+        "bytes=10-10": (416, None, "bytes */10"),
+        "bytes=11-20": (416, None, "bytes */10"),
+        "": (400, None, None),
+        "bytes=": (400, None, None),
+        "bytes=-": (400, None, None),
+        "bytes=--1": (400, None, None),
+        "bytes=+1-2": (400, None, None),
+        "bytes= 1-2": (400, None, None),
+        "bytes=1-2,4-5": (400, None, None),
+        "bytes=3-2": (400, None, None),
+        "bytes=" + "9" * 5000 + "-": (416, None, "bytes */10"),
+        "bytes=١-٢": (400, None, None),
+    }
+    for header, (status, body, content_range) in cases.items():
+        r = await http.get(u(P + "/keys/ten"), headers={"Range": header})
+        assert r.status == status, (header, r.status, await r.text())
+        if content_range is not None:
+            assert r.headers["Content-Range"] == content_range, header
+        if body is not None:
+            assert await r.read() == body
+        else:
+            code = {400: "bad_request", 416: "range_not_satisfiable"}[status]
+            assert (await r.json())["error"]["code"] == code, header
+    for header in ("bytes=0-", "bytes=-1", "bytes=-0", "bytes=0-0"):
+        r = await http.get(u(P + "/keys/empty"), headers={"Range": header})
+        assert r.status == 416 and r.headers["Content-Range"] == "bytes */0", header

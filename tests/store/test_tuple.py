@@ -444,7 +444,8 @@ def unpack_or_tuple_error(data: bytes) -> None:
     except TupleError as e:
         assert "at byte" in str(e), e
     else:
-        assert canon(result) == canon(from_fdb(fdb_tuple.unpack(data)))
+        if fdb_safe(result):  # fdb.tuple turns a signalling single-float NaN quiet
+            assert canon(result) == canon(from_fdb(fdb_tuple.unpack(data)))
 
 
 @settings(max_examples=2000, deadline=None)

@@ -1,0 +1,178 @@
+"""How data travels as JSON between the daemon and its clients (HTTP and sessions).
+
+This module owns the codecs: base64 for bytes (the one definition the API and
+sessions share), priorities by name, commits and entries as JSON objects, a
+batch's ops, and parsing JSON from a client. It does not own routes or transport
+(:mod:`daemon.api`, :mod:`daemon.session`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any
+
+from ledgerd.daemon import errors as ae
+from ledgerd.store import Commit, Entry, Priority, View
+from ledgerd.store import digest as dg
+
+INLINE_VALUE_LIMIT = 1024 * 1024
+"""``entries`` responses carry values up to this size; larger ones carry null and a size."""
+ENTRY_GROUP = 128
+"""Entries of a listing whose values are read at once (at most 128 x 64 KiB)."""
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def unb64(text: object, what: str, index: int | None = None) -> bytes:
+    """Decode base64 from JSON; ``what`` names the field in the error (with
+    ``index``, as ``ops[index].what``: formatted only when there is an error)."""
+    try:
+        if type(text) is not str:
+            raise TypeError
+        return binascii.a2b_base64(text, strict_mode=True)
+    except (binascii.Error, ValueError, TypeError):
+        name = what if index is None else f"ops[{index}].{what}"
+        problem = "is not valid base64" if type(text) is str else "must be a base64 string"
+        raise ae.BadRequest(f"{name} {problem}") from None
+
+
+Change = tuple[bytes, bytes | None, Priority]
+
+
+def batch_changes(ops: list[Any]) -> list[Change]:
+    """The changes of a batch's ``ops``: ``{"op": "put", "key", "value", "priority"?}``
+    or ``{"op": "delete", "key"}``, keys and values in base64.
+
+    Well-formed ops take a lean loop; the first sign of trouble hands the whole
+    list to the checking loop, whose error names the op and the field (and which
+    decides alone whether the ops are good).
+    """
+    a2b, eager = binascii.a2b_base64, Priority.EAGER
+    changes: list[Change] = []
+    try:
+        for op in ops:
+            kind = op["op"]
+            if kind == "put":
+                key, value = a2b(op["key"], strict_mode=True), a2b(op["value"], strict_mode=True)
+                p = op.get("priority")
+                changes.append((key, value, eager if p is None else parse_priority(p)))
+            elif kind == "delete":
+                changes.append((a2b(op["key"], strict_mode=True), None, eager))
+            else:
+                raise ValueError(kind)
+    except (KeyError, TypeError, ValueError, AttributeError, binascii.Error, ae.BadRequest):
+        return _checked_batch_changes(ops)
+    return changes
+
+
+def _checked_batch_changes(ops: list[Any]) -> list[Change]:
+    changes: list[Change] = []
+    for i, op in enumerate(ops):
+        if not isinstance(op, dict):
+            raise ae.BadRequest(f"ops[{i}] must be an object")
+        kind = op.get("op")
+        key = unb64(op.get("key"), "key", i)
+        if kind == "put":
+            value = unb64(op.get("value"), "value", i)
+            p = op.get("priority")
+            prio = Priority.EAGER if p is None else parse_priority(p if isinstance(p, str) else "?")
+            changes.append((key, value, prio))
+        elif kind == "delete":
+            changes.append((key, None, Priority.EAGER))
+        else:
+            raise ae.BadRequest(f"ops[{i}].op must be 'put' or 'delete'")
+    return changes
+
+
+def parse_json(data: bytes | str, what: str) -> Any:
+    """Decode JSON from a client: any failure is a 400 naming ``what``. Besides syntax
+    errors, that covers what ``json`` raises on hostile input: nesting deep enough to
+    exhaust the recursion limit, integers past Python's int-string conversion limit
+    (both ValueError or RecursionError, not JSONDecodeError), and bodies that are not
+    UTF-8."""
+    try:
+        text = data.decode() if isinstance(data, bytes) else data
+        return json.loads(text)
+    except RecursionError:
+        raise ae.BadRequest(f"{what} is nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, int-string limit
+        raise ae.BadRequest(f"{what} is not valid JSON: {e}") from None
+
+
+def text_or_none(data: bytes) -> str | None:
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def commit_json(c: Commit) -> dict[str, Any]:
+    return {
+        "id": c.id.hex(),
+        "parents": [p.hex() for p in c.parents],
+        "timestamp": c.timestamp,
+        "generation": c.generation,
+        "merge": c.is_merge,
+    }
+
+
+def parse_priority(text: str | None) -> Priority:
+    if text is None or text == "" or text.lower() == "eager":
+        return Priority.EAGER
+    if text.lower() == "lazy":
+        return Priority.LAZY
+    raise ae.BadRequest(f"priority must be 'eager' or 'lazy', not {text!r}")
+
+
+def priority_name(p: Priority) -> str:
+    return "lazy" if p == Priority.LAZY else "eager"
+
+
+ENTRY_OVERHEAD = 64
+"""Bytes counted per entry of a listing besides its base64 key and value (names, quotes,
+priority, size)."""
+
+
+def _b64_len(n: int) -> int:
+    return 4 * -(-n // 3)
+
+
+async def entries_json(
+    view: View, found: list[Entry], with_values: bool, budget: int
+) -> tuple[list[dict[str, Any]], int]:
+    """JSON objects for entries (key, priority, size, and the value when small enough),
+    and how many of ``found`` they are: they stop before the one that would take
+    the JSON past ``budget`` bytes (but hold at least one entry), so that a listing
+    of large values never builds an unbounded body. Values are read a group at a
+    time, a group's single-piece values in one query."""
+    out: list[dict[str, Any]] = []
+    used = 0
+    for g in range(0, len(found), ENTRY_GROUP):
+        group = found[g : g + ENTRY_GROUP]
+        small = [e.value for e in group if not dg.is_index(e.value)]
+        values = await view.objects.read_many(small) if with_values else {}
+        for i, e in enumerate(group, g):
+            item: dict[str, Any] = {"key": b64(e.key), "priority": priority_name(e.priority)}
+            cost = len(item["key"]) + ENTRY_OVERHEAD
+            if e.value in values:
+                item["size"] = len(values[e.value])
+                cost += _b64_len(item["size"])
+            else:
+                item["size"] = size = await view.objects.size(e.value)
+                if with_values:
+                    inline = size <= INLINE_VALUE_LIMIT
+                    cost += _b64_len(size) if inline else 0
+                    if out and used + cost > budget:  # don't read what will not be sent
+                        return out, i
+                    item["value"] = b64(await view.objects.read_all(e.value)) if inline else None
+            if out and used + cost > budget:
+                return out, i
+            if e.value in values:
+                item["value"] = b64(values[e.value])
+            used += cost
+            out.append(item)
+    return out, len(found)

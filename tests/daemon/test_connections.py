@@ -1,0 +1,90 @@
+"""Connections that send no request, or stop sending one, are closed in time."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ledgerd.store import Repository
+from tests.daemon.conftest import Daemon, start_daemon
+
+P = "/v1/ledgers/l/pages/p"
+TIMEOUTS = {"LEDGERD_REQUEST_TIMEOUT": "0.5", "LEDGERD_KEEPALIVE_TIMEOUT": "1"}
+
+
+@pytest.fixture
+def impatient(short_tmp: Path) -> Iterator[Daemon]:
+    d = start_daemon(short_tmp, env=TIMEOUTS)
+    try:
+        yield d
+    finally:
+        assert d.stop() == 0, d.log_text()
+
+
+def _fds(d: Daemon) -> int:
+    return len(os.listdir(f"/proc/{d.proc.pid}/fd"))
+
+
+async def _closed_by_daemon(reader: asyncio.StreamReader, within: float = 20) -> bytes:
+    """Everything the daemon sends until it closes the connection (bounded wait)."""
+    got = b""
+    while chunk := await asyncio.wait_for(reader.read(65536), within):
+        got += chunk
+    return got
+
+
+async def test_silent_and_half_sent_connections_are_closed(impatient: Daemon) -> None:
+    before = _fds(impatient)
+    conns = [await asyncio.open_unix_connection(str(impatient.socket)) for _ in range(200)]
+    for i, (_, w) in enumerate(conns):
+        if i % 2:  # half of them start a request and never finish its headers
+            w.write(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n")
+            await w.drain()
+    for r, _ in conns:
+        assert await _closed_by_daemon(r) == b""
+    for _, w in conns:
+        w.close()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    while _fds(impatient) > before + 5:  # the daemon let go of them (bounded wait)
+        assert loop.time() < deadline, _fds(impatient)
+        await asyncio.sleep(0.05)
+
+
+async def test_an_idle_keep_alive_connection_is_closed(impatient: Daemon) -> None:
+    reader, writer = await asyncio.open_unix_connection(str(impatient.socket))
+    for _ in range(3):  # requests in a row keep it open
+        writer.write(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 200")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+    assert await _closed_by_daemon(reader) == b""  # then idle: closed after keepalive_timeout
+    writer.close()
+
+
+async def test_a_stalled_body_is_408_and_stores_nothing(impatient: Daemon) -> None:
+    stalls = [(P + "/keys/small", 100), (P + "/keys/big", 10_000_000), (P + "/batch", 100)]
+    for path, length in stalls:
+        reader, writer = await asyncio.open_unix_connection(str(impatient.socket))
+        method = "POST" if path.endswith("batch") else "PUT"
+        writer.write(
+            f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n".encode()
+            + b"x" * 300_000 * (length > 100)
+            + b"{" * (length == 100)
+        )
+        await writer.drain()
+        got = await _closed_by_daemon(reader)
+        assert got.startswith(b"HTTP/1.1 408"), got[:300]
+        assert b'"request_timeout"' in got
+        writer.close()
+    assert impatient.stop() == 0
+    async with await Repository.open(impatient.data) as repo:
+        if repo.page_exists(b"l", b"p"):
+            page = await repo.ledger(b"l").page(b"p")
+            assert not await page.contains(b"small") and not await page.contains(b"big")
