@@ -90,7 +90,12 @@ async def serve(cfg: Config) -> int:
 
             store = open_store(cfg.cloud, endpoint_url=cfg.endpoint_url or None)
             engine = SyncEngine(
-                repo, store, poll_interval=cfg.sync_interval, debounce=cfg.sync_debounce
+                repo,
+                store,
+                location=cfg.cloud,
+                poll_interval=cfg.sync_interval,
+                debounce=cfg.sync_debounce,
+                fetch_timeout=cfg.fetch_timeout,
             )
             await engine.start()
             stack.push_async_callback(engine.stop)
