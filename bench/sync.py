@@ -46,10 +46,10 @@ async def _device(
     path: Path, endpoint: str, bucket: str, prefix: str = "bench"
 ) -> tuple[Repository, SyncEngine, CountingStore]:
     """A repository with a sync engine whose S3 requests are counted (no background loop)."""
-    repo = await Repository.open(path)
     store = CountingStore(S3Store(bucket, prefix, endpoint_url=endpoint, region="us-east-1"))
-    engine = SyncEngine(repo, store)
-    await engine.start(background=False)
+    engine = SyncEngine(store)
+    repo = await Repository.open(path, hooks=engine.hooks())
+    await engine.start(repo, background=False)
     return repo, engine, store
 
 

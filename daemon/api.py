@@ -425,6 +425,7 @@ class Api:
                 "uptime_s": round(time.time() - self.state.started, 3),
                 "cloud": self.cfg.cloud or None,
                 "sync_error": self.engine.last_error if self.engine else None,
+                "sync": self.engine.status() if self.engine else None,
                 "open_pages": pages,
                 **self.state.extra_status,
             }
@@ -443,18 +444,12 @@ class Api:
 
         try:
             stats = await self.engine.sync(ledger or None, page or None, timeout=timeout)
-        except TimeoutError:
-            raise ae.Unavailable(f"sync did not finish within {timeout:g}s") from None
-        except SyncError as e:
+        except SyncError as e:  # the bucket, a listing, or the timeout (with the last error)
             raise ae.Unavailable(f"sync failed: {e}") from None
-        errors = [
-            {"ledger": b64(led), "page": b64(pid), "error": st.last_error}
-            for (led, pid), st in self.engine.states.items()
-            if st.last_error
-        ]
-        if errors:
-            err = ae.Unavailable(f"sync incomplete: {errors[0]['error']}")
-            return web.json_response({**err.body(), "pages": errors}, status=err.status)
+        problems = self.engine.problems(ledger or None, page or None)
+        if problems:
+            err = ae.Unavailable(f"sync incomplete: {problems[0]['error']}")
+            return web.json_response({**err.body(), "problems": problems}, status=err.status)
         return web.json_response(
             {
                 "rounds": stats.rounds,

@@ -59,6 +59,7 @@ class Config:
     endpoint_url: str = ""
     sync_interval: float = 5.0
     sync_debounce: float = 0.5
+    fetch_timeout: float = 60.0
     log_level: str = "info"
     durability: str = "normal"
     max_batch_bytes: int = 64 * 1024 * 1024

@@ -111,21 +111,27 @@ async def serve(cfg: Config) -> int:
         activated = systemd.listen_socket()
         if activated is None:
             _check_socket_path(cfg.socket)  # before the data directory is created
+        # The collaborators of every page exist before the repository opens.
         resolvers = Resolvers()
-        repo = await _open_repository(cfg, PageHooks(resolvers=resolvers))  # takes its lock
-        stack.push_async_callback(repo.close)
-        log.info("repository %s opened (device %s)", cfg.data_dir, repo.device_id.hex())
-
         engine = None
+        hooks = PageHooks(resolvers=resolvers)
         if cfg.cloud:
             from ledgerd.sync.engine import SyncEngine
             from ledgerd.sync.url import open_store
 
-            store = open_store(cfg.cloud, endpoint_url=cfg.endpoint_url or None)
             engine = SyncEngine(
-                repo, store, poll_interval=cfg.sync_interval, debounce=cfg.sync_debounce
+                open_store(cfg.cloud, endpoint_url=cfg.endpoint_url or None),
+                location=cfg.cloud,
+                poll_interval=cfg.sync_interval,
+                debounce=cfg.sync_debounce,
+                fetch_timeout=cfg.fetch_timeout,
             )
-            await engine.start()
+            hooks = engine.hooks(resolvers)
+        repo = await _open_repository(cfg, hooks)  # takes its lock
+        stack.push_async_callback(repo.close)
+        log.info("repository %s opened (device %s)", cfg.data_dir, repo.device_id.hex())
+        if engine is not None:
+            await engine.start(repo)
             stack.push_async_callback(engine.stop)
             log.info("cloud sync on with %s", cfg.cloud)
 

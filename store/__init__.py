@@ -50,7 +50,7 @@ from ledgerd.store.hooks import CommitListener, PageHooks, PieceFetcher, Resolve
 from ledgerd.store.merge import Choice, Conflict, MergeRequest, NeedsResolver, Policy, Resolver
 from ledgerd.store.objects import ObjectStore, ValueRef
 from ledgerd.store.page import ChangedEntry, Notification, Page, Snapshot, Transaction, Watcher
-from ledgerd.store.repository import NAME_LIMIT, Ledger, Repository
+from ledgerd.store.repository import NAME_LIMIT, Ledger, Repository, decode_name, encode_name
 from ledgerd.store.stamps import StampedKey, StampedValue, VersionstampError, stamp_time
 from ledgerd.store.subspace import Subspace
 from ledgerd.store.tuple import SingleFloat, TupleError, Versionstamp
@@ -112,6 +112,8 @@ __all__ = [
     "VersionstampError",
     "View",
     "Watcher",
+    "decode_name",
+    "encode_name",
     "stamp_time",
     "tuple",
 ]

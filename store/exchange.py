@@ -30,6 +30,13 @@ class MissingParentError(StoreError):
     """A commit's parent is not here yet: import it after the parent arrives."""
 
 
+class MissingObjectError(MissingParentError):
+    """A tree node or value a remote commit reaches is neither here nor in its pack.
+
+    Another device's pack may bring it (devices that build the same node upload it
+    once), so this too waits rather than refuses."""
+
+
 @dataclass
 class Upload:
     """What a page has not uploaded: commits (oldest first) and pieces by priority."""
@@ -63,12 +70,23 @@ async def pending_upload(page: Page) -> Upload:
     heads = await page.heads()
     if len(heads) > 1:
         return Upload([])
-    rows = await page.db.read_all(
-        "SELECT commit_id FROM unsynced_commits ORDER BY generation, commit_id"
-    )
-    commits = [await page.load_commit(bytes(r[0])) for r in rows]
-    rows = await page.db.read_all(sql.LOCAL_PIECES)
-    local = {bytes(r[0]) for r in rows}
+
+    def snapshot(conn: sqlite3.Connection) -> tuple[list[bytes], set[bytes]]:
+        # One read transaction: the commits and the pieces they brought, as of one moment.
+        conn.execute("BEGIN")
+        try:
+            ids = [
+                bytes(r[0])
+                for r in conn.execute(
+                    "SELECT commit_id FROM unsynced_commits ORDER BY generation, commit_id"
+                )
+            ]
+            return ids, {bytes(r[0]) for r in conn.execute(sql.LOCAL_PIECES)}
+        finally:
+            conn.execute("COMMIT")
+
+    ids, local = await page.db.run(snapshot)
+    commits = [await page.load_commit(cid) for cid in ids]
     unsynced = {c.id for c in commits}
     lazy_roots: set[bytes] = set()
     eager_roots: set[bytes] = set()
@@ -98,7 +116,38 @@ async def pending_upload(page: Page) -> Upload:
         for root in eager_roots:  # a piece an EAGER value also uses travels EAGER
             lazy.difference_update(pieces_of[root])
     eager = sorted(local - lazy)
-    return Upload(commits, eager, sorted(lazy))
+    # LAZY pieces in the order of their values' bytes, so that one value's pieces sit
+    # next to each other in a pack and a reader fetches them with few ranged GETs.
+    ordered: dict[bytes, None] = {}
+    for root in sorted(lazy_roots):
+        for d in await _pieces_in_order(page, root):
+            if d in lazy:
+                ordered[d] = None
+    ordered.update(dict.fromkeys(sorted(lazy)))
+    return Upload(commits, eager, list(ordered))
+
+
+async def _pieces_in_order(page: Page, root: bytes) -> list[bytes]:
+    """A value's pieces in the order of its bytes (each index before what it lists)."""
+    out: list[bytes] = []
+    stack = [root]
+    while stack:
+        d = stack.pop()
+        if dg.is_inline(d):
+            continue
+        out.append(d)
+        if dg.is_index(d):
+            children = split.decode_index(await page.objects.get_piece(d))
+            stack.extend(reversed([c.digest for c in children]))
+    return out
+
+
+async def piece_sizes(page: Page, digests: list[bytes]) -> dict[bytes, int]:
+    """Length of each stored piece, without reading its bytes."""
+    rows = await page.db.read_in(
+        "SELECT digest, length(data) FROM objects WHERE digest IN ({marks})", digests
+    )
+    return {bytes(d): int(n) for d, n in rows}
 
 
 async def read_pieces(page: Page, digests: list[bytes]) -> dict[bytes, bytes]:
@@ -225,7 +274,7 @@ async def _check_trees(
             if not dg.is_inline(d) and d not in pieces:
                 if d in stored:
                     continue
-                raise CorruptObjectError(f"tree node {dg.short(d)} of a remote commit is missing")
+                raise MissingObjectError(f"tree node {dg.short(d)} of a remote commit is missing")
             node = btree.decode_node(await _node_bytes(page, d, pieces))
             children.extend(filter(None, node.children))
             referenced.update(map(_VALUE, node.entries))  # every version of a leaf repeats most
@@ -236,7 +285,7 @@ async def _check_trees(
             known = await page.objects.known(values)
             missing = [v for v in values if v not in known]
             if missing:
-                raise CorruptObjectError(
+                raise MissingObjectError(
                     f"value {dg.short(missing[0])} of a remote commit is nowhere"
                 )
         frontier = children
@@ -264,3 +313,8 @@ async def remote_locations(page: Page, digests: list[bytes]) -> dict[bytes, str]
 async def unsynced_count(page: Page) -> int:
     rows = await page.db.read_all("SELECT count(*) FROM unsynced_commits")
     return int(rows[0][0])
+
+
+def index_children(data: bytes) -> list[bytes]:
+    """The digests an index piece lists (its value's next level), for prefetching."""
+    return [c.digest for c in split.decode_index(data)]

@@ -369,6 +369,20 @@ class Repository:
         )
         return int(rows[0][0]) if rows else None
 
+    # -- for sync (added by the sync branch; see its report) -------------------------
+
+    async def pages_used_since(self, since_ms: int) -> list[tuple[bytes, bytes]]:
+        """(ledger, page id) of the pages open now, or left open by a crash, or closed
+        at or after ``since_ms`` (UNIX ms): those that can have changed since then.
+        One query on ``page_usage``; no page is opened."""
+        rows = await self.usage.read_all(
+            "SELECT ledger, page FROM page_usage WHERE closed_at = 0 OR closed_at >= ?",
+            (since_ms,),
+        )
+        return [(bytes(r[0]), bytes(r[1])) for r in rows]
+
+    # ---------------------------------------------------------------------------------
+
     def open_pages(self) -> list[Page]:
         return list(self._pages.values())
 

@@ -21,6 +21,7 @@ from typing import TypeVar
 
 from tenacity import (
     AsyncRetrying,
+    RetryCallState,
     before_sleep_log,
     retry_if_exception_type,
     stop_after_delay,
@@ -32,6 +33,7 @@ from ledgerd.sync.errors import InvalidNameError, TransientCloudError
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+_log_retry = before_sleep_log(log, logging.DEBUG)
 
 NAME_LIMIT = 1024
 _SEGMENT = re.compile(r"[A-Za-z0-9._=-]+")
@@ -76,6 +78,14 @@ class CloudStore(abc.ABC):
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and threads."""
 
+    async def create_bucket(self) -> None:  # noqa: B027 - optional hook
+        """Create the bucket's root where the backend can (a folder); S3 buckets are
+        made by their owner. Sync calls this only for a bucket this device never saw."""
+
+    def last_failure(self) -> str | None:
+        """The last failure that is still being retried, if any (for error messages)."""
+        return None
+
     def is_transient(self, error: BaseException) -> bool:
         return isinstance(error, TransientCloudError)
 
@@ -108,21 +118,35 @@ class Retrying(CloudStore):
         self.deadline = deadline
         self.first = first
         self.most = most
+        self._failure: str | None = None
 
     def _retrying(self) -> AsyncRetrying:
         return AsyncRetrying(
             retry=retry_if_exception_type(TransientCloudError),
             wait=wait_random_exponential(multiplier=self.first, max=self.most),
             stop=stop_after_delay(self.deadline),
-            before_sleep=before_sleep_log(log, logging.DEBUG),
+            before_sleep=self._before_sleep,
             reraise=True,
         )
+
+    def _before_sleep(self, state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        self._failure = f"{type(error).__name__}: {error}" if error is not None else None
+        _log_retry(state)
 
     async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
         async for attempt in self._retrying():
             with attempt:
-                return await fn()
+                result = await fn()
+                self._failure = None
+                return result
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def last_failure(self) -> str | None:
+        return self._failure or self.inner.last_failure()
+
+    async def create_bucket(self) -> None:
+        await self._call(self.inner.create_bucket)
 
     async def put(self, name: str, data: bytes) -> None:
         await self._call(lambda: self.inner.put(name, data))

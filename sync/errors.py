@@ -38,3 +38,19 @@ class AlreadyExistsError(PermanentCloudError):
 
 class InvalidNameError(PermanentCloudError, ValueError):
     """Not a valid object name."""
+
+
+class RangeNotInObjectError(PermanentCloudError):
+    """The requested byte range starts at or past the end of the object."""
+
+
+class NoBucketError(PermanentCloudError):
+    """The bucket is not there (a folder moved away or unmounted, a bucket deleted)."""
+
+
+class BucketIdentityError(PermanentCloudError):
+    """The bucket has no ledgerd marker, or one this ledgerd cannot use."""
+
+
+class SyncTimeoutError(SyncError):
+    """Sync did not finish in time."""

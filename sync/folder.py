@@ -5,21 +5,38 @@ the same directory, are fsynced, and are published with ``os.link`` (which fails
 if the name exists, so nothing is ever overwritten, even by two daemons sharing
 the folder). Readers therefore never see a partial object. File work runs on
 worker threads.
+
+Only regular files are objects: anything else under a name (a FIFO, a device, a
+symlink) is skipped by ``list`` and refused by ``get``, which opens with
+``O_NONBLOCK | O_NOFOLLOW`` so that nothing can make it wait. Files are created
+0600 and directories 0700 whatever the umask. The root folder is created only by
+:meth:`FolderStore.create_bucket`: a ``put`` into a root that is gone (a share
+that is not mounted) fails instead of starting an empty bucket.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
+import stat
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 from ledgerd.sync.cloud import CloudStore, check_name, check_prefix, filtered_names
-from ledgerd.sync.errors import AlreadyExistsError, CloudNotFoundError, PermanentCloudError
+from ledgerd.sync.errors import (
+    AlreadyExistsError,
+    CloudNotFoundError,
+    NoBucketError,
+    PermanentCloudError,
+    RangeNotInObjectError,
+)
 
 _TMP = ".tmp-"
+FILE_MODE = 0o600
+DIR_MODE = 0o700
 
 
 class FolderStore(CloudStore):
@@ -29,25 +46,60 @@ class FolderStore(CloudStore):
     def _path(self, name: str) -> Path:
         return self.root / check_name(name)
 
+    async def create_bucket(self) -> None:
+        def make() -> None:
+            try:
+                if not self.root.is_dir():
+                    self.root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+                    os.chmod(self.root, DIR_MODE)
+            except OSError as e:
+                raise PermanentCloudError(
+                    f"cannot create the bucket folder {self.root}: {e}"
+                ) from e
+
+        await asyncio.to_thread(make)
+
+    def _make_dirs(self, parent: Path) -> None:
+        """Create the directories from the root down to ``parent`` (never the root)."""
+        if not self.root.is_dir():
+            raise NoBucketError(
+                f"the bucket folder {self.root} does not exist (moved away or not mounted?)"
+            )
+        here = self.root
+        for part in parent.relative_to(self.root).parts:
+            here = here / part
+            try:
+                os.mkdir(here, DIR_MODE)
+            except FileExistsError:
+                continue
+            except FileNotFoundError:
+                raise NoBucketError(f"the bucket folder {self.root} went away") from None
+            os.chmod(here, DIR_MODE)  # the umask may have taken bits away
+
     async def put(self, name: str, data: bytes) -> None:
         path = self._path(name)
 
         def write() -> None:
-            path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.parent / f"{_TMP}{uuid.uuid4().hex}"
             try:
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
+                self._make_dirs(path.parent)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+                try:
+                    os.fchmod(fd, FILE_MODE)
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
                 try:
                     os.link(tmp, path)
                 except FileExistsError:
                     raise AlreadyExistsError(f"object {name} already exists") from None
-            except PermissionError as e:
+            except OSError as e:
                 raise PermanentCloudError(f"cannot write {path}: {e}") from e
             finally:
-                with contextlib.suppress(FileNotFoundError):
+                with contextlib.suppress(OSError):
                     tmp.unlink()
 
         await asyncio.to_thread(write)
@@ -57,29 +109,65 @@ class FolderStore(CloudStore):
 
         def read() -> bytes:
             try:
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    return f.read() if length is None else f.read(length)
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
             except FileNotFoundError:
                 raise CloudNotFoundError(f"no object {name}") from None
-            except PermissionError as e:
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise PermanentCloudError(f"{path} is a symlink, not an object") from None
                 raise PermanentCloudError(f"cannot read {path}: {e}") from e
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise PermanentCloudError(f"{path} is not a regular file")
+                if length == 0:
+                    return b""
+                if (offset or length is not None) and offset >= st.st_size:
+                    raise RangeNotInObjectError(
+                        f"{name}: range from {offset} is past the end ({st.st_size} bytes)"
+                    )
+                end = st.st_size if length is None else min(st.st_size, offset + length)
+                parts = []
+                pos = offset
+                while pos < end:
+                    chunk = os.pread(fd, end - pos, pos)
+                    if not chunk:
+                        break
+                    parts.append(chunk)
+                    pos += len(chunk)
+                return b"".join(parts)
+            except OSError as e:
+                raise PermanentCloudError(f"cannot read {path}: {e}") from e
+            finally:
+                os.close(fd)
 
         return await asyncio.to_thread(read)
 
     async def list(self, prefix: str = "", after: str = "") -> AsyncIterator[str]:
         check_prefix(prefix)
+        folder, _, _ = prefix.rpartition("/")
 
         def scan() -> list[str]:
-            out = []
-            for dirpath, dirnames, filenames in os.walk(self.root):
-                dirnames[:] = [d for d in dirnames if not d.startswith(_TMP)]
-                rel = os.path.relpath(dirpath, self.root)
-                for fn in filenames:
-                    if fn.startswith(_TMP):
+            out: list[str] = []
+            stack = [folder]
+            while stack:
+                rel = stack.pop()
+                try:
+                    entries = list(os.scandir(self.root / rel if rel else self.root))
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                for entry in entries:
+                    if entry.name.startswith(_TMP):
                         continue
-                    name = fn if rel == "." else f"{rel}/{fn}"
-                    if name.startswith(prefix) and name > after:
+                    name = f"{rel}/{entry.name}" if rel else entry.name
+                    if entry.is_dir(follow_symlinks=False):
+                        if name.startswith(prefix) or prefix.startswith(name + "/"):
+                            stack.append(name)
+                    elif (
+                        entry.is_file(follow_symlinks=False)
+                        and name.startswith(prefix)
+                        and name > after
+                    ):
                         out.append(name)
             return sorted(out)
 

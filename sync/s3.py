@@ -27,6 +27,7 @@ from ledgerd.sync.errors import (
     CloudError,
     CloudNotFoundError,
     PermanentCloudError,
+    RangeNotInObjectError,
     TransientCloudError,
 )
 
@@ -149,7 +150,9 @@ class S3Store(CloudStore):
                 body = self.client.get_object(**args)["Body"]
             except ClientError as e:
                 if e.response.get("Error", {}).get("Code") == "InvalidRange":
-                    return b""
+                    raise RangeNotInObjectError(
+                        f"get {key}: range from {offset} is past the end of the object"
+                    ) from e
                 raise
             try:
                 return bytes(body.read())

@@ -26,10 +26,11 @@ class CountingStore(CloudStore):
         self.counts: Counter[str] = Counter()
         self.bytes_put = 0
         self.bytes_got = 0
+        self.names_listed = 0
 
     def reset(self) -> None:
         self.counts.clear()
-        self.bytes_put = self.bytes_got = 0
+        self.bytes_put = self.bytes_got = self.names_listed = 0
 
     async def put(self, name: str, data: bytes) -> None:
         self.counts["put"] += 1
@@ -45,6 +46,7 @@ class CountingStore(CloudStore):
     async def list(self, prefix: str = "", after: str = "") -> AsyncIterator[str]:
         self.counts["list"] += 1
         async for n in self.inner.list(prefix, after):
+            self.names_listed += 1
             yield n
 
     async def delete(self, name: str) -> None:
@@ -53,6 +55,12 @@ class CountingStore(CloudStore):
 
     async def close(self) -> None:
         await self.inner.close()
+
+    async def create_bucket(self) -> None:
+        await self.inner.create_bucket()
+
+    def last_failure(self) -> str | None:
+        return self.inner.last_failure()
 
 
 class FaultyStore(CloudStore):
@@ -103,6 +111,12 @@ class FaultyStore(CloudStore):
 
     async def close(self) -> None:
         await self.inner.close()
+
+    async def create_bucket(self) -> None:
+        await self.inner.create_bucket()
+
+    def last_failure(self) -> str | None:
+        return self.inner.last_failure()
 
 
 @contextmanager

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import boto3
+
 from ledgerd.daemon.client import Client, NotFoundError
 from ledgerd.store.repository import encode_name
 from tests.daemon.conftest import AWS, ROOT, Daemon, _ls, _start, _sync, start_daemon
@@ -160,5 +162,37 @@ def test_sync_reports_why_it_cannot_finish(short_tmp: Path, daemon: Daemon) -> N
         out = d.ledgerctl("sync", "--timeout", "3")
         assert out.returncode != 0
         assert b"sync" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+        assert b"last error" in out.stderr and b"connect" in out.stderr.lower()  # the reason
     finally:
         assert d.stop() == 0
+
+
+def test_status_names_a_refused_pack_and_sync_fails_with_it(
+    short_tmp: Path, s3_endpoint: str, bucket: str
+) -> None:
+    a = _start(short_tmp / "a", s3_endpoint, bucket)
+    b = _start(short_tmp / "b", s3_endpoint, bucket)
+    try:
+        with Client(a.socket) as ca:
+            ca.put("notes", "inbox", b"k", b"v")
+        _sync(a)
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=s3_endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+        device = json.loads(a.ledgerctl("status", "--json", check=True).stdout)["device_id"]
+        junk = f"e2e/log/{device}/{9:016d}.20.bm90ZXM.b3RoZXI"  # notes/other, not a pack
+        s3.put_object(Bucket=bucket, Key=junk, Body=b"LDGPACK1" + b"\0" * 12)
+        out = b.ledgerctl("sync", "--timeout", "30")
+        assert out.returncode != 0 and b"refused" in out.stderr
+        st = json.loads(b.ledgerctl("status", "--json", check=True).stdout)
+        assert [p["pack"] for p in st["sync"]["packs"]] == [junk.removeprefix("e2e/")]
+        assert st["sync"]["packs"][0]["page_text"] == "other"  # a page that is not open
+        assert st["sync"]["gaps"] and st["sync_error"]
+        with Client(b.socket) as cb:
+            assert cb.get("notes", "inbox", b"k") == b"v"  # the rest came down
+    finally:
+        assert a.stop() == 0 and b.stop() == 0

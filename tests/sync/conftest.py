@@ -50,6 +50,7 @@ async def store(
     s: CloudStore
     if kind == "folder":
         s = FolderStore(tmp_path / "bucket")
+        await s.create_bucket()
         yield s
         await s.close()
         return

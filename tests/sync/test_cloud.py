@@ -99,6 +99,7 @@ def test_names() -> None:
 
 async def test_open_store_from_url(tmp_path: Path) -> None:
     store = open_store(f"file://{tmp_path}/cloud")
+    await store.create_bucket()
     await store.put("x", b"1")
     assert (tmp_path / "cloud" / "x").read_bytes() == b"1"
     s3 = open_store("s3://bucket/some/prefix", endpoint_url="http://127.0.0.1:1")

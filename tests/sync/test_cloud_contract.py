@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from ledgerd.sync.cloud import CloudStore
-from ledgerd.sync.errors import AlreadyExistsError, CloudNotFoundError, InvalidNameError
+from ledgerd.sync.errors import (
+    AlreadyExistsError,
+    CloudNotFoundError,
+    InvalidNameError,
+    RangeNotInObjectError,
+)
 
 
 async def _names(store: CloudStore, prefix: str = "", after: str = "") -> list[str]:
@@ -71,3 +76,11 @@ async def test_names_are_validated(store: CloudStore, bad: str) -> None:
         await store.put(bad, b"x")
     with pytest.raises(InvalidNameError):
         await store.get(bad)
+
+
+async def test_a_range_past_the_end_is_an_error(store: CloudStore) -> None:
+    await store.put("short", b"12345")
+    await store.put("empty", b"")
+    for name, offset in (("short", 5), ("short", 100), ("empty", 0)):
+        with pytest.raises(RangeNotInObjectError):
+            await store.get(name, offset, 10)

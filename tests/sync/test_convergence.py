@@ -36,10 +36,12 @@ async def test_devices_converge_without_merge_storms(steps) -> None:
     with tempfile.TemporaryDirectory() as d:
         base = Path(d)
         bucket = FolderStore(base / "bucket")
-        repos = [await Repository.open(base / f"dev{i}") for i in range(DEVICES)]
-        engines = [SyncEngine(r, bucket) for r in repos]
-        for e in engines:
-            await e.start(background=False)
+        engines = [SyncEngine(bucket) for _ in range(DEVICES)]
+        repos = [
+            await Repository.open(base / f"dev{i}", hooks=e.hooks()) for i, e in enumerate(engines)
+        ]
+        for e, r in zip(engines, repos, strict=True):
+            await e.start(r, background=False)
         pages = [await r.ledger("l").page("p") for r in repos]
         syncs = txns = 0
         try:

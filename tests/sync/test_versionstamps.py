@@ -35,11 +35,14 @@ async def test_offline_appends_merge_into_one_log_in_time_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bucket = FolderStore(tmp_path / "bucket")
-    repos = [await Repository.open(tmp_path / name) for name in ("a", "b")]
+    engines = [SyncEngine(bucket) for _ in range(2)]
+    repos = [
+        await Repository.open(tmp_path / n, hooks=e.hooks())
+        for n, e in zip("ab", engines, strict=True)
+    ]
     try:
-        engines = [SyncEngine(r, bucket) for r in repos]
-        for e in engines:
-            await e.start(background=False)
+        for e, r in zip(engines, repos, strict=True):
+            await e.start(r, background=False)
         a, b = [await r.ledger("l").page("p") for r in repos]
         written: list[str] = []  # every entry, in the order it was acknowledged
 

@@ -1,0 +1,128 @@
+"""Names in the bucket: what sync writes where, and strict parsing of what it lists.
+
+This module owns the bucket layout (below) and the bucket marker's format; it does
+no I/O. Every name that comes back from a listing is parsed strictly here before
+sync acts on it: a name that is not exactly what some ledgerd would write is
+ignored, never opened as a page.
+
+    ledgerd-bucket.{version}                           the marker, written once
+    devices/{device}                                   one per device, written once
+    log/{device}/{seq:016d}.{eager_end}.{ledger}.{page} one pack per page per round
+
+``device`` is a repository's 128-bit id in lowercase hex; ``seq`` counts from 1;
+ledger and page names are base64url without padding, 1-128 bytes decoded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from ledgerd.store import NAME_LIMIT, decode_name, encode_name
+from ledgerd.sync import pack
+from ledgerd.sync.errors import BucketIdentityError
+
+MARKER = "ledgerd-bucket"
+BUCKET_FORMAT = 1
+"""Version of the bucket layout; the marker carries it. A bucket of a newer one is refused."""
+
+MAX_EAGER_END = 1 << 40
+"""Largest ``eager_end`` a pack name may carry (sync never writes one near it)."""
+
+_DEVICE = re.compile(r"[0-9a-f]{32}")
+_SEQ = re.compile(r"[0-9]{16}")
+_NUMBER = re.compile(r"0|[1-9][0-9]{0,15}")
+_B64 = re.compile(r"[A-Za-z0-9_-]{2,171}")
+
+
+def device_ok(text: str) -> bool:
+    return _DEVICE.fullmatch(text) is not None
+
+
+def _name(text: str) -> bytes | None:
+    if not _B64.fullmatch(text):
+        return None
+    raw = decode_name(text)
+    if raw is None or not 1 <= len(raw) <= NAME_LIMIT or encode_name(raw) != text:
+        return None
+    return raw
+
+
+def log_prefix(device: str) -> str:
+    return f"log/{device}/"
+
+
+def log_after(device: str, seq: int) -> str:
+    """A listing bound: every pack of ``device`` with a sequence above ``seq`` is after it."""
+    # "{seq}/" sorts after "{seq}.<anything>" and before "{seq + 1}...".
+    return f"log/{device}/{seq:016d}/"
+
+
+@dataclass(frozen=True)
+class LogName:
+    device: str
+    seq: int
+    eager_end: int
+    ledger: bytes
+    page: bytes
+    name: str
+
+    @property
+    def key(self) -> tuple[bytes, bytes]:
+        return (self.ledger, self.page)
+
+    @classmethod
+    def make(cls, device: str, seq: int, eager_end: int, ledger: bytes, page: bytes) -> LogName:
+        name = f"log/{device}/{seq:016d}.{eager_end}.{encode_name(ledger)}.{encode_name(page)}"
+        return cls(device, seq, eager_end, ledger, page, name)
+
+    @classmethod
+    def parse(cls, name: str, device: str | None = None) -> LogName | None:
+        """The pack a name stands for, or None unless it is exactly such a name
+        (of ``device``, when given)."""
+        parts = name.split("/")
+        if len(parts) != 3 or parts[0] != "log" or not device_ok(parts[1]):
+            return None
+        if device is not None and parts[1] != device:
+            return None
+        fields = parts[2].split(".")
+        if len(fields) != 4:
+            return None
+        seq, eager_end, ledger_text, page_text = fields
+        if not _SEQ.fullmatch(seq) or not _NUMBER.fullmatch(eager_end):
+            return None
+        ledger, page = _name(ledger_text), _name(page_text)
+        n, end = int(seq), int(eager_end)
+        if ledger is None or page is None or n < 1 or not pack.PREFIX <= end <= MAX_EAGER_END:
+            return None
+        return cls(parts[1], n, end, ledger, page, name)
+
+
+def marker_name(version: int = BUCKET_FORMAT) -> str:
+    return f"{MARKER}.{version}"
+
+
+def marker_version(name: str) -> int | None:
+    """The layout version a marker's name carries (None if it is not a marker's name)."""
+    head, _, version = name.partition(".")
+    if head != MARKER or not _NUMBER.fullmatch(version):
+        return None
+    return int(version)
+
+
+def marker(device: str, created: float) -> bytes:
+    """The marker object's content (for people reading the bucket): version, who, when."""
+    return json.dumps(
+        {"ledgerd_bucket": BUCKET_FORMAT, "created_by": device, "created_at": created},
+        sort_keys=True,
+    ).encode()
+
+
+def check_version(version: int) -> None:
+    """BucketIdentityError unless this ledgerd can use a bucket of layout ``version``."""
+    if version < 1 or version > BUCKET_FORMAT:
+        raise BucketIdentityError(
+            f"the bucket has layout version {version}; this ledgerd supports "
+            f"{BUCKET_FORMAT}: upgrade ledgerd"
+        )
