@@ -77,8 +77,6 @@ class Params:
 class DaemonState:
     started: float = field(default_factory=time.time)
     shutting_down: bool = False
-    inflight: int = 0
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
     extra_status: dict[str, Any] = field(default_factory=dict)
 
 
@@ -254,15 +252,8 @@ class Api:
                 raise ae.PeerRefused(f"uid {creds[0]} is not allowed to use this ledgerd")
             if self.state.shutting_down:
                 raise ae.ShuttingDown()
-            self.state.inflight += 1
-            self.state.idle.clear()
-            try:
-                with page_leases():  # pages this request uses stay open until it ends
-                    return await handler(request)
-            finally:
-                self.state.inflight -= 1
-                if self.state.inflight == 0:
-                    self.state.idle.set()
+            with page_leases():  # pages this request uses stay open until it ends
+                return await handler(request)
         except ae.ApiError as e:
             return self.error(e)
         except StoreError as e:

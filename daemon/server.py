@@ -6,8 +6,10 @@ start-up: stop listening and remove the socket, drain requests and sessions,
 flush pages, close the repository.
 
 SIGTERM and SIGINT stop accepting new requests (503 ``shutting_down``), let
-in-flight requests finish (up to ``shutdown_timeout``), commit every
-acknowledged write, and exit 0.
+in-flight requests finish (up to ``shutdown_timeout``: aiohttp's own graceful
+shutdown, with the WebSocket sessions ended in its ``on_shutdown``), commit every
+acknowledged write, and exit 0. Background work (closing idle pages, the systemd
+watchdog) runs in a task group that shutdown awaits.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import socket
 import sqlite3
 import stat
 import sys
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -140,11 +144,18 @@ async def serve(cfg: Config) -> int:
         api.engine = engine
         sessions = Sessions(api, resolvers)
         api.sessions = sessions
+        app = api.app()
+
+        async def close_sessions(_app: web.Application) -> None:
+            await sessions.close_all()
+
+        app.on_shutdown.append(close_sessions)  # WebSockets end first, with code 1001
         runner = ApiRunner(
-            api.app(), Limits.of(cfg), handle_signals=False, shutdown_timeout=cfg.shutdown_timeout
+            app, Limits.of(cfg), handle_signals=False, shutdown_timeout=cfg.shutdown_timeout
         )
         await runner.setup()
-        stack.push_async_callback(runner.cleanup)
+        stop_serving = _once(runner.cleanup)
+        stack.push_async_callback(stop_serving)
 
         site: web.BaseSite
         if activated is not None:
@@ -169,17 +180,14 @@ async def serve(cfg: Config) -> int:
         if activated is not None:
             await site.start()
 
+        # Background work lives in a task group that shutdown awaits (after `done`).
         done = asyncio.Event()
-        closer = asyncio.create_task(
-            _close_idle_pages(repo, cfg.page_idle_seconds, done), name="idle-pages"
-        )
-        stack.push_async_callback(_finish, closer, done)
-
-        watchdog: asyncio.Task[None] | None = None
+        tasks = await stack.enter_async_context(asyncio.TaskGroup())
+        stack.callback(done.set)
+        tasks.create_task(_close_idle_pages(repo, cfg.page_idle_seconds, done), name="idle-pages")
         interval = systemd.watchdog_interval()
         if interval is not None:
-            watchdog = asyncio.create_task(systemd.watchdog(interval), name="watchdog")
-            stack.callback(watchdog.cancel)
+            tasks.create_task(_until(done, systemd.watchdog(interval)), name="watchdog")
 
         systemd.notify(f"READY=1\nSTATUS=serving on {where}\nMAINPID={os.getpid()}")
         log.info("ledgerd %s ready on %s (pid %d)", _version(), where, os.getpid())
@@ -188,12 +196,10 @@ async def serve(cfg: Config) -> int:
 
         log.info("stopping: draining requests and flushing pages")
         systemd.notify("STOPPING=1\nSTATUS=draining")
-        state.shutting_down = True
-        await site.stop()  # no new connections
-        await sessions.close_all()
-        if state.inflight:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(state.idle.wait(), cfg.shutdown_timeout)
+        state.shutting_down = True  # requests on open connections: 503 shutting_down
+        # aiohttp's own shutdown: stop listening, end the sessions (on_shutdown), let
+        # requests in flight finish for up to shutdown_timeout, close connections.
+        await stop_serving()
         for page in repo.open_pages():
             try:
                 await page.flush()
@@ -221,9 +227,28 @@ async def _close_idle_pages(repo: Repository, idle_seconds: float, done: asyncio
             log.exception("closing idle pages failed")
 
 
-async def _finish(task: asyncio.Task[None], done: asyncio.Event) -> None:
-    done.set()
-    await task
+async def _until(done: asyncio.Event, work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` until ``done`` is set (then cancel it)."""
+    task = asyncio.ensure_future(work)
+    waiter = asyncio.ensure_future(done.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, waiter):
+            t.cancel()
+        await asyncio.gather(task, waiter, return_exceptions=True)
+
+
+def _once(fn: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+    """``fn``, run at most once however often the result is awaited."""
+    ran: list[asyncio.Future[None]] = []
+
+    async def call() -> None:
+        if not ran:
+            ran.append(asyncio.ensure_future(fn()))
+        await ran[0]
+
+    return call
 
 
 def raise_open_file_limit(want: int = 65536) -> None:

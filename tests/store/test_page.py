@@ -676,3 +676,31 @@ async def test_a_staged_value_a_transaction_replaced_is_not_kept(page: Page) -> 
     assert await _garbage(page) == 0
     total = await _count(page, "SELECT coalesce(sum(length(data)), 0) FROM objects")
     assert len(kept) < total < len(kept) + 64 * 1024  # one copy of kept, none of staged
+
+
+async def test_writes_queued_behind_a_failed_commit_are_answered(
+    page: Page, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A journal commit that fails (a full disk) answers every write queued behind
+    it, a large batch included, instead of leaving them waiting for another write."""
+    from ledgerd.store import StorageFullError
+    from ledgerd.store.graph import CommitGraph
+
+    real = CommitGraph.store
+    failing = True
+
+    async def store(self: CommitGraph, *args: Any, **kwargs: Any) -> None:
+        if failing:
+            raise StorageFullError()
+        await real(self, *args, **kwargs)
+
+    monkeypatch.setattr(CommitGraph, "store", store)
+    await page.put(b"acked", b"1")  # in the journal; its commit will fail
+    batch = [(b"b%05d" % i, b"v") for i in range(store_writer.DIRECT_BATCH)]
+    with pytest.raises(StorageFullError):
+        await asyncio.wait_for(page.write(batch), 10)  # waits for the journal's commit
+    with pytest.raises(StorageFullError):
+        await asyncio.wait_for(page.flush(), 10)
+    failing = False  # space is back
+    await asyncio.wait_for(page.flush(), 10)
+    assert await page.get(b"acked") == b"1"
