@@ -65,6 +65,10 @@ class Config:
     max_batch_bytes: int = 64 * 1024 * 1024
     shutdown_timeout: float = 30.0
     page_idle_seconds: float = 300.0
+    max_open_pages: int = 1024
+    sqlite_threads: int = 8
+    txn_memory: int = 64 * 1024 * 1024
+    max_watch_queue: int = 1024
     request_timeout: float = 60.0
     keepalive_timeout: float = 75.0
     max_listing_bytes: int = 16 * 1024 * 1024

@@ -180,8 +180,10 @@ def from_store(e: se.StoreError) -> ApiError:
         return Conflict(msg)
     if isinstance(e, se.ObjectNotFoundError):
         return Unavailable(msg)
-    if isinstance(e, se.CorruptObjectError):
+    if isinstance(e, se.CorruptObjectError | se.CorruptDatabaseError):
         return Corrupt(msg)
+    if isinstance(e, se.TransientStoreError):  # every open page busy; a locked database
+        return Unavailable(msg)
     if isinstance(e, se.ClosedError):
         return ShuttingDown(msg)
     return ApiError(msg)

@@ -36,7 +36,13 @@ from ledgerd.daemon.config import Config, ConfigError, log_level
 from ledgerd.daemon.protocol import ApiRunner, Limits
 from ledgerd.daemon.session import Resolvers, Sessions
 from ledgerd.daemon.socketdir import socket_dir_problem
-from ledgerd.store import PageHooks, Repository, RepositoryLockedError, StoreError
+from ledgerd.store import (
+    PageHooks,
+    Repository,
+    RepositoryLockedError,
+    StoreError,
+    set_sqlite_threads,
+)
 
 log = logging.getLogger("ledgerd")
 
@@ -93,8 +99,14 @@ async def _open_repository(cfg: Config, hooks: PageHooks) -> Repository:
     if where.exists() and not where.is_dir():
         raise ConfigError(f"data_dir: {where} exists and is not a directory")
     try:
+        set_sqlite_threads(cfg.sqlite_threads)
         return await Repository.open(
-            where, synchronous="FULL" if cfg.durability == "full" else "NORMAL", hooks=hooks
+            where,
+            synchronous="FULL" if cfg.durability == "full" else "NORMAL",
+            hooks=hooks,
+            txn_memory=cfg.txn_memory,
+            max_watch_queue=cfg.max_watch_queue,
+            max_open_pages=cfg.max_open_pages,
         )
     except RepositoryLockedError:
         raise ConfigError(f"data_dir: {where} is in use by another ledgerd") from None
