@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -555,7 +555,7 @@ class DocumentStore:
 
     async def changes(
         self, since: bytes | None = None, *, collection: str | None = None, follow: bool = True
-    ) -> AsyncIterator[Changes]:
+    ) -> AsyncGenerator[Changes, None]:
         """Every document changed since commit ``since`` (None: since the beginning),
         deleted and purged ones included, then, with ``follow``, one batch per later
         change of the head, until the page closes. Each batch's ``commit`` is where

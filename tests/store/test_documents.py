@@ -25,8 +25,8 @@ from ledgerd.store import (
     RevisionInFutureError,
     RevisionInPastError,
     StoreError,
+    doclayout,
 )
-from ledgerd.store import doclayout
 from ledgerd.store.docmodel import RevClock, loads, ulid_text
 
 
@@ -382,9 +382,8 @@ async def test_missing_or_damaged_index_tables_are_rebuilt(tmp_path: Path, damag
                 for table in ("doc_index_rows", "doc_indexes", "doc_state"):
                     conn.execute(f"DROP TABLE {table}")
             else:
-                conn.execute(
-                    "DELETE FROM doc_index_rows WHERE doc IN (SELECT doc FROM doc_index_rows LIMIT 7)"
-                )
+                some = "SELECT doc FROM doc_index_rows LIMIT 7"
+                conn.execute(f"DELETE FROM doc_index_rows WHERE doc IN ({some})")
                 conn.execute("UPDATE doc_state SET value = x'00' WHERE name = 'reflected'")
 
         await page.db.run(work, write=True)
