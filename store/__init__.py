@@ -19,12 +19,35 @@ versionstamped keys (:class:`Versionstamp`, ``Page.set_versionstamped_key``)::
     key = await page.set_versionstamped_key(
         log.pack_with_versionstamp((Versionstamp.incomplete(),)), tuple.pack(("hello",))
     )
+
+Documents after Yoda (:class:`DocumentStore`, one per page)::
+
+    docs = await DocumentStore.open(page)
+    doc = await docs.create("notes", {"title": "hello"})
+    doc = await docs.replace("notes", doc.id, {"title": "hi"}, expected_rev=doc.rev)
 """
 
 from ledgerd.store import tuple
 from ledgerd.store.btree import Entry, Priority
 from ledgerd.store.commit import Commit
 from ledgerd.store.digest import Kind
+from ledgerd.store.docmodel import (
+    LOCAL_LEDGER,
+    Attachment,
+    AttachmentNotFoundError,
+    Document,
+    DocumentConflictError,
+    DocumentError,
+    DocumentNotFoundError,
+    DocumentTooLargeError,
+    IndexNotFoundError,
+    InvalidDocumentError,
+    InvalidIdError,
+    InvalidNameError,
+    RevisionInFutureError,
+    RevisionInPastError,
+)
+from ledgerd.store.documents import Changes, DocumentStore, IndexInfo
 from ledgerd.store.errors import (
     BusyError,
     ClosedError,
@@ -60,6 +83,23 @@ from ledgerd.store.view import KEY_LIMIT, KeyValue, RangeResult, View
 __all__ = [
     "KEY_LIMIT",
     "NAME_LIMIT",
+    "LOCAL_LEDGER",
+    "Attachment",
+    "AttachmentNotFoundError",
+    "Changes",
+    "Document",
+    "DocumentConflictError",
+    "DocumentError",
+    "DocumentNotFoundError",
+    "DocumentStore",
+    "DocumentTooLargeError",
+    "IndexInfo",
+    "IndexNotFoundError",
+    "InvalidDocumentError",
+    "InvalidIdError",
+    "InvalidNameError",
+    "RevisionInFutureError",
+    "RevisionInPastError",
     "BusyError",
     "CommitListener",
     "CorruptDatabaseError",

@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from ledgerd.store import btree
-from ledgerd.store.btree import Builder, Entry
+from ledgerd.store import btree, doclayout
+from ledgerd.store.btree import Builder, Entry, NodeStore
 from ledgerd.store.commit import Commit
 from ledgerd.store.errors import StoreError
 from ledgerd.store.view import live
@@ -114,6 +114,10 @@ class Policy(enum.Enum):
     LAST_ONE_WINS = "last_one_wins"
     AUTOMATIC_WITH_FALLBACK = "automatic_with_fallback"
     CUSTOM = "custom"
+    DOCUMENTS = "documents"
+    """Per document, the side with the higher ``_rev`` wins, whole (:func:`by_revision`).
+    A page whose tree holds :data:`store.doclayout.MARKER` merges so whatever its
+    remembered policy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,3 +204,48 @@ async def resolve(
             else:
                 raise NeedsResolver(f"the resolver's answer for {conflict.key[:40]!r} is invalid")
     return await builder.apply(base_root, list(result.items()))
+
+
+# -- documents -------------------------------------------------------------------
+
+
+async def holds_documents(nodes: NodeStore, *roots: bytes) -> bool:
+    """True if any of the trees is a document page's (holds the marker)."""
+    for root in roots:
+        if await btree.lookup(nodes, root, doclayout.MARKER) is not None:
+            return True
+    return False
+
+
+async def by_revision(builder: Builder, base_root: bytes, a: Commit, b: Commit) -> bytes:
+    """Merged tree of a document page: per document, every key of the side whose
+    head has the higher revision (body, attachments, a deletion or purge alike).
+
+    Keys are grouped by document (:func:`store.doclayout.group_of`); a group takes
+    all its changed keys from one side, so a document is never a mix of two
+    revisions. Other keys (index definitions, the marker) merge last-one-wins.
+    Everything comes from the trees and the commits, so every device merging the
+    same heads builds the same tree.
+    """
+    win, _ = later(a, b)
+    a_wins = win is a
+    result: list[tuple[bytes, Entry | None]] = []
+    groups: dict[bytes, list[btree.Change3]] = {}
+    async for c in btree.diff3(builder, base_root, a.root, b.root):
+        group = doclayout.group_of(c.key)
+        if group is not None:
+            groups.setdefault(group, []).append(c)
+        elif c.left == c.base:
+            result.append((c.key, c.right))
+        elif c.right == c.base or c.left == c.right:
+            result.append((c.key, c.left))
+        else:
+            result.append((c.key, c.left if a_wins else c.right))
+    for group, changes in groups.items():
+        head = doclayout.head_key_of_group(group)
+        hc = next((c for c in changes if c.key == head), None)
+        left, right = (None, None) if hc is None else (hc.left, hc.right)
+        lr, rr = doclayout.rank(left), doclayout.rank(right)
+        take_left = lr > rr if lr != rr else a_wins  # equal heads: the later commit's keys
+        result.extend((c.key, c.left if take_left else c.right) for c in changes)
+    return await builder.apply(base_root, result)

@@ -145,7 +145,14 @@ class Merger:
         builder = Builder(self.nodes)
         base_root = await self._base_root(builder, a, b, {})
         values: list[split.Piece] = []
-        if self.policy is merge.Policy.LAST_ONE_WINS:
+        policy = self.policy
+        if policy is not merge.Policy.DOCUMENTS and await merge.holds_documents(
+            self.nodes, a.root, b.root
+        ):
+            policy = merge.Policy.DOCUMENTS  # decided by the trees: the same on every device
+        if policy is merge.Policy.DOCUMENTS:
+            root = await merge.by_revision(builder, base_root, a, b)
+        elif policy is merge.Policy.LAST_ONE_WINS:
             root = await merge.last_one_wins(builder, base_root, a, b)
         else:
             resolver = self.resolvers.resolver_for(self.ledger) if self.resolvers else None

@@ -28,6 +28,7 @@ from ledgerd.store import (
     exchange,
 )
 from ledgerd.store import commit as commit_mod
+from ledgerd.store import page as store_page
 from ledgerd.store import writer as store_writer
 from ledgerd.store.merge import Choice, MergeRequest, Policy
 from ledgerd.store.page import SMALL_VALUE, Notification
@@ -696,7 +697,7 @@ async def test_writes_queued_behind_a_failed_commit_are_answered(
 
     monkeypatch.setattr(CommitGraph, "store", store)
     await page.put(b"acked", b"1")  # in the journal; its commit will fail
-    batch = [(b"b%05d" % i, b"v") for i in range(store_writer.DIRECT_BATCH)]
+    batch = [(b"b%05d" % i, b"v") for i in range(store_page.DIRECT_BATCH)]
     with pytest.raises(StorageFullError):
         await asyncio.wait_for(page.write(batch), 10)  # waits for the journal's commit
     with pytest.raises(StorageFullError):

@@ -1,0 +1,512 @@
+"""Local materialized views of a document page: secondary indexes and the revision floor.
+
+This module owns the tables the document layer adds to a page's SQLite database,
+keeping them equal to the documents of the page's head, and querying the
+indexes. Index *definitions* are entries of the page's tree (they travel with the
+page, :mod:`store.doclayout`); index *entries* live only here, derived from the
+documents, never in the tree and never uploaded.
+
+Everything here reflects one commit, ``doc_state.reflected``. :meth:`Views.catch_up`
+brings it to the current head with the tree diff from that commit, so its cost
+follows the change, whatever brought it (a local write, a merge, a remote import,
+a purge), and writes the new entries and the new ``reflected`` in one SQLite
+transaction: after a crash the views are those of the old commit or of the new
+one, never a mix, and the next catch-up goes on from there. Every query catches
+up first, under the same lock, so it reflects exactly the head it runs at.
+
+An index declared on a collection that already has documents is *built*: a scan
+of the collection at one commit, a thousand documents per SQLite transaction,
+without the lock (writes go on), then, under the lock, the diff from that commit
+to ``reflected``. An index whose build a crash interrupted, or whose rows cannot
+be trusted (its definition changed, ``reflected`` is not a commit of the page), is
+built again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from ledgerd.store import btree, doclayout
+from ledgerd.store import tuple as tup
+from ledgerd.store.btree import EMPTY, Entry
+from ledgerd.store.commit import Commit
+from ledgerd.store.doclayout import Record, State
+from ledgerd.store.docmodel import MISSING, lookup_path
+from ledgerd.store.errors import InvalidArgumentError, StoreError
+from ledgerd.store.page import Page
+from ledgerd.store.view import live
+
+log = logging.getLogger(__name__)
+
+BUILD_CHUNK = 1000
+"""Documents per SQLite transaction while an index is built."""
+
+SCHEMA = """
+-- doc_state: what the document layer's local views reflect.
+--   'reflected': the id of the commit every ready index (and max_rev) reflects,
+--                no row: nothing yet (the empty page).
+--   'max_rev':   the highest _rev (16 bytes) in that commit's documents: the
+--                floor of the revision clock after a restart.
+CREATE TABLE IF NOT EXISTS doc_state (
+    name  TEXT PRIMARY KEY,
+    value BLOB NOT NULL
+);
+
+-- doc_indexes: the indexes this device keeps, one per definition in the tree.
+--   definition: the definition's bytes in the tree (doclayout.encode_definition),
+--               a row whose definition differs from the tree's is rebuilt.
+--   ready:      1 when its rows reflect doc_state.reflected, 0 while it is
+--               being built (its rows are partial and never read, rebuilt from
+--               scratch after a restart).
+CREATE TABLE IF NOT EXISTS doc_indexes (
+    id         INTEGER PRIMARY KEY,
+    collection TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    definition BLOB NOT NULL,
+    ready      INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (collection, name)
+);
+
+-- doc_index_rows: one row per indexed document and index. key is the tuple-packed
+--   (partition value[, sort value]), doc the document id (16 bytes), deleted 1
+--   for a soft-deleted document (hidden from queries unless asked for). A
+--   document without the indexed fields has no row (sparse).
+CREATE TABLE IF NOT EXISTS doc_index_rows (
+    ix      INTEGER NOT NULL,
+    doc     BLOB NOT NULL,
+    key     BLOB NOT NULL,
+    deleted INTEGER NOT NULL,
+    PRIMARY KEY (ix, doc)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS doc_index_order ON doc_index_rows (ix, key, doc);"""
+
+Scalar = str | float | bool | None
+
+
+def _scalar(v: Any) -> tuple[bool, Scalar]:
+    """(indexable, the value as indexed): numbers as floats, so 1 and 1.5 sort together."""
+    if v is None or isinstance(v, bool | str):
+        return True, v
+    if isinstance(v, int | float):
+        return True, float(v)
+    return False, None
+
+
+@dataclass(frozen=True, slots=True)
+class IndexDef:
+    """An index: documents of ``collection`` by the value at ``partition`` (then ``sort``)."""
+
+    collection: str
+    name: str
+    partition: list[str]
+    sort: list[str] | None
+    raw: bytes  # its definition's bytes in the tree
+
+    def key_of(self, r: Record) -> bytes | None:
+        """The index key of a document, or None if it is not indexed (sparse)."""
+        if r.state is State.PURGED:
+            return None
+        values = []
+        for path in (self.partition, self.sort):
+            if path is None:
+                continue
+            v = lookup_path(r.data, path)
+            if v is MISSING:
+                return None
+            ok, s = _scalar(v)
+            if not ok or (isinstance(s, str) and "/" in s):
+                return None
+            values.append(s)
+        return tup.pack(tuple(values))
+
+    def reserved_value(self, data: Any) -> str | None:
+        """The first indexed string value of ``data`` holding a '/', or None."""
+        for path in (self.partition, self.sort):
+            if path is None:
+                continue
+            v = lookup_path(data, path)
+            if isinstance(v, str) and "/" in v:
+                return ".".join(path)
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class IndexRow:
+    doc: bytes
+    key: bytes
+
+
+class Views:
+    """The document layer's local state of one page."""
+
+    def __init__(self, page: Page) -> None:
+        self.page = page
+        self.lock = asyncio.Lock()
+        self.reflected: bytes | None = None
+        self.max_rev = b""
+        self.indexes: dict[tuple[str, str], tuple[int, IndexDef, bool]] = {}
+        """(collection, name) -> (row id, definition, ready)."""
+        self._builds: dict[int, asyncio.Task[None]] = {}
+
+    # -- loading ---------------------------------------------------------------------
+
+    async def load(self) -> None:
+        db = self.page.db
+
+        def create(conn: sqlite3.Connection) -> None:
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+
+        await db.run(create, write=True)
+        rows = await db.read_all("SELECT name, value FROM doc_state")
+        state = {r[0]: bytes(r[1]) for r in rows}
+        self.reflected = state.get("reflected")
+        self.max_rev = state.get("max_rev", b"")
+        if self.reflected is not None:
+            try:
+                await self.page.load_commit(self.reflected)
+            except StoreError:
+                log.warning(
+                    "page %r: document views reflect an unknown commit; rebuilt", self.page.id
+                )
+                await self._reset()
+        await self._load_indexes()
+
+    async def _reset(self) -> None:
+        def work(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM doc_state")
+            conn.execute("DELETE FROM doc_index_rows")
+            conn.execute("DELETE FROM doc_indexes")
+
+        await self.page.db.run(work, write=True)
+        self.reflected, self.max_rev, self.indexes = None, b"", {}
+
+    async def _load_indexes(self) -> None:
+        rows = await self.page.db.read_all(
+            "SELECT id, collection, name, definition, ready FROM doc_indexes"
+        )
+        for ix, coll, name, raw, ready in rows:
+            d = _definition(coll, name, bytes(raw))
+            if d is not None:
+                self.indexes[(coll, name)] = (ix, d, bool(ready))
+        # Definitions and rows as of `reflected`: the tree's definitions there decide.
+        root = EMPTY
+        if self.reflected is not None:
+            root = (await self.page.load_commit(self.reflected)).root
+        want: dict[tuple[str, str], bytes] = {}
+        async for e in btree.iterate(
+            self.page.nodes, root, doclayout.INDEXES, btree.prefix_end(doclayout.INDEXES)
+        ):
+            name = doclayout.parse_index_key(e.key)
+            if name is not None and live(e) is not None:
+                want[name] = await self.page.objects.read_all(e.value)
+        changes: list[tuple[tuple[str, str], bytes | None]] = []
+        for name, (_, d, ready) in self.indexes.items():
+            if want.get(name) != d.raw or not ready:
+                changes.append((name, None))  # stale or half built: built again
+        changes.extend((name, raw) for name, raw in want.items())
+        await self._apply_definitions(changes)
+
+    # -- definitions -----------------------------------------------------------------
+
+    async def _apply_definitions(self, changes: list[tuple[tuple[str, str], bytes | None]]) -> None:
+        """Drop removed or changed indexes, add new ones (not ready) and start their builds."""
+        if not changes:
+            return
+        added: list[tuple[tuple[str, str], IndexDef]] = []
+        dropped: list[int] = []
+        for name, raw in changes:
+            cur = self.indexes.get(name)
+            if cur is not None and (raw is None or cur[1].raw != raw):
+                dropped.append(cur[0])
+                self._cancel(cur[0])
+                del self.indexes[name]
+            if raw is not None and name not in self.indexes:
+                d = _definition(name[0], name[1], raw)
+                if d is not None:
+                    added.append((name, d))
+
+        def work(conn: sqlite3.Connection) -> list[int]:
+            for ix in dropped:
+                conn.execute("DELETE FROM doc_index_rows WHERE ix = ?", (ix,))
+                conn.execute("DELETE FROM doc_indexes WHERE id = ?", (ix,))
+            ids = []
+            for (coll, name), d in added:
+                cur = conn.execute(
+                    "INSERT INTO doc_indexes (collection, name, definition, ready)"
+                    " VALUES (?, ?, ?, 0)",
+                    (coll, name, d.raw),
+                )
+                assert cur.lastrowid is not None
+                ids.append(cur.lastrowid)
+            return ids
+
+        ids = await self.page.db.run(work, write=True)
+        for (key, d), ix in zip(added, ids, strict=True):
+            self.indexes[key] = (ix, d, False)
+            self._builds[ix] = asyncio.create_task(self._build(ix, d), name=f"index-{d.name}")
+
+    def _cancel(self, ix: int) -> None:
+        task = self._builds.pop(ix, None)
+        if task is not None:
+            task.cancel()
+
+    def definitions(self, collection: str) -> list[IndexDef]:
+        return [d for (coll, _), (_, d, _) in self.indexes.items() if coll == collection]
+
+    async def close(self) -> None:
+        tasks = list(self._builds.values())
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- catching up -----------------------------------------------------------------
+
+    async def catch_up(self) -> Commit:
+        """Bring every ready view to the page's head; returns that head."""
+        async with self.lock:
+            return await self._catch_up()
+
+    async def _catch_up(self) -> Commit:
+        head = self.page.head
+        if head.id == self.reflected:
+            return head
+        old = (
+            EMPTY if self.reflected is None else (await self.page.load_commit(self.reflected)).root
+        )
+        ready = [(ix, d) for ix, d, r in self.indexes.values() if r]
+        rows, max_rev, defs = await self._changes(old, head.root, ready)
+        self.max_rev = max(self.max_rev, max_rev)
+        state = [("reflected", head.id), ("max_rev", self.max_rev)]
+
+        def work(conn: sqlite3.Connection) -> None:
+            _write_rows(conn, rows)
+            conn.executemany("INSERT OR REPLACE INTO doc_state (name, value) VALUES (?, ?)", state)
+
+        await self.page.db.run(work, write=True)
+        self.reflected = head.id
+        await self._apply_definitions(defs)
+        return head
+
+    async def _changes(
+        self, old: bytes, new: bytes, indexes: list[tuple[int, IndexDef]]
+    ) -> tuple[
+        list[tuple[int, bytes, bytes | None, bool]],
+        bytes,
+        list[tuple[tuple[str, str], bytes | None]],
+    ]:
+        """Index rows to write (ix, doc, key or None to remove, deleted), the highest
+        revision among new heads, and the definitions that changed, from old to new."""
+        by_coll: dict[str, list[tuple[int, IndexDef]]] = {}
+        for ix, d in indexes:
+            by_coll.setdefault(d.collection, []).append((ix, d))
+        max_rev = b""
+        bodies: list[tuple[doclayout.DocKey, Entry | None]] = []
+        defs: list[tuple[tuple[str, str], bytes | None]] = []
+        async for c in btree.diff(self.page.nodes, old, new):
+            k = doclayout.parse_doc_key(c.key)
+            if k is not None:
+                if k.part == doclayout.HEAD:
+                    h = doclayout.head_of(c.new)
+                    if h is not None and h[0] > max_rev:
+                        max_rev = h[0]
+                elif k.part == doclayout.BODY and k.collection in by_coll:
+                    bodies.append((k, live(c.new)))
+                continue
+            name = doclayout.parse_index_key(c.key)
+            if name is not None:
+                e = live(c.new)
+                defs.append(
+                    (name, None if e is None else await self.page.objects.read_all(e.value))
+                )
+        rows = await self._rows(bodies, by_coll)
+        return rows, max_rev, defs
+
+    async def _rows(
+        self,
+        bodies: list[tuple[doclayout.DocKey, Entry | None]],
+        by_coll: dict[str, list[tuple[int, IndexDef]]],
+    ) -> list[tuple[int, bytes, bytes | None, bool]]:
+        values = await self.page.objects.read_many(e.value for _, e in bodies if e is not None)
+        rows: list[tuple[int, bytes, bytes | None, bool]] = []
+        for k, e in bodies:
+            r = None
+            if e is not None:
+                try:
+                    r = doclayout.decode_record(values[e.value])
+                except ValueError:
+                    log.warning("page %r: a malformed document body is not indexed", self.page.id)
+            for ix, d in by_coll[k.collection]:
+                key = None if r is None else d.key_of(r)
+                rows.append((ix, k.doc_id, key, r is not None and r.state is State.DELETED))
+        return rows
+
+    # -- building --------------------------------------------------------------------
+
+    async def _build(self, ix: int, d: IndexDef) -> None:
+        try:
+            async with self.lock:
+                start = await self._catch_up()
+            snap = await self.page.snapshot(start.id)
+            prefix = doclayout.collection_prefix(d.collection)
+            chunk: list[tuple[doclayout.DocKey, Entry | None]] = []
+            async for e in snap.iter_entries(prefix=prefix):
+                k = doclayout.parse_doc_key(e.key)
+                if k is not None and k.part == doclayout.BODY:
+                    chunk.append((k, e))
+                if len(chunk) >= BUILD_CHUNK:
+                    await self._store_chunk(ix, d, chunk)
+                    chunk = []
+            await self._store_chunk(ix, d, chunk)
+            async with self.lock:
+                if self.indexes.get((d.collection, d.name), (None,))[0] != ix:
+                    return  # dropped meanwhile
+                now = self.reflected
+                assert now is not None
+                root = (await self.page.load_commit(now)).root
+                rows, _, _ = await self._changes(start.root, root, [(ix, d)])
+
+                def work(conn: sqlite3.Connection) -> None:
+                    _write_rows(conn, rows)
+                    conn.execute("UPDATE doc_indexes SET ready = 1 WHERE id = ?", (ix,))
+
+                await self.page.db.run(work, write=True)
+                self.indexes[(d.collection, d.name)] = (ix, d, True)
+                log.info("page %r: index %s/%s built", self.page.id, d.collection, d.name)
+        finally:
+            if self._builds.get(ix) is asyncio.current_task():
+                del self._builds[ix]
+
+    async def _store_chunk(
+        self, ix: int, d: IndexDef, chunk: list[tuple[doclayout.DocKey, Entry | None]]
+    ) -> None:
+        rows = await self._rows(chunk, {d.collection: [(ix, d)]})
+        if rows:
+            await self.page.db.run(lambda conn: _write_rows(conn, rows), write=True)
+
+    async def index(self, collection: str, name: str) -> tuple[int, IndexDef] | None:
+        """A ready index (waiting for its build), or None if there is no such index."""
+        while True:
+            found = self.indexes.get((collection, name))
+            if found is None:
+                return None
+            ix, d, ready = found
+            if ready:
+                return ix, d
+            task = self._builds.get(ix)
+            if task is None:  # cancelled or failed: build it again
+                self._builds[ix] = task = asyncio.create_task(self._build(ix, d))
+            await asyncio.shield(task)
+
+    async def rebuild(self, collection: str, name: str) -> bool:
+        """Build an index again from the documents; False if there is no such index."""
+        found = self.indexes.get((collection, name))
+        if found is None:
+            return False
+        async with self.lock:
+            await self._apply_definitions([((collection, name), None)])
+            await self._apply_definitions([((collection, name), found[1].raw)])
+        return await self.index(collection, name) is not None
+
+    # -- queries ---------------------------------------------------------------------
+
+    async def query(
+        self,
+        ix: int,
+        lo: bytes,
+        hi: bytes | None,
+        after: tuple[bytes, bytes] | None,
+        limit: int,
+        include_deleted: bool,
+    ) -> tuple[Commit, list[IndexRow]]:
+        """Rows with ``lo <= key < hi`` after ``after`` (key, doc), in (key, doc) order,
+        as of the head (which is returned)."""
+        sql = "SELECT doc, key FROM doc_index_rows WHERE ix = ? AND key >= ?"
+        params: list[object] = [ix, lo]
+        if hi is not None:
+            sql += " AND key < ?"
+            params.append(hi)
+        if after is not None:
+            sql += " AND (key, doc) > (?, ?)"
+            params.extend(after)
+        if not include_deleted:
+            sql += " AND deleted = 0"
+        sql += " ORDER BY key, doc LIMIT ?"
+        params.append(limit)
+        async with self.lock:
+            head = await self._catch_up()
+            rows = await self.page.db.read_all(sql, params)
+        return head, [IndexRow(bytes(r[0]), bytes(r[1])) for r in rows]
+
+
+def _write_rows(
+    conn: sqlite3.Connection, rows: Iterable[tuple[int, bytes, bytes | None, bool]]
+) -> None:
+    put, drop = [], []
+    for ix, doc, key, deleted in rows:
+        if key is None:
+            drop.append((ix, doc))
+        else:
+            put.append((ix, doc, key, int(deleted)))
+    conn.executemany("DELETE FROM doc_index_rows WHERE ix = ? AND doc = ?", drop)
+    conn.executemany(
+        "INSERT OR REPLACE INTO doc_index_rows (ix, doc, key, deleted) VALUES (?, ?, ?, ?)", put
+    )
+
+
+def _definition(collection: str, name: str, raw: bytes) -> IndexDef | None:
+    try:
+        partition, sort = doclayout.decode_definition(raw)
+    except ValueError as e:
+        log.warning("index %s/%s has a malformed definition, ignored: %s", collection, name, e)
+        return None
+    return IndexDef(collection, name, partition, sort, raw)
+
+
+def encode_token(key: bytes, doc: bytes) -> bytes:
+    out: bytes = msgpack.packb([key, doc], use_bin_type=True)
+    return out
+
+
+def decode_token(token: bytes) -> tuple[bytes, bytes]:
+    try:
+        key, doc = msgpack.unpackb(token, raw=False)
+        if not isinstance(key, bytes) or not isinstance(doc, bytes):
+            raise ValueError
+        return key, doc
+    except (ValueError, TypeError, msgpack.UnpackException):
+        raise InvalidArgumentError("malformed continuation token") from None
+
+
+def partition_range(
+    partition: Any, start: Any, end: Any, d: IndexDef
+) -> tuple[bytes, bytes | None]:
+    """The keys of one partition value, narrowed to ``start <= sort < end``."""
+    ok, p = _scalar(partition)
+    if not ok:
+        raise InvalidArgumentError("an index is queried by a string, number, boolean or null")
+    prefix = tup.pack((p,))
+    if d.sort is None:
+        if start is not None or end is not None:
+            raise InvalidArgumentError(f"index {d.name!r} has no sort key to range over")
+        return prefix, tup.strinc(prefix)
+    lo, hi = prefix, tup.strinc(prefix)
+    for bound, is_start in ((start, True), (end, False)):
+        if bound is None:
+            continue
+        ok, s = _scalar(bound)
+        if not ok:
+            raise InvalidArgumentError("a sort range is bounded by scalars")
+        if is_start:
+            lo = tup.pack((p, s))
+        else:
+            hi = tup.pack((p, s))
+    return lo, hi

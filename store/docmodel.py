@@ -1,0 +1,379 @@
+"""The document layer's model: documents as callers see them, validation, ids and
+the revision clock.
+
+This module owns what a document *is* to a caller (:class:`Document`, its JSON
+shape after Yoda), the checks on what callers give (JSON values, reserved names,
+sizes, ULIDs, client-supplied revisions), the errors of the document layer, and
+:class:`RevClock`, which makes ``_rev`` values. Where documents are kept in a page
+is :mod:`store.doclayout`; the operations are :mod:`store.documents`.
+
+Every error has a stable ``code`` (the HTTP API's error code to be).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import re
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ulid import ULID
+
+from ledgerd.store.doclayout import AttachmentMeta, Record, State
+from ledgerd.store.errors import InvalidArgumentError, StoreError
+
+LOCAL_LEDGER = "_local"
+"""The ledger that is never uploaded: documents (and pages) that stay on this device."""
+
+MAX_DOCUMENT_BYTES = 1024 * 1024
+"""Default bound of one document's encoded body (data and metadata), in bytes."""
+REV_TOLERANCE = 60.0
+"""Default seconds a client-supplied revision may be ahead of this device's clock."""
+MAX_DEPTH = 64
+"""Nesting depth of a document's data."""
+NAME_LIMIT = 128
+"""Bytes of a collection name, an index name, a filename or a content type."""
+
+_INDEX_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+# -- errors -------------------------------------------------------------------
+
+
+class DocumentError(StoreError):
+    """The document layer refused the request."""
+
+    code: ClassVar[str] = "bad_request"
+
+
+class InvalidDocumentError(DocumentError, InvalidArgumentError):
+    """The document is not valid (not JSON, or it uses a reserved name)."""
+
+    code = "invalid_document"
+
+
+class DocumentTooLargeError(InvalidDocumentError):
+    """The document is over the size limit."""
+
+    code = "too_large"
+
+
+class InvalidIdError(DocumentError, InvalidArgumentError):
+    """Not a ULID (26 characters of Crockford's base 32)."""
+
+    code = "invalid_id"
+
+
+class InvalidNameError(DocumentError, InvalidArgumentError):
+    """Not a valid collection or index name."""
+
+    code = "invalid_name"
+
+
+class DocumentNotFoundError(DocumentError, KeyError):
+    """No such document (or it is deleted)."""
+
+    code = "document_not_found"
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class AttachmentNotFoundError(DocumentNotFoundError):
+    """The document has no such attachment."""
+
+    code = "attachment_not_found"
+
+
+class IndexNotFoundError(DocumentError, KeyError):
+    """No such index on the collection."""
+
+    code = "index_not_found"
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class DocumentConflictError(DocumentError):
+    """The document's current revision is not the one expected."""
+
+    code = "conflict"
+
+
+class RevisionInPastError(DocumentConflictError):
+    """The revision supplied is not after the document's current one."""
+
+
+class RevisionInFutureError(DocumentError, InvalidArgumentError):
+    """The revision supplied is too far ahead of this device's clock."""
+
+    code = "rev_in_future"
+
+
+# -- ids ----------------------------------------------------------------------
+
+
+def parse_ulid(value: str | bytes, what: str = "id") -> bytes:
+    """The 16 bytes of a ULID given as its 26-character text (or as 16 bytes)."""
+    if isinstance(value, bytes) and len(value) == 16:
+        return value
+    if not isinstance(value, str) or len(value) != 26:
+        raise InvalidIdError(f"{what} {value!r:.60} is not a ULID (26 characters)")
+    try:
+        return ULID.from_str(value.upper()).bytes
+    except ValueError as e:
+        raise InvalidIdError(f"{what} {value!r} is not a ULID: {e}") from None
+
+
+def ulid_text(raw: bytes) -> str:
+    return str(ULID.from_bytes(raw))
+
+
+def ulid_ms(raw: bytes) -> int:
+    return int.from_bytes(raw[:6], "big")
+
+
+def iso(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    t = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+def check_collection(name: object) -> str:
+    if not isinstance(name, str) or not name or len(name.encode()) > NAME_LIMIT:
+        raise InvalidNameError(f"collection name {name!r:.60} must be 1-{NAME_LIMIT} bytes")
+    if name.startswith("_"):
+        raise InvalidNameError(f"collection name {name!r}: a leading '_' is reserved")
+    return name
+
+
+def check_index_name(name: object) -> str:
+    if not isinstance(name, str) or not _INDEX_NAME.fullmatch(name):
+        raise InvalidNameError(
+            f"index name {name!r:.60} must be 1-64 letters, digits, '_', '.' or '-',"
+            " not starting with '_' ('_primary' is reserved)"
+        )
+    return name
+
+
+def check_text(value: object, what: str) -> str:
+    if not isinstance(value, str) or len(value.encode()) > NAME_LIMIT:
+        raise InvalidArgumentError(f"{what} must be a string of at most {NAME_LIMIT} bytes")
+    return value
+
+
+# -- data ---------------------------------------------------------------------
+
+
+def loads(text: str | bytes) -> Any:
+    """A JSON value from its text; raises InvalidDocumentError."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:
+        raise InvalidDocumentError(f"invalid JSON: {e}") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def check_data(data: Any) -> Any:
+    """``data`` if it is a JSON value whose top level uses no reserved name."""
+    if isinstance(data, dict):
+        for k in data:
+            if isinstance(k, str) and k.startswith("_"):
+                raise InvalidDocumentError(
+                    f"field {k!r}: names starting with '_' are reserved at the top of _data"
+                )
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise InvalidDocumentError(f"the document nests deeper than {MAX_DEPTH} levels")
+        t = type(v)
+        if t is str or t is bool or v is None:
+            continue
+        if t is int:
+            if not -(2**63) <= v < 2**64:
+                raise InvalidDocumentError(f"integer {v} is out of the 64-bit range")
+        elif t is float:
+            if not math.isfinite(v):
+                raise InvalidDocumentError(f"{v} is not a JSON number")
+        elif t is dict:
+            for k, item in v.items():
+                if type(k) is not str:
+                    raise InvalidDocumentError(f"object keys are strings, not {k!r:.40}")
+                stack.append((item, depth + 1))
+        elif t is list:
+            stack.extend((item, depth + 1) for item in v)
+        else:
+            raise InvalidDocumentError(f"a {t.__name__} is not a JSON value")
+    return data
+
+
+def lookup_path(data: Any, path: list[str]) -> Any:
+    """The value at ``path`` in ``data``, or ``_MISSING``."""
+    v = data
+    for part in path:
+        if not isinstance(v, dict) or part not in v:
+            return _MISSING
+        v = v[part]
+    return v
+
+
+class _Missing:
+    pass
+
+
+_MISSING: Any = _Missing()
+MISSING = _MISSING
+
+
+def parse_path(path: str | list[str]) -> list[str]:
+    """A JSON path into ``_data``: ``"a.b"`` or ``["a", "b"]``."""
+    parts = path.split(".") if isinstance(path, str) else path
+    if not isinstance(parts, list) or not parts or not all(isinstance(p, str) and p for p in parts):
+        raise InvalidArgumentError(f"path {path!r:.60} must be 'a.b' or a list of names")
+    if parts[0].startswith("_"):
+        raise InvalidArgumentError(f"path {path!r:.60}: names starting with '_' are reserved")
+    return parts
+
+
+# -- documents as callers see them ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    id: str
+    filename: str
+    content_type: str
+    length: int
+
+    @classmethod
+    def of(cls, a: AttachmentMeta) -> Attachment:
+        return cls(ulid_text(a.id), a.filename, a.content_type, a.length)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "_id": self.id,
+            "_filename": self.filename,
+            "_contentType": self.content_type,
+            "_length": self.length,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """One revision of a document. ``data`` is None once purged."""
+
+    collection: str
+    id: str
+    rev: str
+    state: State
+    created_at: int
+    updated_at: int | None
+    deleted_at: int | None
+    purged_at: int | None
+    data: Any
+    attachments: tuple[Attachment, ...]
+
+    @property
+    def deleted(self) -> bool:
+        return self.state is not State.LIVE
+
+    @property
+    def purged(self) -> bool:
+        return self.state is State.PURGED
+
+    @classmethod
+    def of(cls, collection: str, doc_id: bytes, r: Record) -> Document:
+        return cls(
+            collection,
+            ulid_text(doc_id),
+            ulid_text(r.rev),
+            r.state,
+            r.created,
+            r.updated,
+            r.deleted,
+            r.purged,
+            r.data,
+            tuple(Attachment.of(a) for a in r.attachments),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The document in Yoda's shape: ``{"_meta": ..., "_data": ..., "_attachments": ...}``
+        (times as ISO 8601 strings in UTC; optional fields left out when unset)."""
+        meta: dict[str, Any] = {
+            "_id": self.id,
+            "_rev": self.rev,
+            "_createdAt": iso(self.created_at),
+        }
+        if self.updated_at is not None:
+            meta["_updatedAt"] = iso(self.updated_at)
+        if self.deleted_at is not None:
+            meta["_deleted"] = True
+            meta["_deletedAt"] = iso(self.deleted_at)
+        if self.purged_at is not None:
+            meta["_purged"] = True
+            meta["_purgedAt"] = iso(self.purged_at)
+        return {
+            "_meta": meta,
+            "_data": self.data,
+            "_attachments": [a.to_json() for a in self.attachments],
+        }
+
+
+# -- the revision clock -------------------------------------------------------------
+
+_RANDOM_BITS = 80
+
+
+class RevClock:
+    """Makes ``_rev`` values: ULIDs from a hybrid logical clock.
+
+    A revision is the latest of the wall clock (a new ULID in a new millisecond)
+    and the highest revision seen so far, plus a random step of 1 to 2**32 in the
+    ULID's random part (so two devices stepping past the same revision do not
+    collide). Revisions therefore strictly increase on one device, and a device
+    whose clock is slow still makes revisions newer than any it has read.
+    """
+
+    def __init__(self, now_ms: Callable[[], int] | None = None) -> None:
+        self._now = now_ms or (lambda: time.time_ns() // 1_000_000)
+        self.last = 0
+
+    def now_ms(self) -> int:
+        return self._now()
+
+    def observe(self, rev: bytes) -> None:
+        self.last = max(self.last, int.from_bytes(rev, "big"))
+
+    def next(self) -> bytes:
+        now = self._now()
+        if now > self.last >> _RANDOM_BITS:
+            value = now << _RANDOM_BITS | secrets.randbits(_RANDOM_BITS)
+        else:
+            value = self.last + 1 + secrets.randbits(32)
+        self.last = value
+        return value.to_bytes(16, "big")
+
+    def check_supplied(self, rev: bytes, current: bytes | None, tolerance: float) -> None:
+        """Refuse a client's revision that is not after ``current`` or is more than
+        ``tolerance`` seconds ahead of this clock; then take it as seen."""
+        if current is not None and rev <= current:
+            raise RevisionInPastError(
+                f"revision {ulid_text(rev)} is not after the current {ulid_text(current)}"
+            )
+        ahead = ulid_ms(rev) - self._now()
+        if ahead > tolerance * 1000:
+            raise RevisionInFutureError(
+                f"revision {ulid_text(rev)} is {ahead / 1000:.1f} s ahead of this device's"
+                f" clock (tolerance {tolerance:g} s): check the clocks"
+            )
+        self.observe(rev)

@@ -1,0 +1,615 @@
+"""Documents after Yoda: JSON documents with ULID ids and revisions in a page.
+
+This module owns the operations of the document layer, as an embedded API that
+the HTTP API and clients map onto one to one: create, get, replace, soft delete,
+purge, listing, attachments, secondary indexes and the changes feed. The model
+and its checks are :mod:`store.docmodel`, the layout in the tree
+:mod:`store.doclayout`, the local indexes :mod:`store.docindex`; concurrent
+revisions merge by :func:`store.merge.by_revision`.
+
+A page is one document store (documents that must change atomically together
+share a page); a collection is a key range in it. One :class:`DocumentStore` per
+open page (:meth:`DocumentStore.open` hands out the same one): its writes run one
+at a time, each a transaction whose reads (the current revision) and writes are
+one commit, so an expected ``_rev`` is checked atomically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ledgerd.store import btree, doclayout
+from ledgerd.store import tuple as tup
+from ledgerd.store.btree import Priority
+from ledgerd.store.commit import Commit
+from ledgerd.store.docindex import IndexDef, Views, decode_token, encode_token, partition_range
+from ledgerd.store.doclayout import AttachmentMeta, Record, State
+from ledgerd.store.docmodel import (
+    MAX_DOCUMENT_BYTES,
+    REV_TOLERANCE,
+    Attachment,
+    AttachmentNotFoundError,
+    Document,
+    DocumentConflictError,
+    DocumentNotFoundError,
+    DocumentTooLargeError,
+    IndexNotFoundError,
+    InvalidDocumentError,
+    RevClock,
+    check_collection,
+    check_data,
+    check_index_name,
+    check_text,
+    parse_path,
+    parse_ulid,
+    ulid_ms,
+    ulid_text,
+)
+from ledgerd.store.errors import InvalidArgumentError
+from ledgerd.store.merge import Policy
+from ledgerd.store.objects import Source
+from ledgerd.store.page import Page
+from ledgerd.store.transaction import Transaction
+from ledgerd.store.view import RangeResult, View
+
+_stores: weakref.WeakKeyDictionary[Page, DocumentStore] = weakref.WeakKeyDictionary()
+_opening: weakref.WeakKeyDictionary[Page, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+LIST_LIMIT = 1000
+"""Most documents one listing, query or bulk call returns or takes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """Documents changed between two commits: resume the feed from ``commit``."""
+
+    commit: bytes
+    documents: list[Document]
+
+
+@dataclass(frozen=True, slots=True)
+class IndexInfo:
+    collection: str
+    name: str
+    partition: str
+    sort: str | None
+    ready: bool
+
+
+class DocumentStore:
+    """The documents of one page."""
+
+    def __init__(
+        self, page: Page, *, max_document_bytes: int, rev_tolerance: float, clock: RevClock
+    ) -> None:
+        self.page = page
+        self.max_document_bytes = max_document_bytes
+        self.rev_tolerance = rev_tolerance
+        self.clock = clock
+        self.views = Views(page)
+        self._ids = RevClock(clock.now_ms)
+        self._write = asyncio.Lock()
+
+    @classmethod
+    async def open(
+        cls,
+        page: Page,
+        *,
+        max_document_bytes: int = MAX_DOCUMENT_BYTES,
+        rev_tolerance: float = REV_TOLERANCE,
+        clock: RevClock | None = None,
+    ) -> DocumentStore:
+        """The page's document store (the same object for every call on one open page).
+
+        The first call marks the page as a document page (an entry in its tree, so
+        every device merges it by revision) and loads or builds its local indexes."""
+        lock = _opening.setdefault(page, asyncio.Lock())
+        async with lock:
+            store = _stores.get(page)
+            if store is None or page.closed:
+                store = cls(
+                    page,
+                    max_document_bytes=max_document_bytes,
+                    rev_tolerance=rev_tolerance,
+                    clock=clock or RevClock(),
+                )
+                await store._open()
+                _stores[page] = store
+            return store
+
+    async def _open(self) -> None:
+        if await self.page.get_entry(doclayout.MARKER) is None:
+            await self.page.put(doclayout.MARKER, bytes((doclayout.LAYOUT_VERSION,)))
+            await self.page.flush()
+        if self.page.policy is not Policy.DOCUMENTS:
+            await self.page.set_policy(Policy.DOCUMENTS)
+        await self.views.load()
+        if self.views.max_rev:
+            self.clock.observe(self.views.max_rev)
+        await self.views.catch_up()
+        if self.views.max_rev:
+            self.clock.observe(self.views.max_rev)
+
+    async def close(self) -> None:
+        """Stop index builds (the page stays open: its owner closes it)."""
+        await self.views.close()
+        _stores.pop(self.page, None)
+
+    async def refresh(self) -> Commit:
+        """Bring the indexes up to the page's head now (queries do it anyway); returns it."""
+        head = await self.views.catch_up()
+        if self.views.max_rev:
+            self.clock.observe(self.views.max_rev)
+        return head
+
+    # -- reading ---------------------------------------------------------------------
+
+    async def _record(self, view: View, collection: str, doc_id: bytes) -> Record | None:
+        e = await view.get_entry(doclayout.body_key(collection, doc_id))
+        if e is None:
+            return None
+        r = doclayout.decode_record(await view.objects.read_all(e.value))
+        self.clock.observe(r.rev)
+        return r
+
+    async def get(self, collection: str, doc_id: str, *, include_deleted: bool = False) -> Document:
+        """The document's current revision; a deleted or purged one only if asked."""
+        check_collection(collection)
+        raw = parse_ulid(doc_id)
+        r = await self._record(self.page, collection, raw)
+        if r is None or (r.state is not State.LIVE and not include_deleted):
+            raise DocumentNotFoundError(f"no document {doc_id} in {collection!r}")
+        return Document.of(collection, raw, r)
+
+    async def list_documents(
+        self,
+        collection: str,
+        *,
+        limit: int = 100,
+        token: bytes | None = None,
+        include_deleted: bool = False,
+    ) -> RangeResult[Document]:
+        """Documents in ``_id`` order, ``limit`` at a time; ``token`` continues."""
+        check_collection(collection)
+        _check_limit(limit)
+        snap = await self.page.snapshot()
+        start = doclayout.collection_prefix(collection)
+        if token is not None:
+            start = doclayout.doc_prefix(collection, parse_ulid(token, "token"))
+        end = _end(doclayout.collection_prefix(collection))
+        found: list[tuple[bytes, bytes]] = []  # (doc id, body digest)
+        state = State.LIVE
+        nxt: bytes | None = None
+        async for e in snap.iter_entries(start=start, end=end):
+            k = doclayout.parse_doc_key(e.key)
+            if k is None:
+                continue
+            if k.part == doclayout.HEAD:
+                h = doclayout.head_of(e)
+                state = State.LIVE if h is None else h[1]
+            elif k.part == doclayout.BODY and (include_deleted or state is State.LIVE):
+                if len(found) == limit:
+                    nxt = k.doc_id
+                    break
+                found.append((k.doc_id, e.value))
+        values = await snap.objects.read_many(d for _, d in found)
+        docs = []
+        for doc_id, d in found:
+            r = doclayout.decode_record(values[d])
+            self.clock.observe(r.rev)
+            docs.append(Document.of(collection, doc_id, r))
+        return RangeResult(docs, nxt)
+
+    # -- writing ---------------------------------------------------------------------
+
+    def _next_rev(self, new_rev: str | None, current: Record | None) -> bytes:
+        if current is not None:
+            self.clock.observe(current.rev)
+        if new_rev is None:
+            return self.clock.next()
+        rev = parse_ulid(new_rev, "revision")
+        self.clock.check_supplied(rev, current.rev if current else None, self.rev_tolerance)
+        return rev
+
+    def _check_indexed(self, collection: str, data: Any) -> None:
+        for d in self.views.definitions(collection):
+            path = d.reserved_value(data)
+            if path is not None:
+                raise InvalidDocumentError(
+                    f"field {path!r} is indexed by {d.name!r}: its value may not contain '/'"
+                )
+
+    async def _put_record(
+        self, txn: Transaction, collection: str, doc_id: bytes, r: Record
+    ) -> Document:
+        body = doclayout.encode_record(r)
+        if len(body) > self.max_document_bytes:
+            raise DocumentTooLargeError(
+                f"the document is {len(body)} bytes encoded, over the limit of"
+                f" {self.max_document_bytes}"
+            )
+        await txn.put(doclayout.head_key(collection, doc_id), doclayout.encode_head(r.rev, r.state))
+        await txn.put(doclayout.body_key(collection, doc_id), body)
+        return Document.of(collection, doc_id, r)
+
+    async def _after_write(self) -> None:
+        await self.views.catch_up()
+
+    async def create(self, collection: str, data: Any, *, new_rev: str | None = None) -> Document:
+        """A new document with a new ``_id``."""
+        (doc,) = await self.create_many(
+            collection, [data], new_revs=None if new_rev is None else [new_rev]
+        )
+        return doc
+
+    async def create_many(
+        self, collection: str, items: Sequence[Any], *, new_revs: Sequence[str] | None = None
+    ) -> list[Document]:
+        """New documents, all in one commit (all or none)."""
+        check_collection(collection)
+        if len(items) > LIST_LIMIT * 10:
+            raise InvalidArgumentError(f"at most {LIST_LIMIT * 10} documents in one call")
+        if new_revs is not None and len(new_revs) != len(items):
+            raise InvalidArgumentError("one revision per document")
+        for data in items:
+            check_data(data)
+            self._check_indexed(collection, data)
+        out = []
+        async with self._write, self.page.transaction() as txn:
+            for i, data in enumerate(items):
+                doc_id = self._ids.next()
+                rev = self._next_rev(None if new_revs is None else new_revs[i], None)
+                ms = ulid_ms(rev)
+                r = Record(rev, State.LIVE, ms, None, None, None, data)
+                out.append(await self._put_record(txn, collection, doc_id, r))
+        await self._after_write()
+        return out
+
+    async def _current(
+        self,
+        txn: Transaction,
+        collection: str,
+        raw: bytes,
+        expected_rev: str | None,
+        *,
+        purge: bool = False,
+    ) -> Record:
+        r = await self._record(txn, collection, raw)
+        if r is None or r.state is State.PURGED or (r.state is State.DELETED and not purge):
+            raise DocumentNotFoundError(f"no document {ulid_text(raw)} in {collection!r}")
+        if expected_rev is not None and parse_ulid(expected_rev, "revision") != r.rev:
+            raise DocumentConflictError(
+                f"document {ulid_text(raw)} is at revision {ulid_text(r.rev)}, not {expected_rev}"
+            )
+        return r
+
+    async def replace(
+        self,
+        collection: str,
+        doc_id: str,
+        data: Any,
+        *,
+        expected_rev: str | None = None,
+        new_rev: str | None = None,
+    ) -> Document:
+        """A new revision with ``data`` (attachments kept). With ``expected_rev``, only
+        if the current revision is that one (else DocumentConflictError)."""
+        check_collection(collection)
+        raw = parse_ulid(doc_id)
+        check_data(data)
+        self._check_indexed(collection, data)
+        async with self._write, self.page.transaction() as txn:
+            cur = await self._current(txn, collection, raw, expected_rev)
+            rev = self._next_rev(new_rev, cur)
+            r = Record(
+                rev, State.LIVE, cur.created, ulid_ms(rev), None, None, data, cur.attachments
+            )
+            doc = await self._put_record(txn, collection, raw, r)
+        await self._after_write()
+        return doc
+
+    async def delete(
+        self,
+        collection: str,
+        doc_id: str,
+        *,
+        expected_rev: str | None = None,
+        new_rev: str | None = None,
+    ) -> Document:
+        """Soft delete: a revision marked ``_deleted``, hidden from reads, listings and
+        queries unless asked for; its data and attachments stay until a purge."""
+        check_collection(collection)
+        raw = parse_ulid(doc_id)
+        async with self._write, self.page.transaction() as txn:
+            cur = await self._current(txn, collection, raw, expected_rev)
+            rev = self._next_rev(new_rev, cur)
+            ms = ulid_ms(rev)
+            r = Record(rev, State.DELETED, cur.created, ms, ms, None, cur.data, cur.attachments)
+            doc = await self._put_record(txn, collection, raw, r)
+        await self._after_write()
+        return doc
+
+    async def purge(
+        self,
+        collection: str,
+        doc_id: str,
+        *,
+        expected_rev: str | None = None,
+        new_rev: str | None = None,
+    ) -> Document:
+        """Remove the data and attachments from the head, keep a ``_purged`` tombstone
+        (a revision like any other, so the purge wins over older revisions elsewhere)."""
+        check_collection(collection)
+        raw = parse_ulid(doc_id)
+        async with self._write, self.page.transaction() as txn:
+            cur = await self._current(txn, collection, raw, expected_rev, purge=True)
+            rev = self._next_rev(new_rev, cur)
+            ms = ulid_ms(rev)
+            for a in cur.attachments:
+                await txn.delete(doclayout.attachment_key(collection, raw, a.id))
+            r = Record(rev, State.PURGED, cur.created, ms, cur.deleted, ms, None, ())
+            doc = await self._put_record(txn, collection, raw, r)
+        await self._after_write()
+        return doc
+
+    # -- attachments -----------------------------------------------------------------
+
+    async def put_attachment(
+        self,
+        collection: str,
+        doc_id: str,
+        content: Source,
+        *,
+        filename: str,
+        content_type: str = "application/octet-stream",
+        attachment_id: str | None = None,
+        expected_rev: str | None = None,
+    ) -> tuple[Document, Attachment]:
+        """Add an attachment (or replace ``attachment_id``) in a new revision. The
+        content (bytes, an async iterator of bytes, or a file) is streamed and stored
+        LAZY: other devices fetch it on first read."""
+        check_collection(collection)
+        raw = parse_ulid(doc_id)
+        check_text(filename, "filename")
+        check_text(content_type, "content type")
+        att = parse_ulid(attachment_id, "attachment id") if attachment_id else self._ids.next()
+        key = doclayout.attachment_key(collection, raw, att)
+        # The content is staged before the write lock, so a slow upload holds up no write.
+        staging = self.page.transaction()
+        try:
+            await staging.put(key, content, Priority.LAZY)
+            length = await staging.size(key)
+            async with self._write:
+                if self.page.head.id == staging.base.id:
+                    txn, copy = staging, False
+                else:  # the page moved: a fresh transaction on the head, the content copied
+                    txn, copy = self.page.transaction(), True
+                try:
+                    if copy:
+                        await txn.put(key, await staging.read(key), Priority.LAZY)
+                    cur = await self._current(txn, collection, raw, expected_rev)
+                    if attachment_id and not any(a.id == att for a in cur.attachments):
+                        raise AttachmentNotFoundError(f"no attachment {attachment_id}")
+                    meta = AttachmentMeta(att, filename, content_type, length)
+                    atts = tuple(a for a in cur.attachments if a.id != att) + (meta,)
+                    rev = self._next_rev(None, cur)
+                    r = Record(
+                        rev, State.LIVE, cur.created, ulid_ms(rev), None, None, cur.data, atts
+                    )
+                    doc = await self._put_record(txn, collection, raw, r)
+                    await txn.commit()
+                finally:
+                    await txn.rollback()
+        finally:
+            await staging.rollback()
+        await self._after_write()
+        return doc, Attachment.of(meta)
+
+    async def attachment(self, collection: str, doc_id: str, attachment_id: str) -> Attachment:
+        doc = await self.get(collection, doc_id)
+        for a in doc.attachments:
+            if a.id == attachment_id.upper():
+                return a
+        raise AttachmentNotFoundError(f"document {doc_id} has no attachment {attachment_id}")
+
+    async def read_attachment(
+        self,
+        collection: str,
+        doc_id: str,
+        attachment_id: str,
+        offset: int = 0,
+        length: int | None = None,
+    ) -> AsyncIterator[bytes]:
+        """Stream an attachment's content (``length`` bytes from ``offset``)."""
+        a = await self.attachment(collection, doc_id, attachment_id)
+        key = doclayout.attachment_key(collection, parse_ulid(doc_id), parse_ulid(a.id))
+        return await self.page.read(key, offset, length)
+
+    async def delete_attachment(
+        self, collection: str, doc_id: str, attachment_id: str, *, expected_rev: str | None = None
+    ) -> Document:
+        """Remove an attachment in a new revision (its content leaves the head)."""
+        check_collection(collection)
+        raw = parse_ulid(doc_id)
+        att = parse_ulid(attachment_id, "attachment id")
+        async with self._write, self.page.transaction() as txn:
+            cur = await self._current(txn, collection, raw, expected_rev)
+            if not any(a.id == att for a in cur.attachments):
+                raise AttachmentNotFoundError(
+                    f"document {doc_id} has no attachment {attachment_id}"
+                )
+            await txn.delete(doclayout.attachment_key(collection, raw, att))
+            rev = self._next_rev(None, cur)
+            atts = tuple(a for a in cur.attachments if a.id != att)
+            r = Record(rev, State.LIVE, cur.created, ulid_ms(rev), None, None, cur.data, atts)
+            doc = await self._put_record(txn, collection, raw, r)
+        await self._after_write()
+        return doc
+
+    # -- indexes ---------------------------------------------------------------------
+
+    async def declare_index(
+        self,
+        collection: str,
+        name: str,
+        partition: str | list[str],
+        sort: str | list[str] | None = None,
+    ) -> None:
+        """Declare an index (it travels with the page); its entries are built here, in
+        the background, from the documents already there. Queries wait for it."""
+        check_collection(collection)
+        check_index_name(name)
+        raw = doclayout.encode_definition(
+            parse_path(partition), None if sort is None else parse_path(sort)
+        )
+        async with self._write:
+            await self.page.put(doclayout.index_key(collection, name), raw)
+            await self.page.flush()
+        await self._after_write()
+
+    async def drop_index(self, collection: str, name: str) -> None:
+        check_collection(collection)
+        key = doclayout.index_key(collection, check_index_name(name))
+        async with self._write:
+            if await self.page.get_entry(key) is None:
+                raise IndexNotFoundError(f"no index {name!r} on {collection!r}")
+            await self.page.delete(key)
+            await self.page.flush()
+        await self._after_write()
+
+    async def indexes(self, collection: str) -> list[IndexInfo]:
+        check_collection(collection)
+        await self.views.catch_up()
+        return [
+            IndexInfo(
+                d.collection,
+                d.name,
+                ".".join(d.partition),
+                None if d.sort is None else ".".join(d.sort),
+                ready,
+            )
+            for (coll, _), (_, d, ready) in sorted(self.views.indexes.items())
+            if coll == collection
+        ]
+
+    async def rebuild_index(self, collection: str, name: str) -> None:
+        """Drop an index's local entries and build them again from the documents."""
+        check_collection(collection)
+        await self.views.catch_up()
+        if not await self.views.rebuild(collection, check_index_name(name)):
+            raise IndexNotFoundError(f"no index {name!r} on {collection!r}")
+
+    async def _index(self, collection: str, name: str) -> tuple[int, IndexDef]:
+        check_collection(collection)
+        check_index_name(name)
+        await self.views.catch_up()  # a definition that just arrived is known
+        found = await self.views.index(collection, name)
+        if found is None:
+            raise IndexNotFoundError(f"no index {name!r} on {collection!r}")
+        return found
+
+    async def query(
+        self,
+        collection: str,
+        index: str,
+        partition: Any,
+        *,
+        start: Any = None,
+        end: Any = None,
+        limit: int = 100,
+        token: bytes | None = None,
+        include_deleted: bool = False,
+    ) -> RangeResult[Document]:
+        """Documents whose partition value equals ``partition`` and whose sort value is in
+        ``[start, end)``, in index order (sort value, then ``_id``), ``limit`` at a time.
+        Reflects exactly the documents of the page's head."""
+        _check_limit(limit)
+        ix, d = await self._index(collection, index)
+        lo, hi = partition_range(partition, start, end, d)
+        after = None if token is None else decode_token(token)
+        head, rows = await self.views.query(ix, lo, hi, after, limit + 1, include_deleted)
+        nxt = encode_token(rows[limit - 1].key, rows[limit - 1].doc) if len(rows) > limit else None
+        docs = await self._documents_at(head, collection, [r.doc for r in rows[:limit]])
+        return RangeResult(docs, nxt)
+
+    async def _documents_at(
+        self, head: Commit, collection: str, ids: list[bytes]
+    ) -> list[Document]:
+        snap = await self.page.snapshot(head.id)
+        entries = [await snap.get_entry(doclayout.body_key(collection, i)) for i in ids]
+        values = await snap.objects.read_many(e.value for e in entries if e is not None)
+        out = []
+        for doc_id, e in zip(ids, entries, strict=True):
+            if e is None:  # cannot happen: the rows reflect this very commit
+                raise AssertionError(f"index row of a missing document {ulid_text(doc_id)}")
+            r = doclayout.decode_record(values[e.value])
+            self.clock.observe(r.rev)
+            out.append(Document.of(collection, doc_id, r))
+        return out
+
+    # -- the changes feed --------------------------------------------------------------
+
+    async def changes(
+        self, since: bytes | None = None, *, collection: str | None = None, follow: bool = True
+    ) -> AsyncGenerator[Changes, None]:
+        """Every document changed since commit ``since`` (None: since the beginning),
+        deleted and purged ones included, then, with ``follow``, one batch per later
+        change of the head, until the page closes. Each batch's ``commit`` is where
+        to resume after a disconnect. The cost follows the change (a tree diff)."""
+        if collection is not None:
+            check_collection(collection)
+        prefix = doclayout.DOCS if collection is None else doclayout.collection_prefix(collection)
+        watcher = self.page.watch(prefix) if follow else None
+        try:
+            root = btree.EMPTY if since is None else (await self.page.load_commit(since)).root
+            while True:
+                head = self.page.head
+                if head.root != root:
+                    docs = await self._changed(root, head, prefix)
+                    root = head.root
+                    if docs:
+                        yield Changes(head.id, docs)
+                if watcher is None:
+                    return
+                if watcher.closed and watcher.queue.empty():
+                    if self.page.closed:
+                        return
+                    watcher = self.page.watch(prefix)  # it fell behind: the diff catches up
+                    continue
+                if await watcher.queue.get() is None:
+                    continue
+                while not watcher.queue.empty():
+                    if watcher.queue.get_nowait() is None:
+                        break
+        finally:
+            if watcher is not None:
+                watcher.close()
+
+    async def _changed(self, old_root: bytes, head: Commit, prefix: bytes) -> list[Document]:
+        by_coll: dict[tuple[str, bytes], None] = {}
+        async for c in btree.diff(self.page.nodes, old_root, head.root):
+            if not c.key.startswith(prefix):
+                continue
+            k = doclayout.parse_doc_key(c.key)
+            if k is not None:
+                by_coll[(k.collection, k.doc_id)] = None
+        out: list[Document] = []
+        snap = await self.page.snapshot(head.id)
+        for coll, doc_id in by_coll:
+            r = await self._record(snap, coll, doc_id)
+            if r is not None:
+                out.append(Document.of(coll, doc_id, r))
+        return out
+
+
+def _check_limit(limit: int) -> None:
+    if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT:
+        raise InvalidArgumentError(f"limit must be 1-{LIST_LIMIT}")
+
+
+def _end(prefix: bytes) -> bytes:
+    return tup.strinc(prefix)

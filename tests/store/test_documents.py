@@ -1,0 +1,418 @@
+"""The document layer's operations through the embedded API, and bad input."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledgerd.store import (
+    AttachmentNotFoundError,
+    DocumentConflictError,
+    DocumentNotFoundError,
+    DocumentStore,
+    DocumentTooLargeError,
+    IndexNotFoundError,
+    InvalidArgumentError,
+    InvalidDocumentError,
+    InvalidIdError,
+    InvalidNameError,
+    Page,
+    Repository,
+    RevisionInFutureError,
+    RevisionInPastError,
+    StoreError,
+    doclayout,
+)
+from ledgerd.store.docmodel import RevClock, loads, ulid_text
+
+
+@pytest.fixture
+async def page(tmp_path: Path) -> AsyncIterator[Page]:
+    async with await Repository.open(tmp_path) as repo:
+        yield await repo.ledger("app").page("docs")
+
+
+async def _tree(page: Page) -> dict[bytes, bytes]:
+    return {e.key: e.value for e in (await page.entries()).items}
+
+
+async def test_create_get_replace_and_meta(page: Page) -> None:
+    docs = await DocumentStore.open(page)
+    assert await DocumentStore.open(page) is docs  # one per page
+    a = await docs.create("notes", {"title": "hello", "tags": ["x"]})
+    assert len(a.id) == 26 and len(a.rev) == 26
+    got = await docs.get("notes", a.id)
+    assert got == a
+    j = got.to_json()
+    assert set(j) == {"_meta", "_data", "_attachments"}
+    assert j["_meta"]["_id"] == a.id and j["_meta"]["_rev"] == a.rev
+    assert j["_meta"]["_createdAt"].endswith("Z") and "_updatedAt" not in j["_meta"]
+    b = await docs.replace("notes", a.id, {"title": "hi"}, expected_rev=a.rev)
+    assert b.rev > a.rev and b.created_at == a.created_at and b.updated_at is not None
+    assert "_updatedAt" in b.to_json()["_meta"]
+    assert (await docs.get("notes", a.id)).data == {"title": "hi"}
+    # ids are given lowercase too (Crockford's base 32 is case-insensitive)
+    assert (await docs.get("notes", a.id.lower())).rev == b.rev
+    # A stale expected revision is a conflict, and stores nothing.
+    before = page.head.id
+    with pytest.raises(DocumentConflictError) as e:
+        await docs.replace("notes", a.id, {"title": "lost"}, expected_rev=a.rev)
+    assert e.value.code == "conflict"
+    assert page.head.id == before
+    # Without an expected revision, replace always applies.
+    c = await docs.replace("notes", a.id, {"title": "forced"})
+    assert c.rev > b.rev
+
+
+async def test_soft_delete_hides_and_purge_keeps_a_tombstone(page: Page) -> None:
+    docs = await DocumentStore.open(page)
+    a = await docs.create("notes", {"n": 1})
+    keep = await docs.create("notes", {"n": 2})
+    d, att = await docs.put_attachment("notes", a.id, b"payload" * 1000, filename="p.bin")
+    deleted = await docs.delete("notes", a.id, expected_rev=d.rev)
+    assert deleted.deleted and deleted.deleted_at is not None
+    assert deleted.to_json()["_meta"]["_deleted"] is True
+    with pytest.raises(DocumentNotFoundError):
+        await docs.get("notes", a.id)
+    assert (await docs.get("notes", a.id, include_deleted=True)).data == {"n": 1}
+    assert [x.id for x in (await docs.list_documents("notes")).items] == [keep.id]
+    listed = await docs.list_documents("notes", include_deleted=True)
+    assert [x.id for x in listed.items] == [a.id, keep.id]
+    with pytest.raises(DocumentNotFoundError):  # a deleted document is not replaced
+        await docs.replace("notes", a.id, {"n": 3})
+    att_key = doclayout.attachment_key("notes", bytes.fromhex(_hex(a.id)), _raw(att.id))
+    assert att_key in await _tree(page)  # a soft delete keeps the attachment
+    purged = await docs.purge("notes", a.id)
+    assert purged.purged and purged.data is None and purged.attachments == ()
+    assert purged.rev > deleted.rev
+    j = purged.to_json()["_meta"]
+    assert j["_purged"] is True and "_purgedAt" in j and j["_deleted"] is True
+    assert att_key not in await _tree(page)  # the content left the head
+    tomb = await docs.get("notes", a.id, include_deleted=True)
+    assert tomb.purged and tomb.data is None
+    with pytest.raises(DocumentNotFoundError):
+        await docs.purge("notes", a.id)
+
+
+def _raw(text: str) -> bytes:
+    from ledgerd.store.docmodel import parse_ulid
+
+    return parse_ulid(text)
+
+
+def _hex(text: str) -> str:
+    return _raw(text).hex()
+
+
+async def test_listing_in_id_order_with_continuation(page: Page) -> None:
+    docs = await DocumentStore.open(page)
+    made = await docs.create_many("c", [{"i": i} for i in range(25)])
+    await docs.create("other", {"i": -1})  # another collection is another range
+    ids = [d.id for d in made]
+    assert ids == sorted(ids)  # ids made by one device increase
+    seen: list[str] = []
+    token = None
+    while True:
+        res = await docs.list_documents("c", limit=10, token=token)
+        seen += [d.id for d in res.items]
+        token = res.token
+        if token is None:
+            break
+    assert seen == ids
+    await docs.delete("c", ids[3])
+    assert len((await docs.list_documents("c", limit=1000)).items) == 24
+
+
+async def test_revisions_supplied_by_a_client(page: Page) -> None:
+    now = [1_800_000_000_000]
+    clock = RevClock(lambda: now[0])
+    docs = await DocumentStore.open(page, clock=clock, rev_tolerance=5)
+    a = await docs.create("c", {"v": 1})
+    # In the past of the current revision: refused, nothing stored.
+    head = page.head.id
+    with pytest.raises(RevisionInPastError) as e:
+        await docs.replace("c", a.id, {"v": 2}, new_rev=a.rev)
+    assert e.value.code == "conflict"
+    from ulid import ULID
+
+    future = str(ULID.from_timestamp((now[0] + 60_000) / 1000))
+    with pytest.raises(RevisionInFutureError):
+        await docs.replace("c", a.id, {"v": 2}, new_rev=future)
+    assert page.head.id == head
+    ok = str(ULID.from_timestamp((now[0] + 3_000) / 1000))
+    b = await docs.replace("c", a.id, {"v": 2}, new_rev=ok)
+    assert b.rev == ok
+    # The device's clock now runs after that revision, though its wall clock is behind.
+    c = await docs.replace("c", a.id, {"v": 3})
+    assert c.rev > ok
+
+
+async def test_a_slow_clock_still_writes_newer_revisions_once_it_read_newer_ones(
+    page: Page,
+) -> None:
+    fast = RevClock(lambda: 2_000_000_000_000)
+    docs = await DocumentStore.open(page, clock=fast)
+    a = await docs.create("c", {"v": 1})
+    await docs.close()
+    slow = RevClock(lambda: 1_000_000_000_000)  # a restart with a clock far behind
+    docs = await DocumentStore.open(page, clock=slow)
+    other = await docs.create("c", {"v": 2})
+    assert other.rev > a.rev  # the floor comes from the revisions in the page
+    b = await docs.replace("c", a.id, {"v": 3})
+    assert b.rev > a.rev
+
+
+@pytest.mark.parametrize(
+    "data, error",
+    [
+        ({"_secret": 1}, InvalidDocumentError),
+        ({"x": float("nan")}, InvalidDocumentError),
+        ({"x": 2**70}, InvalidDocumentError),
+        ({1: "x"}, InvalidDocumentError),
+        ({"x": b"bytes"}, InvalidDocumentError),
+        ({"x": {1, 2}}, InvalidDocumentError),
+        ({"x": "y" * 2_000_000}, DocumentTooLargeError),
+    ],
+)
+async def test_bad_documents_store_nothing(page: Page, data: Any, error: type[Exception]) -> None:
+    docs = await DocumentStore.open(page)
+    a = await docs.create("c", {"v": 1})
+    before = page.head.id
+    with pytest.raises(error) as e:
+        await docs.create("c", data)
+    assert isinstance(e.value, StoreError) and isinstance(e.value, InvalidArgumentError)
+    with pytest.raises(error):
+        await docs.replace("c", a.id, data)
+    assert page.head.id == before
+    assert (await docs.get("c", a.id)).data == {"v": 1}
+
+
+async def test_deep_nesting_and_invalid_json_text() -> None:
+    deep: Any = 1
+    for _ in range(100):
+        deep = [deep]
+    from ledgerd.store.docmodel import check_data
+
+    with pytest.raises(InvalidDocumentError):
+        check_data(deep)
+    with pytest.raises(InvalidDocumentError):
+        loads("{not json")
+    with pytest.raises(InvalidDocumentError):
+        loads("[NaN]")
+    assert loads(b'{"a": [1, 2.5, null, true]}') == {"a": [1, 2.5, None, True]}
+
+
+async def test_malformed_ids_names_and_tokens(page: Page) -> None:
+    docs = await DocumentStore.open(page)
+    a = await docs.create("c", {"v": 1})
+    for bad in ["nope", "", "0" * 25, "U" * 26, "8" + "0" * 25]:
+        with pytest.raises(InvalidIdError) as e:
+            await docs.get("c", bad)
+        assert e.value.code == "invalid_id"
+    with pytest.raises(InvalidIdError):
+        await docs.replace("c", a.id, {"v": 2}, expected_rev="garbage")
+    for coll in ["", "_hidden", "x" * 200]:
+        with pytest.raises(InvalidNameError):
+            await docs.create(coll, {"v": 1})
+    with pytest.raises(DocumentNotFoundError) as nf:
+        await docs.get("c", ulid_text(bytes(16)))
+    assert nf.value.code == "document_not_found"
+    with pytest.raises(InvalidArgumentError):
+        await docs.list_documents("c", limit=0)
+    with pytest.raises(IndexNotFoundError) as ie:
+        await docs.query("c", "nope", "x")
+    assert ie.value.code == "index_not_found"
+    await docs.declare_index("c", "by_v", "v")
+    with pytest.raises(InvalidArgumentError):
+        await docs.query("c", "by_v", 1, token=b"\xc1garbage")
+    with pytest.raises(InvalidArgumentError):
+        await docs.query("c", "by_v", 1, start=0)  # no sort key
+    with pytest.raises(InvalidNameError):
+        await docs.declare_index("c", "_primary", "v")
+    with pytest.raises(InvalidArgumentError):
+        await docs.declare_index("c", "bad_path", "_meta.x")
+
+
+async def test_reserved_slash_in_indexed_values(page: Page) -> None:
+    docs = await DocumentStore.open(page)
+    await docs.declare_index("c", "by_path", "path")
+    before = page.head.id
+    with pytest.raises(InvalidDocumentError):
+        await docs.create("c", {"path": "a/b"})
+    assert page.head.id == before
+    await docs.create("c", {"other": "a/b"})  # not an indexed field: fine
+
+
+async def test_attachments_streamed_ranged_replaced_and_removed(page: Page) -> None:
+    docs = await DocumentStore.open(page)
+    a = await docs.create("c", {"v": 1})
+    content = bytes(range(256)) * 4000  # about 1 MB, several chunks
+
+    async def stream() -> AsyncIterator[bytes]:
+        for i in range(0, len(content), 65536):
+            yield content[i : i + 65536]
+
+    d, att = await docs.put_attachment(
+        "c", a.id, stream(), filename="photo.jpg", content_type="image/jpeg"
+    )
+    assert att.length == len(content) and att.content_type == "image/jpeg"
+    assert d.attachments == (att,) and d.rev > a.rev
+    assert d.to_json()["_attachments"] == [
+        {"_id": att.id, "_filename": "photo.jpg", "_contentType": "image/jpeg", "_length": 1024000}
+    ]
+    whole = b"".join([c async for c in await docs.read_attachment("c", a.id, att.id)])
+    assert whole == content
+    part = b"".join([c async for c in await docs.read_attachment("c", a.id, att.id, 70000, 100)])
+    assert part == content[70000:70100]
+    entry = await page.get_entry(doclayout.attachment_key("c", _raw(a.id), _raw(att.id)))
+    assert entry is not None and entry.priority.name == "LAZY"
+    # Replace its content in place, with the same id.
+    d2, att2 = await docs.put_attachment(
+        "c", a.id, b"small", filename="s.txt", attachment_id=att.id
+    )
+    assert att2.id == att.id and att2.length == 5 and len(d2.attachments) == 1
+    with pytest.raises(AttachmentNotFoundError):
+        await docs.read_attachment("c", a.id, ulid_text(bytes(16)))
+    with pytest.raises(DocumentConflictError):
+        await docs.delete_attachment("c", a.id, att.id, expected_rev=d.rev)
+    d3 = await docs.delete_attachment("c", a.id, att.id, expected_rev=d2.rev)
+    assert d3.attachments == ()
+    assert doclayout.attachment_key("c", _raw(a.id), _raw(att.id)) not in await _tree(page)
+
+
+async def test_an_attachment_upload_does_not_hold_other_writes(page: Page) -> None:
+    """The content streams in before the write lock: other documents are written
+    meanwhile, and the attachment lands on the moved page without losing them."""
+    docs = await DocumentStore.open(page)
+    a = await docs.create("c", {"v": 1})
+    gate = asyncio.Event()
+
+    async def slow() -> AsyncIterator[bytes]:
+        yield b"x" * 100_000
+        await gate.wait()
+        yield b"y" * 100_000
+
+    upload = asyncio.create_task(docs.put_attachment("c", a.id, slow(), filename="f"))
+    others = [await docs.create("c", {"v": i}) for i in range(3)]
+    b = await docs.replace("c", a.id, {"v": 2})
+    gate.set()
+    d, att = await upload
+    assert d.rev > b.rev and d.data == {"v": 2}
+    assert len(await page.heads()) == 1
+    for o in others:
+        assert (await docs.get("c", o.id)).data == o.data
+    got = b"".join([c async for c in await docs.read_attachment("c", a.id, att.id)])
+    assert got == b"x" * 100_000 + b"y" * 100_000
+
+
+async def test_indexes_query_in_order_with_continuation(page: Page) -> None:
+    docs = await DocumentStore.open(page)
+    await docs.declare_index("people", "by_city_age", "address.city", "age")
+    made = await docs.create_many(
+        "people",
+        [{"address": {"city": c}, "age": a} for c, a in [("Paris", 30), ("Oslo", 20)] * 5]
+        + [{"address": {"city": "Paris"}, "age": 2.5}, {"name": "no city"}],
+    )
+    res = await docs.query("people", "by_city_age", "Paris", limit=3)
+    assert [d.data["age"] for d in res.items] == [2.5, 30, 30]
+    all_paris = [d.id for d in res.items]
+    while res.token:
+        res = await docs.query("people", "by_city_age", "Paris", limit=3, token=res.token)
+        all_paris += [d.id for d in res.items]
+    assert len(all_paris) == 6 and len(set(all_paris)) == 6
+    ranged = await docs.query("people", "by_city_age", "Paris", start=3, end=31)
+    assert [d.data["age"] for d in ranged.items] == [30] * 5
+    # Soft-deleted documents leave queries unless asked for; a purge leaves them.
+    victim = made[0]
+    await docs.delete("people", victim.id)
+    assert victim.id not in [
+        d.id for d in (await docs.query("people", "by_city_age", "Paris")).items
+    ]
+    with_deleted = await docs.query("people", "by_city_age", "Paris", include_deleted=True)
+    assert victim.id in [d.id for d in with_deleted.items]
+    await docs.purge("people", victim.id)
+    with_deleted = await docs.query("people", "by_city_age", "Paris", include_deleted=True)
+    assert victim.id not in [d.id for d in with_deleted.items]
+    # An update moves a document in the index.
+    moved = made[1]
+    await docs.replace("people", moved.id, {"address": {"city": "Paris"}, "age": 99})
+    assert (await docs.query("people", "by_city_age", "Paris", start=99)).items[0].id == moved.id
+    info = await docs.indexes("people")
+    assert [(i.name, i.partition, i.sort, i.ready) for i in info] == [
+        ("by_city_age", "address.city", "age", True)
+    ]
+
+
+async def test_declaring_an_index_builds_it_from_existing_documents(page: Page) -> None:
+    docs = await DocumentStore.open(page)
+    await docs.create_many("c", [{"k": i % 7, "v": i} for i in range(2500)])
+    await docs.declare_index("c", "by_k", "k", "v")
+    more = await docs.create("c", {"k": 3, "v": -1})  # a write while it builds
+    res = await docs.query("c", "by_k", 3, limit=1000)
+    want = sorted([i for i in range(2500) if i % 7 == 3] + [-1])
+    assert [d.data["v"] for d in res.items] == want
+    assert res.items[0].id == more.id
+    # Rebuild on request: same answers.
+    await docs.rebuild_index("c", "by_k")
+    res2 = await docs.query("c", "by_k", 3, limit=1000)
+    assert [d.id for d in res2.items] == [d.id for d in res.items]
+    await docs.drop_index("c", "by_k")
+    with pytest.raises(IndexNotFoundError):
+        await docs.query("c", "by_k", 3)
+    with pytest.raises(IndexNotFoundError):
+        await docs.drop_index("c", "by_k")
+
+
+@pytest.mark.parametrize("damage", ["drop tables", "unknown commit"])
+async def test_missing_or_damaged_index_tables_are_rebuilt(tmp_path: Path, damage: str) -> None:
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("app").page("docs")
+        docs = await DocumentStore.open(page)
+        await docs.declare_index("c", "by_k", "k")
+        await docs.create_many("c", [{"k": i % 3} for i in range(30)])
+        assert len((await docs.query("c", "by_k", 1)).items) == 10
+        await docs.close()
+
+        def work(conn: Any) -> None:
+            if damage == "drop tables":
+                for table in ("doc_index_rows", "doc_indexes", "doc_state"):
+                    conn.execute(f"DROP TABLE {table}")
+            else:
+                some = "SELECT doc FROM doc_index_rows LIMIT 7"
+                conn.execute(f"DELETE FROM doc_index_rows WHERE doc IN ({some})")
+                conn.execute("UPDATE doc_state SET value = x'00' WHERE name = 'reflected'")
+
+        await page.db.run(work, write=True)
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("app").page("docs")
+        docs = await DocumentStore.open(page)
+        assert len((await docs.query("c", "by_k", 1)).items) == 10
+        assert len((await docs.query("c", "by_k", 0)).items) == 10
+
+
+async def test_changes_feed_since_a_commit_then_live(page: Page) -> None:
+    docs = await DocumentStore.open(page)
+    a = await docs.create("c", {"v": 1})
+    mark = page.head.id
+    b = await docs.create("c", {"v": 2})
+    await docs.replace("c", a.id, {"v": 3})
+    feed = docs.changes(mark)
+    first = await anext(feed)
+    assert {d.id for d in first.documents} == {a.id, b.id}
+    assert first.commit == page.head.id
+    nxt = asyncio.ensure_future(anext(feed))
+    await docs.delete("c", b.id)
+    second = await nxt
+    assert [(d.id, d.deleted) for d in second.documents] == [(b.id, True)]
+    await feed.aclose()
+    # Resumed from the last commit seen: only what came after.
+    await docs.purge("c", a.id)
+    resumed = [c async for c in docs.changes(second.commit, follow=False)]
+    assert [(d.id, d.purged) for c in resumed for d in c.documents] == [(a.id, True)]
+    # From the beginning, every document once, in its latest state.
+    everything = [c async for c in docs.changes(None, follow=False, collection="c")]
+    assert sorted(d.id for c in everything for d in c.documents) == sorted([a.id, b.id])
