@@ -36,6 +36,7 @@ import functools
 import operator
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
+from itertools import repeat
 from typing import NamedTuple, Protocol
 
 import msgpack
@@ -120,8 +121,8 @@ def decode_node(data: bytes) -> Node:
         if type(level) is not int or type(raw) is not tuple or type(children) is not tuple:
             raise TypeError("a node is [level, entries, children]")
         if raw:
-            if set(map(type, raw)) != {tuple} or set(map(len, raw)) != {3}:
-                raise TypeError("entries are [key, value digest, priority]")
+            # Three columns of equal length, or zip or the unpacking raises; an entry
+            # that is not an array fails the columns' type checks below.
             keys, values, priorities = zip(*raw, strict=True)
             if set(map(type, keys)) != {bytes} or set(map(type, values)) != {bytes}:
                 raise TypeError("entry keys and values are bytes")
@@ -132,7 +133,7 @@ def decode_node(data: bytes) -> Node:
             if set(map(type, children)) != {bytes}:
                 raise TypeError("children are digests")
             _validate_digests([c for c in children if c])
-        node = Node(level, tuple(map(new_entry, raw)), children)
+        node = Node(level, tuple(map(tuple.__new__, repeat(Entry), raw)), children)
     except (ValueError, TypeError, IndexError) as e:
         raise CorruptObjectError(f"undecodable tree node: {e}") from e
     except Exception as e:  # msgpack's own exception types

@@ -136,7 +136,8 @@ def _connect_inline_reader(path: Path) -> sqlite3.Connection:
 
 
 def _is_busy(e: sqlite3.OperationalError) -> bool:
-    return e.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    code = getattr(e, "sqlite_errorcode", 0)  # none on errors of the module itself
+    return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 def fits_inline(rows: int, nbytes: int) -> bool:
