@@ -61,6 +61,10 @@ CACHE_PIECE_LIMIT = 64 * 1024
 """Pieces up to this size that were read (and verified) or written are kept in the
 repository's cache, so reading what was just written or read needs no trip to SQLite."""
 
+CACHE_VALUE_LIMIT = 1024 * 1024
+"""The chunks of a value larger than this are not cached when read: streaming a large
+value through would only push everything else out."""
+
 Fetcher = Callable[[list[bytes]], Awaitable[dict[bytes, bytes]]]
 """Given digests of pieces missing locally, returns their contents (unverified)."""
 
@@ -388,14 +392,18 @@ class ObjectStore:
         if offset > total:
             raise RangeError(f"offset {offset} is past the end of a {total}-byte value")
         end = total if length is None else min(total, offset + length)
-        return self._read_range(digest, offset, end)
+        return self._read_range(digest, offset, end, total <= CACHE_VALUE_LIMIT)
 
-    async def _read_range(self, root: bytes, start: int, end: int) -> AsyncIterator[bytes]:
+    async def _read_range(
+        self, root: bytes, start: int, end: int, remember: bool
+    ) -> AsyncIterator[bytes]:
         if start >= end:
             return
         # Leaves covering [start, end) in order, as (digest, leaf_start), resolved lazily.
         async for batch in self._leaves(root, start, end):
-            contents = await self.get_pieces([d for d, _ in batch if not dg.is_inline(d)])
+            contents = await self.get_pieces(
+                [d for d, _ in batch if not dg.is_inline(d)], remember=remember
+            )
             for d, leaf_start in batch:
                 data = dg.inline_content(d) if dg.is_inline(d) else contents[d]
                 lo = max(start - leaf_start, 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -158,3 +159,17 @@ async def test_an_inline_read_takes_the_thread_when_busy(page: Page) -> None:
     assert await page.get(b"k") == b"v" * 100
     assert busy.refused == 1
     assert page.db.thread_reads == thread + 1  # the refused read, on the reader's thread
+
+
+async def test_a_large_value_read_is_not_cached(page: Page) -> None:
+    rng = random.Random(7)
+    big = rng.randbytes(2 * 1024 * 1024)  # over CACHE_VALUE_LIMIT
+    small = rng.randbytes(300_000)  # several chunks, under the limit
+    await page.put(b"big", big)
+    await page.put(b"small", small)
+    await page.flush()
+    _clear(page)
+    assert await page.get(b"big") == big
+    assert page.objects.cache.cache.used < 100_000  # its index piece at most
+    assert await page.get(b"small") == small
+    assert page.objects.cache.cache.used > 300_000  # its chunks stay
