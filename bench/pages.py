@@ -28,6 +28,7 @@ from pathlib import Path
 from bench.common import emit, peak_rss_mib, storage_floor, timed
 from ledgerd.store import Page, Repository, btree
 from ledgerd.store import digest as dg
+from ledgerd.store.cache import Cache
 
 
 def _rows(n: int, seed: int = 1) -> list[tuple[bytes, bytes]]:
@@ -91,7 +92,7 @@ async def _tree_only(rows: list[tuple[bytes, bytes]], txn: int) -> float:
     """Seconds of the load's tree work alone: hashing the values, applying each
     transaction's entries and encoding and hashing its new nodes, all in memory."""
     memory = _MemoryNodes()
-    nodes = btree.NodeStore(memory, cache_size=1 << 20)
+    nodes = btree.NodeStore(memory, Cache(1 << 40).space())
     root = btree.EMPTY
     with timed() as t:
         for i in range(0, len(rows), txn):
@@ -158,7 +159,7 @@ async def _bench(directory: Path, rows: list[tuple[bytes, bytes]], txn: int) -> 
         assert len(res.items) == limit
 
         # Point gets (values read and verified), after a cold cache.
-        page.nodes.cache.clear()
+        page.nodes.clear_cache()
         page.objects.clear_cache()
         rng = random.Random(3)
         for label in ("get", "warm_get"):  # cold node cache first, then warm

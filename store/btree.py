@@ -34,9 +34,9 @@ import bisect
 import enum
 import functools
 import operator
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
+from itertools import repeat
 from typing import NamedTuple, Protocol
 
 import msgpack
@@ -44,6 +44,7 @@ import xxhash
 
 from ledgerd.store import digest as dg
 from ledgerd.store import split
+from ledgerd.store.cache import ENTRY_OVERHEAD, Cache, CacheSpace
 from ledgerd.store.errors import CorruptObjectError
 
 LEVEL_BITS = 6
@@ -120,8 +121,8 @@ def decode_node(data: bytes) -> Node:
         if type(level) is not int or type(raw) is not tuple or type(children) is not tuple:
             raise TypeError("a node is [level, entries, children]")
         if raw:
-            if set(map(type, raw)) != {tuple} or set(map(len, raw)) != {3}:
-                raise TypeError("entries are [key, value digest, priority]")
+            # Three columns of equal length, or zip or the unpacking raises; an entry
+            # that is not an array fails the columns' type checks below.
             keys, values, priorities = zip(*raw, strict=True)
             if set(map(type, keys)) != {bytes} or set(map(type, values)) != {bytes}:
                 raise TypeError("entry keys and values are bytes")
@@ -132,7 +133,7 @@ def decode_node(data: bytes) -> Node:
             if set(map(type, children)) != {bytes}:
                 raise TypeError("children are digests")
             _validate_digests([c for c in children if c])
-        node = Node(level, tuple(map(new_entry, raw)), children)
+        node = Node(level, tuple(map(tuple.__new__, repeat(Entry), raw)), children)
     except (ValueError, TypeError, IndexError) as e:
         raise CorruptObjectError(f"undecodable tree node: {e}") from e
     except Exception as e:  # msgpack's own exception types
@@ -172,30 +173,39 @@ class NodeLoader(Protocol):
     async def load(self, digest: bytes) -> Node: ...
 
 
-class NodeStore:
-    """Loads nodes (with an LRU cache of decoded nodes) and collects new ones."""
+def node_cost(node: Node, encoded_size: int) -> int:
+    """Estimated bytes a decoded node holds in memory: its encoding's bytes plus, per
+    entry, a tuple and two bytes objects' headers, and per child a bytes object."""
+    return ENTRY_OVERHEAD + encoded_size + 145 * len(node.entries) + 80 * len(node.children)
 
-    def __init__(self, reader: NodeReader, cache_size: int = 4096) -> None:
+
+class NodeStore:
+    """Loads nodes, keeping decoded ones in a cache (:mod:`store.cache`; a node is
+    named by its digest, so a cached one is never stale and is checked once, when
+    decoded)."""
+
+    def __init__(self, reader: NodeReader, cache: CacheSpace[Node] | None = None) -> None:
         self.reader = reader
-        self.cache: OrderedDict[bytes, Node] = OrderedDict()
-        self.cache_size = cache_size
+        self.cache: CacheSpace[Node] = cache if cache is not None else Cache().space()
 
     async def load(self, digest: bytes) -> Node:
         node = self.cache.get(digest)
         if node is not None:
-            self.cache.move_to_end(digest)
             return node
         if dg.is_inline(digest):
-            node = decode_node(dg.inline_content(digest))
+            data = dg.inline_content(digest)
         else:
-            node = decode_node(await self.reader.read_node_bytes(digest))
-        self._remember(digest, node)
+            data = await self.reader.read_node_bytes(digest)
+        node = decode_node(data)
+        self._remember(digest, node, len(data))
         return node
 
-    def _remember(self, digest: bytes, node: Node) -> None:
-        self.cache[digest] = node
-        if len(self.cache) > self.cache_size:
-            self.cache.popitem(last=False)
+    def _remember(self, digest: bytes, node: Node, encoded_size: int) -> None:
+        self.cache.put(digest, node, node_cost(node, encoded_size))
+
+    def clear_cache(self) -> None:
+        """Forget every decoded node (as in a freshly started process)."""
+        self.cache.clear()
 
 
 class Builder:
@@ -232,7 +242,8 @@ class Builder:
             out.extend(pieces)
             stack.extend(c for c in node.children if c)
         for d in seen:
-            self.nodes._remember(d, self.new[d][0])
+            node, pieces = self.new[d]
+            self.nodes._remember(d, node, sum(len(p.data) for p in pieces) or dg.INLINE_LIMIT)
         return out
 
     # -- update ----------------------------------------------------------------
@@ -345,8 +356,9 @@ class Builder:
 
 async def lookup(nodes: NodeStore, root: bytes, key: bytes) -> Entry | None:
     d = root
+    cached = nodes.cache.get
     while d:
-        node = await nodes.load(d)
+        node = cached(d) or await nodes.load(d)
         entries = node.entries
         i = bisect.bisect_left(entries, key, key=_KEY)
         if i < len(entries) and entries[i].key == key:

@@ -17,6 +17,11 @@ knows nothing about what the tables mean; :mod:`store.schema` owns that.
   costs more than such a write (0.2-0.4 ms against tens of microseconds), and a
   plain put needs one. The writer connection, on its thread, still does every
   large write and every checkpoint, so the loop never waits on the disk for long.
+* Small reads (a few rows by primary key: a tree node, a value's piece) run inline
+  too, through a fourth, read-only connection, for the same reason: a point read
+  costs SQLite a few microseconds and the thread round trip a hundred times that.
+  That connection never waits either: when SQLite answers busy, the read takes
+  the reader's thread like a large one.
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ INLINE_MAX_BYTES = 64 * 1024
 """What a caller may write inline (see :meth:`Database.run`): about this many rows
 and bytes."""
 INLINE_ROUND = 64
+INLINE_READ_ROWS = 8
+"""What a caller may read inline (``Database.run(fn, small=True)`` without ``write``):
+a query of at most this many rows by primary key, each of at most 64 KiB (a piece)."""
 """One small write in this many goes to the writer's thread, whose commit checkpoints."""
 
 
@@ -115,6 +123,23 @@ def _connect_inline(path: Path, synchronous: Synchronous) -> sqlite3.Connection:
     return conn
 
 
+def _connect_inline_reader(path: Path) -> sqlite3.Connection:
+    """The connection for inline reads: read only, and it never waits for a lock."""
+    conn = sqlite3.connect(path, isolation_level=None, timeout=0, check_same_thread=False)
+    try:
+        conn.execute("PRAGMA query_only = 1")
+        conn.execute("PRAGMA cache_size = -16384")  # 16 MiB, as the reader's
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _is_busy(e: sqlite3.OperationalError) -> bool:
+    code = getattr(e, "sqlite_errorcode", 0)  # none on errors of the module itself
+    return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
 def fits_inline(rows: int, nbytes: int) -> bool:
     """Whether a write of ``rows`` rows and ``nbytes`` bytes is small enough to run
     inline (``Database.run(..., small=True)``)."""
@@ -153,11 +178,16 @@ class Database:
         writer: Connection,
         reader: Connection,
         inline: sqlite3.Connection | None = None,
+        inline_reader: sqlite3.Connection | None = None,
     ):
         self.path = path
         self.writer = writer
         self.reader = reader
         self.inline = inline
+        self.inline_reader = inline_reader
+        self.inline_reads = 0
+        """Reads served inline so far (and :attr:`thread_reads` on the reader's thread)."""
+        self.thread_reads = 0
         self._inline_count = 0
         self._lock = asyncio.Lock()
         self._closed = False
@@ -190,18 +220,21 @@ class Database:
         except BaseException:
             await writer.close()
             raise
-        inline = None
+        inline = inline_reader = None
         try:
             await reader.execute("PRAGMA query_only = 1")
             await reader.execute("PRAGMA cache_size = -16384")
+            inline_reader = await asyncio.to_thread(_connect_inline_reader, path)
             # With FULL every commit waits for an fsync: not something for the loop.
             if synchronous != "FULL":
                 inline = await asyncio.to_thread(_connect_inline, path, synchronous)
         except BaseException:
+            if inline_reader is not None:
+                inline_reader.close()
             await reader.close()
             await writer.close()
             raise
-        return cls(path, writer, reader, inline)
+        return cls(path, writer, reader, inline, inline_reader)
 
     @property
     def closed(self) -> bool:
@@ -254,10 +287,25 @@ class Database:
         instead, on this thread, unless the database is busy (another process holds
         the write lock): then it takes the writer's thread like any other. So does
         one small write in every ``INLINE_ROUND``, for the checkpoints.
+
+        A ``small`` read (at most ``INLINE_READ_ROWS`` rows by primary key) runs
+        inline as well, unless SQLite answers busy: then it takes the reader's thread.
+        ``fn`` may then run twice, so a read must have no effect but its result.
         """
         self._check_open()
         with translating(self.path):
             if not write:
+                if small and self.inline_reader is not None:
+                    try:
+                        result = fn(self.inline_reader)
+                    except sqlite3.OperationalError as e:
+                        if not _is_busy(e):
+                            raise
+                        log.debug("inline read of %s takes the thread: %s", self.path, e)
+                    else:
+                        self.inline_reads += 1
+                        return result
+                self.thread_reads += 1
                 return await self.reader.run(fn)
             return await self._write_with(fn, small)
 
@@ -291,22 +339,29 @@ class Database:
             return False
         return True
 
-    async def read_all(self, sql: str, params: Sequence[object] = ()) -> list[sqlite3.Row]:
-        """Run a query on the reader connection and return every row."""
-        self._check_open()
-        with translating(self.path):
-            return list(await self.reader.execute_fetchall(sql, params))
+    async def read_all(
+        self, sql: str, params: Sequence[object] = (), *, small: bool = False
+    ) -> list[sqlite3.Row]:
+        """Run a query on the reader connection and return every row (inline if ``small``:
+        see :meth:`run`)."""
+
+        def work(conn: sqlite3.Connection) -> list[sqlite3.Row]:
+            return conn.execute(sql, params).fetchall()
+
+        return await self.run(work, small=small)
 
     async def read_in(
         self, sql: str, keys: Sequence[bytes], *, repeat: int = 1, chunk: int = 400
     ) -> list[sqlite3.Row]:
         """Rows of ``sql`` for many keys: ``{marks}`` in ``sql`` becomes the placeholders
-        of one chunk of keys (used ``repeat`` times), so no query has too many."""
+        of one chunk of keys (used ``repeat`` times), so no query has too many. A query of
+        at most ``INLINE_READ_ROWS`` keys, by primary key, runs inline (see :meth:`run`)."""
         rows: list[sqlite3.Row] = []
         for i in range(0, len(keys), chunk):
             part = list(keys[i : i + chunk])
             marks = ",".join("?" * len(part))
-            rows.extend(await self.read_all(sql.format(marks=marks), part * repeat))
+            small = len(part) * repeat <= INLINE_READ_ROWS
+            rows.extend(await self.read_all(sql.format(marks=marks), part * repeat, small=small))
         return rows
 
     async def close(self) -> None:
@@ -316,6 +371,8 @@ class Database:
             self._closed = True
             if self.inline is not None:
                 self.inline.close()
+            if self.inline_reader is not None:
+                self.inline_reader.close()
             await self.reader.close()
             try:
                 await self.writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -18,7 +18,11 @@ Writing a value
 Reading a value
     Index pieces are walked depth first; chunk pieces are fetched in batches and
     verified against their digest before a byte is returned. Ranged reads skip
-    every subtree outside the range.
+    every subtree outside the range. Pieces up to CACHE_PIECE_LIMIT bytes that were
+    read (and so verified) or written are kept in the repository's cache
+    (:mod:`store.cache`): a piece is verified once, when it enters the cache, and a
+    read of a cached piece needs no trip to SQLite. A read of a few pieces runs
+    inline on the event loop (``Database.run(..., small=True)``).
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ import logging
 import os
 import sqlite3
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +40,7 @@ import aiofiles
 
 from ledgerd.store import digest as dg
 from ledgerd.store import split, sql
+from ledgerd.store.cache import Cache, CacheSpace, piece_cost
 from ledgerd.store.db import Database
 from ledgerd.store.errors import CorruptObjectError, ObjectNotFoundError, RangeError
 from ledgerd.store.schema import SYNCED, TRANSIENT
@@ -53,11 +57,13 @@ READ_BATCH = 64
 _THREAD_MIN = 256 * 1024
 """Below this many bytes, splitting or verifying runs inline instead of on a thread."""
 
-CACHE_BYTES = 4 * 1024 * 1024
 CACHE_PIECE_LIMIT = 64 * 1024
-"""Pieces up to this size that were read (and verified) or written are kept in a
-per-page LRU of CACHE_BYTES, so reading what was just written or read needs no
-trip to SQLite."""
+"""Pieces up to this size that were read (and verified) or written are kept in the
+repository's cache, so reading what was just written or read needs no trip to SQLite."""
+
+CACHE_VALUE_LIMIT = 1024 * 1024
+"""The chunks of a value larger than this are not cached when read: streaming a large
+value through would only push everything else out."""
 
 Fetcher = Callable[[list[bytes]], Awaitable[dict[bytes, bytes]]]
 """Given digests of pieces missing locally, returns their contents (unverified)."""
@@ -99,37 +105,6 @@ async def _blocks(source: Source, block_size: int = BLOCK_SIZE) -> AsyncIterator
         yield b"".join(pending)
 
 
-class _PieceCache:
-    """An LRU of pieces known good (verified when read, hashed when written), each
-    up to CACHE_PIECE_LIMIT bytes, CACHE_BYTES in all."""
-
-    def __init__(self) -> None:
-        self._pieces: OrderedDict[bytes, bytes] = OrderedDict()
-        self._bytes = 0
-
-    def get(self, digests: Iterable[bytes]) -> dict[bytes, bytes]:
-        found = {}
-        for d in digests:
-            v = self._pieces.get(d)
-            if v is not None:
-                self._pieces.move_to_end(d)
-                found[d] = v
-        return found
-
-    def add(self, pieces: Iterable[tuple[bytes, bytes]]) -> None:
-        known = self._pieces
-        new = {d: v for d, v in pieces if len(v) <= CACHE_PIECE_LIMIT and d not in known}
-        known.update(new)
-        self._bytes += sum(map(len, new.values()))
-        while self._bytes > CACHE_BYTES:
-            _, old = self._pieces.popitem(last=False)
-            self._bytes -= len(old)
-
-    def clear(self) -> None:
-        self._pieces.clear()
-        self._bytes = 0
-
-
 class ObjectStore:
     """Pieces of one page's database."""
 
@@ -138,17 +113,17 @@ class ObjectStore:
         db: Database,
         memory: Mapping[bytes, bytes] | None = None,
         fetcher: Fetcher | None = None,
+        cache: CacheSpace[bytes] | None = None,
     ) -> None:
         self.db = db
         self.fetcher = fetcher
         """Brings pieces not stored here (LAZY values); None: they are not found."""
         self.memory: Mapping[bytes, bytes] = memory if memory is not None else {}
-        self._cache = _PieceCache()
+        self.cache: CacheSpace[bytes] = cache if cache is not None else Cache().space()
+        """Verified pieces of this page, in the repository's cache."""
 
     def _sharing(self, memory: Mapping[bytes, bytes], fetcher: Fetcher | None) -> ObjectStore:
-        view = ObjectStore(self.db, memory, fetcher)
-        view._cache = self._cache
-        return view
+        return ObjectStore(self.db, memory, fetcher, self.cache)
 
     def overlaid(self, memory: Mapping[bytes, bytes]) -> ObjectStore:
         """The same store, also reading pieces held in ``memory`` (a transaction's)."""
@@ -159,12 +134,15 @@ class ObjectStore:
         return self._sharing(self.memory, None)
 
     def remember(self, pieces: Iterable[tuple[bytes, bytes]]) -> None:
-        """Keep verified (or just written) small pieces in the LRU cache."""
-        self._cache.add(pieces)
+        """Keep verified (or just written) small pieces in the cache."""
+        cache = self.cache
+        for d, v in pieces:
+            if len(v) <= CACHE_PIECE_LIMIT:
+                cache.put(d, v, piece_cost(v))
 
     def clear_cache(self) -> None:
         """Forget every cached piece (as in a freshly started process)."""
-        self._cache.clear()
+        self.cache.clear()
 
     # -- writing ---------------------------------------------------------------
 
@@ -319,23 +297,34 @@ class ObjectStore:
 
     # -- reading ---------------------------------------------------------------
 
-    async def get_pieces(self, digests: list[bytes]) -> dict[bytes, bytes]:
-        """Verified contents of ``digests`` (hashed ones), fetching missing ones if possible."""
+    async def get_pieces(
+        self, digests: Iterable[bytes], *, remember: bool = True
+    ) -> dict[bytes, bytes]:
+        """Verified contents of ``digests`` (hashed ones), fetching missing ones if possible.
+
+        Pieces read from SQLite are verified, then kept in the cache unless not
+        ``remember`` (tree nodes: their decoded form is cached instead)."""
         found: dict[bytes, bytes] = {}
-        want = list(dict.fromkeys(digests))
-        cached = self._cache.get(want)
-        if cached:
-            found.update(cached)
-            want = [d for d in want if d not in found]
-        if self.memory:
-            found.update((d, self.memory[d]) for d in want if d in self.memory)
-            want = [d for d in want if d not in found]
+        want: list[bytes] = []
+        cached = self.cache.get
+        memory = self.memory
+        for d in dict.fromkeys(digests):
+            v = cached(d)
+            if v is None and memory:
+                v = memory.get(d)
+            if v is None:
+                want.append(d)
+            else:
+                found[d] = v
+        if not want:
+            return found
         rows = await self.db.read_in(
             "SELECT digest, data FROM objects WHERE digest IN ({marks})", want
         )
         fresh = {bytes(d): bytes(v) for d, v in rows}
         await self._verify(fresh)
-        self._cache.add(fresh.items())
+        if remember:
+            self.remember(fresh.items())
         found.update(fresh)
         missing = [d for d in want if d not in found]
         if missing:
@@ -379,11 +368,11 @@ class ObjectStore:
             return sum(c.size for c in split.decode_index(await self.get_piece(digest)))
         # A single chunk: from memory if it is there, else its length from SQLite
         # (a listing of sizes should not read and verify every value).
-        known = self._cache.get([digest]).get(digest) or self.memory.get(digest)
+        known = self.cache.get(digest) or self.memory.get(digest)
         if known is not None:
             return len(known)
         rows = await self.db.read_all(
-            "SELECT length(data) FROM objects WHERE digest = ?", (digest,)
+            "SELECT length(data) FROM objects WHERE digest = ?", (digest,), small=True
         )
         if rows:
             return int(rows[0][0])
@@ -403,14 +392,18 @@ class ObjectStore:
         if offset > total:
             raise RangeError(f"offset {offset} is past the end of a {total}-byte value")
         end = total if length is None else min(total, offset + length)
-        return self._read_range(digest, offset, end)
+        return self._read_range(digest, offset, end, total <= CACHE_VALUE_LIMIT)
 
-    async def _read_range(self, root: bytes, start: int, end: int) -> AsyncIterator[bytes]:
+    async def _read_range(
+        self, root: bytes, start: int, end: int, remember: bool
+    ) -> AsyncIterator[bytes]:
         if start >= end:
             return
         # Leaves covering [start, end) in order, as (digest, leaf_start), resolved lazily.
         async for batch in self._leaves(root, start, end):
-            contents = await self.get_pieces([d for d, _ in batch if not dg.is_inline(d)])
+            contents = await self.get_pieces(
+                [d for d, _ in batch if not dg.is_inline(d)], remember=remember
+            )
             for d, leaf_start in batch:
                 data = dg.inline_content(d) if dg.is_inline(d) else contents[d]
                 lo = max(start - leaf_start, 0)
@@ -460,8 +453,18 @@ class ObjectStore:
             out.update(await self.get_pieces(single[i : i + 500]))
         return out
 
-    async def read_all(self, digest: bytes) -> bytes:
-        """The whole value in memory; for small values (tree nodes, tests)."""
+    async def read_all(self, digest: bytes, *, remember: bool = True) -> bytes:
+        """The whole value in memory; for small values (tree nodes, tests).
+
+        A value of one piece (most small values) is read with no stream around it;
+        ``remember`` as in :meth:`get_pieces`."""
+        if dg.is_inline(digest):
+            return dg.inline_content(digest)
+        if not dg.is_index(digest):
+            got = self.cache.get(digest)
+            if got is not None:
+                return got
+            return (await self.get_pieces((digest,), remember=remember))[digest]
         return b"".join([b async for b in await self.read(digest)])
 
     async def read_to_file(self, digest: bytes, path: Path) -> int:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from ledgerd.store import merge
 from ledgerd.store.btree import NodeStore, Priority
+from ledgerd.store.cache import Cache
 from ledgerd.store.commit import Commit
 from ledgerd.store.db import Database, Synchronous
 from ledgerd.store.errors import ClosedError
@@ -77,7 +78,8 @@ class _Nodes:
         self.objects = objects
 
     async def read_node_bytes(self, digest: bytes) -> bytes:
-        return await self.objects.read_all(digest)
+        # The node cache keeps the decoded node: its bytes need not stay as a piece.
+        return await self.objects.read_all(digest, remember=False)
 
 
 class Snapshot(TreeView):
@@ -102,12 +104,16 @@ class Page(View):
         max_watch_queue: int = MAX_WATCH_QUEUE,
         on_close: Callable[[Page], None] | None = None,
         device_id: bytes = b"",
+        cache: Cache | None = None,
     ) -> None:
         fetcher = hooks.fetcher
+        cache = cache if cache is not None else Cache()
         objects = ObjectStore(
-            db, fetcher=None if fetcher is None else lambda ds: fetcher.fetch_pieces(self, ds)
+            db,
+            fetcher=None if fetcher is None else lambda ds: fetcher.fetch_pieces(self, ds),
+            cache=cache.space(),
         )
-        super().__init__(objects, NodeStore(_Nodes(objects)))
+        super().__init__(objects, NodeStore(_Nodes(objects), cache.space()))
         self.ledger = ledger
         self.id = page_id
         self.db = db
@@ -155,9 +161,12 @@ class Page(View):
         max_watch_queue: int = MAX_WATCH_QUEUE,
         on_close: Callable[[Page], None] | None = None,
         device_id: bytes = b"",
+        cache: Cache | None = None,
     ) -> Page:
         """Open the page's database (``on_close`` is called once it is closed: the
-        repository that owns the page's lifetime; ``device_id`` ends its versionstamps)."""
+        repository that owns the page's lifetime; ``device_id`` ends its versionstamps;
+        ``cache`` is the repository's read cache, shared by its pages: by default the
+        page gets one of its own, of the default budget)."""
         db = await Database.open(path, create_page_schema, synchronous=synchronous)
         page = cls(
             ledger,
@@ -168,6 +177,7 @@ class Page(View):
             max_watch_queue=max_watch_queue,
             on_close=on_close,
             device_id=device_id,
+            cache=cache,
         )
         try:
             await page._recover()

@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ledgerd.store.cache import CACHE_BYTES, Cache
 from ledgerd.store.db import Database, Synchronous
 from ledgerd.store.errors import (
     InvalidArgumentError,
@@ -119,8 +120,12 @@ class Repository:
         txn_memory: int = TXN_MEMORY,
         max_watch_queue: int = MAX_WATCH_QUEUE,
         max_open_pages: int = MAX_OPEN_PAGES,
+        cache_bytes: int = CACHE_BYTES,
     ) -> None:
         self.root = root
+        self.cache = Cache(cache_bytes)
+        """The read cache every page of the repository shares (decoded tree nodes and
+        verified pieces): one budget of ``cache_bytes``, see :mod:`store.cache`."""
         self._lock_fd = lock_fd
         """The open ``ledgerd.lock`` whose flock this repository holds (-1: none)."""
         self.max_open_pages = max_open_pages
@@ -146,6 +151,7 @@ class Repository:
         txn_memory: int = TXN_MEMORY,
         max_watch_queue: int = MAX_WATCH_QUEUE,
         max_open_pages: int = MAX_OPEN_PAGES,
+        cache_bytes: int = CACHE_BYTES,
     ) -> Repository:
         """Open (creating it on first use) the data directory ``root``.
 
@@ -155,7 +161,11 @@ class Repository:
         memory before staging its values, ``max_watch_queue`` how far a watcher may
         fall behind, and ``max_open_pages`` how many pages may be open at once:
         opening one more closes the least recently used idle page, and fails with
-        :class:`TooManyOpenPagesError` when every open page is busy."""
+        :class:`TooManyOpenPagesError` when every open page is busy. ``cache_bytes``
+        bounds the one read cache all pages share (decoded tree nodes and verified
+        pieces, see :mod:`store.cache`)."""
+        if cache_bytes < 0:
+            raise InvalidArgumentError("cache_bytes must not be negative")
         root = Path(root)
         lock_fd = await asyncio.to_thread(_lock, root)
         try:
@@ -177,6 +187,7 @@ class Repository:
             txn_memory=txn_memory,
             max_watch_queue=max_watch_queue,
             max_open_pages=max_open_pages,
+            cache_bytes=cache_bytes,
         )
         try:
             await repo._load_device_id()
@@ -313,6 +324,7 @@ class Repository:
             max_watch_queue=self.max_watch_queue,
             on_close=self._closed_page,
             device_id=self.device_id,
+            cache=self.cache,
         )
         try:
             async with self.usage.write() as conn:

@@ -12,7 +12,7 @@ import pytest
 from ledgerd.store import digest as dg
 from ledgerd.store import split, sql
 from ledgerd.store.errors import CorruptObjectError, ObjectNotFoundError, RangeError
-from ledgerd.store.objects import CACHE_BYTES, ObjectStore
+from ledgerd.store.objects import ObjectStore
 from ledgerd.store.schema import LOCAL, SYNCED, TRANSIENT
 
 MiB = 1024 * 1024
@@ -258,8 +258,10 @@ async def test_fetcher_supplies_missing_pieces_and_is_verified(objects: ObjectSt
 async def test_piece_cache_is_bounded_across_views(objects: ObjectStore) -> None:
     view = objects.overlaid({b"m": b"in memory"})  # a transaction's view shares the cache
     piece = 60 * 1024
-    for i in range(2 * CACHE_BYTES // piece):
+    budget = objects.cache.cache.budget
+    n = 2 * budget // piece
+    for i in range(n):
         (view if i % 2 else objects).remember([(b"%05d" % i, bytes(piece))])
-    held = objects._cache.get(b"%05d" % i for i in range(2 * CACHE_BYTES // piece))
-    assert 0 < sum(map(len, held.values())) <= CACHE_BYTES
-    assert b"%05d" % (2 * CACHE_BYTES // piece - 1) in held  # the newest stay
+    held = [d for i in range(n) if (d := b"%05d" % i) in objects.cache]
+    assert 0 < len(held) * piece <= objects.cache.cache.used <= budget
+    assert b"%05d" % (n - 1) in held  # the newest stay

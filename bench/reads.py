@@ -1,0 +1,385 @@
+"""Read benchmark: point gets, cold gets and scans of a page, next to raw SQLite and PouchDB.
+
+    python -m bench.reads [--entries 100000] [--txn 1000] [--gets 20000] [--cold-gets 1000]
+                          [--no-pouchdb]
+
+Prints JSON. One page of ``--entries`` entries (16-byte random keys, 100-byte
+random values), loaded in transactions of ``--txn`` random keys, and in the same
+run:
+
+* raw SQLite: the same rows in a ``(key BLOB PRIMARY KEY, value BLOB)`` WAL table
+  (the page writer's pragmas), loaded with executemany in transactions of the
+  same size, read with a primary-key select and a full ``ORDER BY key`` scan;
+* PouchDB 9 in node (``npm install pouchdb@9`` into a temporary directory; its
+  leveldb adapter): ``bulkDocs`` of ``--txn`` docs, ``db.get``, and
+  ``allDocs({include_docs: true})``. Skipped with a note when node or npm is
+  missing, or with ``--no-pouchdb``.
+
+Warm figures are taken after a full scan has read everything once (the caches
+warm); cold gets run in a fresh process each (the OS's file cache warm, every
+cache of the process empty), ``--cold-gets`` random keys. The load is reported
+next to the storage floor (bare SQLite storing the very pieces each commit
+stored, commit by commit; see :mod:`bench.pages`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from bench.common import bare_sqlite, emit, peak_rss_mib, storage_floor, timed
+from ledgerd.store import Page, Repository
+
+LEDGER = "bench"
+PAGE = "reads"
+
+
+def _rows(n: int, seed: int = 1) -> list[tuple[bytes, bytes]]:
+    rng = random.Random(seed)
+    return [(rng.randbytes(16), rng.randbytes(100)) for _ in range(n)]
+
+
+def _sample(rows: list[tuple[bytes, bytes]], n: int, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    return [rows[rng.randrange(len(rows))][0] for _ in range(n)]
+
+
+def _latency(lat: list[float]) -> dict[str, float]:
+    lat = sorted(lat)
+    return {
+        "mean_us": round(statistics.mean(lat) * 1e6, 2),
+        "p50_us": round(lat[len(lat) // 2] * 1e6, 2),
+        "p99_us": round(lat[int(len(lat) * 0.99)] * 1e6, 2),
+    }
+
+
+# -- raw SQLite -------------------------------------------------------------------
+
+
+def _raw_load(path: Path, rows: list[tuple[bytes, bytes]], txn: int) -> float:
+    db = bare_sqlite(path)
+    db.execute("CREATE TABLE kv (key BLOB PRIMARY KEY, value BLOB)")
+    with timed() as t:
+        for i in range(0, len(rows), txn):
+            db.execute("BEGIN")
+            db.executemany("INSERT OR REPLACE INTO kv VALUES (?, ?)", rows[i : i + txn])
+            db.execute("COMMIT")
+    db.close()
+    return t.seconds
+
+
+def _raw_gets(db: sqlite3.Connection, keys: list[bytes]) -> list[float]:
+    lat = []
+    for k in keys:
+        t0 = time.perf_counter()
+        row = db.execute("SELECT value FROM kv WHERE key = ?", (k,)).fetchone()
+        lat.append(time.perf_counter() - t0)
+        assert row is not None
+    return lat
+
+
+def _raw_scan(db: sqlite3.Connection) -> tuple[float, int]:
+    with timed() as t:
+        rows = db.execute("SELECT key, value FROM kv ORDER BY key").fetchall()
+    return t.seconds, len(rows)
+
+
+def _raw_warm(path: Path, keys: list[bytes]) -> dict[str, Any]:
+    db = sqlite3.connect(path, isolation_level=None)
+    _raw_scan(db)  # warm
+    scan_s, n = _raw_scan(db)
+    out = {"get": _latency(_raw_gets(db, keys)), "scan_s": round(scan_s, 4), "scanned": n}
+    db.close()
+    return out
+
+
+def _raw_cold_child(path: Path, keys: list[bytes]) -> dict[str, Any]:
+    db = sqlite3.connect(path, isolation_level=None)
+    return _latency(_raw_gets(db, keys))
+
+
+# -- ours -----------------------------------------------------------------------
+
+
+async def _load(page: Page, rows: list[tuple[bytes, bytes]], txn: int, marks: list[int]) -> float:
+    seconds = 0.0
+    for i in range(0, len(rows), txn):
+        with timed() as t:
+            async with page.transaction() as tx:
+                for k, v in rows[i : i + txn]:
+                    await tx.put(k, v)
+        seconds += t.seconds
+        last = await page.db.read_all("SELECT coalesce(max(rowid), 0) FROM objects")
+        marks.append(int(last[0][0]))
+    return seconds
+
+
+def _floor(source_path: Path, marks: list[int], path: Path) -> float:
+    """The storage floor of the load: its commits' pieces stored by bare SQLite."""
+    source = sqlite3.connect(f"file:{source_path}?mode=ro", uri=True)
+
+    def commits() -> Iterator[list[tuple[bytes, bytes]]]:
+        for lo, hi in zip([0, *marks], marks, strict=False):
+            yield source.execute(
+                "SELECT digest, data FROM objects WHERE rowid > ? AND rowid <= ?", (lo, hi)
+            ).fetchall()
+
+    try:
+        return storage_floor(path, commits())
+    finally:
+        source.close()
+
+
+async def _gets(page: Page, keys: list[bytes]) -> list[float]:
+    lat = []
+    get = page.get
+    for k in keys:
+        t0 = time.perf_counter()
+        await get(k)
+        lat.append(time.perf_counter() - t0)
+    return lat
+
+
+async def _ours(
+    directory: Path, rows: list[tuple[bytes, bytes]], txn: int, keys: list[bytes]
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    async with await Repository.open(directory / "repo") as repo:
+        page = await repo.ledger(LEDGER).page(PAGE)
+        marks: list[int] = []
+        load_s = await _load(page, rows, txn, marks)
+        await page.flush()
+        out["load_s"] = round(load_s, 3)
+        out["storage_floor_s"] = round(_floor(page.db.path, marks, directory / "floor.sqlite"), 3)
+        scans = []
+        for _ in range(2):  # the first warms the caches
+            with timed() as t:
+                res = await page.entries()
+            scans.append(t.seconds)
+            assert len(res.items) == len(rows), len(res.items)
+        out["scan_first_s"] = round(scans[0], 4)
+        out["scan_s"] = round(scans[1], 4)
+        out["get"] = _latency(await _gets(page, keys))
+    return out
+
+
+async def _ours_cold_child(directory: Path, keys: list[bytes]) -> dict[str, Any]:
+    async with await Repository.open(directory / "repo") as repo:
+        page = await repo.ledger(LEDGER).page(PAGE)
+        return _latency(await _gets(page, keys))
+
+
+def _child(kind: str, directory: Path, keys: list[bytes]) -> dict[str, Any]:
+    """Run a cold-get measurement in a fresh Python process."""
+    keyfile = directory / "cold-keys"
+    keyfile.write_bytes(b"".join(keys))
+    res = subprocess.run(
+        [sys.executable, "-m", "bench.reads", "--child", kind, str(directory)],
+        check=True,
+        capture_output=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    doc: dict[str, Any] = json.loads(res.stdout)
+    return doc
+
+
+def _child_main(kind: str, directory: Path) -> None:
+    raw = (directory / "cold-keys").read_bytes()
+    keys = [raw[i : i + 16] for i in range(0, len(raw), 16)]
+    if kind == "raw":
+        figures = _raw_cold_child(directory / "raw.sqlite", keys)
+    else:
+        figures = asyncio.run(_ours_cold_child(directory, keys))
+    # Not getrusage: a child's ru_maxrss starts from its parent's at fork.
+    status = Path("/proc/self/status").read_text()
+    hwm = re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)
+    if hwm is not None:
+        figures["peak_rss_MiB"] = round(int(hwm.group(1)) / 1024, 1)
+    json.dump(figures, sys.stdout)
+
+
+# -- PouchDB ----------------------------------------------------------------------
+
+POUCH_SCRIPT = r"""
+const PouchDB = require('pouchdb');
+const fs = require('fs');
+const [rowsPath, keysPath, dbPath, txnArg] = process.argv.slice(2);
+const txn = parseInt(txnArg, 10);
+const raw = fs.readFileSync(rowsPath);
+const docs = [];
+for (let i = 0; i < raw.length; i += 116) {
+  docs.push({_id: raw.subarray(i, i + 16).toString('hex'),
+             v: raw.subarray(i + 16, i + 116).toString('base64')});
+}
+const kraw = fs.readFileSync(keysPath);
+const keys = [];
+for (let i = 0; i < kraw.length; i += 16) keys.push(kraw.subarray(i, i + 16).toString('hex'));
+const now = () => Number(process.hrtime.bigint()) / 1e9;
+function latency(lat) {
+  lat.sort((a, b) => a - b);
+  const mean = lat.reduce((a, b) => a + b, 0) / lat.length;
+  const r = (x) => Math.round(x * 1e8) / 100;
+  return {mean_us: r(mean), p50_us: r(lat[Math.floor(lat.length / 2)]),
+          p99_us: r(lat[Math.floor(lat.length * 0.99)])};
+}
+(async () => {
+  const db = new PouchDB(dbPath);
+  let t0 = now();
+  for (let i = 0; i < docs.length; i += txn) await db.bulkDocs(docs.slice(i, i + txn));
+  const load = now() - t0;
+  const scans = [];
+  let n = 0;
+  for (let j = 0; j < 2; j++) {
+    t0 = now();
+    const res = await db.allDocs({include_docs: true});
+    scans.push(now() - t0);
+    n = res.rows.length;
+  }
+  const lat = [];
+  for (const k of keys) {
+    t0 = now();
+    await db.get(k);
+    lat.push(now() - t0);
+  }
+  await db.close();
+  process.stdout.write(JSON.stringify({
+    version: PouchDB.version, adapter: db.adapter, load_s: load, scan_first_s: scans[0],
+    scan_s: scans[1], scanned: n, get: latency(lat),
+    peak_rss_MiB: Math.round(process.resourceUsage().maxRSS / 102.4) / 10}));
+})().catch((e) => { console.error(e); process.exit(1); });
+"""
+
+
+def _pouchdb(
+    directory: Path, rows: list[tuple[bytes, bytes]], keys: list[bytes], txn: int
+) -> dict[str, Any]:
+    """PouchDB's figures, or ``{"skipped": why}``."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        return {"skipped": "node or npm is not installed"}
+    work = directory / "pouchdb"
+    work.mkdir()
+    install = subprocess.run(
+        [npm, "install", "--silent", "--no-audit", "--no-fund", "pouchdb@9"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if install.returncode != 0:
+        return {"skipped": f"npm install pouchdb@9 failed: {install.stderr.strip()[-300:]}"}
+    (work / "bench.js").write_text(POUCH_SCRIPT)
+    (work / "rows").write_bytes(b"".join(k + v for k, v in rows))
+    (work / "keys").write_bytes(b"".join(keys))
+    res = subprocess.run(
+        [node, "bench.js", "rows", "keys", str(work / "db"), str(txn)],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    if res.returncode != 0:
+        return {"skipped": f"the PouchDB script failed: {res.stderr.strip()[-300:]}"}
+    doc: dict[str, Any] = json.loads(res.stdout)
+    return doc
+
+
+# -- main -------------------------------------------------------------------------
+
+
+def _ratio(a: float, b: float) -> float:
+    return round(a / b, 2)
+
+
+def _report(
+    args: argparse.Namespace,
+    raw: dict[str, Any],
+    ours: dict[str, Any],
+    pouch: dict[str, Any],
+) -> dict[str, Any]:
+    ratios: dict[str, Any] = {
+        "get_mean_vs_raw_sqlite": _ratio(ours["get"]["mean_us"], raw["get"]["mean_us"]),
+        "get_p50_vs_raw_sqlite": _ratio(ours["get"]["p50_us"], raw["get"]["p50_us"]),
+        "cold_get_mean_vs_raw_sqlite": _ratio(
+            ours["cold_get"]["mean_us"], raw["cold_get"]["mean_us"]
+        ),
+        "scan_vs_raw_sqlite": _ratio(ours["scan_s"], raw["scan_s"]),
+        "load_rate_vs_raw_sqlite": _ratio(raw["load_s"], ours["load_s"]),
+        "storage_floor_rate_vs_raw_sqlite": _ratio(raw["load_s"], ours["storage_floor_s"]),
+    }
+    if "skipped" not in pouch:
+        ratios.update(
+            {
+                "get_mean_vs_pouchdb": _ratio(ours["get"]["mean_us"], pouch["get"]["mean_us"]),
+                "get_p50_vs_pouchdb": _ratio(ours["get"]["p50_us"], pouch["get"]["p50_us"]),
+                "scan_vs_pouchdb": _ratio(ours["scan_s"], pouch["scan_s"]),
+                "load_rate_vs_pouchdb": _ratio(pouch["load_s"], ours["load_s"]),
+            }
+        )
+    return {
+        "entries": args.entries,
+        "value_bytes": 100,
+        "txn_size": args.txn,
+        "gets": args.gets,
+        "cold_gets": args.cold_gets,
+        "ours": ours,
+        "raw_sqlite": raw,
+        "pouchdb": pouch,
+        "ratios": ratios,
+        "targets": {
+            "get_mean_vs_raw_sqlite": "<= 4",
+            "get_mean_vs_pouchdb": "<= 0.5",
+            "scan_vs_raw_sqlite": "<= 4",
+            "cold_get_mean_vs_raw_sqlite": "<= 10",
+            "load_rate_vs_pouchdb": ">= 1",
+        },
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--entries", type=int, default=100_000)
+    ap.add_argument("--txn", type=int, default=1000)
+    ap.add_argument("--gets", type=int, default=20_000)
+    ap.add_argument("--cold-gets", type=int, default=1000)
+    ap.add_argument("--no-pouchdb", action="store_true")
+    ap.add_argument("--child", nargs=2, metavar=("KIND", "DIR"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        _child_main(args.child[0], Path(args.child[1]))
+        return
+    rows = _rows(args.entries)
+    keys = _sample(rows, args.gets, seed=3)
+    cold_keys = _sample(rows, args.cold_gets, seed=4)
+    with tempfile.TemporaryDirectory() as d:
+        directory = Path(d)
+        raw: dict[str, Any] = {
+            "load_s": round(_raw_load(directory / "raw.sqlite", rows, args.txn), 3)
+        }
+        raw.update(_raw_warm(directory / "raw.sqlite", keys))
+        ours = asyncio.run(_ours(directory, rows, args.txn, keys))
+        ours["peak_rss_MiB"] = round(peak_rss_mib(), 1)
+        raw["cold_get"] = _child("raw", directory, cold_keys)
+        ours["cold_get"] = _child("ours", directory, cold_keys)
+        if args.no_pouchdb:
+            pouch: dict[str, Any] = {"skipped": "--no-pouchdb"}
+        else:
+            pouch = _pouchdb(directory, rows, keys, args.txn)
+    emit("reads", _report(args, raw, ours, pouch))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""The read path: the repository's one read cache, and reads inline on the event loop."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledgerd.store import CorruptObjectError, InvalidArgumentError, Page, Repository
+from ledgerd.store.cache import Cache, CacheSpace
+
+
+def _rows(n: int, tag: bytes) -> list[tuple[bytes, bytes]]:
+    return [(tag + b"%06d" % i, (tag + b"%06d" % i) * 12) for i in range(n)]
+
+
+async def _fill(page: Page, rows: list[tuple[bytes, bytes]]) -> None:
+    for i in range(0, len(rows), 500):
+        async with page.transaction() as txn:
+            for k, v in rows[i : i + 500]:
+                await txn.put(k, v)
+
+
+def _clear(page: Page) -> None:
+    page.nodes.clear_cache()
+    page.objects.clear_cache()
+
+
+def test_cache_keeps_the_most_recent_within_its_budget() -> None:
+    cache = Cache(1000)
+    a: CacheSpace[str] = cache.space()
+    b: CacheSpace[str] = cache.space()
+    a.put(b"x", "ax", 400)
+    b.put(b"x", "bx", 400)  # same digest, another space: another entry
+    assert a.get(b"x") == "ax" and b.get(b"x") == "bx"
+    a.get(b"x")  # now the most recent
+    a.put(b"y", "ay", 400)  # over budget: b's entry, the least recent, goes
+    assert b.get(b"x") is None and a.get(b"x") == "ax" and a.get(b"y") == "ay"
+    assert cache.used == 800
+    a.put(b"z", "big", 1001)  # larger than the whole budget: not kept, nothing evicted
+    assert a.get(b"z") is None and cache.used == 800
+    a.clear()
+    assert cache.used == 0 and len(cache) == 0
+
+
+async def test_pages_share_one_bounded_cache(tmp_path: Path) -> None:
+    budget = 400 * 1024
+    async with await Repository.open(tmp_path / "data", cache_bytes=budget) as repo:
+        a = await repo.ledger("l").page("a")
+        b = await repo.ledger("l").page("b")
+        rows_a, rows_b = _rows(3000, b"a"), _rows(3000, b"b")
+        await _fill(a, rows_a)
+        await _fill(b, rows_b)
+        for page in (a, b):
+            assert page.nodes.cache.cache is repo.cache
+            assert page.objects.cache.cache is repo.cache
+        digests_a = [e.value async for e in a.iter_entries()]
+        # Reading all of a fills the cache with a's nodes and values...
+        assert [kv.value for kv in (await a.entries()).items] == [v for _, v in rows_a]
+        assert 0 < repo.cache.used <= budget
+        held_by_a = sum(d in a.objects.cache for d in digests_a)
+        assert held_by_a > 0
+        # ... and reading all of b, under the same budget, evicts them.
+        assert [kv.value for kv in (await b.entries()).items] == [v for _, v in rows_b]
+        assert 0 < repo.cache.used <= budget
+        assert sum(d in a.objects.cache for d in digests_a) < held_by_a
+        # A piece cached for one page is not another's: b does not store a's values.
+        digest = (await a.get_entry(rows_a[0][0])).value  # type: ignore[union-attr]
+        await a.get(rows_a[0][0])
+        assert digest in a.objects.cache and digest not in b.objects.cache
+
+
+async def test_negative_cache_budget_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError):
+        await Repository.open(tmp_path / "data", cache_bytes=-1)
+
+
+async def _corrupt(page: Page, digest: bytes) -> None:
+    async with page.db.write() as conn:
+        await conn.execute(
+            "UPDATE objects SET data = zeroblob(length(data)) WHERE digest = ?", (digest,)
+        )
+
+
+async def test_a_piece_is_verified_when_it_enters_the_cache(page: Page) -> None:
+    await page.put(b"k", b"v" * 100)
+    await page.put(b"j", b"w" * 100)
+    await page.flush()
+    entry = await page.get_entry(b"k")
+    assert entry is not None
+    _clear(page)
+    await _corrupt(page, entry.value)
+    for _ in range(2):  # refused, and not kept: refused again
+        with pytest.raises(CorruptObjectError):
+            await page.get(b"k")
+    assert entry.value not in page.objects.cache
+
+    # Verified once: a piece read good is served from the cache with no trip to SQLite.
+    assert await page.get(b"j") == b"w" * 100
+    good = await page.get_entry(b"j")
+    assert good is not None
+    await _corrupt(page, good.value)
+    reads = page.db.inline_reads + page.db.thread_reads
+    assert await page.get(b"j") == b"w" * 100
+    assert page.db.inline_reads + page.db.thread_reads == reads
+
+
+async def test_a_corrupt_tree_node_is_detected_when_loaded(page: Page) -> None:
+    await _fill(page, _rows(2000, b"k"))
+    _clear(page)
+    await _corrupt(page, page.head.root)
+    with pytest.raises(CorruptObjectError):
+        await page.get(b"k000001")
+    assert page.nodes.cache.get(page.head.root) is None
+
+
+async def test_point_reads_run_inline(page: Page) -> None:
+    rows = _rows(2000, b"k")
+    await _fill(page, rows)
+    _clear(page)
+    inline, thread = page.db.inline_reads, page.db.thread_reads
+    for k, v in rows[::100]:
+        assert await page.get(k) == v
+    assert page.db.thread_reads == thread  # the nodes and the values: no trip to a thread
+    assert page.db.inline_reads > inline
+
+
+class _BusyOnce:
+    """The inline read connection, answering SQLite's busy error to its first statement."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.refused = 0
+
+    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        if not self.refused:
+            self.refused += 1
+            e = sqlite3.OperationalError("database is locked")
+            e.sqlite_errorcode = sqlite3.SQLITE_BUSY
+            raise e
+        return self.conn.execute(sql, params)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+async def test_an_inline_read_takes_the_thread_when_busy(page: Page) -> None:
+    await page.put(b"k", b"v" * 100)
+    await page.flush()
+    _clear(page)
+    real = page.db.inline_reader
+    assert real is not None
+    busy = _BusyOnce(real)
+    page.db.inline_reader = busy  # type: ignore[assignment]
+    thread = page.db.thread_reads
+    assert await page.get(b"k") == b"v" * 100
+    assert busy.refused == 1
+    assert page.db.thread_reads == thread + 1  # the refused read, on the reader's thread
+
+
+async def test_a_large_value_read_is_not_cached(page: Page) -> None:
+    rng = random.Random(7)
+    big = rng.randbytes(2 * 1024 * 1024)  # over CACHE_VALUE_LIMIT
+    small = rng.randbytes(300_000)  # several chunks, under the limit
+    await page.put(b"big", big)
+    await page.put(b"small", small)
+    await page.flush()
+    _clear(page)
+    assert await page.get(b"big") == big
+    assert page.objects.cache.cache.used < 100_000  # its index piece at most
+    assert await page.get(b"small") == small
+    assert page.objects.cache.cache.used > 300_000  # its chunks stay
