@@ -107,6 +107,7 @@ async def _open_repository(cfg: Config, hooks: PageHooks) -> Repository:
             txn_memory=cfg.txn_memory,
             max_watch_queue=cfg.max_watch_queue,
             max_open_pages=cfg.max_open_pages,
+            cache_bytes=cfg.cache_bytes,
         )
     except RepositoryLockedError:
         raise ConfigError(f"data_dir: {where} is in use by another ledgerd") from None
