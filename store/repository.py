@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ledgerd.store import threads
 from ledgerd.store.cache import CACHE_BYTES, Cache
 from ledgerd.store.db import Database, Synchronous
 from ledgerd.store.errors import (
@@ -418,6 +419,8 @@ class Repository:
             if not page.closed and page.idle and now - page.last_used >= idle_seconds:
                 await page.close()
                 closed += 1
+        if closed:
+            await asyncio.to_thread(threads.give_back_memory)
         return closed
 
     async def close(self) -> None:
