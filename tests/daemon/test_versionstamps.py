@@ -14,6 +14,7 @@ from yarl import URL
 from ledgerd.daemon.client import quote
 from ledgerd.store import Subspace, Versionstamp, stamp_time
 from ledgerd.store import tuple as fdbtuple
+from tests.daemon.conftest import Daemon
 
 LOG = Subspace(("log",))
 PAGE = "/v1/ledgers/app/pages/events"
@@ -198,3 +199,69 @@ async def test_session_transaction_stamps_at_commit(http: aiohttp.ClientSession)
         await ws.call("put", txn=txn, key=b64(b"plain"), value=b64(b"p"))
         done = await ws.call("commit", txn=txn)
         assert done["versionstamp"] is None and done["versionstamped_keys"] == []
+
+
+async def test_async_client_stamps_keys_and_values(daemon: Daemon) -> None:
+    from ledgerd.daemon import client
+
+    # A client-only program finds the tuple layer and friends in the client module.
+    assert client.tuple is fdbtuple and client.Subspace is Subspace
+    assert client.Versionstamp is Versionstamp and client.stamp_time is stamp_time
+    async with client.AsyncClient(daemon.socket) as c:
+        first = await c.set_versionstamped_key("app", "events", template(), b"login")
+        (stamp,) = LOG.unpack(first)
+        assert stamp.is_complete() and stamp.user_version == 0
+        value = await c.set_versionstamped_value(
+            "app",
+            "events",
+            b"latest",
+            fdbtuple.pack_with_versionstamp((Versionstamp.incomplete(3),)),
+            lazy=True,
+        )
+        (vs,) = fdbtuple.unpack(value)
+        assert vs.user_version == 3 and vs.tr_version > stamp.tr_version
+        assert await c.get("app", "events", b"latest") == value
+        async with c.transaction("app", "events") as txn:
+            for n, event in enumerate([b"view", b"logout"]):
+                await txn.set_versionstamped_key(template(n), event)
+            await txn.set_versionstamped_value(
+                b"last-txn", fdbtuple.pack_with_versionstamp((Versionstamp.incomplete(),))
+            )
+        assert txn.versionstamp is not None and txn.versionstamp > vs.tr_version
+        assert txn.versionstamped_keys == [
+            LOG.pack((Versionstamp(txn.versionstamp, n),)) for n in range(2)
+        ]
+        items = [i async for i in c.entries("app", "events", prefix=LOG.key())]
+        assert [i.key for i in items] == [first, *txn.versionstamped_keys]
+        assert [i.value for i in items] == [b"login", b"view", b"logout"]
+        with pytest.raises(client.LedgerError) as e:
+            await c.set_versionstamped_key("app", "events", LOG.pack(("no stamp",)), b"")
+        assert e.value.code == "bad_request" and e.value.status == 400
+        async with c.transaction("app", "events") as txn:
+            with pytest.raises(client.LedgerError) as e:
+                await txn.set_versionstamped_value(b"k", b"too short")
+            assert e.value.code == "bad_request"
+            await txn.put(b"plain", b"p")
+        assert txn.versionstamp is None and txn.versionstamped_keys == []
+
+
+def test_blocking_client_stamps_keys_and_values(daemon: Daemon) -> None:
+    from ledgerd.daemon.client import Client
+
+    with Client(daemon.socket) as c:
+        first = c.set_versionstamped_key("app", "events", template(), b"a")
+        value = c.set_versionstamped_value(
+            "app", "events", b"v", fdbtuple.pack_with_versionstamp((Versionstamp.incomplete(),))
+        )
+        with c.transaction("app", "events") as txn:
+            txn.set_versionstamped_key(template(), b"b")
+            txn.set_versionstamped_value(
+                b"w", fdbtuple.pack_with_versionstamp((Versionstamp.incomplete(),))
+            )
+        assert txn.versionstamp is not None
+        assert [i.key for i in c.entries("app", "events", prefix=LOG.key())] == [
+            first,
+            *txn.versionstamped_keys,
+        ]
+        assert c.get("app", "events", b"v") == value
+        assert c.get("app", "events", b"w") == fdbtuple.pack((Versionstamp(txn.versionstamp),))
