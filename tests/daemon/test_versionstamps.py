@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -14,7 +16,7 @@ from yarl import URL
 from ledgerd.daemon.client import quote
 from ledgerd.store import Subspace, Versionstamp, stamp_time
 from ledgerd.store import tuple as fdbtuple
-from tests.daemon.conftest import Daemon
+from tests.daemon.conftest import Daemon, start_daemon
 
 LOG = Subspace(("log",))
 PAGE = "/v1/ledgers/app/pages/events"
@@ -265,3 +267,69 @@ def test_blocking_client_stamps_keys_and_values(daemon: Daemon) -> None:
         ]
         assert c.get("app", "events", b"v") == value
         assert c.get("app", "events", b"w") == fdbtuple.pack((Versionstamp(txn.versionstamp),))
+
+
+# -- two devices append to one log offline, then sync through the real daemons ---------
+
+
+@pytest.fixture
+def two(short_tmp: Path) -> Iterator[tuple[Daemon, Daemon]]:
+    """Two daemons sharing a folder bucket; they sync only when asked (offline until then)."""
+    env = {"LEDGERD_SYNC_INTERVAL": "3600", "LEDGERD_SYNC_DEBOUNCE": "3600"}
+    cloud = f"file://{short_tmp / 'bucket'}"
+    a = start_daemon(short_tmp / "a", "--cloud", cloud, env=env)
+    try:
+        b = start_daemon(short_tmp / "b", "--cloud", cloud, env=env)
+    except BaseException:
+        a.stop()
+        raise
+    try:
+        yield a, b
+    finally:
+        codes = [a.stop(), b.stop()]
+        assert codes == [0, 0], a.log_text() + b.log_text()
+
+
+def test_two_devices_append_to_one_log_offline_then_sync(two: tuple[Daemon, Daemon]) -> None:
+    from ledgerd.daemon.client import Client
+
+    a, b = two
+    written: dict[str, list[bytes]] = {"a": [], "b": []}
+    with Client(a.socket) as ca, Client(b.socket) as cb:
+        for _ in range(3):  # interleaved in time, neither device syncs yet
+            for name, c in (("a", ca), ("b", cb)):
+                for _ in range(5):  # plain writes: a stamp each
+                    n = len(written[name])
+                    value = f"{name}:{n:03d}".encode()
+                    written[name].append(c.set_versionstamped_key("app", "log", template(), value))
+                with c.transaction("app", "log") as txn:  # one stamp, user versions 0..3
+                    first = len(written[name])
+                    for i in range(4):
+                        value = f"{name}:{first + i:03d}".encode()
+                        txn.set_versionstamped_key(template(i), value)
+                written[name].extend(txn.versionstamped_keys)
+        for name, c in (("a", ca), ("b", cb)):  # offline: each sees only its own
+            assert [i.key for i in c.entries("app", "log")] == written[name]
+        moved = {"a": 0, "b": 0}
+        for _ in range(2):
+            for name, c in (("a", ca), ("b", cb)):
+                stats = c.sync(timeout=60)  # POST /v1/sync
+                moved[name] += stats["downloaded_packs"]
+        assert moved["a"] > 0 and moved["b"] > 0
+        got = {
+            name: [(i.key, i.value) for i in c.entries("app", "log")]
+            for name, c in (("a", ca), ("b", cb))
+        }
+    assert got["a"] == got["b"]  # converged
+    keys = [k for k, _ in got["a"]]
+    assert len(keys) == len(set(keys)) == 2 * 27  # every entry, each under its own key
+    assert set(keys) == set(written["a"]) | set(written["b"])
+    for name in ("a", "b"):  # each device's entries keep the order it wrote them in
+        mine = [v for _, v in got["a"] if v is not None and v.startswith(name.encode())]
+        assert mine == [f"{name}:{n:03d}".encode() for n in range(27)]
+        assert [k for k, v in got["a"] if v in mine] == written[name]
+        tags = {LOG.unpack(k)[0].tr_version[8:] for k in written[name]}
+        assert len(tags) == 1  # the device's two bytes end each of its stamps
+    # Both daemons read one machine's clock here: the log interleaves them in the order
+    # the entries were written, 9 of a, 9 of b, three times.
+    assert b"".join(v[:1] for _, v in got["a"] if v is not None) == (b"a" * 9 + b"b" * 9) * 3
