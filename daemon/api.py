@@ -47,6 +47,7 @@ from ledgerd.daemon.codec import (
     parse_json,
     parse_priority,
     priority_name,
+    stamp_of,
     text_or_none,
     unb64,
 )
@@ -568,14 +569,23 @@ class Api:
         return web.json_response({"entries": out, "next": b64(nxt) if nxt is not None else None})
 
     async def batch(self, request: web.Request, p: Params) -> web.Response:
+        """The ops in one commit. Its versionstamped keys and values share one stamp:
+        the answer carries it (hex) and the completed keys and values, in op order."""
         doc = parse_json(await self.read_body(request), "batch body")
         ops = doc.get("ops") if isinstance(doc, dict) else None
         if not isinstance(ops, list):
             raise ae.BadRequest('batch body must be {"ops": [...]}')
         changes = batch_changes(ops)
         page = await self.page(p.ledger, p.page, create=True)
-        await page.write(changes)
-        return web.json_response({"applied": len(changes)})
+        completed = await page.write(changes)
+        stamp = stamp_of(changes, completed)
+        return web.json_response(
+            {
+                "applied": len(changes),
+                "versionstamp": stamp.hex() if stamp is not None else None,
+                "versionstamped": [b64(x) for x in completed],
+            }
+        )
 
     async def policy(self, request: web.Request, p: Params) -> web.Response:
         """GET: the page's merge policy; PUT {"policy": NAME}: set it (remembered)."""

@@ -12,12 +12,17 @@ built on it.
 
     with Client() as c:
         c.put("notes", "inbox", b"k", b"v")
+
+Structured keys need nothing else: this module re-exports ``tuple`` (FoundationDB's
+tuple layer), :class:`Subspace`, :class:`Versionstamp` and ``stamp_time`` from
+:mod:`ledgerd.store`, for ``set_versionstamped_key`` and friends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import builtins
 import contextlib
 import io
 import itertools
@@ -44,6 +49,15 @@ from yarl import URL
 
 from ledgerd.daemon.config import default_socket
 from ledgerd.daemon.socketdir import socket_dir_problem
+
+# Re-exported for client programs. ``tuple`` is the tuple layer in this module: write
+# ``builtins.tuple`` for the type.
+from ledgerd.store import SingleFloat as SingleFloat
+from ledgerd.store import Subspace as Subspace
+from ledgerd.store import TupleError as TupleError
+from ledgerd.store import Versionstamp as Versionstamp
+from ledgerd.store import stamp_time as stamp_time
+from ledgerd.store import tuple as tuple
 
 T = TypeVar("T")
 Name = bytes | str
@@ -365,7 +379,7 @@ class AsyncClient:
         self,
         ledger: Name,
         page: Name,
-        puts: Iterable[tuple[bytes, bytes] | tuple[bytes, bytes, str]] = (),
+        puts: Iterable[builtins.tuple[bytes, bytes] | builtins.tuple[bytes, bytes, str]] = (),
         deletes: Iterable[bytes] = (),
     ) -> int:
         """Many puts and deletes in one commit; returns how many were applied."""
@@ -380,6 +394,30 @@ class AsyncClient:
             "POST", self.url(self.page_path(ledger, page) + "/batch"), {"ops": ops}
         )
         return int(doc["applied"])
+
+    async def set_versionstamped_key(
+        self, ledger: Name, page: Name, template: bytes, value: bytes, *, lazy: bool = False
+    ) -> bytes:
+        """Set the key ``template`` becomes once its incomplete versionstamp is filled in
+        (``template`` ends in the stamp's 4-byte offset, as ``pack_with_versionstamp``
+        makes it); returns that key."""
+        op = {"op": "set_versionstamped_key", "key": b64(template), "value": b64(value)}
+        return await self._stamped(ledger, page, op, lazy)
+
+    async def set_versionstamped_value(
+        self, ledger: Name, page: Name, key: bytes, template: bytes, *, lazy: bool = False
+    ) -> bytes:
+        """Set ``key`` to ``template`` with its incomplete versionstamp filled in
+        (``template`` ends in the stamp's 4-byte offset); returns the value stored."""
+        op = {"op": "set_versionstamped_value", "key": b64(key), "value": b64(template)}
+        return await self._stamped(ledger, page, op, lazy)
+
+    async def _stamped(self, ledger: Name, page: Name, op: dict[str, str], lazy: bool) -> bytes:
+        op["priority"] = "lazy" if lazy else "eager"
+        doc = await self._json(
+            "POST", self.url(self.page_path(ledger, page) + "/batch"), {"ops": [op]}
+        )
+        return unb64(doc["versionstamped"][0])
 
     async def entries(
         self,
@@ -683,6 +721,12 @@ class AsyncTransaction:
         self.base = base
         self.commit_id: str | None = None
         """The commit this transaction made (None before, or if it changed nothing)."""
+        self.versionstamp: bytes | None = None
+        """The ten bytes that completed its versionstamped keys and values (set by the
+        commit; None before, or if it stamped nothing)."""
+        self.versionstamped_keys: list[bytes] = []
+        """The keys given to :meth:`set_versionstamped_key`, completed, in that order
+        (set by the commit)."""
 
     async def get(self, key: bytes) -> bytes | None:
         doc = await self.session.call("get", txn=self.id, key=b64(key))
@@ -691,6 +735,33 @@ class AsyncTransaction:
     async def put(self, key: bytes, value: bytes, *, lazy: bool = False) -> None:
         await self.session.call(
             "put", txn=self.id, key=b64(key), value=b64(value), priority="lazy" if lazy else "eager"
+        )
+
+    async def set_versionstamped_key(
+        self, template: bytes, value: bytes, *, lazy: bool = False
+    ) -> None:
+        """Set the key ``template`` becomes when the commit fills in its incomplete
+        versionstamp: it is in :attr:`versionstamped_keys` after the commit. The
+        transaction cannot read it before."""
+        await self.session.call(
+            "set_versionstamped_key",
+            txn=self.id,
+            key=b64(template),
+            value=b64(value),
+            priority="lazy" if lazy else "eager",
+        )
+
+    async def set_versionstamped_value(
+        self, key: bytes, template: bytes, *, lazy: bool = False
+    ) -> None:
+        """Set ``key`` to ``template`` with its incomplete versionstamp filled in at
+        commit; reading ``key`` in this transaction is then an error."""
+        await self.session.call(
+            "set_versionstamped_value",
+            txn=self.id,
+            key=b64(key),
+            value=b64(template),
+            priority="lazy" if lazy else "eager",
         )
 
     async def delete(self, key: bytes) -> None:
@@ -709,6 +780,9 @@ class AsyncTransaction:
     async def commit(self) -> str | None:
         doc = await self.session.call("commit", txn=self.id)
         self.commit_id = doc["commit"]
+        stamp = doc.get("versionstamp")
+        self.versionstamp = bytes.fromhex(stamp) if stamp is not None else None
+        self.versionstamped_keys = [unb64(k) for k in doc.get("versionstamped_keys", [])]
         return self.commit_id
 
     async def rollback(self) -> None:
@@ -886,10 +960,20 @@ class Client:
         self,
         ledger: Name,
         page: Name,
-        puts: Iterable[tuple[bytes, bytes] | tuple[bytes, bytes, str]] = (),
+        puts: Iterable[builtins.tuple[bytes, bytes] | builtins.tuple[bytes, bytes, str]] = (),
         deletes: Iterable[bytes] = (),
     ) -> int:
         return self._call(self.aio.batch(ledger, page, list(puts), list(deletes)))
+
+    def set_versionstamped_key(
+        self, ledger: Name, page: Name, template: bytes, value: bytes, *, lazy: bool = False
+    ) -> bytes:
+        return self._call(self.aio.set_versionstamped_key(ledger, page, template, value, lazy=lazy))
+
+    def set_versionstamped_value(
+        self, ledger: Name, page: Name, key: bytes, template: bytes, *, lazy: bool = False
+    ) -> bytes:
+        return self._call(self.aio.set_versionstamped_value(ledger, page, key, template, lazy=lazy))
 
     def entries(
         self,
@@ -1066,11 +1150,25 @@ class BlockingTransaction:
     def commit_id(self) -> str | None:
         return self._txn.commit_id if self._txn is not None else None
 
+    @property
+    def versionstamp(self) -> bytes | None:
+        return self._txn.versionstamp if self._txn is not None else None
+
+    @property
+    def versionstamped_keys(self) -> list[bytes]:
+        return self._txn.versionstamped_keys if self._txn is not None else []
+
     def get(self, key: bytes) -> bytes | None:
         return self._call(self.aio.get(key))
 
     def put(self, key: bytes, value: bytes, *, lazy: bool = False) -> None:
         self._call(self.aio.put(key, value, lazy=lazy))
+
+    def set_versionstamped_key(self, template: bytes, value: bytes, *, lazy: bool = False) -> None:
+        self._call(self.aio.set_versionstamped_key(template, value, lazy=lazy))
+
+    def set_versionstamped_value(self, key: bytes, template: bytes, *, lazy: bool = False) -> None:
+        self._call(self.aio.set_versionstamped_value(key, template, lazy=lazy))
 
     def delete(self, key: bytes) -> None:
         self._call(self.aio.delete(key))

@@ -2,8 +2,8 @@
 
 This module owns the codecs: base64 for bytes (the one definition the API and
 sessions share), priorities by name, commits and entries as JSON objects, a
-batch's ops, and parsing JSON from a client. It does not own routes or transport
-(:mod:`daemon.api`, :mod:`daemon.session`).
+batch's ops (versionstamped ones included), and parsing JSON from a client. It
+does not own routes or transport (:mod:`daemon.api`, :mod:`daemon.session`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,16 @@ import json
 from typing import Any
 
 from ledgerd.daemon import errors as ae
-from ledgerd.store import Commit, Entry, Priority, View
+from ledgerd.store import (
+    Commit,
+    Entry,
+    KeyTooLargeError,
+    Priority,
+    StampedKey,
+    StampedValue,
+    VersionstampError,
+    View,
+)
 from ledgerd.store import digest as dg
 
 INLINE_VALUE_LIMIT = 1024 * 1024
@@ -40,16 +49,23 @@ def unb64(text: object, what: str, index: int | None = None) -> bytes:
         raise ae.BadRequest(f"{name} {problem}") from None
 
 
-Change = tuple[bytes, bytes | None, Priority]
+Change = tuple[bytes | StampedKey, bytes | StampedValue | None, Priority]
+"""A change for :meth:`store.Page.write`: a stamped key or value is completed when written."""
+
+STAMPED_OPS = ("set_versionstamped_key", "set_versionstamped_value")
+OP_NAMES = "'put', 'delete', 'set_versionstamped_key' or 'set_versionstamped_value'"
 
 
 def batch_changes(ops: list[Any]) -> list[Change]:
-    """The changes of a batch's ``ops``: ``{"op": "put", "key", "value", "priority"?}``
-    or ``{"op": "delete", "key"}``, keys and values in base64.
+    """The changes of a batch's ``ops``: ``{"op": "put", "key", "value", "priority"?}``,
+    ``{"op": "delete", "key"}``, ``{"op": "set_versionstamped_key", "key", "value",
+    "priority"?}`` (``key`` a template ending in its 4-byte offset) or ``{"op":
+    "set_versionstamped_value", "key", "value", "priority"?}`` (``value`` a template),
+    keys and values in base64.
 
-    Well-formed ops take a lean loop; the first sign of trouble hands the whole
-    list to the checking loop, whose error names the op and the field (and which
-    decides alone whether the ops are good).
+    Well-formed puts and deletes take a lean loop; the first sign of trouble, or a
+    versionstamped op, hands the whole list to the checking loop, whose error names
+    the op and the field (and which decides alone whether the ops are good).
     """
     a2b, eager = binascii.a2b_base64, Priority.EAGER
     changes: list[Change] = []
@@ -76,16 +92,51 @@ def _checked_batch_changes(ops: list[Any]) -> list[Change]:
             raise ae.BadRequest(f"ops[{i}] must be an object")
         kind = op.get("op")
         key = unb64(op.get("key"), "key", i)
-        if kind == "put":
-            value = unb64(op.get("value"), "value", i)
-            p = op.get("priority")
-            prio = Priority.EAGER if p is None else parse_priority(p if isinstance(p, str) else "?")
-            changes.append((key, value, prio))
-        elif kind == "delete":
+        if kind == "delete":
             changes.append((key, None, Priority.EAGER))
+            continue
+        if kind != "put" and kind not in STAMPED_OPS:
+            raise ae.BadRequest(f"ops[{i}].op must be {OP_NAMES}")
+        value = unb64(op.get("value"), "value", i)
+        p = op.get("priority")
+        prio = Priority.EAGER if p is None else parse_priority(p if isinstance(p, str) else "?")
+        if kind == "put":
+            changes.append((key, value, prio))
+        elif kind == "set_versionstamped_key":
+            changes.append((stamped_key(key, f"ops[{i}].key"), value, prio))
         else:
-            raise ae.BadRequest(f"ops[{i}].op must be 'put' or 'delete'")
+            changes.append((key, stamped_value(value, f"ops[{i}].value"), prio))
     return changes
+
+
+def stamped_key(template: bytes, what: str) -> StampedKey:
+    """``template`` as a key to complete with a versionstamp; 400 naming ``what`` if it
+    is not one (no incomplete versionstamp at its trailing offset, or too long)."""
+    try:
+        return StampedKey(template)
+    except KeyTooLargeError as e:
+        raise ae.KeyTooLarge(f"{what}: {e}") from None
+    except VersionstampError as e:
+        raise ae.BadRequest(f"{what}: {e}") from None
+
+
+def stamped_value(template: bytes, what: str) -> StampedValue:
+    """``template`` as a value to complete with a versionstamp; 400 naming ``what``."""
+    try:
+        return StampedValue(template)
+    except VersionstampError as e:
+        raise ae.BadRequest(f"{what}: {e}") from None
+
+
+def stamp_of(changes: list[Change], completed: list[bytes]) -> bytes | None:
+    """The ten bytes that completed a write's stamped keys and values (a write takes
+    one stamp), read from the first of them; None if the write stamped nothing."""
+    for key, value, _ in changes:
+        stamped = key if isinstance(key, StampedKey) else value
+        if isinstance(stamped, StampedKey | StampedValue):
+            offset = int.from_bytes(stamped.template[-4:], "little")
+            return completed[0][offset : offset + 10]
+    return None
 
 
 def parse_json(data: bytes | str, what: str) -> Any:

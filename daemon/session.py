@@ -33,6 +33,8 @@ from ledgerd.daemon.codec import (
     parse_json,
     parse_priority,
     priority_name,
+    stamped_key,
+    stamped_value,
     unb64,
 )
 from ledgerd.store import Entry, Page, Repository, StoreError, Transaction, Watcher
@@ -125,6 +127,8 @@ class Session:
             "begin": self.op_begin,
             "get": self.op_get,
             "put": self.op_put,
+            "set_versionstamped_key": self.op_set_versionstamped_key,
+            "set_versionstamped_value": self.op_set_versionstamped_value,
             "delete": self.op_delete,
             "clear": self.op_clear,
             "entries": self.op_entries,
@@ -291,6 +295,28 @@ class Session:
         )
         return {}
 
+    async def op_set_versionstamped_key(self, req: dict[str, Any]) -> dict[str, Any]:
+        """``key`` is a template (its trailing 4-byte offset included), completed at commit."""
+        txn = self._txn(req)
+        prio = req.get("priority")
+        await txn.set_versionstamped_key(
+            stamped_key(unb64(req.get("key"), "key"), "key").template,
+            unb64(req.get("value"), "value"),
+            parse_priority(prio if isinstance(prio, str) else None),
+        )
+        return {}
+
+    async def op_set_versionstamped_value(self, req: dict[str, Any]) -> dict[str, Any]:
+        """``value`` is a template (its trailing 4-byte offset included), completed at commit."""
+        txn = self._txn(req)
+        prio = req.get("priority")
+        await txn.set_versionstamped_value(
+            unb64(req.get("key"), "key"),
+            stamped_value(unb64(req.get("value"), "value"), "value").template,
+            parse_priority(prio if isinstance(prio, str) else None),
+        )
+        return {}
+
     async def op_delete(self, req: dict[str, Any]) -> dict[str, Any]:
         await self._txn(req).delete(unb64(req.get("key"), "key"))
         return {}
@@ -320,7 +346,12 @@ class Session:
         txn = self._txn(req)
         del self.txns[str(req.get("txn"))]
         cid = await txn.commit()
-        return {"commit": cid.hex() if cid else None}
+        stamp = txn.versionstamp
+        return {
+            "commit": cid.hex() if cid else None,
+            "versionstamp": stamp.hex() if stamp is not None else None,
+            "versionstamped_keys": [b64(k) for k in txn.versionstamped_keys],
+        }
 
     async def op_rollback(self, req: dict[str, Any]) -> dict[str, Any]:
         txn = self._txn(req)

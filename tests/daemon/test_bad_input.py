@@ -187,7 +187,11 @@ def _op(i: int, **fields: object) -> dict[str, object]:
         ({"op": "put", "key": "a2V5"}, "ops[7].value must be a base64 string"),
         ({"op": "put", "key": "a2V5", "value": "!!"}, "ops[7].value is not valid base64"),
         ({"op": "delete", "key": 5}, "ops[7].key must be a base64 string"),
-        ({"op": "move", "key": "a2V5"}, "ops[7].op must be 'put' or 'delete'"),
+        (
+            {"op": "move", "key": "a2V5"},
+            "ops[7].op must be 'put', 'delete', 'set_versionstamped_key' or"
+            " 'set_versionstamped_value'",
+        ),
         (_op(7, priority=1), "priority must be 'eager' or 'lazy', not '?'"),
         (_op(7, priority="soon"), "priority must be 'eager' or 'lazy', not 'soon'"),
         ({"op": "put", "priority": "soon"}, "ops[7].key must be a base64 string"),
@@ -217,7 +221,7 @@ def test_both_batch_loops_agree_on_random_ops() -> None:
     """The same changes, or the same error, for ops drawn from good and bad parts."""
     rnd = random.Random(3)
     parts: dict[str, list[object]] = {
-        "op": ["put", "delete", "move", None, 1],
+        "op": ["put", "delete", "move", None, 1, "set_versionstamped_key"],
         "key": ["a2V5", "", "!!", 5, None, ["a"], "é"],
         "value": ["dmFsdWU=", "", "abc", None, 2.5],
         "priority": ["lazy", "EAGER", "", "soon", 1, True, None, "é"],
