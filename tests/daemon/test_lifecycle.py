@@ -244,7 +244,8 @@ async def test_idle_pages_are_closed_and_reopen_on_use(short_tmp: Path) -> None:
             txn = await session.begin("l", "sess")
             await txn.put(b"k", b"s")
             await txn.commit()
-            assert await open_pages() == {"watched", "plain", "sess"}
+            # (plain and sess may be closed already: they are idle after 0.2 s)
+            assert "watched" in await open_pages()
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 30
             while await open_pages() != {"watched"}:  # the daemon's idle check closes them
