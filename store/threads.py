@@ -70,9 +70,8 @@ def give_back_memory() -> None:
     """Return the heap's free memory to the system (glibc; elsewhere nothing).
 
     Closed pages free their SQLite caches, but glibc keeps the freed memory in the
-    heaps of the threads that used it: a daemon cycling through a thousand pages
-    grew by 30 MiB a cycle and never shrank (measured: 671 -> 867 MiB over six
-    cycles of 1,000 pages, and 67 -> 77 MiB with this called after each)."""
+    heaps of the threads that used it, so a daemon cycling through many pages grew
+    with every cycle and never shrank (figures in the README's Performance)."""
     if _trim is not None:
         _trim(0)
 
