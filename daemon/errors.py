@@ -98,6 +98,12 @@ class Busy(ApiError):
     status, code = 429, "too_many_requests"
 
 
+class WatcherBehind(ApiError):
+    """The watcher fell too far behind (max_watch_queue) and was ended."""
+
+    status, code = 409, "watcher_behind"
+
+
 class RangeNotSatisfiable(ApiError):
     """The requested byte range is outside the value."""
 

@@ -396,6 +396,9 @@ class Session:
         except Exception as e:
             log.exception("session %d: watcher %s failed", self.number, wid)
             ended.update(ae.ApiError(f"the watcher failed: {type(e).__name__}").body())
+        else:
+            if watcher.ended_reason is not None:  # it fell too far behind
+                ended.update(ae.WatcherBehind(watcher.ended_reason).body())
         finally:
             watcher.close()  # a watcher keeps its page open
             if self.watchers.get(wid, (None,))[0] is watcher:

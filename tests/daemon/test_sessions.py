@@ -122,3 +122,25 @@ async def test_a_watcher_that_ends_by_itself_releases_its_page_and_says_so(
         [ended] = ws.sent
         assert ended["event"] == "ended" and ended["watch"] == "w1"
         assert ("error" in ended) == (how == "fails")
+
+
+async def test_a_watcher_that_falls_behind_is_ended_with_a_reason(tmp_path: Path) -> None:
+    """In process: a watcher that fell max_watch_queue notifications behind ends; its
+    client gets what was queued, then ``ended`` with code ``watcher_behind``."""
+    async with await Repository.open(tmp_path, max_watch_queue=3) as repo:
+        page = await repo.ledger("l").page("p")
+        watcher = page.watch(b"")
+        for i in range(5):  # nobody reads: the fourth notification ends the watcher
+            await page.write([(b"k", b"%d" % i)])
+            await page.flush()
+        assert watcher.closed and watcher.ended_reason
+        sent: list[dict[str, object]] = []
+
+        class Keep:
+            async def send_str(self, text: str) -> None:
+                sent.append(json.loads(text))
+
+        session = Session(SimpleNamespace(api=None), Keep(), 1)  # type: ignore[arg-type]
+        await asyncio.wait_for(session._forward("w1", watcher), 10)
+        assert [m["event"] for m in sent] == ["change"] * 3 + ["ended"]
+        assert sent[-1]["error"]["code"] == "watcher_behind"  # type: ignore[index]

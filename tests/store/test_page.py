@@ -705,3 +705,15 @@ async def test_writes_queued_behind_a_failed_commit_are_answered(
     failing = False  # space is back
     await asyncio.wait_for(page.flush(), 10)
     assert await page.get(b"acked") == b"1"
+
+
+async def test_a_watcher_that_falls_behind_ends_with_a_reason(tmp_path: Path) -> None:
+    async with await Repository.open(tmp_path, max_watch_queue=2) as repo:
+        page = await repo.ledger("l").page("p")
+        w = page.watch()
+        for i in range(4):
+            await page.put(b"k", b"%d" % i)
+            await page.flush()
+        got = [n async for n in w]  # what was queued, then the end
+        assert len(got) == 2 and w.ended_reason and "behind" in w.ended_reason
+        assert not page.watchers  # it no longer holds the page
