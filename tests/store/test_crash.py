@@ -18,11 +18,15 @@ from ledgerd.store.repository import encode_name
 ROOT = Path(__file__).resolve().parents[2]
 
 
-async def _run_and_kill(data: Path, seed: int, lines_before_kill: int) -> list[str]:
+async def run_and_kill(
+    data: Path, seed: int, lines_before_kill: int, child: str = "tests.store.crash_child"
+) -> list[str]:
+    """Run ``python -m child DATA SEED``, SIGKILL it after it printed that many lines,
+    and return every line it printed (each an acknowledged event)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "tests.store.crash_child",
+        child,
         str(data),
         str(seed),
         cwd=ROOT,
@@ -57,7 +61,7 @@ async def _crash_loop(tmp_path: Path, iterations: int) -> None:
     committed: set[str] = set()
     db_file = data / "1" / "ledgers" / encode_name(b"crash") / encode_name(b"page") / "page.sqlite"
     for it in range(iterations):
-        lines = await _run_and_kill(data, it, rng.randint(2, 120))
+        lines = await run_and_kill(data, it, rng.randint(2, 120))
         for line in lines:
             kind, _, rest = line.partition(" ")
             if kind == "P":

@@ -2,48 +2,19 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import random
-import signal
-import sys
 from pathlib import Path
 
 import pytest
 
 from ledgerd.store import DocumentStore, Repository
+from tests.store.test_crash import run_and_kill
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 async def _run_and_kill(data: Path, seed: int, lines_before_kill: int) -> list[str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tests.store.docs_crash_child",
-        str(data),
-        str(seed),
-        cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    assert proc.stdout is not None
-    seen: list[str] = []
-    try:
-        while len(seen) < lines_before_kill:
-            line = await asyncio.wait_for(proc.stdout.readline(), 60)
-            if not line:
-                err = await proc.stderr.read() if proc.stderr else b""
-                pytest.fail(f"child exited early: {err.decode()[-2000:]}")
-            seen.append(line.decode().strip())
-    finally:
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGKILL)
-        await proc.wait()
-    rest = await proc.stdout.read()  # acknowledged before the kill too
-    seen.extend(x for x in rest.decode().splitlines() if x.strip())
-    return seen
+    return await run_and_kill(data, seed, lines_before_kill, "tests.store.docs_crash_child")
 
 
 async def _crash_loop(tmp_path: Path, iterations: int) -> None:
