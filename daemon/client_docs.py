@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import io
 import json
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -333,7 +333,7 @@ class AsyncDocuments:
         *,
         collection: str | None = None,
         heartbeat: float | None = None,
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncGenerator[dict[str, Any], None]:
         """The changes since ``since``, then one ``{"commit", "documents"}`` per later
         change, until the daemon stops or the caller does."""
         query: dict[str, Any] = {
