@@ -453,3 +453,84 @@ async def test_follow_ends_when_the_daemon_stops(short_tmp: Path) -> None:
     finally:
         code = d.stop()
     assert code == 0, d.log_text()
+
+
+# -- ledgerctl doc -------------------------------------------------------------------
+
+
+def ctl(d: Daemon, *args: str, input: bytes | None = None) -> str:
+    p = d.ledgerctl("doc", *args, input=input)
+    assert (p.returncode, p.stderr) == (0, b""), f"ledgerctl doc {args}: {p}"
+    return p.stdout.decode()
+
+
+def ctl_fails(d: Daemon, code: int, *args: str) -> str:
+    p = d.ledgerctl("doc", *args)
+    assert p.returncode == code and p.stdout == b"", f"ledgerctl doc {args}: {p}"
+    err = p.stderr.decode()
+    assert err.startswith("ledgerctl: ") and "Traceback" not in err, err
+    return err
+
+
+def test_ledgerctl_doc(shared: Daemon, tmp_path: Path) -> None:
+    lp = ("cli", "people")
+    ann_id, rev = ctl(shared, "put", *lp, "people", '{"name": "Ann", "city": "Oslo"}').split()
+    bob_id, _ = ctl(
+        shared, "put", *lp, "people", "-", input=b'{"name": "Bob", "city": "Rome"}'
+    ).split()
+    doc = json.loads(ctl(shared, "get", *lp, "people", ann_id))
+    assert doc["_meta"]["_rev"] == rev and doc["_data"]["name"] == "Ann"
+
+    _, rev2 = ctl(
+        shared,
+        "put",
+        *lp,
+        "people",
+        '{"name": "Ann", "city": "Oslo", "age": 42}',
+        "--id",
+        ann_id,
+        "--rev",
+        rev,
+    ).split()
+    err = ctl_fails(shared, 4, "put", *lp, "people", "{}", "--id", ann_id, "--rev", rev)
+    assert "(conflict)" in err
+    assert "(invalid_document)" in ctl_fails(shared, 2, "put", *lp, "people", '{"_x": 1}')
+    assert "not valid JSON" in ctl_fails(shared, 2, "put", *lp, "people", "{nope")
+    assert "(invalid_id)" in ctl_fails(shared, 2, "get", *lp, "people", "nope")
+    ctl_fails(shared, 1, "get", *lp, "people", "01ARZ3NDEKTSV4RRFFQ69G5FAV")
+
+    rows = ctl(shared, "ls", *lp, "people").splitlines()
+    assert [r.split("\t")[:2] for r in rows] == [[ann_id, rev2], [bob_id, rows[1].split()[1]]]
+    assert json.loads(rows[0].split("\t")[2]) == {"name": "Ann", "city": "Oslo", "age": 42}
+
+    assert ctl(shared, "index", *lp, "people", "by_city", "--partition", "city").startswith(
+        "by_city\t"
+    )
+    found = ctl(shared, "find", *lp, "people", "by_city", "--eq", "Oslo", "--json")
+    assert [json.loads(x)["_meta"]["_id"] for x in found.splitlines()] == [ann_id]
+    assert "no index 'nope'" in ctl_fails(shared, 1, "find", *lp, "people", "nope", "--eq", "1")
+
+    src = tmp_path / "photo.png"
+    src.write_bytes(b"\x89PNG" + bytes(1000))
+    att_id, _ = ctl(shared, "attach", *lp, "people", bob_id, str(src)).split()
+    got = shared.ledgerctl("doc", "attachment", *lp, "people", bob_id, att_id)
+    assert got.returncode == 0 and got.stdout == src.read_bytes()
+    out = tmp_path / "copy.png"
+    ctl(shared, "attachment", *lp, "people", bob_id, att_id, "-o", str(out))
+    assert out.read_bytes() == src.read_bytes()
+    assert json.loads(ctl(shared, "get", *lp, "people", bob_id))["_attachments"][0] == {
+        "_id": att_id,
+        "_filename": "photo.png",
+        "_contentType": "image/png",
+        "_length": 1004,
+    }
+
+    first = json.loads(ctl(shared, "changes", *lp))
+    assert {d["_meta"]["_id"] for d in first["documents"]} == {ann_id, bob_id}
+    ctl(shared, "rm", *lp, "people", bob_id)
+    later = json.loads(ctl(shared, "changes", *lp, "--since", first["commit"]))
+    assert [d["_meta"]["_deleted"] for d in later["documents"]] == [True]
+    assert ctl(shared, "ls", *lp, "people").splitlines() == [rows[0]]
+    assert ctl(shared, "ls", *lp, "people", "--deleted").splitlines()[1].endswith("\tdeleted")
+    ctl(shared, "purge", *lp, "people", bob_id)
+    assert ctl(shared, "ls", *lp, "people", "--deleted").splitlines()[1].endswith("\tpurged")
