@@ -38,6 +38,7 @@ from urllib.parse import parse_qsl, unquote_to_bytes
 from aiohttp import web
 
 from ledgerd.daemon import __version__
+from ledgerd.daemon import docs_api as docs
 from ledgerd.daemon import errors as ae
 from ledgerd.daemon.codec import (
     b64,
@@ -685,5 +686,22 @@ ROUTES = [
     _route("GET", PAGE + "/heads", Api.heads),
     _route("GET", PAGE + "/history", Api.history),
     _route("GET", PAGE + "/commits/{commit}", Api.commit),
+    # Documents (daemon/docs_api.py): literal segments before {collection} and {id}.
+    _route("GET", PAGE + "/docs/_changes", docs.changes),
+    _route("GET", PAGE + "/docs/{collection}", docs.list_documents),
+    _route("POST", PAGE + "/docs/{collection}", docs.create_document),
+    _route("GET", PAGE + "/docs/{collection}/_indexes", docs.list_indexes),
+    _route("PUT", PAGE + "/docs/{collection}/_indexes/{name}", docs.declare_index),
+    _route("DELETE", PAGE + "/docs/{collection}/_indexes/{name}", docs.drop_index),
+    _route("GET", PAGE + "/docs/{collection}/_indexes/{name}/find", docs.find),
+    _route("POST", PAGE + "/docs/{collection}/_indexes/{name}/rebuild", docs.rebuild_index),
+    _route("GET", PAGE + "/docs/{collection}/{id}", docs.get_document),
+    _route("PUT", PAGE + "/docs/{collection}/{id}", docs.replace_document),
+    _route("DELETE", PAGE + "/docs/{collection}/{id}", docs.delete_document),
+    _route("POST", PAGE + "/docs/{collection}/{id}/purge", docs.purge_document),
+    _route("POST", PAGE + "/docs/{collection}/{id}/attachments", docs.add_attachment),
+    _route("PUT", PAGE + "/docs/{collection}/{id}/attachments/{att}", docs.add_attachment),
+    _route("GET HEAD", PAGE + "/docs/{collection}/{id}/attachments/{att}", docs.get_attachment),
+    _route("DELETE", PAGE + "/docs/{collection}/{id}/attachments/{att}", docs.delete_attachment),
 ]
 """The API's routes (the README's table), tried in order."""

@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
-from ledgerd.daemon import __version__
+from ledgerd.daemon import __version__, cli_doc
 from ledgerd.daemon.client import (
     AsyncClient,
     DaemonUnavailableError,
@@ -599,12 +599,15 @@ def parser() -> argparse.ArgumentParser:
     cmd("heads", "list the page's head commits", "ledger", "page")
     p = cmd("log", "commit history, newest first", "ledger", "page")
     p.add_argument("--limit", type=int, default=20)
+    cli_doc.add_parser(sub)  # ledgerctl doc ... (daemon/cli_doc.py)
     return ap
 
 
 async def run(args: argparse.Namespace) -> int:
     async with AsyncClient(args.socket) as client:
         cli = Cli(args, client)
+        if args.command == "doc":  # ledgerctl doc ... (daemon/cli_doc.py)
+            return await cli_doc.run(cli, UsageError)
         name = {"import": "import_"}.get(args.command, args.command)
         return int(await getattr(cli, name)())
 

@@ -41,7 +41,7 @@ from collections.abc import (
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiofiles
 import aiohttp
@@ -58,6 +58,9 @@ from ledgerd.store import TupleError as TupleError
 from ledgerd.store import Versionstamp as Versionstamp
 from ledgerd.store import stamp_time as stamp_time
 from ledgerd.store import tuple as tuple
+
+if TYPE_CHECKING:
+    from ledgerd.daemon.client_docs import AsyncDocuments, Documents
 
 T = TypeVar("T")
 Name = bytes | str
@@ -538,6 +541,12 @@ class AsyncClient:
                 yield change
         finally:
             await w.close()
+
+    def documents(self, ledger: Name, page: Name) -> AsyncDocuments:
+        """The page's documents (:mod:`daemon.client_docs`)."""
+        from ledgerd.daemon.client_docs import AsyncDocuments
+
+        return AsyncDocuments(self, ledger, page)
 
 
 async def _file_chunks(path: Path, total: int, progress: Progress | None) -> AsyncIterator[bytes]:
@@ -1038,6 +1047,12 @@ class Client:
 
     def watch(self, ledger: Name, page: Name, prefix: bytes = b"") -> Iterator[Change]:
         return self._bridge.iterate(self.aio.watch(ledger, page, prefix))
+
+    def documents(self, ledger: Name, page: Name) -> Documents:
+        """The page's documents (:mod:`daemon.client_docs`), blocking."""
+        from ledgerd.daemon.client_docs import Documents
+
+        return Documents(self._bridge, self.aio.documents(ledger, page))
 
 
 def _on_thread(callback: BlockingResolver) -> ResolverCallback:

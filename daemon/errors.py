@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import sqlite3
 
+from ledgerd.store import DocumentError
 from ledgerd.store import errors as se
 
 
@@ -134,6 +135,47 @@ class InsufficientStorage(ApiError):
     status, code = 507, "insufficient_storage"
 
 
+class NotDocuments(Conflict):
+    """The page holds no documents (write one to make it a document page)."""
+
+    code = "not_a_document_page"
+
+
+class InvalidDocument(BadRequest):
+    """The document is not valid JSON, or uses a reserved name."""
+
+    code = "invalid_document"
+
+
+class DocumentNotFound(NotFound):
+    """No such document (or it is deleted)."""
+
+    code = "document_not_found"
+
+
+DOCUMENT_STATUS = {
+    "invalid_document": 400,
+    "invalid_id": 400,
+    "invalid_name": 400,
+    "rev_in_future": 400,
+    "bad_request": 400,
+    "document_not_found": 404,
+    "attachment_not_found": 404,
+    "index_not_found": 404,
+    "conflict": 409,
+    "too_large": 413,
+}
+"""The HTTP status of each code of the document layer's errors (``store.DocumentError``)."""
+
+
+def from_document(e: se.StoreError, code: str) -> ApiError:
+    """The API error for a document error: its own stable code, and its status."""
+    err = ApiError(str(e))
+    err.code = code
+    err.status = DOCUMENT_STATUS.get(code, 400)
+    return err
+
+
 class Corrupt(ApiError):
     """Stored data is damaged; the daemon refused to return it."""
 
@@ -170,6 +212,8 @@ def from_store(e: se.StoreError) -> ApiError:
     msg = str(e)
     if disk_full(e):
         return InsufficientStorage()
+    if isinstance(e, DocumentError):  # before InvalidArgumentError, which some subclass
+        return from_document(e, e.code)
     if isinstance(e, se.KeyTooLargeError):
         return KeyTooLarge(msg)
     if isinstance(e, se.NameTooLargeError):

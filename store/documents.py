@@ -30,6 +30,7 @@ from ledgerd.store.docindex import IndexDef, Views, decode_token, encode_token, 
 from ledgerd.store.doclayout import AttachmentMeta, Record, State
 from ledgerd.store.docmodel import (
     MAX_DOCUMENT_BYTES,
+    MISSING,
     REV_TOLERANCE,
     Attachment,
     AttachmentNotFoundError,
@@ -120,6 +121,23 @@ class DocumentStore:
                 await store._open()
                 _stores[page] = store
             return store
+
+    @staticmethod
+    async def holds_documents(page: Page) -> bool:
+        """Whether ``page`` is a document page (its tree holds the marker), without
+        making it one as :meth:`open` does."""
+        return await page.get_entry(doclayout.MARKER) is not None
+
+    @staticmethod
+    def check(collection: str, *, doc_id: str | None = None, data: Any = MISSING) -> None:
+        """Raise what a call would for its arguments alone (collection name, id, the
+        document's JSON and reserved names), before any page is opened or created. The
+        size and indexed-field checks need the page: they come with the write."""
+        check_collection(collection)
+        if doc_id is not None:
+            parse_ulid(doc_id)
+        if data is not MISSING:
+            check_data(data)
 
     async def _open(self) -> None:
         if await self.page.get_entry(doclayout.MARKER) is None:

@@ -1,0 +1,183 @@
+"""``ledgerctl doc``: documents from the command line.
+
+This module owns the ``doc`` subcommands (their arguments and output) on
+:class:`~ledgerd.daemon.client_docs.AsyncDocuments`. The rest of ``ledgerctl``
+(global options, the client, exit statuses) is :mod:`daemon.cli`'s, which
+registers these with :func:`add_parser` and runs them with :func:`run`.
+
+Output: ``put``, ``rm``, ``purge`` print ``_id<TAB>_rev``; ``attach`` prints
+``attachment id<TAB>_rev``; ``ls`` and ``find`` print ``_id<TAB>_rev<TAB>_data``
+(compact JSON; ``deleted`` or ``purged`` as a fourth column) or, with ``--json``, one
+whole document per line; ``get`` prints the document; ``changes`` one
+``{"commit", "documents"}`` line per batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import mimetypes
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ledgerd.daemon.client_docs import AsyncDocuments, Doc
+
+if TYPE_CHECKING:
+    from ledgerd.daemon.cli import Cli
+
+
+def add_parser(sub: Any) -> None:
+    """``doc`` and its subcommands, under ``ledgerctl``'s subparsers ``sub``."""
+    doc = sub.add_parser("doc", help="documents (see 'ledgerctl doc -h')", description=__doc__)
+    cmds = doc.add_subparsers(dest="doc_command", required=True, metavar="SUBCOMMAND")
+
+    def cmd(name: str, help: str, *args: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = cmds.add_parser(name, help=help, description=help)
+        for a in ("ledger", "page", *args):
+            p.add_argument(a)
+        return p
+
+    p = cmd("put", "create a document (or replace --id); prints _id and _rev", "collection")
+    p.add_argument("json", metavar="JSON", help="the document's _data ('-': standard input)")
+    p.add_argument("--id", help="replace this document instead of creating one")
+    p.add_argument("--rev", help="only if its current revision is REV (with --id)")
+    p = cmd("get", "print a document as JSON", "collection", "id")
+    p.add_argument("--deleted", action="store_true", help="a deleted document too")
+    p = cmd("ls", "list a collection's documents in _id order", "collection")
+    p.add_argument("--json", action="store_true", help="one whole document per line")
+    p.add_argument("--deleted", action="store_true", help="deleted documents too")
+    p.add_argument("--limit", type=int)
+    for name, help in (("rm", "delete a document (soft)"), ("purge", "purge a document")):
+        p = cmd(name, help + "; prints _id and the new _rev", "collection", "id")
+        p.add_argument("--rev", help="only if its current revision is REV")
+    p = cmd("index", "declare an index", "collection", "name")
+    p.add_argument("--partition", required=True, metavar="PATH", help="e.g. address.city")
+    p.add_argument("--sort", metavar="PATH")
+    p = cmd("find", "query an index (VALUEs are JSON, or else strings)", "collection", "name")
+    p.add_argument("--eq", required=True, metavar="VALUE", help="the partition value")
+    p.add_argument("--start", metavar="VALUE", help="sort values from VALUE (included)")
+    p.add_argument("--end", metavar="VALUE", help="sort values up to VALUE (excluded)")
+    p.add_argument("--json", action="store_true", help="one whole document per line")
+    p.add_argument("--deleted", action="store_true", help="deleted documents too")
+    p.add_argument("--limit", type=int)
+    p = cmd("attach", "attach a file; prints the attachment id and _rev", "collection", "id")
+    p.add_argument("file")
+    p.add_argument("--name", help="its filename (default: FILE's name)")
+    p.add_argument("--type", help="its content type (default: guessed from the name)")
+    p.add_argument("--replace", metavar="ATTACHMENT_ID", help="replace this attachment")
+    p.add_argument("--rev", help="only if the document's current revision is REV")
+    p = cmd(
+        "attachment",
+        "write an attachment to standard output (or -o FILE)",
+        "collection",
+        "id",
+        "attachment_id",
+    )
+    p.add_argument("-o", "--output", help="write it to this file")
+    p = cmd("changes", "documents changed since a commit, as JSON lines")
+    p.add_argument("--since", metavar="COMMIT", help="a commit id (hex) from an earlier line")
+    p.add_argument("--collection")
+    p.add_argument("--follow", action="store_true", help="then every later change")
+
+
+def _value(text: str) -> Any:
+    """A command-line VALUE: JSON if it parses as JSON, else the text as a string."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _row(d: Doc) -> str:
+    meta = d["_meta"]
+    state = "\tpurged" if meta.get("_purged") else "\tdeleted" if meta.get("_deleted") else ""
+    return f"{meta['_id']}\t{meta['_rev']}\t{_compact(d['_data'])}{state}"
+
+
+async def run(cli: Cli, usage: type[Exception]) -> int:
+    """Run ``ledgerctl doc SUBCOMMAND``; ``usage`` is the error for a wrong command line."""
+    a = cli.a
+    docs = AsyncDocuments(cli.c, *cli.lp)
+    c = a.doc_command
+    if c == "put":
+        text = sys.stdin.read() if a.json == "-" else a.json
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise usage(f"JSON: not valid JSON: {e}") from None
+        if a.rev is not None and a.id is None:
+            raise usage("--rev needs --id (a new document has no revision to expect)")
+        if a.id is None:
+            d = await docs.create(a.collection, data)
+        else:
+            d = await docs.replace(a.collection, a.id, data, rev=a.rev)
+        cli.line(f"{d['_meta']['_id']}\t{d['_meta']['_rev']}")
+    elif c == "get":
+        cli.line(json.dumps(await docs.get(a.collection, a.id, deleted=a.deleted), indent=2))
+    elif c in ("ls", "find"):
+        if c == "ls":
+            found = docs.list_documents(a.collection, deleted=a.deleted, limit=a.limit)
+        else:
+            found = docs.find(
+                a.collection,
+                a.name,
+                _value(a.eq),
+                start=None if a.start is None else _value(a.start),
+                end=None if a.end is None else _value(a.end),
+                deleted=a.deleted,
+                limit=a.limit,
+            )
+        async for d in found:
+            cli.line(_compact(d) if a.json else _row(d))
+    elif c in ("rm", "purge"):
+        op = docs.delete if c == "rm" else docs.purge
+        d = await op(a.collection, a.id, rev=a.rev)
+        cli.line(f"{d['_meta']['_id']}\t{d['_meta']['_rev']}")
+    elif c == "index":
+        info = await docs.declare_index(a.collection, a.name, a.partition, a.sort)
+        cli.line(f"{info['name']}\t{'ready' if info['ready'] else 'building'}")
+    elif c == "attach":
+        path = Path(a.file)
+        if not path.is_file():
+            raise usage(f"{path}: no such file")
+        name = a.name or path.name
+        ctype = a.type or mimetypes.guess_type(name)[0] or "application/octet-stream"
+        res = await docs.put_attachment(
+            a.collection,
+            a.id,
+            path,
+            filename=name,
+            content_type=ctype,
+            attachment_id=a.replace,
+            rev=a.rev,
+        )
+        cli.line(f"{res['attachment']['_id']}\t{res['document']['_meta']['_rev']}")
+    elif c == "attachment":
+        if a.output:
+            target = Path(a.output)
+            if not target.parent.is_dir():
+                raise usage(f"-o {target}: directory {target.parent} does not exist")
+            try:
+                await docs.attachment_to_file(a.collection, a.id, a.attachment_id, target)
+            except (PermissionError, IsADirectoryError) as e:
+                raise usage(f"-o {target}: {e.strerror}") from None
+        else:
+            out = sys.stdout.buffer
+            async for chunk in docs.attachment_stream(a.collection, a.id, a.attachment_id):
+                await asyncio.to_thread(out.write, chunk)
+            out.flush()
+    elif c == "changes":
+        if not a.follow:
+            cli.line(_compact(await docs.changes(a.since, collection=a.collection)))
+            return 0
+        async for batch in docs.follow(a.since, collection=a.collection):
+            cli.line(_compact(batch))
+        print("ledgerctl: the daemon ended the changes feed", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,542 @@
+"""Documents in the Python clients: :class:`AsyncDocuments` and its blocking :class:`Documents`.
+
+This module owns the client side of ``/v1/ledgers/{L}/pages/{P}/docs/...``
+(:mod:`daemon.docs_api`): documents as their JSON (``{"_meta", "_data",
+"_attachments"}`` dicts), attachments streamed both ways, index queries and
+listings paged through, and the changes feed. Connections, URLs and errors are
+:class:`~ledgerd.daemon.client.AsyncClient`'s; get one from it::
+
+    async with AsyncClient() as c:
+        docs = c.documents("app", "people")
+        ann = await docs.create("people", {"name": "Ann"})
+        ann = await docs.replace("people", ann["_meta"]["_id"], {"name": "Ann B."},
+                                 rev=ann["_meta"]["_rev"])
+
+    with Client() as c:
+        c.documents("app", "people").get("people", doc_id)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import aiofiles
+import aiohttp
+
+from ledgerd.daemon.client import CHUNK, DaemonUnavailableError, LedgerError, Name, quote
+
+if TYPE_CHECKING:
+    from ledgerd.daemon.client import AsyncClient, _Bridge
+
+Doc = dict[str, Any]
+"""A document as JSON: ``{"_meta": {...}, "_data": ..., "_attachments": [...]}``."""
+Content = bytes | AsyncIterable[bytes] | Path
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+class AsyncDocuments:
+    """The documents of one page, through an :class:`AsyncClient` (which owns the
+    connection: close the client, not this)."""
+
+    def __init__(self, client: AsyncClient, ledger: Name, page: Name) -> None:
+        self.client = client
+        self.ledger = ledger
+        self.page = page
+        self.base = client.page_path(ledger, page) + "/docs"
+
+    @contextlib.contextmanager
+    def _reaching(self) -> Iterator[None]:
+        try:
+            yield
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as e:
+            raise DaemonUnavailableError(
+                "unavailable", f"cannot reach ledgerd at {self.client.socket}: {e}"
+            ) from None
+
+    def _path(self, collection: str, *rest: str) -> str:
+        return "/".join([self.base, quote(collection), *(quote(r) for r in rest)])
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, Any] | None = None,
+        *,
+        data: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
+        resp = await self.client.request(
+            method, self.client.url(path, query), data=data, headers=headers
+        )
+        with self._reaching():
+            async with resp:
+                return None if resp.status == 204 else await resp.json()
+
+    async def _send_json(
+        self, method: str, path: str, value: Any, query: dict[str, Any] | None = None
+    ) -> Any:
+        headers = {"Content-Type": "application/json"}
+        return await self._call(method, path, query, data=_dumps(value), headers=headers)
+
+    # -- documents ---------------------------------------------------------------------
+
+    async def create(self, collection: str, data: Any, *, new_rev: str | None = None) -> Doc:
+        """A new document whose ``_data`` is ``data``."""
+        doc: Doc = await self._send_json("POST", self._path(collection), data, {"new_rev": new_rev})
+        return doc
+
+    async def get(self, collection: str, doc_id: str, *, deleted: bool = False) -> Doc:
+        """The document (a deleted one only with ``deleted``); NotFoundError if none."""
+        query = {"deleted": 1 if deleted else None}
+        doc: Doc = await self._call("GET", self._path(collection, doc_id), query)
+        return doc
+
+    async def replace(
+        self,
+        collection: str,
+        doc_id: str,
+        data: Any,
+        *,
+        rev: str | None = None,
+        new_rev: str | None = None,
+    ) -> Doc:
+        """A new revision with ``data``; with ``rev``, only if that is the current one
+        (else LedgerError ``conflict``)."""
+        doc: Doc = await self._send_json(
+            "PUT", self._path(collection, doc_id), data, {"rev": rev, "new_rev": new_rev}
+        )
+        return doc
+
+    async def delete(
+        self, collection: str, doc_id: str, *, rev: str | None = None, new_rev: str | None = None
+    ) -> Doc:
+        """Soft delete: the document stays, marked ``_deleted``."""
+        doc: Doc = await self._call(
+            "DELETE", self._path(collection, doc_id), {"rev": rev, "new_rev": new_rev}
+        )
+        return doc
+
+    async def purge(
+        self, collection: str, doc_id: str, *, rev: str | None = None, new_rev: str | None = None
+    ) -> Doc:
+        """Remove the data and attachments, keep a ``_purged`` tombstone."""
+        doc: Doc = await self._call(
+            "POST", self._path(collection, doc_id, "purge"), {"rev": rev, "new_rev": new_rev}
+        )
+        return doc
+
+    async def _pages(
+        self, path: str, query: dict[str, Any], limit: int | None, page_size: int
+    ) -> AsyncIterator[Doc]:
+        token: str | None = None
+        sent = 0
+        while True:
+            want = page_size if limit is None else min(page_size, limit - sent)
+            if want <= 0:
+                return
+            res = await self._call("GET", path, {**query, "limit": want, "token": token})
+            for d in res["documents"]:
+                yield d
+                sent += 1
+            token = res["next"]
+            if token is None:
+                return
+
+    async def list_documents(
+        self,
+        collection: str,
+        *,
+        deleted: bool = False,
+        limit: int | None = None,
+        page_size: int = 100,
+    ) -> AsyncIterator[Doc]:
+        """Documents in ``_id`` order, paging through the collection (or ``limit`` of them)."""
+        query = {"deleted": 1 if deleted else None}
+        async for d in self._pages(self._path(collection), query, limit, page_size):
+            yield d
+
+    # -- attachments ---------------------------------------------------------------------
+
+    async def put_attachment(
+        self,
+        collection: str,
+        doc_id: str,
+        content: Content,
+        *,
+        filename: str,
+        content_type: str = "application/octet-stream",
+        attachment_id: str | None = None,
+        rev: str | None = None,
+    ) -> dict[str, Any]:
+        """Add an attachment (or replace ``attachment_id``), streamed from bytes, chunks
+        or a file: ``{"document": Doc, "attachment": {...}}``."""
+        path = self._path(collection, doc_id, "attachments")
+        if attachment_id is not None:
+            path += "/" + quote(attachment_id)
+        headers = {"Content-Type": content_type}
+        data: Any = content
+        if isinstance(content, bytes) and len(content) > CHUNK:
+            data = io.BytesIO(content)
+        elif isinstance(content, Path):
+            headers["Content-Length"] = str(content.stat().st_size)
+            data = _file_chunks(content)
+        out: dict[str, Any] = await self._call(
+            "PUT" if attachment_id else "POST",
+            path,
+            {"filename": filename, "rev": rev},
+            data=data,
+            headers=headers,
+        )
+        return out
+
+    async def attachment_stream(
+        self,
+        collection: str,
+        doc_id: str,
+        attachment_id: str,
+        *,
+        offset: int = 0,
+        length: int | None = None,
+    ) -> AsyncIterator[bytes]:
+        """An attachment's content (``length`` bytes from ``offset``), as it arrives."""
+        headers: dict[str, str] = {}
+        if offset or length is not None:
+            if offset < 0 or (length is not None and length < 1):
+                raise ValueError("offset must be >= 0 and length >= 1")
+            last = "" if length is None else str(offset + length - 1)
+            headers["Range"] = f"bytes={offset}-{last}"
+        url = self.client.url(self._path(collection, doc_id, "attachments", attachment_id))
+        resp = await self.client.request("GET", url, headers=headers)
+        async with resp:
+            chunks = resp.content.iter_chunked(CHUNK)
+            while True:
+                with self._reaching():
+                    try:
+                        chunk = await anext(chunks)
+                    except StopAsyncIteration:
+                        return
+                yield chunk
+
+    async def read_attachment(
+        self,
+        collection: str,
+        doc_id: str,
+        attachment_id: str,
+        *,
+        offset: int = 0,
+        length: int | None = None,
+    ) -> bytes:
+        stream = self.attachment_stream(
+            collection, doc_id, attachment_id, offset=offset, length=length
+        )
+        return b"".join([c async for c in stream])
+
+    async def attachment_to_file(
+        self, collection: str, doc_id: str, attachment_id: str, path: Path
+    ) -> int:
+        """Write an attachment to ``path`` (whole or not at all); returns its size."""
+        n = 0
+        tmp = path.with_name(f".{path.name}.part")
+        try:
+            async with aiofiles.open(tmp, "wb") as f:
+                async for chunk in self.attachment_stream(collection, doc_id, attachment_id):
+                    await f.write(chunk)
+                    n += len(chunk)
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return n
+
+    async def delete_attachment(
+        self, collection: str, doc_id: str, attachment_id: str, *, rev: str | None = None
+    ) -> Doc:
+        path = self._path(collection, doc_id, "attachments", attachment_id)
+        doc: Doc = await self._call("DELETE", path, {"rev": rev})
+        return doc
+
+    # -- indexes -----------------------------------------------------------------------
+
+    async def declare_index(
+        self,
+        collection: str,
+        name: str,
+        partition: str | list[str],
+        sort: str | list[str] | None = None,
+    ) -> dict[str, Any]:
+        """Declare an index (paths like ``"address.city"``); built in the background."""
+        body: dict[str, Any] = {"partition": partition}
+        if sort is not None:
+            body["sort"] = sort
+        info: dict[str, Any] = await self._send_json(
+            "PUT", self._path(collection, "_indexes", name), body
+        )
+        return info
+
+    async def drop_index(self, collection: str, name: str) -> None:
+        await self._call("DELETE", self._path(collection, "_indexes", name))
+
+    async def rebuild_index(self, collection: str, name: str) -> None:
+        await self._call("POST", self._path(collection, "_indexes", name, "rebuild"))
+
+    async def indexes(self, collection: str) -> list[dict[str, Any]]:
+        res = await self._call("GET", self._path(collection, "_indexes"))
+        return list(res["indexes"])
+
+    async def find(
+        self,
+        collection: str,
+        index: str,
+        eq: Any,
+        *,
+        start: Any = None,
+        end: Any = None,
+        deleted: bool = False,
+        limit: int | None = None,
+        page_size: int = 100,
+    ) -> AsyncIterator[Doc]:
+        """Documents whose partition value is ``eq`` and sort value in ``[start, end)``,
+        in index order, paging through them (or ``limit`` of them)."""
+        query = {
+            "eq": _dumps(eq),
+            "start": None if start is None else _dumps(start),
+            "end": None if end is None else _dumps(end),
+            "deleted": 1 if deleted else None,
+        }
+        path = self._path(collection, "_indexes", index, "find")
+        async for d in self._pages(path, query, limit, page_size):
+            yield d
+
+    # -- the changes feed ----------------------------------------------------------------
+
+    async def changes(
+        self, since: str | None = None, *, collection: str | None = None
+    ) -> dict[str, Any]:
+        """``{"commit", "documents"}``: documents changed since commit ``since`` (hex);
+        pass ``commit`` as the next ``since``."""
+        res: dict[str, Any] = await self._call(
+            "GET", self.base + "/_changes", {"since": since, "collection": collection}
+        )
+        return res
+
+    async def follow(
+        self,
+        since: str | None = None,
+        *,
+        collection: str | None = None,
+        heartbeat: float | None = None,
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """The changes since ``since``, then one ``{"commit", "documents"}`` per later
+        change, until the daemon stops or the caller does."""
+        query: dict[str, Any] = {
+            "since": since,
+            "collection": collection,
+            "follow": 1,
+            "heartbeat": None if heartbeat is None else str(heartbeat),
+        }
+        url = self.client.url(self.base + "/_changes", query)
+        resp = await self.client.request("GET", url)
+        async with resp:
+            while True:
+                with self._reaching():
+                    line = await resp.content.readline()
+                if not line:
+                    return
+                if line.strip():
+                    doc = json.loads(line)
+                    if "error" in doc:  # the feed failed after it started
+                        err = doc["error"]
+                        raise LedgerError(err["code"], err["message"], resp.status)
+                    yield doc
+
+
+async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
+    async with aiofiles.open(path, "rb") as f:
+        while chunk := await f.read(CHUNK):
+            yield chunk
+
+
+async def _pull(chunks: Iterable[bytes]) -> AsyncIterator[bytes]:
+    """A blocking iterable of chunks as an async one (each ``next`` on a worker thread)."""
+    it = iter(chunks)
+    while (chunk := await asyncio.to_thread(next, it, None)) is not None:
+        yield chunk
+
+
+class Documents:
+    """:class:`AsyncDocuments` for blocking code, method for method (through the
+    :class:`~ledgerd.daemon.client.Client`'s bridge)."""
+
+    def __init__(self, bridge: _Bridge, aio: AsyncDocuments) -> None:
+        self._bridge = bridge
+        self._call = bridge.call
+        self.aio = aio
+
+    def create(self, collection: str, data: Any, *, new_rev: str | None = None) -> Doc:
+        return self._call(self.aio.create(collection, data, new_rev=new_rev))
+
+    def get(self, collection: str, doc_id: str, *, deleted: bool = False) -> Doc:
+        return self._call(self.aio.get(collection, doc_id, deleted=deleted))
+
+    def replace(
+        self,
+        collection: str,
+        doc_id: str,
+        data: Any,
+        *,
+        rev: str | None = None,
+        new_rev: str | None = None,
+    ) -> Doc:
+        return self._call(self.aio.replace(collection, doc_id, data, rev=rev, new_rev=new_rev))
+
+    def delete(
+        self, collection: str, doc_id: str, *, rev: str | None = None, new_rev: str | None = None
+    ) -> Doc:
+        return self._call(self.aio.delete(collection, doc_id, rev=rev, new_rev=new_rev))
+
+    def purge(
+        self, collection: str, doc_id: str, *, rev: str | None = None, new_rev: str | None = None
+    ) -> Doc:
+        return self._call(self.aio.purge(collection, doc_id, rev=rev, new_rev=new_rev))
+
+    def list_documents(
+        self,
+        collection: str,
+        *,
+        deleted: bool = False,
+        limit: int | None = None,
+        page_size: int = 100,
+    ) -> Iterator[Doc]:
+        return self._bridge.iterate(
+            self.aio.list_documents(collection, deleted=deleted, limit=limit, page_size=page_size)
+        )
+
+    def put_attachment(
+        self,
+        collection: str,
+        doc_id: str,
+        content: bytes | Iterable[bytes] | Path,
+        *,
+        filename: str,
+        content_type: str = "application/octet-stream",
+        attachment_id: str | None = None,
+        rev: str | None = None,
+    ) -> dict[str, Any]:
+        """Like :meth:`AsyncDocuments.put_attachment`; an iterable of chunks is streamed."""
+        data = content if isinstance(content, bytes | Path) else _pull(content)
+        return self._call(
+            self.aio.put_attachment(
+                collection,
+                doc_id,
+                data,
+                filename=filename,
+                content_type=content_type,
+                attachment_id=attachment_id,
+                rev=rev,
+            )
+        )
+
+    def attachment_stream(
+        self,
+        collection: str,
+        doc_id: str,
+        attachment_id: str,
+        *,
+        offset: int = 0,
+        length: int | None = None,
+    ) -> Iterator[bytes]:
+        return self._bridge.iterate(
+            self.aio.attachment_stream(
+                collection, doc_id, attachment_id, offset=offset, length=length
+            )
+        )
+
+    def read_attachment(
+        self,
+        collection: str,
+        doc_id: str,
+        attachment_id: str,
+        *,
+        offset: int = 0,
+        length: int | None = None,
+    ) -> bytes:
+        return self._call(
+            self.aio.read_attachment(
+                collection, doc_id, attachment_id, offset=offset, length=length
+            )
+        )
+
+    def attachment_to_file(
+        self, collection: str, doc_id: str, attachment_id: str, path: Path
+    ) -> int:
+        return self._call(self.aio.attachment_to_file(collection, doc_id, attachment_id, path))
+
+    def delete_attachment(
+        self, collection: str, doc_id: str, attachment_id: str, *, rev: str | None = None
+    ) -> Doc:
+        return self._call(self.aio.delete_attachment(collection, doc_id, attachment_id, rev=rev))
+
+    def declare_index(
+        self,
+        collection: str,
+        name: str,
+        partition: str | list[str],
+        sort: str | list[str] | None = None,
+    ) -> dict[str, Any]:
+        return self._call(self.aio.declare_index(collection, name, partition, sort))
+
+    def drop_index(self, collection: str, name: str) -> None:
+        self._call(self.aio.drop_index(collection, name))
+
+    def rebuild_index(self, collection: str, name: str) -> None:
+        self._call(self.aio.rebuild_index(collection, name))
+
+    def indexes(self, collection: str) -> list[dict[str, Any]]:
+        return self._call(self.aio.indexes(collection))
+
+    def find(
+        self,
+        collection: str,
+        index: str,
+        eq: Any,
+        *,
+        start: Any = None,
+        end: Any = None,
+        deleted: bool = False,
+        limit: int | None = None,
+        page_size: int = 100,
+    ) -> Iterator[Doc]:
+        return self._bridge.iterate(
+            self.aio.find(
+                collection,
+                index,
+                eq,
+                start=start,
+                end=end,
+                deleted=deleted,
+                limit=limit,
+                page_size=page_size,
+            )
+        )
+
+    def changes(self, since: str | None = None, *, collection: str | None = None) -> dict[str, Any]:
+        return self._call(self.aio.changes(since, collection=collection))
+
+    def follow(
+        self,
+        since: str | None = None,
+        *,
+        collection: str | None = None,
+        heartbeat: float | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        return self._bridge.iterate(
+            self.aio.follow(since, collection=collection, heartbeat=heartbeat)
+        )

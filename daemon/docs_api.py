@@ -1,0 +1,466 @@
+"""The HTTP endpoints of documents: ``/v1/ledgers/{L}/pages/{P}/docs/...``.
+
+This module owns how the document layer (:class:`ledgerd.store.DocumentStore`) maps
+onto HTTP: documents as JSON bodies, attachments as raw streamed bodies with their
+content type (ranged reads), index declarations and queries, and the changes feed
+(JSON, or newline-delimited JSON while following). Its handlers are entries of
+:data:`ledgerd.daemon.api.ROUTES`; the routes' matching, page leases, error
+responses and request bodies are :mod:`daemon.api`'s, the error codes
+:mod:`daemon.errors`'.
+
+Names in the path (collection, document id, attachment id, index name) are
+percent-encoded UTF-8. A document's body is its ``_data``; the expected revision
+of a write is ``If-Match: "REV"`` or ``?rev=REV``, a client-supplied new one
+``?new_rev=REV``. Continuation tokens are base64, commit ids hex.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote_to_bytes
+
+from aiohttp import web
+
+from ledgerd.daemon import errors as ae
+from ledgerd.daemon.codec import b64, parse_json, unb64
+from ledgerd.store import Document, DocumentStore, RangeResult, StoreError
+
+if TYPE_CHECKING:
+    from ledgerd.daemon.api import Api, Params
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LIMIT, MAX_LIMIT = 100, 1000
+"""Documents per listing or query page (the store's bound is 1,000)."""
+HEARTBEAT = 10.0
+"""Seconds between the empty lines a followed changes feed sends while nothing changes
+(``?heartbeat=`` sets it): they find a client that left, and a stopping daemon."""
+DOCS_PREFIX = 7
+"""Segments of ``/v1/ledgers/L/pages/P/docs`` in a split raw path (the leading '' included)."""
+JSON_TYPE = "application/json"
+NDJSON_TYPE = "application/x-ndjson"
+
+
+# -- request parts -----------------------------------------------------------------
+
+
+def _segments(request: web.Request) -> list[str]:
+    """The path's segments after ``docs/``, percent-decoded UTF-8."""
+    parts = request.raw_path.split("?", 1)[0].split("/")[DOCS_PREFIX:]
+    try:
+        return [unquote_to_bytes(s).decode() for s in parts]
+    except UnicodeDecodeError:
+        raise ae.BadRequest("names in a document path must be UTF-8") from None
+
+
+def _query(request: web.Request, name: str) -> str | None:
+    return request.query.get(name)
+
+
+def _flag(request: web.Request, name: str) -> bool:
+    v = request.query.get(name)
+    return v is not None and v.lower() not in ("0", "false", "no", "")
+
+
+def _int(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
+    v = request.query.get(name)
+    if v is None or v == "":
+        return default
+    try:
+        n = int(v)
+    except ValueError:
+        raise ae.BadRequest(f"query parameter {name} must be an integer") from None
+    if not lo <= n <= hi:
+        raise ae.BadRequest(f"query parameter {name} must be {lo}-{hi}")
+    return n
+
+
+def _seconds(request: web.Request, name: str, default: float) -> float:
+    v = request.query.get(name)
+    if v is None or v == "":
+        return default
+    try:
+        n = float(v)
+    except ValueError:
+        n = math.nan
+    if not math.isfinite(n) or n <= 0:
+        raise ae.BadRequest(f"query parameter {name} must be a positive number of seconds")
+    return n
+
+
+def _json_param(request: web.Request, name: str) -> Any:
+    v = request.query.get(name)
+    return None if v is None else parse_json(v, f"query parameter {name}")
+
+
+def _token(request: web.Request) -> bytes | None:
+    t = request.query.get("token")
+    return unb64(t, "token") if t else None
+
+
+def _expected_rev(request: web.Request) -> str | None:
+    """``If-Match: "REV"`` (or ``?rev=REV``): the revision a write expects to replace."""
+    header = request.headers.get("If-Match")
+    param = request.query.get("rev") or None
+    if header is not None:
+        header = header.strip().removeprefix("W/").strip('"')
+        if param is not None and param != header:
+            raise ae.BadRequest("If-Match and ?rev= name different revisions")
+        return header or None
+    return param
+
+
+async def _data(api: Api, request: web.Request) -> Any:
+    """The request's JSON body (a document's ``_data``)."""
+    try:
+        return parse_json(await api.read_body(request), "the document")
+    except ae.BadRequest as e:
+        raise ae.InvalidDocument(str(e)) from None
+
+
+async def _store(api: Api, p: Params, *, write: bool) -> DocumentStore:
+    """The page's document store. A write makes the page (and ledger) if needed; a read
+    needs a page that is a document page already (opening one makes it one)."""
+    page = await api.page(p.ledger, p.page, create=write)
+    if not write and not await DocumentStore.holds_documents(page):
+        raise ae.NotDocuments(f"page {p.page!r} of ledger {p.ledger!r} holds no documents")
+    return await DocumentStore.open(page, max_document_bytes=api.cfg.max_document_bytes)
+
+
+def _doc_response(doc: Document, status: int = 200) -> web.Response:
+    return web.json_response(doc.to_json(), status=status, headers={"ETag": f'"{doc.rev}"'})
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+async def _documents_page(
+    fetch: Callable[[int], Awaitable[RangeResult[Document]]], limit: int, budget: int
+) -> web.Response:
+    """``{"documents": [...], "next": token}`` of at most ``limit`` documents whose JSON
+    stays under ``budget`` bytes (at least one document): a page that would pass it is
+    asked again, shorter, so that its token continues right after the last one sent."""
+    while True:
+        res = await fetch(limit)
+        texts: list[str] = []
+        used = 0
+        for d in res.items:
+            t = _dumps(d.to_json())
+            if texts and used + len(t) > budget:
+                break
+            texts.append(t)
+            used += len(t)
+        if len(texts) == len(res.items):
+            nxt = None if res.token is None else b64(res.token)
+            body = '{"documents":[' + ",".join(texts) + '],"next":' + _dumps(nxt) + "}"
+            return web.Response(text=body, content_type=JSON_TYPE)
+        limit = len(texts)
+
+
+# -- documents ---------------------------------------------------------------------
+
+
+async def list_documents(api: Api, request: web.Request, p: Params) -> web.Response:
+    (collection,) = _segments(request)
+    DocumentStore.check(collection)
+    limit = _int(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+    token = _token(request)
+    deleted = _flag(request, "deleted")
+    docs = await _store(api, p, write=False)
+    return await _documents_page(
+        lambda n: docs.list_documents(collection, limit=n, token=token, include_deleted=deleted),
+        limit,
+        api.cfg.max_listing_bytes,
+    )
+
+
+async def create_document(api: Api, request: web.Request, p: Params) -> web.Response:
+    (collection,) = _segments(request)
+    data = await _data(api, request)
+    DocumentStore.check(collection, data=data)
+    docs = await _store(api, p, write=True)
+    doc = await docs.create(collection, data, new_rev=_query(request, "new_rev"))
+    return _doc_response(doc, 201)
+
+
+async def get_document(api: Api, request: web.Request, p: Params) -> web.Response:
+    collection, doc_id = _segments(request)
+    DocumentStore.check(collection, doc_id=doc_id)
+    docs = await _store(api, p, write=False)
+    return _doc_response(
+        await docs.get(collection, doc_id, include_deleted=_flag(request, "deleted"))
+    )
+
+
+async def replace_document(api: Api, request: web.Request, p: Params) -> web.Response:
+    collection, doc_id = _segments(request)
+    rev = _expected_rev(request)
+    data = await _data(api, request)
+    DocumentStore.check(collection, doc_id=doc_id, data=data)
+    docs = await _store(api, p, write=False)
+    doc = await docs.replace(
+        collection, doc_id, data, expected_rev=rev, new_rev=_query(request, "new_rev")
+    )
+    return _doc_response(doc)
+
+
+async def delete_document(api: Api, request: web.Request, p: Params) -> web.Response:
+    collection, doc_id = _segments(request)
+    DocumentStore.check(collection, doc_id=doc_id)
+    docs = await _store(api, p, write=False)
+    doc = await docs.delete(
+        collection, doc_id, expected_rev=_expected_rev(request), new_rev=_query(request, "new_rev")
+    )
+    return _doc_response(doc)
+
+
+async def purge_document(api: Api, request: web.Request, p: Params) -> web.Response:
+    collection, doc_id, _ = _segments(request)
+    DocumentStore.check(collection, doc_id=doc_id)
+    docs = await _store(api, p, write=False)
+    doc = await docs.purge(
+        collection, doc_id, expected_rev=_expected_rev(request), new_rev=_query(request, "new_rev")
+    )
+    return _doc_response(doc)
+
+
+# -- attachments -------------------------------------------------------------------
+
+
+async def add_attachment(api: Api, request: web.Request, p: Params) -> web.Response:
+    """POST ``…/{id}/attachments`` adds one; PUT ``…/attachments/{att}`` replaces it."""
+    collection, doc_id, _, *att = _segments(request)
+    DocumentStore.check(collection, doc_id=doc_id)
+    filename = _query(request, "filename")
+    if not filename:
+        raise ae.BadRequest("query parameter filename is required")
+    content_type = request.headers.get("Content-Type", "application/octet-stream")
+    docs = await _store(api, p, write=False)
+    await docs.get(collection, doc_id)  # a missing document is refused before the upload
+    doc, a = await docs.put_attachment(
+        collection,
+        doc_id,
+        api.body_chunks(request),
+        filename=filename,
+        content_type=content_type,
+        attachment_id=att[0] if att else None,
+        expected_rev=_expected_rev(request),
+    )
+    return web.json_response(
+        {"document": doc.to_json(), "attachment": a.to_json()},
+        status=200 if att else 201,
+        headers={"ETag": f'"{doc.rev}"'},
+    )
+
+
+def _header_text(value: str, default: str) -> str:
+    return value if value.isprintable() else default
+
+
+async def get_attachment(api: Api, request: web.Request, p: Params) -> web.StreamResponse:
+    from ledgerd.daemon.api import parse_range  # (api imports this module)
+
+    collection, doc_id, _, att_id = _segments(request)
+    DocumentStore.check(collection, doc_id=doc_id)
+    docs = await _store(api, p, write=False)
+    a = await docs.attachment(collection, doc_id, att_id)
+    size = a.length
+    offset, length, status = 0, size, 200
+    if "Range" in request.headers:
+        offset, length = parse_range(request.headers["Range"], size)
+        status = 206
+    resp = web.StreamResponse(status=status)
+    resp.headers["Content-Type"] = _header_text(a.content_type, "application/octet-stream")
+    resp.headers["Accept-Ranges"] = "bytes"
+    resp.headers["Content-Disposition"] = f"inline; filename*=UTF-8''{quote(a.filename)}"
+    resp.content_length = length
+    if status == 206:
+        resp.headers["Content-Range"] = f"bytes {offset}-{offset + length - 1}/{size}"
+    if request.method == "HEAD":
+        await resp.prepare(request)
+        return resp
+    chunks = aiter(await docs.read_attachment(collection, doc_id, a.id, offset, length))
+    first = await anext(chunks, b"")  # a fetch or check that fails is still a clean error
+    await resp.prepare(request)
+    try:
+        await resp.write(first)
+        async for chunk in chunks:
+            await resp.write(chunk)
+        await resp.write_eof()
+    except ConnectionError:
+        log.debug("the client of %s %s left before the end", request.method, request.path)
+    except Exception:
+        # The headers are out: abort, so that the client sees a short body.
+        log.exception("aborted %s %s mid-body", request.method, request.path)
+        if request.transport is not None:
+            request.transport.abort()
+    return resp
+
+
+async def delete_attachment(api: Api, request: web.Request, p: Params) -> web.Response:
+    collection, doc_id, _, att_id = _segments(request)
+    DocumentStore.check(collection, doc_id=doc_id)
+    docs = await _store(api, p, write=False)
+    doc = await docs.delete_attachment(
+        collection, doc_id, att_id, expected_rev=_expected_rev(request)
+    )
+    return _doc_response(doc)
+
+
+# -- indexes -----------------------------------------------------------------------
+
+
+def _index_json(collection: str, name: str, partition: str, sort: str | None, ready: bool) -> Any:
+    return {
+        "collection": collection,
+        "name": name,
+        "partition": partition,
+        "sort": sort,
+        "ready": ready,
+    }
+
+
+async def list_indexes(api: Api, request: web.Request, p: Params) -> web.Response:
+    collection, _ = _segments(request)
+    DocumentStore.check(collection)
+    docs = await _store(api, p, write=False)
+    return web.json_response(
+        {
+            "indexes": [
+                _index_json(i.collection, i.name, i.partition, i.sort, i.ready)
+                for i in await docs.indexes(collection)
+            ]
+        }
+    )
+
+
+async def declare_index(api: Api, request: web.Request, p: Params) -> web.Response:
+    """PUT ``{"partition": PATH, "sort": PATH?}`` (paths as ``"a.b"`` or ``["a", "b"]``)."""
+    collection, _, name = _segments(request)
+    DocumentStore.check(collection)
+    body = parse_json(await api.read_body(request), "index body")
+    if not isinstance(body, dict) or "partition" not in body or set(body) - {"partition", "sort"}:
+        raise ae.BadRequest('index body must be {"partition": PATH, "sort": PATH?}')
+    docs = await _store(api, p, write=True)
+    await docs.declare_index(collection, name, body["partition"], body.get("sort"))
+    for i in await docs.indexes(collection):
+        if i.name == name:
+            return web.json_response(_index_json(collection, name, i.partition, i.sort, i.ready))
+    raise ae.ApiError(f"index {name!r} was declared but is not listed")  # cannot happen
+
+
+async def drop_index(api: Api, request: web.Request, p: Params) -> web.Response:
+    collection, _, name = _segments(request)
+    DocumentStore.check(collection)
+    docs = await _store(api, p, write=False)
+    await docs.drop_index(collection, name)
+    return web.Response(status=204)
+
+
+async def rebuild_index(api: Api, request: web.Request, p: Params) -> web.Response:
+    collection, _, name, _ = _segments(request)
+    DocumentStore.check(collection)
+    docs = await _store(api, p, write=False)
+    await docs.rebuild_index(collection, name)
+    return web.Response(status=204)
+
+
+async def find(api: Api, request: web.Request, p: Params) -> web.Response:
+    """``?eq=JSON`` the partition value, ``start``/``end`` (JSON) the sort range."""
+    collection, _, name, _ = _segments(request)
+    DocumentStore.check(collection)
+    eq = _json_param(request, "eq")
+    if "eq" not in request.query:
+        raise ae.BadRequest("query parameter eq (the partition value, as JSON) is required")
+    start, end = _json_param(request, "start"), _json_param(request, "end")
+    limit = _int(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+    token = _token(request)
+    deleted = _flag(request, "deleted")
+    docs = await _store(api, p, write=False)
+    return await _documents_page(
+        lambda n: docs.query(
+            collection,
+            name,
+            eq,
+            start=start,
+            end=end,
+            limit=n,
+            token=token,
+            include_deleted=deleted,
+        ),
+        limit,
+        api.cfg.max_listing_bytes,
+    )
+
+
+# -- the changes feed --------------------------------------------------------------
+
+
+def _changes_line(commit: bytes, documents: list[Document]) -> bytes:
+    line = {"commit": commit.hex(), "documents": [d.to_json() for d in documents]}
+    return _dumps(line).encode() + b"\n"
+
+
+async def changes(api: Api, request: web.Request, p: Params) -> web.StreamResponse:
+    """Documents changed since ``?since=COMMIT`` (every one without it), deleted and
+    purged ones included, as ``{"commit", "documents"}``: ``commit`` is where to resume.
+    With ``?follow=1``, one such line per change, as newline-delimited JSON, until the
+    client leaves or the daemon stops (an empty line every ``heartbeat`` seconds)."""
+    since_text = _query(request, "since")
+    try:
+        since = bytes.fromhex(since_text) if since_text else None
+    except ValueError:
+        raise ae.BadRequest("since must be a commit id in hex") from None
+    collection = _query(request, "collection") or None
+    if collection is not None:
+        DocumentStore.check(collection)
+    follow = _flag(request, "follow")
+    heartbeat = _seconds(request, "heartbeat", HEARTBEAT)
+    docs = await _store(api, p, write=False)
+    if since is not None:
+        await docs.page.load_commit(since)  # an unknown commit: 404 before anything is sent
+    if not follow:
+        commit, found = docs.page.head.id, []
+        async for batch in docs.changes(since, collection=collection, follow=False):
+            commit, found = batch.commit, batch.documents
+        return web.Response(body=_changes_line(commit, found), content_type=JSON_TYPE)
+    resp = web.StreamResponse(headers={"Content-Type": NDJSON_TYPE})
+    await resp.prepare(request)
+    feed = docs.changes(since, collection=collection, follow=True)
+    nxt: asyncio.Future[Any] | None = None
+    try:
+        while not api.state.shutting_down:
+            if nxt is None:
+                nxt = asyncio.ensure_future(feed.__anext__())
+            done, _ = await asyncio.wait({nxt}, timeout=heartbeat)
+            if not done:
+                await resp.write(b"\n")
+                continue
+            try:
+                batch = nxt.result()
+            except StopAsyncIteration:  # the page closed
+                break
+            nxt = None
+            await resp.write(_changes_line(batch.commit, batch.documents))
+        await resp.write_eof()
+    except ConnectionError:
+        log.debug("the client of %s %s left", request.method, request.path)
+    except StoreError as e:  # the status is out: the error is the last line
+        err = ae.from_store(e)
+        log.error("changes feed of %s ended: %s", request.path, e)
+        with contextlib.suppress(ConnectionError):
+            await resp.write(_dumps(err.body()).encode() + b"\n")
+            await resp.write_eof()
+    finally:
+        if nxt is not None and not nxt.done():
+            nxt.cancel()
+            await asyncio.wait({nxt})
+        await feed.aclose()
+    return resp

@@ -1,0 +1,536 @@
+"""Documents over HTTP, end to end through the real daemon: every operation, and bad
+input answered with a stable code, storing nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import pytest
+
+from tests.daemon.conftest import Daemon, start_daemon
+
+MAX_DOCUMENT = 4096
+MAX_LISTING = 8192
+
+
+@pytest.fixture(scope="module")
+def shared() -> Iterator[Daemon]:
+    """One daemon for the module (small document and listing bounds); each test uses
+    its own ledger."""
+    base = Path(tempfile.mkdtemp(prefix="ld-docs-", dir="/tmp"))
+    d = start_daemon(
+        base,
+        env={
+            "LEDGERD_MAX_DOCUMENT_BYTES": str(MAX_DOCUMENT),
+            "LEDGERD_MAX_LISTING_BYTES": str(MAX_LISTING),
+        },
+    )
+    try:
+        yield d
+    finally:
+        code = d.stop()
+        log = d.log_text()
+        shutil.rmtree(base, ignore_errors=True)
+        assert code == 0, f"ledgerd exited with {code}; log:\n{log}"
+
+
+@pytest.fixture
+async def http(shared: Daemon) -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(
+        connector=aiohttp.UnixConnector(path=str(shared.socket)), base_url="http://ledgerd"
+    ) as s:
+        yield s
+
+
+@pytest.fixture
+def base(request: pytest.FixtureRequest) -> str:
+    """A page of a ledger private to the running test: ``/v1/ledgers/L/pages/p``."""
+    return f"/v1/ledgers/{re.sub(r'[^A-Za-z0-9_-]', '_', request.node.name)}/pages/p"
+
+
+async def call(
+    http: aiohttp.ClientSession,
+    method: str,
+    path: str,
+    status: int,
+    body: Any = None,
+    *,
+    data: bytes | str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Any:
+    """A request that must answer ``status``; its JSON body (None for 204)."""
+    kw: dict[str, Any] = {"headers": headers}
+    if body is not None:
+        kw["json"] = body
+    if data is not None:
+        kw["data"] = data
+    async with http.request(method, path, **kw) as r:
+        text = await r.text()
+        assert r.status == status, f"{method} {path}: {r.status} {text}"
+        return json.loads(text) if text else None
+
+
+async def fails(
+    http: aiohttp.ClientSession, method: str, path: str, status: int, code: str, **kw: Any
+) -> str:
+    """A request refused with ``status`` and error ``code``; returns the message."""
+    doc = await call(http, method, path, status, **kw)
+    assert doc["error"]["code"] == code, doc
+    message: str = doc["error"]["message"]
+    return message
+
+
+async def head_id(http: aiohttp.ClientSession, base: str) -> str:
+    heads = (await call(http, "GET", base + "/heads", 200))["heads"]
+    assert len(heads) == 1
+    return str(heads[0]["id"])
+
+
+# -- documents ---------------------------------------------------------------------
+
+
+async def test_create_get_replace_delete_purge(http: aiohttp.ClientSession, base: str) -> None:
+    docs = base + "/docs/people"
+    async with http.post(docs, json={"name": "Ann", "age": 41}) as r:
+        assert r.status == 201
+        ann = await r.json()
+        assert r.headers["ETag"] == f'"{ann["_meta"]["_rev"]}"'
+    meta = ann["_meta"]
+    assert ann["_data"] == {"name": "Ann", "age": 41} and ann["_attachments"] == []
+    assert len(meta["_id"]) == len(meta["_rev"]) == 26 and meta["_createdAt"].endswith("Z")
+    one = f"{docs}/{meta['_id']}"
+    assert await call(http, "GET", one, 200) == ann
+    assert await call(http, "GET", one.lower(), 200) == ann  # ULIDs read in any case
+
+    # Replace with the expected revision (If-Match or ?rev=), then a stale one: 409.
+    v2 = await call(
+        http, "PUT", one, 200, {"name": "Ann", "age": 42}, headers={"If-Match": f'"{meta["_rev"]}"'}
+    )
+    assert v2["_meta"]["_rev"] > meta["_rev"] and "_updatedAt" in v2["_meta"]
+    v3 = await call(http, "PUT", f"{one}?rev={v2['_meta']['_rev']}", 200, {"age": 43})
+    await fails(http, "PUT", f"{one}?rev={meta['_rev']}", 409, "conflict", body={"x": 1})
+    assert (await call(http, "GET", one, 200)) == v3
+
+    bob = await call(http, "POST", docs, 201, {"name": "Bob"})
+    listing = await call(http, "GET", docs, 200)
+    assert [d["_meta"]["_id"] for d in listing["documents"]] == [meta["_id"], bob["_meta"]["_id"]]
+    assert listing["next"] is None
+
+    # Soft delete: hidden unless ?deleted=1; then purge leaves a tombstone.
+    gone = await call(http, "DELETE", one, 200)
+    assert gone["_meta"]["_deleted"] is True and gone["_data"] == {"age": 43}
+    await fails(http, "GET", one, 404, "document_not_found")
+    assert (await call(http, "GET", one + "?deleted=1", 200))["_meta"]["_deleted"] is True
+    assert len((await call(http, "GET", docs, 200))["documents"]) == 1
+    assert len((await call(http, "GET", docs + "?deleted=1", 200))["documents"]) == 2
+    purged = await call(http, "POST", one + "/purge", 200)
+    assert purged["_meta"]["_purged"] is True and purged["_data"] is None
+    await fails(http, "POST", one + "/purge", 404, "document_not_found")
+    await fails(http, "DELETE", one, 404, "document_not_found")
+
+
+async def test_listing_pages_by_limit_and_body_size(http: aiohttp.ClientSession, base: str) -> None:
+    docs = base + "/docs/c"
+    ids = [
+        (await call(http, "POST", docs, 201, {"n": i, "pad": "x" * 2000}))["_meta"]["_id"]
+        for i in range(12)
+    ]
+    seen: list[str] = []
+    token: str | None = None
+    pages = 0
+    while True:
+        q = "?limit=5" + (f"&token={quote(token, safe='')}" if token else "")
+        async with http.get(docs + q) as r:
+            assert r.status == 200
+            body = await r.read()
+        doc = json.loads(body)
+        assert len(body) <= MAX_LISTING and 1 <= len(doc["documents"]) <= 5
+        seen += [d["_meta"]["_id"] for d in doc["documents"]]
+        pages += 1
+        token = doc["next"]
+        if token is None:
+            break
+    assert seen == ids and pages > 12 // 5 + 1  # the byte bound cut pages short
+    await fails(http, "GET", docs + "?limit=0", 400, "bad_request")
+    await fails(http, "GET", docs + "?limit=1001", 400, "bad_request")
+    await fails(http, "GET", docs + "?token=AAAA", 400, "invalid_id")
+
+
+async def test_bad_input_gets_a_code_and_stores_nothing(
+    http: aiohttp.ClientSession, base: str
+) -> None:
+    # On a new page, a refused document does not even create the page.
+    ledger = base.rsplit("/pages/", 1)[0]
+    await fails(http, "POST", base + "/docs/c", 400, "invalid_document", data="{not json")
+    await fails(http, "POST", base + "/docs/c", 400, "invalid_document", body={"_x": 1})
+    await fails(http, "POST", base + "/docs/_c", 400, "invalid_name", body={"x": 1})
+    await fails(http, "GET", ledger + "/pages", 404, "ledger_not_found")
+
+    doc = await call(http, "POST", base + "/docs/c", 201, {"x": 1})
+    one = f"{base}/docs/c/{doc['_meta']['_id']}"
+    before = await head_id(http, base)
+    rev = doc["_meta"]["_rev"]
+    future = "7ZZZZZZZZZZZZZZZZZZZZZZZZZ"  # the largest ULID: far in the future
+    bad: list[tuple[str, str, int, str, dict[str, Any]]] = [
+        ("POST", base + "/docs/c", 400, "invalid_document", {"data": "[1,"}),
+        ("POST", base + "/docs/c", 400, "invalid_document", {"data": "NaN"}),
+        ("POST", base + "/docs/c", 400, "invalid_document", {"data": b"\xff"}),
+        ("POST", base + "/docs/c", 400, "invalid_document", {"body": {"_id": "x"}}),
+        ("POST", base + "/docs/c", 400, "invalid_document", {"data": "[" * 100 + "]" * 100}),
+        ("POST", base + "/docs/c", 400, "invalid_document", {"data": str(2**64)}),
+        ("POST", base + "/docs/c", 413, "too_large", {"body": {"x": "y" * MAX_DOCUMENT}}),
+        ("PUT", one, 413, "too_large", {"body": {"x": "y" * MAX_DOCUMENT}}),
+        ("PUT", one, 400, "invalid_document", {"body": {"_rev": rev}}),
+        ("PUT", f"{one}?rev=01ARZ3NDEKTSV4RRFFQ69G5FAV", 409, "conflict", {"body": {"x": 2}}),
+        ("PUT", f"{one}?rev=nope", 400, "invalid_id", {"body": {"x": 2}}),
+        ("PUT", f"{one}?new_rev={future}", 400, "rev_in_future", {"body": {"x": 2}}),
+        ("PUT", f"{one}?new_rev={rev}", 409, "conflict", {"body": {"x": 2}}),
+        (
+            "PUT",
+            f"{one}?rev={rev}",
+            400,
+            "bad_request",
+            {"body": {"x": 2}, "headers": {"If-Match": '"01ARZ3NDEKTSV4RRFFQ69G5FAV"'}},
+        ),
+        ("DELETE", f"{one}?rev=01ARZ3NDEKTSV4RRFFQ69G5FAV", 409, "conflict", {}),
+        ("POST", f"{one}/purge?rev=01ARZ3NDEKTSV4RRFFQ69G5FAV", 409, "conflict", {}),
+        ("GET", base + "/docs/c/not-a-ulid", 400, "invalid_id", {}),
+        ("GET", base + "/docs/c/01ARZ3NDEKTSV4RRFFQ69G5FAU", 400, "invalid_id", {}),  # U: no
+        ("PUT", base + "/docs/c/0123", 400, "invalid_id", {"body": {"x": 2}}),
+        ("DELETE", base + "/docs/c/" + "I" * 26, 400, "invalid_id", {}),
+        ("GET", base + "/docs/c/01ARZ3NDEKTSV4RRFFQ69G5FAV", 404, "document_not_found", {}),
+        ("GET", base + "/docs/c/_indexes/nope/find?eq=1", 404, "index_not_found", {}),
+        ("DELETE", base + "/docs/c/_indexes/nope", 404, "index_not_found", {}),
+        ("GET", base + "/docs/c/_indexes/nope/find", 400, "bad_request", {}),
+        ("PUT", base + "/docs/c/_indexes/_x", 400, "invalid_name", {"body": {"partition": "a"}}),
+        ("PUT", base + "/docs/c/_indexes/i", 400, "bad_request", {"body": {"sort": "a"}}),
+        ("PUT", base + "/docs/c/_indexes/i", 400, "bad_request", {"body": {"partition": "_a"}}),
+        ("GET", base + "/docs/_changes?since=zz", 400, "bad_request", {}),
+        ("GET", base + "/docs/_changes?since=" + "00" * 32, 404, "commit_not_found", {}),
+    ]
+    for method, path, status, code, kw in bad:
+        await fails(http, method, path, status, code, **kw)
+    assert await head_id(http, base) == before
+    assert (await call(http, "GET", one, 200)) == doc
+
+
+async def test_reads_of_a_page_without_documents(http: aiohttp.ClientSession, base: str) -> None:
+    await call(http, "PUT", base + "/keys/k", 204, data="v")
+    policy = await call(http, "GET", base + "/policy", 200)
+    await fails(http, "GET", base + "/docs/c", 409, "not_a_document_page")
+    await fails(http, "GET", base + "/docs/_changes", 409, "not_a_document_page")
+    await fails(
+        http,
+        "PUT",
+        base + "/docs/c/01ARZ3NDEKTSV4RRFFQ69G5FAV",
+        409,
+        "not_a_document_page",
+        body={"x": 1},
+    )
+    assert await call(http, "GET", base + "/policy", 200) == policy  # still a plain page
+    missing = base.replace("/pages/p", "/pages/nope")
+    await fails(http, "GET", missing + "/docs/c", 404, "page_not_found")
+
+
+# -- attachments -------------------------------------------------------------------
+
+
+async def test_attachments(http: aiohttp.ClientSession, base: str) -> None:
+    doc = await call(http, "POST", base + "/docs/c", 201, {"x": 1})
+    one = f"{base}/docs/c/{doc['_meta']['_id']}"
+    content = bytes(range(256)) * 4096  # 1 MiB, streamed in chunks
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for i in range(0, len(content), 100_000):
+            yield content[i : i + 100_000]
+
+    async with http.post(
+        one + "/attachments?filename=n%C3%A4me.bin",
+        data=chunks(),
+        headers={"Content-Type": "image/x-test"},
+    ) as r:
+        assert r.status == 201, await r.text()
+        up = await r.json()
+    att = up["attachment"]
+    assert att["_filename"] == "näme.bin" and att["_contentType"] == "image/x-test"
+    assert att["_length"] == len(content) and up["document"]["_attachments"] == [att]
+    path = f"{one}/attachments/{att['_id']}"
+    async with http.get(path) as r:
+        assert r.status == 200 and r.headers["Content-Type"] == "image/x-test"
+        assert "filename*=UTF-8''n%C3%A4me.bin" in r.headers["Content-Disposition"]
+        assert await r.read() == content
+    async with http.get(path, headers={"Range": "bytes=1000-1009"}) as r:
+        assert r.status == 206 and r.headers["Content-Range"] == f"bytes 1000-1009/{len(content)}"
+        assert await r.read() == content[1000:1010]
+    async with http.get(path, headers={"Range": "bytes=-3"}) as r:
+        assert r.status == 206 and await r.read() == content[-3:]
+    async with http.head(path) as r:
+        assert r.status == 200 and r.headers["Content-Length"] == str(len(content))
+    await fails(
+        http, "GET", path, 416, "range_not_satisfiable", headers={"Range": f"bytes={len(content)}-"}
+    )
+    await fails(http, "GET", path, 400, "bad_request", headers={"Range": "bytes=9-1"})
+
+    # Replace it (same id), with a stale revision first.
+    rev = up["document"]["_meta"]["_rev"]
+    await fails(
+        http,
+        "PUT",
+        f"{path}?filename=a.txt&rev={doc['_meta']['_rev']}",
+        409,
+        "conflict",
+        data=b"new",
+    )
+    again = await call(
+        http,
+        "PUT",
+        f"{path}?filename=a.txt&rev={rev}",
+        200,
+        data=b"new",
+        headers={"Content-Type": "text/plain"},
+    )
+    assert again["attachment"]["_id"] == att["_id"] and again["attachment"]["_length"] == 3
+    async with http.get(path) as r:
+        assert r.headers["Content-Type"] == "text/plain" and await r.read() == b"new"
+
+    # Bad uploads store nothing.
+    before = await head_id(http, base)
+    await fails(http, "POST", one + "/attachments", 400, "bad_request", data=b"x")
+    await fails(
+        http,
+        "POST",
+        f"{base}/docs/c/01ARZ3NDEKTSV4RRFFQ69G5FAV/attachments?filename=a",
+        404,
+        "document_not_found",
+        data=b"x",
+    )
+    await fails(
+        http,
+        "PUT",
+        f"{one}/attachments/01ARZ3NDEKTSV4RRFFQ69G5FAV?filename=a",
+        404,
+        "attachment_not_found",
+        data=b"x",
+    )
+    await fails(
+        http, "GET", f"{one}/attachments/01ARZ3NDEKTSV4RRFFQ69G5FAV", 404, "attachment_not_found"
+    )
+    assert await head_id(http, base) == before
+
+    after = await call(http, "DELETE", path, 200)
+    assert after["_attachments"] == []
+    await fails(http, "GET", path, 404, "attachment_not_found")
+
+
+# -- indexes -----------------------------------------------------------------------
+
+
+async def test_indexes_and_queries(http: aiohttp.ClientSession, base: str) -> None:
+    docs = base + "/docs/people"
+    people = [("Ann", "Oslo", 41), ("Bob", "Oslo", 29), ("Cy", "Rome", 50), ("Di", "Oslo", 35)]
+    made = {
+        n: (await call(http, "POST", docs, 201, {"name": n, "city": c, "age": a}))["_meta"]["_id"]
+        for n, c, a in people
+    }
+    ix = await call(
+        http, "PUT", docs + "/_indexes/by_city", 200, {"partition": "city", "sort": "age"}
+    )
+    assert ix == {
+        "collection": "people",
+        "name": "by_city",
+        "partition": "city",
+        "sort": "age",
+        "ready": ix["ready"],
+    }
+    listed = await call(http, "GET", docs + "/_indexes", 200)
+    assert [i["name"] for i in listed["indexes"]] == ["by_city"]
+
+    def q(**params: str) -> str:
+        return (
+            docs
+            + "/_indexes/by_city/find?"
+            + "&".join(f"{k}={quote(v, safe='')}" for k, v in params.items())
+        )
+
+    found = await call(http, "GET", q(eq='"Oslo"'), 200)
+    assert [d["_data"]["name"] for d in found["documents"]] == ["Bob", "Di", "Ann"]
+    found = await call(http, "GET", q(eq='"Oslo"', start="30", end="41"), 200)
+    assert [d["_data"]["name"] for d in found["documents"]] == ["Di"]
+    first = await call(http, "GET", q(eq='"Oslo"', limit="2"), 200)
+    assert len(first["documents"]) == 2 and first["next"]
+    rest = await call(http, "GET", q(eq='"Oslo"', limit="2", token=first["next"]), 200)
+    assert [d["_data"]["name"] for d in rest["documents"]] == ["Ann"] and rest["next"] is None
+    await fails(http, "GET", q(eq="Oslo"), 400, "bad_request")  # not JSON
+    await fails(http, "GET", q(eq="[1]"), 400, "bad_request")  # not a scalar
+    await fails(http, "GET", q(eq='"Oslo"', token="AAAA"), 400, "bad_request")
+
+    # A deleted document leaves the results unless asked for.
+    await call(http, "DELETE", f"{docs}/{made['Bob']}", 200)
+    found = await call(http, "GET", q(eq='"Oslo"'), 200)
+    assert [d["_data"]["name"] for d in found["documents"]] == ["Di", "Ann"]
+    found = await call(http, "GET", q(eq='"Oslo"', deleted="1"), 200)
+    assert len(found["documents"]) == 3
+
+    # An indexed field's value may not hold '/': refused, nothing stored.
+    before = await head_id(http, base)
+    await fails(http, "POST", docs, 400, "invalid_document", body={"city": "a/b"})
+    assert await head_id(http, base) == before
+
+    assert await call(http, "POST", docs + "/_indexes/by_city/rebuild", 204) is None
+    assert len((await call(http, "GET", q(eq='"Rome"'), 200))["documents"]) == 1
+    assert await call(http, "DELETE", docs + "/_indexes/by_city", 204) is None
+    await fails(http, "GET", q(eq='"Rome"'), 404, "index_not_found")
+
+
+# -- the changes feed ----------------------------------------------------------------
+
+
+async def test_changes_feed(http: aiohttp.ClientSession, base: str) -> None:
+    docs = base + "/docs/c"
+    a = await call(http, "POST", docs, 201, {"n": 1})
+    b = await call(http, "POST", base + "/docs/other", 201, {"n": 2})
+    everything = await call(http, "GET", base + "/docs/_changes", 200)
+    assert {d["_meta"]["_id"] for d in everything["documents"]} == {
+        a["_meta"]["_id"],
+        b["_meta"]["_id"],
+    }
+    mark = everything["commit"]
+    assert mark == await head_id(http, base)
+    quiet = await call(http, "GET", f"{base}/docs/_changes?since={mark}", 200)
+    assert quiet == {"commit": mark, "documents": []}
+    await call(http, "DELETE", f"{docs}/{a['_meta']['_id']}", 200)
+    later = await call(http, "GET", f"{base}/docs/_changes?since={mark}", 200)
+    assert [d["_meta"].get("_deleted") for d in later["documents"]] == [True]
+    only = await call(http, "GET", f"{base}/docs/_changes?collection=other", 200)
+    assert [d["_meta"]["_id"] for d in only["documents"]] == [b["_meta"]["_id"]]
+
+    # Following: the backlog since `mark`, then one line per change, heartbeats between.
+    async with http.get(f"{base}/docs/_changes?since={mark}&follow=1&heartbeat=0.05") as r:
+        assert r.status == 200 and r.headers["Content-Type"].startswith("application/x-ndjson")
+
+        async def line() -> dict[str, Any]:
+            while True:
+                raw = await r.content.readline()
+                assert raw, "the feed ended"
+                if raw.strip():
+                    parsed: dict[str, Any] = json.loads(raw)
+                    return parsed
+
+        first = await line()
+        assert first["commit"] == later["commit"]
+        c = await call(http, "POST", docs, 201, {"n": 3})
+        nxt = await line()
+        assert [d["_meta"]["_id"] for d in nxt["documents"]] == [c["_meta"]["_id"]]
+        assert nxt["commit"] == await head_id(http, base)
+        heartbeat = await r.content.readline()  # nothing changes: an empty line
+        assert heartbeat == b"\n"
+
+
+async def test_follow_ends_when_the_daemon_stops(short_tmp: Path) -> None:
+    d = start_daemon(short_tmp)
+    try:
+        async with aiohttp.ClientSession(
+            connector=aiohttp.UnixConnector(path=str(d.socket)), base_url="http://ledgerd"
+        ) as http:
+            base = "/v1/ledgers/l/pages/p"
+            await call(http, "POST", base + "/docs/c", 201, {"n": 1})
+            async with http.get(base + "/docs/_changes?follow=1&heartbeat=0.1") as r:
+                assert json.loads(await r.content.readline())["documents"]
+                t0 = time.monotonic()
+                d.proc.terminate()
+                rest = await r.content.read()
+                assert rest.strip() == b""
+                assert time.monotonic() - t0 < 10
+    finally:
+        code = d.stop()
+    assert code == 0, d.log_text()
+
+
+# -- ledgerctl doc -------------------------------------------------------------------
+
+
+def ctl(d: Daemon, *args: str, input: bytes | None = None) -> str:
+    p = d.ledgerctl("doc", *args, input=input)
+    assert (p.returncode, p.stderr) == (0, b""), f"ledgerctl doc {args}: {p}"
+    return p.stdout.decode()
+
+
+def ctl_fails(d: Daemon, code: int, *args: str) -> str:
+    p = d.ledgerctl("doc", *args)
+    assert p.returncode == code and p.stdout == b"", f"ledgerctl doc {args}: {p}"
+    err = p.stderr.decode()
+    assert err.startswith("ledgerctl: ") and "Traceback" not in err, err
+    return err
+
+
+def test_ledgerctl_doc(shared: Daemon, tmp_path: Path) -> None:
+    lp = ("cli", "people")
+    ann_id, rev = ctl(shared, "put", *lp, "people", '{"name": "Ann", "city": "Oslo"}').split()
+    bob_id, _ = ctl(
+        shared, "put", *lp, "people", "-", input=b'{"name": "Bob", "city": "Rome"}'
+    ).split()
+    doc = json.loads(ctl(shared, "get", *lp, "people", ann_id))
+    assert doc["_meta"]["_rev"] == rev and doc["_data"]["name"] == "Ann"
+
+    _, rev2 = ctl(
+        shared,
+        "put",
+        *lp,
+        "people",
+        '{"name": "Ann", "city": "Oslo", "age": 42}',
+        "--id",
+        ann_id,
+        "--rev",
+        rev,
+    ).split()
+    err = ctl_fails(shared, 4, "put", *lp, "people", "{}", "--id", ann_id, "--rev", rev)
+    assert "(conflict)" in err
+    assert "(invalid_document)" in ctl_fails(shared, 2, "put", *lp, "people", '{"_x": 1}')
+    assert "not valid JSON" in ctl_fails(shared, 2, "put", *lp, "people", "{nope")
+    assert "(invalid_id)" in ctl_fails(shared, 2, "get", *lp, "people", "nope")
+    ctl_fails(shared, 1, "get", *lp, "people", "01ARZ3NDEKTSV4RRFFQ69G5FAV")
+
+    rows = ctl(shared, "ls", *lp, "people").splitlines()
+    assert [r.split("\t")[:2] for r in rows] == [[ann_id, rev2], [bob_id, rows[1].split()[1]]]
+    assert json.loads(rows[0].split("\t")[2]) == {"name": "Ann", "city": "Oslo", "age": 42}
+
+    assert ctl(shared, "index", *lp, "people", "by_city", "--partition", "city").startswith(
+        "by_city\t"
+    )
+    found = ctl(shared, "find", *lp, "people", "by_city", "--eq", "Oslo", "--json")
+    assert [json.loads(x)["_meta"]["_id"] for x in found.splitlines()] == [ann_id]
+    assert "no index 'nope'" in ctl_fails(shared, 1, "find", *lp, "people", "nope", "--eq", "1")
+
+    src = tmp_path / "photo.png"
+    src.write_bytes(b"\x89PNG" + bytes(1000))
+    att_id, _ = ctl(shared, "attach", *lp, "people", bob_id, str(src)).split()
+    got = shared.ledgerctl("doc", "attachment", *lp, "people", bob_id, att_id)
+    assert got.returncode == 0 and got.stdout == src.read_bytes()
+    out = tmp_path / "copy.png"
+    ctl(shared, "attachment", *lp, "people", bob_id, att_id, "-o", str(out))
+    assert out.read_bytes() == src.read_bytes()
+    assert json.loads(ctl(shared, "get", *lp, "people", bob_id))["_attachments"][0] == {
+        "_id": att_id,
+        "_filename": "photo.png",
+        "_contentType": "image/png",
+        "_length": 1004,
+    }
+
+    first = json.loads(ctl(shared, "changes", *lp))
+    assert {d["_meta"]["_id"] for d in first["documents"]} == {ann_id, bob_id}
+    ctl(shared, "rm", *lp, "people", bob_id)
+    later = json.loads(ctl(shared, "changes", *lp, "--since", first["commit"]))
+    assert [d["_meta"]["_deleted"] for d in later["documents"]] == [True]
+    assert ctl(shared, "ls", *lp, "people").splitlines() == [rows[0]]
+    assert ctl(shared, "ls", *lp, "people", "--deleted").splitlines()[1].endswith("\tdeleted")
+    ctl(shared, "purge", *lp, "people", bob_id)
+    assert ctl(shared, "ls", *lp, "people", "--deleted").splitlines()[1].endswith("\tpurged")
