@@ -17,6 +17,8 @@ import boto3
 
 from ledgerd.daemon.client import Client, NotFoundError
 from ledgerd.store.repository import encode_name
+from ledgerd.sync import pack
+from ledgerd.sync.layout import PackName
 from tests.daemon.conftest import AWS, ROOT, Daemon, _ls, _start, _sync, start_daemon
 
 
@@ -184,8 +186,12 @@ def test_status_names_a_refused_pack_and_sync_fails_with_it(
             aws_secret_access_key="testing",
         )
         device = json.loads(a.ledgerctl("status", "--json", check=True).stdout)["device_id"]
-        junk = f"e2e/log/{device}/{9:016d}.20.bm90ZXM.b3RoZXI"  # notes/other, not a pack
-        s3.put_object(Bucket=bucket, Key=junk, Body=b"LDGPACK1" + b"\0" * 12)
+        # A pack of a's (sequence 9) whose section of notes/other is not readable.
+        bad = pack.Section(b"notes", b"other", [], [(b"", b"x")])
+        now = int(time.time() * 1000)
+        data, head_end, eager_end = pack.encode(bytes.fromhex(device), 9, now, [bad])
+        junk = "e2e/" + PackName.make(now, device, 9, head_end, eager_end).name
+        s3.put_object(Bucket=bucket, Key=junk, Body=data)
         out = b.ledgerctl("sync", "--timeout", "30")
         assert out.returncode != 0 and b"refused" in out.stderr
         st = json.loads(b.ledgerctl("status", "--json", check=True).stdout)
