@@ -313,7 +313,7 @@ class SyncEngine:
 
     async def _loop(self) -> None:
         next_poll = 0.0
-        last_round = -self.debounce
+        last_push = -self.debounce  # the last round started by a local commit
         while True:
             try:
                 if not self._dirty:
@@ -321,12 +321,12 @@ class SyncEngine:
                         await asyncio.wait_for(
                             self._wake.wait(), max(0.0, next_poll - time.monotonic())
                         )
-                if self._dirty:  # a local commit: at once, but one round per debounce
-                    await asyncio.sleep(max(0.0, last_round + self.debounce - time.monotonic()))
+                if self._dirty:  # a local commit: at once, but one such round per debounce
+                    await asyncio.sleep(max(0.0, last_push + self.debounce - time.monotonic()))
                     self._active_until = time.monotonic() + self.active_for
+                    last_push = time.monotonic()
                 self._dirty = False
                 self._wake.clear()
-                last_round = time.monotonic()
                 stats = await self.round()
                 if stats.uploaded_packs or stats.downloaded_packs:
                     self._active_until = time.monotonic() + self.active_for

@@ -202,3 +202,33 @@ def test_status_names_a_refused_pack_and_sync_fails_with_it(
             assert cb.get("notes", "inbox", b"k") == b"v"  # the rest came down
     finally:
         assert a.stop() == 0 and b.stop() == 0
+
+
+def test_a_write_is_readable_on_another_daemon_within_a_second(
+    short_tmp: Path, s3_endpoint: str, bucket: str
+) -> None:
+    """Default settings (no sync settings in the environment): the median time from a
+    write on one daemon to the value being readable on another is under a second."""
+    env = {**AWS, "LEDGERD_ENDPOINT_URL": s3_endpoint}
+    a = start_daemon(short_tmp / "a", "--cloud", f"s3://{bucket}/fast", env=env)
+    b = start_daemon(short_tmp / "b", "--cloud", f"s3://{bucket}/fast", env=env)
+    try:
+        latencies = []
+        with Client(a.socket) as ca, Client(b.socket) as cb:
+            for i in range(9):
+                value = b"value %d" % i
+                t0 = time.monotonic()
+                ca.put("notes", "inbox", b"k", value)
+                while True:  # wait for the condition, bounded
+                    with contextlib.suppress(NotFoundError):
+                        if cb.get("notes", "inbox", b"k") == value:
+                            break
+                    assert time.monotonic() - t0 < 60, "never arrived"
+                    time.sleep(0.01)
+                latencies.append(time.monotonic() - t0)
+        latencies.sort()
+        assert latencies[len(latencies) // 2] < 1.0, latencies
+        st = json.loads(b.ledgerctl("status", "--json", check=True).stdout)["sync"]
+        assert st["last_round"]["list"] >= 1 and st["requests"]["get"] >= 1
+    finally:
+        assert a.stop() == 0 and b.stop() == 0

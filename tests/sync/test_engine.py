@@ -193,8 +193,8 @@ async def test_new_device_bootstraps_and_faults_converge(
         assert pn is not None
         data = f.read_bytes()
         header = pack.decode_header(data[: pn.head_end], pn.head_end, pn.eager_end)
-        for p in header.pages:
-            commits, _ = pack.decode_section(data[p.eager.offset : p.eager.end], p.eager)
+        for pi in header.pages:
+            commits, _ = pack.decode_section(data[pi.eager.offset : pi.eager.end], pi.eager)
             seen.setdefault(pn.device, []).extend(commit.decode(c).id for c in commits)
     for dev, ids in seen.items():
         assert len(ids) == len(set(ids)), f"{dev} uploaded a commit twice"

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
 import os
 import random
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
-from ledgerd.store import Priority, commit
+from ledgerd.store import Priority, Repository, commit
 from ledgerd.store import digest as dg
-from ledgerd.sync import pack
+from ledgerd.store import exchange as ex
+from ledgerd.sync import layout, pack
+from ledgerd.sync.engine import SyncEngine
+from ledgerd.sync.errors import AlreadyExistsError, BucketIdentityError
 from ledgerd.sync.folder import FolderStore
-from ledgerd.sync.layout import PackName
-from ledgerd.sync.testing import put_pack
+from ledgerd.sync.layout import LogName, PackName
+from ledgerd.sync.testing import CountingStore, put_pack
 from tests.sync.test_engine import _keys
 from tests.sync.test_faults import device
 
@@ -49,9 +56,13 @@ async def test_two_hundred_changed_pages_go_up_in_one_put(
         stats = await a.engine.round()
         assert stats.uploaded_packs == 1
         assert a.cloud.counts["put"] <= 2, a.cloud.counts  # the pack (+ the marker, once)
+        shown = a.engine.status()["last_round"]  # what status shows of the round
+        assert shown["put"] == a.cloud.counts["put"] and shown["list"] == a.cloud.counts["list"]
+        assert shown["bytes_up"] == a.cloud.bytes_put and shown["uploaded_packs"] == 1
         b.cloud.reset()
         await b.engine.round()
         assert b.cloud.counts["get"] == 1, b.cloud.counts  # index and sections: one GET
+        assert b.engine.status()["last_round"]["bytes_down"] == b.cloud.bytes_got
         assert (await _keys(b.repo, "l", "p123")) == {b"k": b"v123"}
         assert len(await b.repo.ledger("l").pages()) == 200
 
@@ -171,12 +182,12 @@ async def test_twenty_idle_devices_cost_one_list_per_poll(
 async def test_clocks_an_hour_off_miss_nothing(tmp_path: Path, bucket: FolderStore) -> None:
     hour = 3600.0
 
-    def skewed(by: float):  # type: ignore[no-untyped-def]
+    def skewed(by: float):
         return lambda: time.time() + by
 
     async with (
-        device(tmp_path / "slow", bucket, clock=skewed(-hour)) as slow,  # type: ignore[arg-type]
-        device(tmp_path / "fast", bucket, clock=skewed(hour)) as fast,  # type: ignore[arg-type]
+        device(tmp_path / "slow", bucket, clock=skewed(-hour)) as slow,
+        device(tmp_path / "fast", bucket, clock=skewed(hour)) as fast,
         device(tmp_path / "ok", bucket) as ok,
     ):
         everyone = (slow, fast, ok)
@@ -237,7 +248,7 @@ async def test_a_pack_that_went_up_behind_the_cursor_is_found_through_its_gap(
         assert b.engine.status()["gaps"] == []
 
 
-async def _put(d, page: str, key: bytes) -> None:  # type: ignore[no-untyped-def]
+async def _put(d, page: str, key: bytes) -> None:
     pg = await d.repo.ledger("l").page(page)
     await pg.put(key, b"v")
     await pg.flush()
@@ -294,3 +305,159 @@ def test_commits_keep_their_ids_through_a_pack() -> None:
     assert (header.seq, header.time) == (7, 9)
     commits, _ = pack.decode_section(data[head_end:eager_end], header.pages[0].eager)
     assert [commit.decode(x).id for x in commits] == [c.id] * 3
+
+
+# -- 3. adaptive polling -------------------------------------------------------------------
+
+
+class _Timed(CountingStore):
+    """Counts, and remembers when each LIST was made."""
+
+    def __init__(self, inner: FolderStore) -> None:
+        super().__init__(inner)
+        self.listed_at: list[float] = []
+
+    async def list(self, prefix: str = "", after: str = "") -> AsyncIterator[str]:
+        self.listed_at.append(time.monotonic())
+        async for n in super().list(prefix, after):
+            yield n
+
+
+@contextlib.asynccontextmanager
+async def _running(path: Path, cloud: _Timed, **kw: float) -> AsyncIterator[SyncEngine]:
+    engine = SyncEngine(cloud, **kw)  # type: ignore[arg-type]
+    repo = await Repository.open(path, hooks=engine.hooks())
+    await engine.start(repo)  # the background loop
+    try:
+        yield engine
+    finally:
+        await engine.stop()
+        await repo.close()
+
+
+async def _until(cond: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+async def test_idle_devices_back_off_to_the_longest_interval(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """Six idle devices, times scaled down: sync_interval_max stands for 60 s. Once idle,
+    each lists at most once per sync_interval_max: 1 LIST per device-minute (the goal
+    allows 3)."""
+    most = 0.25
+    kw = {"poll_interval": 0.01, "poll_interval_max": most, "active_for": 0.05}
+    clouds = [_Timed(bucket) for _ in range(6)]
+    async with contextlib.AsyncExitStack() as stack:
+        engines = [
+            await stack.enter_async_context(_running(tmp_path / f"d{i}", c, **kw))
+            for i, c in enumerate(clouds)
+        ]
+        await _until(lambda: all(e.interval == most for e in engines))
+        start = [len(c.listed_at) for c in clouds]
+        await _until(
+            lambda: all(len(c.listed_at) >= s + 4 for c, s in zip(clouds, start, strict=True))
+        )
+        for c, s in zip(clouds, start, strict=True):
+            times = c.listed_at[s:]
+            gaps = [b - a for a, b in itertools.pairwise(times)]
+            assert min(gaps) >= 0.9 * most, gaps
+        # A local write makes that device poll fast again at once.
+        before = len(clouds[0].listed_at)
+        async with engines[0].repo.page(b"l", b"p") as pg:
+            await pg.put(b"k", b"v")
+        await _until(lambda: clouds[0].counts["put"] >= 1 and engines[0].interval < most)
+        assert len(clouds[0].listed_at) > before
+
+
+# -- 5. the previous layout ----------------------------------------------------------------
+
+
+async def _layout1_pack(repo: Repository, bucket: FolderStore, page: str, seq: int) -> None:
+    """Upload a page's pending commits as a ledgerd of layout 1 did: one LDGPACK1 pack
+    per page under log/{device}/, the device under devices/."""
+    dev = repo.device_id
+    async with repo.page(b"l", page.encode()) as pg:
+        up = await ex.pending_upload(pg)
+        pieces = await ex.read_pieces(pg, [*up.eager, *up.lazy])
+        data, eager_end = pack.encode_v1(
+            pack.Pack(
+                b"l",
+                page.encode(),
+                dev,
+                seq,
+                [c.data for c in up.commits],
+                [(d, pieces[d]) for d in up.eager],
+                [(d, pieces[d]) for d in up.lazy],
+            )
+        )
+        name = LogName.make(dev.hex(), seq, eager_end, b"l", page.encode()).name
+        await bucket.put(name, data)
+        await ex.mark_uploaded(pg, [c.id for c in up.commits], [*up.eager, *up.lazy])
+    with contextlib.suppress(AlreadyExistsError):
+        await bucket.put(f"devices/{dev.hex()}", b"")
+    await repo.set_meta("sync/seq", str(seq).encode())
+
+
+async def test_a_bucket_of_layout_1_is_read_and_carried_on(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    await bucket.put("ledgerd-bucket.1", b'{"ledgerd_bucket": 1}')
+    photo = random.Random(8).randbytes(120_000)
+    async with await Repository.open(tmp_path / "old") as old:
+        async with old.page(b"l", b"p") as pg:
+            await pg.put(b"k", b"from layout 1")
+            await pg.put(b"photo", photo, Priority.LAZY)
+        await _layout1_pack(old, bucket, "p", 1)
+        async with old.page(b"l", b"q") as pg:
+            await pg.put(b"k", b"also layout 1")
+        await _layout1_pack(old, bucket, "q", 2)
+    # The same device, upgraded, goes on in layout 2 with its next sequence number.
+    async with device(tmp_path / "old", bucket) as x, device(tmp_path / "b", bucket) as b:
+        await _put(x, "p", b"after the upgrade")
+        await x.engine.sync()
+        names = sorted(p.name for p in (tmp_path / "bucket").iterdir() if p.is_file())
+        assert names == ["ledgerd-bucket.1", "ledgerd-bucket.2"]
+        assert [_seq(n) for n in _names(tmp_path, "packs")] == [3]
+        await b.engine.sync()
+        pb = await b.repo.ledger("l").page("p")
+        assert await pb.get(b"k") == b"from layout 1"
+        assert await pb.get(b"after the upgrade") == b"v"
+        assert await pb.get(b"photo") == photo  # LAZY, from the layout-1 pack
+        assert (await _keys(b.repo, "l", "q")) == {b"k": b"also layout 1"}
+        st = b.engine.status()
+        assert st["gaps"] == [] and st["packs"] == [] and b.engine.problems() == []
+        b.cloud.reset()
+        await b.engine.round()  # the old logs are not listed again
+        assert b.cloud.counts == {"list": 1}, b.cloud.counts
+
+
+def _seq(name: str) -> int:
+    pn = PackName.parse(f"packs/{name}")
+    assert pn is not None
+    return pn.seq
+
+
+def _names(tmp_path: Path, folder: str) -> list[str]:
+    return sorted(p.name for p in (tmp_path / "bucket" / folder).iterdir())
+
+
+def test_a_ledgerd_of_layout_1_refuses_a_bucket_of_layout_2() -> None:
+    """What the layout-1 check does with the markers of a migrated bucket (its
+    ``check_version(max(versions))`` with its BUCKET_FORMAT of 1)."""
+    versions = [layout.marker_version(n) for n in ("ledgerd-bucket.1", "ledgerd-bucket.2")]
+    assert max(v for v in versions if v is not None) == 2
+    with pytest.raises(BucketIdentityError, match="supports 1: upgrade ledgerd"):
+        _check_as_layout_1(2)
+
+
+def _check_as_layout_1(version: int) -> None:
+    saved = layout.BUCKET_FORMAT
+    layout.BUCKET_FORMAT = 1
+    try:
+        layout.check_version(version)
+    finally:
+        layout.BUCKET_FORMAT = saved
