@@ -779,7 +779,7 @@ class SyncEngine:
         now = time.monotonic()
         floor = self._feed_max - int(self.feed_window * 1000)
         for dl in list(self._logs.values()):
-            old = [g for g in dl.gaps if g.until == 0 or g.after < floor]
+            old = [g for g in dl.gaps if g.until and g.after < floor]  # layout 1: none
             if not old or not (force or now >= dl.probe_due):
                 continue
             found = 0
