@@ -57,7 +57,8 @@ class Config:
     allowed_users: list[str] = field(default_factory=list)
     cloud: str = ""
     endpoint_url: str = ""
-    sync_interval: float = 5.0
+    sync_interval: float = 0.5
+    sync_interval_max: float = 60.0
     sync_debounce: float = 0.5
     fetch_timeout: float = 60.0
     log_level: str = "info"
@@ -212,9 +213,11 @@ def validate(cfg: Config) -> None:
             )
     if cfg.endpoint_url and urlparse(cfg.endpoint_url).scheme not in ("http", "https"):
         raise ConfigError(f"endpoint_url: expected http(s)://host[:port], not {cfg.endpoint_url!r}")
-    for key in ("sync_interval", "request_timeout", "keepalive_timeout"):
+    for key in ("sync_interval", "sync_interval_max", "request_timeout", "keepalive_timeout"):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"{key}: must be positive")
+    if cfg.sync_interval_max < cfg.sync_interval:
+        raise ConfigError("sync_interval_max: must be at least sync_interval")
     cfg.allowed_uids()
     cfg.socket_gid()
 

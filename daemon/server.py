@@ -140,6 +140,7 @@ async def serve(cfg: Config) -> int:
                 open_store(cfg.cloud, endpoint_url=cfg.endpoint_url or None),
                 location=cfg.cloud,
                 poll_interval=cfg.sync_interval,
+                poll_interval_max=cfg.sync_interval_max,
                 debounce=cfg.sync_debounce,
                 fetch_timeout=cfg.fetch_timeout,
             )

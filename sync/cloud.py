@@ -16,6 +16,7 @@ from __future__ import annotations
 import abc
 import logging
 import re
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
@@ -164,6 +165,54 @@ class Retrying(CloudStore):
 
     async def close(self) -> None:
         await self.inner.close()
+
+
+class Metered(CloudStore):
+    """Counts the requests made through it, by kind, and the bytes up and down.
+
+    Sync wraps its store in one to show what each round cost (``/v1/status``).
+    A retried request counts once here (retries happen below it)."""
+
+    def __init__(self, inner: CloudStore) -> None:
+        self.inner = inner
+        self.counts: Counter[str] = Counter()
+
+    def snapshot(self) -> Counter[str]:
+        return Counter(self.counts)
+
+    def since(self, before: Counter[str]) -> dict[str, int]:
+        """What was spent since ``before`` (a :meth:`snapshot`): every kind, zeros too."""
+        kinds = ("put", "get", "list", "delete", "bytes_up", "bytes_down")
+        return {k: self.counts[k] - before[k] for k in kinds}
+
+    async def put(self, name: str, data: bytes) -> None:
+        self.counts["put"] += 1
+        self.counts["bytes_up"] += len(data)
+        await self.inner.put(name, data)
+
+    async def get(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
+        self.counts["get"] += 1
+        data = await self.inner.get(name, offset, length)
+        self.counts["bytes_down"] += len(data)
+        return data
+
+    async def list(self, prefix: str = "", after: str = "") -> AsyncIterator[str]:
+        self.counts["list"] += 1
+        async for n in self.inner.list(prefix, after):
+            yield n
+
+    async def delete(self, name: str) -> None:
+        self.counts["delete"] += 1
+        await self.inner.delete(name)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def create_bucket(self) -> None:
+        await self.inner.create_bucket()
+
+    def last_failure(self) -> str | None:
+        return self.inner.last_failure()
 
 
 async def _collect(names: AsyncIterator[str]) -> list[str]:

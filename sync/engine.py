@@ -1,34 +1,44 @@
-"""Page sync: upload rounds, downloads, lazy fetches, and the background loop.
+"""Page sync: upload rounds, the feed, downloads, lazy fetches, and the background loop.
 
 This module owns the protocol. The bucket's names are in :mod:`sync.layout`, the
-per-device download state in :mod:`sync.progress`. It sees the store only
-through its public API (:mod:`store.exchange`, :class:`store.Repository`) and the
-cloud only through :class:`~sync.cloud.CloudStore`.
+pack format in :mod:`sync.pack`, the per-device download state in
+:mod:`sync.progress`. It sees the store only through its public API
+(:mod:`store.exchange`, :class:`store.Repository`) and the cloud only through
+:class:`~sync.cloud.CloudStore`.
 
 Bucket identity: the first daemon to use a bucket writes the marker
 (``ledgerd-bucket.{version}``); a device remembers (repository meta, per cloud
 URL) that it has seen it, and from then on refuses a bucket without it instead of
-starting an empty one in its place (an unmounted share, a moved folder).
+starting an empty one in its place (an unmounted share, a moved folder). A bucket
+of layout 1 gets the layout-2 marker next to its own and its packs are read once.
 
-Upload round (per page with pending commits): the page's unsynced commits and the
-pieces they brought go into one pack, EAGER pieces first, LAZY ones in the order
-of their values' bytes; a page with more than ``max_pack`` bytes of new pieces
-spreads them over several packs with the commits in the last, so objects are in
-the bucket before any commit that references them is visible. Pieces are read
-one pack at a time. The sequence number is taken (and saved) before the PUT, so a
+Upload round: every page with pending commits goes into one pack (one section per
+page: its commits and EAGER pieces, then all pages' LAZY pieces in the order of
+their values' bytes); past ``max_pack`` bytes the round writes more packs, a
+page's tree nodes and commits always in the last pack that holds its pieces, so
+objects are in the bucket before any commit that references them is visible.
+The sequence number and feed time are taken (and saved) before the PUT, so a
 crash leaves at most a gap. Then pieces become ``synced`` and commits leave
 ``unsynced``. Which pages have pending commits is kept in repository meta
 (``sync/pending``), so a round opens only those.
 
-Download: list ``devices/`` (on start and every ``device_list_every`` polls), then
-for each other device list its log after the last name read (one LIST per
-device), and for each new pack one ranged GET of ``[0, eager_end)``. The store
-verifies everything before storing it. A pack that cannot be imported (refused,
-waiting for parents, failed here) is held and retried with backoff; it never
-blocks the device's later packs. Sequences missing from a device's log are gaps,
-probed with backoff, so a pack that appears late is still imported. LAZY pieces
-are recorded with their location and fetched on first read, adjacent ranges of
-one pack in one GET, within ``fetch_timeout``.
+Discovery: one LIST of ``packs/`` after the newest feed time seen less
+``feed_window`` shows every device's new packs; feed times are a hybrid logical
+clock (:meth:`SyncEngine._next_seq`), so no clock's error hides a pack. Each pack
+carries its device's sequence number: sequences missing from a device's log are
+gaps, probed with backoff over the stretch of the feed where they must lie.
+
+Download: per pack, its index and the EAGER sections of the pages this device
+holds, in one ranged GET (or the index, then coalesced ranges of sections). The
+store verifies everything before storing it. A pack (or one page of it) that
+cannot be imported is held and retried with backoff; it never blocks later packs.
+LAZY pieces are recorded with their location and fetched on first read, adjacent
+ranges of one pack in one GET, within ``fetch_timeout``.
+
+Polling adapts: every ``poll_interval`` while this device or the devices it hears
+from are active (for ``active_for`` seconds after a round moved anything), then
+doubling up to ``poll_interval_max``; a local commit starts a round at once (at
+most one per ``debounce``).
 """
 
 from __future__ import annotations
@@ -38,9 +48,10 @@ import base64
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
-from typing import Any
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -55,7 +66,7 @@ from ledgerd.store.errors import (
     TransientStoreError,
 )
 from ledgerd.sync import layout, pack, progress
-from ledgerd.sync.cloud import CloudStore
+from ledgerd.sync.cloud import CloudStore, Metered
 from ledgerd.sync.errors import (
     AlreadyExistsError,
     BucketIdentityError,
@@ -66,14 +77,19 @@ from ledgerd.sync.errors import (
     SyncTimeoutError,
     TransientCloudError,
 )
-from ledgerd.sync.layout import LogName
+from ledgerd.sync.layout import LogName, PackName
 from ledgerd.sync.progress import DeviceLog, Held
 
 log = logging.getLogger(__name__)
 
 Key = tuple[bytes, bytes]
+T = TypeVar("T")
 
 MAX_PACK = 32 * 1024 * 1024
+LEASE_MOST = 64
+"""Pages an upload round keeps open until their pack is up."""
+READ_BATCH = 4 * 1024 * 1024
+"""Bytes of pieces read from a page in one go while a pack is built."""
 COALESCE_GAP = 256 * 1024
 """Bytes between two wanted ranges of one pack that a lazy fetch reads through."""
 COALESCE_SPAN = 16 * 1024 * 1024
@@ -82,6 +98,11 @@ PREFETCH = 16 * 1024 * 1024
 """Most bytes a lazy fetch brings beyond what was asked for (the rest of a value)."""
 PENDING_SLACK_MS = 60_000
 """Pages closed this long before the pending list was saved count as changed (clock steps)."""
+LEGACY_DONE = "sync/legacy-read"
+"""Repository meta: the layout-1 logs of the bucket were read."""
+FEED_WINDOW = 120.0
+"""Seconds of feed time each listing looks back past the newest name seen: packs
+whose PUT was slower than the listing that followed it."""
 
 
 def _b64(raw: bytes) -> str:
@@ -112,6 +133,49 @@ class Stats:
     rounds: int = 0
 
 
+@dataclass
+class _Uploaded:
+    """A page whose commits went (or go) up in a round: what to mark afterwards."""
+
+    key: Key
+    seen: int | None
+    commits: list[bytes]
+    digests: list[bytes]
+
+
+@dataclass
+class _Round:
+    """The pack being built in an upload round, and the pages it carries."""
+
+    sections: dict[Key, pack.Section] = field(default_factory=dict)
+    size: int = 0
+    packs: int = 0
+    waiting: list[_Uploaded] = field(default_factory=list)  # whole, in the unsent pack
+    uploaded: list[_Uploaded] = field(default_factory=list)
+
+    def section(self, key: Key) -> pack.Section:
+        s = self.sections.get(key)
+        if s is None:
+            s = self.sections[key] = pack.Section(*key)
+        return s
+
+    def added(self, u: _Uploaded) -> None:
+        self.waiting.append(u)
+
+    def drop(self, key: Key) -> None:
+        s = self.sections.pop(key, None)
+        if s is not None:
+            self.size -= s.size()
+        self.waiting = [u for u in self.waiting if u.key != key]
+
+    def sent(self) -> None:
+        self.uploaded.extend(self.waiting)
+        self.waiting.clear()
+        self.sections.clear()
+        self.size = 0
+        self.packs += 1
+
+
 class SyncEngine:
     """Syncs one repository's pages through a bucket.
 
@@ -123,6 +187,10 @@ class SyncEngine:
         engine = SyncEngine(store)
         repo = await Repository.open(path, hooks=engine.hooks())
         await engine.start(repo)
+
+    ``wants(ledger, page)``, if given, says which pages this device holds: packs
+    bring only those (every page, without it). ``clock`` is the wall clock (tests
+    skew it).
     """
 
     def __init__(
@@ -130,35 +198,44 @@ class SyncEngine:
         store: CloudStore,
         *,
         location: str = "",
-        poll_interval: float = 5.0,
+        poll_interval: float = 0.5,
+        poll_interval_max: float = 60.0,
+        active_for: float = 10.0,
         debounce: float = 0.5,
         max_pack: int = MAX_PACK,
-        device_list_every: int = 10,
+        feed_window: float = FEED_WINDOW,
         fetch_timeout: float = 60.0,
         retry_first: float = 5.0,
         retry_most: float = 3600.0,
         clock_skew: float = 300.0,
+        clock: Callable[[], float] = time.time,
+        wants: Callable[[bytes, bytes], bool] | None = None,
     ) -> None:
         self._repo: Repository | None = None
-        self.store = store
+        self.store = Metered(store)
         self.location = location
         self.poll_interval = poll_interval
+        self.poll_interval_max = max(poll_interval, poll_interval_max)
+        self.active_for = active_for
         self.debounce = debounce
         self.max_pack = max_pack
-        self.device_list_every = device_list_every
+        self.feed_window = feed_window
         self.fetch_timeout = fetch_timeout
         self.retry_first = retry_first
         self.retry_most = retry_most
         self.clock_skew = clock_skew
+        self.clock = clock
+        self.wants = wants
         self.devices: set[str] = set()
         self.states: dict[Key, PageState] = {}
         self.bucket_error: str | None = None
         self.round_error: str | None = None
         self.device_errors: dict[str, str] = {}
         self.skew: dict[str, dict[str, Any]] = {}
+        self.interval = poll_interval  # seconds to the next background poll
+        self.last_round: dict[str, Any] | None = None
         self._logs: dict[str, DeviceLog] = {}
         self._ignored: set[str] = set()
-        self._polls = 0
         self._lock = asyncio.Lock()  # one round at a time
         self._task: asyncio.Task[None] | None = None
         self._pending: dict[Key, int] = {}  # page -> commits seen (changes on every commit)
@@ -166,7 +243,12 @@ class SyncEngine:
         self._pending_saved: list[Key] | None = None
         self._dirty = False
         self._bucket_ok = False
-        self._seq_checked = False
+        self._legacy_due = False  # a layout-1 bucket: read its logs on the next round
+        self._feed_max = -1  # the newest feed time listed (-1: not loaded)
+        self._listed_at: float | None = None  # monotonic time of the last listing
+        self._own_seq = 0  # the highest sequence of this device listed or written
+        self._own_time = 0
+        self._active_until = 0.0
         self._wake = asyncio.Event()
 
     # -- lifecycle -----------------------------------------------------------------
@@ -191,6 +273,7 @@ class SyncEngine:
         if repo.hooks.fetcher is not self or repo.hooks.listener is not self:
             raise ValueError("open the repository with this engine's hooks()")
         self._repo = repo
+        self._feed_max = int(await repo.get_meta("sync/feed") or b"0")
         if background:
             self._task = asyncio.create_task(self._loop(), name="sync")
 
@@ -222,32 +305,45 @@ class SyncEngine:
         self._dirty = True
         self._wake.set()
 
+    def poke(self) -> None:
+        """Poll at once, and fast for a while (``ledgerctl sync`` does this)."""
+        self._active_until = time.monotonic() + self.active_for
+        self.interval = self.poll_interval
+        self._wake.set()
+
     async def _loop(self) -> None:
         next_poll = 0.0
+        last_push = -self.debounce  # the last round started by a local commit
         while True:
             try:
-                now = time.monotonic()
-                if now >= next_poll:
-                    self._dirty = False
-                    self._wake.clear()
-                    await self.round()
-                    next_poll = time.monotonic() + self.poll_interval
-                elif self._dirty:
-                    await asyncio.sleep(self.debounce)  # let a burst of commits settle
-                    self._dirty = False
-                    self._wake.clear()
-                    await self.round(download=False)
                 if not self._dirty:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(
                             self._wake.wait(), max(0.0, next_poll - time.monotonic())
                         )
+                if self._dirty:  # a local commit: at once, but one such round per debounce
+                    await asyncio.sleep(max(0.0, last_push + self.debounce - time.monotonic()))
+                    self._active_until = time.monotonic() + self.active_for
+                    last_push = time.monotonic()
+                self._dirty = False
+                self._wake.clear()
+                stats = await self.round()
+                if stats.uploaded_packs or stats.downloaded_packs:
+                    self._active_until = time.monotonic() + self.active_for
+                self.interval = self._next_interval()
+                next_poll = time.monotonic() + self.interval
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # keep syncing; the error is in status
                 log.warning("sync round failed: %s", _error(e))
-                await asyncio.sleep(self.poll_interval)
-                next_poll = time.monotonic()
+                self.interval = self._next_interval()
+                next_poll = time.monotonic() + self.interval
+
+    def _next_interval(self) -> float:
+        """``poll_interval`` while active; then doubling up to ``poll_interval_max``."""
+        if time.monotonic() < self._active_until:
+            return self.poll_interval
+        return min(self.poll_interval_max, max(self.poll_interval, self.interval * 2))
 
     # -- rounds --------------------------------------------------------------------
 
@@ -257,20 +353,26 @@ class SyncEngine:
         only: tuple[bytes, bytes | None] | None = None,
         full: bool = False,
     ) -> Stats:
-        """One upload round, then one download pass.
+        """One listing of the feed, one upload round, then the imports.
 
-        ``full`` (the first round of :meth:`sync`) checks the bucket's marker again,
-        lists the devices, and retries held packs and probes gaps without waiting
-        for their backoff. Raises if the round as a whole failed (the bucket, the
-        listing of devices); a page's or a pack's failure stays theirs, in status.
+        ``full`` (the first round of :meth:`sync`) checks the bucket's marker again
+        and retries held packs and probes gaps without waiting for their backoff.
+        Raises if the round as a whole failed (the bucket, the listing); a page's or
+        a pack's failure stays theirs, in status. Without ``download`` (at stop) it
+        lists only if the last listing is old (the feed time of a new pack needs it).
         """
         stats = Stats()
         async with self._lock:
+            before = self.store.snapshot()
+            started = time.monotonic()
             try:
                 if full:
                     self._bucket_ok = False
                 await self._check_bucket()
-                await self._register()
+                if download:
+                    await self._list_feed()
+                    if self._legacy_due or (full and self._legacy_seen()):
+                        await self._list_legacy()
                 stats.uploaded_packs = await self._upload_all(only)
                 if download:
                     stats.downloaded_packs = await self._download(force=full)
@@ -281,6 +383,14 @@ class SyncEngine:
                 if isinstance(e, NoBucketError | BucketIdentityError):
                     self._bucket_ok = False
                 raise
+            finally:
+                self.last_round = {
+                    **self.store.since(before),
+                    "uploaded_packs": stats.uploaded_packs,
+                    "imported_packs": stats.downloaded_packs,
+                    "seconds": round(time.monotonic() - started, 3),
+                    "at": time.time(),
+                }
             self.round_error = None
             stats.rounds = 1
         return stats
@@ -312,6 +422,8 @@ class SyncEngine:
                     continue
                 return
 
+        self._active_until = time.monotonic() + self.active_for
+        self.interval = self.poll_interval
         try:
             await asyncio.wait_for(go(), timeout)
         except TimeoutError:
@@ -323,7 +435,8 @@ class SyncEngine:
         return total
 
     async def _check_bucket(self) -> None:
-        """The bucket carries its marker; the first daemon to use it writes it."""
+        """The bucket carries its marker; the first daemon to use it writes it. A
+        bucket of layout 1 gets the layout-2 marker too, and its logs are read."""
         if self._bucket_ok:
             return
         seen_key = f"sync/bucket-seen/{self.location}"
@@ -339,13 +452,15 @@ class SyncEngine:
                         "another cloud URL for a new bucket"
                     )
                 await self.store.create_bucket()
+            layout.check_version(max(versions, default=layout.BUCKET_FORMAT))
+            if layout.BUCKET_FORMAT not in versions:
                 with contextlib.suppress(AlreadyExistsError):
                     await self.store.put(
                         layout.marker_name(), layout.marker(self.device, time.time())
                     )
                 log.info("marked the bucket as a ledgerd bucket (layout %d)", layout.BUCKET_FORMAT)
-                versions = [layout.BUCKET_FORMAT]
-            layout.check_version(max(versions))
+            if 1 in versions and await self.repo.get_meta(f"{LEGACY_DONE}/{self.location}") is None:
+                self._legacy_due = True
         except (BucketIdentityError, NoBucketError) as e:
             if self.bucket_error != str(e):
                 log.error("cloud sync stopped: %s", e)
@@ -356,12 +471,39 @@ class SyncEngine:
         self.bucket_error = None
         self._bucket_ok = True
 
-    async def _register(self) -> None:
-        if await self.repo.get_meta("sync/registered") == b"1":
-            return
-        with contextlib.suppress(AlreadyExistsError):
-            await self.store.put(f"devices/{self.device}", b"")
-        await self.repo.set_meta("sync/registered", b"1")
+    # -- the previous layout ---------------------------------------------------------
+
+    def _legacy_seen(self) -> bool:
+        held = (h for dl in self._logs.values() for h in dl.held.values())
+        return any(isinstance(h.ln, LogName) for h in held)
+
+    async def _list_legacy(self) -> None:
+        """Read a layout-1 bucket's logs: ``devices/``, then each device's log after
+        the last name read. Done once when this ledgerd first meets the bucket (and on
+        ``sync`` while any such pack is held): daemons of layout 1 stop at the
+        layout-2 marker, so nothing is added there afterwards."""
+        devices = set()
+        async for name in self.store.list("devices/"):
+            device = name.split("/", 1)[1]
+            if layout.device_ok(device):
+                devices.add(device)
+            else:
+                self._ignore(name)
+        for device in sorted(devices - {self.device}):
+            dl = await self._device_log(device)
+            async for name in self.store.list(layout.log_prefix(device), dl.cursor):
+                ln = LogName.parse(name, device)
+                dl.cursor = max(dl.cursor, name)
+                if ln is None:
+                    self._ignore(name)
+                    continue
+                if dl.is_new(ln.seq):
+                    dl.saw(ln.seq)
+                h = Held(ln, ln.key, progress.RETRY, "listed, not imported yet")
+                dl.held[h.id] = h
+            await self._save_log(dl)
+        await self.repo.set_meta(f"{LEGACY_DONE}/{self.location}", b"1")
+        self._legacy_due = False
 
     # -- pending uploads -----------------------------------------------------------
 
@@ -403,7 +545,8 @@ class SyncEngine:
     # -- upload ----------------------------------------------------------------------
 
     async def _upload_all(self, only: tuple[bytes, bytes | None] | None = None) -> int:
-        """Upload the pages with pending commits and the open ones (of ``only``, if given)."""
+        """Upload the pages with pending commits and the open ones (of ``only``, if
+        given), all in one pack (more only past ``max_pack`` bytes). Returns packs put."""
         if not self._pending_loaded:
             await self._load_pending()
         # Open pages too: their latest writes may not be committed yet (group commit).
@@ -414,28 +557,65 @@ class SyncEngine:
             if only is None or (k[0] == only[0] and only[1] in (None, k[1]))
         ]
         await self._save_pending()
-        n = 0
-        for key in keys:
-            seen = self._pending.get(key)
-            if not self.repo.page_exists(*key):
-                self._pending.pop(key, None)
-                self.states.pop(key, None)
-                continue
-            try:
-                async with self._using(key) as page:
-                    n += await self.upload_page(page)
-                    left = await ex.unsynced_count(page)  # a conflict keeps its commits
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # this page's failure stays this page's
-                self._page_failed(key, e)
-                continue
-            st = self.states.setdefault(key, PageState())
-            st.last_error = None
-            if not left and key in self._pending and self._pending[key] == seen:
-                del self._pending[key]
+        rnd = _Round()
+        async with contextlib.AsyncExitStack() as stack:
+            # Pages stay leased until their pack is up (a bounded number of them;
+            # the others are opened again to record the upload).
+            leased: dict[Key, Page] = {}
+            for key in keys:
+                seen = self._pending.get(key)
+                if not self.repo.page_exists(*key):
+                    self._pending.pop(key, None)
+                    self.states.pop(key, None)
+                    continue
+                try:
+                    if len(leased) < LEASE_MOST:
+                        page = await stack.enter_async_context(self._using(key))
+                        leased[key] = page
+                        await self._take_page(rnd, page, seen)
+                    else:
+                        async with self._using(key) as page:
+                            await self._take_page(rnd, page, seen)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # this page's failure stays this page's
+                    rnd.drop(key)
+                    self._page_failed(key, e)
+            with contextlib.suppress(Exception):  # its pages' failures are in status
+                await self._flush(rnd)
+            for u in rnd.uploaded:  # each page's commits are in the bucket now
+                try:
+                    if u.key in leased:
+                        await self._mark(leased[u.key], u)
+                    else:
+                        async with self._using(u.key) as page:
+                            await self._mark(page, u)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # uploaded, not recorded: it goes up again next round
+                    self._page_failed(u.key, e)
         await self._save_pending()
-        return n
+        return rnd.packs
+
+    async def _take_page(self, rnd: _Round, page: Page, seen: int | None) -> None:
+        key = (page.ledger, page.id)
+        up = await ex.pending_upload(page)
+        if up.empty:
+            self._page_done(key, seen, await ex.unsynced_count(page))  # a conflict keeps some
+            return
+        await self._add_page(rnd, page, up)
+        rnd.added(_Uploaded(key, seen, [c.id for c in up.commits], [*up.eager, *up.lazy]))
+
+    async def _mark(self, page: Page, u: _Uploaded) -> None:
+        await ex.mark_uploaded(page, u.commits, u.digests)
+        self._ok(page)
+        self._page_done(u.key, u.seen, await ex.unsynced_count(page))
+
+    def _page_done(self, key: Key, seen: int | None, left: int) -> None:
+        st = self.states.setdefault(key, PageState())
+        st.last_error = None
+        if not left and key in self._pending and self._pending[key] == seen:
+            del self._pending[key]
 
     @contextlib.asynccontextmanager
     async def _using(self, key: Key) -> AsyncIterator[Page]:
@@ -445,110 +625,208 @@ class SyncEngine:
         async with self.repo.page(*key, transient=True) as page:
             yield page
 
-    async def upload_page(self, page: Page) -> int:
-        up = await ex.pending_upload(page)
-        if up.empty:
-            return 0
+    async def _add_page(self, rnd: _Round, page: Page, up: ex.Upload) -> None:
+        """Put a page's commits and pieces into the round's pack; a pack that would
+        pass ``max_pack`` goes up first. A page larger than that spreads its value
+        pieces over several packs, its tree nodes and commits in the last, so that
+        objects are in the bucket before any commit that references them (the reader
+        checks a commit's whole new tree within one pack)."""
+        key = (page.ledger, page.id)
         sizes = await ex.piece_sizes(page, [*up.eager, *up.lazy])
-        # Tree nodes go with the commits (the last pack): the reader checks a commit's
-        # whole new tree in the same pack. Only value pieces are spread ahead of it.
         nodes = [d for d in up.eager if dg.kind_of(d) is dg.Kind.TREE]
         values = [d for d in up.eager if dg.kind_of(d) is not dg.Kind.TREE]
-        # Packs of at most max_pack bytes, planned from sizes; commits go in the last.
-        groups: list[tuple[list[bytes], list[bytes]]] = []
-        cur_e: list[bytes] = []
-        cur_l: list[bytes] = []
-        size = 0
-        for is_lazy, digests in ((False, values), (True, up.lazy)):
-            for d in digests:
-                n = sizes.get(d, 0)
-                if size + n > self.max_pack and (cur_e or cur_l):
-                    groups.append((cur_e, cur_l))
-                    cur_e, cur_l, size = [], [], 0
-                (cur_l if is_lazy else cur_e).append(d)
-                size += n
-        if size + sum(sizes.get(d, 0) for d in nodes) > self.max_pack and (cur_e or cur_l):
-            groups.append((cur_e, cur_l))
-            cur_e, cur_l = [], []
-        groups.append((nodes + cur_e, cur_l))
-        for i, (ge, gl) in enumerate(groups):  # one pack's pieces in memory at a time
-            commits = [c.data for c in up.commits] if i == len(groups) - 1 else []
-            pieces = await ex.read_pieces(page, ge + gl)
-            await self._put_pack(
-                page, commits, [(d, pieces[d]) for d in ge], [(d, pieces[d]) for d in gl]
-            )
-            del pieces
-        await ex.mark_uploaded(page, [c.id for c in up.commits], [*up.eager, *up.lazy])
-        self._ok(page)
-        log.debug(
-            "uploaded %d commits of page %r in %d packs", len(up.commits), page.id, len(groups)
-        )
-        return len(groups)
+        commits = [c.data for c in up.commits]
+        total = sum(sizes.values()) + sum(map(len, commits))
+        if rnd.size + total > self.max_pack and rnd.sections:
+            await self._flush(rnd)
+        sec = rnd.section(key)
+        batch: list[tuple[bool, bytes]] = []
+        batch_size = 0
 
-    async def _next_seq(self) -> int:
-        """The next sequence number, saved before use; never below what the bucket shows.
+        async def read(batch: list[tuple[bool, bytes]]) -> None:
+            got = await ex.read_pieces(page, [d for _, d in batch])
+            for is_lazy, d in batch:
+                (rnd.section(key).lazy if is_lazy else rnd.section(key).eager).append((d, got[d]))
+                rnd.size += len(got[d])
 
-        On the first use after start the device's log is listed after the saved
-        number (normally an empty listing), so a rolled-back counter (a power loss,
-        a restored backup) cannot reuse a number.
+        for item in [*((False, d) for d in values), *((True, d) for d in up.lazy)]:
+            n = sizes.get(item[1], 0)
+            if rnd.size + batch_size + n > self.max_pack and (rnd.size or batch):
+                await read(batch)
+                batch, batch_size = [], 0
+                await self._flush(rnd)  # this page goes on in the next pack
+            batch.append(item)
+            batch_size += n
+            if batch_size >= READ_BATCH:
+                await read(batch)
+                batch, batch_size = [], 0
+        await read(batch)
+        tail = sum(sizes.get(d, 0) for d in nodes) + sum(map(len, commits))
+        if rnd.size + tail > self.max_pack and rnd.size:
+            await self._flush(rnd)
+        await read([(False, d) for d in nodes])
+        sec = rnd.section(key)
+        sec.commits = commits
+        rnd.size += sum(map(len, commits))
+
+    async def _flush(self, rnd: _Round) -> None:
+        """PUT the round's pack, if it holds anything; its pages' commits are then up."""
+        sections = [s for s in rnd.sections.values() if s.commits or s.eager or s.lazy]
+        if not sections:
+            rnd.sections.clear()
+            return
+        try:
+            await self._put_pack(sections, rnd.size)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # every page in it failed this round; the caller's too
+            for key in {*rnd.sections, *(u.key for u in rnd.waiting)}:
+                rnd.drop(key)
+                self._page_failed(key, e)
+            raise
+        rnd.sent()
+
+    async def _next_seq(self) -> tuple[int, int]:
+        """The next sequence number and feed time, saved before use.
+
+        The sequence is never below what the bucket shows of this device (the last
+        listing saw its packs after the cursor); the feed time is never below this
+        device's last pack nor the newest name listed (a hybrid logical clock), so
+        a reader's cursor never passes a pack that is not up yet, whatever the
+        clocks say.
         """
-        seq = int(await self.repo.get_meta("sync/seq") or b"0")
-        if not self._seq_checked:
-            after = layout.log_after(self.device, seq)
-            async for name in self.store.list(layout.log_prefix(self.device), after):
-                ln = LogName.parse(name, self.device)
-                if ln is not None:
-                    seq = max(seq, ln.seq)
-            self._seq_checked = True
-        seq += 1
+        await self._fresh_feed()
+        seq = max(int(await self.repo.get_meta("sync/seq") or b"0"), self._own_seq) + 1
+        last = int(await self.repo.get_meta("sync/seq_time") or b"0")
+        t = max(int(self.clock() * 1000), self._feed_max, last + 1, self._own_time + 1)
         await self.repo.set_meta("sync/seq", str(seq).encode())
-        return seq
+        await self.repo.set_meta("sync/seq_time", str(t).encode())
+        return seq, t
 
-    async def _put_pack(
-        self,
-        page: Page,
-        commits: list[bytes],
-        eager: list[tuple[bytes, bytes]],
-        lazy: list[tuple[bytes, bytes]],
-    ) -> None:
+    async def _put_pack(self, sections: list[pack.Section], size: int) -> None:
         while True:
-            seq = await self._next_seq()  # taken (and saved) before the PUT
-            data, eager_end = pack.encode(
-                pack.Pack(page.ledger, page.id, self.repo.device_id, seq, commits, eager, lazy)
-            )
-            name = LogName.make(self.device, seq, eager_end, page.ledger, page.id).name
+            seq, t = await self._next_seq()  # taken (and saved) before the PUT
+            device = self.repo.device_id
+            if size > 1 << 20:  # compressing megabytes: off the event loop
+                data, head_end, eager_end = await asyncio.to_thread(
+                    pack.encode, device, seq, t, sections
+                )
+            else:
+                data, head_end, eager_end = pack.encode(device, seq, t, sections)
+            name = PackName.make(t, self.device, seq, head_end, eager_end).name
             try:
                 await self.store.put(name, data)
-                return
             except AlreadyExistsError:
                 # Ours if a retried PUT's first attempt landed; otherwise a reused number.
-                if await self.store.get(name, 0, eager_end) == data[:eager_end]:
-                    return
-                log.warning("sequence %d was already used; taking the next", seq)
-                self._seq_checked = False
+                if await self.store.get(name, 0, head_end) != data[:head_end]:
+                    log.warning("sequence %d was already used; taking the next", seq)
+                    self._own_seq = max(self._own_seq, seq)
+                    continue
+            self._own_seq, self._own_time = max(self._own_seq, seq), max(self._own_time, t)
+            log.debug("uploaded pack %s: %d pages, %d bytes", name, len(sections), len(data))
+            return
+
+    # -- discovery -------------------------------------------------------------------
+
+    async def _fresh_feed(self) -> None:
+        """List the feed unless this engine did so within a quarter of the window."""
+        if self._listed_at is None or time.monotonic() - self._listed_at > self.feed_window / 4:
+            await self._list_feed()
+
+    async def _list_feed(self) -> None:
+        """One LIST of ``packs/`` after the cursor (the newest feed time seen, less
+        the window): every device's new packs. Each is held to be imported."""
+        window = int(self.feed_window * 1000)
+        after = layout.feed_after(self._feed_max - window) if self._feed_max else ""
+        started = time.monotonic()
+        newest = self._feed_max
+        touched: set[str] = set()
+        async for name in self.store.list(layout.PACKS, after):
+            pn = PackName.parse(name)
+            if pn is None:
+                self._ignore(name)
+                continue
+            newest = max(newest, pn.time)
+            if await self._saw(pn):
+                touched.add(pn.device)
+        for device in sorted(touched):
+            await self._save_log(self._logs[device])
+        if newest != self._feed_max:
+            self._feed_max = newest
+            await self.repo.set_meta("sync/feed", str(newest).encode())
+        self._listed_at = started
+
+    async def _saw(self, pn: PackName) -> bool:
+        """Take note of a listed pack; True if it is new (then it is held for import)."""
+        if pn.device == self.device:
+            self._own_seq = max(self._own_seq, pn.seq)
+            self._own_time = max(self._own_time, pn.time)
+            return False
+        dl = await self._device_log(pn.device)
+        if not dl.is_new(pn.seq):
+            return False
+        if dl.in_gap(pn.seq) and pn.seq < dl.max_seq:
+            log.info("pack %s appeared in a gap of device %s", pn.name, pn.device)
+        dl.saw(pn.seq, pn.time)
+        h = Held(pn, None, progress.RETRY, "listed, not imported yet")
+        dl.held[h.id] = h
+        self.devices.add(pn.device)
+        return True
+
+    async def _probe_gaps(self, force: bool) -> None:
+        """List the stretch of the feed where a device's missing packs must be, for
+        gaps older than the window (the window's own listing covers the others)."""
+        now = time.monotonic()
+        floor = self._feed_max - int(self.feed_window * 1000)
+        for dl in list(self._logs.values()):
+            old = [g for g in dl.gaps if g.until and g.after < floor]  # layout 1: none
+            if not old or not (force or now >= dl.probe_due):
+                continue
+            found = 0
+            for g in old:
+                if not dl.in_gap(g.first) and not dl.in_gap(g.last):
+                    continue
+                async for name in self.store.list(layout.PACKS, layout.feed_after(g.after)):
+                    pn = PackName.parse(name)
+                    if pn is None:
+                        continue
+                    if g.until and pn.time > g.until:
+                        break
+                    if pn.device == dl.device and await self._saw(pn):
+                        found += 1
+            dl.probes = 0 if found else dl.probes + 1
+            dl.probe_due = now + progress.backoff(dl.probes, self.retry_first, self.retry_most)
+            await self._save_log(dl)
 
     # -- download --------------------------------------------------------------------
 
     async def _download(self, force: bool = False) -> int:
-        if force or not self.devices or self._polls % self.device_list_every == 0:
-            devices = set()
-            async for name in self.store.list("devices/"):
-                device = name.split("/", 1)[1]
-                if layout.device_ok(device):
-                    devices.add(device)
-                else:
-                    self._ignore(name)
-            self.devices = devices - {self.device}
-        self._polls += 1
+        """Import the packs listed and not imported yet, and the held ones that are due;
+        in feed order. Returns how many packs brought something."""
+        await self._probe_gaps(force)
+        now = time.monotonic()
+        due = [
+            (h.ln.time if isinstance(h.ln, PackName) else 0, h.ln.seq, dl, h)
+            for dl in self._logs.values()
+            for h in dl.held.values()
+            if force or now >= h.due
+        ]
         n = 0
-        for device in sorted(self.devices):
+        for _, _, dl, h in sorted(due, key=lambda x: (x[0], x[3].ln.device, x[1], x[3].id)):
+            if h.id not in dl.held:  # done with its whole pack
+                continue
             try:
-                n += await self._download_device(device, force)
-            except CloudError as e:  # this device's log is unreachable now; the others go on
-                self.device_errors[device] = _error(e)
-                log.warning("download from device %s failed: %s", device, e)
-            else:
-                self.device_errors.pop(device, None)
+                if isinstance(h.ln, PackName):
+                    got = await self._import_pack(dl, h.ln, h.key)
+                else:
+                    got = await self._import_v1(dl, h.ln)
+            except CloudError as e:  # the cloud is unreachable now; try again next poll
+                self.device_errors[dl.device] = _error(e)
+                log.warning("download from device %s failed: %s", dl.device, e)
+                break
+            self.device_errors.pop(dl.device, None)
+            n += got
+            await self._save_log(dl)
         return n
 
     def _ignore(self, name: str) -> None:
@@ -578,49 +856,102 @@ class SyncEngine:
     async def _save_log(self, dl: DeviceLog) -> None:
         await self.repo.set_meta(f"sync/log/{dl.device}", dl.encode())
 
-    async def _download_device(self, device: str, force: bool) -> int:
-        dl = await self._device_log(device)
-        now = time.monotonic()
-        listed: list[LogName] = []
-        last = dl.cursor
-        async for name in self.store.list(layout.log_prefix(device), dl.cursor):
-            last = max(last, name)
-            ln = LogName.parse(name, device)
-            if ln is None:
-                self._ignore(name)
+    async def _import_pack(self, dl: DeviceLog, pn: PackName, only: Key | None) -> int:
+        """Import a pack's pages that this device holds (or just page ``only``): its
+        index, then the EAGER sections of those pages, coalesced into few ranged GETs
+        (one GET for index and sections when every page is wanted). A page that cannot
+        be imported is held on its own; the others go on. Returns 1 if a page got in."""
+        whole = Held(pn, None, progress.RETRY, "").id
+        try:
+            wanted_all = only is None and self.wants is None
+            first = await self.store.get(pn.name, 0, pn.eager_end if wanted_all else pn.head_end)
+            header = pack.decode_header(first[: pn.head_end], pn.head_end, pn.eager_end)
+            if (header.device.hex(), header.seq, header.time) != (pn.device, pn.seq, pn.time):
+                raise pack.CorruptPackError("pack does not match its name")
+            pages = [
+                p
+                for p in header.pages
+                if (p.key == only if only is not None else self._wanted(p.key))
+            ]
+            sections = await self._sections(pn.name, pages, first)
+        except asyncio.CancelledError:
+            raise
+        except CloudNotFoundError:
+            self._drop_held(dl, pn.name)
+            log.warning("pack %s is no longer in the bucket; skipped", pn.name)
+            return 0
+        except (pack.CorruptPackError, RangeNotInObjectError) as e:
+            self._hold(dl, pn, only, progress.REFUSED, f"refused: {_error(e)}")
+            return 0
+        except TransientCloudError as e:
+            self._hold(dl, pn, only, progress.DEFERRED, f"not imported now: {_error(e)}")
+            return 0
+        dl.held.pop(whole, None)
+        got = 0
+        for p in pages:
+            mine = Held(pn, p.key, progress.RETRY, "").id
+            try:
+                commits, eager = pack.decode_section(sections[p.key], p.eager)
+                lazy = {d: part.location(pn.name) for d, part in p.lazy}
+                async with self._using(p.key) as page:
+                    marker = f"imported/{pn.device}"
+                    done = await ex.sync_value(page, marker)
+                    mark = str(max(pn.seq, int(done) if done else 0)).encode()
+                    new = await ex.import_remote(page, commits, eager, lazy, (marker, mark))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self._hold_for(dl, pn, p.key, e)
                 continue
-            listed.append(ln)
-            dl.saw(ln.seq)
-        found: list[LogName] = []
-        if dl.gaps and (force or now >= dl.probe_due):  # did a missing pack appear?
-            first = min(g.first for g in dl.gaps)
-            async for name in self.store.list(
-                layout.log_prefix(device), layout.log_after(device, first - 1)
-            ):
-                ln = LogName.parse(name, device)
-                if ln is not None and dl.in_gap(ln.seq):
-                    found.append(ln)
-                    dl.fill(ln.seq)
-                    log.info("pack %s appeared in a gap of device %s", name, device)
-            dl.probes = 0 if found else dl.probes + 1
-            dl.probe_due = now + progress.backoff(dl.probes, self.retry_first, self.retry_most)
-        retry = [h.ln for h in dl.held.values() if force or now >= h.due]
-        todo = {ln.name: ln for ln in [*retry, *found, *listed]}
-        new = {ln.name for ln in listed}
-        n = 0
-        for ln in sorted(todo.values(), key=lambda x: (x.seq, x.name)):
-            if await self._import_pack(dl, ln):
-                n += 1
-            if ln.name in new:
-                dl.cursor = max(dl.cursor, ln.name)
-            await self._save_log(dl)
-        if last != dl.cursor:
-            dl.cursor = last
-            await self._save_log(dl)
-        return n
+            dl.held.pop(mine, None)
+            self._imported(p.key, pn.device, new)
+            got = 1
+        return got
 
-    async def _import_pack(self, dl: DeviceLog, ln: LogName) -> bool:
-        """Import one pack; on failure hold it (status says why) and go on."""
+    async def _sections(
+        self, name: str, pages: list[pack.PageIndex], first: bytes
+    ) -> dict[Key, bytes]:
+        """The stored EAGER sections of ``pages``: from ``first`` (the pack's start)
+        where it holds them, else by coalesced ranged GETs."""
+        out: dict[Key, bytes] = {}
+        missing: list[tuple[int, int, pack.PageIndex]] = []
+        for p in pages:
+            if p.eager.end <= len(first):
+                out[p.key] = first[p.eager.offset : p.eager.end]
+            else:
+                missing.append((p.eager.offset, p.eager.stored, p))
+        for start, end, group in _coalesce(sorted(missing, key=lambda x: x[0])):
+            data = await self.store.get(name, start, end - start)
+            for off, length, p in group:
+                out[p.key] = data[off - start : off - start + length]
+        return out
+
+    def _wanted(self, key: Key) -> bool:
+        return self.wants is None or self.wants(*key)
+
+    def _hold_for(self, dl: DeviceLog, pn: PackName | LogName, key: Key, e: Exception) -> None:
+        """Hold one page of a pack, in the state its failure calls for."""
+        if isinstance(e, ex.MissingParentError):
+            self._hold(dl, pn, key, progress.WAITING, f"waits for what no pack seen holds: {e}")
+        elif isinstance(
+            e,
+            pack.CorruptPackError
+            | CorruptObjectError
+            | InvalidArgumentError
+            | RangeNotInObjectError,
+        ):
+            self._hold(dl, pn, key, progress.REFUSED, f"refused: {_error(e)}")
+        elif isinstance(e, TransientCloudError | TransientStoreError | ClosedError):
+            self._hold(dl, pn, key, progress.DEFERRED, f"not imported now: {_error(e)}")
+        else:  # the page cannot take it here (newer schema, disk full)
+            self._hold(dl, pn, key, progress.FAILED, f"cannot import it here: {_error(e)}")
+
+    def _drop_held(self, dl: DeviceLog, name: str) -> None:
+        for hid in [hid for hid, h in dl.held.items() if h.ln.name == name]:
+            del dl.held[hid]
+
+    async def _import_v1(self, dl: DeviceLog, ln: LogName) -> int:
+        """Import a layout-1 pack (one page; a bucket being migrated)."""
         try:
             data = await self.store.get(ln.name, 0, ln.eager_end)
             p = pack.decode_prefix(data, ln.eager_end)
@@ -635,33 +966,24 @@ class SyncEngine:
         except asyncio.CancelledError:
             raise
         except CloudNotFoundError:
-            dl.held.pop(ln.name, None)
+            self._drop_held(dl, ln.name)
             log.warning("pack %s is no longer in the bucket; skipped", ln.name)
-            return False
-        except ex.MissingParentError as e:
-            self._hold(dl, ln, progress.WAITING, f"waits for what no pack seen holds: {e}")
-        except (
-            pack.CorruptPackError,
-            CorruptObjectError,
-            InvalidArgumentError,
-            RangeNotInObjectError,
-        ) as e:
-            self._hold(dl, ln, progress.REFUSED, f"refused: {_error(e)}")
-        except (TransientCloudError, TransientStoreError, ClosedError) as e:
-            self._hold(dl, ln, progress.DEFERRED, f"not imported now: {_error(e)}")
-        except Exception as e:  # the page cannot take it here (newer schema, disk full)
-            self._hold(dl, ln, progress.FAILED, f"cannot import it here: {_error(e)}")
-        else:
-            dl.held.pop(ln.name, None)
-            self._imported(ln, new)
-            return True
-        return False
+            return 0
+        except Exception as e:
+            self._hold_for(dl, ln, ln.key, e)
+            return 0
+        self._drop_held(dl, ln.name)
+        self._imported(ln.key, ln.device, new)
+        return 1
 
-    def _hold(self, dl: DeviceLog, ln: LogName, state: str, reason: str) -> None:
-        held = dl.held.get(ln.name)
+    def _hold(
+        self, dl: DeviceLog, ln: PackName | LogName, key: Key | None, state: str, reason: str
+    ) -> None:
+        hid = Held(ln, key, state, reason).id
+        held = dl.held.get(hid)
         first = held is None or held.reason != reason
         if held is None:
-            held = dl.held[ln.name] = Held(ln, state, reason)
+            held = dl.held[hid] = Held(ln, key, state, reason)
         held.state, held.reason = state, reason
         held.attempts += 1
         if state == progress.DEFERRED:
@@ -673,34 +995,33 @@ class SyncEngine:
         level = logging.WARNING if state in (progress.WAITING, progress.DEFERRED) else logging.ERROR
         log.log(
             level if first else logging.DEBUG,
-            "pack %s (page %r of ledger %r): %s; retried with backoff",
+            "pack %s%s: %s; retried with backoff",
             ln.name,
-            ln.page,
-            ln.ledger,
+            f" (page {key[1]!r} of ledger {key[0]!r})" if key else "",
             reason,
         )
 
-    def _imported(self, ln: LogName, new: list[Commit]) -> None:
-        st = self.states.setdefault(ln.key, PageState())
+    def _imported(self, key: Key, device: str, new: list[Commit]) -> None:
+        st = self.states.setdefault(key, PageState())
         st.last_sync = time.time()
         # Packs of this page waiting for parents may have them now.
         for dl in self._logs.values():
             for h in dl.held.values():
-                if h.ln.key == ln.key and h.state == progress.WAITING:
+                if h.key == key and h.state == progress.WAITING:
                     h.due = 0.0
-        now_us = time.time_ns() // 1000
+        now_us = int(self.clock() * 1_000_000)
         for c in new:
             ahead = (c.timestamp - now_us) / 1e6
             if c.salt and ahead > self.clock_skew:  # merges carry their parents' times
-                if ln.device not in self.skew:
+                if device not in self.skew:
                     log.warning(
                         "device %s's clock is %.0fs ahead of this one (commit %s)",
-                        ln.device,
+                        device,
                         ahead,
                         c.id.hex()[:12],
                     )
-                self.skew[ln.device] = {
-                    "device": ln.device,
+                self.skew[device] = {
+                    "device": device,
                     "ahead_s": round(ahead, 1),
                     "commit": c.id.hex(),
                     "seen_at": time.time(),
@@ -749,7 +1070,7 @@ class SyncEngine:
             want = []
             for d in children:
                 if d in where and d not in want:
-                    budget -= int(where[d].rsplit(":", 1)[1])
+                    budget -= _Location.parse(where[d]).stored
                     if budget < 0:
                         break
                     want.append(d)
@@ -757,16 +1078,20 @@ class SyncEngine:
 
     async def _fetch_ranges(self, where: dict[bytes, str]) -> dict[bytes, bytes]:
         """Pieces from their packs: near ranges of one pack in one ranged GET."""
-        by_pack: dict[str, list[tuple[int, int, bytes]]] = {}
-        for d, loc in where.items():
-            name, at, size = loc.rsplit(":", 2)
-            by_pack.setdefault(name, []).append((int(at), int(size), d))
+        by_pack: dict[str, list[tuple[int, int, tuple[bytes, _Location]]]] = {}
+        for d, text in where.items():
+            loc = _Location.parse(text)
+            by_pack.setdefault(loc.name, []).append((loc.offset, loc.stored, (d, loc)))
         out: dict[bytes, bytes] = {}
         for name, items in by_pack.items():
-            for start, end, group in _coalesce(sorted(items)):
+            for start, end, group in _coalesce(sorted(items, key=lambda x: x[0])):
                 data = await self.store.get(name, start, end - start)
-                for off, length, d in group:
+                for off, length, (d, loc) in group:
                     piece = data[off - start : off - start + length]
+                    try:
+                        piece = pack.unsqueeze(piece, loc.codec, loc.raw)
+                    except pack.CorruptPackError:
+                        piece = b""  # fails the digest check below, with its message
                     if not dg.verify(d, piece):
                         raise CorruptObjectError(
                             f"the cloud's copy of object {dg.short(d)} (in {name}) does not "
@@ -790,11 +1115,11 @@ class SyncEngine:
 
     def _held(self) -> Iterable[Held]:
         for device in sorted(self._logs):
-            yield from sorted(self._logs[device].held.values(), key=lambda h: h.ln.seq)
+            yield from sorted(self._logs[device].held.values(), key=lambda h: (h.ln.seq, h.id))
 
     def _pack_error(self, key: Key) -> str | None:
         for h in self._held():
-            if h.ln.key == key and h.state != progress.RETRY:
+            if h.key == key and h.state != progress.RETRY:
                 return f"pack {h.ln.name}: {h.reason}"
         return None
 
@@ -809,7 +1134,9 @@ class SyncEngine:
     ) -> list[dict[str, Any]]:
         """What sync could not do, of the page or ledger given (plus whole-bucket ones)."""
 
-        def mine(key: Key) -> bool:
+        def mine(key: Key | None) -> bool:
+            if key is None:  # a whole pack: it concerns every page
+                return True
             return (ledger is None or key[0] == ledger) and (page is None or key[1] == page)
 
         out: list[dict[str, Any]] = []
@@ -823,11 +1150,11 @@ class SyncEngine:
             if st.last_error and mine(key):
                 out.append({"ledger": _b64(key[0]), "page": _b64(key[1]), "error": st.last_error})
         for h in self._held():
-            if h.state != progress.RETRY and mine(h.ln.key):
+            if h.state != progress.RETRY and mine(h.key):
                 out.append(
                     {
-                        "ledger": _b64(h.ln.ledger),
-                        "page": _b64(h.ln.page),
+                        "ledger": _b64(h.key[0]) if h.key else None,
+                        "page": _b64(h.key[1]) if h.key else None,
                         "pack": h.ln.name,
                         "error": f"pack {h.ln.name}: {h.reason}",
                     }
@@ -854,10 +1181,10 @@ class SyncEngine:
             packs.append(
                 {
                     **h.json(),
-                    "ledger": _b64(h.ln.ledger),
-                    "page": _b64(h.ln.page),
-                    "ledger_text": _text(h.ln.ledger),
-                    "page_text": _text(h.ln.page),
+                    "ledger": _b64(h.key[0]) if h.key else None,
+                    "page": _b64(h.key[1]) if h.key else None,
+                    "ledger_text": _text(h.key[0]) if h.key else None,
+                    "page_text": _text(h.key[1]) if h.key else None,
                 }
             )
         gaps = [
@@ -874,6 +1201,9 @@ class SyncEngine:
             "gaps": gaps,
             "devices": [{"device": d, "error": e} for d, e in sorted(self.device_errors.items())],
             "clock_skew": [self.skew[d] for d in sorted(self.skew)],
+            "poll_interval_s": self.interval,
+            "last_round": self.last_round,
+            "requests": self.store.since(Counter()),
         }
 
     async def page_status(self, page: Page) -> dict[str, Any]:
@@ -886,12 +1216,33 @@ class SyncEngine:
         }
 
 
+@dataclass(frozen=True)
+class _Location:
+    """Where a LAZY piece lies: ``name:offset:length``, plus ``:z{raw length}`` when
+    it is stored compressed (see :meth:`sync.pack.Part.location`)."""
+
+    name: str
+    offset: int
+    stored: int
+    raw: int
+    codec: int
+
+    @classmethod
+    def parse(cls, text: str) -> _Location:
+        name, _, rest = text.partition(":")
+        fields = rest.split(":")
+        offset, stored = int(fields[0]), int(fields[1])
+        if len(fields) == 3 and fields[2].startswith("z"):
+            return cls(name, offset, stored, int(fields[2][1:]), pack.ZSTD)
+        return cls(name, offset, stored, stored, pack.RAW)
+
+
 def _coalesce(
-    items: list[tuple[int, int, bytes]],
-) -> list[tuple[int, int, list[tuple[int, int, bytes]]]]:
-    """Sorted (offset, length, digest) ranges of one pack as (start, end, members) runs:
+    items: list[tuple[int, int, T]],
+) -> list[tuple[int, int, list[tuple[int, int, T]]]]:
+    """Sorted (offset, length, item) ranges of one pack as (start, end, members) runs:
     ranges at most COALESCE_GAP apart share a run of at most COALESCE_SPAN bytes."""
-    runs: list[tuple[int, int, list[tuple[int, int, bytes]]]] = []
+    runs: list[tuple[int, int, list[tuple[int, int, T]]]] = []
     for off, length, d in items:
         if runs:
             start, end, members = runs[-1]

@@ -5,7 +5,17 @@ no I/O. Every name that comes back from a listing is parsed strictly here before
 sync acts on it: a name that is not exactly what some ledgerd would write is
 ignored, never opened as a page.
 
-    ledgerd-bucket.{version}                           the marker, written once
+Layout 2::
+
+    ledgerd-bucket.{version}                                  the marker, written once
+    packs/{time:013d}.{device}.{seq:016d}.{head_end}.{eager_end}   one pack per round
+
+``time`` is the pack's feed time in ms (a hybrid logical clock: never below the
+device's previous pack nor below the newest name it has listed), so that one
+listing of ``packs/`` after a cursor shows every device's new packs.
+
+Layout 1 (read when a bucket is migrated)::
+
     devices/{device}                                   one per device, written once
     log/{device}/{seq:016d}.{eager_end}.{ledger}.{page} one pack per page per round
 
@@ -24,7 +34,7 @@ from ledgerd.sync import pack
 from ledgerd.sync.errors import BucketIdentityError
 
 MARKER = "ledgerd-bucket"
-BUCKET_FORMAT = 1
+BUCKET_FORMAT = 2
 """Version of the bucket layout; the marker carries it. A bucket of a newer one is refused."""
 
 MAX_EAGER_END = 1 << 40
@@ -33,6 +43,8 @@ MAX_EAGER_END = 1 << 40
 _DEVICE = re.compile(r"[0-9a-f]{32}")
 _SEQ = re.compile(r"[0-9]{16}")
 _NUMBER = re.compile(r"0|[1-9][0-9]{0,15}")
+_TIME = re.compile(r"[0-9]{13}")
+PACKS = "packs/"
 _B64 = re.compile(r"[A-Za-z0-9_-]{2,171}")
 
 
@@ -99,6 +111,50 @@ class LogName:
         return cls(parts[1], n, end, ledger, page, name)
 
 
+def feed_after(time_ms: int) -> str:
+    """A listing bound: every pack with a feed time of ``time_ms`` or later is after it."""
+    return f"{PACKS}{max(0, time_ms):013d}"
+
+
+@dataclass(frozen=True)
+class PackName:
+    """A layout-2 pack's name: feed time, device, sequence, and where its parts end."""
+
+    time: int
+    device: str
+    seq: int
+    head_end: int
+    eager_end: int
+    name: str
+
+    @classmethod
+    def make(cls, time: int, device: str, seq: int, head_end: int, eager_end: int) -> PackName:
+        name = f"{PACKS}{time:013d}.{device}.{seq:016d}.{head_end}.{eager_end}"
+        return cls(time, device, seq, head_end, eager_end, name)
+
+    @classmethod
+    def parse(cls, name: str) -> PackName | None:
+        """The pack a name stands for, or None unless it is exactly such a name."""
+        if not name.startswith(PACKS):
+            return None
+        fields = name[len(PACKS) :].split(".")
+        if len(fields) != 5:
+            return None
+        time, device, seq, head_end, eager_end = fields
+        if not (
+            _TIME.fullmatch(time)
+            and device_ok(device)
+            and _SEQ.fullmatch(seq)
+            and _NUMBER.fullmatch(head_end)
+            and _NUMBER.fullmatch(eager_end)
+        ):
+            return None
+        n, head, end = int(seq), int(head_end), int(eager_end)
+        if n < 1 or not pack.PREFIX <= head <= end <= MAX_EAGER_END:
+            return None
+        return cls(int(time), device, n, head, end, name)
+
+
 def marker_name(version: int = BUCKET_FORMAT) -> str:
     return f"{MARKER}.{version}"
 
@@ -120,7 +176,10 @@ def marker(device: str, created: float) -> bytes:
 
 
 def check_version(version: int) -> None:
-    """BucketIdentityError unless this ledgerd can use a bucket of layout ``version``."""
+    """BucketIdentityError unless this ledgerd can use a bucket of layout ``version``.
+
+    (A ledgerd of layout 1 checks the highest marker the same way, so it refuses a
+    bucket that a newer ledgerd has marked 2 instead of misreading it.)"""
     if version < 1 or version > BUCKET_FORMAT:
         raise BucketIdentityError(
             f"the bucket has layout version {version}; this ledgerd supports "

@@ -1,40 +1,275 @@
-"""Packs: the one object an upload round writes per page.
+"""Packs: the one object an upload round writes, whatever the number of pages.
 
-This module owns the pack format and its parsing; it does no I/O.
+This module owns the pack formats and their parsing; it does no I/O.
 
-    b"LDGPACK1" | u32 header length | header (msgpack) | EAGER pieces | LAZY pieces
+Format 2 (``LDGPACK2``, written since bucket layout 2)::
 
-The header holds the ledger, page, device and sequence number, the commits
-(their canonical encodings) and ``[digest, length]`` for every piece, EAGER ones
-first. Everything a reader needs first (header, commits, EAGER pieces) is the
-prefix ``[0, eager_end)``, and ``eager_end`` is part of the object's name, so
-one ranged GET fetches it; LAZY pieces are fetched later, each with a ranged GET
-of just its bytes. Parsing checks every length and type; digests and commit ids
-are verified by the store on import.
+    b"LDGPACK2" | u32 header length | header (msgpack) | EAGER sections | LAZY pieces
+
+The header is the pack's index: the device, its sequence number and feed time,
+and per page its ledger and page names, where its EAGER section lies
+(``[offset, stored length, raw length, codec]``) and where each of its LAZY
+pieces lies (``[digest, offset, stored length, raw length, codec]``); offsets
+count from the end of the header. A page's EAGER section is
+``msgpack([commits, [[digest, bytes], ...]])``, its commits and EAGER pieces,
+compressed as one zstd frame when that makes it smaller (codec 1; 0 is raw).
+LAZY pieces are compressed one by one, under the same rule, so that each can be
+fetched alone. Digests are over the uncompressed bytes. Every EAGER section comes
+before every LAZY piece, so a reader fetches the header and the sections of the
+pages it holds with one or two ranged GETs (``head_end`` and ``eager_end`` are in
+the pack's name) and LAZY pieces later, each with a ranged GET of its bytes.
+
+Format 1 (``LDGPACK1``, bucket layout 1: one page per pack, no compression) is
+still read: :func:`decode_prefix`.
+
+Parsing checks every length, offset and type and bounds every decompression;
+digests and commit ids are verified by the store on import.
 """
 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgpack
+import zstandard
 
+from ledgerd.store import NAME_LIMIT
 from ledgerd.store import digest as dg
 from ledgerd.store.errors import InvalidDigestError
 from ledgerd.sync.errors import SyncError
 
 MAGIC = b"LDGPACK1"
+MAGIC2 = b"LDGPACK2"
 _LEN = struct.Struct(">I")
 PREFIX = len(MAGIC) + _LEN.size
+RAW, ZSTD = 0, 1
+MAX_SECTION = 1 << 32
+"""Largest raw (uncompressed) section or piece a pack may declare."""
+MAX_HEADER = 64 * 1024 * 1024
+"""Largest header a reader accepts (a round of tens of thousands of pages fits)."""
+ZSTD_LEVEL = 3
 
 
 class CorruptPackError(SyncError):
     """A pack is malformed or truncated; it was refused and nothing was stored."""
 
 
+# -- compression -------------------------------------------------------------------
+
+
+def squeeze(raw: bytes) -> tuple[bytes, int]:
+    """``raw`` zstd-compressed with codec ZSTD if that is smaller, else as is (RAW)."""
+    if len(raw) < 64:
+        return raw, RAW
+    packed = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True).compress(raw)
+    return (packed, ZSTD) if len(packed) < len(raw) else (raw, RAW)
+
+
+def unsqueeze(stored: bytes, codec: int, raw_len: int) -> bytes:
+    """The raw bytes of a stored section or piece; CorruptPackError if they are not."""
+    if codec == RAW:
+        out = stored
+    else:
+        try:
+            out = zstandard.ZstdDecompressor().decompress(stored, max_output_size=raw_len)
+        except zstandard.ZstdError as e:
+            raise CorruptPackError(f"a compressed part of a pack is unreadable: {e}") from e
+    if len(out) != raw_len:
+        raise CorruptPackError("a part of a pack has another length than its index says")
+    return out
+
+
+# -- format 2 ----------------------------------------------------------------------
+
+
+@dataclass
+class Section:
+    """One page's part of a pack, as written: commits, EAGER pieces, LAZY pieces."""
+
+    ledger: bytes
+    page: bytes
+    commits: list[bytes] = field(default_factory=list)
+    eager: list[tuple[bytes, bytes]] = field(default_factory=list)
+    lazy: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+    def size(self) -> int:
+        return sum(len(c) for c in self.commits) + sum(len(v) for _, v in (*self.eager, *self.lazy))
+
+
+@dataclass(frozen=True)
+class Part:
+    """Where a section or a piece lies in a pack: absolute offset, stored and raw size."""
+
+    offset: int
+    stored: int
+    raw: int
+    codec: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.stored
+
+    def location(self, name: str) -> str:
+        """The location a LAZY piece is recorded under (``name:offset:length[:zRAW]``)."""
+        base = f"{name}:{self.offset}:{self.stored}"
+        return base if self.codec == RAW else f"{base}:z{self.raw}"
+
+
+@dataclass
+class PageIndex:
+    ledger: bytes
+    page: bytes
+    eager: Part
+    lazy: list[tuple[bytes, Part]]
+
+    @property
+    def key(self) -> tuple[bytes, bytes]:
+        return (self.ledger, self.page)
+
+
+@dataclass
+class Header:
+    device: bytes
+    seq: int
+    time: int
+    pages: list[PageIndex]
+
+
+def encode(device: bytes, seq: int, time: int, sections: list[Section]) -> tuple[bytes, int, int]:
+    """The pack's bytes, ``head_end`` and ``eager_end`` (CPU-bound: call off the loop
+    for large packs)."""
+    body: list[bytes] = []
+    at = 0
+    eager_parts: list[list[int]] = []
+    for s in sections:
+        raw = msgpack.packb([s.commits, [[d, v] for d, v in s.eager]], use_bin_type=True)
+        stored, codec = squeeze(raw)
+        eager_parts.append([at, len(stored), len(raw), codec])
+        body.append(stored)
+        at += len(stored)
+    eager_len = at
+    lazy_parts: list[list[list[object]]] = []
+    for s in sections:
+        parts: list[list[object]] = []
+        for d, v in s.lazy:
+            stored, codec = squeeze(v)
+            parts.append([d, at, len(stored), len(v), codec])
+            body.append(stored)
+            at += len(stored)
+        lazy_parts.append(parts)
+    header = msgpack.packb(
+        {
+            "device": device,
+            "seq": seq,
+            "time": time,
+            "pages": [
+                [s.ledger, s.page, e, lz]
+                for s, e, lz in zip(sections, eager_parts, lazy_parts, strict=True)
+            ],
+        },
+        use_bin_type=True,
+    )
+    head_end = len(MAGIC2) + _LEN.size + len(header)
+    data = b"".join([MAGIC2, _LEN.pack(len(header)), header, *body])
+    return data, head_end, head_end + eager_len
+
+
+def decode_header(data: bytes, head_end: int, eager_end: int) -> Header:
+    """Parse a pack's ``[0, head_end)``; raises CorruptPackError on anything wrong.
+
+    Every part it lists must lie in the pack: EAGER sections within
+    ``[head_end, eager_end)``, LAZY pieces after ``eager_end``."""
+    if len(data) != head_end or len(data) < PREFIX or data[: len(MAGIC2)] != MAGIC2:
+        raise CorruptPackError("pack is truncated or not a ledgerd pack of format 2")
+    (hlen,) = _LEN.unpack_from(data, len(MAGIC2))
+    if PREFIX + hlen != head_end:
+        raise CorruptPackError("pack header does not end where its name says")
+    try:
+        h = msgpack.unpackb(data[PREFIX:], raw=False)
+        device, seq, time, pages = h["device"], h["seq"], h["time"], h["pages"]
+        ok = (
+            isinstance(device, bytes)
+            and len(device) == 16
+            and isinstance(seq, int)
+            and isinstance(time, int)
+            and isinstance(pages, list)
+        )
+        out: list[PageIndex] = []
+        if ok:
+            for p in pages:
+                ledger, page, e, lazy = p
+                if not (_name_ok(ledger) and _name_ok(page) and isinstance(lazy, list)):
+                    raise ValueError("bad page entry")
+                eager = _part(e, head_end, head_end, eager_end)
+                out.append(
+                    PageIndex(
+                        ledger,
+                        page,
+                        eager,
+                        [(_digest(x[0]), _part(x[1:], head_end, eager_end, None)) for x in lazy],
+                    )
+                )
+    except CorruptPackError:
+        raise
+    except Exception as e:  # msgpack, KeyError, TypeError, ValueError alike
+        raise CorruptPackError(f"pack header is unreadable: {e}") from e
+    if not ok:
+        raise CorruptPackError("pack header has malformed fields")
+    return Header(device, seq, time, out)
+
+
+def decode_section(stored: bytes, part: Part) -> tuple[list[bytes], dict[bytes, bytes]]:
+    """A page's EAGER section: its commits and EAGER pieces (not yet verified)."""
+    raw = unsqueeze(stored, part.codec, part.raw)
+    try:
+        commits, pieces = msgpack.unpackb(raw, raw=False)
+        if not (isinstance(commits, list) and all(isinstance(c, bytes) for c in commits)):
+            raise ValueError("commits")
+        out: dict[bytes, bytes] = {}
+        for d, v in pieces:
+            if not isinstance(v, bytes):
+                raise ValueError("piece")
+            out[_digest(d)] = v
+    except Exception as e:
+        raise CorruptPackError(f"a page's section of a pack is unreadable: {e}") from e
+    return commits, out
+
+
+def _name_ok(x: object) -> bool:
+    return isinstance(x, bytes) and 1 <= len(x) <= NAME_LIMIT
+
+
+def _digest(x: object) -> bytes:
+    if not isinstance(x, bytes):
+        raise ValueError("digest is not bytes")
+    dg.validate(x)
+    if dg.is_inline(x):
+        raise ValueError("an inline digest is never stored")
+    return x
+
+
+def _part(x: object, base: int, lo: int, hi: int | None) -> Part:
+    if not (isinstance(x, list) and len(x) == 4 and all(type(v) is int for v in x)):
+        raise ValueError("bad part")
+    off, stored, raw, codec = x
+    p = Part(base + off, stored, raw, codec)
+    if codec not in (RAW, ZSTD) or not 0 <= raw <= MAX_SECTION or stored < 0:
+        raise ValueError("bad part")
+    if codec == RAW and stored != raw:
+        raise ValueError("a raw part's lengths differ")
+    if p.offset < lo or (hi is not None and p.end > hi):
+        raise ValueError("a part lies outside its region")
+    return p
+
+
+# -- format 1 (read only) ------------------------------------------------------------
+
+
 @dataclass
 class Pack:
+    """A format-1 pack (one page); written only by tests now."""
+
     ledger: bytes
     page: bytes
     device: bytes
@@ -46,7 +281,7 @@ class Pack:
 
 @dataclass
 class PackPrefix:
-    """What the first ranged GET of a pack yields."""
+    """What the first ranged GET of a format-1 pack yields."""
 
     ledger: bytes
     page: bytes
@@ -57,8 +292,8 @@ class PackPrefix:
     lazy: list[tuple[bytes, int, int]]  # (digest, offset in the pack, length)
 
 
-def encode(p: Pack) -> tuple[bytes, int]:
-    """The pack's bytes and ``eager_end`` (length of the header + commits + EAGER prefix)."""
+def encode_v1(p: Pack) -> tuple[bytes, int]:
+    """A format-1 pack's bytes and ``eager_end`` (for tests of reading the old layout)."""
     header = msgpack.packb(
         {
             "ledger": p.ledger,
@@ -79,7 +314,7 @@ def encode(p: Pack) -> tuple[bytes, int]:
 
 
 def decode_prefix(data: bytes, eager_end: int) -> PackPrefix:
-    """Parse ``data[:eager_end]`` of a pack; raises CorruptPackError on anything wrong."""
+    """Parse ``data[:eager_end]`` of a format-1 pack; raises CorruptPackError."""
     if len(data) != eager_end or len(data) < PREFIX or data[: len(MAGIC)] != MAGIC:
         raise CorruptPackError("pack is truncated or not a ledgerd pack")
     (hlen,) = _LEN.unpack_from(data, len(MAGIC))

@@ -1,10 +1,11 @@
 """How far this device has read each other device's log, and what it could not import.
 
 This module owns the per-device download state that :mod:`sync.engine` keeps in
-repository meta (``sync/log/{device}``): the listing cursor, the highest sequence
-seen, the gaps (sequences missing below it) and the held packs (listed, not
-imported: refused, waiting for parents, or failed here), with their retry
-backoff. It does no I/O.
+repository meta (``sync/log/{device}``): the highest sequence seen and its feed
+time, the gaps (sequences missing below it, with the feed times between which
+they must lie), the held packs (listed, not imported: refused, waiting for
+parents, or failed here; a whole pack or one page of it), with their retry
+backoff, and the cursor of the device's layout-1 log. It does no I/O.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from typing import Any
 
 import msgpack
 
-from ledgerd.sync.layout import LogName
+from ledgerd.sync.layout import LogName, PackName
+
+Key = tuple[bytes, bytes]
 
 REFUSED = "refused"
 """The pack is malformed or fails verification."""
@@ -34,16 +37,29 @@ def backoff(attempts: int, first: float, most: float) -> float:
     return float(min(most, first * 2 ** max(0, min(attempts - 1, 40))))
 
 
+def held_id(name: str, key: Key | None) -> str:
+    return name if key is None else f"{name}#{key[0].hex()}.{key[1].hex()}"
+
+
 @dataclass
 class Held:
-    """A listed pack that is not imported yet, and why."""
+    """A listed pack (or one page of it: ``key``) that is not imported yet, and why."""
 
-    ln: LogName
+    ln: PackName | LogName
+    key: Key | None
     state: str
     reason: str
     since: float = field(default_factory=time.time)
     attempts: int = 0
     due: float = 0.0  # monotonic time of the next try
+
+    @property
+    def id(self) -> str:
+        return held_id(self.ln.name, self.key)
+
+    def page_is(self, key: Key) -> bool:
+        """Whether this is held for page ``key`` (a whole pack held counts for none)."""
+        return self.key == key
 
     def json(self) -> dict[str, Any]:
         return {
@@ -60,43 +76,53 @@ class Held:
 
 @dataclass
 class Gap:
-    """Sequences ``first..last`` of a device that its log does not show (yet)."""
+    """Sequences ``first..last`` of a device that its log does not show (yet).
+
+    A device's feed times grow with its sequence numbers, so the missing packs
+    have feed times in ``[after, until]``: a probe lists just that stretch."""
 
     first: int
     last: int
     since: float = field(default_factory=time.time)
+    after: int = 0  # feed time of the pack before the gap (0: unknown)
+    until: int = 0  # feed time of the pack after it (0: unknown, layout 1)
 
 
 @dataclass
 class DeviceLog:
     device: str
-    cursor: str = ""  # the last name listed after
+    cursor: str = ""  # layout 1: the last name of the device's log listed
     max_seq: int = 0  # the highest sequence listed
     gaps: list[Gap] = field(default_factory=list)
     held: dict[str, Held] = field(default_factory=dict)
     probes: int = 0  # gap probes that found nothing since the last find
     probe_due: float = 0.0
+    max_time: int = 0  # feed time of the pack with max_seq
 
     # -- gaps ------------------------------------------------------------------------
 
-    def saw(self, seq: int) -> None:
+    def is_new(self, seq: int) -> bool:
+        return seq > self.max_seq or self.in_gap(seq)
+
+    def saw(self, seq: int, feed_time: int = 0) -> None:
         """A pack with this sequence is listed: gaps below it, and one gap less."""
         if seq > self.max_seq + 1:
-            self.gaps.append(Gap(self.max_seq + 1, seq - 1))
-        self.max_seq = max(self.max_seq, seq)
-        self.fill(seq)
+            self.gaps.append(Gap(self.max_seq + 1, seq - 1, after=self.max_time, until=feed_time))
+        if seq > self.max_seq:
+            self.max_seq, self.max_time = seq, feed_time
+        self.fill(seq, feed_time)
 
     def in_gap(self, seq: int) -> bool:
         return any(g.first <= seq <= g.last for g in self.gaps)
 
-    def fill(self, seq: int) -> None:
+    def fill(self, seq: int, feed_time: int = 0) -> None:
         out: list[Gap] = []
         for g in self.gaps:
             if g.first <= seq <= g.last:
                 if g.first < seq:
-                    out.append(Gap(g.first, seq - 1, g.since))
+                    out.append(Gap(g.first, seq - 1, g.since, g.after, feed_time or g.until))
                 if seq < g.last:
-                    out.append(Gap(seq + 1, g.last, g.since))
+                    out.append(Gap(seq + 1, g.last, g.since, max(g.after, feed_time), g.until))
             else:
                 out.append(g)
         self.gaps = out
@@ -109,8 +135,11 @@ class DeviceLog:
                 {
                     "cursor": self.cursor,
                     "max_seq": self.max_seq,
-                    "gaps": [[g.first, g.last, g.since] for g in self.gaps],
-                    "held": sorted(self.held),
+                    "max_time": self.max_time,
+                    "gaps": [[g.first, g.last, g.since, g.after, g.until] for g in self.gaps],
+                    "held": sorted(
+                        [h.ln.name, *(h.key or (None, None))] for h in self.held.values()
+                    ),
                 }
             )
         )
@@ -121,12 +150,21 @@ class DeviceLog:
         try:
             d = msgpack.unpackb(data, raw=False)
             log = cls(device, str(d["cursor"]), int(d["max_seq"]))
-            log.gaps = [Gap(int(a), int(b), float(t)) for a, b, t in d["gaps"]]
-            names = [str(n) for n in d["held"]]
+            log.max_time = int(d.get("max_time", 0))
+            log.gaps = [Gap(int(g[0]), int(g[1]), float(g[2]), *map(int, g[3:])) for g in d["gaps"]]
+            held: list[tuple[str, Key | None]] = []
+            for h in d["held"]:
+                if isinstance(h, str):  # written by the layout-1 engine
+                    held.append((h, None))
+                else:
+                    held.append((str(h[0]), (bytes(h[1]), bytes(h[2])) if h[1] else None))
         except Exception as e:  # msgpack raises several unrelated types
             raise ValueError(f"unreadable sync state of device {device}: {e}") from e
-        for name in names:
-            ln = LogName.parse(name, device)
-            if ln is not None:
-                log.held[name] = Held(ln, RETRY, "not imported before the restart")
+        for name, key in held:
+            ln: PackName | LogName | None = PackName.parse(name) or LogName.parse(name, device)
+            if ln is not None and ln.device == device:
+                if isinstance(ln, LogName):
+                    key = ln.key
+                h = Held(ln, key, RETRY, "not imported before the restart")
+                log.held[h.id] = h
         return log

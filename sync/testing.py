@@ -16,8 +16,10 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 
+from ledgerd.sync import pack
 from ledgerd.sync.cloud import CloudStore
 from ledgerd.sync.errors import TransientCloudError
+from ledgerd.sync.layout import PackName
 
 
 class CountingStore(CloudStore):
@@ -27,9 +29,11 @@ class CountingStore(CloudStore):
         self.bytes_put = 0
         self.bytes_got = 0
         self.names_listed = 0
+        self.gets: list[tuple[str, int, int]] = []  # name, offset, bytes
 
     def reset(self) -> None:
         self.counts.clear()
+        self.gets.clear()
         self.bytes_put = self.bytes_got = self.names_listed = 0
 
     async def put(self, name: str, data: bytes) -> None:
@@ -41,6 +45,7 @@ class CountingStore(CloudStore):
         self.counts["get"] += 1
         data = await self.inner.get(name, offset, length)
         self.bytes_got += len(data)
+        self.gets.append((name, offset, len(data)))
         return data
 
     async def list(self, prefix: str = "", after: str = "") -> AsyncIterator[str]:
@@ -144,3 +149,13 @@ def moto_server(timeout: float = 30.0) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+async def put_pack(
+    store: CloudStore, device: bytes, seq: int, sections: list[pack.Section], time_ms: int = 1
+) -> str:
+    """Write a pack as ``device`` would (for tests that plant packs); returns its name."""
+    data, head_end, eager_end = pack.encode(device, seq, time_ms, sections)
+    name = PackName.make(time_ms, device.hex(), seq, head_end, eager_end).name
+    await store.put(name, data)
+    return name

@@ -17,6 +17,8 @@ import boto3
 
 from ledgerd.daemon.client import Client, NotFoundError
 from ledgerd.store.repository import encode_name
+from ledgerd.sync import pack
+from ledgerd.sync.layout import PackName
 from tests.daemon.conftest import AWS, ROOT, Daemon, _ls, _start, _sync, start_daemon
 
 
@@ -184,8 +186,12 @@ def test_status_names_a_refused_pack_and_sync_fails_with_it(
             aws_secret_access_key="testing",
         )
         device = json.loads(a.ledgerctl("status", "--json", check=True).stdout)["device_id"]
-        junk = f"e2e/log/{device}/{9:016d}.20.bm90ZXM.b3RoZXI"  # notes/other, not a pack
-        s3.put_object(Bucket=bucket, Key=junk, Body=b"LDGPACK1" + b"\0" * 12)
+        # A pack of a's (sequence 9) whose section of notes/other is not readable.
+        bad = pack.Section(b"notes", b"other", [], [(b"", b"x")])
+        now = int(time.time() * 1000)
+        data, head_end, eager_end = pack.encode(bytes.fromhex(device), 9, now, [bad])
+        junk = "e2e/" + PackName.make(now, device, 9, head_end, eager_end).name
+        s3.put_object(Bucket=bucket, Key=junk, Body=data)
         out = b.ledgerctl("sync", "--timeout", "30")
         assert out.returncode != 0 and b"refused" in out.stderr
         st = json.loads(b.ledgerctl("status", "--json", check=True).stdout)
@@ -194,5 +200,35 @@ def test_status_names_a_refused_pack_and_sync_fails_with_it(
         assert st["sync"]["gaps"] and st["sync_error"]
         with Client(b.socket) as cb:
             assert cb.get("notes", "inbox", b"k") == b"v"  # the rest came down
+    finally:
+        assert a.stop() == 0 and b.stop() == 0
+
+
+def test_a_write_is_readable_on_another_daemon_within_a_second(
+    short_tmp: Path, s3_endpoint: str, bucket: str
+) -> None:
+    """Default settings (no sync settings in the environment): the median time from a
+    write on one daemon to the value being readable on another is under a second."""
+    env = {**AWS, "LEDGERD_ENDPOINT_URL": s3_endpoint}
+    a = start_daemon(short_tmp / "a", "--cloud", f"s3://{bucket}/fast", env=env)
+    b = start_daemon(short_tmp / "b", "--cloud", f"s3://{bucket}/fast", env=env)
+    try:
+        latencies = []
+        with Client(a.socket) as ca, Client(b.socket) as cb:
+            for i in range(9):
+                value = b"value %d" % i
+                t0 = time.monotonic()
+                ca.put("notes", "inbox", b"k", value)
+                while True:  # wait for the condition, bounded
+                    with contextlib.suppress(NotFoundError):
+                        if cb.get("notes", "inbox", b"k") == value:
+                            break
+                    assert time.monotonic() - t0 < 60, "never arrived"
+                    time.sleep(0.01)
+                latencies.append(time.monotonic() - t0)
+        latencies.sort()
+        assert latencies[len(latencies) // 2] < 1.0, latencies
+        st = json.loads(b.ledgerctl("status", "--json", check=True).stdout)["sync"]
+        assert st["last_round"]["list"] >= 1 and st["requests"]["get"] >= 1
     finally:
         assert a.stop() == 0 and b.stop() == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,8 @@ from ledgerd.sync import pack
 from ledgerd.sync.cloud import CloudStore, Retrying
 from ledgerd.sync.engine import SyncEngine
 from ledgerd.sync.folder import FolderStore
-from ledgerd.sync.testing import CountingStore, FaultyStore
+from ledgerd.sync.layout import PackName
+from ledgerd.sync.testing import CountingStore, FaultyStore, put_pack
 
 
 @dataclass
@@ -133,7 +135,7 @@ async def test_bit_flip_in_a_pack_is_refused(tmp_path: Path, bucket: FolderStore
         pa = await a.repo.ledger("l").page("p")
         await pa.put(b"k", b"v" * 500)
         await a.engine.sync()
-    packs = sorted((tmp_path / "bucket" / "log").rglob("*.*"))
+    packs = sorted((tmp_path / "bucket" / "packs").iterdir())
     data = bytearray(packs[0].read_bytes())
     data[-100] ^= 0x01
     packs[0].chmod(0o644)
@@ -143,7 +145,7 @@ async def test_bit_flip_in_a_pack_is_refused(tmp_path: Path, bucket: FolderStore
         pb = await b.repo.ledger("l").page("p")
         assert not await pb.contains(b"k")
         status = await b.engine.page_status(pb)
-        assert status["last_error"] and "digest" in status["last_error"]
+        assert status["last_error"] and "refused" in status["last_error"]
 
 
 async def test_restart_neither_redownloads_nor_skips(tmp_path: Path, bucket: FolderStore) -> None:
@@ -185,20 +187,21 @@ async def test_new_device_bootstraps_and_faults_converge(
                     [i for i in range(20) if i % 3 == int(p[1])]
                 )
     # Nothing duplicated: no device uploaded the same commit twice.
-    for dev_log in (tmp_path / "bucket" / "log").iterdir():
-        seen: list[bytes] = []
-        for f in sorted(dev_log.iterdir()):
-            eager_end = int(f.name.split(".")[1])
-            prefix = pack.decode_prefix(f.read_bytes()[:eager_end], eager_end)
-            seen.extend(commit.decode(c).id for c in prefix.commits)
-        assert len(seen) == len(set(seen)), f"{dev_log.name} uploaded a commit twice"
+    seen: dict[str, list[bytes]] = {}
+    for f in sorted((tmp_path / "bucket" / "packs").iterdir()):
+        pn = PackName.parse(f"packs/{f.name}")
+        assert pn is not None
+        data = f.read_bytes()
+        header = pack.decode_header(data[: pn.head_end], pn.head_end, pn.eager_end)
+        for pi in header.pages:
+            commits, _ = pack.decode_section(data[pi.eager.offset : pi.eager.end], pi.eager)
+            seen.setdefault(pn.device, []).extend(commit.decode(c).id for c in commits)
+    for dev, ids in seen.items():
+        assert len(ids) == len(set(ids)), f"{dev} uploaded a commit twice"
 
 
 async def test_a_bad_device_does_not_block_the_others(tmp_path: Path, bucket: FolderStore) -> None:
-    bad = "00" * 16
-    data, eager_end = pack.encode(pack.Pack(b"l", b"junk", bytes(16), 1, [], [(b"", b"x")], []))
-    await bucket.put(f"devices/{bad}", b"")
-    await bucket.put(f"log/{bad}/{1:016d}.{eager_end}.bA.anVuaw", data)
+    await put_pack(bucket, bytes(16), 1, [pack.Section(b"l", b"junk", [], [(b"", b"x")])])
     async with device(tmp_path / "a", bucket) as a, device(tmp_path / "b", bucket) as b:
         pa = await a.repo.ledger("l").page("p")
         await pa.put(b"k", b"v")
@@ -206,7 +209,7 @@ async def test_a_bad_device_does_not_block_the_others(tmp_path: Path, bucket: Fo
         await b.engine.sync()  # refuses the bad pack, still downloads from a
         assert (await _keys(b.repo)) == {b"k": b"v"}
         junk = await b.repo.ledger("l").page("junk")
-        assert "malformed" in ((await b.engine.page_status(junk))["last_error"] or "")
+        assert "unreadable" in ((await b.engine.page_status(junk))["last_error"] or "")
 
 
 async def test_a_commit_with_a_wrong_generation_is_refused(
@@ -217,11 +220,9 @@ async def test_a_commit_with_a_wrong_generation_is_refused(
         await pa.put(b"k", b"v")
         await pa.flush()
         liar = commit.make((pa.head.id,), pa.head.timestamp + 1, 99, pa.head.root, b"salt")
-        data, eager_end = pack.encode(
-            pack.Pack(b"l", b"p", a.repo.device_id, 50, [liar.data], [], [])
-        )
         await a.engine.sync()
-        await bucket.put(f"log/{a.repo.device_id.hex()}/{50:016d}.{eager_end}.bA.cA", data)
+        section = pack.Section(b"l", b"p", [liar.data])
+        await put_pack(bucket, a.repo.device_id, 50, [section], int(time.time() * 1000))
         await b.engine.sync()
         pb = await b.repo.ledger("l").page("p")
         assert liar.id not in {h.id for h in await pb.heads()}

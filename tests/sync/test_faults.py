@@ -22,7 +22,7 @@ from ledgerd.sync.cloud import CloudStore, Retrying
 from ledgerd.sync.engine import SyncEngine
 from ledgerd.sync.errors import BucketIdentityError, SyncTimeoutError, TransientCloudError
 from ledgerd.sync.folder import FolderStore
-from ledgerd.sync.testing import CountingStore, FaultyStore
+from ledgerd.sync.testing import CountingStore, FaultyStore, put_pack
 from tests.sync.test_engine import Device, _keys
 
 
@@ -45,7 +45,8 @@ def bucket(tmp_path: Path) -> FolderStore:
 
 
 def _packs(tmp_path: Path, device: bytes) -> list[Path]:
-    return sorted((tmp_path / "bucket" / "log" / device.hex()).iterdir())
+    """The device's packs, by sequence (their feed times grow with it)."""
+    return sorted(p for p in (tmp_path / "bucket" / "packs").iterdir() if device.hex() in p.name)
 
 
 async def _write(d: Device, page: str, key: bytes, value: bytes = b"v") -> None:
@@ -107,10 +108,8 @@ async def test_a_corrupt_pack_is_retried_with_backoff_and_does_not_block_later_p
         await b.engine.sync()
         assert (await _keys(b.repo, "l", "q")) == {b"k": b"later"}  # not blocked
         packs = b.engine.status()["packs"]
-        assert [(p["pack"], p["state"]) for p in packs] == [
-            (f"log/{bad.parent.name}/{bad.name}", "refused")
-        ]
-        assert "digest" in packs[0]["error"]
+        assert [(p["pack"], p["state"]) for p in packs] == [(f"packs/{bad.name}", "refused")]
+        assert "refused" in packs[0]["error"]
         b.cloud.reset()
         for _ in range(3):  # polls in the backoff do not fetch it again
             await b.engine.round()
@@ -156,8 +155,14 @@ async def test_junk_named_like_a_pack_is_ignored(tmp_path: Path, bucket: FolderS
     async with device(tmp_path / "a", bucket) as a:
         await _write(a, "p", b"k")
         await a.engine.sync()
-        for junk in ("-1.-1.-1.-1", "0000000000000009.-1.bA.cA", "0000000000000009.5.bA.cA"):
-            await bucket.put(f"log/{a.repo.device_id.hex()}/{junk}", b"junk")
+        dev = a.repo.device_id.hex()
+        for junk in (
+            "-1.-1.-1.-1.-1",
+            f"{int(time.time() * 1000):013d}.{dev}.0000000000000009.-1.5",
+            f"{int(time.time() * 1000):013d}.{dev}.0000000000000009.5.3",
+            f"{int(time.time() * 1000):013d}.{dev}.0000000000000000.50.60",
+        ):
+            await bucket.put(f"packs/{junk}", b"junk")
         async with device(tmp_path / "b", bucket) as b:
             await b.engine.sync()
             assert b.engine.problems() == []
@@ -171,14 +176,15 @@ async def test_a_fifo_named_like_a_pack_does_not_block_sync(
     async with device(tmp_path / "a", bucket) as a:
         await _write(a, "p", b"k")
         await a.engine.sync()
-        fifo = tmp_path / "bucket" / "log" / a.repo.device_id.hex() / "0000000000000002.20.bA.cA"
+        name = f"{int(time.time() * 1000):013d}.{a.repo.device_id.hex()}.{2:016d}.20.40"
+        fifo = tmp_path / "bucket" / "packs" / name
         os.mkfifo(fifo)
         try:
             async with device(tmp_path / "b", bucket) as b:
                 await asyncio.wait_for(b.engine.sync(), 20)
                 assert await _keys(b.repo, "l", "p") == {b"k": b"v"}
             with pytest.raises(Exception, match="not a regular file"):
-                await bucket.get(f"log/{a.repo.device_id.hex()}/{fifo.name}")
+                await bucket.get(f"packs/{fifo.name}")
         finally:  # a reader stuck opening the FIFO (the old code) is let go
             with contextlib.suppress(OSError):
                 os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
@@ -224,7 +230,7 @@ async def test_a_bucket_that_went_away_is_not_recreated(tmp_path: Path) -> None:
         await _write(a, "p", b"k")
         await a.engine.sync()  # the first daemon creates and marks the bucket
         assert [p.name for p in root.iterdir() if p.name.startswith("ledgerd")] == [
-            "ledgerd-bucket.1"
+            "ledgerd-bucket.2"
         ]
         root.rename(tmp_path / "unmounted")
         await _write(a, "p", b"k2")
@@ -249,7 +255,7 @@ async def test_a_bucket_of_a_newer_layout_is_refused(tmp_path: Path, bucket: Fol
         await _write(a, "p", b"k")
         with pytest.raises(BucketIdentityError, match="upgrade ledgerd"):
             await a.engine.sync()
-    assert not (tmp_path / "bucket" / "log").exists()
+    assert not (tmp_path / "bucket" / "packs").exists()
 
 
 # -- 6. errors said for what they are -------------------------------------------------------
@@ -402,7 +408,10 @@ async def test_a_round_opens_only_the_changed_pages(
         a.cloud.reset()
         await a.engine.sync()
         assert b"p09" in opened and len(opened) <= 2
-        assert a.cloud.names_listed <= 3  # the marker and devices/: not its own 41 packs
+    async with device(tmp_path / "a", bucket, feed_window=0) as a:
+        a.cloud.reset()
+        await a.engine.sync()
+        assert a.cloud.names_listed <= 3  # the marker and the newest pack: not the whole feed
     async with device(tmp_path / "b", bucket) as b:
         await b.engine.sync()
         assert (await _keys(b.repo, "l", "p09"))[b"k"] == b"before the crash"
@@ -479,8 +488,8 @@ async def test_a_device_with_a_clock_far_ahead_is_reported(
         await a.engine.sync()
         ahead = commit.now_us() + 3600 * 1_000_000
         c = commit.make((pa.head.id,), ahead, pa.head.generation + 1, pa.head.root, b"salt")
-        data, eager_end = pack.encode(pack.Pack(b"l", b"p", a.repo.device_id, 9, [c.data], [], []))
-        await bucket.put(f"log/{a.repo.device_id.hex()}/{9:016d}.{eager_end}.bA.cA", data)
+        section = pack.Section(b"l", b"p", [c.data])
+        await put_pack(bucket, a.repo.device_id, 9, [section], int(time.time() * 1000))
         await b.engine.sync()
         skew = b.engine.status()["clock_skew"]
         assert [s["device"] for s in skew] == [a.repo.device_id.hex()]

@@ -1,0 +1,463 @@
+"""Sync at scale (issue 16): requests and bytes counted with CountingStore."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from ledgerd.store import Priority, Repository, commit
+from ledgerd.store import digest as dg
+from ledgerd.store import exchange as ex
+from ledgerd.sync import layout, pack
+from ledgerd.sync.engine import SyncEngine
+from ledgerd.sync.errors import AlreadyExistsError, BucketIdentityError
+from ledgerd.sync.folder import FolderStore
+from ledgerd.sync.layout import LogName, PackName
+from ledgerd.sync.testing import CountingStore, put_pack
+from tests.sync.test_engine import _keys
+from tests.sync.test_faults import device
+
+
+@pytest.fixture
+def bucket(tmp_path: Path) -> FolderStore:
+    (tmp_path / "bucket").mkdir()
+    return FolderStore(tmp_path / "bucket")
+
+
+def _read_packs(root: Path) -> list[tuple[PackName, pack.Header, bytes]]:
+    out = []
+    for f in sorted((root / "packs").iterdir()):
+        pn = PackName.parse(f"packs/{f.name}")
+        assert pn is not None
+        data = f.read_bytes()
+        out.append((pn, pack.decode_header(data[: pn.head_end], pn.head_end, pn.eager_end), data))
+    return out
+
+
+# -- 1. one pack per round; a device fetches the parts of the pages it holds -------------
+
+
+async def test_two_hundred_changed_pages_go_up_in_one_put(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    async with device(tmp_path / "a", bucket) as a, device(tmp_path / "b", bucket) as b:
+        for i in range(200):
+            async with a.repo.page(b"l", b"p%03d" % i) as pg:
+                await pg.put(b"k", b"v%d" % i)
+        a.cloud.reset()
+        stats = await a.engine.round()
+        assert stats.uploaded_packs == 1
+        assert a.cloud.counts["put"] <= 2, a.cloud.counts  # the pack (+ the marker, once)
+        shown = a.engine.status()["last_round"]  # what status shows of the round
+        assert shown["put"] == a.cloud.counts["put"] and shown["list"] == a.cloud.counts["list"]
+        assert shown["bytes_up"] == a.cloud.bytes_put and shown["uploaded_packs"] == 1
+        b.cloud.reset()
+        await b.engine.round()
+        assert b.cloud.counts["get"] == 1, b.cloud.counts  # index and sections: one GET
+        assert b.engine.status()["last_round"]["bytes_down"] == b.cloud.bytes_got
+        assert (await _keys(b.repo, "l", "p123")) == {b"k": b"v123"}
+        assert len(await b.repo.ledger("l").pages()) == 200
+
+
+async def test_a_page_larger_than_a_pack_sends_its_commits_last(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    max_pack = 300_000
+    rng = random.Random(5)
+    async with device(tmp_path / "a", bucket, max_pack=max_pack) as a:
+        big = await a.repo.ledger("l").page("big")
+        for i in range(6):
+            await big.put(b"v%d" % i, rng.randbytes(120_000))
+        small = await a.repo.ledger("l").page("small")
+        await small.put(b"k", b"v")
+        a.cloud.reset()
+        stats = await a.engine.round()
+        # 720 kB of incompressible values: three packs (+1), never one per page.
+        assert 3 <= stats.uploaded_packs <= 4
+        assert a.cloud.counts["put"] <= stats.uploaded_packs + 1
+    packs = _read_packs(tmp_path / "bucket")
+    with_commits: dict[bytes, int] = {}
+    last_piece: dict[bytes, int] = {}
+    for i, (_, header, data) in enumerate(packs):
+        for p in header.pages:
+            commits, eager = pack.decode_section(data[p.eager.offset : p.eager.end], p.eager)
+            if eager or p.lazy:
+                last_piece[p.page] = i
+            if commits:
+                assert p.page not in with_commits, "a page's commits went up twice"
+                with_commits[p.page] = i
+    # Objects are in the bucket before any commit that references them.
+    assert with_commits[b"big"] == last_piece[b"big"] and with_commits[b"big"] > 0
+    async with device(tmp_path / "b", bucket) as b:
+        await b.engine.sync()
+        assert len(await _keys(b.repo, "l", "big")) == 6
+
+
+async def test_a_device_fetches_only_the_sections_of_the_pages_it_holds(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    rng = random.Random(3)
+    async with device(tmp_path / "a", bucket) as a:
+        for i in range(30):
+            async with a.repo.page(b"other", b"p%02d" % i) as pg:
+                await pg.put(b"k", rng.randbytes(20_000))
+        async with a.repo.page(b"mine", b"p") as pg:
+            await pg.put(b"k", b"mine")
+            await pg.put(b"photo", rng.randbytes(50_000), Priority.LAZY)
+        await a.engine.sync()
+    size = sum(p.stat().st_size for p in (tmp_path / "bucket" / "packs").iterdir())
+    assert size > 600_000
+
+    def holds(ledger: bytes, page: bytes) -> bool:
+        return ledger == b"mine"
+
+    async with device(tmp_path / "b", bucket, wants=holds) as b:  # type: ignore[arg-type]
+        await b.engine.sync()
+        # The index, then this page's EAGER section: two ranged GETs, a few kB.
+        assert b.cloud.counts["get"] == 2, b.cloud.gets
+        assert b.cloud.bytes_got < 4_000, b.cloud.bytes_got
+        assert await b.repo.ledgers() == [b"mine"]
+        pb = await b.repo.ledger("mine").page("p")
+        assert await pb.get(b"k") == b"mine"
+        assert b.cloud.counts["get"] == 2
+        assert len(await pb.get(b"photo")) == 50_000  # LAZY: now, by its own ranges
+        assert b.cloud.bytes_got < 60_000, b.cloud.bytes_got
+
+
+async def test_ten_thousand_pages_in_the_bucket_an_idle_poll_is_one_list(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """A pack of 10,000 pages (planted: making 10,000 SQLite pages takes minutes here):
+    a device that holds one of them reads the index and one section, then idles on
+    one LIST per poll."""
+    x = os.urandom(16)
+    sections = [
+        pack.Section(b"l", b"p%05d" % i, [], [(_digest(b"value %40d" % i), b"value %40d" % i)])
+        for i in range(10_000)
+    ]
+    await put_pack(bucket, x, 1, sections, int(time.time() * 1000))
+    async with device(tmp_path / "b", bucket, wants=lambda _l, p: p == b"p04242") as b:  # type: ignore[arg-type]
+        await b.engine.sync()
+        assert b.cloud.counts["get"] == 2, b.cloud.counts
+        assert await b.repo.ledger("l").pages() == [b"p04242"]
+        for _ in range(3):
+            b.cloud.reset()
+            await b.engine.round()
+            assert b.cloud.counts == {"list": 1}, b.cloud.counts
+
+
+def _digest(data: bytes) -> bytes:
+    assert len(data) > 32  # hashed, not inline
+    return dg.value_chunk_digest(data)
+
+
+# -- 2. the feed: one LIST per idle poll, whatever the number of devices; skewed clocks ---
+
+
+async def test_twenty_idle_devices_cost_one_list_per_poll(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    for i in range(20):
+        async with device(tmp_path / f"d{i}", bucket) as d:
+            pg = await d.repo.ledger("l").page(f"p{i}")
+            await pg.put(b"k", b"from %d" % i)
+            await d.engine.sync()
+    async with device(tmp_path / "b", bucket) as b:
+        await b.engine.sync()
+        assert len(await b.repo.ledger("l").pages()) == 20
+        for _ in range(3):
+            b.cloud.reset()
+            await b.engine.round()
+            assert b.cloud.counts == {"list": 1}, b.cloud.counts
+
+
+async def test_clocks_an_hour_off_miss_nothing(tmp_path: Path, bucket: FolderStore) -> None:
+    hour = 3600.0
+
+    def skewed(by: float):
+        return lambda: time.time() + by
+
+    async with (
+        device(tmp_path / "slow", bucket, clock=skewed(-hour)) as slow,
+        device(tmp_path / "fast", bucket, clock=skewed(hour)) as fast,
+        device(tmp_path / "ok", bucket) as ok,
+    ):
+        everyone = (slow, fast, ok)
+        written: set[bytes] = set()
+        for i in range(4):
+            for n, d in enumerate(everyone):
+                key = b"%d-%d" % (i, n)
+                pg = await d.repo.ledger("l").page(f"p{n}")  # each its own page
+                await pg.put(key, b"v")
+                written.add(key)
+                await d.engine.round()  # upload; the others poll now and then
+                for other in everyone:
+                    if other is not d:
+                        await other.engine.round()
+        for d in everyone:
+            await d.engine.round()
+        for d in everyone:
+            got: set[bytes] = set()
+            for n in range(3):
+                got |= set(await _keys(d.repo, "l", f"p{n}"))
+            assert got == written
+            assert d.engine.status()["gaps"] == []
+
+
+async def test_a_pack_that_went_up_behind_the_cursor_is_found_through_its_gap(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """A PUT slower than the window: its pack is below every reader's cursor when it
+    lands. The device's next pack shows the gap, and the probe finds it."""
+    async with device(tmp_path / "a", bucket) as a, device(tmp_path / "b", bucket) as b:
+        await _put(a, "p", b"one")
+        await a.engine.round()
+        await b.engine.round()
+        hidden = _read_packs(tmp_path / "bucket")[-1][0]
+        await _put(a, "p", b"two")
+        await a.engine.round()
+        newest = _read_packs(tmp_path / "bucket")[-1][0]
+        # Move the newest pack far below the feed's newest time, as a slow PUT would land.
+        src = tmp_path / "bucket" / newest.name
+        data = src.read_bytes()
+        header = pack.decode_header(data[: newest.head_end], newest.head_end, newest.eager_end)
+        sections = []
+        for p in header.pages:
+            stored = data[p.eager.offset : p.eager.end]
+            commits, eager = pack.decode_section(stored, p.eager)
+            sections.append(pack.Section(p.ledger, p.page, commits, list(eager.items())))
+        src.unlink()
+        far = int(time.time() * 1000) + 3_600_000
+        await put_pack(bucket, os.urandom(16), 1, [], far)  # another device, an hour later
+        await b.engine.round()
+        await put_pack(bucket, a.repo.device_id, newest.seq, sections, hidden.time + 1)
+        await b.engine.round()
+        assert set(await _keys(b.repo, "l", "p")) == {b"one"}  # not seen yet: behind
+        await _put(a, "p", b"three")
+        await a.engine.round()  # feed time above the far pack: seen, and so is the gap
+        await b.engine.sync()
+        assert set(await _keys(b.repo, "l", "p")) == {b"one", b"two", b"three"}
+        assert b.engine.status()["gaps"] == []
+
+
+async def _put(d, page: str, key: bytes) -> None:
+    pg = await d.repo.ledger("l").page(page)
+    await pg.put(key, b"v")
+    await pg.flush()
+
+
+# -- 4. compression ---------------------------------------------------------------------
+
+
+async def test_pieces_are_compressed_when_smaller(tmp_path: Path, bucket: FolderStore) -> None:
+    text = b"".join(b"line %06d of a very compressible document\n" % i for i in range(20_000))
+    noise = random.Random(4).randbytes(200_000)
+    async with device(tmp_path / "a", bucket) as a, device(tmp_path / "b", bucket) as b:
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"text", text)
+        await pa.put(b"lazy text", text[::-1], Priority.LAZY)
+        await pa.put(b"noise", noise, Priority.LAZY)
+        await a.engine.sync()
+        assert a.cloud.bytes_put < len(text) // 3 + len(noise) + 100_000, a.cloud.bytes_put
+        await b.engine.sync()
+        pb = await b.repo.ledger("l").page("p")
+        assert await pb.get(b"text") == text
+        assert await pb.get(b"lazy text") == text[::-1]
+        assert await pb.get(b"noise") == noise
+        # Same digests on both sides: the same commits and root.
+        assert pb.head.id == pa.head.id
+    packs = _read_packs(tmp_path / "bucket")
+    parts = [
+        part for _, h, _ in packs for p in h.pages for part in [p.eager, *(x for _, x in p.lazy)]
+    ]
+    assert any(p.codec == pack.ZSTD for p in parts) and any(p.codec == pack.RAW for p in parts)
+
+
+def test_a_damaged_compressed_section_is_refused() -> None:
+    section = pack.Section(b"l", b"p", [b"c" * 100], [(_digest(b"x" * 5000), b"x" * 5000)])
+    data, head_end, eager_end = pack.encode(os.urandom(16), 1, 1, [section])
+    header = pack.decode_header(data[:head_end], head_end, eager_end)
+    part = header.pages[0].eager
+    assert part.codec == pack.ZSTD
+    stored = bytearray(data[part.offset : part.end])
+    stored[len(stored) // 2] ^= 0xFF
+    with pytest.raises(pack.CorruptPackError):
+        pack.decode_section(bytes(stored), part)
+    # A bomb: a section claiming a small raw size cannot make the reader inflate more.
+    bomb = pack.Part(part.offset, part.stored, 10, pack.ZSTD)
+    with pytest.raises(pack.CorruptPackError):
+        pack.decode_section(data[part.offset : part.end], bomb)
+
+
+def test_commits_keep_their_ids_through_a_pack() -> None:
+    c = commit.make((), 1, 1, b"", b"salt")
+    section = pack.Section(b"l", b"p", [c.data] * 3)
+    data, head_end, eager_end = pack.encode(os.urandom(16), 7, 9, [section])
+    header = pack.decode_header(data[:head_end], head_end, eager_end)
+    assert (header.seq, header.time) == (7, 9)
+    commits, _ = pack.decode_section(data[head_end:eager_end], header.pages[0].eager)
+    assert [commit.decode(x).id for x in commits] == [c.id] * 3
+
+
+# -- 3. adaptive polling -------------------------------------------------------------------
+
+
+class _Timed(CountingStore):
+    """Counts, and remembers when each LIST was made."""
+
+    def __init__(self, inner: FolderStore) -> None:
+        super().__init__(inner)
+        self.listed_at: list[float] = []
+
+    async def list(self, prefix: str = "", after: str = "") -> AsyncIterator[str]:
+        self.listed_at.append(time.monotonic())
+        async for n in super().list(prefix, after):
+            yield n
+
+
+@contextlib.asynccontextmanager
+async def _running(path: Path, cloud: _Timed, **kw: float) -> AsyncIterator[SyncEngine]:
+    engine = SyncEngine(cloud, **kw)  # type: ignore[arg-type]
+    repo = await Repository.open(path, hooks=engine.hooks())
+    await engine.start(repo)  # the background loop
+    try:
+        yield engine
+    finally:
+        await engine.stop()
+        await repo.close()
+
+
+async def _until(cond: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+async def test_idle_devices_back_off_to_the_longest_interval(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """Six idle devices, times scaled down: sync_interval_max stands for 60 s. Once idle,
+    each lists at most once per sync_interval_max: 1 LIST per device-minute (the goal
+    allows 3)."""
+    most = 0.25
+    kw = {"poll_interval": 0.01, "poll_interval_max": most, "active_for": 0.05}
+    clouds = [_Timed(bucket) for _ in range(6)]
+    async with contextlib.AsyncExitStack() as stack:
+        engines = [
+            await stack.enter_async_context(_running(tmp_path / f"d{i}", c, **kw))
+            for i, c in enumerate(clouds)
+        ]
+        await _until(lambda: all(e.interval == most for e in engines))
+        start = [len(c.listed_at) for c in clouds]
+        await _until(
+            lambda: all(len(c.listed_at) >= s + 4 for c, s in zip(clouds, start, strict=True))
+        )
+        for c, s in zip(clouds, start, strict=True):
+            times = c.listed_at[s:]
+            gaps = [b - a for a, b in itertools.pairwise(times)]
+            assert min(gaps) >= 0.9 * most, gaps
+        # A local write makes that device poll fast again at once.
+        before = len(clouds[0].listed_at)
+        async with engines[0].repo.page(b"l", b"p") as pg:
+            await pg.put(b"k", b"v")
+        await _until(lambda: clouds[0].counts["put"] >= 1 and engines[0].interval < most)
+        assert len(clouds[0].listed_at) > before
+
+
+# -- 5. the previous layout ----------------------------------------------------------------
+
+
+async def _layout1_pack(repo: Repository, bucket: FolderStore, page: str, seq: int) -> None:
+    """Upload a page's pending commits as a ledgerd of layout 1 did: one LDGPACK1 pack
+    per page under log/{device}/, the device under devices/."""
+    dev = repo.device_id
+    async with repo.page(b"l", page.encode()) as pg:
+        up = await ex.pending_upload(pg)
+        pieces = await ex.read_pieces(pg, [*up.eager, *up.lazy])
+        data, eager_end = pack.encode_v1(
+            pack.Pack(
+                b"l",
+                page.encode(),
+                dev,
+                seq,
+                [c.data for c in up.commits],
+                [(d, pieces[d]) for d in up.eager],
+                [(d, pieces[d]) for d in up.lazy],
+            )
+        )
+        name = LogName.make(dev.hex(), seq, eager_end, b"l", page.encode()).name
+        await bucket.put(name, data)
+        await ex.mark_uploaded(pg, [c.id for c in up.commits], [*up.eager, *up.lazy])
+    with contextlib.suppress(AlreadyExistsError):
+        await bucket.put(f"devices/{dev.hex()}", b"")
+    await repo.set_meta("sync/seq", str(seq).encode())
+
+
+async def test_a_bucket_of_layout_1_is_read_and_carried_on(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    await bucket.put("ledgerd-bucket.1", b'{"ledgerd_bucket": 1}')
+    photo = random.Random(8).randbytes(120_000)
+    async with await Repository.open(tmp_path / "old") as old:
+        async with old.page(b"l", b"p") as pg:
+            await pg.put(b"k", b"from layout 1")
+            await pg.put(b"photo", photo, Priority.LAZY)
+        await _layout1_pack(old, bucket, "p", 1)
+        async with old.page(b"l", b"q") as pg:
+            await pg.put(b"k", b"also layout 1")
+        await _layout1_pack(old, bucket, "q", 2)
+    # The same device, upgraded, goes on in layout 2 with its next sequence number.
+    async with device(tmp_path / "old", bucket) as x, device(tmp_path / "b", bucket) as b:
+        await _put(x, "p", b"after the upgrade")
+        await x.engine.sync()
+        names = sorted(p.name for p in (tmp_path / "bucket").iterdir() if p.is_file())
+        assert names == ["ledgerd-bucket.1", "ledgerd-bucket.2"]
+        assert [_seq(n) for n in _names(tmp_path, "packs")] == [3]
+        await b.engine.sync()
+        pb = await b.repo.ledger("l").page("p")
+        assert await pb.get(b"k") == b"from layout 1"
+        assert await pb.get(b"after the upgrade") == b"v"
+        assert await pb.get(b"photo") == photo  # LAZY, from the layout-1 pack
+        assert (await _keys(b.repo, "l", "q")) == {b"k": b"also layout 1"}
+        st = b.engine.status()
+        assert st["gaps"] == [] and st["packs"] == [] and b.engine.problems() == []
+        b.cloud.reset()
+        await b.engine.round()  # the old logs are not listed again
+        assert b.cloud.counts == {"list": 1}, b.cloud.counts
+
+
+def _seq(name: str) -> int:
+    pn = PackName.parse(f"packs/{name}")
+    assert pn is not None
+    return pn.seq
+
+
+def _names(tmp_path: Path, folder: str) -> list[str]:
+    return sorted(p.name for p in (tmp_path / "bucket" / folder).iterdir())
+
+
+def test_a_ledgerd_of_layout_1_refuses_a_bucket_of_layout_2() -> None:
+    """What the layout-1 check does with the markers of a migrated bucket (its
+    ``check_version(max(versions))`` with its BUCKET_FORMAT of 1)."""
+    versions = [layout.marker_version(n) for n in ("ledgerd-bucket.1", "ledgerd-bucket.2")]
+    assert max(v for v in versions if v is not None) == 2
+    with pytest.raises(BucketIdentityError, match="supports 1: upgrade ledgerd"):
+        _check_as_layout_1(2)
+
+
+def _check_as_layout_1(version: int) -> None:
+    saved = layout.BUCKET_FORMAT
+    layout.BUCKET_FORMAT = 1
+    try:
+        layout.check_version(version)
+    finally:
+        layout.BUCKET_FORMAT = saved
