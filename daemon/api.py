@@ -633,6 +633,17 @@ class Api:
             raise ae.BadRequest("commit id must be hex") from None
         return web.json_response(commit_json(await page.load_commit(cid)))
 
+    # -- operations (issue 19: check, health, metrics, the API description) ----------
+
+    async def check(self, request: web.Request, p: Params) -> web.Response:
+        """POST {"ledger"?, "page"?, "cloud"?, "repair"?}: check pages (all of them, a
+        ledger's, or one) and answer the report; see :mod:`ledgerd.sync.check`."""
+        from ledgerd.daemon.operations import run_check
+
+        body = await self.read_body(request)
+        doc = parse_json(body, "check body") if body.strip() else {}
+        return web.json_response(await run_check(self, doc))
+
 
 Endpoint = Callable[[Api, web.Request, Params], Awaitable[web.StreamResponse]]
 
@@ -684,5 +695,7 @@ ROUTES = [
     _route("GET", PAGE + "/heads", Api.heads),
     _route("GET", PAGE + "/history", Api.history),
     _route("GET", PAGE + "/commits/{commit}", Api.commit),
+    # issue 19 (operations): check and repair, health, metrics, the API description
+    _route("POST", "check", Api.check),
 ]
 """The API's routes (the README's table), tried in order."""

@@ -599,11 +599,17 @@ def parser() -> argparse.ArgumentParser:
     cmd("heads", "list the page's head commits", "ledger", "page")
     p = cmd("log", "commit history, newest first", "ledger", "page")
     p.add_argument("--limit", type=int, default=20)
+    # -- subcommands of their own modules (each sets a handler(args, client)) ---------
+    from ledgerd.daemon import cli_check
+
+    cli_check.register(sub)
     return ap
 
 
 async def run(args: argparse.Namespace) -> int:
     async with AsyncClient(args.socket) as client:
+        if (handler := getattr(args, "handler", None)) is not None:  # see parser()
+            return int(await handler(args, client))
         cli = Cli(args, client)
         name = {"import": "import_"}.get(args.command, args.command)
         return int(await getattr(cli, name)())

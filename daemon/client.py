@@ -501,6 +501,26 @@ class AsyncClient:
         finally:
             await w.close()
 
+    # -- operations (issue 19) -------------------------------------------------------
+
+    async def check(
+        self,
+        ledger: Name | None = None,
+        page: Name | None = None,
+        *,
+        cloud: bool = False,
+        repair: bool = False,
+    ) -> dict[str, Any]:
+        """Check pages (all, a ledger's, or one); with ``cloud`` against the bucket too;
+        with ``repair`` fix what can be. The report: ``healthy``, ``pages``, ...
+        (``POST /v1/check``)."""
+        body: dict[str, Any] = {"cloud": cloud, "repair": repair}
+        if ledger is not None:
+            body["ledger"] = b64(_raw(ledger))
+        if page is not None:
+            body["page"] = b64(_raw(page))
+        return dict(await self._json("POST", self.url("/v1/check"), body))
+
 
 async def _file_chunks(path: Path, total: int, progress: Progress | None) -> AsyncIterator[bytes]:
     done = 0
@@ -954,6 +974,18 @@ class Client:
 
     def watch(self, ledger: Name, page: Name, prefix: bytes = b"") -> Iterator[Change]:
         return self._bridge.iterate(self.aio.watch(ledger, page, prefix))
+
+    # -- operations (issue 19) -------------------------------------------------------
+
+    def check(
+        self,
+        ledger: Name | None = None,
+        page: Name | None = None,
+        *,
+        cloud: bool = False,
+        repair: bool = False,
+    ) -> dict[str, Any]:
+        return self._call(self.aio.check(ledger, page, cloud=cloud, repair=repair))
 
 
 def _on_thread(callback: BlockingResolver) -> ResolverCallback:

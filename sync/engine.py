@@ -217,6 +217,15 @@ class SyncEngine:
     def page_committed(self, page: Page, commit: Commit) -> None:
         self._changed((page.ledger, page.id))
 
+    def requeued(self, key: Key) -> None:
+        """``key`` has pending uploads again (a repair made pieces or commits pending)."""
+        self._changed(key)
+
+    def page_error(self, key: Key) -> str | None:
+        """Why the page's last upload failed, or None."""
+        st = self.states.get(key)
+        return st.last_error if st is not None else None
+
     def _changed(self, key: Key) -> None:
         self._pending[key] = self._pending.get(key, 0) + 1
         self._dirty = True
