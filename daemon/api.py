@@ -136,6 +136,12 @@ def _in_group(uid: int, gid: int) -> bool:
 class Query:
     """Query parameters as raw bytes (percent-decoded, not UTF-8-decoded)."""
 
+    @classmethod
+    def of(cls, request: web.Request) -> Query:
+        """The request's parameters, from its query string as sent (still percent-encoded:
+        aiohttp's ``query_string`` is decoded as UTF-8 already)."""
+        return cls(request.rel_url.raw_query_string)
+
     def __init__(self, raw: str) -> None:
         self.params = {
             k: v.encode("latin-1")
@@ -384,7 +390,7 @@ class Api:
         return bytes(body)
 
     async def view(self, request: web.Request, page: Page) -> View:
-        at = Query(request.query_string).text("at")
+        at = Query.of(request).text("at")
         if not at:
             return page
         try:
@@ -433,7 +439,7 @@ class Api:
 
     async def sync(self, request: web.Request, p: Params) -> web.Response:
         """Upload everything pending, fetch everything visible, merge, until a round is quiet."""
-        q = Query(request.query_string)
+        q = Query.of(request)
         ledger, page = q.bytes("ledger"), q.bytes("page")
         timeout = q.seconds("timeout", 60.0)
         if page is not None and ledger is None:
@@ -489,7 +495,7 @@ class Api:
                 return web.Response(status=200, headers=headers)
             return web.Response(body=data, headers=headers, content_type="application/octet-stream")
         size = await view.objects.size(entry.value)
-        q = Query(request.query_string)
+        q = Query.of(request)
         offset, length, status = 0, size, 200
         if "Range" in request.headers:
             offset, length = parse_range(request.headers["Range"], size)
@@ -533,7 +539,7 @@ class Api:
         return resp
 
     async def put_key(self, request: web.Request, p: Params) -> web.Response:
-        priority, key = parse_priority(Query(request.query_string).text("priority")), p.key
+        priority, key = parse_priority(Query.of(request).text("priority")), p.key
         page = await self.page(p.ledger, p.page, create=True)
         length = request.content_length
         if length is not None and length <= 256 * 1024:
@@ -558,7 +564,7 @@ class Api:
     async def entries(self, request: web.Request, p: Params) -> web.Response:
         page = await self.page(p.ledger, p.page, create=False)
         view = await self.view(request, page)
-        q = Query(request.query_string)
+        q = Query.of(request)
         limit = q.int("limit", DEFAULT_LIMIT, lo=1) or DEFAULT_LIMIT
         if limit > MAX_LIMIT:
             raise ae.BadRequest(f"limit must be at most {MAX_LIMIT}")
@@ -615,7 +621,7 @@ class Api:
     async def history(self, request: web.Request, p: Params) -> web.Response:
         page = await self.page(p.ledger, p.page, create=False)
         await page.flush()
-        q = Query(request.query_string)
+        q = Query.of(request)
         limit = q.int("limit", 100, lo=1) or 100
         start = q.text("start")
         try:
@@ -643,6 +649,12 @@ class Api:
         body = await self.read_body(request)
         doc = parse_json(body, "check body") if body.strip() else {}
         return web.json_response(await run_check(self, doc))
+
+    async def openapi(self, request: web.Request, p: Params) -> web.Response:
+        """The OpenAPI 3 description of this API (:mod:`ledgerd.daemon.openapi`)."""
+        from ledgerd.daemon.openapi import document
+
+        return web.json_response(document())
 
 
 Endpoint = Callable[[Api, web.Request, Params], Awaitable[web.StreamResponse]]
@@ -697,5 +709,6 @@ ROUTES = [
     _route("GET", PAGE + "/commits/{commit}", Api.commit),
     # issue 19 (operations): check and repair, health, metrics, the API description
     _route("POST", "check", Api.check),
+    _route("GET", "openapi.json", Api.openapi),
 ]
 """The API's routes (the README's table), tried in order."""
