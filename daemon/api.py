@@ -51,6 +51,7 @@ from ledgerd.daemon.codec import (
     unb64,
 )
 from ledgerd.daemon.config import Config
+from ledgerd.daemon.metrics import ROUTE_KEY
 from ledgerd.store import KEY_LIMIT, Page, Policy, Repository, StoreError, View
 from ledgerd.store import digest as dg
 
@@ -239,10 +240,12 @@ class Api:
         self._peers: dict[int, bool] = {}
         self.sessions: Any = None  # daemon.session.Sessions, set by the server
         self.engine: Any = None  # sync.engine.SyncEngine when cloud sync is on
+        self.metrics: Any = None  # daemon.metrics.Metrics, set by the server
 
     def app(self) -> web.Application:
+        counting = [self.metrics.middleware] if self.metrics is not None else []
         app = web.Application(
-            middlewares=[self.middleware], client_max_size=self.cfg.max_batch_bytes
+            middlewares=[*counting, self.middleware], client_max_size=self.cfg.max_batch_bytes
         )
         # Every path (with any byte, newlines included: not ``.*``) goes to self.route,
         # which reads the raw, still percent-encoded path.
@@ -324,6 +327,7 @@ class Api:
         for route in ROUTES:
             found = route.match(parts[1:])
             if found is not None and request.method in route.methods:
+                request[ROUTE_KEY] = route.template  # for the metrics
                 return await route.handler(self, request, self.params(found))
         raise ae.NotFound(f"no such endpoint: {request.method} {raw_path}")
 
@@ -656,6 +660,12 @@ class Api:
 
         return web.json_response(document())
 
+    async def metrics_text(self, request: web.Request, p: Params) -> web.Response:
+        """The metrics in Prometheus' text format (:mod:`ledgerd.daemon.metrics`)."""
+        if self.metrics is None:
+            raise ae.NotFound("metrics are off")
+        return await self.metrics.endpoint(request)  # type: ignore[no-any-return]
+
 
 Endpoint = Callable[[Api, web.Request, Params], Awaitable[web.StreamResponse]]
 
@@ -669,6 +679,10 @@ class Route:
     methods: frozenset[str]
     path: tuple[str, ...]
     handler: Endpoint
+
+    @property
+    def template(self) -> str:
+        return "/v1/" + "/".join(s.replace("*}", "}") for s in self.path)
 
     def match(self, parts: list[str]) -> dict[str, str] | None:
         """The path's parameters (still percent-encoded) if ``parts`` match."""
@@ -710,5 +724,6 @@ ROUTES = [
     # issue 19 (operations): check and repair, health, metrics, the API description
     _route("POST", "check", Api.check),
     _route("GET", "openapi.json", Api.openapi),
+    _route("GET", "metrics", Api.metrics_text),
 ]
 """The API's routes (the README's table), tried in order."""

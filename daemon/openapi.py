@@ -286,6 +286,12 @@ def document() -> dict[str, Any]:
                 errors=(400, 404, 413),
             )
         },
+        "/v1/metrics": {
+            "get": _op(
+                "the daemon's metrics in Prometheus' text format",
+                {"200": {"description": "the metrics", "content": {"text/plain": {"schema": {}}}}},
+            )
+        },
         "/v1/openapi.json": {"get": _op("this document", {"200": _json({"type": "object"})})},
     }
     return {

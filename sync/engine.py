@@ -40,11 +40,11 @@ import logging
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 
-from ledgerd.store import Commit, Page, PageHooks, Repository, ResolverSource
+from ledgerd.store import Commit, CommitListener, Page, PageHooks, Repository, ResolverSource
 from ledgerd.store import digest as dg
 from ledgerd.store import exchange as ex
 from ledgerd.store.errors import (
@@ -105,6 +105,12 @@ class PageState:
     last_error: str | None = None  # why the page could not be uploaded
 
 
+class RoundObserver(Protocol):
+    """Told of every sync round (the daemon's metrics)."""
+
+    def round_done(self, seconds: float, stats: Stats, error: BaseException | None) -> None: ...
+
+
 @dataclass
 class Stats:
     uploaded_packs: int = 0
@@ -138,6 +144,7 @@ class SyncEngine:
         retry_first: float = 5.0,
         retry_most: float = 3600.0,
         clock_skew: float = 300.0,
+        observer: RoundObserver | None = None,
     ) -> None:
         self._repo: Repository | None = None
         self.store = store
@@ -150,6 +157,8 @@ class SyncEngine:
         self.retry_first = retry_first
         self.retry_most = retry_most
         self.clock_skew = clock_skew
+        self.observer = observer
+        self._also: CommitListener | None = None
         self.devices: set[str] = set()
         self.states: dict[Key, PageState] = {}
         self.bucket_error: str | None = None
@@ -171,8 +180,12 @@ class SyncEngine:
 
     # -- lifecycle -----------------------------------------------------------------
 
-    def hooks(self, resolvers: ResolverSource | None = None) -> PageHooks:
-        """The page hooks to open the repository with: this engine fetches and listens."""
+    def hooks(
+        self, resolvers: ResolverSource | None = None, also: CommitListener | None = None
+    ) -> PageHooks:
+        """The page hooks to open the repository with: this engine fetches and listens
+        (and tells ``also`` of every commit: the daemon's metrics)."""
+        self._also = also
         return PageHooks(fetcher=self, listener=self, resolvers=resolvers)
 
     @property
@@ -216,6 +229,8 @@ class SyncEngine:
 
     def page_committed(self, page: Page, commit: Commit) -> None:
         self._changed((page.ledger, page.id))
+        if self._also is not None:
+            self._also.page_committed(page, commit)
 
     def requeued(self, key: Key) -> None:
         """``key`` has pending uploads again (a repair made pieces or commits pending)."""
@@ -275,6 +290,7 @@ class SyncEngine:
         """
         stats = Stats()
         async with self._lock:
+            started = time.monotonic()
             try:
                 if full:
                     self._bucket_ok = False
@@ -289,10 +305,19 @@ class SyncEngine:
                 self.round_error = _error(e)
                 if isinstance(e, NoBucketError | BucketIdentityError):
                     self._bucket_ok = False
+                self._observe(started, stats, e)
                 raise
             self.round_error = None
             stats.rounds = 1
+            self._observe(started, stats, None)
         return stats
+
+    def _observe(self, started: float, stats: Stats, error: BaseException | None) -> None:
+        if self.observer is not None:
+            try:
+                self.observer.round_done(time.monotonic() - started, stats, error)
+            except Exception:
+                log.exception("the sync round observer failed")
 
     async def sync(
         self, ledger: bytes | None = None, page: bytes | None = None, timeout: float = 60.0
