@@ -660,6 +660,13 @@ class Api:
 
         return web.json_response(document())
 
+    async def health(self, request: web.Request, p: Params) -> web.Response:
+        """For probes: up, repository open, sync healthy (or why not)."""
+        from ledgerd.daemon.operations import health
+
+        doc, ok = await health(self, Query.of(request).flag("sync", False))
+        return web.json_response(doc, status=200 if ok else 503)
+
     async def metrics_text(self, request: web.Request, p: Params) -> web.Response:
         """The metrics in Prometheus' text format (:mod:`ledgerd.daemon.metrics`)."""
         if self.metrics is None:
@@ -725,5 +732,6 @@ ROUTES = [
     _route("POST", "check", Api.check),
     _route("GET", "openapi.json", Api.openapi),
     _route("GET", "metrics", Api.metrics_text),
+    _route("GET", "health", Api.health),
 ]
 """The API's routes (the README's table), tried in order."""

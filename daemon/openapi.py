@@ -292,6 +292,16 @@ def document() -> dict[str, Any]:
                 {"200": {"description": "the metrics", "content": {"text/plain": {"schema": {}}}}},
             )
         },
+        "/v1/health": {
+            "get": _op(
+                "for probes: up, repository open, sync healthy (or why not)",
+                {
+                    "200": _json(_ref("Health")),
+                    "503": _json(_ref("Health"), "the repository is unusable (or sync, ?sync=1)"),
+                },
+                params=(_query("sync", "1: answer 503 when sync is not healthy"),),
+            )
+        },
         "/v1/openapi.json": {"get": _op("this document", {"200": _json({"type": "object"})})},
     }
     return {
@@ -369,6 +379,16 @@ def _schemas() -> dict[str, Any]:
                 "timestamp": {"type": "integer"},
                 "generation": {"type": "integer"},
                 "merge": {"type": "boolean"},
+            },
+        },
+        "Health": {
+            "type": "object",
+            "required": ["status", "up", "repository", "sync"],
+            "properties": {
+                "status": {"enum": ["ok", "degraded", "failing"]},
+                "up": {"type": "boolean"},
+                "repository": {"type": "object"},
+                "sync": {"type": "object"},
             },
         },
         "CheckRequest": {

@@ -1,6 +1,7 @@
-"""The daemon's side of running it in production: ``POST /v1/check``.
+"""The daemon's side of running it in production: ``POST /v1/check``, ``GET /v1/health``.
 
-This module owns which pages a check covers and how its report reads over HTTP.
+This module owns which pages a check covers and how its report reads over HTTP,
+and what a health probe is told.
 The check of a page is :mod:`ledgerd.store.check` (local) and
 :mod:`ledgerd.sync.check` (the bucket, and repairs); routes are in
 :mod:`ledgerd.daemon.api`. A page is checked under a lease, like any request's,
@@ -103,3 +104,34 @@ async def _one(
         report = ck.PageCheck(*key)
         report.add(ck.Problem(ck.SQLITE if isinstance(e, StoreError) else ck.CLOUD, str(e)))
         return Checked(report)
+
+
+async def health(api: Api, strict_sync: bool) -> tuple[dict[str, Any], bool]:
+    """The body of ``GET /v1/health`` and whether it is a success: the daemon is up (it
+    answered), its repository is open and readable, and (with ``strict_sync``) sync
+    is healthy. Sync's state is in the body either way, with every reason it is not."""
+    repo_error: str | None = None
+    if api.repo.usage.closed:
+        repo_error = "the repository is closed"
+    else:
+        try:
+            await api.repo.usage.read_all("SELECT 1")
+        except Exception as e:  # the disk, the file: whatever it is, the probe says it
+            repo_error = f"{type(e).__name__}: {e}"
+    engine = api.engine
+    sync: dict[str, Any] = {"enabled": engine is not None}
+    if engine is not None:
+        sync.update(engine.health())
+    ok = repo_error is None and (not strict_sync or engine is None or bool(sync["healthy"]))
+    status = "ok" if repo_error is None and sync.get("healthy", True) else "degraded"
+    if repo_error is not None:
+        status = "failing"
+    return (
+        {
+            "status": status,
+            "up": True,
+            "repository": {"open": repo_error is None, "error": repo_error},
+            "sync": sync,
+        },
+        ok,
+    )

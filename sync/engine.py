@@ -159,6 +159,8 @@ class SyncEngine:
         self.clock_skew = clock_skew
         self.observer = observer
         self._also: CommitListener | None = None
+        self.last_round_ok: float | None = None
+        """When a round last finished without failing as a whole (UNIX time)."""
         self.devices: set[str] = set()
         self.states: dict[Key, PageState] = {}
         self.bucket_error: str | None = None
@@ -308,6 +310,7 @@ class SyncEngine:
                 self._observe(started, stats, e)
                 raise
             self.round_error = None
+            self.last_round_ok = time.time()
             stats.rounds = 1
             self._observe(started, stats, None)
         return stats
@@ -899,7 +902,12 @@ class SyncEngine:
             for _, dl in sorted(self._logs.items())
             for g in dl.gaps
         ]
+        health = self.health()
         return {
+            "healthy": health["healthy"],
+            "synced": health["synced"],
+            "reasons": health["reasons"],
+            "last_round_ok": self.last_round_ok,
             "bucket_error": self.bucket_error,
             "round_error": self.round_error,
             "pending_uploads": len(self._pending),
@@ -908,6 +916,33 @@ class SyncEngine:
             "gaps": gaps,
             "devices": [{"device": d, "error": e} for d, e in sorted(self.device_errors.items())],
             "clock_skew": [self.skew[d] for d in sorted(self.skew)],
+        }
+
+    def health(self) -> dict[str, Any]:
+        """Whether sync works, and whether this device is synced, with every reason why
+        not: a problem (see :meth:`problems`: the bucket, a device's log, a page's
+        upload, a held pack: waiting for parents, refused, failed), a gap in a device's
+        log, no round finished lately; and for ``synced``, uploads still pending."""
+        reasons = [str(p["error"]) for p in self.problems()]
+        for _, dl in sorted(self._logs.items()):
+            for g in dl.gaps:
+                reasons.append(
+                    f"device {dl.device}: packs {g.first}-{g.last} are missing from its log"
+                )
+        stale = max(60.0, 3 * self.poll_interval)
+        if self.last_round_ok is None:
+            reasons.append("no sync round has finished yet")
+        elif time.time() - self.last_round_ok > stale:
+            reasons.append(
+                f"no sync round has finished for {time.time() - self.last_round_ok:.0f}s"
+            )
+        pending = len(self._pending)
+        return {
+            "healthy": not reasons,
+            "synced": not reasons and pending == 0,
+            "reasons": reasons,
+            "pending_uploads": pending,
+            "last_round_ok": self.last_round_ok,
         }
 
     async def page_status(self, page: Page) -> dict[str, Any]:
