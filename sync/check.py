@@ -10,9 +10,10 @@ This module owns checking a page against the bucket and repairing it from there:
   and holds one pack in memory at a time.
 * **Checking** (``cloud``): every piece and commit the page counts as synced must
   be in some pack of the page.
-* **Repairing** (``repair``): corrupt or missing pieces are taken from the packs
-  (verified) and stored again; pieces and commits the bucket lacks go back to
-  pending and are uploaded by one upload round of the page; what needs no cloud
+* **Repairing** (``repair``, which reads the bucket as ``cloud`` does): corrupt or
+  missing pieces are taken from the packs (verified) and stored again; pieces and
+  commits the bucket lacks go back to pending and are uploaded by one upload round
+  of the page; what needs no cloud
   (:func:`ledgerd.store.check.repair_local`) is done too. The page is checked
   again after a repair (a restored tree node opens a subtree that was not walked).
 
@@ -180,7 +181,7 @@ async def check_page(
     bucket too; with ``repair`` fix what can be fixed (see the module docstring)."""
     report = await ck.check_quietly(page)
     result = Checked(report)
-    use_cloud = (cloud or (repair and report.bad_pieces())) and engine is not None
+    use_cloud = (cloud or repair) and engine is not None
     if (cloud or repair) and engine is None:
         result.notes.append("cloud sync is off: nothing was checked or fetched in a bucket")
     if use_cloud and engine is not None and index is not None:
@@ -257,8 +258,12 @@ async def _restore(
     changed = False
     bad = report.bad_pieces()
     if bad:
-        view = await read_page(engine.store, await index.packs((page.ledger, page.id)), "", bad)
-        restored = set(await ck.restore_pieces(page, view.found))
+        found = {d: v for d, v in (result.cloud.found if result.cloud else {}).items() if d in bad}
+        if len(found) < len(bad):  # (the first read of the packs kept what was bad then)
+            key = (page.ledger, page.id)
+            view = await read_page(engine.store, await index.packs(key), "", bad)
+            found.update(view.found)
+        restored = set(await ck.restore_pieces(page, found))
         for p in report.open_problems(ck.CORRUPT_PIECE, ck.MISSING_PIECE):
             if p.digest in restored:
                 p.repaired = True
