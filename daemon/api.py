@@ -53,6 +53,7 @@ from ledgerd.daemon.codec import (
     unb64,
 )
 from ledgerd.daemon.config import Config
+from ledgerd.daemon.metrics import ROUTE_KEY
 from ledgerd.store import KEY_LIMIT, Page, Policy, Repository, StoreError, View
 from ledgerd.store import digest as dg
 
@@ -135,6 +136,12 @@ def _in_group(uid: int, gid: int) -> bool:
 
 class Query:
     """Query parameters as raw bytes (percent-decoded, not UTF-8-decoded)."""
+
+    @classmethod
+    def of(cls, request: web.Request) -> Query:
+        """The request's parameters, from its query string as sent (still percent-encoded:
+        aiohttp's ``query_string`` is decoded as UTF-8 already)."""
+        return cls(request.rel_url.raw_query_string)
 
     def __init__(self, raw: str) -> None:
         self.params = {
@@ -233,10 +240,12 @@ class Api:
         self._peers: dict[int, bool] = {}
         self.sessions: Any = None  # daemon.session.Sessions, set by the server
         self.engine: Any = None  # sync.engine.SyncEngine when cloud sync is on
+        self.metrics: Any = None  # daemon.metrics.Metrics, set by the server
 
     def app(self) -> web.Application:
+        counting = [self.metrics.middleware] if self.metrics is not None else []
         app = web.Application(
-            middlewares=[self.middleware], client_max_size=self.cfg.max_batch_bytes
+            middlewares=[*counting, self.middleware], client_max_size=self.cfg.max_batch_bytes
         )
         # Every path (with any byte, newlines included: not ``.*``) goes to self.route,
         # which reads the raw, still percent-encoded path.
@@ -311,6 +320,7 @@ class Api:
         for route in ROUTES:
             found = route.match(parts[1:])
             if found is not None and request.method in route.methods:
+                request[ROUTE_KEY] = route.template  # for the metrics
                 return await route.handler(self, request, self.params(found))
         raise ae.NotFound(f"no such endpoint: {request.method} {raw_path}")
 
@@ -377,7 +387,7 @@ class Api:
         return bytes(body)
 
     async def view(self, request: web.Request, page: Page) -> View:
-        at = Query(request.query_string).text("at")
+        at = Query.of(request).text("at")
         if not at:
             return page
         try:
@@ -426,7 +436,7 @@ class Api:
 
     async def sync(self, request: web.Request, p: Params) -> web.Response:
         """Upload everything pending, fetch everything visible, merge, until a round is quiet."""
-        q = Query(request.query_string)
+        q = Query.of(request)
         ledger, page = q.bytes("ledger"), q.bytes("page")
         timeout = q.seconds("timeout", 60.0)
         if page is not None and ledger is None:
@@ -482,7 +492,7 @@ class Api:
                 return web.Response(status=200, headers=headers)
             return web.Response(body=data, headers=headers, content_type="application/octet-stream")
         size = await view.objects.size(entry.value)
-        q = Query(request.query_string)
+        q = Query.of(request)
         offset, length, status = 0, size, 200
         if "Range" in request.headers:
             offset, length = parse_range(request.headers["Range"], size)
@@ -526,7 +536,7 @@ class Api:
         return resp
 
     async def put_key(self, request: web.Request, p: Params) -> web.Response:
-        priority, key = parse_priority(Query(request.query_string).text("priority")), p.key
+        priority, key = parse_priority(Query.of(request).text("priority")), p.key
         page = await self.page(p.ledger, p.page, create=True)
         length = request.content_length
         if length is not None and length <= 256 * 1024:
@@ -551,7 +561,7 @@ class Api:
     async def entries(self, request: web.Request, p: Params) -> web.Response:
         page = await self.page(p.ledger, p.page, create=False)
         view = await self.view(request, page)
-        q = Query(request.query_string)
+        q = Query.of(request)
         limit = q.int("limit", DEFAULT_LIMIT, lo=1) or DEFAULT_LIMIT
         if limit > MAX_LIMIT:
             raise ae.BadRequest(f"limit must be at most {MAX_LIMIT}")
@@ -617,7 +627,7 @@ class Api:
     async def history(self, request: web.Request, p: Params) -> web.Response:
         page = await self.page(p.ledger, p.page, create=False)
         await page.flush()
-        q = Query(request.query_string)
+        q = Query.of(request)
         limit = q.int("limit", 100, lo=1) or 100
         start = q.text("start")
         try:
@@ -635,6 +645,36 @@ class Api:
             raise ae.BadRequest("commit id must be hex") from None
         return web.json_response(commit_json(await page.load_commit(cid)))
 
+    # -- operations (issue 19: check, health, metrics, the API description) ----------
+
+    async def check(self, request: web.Request, p: Params) -> web.Response:
+        """POST {"ledger"?, "page"?, "cloud"?, "repair"?}: check pages (all of them, a
+        ledger's, or one) and answer the report; see :mod:`ledgerd.sync.check`."""
+        from ledgerd.daemon.operations import run_check
+
+        body = await self.read_body(request)
+        doc = parse_json(body, "check body") if body.strip() else {}
+        return web.json_response(await run_check(self, doc))
+
+    async def openapi(self, request: web.Request, p: Params) -> web.Response:
+        """The OpenAPI 3 description of this API (:mod:`ledgerd.daemon.openapi`)."""
+        from ledgerd.daemon.openapi import document
+
+        return web.json_response(document())
+
+    async def health(self, request: web.Request, p: Params) -> web.Response:
+        """For probes: up, repository open, sync healthy (or why not)."""
+        from ledgerd.daemon.operations import health
+
+        doc, ok = await health(self, Query.of(request).flag("sync", False))
+        return web.json_response(doc, status=200 if ok else 503)
+
+    async def metrics_text(self, request: web.Request, p: Params) -> web.Response:
+        """The metrics in Prometheus' text format (:mod:`ledgerd.daemon.metrics`)."""
+        if self.metrics is None:
+            raise ae.NotFound("metrics are off")
+        return await self.metrics.endpoint(request)  # type: ignore[no-any-return]
+
 
 Endpoint = Callable[[Api, web.Request, Params], Awaitable[web.StreamResponse]]
 
@@ -648,6 +688,10 @@ class Route:
     methods: frozenset[str]
     path: tuple[str, ...]
     handler: Endpoint
+
+    @property
+    def template(self) -> str:
+        return "/v1/" + "/".join(s.replace("*}", "}") for s in self.path)
 
     def match(self, parts: list[str]) -> dict[str, str] | None:
         """The path's parameters (still percent-encoded) if ``parts`` match."""
@@ -703,5 +747,10 @@ ROUTES = [
     _route("PUT", PAGE + "/docs/{collection}/{id}/attachments/{att}", docs.add_attachment),
     _route("GET HEAD", PAGE + "/docs/{collection}/{id}/attachments/{att}", docs.get_attachment),
     _route("DELETE", PAGE + "/docs/{collection}/{id}/attachments/{att}", docs.delete_attachment),
+    # issue 19 (operations): check and repair, health, metrics, the API description
+    _route("POST", "check", Api.check),
+    _route("GET", "openapi.json", Api.openapi),
+    _route("GET", "metrics", Api.metrics_text),
+    _route("GET", "health", Api.health),
 ]
 """The API's routes (the README's table), tried in order."""

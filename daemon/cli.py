@@ -600,11 +600,17 @@ def parser() -> argparse.ArgumentParser:
     p = cmd("log", "commit history, newest first", "ledger", "page")
     p.add_argument("--limit", type=int, default=20)
     cli_doc.add_parser(sub)  # ledgerctl doc ... (daemon/cli_doc.py)
+    # -- subcommands of their own modules (each sets a handler(args, client)) ---------
+    from ledgerd.daemon import cli_check
+
+    cli_check.register(sub)
     return ap
 
 
 async def run(args: argparse.Namespace) -> int:
     async with AsyncClient(args.socket) as client:
+        if (handler := getattr(args, "handler", None)) is not None:  # see parser()
+            return int(await handler(args, client))
         cli = Cli(args, client)
         if args.command == "doc":  # ledgerctl doc ... (daemon/cli_doc.py)
             return await cli_doc.run(cli, UsageError)

@@ -548,6 +548,43 @@ class AsyncClient:
 
         return AsyncDocuments(self, ledger, page)
 
+    # -- operations (issue 19) -------------------------------------------------------
+
+    async def check(
+        self,
+        ledger: Name | None = None,
+        page: Name | None = None,
+        *,
+        cloud: bool = False,
+        repair: bool = False,
+    ) -> dict[str, Any]:
+        """Check pages (all, a ledger's, or one); with ``cloud`` against the bucket too;
+        with ``repair`` fix what can be. The report: ``healthy``, ``pages``, ...
+        (``POST /v1/check``)."""
+        body: dict[str, Any] = {"cloud": cloud, "repair": repair}
+        if ledger is not None:
+            body["ledger"] = b64(_raw(ledger))
+        if page is not None:
+            body["page"] = b64(_raw(page))
+        return dict(await self._json("POST", self.url("/v1/check"), body))
+
+    async def health(self, sync: bool = False) -> dict[str, Any]:
+        """``GET /v1/health``: its body, also when it says 503 (``status`` is then
+        ``failing``, or with ``sync`` ``degraded``)."""
+        with _reaching(self.socket):
+            async with self.session.get(self.url("/v1/health", {"sync": int(sync)})) as resp:
+                doc = await resp.json()
+        if not isinstance(doc, dict) or "status" not in doc:
+            raise LedgerError(f"http_{resp.status}", f"unexpected health answer: {doc!r}")
+        return doc
+
+    async def metrics(self) -> str:
+        """``GET /v1/metrics``: the metrics in Prometheus' text format."""
+        resp = await self.request("GET", self.url("/v1/metrics"))
+        with _reaching(self.socket):
+            async with resp:
+                return await resp.text()
+
 
 async def _file_chunks(path: Path, total: int, progress: Progress | None) -> AsyncIterator[bytes]:
     done = 0
@@ -1053,6 +1090,24 @@ class Client:
         from ledgerd.daemon.client_docs import Documents
 
         return Documents(self._bridge, self.aio.documents(ledger, page))
+
+    # -- operations (issue 19) -------------------------------------------------------
+
+    def check(
+        self,
+        ledger: Name | None = None,
+        page: Name | None = None,
+        *,
+        cloud: bool = False,
+        repair: bool = False,
+    ) -> dict[str, Any]:
+        return self._call(self.aio.check(ledger, page, cloud=cloud, repair=repair))
+
+    def health(self, sync: bool = False) -> dict[str, Any]:
+        return self._call(self.aio.health(sync))
+
+    def metrics(self) -> str:
+        return self._call(self.aio.metrics())
 
 
 def _on_thread(callback: BlockingResolver) -> ResolverCallback:

@@ -77,6 +77,7 @@ class Config:
     max_session_queue: int = 1000
     max_event_bytes: int = 4 * 1024 * 1024
     max_document_bytes: int = 1024 * 1024
+    metrics_listen: str = ""
 
     # -- derived ---------------------------------------------------------------
 
@@ -218,8 +219,21 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{key}: must be positive")
     if cfg.sync_interval_max < cfg.sync_interval:
         raise ConfigError("sync_interval_max: must be at least sync_interval")
+    if cfg.metrics_listen:
+        metrics_address(cfg)
     cfg.allowed_uids()
     cfg.socket_gid()
+
+
+def metrics_address(cfg: Config) -> tuple[str, int]:
+    """``metrics_listen`` as (host, port): ``HOST:PORT`` or ``[IPv6]:PORT``."""
+    host, sep, port = cfg.metrics_listen.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(
+            f"metrics_listen: expected HOST:PORT (e.g. 127.0.0.1:9464), not {cfg.metrics_listen!r}"
+        )
+    return host, int(port)
 
 
 def log_level(cfg: Config) -> int:

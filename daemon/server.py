@@ -32,7 +32,8 @@ from aiohttp import web
 
 from ledgerd.daemon import systemd
 from ledgerd.daemon.api import Api, DaemonState
-from ledgerd.daemon.config import Config, ConfigError, log_level
+from ledgerd.daemon.config import Config, ConfigError, log_level, metrics_address
+from ledgerd.daemon.metrics import Metrics, scraper_app
 from ledgerd.daemon.protocol import ApiRunner, Limits
 from ledgerd.daemon.session import Resolvers, Sessions
 from ledgerd.daemon.socketdir import socket_dir_problem
@@ -130,24 +131,29 @@ async def serve(cfg: Config) -> int:
             _check_socket_path(cfg.socket)  # before the data directory is created
         # The collaborators of every page exist before the repository opens.
         resolvers = Resolvers()
+        metrics = Metrics()
         engine = None
-        hooks = PageHooks(resolvers=resolvers)
+        hooks = PageHooks(resolvers=resolvers, listener=metrics.listener(None))
         if cfg.cloud:
             from ledgerd.sync.engine import SyncEngine
             from ledgerd.sync.url import open_store
 
             engine = SyncEngine(
-                open_store(cfg.cloud, endpoint_url=cfg.endpoint_url or None),
+                open_store(
+                    cfg.cloud, endpoint_url=cfg.endpoint_url or None, counters=metrics.cloud
+                ),
                 location=cfg.cloud,
                 poll_interval=cfg.sync_interval,
                 poll_interval_max=cfg.sync_interval_max,
                 debounce=cfg.sync_debounce,
                 fetch_timeout=cfg.fetch_timeout,
+                observer=metrics,
             )
-            hooks = engine.hooks(resolvers)
+            hooks = engine.hooks(resolvers, also=metrics.listener(None))
         repo = await _open_repository(cfg, hooks)  # takes its lock
         stack.push_async_callback(repo.close)
         log.info("repository %s opened (device %s)", cfg.data_dir, repo.device_id.hex())
+        metrics.start(repo, engine)
         if engine is not None:
             await engine.start(repo)
             stack.push_async_callback(engine.stop)
@@ -156,6 +162,7 @@ async def serve(cfg: Config) -> int:
         state = DaemonState()
         api = Api(repo, cfg, state)
         api.engine = engine
+        api.metrics = metrics
         sessions = Sessions(api, resolvers)
         api.sessions = sessions
         app = api.app()
@@ -193,6 +200,8 @@ async def serve(cfg: Config) -> int:
             where = str(cfg.socket)
         if activated is not None:
             await site.start()
+        if cfg.metrics_listen:
+            await _serve_metrics(stack, cfg, metrics)
 
         # Background work lives in a task group that shutdown awaits (after `done`).
         done = asyncio.Event()
@@ -222,6 +231,19 @@ async def serve(cfg: Config) -> int:
         # (The sync engine, stopped next, makes one last bounded upload round.)
     log.info("ledgerd stopped")
     return 0
+
+
+async def _serve_metrics(stack: contextlib.AsyncExitStack, cfg: Config, metrics: Metrics) -> None:
+    """``metrics_listen``: GET /metrics on a TCP address for a scraper."""
+    host, port = metrics_address(cfg)
+    runner = web.AppRunner(scraper_app(metrics), handle_signals=False, access_log=None)
+    await runner.setup()
+    stack.push_async_callback(runner.cleanup)
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as e:
+        raise ConfigError(f"metrics_listen: cannot listen on {host}:{port}: {e.strerror}") from None
+    log.info("metrics on http://%s:%d/metrics", host, port)
 
 
 async def _close_idle_pages(repo: Repository, idle_seconds: float, done: asyncio.Event) -> None:

@@ -427,8 +427,11 @@ class DocumentStore:
         await self._after_write()
         return doc, Attachment.of(meta)
 
-    async def attachment(self, collection: str, doc_id: str, attachment_id: str) -> Attachment:
-        doc = await self.get(collection, doc_id)
+    async def attachment(
+        self, collection: str, doc_id: str, attachment_id: str, *, include_deleted: bool = False
+    ) -> Attachment:
+        """An attachment's description (of a soft-deleted document: with ``include_deleted``)."""
+        doc = await self.get(collection, doc_id, include_deleted=include_deleted)
         for a in doc.attachments:
             if a.id == attachment_id.upper():
                 return a
@@ -441,9 +444,14 @@ class DocumentStore:
         attachment_id: str,
         offset: int = 0,
         length: int | None = None,
+        *,
+        include_deleted: bool = False,
     ) -> AsyncIterator[bytes]:
-        """Stream an attachment's content (``length`` bytes from ``offset``)."""
-        a = await self.attachment(collection, doc_id, attachment_id)
+        """Stream an attachment's content (``length`` bytes from ``offset``); a soft-deleted
+        document keeps its attachments, read with ``include_deleted``."""
+        a = await self.attachment(
+            collection, doc_id, attachment_id, include_deleted=include_deleted
+        )
         key = doclayout.attachment_key(collection, parse_ulid(doc_id), parse_ulid(a.id))
         return await self.page.read(key, offset, length)
 

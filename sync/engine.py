@@ -51,11 +51,11 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgpack
 
-from ledgerd.store import Commit, Page, PageHooks, Repository, ResolverSource
+from ledgerd.store import Commit, CommitListener, Page, PageHooks, Repository, ResolverSource
 from ledgerd.store import digest as dg
 from ledgerd.store import exchange as ex
 from ledgerd.store.errors import (
@@ -124,6 +124,12 @@ def _error(e: BaseException) -> str:
 class PageState:
     last_sync: float | None = None
     last_error: str | None = None  # why the page could not be uploaded
+
+
+class RoundObserver(Protocol):
+    """Told of every sync round (the daemon's metrics)."""
+
+    def round_done(self, seconds: float, stats: Stats, error: BaseException | None) -> None: ...
 
 
 @dataclass
@@ -210,6 +216,7 @@ class SyncEngine:
         clock_skew: float = 300.0,
         clock: Callable[[], float] = time.time,
         wants: Callable[[bytes, bytes], bool] | None = None,
+        observer: RoundObserver | None = None,
     ) -> None:
         self._repo: Repository | None = None
         self.store = Metered(store)
@@ -226,6 +233,10 @@ class SyncEngine:
         self.clock_skew = clock_skew
         self.clock = clock
         self.wants = wants
+        self.observer = observer
+        self._also: CommitListener | None = None
+        self.last_round_ok: float | None = None
+        """When a round last finished without failing as a whole (UNIX time)."""
         self.devices: set[str] = set()
         self.states: dict[Key, PageState] = {}
         self.bucket_error: str | None = None
@@ -253,8 +264,12 @@ class SyncEngine:
 
     # -- lifecycle -----------------------------------------------------------------
 
-    def hooks(self, resolvers: ResolverSource | None = None) -> PageHooks:
-        """The page hooks to open the repository with: this engine fetches and listens."""
+    def hooks(
+        self, resolvers: ResolverSource | None = None, also: CommitListener | None = None
+    ) -> PageHooks:
+        """The page hooks to open the repository with: this engine fetches and listens
+        (and tells ``also`` of every commit: the daemon's metrics)."""
+        self._also = also
         return PageHooks(fetcher=self, listener=self, resolvers=resolvers)
 
     @property
@@ -299,6 +314,17 @@ class SyncEngine:
 
     def page_committed(self, page: Page, commit: Commit) -> None:
         self._changed((page.ledger, page.id))
+        if self._also is not None:
+            self._also.page_committed(page, commit)
+
+    def requeued(self, key: Key) -> None:
+        """``key`` has pending uploads again (a repair made pieces or commits pending)."""
+        self._changed(key)
+
+    def page_error(self, key: Key) -> str | None:
+        """Why the page's last upload failed, or None."""
+        st = self.states.get(key)
+        return st.last_error if st is not None else None
 
     def _changed(self, key: Key) -> None:
         self._pending[key] = self._pending.get(key, 0) + 1
@@ -382,6 +408,7 @@ class SyncEngine:
                 self.round_error = _error(e)
                 if isinstance(e, NoBucketError | BucketIdentityError):
                     self._bucket_ok = False
+                self._observe(started, stats, e)
                 raise
             finally:
                 self.last_round = {
@@ -392,8 +419,17 @@ class SyncEngine:
                     "at": time.time(),
                 }
             self.round_error = None
+            self.last_round_ok = time.time()
             stats.rounds = 1
+            self._observe(started, stats, None)
         return stats
+
+    def _observe(self, started: float, stats: Stats, error: BaseException | None) -> None:
+        if self.observer is not None:
+            try:
+                self.observer.round_done(time.monotonic() - started, stats, error)
+            except Exception:
+                log.exception("the sync round observer failed")
 
     async def sync(
         self, ledger: bytes | None = None, page: bytes | None = None, timeout: float = 60.0
@@ -1192,7 +1228,12 @@ class SyncEngine:
             for _, dl in sorted(self._logs.items())
             for g in dl.gaps
         ]
+        health = self.health()
         return {
+            "healthy": health["healthy"],
+            "synced": health["synced"],
+            "reasons": health["reasons"],
+            "last_round_ok": self.last_round_ok,
             "bucket_error": self.bucket_error,
             "round_error": self.round_error,
             "pending_uploads": len(self._pending),
@@ -1204,6 +1245,33 @@ class SyncEngine:
             "poll_interval_s": self.interval,
             "last_round": self.last_round,
             "requests": self.store.since(Counter()),
+        }
+
+    def health(self) -> dict[str, Any]:
+        """Whether sync works, and whether this device is synced, with every reason why
+        not: a problem (see :meth:`problems`: the bucket, a device's log, a page's
+        upload, a held pack: waiting for parents, refused, failed), a gap in a device's
+        log, no round finished lately; and for ``synced``, uploads still pending."""
+        reasons = [str(p["error"]) for p in self.problems()]
+        for _, dl in sorted(self._logs.items()):
+            for g in dl.gaps:
+                reasons.append(
+                    f"device {dl.device}: packs {g.first}-{g.last} are missing from its log"
+                )
+        stale = max(60.0, 3 * self.poll_interval)
+        if self.last_round_ok is None:
+            reasons.append("no sync round has finished yet")
+        elif time.time() - self.last_round_ok > stale:
+            reasons.append(
+                f"no sync round has finished for {time.time() - self.last_round_ok:.0f}s"
+            )
+        pending = len(self._pending)
+        return {
+            "healthy": not reasons,
+            "synced": not reasons and pending == 0,
+            "reasons": reasons,
+            "pending_uploads": pending,
+            "last_round_ok": self.last_round_ok,
         }
 
     async def page_status(self, page: Page) -> dict[str, Any]:

@@ -7,10 +7,18 @@ from urllib.parse import urlparse
 
 from ledgerd.sync.cloud import CloudStore, Retrying
 from ledgerd.sync.errors import PermanentCloudError
+from ledgerd.sync.metered import CloudCounters, Metered
 
 
-def open_store(url: str, *, endpoint_url: str | None = None, deadline: float = 60.0) -> CloudStore:
-    """The store for ``url``, with transient failures retried up to ``deadline`` seconds."""
+def open_store(
+    url: str,
+    *,
+    endpoint_url: str | None = None,
+    deadline: float = 60.0,
+    counters: CloudCounters | None = None,
+) -> CloudStore:
+    """The store for ``url``, with transient failures retried up to ``deadline`` seconds;
+    every attempt counted in ``counters`` when given (:mod:`sync.metered`)."""
     u = urlparse(url)
     inner: CloudStore
     if u.scheme == "file" and u.path.startswith("/"):
@@ -25,4 +33,6 @@ def open_store(url: str, *, endpoint_url: str | None = None, deadline: float = 6
         raise PermanentCloudError(
             f"unsupported cloud URL {url!r} (s3://bucket/prefix or file:///path)"
         )
+    if counters is not None:
+        inner = Metered(inner, counters)
     return Retrying(inner, deadline=deadline)

@@ -4,6 +4,7 @@ ops, the Python clients, and a log appended on two devices offline, then synced.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -272,14 +273,11 @@ def test_blocking_client_stamps_keys_and_values(daemon: Daemon) -> None:
 # -- two devices append to one log offline, then sync through the real daemons ---------
 
 
-@pytest.fixture
-def two(short_tmp: Path) -> Iterator[tuple[Daemon, Daemon]]:
-    """Two daemons sharing a folder bucket; they sync only when asked (offline until then)."""
-    env = {"LEDGERD_SYNC_INTERVAL": "3600", "LEDGERD_SYNC_DEBOUNCE": "3600"}
-    cloud = f"file://{short_tmp / 'bucket'}"
-    a = start_daemon(short_tmp / "a", "--cloud", cloud, env=env)
+@contextlib.contextmanager
+def _two(base: Path, *args: str) -> Iterator[tuple[Daemon, Daemon]]:
+    a = start_daemon(base / "a", *args)
     try:
-        b = start_daemon(short_tmp / "b", "--cloud", cloud, env=env)
+        b = start_daemon(base / "b", *args)
     except BaseException:
         a.stop()
         raise
@@ -290,12 +288,13 @@ def two(short_tmp: Path) -> Iterator[tuple[Daemon, Daemon]]:
         assert codes == [0, 0], a.log_text() + b.log_text()
 
 
-def test_two_devices_append_to_one_log_offline_then_sync(two: tuple[Daemon, Daemon]) -> None:
+def test_two_devices_append_to_one_log_offline_then_sync(short_tmp: Path) -> None:
+    """Both devices append while offline (daemons without a bucket), then start with a
+    shared bucket and sync."""
     from ledgerd.daemon.client import Client
 
-    a, b = two
     written: dict[str, list[bytes]] = {"a": [], "b": []}
-    with Client(a.socket) as ca, Client(b.socket) as cb:
+    with _two(short_tmp) as (a, b), Client(a.socket) as ca, Client(b.socket) as cb:
         for _ in range(3):  # interleaved in time, neither device syncs yet
             for name, c in (("a", ca), ("b", cb)):
                 for _ in range(5):  # plain writes: a stamp each
@@ -310,6 +309,12 @@ def test_two_devices_append_to_one_log_offline_then_sync(two: tuple[Daemon, Daem
                 written[name].extend(txn.versionstamped_keys)
         for name, c in (("a", ca), ("b", cb)):  # offline: each sees only its own
             assert [i.key for i in c.entries("app", "log")] == written[name]
+    cloud = f"file://{short_tmp / 'bucket'}"
+    with (
+        _two(short_tmp, "--cloud", cloud) as (a, b),
+        Client(a.socket) as ca,
+        Client(b.socket) as cb,
+    ):
         moved = {"a": 0, "b": 0}
         for _ in range(2):
             for name, c in (("a", ca), ("b", cb)):

@@ -39,7 +39,8 @@ async def _snapshot(docs: DocumentStore) -> list[dict[str, Any]]:
     for d in res.items:
         j = d.to_json()
         for a in d.attachments:  # LAZY contents are fetched from the bucket on first read
-            j[a.id] = b"".join([c async for c in await docs.read_attachment("c", d.id, a.id)])
+            chunks = await docs.read_attachment("c", d.id, a.id, include_deleted=True)
+            j[a.id] = b"".join([c async for c in chunks])
         out.append(j)
     return out
 

@@ -1,0 +1,273 @@
+"""Prometheus metrics of one daemon: ``GET /v1/metrics`` and, optionally, a TCP scraper port.
+
+This module owns the daemon's :class:`prometheus_client.CollectorRegistry` (one per
+daemon, never the library's global one) and every metric in it (the README's table
+lists them). Events are counted where they happen (HTTP requests by an aiohttp
+middleware, commits as the repository's commit listener, sync rounds as the sync
+engine's observer, cloud requests by :class:`ledgerd.sync.metered.Metered`); what is
+a state (open pages, pending writes, pieces by status) is read when scraped, from
+the open pages only, with one small query per page.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from ledgerd.store import Commit, CommitListener, Page, Repository
+from ledgerd.sync.metered import CloudCounters
+
+if TYPE_CHECKING:
+    from ledgerd.sync.engine import Stats
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+ROUTE_KEY = "ledgerd_route"
+"""Where the API's router leaves the matched route's template in the request."""
+
+_PIECES = (
+    "SELECT 'all', count(*) FROM objects UNION ALL "
+    "SELECT status, count(*) FROM unsynced GROUP BY status UNION ALL "
+    "SELECT 'remote', count(*) FROM remote_pieces UNION ALL "
+    "SELECT 'journal', count(*) FROM journal_entries"
+)
+
+
+class Metrics:
+    """The metrics of one daemon."""
+
+    def __init__(self) -> None:
+        # No `_created` series: the process's start time says the same (a process-wide
+        # setting of the library; the daemon is its only user in the process).
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "ledgerd_http_requests",
+            "HTTP requests served, by route template, method and status",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "ledgerd_http_request_duration_seconds",
+            "Time from a request's arrival to its response's end, by route template",
+            ["route"],
+            registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        self.commits = Counter(
+            "ledgerd_commits",
+            "Commits made on this device (kind: local or merge)",
+            ["kind"],
+            registry=r,
+        )
+        self.rounds = Counter(
+            "ledgerd_sync_rounds",
+            "Sync rounds (result: ok or failed)",
+            ["result"],
+            registry=r,
+        )
+        self.round_seconds = Histogram(
+            "ledgerd_sync_round_duration_seconds",
+            "Duration of sync rounds",
+            registry=r,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+        )
+        self.packs = Counter(
+            "ledgerd_sync_packs",
+            "Packs uploaded or imported (direction: up or down)",
+            ["direction"],
+            registry=r,
+        )
+        self.cloud = CloudCounters()
+        self._repo: Repository | None = None
+        self._engine: Any = None
+        self._snapshot: dict[str, Any] = {}
+        r.register(_State(self))
+
+    def start(self, repo: Repository, engine: Any) -> None:
+        """What the scrape-time gauges read: the repository and the sync engine (or None)."""
+        self._repo, self._engine = repo, engine
+
+    # -- events ----------------------------------------------------------------------
+
+    def listener(self, then: CommitListener | None) -> CommitListener:
+        """A commit listener that counts commits and passes them on to ``then``."""
+        return _Commits(self, then)
+
+    def round_done(self, seconds: float, stats: Stats, error: BaseException | None) -> None:
+        self.rounds.labels("failed" if error else "ok").inc()
+        self.round_seconds.observe(seconds)
+        if stats.uploaded_packs:
+            self.packs.labels("up").inc(stats.uploaded_packs)
+        if stats.downloaded_packs:
+            self.packs.labels("down").inc(stats.downloaded_packs)
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        start = time.monotonic()
+        status = 500
+        try:
+            resp = await handler(request)
+            status = resp.status
+            return resp
+        finally:
+            route = str(request.get(ROUTE_KEY, "unmatched"))
+            self.requests.labels(route, request.method, str(status)).inc()
+            self.latency.labels(route).observe(time.monotonic() - start)
+
+    # -- exposition ------------------------------------------------------------------
+
+    def render(self) -> bytes:
+        return bytes(generate_latest(self.registry))
+
+    async def endpoint(self, request: web.Request) -> web.Response:
+        """The metrics in Prometheus' text format (``GET /v1/metrics``, ``GET /metrics``)."""
+        await self.refresh()
+        return web.Response(body=self.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def refresh(self) -> None:
+        """Read the state that the gauges show (the collector itself cannot await)."""
+        pages: dict[str, float] = {}
+        journal = 0.0
+        conflicts = 0
+        repo = self._repo
+        open_pages = [] if repo is None else [p for p in repo.open_pages() if not p.closed]
+        for page in open_pages:
+            if page.pending_conflict:
+                conflicts += 1
+            try:
+                with page.lease(use=False):
+                    counts = await _piece_counts(page)
+            except Exception as e:  # closed meanwhile, or unreadable: the next scrape tells
+                log.debug("metrics of page %r: %s", page.id, e)
+                continue
+            journal += counts.pop("journal", 0)
+            for k, v in counts.items():
+                pages[k] = pages.get(k, 0) + v
+        self._snapshot = {
+            "open_pages": float(len(open_pages)),
+            "journal": journal,
+            "conflicts": float(conflicts),
+            "pieces": pages,
+        }
+
+
+async def _piece_counts(page: Page) -> dict[str, float]:
+    rows = await page.db.read_all(_PIECES)
+    raw = {str(k): float(v) for k, v in rows}
+    transient, local = raw.get("0", 0.0), raw.get("1", 0.0)
+    return {
+        "transient": transient,
+        "local": local,
+        "synced": raw.get("all", 0.0) - transient - local,
+        "remote": raw.get("remote", 0.0),
+        "journal": raw.get("journal", 0.0),
+    }
+
+
+class _Commits:
+    def __init__(self, metrics: Metrics, then: CommitListener | None) -> None:
+        self.metrics = metrics
+        self.then = then
+
+    def page_committed(self, page: Page, commit: Commit) -> None:
+        self.metrics.commits.labels("merge" if commit.is_merge else "local").inc()
+        if self.then is not None:
+            self.then.page_committed(page, commit)
+
+
+class _State(Collector):
+    """Gauges of the state, and the cloud's counters, as of the last refresh."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.m = metrics
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        snap = self.m._snapshot
+        yield GaugeMetricFamily(
+            "ledgerd_open_pages", "Pages open now", value=snap.get("open_pages", 0.0)
+        )
+        yield GaugeMetricFamily(
+            "ledgerd_pending_journal_entries",
+            "Acknowledged writes not committed yet (journal entries of the open pages)",
+            value=snap.get("journal", 0.0),
+        )
+        yield GaugeMetricFamily(
+            "ledgerd_waiting_conflicts",
+            "Open pages keeping several heads until a resolver connects",
+            value=snap.get("conflicts", 0.0),
+        )
+        pieces = GaugeMetricFamily(
+            "ledgerd_pieces",
+            "Pieces of the open pages by status (transient, local, synced; remote: in the "
+            "cloud only)",
+            labels=["status"],
+        )
+        for status in ("transient", "local", "synced", "remote"):
+            pieces.add_metric([status], snap.get("pieces", {}).get(status, 0.0))
+        yield pieces
+        c = self.m.cloud
+        requests = CounterMetricFamily(
+            "ledgerd_cloud_requests",
+            "Requests to the bucket, each attempt counted (kind: put, get, list, delete, "
+            "create_bucket; a listing counts once)",
+            labels=["kind"],
+        )
+        for kind, n in sorted(c.requests.items()):
+            requests.add_metric([kind], n)
+        yield requests
+        errors = CounterMetricFamily(
+            "ledgerd_cloud_errors",
+            "Failed requests to the bucket, by kind and error type",
+            labels=["kind", "error"],
+        )
+        for (kind, error), n in sorted(c.errors.items()):
+            errors.add_metric([kind, error], n)
+        yield errors
+        yield CounterMetricFamily(
+            "ledgerd_cloud_retries",
+            "Transient failures of requests to the bucket (each one is retried)",
+            value=c.retried,
+        )
+        moved = CounterMetricFamily(
+            "ledgerd_cloud_bytes",
+            "Bytes sent to (up) and read from (down) the bucket",
+            labels=["direction"],
+        )
+        moved.add_metric(["up"], c.bytes_up)
+        moved.add_metric(["down"], c.bytes_down)
+        yield moved
+        seconds = CounterMetricFamily(
+            "ledgerd_cloud_request_seconds",
+            "Time spent in requests to the bucket, by kind",
+            labels=["kind"],
+        )
+        for kind, s in sorted(c.seconds.items()):
+            seconds.add_metric([kind], s)
+        yield seconds
+
+
+def scraper_app(metrics: Metrics) -> web.Application:
+    """The app of ``metrics_listen``: ``GET /metrics`` and nothing else."""
+    app = web.Application()
+    app.router.add_get("/metrics", metrics.endpoint)
+    return app

@@ -1,0 +1,542 @@
+"""The OpenAPI 3 description of the HTTP API, served at ``GET /v1/openapi.json``.
+
+This module owns the document: one entry per route of :data:`ledgerd.daemon.api.ROUTES`
+(a test checks that the two list the same methods and paths), with its parameters,
+bodies and answers. It is data, built once; the daemon serves it as is.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from ledgerd.daemon import __version__
+
+JSON = "application/json"
+BYTES = "application/octet-stream"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
+    return {"description": description, "content": {JSON: {"schema": schema}}}
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    """Error answers: ``{"error": {"code", "message"}}`` (see the README's table)."""
+    out = {str(s): _json(_ref("Error"), "error (see the code)") for s in statuses}
+    out["default"] = _json(_ref("Error"), "error (see the code)")
+    return out
+
+
+def _path(name: str, description: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "description": description,
+        "schema": {"type": "string", "minLength": 1},
+    }
+
+
+def _query(name: str, description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "description": description,
+        "schema": schema or {"type": "string"},
+    }
+
+
+LEDGER = _path("ledger", "ledger name: percent-encoded bytes, 1-128")
+PAGE = _path("page", "page id: percent-encoded bytes, 1-128")
+KEY = _path("key", "key: percent-encoded bytes, at most 4 KiB; may hold '/'")
+COMMIT = _path("commit", "commit id (hex)")
+AT = _query("at", "read at this commit (hex id)")
+B64 = {"type": "string", "format": "byte"}
+NAMES = {"type": "array", "items": {"type": "object"}}
+PAGE_PATH = "/v1/ledgers/{ledger}/pages/{page}"
+
+
+def _op(
+    summary: str,
+    ok: dict[str, Any],
+    *,
+    params: tuple[dict[str, Any], ...] = (),
+    body: dict[str, Any] | None = None,
+    errors: tuple[int, ...] = (400,),
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary, "responses": {**ok, **_errors(*errors)}}
+    if params:
+        op["parameters"] = list(params)
+    if body is not None:
+        op["requestBody"] = body
+    op.update(extra or {})
+    return op
+
+
+def _status_ok(description: str = "done") -> dict[str, Any]:
+    return {"204": {"description": description}}
+
+
+@functools.cache
+def document() -> dict[str, Any]:
+    """The OpenAPI 3.0 document of the API."""
+    page = (LEDGER, PAGE)
+    key = (LEDGER, PAGE, KEY)
+    paths: dict[str, dict[str, Any]] = {
+        "/v1/status": {
+            "get": _op(
+                "the daemon's state: version, device, open pages, sync",
+                {"200": _json({"type": "object"})},
+            )
+        },
+        "/v1/session": {
+            "get": _op(
+                "a WebSocket session (transactions, watchers, resolvers); needs an Upgrade",
+                {"101": {"description": "switching to WebSocket"}},
+            )
+        },
+        "/v1/ledgers": {
+            "get": _op(
+                "the ledgers",
+                {"200": _json({"type": "object", "properties": {"ledgers": NAMES}})},
+            )
+        },
+        "/v1/sync": {
+            "post": _op(
+                "upload, download and merge until a round moves nothing",
+                {"200": _json({"type": "object"})},
+                params=(
+                    _query("ledger", "only this ledger (percent-encoded bytes)"),
+                    _query("page", "only this page of the ledger"),
+                    _query(
+                        "timeout",
+                        "seconds",
+                        {"type": "number", "minimum": 0, "exclusiveMinimum": True},
+                    ),
+                ),
+                errors=(400, 409, 503),
+            )
+        },
+        "/v1/ledgers/{ledger}/pages": {
+            "get": _op(
+                "the pages of a ledger",
+                {"200": _json({"type": "object", "properties": {"pages": NAMES}})},
+                params=(LEDGER,),
+                errors=(400, 404, 413),
+            )
+        },
+        PAGE_PATH + "/keys/{key}": {
+            "get": _op(
+                "a value (streamed); a part of it with Range or offset and length",
+                {
+                    "200": {"description": "the value", "content": {BYTES: {"schema": {}}}},
+                    "206": {"description": "part of the value", "content": {BYTES: {"schema": {}}}},
+                },
+                params=(
+                    *key,
+                    AT,
+                    _query("offset", "first byte", {"type": "integer", "minimum": 0}),
+                    _query("length", "bytes", {"type": "integer", "minimum": 0}),
+                ),
+                errors=(400, 404, 413, 414, 416),
+            ),
+            "head": _op(
+                "a value's headers",
+                {"200": {"description": "the headers"}, "206": {"description": "the headers"}},
+                params=(*key, AT),
+                errors=(400, 404, 413, 414, 416),
+            ),
+            "put": _op(
+                "set a key to the body (creates ledger and page)",
+                _status_ok("stored"),
+                params=(*key, _query("priority", "eager or lazy", {"enum": ["eager", "lazy"]})),
+                body={"content": {BYTES: {"schema": {"type": "string", "format": "binary"}}}},
+                errors=(400, 408, 413, 414, 507),
+            ),
+            "delete": _op(
+                "delete a key (idempotent)",
+                _status_ok("deleted"),
+                params=key,
+                errors=(400, 404, 413, 414),
+            ),
+        },
+        PAGE_PATH + "/entries": {
+            "get": _op(
+                "entries in key order, a listing at a time",
+                {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "properties": {
+                                "entries": {"type": "array", "items": _ref("Entry")},
+                                "next": {"type": "string", "nullable": True},
+                            },
+                        }
+                    )
+                },
+                params=(
+                    *page,
+                    _query("start", "first key (percent-encoded bytes)"),
+                    _query("end", "key after the last"),
+                    _query("prefix", "keys starting with these bytes"),
+                    _query("limit", "entries", {"type": "integer", "minimum": 1, "maximum": 10000}),
+                    _query("token", "continuation token (base64)"),
+                    _query("values", "0: keys and sizes only"),
+                    AT,
+                ),
+                errors=(400, 404, 413),
+            )
+        },
+        PAGE_PATH + "/batch": {
+            "post": _op(
+                "many puts and deletes in one commit",
+                {"200": _json({"type": "object", "properties": {"applied": {"type": "integer"}}})},
+                params=page,
+                body={"required": True, "content": {JSON: {"schema": _ref("Batch")}}},
+                errors=(400, 408, 413, 507),
+            )
+        },
+        PAGE_PATH + "/clear": {
+            "post": _op(
+                "delete every entry (one commit)",
+                _status_ok("cleared"),
+                params=page,
+                errors=(400, 404, 413),
+            )
+        },
+        PAGE_PATH + "/policy": {
+            "get": _op(
+                "the page's merge policy",
+                {"200": _json(_ref("Policy"))},
+                params=page,
+                errors=(400, 404, 413),
+            ),
+            "put": _op(
+                "set the page's merge policy (remembered)",
+                {"200": _json(_ref("Policy"))},
+                params=page,
+                body={
+                    "required": True,
+                    "content": {
+                        JSON: {
+                            "schema": {
+                                "type": "object",
+                                "required": ["policy"],
+                                "properties": {"policy": _ref("PolicyName")},
+                            }
+                        }
+                    },
+                },
+                errors=(400, 413),
+            ),
+        },
+        PAGE_PATH + "/heads": {
+            "get": _op(
+                "the page's head commits",
+                {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "properties": {"heads": {"type": "array", "items": _ref("Commit")}},
+                        }
+                    )
+                },
+                params=page,
+                errors=(400, 404, 413),
+            )
+        },
+        PAGE_PATH + "/history": {
+            "get": _op(
+                "commits, newest first",
+                {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "properties": {"commits": {"type": "array", "items": _ref("Commit")}},
+                        }
+                    )
+                },
+                params=(
+                    *page,
+                    _query("limit", "commits", {"type": "integer", "minimum": 1}),
+                    _query("start", "from this commit (hex id)"),
+                ),
+                errors=(400, 404, 413),
+            )
+        },
+        PAGE_PATH + "/commits/{commit}": {
+            "get": _op(
+                "one commit",
+                {"200": _json(_ref("Commit"))},
+                params=(*page, COMMIT),
+                errors=(400, 404, 413),
+            )
+        },
+        "/v1/check": {
+            "post": _op(
+                "check (and repair) pages: SQLite, pieces, commits, heads, journals, the bucket",
+                {"200": _json(_ref("CheckReport"))},
+                body={"content": {JSON: {"schema": _ref("CheckRequest")}}},
+                errors=(400, 404, 413),
+            )
+        },
+        "/v1/metrics": {
+            "get": _op(
+                "the daemon's metrics in Prometheus' text format",
+                {"200": {"description": "the metrics", "content": {"text/plain": {"schema": {}}}}},
+            )
+        },
+        "/v1/health": {
+            "get": _op(
+                "for probes: up, repository open, sync healthy (or why not)",
+                {
+                    "200": _json(_ref("Health")),
+                    "503": _json(_ref("Health"), "the repository is unusable (or sync, ?sync=1)"),
+                },
+                params=(_query("sync", "1: answer 503 when sync is not healthy"),),
+            )
+        },
+        "/v1/openapi.json": {"get": _op("this document", {"200": _json({"type": "object"})})},
+        **_document_paths(),
+    }
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "ledgerd",
+            "version": __version__,
+            "description": (
+                "The HTTP API of ledgerd over its Unix socket "
+                "(curl --unix-socket SOCK http://ledgerd/v1/...). Names and keys in paths "
+                "are percent-encoded bytes; in JSON, keys, values and names are base64."
+            ),
+        },
+        "servers": [{"url": "http://ledgerd"}],
+        "paths": paths,
+        "components": {"schemas": _schemas()},
+    }
+
+
+def _document_paths() -> dict[str, Any]:
+    """The documents' routes (``daemon/docs_api.py``; the README's Documents section)."""
+    obj = {"type": "object"}
+    col = _path("collection", "collection name")
+    did = _path("id", "document id (a ULID)")
+    att = _path("att", "attachment id (a ULID)")
+    name = _path("name", "index name")
+    page = (LEDGER, PAGE)
+    doc = (*page, col, did)
+    json_body: dict[str, Any] = {"content": {JSON: {"schema": {}}}}
+    raw_body = {"content": {"application/octet-stream": {"schema": {"type": "string"}}}}
+    errs = (400, 404, 409, 413)
+    base = PAGE_PATH + "/docs"
+    listing = (
+        _query("limit", "at most this many", {"type": "integer"}),
+        _query("token", "continue a listing"),
+        _query("deleted", "1: include soft-deleted documents"),
+    )
+    rev = (_query("rev", "the expected current revision"), _query("new_rev", "a revision"))
+    return {
+        base + "/_changes": {
+            "get": _op(
+                "documents changed since a commit (follow=1: NDJSON while following)",
+                {"200": _json(obj)},
+                params=(
+                    *page,
+                    _query("since", "a commit id (hex)"),
+                    _query("collection", "only this collection"),
+                    _query("follow", "1: stream"),
+                    _query("heartbeat", "seconds between empty lines", {"type": "number"}),
+                ),
+                errors=errs,
+            )
+        },
+        base + "/{collection}": {
+            "get": _op("list a collection", {"200": _json(obj)}, params=(*page, col, *listing)),
+            "post": _op(
+                "create a document (the body is its _data)",
+                {"201": _json(obj)},
+                params=(*page, col),
+                body=json_body,
+                errors=errs,
+            ),
+        },
+        base + "/{collection}/_indexes": {
+            "get": _op("the collection's indexes", {"200": _json(obj)}, params=(*page, col))
+        },
+        base + "/{collection}/_indexes/{name}": {
+            "put": _op(
+                "declare an index ({partition, sort?})",
+                {"200": _json(obj)},
+                params=(*page, col, name),
+                body={"content": {JSON: {"schema": obj}}},
+                errors=errs,
+            ),
+            "delete": _op("drop an index", _status_ok(), params=(*page, col, name), errors=errs),
+        },
+        base + "/{collection}/_indexes/{name}/find": {
+            "get": _op(
+                "query an index",
+                {"200": _json(obj)},
+                params=(
+                    *page,
+                    col,
+                    name,
+                    _query("eq", "the partition value (JSON)"),
+                    _query("start", "sort key from (JSON)"),
+                    _query("end", "sort key before (JSON)"),
+                    *listing,
+                ),
+                errors=errs,
+            )
+        },
+        base + "/{collection}/_indexes/{name}/rebuild": {
+            "post": _op("rebuild an index", {"200": _json(obj)}, params=(*page, col, name))
+        },
+        base + "/{collection}/{id}": {
+            "get": _op("a document", {"200": _json(obj)}, params=(*doc, listing[2]), errors=errs),
+            "put": _op(
+                "replace a document's _data",
+                {"200": _json(obj)},
+                params=(*doc, *rev),
+                body=json_body,
+                errors=errs,
+            ),
+            "delete": _op("soft delete", {"200": _json(obj)}, params=(*doc, *rev), errors=errs),
+        },
+        base + "/{collection}/{id}/purge": {
+            "post": _op("purge", {"200": _json(obj)}, params=(*doc, *rev), errors=errs)
+        },
+        base + "/{collection}/{id}/attachments": {
+            "post": _op(
+                "add an attachment (raw body)",
+                {"201": _json(obj)},
+                params=(*doc, _query("filename", "its file name"), *rev),
+                body=raw_body,
+                errors=errs,
+            )
+        },
+        base + "/{collection}/{id}/attachments/{att}": {
+            "put": _op(
+                "replace an attachment (raw body)",
+                {"200": _json(obj)},
+                params=(*doc, att, _query("filename", "its file name"), *rev),
+                body=raw_body,
+                errors=errs,
+            ),
+            "get": _op(
+                "an attachment's content (ranged)",
+                {"200": {"description": "the content"}, "206": {"description": "a range"}},
+                params=(*doc, att),
+                errors=(*errs, 416),
+            ),
+            "head": _op(
+                "an attachment's size and type",
+                {"200": {"description": "headers only"}},
+                params=(*doc, att),
+                errors=errs,
+            ),
+            "delete": _op("remove an attachment", {"200": _json(obj)}, params=(*doc, att, *rev)),
+        },
+    }
+
+
+def _schemas() -> dict[str, Any]:
+    return {
+        "Error": {
+            "type": "object",
+            "required": ["error"],
+            "properties": {
+                "error": {
+                    "type": "object",
+                    "required": ["code", "message"],
+                    "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+                }
+            },
+        },
+        "Entry": {
+            "type": "object",
+            "properties": {
+                "key": B64,
+                "value": {**B64, "nullable": True},
+                "priority": {"enum": ["eager", "lazy"]},
+                "size": {"type": "integer"},
+            },
+        },
+        "Batch": {
+            "type": "object",
+            "required": ["ops"],
+            "properties": {
+                "ops": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["op", "key"],
+                        "properties": {
+                            "op": {"enum": ["put", "delete"]},
+                            "key": B64,
+                            "value": B64,
+                            "priority": {"enum": ["eager", "lazy"]},
+                        },
+                    },
+                }
+            },
+        },
+        "PolicyName": {"enum": ["last_one_wins", "automatic_with_fallback", "custom"]},
+        "Policy": {
+            "type": "object",
+            "properties": {
+                "policy": _ref("PolicyName"),
+                "heads": {"type": "integer"},
+                "conflict": {"type": "string", "nullable": True},
+            },
+        },
+        "Commit": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "string"},
+                "parents": {"type": "array", "items": {"type": "string"}},
+                "timestamp": {"type": "integer"},
+                "generation": {"type": "integer"},
+                "merge": {"type": "boolean"},
+            },
+        },
+        "Health": {
+            "type": "object",
+            "required": ["status", "up", "repository", "sync"],
+            "properties": {
+                "status": {"enum": ["ok", "degraded", "failing"]},
+                "up": {"type": "boolean"},
+                "repository": {"type": "object"},
+                "sync": {"type": "object"},
+            },
+        },
+        "CheckRequest": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "ledger": B64,
+                "page": B64,
+                "cloud": {"type": "boolean"},
+                "repair": {"type": "boolean"},
+            },
+        },
+        "CheckReport": {
+            "type": "object",
+            "required": ["healthy", "checked_pages", "problems", "repaired", "pages"],
+            "properties": {
+                "healthy": {"type": "boolean"},
+                "checked_pages": {"type": "integer"},
+                "problems": {"type": "integer"},
+                "repaired": {"type": "integer"},
+                "cloud": {"type": "boolean"},
+                "repair": {"type": "boolean"},
+                "pages": {"type": "array", "items": {"type": "object"}},
+            },
+        },
+    }

@@ -1,0 +1,408 @@
+"""The cloud side of ``ledgerctl check``: what the bucket holds of a page, and repairs.
+
+This module owns checking a page against the bucket and repairing it from there:
+
+* **What the bucket holds.** Every device's log is listed once per check
+  (:class:`BucketIndex`); a page's packs are then read one at a time: this
+  device's packs whole (they must parse, and every commit and piece in them must
+  verify), other devices' packs by their prefix (header, commits, EAGER pieces),
+  which names their LAZY pieces too. So a check costs a GET per pack of the page,
+  and holds one pack in memory at a time.
+* **Checking** (``cloud``): every piece and commit the page counts as synced must
+  be in some pack of the page.
+* **Repairing** (``repair``, which reads the bucket as ``cloud`` does): corrupt or
+  missing pieces are taken from the packs (verified) and stored again; pieces and
+  commits the bucket lacks go back to pending and are uploaded by one upload round
+  of the page; what needs no cloud
+  (:func:`ledgerd.store.check.repair_local`) is done too. The page is checked
+  again after a repair (a restored tree node opens a subtree that was not walked).
+
+The local check itself is :mod:`ledgerd.store.check`. Nothing here holds a lock of
+the page: the page keeps serving, and so does every other page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ledgerd.store import Page
+from ledgerd.store import check as ck
+from ledgerd.store import digest as dg
+from ledgerd.sync import pack
+from ledgerd.sync.cloud import CloudStore
+from ledgerd.sync.errors import CloudError
+from ledgerd.sync.layout import PACKS, LogName, PackName
+
+if TYPE_CHECKING:
+    from ledgerd.sync.engine import SyncEngine
+
+log = logging.getLogger(__name__)
+
+Key = tuple[bytes, bytes]
+
+REPAIR_ROUNDS = 4
+"""Checks of one page in a repair: each restored tree node may reveal more to restore."""
+
+
+class BucketIndex:
+    """Every pack in the bucket, by page: one listing of ``log/`` (layout 1) and one
+    of ``packs/`` with each pack's header read once (layout 2) per check."""
+
+    def __init__(self, store: CloudStore) -> None:
+        self.store = store
+        self._packs: dict[Key, list[LogName]] | None = None
+        self._sections: dict[Key, list[tuple[PackName, pack.PageIndex]]] | None = None
+        self.problems: list[str] = []
+        """Packs of layout 2 whose header could not be read."""
+
+    async def sections(self, key: Key) -> list[tuple[PackName, pack.PageIndex]]:
+        """The page's sections in the layout-2 packs, oldest pack first."""
+        if self._sections is None:
+            found: dict[Key, list[tuple[PackName, pack.PageIndex]]] = {}
+            async for name in self.store.list(PACKS):
+                pn = PackName.parse(name)
+                if pn is None:
+                    continue
+                try:
+                    head = await self.store.get(pn.name, 0, pn.head_end)
+                    header = pack.decode_header(head, pn.head_end, pn.eager_end)
+                except (CloudError, pack.CorruptPackError) as e:
+                    self.problems.append(f"pack {pn.name}: {type(e).__name__}: {e}")
+                    continue
+                for pi in header.pages:
+                    found.setdefault(pi.key, []).append((pn, pi))
+            self._sections = found
+        return sorted(self._sections.get(key, []), key=lambda x: (x[0].device, x[0].seq))
+
+    async def packs(self, key: Key) -> list[LogName]:
+        if self._packs is None:
+            packs: dict[Key, list[LogName]] = {}
+            async for name in self.store.list("log/"):
+                ln = LogName.parse(name)
+                if ln is not None:
+                    packs.setdefault(ln.key, []).append(ln)
+            self._packs = packs
+        return sorted(self._packs.get(key, []), key=lambda x: (x.device, x.seq))
+
+
+@dataclass
+class CloudView:
+    """What the bucket holds of one page."""
+
+    packs: int = 0
+    own_packs: int = 0
+    pieces: set[bytes] = field(default_factory=set)
+    commits: set[bytes] = field(default_factory=set)
+    found: dict[bytes, bytes] = field(default_factory=dict)
+    """Wanted pieces, verified."""
+    problems: list[str] = field(default_factory=list)
+
+
+async def _read_sections(
+    store: CloudStore,
+    sections: list[tuple[PackName, pack.PageIndex]],
+    device: str,
+    wanted: set[bytes],
+    view: CloudView,
+) -> None:
+    """The page's sections in layout-2 packs: every one's commits and EAGER pieces;
+    LAZY pieces read (and verified) in this device's own packs and where wanted."""
+    for pn, pi in sections:
+        view.packs += 1
+        own = pn.device == device
+        view.own_packs += own
+        bad: list[str] = []
+        try:
+            stored = await store.get(pn.name, pi.eager.offset, pi.eager.stored)
+            commits, eager = pack.decode_section(stored, pi.eager)
+        except (CloudError, pack.CorruptPackError) as e:
+            view.problems.append(f"pack {pn.name}: {type(e).__name__}: {e}")
+            continue
+        ids = ck.commit_ids(commits)
+        if len(ids) != len(commits):
+            bad.append("a commit does not decode")
+        view.commits.update(ids)
+        for d, v in eager.items():
+            if not dg.verify(d, v):
+                bad.append(f"piece {dg.short(d)} does not match its digest")
+                continue
+            view.pieces.add(d)
+            if d in wanted:
+                view.found[d] = v
+        for d, part in pi.lazy:
+            view.pieces.add(d)
+            if not (own or (d in wanted and d not in view.found)):
+                continue
+            try:
+                raw = pack.unsqueeze(
+                    await store.get(pn.name, part.offset, part.stored), part.codec, part.raw
+                )
+            except (CloudError, pack.CorruptPackError) as e:
+                bad.append(f"LAZY piece {dg.short(d)}: {e}")
+                view.pieces.discard(d)
+                continue
+            if not dg.verify(d, raw):
+                bad.append(f"LAZY piece {dg.short(d)} does not match its digest")
+                view.pieces.discard(d)
+                continue
+            if d in wanted:
+                view.found[d] = raw
+        if bad:
+            view.problems.append(f"pack {pn.name}: " + "; ".join(bad[:5]))
+
+
+async def read_page(
+    store: CloudStore,
+    packs: list[LogName],
+    device: str,
+    want: Iterable[bytes],
+    sections: Iterable[tuple[PackName, pack.PageIndex]] = (),
+) -> CloudView:
+    """Read the page's packs (see the module docstring); keep the ``want`` pieces."""
+    wanted = set(want)
+    view = CloudView()
+    await _read_sections(store, list(sections), device, wanted, view)
+    lazy_at: dict[bytes, tuple[str, int, int]] = {}
+    for ln in packs:
+        view.packs += 1
+        own = ln.device == device
+        view.own_packs += own
+        try:
+            data = await store.get(ln.name) if own else await store.get(ln.name, 0, ln.eager_end)
+            p = pack.decode_prefix(data[: ln.eager_end], ln.eager_end)
+            if (p.ledger, p.page, p.seq, p.device.hex()) != (ln.ledger, ln.page, ln.seq, ln.device):
+                raise pack.CorruptPackError("pack does not match its name")
+        except (CloudError, pack.CorruptPackError) as e:
+            view.problems.append(f"pack {ln.name}: {type(e).__name__}: {e}")
+            continue
+        ids = ck.commit_ids(p.commits)
+        bad = []
+        if len(ids) != len(p.commits):
+            bad.append("a commit does not decode")
+        view.commits.update(ids)
+        for d, v in p.eager.items():
+            if not dg.verify(d, v):
+                bad.append(f"piece {dg.short(d)} does not match its digest")
+                continue
+            view.pieces.add(d)
+            if d in wanted:
+                view.found[d] = v
+        for d, off, n in p.lazy:
+            if own:
+                piece = data[off : off + n]
+                if len(piece) != n or not dg.verify(d, piece):
+                    bad.append(f"LAZY piece {dg.short(d)} does not match its digest")
+                    continue
+                if d in wanted:
+                    view.found[d] = piece
+            elif d in wanted and d not in view.found:
+                lazy_at.setdefault(d, (ln.name, off, n))
+            view.pieces.add(d)
+        if bad:
+            view.problems.append(f"pack {ln.name}: " + "; ".join(bad[:5]))
+        del data, p
+    for d, (name, off, n) in lazy_at.items():
+        if d in view.found:
+            continue
+        try:
+            piece = await store.get(name, off, n)
+        except CloudError as e:
+            view.problems.append(f"pack {name}: {type(e).__name__}: {e}")
+            continue
+        if dg.verify(d, piece):
+            view.found[d] = piece
+        else:
+            view.problems.append(f"pack {name}: LAZY piece {dg.short(d)} does not match its digest")
+    return view
+
+
+@dataclass
+class Checked:
+    """One page's result: the local report and, when the bucket was read, its view."""
+
+    report: ck.PageCheck
+    cloud: CloudView | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def json(self) -> dict[str, Any]:
+        r = self.report
+        return {
+            "ledger": _b64(r.ledger),
+            "page": _b64(r.page),
+            "ledger_text": _text(r.ledger),
+            "page_text": _text(r.page),
+            "healthy": r.healthy,
+            "commits": r.commits,
+            "stored_pieces": r.stored,
+            "reachable_pieces": r.reachable,
+            "remote_pieces": r.remote,
+            "problems": [_problem_json(p) for p in r.problems],
+            "more_problems": r.dropped,
+            "cloud": None
+            if self.cloud is None
+            else {"packs": self.cloud.packs, "own_packs": self.cloud.own_packs},
+            "notes": self.notes,
+        }
+
+
+async def check_page(
+    page: Page,
+    engine: SyncEngine | None,
+    index: BucketIndex | None,
+    *,
+    cloud: bool = False,
+    repair: bool = False,
+) -> Checked:
+    """Check one page (open and leased by the caller); with ``cloud`` against the
+    bucket too; with ``repair`` fix what can be fixed (see the module docstring)."""
+    report = await ck.check_quietly(page)
+    result = Checked(report)
+    use_cloud = (cloud or repair) and engine is not None
+    if (cloud or repair) and engine is None:
+        result.notes.append("cloud sync is off: nothing was checked or fetched in a bucket")
+    if use_cloud and engine is not None and index is not None:
+        try:
+            result.cloud = await _cloud(page, engine, index, report, repair)
+        except CloudError as e:
+            report.add(ck.Problem(ck.CLOUD, f"the bucket could not be read: {e}"))
+    if not repair:
+        return result
+    await ck.repair_local(page, report)
+    for _ in range(REPAIR_ROUNDS):
+        if report.healthy or engine is None or index is None:
+            break
+        try:
+            fixed = await _restore(page, engine, index, report, result)
+        except CloudError as e:
+            result.notes.append(f"the bucket could not be read: {e}")
+            break
+        again = await ck.check_quietly(page)
+        # Keep the record of what was repaired and of the bucket's problems (a local
+        # check does not see them); the rest is what the new check finds.
+        done = [p for p in report.problems if p.repaired or p.code in _CLOUD_CODES]
+        await ck.repair_local(page, again)
+        report.problems = done + again.problems
+        report.dropped = again.dropped
+        report.commits, report.stored = again.commits, again.stored
+        report.reachable, report.remote = again.reachable, again.remote
+        if not fixed:
+            break
+    if engine is not None and not report.open_problems(ck.NOT_IN_CLOUD):
+        # Everything the page counts as synced is in packs that verify: a broken pack
+        # left in the bucket no longer holds anything that is not elsewhere too.
+        for p in report.open_problems(ck.CLOUD):
+            p.repaired = True
+    result.report = report
+    return result
+
+
+_CLOUD_CODES = (ck.CLOUD, ck.NOT_IN_CLOUD)
+
+
+async def _cloud(
+    page: Page, engine: SyncEngine, index: BucketIndex, report: ck.PageCheck, repair: bool
+) -> CloudView:
+    """Read the page's packs; report what the page counts as synced and they lack."""
+    key = (page.ledger, page.id)
+    view = await read_page(
+        engine.store,
+        await index.packs(key),
+        engine.device,
+        report.bad_pieces(),
+        await index.sections(key),
+    )
+    for problem in [*index.problems, *view.problems]:
+        report.add(ck.Problem(ck.CLOUD, problem))
+    lacking = [d for d in await ck.synced_pieces(page) if d not in view.pieces]
+    for d in lacking:
+        report.add(
+            ck.Problem(
+                ck.NOT_IN_CLOUD, f"piece {dg.short(d)} counts as synced but no pack has it", d
+            )
+        )
+    for c in await ck.synced_commits(page):
+        if c not in view.commits:
+            report.add(
+                ck.Problem(
+                    ck.NOT_IN_CLOUD,
+                    f"commit {c.hex()[:12]} counts as synced but no pack has it",
+                    commit=c,
+                )
+            )
+    return view
+
+
+async def _restore(
+    page: Page, engine: SyncEngine, index: BucketIndex, report: ck.PageCheck, result: Checked
+) -> bool:
+    """Bring back bad pieces from the bucket and upload what it lacks. True if
+    anything changed."""
+    changed = False
+    bad = report.bad_pieces()
+    if bad:
+        found = {d: v for d, v in (result.cloud.found if result.cloud else {}).items() if d in bad}
+        if len(found) < len(bad):  # (the first read of the packs kept what was bad then)
+            key = (page.ledger, page.id)
+            view = await read_page(
+                engine.store, await index.packs(key), "", bad, await index.sections(key)
+            )
+            found.update(view.found)
+        restored = set(await ck.restore_pieces(page, found))
+        for p in report.open_problems(ck.CORRUPT_PIECE, ck.MISSING_PIECE):
+            if p.digest in restored:
+                p.repaired = True
+                changed = True
+        left = [d for d in bad if d not in restored]
+        if left:
+            result.notes.append(
+                f"{len(left)} pieces are in no pack of the bucket (first: {dg.short(left[0])})"
+            )
+    lacking = report.open_problems(ck.NOT_IN_CLOUD)
+    if lacking:
+        requeued = set(
+            await ck.requeue(
+                page,
+                [p.digest for p in lacking if p.digest is not None],
+                [p.commit for p in lacking if p.commit is not None],
+            )
+        )
+        engine.requeued((page.ledger, page.id))
+        try:
+            await engine.round(download=False, only=(page.ledger, page.id))
+        except (CloudError, OSError) as e:
+            result.notes.append(f"the upload of what the bucket lacks failed: {e}")
+        except asyncio.CancelledError:
+            raise
+        else:
+            error = engine.page_error((page.ledger, page.id))
+            if error is not None:
+                result.notes.append(f"the upload of what the bucket lacks failed: {error}")
+            else:
+                for p in lacking:
+                    if (p.digest or p.commit) in requeued:
+                        p.repaired = changed = True
+                log.info("re-uploaded %d pieces and commits of page %r", len(requeued), page.id)
+    return changed
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+def _text(raw: bytes) -> str | None:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def _problem_json(p: ck.Problem) -> dict[str, Any]:
+    doc = p.json()
+    doc["key"] = None if p.key is None else _b64(p.key)
+    doc["key_text"] = None if p.key is None else _text(p.key)
+    return doc

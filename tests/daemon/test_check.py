@@ -1,0 +1,132 @@
+"""``ledgerctl check``: damage made to a stopped daemon's files is found and repaired."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ledgerd.daemon.client import Client
+from ledgerd.store import digest as dg
+from ledgerd.store.repository import encode_name
+from tests.daemon.conftest import Daemon, start_daemon
+
+VALUE = os.urandom(5000)  # one chunk, stored as one piece
+DIGEST = dg.chunk_digest(dg.Kind.VALUE, VALUE)
+
+
+def _start(base: Path) -> Daemon:
+    return start_daemon(
+        base, "--cloud", f"file://{base}/bucket", env={"LEDGERD_SYNC_INTERVAL": "60"}
+    )
+
+
+def _page_file(d: Daemon, ledger: bytes = b"notes", page: bytes = b"inbox") -> Path:
+    return d.data / "1" / "ledgers" / encode_name(ledger) / encode_name(page) / "page.sqlite"
+
+
+@pytest.fixture
+def synced(short_tmp: Path) -> Iterator[Daemon]:
+    """A daemon that wrote VALUE and other pages, synced, and stopped."""
+    d = _start(short_tmp)
+    with Client(d.socket) as c:
+        c.put("notes", "inbox", b"photo", VALUE)
+        c.put("notes", "inbox", b"note", b"n" * 100)
+        c.put("notes", "other", b"k", b"v" * 100)
+        c.sync()
+    assert d.stop() == 0, d.log_text()
+    yield d
+
+
+def _check(d: Daemon, *args: str) -> tuple[int, str]:
+    out = d.ledgerctl("check", *args)
+    assert out.returncode in (0, 1), out.stderr.decode()
+    return out.returncode, out.stdout.decode()
+
+
+def _restart_check_and_repair(d: Daemon) -> None:
+    d2 = _start(d.data.parent)
+    try:
+        code, text = _check(d2)
+        assert code == 1, text
+        assert "notes inbox: DAMAGED" in text and DIGEST.hex() in text, text
+        assert "notes other" not in text  # the healthy page is not listed
+        code, text = _check(d2, "notes", "inbox", "--repair")
+        assert code == 0, text
+        assert "ok (repaired)" in text, text
+        with Client(d2.socket) as c:
+            assert c.get("notes", "inbox", b"photo") == VALUE
+        code, text = _check(d2, "--json")
+        assert code == 0 and json.loads(text)["healthy"], text
+    finally:
+        assert d2.stop() == 0, d2.log_text()
+
+
+def test_a_flipped_byte_is_found_and_restored_from_the_bucket(synced: Daemon) -> None:
+    path = _page_file(synced)
+    raw = bytearray(path.read_bytes())
+    at = raw.find(VALUE[1000:1100])
+    assert at > 0 and raw.find(VALUE[1000:1100], at + 1) == -1
+    raw[at + 10] ^= 0x01
+    path.write_bytes(bytes(raw))
+    _restart_check_and_repair(synced)
+
+
+def test_a_missing_piece_is_found_and_restored_from_the_bucket(synced: Daemon) -> None:
+    conn = sqlite3.connect(_page_file(synced), isolation_level=None)
+    try:
+        assert conn.execute("DELETE FROM objects WHERE digest = ?", (DIGEST,)).rowcount == 1
+    finally:
+        conn.close()
+    _restart_check_and_repair(synced)
+
+
+def test_what_the_bucket_lost_is_found_with_cloud_and_uploaded_again(synced: Daemon) -> None:
+    packs = sorted((synced.data.parent / "bucket" / "packs").glob("*"))  # every page's
+    assert packs
+    for p in packs:
+        p.unlink()
+    d = _start(synced.data.parent)
+    try:
+        code, text = _check(d)
+        assert code == 0, text  # nothing local is wrong
+        code, text = _check(d, "notes", "--cloud")
+        assert code == 1, text
+        assert "not_in_cloud" in text and DIGEST.hex() in text, text
+        code, text = _check(d, "notes", "--cloud", "--repair")
+        assert code == 0, text
+        assert list((d.data.parent / "bucket" / "packs").glob("*"))  # uploaded again
+        code, text = _check(d, "--cloud")
+        assert code == 0, text
+    finally:
+        assert d.stop() == 0, d.log_text()
+
+
+def test_bad_check_requests_are_refused(synced: Daemon) -> None:
+    d = _start(synced.data.parent)
+    try:
+        assert d.ledgerctl("check", "nope").returncode == 1  # no such ledger: not found
+        assert d.ledgerctl("check", "notes", "nope").returncode == 1
+        with Client(d.socket) as c:
+            bodies: list[object] = [
+                {"cloud": "yes"},
+                {"page": "cA=="},
+                {"ledger": "%%%"},
+                [],
+                {"x": 1},
+            ]
+            for body in bodies:
+                resp = c._call(_post(c, body))
+                assert resp == 400, body
+    finally:
+        assert d.stop() == 0, d.log_text()
+
+
+async def _post(c: Client, body: object) -> int:
+    resp = await c.aio.session.post(c.url("/v1/check"), json=body)
+    async with resp:
+        return resp.status

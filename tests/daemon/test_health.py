@@ -1,0 +1,53 @@
+"""Health for probes, and a status that tells the truth about sync."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ledgerd.daemon.client import Client, LedgerError
+from tests.daemon.conftest import Daemon, start_daemon
+
+
+def test_health_of_a_daemon_without_cloud(daemon: Daemon) -> None:
+    with Client(daemon.socket) as c:
+        h = c.health()
+        assert h["status"] == "ok" and h["up"] and h["repository"]["open"]
+        assert h["sync"] == {"enabled": False}
+        assert c.health(sync=True)["status"] == "ok"
+
+
+def test_a_missing_bucket_is_not_synced_and_health_says_why(short_tmp: Path) -> None:
+    bucket = short_tmp / "bucket"
+    d = start_daemon(short_tmp, "--cloud", f"file://{bucket}", env={"LEDGERD_SYNC_INTERVAL": "60"})
+    try:
+        with Client(d.socket) as c:
+            c.put("notes", "inbox", b"k", b"v")
+            c.sync()
+            h = c.health(sync=True)
+            assert h["status"] == "ok" and h["sync"]["healthy"] and h["sync"]["synced"], h
+            assert c.status()["sync"]["synced"] is True
+            bucket.rename(short_tmp / "moved")  # an unmounted share, a moved folder
+            c.put("notes", "inbox", b"k2", b"v2")
+            try:
+                c.sync()
+            except LedgerError as e:
+                assert e.code == "unavailable"
+            h = c.health()
+            assert h["status"] == "degraded" and not h["sync"]["healthy"], h
+            assert any("marker" in r for r in h["sync"]["reasons"]), h
+            assert h["sync"]["synced"] is False
+            st = c.status()["sync"]
+            assert st["synced"] is False and st["reasons"] == h["sync"]["reasons"]
+            strict = c.health(sync=True)
+            assert strict["status"] == "degraded"
+
+            async def raw() -> int:
+                async with c.aio.session.get(c.url("/v1/health?sync=1")) as resp:
+                    return resp.status
+
+            assert c._call(raw()) == 503
+            (short_tmp / "moved").rename(bucket)
+            c.sync()
+            assert c.health(sync=True)["sync"]["synced"] is True
+    finally:
+        assert d.stop() == 0, d.log_text()

@@ -1,0 +1,116 @@
+"""Metrics: Prometheus' parser reads them, and they move when the daemon works."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import urllib.request
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from ledgerd.daemon.client import Client
+from tests.daemon.conftest import Daemon, start_daemon
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def _total(
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
+) -> float:
+    return sum(
+        v
+        for (n, ls), v in samples.items()
+        if n == name and all((k, want) in ls for k, want in labels.items())
+    )
+
+
+def _scrape(c: Client) -> str:
+    async def get() -> str:
+        async with c.aio.session.get(c.url("/v1/metrics")) as resp:
+            assert resp.status == 200
+            assert resp.headers["Content-Type"].startswith("text/plain")
+            return await resp.text()
+
+    return c._call(get())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_metrics_parse_and_move_with_work(short_tmp: Path) -> None:
+    port = _free_port()
+    d: Daemon = start_daemon(
+        short_tmp,
+        "--cloud",
+        f"file://{short_tmp}/bucket",
+        env={"LEDGERD_SYNC_INTERVAL": "60", "LEDGERD_METRICS_LISTEN": f"127.0.0.1:{port}"},
+    )
+    try:
+        with Client(d.socket) as c:
+            before = _samples(_scrape(c))
+            value = os.urandom(1000)  # not compressible: the bytes up are at least these
+            c.put("notes", "inbox", b"k", value)
+            c.put("notes", "inbox", b"k2", os.urandom(1000))
+            assert c.get("notes", "inbox", b"k") == value
+            c.sync()
+            after = _samples(_scrape(c))
+        route = "/v1/ledgers/{ledger}/pages/{page}/keys/{key}"
+        put = _total(after, "ledgerd_http_requests_total", route=route, method="PUT", status="204")
+        assert put == 2 + _total(
+            before, "ledgerd_http_requests_total", route=route, method="PUT", status="204"
+        )
+        assert _total(after, "ledgerd_http_request_duration_seconds_count", route=route) >= 3
+        assert _total(after, "ledgerd_commits_total", kind="local") >= 1
+        assert _total(after, "ledgerd_sync_rounds_total", result="ok") > _total(
+            before, "ledgerd_sync_rounds_total", result="ok"
+        )
+        assert _total(after, "ledgerd_sync_round_duration_seconds_count") >= 1
+        assert _total(after, "ledgerd_sync_packs_total", direction="up") >= 1
+        assert _total(after, "ledgerd_cloud_requests_total", kind="put") >= 1
+        assert _total(after, "ledgerd_cloud_requests_total", kind="list") >= 1
+        assert _total(after, "ledgerd_cloud_bytes_total", direction="up") > 2000
+        assert _total(after, "ledgerd_open_pages") == 1
+        assert _total(after, "ledgerd_pieces", status="synced") >= 2
+        assert _total(after, "ledgerd_pieces", status="local") == 0
+        assert ("ledgerd_pending_journal_entries", ()) in after
+        assert ("ledgerd_waiting_conflicts", ()) in after
+        # The scraper's address serves the same registry.
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
+            scraped = _samples(resp.read().decode())
+        assert _total(scraped, "ledgerd_cloud_requests_total", kind="put") >= 1
+    finally:
+        assert d.stop() == 0, d.log_text()
+
+
+def test_every_metric_is_in_the_readme(daemon: Daemon) -> None:
+    with Client(daemon.socket) as c:
+        text = _scrape(c)
+    names = {f.name for f in text_string_to_metric_families(text)}
+    assert len(names) >= 12
+    readme = README.read_text()
+    for name in names:
+        assert re.search(rf"`{name}(_total)?`", readme), f"{name} is not in the README"
+
+
+def test_a_bad_metrics_address_is_refused_at_start() -> None:
+    import pytest
+
+    from ledgerd.daemon.config import ConfigError, load
+
+    for bad in ("9464", "localhost:", ":9464", "host:99999", "host:port"):
+        with pytest.raises(ConfigError, match="metrics_listen"):
+            load(env={"LEDGERD_METRICS_LISTEN": bad})
+    assert load(env={"LEDGERD_METRICS_LISTEN": "[::1]:9464"}).metrics_listen == "[::1]:9464"

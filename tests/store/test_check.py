@@ -1,0 +1,134 @@
+"""The integrity check of a page: what it finds on disk, and the local repairs."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+from ledgerd.store import Priority, Repository
+from ledgerd.store import check as ck
+from ledgerd.store import digest as dg
+
+
+async def _page_with_data(root: Path) -> tuple[Repository, bytes, bytes]:
+    repo = await Repository.open(root)
+    page = await repo.ledger("l").page("p")
+    big = os.urandom(300_000)  # several chunks under an index
+    await page.put(b"big", big, Priority.LAZY)
+    await page.put(b"small", b"s" * 1000)
+    for i in range(200):
+        await page.put(b"k%03d" % i, b"v" * 40 + b"%d" % i)
+    await page.flush()
+    entry = await page.get_entry(b"small")
+    assert entry is not None
+    return repo, big, entry.value
+
+
+async def test_a_healthy_page_has_no_problem(tmp_path: Path) -> None:
+    repo, _, _ = await _page_with_data(tmp_path)
+    try:
+        page = await repo.ledger("l").page("p")
+        report = await ck.check_page(page)
+        assert report.healthy and report.problems == []
+        assert report.commits >= 2 and report.stored > 10 and report.reachable > 10
+    finally:
+        await repo.close()
+
+
+def _db(root: Path) -> sqlite3.Connection:
+    repo_path = next(root.glob("1/ledgers/*/*/page.sqlite"))
+    return sqlite3.connect(repo_path, isolation_level=None)
+
+
+async def test_corrupt_missing_and_transient_pieces_are_named(tmp_path: Path) -> None:
+    repo, _, small = await _page_with_data(tmp_path)
+    await repo.close()
+    conn = _db(tmp_path)
+    try:
+        data = conn.execute("SELECT data FROM objects WHERE digest = ?", (small,)).fetchone()[0]
+        flipped = bytes([data[0] ^ 1]) + data[1:]
+        conn.execute("UPDATE objects SET data = ? WHERE digest = ?", (flipped, small))
+        # A chunk of the big value, gone; a tree node made transient.
+        big_chunk = conn.execute(
+            "SELECT digest FROM objects WHERE length(data) > 4000 AND digest != ? LIMIT 1",
+            (small,),
+        ).fetchone()[0]
+        conn.execute("DELETE FROM objects WHERE digest = ?", (big_chunk,))
+        node = conn.execute("SELECT root FROM commits ORDER BY generation DESC").fetchone()[0]
+        conn.execute(
+            "UPDATE unsynced SET status = 0 WHERE id = (SELECT id FROM objects WHERE digest = ?)",
+            (node,),
+        )
+        conn.execute("DELETE FROM heads")
+    finally:
+        conn.close()
+    repo = await Repository.open(tmp_path)
+    try:
+        page = await repo.ledger("l").page("p")
+        report = await ck.check_page(page)
+        codes = {p.code: p for p in report.problems}
+        assert not report.healthy
+        assert codes[ck.CORRUPT_PIECE].digest == small
+        assert codes[ck.CORRUPT_PIECE].key == b"small"
+        assert codes[ck.MISSING_PIECE].digest == bytes(big_chunk)
+        assert codes[ck.MISSING_PIECE].key == b"big"
+        assert codes[ck.TRANSIENT_PIECE].digest == bytes(node)
+        assert dg.short(small) in codes[ck.CORRUPT_PIECE].message
+        assert report.bad_pieces() == [small, bytes(big_chunk)] or set(report.bad_pieces()) == {
+            small,
+            bytes(big_chunk),
+        }
+        await ck.repair_local(page, report)
+        # A repair with the bytes, as sync brings them back from the cloud.
+        assert await ck.restore_pieces(page, {small: b"s" * 1000}) == [small]
+        again = await ck.check_page(page)
+        assert {p.code for p in again.problems} == {ck.MISSING_PIECE}
+        assert await page.get(b"small") == b"s" * 1000
+    finally:
+        await repo.close()
+
+
+async def test_heads_that_disagree_with_the_commits_are_rebuilt(tmp_path: Path) -> None:
+    repo, _, _ = await _page_with_data(tmp_path)
+    await repo.close()
+    conn = _db(tmp_path)
+    try:
+        head = conn.execute("SELECT commit_id FROM heads").fetchone()[0]
+        conn.execute("DELETE FROM heads")  # the page opens on its first, empty commit
+    finally:
+        conn.close()
+    repo = await Repository.open(tmp_path)
+    try:
+        page = await repo.ledger("l").page("p")
+        assert await page.get_entry(b"small") is None
+        report = await ck.check_page(page)
+        assert [p.code for p in report.problems] == [ck.HEADS]
+        await ck.repair_local(page, report)
+        assert report.healthy
+        assert (await ck.check_page(page)).problems == []
+        assert [h.id for h in await page.heads()] == [bytes(head)]
+        assert await page.get(b"small") == b"s" * 1000
+    finally:
+        await repo.close()
+
+
+async def test_requeue_makes_synced_pieces_and_commits_pending_again(tmp_path: Path) -> None:
+    repo, _, small = await _page_with_data(tmp_path)
+    try:
+        page = await repo.ledger("l").page("p")
+        from ledgerd.store import exchange as ex
+
+        up = await ex.pending_upload(page)
+        await ex.mark_uploaded(page, [c.id for c in up.commits], [*up.eager, *up.lazy])
+        assert (await ex.pending_upload(page)).empty
+        assert small in await ck.synced_pieces(page)
+        commits = await ck.synced_commits(page)
+        assert len(commits) == len(up.commits)
+        done = await ck.requeue(page, [small, b"\x00" + b"x" * 32], commits[:1])
+        assert done == [small, commits[0]]
+        again = await ex.pending_upload(page)
+        assert small in again.eager and [c.id for c in again.commits] == commits[:1]
+        assert ck.commit_ids([c.data for c in again.commits]) == commits[:1]
+    finally:
+        await repo.close()
