@@ -49,7 +49,7 @@ from ledgerd.daemon.cli_format import (
     tuple_range,
     when,
 )
-from ledgerd.daemon.cli_import import Importer
+from ledgerd.daemon.cli_import import Importer, file_size
 from ledgerd.daemon.cli_progress import ENTRIES_MIN, Progress
 from ledgerd.daemon.cli_status import status_lines
 from ledgerd.daemon.client import (
@@ -68,10 +68,15 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 """Characters that a terminal may act on: a value holding any is not written to one."""
 
 
-async def _stdin_chunks() -> AsyncIterator[bytes]:
+async def _stdin_chunks(progress: Progress) -> AsyncIterator[bytes]:
+    """Standard input as it comes (its size is known only when it is a regular file)."""
     stdin = sys.stdin.buffer
     read = getattr(stdin, "read1", stdin.read)
+    total = file_size(stdin)
+    done = 0
     while chunk := await asyncio.to_thread(read, 256 * 1024):
+        done += len(chunk)
+        progress(done, total)
         yield chunk
 
 
@@ -228,8 +233,10 @@ class Cli:
         elif self.a.value is not None:
             value = os.fsencode(self.a.value)
         else:
-            value = _stdin_chunks()
+            value = None
         bar = Progress("put")
+        if value is None:
+            value = _stdin_chunks(bar)
         try:
             await self.c.put(ledger, page, key, value, lazy=self.a.lazy, progress=bar)
         finally:

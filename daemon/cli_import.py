@@ -123,7 +123,7 @@ class Importer:
         src = self.src
         batch: list[Entry] = []
         size = n = 0
-        total = _input_size(src)
+        total = file_size(src)
         while raw := src.readline(LINE_LIMIT):
             n += 1
             self.read += len(raw)
@@ -194,7 +194,7 @@ class Importer:
         self.written += 1
 
 
-def _input_size(src: BinaryIO) -> int | None:
+def file_size(src: BinaryIO) -> int | None:
     """The input's size when it is a regular file (progress shows time left), else None."""
     try:
         st = os.fstat(src.fileno())

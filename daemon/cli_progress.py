@@ -53,9 +53,9 @@ class Progress:
             bar = tqdm(
                 desc=self.label,
                 total=total,
-                unit=self.unit,
-                unit_scale=True,
-                unit_divisor=1024 if self.unit == "B" else 1000,
+                unit=self.unit if self.unit == "B" else f" {self.unit}",
+                unit_scale=self.unit == "B",
+                unit_divisor=1024,
                 file=self.stream,
                 mininterval=0.1,
                 ncols=cols,

@@ -28,9 +28,10 @@ def status_lines(st: dict[str, Any]) -> list[str]:
         f"data     {st['data_dir']}",
         f"cloud    {st.get('cloud') or 'off'}",
     ]
-    if st.get("sync_error"):
+    sync = st.get("sync") or {}
+    if st.get("sync_error") and st["sync_error"] != sync.get("bucket_error"):
         lines.append(f"sync     error: {st['sync_error']}")
-    lines += sync_lines(st.get("sync") or {})
+    lines += sync_lines(sync)
     for p in st.get("open_pages", []):
         extra = f"  heads={p['heads']}" if p["heads"] != 1 else ""
         if p.get("unsynced_commits"):
@@ -50,7 +51,9 @@ def sync_lines(sync: dict[str, Any]) -> list[str]:
     lines = []
     if sync.get("bucket_error"):
         lines.append(f"bucket   error: {sync['bucket_error']}")
-    if sync.get("round_error"):
+    if sync.get("round_error") and not (
+        sync.get("bucket_error") and sync["bucket_error"] in sync["round_error"]
+    ):
         lines.append(f"sync     last round failed: {sync['round_error']}")
     if sync.get("pending_uploads"):
         lines.append(f"sync     {sync['pending_uploads']} pages waiting to upload")
