@@ -64,6 +64,8 @@ from ledgerd.daemon.client import (
 EXIT_NOT_FOUND, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_ERROR, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
 LIST_PAGE_SIZE = 100
 """Entries per listing request: at most this many inline values (1 MiB each) in memory."""
+SYNC_POLL = 0.5
+"""Seconds between two looks at ``/v1/status`` for ``sync``'s progress bar."""
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 """Characters that a terminal may act on: a value holding any is not written to one."""
 
@@ -378,7 +380,17 @@ class Cli:
     async def sync(self) -> int:
         ledger = self.b(self.a.ledger, "ledger") if self.a.ledger else None
         page = self.b(self.a.page, "page") if self.a.page else None
-        res = await self.c.sync(ledger, page, timeout=self.a.timeout)
+        bar = Progress("sync", unit="pages", minimum=1)
+        waiting = await self._pending_uploads() if bar.active else 0
+        watching = asyncio.create_task(self._sync_progress(bar, waiting))
+        try:
+            res = await self.c.sync(ledger, page, timeout=self.a.timeout)
+            bar(waiting, waiting)
+        finally:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
+            bar.close()
         if self.a.json:
             self.emit(res)
         else:
@@ -388,6 +400,19 @@ class Cli:
                 file=sys.stderr,
             )
         return 0
+
+    async def _pending_uploads(self) -> int:
+        with contextlib.suppress(LedgerError):
+            st = await self.c.status()
+            return int((st.get("sync") or {}).get("pending_uploads") or 0)
+        return 0
+
+    async def _sync_progress(self, bar: Progress, waiting: int) -> None:
+        """On a terminal: pages uploaded out of those ``waiting`` when ``sync`` started, from
+        ``/v1/status`` (the daemon reports nothing else while a sync runs)."""
+        while waiting:
+            bar(waiting - min(waiting, await self._pending_uploads()), waiting)
+            await asyncio.sleep(SYNC_POLL)
 
     async def policy(self) -> int:
         doc = await self.c.policy(*self.lp, self.a.policy)

@@ -415,3 +415,23 @@ def test_status_of_a_daemon_whose_bucket_went_away(short_tmp: Path) -> None:
         assert f"\nbucket   error: {problem}\n" in text, text
     finally:
         assert d.stop() == 0
+
+
+def test_progress_of_sync(short_tmp: Path) -> None:
+    """``sync`` on a terminal: pages uploaded out of those waiting; on a pipe, no bar."""
+    env = {"LEDGERD_SYNC_DEBOUNCE": "600", "LEDGERD_SYNC_INTERVAL": "600"}  # all left to sync
+    d = start_daemon(short_tmp / "d", "--cloud", f"file://{short_tmp}/bucket", env=env)
+    try:
+        for page in ("a", "b", "c"):
+            seed(d, "l", page, [(b"k", b"v", "eager")])
+        assert json.loads(ctl(d, "status", "--json"))["sync"]["pending_uploads"] == 3
+        code, shown, _ = run_tty(d, "sync")
+        text = shown.decode()
+        assert code == 0, text
+        assert re.search(r"sync: 100%\|█+\| 3/3 \[.* pages/s\]", text), text
+        assert re.search(r"\r\nsynced: \d+ packs up, 0 down, \d+ rounds\r\n$", text), text
+        seed(d, "l", "a", [(b"k2", b"v", "eager")])
+        p = d.ledgerctl("sync")
+        assert p.returncode == 0 and re.fullmatch(rb"synced: [^\r]*\n", p.stderr), p
+    finally:
+        assert d.stop() == 0
