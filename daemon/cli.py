@@ -1,33 +1,57 @@
+# PYTHON_ARGCOMPLETE_OK  (argcomplete looks for this in the first 1024 bytes)
 """``ledgerctl``: the command-line client of ledgerd.
 
+This module runs the commands and owns the command line (argparse, "did you mean",
+shell completion through argcomplete) and the exit statuses; how arguments become bytes
+and bytes become text or JSON is :mod:`ledgerd.daemon.cli_format`'s, what ``status``
+prints :mod:`ledgerd.daemon.cli_status`'s, ``import`` :mod:`ledgerd.daemon.cli_import`'s
+and the progress bars :mod:`ledgerd.daemon.cli_progress`'s.
+
 Keys, ledger names and page ids are the exact bytes given on the command line
-(``os.fsencode``: UTF-8, or raw bytes that are not), or hex with ``--hex``. The
-daemon is found through ``--socket``, ``$LEDGERD_SOCKET`` or the daemon's default
-socket path.
+(``os.fsencode``: UTF-8, or raw bytes that are not), hex with ``--hex``, or, for keys,
+tuple literals with ``--tuple``. The daemon is found through ``--socket``,
+``$LEDGERD_SOCKET`` or the daemon's default socket path.
 
 Exit status: 0 success, 1 not found, 2 bad usage or bad input (local files and an
 unsafe socket directory included), 3 the daemon cannot be reached or went away
-mid-request, 4 any other error reported by the daemon.
+mid-request, 4 any other error reported by the daemon (a conflict, data unavailable,
+a full disk...), 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import binascii
+import codecs
 import contextlib
+import difflib
 import json
 import os
 import re
 import sys
-import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
+from typing import Any, BinaryIO, NoReturn
 
 from ledgerd.daemon import __version__, cli_doc
+from ledgerd.daemon.cli_format import (
+    UsageError,
+    arg_bytes,
+    b64,
+    entry_doc,
+    human_bytes,
+    name_doc,
+    pack_tuple,
+    show,
+    show_key,
+    show_name,
+    size_text,
+    tuple_range,
+    when,
+)
+from ledgerd.daemon.cli_import import Importer, file_size
+from ledgerd.daemon.cli_progress import ENTRIES_MIN, Progress
+from ledgerd.daemon.cli_status import status_lines
 from ledgerd.daemon.client import (
     AsyncClient,
     DaemonUnavailableError,
@@ -37,191 +61,42 @@ from ledgerd.daemon.client import (
     UnsafeSocketError,
 )
 
-EXIT_NOT_FOUND, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_ERROR = 1, 2, 3, 4
-IMPORT_BATCH_ENTRIES = 10_000
-IMPORT_BATCH_BYTES = 16 * 1024 * 1024
-IMPORT_INLINE_VALUE = 1024 * 1024
-"""``import`` sends larger values on their own, as a streamed PUT, not in a batch."""
-IMPORT_LINE_LIMIT = 2 * 1024 * 1024
-"""``import`` parses lines up to this size whole; longer ones are streamed (export's layout)."""
+EXIT_NOT_FOUND, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_ERROR, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
 LIST_PAGE_SIZE = 100
 """Entries per listing request: at most this many inline values (1 MiB each) in memory."""
-PROGRESS_MIN = 8 * 1024 * 1024
-B64_IN = 3 * 64 * 1024
+SYNC_POLL = 0.5
+"""Seconds between two looks at ``/v1/status`` for ``sync``'s progress bar."""
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+"""Characters that a terminal may act on: a value holding any is not written to one."""
 
 
-class UsageError(Exception):
-    """The command line is wrong (exit status 2)."""
-
-
-def _arg_bytes(text: str, hex_mode: bool, what: str) -> bytes:
-    """An argument's bytes: exactly the bytes given on the command line (even when they
-    are not valid UTF-8, through ``os.fsencode``), or hex-decoded with ``--hex``."""
-    if not hex_mode:
-        return os.fsencode(text)
-    try:
-        return bytes.fromhex(text)
-    except ValueError:
-        raise UsageError(f"{what} {text!r} is not valid hex") from None
-
-
-_ESCAPES = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
-
-
-def _show(data: bytes) -> str:
-    """Bytes as one line of text: printable UTF-8 as is, everything else escaped.
-
-    A backslash is doubled, tab, newline and CR become ``\\t \\n \\r``, bytes that are
-    not valid UTF-8 become ``\\xNN`` and other non-printable characters ``\\xNN`` or
-    ``\\uNNNN``, so distinct keys always print distinctly.
-    """
-    out = []
-    for ch in data.decode("utf-8", "surrogateescape"):
-        if ch in _ESCAPES:
-            out.append(_ESCAPES[ch])
-        elif "\udc80" <= ch <= "\udcff":
-            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
-        elif ch.isprintable():
-            out.append(ch)
-        elif ord(ch) < 0x100:
-            out.append(f"\\x{ord(ch):02x}")
-        else:
-            out.append(f"\\u{ord(ch):04x}")
-    return "".join(out)
-
-
-class Progress:
-    """A progress bar on stderr, only when stderr is a terminal and the transfer is large."""
-
-    def __init__(self, label: str, stream: TextIO = sys.stderr) -> None:
-        self.label = label
-        self.stream = stream
-        self.active = stream.isatty()
-        self.last = 0.0
-        self.shown = False
-
-    def __call__(self, done: int, total: int | None) -> None:
-        if not self.active or (total if total is not None else done) < PROGRESS_MIN:
-            return
-        now = time.monotonic()
-        if now - self.last < 0.1 and (total is None or done < total):
-            return
-        self.last = now
-        mib = done / 1048576
-        if total:
-            frac = done / total
-            bar = "#" * int(frac * 30)
-            line = f"\r{self.label} [{bar:<30}] {frac * 100:5.1f}% {mib:,.1f} MiB"
-        else:
-            line = f"\r{self.label} {mib:,.1f} MiB"
-        self.stream.write(line)
-        self.stream.flush()
-        self.shown = True
-
-    def done(self) -> None:
-        if self.shown:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
-async def _stdin_chunks() -> AsyncIterator[bytes]:
+async def _stdin_chunks(progress: Progress) -> AsyncIterator[bytes]:
+    """Standard input as it comes (its size is known only when it is a regular file)."""
     stdin = sys.stdin.buffer
     read = getattr(stdin, "read1", stdin.read)
+    total = file_size(stdin)
+    done = 0
     while chunk := await asyncio.to_thread(read, 256 * 1024):
+        done += len(chunk)
+        progress(done, total)
         yield chunk
 
 
-def _item_json(item: Item) -> str:
-    """One ``ls --json``/``export`` line: key, priority, value (base64) in this order.
+class _TerminalGuard:
+    """Lets text through to a terminal and stops at the first sign of binary data."""
 
-    A value over the listing's inline limit comes as ``null`` with its ``size``.
-    """
-    doc: dict[str, Any] = {
-        "key": base64.b64encode(item.key).decode(),
-        "priority": item.priority,
-        "value": None if item.value is None else base64.b64encode(item.value).decode(),
-    }
-    if item.value is None:
-        doc["size"] = item.size
-    return json.dumps(doc, separators=(",", ":"))
+    def __init__(self) -> None:
+        self.decoder = codecs.getincrementaldecoder("utf-8")()
 
-
-def _size_text(n: int) -> str:
-    """``<300.0 MiB>``: what ``ls`` prints instead of a value too large to list."""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"<{n / scale:.1f} {unit}>"
-    return f"<{n} bytes>"
-
-
-_STREAMED_HEAD = re.compile(
-    rb'\s*\{\s*"key"\s*:\s*"([A-Za-z0-9+/]*={0,2})"\s*,\s*"priority"\s*:\s*"(eager|lazy)"'
-    rb'\s*,\s*"value"\s*:\s*"'
-)
-
-
-def _parse_line(raw: bytes, n: int) -> tuple[bytes, bytes, str]:
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-        key = base64.b64decode(doc["key"], validate=True)
-        if doc["value"] is None:
-            raise ValueError("the value is null ('ls --json' leaves out large values: use export)")
-        value = base64.b64decode(doc["value"], validate=True)
-        prio = doc.get("priority", "eager")
-        if prio not in ("eager", "lazy"):
-            raise ValueError(f"priority {prio!r}")
-    except (ValueError, KeyError, TypeError, binascii.Error) as e:  # incl. bad UTF-8
-        raise UsageError(f"line {n}: not an entry in the 'ls --json' format: {e}") from None
-    return key, value, prio
-
-
-class _StreamedValue:
-    """The base64 value of one long ``import`` line, decoded as it is read (bounded memory).
-
-    ``error`` keeps what was wrong with the line: the upload it fed fails with
-    whatever aiohttp makes of the exception, the caller reports this instead.
-    """
-
-    def __init__(self, first: bytes, src: BinaryIO, n: int) -> None:
-        self.first, self.src, self.n = first, src, n
-        self.error: UsageError | None = None
-
-    def _bad(self, why: str) -> UsageError:
-        self.error = UsageError(f"line {self.n}: {why}")
-        return self.error
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        pending = b""
-        data = self.first
-        while True:
-            end = data.find(b'"')
-            pending += data if end < 0 else data[:end]
-            cut = len(pending) - len(pending) % 4
-            if cut:
-                try:
-                    yield base64.b64decode(pending[:cut], validate=True)
-                except binascii.Error as e:
-                    raise self._bad(f"the value is not valid base64: {e}") from None
-                pending = pending[cut:]
-            if end >= 0:
-                tail = data[end + 1 :]
-                while not tail.endswith(b"\n") and len(tail) < 1024:
-                    more = await asyncio.to_thread(self.src.readline, 1024)
-                    if not more:
-                        break
-                    tail += more
-                if pending or tail.strip() != b"}":
-                    raise self._bad("a long line must end with the value and '}'")
-                return
-            if data.endswith(b"\n"):
-                raise self._bad("the line ends inside the value")
-            data = await asyncio.to_thread(self.src.readline, B64_IN)
-            if not data:
-                raise self._bad("the input ends inside the value")
-
-
-def _when(us: int) -> str:
-    return datetime.fromtimestamp(us / 1e6, UTC).isoformat(timespec="milliseconds")
+    def check(self, chunk: bytes, final: bool = False) -> None:
+        try:
+            text = self.decoder.decode(chunk, final)
+        except UnicodeDecodeError:
+            text = "\x00"
+        if _CONTROL.search(text):
+            raise UsageError(
+                "the value is binary: not written to a terminal (use -o FILE, a pipe, or --force)"
+            )
 
 
 class Cli:
@@ -229,11 +104,29 @@ class Cli:
         self.a = args
         self.c = client
         self.out = sys.stdout
-        self.batch_bytes = IMPORT_BATCH_BYTES
-        """``import``'s batch size: smaller once the daemon found a batch too large."""
+
+    # -- arguments -----------------------------------------------------------------
 
     def b(self, text: str, what: str = "key") -> bytes:
-        return _arg_bytes(text, self.a.hex, what)
+        """A ledger name or page id (or, without ``--tuple``, a key) as bytes."""
+        return arg_bytes(text, self.a.hex, what)
+
+    def key(self, text: str, what: str = "key") -> bytes:
+        """A key argument: a packed tuple with ``--tuple``, else as :meth:`b`."""
+        return pack_tuple(text, what) if self.a.tuple else self.b(text, what)
+
+    def key_range(self) -> tuple[bytes | None, bytes | None, bytes | None]:
+        """``--prefix``, ``--start``, ``--end`` as (prefix, start, end) bytes; with ``--tuple``
+        a prefix is its tuple's range, narrowed by ``--start`` and ``--end``."""
+        a = self.a
+        start = self.key(a.start, "--start") if getattr(a, "start", None) is not None else None
+        end = self.key(a.end, "--end") if getattr(a, "end", None) is not None else None
+        if a.prefix is None:
+            return None, start, end
+        if not a.tuple:
+            return self.b(a.prefix, "--prefix"), start, end
+        lo, hi = tuple_range(a.prefix, "--prefix")
+        return None, max(lo, start or lo), min(hi, end or hi)
 
     @property
     def at(self) -> str | None:
@@ -250,49 +143,88 @@ class Cli:
     def lp(self) -> tuple[bytes, bytes]:
         return self.b(self.a.ledger, "ledger"), self.b(self.a.page, "page")
 
+    # -- output --------------------------------------------------------------------
+
     def line(self, text: str) -> None:
         self.out.write(text + "\n")
         self.out.flush()
 
+    def emit(self, doc: dict[str, Any]) -> None:
+        """One ``--json`` record: one compact JSON object on a line of its own."""
+        self.line(json.dumps(doc, separators=(",", ":")))
+
+    def show_key(self, key: bytes) -> str:
+        return show_key(key, self.a.hex, self.a.tuple)
+
+    def show_name(self, name: bytes) -> str:
+        return show_name(name, self.a.hex)
+
+    # -- the daemon ----------------------------------------------------------------
+
     async def status(self) -> int:
         st = await self.c.status()
         if self.a.json:
-            self.line(json.dumps(st, indent=2))
-            return 0
-        self.line(f"ledgerd {st['version']} (pid {st['pid']}), up {st['uptime_s']:.0f}s")
-        self.line(f"device   {st['device_id']}")
-        self.line(f"data     {st['data_dir']}")
-        self.line(f"cloud    {st.get('cloud') or 'off'}")
-        if st.get("sync_error"):
-            self.line(f"sync     error: {st['sync_error']}")
-        for p in st.get("open_pages", []):
-            name = f"{p['ledger_text'] or p['ledger']}/{p['page_text'] or p['page']}"
-            extra = f"  heads={p['heads']}" if p["heads"] != 1 else ""
-            if p.get("unsynced_commits"):
-                extra += f"  unsynced={p['unsynced_commits']}"
-            if p.get("last_sync"):
-                when = datetime.fromtimestamp(p["last_sync"], UTC).isoformat(timespec="seconds")
-                extra += f"  synced {when}"
-            if p.get("conflict"):
-                extra += f"  conflict: {p['conflict']}"
-            if p.get("last_error"):
-                extra += f"  error: {p['last_error']}"
-            self.line(f"page     {name}{extra}")
+            self.emit(st)
+        else:
+            for text in status_lines(st):
+                self.line(text)
         return 0
+
+    async def version(self) -> int:
+        try:
+            daemon: str | None = (await self.c.status())["version"]
+        except DaemonUnavailableError:
+            daemon = None
+        if self.a.json:
+            self.emit({"client": __version__, "daemon": daemon})
+        else:
+            self.line(f"ledgerctl {__version__}")
+            self.line(f"ledgerd   {daemon or 'not reachable'}")
+        return 0 if daemon else EXIT_UNAVAILABLE
 
     async def ledgers(self) -> int:
         for n in await self.c.ledgers():
-            self.line(n.hex() if self.a.hex else _show(n))
+            self.emit(name_doc("ledger", n)) if self.a.json else self.line(self.show_name(n))
         return 0
 
     async def pages(self) -> int:
-        for n in await self.c.pages(self.b(self.a.ledger, "ledger")):
-            self.line(n.hex() if self.a.hex else _show(n))
+        ledger = self.b(self.a.ledger, "ledger")
+        for n in await self.c.pages(ledger):
+            if self.a.json:
+                self.emit({**name_doc("ledger", ledger), **name_doc("page", n)})
+            else:
+                self.line(self.show_name(n))
         return 0
+
+    async def du(self) -> int:
+        """Entries, key bytes and value bytes per page, from listings (no value is read)."""
+        if self.a.page is not None:
+            scope = [(self.b(self.a.ledger, "ledger"), [self.b(self.a.page, "page")])]
+        else:
+            ledgers = [self.b(self.a.ledger, "ledger")] if self.a.ledger else await self.c.ledgers()
+            scope = [(ledger, await self.c.pages(ledger)) for ledger in ledgers]
+        totals = [0, 0, 0]
+        for ledger, pages in scope:
+            for page in pages:
+                n = kb = vb = 0
+                async for item in self.c.entries(ledger, page, values=False, page_size=1000):
+                    n, kb, vb = n + 1, kb + len(item.key), vb + item.size
+                totals = [totals[0] + n, totals[1] + kb, totals[2] + vb]
+                if self.a.json:
+                    doc = {**name_doc("ledger", ledger), **name_doc("page", page)}
+                    self.emit({**doc, "entries": n, "key_bytes": kb, "value_bytes": vb})
+                else:
+                    name = f"{self.show_name(ledger)}/{self.show_name(page)}"
+                    self.line(f"{human_bytes(kb + vb):>12}  {n:>10} entries  {name}")
+        if not self.a.json and sum(len(p) for _, p in scope) > 1:
+            self.line(f"{human_bytes(totals[1] + totals[2]):>12}  {totals[0]:>10} entries  total")
+        return 0
+
+    # -- values --------------------------------------------------------------------
 
     async def put(self) -> int:
         ledger, page = self.lp
-        key = self.b(self.a.key)
+        key = self.key(self.a.key)
         if self.a.value is not None and self.a.file is not None:
             raise UsageError("give either VALUE or --file, not both")
         value: Any
@@ -303,17 +235,19 @@ class Cli:
         elif self.a.value is not None:
             value = os.fsencode(self.a.value)
         else:
-            value = _stdin_chunks()
+            value = None
         bar = Progress("put")
+        if value is None:
+            value = _stdin_chunks(bar)
         try:
             await self.c.put(ledger, page, key, value, lazy=self.a.lazy, progress=bar)
         finally:
-            bar.done()
+            bar.close()
         return 0
 
     async def get(self) -> int:
         ledger, page = self.lp
-        key = self.b(self.a.key)
+        key = self.key(self.a.key)
         at = self.at
         target = Path(self.a.output) if self.a.output else None
         if target is not None:
@@ -329,69 +263,73 @@ class Cli:
                 except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
                     raise UsageError(f"-o {target}: {e.strerror}") from None
             else:
+                guard = _TerminalGuard() if sys.stdout.isatty() and not self.a.force else None
                 out = sys.stdout.buffer
                 async for chunk in self.c.get_stream(ledger, page, key, at=at, progress=bar):
+                    if guard is not None:
+                        guard.check(chunk)
                     out.write(chunk)
+                if guard is not None:
+                    guard.check(b"", final=True)
                 out.flush()
         finally:
-            bar.done()
+            bar.close()
         return 0
 
     async def delete(self) -> int:
         ledger, page = self.lp
-        await self.c.delete(ledger, page, self.b(self.a.key))
+        await self.c.delete(ledger, page, self.key(self.a.key))
         return 0
 
     async def clear(self) -> int:
         await self.c.clear(*self.lp)
         return 0
 
+    # -- listings ------------------------------------------------------------------
+
     async def _entries(self, whole: bool) -> AsyncIterator[Item]:
         """The listing, a few entries at a time; values over 1 MiB come as None (not fetched)."""
         ledger, page = self.lp
         kw: dict[str, Any] = {"at": self.at, "page_size": LIST_PAGE_SIZE}
         if not whole:
-            kw.update(
-                prefix=self.b(self.a.prefix) if self.a.prefix is not None else None,
-                start=self.b(self.a.start) if self.a.start is not None else None,
-                end=self.b(self.a.end) if self.a.end is not None else None,
-                limit=self.a.limit,
-            )
+            prefix, start, end = self.key_range()
+            kw.update(prefix=prefix, start=start, end=end, limit=self.a.limit)
         async for item in self.c.entries(ledger, page, **kw):
             yield item
 
     async def ls(self) -> int:
         async for item in self._entries(whole=False):
             if self.a.json:
-                self.line(_item_json(item))
+                self.emit(entry_doc(item))
             elif item.value is None:
-                key = item.key.hex() if self.a.hex else _show(item.key)
-                self.line(f"{key}\t{_size_text(item.size)}")
-            elif self.a.hex:
-                self.line(f"{item.key.hex()}\t{item.value.hex()}")
+                self.line(f"{self.show_key(item.key)}\t{size_text(item.size)}")
             else:
-                self.line(f"{_show(item.key)}\t{_show(item.value)}")
+                value = item.value.hex() if self.a.hex else show(item.value)
+                self.line(f"{self.show_key(item.key)}\t{value}")
         return 0
 
     async def export(self) -> int:
         ledger, page = self.lp
-        async for item in self._entries(whole=True):
-            if item.value is not None:
-                self.line(_item_json(item))
-                continue
-            # Too large to list: streamed and encoded a chunk at a time.
-            head = '{"key":"%s","priority":"%s","value":"' % (  # noqa: UP031
-                base64.b64encode(item.key).decode(),
-                item.priority,
-            )
-            self.out.write(head)
-            carry = b""
-            async for chunk in self.c.get_stream(ledger, page, item.key, at=self.at):
-                data = carry + chunk
-                cut = len(data) - len(data) % 3
-                self.out.write(base64.b64encode(data[:cut]).decode())
-                carry = data[cut:]
-            self.line(base64.b64encode(carry).decode() + '"}')
+        bar = Progress("export", unit="entries", minimum=ENTRIES_MIN)
+        n = 0
+        try:
+            async for item in self._entries(whole=True):
+                n += 1
+                bar(n)
+                if item.value is not None:
+                    self.emit(entry_doc(item))
+                    continue
+                # Too large to list: streamed and encoded a chunk at a time.
+                self.out.write(f'{{"key":"{b64(item.key)}","priority":"{item.priority}","value":"')
+                carry = b""
+                async for chunk in self.c.get_stream(ledger, page, item.key, at=self.at):
+                    data = carry + chunk
+                    cut = len(data) - len(data) % 3
+                    self.out.write(b64(data[:cut]))
+                    carry = data[cut:]
+                self.line(b64(carry) + '"}')
+        finally:
+            bar.close()
         return 0
 
     async def import_(self) -> int:
@@ -400,165 +338,218 @@ class Cli:
             src: BinaryIO = open(self.a.file, "rb") if self.a.file else sys.stdin.buffer  # noqa: SIM115
         except OSError as e:
             raise UsageError(f"{self.a.file}: {e.strerror}") from None
-        batch: list[tuple[bytes, bytes, str]] = []
-        size = total = n = 0
+        bar = Progress("import")
         try:
-            while raw := src.readline(IMPORT_LINE_LIMIT):
-                n += 1
-                if len(raw) == IMPORT_LINE_LIMIT and not raw.endswith(b"\n"):
-                    total += await self._send(ledger, page, batch)
-                    batch, size = [], 0
-                    await self._put_streamed(ledger, page, raw, src, n)
-                    total += 1
-                    continue
-                if not raw.strip():
-                    continue
-                key, value, prio = _parse_line(raw, n)
-                if len(value) > IMPORT_INLINE_VALUE:
-                    total += await self._send(ledger, page, batch)
-                    batch, size = [], 0
-                    total += await self._send(ledger, page, [(key, value, prio)])
-                    continue
-                batch.append((key, value, prio))
-                size += len(key) + len(value)
-                if len(batch) >= IMPORT_BATCH_ENTRIES or size >= self.batch_bytes:
-                    total += await self._send(ledger, page, batch)
-                    batch, size = [], 0
-            total += await self._send(ledger, page, batch)
+            written = await Importer(self.c, ledger, page, src).run(bar)
         finally:
+            bar.close()
             if src is not sys.stdin.buffer:
                 src.close()
-        print(f"imported {total} entries", file=sys.stderr)
+        if self.a.json:
+            self.emit({"imported": written})
+        else:
+            print(f"imported {written} entries", file=sys.stderr)
         return 0
-
-    async def _send(self, ledger: bytes, page: bytes, batch: list[tuple[bytes, bytes, str]]) -> int:
-        """Write ``batch`` (in order): one batch request, split in halves while the daemon
-        finds it over its ``max_batch_bytes``; a single entry that is goes as a PUT."""
-        if not batch:
-            return 0
-        if len(batch) > 1 or len(batch[0][1]) <= IMPORT_INLINE_VALUE:
-            try:
-                return await self.c.batch(ledger, page, batch)
-            except LedgerError as e:
-                if e.code != "too_large":
-                    raise
-        if len(batch) == 1:
-            key, value, prio = batch[0]
-            await self.c.put(ledger, page, key, value, lazy=prio == "lazy")
-            return 1
-        half = len(batch) // 2
-        self.batch_bytes = max(
-            1, min(self.batch_bytes, sum(len(k) + len(v) for k, v, _ in batch) // 2)
-        )
-        return await self._send(ledger, page, batch[:half]) + await self._send(
-            ledger, page, batch[half:]
-        )
-
-    async def _put_streamed(
-        self, ledger: bytes, page: bytes, first: bytes, src: BinaryIO, n: int
-    ) -> None:
-        """A line too long to parse whole: key and priority first, then the value streamed
-        into a PUT (the layout export writes)."""
-        m = _STREAMED_HEAD.match(first)
-        if m is None:
-            raise UsageError(
-                f"line {n}: a line over {IMPORT_LINE_LIMIT} bytes must be export's layout: "
-                '{"key":...,"priority":...,"value":...}'
-            )
-        key = base64.b64decode(m.group(1))
-        value = _StreamedValue(first[m.end() :], src, n)
-        try:
-            await self.c.put(ledger, page, key, value, lazy=m.group(2) == b"lazy")
-        except Exception:
-            if value.error is not None:
-                raise value.error from None
-            raise
 
     async def watch(self) -> int:
         ledger, page = self.lp
-        prefix = self.b(self.a.prefix) if self.a.prefix else b""
-        async for ch in self.c.watch(ledger, page, prefix):
-            if self.a.json:
-                self.line(
-                    json.dumps(
-                        {
-                            "commit": ch.commit,
-                            "changed": [
-                                {
-                                    "key": base64.b64encode(i.key).decode(),
-                                    "value": None
-                                    if i.value is None
-                                    else base64.b64encode(i.value).decode(),
-                                    "priority": i.priority,
-                                    "size": i.size,
-                                }
-                                for i in ch.changed
-                            ],
-                            "deleted": [base64.b64encode(k).decode() for k in ch.deleted],
-                        }
-                    )
-                )
-                continue
-            for i in ch.changed:
-                shown = _show(i.value) if i.value is not None else _size_text(i.size)
-                self.line(f"put\t{_show(i.key)}\t{shown}")
-            for k in ch.deleted:
-                self.line(f"delete\t{_show(k)}")
+        prefix, lo, hi = self.key_range()
+        watched = self.c.watch(ledger, page, prefix or (lo[:-1] if lo is not None else b""))
+        async for ch in watched:
+            changed, deleted = ch.changed, ch.deleted
+            if lo is not None and hi is not None:  # a tuple's range: the longer tuples only
+                changed = [i for i in changed if lo <= i.key < hi]
+                deleted = [k for k in deleted if lo <= k < hi]
+            for i in changed:
+                if self.a.json:
+                    self.emit({"op": "put", "commit": ch.commit, **entry_doc(i)})
+                else:
+                    shown = show(i.value) if i.value is not None else size_text(i.size)
+                    self.line(f"put\t{self.show_key(i.key)}\t{shown}")
+            for k in deleted:
+                if self.a.json:
+                    self.emit({"op": "delete", "commit": ch.commit, "key": b64(k)})
+                else:
+                    self.line(f"delete\t{self.show_key(k)}")
         # Only the daemon ends a watch (it is shutting down, or closed the page).
         print("ledgerctl: the daemon ended the watch", file=sys.stderr)
         return 1
 
+    # -- sync and history ----------------------------------------------------------
+
     async def sync(self) -> int:
         ledger = self.b(self.a.ledger, "ledger") if self.a.ledger else None
         page = self.b(self.a.page, "page") if self.a.page else None
-        res = await self.c.sync(ledger, page, timeout=self.a.timeout)
-        print(
-            f"synced: {res['uploaded_packs']} packs up, {res['downloaded_packs']} down, "
-            f"{res['rounds']} rounds",
-            file=sys.stderr,
-        )
+        bar = Progress("sync", unit="pages", minimum=1)
+        waiting = await self._pending_uploads() if bar.active else 0
+        watching = asyncio.create_task(self._sync_progress(bar, waiting))
+        try:
+            res = await self.c.sync(ledger, page, timeout=self.a.timeout)
+            bar(waiting, waiting)
+        finally:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
+            bar.close()
+        if self.a.json:
+            self.emit(res)
+        else:
+            print(
+                f"synced: {res['uploaded_packs']} packs up, {res['downloaded_packs']} down, "
+                f"{res['rounds']} rounds",
+                file=sys.stderr,
+            )
         return 0
+
+    async def _pending_uploads(self) -> int:
+        with contextlib.suppress(LedgerError):
+            st = await self.c.status()
+            return int((st.get("sync") or {}).get("pending_uploads") or 0)
+        return 0
+
+    async def _sync_progress(self, bar: Progress, waiting: int) -> None:
+        """On a terminal: pages uploaded out of those ``waiting`` when ``sync`` started, from
+        ``/v1/status`` (the daemon reports nothing else while a sync runs)."""
+        while waiting:
+            bar(waiting - min(waiting, await self._pending_uploads()), waiting)
+            await asyncio.sleep(SYNC_POLL)
 
     async def policy(self) -> int:
         doc = await self.c.policy(*self.lp, self.a.policy)
+        if self.a.json:
+            self.emit(doc)
+            return 0
         conflict = f"  conflict: {doc['conflict']}" if doc.get("conflict") else ""
         self.line(f"{doc['policy']}  heads={doc['heads']}{conflict}")
         return 0
 
     async def heads(self) -> int:
         for h in await self.c.heads(*self.lp):
-            self.line(h["id"])
+            self.emit(h) if self.a.json else self.line(h["id"])
         return 0
 
     async def log(self) -> int:
         for c in await self.c.history(*self.lp, limit=self.a.limit):
+            if self.a.json:
+                self.emit(c)
+                continue
             merge = " merge" if c["merge"] else ""
             parents = ",".join(p[:12] for p in c["parents"]) or "-"
             self.line(
-                f"{c['id']}  gen {c['generation']}  {_when(c['timestamp'])}{merge}"
+                f"{c['id']}  gen {c['generation']}  {when(c['timestamp'])}{merge}"
                 f"  parents {parents}"
             )
         return 0
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="ledgerctl", description="Command-line client of ledgerd.")
-    ap.add_argument("--version", action="version", version=f"ledgerctl {__version__}")
-    ap.add_argument(
-        "--socket", help="daemon socket (default: $LEDGERD_SOCKET or the daemon's default)"
+def _typed(args: argparse.Namespace, name: str) -> str:
+    """An argument as the user typed it, printable whatever its bytes."""
+    return show(os.fsencode(getattr(args, name, None) or ""))
+
+
+def _not_found(e: NotFoundError, args: argparse.Namespace) -> str:
+    """What was not found, named as the user gave it (the daemon's message has Python
+    byte reprs in it)."""
+    where = f"{_typed(args, 'ledger')}/{_typed(args, 'page')}"
+    if e.code == "key_not_found" and getattr(args, "key", None) is not None:
+        return f"key {_typed(args, 'key')} is not in {where}"
+    if e.code == "page_not_found" and getattr(args, "page", None) is not None:
+        return f"no page {_typed(args, 'page')} in ledger {_typed(args, 'ledger')}"
+    if e.code == "ledger_not_found" and getattr(args, "ledger", None) is not None:
+        return f"no ledger {_typed(args, 'ledger')}"
+    return f"{e} ({e.code})"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with "did you mean" on a mistyped command or option."""
+
+    commands: tuple[str, ...] = ()
+    options: frozenset[str] = frozenset()
+
+    def error(self, message: str) -> NoReturn:
+        bad = re.search(r"invalid choice: '([^']*)'", message)
+        if bad and "COMMAND" in message:
+            message = f"no command {bad[1]!r}"
+            near = difflib.get_close_matches(bad[1], self.commands, n=3, cutoff=0.6)
+            if near:
+                message += f"; did you mean {' or '.join(repr(n) for n in near)}?"
+        elif message.startswith("unrecognized arguments: "):
+            for word in message.split()[2:]:
+                near = difflib.get_close_matches(word.split("=")[0], self.options, n=1)
+                if word.startswith("--") and near:
+                    message += f" (did you mean {near[0]!r}?)"
+                    break
+        super().error(message)
+
+
+def _complete_ledger(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str]:
+    """Shell completion of a ledger name: the daemon's ledgers (none if it is not running)."""
+    from ledgerd.daemon.client import Client
+
+    with contextlib.suppress(Exception), Client(getattr(parsed_args, "socket", None)) as c:
+        return [show_name(n, parsed_args.hex) for n in c.ledgers()]
+    return []
+
+
+def _complete_page(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str]:
+    from ledgerd.daemon.client import Client
+
+    with contextlib.suppress(Exception), Client(getattr(parsed_args, "socket", None)) as c:
+        ledger = arg_bytes(parsed_args.ledger, parsed_args.hex, "ledger")
+        return [show_name(n, parsed_args.hex) for n in c.pages(ledger)]
+    return []
+
+
+def _common(p: argparse.ArgumentParser, top: bool) -> None:
+    """The options every command takes, before or after its name."""
+    kw: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
+    p.add_argument(
+        "--socket",
+        help="daemon socket (default: $LEDGERD_SOCKET or the daemon's default)",
+        **kw,
     )
-    ap.add_argument("--hex", action="store_true", help="keys, ledger names and page ids are hex")
+    p.add_argument(
+        "--hex", action="store_true", help="keys, ledger names and page ids are hex", **kw
+    )
+    p.add_argument(
+        "--tuple",
+        action="store_true",
+        help="keys are tuple literals, e.g. '(\"user\", 42)'; listings show keys as tuples",
+        **kw,
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print data as JSON lines (see the README)", **kw
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = _Parser(
+        prog="ledgerctl",
+        description="Command-line client of ledgerd.",
+        epilog="Exit status: 0 success, 1 not found, 2 bad usage or input, 3 the daemon "
+        "cannot be reached, 4 refused by the daemon (conflict, unavailable, ...), "
+        "130 interrupted.",
+    )
+    ap.add_argument("--version", action="version", version=f"ledgerctl {__version__}")
+    _common(ap, top=True)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def cmd(name: str, help: str, *lp: str) -> argparse.ArgumentParser:
+    def cmd(name: str, help: str, *names: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help)
-        for a in lp:
-            p.add_argument(a)
+        for n in names:
+            arg = p.add_argument(n)
+            if n in ("ledger", "page"):
+                arg.completer = _complete_ledger if n == "ledger" else _complete_page  # type: ignore[attr-defined]
+        _common(p, top=False)
         return p
 
-    cmd("status", "show the daemon's state").add_argument("--json", action="store_true")
+    cmd("status", "show the daemon's state (sync problems included)")
+    cmd("version", "show the versions of ledgerctl and of the daemon")
     cmd("ledgers", "list ledgers")
     cmd("pages", "list the pages of a ledger", "ledger")
+    p = cmd("du", "entries and bytes (keys and values) per page")
+    p.add_argument("ledger", nargs="?").completer = _complete_ledger  # type: ignore[attr-defined]
+    p.add_argument("page", nargs="?").completer = _complete_page  # type: ignore[attr-defined]
     p = cmd(
         "put", "set a key (value from VALUE, --file or standard input)", "ledger", "page", "key"
     )
@@ -570,6 +561,9 @@ def parser() -> argparse.ArgumentParser:
     p = cmd("get", "write a value to standard output (or -o FILE)", "ledger", "page", "key")
     p.add_argument("-o", "--output", help="write the value to this file")
     p.add_argument("--at", help="read at this commit (hex id)")
+    p.add_argument(
+        "--force", action="store_true", help="write a binary value to a terminal all the same"
+    )
     cmd("delete", "delete a key", "ledger", "page", "key")
     cmd("clear", "delete every entry of a page", "ledger", "page")
     p = cmd("ls", "list entries: key<TAB>value per line (or --json)", "ledger", "page")
@@ -577,20 +571,14 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument(opt)
     p.add_argument("--limit", type=int)
     p.add_argument("--at", help="list at this commit (hex id)")
-    p.add_argument(
-        "--json",
-        action="store_true",
-        help='one {"key","priority","value"} (base64; null and "size" over 1 MiB) per line',
-    )
     p = cmd("watch", "print every change until interrupted", "ledger", "page")
     p.add_argument("--prefix")
-    p.add_argument("--json", action="store_true", help="one JSON object per commit")
     p = cmd("import", "write entries in the 'ls --json' format in large batches", "ledger", "page")
     p.add_argument("file", nargs="?", help="(default: standard input)")
     cmd("export", "the whole page in the 'ls --json' format", "ledger", "page")
     p = cmd("sync", "upload pending changes, fetch and merge remote ones, until quiet")
-    p.add_argument("ledger", nargs="?")
-    p.add_argument("page", nargs="?")
+    p.add_argument("ledger", nargs="?").completer = _complete_ledger  # type: ignore[attr-defined]
+    p.add_argument("page", nargs="?").completer = _complete_page  # type: ignore[attr-defined]
     p.add_argument("--timeout", type=float, default=60.0, help="give up after S seconds")
     p = cmd("policy", "show or set the page's merge policy", "ledger", "page")
     p.add_argument(
@@ -604,6 +592,11 @@ def parser() -> argparse.ArgumentParser:
     from ledgerd.daemon import cli_check
 
     cli_check.register(sub)
+
+    ap.commands = tuple(sub.choices)
+    ap.options = frozenset(
+        o for q in [ap, *sub.choices.values()] for a in q._actions for o in a.option_strings
+    )
     return ap
 
 
@@ -618,27 +611,45 @@ async def run(args: argparse.Namespace) -> int:
         return int(await getattr(cli, name)())
 
 
+_ASIDES = re.compile(r"Cannot connect to (?:host|unix socket) \S+ ssl:\S+ \[(?P<why>[^\]]*)\]")
+
+
+def _unreachable(e: DaemonUnavailableError, args: argparse.Namespace) -> str:
+    """The message for a daemon that cannot be reached: what failed, without aiohttp's
+    host and TLS details, and a hint that names the socket the user gave, if any."""
+    text = _ASIDES.sub(lambda m: m["why"], str(e))
+    if args.socket:
+        hint = f"is ledgerd running there? start it with: ledgerd --socket {args.socket}"
+    elif os.environ.get("LEDGERD_SOCKET"):
+        hint = "is ledgerd running there? $LEDGERD_SOCKET chose it; start it with: ledgerd"
+    else:
+        hint = "is ledgerd running? start it with: ledgerd"
+    return f"{text} ({hint})"
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    ap = parser()
+    if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions (see the README)
+        import argcomplete
+
+        argcomplete.autocomplete(ap)
+    args = ap.parse_args(argv)
     try:
         return asyncio.run(run(args))
-    except UsageError as e:
-        print(f"ledgerctl: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except UnsafeSocketError as e:
+    except (UsageError, UnsafeSocketError) as e:
         print(f"ledgerctl: {e}", file=sys.stderr)
         return EXIT_USAGE
     except DaemonUnavailableError as e:
-        print(f"ledgerctl: {e} (is ledgerd running? start it with: ledgerd)", file=sys.stderr)
+        print(f"ledgerctl: {_unreachable(e, args)}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     except NotFoundError as e:
-        print(f"ledgerctl: {e}", file=sys.stderr)
+        print(f"ledgerctl: {_not_found(e, args)}", file=sys.stderr)
         return EXIT_NOT_FOUND
     except LedgerError as e:
         print(f"ledgerctl: {e} ({e.code})", file=sys.stderr)
         return EXIT_USAGE if e.status in (400, 413, 416) else EXIT_ERROR
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         with contextlib.suppress(Exception):
             sys.stdout.close()

@@ -50,7 +50,7 @@ def _arg(text: str | None, hex_mode: bool) -> bytes | None:
     try:
         return bytes.fromhex(text)
     except ValueError:
-        from ledgerd.daemon.cli import UsageError
+        from ledgerd.daemon.cli_format import UsageError
 
         raise UsageError(f"{text!r} is not valid hex") from None
 

@@ -36,9 +36,8 @@ MiB = 1024 * 1024
 # -- fixtures and helpers ------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def shared() -> Iterator[Daemon]:
-    """One daemon for the module; each test uses its own ledger (see ``ledger``)."""
+def shared_daemon() -> Iterator[Daemon]:
+    """One daemon for a module; each test uses its own ledger (see ``ledger``)."""
     base = Path(tempfile.mkdtemp(prefix="ld-cli-", dir="/tmp"))
     d = start_daemon(base)
     try:
@@ -49,6 +48,11 @@ def shared() -> Iterator[Daemon]:
         log = d.log_text()
         shutil.rmtree(base, ignore_errors=True)
         assert code == 0, f"ledgerd exited with {code}; log:\n{log}"
+
+
+@pytest.fixture(scope="module")
+def shared() -> Iterator[Daemon]:
+    yield from shared_daemon()
 
 
 @pytest.fixture
@@ -164,8 +168,12 @@ def test_status_ledgers_and_pages(daemon: Daemon) -> None:
     assert re.fullmatch(r"device   \S+", status[1])
     assert status[2:4] == [f"data     {daemon.data}", "cloud    off"]
     page_lines = status[4:]
-    # A page id that is not UTF-8 is shown in base64.
-    assert sorted(page_lines) == ["page     notes/inbox", "page     notes/work", "page     é/AP8="]
+    # A page id that is not UTF-8 is shown in hex.
+    assert sorted(page_lines) == [
+        "page     notes/inbox",
+        "page     notes/work",
+        "page     é/hex:00ff",
+    ]
     assert ledgers.decode() == "notes\né\n"
     assert pages == b"inbox\nwork\n"
     assert pages_hex == b"00ff\n"
@@ -659,17 +667,16 @@ class Watcher:
 
 
 def json_events(line: str) -> list[tuple[str, bytes, bytes | None]]:
-    """One ``watch --json`` line (a commit) as ("put", key, value) / ("delete", key, None)."""
+    """One ``watch --json`` line (a change) as ("put", key, value) / ("delete", key, None)."""
     doc = json.loads(line)
     assert COMMIT_ID.fullmatch(doc["commit"]), line
-    out: list[tuple[str, bytes, bytes | None]] = []
-    for c in doc["changed"]:
-        assert set(c) == {"key", "value", "priority", "size"} and c["priority"] == "eager"
-        value = base64.b64decode(c["value"])
-        assert c["size"] == len(value)
-        out.append(("put", base64.b64decode(c["key"]), value))
-    out.extend(("delete", base64.b64decode(k), None) for k in doc["deleted"])
-    return out
+    key = base64.b64decode(doc["key"])
+    if doc["op"] == "delete":
+        assert list(doc) == ["op", "commit", "key"], line
+        return [("delete", key, None)]
+    assert list(doc) == ["op", "commit", "key", "priority", "value"], line  # ls's entry
+    assert doc["op"] == "put" and doc["priority"] == "eager", line
+    return [("put", key, base64.b64decode(doc["value"]))]
 
 
 def test_watch_prints_changes_in_order(shared: Daemon, ledger: str) -> None:
@@ -766,6 +773,7 @@ def test_exit_statuses_without_a_daemon(tmp_path: Path) -> None:
         (["put", "--file", str(tmp_path / "nope"), "l", "p", "k"], 2, "ledgerctl: --file "),
         (["status"], 3, f"ledgerctl: cannot reach ledgerd at {sock}: "),  # $LEDGERD_SOCKET
         (["--socket", str(tmp_path / "x"), "watch", "l", "p"], 3, "ledgerctl: cannot reach"),
+        (["ls", "l", "p", "--socket", str(tmp_path / "y")], 3, "ledgerctl: cannot reach"),
     ]
 
     def run(args: list[str]) -> Run:
@@ -780,9 +788,19 @@ def test_exit_statuses_without_a_daemon(tmp_path: Path) -> None:
         assert p.stdout == b""
         err = p.stderr.decode()
         assert message in err and "Traceback" not in err, err
-        if code == 3:
-            assert err.endswith("(is ledgerd running? start it with: ledgerd)\n"), err
+        if code == 3:  # what failed, without aiohttp's internals
+            assert "No such file or directory" in err and "ssl:" not in err, err
+            assert "host" not in err and "ledgerd:80" not in err, err
     assert "no such file" in runs[3].stderr.decode()
+    assert (
+        runs[4]
+        .stderr.decode()
+        .endswith("(is ledgerd running there? $LEDGERD_SOCKET chose it; start it with: ledgerd)\n")
+    )
+    for p, given in [(runs[5], tmp_path / "x"), (runs[6], tmp_path / "y")]:  # --socket
+        assert p.stderr.decode().endswith(
+            f"(is ledgerd running there? start it with: ledgerd --socket {given})\n"
+        ), p
 
 
 # -- progress bar --------------------------------------------------------------------
@@ -842,15 +860,16 @@ def test_progress_bar_only_on_a_terminal_for_large_transfers(
 
     assert code == 0, shown
     text = shown.decode()
-    assert "put [" in text and "%" in text, text
-    assert re.search(r"put \[#{30}\] 100\.0% +8\.0 MiB\r?\n$", text), text  # ends complete
+    # tqdm's bar: done/total, elapsed<remaining, rate; it ends complete.
+    assert re.search(r"put: +\d+%\|.*\| [\d.]+M?/8\.01M \[\d\d:\d\d<\d\d:\d\d, ", text), text
+    assert re.search(r"put: 100%\|█+\| 8\.01M/8\.01M \[.*B/s\]\r?\n$", text), text
     assert "Traceback" not in text
     with Client(shared.socket) as c:
         assert c.get(ledger, "p", b"big") == c.get(ledger, "p", b"big2") == big.read_bytes()
 
     out = tmp_path / "out"
     code, shown = run_on_pty(shared, "get", "-o", str(out), ledger, "p", "big")
-    assert code == 0 and re.search(r"get \[#{30}\] 100\.0%", shown.decode()), shown
+    assert code == 0 and re.search(r"get: 100%\|█+\| 8\.01M/8\.01M", shown.decode()), shown
     assert out.read_bytes() == big.read_bytes()
 
 

@@ -1,0 +1,83 @@
+"""What ``ledgerctl status`` prints: ``/v1/status`` as lines a person reads.
+
+The daemon's document is shown, not interpreted: one line per fact, names as text
+(hex when they are not UTF-8), times in UTC, and every sync problem the ``sync``
+object reports (per-page errors, held packs, gaps in device logs, devices that fail,
+clock skew, the bucket) on a line of its own. ``--json`` prints the document itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ledgerd.daemon.cli_format import show_b64_name, when_s
+
+
+def _page(doc: dict[str, Any]) -> str:
+    return f"{show_b64_name(doc['ledger'])}/{show_b64_name(doc['page'])}"
+
+
+def _since(t: float | None) -> str:
+    return f" since {when_s(t)}" if t else ""
+
+
+def status_lines(st: dict[str, Any]) -> list[str]:
+    lines = [
+        f"ledgerd {st['version']} (pid {st['pid']}), up {st['uptime_s']:.0f}s",
+        f"device   {st['device_id']}",
+        f"data     {st['data_dir']}",
+        f"cloud    {st.get('cloud') or 'off'}",
+    ]
+    sync = st.get("sync") or {}
+    if st.get("sync_error") and st["sync_error"] != sync.get("bucket_error"):
+        lines.append(f"sync     error: {st['sync_error']}")
+    lines += sync_lines(sync)
+    for p in st.get("open_pages", []):
+        extra = f"  heads={p['heads']}" if p["heads"] != 1 else ""
+        if p.get("unsynced_commits"):
+            extra += f"  unsynced={p['unsynced_commits']}"
+        if p.get("last_sync"):
+            extra += f"  synced {when_s(p['last_sync'])}"
+        if p.get("conflict"):
+            extra += f"  conflict: {p['conflict']}"
+        if p.get("last_error"):
+            extra += f"  error: {p['last_error']}"
+        lines.append(f"page     {_page(p)}{extra}")
+    return lines
+
+
+def sync_lines(sync: dict[str, Any]) -> list[str]:
+    """The ``sync`` object: a line per problem, nothing when sync is healthy (or off)."""
+    lines = []
+    if sync.get("bucket_error"):
+        lines.append(f"bucket   error: {sync['bucket_error']}")
+    if sync.get("round_error") and not (
+        sync.get("bucket_error") and sync["bucket_error"] in sync["round_error"]
+    ):
+        lines.append(f"sync     last round failed: {sync['round_error']}")
+    if sync.get("pending_uploads"):
+        lines.append(f"sync     {sync['pending_uploads']} pages waiting to upload")
+    for p in sync.get("pages", []):
+        lines.append(f"sync     page {_page(p)}: {p['error']}")
+    for h in sync.get("packs", []):
+        retry = f", retry in {h['retry_in_s']:.0f}s" if h.get("retry_in_s") else ""
+        why = f": {h['error']}" if h.get("error") else ""
+        lines.append(
+            f"held     pack {h['pack']} for {_page(h)} ({h['state']}, "
+            f"{h['attempts']} attempts{retry}){why}"
+        )
+    for g in sync.get("gaps", []):
+        seqs = (
+            str(g["first_seq"])
+            if g["first_seq"] == g["last_seq"]
+            else (f"{g['first_seq']}-{g['last_seq']}")
+        )
+        lines.append(f"gap      device {g['device']} packs {seqs} missing{_since(g['since'])}")
+    for d in sync.get("devices", []):
+        lines.append(f"device   {d['device']}: {d['error']}")
+    for s in sync.get("clock_skew", []):
+        lines.append(
+            f"clock    device {s['device']} is {s['ahead_s']:.0f}s ahead of this one "
+            f"(commit {s['commit'][:12]}, seen {when_s(s['seen_at'])})"
+        )
+    return lines

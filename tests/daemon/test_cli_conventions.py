@@ -1,0 +1,441 @@
+"""``ledgerctl``'s conventions (issue 19): ``--json`` everywhere in one shape, exit statuses,
+readable names, no binary on a terminal, options after the command, ``version``,
+"did you mean", progress bars, shell completion, ``du`` and the sync part of ``status``.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import json
+import os
+import random
+import re
+import select
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledgerd.daemon import __version__
+from ledgerd.daemon.cli_status import status_lines
+from ledgerd.daemon.client import Client
+from tests.daemon.conftest import ROOT, Daemon, start_daemon
+from tests.daemon.test_cli import (
+    MiB,
+    cli_cmd,
+    cli_env,
+    ctl,
+    ctl_all,
+    ctl_fails,
+    json_line,
+    ledger,
+    outputs,
+    seed,
+    shared_daemon,
+)
+
+__all__ = ["ledger"]  # a fixture
+
+
+@pytest.fixture(scope="module")
+def shared() -> Iterator[Daemon]:
+    yield from shared_daemon()
+
+
+def json_lines(out: bytes) -> list[dict[str, Any]]:
+    """``--json`` output: one compact object per line, nothing else."""
+    docs = []
+    for line in out.decode().splitlines():
+        doc = json.loads(line)
+        assert isinstance(doc, dict), line
+        assert json.dumps(doc, separators=(",", ":")) == line  # compact, one line each
+        docs.append(doc)
+    return docs
+
+
+def run_tty(
+    d: Daemon, *args: str, stdout: bool = False, input: bytes | None = None
+) -> tuple[int, bytes, bytes]:
+    """Run ``ledgerctl`` with stderr (and with ``stdout``, stdout too) on a pseudo-terminal;
+    returns (status, what the terminal showed, stdout when it was a pipe)."""
+    master, slave = os.openpty()
+    try:
+        proc = subprocess.Popen(
+            cli_cmd(*args),
+            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+            stdout=slave if stdout else subprocess.PIPE,
+            stderr=slave,
+            env=cli_env(d.socket),
+            cwd=ROOT,
+        )
+        os.close(slave)
+        slave = -1
+        if input is not None:
+            assert proc.stdin is not None
+            proc.stdin.write(input)
+            proc.stdin.close()
+        out = b""
+        shown = b""
+        deadline = time.monotonic() + 60
+        fds = [master] + ([proc.stdout.fileno()] if proc.stdout else [])
+        while fds:
+            ready, _, _ = select.select(fds, [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, f"ledgerctl {args} still running; showed {shown!r}"
+            for fd in ready:
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError as e:  # EIO: every copy of the terminal's slave side is closed
+                    assert e.errno == errno.EIO
+                    chunk = b""
+                if not chunk:
+                    fds.remove(fd)
+                elif fd == master:
+                    shown += chunk
+                else:
+                    out += chunk
+        if proc.stdout:
+            proc.stdout.close()
+        return proc.wait(60), shown, out
+    finally:
+        os.close(master)
+        if slave >= 0:
+            os.close(slave)
+
+
+# -- --json ------------------------------------------------------------------------
+
+
+def test_json_on_every_command_that_prints_data(shared: Daemon, ledger: str) -> None:
+    seed(shared, ledger, "p", [(b"k", b"v", "eager"), (b"\xff", b"w", "lazy")])
+    seed(shared, ledger, b"\x00\xff", [(b"k", b"v", "eager")])
+    runs = ctl_all(
+        shared,
+        ["--json", "status"],
+        ["version", "--json"],
+        ["ledgers", "--json"],
+        ["pages", ledger, "--json"],
+        ["du", ledger, "--json"],
+        ["ls", ledger, "p", "--json"],
+        ["heads", ledger, "p", "--json"],
+        ["log", ledger, "p", "--json"],
+        ["policy", ledger, "p", "--json"],
+        ["export", ledger, "p", "--json"],
+    )
+    status, version, ledgers, pages, du, ls, heads, log, policy, export = (
+        json_lines(o) for o in outputs(runs)
+    )
+    assert status[0]["pid"] == shared.proc.pid and len(status) == 1
+    assert version == [{"client": __version__, "daemon": __version__}]
+    assert {"ledger": base64.b64encode(ledger.encode()).decode(), "ledger_text": ledger} in ledgers
+    lb = base64.b64encode(ledger.encode()).decode()
+    assert pages == [
+        {"ledger": lb, "ledger_text": ledger, "page": "AP8=", "page_text": None},
+        {"ledger": lb, "ledger_text": ledger, "page": "cA==", "page_text": "p"},
+    ]
+    assert du == [
+        {**pages[0], "entries": 1, "key_bytes": 1, "value_bytes": 1},
+        {**pages[1], "entries": 2, "key_bytes": 2, "value_bytes": 2},
+    ]
+    assert (
+        ls
+        == export
+        == [
+            {"key": "aw==", "priority": "eager", "value": "dg=="},
+            {"key": "/w==", "priority": "lazy", "value": "dw=="},
+        ]
+    )
+    assert len(heads) == 1 and re.fullmatch(r"[0-9a-f]{64}", heads[0]["id"])
+    assert log[0]["id"] == heads[0]["id"]
+    assert policy[0]["policy"] == "last_one_wins"
+
+    # import reports on stdout with --json, watch prints one entry per change (see
+    # test_cli's watch test); commands that print no data print nothing.
+    p = shared.ledgerctl("import", ledger, "q", "--json", input=json_line(b"a", b"1"))
+    assert (p.returncode, p.stdout, p.stderr) == (0, b'{"imported":1}\n', b""), p
+    assert ctl(shared, "put", ledger, "q", "b", "2", "--json") == b""
+
+
+# -- exit statuses -----------------------------------------------------------------
+
+
+def test_exit_status_4_is_a_refusal_by_the_daemon(shared: Daemon, ledger: str) -> None:
+    err = ctl_fails(shared, 4, "sync")  # this daemon has no cloud
+    assert "cloud sync is off" in err and "(conflict)" in err, err
+
+
+def test_not_found_names_things_as_given(shared: Daemon, ledger: str) -> None:
+    seed(shared, ledger, "p", [(b"k", b"v", "eager")])
+    runs = ctl_all(
+        shared,
+        ["get", ledger, "p", "nope"],
+        ["get", ledger, "nopage", "k"],
+        ["get", "no-such-ledger-\u00e9", "p", "k"],
+        ["--hex", "get", ledger.encode().hex(), "70", "ff00"],
+    )
+    errs = []
+    for p in runs:
+        assert p.returncode == 1 and p.stdout == b"", p
+        errs.append(p.stderr.decode())
+    assert errs == [
+        f"ledgerctl: key nope is not in {ledger}/p\n",
+        f"ledgerctl: no page nopage in ledger {ledger}\n",
+        "ledgerctl: no ledger no-such-ledger-é\n",
+        f"ledgerctl: key ff00 is not in {ledger.encode().hex()}/70\n",
+    ]
+    assert not any("b'" in e for e in errs)
+
+
+# -- readable names ----------------------------------------------------------------
+
+
+def test_names_print_as_text_or_hex(shared: Daemon, ledger: str) -> None:
+    for page in (b"\xff\xfe", "é".encode(), b"tab\there", b"hex:1"):
+        seed(shared, ledger, page, [(b"k", b"v", "eager")])
+    pages, pages_hex, du = outputs(
+        ctl_all(
+            shared, ["pages", ledger], ["pages", ledger.encode().hex(), "--hex"], ["du", ledger]
+        )
+    )
+    # Printable UTF-8 as text; anything else (or text that could be read as hex) as hex.
+    assert pages.decode().splitlines() == [
+        "hex:6865783a31",  # "hex:1"
+        "hex:7461620968657265",  # "tab\there"
+        "é",
+        "hex:fffe",
+    ]
+    assert pages_hex.decode().splitlines() == ["6865783a31", "7461620968657265", "c3a9", "fffe"]
+    assert du.decode().splitlines()[-1].split() == ["8", "bytes", "4", "entries", "total"]
+    # What was printed, given back with --hex, is the page.
+    assert ctl(shared, "--hex", "get", ledger.encode().hex(), "fffe", "6b") == b"v"
+
+
+# -- no binary on a terminal -------------------------------------------------------
+
+
+def test_get_writes_no_binary_to_a_terminal(shared: Daemon, ledger: str, tmp_path: Path) -> None:
+    seed(
+        shared,
+        ledger,
+        "p",
+        [(b"bin", b"\x1b]0;owned\x07\x00\xff", "eager"), (b"text", "héllo\n".encode(), "eager")],
+    )
+    code, shown, _ = run_tty(shared, "get", ledger, "p", "bin", stdout=True)
+    assert code == 2, shown
+    assert shown == (
+        b"ledgerctl: the value is binary: not written to a terminal "
+        b"(use -o FILE, a pipe, or --force)\r\n"
+    )
+    code, shown, _ = run_tty(shared, "get", ledger, "p", "text", stdout=True)
+    assert (code, shown) == (0, "héllo\r\n".encode())
+    code, shown, _ = run_tty(shared, "get", ledger, "p", "bin", "--force", stdout=True)
+    assert (code, shown) == (0, b"\x1b]0;owned\x07\x00\xff")
+    assert ctl(shared, "get", ledger, "p", "bin") == b"\x1b]0;owned\x07\x00\xff"  # a pipe
+
+
+# -- the command line --------------------------------------------------------------
+
+
+def test_options_after_the_command(shared: Daemon, ledger: str) -> None:
+    seed(shared, ledger, b"\x00", [(b"\x01", b"v", "eager")])
+    lh = ledger.encode().hex()
+    got, listed = outputs(
+        ctl_all(
+            shared,
+            ["get", lh, "00", "01", "--hex"],
+            ["ls", lh, "00", "--hex", "--socket", str(shared.socket)],
+        )
+    )
+    assert (got, listed) == (b"v", b"01\t76\n")
+
+
+def test_version_without_a_daemon(tmp_path: Path) -> None:
+    p = subprocess.run(
+        cli_cmd("version"),
+        capture_output=True,
+        env=cli_env(tmp_path / "none.sock"),
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert p.returncode == 3, p
+    assert p.stdout.decode() == f"ledgerctl {__version__}\nledgerd   not reachable\n"
+
+
+def test_did_you_mean(tmp_path: Path) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            cli_cmd(*args), capture_output=True, env=cli_env(tmp_path / "s"), cwd=ROOT, timeout=60
+        )
+
+    p = run("lss", "l", "p")
+    assert p.returncode == 2 and p.stdout == b""
+    assert p.stderr.decode().endswith("ledgerctl: error: no command 'lss'; did you mean 'ls'?\n")
+    p = run("ls", "l", "p", "--prfix", "a")
+    assert p.returncode == 2
+    assert "unrecognized arguments: --prfix a (did you mean '--prefix'?)" in p.stderr.decode()
+    p = run("frobnicate")
+    assert p.returncode == 2 and p.stderr.decode().endswith("no command 'frobnicate'\n")
+
+
+def test_shell_completion(shared: Daemon, ledger: str, tmp_path: Path) -> None:
+    """argcomplete: commands, options, and ledger names asked of the running daemon."""
+    seed(shared, ledger, "page-one", [(b"k", b"v", "eager")])
+
+    def complete(line: str) -> set[str]:
+        out = tmp_path / "completions"
+        env = {
+            **cli_env(shared.socket),
+            "_ARGCOMPLETE": "1",
+            "_ARGCOMPLETE_IFS": "\n",
+            "COMP_LINE": line,
+            "COMP_POINT": str(len(line)),
+            "_ARGCOMPLETE_STDOUT_FILENAME": str(out),
+        }
+        p = subprocess.run(cli_cmd(), capture_output=True, env=env, cwd=ROOT, timeout=60)
+        assert p.returncode == 0, p
+        return {c.strip() for c in out.read_text().split("\n")} - {""}
+
+    assert {"ls", "log"} <= complete("ledgerctl l")
+    assert complete("ledgerctl ls x y --pre") == {"--prefix"}
+    assert complete(f"ledgerctl pages {ledger[:-2]}") == {ledger}
+    assert complete(f"ledgerctl ls {ledger} page-") == {"page-one"}
+
+
+# -- progress ----------------------------------------------------------------------
+
+
+def test_progress_on_a_terminal_for_import_and_export(
+    shared: Daemon, ledger: str, tmp_path: Path
+) -> None:
+    rng = random.Random(4)
+    dump = tmp_path / "dump.jsonl"
+    dump.write_bytes(b"".join(json_line(b"k%05d" % i, rng.randbytes(4000)) for i in range(2200)))
+    assert dump.stat().st_size > 8 * MiB
+
+    code, shown, _ = run_tty(shared, "import", ledger, "p", str(dump))
+    text = shown.decode()
+    assert code == 0, text
+    assert re.search(r"import: 100%\|█+\| [\d.]+M/[\d.]+M \[.*B/s, 2200 entries\]", text), text
+    assert text.endswith("imported 2200 entries\r\n"), text
+
+    code, shown, out = run_tty(shared, "export", ledger, "p")
+    text = shown.decode()
+    assert code == 0 and re.search(r"export: 2200 entries \[\d\d:\d\d, [\d.]+ entries/s\]", text)
+    assert json_lines(out) == [json.loads(x) for x in dump.read_bytes().splitlines()]
+
+    # Not a terminal: nothing but the command's own output.
+    p = shared.ledgerctl("import", ledger, "q", str(dump))
+    assert (p.returncode, p.stderr) == (0, b"imported 2200 entries\n"), p
+    assert ctl(shared, "export", ledger, "q") == out
+
+
+def test_progress_of_a_put_from_stdin(shared: Daemon, ledger: str) -> None:
+    data = random.Random(6).randbytes(9 * MiB)
+    code, shown, _ = run_tty(shared, "put", ledger, "p", "k", input=data)
+    assert code == 0, shown
+    # The size is not known: the amount and the rate.
+    assert re.search(r"put: [\d.]+MB \[\d\d:\d\d, .*B/s\]", shown.decode()), shown
+    with Client(shared.socket) as c:
+        assert c.get(ledger, "p", b"k") == data
+
+
+# -- status: the sync object -------------------------------------------------------
+
+
+def test_status_shows_every_sync_problem() -> None:
+    def b(x: bytes) -> str:
+        return base64.b64encode(x).decode()
+
+    page = {"ledger": b(b"notes"), "page": b(b"\xff"), "ledger_text": "notes", "page_text": None}
+    st = {
+        "version": "0.1.0",
+        "pid": 7,
+        "device_id": "d" * 32,
+        "data_dir": "/data",
+        "uptime_s": 3.2,
+        "cloud": "s3://b/p",
+        "sync_error": None,
+        "sync": {
+            "bucket_error": "no bucket at s3://b/p",
+            "round_error": "timed out",
+            "pending_uploads": 2,
+            "pages": [{**page, "error": "corrupt pack x", "last_sync": None}],
+            "packs": [
+                {
+                    **page,
+                    "pack": "packs/aa/1.pack",
+                    "device": "aa",
+                    "seq": 1,
+                    "state": "waiting",
+                    "error": "needs objects",
+                    "since": 0.0,
+                    "attempts": 3,
+                    "retry_in_s": 12.4,
+                }
+            ],
+            "gaps": [{"device": "bb", "first_seq": 4, "last_seq": 6, "since": 86400.0}],
+            "devices": [{"device": "cc", "error": "unreadable log"}],
+            "clock_skew": [
+                {"device": "dd", "ahead_s": 3600.2, "commit": "ab" * 32, "seen_at": 60.0}
+            ],
+        },
+        "open_pages": [],
+    }
+    assert status_lines(st)[4:] == [
+        "bucket   error: no bucket at s3://b/p",
+        "sync     last round failed: timed out",
+        "sync     2 pages waiting to upload",
+        "sync     page notes/hex:ff: corrupt pack x",
+        "held     pack packs/aa/1.pack for notes/hex:ff (waiting, 3 attempts, retry in 12s):"
+        " needs objects",
+        "gap      device bb packs 4-6 missing since 1970-01-02T00:00:00+00:00",
+        "device   cc: unreadable log",
+        "clock    device dd is 3600s ahead of this one (commit abababababab, "
+        "seen 1970-01-01T00:01:00+00:00)",
+    ]
+
+
+def test_status_of_a_daemon_whose_bucket_went_away(short_tmp: Path) -> None:
+    bucket = short_tmp / "bucket"
+    d = start_daemon(short_tmp / "d", "--cloud", f"file://{bucket}")
+    try:
+        assert d.ledgerctl("sync").returncode == 0
+        shutil.rmtree(bucket)
+        err = ctl_fails(d, 4, "sync")
+        assert "sync failed: the bucket has no ledgerd-bucket marker" in err, err
+        st = json.loads(ctl(d, "status", "--json"))
+        problem = st["sync"]["bucket_error"]
+        assert problem.startswith("the bucket has no ledgerd-bucket marker"), st
+        text = ctl(d, "status").decode()
+        assert text.count(problem) == 1, text  # said once, on its own line
+        assert f"\nbucket   error: {problem}\n" in text, text
+    finally:
+        assert d.stop() == 0
+
+
+def test_progress_of_sync(short_tmp: Path) -> None:
+    """``sync`` on a terminal: pages uploaded out of those waiting; on a pipe, no bar."""
+    env = {  # left to sync (but for the round the first write starts at once)
+        "LEDGERD_SYNC_DEBOUNCE": "600",
+        "LEDGERD_SYNC_INTERVAL": "600",
+        "LEDGERD_SYNC_INTERVAL_MAX": "600",
+    }
+    d = start_daemon(short_tmp / "d", "--cloud", f"file://{short_tmp}/bucket", env=env)
+    try:
+        for page in ("a", "b", "c"):
+            seed(d, "l", page, [(b"k", b"v", "eager")])
+        assert json.loads(ctl(d, "status", "--json"))["sync"]["pending_uploads"] >= 2
+        code, shown, _ = run_tty(d, "sync")
+        text = shown.decode()
+        assert code == 0, text
+        assert re.search(r"sync: 100%\|█+\| (\d)/\1 \[.* pages/s\]", text), text
+        assert re.search(r"\r\nsynced: \d+ packs up, 0 down, \d+ rounds\r\n$", text), text
+        seed(d, "l", "a", [(b"k2", b"v", "eager")])
+        p = d.ledgerctl("sync")
+        assert p.returncode == 0 and re.fullmatch(rb"synced: [^\r]*\n", p.stderr), p
+    finally:
+        assert d.stop() == 0
