@@ -529,10 +529,10 @@ class SyncEngine:
             dl = await self._device_log(device)
             async for name in self.store.list(layout.log_prefix(device), dl.cursor):
                 ln = LogName.parse(name, device)
-                dl.cursor = max(dl.cursor, name)
-                if ln is None:
+                if ln is None:  # a stray file never moves the cursor past later packs
                     self._ignore(name)
                     continue
+                dl.cursor = max(dl.cursor, name)
                 if dl.is_new(ln.seq):
                     dl.saw(ln.seq)
                 h = Held(ln, ln.key, progress.RETRY, "listed, not imported yet")
