@@ -20,6 +20,10 @@ It only reads while checking (the page keeps serving: no lock is held, and each
 query is short); :func:`restore_pieces`, :func:`requeue` and :func:`repair_local`
 write. Getting pieces back from the cloud is sync's job (:mod:`sync.check`); this
 module has no network code.
+
+Why one module of about 640 lines: the checks and the local repairs read the same
+tables in the same walk, and a repair is only safe next to the check that found
+the problem.
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@ share a page); a collection is a key range in it. One :class:`DocumentStore` per
 open page (:meth:`DocumentStore.open` hands out the same one): its writes run one
 at a time, each a transaction whose reads (the current revision) and writes are
 one commit, so an expected ``_rev`` is checked atomically.
+
+Why one module of about 640 lines: it is the document layer's API, one method per
+operation that the HTTP API and the clients mirror; the model, the layout and the
+indexes are already apart, and splitting the operations would scatter one API.
 """
 
 from __future__ import annotations
