@@ -37,7 +37,6 @@ from ledgerd.daemon import __version__, cli_doc
 from ledgerd.daemon.cli_format import (
     UsageError,
     arg_bytes,
-    b64,
     entry_doc,
     human_bytes,
     name_doc,
@@ -60,6 +59,7 @@ from ledgerd.daemon.client import (
     NotFoundError,
     UnsafeSocketError,
 )
+from ledgerd.daemon.codec import b64
 
 EXIT_NOT_FOUND, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_ERROR, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
 LIST_PAGE_SIZE = 100

@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ledgerd.daemon.client import Item
+from ledgerd.daemon.codec import b64
 from ledgerd.store import SingleFloat, Versionstamp
 from ledgerd.store import tuple as fdbtuple
 
@@ -225,10 +226,6 @@ def when_s(s: float) -> str:
 
 
 # -- --json records -------------------------------------------------------------------
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 def entry_doc(item: Item) -> dict[str, Any]:

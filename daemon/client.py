@@ -47,6 +47,7 @@ import aiofiles
 import aiohttp
 from yarl import URL
 
+from ledgerd.daemon.codec import b64
 from ledgerd.daemon.config import default_socket
 from ledgerd.daemon.socketdir import socket_dir_problem
 
@@ -127,11 +128,8 @@ def quote(data: Name) -> str:
     return "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in _raw(data))
 
 
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
 def unb64(text: str) -> bytes:
+    """The daemon's base64 (trusted: the daemon wrote it)."""
     return base64.b64decode(text)
 
 
