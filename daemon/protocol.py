@@ -119,7 +119,12 @@ class _Connection(web.RequestHandler):
         if request.writer.output_size > 0:  # as aiohttp: nothing can be said in-band
             raise ConnectionError("the response has started: cannot send an error")
         err = parser_error(status, exc, message, self.limits)
-        if err.status >= 500:
+        if isinstance(exc, ConnectionError) or (
+            exc is not None and isinstance(exc.__cause__, ConnectionError)
+        ):
+            # The client went away mid-request (an aborted upload, Ctrl-C): normal.
+            log.debug("%s: the client went away: %s", request.path, exc)
+        elif err.status >= 500:
             log.error("internal error serving %s", request.path, exc_info=exc)
         else:
             log.debug("refused a malformed request: %s", err)

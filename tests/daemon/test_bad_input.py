@@ -327,3 +327,29 @@ async def test_a_client_leaving_mid_download_is_not_an_error(
     assert daemon.stop() == 0
     log = daemon.log_text()
     assert "ERROR" not in log and "Traceback" not in log, log
+
+
+async def test_a_client_leaving_mid_upload_is_not_an_error(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """An upload the client abandons (Ctrl-C during ``ledgerctl put``) stores nothing
+    and is normal: no ERROR, no traceback."""
+    await http.put(u(P + "/keys/precious"), data=b"keep me")
+    for how in ("abort", "close"):
+        reader, writer = await asyncio.open_unix_connection(str(daemon.socket))
+        writer.write(
+            f"PUT {P}/keys/abandoned HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n".encode()
+            + b"a" * 500
+        )
+        await writer.drain()
+        if how == "abort":
+            writer.transport.abort()
+        else:
+            writer.close()
+    await _alive_and_intact(http)
+    r = await http.get(u(P + "/keys/abandoned"))
+    assert r.status == 404
+    await http.close()
+    assert daemon.stop() == 0
+    log = daemon.log_text()
+    assert "ERROR" not in log and "Traceback" not in log, log
