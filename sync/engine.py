@@ -55,7 +55,15 @@ from typing import Any, Protocol, TypeVar
 
 import msgpack
 
-from ledgerd.store import Commit, CommitListener, Page, PageHooks, Repository, ResolverSource
+from ledgerd.store import (
+    LOCAL_LEDGER,
+    Commit,
+    CommitListener,
+    Page,
+    PageHooks,
+    Repository,
+    ResolverSource,
+)
 from ledgerd.store import digest as dg
 from ledgerd.store import exchange as ex
 from ledgerd.store.errors import (
@@ -81,6 +89,10 @@ from ledgerd.sync.layout import LogName, PackName
 from ledgerd.sync.progress import DeviceLog, Held
 
 log = logging.getLogger(__name__)
+
+LOCAL = LOCAL_LEDGER.encode()
+"""The ledger that is never uploaded, nor written from the bucket (its pages
+stay on this device: see the README's Documents section)."""
 
 Key = tuple[bytes, bytes]
 T = TypeVar("T")
@@ -327,6 +339,8 @@ class SyncEngine:
         return st.last_error if st is not None else None
 
     def _changed(self, key: Key) -> None:
+        if key[0] == LOCAL:  # the _local ledger never leaves this device
+            return
         self._pending[key] = self._pending.get(key, 0) + 1
         self._dirty = True
         self._wake.set()
@@ -590,7 +604,7 @@ class SyncEngine:
         keys = [
             k
             for k in sorted(candidates)
-            if only is None or (k[0] == only[0] and only[1] in (None, k[1]))
+            if k[0] != LOCAL and (only is None or (k[0] == only[0] and only[1] in (None, k[1])))
         ]
         await self._save_pending()
         rnd = _Round()
@@ -963,7 +977,8 @@ class SyncEngine:
         return out
 
     def _wanted(self, key: Key) -> bool:
-        return self.wants is None or self.wants(*key)
+        # Another device's pack never writes into this device's _local ledger.
+        return key[0] != LOCAL and (self.wants is None or self.wants(*key))
 
     def _hold_for(self, dl: DeviceLog, pn: PackName | LogName, key: Key, e: Exception) -> None:
         """Hold one page of a pack, in the state its failure calls for."""
