@@ -33,13 +33,14 @@ def socket_dir_problem(socket: Path, *, owner: int | None = None) -> str | None:
 
     ``owner``: the uid that (besides root) must own the directories (the daemon's
     effective uid); None skips the ownership check (clients). A directory that does
-    not exist is not a problem here: nothing can be connected to in it.
+    not exist is not a problem for a client (nothing can be connected to in it); for
+    the daemon, which will create it, the directories it is created in must be safe.
     """
     directory = Path(os.path.realpath(socket.parent if str(socket.parent) else "."))
     try:
         st = os.stat(directory)
     except FileNotFoundError:
-        return None
+        return None if owner is None else _parents_problem(directory, owner)
     except OSError as e:
         return f"cannot inspect the socket's directory {directory}: {e.strerror}"
     if not stat.S_ISDIR(st.st_mode):
@@ -55,6 +56,11 @@ def socket_dir_problem(socket: Path, *, owner: int | None = None) -> str | None:
             f"the socket's directory {directory} belongs to uid {st.st_uid}, "
             f"not to this user (uid {owner}) or root"
         )
+    return _parents_problem(directory, owner)
+
+
+def _parents_problem(directory: Path, owner: int | None) -> str | None:
+    """What makes a directory above the socket's unsafe (see the module docstring)."""
     for parent in directory.parents:
         try:
             pst = os.stat(parent)

@@ -67,6 +67,19 @@ def test_the_daemon_refuses_a_socket_directory_others_can_write(short_tmp: Path,
     assert not (short_tmp / "data").exists()  # nothing was created
 
 
+def test_a_missing_socket_directory_under_an_unsafe_parent_is_refused_first(
+    short_tmp: Path,
+) -> None:
+    """The daemon would create the socket's directory in a parent others can write
+    (no sticky bit): refused before anything is created (found by the review)."""
+    parent = short_tmp / "open"
+    parent.mkdir()
+    os.chmod(parent, 0o777)
+    out = ledgerd("--data-dir", str(short_tmp / "data"), "--socket", str(parent / "sub" / "s"))
+    one_line(out, "socket:", "writable by others", str(parent))
+    assert not (short_tmp / "data").exists() and not (parent / "sub").exists()
+
+
 def test_the_daemon_refuses_a_socket_directory_of_another_user(short_tmp: Path) -> None:
     sockdir = short_tmp / "run"
     sockdir.mkdir(mode=0o700)
