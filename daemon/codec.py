@@ -143,15 +143,19 @@ def parse_json(data: bytes | str, what: str) -> Any:
     """Decode JSON from a client: any failure is a 400 naming ``what``. Besides syntax
     errors, that covers what ``json`` raises on hostile input: nesting deep enough to
     exhaust the recursion limit, integers past Python's int-string conversion limit
-    (both ValueError or RecursionError, not JSONDecodeError), and bodies that are not
-    UTF-8."""
+    (both ValueError or RecursionError, not JSONDecodeError), bodies that are not
+    UTF-8, and ``NaN``/``Infinity`` (not JSON: Python's json would take them)."""
     try:
         text = data.decode() if isinstance(data, bytes) else data
-        return json.loads(text)
+        return json.loads(text, parse_constant=_not_json)
     except RecursionError:
         raise ae.BadRequest(f"{what} is nested too deeply") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, int-string limit
         raise ae.BadRequest(f"{what} is not valid JSON: {e}") from None
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def text_or_none(data: bytes) -> str | None:
