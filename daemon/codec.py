@@ -99,7 +99,7 @@ def _checked_batch_changes(ops: list[Any]) -> list[Change]:
             raise ae.BadRequest(f"ops[{i}].op must be {OP_NAMES}")
         value = unb64(op.get("value"), "value", i)
         p = op.get("priority")
-        prio = Priority.EAGER if p is None else parse_priority(p if isinstance(p, str) else "?")
+        prio = Priority.EAGER if p is None else parse_priority(p)
         if kind == "put":
             changes.append((key, value, prio))
         elif kind == "set_versionstamped_key":
@@ -175,11 +175,13 @@ def commit_json(c: Commit) -> dict[str, Any]:
     }
 
 
-def parse_priority(text: str | None) -> Priority:
-    if text is None or text == "" or text.lower() == "eager":
+def parse_priority(text: object) -> Priority:
+    """A priority as clients give it: absent (None), ``eager`` or ``lazy``; anything
+    else (a number, another word) is a 400."""
+    if text is None or text == "":
         return Priority.EAGER
-    if text.lower() == "lazy":
-        return Priority.LAZY
+    if isinstance(text, str) and text.lower() in ("eager", "lazy"):
+        return Priority.LAZY if text.lower() == "lazy" else Priority.EAGER
     raise ae.BadRequest(f"priority must be 'eager' or 'lazy', not {text!r}")
 
 

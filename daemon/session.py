@@ -291,7 +291,7 @@ class Session:
         await txn.put(
             unb64(req.get("key"), "key"),
             unb64(req.get("value"), "value"),
-            parse_priority(prio if isinstance(prio, str) else None),
+            parse_priority(prio),
         )
         return {}
 
@@ -302,7 +302,7 @@ class Session:
         await txn.set_versionstamped_key(
             stamped_key(unb64(req.get("key"), "key"), "key").template,
             unb64(req.get("value"), "value"),
-            parse_priority(prio if isinstance(prio, str) else None),
+            parse_priority(prio),
         )
         return {}
 
@@ -313,7 +313,7 @@ class Session:
         await txn.set_versionstamped_value(
             unb64(req.get("key"), "key"),
             stamped_value(unb64(req.get("value"), "value"), "value").template,
-            parse_priority(prio if isinstance(prio, str) else None),
+            parse_priority(prio),
         )
         return {}
 

@@ -192,7 +192,7 @@ def _op(i: int, **fields: object) -> dict[str, object]:
             "ops[7].op must be 'put', 'delete', 'set_versionstamped_key' or"
             " 'set_versionstamped_value'",
         ),
-        (_op(7, priority=1), "priority must be 'eager' or 'lazy', not '?'"),
+        (_op(7, priority=1), "priority must be 'eager' or 'lazy', not 1"),
         (_op(7, priority="soon"), "priority must be 'eager' or 'lazy', not 'soon'"),
         ({"op": "put", "priority": "soon"}, "ops[7].key must be a base64 string"),
     ],
@@ -354,3 +354,23 @@ async def test_a_client_leaving_mid_upload_is_not_an_error(
     assert daemon.stop() == 0
     log = daemon.log_text()
     assert "ERROR" not in log and "Traceback" not in log, log
+
+
+async def test_a_bad_priority_is_refused_in_a_session_too(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """A session put with priority 7 was stored as EAGER (found by the review)."""
+    ws = await http.ws_connect(u("/v1/session"))
+    await ws.send_json({"id": 1, "op": "begin", "ledger": "bA==", "page": "cA=="})
+    txn = (await ws.receive_json())["txn"]
+    for prio in (7, "later", [1]):
+        put = {"id": 2, "op": "put", "txn": txn, "key": "aw==", "value": "dg==", "priority": prio}
+        await ws.send_json(put)
+        reply = await ws.receive_json()
+        assert reply["ok"] is False and reply["error"]["code"] == "bad_request", reply
+        assert "priority" in reply["error"]["message"]
+    await ws.close()
+    r = await http.post(
+        u(P + "/batch"), json={"ops": [{"op": "put", "key": "aw==", "value": "", "priority": 7}]}
+    )
+    assert r.status == 400 and "7" in (await r.json())["error"]["message"]
