@@ -498,11 +498,17 @@ class Api:
             offset, length = parse_range(request.headers["Range"], size)
             status = 206
         elif q.text("offset") is not None or q.text("length") is not None:
+            # The same answers as a Range header: 206 with Content-Range, or 416 when
+            # no byte is selected.
             offset = q.int("offset", 0) or 0
-            if offset > size:
-                raise ae.RangeNotSatisfiable(f"offset {offset} is past the {size}-byte value")
             want = q.int("length", size - offset)
-            length = min(size - offset, size if want is None else want)
+            length = max(0, min(size - offset, size if want is None else want))
+            if offset >= size or length == 0:
+                raise ae.RangeNotSatisfiable(
+                    f"offset {offset} and length {want} select no byte of the {size}-byte value",
+                    {"Content-Range": f"bytes */{size}"},
+                )
+            status = 206
         resp = web.StreamResponse(status=status)
         resp.content_type = "application/octet-stream"
         resp.content_length = length

@@ -230,3 +230,18 @@ async def test_every_range_edge(http: aiohttp.ClientSession) -> None:
     for header in ("bytes=0-", "bytes=-1", "bytes=-0", "bytes=0-0"):
         r = await http.get(u(P + "/keys/empty"), headers={"Range": header})
         assert r.status == 416 and r.headers["Content-Range"] == "bytes */0", header
+
+
+async def test_offset_and_length_answer_like_a_range(http: aiohttp.ClientSession) -> None:
+    """``?offset=&length=`` is 206 with Content-Range, like ``Range`` (it was a 200
+    without one), and 416 when it selects no byte (found by the review)."""
+    await http.put(u(P + "/keys/ten"), data=b"0123456789")
+    r = await http.get(u(P + "/keys/ten?offset=1&length=2"))
+    assert r.status == 206 and await r.read() == b"12"
+    assert r.headers["Content-Range"] == "bytes 1-2/10"
+    r = await http.get(u(P + "/keys/ten?offset=8"))
+    assert r.status == 206 and await r.read() == b"89"
+    for query in ("offset=10", "offset=5&length=0", "offset=11"):
+        r = await http.get(u(P + f"/keys/ten?{query}"))
+        assert r.status == 416, query
+        assert r.headers["Content-Range"] == "bytes */10"
