@@ -216,9 +216,27 @@ def test_system_service() -> None:
         "KillSignal": "SIGTERM",
         "Restart": "on-failure",
         "UMask": "0077",
+        "RemoveIPC": "true",
+        "ProtectProc": "invisible",
+        "ProcSubset": "pid",
+        "SystemCallArchitectures": "native",
+        "LockPersonality": "true",
+        "RestrictNamespaces": "true",
+        "RestrictRealtime": "true",
+        "MemoryDenyWriteExecute": "true",
+        "SystemCallErrorNumber": "EPERM",
+        # setrlimit is filtered out (@resources): the limit is set here instead, at
+        # least what the default max_open_pages needs (about seven files a page).
+        "LimitNOFILE": "65536",
     }
     for key, value in expected.items():
         assert setting(unit, "Service", key) == value, key
+    assert int(setting(unit, "Service", "LimitNOFILE")) >= 7 * Config().max_open_pages
+    # The allow list first, then what it takes away, then chown put back (socket_group).
+    filters = unit["Service"]["SystemCallFilter"]
+    assert filters == ["@system-service", "~@privileged @resources", "@chown"]
+    # Where the install instructions (file header, README) put the command.
+    assert setting(unit, "Service", "ExecStart") == "/opt/ledgerd/bin/ledgerd run"
     assert seconds(setting(unit, "Service", "WatchdogSec")) > 0
     assert seconds(setting(unit, "Service", "TimeoutStopSec")) > Config().shutdown_timeout
     assert setting(unit, "Service", "ExecStart").split()[-1] == "run"
@@ -233,6 +251,10 @@ def test_user_service() -> None:
     assert seconds(setting(unit, "Service", "TimeoutStopSec")) > Config().shutdown_timeout
     assert setting(unit, "Service", "ExecStart") == "%h/.local/bin/ledgerd run"
     assert setting(unit, "Install", "WantedBy") == "default.target"
+    # The daemon raises its own open files limit here: @resources stays allowed.
+    filters = unit["Service"]["SystemCallFilter"]
+    assert filters == ["@system-service", "~@privileged", "@chown"]
+    assert "LimitNOFILE" not in unit["Service"]
     # Options that need mount namespaces fail in user units without user namespaces.
     for key in ("ProtectSystem", "ProtectHome", "PrivateTmp", "PrivateDevices"):
         assert key not in unit["Service"], key
