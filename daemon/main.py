@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
+import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from ledgerd.daemon.api import VERSION
-from ledgerd.daemon.config import ConfigError, load
+from ledgerd.daemon.config import Config, ConfigError, load
 
 
 def parser() -> argparse.ArgumentParser:
@@ -25,8 +28,31 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--socket", help="Unix socket path to listen on")
     ap.add_argument("--cloud", help="s3://bucket/prefix or file:///path (cloud sync)")
     ap.add_argument("--log-level", help="debug, info, warning or error")
+    ap.add_argument(
+        "--check-config",
+        action="store_true",
+        help="validate the configuration (file, LEDGERD_* variables, flags), print the "
+        "effective value of every key and exit without starting: 0 if valid, 2 if not",
+    )
     ap.add_argument("--version", action="version", version=f"ledgerd {VERSION}")
     return ap
+
+
+def _toml_value(value: Any) -> str:
+    """A value as TOML: JSON's string escapes and numbers are TOML's too."""
+    if isinstance(value, Path):
+        value = str(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=False)
+
+
+def render_config(cfg: Config) -> str:
+    """Every key of the effective configuration as ``key = value`` lines, in the
+    order of :class:`Config`: a valid TOML file that loads back as ``cfg``."""
+    return "".join(
+        f"{f.name} = {_toml_value(getattr(cfg, f.name))}\n" for f in dataclasses.fields(cfg)
+    )
 
 
 GC_YOUNG_THRESHOLD = 50_000
@@ -60,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"ledgerd: invalid configuration: {e}", file=sys.stderr)
         return e.exit_code
+    if args.check_config:
+        sys.stdout.write(render_config(cfg))
+        return 0
     from ledgerd.daemon.server import serve, setup_logging
 
     setup_logging(cfg)

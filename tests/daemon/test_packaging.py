@@ -68,12 +68,72 @@ def test_config_file_mentions_every_flag() -> None:
         option
         for action in parser()._actions
         for option in action.option_strings
-        if option.startswith("--") and option not in ("--help", "--version")
+        if option.startswith("--") and option not in ("--help", "--version", "--check-config")
     ]
     assert "--config" in flags and "--data-dir" in flags
     text = CONFIG.read_text()
     for flag in flags:
         assert flag in text, f"{flag} is not mentioned in {CONFIG.name}"
+
+
+# -- ledgerd --check-config -----------------------------------------------------
+
+
+def check_config(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LEDGERD_")}
+    return subprocess.run(
+        [sys.executable, "-m", "ledgerd.daemon", "--check-config", *args],
+        capture_output=True,
+        text=True,
+        env={**clean, "XDG_RUNTIME_DIR": str(tmp_path / "run"), **env},
+        timeout=60,
+    )
+
+
+def test_check_config_prints_the_effective_configuration(tmp_path: Path) -> None:
+    """File, environment and flags combine as at start-up; the output is every key as
+    TOML that loads back as the same configuration; nothing is created."""
+    conf = tmp_path / "ledgerd.toml"
+    conf.write_text('log_level = "debug"\nmax_open_pages = 7\nallowed_users = ["0"]\n')
+    data = tmp_path / "data"
+    proc = check_config(
+        tmp_path,
+        "--config",
+        str(conf),
+        "--data-dir",
+        str(data),
+        LEDGERD_SYNC_INTERVAL="2.5",
+        LEDGERD_LOG_LEVEL="warning",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    doc = tomllib.loads(proc.stdout)
+    assert list(doc) == FIELDS
+    assert doc["data_dir"] == str(data)
+    assert doc["log_level"] == "warning"  # the environment overrides the file
+    assert doc["max_open_pages"] == 7
+    assert doc["sync_interval"] == 2.5
+    assert doc["allowed_users"] == ["0"]
+    assert doc["socket"] == str(tmp_path / "run" / "ledgerd" / "ledgerd.sock")
+    printed = tmp_path / "printed.toml"
+    printed.write_text(proc.stdout)
+    assert load(printed, env={}) == load(
+        conf,
+        env={"LEDGERD_SYNC_INTERVAL": "2.5", "LEDGERD_LOG_LEVEL": "warning"},
+        flags={"data_dir": str(data), "socket": doc["socket"]},
+    )
+    assert not data.exists() and not (tmp_path / "run").exists()
+
+
+def test_check_config_refuses_invalid_configuration(tmp_path: Path) -> None:
+    proc = check_config(tmp_path, LEDGERD_SYNC_INTERVAL="abc")
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and "sync_interval" in lines[0] and "LEDGERD_SYNC_INTERVAL" in lines[0]
+    proc = check_config(tmp_path, "--config", str(tmp_path / "missing.toml"))
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "missing.toml" in proc.stderr and len(proc.stderr.splitlines()) == 1
 
 
 # -- unit files ------------------------------------------------------------------
@@ -156,9 +216,27 @@ def test_system_service() -> None:
         "KillSignal": "SIGTERM",
         "Restart": "on-failure",
         "UMask": "0077",
+        "RemoveIPC": "true",
+        "ProtectProc": "invisible",
+        "ProcSubset": "pid",
+        "SystemCallArchitectures": "native",
+        "LockPersonality": "true",
+        "RestrictNamespaces": "true",
+        "RestrictRealtime": "true",
+        "MemoryDenyWriteExecute": "true",
+        "SystemCallErrorNumber": "EPERM",
+        # setrlimit is filtered out (@resources): the limit is set here instead, at
+        # least what the default max_open_pages needs (about seven files a page).
+        "LimitNOFILE": "65536",
     }
     for key, value in expected.items():
         assert setting(unit, "Service", key) == value, key
+    assert int(setting(unit, "Service", "LimitNOFILE")) >= 7 * Config().max_open_pages
+    # The allow list first, then what it takes away, then chown put back (socket_group).
+    filters = unit["Service"]["SystemCallFilter"]
+    assert filters == ["@system-service", "~@privileged @resources", "@chown"]
+    # Where the install instructions (file header, README) put the command.
+    assert setting(unit, "Service", "ExecStart") == "/opt/ledgerd/bin/ledgerd run"
     assert seconds(setting(unit, "Service", "WatchdogSec")) > 0
     assert seconds(setting(unit, "Service", "TimeoutStopSec")) > Config().shutdown_timeout
     assert setting(unit, "Service", "ExecStart").split()[-1] == "run"
@@ -173,6 +251,10 @@ def test_user_service() -> None:
     assert seconds(setting(unit, "Service", "TimeoutStopSec")) > Config().shutdown_timeout
     assert setting(unit, "Service", "ExecStart") == "%h/.local/bin/ledgerd run"
     assert setting(unit, "Install", "WantedBy") == "default.target"
+    # The daemon raises its own open files limit here: @resources stays allowed.
+    filters = unit["Service"]["SystemCallFilter"]
+    assert filters == ["@system-service", "~@privileged", "@chown"]
+    assert "LimitNOFILE" not in unit["Service"]
     # Options that need mount namespaces fail in user units without user namespaces.
     for key in ("ProtectSystem", "ProtectHome", "PrivateTmp", "PrivateDevices"):
         assert key not in unit["Service"], key
