@@ -1,7 +1,7 @@
 """Document benchmark (issue 15): inserts, gets, an index query and the index catch-up
 after a sync, next to PouchDB 9.
 
-    python -m bench.docs [--docs 20000] [--batch 1000] [--changed 1000] [--gets 5000]
+    python -m bench.docs [--docs 100000] [--batch 1000] [--changed 1000] [--gets 5000]
                          [--queries 200] [--no-pouchdb]
 
 Prints JSON. ``--docs`` documents of 5 fields (``k`` an integer partition holding
@@ -22,15 +22,15 @@ sort ``v``), and in the same run:
   directory; its leveldb adapter): the index created first (``createIndex`` on
   ``[k, v]``), ``bulkDocs`` of ``--batch``, ``db.get``, ``find`` with the selector
   ``{k, v: {$gte: 0}}`` sorted by ``[k, v]`` (Mango, through that index, 100
-  documents; timed after one untimed ``find``, as PouchDB builds its index on the
-  first query after writes: that one is reported apart), and for the catch-up: the
-  time of the first ``find`` after ``--changed`` documents changed through one
-  ``bulkDocs``. Skipped with a note when node or npm is missing, or with
-  ``--no-pouchdb``.
+  documents), and for the catch-up: the time of the first ``find`` after
+  ``--changed`` documents changed through one ``bulkDocs``. PouchDB builds an index
+  on the first query after writes, so the timed queries follow one untimed
+  ``find``, whose time is reported apart, and its insert rate is also given with
+  that build counted (ours keep the index up to date on every insert). Skipped
+  with a note when node or npm is missing, or with ``--no-pouchdb``.
 
-The default is 20,000 documents, not the issue's 100,000: on the 2-core
-development VM the full size takes several minutes for each side (the folder sync
-of 100,000 documents to the second device most of ours); ``--docs 100000`` runs it.
+The default is the issue's 100,000 documents: the whole run, both sides and the
+npm install, takes about a minute on the 2-core development VM.
 """
 
 from __future__ import annotations
@@ -296,9 +296,11 @@ def _pouchdb(directory: Path, args: argparse.Namespace, docs: list[dict[str, Any
     if res.returncode != 0:
         return {"skipped": f"the PouchDB script failed: {res.stderr.strip()[-300:]}"}
     doc: dict[str, Any] = json.loads(res.stdout)
-    for key in ("insert_s", "change_writes_s"):
+    doc["insert_with_index_per_s"] = round(
+        len(docs) / (doc["insert_s"] + doc["index_build_first_query_s"])
+    )
+    for key in ("insert_s", "change_writes_s", "index_build_first_query_s"):
         doc[key] = round(doc[key], 3)
-    doc["index_build_first_query_s"] = round(doc["index_build_first_query_s"], 3)
     for key in ("catch_up_first_query_s", "catch_up_second_query_s"):
         doc[key] = round(doc[key], 4)
     return doc
@@ -316,6 +318,11 @@ def _report(args: argparse.Namespace, ours: dict[str, Any], pouch: dict[str, Any
     if "skipped" not in pouch:
         ratios = {
             "insert_rate_vs_pouchdb": _ratio(ours["insert_per_s"], pouch["insert_per_s"]),
+            # PouchDB's bulkDocs leave the index alone (its first find builds it); ours
+            # keep it up to date: the rate with the index built, on both sides.
+            "insert_with_index_rate_vs_pouchdb": _ratio(
+                ours["insert_per_s"], pouch["insert_with_index_per_s"]
+            ),
             "get_p50_vs_pouchdb": _ratio(ours["get"]["p50_us"], pouch["get"]["p50_us"]),
             "query_p50_vs_pouchdb": _ratio(ours["query"]["p50_us"], pouch["query"]["p50_us"]),
             "catch_up_vs_pouchdb": _ratio(
@@ -335,6 +342,7 @@ def _report(args: argparse.Namespace, ours: dict[str, Any], pouch: dict[str, Any
         "ratios": ratios,
         "targets": {
             "insert_rate_vs_pouchdb": ">= 1",
+            "insert_with_index_rate_vs_pouchdb": ">= 1",
             "get_p50_vs_pouchdb": "<= 1",
             "query_p50_vs_pouchdb": "<= 1",
             "catch_up_vs_pouchdb": "<= 1",
@@ -344,7 +352,7 @@ def _report(args: argparse.Namespace, ours: dict[str, Any], pouch: dict[str, Any
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--docs", type=int, default=20_000)
+    ap.add_argument("--docs", type=int, default=100_000)
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--changed", type=int, default=1000)
     ap.add_argument("--gets", type=int, default=5000)
