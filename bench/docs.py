@@ -195,6 +195,8 @@ function latency(lat) {
   return {mean_us: r(mean), p50_us: r(lat[Math.floor(lat.length / 2)]),
           p99_us: r(lat[Math.floor(lat.length * 0.99)])};
 }
+const hwm = () => parseInt(
+  /VmHWM:\s+(\d+) kB/.exec(fs.readFileSync('/proc/self/status', 'utf8'))[1], 10);
 const pick = (n) => Math.floor(Math.random() * n);
 (async () => {
   const db = new PouchDB(dbPath);
@@ -252,7 +254,8 @@ const pick = (n) => Math.floor(Math.random() * n);
     index_build_first_query_s: buildFirstQuery, query,
     query_docs_mean: returned / queries, change_writes_s: changeWrites,
     catch_up_first_query_s: catchUp, catch_up_second_query_s: second,
-    peak_rss_MiB: Math.round(process.resourceUsage().maxRSS / 102.4) / 10}));
+    // Not resourceUsage().maxRSS: a child's starts from its parent's at fork.
+    peak_rss_MiB: Math.round(hwm() / 102.4) / 10}));
 })().catch((e) => { console.error(e); process.exit(1); });
 """
 
