@@ -1,0 +1,378 @@
+"""Document benchmark (issue 15): inserts, gets, an index query and the index catch-up
+after a sync, next to PouchDB 9.
+
+    python -m bench.docs [--docs 100000] [--batch 1000] [--changed 1000] [--gets 5000]
+                         [--queries 200] [--no-pouchdb]
+
+Prints JSON. ``--docs`` documents of 5 fields (``k`` an integer partition holding
+about 100 documents each, ``v`` a float, ``name`` a string, ``n`` an integer,
+``tags`` a list of two strings) in one collection with one index (partition ``k``,
+sort ``v``), and in the same run:
+
+* ours, embedded: two repositories (devices ``a`` and ``b``) syncing through a folder
+  bucket with :class:`SyncEngine`. The index is declared on ``a`` first; ``a``
+  inserts with ``DocumentStore.create_many`` in batches of ``--batch`` (the insert
+  rate, the index kept up to date by every call), then ``get`` of random ids (p50),
+  then ``query`` of one partition (100 documents). Both devices sync; ``b`` brings
+  its index up to date once. Then ``a`` replaces ``--changed`` documents (new
+  ``k`` and ``v``: their index entries move), both sync, and the figure is the time
+  of ``b``'s first query: the index brought up to date with the changes the sync
+  brought, and the query;
+* PouchDB 9 in node (``npm install pouchdb@9 pouchdb-find@9`` into a temporary
+  directory; its leveldb adapter): the index created first (``createIndex`` on
+  ``[k, v]``), ``bulkDocs`` of ``--batch``, ``db.get``, ``find`` with the selector
+  ``{k, v: {$gte: 0}}`` sorted by ``[k, v]`` (Mango, through that index, 100
+  documents), and for the catch-up: the time of the first ``find`` after
+  ``--changed`` documents changed through one ``bulkDocs``. PouchDB builds an index
+  on the first query after writes, so the timed queries follow one untimed
+  ``find``, whose time is reported apart, and its insert rate is also given with
+  that build counted (ours keep the index up to date on every insert). Skipped
+  with a note when node or npm is missing, or with ``--no-pouchdb``.
+
+The default is the issue's 100,000 documents: the whole run, both sides and the
+npm install, takes about a minute on the 2-core development VM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import emit, peak_rss_mib, timed
+from ledgerd.store import DocumentStore, Repository
+from ledgerd.sync.engine import SyncEngine
+from ledgerd.sync.folder import FolderStore
+
+LEDGER = "bench"
+PAGE = "docs"
+COLLECTION = "items"
+INDEX = "by_k"
+PER_PARTITION = 100
+
+
+def _docs(n: int, seed: int = 1) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    parts = max(1, n // PER_PARTITION)
+    return [
+        {
+            "k": i % parts,
+            "v": rng.random(),
+            "name": f"item-{i:08d}",
+            "n": rng.randrange(1_000_000),
+            "tags": [f"t{rng.randrange(50)}", f"t{rng.randrange(50)}"],
+        }
+        for i in range(n)
+    ]
+
+
+def _changed(docs: list[dict[str, Any]], count: int, seed: int = 5) -> list[tuple[int, int, float]]:
+    """``(index of the document, its new k, its new v)`` for ``count`` distinct documents."""
+    rng = random.Random(seed)
+    parts = max(1, len(docs) // PER_PARTITION)
+    which = rng.sample(range(len(docs)), min(count, len(docs)))
+    return [(i, rng.randrange(parts), rng.random()) for i in which]
+
+
+def _latency(lat: list[float]) -> dict[str, float]:
+    lat = sorted(lat)
+    return {
+        "mean_us": round(statistics.mean(lat) * 1e6, 2),
+        "p50_us": round(lat[len(lat) // 2] * 1e6, 2),
+        "p99_us": round(lat[int(len(lat) * 0.99)] * 1e6, 2),
+    }
+
+
+# -- ours -------------------------------------------------------------------------
+
+
+async def _ours(directory: Path, args: argparse.Namespace, docs: list[dict[str, Any]]) -> Any:
+    out: dict[str, Any] = {}
+    rng = random.Random(3)
+    parts = max(1, len(docs) // PER_PARTITION)
+    (directory / "bucket").mkdir()
+    bucket = FolderStore(directory / "bucket")
+    engines = [SyncEngine(bucket) for _ in range(2)]
+    repos = [
+        await Repository.open(directory / f"dev{i}", hooks=e.hooks()) for i, e in enumerate(engines)
+    ]
+    try:
+        for e, r in zip(engines, repos, strict=True):
+            await e.start(r, background=False)
+        a = await DocumentStore.open(await repos[0].ledger(LEDGER).page(PAGE))
+        await a.declare_index(COLLECTION, INDEX, "k", "v")
+
+        ids: list[str] = []
+        with timed() as t:
+            for i in range(0, len(docs), args.batch):
+                made = await a.create_many(COLLECTION, docs[i : i + args.batch])
+                ids.extend(d.id for d in made)
+        out["insert_s"] = round(t.seconds, 3)
+        out["insert_per_s"] = round(len(docs) / t.seconds)
+
+        lat = []
+        for doc_id in [ids[rng.randrange(len(ids))] for _ in range(args.gets)]:
+            t0 = time.perf_counter()
+            await a.get(COLLECTION, doc_id)
+            lat.append(time.perf_counter() - t0)
+        out["get"] = _latency(lat)
+
+        lat = []
+        returned = 0
+        for _ in range(args.queries):
+            k = rng.randrange(parts)
+            t0 = time.perf_counter()
+            res = await a.query(COLLECTION, INDEX, k, limit=PER_PARTITION)
+            lat.append(time.perf_counter() - t0)
+            returned += len(res.items)
+        out["query"] = _latency(lat)
+        out["query_docs_mean"] = round(returned / args.queries, 1)
+
+        with timed() as t:
+            await engines[0].sync()
+            b = await DocumentStore.open(await repos[1].ledger(LEDGER).page(PAGE))
+            await engines[1].sync()
+        out["first_sync_s"] = round(t.seconds, 3)
+        with timed() as t:
+            await b.refresh()
+            first = await b.query(COLLECTION, INDEX, 0, limit=PER_PARTITION)
+        out["b_index_build_s"] = round(t.seconds, 3)
+        assert len(first.items) == min(PER_PARTITION, len(docs)), len(first.items)
+
+        changes = _changed(docs, args.changed)
+        with timed() as t:
+            for i, k, v in changes:
+                await a.replace(COLLECTION, ids[i], {**docs[i], "k": k, "v": v})
+        out["change_writes_s"] = round(t.seconds, 3)
+        with timed() as t:
+            await engines[0].sync()
+            await engines[1].sync()
+        out["change_sync_s"] = round(t.seconds, 3)
+        i, k, v = changes[0]
+        with timed() as t:
+            res = await b.query(COLLECTION, INDEX, k, limit=PER_PARTITION * 10)
+        out["catch_up_first_query_s"] = round(t.seconds, 4)
+        assert any(d.id == ids[i] and d.data["v"] == v for d in res.items), "change not seen"
+        with timed() as t:
+            await b.query(COLLECTION, INDEX, k, limit=PER_PARTITION * 10)
+        out["catch_up_second_query_s"] = round(t.seconds, 4)
+        await a.close()
+        await b.close()
+    finally:
+        for e in engines:
+            await e.stop()
+        for r in repos:
+            await r.close()
+    return out
+
+
+# -- PouchDB ----------------------------------------------------------------------
+
+POUCH_SCRIPT = r"""
+const PouchDB = require('pouchdb');
+PouchDB.plugin(require('pouchdb-find'));
+const fs = require('fs');
+const [docsPath, changesPath, dbPath, batchArg, getsArg, queriesArg, perArg] =
+  process.argv.slice(2);
+const batch = parseInt(batchArg, 10), gets = parseInt(getsArg, 10);
+const queries = parseInt(queriesArg, 10), per = parseInt(perArg, 10);
+const docs = JSON.parse(fs.readFileSync(docsPath, 'utf8'));
+const changes = JSON.parse(fs.readFileSync(changesPath, 'utf8'));
+const parts = Math.max(1, Math.floor(docs.length / per));
+const now = () => Number(process.hrtime.bigint()) / 1e9;
+function latency(lat) {
+  lat.sort((a, b) => a - b);
+  const mean = lat.reduce((a, b) => a + b, 0) / lat.length;
+  const r = (x) => Math.round(x * 1e8) / 100;
+  return {mean_us: r(mean), p50_us: r(lat[Math.floor(lat.length / 2)]),
+          p99_us: r(lat[Math.floor(lat.length * 0.99)])};
+}
+const hwm = () => parseInt(
+  /VmHWM:\s+(\d+) kB/.exec(fs.readFileSync('/proc/self/status', 'utf8'))[1], 10);
+const pick = (n) => Math.floor(Math.random() * n);
+(async () => {
+  const db = new PouchDB(dbPath);
+  await db.createIndex({index: {fields: ['k', 'v'], name: 'by_k', ddoc: 'by_k'}});
+  const ids = docs.map((d, i) => 'doc' + String(i).padStart(8, '0'));
+  const revs = new Array(docs.length);
+  let t0 = now();
+  for (let i = 0; i < docs.length; i += batch) {
+    const part = docs.slice(i, i + batch).map((d, j) => ({_id: ids[i + j], ...d}));
+    const res = await db.bulkDocs(part);
+    res.forEach((r, j) => { revs[i + j] = r.rev; });
+  }
+  const insert = now() - t0;
+  let lat = [];
+  for (let j = 0; j < gets; j++) {
+    const id = ids[pick(ids.length)];
+    t0 = now();
+    await db.get(id);
+    lat.push(now() - t0);
+  }
+  const get = latency(lat);
+  lat = [];
+  let returned = 0;
+  const sel = (k) => ({selector: {k: k, v: {$gte: 0}}, sort: [{k: 'asc'}, {v: 'asc'}],
+                       use_index: 'by_k', limit: per});
+  t0 = now();
+  await db.find(sel(0));  // PouchDB builds an index on its first query after writes
+  const buildFirstQuery = now() - t0;
+  for (let j = 0; j < queries; j++) {
+    const k = pick(parts);
+    t0 = now();
+    const res = await db.find(sel(k));
+    lat.push(now() - t0);
+    returned += res.docs.length;
+  }
+  const query = latency(lat);
+  const changed = changes.map(([i, k, v]) => ({_id: ids[i], _rev: revs[i], ...docs[i], k, v}));
+  t0 = now();
+  await db.bulkDocs(changed);
+  const changeWrites = now() - t0;
+  const [i0, k0, v0] = changes[0];
+  const big = {...sel(k0), limit: per * 10};
+  t0 = now();
+  const res = await db.find(big);
+  const catchUp = now() - t0;
+  if (!res.docs.some((d) => d._id === ids[i0] && d.v === v0)) throw new Error('change not seen');
+  t0 = now();
+  await db.find(big);
+  const second = now() - t0;
+  const explain = await db.explain(sel(0));
+  await db.close();
+  process.stdout.write(JSON.stringify({
+    version: PouchDB.version, adapter: db.adapter, index_used: explain.index.name,
+    insert_s: insert, insert_per_s: Math.round(docs.length / insert), get,
+    index_build_first_query_s: buildFirstQuery, query,
+    query_docs_mean: returned / queries, change_writes_s: changeWrites,
+    catch_up_first_query_s: catchUp, catch_up_second_query_s: second,
+    // Not resourceUsage().maxRSS: a child's starts from its parent's at fork.
+    peak_rss_MiB: Math.round(hwm() / 102.4) / 10}));
+})().catch((e) => { console.error(e); process.exit(1); });
+"""
+
+
+def _pouchdb(directory: Path, args: argparse.Namespace, docs: list[dict[str, Any]]) -> Any:
+    """PouchDB's figures, or ``{"skipped": why}``."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        return {"skipped": "node or npm is not installed"}
+    work = directory / "pouchdb"
+    work.mkdir()
+    install = subprocess.run(
+        [npm, "install", "--silent", "--no-audit", "--no-fund", "pouchdb@9", "pouchdb-find@9"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if install.returncode != 0:
+        return {"skipped": f"npm install pouchdb@9 failed: {install.stderr.strip()[-300:]}"}
+    (work / "bench.js").write_text(POUCH_SCRIPT)
+    (work / "docs.json").write_text(json.dumps(docs))
+    (work / "changes.json").write_text(json.dumps(_changed(docs, args.changed)))
+    res = subprocess.run(
+        [
+            node,
+            "bench.js",
+            "docs.json",
+            "changes.json",
+            str(work / "db"),
+            str(args.batch),
+            str(args.gets),
+            str(args.queries),
+            str(PER_PARTITION),
+        ],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    if res.returncode != 0:
+        return {"skipped": f"the PouchDB script failed: {res.stderr.strip()[-300:]}"}
+    doc: dict[str, Any] = json.loads(res.stdout)
+    doc["insert_with_index_per_s"] = round(
+        len(docs) / (doc["insert_s"] + doc["index_build_first_query_s"])
+    )
+    for key in ("insert_s", "change_writes_s", "index_build_first_query_s"):
+        doc[key] = round(doc[key], 3)
+    for key in ("catch_up_first_query_s", "catch_up_second_query_s"):
+        doc[key] = round(doc[key], 4)
+    return doc
+
+
+# -- main -------------------------------------------------------------------------
+
+
+def _ratio(a: float, b: float) -> float:
+    return round(a / b, 2)
+
+
+def _report(args: argparse.Namespace, ours: dict[str, Any], pouch: dict[str, Any]) -> Any:
+    ratios: dict[str, Any] = {}
+    if "skipped" not in pouch:
+        ratios = {
+            "insert_rate_vs_pouchdb": _ratio(ours["insert_per_s"], pouch["insert_per_s"]),
+            # PouchDB's bulkDocs leave the index alone (its first find builds it); ours
+            # keep it up to date: the rate with the index built, on both sides.
+            "insert_with_index_rate_vs_pouchdb": _ratio(
+                ours["insert_per_s"], pouch["insert_with_index_per_s"]
+            ),
+            "get_p50_vs_pouchdb": _ratio(ours["get"]["p50_us"], pouch["get"]["p50_us"]),
+            "query_p50_vs_pouchdb": _ratio(ours["query"]["p50_us"], pouch["query"]["p50_us"]),
+            "catch_up_vs_pouchdb": _ratio(
+                ours["catch_up_first_query_s"], pouch["catch_up_first_query_s"]
+            ),
+        }
+    return {
+        "docs": args.docs,
+        "fields": 5,
+        "batch": args.batch,
+        "changed": args.changed,
+        "gets": args.gets,
+        "queries": args.queries,
+        "docs_per_query": PER_PARTITION,
+        "ours": ours,
+        "pouchdb": pouch,
+        "ratios": ratios,
+        "targets": {
+            "insert_rate_vs_pouchdb": ">= 1",
+            "insert_with_index_rate_vs_pouchdb": ">= 1",
+            "get_p50_vs_pouchdb": "<= 1",
+            "query_p50_vs_pouchdb": "<= 1",
+            "catch_up_vs_pouchdb": "<= 1",
+        },
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--docs", type=int, default=100_000)
+    ap.add_argument("--batch", type=int, default=1000)
+    ap.add_argument("--changed", type=int, default=1000)
+    ap.add_argument("--gets", type=int, default=5000)
+    ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--no-pouchdb", action="store_true")
+    args = ap.parse_args()
+    docs = _docs(args.docs)
+    with tempfile.TemporaryDirectory() as d:
+        directory = Path(d)
+        ours = asyncio.run(_ours(directory, args, docs))
+        ours["peak_rss_MiB"] = round(peak_rss_mib(), 1)
+        if args.no_pouchdb:
+            pouch: dict[str, Any] = {"skipped": "--no-pouchdb"}
+        else:
+            pouch = _pouchdb(directory, args, docs)
+    emit("docs", _report(args, ours, pouch))
+
+
+if __name__ == "__main__":
+    main()
