@@ -58,6 +58,8 @@ from ledgerd.store import KEY_LIMIT, Page, Policy, Repository, StoreError, View
 from ledgerd.store import digest as dg
 
 log = logging.getLogger(__name__)
+access = logging.getLogger("ledgerd.daemon.access")
+"""The access log: a line per request, at DEBUG."""
 
 VERSION = __version__
 DEFAULT_LIMIT, MAX_LIMIT = 1000, 10_000
@@ -245,7 +247,8 @@ class Api:
     def app(self) -> web.Application:
         counting = [self.metrics.middleware] if self.metrics is not None else []
         app = web.Application(
-            middlewares=[*counting, self.middleware], client_max_size=self.cfg.max_batch_bytes
+            middlewares=[self.access_log, *counting, self.middleware],
+            client_max_size=self.cfg.max_batch_bytes,
         )
         # Every path (with any byte, newlines included: not ``.*``) goes to self.route,
         # which reads the raw, still percent-encoded path.
@@ -253,6 +256,26 @@ class Api:
         return app
 
     # -- plumbing ----------------------------------------------------------------
+
+    @web.middleware
+    async def access_log(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """One DEBUG line per request (``--log-level debug``): method, path, status, time."""
+        if not access.isEnabledFor(logging.DEBUG):
+            return await handler(request)
+        started = time.monotonic()
+        status = "-"
+        try:
+            response = await handler(request)
+            status = str(response.status)
+            return response
+        finally:
+            access.debug(
+                "%s %s %s %.1f ms",
+                request.method,
+                request.raw_path[:200],
+                status,
+                (time.monotonic() - started) * 1000,
+            )
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:

@@ -49,9 +49,9 @@ log = logging.getLogger("ledgerd")
 
 
 def setup_logging(cfg: Config) -> None:
-    if os.environ.get("JOURNAL_STREAM") or not sys.stderr.isatty():
+    if os.environ.get("JOURNAL_STREAM"):
         fmt = "%(levelname)s %(name)s: %(message)s"  # journald adds time and pid
-    else:
+    else:  # a terminal, a file, a pipe: lines carry their time
         fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(level=log_level(cfg), format=fmt, stream=sys.stderr, force=True)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

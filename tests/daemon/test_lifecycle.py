@@ -6,6 +6,7 @@ import asyncio
 import gc
 import grp
 import os
+import re
 import resource
 import signal
 import socket
@@ -270,3 +271,16 @@ def test_the_daemon_collects_young_objects_less_often() -> None:
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_log_lines_carry_their_time_and_requests_are_logged_at_debug(daemon: Daemon) -> None:
+    """Not under journald, every line has a timestamp; at DEBUG (as the fixture runs
+    the daemon), one access line per request."""
+    assert daemon.ledgerctl("put", "notes", "inbox", "k", "v").returncode == 0
+    daemon.stop()
+    lines = [ln for ln in daemon.log_text().splitlines() if " ledgerd." in ln]
+    assert lines and all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", ln) for ln in lines), lines
+    assert any(
+        "ledgerd.daemon.access" in ln and "PUT /v1/ledgers/notes/pages/inbox/keys/k 204" in ln
+        for ln in lines
+    ), lines
