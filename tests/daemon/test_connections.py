@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,24 +31,34 @@ def _fds(d: Daemon) -> int:
 
 
 async def _closed_by_daemon(reader: asyncio.StreamReader, within: float = 20) -> bytes:
-    """Everything the daemon sends until it closes the connection (bounded wait)."""
+    """Everything the daemon sends until it closes the connection (bounded wait); a
+    connection it reset counts as closed too."""
     got = b""
-    while chunk := await asyncio.wait_for(reader.read(65536), within):
-        got += chunk
+    try:
+        while chunk := await asyncio.wait_for(reader.read(65536), within):
+            got += chunk
+    except (ConnectionError, OSError) as e:
+        if isinstance(e, TimeoutError):
+            raise
     return got
 
 
 async def test_silent_and_half_sent_connections_are_closed(impatient: Daemon) -> None:
     before = _fds(impatient)
     conns = [await asyncio.open_unix_connection(str(impatient.socket)) for _ in range(200)]
-    for i, (_, w) in enumerate(conns):
-        if i % 2:  # half of them start a request and never finish its headers
-            w.write(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n")
-            await w.drain()
-    for r, _ in conns:
-        assert await _closed_by_daemon(r) == b""
-    for _, w in conns:
-        w.close()
+    try:
+        for i, (_, w) in enumerate(conns):
+            if i % 2:  # half of them start a request and never finish its headers
+                w.write(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n")
+                # On a loaded machine the daemon may have closed this one already
+                # (request_timeout is 0.5 s here): that is what is tested.
+                with contextlib.suppress(ConnectionError, OSError):
+                    await w.drain()
+        for r, _ in conns:
+            assert await _closed_by_daemon(r) == b""
+    finally:
+        for _, w in conns:
+            w.close()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 20
     while _fds(impatient) > before + 5:  # the daemon let go of them (bounded wait)
