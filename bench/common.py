@@ -6,6 +6,7 @@ import json
 import platform
 import resource
 import sqlite3
+import statistics
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -79,3 +80,18 @@ def storage_floor(path: Path, txns: Iterable[Sequence[tuple[bytes, bytes]]]) -> 
         seconds += t.seconds
     db.close()
     return seconds
+
+
+def latency(lat: list[float]) -> dict[str, float]:
+    """Mean, p50 and p99 of latencies in seconds, in microseconds."""
+    lat = sorted(lat)
+    return {
+        "mean_us": round(statistics.mean(lat) * 1e6, 2),
+        "p50_us": round(lat[len(lat) // 2] * 1e6, 2),
+        "p99_us": round(lat[int(len(lat) * 0.99)] * 1e6, 2),
+    }
+
+
+def ratio(a: float, b: float) -> float:
+    """``a / b`` to two places, as the benchmarks print ratios."""
+    return round(a / b, 2)

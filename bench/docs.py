@@ -40,14 +40,13 @@ import asyncio
 import json
 import random
 import shutil
-import statistics
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import emit, peak_rss_mib, timed
+from bench.common import emit, latency, peak_rss_mib, ratio, timed
 from ledgerd.store import DocumentStore, Repository
 from ledgerd.sync.engine import SyncEngine
 from ledgerd.sync.folder import FolderStore
@@ -82,15 +81,6 @@ def _changed(docs: list[dict[str, Any]], count: int, seed: int = 5) -> list[tupl
     return [(i, rng.randrange(parts), rng.random()) for i in which]
 
 
-def _latency(lat: list[float]) -> dict[str, float]:
-    lat = sorted(lat)
-    return {
-        "mean_us": round(statistics.mean(lat) * 1e6, 2),
-        "p50_us": round(lat[len(lat) // 2] * 1e6, 2),
-        "p99_us": round(lat[int(len(lat) * 0.99)] * 1e6, 2),
-    }
-
-
 # -- ours -------------------------------------------------------------------------
 
 
@@ -123,7 +113,7 @@ async def _ours(directory: Path, args: argparse.Namespace, docs: list[dict[str, 
             t0 = time.perf_counter()
             await a.get(COLLECTION, doc_id)
             lat.append(time.perf_counter() - t0)
-        out["get"] = _latency(lat)
+        out["get"] = latency(lat)
 
         lat = []
         returned = 0
@@ -133,7 +123,7 @@ async def _ours(directory: Path, args: argparse.Namespace, docs: list[dict[str, 
             res = await a.query(COLLECTION, INDEX, k, limit=PER_PARTITION)
             lat.append(time.perf_counter() - t0)
             returned += len(res.items)
-        out["query"] = _latency(lat)
+        out["query"] = latency(lat)
         out["query_docs_mean"] = round(returned / args.queries, 1)
 
         with timed() as t:
@@ -312,23 +302,19 @@ def _pouchdb(directory: Path, args: argparse.Namespace, docs: list[dict[str, Any
 # -- main -------------------------------------------------------------------------
 
 
-def _ratio(a: float, b: float) -> float:
-    return round(a / b, 2)
-
-
 def _report(args: argparse.Namespace, ours: dict[str, Any], pouch: dict[str, Any]) -> Any:
     ratios: dict[str, Any] = {}
     if "skipped" not in pouch:
         ratios = {
-            "insert_rate_vs_pouchdb": _ratio(ours["insert_per_s"], pouch["insert_per_s"]),
+            "insert_rate_vs_pouchdb": ratio(ours["insert_per_s"], pouch["insert_per_s"]),
             # PouchDB's bulkDocs leave the index alone (its first find builds it); ours
             # keep it up to date: the rate with the index built, on both sides.
-            "insert_with_index_rate_vs_pouchdb": _ratio(
+            "insert_with_index_rate_vs_pouchdb": ratio(
                 ours["insert_per_s"], pouch["insert_with_index_per_s"]
             ),
-            "get_p50_vs_pouchdb": _ratio(ours["get"]["p50_us"], pouch["get"]["p50_us"]),
-            "query_p50_vs_pouchdb": _ratio(ours["query"]["p50_us"], pouch["query"]["p50_us"]),
-            "catch_up_vs_pouchdb": _ratio(
+            "get_p50_vs_pouchdb": ratio(ours["get"]["p50_us"], pouch["get"]["p50_us"]),
+            "query_p50_vs_pouchdb": ratio(ours["query"]["p50_us"], pouch["query"]["p50_us"]),
+            "catch_up_vs_pouchdb": ratio(
                 ours["catch_up_first_query_s"], pouch["catch_up_first_query_s"]
             ),
         }

@@ -31,7 +31,6 @@ import random
 import re
 import shutil
 import sqlite3
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,7 +39,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.common import bare_sqlite, emit, peak_rss_mib, storage_floor, timed
+from bench.common import bare_sqlite, emit, latency, peak_rss_mib, ratio, storage_floor, timed
 from ledgerd.store import Page, Repository
 
 LEDGER = "bench"
@@ -55,15 +54,6 @@ def _rows(n: int, seed: int = 1) -> list[tuple[bytes, bytes]]:
 def _sample(rows: list[tuple[bytes, bytes]], n: int, seed: int) -> list[bytes]:
     rng = random.Random(seed)
     return [rows[rng.randrange(len(rows))][0] for _ in range(n)]
-
-
-def _latency(lat: list[float]) -> dict[str, float]:
-    lat = sorted(lat)
-    return {
-        "mean_us": round(statistics.mean(lat) * 1e6, 2),
-        "p50_us": round(lat[len(lat) // 2] * 1e6, 2),
-        "p99_us": round(lat[int(len(lat) * 0.99)] * 1e6, 2),
-    }
 
 
 # -- raw SQLite -------------------------------------------------------------------
@@ -101,14 +91,14 @@ def _raw_warm(path: Path, keys: list[bytes]) -> dict[str, Any]:
     db = sqlite3.connect(path, isolation_level=None)
     _raw_scan(db)  # warm
     scan_s, n = _raw_scan(db)
-    out = {"get": _latency(_raw_gets(db, keys)), "scan_s": round(scan_s, 4), "scanned": n}
+    out = {"get": latency(_raw_gets(db, keys)), "scan_s": round(scan_s, 4), "scanned": n}
     db.close()
     return out
 
 
 def _raw_cold_child(path: Path, keys: list[bytes]) -> dict[str, Any]:
     db = sqlite3.connect(path, isolation_level=None)
-    return _latency(_raw_gets(db, keys))
+    return latency(_raw_gets(db, keys))
 
 
 # -- ours -----------------------------------------------------------------------
@@ -172,14 +162,14 @@ async def _ours(
             assert len(res.items) == len(rows), len(res.items)
         out["scan_first_s"] = round(scans[0], 4)
         out["scan_s"] = round(scans[1], 4)
-        out["get"] = _latency(await _gets(page, keys))
+        out["get"] = latency(await _gets(page, keys))
     return out
 
 
 async def _ours_cold_child(directory: Path, keys: list[bytes]) -> dict[str, Any]:
     async with await Repository.open(directory / "repo") as repo:
         page = await repo.ledger(LEDGER).page(PAGE)
-        return _latency(await _gets(page, keys))
+        return latency(await _gets(page, keys))
 
 
 def _child(kind: str, directory: Path, keys: list[bytes]) -> dict[str, Any]:
@@ -300,10 +290,6 @@ def _pouchdb(
 # -- main -------------------------------------------------------------------------
 
 
-def _ratio(a: float, b: float) -> float:
-    return round(a / b, 2)
-
-
 def _report(
     args: argparse.Namespace,
     raw: dict[str, Any],
@@ -311,22 +297,22 @@ def _report(
     pouch: dict[str, Any],
 ) -> dict[str, Any]:
     ratios: dict[str, Any] = {
-        "get_mean_vs_raw_sqlite": _ratio(ours["get"]["mean_us"], raw["get"]["mean_us"]),
-        "get_p50_vs_raw_sqlite": _ratio(ours["get"]["p50_us"], raw["get"]["p50_us"]),
-        "cold_get_mean_vs_raw_sqlite": _ratio(
+        "get_mean_vs_raw_sqlite": ratio(ours["get"]["mean_us"], raw["get"]["mean_us"]),
+        "get_p50_vs_raw_sqlite": ratio(ours["get"]["p50_us"], raw["get"]["p50_us"]),
+        "cold_get_mean_vs_raw_sqlite": ratio(
             ours["cold_get"]["mean_us"], raw["cold_get"]["mean_us"]
         ),
-        "scan_vs_raw_sqlite": _ratio(ours["scan_s"], raw["scan_s"]),
-        "load_rate_vs_raw_sqlite": _ratio(raw["load_s"], ours["load_s"]),
-        "storage_floor_rate_vs_raw_sqlite": _ratio(raw["load_s"], ours["storage_floor_s"]),
+        "scan_vs_raw_sqlite": ratio(ours["scan_s"], raw["scan_s"]),
+        "load_rate_vs_raw_sqlite": ratio(raw["load_s"], ours["load_s"]),
+        "storage_floor_rate_vs_raw_sqlite": ratio(raw["load_s"], ours["storage_floor_s"]),
     }
     if "skipped" not in pouch:
         ratios.update(
             {
-                "get_mean_vs_pouchdb": _ratio(ours["get"]["mean_us"], pouch["get"]["mean_us"]),
-                "get_p50_vs_pouchdb": _ratio(ours["get"]["p50_us"], pouch["get"]["p50_us"]),
-                "scan_vs_pouchdb": _ratio(ours["scan_s"], pouch["scan_s"]),
-                "load_rate_vs_pouchdb": _ratio(pouch["load_s"], ours["load_s"]),
+                "get_mean_vs_pouchdb": ratio(ours["get"]["mean_us"], pouch["get"]["mean_us"]),
+                "get_p50_vs_pouchdb": ratio(ours["get"]["p50_us"], pouch["get"]["p50_us"]),
+                "scan_vs_pouchdb": ratio(ours["scan_s"], pouch["scan_s"]),
+                "load_rate_vs_pouchdb": ratio(pouch["load_s"], ours["load_s"]),
             }
         )
     return {

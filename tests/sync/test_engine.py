@@ -29,9 +29,10 @@ class Device:
 
 
 @contextlib.asynccontextmanager
-async def device(path: Path, cloud: CloudStore) -> AsyncIterator[Device]:
+async def device(path: Path, cloud: CloudStore, **kw: float) -> AsyncIterator[Device]:
+    """A repository syncing through ``cloud`` (requests counted); ``kw`` for the engine."""
     counting = CountingStore(cloud)
-    engine = SyncEngine(counting)
+    engine = SyncEngine(counting, **kw)  # type: ignore[arg-type]
     repo = await Repository.open(path, hooks=engine.hooks())
     await engine.start(repo, background=False)
     try:

@@ -18,24 +18,11 @@ import pytest
 from ledgerd.store import ObjectNotFoundError, Page, Priority, Repository, commit
 from ledgerd.store import exchange as ex
 from ledgerd.sync import engine, pack
-from ledgerd.sync.cloud import CloudStore, Retrying
-from ledgerd.sync.engine import SyncEngine
+from ledgerd.sync.cloud import Retrying
 from ledgerd.sync.errors import BucketIdentityError, SyncTimeoutError, TransientCloudError
 from ledgerd.sync.folder import FolderStore
-from ledgerd.sync.testing import CountingStore, FaultyStore, put_pack
-from tests.sync.test_engine import Device, _keys
-
-
-@contextlib.asynccontextmanager
-async def device(path: Path, cloud: CloudStore, **kw: float) -> AsyncIterator[Device]:
-    counting = CountingStore(cloud)
-    engine = SyncEngine(counting, **kw)  # type: ignore[arg-type]
-    repo = await Repository.open(path, hooks=engine.hooks())
-    await engine.start(repo, background=False)
-    try:
-        yield Device(repo, engine, counting)
-    finally:
-        await repo.close()
+from ledgerd.sync.testing import FaultyStore, put_pack
+from tests.sync.test_engine import Device, _keys, device
 
 
 @pytest.fixture

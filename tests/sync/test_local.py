@@ -11,8 +11,7 @@ from ledgerd.store import LOCAL_LEDGER, DocumentStore, Priority
 from ledgerd.sync import pack
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import PackName
-from tests.sync.test_engine import _keys
-from tests.sync.test_faults import device
+from tests.sync.test_engine import _keys, device
 
 
 @pytest.fixture

@@ -22,8 +22,7 @@ from ledgerd.sync.errors import AlreadyExistsError, BucketIdentityError
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import LogName, PackName
 from ledgerd.sync.testing import CountingStore, put_pack
-from tests.sync.test_engine import _keys
-from tests.sync.test_faults import device
+from tests.sync.test_engine import _keys, device
 
 
 @pytest.fixture
