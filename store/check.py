@@ -40,6 +40,7 @@ from ledgerd.store import digest as dg
 from ledgerd.store.errors import CorruptObjectError, InvalidArgumentError, StoreError
 from ledgerd.store.page import Page
 from ledgerd.store.schema import LOCAL, SYNCED, TRANSIENT
+from ledgerd.store.sql import shallow_roots
 
 SCAN_ROWS = 256
 """Stored pieces read and verified per query of the scan (pieces are at most 64 KiB)."""
@@ -211,6 +212,8 @@ class _Tables:
     journals: set[str]
     journal_values: list[tuple[str, bytes, bytes]]
     orphan_entries: list[str]
+    shallow: set[bytes]
+    """Commits imported from a checkpoint, whose parents are not here."""
 
 
 def _read_tables(conn: sqlite3.Connection) -> _Tables:
@@ -256,6 +259,9 @@ def _read_tables(conn: sqlite3.Connection) -> _Tables:
                     "(SELECT id FROM journals)"
                 )
             ],
+            shallow=shallow_roots(
+                conn.execute("SELECT value FROM page_metadata WHERE name = 'shallow'").fetchone()
+            ),
         )
     finally:
         conn.execute("COMMIT")
@@ -280,7 +286,7 @@ def _check_commits(t: _Tables, report: PageCheck) -> dict[bytes, commit.Commit]:
     ids = {row[0] for row in t.commits}
     for c in good.values():
         for p in c.parents:
-            if p not in ids:
+            if p not in ids and p != commit.FIRST.id and c.id not in t.shallow:
                 report.add(
                     Problem(
                         COMMIT,

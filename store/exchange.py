@@ -19,7 +19,7 @@ from ledgerd.store import btree, commit, split, sql
 from ledgerd.store import digest as dg
 from ledgerd.store.btree import Priority
 from ledgerd.store.commit import Commit
-from ledgerd.store.errors import CorruptObjectError, StoreError
+from ledgerd.store.errors import CorruptObjectError, InvalidArgumentError, StoreError
 from ledgerd.store.page import Page
 from ledgerd.store.schema import SYNCED
 
@@ -237,6 +237,101 @@ async def import_remote(
     return new
 
 
+@dataclass
+class Snapshot:
+    """A page's single head and every piece its tree reaches, for a checkpoint."""
+
+    commit: Commit
+    eager: list[bytes]  # tree nodes and EAGER values' pieces
+    lazy: list[bytes]  # LAZY values' pieces (an EAGER value's pieces excepted)
+
+
+async def head_snapshot(page: Page) -> Snapshot | None:
+    """The page's head and the pieces it reaches, if the page has exactly one head,
+    nothing waiting to be uploaded and anything in it (else None)."""
+    await page.flush()
+    heads = await page.heads()
+    if len(heads) != 1 or heads[0].id == commit.FIRST.id or await unsynced_count(page):
+        return None
+    head = heads[0]
+    nodes: list[bytes] = []
+    eager_values: set[bytes] = set()
+    lazy_values: set[bytes] = set()
+    frontier = [head.root] if head.root else []
+    while frontier:
+        nxt: list[bytes] = []
+        for d in frontier:
+            if not dg.is_inline(d):
+                nodes.append(d)
+            node = await page.nodes.load(d)
+            nxt.extend(c for c in node.children if c)
+            for e in node.entries:
+                (lazy_values if e[2] == Priority.LAZY else eager_values).add(e[1])
+        frontier = nxt
+    eager = await page.objects.value_pieces([*nodes, *eager_values])
+    lazy: dict[bytes, None] = {}
+    for root in sorted(lazy_values):
+        for d in await _pieces_in_order(page, root):
+            if d not in eager:
+                lazy[d] = None
+    return Snapshot(head, sorted(eager), list(lazy))
+
+
+async def import_checkpoint(
+    page: Page,
+    commit_data: bytes,
+    pieces: dict[bytes, bytes],
+    lazy: dict[bytes, str],
+    markers: list[tuple[str, bytes]],
+) -> list[Commit]:
+    """Store a checkpoint (a commit whose ancestors stay in the cloud, its whole tree)
+    into a page that has nothing yet: the commit becomes the page's head and a
+    shallow root (history below it is not here). Verified like :func:`import_remote`.
+    ``markers`` are sync_metadata rows written in the same transaction. Returns the
+    commit if it was new; nothing if the page already has it; raises
+    InvalidArgumentError if the page already has other commits.
+    """
+    bad = [d for d, v in pieces.items() if not dg.verify(d, v)]
+    if bad:
+        raise CorruptObjectError(f"piece {dg.short(bad[0])} does not match its digest")
+    c = commit.decode(commit_data)
+    if not c.parents:
+        raise CorruptObjectError(f"commit {c.id.hex()[:12]} claims to be a first commit")
+    if await _has_commit(page, c.id):
+        return []
+    heads = await page.heads()
+    if [h.id for h in heads] != [commit.FIRST.id]:
+        raise InvalidArgumentError("a checkpoint goes only into a page that has nothing yet")
+    await _check_trees(page, [c.root], pieces, lazy)
+
+    def work(conn: sqlite3.Connection) -> None:
+        if conn.execute("SELECT count(*) FROM commits").fetchone()[0] > 1:
+            raise InvalidArgumentError("a checkpoint goes only into a page that has nothing yet")
+        sql.put_pieces(conn, pieces.items(), SYNCED)
+        sql.mark_synced(conn, lazy)
+        conn.executemany(
+            "INSERT OR IGNORE INTO remote_pieces (digest, location) SELECT ?, ? "
+            "WHERE NOT EXISTS (SELECT 1 FROM objects WHERE digest = ?)",
+            [(d, loc, d) for d, loc in lazy.items()],
+        )
+        sql.insert_commit(conn, c, unsynced=False)
+        conn.execute("DELETE FROM heads WHERE commit_id = ?", (commit.FIRST.id,))
+        conn.execute("DELETE FROM commits WHERE id = ?", (commit.FIRST.id,))
+        sql.add_shallow_root(conn, c.id)
+        conn.executemany(
+            "INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)", markers
+        )
+
+    await page.adopt_remote(work, [c])
+    return [c]
+
+
+async def shallow_roots(page: Page) -> set[bytes]:
+    """Commits of the page whose history is not here (checkpoints it started from)."""
+    rows = await page.db.read_all("SELECT value FROM page_metadata WHERE name = 'shallow'")
+    return sql.shallow_roots(rows[0] if rows else None)
+
+
 async def _has_commit(page: Page, cid: bytes) -> bool:
     try:
         await page.load_commit(cid)
@@ -318,3 +413,11 @@ async def unsynced_count(page: Page) -> int:
 def index_children(data: bytes) -> list[bytes]:
     """The digests an index piece lists (its value's next level), for prefetching."""
     return [c.digest for c in split.decode_index(data)]
+
+
+async def sync_values(page: Page, prefix: str) -> list[tuple[str, bytes]]:
+    """The page's sync metadata rows whose names start with ``prefix``."""
+    rows = await page.db.read_all(
+        "SELECT name, value FROM sync_metadata WHERE substr(name, 1, ?) = ?", (len(prefix), prefix)
+    )
+    return [(str(n), bytes(v)) for n, v in rows]

@@ -101,6 +101,8 @@ class CommitGraph:
         if c is None:
             rows = await self.db.read_all("SELECT data FROM commits WHERE id = ?", (cid,))
             if not rows:
+                if cid == commit.FIRST.id:  # a page started from a checkpoint drops it
+                    return commit.FIRST
                 raise CommitNotFoundError(f"commit {cid.hex()} is not in page {self.name!r}")
             c = commit.decode(bytes(rows[0][0]), cid)
             self._commits[cid] = c
@@ -119,7 +121,10 @@ class CommitGraph:
             for pid in c.parents:
                 if pid not in seen:
                     seen.add(pid)
-                    p = await self.load(pid)
+                    try:
+                        p = await self.load(pid)
+                    except CommitNotFoundError:  # a shallow root's parents are not here
+                        continue
                     heapq.heappush(heap, (-p.generation, -p.timestamp, p.id))
 
     async def store(

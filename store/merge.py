@@ -16,7 +16,7 @@ from typing import Literal
 from ledgerd.store import btree, doclayout
 from ledgerd.store.btree import Builder, Entry, NodeStore
 from ledgerd.store.commit import Commit
-from ledgerd.store.errors import StoreError
+from ledgerd.store.errors import CommitNotFoundError, StoreError
 from ledgerd.store.view import live
 
 LoadCommit = Callable[[bytes], Awaitable[Commit]]
@@ -49,7 +49,12 @@ async def common_ancestors(load: LoadCommit, a: Commit, b: Commit) -> list[Commi
             flags[cid] = f
         for pid in commits[cid].parents:
             if pid not in commits:
-                commits[pid] = await load(pid)
+                try:
+                    commits[pid] = await load(pid)
+                except CommitNotFoundError:
+                    if f & _STALE:  # below a shallow root (a checkpoint): nothing to find
+                        continue
+                    raise
             old = flags.get(pid, 0)
             flags[pid] = old | f
             if pid not in queued and flags[pid] != old:
@@ -82,7 +87,10 @@ async def is_ancestor(load: LoadCommit, maybe: Commit, of: Commit) -> bool:
                 return True
             if pid not in seen:
                 seen.add(pid)
-                commits[pid] = await load(pid)
+                try:
+                    commits[pid] = await load(pid)
+                except CommitNotFoundError:  # below a shallow root: history not here
+                    continue
                 heapq.heappush(heap, (-commits[pid].generation, pid))
     return False
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import functools
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from ledgerd.store.commit import Commit
 from ledgerd.store.schema import LOCAL, SYNCED, TRANSIENT
@@ -211,3 +212,22 @@ def insert_commit(conn: sqlite3.Connection, c: Commit, *, unsynced: bool = True)
             "INSERT OR IGNORE INTO unsynced_commits (commit_id, generation) VALUES (?, ?)",
             (c.id, c.generation),
         )
+
+
+# -- shallow roots (commits imported from a checkpoint) ---------------------------------
+
+
+def shallow_roots(row: Sequence[Any] | None) -> set[bytes]:
+    """The ids in page_metadata's ``shallow`` row (32 bytes each)."""
+    raw = bytes(row[0]) if row else b""
+    return {raw[i : i + 32] for i in range(0, len(raw) - 31, 32)}
+
+
+def add_shallow_root(conn: sqlite3.Connection, cid: bytes) -> None:
+    """Record ``cid`` as a commit whose ancestors are not here (a checkpoint's head)."""
+    row = conn.execute("SELECT value FROM page_metadata WHERE name = 'shallow'").fetchone()
+    roots = shallow_roots(row) | {cid}
+    conn.execute(
+        "INSERT OR REPLACE INTO page_metadata (name, value) VALUES ('shallow', ?)",
+        (b"".join(sorted(roots)),),
+    )

@@ -74,6 +74,7 @@ from ledgerd.store.errors import (
     TransientStoreError,
 )
 from ledgerd.sync import layout, pack, progress
+from ledgerd.sync.checkpoints import MAX_CHECKPOINT, Checkpoints
 from ledgerd.sync.cloud import CloudStore, Metered
 from ledgerd.sync.errors import (
     AlreadyExistsError,
@@ -159,6 +160,7 @@ class _Uploaded:
     seen: int | None
     commits: list[bytes]
     digests: list[bytes]
+    history: int = 0  # bytes of commits and EAGER pieces: what a new device would read
 
 
 @dataclass
@@ -229,6 +231,8 @@ class SyncEngine:
         clock: Callable[[], float] = time.time,
         wants: Callable[[bytes, bytes], bool] | None = None,
         observer: RoundObserver | None = None,
+        max_checkpoint: int = MAX_CHECKPOINT,
+        checkpoint_interval: float = 60.0,
     ) -> None:
         self._repo: Repository | None = None
         self.store = Metered(store)
@@ -273,6 +277,11 @@ class SyncEngine:
         self._own_time = 0
         self._active_until = 0.0
         self._wake = asyncio.Event()
+        self.checkpoints = Checkpoints(self.store, max_checkpoint)
+        self._deepen: set[Key] = set()  # shallow pages that need their history
+        self.checkpoint_interval = checkpoint_interval
+        self._checkpoint_due: dict[Key, None] = {}  # waiting for checkpoint_interval
+        self._checkpoint_at: dict[Key, float] = {}  # monotonic time of the page's last one
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -301,6 +310,7 @@ class SyncEngine:
             raise ValueError("open the repository with this engine's hooks()")
         self._repo = repo
         self._feed_max = int(await repo.get_meta("sync/feed") or b"0")
+        await self.checkpoints.load(repo)
         if background:
             self._task = asyncio.create_task(self._loop(), name="sync")
 
@@ -410,12 +420,14 @@ class SyncEngine:
                     self._bucket_ok = False
                 await self._check_bucket()
                 if download:
+                    await self._bootstrap()
                     await self._list_feed()
                     if self._legacy_due or (full and self._legacy_seen()):
                         await self._list_legacy()
                 stats.uploaded_packs = await self._upload_all(only)
                 if download:
                     stats.downloaded_packs = await self._download(force=full)
+                await self._due_checkpoints()
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -653,13 +665,81 @@ class SyncEngine:
         if up.empty:
             self._page_done(key, seen, await ex.unsynced_count(page))  # a conflict keeps some
             return
-        await self._add_page(rnd, page, up)
-        rnd.added(_Uploaded(key, seen, [c.id for c in up.commits], [*up.eager, *up.lazy]))
+        history = await self._add_page(rnd, page, up)
+        rnd.added(_Uploaded(key, seen, [c.id for c in up.commits], [*up.eager, *up.lazy], history))
 
     async def _mark(self, page: Page, u: _Uploaded) -> None:
         await ex.mark_uploaded(page, u.commits, u.digests)
         self._ok(page)
         self._page_done(u.key, u.seen, await ex.unsynced_count(page))
+        await self.checkpoints.grew(page, u.history)
+        await self._checkpoint(page)
+
+    async def _checkpoint(self, page: Page) -> None:
+        """Write a checkpoint of the page if its history since the last one calls for it,
+        at most one per ``checkpoint_interval`` (a bulk load rewrites most of a page in
+        every round); one that has to wait is written by a later round."""
+        key = (page.ledger, page.id)
+        try:
+            if not await self.checkpoints.due(page):
+                self._checkpoint_due.pop(key, None)
+                return
+            if time.monotonic() < self._checkpoint_at.get(key, -1e9) + self.checkpoint_interval:
+                self._checkpoint_due[key] = None
+                return
+            self._checkpoint_due.pop(key, None)
+            self._checkpoint_at[key] = time.monotonic()
+            await self.checkpoints.write(
+                page, self.repo.device_id, await self._feed_time(), await self._cover(page)
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the page's history is still there; a later round retries
+            log.warning("checkpoint of page %r of ledger %r failed: %s", key[1], key[0], _error(e))
+
+    async def _due_checkpoints(self) -> None:
+        now = time.monotonic()
+        for key in list(self._checkpoint_due):
+            if now >= self._checkpoint_at.get(key, -1e9) + self.checkpoint_interval:
+                if not self.repo.page_exists(*key):
+                    self._checkpoint_due.pop(key, None)
+                    continue
+                async with self._using(key) as page:
+                    await self._checkpoint(page)
+
+    async def _feed_time(self) -> int:
+        """A feed time for a checkpoint: never below this device's last pack nor the
+        newest name listed (as for packs, without using a sequence number)."""
+        return max(int(self.clock() * 1000), self._feed_max, self._own_time)
+
+    async def _cover(self, page: Page) -> dict[str, int]:
+        """Per device, the highest sequence whose packs' commits of this page are all
+        here (so, with one head, ancestors of it): what was imported, below anything
+        held or missing."""
+        key = (page.ledger, page.id)
+        cover = {self.device: self._own_seq}
+        for name, value in await ex.sync_values(page, "imported/"):
+            device = name.removeprefix("imported/")
+            if layout.device_ok(device) and device != self.device:
+                cover[device] = int(value)
+        for device, dl in self._logs.items():
+            if device == self.device or device not in cover:
+                continue
+            for h in dl.held.values():
+                if isinstance(h.ln, PackName) and (h.key is None or h.key == key):
+                    cover[device] = min(cover[device], h.ln.seq - 1)
+            for g in dl.gaps:
+                cover[device] = min(cover[device], g.first - 1)
+        return {d: s for d, s in cover.items() if s > 0}
+
+    async def _bootstrap(self) -> None:
+        """A device that has never listed this bucket starts the pages it has nothing
+        of from their checkpoints (once per cloud URL)."""
+        done = f"sync/bootstrapped/{self.location}"
+        if self._feed_max or await self.repo.get_meta(done) is not None:
+            return
+        await self.checkpoints.bootstrap(lambda k: self._wanted(k), self._using)
+        await self.repo.set_meta(done, b"1")
 
     def _page_done(self, key: Key, seen: int | None, left: int) -> None:
         st = self.states.setdefault(key, PageState())
@@ -675,7 +755,7 @@ class SyncEngine:
         async with self.repo.page(*key, transient=True) as page:
             yield page
 
-    async def _add_page(self, rnd: _Round, page: Page, up: ex.Upload) -> None:
+    async def _add_page(self, rnd: _Round, page: Page, up: ex.Upload) -> int:
         """Put a page's commits and pieces into the round's pack; a pack that would
         pass ``max_pack`` goes up first. A page larger than that spreads its value
         pieces over several packs, its tree nodes and commits in the last, so that
@@ -718,6 +798,7 @@ class SyncEngine:
         sec = rnd.section(key)
         sec.commits = commits
         rnd.size += sum(map(len, commits))
+        return sum(sizes.get(d, 0) for d in up.eager) + sum(map(len, commits))
 
     async def _flush(self, rnd: _Round) -> None:
         """PUT the round's pack, if it holds anything; its pages' commits are then up."""
@@ -854,6 +935,8 @@ class SyncEngine:
         """Import the packs listed and not imported yet, and the held ones that are due;
         in feed order. Returns how many packs brought something."""
         await self._probe_gaps(force)
+        for key in sorted(self._deepen):
+            await self._read_history(key)
         now = time.monotonic()
         due = [
             (h.ln.time if isinstance(h.ln, PackName) else 0, h.ln.seq, dl, h)
@@ -878,6 +961,25 @@ class SyncEngine:
             n += got
             await self._save_log(dl)
         return n
+
+    async def _read_history(self, key: Key) -> None:
+        """A page started from a checkpoint needs what lies below it (a commit made
+        without having seen the checkpoint's head): read every pack for it again."""
+        self._deepen.discard(key)
+        if not await self.checkpoints.uncover(key):
+            return
+        log.info("page %r of ledger %r reads its whole history", key[1], key[0])
+        touched: dict[str, DeviceLog] = {}
+        async for name in self.store.list(layout.PACKS):
+            pn = PackName.parse(name)
+            if pn is None:
+                continue
+            dl = touched.get(pn.device) or await self._device_log(pn.device)
+            touched[pn.device] = dl
+            h = Held(pn, key, progress.RETRY, "read again: the page needs its history")
+            dl.held.setdefault(h.id, h)
+        for dl in touched.values():
+            await self._save_log(dl)
 
     def _ignore(self, name: str) -> None:
         if name not in self._ignored:
@@ -913,7 +1015,7 @@ class SyncEngine:
         be imported is held on its own; the others go on. Returns 1 if a page got in."""
         whole = Held(pn, None, progress.RETRY, "").id
         try:
-            wanted_all = only is None and self.wants is None
+            wanted_all = only is None and self.wants is None and not self.checkpoints.covers
             first = await self.store.get(pn.name, 0, pn.eager_end if wanted_all else pn.head_end)
             header = pack.decode_header(first[: pn.head_end], pn.head_end, pn.eager_end)
             if (header.device.hex(), header.seq, header.time) != (pn.device, pn.seq, pn.time):
@@ -922,6 +1024,7 @@ class SyncEngine:
                 p
                 for p in header.pages
                 if (p.key == only if only is not None else self._wanted(p.key))
+                and not self.checkpoints.covered(p.key, pn.device, pn.seq)
             ]
             sections = await self._sections(pn.name, pages, first)
         except asyncio.CancelledError:
@@ -948,6 +1051,8 @@ class SyncEngine:
                     done = await ex.sync_value(page, marker)
                     mark = str(max(pn.seq, int(done) if done else 0)).encode()
                     new = await ex.import_remote(page, commits, eager, lazy, (marker, mark))
+                    if new:
+                        await self.checkpoints.grew(page, p.eager.raw)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -983,6 +1088,8 @@ class SyncEngine:
     def _hold_for(self, dl: DeviceLog, pn: PackName | LogName, key: Key, e: Exception) -> None:
         """Hold one page of a pack, in the state its failure calls for."""
         if isinstance(e, ex.MissingParentError):
+            if key in self.checkpoints.covers:  # history below its checkpoint: read it all
+                self._deepen.add(key)
             self._hold(dl, pn, key, progress.WAITING, f"waits for what no pack seen holds: {e}")
         elif isinstance(
             e,
@@ -1108,7 +1215,13 @@ class SyncEngine:
         want, budget = digests, PREFETCH
         while want:
             where = await ex.remote_locations(page, want)
-            got = await self._fetch_ranges(where)
+            try:
+                got = await self._fetch_ranges(where)
+            except CloudNotFoundError:  # a pack compacted away: the newest checkpoint has it
+                moved = await self.checkpoints.locate((page.ledger, page.id), list(where))
+                if not moved:
+                    raise
+                got = await self._fetch_ranges(moved)
             out.update(got)
             children = [
                 c

@@ -19,12 +19,21 @@ Layout 1 (read when a bucket is migrated)::
     devices/{device}                                   one per device, written once
     log/{device}/{seq:016d}.{eager_end}.{ledger}.{page} one pack per page per round
 
+Checkpoints (layout 3; a bucket of layout 2 is read the same way)::
+
+    checkpoints/{tag}/{time:013d}.{device}.{head_end}.{eager_end}   a page's head, whole
+
+``tag`` names the page without saying its names (a hash of ledger and page, see
+:func:`page_tag`); one LIST of ``checkpoints/`` shows every page's checkpoints,
+one of ``checkpoints/{tag}/`` one page's. ``time`` is the writer's feed time.
+
 ``device`` is a repository's 128-bit id in lowercase hex; ``seq`` counts from 1;
 ledger and page names are base64url without padding, 1-128 bytes decoded.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -153,6 +162,58 @@ class PackName:
         if n < 1 or not pack.PREFIX <= head <= end <= MAX_EAGER_END:
             return None
         return cls(int(time), device, n, head, end, name)
+
+
+CHECKPOINTS = "checkpoints/"
+_TAG = re.compile(r"[0-9a-f]{32}")
+
+
+def page_tag(ledger: bytes, page: bytes) -> str:
+    """The name a page's checkpoints go under: a hash of its ledger and page names."""
+    h = hashlib.sha256(b"ledgerd-page\0" + len(ledger).to_bytes(2, "big") + ledger + page)
+    return h.hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class CheckpointName:
+    """A checkpoint's name: its page's tag, the writer's feed time and device, and
+    where its header and EAGER section end."""
+
+    tag: str
+    time: int
+    device: str
+    head_end: int
+    eager_end: int
+    name: str
+
+    @classmethod
+    def make(
+        cls, tag: str, time: int, device: str, head_end: int, eager_end: int
+    ) -> CheckpointName:
+        name = f"{CHECKPOINTS}{tag}/{time:013d}.{device}.{head_end}.{eager_end}"
+        return cls(tag, time, device, head_end, eager_end, name)
+
+    @classmethod
+    def parse(cls, name: str) -> CheckpointName | None:
+        """The checkpoint a name stands for, or None unless it is exactly such a name."""
+        if not name.startswith(CHECKPOINTS):
+            return None
+        tag, slash, rest = name[len(CHECKPOINTS) :].partition("/")
+        fields = rest.split(".")
+        if not slash or not _TAG.fullmatch(tag) or len(fields) != 4:
+            return None
+        time, device, head_end, eager_end = fields
+        if not (
+            _TIME.fullmatch(time)
+            and device_ok(device)
+            and _NUMBER.fullmatch(head_end)
+            and _NUMBER.fullmatch(eager_end)
+        ):
+            return None
+        head, end = int(head_end), int(eager_end)
+        if not pack.PREFIX <= head <= end <= MAX_EAGER_END:
+            return None
+        return cls(tag, int(time), device, head, end, name)
 
 
 def marker_name(version: int = BUCKET_FORMAT) -> str:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgpack
 import zstandard
@@ -92,6 +93,8 @@ class Section:
     commits: list[bytes] = field(default_factory=list)
     eager: list[tuple[bytes, bytes]] = field(default_factory=list)
     lazy: list[tuple[bytes, bytes]] = field(default_factory=list)
+    bare: bool = False
+    """EAGER pieces without their digests (the reader computes them): a checkpoint."""
 
     def size(self) -> int:
         return sum(len(c) for c in self.commits) + sum(len(v) for _, v in (*self.eager, *self.lazy))
@@ -134,16 +137,29 @@ class Header:
     seq: int
     time: int
     pages: list[PageIndex]
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Header fields beyond the index (a checkpoint's ``cover``)."""
 
 
-def encode(device: bytes, seq: int, time: int, sections: list[Section]) -> tuple[bytes, int, int]:
+def encode(
+    device: bytes,
+    seq: int,
+    time: int,
+    sections: list[Section],
+    extra: dict[str, Any] | None = None,
+) -> tuple[bytes, int, int]:
     """The pack's bytes, ``head_end`` and ``eager_end`` (CPU-bound: call off the loop
-    for large packs)."""
+    for large packs). ``extra`` fields go into the header (readers ignore fields
+    they do not know)."""
     body: list[bytes] = []
     at = 0
     eager_parts: list[list[int]] = []
     for s in sections:
-        raw = msgpack.packb([s.commits, [[d, v] for d, v in s.eager]], use_bin_type=True)
+        if s.bare:
+            types = bytes(d[0] for d, _ in s.eager)
+            raw = msgpack.packb([s.commits, types, [v for _, v in s.eager]], use_bin_type=True)
+        else:
+            raw = msgpack.packb([s.commits, [[d, v] for d, v in s.eager]], use_bin_type=True)
         stored, codec = squeeze(raw)
         eager_parts.append([at, len(stored), len(raw), codec])
         body.append(stored)
@@ -160,6 +176,7 @@ def encode(device: bytes, seq: int, time: int, sections: list[Section]) -> tuple
         lazy_parts.append(parts)
     header = msgpack.packb(
         {
+            **(extra or {}),
             "device": device,
             "seq": seq,
             "time": time,
@@ -216,21 +233,33 @@ def decode_header(data: bytes, head_end: int, eager_end: int) -> Header:
         raise CorruptPackError(f"pack header is unreadable: {e}") from e
     if not ok:
         raise CorruptPackError("pack header has malformed fields")
-    return Header(device, seq, time, out)
+    known = {"device", "seq", "time", "pages"}
+    return Header(device, seq, time, out, {k: v for k, v in h.items() if k not in known})
 
 
 def decode_section(stored: bytes, part: Part) -> tuple[list[bytes], dict[bytes, bytes]]:
     """A page's EAGER section: its commits and EAGER pieces (not yet verified)."""
     raw = unsqueeze(stored, part.codec, part.raw)
     try:
-        commits, pieces = msgpack.unpackb(raw, raw=False)
+        fields = msgpack.unpackb(raw, raw=False)
+        commits = fields[0]
         if not (isinstance(commits, list) and all(isinstance(c, bytes) for c in commits)):
             raise ValueError("commits")
         out: dict[bytes, bytes] = {}
-        for d, v in pieces:
-            if not isinstance(v, bytes):
-                raise ValueError("piece")
-            out[_digest(d)] = v
+        if len(fields) == 3:  # bare: each piece's type byte; the digest is computed
+            types, values = fields[1], fields[2]
+            if not (isinstance(types, bytes) and len(types) == len(values)):
+                raise ValueError("piece types")
+            for t, v in zip(types, values, strict=True):
+                if not (isinstance(v, bytes) and dg.is_valid_hashed_type(t)):
+                    raise ValueError("piece")
+                out[_digest(bytes((t,)) + dg.content_hash(v))] = v
+        else:
+            _, pieces = fields
+            for d, v in pieces:
+                if not isinstance(v, bytes):
+                    raise ValueError("piece")
+                out[_digest(d)] = v
     except Exception as e:
         raise CorruptPackError(f"a page's section of a pack is unreadable: {e}") from e
     return commits, out

@@ -1,0 +1,259 @@
+"""Checkpoints: a page's head, whole, so that a new device need not read its history.
+
+A checkpoint (``checkpoints/{tag}/...``, see :mod:`sync.layout`) is a pack of one
+page (:mod:`sync.pack`'s format) whose section holds the page's head commit and
+every tree node and EAGER value that commit reaches, its LAZY values after them;
+its header adds ``cover``: per device, the highest sequence number whose packs'
+commits of this page are all ancestors of that head. A device writes one after an
+upload round when the page's bytes uploaded and imported since its last checkpoint
+(what a new device would read past it) pass a third of the page's size (at least
+``FLOOR``): a new device then downloads at most about 1.33× the page's size plus
+one round. Pieces are copied, not referred to, so that compaction can delete the
+packs the checkpoint stands for.
+
+A device that has never listed the bucket starts each page it has nothing of from
+the page's newest checkpoint: the head becomes a *shallow root* (its history stays
+in the cloud), and packs whose sequence the cover includes are skipped for that
+page. If a later commit needs history below the root (a commit made concurrently
+on a device that had not seen the checkpoint's head), the page *deepens*: its
+cover is dropped and every pack is read again for it.
+
+This module does the cloud side of that; the store side (snapshots, shallow
+imports) is in :mod:`store.exchange`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from ledgerd.store import Page, Repository
+from ledgerd.store import exchange as ex
+from ledgerd.sync import layout, pack
+from ledgerd.sync.cloud import CloudStore
+from ledgerd.sync.errors import CloudNotFoundError
+from ledgerd.sync.layout import CheckpointName
+
+log = logging.getLogger(__name__)
+
+Key = tuple[bytes, bytes]
+Using = Callable[[Key], contextlib.AbstractAsyncContextManager[Page]]
+
+FLOOR = 64 * 1024
+"""Bytes of history a page gathers before a checkpoint is worth writing."""
+MAX_CHECKPOINT = 256 * 1024 * 1024
+"""Largest page (its head's pieces, EAGER and LAZY) that gets checkpoints; larger
+pages are read from their history."""
+SINCE = "checkpoint/since"
+"""Page sync metadata: bytes uploaded and imported since the last checkpoint."""
+THRESHOLD = "checkpoint/threshold"
+"""Page sync metadata: ``since`` above which the page is looked at again."""
+COVERS = "sync/covers"
+"""Repository meta: the pages started from a checkpoint, and what each one covers."""
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint read from the bucket."""
+
+    name: CheckpointName
+    key: Key
+    cover: dict[str, int]
+    commit: bytes
+    eager: dict[bytes, bytes]
+    lazy: dict[bytes, str]  # digest -> location in the checkpoint
+
+
+def _cover(x: object) -> dict[str, int]:
+    if not isinstance(x, dict):
+        raise pack.CorruptPackError("a checkpoint's cover is malformed")
+    out: dict[str, int] = {}
+    for device, seq in x.items():
+        if not (isinstance(device, str) and layout.device_ok(device) and type(seq) is int):
+            raise pack.CorruptPackError("a checkpoint's cover is malformed")
+        out[device] = seq
+    return out
+
+
+def newest(names: list[CheckpointName]) -> dict[str, CheckpointName]:
+    """The newest checkpoint of each page tag."""
+    out: dict[str, CheckpointName] = {}
+    for n in names:
+        best = out.get(n.tag)
+        if best is None or (n.time, n.device) > (best.time, best.device):
+            out[n.tag] = n
+    return out
+
+
+class Checkpoints:
+    """Writing, listing and reading checkpoints; the covers of shallow pages."""
+
+    def __init__(self, store: CloudStore, max_size: int = MAX_CHECKPOINT) -> None:
+        self.store = store
+        self.max_size = max_size
+        self.covers: dict[Key, dict[str, int]] = {}
+        self.written = 0
+        self._repo: Repository | None = None
+
+    async def load(self, repo: Repository) -> None:
+        self._repo = repo
+        raw = await repo.get_meta(COVERS)
+        if raw:
+            try:
+                d = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+                self.covers = {(bytes(a), bytes(b)): _cover(c) for a, b, c in d}
+            except Exception as e:  # msgpack raises several unrelated types
+                log.warning("forgetting which pages started from checkpoints: %s", e)
+                self.covers = {}
+
+    async def _save(self) -> None:
+        assert self._repo is not None
+        data = msgpack.packb([[a, b, c] for (a, b), c in sorted(self.covers.items())])
+        await self._repo.set_meta(COVERS, bytes(data))
+
+    # -- covers ------------------------------------------------------------------------
+
+    def covered(self, key: Key, device: str, seq: int) -> bool:
+        """Whether the checkpoint page ``key`` started from holds pack ``seq`` of ``device``."""
+        c = self.covers.get(key)
+        return c is not None and seq <= c.get(device, 0)
+
+    async def uncover(self, key: Key) -> bool:
+        """Stop skipping packs for ``key`` (it needs its history). True if it had a cover."""
+        if self.covers.pop(key, None) is None:
+            return False
+        await self._save()
+        return True
+
+    # -- writing -----------------------------------------------------------------------
+
+    async def grew(self, page: Page, nbytes: int) -> int:
+        """Count ``nbytes`` of history added to the page; returns the total since its
+        last checkpoint."""
+        since = int(await ex.sync_value(page, SINCE) or b"0") + nbytes
+        await ex.set_sync_value(page, SINCE, str(since).encode())
+        return since
+
+    async def due(self, page: Page) -> bool:
+        """Whether the page's history since its last checkpoint passed its threshold."""
+        since = int(await ex.sync_value(page, SINCE) or b"0")
+        return since > int(await ex.sync_value(page, THRESHOLD) or str(FLOOR).encode())
+
+    async def write(
+        self, page: Page, device: bytes, feed_time: int, cover: dict[str, int]
+    ) -> str | None:
+        """Write a checkpoint of the page's head if it is due and the page can have one
+        (one head, nothing unuploaded, not too large). Returns its name, or None."""
+        if not await self.due(page):
+            return None
+        snap = await ex.head_snapshot(page)
+        if snap is None:
+            return None
+        sizes = await ex.piece_sizes(page, snap.eager)
+        live = sum(sizes.values()) + len(snap.commit.data)
+        since = int(await ex.sync_value(page, SINCE) or b"0")
+        threshold = max(FLOOR, live // 3)
+        await ex.set_sync_value(page, THRESHOLD, str(threshold).encode())
+        if since <= threshold:
+            return None
+        lazy_size = sum((await ex.piece_sizes(page, snap.lazy)).values())
+        if live + lazy_size > self.max_size:
+            log.info("page %r is too large for a checkpoint (%d bytes)", page.id, live + lazy_size)
+            await ex.set_sync_value(page, THRESHOLD, str(1 << 62).encode())
+            return None
+        eager = await ex.read_pieces(page, snap.eager)
+        lazy = await ex.read_pieces(page, snap.lazy)  # fetched if this device never read them
+        section = pack.Section(
+            page.ledger,
+            page.id,
+            [snap.commit.data],
+            [(d, eager[d]) for d in snap.eager],
+            [(d, lazy[d]) for d in snap.lazy],
+            bare=True,
+        )
+        data, head_end, eager_end = pack.encode(
+            device, 0, feed_time, [section], extra={"cover": cover}
+        )
+        tag = layout.page_tag(page.ledger, page.id)
+        name = CheckpointName.make(tag, feed_time, device.hex(), head_end, eager_end).name
+        await self.store.put(name, data)
+        await ex.set_sync_value(page, SINCE, b"0")
+        self.written += 1
+        log.info("wrote checkpoint %s: %d bytes for %d bytes of history", name, len(data), since)
+        return name
+
+    # -- reading -----------------------------------------------------------------------
+
+    async def names(self, tag: str | None = None) -> AsyncIterator[CheckpointName]:
+        """Every checkpoint in the bucket (of page ``tag``); stray names are skipped."""
+        prefix = layout.CHECKPOINTS + (f"{tag}/" if tag else "")
+        async for name in self.store.list(prefix):
+            cn = CheckpointName.parse(name)
+            if cn is not None:
+                yield cn
+
+    async def read(self, cn: CheckpointName, *, sections: bool = True) -> Checkpoint:
+        """A checkpoint's header (and section): one ranged GET. Raises CorruptPackError
+        if it is malformed or belongs to another page than its name says."""
+        data = await self.store.get(cn.name, 0, cn.eager_end if sections else cn.head_end)
+        header = pack.decode_header(data[: cn.head_end], cn.head_end, cn.eager_end)
+        if len(header.pages) != 1 or header.device.hex() != cn.device:
+            raise pack.CorruptPackError(f"checkpoint {cn.name} does not match its name")
+        p = header.pages[0]
+        if layout.page_tag(*p.key) != cn.tag or header.time != cn.time:
+            raise pack.CorruptPackError(f"checkpoint {cn.name} does not match its name")
+        cover = _cover(header.extra.get("cover"))
+        lazy = {d: part.location(cn.name) for d, part in p.lazy}
+        if not sections:
+            return Checkpoint(cn, p.key, cover, b"", {}, lazy)
+        commits, eager = pack.decode_section(data[p.eager.offset : p.eager.end], p.eager)
+        if len(commits) != 1:
+            raise pack.CorruptPackError(f"checkpoint {cn.name} does not hold one commit")
+        return Checkpoint(cn, p.key, cover, commits[0], eager, lazy)
+
+    async def bootstrap(self, wanted: Callable[[Key], bool], using: Using) -> int:
+        """Start every page this device has nothing of from its newest checkpoint.
+        Returns how many pages did. A checkpoint that cannot be read or stored is
+        skipped (the page is then read from its history)."""
+        assert self._repo is not None
+        names = [cn async for cn in self.names()]
+        started = 0
+        for cn in sorted(newest(names).values(), key=lambda n: n.name):
+            try:
+                cp = await self.read(cn)
+                if not wanted(cp.key) or self._repo.page_exists(*cp.key):
+                    continue
+                markers = [(f"imported/{d}", str(seq).encode()) for d, seq in cp.cover.items()]
+                async with using(cp.key) as page:
+                    await ex.import_checkpoint(page, cp.commit, cp.eager, cp.lazy, markers)
+            except CloudNotFoundError:
+                continue  # deleted since the listing; a newer one is there
+            except Exception as e:
+                log.warning("checkpoint %s not used (the page's history is read): %s", cn.name, e)
+                continue
+            self.covers[cp.key] = cp.cover
+            started += 1
+        if started:
+            await self._save()
+            log.info("started %d pages from checkpoints", started)
+        return started
+
+    async def locate(self, key: Key, digests: list[bytes]) -> dict[bytes, str]:
+        """Where the page's newest checkpoint holds these LAZY pieces (for a piece whose
+        pack was compacted away)."""
+        names = [cn async for cn in self.names(layout.page_tag(*key))]
+        best = newest(names)
+        if not best:
+            return {}
+        cp = await self.read(next(iter(best.values())), sections=False)
+        if cp.key != key:
+            return {}
+        return {d: cp.lazy[d] for d in digests if d in cp.lazy}
+
+    def status(self) -> dict[str, Any]:
+        return {"written": self.written, "shallow_pages": len(self.covers)}

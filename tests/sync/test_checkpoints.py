@@ -1,0 +1,143 @@
+"""Checkpoints (issue 16): a new device reads a page's head, not its history."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from ledgerd.store import Priority
+from ledgerd.store import exchange as ex
+from ledgerd.store.check import check_page
+from ledgerd.sync import layout
+from ledgerd.sync.folder import FolderStore
+from ledgerd.sync.layout import CheckpointName
+from tests.sync.test_engine import _keys, device
+
+
+@pytest.fixture
+def bucket(tmp_path: Path) -> FolderStore:
+    (tmp_path / "bucket").mkdir()
+    return FolderStore(tmp_path / "bucket")
+
+
+def _checkpoints(root: Path) -> list[CheckpointName]:
+    out = []
+    for f in sorted((root / "checkpoints").rglob("*")):
+        if f.is_file():
+            cn = CheckpointName.parse(str(f.relative_to(root)))
+            assert cn is not None
+            out.append(cn)
+    return out
+
+
+async def _load(pg: object, rng: random.Random, txns: int, per: int) -> dict[bytes, bytes]:
+    """``txns`` transactions of ``per`` random keys; returns what the page holds."""
+    live: dict[bytes, bytes] = {}
+    for _ in range(txns):
+        batch = {rng.randbytes(8).hex().encode(): rng.randbytes(100) for _ in range(per)}
+        await pg.write(batch.items())  # type: ignore[attr-defined]
+        live.update(batch)
+    return live
+
+
+async def test_a_new_device_downloads_the_page_not_its_history(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    rng = random.Random(7)
+    live: dict[bytes, bytes] = {}
+    async with device(tmp_path / "a", bucket, checkpoint_interval=0) as a:
+        pa = await a.repo.ledger("l").page("p")
+        for _ in range(20):  # one upload round per transaction: history piles up
+            live.update(await _load(pa, rng, 1, 1000))
+            await a.engine.sync()
+        assert a.engine.checkpoints.written >= 1
+        history = sum(f.stat().st_size for f in (tmp_path / "bucket" / "packs").iterdir())
+    live_bytes = sum(len(k) + len(v) for k, v in live.items())
+    assert history > 3 * live_bytes  # what a new device read before checkpoints
+    assert _checkpoints(tmp_path / "bucket")
+
+    async with device(tmp_path / "b", bucket) as b:
+        await b.engine.sync()
+        assert b.cloud.bytes_got <= 1.5 * live_bytes + 64 * 1024, (b.cloud.bytes_got, live_bytes)
+        assert await _keys(b.repo) == live
+        pb = await b.repo.ledger("l").page("p")
+        assert await ex.shallow_roots(pb)
+        assert (await check_page(pb)).healthy
+        # The shallow device writes, and the first device reads it.
+        await pb.put(b"from b", b"1")
+        await b.engine.sync()
+    async with device(tmp_path / "a", bucket, checkpoint_interval=0) as a:
+        await a.engine.sync()
+        assert (await _keys(a.repo))[b"from b"] == b"1"
+
+
+async def test_a_commit_below_the_checkpoint_makes_the_page_read_its_history(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """C writes concurrently with A's history, without seeing A's latest head; a new
+    device that started from A's checkpoint needs C's parent, which only the
+    history holds: it reads it, and ends where the others do."""
+    rng = random.Random(8)
+    async with (
+        device(tmp_path / "a", bucket, checkpoint_interval=0) as a,
+        device(tmp_path / "c", bucket) as c,
+    ):
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"start", b"0")
+        await a.engine.sync()
+        await c.engine.sync()
+        pc = await c.repo.ledger("l").page("p")
+        await pc.put(b"from c", b"offline")  # C does not sync until A's checkpoint is up
+        for _ in range(6):
+            await _load(pa, rng, 1, 500)
+            await a.engine.sync()
+        assert a.engine.checkpoints.written >= 1
+        async with device(tmp_path / "b", bucket) as b:
+            await b.engine.sync()  # starts from A's checkpoint
+            assert b.engine.checkpoints.covers
+            await c.engine.sync()  # C's commit (parent: "start") and a merge go up
+            await a.engine.sync()
+            await b.engine.sync()
+            await b.engine.sync()
+            assert not b.engine.problems()
+            want = await _keys(a.repo)
+            assert want[b"from c"] == b"offline"
+            assert await _keys(b.repo) == want
+            assert (await check_page(await b.repo.ledger("l").page("p"))).healthy
+
+
+async def test_lazy_values_come_with_the_checkpoint(tmp_path: Path, bucket: FolderStore) -> None:
+    rng = random.Random(9)
+    big = rng.randbytes(2_000_000)
+    async with device(tmp_path / "a", bucket, checkpoint_interval=0) as a:
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"lazy", big, Priority.LAZY)
+        for _ in range(4):
+            await _load(pa, rng, 1, 800)
+            await a.engine.sync()
+        assert a.engine.checkpoints.written >= 1
+    async with device(tmp_path / "b", bucket) as b:
+        await b.engine.sync()
+        assert b.cloud.bytes_got < len(big) / 2  # LAZY: not fetched with the page
+        b.cloud.reset()
+        pb = await b.repo.ledger("l").page("p")
+        assert await pb.get(b"lazy") == big
+        assert b.cloud.bytes_got >= len(big)
+        assert all(n.startswith(layout.CHECKPOINTS) for n, _, _ in b.cloud.gets)
+
+
+def test_checkpoint_names_parse_strictly() -> None:
+    tag = layout.page_tag(b"l", b"p")
+    cn = CheckpointName.make(tag, 1234, "0" * 32, 20, 30)
+    assert CheckpointName.parse(cn.name) == cn
+    for bad in [
+        cn.name.replace(tag, tag[:-1]),
+        cn.name + ".1",
+        cn.name.replace("0000000001234", "1234"),
+        "checkpoints/" + tag,
+        cn.name.replace(".20.30", ".30.20"),
+    ]:
+        assert CheckpointName.parse(bad) is None
+    assert layout.page_tag(b"l", b"p") != layout.page_tag(b"lp", b"")
