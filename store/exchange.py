@@ -9,6 +9,7 @@ after verifying them (digests, commit ids, references). Sync
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 import sqlite3
@@ -185,6 +186,7 @@ async def import_remote(
     pieces: dict[bytes, bytes],
     lazy: dict[bytes, str],
     marker: tuple[str, bytes] | None = None,
+    more: Iterable[tuple[str, bytes]] = (),
 ) -> list[Commit]:
     """Verify and store commits and pieces that came from the cloud; merge heads.
 
@@ -230,8 +232,10 @@ async def import_remote(
         )
         for c in sorted(new, key=lambda c: c.generation):
             _sql_insert_commit(conn, c)
-        if marker is not None:
-            conn.execute("INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)", marker)
+        conn.executemany(
+            "INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)",
+            [marker, *more] if marker is not None else list(more),
+        )
 
     await page.adopt_remote(work, new)
     return new
@@ -244,11 +248,17 @@ class Snapshot:
     commit: Commit
     eager: list[bytes]  # tree nodes and EAGER values' pieces
     lazy: list[bytes]  # LAZY values' pieces (an EAGER value's pieces excepted)
+    also: list[Commit] = field(default_factory=list)
 
 
-async def head_snapshot(page: Page) -> Snapshot | None:
+async def head_snapshot(page: Page, also: Iterable[bytes] = ()) -> Snapshot | None:
     """The page's head and the pieces it reaches, if the page has exactly one head,
-    nothing waiting to be uploaded and anything in it (else None)."""
+    nothing waiting to be uploaded and anything in it (else None).
+
+    ``also``: ancestors of the head that other devices may still build on (the
+    newest commit seen from each); the snapshot takes them and the pieces their
+    trees add (few: they are close to the head), so that a device starting from it
+    can import what those devices write next."""
     await page.flush()
     heads = await page.heads()
     if len(heads) != 1 or heads[0].id == commit.FIRST.id or await unsynced_count(page):
@@ -257,14 +267,23 @@ async def head_snapshot(page: Page) -> Snapshot | None:
     nodes: list[bytes] = []
     eager_values: set[bytes] = set()
     lazy_values: set[bytes] = set()
-    frontier = [head.root] if head.root else []
+    extra = []
+    for cid in dict.fromkeys(also):
+        if cid != head.id and cid != commit.FIRST.id:
+            with contextlib.suppress(StoreError):
+                extra.append(await page.load_commit(cid))
+    seen: set[bytes] = set()
+    frontier = [c.root for c in [head, *extra] if c.root]
     while frontier:
         nxt: list[bytes] = []
         for d in frontier:
+            if d in seen:
+                continue
+            seen.add(d)
             if not dg.is_inline(d):
                 nodes.append(d)
             node = await page.nodes.load(d)
-            nxt.extend(c for c in node.children if c)
+            nxt.extend(c for c in node.children if c and c not in seen)
             for e in node.entries:
                 (lazy_values if e[2] == Priority.LAZY else eager_values).add(e[1])
         frontier = nxt
@@ -274,12 +293,12 @@ async def head_snapshot(page: Page) -> Snapshot | None:
         for d in await _pieces_in_order(page, root):
             if d not in eager:
                 lazy[d] = None
-    return Snapshot(head, sorted(eager), list(lazy))
+    return Snapshot(head, sorted(eager), list(lazy), extra)
 
 
 async def import_checkpoint(
     page: Page,
-    commit_data: bytes,
+    commit_data: list[bytes],
     pieces: dict[bytes, bytes],
     lazy: dict[bytes, str],
     markers: list[tuple[str, bytes]],
@@ -294,15 +313,19 @@ async def import_checkpoint(
     bad = [d for d, v in pieces.items() if not dg.verify(d, v)]
     if bad:
         raise CorruptObjectError(f"piece {dg.short(bad[0])} does not match its digest")
-    c = commit.decode(commit_data)
-    if not c.parents:
-        raise CorruptObjectError(f"commit {c.id.hex()[:12]} claims to be a first commit")
+    if not commit_data:
+        raise CorruptObjectError("a checkpoint without a commit")
+    c, *also = [commit.decode(data) for data in commit_data]
+    if any(not x.parents for x in (c, *also)):
+        raise CorruptObjectError("a checkpoint's commit claims to be a first commit")
+    if any(x.generation >= c.generation for x in also):
+        raise CorruptObjectError("a checkpoint's other commits are not older than its head")
     if await _has_commit(page, c.id):
         return []
     heads = await page.heads()
     if [h.id for h in heads] != [commit.FIRST.id]:
         raise InvalidArgumentError("a checkpoint goes only into a page that has nothing yet")
-    await _check_trees(page, [c.root], pieces, lazy)
+    await _check_trees(page, [c.root, *(x.root for x in also)], pieces, lazy)
 
     def work(conn: sqlite3.Connection) -> None:
         if conn.execute("SELECT count(*) FROM commits").fetchone()[0] > 1:
@@ -315,6 +338,10 @@ async def import_checkpoint(
             [(d, loc, d) for d, loc in lazy.items()],
         )
         sql.insert_commit(conn, c, unsynced=False)
+        for x in also:  # ancestors of the head: commits, never heads
+            sql.insert_commit(conn, x, unsynced=False)
+            conn.execute("DELETE FROM heads WHERE commit_id = ?", (x.id,))
+            sql.add_shallow_root(conn, x.id)
         conn.execute("DELETE FROM heads WHERE commit_id = ?", (commit.FIRST.id,))
         conn.execute("DELETE FROM commits WHERE id = ?", (commit.FIRST.id,))
         sql.add_shallow_root(conn, c.id)
@@ -413,6 +440,12 @@ async def unsynced_count(page: Page) -> int:
 def index_children(data: bytes) -> list[bytes]:
     """The digests an index piece lists (its value's next level), for prefetching."""
     return [c.digest for c in split.decode_index(data)]
+
+
+def newest_commit(commit_data: list[bytes]) -> bytes | None:
+    """The id of the commit of highest generation among these (a pack section's)."""
+    cs = [commit.decode(d) for d in commit_data]
+    return max(cs, key=lambda c: (c.generation, c.id)).id if cs else None
 
 
 async def sync_values(page: Page, prefix: str) -> list[tuple[str, bytes]]:

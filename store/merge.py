@@ -51,10 +51,8 @@ async def common_ancestors(load: LoadCommit, a: Commit, b: Commit) -> list[Commi
             if pid not in commits:
                 try:
                     commits[pid] = await load(pid)
-                except CommitNotFoundError:
-                    if f & _STALE:  # below a shallow root (a checkpoint): nothing to find
-                        continue
-                    raise
+                except CommitNotFoundError:  # below a shallow root (a checkpoint)
+                    continue
             old = flags.get(pid, 0)
             flags[pid] = old | f
             if pid not in queued and flags[pid] != old:

@@ -28,7 +28,7 @@ import logging
 import sqlite3
 from collections.abc import Awaitable, Callable
 
-from ledgerd.store import commit, merge, split
+from ledgerd.store import btree, commit, merge, split
 from ledgerd.store.btree import Builder, Entry, NodeStore, Priority
 from ledgerd.store.commit import Commit
 from ledgerd.store.db import Database
@@ -191,6 +191,8 @@ class Merger:
             return virtual[cid] if cid in virtual else await self.graph.load(cid)
 
         bases = await merge.common_ancestors(load, a, b)
+        if not bases:  # their histories meet below what this device holds (a checkpoint)
+            return btree.EMPTY
         acc = bases[0]
         for other in bases[1:]:
             root_base = await self._base_root(builder, acc, other, virtual)

@@ -6,9 +6,10 @@ every tree node and EAGER value that commit reaches, its LAZY values after them;
 its header adds ``cover``: per device, the highest sequence number whose packs'
 commits of this page are all ancestors of that head. A device writes one after an
 upload round when the page's bytes uploaded and imported since its last checkpoint
-(what a new device would read past it) pass a third of the page's size (at least
-``FLOOR``): a new device then downloads at most about 1.33× the page's size plus
-one round. Pieces are copied, not referred to, so that compaction can delete the
+(what a new device would read past it), with the last checkpoint, pass 4/3 of
+the page's size (and ``FLOOR``): a new device then downloads at most about 1.33×
+the page's size plus one round; a page whose whole history is smaller than that
+gets none. Pieces are copied, not referred to, so that compaction can delete the
 packs the checkpoint stands for.
 
 A device that has never listed the bucket starts each page it has nothing of from
@@ -46,13 +47,15 @@ Using = Callable[[Key], contextlib.AbstractAsyncContextManager[Page]]
 
 FLOOR = 64 * 1024
 """Bytes of history a page gathers before a checkpoint is worth writing."""
-MAX_CHECKPOINT = 256 * 1024 * 1024
+MAX_CHECKPOINT = 64 * 1024 * 1024
 """Largest page (its head's pieces, EAGER and LAZY) that gets checkpoints; larger
 pages are read from their history."""
 SINCE = "checkpoint/since"
 """Page sync metadata: bytes uploaded and imported since the last checkpoint."""
 THRESHOLD = "checkpoint/threshold"
 """Page sync metadata: ``since`` above which the page is looked at again."""
+BASE = "checkpoint/base"
+"""Page sync metadata: bytes of the page's last checkpoint (0: none)."""
 COVERS = "sync/covers"
 """Repository meta: the pages started from a checkpoint, and what each one covers."""
 
@@ -64,7 +67,7 @@ class Checkpoint:
     name: CheckpointName
     key: Key
     cover: dict[str, int]
-    commit: bytes
+    commits: list[bytes]  # the head, then older commits other devices may build on
     eager: dict[bytes, bytes]
     lazy: dict[bytes, str]  # digest -> location in the checkpoint
 
@@ -145,21 +148,29 @@ class Checkpoints:
         return since > int(await ex.sync_value(page, THRESHOLD) or str(FLOOR).encode())
 
     async def write(
-        self, page: Page, device: bytes, feed_time: int, cover: dict[str, int]
+        self,
+        page: Page,
+        device: bytes,
+        feed_time: int,
+        cover: dict[str, int],
+        force: bool = False,
+        also: list[bytes] | None = None,
     ) -> str | None:
-        """Write a checkpoint of the page's head if it is due and the page can have one
-        (one head, nothing unuploaded, not too large). Returns its name, or None."""
-        if not await self.due(page):
+        """Write a checkpoint of the page's head if it is due (or ``force``) and the
+        page can have one (one head, nothing unuploaded, not too large). Returns its
+        name, or None."""
+        if not force and not await self.due(page):
             return None
-        snap = await ex.head_snapshot(page)
+        snap = await ex.head_snapshot(page, also or [])
         if snap is None:
             return None
         sizes = await ex.piece_sizes(page, snap.eager)
         live = sum(sizes.values()) + len(snap.commit.data)
         since = int(await ex.sync_value(page, SINCE) or b"0")
-        threshold = max(FLOOR, live // 3)
+        base = int(await ex.sync_value(page, BASE) or b"0")
+        threshold = max(FLOOR, live * 4 // 3 - base)
         await ex.set_sync_value(page, THRESHOLD, str(threshold).encode())
-        if since <= threshold:
+        if since <= threshold and not force:
             return None
         lazy_size = sum((await ex.piece_sizes(page, snap.lazy)).values())
         if live + lazy_size > self.max_size:
@@ -171,7 +182,7 @@ class Checkpoints:
         section = pack.Section(
             page.ledger,
             page.id,
-            [snap.commit.data],
+            [snap.commit.data, *(c.data for c in snap.also)],
             [(d, eager[d]) for d in snap.eager],
             [(d, lazy[d]) for d in snap.lazy],
             bare=True,
@@ -183,6 +194,7 @@ class Checkpoints:
         name = CheckpointName.make(tag, feed_time, device.hex(), head_end, eager_end).name
         await self.store.put(name, data)
         await ex.set_sync_value(page, SINCE, b"0")
+        await ex.set_sync_value(page, BASE, str(eager_end - head_end).encode())
         self.written += 1
         log.info("wrote checkpoint %s: %d bytes for %d bytes of history", name, len(data), since)
         return name
@@ -210,11 +222,11 @@ class Checkpoints:
         cover = _cover(header.extra.get("cover"))
         lazy = {d: part.location(cn.name) for d, part in p.lazy}
         if not sections:
-            return Checkpoint(cn, p.key, cover, b"", {}, lazy)
+            return Checkpoint(cn, p.key, cover, [], {}, lazy)
         commits, eager = pack.decode_section(data[p.eager.offset : p.eager.end], p.eager)
-        if len(commits) != 1:
-            raise pack.CorruptPackError(f"checkpoint {cn.name} does not hold one commit")
-        return Checkpoint(cn, p.key, cover, commits[0], eager, lazy)
+        if not commits:
+            raise pack.CorruptPackError(f"checkpoint {cn.name} holds no commit")
+        return Checkpoint(cn, p.key, cover, commits, eager, lazy)
 
     async def bootstrap(self, wanted: Callable[[Key], bool], using: Using) -> int:
         """Start every page this device has nothing of from its newest checkpoint.
@@ -229,8 +241,9 @@ class Checkpoints:
                 if not wanted(cp.key) or self._repo.page_exists(*cp.key):
                     continue
                 markers = [(f"imported/{d}", str(seq).encode()) for d, seq in cp.cover.items()]
+                markers.append((BASE, str(cn.eager_end - cn.head_end).encode()))
                 async with using(cp.key) as page:
-                    await ex.import_checkpoint(page, cp.commit, cp.eager, cp.lazy, markers)
+                    await ex.import_checkpoint(page, cp.commits, cp.eager, cp.lazy, markers)
             except CloudNotFoundError:
                 continue  # deleted since the listing; a newer one is there
             except Exception as e:

@@ -73,7 +73,7 @@ from ledgerd.store.errors import (
     ObjectNotFoundError,
     TransientStoreError,
 )
-from ledgerd.sync import layout, pack, progress
+from ledgerd.sync import compaction, layout, pack, progress
 from ledgerd.sync.checkpoints import MAX_CHECKPOINT, Checkpoints
 from ledgerd.sync.cloud import CloudStore, Metered
 from ledgerd.sync.errors import (
@@ -233,6 +233,8 @@ class SyncEngine:
         observer: RoundObserver | None = None,
         max_checkpoint: int = MAX_CHECKPOINT,
         checkpoint_interval: float = 60.0,
+        compaction_grace: float = compaction.GRACE,
+        compaction_interval: float = 24 * 3600.0,
     ) -> None:
         self._repo: Repository | None = None
         self.store = Metered(store)
@@ -279,9 +281,13 @@ class SyncEngine:
         self._wake = asyncio.Event()
         self.checkpoints = Checkpoints(self.store, max_checkpoint)
         self._deepen: set[Key] = set()  # shallow pages that need their history
+        self._starved: set[Key] = set()  # shallow pages with a pack waiting for parents
+        self._fed: set[Key] = set()  # pages that imported something in this download
         self.checkpoint_interval = checkpoint_interval
         self._checkpoint_due: dict[Key, None] = {}  # waiting for checkpoint_interval
         self._checkpoint_at: dict[Key, float] = {}  # monotonic time of the page's last one
+        self.compactor = compaction.Compactor(self.store, self.checkpoints, compaction_grace)
+        self.compaction_interval = compaction_interval
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -380,6 +386,7 @@ class SyncEngine:
                 stats = await self.round()
                 if stats.uploaded_packs or stats.downloaded_packs:
                     self._active_until = time.monotonic() + self.active_for
+                await self._compact_when_due()
                 self.interval = self._next_interval()
                 next_poll = time.monotonic() + self.interval
             except asyncio.CancelledError:
@@ -388,6 +395,43 @@ class SyncEngine:
                 log.warning("sync round failed: %s", _error(e))
                 self.interval = self._next_interval()
                 next_poll = time.monotonic() + self.interval
+
+    async def _compact_when_due(self) -> None:
+        last = float(await self.repo.get_meta("sync/compacted_at") or b"0")
+        if time.time() - last < self.compaction_interval:
+            return
+        try:
+            await self.compact()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # nothing was lost; the next interval tries again
+            log.warning("compaction failed: %s", _error(e))
+        await self.repo.set_meta("sync/compacted_at", str(time.time()).encode())
+
+    async def compact(self) -> compaction.Report:
+        """Delete this device's packs and checkpoints that checkpoints made unneeded
+        and that are older than ``compaction_grace`` (see :mod:`sync.compaction`)."""
+
+        async def write(key: Key) -> bool:
+            if key[0] == LOCAL or not self.repo.page_exists(*key) or not self._wanted(key):
+                return False
+            async with self._using(key) as page:
+                return (
+                    await self.checkpoints.write(
+                        page,
+                        self.repo.device_id,
+                        await self._feed_time(),
+                        await self._cover(page),
+                        force=True,
+                        also=await self._frontier(page),
+                    )
+                    is not None
+                )
+
+        async with self._lock:
+            await self._check_bucket()
+            await self._upload_all()  # what is pending goes up first: covers include it
+            return await self.compactor.run(self.device, int(self.clock() * 1000), write)
 
     def _next_interval(self) -> float:
         """``poll_interval`` while active; then doubling up to ``poll_interval_max``."""
@@ -690,7 +734,11 @@ class SyncEngine:
             self._checkpoint_due.pop(key, None)
             self._checkpoint_at[key] = time.monotonic()
             await self.checkpoints.write(
-                page, self.repo.device_id, await self._feed_time(), await self._cover(page)
+                page,
+                self.repo.device_id,
+                await self._feed_time(),
+                await self._cover(page),
+                also=await self._frontier(page),
             )
         except asyncio.CancelledError:
             raise
@@ -731,6 +779,10 @@ class SyncEngine:
             for g in dl.gaps:
                 cover[device] = min(cover[device], g.first - 1)
         return {d: s for d, s in cover.items() if s > 0}
+
+    async def _frontier(self, page: Page) -> list[bytes]:
+        """The newest commit imported from each device: what it may build on next."""
+        return [v for _, v in await ex.sync_values(page, "frontier/") if len(v) == 32]
 
     async def _bootstrap(self) -> None:
         """A device that has never listed this bucket starts the pages it has nothing
@@ -937,6 +989,7 @@ class SyncEngine:
         await self._probe_gaps(force)
         for key in sorted(self._deepen):
             await self._read_history(key)
+        self._fed.clear()
         now = time.monotonic()
         due = [
             (h.ln.time if isinstance(h.ln, PackName) else 0, h.ln.seq, dl, h)
@@ -960,6 +1013,14 @@ class SyncEngine:
             self.device_errors.pop(dl.device, None)
             n += got
             await self._save_log(dl)
+        # A page started from a checkpoint whose packs wait for parents although nothing
+        # else is coming for it: the parents lie below the checkpoint.
+        for key in sorted(self._starved):
+            pending = [h for dl in self._logs.values() for h in dl.held.values() if h.key == key]
+            if key not in self._fed and all(h.state == progress.WAITING for h in pending):
+                self._starved.discard(key)
+                if pending:
+                    self._deepen.add(key)
         return n
 
     async def _read_history(self, key: Key) -> None:
@@ -1050,7 +1111,11 @@ class SyncEngine:
                     marker = f"imported/{pn.device}"
                     done = await ex.sync_value(page, marker)
                     mark = str(max(pn.seq, int(done) if done else 0)).encode()
-                    new = await ex.import_remote(page, commits, eager, lazy, (marker, mark))
+                    tip = ex.newest_commit(commits)
+                    more = [(f"frontier/{pn.device}", tip)] if tip else []
+                    new = await ex.import_remote(
+                        page, commits, eager, lazy, (marker, mark), more=more
+                    )
                     if new:
                         await self.checkpoints.grew(page, p.eager.raw)
             except asyncio.CancelledError:
@@ -1088,8 +1153,8 @@ class SyncEngine:
     def _hold_for(self, dl: DeviceLog, pn: PackName | LogName, key: Key, e: Exception) -> None:
         """Hold one page of a pack, in the state its failure calls for."""
         if isinstance(e, ex.MissingParentError):
-            if key in self.checkpoints.covers:  # history below its checkpoint: read it all
-                self._deepen.add(key)
+            if key in self.checkpoints.covers:  # perhaps below its checkpoint: see _download
+                self._starved.add(key)
             self._hold(dl, pn, key, progress.WAITING, f"waits for what no pack seen holds: {e}")
         elif isinstance(
             e,
@@ -1160,6 +1225,7 @@ class SyncEngine:
         )
 
     def _imported(self, key: Key, device: str, new: list[Commit]) -> None:
+        self._fed.add(key)
         st = self.states.setdefault(key, PageState())
         st.last_sync = time.time()
         # Packs of this page waiting for parents may have them now.

@@ -411,7 +411,8 @@ async def test_an_upload_holds_about_one_pack_in_memory(
     tmp_path: Path, bucket: FolderStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     max_pack = 256 * 1024
-    async with device(tmp_path / "a", bucket, max_pack=max_pack) as a:
+    # A checkpoint is built in memory, up to its own bound (max_checkpoint): none here.
+    async with device(tmp_path / "a", bucket, max_pack=max_pack, max_checkpoint=max_pack) as a:
         pa = await a.repo.ledger("l").page("p")
         rng = random.Random(9)
         for i in range(16):

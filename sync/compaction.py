@@ -1,0 +1,140 @@
+"""Compaction: each device deletes its own packs that checkpoints made unneeded.
+
+A pack may go when it is this device's own, older than ``compaction_grace`` (so
+every device that has been online since has read it), and every page in it has a
+newest checkpoint whose cover includes the pack's sequence number (so a new
+device never needs it). A page in such a pack that has no covering checkpoint
+gets one now, when this device holds the page. A device's own checkpoints that
+are no longer the newest of their page, and older than the grace period, go too.
+Nothing of another device is ever deleted, and nothing younger than the grace
+period.
+
+Cost: one LIST of the checkpoints, one LIST of the feed up to the grace period,
+one ranged GET of each old pack's index (remembered for the process's life) and
+of each page's newest checkpoint's index, one DELETE per object removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from ledgerd.sync import layout, pack
+from ledgerd.sync.checkpoints import Checkpoints, newest
+from ledgerd.sync.cloud import CloudStore
+from ledgerd.sync.errors import CloudNotFoundError
+from ledgerd.sync.layout import CheckpointName, PackName
+
+log = logging.getLogger(__name__)
+
+Key = tuple[bytes, bytes]
+WriteCheckpoint = Callable[[Key], Awaitable[bool]]
+"""Write a checkpoint of a page now, if this device holds it; True if one went up."""
+
+GRACE = 30 * 24 * 3600.0
+"""Seconds a pack stays after it is no longer needed: longer than any device is offline."""
+
+
+@dataclass
+class Report:
+    packs_deleted: int = 0
+    checkpoints_deleted: int = 0
+    checkpoints_written: int = 0
+    bytes_deleted: int = 0
+    packs_kept: int = 0  # old enough, but some page in it has no covering checkpoint
+
+
+class Compactor:
+    def __init__(self, store: CloudStore, checkpoints: Checkpoints, grace: float = GRACE) -> None:
+        self.store = store
+        self.checkpoints = checkpoints
+        self.grace = grace
+        self._pages: dict[str, list[Key]] = {}  # own old pack -> its pages
+        self.last: Report | None = None
+
+    async def run(self, device: str, now_ms: int, write: WriteCheckpoint) -> Report:
+        """Delete what this device may delete (``device``: its id in hex)."""
+        report = Report()
+        cutoff = now_ms - int(self.grace * 1000)
+        names = [cn async for cn in self.checkpoints.names()]
+        best = newest(names)
+        for cn in names:
+            if cn.device == device and best[cn.tag] != cn and cn.time < cutoff:
+                with contextlib.suppress(CloudNotFoundError):
+                    await self.store.delete(cn.name)
+                report.checkpoints_deleted += 1
+        covers: dict[str, dict[str, int]] = {}
+        old: list[PackName] = []
+        async for name in self.store.list(layout.PACKS):
+            pn = PackName.parse(name)
+            if pn is None:
+                continue
+            if pn.time >= cutoff:
+                break
+            if pn.device == device:
+                old.append(pn)
+        for pn in old:
+            keys = await self._keys(pn)
+            if keys is None:
+                continue
+            covered = True
+            for key in keys:
+                tag = layout.page_tag(*key)
+                if not await self._covers(best.get(tag), covers, device, pn.seq):
+                    if await write(key):
+                        report.checkpoints_written += 1
+                        fresh = newest([cn async for cn in self.checkpoints.names(tag)])
+                        if tag in fresh:
+                            best[tag] = fresh[tag]
+                    if not await self._covers(best.get(tag), covers, device, pn.seq):
+                        covered = False
+                        break
+            if not covered:
+                report.packs_kept += 1
+                continue
+            with contextlib.suppress(CloudNotFoundError):
+                await self.store.delete(pn.name)
+            self._pages.pop(pn.name, None)
+            report.packs_deleted += 1
+            report.bytes_deleted += pn.eager_end
+        self.last = report
+        if report.packs_deleted or report.checkpoints_deleted:
+            log.info(
+                "compaction deleted %d packs and %d checkpoints of this device",
+                report.packs_deleted,
+                report.checkpoints_deleted,
+            )
+        return report
+
+    async def _keys(self, pn: PackName) -> list[Key] | None:
+        keys = self._pages.get(pn.name)
+        if keys is None:
+            try:
+                data = await self.store.get(pn.name, 0, pn.head_end)
+                header = pack.decode_header(data, pn.head_end, pn.eager_end)
+            except (CloudNotFoundError, pack.CorruptPackError) as e:
+                log.warning("compaction skips pack %s: %s", pn.name, e)
+                return None
+            keys = self._pages[pn.name] = [p.key for p in header.pages]
+        return keys
+
+    async def _covers(
+        self,
+        cn: CheckpointName | None,
+        covers: dict[str, dict[str, int]],
+        device: str,
+        seq: int,
+    ) -> bool:
+        if cn is None:
+            return False
+        cover = covers.get(cn.name)
+        if cover is None:
+            try:
+                cover = (await self.checkpoints.read(cn, sections=False)).cover
+            except (CloudNotFoundError, pack.CorruptPackError) as e:
+                log.warning("compaction cannot read checkpoint %s: %s", cn.name, e)
+                cover = {}
+            covers[cn.name] = cover
+        return cover.get(device, 0) >= seq

@@ -1,0 +1,153 @@
+"""Compaction (issue 16): a device deletes its own packs that checkpoints made unneeded."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from ledgerd.store import Priority
+from ledgerd.sync.folder import FolderStore
+from ledgerd.sync.layout import PackName
+from tests.sync.test_checkpoints import _load
+from tests.sync.test_engine import _keys, device
+
+
+@pytest.fixture
+def bucket(tmp_path: Path) -> FolderStore:
+    (tmp_path / "bucket").mkdir()
+    return FolderStore(tmp_path / "bucket")
+
+
+class Clock:
+    """Simulated wall time shared by the devices (seconds)."""
+
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _bucket_bytes(root: Path, prefix: str = "") -> int:
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file() and prefix in str(f))
+
+
+def _packs(root: Path) -> list[PackName]:
+    out = []
+    for f in sorted((root / "packs").iterdir()):
+        pn = PackName.parse(f"packs/{f.name}")
+        assert pn is not None
+        out.append(pn)
+    return out
+
+
+async def test_compaction_deletes_only_own_covered_packs_past_the_grace(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    clock = Clock()
+    grace = 3600.0
+    kw = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": grace}
+    rng = random.Random(3)
+    root = tmp_path / "bucket"
+    async with device(tmp_path / "a", bucket, **kw) as a, device(tmp_path / "b", bucket, **kw) as b:
+        pa = await a.repo.ledger("l").page("p")
+        pb = await b.repo.ledger("l").page("p")
+        big = rng.randbytes(300_000)
+        await pa.put(b"lazy", big, Priority.LAZY)  # B never reads it before compaction
+        for _ in range(10):
+            await _load(pa, rng, 1, 500)
+            await a.engine.sync()
+            clock.now += 60
+        await pb.put(b"from b", b"b")
+        await b.engine.sync()
+        await a.engine.sync()
+        before = _bucket_bytes(root)
+        mine_before = [p for p in _packs(root) if p.device == a.engine.device]
+
+        # Within the grace period nothing goes.
+        report = await a.engine.compact()
+        assert report.packs_deleted == 0
+        assert len(_packs(root)) >= len(mine_before)
+
+        clock.now += grace + 60
+        report = await a.engine.compact()
+        assert report.packs_deleted >= len(mine_before) - 1
+        after = _bucket_bytes(root)
+        assert after < before
+        left = _packs(root)
+        assert any(p.device == b.engine.device for p in left)  # B's packs are B's to delete
+        live = sum(len(k) + len(v) for k, v in (await _keys(a.repo)).items())
+        assert _bucket_bytes(root, "packs") + _bucket_bytes(root, "checkpoints") <= 2 * live + (
+            1 << 20
+        )
+
+        # B reads the LAZY value whose pack is gone: the checkpoint has it.
+        assert await pb.get(b"lazy") == big
+        # Both go on, and a new device starts from what is left.
+        await pb.put(b"after", b"compaction")
+        await b.engine.sync()
+        await a.engine.sync()
+        want = await _keys(a.repo)
+        assert want[b"after"] == b"compaction"
+        async with device(tmp_path / "c", bucket, **kw) as c:
+            await c.engine.sync()
+            assert await _keys(c.repo) == want
+            assert not c.engine.problems()
+
+
+async def test_random_writes_syncs_and_compactions_converge(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """Three devices write, sync, go offline (for less than the grace period) and
+    compact in a random order; then everyone, and a new device, holds the same."""
+    for seed in range(3):
+        clock = Clock()
+        grace = 600.0
+        kw = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": grace}
+        rng = random.Random(seed)
+        base = tmp_path / f"run{seed}"
+        (base / "bucket").mkdir(parents=True)
+        store = FolderStore(base / "bucket")
+        last_sync = [clock.now] * 3
+        async with (
+            device(base / "0", store, **kw) as d0,
+            device(base / "1", store, **kw) as d1,
+            device(base / "2", store, **kw) as d2,
+        ):
+            devs = [d0, d1, d2]
+            for _ in range(40):
+                i = rng.randrange(3)
+                d = devs[i]
+                op = rng.random()
+                if op < 0.5:
+                    pg = await d.repo.ledger("l").page(rng.choice(["p", "q"]))
+                    await _load(pg, rng, 1, rng.choice([1, 50, 300]))
+                elif op < 0.85:
+                    await d.engine.sync()
+                    last_sync[i] = clock.now
+                else:
+                    await d.engine.compact()
+                clock.now += rng.choice([1, 30, 200])
+                for j, other in enumerate(devs):  # nobody stays away past the grace period
+                    if clock.now - last_sync[j] > grace / 2:
+                        await other.engine.sync()
+                        last_sync[j] = clock.now
+            for _ in range(2):
+                for d in devs:
+                    await d.engine.sync()
+            for page in ["p", "q"]:
+                want = await _keys(d0.repo, page=page)
+                for d in devs[1:]:
+                    assert await _keys(d.repo, page=page) == want, (seed, page)
+            clock.now += grace + 1
+            for d in devs:
+                await d.engine.compact()
+            async with device(base / "new", store, **kw) as new:
+                await new.engine.sync()
+                for page in ["p", "q"]:
+                    assert await _keys(new.repo, page=page) == await _keys(d0.repo, page=page)
+                # Known gap (README, "Checkpoints and compaction"): the new device may keep
+                # some packs older than its checkpoint as waiting, although their changes
+                # are in what it holds; status shows them.
