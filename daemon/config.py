@@ -61,6 +61,10 @@ class Config:
     sync_interval_max: float = 60.0
     sync_debounce: float = 0.5
     fetch_timeout: float = 60.0
+    checkpoint_interval: float = 60.0
+    max_checkpoint_bytes: int = 64 * 1024 * 1024
+    compaction_grace: float = 30 * 24 * 3600.0
+    compaction_interval: float = 24 * 3600.0
     log_level: str = "info"
     durability: str = "normal"
     max_batch_bytes: int = 64 * 1024 * 1024
@@ -214,7 +218,14 @@ def validate(cfg: Config) -> None:
             )
     if cfg.endpoint_url and urlparse(cfg.endpoint_url).scheme not in ("http", "https"):
         raise ConfigError(f"endpoint_url: expected http(s)://host[:port], not {cfg.endpoint_url!r}")
-    for key in ("sync_interval", "sync_interval_max", "request_timeout", "keepalive_timeout"):
+    for key in (
+        "sync_interval",
+        "sync_interval_max",
+        "request_timeout",
+        "keepalive_timeout",
+        "compaction_grace",
+        "compaction_interval",
+    ):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"{key}: must be positive")
     if cfg.sync_interval_max < cfg.sync_interval:

@@ -148,6 +148,10 @@ async def serve(cfg: Config) -> int:
                 debounce=cfg.sync_debounce,
                 fetch_timeout=cfg.fetch_timeout,
                 observer=metrics,
+                checkpoint_interval=cfg.checkpoint_interval,
+                max_checkpoint=cfg.max_checkpoint_bytes,
+                compaction_grace=cfg.compaction_grace,
+                compaction_interval=cfg.compaction_interval,
             )
             hooks = engine.hooks(resolvers, also=metrics.listener(None))
         repo = await _open_repository(cfg, hooks)  # takes its lock

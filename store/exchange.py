@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import operator
+import os
 import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -351,6 +352,52 @@ async def import_checkpoint(
 
     await page.adopt_remote(work, [c])
     return [c]
+
+
+async def rejoin(
+    page: Page,
+    commit_data: list[bytes],
+    pieces: dict[bytes, bytes],
+    lazy: dict[bytes, str],
+    markers: list[tuple[str, bytes]],
+) -> Commit | None:
+    """Take a checkpoint into a page that has history of its own, for a device that
+    was away longer than the bucket keeps history: the checkpoint's commits are
+    stored as shallow roots, and this device's unuploaded changes are carried over
+    onto its head (:meth:`store.merging.Merger.rebase`), never uploaded on their old
+    parents, which other devices may no longer have. Returns the new commit, if
+    there were changes to carry."""
+    bad = [d for d, v in pieces.items() if not dg.verify(d, v)]
+    if bad:
+        raise CorruptObjectError(f"piece {dg.short(bad[0])} does not match its digest")
+    if not commit_data:
+        raise CorruptObjectError("a checkpoint without a commit")
+    c, *also = [commit.decode(data) for data in commit_data]
+    if any(not x.parents for x in (c, *also)):
+        raise CorruptObjectError("a checkpoint's commit claims to be a first commit")
+    if await _has_commit(page, c.id):
+        return None
+    await _check_trees(page, [c.root, *(x.root for x in also)], pieces, lazy)
+    new = [x for x in (c, *also) if not await _has_commit(page, x.id)]
+
+    def work(conn: sqlite3.Connection) -> None:
+        sql.put_pieces(conn, pieces.items(), SYNCED)
+        sql.mark_synced(conn, lazy)
+        conn.executemany(
+            "INSERT OR IGNORE INTO remote_pieces (digest, location) SELECT ?, ? "
+            "WHERE NOT EXISTS (SELECT 1 FROM objects WHERE digest = ?)",
+            [(d, loc, d) for d, loc in lazy.items()],
+        )
+        for x in new:  # not heads: the rebase below decides the head
+            sql.insert_commit(conn, x, unsynced=False)
+            conn.execute("DELETE FROM heads WHERE commit_id = ?", (x.id,))
+            sql.add_shallow_root(conn, x.id)
+        conn.executemany(
+            "INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)", markers
+        )
+
+    await page.adopt_remote(work, new)
+    return await page.merger.rebase(c, os.urandom(8))
 
 
 async def shallow_roots(page: Page) -> set[bytes]:

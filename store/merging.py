@@ -203,6 +203,54 @@ class Merger:
 
     # -- commits from elsewhere ------------------------------------------------------
 
+    async def rebase(self, onto: Commit, salt: bytes) -> Commit | None:
+        """Carry this device's unuploaded changes over onto ``onto`` (a checkpoint's
+        head, stored already, whose history is not here): one new commit whose only
+        parent is ``onto``, holding ``onto``'s tree with the changes made here since
+        the last uploaded commit applied under the page's policy (last-one-wins when
+        it needs a resolver). The old unuploaded commits stay here and are never
+        uploaded; the new commit becomes the page's one head. Returns it (None if
+        there was nothing to carry: ``onto`` is then the head)."""
+        graph = self.graph
+        await self.settle()
+        async with graph.lock:
+            if self._is_closed():
+                raise ClosedError(f"page {self.name!r} is closed")
+            unsynced = {
+                bytes(r[0])
+                for r in await self.db.read_all("SELECT commit_id FROM unsynced_commits")
+            }
+            mine = graph.head
+            base = mine
+            while base.id in unsynced and base.parents:
+                base = await graph.load(base.parents[0])
+            base_root = btree.EMPTY if base.id in unsynced else base.root
+            builder = Builder(self.nodes)
+            if mine.id not in unsynced:  # nothing of this device's waits: take ``onto``
+                root = onto.root
+            elif await merge.holds_documents(self.nodes, mine.root, onto.root):
+                root = await merge.by_revision(builder, base_root, mine, onto)
+            else:
+                root = await merge.last_one_wins(builder, base_root, mine, onto)
+            c = None
+            if root != onto.root:
+                ts = max(onto.timestamp + 1, mine.timestamp)
+                c = commit.make((onto.id,), ts, onto.generation + 1, root, salt)
+            head = c or onto
+
+            def drop(conn: sqlite3.Connection) -> None:
+                conn.execute("DELETE FROM heads WHERE commit_id != ?", (head.id,))
+                conn.execute("INSERT OR IGNORE INTO heads (commit_id) VALUES (?)", (head.id,))
+                conn.execute("DELETE FROM unsynced_commits WHERE commit_id != ?", (head.id,))
+
+            if c is not None:
+                await graph.store(c, builder, also=drop, also_small=False, notify=False)
+            else:
+                await self.db.run(drop, write=True)
+            await graph.load_heads()
+            await graph.tell()
+            return c
+
     async def adopt(self, work: Callable[[sqlite3.Connection], None], new: list[Commit]) -> None:
         """Store verified remote commits (``work`` writes them), then merge the heads.
 

@@ -100,6 +100,8 @@ class Checkpoints:
         self.store = store
         self.max_size = max_size
         self.covers: dict[Key, dict[str, int]] = {}
+        self.deep: dict[Key, dict[str, int]] = {}
+        """Pages that read their history again, with the cover they started from."""
         self.written = 0
         self._repo: Repository | None = None
 
@@ -109,14 +111,18 @@ class Checkpoints:
         if raw:
             try:
                 d = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-                self.covers = {(bytes(a), bytes(b)): _cover(c) for a, b, c in d}
+                for a, b, c, *deep in d:
+                    into = self.deep if deep and deep[0] else self.covers
+                    into[(bytes(a), bytes(b))] = _cover(c)
             except Exception as e:  # msgpack raises several unrelated types
                 log.warning("forgetting which pages started from checkpoints: %s", e)
                 self.covers = {}
 
     async def _save(self) -> None:
         assert self._repo is not None
-        data = msgpack.packb([[a, b, c] for (a, b), c in sorted(self.covers.items())])
+        rows = [[a, b, c, False] for (a, b), c in sorted(self.covers.items())]
+        rows += [[a, b, c, True] for (a, b), c in sorted(self.deep.items())]
+        data = msgpack.packb(rows)
         await self._repo.set_meta(COVERS, bytes(data))
 
     # -- covers ------------------------------------------------------------------------
@@ -128,10 +134,25 @@ class Checkpoints:
 
     async def uncover(self, key: Key) -> bool:
         """Stop skipping packs for ``key`` (it needs its history). True if it had a cover."""
-        if self.covers.pop(key, None) is None:
+        cover = self.covers.pop(key, None)
+        if cover is None:
             return False
+        self.deep[key] = cover
         await self._save()
         return True
+
+    async def cover(self, key: Key, cover: dict[str, int]) -> None:
+        """Skip, for ``key``, the packs ``cover`` includes (it started from a checkpoint)."""
+        self.covers[key] = cover
+        self.deep.pop(key, None)
+        await self._save()
+
+    def was_covered(self, key: Key, device: str, seq: int) -> bool:
+        """Whether a page that reads its history again started from a checkpoint that
+        held pack ``seq`` of ``device``: its commits are in the page already, and it
+        is read again only for commits that later ones build on."""
+        c = self.deep.get(key)
+        return c is not None and seq <= c.get(device, 0)
 
     # -- writing -----------------------------------------------------------------------
 

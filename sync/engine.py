@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -73,7 +74,7 @@ from ledgerd.store.errors import (
     ObjectNotFoundError,
     TransientStoreError,
 )
-from ledgerd.sync import compaction, layout, pack, progress
+from ledgerd.sync import checkpoints, compaction, layout, pack, progress
 from ledgerd.sync.checkpoints import MAX_CHECKPOINT, Checkpoints
 from ledgerd.sync.cloud import CloudStore, Metered
 from ledgerd.sync.errors import (
@@ -113,6 +114,9 @@ PENDING_SLACK_MS = 60_000
 """Pages closed this long before the pending list was saved count as changed (clock steps)."""
 LEGACY_DONE = "sync/legacy-read"
 """Repository meta: the layout-1 logs of the bucket were read."""
+LISTED_WALL = "sync/listed-wall"
+"""Repository meta: the wall time of a listing of the feed, within the hour."""
+LISTED_WALL_STEP = 3600.0
 FEED_WINDOW = 120.0
 """Seconds of feed time each listing looks back past the newest name seen: packs
 whose PUT was slower than the listing that followed it."""
@@ -288,6 +292,7 @@ class SyncEngine:
         self._checkpoint_at: dict[Key, float] = {}  # monotonic time of the page's last one
         self.compactor = compaction.Compactor(self.store, self.checkpoints, compaction_grace)
         self.compaction_interval = compaction_interval
+        self._listed_wall = 0.0  # wall time of a recent listing (see _rejoin_if_away)
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -465,6 +470,7 @@ class SyncEngine:
                 await self._check_bucket()
                 if download:
                     await self._bootstrap()
+                    await self._rejoin_if_away()
                     await self._list_feed()
                     if self._legacy_due or (full and self._legacy_seen()):
                         await self._list_legacy()
@@ -784,6 +790,54 @@ class SyncEngine:
         """The newest commit imported from each device: what it may build on next."""
         return [v for _, v in await ex.sync_values(page, "frontier/") if len(v) == 32]
 
+    async def _rejoin_if_away(self) -> None:
+        """A device that has not listed the bucket for longer than ``compaction_grace``
+        may have missed packs that are deleted now: it takes each page's newest
+        checkpoint and carries its own unuploaded changes over onto it (see
+        :func:`store.exchange.rejoin`) instead of uploading them on parents the
+        others may no longer have."""
+        if not self._listed_wall:
+            self._listed_wall = float(await self.repo.get_meta(LISTED_WALL) or b"0")
+        away = self.clock() - self._listed_wall
+        if not self._listed_wall or away <= self.compactor.grace:
+            return
+        log.warning(
+            "this device last read the bucket %.0f days ago, longer than compaction_grace: "
+            "starting again from the checkpoints",
+            away / 86400,
+        )
+        names = [cn async for cn in self.checkpoints.names()]
+        for cn in sorted(checkpoints.newest(names).values(), key=lambda n: n.name):
+            try:
+                cp = await self.checkpoints.read(cn)
+                if not self._wanted(cp.key):
+                    continue
+                markers = [(f"imported/{d}", str(s).encode()) for d, s in cp.cover.items()]
+                fresh = not self.repo.page_exists(*cp.key)
+                async with self._using(cp.key) as page:
+                    if fresh:
+                        await ex.import_checkpoint(page, cp.commits, cp.eager, cp.lazy, markers)
+                    else:
+                        await ex.rejoin(page, cp.commits, cp.eager, cp.lazy, markers)
+                await self.checkpoints.cover(cp.key, cp.cover)
+                self._changed(cp.key)
+            except CloudNotFoundError:
+                continue
+            except Exception as e:  # that page goes on from its packs
+                log.warning("checkpoint %s not used: %s", cn.name, _error(e))
+        for dl in self._logs.values():  # held packs the checkpoints hold are not needed
+            for hid, h in list(dl.held.items()):
+                ln = h.ln
+                if (
+                    h.key
+                    and isinstance(ln, PackName)
+                    and self.checkpoints.covered(h.key, ln.device, ln.seq)
+                ):
+                    del dl.held[hid]
+            await self._save_log(dl)
+        self._listed_wall = self.clock()
+        await self.repo.set_meta(LISTED_WALL, str(self._listed_wall).encode())
+
     async def _bootstrap(self) -> None:
         """A device that has never listed this bucket starts the pages it has nothing
         of from their checkpoints (once per cloud URL)."""
@@ -938,6 +992,10 @@ class SyncEngine:
             self._feed_max = newest
             await self.repo.set_meta("sync/feed", str(newest).encode())
         self._listed_at = started
+        now = self.clock()
+        if now - self._listed_wall > LISTED_WALL_STEP:  # written about once an hour
+            self._listed_wall = now
+            await self.repo.set_meta(LISTED_WALL, str(now).encode())
 
     async def _saw(self, pn: PackName) -> bool:
         """Take note of a listed pack; True if it is new (then it is held for import)."""
@@ -1153,6 +1211,12 @@ class SyncEngine:
     def _hold_for(self, dl: DeviceLog, pn: PackName | LogName, key: Key, e: Exception) -> None:
         """Hold one page of a pack, in the state its failure calls for."""
         if isinstance(e, ex.MissingParentError):
+            if isinstance(pn, PackName) and self.checkpoints.was_covered(key, pn.device, pn.seq):
+                # Older than the checkpoint the page started from, and its parents were
+                # compacted away: what it holds is in the page already.
+                log.debug("pack %s is below the page's checkpoint; not read again", pn.name)
+                dl.held.pop(Held(pn, key, progress.RETRY, "").id, None)
+                return
             if key in self.checkpoints.covers:  # perhaps below its checkpoint: see _download
                 self._starved.add(key)
             self._hold(dl, pn, key, progress.WAITING, f"waits for what no pack seen holds: {e}")
@@ -1438,6 +1502,10 @@ class SyncEngine:
             "clock_skew": [self.skew[d] for d in sorted(self.skew)],
             "poll_interval_s": self.interval,
             "last_round": self.last_round,
+            "checkpoints": self.checkpoints.status(),
+            "last_compaction": (
+                dataclasses.asdict(self.compactor.last) if self.compactor.last else None
+            ),
             "requests": self.store.since(Counter()),
         }
 
