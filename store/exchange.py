@@ -46,6 +46,9 @@ class Upload:
     commits: list[Commit]
     eager: list[bytes] = field(default_factory=list)
     lazy: list[bytes] = field(default_factory=list)
+    base_root: bytes = b""
+    """Root of the newest uploaded commit the upload builds on (its tree is on every
+    device that can import the upload): what tree nodes may be sent as edits of."""
 
     @property
     def empty(self) -> bool:
@@ -98,11 +101,13 @@ async def pending_upload(page: Page) -> Upload:
             if ch.new is not None:
                 (lazy_roots if ch.new.priority == Priority.LAZY else eager_roots).add(ch.new.value)
 
+    base_root = btree.EMPTY
     if heads and heads[0].id in unsynced:
         base = heads[0]
         while base.id in unsynced and base.parents:
             base = await page.load_commit(base.parents[0])
-        await changes(btree.EMPTY if base.id in unsynced else base.root, heads[0].root)
+        base_root = btree.EMPTY if base.id in unsynced else base.root
+        await changes(base_root, heads[0].root)
     pieces_of = {root: await page.objects.value_pieces([root]) for root in lazy_roots | eager_roots}
     seen = {d for ps in pieces_of.values() for d in ps}
     if any(dg.kind_of(d) == dg.Kind.VALUE and d not in seen for d in local):
@@ -126,7 +131,7 @@ async def pending_upload(page: Page) -> Upload:
             if d in lazy:
                 ordered[d] = None
     ordered.update(dict.fromkeys(sorted(lazy)))
-    return Upload(commits, eager, list(ordered))
+    return Upload(commits, eager, list(ordered), base_root)
 
 
 async def _pieces_in_order(page: Page, root: bytes) -> list[bytes]:
@@ -142,6 +147,55 @@ async def _pieces_in_order(page: Page, root: bytes) -> list[bytes]:
             children = split.decode_index(await page.objects.get_piece(d))
             stack.extend(reversed([c.digest for c in children]))
     return out
+
+
+async def replaced_nodes(
+    page: Page, old_root: bytes, new_nodes: list[bytes], budget: int
+) -> list[bytes]:
+    """Tree nodes of ``old_root``'s tree that the new nodes replace (top-down, while
+    their bytes stay within ``budget``): a receiver holding the old tree rebuilds
+    the new nodes from them cheaply. Nodes split into several pieces are left out."""
+    if not old_root:
+        return []
+    refs = set(new_nodes)
+    for d in new_nodes:
+        if not dg.is_index(d):
+            refs.update(await _children(page, d))
+    out: list[bytes] = []
+    total = 0
+    frontier = [old_root]
+    while frontier:
+        d = frontier.pop()
+        if d in refs or dg.is_inline(d) or dg.is_index(d):
+            continue
+        try:
+            data = await page.objects.get_piece(d)
+        except StoreError:  # pruned: send the nodes whole
+            continue
+        total += len(data)
+        if total > budget:
+            break
+        out.append(d)
+        refs.add(d)
+        frontier.extend(c for c in btree.decode_node(data).children if c)
+    return out
+
+
+async def local_nodes(page: Page, digests: list[bytes]) -> bytes:
+    """The concatenated bytes of tree nodes stored here (an edited section's bases);
+    MissingObjectError if one is not (it arrives with the commits that hold it)."""
+    if not digests:
+        return b""
+    known = await page.objects.known(digests)
+    missing = [d for d in digests if d not in known]
+    if missing:
+        raise MissingObjectError(f"tree node {dg.short(missing[0])} a pack edits is not here")
+    got = await page.objects.get_pieces(digests)
+    return b"".join(got[d] for d in digests)
+
+
+async def _children(page: Page, d: bytes) -> tuple[bytes, ...]:
+    return (await page.nodes.load(d)).children
 
 
 async def piece_sizes(page: Page, digests: list[bytes]) -> dict[bytes, int]:

@@ -100,6 +100,8 @@ Key = tuple[bytes, bytes]
 T = TypeVar("T")
 
 MAX_PACK = 32 * 1024 * 1024
+EDIT_BASES = 4 * 1024 * 1024
+"""Most bytes of old tree nodes a page's section is compressed over."""
 LEASE_MOST = 64
 """Pages an upload round keeps open until their pack is up."""
 READ_BATCH = 4 * 1024 * 1024
@@ -903,6 +905,10 @@ class SyncEngine:
         await read([(False, d) for d in nodes])
         sec = rnd.section(key)
         sec.commits = commits
+        if nodes and up.base_root:  # the nodes go as edits of those they replace
+            bases = await ex.replaced_nodes(page, up.base_root, nodes, EDIT_BASES)
+            got = await ex.read_pieces(page, bases)
+            sec.bases = [(d, got[d]) for d in bases]
         rnd.size += sum(map(len, commits))
         return sum(sizes.get(d, 0) for d in up.eager) + sum(map(len, commits))
 
@@ -1163,9 +1169,10 @@ class SyncEngine:
         for p in pages:
             mine = Held(pn, p.key, progress.RETRY, "").id
             try:
-                commits, eager = pack.decode_section(sections[p.key], p.eager)
                 lazy = {d: part.location(pn.name) for d, part in p.lazy}
                 async with self._using(p.key) as page:
+                    bases = await ex.local_nodes(page, p.bases)
+                    commits, eager = pack.decode_section(sections[p.key], p.eager, bases)
                     marker = f"imported/{pn.device}"
                     done = await ex.sync_value(page, marker)
                     mark = str(max(pn.seq, int(done) if done else 0)).encode()

@@ -44,7 +44,9 @@ MAGIC = b"LDGPACK1"
 MAGIC2 = b"LDGPACK2"
 _LEN = struct.Struct(">I")
 PREFIX = len(MAGIC) + _LEN.size
-RAW, ZSTD = 0, 1
+RAW, ZSTD, ZSTD_EDIT = 0, 1, 2
+"""Codecs: as is; zstd; zstd over a dictionary of tree nodes the reader holds (a
+section's ``bases``: the nodes its new nodes replace)."""
 MAX_SECTION = 1 << 32
 """Largest raw (uncompressed) section or piece a pack may declare."""
 MAX_HEADER = 64 * 1024 * 1024
@@ -67,13 +69,34 @@ def squeeze(raw: bytes) -> tuple[bytes, int]:
     return (packed, ZSTD) if len(packed) < len(raw) else (raw, RAW)
 
 
-def unsqueeze(stored: bytes, codec: int, raw_len: int) -> bytes:
-    """The raw bytes of a stored section or piece; CorruptPackError if they are not."""
+def _dictionary(bases: bytes) -> zstandard.ZstdCompressionDict:
+    return zstandard.ZstdCompressionDict(bases, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+
+
+def squeeze_edit(raw: bytes, bases: bytes) -> tuple[bytes, int]:
+    """``raw`` compressed over ``bases`` (ZSTD_EDIT), or :func:`squeeze`'s best if
+    that is not smaller."""
+    plain, codec = squeeze(raw)
+    if not bases:
+        return plain, codec
+    c = zstandard.ZstdCompressor(
+        level=ZSTD_LEVEL, dict_data=_dictionary(bases), write_checksum=True
+    )
+    edited = c.compress(raw)
+    return (edited, ZSTD_EDIT) if len(edited) < len(plain) else (plain, codec)
+
+
+def unsqueeze(stored: bytes, codec: int, raw_len: int, bases: bytes = b"") -> bytes:
+    """The raw bytes of a stored section or piece; CorruptPackError if they are not.
+    ``bases``: the dictionary of a ZSTD_EDIT section."""
     if codec == RAW:
         out = stored
     else:
         try:
-            out = zstandard.ZstdDecompressor().decompress(stored, max_output_size=raw_len)
+            d = zstandard.ZstdDecompressor(
+                dict_data=_dictionary(bases) if codec == ZSTD_EDIT else None
+            )
+            out = d.decompress(stored, max_output_size=raw_len)
         except zstandard.ZstdError as e:
             raise CorruptPackError(f"a compressed part of a pack is unreadable: {e}") from e
     if len(out) != raw_len:
@@ -95,6 +118,9 @@ class Section:
     lazy: list[tuple[bytes, bytes]] = field(default_factory=list)
     bare: bool = False
     """EAGER pieces without their digests (the reader computes them): a checkpoint."""
+    bases: list[tuple[bytes, bytes]] = field(default_factory=list)
+    """Tree nodes the reader holds that the section's nodes replace: the section is
+    compressed over them (ZSTD_EDIT), so a changed node costs about its change."""
 
     def size(self) -> int:
         return sum(len(c) for c in self.commits) + sum(len(v) for _, v in (*self.eager, *self.lazy))
@@ -125,6 +151,7 @@ class PageIndex:
     page: bytes
     eager: Part
     lazy: list[tuple[bytes, Part]]
+    bases: list[bytes] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[bytes, bytes]:
@@ -160,7 +187,7 @@ def encode(
             raw = msgpack.packb([s.commits, types, [v for _, v in s.eager]], use_bin_type=True)
         else:
             raw = msgpack.packb([s.commits, [[d, v] for d, v in s.eager]], use_bin_type=True)
-        stored, codec = squeeze(raw)
+        stored, codec = squeeze_edit(raw, b"".join(v for _, v in s.bases))
         eager_parts.append([at, len(stored), len(raw), codec])
         body.append(stored)
         at += len(stored)
@@ -181,7 +208,7 @@ def encode(
             "seq": seq,
             "time": time,
             "pages": [
-                [s.ledger, s.page, e, lz]
+                [s.ledger, s.page, e, lz, *([[d for d, _ in s.bases]] if e[3] == ZSTD_EDIT else [])]
                 for s, e, lz in zip(sections, eager_parts, lazy_parts, strict=True)
             ],
         },
@@ -215,16 +242,26 @@ def decode_header(data: bytes, head_end: int, eager_end: int) -> Header:
         out: list[PageIndex] = []
         if ok:
             for p in pages:
-                ledger, page, e, lazy = p
+                ledger, page, e, lazy, *more = p
+                bases = [_digest(d) for d in more[0]] if more else []
                 if not (_name_ok(ledger) and _name_ok(page) and isinstance(lazy, list)):
                     raise ValueError("bad page entry")
+                if len(more) > 1 or (
+                    bases and not all(dg.kind_of(d) == dg.Kind.TREE for d in bases)
+                ):
+                    raise ValueError("bad page entry")
                 eager = _part(e, head_end, head_end, eager_end)
+                if (eager.codec == ZSTD_EDIT) != bool(bases):
+                    raise ValueError("an edited section without its bases")
+                if any(x[4] == ZSTD_EDIT for x in lazy if isinstance(x, list) and len(x) == 5):
+                    raise ValueError("a LAZY piece is never an edit")
                 out.append(
                     PageIndex(
                         ledger,
                         page,
                         eager,
                         [(_digest(x[0]), _part(x[1:], head_end, eager_end, None)) for x in lazy],
+                        bases,
                     )
                 )
     except CorruptPackError:
@@ -237,9 +274,12 @@ def decode_header(data: bytes, head_end: int, eager_end: int) -> Header:
     return Header(device, seq, time, out, {k: v for k, v in h.items() if k not in known})
 
 
-def decode_section(stored: bytes, part: Part) -> tuple[list[bytes], dict[bytes, bytes]]:
-    """A page's EAGER section: its commits and EAGER pieces (not yet verified)."""
-    raw = unsqueeze(stored, part.codec, part.raw)
+def decode_section(
+    stored: bytes, part: Part, bases: bytes = b""
+) -> tuple[list[bytes], dict[bytes, bytes]]:
+    """A page's EAGER section: its commits and EAGER pieces (not yet verified).
+    ``bases``: the concatenated bytes of its index entry's bases, if it has any."""
+    raw = unsqueeze(stored, part.codec, part.raw, bases)
     try:
         fields = msgpack.unpackb(raw, raw=False)
         commits = fields[0]
@@ -283,7 +323,7 @@ def _part(x: object, base: int, lo: int, hi: int | None) -> Part:
         raise ValueError("bad part")
     off, stored, raw, codec = x
     p = Part(base + off, stored, raw, codec)
-    if codec not in (RAW, ZSTD) or not 0 <= raw <= MAX_SECTION or stored < 0:
+    if codec not in (RAW, ZSTD, ZSTD_EDIT) or not 0 <= raw <= MAX_SECTION or stored < 0:
         raise ValueError("bad part")
     if codec == RAW and stored != raw:
         raise ValueError("a raw part's lengths differ")

@@ -118,7 +118,7 @@ async def test_a_device_fetches_only_the_sections_of_the_pages_it_holds(
     def holds(ledger: bytes, page: bytes) -> bool:
         return ledger == b"mine"
 
-    async with device(tmp_path / "b", bucket, wants=holds) as b:  # type: ignore[arg-type]
+    async with device(tmp_path / "b", bucket, wants=holds) as b:
         await b.engine.sync()
         # The index, then this page's EAGER section: two ranged GETs, a few kB.
         assert b.cloud.counts["get"] == 2, b.cloud.gets
@@ -143,7 +143,7 @@ async def test_ten_thousand_pages_in_the_bucket_an_idle_poll_is_one_list(
         for i in range(10_000)
     ]
     await put_pack(bucket, x, 1, sections, int(time.time() * 1000))
-    async with device(tmp_path / "b", bucket, wants=lambda _l, p: p == b"p04242") as b:  # type: ignore[arg-type]
+    async with device(tmp_path / "b", bucket, wants=lambda _l, p: p == b"p04242") as b:
         await b.engine.sync()
         assert b.cloud.counts["get"] == 2, b.cloud.counts
         assert await b.repo.ledger("l").pages() == [b"p04242"]
@@ -460,3 +460,51 @@ def _check_as_layout_1(version: int) -> None:
         layout.check_version(version)
     finally:
         layout.BUCKET_FORMAT = saved
+
+
+# -- small changes move little ------------------------------------------------------------
+
+
+async def test_a_one_key_change_in_a_large_page_moves_little(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """Changed tree nodes travel as edits of the nodes they replace (zstd over those
+    nodes as a dictionary): a one-key change in a 100,000-entry page moves a few
+    hundred bytes up and down, not whole nodes."""
+    rng = random.Random(4)
+    async with device(tmp_path / "a", bucket) as a, device(tmp_path / "b", bucket) as b:
+        pa = await a.repo.ledger("l").page("p")
+        for i in range(0, 100_000, 10_000):
+            await pa.write([(b"e%08d" % j, rng.randbytes(100)) for j in range(i, i + 10_000)])
+        await a.engine.sync()
+        await b.engine.sync()
+        a.cloud.reset()
+        b.cloud.reset()
+        await pa.put(b"e%08d" % 50_000, b"changed" * 10)
+        await a.engine.sync()
+        assert a.cloud.counts["put"] == 1
+        assert a.cloud.bytes_put <= 8 * 1024, a.cloud.bytes_put
+        await b.engine.sync()
+        assert b.cloud.bytes_got <= 8 * 1024, b.cloud.bytes_got
+        pb = await b.repo.ledger("l").page("p")
+        assert await pb.get(b"e%08d" % 50_000) == b"changed" * 10
+        assert (await pb.heads())[0].root == (await pa.heads())[0].root
+
+
+def test_an_edited_section_needs_its_bases() -> None:
+    """A section compressed over old nodes reads back with them, and is refused
+    (not misread) with other bytes in their place."""
+    old = random.Random(1).randbytes(5000)
+    node = dg.chunk_digest(dg.Kind.TREE, old)
+    new = old[:2000] + b"x" * 50 + old[2050:]
+    s = pack.Section(b"l", b"p", [b"c"], [(dg.chunk_digest(dg.Kind.TREE, new), new)])
+    s.bases = [(node, old)]
+    data, head_end, eager_end = pack.encode(b"\x01" * 16, 1, 1, [s])
+    h = pack.decode_header(data[:head_end], head_end, eager_end)
+    p = h.pages[0]
+    assert p.bases == [node] and p.eager.codec == pack.ZSTD_EDIT
+    assert p.eager.stored < 500
+    _, pieces = pack.decode_section(data[p.eager.offset : p.eager.end], p.eager, old)
+    assert pieces == {dg.chunk_digest(dg.Kind.TREE, new): new}
+    with pytest.raises(pack.CorruptPackError):
+        pack.decode_section(data[p.eager.offset : p.eager.end], p.eager, b"\0" * 5000)
