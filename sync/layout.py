@@ -43,8 +43,11 @@ from ledgerd.sync import pack
 from ledgerd.sync.errors import BucketIdentityError
 
 MARKER = "ledgerd-bucket"
-BUCKET_FORMAT = 2
-"""Version of the bucket layout; the marker carries it. A bucket of a newer one is refused."""
+BUCKET_FORMAT = 3
+"""Version of the bucket layout; the marker carries it. A bucket of a newer one is refused.
+3 added checkpoints, compaction (a device deletes its own packs) and edited sections
+(codec 2); a ledgerd of layout 2 would misread or miss them, so it stops at the
+layout-3 marker. Packs of layout 2 are read as they are."""
 
 MAX_EAGER_END = 1 << 40
 """Largest ``eager_end`` a pack name may carry (sync never writes one near it)."""

@@ -217,7 +217,7 @@ async def test_a_bucket_that_went_away_is_not_recreated(tmp_path: Path) -> None:
         await _write(a, "p", b"k")
         await a.engine.sync()  # the first daemon creates and marks the bucket
         assert [p.name for p in root.iterdir() if p.name.startswith("ledgerd")] == [
-            "ledgerd-bucket.2"
+            "ledgerd-bucket.3"
         ]
         root.rename(tmp_path / "unmounted")
         await _write(a, "p", b"k2")

@@ -419,7 +419,7 @@ async def test_a_bucket_of_layout_1_is_read_and_carried_on(
         await _put(x, "p", b"after the upgrade")
         await x.engine.sync()
         names = sorted(p.name for p in (tmp_path / "bucket").iterdir() if p.is_file())
-        assert names == ["ledgerd-bucket.1", "ledgerd-bucket.2"]
+        assert names == ["ledgerd-bucket.1", "ledgerd-bucket.3"]
         assert [_seq(n) for n in _names(tmp_path, "packs")] == [3]
         await b.engine.sync()
         pb = await b.repo.ledger("l").page("p")
@@ -453,9 +453,28 @@ def test_a_ledgerd_of_layout_1_refuses_a_bucket_of_layout_2() -> None:
         _check_as_layout_1(2)
 
 
-def _check_as_layout_1(version: int) -> None:
+def test_a_ledgerd_of_layout_2_refuses_a_bucket_of_layout_3() -> None:
+    with pytest.raises(BucketIdentityError, match="supports 2: upgrade ledgerd"):
+        _check_as_layout_1(3, supports=2)
+
+
+async def test_a_bucket_of_layout_2_is_carried_on(tmp_path: Path, bucket: FolderStore) -> None:
+    """A bucket a layout-2 ledgerd marked: this one adds the layout-3 marker and
+    reads the packs already there."""
+    async with device(tmp_path / "a", bucket) as a:
+        await _put(a, "p", b"before")
+        await a.engine.sync()
+    (tmp_path / "bucket" / "ledgerd-bucket.3").rename(tmp_path / "bucket" / "ledgerd-bucket.2")
+    async with device(tmp_path / "b", bucket) as b:
+        await b.engine.sync()
+        assert (await _keys(b.repo, "l", "p"))[b"before"] == b"v"
+    names = sorted(p.name for p in (tmp_path / "bucket").iterdir() if p.is_file())
+    assert names == ["ledgerd-bucket.2", "ledgerd-bucket.3"]
+
+
+def _check_as_layout_1(version: int, supports: int = 1) -> None:
     saved = layout.BUCKET_FORMAT
-    layout.BUCKET_FORMAT = 1
+    layout.BUCKET_FORMAT = supports
     try:
         layout.check_version(version)
     finally:
