@@ -491,7 +491,7 @@ class Api:
         )
 
     async def pages(self, request: web.Request, p: Params) -> web.Response:
-        if not self.repo.ledger_exists(p.ledger):
+        if not await self.repo.ledger_listed(p.ledger):
             raise ae.LedgerNotFound(f"no ledger {p.ledger!r}")
         ids = await self.repo.ledger(p.ledger).pages()
         return web.json_response({"pages": [{"id": b64(i), "text": text_or_none(i)} for i in ids]})
@@ -585,6 +585,17 @@ class Api:
     async def clear(self, request: web.Request, p: Params) -> web.Response:
         page = await self.page(p.ledger, p.page, create=False)
         await page.clear()
+        return web.Response(status=204)
+
+    async def delete_page(self, request: web.Request, p: Params) -> web.Response:
+        """Delete the page (one commit, synced; listings leave it out): 404 when it is
+        not listed."""
+        await self.repo.delete_page(p.ledger, p.page)
+        return web.Response(status=204)
+
+    async def delete_ledger(self, request: web.Request, p: Params) -> web.Response:
+        """Delete every page of the ledger: 404 when it has no listed page."""
+        await self.repo.delete_ledger(p.ledger)
         return web.Response(status=204)
 
     async def entries(self, request: web.Request, p: Params) -> web.Response:
@@ -748,7 +759,9 @@ ROUTES = [
     _route("GET", "session", Api.session),
     _route("GET", "ledgers", Api.ledgers),
     _route("POST", "sync", Api.sync),
+    _route("DELETE", "ledgers/{ledger}", Api.delete_ledger),
     _route("GET", "ledgers/{ledger}/pages", Api.pages),
+    _route("DELETE", PAGE, Api.delete_page),
     _route("GET HEAD", PAGE + "/keys/{key*}", Api.get_key),
     _route("PUT", PAGE + "/keys/{key*}", Api.put_key),
     _route("DELETE", PAGE + "/keys/{key*}", Api.delete_key),

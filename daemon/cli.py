@@ -220,6 +220,31 @@ class Cli:
             self.line(f"{human_bytes(totals[1] + totals[2]):>12}  {totals[0]:>10} entries  total")
         return 0
 
+    async def rm(self) -> int:
+        """Delete a page, or every page of a ledger (asked for on a terminal, else
+        ``--yes``)."""
+        ledger = self.b(self.a.ledger, "ledger")
+        if self.a.page is not None:
+            await self.c.delete_page(ledger, self.b(self.a.page, "page"))
+            return 0
+        if not self.a.yes:
+            name = self.show_name(ledger)
+            if not sys.stdin.isatty():
+                raise UsageError(
+                    f"deleting every page of ledger {name} needs --yes "
+                    "when standard input is not a terminal"
+                )
+            pages = await self.c.pages(ledger)  # not found: exit 1 before asking
+            question = f"delete ledger {name} ({len(pages)} pages) on every device? [y/N] "
+            sys.stderr.write(question)  # stdout may be a pipe: ask where rm -i asks
+            sys.stderr.flush()
+            answer = await asyncio.to_thread(sys.stdin.readline)
+            if answer.strip().lower() not in ("y", "yes"):
+                print("ledgerctl: not deleted", file=sys.stderr)
+                return 0
+        await self.c.delete_ledger(ledger)
+        return 0
+
     # -- values --------------------------------------------------------------------
 
     async def put(self) -> int:
@@ -566,6 +591,9 @@ def parser() -> argparse.ArgumentParser:
     )
     cmd("delete", "delete a key", "ledger", "page", "key")
     cmd("clear", "delete every entry of a page", "ledger", "page")
+    p = cmd("rm", "delete a page, or a whole ledger, on every device", "ledger")
+    p.add_argument("page", nargs="?").completer = _complete_page  # type: ignore[attr-defined]
+    p.add_argument("-y", "--yes", action="store_true", help="delete a whole ledger without asking")
     p = cmd("ls", "list entries: key<TAB>value per line (or --json)", "ledger", "page")
     for opt in ("--prefix", "--start", "--end"):
         p.add_argument(opt)

@@ -376,6 +376,15 @@ class AsyncClient:
     async def clear(self, ledger: Name, page: Name) -> None:
         (await self.request("POST", self.url(self.page_path(ledger, page) + "/clear"))).release()
 
+    async def delete_page(self, ledger: Name, page: Name) -> None:
+        """Delete the page (one commit, synced; listings leave it out). A page that is
+        not listed raises :class:`LedgerError` with code ``page_not_found``."""
+        (await self.request("DELETE", self.url(self.page_path(ledger, page)))).release()
+
+    async def delete_ledger(self, ledger: Name) -> None:
+        """Delete every page of the ledger (``ledger_not_found`` when it has none)."""
+        (await self.request("DELETE", self.url(f"/v1/ledgers/{quote(ledger)}"))).release()
+
     async def batch(
         self,
         ledger: Name,
@@ -999,6 +1008,12 @@ class Client:
 
     def clear(self, ledger: Name, page: Name) -> None:
         self._call(self.aio.clear(ledger, page))
+
+    def delete_page(self, ledger: Name, page: Name) -> None:
+        self._call(self.aio.delete_page(ledger, page))
+
+    def delete_ledger(self, ledger: Name) -> None:
+        self._call(self.aio.delete_ledger(ledger))
 
     def batch(
         self,

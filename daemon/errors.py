@@ -226,6 +226,10 @@ def from_store(e: se.StoreError) -> ApiError:
         return KeyNotFound(msg)
     if isinstance(e, se.CommitNotFoundError):
         return CommitNotFound(msg)
+    if isinstance(e, se.PageNotFoundError):
+        return PageNotFound(msg)
+    if isinstance(e, se.LedgerNotFoundError):
+        return LedgerNotFound(msg)
     if isinstance(e, se.TransactionClosedError):
         return Conflict(msg)
     if isinstance(e, se.ObjectNotFoundError):

@@ -123,6 +123,23 @@ def document() -> dict[str, Any]:
                 errors=(400, 409, 503),
             )
         },
+        "/v1/ledgers/{ledger}": {
+            "delete": _op(
+                "delete every page of the ledger (a commit per page, synced)",
+                _status_ok("deleted"),
+                params=(LEDGER,),
+                errors=(400, 404, 413, 507),
+            )
+        },
+        PAGE_PATH: {
+            "delete": _op(
+                "delete the page: one commit that removes every entry, synced; "
+                "listings leave the page out",
+                _status_ok("deleted"),
+                params=page,
+                errors=(400, 404, 413, 507),
+            )
+        },
         "/v1/ledgers/{ledger}/pages": {
             "get": _op(
                 "the pages of a ledger",

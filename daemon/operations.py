@@ -67,8 +67,8 @@ async def run_check(api: Api, doc: Any) -> dict[str, Any]:
         keys = [(ledger, page)]
     else:
         keys = []
-        for led in [ledger] if ledger is not None else await repo.ledgers():
-            keys.extend((led, pid) for pid in await repo.ledger(led).pages())
+        for led in [ledger] if ledger is not None else await repo.ledgers(include_deleted=True):
+            keys.extend((led, pid) for pid in await repo.ledger(led).pages(include_deleted=True))
     engine = api.engine
     index = BucketIndex(engine.store) if engine is not None else None
     results: list[Checked] = []

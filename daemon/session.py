@@ -72,7 +72,7 @@ class Resolvers:
 
     async def _resume(self, ledger: bytes, repo: Repository) -> None:
         """A resolver arrived: merge the ledger's pages that were waiting for one."""
-        for pid in await repo.ledger(ledger).pages():
+        for pid in await repo.ledger(ledger).pages(include_deleted=True):
             try:
                 page = await repo.open_page(ledger, pid)
                 with page.lease():

@@ -74,6 +74,20 @@ class CommitNotFoundError(StoreError, KeyError):
         return str(self.args[0])
 
 
+class LedgerNotFoundError(StoreError, KeyError):
+    """No such ledger on this device (or every page of it is deleted)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class PageNotFoundError(StoreError, KeyError):
+    """No such page in the ledger on this device (or it is deleted)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class TransactionClosedError(StoreError):
     """The transaction was already committed or rolled back."""
 

@@ -30,7 +30,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 
-from ledgerd.store import merge
+from ledgerd.store import deleted, merge
 from ledgerd.store.btree import NodeStore, Priority
 from ledgerd.store.cache import Cache
 from ledgerd.store.commit import Commit
@@ -314,6 +314,20 @@ class Page(View):
         """Delete every entry (one commit)."""
         self._check_open()
         await self.writer.clear()
+
+    async def delete_page(self) -> None:
+        """Delete the page: one commit that removes every entry and marks the page
+        deleted (:mod:`store.deleted`), synced like any commit. Returns once it is
+        committed. Prefer :meth:`store.repository.Repository.delete_page`, which also
+        records it for listings of closed pages."""
+        self._check_open()
+        await self.writer.delete_page()
+
+    @property
+    def deleted(self) -> bool:
+        """The page is deleted (its head is a deleted page's tree) and no write since
+        is waiting to be committed: listings leave it out."""
+        return deleted.is_deleted(self.graph.head.root) and not self.writer.uncommitted
 
     async def write(
         self, changes: Iterable[Change], priority: Priority = Priority.EAGER

@@ -38,7 +38,9 @@ from ledgerd.store.cache import CACHE_BYTES, Cache
 from ledgerd.store.db import Database, Synchronous
 from ledgerd.store.errors import (
     InvalidArgumentError,
+    LedgerNotFoundError,
     NameTooLargeError,
+    PageNotFoundError,
     RepositoryLockedError,
     TooManyOpenPagesError,
 )
@@ -141,6 +143,8 @@ class Repository:
         self._handed_out: dict[tuple[bytes, bytes], int] = {}
         self._opening: dict[tuple[bytes, bytes], _Opening] = {}
         self._closing: set[asyncio.Task[None]] = set()
+        self._closed_deleted: dict[tuple[bytes, bytes], bool] = {}
+        """Whether pages closed a moment ago are deleted, until page_usage says it."""
 
     @classmethod
     async def open(
@@ -217,7 +221,10 @@ class Repository:
     def ledger(self, name: bytes | str) -> Ledger:
         return Ledger(self, _name(name, "ledger name"))
 
-    async def ledgers(self) -> list[bytes]:
+    async def ledgers(self, *, include_deleted: bool = False) -> list[bytes]:
+        """The ledgers stored here, by name. A ledger whose every page is deleted is
+        left out unless ``include_deleted`` (sync and check want every stored page)."""
+
         def scan() -> list[bytes]:
             out = []
             for p in self.ledgers_dir.iterdir():
@@ -226,7 +233,13 @@ class Repository:
                     out.append(raw)
             return sorted(out)
 
-        return await asyncio.to_thread(scan)
+        names = await asyncio.to_thread(scan)
+        if include_deleted:
+            return names
+        rows = await self.usage.read_all("SELECT DISTINCT ledger FROM page_usage WHERE deleted = 1")
+        some_deleted = {bytes(r[0]) for r in rows}
+        some_deleted.update(k[0] for k in [*self._pages, *self._closed_deleted])
+        return [n for n in names if n not in some_deleted or await self.ledger(n).pages()]
 
     def page_path(self, ledger: bytes, page_id: bytes) -> Path:
         return self.ledgers_dir / encode_name(ledger) / encode_name(page_id) / "page.sqlite"
@@ -236,6 +249,68 @@ class Repository:
 
     def ledger_exists(self, ledger: bytes) -> bool:
         return (self.ledgers_dir / encode_name(ledger)).is_dir()
+
+    def _known_deleted(self, key: tuple[bytes, bytes]) -> bool | None:
+        """Whether the page is deleted, when known without page_usage: an open page
+        is asked, a page closed a moment ago remembered; None otherwise."""
+        page = self._pages.get(key)
+        if page is not None and not page.closed:
+            return page.deleted
+        return self._closed_deleted.get(key)
+
+    async def page_listed(self, ledger: bytes, page_id: bytes) -> bool:
+        """The page is stored here and not deleted: listings show it."""
+        if not self.page_exists(ledger, page_id):
+            return False
+        known = self._known_deleted((ledger, page_id))
+        if known is not None:
+            return not known
+        rows = await self.usage.read_all(
+            "SELECT deleted FROM page_usage WHERE ledger = ? AND page = ?", (ledger, page_id)
+        )
+        return not (rows and rows[0][0])
+
+    async def ledger_listed(self, ledger: bytes) -> bool:
+        """The ledger holds a page that listings show."""
+        return self.ledger_exists(ledger) and bool(await self.ledger(ledger).pages())
+
+    async def delete_page(self, ledger: bytes | str, page_id: bytes | str) -> None:
+        """Delete a page: one commit that removes every entry and marks the page
+        deleted (:mod:`store.deleted`), synced to the other devices like any commit,
+        so they empty the page and leave it out of listings too. Listings here leave
+        it out at once. A later write brings the page back with only the new keys.
+        Raises :class:`PageNotFoundError` for a page that is not listed (never
+        stored here, or deleted already)."""
+        led, pid = _name(ledger, "ledger name"), _name(page_id, "page id")
+        if not await self.page_listed(led, pid):
+            if not await self.ledger_listed(led):
+                raise LedgerNotFoundError(f"no ledger {led!r}")
+            raise PageNotFoundError(f"no page {pid!r} in ledger {led!r}")
+        async with self.page(led, pid) as page:
+            await page.delete_page()
+            await self._record_deleted(page)
+
+    async def delete_ledger(self, ledger: bytes | str) -> int:
+        """Delete every page of a ledger (:meth:`delete_page`, page by page: each is
+        its own commit); returns how many. Raises :class:`LedgerNotFoundError` when
+        the ledger has no listed page."""
+        led = _name(ledger, "ledger name")
+        ids = await self.ledger(led).pages()
+        if not ids:
+            raise LedgerNotFoundError(f"no ledger {led!r}")
+        for pid in ids:
+            async with self.page(led, pid) as page:
+                await page.delete_page()
+                await self._record_deleted(page)
+        return len(ids)
+
+    async def _record_deleted(self, page: Page) -> None:
+        """Write down whether the page is deleted, for listings once it is closed."""
+        async with self.usage.write() as conn:
+            await conn.execute(
+                "UPDATE page_usage SET deleted = ? WHERE ledger = ? AND page = ?",
+                (int(page.deleted), page.ledger, page.id),
+            )
 
     async def open_page(self, ledger: bytes, page_id: bytes) -> Page:
         return (await self.acquire(ledger, page_id))[0]
@@ -330,7 +405,8 @@ class Repository:
         try:
             async with self.usage.write() as conn:
                 await conn.execute(
-                    "INSERT OR REPLACE INTO page_usage (ledger, page, closed_at) VALUES (?, ?, 0)",
+                    "INSERT INTO page_usage (ledger, page, closed_at) VALUES (?, ?, 0) "
+                    "ON CONFLICT (ledger, page) DO UPDATE SET closed_at = 0",
                     (ledger, page_id),
                 )
         except BaseException:
@@ -347,6 +423,7 @@ class Repository:
             del self._pages[key]
             self._handed_out.pop(key, None)
         if not self.usage.closed:
+            self._closed_deleted[key] = page.deleted  # until _record_close wrote it
             task = asyncio.get_running_loop().create_task(self._record_close(page))
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
@@ -357,11 +434,15 @@ class Repository:
                 if self.is_open(page.ledger, page.id):
                     return  # reopened meanwhile: it is open again (closed_at stays 0)
                 await conn.execute(
-                    "UPDATE page_usage SET closed_at = ? WHERE ledger = ? AND page = ?",
-                    (int(time.time() * 1000), page.ledger, page.id),
+                    "UPDATE page_usage SET closed_at = ?, deleted = ? "
+                    "WHERE ledger = ? AND page = ?",
+                    (int(time.time() * 1000), int(page.deleted), page.ledger, page.id),
                 )
         except Exception as e:
             log.warning("could not record that page %r was closed: %s", page.id, e)
+        finally:
+            if self._closed_deleted.get((page.ledger, page.id)) == page.deleted:
+                del self._closed_deleted[(page.ledger, page.id)]
 
     async def get_meta(self, name: str) -> bytes | None:
         """A small named value of the repository (sync keeps its cursors here)."""
@@ -454,7 +535,32 @@ class Ledger:
         raw = os.urandom(PAGE_ID_SIZE) if page_id is None else _name(page_id, "page id")
         return await self.repo.open_page(self.name, raw)
 
-    async def pages(self) -> list[bytes]:
+    async def delete_page(self, page_id: bytes | str) -> None:
+        """Delete one page of the ledger (:meth:`Repository.delete_page`)."""
+        await self.repo.delete_page(self.name, page_id)
+
+    async def delete(self) -> int:
+        """Delete every page of the ledger (:meth:`Repository.delete_ledger`)."""
+        return await self.repo.delete_ledger(self.name)
+
+    async def pages(self, *, include_deleted: bool = False) -> list[bytes]:
+        """The ledger's pages stored here, by id; deleted ones are left out unless
+        ``include_deleted``."""
+        ids = await self._stored()
+        if include_deleted:
+            return ids
+        rows = await self.repo.usage.read_all(
+            "SELECT page FROM page_usage WHERE ledger = ? AND deleted = 1", (self.name,)
+        )
+        marked = {bytes(r[0]) for r in rows}
+        out = []
+        for pid in ids:
+            known = self.repo._known_deleted((self.name, pid))
+            if not (pid in marked if known is None else known):
+                out.append(pid)
+        return out
+
+    async def _stored(self) -> list[bytes]:
         directory = self.repo.ledgers_dir / encode_name(self.name)
 
         def scan() -> list[bytes]:

@@ -172,16 +172,28 @@ CREATE TABLE repository (
 
 -- page_usage: one row per page stored on this device ('opened/{ledger}{page}'
 --   in the Ledger storage layout). closed_at is the UNIX time in milliseconds the
---   page was last closed, 0 while it is open.
+--   page was last closed, 0 while it is open. deleted is 1 when the page's head was
+--   a deleted page's tree (store/deleted.py) when it was last closed or deleted here:
+--   listings leave it out; an open page is asked directly instead. Rows are never
+--   removed (the page's files stay until garbage collection frees them).
 CREATE TABLE page_usage (
     ledger    BLOB NOT NULL,
     page      BLOB NOT NULL,
     closed_at INTEGER NOT NULL,
+    deleted   INTEGER NOT NULL DEFAULT 0 CHECK (deleted IN (0, 1)),
     PRIMARY KEY (ledger, page)
 ) WITHOUT ROWID;
 """
 
-USAGE_SCHEMA_VERSION = 1
+USAGE_SCHEMA_VERSION = 2
+
+_USAGE_MIGRATIONS: dict[int, str] = {
+    # 1 -> 2: page_usage gains deleted (no page was deleted before).
+    1: """
+ALTER TABLE page_usage ADD COLUMN deleted INTEGER NOT NULL DEFAULT 0 CHECK (deleted IN (0, 1));
+""",
+}
+"""Statements that take the page-usage database from version ``n`` to ``n + 1``."""
 
 _MIGRATIONS: dict[int, str] = {
     # 1 -> 2: objects gains an id (each piece is copied once, at the first open by
@@ -265,4 +277,4 @@ def create_page_schema(conn: sqlite3.Connection) -> None:
 
 
 def create_usage_schema(conn: sqlite3.Connection) -> None:
-    _apply(conn, USAGE_SCHEMA, USAGE_SCHEMA_VERSION, {})
+    _apply(conn, USAGE_SCHEMA, USAGE_SCHEMA_VERSION, _USAGE_MIGRATIONS)

@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from ledgerd.store import commit, split, sql, staging
+from ledgerd.store import commit, deleted, split, sql, staging
 from ledgerd.store.btree import EMPTY, Builder, Entry, NodeStore, Priority, new_entry
 from ledgerd.store.db import INLINE_MAX_ROWS, Database, fits_inline
 from ledgerd.store.graph import DIRECT_BATCH, CommitGraph
@@ -142,6 +142,13 @@ class JournalWriter:
     async def clear(self) -> None:
         loop = asyncio.get_running_loop()
         await self._submit(_Write(True, [], [], [], loop.create_future()))
+
+    async def delete_page(self) -> None:
+        """Queue the page's delete (a clear that leaves :data:`store.deleted.MARK` as a
+        tombstone: one commit like any write) and wait until it is committed."""
+        loop = asyncio.get_running_loop()
+        await self._submit(_Write(True, [(deleted.MARK, None)], [], [], loop.create_future()))
+        await self.flush()
 
     async def write(
         self, changes: Iterable[Change], prio: Priority = Priority.EAGER

@@ -624,8 +624,11 @@ class SyncEngine:
     async def _all_pages(self, ledger: bytes | None = None) -> list[Key]:
         """Every page stored here (of ``ledger``): directory listings, no page opened."""
         keys: list[Key] = []
-        for led in [ledger] if ledger is not None else await self.repo.ledgers():
-            keys.extend((led, pid) for pid in await self.repo.ledger(led).pages())
+        for led in (
+            [ledger] if ledger is not None else await self.repo.ledgers(include_deleted=True)
+        ):
+            pages = await self.repo.ledger(led).pages(include_deleted=True)
+            keys.extend((led, pid) for pid in pages)
         return keys
 
     async def _load_pending(self) -> None:
