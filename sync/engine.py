@@ -1002,7 +1002,7 @@ class SyncEngine:
             await self.repo.set_meta("sync/feed", str(newest).encode())
         self._listed_at = started
         now = self.clock()
-        if now - self._listed_wall > LISTED_WALL_STEP:  # written about once an hour
+        if now - self._listed_wall > min(LISTED_WALL_STEP, self.compactor.grace / 4):
             self._listed_wall = now
             await self.repo.set_meta(LISTED_WALL, str(now).encode())
 

@@ -141,7 +141,11 @@ async def test_random_writes_syncs_and_compactions_converge(
             for page in ["p", "q"]:
                 want = await _keys(d0.repo, page=page)
                 for d in devs[1:]:
-                    assert await _keys(d.repo, page=page) == want, (seed, page)
+                    assert await _keys(d.repo, page=page) == want, (
+                        seed,
+                        page,
+                        [x.engine.problems() for x in devs],
+                    )
             clock.now += grace + 1
             for d in devs:
                 await d.engine.compact()
