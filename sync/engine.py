@@ -73,7 +73,7 @@ from ledgerd.store.errors import (
     ObjectNotFoundError,
     TransientStoreError,
 )
-from ledgerd.sync import layout, pack, progress
+from ledgerd.sync import crypto, layout, pack, progress
 from ledgerd.sync.cloud import CloudStore, Metered
 from ledgerd.sync.errors import (
     AlreadyExistsError,
@@ -229,8 +229,12 @@ class SyncEngine:
         clock: Callable[[], float] = time.time,
         wants: Callable[[bytes, bytes], bool] | None = None,
         observer: RoundObserver | None = None,
+        keys: crypto.KeyRing | None = None,
     ) -> None:
         self._repo: Repository | None = None
+        self.keys = keys
+        self.codec: crypto.Codec | None = None
+        """The bucket's codec once its marker was checked, if the bucket is encrypted."""
         self.store = Metered(store)
         self.location = location
         self.poll_interval = poll_interval
@@ -292,8 +296,15 @@ class SyncEngine:
 
     @property
     def device(self) -> str:
-        """This device's id in hex, as it names the device in the bucket."""
-        return self.repo.device_id.hex()
+        """This device as it is named in the bucket: its id in hex, or in an encrypted
+        bucket a keyed hash of it."""
+        return self._device_name(self.repo.device_id)
+
+    def _device_name(self, device_id: bytes) -> str:
+        return device_id.hex() if self.codec is None else self.codec.device_tag(device_id)
+
+    def _seal(self, ident: str) -> tuple[crypto.Codec, str] | None:
+        return None if self.codec is None else (self.codec, ident)
 
     async def start(self, repo: Repository, background: bool = True) -> None:
         """Sync ``repo`` (opened with :meth:`hooks`), in the background unless told not to."""
@@ -503,6 +514,7 @@ class SyncEngine:
                     )
                 await self.store.create_bucket()
             layout.check_version(max(versions, default=layout.BUCKET_FORMAT))
+            self.codec = await crypto.open_bucket(self.store, names, self.keys, not versions)
             if layout.BUCKET_FORMAT not in versions:
                 with contextlib.suppress(AlreadyExistsError):
                     await self.store.put(
@@ -757,12 +769,13 @@ class SyncEngine:
         while True:
             seq, t = await self._next_seq()  # taken (and saved) before the PUT
             device = self.repo.device_id
+            seal = self._seal(PackName.make(t, self.device, seq, 0, 0).ident)
             if size > 1 << 20:  # compressing megabytes: off the event loop
                 data, head_end, eager_end = await asyncio.to_thread(
-                    pack.encode, device, seq, t, sections
+                    pack.encode, device, seq, t, sections, seal
                 )
             else:
-                data, head_end, eager_end = pack.encode(device, seq, t, sections)
+                data, head_end, eager_end = pack.encode(device, seq, t, sections, seal)
             name = PackName.make(t, self.device, seq, head_end, eager_end).name
             try:
                 await self.store.put(name, data)
@@ -775,6 +788,40 @@ class SyncEngine:
             self._own_seq, self._own_time = max(self._own_seq, seq), max(self._own_time, t)
             log.debug("uploaded pack %s: %d pages, %d bytes", name, len(sections), len(data))
             return
+
+    async def reencrypt(self, keys: crypto.KeyRing | None = None) -> int:
+        """Key rotation: this device's packs sealed with another key than the write key
+        go up again, sealed with it, as new packs (the old ones stay until compaction
+        deletes them; ``sync/rekeyed/...`` remembers the last one done, so a second
+        run goes on where the first stopped). ``keys``: the key file read again (its
+        first key is the new one; it is registered in the bucket). Returns the packs
+        uploaded."""
+        async with self._lock:
+            if keys is not None:
+                self.keys = keys
+            self._bucket_ok = False
+            await self._check_bucket()
+            if self.codec is None:
+                raise crypto.EncryptionError("the bucket is not encrypted: nothing to re-encrypt")
+            n = 0
+            done = f"sync/rekeyed/{self.location}/{self.codec.write_kid.hex()}"
+            after = (await self.repo.get_meta(done) or b"").decode()
+            async for name in self.store.list(layout.PACKS, after):
+                pn = PackName.parse(name)
+                if pn is None or pn.device != self.device:
+                    continue
+                head = await self.store.get(name, 0, pn.head_end)
+                if self.codec.key_id(head[len(pack.MAGICE) :]) == self.codec.write_kid:
+                    continue
+                data = await self.store.get(name)
+                sections = await asyncio.to_thread(
+                    pack.decode_all, data, pn.head_end, pn.eager_end, self._seal(pn.ident)
+                )
+                await self._put_pack(sections, len(data))
+                await self.repo.set_meta(done, name.encode())  # its copy is up
+                log.info("re-encrypted pack %s with key %s", name, self.codec.write_kid.hex())
+                n += 1
+            return n
 
     # -- discovery -------------------------------------------------------------------
 
@@ -915,8 +962,11 @@ class SyncEngine:
         try:
             wanted_all = only is None and self.wants is None
             first = await self.store.get(pn.name, 0, pn.eager_end if wanted_all else pn.head_end)
-            header = pack.decode_header(first[: pn.head_end], pn.head_end, pn.eager_end)
-            if (header.device.hex(), header.seq, header.time) != (pn.device, pn.seq, pn.time):
+            header = pack.decode_header(
+                first[: pn.head_end], pn.head_end, pn.eager_end, self._seal(pn.ident)
+            )
+            named = (self._device_name(header.device), header.seq, header.time)
+            if named != (pn.device, pn.seq, pn.time):
                 raise pack.CorruptPackError("pack does not match its name")
             pages = [
                 p
@@ -941,7 +991,7 @@ class SyncEngine:
         for p in pages:
             mine = Held(pn, p.key, progress.RETRY, "").id
             try:
-                commits, eager = pack.decode_section(sections[p.key], p.eager)
+                commits, eager = pack.decode_section(sections[p.key], p.eager, self.codec)
                 lazy = {d: part.location(pn.name) for d, part in p.lazy}
                 async with self._using(p.key) as page:
                     marker = f"imported/{pn.device}"
@@ -1140,7 +1190,11 @@ class SyncEngine:
                 for off, length, (d, loc) in group:
                     piece = data[off - start : off - start + length]
                     try:
-                        piece = pack.unsqueeze(piece, loc.codec, loc.raw)
+                        if self.codec is not None:
+                            ident = name.rsplit(".", 2)[0]
+                            piece = pack.open_piece(piece, self.codec, ident, d, loc.codec, loc.raw)
+                        else:
+                            piece = pack.unsqueeze(piece, loc.codec, loc.raw)
                     except pack.CorruptPackError:
                         piece = b""  # fails the digest check below, with its message
                     if not dg.verify(d, piece):

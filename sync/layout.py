@@ -154,6 +154,12 @@ class PackName:
             return None
         return cls(int(time), device, n, head, end, name)
 
+    @property
+    def ident(self) -> str:
+        """The pack's identity without where its parts end (``packs/{time}.{device}.{seq}``):
+        what an encrypted pack's parts are bound to (:class:`sync.crypto.Context`)."""
+        return self.name.rsplit(".", 2)[0]
+
 
 def marker_name(version: int = BUCKET_FORMAT) -> str:
     return f"{MARKER}.{version}"

@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,7 +30,7 @@ class Device:
 
 
 @contextlib.asynccontextmanager
-async def device(path: Path, cloud: CloudStore, **kw: float) -> AsyncIterator[Device]:
+async def device(path: Path, cloud: CloudStore, **kw: Any) -> AsyncIterator[Device]:
     """A repository syncing through ``cloud`` (requests counted); ``kw`` for the engine."""
     counting = CountingStore(cloud)
     engine = SyncEngine(counting, **kw)  # type: ignore[arg-type]
