@@ -32,7 +32,7 @@ from aiohttp import web
 
 from ledgerd.daemon import systemd
 from ledgerd.daemon.api import Api, DaemonState
-from ledgerd.daemon.config import Config, ConfigError, log_level, metrics_address
+from ledgerd.daemon.config import Config, ConfigError, key_ring, log_level, metrics_address
 from ledgerd.daemon.metrics import Metrics, scraper_app
 from ledgerd.daemon.protocol import ApiRunner, Limits
 from ledgerd.daemon.session import Resolvers, Sessions
@@ -148,6 +148,7 @@ async def serve(cfg: Config) -> int:
                 debounce=cfg.sync_debounce,
                 fetch_timeout=cfg.fetch_timeout,
                 observer=metrics,
+                keys=key_ring(cfg),
             )
             hooks = engine.hooks(resolvers, also=metrics.listener(None))
         repo = await _open_repository(cfg, hooks)  # takes its lock

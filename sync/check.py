@@ -35,6 +35,7 @@ from ledgerd.store import check as ck
 from ledgerd.store import digest as dg
 from ledgerd.sync import pack
 from ledgerd.sync.cloud import CloudStore
+from ledgerd.sync.crypto import Codec
 from ledgerd.sync.errors import CloudError
 from ledgerd.sync.layout import PACKS, LogName, PackName
 
@@ -53,8 +54,10 @@ class BucketIndex:
     """Every pack in the bucket, by page: one listing of ``log/`` (layout 1) and one
     of ``packs/`` with each pack's header read once (layout 2) per check."""
 
-    def __init__(self, store: CloudStore) -> None:
+    def __init__(self, store: CloudStore, codec: Codec | None = None) -> None:
         self.store = store
+        self.codec = codec
+        """The bucket's codec, if it is encrypted (:attr:`SyncEngine.codec`)."""
         self._packs: dict[Key, list[LogName]] | None = None
         self._sections: dict[Key, list[tuple[PackName, pack.PageIndex]]] | None = None
         self.problems: list[str] = []
@@ -70,7 +73,8 @@ class BucketIndex:
                     continue
                 try:
                     head = await self.store.get(pn.name, 0, pn.head_end)
-                    header = pack.decode_header(head, pn.head_end, pn.eager_end)
+                    seal = (self.codec, pn.ident) if self.codec is not None else None
+                    header = pack.decode_header(head, pn.head_end, pn.eager_end, seal)
                 except (CloudError, pack.CorruptPackError) as e:
                     self.problems.append(f"pack {pn.name}: {type(e).__name__}: {e}")
                     continue
@@ -109,6 +113,7 @@ async def _read_sections(
     device: str,
     wanted: set[bytes],
     view: CloudView,
+    codec: Codec | None,
 ) -> None:
     """The page's sections in layout-2 packs: every one's commits and EAGER pieces;
     LAZY pieces read (and verified) in this device's own packs and where wanted."""
@@ -119,7 +124,7 @@ async def _read_sections(
         bad: list[str] = []
         try:
             stored = await store.get(pn.name, pi.eager.offset, pi.eager.stored)
-            commits, eager = pack.decode_section(stored, pi.eager)
+            commits, eager = pack.decode_section(stored, pi.eager, codec)
         except (CloudError, pack.CorruptPackError) as e:
             view.problems.append(f"pack {pn.name}: {type(e).__name__}: {e}")
             continue
@@ -139,9 +144,8 @@ async def _read_sections(
             if not (own or (d in wanted and d not in view.found)):
                 continue
             try:
-                raw = pack.unsqueeze(
-                    await store.get(pn.name, part.offset, part.stored), part.codec, part.raw
-                )
+                plain = pack.unseal(await store.get(pn.name, part.offset, part.stored), part, codec)
+                raw = pack.unsqueeze(plain, part.codec, part.raw if part.codec else len(plain))
             except (CloudError, pack.CorruptPackError) as e:
                 bad.append(f"LAZY piece {dg.short(d)}: {e}")
                 view.pieces.discard(d)
@@ -162,11 +166,12 @@ async def read_page(
     device: str,
     want: Iterable[bytes],
     sections: Iterable[tuple[PackName, pack.PageIndex]] = (),
+    codec: Codec | None = None,
 ) -> CloudView:
     """Read the page's packs (see the module docstring); keep the ``want`` pieces."""
     wanted = set(want)
     view = CloudView()
-    await _read_sections(store, list(sections), device, wanted, view)
+    await _read_sections(store, list(sections), device, wanted, view, codec)
     lazy_at: dict[bytes, tuple[str, int, int]] = {}
     for ln in packs:
         view.packs += 1
@@ -315,6 +320,7 @@ async def _cloud(
         engine.device,
         report.bad_pieces(),
         await index.sections(key),
+        engine.codec,
     )
     for problem in [*index.problems, *view.problems]:
         report.add(ck.Problem(ck.CLOUD, problem))

@@ -212,13 +212,13 @@ def load_key_file(path: Path) -> KeyRing:
     return parse_key_file(text, f"key file {path}")
 
 
-def write_key_file(path: Path, prepend_to: bytes | None = None) -> bytes:
-    """Write a new random key to ``path`` (mode 0600); refuses to overwrite. With
-    ``prepend_to`` (an existing file's content) the new key goes first. Returns the
-    new key's line-free id-less bytes (for tests)."""
+def write_key_file(path: Path, prepend_to: bytes | None = None, text: str | None = None) -> bytes:
+    """Write a new random key (or the entry ``text``) to ``path``, mode 0600; refuses
+    to overwrite. With ``prepend_to`` (an existing file's content) the new key goes
+    first. Returns the new key."""
     key = new_key()
-    text = "# ledgerd encryption keys: the first one writes, every one reads. Keep it secret.\n"
-    text += key_line(key)
+    head = "# ledgerd encryption keys: the first one writes, every one reads. Keep it secret.\n"
+    text = head + (text if text is not None else key_line(key))
     if prepend_to is not None:
         old = prepend_to.decode()
         text += "".join(

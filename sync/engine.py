@@ -256,6 +256,8 @@ class SyncEngine:
         self.devices: set[str] = set()
         self.states: dict[Key, PageState] = {}
         self.bucket_error: str | None = None
+        self.bucket_error_code: str | None = None
+        """A stable code for the bucket error (``encryption_key_mismatch``...), if it has one."""
         self.round_error: str | None = None
         self.device_errors: dict[str, str] = {}
         self.skew: dict[str, dict[str, Any]] = {}
@@ -527,10 +529,11 @@ class SyncEngine:
             if self.bucket_error != str(e):
                 log.error("cloud sync stopped: %s", e)
             self.bucket_error = str(e)
+            self.bucket_error_code = getattr(e, "code", None)
             raise
         if await self.repo.get_meta(seen_key) is None:
             await self.repo.set_meta(seen_key, b"1")
-        self.bucket_error = None
+        self.bucket_error = self.bucket_error_code = None
         self._bucket_ok = True
 
     # -- the previous layout ---------------------------------------------------------
@@ -1304,6 +1307,8 @@ class SyncEngine:
             "reasons": health["reasons"],
             "last_round_ok": self.last_round_ok,
             "bucket_error": self.bucket_error,
+            "bucket_error_code": self.bucket_error_code,
+            "encryption": self._encryption(),
             "round_error": self.round_error,
             "pending_uploads": len(self._pending),
             "pages": pages,
@@ -1315,6 +1320,12 @@ class SyncEngine:
             "last_round": self.last_round,
             "requests": self.store.since(Counter()),
         }
+
+    def _encryption(self) -> dict[str, Any]:
+        """Whether this device encrypts, and its key ids (never a key)."""
+        if self.codec is not None:
+            return {"on": True, "write_key": self.codec.write_kid.hex(), "keys": self.codec.key_ids}
+        return {"on": self.keys is not None, "write_key": None, "keys": []}
 
     def health(self) -> dict[str, Any]:
         """Whether sync works, and whether this device is synced, with every reason why
