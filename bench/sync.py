@@ -9,6 +9,10 @@ Prints JSON:
   requests of the next upload round (target <= 2 PUTs and <= 128 KiB);
 * history: the first upload and download of a page of 100,000 random keys written
   in 100 transactions of 1,000 (every version of every rewritten leaf travels);
+* encryption: propagation of the same 10,000 entries and the ingest of 32 MiB of
+  64 KiB values (upload on A, import on B), on a plain and on an encrypted bucket,
+  alternating, best of 3 each; ``speed_ratio`` is plain seconds over encrypted
+  seconds (target >= 0.8);
 * side by side in the same run: ``rclone copy`` of the same 10,000 values as
   files to the same endpoint (seconds and requests), if rclone is installed
   (``apt-get install rclone``).
@@ -29,8 +33,9 @@ from typing import Any
 
 import boto3
 
-from bench.common import emit, timed
+from bench.common import emit, ratio, timed
 from ledgerd.store import Repository
+from ledgerd.sync.crypto import KeyRing, key_line, new_key, parse_key_file
 from ledgerd.sync.engine import SyncEngine
 from ledgerd.sync.s3 import S3Store
 from ledgerd.sync.testing import CountingStore, moto_server
@@ -43,11 +48,11 @@ AWS = {
 
 
 async def _device(
-    path: Path, endpoint: str, bucket: str, prefix: str = "bench"
+    path: Path, endpoint: str, bucket: str, prefix: str = "bench", keys: KeyRing | None = None
 ) -> tuple[Repository, SyncEngine, CountingStore]:
     """A repository with a sync engine whose S3 requests are counted (no background loop)."""
     store = CountingStore(S3Store(bucket, prefix, endpoint_url=endpoint, region="us-east-1"))
-    engine = SyncEngine(store)
+    engine = SyncEngine(store, keys=keys)
     repo = await Repository.open(path, hooks=engine.hooks())
     await engine.start(repo, background=False)
     return repo, engine, store
@@ -144,6 +149,56 @@ async def _history(
     }
 
 
+async def _one_encryption_run(
+    base: Path, endpoint: str, bucket: str, n: int, ingest_mib: int, keys: KeyRing | None
+) -> dict[str, float]:
+    prefix = f"enc-{base.name}"
+    a_repo, a, _ = await _device(base / "a", endpoint, bucket, prefix, keys)
+    b_repo, b, _ = await _device(base / "b", endpoint, bucket, prefix, keys)
+    await a.sync()
+    await b.sync()  # both have checked the bucket (the descriptor, the key)
+    rng = random.Random(1)
+    page = await a_repo.ledger("bench").page("propagation")
+    await page.write([(b"k%08d" % i, rng.randbytes(100)) for i in range(n)])
+    with timed() as prop:
+        await a.sync()
+        await b.sync()
+    out = {"propagation_seconds": prop.seconds}
+    if ingest_mib:
+        big = await a_repo.ledger("bench").page("ingest")
+        await big.write([(b"v%06d" % i, rng.randbytes(65536)) for i in range(ingest_mib * 16)])
+        with timed() as up:
+            await a.sync()
+        with timed() as down:
+            await b.sync()
+        out |= {"ingest_upload_seconds": up.seconds, "ingest_download_seconds": down.seconds}
+    for e, r in ((a, a_repo), (b, b_repo)):
+        await e.stop()
+        await r.close()
+    return out
+
+
+async def _encryption(
+    base: Path, endpoint: str, bucket: str, n: int, ingest_mib: int, runs: int = 3
+) -> dict[str, Any]:
+    """Plain and encrypted side by side, alternating; the best of ``runs`` of each."""
+    keys = parse_key_file(key_line(new_key()), "bench")
+    best: dict[str, dict[str, float]] = {"plain": {}, "encrypted": {}}
+    for i in range(runs):
+        for mode, ring in (("plain", None), ("encrypted", keys)):
+            got = await _one_encryption_run(
+                base / f"{mode}{i}", endpoint, bucket, n, ingest_mib, ring
+            )
+            for k, v in got.items():
+                best[mode][k] = min(best[mode].get(k, v), v)
+    out: dict[str, Any] = {"entries": n, "ingest_mib": ingest_mib, "runs": runs}
+    for mode in best:
+        out[mode] = {k: round(v, 3) for k, v in best[mode].items()}
+    out["speed_ratio"] = {k: ratio(best["plain"][k], best["encrypted"][k]) for k in best["plain"]}
+    out["target"] = 0.8
+    return out
+
+
 def _rclone(base: Path, endpoint: str, bucket: str, n: int) -> dict[str, Any] | None:
     if shutil.which("rclone") is None:
         return None
@@ -195,6 +250,8 @@ def main() -> None:
     ap.add_argument("--entries", type=int, default=10_000)
     ap.add_argument("--page-entries", type=int, default=100_000)
     ap.add_argument("--history-entries", type=int, default=100_000, help="0: skip")
+    ap.add_argument("--ingest-mib", type=int, default=32, help="encryption's ingest (0: none)")
+    ap.add_argument("--only-encryption", action="store_true", help="just the encryption figures")
     args = ap.parse_args()
     os.environ.update(AWS)
     with moto_server() as endpoint:
@@ -203,6 +260,12 @@ def main() -> None:
             Bucket=bucket
         )
         with tempfile.TemporaryDirectory() as d:
+            encryption = asyncio.run(
+                _encryption(Path(d), endpoint, bucket, args.entries, args.ingest_mib)
+            )
+            if args.only_encryption:
+                emit("sync", {"encryption": encryption})
+                return
             figures = asyncio.run(
                 _bench(
                     Path(d),
@@ -213,6 +276,7 @@ def main() -> None:
                     args.history_entries,
                 )
             )
+            figures["encryption"] = encryption
             figures["rclone_copy"] = _rclone(Path(d), endpoint, bucket, args.entries)
     ours = figures["propagation"]
     rc = figures["rclone_copy"]

@@ -471,7 +471,8 @@ class Api:
         try:
             stats = await self.engine.sync(ledger or None, page or None, timeout=timeout)
         except SyncError as e:  # the bucket, a listing, or the timeout (with the last error)
-            raise ae.Unavailable(f"sync failed: {e}") from None
+            kind = ae.BUCKET_ERRORS.get(getattr(e, "code", ""), ae.Unavailable)
+            raise kind(f"sync failed: {e}") from None
         problems = self.engine.problems(ledger or None, page or None)
         if problems:
             err = ae.Unavailable(f"sync incomplete: {problems[0]['error']}")

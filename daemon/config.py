@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from ledgerd.sync.crypto import KeyFileError, KeyRing, find_key_file, load_key_file
+
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DURABILITY = ("normal", "full")
 
@@ -57,6 +59,7 @@ class Config:
     allowed_users: list[str] = field(default_factory=list)
     cloud: str = ""
     endpoint_url: str = ""
+    encryption_key_file: str = ""
     sync_interval: float = 0.5
     sync_interval_max: float = 60.0
     sync_debounce: float = 0.5
@@ -216,6 +219,9 @@ def validate(cfg: Config) -> None:
             raise ConfigError(
                 f"cloud: expected s3://bucket/prefix or file:///path, not {cfg.cloud!r}"
             )
+    if cfg.encryption_key_file:
+        cfg.encryption_key_file = os.path.abspath(os.path.expanduser(cfg.encryption_key_file))
+        key_ring(cfg)
     if cfg.endpoint_url and urlparse(cfg.endpoint_url).scheme not in ("http", "https"):
         raise ConfigError(f"endpoint_url: expected http(s)://host[:port], not {cfg.endpoint_url!r}")
     for key in (
@@ -234,6 +240,22 @@ def validate(cfg: Config) -> None:
         metrics_address(cfg)
     cfg.allowed_uids()
     cfg.socket_gid()
+
+
+def key_ring(cfg: Config, env: dict[str, str] | None = None) -> KeyRing | None:
+    """The encryption keys: ``encryption_key_file``, or the systemd credential
+    ``ledgerd-key``; None without either. ConfigError if the file cannot be used
+    (its message names the file, never a key)."""
+    path = find_key_file(
+        Path(cfg.encryption_key_file) if cfg.encryption_key_file else None,
+        dict(os.environ) if env is None else env,
+    )
+    if path is None:
+        return None
+    try:
+        return load_key_file(path)
+    except KeyFileError as e:
+        raise ConfigError(f"encryption_key_file: {e}") from None
 
 
 def metrics_address(cfg: Config) -> tuple[str, int]:

@@ -129,6 +129,30 @@ class Unavailable(ApiError):
     status, code = 503, "unavailable"
 
 
+class EncryptionKeyMismatch(Unavailable):
+    """None of this device's encryption keys opens the bucket."""
+
+    code = "encryption_key_mismatch"
+
+
+class EncryptionKeyMissing(Unavailable):
+    """The bucket is encrypted and this device has no key."""
+
+    code = "encryption_key_missing"
+
+
+class BucketNotEncrypted(Unavailable):
+    """The bucket is not encrypted and this device has a key."""
+
+    code = "bucket_not_encrypted"
+
+
+BUCKET_ERRORS: dict[str, type[Unavailable]] = {
+    c.code: c for c in (EncryptionKeyMismatch, EncryptionKeyMissing, BucketNotEncrypted)
+}
+"""Sync's bucket errors that have a code of their own (:mod:`ledgerd.sync.crypto`)."""
+
+
 class InsufficientStorage(ApiError):
     """The disk is full: nothing was written. Free some space and try again."""
 

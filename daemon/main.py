@@ -20,7 +20,8 @@ def parser() -> argparse.ArgumentParser:
         prog="ledgerd",
         description="ledgerd: a local-first synchronized key-value store daemon.",
         epilog="Every option can also be set in the TOML file or as LEDGERD_<OPTION> "
-        "(for example LEDGERD_DATA_DIR).",
+        "(for example LEDGERD_DATA_DIR). Encryption keys: ledgerd key {init,add,rotate} "
+        "--help.",
     )
     ap.add_argument("command", nargs="?", default="run", choices=["run"], help="(default: run)")
     ap.add_argument("--config", type=Path, help="TOML configuration file")
@@ -74,6 +75,11 @@ def tune_gc() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["key"]:  # ledgerd key init|add|rotate (daemon/keys.py)
+        from ledgerd.daemon import keys
+
+        return keys.main(argv[1:])
     args = parser().parse_args(argv)
     flags = {
         "data_dir": args.data_dir,

@@ -70,7 +70,7 @@ async def run_check(api: Api, doc: Any) -> dict[str, Any]:
         for led in [ledger] if ledger is not None else await repo.ledgers(include_deleted=True):
             keys.extend((led, pid) for pid in await repo.ledger(led).pages(include_deleted=True))
     engine = api.engine
-    index = BucketIndex(engine.store) if engine is not None else None
+    index = BucketIndex(engine.store, engine.codec) if engine is not None else None
     results: list[Checked] = []
     for key in keys:
         results.append(await _one(api, key, index, cloud, repair))

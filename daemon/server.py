@@ -32,7 +32,7 @@ from aiohttp import web
 
 from ledgerd.daemon import systemd
 from ledgerd.daemon.api import Api, DaemonState
-from ledgerd.daemon.config import Config, ConfigError, log_level, metrics_address
+from ledgerd.daemon.config import Config, ConfigError, key_ring, log_level, metrics_address
 from ledgerd.daemon.metrics import Metrics, scraper_app
 from ledgerd.daemon.protocol import ApiRunner, Limits
 from ledgerd.daemon.session import Resolvers, Sessions
@@ -152,6 +152,7 @@ async def serve(cfg: Config) -> int:
                 max_checkpoint=cfg.max_checkpoint_bytes,
                 compaction_grace=cfg.compaction_grace,
                 compaction_interval=cfg.compaction_interval,
+                keys=key_ring(cfg),
             )
             hooks = engine.hooks(resolvers, also=metrics.listener(None))
         repo = await _open_repository(cfg, hooks)  # takes its lock

@@ -33,8 +33,10 @@ from typing import TYPE_CHECKING, Any
 from ledgerd.store import Page
 from ledgerd.store import check as ck
 from ledgerd.store import digest as dg
+from ledgerd.store import exchange as ex
 from ledgerd.sync import pack
 from ledgerd.sync.cloud import CloudStore
+from ledgerd.sync.crypto import Codec
 from ledgerd.sync.errors import CloudError
 from ledgerd.sync.layout import PACKS, LogName, PackName
 
@@ -53,8 +55,10 @@ class BucketIndex:
     """Every pack in the bucket, by page: one listing of ``log/`` (layout 1) and one
     of ``packs/`` with each pack's header read once (layout 2) per check."""
 
-    def __init__(self, store: CloudStore) -> None:
+    def __init__(self, store: CloudStore, codec: Codec | None = None) -> None:
         self.store = store
+        self.codec = codec
+        """The bucket's codec, if it is encrypted (:attr:`SyncEngine.codec`)."""
         self._packs: dict[Key, list[LogName]] | None = None
         self._sections: dict[Key, list[tuple[PackName, pack.PageIndex]]] | None = None
         self.problems: list[str] = []
@@ -70,7 +74,8 @@ class BucketIndex:
                     continue
                 try:
                     head = await self.store.get(pn.name, 0, pn.head_end)
-                    header = pack.decode_header(head, pn.head_end, pn.eager_end)
+                    seal = (self.codec, pn.ident) if self.codec is not None else None
+                    header = pack.decode_header(head, pn.head_end, pn.eager_end, seal)
                 except (CloudError, pack.CorruptPackError) as e:
                     self.problems.append(f"pack {pn.name}: {type(e).__name__}: {e}")
                     continue
@@ -109,6 +114,8 @@ async def _read_sections(
     device: str,
     wanted: set[bytes],
     view: CloudView,
+    codec: Codec | None,
+    page: Page | None,
 ) -> None:
     """The page's sections in layout-2 packs: every one's commits and EAGER pieces;
     LAZY pieces read (and verified) in this device's own packs and where wanted."""
@@ -118,8 +125,13 @@ async def _read_sections(
         view.own_packs += own
         bad: list[str] = []
         try:
+            if pi.bases and page is None:
+                continue  # an edit of tree nodes: read only next to the page
+            bases = await ex.local_nodes(page, pi.bases) if page is not None else b""
             stored = await store.get(pn.name, pi.eager.offset, pi.eager.stored)
-            commits, eager = pack.decode_section(stored, pi.eager)
+            commits, eager = pack.decode_section(stored, pi.eager, codec, bases)
+        except ex.MissingObjectError:
+            continue  # edits nodes this device no longer holds: nothing to verify it with
         except (CloudError, pack.CorruptPackError) as e:
             view.problems.append(f"pack {pn.name}: {type(e).__name__}: {e}")
             continue
@@ -139,9 +151,8 @@ async def _read_sections(
             if not (own or (d in wanted and d not in view.found)):
                 continue
             try:
-                raw = pack.unsqueeze(
-                    await store.get(pn.name, part.offset, part.stored), part.codec, part.raw
-                )
+                plain = pack.unseal(await store.get(pn.name, part.offset, part.stored), part, codec)
+                raw = pack.unsqueeze(plain, part.codec, part.raw if part.codec else len(plain))
             except (CloudError, pack.CorruptPackError) as e:
                 bad.append(f"LAZY piece {dg.short(d)}: {e}")
                 view.pieces.discard(d)
@@ -162,11 +173,14 @@ async def read_page(
     device: str,
     want: Iterable[bytes],
     sections: Iterable[tuple[PackName, pack.PageIndex]] = (),
+    codec: Codec | None = None,
+    page: Page | None = None,
 ) -> CloudView:
-    """Read the page's packs (see the module docstring); keep the ``want`` pieces."""
+    """Read the page's packs (see the module docstring); keep the ``want`` pieces.
+    ``page``: the local page, whose tree nodes edited sections are read over."""
     wanted = set(want)
     view = CloudView()
-    await _read_sections(store, list(sections), device, wanted, view)
+    await _read_sections(store, list(sections), device, wanted, view, codec, page)
     lazy_at: dict[bytes, tuple[str, int, int]] = {}
     for ln in packs:
         view.packs += 1
@@ -315,6 +329,8 @@ async def _cloud(
         engine.device,
         report.bad_pieces(),
         await index.sections(key),
+        engine.codec,
+        page,
     )
     for problem in [*index.problems, *view.problems]:
         report.add(ck.Problem(ck.CLOUD, problem))
@@ -349,7 +365,13 @@ async def _restore(
         if len(found) < len(bad):  # (the first read of the packs kept what was bad then)
             key = (page.ledger, page.id)
             view = await read_page(
-                engine.store, await index.packs(key), "", bad, await index.sections(key)
+                engine.store,
+                await index.packs(key),
+                "",
+                bad,
+                await index.sections(key),
+                engine.codec,
+                page,
             )
             found.update(view.found)
         restored = set(await ck.restore_pieces(page, found))

@@ -37,6 +37,7 @@ from ledgerd.store import Page, Repository
 from ledgerd.store import exchange as ex
 from ledgerd.sync import layout, pack
 from ledgerd.sync.cloud import CloudStore
+from ledgerd.sync.crypto import Codec
 from ledgerd.sync.errors import CloudNotFoundError
 from ledgerd.sync.layout import CheckpointName
 
@@ -96,9 +97,16 @@ def newest(names: list[CheckpointName]) -> dict[str, CheckpointName]:
 class Checkpoints:
     """Writing, listing and reading checkpoints; the covers of shallow pages."""
 
-    def __init__(self, store: CloudStore, max_size: int = MAX_CHECKPOINT) -> None:
+    def __init__(
+        self,
+        store: CloudStore,
+        max_size: int = MAX_CHECKPOINT,
+        codec: Callable[[], Codec | None] = lambda: None,
+    ) -> None:
         self.store = store
         self.max_size = max_size
+        self.codec = codec
+        """The bucket's codec once known (an encrypted bucket): names and seals."""
         self.covers: dict[Key, dict[str, int]] = {}
         self.deep: dict[Key, dict[str, int]] = {}
         """Pages that read their history again, with the cover they started from."""
@@ -124,6 +132,20 @@ class Checkpoints:
         rows += [[a, b, c, True] for (a, b), c in sorted(self.deep.items())]
         data = msgpack.packb(rows)
         await self._repo.set_meta(COVERS, bytes(data))
+
+    # -- names -------------------------------------------------------------------------
+
+    def tag(self, key: Key) -> str:
+        codec = self.codec()
+        return codec.page_tag(*key) if codec else layout.page_tag(*key)
+
+    def _device(self, device: bytes) -> str:
+        codec = self.codec()
+        return codec.device_tag(device) if codec else device.hex()
+
+    def _seal(self, ident: str) -> tuple[Codec, str] | None:
+        codec = self.codec()
+        return (codec, ident) if codec else None
 
     # -- covers ------------------------------------------------------------------------
 
@@ -208,11 +230,12 @@ class Checkpoints:
             [(d, lazy[d]) for d in snap.lazy],
             bare=True,
         )
+        tag = self.tag((page.ledger, page.id))
+        ident = CheckpointName.make(tag, feed_time, self._device(device), 0, 0).ident
         data, head_end, eager_end = pack.encode(
-            device, 0, feed_time, [section], extra={"cover": cover}
+            device, 0, feed_time, [section], extra={"cover": cover}, seal=self._seal(ident)
         )
-        tag = layout.page_tag(page.ledger, page.id)
-        name = CheckpointName.make(tag, feed_time, device.hex(), head_end, eager_end).name
+        name = CheckpointName.make(tag, feed_time, self._device(device), head_end, eager_end).name
         await self.store.put(name, data)
         await ex.set_sync_value(page, SINCE, b"0")
         await ex.set_sync_value(page, BASE, str(eager_end - head_end).encode())
@@ -234,17 +257,21 @@ class Checkpoints:
         """A checkpoint's header (and section): one ranged GET. Raises CorruptPackError
         if it is malformed or belongs to another page than its name says."""
         data = await self.store.get(cn.name, 0, cn.eager_end if sections else cn.head_end)
-        header = pack.decode_header(data[: cn.head_end], cn.head_end, cn.eager_end)
-        if len(header.pages) != 1 or header.device.hex() != cn.device:
+        header = pack.decode_header(
+            data[: cn.head_end], cn.head_end, cn.eager_end, self._seal(cn.ident)
+        )
+        if len(header.pages) != 1 or self._device(header.device) != cn.device:
             raise pack.CorruptPackError(f"checkpoint {cn.name} does not match its name")
         p = header.pages[0]
-        if layout.page_tag(*p.key) != cn.tag or header.time != cn.time:
+        if self.tag(p.key) != cn.tag or header.time != cn.time:
             raise pack.CorruptPackError(f"checkpoint {cn.name} does not match its name")
         cover = _cover(header.extra.get("cover"))
         lazy = {d: part.location(cn.name) for d, part in p.lazy}
         if not sections:
             return Checkpoint(cn, p.key, cover, [], {}, lazy)
-        commits, eager = pack.decode_section(data[p.eager.offset : p.eager.end], p.eager)
+        commits, eager = pack.decode_section(
+            data[p.eager.offset : p.eager.end], p.eager, self.codec()
+        )
         if not commits:
             raise pack.CorruptPackError(f"checkpoint {cn.name} holds no commit")
         return Checkpoint(cn, p.key, cover, commits, eager, lazy)
@@ -280,7 +307,7 @@ class Checkpoints:
     async def locate(self, key: Key, digests: list[bytes]) -> dict[bytes, str]:
         """Where the page's newest checkpoint holds these LAZY pieces (for a piece whose
         pack was compacted away)."""
-        names = [cn async for cn in self.names(layout.page_tag(*key))]
+        names = [cn async for cn in self.names(self.tag(key))]
         best = newest(names)
         if not best:
             return {}

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from ledgerd.sync import layout, pack
 from ledgerd.sync.checkpoints import Checkpoints, newest
 from ledgerd.sync.cloud import CloudStore
+from ledgerd.sync.crypto import Codec
 from ledgerd.sync.errors import CloudNotFoundError
 from ledgerd.sync.layout import CheckpointName, PackName
 
@@ -47,8 +48,15 @@ class Report:
 
 
 class Compactor:
-    def __init__(self, store: CloudStore, checkpoints: Checkpoints, grace: float = GRACE) -> None:
+    def __init__(
+        self,
+        store: CloudStore,
+        checkpoints: Checkpoints,
+        grace: float = GRACE,
+        seal: Callable[[str], tuple[Codec, str] | None] = lambda _ident: None,
+    ) -> None:
         self.store = store
+        self.seal = seal
         self.checkpoints = checkpoints
         self.grace = grace
         self._pages: dict[str, list[Key]] = {}  # own old pack -> its pages
@@ -81,7 +89,7 @@ class Compactor:
                 continue
             covered = True
             for key in keys:
-                tag = layout.page_tag(*key)
+                tag = self.checkpoints.tag(key)
                 if not await self._covers(best.get(tag), covers, device, pn.seq):
                     if await write(key):
                         report.checkpoints_written += 1
@@ -113,7 +121,7 @@ class Compactor:
         if keys is None:
             try:
                 data = await self.store.get(pn.name, 0, pn.head_end)
-                header = pack.decode_header(data, pn.head_end, pn.eager_end)
+                header = pack.decode_header(data, pn.head_end, pn.eager_end, self.seal(pn.ident))
             except (CloudNotFoundError, pack.CorruptPackError) as e:
                 log.warning("compaction skips pack %s: %s", pn.name, e)
                 return None

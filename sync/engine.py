@@ -74,7 +74,7 @@ from ledgerd.store.errors import (
     ObjectNotFoundError,
     TransientStoreError,
 )
-from ledgerd.sync import checkpoints, compaction, layout, pack, progress
+from ledgerd.sync import checkpoints, compaction, crypto, layout, pack, progress
 from ledgerd.sync.checkpoints import MAX_CHECKPOINT, Checkpoints
 from ledgerd.sync.cloud import CloudStore, Metered
 from ledgerd.sync.errors import (
@@ -241,8 +241,12 @@ class SyncEngine:
         checkpoint_interval: float = 60.0,
         compaction_grace: float = compaction.GRACE,
         compaction_interval: float = 24 * 3600.0,
+        keys: crypto.KeyRing | None = None,
     ) -> None:
         self._repo: Repository | None = None
+        self.keys = keys
+        self.codec: crypto.Codec | None = None
+        """The bucket's codec once its marker was checked, if the bucket is encrypted."""
         self.store = Metered(store)
         self.location = location
         self.poll_interval = poll_interval
@@ -264,6 +268,8 @@ class SyncEngine:
         self.devices: set[str] = set()
         self.states: dict[Key, PageState] = {}
         self.bucket_error: str | None = None
+        self.bucket_error_code: str | None = None
+        """A stable code for the bucket error (``encryption_key_mismatch``...), if it has one."""
         self.round_error: str | None = None
         self.device_errors: dict[str, str] = {}
         self.skew: dict[str, dict[str, Any]] = {}
@@ -285,14 +291,16 @@ class SyncEngine:
         self._own_time = 0
         self._active_until = 0.0
         self._wake = asyncio.Event()
-        self.checkpoints = Checkpoints(self.store, max_checkpoint)
+        self.checkpoints = Checkpoints(self.store, max_checkpoint, lambda: self.codec)
         self._deepen: set[Key] = set()  # shallow pages that need their history
         self._starved: set[Key] = set()  # shallow pages with a pack waiting for parents
         self._fed: set[Key] = set()  # pages that imported something in this download
         self.checkpoint_interval = checkpoint_interval
         self._checkpoint_due: dict[Key, None] = {}  # waiting for checkpoint_interval
         self._checkpoint_at: dict[Key, float] = {}  # monotonic time of the page's last one
-        self.compactor = compaction.Compactor(self.store, self.checkpoints, compaction_grace)
+        self.compactor = compaction.Compactor(
+            self.store, self.checkpoints, compaction_grace, self._seal
+        )
         self.compaction_interval = compaction_interval
         self._listed_wall = 0.0  # wall time of a recent listing (see _rejoin_if_away)
 
@@ -314,8 +322,15 @@ class SyncEngine:
 
     @property
     def device(self) -> str:
-        """This device's id in hex, as it names the device in the bucket."""
-        return self.repo.device_id.hex()
+        """This device as it is named in the bucket: its id in hex, or in an encrypted
+        bucket a keyed hash of it."""
+        return self._device_name(self.repo.device_id)
+
+    def _device_name(self, device_id: bytes) -> str:
+        return device_id.hex() if self.codec is None else self.codec.device_tag(device_id)
+
+    def _seal(self, ident: str) -> tuple[crypto.Codec, str] | None:
+        return None if self.codec is None else (self.codec, ident)
 
     async def start(self, repo: Repository, background: bool = True) -> None:
         """Sync ``repo`` (opened with :meth:`hooks`), in the background unless told not to."""
@@ -567,6 +582,7 @@ class SyncEngine:
                     )
                 await self.store.create_bucket()
             layout.check_version(max(versions, default=layout.BUCKET_FORMAT))
+            self.codec = await crypto.open_bucket(self.store, names, self.keys, not versions)
             if layout.BUCKET_FORMAT not in versions:
                 with contextlib.suppress(AlreadyExistsError):
                     await self.store.put(
@@ -579,10 +595,11 @@ class SyncEngine:
             if self.bucket_error != str(e):
                 log.error("cloud sync stopped: %s", e)
             self.bucket_error = str(e)
+            self.bucket_error_code = getattr(e, "code", None)
             raise
         if await self.repo.get_meta(seen_key) is None:
             await self.repo.set_meta(seen_key, b"1")
-        self.bucket_error = None
+        self.bucket_error = self.bucket_error_code = None
         self._bucket_ok = True
 
     # -- the previous layout ---------------------------------------------------------
@@ -953,12 +970,13 @@ class SyncEngine:
         while True:
             seq, t = await self._next_seq()  # taken (and saved) before the PUT
             device = self.repo.device_id
+            seal = self._seal(PackName.make(t, self.device, seq, 0, 0).ident)
             if size > 1 << 20:  # compressing megabytes: off the event loop
                 data, head_end, eager_end = await asyncio.to_thread(
-                    pack.encode, device, seq, t, sections
+                    pack.encode, device, seq, t, sections, None, seal
                 )
             else:
-                data, head_end, eager_end = pack.encode(device, seq, t, sections)
+                data, head_end, eager_end = pack.encode(device, seq, t, sections, seal=seal)
             name = PackName.make(t, self.device, seq, head_end, eager_end).name
             try:
                 await self.store.put(name, data)
@@ -971,6 +989,48 @@ class SyncEngine:
             self._own_seq, self._own_time = max(self._own_seq, seq), max(self._own_time, t)
             log.debug("uploaded pack %s: %d pages, %d bytes", name, len(sections), len(data))
             return
+
+    async def reencrypt(self, keys: crypto.KeyRing | None = None) -> int:
+        """Key rotation: this device's packs sealed with another key than the write key
+        go up again, sealed with it, as new packs (the old ones stay until compaction
+        deletes them; ``sync/rekeyed/...`` remembers the last one done, so a second
+        run goes on where the first stopped). ``keys``: the key file read again (its
+        first key is the new one; it is registered in the bucket). Returns the packs
+        uploaded."""
+        async with self._lock:
+            if keys is not None:
+                self.keys = keys
+            self._bucket_ok = False
+            await self._check_bucket()
+            if self.codec is None:
+                raise crypto.EncryptionError("the bucket is not encrypted: nothing to re-encrypt")
+            n = 0
+            done = f"sync/rekeyed/{self.location}/{self.codec.write_kid.hex()}"
+            after = (await self.repo.get_meta(done) or b"").decode()
+            async for name in self.store.list(layout.PACKS, after):
+                pn = PackName.parse(name)
+                if pn is None or pn.device != self.device:
+                    continue
+                head = await self.store.get(name, 0, pn.head_end)
+                if self.codec.key_id(head[len(pack.MAGICE) :]) == self.codec.write_kid:
+                    continue
+                data = await self.store.get(name)
+                seal = self._seal(pn.ident)
+                header = pack.decode_header(data[: pn.head_end], pn.head_end, pn.eager_end, seal)
+                bases: dict[Key, list[tuple[bytes, bytes]]] = {}
+                for p in header.pages:  # an edited section is read over its page's nodes
+                    if p.bases:
+                        async with self._using(p.key) as page:
+                            got = await ex.read_pieces(page, p.bases)
+                        bases[p.key] = [(d, got[d]) for d in p.bases]
+                sections = await asyncio.to_thread(
+                    pack.decode_all, data, pn.head_end, pn.eager_end, seal, bases
+                )
+                await self._put_pack(sections, len(data))
+                await self.repo.set_meta(done, name.encode())  # its copy is up
+                log.info("re-encrypted pack %s with key %s", name, self.codec.write_kid.hex())
+                n += 1
+            return n
 
     # -- discovery -------------------------------------------------------------------
 
@@ -1145,8 +1205,11 @@ class SyncEngine:
         try:
             wanted_all = only is None and self.wants is None and not self.checkpoints.covers
             first = await self.store.get(pn.name, 0, pn.eager_end if wanted_all else pn.head_end)
-            header = pack.decode_header(first[: pn.head_end], pn.head_end, pn.eager_end)
-            if (header.device.hex(), header.seq, header.time) != (pn.device, pn.seq, pn.time):
+            header = pack.decode_header(
+                first[: pn.head_end], pn.head_end, pn.eager_end, self._seal(pn.ident)
+            )
+            named = (self._device_name(header.device), header.seq, header.time)
+            if named != (pn.device, pn.seq, pn.time):
                 raise pack.CorruptPackError("pack does not match its name")
             pages = [
                 p
@@ -1175,7 +1238,9 @@ class SyncEngine:
                 lazy = {d: part.location(pn.name) for d, part in p.lazy}
                 async with self._using(p.key) as page:
                     bases = await ex.local_nodes(page, p.bases)
-                    commits, eager = pack.decode_section(sections[p.key], p.eager, bases)
+                    commits, eager = pack.decode_section(
+                        sections[p.key], p.eager, self.codec, bases
+                    )
                     marker = f"imported/{pn.device}"
                     done = await ex.sync_value(page, marker)
                     mark = str(max(pn.seq, int(done) if done else 0)).encode()
@@ -1393,7 +1458,11 @@ class SyncEngine:
                 for off, length, (d, loc) in group:
                     piece = data[off - start : off - start + length]
                     try:
-                        piece = pack.unsqueeze(piece, loc.codec, loc.raw)
+                        if self.codec is not None:
+                            ident = name.rsplit(".", 2)[0]
+                            piece = pack.open_piece(piece, self.codec, ident, d, loc.codec, loc.raw)
+                        else:
+                            piece = pack.unsqueeze(piece, loc.codec, loc.raw)
                     except pack.CorruptPackError:
                         piece = b""  # fails the digest check below, with its message
                     if not dg.verify(d, piece):
@@ -1503,6 +1572,8 @@ class SyncEngine:
             "reasons": health["reasons"],
             "last_round_ok": self.last_round_ok,
             "bucket_error": self.bucket_error,
+            "bucket_error_code": self.bucket_error_code,
+            "encryption": self._encryption(),
             "round_error": self.round_error,
             "pending_uploads": len(self._pending),
             "pages": pages,
@@ -1518,6 +1589,12 @@ class SyncEngine:
             ),
             "requests": self.store.since(Counter()),
         }
+
+    def _encryption(self) -> dict[str, Any]:
+        """Whether this device encrypts, and its key ids (never a key)."""
+        if self.codec is not None:
+            return {"on": True, "write_key": self.codec.write_kid.hex(), "keys": self.codec.key_ids}
+        return {"on": self.keys is not None, "write_key": None, "keys": []}
 
     def health(self) -> dict[str, Any]:
         """Whether sync works, and whether this device is synced, with every reason why

@@ -166,6 +166,12 @@ class PackName:
             return None
         return cls(int(time), device, n, head, end, name)
 
+    @property
+    def ident(self) -> str:
+        """The pack's identity without where its parts end (``packs/{time}.{device}.{seq}``):
+        what an encrypted pack's parts are bound to (:class:`sync.crypto.Context`)."""
+        return self.name.rsplit(".", 2)[0]
+
 
 CHECKPOINTS = "checkpoints/"
 _TAG = re.compile(r"[0-9a-f]{32}")
@@ -217,6 +223,12 @@ class CheckpointName:
         if not pack.PREFIX <= head <= end <= MAX_EAGER_END:
             return None
         return cls(tag, int(time), device, head, end, name)
+
+    @property
+    def ident(self) -> str:
+        """The checkpoint's identity without where its parts end (what an encrypted
+        checkpoint's parts are bound to)."""
+        return self.name.rsplit(".", 2)[0]
 
 
 def marker_name(version: int = BUCKET_FORMAT) -> str:

@@ -19,6 +19,17 @@ before every LAZY piece, so a reader fetches the header and the sections of the
 pages it holds with one or two ranged GETs (``head_end`` and ``eager_end`` are in
 the pack's name) and LAZY pieces later, each with a ranged GET of its bytes.
 
+Encrypted (``LDGPACKE``, in an encrypted bucket: :mod:`sync.crypto`)::
+
+    b"LDGPACKE" | sealed header | sealed EAGER sections | sealed LAZY pieces
+
+The same layout with every part sealed on its own by the bucket's
+:class:`~sync.crypto.Codec` after compression (so ranged GETs still fetch one
+part): the header (a codec byte and the format-2 header, bound to the whole
+name), each EAGER section (bound to the pack and its index) and each LAZY piece
+(bound to the pack and its digest). Offsets and stored lengths in the header
+count sealed bytes; the real digests are inside the sealed header only.
+
 Format 1 (``LDGPACK1``, bucket layout 1: one page per pack, no compression) is
 still read: :func:`decode_prefix`.
 
@@ -38,10 +49,13 @@ import zstandard
 from ledgerd.store import NAME_LIMIT
 from ledgerd.store import digest as dg
 from ledgerd.store.errors import InvalidDigestError
+from ledgerd.sync import crypto
+from ledgerd.sync.crypto import Codec, Context, TamperedError
 from ledgerd.sync.errors import SyncError
 
 MAGIC = b"LDGPACK1"
 MAGIC2 = b"LDGPACK2"
+MAGICE = b"LDGPACKE"
 _LEN = struct.Struct(">I")
 PREFIX = len(MAGIC) + _LEN.size
 RAW, ZSTD, ZSTD_EDIT = 0, 1, 2
@@ -134,6 +148,8 @@ class Part:
     stored: int
     raw: int
     codec: int
+    sealed: Context | None = None
+    """What the part is sealed for, in an encrypted pack."""
 
     @property
     def end(self) -> int:
@@ -174,20 +190,24 @@ def encode(
     time: int,
     sections: list[Section],
     extra: dict[str, Any] | None = None,
+    seal: tuple[Codec, str] | None = None,
 ) -> tuple[bytes, int, int]:
     """The pack's bytes, ``head_end`` and ``eager_end`` (CPU-bound: call off the loop
     for large packs). ``extra`` fields go into the header (readers ignore fields
-    they do not know)."""
+    they do not know). ``seal``: the bucket's codec and the pack's identity
+    (:attr:`sync.layout.PackName.ident`): an encrypted pack."""
     body: list[bytes] = []
     at = 0
     eager_parts: list[list[int]] = []
-    for s in sections:
+    for i, s in enumerate(sections):
         if s.bare:
             types = bytes(d[0] for d, _ in s.eager)
             raw = msgpack.packb([s.commits, types, [v for _, v in s.eager]], use_bin_type=True)
         else:
             raw = msgpack.packb([s.commits, [[d, v] for d, v in s.eager]], use_bin_type=True)
         stored, codec = squeeze_edit(raw, b"".join(v for _, v in s.bases))
+        if seal is not None:
+            stored = seal[0].seal(stored, Context(seal[1], "eager", _LEN.pack(i)))
         eager_parts.append([at, len(stored), len(raw), codec])
         body.append(stored)
         at += len(stored)
@@ -197,6 +217,8 @@ def encode(
         parts: list[list[object]] = []
         for d, v in s.lazy:
             stored, codec = squeeze(v)
+            if seal is not None:
+                stored = seal[0].seal(stored, Context(seal[1], "lazy", d))
             parts.append([d, at, len(stored), len(v), codec])
             body.append(stored)
             at += len(stored)
@@ -214,23 +236,38 @@ def encode(
         },
         use_bin_type=True,
     )
+    if seal is not None:
+        stored, codec = squeeze(header)
+        plain = bytes([codec]) + stored
+        head_end = len(MAGICE) + crypto.sealed_size(len(plain))
+        ctx = Context(seal[1], "header", f"{head_end}.{head_end + eager_len}".encode())
+        sealed = seal[0].seal(plain, ctx)
+        assert len(MAGICE) + len(sealed) == head_end
+        return b"".join([MAGICE, sealed, *body]), head_end, head_end + eager_len
     head_end = len(MAGIC2) + _LEN.size + len(header)
     data = b"".join([MAGIC2, _LEN.pack(len(header)), header, *body])
     return data, head_end, head_end + eager_len
 
 
-def decode_header(data: bytes, head_end: int, eager_end: int) -> Header:
+def decode_header(
+    data: bytes, head_end: int, eager_end: int, seal: tuple[Codec, str] | None = None
+) -> Header:
     """Parse a pack's ``[0, head_end)``; raises CorruptPackError on anything wrong.
 
     Every part it lists must lie in the pack: EAGER sections within
-    ``[head_end, eager_end)``, LAZY pieces after ``eager_end``."""
-    if len(data) != head_end or len(data) < PREFIX or data[: len(MAGIC2)] != MAGIC2:
-        raise CorruptPackError("pack is truncated or not a ledgerd pack of format 2")
-    (hlen,) = _LEN.unpack_from(data, len(MAGIC2))
-    if PREFIX + hlen != head_end:
-        raise CorruptPackError("pack header does not end where its name says")
+    ``[head_end, eager_end)``, LAZY pieces after ``eager_end``. ``seal``: the
+    bucket's codec and the pack's identity (the pack is encrypted)."""
+    if seal is not None:
+        header = _open_header(data, head_end, eager_end, seal)
+    else:
+        if len(data) != head_end or len(data) < PREFIX or data[: len(MAGIC2)] != MAGIC2:
+            raise CorruptPackError("pack is truncated or not a ledgerd pack of format 2")
+        (hlen,) = _LEN.unpack_from(data, len(MAGIC2))
+        if PREFIX + hlen != head_end:
+            raise CorruptPackError("pack header does not end where its name says")
+        header = data[PREFIX:]
     try:
-        h = msgpack.unpackb(data[PREFIX:], raw=False)
+        h = msgpack.unpackb(header, raw=False)
         device, seq, time, pages = h["device"], h["seq"], h["time"], h["pages"]
         ok = (
             isinstance(device, bytes)
@@ -246,24 +283,19 @@ def decode_header(data: bytes, head_end: int, eager_end: int) -> Header:
                 bases = [_digest(d) for d in more[0]] if more else []
                 if not (_name_ok(ledger) and _name_ok(page) and isinstance(lazy, list)):
                     raise ValueError("bad page entry")
-                if len(more) > 1 or (
-                    bases and not all(dg.kind_of(d) == dg.Kind.TREE for d in bases)
-                ):
+                if len(more) > 1 or any(dg.kind_of(d) != dg.Kind.TREE for d in bases):
                     raise ValueError("bad page entry")
-                eager = _part(e, head_end, head_end, eager_end)
+                eager = _part(e, head_end, head_end, eager_end, seal, "eager", _LEN.pack(len(out)))
                 if (eager.codec == ZSTD_EDIT) != bool(bases):
                     raise ValueError("an edited section without its bases")
-                if any(x[4] == ZSTD_EDIT for x in lazy if isinstance(x, list) and len(x) == 5):
-                    raise ValueError("a LAZY piece is never an edit")
-                out.append(
-                    PageIndex(
-                        ledger,
-                        page,
-                        eager,
-                        [(_digest(x[0]), _part(x[1:], head_end, eager_end, None)) for x in lazy],
-                        bases,
-                    )
-                )
+                pieces = []
+                for x in lazy:
+                    d = _digest(x[0])
+                    pt = _part(x[1:], head_end, eager_end, None, seal, "lazy", d)
+                    if pt.codec == ZSTD_EDIT:
+                        raise ValueError("a LAZY piece is never an edit")
+                    pieces.append((d, pt))
+                out.append(PageIndex(ledger, page, eager, pieces, bases))
     except CorruptPackError:
         raise
     except Exception as e:  # msgpack, KeyError, TypeError, ValueError alike
@@ -274,12 +306,53 @@ def decode_header(data: bytes, head_end: int, eager_end: int) -> Header:
     return Header(device, seq, time, out, {k: v for k, v in h.items() if k not in known})
 
 
+def _open_header(data: bytes, head_end: int, eager_end: int, seal: tuple[Codec, str]) -> bytes:
+    if len(data) != head_end or data[: len(MAGICE)] != MAGICE:
+        raise CorruptPackError("pack is truncated or not an encrypted ledgerd pack")
+    ctx = Context(seal[1], "header", f"{head_end}.{eager_end}".encode())
+    try:
+        plain = seal[0].open(data[len(MAGICE) :], ctx)
+    except TamperedError as e:
+        raise CorruptPackError(f"pack header: {e}") from e
+    if not plain:
+        raise CorruptPackError("pack header is empty")
+    if plain[0] == RAW:
+        return plain[1:]
+    try:
+        return zstandard.ZstdDecompressor().decompress(plain[1:], max_output_size=MAX_HEADER)
+    except zstandard.ZstdError as e:
+        raise CorruptPackError(f"pack header is unreadable: {e}") from e
+
+
+def unseal(stored: bytes, part: Part, codec: Codec | None) -> bytes:
+    """A part's stored bytes as they were before sealing (as they are, in a plain pack);
+    CorruptPackError if a sealed part does not authenticate."""
+    if part.sealed is None:
+        return stored
+    if codec is None:
+        raise CorruptPackError("an encrypted pack needs the bucket's key")
+    try:
+        return codec.open(stored, part.sealed)
+    except TamperedError as e:
+        raise CorruptPackError(str(e)) from e
+
+
+def open_piece(
+    stored: bytes, codec: Codec, ident: str, digest: bytes, zcodec: int, raw: int
+) -> bytes:
+    """A LAZY piece of an encrypted pack from its sealed bytes (``raw``: its length if
+    ``zcodec`` is ZSTD); CorruptPackError if it does not authenticate."""
+    part = Part(0, len(stored), raw, zcodec, Context(ident, "lazy", digest))
+    plain = unseal(stored, part, codec)
+    return unsqueeze(plain, zcodec, raw if zcodec == ZSTD else len(plain))
+
+
 def decode_section(
-    stored: bytes, part: Part, bases: bytes = b""
+    stored: bytes, part: Part, codec: Codec | None = None, bases: bytes = b""
 ) -> tuple[list[bytes], dict[bytes, bytes]]:
     """A page's EAGER section: its commits and EAGER pieces (not yet verified).
     ``bases``: the concatenated bytes of its index entry's bases, if it has any."""
-    raw = unsqueeze(stored, part.codec, part.raw, bases)
+    raw = unsqueeze(unseal(stored, part, codec), part.codec, part.raw, bases)
     try:
         fields = msgpack.unpackb(raw, raw=False)
         commits = fields[0]
@@ -305,6 +378,31 @@ def decode_section(
     return commits, out
 
 
+def decode_all(
+    data: bytes,
+    head_end: int,
+    eager_end: int,
+    seal: tuple[Codec, str] | None = None,
+    bases: dict[tuple[bytes, bytes], list[tuple[bytes, bytes]]] | None = None,
+) -> list[Section]:
+    """A whole pack back as the sections it was made of (key rotation seals them again).
+    ``bases``: per page, the nodes its edited section is read over (it stays an edit)."""
+    header = decode_header(data[:head_end], head_end, eager_end, seal)
+    codec = seal[0] if seal else None
+    out = []
+    for p in header.pages:
+        mine = (bases or {}).get(p.key, [])
+        commits, eager = decode_section(
+            data[p.eager.offset : p.eager.end], p.eager, codec, b"".join(v for _, v in mine)
+        )
+        lazy = []
+        for d, part in p.lazy:
+            raw = unseal(data[part.offset : part.end], part, codec)
+            lazy.append((d, unsqueeze(raw, part.codec, part.raw if part.codec else len(raw))))
+        out.append(Section(p.ledger, p.page, commits, list(eager.items()), lazy, bases=mine))
+    return out
+
+
 def _name_ok(x: object) -> bool:
     return isinstance(x, bytes) and 1 <= len(x) <= NAME_LIMIT
 
@@ -318,14 +416,22 @@ def _digest(x: object) -> bytes:
     return x
 
 
-def _part(x: object, base: int, lo: int, hi: int | None) -> Part:
+def _part(
+    x: object,
+    base: int,
+    lo: int,
+    hi: int | None,
+    seal: tuple[Codec, str] | None = None,
+    role: str = "",
+    item: bytes = b"",
+) -> Part:
     if not (isinstance(x, list) and len(x) == 4 and all(type(v) is int for v in x)):
         raise ValueError("bad part")
     off, stored, raw, codec = x
-    p = Part(base + off, stored, raw, codec)
+    p = Part(base + off, stored, raw, codec, Context(seal[1], role, item) if seal else None)
     if codec not in (RAW, ZSTD, ZSTD_EDIT) or not 0 <= raw <= MAX_SECTION or stored < 0:
         raise ValueError("bad part")
-    if codec == RAW and stored != raw:
+    if codec == RAW and stored != raw and seal is None:
         raise ValueError("a raw part's lengths differ")
     if p.offset < lo or (hi is not None and p.end > hi):
         raise ValueError("a part lies outside its region")

@@ -14,6 +14,12 @@ from ledgerd.sync import layout
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import CheckpointName
 from tests.sync.test_engine import _keys, device
+from tests.sync.test_engine import encryption as encryption  # the fixture
+
+
+@pytest.fixture(autouse=True)
+def _plain_and_encrypted(encryption: object) -> None:
+    """Every checkpoint test runs on a plain and on an encrypted bucket."""
 
 
 @pytest.fixture
@@ -43,7 +49,7 @@ async def _load(pg: object, rng: random.Random, txns: int, per: int) -> dict[byt
 
 
 async def test_a_new_device_downloads_the_page_not_its_history(
-    tmp_path: Path, bucket: FolderStore
+    tmp_path: Path, bucket: FolderStore, encryption: object
 ) -> None:
     rng = random.Random(7)
     live: dict[bytes, bytes] = {}
@@ -60,6 +66,13 @@ async def test_a_new_device_downloads_the_page_not_its_history(
         assert snap is not None
         live_bytes = sum((await ex.piece_sizes(pa, snap.eager)).values())
     assert sum(len(k) + len(v) for k, v in live.items()) <= live_bytes
+    if encryption is not None:  # nothing readable in packs or checkpoints
+        sample = list(live.items())[:20]
+        for f in (tmp_path / "bucket").rglob("*"):
+            if f.is_file():
+                data = f.read_bytes()
+                assert not any(k in data or v in data for k, v in sample), f
+                assert b"ledgerd-page" not in data
     assert history > live_bytes  # what a new device read before checkpoints
     assert _checkpoints(tmp_path / "bucket")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +14,7 @@ from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import PackName
 from tests.sync.test_checkpoints import _load
 from tests.sync.test_engine import _keys, device
+from tests.sync.test_engine import encryption as encryption  # the fixture
 
 
 @pytest.fixture
@@ -45,11 +47,11 @@ def _packs(root: Path) -> list[PackName]:
 
 
 async def test_compaction_deletes_only_own_covered_packs_past_the_grace(
-    tmp_path: Path, bucket: FolderStore
+    tmp_path: Path, bucket: FolderStore, encryption: object
 ) -> None:
     clock = Clock()
     grace = 3600.0
-    kw = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": grace}
+    kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": grace}
     rng = random.Random(3)
     root = tmp_path / "bucket"
     async with device(tmp_path / "a", bucket, **kw) as a, device(tmp_path / "b", bucket, **kw) as b:
@@ -106,7 +108,7 @@ async def test_random_writes_syncs_and_compactions_converge(
     for seed in range(int(os.environ.get("LEDGERD_TEST_SEEDS", "3"))):
         clock = Clock()
         grace = 600.0
-        kw = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": grace}
+        kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": grace}
         rng = random.Random(seed)
         base = tmp_path / f"run{seed}"
         (base / "bucket").mkdir(parents=True)
@@ -157,14 +159,14 @@ async def test_random_writes_syncs_and_compactions_converge(
 
 
 async def test_a_device_away_past_the_grace_period_loses_nothing(
-    tmp_path: Path, bucket: FolderStore
+    tmp_path: Path, bucket: FolderStore, encryption: object
 ) -> None:
     """D writes offline while A writes on, checkpoints and compacts; D comes back
     after the grace period: D's change is carried onto A's checkpoint, everyone
     (and a new device) converges, and nothing waits."""
     clock = Clock()
     grace = 3600.0
-    kw = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": grace}
+    kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": grace}
     rng = random.Random(11)
     async with device(tmp_path / "a", bucket, **kw) as a, device(tmp_path / "d", bucket, **kw) as d:
         pa = await a.repo.ledger("l").page("p")

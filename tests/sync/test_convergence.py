@@ -5,14 +5,17 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ledgerd.store import Page, Repository
+from ledgerd.sync import crypto
 from ledgerd.sync.engine import SyncEngine
 from ledgerd.sync.folder import FolderStore
 
 DEVICES = 3
+KEY = crypto.new_key()
 keys = st.sampled_from([b"a", b"b", b"c", b"d", b"e"])
 op = st.one_of(
     st.tuples(st.just("put"), keys, st.binary(max_size=6)),
@@ -30,13 +33,15 @@ async def _merges(page: Page) -> int:
     return len([c for c in await page.history(100_000) if c.is_merge])
 
 
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(step, min_size=1, max_size=30))
-async def test_devices_converge_without_merge_storms(steps) -> None:
+async def test_devices_converge_without_merge_storms(encrypted: bool, steps) -> None:
     with tempfile.TemporaryDirectory() as d:
         base = Path(d)
         bucket = FolderStore(base / "bucket")
-        engines = [SyncEngine(bucket) for _ in range(DEVICES)]
+        ring = crypto.parse_key_file(crypto.key_line(KEY), "test keys") if encrypted else None
+        engines = [SyncEngine(bucket, keys=ring) for _ in range(DEVICES)]
         repos = [
             await Repository.open(base / f"dev{i}", hooks=e.hooks()) for i, e in enumerate(engines)
         ]

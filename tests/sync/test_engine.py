@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from ledgerd.store import ObjectNotFoundError, Priority, Repository, commit
-from ledgerd.sync import pack
+from ledgerd.sync import crypto, pack
 from ledgerd.sync.cloud import CloudStore, Retrying
+from ledgerd.sync.crypto import KeyRing
 from ledgerd.sync.engine import SyncEngine
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import PackName
@@ -29,11 +30,34 @@ class Device:
     cloud: CountingStore
 
 
+ENCRYPTION: dict[str, KeyRing | None] = {"keys": None}
+"""The keys :func:`device` gives its engine unless told otherwise: the ``encryption``
+fixture runs a test module's tests on a plain and on an encrypted bucket."""
+_DEFAULT: Any = object()
+
+
+@pytest.fixture(params=["plain", "encrypted"])
+def encryption(request: pytest.FixtureRequest) -> Iterator[KeyRing | None]:
+    """Every device of the test encrypts (with one key) or none does."""
+    keys = None
+    if request.param == "encrypted":
+        keys = crypto.parse_key_file(crypto.key_line(crypto.new_key()), "test keys")
+    ENCRYPTION["keys"] = keys
+    try:
+        yield keys
+    finally:
+        ENCRYPTION["keys"] = None
+
+
 @contextlib.asynccontextmanager
-async def device(path: Path, cloud: CloudStore, **kw: Any) -> AsyncIterator[Device]:
-    """A repository syncing through ``cloud`` (requests counted); ``kw`` for the engine."""
+async def device(
+    path: Path, cloud: CloudStore, keys: KeyRing | None = _DEFAULT, **kw: Any
+) -> AsyncIterator[Device]:
+    """A repository syncing through ``cloud`` (requests counted); ``kw`` for the engine;
+    ``keys`` (by default those of the ``encryption`` fixture, if used) to encrypt."""
     counting = CountingStore(cloud)
-    engine = SyncEngine(counting, **kw)
+    keys = ENCRYPTION["keys"] if keys is _DEFAULT else keys
+    engine = SyncEngine(counting, keys=keys, **kw)
     repo = await Repository.open(path, hooks=engine.hooks())
     await engine.start(repo, background=False)
     try:
@@ -54,7 +78,9 @@ async def _keys(repo: Repository, ledger: str = "l", page: str = "p") -> dict[by
     return {kv.key: kv.value for kv in res.items}
 
 
-async def test_writes_on_one_device_appear_on_another(tmp_path: Path, bucket: FolderStore) -> None:
+async def test_writes_on_one_device_appear_on_another(
+    tmp_path: Path, bucket: FolderStore, encryption: KeyRing | None
+) -> None:
     async with device(tmp_path / "a", bucket) as a, device(tmp_path / "b", bucket) as b:
         pa = await a.repo.ledger("l").page("p")
         await pa.put(b"k", b"from a")
@@ -98,7 +124,9 @@ async def test_upload_round_budget_and_idle_poll(tmp_path: Path, bucket: FolderS
         assert b.cloud.counts["put"] == 0
 
 
-async def test_lazy_values_are_fetched_on_first_read(tmp_path: Path, bucket: FolderStore) -> None:
+async def test_lazy_values_are_fetched_on_first_read(
+    tmp_path: Path, bucket: FolderStore, encryption: KeyRing | None
+) -> None:
     async with device(tmp_path / "a", bucket) as a, device(tmp_path / "b", bucket) as b:
         pa = await a.repo.ledger("l").page("p")
         photo = random.Random(2).randbytes(200_000)
@@ -108,7 +136,8 @@ async def test_lazy_values_are_fetched_on_first_read(tmp_path: Path, bucket: Fol
         b.cloud.reset()
         await b.engine.sync()
         gets_for_import = b.cloud.counts["get"]
-        assert gets_for_import == 1  # one ranged GET: commits and EAGER pieces only
+        # One ranged GET: commits and EAGER pieces only (and the encryption descriptor).
+        assert gets_for_import == 1 + (encryption is not None)
         pb = await b.repo.ledger("l").page("p")
         assert b.cloud.bytes_got < 100_000  # the photo did not travel
         assert await pb.get(b"photo") == photo  # fetched now, ranged GETs of its pieces
@@ -118,7 +147,9 @@ async def test_lazy_values_are_fetched_on_first_read(tmp_path: Path, bucket: Fol
         assert b.cloud.counts["get"] == n  # stored after the first read
 
 
-async def test_lazy_value_offline_is_a_clear_error(tmp_path: Path, bucket: FolderStore) -> None:
+async def test_lazy_value_offline_is_a_clear_error(
+    tmp_path: Path, bucket: FolderStore, encryption: KeyRing | None
+) -> None:
     async with device(tmp_path / "a", bucket) as a:
         pa = await a.repo.ledger("l").page("p")
         await pa.put(b"photo", b"p" * 100_000, Priority.LAZY)
@@ -132,7 +163,9 @@ async def test_lazy_value_offline_is_a_clear_error(tmp_path: Path, bucket: Folde
             await pb.get(b"photo")
 
 
-async def test_bit_flip_in_a_pack_is_refused(tmp_path: Path, bucket: FolderStore) -> None:
+async def test_bit_flip_in_a_pack_is_refused(
+    tmp_path: Path, bucket: FolderStore, encryption: KeyRing | None
+) -> None:
     async with device(tmp_path / "a", bucket) as a:
         pa = await a.repo.ledger("l").page("p")
         await pa.put(b"k", b"v" * 500)
@@ -150,7 +183,9 @@ async def test_bit_flip_in_a_pack_is_refused(tmp_path: Path, bucket: FolderStore
         assert status["last_error"] and "refused" in status["last_error"]
 
 
-async def test_restart_neither_redownloads_nor_skips(tmp_path: Path, bucket: FolderStore) -> None:
+async def test_restart_neither_redownloads_nor_skips(
+    tmp_path: Path, bucket: FolderStore, encryption: KeyRing | None
+) -> None:
     async with device(tmp_path / "a", bucket) as a:
         pa = await a.repo.ledger("l").page("p")
         await pa.put(b"one", b"1")
@@ -161,12 +196,13 @@ async def test_restart_neither_redownloads_nor_skips(tmp_path: Path, bucket: Fol
         await a.engine.sync()
     async with device(tmp_path / "b", bucket) as b:
         await b.engine.sync()
-        assert b.cloud.counts["get"] == 1  # only the new pack
+        # Only the new pack (and the encryption descriptor, read when sync starts).
+        assert b.cloud.counts["get"] == 1 + (encryption is not None)
         assert set(await _keys(b.repo)) == {b"one", b"two"}
 
 
 async def test_new_device_bootstraps_and_faults_converge(
-    tmp_path: Path, bucket: FolderStore
+    tmp_path: Path, bucket: FolderStore, encryption: KeyRing | None
 ) -> None:
     flaky = Retrying(FaultyStore(bucket, rate=0.3, seed=7), deadline=60, first=0.001, most=0.01)
     async with device(tmp_path / "a", flaky) as a, device(tmp_path / "b", flaky) as b:
@@ -188,15 +224,18 @@ async def test_new_device_bootstraps_and_faults_converge(
                 assert ka == kb == kc and len(ka) == 2 * len(
                     [i for i in range(20) if i % 3 == int(p[1])]
                 )
+        codec = a.engine.codec
     # Nothing duplicated: no device uploaded the same commit twice.
     seen: dict[str, list[bytes]] = {}
     for f in sorted((tmp_path / "bucket" / "packs").iterdir()):
         pn = PackName.parse(f"packs/{f.name}")
         assert pn is not None
         data = f.read_bytes()
-        header = pack.decode_header(data[: pn.head_end], pn.head_end, pn.eager_end)
+        seal = (codec, pn.ident) if codec is not None else None
+        header = pack.decode_header(data[: pn.head_end], pn.head_end, pn.eager_end, seal)
         for pi in header.pages:
-            commits, _ = pack.decode_section(data[pi.eager.offset : pi.eager.end], pi.eager)
+            stored = data[pi.eager.offset : pi.eager.end]
+            commits, _ = pack.decode_section(stored, pi.eager, codec)
             seen.setdefault(pn.device, []).extend(commit.decode(c).id for c in commits)
     for dev, ids in seen.items():
         assert len(ids) == len(set(ids)), f"{dev} uploaded a commit twice"
@@ -268,7 +307,9 @@ async def test_sync_leaves_open_only_the_pages_that_were_open(
             assert (await _keys(b.repo, "l", name))[b"k"] == name.encode()
 
 
-async def test_sync_survives_pages_closing_under_it(tmp_path: Path, bucket: FolderStore) -> None:
+async def test_sync_survives_pages_closing_under_it(
+    tmp_path: Path, bucket: FolderStore, encryption: KeyRing | None
+) -> None:
     async with device(tmp_path / "a", bucket) as a, device(tmp_path / "b", bucket) as b:
         await (await a.repo.ledger("l").page("p")).put(b"k", b"from a")
         await a.engine.sync()

@@ -19,10 +19,23 @@ from ledgerd.store import ObjectNotFoundError, Page, Priority, Repository, commi
 from ledgerd.store import exchange as ex
 from ledgerd.sync import engine, pack
 from ledgerd.sync.cloud import Retrying
+from ledgerd.sync.crypto import KeyRing
 from ledgerd.sync.errors import BucketIdentityError, SyncTimeoutError, TransientCloudError
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.testing import FaultyStore, put_pack
-from tests.sync.test_engine import Device, _keys, device
+from tests.sync.test_engine import ENCRYPTION, Device, _keys, device
+from tests.sync.test_engine import encryption as encryption  # the fixture
+
+
+@pytest.fixture(autouse=True)
+def _plain_and_encrypted(encryption: KeyRing | None) -> None:
+    """Every fault test runs on a plain and on an encrypted bucket (``encryption``)."""
+
+
+def _plain_only() -> None:
+    """For the tests that write plain packs into the bucket, or read its files."""
+    if ENCRYPTION["keys"] is not None:
+        pytest.skip("writes plain packs or reads the bucket's files: the plain bucket only")
 
 
 @pytest.fixture
@@ -81,6 +94,7 @@ async def test_a_page_that_cannot_be_synced_does_not_stop_the_others(
 async def test_a_corrupt_pack_is_retried_with_backoff_and_does_not_block_later_packs(
     tmp_path: Path, bucket: FolderStore
 ) -> None:
+    _plain_only()
     async with device(tmp_path / "a", bucket) as a:
         await _write(a, "p", b"k", b"v" * 500)
         await a.engine.sync()
@@ -109,6 +123,7 @@ async def test_a_corrupt_pack_is_retried_with_backoff_and_does_not_block_later_p
 async def test_a_pack_missing_from_the_middle_is_picked_up_when_it_appears(
     tmp_path: Path, bucket: FolderStore
 ) -> None:
+    _plain_only()
     async with device(tmp_path / "a", bucket) as a:
         for page in ("p", "q", "p", "r"):  # sequences 1 to 4
             await _write(a, page, page.encode() + b"%d" % time.monotonic_ns())
@@ -216,8 +231,10 @@ async def test_a_bucket_that_went_away_is_not_recreated(tmp_path: Path) -> None:
     async with device(tmp_path / "a", store) as a:
         await _write(a, "p", b"k")
         await a.engine.sync()  # the first daemon creates and marks the bucket
-        assert [p.name for p in root.iterdir() if p.name.startswith("ledgerd")] == [
-            "ledgerd-bucket.3"
+        crypt = ["ledgerd-bucket.crypt"] if ENCRYPTION["keys"] else []
+        assert sorted(p.name for p in root.iterdir() if p.name.startswith("ledgerd")) == [
+            "ledgerd-bucket.3",
+            *crypt,
         ]
         root.rename(tmp_path / "unmounted")
         await _write(a, "p", b"k2")
@@ -272,6 +289,7 @@ async def test_the_last_upload_at_stop_logs_its_failure(
 async def test_a_corrupt_cloud_copy_is_not_called_local_corruption(
     tmp_path: Path, bucket: FolderStore
 ) -> None:
+    _plain_only()
     async with device(tmp_path / "a", bucket) as a:
         pa = await a.repo.ledger("l").page("p")
         await pa.put(b"photo", random.Random(5).randbytes(100_000), Priority.LAZY)
@@ -469,6 +487,7 @@ async def test_pending_upload_reads_one_snapshot(tmp_path: Path) -> None:
 async def test_a_device_with_a_clock_far_ahead_is_reported(
     tmp_path: Path, bucket: FolderStore
 ) -> None:
+    _plain_only()
     async with device(tmp_path / "a", bucket) as a, device(tmp_path / "b", bucket) as b:
         pa = await a.repo.ledger("l").page("p")
         await pa.put(b"k", b"v")

@@ -523,7 +523,7 @@ def test_an_edited_section_needs_its_bases() -> None:
     p = h.pages[0]
     assert p.bases == [node] and p.eager.codec == pack.ZSTD_EDIT
     assert p.eager.stored < 500
-    _, pieces = pack.decode_section(data[p.eager.offset : p.eager.end], p.eager, old)
+    _, pieces = pack.decode_section(data[p.eager.offset : p.eager.end], p.eager, bases=old)
     assert pieces == {dg.chunk_digest(dg.Kind.TREE, new): new}
     with pytest.raises(pack.CorruptPackError):
-        pack.decode_section(data[p.eager.offset : p.eager.end], p.eager, b"\0" * 5000)
+        pack.decode_section(data[p.eager.offset : p.eager.end], p.eager, bases=b"\0" * 5000)

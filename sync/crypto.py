@@ -1,0 +1,505 @@
+"""Client-side encryption: key files, the per-part codec, and the bucket's key objects.
+
+This module owns what makes a bucket unreadable without the key: reading key
+files (and refusing ones others can read), deriving keys, sealing and opening
+one *part* of an object (:meth:`Codec.seal`, :meth:`Codec.open`), keyed names,
+and the bucket's encryption descriptor and key objects. It does not know the
+pack format (:mod:`sync.pack` calls the codec once per part) nor when sync
+writes what (:mod:`sync.engine`).
+
+Keys. A key file holds one entry a line, ``key <base64 of 32 random bytes>`` or
+``passphrase <text>``; ``#`` starts a comment. The first entry writes, every
+entry reads (rotation). Per bucket, each entry yields a *master* key: HKDF-SHA256
+of the key with the bucket's random salt, or scrypt of the passphrase with that
+salt and the cost stored in the bucket. From a master, HKDF derives a 4-byte key
+id (stored in front of every sealed part) and one AES-256-GCM key per purpose
+(``header``, ``eager``, ``lazy``, ``secret``...).
+
+A sealed part is ``key id (4) | nonce (12) | AES-256-GCM(u32 length | plain | zero
+padding)``: the plain text (already compressed) is padded to a size bucket (at
+least :data:`MIN_PADDED` bytes, then Padmé: at most 12% more) so that the length
+of a small value tells nothing. The associated data is the part's
+:class:`Context` (the object's identity, its role, and an item: an index or a
+digest) and the key id, so a part moved to another place, another object or
+another name fails authentication.
+
+The bucket. ``ledgerd-bucket.crypt`` (written once, before the marker, by the
+first device, which has a key) holds the salt, the scrypt cost, the creator's
+key id and the *bucket secret* sealed under the creator's key. The secret keys
+the names (a device's keyed tag in pack names, :meth:`Codec.device_tag`) and
+keyed digests; it stays the same when keys rotate, so names do too. Each later
+write key is registered as ``ledgerd-bucket.key.{key id}``: the secret sealed
+under it, written by a device that could already open the secret with an older
+key. A key that opens neither is the wrong key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import stat
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
+
+from ledgerd.sync.cloud import CloudStore
+from ledgerd.sync.errors import AlreadyExistsError, BucketIdentityError, SyncError
+
+log = logging.getLogger(__name__)
+
+KEY_LEN = 32
+KID_LEN = 4
+NONCE_LEN = 12
+TAG_LEN = 16
+OVERHEAD = KID_LEN + NONCE_LEN + TAG_LEN
+"""Bytes a sealed part has on top of its padded plain text."""
+_LEN = struct.Struct(">I")
+MIN_PADDED = 256
+"""Every sealed part's plain text (with its length) is padded to at least this."""
+SALT_LEN = 16
+SCRYPT_N = 1 << 17
+"""scrypt cost of a new bucket (128 MiB with r=8): a passphrase derivation takes
+about half a second, once per bucket check."""
+SCRYPT_R = 8
+SCRYPT_P = 1
+SCRYPT_MOST_MEMORY = 1 << 30
+"""The largest scrypt cost (128·n·r·p bytes) a bucket may ask for."""
+DESCRIPTOR = "ledgerd-bucket.crypt"
+KEY_OBJECT = "ledgerd-bucket.key."
+CREDENTIAL = "ledgerd-key"
+"""The systemd credential a key file is read from (``$CREDENTIALS_DIRECTORY/ledgerd-key``)."""
+_VERSION = b"ledgerd-crypt-1"
+
+
+class EncryptionError(SyncError):
+    """Encryption failed."""
+
+
+class KeyFileError(EncryptionError):
+    """The encryption key file cannot be used."""
+
+
+class TamperedError(EncryptionError):
+    """A sealed part does not authenticate: it was altered, moved, or sealed with another key."""
+
+
+class EncryptionKeyMismatchError(BucketIdentityError):
+    """encryption key mismatch: none of this device's keys opens the bucket."""
+
+    code = "encryption_key_mismatch"
+
+
+class EncryptionKeyMissingError(BucketIdentityError):
+    """encryption key missing: the bucket is encrypted and this device has no key."""
+
+    code = "encryption_key_missing"
+
+
+class BucketNotEncryptedError(BucketIdentityError):
+    """the bucket is not encrypted, and this device has an encryption key."""
+
+    code = "bucket_not_encrypted"
+
+
+# -- key files ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Secret:
+    """One entry of a key file: a random key or a passphrase (never logged: no repr)."""
+
+    kind: str  # "key" or "passphrase"
+    value: bytes = field(repr=False)
+
+
+@dataclass
+class KeyRing:
+    """A key file's entries, in order (the first writes), and where they came from."""
+
+    secrets: list[Secret]
+    source: str
+    _masters: dict[tuple[bytes, int, int, int], list[tuple[bytes, bytes]]] = field(
+        default_factory=dict, repr=False
+    )
+
+    def masters(self, salt: bytes, n: int, r: int, p: int) -> list[tuple[bytes, bytes]]:
+        """``(key id, master key)`` per entry for a bucket (scrypt runs once per bucket)."""
+        at = (salt, n, r, p)
+        if at not in self._masters:
+            out = []
+            for s in self.secrets:
+                if s.kind == "key":
+                    master = _hkdf(s.value, b"master", salt)
+                else:
+                    master = Scrypt(salt=salt, length=KEY_LEN, n=n, r=r, p=p).derive(s.value)
+                out.append((_hkdf(master, b"key id")[:KID_LEN], master))
+            self._masters[at] = out
+        return self._masters[at]
+
+
+def new_key() -> bytes:
+    return secrets.token_bytes(KEY_LEN)
+
+
+def key_line(key: bytes) -> str:
+    return f"key {base64.b64encode(key).decode()}\n"
+
+
+def parse_key_file(text: str, source: str) -> KeyRing:
+    """The entries of a key file's text; KeyFileError (naming the line, never its content)."""
+    out: list[Secret] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        kind, _, value = line.partition(" ")
+        value = value.strip()
+        if kind == "key":
+            try:
+                raw = base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError):
+                raw = b""
+            if len(raw) != KEY_LEN:
+                raise KeyFileError(f"{source}, line {n}: a key is base64 of {KEY_LEN} bytes")
+            out.append(Secret("key", raw))
+        elif kind == "passphrase":
+            if len(value) < 8:
+                raise KeyFileError(f"{source}, line {n}: a passphrase has at least 8 characters")
+            out.append(Secret("passphrase", value.encode()))
+        else:
+            raise KeyFileError(f"{source}, line {n}: expected 'key BASE64' or 'passphrase TEXT'")
+    if not out:
+        raise KeyFileError(f"{source}: holds no key")
+    return KeyRing(out, source)
+
+
+def load_key_file(path: Path) -> KeyRing:
+    """A key file's keys; KeyFileError if it is missing, unreadable, malformed, or
+    readable or writable by group or others."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        raise KeyFileError(f"key file {path}: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise KeyFileError(f"key file {path}: not a regular file")
+        if st.st_mode & 0o077:
+            raise KeyFileError(
+                f"key file {path}: group or others may access it (mode "
+                f"{stat.S_IMODE(st.st_mode):04o}); run chmod 600 {path}"
+            )
+        data = f.read(64 * 1024)
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        raise KeyFileError(f"key file {path}: not UTF-8 text") from None
+    return parse_key_file(text, f"key file {path}")
+
+
+def write_key_file(path: Path, prepend_to: bytes | None = None, text: str | None = None) -> bytes:
+    """Write a new random key (or the entry ``text``) to ``path``, mode 0600; refuses
+    to overwrite. With ``prepend_to`` (an existing file's content) the new key goes
+    first. Returns the new key."""
+    key = new_key()
+    head = "# ledgerd encryption keys: the first one writes, every one reads. Keep it secret.\n"
+    text = head + (text if text is not None else key_line(key))
+    if prepend_to is not None:
+        old = prepend_to.decode()
+        text += "".join(
+            line + "\n" for line in old.splitlines() if not line.startswith("# ledgerd")
+        )
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    return key
+
+
+def add_key(path: Path) -> None:
+    """Rotation's first step: a new random key at the top of ``path`` (the old ones
+    stay, for reading). Written next to it and renamed over it, mode 0600."""
+    load_key_file(path)  # it is a good key file
+    old = path.read_bytes()
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        write_key_file(tmp, prepend_to=old)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def find_key_file(configured: Path | None, env: dict[str, str]) -> Path | None:
+    """The key file to use: ``encryption_key_file`` (or ``LEDGERD_ENCRYPTION_KEY_FILE``,
+    already in ``configured``), else the systemd credential ``ledgerd-key``."""
+    if configured is not None:
+        return configured
+    creds = env.get("CREDENTIALS_DIRECTORY")
+    if creds and (Path(creds) / CREDENTIAL).exists():
+        return Path(creds) / CREDENTIAL
+    return None
+
+
+# -- the codec ---------------------------------------------------------------------
+
+
+def _hkdf(ikm: bytes, purpose: bytes, salt: bytes | None = None) -> bytes:
+    return HKDF(
+        algorithm=hashes.SHA256(), length=KEY_LEN, salt=salt, info=_VERSION + b" " + purpose
+    ).derive(ikm)
+
+
+def padded(n: int) -> int:
+    """The size ``n`` bytes of plain text (with its length) are padded to: at least
+    MIN_PADDED, then Padmé (the low bits of ``n`` cleared: at most 12% more)."""
+    if n <= MIN_PADDED:
+        return MIN_PADDED
+    e = n.bit_length() - 1
+    s = e.bit_length()
+    mask = (1 << (e - s)) - 1
+    return (n + mask) & ~mask
+
+
+def sealed_size(n: int) -> int:
+    """The size of ``n`` bytes of plain text once sealed."""
+    return padded(_LEN.size + n) + OVERHEAD
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where a part belongs: the object's identity (a pack's name without its ends),
+    the part's role, and an item (a section's index, a piece's digest). It is the
+    associated data of the part's seal; nothing of it is stored."""
+
+    object: str
+    role: str
+    item: bytes = b""
+
+    def ad(self, kid: bytes) -> bytes:
+        obj, role = self.object.encode(), self.role.encode()
+        return b"".join(
+            [_VERSION, kid, _LEN.pack(len(obj)), obj, _LEN.pack(len(role)), role, self.item]
+        )
+
+
+class Codec:
+    """Seals and opens parts, and keys names, for one bucket (its secret and salt).
+
+    ``masters`` are ``(key id, master)`` in key-file order: the first seals, every
+    one opens. Thread-safe (packs are sealed off the event loop)."""
+
+    def __init__(self, masters: list[tuple[bytes, bytes]], secret: bytes) -> None:
+        if not masters:
+            raise ValueError("no keys")
+        self.write_kid = masters[0][0]
+        self._masters = dict(masters)
+        self._aeads: dict[tuple[bytes, str], AESGCM] = {}
+        self._names = _hkdf(secret, b"names")
+        self._digests = _hkdf(secret, b"digests")
+
+    @property
+    def key_ids(self) -> list[str]:
+        return [k.hex() for k in self._masters]
+
+    def _aead(self, kid: bytes, role: str) -> AESGCM:
+        aead = self._aeads.get((kid, role))
+        if aead is None:
+            master = self._masters.get(kid)
+            if master is None:
+                raise TamperedError(
+                    f"a part is sealed with key {kid.hex()}, which this device does not have"
+                )
+            aead = self._aeads[(kid, role)] = AESGCM(_hkdf(master, b"part " + role.encode()))
+        return aead
+
+    def seal(self, plain: bytes, ctx: Context) -> bytes:
+        """``plain`` padded, encrypted and authenticated with the write key, for ``ctx``."""
+        kid = self.write_kid
+        size = padded(_LEN.size + len(plain))
+        body = b"".join([_LEN.pack(len(plain)), plain, bytes(size - _LEN.size - len(plain))])
+        nonce = os.urandom(NONCE_LEN)
+        return kid + nonce + self._aead(kid, ctx.role).encrypt(nonce, body, ctx.ad(kid))
+
+    def open(self, sealed: bytes, ctx: Context) -> bytes:
+        """The plain text of a part sealed for ``ctx``; TamperedError if it does not
+        authenticate (altered, moved elsewhere, another key)."""
+        if len(sealed) < OVERHEAD + MIN_PADDED:
+            raise TamperedError("a sealed part is too short")
+        kid, nonce = sealed[:KID_LEN], sealed[KID_LEN : KID_LEN + NONCE_LEN]
+        try:
+            body = self._aead(kid, ctx.role).decrypt(
+                nonce, sealed[KID_LEN + NONCE_LEN :], ctx.ad(kid)
+            )
+        except InvalidTag:
+            raise TamperedError(
+                f"a sealed part ({ctx.role} of {ctx.object}) does not authenticate: it was "
+                "altered or moved"
+            ) from None
+        (n,) = _LEN.unpack_from(body)
+        if _LEN.size + n > len(body):
+            raise TamperedError("a sealed part's length is wrong")
+        return body[_LEN.size : _LEN.size + n]
+
+    @staticmethod
+    def key_id(sealed: bytes) -> bytes:
+        return sealed[:KID_LEN]
+
+    def device_tag(self, device_id: bytes) -> str:
+        """The name a device has in this bucket: 32 hex digits of a keyed hash."""
+        return hmac.new(self._names, b"device " + device_id, hashlib.sha256).hexdigest()[:32]
+
+    def page_tag(self, ledger: bytes, page: bytes) -> str:
+        """The name a page's checkpoints go under in this bucket (a keyed hash)."""
+        msg = b"page " + len(ledger).to_bytes(2, "big") + ledger + page
+        return hmac.new(self._names, msg, hashlib.sha256).hexdigest()[:32]
+
+    def keyed_digest(self, digest: bytes) -> bytes:
+        """A digest as it may appear in plain in the bucket (a name, a plain header):
+        the same for every device of the bucket (dedup), and telling nothing of the
+        content without the key."""
+        return hmac.new(self._digests, digest, hashlib.sha256).digest()
+
+
+# -- the bucket ----------------------------------------------------------------------
+
+
+def is_crypto_object(name: str) -> bool:
+    return name == DESCRIPTOR or name.startswith(KEY_OBJECT)
+
+
+async def open_bucket(
+    store: CloudStore, names: Iterable[str], keys: KeyRing | None, create: bool
+) -> Codec | None:
+    """The bucket's codec (None for a bucket without encryption and a device without
+    a key), from the names listed under the marker's prefix. ``create``: the bucket
+    is new, so a device with a key makes it an encrypted one. Raises a
+    BucketIdentityError subclass when key and bucket do not go together."""
+    names = list(names)
+    if DESCRIPTOR not in names:
+        if keys is None:
+            return None
+        if not create:
+            raise BucketNotEncryptedError(
+                "the bucket is not encrypted, and this device has an encryption key "
+                f"({keys.source}): ledgerd does not mix plain and encrypted objects in a "
+                "bucket. Use a new cloud URL for an encrypted bucket, or remove the key"
+            )
+        await _create(store, keys)
+    elif keys is None:
+        raise EncryptionKeyMissingError(
+            "encryption key missing: the bucket is encrypted and this device has no key "
+            "(set encryption_key_file, LEDGERD_ENCRYPTION_KEY_FILE, or the systemd "
+            f"credential {CREDENTIAL})"
+        )
+    desc = _descriptor(await store.get(DESCRIPTOR))
+    masters = await _masters(keys, desc.salt, desc.n, desc.r, desc.p)
+    kids = {bytes.fromhex(n[len(KEY_OBJECT) :]): n for n in names if _key_object_ok(n)}
+    secret: bytes | None = None
+    for kid, master in masters:
+        if kid == desc.key:
+            sealed = desc.secret
+        elif kid in kids:
+            sealed = await store.get(kids[kid])
+        else:
+            continue
+        with contextlib.suppress(TamperedError):
+            secret = Codec([(kid, master)], b"").open(sealed, Context(DESCRIPTOR, "secret"))
+            break
+    if secret is None:
+        known = sorted({desc.key.hex(), *(k.hex() for k in kids)})
+        raise EncryptionKeyMismatchError(
+            f"encryption key mismatch: none of this device's keys ({keys.source}: ids "
+            f"{', '.join(k.hex() for k, _ in masters)}) opens the bucket (its keys: "
+            f"{', '.join(known)}). Nothing was read from or written to it"
+        )
+    codec = Codec(masters, secret)
+    write = codec.write_kid
+    if write != desc.key and write not in kids:
+        with contextlib.suppress(AlreadyExistsError):
+            await store.put(
+                KEY_OBJECT + write.hex(), codec.seal(secret, Context(DESCRIPTOR, "secret"))
+            )
+        log.info("registered encryption key %s in the bucket (it writes from now on)", write.hex())
+    return codec
+
+
+def _key_object_ok(name: str) -> bool:
+    tail = name[len(KEY_OBJECT) :] if name.startswith(KEY_OBJECT) else ""
+    return len(tail) == 2 * KID_LEN and all(c in "0123456789abcdef" for c in tail)
+
+
+async def _masters(keys: KeyRing, salt: bytes, n: int, r: int, p: int) -> list[tuple[bytes, bytes]]:
+    return await asyncio.to_thread(keys.masters, salt, n, r, p)
+
+
+async def _create(store: CloudStore, keys: KeyRing) -> None:
+    """Write the encryption descriptor of a new bucket (unless one was, meanwhile)."""
+    salt = secrets.token_bytes(SALT_LEN)
+    kid, master = (await _masters(keys, salt, SCRYPT_N, SCRYPT_R, SCRYPT_P))[0]
+    secret = secrets.token_bytes(KEY_LEN)
+    sealed = Codec([(kid, master)], b"").seal(secret, Context(DESCRIPTOR, "secret"))
+    doc = {
+        "ledgerd_encryption": 1,
+        "aead": "AES-256-GCM",
+        "salt": base64.b64encode(salt).decode(),
+        "scrypt": {"n": SCRYPT_N, "r": SCRYPT_R, "p": SCRYPT_P},
+        "key": kid.hex(),
+        "secret": base64.b64encode(sealed).decode(),
+    }
+    with contextlib.suppress(AlreadyExistsError):
+        await store.put(DESCRIPTOR, json.dumps(doc, sort_keys=True).encode())
+        log.info("the bucket is encrypted with key %s", kid.hex())
+
+
+@dataclass(frozen=True)
+class _Descriptor:
+    """``ledgerd-bucket.crypt``: the bucket's salt, scrypt cost, first key and secret."""
+
+    salt: bytes
+    n: int
+    r: int
+    p: int
+    key: bytes
+    secret: bytes = field(repr=False)
+
+
+def _descriptor(raw: bytes) -> _Descriptor:
+    try:
+        doc = json.loads(raw)
+        kdf = doc["scrypt"]
+        out = _Descriptor(
+            salt=base64.b64decode(doc["salt"], validate=True),
+            n=int(kdf["n"]),
+            r=int(kdf["r"]),
+            p=int(kdf["p"]),
+            key=bytes.fromhex(doc["key"]),
+            secret=base64.b64decode(doc["secret"], validate=True),
+        )
+        if doc["ledgerd_encryption"] != 1 or doc["aead"] != "AES-256-GCM":
+            raise ValueError("an encryption this ledgerd does not know")
+        n, r, p = out.n, out.r, out.p
+        if n < 2 or n & (n - 1) or r < 1 or p < 1 or 128 * n * r * p > SCRYPT_MOST_MEMORY:
+            raise ValueError("scrypt cost out of bounds")
+        if len(out.key) != KID_LEN or len(out.salt) < SALT_LEN:
+            raise ValueError("bad key id or salt")
+    except (ValueError, KeyError, TypeError) as e:
+        raise BucketIdentityError(f"the bucket's {DESCRIPTOR} is unreadable: {e}") from None
+    return out

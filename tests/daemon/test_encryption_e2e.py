@@ -1,0 +1,116 @@
+"""Encrypted sync between real daemons (issue 18): key files, the key mismatch error in
+``ledgerctl sync`` and status, ``ledgerd key`` commands, nothing plain in the bucket."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import boto3
+
+from ledgerd.daemon.client import Client
+from tests.daemon.conftest import AWS, ROOT, Daemon, start_daemon
+
+
+def _ledgerd(*args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "ledgerd.daemon", *args],
+        capture_output=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+
+
+def _start(base: Path, endpoint: str, bucket: str, key: Path | None) -> Daemon:
+    env = {**AWS, "LEDGERD_ENDPOINT_URL": endpoint, "LEDGERD_SYNC_INTERVAL": "60"}
+    if key is not None:
+        env["LEDGERD_ENCRYPTION_KEY_FILE"] = str(key)
+    return start_daemon(base, "--cloud", f"s3://{bucket}/enc", env=env)
+
+
+def _objects(endpoint: str, bucket: str) -> dict[str, bytes]:
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    names = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
+    return {n: s3.get_object(Bucket=bucket, Key=n)["Body"].read() for n in names}
+
+
+def test_key_init_refuses_to_overwrite_and_a_readable_key_stops_the_daemon(
+    short_tmp: Path,
+) -> None:
+    key = short_tmp / "key"
+    assert _ledgerd("key", "init", str(key)).returncode == 0
+    assert os.stat(key).st_mode & 0o777 == 0o600
+    before = key.read_bytes()
+    out = _ledgerd("key", "init", str(key))
+    assert out.returncode == 2 and b"not overwritten" in out.stderr
+    assert key.read_bytes() == before
+    os.chmod(key, 0o644)
+    env = {**os.environ, "LEDGERD_ENCRYPTION_KEY_FILE": str(key)}
+    out = subprocess.run(
+        [sys.executable, "-m", "ledgerd.daemon", "--check-config"],
+        capture_output=True,
+        cwd=ROOT,
+        env=env,
+        timeout=60,
+    )
+    assert out.returncode == 2 and b"chmod 600" in out.stderr
+    os.chmod(key, 0o600)
+    out = subprocess.run(
+        [sys.executable, "-m", "ledgerd.daemon", "--check-config"],
+        capture_output=True,
+        cwd=ROOT,
+        env=env,
+        timeout=60,
+    )
+    secret = before.split(b"\nkey ")[1].strip()
+    assert out.returncode == 0 and secret not in out.stdout + out.stderr
+
+
+def test_encrypted_daemons_sync_and_a_wrong_key_gets_one_clear_error(
+    short_tmp: Path, s3_endpoint: str, bucket: str
+) -> None:
+    key, wrong = short_tmp / "key", short_tmp / "wrong"
+    for k in (key, wrong):
+        assert _ledgerd("key", "init", str(k)).returncode == 0
+    a = _start(short_tmp / "a", s3_endpoint, bucket, key)
+    b = _start(short_tmp / "b", s3_endpoint, bucket, key)
+    c = _start(short_tmp / "c", s3_endpoint, bucket, wrong)
+    d = _start(short_tmp / "d", s3_endpoint, bucket, None)
+    try:
+        with Client(a.socket) as ca:
+            ca.put("SECRET-LEDGER", "SECRET-PAGE", b"SECRET-KEY", b"SECRET-VALUE")
+        for x in (a, b):
+            out = x.ledgerctl("sync", "--timeout", "60")
+            assert out.returncode == 0, out.stderr
+        with Client(b.socket) as cb:
+            assert cb.get("SECRET-LEDGER", "SECRET-PAGE", b"SECRET-KEY") == b"SECRET-VALUE"
+        st = json.loads(a.ledgerctl("status", "--json", check=True).stdout)["sync"]
+        assert st["encryption"]["on"] and len(st["encryption"]["write_key"]) == 8
+        for x, code in ((c, "encryption_key_mismatch"), (d, "encryption_key_missing")):
+            out = x.ledgerctl("sync", "--timeout", "30")
+            assert out.returncode == 4, out.stderr
+            assert f"({code})".encode() in out.stderr
+            assert len(out.stderr.strip().splitlines()) == 1
+            st = json.loads(x.ledgerctl("status", "--json", check=True).stdout)
+            assert st["sync"]["bucket_error_code"] == code and st["sync_error"]
+            assert json.loads(x.ledgerctl("ledgers", "--json", check=True).stdout or b"[]") in (
+                [],
+                {"ledgers": []},
+            )
+        text = b"".join((a.log_text() + b.log_text() + c.log_text()).encode().split())
+        for k in (key, wrong):
+            assert k.read_bytes().split(b"\nkey ")[1].strip() not in text
+    finally:
+        for x in (a, b, c, d):
+            assert x.stop() == 0, x.log_text()
+    for name, data in _objects(s3_endpoint, bucket).items():
+        assert b"SECRET" not in data and "SECRET" not in name, name
