@@ -13,6 +13,10 @@ Prints JSON:
   64 KiB values (upload on A, import on B), on a plain and on an encrypted bucket,
   alternating, best of 3 each; ``speed_ratio`` is plain seconds over encrypted
   seconds (target >= 0.8);
+* scale: :mod:`bench.sync_scale`'s figures (a round touching 1,000 pages, an idle
+  poll among 50 devices, a new device's bootstrap of the history page next to its
+  live size, the bucket before and after compaction, the median propagation delay
+  between two daemons with the default settings); ``--only-scale`` for just those;
 * side by side in the same run: ``rclone copy`` of the same 10,000 values as
   files to the same endpoint (seconds and requests), if rclone is installed
   (``apt-get install rclone``).
@@ -34,6 +38,7 @@ from typing import Any
 import boto3
 
 from bench.common import emit, ratio, timed
+from bench.sync_scale import scale
 from ledgerd.store import Repository
 from ledgerd.sync.crypto import KeyRing, key_line, new_key, parse_key_file
 from ledgerd.sync.engine import SyncEngine
@@ -252,6 +257,7 @@ def main() -> None:
     ap.add_argument("--history-entries", type=int, default=100_000, help="0: skip")
     ap.add_argument("--ingest-mib", type=int, default=32, help="encryption's ingest (0: none)")
     ap.add_argument("--only-encryption", action="store_true", help="just the encryption figures")
+    ap.add_argument("--only-scale", action="store_true", help="just bench.sync_scale's figures")
     args = ap.parse_args()
     os.environ.update(AWS)
     with moto_server() as endpoint:
@@ -259,6 +265,9 @@ def main() -> None:
         boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
             Bucket=bucket
         )
+        if args.only_scale:
+            emit("sync", {"scale": scale(endpoint, bucket, args.history_entries)})
+            return
         with tempfile.TemporaryDirectory() as d:
             encryption = asyncio.run(
                 _encryption(Path(d), endpoint, bucket, args.entries, args.ingest_mib)
@@ -277,6 +286,7 @@ def main() -> None:
                 )
             )
             figures["encryption"] = encryption
+            figures["scale"] = scale(endpoint, bucket, args.history_entries)
             figures["rclone_copy"] = _rclone(Path(d), endpoint, bucket, args.entries)
     ours = figures["propagation"]
     rc = figures["rclone_copy"]
