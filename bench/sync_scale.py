@@ -65,6 +65,7 @@ def _bucket_bytes(endpoint: str, bucket: str, prefix: str) -> int:
 async def _round_1000(base: Path, endpoint: str, bucket: str) -> dict[str, Any]:
     repo, engine, cloud = await _device(base / "r1000", endpoint, bucket, "r1000")
     try:
+        await engine.sync()  # the bucket's marker goes up once, before
         for i in range(1000):
             pg = await repo.ledger("bench").page(f"p{i:04d}")
             await pg.put(b"k", b"v%d" % i)
@@ -93,8 +94,13 @@ async def _idle_50(base: Path, endpoint: str, bucket: str) -> dict[str, Any]:
             pg = await d[0].ledger("bench").page("shared")
             await pg.put(b"from %d" % i, b"v")
             await d[1].sync()
-        for _, engine, _ in devices:  # everyone has read everyone: idle from here
-            await engine.sync()
+        for _ in range(5):  # until everyone has read everyone (merges travel too)
+            moved = 0
+            for _, engine, _ in devices:
+                s = await engine.sync()
+                moved += s.uploaded_packs + s.downloaded_packs
+            if not moved:
+                break
         repo, engine, cloud = devices[0]
         cloud.reset()
         await engine.round()

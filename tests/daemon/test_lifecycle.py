@@ -133,7 +133,9 @@ async def test_systemd_notifications_and_watchdog(short_tmp: Path) -> None:
     finally:
         d.proc.send_signal(signal.SIGTERM)
         d.wait_notify("STOPPING=1")
-        assert d.stop() == 0
+        # One SIGTERM only: a second one while draining exits at once (by design).
+        assert d.proc.wait(60) == 0
+        d.notify.close()
 
 
 async def test_socket_activation(short_tmp: Path) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from ledgerd.store import ObjectNotFoundError, Priority, Repository, commit
+from ledgerd.store import exchange as ex
 from ledgerd.sync import crypto, pack
 from ledgerd.sync.cloud import CloudStore, Retrying
 from ledgerd.sync.crypto import KeyRing
@@ -224,19 +225,21 @@ async def test_new_device_bootstraps_and_faults_converge(
                 assert ka == kb == kc and len(ka) == 2 * len(
                     [i for i in range(20) if i % 3 == int(p[1])]
                 )
+        # Nothing duplicated: no device uploaded the same commit twice.
         codec = a.engine.codec
-    # Nothing duplicated: no device uploaded the same commit twice.
-    seen: dict[str, list[bytes]] = {}
-    for f in sorted((tmp_path / "bucket" / "packs").iterdir()):
-        pn = PackName.parse(f"packs/{f.name}")
-        assert pn is not None
-        data = f.read_bytes()
-        seal = (codec, pn.ident) if codec is not None else None
-        header = pack.decode_header(data[: pn.head_end], pn.head_end, pn.eager_end, seal)
-        for pi in header.pages:
-            stored = data[pi.eager.offset : pi.eager.end]
-            commits, _ = pack.decode_section(stored, pi.eager, codec)
-            seen.setdefault(pn.device, []).extend(commit.decode(c).id for c in commits)
+        seen: dict[str, list[bytes]] = {}
+        for f in sorted((tmp_path / "bucket" / "packs").iterdir()):
+            pn = PackName.parse(f"packs/{f.name}")
+            assert pn is not None
+            data = f.read_bytes()
+            seal = (codec, pn.ident) if codec is not None else None
+            header = pack.decode_header(data[: pn.head_end], pn.head_end, pn.eager_end, seal)
+            for pi in header.pages:
+                stored = data[pi.eager.offset : pi.eager.end]
+                page = await a.repo.ledger(pi.ledger).page(pi.page)  # edits: over its nodes
+                bases = await ex.local_nodes(page, pi.bases)
+                commits, _ = pack.decode_section(stored, pi.eager, codec, bases)
+                seen.setdefault(pn.device, []).extend(commit.decode(c).id for c in commits)
     for dev, ids in seen.items():
         assert len(ids) == len(set(ids)), f"{dev} uploaded a commit twice"
 
