@@ -278,12 +278,17 @@ _GOOD = bytes([dg.Kind.VALUE]) + b"h" * 32
         [0, [[b"k", _GOOD, 2]], []],  # a priority that is not 0 or 1
         [0, [[b"k", _GOOD, True]], []],  # a priority that is a bool
         [0, [["k", _GOOD, 0]], []],  # a key that is text
+        [0, [[7, _GOOD, 0]], []],  # a key that is a number
+        [0, [[b"k", [1], 0]], []],  # a value that is an array shaped like an inline digest
+        [0, [[b"k", "\x01h", 0]], []],  # a value that is text
+        [0, [[b"k", _GOOD, 0], [b"l", 5, 0]], []],  # one value of two that is a number
         [0, [[b"k", _GOOD[:-1], 0]], []],  # a hashed digest one byte short
         [0, [[b"k", bytes([0x80]) + b"h" * 32, 0]], []],  # an unknown type byte
         [0, [[b"k", bytes([0x03]) + b"h", 0]], []],  # an inline index
         [0, [[b"k", b"", 0]], []],  # an empty digest
         [1, [[b"k", _GOOD, 0]], [b""]],  # one child too few
         [1, [[b"k", _GOOD, 0]], [b"", b"x" * 33]],  # a child that is no digest
+        [1, [[b"k", _GOOD, 0]], [b"", "\x04" + "h" * 32]],  # a child that is text
         [0, [], [b""]],  # children at level 0
         ["0", [], []],  # a level that is text
         [-1, [], []],  # a negative level
