@@ -33,9 +33,11 @@ from __future__ import annotations
 import bisect
 import enum
 import functools
+import itertools
 import operator
-from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
+from array import array
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
 from itertools import repeat
 from typing import NamedTuple, Protocol
 
@@ -97,6 +99,12 @@ class Node:
     level: int
     entries: tuple[Entry, ...]
     children: tuple[bytes, ...]  # len(entries) + 1 at level > 0, empty at level 0
+    # A leaf made by a Builder keeps its encoding and each entry's size in it, so that
+    # the next batch that changes a few of its entries splices the new ones between
+    # unchanged runs of these bytes instead of encoding every entry again. Decoded
+    # nodes have neither (a read does not pay for them).
+    encoded: bytes | None = field(default=None, compare=False, repr=False)
+    sizes: array[int] | None = field(default=None, compare=False, repr=False)
 
     def is_empty(self) -> bool:
         return not self.entries and (self.level == 0 or self.children[0] == EMPTY)
@@ -114,7 +122,7 @@ def encode_node(node: Node) -> bytes:
 
 def decode_node(data: bytes) -> Node:
     """The node encoded in ``data``, checked; every check runs over whole columns
-    (``map``, ``set``, ``zip``) rather than entry by entry, so that reading a node
+    (``map``, ``set``, ``join``) rather than entry by entry, so that reading a node
     costs little more than msgpack's own decoding."""
     try:
         level, raw, children = msgpack.unpackb(data, raw=False, use_list=False)
@@ -124,14 +132,13 @@ def decode_node(data: bytes) -> Node:
             # Three columns of equal length, or zip or the unpacking raises; an entry
             # that is not an array fails the columns' type checks below.
             keys, values, priorities = zip(*raw, strict=True)
-            if set(map(type, keys)) != {bytes} or set(map(type, values)) != {bytes}:
-                raise TypeError("entry keys and values are bytes")
             if set(map(type, priorities)) != {int} or not set(priorities) <= {0, 1}:
                 raise TypeError("priorities are 0 or 1")
+            # msgpack makes bytes of bin and nothing else: joining them is the check
+            # that every key is bytes (anything else raises TypeError), at C speed.
+            b"".join(keys)
             _validate_digests(values)
         if children:
-            if set(map(type, children)) != {bytes}:
-                raise TypeError("children are digests")
             _validate_digests([c for c in children if c])
         node = Node(level, tuple(map(tuple.__new__, repeat(Entry), raw)), children)
     except (ValueError, TypeError, IndexError) as e:
@@ -148,12 +155,26 @@ _HASHED = 1 + dg.HASH_SIZE
 _HASHED_TYPES = frozenset(t for t in range(256) if dg.is_valid_hashed_type(t))
 
 
-def _validate_digests(digests: tuple[bytes, ...] | list[bytes]) -> None:
-    """Raise unless every one is a well-formed digest (all hashed ones: at C speed)."""
-    if set(map(len, digests)) == {_HASHED} and set(b"".join(digests)[::_HASHED]) <= _HASHED_TYPES:
+def _validate_digests(digests: Sequence[bytes]) -> None:
+    """Raise TypeError unless every one is bytes, and InvalidDigestError unless every
+    one is a well-formed digest (all hashed ones: at C speed)."""
+    # The join raises TypeError unless every one is bytes-like, and msgpack makes
+    # bytes and never bytearray or memoryview.
+    joined = b"".join(digests)
+    if set(map(len, digests)) == {_HASHED} and set(joined[::_HASHED]) <= _HASHED_TYPES:
         return
     for d in digests:
         dg.validate(d)
+
+
+_LEAF_TAIL = _packer.pack(())  # a leaf's children: none
+
+
+@functools.lru_cache(maxsize=1024)
+def _leaf_head(n: int) -> bytes:
+    """The bytes a leaf of ``n`` entries starts with: ``[0, [`` and the entries' count."""
+    head: bytes = _packer.pack_array_header(3) + _packer.pack(0) + _packer.pack_array_header(n)
+    return head
 
 
 def node_pieces(data: bytes) -> tuple[bytes, list[split.Piece]]:
@@ -175,8 +196,10 @@ class NodeLoader(Protocol):
 
 def node_cost(node: Node, encoded_size: int) -> int:
     """Estimated bytes a decoded node holds in memory: its encoding's bytes plus, per
-    entry, a tuple and two bytes objects' headers, and per child a bytes object."""
-    return ENTRY_OVERHEAD + encoded_size + 145 * len(node.entries) + 80 * len(node.children)
+    entry, a tuple and two bytes objects' headers, and per child a bytes object; and
+    the encoding and sizes a leaf made by a Builder keeps."""
+    kept = 0 if node.encoded is None else len(node.encoded) + 4 * len(node.entries)
+    return ENTRY_OVERHEAD + encoded_size + kept + 145 * len(node.entries) + 80 * len(node.children)
 
 
 class NodeStore:
@@ -220,13 +243,65 @@ class Builder:
         return got[0] if got is not None else await self.nodes.load(digest)
 
     def make(self, level: int, entries: list[Entry], children: list[bytes]) -> bytes:
+        if level == 0:
+            if not entries:
+                return EMPTY
+            # Entry by entry (msgpack's encoding of a whole is its parts' encodings one
+            # after the other), so that the leaf knows where each entry lies in it.
+            packed = list(map(_packer.pack, entries))
+            parts = [_leaf_head(len(entries)), *packed, _LEAF_TAIL]
+            sizes = array("I", map(len, packed))
+            return self._add(Node(0, tuple(entries), (), b"".join(parts), sizes))
         node = Node(level, tuple(entries), tuple(children))
         if node.is_empty():
             return EMPTY
-        d, pieces = node_pieces(encode_node(node))
+        return self._add(node)
+
+    def _add(self, node: Node) -> bytes:
+        encoded = node.encoded if node.encoded is not None else encode_node(node)
+        d, pieces = node_pieces(encoded)
         if d not in self.new:
             self.new[d] = (node, pieces)
         return d
+
+    def _splice(self, node: Node, items: list[tuple[bytes, int, Entry | None]]) -> bytes:
+        """The leaf ``node`` with ``items`` applied, made from runs of its own encoding
+        and the new entries' encodings (it must have its encoding and sizes)."""
+        assert node.encoded is not None and node.sizes is not None
+        old, encoded, sizes = node.entries, node.encoded, node.sizes
+        view = memoryview(encoded)
+        n = len(old)
+        runs: list[tuple[Entry, ...]] = []
+        parts: list[bytes | memoryview] = []
+        new_sizes = array("I")
+        at = 0  # the first entry of old not yet taken or skipped
+        pos = len(_leaf_head(n))  # where it starts in encoded
+        for key, _, new in items:
+            i = bisect.bisect_left(old, key, at, key=_KEY)
+            if i > at:  # the unchanged run before key
+                run = sizes[at:i]
+                end = pos + sum(run)
+                runs.append(old[at:i])
+                parts.append(view[pos:end])
+                new_sizes.extend(run)
+                at, pos = i, end
+            if new is not None:
+                packed = _packer.pack(new)
+                runs.append((new,))
+                parts.append(packed)
+                new_sizes.append(len(packed))
+            if i < n and old[i].key == key:  # replaced or deleted: skip the old one
+                pos += sizes[i]
+                at = i + 1
+        if at < n:
+            runs.append(old[at:])
+            parts.append(view[pos : len(encoded) - len(_LEAF_TAIL)])
+            new_sizes.extend(sizes[at:])
+        entries = tuple(itertools.chain.from_iterable(runs))
+        if not entries:
+            return EMPTY
+        data = b"".join([_leaf_head(len(entries)), *parts, _LEAF_TAIL])
+        return self._add(Node(0, entries, (), data, new_sizes))
 
     def pieces_reachable(self, root: bytes) -> list[split.Piece]:
         """Pieces of the new nodes reachable from ``root`` (drops intermediate ones)."""
@@ -285,6 +360,8 @@ class Builder:
             node = await self.load(d)
             if node.level != level:
                 raise CorruptObjectError(f"tree node at level {node.level}, expected {level}")
+            if node.sizes is not None:  # a leaf this process made: splice it
+                return self._splice(node, items)
             entries = list(node.entries)
             children = list(node.children)
         else:
@@ -369,32 +446,48 @@ async def lookup(nodes: NodeStore, root: bytes, key: bytes) -> Entry | None:
     return None
 
 
+async def runs(
+    nodes: NodeStore, root: bytes, start: bytes = b"", end: bytes | None = None
+) -> AsyncIterator[tuple[Entry, ...]]:
+    """The entries with ``start <= key < end`` in key order, as runs: a leaf's entries
+    in the range come as one slice of the node (no object per entry), a separator as
+    a run of one. Only the nodes needed are loaded."""
+    # Explicit stack of pending work: a node's digest (bytes) or a run (a tuple).
+    stack: list[bytes | tuple[Entry, ...]] = [root] if root else []
+    load = nodes.load
+    while stack:
+        item = stack.pop()
+        if type(item) is tuple:
+            yield item
+            continue
+        assert type(item) is bytes
+        node = await load(item)
+        entries = node.entries
+        lo = bisect.bisect_left(entries, start, key=_KEY) if start else 0
+        hi = len(entries) if end is None else bisect.bisect_left(entries, end, key=_KEY)
+        if node.level == 0:
+            if lo < hi:
+                yield entries[lo:hi]
+            continue
+        # children[lo] holds keys between entries[lo-1] and entries[lo] (may include
+        # start); children[hi] may hold keys below end.
+        children = node.children
+        work: list[bytes | tuple[Entry, ...]] = []
+        for i in range(lo, hi + 1):
+            if children[i]:
+                work.append(children[i])
+            if i < hi:
+                work.append(entries[i : i + 1])
+        stack.extend(reversed(work))
+
+
 async def iterate(
     nodes: NodeStore, root: bytes, start: bytes = b"", end: bytes | None = None
 ) -> AsyncIterator[Entry]:
     """Entries with ``start <= key < end`` in key order, loading only the nodes needed."""
-    # Explicit stack of pending work: ("node", digest) or ("entry", Entry).
-    stack: list[tuple[bytes, Entry | None]] = [(root, None)] if root else []
-    while stack:
-        d, entry = stack.pop()
-        if entry is not None:
-            yield entry
-            continue
-        node = await nodes.load(d)
-        lo = bisect.bisect_left(node.entries, start, key=_KEY)
-        hi = len(node.entries) if end is None else bisect.bisect_left(node.entries, end, key=_KEY)
-        work: list[tuple[bytes, Entry | None]] = []
-        if node.level > 0:
-            # children[lo] holds keys between entries[lo-1] and entries[lo] (may include start);
-            # children[hi] may hold keys below end.
-            for i in range(lo, hi + 1):
-                if node.children[i]:
-                    work.append((node.children[i], None))
-                if i < hi:
-                    work.append((EMPTY, node.entries[i]))
-        else:
-            work = [(EMPTY, e) for e in node.entries[lo:hi]]
-        stack.extend(reversed(work))
+    async for run in runs(nodes, root, start, end):
+        for e in run:
+            yield e
 
 
 def prefix_end(prefix: bytes) -> bytes | None:

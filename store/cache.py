@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Generic, TypeVar
 
 CACHE_BYTES = 64 * 1024 * 1024
@@ -92,6 +93,23 @@ class CacheSpace(Generic[V]):
             return None
         self._entries.move_to_end(key)
         return got[0]  # type: ignore[return-value]
+
+    def get_many(self, digests: Iterable[bytes]) -> tuple[dict[bytes, V], list[bytes]]:
+        """The cached values among ``digests`` (each counts as used, as by :meth:`get`),
+        and the digests that are not cached, in their order."""
+        entries, space = self._entries, self.id
+        touch = entries.move_to_end
+        found: dict[bytes, V] = {}
+        missing: list[bytes] = []
+        for d in digests:
+            key = (space, d)
+            got = entries.get(key)
+            if got is None:
+                missing.append(d)
+            else:
+                touch(key)
+                found[d] = got[0]  # type: ignore[assignment]
+        return found, missing
 
     def put(self, digest: bytes, value: V, cost: int) -> None:
         self.cache._put((self.id, digest), value, cost)

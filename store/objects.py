@@ -304,18 +304,17 @@ class ObjectStore:
 
         Pieces read from SQLite are verified, then kept in the cache unless not
         ``remember`` (tree nodes: their decoded form is cached instead)."""
-        found: dict[bytes, bytes] = {}
-        want: list[bytes] = []
-        cached = self.cache.get
-        memory = self.memory
-        for d in dict.fromkeys(digests):
-            v = cached(d)
-            if v is None and memory:
+        found, cold = self.cache.get_many(dict.fromkeys(digests))
+        want = cold
+        if cold and self.memory:
+            memory = self.memory
+            want = []
+            for d in cold:
                 v = memory.get(d)
-            if v is None:
-                want.append(d)
-            else:
-                found[d] = v
+                if v is None:
+                    want.append(d)
+                else:
+                    found[d] = v
         if not want:
             return found
         rows = await self.db.read_in(

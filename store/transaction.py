@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -222,21 +222,21 @@ class Transaction(View):
             raise _unreadable(key)
         return await super().get_entry(key)
 
-    async def iter_entries(
+    async def entry_runs(
         self,
         start: bytes | None = None,
         end: bytes | None = None,
         prefix: bytes | None = None,
         token: bytes | None = None,
-    ) -> AsyncIterator[Entry]:
+    ) -> AsyncIterator[Sequence[Entry]]:
         await self.start()
         if self.state.stamped_values:
             lo, hi = bounds(start, end, prefix, token)
             for key in self.state.stamped_values:
                 if lo <= key and (hi is None or key < hi):
                     raise _unreadable(key)
-        async for e in super().iter_entries(start, end, prefix, token):
-            yield e
+        async for run in super().entry_runs(start, end, prefix, token):
+            yield run
 
     async def _check(self) -> None:
         if not self.state.open:
@@ -248,11 +248,15 @@ class Transaction(View):
     async def put(self, key: bytes, value: Source, priority: Priority = Priority.EAGER) -> None:
         """Small values stay in memory until commit (within the page's budget); large
         ones, streams, and values past the budget are staged."""
-        await self._check()
+        st = self.state
+        if self._base is None or not st.open:  # else _check has nothing to do
+            await self._check()
         key = check_key(key)
-        entry = await self._prepare(key, value, priority)
-        self.state.stamped_values.pop(key, None)
-        self.state.entries[key] = entry
+        entry = self._in_memory(key, value, priority)
+        if entry is None:
+            entry = await self._prepare(key, value, priority)
+        st.stamped_values.pop(key, None)
+        st.entries[key] = entry
 
     async def set_versionstamped_key(
         self, key: bytes, value: Source, priority: Priority = Priority.EAGER
@@ -279,17 +283,28 @@ class Transaction(View):
         self.state.entries.pop(key, None)
         self.state.stamped_values[key] = (template, staging.priority(priority))
 
+    def _in_memory(self, key: bytes, value: Source, priority: Priority) -> Entry | None:
+        """The entry of a value of one chunk, its piece held in memory, if ``value`` is
+        one and the budget allows; else None (see :meth:`_prepare`)."""
+        st = self.state
+        if type(value) is not bytes or len(value) > split.MIN_CHUNK:
+            return None
+        if st.memory >= self._txns.memory_budget:
+            return None
+        entry, piece = staging.one_chunk(key, value, priority)
+        if piece is not None:
+            st.pieces[entry.value] = [piece]
+            self._memory[piece.digest] = piece.data
+            st.memory += len(piece.data)
+        return entry
+
     async def _prepare(self, key: bytes, value: Source, priority: Priority) -> Entry:
         """The entry of ``value``, its pieces held in memory or staged."""
+        entry = self._in_memory(key, value, priority)
+        if entry is not None:
+            return entry
         st = self.state
         in_budget = st.memory < self._txns.memory_budget
-        if in_budget and type(value) is bytes and len(value) <= split.MIN_CHUNK:
-            entry, piece = staging.one_chunk(key, value, priority)
-            if piece is not None:
-                st.pieces[entry.value] = [piece]
-                self._memory[piece.digest] = piece.data
-                st.memory += len(piece.data)
-            return entry
         if not in_budget and isinstance(value, bytes | bytearray | memoryview):
             value = _Stream(bytes(value))  # staged, not held
         entry, pieces, token = await staging.prepare(self._txns.objects, key, value, priority)

@@ -15,9 +15,11 @@ Ranges
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Mapping
+import operator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from itertools import repeat
+from typing import Generic, NamedTuple, TypeVar
 
 from ledgerd.store import btree
 from ledgerd.store.btree import EMPTY, Entry, NodeStore, Priority
@@ -34,6 +36,10 @@ def live(e: Entry | None) -> Entry | None:
     """``e``, or None if it is absent or a tombstone (a delete kept for merges:
     :data:`store.digest.TOMBSTONE`). Every read goes through this."""
     return None if e is None or e.value == TOMBSTONE else e
+
+
+_VALUE = operator.itemgetter(1)
+"""An entry's value digest."""
 
 
 def check_key(key: bytes) -> bytes:
@@ -64,11 +70,27 @@ class Overlay:
 NO_OVERLAY = Overlay()
 
 
-@dataclass(frozen=True, slots=True)
-class KeyValue:
+class _KeyValueTuple(NamedTuple):
     key: bytes
     value: bytes
     priority: Priority
+
+
+_PRIORITIES = (Priority.EAGER, Priority.LAZY)
+
+
+class KeyValue(_KeyValueTuple):
+    """An entry with its value, as a range query returns it.
+
+    A tuple, like :class:`store.btree.Entry`, so that a scan makes them at C speed
+    (and the garbage collector stops tracking them, which a scan of 100,000 entries
+    otherwise pays for in collections); ``priority`` answers with the enum."""
+
+    __slots__ = ()
+
+    @property
+    def priority(self) -> Priority:
+        return _PRIORITIES[self[2]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +163,52 @@ class View(abc.ABC):
         """A byte range of a value, in memory."""
         return b"".join([b async for b in await self.read(key, offset, length)])
 
+    async def entry_runs(
+        self,
+        start: bytes | None = None,
+        end: bytes | None = None,
+        prefix: bytes | None = None,
+        token: bytes | None = None,
+    ) -> AsyncIterator[Sequence[Entry]]:
+        """The live entries of a range in key order, in non-empty runs: a leaf's entries
+        come as one slice (see :func:`store.btree.runs`), merged with the overlay."""
+        lo, hi = bounds(start, end, prefix, token)
+        root, overlay = self._state()
+        if hi is not None and lo >= hi:
+            return
+        pending = sorted(
+            (k, e) for k, e in overlay.entries.items() if k >= lo and (hi is None or k < hi)
+        )
+        i, n = 0, len(pending)
+        if not overlay.cleared:
+            async for run in btree.runs(self.nodes, root, lo, hi):
+                if i < n and pending[i][0] <= run[-1].key:
+                    merged: list[Entry] = []
+                    for e in run:
+                        while i < n and pending[i][0] < e.key:
+                            over = live(pending[i][1])
+                            if over is not None:
+                                merged.append(over)
+                            i += 1
+                        if i < n and pending[i][0] == e.key:
+                            over = live(pending[i][1])
+                            i += 1
+                            if over is not None:
+                                merged.append(over)
+                        elif e.value != TOMBSTONE:
+                            merged.append(e)
+                    if merged:
+                        yield merged
+                elif TOMBSTONE in map(_VALUE, run):  # rare: deletes kept for merges
+                    kept = [e for e in run if e.value != TOMBSTONE]
+                    if kept:
+                        yield kept
+                else:
+                    yield run
+        rest = [e for e in map(live, [e for _, e in pending[i:]]) if e is not None]
+        if rest:
+            yield rest
+
     async def iter_entries(
         self,
         start: bytes | None = None,
@@ -149,32 +217,9 @@ class View(abc.ABC):
         token: bytes | None = None,
     ) -> AsyncIterator[Entry]:
         """Entries in key order, streamed: only the nodes on the way are loaded."""
-        lo, hi = bounds(start, end, prefix, token)
-        root, overlay = self._state()
-        if hi is not None and lo >= hi:
-            return
-        pending = sorted(
-            (k, e) for k, e in overlay.entries.items() if k >= lo and (hi is None or k < hi)
-        )
-        i = 0
-        if not overlay.cleared:
-            async for e in btree.iterate(self.nodes, root, lo, hi):
-                while i < len(pending) and pending[i][0] < e.key:
-                    over = pending[i][1]
-                    if over is not None and over.value != TOMBSTONE:
-                        yield over
-                    i += 1
-                if i < len(pending) and pending[i][0] == e.key:
-                    over = pending[i][1]
-                    i += 1
-                    if over is not None and over.value != TOMBSTONE:
-                        yield over
-                    continue
-                if e.value != TOMBSTONE:
-                    yield e
-        for _, over in pending[i:]:
-            if over is not None and over.value != TOMBSTONE:
-                yield over
+        async for run in self.entry_runs(start, end, prefix, token):
+            for e in run:
+                yield e
 
     async def _page(
         self,
@@ -187,10 +232,12 @@ class View(abc.ABC):
         if limit is not None and limit < 1:
             raise InvalidArgumentError("limit must be at least 1")
         out: list[Entry] = []
-        async for e in self.iter_entries(start, end, prefix, token):
-            if limit is not None and len(out) == limit:
-                return out, e.key
-            out.append(e)
+        async for run in self.entry_runs(start, end, prefix, token):
+            if limit is not None and len(out) + len(run) > limit:
+                take = limit - len(out)
+                out.extend(run[:take])
+                return out, run[take].key
+            out.extend(run)
         return out, None
 
     async def entries(
@@ -203,8 +250,14 @@ class View(abc.ABC):
     ) -> RangeResult[KeyValue]:
         """Keys and values (in memory) over a range; see the module docs for paging."""
         found, nxt = await self._page(start, end, prefix, limit, token)
-        values = await self.objects.read_many(e.value for e in found)
-        return RangeResult([KeyValue(e.key, values[e.value], e.priority) for e in found], nxt)
+        if not found:
+            return RangeResult([], nxt)
+        values = await self.objects.read_many(map(_VALUE, found))
+        # Column by column, at C speed: no Python call per entry.
+        keys, digests, priorities = zip(*found, strict=True)
+        columns = zip(keys, map(values.__getitem__, digests), priorities, strict=True)
+        made = map(tuple.__new__, repeat(KeyValue), columns)
+        return RangeResult(list(made), nxt)
 
     async def keys(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import msgpack
 import pytest
@@ -278,12 +279,17 @@ _GOOD = bytes([dg.Kind.VALUE]) + b"h" * 32
         [0, [[b"k", _GOOD, 2]], []],  # a priority that is not 0 or 1
         [0, [[b"k", _GOOD, True]], []],  # a priority that is a bool
         [0, [["k", _GOOD, 0]], []],  # a key that is text
+        [0, [[7, _GOOD, 0]], []],  # a key that is a number
+        [0, [[b"k", [1], 0]], []],  # a value that is an array shaped like an inline digest
+        [0, [[b"k", "\x01h", 0]], []],  # a value that is text
+        [0, [[b"k", _GOOD, 0], [b"l", 5, 0]], []],  # one value of two that is a number
         [0, [[b"k", _GOOD[:-1], 0]], []],  # a hashed digest one byte short
         [0, [[b"k", bytes([0x80]) + b"h" * 32, 0]], []],  # an unknown type byte
         [0, [[b"k", bytes([0x03]) + b"h", 0]], []],  # an inline index
         [0, [[b"k", b"", 0]], []],  # an empty digest
         [1, [[b"k", _GOOD, 0]], [b""]],  # one child too few
         [1, [[b"k", _GOOD, 0]], [b"", b"x" * 33]],  # a child that is no digest
+        [1, [[b"k", _GOOD, 0]], [b"", "\x04" + "h" * 32]],  # a child that is text
         [0, [], [b""]],  # children at level 0
         ["0", [], []],  # a level that is text
         [-1, [], []],  # a negative level
@@ -294,3 +300,77 @@ _GOOD = bytes([dg.Kind.VALUE]) + b"h" * 32
 def test_malformed_nodes_are_corrupt(shape: list[object]) -> None:
     with pytest.raises(CorruptObjectError):
         btree.decode_node(msgpack.packb(shape, use_bin_type=True))
+
+
+_splice_keys = st.one_of(st.binary(min_size=0, max_size=6), st.binary(min_size=250, max_size=300))
+_splice_entry = st.one_of(
+    st.none(),
+    st.tuples(st.binary(max_size=40), st.sampled_from([btree.Priority.EAGER, btree.Priority.LAZY])),
+)
+
+
+@pytest.mark.parametrize("bits", [1, 6])
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.tuples(_splice_keys, _splice_entry), max_size=60), max_size=8))
+async def test_leaves_spliced_from_their_encoding_are_encoded_exactly(bits, batches) -> None:
+    """A leaf a Builder made keeps its encoding; the next batch splices changed entries
+    into it. Every such leaf is byte for byte what encoding it whole gives, and the root
+    after each batch is the root of the same entries built at once (keys of 256 bytes
+    and more take a longer msgpack header; values of all sizes, both priorities)."""
+    with _level_bits(bits):
+        mem = MemoryNodes()
+        nodes = NodeStore(mem)  # one store across batches: its leaves are spliced
+        root, model = EMPTY, dict[bytes, Entry]()
+        for batch in batches:
+            changes: list[tuple[bytes, Entry | None]] = []
+            for key, change in batch:
+                if change is None:
+                    changes.append((key, None))
+                    model.pop(key, None)
+                else:
+                    e = Entry(key, dg.chunk_digest(dg.Kind.VALUE, change[0]), change[1])
+                    changes.append((key, e))
+                    model[key] = e
+            b = Builder(nodes)
+            root = await b.apply(root, changes)
+            for p in b.pieces_reachable(root):
+                mem.pieces[p.digest] = p.data
+            for node, _ in b.new.values():
+                if node.level == 0:
+                    assert node.encoded == btree.encode_node(node)
+                    assert node.sizes is not None
+                    assert list(node.sizes) == [len(msgpack.packb(e)) for e in node.entries]
+            fresh = MemoryNodes()
+            assert root == await _build(fresh, EMPTY, sorted(model.items()))
+            got = [e async for e in btree.iterate(NodeStore(mem), root)]
+            assert got == [model[k] for k in sorted(model)]
+
+
+async def test_a_batch_splices_the_leaves_the_last_one_made(monkeypatch) -> None:
+    spliced: list[int] = []
+    splice = Builder._splice
+
+    def counting(self: Builder, node: btree.Node, items: list[Any]) -> bytes:
+        spliced.append(len(node.entries))
+        return splice(self, node, items)
+
+    monkeypatch.setattr(Builder, "_splice", counting)
+    mem = MemoryNodes()
+    nodes = NodeStore(mem)
+    rows = {b"k%05d" % i: _entry(b"k%05d" % i) for i in range(3000)}
+    b = Builder(nodes)
+    root = await b.apply(EMPTY, sorted(rows.items()))
+    for p in b.pieces_reachable(root):
+        mem.pieces[p.digest] = p.data
+    assert not spliced  # built from nothing
+    changes: list[tuple[bytes, Entry | None]] = [
+        (b"k%05d" % i, _entry(b"k%05d" % i, b"new")) for i in range(0, 3000, 300)
+    ]
+    changes += [(b"k00007", None), (b"k00007x", _entry(b"k00007x"))]
+    rows.update((k, e) for k, e in changes[:-2] if e is not None)
+    del rows[b"k00007"]
+    rows[b"k00007x"] = _entry(b"k00007x")
+    b = Builder(nodes)
+    root = await b.apply(root, changes)
+    assert len(spliced) >= 5  # the changed leaves, from the nodes the first batch made
+    assert root == await _build(MemoryNodes(), EMPTY, sorted(rows.items()))

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ledgerd.store import CorruptObjectError, InvalidArgumentError, Page, Repository
+from ledgerd.store import CorruptObjectError, InvalidArgumentError, Page, Priority, Repository
 from ledgerd.store.cache import Cache, CacheSpace
 
 
@@ -173,3 +173,70 @@ async def test_a_large_value_read_is_not_cached(page: Page) -> None:
     assert page.objects.cache.cache.used < 100_000  # its index piece at most
     assert await page.get(b"small") == small
     assert page.objects.cache.cache.used > 300_000  # its chunks stay
+
+
+def test_get_many_answers_like_get_and_marks_what_it_found_used() -> None:
+    cache = Cache(1000)
+    a: CacheSpace[str] = cache.space()
+    b: CacheSpace[str] = cache.space()
+    a.put(b"x", "ax", 300)
+    a.put(b"y", "ay", 300)
+    b.put(b"z", "bz", 300)
+    found, missing = a.get_many([b"z", b"x", b"w"])  # z is b's, not a's
+    assert found == {b"x": "ax"} and missing == [b"z", b"w"]
+    a.put(b"v", "av", 300)  # over budget: y, the least recently used, goes (x was used)
+    assert a.get(b"y") is None and a.get(b"x") == "ax"
+
+
+async def test_scans_merge_a_transactions_writes_and_page_at_every_limit(page: Page) -> None:
+    """Scans read a tree leaf by leaf (in runs), merge a transaction's own puts and
+    deletes into them and skip the tombstones of deletes; every page of every limit
+    continues exactly where the last stopped, whether a run ends there or not."""
+    rng = random.Random(5)
+    rows = _rows(1500, b"k")
+    await _fill(page, rows)
+    model = dict(rows)
+    for k, _ in rng.sample(rows, 200):  # deletes of present keys, committed
+        await page.delete(k)
+        del model[k]
+    await page.flush()
+    for k in [b"k%06d" % i for i in rng.sample(range(3000), 100)]:  # some not there: tombstones
+        await page.delete(k)
+        model.pop(k, None)
+    await page.flush()
+    async with page.transaction() as txn:  # its writes: an overlay on its base
+        for i in rng.sample(range(3000), 150):
+            k = b"k%06d" % i
+            if rng.random() < 0.3:
+                await txn.delete(k)
+                model.pop(k, None)
+            else:
+                await txn.put(k, b"new" + k)
+                model[k] = b"new" + k
+        want = sorted(model.items())
+        got = await txn.entries()
+        assert [(kv.key, kv.value) for kv in got.items] == want and got.token is None
+        assert [e.key async for e in txn.iter_entries(start=b"k000500", end=b"k001000")] == [
+            k for k, _ in want if b"k000500" <= k < b"k001000"
+        ]
+        for limit in (1, 7, 64, 99, 100, 1000, len(want), len(want) + 1):
+            seen: list[bytes] = []
+            token = None
+            while True:
+                res = await txn.keys(limit=limit, token=token)
+                assert 0 < len(res.items) <= limit
+                seen.extend(res.items)
+                token = res.token
+                if token is None:
+                    break
+            assert seen == [k for k, _ in want], limit
+    assert [(kv.key, kv.value) for kv in (await page.entries()).items] == want
+
+
+async def test_scan_results_are_tuples_with_an_enum_priority(page: Page) -> None:
+    await page.put(b"a", b"1", priority=Priority.LAZY)
+    await page.put(b"b", b"2")
+    items = (await page.entries()).items
+    assert items == [(b"a", b"1", 1), (b"b", b"2", 0)]
+    assert [type(kv.priority) for kv in items] == [Priority, Priority]
+    assert [kv.priority for kv in items] == [Priority.LAZY, Priority.EAGER]
