@@ -54,11 +54,13 @@ from ledgerd.store.errors import (
     CommitNotFoundError,
     CorruptDatabaseError,
     CorruptObjectError,
+    HistoryPrunedError,
     InvalidArgumentError,
     KeyNotFoundError,
     KeyTooLargeError,
     NameTooLargeError,
     ObjectNotFoundError,
+    PageUnavailableError,
     RangeError,
     RepositoryLockedError,
     SchemaError,
@@ -69,6 +71,7 @@ from ledgerd.store.errors import (
     TransactionClosedError,
     TransientStoreError,
 )
+from ledgerd.store.gc import HISTORY_RETENTION, GcResult
 from ledgerd.store.hooks import CommitListener, PageHooks, PieceFetcher, ResolverSource
 from ledgerd.store.merge import Choice, Conflict, MergeRequest, NeedsResolver, Policy, Resolver
 from ledgerd.store.objects import ObjectStore, ValueRef
@@ -120,6 +123,10 @@ __all__ = [
     "Commit",
     "CommitNotFoundError",
     "CorruptObjectError",
+    "GcResult",
+    "HISTORY_RETENTION",
+    "HistoryPrunedError",
+    "PageUnavailableError",
     "Entry",
     "InvalidArgumentError",
     "KeyNotFoundError",

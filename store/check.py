@@ -145,7 +145,8 @@ async def check_page(page: Page) -> PageCheck:
     report.commits = len(commits)
     _check_tables(tables, report)
     walker = _Walker(page, report, corrupt)
-    await walker.trees([c.root for c in commits.values()])
+    # Pruned commits (history retention, store.gc) keep their rows, not their trees.
+    await walker.trees([c.root for c in commits.values() if c.id not in tables.pruned])
     await walker.journals(tables.journal_values)
     return report
 
@@ -211,6 +212,7 @@ class _Tables:
     journals: set[str]
     journal_values: list[tuple[str, bytes, bytes]]
     orphan_entries: list[str]
+    pruned: set[bytes]
 
 
 def _read_tables(conn: sqlite3.Connection) -> _Tables:
@@ -256,6 +258,7 @@ def _read_tables(conn: sqlite3.Connection) -> _Tables:
                     "(SELECT id FROM journals)"
                 )
             ],
+            pruned={bytes(r[0]) for r in conn.execute("SELECT commit_id FROM pruned_commits")},
         )
     finally:
         conn.execute("COMMIT")

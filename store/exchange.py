@@ -198,6 +198,22 @@ async def import_remote(
     bad = [d for d, v in pieces.items() if not dg.verify(d, v)]
     if bad:
         raise CorruptObjectError(f"piece {dg.short(bad[0])} does not match its digest")
+    # The trees are checked without the commit lock: garbage collection must not
+    # delete a stored node they reuse before the commits are stored (store.gc).
+    page.gc_holds += 1
+    try:
+        return await _import(page, commit_data, pieces, lazy, marker)
+    finally:
+        page.gc_holds -= 1
+
+
+async def _import(
+    page: Page,
+    commit_data: list[bytes],
+    pieces: dict[bytes, bytes],
+    lazy: dict[bytes, str],
+    marker: tuple[str, bytes] | None,
+) -> list[Commit]:
     commits = [commit.decode(data) for data in commit_data]
     known = {c.id: c for c in commits}
     new: list[Commit] = []

@@ -28,7 +28,7 @@ import logging
 import sqlite3
 from collections.abc import Awaitable, Callable
 
-from ledgerd.store import commit, merge, split
+from ledgerd.store import btree, commit, merge, split
 from ledgerd.store.btree import Builder, Entry, NodeStore, Priority
 from ledgerd.store.commit import Commit
 from ledgerd.store.db import Database
@@ -191,6 +191,17 @@ class Merger:
             return virtual[cid] if cid in virtual else await self.graph.load(cid)
 
         bases = await merge.common_ancestors(load, a, b)
+        pruned = await self._pruned([c.id for c in bases if c.id not in virtual])
+        if pruned:
+            # History retention pruned the base (a device offline for longer than it
+            # sent these commits): merge as if from the empty page. Deterministic, but
+            # a key deleted on one side only may come back; see the README.
+            log.warning(
+                "page %r: the merge base %s is pruned; merging from the empty page",
+                self.name,
+                pruned[0].hex()[:12],
+            )
+            return btree.EMPTY
         acc = bases[0]
         for other in bases[1:]:
             root_base = await self._base_root(builder, acc, other, virtual)
@@ -198,6 +209,14 @@ class Merger:
             acc = commit.merge([acc, other], root)
             virtual[acc.id] = acc
         return acc.root
+
+    async def _pruned(self, ids: list[bytes]) -> list[bytes]:
+        if not ids:
+            return []
+        rows = await self.db.read_in(
+            "SELECT commit_id FROM pruned_commits WHERE commit_id IN ({marks})", ids
+        )
+        return [bytes(r[0]) for r in rows]
 
     # -- commits from elsewhere ------------------------------------------------------
 

@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ledgerd.store import threads
+from ledgerd.store import gc, threads
 from ledgerd.store.cache import CACHE_BYTES, Cache
 from ledgerd.store.db import Database, Synchronous
 from ledgerd.store.errors import (
@@ -42,6 +42,7 @@ from ledgerd.store.errors import (
     RepositoryLockedError,
     TooManyOpenPagesError,
 )
+from ledgerd.store.gc import HISTORY_RETENTION, GcResult
 from ledgerd.store.hooks import NO_HOOKS, PageHooks
 from ledgerd.store.page import Page
 from ledgerd.store.schema import FORMAT_VERSION, create_usage_schema
@@ -122,8 +123,11 @@ class Repository:
         max_watch_queue: int = MAX_WATCH_QUEUE,
         max_open_pages: int = MAX_OPEN_PAGES,
         cache_bytes: int = CACHE_BYTES,
+        history_retention: float = HISTORY_RETENTION,
     ) -> None:
         self.root = root
+        self.history_retention = gc.check_retention(history_retention)
+        """Seconds of history pages keep (unless a page has its own): see :mod:`store.gc`."""
         self.cache = Cache(cache_bytes)
         """The read cache every page of the repository shares (decoded tree nodes and
         verified pieces): one budget of ``cache_bytes``, see :mod:`store.cache`."""
@@ -153,6 +157,7 @@ class Repository:
         max_watch_queue: int = MAX_WATCH_QUEUE,
         max_open_pages: int = MAX_OPEN_PAGES,
         cache_bytes: int = CACHE_BYTES,
+        history_retention: float = HISTORY_RETENTION,
     ) -> Repository:
         """Open (creating it on first use) the data directory ``root``.
 
@@ -164,7 +169,8 @@ class Repository:
         opening one more closes the least recently used idle page, and fails with
         :class:`TooManyOpenPagesError` when every open page is busy. ``cache_bytes``
         bounds the one read cache all pages share (decoded tree nodes and verified
-        pieces, see :mod:`store.cache`)."""
+        pieces, see :mod:`store.cache`). ``history_retention`` is how many seconds of
+        history a page keeps (:mod:`store.gc`)."""
         if cache_bytes < 0:
             raise InvalidArgumentError("cache_bytes must not be negative")
         root = Path(root)
@@ -189,6 +195,7 @@ class Repository:
             max_watch_queue=max_watch_queue,
             max_open_pages=max_open_pages,
             cache_bytes=cache_bytes,
+            history_retention=history_retention,
         )
         try:
             await repo._load_device_id()
@@ -395,6 +402,12 @@ class Repository:
         return [(bytes(r[0]), bytes(r[1])) for r in rows]
 
     # ---------------------------------------------------------------------------------
+
+    async def collect_garbage(self, ledger: bytes, page_id: bytes) -> GcResult:
+        """Prune the page's history past its retention and collect what nothing kept
+        reaches (:func:`store.gc.collect`); a page this opens is closed again after."""
+        async with self.page(ledger, page_id, transient=True) as page:
+            return await gc.collect(page, self.history_retention)
 
     def open_pages(self) -> list[Page]:
         return list(self._pages.values())

@@ -32,10 +32,12 @@ from ledgerd.store.errors import SchemaError
 FORMAT_VERSION = 1
 """Path component of the repository layout: ``{data_dir}/{FORMAT_VERSION}/ledgers/...``."""
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """``PRAGMA user_version`` of a current page database."""
 
 TRANSIENT, LOCAL, SYNCED = 0, 1, 2
+INCREMENTAL_VACUUM = 2
+"""``PRAGMA auto_vacuum`` of a page file."""
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +89,8 @@ CREATE TABLE journal_pieces (
 -- commits: every commit of this page. id = hash of data (store.commit); data is
 --   the deterministic encoding; the other columns are copies of fields of data,
 --   kept for queries. generation = 1 + max(parent generations), 1 for a root
---   commit. Rows are never changed or deleted.
+--   commit. Rows are never changed or deleted (a pruned commit keeps its row:
+--   see pruned_commits).
 CREATE TABLE commits (
     id         BLOB PRIMARY KEY,
     data       BLOB NOT NULL,
@@ -136,6 +139,15 @@ CREATE TABLE journal_entries (
     value      BLOB,
     priority   INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (journal_id, key)
+) WITHOUT ROWID;
+
+-- pruned_commits: commits whose tree and values are no longer kept here (history
+--   retention, store.gc). Their commits rows stay, so that the graph, generations
+--   and common ancestors still work; reading at one of them is refused
+--   (HistoryPrunedError). A row is never deleted: once pruned, a commit's pieces may
+--   be gone. A head, an unsynced commit or a parent of one is never pruned.
+CREATE TABLE pruned_commits (
+    commit_id BLOB PRIMARY KEY
 ) WITHOUT ROWID;
 
 -- sync_metadata: small named values owned by sync (cursors, last sync time).
@@ -215,6 +227,13 @@ CREATE VIEW piece_status AS
 ALTER TABLE journals DROP COLUMN base;
 ALTER TABLE journals ADD COLUMN since INTEGER;
 """,
+    # 3 -> 4: history retention (store.gc) records the commits it pruned. The file
+    # also moves to auto_vacuum = INCREMENTAL (see create_page_schema).
+    3: """
+CREATE TABLE pruned_commits (
+    commit_id BLOB PRIMARY KEY
+) WITHOUT ROWID;
+""",
 }
 """Statements that take a page database from version ``n`` to ``n + 1``."""
 
@@ -260,8 +279,25 @@ def _statements(script: str) -> list[str]:
 
 
 def create_page_schema(conn: sqlite3.Connection) -> None:
-    """Create or migrate a page database (runs on the connection's own thread)."""
+    """Create or migrate a page database (runs on the connection's own thread).
+
+    A page file uses ``auto_vacuum = INCREMENTAL``, so that garbage collection
+    (:mod:`store.gc`) can give freed pages back to the file system with
+    ``PRAGMA incremental_vacuum``. SQLite applies that setting to an existing file
+    only through a ``VACUUM``: a file made before (or a new, empty one) gets it
+    once, here, at its first open by this version. VACUUM is atomic: a crash
+    leaves the file as it was, and the next open does it again."""
     _apply(conn, PAGE_SCHEMA, SCHEMA_VERSION, _MIGRATIONS)
+    ensure_incremental_vacuum(conn)
+
+
+def ensure_incremental_vacuum(conn: sqlite3.Connection) -> None:
+    """Set ``auto_vacuum = INCREMENTAL`` on the connection's file (a VACUUM, once)."""
+    if int(conn.execute("PRAGMA auto_vacuum").fetchone()[0]) == INCREMENTAL_VACUUM:
+        return
+    log.info("%s: switching to incremental vacuum (a one-time VACUUM)", _name(conn))
+    conn.execute(f"PRAGMA auto_vacuum = {INCREMENTAL_VACUUM}")
+    conn.execute("VACUUM")
 
 
 def create_usage_schema(conn: sqlite3.Connection) -> None:
