@@ -75,6 +75,13 @@ class CommitNotFound(NotFound):
     code = "commit_not_found"
 
 
+class HistoryPruned(ApiError):
+    """The commit is older than the page's history retention: its contents are no
+    longer kept on this device."""
+
+    status, code = 410, "history_pruned"
+
+
 class RequestTimeout(ApiError):
     """The client stopped sending its request."""
 
@@ -226,6 +233,8 @@ def from_store(e: se.StoreError) -> ApiError:
         return KeyNotFound(msg)
     if isinstance(e, se.CommitNotFoundError):
         return CommitNotFound(msg)
+    if isinstance(e, se.HistoryPrunedError):
+        return HistoryPruned(msg)
     if isinstance(e, se.TransactionClosedError):
         return Conflict(msg)
     if isinstance(e, se.ObjectNotFoundError):

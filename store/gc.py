@@ -307,7 +307,16 @@ def _candidates(conn: sqlite3.Connection, after: int, upto: int) -> list[tuple[i
 
 def _delete(conn: sqlite3.Connection, ids: list[int]) -> tuple[int, int]:
     """Delete these pieces unless staged by a journal (transient, or in
-    journal_pieces); returns (pieces, bytes) deleted."""
+    journal_pieces); returns (pieces, bytes) deleted. Their bytes are overwritten
+    (``secure_delete``), so that a purged value leaves nothing in the file."""
+    conn.execute("PRAGMA secure_delete = ON")
+    try:
+        return _delete_rows(conn, ids)
+    finally:
+        conn.execute("PRAGMA secure_delete = OFF")
+
+
+def _delete_rows(conn: sqlite3.Connection, ids: list[int]) -> tuple[int, int]:
     conn.execute("CREATE TEMP TABLE IF NOT EXISTS gc_gone (id INTEGER PRIMARY KEY)")
     conn.executemany("INSERT OR IGNORE INTO temp.gc_gone (id) VALUES (?)", [(i,) for i in ids])
     conn.execute(
@@ -399,3 +408,43 @@ async def _prune(page: Page, keep: set[bytes]) -> int:
         return conn.total_changes - before
 
     return int(await page.db.run(work, write=True))
+
+
+def _counts(conn: sqlite3.Connection) -> dict[str, int]:
+    conn.execute("BEGIN")
+    try:
+        q = {
+            "stored_bytes": "SELECT coalesce(sum(length(data)), 0) FROM objects",
+            "pieces": "SELECT count(*) FROM objects",
+            "commits": "SELECT count(*) FROM commits",
+            "pruned_commits": "SELECT count(*) FROM pruned_commits",
+            "unsynced_commits": "SELECT count(*) FROM unsynced_commits",
+            "unsynced_pieces": "SELECT count(*) FROM unsynced",
+            "journals": "SELECT count(*) FROM journals",
+            "free_file_pages": "PRAGMA freelist_count",
+        }
+        return {k: int(conn.execute(v).fetchone()[0]) for k, v in q.items()}
+    finally:
+        conn.execute("COMMIT")
+
+
+async def usage(page: Page, retention: float) -> dict[str, Any]:
+    """What the page holds and what its files take (``ledgerctl du``, status):
+    ``file_bytes`` (database and WAL), ``stored_bytes`` (every stored piece),
+    ``live_bytes`` (the pieces the heads and journals reach), commits retained and
+    pruned, and whether everything is uploaded (``synced``: nothing unsynced, no
+    journal), which eviction needs."""
+    await page.flush()
+    own = await page_retention(page)
+    counts = await page.db.run(_counts)
+    keep = await retained_commits(page, retention if own is None else own)
+    return {
+        "file_bytes": file_bytes(page),
+        "live_bytes": await live_bytes(page),
+        **counts,
+        "retained_commits": len(keep),
+        "history_retention": retention if own is None else own,
+        "synced": not (
+            counts["unsynced_commits"] or counts["unsynced_pieces"] or counts["journals"]
+        ),
+    }
