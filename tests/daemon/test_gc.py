@@ -7,6 +7,7 @@ import json
 import os
 import random
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ def _page_files(d: Daemon, ledger: bytes, page: bytes) -> list[Path]:
 
 
 @pytest.fixture
-def d(short_tmp: Path) -> Daemon:
+def d(short_tmp: Path) -> Iterator[Daemon]:
     daemon = start_daemon(
         short_tmp,
         "--cloud",
@@ -35,7 +36,7 @@ def d(short_tmp: Path) -> Daemon:
             "LEDGERD_GC_INTERVAL": "0",  # only when asked
         },
     )
-    yield daemon  # type: ignore[misc]
+    yield daemon
     assert daemon.stop() == 0, daemon.log_text()
 
 
