@@ -59,6 +59,7 @@ from ledgerd.store.errors import (
     KeyNotFoundError,
     KeyTooLargeError,
     NameTooLargeError,
+    NotEvictableError,
     ObjectNotFoundError,
     PageUnavailableError,
     RangeError,
@@ -72,7 +73,13 @@ from ledgerd.store.errors import (
     TransientStoreError,
 )
 from ledgerd.store.gc import HISTORY_RETENTION, GcResult
-from ledgerd.store.hooks import CommitListener, PageHooks, PieceFetcher, ResolverSource
+from ledgerd.store.hooks import (
+    CommitListener,
+    PageHooks,
+    PageRestorer,
+    PieceFetcher,
+    ResolverSource,
+)
 from ledgerd.store.merge import Choice, Conflict, MergeRequest, NeedsResolver, Policy, Resolver
 from ledgerd.store.objects import ObjectStore, ValueRef
 from ledgerd.store.page import ChangedEntry, Notification, Page, Snapshot, Transaction, Watcher
@@ -127,6 +134,8 @@ __all__ = [
     "HISTORY_RETENTION",
     "HistoryPrunedError",
     "PageUnavailableError",
+    "NotEvictableError",
+    "PageRestorer",
     "Entry",
     "InvalidArgumentError",
     "KeyNotFoundError",

@@ -150,3 +150,7 @@ class HistoryPrunedError(StoreError):
 
 class PageUnavailableError(TransientStoreError):
     """The page was evicted from this device and cannot be brought back right now."""
+
+
+class NotEvictableError(StoreError):
+    """The page cannot be evicted now (open and in use, or not fully synced)."""

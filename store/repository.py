@@ -33,12 +33,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ledgerd.store import gc, threads
+from ledgerd.store import eviction, gc, threads
 from ledgerd.store.cache import CACHE_BYTES, Cache
 from ledgerd.store.db import Database, Synchronous
 from ledgerd.store.errors import (
     InvalidArgumentError,
     NameTooLargeError,
+    NotEvictableError,
+    PageUnavailableError,
     RepositoryLockedError,
     TooManyOpenPagesError,
 )
@@ -145,6 +147,8 @@ class Repository:
         self._handed_out: dict[tuple[bytes, bytes], int] = {}
         self._opening: dict[tuple[bytes, bytes], _Opening] = {}
         self._closing: set[asyncio.Task[None]] = set()
+        self._evicted: dict[tuple[bytes, bytes], int] = {}
+        """Evicted pages (store.eviction): their page_usage.evicted."""
 
     @classmethod
     async def open(
@@ -199,6 +203,7 @@ class Repository:
         )
         try:
             await repo._load_device_id()
+            await repo._load_evicted()
         except BaseException:
             await repo.close()
             raise
@@ -216,6 +221,38 @@ class Repository:
             )
         rows = await self.usage.read_all("SELECT value FROM repository WHERE name = 'device_id'")
         self.device_id = bytes(rows[0][0])
+
+    async def _load_evicted(self) -> None:
+        """Finish evictions cut short, then read which pages are evicted."""
+        for ledger_dir, name in await asyncio.to_thread(eviction.cut_short, self.ledgers_dir):
+            ledger, page_id = decode_name(ledger_dir.name), decode_name(name)
+            if ledger is None or page_id is None:
+                continue
+            log.info("finishing the eviction of page %r cut short", page_id)
+            aside = ledger_dir / (name + eviction.SUFFIX)
+            kind = await asyncio.to_thread(eviction.kind_of_aside, aside)
+            await self._mark_evicted(ledger, page_id, kind, only_unset=True)
+            await asyncio.to_thread(eviction.delete_aside, aside)
+        rows = await self.usage.read_all(
+            "SELECT ledger, page, evicted FROM page_usage WHERE evicted != 0"
+        )
+        self._evicted = {(bytes(a), bytes(b)): int(c) for a, b, c in rows}
+
+    async def _mark_evicted(
+        self, ledger: bytes, page_id: bytes, kind: int, *, only_unset: bool = False
+    ) -> None:
+        async with self.usage.write() as conn:
+            await conn.execute(
+                "INSERT OR IGNORE INTO page_usage (ledger, page, closed_at) VALUES (?, ?, ?)",
+                (ledger, page_id, int(time.time() * 1000)),
+            )
+            # (Finishing one cut short: the row may say already.)
+            where = " AND evicted = 0" if only_unset else ""
+            await conn.execute(
+                f"UPDATE page_usage SET evicted = ? WHERE ledger = ? AND page = ?{where}",
+                (kind, ledger, page_id),
+            )
+        self._evicted[(ledger, page_id)] = kind
 
     @property
     def ledgers_dir(self) -> Path:
@@ -239,7 +276,15 @@ class Repository:
         return self.ledgers_dir / encode_name(ledger) / encode_name(page_id) / "page.sqlite"
 
     def page_exists(self, ledger: bytes, page_id: bytes) -> bool:
-        return (ledger, page_id) in self._pages or self.page_path(ledger, page_id).exists()
+        key = (ledger, page_id)
+        return key in self._pages or key in self._evicted or self.page_path(*key).exists()
+
+    def is_evicted(self, ledger: bytes, page_id: bytes) -> bool:
+        """Whether the page's storage was evicted (its next use restores it)."""
+        return (ledger, page_id) in self._evicted
+
+    def evicted_pages(self, ledger: bytes) -> list[bytes]:
+        return sorted(p for (led, p) in self._evicted if led == ledger)
 
     def ledger_exists(self, ledger: bytes) -> bool:
         return (self.ledgers_dir / encode_name(ledger)).is_dir()
@@ -321,8 +366,53 @@ class Repository:
                 await page.close()
 
     async def _open_new(self, ledger: bytes, page_id: bytes) -> Page:
-        """Open a page, record its use, and publish it: only once fully open."""
-        page = await Page.open(
+        """Open a page (restoring it if evicted), record its use, and publish it: only
+        once fully open."""
+        evicted = self._evicted.get((ledger, page_id), 0)
+        if evicted == eviction.SYNCED_EVICTED and self.hooks.restorer is None:
+            raise PageUnavailableError(
+                f"page {page_id!r} was evicted from this device and there is no cloud "
+                "to restore it from"
+            )
+        page = await self._open_page(ledger, page_id)
+        if evicted == eviction.SYNCED_EVICTED:
+            await self._restore(page)
+        try:
+            async with self.usage.write() as conn:
+                await conn.execute(
+                    "INSERT OR REPLACE INTO page_usage (ledger, page, closed_at) VALUES (?, ?, 0)",
+                    (ledger, page_id),
+                )
+        except BaseException:
+            await asyncio.shield(page.close())
+            raise
+        self._evicted.pop((ledger, page_id), None)
+        page.last_used = time.monotonic()
+        self._pages[(ledger, page_id)] = page
+        self._handed_out[(ledger, page_id)] = 0
+        return page
+
+    async def _restore(self, page: Page) -> None:
+        """Bring an evicted page back from the bucket, or fail as unavailable (its
+        storage is removed again: an empty page is never handed out)."""
+        restorer = self.hooks.restorer
+        assert restorer is not None
+        try:
+            restored = await restorer.restore_page(page)
+            why = "the bucket has nothing for it"
+        except Exception as e:
+            restored, why = False, f"{type(e).__name__}: {e}"
+        if not restored:
+            await asyncio.shield(page.close())
+            aside = await asyncio.to_thread(eviction.set_aside, page.db.path.parent)
+            await asyncio.to_thread(eviction.delete_aside, aside)
+            raise PageUnavailableError(
+                f"page {page.id!r} was evicted from this device and cannot be restored now: {why}"
+            )
+        log.info("page %r restored after its eviction", page.id)
+
+    async def _open_page(self, ledger: bytes, page_id: bytes) -> Page:
+        return await Page.open(
             self.page_path(ledger, page_id),
             ledger,
             page_id,
@@ -334,19 +424,6 @@ class Repository:
             device_id=self.device_id,
             cache=self.cache,
         )
-        try:
-            async with self.usage.write() as conn:
-                await conn.execute(
-                    "INSERT OR REPLACE INTO page_usage (ledger, page, closed_at) VALUES (?, ?, 0)",
-                    (ledger, page_id),
-                )
-        except BaseException:
-            await asyncio.shield(page.close())
-            raise
-        page.last_used = time.monotonic()
-        self._pages[(ledger, page_id)] = page
-        self._handed_out[(ledger, page_id)] = 0
-        return page
 
     def _closed_page(self, page: Page) -> None:
         key = (page.ledger, page.id)
@@ -409,6 +486,83 @@ class Repository:
         async with self.page(ledger, page_id, transient=True) as page:
             return await gc.collect(page, self.history_retention)
 
+    async def evict(self, ledger: bytes, page_id: bytes) -> int:
+        """Delete the local storage of a closed, fully synced (or empty) page; its next
+        use restores it (:mod:`store.eviction`). An open page is closed first if idle.
+        Returns the bytes its files took. Raises :class:`NotEvictableError` when the
+        page is in use or not fully synced."""
+        key = (ledger, page_id)
+        if key in self._evicted:
+            return 0
+        opening = self._opening.get(key)
+        if opening is None:
+            opening = self._opening[key] = _Opening(asyncio.Lock())
+        opening.users += 1
+        try:
+            async with opening.lock:  # no open of this page meanwhile
+                return await self._evict(ledger, page_id)
+        finally:
+            opening.users -= 1
+            if opening.users == 0:
+                del self._opening[key]
+
+    async def _evict(self, ledger: bytes, page_id: bytes) -> int:
+        page = self._pages.get((ledger, page_id))
+        if page is not None and not page.closed:
+            if not page.idle:
+                raise NotEvictableError(f"page {page_id!r} is in use")
+            await page.close()
+        path = self.page_path(ledger, page_id)
+        verdict = await asyncio.to_thread(eviction.evictability, path)
+        if not verdict.ok:
+            raise NotEvictableError(f"page {page_id!r} cannot be evicted: {verdict.reason}")
+        size = await asyncio.to_thread(eviction.directory_bytes, path.parent)
+        aside = await asyncio.to_thread(eviction.set_aside, path.parent)
+        await self._mark_evicted(ledger, page_id, verdict.kind)
+        await asyncio.to_thread(eviction.delete_aside, aside)
+        log.info("page %r evicted (%d bytes)", page_id, size)
+        return size
+
+    async def evict_by_policy(self, disk_budget: int = 0, older_than: float = 0.0) -> int:
+        """Evict closed pages: those closed more than ``older_than`` seconds ago (0:
+        none by age), then the least recently used ones while the data directory
+        takes more than ``disk_budget`` bytes (0: no budget; measured again after
+        each pass, a few passes at most). Pages that are not evictable are passed
+        over. Returns how many were evicted."""
+        evicted = 0
+        for _ in range(3):
+            n = await self._evict_pass(disk_budget, older_than)
+            evicted += n
+            if not n or not disk_budget:
+                break
+            if await asyncio.to_thread(eviction.directory_bytes, self.root) <= disk_budget:
+                break
+        return evicted
+
+    async def _evict_pass(self, disk_budget: int, older_than: float) -> int:
+        rows = await self.usage.read_all(
+            "SELECT ledger, page, closed_at FROM page_usage WHERE closed_at > 0 AND evicted = 0 "
+            "ORDER BY closed_at"
+        )
+        now_ms = int(time.time() * 1000)
+        evicted = 0
+        used = await asyncio.to_thread(eviction.directory_bytes, self.root) if disk_budget else 0
+        for a, b, closed_at in rows:
+            ledger, page_id = bytes(a), bytes(b)
+            old = older_than > 0 and closed_at < now_ms - older_than * 1000
+            if not old and not (disk_budget and used > disk_budget):
+                break  # under budget, and by closed_at the rest are younger still
+            if self.is_open(ledger, page_id):
+                continue
+            try:
+                size = await self.evict(ledger, page_id)
+            except NotEvictableError as e:
+                log.debug("%s", e)
+                continue
+            used -= size
+            evicted += 1
+        return evicted
+
     def open_pages(self) -> list[Page]:
         return list(self._pages.values())
 
@@ -468,6 +622,11 @@ class Ledger:
         return await self.repo.open_page(self.name, raw)
 
     async def pages(self) -> list[bytes]:
+        """The ledger's pages, evicted ones included."""
+        stored = await self._stored_pages()
+        return sorted({*stored, *self.repo.evicted_pages(self.name)})
+
+    async def _stored_pages(self) -> list[bytes]:
         directory = self.repo.ledgers_dir / encode_name(self.name)
 
         def scan() -> list[bytes]:

@@ -184,16 +184,27 @@ CREATE TABLE repository (
 
 -- page_usage: one row per page stored on this device ('opened/{ledger}{page}'
 --   in the Ledger storage layout). closed_at is the UNIX time in milliseconds the
---   page was last closed, 0 while it is open.
+--   page was last closed, 0 while it is open. evicted (store.eviction): 0 the page
+--   is stored here; 1 its storage was deleted because the bucket had all of it (its
+--   next use restores it from there); 2 it was deleted empty and never synced (its
+--   next use starts it empty again). A page directory is deleted before its row says
+--   evicted; a directory renamed '*.evicting' is an eviction cut short, finished at
+--   the next open.
 CREATE TABLE page_usage (
     ledger    BLOB NOT NULL,
     page      BLOB NOT NULL,
     closed_at INTEGER NOT NULL,
+    evicted   INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (ledger, page)
 ) WITHOUT ROWID;
 """
 
-USAGE_SCHEMA_VERSION = 1
+USAGE_SCHEMA_VERSION = 2
+
+_USAGE_MIGRATIONS: dict[int, str] = {
+    # 1 -> 2: page eviction.
+    1: "ALTER TABLE page_usage ADD COLUMN evicted INTEGER NOT NULL DEFAULT 0;",
+}
 
 _MIGRATIONS: dict[int, str] = {
     # 1 -> 2: objects gains an id (each piece is copied once, at the first open by
@@ -301,4 +312,4 @@ def ensure_incremental_vacuum(conn: sqlite3.Connection) -> None:
 
 
 def create_usage_schema(conn: sqlite3.Connection) -> None:
-    _apply(conn, USAGE_SCHEMA, USAGE_SCHEMA_VERSION, {})
+    _apply(conn, USAGE_SCHEMA, USAGE_SCHEMA_VERSION, _USAGE_MIGRATIONS)
