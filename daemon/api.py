@@ -694,6 +694,14 @@ class Api:
         doc = parse_json(body, "gc body") if body.strip() else {}
         return web.json_response(await run_gc(self, doc))
 
+    async def evict(self, request: web.Request, p: Params) -> web.Response:
+        """POST {"ledger", "page"}: evict the page now (see :mod:`ledgerd.store.eviction`)."""
+        from ledgerd.daemon.collector import evict_now
+
+        body = await self.read_body(request)
+        doc = parse_json(body, "evict body") if body.strip() else {}
+        return web.json_response(await evict_now(self, doc))
+
     async def du(self, request: web.Request, p: Params) -> web.Response:
         """GET ?ledger=&page= (percent-encoded): what pages hold and their files take."""
         from ledgerd.daemon.collector import disk_usage
@@ -798,6 +806,7 @@ ROUTES = [
     # issue 17 (storage that does not grow): garbage collection, disk usage
     _route("POST", "gc", Api.gc),
     _route("GET", "du", Api.du),
+    _route("POST", "evict", Api.evict),
     _route("GET", "openapi.json", Api.openapi),
     _route("GET", "metrics", Api.metrics_text),
     _route("GET", "health", Api.health),

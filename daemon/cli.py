@@ -206,12 +206,13 @@ class Cli:
         totals = [0, 0, 0, 0]
         for ledger, pages in scope:
             for page in pages:
-                n = kb = vb = 0
-                async for item in self.c.entries(ledger, page, values=False, page_size=1000):
-                    n, kb, vb = n + 1, kb + len(item.key), vb + item.size
                 # The disk side (GET /v1/du): files, live and stored pieces, commits kept.
                 (disk,) = (await self.c.du(ledger, page))["pages"]
                 disk = {k: v for k, v in disk.items() if k not in DISK_NAMES}
+                n = kb = vb = 0
+                if not disk.get("evicted"):  # (listing it would fetch it back)
+                    async for item in self.c.entries(ledger, page, values=False, page_size=1000):
+                        n, kb, vb = n + 1, kb + len(item.key), vb + item.size
                 files = int(disk.get("file_bytes", 0))
                 totals = [totals[0] + n, totals[1] + kb, totals[2] + vb, totals[3] + files]
                 if self.a.json:
@@ -615,6 +616,8 @@ DISK_NAMES = ("ledger", "page", "ledger_text", "page_text")
 
 
 def _disk_note(disk: dict[str, Any]) -> str:
+    if disk.get("evicted"):
+        return "evicted: fetched again on its next use"
     if "error" in disk:
         return f"unknown: {disk['error']}"
     synced = "synced" if disk["synced"] else "not synced"

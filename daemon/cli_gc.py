@@ -1,11 +1,12 @@
-"""``ledgerctl gc [LEDGER [PAGE]] [--json]``.
+"""``ledgerctl gc [LEDGER [PAGE]] [--json]`` and ``ledgerctl evict LEDGER PAGE [--json]``.
 
-This module owns the ``gc`` subcommand: its arguments (:func:`register`, called
-once by :mod:`ledgerd.daemon.cli` when it builds its parser) and its summary. The
-collection runs in the daemon (``POST /v1/gc``). Exit status 0, or 1 when a page
-could not be collected (the other statuses are ``ledgerctl``'s own: 2 bad usage,
-3 daemon unreachable, 4 daemon error). ``ledgerctl du`` (in :mod:`ledgerd.daemon.cli`)
-shows the disk figures (``GET /v1/du``).
+This module owns the ``gc`` and ``evict`` subcommands: their arguments
+(:func:`register`, called once by :mod:`ledgerd.daemon.cli` when it builds its
+parser) and their summaries. Both run in the daemon (``POST /v1/gc``,
+``POST /v1/evict``). Exit status 0, or 1 when a page could not be collected (the
+other statuses are ``ledgerctl``'s own: 2 bad usage, 3 daemon unreachable, 4 daemon
+error: a page that cannot be evicted is 409 ``not_evictable``). ``ledgerctl du`` (in
+:mod:`ledgerd.daemon.cli`) shows the disk figures (``GET /v1/du``).
 """
 
 from __future__ import annotations
@@ -24,13 +25,20 @@ SHOWN_PAGES = 50
 
 
 def register(sub: Any) -> None:
-    """Add ``gc`` to ``ledgerctl``'s subcommands (``sub``: its ``add_subparsers()``)."""
+    """Add ``gc`` and ``evict`` to ``ledgerctl``'s subcommands (``sub``: its
+    ``add_subparsers()``)."""
     text = "prune history past its retention and collect garbage now; print what was freed"
     p: argparse.ArgumentParser = sub.add_parser("gc", help=text, description=text)
     p.add_argument("ledger", nargs="?", help="only this ledger")
     p.add_argument("page", nargs="?", help="only this page of the ledger")
     p.add_argument("--json", action="store_true", help="print the whole answer as JSON")
     p.set_defaults(handler=run_gc)
+    text = "delete the local copy of a closed, fully synced page (its next use fetches it)"
+    p = sub.add_parser("evict", help=text, description=text)
+    p.add_argument("ledger")
+    p.add_argument("page")
+    p.add_argument("--json", action="store_true", help="print the answer as JSON")
+    p.set_defaults(handler=run_evict)
 
 
 def _arg(text: str | None, hex_mode: bool) -> bytes | None:
@@ -84,3 +92,14 @@ def gc_summary(doc: dict[str, Any], out: TextIO) -> None:
         f"{doc['pieces_freed']} pieces ({size(doc['bytes_freed'])}) freed; files "
         f"{size(doc['file_bytes_before'])} -> {size(doc['file_bytes_after'])}\n"
     )
+
+
+async def run_evict(args: argparse.Namespace, client: AsyncClient) -> int:
+    ledger, page = _arg(args.ledger, args.hex), _arg(args.page, args.hex)
+    assert ledger is not None and page is not None
+    doc = await client.evict(ledger, page)
+    if args.json:
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        sys.stdout.write(f"{_name(doc)}: evicted, {size(doc['freed_bytes'])} freed\n")
+    return 0

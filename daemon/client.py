@@ -576,6 +576,12 @@ class AsyncClient:
             body["page"] = b64(_raw(page))
         return dict(await self._json("POST", self.url("/v1/gc"), body))
 
+    async def evict(self, ledger: Name, page: Name) -> dict[str, Any]:
+        """Delete the local copy of a closed, fully synced (or empty) page; its next use
+        restores it (``POST /v1/evict``)."""
+        body = {"ledger": b64(_raw(ledger)), "page": b64(_raw(page))}
+        return dict(await self._json("POST", self.url("/v1/evict"), body))
+
     async def du(self, ledger: Name | None = None, page: Name | None = None) -> dict[str, Any]:
         """What pages hold and what their files take (``GET /v1/du``)."""
         query: dict[str, str | bytes | int | None] = {
@@ -1127,6 +1133,9 @@ class Client:
 
     def du(self, ledger: Name | None = None, page: Name | None = None) -> dict[str, Any]:
         return self._call(self.aio.du(ledger, page))
+
+    def evict(self, ledger: Name, page: Name) -> dict[str, Any]:
+        return self._call(self.aio.evict(ledger, page))
 
     def metrics(self) -> str:
         return self._call(self.aio.metrics())

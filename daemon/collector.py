@@ -1,11 +1,14 @@
-"""The daemon's side of storage that does not grow: ``POST /v1/gc``, ``GET /v1/du`` and
-the background collection.
+"""The daemon's side of storage that does not grow: ``POST /v1/gc``, ``GET /v1/du``,
+``POST /v1/evict`` and the background collection and eviction.
 
 This module owns which pages a collection or a disk-usage report covers, how their
 results read over HTTP, and the background task that collects every
-``gc_interval`` seconds. Collecting one page is :func:`ledgerd.store.gc.collect`;
-routes are in :mod:`ledgerd.daemon.api`. A page is collected under a lease, like any
-request's, and opened only for it if it was closed (it closes again after).
+``gc_interval`` seconds and evicts pages under ``disk_budget`` and ``evict_after``.
+Collecting one page is :func:`ledgerd.store.gc.collect`, evicting one
+:meth:`ledgerd.store.Repository.evict`; routes are in :mod:`ledgerd.daemon.api`. A
+page is collected under a lease, like any request's, and opened only for it if it
+was closed (it closes again after); an evicted page is neither collected nor
+opened for a report.
 """
 
 from __future__ import annotations
@@ -23,11 +26,14 @@ from ledgerd.store import gc as sgc
 
 if TYPE_CHECKING:
     from ledgerd.daemon.api import Api
+    from ledgerd.daemon.config import Config
     from ledgerd.daemon.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 FIELDS = ("ledger", "page")
+EVICTION_INTERVAL = 60.0
+"""Seconds between eviction rounds when the background collection is off."""
 
 
 def _names(api: Api, doc: Any, what: str) -> tuple[bytes | None, bytes | None]:
@@ -118,13 +124,16 @@ async def disk_usage(api: Api, doc: Any) -> dict[str, Any]:
     keys = await pages_of(api.repo, ledger, page)
     pages = []
     for key in keys:
+        if api.repo.is_evicted(*key):  # (opening it would bring it back)
+            pages.append({**_names_json(*key), "evicted": True, "file_bytes": 0, "live_bytes": 0})
+            continue
         try:
             async with api.repo.page(*key, transient=True) as pg:
                 u = await sgc.usage(pg, api.repo.history_retention)
         except StoreError as e:
             pages.append({**_names_json(*key), "error": str(e)})
             continue
-        pages.append({**_names_json(*key), **u})
+        pages.append({**_names_json(*key), "evicted": False, **u})
     return {
         "file_bytes": sum(p.get("file_bytes", 0) for p in pages),
         "live_bytes": sum(p.get("live_bytes", 0) for p in pages),
@@ -132,12 +141,31 @@ async def disk_usage(api: Api, doc: Any) -> dict[str, Any]:
     }
 
 
+async def evict_now(api: Api, doc: Any) -> dict[str, Any]:
+    """The answer of ``POST /v1/evict`` (``{"ledger", "page"}``)."""
+    ledger, page = _names(api, doc, "evict")
+    if ledger is None or page is None:
+        raise ae.BadRequest('evict body must be {"ledger": base64, "page": base64}')
+    (key,) = await pages_of(api.repo, ledger, page)
+    was = api.repo.is_evicted(*key)
+    size = await api.repo.evict(*key)
+    if api.metrics is not None and not was:
+        api.metrics.evicted.inc()
+    return {**_names_json(*key), "evicted": True, "freed_bytes": size}
+
+
 async def collect_in_background(
-    repo: Repository, interval: float, metrics: Metrics | None, done: asyncio.Event
+    repo: Repository,
+    cfg: Config,
+    metrics: Metrics | None,
+    done: asyncio.Event,
 ) -> None:
-    """Every ``interval`` seconds, collect the pages used since the previous round
-    less the retention (their history may have aged out since); the first round
-    covers every page. Returns once ``done`` is set, between two pages."""
+    """Every ``gc_interval`` seconds (or every minute when only eviction is on),
+    collect the pages used since the previous round less the retention (their
+    history may have aged out since; the first round covers every page), then evict
+    pages by age (``evict_after``) and under ``disk_budget``. Returns once ``done``
+    is set, between two pages."""
+    interval = cfg.gc_interval or EVICTION_INTERVAL
     last_ms: int | None = None
     while True:
         with contextlib.suppress(TimeoutError):
@@ -146,18 +174,27 @@ async def collect_in_background(
             return
         started_ms = int(time.time() * 1000)
         try:
-            if last_ms is None:
-                keys = await pages_of(repo, None, None)
-            else:
-                since = last_ms - int(repo.history_retention * 1000)
-                keys = await repo.pages_used_since(since)
-            freed = 0
-            for key in keys:
-                if done.is_set():
-                    return
-                results, _ = await collect_pages(repo, [key], metrics)
-                freed += sum(r.bytes_freed for r in results)
-            log.debug("background gc of %d pages freed %d bytes", len(keys), freed)
+            if cfg.gc_interval > 0:
+                if last_ms is None:
+                    keys = await pages_of(repo, None, None)
+                else:
+                    since = last_ms - int(repo.history_retention * 1000)
+                    keys = await repo.pages_used_since(since)
+                freed = 0
+                for key in keys:
+                    if done.is_set():
+                        return
+                    if repo.is_evicted(*key):
+                        continue
+                    results, _ = await collect_pages(repo, [key], metrics)
+                    freed += sum(r.bytes_freed for r in results)
+                log.debug("background gc of %d pages freed %d bytes", len(keys), freed)
+            if cfg.disk_budget or cfg.evict_after:
+                n = await repo.evict_by_policy(int(cfg.disk_budget), cfg.evict_after)
+                if n:
+                    log.info("evicted %d pages (disk_budget, evict_after)", n)
+                    if metrics is not None:
+                        metrics.evicted.inc(n)
         except Exception:
-            log.exception("background gc failed")
+            log.exception("background gc or eviction failed")
         last_ms = started_ms

@@ -94,6 +94,12 @@ class Conflict(ApiError):
     status, code = 409, "conflict"
 
 
+class NotEvictable(Conflict):
+    """The page cannot be evicted now (in use, or not fully synced)."""
+
+    code = "not_evictable"
+
+
 class TooLarge(ApiError):
     """The request is too large."""
 
@@ -235,6 +241,8 @@ def from_store(e: se.StoreError) -> ApiError:
         return CommitNotFound(msg)
     if isinstance(e, se.HistoryPrunedError):
         return HistoryPruned(msg)
+    if isinstance(e, se.NotEvictableError):
+        return NotEvictable(msg)
     if isinstance(e, se.TransactionClosedError):
         return Conflict(msg)
     if isinstance(e, se.ObjectNotFoundError):

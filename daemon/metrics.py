@@ -112,6 +112,11 @@ class Metrics:
             registry=r,
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
         )
+        self.evicted = Counter(
+            "ledgerd_evicted_pages",
+            "Pages evicted (ledgerctl evict, disk_budget, evict_after)",
+            registry=r,
+        )
         self.cloud = CloudCounters()
         self._repo: Repository | None = None
         self._engine: Any = None

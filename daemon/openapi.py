@@ -294,6 +294,14 @@ def document() -> dict[str, Any]:
                 errors=(400, 404, 413),
             )
         },
+        "/v1/evict": {
+            "post": _op(
+                "delete the local copy of a closed, fully synced (or empty) page",
+                {"200": _json({"type": "object"})},
+                body={"content": {JSON: {"schema": _ref("PagesRequest")}}},
+                errors=(400, 404, 409, 413),
+            )
+        },
         "/v1/du": {
             "get": _op(
                 "disk use per page: files, live and stored pieces, commits kept, synced",

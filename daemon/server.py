@@ -210,10 +210,8 @@ async def serve(cfg: Config) -> int:
         tasks = await stack.enter_async_context(asyncio.TaskGroup())
         stack.callback(done.set)
         tasks.create_task(_close_idle_pages(repo, cfg.page_idle_seconds, done), name="idle-pages")
-        if cfg.gc_interval > 0:
-            tasks.create_task(
-                collect_in_background(repo, cfg.gc_interval, metrics, done), name="gc"
-            )
+        if cfg.gc_interval > 0 or cfg.disk_budget or cfg.evict_after:
+            tasks.create_task(collect_in_background(repo, cfg, metrics, done), name="gc")
         interval = systemd.watchdog_interval()
         if interval is not None:
             tasks.create_task(_until(done, systemd.watchdog(interval)), name="watchdog")

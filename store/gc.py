@@ -439,18 +439,18 @@ async def usage(page: Page, retention: float) -> dict[str, Any]:
     ``file_bytes`` (database and WAL), ``stored_bytes`` (every stored piece),
     ``live_bytes`` (the pieces the heads and journals reach), commits retained and
     pruned, and whether everything is uploaded (``synced``: nothing unsynced, no
-    journal), which eviction needs."""
+    journal), which is what eviction needs of a closed page (``evictable``)."""
     await page.flush()
     own = await page_retention(page)
     counts = await page.db.run(_counts)
     keep = await retained_commits(page, retention if own is None else own)
+    synced = not any(counts[k] for k in ("unsynced_commits", "unsynced_pieces", "journals"))
     return {
         "file_bytes": file_bytes(page),
         "live_bytes": await live_bytes(page),
         **counts,
         "retained_commits": len(keep),
         "history_retention": retention if own is None else own,
-        "synced": not (
-            counts["unsynced_commits"] or counts["unsynced_pieces"] or counts["journals"]
-        ),
+        "synced": synced,
+        "evictable": synced,
     }

@@ -516,6 +516,10 @@ class Repository:
         verdict = await asyncio.to_thread(eviction.evictability, path)
         if not verdict.ok:
             raise NotEvictableError(f"page {page_id!r} cannot be evicted: {verdict.reason}")
+        if verdict.kind == eviction.SYNCED_EVICTED and self.hooks.restorer is None:
+            raise NotEvictableError(
+                f"page {page_id!r} cannot be evicted: nothing could restore it (no cloud)"
+            )
         size = await asyncio.to_thread(eviction.directory_bytes, path.parent)
         aside = await asyncio.to_thread(eviction.set_aside, path.parent)
         await self._mark_evicted(ledger, page_id, verdict.kind)

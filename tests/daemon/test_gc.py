@@ -112,3 +112,20 @@ def test_the_daemon_collects_in_the_background(short_tmp: Path) -> None:
             assert "ledgerd_gc_pruned_commits_total" in metrics
     finally:
         assert d.stop() == 0, d.log_text()
+
+
+def test_ledgerctl_evict(d: Daemon) -> None:
+    with Client(d.socket) as c:
+        c.put("notes", "inbox", b"k", b"v" * 100)
+        c.history("notes", "inbox")  # (committed)
+        with pytest.raises(LedgerError) as e:
+            c.evict("notes", "inbox")
+        assert (e.value.code, e.value.status) == ("not_evictable", 409)
+        assert "not fully synced" in str(e.value) or "in use" in str(e.value)
+        c.sync()
+    out = d.ledgerctl("evict", "notes", "inbox")  # synced now; closed if idle
+    # Until the sync engine restores evicted pages (PageHooks.restorer), a page with
+    # contents is not evicted: nothing could bring it back.
+    assert out.returncode == 4 and b"not_evictable" in out.stderr + out.stdout, out
+    with Client(d.socket) as c:
+        assert c.get("notes", "inbox", b"k") == b"v" * 100

@@ -11,7 +11,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from ledgerd.store import Repository, exchange
+from ledgerd.store import Page, PageHooks, Repository, exchange
 
 
 def say(line: str) -> None:
@@ -19,8 +19,15 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
+class Restorer:
+    """(Pages with contents are evicted only where something could restore them.)"""
+
+    async def restore_page(self, page: Page) -> bool:
+        return False
+
+
 async def main(data_dir: Path) -> None:
-    repo = await Repository.open(data_dir)
+    repo = await Repository.open(data_dir, hooks=PageHooks(restorer=Restorer()))
     n = 0
     while True:
         n += 1

@@ -97,7 +97,11 @@ async def test_what_is_not_synced_is_not_evicted(tmp_path: Path) -> None:
             await repo.evict(b"l", b"p")
         with pytest.raises(NotEvictableError, match="unsynced commits"):
             await repo.evict(b"l", b"p")  # closed (it was idle), but not uploaded
-        assert await (await repo.ledger("l").page("p")).get(b"k") == b"v" * 100
+        page = await repo.ledger("l").page("p")
+        assert await page.get(b"k") == b"v" * 100
+        await upload_all(page)
+        with pytest.raises(NotEvictableError, match="nothing could restore it"):
+            await repo.evict(b"l", b"p")  # synced, but this repository has no restorer
         # An empty page that never synced is evicted, and starts empty again.
         await (await repo.ledger("l").page("empty")).close()
         await repo.evict(b"l", b"empty")
