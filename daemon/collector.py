@@ -100,14 +100,18 @@ async def run_gc(api: Api, doc: Any) -> dict[str, Any]:
 
 
 async def collect_pages(
-    repo: Repository, keys: list[tuple[bytes, bytes]], metrics: Metrics | None
+    repo: Repository,
+    keys: list[tuple[bytes, bytes]],
+    metrics: Metrics | None,
+    stop: asyncio.Event | None = None,
 ) -> tuple[list[GcResult], list[dict[str, Any]]]:
-    """Collect each page in turn; a page that fails is reported and the rest go on."""
+    """Collect each page in turn; a page that fails is reported and the rest go on.
+    Once ``stop`` is set, a collection under way ends after its current batch."""
     results: list[GcResult] = []
     errors: list[dict[str, Any]] = []
     for key in keys:
         try:
-            r = await repo.collect_garbage(*key)
+            r = await repo.collect_garbage(*key, stop=None if stop is None else stop.is_set)
         except StoreError as e:
             log.warning("gc of page %r failed: %s", key[1], e)
             errors.append({**_names_json(*key), "message": str(e)})
@@ -186,7 +190,7 @@ async def collect_in_background(
                         return
                     if repo.is_evicted(*key):
                         continue
-                    results, _ = await collect_pages(repo, [key], metrics)
+                    results, _ = await collect_pages(repo, [key], metrics, done)
                     freed += sum(r.bytes_freed for r in results)
                 log.debug("background gc of %d pages freed %d bytes", len(keys), freed)
             if cfg.disk_budget or cfg.evict_after:

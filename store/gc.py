@@ -42,7 +42,7 @@ import contextlib
 import logging
 import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -344,10 +344,15 @@ def _vacuum_step(conn: sqlite3.Connection) -> int:
     return int(conn.execute("PRAGMA freelist_count").fetchone()[0])
 
 
-async def collect(page: Page, retention: float) -> GcResult:
+def _never() -> bool:
+    return False
+
+
+async def collect(page: Page, retention: float, *, stop: Callable[[], bool] = _never) -> GcResult:
     """Prune the history older than the retention (the page's own, else ``retention``)
     and collect what nothing retained reaches; then shrink the file. The caller holds
-    the page (a lease)."""
+    the page (a lease). Once ``stop()`` is true (the daemon is stopping) it ends
+    after the current batch, leaving the rest for the next collection."""
     started = time.monotonic()
     own = await page_retention(page)
     retention = check_retention(retention if own is None else own)
@@ -360,6 +365,7 @@ async def collect(page: Page, retention: float) -> GcResult:
     result.retained_commits = len(keep)
     result.commits_pruned = await _prune(page, keep)
     garbage: list[int] = []
+    garbage_digests: list[bytes] = []
     after = 0
     marked = marker.marked
     while True:
@@ -367,23 +373,35 @@ async def collect(page: Page, retention: float) -> GcResult:
         if not ids:
             break
         after = ids[-1]
-        garbage.extend(i for i, d in zip(ids, digests, strict=True) if d not in marked)
+        for i, d in zip(ids, digests, strict=True):
+            if d not in marked:
+                garbage.append(i)
+                garbage_digests.append(d)
         await marker._yield()
     done = 0
     while done < len(garbage):
+        if stop():
+            result.deferred = "stopped"
+            break
         async with page.graph.lock:
             if page.merger.running or page.gc_holds:
                 result.deferred = "a merge or an import was under way"
                 break
-            # What appeared since the mark began (commits, snapshots, journals).
+            # What appeared since the mark began (commits, snapshots, journals): a new
+            # commit may reuse a piece found unreachable before; it is kept.
             await _mark_current(page, marker, retention)
-            ids = [i for i in garbage[done : done + SWEEP_BATCH]]
+            part = slice(done, done + SWEEP_BATCH)
+            ids = [
+                i
+                for i, d in zip(garbage[part], garbage_digests[part], strict=True)
+                if d not in marked
+            ]
             n, nbytes = await page.db.run(lambda conn, ids=ids: _delete(conn, ids), write=True)  # type: ignore[misc]
         done += SWEEP_BATCH
         result.pieces_freed += n
         result.bytes_freed += nbytes
         await marker._yield()
-    while await page.db.run(_vacuum_step, write=True):
+    while await page.db.run(_vacuum_step, write=True) and not stop():
         await marker._yield()
     await page.db.checkpoint()
     result.file_bytes_after = file_bytes(page)

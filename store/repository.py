@@ -29,7 +29,7 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -480,11 +480,16 @@ class Repository:
 
     # ---------------------------------------------------------------------------------
 
-    async def collect_garbage(self, ledger: bytes, page_id: bytes) -> GcResult:
+    async def collect_garbage(
+        self, ledger: bytes, page_id: bytes, *, stop: Callable[[], bool] | None = None
+    ) -> GcResult:
         """Prune the page's history past its retention and collect what nothing kept
-        reaches (:func:`store.gc.collect`); a page this opens is closed again after."""
+        reaches (:func:`store.gc.collect`, which ends early once ``stop()`` is true); a
+        page this opens is closed again after."""
         async with self.page(ledger, page_id, transient=True) as page:
-            return await gc.collect(page, self.history_retention)
+            if stop is None:
+                return await gc.collect(page, self.history_retention)
+            return await gc.collect(page, self.history_retention, stop=stop)
 
     async def evict(self, ledger: bytes, page_id: bytes) -> int:
         """Delete the local storage of a closed, fully synced (or empty) page; its next

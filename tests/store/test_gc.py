@@ -256,3 +256,39 @@ async def test_every_retained_commit_and_open_snapshot_reads_back(
                 assert {e.key: await snap.get(e.key) async for e in snap.iter_entries()} == expected
             assert {e.key: await page.get(e.key) async for e in page.iter_entries()} == model
             assert (await check_page(page)).healthy
+
+
+async def test_a_piece_that_a_commit_reuses_during_the_sweep_is_kept(tmp_path: Path) -> None:
+    """Between the mark and a sweep batch, a commit stores a value whose piece the mark
+    found unreachable (content addressing: the piece is not written again). The batch
+    must not delete it."""
+    from ledgerd.store.btree import Builder, Entry, Priority
+    from ledgerd.store.commit import child
+    from ledgerd.store.digest import Kind, chunk_digest
+
+    old = b"an old value, replaced, so its piece is garbage" * 3
+    async with await Repository.open(tmp_path, history_retention=0) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.put(b"k", old)
+        await page.flush()
+        await page.put(b"k", b"a new value, long enough to be a piece of its own" * 3)
+        await page.flush()
+        await upload_all(page)
+        sweeping = asyncio.Event()
+
+        def stop() -> bool:
+            sweeping.set()  # called just before each sweep batch takes the commit lock
+            return False
+
+        async with page.graph.lock:
+            gc_task = asyncio.create_task(collect(page, 0, stop=stop))
+            await sweeping.wait()
+            # A commit (as a write of the same bytes makes it) reusing the old piece.
+            builder = Builder(page.nodes)
+            entry = Entry(b"again", chunk_digest(Kind.VALUE, old), Priority.EAGER)
+            root = await builder.apply(page.head.root, [(b"again", entry)])
+            await page.graph.store(child([page.head], root), builder)
+        result = await gc_task
+        assert result.commits_pruned >= 1
+        assert await page.get(b"again") == old
+        assert (await check_page(page)).healthy
