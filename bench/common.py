@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import platform
 import resource
+import shutil
 import sqlite3
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -95,3 +97,21 @@ def latency(lat: list[float]) -> dict[str, float]:
 def ratio(a: float, b: float) -> float:
     """``a / b`` to two places, as the benchmarks print ratios."""
     return round(a / b, 2)
+
+
+def install_pouchdb(work: Path) -> str | None:
+    """``npm install pouchdb@9`` into ``work`` (created); None when done, else why not."""
+    npm = shutil.which("npm")
+    if shutil.which("node") is None or npm is None:
+        return "node or npm is not installed"
+    work.mkdir()
+    install = subprocess.run(
+        [npm, "install", "--silent", "--no-audit", "--no-fund", "pouchdb@9"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if install.returncode != 0:
+        return f"npm install pouchdb@9 failed: {install.stderr.strip()[-300:]}"
+    return None

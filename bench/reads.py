@@ -42,7 +42,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.common import bare_sqlite, emit, latency, peak_rss_mib, ratio, storage_floor, timed
+from bench.common import (
+    bare_sqlite,
+    emit,
+    install_pouchdb,
+    latency,
+    peak_rss_mib,
+    ratio,
+    storage_floor,
+    timed,
+)
 from ledgerd.store import Page, Repository
 
 LEDGER = "bench"
@@ -276,20 +285,11 @@ def _pouchdb(
     directory: Path, rows: list[tuple[bytes, bytes]], keys: list[bytes], txn: int
 ) -> dict[str, Any]:
     """PouchDB's figures, or ``{"skipped": why}``."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        return {"skipped": "node or npm is not installed"}
     work = directory / "pouchdb"
-    work.mkdir()
-    install = subprocess.run(
-        [npm, "install", "--silent", "--no-audit", "--no-fund", "pouchdb@9"],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if install.returncode != 0:
-        return {"skipped": f"npm install pouchdb@9 failed: {install.stderr.strip()[-300:]}"}
+    why = install_pouchdb(work)
+    if why is not None:
+        return {"skipped": why}
+    node = shutil.which("node") or "node"
     (work / "bench.js").write_text(POUCH_SCRIPT)
     (work / "rows").write_bytes(b"".join(k + v for k, v in rows))
     (work / "keys").write_bytes(b"".join(keys))

@@ -697,6 +697,31 @@ class Api:
         doc = parse_json(body, "check body") if body.strip() else {}
         return web.json_response(await run_check(self, doc))
 
+    async def gc(self, request: web.Request, p: Params) -> web.Response:
+        """POST {"ledger"?, "page"?}: prune history and collect garbage now (every page,
+        a ledger's, or one); see :mod:`ledgerd.daemon.collector`."""
+        from ledgerd.daemon.collector import run_gc
+
+        body = await self.read_body(request)
+        doc = parse_json(body, "gc body") if body.strip() else {}
+        return web.json_response(await run_gc(self, doc))
+
+    async def evict(self, request: web.Request, p: Params) -> web.Response:
+        """POST {"ledger", "page"}: evict the page now (see :mod:`ledgerd.store.eviction`)."""
+        from ledgerd.daemon.collector import evict_now
+
+        body = await self.read_body(request)
+        doc = parse_json(body, "evict body") if body.strip() else {}
+        return web.json_response(await evict_now(self, doc))
+
+    async def du(self, request: web.Request, p: Params) -> web.Response:
+        """GET ?ledger=&page= (percent-encoded): what pages hold and their files take."""
+        from ledgerd.daemon.collector import disk_usage
+
+        q = Query.of(request)
+        doc = {k: b64(v) for k in ("ledger", "page") if (v := q.bytes(k)) is not None}
+        return web.json_response(await disk_usage(self, doc))
+
     async def openapi(self, request: web.Request, p: Params) -> web.Response:
         """The OpenAPI 3 description of this API (:mod:`ledgerd.daemon.openapi`)."""
         from ledgerd.daemon.openapi import document
@@ -792,6 +817,10 @@ ROUTES = [
     _route("DELETE", PAGE + "/docs/{collection}/{id}/attachments/{att}", docs.delete_attachment),
     # issue 19 (operations): check and repair, health, metrics, the API description
     _route("POST", "check", Api.check),
+    # issue 17 (storage that does not grow): garbage collection, disk usage
+    _route("POST", "gc", Api.gc),
+    _route("GET", "du", Api.du),
+    _route("POST", "evict", Api.evict),
     _route("GET", "openapi.json", Api.openapi),
     _route("GET", "metrics", Api.metrics_text),
     _route("GET", "health", Api.health),

@@ -203,21 +203,32 @@ class Cli:
         else:
             ledgers = [self.b(self.a.ledger, "ledger")] if self.a.ledger else await self.c.ledgers()
             scope = [(ledger, await self.c.pages(ledger)) for ledger in ledgers]
-        totals = [0, 0, 0]
+        totals = [0, 0, 0, 0]
         for ledger, pages in scope:
             for page in pages:
+                # The disk side (GET /v1/du): files, live and stored pieces, commits kept.
+                (disk,) = (await self.c.du(ledger, page))["pages"]
+                disk = {k: v for k, v in disk.items() if k not in DISK_NAMES}
                 n = kb = vb = 0
-                async for item in self.c.entries(ledger, page, values=False, page_size=1000):
-                    n, kb, vb = n + 1, kb + len(item.key), vb + item.size
-                totals = [totals[0] + n, totals[1] + kb, totals[2] + vb]
+                if not disk.get("evicted"):  # (listing it would fetch it back)
+                    async for item in self.c.entries(ledger, page, values=False, page_size=1000):
+                        n, kb, vb = n + 1, kb + len(item.key), vb + item.size
+                files = int(disk.get("file_bytes", 0))
+                totals = [totals[0] + n, totals[1] + kb, totals[2] + vb, totals[3] + files]
                 if self.a.json:
                     doc = {**name_doc("ledger", ledger), **name_doc("page", page)}
-                    self.emit({**doc, "entries": n, "key_bytes": kb, "value_bytes": vb})
+                    self.emit({**doc, "entries": n, "key_bytes": kb, "value_bytes": vb, **disk})
                 else:
                     name = f"{self.show_name(ledger)}/{self.show_name(page)}"
-                    self.line(f"{human_bytes(kb + vb):>12}  {n:>10} entries  {name}")
+                    self.line(
+                        f"{human_bytes(kb + vb):>12}  {n:>10} entries  {name}"
+                        f"  (on disk {human_bytes(files)}, {_disk_note(disk)})"
+                    )
         if not self.a.json and sum(len(p) for _, p in scope) > 1:
-            self.line(f"{human_bytes(totals[1] + totals[2]):>12}  {totals[0]:>10} entries  total")
+            self.line(
+                f"{human_bytes(totals[1] + totals[2]):>12}  {totals[0]:>10} entries  total"
+                f"  (on disk {human_bytes(totals[3])})"
+            )
         return 0
 
     async def rm(self) -> int:
@@ -572,7 +583,7 @@ def parser() -> argparse.ArgumentParser:
     cmd("version", "show the versions of ledgerctl and of the daemon")
     cmd("ledgers", "list ledgers")
     cmd("pages", "list the pages of a ledger", "ledger")
-    p = cmd("du", "entries and bytes (keys and values) per page")
+    p = cmd("du", "entries and bytes (keys and values) per page, and its disk use")
     p.add_argument("ledger", nargs="?").completer = _complete_ledger  # type: ignore[attr-defined]
     p.add_argument("page", nargs="?").completer = _complete_page  # type: ignore[attr-defined]
     p = cmd(
@@ -617,15 +628,28 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=20)
     cli_doc.add_parser(sub)  # ledgerctl doc ... (daemon/cli_doc.py)
     # -- subcommands of their own modules (each sets a handler(args, client)) ---------
-    from ledgerd.daemon import cli_check
+    from ledgerd.daemon import cli_check, cli_gc
 
     cli_check.register(sub)
+    cli_gc.register(sub)
 
     ap.commands = tuple(sub.choices)
     ap.options = frozenset(
         o for q in [ap, *sub.choices.values()] for a in q._actions for o in a.option_strings
     )
     return ap
+
+
+DISK_NAMES = ("ledger", "page", "ledger_text", "page_text")
+
+
+def _disk_note(disk: dict[str, Any]) -> str:
+    if disk.get("evicted"):
+        return "evicted: fetched again on its next use"
+    if "error" in disk:
+        return f"unknown: {disk['error']}"
+    synced = "synced" if disk["synced"] else "not synced"
+    return f"{disk['retained_commits']} of {disk['commits']} commits kept, {synced}"
 
 
 async def run(args: argparse.Namespace) -> int:

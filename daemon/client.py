@@ -575,6 +575,30 @@ class AsyncClient:
             body["page"] = b64(_raw(page))
         return dict(await self._json("POST", self.url("/v1/check"), body))
 
+    async def gc(self, ledger: Name | None = None, page: Name | None = None) -> dict[str, Any]:
+        """Prune history past its retention and collect garbage now (every page, a
+        ledger's, or one); what it freed (``POST /v1/gc``)."""
+        body: dict[str, Any] = {}
+        if ledger is not None:
+            body["ledger"] = b64(_raw(ledger))
+        if page is not None:
+            body["page"] = b64(_raw(page))
+        return dict(await self._json("POST", self.url("/v1/gc"), body))
+
+    async def evict(self, ledger: Name, page: Name) -> dict[str, Any]:
+        """Delete the local copy of a closed, fully synced (or empty) page; its next use
+        restores it (``POST /v1/evict``)."""
+        body = {"ledger": b64(_raw(ledger)), "page": b64(_raw(page))}
+        return dict(await self._json("POST", self.url("/v1/evict"), body))
+
+    async def du(self, ledger: Name | None = None, page: Name | None = None) -> dict[str, Any]:
+        """What pages hold and what their files take (``GET /v1/du``)."""
+        query: dict[str, str | bytes | int | None] = {
+            "ledger": None if ledger is None else _raw(ledger),
+            "page": None if page is None else _raw(page),
+        }
+        return dict(await self._json("GET", self.url("/v1/du", query)))
+
     async def health(self, sync: bool = False) -> dict[str, Any]:
         """``GET /v1/health``: its body, also when it says 503 (``status`` is then
         ``failing``, or with ``sync`` ``degraded``)."""
@@ -1118,6 +1142,15 @@ class Client:
 
     def health(self, sync: bool = False) -> dict[str, Any]:
         return self._call(self.aio.health(sync))
+
+    def gc(self, ledger: Name | None = None, page: Name | None = None) -> dict[str, Any]:
+        return self._call(self.aio.gc(ledger, page))
+
+    def du(self, ledger: Name | None = None, page: Name | None = None) -> dict[str, Any]:
+        return self._call(self.aio.du(ledger, page))
+
+    def evict(self, ledger: Name, page: Name) -> dict[str, Any]:
+        return self._call(self.aio.evict(ledger, page))
 
     def metrics(self) -> str:
         return self._call(self.aio.metrics())

@@ -73,6 +73,10 @@ class Config:
     max_batch_bytes: int = 64 * 1024 * 1024
     shutdown_timeout: float = 30.0
     page_idle_seconds: float = 300.0
+    history_retention: float = 7 * 24 * 3600.0
+    gc_interval: float = 3600.0
+    disk_budget: float = 0.0
+    evict_after: float = 0.0
     max_open_pages: int = 1024
     sqlite_threads: int = 8
     txn_memory: int = 64 * 1024 * 1024

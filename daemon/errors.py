@@ -75,6 +75,13 @@ class CommitNotFound(NotFound):
     code = "commit_not_found"
 
 
+class HistoryPruned(ApiError):
+    """The commit is older than the page's history retention: its contents are no
+    longer kept on this device."""
+
+    status, code = 410, "history_pruned"
+
+
 class RequestTimeout(ApiError):
     """The client stopped sending its request."""
 
@@ -85,6 +92,12 @@ class Conflict(ApiError):
     """The request conflicts with the current state."""
 
     status, code = 409, "conflict"
+
+
+class NotEvictable(Conflict):
+    """The page cannot be evicted now (in use, or not fully synced)."""
+
+    code = "not_evictable"
 
 
 class TooLarge(ApiError):
@@ -254,6 +267,10 @@ def from_store(e: se.StoreError) -> ApiError:
         return PageNotFound(msg)
     if isinstance(e, se.LedgerNotFoundError):
         return LedgerNotFound(msg)
+    if isinstance(e, se.HistoryPrunedError):
+        return HistoryPruned(msg)
+    if isinstance(e, se.NotEvictableError):
+        return NotEvictable(msg)
     if isinstance(e, se.TransactionClosedError):
         return Conflict(msg)
     if isinstance(e, se.ObjectNotFoundError):

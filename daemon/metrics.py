@@ -28,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from ledgerd.store import Commit, CommitListener, Page, Repository
+from ledgerd.store import Commit, CommitListener, GcResult, Page, Repository
 from ledgerd.sync.metered import CloudCounters
 
 if TYPE_CHECKING:
@@ -94,6 +94,29 @@ class Metrics:
             ["direction"],
             registry=r,
         )
+        self.gc_runs = Counter(
+            "ledgerd_gc_pages", "Pages garbage-collected (each run of one page)", registry=r
+        )
+        self.gc_freed = Counter(
+            "ledgerd_gc_freed_bytes", "Bytes of pieces garbage collection deleted", registry=r
+        )
+        self.gc_pieces = Counter(
+            "ledgerd_gc_freed_pieces", "Pieces garbage collection deleted", registry=r
+        )
+        self.gc_pruned = Counter(
+            "ledgerd_gc_pruned_commits", "Commits history retention pruned", registry=r
+        )
+        self.gc_seconds = Histogram(
+            "ledgerd_gc_duration_seconds",
+            "Duration of the garbage collection of one page",
+            registry=r,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+        )
+        self.evicted = Counter(
+            "ledgerd_evicted_pages",
+            "Pages evicted (ledgerctl evict, disk_budget, evict_after)",
+            registry=r,
+        )
         self.cloud = CloudCounters()
         self._repo: Repository | None = None
         self._engine: Any = None
@@ -109,6 +132,13 @@ class Metrics:
     def listener(self, then: CommitListener | None) -> CommitListener:
         """A commit listener that counts commits and passes them on to ``then``."""
         return _Commits(self, then)
+
+    def gc_done(self, r: GcResult) -> None:
+        self.gc_runs.inc()
+        self.gc_freed.inc(r.bytes_freed)
+        self.gc_pieces.inc(r.pieces_freed)
+        self.gc_pruned.inc(r.commits_pruned)
+        self.gc_seconds.observe(r.seconds)
 
     def round_done(self, seconds: float, stats: Stats, error: BaseException | None) -> None:
         self.rounds.labels("failed" if error else "ok").inc()

@@ -303,6 +303,33 @@ def document() -> dict[str, Any]:
                 errors=(400, 404, 413),
             )
         },
+        "/v1/gc": {
+            "post": _op(
+                "prune history past its retention and collect garbage now; what was freed",
+                {"200": _json(_ref("GcReport"))},
+                body={"content": {JSON: {"schema": _ref("PagesRequest")}}},
+                errors=(400, 404, 413),
+            )
+        },
+        "/v1/evict": {
+            "post": _op(
+                "delete the local copy of a closed, fully synced (or empty) page",
+                {"200": _json({"type": "object"})},
+                body={"content": {JSON: {"schema": _ref("PagesRequest")}}},
+                errors=(400, 404, 409, 413),
+            )
+        },
+        "/v1/du": {
+            "get": _op(
+                "disk use per page: files, live and stored pieces, commits kept, synced",
+                {"200": _json(_ref("DiskUsage"))},
+                params=(
+                    _query("ledger", "only this ledger (percent-encoded bytes)"),
+                    _query("page", "only this page of the ledger (percent-encoded bytes)"),
+                ),
+                errors=(400, 404, 413),
+            )
+        },
         "/v1/metrics": {
             "get": _op(
                 "the daemon's metrics in Prometheus' text format",
@@ -541,6 +568,34 @@ def _schemas() -> dict[str, Any]:
                 "page": B64,
                 "cloud": {"type": "boolean"},
                 "repair": {"type": "boolean"},
+            },
+        },
+        "PagesRequest": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"ledger": B64, "page": B64},
+        },
+        "GcReport": {
+            "type": "object",
+            "required": ["collected_pages", "pieces_freed", "bytes_freed", "errors", "pages"],
+            "properties": {
+                "collected_pages": {"type": "integer"},
+                "commits_pruned": {"type": "integer"},
+                "pieces_freed": {"type": "integer"},
+                "bytes_freed": {"type": "integer"},
+                "file_bytes_before": {"type": "integer"},
+                "file_bytes_after": {"type": "integer"},
+                "errors": NAMES,
+                "pages": NAMES,
+            },
+        },
+        "DiskUsage": {
+            "type": "object",
+            "required": ["file_bytes", "live_bytes", "pages"],
+            "properties": {
+                "file_bytes": {"type": "integer"},
+                "live_bytes": {"type": "integer"},
+                "pages": NAMES,
             },
         },
         "CheckReport": {

@@ -32,6 +32,7 @@ from aiohttp import web
 
 from ledgerd.daemon import systemd
 from ledgerd.daemon.api import Api, DaemonState
+from ledgerd.daemon.collector import collect_in_background
 from ledgerd.daemon.config import Config, ConfigError, key_ring, log_level, metrics_address
 from ledgerd.daemon.metrics import Metrics, scraper_app
 from ledgerd.daemon.protocol import ApiRunner, Limits
@@ -109,6 +110,7 @@ async def _open_repository(cfg: Config, hooks: PageHooks) -> Repository:
             max_watch_queue=cfg.max_watch_queue,
             max_open_pages=cfg.max_open_pages,
             cache_bytes=cfg.cache_bytes,
+            history_retention=cfg.history_retention,
         )
     except RepositoryLockedError:
         raise ConfigError(f"data_dir: {where} is in use by another ledgerd") from None
@@ -213,6 +215,8 @@ async def serve(cfg: Config) -> int:
         tasks = await stack.enter_async_context(asyncio.TaskGroup())
         stack.callback(done.set)
         tasks.create_task(_close_idle_pages(repo, cfg.page_idle_seconds, done), name="idle-pages")
+        if cfg.gc_interval > 0 or cfg.disk_budget or cfg.evict_after:
+            tasks.create_task(collect_in_background(repo, cfg, metrics, done), name="gc")
         interval = systemd.watchdog_interval()
         if interval is not None:
             tasks.create_task(_until(done, systemd.watchdog(interval)), name="watchdog")

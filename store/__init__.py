@@ -54,13 +54,16 @@ from ledgerd.store.errors import (
     CommitNotFoundError,
     CorruptDatabaseError,
     CorruptObjectError,
+    HistoryPrunedError,
     InvalidArgumentError,
     KeyNotFoundError,
     KeyTooLargeError,
     LedgerNotFoundError,
     NameTooLargeError,
+    NotEvictableError,
     ObjectNotFoundError,
     PageNotFoundError,
+    PageUnavailableError,
     RangeError,
     RepositoryLockedError,
     SchemaError,
@@ -71,7 +74,14 @@ from ledgerd.store.errors import (
     TransactionClosedError,
     TransientStoreError,
 )
-from ledgerd.store.hooks import CommitListener, PageHooks, PieceFetcher, ResolverSource
+from ledgerd.store.gc import HISTORY_RETENTION, GcResult
+from ledgerd.store.hooks import (
+    CommitListener,
+    PageHooks,
+    PageRestorer,
+    PieceFetcher,
+    ResolverSource,
+)
 from ledgerd.store.merge import Choice, Conflict, MergeRequest, NeedsResolver, Policy, Resolver
 from ledgerd.store.objects import ObjectStore, ValueRef
 from ledgerd.store.page import ChangedEntry, Notification, Page, Snapshot, Transaction, Watcher
@@ -122,6 +132,12 @@ __all__ = [
     "Commit",
     "CommitNotFoundError",
     "CorruptObjectError",
+    "GcResult",
+    "HISTORY_RETENTION",
+    "HistoryPrunedError",
+    "PageUnavailableError",
+    "NotEvictableError",
+    "PageRestorer",
     "Entry",
     "InvalidArgumentError",
     "KeyNotFoundError",

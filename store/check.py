@@ -146,7 +146,8 @@ async def check_page(page: Page) -> PageCheck:
     report.commits = len(commits)
     _check_tables(tables, report)
     walker = _Walker(page, report, corrupt)
-    await walker.trees([c.root for c in commits.values()])
+    # Pruned commits (history retention, store.gc) keep their rows, not their trees.
+    await walker.trees([c.root for c in commits.values() if c.id not in tables.pruned])
     await walker.journals(tables.journal_values)
     return report
 
@@ -214,6 +215,7 @@ class _Tables:
     orphan_entries: list[str]
     shallow: set[bytes]
     """Commits imported from a checkpoint, whose parents are not here."""
+    pruned: set[bytes]
 
 
 def _read_tables(conn: sqlite3.Connection) -> _Tables:
@@ -262,6 +264,7 @@ def _read_tables(conn: sqlite3.Connection) -> _Tables:
             shallow=shallow_roots(
                 conn.execute("SELECT value FROM page_metadata WHERE name = 'shallow'").fetchone()
             ),
+            pruned={bytes(r[0]) for r in conn.execute("SELECT commit_id FROM pruned_commits")},
         )
     finally:
         conn.execute("COMMIT")

@@ -102,6 +102,8 @@ def _prepare(path: Path, create_schema: Callable[[sqlite3.Connection], None]) ->
     try:
         if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
             conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+            # Free pages can be given back (store.gc); set before the first table.
+            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
         conn.execute("PRAGMA journal_mode = WAL")
         create_schema(conn)
     finally:
@@ -363,6 +365,16 @@ class Database:
             small = len(part) * repeat <= INLINE_READ_ROWS
             rows.extend(await self.read_all(sql.format(marks=marks), part * repeat, small=small))
         return rows
+
+    async def checkpoint(self) -> None:
+        """Copy the WAL into the database and truncate it (after a garbage collection,
+        so that the space it freed leaves the WAL too). Busy readers elsewhere may
+        keep part of the WAL; that is fine."""
+        self._check_open()
+        with translating(self.path):
+            async with self._lock:
+                self._check_open()
+                await self.writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     async def close(self) -> None:
         if self._closed:

@@ -155,3 +155,16 @@ def from_os(e: OSError, where: object) -> StoreError:
 
 class RepositoryLockedError(StoreError):
     """The data directory is in use by another process (a running ledgerd?)."""
+
+
+class HistoryPrunedError(StoreError):
+    """The commit is older than the page's history retention: its contents are no
+    longer kept on this device."""
+
+
+class PageUnavailableError(TransientStoreError):
+    """The page was evicted from this device and cannot be brought back right now."""
+
+
+class NotEvictableError(StoreError):
+    """The page cannot be evicted now (open and in use, or not fully synced)."""

@@ -255,6 +255,23 @@ async def import_remote(
     bad = [d for d, v in pieces.items() if not dg.verify(d, v)]
     if bad:
         raise CorruptObjectError(f"piece {dg.short(bad[0])} does not match its digest")
+    # The trees are checked without the commit lock: garbage collection must not
+    # delete a stored node they reuse before the commits are stored (store.gc).
+    page.gc_holds += 1
+    try:
+        return await _import(page, commit_data, pieces, lazy, marker, more)
+    finally:
+        page.gc_holds -= 1
+
+
+async def _import(
+    page: Page,
+    commit_data: list[bytes],
+    pieces: dict[bytes, bytes],
+    lazy: dict[bytes, str],
+    marker: tuple[str, bytes] | None,
+    more: Iterable[tuple[str, bytes]],
+) -> list[Commit]:
     commits = [commit.decode(data) for data in commit_data]
     known = {c.id: c for c in commits}
     new: list[Commit] = []
@@ -358,6 +375,21 @@ async def import_checkpoint(
     lazy: dict[bytes, str],
     markers: list[tuple[str, bytes]],
 ) -> list[Commit]:
+    """Store a checkpoint into a page that has nothing yet (:func:`_import_checkpoint`)."""
+    page.gc_holds += 1  # trees are checked without the commit lock (store.gc)
+    try:
+        return await _import_checkpoint(page, commit_data, pieces, lazy, markers)
+    finally:
+        page.gc_holds -= 1
+
+
+async def _import_checkpoint(
+    page: Page,
+    commit_data: list[bytes],
+    pieces: dict[bytes, bytes],
+    lazy: dict[bytes, str],
+    markers: list[tuple[str, bytes]],
+) -> list[Commit]:
     """Store a checkpoint (a commit whose ancestors stay in the cloud, its whole tree)
     into a page that has nothing yet: the commit becomes the page's head and a
     shallow root (history below it is not here). Verified like :func:`import_remote`.
@@ -409,6 +441,21 @@ async def import_checkpoint(
 
 
 async def rejoin(
+    page: Page,
+    commit_data: list[bytes],
+    pieces: dict[bytes, bytes],
+    lazy: dict[bytes, str],
+    markers: list[tuple[str, bytes]],
+) -> Commit | None:
+    """Take a checkpoint into a page with history of its own (:func:`_rejoin`)."""
+    page.gc_holds += 1  # trees are checked without the commit lock (store.gc)
+    try:
+        return await _rejoin(page, commit_data, pieces, lazy, markers)
+    finally:
+        page.gc_holds -= 1
+
+
+async def _rejoin(
     page: Page,
     commit_data: list[bytes],
     pieces: dict[bytes, bytes],

@@ -65,6 +65,11 @@ class CommitGraph:
         self._told = b""  # the root watchers last heard about
 
     @property
+    def notified_root(self) -> bytes:
+        """The root watchers last heard about (the next notification diffs from it)."""
+        return self._told
+
+    @property
     def head(self) -> Commit:
         """The head reads are served from: the latest (timestamp, then id) of the heads."""
         return self.heads[-1]

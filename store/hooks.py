@@ -9,7 +9,9 @@ having them patched onto it afterwards:
 * a :class:`CommitListener`, told of every commit a page stores (sync uses it to
   know which pages have something to upload);
 * a :class:`ResolverSource`, asked for the conflict resolver of a ledger when a
-  merge under a non-automatic policy needs an answer.
+  merge under a non-automatic policy needs an answer;
+* a :class:`PageRestorer`, which brings back a page this device evicted (its
+  local storage deleted because everything in it was in the bucket), on its next use.
 
 Each is optional; the embedded API uses none. This module owns the protocols
 only; what implements them lives above ``store``.
@@ -44,6 +46,15 @@ class ResolverSource(Protocol):
         ...
 
 
+class PageRestorer(Protocol):
+    async def restore_page(self, page: Page) -> bool:
+        """Fill ``page`` (created empty, not yet handed to anyone) with the evicted
+        page's latest state from the bucket (in the daemon: the sync engine, from the
+        latest checkpoint). True once done; False if the bucket has nothing for it.
+        Raise when it cannot be reached: the use then fails as ``unavailable``."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class PageHooks:
     """The collaborators of every page of a repository (all optional)."""
@@ -51,6 +62,7 @@ class PageHooks:
     fetcher: PieceFetcher | None = None
     listener: CommitListener | None = None
     resolvers: ResolverSource | None = None
+    restorer: PageRestorer | None = None
 
 
 NO_HOOKS = PageHooks()

@@ -193,6 +193,17 @@ class Merger:
         bases = await merge.common_ancestors(load, a, b)
         if not bases:  # their histories meet below what this device holds (a checkpoint)
             return btree.EMPTY
+        pruned = await self._pruned([c.id for c in bases if c.id not in virtual])
+        if pruned:
+            # History retention pruned the base (a device offline for longer than it
+            # sent these commits): merge as if from the empty page. Deterministic, but
+            # a key deleted on one side only may come back; see the README.
+            log.warning(
+                "page %r: the merge base %s is pruned; merging from the empty page",
+                self.name,
+                pruned[0].hex()[:12],
+            )
+            return btree.EMPTY
         acc = bases[0]
         for other in bases[1:]:
             root_base = await self._base_root(builder, acc, other, virtual)
@@ -200,6 +211,14 @@ class Merger:
             acc = commit.merge([acc, other], root)
             virtual[acc.id] = acc
         return acc.root
+
+    async def _pruned(self, ids: list[bytes]) -> list[bytes]:
+        if not ids:
+            return []
+        rows = await self.db.read_in(
+            "SELECT commit_id FROM pruned_commits WHERE commit_id IN ({marks})", ids
+        )
+        return [bytes(r[0]) for r in rows]
 
     # -- commits from elsewhere ------------------------------------------------------
 

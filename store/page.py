@@ -27,6 +27,7 @@ import contextlib
 import logging
 import sqlite3
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from ledgerd.store.btree import NodeStore, Priority
 from ledgerd.store.cache import Cache
 from ledgerd.store.commit import Commit
 from ledgerd.store.db import Database, Synchronous
-from ledgerd.store.errors import ClosedError
+from ledgerd.store.errors import ClosedError, HistoryPrunedError, TransactionClosedError
 from ledgerd.store.graph import DIRECT_BATCH, CommitGraph
 from ledgerd.store.hooks import NO_HOOKS, PageHooks
 from ledgerd.store.merging import RESOLVER_TIMEOUT, Merger
@@ -121,6 +122,10 @@ class Page(View):
         self._on_close = on_close
         self._closed = False
         self._leases = 0
+        self._readers: weakref.WeakSet[Snapshot | Transaction] = weakref.WeakSet()
+        self.gc_holds = 0
+        """Imports checking remote trees without the commit lock: garbage collection
+        deletes nothing meanwhile (see :mod:`store.gc`)."""
         self.last_used = time.monotonic()
         """When a lease on the page last ended (or it was opened); see :meth:`lease`."""
         self.watchers = Watchers(self.nodes, objects, self._touch, max_watch_queue)
@@ -287,7 +292,31 @@ class Page(View):
     async def snapshot(self, commit_id: bytes | None = None) -> Snapshot:
         """Reads at ``commit_id`` (any commit of the page), or at the current head."""
         c = self.head if commit_id is None else await self.graph.load(commit_id)
-        return Snapshot(self, c)
+        if commit_id is not None and c not in self.graph.heads:
+            rows = await self.db.read_all(
+                "SELECT 1 FROM pruned_commits WHERE commit_id = ?", (c.id,), small=True
+            )
+            if rows:
+                raise HistoryPrunedError(
+                    f"commit {c.id.hex()} of page {self.id!r} is older than the page's "
+                    "history retention: its contents are no longer kept"
+                )
+        snap = Snapshot(self, c)
+        self._readers.add(snap)  # what it reads is kept while it lives (store.gc)
+        return snap
+
+    def pinned_roots(self) -> set[bytes]:
+        """Tree roots that something open on the page may still read: live snapshots,
+        transactions' bases, the state watchers last heard about (for :mod:`store.gc`)."""
+        roots = {self.graph.notified_root}
+        for r in list(self._readers):
+            if isinstance(r, Snapshot):
+                roots.add(r.commit.root)
+            else:
+                with contextlib.suppress(TransactionClosedError):  # not started: none yet
+                    roots.add(r.base.root)
+        roots.discard(b"")
+        return roots
 
     def log(self, start: bytes | None = None) -> AsyncIterator[Commit]:
         """Commits from the heads (or ``start``) back to the first, newest generation first."""
@@ -369,7 +398,9 @@ class Page(View):
     def transaction(self) -> Transaction:
         """A transaction on the current head: ``async with page.transaction() as txn:``."""
         self._check_open()
-        return self.transactions.begin()
+        txn = self.transactions.begin()
+        self._readers.add(txn)  # its base is kept while it lives (store.gc)
+        return txn
 
     def watch(self, prefix: bytes = b"") -> Watcher:
         """Notifications of every later commit that changes keys under ``prefix``."""

@@ -29,21 +29,24 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ledgerd.store import threads
+from ledgerd.store import eviction, gc, threads
 from ledgerd.store.cache import CACHE_BYTES, Cache
 from ledgerd.store.db import Database, Synchronous
 from ledgerd.store.errors import (
     InvalidArgumentError,
     LedgerNotFoundError,
     NameTooLargeError,
+    NotEvictableError,
     PageNotFoundError,
+    PageUnavailableError,
     RepositoryLockedError,
     TooManyOpenPagesError,
 )
+from ledgerd.store.gc import HISTORY_RETENTION, GcResult
 from ledgerd.store.hooks import NO_HOOKS, PageHooks
 from ledgerd.store.page import Page
 from ledgerd.store.schema import FORMAT_VERSION, create_usage_schema
@@ -124,8 +127,11 @@ class Repository:
         max_watch_queue: int = MAX_WATCH_QUEUE,
         max_open_pages: int = MAX_OPEN_PAGES,
         cache_bytes: int = CACHE_BYTES,
+        history_retention: float = HISTORY_RETENTION,
     ) -> None:
         self.root = root
+        self.history_retention = gc.check_retention(history_retention)
+        """Seconds of history pages keep (unless a page has its own): see :mod:`store.gc`."""
         self.cache = Cache(cache_bytes)
         """The read cache every page of the repository shares (decoded tree nodes and
         verified pieces): one budget of ``cache_bytes``, see :mod:`store.cache`."""
@@ -145,6 +151,8 @@ class Repository:
         self._closing: set[asyncio.Task[None]] = set()
         self._closed_deleted: dict[tuple[bytes, bytes], bool] = {}
         """Whether pages closed a moment ago are deleted, until page_usage says it."""
+        self._evicted: dict[tuple[bytes, bytes], int] = {}
+        """Evicted pages (store.eviction): their page_usage.evicted."""
 
     @classmethod
     async def open(
@@ -157,6 +165,7 @@ class Repository:
         max_watch_queue: int = MAX_WATCH_QUEUE,
         max_open_pages: int = MAX_OPEN_PAGES,
         cache_bytes: int = CACHE_BYTES,
+        history_retention: float = HISTORY_RETENTION,
     ) -> Repository:
         """Open (creating it on first use) the data directory ``root``.
 
@@ -168,7 +177,8 @@ class Repository:
         opening one more closes the least recently used idle page, and fails with
         :class:`TooManyOpenPagesError` when every open page is busy. ``cache_bytes``
         bounds the one read cache all pages share (decoded tree nodes and verified
-        pieces, see :mod:`store.cache`)."""
+        pieces, see :mod:`store.cache`). ``history_retention`` is how many seconds of
+        history a page keeps (:mod:`store.gc`)."""
         if cache_bytes < 0:
             raise InvalidArgumentError("cache_bytes must not be negative")
         root = Path(root)
@@ -193,9 +203,11 @@ class Repository:
             max_watch_queue=max_watch_queue,
             max_open_pages=max_open_pages,
             cache_bytes=cache_bytes,
+            history_retention=history_retention,
         )
         try:
             await repo._load_device_id()
+            await repo._load_evicted()
         except BaseException:
             await repo.close()
             raise
@@ -213,6 +225,38 @@ class Repository:
             )
         rows = await self.usage.read_all("SELECT value FROM repository WHERE name = 'device_id'")
         self.device_id = bytes(rows[0][0])
+
+    async def _load_evicted(self) -> None:
+        """Finish evictions cut short, then read which pages are evicted."""
+        for ledger_dir, name in await asyncio.to_thread(eviction.cut_short, self.ledgers_dir):
+            ledger, page_id = decode_name(ledger_dir.name), decode_name(name)
+            if ledger is None or page_id is None:
+                continue
+            log.info("finishing the eviction of page %r cut short", page_id)
+            aside = ledger_dir / (name + eviction.SUFFIX)
+            kind = await asyncio.to_thread(eviction.kind_of_aside, aside)
+            await self._mark_evicted(ledger, page_id, kind, only_unset=True)
+            await asyncio.to_thread(eviction.delete_aside, aside)
+        rows = await self.usage.read_all(
+            "SELECT ledger, page, evicted FROM page_usage WHERE evicted != 0"
+        )
+        self._evicted = {(bytes(a), bytes(b)): int(c) for a, b, c in rows}
+
+    async def _mark_evicted(
+        self, ledger: bytes, page_id: bytes, kind: int, *, only_unset: bool = False
+    ) -> None:
+        async with self.usage.write() as conn:
+            await conn.execute(
+                "INSERT OR IGNORE INTO page_usage (ledger, page, closed_at) VALUES (?, ?, ?)",
+                (ledger, page_id, int(time.time() * 1000)),
+            )
+            # (Finishing one cut short: the row may say already.)
+            where = " AND evicted = 0" if only_unset else ""
+            await conn.execute(
+                f"UPDATE page_usage SET evicted = ? WHERE ledger = ? AND page = ?{where}",
+                (kind, ledger, page_id),
+            )
+        self._evicted[(ledger, page_id)] = kind
 
     @property
     def ledgers_dir(self) -> Path:
@@ -245,7 +289,15 @@ class Repository:
         return self.ledgers_dir / encode_name(ledger) / encode_name(page_id) / "page.sqlite"
 
     def page_exists(self, ledger: bytes, page_id: bytes) -> bool:
-        return (ledger, page_id) in self._pages or self.page_path(ledger, page_id).exists()
+        key = (ledger, page_id)
+        return key in self._pages or key in self._evicted or self.page_path(*key).exists()
+
+    def is_evicted(self, ledger: bytes, page_id: bytes) -> bool:
+        """Whether the page's storage was evicted (its next use restores it)."""
+        return (ledger, page_id) in self._evicted
+
+    def evicted_pages(self, ledger: bytes) -> list[bytes]:
+        return sorted(p for (led, p) in self._evicted if led == ledger)
 
     def ledger_exists(self, ledger: bytes) -> bool:
         return (self.ledgers_dir / encode_name(ledger)).is_dir()
@@ -389,8 +441,54 @@ class Repository:
                 await page.close()
 
     async def _open_new(self, ledger: bytes, page_id: bytes) -> Page:
-        """Open a page, record its use, and publish it: only once fully open."""
-        page = await Page.open(
+        """Open a page (restoring it if evicted), record its use, and publish it: only
+        once fully open."""
+        evicted = self._evicted.get((ledger, page_id), 0)
+        if evicted == eviction.SYNCED_EVICTED and self.hooks.restorer is None:
+            raise PageUnavailableError(
+                f"page {page_id!r} was evicted from this device and there is no cloud "
+                "to restore it from"
+            )
+        page = await self._open_page(ledger, page_id)
+        if evicted == eviction.SYNCED_EVICTED:
+            await self._restore(page)
+        try:
+            async with self.usage.write() as conn:
+                await conn.execute(
+                    "INSERT INTO page_usage (ledger, page, closed_at) VALUES (?, ?, 0) "
+                    "ON CONFLICT (ledger, page) DO UPDATE SET closed_at = 0, evicted = 0",
+                    (ledger, page_id),
+                )
+        except BaseException:
+            await asyncio.shield(page.close())
+            raise
+        self._evicted.pop((ledger, page_id), None)
+        page.last_used = time.monotonic()
+        self._pages[(ledger, page_id)] = page
+        self._handed_out[(ledger, page_id)] = 0
+        return page
+
+    async def _restore(self, page: Page) -> None:
+        """Bring an evicted page back from the bucket, or fail as unavailable (its
+        storage is removed again: an empty page is never handed out)."""
+        restorer = self.hooks.restorer
+        assert restorer is not None
+        try:
+            restored = await restorer.restore_page(page)
+            why = "the bucket has nothing for it"
+        except Exception as e:
+            restored, why = False, f"{type(e).__name__}: {e}"
+        if not restored:
+            await asyncio.shield(page.close())
+            aside = await asyncio.to_thread(eviction.set_aside, page.db.path.parent)
+            await asyncio.to_thread(eviction.delete_aside, aside)
+            raise PageUnavailableError(
+                f"page {page.id!r} was evicted from this device and cannot be restored now: {why}"
+            )
+        log.info("page %r restored after its eviction", page.id)
+
+    async def _open_page(self, ledger: bytes, page_id: bytes) -> Page:
+        return await Page.open(
             self.page_path(ledger, page_id),
             ledger,
             page_id,
@@ -402,20 +500,6 @@ class Repository:
             device_id=self.device_id,
             cache=self.cache,
         )
-        try:
-            async with self.usage.write() as conn:
-                await conn.execute(
-                    "INSERT INTO page_usage (ledger, page, closed_at) VALUES (?, ?, 0) "
-                    "ON CONFLICT (ledger, page) DO UPDATE SET closed_at = 0",
-                    (ledger, page_id),
-                )
-        except BaseException:
-            await asyncio.shield(page.close())
-            raise
-        page.last_used = time.monotonic()
-        self._pages[(ledger, page_id)] = page
-        self._handed_out[(ledger, page_id)] = 0
-        return page
 
     def _closed_page(self, page: Page) -> None:
         key = (page.ledger, page.id)
@@ -476,6 +560,98 @@ class Repository:
         return [(bytes(r[0]), bytes(r[1])) for r in rows]
 
     # ---------------------------------------------------------------------------------
+
+    async def collect_garbage(
+        self, ledger: bytes, page_id: bytes, *, stop: Callable[[], bool] | None = None
+    ) -> GcResult:
+        """Prune the page's history past its retention and collect what nothing kept
+        reaches (:func:`store.gc.collect`, which ends early once ``stop()`` is true); a
+        page this opens is closed again after."""
+        async with self.page(ledger, page_id, transient=True) as page:
+            if stop is None:
+                return await gc.collect(page, self.history_retention)
+            return await gc.collect(page, self.history_retention, stop=stop)
+
+    async def evict(self, ledger: bytes, page_id: bytes) -> int:
+        """Delete the local storage of a closed, fully synced (or empty) page; its next
+        use restores it (:mod:`store.eviction`). An open page is closed first if idle.
+        Returns the bytes its files took. Raises :class:`NotEvictableError` when the
+        page is in use or not fully synced."""
+        key = (ledger, page_id)
+        if key in self._evicted:
+            return 0
+        opening = self._opening.get(key)
+        if opening is None:
+            opening = self._opening[key] = _Opening(asyncio.Lock())
+        opening.users += 1
+        try:
+            async with opening.lock:  # no open of this page meanwhile
+                return await self._evict(ledger, page_id)
+        finally:
+            opening.users -= 1
+            if opening.users == 0:
+                del self._opening[key]
+
+    async def _evict(self, ledger: bytes, page_id: bytes) -> int:
+        page = self._pages.get((ledger, page_id))
+        if page is not None and not page.closed:
+            if not page.idle:
+                raise NotEvictableError(f"page {page_id!r} is in use")
+            await page.close()
+        path = self.page_path(ledger, page_id)
+        verdict = await asyncio.to_thread(eviction.evictability, path)
+        if not verdict.ok:
+            raise NotEvictableError(f"page {page_id!r} cannot be evicted: {verdict.reason}")
+        if verdict.kind == eviction.SYNCED_EVICTED and self.hooks.restorer is None:
+            raise NotEvictableError(
+                f"page {page_id!r} cannot be evicted: nothing could restore it (no cloud)"
+            )
+        size = await asyncio.to_thread(eviction.directory_bytes, path.parent)
+        aside = await asyncio.to_thread(eviction.set_aside, path.parent)
+        await self._mark_evicted(ledger, page_id, verdict.kind)
+        await asyncio.to_thread(eviction.delete_aside, aside)
+        log.info("page %r evicted (%d bytes)", page_id, size)
+        return size
+
+    async def evict_by_policy(self, disk_budget: int = 0, older_than: float = 0.0) -> int:
+        """Evict closed pages: those closed more than ``older_than`` seconds ago (0:
+        none by age), then the least recently used ones while the data directory
+        takes more than ``disk_budget`` bytes (0: no budget; measured again after
+        each pass, a few passes at most). Pages that are not evictable are passed
+        over. Returns how many were evicted."""
+        evicted = 0
+        for _ in range(3):
+            n = await self._evict_pass(disk_budget, older_than)
+            evicted += n
+            if not n or not disk_budget:
+                break
+            if await asyncio.to_thread(eviction.directory_bytes, self.root) <= disk_budget:
+                break
+        return evicted
+
+    async def _evict_pass(self, disk_budget: int, older_than: float) -> int:
+        rows = await self.usage.read_all(
+            "SELECT ledger, page, closed_at FROM page_usage WHERE closed_at > 0 AND evicted = 0 "
+            "ORDER BY closed_at"
+        )
+        now_ms = int(time.time() * 1000)
+        evicted = 0
+        used = await asyncio.to_thread(eviction.directory_bytes, self.root) if disk_budget else 0
+        for a, b, closed_at in rows:
+            ledger, page_id = bytes(a), bytes(b)
+            old = older_than > 0 and closed_at < now_ms - older_than * 1000
+            if not old and not (disk_budget and used > disk_budget):
+                break  # under budget, and by closed_at the rest are younger still
+            if self.is_open(ledger, page_id):
+                continue
+            try:
+                size = await self.evict(ledger, page_id)
+            except NotEvictableError as e:
+                log.debug("%s", e)
+                continue
+            used -= size
+            evicted += 1
+        return evicted
 
     def open_pages(self) -> list[Page]:
         return list(self._pages.values())
@@ -544,9 +720,9 @@ class Ledger:
         return await self.repo.delete_ledger(self.name)
 
     async def pages(self, *, include_deleted: bool = False) -> list[bytes]:
-        """The ledger's pages stored here, by id; deleted ones are left out unless
-        ``include_deleted``."""
-        ids = await self._stored()
+        """The ledger's pages, by id, evicted ones included; deleted ones are left out
+        unless ``include_deleted``."""
+        ids = sorted({*await self._stored(), *self.repo.evicted_pages(self.name)})
         if include_deleted:
             return ids
         rows = await self.repo.usage.read_all(

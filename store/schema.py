@@ -32,10 +32,12 @@ from ledgerd.store.errors import SchemaError
 FORMAT_VERSION = 1
 """Path component of the repository layout: ``{data_dir}/{FORMAT_VERSION}/ledgers/...``."""
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """``PRAGMA user_version`` of a current page database."""
 
 TRANSIENT, LOCAL, SYNCED = 0, 1, 2
+INCREMENTAL_VACUUM = 2
+"""``PRAGMA auto_vacuum`` of a page file."""
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +89,8 @@ CREATE TABLE journal_pieces (
 -- commits: every commit of this page. id = hash of data (store.commit); data is
 --   the deterministic encoding; the other columns are copies of fields of data,
 --   kept for queries. generation = 1 + max(parent generations), 1 for a root
---   commit. Rows are never changed or deleted.
+--   commit. Rows are never changed or deleted (a pruned commit keeps its row:
+--   see pruned_commits).
 CREATE TABLE commits (
     id         BLOB PRIMARY KEY,
     data       BLOB NOT NULL,
@@ -138,6 +141,15 @@ CREATE TABLE journal_entries (
     PRIMARY KEY (journal_id, key)
 ) WITHOUT ROWID;
 
+-- pruned_commits: commits whose tree and values are no longer kept here (history
+--   retention, store.gc). Their commits rows stay, so that the graph, generations
+--   and common ancestors still work; reading at one of them is refused
+--   (HistoryPrunedError). A row is never deleted: once pruned, a commit's pieces may
+--   be gone. A head, an unsynced commit or a parent of one is never pruned.
+CREATE TABLE pruned_commits (
+    commit_id BLOB PRIMARY KEY
+) WITHOUT ROWID;
+
 -- sync_metadata: small named values owned by sync (cursors, last sync time).
 CREATE TABLE sync_metadata (
     name  TEXT PRIMARY KEY,
@@ -175,23 +187,31 @@ CREATE TABLE repository (
 --   page was last closed, 0 while it is open. deleted is 1 when the page's head was
 --   a deleted page's tree (store/deleted.py) when it was last closed or deleted here:
 --   listings leave it out; an open page is asked directly instead. Rows are never
---   removed (the page's files stay until garbage collection frees them).
+--   removed (the page's files stay until garbage collection frees them). evicted
+--   (store.eviction): 0 the page is stored here; 1 its storage was deleted because
+--   the bucket had all of it (its next use restores it from there); 2 it was deleted
+--   empty and never synced (its next use starts it empty again). A page directory is
+--   deleted before its row says evicted; a directory renamed '*.evicting' is an
+--   eviction cut short, finished at the next open.
 CREATE TABLE page_usage (
     ledger    BLOB NOT NULL,
     page      BLOB NOT NULL,
     closed_at INTEGER NOT NULL,
     deleted   INTEGER NOT NULL DEFAULT 0 CHECK (deleted IN (0, 1)),
+    evicted   INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (ledger, page)
 ) WITHOUT ROWID;
 """
 
-USAGE_SCHEMA_VERSION = 2
+USAGE_SCHEMA_VERSION = 3
 
 _USAGE_MIGRATIONS: dict[int, str] = {
     # 1 -> 2: page_usage gains deleted (no page was deleted before).
     1: """
 ALTER TABLE page_usage ADD COLUMN deleted INTEGER NOT NULL DEFAULT 0 CHECK (deleted IN (0, 1));
 """,
+    # 2 -> 3: page eviction.
+    2: "ALTER TABLE page_usage ADD COLUMN evicted INTEGER NOT NULL DEFAULT 0;",
 }
 """Statements that take the page-usage database from version ``n`` to ``n + 1``."""
 
@@ -226,6 +246,13 @@ CREATE VIEW piece_status AS
     2: """
 ALTER TABLE journals DROP COLUMN base;
 ALTER TABLE journals ADD COLUMN since INTEGER;
+""",
+    # 3 -> 4: history retention (store.gc) records the commits it pruned. The file
+    # also moves to auto_vacuum = INCREMENTAL (see create_page_schema).
+    3: """
+CREATE TABLE pruned_commits (
+    commit_id BLOB PRIMARY KEY
+) WITHOUT ROWID;
 """,
 }
 """Statements that take a page database from version ``n`` to ``n + 1``."""
@@ -272,8 +299,25 @@ def _statements(script: str) -> list[str]:
 
 
 def create_page_schema(conn: sqlite3.Connection) -> None:
-    """Create or migrate a page database (runs on the connection's own thread)."""
+    """Create or migrate a page database (runs on the connection's own thread).
+
+    A page file uses ``auto_vacuum = INCREMENTAL``, so that garbage collection
+    (:mod:`store.gc`) can give freed pages back to the file system with
+    ``PRAGMA incremental_vacuum``. SQLite applies that setting to an existing file
+    only through a ``VACUUM``: a file made before (or a new, empty one) gets it
+    once, here, at its first open by this version. VACUUM is atomic: a crash
+    leaves the file as it was, and the next open does it again."""
     _apply(conn, PAGE_SCHEMA, SCHEMA_VERSION, _MIGRATIONS)
+    ensure_incremental_vacuum(conn)
+
+
+def ensure_incremental_vacuum(conn: sqlite3.Connection) -> None:
+    """Set ``auto_vacuum = INCREMENTAL`` on the connection's file (a VACUUM, once)."""
+    if int(conn.execute("PRAGMA auto_vacuum").fetchone()[0]) == INCREMENTAL_VACUUM:
+        return
+    log.info("%s: switching to incremental vacuum (a one-time VACUUM)", _name(conn))
+    conn.execute(f"PRAGMA auto_vacuum = {INCREMENTAL_VACUUM}")
+    conn.execute("VACUUM")
 
 
 def create_usage_schema(conn: sqlite3.Connection) -> None:

@@ -35,6 +35,7 @@ INSERT INTO objects_v1 SELECT digest, data FROM objects ORDER BY id;
 DROP TABLE objects;
 ALTER TABLE objects_v1 RENAME TO objects;
 DROP TABLE journals;
+DROP TABLE pruned_commits;
 CREATE TABLE journals (
     id      TEXT PRIMARY KEY,
     base    BLOB NOT NULL,
@@ -74,7 +75,7 @@ def test_version_1_pieces_keep_their_data_and_status() -> None:
         [(b"unstored",), (b"synced",)],
     )
     create_page_schema(conn)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     rows = conn.execute("SELECT digest, data, status FROM piece_status ORDER BY id").fetchall()
     assert rows == [
         (b"transient", b"t", TRANSIENT),
@@ -179,6 +180,7 @@ async def test_version_2_journal_left_by_a_crash_is_committed(tmp_path: Path) ->
         """
         BEGIN;
         DROP TABLE journals;
+        DROP TABLE pruned_commits;
         CREATE TABLE journals (
             id TEXT PRIMARY KEY, base BLOB NOT NULL, cleared INTEGER NOT NULL DEFAULT 0
         ) WITHOUT ROWID;
@@ -195,3 +197,4 @@ async def test_version_2_journal_left_by_a_crash_is_committed(tmp_path: Path) ->
         assert await page.db.read_all("SELECT count(*) FROM journals") == [(0,)]
         columns = [r[1] for r in await page.db.read_all("PRAGMA table_info(journals)")]
         assert columns == ["id", "cleared", "since"]
+        assert await page.db.read_all("SELECT count(*) FROM pruned_commits") == [(0,)]

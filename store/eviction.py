@@ -1,0 +1,142 @@
+"""Page eviction: deleting the local copy of a page whose contents the bucket holds.
+
+This module owns when a closed page may be evicted, the order of the steps and
+their recovery, and the policies that choose pages (least recently used under a
+disk budget, and by age). The repository (:mod:`store.repository`) calls it with
+the page closed and its opening lock held, and restores an evicted page on its
+next use through :class:`store.hooks.PageRestorer`.
+
+Evictable
+    A closed page is evictable when it is fully synced (no commit or piece waits
+    for upload, no journal is open: every commit it has was uploaded or came from
+    the bucket) or when it is empty (its only commit is the well-known first one,
+    no journal). A page that never synced has every commit waiting for upload, so
+    only an empty one qualifies. An evicted page looks the
+    same to applications: it stays listed, and its next use brings it back from
+    the bucket, or (empty) starts it empty; without a way to the bucket that use
+    fails with :class:`PageUnavailableError`, never an empty page.
+
+Steps (each survives a SIGKILL between it and the next)
+    1. rename the page's directory to ``{page_b64}.evicting`` (atomic: the page is
+       whole under its name, or not there at all): its storage is gone from where
+       the page is read;
+    2. record ``evicted`` in ``page_usage``;
+    3. delete the renamed directory.
+    A ``*.evicting`` directory found when the repository opens is an eviction cut
+    short after step 1 or 2: it is finished (its kind read from the database set
+    aside, while that is whole).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+from ledgerd.store.commit import FIRST
+
+log = logging.getLogger(__name__)
+
+SYNCED_EVICTED, EMPTY_EVICTED = 1, 2
+"""``page_usage.evicted``: restored from the bucket; started empty again."""
+SUFFIX = ".evicting"
+
+
+@dataclass(frozen=True)
+class Evictability:
+    """Whether a closed page may be evicted, and why not."""
+
+    kind: int
+    """SYNCED_EVICTED or EMPTY_EVICTED when it may be; 0 when not."""
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.kind != 0
+
+
+def evictability(path: Path) -> Evictability:
+    """Look at a closed page's database (blocking: run it on a thread)."""
+    if not path.exists():
+        return Evictability(0, "the page is not stored here")
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        q = {
+            "unsynced commits": "SELECT count(*) FROM unsynced_commits",
+            "unsynced pieces": "SELECT count(*) FROM unsynced",
+            "open journals": "SELECT count(*) FROM journals",
+        }
+        counts = {k: int(conn.execute(v).fetchone()[0]) for k, v in q.items()}
+        heads = [bytes(r[0]) for r in conn.execute("SELECT commit_id FROM heads")]
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    waiting = [f"{n} {k}" for k, n in counts.items() if n]
+    if waiting:
+        return Evictability(0, "not fully synced: " + ", ".join(waiting))
+    if heads in ([], [FIRST.id]):
+        return Evictability(EMPTY_EVICTED)
+    # Every commit but the first is uploaded or came from the bucket: it is all there.
+    return Evictability(SYNCED_EVICTED)
+
+
+def set_aside(page_dir: Path) -> Path:
+    """Step 1: rename the page's directory aside (atomic); returns where it is now."""
+    aside = page_dir.with_name(page_dir.name + SUFFIX)
+    if page_dir.exists():
+        os.rename(page_dir, aside)
+        _fsync_dir(page_dir.parent)
+    return aside
+
+
+def delete_aside(aside: Path) -> None:
+    """Step 3: delete a directory set aside."""
+    shutil.rmtree(aside, ignore_errors=True)
+    _fsync_dir(aside.parent)
+
+
+def kind_of_aside(aside: Path) -> int:
+    """What a page set aside by an eviction cut short was (blocking): read from its
+    database if it is still whole; else restoring from the bucket is the safe guess."""
+    try:
+        verdict = evictability(aside / "page.sqlite")
+    except sqlite3.Error:
+        verdict = Evictability(0)
+    return verdict.kind or SYNCED_EVICTED
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def cut_short(ledgers_dir: Path) -> list[tuple[Path, str]]:
+    """The ``(ledger directory, page directory name)`` of evictions cut short
+    (blocking)."""
+    out: list[tuple[Path, str]] = []
+    if not ledgers_dir.is_dir():
+        return out
+    for ledger in ledgers_dir.iterdir():
+        if ledger.is_dir():
+            for p in ledger.iterdir():
+                if p.name.endswith(SUFFIX) and p.is_dir():
+                    out.append((ledger, p.name[: -len(SUFFIX)]))
+    return out
+
+
+def directory_bytes(root: Path) -> int:
+    """Bytes of every file under ``root`` (blocking)."""
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            with contextlib.suppress(FileNotFoundError):  # deleted meanwhile
+                total += os.stat(os.path.join(dirpath, f)).st_size
+    return total

@@ -1,0 +1,182 @@
+"""Page eviction (store.eviction): what may be evicted, restoring on the next use,
+an eviction cut short, and the LRU and age policies."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from ledgerd.store import (
+    NotEvictableError,
+    Page,
+    PageHooks,
+    PageUnavailableError,
+    Repository,
+    exchange,
+)
+from ledgerd.store.eviction import SUFFIX
+from tests.store.test_gc import upload_all
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Bucket:
+    """A restorer that keeps a copy of each page's entries, as the bucket would."""
+
+    def __init__(self) -> None:
+        self.pages: dict[bytes, dict[bytes, bytes]] = {}
+        self.restored: list[bytes] = []
+        self.offline = False
+
+    async def keep(self, page: Page) -> None:
+        self.pages[page.id] = {e.key: await page.get(e.key) async for e in page.iter_entries()}
+        await upload_all(page)
+
+    async def restore_page(self, page: Page) -> bool:
+        if self.offline:
+            raise ConnectionError("the bucket is not reachable")
+        if page.id not in self.pages:
+            return False
+        await page.write(list(self.pages[page.id].items()))
+        await page.flush()
+        await upload_all(page)  # (as an import would leave it: nothing to upload)
+        self.restored.append(page.id)
+        return True
+
+
+async def synced_page(repo: Repository, bucket: Bucket, name: str) -> Path:
+    page = await repo.ledger("l").page(name)
+    await page.put(b"k", name.encode() * 100)
+    await page.flush()
+    await bucket.keep(page)
+    await page.close()
+    return repo.page_path(b"l", name.encode())
+
+
+async def test_a_synced_page_is_evicted_and_comes_back_on_its_next_use(tmp_path: Path) -> None:
+    bucket = Bucket()
+    async with await Repository.open(tmp_path, hooks=PageHooks(restorer=bucket)) as repo:
+        path = await synced_page(repo, bucket, "p")
+        assert await repo.evict(b"l", b"p") > 0
+        assert not path.parent.exists() and repo.is_evicted(b"l", b"p")
+        assert await repo.ledger("l").pages() == [b"p"]  # still listed
+        bucket.offline = True
+        with pytest.raises(PageUnavailableError, match="not reachable"):
+            await repo.ledger("l").page("p")  # never an empty page
+        assert repo.is_evicted(b"l", b"p") and not path.exists()
+        bucket.offline = False
+        page = await repo.ledger("l").page("p")
+        assert await page.get(b"k") == b"p" * 100 and bucket.restored == [b"p"]
+        assert not repo.is_evicted(b"l", b"p")
+    async with await Repository.open(tmp_path) as repo:  # recorded: not evicted now
+        assert await (await repo.ledger("l").page("p")).get(b"k") == b"p" * 100
+
+
+async def test_without_a_restorer_an_evicted_page_is_unavailable(tmp_path: Path) -> None:
+    bucket = Bucket()
+    async with await Repository.open(tmp_path, hooks=PageHooks(restorer=bucket)) as repo:
+        await synced_page(repo, bucket, "p")
+        await repo.evict(b"l", b"p")
+    async with await Repository.open(tmp_path) as repo:
+        assert repo.page_exists(b"l", b"p")
+        with pytest.raises(PageUnavailableError, match="no cloud"):
+            await repo.ledger("l").page("p")
+
+
+async def test_what_is_not_synced_is_not_evicted(tmp_path: Path) -> None:
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.put(b"k", b"v" * 100)
+        await page.flush()
+        with pytest.raises(NotEvictableError, match="in use"), page.lease():
+            await repo.evict(b"l", b"p")
+        with pytest.raises(NotEvictableError, match="unsynced commits"):
+            await repo.evict(b"l", b"p")  # closed (it was idle), but not uploaded
+        page = await repo.ledger("l").page("p")
+        assert await page.get(b"k") == b"v" * 100
+        await upload_all(page)
+        with pytest.raises(NotEvictableError, match="nothing could restore it"):
+            await repo.evict(b"l", b"p")  # synced, but this repository has no restorer
+        # An empty page that never synced is evicted, and starts empty again.
+        await (await repo.ledger("l").page("empty")).close()
+        await repo.evict(b"l", b"empty")
+        assert not await (await repo.ledger("l").page("empty")).contains(b"k")
+
+
+async def test_an_eviction_cut_short_is_finished_at_the_next_open(tmp_path: Path) -> None:
+    bucket = Bucket()
+    async with await Repository.open(tmp_path, hooks=PageHooks(restorer=bucket)) as repo:
+        path = await synced_page(repo, bucket, "p")
+    path.parent.rename(path.parent.with_name(path.parent.name + SUFFIX))  # step 1 only
+    async with await Repository.open(tmp_path, hooks=PageHooks(restorer=bucket)) as repo:
+        assert repo.is_evicted(b"l", b"p")
+        assert not any(p.name.endswith(SUFFIX) for p in path.parent.parent.iterdir())
+        assert await (await repo.ledger("l").page("p")).get(b"k") == b"p" * 100
+
+
+async def test_lru_under_a_disk_budget_and_by_age(tmp_path: Path) -> None:
+    bucket = Bucket()
+    async with await Repository.open(tmp_path, hooks=PageHooks(restorer=bucket)) as repo:
+        for i in range(6):
+            await synced_page(repo, bucket, f"p{i}")
+            await asyncio.gather(*repo._closing)  # closed_at recorded, in this order
+        from ledgerd.store.eviction import directory_bytes
+
+        total = directory_bytes(tmp_path)
+        one = directory_bytes(repo.page_path(b"l", b"p0").parent)
+        assert await repo.evict_by_policy(disk_budget=total - 2 * one) >= 2
+        evicted = [i for i in range(6) if repo.is_evicted(b"l", f"p{i}".encode())]
+        assert evicted[:2] == [0, 1]  # least recently used first
+        assert directory_bytes(tmp_path) <= total - 2 * one
+        assert await repo.evict_by_policy(older_than=1e-9) == 6 - len(evicted)
+        for i in range(6):  # every one comes back on use
+            assert await (await repo.ledger("l").page(f"p{i}")).get(b"k") == b"p%d" % i * 100
+
+
+async def test_sigkill_during_eviction_leaves_each_page_whole_or_evicted(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.store.evict_child",
+        str(data),
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    lines: list[str] = []
+    try:
+        while len([x for x in lines if x.startswith("E ")]) < 15:
+            line = await asyncio.wait_for(proc.stdout.readline(), 60)
+            if not line:
+                pytest.fail(f"child exited early: {(await proc.stderr.read()).decode()[-2000:]}")
+            lines.append(line.decode().strip())
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+    written = [x.split()[1] for x in lines if x.startswith("W ")]
+    async with await Repository.open(data, hooks=PageHooks(restorer=_Missing())) as repo:
+        for name in written:
+            key = (b"l", name.encode())
+            if repo.is_evicted(*key):
+                assert not repo.page_path(*key).parent.exists()
+                continue
+            page = await repo.ledger("l").page(name)  # whole: it reads back
+            assert await page.get(b"k") == name.encode() * 100
+        assert not any(p.name.endswith(SUFFIX) for p in (data / "1" / "ledgers").rglob("*"))
+
+
+class _Missing:
+    async def restore_page(self, page: Page) -> bool:
+        return False
+
+
+__all__ = ["Bucket", "exchange"]
