@@ -248,7 +248,8 @@ async def import_remote(
     ``pieces`` are EAGER contents (verified against their digests here); ``lazy``
     maps digests of pieces left in the cloud to their location. Every commit id is
     recomputed, its parents must be here or in the batch, and every tree node its
-    root reaches must be here or in ``pieces``. Nothing is stored unless all of it
+    root reaches must be here or in ``pieces``. Commits of the batch below one that
+    is here are skipped (see :func:`_below`). Nothing is stored unless all of it
     checks out. ``marker`` is a sync_metadata row written in the same transaction
     (the cursor). Returns the commits that were new.
     """
@@ -274,12 +275,16 @@ async def _import(
 ) -> list[Commit]:
     commits = [commit.decode(data) for data in commit_data]
     known = {c.id: c for c in commits}
+    here = {c.id for c in commits if await _has_commit(page, c.id)}
+    below = _below(known, here)
     new: list[Commit] = []
     for c in commits:
-        if await _has_commit(page, c.id):
+        if c.id in here or c.id in below:
             continue
         generations = []
         for p in c.parents:
+            if p in below:  # not here, and nothing in the batch that is new builds on it
+                raise MissingParentError(f"commit {c.id.hex()[:12]} needs {p.hex()[:12]}")
             if p in known:
                 generations.append(known[p].generation)
                 continue
@@ -311,6 +316,23 @@ async def _import(
 
     await page.adopt_remote(work, new)
     return new
+
+
+def _below(known: dict[bytes, Commit], here: set[bytes]) -> set[bytes]:
+    """The batch's commits that are not here but are ancestors, within the batch, of
+    one that is. A page with its whole history has every ancestor of what it holds,
+    so this is empty there; a page started from a checkpoint does not hold the
+    commits below its root, and another device may upload them again (two devices
+    that merged the same heads made the same merge commits): their changes are in
+    the page already, and their parents may be compacted away, so they are skipped."""
+    below: set[bytes] = set()
+    todo = [p for cid in here for p in known[cid].parents]
+    while todo:
+        cid = todo.pop()
+        if cid in known and cid not in here and cid not in below:
+            below.add(cid)
+            todo.extend(known[cid].parents)
+    return below
 
 
 @dataclass

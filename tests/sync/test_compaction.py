@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from ledgerd.store import Priority
+from ledgerd.store.check import check_page
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import PackName
 from tests.sync.test_checkpoints import _load
@@ -199,3 +200,58 @@ async def test_a_device_away_past_the_grace_period_loses_nothing(
             await n.engine.sync()
             assert await _keys(n.repo) == want
             assert not n.engine.problems()
+
+
+async def test_a_pack_repeating_merges_below_the_checkpoint_does_not_wait(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """Merges are deterministic: A and B both merge C's two packs into the same two
+    commits m1, m2. A writes a checkpoint (head m2) before it has read B's pack of
+    [m1, m2], and compaction removes the packs of m1's parents. A new device starts
+    from A's checkpoint and reads B's pack: m1 is not here (it lies below the
+    checkpoint's head), and its parents are gone. Its changes are in the head
+    already: the pack is done, not left waiting for parents."""
+    clock = Clock()
+    grace = 600.0
+    kw = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": grace}
+    async with (
+        device(tmp_path / "a", bucket, **kw) as a,
+        device(tmp_path / "b", bucket, **kw) as b,
+        device(tmp_path / "c", bucket, **kw) as c,
+    ):
+        pa = await a.repo.ledger("l").page("p")
+        pc = await c.repo.ledger("l").page("p")
+        await pa.put(b"k0", b"a")
+        await a.engine.sync()
+        await b.engine.sync()
+        await c.engine.sync()
+        await pa.put(b"k1", b"a")
+        clock.now += 1
+        await a.engine.sync()
+        await pc.put(b"c1", b"c")  # concurrent with k1; C uploads it without reading
+        clock.now += 1
+        await c.engine.round(download=False)
+        clock.now += 1
+        await a.engine.sync()  # merges C's first pack: m1
+        await pc.put(b"c2", b"c")
+        clock.now += 1
+        await c.engine.round(download=False)
+        clock.now += 1
+        await a.engine.sync()  # merges C's second pack: m2
+        clock.now += 1
+        await b.engine.sync()  # the same merges, uploaded in one pack: [m1, m2]
+        pb = await b.repo.ledger("l").page("p")
+        assert pb.head.id == pa.head.id
+
+        clock.now += grace + 60
+        assert (await a.engine.compact()).checkpoints_written == 1  # not having read B's pack
+        assert (await c.engine.compact()).packs_deleted == 2  # m1's parent c1 goes
+        want = await _keys(b.repo)
+        async with device(tmp_path / "new", bucket, **kw) as new:
+            await new.engine.sync()
+            assert new.engine.checkpoints.covers  # it started from A's checkpoint
+            assert not new.engine.problems()
+            assert await _keys(new.repo) == want
+            pn = await new.repo.ledger("l").page("p")
+            assert pn.head.id == pb.head.id
+            assert (await check_page(pn)).healthy
