@@ -38,7 +38,7 @@ from ledgerd.store import exchange as ex
 from ledgerd.sync import layout, pack
 from ledgerd.sync.cloud import CloudStore
 from ledgerd.sync.crypto import Codec
-from ledgerd.sync.errors import CloudNotFoundError
+from ledgerd.sync.errors import AlreadyExistsError, CloudNotFoundError
 from ledgerd.sync.layout import CheckpointName
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,8 @@ FLOOR = 64 * 1024
 MAX_CHECKPOINT = 64 * 1024 * 1024
 """Largest page (its head's pieces, EAGER and LAZY) that gets checkpoints; larger
 pages are read from their history."""
+BEST_OF = 8
+"""Newest checkpoints of a page compared by what they cover when choosing one."""
 SINCE = "checkpoint/since"
 """Page sync metadata: bytes uploaded and imported since the last checkpoint."""
 THRESHOLD = "checkpoint/threshold"
@@ -236,7 +238,11 @@ class Checkpoints:
             device, 0, feed_time, [section], extra={"cover": cover}, seal=self._seal(ident)
         )
         name = CheckpointName.make(tag, feed_time, self._device(device), head_end, eager_end).name
-        await self.store.put(name, data)
+        try:
+            await self.store.put(name, data)
+        except AlreadyExistsError:  # this device wrote one at this very feed time
+            log.debug("checkpoint %s is up already", name)
+            return name
         await ex.set_sync_value(page, SINCE, b"0")
         await ex.set_sync_value(page, BASE, str(eager_end - head_end).encode())
         self.written += 1
@@ -244,6 +250,31 @@ class Checkpoints:
         return name
 
     # -- reading -----------------------------------------------------------------------
+
+    async def best(self, names: list[CheckpointName]) -> dict[str, CheckpointName]:
+        """Per page tag, the checkpoint that knows most: of its newest few (by name),
+        the one whose cover counts the most packs (feed times of checkpoints written
+        by different devices need not follow the order they were written in); one
+        ranged GET of each candidate's index where a page has several."""
+        by_tag: dict[str, list[CheckpointName]] = {}
+        for n in names:
+            by_tag.setdefault(n.tag, []).append(n)
+        out: dict[str, CheckpointName] = {}
+        for tag, group in by_tag.items():
+            group.sort(key=lambda n: (n.time, n.device), reverse=True)
+            if len(group) == 1:
+                out[tag] = group[0]
+                continue
+            scored = []
+            for n in group[:BEST_OF]:
+                try:
+                    cover = (await self.read(n, sections=False)).cover
+                except (CloudNotFoundError, pack.CorruptPackError):
+                    continue
+                scored.append((sum(cover.values()), n.time, n.device, n))
+            if scored:
+                out[tag] = max(scored, key=lambda s: s[:3])[3]
+        return out
 
     async def names(self, tag: str | None = None) -> AsyncIterator[CheckpointName]:
         """Every checkpoint in the bucket (of page ``tag``); stray names are skipped."""
@@ -283,7 +314,7 @@ class Checkpoints:
         assert self._repo is not None
         names = [cn async for cn in self.names()]
         started = 0
-        for cn in sorted(newest(names).values(), key=lambda n: n.name):
+        for cn in sorted((await self.best(names)).values(), key=lambda n: n.name):
             try:
                 cp = await self.read(cn)
                 if not wanted(cp.key) or self._repo.page_exists(*cp.key):
@@ -308,7 +339,7 @@ class Checkpoints:
         """Where the page's newest checkpoint holds these LAZY pieces (for a piece whose
         pack was compacted away)."""
         names = [cn async for cn in self.names(self.tag(key))]
-        best = newest(names)
+        best = await self.best(names)
         if not best:
             return {}
         cp = await self.read(next(iter(best.values())), sections=False)

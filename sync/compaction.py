@@ -2,10 +2,12 @@
 
 A pack may go when it is this device's own, older than ``compaction_grace`` (so
 every device that has been online since has read it), and every page in it has a
-newest checkpoint whose cover includes the pack's sequence number (so a new
-device never needs it). A page in such a pack that has no covering checkpoint
-gets one now, when this device holds the page. A device's own checkpoints that
-are no longer the newest of their page, and older than the grace period, go too.
+newest checkpoint whose cover includes the pack's sequence number and every pack
+any device wrote within the grace period after it (so a new device never needs
+it, not even for a commit another device built on it). A page in such a pack
+that has no covering checkpoint gets one now, when this device holds the page. A
+device's own checkpoints that are no longer the newest of their page, and older
+than the grace period, go too.
 Nothing of another device is ever deleted, and nothing younger than the grace
 period.
 
@@ -22,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ledgerd.sync import layout, pack
-from ledgerd.sync.checkpoints import Checkpoints, newest
+from ledgerd.sync.checkpoints import Checkpoints
 from ledgerd.sync.cloud import CloudStore
 from ledgerd.sync.crypto import Codec
 from ledgerd.sync.errors import CloudNotFoundError
@@ -67,7 +69,7 @@ class Compactor:
         report = Report()
         cutoff = now_ms - int(self.grace * 1000)
         names = [cn async for cn in self.checkpoints.names()]
-        best = newest(names)
+        best = await self.checkpoints.best(names)
         for cn in names:
             if cn.device == device and best[cn.tag] != cn and cn.time < cutoff:
                 with contextlib.suppress(CloudNotFoundError):
@@ -75,28 +77,40 @@ class Compactor:
                 report.checkpoints_deleted += 1
         covers: dict[str, dict[str, int]] = {}
         old: list[PackName] = []
+        listed: list[PackName] = []  # every pack, in feed order
         async for name in self.store.list(layout.PACKS):
             pn = PackName.parse(name)
             if pn is None:
                 continue
-            if pn.time >= cutoff:
-                break
-            if pn.device == device:
+            listed.append(pn)
+            if pn.time < cutoff and pn.device == device:
                 old.append(pn)
+        tried: set[str] = set()  # pages this run wrote a checkpoint of
         for pn in old:
             keys = await self._keys(pn)
             if keys is None:
                 continue
+            # What the covering checkpoint must know: the pack, and every pack any
+            # device wrote within the grace period after it (a device may have built
+            # on the pack's commits meanwhile, and its pack must import on top of the
+            # checkpoint without the deleted one).
+            need: dict[str, int] = {device: pn.seq}
+            for other in listed:
+                if other.time <= pn.time + int(self.grace * 1000):
+                    need[other.device] = max(need.get(other.device, 0), other.seq)
             covered = True
             for key in keys:
                 tag = self.checkpoints.tag(key)
-                if not await self._covers(best.get(tag), covers, device, pn.seq):
-                    if await write(key):
+                if not await self._covers(best.get(tag), covers, need):
+                    if tag not in tried and await write(key):
                         report.checkpoints_written += 1
-                        fresh = newest([cn async for cn in self.checkpoints.names(tag)])
+                        tried.add(tag)
+                        fresh = await self.checkpoints.best(
+                            [cn async for cn in self.checkpoints.names(tag)]
+                        )
                         if tag in fresh:
                             best[tag] = fresh[tag]
-                    if not await self._covers(best.get(tag), covers, device, pn.seq):
+                    if not await self._covers(best.get(tag), covers, need):
                         covered = False
                         break
             if not covered:
@@ -132,8 +146,7 @@ class Compactor:
         self,
         cn: CheckpointName | None,
         covers: dict[str, dict[str, int]],
-        device: str,
-        seq: int,
+        need: dict[str, int],
     ) -> bool:
         if cn is None:
             return False
@@ -145,4 +158,4 @@ class Compactor:
                 log.warning("compaction cannot read checkpoint %s: %s", cn.name, e)
                 cover = {}
             covers[cn.name] = cover
-        return cover.get(device, 0) >= seq
+        return all(cover.get(d, 0) >= seq for d, seq in need.items())

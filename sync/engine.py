@@ -74,7 +74,7 @@ from ledgerd.store.errors import (
     ObjectNotFoundError,
     TransientStoreError,
 )
-from ledgerd.sync import checkpoints, compaction, crypto, layout, pack, progress
+from ledgerd.sync import compaction, crypto, layout, pack, progress
 from ledgerd.sync.checkpoints import MAX_CHECKPOINT, Checkpoints
 from ledgerd.sync.cloud import CloudStore, Metered
 from ledgerd.sync.errors import (
@@ -790,8 +790,8 @@ class SyncEngine:
 
     async def _cover(self, page: Page) -> dict[str, int]:
         """Per device, the highest sequence whose packs' commits of this page are all
-        here (so, with one head, ancestors of it): what was imported, below anything
-        held or missing."""
+        here (so, with one head, ancestors of it): every pack listed, below anything
+        held or missing (and what the checkpoint this page started from covered)."""
         key = (page.ledger, page.id)
         cover = {self.device: self._own_seq}
         for name, value in await ex.sync_values(page, "imported/"):
@@ -799,8 +799,9 @@ class SyncEngine:
             if layout.device_ok(device) and device != self.device:
                 cover[device] = int(value)
         for device, dl in self._logs.items():
-            if device == self.device or device not in cover:
+            if device == self.device:
                 continue
+            cover[device] = max(cover.get(device, 0), dl.max_seq)
             for h in dl.held.values():
                 if isinstance(h.ln, PackName) and (h.key is None or h.key == key):
                     cover[device] = min(cover[device], h.ln.seq - 1)
@@ -829,7 +830,8 @@ class SyncEngine:
             away / 86400,
         )
         names = [cn async for cn in self.checkpoints.names()]
-        for cn in sorted(checkpoints.newest(names).values(), key=lambda n: n.name):
+        best = await self.checkpoints.best(names)
+        for cn in sorted(best.values(), key=lambda n: n.name):
             try:
                 cp = await self.checkpoints.read(cn)
                 if not self._wanted(cp.key):
