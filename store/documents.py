@@ -244,13 +244,14 @@ class DocumentStore:
         self.clock.check_supplied(rev, current.rev if current else None, self.rev_tolerance)
         return rev
 
-    def _check_indexed(self, collection: str, data: Any) -> None:
+    def _check_indexed(self, collection: str, items: Sequence[Any]) -> None:
         for d in self.views.definitions(collection):
-            path = d.reserved_value(data)
-            if path is not None:
-                raise InvalidDocumentError(
-                    f"field {path!r} is indexed by {d.name!r}: its value may not contain '/'"
-                )
+            for data in items:
+                path = d.reserved_value(data)
+                if path is not None:
+                    raise InvalidDocumentError(
+                        f"field {path!r} is indexed by {d.name!r}: its value may not contain '/'"
+                    )
 
     async def _put_record(
         self, txn: Transaction, collection: str, doc_id: bytes, r: Record
@@ -294,7 +295,7 @@ class DocumentStore:
             raise InvalidArgumentError("one revision per document")
         for data in items:
             check_data(data)
-            self._check_indexed(collection, data)
+        self._check_indexed(collection, items)
         out = []
         records: list[tuple[str, bytes, Record]] = []
         async with self._write, self.page.transaction() as txn:
@@ -340,7 +341,7 @@ class DocumentStore:
         check_collection(collection)
         raw = parse_ulid(doc_id)
         check_data(data)
-        self._check_indexed(collection, data)
+        self._check_indexed(collection, [data])
         async with self._write, self.page.transaction() as txn:
             cur = await self._current(txn, collection, raw, expected_rev)
             rev = self._next_rev(new_rev, cur)
