@@ -14,7 +14,8 @@ transaction: after a crash the views are those of the old commit or of the new
 one, never a mix, and the next catch-up goes on from there. A write of the
 document layer whose commit directly follows ``reflected`` hands over the records
 it wrote (:class:`Written`): they are exactly that diff, so their rows are made
-without diffing or reading the bodies back. Every query catches
+without diffing or reading the bodies back, and stored while the write returns
+(the next holder of the lock waits for that store: :meth:`Views._settle`). Every query catches
 up first, under the same lock, so it reflects exactly the head it runs at.
 
 An index declared on a collection that already has documents is *built*: a scan
@@ -173,6 +174,9 @@ class Views:
         self.indexes: dict[tuple[str, str], tuple[int, IndexDef, bool]] = {}
         """(collection, name) -> (row id, definition, ready)."""
         self._builds: dict[int, asyncio.Task[None]] = {}
+        self._storing: asyncio.Task[None] | None = None
+        """The store of a write's rows, under way (see :meth:`_settle`)."""
+        self._before_storing: tuple[bytes | None, bytes] = (None, b"")
 
     # -- loading ---------------------------------------------------------------------
 
@@ -240,6 +244,7 @@ class Views:
         """Drop removed or changed indexes, add new ones (not ready) and start their builds."""
         if not changes:
             return
+        await self._settle()
         added: list[tuple[tuple[str, str], IndexDef]] = []
         dropped: list[int] = []
         for name, raw in changes:
@@ -282,10 +287,16 @@ class Views:
         return [d for (coll, _), (_, d, _) in self.indexes.items() if coll == collection]
 
     async def close(self) -> None:
+        """Stop the builds and wait for the store under way."""
         tasks = list(self._builds.values())
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        async with self.lock:
+            try:
+                await self._settle()
+            except Exception as e:  # the next open catches up from what is stored
+                log.warning("page %r: index rows not stored: %s", self.page.id, e)
 
     # -- catching up -----------------------------------------------------------------
 
@@ -299,12 +310,14 @@ class Views:
             return await self._catch_up(written)
 
     async def _catch_up(self, written: Written | None = None) -> Commit:
+        await self._settle()
         head = self.page.head
         if head.id == self.reflected:
             return head
         ready = [(ix, d) for ix, d, r in self.indexes.values() if r]
         defs: list[tuple[tuple[str, str], bytes | None]] = []
-        if written is not None and written.commit == head.id and written.base == self.reflected:
+        fast = written is not None and written.commit == head.id and written.base == self.reflected
+        if written is not None and fast:
             by_coll = _by_collection(ready)
             rows: list[Row] = []
             max_rev = b""
@@ -319,6 +332,7 @@ class Views:
                 else (await self.page.load_commit(self.reflected)).root
             )
             rows, max_rev, defs = await self._changes(old, head.root, ready)
+        before = (self.reflected, self.max_rev)
         self.max_rev = max(self.max_rev, max_rev)
         state = [("reflected", head.id), ("max_rev", self.max_rev)]
 
@@ -326,10 +340,36 @@ class Views:
             _write_rows(conn, rows)
             conn.executemany("INSERT OR REPLACE INTO doc_state (name, value) VALUES (?, ?)", state)
 
-        await self.page.db.run(work, write=True)
+        if fast:
+            # The writer gets its answer while SQLite stores the rows; the next holder
+            # of the lock waits for them (_settle).
+            self.reflected, self._before_storing = head.id, before
+            self._storing = asyncio.ensure_future(self.page.db.run(work, write=True))
+            self._storing.add_done_callback(_retrieved)
+            return head
+        try:
+            await self.page.db.run(work, write=True)
+        except BaseException:
+            self.max_rev = before[1]
+            raise
         self.reflected = head.id
         await self._apply_definitions(defs)
         return head
+
+    async def _settle(self) -> None:
+        """Wait for the store of a write's rows (lock held); if it failed, raise, and go
+        back to what was stored before it (the next catch-up diffs from there)."""
+        task, self._storing = self._storing, None
+        if task is None:
+            return
+        try:
+            await asyncio.shield(task)
+        except BaseException:
+            if not task.done():  # the waiter was cancelled: the store goes on
+                self._storing = task
+            else:
+                self.reflected, self.max_rev = self._before_storing
+            raise
 
     async def _changes(
         self, old: bytes, new: bytes, indexes: list[tuple[int, IndexDef]]
@@ -395,6 +435,7 @@ class Views:
                     chunk = []
             await self._store_chunk(ix, d, chunk)
             async with self.lock:
+                await self._settle()
                 if self.indexes.get((d.collection, d.name), (None,))[0] != ix:
                     return  # dropped meanwhile
                 now = self.reflected
@@ -486,6 +527,12 @@ def _row(ix: int, d: IndexDef, doc_id: bytes, r: Record | None) -> Row:
     """The row of index ``ix`` for a document whose body is ``r`` (None: no body)."""
     key = None if r is None else d.key_of(r)
     return ix, doc_id, key, r is not None and r.state is State.DELETED
+
+
+def _retrieved(task: asyncio.Task[None]) -> None:
+    """Mark a store's failure as seen: :meth:`Views._settle` raises it to a caller."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _write_rows(conn: sqlite3.Connection, rows: Iterable[Row]) -> None:

@@ -26,6 +26,7 @@ from ledgerd.store import (
     RevisionInPastError,
     StoreError,
     btree,
+    docindex,
     doclayout,
 )
 from ledgerd.store.docmodel import RevClock, loads, ulid_text
@@ -398,6 +399,35 @@ async def test_writes_keep_the_indexes_from_their_own_records(
     assert await _by_k(docs) == await _scan_by_k(docs)
     await docs.rebuild_index("c", "by_k")
     assert await _by_k(docs, True) == await _scan_by_k(docs, True)
+
+
+async def test_a_write_returns_while_its_index_rows_are_stored(
+    page: Page, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rows of a write are stored after it returns (the next catch-up or query
+    waits for them): if that store fails, the write has still committed, the next
+    query reports the failure, and the one after catches up by the diff."""
+    docs = await DocumentStore.open(page)
+    await docs.declare_index("c", "by_k", "k", "v")
+    await docs.create("c", {"k": 0, "v": 0.0})
+    await docs.query("c", "by_k", 0)  # the index is built and ready
+    failures = [StoreError("disk I/O error")]
+    real_write_rows = docindex._write_rows
+
+    def failing_write_rows(conn: Any, rows: Any) -> None:
+        if failures:
+            raise failures.pop()
+        real_write_rows(conn, rows)
+
+    monkeypatch.setattr(docindex, "_write_rows", failing_write_rows)
+    made = await docs.create_many("c", [{"k": i % 3, "v": i / 10} for i in range(9)])
+    assert (await docs.get("c", made[4].id)).data == {"k": 1, "v": 0.4}
+    with pytest.raises(StoreError):
+        await docs.query("c", "by_k", 1)
+    assert not failures
+    assert await _by_k(docs) == await _scan_by_k(docs)
+    await docs.replace("c", made[4].id, {"k": 2, "v": 0.45})
+    assert await _by_k(docs) == await _scan_by_k(docs)
 
 
 async def test_declaring_an_index_builds_it_from_existing_documents(page: Page) -> None:
