@@ -15,8 +15,9 @@ one, never a mix, and the next catch-up goes on from there. A write of the
 document layer whose commit directly follows ``reflected`` hands over the records
 it wrote (:class:`Written`): they are exactly that diff, so their rows are made
 without diffing or reading the bodies back, and stored while the write returns
-(the next holder of the lock waits for that store: :meth:`Views._settle`). Every query catches
-up first, under the same lock, so it reflects exactly the head it runs at.
+(the next holder of the lock waits for that store: :meth:`Views._settle`).
+Every query catches up first, under the same lock, so it reflects exactly the
+head it runs at.
 
 An index declared on a collection that already has documents is *built*: a scan
 of the collection at one commit, a thousand documents per SQLite transaction,
@@ -316,12 +317,14 @@ class Views:
             return head
         ready = [(ix, d) for ix, d, r in self.indexes.values() if r]
         defs: list[tuple[tuple[str, str], bytes | None]] = []
-        fast = written is not None and written.commit == head.id and written.base == self.reflected
-        if written is not None and fast:
+        records = None
+        if written is not None and written.commit == head.id and written.base == self.reflected:
+            records = written.records  # exactly the diff from `reflected` to the head
+        if records is not None:
             by_coll = _by_collection(ready)
             rows: list[Row] = []
             max_rev = b""
-            for coll, doc_id, r in written.records:
+            for coll, doc_id, r in records:
                 max_rev = max(max_rev, r.rev)
                 for ix, d in by_coll.get(coll, ()):
                     rows.append(_row(ix, d, doc_id, r))
@@ -340,7 +343,7 @@ class Views:
             _write_rows(conn, rows)
             conn.executemany("INSERT OR REPLACE INTO doc_state (name, value) VALUES (?, ?)", state)
 
-        if fast:
+        if records is not None:
             # The writer gets its answer while SQLite stores the rows; the next holder
             # of the lock waits for them (_settle).
             self.reflected, self._before_storing = head.id, before
