@@ -11,8 +11,13 @@ brings it to the current head with the tree diff from that commit, so its cost
 follows the change, whatever brought it (a local write, a merge, a remote import,
 a purge), and writes the new entries and the new ``reflected`` in one SQLite
 transaction: after a crash the views are those of the old commit or of the new
-one, never a mix, and the next catch-up goes on from there. Every query catches
-up first, under the same lock, so it reflects exactly the head it runs at.
+one, never a mix, and the next catch-up goes on from there. A write of the
+document layer whose commit directly follows ``reflected`` hands over the records
+it wrote (:class:`Written`): they are exactly that diff, so their rows are made
+without diffing or reading the bodies back, and stored while the write returns
+(the next holder of the lock waits for that store: :meth:`Views._settle`).
+Every query catches up first, under the same lock, so it reflects exactly the
+head it runs at.
 
 An index declared on a collection that already has documents is *built*: a scan
 of the collection at one commit, a thousand documents per SQLite transaction,
@@ -27,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,6 +148,22 @@ class IndexRow:
     key: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What one transaction of the document layer wrote: the commit it made on
+    ``base`` and the records of the documents whose bodies it put (collection,
+    document id, record). When ``base`` is the commit the views reflect and
+    ``commit`` is the head, the diff between them is exactly these documents."""
+
+    base: bytes
+    commit: bytes
+    records: Sequence[tuple[str, bytes, Record]]
+
+
+Row = tuple[int, bytes, bytes | None, bool]
+"""An index row to write: (index, document id, key or None to remove it, deleted)."""
+
+
 class Views:
     """The document layer's local state of one page."""
 
@@ -154,6 +175,9 @@ class Views:
         self.indexes: dict[tuple[str, str], tuple[int, IndexDef, bool]] = {}
         """(collection, name) -> (row id, definition, ready)."""
         self._builds: dict[int, asyncio.Task[None]] = {}
+        self._storing: asyncio.Task[None] | None = None
+        """The store of a write's rows, under way (see :meth:`_settle`)."""
+        self._before_storing: tuple[bytes | None, bytes] = (None, b"")
 
     # -- loading ---------------------------------------------------------------------
 
@@ -221,6 +245,7 @@ class Views:
         """Drop removed or changed indexes, add new ones (not ready) and start their builds."""
         if not changes:
             return
+        await self._settle()
         added: list[tuple[tuple[str, str], IndexDef]] = []
         dropped: list[int] = []
         for name, raw in changes:
@@ -263,27 +288,54 @@ class Views:
         return [d for (coll, _), (_, d, _) in self.indexes.items() if coll == collection]
 
     async def close(self) -> None:
+        """Stop the builds and wait for the store under way."""
         tasks = list(self._builds.values())
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        async with self.lock:
+            try:
+                await self._settle()
+            except Exception as e:  # the next open catches up from what is stored
+                log.warning("page %r: index rows not stored: %s", self.page.id, e)
 
     # -- catching up -----------------------------------------------------------------
 
-    async def catch_up(self) -> Commit:
-        """Bring every ready view to the page's head; returns that head."""
-        async with self.lock:
-            return await self._catch_up()
+    async def catch_up(self, written: Written | None = None) -> Commit:
+        """Bring every ready view to the page's head; returns that head.
 
-    async def _catch_up(self) -> Commit:
+        ``written``: the transaction that just made the head, if the caller made it.
+        When the views reflect its base, its records give the rows the tree diff
+        would (without reading the bodies back); otherwise the diff does."""
+        async with self.lock:
+            return await self._catch_up(written)
+
+    async def _catch_up(self, written: Written | None = None) -> Commit:
+        await self._settle()
         head = self.page.head
         if head.id == self.reflected:
             return head
-        old = (
-            EMPTY if self.reflected is None else (await self.page.load_commit(self.reflected)).root
-        )
         ready = [(ix, d) for ix, d, r in self.indexes.values() if r]
-        rows, max_rev, defs = await self._changes(old, head.root, ready)
+        defs: list[tuple[tuple[str, str], bytes | None]] = []
+        records = None
+        if written is not None and written.commit == head.id and written.base == self.reflected:
+            records = written.records  # exactly the diff from `reflected` to the head
+        if records is not None:
+            by_coll = _by_collection(ready)
+            rows: list[Row] = []
+            max_rev = b""
+            for coll, doc_id, r in records:
+                max_rev = max(max_rev, r.rev)
+                for ix, d in by_coll.get(coll, ()):
+                    rows.append(_row(ix, d, doc_id, r))
+        else:
+            old = (
+                EMPTY
+                if self.reflected is None
+                else (await self.page.load_commit(self.reflected)).root
+            )
+            rows, max_rev, defs = await self._changes(old, head.root, ready)
+        before = (self.reflected, self.max_rev)
         self.max_rev = max(self.max_rev, max_rev)
         state = [("reflected", head.id), ("max_rev", self.max_rev)]
 
@@ -291,23 +343,43 @@ class Views:
             _write_rows(conn, rows)
             conn.executemany("INSERT OR REPLACE INTO doc_state (name, value) VALUES (?, ?)", state)
 
-        await self.page.db.run(work, write=True)
+        if records is not None:
+            # The writer gets its answer while SQLite stores the rows; the next holder
+            # of the lock waits for them (_settle).
+            self.reflected, self._before_storing = head.id, before
+            self._storing = asyncio.ensure_future(self.page.db.run(work, write=True))
+            self._storing.add_done_callback(_retrieved)
+            return head
+        try:
+            await self.page.db.run(work, write=True)
+        except BaseException:
+            self.max_rev = before[1]
+            raise
         self.reflected = head.id
         await self._apply_definitions(defs)
         return head
 
+    async def _settle(self) -> None:
+        """Wait for the store of a write's rows (lock held); if it failed, raise, and go
+        back to what was stored before it (the next catch-up diffs from there)."""
+        task, self._storing = self._storing, None
+        if task is None:
+            return
+        try:
+            await asyncio.shield(task)
+        except BaseException:
+            if not task.done():  # the waiter was cancelled: the store goes on
+                self._storing = task
+            else:
+                self.reflected, self.max_rev = self._before_storing
+            raise
+
     async def _changes(
         self, old: bytes, new: bytes, indexes: list[tuple[int, IndexDef]]
-    ) -> tuple[
-        list[tuple[int, bytes, bytes | None, bool]],
-        bytes,
-        list[tuple[tuple[str, str], bytes | None]],
-    ]:
-        """Index rows to write (ix, doc, key or None to remove, deleted), the highest
-        revision among new heads, and the definitions that changed, from old to new."""
-        by_coll: dict[str, list[tuple[int, IndexDef]]] = {}
-        for ix, d in indexes:
-            by_coll.setdefault(d.collection, []).append((ix, d))
+    ) -> tuple[list[Row], bytes, list[tuple[tuple[str, str], bytes | None]]]:
+        """Index rows to write, the highest revision among new heads, and the
+        definitions that changed, from old to new."""
+        by_coll = _by_collection(indexes)
         max_rev = b""
         bodies: list[tuple[doclayout.DocKey, Entry | None]] = []
         defs: list[tuple[tuple[str, str], bytes | None]] = []
@@ -334,9 +406,9 @@ class Views:
         self,
         bodies: list[tuple[doclayout.DocKey, Entry | None]],
         by_coll: dict[str, list[tuple[int, IndexDef]]],
-    ) -> list[tuple[int, bytes, bytes | None, bool]]:
+    ) -> list[Row]:
         values = await self.page.objects.read_many(e.value for _, e in bodies if e is not None)
-        rows: list[tuple[int, bytes, bytes | None, bool]] = []
+        rows: list[Row] = []
         for k, e in bodies:
             r = None
             if e is not None:
@@ -345,8 +417,7 @@ class Views:
                 except ValueError:
                     log.warning("page %r: a malformed document body is not indexed", self.page.id)
             for ix, d in by_coll[k.collection]:
-                key = None if r is None else d.key_of(r)
-                rows.append((ix, k.doc_id, key, r is not None and r.state is State.DELETED))
+                rows.append(_row(ix, d, k.doc_id, r))
         return rows
 
     # -- building --------------------------------------------------------------------
@@ -367,6 +438,7 @@ class Views:
                     chunk = []
             await self._store_chunk(ix, d, chunk)
             async with self.lock:
+                await self._settle()
                 if self.indexes.get((d.collection, d.name), (None,))[0] != ix:
                     return  # dropped meanwhile
                 now = self.reflected
@@ -447,9 +519,26 @@ class Views:
         return head, [IndexRow(bytes(r[0]), bytes(r[1])) for r in rows]
 
 
-def _write_rows(
-    conn: sqlite3.Connection, rows: Iterable[tuple[int, bytes, bytes | None, bool]]
-) -> None:
+def _by_collection(indexes: list[tuple[int, IndexDef]]) -> dict[str, list[tuple[int, IndexDef]]]:
+    by_coll: dict[str, list[tuple[int, IndexDef]]] = {}
+    for ix, d in indexes:
+        by_coll.setdefault(d.collection, []).append((ix, d))
+    return by_coll
+
+
+def _row(ix: int, d: IndexDef, doc_id: bytes, r: Record | None) -> Row:
+    """The row of index ``ix`` for a document whose body is ``r`` (None: no body)."""
+    key = None if r is None else d.key_of(r)
+    return ix, doc_id, key, r is not None and r.state is State.DELETED
+
+
+def _retrieved(task: asyncio.Task[None]) -> None:
+    """Mark a store's failure as seen: :meth:`Views._settle` raises it to a caller."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _write_rows(conn: sqlite3.Connection, rows: Iterable[Row]) -> None:
     put, drop = [], []
     for ix, doc, key, deleted in rows:
         if key is None:

@@ -23,6 +23,7 @@ both sides' revisions from the trees alone, without reading a value.
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,21 +54,34 @@ class State(enum.IntEnum):
     PURGED = 2
 
 
+# A packed tuple is the concatenation of its elements' encodings, so a key is built
+# from the collection's prefix (packed once per collection) and the parts after it.
+_HEAD_PART = tup.pack((HEAD,))
+_BODY_PART = tup.pack((BODY,))
+
+
+@functools.lru_cache(maxsize=256)
 def collection_prefix(collection: str) -> bytes:
     return tup.pack(("d", collection))
 
 
 def doc_prefix(collection: str, doc_id: bytes) -> bytes:
     """Every key of one document starts with this (its group in a merge)."""
-    return tup.pack(("d", collection, doc_id))
+    return tup.pack((doc_id,), collection_prefix(collection))
 
 
 def head_key(collection: str, doc_id: bytes) -> bytes:
-    return tup.pack(("d", collection, doc_id, HEAD))
+    return doc_prefix(collection, doc_id) + _HEAD_PART
 
 
 def body_key(collection: str, doc_id: bytes) -> bytes:
-    return tup.pack(("d", collection, doc_id, BODY))
+    return doc_prefix(collection, doc_id) + _BODY_PART
+
+
+def doc_keys(collection: str, doc_id: bytes) -> tuple[bytes, bytes]:
+    """The head key and the body key of a document."""
+    prefix = doc_prefix(collection, doc_id)
+    return prefix + _HEAD_PART, prefix + _BODY_PART
 
 
 def attachment_key(collection: str, doc_id: bytes, att_id: bytes) -> bytes:

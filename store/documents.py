@@ -30,7 +30,14 @@ from ledgerd.store import btree, doclayout
 from ledgerd.store import tuple as tup
 from ledgerd.store.btree import Priority
 from ledgerd.store.commit import Commit
-from ledgerd.store.docindex import IndexDef, Views, decode_token, encode_token, partition_range
+from ledgerd.store.docindex import (
+    IndexDef,
+    Views,
+    Written,
+    decode_token,
+    encode_token,
+    partition_range,
+)
 from ledgerd.store.doclayout import AttachmentMeta, Record, State
 from ledgerd.store.docmodel import (
     MAX_DOCUMENT_BYTES,
@@ -237,13 +244,14 @@ class DocumentStore:
         self.clock.check_supplied(rev, current.rev if current else None, self.rev_tolerance)
         return rev
 
-    def _check_indexed(self, collection: str, data: Any) -> None:
+    def _check_indexed(self, collection: str, items: Sequence[Any]) -> None:
         for d in self.views.definitions(collection):
-            path = d.reserved_value(data)
-            if path is not None:
-                raise InvalidDocumentError(
-                    f"field {path!r} is indexed by {d.name!r}: its value may not contain '/'"
-                )
+            for data in items:
+                path = d.reserved_value(data)
+                if path is not None:
+                    raise InvalidDocumentError(
+                        f"field {path!r} is indexed by {d.name!r}: its value may not contain '/'"
+                    )
 
     async def _put_record(
         self, txn: Transaction, collection: str, doc_id: bytes, r: Record
@@ -254,12 +262,20 @@ class DocumentStore:
                 f"the document is {len(body)} bytes encoded, over the limit of"
                 f" {self.max_document_bytes}"
             )
-        await txn.put(doclayout.head_key(collection, doc_id), doclayout.encode_head(r.rev, r.state))
-        await txn.put(doclayout.body_key(collection, doc_id), body)
+        head_key, body_key = doclayout.doc_keys(collection, doc_id)
+        await txn.put(head_key, doclayout.encode_head(r.rev, r.state))
+        await txn.put(body_key, body)
         return Document.of(collection, doc_id, r)
 
-    async def _after_write(self) -> None:
-        await self.views.catch_up()
+    async def _after_write(
+        self, txn: Transaction | None = None, records: Sequence[tuple[str, bytes, Record]] = ()
+    ) -> None:
+        """Bring the indexes to the head; after a transaction that put ``records``, from
+        those records if nothing else moved the head (see :class:`docindex.Written`)."""
+        written = None
+        if txn is not None and txn.commit_id is not None:
+            written = Written(txn.base.id, txn.commit_id, records)
+        await self.views.catch_up(written)
 
     async def create(self, collection: str, data: Any, *, new_rev: str | None = None) -> Document:
         """A new document with a new ``_id``."""
@@ -279,16 +295,18 @@ class DocumentStore:
             raise InvalidArgumentError("one revision per document")
         for data in items:
             check_data(data)
-            self._check_indexed(collection, data)
+        self._check_indexed(collection, items)
         out = []
+        records: list[tuple[str, bytes, Record]] = []
         async with self._write, self.page.transaction() as txn:
             for i, data in enumerate(items):
                 doc_id = self._ids.next()
-                rev = self._next_rev(None if new_revs is None else new_revs[i], None)
+                rev = self.clock.next() if new_revs is None else self._next_rev(new_revs[i], None)
                 ms = ulid_ms(rev)
                 r = Record(rev, State.LIVE, ms, None, None, None, data)
                 out.append(await self._put_record(txn, collection, doc_id, r))
-        await self._after_write()
+                records.append((collection, doc_id, r))
+        await self._after_write(txn, records)
         return out
 
     async def _current(
@@ -323,7 +341,7 @@ class DocumentStore:
         check_collection(collection)
         raw = parse_ulid(doc_id)
         check_data(data)
-        self._check_indexed(collection, data)
+        self._check_indexed(collection, [data])
         async with self._write, self.page.transaction() as txn:
             cur = await self._current(txn, collection, raw, expected_rev)
             rev = self._next_rev(new_rev, cur)
@@ -331,7 +349,7 @@ class DocumentStore:
                 rev, State.LIVE, cur.created, ulid_ms(rev), None, None, data, cur.attachments
             )
             doc = await self._put_record(txn, collection, raw, r)
-        await self._after_write()
+        await self._after_write(txn, [(collection, raw, r)])
         return doc
 
     async def delete(
@@ -352,7 +370,7 @@ class DocumentStore:
             ms = ulid_ms(rev)
             r = Record(rev, State.DELETED, cur.created, ms, ms, None, cur.data, cur.attachments)
             doc = await self._put_record(txn, collection, raw, r)
-        await self._after_write()
+        await self._after_write(txn, [(collection, raw, r)])
         return doc
 
     async def purge(
@@ -375,7 +393,7 @@ class DocumentStore:
                 await txn.delete(doclayout.attachment_key(collection, raw, a.id))
             r = Record(rev, State.PURGED, cur.created, ms, cur.deleted, ms, None, ())
             doc = await self._put_record(txn, collection, raw, r)
-        await self._after_write()
+        await self._after_write(txn, [(collection, raw, r)])
         return doc
 
     # -- attachments -----------------------------------------------------------------
@@ -428,7 +446,7 @@ class DocumentStore:
                     await txn.rollback()
         finally:
             await staging.rollback()
-        await self._after_write()
+        await self._after_write(txn, [(collection, raw, r)])
         return doc, Attachment.of(meta)
 
     async def attachment(
@@ -477,7 +495,7 @@ class DocumentStore:
             atts = tuple(a for a in cur.attachments if a.id != att)
             r = Record(rev, State.LIVE, cur.created, ulid_ms(rev), None, None, cur.data, atts)
             doc = await self._put_record(txn, collection, raw, r)
-        await self._after_write()
+        await self._after_write(txn, [(collection, raw, r)])
         return doc
 
     # -- indexes ---------------------------------------------------------------------

@@ -25,6 +25,8 @@ from ledgerd.store import (
     RevisionInFutureError,
     RevisionInPastError,
     StoreError,
+    btree,
+    docindex,
     doclayout,
 )
 from ledgerd.store.docmodel import RevClock, loads, ulid_text
@@ -345,6 +347,87 @@ async def test_indexes_query_in_order_with_continuation(page: Page) -> None:
     assert [(i.name, i.partition, i.sort, i.ready) for i in info] == [
         ("by_city_age", "address.city", "age", True)
     ]
+
+
+async def _by_k(docs: DocumentStore, deleted: bool = False) -> dict[int, list[str]]:
+    return {
+        k: [d.id for d in (await docs.query("c", "by_k", k, include_deleted=deleted)).items]
+        for k in range(3)
+    }
+
+
+async def _scan_by_k(docs: DocumentStore, deleted: bool = False) -> dict[int, list[str]]:
+    """What the index must hold: a scan of the documents, sorted by (v, id)."""
+    listing = await docs.list_documents("c", limit=1000, include_deleted=deleted)
+    live = [d for d in listing.items if not d.purged]
+    return {
+        k: [d.id for d in sorted(live, key=lambda d: (d.data["v"], d.id)) if d.data["k"] == k]
+        for k in range(3)
+    }
+
+
+async def test_writes_keep_the_indexes_from_their_own_records(
+    page: Page, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write whose commit follows the one the indexes reflect brings them up from the
+    records it wrote (no tree diff, no body read back); when something else moved the
+    head, the diff does. Both leave the index equal to a scan of the documents."""
+    docs = await DocumentStore.open(page)
+    await docs.declare_index("c", "by_k", "k", "v")
+    await docs.create("c", {"k": 0, "v": 0.0})
+    await docs.query("c", "by_k", 0)  # the index is built and ready
+    diffs: list[object] = []
+    real_diff = btree.diff
+
+    def counting_diff(*args: Any) -> Any:
+        diffs.append(args)
+        return real_diff(*args)
+
+    monkeypatch.setattr(btree, "diff", counting_diff)
+    made = await docs.create_many("c", [{"k": i % 3, "v": (i * 7) % 10 / 10} for i in range(30)])
+    await docs.replace("c", made[0].id, {"k": 2, "v": 0.05})
+    await docs.delete("c", made[1].id)
+    await docs.purge("c", made[2].id)
+    d, a = await docs.put_attachment("c", made[3].id, b"x", filename="x")
+    await docs.delete_attachment("c", made[3].id, a.id)
+    assert await _by_k(docs) == await _scan_by_k(docs)
+    assert await _by_k(docs, True) == await _scan_by_k(docs, True)
+    assert diffs == []
+    await page.put(b"other", b"plain write")  # moves the head under the views
+    await docs.replace("c", made[4].id, {"k": 1, "v": 0.99})
+    assert diffs != []
+    assert await _by_k(docs) == await _scan_by_k(docs)
+    await docs.rebuild_index("c", "by_k")
+    assert await _by_k(docs, True) == await _scan_by_k(docs, True)
+
+
+async def test_a_write_returns_while_its_index_rows_are_stored(
+    page: Page, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rows of a write are stored after it returns (the next catch-up or query
+    waits for them): if that store fails, the write has still committed, the next
+    query reports the failure, and the one after catches up by the diff."""
+    docs = await DocumentStore.open(page)
+    await docs.declare_index("c", "by_k", "k", "v")
+    await docs.create("c", {"k": 0, "v": 0.0})
+    await docs.query("c", "by_k", 0)  # the index is built and ready
+    failures = [StoreError("disk I/O error")]
+    real_write_rows = docindex._write_rows
+
+    def failing_write_rows(conn: Any, rows: Any) -> None:
+        if failures:
+            raise failures.pop()
+        real_write_rows(conn, rows)
+
+    monkeypatch.setattr(docindex, "_write_rows", failing_write_rows)
+    made = await docs.create_many("c", [{"k": i % 3, "v": i / 10} for i in range(9)])
+    assert (await docs.get("c", made[4].id)).data == {"k": 1, "v": 0.4}
+    with pytest.raises(StoreError):
+        await docs.query("c", "by_k", 1)
+    assert not failures
+    assert await _by_k(docs) == await _scan_by_k(docs)
+    await docs.replace("c", made[4].id, {"k": 2, "v": 0.45})
+    assert await _by_k(docs) == await _scan_by_k(docs)
 
 
 async def test_declaring_an_index_builds_it_from_existing_documents(page: Page) -> None:
