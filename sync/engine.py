@@ -293,6 +293,7 @@ class SyncEngine:
         self._wake = asyncio.Event()
         self.checkpoints = Checkpoints(self.store, max_checkpoint, lambda: self.codec)
         self._deepen: set[Key] = set()  # shallow pages that need their history
+        self._restoring: dict[Key, Page] = {}  # evicted pages being brought back
         self._starved: set[Key] = set()  # shallow pages with a pack waiting for parents
         self._fed: set[Key] = set()  # pages that imported something in this download
         self.checkpoint_interval = checkpoint_interval
@@ -312,7 +313,7 @@ class SyncEngine:
         """The page hooks to open the repository with: this engine fetches and listens
         (and tells ``also`` of every commit: the daemon's metrics)."""
         self._also = also
-        return PageHooks(fetcher=self, listener=self, resolvers=resolvers)
+        return PageHooks(fetcher=self, listener=self, resolvers=resolvers, restorer=self)
 
     @property
     def repo(self) -> Repository:
@@ -435,7 +436,7 @@ class SyncEngine:
         and that are older than ``compaction_grace`` (see :mod:`sync.compaction`)."""
 
         async def write(key: Key) -> bool:
-            if key[0] == LOCAL or not self.repo.page_exists(*key) or not self._wanted(key):
+            if key[0] == LOCAL or not self.repo.page_exists(*key) or not self._wanted_here(key):
                 return False
             async with self._using(key) as page:
                 return (
@@ -698,7 +699,7 @@ class SyncEngine:
             leased: dict[Key, Page] = {}
             for key in keys:
                 seen = self._pending.get(key)
-                if not self.repo.page_exists(*key):
+                if not self.repo.page_exists(*key) or self.repo.is_evicted(*key):
                     self._pending.pop(key, None)
                     self.states.pop(key, None)
                     continue
@@ -777,7 +778,7 @@ class SyncEngine:
         now = time.monotonic()
         for key in list(self._checkpoint_due):
             if now >= self._checkpoint_at.get(key, -1e9) + self.checkpoint_interval:
-                if not self.repo.page_exists(*key):
+                if not self.repo.page_exists(*key) or self.repo.is_evicted(*key):
                     self._checkpoint_due.pop(key, None)
                     continue
                 async with self._using(key) as page:
@@ -834,7 +835,7 @@ class SyncEngine:
         for cn in sorted(best.values(), key=lambda n: n.name):
             try:
                 cp = await self.checkpoints.read(cn)
-                if not self._wanted(cp.key):
+                if not self._wanted_here(cp.key):
                     continue
                 markers = [(f"imported/{d}", str(s).encode()) for d, s in cp.cover.items()]
                 fresh = not self.repo.page_exists(*cp.key)
@@ -882,8 +883,49 @@ class SyncEngine:
         """The page, leased (not closed as idle) for one sync step. A page that was
         not open before is closed again after it, unless someone else opened it
         meanwhile or something is under way in it."""
+        restoring = self._restoring.get(key)
+        if restoring is not None:  # being restored: the page handed to restore_page
+            yield restoring
+            return
         async with self.repo.page(*key, transient=True) as page:
             yield page
+
+    async def restore_page(self, page: Page) -> bool:
+        """Bring an evicted page back (:class:`store.PageRestorer`): its best checkpoint,
+        then every pack above that checkpoint's cover that holds it (or, without a
+        checkpoint, every pack that holds it), imported into ``page`` now. False if
+        the bucket has nothing of it; raises if the bucket cannot be reached."""
+        key = (page.ledger, page.id)
+        if not self._bucket_ok:
+            await self._check_bucket()
+        self._restoring[key] = page
+        try:
+            cover: dict[str, int] = {}
+            found = False
+            best = await self.checkpoints.best(
+                [cn async for cn in self.checkpoints.names(self.checkpoints.tag(key))]
+            )
+            for cn in best.values():
+                cp = await self.checkpoints.read(cn)
+                if cp.key != key:
+                    continue
+                markers = [(f"imported/{d}", str(s).encode()) for d, s in cp.cover.items()]
+                await ex.import_checkpoint(page, cp.commits, cp.eager, cp.lazy, markers)
+                await self.checkpoints.cover(key, cp.cover)
+                cover, found = cp.cover, True
+            async for name in self.store.list(layout.PACKS):
+                pn = PackName.parse(name)
+                if pn is None or pn.seq <= cover.get(pn.device, 0):
+                    continue
+                dl = await self._device_log(pn.device)
+                if Held(pn, None, progress.RETRY, "").id in dl.held:
+                    continue  # listed, not imported yet: the next round brings it
+                found = bool(await self._import_pack(dl, pn, key)) or found
+            for dl in self._logs.values():
+                await self._save_log(dl)
+            return found
+        finally:
+            del self._restoring[key]
 
     async def _add_page(self, rnd: _Round, page: Page, up: ex.Upload) -> int:
         """Put a page's commits and pieces into the round's pack; a pack that would
@@ -1216,7 +1258,7 @@ class SyncEngine:
             pages = [
                 p
                 for p in header.pages
-                if (p.key == only if only is not None else self._wanted(p.key))
+                if (p.key == only if only is not None else self._wanted_here(p.key))
                 and not self.checkpoints.covered(p.key, pn.device, pn.seq)
             ]
             sections = await self._sections(pn.name, pages, first)
@@ -1280,6 +1322,11 @@ class SyncEngine:
             for off, length, p in group:
                 out[p.key] = data[off - start : off - start + length]
         return out
+
+    def _wanted_here(self, key: Key) -> bool:
+        """Wanted, and stored here now: an evicted page gets what it missed when it is
+        restored (see :meth:`restore_page`)."""
+        return self._wanted(key) and (key in self._restoring or not self.repo.is_evicted(*key))
 
     def _wanted(self, key: Key) -> bool:
         # Another device's pack never writes into this device's _local ledger.

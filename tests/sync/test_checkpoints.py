@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ledgerd.store import Priority
+from ledgerd.store import PageUnavailableError, Priority
 from ledgerd.store import exchange as ex
 from ledgerd.store.check import check_page
 from ledgerd.sync import layout
@@ -159,3 +159,39 @@ def test_checkpoint_names_parse_strictly() -> None:
     ]:
         assert CheckpointName.parse(bad) is None
     assert layout.page_tag(b"l", b"p") != layout.page_tag(b"lp", b"")
+
+
+async def test_an_evicted_page_comes_back_from_its_checkpoint(
+    tmp_path: Path, bucket: FolderStore, encryption: object
+) -> None:
+    """Eviction's restore (PageHooks.restorer): the page's checkpoint and the packs
+    above its cover, no more; without the bucket, the use is ``unavailable``."""
+    rng = random.Random(12)
+    async with (
+        device(tmp_path / "a", bucket, checkpoint_interval=0) as a,
+        device(tmp_path / "b", bucket) as b,
+    ):
+        pa = await a.repo.ledger("l").page("p")
+        for _ in range(12):
+            await _load(pa, rng, 1, 1000)
+            await a.engine.sync()
+        await b.engine.sync()
+        pb = await b.repo.ledger("l").page("p")
+        await pb.put(b"after the checkpoint", b"from b")
+        await b.engine.sync()
+        await a.engine.sync()
+        want = await _keys(a.repo)
+        snap = await ex.head_snapshot(pa)
+        assert snap is not None
+        live = sum((await ex.piece_sizes(pa, snap.eager)).values())
+        assert await a.repo.evict(b"l", b"p") > 0
+        assert a.repo.is_evicted(b"l", b"p")
+        a.cloud.reset()
+        assert await _keys(a.repo) == want  # the next use restores it
+        assert a.cloud.bytes_got <= 1.5 * live + 64 * 1024, (a.cloud.bytes_got, live)
+        assert not a.engine.problems()
+
+        assert await a.repo.evict(b"l", b"p") > 0
+        (tmp_path / "bucket").rename(tmp_path / "away")
+        with pytest.raises(PageUnavailableError):
+            await a.repo.ledger("l").page("p")
