@@ -112,6 +112,10 @@ class _Opening:
     users: int = 0
 
 
+EVICT_PASSES = 20
+"""Most passes of :meth:`Repository.evict_by_policy` over the pages to meet a budget."""
+
+
 class Repository:
     """One device's data directory."""
 
@@ -617,14 +621,18 @@ class Repository:
         """Evict closed pages: those closed more than ``older_than`` seconds ago (0:
         none by age), then the least recently used ones while the data directory
         takes more than ``disk_budget`` bytes (0: no budget; measured again after
-        each pass, a few passes at most). Pages that are not evictable are passed
+        each pass: a page's files shrink as it closes, so a pass's own count can be
+        off; at most EVICT_PASSES passes). Pages that are not evictable are passed
         over. Returns how many were evicted."""
         evicted = 0
-        for _ in range(3):
+        for _ in range(EVICT_PASSES):
             n = await self._evict_pass(disk_budget, older_than)
             evicted += n
             if not n or not disk_budget:
                 break
+            # The usage database's WAL grew with every eviction recorded: fold it back
+            # before measuring again, or it takes the budget it freed.
+            await self.usage.run(lambda conn: conn.execute("PRAGMA wal_checkpoint(TRUNCATE)"))
             if await asyncio.to_thread(eviction.directory_bytes, self.root) <= disk_budget:
                 break
         return evicted

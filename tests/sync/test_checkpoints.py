@@ -195,3 +195,27 @@ async def test_an_evicted_page_comes_back_from_its_checkpoint(
         (tmp_path / "bucket").rename(tmp_path / "away")
         with pytest.raises(PageUnavailableError):
             await a.repo.ledger("l").page("p")
+
+
+async def test_a_thousand_pages_under_a_disk_budget(tmp_path: Path, bucket: FolderStore) -> None:
+    """The budget holds once the least recently used pages are evicted, and evicted
+    pages come back on use, whole."""
+    from ledgerd.store import eviction
+
+    rng = random.Random(13)
+    values = {f"p{i:04d}": rng.randbytes(2000) for i in range(1000)}
+    async with device(tmp_path / "a", bucket) as a:
+        for name, v in values.items():
+            async with a.repo.page(b"l", name.encode()) as pg:
+                await pg.put(b"k", v)
+        await a.engine.sync()
+        await a.repo.close_idle(0)  # evictable pages are closed ones
+        before = eviction.directory_bytes(a.repo.root)
+        budget = before // 3
+        evicted = await a.repo.evict_by_policy(disk_budget=budget)
+        assert evicted > 500
+        assert eviction.directory_bytes(a.repo.root) <= budget
+        for name in rng.sample(sorted(values), 25):
+            pg = await a.repo.ledger("l").page(name)
+            assert await pg.get(b"k") == values[name]
+        assert not a.engine.problems()
