@@ -13,6 +13,9 @@ then collects with ``history_retention = 0``. It prints:
   records the longest gap between its wake-ups, less the 1 ms (target ≤ 50 ms);
 * PouchDB 9's disk for the same load in batches of ``txn`` (``bulkDocs``), before
   and after ``compact()`` (its LevelDB directory), when node and npm are there.
+
+It runs with the daemon's collector settings (``tune_gc``); ``--default-gc`` for
+CPython's.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import emit, install_pouchdb, ratio, timed
+from ledgerd.daemon.main import tune_gc
 from ledgerd.store import Repository, exchange
 from ledgerd.store.gc import collect, file_bytes, live_bytes
 
@@ -161,7 +165,14 @@ def main() -> None:
     ap.add_argument("--entries", type=int, default=100_000)
     ap.add_argument("--txn", type=int, default=1000)
     ap.add_argument("--no-pouchdb", action="store_true")
+    ap.add_argument(
+        "--default-gc",
+        action="store_true",
+        help="CPython's collector settings, not the daemon's (tune_gc)",
+    )
     args = ap.parse_args()
+    if not args.default_gc:
+        tune_gc()  # as the daemon runs
     rows = _rows(args.entries)
     with tempfile.TemporaryDirectory() as d:
         ours = asyncio.run(_ours(Path(d), rows, args.txn))
