@@ -32,10 +32,9 @@ def _plain_and_encrypted(encryption: KeyRing | None) -> None:
     """Every fault test runs on a plain and on an encrypted bucket (``encryption``)."""
 
 
-def _plain_only() -> None:
-    """For the tests that write plain packs into the bucket, or read its files."""
-    if ENCRYPTION["keys"] is not None:
-        pytest.skip("writes plain packs or reads the bucket's files: the plain bucket only")
+PLAIN_ONLY = pytest.mark.parametrize("encryption", ["plain"], indirect=True)
+"""For the tests that write plain packs into the bucket, or read its files: they run
+on the plain bucket only (not made and skipped on the encrypted one)."""
 
 
 @pytest.fixture
@@ -91,10 +90,10 @@ async def test_a_page_that_cannot_be_synced_does_not_stop_the_others(
 # -- 2. a corrupt pack ------------------------------------------------------------------
 
 
+@PLAIN_ONLY
 async def test_a_corrupt_pack_is_retried_with_backoff_and_does_not_block_later_packs(
     tmp_path: Path, bucket: FolderStore
 ) -> None:
-    _plain_only()
     async with device(tmp_path / "a", bucket) as a:
         await _write(a, "p", b"k", b"v" * 500)
         await a.engine.sync()
@@ -120,10 +119,10 @@ async def test_a_corrupt_pack_is_retried_with_backoff_and_does_not_block_later_p
 # -- 3. gaps in a device's log, and packs waiting for parents ---------------------------
 
 
+@PLAIN_ONLY
 async def test_a_pack_missing_from_the_middle_is_picked_up_when_it_appears(
     tmp_path: Path, bucket: FolderStore
 ) -> None:
-    _plain_only()
     async with device(tmp_path / "a", bucket) as a:
         for page in ("p", "q", "p", "r"):  # sequences 1 to 4
             await _write(a, page, page.encode() + b"%d" % time.monotonic_ns())
@@ -286,10 +285,10 @@ async def test_the_last_upload_at_stop_logs_its_failure(
         assert "did not finish within 0.2s" in caplog.text
 
 
+@PLAIN_ONLY
 async def test_a_corrupt_cloud_copy_is_not_called_local_corruption(
     tmp_path: Path, bucket: FolderStore
 ) -> None:
-    _plain_only()
     async with device(tmp_path / "a", bucket) as a:
         pa = await a.repo.ledger("l").page("p")
         await pa.put(b"photo", random.Random(5).randbytes(100_000), Priority.LAZY)
@@ -484,10 +483,10 @@ async def test_pending_upload_reads_one_snapshot(tmp_path: Path) -> None:
 # -- 10. clock skew ---------------------------------------------------------------------------
 
 
+@PLAIN_ONLY
 async def test_a_device_with_a_clock_far_ahead_is_reported(
     tmp_path: Path, bucket: FolderStore
 ) -> None:
-    _plain_only()
     async with device(tmp_path / "a", bucket) as a, device(tmp_path / "b", bucket) as b:
         pa = await a.repo.ledger("l").page("p")
         await pa.put(b"k", b"v")
