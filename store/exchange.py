@@ -253,9 +253,7 @@ async def import_remote(
     checks out. ``marker`` is a sync_metadata row written in the same transaction
     (the cursor). Returns the commits that were new.
     """
-    bad = [d for d, v in pieces.items() if not dg.verify(d, v)]
-    if bad:
-        raise CorruptObjectError(f"piece {dg.short(bad[0])} does not match its digest")
+    _verify(pieces)
     # The trees are checked without the commit lock: garbage collection must not
     # delete a stored node they reuse before the commits are stored (store.gc).
     page.gc_holds += 1
@@ -300,13 +298,7 @@ async def _import(
     await _check_trees(page, [c.root for c in new], pieces, lazy)
 
     def work(conn: sqlite3.Connection) -> None:
-        sql.put_pieces(conn, pieces.items(), SYNCED)
-        sql.mark_synced(conn, lazy)
-        conn.executemany(
-            "INSERT OR IGNORE INTO remote_pieces (digest, location) SELECT ?, ? "
-            "WHERE NOT EXISTS (SELECT 1 FROM objects WHERE digest = ?)",
-            [(d, loc, d) for d, loc in lazy.items()],
-        )
+        _store_remote(conn, pieces, lazy)
         for c in sorted(new, key=lambda c: c.generation):
             _sql_insert_commit(conn, c)
         conn.executemany(
@@ -419,14 +411,8 @@ async def _import_checkpoint(
     commit if it was new; nothing if the page already has it; raises
     InvalidArgumentError if the page already has other commits.
     """
-    bad = [d for d, v in pieces.items() if not dg.verify(d, v)]
-    if bad:
-        raise CorruptObjectError(f"piece {dg.short(bad[0])} does not match its digest")
-    if not commit_data:
-        raise CorruptObjectError("a checkpoint without a commit")
-    c, *also = [commit.decode(data) for data in commit_data]
-    if any(not x.parents for x in (c, *also)):
-        raise CorruptObjectError("a checkpoint's commit claims to be a first commit")
+    _verify(pieces)
+    c, *also = _checkpoint_commits(commit_data)
     if any(x.generation >= c.generation for x in also):
         raise CorruptObjectError("a checkpoint's other commits are not older than its head")
     if await _has_commit(page, c.id):
@@ -439,13 +425,7 @@ async def _import_checkpoint(
     def work(conn: sqlite3.Connection) -> None:
         if conn.execute("SELECT count(*) FROM commits").fetchone()[0] > 1:
             raise InvalidArgumentError("a checkpoint goes only into a page that has nothing yet")
-        sql.put_pieces(conn, pieces.items(), SYNCED)
-        sql.mark_synced(conn, lazy)
-        conn.executemany(
-            "INSERT OR IGNORE INTO remote_pieces (digest, location) SELECT ?, ? "
-            "WHERE NOT EXISTS (SELECT 1 FROM objects WHERE digest = ?)",
-            [(d, loc, d) for d, loc in lazy.items()],
-        )
+        _store_remote(conn, pieces, lazy)
         sql.insert_commit(conn, c, unsynced=False)
         for x in also:  # ancestors of the head: commits, never heads
             sql.insert_commit(conn, x, unsynced=False)
@@ -490,27 +470,15 @@ async def _rejoin(
     onto its head (:meth:`store.merging.Merger.rebase`), never uploaded on their old
     parents, which other devices may no longer have. Returns the new commit, if
     there were changes to carry."""
-    bad = [d for d, v in pieces.items() if not dg.verify(d, v)]
-    if bad:
-        raise CorruptObjectError(f"piece {dg.short(bad[0])} does not match its digest")
-    if not commit_data:
-        raise CorruptObjectError("a checkpoint without a commit")
-    c, *also = [commit.decode(data) for data in commit_data]
-    if any(not x.parents for x in (c, *also)):
-        raise CorruptObjectError("a checkpoint's commit claims to be a first commit")
+    _verify(pieces)
+    c, *also = _checkpoint_commits(commit_data)
     if await _has_commit(page, c.id):
         return None
     await _check_trees(page, [c.root, *(x.root for x in also)], pieces, lazy)
     new = [x for x in (c, *also) if not await _has_commit(page, x.id)]
 
     def work(conn: sqlite3.Connection) -> None:
-        sql.put_pieces(conn, pieces.items(), SYNCED)
-        sql.mark_synced(conn, lazy)
-        conn.executemany(
-            "INSERT OR IGNORE INTO remote_pieces (digest, location) SELECT ?, ? "
-            "WHERE NOT EXISTS (SELECT 1 FROM objects WHERE digest = ?)",
-            [(d, loc, d) for d, loc in lazy.items()],
-        )
+        _store_remote(conn, pieces, lazy)
         for x in new:  # not heads: the rebase below decides the head
             sql.insert_commit(conn, x, unsynced=False)
             conn.execute("DELETE FROM heads WHERE commit_id = ?", (x.id,))
@@ -527,6 +495,35 @@ async def shallow_roots(page: Page) -> set[bytes]:
     """Commits of the page whose history is not here (checkpoints it started from)."""
     rows = await page.db.read_all("SELECT value FROM page_metadata WHERE name = 'shallow'")
     return sql.shallow_roots(rows[0] if rows else None)
+
+
+def _verify(pieces: dict[bytes, bytes]) -> None:
+    bad = [d for d, v in pieces.items() if not dg.verify(d, v)]
+    if bad:
+        raise CorruptObjectError(f"piece {dg.short(bad[0])} does not match its digest")
+
+
+def _checkpoint_commits(commit_data: list[bytes]) -> list[Commit]:
+    """A checkpoint's head, then its other commits; CorruptObjectError if malformed."""
+    if not commit_data:
+        raise CorruptObjectError("a checkpoint without a commit")
+    commits = [commit.decode(data) for data in commit_data]
+    if any(not x.parents for x in commits):
+        raise CorruptObjectError("a checkpoint's commit claims to be a first commit")
+    return commits
+
+
+def _store_remote(
+    conn: sqlite3.Connection, pieces: dict[bytes, bytes], lazy: dict[bytes, str]
+) -> None:
+    """Store verified pieces from the cloud, and where the LAZY ones left there lie."""
+    sql.put_pieces(conn, pieces.items(), SYNCED)
+    sql.mark_synced(conn, lazy)
+    conn.executemany(
+        "INSERT OR IGNORE INTO remote_pieces (digest, location) SELECT ?, ? "
+        "WHERE NOT EXISTS (SELECT 1 FROM objects WHERE digest = ?)",
+        [(d, loc, d) for d, loc in lazy.items()],
+    )
 
 
 async def _has_commit(page: Page, cid: bytes) -> bool:
