@@ -14,8 +14,9 @@ import logging
 import operator
 import os
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Concatenate, ParamSpec, TypeVar
 
 from ledgerd.store import btree, commit, split, sql
 from ledgerd.store import digest as dg
@@ -26,6 +27,8 @@ from ledgerd.store.page import Page
 from ledgerd.store.schema import SYNCED
 
 log = logging.getLogger(__name__)
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class MissingParentError(StoreError):
@@ -382,22 +385,25 @@ async def head_snapshot(page: Page, also: Iterable[bytes] = ()) -> Snapshot | No
     return Snapshot(head, sorted(eager), list(lazy), extra)
 
 
+def _holding_gc(
+    fn: Callable[Concatenate[Page, P], Awaitable[T]],
+) -> Callable[Concatenate[Page, P], Awaitable[T]]:
+    """Run ``fn(page, ...)`` with the page's garbage collection held off: imports
+    check trees without the commit lock, and a stored node they reuse must stay."""
+
+    async def held(page: Page, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        page.gc_holds += 1
+        try:
+            return await fn(page, *args, **kwargs)
+        finally:
+            page.gc_holds -= 1
+
+    held.__name__, held.__doc__ = fn.__name__, fn.__doc__
+    return held
+
+
+@_holding_gc
 async def import_checkpoint(
-    page: Page,
-    commit_data: list[bytes],
-    pieces: dict[bytes, bytes],
-    lazy: dict[bytes, str],
-    markers: list[tuple[str, bytes]],
-) -> list[Commit]:
-    """Store a checkpoint into a page that has nothing yet (:func:`_import_checkpoint`)."""
-    page.gc_holds += 1  # trees are checked without the commit lock (store.gc)
-    try:
-        return await _import_checkpoint(page, commit_data, pieces, lazy, markers)
-    finally:
-        page.gc_holds -= 1
-
-
-async def _import_checkpoint(
     page: Page,
     commit_data: list[bytes],
     pieces: dict[bytes, bytes],
@@ -442,22 +448,8 @@ async def _import_checkpoint(
     return [c]
 
 
+@_holding_gc
 async def rejoin(
-    page: Page,
-    commit_data: list[bytes],
-    pieces: dict[bytes, bytes],
-    lazy: dict[bytes, str],
-    markers: list[tuple[str, bytes]],
-) -> Commit | None:
-    """Take a checkpoint into a page with history of its own (:func:`_rejoin`)."""
-    page.gc_holds += 1  # trees are checked without the commit lock (store.gc)
-    try:
-        return await _rejoin(page, commit_data, pieces, lazy, markers)
-    finally:
-        page.gc_holds -= 1
-
-
-async def _rejoin(
     page: Page,
     commit_data: list[bytes],
     pieces: dict[bytes, bytes],
