@@ -59,8 +59,10 @@ log = logging.getLogger(__name__)
 
 HISTORY_RETENTION = 7 * 24 * 3600.0
 """Seconds of history a page keeps by default (``history_retention``)."""
-READ_BATCH = 256
+READ_BATCH = 64
 """Pieces read per query while marking."""
+VALUE_BATCH = 4096
+"""Value digests marked in one go while a tree is walked."""
 SWEEP_BATCH = 1024
 """Pieces deleted per SQLite transaction (and per hold of the commit lock)."""
 VACUUM_STEP = 256
@@ -233,9 +235,9 @@ class _Marker:
                 values.extend(e.value for e in node.entries)
                 if i % 64 == 63:
                     await self._yield()
-            if len(values) >= 4 * READ_BATCH:
-                await self.values(values)
-                values = []
+                if len(values) >= VALUE_BATCH:  # a level can hold every value of the page
+                    await self.values(values)
+                    values = []
             await self._yield()
         await self.values(values)
 
