@@ -151,6 +151,11 @@ class Checkpoints:
 
     # -- covers ------------------------------------------------------------------------
 
+    def may_cover(self, device: str, seq: int) -> bool:
+        """Whether some page's cover includes pack ``seq`` of ``device`` (then a pack
+        import reads the index first, to skip what is covered)."""
+        return any(seq <= c.get(device, 0) for c in self.covers.values())
+
     def covered(self, key: Key, device: str, seq: int) -> bool:
         """Whether the checkpoint page ``key`` started from holds pack ``seq`` of ``device``."""
         c = self.covers.get(key)

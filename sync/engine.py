@@ -1247,7 +1247,11 @@ class SyncEngine:
         be imported is held on its own; the others go on. Returns 1 if a page got in."""
         whole = Held(pn, None, progress.RETRY, "").id
         try:
-            wanted_all = only is None and self.wants is None and not self.checkpoints.covers
+            wanted_all = (
+                only is None
+                and self.wants is None
+                and not self.checkpoints.may_cover(pn.device, pn.seq)
+            )
             first = await self.store.get(pn.name, 0, pn.eager_end if wanted_all else pn.head_end)
             header = pack.decode_header(
                 first[: pn.head_end], pn.head_end, pn.eager_end, self._seal(pn.ident)

@@ -86,9 +86,20 @@ async def test_a_new_device_downloads_the_page_not_its_history(
         # The shallow device writes, and the first device reads it.
         await pb.put(b"from b", b"1")
         await b.engine.sync()
-    async with device(tmp_path / "a", bucket, checkpoint_interval=0) as a:
+    async with (
+        device(tmp_path / "a", bucket, checkpoint_interval=0) as a,
+        device(tmp_path / "b", bucket) as b,
+    ):
         await a.engine.sync()
         assert (await _keys(a.repo))[b"from b"] == b"1"
+        # Packs above the cover cost what they cost before checkpoints: one GET.
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"later", b"2")
+        await a.engine.sync()
+        b.cloud.reset()
+        await b.engine.sync()
+        pack_gets = [g for g in b.cloud.gets if g[0].startswith("packs/")]
+        assert len(pack_gets) == 1, b.cloud.gets
 
 
 async def test_a_commit_below_the_checkpoint_makes_the_page_read_its_history(
