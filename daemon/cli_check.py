@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any, TextIO
 
+from ledgerd.daemon.cli_format import arg_bytes
 from ledgerd.daemon.client import AsyncClient
 
 EXIT_UNHEALTHY = 1
@@ -42,22 +42,14 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=run)
 
 
-def _arg(text: str | None, hex_mode: bool) -> bytes | None:
-    if text is None:
-        return None
-    if not hex_mode:
-        return os.fsencode(text)
-    try:
-        return bytes.fromhex(text)
-    except ValueError:
-        from ledgerd.daemon.cli_format import UsageError
-
-        raise UsageError(f"{text!r} is not valid hex") from None
+def _arg(text: str | None, hex_mode: bool, what: str) -> bytes | None:
+    """An optional LEDGER or PAGE argument's bytes (:func:`cli_format.arg_bytes`)."""
+    return None if text is None else arg_bytes(text, hex_mode, what)
 
 
 async def run(args: argparse.Namespace, client: AsyncClient) -> int:
-    ledger = _arg(args.ledger, args.hex)
-    page = _arg(args.page, args.hex)
+    ledger = _arg(args.ledger, args.hex, "ledger")
+    page = _arg(args.page, args.hex, "page")
     report = await client.check(ledger, page, cloud=args.cloud, repair=args.repair)
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")

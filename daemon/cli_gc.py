@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any, TextIO
 
+from ledgerd.daemon.cli_format import arg_bytes
 from ledgerd.daemon.client import AsyncClient
 
 EXIT_FAILED = 1
@@ -41,17 +41,9 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=run_evict)
 
 
-def _arg(text: str | None, hex_mode: bool) -> bytes | None:
-    if text is None:
-        return None
-    if not hex_mode:
-        return os.fsencode(text)
-    try:
-        return bytes.fromhex(text)
-    except ValueError:
-        from ledgerd.daemon.cli_format import UsageError
-
-        raise UsageError(f"{text!r} is not valid hex") from None
+def _arg(text: str | None, hex_mode: bool, what: str) -> bytes | None:
+    """An optional LEDGER or PAGE argument's bytes (:func:`cli_format.arg_bytes`)."""
+    return None if text is None else arg_bytes(text, hex_mode, what)
 
 
 def _name(p: dict[str, Any]) -> str:
@@ -71,7 +63,7 @@ def size(n: int) -> str:
 
 
 async def run_gc(args: argparse.Namespace, client: AsyncClient) -> int:
-    doc = await client.gc(_arg(args.ledger, args.hex), _arg(args.page, args.hex))
+    doc = await client.gc(_arg(args.ledger, args.hex, "ledger"), _arg(args.page, args.hex, "page"))
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
@@ -95,7 +87,7 @@ def gc_summary(doc: dict[str, Any], out: TextIO) -> None:
 
 
 async def run_evict(args: argparse.Namespace, client: AsyncClient) -> int:
-    ledger, page = _arg(args.ledger, args.hex), _arg(args.page, args.hex)
+    ledger, page = _arg(args.ledger, args.hex, "ledger"), _arg(args.page, args.hex, "page")
     assert ledger is not None and page is not None
     doc = await client.evict(ledger, page)
     if args.json:

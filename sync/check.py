@@ -24,7 +24,6 @@ the page: the page keeps serving, and so does every other page.
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from ledgerd.store import Page
 from ledgerd.store import check as ck
 from ledgerd.store import digest as dg
 from ledgerd.store import exchange as ex
-from ledgerd.sync import pack
+from ledgerd.sync import layout, pack
 from ledgerd.sync.cloud import CloudStore
 from ledgerd.sync.crypto import Codec
 from ledgerd.sync.errors import CloudError
@@ -246,10 +245,10 @@ class Checked:
     def json(self) -> dict[str, Any]:
         r = self.report
         return {
-            "ledger": _b64(r.ledger),
-            "page": _b64(r.page),
-            "ledger_text": _text(r.ledger),
-            "page_text": _text(r.page),
+            "ledger": layout.b64(r.ledger),
+            "page": layout.b64(r.page),
+            "ledger_text": layout.text_or_none(r.ledger),
+            "page_text": layout.text_or_none(r.page),
             "healthy": r.healthy,
             "commits": r.commits,
             "stored_pieces": r.stored,
@@ -412,19 +411,8 @@ async def _restore(
     return changed
 
 
-def _b64(raw: bytes) -> str:
-    return base64.b64encode(raw).decode()
-
-
-def _text(raw: bytes) -> str | None:
-    try:
-        return raw.decode()
-    except UnicodeDecodeError:
-        return None
-
-
 def _problem_json(p: ck.Problem) -> dict[str, Any]:
     doc = p.json()
-    doc["key"] = None if p.key is None else _b64(p.key)
-    doc["key_text"] = None if p.key is None else _text(p.key)
+    doc["key"] = None if p.key is None else layout.b64(p.key)
+    doc["key_text"] = None if p.key is None else layout.text_or_none(p.key)
     return doc

@@ -170,12 +170,6 @@ class Checkpoints:
         await self._save()
         return True
 
-    async def cover(self, key: Key, cover: dict[str, int]) -> None:
-        """Skip, for ``key``, the packs ``cover`` includes (it started from a checkpoint)."""
-        self.covers[key] = cover
-        self.deep.pop(key, None)
-        await self._save()
-
     def was_covered(self, key: Key, device: str, seq: int) -> bool:
         """Whether a page that reads its history again started from a checkpoint that
         held pack ``seq`` of ``device``: its commits are in the page already, and it
@@ -324,21 +318,35 @@ class Checkpoints:
                 cp = await self.read(cn)
                 if not wanted(cp.key) or self._repo.page_exists(*cp.key):
                     continue
-                markers = [(f"imported/{d}", str(seq).encode()) for d, seq in cp.cover.items()]
-                markers.append((BASE, str(cn.eager_end - cn.head_end).encode()))
                 async with using(cp.key) as page:
-                    await ex.import_checkpoint(page, cp.commits, cp.eager, cp.lazy, markers)
+                    await self.take(page, cp, save=False)
             except CloudNotFoundError:
                 continue  # deleted since the listing; a newer one is there
             except Exception as e:
                 log.warning("checkpoint %s not used (the page's history is read): %s", cn.name, e)
                 continue
-            self.covers[cp.key] = cp.cover
             started += 1
         if started:
             await self._save()
             log.info("started %d pages from checkpoints", started)
         return started
+
+    async def take(
+        self, page: Page, cp: Checkpoint, *, rejoin: bool = False, save: bool = True
+    ) -> None:
+        """Store checkpoint ``cp`` into ``page``: into a page that has nothing yet, or
+        (``rejoin``) over the page's own history (:func:`store.exchange.rejoin`). The
+        page then skips the packs its cover includes, and counts its history from it."""
+        markers = [(f"imported/{d}", str(seq).encode()) for d, seq in cp.cover.items()]
+        markers.append((BASE, str(cp.name.eager_end - cp.name.head_end).encode()))
+        if rejoin:
+            await ex.rejoin(page, cp.commits, cp.eager, cp.lazy, markers)
+        else:
+            await ex.import_checkpoint(page, cp.commits, cp.eager, cp.lazy, markers)
+        self.covers[cp.key] = cp.cover
+        self.deep.pop(cp.key, None)
+        if save:
+            await self._save()
 
     async def locate(self, key: Key, digests: list[bytes]) -> dict[bytes, str]:
         """Where the page's newest checkpoint holds these LAZY pieces (for a piece whose

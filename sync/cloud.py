@@ -157,7 +157,7 @@ class Retrying(CloudStore):
 
     async def list(self, prefix: str = "", after: str = "") -> AsyncIterator[str]:
         # Collected whole per attempt, so a listing that fails part-way is simply redone.
-        for n in await self._call(lambda: _collect(self.inner.list(prefix, after))):
+        for n in await self._call(lambda: collect(self.inner.list(prefix, after))):
             yield n
 
     async def delete(self, name: str) -> None:
@@ -176,24 +176,28 @@ class Metered(CloudStore):
     def __init__(self, inner: CloudStore) -> None:
         self.inner = inner
         self.counts: Counter[str] = Counter()
+        """Requests by kind (``put``, ``get``, ``list``, ``delete``)."""
+        self.bytes_up = 0
+        self.bytes_down = 0
 
     def snapshot(self) -> Counter[str]:
-        return Counter(self.counts)
+        return Counter({**self.counts, "bytes_up": self.bytes_up, "bytes_down": self.bytes_down})
 
     def since(self, before: Counter[str]) -> dict[str, int]:
         """What was spent since ``before`` (a :meth:`snapshot`): every kind, zeros too."""
+        now = self.snapshot()
         kinds = ("put", "get", "list", "delete", "bytes_up", "bytes_down")
-        return {k: self.counts[k] - before[k] for k in kinds}
+        return {k: now[k] - before[k] for k in kinds}
 
     async def put(self, name: str, data: bytes) -> None:
         self.counts["put"] += 1
-        self.counts["bytes_up"] += len(data)
+        self.bytes_up += len(data)
         await self.inner.put(name, data)
 
     async def get(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
         self.counts["get"] += 1
         data = await self.inner.get(name, offset, length)
-        self.counts["bytes_down"] += len(data)
+        self.bytes_down += len(data)
         return data
 
     async def list(self, prefix: str = "", after: str = "") -> AsyncIterator[str]:
@@ -215,5 +219,6 @@ class Metered(CloudStore):
         return self.inner.last_failure()
 
 
-async def _collect(names: AsyncIterator[str]) -> list[str]:
+async def collect(names: AsyncIterator[str]) -> list[str]:
+    """Every name of a listing (so that a retried or timed listing is one call)."""
     return [n async for n in names]

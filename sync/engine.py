@@ -44,7 +44,6 @@ most one per ``debounce``).
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
 import logging
@@ -119,20 +118,11 @@ LEGACY_DONE = "sync/legacy-read"
 LISTED_WALL = "sync/listed-wall"
 """Repository meta: the wall time of a listing of the feed, within the hour."""
 LISTED_WALL_STEP = 3600.0
+COMPACTED_AT = "sync/compacted_at"
+"""Repository meta: the wall time of this device's last compaction."""
 FEED_WINDOW = 120.0
 """Seconds of feed time each listing looks back past the newest name seen: packs
 whose PUT was slower than the listing that followed it."""
-
-
-def _b64(raw: bytes) -> str:
-    return base64.b64encode(raw).decode()
-
-
-def _text(raw: bytes) -> str | None:
-    try:
-        return raw.decode()
-    except UnicodeDecodeError:
-        return None
 
 
 def _error(e: BaseException) -> str:
@@ -304,6 +294,7 @@ class SyncEngine:
         )
         self.compaction_interval = compaction_interval
         self._listed_wall = 0.0  # wall time of a recent listing (see _rejoin_if_away)
+        self._compacted_at: float | None = None  # wall time of the last compaction
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -420,8 +411,9 @@ class SyncEngine:
                 next_poll = time.monotonic() + self.interval
 
     async def _compact_when_due(self) -> None:
-        last = float(await self.repo.get_meta("sync/compacted_at") or b"0")
-        if time.time() - last < self.compaction_interval:
+        if self._compacted_at is None:  # read once; every poll asks
+            self._compacted_at = float(await self.repo.get_meta(COMPACTED_AT) or b"0")
+        if time.time() - self._compacted_at < self.compaction_interval:
             return
         try:
             await self.compact()
@@ -429,7 +421,8 @@ class SyncEngine:
             raise
         except Exception as e:  # nothing was lost; the next interval tries again
             log.warning("compaction failed: %s", _error(e))
-        await self.repo.set_meta("sync/compacted_at", str(time.time()).encode())
+        self._compacted_at = time.time()
+        await self.repo.set_meta(COMPACTED_AT, str(self._compacted_at).encode())
 
     async def compact(self) -> compaction.Report:
         """Delete this device's packs and checkpoints that checkpoints made unneeded
@@ -837,14 +830,9 @@ class SyncEngine:
                 cp = await self.checkpoints.read(cn)
                 if not self._wanted_here(cp.key):
                     continue
-                markers = [(f"imported/{d}", str(s).encode()) for d, s in cp.cover.items()]
                 fresh = not self.repo.page_exists(*cp.key)
                 async with self._using(cp.key) as page:
-                    if fresh:
-                        await ex.import_checkpoint(page, cp.commits, cp.eager, cp.lazy, markers)
-                    else:
-                        await ex.rejoin(page, cp.commits, cp.eager, cp.lazy, markers)
-                await self.checkpoints.cover(cp.key, cp.cover)
+                    await self.checkpoints.take(page, cp, rejoin=not fresh)
                 self._changed(cp.key)
             except CloudNotFoundError:
                 continue
@@ -909,9 +897,7 @@ class SyncEngine:
                 cp = await self.checkpoints.read(cn)
                 if cp.key != key:
                     continue
-                markers = [(f"imported/{d}", str(s).encode()) for d, s in cp.cover.items()]
-                await ex.import_checkpoint(page, cp.commits, cp.eager, cp.lazy, markers)
-                await self.checkpoints.cover(key, cp.cover)
+                await self.checkpoints.take(page, cp)
                 cover, found = cp.cover, True
             async for name in self.store.list(layout.PACKS):
                 pn = PackName.parse(name)
@@ -1574,13 +1560,19 @@ class SyncEngine:
             out.append({"device": device, "error": f"device {device}: {err}"})
         for key, st in sorted(self.states.items()):
             if st.last_error and mine(key):
-                out.append({"ledger": _b64(key[0]), "page": _b64(key[1]), "error": st.last_error})
+                out.append(
+                    {
+                        "ledger": layout.b64(key[0]),
+                        "page": layout.b64(key[1]),
+                        "error": st.last_error,
+                    }
+                )
         for h in self._held():
             if h.state != progress.RETRY and mine(h.key):
                 out.append(
                     {
-                        "ledger": _b64(h.key[0]) if h.key else None,
-                        "page": _b64(h.key[1]) if h.key else None,
+                        "ledger": layout.b64(h.key[0]) if h.key else None,
+                        "page": layout.b64(h.key[1]) if h.key else None,
                         "pack": h.ln.name,
                         "error": f"pack {h.ln.name}: {h.reason}",
                     }
@@ -1594,10 +1586,10 @@ class SyncEngine:
             if st.last_error:
                 pages.append(
                     {
-                        "ledger": _b64(key[0]),
-                        "page": _b64(key[1]),
-                        "ledger_text": _text(key[0]),
-                        "page_text": _text(key[1]),
+                        "ledger": layout.b64(key[0]),
+                        "page": layout.b64(key[1]),
+                        "ledger_text": layout.text_or_none(key[0]),
+                        "page_text": layout.text_or_none(key[1]),
                         "error": st.last_error,
                         "last_sync": st.last_sync,
                     }
@@ -1607,10 +1599,10 @@ class SyncEngine:
             packs.append(
                 {
                     **h.json(),
-                    "ledger": _b64(h.key[0]) if h.key else None,
-                    "page": _b64(h.key[1]) if h.key else None,
-                    "ledger_text": _text(h.key[0]) if h.key else None,
-                    "page_text": _text(h.key[1]) if h.key else None,
+                    "ledger": layout.b64(h.key[0]) if h.key else None,
+                    "page": layout.b64(h.key[1]) if h.key else None,
+                    "ledger_text": layout.text_or_none(h.key[0]) if h.key else None,
+                    "page_text": layout.text_or_none(h.key[1]) if h.key else None,
                 }
             )
         gaps = [

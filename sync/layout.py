@@ -33,6 +33,7 @@ ledger and page names are base64url without padding, 1-128 bytes decoded.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
@@ -58,6 +59,19 @@ _NUMBER = re.compile(r"0|[1-9][0-9]{0,15}")
 _TIME = re.compile(r"[0-9]{13}")
 PACKS = "packs/"
 _B64 = re.compile(r"[A-Za-z0-9_-]{2,171}")
+
+
+def b64(raw: bytes) -> str:
+    """A ledger or page name as status shows it (standard base64)."""
+    return base64.b64encode(raw).decode()
+
+
+def text_or_none(raw: bytes) -> str | None:
+    """A name as text for status, if it is UTF-8."""
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return None
 
 
 def device_ok(text: str) -> bool:

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from ledgerd.sync.cloud import CloudStore
+from ledgerd.sync.cloud import CloudStore, collect
 from ledgerd.sync.errors import TransientCloudError
 
 T = TypeVar("T")
@@ -63,7 +63,7 @@ class Metered(CloudStore):
         return data
 
     async def list(self, prefix: str = "", after: str = "") -> AsyncIterator[str]:
-        names = await self._count("list", lambda: _collect(self.inner.list(prefix, after)))
+        names = await self._count("list", lambda: collect(self.inner.list(prefix, after)))
         for n in names:
             yield n
 
@@ -81,7 +81,3 @@ class Metered(CloudStore):
 
     def is_transient(self, error: BaseException) -> bool:
         return self.inner.is_transient(error)
-
-
-async def _collect(names: AsyncIterator[str]) -> list[str]:
-    return [n async for n in names]

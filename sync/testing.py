@@ -12,60 +12,46 @@ import socket
 import subprocess
 import sys
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 
 from ledgerd.sync import pack
-from ledgerd.sync.cloud import CloudStore
+from ledgerd.sync.cloud import CloudStore, Metered
 from ledgerd.sync.errors import TransientCloudError
 from ledgerd.sync.layout import PackName
 
 
-class CountingStore(CloudStore):
+class CountingStore(Metered):
+    """:class:`~sync.cloud.Metered`, plus every GET (name, offset, bytes), the names
+    listed, and :meth:`reset`, for tests that prove request and byte budgets."""
+
     def __init__(self, inner: CloudStore) -> None:
-        self.inner = inner
-        self.counts: Counter[str] = Counter()
-        self.bytes_put = 0
-        self.bytes_got = 0
+        super().__init__(inner)
         self.names_listed = 0
         self.gets: list[tuple[str, int, int]] = []  # name, offset, bytes
+
+    @property
+    def bytes_put(self) -> int:
+        return self.bytes_up
+
+    @property
+    def bytes_got(self) -> int:
+        return self.bytes_down
 
     def reset(self) -> None:
         self.counts.clear()
         self.gets.clear()
-        self.bytes_put = self.bytes_got = self.names_listed = 0
-
-    async def put(self, name: str, data: bytes) -> None:
-        self.counts["put"] += 1
-        self.bytes_put += len(data)
-        await self.inner.put(name, data)
+        self.bytes_up = self.bytes_down = self.names_listed = 0
 
     async def get(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
-        self.counts["get"] += 1
-        data = await self.inner.get(name, offset, length)
-        self.bytes_got += len(data)
+        data = await super().get(name, offset, length)
         self.gets.append((name, offset, len(data)))
         return data
 
     async def list(self, prefix: str = "", after: str = "") -> AsyncIterator[str]:
-        self.counts["list"] += 1
-        async for n in self.inner.list(prefix, after):
+        async for n in super().list(prefix, after):
             self.names_listed += 1
             yield n
-
-    async def delete(self, name: str) -> None:
-        self.counts["delete"] += 1
-        await self.inner.delete(name)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    async def create_bucket(self) -> None:
-        await self.inner.create_bucket()
-
-    def last_failure(self) -> str | None:
-        return self.inner.last_failure()
 
 
 class FaultyStore(CloudStore):
