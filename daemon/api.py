@@ -617,7 +617,7 @@ class Api:
         with_values = q.flag("values", True)
         out, n = await entries_json(view, found, with_values, self.cfg.max_listing_bytes)
         if n < len(found):  # the body is full: the next listing starts at the first left out
-            nxt = found[n].key
+            nxt = found[n][0]
         return web.json_response({"entries": out, "next": b64(nxt) if nxt is not None else None})
 
     async def batch(self, request: web.Request, p: Params) -> web.Response:

@@ -11,14 +11,15 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from ledgerd.daemon import errors as ae
 from ledgerd.store import (
     Commit,
-    Entry,
     KeyTooLargeError,
     Priority,
+    RawEntry,
     StampedKey,
     StampedValue,
     VersionstampError,
@@ -185,7 +186,7 @@ def parse_priority(text: object) -> Priority:
     raise ae.BadRequest(f"priority must be 'eager' or 'lazy', not {text!r}")
 
 
-def priority_name(p: Priority) -> str:
+def priority_name(p: int) -> str:
     return "lazy" if p == Priority.LAZY else "eager"
 
 
@@ -199,7 +200,7 @@ def _b64_len(n: int) -> int:
 
 
 async def entries_json(
-    view: View, found: list[Entry], with_values: bool, budget: int
+    view: View, found: Sequence[RawEntry], with_values: bool, budget: int
 ) -> tuple[list[dict[str, Any]], int]:
     """JSON objects for entries (key, priority, size, and the value when small enough),
     and how many of ``found`` they are: they stop before the one that would take
@@ -210,26 +211,26 @@ async def entries_json(
     used = 0
     for g in range(0, len(found), ENTRY_GROUP):
         group = found[g : g + ENTRY_GROUP]
-        small = [e.value for e in group if not dg.is_index(e.value)]
+        small = [value for _, value, _ in group if not dg.is_index(value)]
         values = await view.objects.read_many(small) if with_values else {}
-        for i, e in enumerate(group, g):
-            item: dict[str, Any] = {"key": b64(e.key), "priority": priority_name(e.priority)}
+        for i, (key, value, prio) in enumerate(group, g):
+            item: dict[str, Any] = {"key": b64(key), "priority": priority_name(prio)}
             cost = len(item["key"]) + ENTRY_OVERHEAD
-            if e.value in values:
-                item["size"] = len(values[e.value])
+            if value in values:
+                item["size"] = len(values[value])
                 cost += _b64_len(item["size"])
             else:
-                item["size"] = size = await view.objects.size(e.value)
+                item["size"] = size = await view.objects.size(value)
                 if with_values:
                     inline = size <= INLINE_VALUE_LIMIT
                     cost += _b64_len(size) if inline else 0
                     if out and used + cost > budget:  # don't read what will not be sent
                         return out, i
-                    item["value"] = b64(await view.objects.read_all(e.value)) if inline else None
+                    item["value"] = b64(await view.objects.read_all(value)) if inline else None
             if out and used + cost > budget:
                 return out, i
-            if e.value in values:
-                item["value"] = b64(values[e.value])
+            if value in values:
+                item["value"] = b64(values[value])
             used += cost
             out.append(item)
     return out, len(found)

@@ -339,7 +339,7 @@ class Session:
         )
         out, n = await entries_json(txn, found, True, self.api.cfg.max_listing_bytes)
         if n < len(found):  # the message is full: the next listing starts at the first left out
-            nxt = found[n].key
+            nxt = found[n][0]
         return {"entries": out, "next": b64(nxt) if nxt is not None else None}
 
     async def op_commit(self, req: dict[str, Any]) -> dict[str, Any]:

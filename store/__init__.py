@@ -28,7 +28,7 @@ Documents after Yoda (:class:`DocumentStore`, one per page)::
 """
 
 from ledgerd.store import tuple
-from ledgerd.store.btree import Entry, Priority
+from ledgerd.store.btree import Entry, Priority, RawEntry
 from ledgerd.store.commit import Commit
 from ledgerd.store.digest import Kind
 from ledgerd.store.docmodel import (
@@ -139,6 +139,7 @@ __all__ = [
     "NotEvictableError",
     "PageRestorer",
     "Entry",
+    "RawEntry",
     "InvalidArgumentError",
     "KeyNotFoundError",
     "KeyTooLargeError",

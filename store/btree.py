@@ -38,7 +38,6 @@ import operator
 from array import array
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import NamedTuple, Protocol
 
 import msgpack
@@ -89,7 +88,19 @@ class Entry(_EntryTuple):
 
 new_entry = functools.partial(tuple.__new__, Entry)
 """An Entry from a ``(key, value digest, priority)`` tuple, without the Python-level
-``__new__`` of a named tuple (for decoding, and for batches: one per entry)."""
+``__new__`` of a named tuple (for batches: one per entry)."""
+
+RawEntry = tuple[bytes, bytes, int]
+"""An entry as a node holds it: a plain ``(key, value digest, priority)`` tuple.
+
+Nodes keep plain tuples, not :class:`Entry` objects: the garbage collector stops
+tracking a plain tuple of bytes and ints the first time it sees one, but tracks an
+instance of a tuple subclass for as long as it lives. A node cache of 64 MiB holds
+a few hundred thousand entries; as Entry objects, every full collection walked
+them all (a cold read of a 100,000-entry page spent a fifth of its time in the
+collector, a scan more). Entries leave this module as :class:`Entry` objects
+(:func:`lookup`, :func:`iterate`, diffs); code reading nodes directly indexes them.
+"""
 _KEY = operator.itemgetter(0)
 _packer = msgpack.Packer(use_bin_type=True)
 
@@ -97,7 +108,7 @@ _packer = msgpack.Packer(use_bin_type=True)
 @dataclass(frozen=True, slots=True)
 class Node:
     level: int
-    entries: tuple[Entry, ...]
+    entries: tuple[RawEntry, ...]
     children: tuple[bytes, ...]  # len(entries) + 1 at level > 0, empty at level 0
     # A leaf made by a Builder keeps its encoding and each entry's size in it, so that
     # the next batch that changes a few of its entries splices the new ones between
@@ -140,7 +151,7 @@ def decode_node(data: bytes) -> Node:
             _validate_digests(values)
         if children:
             _validate_digests([c for c in children if c])
-        node = Node(level, tuple(map(tuple.__new__, repeat(Entry), raw)), children)
+        node = Node(level, raw, children)
     except (ValueError, TypeError, IndexError) as e:
         raise CorruptObjectError(f"undecodable tree node: {e}") from e
     except Exception as e:  # msgpack's own exception types
@@ -242,7 +253,7 @@ class Builder:
         got = self.new.get(digest)
         return got[0] if got is not None else await self.nodes.load(digest)
 
-    def make(self, level: int, entries: list[Entry], children: list[bytes]) -> bytes:
+    def make(self, level: int, entries: Sequence[RawEntry], children: list[bytes]) -> bytes:
         if level == 0:
             if not entries:
                 return EMPTY
@@ -264,14 +275,14 @@ class Builder:
             self.new[d] = (node, pieces)
         return d
 
-    def _splice(self, node: Node, items: list[tuple[bytes, int, Entry | None]]) -> bytes:
+    def _splice(self, node: Node, items: list[tuple[bytes, int, RawEntry | None]]) -> bytes:
         """The leaf ``node`` with ``items`` applied, made from runs of its own encoding
         and the new entries' encodings (it must have its encoding and sizes)."""
         assert node.encoded is not None and node.sizes is not None
         old, encoded, sizes = node.entries, node.encoded, node.sizes
         view = memoryview(encoded)
         n = len(old)
-        runs: list[tuple[Entry, ...]] = []
+        runs: list[tuple[RawEntry, ...]] = []
         parts: list[bytes | memoryview] = []
         new_sizes = array("I")
         at = 0  # the first entry of old not yet taken or skipped
@@ -290,7 +301,7 @@ class Builder:
                 runs.append((new,))
                 parts.append(packed)
                 new_sizes.append(len(packed))
-            if i < n and old[i].key == key:  # replaced or deleted: skip the old one
+            if i < n and old[i][0] == key:  # replaced or deleted: skip the old one
                 pos += sizes[i]
                 at = i + 1
         if at < n:
@@ -328,9 +339,9 @@ class Builder:
 
         The last change to a key wins. Only nodes on changed paths are rewritten.
         """
-        batch: dict[bytes, Entry | None] = {}
-        for key, entry in changes:
-            batch[key] = entry
+        batch: dict[bytes, RawEntry | None] = {}
+        for key, entry in changes:  # plain tuples of bytes and ints: see RawEntry
+            batch[key] = None if entry is None else (entry[0], entry[1], int(entry[2]))
         if not batch:
             return root
         items = sorted((k, key_level(k), e) for k, e in batch.items())
@@ -352,7 +363,7 @@ class Builder:
         return d
 
     async def _update(
-        self, d: bytes, level: int, items: list[tuple[bytes, int, Entry | None]]
+        self, d: bytes, level: int, items: list[tuple[bytes, int, RawEntry | None]]
     ) -> bytes:
         if not items:
             return d
@@ -366,14 +377,14 @@ class Builder:
             children = list(node.children)
         else:
             entries, children = [], ([EMPTY] if level > 0 else [])
-        lower: list[tuple[bytes, int, Entry | None]] = []
+        lower: list[tuple[bytes, int, RawEntry | None]] = []
         for item in items:
             key, lvl, new = item
             if lvl < level:
                 lower.append(item)
                 continue
             i = bisect.bisect_left(entries, key, key=_KEY)
-            present = i < len(entries) and entries[i].key == key
+            present = i < len(entries) and entries[i][0] == key
             if present and new is not None:
                 entries[i] = new
             elif present:
@@ -390,7 +401,7 @@ class Builder:
             start = 0
             for i in range(len(children)):
                 end = start
-                hi = entries[i].key if i < len(entries) else None
+                hi = entries[i][0] if i < len(entries) else None
                 while end < len(lower) and (hi is None or lower[end][0] < hi):
                     end += 1
                 if end > start:
@@ -438,8 +449,8 @@ async def lookup(nodes: NodeStore, root: bytes, key: bytes) -> Entry | None:
         node = cached(d) or await nodes.load(d)
         entries = node.entries
         i = bisect.bisect_left(entries, key, key=_KEY)
-        if i < len(entries) and entries[i].key == key:
-            return node.entries[i]
+        if i < len(entries) and entries[i][0] == key:
+            return new_entry(entries[i])
         if node.level == 0:
             return None
         d = node.children[i]
@@ -448,12 +459,12 @@ async def lookup(nodes: NodeStore, root: bytes, key: bytes) -> Entry | None:
 
 async def runs(
     nodes: NodeStore, root: bytes, start: bytes = b"", end: bytes | None = None
-) -> AsyncIterator[tuple[Entry, ...]]:
+) -> AsyncIterator[tuple[RawEntry, ...]]:
     """The entries with ``start <= key < end`` in key order, as runs: a leaf's entries
-    in the range come as one slice of the node (no object per entry), a separator as
-    a run of one. Only the nodes needed are loaded."""
+    in the range come as one slice of the node (no object per entry, plain tuples: see
+    :data:`RawEntry`), a separator as a run of one. Only the nodes needed are loaded."""
     # Explicit stack of pending work: a node's digest (bytes) or a run (a tuple).
-    stack: list[bytes | tuple[Entry, ...]] = [root] if root else []
+    stack: list[bytes | tuple[RawEntry, ...]] = [root] if root else []
     load = nodes.load
     while stack:
         item = stack.pop()
@@ -472,7 +483,7 @@ async def runs(
         # children[lo] holds keys between entries[lo-1] and entries[lo] (may include
         # start); children[hi] may hold keys below end.
         children = node.children
-        work: list[bytes | tuple[Entry, ...]] = []
+        work: list[bytes | tuple[RawEntry, ...]] = []
         for i in range(lo, hi + 1):
             if children[i]:
                 work.append(children[i])
@@ -487,7 +498,7 @@ async def iterate(
     """Entries with ``start <= key < end`` in key order, loading only the nodes needed."""
     async for run in runs(nodes, root, start, end):
         for e in run:
-            yield e
+            yield new_entry(e)
 
 
 def prefix_end(prefix: bytes) -> bytes | None:
@@ -519,7 +530,7 @@ class _Cursor:
     def __init__(self, nodes: NodeLoader, root: bytes) -> None:
         self.nodes = nodes
         # Items in reverse order: (digest, level, None) for a subtree, (b"", -1, entry).
-        self.stack: list[tuple[bytes, int, Entry | None]] = []
+        self.stack: list[tuple[bytes, int, RawEntry | None]] = []
         self.root = root
 
     async def start(self) -> None:
@@ -527,13 +538,13 @@ class _Cursor:
             node = await self.nodes.load(self.root)
             self.stack.append((self.root, node.level, None))
 
-    def peek(self) -> tuple[bytes, int, Entry | None] | None:
+    def peek(self) -> tuple[bytes, int, RawEntry | None] | None:
         return self.stack[-1] if self.stack else None
 
     async def expand(self) -> None:
         d, _, _ = self.stack.pop()
         node = await self.nodes.load(d)
-        items: list[tuple[bytes, int, Entry | None]] = []
+        items: list[tuple[bytes, int, RawEntry | None]] = []
         for i, e in enumerate(node.entries):
             if node.level > 0 and node.children[i]:
                 items.append((node.children[i], node.level - 1, None))
@@ -571,18 +582,18 @@ async def diff(nodes: NodeLoader, old: bytes, new: bytes) -> AsyncIterator[Chang
         # Both fronts are entries (or one side is exhausted).
         ex = x[2] if x is not None else None
         ey = y[2] if y is not None else None
-        if ey is None or (ex is not None and ex.key < ey.key):
+        if ey is None or (ex is not None and ex[0] < ey[0]):
             assert ex is not None
             a.stack.pop()
-            yield Change(ex.key, ex, None)
-        elif ex is None or ey.key < ex.key:
+            yield Change(ex[0], new_entry(ex), None)
+        elif ex is None or ey[0] < ex[0]:
             b.stack.pop()
-            yield Change(ey.key, None, ey)
+            yield Change(ey[0], None, new_entry(ey))
         else:
             a.stack.pop()
             b.stack.pop()
             if ex != ey:
-                yield Change(ex.key, ex, ey)
+                yield Change(ex[0], new_entry(ex), new_entry(ey))
 
 
 @dataclass(frozen=True, slots=True)

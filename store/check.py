@@ -424,9 +424,9 @@ class _Walker:
             values: dict[bytes, bytes | None] = {}
             for node in nodes:
                 children.extend(c for c in node.children if c and c not in done)
-                for e in node.entries:
-                    if e.value not in self.seen and e.value not in values:
-                        values[e.value] = e.key
+                for key, value, _ in node.entries:
+                    if value not in self.seen and value not in values:
+                        values[value] = key
             await self.values(values, committed=True)
             frontier = list(dict.fromkeys(children))
 

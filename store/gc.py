@@ -232,7 +232,7 @@ class _Marker:
             for i, raw in enumerate(nodes):
                 node = btree.decode_node(raw)
                 frontier.extend(c for c in node.children if c)
-                values.extend(e.value for e in node.entries)
+                values.extend(e[1] for e in node.entries)
                 if i % 64 == 63:
                     await self._yield()
                 if len(values) >= VALUE_BATCH:  # a level can hold every value of the page

@@ -61,6 +61,8 @@ CACHE_PIECE_LIMIT = 64 * 1024
 """Pieces up to this size that were read (and verified) or written are kept in the
 repository's cache, so reading what was just written or read needs no trip to SQLite."""
 
+_ONE_PIECE = "SELECT data FROM objects WHERE digest = ?"
+
 CACHE_VALUE_LIMIT = 1024 * 1024
 """The chunks of a value larger than this are not cached when read: streaming a large
 value through would only push everything else out."""
@@ -460,11 +462,32 @@ class ObjectStore:
         if dg.is_inline(digest):
             return dg.inline_content(digest)
         if not dg.is_index(digest):
-            got = self.cache.get(digest)
+            got = self.cache.get(digest) or self.memory.get(digest)
+            if got is not None:
+                return got
+            got = await self._read_one(digest, remember)
             if got is not None:
                 return got
             return (await self.get_pieces((digest,), remember=remember))[digest]
         return b"".join([b async for b in await self.read(digest)])
+
+    async def _read_one(self, digest: bytes, remember: bool) -> bytes | None:
+        """One stored piece, verified (and cached if ``remember``); None if it is not
+        stored (:meth:`get_pieces` fetches it). The path of a point read, without
+        :meth:`get_pieces`' batching around one piece."""
+        rows = await self.db.read_all(_ONE_PIECE, (digest,), small=True)
+        if not rows:
+            return None
+        data = bytes(rows[0][0])
+        if len(data) >= _THREAD_MIN:
+            await self._verify({digest: data})
+        elif not dg.verify(digest, data):
+            raise CorruptObjectError(
+                f"stored object {dg.short(digest)} in {self.db.path} does not match its digest"
+            )
+        if remember and len(data) <= CACHE_PIECE_LIMIT:
+            self.cache.put(digest, data, piece_cost(data))
+        return data
 
     async def read_to_file(self, digest: bytes, path: Path) -> int:
         """Write a value to ``path`` (atomically, via a temporary file)."""

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 from ledgerd.store import commit, split, staging
-from ledgerd.store.btree import EMPTY, Builder, Entry, NodeStore, Priority, new_entry
+from ledgerd.store.btree import EMPTY, Builder, Entry, NodeStore, Priority, RawEntry, new_entry
 from ledgerd.store.commit import Commit
 from ledgerd.store.errors import ClosedError, TransactionClosedError
 from ledgerd.store.graph import CommitGraph
@@ -228,7 +228,7 @@ class Transaction(View):
         end: bytes | None = None,
         prefix: bytes | None = None,
         token: bytes | None = None,
-    ) -> AsyncIterator[Sequence[Entry]]:
+    ) -> AsyncIterator[Sequence[RawEntry]]:
         await self.start()
         if self.state.stamped_values:
             lo, hi = bounds(start, end, prefix, token)

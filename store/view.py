@@ -15,14 +15,16 @@ Ranges
 from __future__ import annotations
 
 import abc
+import contextlib
+import gc
 import operator
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Generic, NamedTuple, TypeVar
 
 from ledgerd.store import btree
-from ledgerd.store.btree import EMPTY, Entry, NodeStore, Priority
+from ledgerd.store.btree import EMPTY, Entry, NodeStore, Priority, RawEntry, new_entry
 from ledgerd.store.digest import TOMBSTONE
 from ledgerd.store.errors import InvalidArgumentError, KeyNotFoundError, KeyTooLargeError
 from ledgerd.store.objects import ObjectStore
@@ -38,8 +40,8 @@ def live(e: Entry | None) -> Entry | None:
     return None if e is None or e.value == TOMBSTONE else e
 
 
-_VALUE = operator.itemgetter(1)
-"""An entry's value digest."""
+_KEY, _VALUE, _PRIORITY = map(operator.itemgetter, range(3))
+"""An entry's key, value digest and priority."""
 
 
 def check_key(key: bytes) -> bytes:
@@ -82,15 +84,31 @@ _PRIORITIES = (Priority.EAGER, Priority.LAZY)
 class KeyValue(_KeyValueTuple):
     """An entry with its value, as a range query returns it.
 
-    A tuple, like :class:`store.btree.Entry`, so that a scan makes them at C speed
-    (and the garbage collector stops tracking them, which a scan of 100,000 entries
-    otherwise pays for in collections); ``priority`` answers with the enum."""
+    A tuple, like :class:`store.btree.Entry`, so that a scan makes them at C speed;
+    ``priority`` answers with the enum. (The garbage collector tracks them all the
+    same, as every instance of a tuple subclass: see :func:`_collector_paused`.)"""
 
     __slots__ = ()
 
     @property
     def priority(self) -> Priority:
         return _PRIORITIES[self[2]]
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No garbage collection while a scan makes its result (objects that cannot form
+    cycles): made one by one, 100,000 tracked objects set off a full collection of
+    the whole heap each time the heap grows by a quarter, six or more per scan, which
+    took as long as the rest of the scan. After it, the collector runs as usual."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,9 +187,10 @@ class View(abc.ABC):
         end: bytes | None = None,
         prefix: bytes | None = None,
         token: bytes | None = None,
-    ) -> AsyncIterator[Sequence[Entry]]:
+    ) -> AsyncIterator[Sequence[RawEntry]]:
         """The live entries of a range in key order, in non-empty runs: a leaf's entries
-        come as one slice (see :func:`store.btree.runs`), merged with the overlay."""
+        come as one slice (see :func:`store.btree.runs`), merged with the overlay; as
+        plain tuples (:data:`store.btree.RawEntry`)."""
         lo, hi = bounds(start, end, prefix, token)
         root, overlay = self._state()
         if hi is not None and lo >= hi:
@@ -182,25 +201,25 @@ class View(abc.ABC):
         i, n = 0, len(pending)
         if not overlay.cleared:
             async for run in btree.runs(self.nodes, root, lo, hi):
-                if i < n and pending[i][0] <= run[-1].key:
-                    merged: list[Entry] = []
+                if i < n and pending[i][0] <= run[-1][0]:
+                    merged: list[RawEntry] = []
                     for e in run:
-                        while i < n and pending[i][0] < e.key:
+                        while i < n and pending[i][0] < e[0]:
                             over = live(pending[i][1])
                             if over is not None:
                                 merged.append(over)
                             i += 1
-                        if i < n and pending[i][0] == e.key:
+                        if i < n and pending[i][0] == e[0]:
                             over = live(pending[i][1])
                             i += 1
                             if over is not None:
                                 merged.append(over)
-                        elif e.value != TOMBSTONE:
+                        elif e[1] != TOMBSTONE:
                             merged.append(e)
                     if merged:
                         yield merged
                 elif TOMBSTONE in map(_VALUE, run):  # rare: deletes kept for merges
-                    kept = [e for e in run if e.value != TOMBSTONE]
+                    kept = [e for e in run if e[1] != TOMBSTONE]
                     if kept:
                         yield kept
                 else:
@@ -219,7 +238,7 @@ class View(abc.ABC):
         """Entries in key order, streamed: only the nodes on the way are loaded."""
         async for run in self.entry_runs(start, end, prefix, token):
             for e in run:
-                yield e
+                yield new_entry(e)
 
     async def _page(
         self,
@@ -228,15 +247,15 @@ class View(abc.ABC):
         prefix: bytes | None,
         limit: int | None,
         token: bytes | None,
-    ) -> tuple[list[Entry], bytes | None]:
+    ) -> tuple[list[RawEntry], bytes | None]:
         if limit is not None and limit < 1:
             raise InvalidArgumentError("limit must be at least 1")
-        out: list[Entry] = []
+        out: list[RawEntry] = []
         async for run in self.entry_runs(start, end, prefix, token):
             if limit is not None and len(out) + len(run) > limit:
                 take = limit - len(out)
                 out.extend(run[:take])
-                return out, run[take].key
+                return out, run[take][0]
             out.extend(run)
         return out, None
 
@@ -253,11 +272,14 @@ class View(abc.ABC):
         if not found:
             return RangeResult([], nxt)
         values = await self.objects.read_many(map(_VALUE, found))
-        # Column by column, at C speed: no Python call per entry.
-        keys, digests, priorities = zip(*found, strict=True)
+        # Column by column, at C speed: no Python call per entry (and no zip(*found),
+        # which makes an iterator per entry for the collector to count).
+        keys, digests, priorities = map(_KEY, found), map(_VALUE, found), map(_PRIORITY, found)
         columns = zip(keys, map(values.__getitem__, digests), priorities, strict=True)
         made = map(tuple.__new__, repeat(KeyValue), columns)
-        return RangeResult(list(made), nxt)
+        with _collector_paused():
+            items = list(made)
+        return RangeResult(items, nxt)
 
     async def keys(
         self,
@@ -268,7 +290,7 @@ class View(abc.ABC):
         token: bytes | None = None,
     ) -> RangeResult[bytes]:
         found, nxt = await self._page(start, end, prefix, limit, token)
-        return RangeResult([e.key for e in found], nxt)
+        return RangeResult([e[0] for e in found], nxt)
 
 
 class TreeView(View):
