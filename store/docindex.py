@@ -12,12 +12,11 @@ follows the change, whatever brought it (a local write, a merge, a remote import
 a purge), and writes the new entries and the new ``reflected`` in one SQLite
 transaction: after a crash the views are those of the old commit or of the new
 one, never a mix, and the next catch-up goes on from there. A write of the
-document layer whose commit directly follows ``reflected`` hands over the records
-it wrote (:class:`Written`): they are exactly that diff, so their rows are made
-without diffing or reading the bodies back, and stored while the write returns
-(the next holder of the lock waits for that store: :meth:`Views._settle`).
-Every query catches up first, under the same lock, so it reflects exactly the
-head it runs at.
+document layer on the commit the views reflect commits through :meth:`Views.commit`:
+the records it wrote are exactly the diff, so their rows are made without diffing
+or reading the bodies back, and stored with the commit, in its SQLite transaction
+(one transaction, not two, a fifth of a batch's time). Every query catches up
+first, under the same lock, so it reflects exactly the head it runs at.
 
 An index declared on a collection that already has documents is *built*: a scan
 of the collection at one commit, a thousand documents per SQLite transaction,
@@ -32,23 +31,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
-from ledgerd.store import btree, doclayout
+from ledgerd.store import btree, doclayout, sql
 from ledgerd.store import tuple as tup
 from ledgerd.store.btree import EMPTY, Entry
 from ledgerd.store.commit import Commit
 from ledgerd.store.doclayout import Record, State
 from ledgerd.store.docmodel import MISSING, lookup_path
 from ledgerd.store.errors import InvalidArgumentError, StoreError
-from ledgerd.store.page import Page
+from ledgerd.store.page import Page, Transaction
 from ledgerd.store.view import live
 
 log = logging.getLogger(__name__)
+
+SMALL_ROWS = 16
+"""A commit with at most this many index rows may be stored inline (see
+:meth:`store.graph.CommitGraph.store`)."""
 
 BUILD_CHUNK = 1000
 """Documents per SQLite transaction while an index is built."""
@@ -148,18 +151,6 @@ class IndexRow:
     key: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class Written:
-    """What one transaction of the document layer wrote: the commit it made on
-    ``base`` and the records of the documents whose bodies it put (collection,
-    document id, record). When ``base`` is the commit the views reflect and
-    ``commit`` is the head, the diff between them is exactly these documents."""
-
-    base: bytes
-    commit: bytes
-    records: Sequence[tuple[str, bytes, Record]]
-
-
 Row = tuple[int, bytes, bytes | None, bool]
 """An index row to write: (index, document id, key or None to remove it, deleted)."""
 
@@ -175,9 +166,6 @@ class Views:
         self.indexes: dict[tuple[str, str], tuple[int, IndexDef, bool]] = {}
         """(collection, name) -> (row id, definition, ready)."""
         self._builds: dict[int, asyncio.Task[None]] = {}
-        self._storing: asyncio.Task[None] | None = None
-        """The store of a write's rows, under way (see :meth:`_settle`)."""
-        self._before_storing: tuple[bytes | None, bytes] = (None, b"")
 
     # -- loading ---------------------------------------------------------------------
 
@@ -245,7 +233,6 @@ class Views:
         """Drop removed or changed indexes, add new ones (not ready) and start their builds."""
         if not changes:
             return
-        await self._settle()
         added: list[tuple[tuple[str, str], IndexDef]] = []
         dropped: list[int] = []
         for name, raw in changes:
@@ -293,86 +280,56 @@ class Views:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        async with self.lock:
-            try:
-                await self._settle()
-            except Exception as e:  # the next open catches up from what is stored
-                log.warning("page %r: index rows not stored: %s", self.page.id, e)
 
     # -- catching up -----------------------------------------------------------------
 
-    async def catch_up(self, written: Written | None = None) -> Commit:
-        """Bring every ready view to the page's head; returns that head.
-
-        ``written``: the transaction that just made the head, if the caller made it.
-        When the views reflect its base, its records give the rows the tree diff
-        would (without reading the bodies back); otherwise the diff does."""
+    async def catch_up(self) -> Commit:
+        """Bring every ready view to the page's head (by the tree diff from the commit
+        they reflect); returns that head."""
         async with self.lock:
-            return await self._catch_up(written)
+            return await self._catch_up()
 
-    async def _catch_up(self, written: Written | None = None) -> Commit:
-        await self._settle()
+    async def _catch_up(self) -> Commit:
         head = self.page.head
         if head.id == self.reflected:
             return head
         ready = [(ix, d) for ix, d, r in self.indexes.values() if r]
-        defs: list[tuple[tuple[str, str], bytes | None]] = []
-        records = None
-        if written is not None and written.commit == head.id and written.base == self.reflected:
-            records = written.records  # exactly the diff from `reflected` to the head
-        if records is not None:
-            by_coll = _by_collection(ready)
+        old = (
+            EMPTY if self.reflected is None else (await self.page.load_commit(self.reflected)).root
+        )
+        rows, max_rev, defs = await self._changes(old, head.root, ready)
+        max_rev = max(self.max_rev, max_rev)
+        await self.page.db.run(_storing(rows, head.id, max_rev), write=True)
+        self.reflected, self.max_rev = head.id, max_rev
+        await self._apply_definitions(defs)
+        return head
+
+    async def commit(
+        self, txn: Transaction, records: Sequence[tuple[str, bytes, Record]]
+    ) -> bytes | None:
+        """Commit a transaction of the document layer that put ``records`` (collection,
+        document id, record: every body it wrote) and nothing else the views read.
+
+        If the views reflect the transaction's base, the commit is exactly the base
+        plus these documents: their rows are made from the records and stored in the
+        commit's own SQLite transaction, and the views reflect the commit. Otherwise
+        the next catch-up diffs, as for any commit."""
+        async with self.lock:
+            if self.reflected != txn.base.id:
+                return await txn.commit()
+            by_coll = _by_collection([(ix, d) for ix, d, r in self.indexes.values() if r])
             rows: list[Row] = []
-            max_rev = b""
+            max_rev = self.max_rev
             for coll, doc_id, r in records:
                 max_rev = max(max_rev, r.rev)
                 for ix, d in by_coll.get(coll, ()):
                     rows.append(_row(ix, d, doc_id, r))
-        else:
-            old = (
-                EMPTY
-                if self.reflected is None
-                else (await self.page.load_commit(self.reflected)).root
+            cid = await txn.commit(
+                also=lambda c: _storing(rows, c.id, max_rev), also_small=len(rows) <= SMALL_ROWS
             )
-            rows, max_rev, defs = await self._changes(old, head.root, ready)
-        before = (self.reflected, self.max_rev)
-        self.max_rev = max(self.max_rev, max_rev)
-        state = [("reflected", head.id), ("max_rev", self.max_rev)]
-
-        def work(conn: sqlite3.Connection) -> None:
-            _write_rows(conn, rows)
-            conn.executemany("INSERT OR REPLACE INTO doc_state (name, value) VALUES (?, ?)", state)
-
-        if records is not None:
-            # The writer gets its answer while SQLite stores the rows; the next holder
-            # of the lock waits for them (_settle).
-            self.reflected, self._before_storing = head.id, before
-            self._storing = asyncio.ensure_future(self.page.db.run(work, write=True))
-            self._storing.add_done_callback(_retrieved)
-            return head
-        try:
-            await self.page.db.run(work, write=True)
-        except BaseException:
-            self.max_rev = before[1]
-            raise
-        self.reflected = head.id
-        await self._apply_definitions(defs)
-        return head
-
-    async def _settle(self) -> None:
-        """Wait for the store of a write's rows (lock held); if it failed, raise, and go
-        back to what was stored before it (the next catch-up diffs from there)."""
-        task, self._storing = self._storing, None
-        if task is None:
-            return
-        try:
-            await asyncio.shield(task)
-        except BaseException:
-            if not task.done():  # the waiter was cancelled: the store goes on
-                self._storing = task
-            else:
-                self.reflected, self.max_rev = self._before_storing
-            raise
+            if cid is not None:
+                self.reflected, self.max_rev = cid, max_rev
+            return cid
 
     async def _changes(
         self, old: bytes, new: bytes, indexes: list[tuple[int, IndexDef]]
@@ -438,7 +395,6 @@ class Views:
                     chunk = []
             await self._store_chunk(ix, d, chunk)
             async with self.lock:
-                await self._settle()
                 if self.indexes.get((d.collection, d.name), (None,))[0] != ix:
                     return  # dropped meanwhile
                 now = self.reflected
@@ -532,10 +488,17 @@ def _row(ix: int, d: IndexDef, doc_id: bytes, r: Record | None) -> Row:
     return ix, doc_id, key, r is not None and r.state is State.DELETED
 
 
-def _retrieved(task: asyncio.Task[None]) -> None:
-    """Mark a store's failure as seen: :meth:`Views._settle` raises it to a caller."""
-    if not task.cancelled():
-        task.exception()
+def _storing(
+    rows: list[Row], reflected: bytes, max_rev: bytes
+) -> Callable[[sqlite3.Connection], None]:
+    """The SQLite work that stores ``rows`` and the views' new state."""
+    state = [("reflected", reflected), ("max_rev", max_rev)]
+
+    def work(conn: sqlite3.Connection) -> None:
+        _write_rows(conn, rows)
+        conn.executemany("INSERT OR REPLACE INTO doc_state (name, value) VALUES (?, ?)", state)
+
+    return work
 
 
 def _write_rows(conn: sqlite3.Connection, rows: Iterable[Row]) -> None:
@@ -546,9 +509,7 @@ def _write_rows(conn: sqlite3.Connection, rows: Iterable[Row]) -> None:
         else:
             put.append((ix, doc, key, int(deleted)))
     conn.executemany("DELETE FROM doc_index_rows WHERE ix = ? AND doc = ?", drop)
-    conn.executemany(
-        "INSERT OR REPLACE INTO doc_index_rows (ix, doc, key, deleted) VALUES (?, ?, ?, ?)", put
-    )
+    sql.insert_rows(conn, "INSERT OR REPLACE INTO doc_index_rows (ix, doc, key, deleted)", put)
 
 
 def _definition(collection: str, name: str, raw: bytes) -> IndexDef | None:

@@ -33,7 +33,6 @@ from ledgerd.store.commit import Commit
 from ledgerd.store.docindex import (
     IndexDef,
     Views,
-    Written,
     decode_token,
     encode_token,
     partition_range,
@@ -256,6 +255,10 @@ class DocumentStore:
     async def _put_record(
         self, txn: Transaction, collection: str, doc_id: bytes, r: Record
     ) -> Document:
+        await self._put(txn, collection, doc_id, r)
+        return Document.of(collection, doc_id, r)
+
+    async def _put(self, txn: Transaction, collection: str, doc_id: bytes, r: Record) -> None:
         body = doclayout.encode_record(r)
         if len(body) > self.max_document_bytes:
             raise DocumentTooLargeError(
@@ -265,17 +268,15 @@ class DocumentStore:
         head_key, body_key = doclayout.doc_keys(collection, doc_id)
         await txn.put(head_key, doclayout.encode_head(r.rev, r.state))
         await txn.put(body_key, body)
-        return Document.of(collection, doc_id, r)
 
-    async def _after_write(
-        self, txn: Transaction | None = None, records: Sequence[tuple[str, bytes, Record]] = ()
-    ) -> None:
-        """Bring the indexes to the head; after a transaction that put ``records``, from
-        those records if nothing else moved the head (see :class:`docindex.Written`)."""
-        written = None
-        if txn is not None and txn.commit_id is not None:
-            written = Written(txn.base.id, txn.commit_id, records)
-        await self.views.catch_up(written)
+    async def _commit(self, txn: Transaction, records: Sequence[tuple[str, bytes, Record]]) -> None:
+        """Commit ``txn``, which put the bodies of ``records``, with their index rows
+        (:meth:`docindex.Views.commit`)."""
+        await self.views.commit(txn, records)
+
+    async def _after_write(self) -> None:
+        """Bring the indexes to the head (a merge after a write, definitions)."""
+        await self.views.catch_up()
 
     async def create(self, collection: str, data: Any, *, new_rev: str | None = None) -> Document:
         """A new document with a new ``_id``."""
@@ -296,7 +297,6 @@ class DocumentStore:
         for data in items:
             check_data(data)
         self._check_indexed(collection, items)
-        out = []
         records: list[tuple[str, bytes, Record]] = []
         async with self._write, self.page.transaction() as txn:
             for i, data in enumerate(items):
@@ -304,10 +304,11 @@ class DocumentStore:
                 rev = self.clock.next() if new_revs is None else self._next_rev(new_revs[i], None)
                 ms = ulid_ms(rev)
                 r = Record(rev, State.LIVE, ms, None, None, None, data)
-                out.append(await self._put_record(txn, collection, doc_id, r))
+                await self._put(txn, collection, doc_id, r)
                 records.append((collection, doc_id, r))
-        await self._after_write(txn, records)
-        return out
+            await self._commit(txn, records)
+        await self._after_write()
+        return [Document.of(*rec) for rec in records]
 
     async def _current(
         self,
@@ -349,7 +350,8 @@ class DocumentStore:
                 rev, State.LIVE, cur.created, ulid_ms(rev), None, None, data, cur.attachments
             )
             doc = await self._put_record(txn, collection, raw, r)
-        await self._after_write(txn, [(collection, raw, r)])
+            await self._commit(txn, [(collection, raw, r)])
+        await self._after_write()
         return doc
 
     async def delete(
@@ -370,7 +372,8 @@ class DocumentStore:
             ms = ulid_ms(rev)
             r = Record(rev, State.DELETED, cur.created, ms, ms, None, cur.data, cur.attachments)
             doc = await self._put_record(txn, collection, raw, r)
-        await self._after_write(txn, [(collection, raw, r)])
+            await self._commit(txn, [(collection, raw, r)])
+        await self._after_write()
         return doc
 
     async def purge(
@@ -393,7 +396,8 @@ class DocumentStore:
                 await txn.delete(doclayout.attachment_key(collection, raw, a.id))
             r = Record(rev, State.PURGED, cur.created, ms, cur.deleted, ms, None, ())
             doc = await self._put_record(txn, collection, raw, r)
-        await self._after_write(txn, [(collection, raw, r)])
+            await self._commit(txn, [(collection, raw, r)])
+        await self._after_write()
         return doc
 
     # -- attachments -----------------------------------------------------------------
@@ -441,12 +445,12 @@ class DocumentStore:
                         rev, State.LIVE, cur.created, ulid_ms(rev), None, None, cur.data, atts
                     )
                     doc = await self._put_record(txn, collection, raw, r)
-                    await txn.commit()
+                    await self._commit(txn, [(collection, raw, r)])
                 finally:
                     await txn.rollback()
         finally:
             await staging.rollback()
-        await self._after_write(txn, [(collection, raw, r)])
+        await self._after_write()
         return doc, Attachment.of(meta)
 
     async def attachment(
@@ -495,7 +499,8 @@ class DocumentStore:
             atts = tuple(a for a in cur.attachments if a.id != att)
             r = Record(rev, State.LIVE, cur.created, ulid_ms(rev), None, None, cur.data, atts)
             doc = await self._put_record(txn, collection, raw, r)
-        await self._after_write(txn, [(collection, raw, r)])
+            await self._commit(txn, [(collection, raw, r)])
+        await self._after_write()
         return doc
 
     # -- indexes ---------------------------------------------------------------------

@@ -36,6 +36,24 @@ def _insert_rows_sql(rows: int) -> str:
     return _INSERT + ", ".join(["(?, ?)"] * rows)
 
 
+@functools.cache
+def _values_sql(head: str, width: int, rows: int) -> str:
+    row = "(" + ", ".join("?" * width) + ")"
+    return head + " VALUES " + ", ".join([row] * rows)
+
+
+def insert_rows(conn: sqlite3.Connection, head: str, rows: Sequence[Sequence[object]]) -> None:
+    """``head`` (``INSERT ... INTO t (a, b)``) with ``rows``, ``ROWS_PER_STATEMENT``
+    rows to a statement (as :func:`put_pieces`: faster than ``executemany``, which
+    steps once per row and takes the GIL back after each)."""
+    if not rows:
+        return
+    width = len(rows[0])
+    for i in range(0, len(rows), ROWS_PER_STATEMENT):
+        part = rows[i : i + ROWS_PER_STATEMENT]
+        conn.execute(_values_sql(head, width, len(part)), [x for row in part for x in row])
+
+
 def put_pieces(
     conn: sqlite3.Connection, pieces: Iterable[tuple[bytes, bytes]], status: int
 ) -> None:

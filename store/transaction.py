@@ -33,7 +33,7 @@ from ledgerd.store import commit, split, staging
 from ledgerd.store.btree import EMPTY, Builder, Entry, NodeStore, Priority, RawEntry, new_entry
 from ledgerd.store.commit import Commit
 from ledgerd.store.errors import ClosedError, TransactionClosedError
-from ledgerd.store.graph import CommitGraph
+from ledgerd.store.graph import CommitGraph, Work
 from ledgerd.store.merging import Merger
 from ledgerd.store.objects import ObjectStore, Source
 from ledgerd.store.stamps import StampClock, StampedKey, StampedValue, VersionstampError
@@ -54,6 +54,8 @@ class _TxnState:
     stamped_values: dict[bytes, tuple[StampedValue, Priority]] = field(default_factory=dict)
     open: bool = True
     counted: bool = False  # counted in Transactions.open (started, not ended)
+    also: Callable[[Commit], Work] | None = None  # more work in the commit's SQLite transaction
+    also_small: bool = True
 
     @property
     def overlay(self) -> Overlay:
@@ -141,7 +143,16 @@ class Transactions:
             live = {e.value for e in entries.values() if e is not None}
             values, tokens = await staging.only_live(self.objects, live, st.pieces, st.staged)
             st.staged = {t: st.staged[t] for t in tokens}
-            await graph.store(c, builder, values=values, tokens=tokens, notify=not moved)
+            also = None if st.also is None else st.also(c)
+            await graph.store(
+                c,
+                builder,
+                values=values,
+                tokens=tokens,
+                also=also,
+                also_small=st.also_small,
+                notify=not moved,
+            )
         stored.set()
         if len(graph.heads) > 1:
             await self.merger.settle()
@@ -332,9 +343,16 @@ class Transaction(View):
         self.state.stamped_keys.clear()
         self.state.stamped_values.clear()
 
-    async def commit(self) -> bytes | None:
-        """Commit; returns the new commit id (None if the transaction changed nothing)."""
+    async def commit(
+        self, *, also: Callable[[Commit], Work] | None = None, also_small: bool = True
+    ) -> bytes | None:
+        """Commit; returns the new commit id (None if the transaction changed nothing).
+
+        ``also(commit)`` gives work that runs in the SQLite transaction that stores the
+        commit (so that a layer's own tables change with it, or not at all);
+        ``also_small`` says it is a few rows (see :meth:`CommitGraph.store`)."""
         await self._check()
+        self.state.also, self.state.also_small = also, also_small
         self.state.open = False
         try:
             # Shielded: once started, a commit completes (memory and database agree)
