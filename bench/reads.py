@@ -120,9 +120,8 @@ async def _load(page: Page, rows: list[tuple[bytes, bytes]], txn: int, marks: li
     seconds = 0.0
     for i in range(0, len(rows), txn):
         with timed() as t:
-            async with page.transaction() as tx:
-                for k, v in rows[i : i + txn]:
-                    await tx.put(k, v)
+            async with page.transaction() as tx:  # a bulk call, as PouchDB's bulkDocs
+                await tx.put_many(rows[i : i + txn])
         seconds += t.seconds
         last = await page.db.read_all("SELECT coalesce(max(rowid), 0) FROM objects")
         marks.append(int(last[0][0]))

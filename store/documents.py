@@ -259,6 +259,12 @@ class DocumentStore:
         return Document.of(collection, doc_id, r)
 
     async def _put(self, txn: Transaction, collection: str, doc_id: bytes, r: Record) -> None:
+        await txn.put_many(self._entries(collection, doc_id, r))
+
+    def _entries(
+        self, collection: str, doc_id: bytes, r: Record
+    ) -> tuple[tuple[bytes, bytes], tuple[bytes, bytes]]:
+        """The head and body entries (key, value) of a document's record."""
         body = doclayout.encode_record(r)
         if len(body) > self.max_document_bytes:
             raise DocumentTooLargeError(
@@ -266,8 +272,7 @@ class DocumentStore:
                 f" {self.max_document_bytes}"
             )
         head_key, body_key = doclayout.doc_keys(collection, doc_id)
-        await txn.put(head_key, doclayout.encode_head(r.rev, r.state))
-        await txn.put(body_key, body)
+        return (head_key, doclayout.encode_head(r.rev, r.state)), (body_key, body)
 
     async def _commit(self, txn: Transaction, records: Sequence[tuple[str, bytes, Record]]) -> None:
         """Commit ``txn``, which put the bodies of ``records``, with their index rows
@@ -299,13 +304,15 @@ class DocumentStore:
         self._check_indexed(collection, items)
         records: list[tuple[str, bytes, Record]] = []
         async with self._write, self.page.transaction() as txn:
+            entries: list[tuple[bytes, bytes]] = []
             for i, data in enumerate(items):
                 doc_id = self._ids.next()
                 rev = self.clock.next() if new_revs is None else self._next_rev(new_revs[i], None)
                 ms = ulid_ms(rev)
                 r = Record(rev, State.LIVE, ms, None, None, None, data)
-                await self._put(txn, collection, doc_id, r)
+                entries.extend(self._entries(collection, doc_id, r))
                 records.append((collection, doc_id, r))
+            await txn.put_many(entries)
             await self._commit(txn, records)
         await self._after_write()
         return [Document.of(*rec) for rec in records]

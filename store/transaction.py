@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -268,6 +268,25 @@ class Transaction(View):
             entry = await self._prepare(key, value, priority)
         st.stamped_values.pop(key, None)
         st.entries[key] = entry
+
+    async def put_many(
+        self, items: Iterable[tuple[bytes, Source]], priority: Priority = Priority.EAGER
+    ) -> None:
+        """:meth:`put` of each ``(key, value)`` in order, in one call (a bulk load makes
+        no coroutine per value). On an error the puts before it stay in the transaction."""
+        st = self.state
+        if self._base is None or not st.open:
+            await self._check()
+        prio = staging.priority(priority)
+        entries, in_memory = st.entries, self._in_memory
+        for key, value in items:
+            key = check_key(key)
+            entry = in_memory(key, value, prio)
+            if entry is None:
+                entry = await self._prepare(key, value, prio)
+            if st.stamped_values:
+                st.stamped_values.pop(key, None)
+            entries[key] = entry
 
     async def set_versionstamped_key(
         self, key: bytes, value: Source, priority: Priority = Priority.EAGER

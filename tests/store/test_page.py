@@ -25,10 +25,12 @@ from ledgerd.store import (
     Repository,
     StorageError,
     TransactionClosedError,
+    Versionstamp,
     exchange,
 )
 from ledgerd.store import commit as commit_mod
 from ledgerd.store import page as store_page
+from ledgerd.store import tuple as tuple_layer
 from ledgerd.store import writer as store_writer
 from ledgerd.store.merge import Choice, MergeRequest, Policy
 from ledgerd.store.page import SMALL_VALUE, Notification
@@ -331,6 +333,32 @@ async def test_transaction_clear_and_empty_commit(page: Page) -> None:
     async with page.transaction() as txn:
         await txn.put(b"c", b"3")  # no change: no commit
     assert page.head.id == head and txn.commit_id is None
+
+
+_STAMPED = tuple_layer.pack_with_versionstamp((Versionstamp.incomplete(),))
+
+
+async def test_put_many_is_put_after_put(page: Page) -> None:
+    """put_many gives the commit that the same puts one by one give: small values
+    held, large ones staged, a later put of a key winning, a stamped value replaced."""
+    big = bytes(range(256)) * (SMALL_VALUE // 256 + 1)
+    items = [(b"a", b"1"), (b"big", big), (b"b", b"x" * 40), (b"a", b"2"), (b"s", b"plain")]
+    async with page.transaction() as one:
+        await one.set_versionstamped_value(b"s", _STAMPED)
+        for k, v in items:
+            await one.put(k, v, Priority.LAZY)
+    want = await page.entries()
+    await page.clear()
+    async with page.transaction() as many:
+        await many.set_versionstamped_value(b"s", _STAMPED)
+        await many.put_many(items, Priority.LAZY)
+    got = await page.entries()
+    assert got.items == want.items and {e.priority for e in got.items} == {Priority.LAZY}
+    assert (await page.get(b"a"), await page.get(b"big")) == (b"2", big)
+    with pytest.raises(InvalidArgumentError):
+        async with page.transaction() as bad:
+            await bad.put_many([(b"k", b"v"), ("not bytes", b"v")])  # type: ignore[list-item]
+    assert not await page.contains(b"k")  # the transaction failed as a whole
 
 
 # -- watchers -----------------------------------------------------------------
