@@ -45,6 +45,8 @@ from ledgerd.store.doclayout import Record, State
 from ledgerd.store.docmodel import MISSING, lookup_path
 from ledgerd.store.errors import InvalidArgumentError, StoreError
 from ledgerd.store.page import Page, Transaction
+from ledgerd.store.tuple import encode_float as _encode_float
+from ledgerd.store.tuple import encode_str as _encode_str
 from ledgerd.store.view import live
 
 log = logging.getLogger(__name__)
@@ -121,18 +123,26 @@ class IndexDef:
         """The index key of a document, or None if it is not indexed (sparse)."""
         if r.state is State.PURGED:
             return None
-        values = []
+        # A packed tuple is its elements' encodings one after the other: each value
+        # is encoded alone, the common kinds without the generic packer.
+        parts = []
         for path in (self.partition, self.sort):
             if path is None:
                 continue
             v = lookup_path(r.data, path)
-            if v is MISSING:
-                return None
-            ok, s = _scalar(v)
-            if not ok or (isinstance(s, str) and "/" in s):
-                return None
-            values.append(s)
-        return tup.pack(tuple(values))
+            kind = type(v)
+            if kind is float or kind is int:
+                parts.append(_encode_float(float(v)))
+            elif kind is str and "/" not in v:
+                parts.append(_encode_str(v))
+            else:
+                if v is MISSING:
+                    return None
+                ok, s = _scalar(v)
+                if not ok or (isinstance(s, str) and "/" in s):
+                    return None
+                parts.append(tup.pack((s,)))
+        return b"".join(parts)
 
     def reserved_value(self, data: Any) -> str | None:
         """The first indexed string value of ``data`` holding a '/', or None."""

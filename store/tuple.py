@@ -341,6 +341,12 @@ def _encode_single(v: SingleFloat) -> bytes:
     return _CODE_U32.pack(0x20, v._order())
 
 
+encode_str = _encode_str
+"""The packed form of a string as a tuple's element (``pack((s,))``, faster)."""
+encode_float = _encode_float
+"""The packed form of a float as a tuple's element (``pack((f,))``, faster)."""
+
+
 def _encode_bool(v: bool) -> bytes:
     return b"\x27" if v else b"\x26"
 
