@@ -363,7 +363,11 @@ class AsyncClient:
             total = value.stat().st_size
             data = _file_chunks(value, total, progress)
             headers["Content-Length"] = str(total)
-        resp = await self.request("PUT", url, data=data, headers=headers)
+        try:
+            resp = await self.request("PUT", url, data=data, headers=headers)
+        finally:
+            if isinstance(value, Path):  # its file closed now, not when collected
+                await data.aclose()
         resp.release()
 
     async def delete(self, ledger: Name, page: Name, key: bytes) -> None:

@@ -189,13 +189,17 @@ class AsyncDocuments:
         elif isinstance(content, Path):
             headers["Content-Length"] = str(content.stat().st_size)
             data = _file_chunks(content)
-        out: dict[str, Any] = await self._call(
-            "PUT" if attachment_id else "POST",
-            path,
-            {"filename": filename, "rev": rev},
-            data=data,
-            headers=headers,
-        )
+        try:
+            out: dict[str, Any] = await self._call(
+                "PUT" if attachment_id else "POST",
+                path,
+                {"filename": filename, "rev": rev},
+                data=data,
+                headers=headers,
+            )
+        finally:
+            if isinstance(content, Path):  # its file closed now, not when collected
+                await data.aclose()
         return out
 
     async def attachment_stream(
