@@ -248,6 +248,8 @@ class Builder:
     def __init__(self, nodes: NodeStore) -> None:
         self.nodes = nodes
         self.new: dict[bytes, tuple[Node, list[split.Piece]]] = {}
+        self.replaced: list[bytes] = []
+        """Nodes this batch rewrote (see :meth:`pieces_reachable`)."""
 
     async def load(self, digest: bytes) -> Node:
         got = self.new.get(digest)
@@ -315,7 +317,11 @@ class Builder:
         return self._add(Node(0, entries, (), data, new_sizes))
 
     def pieces_reachable(self, root: bytes) -> list[split.Piece]:
-        """Pieces of the new nodes reachable from ``root`` (drops intermediate ones)."""
+        """Pieces of the new nodes reachable from ``root`` (drops intermediate ones),
+        which are kept in the node cache, where the nodes they replace become the first
+        to go: else, once a load's old versions filled it, the nodes it evicted were
+        the live leaves that the last commits did not touch, read back and encoded
+        whole by the next."""
         out: list[split.Piece] = []
         stack = [root]
         seen: set[bytes] = set()
@@ -327,6 +333,7 @@ class Builder:
             node, pieces = self.new[d]
             out.extend(pieces)
             stack.extend(c for c in node.children if c)
+        self.nodes.cache.demote(d for d in self.replaced if d not in seen)
         for d in seen:
             node, pieces = self.new[d]
             self.nodes._remember(d, node, sum(len(p.data) for p in pieces) or dg.INLINE_LIMIT)
@@ -371,6 +378,7 @@ class Builder:
             node = await self.load(d)
             if node.level != level:
                 raise CorruptObjectError(f"tree node at level {node.level}, expected {level}")
+            self.replaced.append(d)
             if node.sizes is not None:  # a leaf this process made: splice it
                 return self._splice(node, items)
             entries = list(node.entries)

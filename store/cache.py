@@ -114,6 +114,15 @@ class CacheSpace(Generic[V]):
     def put(self, digest: bytes, value: V, cost: int) -> None:
         self.cache._put((self.id, digest), value, cost)
 
+    def demote(self, digests: Iterable[bytes]) -> None:
+        """Make these entries the first to go when room is needed (a tree node that a
+        commit replaced: the head no longer holds it, though a diff may still read it)."""
+        entries, space = self._entries, self.id
+        for d in digests:
+            key = (space, d)
+            if key in entries:
+                entries.move_to_end(key, last=False)
+
     def __contains__(self, digest: bytes) -> bool:
         return (self.id, digest) in self._entries
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from ledgerd.store import CorruptObjectError, InvalidArgumentError, Page, Priority, Repository
+from ledgerd.store import page as store_page
 from ledgerd.store.cache import Cache, CacheSpace
 
 
@@ -71,6 +72,31 @@ async def test_pages_share_one_bounded_cache(tmp_path: Path) -> None:
         digest = (await a.get_entry(rows_a[0][0])).value  # type: ignore[union-attr]
         await a.get(rows_a[0][0])
         assert digest in a.objects.cache and digest not in b.objects.cache
+
+
+async def test_commits_keep_the_live_tree_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random-key transactions rewrite most leaves; the versions they replace go first
+    when the cache is full, so a cache that holds the live tree never reads a node
+    back from SQLite for the next commit (it evicted untouched live leaves before)."""
+    reads = 0
+    real = store_page._Nodes.read_node_bytes
+
+    async def counting(self: Any, digest: bytes) -> bytes:
+        nonlocal reads
+        reads += 1
+        return await real(self, digest)
+
+    monkeypatch.setattr(store_page._Nodes, "read_node_bytes", counting)
+    rng = random.Random(5)
+    async with await Repository.open(tmp_path / "data", cache_bytes=12 * 1024 * 1024) as repo:
+        page = await repo.ledger("l").page("p")
+        for _ in range(40):
+            async with page.transaction() as txn:
+                await txn.put_many([(rng.randbytes(16), rng.randbytes(40)) for _ in range(500)])
+        assert reads == 0
+        assert repo.cache.used <= 12 * 1024 * 1024
 
 
 async def test_negative_cache_budget_is_refused(tmp_path: Path) -> None:
