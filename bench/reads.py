@@ -4,7 +4,8 @@
                           [--cold-rounds 3] [--no-pouchdb]
 
 Prints JSON. One page of ``--entries`` entries (16-byte random keys, 100-byte
-random values), loaded in transactions of ``--txn`` random keys, and in the same
+random values), loaded in transactions of ``--txn`` random keys (each a
+``put_many``, the bulk call, as PouchDB's side uses ``bulkDocs``), and in the same
 run:
 
 * raw SQLite: the same rows in a ``(key BLOB PRIMARY KEY, value BLOB)`` WAL table
