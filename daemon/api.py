@@ -340,12 +340,12 @@ class Api:
         parts = raw_path.split("/")[1:]
         if not parts or parts[0] != "v1":
             raise ae.NotFound(f"no such endpoint {raw_path} (the API lives under /v1/)")
-        for route in ROUTES:
-            found = route.match(parts[1:])
-            if found is not None and request.method in route.methods:
-                request[ROUTE_KEY] = route.template  # for the metrics
-                return await route.handler(self, request, self.params(found))
-        raise ae.NotFound(f"no such endpoint: {request.method} {raw_path}")
+        hit = ROUTER.find(request.method, parts[1:])
+        if hit is None:
+            raise ae.NotFound(f"no such endpoint: {request.method} {raw_path}")
+        route, found = hit
+        request[ROUTE_KEY] = route.template  # for the metrics
+        return await route.handler(self, request, self.params(found))
 
     def params(self, found: dict[str, str]) -> Params:
         """A route's path parameters, decoded and checked."""
@@ -754,25 +754,77 @@ class Route:
     methods: frozenset[str]
     path: tuple[str, ...]
     handler: Endpoint
+    template: str = field(init=False)
+    """The path as ``/v1/...`` with ``{name}`` for every parameter (the metrics' label)."""
+    _literals: tuple[tuple[int, str], ...] = field(init=False, repr=False)
+    _params: tuple[tuple[int, str], ...] = field(init=False, repr=False)
+    _tail: str | None = field(init=False, repr=False)
 
-    @property
-    def template(self) -> str:
-        return "/v1/" + "/".join(s.replace("*}", "}") for s in self.path)
+    def __post_init__(self) -> None:
+        tail = self.path[-1][1:-2] if self.path[-1].endswith("*}") else None
+        fixed = self.path[:-1] if tail is not None else self.path
+        if any(s.endswith("*}") for s in fixed):
+            raise ValueError(f"only the last segment may be a {{name*}} tail: {self.path}")
+        set_ = object.__setattr__  # computed once: the dataclass is frozen
+        set_(self, "template", "/v1/" + "/".join(s.replace("*}", "}") for s in self.path))
+        set_(self, "_literals", tuple((i, s) for i, s in enumerate(fixed) if s[:1] != "{"))
+        set_(self, "_params", tuple((i, s[1:-1]) for i, s in enumerate(fixed) if s[:1] == "{"))
+        set_(self, "_tail", tail)
+
+    def fits(self, length: int) -> bool:
+        """A path of ``length`` segments may match (a tail takes one or more)."""
+        return length >= len(self.path) if self._tail is not None else length == len(self.path)
 
     def match(self, parts: list[str]) -> dict[str, str] | None:
         """The path's parameters (still percent-encoded) if ``parts`` match."""
-        found: dict[str, str] = {}
-        for i, seg in enumerate(self.path):
-            if i >= len(parts):
+        if not self.fits(len(parts)):
+            return None
+        for i, literal in self._literals:
+            if parts[i] != literal:
                 return None
-            if seg.endswith("*}"):
-                found[seg[1:-2]] = "/".join(parts[i:])
-                return found
-            if seg.startswith("{"):
-                found[seg[1:-1]] = parts[i]
-            elif seg != parts[i]:
-                return None
-        return found if len(parts) == len(self.path) else None
+        found = {name: parts[i] for i, name in self._params}
+        if self._tail is not None:
+            found[self._tail] = "/".join(parts[len(self.path) - 1 :])
+        return found
+
+
+class Router:
+    """:data:`ROUTES` indexed by method, first segment and number of segments.
+
+    A request's route is the first of ``routes``, in their order, whose path and
+    method match; the index only leaves out the routes that cannot (another method,
+    another first segment, too few or too many segments), so the answer is the one
+    of trying every route in order, in a few steps rather than forty."""
+
+    def __init__(self, routes: list[Route]) -> None:
+        self.longest = max(len(r.path) for r in routes)
+        self.firsts = {r.path[0] for r in routes if r.path[0][:1] != "{"}
+        methods = {m for r in routes for m in r.methods}
+        self.index: dict[tuple[str, str | None, int], tuple[Route, ...]] = {}
+        for method in methods:
+            for first in [*self.firsts, None]:
+                for length in range(1, self.longest + 2):
+                    found = tuple(
+                        r
+                        for r in routes
+                        if method in r.methods
+                        and (r.path[0] == first or r.path[0][:1] == "{")
+                        and r.fits(length)
+                    )
+                    if found:
+                        self.index[method, first, length] = found
+
+    def find(self, method: str, parts: list[str]) -> tuple[Route, dict[str, str]] | None:
+        """The route serving ``method`` on the path ``parts`` (after ``v1``), and its
+        parameters; None if there is none."""
+        if not parts:
+            return None
+        first = parts[0] if parts[0] in self.firsts else None
+        for route in self.index.get((method, first, min(len(parts), self.longest + 1)), ()):
+            found = route.match(parts)
+            if found is not None:
+                return route, found
+        return None
 
 
 def _route(methods: str, path: str, handler: Endpoint) -> Route:
@@ -826,3 +878,5 @@ ROUTES = [
     _route("GET", "health", Api.health),
 ]
 """The API's routes (the README's table), tried in order."""
+
+ROUTER = Router(ROUTES)
