@@ -30,7 +30,7 @@ import socket
 import struct
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes
@@ -89,22 +89,31 @@ _leases: contextvars.ContextVar[contextlib.ExitStack] = contextvars.ContextVar("
 """The page leases of the request (or session op) being served."""
 
 
-@contextlib.contextmanager
-def page_leases() -> Iterator[None]:
+class _Leases(contextlib.ExitStack):
+    """The page leases of one request or session op (see :func:`page_leases`)."""
+
+    _token: contextvars.Token[contextlib.ExitStack]
+
+    def __enter__(self) -> _Leases:
+        self._token = _leases.set(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> bool | None:
+        _leases.reset(self._token)
+        return super().__exit__(*exc)
+
+
+def page_leases() -> contextlib.ExitStack:
     """Pages that :meth:`Api.page` hands out inside the block stay leased (open)
     until it ends: one block per request, and one per op of a session (a session's
     transactions and watchers keep their pages open by themselves)."""
-    with contextlib.ExitStack() as stack:
-        token = _leases.set(stack)
-        try:
-            yield
-        finally:
-            _leases.reset(token)
+    return _Leases()
 
 
 _peer_cache: weakref.WeakKeyDictionary[asyncio.BaseTransport, tuple[int, int] | None] = (
     weakref.WeakKeyDictionary()
 )
+_ASK = (-1, -1)  # what the cache answers for a transport it does not know yet
 
 
 def peer_credentials(request: web.Request) -> tuple[int, int] | None:
@@ -116,8 +125,9 @@ def peer_credentials(request: web.Request) -> tuple[int, int] | None:
     transport = request.transport
     if transport is None:
         return None
-    if transport in _peer_cache:
-        return _peer_cache[transport]
+    known = _peer_cache.get(transport, _ASK)
+    if known is not _ASK:
+        return known
     sock = transport.get_extra_info("socket")
     creds: tuple[int, int] | None = None
     if sock is not None and sock.family == socket.AF_UNIX:
@@ -245,11 +255,7 @@ class Api:
         self.metrics: Any = None  # daemon.metrics.Metrics, set by the server
 
     def app(self) -> web.Application:
-        counting = [self.metrics.middleware] if self.metrics is not None else []
-        app = web.Application(
-            middlewares=[self.access_log, *counting, self.middleware],
-            client_max_size=self.cfg.max_batch_bytes,
-        )
+        app = web.Application(middlewares=[self.serve], client_max_size=self.cfg.max_batch_bytes)
         # Every path (with any byte, newlines included: not ``.*``) goes to self.route,
         # which reads the raw, still percent-encoded path.
         app.router.add_route("*", r"/{tail:[\s\S]*}", self.route)
@@ -258,61 +264,70 @@ class Api:
     # -- plumbing ----------------------------------------------------------------
 
     @web.middleware
-    async def access_log(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """One DEBUG line per request (``--log-level debug``): method, path, status, time."""
-        if not access.isEnabledFor(logging.DEBUG):
-            return await handler(request)
+    async def serve(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Every request's plumbing, in one middleware (one frame per request, not
+        three): the peer check, page leases, errors as JSON, the metrics, and the
+        access log (a DEBUG line per request, ``--log-level debug``)."""
         started = time.monotonic()
-        status = "-"
+        response: web.StreamResponse | None = None
         try:
-            response = await handler(request)
-            status = str(response.status)
+            try:
+                creds = peer_credentials(request)
+                if creds is not None and not self.peer_allowed(*creds):
+                    log.warning("refused a request from uid %d", creds[0])
+                    raise ae.PeerRefused(f"uid {creds[0]} is not allowed to use this ledgerd")
+                if self.state.shutting_down:
+                    raise ae.ShuttingDown()
+                with page_leases():  # pages this request uses stay open until it ends
+                    response = await handler(request)
+            except ae.ApiError as e:
+                response = self.error(e)
+            except StoreError as e:
+                err = ae.from_store(e)
+                if err.status >= 500:
+                    log.error("%s %s failed: %s", request.method, request.path, e)
+                response = self.error(err)
+            except web.HTTPRequestEntityTooLarge:
+                response = self.error(
+                    ae.TooLarge(f"request body is over the {self.cfg.max_batch_bytes}-byte limit")
+                )
+            except web.HTTPException as e:  # aiohttp's own (the router's, a body reader's)
+                err = ae.NotFound(e.reason) if e.status in (404, 405) else ae.BadRequest(e.reason)
+                if e.status >= 500:
+                    err = ae.ApiError(e.reason)
+                err.status = e.status
+                response = self.error(err)
+            except (ConnectionResetError, asyncio.CancelledError):
+                raise
+            except Exception as e:
+                if (known := ae.from_exception(e)) is not None:
+                    log.error("%s %s failed: %s", request.method, request.path, known)
+                    response = self.error(known)
+                else:
+                    log.exception("internal error serving %s %s", request.method, request.path)
+                    response = self.error(ae.ApiError(f"internal error: {type(e).__name__}"))
             return response
         finally:
+            self.served(request, response, time.monotonic() - started)
+
+    def served(
+        self, request: web.Request, response: web.StreamResponse | None, seconds: float
+    ) -> None:
+        """Count the request (its status is 500 for the metrics, ``-`` in the access
+        log, when it ended with no response: the client left, or shutdown)."""
+        if self.metrics is not None:
+            status = 500 if response is None else response.status
+            self.metrics.request_done(
+                request.get(ROUTE_KEY, "unmatched"), request.method, status, seconds
+            )
+        if access.isEnabledFor(logging.DEBUG):
             access.debug(
                 "%s %s %s %.1f ms",
                 request.method,
                 request.raw_path[:200],
-                status,
-                (time.monotonic() - started) * 1000,
+                "-" if response is None else response.status,
+                seconds * 1000,
             )
-
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        try:
-            creds = peer_credentials(request)
-            if creds is not None and not self.peer_allowed(*creds):
-                log.warning("refused a request from uid %d", creds[0])
-                raise ae.PeerRefused(f"uid {creds[0]} is not allowed to use this ledgerd")
-            if self.state.shutting_down:
-                raise ae.ShuttingDown()
-            with page_leases():  # pages this request uses stay open until it ends
-                return await handler(request)
-        except ae.ApiError as e:
-            return self.error(e)
-        except StoreError as e:
-            err = ae.from_store(e)
-            if err.status >= 500:
-                log.error("%s %s failed: %s", request.method, request.path, e)
-            return self.error(err)
-        except web.HTTPRequestEntityTooLarge:
-            return self.error(
-                ae.TooLarge(f"request body is over the {self.cfg.max_batch_bytes}-byte limit")
-            )
-        except web.HTTPException as e:  # aiohttp's own (the router's, a body reader's)
-            err = ae.NotFound(e.reason) if e.status in (404, 405) else ae.BadRequest(e.reason)
-            if e.status >= 500:
-                err = ae.ApiError(e.reason)
-            err.status = e.status
-            return self.error(err)
-        except (ConnectionResetError, asyncio.CancelledError):
-            raise
-        except Exception as e:
-            if (known := ae.from_exception(e)) is not None:
-                log.error("%s %s failed: %s", request.method, request.path, known)
-                return self.error(known)
-            log.exception("internal error serving %s %s", request.method, request.path)
-            return self.error(ae.ApiError(f"internal error: {type(e).__name__}"))
 
     def peer_allowed(self, uid: int, gid: int) -> bool:
         """Listed users (or this user and root) and members of ``socket_group``."""

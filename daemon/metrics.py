@@ -2,7 +2,7 @@
 
 This module owns the daemon's :class:`prometheus_client.CollectorRegistry` (one per
 daemon, never the library's global one) and every metric in it (the README's table
-lists them). Events are counted where they happen (HTTP requests by an aiohttp
+lists them). Events are counted where they happen (HTTP requests by the API's
 middleware, commits as the repository's commit listener, sync rounds as the sync
 engine's observer, cloud requests by :class:`ledgerd.sync.metered.Metered`); what is
 a state (open pages, pending writes, pieces by status) is read when scraped, from
@@ -12,8 +12,7 @@ the open pages only, with one small query per page.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -36,7 +35,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ROUTE_KEY = "ledgerd_route"
 """Where the API's router leaves the matched route's template in the request."""
 
@@ -118,6 +116,8 @@ class Metrics:
             registry=r,
         )
         self.cloud = CloudCounters()
+        self._http: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+        """Each label set's children of the HTTP metrics (``labels()`` once per set)."""
         self._repo: Repository | None = None
         self._engine: Any = None
         self._snapshot: dict[str, Any] = {}
@@ -148,18 +148,15 @@ class Metrics:
         if stats.downloaded_packs:
             self.packs.labels("down").inc(stats.downloaded_packs)
 
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        start = time.monotonic()
-        status = 500
-        try:
-            resp = await handler(request)
-            status = resp.status
-            return resp
-        finally:
-            route = str(request.get(ROUTE_KEY, "unmatched"))
-            self.requests.labels(route, request.method, str(status)).inc()
-            self.latency.labels(route).observe(time.monotonic() - start)
+    def request_done(self, route: str, method: str, status: int, seconds: float) -> None:
+        """Count an HTTP request the API served (``route``: its path template)."""
+        key = (route, method, status)
+        children = self._http.get(key)
+        if children is None:  # the label sets the metrics hold already: no new bound
+            children = self.requests.labels(route, method, str(status)), self.latency.labels(route)
+            self._http[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     # -- exposition ------------------------------------------------------------------
 

@@ -95,6 +95,33 @@ def test_metrics_parse_and_move_with_work(short_tmp: Path) -> None:
         assert d.stop() == 0, d.log_text()
 
 
+def test_error_answers_and_unknown_paths_are_counted(daemon: Daemon) -> None:
+    """Requests answered with an error count under their route and status; a path no
+    route serves counts as ``unmatched``."""
+
+    async def status_of(c: Client, method: str, path: str) -> int:
+        async with c.aio.session.request(method, c.url(path)) as resp:
+            await resp.read()
+            return resp.status
+
+    with Client(daemon.socket) as c:
+        c.put("notes", "inbox", b"k", b"v")
+        before = _samples(_scrape(c))
+        assert c._call(status_of(c, "GET", "/v1/ledgers/notes/pages/inbox/keys/nope")) == 404
+        assert c._call(status_of(c, "GET", "/v1/nothing/here")) == 404
+        assert c._call(status_of(c, "PATCH", "/v1/status")) == 404
+        after = _samples(_scrape(c))
+
+    def moved(**labels: str) -> float:
+        name = "ledgerd_http_requests_total"
+        return _total(after, name, **labels) - _total(before, name, **labels)
+
+    keys = "/v1/ledgers/{ledger}/pages/{page}/keys/{key}"
+    assert moved(route=keys, method="GET", status="404") == 1
+    assert moved(route="unmatched", method="GET", status="404") == 1
+    assert moved(route="unmatched", method="PATCH", status="404") == 1
+
+
 def test_every_metric_is_in_the_readme(daemon: Daemon) -> None:
     with Client(daemon.socket) as c:
         text = _scrape(c)
