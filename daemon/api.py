@@ -153,7 +153,8 @@ class Query:
     def of(cls, request: web.Request) -> Query:
         """The request's parameters, from its query string as sent (still percent-encoded:
         aiohttp's ``query_string`` is decoded as UTF-8 already)."""
-        return cls(request.rel_url.raw_query_string)
+        raw = request.rel_url.raw_query_string
+        return cls(raw) if raw else _NO_QUERY
 
     def __init__(self, raw: str) -> None:
         self.params = {
@@ -204,6 +205,9 @@ class Query:
             return default
         return v.lower() not in ("0", "false", "no", "")
 
+
+_NO_QUERY = Query("")
+"""The parameters of every request without a query string (most of them)."""
 
 _RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)", re.ASCII)
 
@@ -364,21 +368,16 @@ class Api:
 
     def params(self, found: dict[str, str]) -> Params:
         """A route's path parameters, decoded and checked."""
-        p = Params()
-        if "ledger" in found:
-            p.ledger = self.name(found["ledger"], "ledger name")
-        if "page" in found:
-            p.page = self.name(found["page"], "page id")
-        if "key" in found:
-            p.key = unquote_to_bytes(found["key"])
+        p = Params(commit=found.get("commit", ""))
+        if (ledger := found.get("ledger")) is not None:
+            p.ledger = self.name_bytes(unquote_to_bytes(ledger), "ledger name")
+        if (page := found.get("page")) is not None:
+            p.page = self.name_bytes(unquote_to_bytes(page), "page id")
+        if (key := found.get("key")) is not None:
+            p.key = unquote_to_bytes(key)
             if len(p.key) > KEY_LIMIT:
                 raise ae.UriTooLong(f"key of {len(p.key)} bytes is over the {KEY_LIMIT}-byte limit")
-        p.commit = found.get("commit", "")
         return p
-
-    @classmethod
-    def name(cls, segment: str, what: str) -> bytes:
-        return cls.name_bytes(unquote_to_bytes(segment), what)
 
     @staticmethod
     def name_bytes(raw: bytes, what: str) -> bytes:
@@ -416,7 +415,15 @@ class Api:
             yield chunk
 
     async def read_body(self, request: web.Request) -> bytes:
-        """The whole body (at most ``max_batch_bytes``), read as :meth:`body_chunks`."""
+        """The whole body (at most ``max_batch_bytes``), read as :meth:`body_chunks`;
+        a body that has arrived whole (most small ones) is taken as it is, with no
+        timer, since nothing is waited for."""
+        content = request.content
+        if content.is_eof():
+            whole = content.read_nowait()
+            if len(whole) > self.cfg.max_batch_bytes:
+                raise ae.TooLarge(f"request body is over the {self.cfg.max_batch_bytes}-byte limit")
+            return whole
         body = bytearray()
         async for chunk in self.body_chunks(request):
             body += chunk
