@@ -85,25 +85,34 @@ class DaemonState:
     extra_status: dict[str, Any] = field(default_factory=dict)
 
 
-_leases: contextvars.ContextVar[contextlib.ExitStack] = contextvars.ContextVar("leases")
-"""The page leases of the request (or session op) being served."""
-
-
-class _Leases(contextlib.ExitStack):
+class _Leases:
     """The page leases of one request or session op (see :func:`page_leases`)."""
 
-    _token: contextvars.Token[contextlib.ExitStack]
+    __slots__ = ("held", "_token")
+
+    def __init__(self) -> None:
+        self.held: list[contextlib.AbstractContextManager[Page]] = []
+
+    def hold(self, page: Page) -> None:
+        lease = page.lease()
+        lease.__enter__()
+        self.held.append(lease)
 
     def __enter__(self) -> _Leases:
         self._token = _leases.set(self)
         return self
 
-    def __exit__(self, *exc: Any) -> bool | None:
+    def __exit__(self, *exc: object) -> None:
         _leases.reset(self._token)
-        return super().__exit__(*exc)
+        while self.held:  # each ends however the block ended: a lease only counts users
+            self.held.pop().__exit__(None, None, None)
 
 
-def page_leases() -> contextlib.ExitStack:
+_leases: contextvars.ContextVar[_Leases] = contextvars.ContextVar("leases")
+"""The page leases of the request (or session op) being served."""
+
+
+def page_leases() -> _Leases:
     """Pages that :meth:`Api.page` hands out inside the block stay leased (open)
     until it ends: one block per request, and one per op of a session (a session's
     transactions and watchers keep their pages open by themselves)."""
@@ -204,6 +213,12 @@ class Query:
         if v is None:
             return default
         return v.lower() not in ("0", "false", "no", "")
+
+
+def _unquote(segment: str) -> bytes:
+    """A percent-encoded path segment's bytes (``unquote_to_bytes``, without its work
+    when there is no ``%``)."""
+    return unquote_to_bytes(segment) if "%" in segment else segment.encode()
 
 
 _NO_QUERY = Query("")
@@ -370,11 +385,11 @@ class Api:
         """A route's path parameters, decoded and checked."""
         p = Params(commit=found.get("commit", ""))
         if (ledger := found.get("ledger")) is not None:
-            p.ledger = self.name_bytes(unquote_to_bytes(ledger), "ledger name")
+            p.ledger = self.name_bytes(_unquote(ledger), "ledger name")
         if (page := found.get("page")) is not None:
-            p.page = self.name_bytes(unquote_to_bytes(page), "page id")
+            p.page = self.name_bytes(_unquote(page), "page id")
         if (key := found.get("key")) is not None:
-            p.key = unquote_to_bytes(key)
+            p.key = _unquote(key)
             if len(p.key) > KEY_LIMIT:
                 raise ae.UriTooLong(f"key of {len(p.key)} bytes is over the {KEY_LIMIT}-byte limit")
         return p
@@ -395,7 +410,7 @@ class Api:
         page = await self.repo.open_page(ledger, page_id)
         leases = _leases.get(None)
         if leases is not None:  # no await since open_page returned: it is still open
-            leases.enter_context(page.lease())
+            leases.hold(page)
         return page
 
     async def body_chunks(self, request: web.Request) -> AsyncIterator[bytes]:
@@ -521,7 +536,8 @@ class Api:
 
     async def get_key(self, request: web.Request, p: Params) -> web.StreamResponse:
         page, key = await self.page(p.ledger, p.page, create=False), p.key
-        view = await self.view(request, page)
+        plain = not request.rel_url.raw_query_string and "Range" not in request.headers
+        view = page if plain else await self.view(request, page)
         entry = await view.get_entry(key)
         if entry is None:
             raise ae.KeyNotFound(f"key {key[:64]!r} is not in the page")
@@ -530,7 +546,6 @@ class Api:
             "ETag": '"' + entry.value.hex() + '"',
             "Ledger-Priority": priority_name(entry.priority),
         }
-        plain = not request.query_string and "Range" not in request.headers
         if plain and not dg.is_index(entry.value):  # one piece: answer from memory
             data = await view.objects.get_piece(entry.value)
             if request.method == "HEAD":
