@@ -32,10 +32,10 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl, unquote_to_bytes
 
-from aiohttp import web
+from aiohttp import HttpVersion11, hdrs, web
 
 from ledgerd.daemon import __version__
 from ledgerd.daemon import docs_api as docs
@@ -64,8 +64,6 @@ access = logging.getLogger("ledgerd.daemon.access")
 VERSION = __version__
 DEFAULT_LIMIT, MAX_LIMIT = 1000, 10_000
 STREAM_CHUNK = 256 * 1024
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass
@@ -261,6 +259,19 @@ def parse_range(header: str, size: int) -> tuple[int, int]:
     return a, b - a + 1
 
 
+async def _expect(request: web.BaseRequest) -> None:
+    """``Expect: 100-continue``: tell the client to send its body (as aiohttp's
+    ``web.Application`` does before any handler runs); any other expectation is 417."""
+    expect = request.headers.get(hdrs.EXPECT, "")
+    if request.version != HttpVersion11:
+        return
+    if expect.lower() != "100-continue":
+        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0  # the response has not started
+    await request.writer.drain()
+
+
 class Api:
     def __init__(self, repo: Repository, cfg: Config, state: DaemonState) -> None:
         self.repo = repo
@@ -273,20 +284,20 @@ class Api:
         self.engine: Any = None  # sync.engine.SyncEngine when cloud sync is on
         self.metrics: Any = None  # daemon.metrics.Metrics, set by the server
 
-    def app(self) -> web.Application:
-        app = web.Application(middlewares=[self.serve], client_max_size=self.cfg.max_batch_bytes)
-        # Every path (with any byte, newlines included: not ``.*``) goes to self.route,
-        # which reads the raw, still percent-encoded path.
-        app.router.add_route("*", r"/{tail:[\s\S]*}", self.route)
-        return app
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Every request, as aiohttp's low-level server (:mod:`daemon.protocol`) hands
+        it over: :data:`ROUTES` is the router, so there is no ``web.Application``
+        router or middleware chain to go through first."""
+        if request.headers.get(hdrs.EXPECT):
+            await _expect(request)
+        return await self.serve(cast(web.Request, request))  # the server makes Requests
 
     # -- plumbing ----------------------------------------------------------------
 
-    @web.middleware
-    async def serve(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Every request's plumbing, in one middleware (one frame per request, not
-        three): the peer check, page leases, errors as JSON, the metrics, and the
-        access log (a DEBUG line per request, ``--log-level debug``)."""
+    async def serve(self, request: web.Request) -> web.StreamResponse:
+        """Every request's plumbing, in one frame: the peer check, page leases,
+        errors as JSON, the metrics, and the access log (a DEBUG line per request,
+        ``--log-level debug``), around :meth:`route`."""
         started = time.monotonic()
         response: web.StreamResponse | None = None
         try:
@@ -298,7 +309,7 @@ class Api:
                 if self.state.shutting_down:
                     raise ae.ShuttingDown()
                 with page_leases():  # pages this request uses stay open until it ends
-                    response = await handler(request)
+                    response = await self.route(request)
             except ae.ApiError as e:
                 response = self.error(e)
             except StoreError as e:
@@ -310,7 +321,7 @@ class Api:
                 response = self.error(
                     ae.TooLarge(f"request body is over the {self.cfg.max_batch_bytes}-byte limit")
                 )
-            except web.HTTPException as e:  # aiohttp's own (the router's, a body reader's)
+            except web.HTTPException as e:  # aiohttp's own (a body reader's)
                 err = ae.NotFound(e.reason) if e.status in (404, 405) else ae.BadRequest(e.reason)
                 if e.status >= 500:
                     err = ae.ApiError(e.reason)
@@ -373,6 +384,8 @@ class Api:
         raw_path = request.raw_path.split("?", 1)[0]
         parts = raw_path.split("/")[1:]
         if not parts or parts[0] != "v1":
+            if not request.rel_url.path.startswith("/"):  # `OPTIONS *`: as aiohttp answers
+                raise ae.NotFound("Not Found")
             raise ae.NotFound(f"no such endpoint {raw_path} (the API lives under /v1/)")
         hit = ROUTER.find(request.method, parts[1:])
         if hit is None:
