@@ -11,6 +11,8 @@ the open pages only, with one small query per page.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -23,9 +25,15 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from ledgerd.store import Commit, CommitListener, GcResult, Page, Repository
 from ledgerd.sync.metered import CloudCounters
@@ -55,19 +63,8 @@ class Metrics:
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter(
-            "ledgerd_http_requests",
-            "HTTP requests served, by route template, method and status",
-            ["route", "method", "status"],
-            registry=r,
-        )
-        self.latency = Histogram(
-            "ledgerd_http_request_duration_seconds",
-            "Time from a request's arrival to its response's end, by route template",
-            ["route"],
-            registry=r,
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-        )
+        self.http = _Http()
+        r.register(self.http)
         self.commits = Counter(
             "ledgerd_commits",
             "Commits made on this device (kind: local or merge)",
@@ -116,8 +113,6 @@ class Metrics:
             registry=r,
         )
         self.cloud = CloudCounters()
-        self._http: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
-        """Each label set's children of the HTTP metrics (``labels()`` once per set)."""
         self._repo: Repository | None = None
         self._engine: Any = None
         self._snapshot: dict[str, Any] = {}
@@ -150,13 +145,7 @@ class Metrics:
 
     def request_done(self, route: str, method: str, status: int, seconds: float) -> None:
         """Count an HTTP request the API served (``route``: its path template)."""
-        key = (route, method, status)
-        children = self._http.get(key)
-        if children is None:  # the label sets the metrics hold already: no new bound
-            children = self.requests.labels(route, method, str(status)), self.latency.labels(route)
-            self._http[key] = children
-        children[0].inc()
-        children[1].observe(seconds)
+        self.http.done(route, method, status, seconds)
 
     # -- exposition ------------------------------------------------------------------
 
@@ -217,6 +206,55 @@ class _Commits:
         self.metrics.commits.labels("merge" if commit.is_merge else "local").inc()
         if self.then is not None:
             self.then.page_committed(page, commit)
+
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+"""Upper bounds (seconds) of the buckets of ``ledgerd_http_request_duration_seconds``."""
+_LE = [floatToGoString(b) for b in LATENCY_BUCKETS] + ["+Inf"]  # type: ignore[no-untyped-call]
+
+
+class _Http(Collector):
+    """The HTTP metrics: requests by route template, method and status, and their
+    durations by route template. A request is counted in plain dicts and lists (a
+    few operations on the event loop, rather than two metric children's locks and a
+    walk of the buckets), which become metric families when scraped; the label sets
+    are those the metrics show, so the counts hold nothing more."""
+
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, str, int], int] = {}
+        self.durations: dict[str, list[float]] = {}
+        """Route -> count of each bucket (the last one: over every bound), then the sum."""
+
+    def done(self, route: str, method: str, status: int, seconds: float) -> None:
+        key = (route, method, status)
+        self.requests[key] = self.requests.get(key, 0) + 1
+        counts = self.durations.get(route)
+        if counts is None:
+            counts = self.durations[route] = [0.0] * (len(LATENCY_BUCKETS) + 2)
+        counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1  # le: at most the bound
+        counts[-1] += seconds
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        requests = CounterMetricFamily(
+            "ledgerd_http_requests",
+            "HTTP requests served, by route template, method and status",
+            labels=["route", "method", "status"],
+        )
+        for (route, method, status), n in self.requests.items():
+            requests.add_metric([route, method, str(status)], n)
+        yield requests
+        durations = HistogramMetricFamily(
+            "ledgerd_http_request_duration_seconds",
+            "Time from a request's arrival to its response's end, by route template",
+            labels=["route"],
+        )
+        for route, counts in self.durations.items():
+            cumulative = list(itertools.accumulate(counts[:-1]))
+            durations.add_metric([route], list(zip(_LE, cumulative, strict=True)), counts[-1])
+        yield durations
 
 
 class _State(Collector):
