@@ -3,7 +3,7 @@
 This module owns the daemon's :class:`prometheus_client.CollectorRegistry` (one per
 daemon, never the library's global one) and every metric in it (the README's table
 lists them). Events are counted where they happen (HTTP requests by the API's
-middleware, commits as the repository's commit listener, sync rounds as the sync
+request handler, commits as the repository's commit listener, sync rounds as the sync
 engine's observer, cloud requests by :class:`ledgerd.sync.metered.Metered`); what is
 a state (open pages, pending writes, pieces by status) is read when scraped, from
 the open pages only, with one small query per page.

@@ -9,12 +9,10 @@ request. It does not own routes or error codes (:mod:`daemon.api`,
 Why subclasses: aiohttp answers a request its parser refused (bad method, a
 request line over ``max_line_size``, Content-Length with Transfer-Encoding, a bad
 chunk size...) from ``RequestHandler.handle_error``, inside the connection's
-protocol, without going through the application: no middleware,
-``on_response_prepare`` or request factory sees that response, and
-``handler_args`` only passes constructor arguments. The protocol class is chosen
-in ``web.Server.__call__`` (the site's protocol factory). So :class:`ApiRunner`
-runs a :class:`_Server` that makes :class:`_Connection` protocols, whose
-``handle_error`` answers JSON.
+protocol: neither the request handler nor the request factory sees that request
+or its answer. The protocol class is chosen in ``web.Server.__call__`` (the
+site's protocol factory). So :class:`ApiRunner` runs a :class:`_Server` that
+makes :class:`_Connection` protocols, whose ``handle_error`` answers JSON.
 
 Why no ``web.Application``: the API matches its own table of routes on the raw
 path (:data:`daemon.api.ROUTES`) and does its plumbing in one function, so an
