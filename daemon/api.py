@@ -30,12 +30,12 @@ import socket
 import struct
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl, unquote_to_bytes
 
-from aiohttp import web
+from aiohttp import HttpVersion11, hdrs, web
 
 from ledgerd.daemon import __version__
 from ledgerd.daemon import docs_api as docs
@@ -65,8 +65,6 @@ VERSION = __version__
 DEFAULT_LIMIT, MAX_LIMIT = 1000, 10_000
 STREAM_CHUNK = 256 * 1024
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
 
 @dataclass
 class Params:
@@ -85,26 +83,44 @@ class DaemonState:
     extra_status: dict[str, Any] = field(default_factory=dict)
 
 
-_leases: contextvars.ContextVar[contextlib.ExitStack] = contextvars.ContextVar("leases")
+class _Leases:
+    """The page leases of one request or session op (see :func:`page_leases`)."""
+
+    __slots__ = ("held", "_token")
+
+    def __init__(self) -> None:
+        self.held: list[contextlib.AbstractContextManager[Page]] = []
+
+    def hold(self, page: Page) -> None:
+        lease = page.lease()
+        lease.__enter__()
+        self.held.append(lease)
+
+    def __enter__(self) -> _Leases:
+        self._token = _leases.set(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _leases.reset(self._token)
+        while self.held:  # each ends however the block ended: a lease only counts users
+            self.held.pop().__exit__(None, None, None)
+
+
+_leases: contextvars.ContextVar[_Leases] = contextvars.ContextVar("leases")
 """The page leases of the request (or session op) being served."""
 
 
-@contextlib.contextmanager
-def page_leases() -> Iterator[None]:
+def page_leases() -> _Leases:
     """Pages that :meth:`Api.page` hands out inside the block stay leased (open)
     until it ends: one block per request, and one per op of a session (a session's
     transactions and watchers keep their pages open by themselves)."""
-    with contextlib.ExitStack() as stack:
-        token = _leases.set(stack)
-        try:
-            yield
-        finally:
-            _leases.reset(token)
+    return _Leases()
 
 
 _peer_cache: weakref.WeakKeyDictionary[asyncio.BaseTransport, tuple[int, int] | None] = (
     weakref.WeakKeyDictionary()
 )
+_ASK = (-1, -1)  # what the cache answers for a transport it does not know yet
 
 
 def peer_credentials(request: web.Request) -> tuple[int, int] | None:
@@ -116,8 +132,9 @@ def peer_credentials(request: web.Request) -> tuple[int, int] | None:
     transport = request.transport
     if transport is None:
         return None
-    if transport in _peer_cache:
-        return _peer_cache[transport]
+    known = _peer_cache.get(transport, _ASK)
+    if known is not _ASK:
+        return known
     sock = transport.get_extra_info("socket")
     creds: tuple[int, int] | None = None
     if sock is not None and sock.family == socket.AF_UNIX:
@@ -143,7 +160,8 @@ class Query:
     def of(cls, request: web.Request) -> Query:
         """The request's parameters, from its query string as sent (still percent-encoded:
         aiohttp's ``query_string`` is decoded as UTF-8 already)."""
-        return cls(request.rel_url.raw_query_string)
+        raw = request.rel_url.raw_query_string
+        return cls(raw) if raw else _NO_QUERY
 
     def __init__(self, raw: str) -> None:
         self.params = {
@@ -195,6 +213,15 @@ class Query:
         return v.lower() not in ("0", "false", "no", "")
 
 
+def _unquote(segment: str) -> bytes:
+    """A percent-encoded path segment's bytes (``unquote_to_bytes``, without its work
+    when there is no ``%``)."""
+    return unquote_to_bytes(segment) if "%" in segment else segment.encode()
+
+
+_NO_QUERY = Query("")
+"""The parameters of every request without a query string (most of them)."""
+
 _RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)", re.ASCII)
 
 
@@ -232,6 +259,19 @@ def parse_range(header: str, size: int) -> tuple[int, int]:
     return a, b - a + 1
 
 
+async def _expect(request: web.BaseRequest) -> None:
+    """``Expect: 100-continue``: tell the client to send its body (as aiohttp's
+    ``web.Application`` does before any handler runs); any other expectation is 417."""
+    expect = request.headers.get(hdrs.EXPECT, "")
+    if request.version != HttpVersion11:
+        return
+    if expect.lower() != "100-continue":
+        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0  # the response has not started
+    await request.writer.drain()
+
+
 class Api:
     def __init__(self, repo: Repository, cfg: Config, state: DaemonState) -> None:
         self.repo = repo
@@ -244,75 +284,80 @@ class Api:
         self.engine: Any = None  # sync.engine.SyncEngine when cloud sync is on
         self.metrics: Any = None  # daemon.metrics.Metrics, set by the server
 
-    def app(self) -> web.Application:
-        counting = [self.metrics.middleware] if self.metrics is not None else []
-        app = web.Application(
-            middlewares=[self.access_log, *counting, self.middleware],
-            client_max_size=self.cfg.max_batch_bytes,
-        )
-        # Every path (with any byte, newlines included: not ``.*``) goes to self.route,
-        # which reads the raw, still percent-encoded path.
-        app.router.add_route("*", r"/{tail:[\s\S]*}", self.route)
-        return app
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Every request, as aiohttp's low-level server (:mod:`daemon.protocol`) hands
+        it over: :data:`ROUTES` is the router, so there is no ``web.Application``
+        router or middleware chain to go through first."""
+        if request.headers.get(hdrs.EXPECT):
+            await _expect(request)
+        return await self.serve(cast(web.Request, request))  # the server makes Requests
 
     # -- plumbing ----------------------------------------------------------------
 
-    @web.middleware
-    async def access_log(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """One DEBUG line per request (``--log-level debug``): method, path, status, time."""
-        if not access.isEnabledFor(logging.DEBUG):
-            return await handler(request)
+    async def serve(self, request: web.Request) -> web.StreamResponse:
+        """Every request's plumbing, in one frame: the peer check, page leases,
+        errors as JSON, the metrics, and the access log (a DEBUG line per request,
+        ``--log-level debug``), around :meth:`route`."""
         started = time.monotonic()
-        status = "-"
+        response: web.StreamResponse | None = None
         try:
-            response = await handler(request)
-            status = str(response.status)
+            try:
+                creds = peer_credentials(request)
+                if creds is not None and not self.peer_allowed(*creds):
+                    log.warning("refused a request from uid %d", creds[0])
+                    raise ae.PeerRefused(f"uid {creds[0]} is not allowed to use this ledgerd")
+                if self.state.shutting_down:
+                    raise ae.ShuttingDown()
+                with page_leases():  # pages this request uses stay open until it ends
+                    response = await self.route(request)
+            except ae.ApiError as e:
+                response = self.error(e)
+            except StoreError as e:
+                err = ae.from_store(e)
+                if err.status >= 500:
+                    log.error("%s %s failed: %s", request.method, request.path, e)
+                response = self.error(err)
+            except web.HTTPRequestEntityTooLarge:
+                response = self.error(
+                    ae.TooLarge(f"request body is over the {self.cfg.max_batch_bytes}-byte limit")
+                )
+            except web.HTTPException as e:  # aiohttp's own (a body reader's)
+                err = ae.NotFound(e.reason) if e.status in (404, 405) else ae.BadRequest(e.reason)
+                if e.status >= 500:
+                    err = ae.ApiError(e.reason)
+                err.status = e.status
+                response = self.error(err)
+            except (ConnectionResetError, asyncio.CancelledError):
+                raise
+            except Exception as e:
+                if (known := ae.from_exception(e)) is not None:
+                    log.error("%s %s failed: %s", request.method, request.path, known)
+                    response = self.error(known)
+                else:
+                    log.exception("internal error serving %s %s", request.method, request.path)
+                    response = self.error(ae.ApiError(f"internal error: {type(e).__name__}"))
             return response
         finally:
+            self.served(request, response, time.monotonic() - started)
+
+    def served(
+        self, request: web.Request, response: web.StreamResponse | None, seconds: float
+    ) -> None:
+        """Count the request (its status is 500 for the metrics, ``-`` in the access
+        log, when it ended with no response: the client left, or shutdown)."""
+        if self.metrics is not None:
+            status = 500 if response is None else response.status
+            self.metrics.request_done(
+                request.get(ROUTE_KEY, "unmatched"), request.method, status, seconds
+            )
+        if access.isEnabledFor(logging.DEBUG):
             access.debug(
                 "%s %s %s %.1f ms",
                 request.method,
                 request.raw_path[:200],
-                status,
-                (time.monotonic() - started) * 1000,
+                "-" if response is None else response.status,
+                seconds * 1000,
             )
-
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        try:
-            creds = peer_credentials(request)
-            if creds is not None and not self.peer_allowed(*creds):
-                log.warning("refused a request from uid %d", creds[0])
-                raise ae.PeerRefused(f"uid {creds[0]} is not allowed to use this ledgerd")
-            if self.state.shutting_down:
-                raise ae.ShuttingDown()
-            with page_leases():  # pages this request uses stay open until it ends
-                return await handler(request)
-        except ae.ApiError as e:
-            return self.error(e)
-        except StoreError as e:
-            err = ae.from_store(e)
-            if err.status >= 500:
-                log.error("%s %s failed: %s", request.method, request.path, e)
-            return self.error(err)
-        except web.HTTPRequestEntityTooLarge:
-            return self.error(
-                ae.TooLarge(f"request body is over the {self.cfg.max_batch_bytes}-byte limit")
-            )
-        except web.HTTPException as e:  # aiohttp's own (the router's, a body reader's)
-            err = ae.NotFound(e.reason) if e.status in (404, 405) else ae.BadRequest(e.reason)
-            if e.status >= 500:
-                err = ae.ApiError(e.reason)
-            err.status = e.status
-            return self.error(err)
-        except (ConnectionResetError, asyncio.CancelledError):
-            raise
-        except Exception as e:
-            if (known := ae.from_exception(e)) is not None:
-                log.error("%s %s failed: %s", request.method, request.path, known)
-                return self.error(known)
-            log.exception("internal error serving %s %s", request.method, request.path)
-            return self.error(ae.ApiError(f"internal error: {type(e).__name__}"))
 
     def peer_allowed(self, uid: int, gid: int) -> bool:
         """Listed users (or this user and root) and members of ``socket_group``."""
@@ -339,31 +384,28 @@ class Api:
         raw_path = request.raw_path.split("?", 1)[0]
         parts = raw_path.split("/")[1:]
         if not parts or parts[0] != "v1":
+            if not request.rel_url.path.startswith("/"):  # `OPTIONS *`: as aiohttp answers
+                raise ae.NotFound("Not Found")
             raise ae.NotFound(f"no such endpoint {raw_path} (the API lives under /v1/)")
-        for route in ROUTES:
-            found = route.match(parts[1:])
-            if found is not None and request.method in route.methods:
-                request[ROUTE_KEY] = route.template  # for the metrics
-                return await route.handler(self, request, self.params(found))
-        raise ae.NotFound(f"no such endpoint: {request.method} {raw_path}")
+        hit = ROUTER.find(request.method, parts[1:])
+        if hit is None:
+            raise ae.NotFound(f"no such endpoint: {request.method} {raw_path}")
+        route, found = hit
+        request[ROUTE_KEY] = route.template  # for the metrics
+        return await route.handler(self, request, self.params(found))
 
     def params(self, found: dict[str, str]) -> Params:
         """A route's path parameters, decoded and checked."""
-        p = Params()
-        if "ledger" in found:
-            p.ledger = self.name(found["ledger"], "ledger name")
-        if "page" in found:
-            p.page = self.name(found["page"], "page id")
-        if "key" in found:
-            p.key = unquote_to_bytes(found["key"])
+        p = Params(commit=found.get("commit", ""))
+        if (ledger := found.get("ledger")) is not None:
+            p.ledger = self.name_bytes(_unquote(ledger), "ledger name")
+        if (page := found.get("page")) is not None:
+            p.page = self.name_bytes(_unquote(page), "page id")
+        if (key := found.get("key")) is not None:
+            p.key = _unquote(key)
             if len(p.key) > KEY_LIMIT:
                 raise ae.UriTooLong(f"key of {len(p.key)} bytes is over the {KEY_LIMIT}-byte limit")
-        p.commit = found.get("commit", "")
         return p
-
-    @classmethod
-    def name(cls, segment: str, what: str) -> bytes:
-        return cls.name_bytes(unquote_to_bytes(segment), what)
 
     @staticmethod
     def name_bytes(raw: bytes, what: str) -> bytes:
@@ -381,7 +423,7 @@ class Api:
         page = await self.repo.open_page(ledger, page_id)
         leases = _leases.get(None)
         if leases is not None:  # no await since open_page returned: it is still open
-            leases.enter_context(page.lease())
+            leases.hold(page)
         return page
 
     async def body_chunks(self, request: web.Request) -> AsyncIterator[bytes]:
@@ -401,7 +443,15 @@ class Api:
             yield chunk
 
     async def read_body(self, request: web.Request) -> bytes:
-        """The whole body (at most ``max_batch_bytes``), read as :meth:`body_chunks`."""
+        """The whole body (at most ``max_batch_bytes``), read as :meth:`body_chunks`;
+        a body that has arrived whole (most small ones) is taken as it is, with no
+        timer, since nothing is waited for."""
+        content = request.content
+        if content.is_eof():
+            whole = content.read_nowait()
+            if len(whole) > self.cfg.max_batch_bytes:
+                raise ae.TooLarge(f"request body is over the {self.cfg.max_batch_bytes}-byte limit")
+            return whole
         body = bytearray()
         async for chunk in self.body_chunks(request):
             body += chunk
@@ -499,7 +549,8 @@ class Api:
 
     async def get_key(self, request: web.Request, p: Params) -> web.StreamResponse:
         page, key = await self.page(p.ledger, p.page, create=False), p.key
-        view = await self.view(request, page)
+        plain = not request.rel_url.raw_query_string and "Range" not in request.headers
+        view = page if plain else await self.view(request, page)
         entry = await view.get_entry(key)
         if entry is None:
             raise ae.KeyNotFound(f"key {key[:64]!r} is not in the page")
@@ -508,7 +559,6 @@ class Api:
             "ETag": '"' + entry.value.hex() + '"',
             "Ledger-Priority": priority_name(entry.priority),
         }
-        plain = not request.query_string and "Range" not in request.headers
         if plain and not dg.is_index(entry.value):  # one piece: answer from memory
             data = await view.objects.get_piece(entry.value)
             if request.method == "HEAD":
@@ -754,25 +804,77 @@ class Route:
     methods: frozenset[str]
     path: tuple[str, ...]
     handler: Endpoint
+    template: str = field(init=False)
+    """The path as ``/v1/...`` with ``{name}`` for every parameter (the metrics' label)."""
+    _literals: tuple[tuple[int, str], ...] = field(init=False, repr=False)
+    _params: tuple[tuple[int, str], ...] = field(init=False, repr=False)
+    _tail: str | None = field(init=False, repr=False)
 
-    @property
-    def template(self) -> str:
-        return "/v1/" + "/".join(s.replace("*}", "}") for s in self.path)
+    def __post_init__(self) -> None:
+        tail = self.path[-1][1:-2] if self.path[-1].endswith("*}") else None
+        fixed = self.path[:-1] if tail is not None else self.path
+        if any(s.endswith("*}") for s in fixed):
+            raise ValueError(f"only the last segment may be a {{name*}} tail: {self.path}")
+        set_ = object.__setattr__  # computed once: the dataclass is frozen
+        set_(self, "template", "/v1/" + "/".join(s.replace("*}", "}") for s in self.path))
+        set_(self, "_literals", tuple((i, s) for i, s in enumerate(fixed) if s[:1] != "{"))
+        set_(self, "_params", tuple((i, s[1:-1]) for i, s in enumerate(fixed) if s[:1] == "{"))
+        set_(self, "_tail", tail)
+
+    def fits(self, length: int) -> bool:
+        """A path of ``length`` segments may match (a tail takes one or more)."""
+        return length >= len(self.path) if self._tail is not None else length == len(self.path)
 
     def match(self, parts: list[str]) -> dict[str, str] | None:
         """The path's parameters (still percent-encoded) if ``parts`` match."""
-        found: dict[str, str] = {}
-        for i, seg in enumerate(self.path):
-            if i >= len(parts):
+        if not self.fits(len(parts)):
+            return None
+        for i, literal in self._literals:
+            if parts[i] != literal:
                 return None
-            if seg.endswith("*}"):
-                found[seg[1:-2]] = "/".join(parts[i:])
-                return found
-            if seg.startswith("{"):
-                found[seg[1:-1]] = parts[i]
-            elif seg != parts[i]:
-                return None
-        return found if len(parts) == len(self.path) else None
+        found = {name: parts[i] for i, name in self._params}
+        if self._tail is not None:
+            found[self._tail] = "/".join(parts[len(self.path) - 1 :])
+        return found
+
+
+class Router:
+    """:data:`ROUTES` indexed by method, first segment and number of segments.
+
+    A request's route is the first of ``routes``, in their order, whose path and
+    method match; the index only leaves out the routes that cannot (another method,
+    another first segment, too few or too many segments), so the answer is the one
+    of trying every route in order, in a few steps rather than forty."""
+
+    def __init__(self, routes: list[Route]) -> None:
+        self.longest = max(len(r.path) for r in routes)
+        self.firsts = {r.path[0] for r in routes if r.path[0][:1] != "{"}
+        methods = {m for r in routes for m in r.methods}
+        self.index: dict[tuple[str, str | None, int], tuple[Route, ...]] = {}
+        for method in methods:
+            for first in [*self.firsts, None]:
+                for length in range(1, self.longest + 2):
+                    found = tuple(
+                        r
+                        for r in routes
+                        if method in r.methods
+                        and (r.path[0] == first or r.path[0][:1] == "{")
+                        and r.fits(length)
+                    )
+                    if found:
+                        self.index[method, first, length] = found
+
+    def find(self, method: str, parts: list[str]) -> tuple[Route, dict[str, str]] | None:
+        """The route serving ``method`` on the path ``parts`` (after ``v1``), and its
+        parameters; None if there is none."""
+        if not parts:
+            return None
+        first = parts[0] if parts[0] in self.firsts else None
+        for route in self.index.get((method, first, min(len(parts), self.longest + 1)), ()):
+            found = route.match(parts)
+            if found is not None:
+                return route, found
+        return None
 
 
 def _route(methods: str, path: str, handler: Endpoint) -> Route:
@@ -826,3 +928,5 @@ ROUTES = [
     _route("GET", "health", Api.health),
 ]
 """The API's routes (the README's table), tried in order."""
+
+ROUTER = Router(ROUTES)

@@ -2,8 +2,8 @@
 
 This module owns the daemon's :class:`prometheus_client.CollectorRegistry` (one per
 daemon, never the library's global one) and every metric in it (the README's table
-lists them). Events are counted where they happen (HTTP requests by an aiohttp
-middleware, commits as the repository's commit listener, sync rounds as the sync
+lists them). Events are counted where they happen (HTTP requests by the API's
+request handler, commits as the repository's commit listener, sync rounds as the sync
 engine's observer, cloud requests by :class:`ledgerd.sync.metered.Metered`); what is
 a state (open pages, pending writes, pieces by status) is read when scraped, from
 the open pages only, with one small query per page.
@@ -11,9 +11,10 @@ the open pages only, with one small query per page.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
-import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -24,9 +25,15 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from ledgerd.store import Commit, CommitListener, GcResult, Page, Repository
 from ledgerd.sync.metered import CloudCounters
@@ -36,7 +43,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ROUTE_KEY = "ledgerd_route"
 """Where the API's router leaves the matched route's template in the request."""
 
@@ -57,19 +63,8 @@ class Metrics:
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter(
-            "ledgerd_http_requests",
-            "HTTP requests served, by route template, method and status",
-            ["route", "method", "status"],
-            registry=r,
-        )
-        self.latency = Histogram(
-            "ledgerd_http_request_duration_seconds",
-            "Time from a request's arrival to its response's end, by route template",
-            ["route"],
-            registry=r,
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-        )
+        self.http = _Http()
+        r.register(self.http)
         self.commits = Counter(
             "ledgerd_commits",
             "Commits made on this device (kind: local or merge)",
@@ -148,18 +143,9 @@ class Metrics:
         if stats.downloaded_packs:
             self.packs.labels("down").inc(stats.downloaded_packs)
 
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        start = time.monotonic()
-        status = 500
-        try:
-            resp = await handler(request)
-            status = resp.status
-            return resp
-        finally:
-            route = str(request.get(ROUTE_KEY, "unmatched"))
-            self.requests.labels(route, request.method, str(status)).inc()
-            self.latency.labels(route).observe(time.monotonic() - start)
+    def request_done(self, route: str, method: str, status: int, seconds: float) -> None:
+        """Count an HTTP request the API served (``route``: its path template)."""
+        self.http.done(route, method, status, seconds)
 
     # -- exposition ------------------------------------------------------------------
 
@@ -220,6 +206,55 @@ class _Commits:
         self.metrics.commits.labels("merge" if commit.is_merge else "local").inc()
         if self.then is not None:
             self.then.page_committed(page, commit)
+
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+"""Upper bounds (seconds) of the buckets of ``ledgerd_http_request_duration_seconds``."""
+_LE = [floatToGoString(b) for b in LATENCY_BUCKETS] + ["+Inf"]  # type: ignore[no-untyped-call]
+
+
+class _Http(Collector):
+    """The HTTP metrics: requests by route template, method and status, and their
+    durations by route template. A request is counted in plain dicts and lists (a
+    few operations on the event loop, rather than two metric children's locks and a
+    walk of the buckets), which become metric families when scraped; the label sets
+    are those the metrics show, so the counts hold nothing more."""
+
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, str, int], int] = {}
+        self.durations: dict[str, list[float]] = {}
+        """Route -> count of each bucket (the last one: over every bound), then the sum."""
+
+    def done(self, route: str, method: str, status: int, seconds: float) -> None:
+        key = (route, method, status)
+        self.requests[key] = self.requests.get(key, 0) + 1
+        counts = self.durations.get(route)
+        if counts is None:
+            counts = self.durations[route] = [0.0] * (len(LATENCY_BUCKETS) + 2)
+        counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1  # le: at most the bound
+        counts[-1] += seconds
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        requests = CounterMetricFamily(
+            "ledgerd_http_requests",
+            "HTTP requests served, by route template, method and status",
+            labels=["route", "method", "status"],
+        )
+        for (route, method, status), n in self.requests.items():
+            requests.add_metric([route, method, str(status)], n)
+        yield requests
+        durations = HistogramMetricFamily(
+            "ledgerd_http_request_duration_seconds",
+            "Time from a request's arrival to its response's end, by route template",
+            labels=["route"],
+        )
+        for route, counts in self.durations.items():
+            cumulative = list(itertools.accumulate(counts[:-1]))
+            durations.add_metric([route], list(zip(_LE, cumulative, strict=True)), counts[-1])
+        yield durations
 
 
 class _State(Collector):

@@ -9,19 +9,24 @@ request. It does not own routes or error codes (:mod:`daemon.api`,
 Why subclasses: aiohttp answers a request its parser refused (bad method, a
 request line over ``max_line_size``, Content-Length with Transfer-Encoding, a bad
 chunk size...) from ``RequestHandler.handle_error``, inside the connection's
-protocol, without going through the application: no middleware,
-``on_response_prepare`` or request factory sees that response, and
-``handler_args`` only passes constructor arguments. The protocol class is chosen
-in ``web.Server.__call__`` (the site's protocol factory), and ``web.AppRunner``
-builds its Server in ``_make_server``. So :class:`ApiRunner` wraps the Server
-the AppRunner built (same handler and request factory) in a :class:`_Server`
-that makes :class:`_Connection` protocols, whose ``handle_error`` answers JSON.
+protocol: neither the request handler nor the request factory sees that request
+or its answer. The protocol class is chosen in ``web.Server.__call__`` (the
+site's protocol factory). So :class:`ApiRunner` runs a :class:`_Server` that
+makes :class:`_Connection` protocols, whose ``handle_error`` answers JSON.
+
+Why no ``web.Application``: the API matches its own table of routes on the raw
+path (:data:`daemon.api.ROUTES`) and does its plumbing in one function, so an
+application's router (one catch-all route, resolved on every request) and
+middleware chain only cost time: the runner serves the API's handler with
+aiohttp's low-level server (``web.Server``, as ``web.ServerRunner`` does), and
+its ``shutdown`` step is the application's ``on_shutdown``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +38,8 @@ from ledgerd.daemon.config import Config
 from ledgerd.store import KEY_LIMIT, NAME_LIMIT
 
 log = logging.getLogger(__name__)
+
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 MAX_REQUEST_LINE = (
     3 * (2 * NAME_LIMIT + KEY_LIMIT)  # the path: ledger, page and key, each byte as %XX
@@ -134,25 +141,31 @@ class _Connection(web.RequestHandler):
 
 
 class _Server(web.Server):
-    """The Server ``web.AppRunner`` built, making :class:`_Connection` protocols."""
+    """aiohttp's low-level server of the API's handler, making :class:`_Connection`
+    protocols and ``web.Request`` objects."""
 
-    def __init__(self, base: web.Server, limits: Limits, **kwargs: Any) -> None:
-        factory = base.request_factory
-
+    def __init__(self, handler: Handler, limits: Limits, client_max_size: int) -> None:
         def make_request(
-            message: Any, payload: Any, protocol: web.RequestHandler, *rest: Any
+            message: Any,
+            payload: Any,
+            protocol: web.RequestHandler,
+            writer: Any,
+            task: asyncio.Task[None],
         ) -> web.BaseRequest:
-            """The app's request factory, which aiohttp calls once per parsed request."""
+            """The request factory, which aiohttp calls once per parsed request."""
             if isinstance(protocol, _Connection):
                 protocol.request_arrived()
-            return factory(message, payload, protocol, *rest)
+            return web.Request(
+                message,
+                payload,
+                protocol,
+                writer,
+                task,
+                self._loop,
+                client_max_size=client_max_size,
+            )
 
-        super().__init__(
-            base.request_handler,
-            request_factory=make_request,
-            handler_cancellation=base.handler_cancellation,
-            **kwargs,
-        )
+        super().__init__(handler, request_factory=make_request)
         self.limits = limits
 
     def __call__(self) -> web.RequestHandler:
@@ -170,12 +183,32 @@ class _Server(web.Server):
         }
 
 
-class ApiRunner(web.AppRunner):
-    """``web.AppRunner`` whose connections are :class:`_Connection`."""
+class ApiRunner(web.BaseRunner):
+    """Serves the API's ``handler`` on :class:`_Connection` protocols (``web.ServerRunner``
+    with our server), calling ``on_shutdown`` when it stops, after the sites stop
+    listening and before requests in flight are waited for (an application's
+    ``on_shutdown``)."""
 
-    def __init__(self, app: web.Application, limits: Limits, **kwargs: Any) -> None:
-        super().__init__(app, access_log=None, **kwargs)
+    def __init__(
+        self,
+        handler: Handler,
+        limits: Limits,
+        *,
+        client_max_size: int,
+        on_shutdown: Callable[[], Awaitable[None]],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.handler = handler
         self.limits = limits
+        self.client_max_size = client_max_size
+        self.on_shutdown = on_shutdown
+
+    async def shutdown(self) -> None:
+        await self.on_shutdown()
 
     async def _make_server(self) -> web.Server:
-        return _Server(await super()._make_server(), self.limits)
+        return _Server(self.handler, self.limits, self.client_max_size)
+
+    async def _cleanup_server(self) -> None:
+        pass

@@ -172,14 +172,13 @@ async def serve(cfg: Config) -> int:
         api.metrics = metrics
         sessions = Sessions(api, resolvers)
         api.sessions = sessions
-        app = api.app()
-
-        async def close_sessions(_app: web.Application) -> None:
-            await sessions.close_all()
-
-        app.on_shutdown.append(close_sessions)  # WebSockets end first, with code 1001
         runner = ApiRunner(
-            app, Limits.of(cfg), handle_signals=False, shutdown_timeout=cfg.shutdown_timeout
+            api.handle,
+            Limits.of(cfg),
+            client_max_size=cfg.max_batch_bytes,
+            on_shutdown=sessions.close_all,  # WebSockets end first, with code 1001
+            handle_signals=False,
+            shutdown_timeout=cfg.shutdown_timeout,
         )
         await runner.setup()
         stop_serving = _once(runner.cleanup)

@@ -147,3 +147,49 @@ async def test_a_large_merge_is_sent_to_the_resolver_in_bounded_parts(bounded: D
         assert len(await c.heads("l", "p")) == 1
         await s.close()
         await resolver.close()
+
+
+def test_a_body_over_max_batch_bytes_is_413_however_it_arrives(short_tmp: Path) -> None:
+    """A body that has arrived whole when the request is served (read at once) and one
+    still arriving (read as it comes) meet the same bound, and nothing is written."""
+    import socket
+
+    d = start_daemon(short_tmp, env={"LEDGERD_MAX_BATCH_BYTES": "4096"})
+    try:
+
+        def send(parts: list[bytes]) -> bytes:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(30)
+                s.connect(str(d.socket))
+                for part in parts:
+                    s.sendall(part)
+                answer = b""
+                while chunk := s.recv(65536):
+                    answer += chunk
+                return answer
+
+        def request(path: str, body: bytes, split: bool) -> list[bytes]:
+            head = (
+                f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n"
+            ).encode()
+            return [head, body[:100], body[100:]] if split else [head + body]
+
+        ops = [{"op": "put", "key": b64(b"k%d" % i), "value": b64(b"v" * 40)} for i in range(80)]
+        big = json.dumps({"ops": ops}).encode()
+        fits = json.dumps({"ops": ops[:2]}).encode()
+        assert len(big) > 4096 > len(fits)
+        for split in (False, True):
+            answer = send(request(f"{P}/batch", big, split))
+            assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+            assert b'"too_large"' in answer
+        assert send(request(f"{P}/batch", fits, False)).startswith(b"HTTP/1.1 200")
+        answer = send(
+            [f"GET {P}/entries HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()]
+        )
+        keys = [
+            base64.b64decode(e["key"]) for e in json.loads(answer.split(b"\r\n\r\n")[1])["entries"]
+        ]
+        assert keys == [b"k0", b"k1"]
+    finally:
+        assert d.stop() == 0, d.log_text()

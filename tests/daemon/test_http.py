@@ -5,11 +5,13 @@ from __future__ import annotations
 import base64
 import io
 import json
+import socket
 
 import aiohttp
 from yarl import URL
 
 from ledgerd.daemon.client import quote
+from tests.daemon.conftest import Daemon
 
 P = "/v1/ledgers/notes/pages/inbox"
 
@@ -245,3 +247,43 @@ async def test_offset_and_length_answer_like_a_range(http: aiohttp.ClientSession
         r = await http.get(u(P + f"/keys/ten?{query}"))
         assert r.status == 416, query
         assert r.headers["Content-Range"] == "bytes */10"
+
+
+def test_expect_100_continue_and_requests_the_router_never_saw(daemon: Daemon) -> None:
+    """``Expect: 100-continue`` (curl sends it before large bodies) is answered before
+    the body is sent; another expectation is 417; ``OPTIONS *`` is 404 ``not_found``."""
+
+    def connect() -> socket.socket:
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(30)
+        s.connect(str(daemon.socket))
+        return s
+
+    def rest(s: socket.socket) -> bytes:
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+        return answer
+
+    with connect() as s:
+        s.sendall(
+            f"PUT {P}/keys/e HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+            "Expect: 100-continue\r\nConnection: close\r\n\r\n".encode()
+        )
+        assert s.recv(25) == b"HTTP/1.1 100 Continue\r\n\r\n"  # before any body is sent
+        s.sendall(b"hello")
+        assert rest(s).startswith(b"HTTP/1.1 204")
+    with connect() as s:
+        s.sendall(f"GET {P}/keys/e HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        assert rest(s).endswith(b"\r\n\r\nhello")
+    with connect() as s:
+        s.sendall(
+            f"PUT {P}/keys/e HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n"
+            "Expect: magic\r\nConnection: close\r\n\r\nx".encode()
+        )
+        assert rest(s).startswith(b"HTTP/1.1 417")
+    with connect() as s:
+        s.sendall(b"OPTIONS * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        head, _, body = rest(s).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 404")
+        assert json.loads(body) == {"error": {"code": "not_found", "message": "Not Found"}}

@@ -8,9 +8,12 @@ import socket
 import urllib.request
 from pathlib import Path
 
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from ledgerd.daemon.client import Client
+from ledgerd.daemon.metrics import LATENCY_BUCKETS, Metrics
 from tests.daemon.conftest import Daemon, start_daemon
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -95,6 +98,33 @@ def test_metrics_parse_and_move_with_work(short_tmp: Path) -> None:
         assert d.stop() == 0, d.log_text()
 
 
+def test_error_answers_and_unknown_paths_are_counted(daemon: Daemon) -> None:
+    """Requests answered with an error count under their route and status; a path no
+    route serves counts as ``unmatched``."""
+
+    async def status_of(c: Client, method: str, path: str) -> int:
+        async with c.aio.session.request(method, c.url(path)) as resp:
+            await resp.read()
+            return resp.status
+
+    with Client(daemon.socket) as c:
+        c.put("notes", "inbox", b"k", b"v")
+        before = _samples(_scrape(c))
+        assert c._call(status_of(c, "GET", "/v1/ledgers/notes/pages/inbox/keys/nope")) == 404
+        assert c._call(status_of(c, "GET", "/v1/nothing/here")) == 404
+        assert c._call(status_of(c, "PATCH", "/v1/status")) == 404
+        after = _samples(_scrape(c))
+
+    def moved(**labels: str) -> float:
+        name = "ledgerd_http_requests_total"
+        return _total(after, name, **labels) - _total(before, name, **labels)
+
+    keys = "/v1/ledgers/{ledger}/pages/{page}/keys/{key}"
+    assert moved(route=keys, method="GET", status="404") == 1
+    assert moved(route="unmatched", method="GET", status="404") == 1
+    assert moved(route="unmatched", method="PATCH", status="404") == 1
+
+
 def test_every_metric_is_in_the_readme(daemon: Daemon) -> None:
     with Client(daemon.socket) as c:
         text = _scrape(c)
@@ -114,3 +144,48 @@ def test_a_bad_metrics_address_is_refused_at_start() -> None:
         with pytest.raises(ConfigError, match="metrics_listen"):
             load(env={"LEDGERD_METRICS_LISTEN": bad})
     assert load(env={"LEDGERD_METRICS_LISTEN": "[::1]:9464"}).metrics_listen == "[::1]:9464"
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["/v1/a", "/v1/b/{key}", "unmatched"]),
+            st.sampled_from(["GET", "PUT"]),
+            st.sampled_from([200, 204, 404, 500]),
+            st.one_of(
+                st.sampled_from(LATENCY_BUCKETS),  # on a bound: counted in its bucket
+                st.floats(min_value=0, max_value=100, allow_nan=False),
+            ),
+        ),
+        max_size=30,
+    )
+)
+def test_http_metrics_show_what_prometheus_own_metrics_would(
+    requests: list[tuple[str, str, int, float]],
+) -> None:
+    """The daemon counts HTTP requests in plain dicts: scraped, they read exactly as
+    prometheus_client's Counter and Histogram fed the same requests."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    ours = Metrics()
+    registry = CollectorRegistry()
+    counter = Counter(
+        "ledgerd_http_requests",
+        "HTTP requests served, by route template, method and status",
+        ["route", "method", "status"],
+        registry=registry,
+    )
+    histogram = Histogram(
+        "ledgerd_http_request_duration_seconds",
+        "Time from a request's arrival to its response's end, by route template",
+        ["route"],
+        registry=registry,
+        buckets=LATENCY_BUCKETS,
+    )
+    for route, method, status, seconds in requests:
+        ours.request_done(route, method, status, seconds)
+        counter.labels(route, method, str(status)).inc()
+        histogram.labels(route).observe(seconds)
+    want = generate_latest(registry).decode()
+    got = "".join(ln + "\n" for ln in ours.render().decode().splitlines() if "_http_" in ln)
+    assert got == want

@@ -144,3 +144,20 @@ async def test_a_watcher_that_falls_behind_is_ended_with_a_reason(tmp_path: Path
         await asyncio.wait_for(session._forward("w1", watcher), 10)
         assert [m["event"] for m in sent] == ["change"] * 3 + ["ended"]
         assert sent[-1]["error"]["code"] == "watcher_behind"  # type: ignore[index]
+
+
+async def test_sessions_end_with_1001_when_the_daemon_stops(daemon: Daemon) -> None:
+    """Stopping the daemon closes open sessions first, with code 1001 (going away)."""
+    async with aiohttp.ClientSession(
+        connector=aiohttp.UnixConnector(path=str(daemon.socket))
+    ) as http:
+        ws = await http.ws_connect(URL("http://ledgerd/v1/session"))
+        await ws.send_str(
+            json.dumps({"id": 1, "op": "begin", "ledger": b64(b"l"), "page": b64(b"p")})
+        )
+        assert (await ws.receive_json())["ok"]
+        stopped = asyncio.get_running_loop().run_in_executor(None, daemon.stop)
+        message = await ws.receive()
+        assert message.type == aiohttp.WSMsgType.CLOSE, message
+        assert message.data == 1001 and message.extra == "ledgerd is shutting down"
+        assert await stopped == 0, daemon.log_text()
