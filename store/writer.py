@@ -4,10 +4,12 @@ This module owns the write worker of one page. A write (puts, deletes, a clear)
 is queued; the worker takes everything queued, appends it to the page's
 implicit journal in one SQLite transaction and acknowledges the writers: the
 write is durable from then on, and readable at once through the journal's
-in-memory overlay. The worker commits the journal, one commit for everything
-appended since the last one, when writes pause for ``COMMIT_DELAY``, when the
-journal holds ``MAX_JOURNAL_ENTRIES`` keys, or when someone flushes; so
-concurrent and back-to-back writers share commits. A write of at least
+in-memory overlay. A write that finds nothing queued and the worker between
+rounds appends itself, in its own task, under the same lock (handing it over
+cost a small put three turns of the event loop). The worker commits the journal,
+one commit for everything appended since the last one, when writes pause for
+``COMMIT_DELAY``, when the journal holds ``MAX_JOURNAL_ENTRIES`` keys, or when
+someone flushes; so concurrent and back-to-back writers share commits. A write of at least
 ``DIRECT_BATCH`` changes is committed on its own, after the journal.
 
 The journal's commit is stamped with the time of its first acknowledged write
@@ -115,6 +117,10 @@ class JournalWriter:
         self._pending: list[_Write] = []
         self._wake = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        """Held to append to or commit the journal: by the worker, or by a writer that
+        appends its own write (:meth:`_submit`)."""
+        self._last_append = 0.0  # loop time of the last append (the commit waits a pause)
         self.stopping = False
         """Set when the page closes: the worker commits what it has and ends."""
 
@@ -134,6 +140,9 @@ class JournalWriter:
     async def stop(self) -> None:
         """Let the worker finish what is queued (the page is closing)."""
         self.stopping = True
+        async with self._lock:  # a write appending itself ends first (and starts the worker)
+            pass
+        self._wake.set()  # a worker waiting for a pause commits now
         if self._worker is not None:
             await asyncio.gather(self._worker, return_exceptions=True)
 
@@ -223,60 +232,97 @@ class JournalWriter:
 
     async def _submit(self, w: _Write) -> None:
         self._check_open()
+        alone = not (self._pending or self._lock.locked() or self.stopping)
+        if alone and not (w.empty or w.direct or w.stamps):
+            # Nothing queued, and the worker is between rounds: append here, in the
+            # writer's own task, rather than handing the write over and waiting for
+            # the worker's turn and then for its answer (three turns of the loop,
+            # most of a small put's cost). The worker still commits the journal.
+            async with self._lock:
+                try:
+                    await self._append([w])
+                except BaseException:
+                    await staging.discard(self.objects, w.tokens)
+                    raise
+            self._last_append = asyncio.get_running_loop().time()
+            if len(self.overlay.entries) >= MAX_JOURNAL_ENTRIES:
+                self._wake.set()
+            self._start_worker()
+            return
         self._pending.append(w)
         self._wake.set()
+        self._start_worker()
+        await asyncio.shield(w.done)
+
+    def _start_worker(self) -> None:
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._run(), name=f"page-writes-{self.name!r}")
-        await asyncio.shield(w.done)
 
     # -- the worker ----------------------------------------------------------------
 
     async def _run(self) -> None:
-        """The only code that appends to or commits the journal (group commit)."""
+        """Appends queued writes to the journal and commits it (group commit); a write
+        that finds nothing queued appends itself (:meth:`_submit`), under the same lock."""
         while True:
             if not self._pending:
                 if self._journal is None:
                     return
                 if not self.stopping and len(self.overlay.entries) < MAX_JOURNAL_ENTRIES:
                     # Wait for more writes or COMMIT_DELAY, whichever comes first (a
-                    # timer rather than wait_for: no task per pause on the hot path).
+                    # timer rather than wait_for: no task per pause on the hot path);
+                    # writes that appended themselves meanwhile count as more writes.
+                    loop = asyncio.get_running_loop()
                     self._wake.clear()
-                    timer = asyncio.get_running_loop().call_later(COMMIT_DELAY, self._wake.set)
+                    delay = COMMIT_DELAY - (loop.time() - self._last_append)
+                    timer = loop.call_later(max(delay, 0), self._wake.set)
                     try:
                         await self._wake.wait()
                     finally:
                         timer.cancel()
                     if self._pending:
                         continue
-                if not await self._try_commit([]):
+                    if (
+                        loop.time() - self._last_append < COMMIT_DELAY
+                        and not self.stopping
+                        and len(self.overlay.entries) < MAX_JOURNAL_ENTRIES
+                    ):
+                        continue  # not a pause yet
+                async with self._lock:
+                    committed = await self._try_commit([])
+                if not committed:
                     return  # the journal stays; the next write, flush or open retries
                 continue
-            if self._pending[0].direct:
-                await self._commit_direct(self._pending.pop(0))
-                continue
-            cut = next((i for i, w in enumerate(self._pending) if w.direct), len(self._pending))
-            batch, self._pending = self._pending[:cut], self._pending[cut:]
-            writes = [w for w in batch if not w.empty]
-            flushes = [w for w in batch if w.empty]
-            try:
-                for w in writes:
-                    if w.stamps:
-                        t = await self._stamp(w)
-                        self._stamped = max(t, self._stamped or 0)
-                if writes:
-                    await self._append(writes)
-            except BaseException as e:
-                for w in writes:
-                    if not w.done.done():
-                        w.done.set_exception(e)
-                    await staging.discard(self.objects, w.tokens)
-                if not isinstance(e, Exception):
-                    raise
+            async with self._lock:
+                await self._round()
+
+    async def _round(self) -> None:
+        """Append (or commit directly) what is queued; the lock is held."""
+        if self._pending[0].direct:
+            await self._commit_direct(self._pending.pop(0))
+            return
+        cut = next((i for i, w in enumerate(self._pending) if w.direct), len(self._pending))
+        batch, self._pending = self._pending[:cut], self._pending[cut:]
+        writes = [w for w in batch if not w.empty]
+        flushes = [w for w in batch if w.empty]
+        try:
+            for w in writes:
+                if w.stamps:
+                    t = await self._stamp(w)
+                    self._stamped = max(t, self._stamped or 0)
+            if writes:
+                await self._append(writes)
+        except BaseException as e:
             for w in writes:
                 if not w.done.done():
-                    w.done.set_result(None)
-            if flushes or len(self.overlay.entries) >= MAX_JOURNAL_ENTRIES:
-                await self._try_commit(flushes)
+                    w.done.set_exception(e)
+                await staging.discard(self.objects, w.tokens)
+            if not isinstance(e, Exception):
+                raise
+        for w in writes:
+            if not w.done.done():
+                w.done.set_result(None)
+        if flushes or len(self.overlay.entries) >= MAX_JOURNAL_ENTRIES:
+            await self._try_commit(flushes)
 
     async def _commit_direct(self, w: _Write) -> None:
         """A large batch becomes one commit of its own, after the journal's."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sqlite3
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -122,6 +123,58 @@ async def test_concurrent_writes_share_commits(page: Page) -> None:
     commits = len(await page.history(10_000)) - before
     assert 1 <= commits <= 3
     assert await page.get(b"k123") == b"v123"
+
+
+async def test_back_to_back_puts_append_themselves_and_share_commits(
+    page: Page, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A put that finds nothing queued appends itself to the journal (no round of
+    the worker per put); the worker still commits once writes pause, in one commit."""
+    rounds = 0
+    real_round = JournalWriter._round
+
+    async def counting(self: JournalWriter) -> None:
+        nonlocal rounds
+        rounds += 1
+        await real_round(self)
+
+    monkeypatch.setattr(JournalWriter, "_round", counting)
+    before = len(await page.history(10_000))
+    watcher = page.watch()
+    for i in range(300):
+        await page.put(b"s%03d" % i, b"v%d" % i)
+
+    def uncommitted() -> bool:
+        return page.writer.uncommitted
+
+    assert rounds == 0 and uncommitted()
+    assert len((await page.keys(prefix=b"s")).items) == 300  # acknowledged: readable
+    await asyncio.wait_for(watcher.__anext__(), 10)  # the worker committed after the pause
+    assert not uncommitted()
+    assert 1 <= len(await page.history(10_000)) - before <= 3
+    assert await page.get(b"s299") == b"v299"
+
+
+async def test_writes_that_appended_themselves_are_committed_at_close(tmp_path: Path) -> None:
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(store_writer, "COMMIT_DELAY", 3600)  # no pause commits them
+    try:
+        async with await Repository.open(tmp_path) as repo:
+            page = await repo.ledger("l").page("p")
+            for i in range(50):
+                await page.put(b"k%02d" % i, b"v")
+            assert page.writer.uncommitted
+            db = page.db.path
+    finally:
+        monkeypatch.undo()
+    conn = sqlite3.connect(db)
+    try:  # committed as the page closed, not left for the next open to recover
+        assert conn.execute("SELECT count(*) FROM journals").fetchone()[0] == 0
+    finally:
+        conn.close()
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        assert len((await page.keys()).items) == 50
 
 
 async def test_batch_write_is_one_commit(page: Page) -> None:
