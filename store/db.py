@@ -314,19 +314,38 @@ class Database:
     async def _write_with(self, fn: Callable[[sqlite3.Connection], T], small: bool) -> T:
         async with self._lock:
             self._check_open()
-            if small and self.inline is not None and self._inline_turn():
-                inline = self.inline
-                if inline.in_transaction:  # never expected; never keep the write lock
-                    inline.rollback()
-                try:
-                    inline.execute("BEGIN IMMEDIATE")
-                except sqlite3.OperationalError as e:
-                    if e.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:
-                        raise
-                    log.debug("inline write to %s waits for the writer: %s", self.path, e)
-                else:
-                    return _in_begun_transaction(fn, inline)
+            if small:
+                done, result = self._inline_write(fn)
+                if done:
+                    return result  # type: ignore[return-value]
             return await asyncio.shield(self.writer.run(partial(_in_transaction, fn)))
+
+    def write_now(self, fn: Callable[[sqlite3.Connection], T]) -> tuple[bool, T | None]:
+        """Run a small write inline, now, if that needs no wait: (True, its result); or
+        (False, None) with nothing done, when it would have to wait (another write
+        under way here, SQLite busy, or this write's turn to go to the writer's
+        thread). Nothing in it yields to the event loop, so a caller cancelled around
+        it cannot leave it half done."""
+        self._check_open()
+        if self._lock.locked() or self._inline_count + 1 >= INLINE_ROUND:
+            return False, None  # (the thread's turn is left for the write that waits)
+        with translating(self.path):
+            return self._inline_write(fn)
+
+    def _inline_write(self, fn: Callable[[sqlite3.Connection], T]) -> tuple[bool, T | None]:
+        if self.inline is None or not self._inline_turn():
+            return False, None
+        inline = self.inline
+        if inline.in_transaction:  # never expected; never keep the write lock
+            inline.rollback()
+        try:
+            inline.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as e:
+            if e.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:
+                raise
+            log.debug("inline write to %s waits for the writer: %s", self.path, e)
+            return False, None
+        return True, _in_begun_transaction(fn, inline)
 
     def _inline_turn(self) -> bool:
         """Whether this small write may run inline: all but one in ``INLINE_ROUND``.

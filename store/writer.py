@@ -4,9 +4,9 @@ This module owns the write worker of one page. A write (puts, deletes, a clear)
 is queued; the worker takes everything queued, appends it to the page's
 implicit journal in one SQLite transaction and acknowledges the writers: the
 write is durable from then on, and readable at once through the journal's
-in-memory overlay. A write that finds nothing queued and the worker between
-rounds appends itself, in its own task, under the same lock (handing it over
-cost a small put three turns of the event loop). The worker commits the journal,
+in-memory overlay. A small write that finds nothing queued and the worker
+between rounds appends itself, inline, when SQLite lets it without waiting
+(handing it over cost a small put three turns of the event loop). The worker commits the journal,
 one commit for everything appended since the last one, when writes pause for
 ``COMMIT_DELAY``, when the journal holds ``MAX_JOURNAL_ENTRIES`` keys, or when
 someone flushes; so concurrent and back-to-back writers share commits. A write of at least
@@ -118,8 +118,8 @@ class JournalWriter:
         self._wake = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
-        """Held to append to or commit the journal: by the worker, or by a writer that
-        appends its own write (:meth:`_submit`)."""
+        """Held by the worker while it appends to or commits the journal (a write
+        appends itself only when it is free: :meth:`_submit`)."""
         self._last_append = 0.0  # loop time of the last append (the commit waits a pause)
         self.stopping = False
         """Set when the page closes: the worker commits what it has and ends."""
@@ -140,8 +140,6 @@ class JournalWriter:
     async def stop(self) -> None:
         """Let the worker finish what is queued (the page is closing)."""
         self.stopping = True
-        async with self._lock:  # a write appending itself ends first (and starts the worker)
-            pass
         self._wake.set()  # a worker waiting for a pause commits now
         if self._worker is not None:
             await asyncio.gather(self._worker, return_exceptions=True)
@@ -233,22 +231,20 @@ class JournalWriter:
     async def _submit(self, w: _Write) -> None:
         self._check_open()
         alone = not (self._pending or self._lock.locked() or self.stopping)
-        if alone and not (w.empty or w.direct or w.stamps):
-            # Nothing queued, and the worker is between rounds: append here, in the
-            # writer's own task, rather than handing the write over and waiting for
-            # the worker's turn and then for its answer (three turns of the loop,
-            # most of a small put's cost). The worker still commits the journal.
-            async with self._lock:
-                try:
-                    await self._append([w])
-                except BaseException:
-                    await staging.discard(self.objects, w.tokens)
-                    raise
-            self._last_append = asyncio.get_running_loop().time()
-            if len(self.overlay.entries) >= MAX_JOURNAL_ENTRIES:
-                self._wake.set()
-            self._start_worker()
-            return
+        if alone and not (w.empty or w.direct or w.stamps or w.tokens or w.clear):
+            # Nothing queued, and the worker is between rounds: a small write appends
+            # itself, inline and at once, rather than handing itself over and waiting
+            # for the worker's turn and then for its answer (three turns of the loop,
+            # most of a small put's cost). Nothing here yields, so it is all or
+            # nothing even if the caller is cancelled. The worker still commits.
+            work, small, appended = self._appending([w])
+            if small and self.db.write_now(work)[0]:
+                appended()
+                self._last_append = asyncio.get_running_loop().time()
+                if len(self.overlay.entries) >= MAX_JOURNAL_ENTRIES:
+                    self._wake.set()
+                self._start_worker()
+                return
         self._pending.append(w)
         self._wake.set()
         self._start_worker()
@@ -262,7 +258,7 @@ class JournalWriter:
 
     async def _run(self) -> None:
         """Appends queued writes to the journal and commits it (group commit); a write
-        that finds nothing queued appends itself (:meth:`_submit`), under the same lock."""
+        that finds nothing queued and the lock free may append itself (:meth:`_submit`)."""
         while True:
             if not self._pending:
                 if self._journal is None:
@@ -392,6 +388,15 @@ class JournalWriter:
 
     async def _append(self, batch: list[_Write]) -> None:
         """Append writes to the journal in one transaction (they are durable after)."""
+        work, small, appended = self._appending(batch)
+        await self.db.run(work, write=True, small=small)
+        appended()
+
+    def _appending(
+        self, batch: list[_Write]
+    ) -> tuple[Callable[[sqlite3.Connection], None], bool, Callable[[], None]]:
+        """The SQLite work that appends ``batch`` to the journal, whether it is small
+        enough to run inline, and what to do once it is stored."""
         new = self._journal is None
         jid = self._journal or f"I{time.time_ns():020d}{uuid.uuid4().hex[:12]}"
         since = commit.now_us() if new else self._since
@@ -429,15 +434,18 @@ class JournalWriter:
         if any(w.tokens or w.clear for w in batch):
             rows += INLINE_MAX_ROWS + 1
         small = fits_inline(rows, sum(map(len, pieces.values())))
-        await self.db.run(work, write=True, small=small)
-        self._rows = rows + (0 if new else self._rows)
-        self.objects.remember(pieces.items())  # read-your-writes
-        overlay = self.overlay
-        for w in batch:
-            overlay = overlay.with_changes(w.clear, w.changes)
-        self._since = since
-        self._journal = jid
-        self.overlay = overlay
+
+        def appended() -> None:
+            self._rows = rows + (0 if new else self._rows)
+            self.objects.remember(pieces.items())  # read-your-writes
+            overlay = self.overlay
+            for w in batch:
+                overlay = overlay.with_changes(w.clear, w.changes)
+            self._since = since
+            self._journal = jid
+            self.overlay = overlay
+
+        return work, small, appended
 
     async def commit_journal(self) -> None:
         async with self.graph.lock:

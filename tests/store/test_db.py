@@ -80,6 +80,26 @@ async def test_an_inline_write_waits_on_the_writer_thread_while_another_process_
     assert [k for k, _ in await _rows(db)] == [1, 2]
 
 
+async def test_write_now_runs_inline_or_does_nothing(db: Database, tmp_path: Path) -> None:
+    """write_now writes inline at once, or does nothing when it would have to wait:
+    another write of this database under way, or SQLite busy."""
+    assert db.write_now(_insert(1)) == (True, threading.get_ident())
+    async with db._lock:  # a write under way here
+        assert db.write_now(_insert(2)) == (False, None)
+    other = sqlite3.connect(tmp_path / "t.sqlite", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    assert db.write_now(_insert(3)) == (False, None)
+    other.execute("ROLLBACK")
+    other.close()
+    assert db.inline is not None and not db.inline.in_transaction
+    assert [k for k, _ in await _rows(db)] == [1]
+    # The write whose turn it is to go to the writer's thread (which checkpoints)
+    # is not taken inline: write_now leaves it to a write that may wait.
+    db._inline_count = store_db.INLINE_ROUND - 1
+    assert db.write_now(_insert(4)) == (False, None)
+    assert await db.run(_insert(4), write=True, small=True) != threading.get_ident()
+
+
 async def test_full_durability_writes_nothing_inline(tmp_path: Path) -> None:
     db = await Database.open(tmp_path / "f.sqlite", _schema, synchronous="FULL")
     try:
