@@ -7,6 +7,7 @@ import base64
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import aiohttp
 import pytest
@@ -31,15 +32,18 @@ async def _wait_for_log(daemon: Daemon, text: str, timeout: float = 20) -> None:
         await asyncio.sleep(0.05)
 
 
+async def _begin(http: aiohttp.ClientSession) -> tuple[aiohttp.ClientWebSocketResponse, Any]:
+    """A session with a transaction begun on page l/p, and the begin's reply."""
+    ws = await http.ws_connect(URL("http://ledgerd/v1/session"))
+    await ws.send_str(json.dumps({"id": 1, "op": "begin", "ledger": b64(b"l"), "page": b64(b"p")}))
+    return ws, await ws.receive_json()
+
+
 async def test_dropped_connection_rolls_back(daemon: Daemon) -> None:
     async with aiohttp.ClientSession(
         connector=aiohttp.UnixConnector(path=str(daemon.socket))
     ) as http:
-        ws = await http.ws_connect(URL("http://ledgerd/v1/session"))
-        await ws.send_str(
-            json.dumps({"id": 1, "op": "begin", "ledger": b64(b"l"), "page": b64(b"p")})
-        )
-        reply = await ws.receive_json()
+        ws, reply = await _begin(http)
         tid = reply["txn"]
         await ws.send_str(
             json.dumps(
@@ -151,11 +155,8 @@ async def test_sessions_end_with_1001_when_the_daemon_stops(daemon: Daemon) -> N
     async with aiohttp.ClientSession(
         connector=aiohttp.UnixConnector(path=str(daemon.socket))
     ) as http:
-        ws = await http.ws_connect(URL("http://ledgerd/v1/session"))
-        await ws.send_str(
-            json.dumps({"id": 1, "op": "begin", "ledger": b64(b"l"), "page": b64(b"p")})
-        )
-        assert (await ws.receive_json())["ok"]
+        ws, reply = await _begin(http)
+        assert reply["ok"]
         stopped = asyncio.get_running_loop().run_in_executor(None, daemon.stop)
         message = await ws.receive()
         assert message.type == aiohttp.WSMsgType.CLOSE, message
