@@ -6,11 +6,12 @@ implicit journal in one SQLite transaction and acknowledges the writers: the
 write is durable from then on, and readable at once through the journal's
 in-memory overlay. A small write that finds nothing queued and the worker
 between rounds appends itself, inline, when SQLite lets it without waiting
-(handing it over cost a small put three turns of the event loop). The worker commits the journal,
-one commit for everything appended since the last one, when writes pause for
-``COMMIT_DELAY``, when the journal holds ``MAX_JOURNAL_ENTRIES`` keys, or when
-someone flushes; so concurrent and back-to-back writers share commits. A write of at least
-``DIRECT_BATCH`` changes is committed on its own, after the journal.
+(handing it over cost a small put three turns of the event loop). The worker
+commits the journal, one commit for everything appended since the last one,
+when writes pause for ``COMMIT_DELAY``, when the journal holds
+``MAX_JOURNAL_ENTRIES`` keys, or when someone flushes; so concurrent and
+back-to-back writers share commits. A write of at least ``DIRECT_BATCH`` changes
+is committed on its own, after the journal.
 
 The journal's commit is stamped with the time of its first acknowledged write
 (never older than its parents), so that last-one-wins orders writes by when
