@@ -619,7 +619,9 @@ class Api:
         priority, key = parse_priority(Query.of(request).text("priority")), p.key
         page = await self.page(p.ledger, p.page, create=True)
         length = request.content_length
-        if length is not None and length <= 256 * 1024:
+        # A small value is read whole; past max_batch_bytes (a bound on what a request
+        # holds in memory) it is streamed like a large one, not refused.
+        if length is not None and length <= min(256 * 1024, self.cfg.max_batch_bytes):
             body = await self.read_body(request)
             if len(body) != length:
                 raise ae.BadRequest("request body is shorter than its Content-Length")
