@@ -45,6 +45,8 @@ _KEY, _VALUE, _PRIORITY = map(operator.itemgetter, range(3))
 
 
 def check_key(key: bytes) -> bytes:
+    if type(key) is bytes and len(key) <= KEY_LIMIT:  # the common case, first
+        return key
     if not isinstance(key, bytes | bytearray | memoryview):
         raise InvalidArgumentError(f"keys are bytes, not {type(key).__name__}")
     key = bytes(key)
