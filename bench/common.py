@@ -99,14 +99,15 @@ def ratio(a: float, b: float) -> float:
     return round(a / b, 2)
 
 
-def install_pouchdb(work: Path) -> str | None:
-    """``npm install pouchdb@9`` into ``work`` (created); None when done, else why not."""
+def install_pouchdb(work: Path, *more: str) -> str | None:
+    """``npm install pouchdb@9`` (and the packages ``more``) into ``work`` (created);
+    None when done, else why not."""
     npm = shutil.which("npm")
     if shutil.which("node") is None or npm is None:
         return "node or npm is not installed"
     work.mkdir()
     install = subprocess.run(
-        [npm, "install", "--silent", "--no-audit", "--no-fund", "pouchdb@9"],
+        [npm, "install", "--silent", "--no-audit", "--no-fund", "pouchdb@9", *more],
         cwd=work,
         capture_output=True,
         text=True,
@@ -115,3 +116,20 @@ def install_pouchdb(work: Path) -> str | None:
     if install.returncode != 0:
         return f"npm install pouchdb@9 failed: {install.stderr.strip()[-300:]}"
     return None
+
+
+def run_node(work: Path, script: str, args: list[str], timeout: float = 1800) -> dict[str, Any]:
+    """Run ``script`` with node in ``work`` (where :func:`install_pouchdb` put PouchDB)
+    and return the JSON it prints, or ``{"skipped": why}`` if it failed."""
+    (work / "bench.js").write_text(script)
+    res = subprocess.run(
+        [shutil.which("node") or "node", "bench.js", *args],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if res.returncode != 0:
+        return {"skipped": f"the PouchDB script failed: {res.stderr.strip()[-300:]}"}
+    doc: dict[str, Any] = json.loads(res.stdout)
+    return doc

@@ -50,14 +50,12 @@ import argparse
 import asyncio
 import json
 import random
-import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import emit, latency, peak_rss_mib, ratio, timed
+from bench.common import emit, install_pouchdb, latency, peak_rss_mib, ratio, run_node, timed
 from ledgerd.daemon.main import tune_gc
 from ledgerd.store import DocumentStore, Repository
 from ledgerd.sync.engine import SyncEngine
@@ -269,43 +267,18 @@ const pick = (n) => Math.floor(Math.random() * n);
 
 def _pouchdb(directory: Path, args: argparse.Namespace, docs: list[dict[str, Any]]) -> Any:
     """PouchDB's figures, or ``{"skipped": why}``."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        return {"skipped": "node or npm is not installed"}
     work = directory / "pouchdb"
-    work.mkdir()
-    install = subprocess.run(
-        [npm, "install", "--silent", "--no-audit", "--no-fund", "pouchdb@9", "pouchdb-find@9"],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if install.returncode != 0:
-        return {"skipped": f"npm install pouchdb@9 failed: {install.stderr.strip()[-300:]}"}
-    (work / "bench.js").write_text(POUCH_SCRIPT)
+    why = install_pouchdb(work, "pouchdb-find@9")
+    if why is not None:
+        return {"skipped": why}
     (work / "docs.json").write_text(json.dumps(docs))
     (work / "changes.json").write_text(json.dumps(_changed(docs, args.changed)))
-    res = subprocess.run(
-        [
-            node,
-            "bench.js",
-            "docs.json",
-            "changes.json",
-            str(work / "db"),
-            str(args.batch),
-            str(args.gets),
-            str(args.queries),
-            str(PER_PARTITION),
-        ],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        timeout=3600,
+    params = [str(args.batch), str(args.gets), str(args.queries), str(PER_PARTITION)]
+    doc = run_node(
+        work, POUCH_SCRIPT, ["docs.json", "changes.json", str(work / "db"), *params], 3600
     )
-    if res.returncode != 0:
-        return {"skipped": f"the PouchDB script failed: {res.stderr.strip()[-300:]}"}
-    doc: dict[str, Any] = json.loads(res.stdout)
+    if "skipped" in doc:
+        return doc
     doc["insert_with_index_per_s"] = round(
         len(docs) / (doc["insert_s"] + doc["index_build_first_query_s"])
     )

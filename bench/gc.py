@@ -22,16 +22,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
-import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import emit, install_pouchdb, ratio, timed
+from bench.common import emit, install_pouchdb, ratio, run_node, timed
 from ledgerd.daemon.main import tune_gc
 from ledgerd.store import Repository, exchange
 from ledgerd.store.gc import collect, file_bytes, live_bytes
@@ -145,19 +142,8 @@ def _pouchdb(directory: Path, rows: list[tuple[bytes, bytes]], txn: int) -> dict
     why = install_pouchdb(work)
     if why is not None:
         return {"skipped": why}
-    (work / "bench.js").write_text(POUCH_SCRIPT)
     (work / "rows").write_bytes(b"".join(k + v for k, v in rows))
-    res = subprocess.run(
-        [shutil.which("node") or "node", "bench.js", "rows", str(work / "db"), str(txn)],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    if res.returncode != 0:
-        return {"skipped": f"the PouchDB script failed: {res.stderr.strip()[-300:]}"}
-    doc: dict[str, Any] = json.loads(res.stdout)
-    return doc
+    return run_node(work, POUCH_SCRIPT, ["rows", str(work / "db"), str(txn)])
 
 
 def main() -> None:

@@ -33,7 +33,6 @@ import asyncio
 import json
 import random
 import re
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -50,6 +49,7 @@ from bench.common import (
     latency,
     peak_rss_mib,
     ratio,
+    run_node,
     storage_floor,
     timed,
 )
@@ -289,21 +289,9 @@ def _pouchdb(
     why = install_pouchdb(work)
     if why is not None:
         return {"skipped": why}
-    node = shutil.which("node") or "node"
-    (work / "bench.js").write_text(POUCH_SCRIPT)
     (work / "rows").write_bytes(b"".join(k + v for k, v in rows))
     (work / "keys").write_bytes(b"".join(keys))
-    res = subprocess.run(
-        [node, "bench.js", "rows", "keys", str(work / "db"), str(txn)],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    if res.returncode != 0:
-        return {"skipped": f"the PouchDB script failed: {res.stderr.strip()[-300:]}"}
-    doc: dict[str, Any] = json.loads(res.stdout)
-    return doc
+    return run_node(work, POUCH_SCRIPT, ["rows", "keys", str(work / "db"), str(txn)])
 
 
 # -- main -------------------------------------------------------------------------

@@ -459,6 +459,11 @@ class Api:
                 raise ae.TooLarge(f"request body is over the {self.cfg.max_batch_bytes}-byte limit")
         return bytes(body)
 
+    async def optional_json(self, request: web.Request, what: str) -> Any:
+        """The body as JSON, or ``{}`` when there is none (only blanks)."""
+        body = await self.read_body(request)
+        return parse_json(body, what) if body.strip() else {}
+
     async def view(self, request: web.Request, page: Page) -> View:
         at = Query.of(request).text("at")
         if not at:
@@ -745,8 +750,7 @@ class Api:
         ledger's, or one) and answer the report; see :mod:`ledgerd.sync.check`."""
         from ledgerd.daemon.operations import run_check
 
-        body = await self.read_body(request)
-        doc = parse_json(body, "check body") if body.strip() else {}
+        doc = await self.optional_json(request, "check body")
         return web.json_response(await run_check(self, doc))
 
     async def gc(self, request: web.Request, p: Params) -> web.Response:
@@ -754,16 +758,14 @@ class Api:
         a ledger's, or one); see :mod:`ledgerd.daemon.collector`."""
         from ledgerd.daemon.collector import run_gc
 
-        body = await self.read_body(request)
-        doc = parse_json(body, "gc body") if body.strip() else {}
+        doc = await self.optional_json(request, "gc body")
         return web.json_response(await run_gc(self, doc))
 
     async def evict(self, request: web.Request, p: Params) -> web.Response:
         """POST {"ledger", "page"}: evict the page now (see :mod:`ledgerd.store.eviction`)."""
         from ledgerd.daemon.collector import evict_now
 
-        body = await self.read_body(request)
-        doc = parse_json(body, "evict body") if body.strip() else {}
+        doc = await self.optional_json(request, "evict body")
         return web.json_response(await evict_now(self, doc))
 
     async def du(self, request: web.Request, p: Params) -> web.Response:

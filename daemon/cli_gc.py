@@ -16,7 +16,7 @@ import json
 import sys
 from typing import Any, TextIO
 
-from ledgerd.daemon.cli_format import arg_bytes
+from ledgerd.daemon.cli_format import arg_bytes, human_bytes
 from ledgerd.daemon.client import AsyncClient
 
 EXIT_FAILED = 1
@@ -54,12 +54,7 @@ def _name(p: dict[str, Any]) -> str:
 
 def size(n: int) -> str:
     """Bytes for people: ``512 B``, ``3.4 KiB``, ``12.0 MiB``."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"  # unreachable
+    return f"{n} B" if n < 1024 else human_bytes(n)
 
 
 async def run_gc(args: argparse.Namespace, client: AsyncClient) -> int:

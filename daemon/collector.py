@@ -50,9 +50,10 @@ def _names(api: Api, doc: Any, what: str) -> tuple[bytes | None, bytes | None]:
 
 
 async def pages_of(
-    repo: Repository, ledger: bytes | None, page: bytes | None
+    repo: Repository, ledger: bytes | None, page: bytes | None, *, include_deleted: bool = False
 ) -> list[tuple[bytes, bytes]]:
-    """Every page, a ledger's, or one (404 when it does not exist)."""
+    """Every page, a ledger's, or one (404 when it does not exist); deleted ones too
+    with ``include_deleted``."""
     if ledger is not None and not repo.ledger_exists(ledger):
         raise ae.LedgerNotFound(f"no ledger {ledger!r}")
     if ledger is not None and page is not None:
@@ -60,8 +61,10 @@ async def pages_of(
             raise ae.PageNotFound(f"no page {page!r} in ledger {ledger!r}")
         return [(ledger, page)]
     keys: list[tuple[bytes, bytes]] = []
-    for led in [ledger] if ledger is not None else await repo.ledgers():
-        keys.extend((led, pid) for pid in await repo.ledger(led).pages())
+    ledgers = await repo.ledgers(include_deleted=include_deleted) if ledger is None else [ledger]
+    for led in ledgers:
+        pages = await repo.ledger(led).pages(include_deleted=include_deleted)
+        keys.extend((led, pid) for pid in pages)
     return keys
 
 

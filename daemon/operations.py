@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ledgerd.daemon import errors as ae
 from ledgerd.daemon.codec import unb64
+from ledgerd.daemon.collector import pages_of
 from ledgerd.store import StoreError
 from ledgerd.store import check as ck
 from ledgerd.sync.check import BucketIndex, Checked, check_page
@@ -59,16 +60,7 @@ async def run_check(api: Api, doc: Any) -> dict[str, Any]:
     repo = api.repo
     if page is not None and ledger is None:
         raise ae.BadRequest("check body: page needs ledger")
-    if ledger is not None and not repo.ledger_exists(ledger):
-        raise ae.LedgerNotFound(f"no ledger {ledger!r}")
-    if ledger is not None and page is not None:
-        if not repo.page_exists(ledger, page):
-            raise ae.PageNotFound(f"no page {page!r} in ledger {ledger!r}")
-        keys = [(ledger, page)]
-    else:
-        keys = []
-        for led in [ledger] if ledger is not None else await repo.ledgers(include_deleted=True):
-            keys.extend((led, pid) for pid in await repo.ledger(led).pages(include_deleted=True))
+    keys = await pages_of(repo, ledger, page, include_deleted=True)
     engine = api.engine
     index = BucketIndex(engine.store, engine.codec) if engine is not None else None
     results: list[Checked] = []

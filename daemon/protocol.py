@@ -211,4 +211,5 @@ class ApiRunner(web.BaseRunner):
         return _Server(self.handler, self.limits, self.client_max_size)
 
     async def _cleanup_server(self) -> None:
-        pass
+        """Nothing to release: the server holds no application to clean up (as
+        ``web.ServerRunner``'s, a step ``web.BaseRunner`` requires)."""

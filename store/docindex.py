@@ -303,7 +303,7 @@ class Views:
         head = self.page.head
         if head.id == self.reflected:
             return head
-        ready = [(ix, d) for ix, d, r in self.indexes.values() if r]
+        ready = self._ready()
         old = (
             EMPTY if self.reflected is None else (await self.page.load_commit(self.reflected)).root
         )
@@ -313,6 +313,10 @@ class Views:
         self.reflected, self.max_rev = head.id, max_rev
         await self._apply_definitions(defs)
         return head
+
+    def _ready(self) -> list[tuple[int, IndexDef]]:
+        """The indexes that are built: (row id, definition)."""
+        return [(ix, d) for ix, d, ready in self.indexes.values() if ready]
 
     async def commit(
         self, txn: Transaction, records: Sequence[tuple[str, bytes, Record]]
@@ -327,7 +331,7 @@ class Views:
         async with self.lock:
             if self.reflected != txn.base.id:
                 return await txn.commit()
-            by_coll = _by_collection([(ix, d) for ix, d, r in self.indexes.values() if r])
+            by_coll = _by_collection(self._ready())
             rows: list[Row] = []
             max_rev = self.max_rev
             for coll, doc_id, r in records:

@@ -67,12 +67,9 @@ def collection_prefix(collection: str) -> bytes:
 
 def doc_prefix(collection: str, doc_id: bytes) -> bytes:
     """Every key of one document starts with this (its group in a merge): the
-    collection's prefix and ``doc_id`` packed as the tuple layer packs bytes (code
-    0x01, each 0x00 escaped as 0x00 0xFF, a 0x00 at the end), written out here
-    because a bulk write makes two keys per document."""
-    return b"".join(
-        (collection_prefix(collection), b"\x01", doc_id.replace(b"\x00", b"\x00\xff"), b"\x00")
-    )
+    collection's prefix, then ``doc_id`` packed as a tuple's element (a packed tuple
+    is its elements' encodings one after the other)."""
+    return collection_prefix(collection) + tup.encode_bytes(doc_id)
 
 
 def head_key(collection: str, doc_id: bytes) -> bytes:

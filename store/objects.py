@@ -479,14 +479,9 @@ class ObjectStore:
         if not rows:
             return None
         data = bytes(rows[0][0])
-        if len(data) >= _THREAD_MIN:
-            await self._verify({digest: data})
-        elif not dg.verify(digest, data):
-            raise CorruptObjectError(
-                f"stored object {dg.short(digest)} in {self.db.path} does not match its digest"
-            )
-        if remember and len(data) <= CACHE_PIECE_LIMIT:
-            self.cache.put(digest, data, piece_cost(data))
+        await self._verify({digest: data})  # inline for a small one
+        if remember:
+            self.remember(((digest, data),))
         return data
 
     async def read_to_file(self, digest: bytes, path: Path) -> int:

@@ -259,15 +259,7 @@ class Transaction(View):
     async def put(self, key: bytes, value: Source, priority: Priority = Priority.EAGER) -> None:
         """Small values stay in memory until commit (within the page's budget); large
         ones, streams, and values past the budget are staged."""
-        st = self.state
-        if self._base is None or not st.open:  # else _check has nothing to do
-            await self._check()
-        key = check_key(key)
-        entry = self._in_memory(key, value, priority)
-        if entry is None:
-            entry = await self._prepare(key, value, priority)
-        st.stamped_values.pop(key, None)
-        st.entries[key] = entry
+        await self.put_many(((key, value),), priority)
 
     async def put_many(
         self, items: Iterable[tuple[bytes, Source]], priority: Priority = Priority.EAGER
@@ -275,7 +267,7 @@ class Transaction(View):
         """:meth:`put` of each ``(key, value)`` in order, in one call (a bulk load makes
         no coroutine per value). On an error the puts before it stay in the transaction."""
         st = self.state
-        if self._base is None or not st.open:
+        if self._base is None or not st.open:  # else _check has nothing to do
             await self._check()
         prio = staging.priority(priority)
         entries, in_memory = st.entries, self._in_memory

@@ -341,6 +341,8 @@ def _encode_single(v: SingleFloat) -> bytes:
     return _CODE_U32.pack(0x20, v._order())
 
 
+encode_bytes = _encode_bytes
+"""The packed form of bytes as a tuple's element (``pack((b,))``, faster)."""
 encode_str = _encode_str
 """The packed form of a string as a tuple's element (``pack((s,))``, faster)."""
 encode_float = _encode_float

@@ -241,7 +241,6 @@ class JournalWriter:
             work, small, appended = self._appending([w])
             if small and self.db.write_now(work)[0]:
                 appended()
-                self._last_append = asyncio.get_running_loop().time()
                 if len(self.overlay.entries) >= MAX_JOURNAL_ENTRIES:
                     self._wake.set()
                 self._start_worker()
@@ -437,6 +436,7 @@ class JournalWriter:
         small = fits_inline(rows, sum(map(len, pieces.values())))
 
         def appended() -> None:
+            self._last_append = asyncio.get_running_loop().time()
             self._rows = rows + (0 if new else self._rows)
             self.objects.remember(pieces.items())  # read-your-writes
             overlay = self.overlay

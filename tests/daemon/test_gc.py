@@ -24,18 +24,24 @@ def _page_files(d: Daemon, ledger: bytes, page: bytes) -> list[Path]:
     return [p for p in (db, db.with_name("page.sqlite-wal")) if p.exists()]
 
 
-@pytest.fixture
-def d(short_tmp: Path) -> Iterator[Daemon]:
-    daemon = start_daemon(
+def _start(short_tmp: Path, gc_interval: str) -> Daemon:
+    """A daemon syncing to a folder, keeping no history, collecting every
+    ``gc_interval`` seconds (0: only when asked)."""
+    return start_daemon(
         short_tmp,
         "--cloud",
         f"file://{short_tmp}/bucket",
         env={
             "LEDGERD_SYNC_INTERVAL": "60",
             "LEDGERD_HISTORY_RETENTION": "0",
-            "LEDGERD_GC_INTERVAL": "0",  # only when asked
+            "LEDGERD_GC_INTERVAL": gc_interval,
         },
     )
+
+
+@pytest.fixture
+def d(short_tmp: Path) -> Iterator[Daemon]:
+    daemon = _start(short_tmp, "0")
     yield daemon
     assert daemon.stop() == 0, daemon.log_text()
 
@@ -88,16 +94,7 @@ def test_a_deleted_key_leaves_no_byte_in_the_files_once_collected(d: Daemon) -> 
 
 
 def test_the_daemon_collects_in_the_background(short_tmp: Path) -> None:
-    d = start_daemon(
-        short_tmp,
-        "--cloud",
-        f"file://{short_tmp}/bucket",
-        env={
-            "LEDGERD_SYNC_INTERVAL": "60",
-            "LEDGERD_HISTORY_RETENTION": "0",
-            "LEDGERD_GC_INTERVAL": "0.1",
-        },
-    )
+    d = _start(short_tmp, "0.1")
     try:
         with Client(d.socket) as c:
             for i in range(3):

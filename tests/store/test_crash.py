@@ -8,6 +8,7 @@ import random
 import signal
 import sqlite3
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,16 +20,23 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 async def run_and_kill(
-    data: Path, seed: int, lines_before_kill: int, child: str = "tests.store.crash_child"
+    data: Path,
+    seed: int | None,
+    lines_before_kill: int = 0,
+    child: str = "tests.store.crash_child",
+    *,
+    until: Callable[[list[str]], bool] | None = None,
 ) -> list[str]:
-    """Run ``python -m child DATA SEED``, SIGKILL it after it printed that many lines,
-    and return every line it printed (each an acknowledged event)."""
+    """Run ``python -m child DATA [SEED]``, SIGKILL it after it printed that many lines
+    (or once ``until(lines so far)``), and return every line it printed (each an
+    acknowledged event)."""
+    done = until or (lambda seen: len(seen) >= lines_before_kill)
+    args = [str(data)] if seed is None else [str(data), str(seed)]
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         child,
-        str(data),
-        str(seed),
+        *args,
         cwd=ROOT,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -36,7 +44,7 @@ async def run_and_kill(
     assert proc.stdout is not None
     seen: list[str] = []
     try:
-        while len(seen) < lines_before_kill:
+        while not done(seen):
             line = await asyncio.wait_for(proc.stdout.readline(), 60)
             if not line:
                 err = await proc.stderr.read() if proc.stderr else b""

@@ -4,9 +4,6 @@ an eviction cut short, and the LRU and age policies."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,9 +17,8 @@ from ledgerd.store import (
     exchange,
 )
 from ledgerd.store.eviction import SUFFIX
+from tests.store.test_crash import run_and_kill
 from tests.store.test_gc import upload_all
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class Bucket:
@@ -140,28 +136,12 @@ async def test_lru_under_a_disk_budget_and_by_age(tmp_path: Path) -> None:
 
 async def test_sigkill_during_eviction_leaves_each_page_whole_or_evicted(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tests.store.evict_child",
-        str(data),
-        cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+    lines = await run_and_kill(
+        data,
+        None,
+        child="tests.store.evict_child",
+        until=lambda seen: len([x for x in seen if x.startswith("E ")]) >= 15,
     )
-    assert proc.stdout is not None and proc.stderr is not None
-    lines: list[str] = []
-    try:
-        while len([x for x in lines if x.startswith("E ")]) < 15:
-            line = await asyncio.wait_for(proc.stdout.readline(), 60)
-            if not line:
-                pytest.fail(f"child exited early: {(await proc.stderr.read()).decode()[-2000:]}")
-            lines.append(line.decode().strip())
-    finally:
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGKILL)
-        await proc.wait()
     written = [x.split()[1] for x in lines if x.startswith("W ")]
     async with await Repository.open(data, hooks=PageHooks(restorer=_Missing())) as repo:
         for name in written:

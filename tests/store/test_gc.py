@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
-import signal
 import sqlite3
-import sys
 import tempfile
 from pathlib import Path
 
@@ -18,9 +15,9 @@ from hypothesis import strategies as st
 from ledgerd.store import HistoryPrunedError, Page, Repository, Snapshot, exchange
 from ledgerd.store.check import check_page
 from ledgerd.store.gc import collect, live_bytes, set_page_retention
+from tests.store.test_crash import run_and_kill
 
 MiB = 1024 * 1024
-ROOT = Path(__file__).resolve().parents[2]
 
 
 async def upload_all(page: Page) -> None:
@@ -142,31 +139,12 @@ async def test_an_old_file_moves_to_incremental_vacuum(tmp_path: Path) -> None:
 async def kill_at_gc(data: Path, seed: int, collections: int) -> list[str]:
     """Run the GC child and SIGKILL it as soon as its ``collections``-th collection
     starts; every line it printed."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tests.store.gc_crash_child",
-        str(data),
-        str(seed),
-        cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+    return await run_and_kill(
+        data,
+        seed,
+        child="tests.store.gc_crash_child",
+        until=lambda seen: seen.count("G") >= collections,
     )
-    assert proc.stdout is not None and proc.stderr is not None
-    seen: list[str] = []
-    try:
-        while seen.count("G") < collections:
-            line = await asyncio.wait_for(proc.stdout.readline(), 60)
-            if not line:
-                pytest.fail(f"child exited early: {(await proc.stderr.read()).decode()[-2000:]}")
-            seen.append(line.decode().strip())
-    finally:
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGKILL)
-        await proc.wait()
-    seen.extend(x for x in (await proc.stdout.read()).decode().splitlines() if x.strip())
-    return seen
 
 
 async def test_sigkill_during_gc_loses_nothing_reachable(tmp_path: Path) -> None:
