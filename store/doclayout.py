@@ -94,8 +94,7 @@ def index_key(collection: str, name: str) -> bytes:
     return tup.pack(("x", collection, name))
 
 
-@dataclass(frozen=True, slots=True)
-class DocKey:
+class DocKey(NamedTuple):
     """A document key, unpacked."""
 
     collection: str
@@ -104,10 +103,39 @@ class DocKey:
     attachment: bytes | None = None
 
 
+_PARTS = {_HEAD_PART: HEAD, _BODY_PART: BODY}
+_COLLECTION_AT = len(DOCS) + 1  # after DOCS and the string's type code
+
+
+@functools.lru_cache(maxsize=256)
+def _collection_name(encoded: bytes) -> str | None:
+    try:
+        return encoded.decode()
+    except UnicodeDecodeError:
+        return None
+
+
 def parse_doc_key(key: bytes) -> DocKey | None:
-    """The parts of a document key, or None for any other key (or a malformed one)."""
+    """The parts of a document key, or None for any other key (or a malformed one).
+
+    A head or body key whose collection and id hold no 0x00 byte (nearly all) is cut
+    where its parts end, without unpacking the tuple: a catch-up or a merge parses
+    a key per changed entry. Any other key is unpacked."""
     if not key.startswith(DOCS):
         return None
+    if key[len(DOCS) : _COLLECTION_AT] == b"\x02":
+        end = key.find(0, _COLLECTION_AT)
+        if 0 < end < len(key) - 1 and key[end + 1] == 0x01:
+            id_end = key.find(0, end + 2)
+            part = _PARTS.get(key[id_end + 1 :]) if id_end > 0 else None
+            if part is not None:
+                collection = _collection_name(key[_COLLECTION_AT:end])
+                if collection is not None:
+                    return DocKey(collection, key[end + 2 : id_end], part)
+    return _parse_doc_key(key)
+
+
+def _parse_doc_key(key: bytes) -> DocKey | None:
     try:
         t = tup.unpack(key)
     except tup.TupleError:

@@ -60,3 +60,46 @@ def test_keys_are_the_packed_tuples(collection: str, doc_id: bytes) -> None:
         doclayout.head_key(collection, doc_id),
         doclayout.body_key(collection, doc_id),
     )
+
+
+_ELEMENT = st.one_of(st.text(max_size=6), st.binary(max_size=18), st.integers(-3, 300), st.none())
+
+
+@given(
+    st.one_of(
+        # document keys, well formed
+        st.builds(
+            lambda c, d, p: tup.pack(("d", c, d, p)),
+            st.text(max_size=8),
+            st.binary(max_size=18),
+            st.sampled_from([0, 1, 2, 3]),
+        ),
+        st.builds(
+            lambda c, d, a: doclayout.attachment_key(c, d, a),
+            st.text(max_size=8),
+            st.binary(max_size=18),
+            st.binary(max_size=18),
+        ),
+        # other tuples under and beside the document prefix
+        st.builds(lambda t: tup.pack(("d", *t)), st.lists(_ELEMENT, max_size=5).map(tuple)),
+        st.builds(lambda t: tup.pack(t), st.lists(_ELEMENT, max_size=5).map(tuple)),
+        # bytes that may not be a tuple at all
+        st.binary(max_size=40).map(lambda b: doclayout.DOCS + b),
+        st.binary(max_size=40),
+    )
+)
+def test_parsing_a_document_key_fast_agrees_with_unpacking_it(key: bytes) -> None:
+    assert doclayout.parse_doc_key(key) == doclayout._parse_doc_key(key)
+
+
+def test_parsing_a_document_key() -> None:
+    for collection in ("items", "", "n\x00ul", "é"):
+        for doc_id in (DOC, REV, bytes(range(1, 17))):
+            head, body = doclayout.doc_keys(collection, doc_id)
+            assert doclayout.parse_doc_key(head) == (collection, doc_id, doclayout.HEAD, None)
+            assert doclayout.parse_doc_key(body) == (collection, doc_id, doclayout.BODY, None)
+            att = doclayout.attachment_key(collection, doc_id, REV)
+            assert doclayout.parse_doc_key(att) == (collection, doc_id, doclayout.ATTACHMENT, REV)
+    assert doclayout.parse_doc_key(doclayout.DOCS) is None
+    assert doclayout.parse_doc_key(doclayout.index_key("items", "by_k")) is None
+    assert doclayout.parse_doc_key(doclayout.body_key("items", DOC) + b"\x00") is None
