@@ -13,10 +13,12 @@ Every error has a stable ``code`` (the HTTP API's error code to be).
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import math
 import os
 import re
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -456,13 +458,19 @@ class RevClock:
     def observe(self, rev: bytes) -> None:
         self.last = max(self.last, int.from_bytes(rev, "big"))
 
-    def _random(self, size: int) -> int:
-        """``size`` random bytes as an integer: one ``os.urandom`` call per 4 KiB."""
+    def _bytes(self, size: int) -> bytes:
+        """``size`` random bytes: one ``os.urandom`` call per 4 KiB."""
+        if size > _POOL_BYTES:
+            return os.urandom(size)
         at = self._taken
         if at + size > len(self._pool):
             self._pool, at = os.urandom(_POOL_BYTES), 0
         self._taken = at + size
-        return int.from_bytes(self._pool[at : at + size], "big")
+        return self._pool[at : at + size]
+
+    def _random(self, size: int) -> int:
+        """``size`` random bytes as an integer."""
+        return int.from_bytes(self._bytes(size), "big")
 
     def next(self) -> bytes:
         now = self._now()
@@ -472,6 +480,19 @@ class RevClock:
             value = self.last + 1 + self._random(4)
         self.last = value
         return value.to_bytes(16, "big")
+
+    def next_many(self, n: int) -> list[bytes]:
+        """``n`` revisions, as ``n`` calls of :meth:`next` in one millisecond make them:
+        the first as :meth:`next` makes it, each of the others a random step of 1 to
+        2**32 after the one before (a batch's revisions share the millisecond of its
+        first; a bulk write makes two per document)."""
+        if n <= 0:
+            return []
+        first = int.from_bytes(self.next(), "big")
+        steps = struct.unpack(f">{n - 1}I", self._bytes(4 * (n - 1)))
+        values = list(itertools.accumulate([s + 1 for s in steps], initial=first))
+        self.last = values[-1]
+        return [v.to_bytes(16, "big") for v in values]
 
     def check_supplied(self, rev: bytes, current: bytes | None, tolerance: float) -> None:
         """Refuse a client's revision that is not after ``current`` or is more than

@@ -305,11 +305,13 @@ class DocumentStore:
         records: list[tuple[str, bytes, Record]] = []
         async with self._write, self.page.transaction() as txn:
             entries: list[tuple[bytes, bytes]] = []
-            for i, data in enumerate(items):
-                doc_id = self._ids.next()
-                rev = self.clock.next() if new_revs is None else self._next_rev(new_revs[i], None)
-                ms = ulid_ms(rev)
-                r = Record(rev, State.LIVE, ms, None, None, None, data)
+            ids = self._ids.next_many(len(items))
+            if new_revs is None:
+                revs = self.clock.next_many(len(items))
+            else:
+                revs = [self._next_rev(rev, None) for rev in new_revs]
+            for doc_id, rev, data in zip(ids, revs, items, strict=True):
+                r = Record(rev, State.LIVE, ulid_ms(rev), None, None, None, data)
                 entries.extend(self._entries(collection, doc_id, r))
                 records.append((collection, doc_id, r))
             await txn.put_many(entries)

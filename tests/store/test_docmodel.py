@@ -47,6 +47,27 @@ def test_revisions_increase_within_one_millisecond_and_past_a_seen_one() -> None
     assert clock.next() > ahead
 
 
+def test_a_batch_of_revisions_is_what_as_many_calls_in_one_millisecond_make() -> None:
+    now = [1_000]
+    clock = RevClock(lambda: now[0])
+    assert clock.next_many(0) == []
+    one = clock.next()
+    batch = clock.next_many(3000)  # more random bytes than one pool holds
+    after = clock.next()
+    revs = [one, *batch, after]
+    values = [int.from_bytes(r, "big") for r in revs]
+    assert all(len(r) == 16 for r in revs)
+    assert all(1 <= b - a <= 2**32 for a, b in zip(values, values[1:], strict=False))
+    assert {v >> 80 for v in values} == {1_000}  # the random part took the steps
+    # A batch starts past a revision seen, and in a new millisecond starts there.
+    ahead = (5_000 << 80 | 7).to_bytes(16, "big")
+    clock.observe(ahead)
+    assert clock.next_many(2)[0] > ahead
+    now[0] = 9_000
+    first, second = clock.next_many(2)
+    assert int.from_bytes(first, "big") >> 80 == 9_000 and second > first
+
+
 def _reference_check(data: Any) -> None:
     """The JSON rules read directly (the implementation before it was made faster)."""
     if isinstance(data, dict):
