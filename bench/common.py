@@ -11,7 +11,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -60,24 +60,35 @@ def bare_sqlite(path: Path) -> sqlite3.Connection:
     return db
 
 
-def storage_floor(path: Path, txns: Iterable[Sequence[tuple[bytes, bytes]]]) -> float:
+def storage_floor(
+    path: Path,
+    txns: Iterable[Sequence[tuple[bytes, bytes]]],
+    *,
+    schema: Callable[[sqlite3.Connection], None] | None = None,
+    also: Callable[[sqlite3.Connection, int], None] | None = None,
+) -> float:
     """Seconds for bare ``sqlite3`` to store the same pieces the way a page must.
 
     Each transaction stores ``(digest, data)`` rows as ``local`` pieces through the
     page's own :func:`store.sql.put_pieces`, with the page schema and pragmas: what
     the storage alone costs on this machine, with no tree, hashing, encoding or
-    event loop of ours around it.
+    event loop of ours around it. ``schema`` adds tables, and ``also(db, i)`` writes
+    transaction ``i``'s rows of them (rows made beforehand: only storing is timed).
     """
     from ledgerd.store.schema import LOCAL, create_page_schema
     from ledgerd.store.sql import put_pieces
 
     db = bare_sqlite(path)
     create_page_schema(db)
+    if schema is not None:
+        schema(db)
     seconds = 0.0
-    for rows in txns:  # only the inserts are timed, not producing the rows
+    for i, rows in enumerate(txns):  # only the inserts are timed, not producing the rows
         with timed() as t:
             db.execute("BEGIN IMMEDIATE")
             put_pieces(db, rows, LOCAL)
+            if also is not None:
+                also(db, i)
             db.execute("COMMIT")
         seconds += t.seconds
     db.close()

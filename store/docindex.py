@@ -97,6 +97,8 @@ CREATE TABLE IF NOT EXISTS doc_index_rows (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS doc_index_order ON doc_index_rows (ix, key, doc);"""
 
+INSERT_ROWS = "INSERT OR REPLACE INTO doc_index_rows (ix, doc, key, deleted)"
+
 Scalar = str | float | bool | None
 
 
@@ -523,7 +525,7 @@ def _write_rows(conn: sqlite3.Connection, rows: Iterable[Row]) -> None:
         else:
             put.append((ix, doc, key, int(deleted)))
     conn.executemany("DELETE FROM doc_index_rows WHERE ix = ? AND doc = ?", drop)
-    sql.insert_rows(conn, "INSERT OR REPLACE INTO doc_index_rows (ix, doc, key, deleted)", put)
+    sql.insert_rows(conn, INSERT_ROWS, put)
 
 
 def _definition(collection: str, name: str, raw: bytes) -> IndexDef | None:
