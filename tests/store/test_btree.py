@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import random
 from collections.abc import Iterator
@@ -215,6 +216,32 @@ async def test_diff_cost_grows_with_change_not_page() -> None:
     got = [c.key async for c in btree.diff(NodeStore(mem), a, b)]
     assert got == sorted(changed)
     assert mem.reads < 40  # a few paths, not the ~300 nodes of the page
+
+
+async def test_a_long_diff_lets_other_tasks_run() -> None:
+    rng = random.Random(7)
+    mem = MemoryNodes()  # its reads never yield, as reads of cached nodes do not
+    entries = {rng.randbytes(16): rng.randbytes(8) for _ in range(20_000)}
+    root = await _build(mem, EMPTY, [(k, _entry(k, v)) for k, v in entries.items()])
+    turns, done = 0, False
+
+    async def other() -> None:
+        nonlocal turns
+        while not done:
+            turns += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(other())
+    await asyncio.sleep(0)
+    before = turns
+    got = [c.key async for c in btree.diff(NodeStore(mem), EMPTY, root)]
+    during = turns - before
+    done = True
+    await task
+    assert got == sorted(entries)
+    nodes = len(mem.pieces)  # about 300: every one is opened
+    assert during >= 3
+    assert during >= nodes // btree.DIFF_TURN_NODES - 1
 
 
 async def test_range_iteration_bounds() -> None:
