@@ -55,6 +55,9 @@ SMALL_ROWS = 16
 """A commit with at most this many index rows may be stored inline (see
 :meth:`store.graph.CommitGraph.store`)."""
 
+ROWS_PER_TURN = 1024
+"""Documents a catch-up indexes between two turns it gives the event loop."""
+
 BUILD_CHUNK = 1000
 """Documents per SQLite transaction while an index is built."""
 
@@ -382,7 +385,9 @@ class Views:
     ) -> list[Row]:
         values = await self.page.objects.read_many(e.value for _, e in bodies if e is not None)
         rows: list[Row] = []
-        for k, e in bodies:
+        for i, (k, e) in enumerate(bodies):
+            if i % ROWS_PER_TURN == ROWS_PER_TURN - 1:
+                await asyncio.sleep(0)  # a large catch-up lets others run meanwhile
             r = None
             if e is not None:
                 try:

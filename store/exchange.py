@@ -9,6 +9,7 @@ after verifying them (digests, commit ids, references). Sync
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import operator
@@ -256,7 +257,7 @@ async def import_remote(
     checks out. ``marker`` is a sync_metadata row written in the same transaction
     (the cursor). Returns the commits that were new.
     """
-    _verify(pieces)
+    await _verify(pieces)
     # The trees are checked without the commit lock: garbage collection must not
     # delete a stored node they reuse before the commits are stored (store.gc).
     page.gc_holds += 1
@@ -417,7 +418,7 @@ async def import_checkpoint(
     commit if it was new; nothing if the page already has it; raises
     InvalidArgumentError if the page already has other commits.
     """
-    _verify(pieces)
+    await _verify(pieces)
     c, *also = _checkpoint_commits(commit_data)
     if any(x.generation >= c.generation for x in also):
         raise CorruptObjectError("a checkpoint's other commits are not older than its head")
@@ -462,7 +463,7 @@ async def rejoin(
     onto its head (:meth:`store.merging.Merger.rebase`), never uploaded on their old
     parents, which other devices may no longer have. Returns the new commit, if
     there were changes to carry."""
-    _verify(pieces)
+    await _verify(pieces)
     c, *also = _checkpoint_commits(commit_data)
     if await _has_commit(page, c.id):
         return None
@@ -489,8 +490,18 @@ async def shallow_roots(page: Page) -> set[bytes]:
     return sql.shallow_roots(rows[0] if rows else None)
 
 
-def _verify(pieces: dict[bytes, bytes]) -> None:
-    bad = [d for d, v in pieces.items() if not dg.verify(d, v)]
+VERIFY_INLINE = 256
+"""An arriving batch of more pieces than this (or of ``VERIFY_INLINE_BYTES``) is
+verified on a thread: hashing a pack's 100,000 pieces held the event loop 0.2 s."""
+VERIFY_INLINE_BYTES = 1024 * 1024
+
+
+async def _verify(pieces: dict[bytes, bytes]) -> None:
+    def check() -> list[bytes]:
+        return [d for d, v in pieces.items() if not dg.verify(d, v)]
+
+    many = len(pieces) > VERIFY_INLINE or sum(map(len, pieces.values())) > VERIFY_INLINE_BYTES
+    bad = await asyncio.to_thread(check) if many else check()
     if bad:
         raise CorruptObjectError(f"piece {dg.short(bad[0])} does not match its digest")
 
@@ -551,11 +562,13 @@ async def _check_trees(
         )
         children: list[bytes] = []
         referenced: set[bytes] = set()
-        for d in frontier:
+        for i, d in enumerate(frontier):
             if not dg.is_inline(d) and d not in pieces:
                 if d in stored:
                     continue
                 raise MissingObjectError(f"tree node {dg.short(d)} of a remote commit is missing")
+            if i % btree.DIFF_TURN_NODES == btree.DIFF_TURN_NODES - 1:
+                await asyncio.sleep(0)  # a level of a large import: others run meanwhile
             node = btree.decode_node(await _node_bytes(page, d, pieces))
             children.extend(filter(None, node.children))
             referenced.update(map(_VALUE, node.entries))  # every version of a leaf repeats most

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from ledgerd.store import Page, Priority, Repository, exchange
+from ledgerd.store.errors import CorruptObjectError
 from ledgerd.store.schema import LOCAL
 
 
@@ -66,3 +67,28 @@ async def test_the_cost_of_an_upload_follows_the_change_not_the_commits(
         up = await exchange.pending_upload(page)
         assert len(up.commits) == 50
         assert 0 < loads <= 500, loads  # the head's tree has about 160 nodes
+
+
+@pytest.mark.parametrize("entries", [20, 2000])  # verified inline, and on a thread
+async def test_an_import_with_a_corrupt_piece_stores_nothing(tmp_path: Path, entries: int) -> None:
+    rng = random.Random(3)
+    async with (
+        await Repository.open(tmp_path / "a") as ra,
+        await Repository.open(tmp_path / "b") as rb,
+    ):
+        a = await ra.ledger("l").page("p")
+        async with a.transaction() as txn:
+            await txn.put_many((rng.randbytes(8), rng.randbytes(100)) for _ in range(entries))
+        up = await exchange.pending_upload(a)
+        pieces = await a.objects.get_pieces(up.eager)
+        assert len(pieces) > entries  # a piece per value, and the tree's nodes
+        commits = [c.data for c in up.commits]
+        b = await rb.ledger("l").page("p")
+        bad = dict(pieces)
+        victim = sorted(bad)[len(bad) // 2]
+        bad[victim] = bad[victim][:-1] + bytes([bad[victim][-1] ^ 1])
+        with pytest.raises(CorruptObjectError, match="does not match its digest"):
+            await exchange.import_remote(b, commits, bad, {})
+        assert [e async for e in b.iter_entries()] == []
+        assert await exchange.import_remote(b, commits, pieces, {})
+        assert [e async for e in b.iter_entries()] == [e async for e in a.iter_entries()]
