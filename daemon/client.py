@@ -21,7 +21,6 @@ tuple layer), :class:`Subspace`, :class:`Versionstamp` and ``stamp_time`` from
 from __future__ import annotations
 
 import asyncio
-import base64
 import builtins
 import contextlib
 import io
@@ -32,13 +31,11 @@ import threading
 from collections.abc import (
     AsyncIterable,
     AsyncIterator,
-    Awaitable,
     Callable,
     Coroutine,
     Iterable,
     Iterator,
 )
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -47,8 +44,26 @@ import aiofiles
 import aiohttp
 from yarl import URL
 
+# The clients' types and errors, for client programs.
+from ledgerd.daemon.client_types import CHUNK as CHUNK
+from ledgerd.daemon.client_types import DISCONNECTED, item_of, raw, reaching
+from ledgerd.daemon.client_types import Answer as Answer
+from ledgerd.daemon.client_types import Change as Change
+from ledgerd.daemon.client_types import ConflictItem as ConflictItem
+from ledgerd.daemon.client_types import DaemonUnavailableError as DaemonUnavailableError
+from ledgerd.daemon.client_types import Item as Item
+from ledgerd.daemon.client_types import LedgerError as LedgerError
+from ledgerd.daemon.client_types import Name as Name
+from ledgerd.daemon.client_types import NotFoundError as NotFoundError
+from ledgerd.daemon.client_types import Progress as Progress
+from ledgerd.daemon.client_types import ResolverCallback as ResolverCallback
+from ledgerd.daemon.client_types import ResolveRequest as ResolveRequest
+from ledgerd.daemon.client_types import Side as Side
+from ledgerd.daemon.client_types import UnsafeSocketError as UnsafeSocketError
+from ledgerd.daemon.client_types import quote as quote
+from ledgerd.daemon.client_types import socket_path as socket_path
+from ledgerd.daemon.client_types import unb64 as unb64
 from ledgerd.daemon.codec import b64
-from ledgerd.daemon.config import default_socket
 from ledgerd.daemon.socketdir import socket_dir_problem
 
 # Re-exported for client programs. ``tuple`` is the tuple layer in this module: write
@@ -64,49 +79,6 @@ if TYPE_CHECKING:
     from ledgerd.daemon.client_docs import AsyncDocuments, Documents
 
 T = TypeVar("T")
-Name = bytes | str
-Progress = Callable[[int, int | None], None]
-"""Called with (bytes done, total or None) during long transfers."""
-
-_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_~")
-CHUNK = 256 * 1024
-
-
-class LedgerError(Exception):
-    """The daemon refused a request: ``code`` is stable, ``status`` is the HTTP status."""
-
-    def __init__(self, code: str, message: str, status: int = 0) -> None:
-        super().__init__(message)
-        self.code = code
-        self.status = status
-
-
-class NotFoundError(LedgerError):
-    """The ledger, page, key or commit does not exist (HTTP 404)."""
-
-
-class DaemonUnavailableError(LedgerError):
-    """The daemon is not running or its socket cannot be reached."""
-
-
-class UnsafeSocketError(LedgerError):
-    """The socket is in a directory that others can write: they could have replaced it."""
-
-
-_DISCONNECTED = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError)
-"""What a daemon that is not there, or goes away mid-request, raises from aiohttp."""
-
-
-@contextlib.contextmanager
-def _reaching(socket: Path) -> Iterator[None]:
-    """Turn a connection that fails or drops (at any point of a request, body included)
-    into :class:`DaemonUnavailableError`."""
-    try:
-        yield
-    except _DISCONNECTED as e:
-        raise DaemonUnavailableError(
-            "unavailable", f"cannot reach ledgerd at {socket}: {e or type(e).__name__}"
-        ) from None
 
 
 def _error(status: int, body: bytes) -> LedgerError:
@@ -119,92 +91,11 @@ def _error(status: int, body: bytes) -> LedgerError:
     return cls(code, message, status)
 
 
-def _raw(name: Name) -> bytes:
-    return name.encode() if isinstance(name, str) else bytes(name)
-
-
-def quote(data: Name) -> str:
-    """Percent-encode every byte but the unreserved ones (dots included)."""
-    return "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in _raw(data))
-
-
-def unb64(text: str) -> bytes:
-    """The daemon's base64 (trusted: the daemon wrote it)."""
-    return base64.b64decode(text)
-
-
-def socket_path(path: str | Path | None = None) -> Path:
-    """The socket to use: the argument, ``$LEDGERD_SOCKET``, or the daemon's default."""
-    if path:
-        return Path(path)
-    if env := os.environ.get("LEDGERD_SOCKET"):
-        return Path(env)
-    return default_socket()
-
-
-@dataclass(frozen=True, slots=True)
-class Item:
-    """One entry of a range: ``value`` is None for values over the inline limit (see size)."""
-
-    key: bytes
-    value: bytes | None
-    priority: str
-    size: int
-
-
-@dataclass(frozen=True, slots=True)
-class Change:
-    """A watch event: one commit's changes."""
-
-    commit: str
-    changed: list[Item]
-    deleted: list[bytes]
-
-
-@dataclass(frozen=True, slots=True)
-class Side:
-    """One side of a conflict: the value (None if over the inline limit), size, priority."""
-
-    value: bytes | None
-    size: int
-    priority: str
-
-
-@dataclass(frozen=True, slots=True)
-class ConflictItem:
-    key: bytes
-    base: Side | None
-    left: Side | None
-    right: Side | None
-
-
-@dataclass(frozen=True, slots=True)
-class ResolveRequest:
-    """A merge waiting for this client. ``left`` has the smaller commit id on every device."""
-
-    ledger: bytes
-    page: bytes
-    policy: str
-    left: str
-    right: str
-    conflicts: list[ConflictItem]
-
-
-Answer = dict[bytes, str | bytes | None]
-"""Per key: "left", "right", None (delete) or new value bytes."""
-ResolverCallback = Callable[[ResolveRequest], Awaitable[Answer]]
-
-
 def _side(d: dict[str, Any] | None) -> Side | None:
     if d is None:
         return None
     v = d.get("value")
     return Side(None if v is None else unb64(v), int(d["size"]), d["priority"])
-
-
-def _item(d: dict[str, Any]) -> Item:
-    v = d.get("value")
-    return Item(unb64(d["key"]), None if v is None else unb64(v), d["priority"], int(d["size"]))
 
 
 class AsyncClient:
@@ -260,7 +151,7 @@ class AsyncClient:
         headers: dict[str, str] | None = None,
     ) -> aiohttp.ClientResponse:
         session = self.session
-        with _reaching(self.socket):
+        with reaching(self.socket):
             resp = await session.request(method, url, data=data, json=json_body, headers=headers)
             if resp.status >= 400:
                 body = await resp.read()
@@ -270,7 +161,7 @@ class AsyncClient:
 
     async def _json(self, method: str, url: URL, body: Any = None) -> Any:
         resp = await self.request(method, url, json_body=body)
-        with _reaching(self.socket):
+        with reaching(self.socket):
             async with resp:
                 return await resp.json()
 
@@ -309,7 +200,7 @@ class AsyncClient:
             done = 0
             chunks = resp.content.iter_chunked(CHUNK)
             while True:
-                with _reaching(self.socket):
+                with reaching(self.socket):
                     try:
                         chunk = await chunks.__anext__()
                     except StopAsyncIteration:
@@ -469,7 +360,7 @@ class AsyncClient:
                 ),
             )
             for d in doc["entries"]:
-                yield _item(d)
+                yield item_of(d)
                 sent += 1
             token = doc["next"]
             if token is None:
@@ -482,8 +373,8 @@ class AsyncClient:
         url = self.url(
             "/v1/sync",
             {
-                "ledger": _raw(ledger) if ledger is not None else None,
-                "page": _raw(page) if page is not None else None,
+                "ledger": raw(ledger) if ledger is not None else None,
+                "page": raw(page) if page is not None else None,
                 "timeout": str(timeout),
             },
         )
@@ -521,7 +412,7 @@ class AsyncClient:
     async def open_session(self) -> Session:
         session = self.session
         try:
-            with _reaching(self.socket):
+            with reaching(self.socket):
                 ws = await session.ws_connect(self.url("/v1/session"), max_msg_size=0)
         except aiohttp.WSServerHandshakeError as e:
             raise LedgerError(f"http_{e.status}", str(e), e.status) from None
@@ -574,9 +465,9 @@ class AsyncClient:
         (``POST /v1/check``)."""
         body: dict[str, Any] = {"cloud": cloud, "repair": repair}
         if ledger is not None:
-            body["ledger"] = b64(_raw(ledger))
+            body["ledger"] = b64(raw(ledger))
         if page is not None:
-            body["page"] = b64(_raw(page))
+            body["page"] = b64(raw(page))
         return dict(await self._json("POST", self.url("/v1/check"), body))
 
     async def gc(self, ledger: Name | None = None, page: Name | None = None) -> dict[str, Any]:
@@ -584,29 +475,29 @@ class AsyncClient:
         ledger's, or one); what it freed (``POST /v1/gc``)."""
         body: dict[str, Any] = {}
         if ledger is not None:
-            body["ledger"] = b64(_raw(ledger))
+            body["ledger"] = b64(raw(ledger))
         if page is not None:
-            body["page"] = b64(_raw(page))
+            body["page"] = b64(raw(page))
         return dict(await self._json("POST", self.url("/v1/gc"), body))
 
     async def evict(self, ledger: Name, page: Name) -> dict[str, Any]:
         """Delete the local copy of a closed, fully synced (or empty) page; its next use
         restores it (``POST /v1/evict``)."""
-        body = {"ledger": b64(_raw(ledger)), "page": b64(_raw(page))}
+        body = {"ledger": b64(raw(ledger)), "page": b64(raw(page))}
         return dict(await self._json("POST", self.url("/v1/evict"), body))
 
     async def du(self, ledger: Name | None = None, page: Name | None = None) -> dict[str, Any]:
         """What pages hold and what their files take (``GET /v1/du``)."""
         query: dict[str, str | bytes | int | None] = {
-            "ledger": None if ledger is None else _raw(ledger),
-            "page": None if page is None else _raw(page),
+            "ledger": None if ledger is None else raw(ledger),
+            "page": None if page is None else raw(page),
         }
         return dict(await self._json("GET", self.url("/v1/du", query)))
 
     async def health(self, sync: bool = False) -> dict[str, Any]:
         """``GET /v1/health``: its body, also when it says 503 (``status`` is then
         ``failing``, or with ``sync`` ``degraded``)."""
-        with _reaching(self.socket):
+        with reaching(self.socket):
             async with self.session.get(self.url("/v1/health", {"sync": int(sync)})) as resp:
                 doc = await resp.json()
         if not isinstance(doc, dict) or "status" not in doc:
@@ -616,7 +507,7 @@ class AsyncClient:
     async def metrics(self) -> str:
         """``GET /v1/metrics``: the metrics in Prometheus' text format."""
         resp = await self.request("GET", self.url("/v1/metrics"))
-        with _reaching(self.socket):
+        with reaching(self.socket):
             async with resp:
                 return await resp.text()
 
@@ -681,7 +572,7 @@ class Session:
         self._waiting[rid] = fut
         try:
             await self.ws.send_str(json.dumps({"id": rid, "op": op, **args}))
-        except _DISCONNECTED as e:
+        except DISCONNECTED as e:
             self._waiting.pop(rid, None)
             raise DaemonUnavailableError(
                 "unavailable", f"the session's connection to ledgerd was lost: {e}"
@@ -698,14 +589,14 @@ class Session:
             await asyncio.gather(self._reader, return_exceptions=True)
 
     async def begin(self, ledger: Name, page: Name) -> AsyncTransaction:
-        doc = await self.call("begin", ledger=b64(_raw(ledger)), page=b64(_raw(page)))
+        doc = await self.call("begin", ledger=b64(raw(ledger)), page=b64(raw(page)))
         return AsyncTransaction(self, doc["txn"], doc["base"])
 
     async def subscribe(self, ledger: Name, page: Name, prefix: bytes = b"") -> Watch:
         """Start watching; every commit after this returns is delivered by the Watch."""
         q: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         doc = await self.call(
-            "watch", ledger=b64(_raw(ledger)), page=b64(_raw(page)), prefix=b64(prefix)
+            "watch", ledger=b64(raw(ledger)), page=b64(raw(page)), prefix=b64(prefix)
         )
         self._events[doc["watch"]] = q
         # Events that arrived before the reply was routed wait in the reader's backlog.
@@ -721,7 +612,7 @@ class Session:
     async def register_resolver(self, ledger: Name, callback: ResolverCallback) -> None:
         """Answer the ledger's merges with ``callback`` while this session is open."""
         self._resolver = callback
-        await self.call("register_resolver", ledger=b64(_raw(ledger)))
+        await self.call("register_resolver", ledger=b64(raw(ledger)))
 
     async def _answer(self, doc: dict[str, Any], callback: ResolverCallback) -> None:
         req = ResolveRequest(
@@ -779,7 +670,7 @@ class Watch:
                 raise LedgerError(err.get("code", "error"), err.get("message", "watch failed"))
             raise StopAsyncIteration
         return Change(
-            ev["commit"], [_item(c) for c in ev["changed"]], [unb64(k) for k in ev["deleted"]]
+            ev["commit"], [item_of(c) for c in ev["changed"]], [unb64(k) for k in ev["deleted"]]
         )
 
     async def close(self) -> None:
@@ -856,7 +747,7 @@ class AsyncTransaction:
         if prefix is not None:
             args["prefix"] = b64(prefix)
         doc = await self.session.call("entries", **args)
-        return [_item(d) for d in doc["entries"]]
+        return [item_of(d) for d in doc["entries"]]
 
     async def commit(self) -> str | None:
         doc = await self.session.call("commit", txn=self.id)
