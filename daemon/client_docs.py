@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING, Any
 import aiofiles
 import aiohttp
 
-from ledgerd.daemon.client import CHUNK, DaemonUnavailableError, LedgerError, Name, quote
+from ledgerd.daemon.client_types import CHUNK, DaemonUnavailableError, LedgerError, Name, quote
 
 if TYPE_CHECKING:
-    from ledgerd.daemon.client import AsyncClient, _Bridge
+    from ledgerd.daemon.client_async import AsyncClient
+    from ledgerd.daemon.client_blocking import Bridge
 
 Doc = dict[str, Any]
 """A document as JSON: ``{"_meta": {...}, "_data": ..., "_attachments": [...]}``."""
@@ -379,7 +380,7 @@ class Documents:
     """:class:`AsyncDocuments` for blocking code, method for method (through the
     :class:`~ledgerd.daemon.client.Client`'s bridge)."""
 
-    def __init__(self, bridge: _Bridge, aio: AsyncDocuments) -> None:
+    def __init__(self, bridge: Bridge, aio: AsyncDocuments) -> None:
         self._bridge = bridge
         self._call = bridge.call
         self.aio = aio
