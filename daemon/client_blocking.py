@@ -44,7 +44,7 @@ async def _anext(ait: AsyncIterator[T]) -> T:
     return await ait.__anext__()
 
 
-async def _pull(chunks: Iterable[bytes]) -> AsyncIterator[bytes]:
+async def pull(chunks: Iterable[bytes]) -> AsyncIterator[bytes]:
     """A blocking iterable of chunks as an async one (each ``next`` on a worker thread)."""
     it = iter(chunks)
     while (chunk := await asyncio.to_thread(next, it, None)) is not None:
@@ -166,7 +166,7 @@ class Client:
         progress: Progress | None = None,
     ) -> None:
         """Like :meth:`AsyncClient.put`; an iterable of chunks is streamed."""
-        data = value if isinstance(value, bytes | Path) else _pull(value)
+        data = value if isinstance(value, bytes | Path) else pull(value)
         self._call(self.aio.put(ledger, page, key, data, lazy=lazy, progress=progress))
 
     def delete(self, ledger: Name, page: Name, key: bytes) -> None:

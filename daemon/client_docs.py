@@ -18,7 +18,6 @@ listings paged through, and the changes feed. Connections, URLs and errors are
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import io
 import json
@@ -29,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 import aiofiles
 import aiohttp
 
+from ledgerd.daemon.client_blocking import Bridge, pull
 from ledgerd.daemon.client_types import CHUNK, DaemonUnavailableError, LedgerError, Name, quote
 
 if TYPE_CHECKING:
     from ledgerd.daemon.client_async import AsyncClient
-    from ledgerd.daemon.client_blocking import Bridge
 
 Doc = dict[str, Any]
 """A document as JSON: ``{"_meta": {...}, "_data": ..., "_attachments": [...]}``."""
@@ -369,13 +368,6 @@ async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
             yield chunk
 
 
-async def _pull(chunks: Iterable[bytes]) -> AsyncIterator[bytes]:
-    """A blocking iterable of chunks as an async one (each ``next`` on a worker thread)."""
-    it = iter(chunks)
-    while (chunk := await asyncio.to_thread(next, it, None)) is not None:
-        yield chunk
-
-
 class Documents:
     """:class:`AsyncDocuments` for blocking code, method for method (through the
     :class:`~ledgerd.daemon.client.Client`'s bridge)."""
@@ -436,7 +428,7 @@ class Documents:
         rev: str | None = None,
     ) -> dict[str, Any]:
         """Like :meth:`AsyncDocuments.put_attachment`; an iterable of chunks is streamed."""
-        data = content if isinstance(content, bytes | Path) else _pull(content)
+        data = content if isinstance(content, bytes | Path) else pull(content)
         return self._call(
             self.aio.put_attachment(
                 collection,
