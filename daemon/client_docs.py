@@ -18,7 +18,6 @@ listings paged through, and the changes feed. Connections, URLs and errors are
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import io
 import json
@@ -29,10 +28,11 @@ from typing import TYPE_CHECKING, Any
 import aiofiles
 import aiohttp
 
-from ledgerd.daemon.client import CHUNK, DaemonUnavailableError, LedgerError, Name, quote
+from ledgerd.daemon.client_blocking import Bridge, pull
+from ledgerd.daemon.client_types import CHUNK, DaemonUnavailableError, LedgerError, Name, quote
 
 if TYPE_CHECKING:
-    from ledgerd.daemon.client import AsyncClient, _Bridge
+    from ledgerd.daemon.client_async import AsyncClient
 
 Doc = dict[str, Any]
 """A document as JSON: ``{"_meta": {...}, "_data": ..., "_attachments": [...]}``."""
@@ -368,18 +368,11 @@ async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
             yield chunk
 
 
-async def _pull(chunks: Iterable[bytes]) -> AsyncIterator[bytes]:
-    """A blocking iterable of chunks as an async one (each ``next`` on a worker thread)."""
-    it = iter(chunks)
-    while (chunk := await asyncio.to_thread(next, it, None)) is not None:
-        yield chunk
-
-
 class Documents:
     """:class:`AsyncDocuments` for blocking code, method for method (through the
     :class:`~ledgerd.daemon.client.Client`'s bridge)."""
 
-    def __init__(self, bridge: _Bridge, aio: AsyncDocuments) -> None:
+    def __init__(self, bridge: Bridge, aio: AsyncDocuments) -> None:
         self._bridge = bridge
         self._call = bridge.call
         self.aio = aio
@@ -435,7 +428,7 @@ class Documents:
         rev: str | None = None,
     ) -> dict[str, Any]:
         """Like :meth:`AsyncDocuments.put_attachment`; an iterable of chunks is streamed."""
-        data = content if isinstance(content, bytes | Path) else _pull(content)
+        data = content if isinstance(content, bytes | Path) else pull(content)
         return self._call(
             self.aio.put_attachment(
                 collection,

@@ -1,0 +1,513 @@
+"""The asyncio client: :class:`AsyncClient`.
+
+This module owns talking HTTP to ledgerd over its Unix socket: the connection (refused
+when the socket's directory is unsafe), URLs, values streamed both ways (from and to
+files too), ranges paged through, the daemon's errors as :class:`LedgerError`, and the
+repository, sync, merge and operations calls. Sessions, watches and transactions are
+:mod:`ledgerd.daemon.client_session`'s: this module opens their connections, and
+:class:`TxnContext` is ``async with client.transaction(...)``, a transaction on a session
+of its own. The blocking client wraps this one (:mod:`ledgerd.daemon.client_blocking`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import aiofiles
+import aiohttp
+from yarl import URL
+
+from ledgerd.daemon.client_session import AsyncTransaction, Session, Watch
+from ledgerd.daemon.client_types import (
+    CHUNK,
+    Change,
+    Item,
+    LedgerError,
+    Name,
+    NotFoundError,
+    Progress,
+    ResolverCallback,
+    UnsafeSocketError,
+    item_of,
+    quote,
+    raw,
+    reaching,
+    socket_path,
+    unb64,
+)
+from ledgerd.daemon.codec import b64
+from ledgerd.daemon.socketdir import socket_dir_problem
+
+if TYPE_CHECKING:
+    from ledgerd.daemon.client_docs import AsyncDocuments
+
+
+def _error(status: int, body: bytes) -> LedgerError:
+    try:
+        err = json.loads(body)["error"]
+        code, message = str(err["code"]), str(err["message"])
+    except (ValueError, KeyError, TypeError):
+        code, message = f"http_{status}", body.decode(errors="replace")[:500]
+    cls = NotFoundError if status == 404 else LedgerError
+    return cls(code, message, status)
+
+
+class AsyncClient:
+    """A client of one daemon: an aiohttp session over its Unix socket, opened at first
+    use; close it, or use the client in ``async with``."""
+
+    def __init__(self, socket: str | Path | None = None, timeout: float | None = None) -> None:
+        self.socket = socket_path(socket)
+        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=10)
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            if problem := socket_dir_problem(self.socket):
+                raise UnsafeSocketError("unsafe_socket", f"refusing to connect: {problem}")
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=str(self.socket)), timeout=self._timeout
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @staticmethod
+    def url(path: str, query: dict[str, str | bytes | int | None] | None = None) -> URL:
+        q = ""
+        if query:
+            parts = []
+            for k, v in query.items():
+                if v is None:
+                    continue
+                parts.append(f"{k}={quote(v if isinstance(v, bytes) else str(v))}")
+            q = "?" + "&".join(parts) if parts else ""
+        return URL("http://ledgerd" + path + q, encoded=True)
+
+    @staticmethod
+    def page_path(ledger: Name, page: Name) -> str:
+        return f"/v1/ledgers/{quote(ledger)}/pages/{quote(page)}"
+
+    async def request(
+        self,
+        method: str,
+        url: URL,
+        *,
+        data: Any = None,
+        json_body: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> aiohttp.ClientResponse:
+        session = self.session
+        with reaching(self.socket):
+            resp = await session.request(method, url, data=data, json=json_body, headers=headers)
+            if resp.status >= 400:
+                body = await resp.read()
+                resp.release()
+                raise _error(resp.status, body)
+        return resp
+
+    async def _json(self, method: str, url: URL, body: Any = None) -> Any:
+        resp = await self.request(method, url, json_body=body)
+        with reaching(self.socket):
+            async with resp:
+                return await resp.json()
+
+    # -- repository ----------------------------------------------------------------
+
+    async def status(self) -> dict[str, Any]:
+        return dict(await self._json("GET", self.url("/v1/status")))
+
+    async def ledgers(self) -> list[bytes]:
+        doc = await self._json("GET", self.url("/v1/ledgers"))
+        return [unb64(x["name"]) for x in doc["ledgers"]]
+
+    async def pages(self, ledger: Name) -> list[bytes]:
+        doc = await self._json("GET", self.url(f"/v1/ledgers/{quote(ledger)}/pages"))
+        return [unb64(x["id"]) for x in doc["pages"]]
+
+    # -- values --------------------------------------------------------------------
+
+    async def get_stream(
+        self,
+        ledger: Name,
+        page: Name,
+        key: bytes,
+        *,
+        at: str | None = None,
+        offset: int | None = None,
+        length: int | None = None,
+        progress: Progress | None = None,
+    ) -> AsyncIterator[bytes]:
+        url = self.url(
+            self.page_path(ledger, page) + "/keys/" + quote(key),
+            {"at": at, "offset": offset, "length": length},
+        )
+        resp = await self.request("GET", url)
+        async with resp:
+            done = 0
+            chunks = resp.content.iter_chunked(CHUNK)
+            while True:
+                with reaching(self.socket):
+                    try:
+                        chunk = await chunks.__anext__()
+                    except StopAsyncIteration:
+                        break
+                done += len(chunk)
+                if progress:
+                    progress(done, resp.content_length)
+                yield chunk
+
+    async def get(self, ledger: Name, page: Name, key: bytes, **kw: Any) -> bytes:
+        return b"".join([c async for c in self.get_stream(ledger, page, key, **kw)])
+
+    async def get_to_file(
+        self,
+        ledger: Name,
+        page: Name,
+        key: bytes,
+        path: Path,
+        progress: Progress | None = None,
+        at: str | None = None,
+    ) -> int:
+        n = 0
+        tmp = path.with_name(f".{path.name}.part")
+        try:
+            async with aiofiles.open(tmp, "wb") as f:
+                async for chunk in self.get_stream(ledger, page, key, progress=progress, at=at):
+                    await f.write(chunk)
+                    n += len(chunk)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return n
+
+    async def put(
+        self,
+        ledger: Name,
+        page: Name,
+        key: bytes,
+        value: bytes | AsyncIterable[bytes] | Path,
+        *,
+        lazy: bool = False,
+        progress: Progress | None = None,
+    ) -> None:
+        url = self.url(
+            self.page_path(ledger, page) + "/keys/" + quote(key),
+            {"priority": "lazy" if lazy else None},
+        )
+        data: Any = io.BytesIO(value) if isinstance(value, bytes) and len(value) > CHUNK else value
+        headers = {"Content-Type": "application/octet-stream"}
+        if isinstance(value, Path):
+            total = value.stat().st_size
+            data = _file_chunks(value, total, progress)
+            headers["Content-Length"] = str(total)
+        try:
+            resp = await self.request("PUT", url, data=data, headers=headers)
+        finally:
+            if isinstance(value, Path):  # its file closed now, not when collected
+                await data.aclose()
+        resp.release()
+
+    async def delete(self, ledger: Name, page: Name, key: bytes) -> None:
+        (
+            await self.request(
+                "DELETE", self.url(self.page_path(ledger, page) + "/keys/" + quote(key))
+            )
+        ).release()
+
+    async def clear(self, ledger: Name, page: Name) -> None:
+        (await self.request("POST", self.url(self.page_path(ledger, page) + "/clear"))).release()
+
+    async def delete_page(self, ledger: Name, page: Name) -> None:
+        """Delete the page (one commit, synced; listings leave it out). A page that is
+        not listed raises :class:`LedgerError` with code ``page_not_found``."""
+        (await self.request("DELETE", self.url(self.page_path(ledger, page)))).release()
+
+    async def delete_ledger(self, ledger: Name) -> None:
+        """Delete every page of the ledger (``ledger_not_found`` when it has none)."""
+        (await self.request("DELETE", self.url(f"/v1/ledgers/{quote(ledger)}"))).release()
+
+    async def batch(
+        self,
+        ledger: Name,
+        page: Name,
+        puts: Iterable[tuple[bytes, bytes] | tuple[bytes, bytes, str]] = (),
+        deletes: Iterable[bytes] = (),
+    ) -> int:
+        """Many puts and deletes in one commit; returns how many were applied."""
+        ops: list[dict[str, str]] = []
+        for p in puts:
+            op = {"op": "put", "key": b64(p[0]), "value": b64(p[1])}
+            if len(p) == 3:
+                op["priority"] = p[2]
+            ops.append(op)
+        ops.extend({"op": "delete", "key": b64(k)} for k in deletes)
+        doc = await self._json(
+            "POST", self.url(self.page_path(ledger, page) + "/batch"), {"ops": ops}
+        )
+        return int(doc["applied"])
+
+    async def set_versionstamped_key(
+        self, ledger: Name, page: Name, template: bytes, value: bytes, *, lazy: bool = False
+    ) -> bytes:
+        """Set the key ``template`` becomes once its incomplete versionstamp is filled in
+        (``template`` ends in the stamp's 4-byte offset, as ``pack_with_versionstamp``
+        makes it); returns that key."""
+        op = {"op": "set_versionstamped_key", "key": b64(template), "value": b64(value)}
+        return await self._stamped(ledger, page, op, lazy)
+
+    async def set_versionstamped_value(
+        self, ledger: Name, page: Name, key: bytes, template: bytes, *, lazy: bool = False
+    ) -> bytes:
+        """Set ``key`` to ``template`` with its incomplete versionstamp filled in
+        (``template`` ends in the stamp's 4-byte offset); returns the value stored."""
+        op = {"op": "set_versionstamped_value", "key": b64(key), "value": b64(template)}
+        return await self._stamped(ledger, page, op, lazy)
+
+    async def _stamped(self, ledger: Name, page: Name, op: dict[str, str], lazy: bool) -> bytes:
+        op["priority"] = "lazy" if lazy else "eager"
+        doc = await self._json(
+            "POST", self.url(self.page_path(ledger, page) + "/batch"), {"ops": [op]}
+        )
+        return unb64(doc["versionstamped"][0])
+
+    async def entries(
+        self,
+        ledger: Name,
+        page: Name,
+        *,
+        start: bytes | None = None,
+        end: bytes | None = None,
+        prefix: bytes | None = None,
+        limit: int | None = None,
+        at: str | None = None,
+        values: bool = True,
+        page_size: int = 1000,
+    ) -> AsyncIterator[Item]:
+        """Entries in key order, paging through the whole range (or ``limit`` entries)."""
+        token: str | None = None
+        sent = 0
+        while True:
+            want = page_size if limit is None else min(page_size, limit - sent)
+            if want <= 0:
+                return
+            doc = await self._json(
+                "GET",
+                self.url(
+                    self.page_path(ledger, page) + "/entries",
+                    {
+                        "start": start,
+                        "end": end,
+                        "prefix": prefix,
+                        "limit": want,
+                        "at": at,
+                        "token": token,
+                        "values": None if values else 0,
+                    },
+                ),
+            )
+            for d in doc["entries"]:
+                yield item_of(d)
+                sent += 1
+            token = doc["next"]
+            if token is None:
+                return
+
+    async def sync(
+        self, ledger: Name | None = None, page: Name | None = None, timeout: float = 60.0
+    ) -> dict[str, Any]:
+        """Upload, download and merge until quiet; LedgerError if it cannot finish."""
+        url = self.url(
+            "/v1/sync",
+            {
+                "ledger": raw(ledger) if ledger is not None else None,
+                "page": raw(page) if page is not None else None,
+                "timeout": str(timeout),
+            },
+        )
+        return dict(await self._json("POST", url))
+
+    async def policy(self, ledger: Name, page: Name, policy: str | None = None) -> dict[str, Any]:
+        """The page's merge policy (and its conflict state); set it when ``policy`` is given."""
+        url = self.url(self.page_path(ledger, page) + "/policy")
+        if policy is None:
+            return dict(await self._json("GET", url))
+        return dict(await self._json("PUT", url, {"policy": policy}))
+
+    async def register_resolver(self, ledger: Name, callback: ResolverCallback) -> Session:
+        """Resolve the ledger's conflicts with ``callback`` until the returned session closes."""
+        s = await self.open_session()
+        try:
+            await s.register_resolver(ledger, callback)
+        except BaseException:
+            await s.close()
+            raise
+        return s
+
+    async def heads(self, ledger: Name, page: Name) -> list[dict[str, Any]]:
+        doc = await self._json("GET", self.url(self.page_path(ledger, page) + "/heads"))
+        return list(doc["heads"])
+
+    async def history(self, ledger: Name, page: Name, limit: int = 100) -> list[dict[str, Any]]:
+        doc = await self._json(
+            "GET", self.url(self.page_path(ledger, page) + "/history", {"limit": limit})
+        )
+        return list(doc["commits"])
+
+    # -- sessions --------------------------------------------------------------------
+
+    async def open_session(self) -> Session:
+        session = self.session
+        try:
+            with reaching(self.socket):
+                ws = await session.ws_connect(self.url("/v1/session"), max_msg_size=0)
+        except aiohttp.WSServerHandshakeError as e:
+            raise LedgerError(f"http_{e.status}", str(e), e.status) from None
+        s = Session(ws)
+        s._start()
+        return s
+
+    def transaction(self, ledger: Name, page: Name) -> TxnContext:
+        """``async with c.transaction(l, p) as txn:`` commits on success, rolls back on error."""
+        return TxnContext(self, ledger, page)
+
+    async def subscribe(self, ledger: Name, page: Name, prefix: bytes = b"") -> Watch:
+        """A :class:`Watch` on its own session, registered when this returns; close it."""
+        s = await self.open_session()
+        try:
+            w = await s.subscribe(ledger, page, prefix)
+        except BaseException:
+            await s.close()
+            raise
+        w.owns_session = True
+        return w
+
+    async def watch(self, ledger: Name, page: Name, prefix: bytes = b"") -> AsyncIterator[Change]:
+        """Changes of every later commit under ``prefix``, in order, until the caller stops."""
+        w = await self.subscribe(ledger, page, prefix)
+        try:
+            async for change in w:
+                yield change
+        finally:
+            await w.close()
+
+    def documents(self, ledger: Name, page: Name) -> AsyncDocuments:
+        """The page's documents (:mod:`daemon.client_docs`)."""
+        from ledgerd.daemon.client_docs import AsyncDocuments
+
+        return AsyncDocuments(self, ledger, page)
+
+    # -- operations (issue 19) -------------------------------------------------------
+
+    async def check(
+        self,
+        ledger: Name | None = None,
+        page: Name | None = None,
+        *,
+        cloud: bool = False,
+        repair: bool = False,
+    ) -> dict[str, Any]:
+        """Check pages (all, a ledger's, or one); with ``cloud`` against the bucket too;
+        with ``repair`` fix what can be. The report: ``healthy``, ``pages``, ...
+        (``POST /v1/check``)."""
+        body: dict[str, Any] = {"cloud": cloud, "repair": repair}
+        if ledger is not None:
+            body["ledger"] = b64(raw(ledger))
+        if page is not None:
+            body["page"] = b64(raw(page))
+        return dict(await self._json("POST", self.url("/v1/check"), body))
+
+    async def gc(self, ledger: Name | None = None, page: Name | None = None) -> dict[str, Any]:
+        """Prune history past its retention and collect garbage now (every page, a
+        ledger's, or one); what it freed (``POST /v1/gc``)."""
+        body: dict[str, Any] = {}
+        if ledger is not None:
+            body["ledger"] = b64(raw(ledger))
+        if page is not None:
+            body["page"] = b64(raw(page))
+        return dict(await self._json("POST", self.url("/v1/gc"), body))
+
+    async def evict(self, ledger: Name, page: Name) -> dict[str, Any]:
+        """Delete the local copy of a closed, fully synced (or empty) page; its next use
+        restores it (``POST /v1/evict``)."""
+        body = {"ledger": b64(raw(ledger)), "page": b64(raw(page))}
+        return dict(await self._json("POST", self.url("/v1/evict"), body))
+
+    async def du(self, ledger: Name | None = None, page: Name | None = None) -> dict[str, Any]:
+        """What pages hold and what their files take (``GET /v1/du``)."""
+        query: dict[str, str | bytes | int | None] = {
+            "ledger": None if ledger is None else raw(ledger),
+            "page": None if page is None else raw(page),
+        }
+        return dict(await self._json("GET", self.url("/v1/du", query)))
+
+    async def health(self, sync: bool = False) -> dict[str, Any]:
+        """``GET /v1/health``: its body, also when it says 503 (``status`` is then
+        ``failing``, or with ``sync`` ``degraded``)."""
+        with reaching(self.socket):
+            async with self.session.get(self.url("/v1/health", {"sync": int(sync)})) as resp:
+                doc = await resp.json()
+        if not isinstance(doc, dict) or "status" not in doc:
+            raise LedgerError(f"http_{resp.status}", f"unexpected health answer: {doc!r}")
+        return doc
+
+    async def metrics(self) -> str:
+        """``GET /v1/metrics``: the metrics in Prometheus' text format."""
+        resp = await self.request("GET", self.url("/v1/metrics"))
+        with reaching(self.socket):
+            async with resp:
+                return await resp.text()
+
+
+async def _file_chunks(path: Path, total: int, progress: Progress | None) -> AsyncIterator[bytes]:
+    done = 0
+    async with aiofiles.open(path, "rb") as f:
+        while chunk := await f.read(CHUNK):
+            done += len(chunk)
+            if progress:
+                progress(done, total)
+            yield chunk
+
+
+class TxnContext:
+    """``async with client.transaction(l, p) as txn``: a session of its own, a transaction
+    begun on it, committed on a clean exit (``commit_id``) or rolled back on an error."""
+
+    def __init__(self, client: AsyncClient, ledger: Name, page: Name) -> None:
+        self.client, self.ledger, self.page = client, ledger, page
+        self.session: Session | None = None
+        self.txn: AsyncTransaction | None = None
+        self.commit_id: str | None = None
+
+    async def __aenter__(self) -> AsyncTransaction:
+        self.session = await self.client.open_session()
+        self.txn = await self.session.begin(self.ledger, self.page)
+        return self.txn
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self.session is not None and self.txn is not None
+        try:
+            if et is None:
+                self.commit_id = await self.txn.commit()
+            else:
+                await self.txn.rollback()
+        finally:
+            await self.session.close()

@@ -1,0 +1,152 @@
+"""What the Python clients share: errors, result types, names and the socket.
+
+This module owns the pieces that :mod:`ledgerd.daemon.client_async`,
+:mod:`ledgerd.daemon.client_session`, :mod:`ledgerd.daemon.client_blocking` and
+:mod:`ledgerd.daemon.client_docs` all speak: the exceptions a client raises
+(:class:`LedgerError` and its subclasses) and how a failed or dropped connection
+becomes one, the results it returns (:class:`Item`, :class:`Change`, a merge's
+:class:`ResolveRequest` and the :data:`Answer` to it), how names and keys are quoted
+into URLs, and which socket a client uses. It does no I/O of its own. Client programs
+import these names from :mod:`ledgerd.daemon.client`.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from ledgerd.daemon.config import default_socket
+
+Name = bytes | str
+Progress = Callable[[int, int | None], None]
+"""Called with (bytes done, total or None) during long transfers."""
+
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_~")
+CHUNK = 256 * 1024
+
+
+class LedgerError(Exception):
+    """The daemon refused a request: ``code`` is stable, ``status`` is the HTTP status."""
+
+    def __init__(self, code: str, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+
+class NotFoundError(LedgerError):
+    """The ledger, page, key or commit does not exist (HTTP 404)."""
+
+
+class DaemonUnavailableError(LedgerError):
+    """The daemon is not running or its socket cannot be reached."""
+
+
+class UnsafeSocketError(LedgerError):
+    """The socket is in a directory that others can write: they could have replaced it."""
+
+
+DISCONNECTED = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError)
+"""What a daemon that is not there, or goes away mid-request, raises from aiohttp."""
+
+
+@contextlib.contextmanager
+def reaching(socket: Path) -> Iterator[None]:
+    """Turn a connection that fails or drops (at any point of a request, body included)
+    into :class:`DaemonUnavailableError`."""
+    try:
+        yield
+    except DISCONNECTED as e:
+        raise DaemonUnavailableError(
+            "unavailable", f"cannot reach ledgerd at {socket}: {e or type(e).__name__}"
+        ) from None
+
+
+def raw(name: Name) -> bytes:
+    """A name's bytes (a ``str`` as UTF-8)."""
+    return name.encode() if isinstance(name, str) else bytes(name)
+
+
+def quote(data: Name) -> str:
+    """Percent-encode every byte but the unreserved ones (dots included)."""
+    return "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in raw(data))
+
+
+def unb64(text: str) -> bytes:
+    """The daemon's base64 (trusted: the daemon wrote it)."""
+    return base64.b64decode(text)
+
+
+def socket_path(path: str | Path | None = None) -> Path:
+    """The socket to use: the argument, ``$LEDGERD_SOCKET``, or the daemon's default."""
+    if path:
+        return Path(path)
+    if env := os.environ.get("LEDGERD_SOCKET"):
+        return Path(env)
+    return default_socket()
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One entry of a range: ``value`` is None for values over the inline limit (see size)."""
+
+    key: bytes
+    value: bytes | None
+    priority: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A watch event: one commit's changes."""
+
+    commit: str
+    changed: list[Item]
+    deleted: list[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class Side:
+    """One side of a conflict: the value (None if over the inline limit), size, priority."""
+
+    value: bytes | None
+    size: int
+    priority: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConflictItem:
+    key: bytes
+    base: Side | None
+    left: Side | None
+    right: Side | None
+
+
+@dataclass(frozen=True, slots=True)
+class ResolveRequest:
+    """A merge waiting for this client. ``left`` has the smaller commit id on every device."""
+
+    ledger: bytes
+    page: bytes
+    policy: str
+    left: str
+    right: str
+    conflicts: list[ConflictItem]
+
+
+Answer = dict[bytes, str | bytes | None]
+"""Per key: "left", "right", None (delete) or new value bytes."""
+ResolverCallback = Callable[[ResolveRequest], Awaitable[Answer]]
+
+
+def item_of(d: dict[str, Any]) -> Item:
+    """An :class:`Item` from the daemon's JSON (of a range, a watch event, a transaction)."""
+    v = d.get("value")
+    return Item(unb64(d["key"]), None if v is None else unb64(v), d["priority"], int(d["size"]))
