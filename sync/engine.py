@@ -49,14 +49,13 @@ import dataclasses
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import msgpack
 
 from ledgerd.store import (
-    LOCAL_LEDGER,
     Commit,
     CommitListener,
     Page,
@@ -76,6 +75,7 @@ from ledgerd.store.errors import (
 from ledgerd.sync import compaction, crypto, layout, pack, progress
 from ledgerd.sync.checkpoints import MAX_CHECKPOINT, Checkpoints
 from ledgerd.sync.cloud import CloudStore, Metered
+from ledgerd.sync.context import LEGACY_DONE, LOCAL, Key, SyncContext
 from ledgerd.sync.errors import (
     AlreadyExistsError,
     BucketIdentityError,
@@ -91,11 +91,6 @@ from ledgerd.sync.progress import DeviceLog, Held
 
 log = logging.getLogger(__name__)
 
-LOCAL = LOCAL_LEDGER.encode()
-"""The ledger that is never uploaded, nor written from the bucket (its pages
-stay on this device: see the README's Documents section)."""
-
-Key = tuple[bytes, bytes]
 T = TypeVar("T")
 
 MAX_PACK = 32 * 1024 * 1024
@@ -113,8 +108,6 @@ PREFETCH = 16 * 1024 * 1024
 """Most bytes a lazy fetch brings beyond what was asked for (the rest of a value)."""
 PENDING_SLACK_MS = 60_000
 """Pages closed this long before the pending list was saved count as changed (clock steps)."""
-LEGACY_DONE = "sync/legacy-read"
-"""Repository meta: the layout-1 logs of the bucket were read."""
 LISTED_WALL = "sync/listed-wall"
 """Repository meta: the wall time of a listing of the feed, within the hour."""
 LISTED_WALL_STEP = 3600.0
@@ -233,12 +226,8 @@ class SyncEngine:
         compaction_interval: float = 24 * 3600.0,
         keys: crypto.KeyRing | None = None,
     ) -> None:
-        self._repo: Repository | None = None
-        self.keys = keys
-        self.codec: crypto.Codec | None = None
-        """The bucket's codec once its marker was checked, if the bucket is encrypted."""
         self.store = Metered(store)
-        self.location = location
+        self.ctx = SyncContext(self.store, location=location, keys=keys, clock=clock, wants=wants)
         self.poll_interval = poll_interval
         self.poll_interval_max = max(poll_interval, poll_interval_max)
         self.active_for = active_for
@@ -249,17 +238,12 @@ class SyncEngine:
         self.retry_first = retry_first
         self.retry_most = retry_most
         self.clock_skew = clock_skew
-        self.clock = clock
-        self.wants = wants
         self.observer = observer
         self._also: CommitListener | None = None
         self.last_round_ok: float | None = None
         """When a round last finished without failing as a whole (UNIX time)."""
         self.devices: set[str] = set()
         self.states: dict[Key, PageState] = {}
-        self.bucket_error: str | None = None
-        self.bucket_error_code: str | None = None
-        """A stable code for the bucket error (``encryption_key_mismatch``...), if it has one."""
         self.round_error: str | None = None
         self.device_errors: dict[str, str] = {}
         self.skew: dict[str, dict[str, Any]] = {}
@@ -273,24 +257,21 @@ class SyncEngine:
         self._pending_loaded = False
         self._pending_saved: list[Key] | None = None
         self._dirty = False
-        self._bucket_ok = False
-        self._legacy_due = False  # a layout-1 bucket: read its logs on the next round
         self._feed_max = -1  # the newest feed time listed (-1: not loaded)
         self._listed_at: float | None = None  # monotonic time of the last listing
         self._own_seq = 0  # the highest sequence of this device listed or written
         self._own_time = 0
         self._active_until = 0.0
         self._wake = asyncio.Event()
-        self.checkpoints = Checkpoints(self.store, max_checkpoint, lambda: self.codec)
+        self.checkpoints = Checkpoints(self.store, max_checkpoint, lambda: self.ctx.codec)
         self._deepen: set[Key] = set()  # shallow pages that need their history
-        self._restoring: dict[Key, Page] = {}  # evicted pages being brought back
         self._starved: set[Key] = set()  # shallow pages with a pack waiting for parents
         self._fed: set[Key] = set()  # pages that imported something in this download
         self.checkpoint_interval = checkpoint_interval
         self._checkpoint_due: dict[Key, None] = {}  # waiting for checkpoint_interval
         self._checkpoint_at: dict[Key, float] = {}  # monotonic time of the page's last one
         self.compactor = compaction.Compactor(
-            self.store, self.checkpoints, compaction_grace, self._seal
+            self.store, self.checkpoints, compaction_grace, self.ctx.seal
         )
         self.compaction_interval = compaction_interval
         self._listed_wall = 0.0  # wall time of a recent listing (see _rejoin_if_away)
@@ -308,27 +289,58 @@ class SyncEngine:
 
     @property
     def repo(self) -> Repository:
-        if self._repo is None:
-            raise RuntimeError("the sync engine has not started")
-        return self._repo
+        return self.ctx.repo
 
     @property
     def device(self) -> str:
         """This device as it is named in the bucket: its id in hex, or in an encrypted
         bucket a keyed hash of it."""
-        return self._device_name(self.repo.device_id)
+        return self.ctx.device
 
-    def _device_name(self, device_id: bytes) -> str:
-        return device_id.hex() if self.codec is None else self.codec.device_tag(device_id)
+    @property
+    def codec(self) -> crypto.Codec | None:
+        """The bucket's codec once its marker was checked, if the bucket is encrypted."""
+        return self.ctx.codec
 
-    def _seal(self, ident: str) -> tuple[crypto.Codec, str] | None:
-        return None if self.codec is None else (self.codec, ident)
+    @property
+    def keys(self) -> crypto.KeyRing | None:
+        return self.ctx.keys
+
+    @keys.setter
+    def keys(self, keys: crypto.KeyRing | None) -> None:
+        self.ctx.keys = keys
+
+    @property
+    def location(self) -> str:
+        """The cloud URL, as repository meta names the bucket."""
+        return self.ctx.location
+
+    @location.setter
+    def location(self, location: str) -> None:
+        self.ctx.location = location
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self.ctx.clock
+
+    @property
+    def wants(self) -> Callable[[bytes, bytes], bool] | None:
+        return self.ctx.wants
+
+    @property
+    def bucket_error(self) -> str | None:
+        return self.ctx.bucket_error
+
+    @property
+    def bucket_error_code(self) -> str | None:
+        """A stable code for the bucket error (``encryption_key_mismatch``...), if it has one."""
+        return self.ctx.bucket_error_code
 
     async def start(self, repo: Repository, background: bool = True) -> None:
         """Sync ``repo`` (opened with :meth:`hooks`), in the background unless told not to."""
         if repo.hooks.fetcher is not self or repo.hooks.listener is not self:
             raise ValueError("open the repository with this engine's hooks()")
-        self._repo = repo
+        self.ctx.attach(repo)
         self._feed_max = int(await repo.get_meta("sync/feed") or b"0")
         await self.checkpoints.load(repo)
         if background:
@@ -429,9 +441,9 @@ class SyncEngine:
         and that are older than ``compaction_grace`` (see :mod:`sync.compaction`)."""
 
         async def write(key: Key) -> bool:
-            if key[0] == LOCAL or not self.repo.page_exists(*key) or not self._wanted_here(key):
+            if key[0] == LOCAL or not self.repo.page_exists(*key) or not self.ctx.wanted_here(key):
                 return False
-            async with self._using(key) as page:
+            async with self.ctx.using(key) as page:
                 return (
                     await self.checkpoints.write(
                         page,
@@ -445,7 +457,7 @@ class SyncEngine:
                 )
 
         async with self._lock:
-            await self._check_bucket()
+            await self.ctx.check_bucket()
             await self._upload_all()  # what is pending goes up first: covers include it
             return await self.compactor.run(self.device, int(self.clock() * 1000), write)
 
@@ -477,13 +489,13 @@ class SyncEngine:
             started = time.monotonic()
             try:
                 if full:
-                    self._bucket_ok = False
-                await self._check_bucket()
+                    self.ctx.bucket_ok = False
+                await self.ctx.check_bucket()
                 if download:
                     await self._bootstrap()
                     await self._rejoin_if_away()
                     await self._list_feed()
-                    if self._legacy_due or (full and self._legacy_seen()):
+                    if self.ctx.legacy_due or (full and self._legacy_seen()):
                         await self._list_legacy()
                 stats.uploaded_packs = await self._upload_all(only)
                 if download:
@@ -494,7 +506,7 @@ class SyncEngine:
             except Exception as e:
                 self.round_error = _error(e)
                 if isinstance(e, NoBucketError | BucketIdentityError):
-                    self._bucket_ok = False
+                    self.ctx.bucket_ok = False
                 self._observe(started, stats, e)
                 raise
             finally:
@@ -557,45 +569,6 @@ class SyncEngine:
             ) from None
         return total
 
-    async def _check_bucket(self) -> None:
-        """The bucket carries its marker; the first daemon to use it writes it. A
-        bucket of layout 1 gets the layout-2 marker too, and its logs are read."""
-        if self._bucket_ok:
-            return
-        seen_key = f"sync/bucket-seen/{self.location}"
-        try:
-            names = [n async for n in self.store.list(layout.MARKER + ".")]
-            versions = [v for n in names if (v := layout.marker_version(n)) is not None]
-            if not versions:
-                if await self.repo.get_meta(seen_key) is not None:
-                    raise BucketIdentityError(
-                        f"the bucket has no {layout.MARKER} marker although this device "
-                        "synced with it before: it was moved, unmounted or emptied. ledgerd "
-                        "does not start a new bucket in its place; bring it back, or use "
-                        "another cloud URL for a new bucket"
-                    )
-                await self.store.create_bucket()
-            layout.check_version(max(versions, default=layout.BUCKET_FORMAT))
-            self.codec = await crypto.open_bucket(self.store, names, self.keys, not versions)
-            if layout.BUCKET_FORMAT not in versions:
-                with contextlib.suppress(AlreadyExistsError):
-                    await self.store.put(
-                        layout.marker_name(), layout.marker(self.device, time.time())
-                    )
-                log.info("marked the bucket as a ledgerd bucket (layout %d)", layout.BUCKET_FORMAT)
-            if 1 in versions and await self.repo.get_meta(f"{LEGACY_DONE}/{self.location}") is None:
-                self._legacy_due = True
-        except (BucketIdentityError, NoBucketError) as e:
-            if self.bucket_error != str(e):
-                log.error("cloud sync stopped: %s", e)
-            self.bucket_error = str(e)
-            self.bucket_error_code = getattr(e, "code", None)
-            raise
-        if await self.repo.get_meta(seen_key) is None:
-            await self.repo.set_meta(seen_key, b"1")
-        self.bucket_error = self.bucket_error_code = None
-        self._bucket_ok = True
-
     # -- the previous layout ---------------------------------------------------------
 
     def _legacy_seen(self) -> bool:
@@ -628,7 +601,7 @@ class SyncEngine:
                 dl.held[h.id] = h
             await self._save_log(dl)
         await self.repo.set_meta(f"{LEGACY_DONE}/{self.location}", b"1")
-        self._legacy_due = False
+        self.ctx.legacy_due = False
 
     # -- pending uploads -----------------------------------------------------------
 
@@ -698,11 +671,11 @@ class SyncEngine:
                     continue
                 try:
                     if len(leased) < LEASE_MOST:
-                        page = await stack.enter_async_context(self._using(key))
+                        page = await stack.enter_async_context(self.ctx.using(key))
                         leased[key] = page
                         await self._take_page(rnd, page, seen)
                     else:
-                        async with self._using(key) as page:
+                        async with self.ctx.using(key) as page:
                             await self._take_page(rnd, page, seen)
                 except asyncio.CancelledError:
                     raise
@@ -716,7 +689,7 @@ class SyncEngine:
                     if u.key in leased:
                         await self._mark(leased[u.key], u)
                     else:
-                        async with self._using(u.key) as page:
+                        async with self.ctx.using(u.key) as page:
                             await self._mark(page, u)
                 except asyncio.CancelledError:
                     raise
@@ -774,7 +747,7 @@ class SyncEngine:
                 if not self.repo.page_exists(*key) or self.repo.is_evicted(*key):
                     self._checkpoint_due.pop(key, None)
                     continue
-                async with self._using(key) as page:
+                async with self.ctx.using(key) as page:
                     await self._checkpoint(page)
 
     async def _feed_time(self) -> int:
@@ -828,10 +801,10 @@ class SyncEngine:
         for cn in sorted(best.values(), key=lambda n: n.name):
             try:
                 cp = await self.checkpoints.read(cn)
-                if not self._wanted_here(cp.key):
+                if not self.ctx.wanted_here(cp.key):
                     continue
                 fresh = not self.repo.page_exists(*cp.key)
-                async with self._using(cp.key) as page:
+                async with self.ctx.using(cp.key) as page:
                     await self.checkpoints.take(page, cp, rejoin=not fresh)
                 self._changed(cp.key)
             except CloudNotFoundError:
@@ -857,7 +830,7 @@ class SyncEngine:
         done = f"sync/bootstrapped/{self.location}"
         if self._feed_max or await self.repo.get_meta(done) is not None:
             return
-        await self.checkpoints.bootstrap(lambda k: self._wanted(k), self._using)
+        await self.checkpoints.bootstrap(lambda k: self.ctx.wanted(k), self.ctx.using)
         await self.repo.set_meta(done, b"1")
 
     def _page_done(self, key: Key, seen: int | None, left: int) -> None:
@@ -866,27 +839,15 @@ class SyncEngine:
         if not left and key in self._pending and self._pending[key] == seen:
             del self._pending[key]
 
-    @contextlib.asynccontextmanager
-    async def _using(self, key: Key) -> AsyncIterator[Page]:
-        """The page, leased (not closed as idle) for one sync step. A page that was
-        not open before is closed again after it, unless someone else opened it
-        meanwhile or something is under way in it."""
-        restoring = self._restoring.get(key)
-        if restoring is not None:  # being restored: the page handed to restore_page
-            yield restoring
-            return
-        async with self.repo.page(*key, transient=True) as page:
-            yield page
-
     async def restore_page(self, page: Page) -> bool:
         """Bring an evicted page back (:class:`store.PageRestorer`): its best checkpoint,
         then every pack above that checkpoint's cover that holds it (or, without a
         checkpoint, every pack that holds it), imported into ``page`` now. False if
         the bucket has nothing of it; raises if the bucket cannot be reached."""
         key = (page.ledger, page.id)
-        if not self._bucket_ok:
-            await self._check_bucket()
-        self._restoring[key] = page
+        if not self.ctx.bucket_ok:
+            await self.ctx.check_bucket()
+        self.ctx.restoring[key] = page
         try:
             cover: dict[str, int] = {}
             found = False
@@ -911,7 +872,7 @@ class SyncEngine:
                 await self._save_log(dl)
             return found
         finally:
-            del self._restoring[key]
+            del self.ctx.restoring[key]
 
     async def _add_page(self, rnd: _Round, page: Page, up: ex.Upload) -> int:
         """Put a page's commits and pieces into the round's pack; a pack that would
@@ -1000,7 +961,7 @@ class SyncEngine:
         while True:
             seq, t = await self._next_seq()  # taken (and saved) before the PUT
             device = self.repo.device_id
-            seal = self._seal(PackName.make(t, self.device, seq, 0, 0).ident)
+            seal = self.ctx.seal(PackName.make(t, self.device, seq, 0, 0).ident)
             if size > 1 << 20:  # compressing megabytes: off the event loop
                 data, head_end, eager_end = await asyncio.to_thread(
                     pack.encode, device, seq, t, sections, None, seal
@@ -1030,8 +991,8 @@ class SyncEngine:
         async with self._lock:
             if keys is not None:
                 self.keys = keys
-            self._bucket_ok = False
-            await self._check_bucket()
+            self.ctx.bucket_ok = False
+            await self.ctx.check_bucket()
             if self.codec is None:
                 raise crypto.EncryptionError("the bucket is not encrypted: nothing to re-encrypt")
             n = 0
@@ -1045,12 +1006,12 @@ class SyncEngine:
                 if self.codec.key_id(head[len(pack.MAGICE) :]) == self.codec.write_kid:
                     continue
                 data = await self.store.get(name)
-                seal = self._seal(pn.ident)
+                seal = self.ctx.seal(pn.ident)
                 header = pack.decode_header(data[: pn.head_end], pn.head_end, pn.eager_end, seal)
                 bases: dict[Key, list[tuple[bytes, bytes]]] = {}
                 for p in header.pages:  # an edited section is read over its page's nodes
                     if p.bases:
-                        async with self._using(p.key) as page:
+                        async with self.ctx.using(p.key) as page:
                             got = await ex.read_pieces(page, p.bases)
                         bases[p.key] = [(d, got[d]) for d in p.bases]
                 sections = await asyncio.to_thread(
@@ -1240,15 +1201,15 @@ class SyncEngine:
             )
             first = await self.store.get(pn.name, 0, pn.eager_end if wanted_all else pn.head_end)
             header = pack.decode_header(
-                first[: pn.head_end], pn.head_end, pn.eager_end, self._seal(pn.ident)
+                first[: pn.head_end], pn.head_end, pn.eager_end, self.ctx.seal(pn.ident)
             )
-            named = (self._device_name(header.device), header.seq, header.time)
+            named = (self.ctx.device_name(header.device), header.seq, header.time)
             if named != (pn.device, pn.seq, pn.time):
                 raise pack.CorruptPackError("pack does not match its name")
             pages = [
                 p
                 for p in header.pages
-                if (p.key == only if only is not None else self._wanted_here(p.key))
+                if (p.key == only if only is not None else self.ctx.wanted_here(p.key))
                 and not self.checkpoints.covered(p.key, pn.device, pn.seq)
             ]
             sections = await self._sections(pn.name, pages, first)
@@ -1270,7 +1231,7 @@ class SyncEngine:
             mine = Held(pn, p.key, progress.RETRY, "").id
             try:
                 lazy = {d: part.location(pn.name) for d, part in p.lazy}
-                async with self._using(p.key) as page:
+                async with self.ctx.using(p.key) as page:
                     bases = await ex.local_nodes(page, p.bases)
                     commits, eager = pack.decode_section(
                         sections[p.key], p.eager, self.codec, bases
@@ -1313,15 +1274,6 @@ class SyncEngine:
                 out[p.key] = data[off - start : off - start + length]
         return out
 
-    def _wanted_here(self, key: Key) -> bool:
-        """Wanted, and stored here now: an evicted page gets what it missed when it is
-        restored (see :meth:`restore_page`)."""
-        return self._wanted(key) and (key in self._restoring or not self.repo.is_evicted(*key))
-
-    def _wanted(self, key: Key) -> bool:
-        # Another device's pack never writes into this device's _local ledger.
-        return key[0] != LOCAL and (self.wants is None or self.wants(*key))
-
     def _hold_for(self, dl: DeviceLog, pn: PackName | LogName, key: Key, e: Exception) -> None:
         """Hold one page of a pack, in the state its failure calls for."""
         if isinstance(e, ex.MissingParentError):
@@ -1359,7 +1311,7 @@ class SyncEngine:
             if (p.ledger, p.page, p.seq, p.device.hex()) != (ln.ledger, ln.page, ln.seq, ln.device):
                 raise pack.CorruptPackError("pack does not match its name")
             lazy = {d: f"{ln.name}:{off}:{length}" for d, off, length in p.lazy}
-            async with self._using(ln.key) as page:
+            async with self.ctx.using(ln.key) as page:
                 marker = f"imported/{ln.device}"
                 done = await ex.sync_value(page, marker)
                 mark = str(max(ln.seq, int(done) if done else 0)).encode()
