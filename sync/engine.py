@@ -51,7 +51,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import msgpack
 
@@ -69,7 +69,6 @@ from ledgerd.store.errors import (
     ClosedError,
     CorruptObjectError,
     InvalidArgumentError,
-    ObjectNotFoundError,
     TransientStoreError,
 )
 from ledgerd.sync import compaction, crypto, layout, pack, progress
@@ -86,12 +85,33 @@ from ledgerd.sync.errors import (
     SyncTimeoutError,
     TransientCloudError,
 )
+from ledgerd.sync.fetch import COALESCE_GAP, COALESCE_SPAN, PREFETCH, LazyFetcher, coalesce
 from ledgerd.sync.layout import LogName, PackName
 from ledgerd.sync.progress import DeviceLog, Held
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
+__all__ = [  # the names other modules and tests import from here
+    "COALESCE_GAP",
+    "COALESCE_SPAN",
+    "COMPACTED_AT",
+    "EDIT_BASES",
+    "FEED_WINDOW",
+    "LEASE_MOST",
+    "LEGACY_DONE",
+    "LISTED_WALL",
+    "LISTED_WALL_STEP",
+    "LOCAL",
+    "MAX_PACK",
+    "PENDING_SLACK_MS",
+    "PREFETCH",
+    "READ_BATCH",
+    "PageState",
+    "RoundObserver",
+    "Stats",
+    "SyncEngine",
+]
+
 
 MAX_PACK = 32 * 1024 * 1024
 EDIT_BASES = 4 * 1024 * 1024
@@ -100,12 +120,6 @@ LEASE_MOST = 64
 """Pages an upload round keeps open until their pack is up."""
 READ_BATCH = 4 * 1024 * 1024
 """Bytes of pieces read from a page in one go while a pack is built."""
-COALESCE_GAP = 256 * 1024
-"""Bytes between two wanted ranges of one pack that a lazy fetch reads through."""
-COALESCE_SPAN = 16 * 1024 * 1024
-"""Most bytes one ranged GET of a lazy fetch asks for."""
-PREFETCH = 16 * 1024 * 1024
-"""Most bytes a lazy fetch brings beyond what was asked for (the rest of a value)."""
 PENDING_SLACK_MS = 60_000
 """Pages closed this long before the pending list was saved count as changed (clock steps)."""
 LISTED_WALL = "sync/listed-wall"
@@ -234,7 +248,6 @@ class SyncEngine:
         self.debounce = debounce
         self.max_pack = max_pack
         self.feed_window = feed_window
-        self.fetch_timeout = fetch_timeout
         self.retry_first = retry_first
         self.retry_most = retry_most
         self.clock_skew = clock_skew
@@ -270,6 +283,7 @@ class SyncEngine:
         self.checkpoint_interval = checkpoint_interval
         self._checkpoint_due: dict[Key, None] = {}  # waiting for checkpoint_interval
         self._checkpoint_at: dict[Key, float] = {}  # monotonic time of the page's last one
+        self.fetcher = LazyFetcher(self.ctx, self.checkpoints, fetch_timeout)
         self.compactor = compaction.Compactor(
             self.store, self.checkpoints, compaction_grace, self.ctx.seal
         )
@@ -328,6 +342,10 @@ class SyncEngine:
         return self.ctx.wants
 
     @property
+    def fetch_timeout(self) -> float:
+        return self.fetcher.fetch_timeout
+
+    @property
     def bucket_error(self) -> str | None:
         return self.ctx.bucket_error
 
@@ -364,7 +382,7 @@ class SyncEngine:
         await self.store.close()
 
     async def fetch_pieces(self, page: Page, digests: list[bytes]) -> dict[bytes, bytes]:
-        return await self._fetch(page, digests)
+        return await self.fetcher.fetch(page, digests)
 
     def page_committed(self, page: Page, commit: Commit) -> None:
         self._changed((page.ledger, page.id))
@@ -1268,7 +1286,7 @@ class SyncEngine:
                 out[p.key] = first[p.eager.offset : p.eager.end]
             else:
                 missing.append((p.eager.offset, p.eager.stored, p))
-        for start, end, group in _coalesce(sorted(missing, key=lambda x: x[0])):
+        for start, end, group in coalesce(sorted(missing, key=lambda x: x[0])):
             data = await self.store.get(name, start, end - start)
             for off, length, p in group:
                 out[p.key] = data[off - start : off - start + length]
@@ -1385,84 +1403,6 @@ class SyncEngine:
         return any(
             h.state == progress.DEFERRED for dl in self._logs.values() for h in dl.held.values()
         )
-
-    # -- lazy fetch ------------------------------------------------------------------
-
-    async def _fetch(self, page: Page, digests: list[bytes]) -> dict[bytes, bytes]:
-        try:
-            async with asyncio.timeout(self.fetch_timeout):
-                return await self._fetch_value(page, digests)
-        except TimeoutError:
-            reason = self.store.last_failure()
-            raise ObjectNotFoundError(
-                f"the value is in the cloud and could not be fetched within "
-                f"{self.fetch_timeout:g}s (needs fetch)" + (f": {reason}" if reason else "")
-            ) from None
-        except CloudError as e:
-            raise ObjectNotFoundError(
-                f"the value is in the cloud and could not be fetched (needs fetch): {e}"
-            ) from e
-
-    async def _fetch_value(self, page: Page, digests: list[bytes]) -> dict[bytes, bytes]:
-        """The pieces asked for and, up to PREFETCH bytes, the pieces that the index
-        pieces among them list: a value's first read asks for its root index, and
-        the rest of the value lies next to it in its pack (see the upload order)."""
-        out: dict[bytes, bytes] = {}
-        want, budget = digests, PREFETCH
-        while want:
-            where = await ex.remote_locations(page, want)
-            try:
-                got = await self._fetch_ranges(where)
-            except CloudNotFoundError:  # a pack compacted away: the newest checkpoint has it
-                moved = await self.checkpoints.locate((page.ledger, page.id), list(where))
-                if not moved:
-                    raise
-                got = await self._fetch_ranges(moved)
-            out.update(got)
-            children = [
-                c
-                for d, v in got.items()
-                if dg.is_index(d)
-                for c in ex.index_children(v)
-                if not dg.is_inline(c) and c not in out
-            ]
-            where = await ex.remote_locations(page, list(dict.fromkeys(children)))
-            want = []
-            for d in children:
-                if d in where and d not in want:
-                    budget -= _Location.parse(where[d]).stored
-                    if budget < 0:
-                        break
-                    want.append(d)
-        return out
-
-    async def _fetch_ranges(self, where: dict[bytes, str]) -> dict[bytes, bytes]:
-        """Pieces from their packs: near ranges of one pack in one ranged GET."""
-        by_pack: dict[str, list[tuple[int, int, tuple[bytes, _Location]]]] = {}
-        for d, text in where.items():
-            loc = _Location.parse(text)
-            by_pack.setdefault(loc.name, []).append((loc.offset, loc.stored, (d, loc)))
-        out: dict[bytes, bytes] = {}
-        for name, items in by_pack.items():
-            for start, end, group in _coalesce(sorted(items, key=lambda x: x[0])):
-                data = await self.store.get(name, start, end - start)
-                for off, length, (d, loc) in group:
-                    piece = data[off - start : off - start + length]
-                    try:
-                        if self.codec is not None:
-                            ident = name.rsplit(".", 2)[0]
-                            piece = pack.open_piece(piece, self.codec, ident, d, loc.codec, loc.raw)
-                        else:
-                            piece = pack.unsqueeze(piece, loc.codec, loc.raw)
-                    except pack.CorruptPackError:
-                        piece = b""  # fails the digest check below, with its message
-                    if not dg.verify(d, piece):
-                        raise CorruptObjectError(
-                            f"the cloud's copy of object {dg.short(d)} (in {name}) does not "
-                            "match its digest; nothing on this device is damaged"
-                        )
-                    out[d] = piece
-        return out
 
     # -- status ----------------------------------------------------------------------
 
@@ -1628,41 +1568,3 @@ class SyncEngine:
             "last_sync": st.last_sync,
             "last_error": st.last_error or self._pack_error(key),
         }
-
-
-@dataclass(frozen=True)
-class _Location:
-    """Where a LAZY piece lies: ``name:offset:length``, plus ``:z{raw length}`` when
-    it is stored compressed (see :meth:`sync.pack.Part.location`)."""
-
-    name: str
-    offset: int
-    stored: int
-    raw: int
-    codec: int
-
-    @classmethod
-    def parse(cls, text: str) -> _Location:
-        name, _, rest = text.partition(":")
-        fields = rest.split(":")
-        offset, stored = int(fields[0]), int(fields[1])
-        if len(fields) == 3 and fields[2].startswith("z"):
-            return cls(name, offset, stored, int(fields[2][1:]), pack.ZSTD)
-        return cls(name, offset, stored, stored, pack.RAW)
-
-
-def _coalesce(
-    items: list[tuple[int, int, T]],
-) -> list[tuple[int, int, list[tuple[int, int, T]]]]:
-    """Sorted (offset, length, item) ranges of one pack as (start, end, members) runs:
-    ranges at most COALESCE_GAP apart share a run of at most COALESCE_SPAN bytes."""
-    runs: list[tuple[int, int, list[tuple[int, int, T]]]] = []
-    for off, length, d in items:
-        if runs:
-            start, end, members = runs[-1]
-            if off - end <= COALESCE_GAP and max(end, off + length) - start <= COALESCE_SPAN:
-                members.append((off, length, d))
-                runs[-1] = (start, max(end, off + length), members)
-                continue
-        runs.append((off, off + length, [(off, length, d)]))
-    return runs
