@@ -85,6 +85,7 @@ from ledgerd.sync.errors import (
     SyncTimeoutError,
     TransientCloudError,
 )
+from ledgerd.sync.feed import FEED_WINDOW, LISTED_WALL, LISTED_WALL_STEP, Feed
 from ledgerd.sync.fetch import COALESCE_GAP, COALESCE_SPAN, PREFETCH, LazyFetcher, coalesce
 from ledgerd.sync.layout import LogName, PackName
 from ledgerd.sync.progress import DeviceLog, Held
@@ -122,14 +123,8 @@ READ_BATCH = 4 * 1024 * 1024
 """Bytes of pieces read from a page in one go while a pack is built."""
 PENDING_SLACK_MS = 60_000
 """Pages closed this long before the pending list was saved count as changed (clock steps)."""
-LISTED_WALL = "sync/listed-wall"
-"""Repository meta: the wall time of a listing of the feed, within the hour."""
-LISTED_WALL_STEP = 3600.0
 COMPACTED_AT = "sync/compacted_at"
 """Repository meta: the wall time of this device's last compaction."""
-FEED_WINDOW = 120.0
-"""Seconds of feed time each listing looks back past the newest name seen: packs
-whose PUT was slower than the listing that followed it."""
 
 
 def _error(e: BaseException) -> str:
@@ -247,7 +242,6 @@ class SyncEngine:
         self.active_for = active_for
         self.debounce = debounce
         self.max_pack = max_pack
-        self.feed_window = feed_window
         self.retry_first = retry_first
         self.retry_most = retry_most
         self.clock_skew = clock_skew
@@ -255,25 +249,18 @@ class SyncEngine:
         self._also: CommitListener | None = None
         self.last_round_ok: float | None = None
         """When a round last finished without failing as a whole (UNIX time)."""
-        self.devices: set[str] = set()
         self.states: dict[Key, PageState] = {}
         self.round_error: str | None = None
         self.device_errors: dict[str, str] = {}
         self.skew: dict[str, dict[str, Any]] = {}
         self.interval = poll_interval  # seconds to the next background poll
         self.last_round: dict[str, Any] | None = None
-        self._logs: dict[str, DeviceLog] = {}
-        self._ignored: set[str] = set()
         self._lock = asyncio.Lock()  # one round at a time
         self._task: asyncio.Task[None] | None = None
         self._pending: dict[Key, int] = {}  # page -> commits seen (changes on every commit)
         self._pending_loaded = False
         self._pending_saved: list[Key] | None = None
         self._dirty = False
-        self._feed_max = -1  # the newest feed time listed (-1: not loaded)
-        self._listed_at: float | None = None  # monotonic time of the last listing
-        self._own_seq = 0  # the highest sequence of this device listed or written
-        self._own_time = 0
         self._active_until = 0.0
         self._wake = asyncio.Event()
         self.checkpoints = Checkpoints(self.store, max_checkpoint, lambda: self.ctx.codec)
@@ -283,12 +270,18 @@ class SyncEngine:
         self.checkpoint_interval = checkpoint_interval
         self._checkpoint_due: dict[Key, None] = {}  # waiting for checkpoint_interval
         self._checkpoint_at: dict[Key, float] = {}  # monotonic time of the page's last one
+        self.feed = Feed(
+            self.ctx,
+            feed_window=feed_window,
+            retry_first=retry_first,
+            retry_most=retry_most,
+            grace=compaction_grace,
+        )
         self.fetcher = LazyFetcher(self.ctx, self.checkpoints, fetch_timeout)
         self.compactor = compaction.Compactor(
             self.store, self.checkpoints, compaction_grace, self.ctx.seal
         )
         self.compaction_interval = compaction_interval
-        self._listed_wall = 0.0  # wall time of a recent listing (see _rejoin_if_away)
         self._compacted_at: float | None = None  # wall time of the last compaction
 
     # -- lifecycle -----------------------------------------------------------------
@@ -346,6 +339,15 @@ class SyncEngine:
         return self.fetcher.fetch_timeout
 
     @property
+    def devices(self) -> set[str]:
+        """The other devices whose packs this engine listed."""
+        return self.feed.devices
+
+    @property
+    def feed_window(self) -> float:
+        return self.feed.feed_window
+
+    @property
     def bucket_error(self) -> str | None:
         return self.ctx.bucket_error
 
@@ -359,7 +361,7 @@ class SyncEngine:
         if repo.hooks.fetcher is not self or repo.hooks.listener is not self:
             raise ValueError("open the repository with this engine's hooks()")
         self.ctx.attach(repo)
-        self._feed_max = int(await repo.get_meta("sync/feed") or b"0")
+        await self.feed.load()
         await self.checkpoints.load(repo)
         if background:
             self._task = asyncio.create_task(self._loop(), name="sync")
@@ -466,8 +468,8 @@ class SyncEngine:
                     await self.checkpoints.write(
                         page,
                         self.repo.device_id,
-                        await self._feed_time(),
-                        await self._cover(page),
+                        await self.feed.feed_time(),
+                        await self.feed.cover(page),
                         force=True,
                         also=await self._frontier(page),
                     )
@@ -512,9 +514,9 @@ class SyncEngine:
                 if download:
                     await self._bootstrap()
                     await self._rejoin_if_away()
-                    await self._list_feed()
-                    if self.ctx.legacy_due or (full and self._legacy_seen()):
-                        await self._list_legacy()
+                    await self.feed.list_new()
+                    if self.ctx.legacy_due or (full and self.feed.legacy_seen()):
+                        await self.feed.list_legacy()
                 stats.uploaded_packs = await self._upload_all(only)
                 if download:
                     stats.downloaded_packs = await self._download(force=full)
@@ -570,7 +572,7 @@ class SyncEngine:
                 total.downloaded_packs += s.downloaded_packs
                 if s.uploaded_packs or s.downloaded_packs:
                     continue
-                if retries < 3 and self._deferred():  # a page closing, a dropped connection
+                if retries < 3 and self.feed.deferred():  # a page closing, a dropped connection
                     retries += 1
                     continue
                 return
@@ -586,40 +588,6 @@ class SyncEngine:
                 + (f"; last error: {reason}" if reason else "")
             ) from None
         return total
-
-    # -- the previous layout ---------------------------------------------------------
-
-    def _legacy_seen(self) -> bool:
-        held = (h for dl in self._logs.values() for h in dl.held.values())
-        return any(isinstance(h.ln, LogName) for h in held)
-
-    async def _list_legacy(self) -> None:
-        """Read a layout-1 bucket's logs: ``devices/``, then each device's log after
-        the last name read. Done once when this ledgerd first meets the bucket (and on
-        ``sync`` while any such pack is held): daemons of layout 1 stop at the
-        layout-2 marker, so nothing is added there afterwards."""
-        devices = set()
-        async for name in self.store.list("devices/"):
-            device = name.split("/", 1)[1]
-            if layout.device_ok(device):
-                devices.add(device)
-            else:
-                self._ignore(name)
-        for device in sorted(devices - {self.device}):
-            dl = await self._device_log(device)
-            async for name in self.store.list(layout.log_prefix(device), dl.cursor):
-                ln = LogName.parse(name, device)
-                if ln is None:  # a stray file never moves the cursor past later packs
-                    self._ignore(name)
-                    continue
-                dl.cursor = max(dl.cursor, name)
-                if dl.is_new(ln.seq):
-                    dl.saw(ln.seq)
-                h = Held(ln, ln.key, progress.RETRY, "listed, not imported yet")
-                dl.held[h.id] = h
-            await self._save_log(dl)
-        await self.repo.set_meta(f"{LEGACY_DONE}/{self.location}", b"1")
-        self.ctx.legacy_due = False
 
     # -- pending uploads -----------------------------------------------------------
 
@@ -749,8 +717,8 @@ class SyncEngine:
             await self.checkpoints.write(
                 page,
                 self.repo.device_id,
-                await self._feed_time(),
-                await self._cover(page),
+                await self.feed.feed_time(),
+                await self.feed.cover(page),
                 also=await self._frontier(page),
             )
         except asyncio.CancelledError:
@@ -768,32 +736,6 @@ class SyncEngine:
                 async with self.ctx.using(key) as page:
                     await self._checkpoint(page)
 
-    async def _feed_time(self) -> int:
-        """A feed time for a checkpoint: never below this device's last pack nor the
-        newest name listed (as for packs, without using a sequence number)."""
-        return max(int(self.clock() * 1000), self._feed_max, self._own_time)
-
-    async def _cover(self, page: Page) -> dict[str, int]:
-        """Per device, the highest sequence whose packs' commits of this page are all
-        here (so, with one head, ancestors of it): every pack listed, below anything
-        held or missing (and what the checkpoint this page started from covered)."""
-        key = (page.ledger, page.id)
-        cover = {self.device: self._own_seq}
-        for name, value in await ex.sync_values(page, "imported/"):
-            device = name.removeprefix("imported/")
-            if layout.device_ok(device) and device != self.device:
-                cover[device] = int(value)
-        for device, dl in self._logs.items():
-            if device == self.device:
-                continue
-            cover[device] = max(cover.get(device, 0), dl.max_seq)
-            for h in dl.held.values():
-                if isinstance(h.ln, PackName) and (h.key is None or h.key == key):
-                    cover[device] = min(cover[device], h.ln.seq - 1)
-            for g in dl.gaps:
-                cover[device] = min(cover[device], g.first - 1)
-        return {d: s for d, s in cover.items() if s > 0}
-
     async def _frontier(self, page: Page) -> list[bytes]:
         """The newest commit imported from each device: what it may build on next."""
         return [v for _, v in await ex.sync_values(page, "frontier/") if len(v) == 32]
@@ -804,10 +746,9 @@ class SyncEngine:
         checkpoint and carries its own unuploaded changes over onto it (see
         :func:`store.exchange.rejoin`) instead of uploading them on parents the
         others may no longer have."""
-        if not self._listed_wall:
-            self._listed_wall = float(await self.repo.get_meta(LISTED_WALL) or b"0")
-        away = self.clock() - self._listed_wall
-        if not self._listed_wall or away <= self.compactor.grace:
+        listed = await self.feed.wall_listed()
+        away = self.clock() - listed
+        if not listed or away <= self.compactor.grace:
             return
         log.warning(
             "this device last read the bucket %.0f days ago, longer than compaction_grace: "
@@ -829,7 +770,7 @@ class SyncEngine:
                 continue
             except Exception as e:  # that page goes on from its packs
                 log.warning("checkpoint %s not used: %s", cn.name, _error(e))
-        for dl in self._logs.values():  # held packs the checkpoints hold are not needed
+        for dl in self.feed.logs.values():  # held packs the checkpoints hold are not needed
             for hid, h in list(dl.held.items()):
                 ln = h.ln
                 if (
@@ -838,15 +779,14 @@ class SyncEngine:
                     and self.checkpoints.covered(h.key, ln.device, ln.seq)
                 ):
                     del dl.held[hid]
-            await self._save_log(dl)
-        self._listed_wall = self.clock()
-        await self.repo.set_meta(LISTED_WALL, str(self._listed_wall).encode())
+            await self.feed.save_log(dl)
+        await self.feed.set_wall_listed(self.clock())
 
     async def _bootstrap(self) -> None:
         """A device that has never listed this bucket starts the pages it has nothing
         of from their checkpoints (once per cloud URL)."""
         done = f"sync/bootstrapped/{self.location}"
-        if self._feed_max or await self.repo.get_meta(done) is not None:
+        if self.feed.feed_max or await self.repo.get_meta(done) is not None:
             return
         await self.checkpoints.bootstrap(lambda k: self.ctx.wanted(k), self.ctx.using)
         await self.repo.set_meta(done, b"1")
@@ -882,12 +822,12 @@ class SyncEngine:
                 pn = PackName.parse(name)
                 if pn is None or pn.seq <= cover.get(pn.device, 0):
                     continue
-                dl = await self._device_log(pn.device)
+                dl = await self.feed.device_log(pn.device)
                 if Held(pn, None, progress.RETRY, "").id in dl.held:
                     continue  # listed, not imported yet: the next round brings it
                 found = bool(await self._import_pack(dl, pn, key)) or found
-            for dl in self._logs.values():
-                await self._save_log(dl)
+            for dl in self.feed.logs.values():
+                await self.feed.save_log(dl)
             return found
         finally:
             del self.ctx.restoring[key]
@@ -958,26 +898,9 @@ class SyncEngine:
             raise
         rnd.sent()
 
-    async def _next_seq(self) -> tuple[int, int]:
-        """The next sequence number and feed time, saved before use.
-
-        The sequence is never below what the bucket shows of this device (the last
-        listing saw its packs after the cursor); the feed time is never below this
-        device's last pack nor the newest name listed (a hybrid logical clock), so
-        a reader's cursor never passes a pack that is not up yet, whatever the
-        clocks say.
-        """
-        await self._fresh_feed()
-        seq = max(int(await self.repo.get_meta("sync/seq") or b"0"), self._own_seq) + 1
-        last = int(await self.repo.get_meta("sync/seq_time") or b"0")
-        t = max(int(self.clock() * 1000), self._feed_max, last + 1, self._own_time + 1)
-        await self.repo.set_meta("sync/seq", str(seq).encode())
-        await self.repo.set_meta("sync/seq_time", str(t).encode())
-        return seq, t
-
     async def _put_pack(self, sections: list[pack.Section], size: int) -> None:
         while True:
-            seq, t = await self._next_seq()  # taken (and saved) before the PUT
+            seq, t = await self.feed.next_seq()  # taken (and saved) before the PUT
             device = self.repo.device_id
             seal = self.ctx.seal(PackName.make(t, self.device, seq, 0, 0).ident)
             if size > 1 << 20:  # compressing megabytes: off the event loop
@@ -993,9 +916,9 @@ class SyncEngine:
                 # Ours if a retried PUT's first attempt landed; otherwise a reused number.
                 if await self.store.get(name, 0, head_end) != data[:head_end]:
                     log.warning("sequence %d was already used; taking the next", seq)
-                    self._own_seq = max(self._own_seq, seq)
+                    self.feed.own_seq = max(self.feed.own_seq, seq)
                     continue
-            self._own_seq, self._own_time = max(self._own_seq, seq), max(self._own_time, t)
+            self.feed.wrote(seq, t)
             log.debug("uploaded pack %s: %d pages, %d bytes", name, len(sections), len(data))
             return
 
@@ -1041,95 +964,19 @@ class SyncEngine:
                 n += 1
             return n
 
-    # -- discovery -------------------------------------------------------------------
-
-    async def _fresh_feed(self) -> None:
-        """List the feed unless this engine did so within a quarter of the window."""
-        if self._listed_at is None or time.monotonic() - self._listed_at > self.feed_window / 4:
-            await self._list_feed()
-
-    async def _list_feed(self) -> None:
-        """One LIST of ``packs/`` after the cursor (the newest feed time seen, less
-        the window): every device's new packs. Each is held to be imported."""
-        window = int(self.feed_window * 1000)
-        after = layout.feed_after(self._feed_max - window) if self._feed_max else ""
-        started = time.monotonic()
-        newest = self._feed_max
-        touched: set[str] = set()
-        async for name in self.store.list(layout.PACKS, after):
-            pn = PackName.parse(name)
-            if pn is None:
-                self._ignore(name)
-                continue
-            newest = max(newest, pn.time)
-            if await self._saw(pn):
-                touched.add(pn.device)
-        for device in sorted(touched):
-            await self._save_log(self._logs[device])
-        if newest != self._feed_max:
-            self._feed_max = newest
-            await self.repo.set_meta("sync/feed", str(newest).encode())
-        self._listed_at = started
-        now = self.clock()
-        if now - self._listed_wall > min(LISTED_WALL_STEP, self.compactor.grace / 4):
-            self._listed_wall = now
-            await self.repo.set_meta(LISTED_WALL, str(now).encode())
-
-    async def _saw(self, pn: PackName) -> bool:
-        """Take note of a listed pack; True if it is new (then it is held for import)."""
-        if pn.device == self.device:
-            self._own_seq = max(self._own_seq, pn.seq)
-            self._own_time = max(self._own_time, pn.time)
-            return False
-        dl = await self._device_log(pn.device)
-        if not dl.is_new(pn.seq):
-            return False
-        if dl.in_gap(pn.seq) and pn.seq < dl.max_seq:
-            log.info("pack %s appeared in a gap of device %s", pn.name, pn.device)
-        dl.saw(pn.seq, pn.time)
-        h = Held(pn, None, progress.RETRY, "listed, not imported yet")
-        dl.held[h.id] = h
-        self.devices.add(pn.device)
-        return True
-
-    async def _probe_gaps(self, force: bool) -> None:
-        """List the stretch of the feed where a device's missing packs must be, for
-        gaps older than the window (the window's own listing covers the others)."""
-        now = time.monotonic()
-        floor = self._feed_max - int(self.feed_window * 1000)
-        for dl in list(self._logs.values()):
-            old = [g for g in dl.gaps if g.until and g.after < floor]  # layout 1: none
-            if not old or not (force or now >= dl.probe_due):
-                continue
-            found = 0
-            for g in old:
-                if not dl.in_gap(g.first) and not dl.in_gap(g.last):
-                    continue
-                async for name in self.store.list(layout.PACKS, layout.feed_after(g.after)):
-                    pn = PackName.parse(name)
-                    if pn is None:
-                        continue
-                    if g.until and pn.time > g.until:
-                        break
-                    if pn.device == dl.device and await self._saw(pn):
-                        found += 1
-            dl.probes = 0 if found else dl.probes + 1
-            dl.probe_due = now + progress.backoff(dl.probes, self.retry_first, self.retry_most)
-            await self._save_log(dl)
-
     # -- download --------------------------------------------------------------------
 
     async def _download(self, force: bool = False) -> int:
         """Import the packs listed and not imported yet, and the held ones that are due;
         in feed order. Returns how many packs brought something."""
-        await self._probe_gaps(force)
+        await self.feed.probe_gaps(force)
         for key in sorted(self._deepen):
             await self._read_history(key)
         self._fed.clear()
         now = time.monotonic()
         due = [
             (h.ln.time if isinstance(h.ln, PackName) else 0, h.ln.seq, dl, h)
-            for dl in self._logs.values()
+            for dl in self.feed.logs.values()
             for h in dl.held.values()
             if force or now >= h.due
         ]
@@ -1148,11 +995,13 @@ class SyncEngine:
                 break
             self.device_errors.pop(dl.device, None)
             n += got
-            await self._save_log(dl)
+            await self.feed.save_log(dl)
         # A page started from a checkpoint whose packs wait for parents although nothing
         # else is coming for it: the parents lie below the checkpoint.
         for key in sorted(self._starved):
-            pending = [h for dl in self._logs.values() for h in dl.held.values() if h.key == key]
+            pending = [
+                h for dl in self.feed.logs.values() for h in dl.held.values() if h.key == key
+            ]
             if key not in self._fed and all(h.state == progress.WAITING for h in pending):
                 self._starved.discard(key)
                 if pending:
@@ -1171,39 +1020,12 @@ class SyncEngine:
             pn = PackName.parse(name)
             if pn is None:
                 continue
-            dl = touched.get(pn.device) or await self._device_log(pn.device)
+            dl = touched.get(pn.device) or await self.feed.device_log(pn.device)
             touched[pn.device] = dl
             h = Held(pn, key, progress.RETRY, "read again: the page needs its history")
             dl.held.setdefault(h.id, h)
         for dl in touched.values():
-            await self._save_log(dl)
-
-    def _ignore(self, name: str) -> None:
-        if name not in self._ignored:
-            if len(self._ignored) > 10_000:
-                self._ignored.clear()
-            self._ignored.add(name)
-            log.warning("ignoring an object that no ledgerd writes: %s", name)
-
-    async def _device_log(self, device: str) -> DeviceLog:
-        dl = self._logs.get(device)
-        if dl is not None:
-            return dl
-        raw = await self.repo.get_meta(f"sync/log/{device}")
-        if raw is not None:
-            try:
-                dl = DeviceLog.decode(device, raw)
-            except ValueError as e:
-                log.warning("%s; reading that device's log from its start", e)
-        if dl is None:  # first contact, or the cursor of an older ledgerd
-            cursor = (await self.repo.get_meta(f"sync/cursor/{device}") or b"").decode()
-            ln = LogName.parse(cursor, device)
-            dl = DeviceLog(device, cursor, ln.seq if ln else 0)
-        self._logs[device] = dl
-        return dl
-
-    async def _save_log(self, dl: DeviceLog) -> None:
-        await self.repo.set_meta(f"sync/log/{dl.device}", dl.encode())
+            await self.feed.save_log(dl)
 
     async def _import_pack(self, dl: DeviceLog, pn: PackName, only: Key | None) -> int:
         """Import a pack's pages that this device holds (or just page ``only``): its
@@ -1377,7 +1199,7 @@ class SyncEngine:
         st = self.states.setdefault(key, PageState())
         st.last_sync = time.time()
         # Packs of this page waiting for parents may have them now.
-        for dl in self._logs.values():
+        for dl in self.feed.logs.values():
             for h in dl.held.values():
                 if h.key == key and h.state == progress.WAITING:
                     h.due = 0.0
@@ -1399,11 +1221,6 @@ class SyncEngine:
                     "seen_at": time.time(),
                 }
 
-    def _deferred(self) -> bool:
-        return any(
-            h.state == progress.DEFERRED for dl in self._logs.values() for h in dl.held.values()
-        )
-
     # -- status ----------------------------------------------------------------------
 
     def _ok(self, page: Page) -> None:
@@ -1418,11 +1235,10 @@ class SyncEngine:
         log.log(level, "upload of page %r of ledger %r failed: %s", key[1], key[0], message)
 
     def _held(self) -> Iterable[Held]:
-        for device in sorted(self._logs):
-            yield from sorted(self._logs[device].held.values(), key=lambda h: (h.ln.seq, h.id))
+        return self.feed.held()
 
     def _pack_error(self, key: Key) -> str | None:
-        for h in self._held():
+        for h in self.feed.held():
             if h.key == key and h.state != progress.RETRY:
                 return f"pack {h.ln.name}: {h.reason}"
         return None
@@ -1459,7 +1275,7 @@ class SyncEngine:
                         "error": st.last_error,
                     }
                 )
-        for h in self._held():
+        for h in self.feed.held():
             if h.state != progress.RETRY and mine(h.key):
                 out.append(
                     {
@@ -1487,7 +1303,7 @@ class SyncEngine:
                     }
                 )
         packs = []
-        for h in self._held():
+        for h in self.feed.held():
             packs.append(
                 {
                     **h.json(),
@@ -1499,7 +1315,7 @@ class SyncEngine:
             )
         gaps = [
             {"device": dl.device, "first_seq": g.first, "last_seq": g.last, "since": g.since}
-            for _, dl in sorted(self._logs.items())
+            for _, dl in sorted(self.feed.logs.items())
             for g in dl.gaps
         ]
         health = self.health()
@@ -1539,7 +1355,7 @@ class SyncEngine:
         upload, a held pack: waiting for parents, refused, failed), a gap in a device's
         log, no round finished lately; and for ``synced``, uploads still pending."""
         reasons = [str(p["error"]) for p in self.problems()]
-        for _, dl in sorted(self._logs.items()):
+        for _, dl in sorted(self.feed.logs.items()):
             for g in dl.gaps:
                 reasons.append(
                     f"device {dl.device}: packs {g.first}-{g.last} are missing from its log"
