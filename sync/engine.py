@@ -45,10 +45,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -89,6 +87,7 @@ from ledgerd.sync.feed import FEED_WINDOW, LISTED_WALL, LISTED_WALL_STEP, Feed
 from ledgerd.sync.fetch import COALESCE_GAP, COALESCE_SPAN, PREFETCH, LazyFetcher, coalesce
 from ledgerd.sync.layout import LogName, PackName
 from ledgerd.sync.progress import DeviceLog, Held
+from ledgerd.sync.status import PageState, StatusBoard, describe
 
 log = logging.getLogger(__name__)
 
@@ -125,16 +124,6 @@ PENDING_SLACK_MS = 60_000
 """Pages closed this long before the pending list was saved count as changed (clock steps)."""
 COMPACTED_AT = "sync/compacted_at"
 """Repository meta: the wall time of this device's last compaction."""
-
-
-def _error(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}"
-
-
-@dataclass
-class PageState:
-    last_sync: float | None = None
-    last_error: str | None = None  # why the page could not be uploaded
 
 
 class RoundObserver(Protocol):
@@ -247,14 +236,7 @@ class SyncEngine:
         self.clock_skew = clock_skew
         self.observer = observer
         self._also: CommitListener | None = None
-        self.last_round_ok: float | None = None
-        """When a round last finished without failing as a whole (UNIX time)."""
-        self.states: dict[Key, PageState] = {}
-        self.round_error: str | None = None
-        self.device_errors: dict[str, str] = {}
-        self.skew: dict[str, dict[str, Any]] = {}
         self.interval = poll_interval  # seconds to the next background poll
-        self.last_round: dict[str, Any] | None = None
         self._lock = asyncio.Lock()  # one round at a time
         self._task: asyncio.Task[None] | None = None
         self._pending: dict[Key, int] = {}  # page -> commits seen (changes on every commit)
@@ -280,6 +262,9 @@ class SyncEngine:
         self.fetcher = LazyFetcher(self.ctx, self.checkpoints, fetch_timeout)
         self.compactor = compaction.Compactor(
             self.store, self.checkpoints, compaction_grace, self.ctx.seal
+        )
+        self.board = StatusBoard(
+            self.ctx, self.feed, self._pending, self.checkpoints, self.compactor
         )
         self.compaction_interval = compaction_interval
         self._compacted_at: float | None = None  # wall time of the last compaction
@@ -348,6 +333,31 @@ class SyncEngine:
         return self.feed.feed_window
 
     @property
+    def states(self) -> dict[Key, PageState]:
+        return self.board.states
+
+    @property
+    def round_error(self) -> str | None:
+        return self.board.round_error
+
+    @property
+    def device_errors(self) -> dict[str, str]:
+        return self.board.device_errors
+
+    @property
+    def skew(self) -> dict[str, dict[str, Any]]:
+        return self.board.skew
+
+    @property
+    def last_round(self) -> dict[str, Any] | None:
+        return self.board.last_round
+
+    @property
+    def last_round_ok(self) -> float | None:
+        """When a round last finished without failing as a whole (UNIX time)."""
+        return self.board.last_round_ok
+
+    @property
     def bucket_error(self) -> str | None:
         return self.ctx.bucket_error
 
@@ -397,8 +407,7 @@ class SyncEngine:
 
     def page_error(self, key: Key) -> str | None:
         """Why the page's last upload failed, or None."""
-        st = self.states.get(key)
-        return st.last_error if st is not None else None
+        return self.board.page_error(key)
 
     def _changed(self, key: Key) -> None:
         if key[0] == LOCAL:  # the _local ledger never leaves this device
@@ -438,7 +447,7 @@ class SyncEngine:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # keep syncing; the error is in status
-                log.warning("sync round failed: %s", _error(e))
+                log.warning("sync round failed: %s", describe(e))
                 self.interval = self._next_interval()
                 next_poll = time.monotonic() + self.interval
 
@@ -452,7 +461,7 @@ class SyncEngine:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # nothing was lost; the next interval tries again
-            log.warning("compaction failed: %s", _error(e))
+            log.warning("compaction failed: %s", describe(e))
         self._compacted_at = time.time()
         await self.repo.set_meta(COMPACTED_AT, str(self._compacted_at).encode())
 
@@ -524,21 +533,21 @@ class SyncEngine:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                self.round_error = _error(e)
+                self.board.round_error = describe(e)
                 if isinstance(e, NoBucketError | BucketIdentityError):
                     self.ctx.bucket_ok = False
                 self._observe(started, stats, e)
                 raise
             finally:
-                self.last_round = {
+                self.board.last_round = {
                     **self.store.since(before),
                     "uploaded_packs": stats.uploaded_packs,
                     "imported_packs": stats.downloaded_packs,
                     "seconds": round(time.monotonic() - started, 3),
                     "at": time.time(),
                 }
-            self.round_error = None
-            self.last_round_ok = time.time()
+            self.board.round_error = None
+            self.board.last_round_ok = time.time()
             stats.rounds = 1
             self._observe(started, stats, None)
         return stats
@@ -582,7 +591,7 @@ class SyncEngine:
         try:
             await asyncio.wait_for(go(), timeout)
         except TimeoutError:
-            reason = self.store.last_failure() or self.round_error
+            reason = self.store.last_failure() or self.board.round_error
             raise SyncTimeoutError(
                 f"did not finish within {timeout:g}s"
                 + (f"; last error: {reason}" if reason else "")
@@ -653,7 +662,7 @@ class SyncEngine:
                 seen = self._pending.get(key)
                 if not self.repo.page_exists(*key) or self.repo.is_evicted(*key):
                     self._pending.pop(key, None)
-                    self.states.pop(key, None)
+                    self.board.forget(key)
                     continue
                 try:
                     if len(leased) < LEASE_MOST:
@@ -667,7 +676,7 @@ class SyncEngine:
                     raise
                 except Exception as e:  # this page's failure stays this page's
                     rnd.drop(key)
-                    self._page_failed(key, e)
+                    self.board.page_failed(key, e)
             with contextlib.suppress(Exception):  # its pages' failures are in status
                 await self._flush(rnd)
             for u in rnd.uploaded:  # each page's commits are in the bucket now
@@ -680,7 +689,7 @@ class SyncEngine:
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:  # uploaded, not recorded: it goes up again next round
-                    self._page_failed(u.key, e)
+                    self.board.page_failed(u.key, e)
         await self._save_pending()
         return rnd.packs
 
@@ -695,7 +704,7 @@ class SyncEngine:
 
     async def _mark(self, page: Page, u: _Uploaded) -> None:
         await ex.mark_uploaded(page, u.commits, u.digests)
-        self._ok(page)
+        self.board.synced(page)
         self._page_done(u.key, u.seen, await ex.unsynced_count(page))
         await self.checkpoints.grew(page, u.history)
         await self._checkpoint(page)
@@ -724,7 +733,9 @@ class SyncEngine:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # the page's history is still there; a later round retries
-            log.warning("checkpoint of page %r of ledger %r failed: %s", key[1], key[0], _error(e))
+            log.warning(
+                "checkpoint of page %r of ledger %r failed: %s", key[1], key[0], describe(e)
+            )
 
     async def _due_checkpoints(self) -> None:
         now = time.monotonic()
@@ -769,7 +780,7 @@ class SyncEngine:
             except CloudNotFoundError:
                 continue
             except Exception as e:  # that page goes on from its packs
-                log.warning("checkpoint %s not used: %s", cn.name, _error(e))
+                log.warning("checkpoint %s not used: %s", cn.name, describe(e))
         for dl in self.feed.logs.values():  # held packs the checkpoints hold are not needed
             for hid, h in list(dl.held.items()):
                 ln = h.ln
@@ -792,8 +803,7 @@ class SyncEngine:
         await self.repo.set_meta(done, b"1")
 
     def _page_done(self, key: Key, seen: int | None, left: int) -> None:
-        st = self.states.setdefault(key, PageState())
-        st.last_error = None
+        self.board.no_error(key)
         if not left and key in self._pending and self._pending[key] == seen:
             del self._pending[key]
 
@@ -894,7 +904,7 @@ class SyncEngine:
         except Exception as e:  # every page in it failed this round; the caller's too
             for key in {*rnd.sections, *(u.key for u in rnd.waiting)}:
                 rnd.drop(key)
-                self._page_failed(key, e)
+                self.board.page_failed(key, e)
             raise
         rnd.sent()
 
@@ -990,10 +1000,10 @@ class SyncEngine:
                 else:
                     got = await self._import_v1(dl, h.ln)
             except CloudError as e:  # the cloud is unreachable now; try again next poll
-                self.device_errors[dl.device] = _error(e)
+                self.board.device_failed(dl.device, e)
                 log.warning("download from device %s failed: %s", dl.device, e)
                 break
-            self.device_errors.pop(dl.device, None)
+            self.board.device_ok(dl.device)
             n += got
             await self.feed.save_log(dl)
         # A page started from a checkpoint whose packs wait for parents although nothing
@@ -1060,10 +1070,10 @@ class SyncEngine:
             log.warning("pack %s is no longer in the bucket; skipped", pn.name)
             return 0
         except (pack.CorruptPackError, RangeNotInObjectError) as e:
-            self._hold(dl, pn, only, progress.REFUSED, f"refused: {_error(e)}")
+            self._hold(dl, pn, only, progress.REFUSED, f"refused: {describe(e)}")
             return 0
         except TransientCloudError as e:
-            self._hold(dl, pn, only, progress.DEFERRED, f"not imported now: {_error(e)}")
+            self._hold(dl, pn, only, progress.DEFERRED, f"not imported now: {describe(e)}")
             return 0
         dl.held.pop(whole, None)
         got = 0
@@ -1133,11 +1143,11 @@ class SyncEngine:
             | InvalidArgumentError
             | RangeNotInObjectError,
         ):
-            self._hold(dl, pn, key, progress.REFUSED, f"refused: {_error(e)}")
+            self._hold(dl, pn, key, progress.REFUSED, f"refused: {describe(e)}")
         elif isinstance(e, TransientCloudError | TransientStoreError | ClosedError):
-            self._hold(dl, pn, key, progress.DEFERRED, f"not imported now: {_error(e)}")
+            self._hold(dl, pn, key, progress.DEFERRED, f"not imported now: {describe(e)}")
         else:  # the page cannot take it here (newer schema, disk full)
-            self._hold(dl, pn, key, progress.FAILED, f"cannot import it here: {_error(e)}")
+            self._hold(dl, pn, key, progress.FAILED, f"cannot import it here: {describe(e)}")
 
     def _drop_held(self, dl: DeviceLog, name: str) -> None:
         for hid in [hid for hid, h in dl.held.items() if h.ln.name == name]:
@@ -1196,8 +1206,7 @@ class SyncEngine:
 
     def _imported(self, key: Key, device: str, new: list[Commit]) -> None:
         self._fed.add(key)
-        st = self.states.setdefault(key, PageState())
-        st.last_sync = time.time()
+        self.board.imported(key)
         # Packs of this page waiting for parents may have them now.
         for dl in self.feed.logs.values():
             for h in dl.held.values():
@@ -1207,180 +1216,32 @@ class SyncEngine:
         for c in new:
             ahead = (c.timestamp - now_us) / 1e6
             if c.salt and ahead > self.clock_skew:  # merges carry their parents' times
-                if device not in self.skew:
-                    log.warning(
-                        "device %s's clock is %.0fs ahead of this one (commit %s)",
-                        device,
-                        ahead,
-                        c.id.hex()[:12],
-                    )
-                self.skew[device] = {
-                    "device": device,
-                    "ahead_s": round(ahead, 1),
-                    "commit": c.id.hex(),
-                    "seen_at": time.time(),
-                }
+                self.board.clock_ahead(device, ahead, c.id)
 
     # -- status ----------------------------------------------------------------------
-
-    def _ok(self, page: Page) -> None:
-        st = self.states.setdefault((page.ledger, page.id), PageState())
-        st.last_sync, st.last_error = time.time(), None
-
-    def _page_failed(self, key: Key, e: BaseException) -> None:
-        st = self.states.setdefault(key, PageState())
-        message = _error(e)
-        level = logging.DEBUG if st.last_error == message else logging.WARNING
-        st.last_error = message
-        log.log(level, "upload of page %r of ledger %r failed: %s", key[1], key[0], message)
 
     def _held(self) -> Iterable[Held]:
         return self.feed.held()
 
-    def _pack_error(self, key: Key) -> str | None:
-        for h in self.feed.held():
-            if h.key == key and h.state != progress.RETRY:
-                return f"pack {h.ln.name}: {h.reason}"
-        return None
-
     @property
     def last_error(self) -> str | None:
         """The first thing in the way of sync, if any (``sync_error`` in status)."""
-        problems = self.problems()
-        return str(problems[0]["error"]) if problems else None
+        return self.board.last_error
 
     def problems(
         self, ledger: bytes | None = None, page: bytes | None = None
     ) -> list[dict[str, Any]]:
         """What sync could not do, of the page or ledger given (plus whole-bucket ones)."""
-
-        def mine(key: Key | None) -> bool:
-            if key is None:  # a whole pack: it concerns every page
-                return True
-            return (ledger is None or key[0] == ledger) and (page is None or key[1] == page)
-
-        out: list[dict[str, Any]] = []
-        if self.bucket_error:
-            out.append({"error": self.bucket_error})
-        elif self.round_error:
-            out.append({"error": self.round_error})
-        for device, err in sorted(self.device_errors.items()):
-            out.append({"device": device, "error": f"device {device}: {err}"})
-        for key, st in sorted(self.states.items()):
-            if st.last_error and mine(key):
-                out.append(
-                    {
-                        "ledger": layout.b64(key[0]),
-                        "page": layout.b64(key[1]),
-                        "error": st.last_error,
-                    }
-                )
-        for h in self.feed.held():
-            if h.state != progress.RETRY and mine(h.key):
-                out.append(
-                    {
-                        "ledger": layout.b64(h.key[0]) if h.key else None,
-                        "page": layout.b64(h.key[1]) if h.key else None,
-                        "pack": h.ln.name,
-                        "error": f"pack {h.ln.name}: {h.reason}",
-                    }
-                )
-        return out
+        return self.board.problems(ledger, page)
 
     def status(self) -> dict[str, Any]:
         """Sync's part of ``/v1/status``: every problem, for open and closed pages."""
-        pages = []
-        for key, st in sorted(self.states.items()):
-            if st.last_error:
-                pages.append(
-                    {
-                        "ledger": layout.b64(key[0]),
-                        "page": layout.b64(key[1]),
-                        "ledger_text": layout.text_or_none(key[0]),
-                        "page_text": layout.text_or_none(key[1]),
-                        "error": st.last_error,
-                        "last_sync": st.last_sync,
-                    }
-                )
-        packs = []
-        for h in self.feed.held():
-            packs.append(
-                {
-                    **h.json(),
-                    "ledger": layout.b64(h.key[0]) if h.key else None,
-                    "page": layout.b64(h.key[1]) if h.key else None,
-                    "ledger_text": layout.text_or_none(h.key[0]) if h.key else None,
-                    "page_text": layout.text_or_none(h.key[1]) if h.key else None,
-                }
-            )
-        gaps = [
-            {"device": dl.device, "first_seq": g.first, "last_seq": g.last, "since": g.since}
-            for _, dl in sorted(self.feed.logs.items())
-            for g in dl.gaps
-        ]
-        health = self.health()
-        return {
-            "healthy": health["healthy"],
-            "synced": health["synced"],
-            "reasons": health["reasons"],
-            "last_round_ok": self.last_round_ok,
-            "bucket_error": self.bucket_error,
-            "bucket_error_code": self.bucket_error_code,
-            "encryption": self._encryption(),
-            "round_error": self.round_error,
-            "pending_uploads": len(self._pending),
-            "pages": pages,
-            "packs": packs,
-            "gaps": gaps,
-            "devices": [{"device": d, "error": e} for d, e in sorted(self.device_errors.items())],
-            "clock_skew": [self.skew[d] for d in sorted(self.skew)],
-            "poll_interval_s": self.interval,
-            "last_round": self.last_round,
-            "checkpoints": self.checkpoints.status(),
-            "last_compaction": (
-                dataclasses.asdict(self.compactor.last) if self.compactor.last else None
-            ),
-            "requests": self.store.since(Counter()),
-        }
-
-    def _encryption(self) -> dict[str, Any]:
-        """Whether this device encrypts, and its key ids (never a key)."""
-        if self.codec is not None:
-            return {"on": True, "write_key": self.codec.write_kid.hex(), "keys": self.codec.key_ids}
-        return {"on": self.keys is not None, "write_key": None, "keys": []}
+        return self.board.status(self.interval, self.poll_interval)
 
     def health(self) -> dict[str, Any]:
         """Whether sync works, and whether this device is synced, with every reason why
-        not: a problem (see :meth:`problems`: the bucket, a device's log, a page's
-        upload, a held pack: waiting for parents, refused, failed), a gap in a device's
-        log, no round finished lately; and for ``synced``, uploads still pending."""
-        reasons = [str(p["error"]) for p in self.problems()]
-        for _, dl in sorted(self.feed.logs.items()):
-            for g in dl.gaps:
-                reasons.append(
-                    f"device {dl.device}: packs {g.first}-{g.last} are missing from its log"
-                )
-        stale = max(60.0, 3 * self.poll_interval)
-        if self.last_round_ok is None:
-            reasons.append("no sync round has finished yet")
-        elif time.time() - self.last_round_ok > stale:
-            reasons.append(
-                f"no sync round has finished for {time.time() - self.last_round_ok:.0f}s"
-            )
-        pending = len(self._pending)
-        return {
-            "healthy": not reasons,
-            "synced": not reasons and pending == 0,
-            "reasons": reasons,
-            "pending_uploads": pending,
-            "last_round_ok": self.last_round_ok,
-        }
+        not (see :meth:`sync.status.StatusBoard.health`)."""
+        return self.board.health(self.poll_interval)
 
     async def page_status(self, page: Page) -> dict[str, Any]:
-        key = (page.ledger, page.id)
-        st = self.states.get(key, PageState())
-        return {
-            "unsynced_commits": await ex.unsynced_count(page),
-            "last_sync": st.last_sync,
-            "last_error": st.last_error or self._pack_error(key),
-        }
+        return await self.board.page_status(page)
