@@ -70,6 +70,7 @@ from ledgerd.store.errors import (
     TransientStoreError,
 )
 from ledgerd.sync import compaction, crypto, layout, pack, progress
+from ledgerd.sync.checkpoint_policy import CheckpointPolicy
 from ledgerd.sync.checkpoints import MAX_CHECKPOINT, Checkpoints
 from ledgerd.sync.cloud import CloudStore, Metered
 from ledgerd.sync.context import LEGACY_DONE, LOCAL, Key, SyncContext
@@ -249,9 +250,6 @@ class SyncEngine:
         self._deepen: set[Key] = set()  # shallow pages that need their history
         self._starved: set[Key] = set()  # shallow pages with a pack waiting for parents
         self._fed: set[Key] = set()  # pages that imported something in this download
-        self.checkpoint_interval = checkpoint_interval
-        self._checkpoint_due: dict[Key, None] = {}  # waiting for checkpoint_interval
-        self._checkpoint_at: dict[Key, float] = {}  # monotonic time of the page's last one
         self.feed = Feed(
             self.ctx,
             feed_window=feed_window,
@@ -262,6 +260,14 @@ class SyncEngine:
         self.fetcher = LazyFetcher(self.ctx, self.checkpoints, fetch_timeout)
         self.compactor = compaction.Compactor(
             self.store, self.checkpoints, compaction_grace, self.ctx.seal
+        )
+        self.policy = CheckpointPolicy(
+            self.ctx,
+            self.feed,
+            self.checkpoints,
+            interval=checkpoint_interval,
+            grace=compaction_grace,
+            changed=self._changed,
         )
         self.board = StatusBoard(
             self.ctx, self.feed, self._pending, self.checkpoints, self.compactor
@@ -356,6 +362,10 @@ class SyncEngine:
     def last_round_ok(self) -> float | None:
         """When a round last finished without failing as a whole (UNIX time)."""
         return self.board.last_round_ok
+
+    @property
+    def checkpoint_interval(self) -> float:
+        return self.policy.interval
 
     @property
     def bucket_error(self) -> str | None:
@@ -469,26 +479,12 @@ class SyncEngine:
         """Delete this device's packs and checkpoints that checkpoints made unneeded
         and that are older than ``compaction_grace`` (see :mod:`sync.compaction`)."""
 
-        async def write(key: Key) -> bool:
-            if key[0] == LOCAL or not self.repo.page_exists(*key) or not self.ctx.wanted_here(key):
-                return False
-            async with self.ctx.using(key) as page:
-                return (
-                    await self.checkpoints.write(
-                        page,
-                        self.repo.device_id,
-                        await self.feed.feed_time(),
-                        await self.feed.cover(page),
-                        force=True,
-                        also=await self._frontier(page),
-                    )
-                    is not None
-                )
-
         async with self._lock:
             await self.ctx.check_bucket()
             await self._upload_all()  # what is pending goes up first: covers include it
-            return await self.compactor.run(self.device, int(self.clock() * 1000), write)
+            return await self.compactor.run(
+                self.device, int(self.clock() * 1000), self.policy.write_for_compaction
+            )
 
     def _next_interval(self) -> float:
         """``poll_interval`` while active; then doubling up to ``poll_interval_max``."""
@@ -521,15 +517,15 @@ class SyncEngine:
                     self.ctx.bucket_ok = False
                 await self.ctx.check_bucket()
                 if download:
-                    await self._bootstrap()
-                    await self._rejoin_if_away()
+                    await self.policy.bootstrap()
+                    await self.policy.rejoin_if_away()
                     await self.feed.list_new()
                     if self.ctx.legacy_due or (full and self.feed.legacy_seen()):
                         await self.feed.list_legacy()
                 stats.uploaded_packs = await self._upload_all(only)
                 if download:
                     stats.downloaded_packs = await self._download(force=full)
-                await self._due_checkpoints()
+                await self.policy.write_due()
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -707,100 +703,7 @@ class SyncEngine:
         self.board.synced(page)
         self._page_done(u.key, u.seen, await ex.unsynced_count(page))
         await self.checkpoints.grew(page, u.history)
-        await self._checkpoint(page)
-
-    async def _checkpoint(self, page: Page) -> None:
-        """Write a checkpoint of the page if its history since the last one calls for it,
-        at most one per ``checkpoint_interval`` (a bulk load rewrites most of a page in
-        every round); one that has to wait is written by a later round."""
-        key = (page.ledger, page.id)
-        try:
-            if not await self.checkpoints.due(page):
-                self._checkpoint_due.pop(key, None)
-                return
-            if time.monotonic() < self._checkpoint_at.get(key, -1e9) + self.checkpoint_interval:
-                self._checkpoint_due[key] = None
-                return
-            self._checkpoint_due.pop(key, None)
-            self._checkpoint_at[key] = time.monotonic()
-            await self.checkpoints.write(
-                page,
-                self.repo.device_id,
-                await self.feed.feed_time(),
-                await self.feed.cover(page),
-                also=await self._frontier(page),
-            )
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # the page's history is still there; a later round retries
-            log.warning(
-                "checkpoint of page %r of ledger %r failed: %s", key[1], key[0], describe(e)
-            )
-
-    async def _due_checkpoints(self) -> None:
-        now = time.monotonic()
-        for key in list(self._checkpoint_due):
-            if now >= self._checkpoint_at.get(key, -1e9) + self.checkpoint_interval:
-                if not self.repo.page_exists(*key) or self.repo.is_evicted(*key):
-                    self._checkpoint_due.pop(key, None)
-                    continue
-                async with self.ctx.using(key) as page:
-                    await self._checkpoint(page)
-
-    async def _frontier(self, page: Page) -> list[bytes]:
-        """The newest commit imported from each device: what it may build on next."""
-        return [v for _, v in await ex.sync_values(page, "frontier/") if len(v) == 32]
-
-    async def _rejoin_if_away(self) -> None:
-        """A device that has not listed the bucket for longer than ``compaction_grace``
-        may have missed packs that are deleted now: it takes each page's newest
-        checkpoint and carries its own unuploaded changes over onto it (see
-        :func:`store.exchange.rejoin`) instead of uploading them on parents the
-        others may no longer have."""
-        listed = await self.feed.wall_listed()
-        away = self.clock() - listed
-        if not listed or away <= self.compactor.grace:
-            return
-        log.warning(
-            "this device last read the bucket %.0f days ago, longer than compaction_grace: "
-            "starting again from the checkpoints",
-            away / 86400,
-        )
-        names = [cn async for cn in self.checkpoints.names()]
-        best = await self.checkpoints.best(names)
-        for cn in sorted(best.values(), key=lambda n: n.name):
-            try:
-                cp = await self.checkpoints.read(cn)
-                if not self.ctx.wanted_here(cp.key):
-                    continue
-                fresh = not self.repo.page_exists(*cp.key)
-                async with self.ctx.using(cp.key) as page:
-                    await self.checkpoints.take(page, cp, rejoin=not fresh)
-                self._changed(cp.key)
-            except CloudNotFoundError:
-                continue
-            except Exception as e:  # that page goes on from its packs
-                log.warning("checkpoint %s not used: %s", cn.name, describe(e))
-        for dl in self.feed.logs.values():  # held packs the checkpoints hold are not needed
-            for hid, h in list(dl.held.items()):
-                ln = h.ln
-                if (
-                    h.key
-                    and isinstance(ln, PackName)
-                    and self.checkpoints.covered(h.key, ln.device, ln.seq)
-                ):
-                    del dl.held[hid]
-            await self.feed.save_log(dl)
-        await self.feed.set_wall_listed(self.clock())
-
-    async def _bootstrap(self) -> None:
-        """A device that has never listed this bucket starts the pages it has nothing
-        of from their checkpoints (once per cloud URL)."""
-        done = f"sync/bootstrapped/{self.location}"
-        if self.feed.feed_max or await self.repo.get_meta(done) is not None:
-            return
-        await self.checkpoints.bootstrap(lambda k: self.ctx.wanted(k), self.ctx.using)
-        await self.repo.set_meta(done, b"1")
+        await self.policy.after_upload(page)
 
     def _page_done(self, key: Key, seen: int | None, left: int) -> None:
         self.board.no_error(key)
