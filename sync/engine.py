@@ -48,10 +48,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
-
-import msgpack
 
 from ledgerd.store import (
     Commit,
@@ -61,7 +59,6 @@ from ledgerd.store import (
     Repository,
     ResolverSource,
 )
-from ledgerd.store import digest as dg
 from ledgerd.store import exchange as ex
 from ledgerd.store.errors import (
     ClosedError,
@@ -75,7 +72,6 @@ from ledgerd.sync.checkpoints import MAX_CHECKPOINT, Checkpoints
 from ledgerd.sync.cloud import CloudStore, Metered
 from ledgerd.sync.context import LEGACY_DONE, LOCAL, Key, SyncContext
 from ledgerd.sync.errors import (
-    AlreadyExistsError,
     BucketIdentityError,
     CloudError,
     CloudNotFoundError,
@@ -87,8 +83,10 @@ from ledgerd.sync.errors import (
 from ledgerd.sync.feed import FEED_WINDOW, LISTED_WALL, LISTED_WALL_STEP, Feed
 from ledgerd.sync.fetch import COALESCE_GAP, COALESCE_SPAN, PREFETCH, LazyFetcher, coalesce
 from ledgerd.sync.layout import LogName, PackName
+from ledgerd.sync.pending import PENDING_SLACK_MS, Pending
 from ledgerd.sync.progress import DeviceLog, Held
 from ledgerd.sync.status import PageState, StatusBoard, describe
+from ledgerd.sync.upload import EDIT_BASES, LEASE_MOST, MAX_PACK, READ_BATCH, Uploader
 
 log = logging.getLogger(__name__)
 
@@ -114,15 +112,6 @@ __all__ = [  # the names other modules and tests import from here
 ]
 
 
-MAX_PACK = 32 * 1024 * 1024
-EDIT_BASES = 4 * 1024 * 1024
-"""Most bytes of old tree nodes a page's section is compressed over."""
-LEASE_MOST = 64
-"""Pages an upload round keeps open until their pack is up."""
-READ_BATCH = 4 * 1024 * 1024
-"""Bytes of pieces read from a page in one go while a pack is built."""
-PENDING_SLACK_MS = 60_000
-"""Pages closed this long before the pending list was saved count as changed (clock steps)."""
 COMPACTED_AT = "sync/compacted_at"
 """Repository meta: the wall time of this device's last compaction."""
 
@@ -138,50 +127,6 @@ class Stats:
     uploaded_packs: int = 0
     downloaded_packs: int = 0
     rounds: int = 0
-
-
-@dataclass
-class _Uploaded:
-    """A page whose commits went (or go) up in a round: what to mark afterwards."""
-
-    key: Key
-    seen: int | None
-    commits: list[bytes]
-    digests: list[bytes]
-    history: int = 0  # bytes of commits and EAGER pieces: what a new device would read
-
-
-@dataclass
-class _Round:
-    """The pack being built in an upload round, and the pages it carries."""
-
-    sections: dict[Key, pack.Section] = field(default_factory=dict)
-    size: int = 0
-    packs: int = 0
-    waiting: list[_Uploaded] = field(default_factory=list)  # whole, in the unsent pack
-    uploaded: list[_Uploaded] = field(default_factory=list)
-
-    def section(self, key: Key) -> pack.Section:
-        s = self.sections.get(key)
-        if s is None:
-            s = self.sections[key] = pack.Section(*key)
-        return s
-
-    def added(self, u: _Uploaded) -> None:
-        self.waiting.append(u)
-
-    def drop(self, key: Key) -> None:
-        s = self.sections.pop(key, None)
-        if s is not None:
-            self.size -= s.size()
-        self.waiting = [u for u in self.waiting if u.key != key]
-
-    def sent(self) -> None:
-        self.uploaded.extend(self.waiting)
-        self.waiting.clear()
-        self.sections.clear()
-        self.size = 0
-        self.packs += 1
 
 
 class SyncEngine:
@@ -231,7 +176,6 @@ class SyncEngine:
         self.poll_interval_max = max(poll_interval, poll_interval_max)
         self.active_for = active_for
         self.debounce = debounce
-        self.max_pack = max_pack
         self.retry_first = retry_first
         self.retry_most = retry_most
         self.clock_skew = clock_skew
@@ -240,9 +184,6 @@ class SyncEngine:
         self.interval = poll_interval  # seconds to the next background poll
         self._lock = asyncio.Lock()  # one round at a time
         self._task: asyncio.Task[None] | None = None
-        self._pending: dict[Key, int] = {}  # page -> commits seen (changes on every commit)
-        self._pending_loaded = False
-        self._pending_saved: list[Key] | None = None
         self._dirty = False
         self._active_until = 0.0
         self._wake = asyncio.Event()
@@ -250,6 +191,8 @@ class SyncEngine:
         self._deepen: set[Key] = set()  # shallow pages that need their history
         self._starved: set[Key] = set()  # shallow pages with a pack waiting for parents
         self._fed: set[Key] = set()  # pages that imported something in this download
+        # PENDING_SLACK_MS is read here, when the engine is made (tests set it).
+        self.pending = Pending(self.ctx, PENDING_SLACK_MS)
         self.feed = Feed(
             self.ctx,
             feed_window=feed_window,
@@ -270,7 +213,16 @@ class SyncEngine:
             changed=self._changed,
         )
         self.board = StatusBoard(
-            self.ctx, self.feed, self._pending, self.checkpoints, self.compactor
+            self.ctx, self.feed, self.pending, self.checkpoints, self.compactor
+        )
+        self.uploader = Uploader(
+            self.ctx,
+            self.feed,
+            self.pending,
+            self.board,
+            self.checkpoints,
+            self.policy,
+            max_pack=max_pack,
         )
         self.compaction_interval = compaction_interval
         self._compacted_at: float | None = None  # wall time of the last compaction
@@ -368,6 +320,10 @@ class SyncEngine:
         return self.policy.interval
 
     @property
+    def max_pack(self) -> int:
+        return self.uploader.max_pack
+
+    @property
     def bucket_error(self) -> str | None:
         return self.ctx.bucket_error
 
@@ -420,9 +376,8 @@ class SyncEngine:
         return self.board.page_error(key)
 
     def _changed(self, key: Key) -> None:
-        if key[0] == LOCAL:  # the _local ledger never leaves this device
+        if not self.pending.changed(key):  # the _local ledger never leaves this device
             return
-        self._pending[key] = self._pending.get(key, 0) + 1
         self._dirty = True
         self._wake.set()
 
@@ -481,7 +436,7 @@ class SyncEngine:
 
         async with self._lock:
             await self.ctx.check_bucket()
-            await self._upload_all()  # what is pending goes up first: covers include it
+            await self.uploader.upload_all()  # what is pending goes up first: covers include it
             return await self.compactor.run(
                 self.device, int(self.clock() * 1000), self.policy.write_for_compaction
             )
@@ -522,7 +477,7 @@ class SyncEngine:
                     await self.feed.list_new()
                     if self.ctx.legacy_due or (full and self.feed.legacy_seen()):
                         await self.feed.list_legacy()
-                stats.uploaded_packs = await self._upload_all(only)
+                stats.uploaded_packs = await self.uploader.upload_all(only)
                 if download:
                     stats.downloaded_packs = await self._download(force=full)
                 await self.policy.write_due()
@@ -594,122 +549,6 @@ class SyncEngine:
             ) from None
         return total
 
-    # -- pending uploads -----------------------------------------------------------
-
-    async def _all_pages(self, ledger: bytes | None = None) -> list[Key]:
-        """Every page stored here (of ``ledger``): directory listings, no page opened."""
-        keys: list[Key] = []
-        for led in (
-            [ledger] if ledger is not None else await self.repo.ledgers(include_deleted=True)
-        ):
-            pages = await self.repo.ledger(led).pages(include_deleted=True)
-            keys.extend((led, pid) for pid in pages)
-        return keys
-
-    async def _load_pending(self) -> None:
-        """Pages that may hold commits not uploaded yet: the saved list, and the pages
-        open or closed since it was saved (a commit after the save was made in a page
-        open then). Without a saved list (an older ledgerd ran here), every page."""
-        raw = await self.repo.get_meta("sync/pending")
-        keys: list[Key]
-        try:
-            if raw is None:
-                raise ValueError("no saved list")
-            d = msgpack.unpackb(raw, raw=False)
-            keys = [(bytes(a), bytes(b)) for a, b in d["pages"]]
-            keys += await self.repo.pages_used_since(int(d["saved_at"]) - PENDING_SLACK_MS)
-        except Exception as e:  # msgpack raises several unrelated types
-            log.info("looking for unsynced commits in every page (%s)", e)
-            keys = await self._all_pages()
-        for key in keys:
-            self._pending.setdefault(key, 0)
-        self._pending_loaded = True
-
-    async def _save_pending(self) -> None:
-        keys = sorted(self._pending)
-        if keys == self._pending_saved:
-            return
-        saved_at = int(time.time() * 1000)  # before the write: commits after it are newer
-        data = msgpack.packb({"saved_at": saved_at, "pages": [list(k) for k in keys]})
-        await self.repo.set_meta("sync/pending", bytes(data))
-        self._pending_saved = keys
-
-    # -- upload ----------------------------------------------------------------------
-
-    async def _upload_all(self, only: tuple[bytes, bytes | None] | None = None) -> int:
-        """Upload the pages with pending commits and the open ones (of ``only``, if
-        given), all in one pack (more only past ``max_pack`` bytes). Returns packs put."""
-        if not self._pending_loaded:
-            await self._load_pending()
-        # Open pages too: their latest writes may not be committed yet (group commit).
-        candidates = set(self._pending) | {(p.ledger, p.id) for p in self.repo.open_pages()}
-        keys = [
-            k
-            for k in sorted(candidates)
-            if k[0] != LOCAL and (only is None or (k[0] == only[0] and only[1] in (None, k[1])))
-        ]
-        await self._save_pending()
-        rnd = _Round()
-        async with contextlib.AsyncExitStack() as stack:
-            # Pages stay leased until their pack is up (a bounded number of them;
-            # the others are opened again to record the upload).
-            leased: dict[Key, Page] = {}
-            for key in keys:
-                seen = self._pending.get(key)
-                if not self.repo.page_exists(*key) or self.repo.is_evicted(*key):
-                    self._pending.pop(key, None)
-                    self.board.forget(key)
-                    continue
-                try:
-                    if len(leased) < LEASE_MOST:
-                        page = await stack.enter_async_context(self.ctx.using(key))
-                        leased[key] = page
-                        await self._take_page(rnd, page, seen)
-                    else:
-                        async with self.ctx.using(key) as page:
-                            await self._take_page(rnd, page, seen)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:  # this page's failure stays this page's
-                    rnd.drop(key)
-                    self.board.page_failed(key, e)
-            with contextlib.suppress(Exception):  # its pages' failures are in status
-                await self._flush(rnd)
-            for u in rnd.uploaded:  # each page's commits are in the bucket now
-                try:
-                    if u.key in leased:
-                        await self._mark(leased[u.key], u)
-                    else:
-                        async with self.ctx.using(u.key) as page:
-                            await self._mark(page, u)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:  # uploaded, not recorded: it goes up again next round
-                    self.board.page_failed(u.key, e)
-        await self._save_pending()
-        return rnd.packs
-
-    async def _take_page(self, rnd: _Round, page: Page, seen: int | None) -> None:
-        key = (page.ledger, page.id)
-        up = await ex.pending_upload(page)
-        if up.empty:
-            self._page_done(key, seen, await ex.unsynced_count(page))  # a conflict keeps some
-            return
-        history = await self._add_page(rnd, page, up)
-        rnd.added(_Uploaded(key, seen, [c.id for c in up.commits], [*up.eager, *up.lazy], history))
-
-    async def _mark(self, page: Page, u: _Uploaded) -> None:
-        await ex.mark_uploaded(page, u.commits, u.digests)
-        self.board.synced(page)
-        self._page_done(u.key, u.seen, await ex.unsynced_count(page))
-        await self.checkpoints.grew(page, u.history)
-        await self.policy.after_upload(page)
-
-    def _page_done(self, key: Key, seen: int | None, left: int) -> None:
-        self.board.no_error(key)
-        if not left and key in self._pending and self._pending[key] == seen:
-            del self._pending[key]
-
     async def restore_page(self, page: Page) -> bool:
         """Bring an evicted page back (:class:`store.PageRestorer`): its best checkpoint,
         then every pack above that checkpoint's cover that holds it (or, without a
@@ -745,96 +584,6 @@ class SyncEngine:
         finally:
             del self.ctx.restoring[key]
 
-    async def _add_page(self, rnd: _Round, page: Page, up: ex.Upload) -> int:
-        """Put a page's commits and pieces into the round's pack; a pack that would
-        pass ``max_pack`` goes up first. A page larger than that spreads its value
-        pieces over several packs, its tree nodes and commits in the last, so that
-        objects are in the bucket before any commit that references them (the reader
-        checks a commit's whole new tree within one pack)."""
-        key = (page.ledger, page.id)
-        sizes = await ex.piece_sizes(page, [*up.eager, *up.lazy])
-        nodes = [d for d in up.eager if dg.kind_of(d) is dg.Kind.TREE]
-        values = [d for d in up.eager if dg.kind_of(d) is not dg.Kind.TREE]
-        commits = [c.data for c in up.commits]
-        total = sum(sizes.values()) + sum(map(len, commits))
-        if rnd.size + total > self.max_pack and rnd.sections:
-            await self._flush(rnd)
-        sec = rnd.section(key)
-        batch: list[tuple[bool, bytes]] = []
-        batch_size = 0
-
-        async def read(batch: list[tuple[bool, bytes]]) -> None:
-            got = await ex.read_pieces(page, [d for _, d in batch])
-            for is_lazy, d in batch:
-                (rnd.section(key).lazy if is_lazy else rnd.section(key).eager).append((d, got[d]))
-                rnd.size += len(got[d])
-
-        for item in [*((False, d) for d in values), *((True, d) for d in up.lazy)]:
-            n = sizes.get(item[1], 0)
-            if rnd.size + batch_size + n > self.max_pack and (rnd.size or batch):
-                await read(batch)
-                batch, batch_size = [], 0
-                await self._flush(rnd)  # this page goes on in the next pack
-            batch.append(item)
-            batch_size += n
-            if batch_size >= READ_BATCH:
-                await read(batch)
-                batch, batch_size = [], 0
-        await read(batch)
-        tail = sum(sizes.get(d, 0) for d in nodes) + sum(map(len, commits))
-        if rnd.size + tail > self.max_pack and rnd.size:
-            await self._flush(rnd)
-        await read([(False, d) for d in nodes])
-        sec = rnd.section(key)
-        sec.commits = commits
-        if nodes and up.base_root:  # the nodes go as edits of those they replace
-            bases = await ex.replaced_nodes(page, up.base_root, nodes, EDIT_BASES)
-            got = await ex.read_pieces(page, bases)
-            sec.bases = [(d, got[d]) for d in bases]
-        rnd.size += sum(map(len, commits))
-        return sum(sizes.get(d, 0) for d in up.eager) + sum(map(len, commits))
-
-    async def _flush(self, rnd: _Round) -> None:
-        """PUT the round's pack, if it holds anything; its pages' commits are then up."""
-        sections = [s for s in rnd.sections.values() if s.commits or s.eager or s.lazy]
-        if not sections:
-            rnd.sections.clear()
-            return
-        try:
-            await self._put_pack(sections, rnd.size)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # every page in it failed this round; the caller's too
-            for key in {*rnd.sections, *(u.key for u in rnd.waiting)}:
-                rnd.drop(key)
-                self.board.page_failed(key, e)
-            raise
-        rnd.sent()
-
-    async def _put_pack(self, sections: list[pack.Section], size: int) -> None:
-        while True:
-            seq, t = await self.feed.next_seq()  # taken (and saved) before the PUT
-            device = self.repo.device_id
-            seal = self.ctx.seal(PackName.make(t, self.device, seq, 0, 0).ident)
-            if size > 1 << 20:  # compressing megabytes: off the event loop
-                data, head_end, eager_end = await asyncio.to_thread(
-                    pack.encode, device, seq, t, sections, None, seal
-                )
-            else:
-                data, head_end, eager_end = pack.encode(device, seq, t, sections, seal=seal)
-            name = PackName.make(t, self.device, seq, head_end, eager_end).name
-            try:
-                await self.store.put(name, data)
-            except AlreadyExistsError:
-                # Ours if a retried PUT's first attempt landed; otherwise a reused number.
-                if await self.store.get(name, 0, head_end) != data[:head_end]:
-                    log.warning("sequence %d was already used; taking the next", seq)
-                    self.feed.own_seq = max(self.feed.own_seq, seq)
-                    continue
-            self.feed.wrote(seq, t)
-            log.debug("uploaded pack %s: %d pages, %d bytes", name, len(sections), len(data))
-            return
-
     async def reencrypt(self, keys: crypto.KeyRing | None = None) -> int:
         """Key rotation: this device's packs sealed with another key than the write key
         go up again, sealed with it, as new packs (the old ones stay until compaction
@@ -847,35 +596,7 @@ class SyncEngine:
                 self.keys = keys
             self.ctx.bucket_ok = False
             await self.ctx.check_bucket()
-            if self.codec is None:
-                raise crypto.EncryptionError("the bucket is not encrypted: nothing to re-encrypt")
-            n = 0
-            done = f"sync/rekeyed/{self.location}/{self.codec.write_kid.hex()}"
-            after = (await self.repo.get_meta(done) or b"").decode()
-            async for name in self.store.list(layout.PACKS, after):
-                pn = PackName.parse(name)
-                if pn is None or pn.device != self.device:
-                    continue
-                head = await self.store.get(name, 0, pn.head_end)
-                if self.codec.key_id(head[len(pack.MAGICE) :]) == self.codec.write_kid:
-                    continue
-                data = await self.store.get(name)
-                seal = self.ctx.seal(pn.ident)
-                header = pack.decode_header(data[: pn.head_end], pn.head_end, pn.eager_end, seal)
-                bases: dict[Key, list[tuple[bytes, bytes]]] = {}
-                for p in header.pages:  # an edited section is read over its page's nodes
-                    if p.bases:
-                        async with self.ctx.using(p.key) as page:
-                            got = await ex.read_pieces(page, p.bases)
-                        bases[p.key] = [(d, got[d]) for d in p.bases]
-                sections = await asyncio.to_thread(
-                    pack.decode_all, data, pn.head_end, pn.eager_end, seal, bases
-                )
-                await self._put_pack(sections, len(data))
-                await self.repo.set_meta(done, name.encode())  # its copy is up
-                log.info("re-encrypted pack %s with key %s", name, self.codec.write_kid.hex())
-                n += 1
-            return n
+            return await self.uploader.reseal()
 
     # -- download --------------------------------------------------------------------
 
