@@ -3,8 +3,10 @@
 :class:`sync.cloud.CloudStore` with its S3 (:mod:`sync.s3`) and folder
 (:mod:`sync.folder`) implementations and retries (:class:`sync.cloud.Retrying`);
 the pack format (:mod:`sync.pack`); the protocol and background loop
-(:mod:`sync.engine`); test doubles (:mod:`sync.testing`). ``sync`` sees the store
-only through its public API (:mod:`store.exchange`, :class:`store.Repository`).
+(:mod:`sync.engine`, a façade over its jobs: :mod:`sync.feed`, :mod:`sync.upload`,
+:mod:`sync.download`, :mod:`sync.fetch`...); test doubles (:mod:`sync.testing`).
+``sync`` sees the store only through its public API (:mod:`store.exchange`,
+:class:`store.Repository`).
 """
 
 from ledgerd.sync.cloud import CloudStore, Retrying, check_name

@@ -1,10 +1,24 @@
-"""Page sync: upload rounds, the feed, downloads, lazy fetches, and the background loop.
+"""Page sync: the engine that runs the protocol, and its background loop.
 
-This module owns the protocol. The bucket's names are in :mod:`sync.layout`, the
-pack format in :mod:`sync.pack`, the per-device download state in
-:mod:`sync.progress`. It sees the store only through its public API
-(:mod:`store.exchange`, :class:`store.Repository`) and the cloud only through
-:class:`~sync.cloud.CloudStore`.
+This module owns :class:`SyncEngine`, a façade: it builds the jobs below (each
+given the :class:`~sync.context.SyncContext` and the other jobs it needs), is the
+repository's piece fetcher, commit listener and page restorer, runs one round at a
+time (the bucket check, the listing, the upload, the imports, the due
+checkpoints) and schedules rounds and compaction. The jobs are
+
+* :mod:`sync.context`: the bucket's identity and codec, the repository, page leases;
+* :mod:`sync.feed`: listing the feed, the devices' logs, this device's next name;
+* :mod:`sync.pending` and :mod:`sync.upload`: which pages wait, and upload rounds;
+* :mod:`sync.download`: importing listed packs, held packs, restoring a page;
+* :mod:`sync.fetch`: lazy fetches of LAZY pieces;
+* :mod:`sync.checkpoint_policy`: when checkpoints are written and taken;
+* :mod:`sync.status`: what went wrong, and status, problems and health.
+
+The bucket's names are in :mod:`sync.layout`, the pack format in :mod:`sync.pack`,
+the per-device download state in :mod:`sync.progress`, checkpoints in
+:mod:`sync.checkpoints`, compaction in :mod:`sync.compaction`. Sync sees the store
+only through its public API (:mod:`store.exchange`, :class:`store.Repository`) and
+the cloud only through :class:`~sync.cloud.CloudStore`.
 
 Bucket identity: the first daemon to use a bucket writes the marker
 (``ledgerd-bucket.{version}``); a device remembers (repository meta, per cloud
@@ -24,9 +38,9 @@ crash leaves at most a gap. Then pieces become ``synced`` and commits leave
 
 Discovery: one LIST of ``packs/`` after the newest feed time seen less
 ``feed_window`` shows every device's new packs; feed times are a hybrid logical
-clock (:meth:`SyncEngine._next_seq`), so no clock's error hides a pack. Each pack
-carries its device's sequence number: sequences missing from a device's log are
-gaps, probed with backoff over the stretch of the feed where they must lie.
+clock (:meth:`sync.feed.Feed.next_seq`), so no clock's error hides a pack. Each
+pack carries its device's sequence number: sequences missing from a device's log
+are gaps, probed with backoff over the stretch of the feed where they must lie.
 
 Download: per pack, its index and the EAGER sections of the pages this device
 holds, in one ranged GET (or the index, then coalesced ranges of sections). The
@@ -45,94 +59,53 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
-from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-import msgpack
-
-from ledgerd.store import (
-    LOCAL_LEDGER,
-    Commit,
-    CommitListener,
-    Page,
-    PageHooks,
-    Repository,
-    ResolverSource,
-)
-from ledgerd.store import digest as dg
-from ledgerd.store import exchange as ex
-from ledgerd.store.errors import (
-    ClosedError,
-    CorruptObjectError,
-    InvalidArgumentError,
-    ObjectNotFoundError,
-    TransientStoreError,
-)
-from ledgerd.sync import compaction, crypto, layout, pack, progress
+from ledgerd.store import Commit, CommitListener, Page, PageHooks, Repository, ResolverSource
+from ledgerd.sync import compaction, crypto
+from ledgerd.sync.checkpoint_policy import CheckpointPolicy
 from ledgerd.sync.checkpoints import MAX_CHECKPOINT, Checkpoints
 from ledgerd.sync.cloud import CloudStore, Metered
-from ledgerd.sync.errors import (
-    AlreadyExistsError,
-    BucketIdentityError,
-    CloudError,
-    CloudNotFoundError,
-    NoBucketError,
-    RangeNotInObjectError,
-    SyncTimeoutError,
-    TransientCloudError,
-)
-from ledgerd.sync.layout import LogName, PackName
-from ledgerd.sync.progress import DeviceLog, Held
+from ledgerd.sync.context import LEGACY_DONE, LOCAL, Key, SyncContext
+from ledgerd.sync.download import Downloader
+from ledgerd.sync.errors import BucketIdentityError, NoBucketError, SyncTimeoutError
+from ledgerd.sync.feed import FEED_WINDOW, LISTED_WALL, LISTED_WALL_STEP, Feed
+from ledgerd.sync.fetch import COALESCE_GAP, COALESCE_SPAN, PREFETCH, LazyFetcher
+from ledgerd.sync.pending import PENDING_SLACK_MS, Pending
+from ledgerd.sync.progress import Held
+from ledgerd.sync.status import PageState, StatusBoard, describe
+from ledgerd.sync.upload import EDIT_BASES, LEASE_MOST, MAX_PACK, READ_BATCH, Uploader
 
 log = logging.getLogger(__name__)
 
-LOCAL = LOCAL_LEDGER.encode()
-"""The ledger that is never uploaded, nor written from the bucket (its pages
-stay on this device: see the README's Documents section)."""
+__all__ = [  # the names other modules and tests import from here
+    "COALESCE_GAP",
+    "COALESCE_SPAN",
+    "COMPACTED_AT",
+    "EDIT_BASES",
+    "FEED_WINDOW",
+    "LEASE_MOST",
+    "LEGACY_DONE",
+    "LISTED_WALL",
+    "LISTED_WALL_STEP",
+    "LOCAL",
+    "MAX_PACK",
+    "PENDING_SLACK_MS",
+    "PREFETCH",
+    "READ_BATCH",
+    "PageState",
+    "RoundObserver",
+    "Stats",
+    "SyncEngine",
+]
 
-Key = tuple[bytes, bytes]
-T = TypeVar("T")
 
-MAX_PACK = 32 * 1024 * 1024
-EDIT_BASES = 4 * 1024 * 1024
-"""Most bytes of old tree nodes a page's section is compressed over."""
-LEASE_MOST = 64
-"""Pages an upload round keeps open until their pack is up."""
-READ_BATCH = 4 * 1024 * 1024
-"""Bytes of pieces read from a page in one go while a pack is built."""
-COALESCE_GAP = 256 * 1024
-"""Bytes between two wanted ranges of one pack that a lazy fetch reads through."""
-COALESCE_SPAN = 16 * 1024 * 1024
-"""Most bytes one ranged GET of a lazy fetch asks for."""
-PREFETCH = 16 * 1024 * 1024
-"""Most bytes a lazy fetch brings beyond what was asked for (the rest of a value)."""
-PENDING_SLACK_MS = 60_000
-"""Pages closed this long before the pending list was saved count as changed (clock steps)."""
-LEGACY_DONE = "sync/legacy-read"
-"""Repository meta: the layout-1 logs of the bucket were read."""
-LISTED_WALL = "sync/listed-wall"
-"""Repository meta: the wall time of a listing of the feed, within the hour."""
-LISTED_WALL_STEP = 3600.0
 COMPACTED_AT = "sync/compacted_at"
 """Repository meta: the wall time of this device's last compaction."""
-FEED_WINDOW = 120.0
-"""Seconds of feed time each listing looks back past the newest name seen: packs
-whose PUT was slower than the listing that followed it."""
-
-
-def _error(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}"
-
-
-@dataclass
-class PageState:
-    last_sync: float | None = None
-    last_error: str | None = None  # why the page could not be uploaded
 
 
 class RoundObserver(Protocol):
@@ -146,50 +119,6 @@ class Stats:
     uploaded_packs: int = 0
     downloaded_packs: int = 0
     rounds: int = 0
-
-
-@dataclass
-class _Uploaded:
-    """A page whose commits went (or go) up in a round: what to mark afterwards."""
-
-    key: Key
-    seen: int | None
-    commits: list[bytes]
-    digests: list[bytes]
-    history: int = 0  # bytes of commits and EAGER pieces: what a new device would read
-
-
-@dataclass
-class _Round:
-    """The pack being built in an upload round, and the pages it carries."""
-
-    sections: dict[Key, pack.Section] = field(default_factory=dict)
-    size: int = 0
-    packs: int = 0
-    waiting: list[_Uploaded] = field(default_factory=list)  # whole, in the unsent pack
-    uploaded: list[_Uploaded] = field(default_factory=list)
-
-    def section(self, key: Key) -> pack.Section:
-        s = self.sections.get(key)
-        if s is None:
-            s = self.sections[key] = pack.Section(*key)
-        return s
-
-    def added(self, u: _Uploaded) -> None:
-        self.waiting.append(u)
-
-    def drop(self, key: Key) -> None:
-        s = self.sections.pop(key, None)
-        if s is not None:
-            self.size -= s.size()
-        self.waiting = [u for u in self.waiting if u.key != key]
-
-    def sent(self) -> None:
-        self.uploaded.extend(self.waiting)
-        self.waiting.clear()
-        self.sections.clear()
-        self.size = 0
-        self.packs += 1
 
 
 class SyncEngine:
@@ -233,68 +162,174 @@ class SyncEngine:
         compaction_interval: float = 24 * 3600.0,
         keys: crypto.KeyRing | None = None,
     ) -> None:
-        self._repo: Repository | None = None
-        self.keys = keys
-        self.codec: crypto.Codec | None = None
-        """The bucket's codec once its marker was checked, if the bucket is encrypted."""
         self.store = Metered(store)
-        self.location = location
+        self.ctx = SyncContext(self.store, location=location, keys=keys, clock=clock, wants=wants)
         self.poll_interval = poll_interval
         self.poll_interval_max = max(poll_interval, poll_interval_max)
         self.active_for = active_for
         self.debounce = debounce
-        self.max_pack = max_pack
-        self.feed_window = feed_window
-        self.fetch_timeout = fetch_timeout
-        self.retry_first = retry_first
-        self.retry_most = retry_most
-        self.clock_skew = clock_skew
-        self.clock = clock
-        self.wants = wants
         self.observer = observer
         self._also: CommitListener | None = None
-        self.last_round_ok: float | None = None
-        """When a round last finished without failing as a whole (UNIX time)."""
-        self.devices: set[str] = set()
-        self.states: dict[Key, PageState] = {}
-        self.bucket_error: str | None = None
-        self.bucket_error_code: str | None = None
-        """A stable code for the bucket error (``encryption_key_mismatch``...), if it has one."""
-        self.round_error: str | None = None
-        self.device_errors: dict[str, str] = {}
-        self.skew: dict[str, dict[str, Any]] = {}
         self.interval = poll_interval  # seconds to the next background poll
-        self.last_round: dict[str, Any] | None = None
-        self._logs: dict[str, DeviceLog] = {}
-        self._ignored: set[str] = set()
         self._lock = asyncio.Lock()  # one round at a time
         self._task: asyncio.Task[None] | None = None
-        self._pending: dict[Key, int] = {}  # page -> commits seen (changes on every commit)
-        self._pending_loaded = False
-        self._pending_saved: list[Key] | None = None
         self._dirty = False
-        self._bucket_ok = False
-        self._legacy_due = False  # a layout-1 bucket: read its logs on the next round
-        self._feed_max = -1  # the newest feed time listed (-1: not loaded)
-        self._listed_at: float | None = None  # monotonic time of the last listing
-        self._own_seq = 0  # the highest sequence of this device listed or written
-        self._own_time = 0
         self._active_until = 0.0
         self._wake = asyncio.Event()
-        self.checkpoints = Checkpoints(self.store, max_checkpoint, lambda: self.codec)
-        self._deepen: set[Key] = set()  # shallow pages that need their history
-        self._restoring: dict[Key, Page] = {}  # evicted pages being brought back
-        self._starved: set[Key] = set()  # shallow pages with a pack waiting for parents
-        self._fed: set[Key] = set()  # pages that imported something in this download
-        self.checkpoint_interval = checkpoint_interval
-        self._checkpoint_due: dict[Key, None] = {}  # waiting for checkpoint_interval
-        self._checkpoint_at: dict[Key, float] = {}  # monotonic time of the page's last one
+        self.checkpoints = Checkpoints(self.store, max_checkpoint, lambda: self.ctx.codec)
+        # This module's PENDING_SLACK_MS, read when the engine is made (a test sets it).
+        self.pending = Pending(self.ctx, PENDING_SLACK_MS)
+        self.feed = Feed(
+            self.ctx,
+            feed_window=feed_window,
+            retry_first=retry_first,
+            retry_most=retry_most,
+            grace=compaction_grace,
+        )
+        self.fetcher = LazyFetcher(self.ctx, self.checkpoints, fetch_timeout)
         self.compactor = compaction.Compactor(
-            self.store, self.checkpoints, compaction_grace, self._seal
+            self.store, self.checkpoints, compaction_grace, self.ctx.seal
+        )
+        self.policy = CheckpointPolicy(
+            self.ctx,
+            self.feed,
+            self.checkpoints,
+            interval=checkpoint_interval,
+            grace=compaction_grace,
+            changed=self._changed,
+        )
+        self.board = StatusBoard(
+            self.ctx, self.feed, self.pending, self.checkpoints, self.compactor
+        )
+        self.downloader = Downloader(
+            self.ctx,
+            self.feed,
+            self.board,
+            self.checkpoints,
+            retry_first=retry_first,
+            retry_most=retry_most,
+            clock_skew=clock_skew,
+        )
+        self.uploader = Uploader(
+            self.ctx,
+            self.feed,
+            self.pending,
+            self.board,
+            self.checkpoints,
+            self.policy,
+            max_pack=max_pack,
         )
         self.compaction_interval = compaction_interval
-        self._listed_wall = 0.0  # wall time of a recent listing (see _rejoin_if_away)
         self._compacted_at: float | None = None  # wall time of the last compaction
+
+    # -- what the jobs hold, as the engine's own attributes ----------------------------
+
+    @property
+    def repo(self) -> Repository:
+        return self.ctx.repo
+
+    @property
+    def device(self) -> str:
+        """This device as it is named in the bucket: its id in hex, or in an encrypted
+        bucket a keyed hash of it."""
+        return self.ctx.device
+
+    @property
+    def codec(self) -> crypto.Codec | None:
+        """The bucket's codec once its marker was checked, if the bucket is encrypted."""
+        return self.ctx.codec
+
+    @property
+    def keys(self) -> crypto.KeyRing | None:
+        return self.ctx.keys
+
+    @keys.setter
+    def keys(self, keys: crypto.KeyRing | None) -> None:
+        self.ctx.keys = keys
+
+    @property
+    def location(self) -> str:
+        """The cloud URL, as repository meta names the bucket."""
+        return self.ctx.location
+
+    @location.setter
+    def location(self, location: str) -> None:
+        self.ctx.location = location
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self.ctx.clock
+
+    @property
+    def wants(self) -> Callable[[bytes, bytes], bool] | None:
+        return self.ctx.wants
+
+    @property
+    def fetch_timeout(self) -> float:
+        return self.fetcher.fetch_timeout
+
+    @property
+    def devices(self) -> set[str]:
+        """The other devices whose packs this engine listed."""
+        return self.feed.devices
+
+    @property
+    def feed_window(self) -> float:
+        return self.feed.feed_window
+
+    @property
+    def states(self) -> dict[Key, PageState]:
+        return self.board.states
+
+    @property
+    def round_error(self) -> str | None:
+        return self.board.round_error
+
+    @property
+    def device_errors(self) -> dict[str, str]:
+        return self.board.device_errors
+
+    @property
+    def skew(self) -> dict[str, dict[str, Any]]:
+        return self.board.skew
+
+    @property
+    def last_round(self) -> dict[str, Any] | None:
+        return self.board.last_round
+
+    @property
+    def last_round_ok(self) -> float | None:
+        """When a round last finished without failing as a whole (UNIX time)."""
+        return self.board.last_round_ok
+
+    @property
+    def checkpoint_interval(self) -> float:
+        return self.policy.interval
+
+    @property
+    def max_pack(self) -> int:
+        return self.uploader.max_pack
+
+    @property
+    def retry_first(self) -> float:
+        return self.downloader.retry_first
+
+    @property
+    def retry_most(self) -> float:
+        return self.downloader.retry_most
+
+    @property
+    def clock_skew(self) -> float:
+        return self.downloader.clock_skew
+
+    @property
+    def bucket_error(self) -> str | None:
+        return self.ctx.bucket_error
+
+    @property
+    def bucket_error_code(self) -> str | None:
+        """A stable code for the bucket error (``encryption_key_mismatch``...), if it has one."""
+        return self.ctx.bucket_error_code
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -306,30 +341,12 @@ class SyncEngine:
         self._also = also
         return PageHooks(fetcher=self, listener=self, resolvers=resolvers, restorer=self)
 
-    @property
-    def repo(self) -> Repository:
-        if self._repo is None:
-            raise RuntimeError("the sync engine has not started")
-        return self._repo
-
-    @property
-    def device(self) -> str:
-        """This device as it is named in the bucket: its id in hex, or in an encrypted
-        bucket a keyed hash of it."""
-        return self._device_name(self.repo.device_id)
-
-    def _device_name(self, device_id: bytes) -> str:
-        return device_id.hex() if self.codec is None else self.codec.device_tag(device_id)
-
-    def _seal(self, ident: str) -> tuple[crypto.Codec, str] | None:
-        return None if self.codec is None else (self.codec, ident)
-
     async def start(self, repo: Repository, background: bool = True) -> None:
         """Sync ``repo`` (opened with :meth:`hooks`), in the background unless told not to."""
         if repo.hooks.fetcher is not self or repo.hooks.listener is not self:
             raise ValueError("open the repository with this engine's hooks()")
-        self._repo = repo
-        self._feed_max = int(await repo.get_meta("sync/feed") or b"0")
+        self.ctx.attach(repo)
+        await self.feed.load()
         await self.checkpoints.load(repo)
         if background:
             self._task = asyncio.create_task(self._loop(), name="sync")
@@ -352,7 +369,7 @@ class SyncEngine:
         await self.store.close()
 
     async def fetch_pieces(self, page: Page, digests: list[bytes]) -> dict[bytes, bytes]:
-        return await self._fetch(page, digests)
+        return await self.fetcher.fetch(page, digests)
 
     def page_committed(self, page: Page, commit: Commit) -> None:
         self._changed((page.ledger, page.id))
@@ -365,13 +382,11 @@ class SyncEngine:
 
     def page_error(self, key: Key) -> str | None:
         """Why the page's last upload failed, or None."""
-        st = self.states.get(key)
-        return st.last_error if st is not None else None
+        return self.board.page_error(key)
 
     def _changed(self, key: Key) -> None:
-        if key[0] == LOCAL:  # the _local ledger never leaves this device
+        if not self.pending.changed(key):  # the _local ledger never leaves this device
             return
-        self._pending[key] = self._pending.get(key, 0) + 1
         self._dirty = True
         self._wake.set()
 
@@ -406,7 +421,7 @@ class SyncEngine:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # keep syncing; the error is in status
-                log.warning("sync round failed: %s", _error(e))
+                log.warning("sync round failed: %s", describe(e))
                 self.interval = self._next_interval()
                 next_poll = time.monotonic() + self.interval
 
@@ -420,34 +435,19 @@ class SyncEngine:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # nothing was lost; the next interval tries again
-            log.warning("compaction failed: %s", _error(e))
+            log.warning("compaction failed: %s", describe(e))
         self._compacted_at = time.time()
         await self.repo.set_meta(COMPACTED_AT, str(self._compacted_at).encode())
 
     async def compact(self) -> compaction.Report:
         """Delete this device's packs and checkpoints that checkpoints made unneeded
         and that are older than ``compaction_grace`` (see :mod:`sync.compaction`)."""
-
-        async def write(key: Key) -> bool:
-            if key[0] == LOCAL or not self.repo.page_exists(*key) or not self._wanted_here(key):
-                return False
-            async with self._using(key) as page:
-                return (
-                    await self.checkpoints.write(
-                        page,
-                        self.repo.device_id,
-                        await self._feed_time(),
-                        await self._cover(page),
-                        force=True,
-                        also=await self._frontier(page),
-                    )
-                    is not None
-                )
-
         async with self._lock:
-            await self._check_bucket()
-            await self._upload_all()  # what is pending goes up first: covers include it
-            return await self.compactor.run(self.device, int(self.clock() * 1000), write)
+            await self.ctx.check_bucket()
+            await self.uploader.upload_all()  # what is pending goes up first: covers include it
+            return await self.compactor.run(
+                self.device, int(self.clock() * 1000), self.policy.write_for_compaction
+            )
 
     def _next_interval(self) -> float:
         """``poll_interval`` while active; then doubling up to ``poll_interval_max``."""
@@ -477,36 +477,36 @@ class SyncEngine:
             started = time.monotonic()
             try:
                 if full:
-                    self._bucket_ok = False
-                await self._check_bucket()
+                    self.ctx.bucket_ok = False
+                await self.ctx.check_bucket()
                 if download:
-                    await self._bootstrap()
-                    await self._rejoin_if_away()
-                    await self._list_feed()
-                    if self._legacy_due or (full and self._legacy_seen()):
-                        await self._list_legacy()
-                stats.uploaded_packs = await self._upload_all(only)
+                    await self.policy.bootstrap()
+                    await self.policy.rejoin_if_away()
+                    await self.feed.list_new()
+                    if self.ctx.legacy_due or (full and self.feed.legacy_seen()):
+                        await self.feed.list_legacy()
+                stats.uploaded_packs = await self.uploader.upload_all(only)
                 if download:
-                    stats.downloaded_packs = await self._download(force=full)
-                await self._due_checkpoints()
+                    stats.downloaded_packs = await self.downloader.download(force=full)
+                await self.policy.write_due()
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                self.round_error = _error(e)
+                self.board.round_error = describe(e)
                 if isinstance(e, NoBucketError | BucketIdentityError):
-                    self._bucket_ok = False
+                    self.ctx.bucket_ok = False
                 self._observe(started, stats, e)
                 raise
             finally:
-                self.last_round = {
+                self.board.last_round = {
                     **self.store.since(before),
                     "uploaded_packs": stats.uploaded_packs,
                     "imported_packs": stats.downloaded_packs,
                     "seconds": round(time.monotonic() - started, 3),
                     "at": time.time(),
                 }
-            self.round_error = None
-            self.last_round_ok = time.time()
+            self.board.round_error = None
+            self.board.last_round_ok = time.time()
             stats.rounds = 1
             self._observe(started, stats, None)
         return stats
@@ -540,7 +540,7 @@ class SyncEngine:
                 total.downloaded_packs += s.downloaded_packs
                 if s.uploaded_packs or s.downloaded_packs:
                     continue
-                if retries < 3 and self._deferred():  # a page closing, a dropped connection
+                if retries < 3 and self.feed.deferred():  # a page closing, a dropped connection
                     retries += 1
                     continue
                 return
@@ -550,475 +550,17 @@ class SyncEngine:
         try:
             await asyncio.wait_for(go(), timeout)
         except TimeoutError:
-            reason = self.store.last_failure() or self.round_error
+            reason = self.store.last_failure() or self.board.round_error
             raise SyncTimeoutError(
                 f"did not finish within {timeout:g}s"
                 + (f"; last error: {reason}" if reason else "")
             ) from None
         return total
 
-    async def _check_bucket(self) -> None:
-        """The bucket carries its marker; the first daemon to use it writes it. A
-        bucket of layout 1 gets the layout-2 marker too, and its logs are read."""
-        if self._bucket_ok:
-            return
-        seen_key = f"sync/bucket-seen/{self.location}"
-        try:
-            names = [n async for n in self.store.list(layout.MARKER + ".")]
-            versions = [v for n in names if (v := layout.marker_version(n)) is not None]
-            if not versions:
-                if await self.repo.get_meta(seen_key) is not None:
-                    raise BucketIdentityError(
-                        f"the bucket has no {layout.MARKER} marker although this device "
-                        "synced with it before: it was moved, unmounted or emptied. ledgerd "
-                        "does not start a new bucket in its place; bring it back, or use "
-                        "another cloud URL for a new bucket"
-                    )
-                await self.store.create_bucket()
-            layout.check_version(max(versions, default=layout.BUCKET_FORMAT))
-            self.codec = await crypto.open_bucket(self.store, names, self.keys, not versions)
-            if layout.BUCKET_FORMAT not in versions:
-                with contextlib.suppress(AlreadyExistsError):
-                    await self.store.put(
-                        layout.marker_name(), layout.marker(self.device, time.time())
-                    )
-                log.info("marked the bucket as a ledgerd bucket (layout %d)", layout.BUCKET_FORMAT)
-            if 1 in versions and await self.repo.get_meta(f"{LEGACY_DONE}/{self.location}") is None:
-                self._legacy_due = True
-        except (BucketIdentityError, NoBucketError) as e:
-            if self.bucket_error != str(e):
-                log.error("cloud sync stopped: %s", e)
-            self.bucket_error = str(e)
-            self.bucket_error_code = getattr(e, "code", None)
-            raise
-        if await self.repo.get_meta(seen_key) is None:
-            await self.repo.set_meta(seen_key, b"1")
-        self.bucket_error = self.bucket_error_code = None
-        self._bucket_ok = True
-
-    # -- the previous layout ---------------------------------------------------------
-
-    def _legacy_seen(self) -> bool:
-        held = (h for dl in self._logs.values() for h in dl.held.values())
-        return any(isinstance(h.ln, LogName) for h in held)
-
-    async def _list_legacy(self) -> None:
-        """Read a layout-1 bucket's logs: ``devices/``, then each device's log after
-        the last name read. Done once when this ledgerd first meets the bucket (and on
-        ``sync`` while any such pack is held): daemons of layout 1 stop at the
-        layout-2 marker, so nothing is added there afterwards."""
-        devices = set()
-        async for name in self.store.list("devices/"):
-            device = name.split("/", 1)[1]
-            if layout.device_ok(device):
-                devices.add(device)
-            else:
-                self._ignore(name)
-        for device in sorted(devices - {self.device}):
-            dl = await self._device_log(device)
-            async for name in self.store.list(layout.log_prefix(device), dl.cursor):
-                ln = LogName.parse(name, device)
-                if ln is None:  # a stray file never moves the cursor past later packs
-                    self._ignore(name)
-                    continue
-                dl.cursor = max(dl.cursor, name)
-                if dl.is_new(ln.seq):
-                    dl.saw(ln.seq)
-                h = Held(ln, ln.key, progress.RETRY, "listed, not imported yet")
-                dl.held[h.id] = h
-            await self._save_log(dl)
-        await self.repo.set_meta(f"{LEGACY_DONE}/{self.location}", b"1")
-        self._legacy_due = False
-
-    # -- pending uploads -----------------------------------------------------------
-
-    async def _all_pages(self, ledger: bytes | None = None) -> list[Key]:
-        """Every page stored here (of ``ledger``): directory listings, no page opened."""
-        keys: list[Key] = []
-        for led in (
-            [ledger] if ledger is not None else await self.repo.ledgers(include_deleted=True)
-        ):
-            pages = await self.repo.ledger(led).pages(include_deleted=True)
-            keys.extend((led, pid) for pid in pages)
-        return keys
-
-    async def _load_pending(self) -> None:
-        """Pages that may hold commits not uploaded yet: the saved list, and the pages
-        open or closed since it was saved (a commit after the save was made in a page
-        open then). Without a saved list (an older ledgerd ran here), every page."""
-        raw = await self.repo.get_meta("sync/pending")
-        keys: list[Key]
-        try:
-            if raw is None:
-                raise ValueError("no saved list")
-            d = msgpack.unpackb(raw, raw=False)
-            keys = [(bytes(a), bytes(b)) for a, b in d["pages"]]
-            keys += await self.repo.pages_used_since(int(d["saved_at"]) - PENDING_SLACK_MS)
-        except Exception as e:  # msgpack raises several unrelated types
-            log.info("looking for unsynced commits in every page (%s)", e)
-            keys = await self._all_pages()
-        for key in keys:
-            self._pending.setdefault(key, 0)
-        self._pending_loaded = True
-
-    async def _save_pending(self) -> None:
-        keys = sorted(self._pending)
-        if keys == self._pending_saved:
-            return
-        saved_at = int(time.time() * 1000)  # before the write: commits after it are newer
-        data = msgpack.packb({"saved_at": saved_at, "pages": [list(k) for k in keys]})
-        await self.repo.set_meta("sync/pending", bytes(data))
-        self._pending_saved = keys
-
-    # -- upload ----------------------------------------------------------------------
-
-    async def _upload_all(self, only: tuple[bytes, bytes | None] | None = None) -> int:
-        """Upload the pages with pending commits and the open ones (of ``only``, if
-        given), all in one pack (more only past ``max_pack`` bytes). Returns packs put."""
-        if not self._pending_loaded:
-            await self._load_pending()
-        # Open pages too: their latest writes may not be committed yet (group commit).
-        candidates = set(self._pending) | {(p.ledger, p.id) for p in self.repo.open_pages()}
-        keys = [
-            k
-            for k in sorted(candidates)
-            if k[0] != LOCAL and (only is None or (k[0] == only[0] and only[1] in (None, k[1])))
-        ]
-        await self._save_pending()
-        rnd = _Round()
-        async with contextlib.AsyncExitStack() as stack:
-            # Pages stay leased until their pack is up (a bounded number of them;
-            # the others are opened again to record the upload).
-            leased: dict[Key, Page] = {}
-            for key in keys:
-                seen = self._pending.get(key)
-                if not self.repo.page_exists(*key) or self.repo.is_evicted(*key):
-                    self._pending.pop(key, None)
-                    self.states.pop(key, None)
-                    continue
-                try:
-                    if len(leased) < LEASE_MOST:
-                        page = await stack.enter_async_context(self._using(key))
-                        leased[key] = page
-                        await self._take_page(rnd, page, seen)
-                    else:
-                        async with self._using(key) as page:
-                            await self._take_page(rnd, page, seen)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:  # this page's failure stays this page's
-                    rnd.drop(key)
-                    self._page_failed(key, e)
-            with contextlib.suppress(Exception):  # its pages' failures are in status
-                await self._flush(rnd)
-            for u in rnd.uploaded:  # each page's commits are in the bucket now
-                try:
-                    if u.key in leased:
-                        await self._mark(leased[u.key], u)
-                    else:
-                        async with self._using(u.key) as page:
-                            await self._mark(page, u)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:  # uploaded, not recorded: it goes up again next round
-                    self._page_failed(u.key, e)
-        await self._save_pending()
-        return rnd.packs
-
-    async def _take_page(self, rnd: _Round, page: Page, seen: int | None) -> None:
-        key = (page.ledger, page.id)
-        up = await ex.pending_upload(page)
-        if up.empty:
-            self._page_done(key, seen, await ex.unsynced_count(page))  # a conflict keeps some
-            return
-        history = await self._add_page(rnd, page, up)
-        rnd.added(_Uploaded(key, seen, [c.id for c in up.commits], [*up.eager, *up.lazy], history))
-
-    async def _mark(self, page: Page, u: _Uploaded) -> None:
-        await ex.mark_uploaded(page, u.commits, u.digests)
-        self._ok(page)
-        self._page_done(u.key, u.seen, await ex.unsynced_count(page))
-        await self.checkpoints.grew(page, u.history)
-        await self._checkpoint(page)
-
-    async def _checkpoint(self, page: Page) -> None:
-        """Write a checkpoint of the page if its history since the last one calls for it,
-        at most one per ``checkpoint_interval`` (a bulk load rewrites most of a page in
-        every round); one that has to wait is written by a later round."""
-        key = (page.ledger, page.id)
-        try:
-            if not await self.checkpoints.due(page):
-                self._checkpoint_due.pop(key, None)
-                return
-            if time.monotonic() < self._checkpoint_at.get(key, -1e9) + self.checkpoint_interval:
-                self._checkpoint_due[key] = None
-                return
-            self._checkpoint_due.pop(key, None)
-            self._checkpoint_at[key] = time.monotonic()
-            await self.checkpoints.write(
-                page,
-                self.repo.device_id,
-                await self._feed_time(),
-                await self._cover(page),
-                also=await self._frontier(page),
-            )
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # the page's history is still there; a later round retries
-            log.warning("checkpoint of page %r of ledger %r failed: %s", key[1], key[0], _error(e))
-
-    async def _due_checkpoints(self) -> None:
-        now = time.monotonic()
-        for key in list(self._checkpoint_due):
-            if now >= self._checkpoint_at.get(key, -1e9) + self.checkpoint_interval:
-                if not self.repo.page_exists(*key) or self.repo.is_evicted(*key):
-                    self._checkpoint_due.pop(key, None)
-                    continue
-                async with self._using(key) as page:
-                    await self._checkpoint(page)
-
-    async def _feed_time(self) -> int:
-        """A feed time for a checkpoint: never below this device's last pack nor the
-        newest name listed (as for packs, without using a sequence number)."""
-        return max(int(self.clock() * 1000), self._feed_max, self._own_time)
-
-    async def _cover(self, page: Page) -> dict[str, int]:
-        """Per device, the highest sequence whose packs' commits of this page are all
-        here (so, with one head, ancestors of it): every pack listed, below anything
-        held or missing (and what the checkpoint this page started from covered)."""
-        key = (page.ledger, page.id)
-        cover = {self.device: self._own_seq}
-        for name, value in await ex.sync_values(page, "imported/"):
-            device = name.removeprefix("imported/")
-            if layout.device_ok(device) and device != self.device:
-                cover[device] = int(value)
-        for device, dl in self._logs.items():
-            if device == self.device:
-                continue
-            cover[device] = max(cover.get(device, 0), dl.max_seq)
-            for h in dl.held.values():
-                if isinstance(h.ln, PackName) and (h.key is None or h.key == key):
-                    cover[device] = min(cover[device], h.ln.seq - 1)
-            for g in dl.gaps:
-                cover[device] = min(cover[device], g.first - 1)
-        return {d: s for d, s in cover.items() if s > 0}
-
-    async def _frontier(self, page: Page) -> list[bytes]:
-        """The newest commit imported from each device: what it may build on next."""
-        return [v for _, v in await ex.sync_values(page, "frontier/") if len(v) == 32]
-
-    async def _rejoin_if_away(self) -> None:
-        """A device that has not listed the bucket for longer than ``compaction_grace``
-        may have missed packs that are deleted now: it takes each page's newest
-        checkpoint and carries its own unuploaded changes over onto it (see
-        :func:`store.exchange.rejoin`) instead of uploading them on parents the
-        others may no longer have."""
-        if not self._listed_wall:
-            self._listed_wall = float(await self.repo.get_meta(LISTED_WALL) or b"0")
-        away = self.clock() - self._listed_wall
-        if not self._listed_wall or away <= self.compactor.grace:
-            return
-        log.warning(
-            "this device last read the bucket %.0f days ago, longer than compaction_grace: "
-            "starting again from the checkpoints",
-            away / 86400,
-        )
-        names = [cn async for cn in self.checkpoints.names()]
-        best = await self.checkpoints.best(names)
-        for cn in sorted(best.values(), key=lambda n: n.name):
-            try:
-                cp = await self.checkpoints.read(cn)
-                if not self._wanted_here(cp.key):
-                    continue
-                fresh = not self.repo.page_exists(*cp.key)
-                async with self._using(cp.key) as page:
-                    await self.checkpoints.take(page, cp, rejoin=not fresh)
-                self._changed(cp.key)
-            except CloudNotFoundError:
-                continue
-            except Exception as e:  # that page goes on from its packs
-                log.warning("checkpoint %s not used: %s", cn.name, _error(e))
-        for dl in self._logs.values():  # held packs the checkpoints hold are not needed
-            for hid, h in list(dl.held.items()):
-                ln = h.ln
-                if (
-                    h.key
-                    and isinstance(ln, PackName)
-                    and self.checkpoints.covered(h.key, ln.device, ln.seq)
-                ):
-                    del dl.held[hid]
-            await self._save_log(dl)
-        self._listed_wall = self.clock()
-        await self.repo.set_meta(LISTED_WALL, str(self._listed_wall).encode())
-
-    async def _bootstrap(self) -> None:
-        """A device that has never listed this bucket starts the pages it has nothing
-        of from their checkpoints (once per cloud URL)."""
-        done = f"sync/bootstrapped/{self.location}"
-        if self._feed_max or await self.repo.get_meta(done) is not None:
-            return
-        await self.checkpoints.bootstrap(lambda k: self._wanted(k), self._using)
-        await self.repo.set_meta(done, b"1")
-
-    def _page_done(self, key: Key, seen: int | None, left: int) -> None:
-        st = self.states.setdefault(key, PageState())
-        st.last_error = None
-        if not left and key in self._pending and self._pending[key] == seen:
-            del self._pending[key]
-
-    @contextlib.asynccontextmanager
-    async def _using(self, key: Key) -> AsyncIterator[Page]:
-        """The page, leased (not closed as idle) for one sync step. A page that was
-        not open before is closed again after it, unless someone else opened it
-        meanwhile or something is under way in it."""
-        restoring = self._restoring.get(key)
-        if restoring is not None:  # being restored: the page handed to restore_page
-            yield restoring
-            return
-        async with self.repo.page(*key, transient=True) as page:
-            yield page
-
     async def restore_page(self, page: Page) -> bool:
-        """Bring an evicted page back (:class:`store.PageRestorer`): its best checkpoint,
-        then every pack above that checkpoint's cover that holds it (or, without a
-        checkpoint, every pack that holds it), imported into ``page`` now. False if
-        the bucket has nothing of it; raises if the bucket cannot be reached."""
-        key = (page.ledger, page.id)
-        if not self._bucket_ok:
-            await self._check_bucket()
-        self._restoring[key] = page
-        try:
-            cover: dict[str, int] = {}
-            found = False
-            best = await self.checkpoints.best(
-                [cn async for cn in self.checkpoints.names(self.checkpoints.tag(key))]
-            )
-            for cn in best.values():
-                cp = await self.checkpoints.read(cn)
-                if cp.key != key:
-                    continue
-                await self.checkpoints.take(page, cp)
-                cover, found = cp.cover, True
-            async for name in self.store.list(layout.PACKS):
-                pn = PackName.parse(name)
-                if pn is None or pn.seq <= cover.get(pn.device, 0):
-                    continue
-                dl = await self._device_log(pn.device)
-                if Held(pn, None, progress.RETRY, "").id in dl.held:
-                    continue  # listed, not imported yet: the next round brings it
-                found = bool(await self._import_pack(dl, pn, key)) or found
-            for dl in self._logs.values():
-                await self._save_log(dl)
-            return found
-        finally:
-            del self._restoring[key]
-
-    async def _add_page(self, rnd: _Round, page: Page, up: ex.Upload) -> int:
-        """Put a page's commits and pieces into the round's pack; a pack that would
-        pass ``max_pack`` goes up first. A page larger than that spreads its value
-        pieces over several packs, its tree nodes and commits in the last, so that
-        objects are in the bucket before any commit that references them (the reader
-        checks a commit's whole new tree within one pack)."""
-        key = (page.ledger, page.id)
-        sizes = await ex.piece_sizes(page, [*up.eager, *up.lazy])
-        nodes = [d for d in up.eager if dg.kind_of(d) is dg.Kind.TREE]
-        values = [d for d in up.eager if dg.kind_of(d) is not dg.Kind.TREE]
-        commits = [c.data for c in up.commits]
-        total = sum(sizes.values()) + sum(map(len, commits))
-        if rnd.size + total > self.max_pack and rnd.sections:
-            await self._flush(rnd)
-        sec = rnd.section(key)
-        batch: list[tuple[bool, bytes]] = []
-        batch_size = 0
-
-        async def read(batch: list[tuple[bool, bytes]]) -> None:
-            got = await ex.read_pieces(page, [d for _, d in batch])
-            for is_lazy, d in batch:
-                (rnd.section(key).lazy if is_lazy else rnd.section(key).eager).append((d, got[d]))
-                rnd.size += len(got[d])
-
-        for item in [*((False, d) for d in values), *((True, d) for d in up.lazy)]:
-            n = sizes.get(item[1], 0)
-            if rnd.size + batch_size + n > self.max_pack and (rnd.size or batch):
-                await read(batch)
-                batch, batch_size = [], 0
-                await self._flush(rnd)  # this page goes on in the next pack
-            batch.append(item)
-            batch_size += n
-            if batch_size >= READ_BATCH:
-                await read(batch)
-                batch, batch_size = [], 0
-        await read(batch)
-        tail = sum(sizes.get(d, 0) for d in nodes) + sum(map(len, commits))
-        if rnd.size + tail > self.max_pack and rnd.size:
-            await self._flush(rnd)
-        await read([(False, d) for d in nodes])
-        sec = rnd.section(key)
-        sec.commits = commits
-        if nodes and up.base_root:  # the nodes go as edits of those they replace
-            bases = await ex.replaced_nodes(page, up.base_root, nodes, EDIT_BASES)
-            got = await ex.read_pieces(page, bases)
-            sec.bases = [(d, got[d]) for d in bases]
-        rnd.size += sum(map(len, commits))
-        return sum(sizes.get(d, 0) for d in up.eager) + sum(map(len, commits))
-
-    async def _flush(self, rnd: _Round) -> None:
-        """PUT the round's pack, if it holds anything; its pages' commits are then up."""
-        sections = [s for s in rnd.sections.values() if s.commits or s.eager or s.lazy]
-        if not sections:
-            rnd.sections.clear()
-            return
-        try:
-            await self._put_pack(sections, rnd.size)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # every page in it failed this round; the caller's too
-            for key in {*rnd.sections, *(u.key for u in rnd.waiting)}:
-                rnd.drop(key)
-                self._page_failed(key, e)
-            raise
-        rnd.sent()
-
-    async def _next_seq(self) -> tuple[int, int]:
-        """The next sequence number and feed time, saved before use.
-
-        The sequence is never below what the bucket shows of this device (the last
-        listing saw its packs after the cursor); the feed time is never below this
-        device's last pack nor the newest name listed (a hybrid logical clock), so
-        a reader's cursor never passes a pack that is not up yet, whatever the
-        clocks say.
-        """
-        await self._fresh_feed()
-        seq = max(int(await self.repo.get_meta("sync/seq") or b"0"), self._own_seq) + 1
-        last = int(await self.repo.get_meta("sync/seq_time") or b"0")
-        t = max(int(self.clock() * 1000), self._feed_max, last + 1, self._own_time + 1)
-        await self.repo.set_meta("sync/seq", str(seq).encode())
-        await self.repo.set_meta("sync/seq_time", str(t).encode())
-        return seq, t
-
-    async def _put_pack(self, sections: list[pack.Section], size: int) -> None:
-        while True:
-            seq, t = await self._next_seq()  # taken (and saved) before the PUT
-            device = self.repo.device_id
-            seal = self._seal(PackName.make(t, self.device, seq, 0, 0).ident)
-            if size > 1 << 20:  # compressing megabytes: off the event loop
-                data, head_end, eager_end = await asyncio.to_thread(
-                    pack.encode, device, seq, t, sections, None, seal
-                )
-            else:
-                data, head_end, eager_end = pack.encode(device, seq, t, sections, seal=seal)
-            name = PackName.make(t, self.device, seq, head_end, eager_end).name
-            try:
-                await self.store.put(name, data)
-            except AlreadyExistsError:
-                # Ours if a retried PUT's first attempt landed; otherwise a reused number.
-                if await self.store.get(name, 0, head_end) != data[:head_end]:
-                    log.warning("sequence %d was already used; taking the next", seq)
-                    self._own_seq = max(self._own_seq, seq)
-                    continue
-            self._own_seq, self._own_time = max(self._own_seq, seq), max(self._own_time, t)
-            log.debug("uploaded pack %s: %d pages, %d bytes", name, len(sections), len(data))
-            return
+        """Bring an evicted page back (:class:`store.PageRestorer`; see
+        :meth:`sync.download.Downloader.restore`)."""
+        return await self.downloader.restore(page)
 
     async def reencrypt(self, keys: crypto.KeyRing | None = None) -> int:
         """Key rotation: this device's packs sealed with another key than the write key
@@ -1030,687 +572,34 @@ class SyncEngine:
         async with self._lock:
             if keys is not None:
                 self.keys = keys
-            self._bucket_ok = False
-            await self._check_bucket()
-            if self.codec is None:
-                raise crypto.EncryptionError("the bucket is not encrypted: nothing to re-encrypt")
-            n = 0
-            done = f"sync/rekeyed/{self.location}/{self.codec.write_kid.hex()}"
-            after = (await self.repo.get_meta(done) or b"").decode()
-            async for name in self.store.list(layout.PACKS, after):
-                pn = PackName.parse(name)
-                if pn is None or pn.device != self.device:
-                    continue
-                head = await self.store.get(name, 0, pn.head_end)
-                if self.codec.key_id(head[len(pack.MAGICE) :]) == self.codec.write_kid:
-                    continue
-                data = await self.store.get(name)
-                seal = self._seal(pn.ident)
-                header = pack.decode_header(data[: pn.head_end], pn.head_end, pn.eager_end, seal)
-                bases: dict[Key, list[tuple[bytes, bytes]]] = {}
-                for p in header.pages:  # an edited section is read over its page's nodes
-                    if p.bases:
-                        async with self._using(p.key) as page:
-                            got = await ex.read_pieces(page, p.bases)
-                        bases[p.key] = [(d, got[d]) for d in p.bases]
-                sections = await asyncio.to_thread(
-                    pack.decode_all, data, pn.head_end, pn.eager_end, seal, bases
-                )
-                await self._put_pack(sections, len(data))
-                await self.repo.set_meta(done, name.encode())  # its copy is up
-                log.info("re-encrypted pack %s with key %s", name, self.codec.write_kid.hex())
-                n += 1
-            return n
-
-    # -- discovery -------------------------------------------------------------------
-
-    async def _fresh_feed(self) -> None:
-        """List the feed unless this engine did so within a quarter of the window."""
-        if self._listed_at is None or time.monotonic() - self._listed_at > self.feed_window / 4:
-            await self._list_feed()
-
-    async def _list_feed(self) -> None:
-        """One LIST of ``packs/`` after the cursor (the newest feed time seen, less
-        the window): every device's new packs. Each is held to be imported."""
-        window = int(self.feed_window * 1000)
-        after = layout.feed_after(self._feed_max - window) if self._feed_max else ""
-        started = time.monotonic()
-        newest = self._feed_max
-        touched: set[str] = set()
-        async for name in self.store.list(layout.PACKS, after):
-            pn = PackName.parse(name)
-            if pn is None:
-                self._ignore(name)
-                continue
-            newest = max(newest, pn.time)
-            if await self._saw(pn):
-                touched.add(pn.device)
-        for device in sorted(touched):
-            await self._save_log(self._logs[device])
-        if newest != self._feed_max:
-            self._feed_max = newest
-            await self.repo.set_meta("sync/feed", str(newest).encode())
-        self._listed_at = started
-        now = self.clock()
-        if now - self._listed_wall > min(LISTED_WALL_STEP, self.compactor.grace / 4):
-            self._listed_wall = now
-            await self.repo.set_meta(LISTED_WALL, str(now).encode())
-
-    async def _saw(self, pn: PackName) -> bool:
-        """Take note of a listed pack; True if it is new (then it is held for import)."""
-        if pn.device == self.device:
-            self._own_seq = max(self._own_seq, pn.seq)
-            self._own_time = max(self._own_time, pn.time)
-            return False
-        dl = await self._device_log(pn.device)
-        if not dl.is_new(pn.seq):
-            return False
-        if dl.in_gap(pn.seq) and pn.seq < dl.max_seq:
-            log.info("pack %s appeared in a gap of device %s", pn.name, pn.device)
-        dl.saw(pn.seq, pn.time)
-        h = Held(pn, None, progress.RETRY, "listed, not imported yet")
-        dl.held[h.id] = h
-        self.devices.add(pn.device)
-        return True
-
-    async def _probe_gaps(self, force: bool) -> None:
-        """List the stretch of the feed where a device's missing packs must be, for
-        gaps older than the window (the window's own listing covers the others)."""
-        now = time.monotonic()
-        floor = self._feed_max - int(self.feed_window * 1000)
-        for dl in list(self._logs.values()):
-            old = [g for g in dl.gaps if g.until and g.after < floor]  # layout 1: none
-            if not old or not (force or now >= dl.probe_due):
-                continue
-            found = 0
-            for g in old:
-                if not dl.in_gap(g.first) and not dl.in_gap(g.last):
-                    continue
-                async for name in self.store.list(layout.PACKS, layout.feed_after(g.after)):
-                    pn = PackName.parse(name)
-                    if pn is None:
-                        continue
-                    if g.until and pn.time > g.until:
-                        break
-                    if pn.device == dl.device and await self._saw(pn):
-                        found += 1
-            dl.probes = 0 if found else dl.probes + 1
-            dl.probe_due = now + progress.backoff(dl.probes, self.retry_first, self.retry_most)
-            await self._save_log(dl)
-
-    # -- download --------------------------------------------------------------------
-
-    async def _download(self, force: bool = False) -> int:
-        """Import the packs listed and not imported yet, and the held ones that are due;
-        in feed order. Returns how many packs brought something."""
-        await self._probe_gaps(force)
-        for key in sorted(self._deepen):
-            await self._read_history(key)
-        self._fed.clear()
-        now = time.monotonic()
-        due = [
-            (h.ln.time if isinstance(h.ln, PackName) else 0, h.ln.seq, dl, h)
-            for dl in self._logs.values()
-            for h in dl.held.values()
-            if force or now >= h.due
-        ]
-        n = 0
-        for _, _, dl, h in sorted(due, key=lambda x: (x[0], x[3].ln.device, x[1], x[3].id)):
-            if h.id not in dl.held:  # done with its whole pack
-                continue
-            try:
-                if isinstance(h.ln, PackName):
-                    got = await self._import_pack(dl, h.ln, h.key)
-                else:
-                    got = await self._import_v1(dl, h.ln)
-            except CloudError as e:  # the cloud is unreachable now; try again next poll
-                self.device_errors[dl.device] = _error(e)
-                log.warning("download from device %s failed: %s", dl.device, e)
-                break
-            self.device_errors.pop(dl.device, None)
-            n += got
-            await self._save_log(dl)
-        # A page started from a checkpoint whose packs wait for parents although nothing
-        # else is coming for it: the parents lie below the checkpoint.
-        for key in sorted(self._starved):
-            pending = [h for dl in self._logs.values() for h in dl.held.values() if h.key == key]
-            if key not in self._fed and all(h.state == progress.WAITING for h in pending):
-                self._starved.discard(key)
-                if pending:
-                    self._deepen.add(key)
-        return n
-
-    async def _read_history(self, key: Key) -> None:
-        """A page started from a checkpoint needs what lies below it (a commit made
-        without having seen the checkpoint's head): read every pack for it again."""
-        self._deepen.discard(key)
-        if not await self.checkpoints.uncover(key):
-            return
-        log.info("page %r of ledger %r reads its whole history", key[1], key[0])
-        touched: dict[str, DeviceLog] = {}
-        async for name in self.store.list(layout.PACKS):
-            pn = PackName.parse(name)
-            if pn is None:
-                continue
-            dl = touched.get(pn.device) or await self._device_log(pn.device)
-            touched[pn.device] = dl
-            h = Held(pn, key, progress.RETRY, "read again: the page needs its history")
-            dl.held.setdefault(h.id, h)
-        for dl in touched.values():
-            await self._save_log(dl)
-
-    def _ignore(self, name: str) -> None:
-        if name not in self._ignored:
-            if len(self._ignored) > 10_000:
-                self._ignored.clear()
-            self._ignored.add(name)
-            log.warning("ignoring an object that no ledgerd writes: %s", name)
-
-    async def _device_log(self, device: str) -> DeviceLog:
-        dl = self._logs.get(device)
-        if dl is not None:
-            return dl
-        raw = await self.repo.get_meta(f"sync/log/{device}")
-        if raw is not None:
-            try:
-                dl = DeviceLog.decode(device, raw)
-            except ValueError as e:
-                log.warning("%s; reading that device's log from its start", e)
-        if dl is None:  # first contact, or the cursor of an older ledgerd
-            cursor = (await self.repo.get_meta(f"sync/cursor/{device}") or b"").decode()
-            ln = LogName.parse(cursor, device)
-            dl = DeviceLog(device, cursor, ln.seq if ln else 0)
-        self._logs[device] = dl
-        return dl
-
-    async def _save_log(self, dl: DeviceLog) -> None:
-        await self.repo.set_meta(f"sync/log/{dl.device}", dl.encode())
-
-    async def _import_pack(self, dl: DeviceLog, pn: PackName, only: Key | None) -> int:
-        """Import a pack's pages that this device holds (or just page ``only``): its
-        index, then the EAGER sections of those pages, coalesced into few ranged GETs
-        (one GET for index and sections when every page is wanted). A page that cannot
-        be imported is held on its own; the others go on. Returns 1 if a page got in."""
-        whole = Held(pn, None, progress.RETRY, "").id
-        try:
-            wanted_all = (
-                only is None
-                and self.wants is None
-                and not self.checkpoints.may_cover(pn.device, pn.seq)
-            )
-            first = await self.store.get(pn.name, 0, pn.eager_end if wanted_all else pn.head_end)
-            header = pack.decode_header(
-                first[: pn.head_end], pn.head_end, pn.eager_end, self._seal(pn.ident)
-            )
-            named = (self._device_name(header.device), header.seq, header.time)
-            if named != (pn.device, pn.seq, pn.time):
-                raise pack.CorruptPackError("pack does not match its name")
-            pages = [
-                p
-                for p in header.pages
-                if (p.key == only if only is not None else self._wanted_here(p.key))
-                and not self.checkpoints.covered(p.key, pn.device, pn.seq)
-            ]
-            sections = await self._sections(pn.name, pages, first)
-        except asyncio.CancelledError:
-            raise
-        except CloudNotFoundError:
-            self._drop_held(dl, pn.name)
-            log.warning("pack %s is no longer in the bucket; skipped", pn.name)
-            return 0
-        except (pack.CorruptPackError, RangeNotInObjectError) as e:
-            self._hold(dl, pn, only, progress.REFUSED, f"refused: {_error(e)}")
-            return 0
-        except TransientCloudError as e:
-            self._hold(dl, pn, only, progress.DEFERRED, f"not imported now: {_error(e)}")
-            return 0
-        dl.held.pop(whole, None)
-        got = 0
-        for p in pages:
-            mine = Held(pn, p.key, progress.RETRY, "").id
-            try:
-                lazy = {d: part.location(pn.name) for d, part in p.lazy}
-                async with self._using(p.key) as page:
-                    bases = await ex.local_nodes(page, p.bases)
-                    commits, eager = pack.decode_section(
-                        sections[p.key], p.eager, self.codec, bases
-                    )
-                    marker = f"imported/{pn.device}"
-                    done = await ex.sync_value(page, marker)
-                    mark = str(max(pn.seq, int(done) if done else 0)).encode()
-                    tip = ex.newest_commit(commits)
-                    more = [(f"frontier/{pn.device}", tip)] if tip else []
-                    new = await ex.import_remote(
-                        page, commits, eager, lazy, (marker, mark), more=more
-                    )
-                    if new:
-                        await self.checkpoints.grew(page, p.eager.raw)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                self._hold_for(dl, pn, p.key, e)
-                continue
-            dl.held.pop(mine, None)
-            self._imported(p.key, pn.device, new)
-            got = 1
-        return got
-
-    async def _sections(
-        self, name: str, pages: list[pack.PageIndex], first: bytes
-    ) -> dict[Key, bytes]:
-        """The stored EAGER sections of ``pages``: from ``first`` (the pack's start)
-        where it holds them, else by coalesced ranged GETs."""
-        out: dict[Key, bytes] = {}
-        missing: list[tuple[int, int, pack.PageIndex]] = []
-        for p in pages:
-            if p.eager.end <= len(first):
-                out[p.key] = first[p.eager.offset : p.eager.end]
-            else:
-                missing.append((p.eager.offset, p.eager.stored, p))
-        for start, end, group in _coalesce(sorted(missing, key=lambda x: x[0])):
-            data = await self.store.get(name, start, end - start)
-            for off, length, p in group:
-                out[p.key] = data[off - start : off - start + length]
-        return out
-
-    def _wanted_here(self, key: Key) -> bool:
-        """Wanted, and stored here now: an evicted page gets what it missed when it is
-        restored (see :meth:`restore_page`)."""
-        return self._wanted(key) and (key in self._restoring or not self.repo.is_evicted(*key))
-
-    def _wanted(self, key: Key) -> bool:
-        # Another device's pack never writes into this device's _local ledger.
-        return key[0] != LOCAL and (self.wants is None or self.wants(*key))
-
-    def _hold_for(self, dl: DeviceLog, pn: PackName | LogName, key: Key, e: Exception) -> None:
-        """Hold one page of a pack, in the state its failure calls for."""
-        if isinstance(e, ex.MissingParentError):
-            if isinstance(pn, PackName) and self.checkpoints.was_covered(key, pn.device, pn.seq):
-                # Older than the checkpoint the page started from, and its parents were
-                # compacted away: what it holds is in the page already.
-                log.debug("pack %s is below the page's checkpoint; not read again", pn.name)
-                dl.held.pop(Held(pn, key, progress.RETRY, "").id, None)
-                return
-            if key in self.checkpoints.covers:  # perhaps below its checkpoint: see _download
-                self._starved.add(key)
-            self._hold(dl, pn, key, progress.WAITING, f"waits for what no pack seen holds: {e}")
-        elif isinstance(
-            e,
-            pack.CorruptPackError
-            | CorruptObjectError
-            | InvalidArgumentError
-            | RangeNotInObjectError,
-        ):
-            self._hold(dl, pn, key, progress.REFUSED, f"refused: {_error(e)}")
-        elif isinstance(e, TransientCloudError | TransientStoreError | ClosedError):
-            self._hold(dl, pn, key, progress.DEFERRED, f"not imported now: {_error(e)}")
-        else:  # the page cannot take it here (newer schema, disk full)
-            self._hold(dl, pn, key, progress.FAILED, f"cannot import it here: {_error(e)}")
-
-    def _drop_held(self, dl: DeviceLog, name: str) -> None:
-        for hid in [hid for hid, h in dl.held.items() if h.ln.name == name]:
-            del dl.held[hid]
-
-    async def _import_v1(self, dl: DeviceLog, ln: LogName) -> int:
-        """Import a layout-1 pack (one page; a bucket being migrated)."""
-        try:
-            data = await self.store.get(ln.name, 0, ln.eager_end)
-            p = pack.decode_prefix(data, ln.eager_end)
-            if (p.ledger, p.page, p.seq, p.device.hex()) != (ln.ledger, ln.page, ln.seq, ln.device):
-                raise pack.CorruptPackError("pack does not match its name")
-            lazy = {d: f"{ln.name}:{off}:{length}" for d, off, length in p.lazy}
-            async with self._using(ln.key) as page:
-                marker = f"imported/{ln.device}"
-                done = await ex.sync_value(page, marker)
-                mark = str(max(ln.seq, int(done) if done else 0)).encode()
-                new = await ex.import_remote(page, p.commits, p.eager, lazy, (marker, mark))
-        except asyncio.CancelledError:
-            raise
-        except CloudNotFoundError:
-            self._drop_held(dl, ln.name)
-            log.warning("pack %s is no longer in the bucket; skipped", ln.name)
-            return 0
-        except Exception as e:
-            self._hold_for(dl, ln, ln.key, e)
-            return 0
-        self._drop_held(dl, ln.name)
-        self._imported(ln.key, ln.device, new)
-        return 1
-
-    def _hold(
-        self, dl: DeviceLog, ln: PackName | LogName, key: Key | None, state: str, reason: str
-    ) -> None:
-        hid = Held(ln, key, state, reason).id
-        held = dl.held.get(hid)
-        first = held is None or held.reason != reason
-        if held is None:
-            held = dl.held[hid] = Held(ln, key, state, reason)
-        held.state, held.reason = state, reason
-        held.attempts += 1
-        if state == progress.DEFERRED:
-            held.due = time.monotonic()  # next poll
-        else:
-            held.due = time.monotonic() + progress.backoff(
-                held.attempts, self.retry_first, self.retry_most
-            )
-        level = logging.WARNING if state in (progress.WAITING, progress.DEFERRED) else logging.ERROR
-        log.log(
-            level if first else logging.DEBUG,
-            "pack %s%s: %s; retried with backoff",
-            ln.name,
-            f" (page {key[1]!r} of ledger {key[0]!r})" if key else "",
-            reason,
-        )
-
-    def _imported(self, key: Key, device: str, new: list[Commit]) -> None:
-        self._fed.add(key)
-        st = self.states.setdefault(key, PageState())
-        st.last_sync = time.time()
-        # Packs of this page waiting for parents may have them now.
-        for dl in self._logs.values():
-            for h in dl.held.values():
-                if h.key == key and h.state == progress.WAITING:
-                    h.due = 0.0
-        now_us = int(self.clock() * 1_000_000)
-        for c in new:
-            ahead = (c.timestamp - now_us) / 1e6
-            if c.salt and ahead > self.clock_skew:  # merges carry their parents' times
-                if device not in self.skew:
-                    log.warning(
-                        "device %s's clock is %.0fs ahead of this one (commit %s)",
-                        device,
-                        ahead,
-                        c.id.hex()[:12],
-                    )
-                self.skew[device] = {
-                    "device": device,
-                    "ahead_s": round(ahead, 1),
-                    "commit": c.id.hex(),
-                    "seen_at": time.time(),
-                }
-
-    def _deferred(self) -> bool:
-        return any(
-            h.state == progress.DEFERRED for dl in self._logs.values() for h in dl.held.values()
-        )
-
-    # -- lazy fetch ------------------------------------------------------------------
-
-    async def _fetch(self, page: Page, digests: list[bytes]) -> dict[bytes, bytes]:
-        try:
-            async with asyncio.timeout(self.fetch_timeout):
-                return await self._fetch_value(page, digests)
-        except TimeoutError:
-            reason = self.store.last_failure()
-            raise ObjectNotFoundError(
-                f"the value is in the cloud and could not be fetched within "
-                f"{self.fetch_timeout:g}s (needs fetch)" + (f": {reason}" if reason else "")
-            ) from None
-        except CloudError as e:
-            raise ObjectNotFoundError(
-                f"the value is in the cloud and could not be fetched (needs fetch): {e}"
-            ) from e
-
-    async def _fetch_value(self, page: Page, digests: list[bytes]) -> dict[bytes, bytes]:
-        """The pieces asked for and, up to PREFETCH bytes, the pieces that the index
-        pieces among them list: a value's first read asks for its root index, and
-        the rest of the value lies next to it in its pack (see the upload order)."""
-        out: dict[bytes, bytes] = {}
-        want, budget = digests, PREFETCH
-        while want:
-            where = await ex.remote_locations(page, want)
-            try:
-                got = await self._fetch_ranges(where)
-            except CloudNotFoundError:  # a pack compacted away: the newest checkpoint has it
-                moved = await self.checkpoints.locate((page.ledger, page.id), list(where))
-                if not moved:
-                    raise
-                got = await self._fetch_ranges(moved)
-            out.update(got)
-            children = [
-                c
-                for d, v in got.items()
-                if dg.is_index(d)
-                for c in ex.index_children(v)
-                if not dg.is_inline(c) and c not in out
-            ]
-            where = await ex.remote_locations(page, list(dict.fromkeys(children)))
-            want = []
-            for d in children:
-                if d in where and d not in want:
-                    budget -= _Location.parse(where[d]).stored
-                    if budget < 0:
-                        break
-                    want.append(d)
-        return out
-
-    async def _fetch_ranges(self, where: dict[bytes, str]) -> dict[bytes, bytes]:
-        """Pieces from their packs: near ranges of one pack in one ranged GET."""
-        by_pack: dict[str, list[tuple[int, int, tuple[bytes, _Location]]]] = {}
-        for d, text in where.items():
-            loc = _Location.parse(text)
-            by_pack.setdefault(loc.name, []).append((loc.offset, loc.stored, (d, loc)))
-        out: dict[bytes, bytes] = {}
-        for name, items in by_pack.items():
-            for start, end, group in _coalesce(sorted(items, key=lambda x: x[0])):
-                data = await self.store.get(name, start, end - start)
-                for off, length, (d, loc) in group:
-                    piece = data[off - start : off - start + length]
-                    try:
-                        if self.codec is not None:
-                            ident = name.rsplit(".", 2)[0]
-                            piece = pack.open_piece(piece, self.codec, ident, d, loc.codec, loc.raw)
-                        else:
-                            piece = pack.unsqueeze(piece, loc.codec, loc.raw)
-                    except pack.CorruptPackError:
-                        piece = b""  # fails the digest check below, with its message
-                    if not dg.verify(d, piece):
-                        raise CorruptObjectError(
-                            f"the cloud's copy of object {dg.short(d)} (in {name}) does not "
-                            "match its digest; nothing on this device is damaged"
-                        )
-                    out[d] = piece
-        return out
+            self.ctx.bucket_ok = False
+            await self.ctx.check_bucket()
+            return await self.uploader.reseal()
 
     # -- status ----------------------------------------------------------------------
 
-    def _ok(self, page: Page) -> None:
-        st = self.states.setdefault((page.ledger, page.id), PageState())
-        st.last_sync, st.last_error = time.time(), None
-
-    def _page_failed(self, key: Key, e: BaseException) -> None:
-        st = self.states.setdefault(key, PageState())
-        message = _error(e)
-        level = logging.DEBUG if st.last_error == message else logging.WARNING
-        st.last_error = message
-        log.log(level, "upload of page %r of ledger %r failed: %s", key[1], key[0], message)
-
     def _held(self) -> Iterable[Held]:
-        for device in sorted(self._logs):
-            yield from sorted(self._logs[device].held.values(), key=lambda h: (h.ln.seq, h.id))
-
-    def _pack_error(self, key: Key) -> str | None:
-        for h in self._held():
-            if h.key == key and h.state != progress.RETRY:
-                return f"pack {h.ln.name}: {h.reason}"
-        return None
+        return self.feed.held()
 
     @property
     def last_error(self) -> str | None:
         """The first thing in the way of sync, if any (``sync_error`` in status)."""
-        problems = self.problems()
-        return str(problems[0]["error"]) if problems else None
+        return self.board.last_error
 
     def problems(
         self, ledger: bytes | None = None, page: bytes | None = None
     ) -> list[dict[str, Any]]:
         """What sync could not do, of the page or ledger given (plus whole-bucket ones)."""
-
-        def mine(key: Key | None) -> bool:
-            if key is None:  # a whole pack: it concerns every page
-                return True
-            return (ledger is None or key[0] == ledger) and (page is None or key[1] == page)
-
-        out: list[dict[str, Any]] = []
-        if self.bucket_error:
-            out.append({"error": self.bucket_error})
-        elif self.round_error:
-            out.append({"error": self.round_error})
-        for device, err in sorted(self.device_errors.items()):
-            out.append({"device": device, "error": f"device {device}: {err}"})
-        for key, st in sorted(self.states.items()):
-            if st.last_error and mine(key):
-                out.append(
-                    {
-                        "ledger": layout.b64(key[0]),
-                        "page": layout.b64(key[1]),
-                        "error": st.last_error,
-                    }
-                )
-        for h in self._held():
-            if h.state != progress.RETRY and mine(h.key):
-                out.append(
-                    {
-                        "ledger": layout.b64(h.key[0]) if h.key else None,
-                        "page": layout.b64(h.key[1]) if h.key else None,
-                        "pack": h.ln.name,
-                        "error": f"pack {h.ln.name}: {h.reason}",
-                    }
-                )
-        return out
+        return self.board.problems(ledger, page)
 
     def status(self) -> dict[str, Any]:
         """Sync's part of ``/v1/status``: every problem, for open and closed pages."""
-        pages = []
-        for key, st in sorted(self.states.items()):
-            if st.last_error:
-                pages.append(
-                    {
-                        "ledger": layout.b64(key[0]),
-                        "page": layout.b64(key[1]),
-                        "ledger_text": layout.text_or_none(key[0]),
-                        "page_text": layout.text_or_none(key[1]),
-                        "error": st.last_error,
-                        "last_sync": st.last_sync,
-                    }
-                )
-        packs = []
-        for h in self._held():
-            packs.append(
-                {
-                    **h.json(),
-                    "ledger": layout.b64(h.key[0]) if h.key else None,
-                    "page": layout.b64(h.key[1]) if h.key else None,
-                    "ledger_text": layout.text_or_none(h.key[0]) if h.key else None,
-                    "page_text": layout.text_or_none(h.key[1]) if h.key else None,
-                }
-            )
-        gaps = [
-            {"device": dl.device, "first_seq": g.first, "last_seq": g.last, "since": g.since}
-            for _, dl in sorted(self._logs.items())
-            for g in dl.gaps
-        ]
-        health = self.health()
-        return {
-            "healthy": health["healthy"],
-            "synced": health["synced"],
-            "reasons": health["reasons"],
-            "last_round_ok": self.last_round_ok,
-            "bucket_error": self.bucket_error,
-            "bucket_error_code": self.bucket_error_code,
-            "encryption": self._encryption(),
-            "round_error": self.round_error,
-            "pending_uploads": len(self._pending),
-            "pages": pages,
-            "packs": packs,
-            "gaps": gaps,
-            "devices": [{"device": d, "error": e} for d, e in sorted(self.device_errors.items())],
-            "clock_skew": [self.skew[d] for d in sorted(self.skew)],
-            "poll_interval_s": self.interval,
-            "last_round": self.last_round,
-            "checkpoints": self.checkpoints.status(),
-            "last_compaction": (
-                dataclasses.asdict(self.compactor.last) if self.compactor.last else None
-            ),
-            "requests": self.store.since(Counter()),
-        }
-
-    def _encryption(self) -> dict[str, Any]:
-        """Whether this device encrypts, and its key ids (never a key)."""
-        if self.codec is not None:
-            return {"on": True, "write_key": self.codec.write_kid.hex(), "keys": self.codec.key_ids}
-        return {"on": self.keys is not None, "write_key": None, "keys": []}
+        return self.board.status(self.interval, self.poll_interval)
 
     def health(self) -> dict[str, Any]:
         """Whether sync works, and whether this device is synced, with every reason why
-        not: a problem (see :meth:`problems`: the bucket, a device's log, a page's
-        upload, a held pack: waiting for parents, refused, failed), a gap in a device's
-        log, no round finished lately; and for ``synced``, uploads still pending."""
-        reasons = [str(p["error"]) for p in self.problems()]
-        for _, dl in sorted(self._logs.items()):
-            for g in dl.gaps:
-                reasons.append(
-                    f"device {dl.device}: packs {g.first}-{g.last} are missing from its log"
-                )
-        stale = max(60.0, 3 * self.poll_interval)
-        if self.last_round_ok is None:
-            reasons.append("no sync round has finished yet")
-        elif time.time() - self.last_round_ok > stale:
-            reasons.append(
-                f"no sync round has finished for {time.time() - self.last_round_ok:.0f}s"
-            )
-        pending = len(self._pending)
-        return {
-            "healthy": not reasons,
-            "synced": not reasons and pending == 0,
-            "reasons": reasons,
-            "pending_uploads": pending,
-            "last_round_ok": self.last_round_ok,
-        }
+        not (see :meth:`sync.status.StatusBoard.health`)."""
+        return self.board.health(self.poll_interval)
 
     async def page_status(self, page: Page) -> dict[str, Any]:
-        key = (page.ledger, page.id)
-        st = self.states.get(key, PageState())
-        return {
-            "unsynced_commits": await ex.unsynced_count(page),
-            "last_sync": st.last_sync,
-            "last_error": st.last_error or self._pack_error(key),
-        }
-
-
-@dataclass(frozen=True)
-class _Location:
-    """Where a LAZY piece lies: ``name:offset:length``, plus ``:z{raw length}`` when
-    it is stored compressed (see :meth:`sync.pack.Part.location`)."""
-
-    name: str
-    offset: int
-    stored: int
-    raw: int
-    codec: int
-
-    @classmethod
-    def parse(cls, text: str) -> _Location:
-        name, _, rest = text.partition(":")
-        fields = rest.split(":")
-        offset, stored = int(fields[0]), int(fields[1])
-        if len(fields) == 3 and fields[2].startswith("z"):
-            return cls(name, offset, stored, int(fields[2][1:]), pack.ZSTD)
-        return cls(name, offset, stored, stored, pack.RAW)
-
-
-def _coalesce(
-    items: list[tuple[int, int, T]],
-) -> list[tuple[int, int, list[tuple[int, int, T]]]]:
-    """Sorted (offset, length, item) ranges of one pack as (start, end, members) runs:
-    ranges at most COALESCE_GAP apart share a run of at most COALESCE_SPAN bytes."""
-    runs: list[tuple[int, int, list[tuple[int, int, T]]]] = []
-    for off, length, d in items:
-        if runs:
-            start, end, members = runs[-1]
-            if off - end <= COALESCE_GAP and max(end, off + length) - start <= COALESCE_SPAN:
-                members.append((off, length, d))
-                runs[-1] = (start, max(end, off + length), members)
-                continue
-        runs.append((off, off + length, [(off, length, d)]))
-    return runs
+        return await self.board.page_status(page)

@@ -1,6 +1,6 @@
 """How far this device has read each other device's log, and what it could not import.
 
-This module owns the per-device download state that :mod:`sync.engine` keeps in
+This module owns the per-device download state that :mod:`sync.feed` keeps in
 repository meta (``sync/log/{device}``): the highest sequence seen and its feed
 time, the gaps (sequences missing below it, with the feed times between which
 they must lie), the held packs (listed, not imported: refused, waiting for

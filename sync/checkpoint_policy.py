@@ -1,0 +1,171 @@
+"""When this device writes checkpoints, and when it starts pages from them.
+
+This module owns :class:`CheckpointPolicy`: after a page's upload, a checkpoint
+when its history since the last one calls for it, at most one per
+``checkpoint_interval`` per page (one that has to wait is written by a later
+round); the checkpoints compaction asks for; a page's *frontier* (the newest
+commit imported from each device); and starting pages from checkpoints, on a
+device's first listing of the bucket (bootstrap) and after it was away for longer
+than the compaction grace (rejoin). What a checkpoint holds, and reading and
+writing it, are :mod:`sync.checkpoints`'; what compaction deletes is
+:mod:`sync.compaction`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from ledgerd.store import Page
+from ledgerd.store import exchange as ex
+from ledgerd.sync.checkpoints import Checkpoints
+from ledgerd.sync.context import LOCAL, Key, SyncContext
+from ledgerd.sync.errors import CloudNotFoundError
+from ledgerd.sync.feed import Feed
+from ledgerd.sync.layout import PackName
+from ledgerd.sync.status import describe
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointPolicy:
+    """Writes checkpoints when due, and takes them where a page must start again.
+
+    ``changed(key)`` is told of a page that took a checkpoint over its own history
+    (its changes are pending again); ``grace`` is the compaction grace.
+    """
+
+    def __init__(
+        self,
+        ctx: SyncContext,
+        feed: Feed,
+        checkpoints: Checkpoints,
+        *,
+        interval: float,
+        grace: float,
+        changed: Callable[[Key], None],
+    ) -> None:
+        self.ctx = ctx
+        self.feed = feed
+        self.checkpoints = checkpoints
+        self.interval = interval
+        self.grace = grace
+        self.changed = changed
+        self._due: dict[Key, None] = {}  # waiting for checkpoint_interval
+        self._at: dict[Key, float] = {}  # monotonic time of the page's last one
+
+    async def after_upload(self, page: Page) -> None:
+        """Write a checkpoint of the page if its history since the last one calls for it,
+        at most one per ``checkpoint_interval`` (a bulk load rewrites most of a page in
+        every round); one that has to wait is written by a later round."""
+        key = (page.ledger, page.id)
+        try:
+            if not await self.checkpoints.due(page):
+                self._due.pop(key, None)
+                return
+            if time.monotonic() < self._at.get(key, -1e9) + self.interval:
+                self._due[key] = None
+                return
+            self._due.pop(key, None)
+            self._at[key] = time.monotonic()
+            await self.checkpoints.write(
+                page,
+                self.ctx.repo.device_id,
+                await self.feed.feed_time(),
+                await self.feed.cover(page),
+                also=await self.frontier(page),
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the page's history is still there; a later round retries
+            log.warning(
+                "checkpoint of page %r of ledger %r failed: %s", key[1], key[0], describe(e)
+            )
+
+    async def write_due(self) -> None:
+        """The checkpoints that waited for ``checkpoint_interval`` and may go now."""
+        now = time.monotonic()
+        repo = self.ctx.repo
+        for key in list(self._due):
+            if now >= self._at.get(key, -1e9) + self.interval:
+                if not repo.page_exists(*key) or repo.is_evicted(*key):
+                    self._due.pop(key, None)
+                    continue
+                async with self.ctx.using(key) as page:
+                    await self.after_upload(page)
+
+    async def write_for_compaction(self, key: Key) -> bool:
+        """A checkpoint of ``key`` now, if this device holds the page (compaction's
+        :data:`sync.compaction` writer). True if one was written."""
+        repo = self.ctx.repo
+        if key[0] == LOCAL or not repo.page_exists(*key) or not self.ctx.wanted_here(key):
+            return False
+        async with self.ctx.using(key) as page:
+            return (
+                await self.checkpoints.write(
+                    page,
+                    repo.device_id,
+                    await self.feed.feed_time(),
+                    await self.feed.cover(page),
+                    force=True,
+                    also=await self.frontier(page),
+                )
+                is not None
+            )
+
+    async def frontier(self, page: Page) -> list[bytes]:
+        """The newest commit imported from each device: what it may build on next."""
+        return [v for _, v in await ex.sync_values(page, "frontier/") if len(v) == 32]
+
+    async def bootstrap(self) -> None:
+        """A device that has never listed this bucket starts the pages it has nothing
+        of from their checkpoints (once per cloud URL)."""
+        done = f"sync/bootstrapped/{self.ctx.location}"
+        if self.feed.feed_max or await self.ctx.repo.get_meta(done) is not None:
+            return
+        await self.checkpoints.bootstrap(lambda k: self.ctx.wanted(k), self.ctx.using)
+        await self.ctx.repo.set_meta(done, b"1")
+
+    async def rejoin_if_away(self) -> None:
+        """A device that has not listed the bucket for longer than ``compaction_grace``
+        may have missed packs that are deleted now: it takes each page's newest
+        checkpoint and carries its own unuploaded changes over onto it (see
+        :func:`store.exchange.rejoin`) instead of uploading them on parents the
+        others may no longer have."""
+        listed = await self.feed.wall_listed()
+        away = self.ctx.clock() - listed
+        if not listed or away <= self.grace:
+            return
+        log.warning(
+            "this device last read the bucket %.0f days ago, longer than compaction_grace: "
+            "starting again from the checkpoints",
+            away / 86400,
+        )
+        names = [cn async for cn in self.checkpoints.names()]
+        best = await self.checkpoints.best(names)
+        for cn in sorted(best.values(), key=lambda n: n.name):
+            try:
+                cp = await self.checkpoints.read(cn)
+                if not self.ctx.wanted_here(cp.key):
+                    continue
+                fresh = not self.ctx.repo.page_exists(*cp.key)
+                async with self.ctx.using(cp.key) as page:
+                    await self.checkpoints.take(page, cp, rejoin=not fresh)
+                self.changed(cp.key)
+            except CloudNotFoundError:
+                continue
+            except Exception as e:  # that page goes on from its packs
+                log.warning("checkpoint %s not used: %s", cn.name, describe(e))
+        for dl in self.feed.logs.values():  # held packs the checkpoints hold are not needed
+            for hid, h in list(dl.held.items()):
+                ln = h.ln
+                if (
+                    h.key
+                    and isinstance(ln, PackName)
+                    and self.checkpoints.covered(h.key, ln.device, ln.seq)
+                ):
+                    del dl.held[hid]
+            await self.feed.save_log(dl)
+        await self.feed.set_wall_listed(self.ctx.clock())

@@ -1,0 +1,147 @@
+"""What every sync job reaches: the bucket, the repository, and the pages this device holds.
+
+This module owns :class:`SyncContext`: the bucket's store and its identity check
+(the marker, see :mod:`sync.engine`), the codec that check yields, the repository
+once the engine started, a page leased for one sync step (or the page being
+restored), and which pages this device holds. The engine builds it and gives it to
+each of its jobs (:mod:`sync.feed`, :mod:`sync.upload`, :mod:`sync.download`,
+:mod:`sync.fetch`, :mod:`sync.checkpoint_policy`) when it builds them. It lists,
+uploads and downloads nothing itself, and keeps no per-device or per-page progress.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+
+from ledgerd.store import LOCAL_LEDGER, Page, Repository
+from ledgerd.sync import crypto, layout
+from ledgerd.sync.cloud import Metered
+from ledgerd.sync.errors import AlreadyExistsError, BucketIdentityError, NoBucketError
+
+log = logging.getLogger(__name__)
+
+Key = tuple[bytes, bytes]
+
+LOCAL = LOCAL_LEDGER.encode()
+"""The ledger that is never uploaded, nor written from the bucket (its pages
+stay on this device: see the README's Documents section)."""
+LEGACY_DONE = "sync/legacy-read"
+"""Repository meta: the layout-1 logs of the bucket were read."""
+
+
+class SyncContext:
+    """The bucket and the repository as every sync job sees them.
+
+    ``wants(ledger, page)``, if given, says which pages this device holds; ``clock``
+    is the wall clock (tests skew it); ``location`` names the bucket in repository
+    meta (the cloud URL).
+    """
+
+    def __init__(
+        self,
+        store: Metered,
+        *,
+        location: str,
+        keys: crypto.KeyRing | None,
+        clock: Callable[[], float],
+        wants: Callable[[bytes, bytes], bool] | None,
+    ) -> None:
+        self.store = store
+        self.location = location
+        self.keys = keys
+        self.clock = clock
+        self.wants = wants
+        self.codec: crypto.Codec | None = None
+        """The bucket's codec once its marker was checked, if the bucket is encrypted."""
+        self.bucket_ok = False
+        """The marker was checked (set False to check it again on the next round)."""
+        self.bucket_error: str | None = None
+        self.bucket_error_code: str | None = None
+        """A stable code for the bucket error (``encryption_key_mismatch``...), if it has one."""
+        self.legacy_due = False  # a layout-1 bucket: read its logs on the next round
+        self.restoring: dict[Key, Page] = {}  # evicted pages being brought back
+        self._repo: Repository | None = None
+
+    def attach(self, repo: Repository) -> None:
+        self._repo = repo
+
+    @property
+    def repo(self) -> Repository:
+        if self._repo is None:
+            raise RuntimeError("the sync engine has not started")
+        return self._repo
+
+    @property
+    def device(self) -> str:
+        """This device as it is named in the bucket: its id in hex, or in an encrypted
+        bucket a keyed hash of it."""
+        return self.device_name(self.repo.device_id)
+
+    def device_name(self, device_id: bytes) -> str:
+        return device_id.hex() if self.codec is None else self.codec.device_tag(device_id)
+
+    def seal(self, ident: str) -> tuple[crypto.Codec, str] | None:
+        return None if self.codec is None else (self.codec, ident)
+
+    async def check_bucket(self) -> None:
+        """The bucket carries its marker; the first daemon to use it writes it. A
+        bucket of layout 1 gets the layout-2 marker too, and its logs are read."""
+        if self.bucket_ok:
+            return
+        seen_key = f"sync/bucket-seen/{self.location}"
+        try:
+            names = [n async for n in self.store.list(layout.MARKER + ".")]
+            versions = [v for n in names if (v := layout.marker_version(n)) is not None]
+            if not versions:
+                if await self.repo.get_meta(seen_key) is not None:
+                    raise BucketIdentityError(
+                        f"the bucket has no {layout.MARKER} marker although this device "
+                        "synced with it before: it was moved, unmounted or emptied. ledgerd "
+                        "does not start a new bucket in its place; bring it back, or use "
+                        "another cloud URL for a new bucket"
+                    )
+                await self.store.create_bucket()
+            layout.check_version(max(versions, default=layout.BUCKET_FORMAT))
+            self.codec = await crypto.open_bucket(self.store, names, self.keys, not versions)
+            if layout.BUCKET_FORMAT not in versions:
+                with contextlib.suppress(AlreadyExistsError):
+                    await self.store.put(
+                        layout.marker_name(), layout.marker(self.device, time.time())
+                    )
+                log.info("marked the bucket as a ledgerd bucket (layout %d)", layout.BUCKET_FORMAT)
+            if 1 in versions and await self.repo.get_meta(f"{LEGACY_DONE}/{self.location}") is None:
+                self.legacy_due = True
+        except (BucketIdentityError, NoBucketError) as e:
+            if self.bucket_error != str(e):
+                log.error("cloud sync stopped: %s", e)
+            self.bucket_error = str(e)
+            self.bucket_error_code = getattr(e, "code", None)
+            raise
+        if await self.repo.get_meta(seen_key) is None:
+            await self.repo.set_meta(seen_key, b"1")
+        self.bucket_error = self.bucket_error_code = None
+        self.bucket_ok = True
+
+    @contextlib.asynccontextmanager
+    async def using(self, key: Key) -> AsyncIterator[Page]:
+        """The page, leased (not closed as idle) for one sync step. A page that was
+        not open before is closed again after it, unless someone else opened it
+        meanwhile or something is under way in it."""
+        restoring = self.restoring.get(key)
+        if restoring is not None:  # being restored: the page handed to restore_page
+            yield restoring
+            return
+        async with self.repo.page(*key, transient=True) as page:
+            yield page
+
+    def wanted_here(self, key: Key) -> bool:
+        """Wanted, and stored here now: an evicted page gets what it missed when it is
+        restored (see :meth:`sync.engine.SyncEngine.restore_page`)."""
+        return self.wanted(key) and (key in self.restoring or not self.repo.is_evicted(*key))
+
+    def wanted(self, key: Key) -> bool:
+        # Another device's pack never writes into this device's _local ledger.
+        return key[0] != LOCAL and (self.wants is None or self.wants(*key))

@@ -1,0 +1,353 @@
+"""Downloads: importing the packs the feed listed, holding what cannot be imported yet.
+
+This module owns :class:`Downloader`: per pack, its index and the EAGER sections
+of the pages this device holds, in one ranged GET (or the index, then coalesced
+ranges of sections), handed to the store, which verifies everything before
+storing it; LAZY pieces are recorded with their location (fetched on first read
+by :mod:`sync.fetch`). A pack (or one page of it) that cannot be imported is held
+in its device's log, in the state its failure calls for (refused, waiting for
+parents, deferred, failed), and retried with backoff; it never blocks later packs.
+It also brings an evicted page back (:meth:`Downloader.restore`), and makes a page
+started from a checkpoint read its whole history when a commit needs it. What is
+listed, and the device logs themselves, are :mod:`sync.feed`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from ledgerd.store import Commit, Page
+from ledgerd.store import exchange as ex
+from ledgerd.store.errors import (
+    ClosedError,
+    CorruptObjectError,
+    InvalidArgumentError,
+    TransientStoreError,
+)
+from ledgerd.sync import layout, pack, progress
+from ledgerd.sync.checkpoints import Checkpoints
+from ledgerd.sync.context import Key, SyncContext
+from ledgerd.sync.errors import (
+    CloudError,
+    CloudNotFoundError,
+    RangeNotInObjectError,
+    TransientCloudError,
+)
+from ledgerd.sync.feed import Feed
+from ledgerd.sync.fetch import coalesce
+from ledgerd.sync.layout import LogName, PackName
+from ledgerd.sync.progress import DeviceLog, Held
+from ledgerd.sync.status import StatusBoard, describe
+
+log = logging.getLogger(__name__)
+
+
+class Downloader:
+    """Imports other devices' packs into this device's pages.
+
+    ``clock_skew``: a commit whose time is this many seconds ahead of this device's
+    clock is reported (see :meth:`sync.status.StatusBoard.clock_ahead`).
+    """
+
+    def __init__(
+        self,
+        ctx: SyncContext,
+        feed: Feed,
+        board: StatusBoard,
+        checkpoints: Checkpoints,
+        *,
+        retry_first: float,
+        retry_most: float,
+        clock_skew: float,
+    ) -> None:
+        self.ctx = ctx
+        self.feed = feed
+        self.board = board
+        self.checkpoints = checkpoints
+        self.retry_first = retry_first
+        self.retry_most = retry_most
+        self.clock_skew = clock_skew
+        self._deepen: set[Key] = set()  # shallow pages that need their history
+        self._starved: set[Key] = set()  # shallow pages with a pack waiting for parents
+        self._fed: set[Key] = set()  # pages that imported something in this download
+
+    async def download(self, force: bool = False) -> int:
+        """Import the packs listed and not imported yet, and the held ones that are due;
+        in feed order. Returns how many packs brought something."""
+        await self.feed.probe_gaps(force)
+        for key in sorted(self._deepen):
+            await self._read_history(key)
+        self._fed.clear()
+        now = time.monotonic()
+        due = [
+            (h.ln.time if isinstance(h.ln, PackName) else 0, h.ln.seq, dl, h)
+            for dl in self.feed.logs.values()
+            for h in dl.held.values()
+            if force or now >= h.due
+        ]
+        n = 0
+        for _, _, dl, h in sorted(due, key=lambda x: (x[0], x[3].ln.device, x[1], x[3].id)):
+            if h.id not in dl.held:  # done with its whole pack
+                continue
+            try:
+                if isinstance(h.ln, PackName):
+                    got = await self._import_pack(dl, h.ln, h.key)
+                else:
+                    got = await self._import_v1(dl, h.ln)
+            except CloudError as e:  # the cloud is unreachable now; try again next poll
+                self.board.device_failed(dl.device, e)
+                log.warning("download from device %s failed: %s", dl.device, e)
+                break
+            self.board.device_ok(dl.device)
+            n += got
+            await self.feed.save_log(dl)
+        # A page started from a checkpoint whose packs wait for parents although nothing
+        # else is coming for it: the parents lie below the checkpoint.
+        for key in sorted(self._starved):
+            pending = [
+                h for dl in self.feed.logs.values() for h in dl.held.values() if h.key == key
+            ]
+            if key not in self._fed and all(h.state == progress.WAITING for h in pending):
+                self._starved.discard(key)
+                if pending:
+                    self._deepen.add(key)
+        return n
+
+    async def _read_history(self, key: Key) -> None:
+        """A page started from a checkpoint needs what lies below it (a commit made
+        without having seen the checkpoint's head): read every pack for it again."""
+        self._deepen.discard(key)
+        if not await self.checkpoints.uncover(key):
+            return
+        log.info("page %r of ledger %r reads its whole history", key[1], key[0])
+        touched: dict[str, DeviceLog] = {}
+        async for name in self.ctx.store.list(layout.PACKS):
+            pn = PackName.parse(name)
+            if pn is None:
+                continue
+            dl = touched.get(pn.device) or await self.feed.device_log(pn.device)
+            touched[pn.device] = dl
+            h = Held(pn, key, progress.RETRY, "read again: the page needs its history")
+            dl.held.setdefault(h.id, h)
+        for dl in touched.values():
+            await self.feed.save_log(dl)
+
+    async def _import_pack(self, dl: DeviceLog, pn: PackName, only: Key | None) -> int:
+        """Import a pack's pages that this device holds (or just page ``only``): its
+        index, then the EAGER sections of those pages, coalesced into few ranged GETs
+        (one GET for index and sections when every page is wanted). A page that cannot
+        be imported is held on its own; the others go on. Returns 1 if a page got in."""
+        whole = Held(pn, None, progress.RETRY, "").id
+        try:
+            wanted_all = (
+                only is None
+                and self.ctx.wants is None
+                and not self.checkpoints.may_cover(pn.device, pn.seq)
+            )
+            first = await self.ctx.store.get(
+                pn.name, 0, pn.eager_end if wanted_all else pn.head_end
+            )
+            header = pack.decode_header(
+                first[: pn.head_end], pn.head_end, pn.eager_end, self.ctx.seal(pn.ident)
+            )
+            named = (self.ctx.device_name(header.device), header.seq, header.time)
+            if named != (pn.device, pn.seq, pn.time):
+                raise pack.CorruptPackError("pack does not match its name")
+            pages = [
+                p
+                for p in header.pages
+                if (p.key == only if only is not None else self.ctx.wanted_here(p.key))
+                and not self.checkpoints.covered(p.key, pn.device, pn.seq)
+            ]
+            sections = await self._sections(pn.name, pages, first)
+        except asyncio.CancelledError:
+            raise
+        except CloudNotFoundError:
+            self._drop_held(dl, pn.name)
+            log.warning("pack %s is no longer in the bucket; skipped", pn.name)
+            return 0
+        except (pack.CorruptPackError, RangeNotInObjectError) as e:
+            self._hold(dl, pn, only, progress.REFUSED, f"refused: {describe(e)}")
+            return 0
+        except TransientCloudError as e:
+            self._hold(dl, pn, only, progress.DEFERRED, f"not imported now: {describe(e)}")
+            return 0
+        dl.held.pop(whole, None)
+        got = 0
+        for p in pages:
+            mine = Held(pn, p.key, progress.RETRY, "").id
+            try:
+                lazy = {d: part.location(pn.name) for d, part in p.lazy}
+                async with self.ctx.using(p.key) as page:
+                    bases = await ex.local_nodes(page, p.bases)
+                    commits, eager = pack.decode_section(
+                        sections[p.key], p.eager, self.ctx.codec, bases
+                    )
+                    marker = f"imported/{pn.device}"
+                    done = await ex.sync_value(page, marker)
+                    mark = str(max(pn.seq, int(done) if done else 0)).encode()
+                    tip = ex.newest_commit(commits)
+                    more = [(f"frontier/{pn.device}", tip)] if tip else []
+                    new = await ex.import_remote(
+                        page, commits, eager, lazy, (marker, mark), more=more
+                    )
+                    if new:
+                        await self.checkpoints.grew(page, p.eager.raw)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self._hold_for(dl, pn, p.key, e)
+                continue
+            dl.held.pop(mine, None)
+            self._imported(p.key, pn.device, new)
+            got = 1
+        return got
+
+    async def _sections(
+        self, name: str, pages: list[pack.PageIndex], first: bytes
+    ) -> dict[Key, bytes]:
+        """The stored EAGER sections of ``pages``: from ``first`` (the pack's start)
+        where it holds them, else by coalesced ranged GETs."""
+        out: dict[Key, bytes] = {}
+        missing: list[tuple[int, int, pack.PageIndex]] = []
+        for p in pages:
+            if p.eager.end <= len(first):
+                out[p.key] = first[p.eager.offset : p.eager.end]
+            else:
+                missing.append((p.eager.offset, p.eager.stored, p))
+        for start, end, group in coalesce(sorted(missing, key=lambda x: x[0])):
+            data = await self.ctx.store.get(name, start, end - start)
+            for off, length, p in group:
+                out[p.key] = data[off - start : off - start + length]
+        return out
+
+    def _hold_for(self, dl: DeviceLog, pn: PackName | LogName, key: Key, e: Exception) -> None:
+        """Hold one page of a pack, in the state its failure calls for."""
+        if isinstance(e, ex.MissingParentError):
+            if isinstance(pn, PackName) and self.checkpoints.was_covered(key, pn.device, pn.seq):
+                # Older than the checkpoint the page started from, and its parents were
+                # compacted away: what it holds is in the page already.
+                log.debug("pack %s is below the page's checkpoint; not read again", pn.name)
+                dl.held.pop(Held(pn, key, progress.RETRY, "").id, None)
+                return
+            if key in self.checkpoints.covers:  # perhaps below its checkpoint: see download
+                self._starved.add(key)
+            self._hold(dl, pn, key, progress.WAITING, f"waits for what no pack seen holds: {e}")
+        elif isinstance(
+            e,
+            pack.CorruptPackError
+            | CorruptObjectError
+            | InvalidArgumentError
+            | RangeNotInObjectError,
+        ):
+            self._hold(dl, pn, key, progress.REFUSED, f"refused: {describe(e)}")
+        elif isinstance(e, TransientCloudError | TransientStoreError | ClosedError):
+            self._hold(dl, pn, key, progress.DEFERRED, f"not imported now: {describe(e)}")
+        else:  # the page cannot take it here (newer schema, disk full)
+            self._hold(dl, pn, key, progress.FAILED, f"cannot import it here: {describe(e)}")
+
+    def _drop_held(self, dl: DeviceLog, name: str) -> None:
+        for hid in [hid for hid, h in dl.held.items() if h.ln.name == name]:
+            del dl.held[hid]
+
+    async def _import_v1(self, dl: DeviceLog, ln: LogName) -> int:
+        """Import a layout-1 pack (one page; a bucket being migrated)."""
+        try:
+            data = await self.ctx.store.get(ln.name, 0, ln.eager_end)
+            p = pack.decode_prefix(data, ln.eager_end)
+            if (p.ledger, p.page, p.seq, p.device.hex()) != (ln.ledger, ln.page, ln.seq, ln.device):
+                raise pack.CorruptPackError("pack does not match its name")
+            lazy = {d: f"{ln.name}:{off}:{length}" for d, off, length in p.lazy}
+            async with self.ctx.using(ln.key) as page:
+                marker = f"imported/{ln.device}"
+                done = await ex.sync_value(page, marker)
+                mark = str(max(ln.seq, int(done) if done else 0)).encode()
+                new = await ex.import_remote(page, p.commits, p.eager, lazy, (marker, mark))
+        except asyncio.CancelledError:
+            raise
+        except CloudNotFoundError:
+            self._drop_held(dl, ln.name)
+            log.warning("pack %s is no longer in the bucket; skipped", ln.name)
+            return 0
+        except Exception as e:
+            self._hold_for(dl, ln, ln.key, e)
+            return 0
+        self._drop_held(dl, ln.name)
+        self._imported(ln.key, ln.device, new)
+        return 1
+
+    def _hold(
+        self, dl: DeviceLog, ln: PackName | LogName, key: Key | None, state: str, reason: str
+    ) -> None:
+        hid = Held(ln, key, state, reason).id
+        held = dl.held.get(hid)
+        first = held is None or held.reason != reason
+        if held is None:
+            held = dl.held[hid] = Held(ln, key, state, reason)
+        held.state, held.reason = state, reason
+        held.attempts += 1
+        if state == progress.DEFERRED:
+            held.due = time.monotonic()  # next poll
+        else:
+            held.due = time.monotonic() + progress.backoff(
+                held.attempts, self.retry_first, self.retry_most
+            )
+        level = logging.WARNING if state in (progress.WAITING, progress.DEFERRED) else logging.ERROR
+        log.log(
+            level if first else logging.DEBUG,
+            "pack %s%s: %s; retried with backoff",
+            ln.name,
+            f" (page {key[1]!r} of ledger {key[0]!r})" if key else "",
+            reason,
+        )
+
+    def _imported(self, key: Key, device: str, new: list[Commit]) -> None:
+        self._fed.add(key)
+        self.board.imported(key)
+        # Packs of this page waiting for parents may have them now.
+        for dl in self.feed.logs.values():
+            for h in dl.held.values():
+                if h.key == key and h.state == progress.WAITING:
+                    h.due = 0.0
+        now_us = int(self.ctx.clock() * 1_000_000)
+        for c in new:
+            ahead = (c.timestamp - now_us) / 1e6
+            if c.salt and ahead > self.clock_skew:  # merges carry their parents' times
+                self.board.clock_ahead(device, ahead, c.id)
+
+    async def restore(self, page: Page) -> bool:
+        """Bring an evicted page back (:class:`store.PageRestorer`): its best checkpoint,
+        then every pack above that checkpoint's cover that holds it (or, without a
+        checkpoint, every pack that holds it), imported into ``page`` now. False if
+        the bucket has nothing of it; raises if the bucket cannot be reached."""
+        key = (page.ledger, page.id)
+        if not self.ctx.bucket_ok:
+            await self.ctx.check_bucket()
+        self.ctx.restoring[key] = page
+        try:
+            cover: dict[str, int] = {}
+            found = False
+            best = await self.checkpoints.best(
+                [cn async for cn in self.checkpoints.names(self.checkpoints.tag(key))]
+            )
+            for cn in best.values():
+                cp = await self.checkpoints.read(cn)
+                if cp.key != key:
+                    continue
+                await self.checkpoints.take(page, cp)
+                cover, found = cp.cover, True
+            async for name in self.ctx.store.list(layout.PACKS):
+                pn = PackName.parse(name)
+                if pn is None or pn.seq <= cover.get(pn.device, 0):
+                    continue
+                dl = await self.feed.device_log(pn.device)
+                if Held(pn, None, progress.RETRY, "").id in dl.held:
+                    continue  # listed, not imported yet: the next round brings it
+                found = bool(await self._import_pack(dl, pn, key)) or found
+            for dl in self.feed.logs.values():
+                await self.feed.save_log(dl)
+            return found
+        finally:
+            del self.ctx.restoring[key]

@@ -1,0 +1,276 @@
+"""Discovery: listing the feed, the devices' logs read so far, and this device's next name.
+
+This module owns :class:`Feed`: the LIST of ``packs/`` after the newest feed time
+seen less ``feed_window`` (every device's new packs, each held to be imported),
+the gaps in a device's sequence and their probes with backoff, the layout-1 logs
+of a bucket being migrated (read once), the per-device logs
+(:class:`sync.progress.DeviceLog`, saved in repository meta), and the hybrid
+logical clock that names this device's next pack (:meth:`Feed.next_seq`). From
+those it tells a page's *cover* (how far each device's packs of it are all here).
+It imports nothing: what to do with a held pack is :mod:`sync.download`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+
+from ledgerd.store import Page
+from ledgerd.store import exchange as ex
+from ledgerd.sync import layout, progress
+from ledgerd.sync.context import LEGACY_DONE, SyncContext
+from ledgerd.sync.layout import LogName, PackName
+from ledgerd.sync.progress import DeviceLog, Held
+
+log = logging.getLogger(__name__)
+
+LISTED_WALL = "sync/listed-wall"
+"""Repository meta: the wall time of a listing of the feed, within the hour."""
+LISTED_WALL_STEP = 3600.0
+FEED_WINDOW = 120.0
+"""Seconds of feed time each listing looks back past the newest name seen: packs
+whose PUT was slower than the listing that followed it."""
+
+
+class Feed:
+    """What this device has listed of the bucket's feed, per device.
+
+    ``grace`` is the compaction grace: the wall time of a listing is saved often
+    enough (a quarter of it, at most hourly) that a device can tell it was away
+    for longer.
+    """
+
+    def __init__(
+        self,
+        ctx: SyncContext,
+        *,
+        feed_window: float,
+        retry_first: float,
+        retry_most: float,
+        grace: float,
+    ) -> None:
+        self.ctx = ctx
+        self.feed_window = feed_window
+        self.retry_first = retry_first
+        self.retry_most = retry_most
+        self.grace = grace
+        self.logs: dict[str, DeviceLog] = {}
+        self.devices: set[str] = set()
+        self.feed_max = -1  # the newest feed time listed (-1: not loaded)
+        self.own_seq = 0  # the highest sequence of this device listed or written
+        self.own_time = 0
+        self._ignored: set[str] = set()
+        self._listed_at: float | None = None  # monotonic time of the last listing
+        self._listed_wall = 0.0  # wall time of a recent listing (see wall_listed)
+
+    async def load(self) -> None:
+        self.feed_max = int(await self.ctx.repo.get_meta("sync/feed") or b"0")
+
+    # -- listing -----------------------------------------------------------------------
+
+    async def fresh(self) -> None:
+        """List the feed unless this engine did so within a quarter of the window."""
+        if self._listed_at is None or time.monotonic() - self._listed_at > self.feed_window / 4:
+            await self.list_new()
+
+    async def list_new(self) -> None:
+        """One LIST of ``packs/`` after the cursor (the newest feed time seen, less
+        the window): every device's new packs. Each is held to be imported."""
+        window = int(self.feed_window * 1000)
+        after = layout.feed_after(self.feed_max - window) if self.feed_max else ""
+        started = time.monotonic()
+        newest = self.feed_max
+        touched: set[str] = set()
+        async for name in self.ctx.store.list(layout.PACKS, after):
+            pn = PackName.parse(name)
+            if pn is None:
+                self.ignore(name)
+                continue
+            newest = max(newest, pn.time)
+            if await self.saw(pn):
+                touched.add(pn.device)
+        for device in sorted(touched):
+            await self.save_log(self.logs[device])
+        if newest != self.feed_max:
+            self.feed_max = newest
+            await self.ctx.repo.set_meta("sync/feed", str(newest).encode())
+        self._listed_at = started
+        now = self.ctx.clock()
+        if now - self._listed_wall > min(LISTED_WALL_STEP, self.grace / 4):
+            await self.set_wall_listed(now)
+
+    async def wall_listed(self) -> float:
+        """The wall time of a recent listing (within the hour), 0 if there was none."""
+        if not self._listed_wall:
+            self._listed_wall = float(await self.ctx.repo.get_meta(LISTED_WALL) or b"0")
+        return self._listed_wall
+
+    async def set_wall_listed(self, now: float) -> None:
+        self._listed_wall = now
+        await self.ctx.repo.set_meta(LISTED_WALL, str(now).encode())
+
+    async def saw(self, pn: PackName) -> bool:
+        """Take note of a listed pack; True if it is new (then it is held for import)."""
+        if pn.device == self.ctx.device:
+            self.own_seq = max(self.own_seq, pn.seq)
+            self.own_time = max(self.own_time, pn.time)
+            return False
+        dl = await self.device_log(pn.device)
+        if not dl.is_new(pn.seq):
+            return False
+        if dl.in_gap(pn.seq) and pn.seq < dl.max_seq:
+            log.info("pack %s appeared in a gap of device %s", pn.name, pn.device)
+        dl.saw(pn.seq, pn.time)
+        h = Held(pn, None, progress.RETRY, "listed, not imported yet")
+        dl.held[h.id] = h
+        self.devices.add(pn.device)
+        return True
+
+    async def probe_gaps(self, force: bool) -> None:
+        """List the stretch of the feed where a device's missing packs must be, for
+        gaps older than the window (the window's own listing covers the others)."""
+        now = time.monotonic()
+        floor = self.feed_max - int(self.feed_window * 1000)
+        for dl in list(self.logs.values()):
+            old = [g for g in dl.gaps if g.until and g.after < floor]  # layout 1: none
+            if not old or not (force or now >= dl.probe_due):
+                continue
+            found = 0
+            for g in old:
+                if not dl.in_gap(g.first) and not dl.in_gap(g.last):
+                    continue
+                async for name in self.ctx.store.list(layout.PACKS, layout.feed_after(g.after)):
+                    pn = PackName.parse(name)
+                    if pn is None:
+                        continue
+                    if g.until and pn.time > g.until:
+                        break
+                    if pn.device == dl.device and await self.saw(pn):
+                        found += 1
+            dl.probes = 0 if found else dl.probes + 1
+            dl.probe_due = now + progress.backoff(dl.probes, self.retry_first, self.retry_most)
+            await self.save_log(dl)
+
+    def ignore(self, name: str) -> None:
+        if name not in self._ignored:
+            if len(self._ignored) > 10_000:
+                self._ignored.clear()
+            self._ignored.add(name)
+            log.warning("ignoring an object that no ledgerd writes: %s", name)
+
+    # -- the previous layout -------------------------------------------------------------
+
+    def legacy_seen(self) -> bool:
+        held = (h for dl in self.logs.values() for h in dl.held.values())
+        return any(isinstance(h.ln, LogName) for h in held)
+
+    async def list_legacy(self) -> None:
+        """Read a layout-1 bucket's logs: ``devices/``, then each device's log after
+        the last name read. Done once when this ledgerd first meets the bucket (and on
+        ``sync`` while any such pack is held): daemons of layout 1 stop at the
+        layout-2 marker, so nothing is added there afterwards."""
+        devices = set()
+        async for name in self.ctx.store.list("devices/"):
+            device = name.split("/", 1)[1]
+            if layout.device_ok(device):
+                devices.add(device)
+            else:
+                self.ignore(name)
+        for device in sorted(devices - {self.ctx.device}):
+            dl = await self.device_log(device)
+            async for name in self.ctx.store.list(layout.log_prefix(device), dl.cursor):
+                ln = LogName.parse(name, device)
+                if ln is None:  # a stray file never moves the cursor past later packs
+                    self.ignore(name)
+                    continue
+                dl.cursor = max(dl.cursor, name)
+                if dl.is_new(ln.seq):
+                    dl.saw(ln.seq)
+                h = Held(ln, ln.key, progress.RETRY, "listed, not imported yet")
+                dl.held[h.id] = h
+            await self.save_log(dl)
+        await self.ctx.repo.set_meta(f"{LEGACY_DONE}/{self.ctx.location}", b"1")
+        self.ctx.legacy_due = False
+
+    # -- the devices' logs ---------------------------------------------------------------
+
+    async def device_log(self, device: str) -> DeviceLog:
+        dl = self.logs.get(device)
+        if dl is not None:
+            return dl
+        raw = await self.ctx.repo.get_meta(f"sync/log/{device}")
+        if raw is not None:
+            try:
+                dl = DeviceLog.decode(device, raw)
+            except ValueError as e:
+                log.warning("%s; reading that device's log from its start", e)
+        if dl is None:  # first contact, or the cursor of an older ledgerd
+            cursor = (await self.ctx.repo.get_meta(f"sync/cursor/{device}") or b"").decode()
+            ln = LogName.parse(cursor, device)
+            dl = DeviceLog(device, cursor, ln.seq if ln else 0)
+        self.logs[device] = dl
+        return dl
+
+    async def save_log(self, dl: DeviceLog) -> None:
+        await self.ctx.repo.set_meta(f"sync/log/{dl.device}", dl.encode())
+
+    def held(self) -> Iterable[Held]:
+        for device in sorted(self.logs):
+            yield from sorted(self.logs[device].held.values(), key=lambda h: (h.ln.seq, h.id))
+
+    def deferred(self) -> bool:
+        return any(
+            h.state == progress.DEFERRED for dl in self.logs.values() for h in dl.held.values()
+        )
+
+    # -- this device's names -------------------------------------------------------------
+
+    async def next_seq(self) -> tuple[int, int]:
+        """The next sequence number and feed time, saved before use.
+
+        The sequence is never below what the bucket shows of this device (the last
+        listing saw its packs after the cursor); the feed time is never below this
+        device's last pack nor the newest name listed (a hybrid logical clock), so
+        a reader's cursor never passes a pack that is not up yet, whatever the
+        clocks say.
+        """
+        await self.fresh()
+        repo = self.ctx.repo
+        seq = max(int(await repo.get_meta("sync/seq") or b"0"), self.own_seq) + 1
+        last = int(await repo.get_meta("sync/seq_time") or b"0")
+        t = max(int(self.ctx.clock() * 1000), self.feed_max, last + 1, self.own_time + 1)
+        await repo.set_meta("sync/seq", str(seq).encode())
+        await repo.set_meta("sync/seq_time", str(t).encode())
+        return seq, t
+
+    def wrote(self, seq: int, t: int) -> None:
+        """This device's pack of sequence ``seq`` and feed time ``t`` is in the bucket."""
+        self.own_seq, self.own_time = max(self.own_seq, seq), max(self.own_time, t)
+
+    async def feed_time(self) -> int:
+        """A feed time for a checkpoint: never below this device's last pack nor the
+        newest name listed (as for packs, without using a sequence number)."""
+        return max(int(self.ctx.clock() * 1000), self.feed_max, self.own_time)
+
+    async def cover(self, page: Page) -> dict[str, int]:
+        """Per device, the highest sequence whose packs' commits of this page are all
+        here (so, with one head, ancestors of it): every pack listed, below anything
+        held or missing (and what the checkpoint this page started from covered)."""
+        key = (page.ledger, page.id)
+        device_here = self.ctx.device
+        cover = {device_here: self.own_seq}
+        for name, value in await ex.sync_values(page, "imported/"):
+            device = name.removeprefix("imported/")
+            if layout.device_ok(device) and device != device_here:
+                cover[device] = int(value)
+        for device, dl in self.logs.items():
+            if device == device_here:
+                continue
+            cover[device] = max(cover.get(device, 0), dl.max_seq)
+            for h in dl.held.values():
+                if isinstance(h.ln, PackName) and (h.key is None or h.key == key):
+                    cover[device] = min(cover[device], h.ln.seq - 1)
+            for g in dl.gaps:
+                cover[device] = min(cover[device], g.first - 1)
+        return {d: s for d, s in cover.items() if s > 0}

@@ -1,0 +1,311 @@
+"""Upload rounds: a round's pages' new commits and pieces into packs, and the packs up.
+
+This module owns :class:`Uploader`: every page with pending commits (and every
+open page) goes into one pack, one section per page (its commits and EAGER
+pieces, then all pages' LAZY pieces in the order of their values' bytes); past
+``max_pack`` bytes the round writes more packs, a page's tree nodes and commits
+always in the last pack that holds its pieces, so objects are in the bucket before
+any commit that references them is visible. A pack is named (sequence number and
+feed time, from :meth:`sync.feed.Feed.next_seq`) before its PUT; once it is up,
+its pages' pieces become ``synced`` and their commits leave ``unsynced``, and a
+page's checkpoint may follow (:mod:`sync.checkpoint_policy`). It also seals this
+device's packs again under a new key (:meth:`Uploader.reseal`). Which pages are
+pending is :mod:`sync.pending`'s; the pack format is :mod:`sync.pack`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+from ledgerd.store import Page
+from ledgerd.store import digest as dg
+from ledgerd.store import exchange as ex
+from ledgerd.sync import crypto, layout, pack
+from ledgerd.sync.checkpoint_policy import CheckpointPolicy
+from ledgerd.sync.checkpoints import Checkpoints
+from ledgerd.sync.context import LOCAL, Key, SyncContext
+from ledgerd.sync.errors import AlreadyExistsError
+from ledgerd.sync.feed import Feed
+from ledgerd.sync.layout import PackName
+from ledgerd.sync.pending import Pending
+from ledgerd.sync.status import StatusBoard
+
+log = logging.getLogger(__name__)
+
+MAX_PACK = 32 * 1024 * 1024
+EDIT_BASES = 4 * 1024 * 1024
+"""Most bytes of old tree nodes a page's section is compressed over."""
+LEASE_MOST = 64
+"""Pages an upload round keeps open until their pack is up."""
+READ_BATCH = 4 * 1024 * 1024
+"""Bytes of pieces read from a page in one go while a pack is built."""
+
+
+@dataclass
+class _Uploaded:
+    """A page whose commits went (or go) up in a round: what to mark afterwards."""
+
+    key: Key
+    seen: int | None
+    commits: list[bytes]
+    digests: list[bytes]
+    history: int = 0  # bytes of commits and EAGER pieces: what a new device would read
+
+
+@dataclass
+class _Round:
+    """The pack being built in an upload round, and the pages it carries."""
+
+    sections: dict[Key, pack.Section] = field(default_factory=dict)
+    size: int = 0
+    packs: int = 0
+    waiting: list[_Uploaded] = field(default_factory=list)  # whole, in the unsent pack
+    uploaded: list[_Uploaded] = field(default_factory=list)
+
+    def section(self, key: Key) -> pack.Section:
+        s = self.sections.get(key)
+        if s is None:
+            s = self.sections[key] = pack.Section(*key)
+        return s
+
+    def added(self, u: _Uploaded) -> None:
+        self.waiting.append(u)
+
+    def drop(self, key: Key) -> None:
+        s = self.sections.pop(key, None)
+        if s is not None:
+            self.size -= s.size()
+        self.waiting = [u for u in self.waiting if u.key != key]
+
+    def sent(self) -> None:
+        self.uploaded.extend(self.waiting)
+        self.waiting.clear()
+        self.sections.clear()
+        self.size = 0
+        self.packs += 1
+
+
+class Uploader:
+    """Puts this device's pending commits into packs in the bucket."""
+
+    def __init__(
+        self,
+        ctx: SyncContext,
+        feed: Feed,
+        pending: Pending,
+        board: StatusBoard,
+        checkpoints: Checkpoints,
+        policy: CheckpointPolicy,
+        *,
+        max_pack: int,
+    ) -> None:
+        self.ctx = ctx
+        self.feed = feed
+        self.pending = pending
+        self.board = board
+        self.checkpoints = checkpoints
+        self.policy = policy
+        self.max_pack = max_pack
+
+    async def upload_all(self, only: tuple[bytes, bytes | None] | None = None) -> int:
+        """Upload the pages with pending commits and the open ones (of ``only``, if
+        given), all in one pack (more only past ``max_pack`` bytes). Returns packs put."""
+        repo = self.ctx.repo
+        if not self.pending.loaded:
+            await self.pending.load()
+        # Open pages too: their latest writes may not be committed yet (group commit).
+        candidates = set(self.pending.counts) | {(p.ledger, p.id) for p in repo.open_pages()}
+        keys = [
+            k
+            for k in sorted(candidates)
+            if k[0] != LOCAL and (only is None or (k[0] == only[0] and only[1] in (None, k[1])))
+        ]
+        await self.pending.save()
+        rnd = _Round()
+        async with contextlib.AsyncExitStack() as stack:
+            # Pages stay leased until their pack is up (a bounded number of them;
+            # the others are opened again to record the upload).
+            leased: dict[Key, Page] = {}
+            for key in keys:
+                seen = self.pending.seen(key)
+                if not repo.page_exists(*key) or repo.is_evicted(*key):
+                    self.pending.forget(key)
+                    self.board.forget(key)
+                    continue
+                try:
+                    if len(leased) < LEASE_MOST:
+                        page = await stack.enter_async_context(self.ctx.using(key))
+                        leased[key] = page
+                        await self._take_page(rnd, page, seen)
+                    else:
+                        async with self.ctx.using(key) as page:
+                            await self._take_page(rnd, page, seen)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # this page's failure stays this page's
+                    rnd.drop(key)
+                    self.board.page_failed(key, e)
+            with contextlib.suppress(Exception):  # its pages' failures are in status
+                await self._flush(rnd)
+            for u in rnd.uploaded:  # each page's commits are in the bucket now
+                try:
+                    if u.key in leased:
+                        await self._mark(leased[u.key], u)
+                    else:
+                        async with self.ctx.using(u.key) as page:
+                            await self._mark(page, u)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # uploaded, not recorded: it goes up again next round
+                    self.board.page_failed(u.key, e)
+        await self.pending.save()
+        return rnd.packs
+
+    async def _take_page(self, rnd: _Round, page: Page, seen: int | None) -> None:
+        key = (page.ledger, page.id)
+        up = await ex.pending_upload(page)
+        if up.empty:
+            self._page_done(key, seen, await ex.unsynced_count(page))  # a conflict keeps some
+            return
+        history = await self._add_page(rnd, page, up)
+        rnd.added(_Uploaded(key, seen, [c.id for c in up.commits], [*up.eager, *up.lazy], history))
+
+    async def _mark(self, page: Page, u: _Uploaded) -> None:
+        await ex.mark_uploaded(page, u.commits, u.digests)
+        self.board.synced(page)
+        self._page_done(u.key, u.seen, await ex.unsynced_count(page))
+        await self.checkpoints.grew(page, u.history)
+        await self.policy.after_upload(page)
+
+    def _page_done(self, key: Key, seen: int | None, left: int) -> None:
+        self.board.no_error(key)
+        self.pending.done(key, seen, left)
+
+    async def _add_page(self, rnd: _Round, page: Page, up: ex.Upload) -> int:
+        """Put a page's commits and pieces into the round's pack; a pack that would
+        pass ``max_pack`` goes up first. A page larger than that spreads its value
+        pieces over several packs, its tree nodes and commits in the last, so that
+        objects are in the bucket before any commit that references them (the reader
+        checks a commit's whole new tree within one pack)."""
+        key = (page.ledger, page.id)
+        sizes = await ex.piece_sizes(page, [*up.eager, *up.lazy])
+        nodes = [d for d in up.eager if dg.kind_of(d) is dg.Kind.TREE]
+        values = [d for d in up.eager if dg.kind_of(d) is not dg.Kind.TREE]
+        commits = [c.data for c in up.commits]
+        total = sum(sizes.values()) + sum(map(len, commits))
+        if rnd.size + total > self.max_pack and rnd.sections:
+            await self._flush(rnd)
+        sec = rnd.section(key)
+        batch: list[tuple[bool, bytes]] = []
+        batch_size = 0
+
+        async def read(batch: list[tuple[bool, bytes]]) -> None:
+            got = await ex.read_pieces(page, [d for _, d in batch])
+            for is_lazy, d in batch:
+                (rnd.section(key).lazy if is_lazy else rnd.section(key).eager).append((d, got[d]))
+                rnd.size += len(got[d])
+
+        for item in [*((False, d) for d in values), *((True, d) for d in up.lazy)]:
+            n = sizes.get(item[1], 0)
+            if rnd.size + batch_size + n > self.max_pack and (rnd.size or batch):
+                await read(batch)
+                batch, batch_size = [], 0
+                await self._flush(rnd)  # this page goes on in the next pack
+            batch.append(item)
+            batch_size += n
+            if batch_size >= READ_BATCH:
+                await read(batch)
+                batch, batch_size = [], 0
+        await read(batch)
+        tail = sum(sizes.get(d, 0) for d in nodes) + sum(map(len, commits))
+        if rnd.size + tail > self.max_pack and rnd.size:
+            await self._flush(rnd)
+        await read([(False, d) for d in nodes])
+        sec = rnd.section(key)
+        sec.commits = commits
+        if nodes and up.base_root:  # the nodes go as edits of those they replace
+            bases = await ex.replaced_nodes(page, up.base_root, nodes, EDIT_BASES)
+            got = await ex.read_pieces(page, bases)
+            sec.bases = [(d, got[d]) for d in bases]
+        rnd.size += sum(map(len, commits))
+        return sum(sizes.get(d, 0) for d in up.eager) + sum(map(len, commits))
+
+    async def _flush(self, rnd: _Round) -> None:
+        """PUT the round's pack, if it holds anything; its pages' commits are then up."""
+        sections = [s for s in rnd.sections.values() if s.commits or s.eager or s.lazy]
+        if not sections:
+            rnd.sections.clear()
+            return
+        try:
+            await self._put_pack(sections, rnd.size)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # every page in it failed this round; the caller's too
+            for key in {*rnd.sections, *(u.key for u in rnd.waiting)}:
+                rnd.drop(key)
+                self.board.page_failed(key, e)
+            raise
+        rnd.sent()
+
+    async def _put_pack(self, sections: list[pack.Section], size: int) -> None:
+        store = self.ctx.store
+        while True:
+            seq, t = await self.feed.next_seq()  # taken (and saved) before the PUT
+            device = self.ctx.repo.device_id
+            seal = self.ctx.seal(PackName.make(t, self.ctx.device, seq, 0, 0).ident)
+            if size > 1 << 20:  # compressing megabytes: off the event loop
+                data, head_end, eager_end = await asyncio.to_thread(
+                    pack.encode, device, seq, t, sections, None, seal
+                )
+            else:
+                data, head_end, eager_end = pack.encode(device, seq, t, sections, seal=seal)
+            name = PackName.make(t, self.ctx.device, seq, head_end, eager_end).name
+            try:
+                await store.put(name, data)
+            except AlreadyExistsError:
+                # Ours if a retried PUT's first attempt landed; otherwise a reused number.
+                if await store.get(name, 0, head_end) != data[:head_end]:
+                    log.warning("sequence %d was already used; taking the next", seq)
+                    self.feed.own_seq = max(self.feed.own_seq, seq)
+                    continue
+            self.feed.wrote(seq, t)
+            log.debug("uploaded pack %s: %d pages, %d bytes", name, len(sections), len(data))
+            return
+
+    async def reseal(self) -> int:
+        """This device's packs sealed with another key than the write key, up again
+        sealed with it, as new packs (see :meth:`sync.engine.SyncEngine.reencrypt`;
+        the bucket's marker was just checked). Returns the packs uploaded."""
+        codec, store, repo = self.ctx.codec, self.ctx.store, self.ctx.repo
+        if codec is None:
+            raise crypto.EncryptionError("the bucket is not encrypted: nothing to re-encrypt")
+        n = 0
+        done = f"sync/rekeyed/{self.ctx.location}/{codec.write_kid.hex()}"
+        after = (await repo.get_meta(done) or b"").decode()
+        async for name in store.list(layout.PACKS, after):
+            pn = PackName.parse(name)
+            if pn is None or pn.device != self.ctx.device:
+                continue
+            head = await store.get(name, 0, pn.head_end)
+            if codec.key_id(head[len(pack.MAGICE) :]) == codec.write_kid:
+                continue
+            data = await store.get(name)
+            seal = self.ctx.seal(pn.ident)
+            header = pack.decode_header(data[: pn.head_end], pn.head_end, pn.eager_end, seal)
+            bases: dict[Key, list[tuple[bytes, bytes]]] = {}
+            for p in header.pages:  # an edited section is read over its page's nodes
+                if p.bases:
+                    async with self.ctx.using(p.key) as page:
+                        got = await ex.read_pieces(page, p.bases)
+                    bases[p.key] = [(d, got[d]) for d in p.bases]
+            sections = await asyncio.to_thread(
+                pack.decode_all, data, pn.head_end, pn.eager_end, seal, bases
+            )
+            await self._put_pack(sections, len(data))
+            await repo.set_meta(done, name.encode())  # its copy is up
+            log.info("re-encrypted pack %s with key %s", name, codec.write_kid.hex())
+            n += 1
+        return n
