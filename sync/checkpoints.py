@@ -299,7 +299,7 @@ class Checkpoints:
         lazy = {d: part.location(cn.name) for d, part in p.lazy}
         if not sections:
             return Checkpoint(cn, p.key, cover, [], {}, lazy)
-        commits, eager = pack.decode_section(
+        commits, eager = await pack.read_section(
             data[p.eager.offset : p.eager.end], p.eager, self.codec()
         )
         if not commits:

@@ -39,6 +39,7 @@ digests and commit ids are verified by the store on import.
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -376,6 +377,21 @@ def decode_section(
     except Exception as e:
         raise CorruptPackError(f"a page's section of a pack is unreadable: {e}") from e
     return commits, out
+
+
+DECODE_INLINE = 256 * 1024
+"""A section of at most this many bytes (decompressed) is decoded on the event loop;
+a larger one on a thread: decoding a section of 100,000 pieces (decompressing,
+unpacking, hashing every piece of a bare one) held the loop 0.1 s."""
+
+
+async def read_section(
+    stored: bytes, part: Part, codec: Codec | None = None, bases: bytes = b""
+) -> tuple[list[bytes], dict[bytes, bytes]]:
+    """:func:`decode_section`, on a thread if the section is large."""
+    if part.raw <= DECODE_INLINE:
+        return decode_section(stored, part, codec, bases)
+    return await asyncio.to_thread(decode_section, stored, part, codec, bases)
 
 
 def decode_all(

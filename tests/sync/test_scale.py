@@ -296,6 +296,22 @@ def test_a_damaged_compressed_section_is_refused() -> None:
         pack.decode_section(data[part.offset : part.end], bomb)
 
 
+@pytest.mark.parametrize("pieces", [10, 2000])  # decoded on the loop, and on a thread
+async def test_a_section_reads_the_same_on_the_loop_and_off_it(pieces: int) -> None:
+    rng = random.Random(8)
+    values = [rng.randbytes(200) for _ in range(pieces)]
+    section = pack.Section(b"l", b"p", [b"c" * 100], [(_digest(v), v) for v in values])
+    data, head_end, eager_end = pack.encode(os.urandom(16), 1, 1, [section])
+    part = pack.decode_header(data[:head_end], head_end, eager_end).pages[0].eager
+    stored = data[part.offset : part.end]
+    assert (part.raw > pack.DECODE_INLINE) == (pieces == 2000)
+    assert await pack.read_section(stored, part) == pack.decode_section(stored, part)
+    commits, eager = await pack.read_section(stored, part)
+    assert commits == [b"c" * 100] and sorted(eager.values()) == sorted(values)
+    with pytest.raises(pack.CorruptPackError):  # an error comes back from the thread too
+        await pack.read_section(stored[: len(stored) // 2], part)
+
+
 def test_commits_keep_their_ids_through_a_pack() -> None:
     c = commit.make((), 1, 1, b"", b"salt")
     section = pack.Section(b"l", b"p", [c.data] * 3)
