@@ -7,9 +7,10 @@ not choose when to merge or store anything; :mod:`store.page` does.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import heapq
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -98,6 +99,36 @@ def later(a: Commit, b: Commit) -> tuple[Commit, Commit]:
     return (a, b) if (a.timestamp, a.id) > (b.timestamp, b.id) else (b, a)
 
 
+TURN_KEYS = 2048
+"""Keys (or documents) a merge handles between two turns it gives the event loop."""
+
+Chosen = tuple[bytes, Entry | None, Entry | None, Entry | None]
+"""A changed key of a merge: (key, the merged entry, the left's, the right's); None
+where the key is absent."""
+
+
+async def apply_to_nearer(
+    builder: Builder, left_root: bytes, right_root: bytes, chosen: Iterable[Chosen]
+) -> bytes:
+    """The merged tree: the merge's entries applied to the side they differ from in
+    fewer keys. Trees are canonical (the same entries make the same tree whatever
+    it was made from), so the result is the same from either side, and a merge
+    costs what the smaller side changed: a device with a few edits of its own
+    that merges a large import rewrites a few paths, not the whole page."""
+    onto_left: list[tuple[bytes, Entry | None]] = []
+    onto_right: list[tuple[bytes, Entry | None]] = []
+    for i, (key, take, left, right) in enumerate(chosen):
+        if i % TURN_KEYS == TURN_KEYS - 1:
+            await asyncio.sleep(0)
+        if take != left:
+            onto_left.append((key, take))
+        if take != right:
+            onto_right.append((key, take))
+    if len(onto_left) <= len(onto_right):
+        return await builder.apply(left_root, onto_left)
+    return await builder.apply(right_root, onto_right)
+
+
 async def last_one_wins(builder: Builder, base_root: bytes, a: Commit, b: Commit) -> bytes:
     """Merged tree of ``a`` and ``b`` over ``base_root``: per key, the later commit wins.
 
@@ -105,13 +136,13 @@ async def last_one_wins(builder: Builder, base_root: bytes, a: Commit, b: Commit
     sides take the later commit's entry (a delete included).
     """
     win, lose = later(a, b)
-    changes: list[tuple[bytes, Entry | None]] = []
+    chosen: list[Chosen] = []
     # Through the builder: a virtual merge base's nodes exist only in it.
     async for c in btree.diff3(builder, base_root, win.root, lose.root):
         # left is the winner's side, right the loser's.
-        if c.left == c.base and c.right != c.base:
-            changes.append((c.key, c.right))
-    return await builder.apply(win.root, changes)
+        take = c.right if c.left == c.base and c.right != c.base else c.left
+        chosen.append((c.key, take, c.left, c.right))
+    return await apply_to_nearer(builder, win.root, lose.root, chosen)
 
 
 class Policy(enum.Enum):
@@ -176,6 +207,7 @@ async def resolve(
     ``ask``. Raises NeedsResolver when an answer is needed and ``ask`` is None.
     """
     changes = [c async for c in btree.diff3(builder, base_root, left.root, right.root)]
+    sides = {c.key: (c.left, c.right) for c in changes}
     result: dict[bytes, Entry | None] = {}
     pending: list[Conflict] = []
     for c in changes:
@@ -209,7 +241,8 @@ async def resolve(
                 )
             else:
                 raise NeedsResolver(f"the resolver's answer for {conflict.key[:40]!r} is invalid")
-    return await builder.apply(base_root, list(result.items()))
+    chosen = [(k, e, *sides[k]) for k, e in result.items()]
+    return await apply_to_nearer(builder, left.root, right.root, chosen)
 
 
 # -- documents -------------------------------------------------------------------
@@ -235,23 +268,25 @@ async def by_revision(builder: Builder, base_root: bytes, a: Commit, b: Commit) 
     """
     win, _ = later(a, b)
     a_wins = win is a
-    result: list[tuple[bytes, Entry | None]] = []
+    result: list[Chosen] = []
     groups: dict[bytes, list[btree.Change3]] = {}
     async for c in btree.diff3(builder, base_root, a.root, b.root):
         group = doclayout.group_of(c.key)
         if group is not None:
             groups.setdefault(group, []).append(c)
         elif c.left == c.base:
-            result.append((c.key, c.right))
+            result.append((c.key, c.right, c.left, c.right))
         elif c.right == c.base or c.left == c.right:
-            result.append((c.key, c.left))
+            result.append((c.key, c.left, c.left, c.right))
         else:
-            result.append((c.key, c.left if a_wins else c.right))
-    for group, changes in groups.items():
+            result.append((c.key, c.left if a_wins else c.right, c.left, c.right))
+    for i, (group, changes) in enumerate(groups.items()):
+        if i % TURN_KEYS == TURN_KEYS - 1:
+            await asyncio.sleep(0)  # a merge of a large import lets others run meanwhile
         head = doclayout.head_key_of_group(group)
         hc = next((c for c in changes if c.key == head), None)
         left, right = (None, None) if hc is None else (hc.left, hc.right)
         lr, rr = doclayout.rank(left), doclayout.rank(right)
         take_left = lr > rr if lr != rr else a_wins  # equal heads: the later commit's keys
-        result.extend((c.key, c.left if take_left else c.right) for c in changes)
-    return await builder.apply(base_root, result)
+        result.extend((c.key, c.left if take_left else c.right, c.left, c.right) for c in changes)
+    return await apply_to_nearer(builder, a.root, b.root, result)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ledgerd.store import Page, Repository, TransactionClosedError, commit, merge
+from ledgerd.store import Page, Repository, TransactionClosedError, btree, commit, merge
 from ledgerd.store import digest as dg
 from ledgerd.store.btree import Builder, Entry
 from ledgerd.store.commit import Commit
@@ -109,3 +109,47 @@ async def test_put_racing_commit_does_not_discard_committed_values(tmp_path: Pat
             await late
         assert await page.get(b"a") == b"A" * 600_000
         assert not await page.contains(b"b")
+
+
+@pytest.mark.parametrize("policy", ["lww", "documents", "resolve"])
+async def test_a_merge_rewrites_what_the_smaller_side_changed(
+    tmp_path: Path, policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device with one edit merging a large import: the merged tree is the large
+    side with the one edit applied (a few nodes made), and the same tree as applying
+    everything to the merge base."""
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        base = page.head
+        big = await _commit(page, [base], [_ent(b"k%05d" % i, b"v%d" % i) for i in range(5000)])
+        small = await _commit(page, [base], [_ent(b"k02500x", b"mine")])
+        a, b = sorted([big, small], key=lambda c: c.id)
+        made = 0
+        add = Builder._add
+
+        def counting(self: Builder, node: object) -> bytes:
+            nonlocal made
+            made += 1
+            return add(self, node)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(Builder, "_add", counting)
+        bld = Builder(page.nodes)
+        if policy == "lww":
+            root = await merge.last_one_wins(bld, base.root, a, b)
+        elif policy == "documents":
+            root = await merge.by_revision(bld, base.root, a, b)
+        else:
+            root = await merge.resolve(
+                bld, base.root, a, b, merge.Policy.AUTOMATIC_WITH_FALLBACK, None, _no_value
+            )
+        assert made < 10  # a path or two; the whole tree is about a hundred nodes
+        monkeypatch.setattr(Builder, "_add", add)
+        everything = [
+            (c.key, c.left if c.left != c.base else c.right)
+            async for c in btree.diff3(page.nodes, base.root, a.root, b.root)
+        ]
+        assert root == await Builder(page.nodes).apply(base.root, everything)
+
+
+def _no_value(key: bytes, data: bytes, like: Entry | None) -> Entry:
+    raise AssertionError("no conflict to resolve")
