@@ -109,10 +109,13 @@ async def pending_upload(page: Page) -> Upload:
     if heads and heads[0].id in unsynced:
         base = heads[0]
         while base.id in unsynced and base.parents:
-            base = await page.load_commit(base.parents[0])
+            # A merge of an import steps to its uploaded parent: the diff is then this
+            # device's side, not the whole import (which is in the cloud already).
+            up = [p for p in base.parents if p not in unsynced]
+            base = await page.load_commit(up[0] if up else base.parents[0])
         base_root = btree.EMPTY if base.id in unsynced else base.root
         await changes(base_root, heads[0].root)
-    pieces_of = {root: await page.objects.value_pieces([root]) for root in lazy_roots | eager_roots}
+    pieces_of = {root: await _value_pieces(page, root) for root in lazy_roots | eager_roots}
     seen = {d for ps in pieces_of.values() for d in ps}
     if any(dg.kind_of(d) == dg.Kind.VALUE and d not in seen for d in local):
         for c in commits:  # a value replaced since: which priority did it have?
@@ -121,7 +124,7 @@ async def pending_upload(page: Page) -> Upload:
             )
         for root in lazy_roots | eager_roots:
             if root not in pieces_of:
-                pieces_of[root] = await page.objects.value_pieces([root])
+                pieces_of[root] = await _value_pieces(page, root)
     lazy = {d for root in lazy_roots for d in pieces_of[root] if d in local}
     if lazy:
         for root in eager_roots:  # a piece an EAGER value also uses travels EAGER
@@ -136,6 +139,16 @@ async def pending_upload(page: Page) -> Upload:
                 ordered[d] = None
     ordered.update(dict.fromkeys(sorted(lazy)))
     return Upload(commits, eager, list(ordered), base_root)
+
+
+async def _value_pieces(page: Page, root: bytes) -> set[bytes]:
+    """The stored pieces of one value: a value of one chunk is its own (no call for
+    it: an upload of a bulk load asks for a hundred thousand)."""
+    if dg.is_inline(root):
+        return set()
+    if not dg.is_index(root):
+        return {root}
+    return await page.objects.value_pieces([root])
 
 
 async def _pieces_in_order(page: Page, root: bytes) -> list[bytes]:
@@ -372,6 +385,8 @@ async def head_snapshot(page: Page, also: Iterable[bytes] = ()) -> Snapshot | No
             seen.add(d)
             if not dg.is_inline(d):
                 nodes.append(d)
+            if len(seen) % btree.DIFF_TURN_NODES == 0:
+                await asyncio.sleep(0)  # a whole tree: others run meanwhile
             node = await page.nodes.load(d)
             nxt.extend(c for c in node.children if c and c not in seen)
             for e in node.entries:

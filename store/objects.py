@@ -54,6 +54,10 @@ BLOCK_SIZE = 4 * 1024 * 1024
 READ_BATCH = 64
 """Pieces fetched per query when reading a value."""
 
+TURN_PIECES = 8192
+"""Pieces :meth:`ObjectStore.value_pieces` goes through between two turns it gives
+the event loop."""
+
 _THREAD_MIN = 256 * 1024
 """Below this many bytes, splitting or verifying runs inline instead of on a thread."""
 
@@ -287,11 +291,16 @@ class ObjectStore:
         read to find their chunks; inline digests have none)."""
         out: set[bytes] = set()
         stack = [r for r in roots if not dg.is_inline(r)]
+        turn = TURN_PIECES
         while stack:
             d = stack.pop()
             if d in out:
                 continue
             out.add(d)
+            turn -= 1
+            if not turn:  # a whole page's values (a checkpoint): others run meanwhile
+                turn = TURN_PIECES
+                await asyncio.sleep(0)
             if dg.is_index(d):
                 index = split.decode_index(await self.get_piece(d))
                 stack.extend(c.digest for c in index if not dg.is_inline(c.digest))

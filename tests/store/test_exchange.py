@@ -92,3 +92,36 @@ async def test_an_import_with_a_corrupt_piece_stores_nothing(tmp_path: Path, ent
         assert [e async for e in b.iter_entries()] == []
         assert await exchange.import_remote(b, commits, pieces, {})
         assert [e async for e in b.iter_entries()] == [e async for e in a.iter_entries()]
+
+
+async def test_after_merging_an_import_the_upload_diffs_from_the_imported_parent(
+    tmp_path: Path,
+) -> None:
+    """A device with one commit of its own imports a large page and merges: what it
+    uploads next is worked out from the imported head, not from the empty page."""
+    rng = random.Random(4)
+    async with await Repository.open(tmp_path / "a") as ra:
+        a = await ra.ledger("l").page("p")
+        async with a.transaction() as txn:
+            await txn.put_many((rng.randbytes(8), rng.randbytes(100)) for _ in range(3000))
+        up = await exchange.pending_upload(a)
+        pieces = await a.objects.get_pieces(up.eager)
+    # A merge's parents are in id order: the device's own commit first is the case
+    # that walked its history down to the empty page.
+    for attempt in range(64):
+        async with await Repository.open(tmp_path / f"b{attempt}") as rb:
+            b = await rb.ledger("l").page("p")
+            await b.put(b"mine", b"m%d" % attempt)
+            await b.flush()
+            [imported] = await exchange.import_remote(b, [c.data for c in up.commits], pieces, {})
+            await b.merger.settle()
+            assert len(await b.heads()) == 1 and imported.id in b.head.parents  # merged
+            if b.head.parents[0] == imported.id:
+                continue
+            mine = await exchange.pending_upload(b)
+            assert mine.base_root == imported.root
+            # Its own commit's nodes and the merge's few new nodes; none of a's.
+            assert len(mine.eager) < 20
+            assert not set(mine.eager) & set(pieces)
+            return
+    raise AssertionError("no merge with the device's own commit first")
