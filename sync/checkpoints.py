@@ -233,7 +233,7 @@ class Checkpoints:
         )
         tag = self.tag((page.ledger, page.id))
         ident = CheckpointName.make(tag, feed_time, self._device(device), 0, 0).ident
-        data, head_end, eager_end = pack.encode(
+        data, head_end, eager_end = await pack.encode_async(
             device, 0, feed_time, [section], extra={"cover": cover}, seal=self._seal(ident)
         )
         name = CheckpointName.make(tag, feed_time, self._device(device), head_end, eager_end).name
@@ -299,7 +299,7 @@ class Checkpoints:
         lazy = {d: part.location(cn.name) for d, part in p.lazy}
         if not sections:
             return Checkpoint(cn, p.key, cover, [], {}, lazy)
-        commits, eager = await pack.read_section(
+        commits, eager = await pack.decode_section_async(
             data[p.eager.offset : p.eager.end], p.eager, self.codec()
         )
         if not commits:

@@ -182,7 +182,7 @@ class Downloader:
                 lazy = {d: part.location(pn.name) for d, part in p.lazy}
                 async with self.ctx.using(p.key) as page:
                     bases = await ex.local_nodes(page, p.bases)
-                    commits, eager = await pack.read_section(
+                    commits, eager = await pack.decode_section_async(
                         sections[p.key], p.eager, self.ctx.codec, bases
                     )
                     marker = f"imported/{pn.device}"

@@ -379,19 +379,34 @@ def decode_section(
     return commits, out
 
 
-DECODE_INLINE = 256 * 1024
-"""A section of at most this many bytes (decompressed) is decoded on the event loop;
-a larger one on a thread: decoding a section of 100,000 pieces (decompressing,
-unpacking, hashing every piece of a bare one) held the loop 0.1 s."""
+OFF_LOOP_BYTES = 256 * 1024
+"""A section (or a pack's sections) of more than this many bytes is decoded (encoded)
+on a thread, not on the event loop: decoding a section of 100,000 pieces
+(decompressing, unpacking, hashing every piece of a bare one) held the loop 0.1 s,
+and encoding a checkpoint of them as long."""
 
 
-async def read_section(
+async def decode_section_async(
     stored: bytes, part: Part, codec: Codec | None = None, bases: bytes = b""
 ) -> tuple[list[bytes], dict[bytes, bytes]]:
     """:func:`decode_section`, on a thread if the section is large."""
-    if part.raw <= DECODE_INLINE:
+    if part.raw <= OFF_LOOP_BYTES:
         return decode_section(stored, part, codec, bases)
     return await asyncio.to_thread(decode_section, stored, part, codec, bases)
+
+
+async def encode_async(
+    device: bytes,
+    seq: int,
+    time: int,
+    sections: list[Section],
+    extra: dict[str, Any] | None = None,
+    seal: tuple[Codec, str] | None = None,
+) -> tuple[bytes, int, int]:
+    """:func:`encode`, on a thread if the sections are large."""
+    if sum(s.size() for s in sections) <= OFF_LOOP_BYTES:
+        return encode(device, seq, time, sections, extra, seal)
+    return await asyncio.to_thread(encode, device, seq, time, sections, extra, seal)
 
 
 def decode_all(

@@ -240,7 +240,7 @@ class Uploader:
             rnd.sections.clear()
             return
         try:
-            await self._put_pack(sections, rnd.size)
+            await self._put_pack(sections)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # every page in it failed this round; the caller's too
@@ -250,18 +250,13 @@ class Uploader:
             raise
         rnd.sent()
 
-    async def _put_pack(self, sections: list[pack.Section], size: int) -> None:
+    async def _put_pack(self, sections: list[pack.Section]) -> None:
         store = self.ctx.store
         while True:
             seq, t = await self.feed.next_seq()  # taken (and saved) before the PUT
             device = self.ctx.repo.device_id
             seal = self.ctx.seal(PackName.make(t, self.ctx.device, seq, 0, 0).ident)
-            if size > 1 << 20:  # compressing megabytes: off the event loop
-                data, head_end, eager_end = await asyncio.to_thread(
-                    pack.encode, device, seq, t, sections, None, seal
-                )
-            else:
-                data, head_end, eager_end = pack.encode(device, seq, t, sections, seal=seal)
+            data, head_end, eager_end = await pack.encode_async(device, seq, t, sections, seal=seal)
             name = PackName.make(t, self.ctx.device, seq, head_end, eager_end).name
             try:
                 await store.put(name, data)
@@ -304,7 +299,7 @@ class Uploader:
             sections = await asyncio.to_thread(
                 pack.decode_all, data, pn.head_end, pn.eager_end, seal, bases
             )
-            await self._put_pack(sections, len(data))
+            await self._put_pack(sections)
             await repo.set_meta(done, name.encode())  # its copy is up
             log.info("re-encrypted pack %s with key %s", name, codec.write_kid.hex())
             n += 1

@@ -304,12 +304,12 @@ async def test_a_section_reads_the_same_on_the_loop_and_off_it(pieces: int) -> N
     data, head_end, eager_end = pack.encode(os.urandom(16), 1, 1, [section])
     part = pack.decode_header(data[:head_end], head_end, eager_end).pages[0].eager
     stored = data[part.offset : part.end]
-    assert (part.raw > pack.DECODE_INLINE) == (pieces == 2000)
-    assert await pack.read_section(stored, part) == pack.decode_section(stored, part)
-    commits, eager = await pack.read_section(stored, part)
+    assert (part.raw > pack.OFF_LOOP_BYTES) == (pieces == 2000)
+    assert await pack.decode_section_async(stored, part) == pack.decode_section(stored, part)
+    commits, eager = await pack.decode_section_async(stored, part)
     assert commits == [b"c" * 100] and sorted(eager.values()) == sorted(values)
     with pytest.raises(pack.CorruptPackError):  # an error comes back from the thread too
-        await pack.read_section(stored[: len(stored) // 2], part)
+        await pack.decode_section_async(stored[: len(stored) // 2], part)
 
 
 def test_commits_keep_their_ids_through_a_pack() -> None:
