@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import platform
 import resource
@@ -45,6 +46,31 @@ def emit(name: str, figures: dict[str, Any]) -> None:
     }
     json.dump(doc, sys.stdout, indent=2)
     sys.stdout.write("\n")
+
+
+class StallMeter:
+    """The longest gap between wake-ups of a task that sleeps ``tick`` seconds."""
+
+    def __init__(self, tick: float = 0.001) -> None:
+        self.tick = tick
+        self.longest = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        last = time.perf_counter()
+        while True:
+            await asyncio.sleep(self.tick)
+            now = time.perf_counter()
+            self.longest = max(self.longest, now - last - self.tick)
+            last = now
+
+    def __enter__(self) -> StallMeter:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
 
 
 def bare_sqlite(path: Path) -> sqlite3.Connection:

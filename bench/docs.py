@@ -16,8 +16,10 @@ sort ``v``), and in the same run:
   SQLite storing each batch's pieces and index rows, with the page's schema and
   pragmas, a transaction per batch), then ``get`` of random ids (p50),
   then ``query`` of one partition (100 documents). Both devices sync; ``b`` brings
-  its index up to date once. Then ``a`` replaces ``--changed`` documents (new
-  ``k`` and ``v``: their index entries move), both sync, and the figure is the time
+  its index up to date once (the longest event-loop stall of ``b``'s sync and of
+  that catch-up are printed: a task sleeping 1 ms in a loop measures them). Then
+  ``a`` replaces ``--changed`` documents (new ``k`` and ``v``: their index entries
+  move), both sync, and the figure is the time
   of ``b``'s first query: the index brought up to date with the changes the sync
   brought, and the query;
 * PouchDB 9 in node (``npm install pouchdb@9 pouchdb-find@9`` into a temporary
@@ -59,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    StallMeter,
     emit,
     install_pouchdb,
     latency,
@@ -162,12 +165,15 @@ async def _ours(directory: Path, args: argparse.Namespace, docs: list[dict[str, 
         with timed() as t:
             await engines[0].sync()
             b = await DocumentStore.open(await repos[1].ledger(LEDGER).page(PAGE))
-            await engines[1].sync()
+            with StallMeter() as stall:
+                await engines[1].sync()
         out["first_sync_s"] = round(t.seconds, 3)
-        with timed() as t:
+        out["b_sync_longest_loop_stall_ms"] = round(stall.longest * 1000, 1)
+        with timed() as t, StallMeter() as stall:
             await b.refresh()
             first = await b.query(COLLECTION, INDEX, 0, limit=PER_PARTITION)
         out["b_index_build_s"] = round(t.seconds, 3)
+        out["b_index_build_longest_loop_stall_ms"] = round(stall.longest * 1000, 1)
         assert len(first.items) == min(PER_PARTITION, len(docs)), len(first.items)
 
         changes = _changed(docs, args.changed)

@@ -24,11 +24,10 @@ import argparse
 import asyncio
 import random
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import emit, install_pouchdb, ratio, run_node, timed
+from bench.common import StallMeter, emit, install_pouchdb, ratio, run_node, timed
 from ledgerd.daemon.main import tune_gc
 from ledgerd.store import Repository, exchange
 from ledgerd.store.gc import collect, file_bytes, live_bytes
@@ -39,31 +38,6 @@ MB = 1e6
 def _rows(n: int, seed: int = 1) -> list[tuple[bytes, bytes]]:
     rng = random.Random(seed)
     return [(rng.randbytes(16), rng.randbytes(100)) for _ in range(n)]
-
-
-class StallMeter:
-    """The longest gap between wake-ups of a task that sleeps ``tick`` seconds."""
-
-    def __init__(self, tick: float = 0.001) -> None:
-        self.tick = tick
-        self.longest = 0.0
-        self._task: asyncio.Task[None] | None = None
-
-    async def _run(self) -> None:
-        last = time.perf_counter()
-        while True:
-            await asyncio.sleep(self.tick)
-            now = time.perf_counter()
-            self.longest = max(self.longest, now - last - self.tick)
-            last = now
-
-    def __enter__(self) -> StallMeter:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
 
 
 async def _ours(directory: Path, rows: list[tuple[bytes, bytes]], txn: int) -> dict[str, Any]:
