@@ -67,11 +67,14 @@ async def pending_upload(page: Page) -> Upload:
 
     Every local piece is uploaded; LAZY values' pieces apart. Which values are
     LAZY comes from one diff: from the newest synced commit on the head's line of
-    first parents to the head. So the cost follows what changed since the last
-    upload, not how many commits did it (a bulk load of 100 commits rewrites most
-    leaves 100 times). The head therefore decides a value's priority: one that it
-    holds as LAZY waits to be fetched, even if an earlier unsynced commit held it
-    as EAGER (reading that commit elsewhere fetches it). Only when some local value
+    parents (through a merge, its synced parent of the highest generation: after
+    merging an import, the import's head) to the head, taken only if some local
+    piece is a value's. So the cost follows what changed since the last upload,
+    not how many commits did it (a bulk load of 100 commits rewrites most leaves
+    100 times), nor what a merge brought from other devices. The head therefore
+    decides a value's priority: one that it holds as LAZY waits to be fetched,
+    even if an earlier unsynced commit held it as EAGER (reading that commit
+    elsewhere fetches it). Only when some local value
     is in no such change (a later unsynced commit replaced it) does it take a diff
     per unsynced commit, to learn whether that value was LAZY.
     """
@@ -109,12 +112,12 @@ async def pending_upload(page: Page) -> Upload:
     if heads and heads[0].id in unsynced:
         base = heads[0]
         while base.id in unsynced and base.parents:
-            # A merge of an import steps to its uploaded parent: the diff is then this
-            # device's side, not the whole import (which is in the cloud already).
-            up = [p for p in base.parents if p not in unsynced]
-            base = await page.load_commit(up[0] if up else base.parents[0])
+            parents = [await page.load_commit(p) for p in base.parents]
+            up = [p for p in parents if p.id not in unsynced]
+            base = max(up, key=lambda p: p.generation) if up else parents[0]
         base_root = btree.EMPTY if base.id in unsynced else base.root
-        await changes(base_root, heads[0].root)
+        if any(dg.kind_of(d) == dg.Kind.VALUE for d in local):
+            await changes(base_root, heads[0].root)
     pieces_of = {root: await _value_pieces(page, root) for root in lazy_roots | eager_roots}
     seen = {d for ps in pieces_of.values() for d in ps}
     if any(dg.kind_of(d) == dg.Kind.VALUE and d not in seen for d in local):
