@@ -94,16 +94,19 @@ async def test_an_import_with_a_corrupt_piece_stores_nothing(tmp_path: Path, ent
         assert [e async for e in b.iter_entries()] == [e async for e in a.iter_entries()]
 
 
+@pytest.mark.parametrize("own_uploaded", [False, True])
 async def test_after_merging_an_import_the_upload_diffs_from_the_imported_parent(
-    tmp_path: Path,
+    tmp_path: Path, own_uploaded: bool
 ) -> None:
-    """A device with one commit of its own imports a large page and merges: what it
-    uploads next is worked out from the imported head, not from the empty page."""
+    """A device with one commit of its own (uploaded or not) imports a large page
+    and merges: what it uploads next is worked out from the imported head, not from
+    the empty page nor from its own commit."""
     rng = random.Random(4)
     async with await Repository.open(tmp_path / "a") as ra:
         a = await ra.ledger("l").page("p")
-        async with a.transaction() as txn:
-            await txn.put_many((rng.randbytes(8), rng.randbytes(100)) for _ in range(3000))
+        for _ in range(3):  # a longer history than the device's own commit
+            async with a.transaction() as txn:
+                await txn.put_many((rng.randbytes(8), rng.randbytes(100)) for _ in range(1000))
         up = await exchange.pending_upload(a)
         pieces = await a.objects.get_pieces(up.eager)
     # A merge's parents are in id order: the device's own commit first is the case
@@ -113,7 +116,10 @@ async def test_after_merging_an_import_the_upload_diffs_from_the_imported_parent
             b = await rb.ledger("l").page("p")
             await b.put(b"mine", b"m%d" % attempt)
             await b.flush()
-            [imported] = await exchange.import_remote(b, [c.data for c in up.commits], pieces, {})
+            if own_uploaded:
+                own = await exchange.pending_upload(b)
+                await exchange.mark_uploaded(b, [c.id for c in own.commits], own.eager)
+            *_, imported = await exchange.import_remote(b, [c.data for c in up.commits], pieces, {})
             await b.merger.settle()
             assert len(await b.heads()) == 1 and imported.id in b.head.parents  # merged
             if b.head.parents[0] == imported.id:
