@@ -37,7 +37,7 @@ import functools
 import itertools
 import operator
 from array import array
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -467,7 +467,7 @@ async def lookup(nodes: NodeStore, root: bytes, key: bytes) -> Entry | None:
 
 
 async def runs(
-    nodes: NodeStore, root: bytes, start: bytes = b"", end: bytes | None = None
+    nodes: NodeLoader, root: bytes, start: bytes = b"", end: bytes | None = None
 ) -> AsyncIterator[tuple[RawEntry, ...]]:
     """The entries with ``start <= key < end`` in key order, as runs: a leaf's entries
     in the range come as one slice of the node (no object per entry, plain tuples: see
@@ -570,7 +570,7 @@ first catch-up, an import, a changes feed from the start) held the loop for as
 long as it ran, 0.7 s for 200,000 entries."""
 
 
-async def diff(nodes: NodeLoader, old: bytes, new: bytes) -> AsyncIterator[Change]:
+async def diff(nodes: NodeLoader, old: bytes, new: bytes) -> AsyncGenerator[Change, None]:
     """Changes from tree ``old`` to tree ``new`` in key order.
 
     Subtrees with equal digests on both sides are skipped unopened, so the cost

@@ -99,6 +99,119 @@ def later(a: Commit, b: Commit) -> tuple[Commit, Commit]:
     return (a, b) if (a.timestamp, a.id) > (b.timestamp, b.id) else (b, a)
 
 
+@dataclass(frozen=True, slots=True)
+class Changed:
+    """The keys a merge decides, as three-way changes (left: ``a``'s side)."""
+
+    changes: list[btree.Change3]
+    onto: Literal["left", "right"] | None
+    """None: ``changes`` are every key either side changed, and the result may be
+    applied to either side. Else they are the keys the smaller side changed (with
+    the whole group of each, if grouped), and the result must be applied to the
+    other side, named here, whose own changes it keeps."""
+
+
+async def changed_keys(
+    nodes: btree.NodeLoader,
+    base_root: bytes,
+    a_root: bytes,
+    b_root: bytes,
+    group_of: Callable[[bytes], bytes | None] | None = None,
+) -> Changed:
+    """What a merge of ``a`` and ``b`` over ``base_root`` must decide, at a cost that
+    follows the smaller side's change.
+
+    The two diffs from the base are read side by side; when one ends, the other is
+    left there. The keys the ended (smaller) side changed are then looked up in the
+    larger side's tree, and a key of a group (``group_of``: a document's keys) brings
+    the whole group, read from the three trees. A key changed on the larger side
+    alone takes that side's entry under every policy that uses this (last-one-wins;
+    by revision, where the side that changed a document has its newest revision),
+    so the result is applied to that side. A device with a few commits of its own
+    that merges a large import (or whose first commit meets one, over the empty
+    page) no longer diffs the import."""
+    da, db = btree.diff(nodes, base_root, a_root), btree.diff(nodes, base_root, b_root)
+    ca: list[btree.Change] = []
+    cb: list[btree.Change] = []
+    a_ended = b_ended = False
+    try:
+        while not (a_ended or b_ended):
+            try:
+                ca.append(await anext(da))
+            except StopAsyncIteration:
+                a_ended = True
+            try:
+                cb.append(await anext(db))
+            except StopAsyncIteration:
+                b_ended = True
+    finally:
+        await da.aclose()
+        await db.aclose()
+    if a_ended and b_ended:
+        return Changed(_join(ca, cb), None)
+    small, small_root, big_root = (ca, a_root, b_root) if a_ended else (cb, b_root, a_root)
+    found: dict[bytes, tuple[Entry | None, Entry | None, Entry | None]] = {}
+    groups: dict[bytes, None] = {}
+    for c in small:
+        group = None if group_of is None else group_of(c.key)
+        if group is None:
+            found[c.key] = (c.old, c.new, await _entry_at(nodes, big_root, c.key))
+        else:
+            groups[group] = None
+    for i, group in enumerate(groups):
+        if i % TURN_KEYS == TURN_KEYS - 1:
+            await asyncio.sleep(0)
+        end = btree.prefix_end(group)
+        base = await _range(nodes, base_root, group, end)
+        mine = await _range(nodes, small_root, group, end)
+        theirs = await _range(nodes, big_root, group, end)
+        for key in {**base, **mine, **theirs}:
+            trio = base.get(key), mine.get(key), theirs.get(key)
+            if not trio[0] == trio[1] == trio[2]:
+                found[key] = trio
+    changes = [
+        btree.Change3(k, b, s, g) if a_ended else btree.Change3(k, b, g, s)
+        for k, (b, s, g) in sorted(found.items())
+    ]
+    return Changed(changes, "right" if a_ended else "left")
+
+
+def _join(ca: list[btree.Change], cb: list[btree.Change]) -> list[btree.Change3]:
+    """Two diffs from one base as three-way changes (:func:`store.btree.diff3`)."""
+    out: list[btree.Change3] = []
+    i = j = 0
+    while i < len(ca) or j < len(cb):
+        if j == len(cb) or (i < len(ca) and ca[i].key < cb[j].key):
+            c = ca[i]
+            out.append(btree.Change3(c.key, c.old, c.new, c.old))
+            i += 1
+        elif i == len(ca) or cb[j].key < ca[i].key:
+            c = cb[j]
+            out.append(btree.Change3(c.key, c.old, c.old, c.new))
+            j += 1
+        else:
+            out.append(btree.Change3(ca[i].key, ca[i].old, ca[i].new, cb[j].new))
+            i += 1
+            j += 1
+    return out
+
+
+async def _entry_at(nodes: btree.NodeLoader, root: bytes, key: bytes) -> Entry | None:
+    async for run in btree.runs(nodes, root, key, key + b"\x00"):
+        return btree.new_entry(run[0])
+    return None
+
+
+async def _range(
+    nodes: btree.NodeLoader, root: bytes, start: bytes, end: bytes | None
+) -> dict[bytes, Entry]:
+    out: dict[bytes, Entry] = {}
+    async for run in btree.runs(nodes, root, start, end):
+        for e in run:
+            out[e[0]] = btree.new_entry(e)
+    return out
+
+
 TURN_KEYS = 2048
 """Keys (or documents) a merge handles between two turns it gives the event loop."""
 
@@ -108,13 +221,18 @@ where the key is absent."""
 
 
 async def apply_to_nearer(
-    builder: Builder, left_root: bytes, right_root: bytes, chosen: Iterable[Chosen]
+    builder: Builder,
+    left_root: bytes,
+    right_root: bytes,
+    chosen: Iterable[Chosen],
+    onto: Literal["left", "right"] | None = None,
 ) -> bytes:
     """The merged tree: the merge's entries applied to the side they differ from in
-    fewer keys. Trees are canonical (the same entries make the same tree whatever
-    it was made from), so the result is the same from either side, and a merge
-    costs what the smaller side changed: a device with a few edits of its own
-    that merges a large import rewrites a few paths, not the whole page."""
+    fewer keys (or to ``onto``, when they cover only what the other side changed:
+    :class:`Changed`). Trees are canonical (the same entries make the same tree
+    whatever it was made from), so the result is the same from either side, and a
+    merge costs what the smaller side changed: a device with a few edits of its
+    own that merges a large import rewrites a few paths, not the whole page."""
     onto_left: list[tuple[bytes, Entry | None]] = []
     onto_right: list[tuple[bytes, Entry | None]] = []
     for i, (key, take, left, right) in enumerate(chosen):
@@ -124,7 +242,7 @@ async def apply_to_nearer(
             onto_left.append((key, take))
         if take != right:
             onto_right.append((key, take))
-    if len(onto_left) <= len(onto_right):
+    if onto == "left" or (onto is None and len(onto_left) <= len(onto_right)):
         return await builder.apply(left_root, onto_left)
     return await builder.apply(right_root, onto_right)
 
@@ -138,11 +256,12 @@ async def last_one_wins(builder: Builder, base_root: bytes, a: Commit, b: Commit
     win, lose = later(a, b)
     chosen: list[Chosen] = []
     # Through the builder: a virtual merge base's nodes exist only in it.
-    async for c in btree.diff3(builder, base_root, win.root, lose.root):
+    changed = await changed_keys(builder, base_root, win.root, lose.root)
+    for c in changed.changes:
         # left is the winner's side, right the loser's.
         take = c.right if c.left == c.base and c.right != c.base else c.left
         chosen.append((c.key, take, c.left, c.right))
-    return await apply_to_nearer(builder, win.root, lose.root, chosen)
+    return await apply_to_nearer(builder, win.root, lose.root, chosen, changed.onto)
 
 
 class Policy(enum.Enum):
@@ -270,7 +389,8 @@ async def by_revision(builder: Builder, base_root: bytes, a: Commit, b: Commit) 
     a_wins = win is a
     result: list[Chosen] = []
     groups: dict[bytes, list[btree.Change3]] = {}
-    async for c in btree.diff3(builder, base_root, a.root, b.root):
+    changed = await changed_keys(builder, base_root, a.root, b.root, doclayout.group_of)
+    for c in changed.changes:
         group = doclayout.group_of(c.key)
         if group is not None:
             groups.setdefault(group, []).append(c)
@@ -289,4 +409,4 @@ async def by_revision(builder: Builder, base_root: bytes, a: Commit, b: Commit) 
         lr, rr = doclayout.rank(left), doclayout.rank(right)
         take_left = lr > rr if lr != rr else a_wins  # equal heads: the later commit's keys
         result.extend((c.key, c.left if take_left else c.right, c.left, c.right) for c in changes)
-    return await apply_to_nearer(builder, a.root, b.root, result)
+    return await apply_to_nearer(builder, a.root, b.root, result, changed.onto)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from ledgerd.store import Page, Repository, TransactionClosedError, btree, commit, merge
+from ledgerd.store import Page, Repository, TransactionClosedError, btree, commit, doclayout, merge
 from ledgerd.store import digest as dg
 from ledgerd.store.btree import Builder, Entry
 from ledgerd.store.commit import Commit
@@ -153,3 +157,76 @@ async def test_a_merge_rewrites_what_the_smaller_side_changed(
 
 def _no_value(key: bytes, data: bytes, like: Entry | None) -> Entry:
     raise AssertionError("no conflict to resolve")
+
+
+def _doc(doc: int, rev: int, body: bytes) -> list[tuple[bytes, Entry]]:
+    """A document's head and body, and an attachment named by the body's first byte
+    (a revision may add one: a key of the document that the other side lacks)."""
+    d = doc.to_bytes(16, "big")
+    head = doclayout.encode_head(rev.to_bytes(16, "big"), doclayout.State.LIVE)
+    att = doclayout.attachment_key("c", d, bytes([body[0] % 4]) * 16)
+    return [
+        (doclayout.head_key("c", d), Entry(doclayout.head_key("c", d), _value(head))),
+        (doclayout.body_key("c", d), Entry(doclayout.body_key("c", d), _value(body))),
+        (att, Entry(att, _value(body * 2))),
+    ]
+
+
+def _value(content: bytes) -> bytes:
+    return dg.chunk_digest(dg.Kind.VALUE, content)
+
+
+_edits = st.lists(
+    st.tuples(st.integers(0, 40), st.booleans(), st.binary(min_size=1, max_size=40)), max_size=40
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(base=_edits, left=_edits, right=_edits, seed=st.integers(0, 2**16))
+async def test_a_merge_from_the_smaller_side_equals_one_from_both_diffs(
+    tmp_path_factory: pytest.TempPathFactory,
+    base: list[tuple[int, bool, bytes]],
+    left: list[tuple[int, bool, bytes]],
+    right: list[tuple[int, bool, bytes]],
+    seed: int,
+) -> None:
+    """Documents (a revision higher than the base's on the side that edits one, as
+    revisions are made) and plain keys (put or deleted), edited on two sides: the
+    merge that reads only the smaller side's changes builds the tree that reading
+    both diffs builds, by revision and last-one-wins, either side first."""
+    rng = random.Random(seed)
+    async with await Repository.open(tmp_path_factory.mktemp("m")) as repo:
+        page = await repo.ledger("l").page("p")
+        revs: dict[int, int] = {}
+
+        def changes(edits: list[tuple[int, bool, bytes]], floor: dict[int, int]) -> list[Any]:
+            out: list[Any] = []
+            for n, is_doc, data in edits:
+                if is_doc:
+                    rev = floor.get(n, 0) + rng.randrange(1, 1000)
+                    revs[n] = max(revs.get(n, 0), rev)
+                    out.extend(_doc(n, rev, data))
+                else:
+                    key = b"plain/%d" % n
+                    out.append((key, None if data[0] % 3 == 0 else Entry(key, _value(data))))
+            return out
+
+        root = page.head
+        b0 = await _commit(page, [root], changes(base, {}))
+        floor = dict(revs)
+        a = await _commit(page, [b0], changes(left, floor))
+        b = await _commit(page, [b0], changes(right, floor))
+        a, b = sorted([a, b], key=lambda c: c.id)
+        for how in (merge.by_revision, merge.last_one_wins):
+            got = await how(Builder(page.nodes), b0.root, a, b)
+
+            async def both(
+                nodes: btree.NodeLoader, base_root: bytes, a_root: bytes, b_root: bytes, *_: Any
+            ) -> merge.Changed:
+                full = [c async for c in btree.diff3(nodes, base_root, a_root, b_root)]
+                return merge.Changed(full, None)
+
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(merge, "changed_keys", both)
+                want = await how(Builder(page.nodes), b0.root, a, b)
+            assert got == want
