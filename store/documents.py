@@ -26,7 +26,9 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ledgerd.store import btree, doclayout
+import msgpack
+
+from ledgerd.store import btree, commit, doclayout
 from ledgerd.store import tuple as tup
 from ledgerd.store.btree import Priority
 from ledgerd.store.commit import Commit
@@ -76,10 +78,14 @@ LIST_LIMIT = 1000
 
 @dataclass(frozen=True, slots=True)
 class Changes:
-    """Documents changed between two commits: resume the feed from ``commit``."""
+    """Documents changed between two commits: resume the feed from ``commit``.
+
+    ``token`` is set on a batch cut from a longer change: ``commit`` is then where
+    that change started (see :meth:`DocumentStore.changes`)."""
 
     commit: bytes
     documents: list[Document]
+    token: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -616,25 +622,35 @@ class DocumentStore:
     # -- the changes feed --------------------------------------------------------------
 
     async def changes(
-        self, since: bytes | None = None, *, collection: str | None = None, follow: bool = True
+        self,
+        since: bytes | None = None,
+        *,
+        collection: str | None = None,
+        follow: bool = True,
+        batch: int = LIST_LIMIT,
     ) -> AsyncGenerator[Changes, None]:
         """Every document changed since commit ``since`` (None: since the beginning),
-        deleted and purged ones included, then, with ``follow``, one batch per later
-        change of the head, until the page closes. Each batch's ``commit`` is where
-        to resume after a disconnect. The cost follows the change (a tree diff)."""
-        if collection is not None:
-            check_collection(collection)
-        prefix = doclayout.DOCS if collection is None else doclayout.collection_prefix(collection)
+        deleted and purged ones included, in batches of at most ``batch``; then, with
+        ``follow``, the documents of each later change of the head, until the page
+        closes. Resume after a disconnect from the last batch's ``commit``: a batch cut
+        from a longer change (its ``token`` set) carries the commit the change started
+        from, so resuming there sends the rest again, and this batch once more. The
+        cost follows the change (a tree diff)."""
+        _check_limit(batch)
+        prefix = self._changes_prefix(collection)
         watcher = self.page.watch(prefix) if follow else None
         try:
-            root = btree.EMPTY if since is None else (await self.page.load_commit(since)).root
+            resume = commit.FIRST.id if since is None else since
+            root = (await self.page.load_commit(resume)).root
             while True:
                 head = self.page.head
+                start: bytes | None = prefix
+                while head.root != root and start is not None:
+                    got, start = await self._changed(resume, root, head, prefix, start, batch)
+                    if got.documents:
+                        yield got
                 if head.root != root:
-                    docs = await self._changed(root, head, prefix)
-                    root = head.root
-                    if docs:
-                        yield Changes(head.id, docs)
+                    resume, root = head.id, head.root
                 if watcher is None:
                     return
                 if watcher.closed and watcher.queue.empty():
@@ -651,21 +667,80 @@ class DocumentStore:
             if watcher is not None:
                 watcher.close()
 
-    async def _changed(self, old_root: bytes, head: Commit, prefix: bytes) -> list[Document]:
-        by_coll: dict[tuple[str, bytes], None] = {}
-        async for c in btree.diff(self.page.nodes, old_root, head.root):
-            if not c.key.startswith(prefix):
-                continue
+    async def changes_page(
+        self,
+        since: bytes | None = None,
+        *,
+        collection: str | None = None,
+        limit: int = LIST_LIMIT,
+        token: bytes | None = None,
+    ) -> Changes:
+        """One batch of :meth:`changes` without ``follow``: the documents changed from
+        ``since`` to the head, at most ``limit``; when more remain, ``token`` is set and
+        the next call with it (and the same ``since``) continues up to the same head."""
+        _check_limit(limit)
+        prefix = self._changes_prefix(collection)
+        resume = commit.FIRST.id if since is None else since
+        root = (await self.page.load_commit(resume)).root
+        if token is None:
+            head, start = self.page.head, prefix
+        else:
+            head_id, start = _decode_changes_token(token)
+            if not start.startswith(prefix):
+                raise InvalidArgumentError("the continuation token is for another collection")
+            head = await self.page.load_commit(head_id)
+        got, _ = await self._changed(resume, root, head, prefix, start, limit)
+        return got
+
+    @staticmethod
+    def _changes_prefix(collection: str | None) -> bytes:
+        if collection is None:
+            return doclayout.DOCS
+        check_collection(collection)
+        return doclayout.collection_prefix(collection)
+
+    async def _changed(
+        self, resume: bytes, old_root: bytes, head: Commit, prefix: bytes, start: bytes, limit: int
+    ) -> tuple[Changes, bytes | None]:
+        """The documents changed from ``old_root`` to ``head`` from key ``start`` on, at
+        most ``limit``, and where the next batch starts (None: this one ends the change)."""
+        found: dict[tuple[str, bytes], None] = {}
+        nxt: bytes | None = None
+        end = btree.prefix_end(prefix)
+        async for c in btree.diff(self.page.nodes, old_root, head.root, start):
+            if end is not None and c.key >= end:
+                break
             k = doclayout.parse_doc_key(c.key)
-            if k is not None:
-                by_coll[(k.collection, k.doc_id)] = None
+            if k is None or (k.collection, k.doc_id) in found:
+                continue
+            if len(found) == limit:
+                nxt = doclayout.doc_prefix(k.collection, k.doc_id)
+                break
+            found[(k.collection, k.doc_id)] = None
         out: list[Document] = []
         snap = await self.page.snapshot(head.id)
-        for coll, doc_id in by_coll:
+        for coll, doc_id in found:
             r = await self._record(snap, coll, doc_id)
             if r is not None:
                 out.append(Document.of(coll, doc_id, r))
-        return out
+        if nxt is None:
+            return Changes(head.id, out), None
+        return Changes(resume, out, _encode_changes_token(head.id, nxt)), nxt
+
+
+def _encode_changes_token(head: bytes, start: bytes) -> bytes:
+    out: bytes = msgpack.packb([head, start], use_bin_type=True)
+    return out
+
+
+def _decode_changes_token(token: bytes) -> tuple[bytes, bytes]:
+    try:
+        head, start = msgpack.unpackb(token, raw=False)
+        if not isinstance(head, bytes) or not isinstance(start, bytes):
+            raise ValueError
+        return head, start
+    except (ValueError, TypeError, msgpack.UnpackException):
+        raise InvalidArgumentError("malformed continuation token") from None
 
 
 def _check_limit(limit: int) -> None:

@@ -127,13 +127,14 @@ async def test_large_tree_is_shallow_and_updates_touch_a_path() -> None:
 @given(
     st.dictionaries(keys, st.binary(max_size=3), max_size=150),
     st.dictionaries(keys, st.one_of(st.none(), st.binary(max_size=3)), max_size=60),
+    keys,
 )
-async def test_two_way_diff_equals_dict_difference(bits, base, edits) -> None:
+async def test_two_way_diff_equals_dict_difference(bits, base, edits, start) -> None:
     with _level_bits(bits):
-        await _two_way_diff_equals_dict_difference(base, edits)
+        await _two_way_diff_equals_dict_difference(base, edits, start)
 
 
-async def _two_way_diff_equals_dict_difference(base, edits) -> None:
+async def _two_way_diff_equals_dict_difference(base, edits, start) -> None:
     mem = MemoryNodes()
     a = await _build(mem, EMPTY, [(k, _entry(k, v)) for k, v in base.items()])
     b = await _build(mem, a, [(k, None if v is None else _entry(k, v)) for k, v in edits.items()])
@@ -155,6 +156,9 @@ async def _two_way_diff_equals_dict_difference(base, edits) -> None:
     assert got == want
     back = [(c.key, val(c.new), val(c.old)) async for c in btree.diff(NodeStore(mem), b, a)]
     assert back == want
+    # From a start key: the same changes, without those below it.
+    later = [(c.key, val(c.old), val(c.new)) async for c in btree.diff(NodeStore(mem), a, b, start)]
+    assert later == [w for w in want if w[0] >= start]
 
 
 @pytest.mark.parametrize("bits", [1, 6])

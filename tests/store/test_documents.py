@@ -26,6 +26,7 @@ from ledgerd.store import (
     RevisionInPastError,
     StoreError,
     btree,
+    commit,
     docindex,
     doclayout,
 )
@@ -503,3 +504,35 @@ async def test_changes_feed_since_a_commit_then_live(page: Page) -> None:
     # From the beginning, every document once, in its latest state.
     everything = [c async for c in docs.changes(None, follow=False, collection="c")]
     assert sorted(d.id for c in everything for d in c.documents) == sorted([a.id, b.id])
+
+
+async def test_a_long_change_comes_in_batches_and_pages(page: Page) -> None:
+    docs = await DocumentStore.open(page)
+    made = await docs.create_many("c", [{"n": i} for i in range(25)])
+    await docs.create("other", {"n": -1})
+    ids = sorted(d.id for d in made)
+    head = page.head.id
+    # Followed or not, a change of 25 documents comes as batches of at most 10; the
+    # cut ones resume from where the change started, the last from the head.
+    batches = [c async for c in docs.changes(None, follow=False, collection="c", batch=10)]
+    assert [len(c.documents) for c in batches] == [10, 10, 5]
+    assert [d.id for c in batches for d in c.documents] == ids
+    assert [c.commit for c in batches] == [commit.FIRST.id, commit.FIRST.id, head]
+    assert [c.token is None for c in batches] == [False, False, True]
+    resumed = [c async for c in docs.changes(batches[0].commit, follow=False, collection="c")]
+    assert {d.id for c in resumed for d in c.documents} == set(ids)  # at least once
+    # Pages: the token continues up to the head the first page saw.
+    pages, token = [], None
+    while True:
+        got = await docs.changes_page(None, collection="c", limit=10, token=token)
+        pages.append(got)
+        await docs.create("c", {"n": "later"})  # after the first page: not in these
+        token = got.token
+        if token is None:
+            break
+    assert [d.id for p in pages for d in p.documents] == ids
+    assert pages[-1].commit == head
+    with pytest.raises(InvalidArgumentError, match="token"):
+        await docs.changes_page(None, token=b"\x93garbage")
+    with pytest.raises(InvalidArgumentError, match="another collection"):
+        await docs.changes_page(None, collection="other", token=pages[0].token)
