@@ -174,7 +174,8 @@ async def run(cli: Cli, usage: type[Exception]) -> int:
             out.flush()
     elif c == "changes":
         if not a.follow:
-            cli.line(_compact(await docs.changes(a.since, collection=a.collection)))
+            async for page in docs.all_changes(a.since, collection=a.collection):
+                cli.line(_compact(page))
             return 0
         async for batch in docs.follow(a.since, collection=a.collection):
             cli.line(_compact(batch))

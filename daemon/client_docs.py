@@ -322,14 +322,32 @@ class AsyncDocuments:
     # -- the changes feed ----------------------------------------------------------------
 
     async def changes(
-        self, since: str | None = None, *, collection: str | None = None
+        self,
+        since: str | None = None,
+        *,
+        collection: str | None = None,
+        limit: int | None = None,
+        token: str | None = None,
     ) -> dict[str, Any]:
-        """``{"commit", "documents"}``: documents changed since commit ``since`` (hex);
-        pass ``commit`` as the next ``since``."""
-        res: dict[str, Any] = await self._call(
-            "GET", self.base + "/_changes", {"since": since, "collection": collection}
-        )
+        """``{"commit", "documents", "next"}``: documents changed since commit ``since``
+        (hex), at most ``limit`` (1,000). While ``next`` is not None, pass it as
+        ``token`` (with the same ``since``) for the rest of the change; then pass
+        ``commit`` as the next ``since``."""
+        query = {"since": since, "collection": collection, "limit": limit, "token": token}
+        res: dict[str, Any] = await self._call("GET", self.base + "/_changes", query)
         return res
+
+    async def all_changes(
+        self, since: str | None = None, *, collection: str | None = None
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """Every page of :meth:`changes` since ``since``, up to the head of the first."""
+        token = None
+        while True:
+            res = await self.changes(since, collection=collection, token=token)
+            yield res
+            token = res.get("next")
+            if token is None:
+                return
 
     async def follow(
         self,
@@ -524,8 +542,20 @@ class Documents:
             )
         )
 
-    def changes(self, since: str | None = None, *, collection: str | None = None) -> dict[str, Any]:
-        return self._call(self.aio.changes(since, collection=collection))
+    def changes(
+        self,
+        since: str | None = None,
+        *,
+        collection: str | None = None,
+        limit: int | None = None,
+        token: str | None = None,
+    ) -> dict[str, Any]:
+        return self._call(self.aio.changes(since, collection=collection, limit=limit, token=token))
+
+    def all_changes(
+        self, since: str | None = None, *, collection: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        return self._bridge.iterate(self.aio.all_changes(since, collection=collection))
 
     def follow(
         self,

@@ -141,6 +141,20 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def _fitting(documents: list[Document], budget: int) -> list[str]:
+    """The JSON texts of the first documents that stay under ``budget`` bytes together
+    (at least one)."""
+    texts: list[str] = []
+    used = 0
+    for d in documents:
+        t = _dumps(d.to_json())
+        if texts and used + len(t) > budget:
+            break
+        texts.append(t)
+        used += len(t)
+    return texts
+
+
 async def _documents_page(
     fetch: Callable[[int], Awaitable[RangeResult[Document]]], limit: int, budget: int
 ) -> web.Response:
@@ -149,14 +163,7 @@ async def _documents_page(
     asked again, shorter, so that its token continues right after the last one sent."""
     while True:
         res = await fetch(limit)
-        texts: list[str] = []
-        used = 0
-        for d in res.items:
-            t = _dumps(d.to_json())
-            if texts and used + len(t) > budget:
-                break
-            texts.append(t)
-            used += len(t)
+        texts = _fitting(res.items, budget)
         if len(texts) == len(res.items):
             nxt = None if res.token is None else b64(res.token)
             body = '{"documents":[' + ",".join(texts) + '],"next":' + _dumps(nxt) + "}"
@@ -408,11 +415,39 @@ def _changes_line(commit: bytes, documents: list[Document]) -> bytes:
     return _dumps(line).encode() + b"\n"
 
 
+async def _changes_page(
+    api: Api,
+    docs: DocumentStore,
+    since: bytes | None,
+    collection: str | None,
+    limit: int,
+    token: bytes | None,
+) -> web.Response:
+    """``{"commit", "documents", "next"}``: at most ``limit`` changed documents whose
+    JSON stays under ``max_listing_bytes`` (at least one); ``next`` continues the
+    change up to the same head (``commit`` is then where the change started)."""
+    while True:
+        got = await docs.changes_page(since, collection=collection, limit=limit, token=token)
+        texts = _fitting(got.documents, api.cfg.max_listing_bytes)
+        if len(texts) == len(got.documents):
+            nxt = None if got.token is None else b64(got.token)
+            body = (
+                f'{{"commit":"{got.commit.hex()}","documents":[{",".join(texts)}],'
+                f'"next":{_dumps(nxt)}}}'
+            )
+            return web.Response(text=body, content_type=JSON_TYPE)
+        limit = len(texts)
+
+
 async def changes(api: Api, request: web.Request, p: Params) -> web.StreamResponse:
     """Documents changed since ``?since=COMMIT`` (every one without it), deleted and
-    purged ones included, as ``{"commit", "documents"}``: ``commit`` is where to resume.
-    With ``?follow=1``, one such line per change, as newline-delimited JSON, until the
-    client leaves or the daemon stops (an empty line every ``heartbeat`` seconds)."""
+    purged ones included, as ``{"commit", "documents", "next"}``: at most ``?limit=``
+    (1,000) documents, and ``next``, a token for ``?token=``, while the change goes on
+    (up to the same head); ``commit`` is where to resume. With ``?follow=1``, lines of
+    ``{"commit", "documents"}`` (at most ``limit`` documents each) as newline-delimited
+    JSON, until the client leaves or the daemon stops (an empty line every
+    ``heartbeat`` seconds); a line cut from a longer change carries the commit it
+    started from, so resuming there sends its documents at least once."""
     since_text = _query(request, "since")
     try:
         since = bytes.fromhex(since_text) if since_text else None
@@ -426,14 +461,12 @@ async def changes(api: Api, request: web.Request, p: Params) -> web.StreamRespon
     docs = await _store(api, p, write=False)
     if since is not None:
         await docs.page.load_commit(since)  # an unknown commit: 404 before anything is sent
+    limit = _int(request, "limit", MAX_LIMIT, 1, MAX_LIMIT)
     if not follow:
-        commit, found = docs.page.head.id, []
-        async for batch in docs.changes(since, collection=collection, follow=False):
-            commit, found = batch.commit, batch.documents
-        return web.Response(body=_changes_line(commit, found), content_type=JSON_TYPE)
+        return await _changes_page(api, docs, since, collection, limit, _token(request))
     resp = web.StreamResponse(headers={"Content-Type": NDJSON_TYPE})
     await resp.prepare(request)
-    feed = docs.changes(since, collection=collection, follow=True)
+    feed = docs.changes(since, collection=collection, follow=True, batch=limit)
     nxt: asyncio.Future[Any] | None = None
     try:
         while not api.state.shutting_down:

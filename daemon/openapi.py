@@ -388,10 +388,11 @@ def _document_paths() -> dict[str, Any]:
     return {
         base + "/_changes": {
             "get": _op(
-                "documents changed since a commit (follow=1: NDJSON while following)",
+                "documents changed since a commit, a page at a time (follow=1: NDJSON)",
                 {"200": _json(obj)},
                 params=(
                     *page,
+                    *listing[:2],
                     _query("since", "a commit id (hex)"),
                     _query("collection", "only this collection"),
                     _query("follow", "1: stream"),

@@ -65,6 +65,7 @@ async def test_async_documents(daemon: Daemon, tmp_path: Path) -> None:
         await docs.delete_attachment("people", ann_id, att)
 
         start = await docs.changes()
+        assert [p async for p in docs.all_changes()] == [start]  # one page: nothing more
         feed = docs.follow(start["commit"], heartbeat=0.05)
         gone = await docs.delete("people", ann_id)
         batch = await anext(feed)
@@ -92,3 +93,11 @@ def test_blocking_documents(daemon: Daemon) -> None:
         docs.declare_index("notes", "by_t", "t")
         assert [d["_meta"]["_id"] for d in docs.find("notes", "by_t", "hello")] == [a_id]
         assert docs.changes()["documents"][0]["_meta"]["_id"] == a_id
+        b_id = docs.create("notes", {"t": "again"})["_meta"]["_id"]
+        first = docs.changes(limit=1)
+        assert first["next"] is not None and len(first["documents"]) == 1
+        rest = docs.changes(limit=1, token=first["next"])
+        assert rest["next"] is None
+        pages = list(docs.all_changes())
+        assert [d["_meta"]["_id"] for p in pages for d in p["documents"]] == [a_id, b_id]
+        assert pages[-1]["commit"] == rest["commit"]

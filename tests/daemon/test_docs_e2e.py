@@ -8,6 +8,7 @@ import re
 import shutil
 import tempfile
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -406,7 +407,7 @@ async def test_changes_feed(http: aiohttp.ClientSession, base: str) -> None:
     mark = everything["commit"]
     assert mark == await head_id(http, base)
     quiet = await call(http, "GET", f"{base}/docs/_changes?since={mark}", 200)
-    assert quiet == {"commit": mark, "documents": []}
+    assert quiet == {"commit": mark, "documents": [], "next": None}
     await call(http, "DELETE", f"{docs}/{a['_meta']['_id']}", 200)
     later = await call(http, "GET", f"{base}/docs/_changes?since={mark}", 200)
     assert [d["_meta"].get("_deleted") for d in later["documents"]] == [True]
@@ -431,8 +432,27 @@ async def test_changes_feed(http: aiohttp.ClientSession, base: str) -> None:
         nxt = await line()
         assert [d["_meta"]["_id"] for d in nxt["documents"]] == [c["_meta"]["_id"]]
         assert nxt["commit"] == await head_id(http, base)
+        head_at_c = nxt["commit"]
         heartbeat = await r.content.readline()  # nothing changes: an empty line
         assert heartbeat == b"\n"
+
+    # A long change, a page at a time: `next` continues it up to the same head.
+    made = [await call(http, "POST", docs, 201, {"n": i}) for i in range(7)]
+    new_ids = sorted(d["_meta"]["_id"] for d in made)
+    head = await head_id(http, base)
+    pages, token = [], None
+    while True:
+        q = f"{base}/docs/_changes?since={head_at_c}&limit=3"
+        q += f"&token={urllib.parse.quote(token)}" if token else ""
+        pages.append(await call(http, "GET", q, 200))
+        token = pages[-1]["next"]
+        if token is None:
+            break
+    assert [len(p["documents"]) for p in pages] == [3, 3, 1]
+    assert [d["_meta"]["_id"] for p in pages for d in p["documents"]] == new_ids
+    assert [p["commit"] for p in pages] == [head_at_c, head_at_c, head]
+    await fails(http, "GET", base + "/docs/_changes?token=!!", 400, "bad_request")
+    await fails(http, "GET", base + "/docs/_changes?limit=0", 400, "bad_request")
 
 
 async def test_follow_ends_when_the_daemon_stops(short_tmp: Path) -> None:
