@@ -1,0 +1,77 @@
+"""Regressions found by attacking the running daemon over its socket: each request
+here once got a 500, a non-JSON answer, or held the daemon's memory or connections."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import aiohttp
+from yarl import URL
+
+from tests.daemon.conftest import Daemon
+
+P = "/v1/ledgers/l/pages/p"
+D = "/v1/ledgers/app/pages/people/docs"
+
+
+def u(path: str) -> URL:
+    return URL("http://ledgerd" + path, encoded=True)
+
+
+async def _raw(daemon: Daemon, data: bytes) -> bytes:
+    """Send raw bytes on a fresh connection; return what came back before it closed
+    (or until nothing more came for a few seconds)."""
+    reader, writer = await asyncio.open_unix_connection(str(daemon.socket))
+    writer.write(data)
+    await writer.drain()
+    got = b""
+    with contextlib.suppress(ConnectionResetError, TimeoutError):
+        while chunk := await asyncio.wait_for(reader.read(65536), 5):
+            got += chunk
+    writer.close()
+    with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+        await writer.wait_closed()
+    return got
+
+
+def _no_traceback(daemon: Daemon) -> None:
+    log = daemon.log_text()
+    assert "Traceback" not in log and "internal error" not in log, log
+
+
+async def test_lone_surrogates_in_json_are_400_not_500(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """JSON may escape half a UTF-16 pair (``"\\ud800"``), which no UTF-8 store can
+    hold: a document, an index declaration or a query holding one was a 500
+    (``UnicodeEncodeError``) instead of the document API's 400."""
+    r = await http.post(u(D + "/people"), json={"city": "Oslo"})
+    assert r.status == 201, await r.text()
+    doc_id = (await r.json())["_meta"]["_id"]
+    r = await http.put(u(D + "/people/_indexes/by_city"), json={"partition": "city"})
+    assert r.status == 200, await r.text()
+    lone = b'"\\ud800"'
+    for method, path, body, code in [
+        ("POST", D + "/people", b'{"a": ' + lone + b"}", "invalid_document"),
+        ("POST", D + "/people", b'{"a": {' + lone + b": 1}}", "invalid_document"),
+        ("PUT", f"{D}/people/{doc_id}", b'{"b": [' + lone + b"]}", "invalid_document"),
+        ("PUT", D + "/people/_indexes/bad", b'{"partition": ' + lone + b"}", "bad_request"),
+        ("GET", D + "/people/_indexes/by_city/find?eq=%22%5Cud800%22", b"", "bad_request"),
+        ("GET", D + "/people/_indexes/by_city/find?eq=1&start=%22%5CuDFFF%22", b"", "bad_request"),
+        ("POST", P + "/batch", b'{"ops": [], "x": ' + lone + b"}", "bad_request"),
+    ]:
+        r = await http.request(method, u(path), data=body)
+        assert r.status == 400, (path, r.status, await r.text())
+        assert (await r.json())["error"]["code"] == code, (path, await r.text())
+    # A well-formed pair (an emoji) is one character: taken as it is.
+    r = await http.post(u(D + "/people"), data=b'{"a": "\\ud83d\\ude00"}')
+    assert r.status == 201 and (await r.json())["_data"] == {"a": "\U0001f600"}
+    r = await http.get(u(f"{D}/people/{doc_id}"))
+    assert (await r.json())["_data"] == {"city": "Oslo"}  # the refused replace stored nothing
+    ws = await http.ws_connect(u("/v1/session"))
+    await ws.send_str('{"id": 1, "op": "ping", "x": "\\udc00"}')
+    reply = await ws.receive_json()
+    assert reply["ok"] is False and reply["error"]["code"] == "bad_request", reply
+    await ws.close()
+    _no_traceback(daemon)
