@@ -308,6 +308,12 @@ class Api:
                     raise ae.PeerRefused(f"uid {creds[0]} is not allowed to use this ledgerd")
                 if self.state.shutting_down:
                     raise ae.ShuttingDown()
+                encoding = request.headers.get(hdrs.CONTENT_ENCODING)
+                if encoding is not None and encoding.strip().lower() != "identity":
+                    raise ae.UnsupportedEncoding(
+                        f"Content-Encoding {encoding[:40]!r} is not supported: send the body"
+                        " as it is"
+                    )
                 with page_leases():  # pages this request uses stay open until it ends
                     response = await self.route(request)
             except ae.ApiError as e:

@@ -180,6 +180,9 @@ class _Server(web.Server):
             # After an error that left a body unread, aiohttp reads (and drops) the
             # rest for up to this long before closing; a silent client gets no more.
             "lingering_time": min(10.0, self.limits.request_timeout),
+            # Bodies are taken as sent (the API refuses a Content-Encoding with 415): never
+            # inflated, so a small body cannot become a large one in memory.
+            "auto_decompress": False,
         }
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
+import json
 
 import aiohttp
 from yarl import URL
@@ -74,4 +76,39 @@ async def test_lone_surrogates_in_json_are_400_not_500(
     reply = await ws.receive_json()
     assert reply["ok"] is False and reply["error"]["code"] == "bad_request", reply
     await ws.close()
+    _no_traceback(daemon)
+
+
+async def test_a_compressed_request_body_is_refused_with_415(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """aiohttp inflated request bodies by their ``Content-Encoding``: a body that did not
+    inflate was a 500 (``RequestPayloadError``), a good gzip value was refused as
+    "shorter than its Content-Length", and a small body could inflate to
+    ``max_batch_bytes`` in memory. Bodies are taken as sent; an encoded one is 415."""
+    await http.put(u(P + "/keys/precious"), data=b"keep me")
+    good = gzip.compress(b"hello")
+    bomb = gzip.compress(b"\0" * (8 * 1024 * 1024))
+    for method, path, body, encoding in [
+        ("PUT", P + "/keys/k", b"not gzip at all", "gzip"),
+        ("PUT", P + "/keys/k", good, "gzip"),
+        ("PUT", P + "/keys/k", bomb, "gzip"),
+        ("PUT", P + "/keys/k", b"x" * 100, "deflate"),
+        ("POST", P + "/batch", b"x" * 100, "deflate"),
+        ("POST", P + "/batch", gzip.compress(b'{"ops": []}'), "GZIP"),
+        ("POST", D + "/people", gzip.compress(b"{}"), "gzip"),
+    ]:
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            f"Content-Encoding: {encoding}\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        got = await _raw(daemon, head + body)
+        status, _, rest = got.partition(b"\r\n\r\n")
+        assert status.startswith(b"HTTP/1.1 415 "), (path, got[:300])
+        assert json.loads(rest)["error"]["code"] == "unsupported_encoding", got[:300]
+    # `identity` is no encoding at all.
+    r = await http.put(u(P + "/keys/k"), data=b"plain", headers={"Content-Encoding": "identity"})
+    assert r.status == 204, await r.text()
+    assert await (await http.get(u(P + "/keys/k"))).read() == b"plain"
+    assert await (await http.get(u(P + "/keys/precious"))).read() == b"keep me"
     _no_traceback(daemon)
