@@ -265,8 +265,8 @@ async def _expect(request: web.BaseRequest) -> None:
     expect = request.headers.get(hdrs.EXPECT, "")
     if request.version != HttpVersion11:
         return
-    if expect.lower() != "100-continue":
-        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+    if expect.strip().lower() != "100-continue":
+        raise ae.ExpectationFailed(f"unknown expectation {expect[:40]!r}: only 100-continue")
     await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     request.writer.output_size = 0  # the response has not started
     await request.writer.drain()
@@ -288,8 +288,6 @@ class Api:
         """Every request, as aiohttp's low-level server (:mod:`daemon.protocol`) hands
         it over: :data:`ROUTES` is the router, so there is no ``web.Application``
         router or middleware chain to go through first."""
-        if request.headers.get(hdrs.EXPECT):
-            await _expect(request)
         return await self.serve(cast(web.Request, request))  # the server makes Requests
 
     # -- plumbing ----------------------------------------------------------------
@@ -314,6 +312,8 @@ class Api:
                         f"Content-Encoding {encoding[:40]!r} is not supported: send the body"
                         " as it is"
                     )
+                if request.headers.get(hdrs.EXPECT):  # once the request may go on
+                    await _expect(request)
                 with page_leases():  # pages this request uses stay open until it ends
                     response = await self.route(request)
             except ae.ApiError as e:

@@ -125,6 +125,12 @@ class UnsupportedEncoding(ApiError):
     status, code = 415, "unsupported_encoding"
 
 
+class ExpectationFailed(ApiError):
+    """The request's Expect header asks for something other than 100-continue."""
+
+    status, code = 417, "expectation_failed"
+
+
 class RangeNotSatisfiable(ApiError):
     """The requested byte range is outside the value."""
 

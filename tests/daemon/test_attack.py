@@ -21,15 +21,15 @@ def u(path: str) -> URL:
     return URL("http://ledgerd" + path, encoded=True)
 
 
-async def _raw(daemon: Daemon, data: bytes) -> bytes:
+async def _raw(daemon: Daemon, data: bytes, wait: float = 5) -> bytes:
     """Send raw bytes on a fresh connection; return what came back before it closed
-    (or until nothing more came for a few seconds)."""
+    (or until nothing more came for ``wait`` seconds)."""
     reader, writer = await asyncio.open_unix_connection(str(daemon.socket))
     writer.write(data)
     await writer.drain()
     got = b""
     with contextlib.suppress(ConnectionResetError, TimeoutError):
-        while chunk := await asyncio.wait_for(reader.read(65536), 5):
+        while chunk := await asyncio.wait_for(reader.read(65536), wait):
             got += chunk
     writer.close()
     with contextlib.suppress(ConnectionResetError, BrokenPipeError):
@@ -111,4 +111,25 @@ async def test_a_compressed_request_body_is_refused_with_415(
     assert r.status == 204, await r.text()
     assert await (await http.get(u(P + "/keys/k"))).read() == b"plain"
     assert await (await http.get(u(P + "/keys/precious"))).read() == b"keep me"
+    _no_traceback(daemon)
+
+
+async def test_an_unknown_expectation_is_417_in_json(daemon: Daemon) -> None:
+    """``Expect: 200-ok`` got aiohttp's text/plain 417, not the API's JSON error shape;
+    ``Expect: 100-continue`` still gets its interim answer, then the response."""
+    body = b"abc"
+    head = f"PUT {P}/keys/k HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 3\r\n"
+    got = await _raw(daemon, (head + "Expect: 200-ok\r\n\r\n").encode() + body)
+    status, _, rest = got.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 417 ") and b"application/json" in status, got
+    assert json.loads(rest)["error"]["code"] == "expectation_failed"
+    got = await _raw(daemon, (head + "Expect: 100-continue\r\n\r\n").encode() + body)
+    assert got.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 "), got
+    # Refused before the client is told to send its body: a compressed one, say.
+    got = await _raw(
+        daemon,
+        (head + "Content-Encoding: gzip\r\nExpect: 100-continue\r\n\r\n").encode(),
+        wait=1,  # (the daemon waits a while for the body it refused, then closes)
+    )
+    assert got.startswith(b"HTTP/1.1 415 "), got
     _no_traceback(daemon)
