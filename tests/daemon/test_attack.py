@@ -4,14 +4,17 @@ here once got a 500, a non-JSON answer, or held the daemon's memory or connectio
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import gzip
+import io
 import json
+from pathlib import Path
 
 import aiohttp
 from yarl import URL
 
-from tests.daemon.conftest import Daemon
+from tests.daemon.conftest import Daemon, start_daemon
 
 P = "/v1/ledgers/l/pages/p"
 D = "/v1/ledgers/app/pages/people/docs"
@@ -132,4 +135,40 @@ async def test_an_unknown_expectation_is_417_in_json(daemon: Daemon) -> None:
         wait=1,  # (the daemon waits a while for the body it refused, then closes)
     )
     assert got.startswith(b"HTTP/1.1 415 "), got
+    _no_traceback(daemon)
+
+
+async def test_a_session_that_does_not_read_holds_bounded_memory(short_tmp: Path) -> None:
+    """A session whose client sends requests but reads no reply: its requests wait in
+    the session's queue, which was bounded by count only (1,000 messages of up to
+    ``max_batch_bytes`` each: 64 GiB). ``max_session_queue_bytes`` bounds their size."""
+    budget = 16 * 1024
+    daemon = start_daemon(short_tmp, env={"LEDGERD_MAX_SESSION_QUEUE_BYTES": str(budget)})
+    try:
+        connector = aiohttp.UnixConnector(path=str(daemon.socket))
+        async with aiohttp.ClientSession(connector=connector) as http:
+            big = base64.b64encode(b"v" * 4 * 1024 * 1024).decode()
+            batch = {"ops": [{"op": "put", "key": "Yg==", "value": big}]}
+            r = await http.post(u(P + "/batch"), data=io.BytesIO(json.dumps(batch).encode()))
+            assert r.status == 200, await r.text()
+            ws = await http.ws_connect(u("/v1/session"), max_msg_size=0)
+            await ws.send_json({"id": 0, "op": "begin", "ledger": "bA==", "page": "cA=="})
+            txn = (await ws.receive_json())["txn"]
+            # Two replies of 5.6 MB that nobody reads: the session's worker is stuck
+            # sending the first, and what follows waits in its queue.
+            for i in (1, 2):
+                await ws.send_json({"id": i, "op": "get", "txn": txn, "key": "Yg=="})
+            pad = "x" * 4096  # 40 of them fit in the sockets' buffers: sending never blocks
+            for i in range(3, 43):
+                await ws.send_json({"id": i, "op": "ping", "pad": pad})
+            replies = [await ws.receive_json(timeout=30) for _ in range(42)]
+            await ws.close()
+        by_id = {r["id"]: r for r in replies}
+        assert by_id[1]["ok"] and by_id[2]["ok"]
+        pings = [by_id[i] for i in range(3, 43)]
+        refused = [p for p in pings if not p["ok"]]
+        assert all(p["error"]["code"] == "too_many_requests" for p in refused)
+        assert refused and "max_session_queue_bytes" in refused[0]["error"]["message"]
+    finally:
+        assert daemon.stop() == 0, daemon.log_text()
     _no_traceback(daemon)
