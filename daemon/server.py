@@ -192,7 +192,7 @@ async def serve(cfg: Config) -> int:
             _prepare_socket_path(cfg.socket)
             old = os.umask(0o177)  # the socket is born 0600: no window where others can connect
             try:
-                site = web.UnixSite(runner, str(cfg.socket))
+                site = web.UnixSite(runner, str(cfg.socket), backlog=cfg.listen_backlog)
                 await site.start()
             except OSError as e:
                 raise ConfigError(f"socket: cannot listen on {cfg.socket}: {e.strerror}") from None

@@ -9,6 +9,8 @@ import contextlib
 import gzip
 import io
 import json
+import signal
+import socket as sockets
 from pathlib import Path
 
 import aiohttp
@@ -172,3 +174,30 @@ async def test_a_session_that_does_not_read_holds_bounded_memory(short_tmp: Path
     finally:
         assert daemon.stop() == 0, daemon.log_text()
     _no_traceback(daemon)
+
+
+async def test_a_burst_of_connections_is_queued_not_refused(daemon: Daemon) -> None:
+    """The socket listened with aiohttp's backlog of 128: a burst of clients (a busy
+    loop stalled for a moment, a script starting hundreds of `ledgerctl`) got EAGAIN
+    ("Resource temporarily unavailable") from the 130th connect on.
+    ``listen_backlog`` (1,024) is the queue the kernel keeps for the daemon."""
+    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    n = min(600, somaxconn)
+    socks: list[sockets.socket] = []
+    try:
+        daemon.proc.send_signal(signal.SIGSTOP)  # the daemon accepts nothing meanwhile
+        try:
+            for _ in range(n):
+                socks.append(sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM))
+                socks[-1].setblocking(False)
+                socks[-1].connect(str(daemon.socket))  # BlockingIOError: the backlog is full
+        finally:
+            daemon.proc.send_signal(signal.SIGCONT)
+        for s in socks:
+            s.settimeout(30)
+            s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        for s in socks:
+            assert s.recv(100).startswith(b"HTTP/1.1 200 "), "no answer"
+    finally:
+        for s in socks:
+            s.close()
