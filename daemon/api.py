@@ -80,6 +80,8 @@ class Params:
 class DaemonState:
     started: float = field(default_factory=time.time)
     shutting_down: bool = False
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when ``shutting_down`` is: what long-lived responses wait on to end."""
     extra_status: dict[str, Any] = field(default_factory=dict)
 
 

@@ -228,6 +228,7 @@ async def serve(cfg: Config) -> int:
         log.info("stopping: draining requests and flushing pages")
         systemd.notify("STOPPING=1\nSTATUS=draining")
         state.shutting_down = True  # requests on open connections: 503 shutting_down
+        state.stopping.set()  # followed feeds end now
         # aiohttp's own shutdown: stop listening, end the sessions (on_shutdown), let
         # requests in flight finish for up to shutdown_timeout, close connections.
         await stop_serving()

@@ -201,3 +201,39 @@ async def test_a_burst_of_connections_is_queued_not_refused(daemon: Daemon) -> N
     finally:
         for s in socks:
             s.close()
+
+
+async def _wait_for_log(daemon: Daemon, text: str, timeout: float = 10) -> None:
+    """Wait until the daemon's log holds ``text`` (it is written as things happen)."""
+    async with asyncio.timeout(timeout):
+        while text not in daemon.log.read_text(errors="replace"):
+            await asyncio.sleep(0.05)
+
+
+async def test_a_followed_feed_ends_when_its_client_leaves_or_the_daemon_stops(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """A followed changes feed noticed a client that left, or a stopping daemon, only at
+    its next heartbeat: with ``?heartbeat=3600`` the handler (and its page lease) stayed
+    for an hour after the client left, and shutdown waited ``shutdown_timeout`` for it.
+    And ``?heartbeat=1e-9`` spun the event loop writing empty lines."""
+    base = "/v1/ledgers/l/pages/feed/docs"
+    r = await http.post(u(base + "/c"), json={"n": 1})
+    assert r.status == 201
+    r = await http.get(u(base + "/_changes?follow=1&heartbeat=1e-9"))
+    assert r.status == 400 and (await r.json())["error"]["code"] == "bad_request"
+    reader, writer = await asyncio.open_unix_connection(str(daemon.socket))
+    request = f"GET {base}/_changes?follow=1&heartbeat=3600 HTTP/1.1\r\nHost: x\r\n\r\n"
+    writer.write(request.encode())
+    await writer.drain()
+    assert b'"documents"' in await reader.readuntil(b"}]}\n")
+    writer.close()  # the client leaves: the feed ends now, not in an hour
+    await _wait_for_log(daemon, "_changes?follow=1&heartbeat=3600 200")
+    async with http.get(u(base + "/_changes?follow=1&heartbeat=3600")) as feed:
+        assert json.loads(await feed.content.readline())["documents"]
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        code = await loop.run_in_executor(None, daemon.stop)  # shutdown_timeout is 30 s
+        assert code == 0 and loop.time() - started < 10
+        assert (await feed.content.read()).strip() == b""
+    _no_traceback(daemon)
