@@ -450,6 +450,20 @@ class Api:
                 ) from None
             yield chunk
 
+    async def send(self, request: web.Request, resp: web.StreamResponse, data: bytes) -> None:
+        """Write part of a streamed response body. A client that takes none of it for
+        ``request_timeout`` seconds is cut off (its connection aborted, then
+        ``ConnectionResetError``), so that it holds no handler, buffer or page lease."""
+        try:
+            async with asyncio.timeout(self.cfg.request_timeout):
+                await resp.write(data)
+        except TimeoutError:
+            if request.transport is not None:
+                request.transport.abort()
+            raise ConnectionResetError(
+                f"the client took nothing for {self.cfg.request_timeout:g}s"
+            ) from None
+
     async def read_body(self, request: web.Request) -> bytes:
         """The whole body (at most ``max_batch_bytes``), read as :meth:`body_chunks`;
         a body that has arrived whole (most small ones) is taken as it is, with no
@@ -611,12 +625,12 @@ class Api:
         first = await anext(chunks, b"")
         await resp.prepare(request)
         try:
-            await resp.write(first)
+            await self.send(request, resp, first)
             async for chunk in chunks:
-                await resp.write(chunk)
+                await self.send(request, resp, chunk)
             await resp.write_eof()
-        except ConnectionError:  # the client went away (`ledgerctl get | head`): normal
-            log.debug("the client of %s %s left before the end", request.method, request.path)
+        except ConnectionError as e:  # the client went away (`ledgerctl get | head`): normal
+            log.debug("the client of %s %s left early: %s", request.method, request.path, e)
         except Exception as e:
             # The headers (status 200, Content-Length) are out: another response would
             # land inside the body. Abort the connection so the client sees a short body.

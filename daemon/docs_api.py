@@ -294,12 +294,12 @@ async def get_attachment(api: Api, request: web.Request, p: Params) -> web.Strea
     first = await anext(chunks, b"")  # a fetch or check that fails is still a clean error
     await resp.prepare(request)
     try:
-        await resp.write(first)
+        await api.send(request, resp, first)
         async for chunk in chunks:
-            await resp.write(chunk)
+            await api.send(request, resp, chunk)
         await resp.write_eof()
-    except ConnectionError:
-        log.debug("the client of %s %s left before the end", request.method, request.path)
+    except ConnectionError as e:
+        log.debug("the client of %s %s left before the end: %s", request.method, request.path, e)
     except Exception:
         # The headers are out: abort, so that the client sees a short body.
         log.exception("aborted %s %s mid-body", request.method, request.path)
@@ -454,14 +454,14 @@ async def changes(api: Api, request: web.Request, p: Params) -> web.StreamRespon
             if stopping.done():
                 break
             if not nxt.done():
-                await resp.write(b"\n")
+                await api.send(request, resp, b"\n")
                 continue
             try:
                 batch = nxt.result()
             except StopAsyncIteration:  # the page closed
                 break
             nxt = None
-            await resp.write(_changes_line(batch.commit, batch.documents))
+            await api.send(request, resp, _changes_line(batch.commit, batch.documents))
         await resp.write_eof()
     except ConnectionError:
         log.debug("the client of %s %s left", request.method, request.path)

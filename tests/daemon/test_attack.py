@@ -237,3 +237,31 @@ async def test_a_followed_feed_ends_when_its_client_leaves_or_the_daemon_stops(
         assert code == 0 and loop.time() - started < 10
         assert (await feed.content.read()).strip() == b""
     _no_traceback(daemon)
+
+
+async def test_a_download_nobody_reads_is_cut_off_after_request_timeout(short_tmp: Path) -> None:
+    """A client that asks for a large value (or attachment) and then reads nothing kept
+    its handler, a buffered chunk and the page's lease (so the page never closed as
+    idle) for as long as it kept the connection: sending now has ``request_timeout``."""
+    daemon = start_daemon(short_tmp, env={"LEDGERD_REQUEST_TIMEOUT": "1"})
+    try:
+        connector = aiohttp.UnixConnector(path=str(daemon.socket))
+        async with aiohttp.ClientSession(connector=connector) as http:
+            content = b"z" * (16 * 1024 * 1024)
+            r = await http.put(u(P + "/keys/big"), data=io.BytesIO(content))
+            assert r.status == 204
+            r = await http.post(u(D + "/people"), json={"n": 1})
+            doc = (await r.json())["_meta"]["_id"]
+            r = await http.post(
+                u(f"{D}/people/{doc}/attachments?filename=a"), data=io.BytesIO(content)
+            )
+            att = (await r.json())["attachment"]["_id"]
+        for path in (P + "/keys/big", f"{D}/people/{doc}/attachments/{att}"):
+            reader, writer = await asyncio.open_unix_connection(str(daemon.socket))
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            await reader.readuntil(b"\r\n\r\n")  # the headers; then it stops reading
+            await _wait_for_log(daemon, f"GET {path} 200")  # the daemon gave up on it
+            writer.close()
+    finally:
+        assert daemon.stop() == 0, daemon.log_text()
+    _no_traceback(daemon)
