@@ -279,6 +279,12 @@ class Session:
         return {"pong": True}
 
     async def op_begin(self, req: dict[str, Any]) -> dict[str, Any]:
+        limit = self.api.cfg.max_session_transactions
+        if len(self.txns) >= limit:
+            raise ae.Busy(
+                f"{limit} transactions of this session are open (max_session_transactions):"
+                " commit or roll back one first"
+            )
         page = await self._page(req, create=True)
         txn = await page.transaction().start()
         tid = f"t{next(self._ids)}"

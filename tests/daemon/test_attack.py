@@ -265,3 +265,32 @@ async def test_a_download_nobody_reads_is_cut_off_after_request_timeout(short_tm
     finally:
         assert daemon.stop() == 0, daemon.log_text()
     _no_traceback(daemon)
+
+
+async def test_a_session_opens_at_most_max_session_transactions(short_tmp: Path) -> None:
+    """A session could begin transactions without end, each holding up to ``txn_memory``
+    of values: 3,000 transactions of 40 KB grew the daemon by 90 MB, and one session
+    could take any amount of memory. ``max_session_transactions`` bounds them."""
+    daemon = start_daemon(short_tmp, env={"LEDGERD_MAX_SESSION_TRANSACTIONS": "3"})
+    try:
+        connector = aiohttp.UnixConnector(path=str(daemon.socket))
+        async with aiohttp.ClientSession(connector=connector) as http:
+            ws = await http.ws_connect(u("/v1/session"))
+            begin = {"op": "begin", "ledger": "bA==", "page": "cA=="}
+            txns = []
+            for i in range(3):
+                await ws.send_json({"id": i, **begin})
+                txns.append((await ws.receive_json())["txn"])
+            await ws.send_json({"id": 3, **begin})
+            reply = await ws.receive_json()
+            assert reply["ok"] is False, reply
+            assert reply["error"]["code"] == "too_many_requests", reply
+            assert "max_session_transactions" in reply["error"]["message"]
+            await ws.send_json({"id": 4, "op": "rollback", "txn": txns[0]})
+            assert (await ws.receive_json())["ok"]
+            await ws.send_json({"id": 5, **begin})  # one ended: room for one more
+            assert (await ws.receive_json())["ok"]
+            await ws.close()
+    finally:
+        assert daemon.stop() == 0, daemon.log_text()
+    _no_traceback(daemon)
