@@ -374,6 +374,12 @@ class Session:
         return {}
 
     async def op_watch(self, req: dict[str, Any]) -> dict[str, Any]:
+        limit = self.api.cfg.max_session_watchers
+        if len(self.watchers) >= limit:
+            raise ae.Busy(
+                f"{limit} watchers of this session are open (max_session_watchers):"
+                " unwatch one first"
+            )
         page = await self._page(req, create=True)
         prefix = self._opt_bytes(req, "prefix") or b""
         watcher = page.watch(prefix)

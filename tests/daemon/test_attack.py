@@ -294,3 +294,34 @@ async def test_a_session_opens_at_most_max_session_transactions(short_tmp: Path)
     finally:
         assert daemon.stop() == 0, daemon.log_text()
     _no_traceback(daemon)
+
+
+async def test_a_session_opens_at_most_max_session_watchers(short_tmp: Path) -> None:
+    """Each watcher keeps its page open: one session that watched 1,023 pages held every
+    one of ``max_open_pages``, and every other client's request on another page got 503
+    (with 9,000 open files and 700 MB). ``max_session_watchers`` bounds them."""
+    env = {"LEDGERD_MAX_SESSION_WATCHERS": "3", "LEDGERD_MAX_OPEN_PAGES": "5"}
+    daemon = start_daemon(short_tmp, env=env)
+    try:
+        connector = aiohttp.UnixConnector(path=str(daemon.socket))
+        async with aiohttp.ClientSession(connector=connector) as http:
+            ws = await http.ws_connect(u("/v1/session"))
+            watches = []
+            for i in range(4):
+                page = base64.b64encode(b"p%d" % i).decode()
+                await ws.send_json({"id": i, "op": "watch", "ledger": "bA==", "page": page})
+                watches.append(await ws.receive_json())
+            assert all(w["ok"] for w in watches[:3]), watches
+            assert watches[3]["ok"] is False, watches
+            assert watches[3]["error"]["code"] == "too_many_requests", watches
+            assert "max_session_watchers" in watches[3]["error"]["message"]
+            r = await http.put(u("/v1/ledgers/other/pages/new/keys/k"), data=b"v")
+            assert r.status == 204, await r.text()  # pages remain for others
+            await ws.send_json({"id": 9, "op": "unwatch", "watch": watches[0]["watch"]})
+            assert (await ws.receive_json())["ok"]
+            await ws.send_json({"id": 10, "op": "watch", "ledger": "bA==", "page": "cA=="})
+            assert (await ws.receive_json())["ok"]  # one ended: room for one more
+            await ws.close()
+    finally:
+        assert daemon.stop() == 0, daemon.log_text()
+    _no_traceback(daemon)
