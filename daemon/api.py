@@ -355,9 +355,8 @@ class Api:
         log, when it ended with no response: the client left, or shutdown)."""
         if self.metrics is not None:
             status = 500 if response is None else response.status
-            self.metrics.request_done(
-                request.get(ROUTE_KEY, "unmatched"), request.method, status, seconds
-            )
+            method = request.method if request.method in METHODS else "other"
+            self.metrics.request_done(request.get(ROUTE_KEY, "unmatched"), method, status, seconds)
         if access.isEnabledFor(logging.DEBUG):
             access.debug(
                 "%s %s %s %.1f ms",
@@ -956,3 +955,8 @@ ROUTES = [
 """The API's routes (the README's table), tried in order."""
 
 ROUTER = Router(ROUTES)
+
+METHODS = frozenset({*hdrs.METH_ALL, *(m for r in ROUTES for m in r.methods)})
+"""The methods the metrics count by name (HTTP's standard ones); any other (aiohttp's
+pure-Python parser takes any token as a method) counts as ``other``, so that clients
+cannot add series."""

@@ -325,3 +325,23 @@ async def test_a_session_opens_at_most_max_session_watchers(short_tmp: Path) -> 
     finally:
         assert daemon.stop() == 0, daemon.log_text()
     _no_traceback(daemon)
+
+
+async def test_unknown_methods_do_not_grow_the_metrics(short_tmp: Path) -> None:
+    """The metrics counted requests by method as sent: with aiohttp's pure-Python parser
+    (``AIOHTTP_NO_EXTENSIONS``, or no wheel for the platform), which takes any token as a
+    method, every made-up method became a series of its own, without bound."""
+    daemon = start_daemon(short_tmp, env={"AIOHTTP_NO_EXTENSIONS": "1"})
+    try:
+        for i in range(20):
+            request = b"M%dX /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % i
+            got = await _raw(daemon, request)
+            assert got.startswith(b"HTTP/1.1 404 "), got
+        connector = aiohttp.UnixConnector(path=str(daemon.socket))
+        async with aiohttp.ClientSession(connector=connector) as http:
+            text = await (await http.get(u("/v1/metrics"))).text()
+        series = [line for line in text.splitlines() if 'route="unmatched"' in line]
+        assert not any('method="M' in line for line in series), series
+        assert any('method="other"' in line and "20.0" in line for line in series), series
+    finally:
+        assert daemon.stop() == 0, daemon.log_text()
