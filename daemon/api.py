@@ -36,6 +36,8 @@ from typing import Any, cast
 from urllib.parse import parse_qsl, unquote_to_bytes
 
 from aiohttp import HttpVersion11, hdrs, web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from ledgerd.daemon import __version__
 from ledgerd.daemon import docs_api as docs
@@ -329,6 +331,15 @@ class Api:
                 response = self.error(
                     ae.TooLarge(f"request body is over the {self.cfg.max_batch_bytes}-byte limit")
                 )
+            except (HttpProcessingError, RequestPayloadError) as e:
+                # A body the parser refused part-way (a bad chunk): the client's error. The
+                # rest is not worth reading (aiohttp would try, fail again and log it as
+                # unhandled): the body ends here and the connection closes.
+                cause = e.__cause__ if isinstance(e, RequestPayloadError) else e
+                what = cause.message if isinstance(cause, HttpProcessingError) else str(e)
+                response = self.error(ae.BadRequest(f"malformed request body: {what}"))
+                response.force_close()
+                request.content.feed_eof()
             except web.HTTPException as e:  # aiohttp's own (a body reader's)
                 err = ae.NotFound(e.reason) if e.status in (404, 405) else ae.BadRequest(e.reason)
                 if e.status >= 500:
@@ -389,6 +400,8 @@ class Api:
         """Serve a request by :data:`ROUTES`, matched on the raw (still percent-encoded)
         path, so that names and keys keep every byte."""
         raw_path = request.raw_path.split("?", 1)[0]
+        if not raw_path.isascii():  # only aiohttp's pure-Python parser lets one through
+            raise ae.BadRequest("the path holds bytes that are not ASCII: percent-encode them")
         parts = raw_path.split("/")[1:]
         if not parts or parts[0] != "v1":
             if not request.rel_url.path.startswith("/"):  # `OPTIONS *`: as aiohttp answers

@@ -43,7 +43,7 @@ async def _raw(daemon: Daemon, data: bytes, wait: float = 5) -> bytes:
 
 
 def _no_traceback(daemon: Daemon) -> None:
-    log = daemon.log_text()
+    log = daemon.log.read_text(errors="replace")
     assert "Traceback" not in log and "internal error" not in log, log
 
 
@@ -345,3 +345,44 @@ async def test_unknown_methods_do_not_grow_the_metrics(short_tmp: Path) -> None:
         assert any('method="other"' in line and "20.0" in line for line in series), series
     finally:
         assert daemon.stop() == 0, daemon.log_text()
+
+
+async def test_bad_bytes_seen_by_the_pure_python_parser_are_400(short_tmp: Path) -> None:
+    """aiohttp's pure-Python parser (``AIOHTTP_NO_EXTENSIONS``, or no wheel) hands on what
+    its C parser refuses: a raw non-ASCII byte in the path was a 500
+    (``UnicodeEncodeError``), and a chunked body that turned malformed mid-way a 500
+    (``TransferEncodingError``). Both are the client's: 400 ``bad_request``."""
+    daemon = start_daemon(short_tmp, env={"AIOHTTP_NO_EXTENSIONS": "1"})
+    try:
+        close = b"Host: x\r\nConnection: close\r\n"
+        for raw_path in (
+            b"/v1/ledgers/\xff/pages",
+            P.encode() + b"/keys/\xff",
+            P.encode() + b"/docs/\xff",
+        ):
+            got = await _raw(daemon, b"GET " + raw_path + b" HTTP/1.1\r\n" + close + b"\r\n")
+            status, _, rest = got.partition(b"\r\n\r\n")
+            assert status.split(b" ")[1] == b"400", got[:300]
+            assert json.loads(rest)["error"]["code"] == "bad_request"
+        for path in (P + "/keys/k", P + "/batch"):
+            method = "POST" if path.endswith("batch") else "PUT"
+            head = (
+                f"{method} {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                "Expect: 100-continue\r\n\r\n"
+            )
+            reader, writer = await asyncio.open_unix_connection(str(daemon.socket))
+            writer.write(head.encode())
+            # Once told to go on, the handler is reading the body when it turns bad.
+            await reader.readuntil(b"HTTP/1.1 100 Continue\r\n\r\n")
+            writer.write(b'3\r\n{"o\r\nZZ\r\n')  # "ZZ" is not a chunk size
+            got = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+            status, _, rest = got.partition(b"\r\n\r\n")
+            assert status.split(b" ")[1] == b"400", got[:300]
+            assert json.loads(rest)["error"]["code"] == "bad_request"
+        connector = aiohttp.UnixConnector(path=str(daemon.socket))
+        async with aiohttp.ClientSession(connector=connector) as http:
+            assert (await http.get(u(P + "/keys/k"))).status == 404  # nothing was stored
+    finally:
+        assert daemon.stop() == 0, daemon.log_text()
+    _no_traceback(daemon)
