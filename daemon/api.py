@@ -36,6 +36,8 @@ from typing import Any, cast
 from urllib.parse import parse_qsl, unquote_to_bytes
 
 from aiohttp import HttpVersion11, hdrs, web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from ledgerd.daemon import __version__
 from ledgerd.daemon import docs_api as docs
@@ -80,6 +82,8 @@ class Params:
 class DaemonState:
     started: float = field(default_factory=time.time)
     shutting_down: bool = False
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when ``shutting_down`` is: what long-lived responses wait on to end."""
     extra_status: dict[str, Any] = field(default_factory=dict)
 
 
@@ -265,8 +269,8 @@ async def _expect(request: web.BaseRequest) -> None:
     expect = request.headers.get(hdrs.EXPECT, "")
     if request.version != HttpVersion11:
         return
-    if expect.lower() != "100-continue":
-        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+    if expect.strip().lower() != "100-continue":
+        raise ae.ExpectationFailed(f"unknown expectation {expect[:40]!r}: only 100-continue")
     await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     request.writer.output_size = 0  # the response has not started
     await request.writer.drain()
@@ -288,8 +292,6 @@ class Api:
         """Every request, as aiohttp's low-level server (:mod:`daemon.protocol`) hands
         it over: :data:`ROUTES` is the router, so there is no ``web.Application``
         router or middleware chain to go through first."""
-        if request.headers.get(hdrs.EXPECT):
-            await _expect(request)
         return await self.serve(cast(web.Request, request))  # the server makes Requests
 
     # -- plumbing ----------------------------------------------------------------
@@ -308,6 +310,14 @@ class Api:
                     raise ae.PeerRefused(f"uid {creds[0]} is not allowed to use this ledgerd")
                 if self.state.shutting_down:
                     raise ae.ShuttingDown()
+                encoding = request.headers.get(hdrs.CONTENT_ENCODING)
+                if encoding is not None and encoding.strip().lower() != "identity":
+                    raise ae.UnsupportedEncoding(
+                        f"Content-Encoding {encoding[:40]!r} is not supported: send the body"
+                        " as it is"
+                    )
+                if request.headers.get(hdrs.EXPECT):  # once the request may go on
+                    await _expect(request)
                 with page_leases():  # pages this request uses stay open until it ends
                     response = await self.route(request)
             except ae.ApiError as e:
@@ -321,6 +331,15 @@ class Api:
                 response = self.error(
                     ae.TooLarge(f"request body is over the {self.cfg.max_batch_bytes}-byte limit")
                 )
+            except (HttpProcessingError, RequestPayloadError) as e:
+                # A body the parser refused part-way (a bad chunk): the client's error. The
+                # rest is not worth reading (aiohttp would try, fail again and log it as
+                # unhandled): the body ends here and the connection closes.
+                cause = e.__cause__ if isinstance(e, RequestPayloadError) else e
+                what = cause.message if isinstance(cause, HttpProcessingError) else str(e)
+                response = self.error(ae.BadRequest(f"malformed request body: {what}"))
+                response.force_close()
+                request.content.feed_eof()
             except web.HTTPException as e:  # aiohttp's own (a body reader's)
                 err = ae.NotFound(e.reason) if e.status in (404, 405) else ae.BadRequest(e.reason)
                 if e.status >= 500:
@@ -347,9 +366,8 @@ class Api:
         log, when it ended with no response: the client left, or shutdown)."""
         if self.metrics is not None:
             status = 500 if response is None else response.status
-            self.metrics.request_done(
-                request.get(ROUTE_KEY, "unmatched"), request.method, status, seconds
-            )
+            method = request.method if request.method in METHODS else "other"
+            self.metrics.request_done(request.get(ROUTE_KEY, "unmatched"), method, status, seconds)
         if access.isEnabledFor(logging.DEBUG):
             access.debug(
                 "%s %s %s %.1f ms",
@@ -382,6 +400,8 @@ class Api:
         """Serve a request by :data:`ROUTES`, matched on the raw (still percent-encoded)
         path, so that names and keys keep every byte."""
         raw_path = request.raw_path.split("?", 1)[0]
+        if not raw_path.isascii():  # only aiohttp's pure-Python parser lets one through
+            raise ae.BadRequest("the path holds bytes that are not ASCII: percent-encode them")
         parts = raw_path.split("/")[1:]
         if not parts or parts[0] != "v1":
             if not request.rel_url.path.startswith("/"):  # `OPTIONS *`: as aiohttp answers
@@ -441,6 +461,20 @@ class Api:
                     f"no part of the request body came for {self.cfg.request_timeout:g}s"
                 ) from None
             yield chunk
+
+    async def send(self, request: web.Request, resp: web.StreamResponse, data: bytes) -> None:
+        """Write part of a streamed response body. A client that takes none of it for
+        ``request_timeout`` seconds is cut off (its connection aborted, then
+        ``ConnectionResetError``), so that it holds no handler, buffer or page lease."""
+        try:
+            async with asyncio.timeout(self.cfg.request_timeout):
+                await resp.write(data)
+        except TimeoutError:
+            if request.transport is not None:
+                request.transport.abort()
+            raise ConnectionResetError(
+                f"the client took nothing for {self.cfg.request_timeout:g}s"
+            ) from None
 
     async def read_body(self, request: web.Request) -> bytes:
         """The whole body (at most ``max_batch_bytes``), read as :meth:`body_chunks`;
@@ -603,12 +637,12 @@ class Api:
         first = await anext(chunks, b"")
         await resp.prepare(request)
         try:
-            await resp.write(first)
+            await self.send(request, resp, first)
             async for chunk in chunks:
-                await resp.write(chunk)
+                await self.send(request, resp, chunk)
             await resp.write_eof()
-        except ConnectionError:  # the client went away (`ledgerctl get | head`): normal
-            log.debug("the client of %s %s left before the end", request.method, request.path)
+        except ConnectionError as e:  # the client went away (`ledgerctl get | head`): normal
+            log.debug("the client of %s %s left early: %s", request.method, request.path, e)
         except Exception as e:
             # The headers (status 200, Content-Length) are out: another response would
             # land inside the body. Abort the connection so the client sees a short body.
@@ -934,3 +968,8 @@ ROUTES = [
 """The API's routes (the README's table), tried in order."""
 
 ROUTER = Router(ROUTES)
+
+METHODS = frozenset({*hdrs.METH_ALL, *(m for r in ROUTES for m in r.methods)})
+"""The methods the metrics count by name (HTTP's standard ones); any other (aiohttp's
+pure-Python parser takes any token as a method) counts as ``other``, so that clients
+cannot add series."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -145,14 +146,28 @@ def parse_json(data: bytes | str, what: str) -> Any:
     errors, that covers what ``json`` raises on hostile input: nesting deep enough to
     exhaust the recursion limit, integers past Python's int-string conversion limit
     (both ValueError or RecursionError, not JSONDecodeError), bodies that are not
-    UTF-8, and ``NaN``/``Infinity`` (not JSON: Python's json would take them)."""
+    UTF-8, ``NaN``/``Infinity`` (not JSON: Python's json would take them), and strings
+    holding half a UTF-16 pair (``"\\ud800"``: valid JSON that no UTF-8 text can hold,
+    so it could be neither stored nor answered)."""
     try:
         text = data.decode() if isinstance(data, bytes) else data
-        return json.loads(text, parse_constant=_not_json)
+        value = json.loads(text, parse_constant=_not_json)
+        if _SURROGATE.search(text) is not None:  # rare: only then can a string be unencodable
+            json.dumps(value, ensure_ascii=False).encode()
+        return value
+    except UnicodeEncodeError:
+        raise ae.BadRequest(
+            f"{what} is not valid JSON: a string holds a lone UTF-16 surrogate"
+        ) from None
     except RecursionError:
         raise ae.BadRequest(f"{what} is nested too deeply") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, int-string limit
         raise ae.BadRequest(f"{what} is not valid JSON: {e}") from None
+
+
+_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]|[\ud800-\udfff]")
+"""An escaped UTF-16 surrogate in JSON text (or a raw one in a ``str``), the only ways
+a decoded string can hold a lone surrogate."""
 
 
 def _not_json(name: str) -> Any:

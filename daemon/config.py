@@ -84,8 +84,12 @@ class Config:
     cache_bytes: int = 64 * 1024 * 1024
     request_timeout: float = 60.0
     keepalive_timeout: float = 75.0
+    listen_backlog: int = 1024
     max_listing_bytes: int = 16 * 1024 * 1024
     max_session_queue: int = 1000
+    max_session_queue_bytes: int = 64 * 1024 * 1024
+    max_session_transactions: int = 100
+    max_session_watchers: int = 256
     max_event_bytes: int = 4 * 1024 * 1024
     max_document_bytes: int = 1024 * 1024
     metrics_listen: str = ""

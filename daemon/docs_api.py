@@ -29,6 +29,7 @@ from aiohttp import web
 
 from ledgerd.daemon import errors as ae
 from ledgerd.daemon.codec import b64, parse_json, unb64
+from ledgerd.daemon.protocol import connection_lost
 from ledgerd.store import Document, DocumentStore, RangeResult, StoreError
 
 if TYPE_CHECKING:
@@ -40,7 +41,10 @@ DEFAULT_LIMIT, MAX_LIMIT = 100, 1000
 """Documents per listing or query page (the store's bound is 1,000)."""
 HEARTBEAT = 10.0
 """Seconds between the empty lines a followed changes feed sends while nothing changes
-(``?heartbeat=`` sets it): they find a client that left, and a stopping daemon."""
+(``?heartbeat=`` sets it, at least :data:`MIN_HEARTBEAT`): they keep proxies and idle
+timers of clients from closing a quiet feed."""
+MIN_HEARTBEAT = 0.01
+"""The shortest ``?heartbeat=``: a shorter one would spin the event loop writing empty lines."""
 DOCS_PREFIX = 7
 """Segments of ``/v1/ledgers/L/pages/P/docs`` in a split raw path (the leading '' included)."""
 JSON_TYPE = "application/json"
@@ -81,7 +85,7 @@ def _int(request: web.Request, name: str, default: int, lo: int, hi: int) -> int
     return n
 
 
-def _seconds(request: web.Request, name: str, default: float) -> float:
+def _seconds(request: web.Request, name: str, default: float, lo: float) -> float:
     v = request.query.get(name)
     if v is None or v == "":
         return default
@@ -89,8 +93,8 @@ def _seconds(request: web.Request, name: str, default: float) -> float:
         n = float(v)
     except ValueError:
         n = math.nan
-    if not math.isfinite(n) or n <= 0:
-        raise ae.BadRequest(f"query parameter {name} must be a positive number of seconds")
+    if not math.isfinite(n) or n < lo:
+        raise ae.BadRequest(f"query parameter {name} must be a number of seconds, at least {lo:g}")
     return n
 
 
@@ -297,12 +301,12 @@ async def get_attachment(api: Api, request: web.Request, p: Params) -> web.Strea
     first = await anext(chunks, b"")  # a fetch or check that fails is still a clean error
     await resp.prepare(request)
     try:
-        await resp.write(first)
+        await api.send(request, resp, first)
         async for chunk in chunks:
-            await resp.write(chunk)
+            await api.send(request, resp, chunk)
         await resp.write_eof()
-    except ConnectionError:
-        log.debug("the client of %s %s left before the end", request.method, request.path)
+    except ConnectionError as e:
+        log.debug("the client of %s %s left before the end: %s", request.method, request.path, e)
     except Exception:
         # The headers are out: abort, so that the client sees a short body.
         log.exception("aborted %s %s mid-body", request.method, request.path)
@@ -457,7 +461,7 @@ async def changes(api: Api, request: web.Request, p: Params) -> web.StreamRespon
     if collection is not None:
         DocumentStore.check(collection)
     follow = _flag(request, "follow")
-    heartbeat = _seconds(request, "heartbeat", HEARTBEAT)
+    heartbeat = _seconds(request, "heartbeat", HEARTBEAT, MIN_HEARTBEAT)
     docs = await _store(api, p, write=False)
     if since is not None:
         await docs.page.load_commit(since)  # an unknown commit: 404 before anything is sent
@@ -468,20 +472,29 @@ async def changes(api: Api, request: web.Request, p: Params) -> web.StreamRespon
     await resp.prepare(request)
     feed = docs.changes(since, collection=collection, follow=True, batch=limit)
     nxt: asyncio.Future[Any] | None = None
+    # It ends as soon as the client leaves or the daemon stops, whatever the heartbeat.
+    gone = connection_lost(request)
+    stopping = asyncio.ensure_future(api.state.stopping.wait())
     try:
         while not api.state.shutting_down:
             if nxt is None:
                 nxt = asyncio.ensure_future(feed.__anext__())
-            done, _ = await asyncio.wait({nxt}, timeout=heartbeat)
-            if not done:
-                await resp.write(b"\n")
+            await asyncio.wait(
+                {nxt, gone, stopping}, timeout=heartbeat, return_when=asyncio.FIRST_COMPLETED
+            )
+            if gone.done():
+                raise ConnectionResetError("the client left")
+            if stopping.done():
+                break
+            if not nxt.done():
+                await api.send(request, resp, b"\n")
                 continue
             try:
                 batch = nxt.result()
             except StopAsyncIteration:  # the page closed
                 break
             nxt = None
-            await resp.write(_changes_line(batch.commit, batch.documents))
+            await api.send(request, resp, _changes_line(batch.commit, batch.documents))
         await resp.write_eof()
     except ConnectionError:
         log.debug("the client of %s %s left", request.method, request.path)
@@ -492,6 +505,7 @@ async def changes(api: Api, request: web.Request, p: Params) -> web.StreamRespon
             await resp.write(_dumps(err.body()).encode() + b"\n")
             await resp.write_eof()
     finally:
+        stopping.cancel()
         if nxt is not None and not nxt.done():
             nxt.cancel()
             await asyncio.wait({nxt})

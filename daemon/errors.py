@@ -118,6 +118,19 @@ class WatcherBehind(ApiError):
     status, code = 409, "watcher_behind"
 
 
+class UnsupportedEncoding(ApiError):
+    """Request bodies are taken as sent: a Content-Encoding (gzip, deflate, ...) is not
+    supported."""
+
+    status, code = 415, "unsupported_encoding"
+
+
+class ExpectationFailed(ApiError):
+    """The request's Expect header asks for something other than 100-continue."""
+
+    status, code = 417, "expectation_failed"
+
+
 class RangeNotSatisfiable(ApiError):
     """The requested byte range is outside the value."""
 

@@ -93,6 +93,8 @@ class _Connection(web.RequestHandler):
         super().__init__(manager, **kwargs)
         self.limits = manager.limits
         self._first_request: asyncio.TimerHandle | None = None
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Done when the connection is gone (see :func:`connection_lost`)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -114,6 +116,8 @@ class _Connection(web.RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.request_arrived()
+        if not self.lost.done():
+            self.lost.set_result(None)
         super().connection_lost(exc)
 
     def handle_error(
@@ -138,6 +142,19 @@ class _Connection(web.RequestHandler):
         resp = web.json_response(err.body(), status=err.status)
         resp.force_close()
         return resp
+
+
+def connection_lost(request: web.BaseRequest) -> asyncio.Future[None]:
+    """A future done when the client of ``request`` has gone away: what a handler that
+    waits a long time for something else (a followed feed) also waits for, since
+    aiohttp lets a handler run on after its connection is lost."""
+    protocol = request.protocol
+    if isinstance(protocol, _Connection):
+        return protocol.lost
+    gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    if request.transport is None or request.transport.is_closing():
+        gone.set_result(None)
+    return gone
 
 
 class _Server(web.Server):
@@ -180,6 +197,9 @@ class _Server(web.Server):
             # After an error that left a body unread, aiohttp reads (and drops) the
             # rest for up to this long before closing; a silent client gets no more.
             "lingering_time": min(10.0, self.limits.request_timeout),
+            # Bodies are taken as sent (the API refuses a Content-Encoding with 415): never
+            # inflated, so a small body cannot become a large one in memory.
+            "auto_decompress": False,
         }
 
 

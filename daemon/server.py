@@ -192,7 +192,7 @@ async def serve(cfg: Config) -> int:
             _prepare_socket_path(cfg.socket)
             old = os.umask(0o177)  # the socket is born 0600: no window where others can connect
             try:
-                site = web.UnixSite(runner, str(cfg.socket))
+                site = web.UnixSite(runner, str(cfg.socket), backlog=cfg.listen_backlog)
                 await site.start()
             except OSError as e:
                 raise ConfigError(f"socket: cannot listen on {cfg.socket}: {e.strerror}") from None
@@ -228,6 +228,7 @@ async def serve(cfg: Config) -> int:
         log.info("stopping: draining requests and flushing pages")
         systemd.notify("STOPPING=1\nSTATUS=draining")
         state.shutting_down = True  # requests on open connections: 503 shutting_down
+        state.stopping.set()  # followed feeds end now
         # aiohttp's own shutdown: stop listening, end the sessions (on_shutdown), let
         # requests in flight finish for up to shutdown_timeout, close connections.
         await stop_serving()

@@ -122,6 +122,8 @@ class Session:
         self._send_lock = asyncio.Lock()
         self._ids = itertools.count(1)
         self._asked: dict[str, asyncio.Future[dict[bytes, Choice]]] = {}
+        self.queued_bytes = 0
+        """The size of the requests waiting in the queue (``max_session_queue_bytes``)."""
         self.ops: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
             "ping": self.op_ping,
             "begin": self.op_begin,
@@ -174,19 +176,25 @@ class Session:
         """Queue a request for the worker, or refuse it at once when ``max_session_queue``
         requests are already waiting. (Refusing, not waiting: the reader must stay free
         to take ``resolved`` answers, which a request in the queue may be waiting for.)"""
-        limit = self.api.cfg.max_session_queue
-        if queue.qsize() < limit:
+        cfg = self.api.cfg
+        if queue.qsize() >= cfg.max_session_queue:
+            why = f"{cfg.max_session_queue} requests (max_session_queue)"
+        elif queue.qsize() and self.queued_bytes + len(data) > cfg.max_session_queue_bytes:
+            why = f"{self.queued_bytes} bytes of requests (max_session_queue_bytes)"
+        else:
+            self.queued_bytes += len(data)
             queue.put_nowait(data)
             return
         rid: Any = None
         with contextlib.suppress(ae.ApiError):
             req = parse_json(data, "message")
             rid = req.get("id") if isinstance(req, dict) else None
-        err = ae.Busy(f"{limit} requests of this session are waiting: wait for their replies")
+        err = ae.Busy(f"{why} of this session are waiting: wait for their replies")
         await self.send({"id": rid, "ok": False, **err.body()})
 
     async def _serve(self, queue: asyncio.Queue[str | None]) -> None:
         while (data := await queue.get()) is not None:
+            self.queued_bytes -= len(data)
             await self._handle(data)
 
     async def _handle(
@@ -271,6 +279,12 @@ class Session:
         return {"pong": True}
 
     async def op_begin(self, req: dict[str, Any]) -> dict[str, Any]:
+        limit = self.api.cfg.max_session_transactions
+        if len(self.txns) >= limit:
+            raise ae.Busy(
+                f"{limit} transactions of this session are open (max_session_transactions):"
+                " commit or roll back one first"
+            )
         page = await self._page(req, create=True)
         txn = await page.transaction().start()
         tid = f"t{next(self._ids)}"
@@ -360,6 +374,12 @@ class Session:
         return {}
 
     async def op_watch(self, req: dict[str, Any]) -> dict[str, Any]:
+        limit = self.api.cfg.max_session_watchers
+        if len(self.watchers) >= limit:
+            raise ae.Busy(
+                f"{limit} watchers of this session are open (max_session_watchers):"
+                " unwatch one first"
+            )
         page = await self._page(req, create=True)
         prefix = self._opt_bytes(req, "prefix") or b""
         watcher = page.watch(prefix)

@@ -271,7 +271,10 @@ class DocumentStore:
         self, collection: str, doc_id: bytes, r: Record
     ) -> tuple[tuple[bytes, bytes], tuple[bytes, bytes]]:
         """The head and body entries (key, value) of a document's record."""
-        body = doclayout.encode_record(r)
+        try:
+            body = doclayout.encode_record(r)
+        except UnicodeEncodeError:  # what check_data leaves to the encoder: a lone surrogate
+            raise InvalidDocumentError("a string holds a lone UTF-16 surrogate") from None
         if len(body) > self.max_document_bytes:
             raise DocumentTooLargeError(
                 f"the document is {len(body)} bytes encoded, over the limit of"

@@ -178,6 +178,8 @@ async def test_a_slow_clock_still_writes_newer_revisions_once_it_read_newer_ones
         ({1: "x"}, InvalidDocumentError),
         ({"x": b"bytes"}, InvalidDocumentError),
         ({"x": {1, 2}}, InvalidDocumentError),
+        ({"x": ["\ud800"]}, InvalidDocumentError),  # half a UTF-16 pair: not UTF-8 text
+        ({"x": {"\udfff": 1}}, InvalidDocumentError),
         ({"x": "y" * 2_000_000}, DocumentTooLargeError),
     ],
 )
