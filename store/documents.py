@@ -26,8 +26,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
-
 from ledgerd.store import btree, commit, doclayout
 from ledgerd.store import tuple as tup
 from ledgerd.store.btree import Priority
@@ -688,7 +686,7 @@ class DocumentStore:
         if token is None:
             head, start = self.page.head, prefix
         else:
-            head_id, start = _decode_changes_token(token)
+            head_id, start = decode_token(token)
             if not start.startswith(prefix):
                 raise InvalidArgumentError("the continuation token is for another collection")
             head = await self.page.load_commit(head_id)
@@ -728,22 +726,7 @@ class DocumentStore:
                 out.append(Document.of(coll, doc_id, r))
         if nxt is None:
             return Changes(head.id, out), None
-        return Changes(resume, out, _encode_changes_token(head.id, nxt)), nxt
-
-
-def _encode_changes_token(head: bytes, start: bytes) -> bytes:
-    out: bytes = msgpack.packb([head, start], use_bin_type=True)
-    return out
-
-
-def _decode_changes_token(token: bytes) -> tuple[bytes, bytes]:
-    try:
-        head, start = msgpack.unpackb(token, raw=False)
-        if not isinstance(head, bytes) or not isinstance(start, bytes):
-            raise ValueError
-        return head, start
-    except (ValueError, TypeError, msgpack.UnpackException):
-        raise InvalidArgumentError("malformed continuation token") from None
+        return Changes(resume, out, encode_token(head.id, nxt)), nxt  # (head, next key)
 
 
 def _check_limit(limit: int) -> None:
