@@ -1,8 +1,10 @@
-"""Merging heads: common ancestors and the last-one-wins resolution.
+"""Merging heads: common ancestors, what a merge must decide, and the merge rules.
 
 This module owns the commit-graph walk that finds the lowest common ancestors
-of two commits, and the last-one-wins merge of two trees over a base. It does
-not choose when to merge or store anything; :mod:`store.page` does.
+of two commits, the keys a merge decides (:func:`changed_keys`: what the smaller
+side changed, when the rule allows), and the rules that merge two trees over a
+base (last-one-wins, by revision for documents, through a resolver). It does not
+choose when to merge or store anything; :mod:`store.merging` does.
 """
 
 from __future__ import annotations
