@@ -561,6 +561,15 @@ def partition_range(
     partition: Any, start: Any, end: Any, d: IndexDef
 ) -> tuple[bytes, bytes | None]:
     """The keys of one partition value, narrowed to ``start <= sort < end``."""
+    try:
+        return _partition_range(partition, start, end, d)
+    except UnicodeEncodeError:  # a str the tuple layer cannot encode: a lone surrogate
+        raise InvalidArgumentError("a query's strings must be UTF-8 text") from None
+
+
+def _partition_range(
+    partition: Any, start: Any, end: Any, d: IndexDef
+) -> tuple[bytes, bytes | None]:
     ok, p = _scalar(partition)
     if not ok:
         raise InvalidArgumentError("an index is queried by a string, number, boolean or null")

@@ -220,9 +220,11 @@ async def test_malformed_ids_names_and_tokens(page: Page) -> None:
         assert e.value.code == "invalid_id"
     with pytest.raises(InvalidIdError):
         await docs.replace("c", a.id, {"v": 2}, expected_rev="garbage")
-    for coll in ["", "_hidden", "x" * 200]:
+    for coll in ["", "_hidden", "x" * 200, "c\ud800"]:
         with pytest.raises(InvalidNameError):
             await docs.create(coll, {"v": 1})
+        with pytest.raises(InvalidNameError):
+            await docs.list_documents(coll)
     with pytest.raises(DocumentNotFoundError) as nf:
         await docs.get("c", ulid_text(bytes(16)))
     assert nf.value.code == "document_not_found"
@@ -538,3 +540,20 @@ async def test_a_long_change_comes_in_batches_and_pages(page: Page) -> None:
         await docs.changes_page(None, token=b"\x93garbage")
     with pytest.raises(InvalidArgumentError, match="another collection"):
         await docs.changes_page(None, collection="other", token=pages[0].token)
+
+
+async def test_lone_surrogates_in_names_paths_and_query_values_are_refused(page: Page) -> None:
+    """Strings with no UTF-8 form: a clear error with a stable code, nothing stored."""
+    docs = await DocumentStore.open(page)
+    await docs.create("c", {"k": "x", "v": 1.5})
+    before = page.head.id
+    with pytest.raises(InvalidArgumentError, match="UTF-8"):
+        await docs.declare_index("c", "by_k", "k\ud800")
+    with pytest.raises(InvalidArgumentError, match="UTF-8"):
+        await docs.declare_index("c", "by_k", "k", ["v", "\udfff"])
+    assert page.head.id == before
+    await docs.declare_index("c", "by_k", "k", "v")
+    for partition, start in [("\ud800", None), ("x", "\ud800")]:
+        with pytest.raises(InvalidArgumentError, match="UTF-8"):
+            await docs.query("c", "by_k", partition, start=start)
+    assert [d.data for d in (await docs.query("c", "by_k", "x")).items] == [{"k": "x", "v": 1.5}]
