@@ -451,11 +451,11 @@ class Builder:
 # -- reading ------------------------------------------------------------------
 
 
-async def lookup(nodes: NodeStore, root: bytes, key: bytes) -> Entry | None:
+async def lookup(nodes: NodeLoader, root: bytes, key: bytes) -> Entry | None:
     d = root
-    cached = nodes.cache.get
+    cached = nodes.cache.get if isinstance(nodes, NodeStore) else None
     while d:
-        node = cached(d) or await nodes.load(d)
+        node = (cached and cached(d)) or await nodes.load(d)
         entries = node.entries
         i = bisect.bisect_left(entries, key, key=_KEY)
         if i < len(entries) and entries[i][0] == key:
@@ -502,7 +502,7 @@ async def runs(
 
 
 async def iterate(
-    nodes: NodeStore, root: bytes, start: bytes = b"", end: bytes | None = None
+    nodes: NodeLoader, root: bytes, start: bytes = b"", end: bytes | None = None
 ) -> AsyncIterator[Entry]:
     """Entries with ``start <= key < end`` in key order, loading only the nodes needed."""
     async for run in runs(nodes, root, start, end):
@@ -640,24 +640,27 @@ async def diff3(
     nodes: NodeLoader, base: bytes, left: bytes, right: bytes
 ) -> AsyncIterator[Change3]:
     """Keys changed base→left or base→right, in key order, with all three entries."""
-    la = diff(nodes, base, left).__aiter__()
-    ra = diff(nodes, base, right).__aiter__()
+    lefts = [c async for c in diff(nodes, base, left)]
+    rights = [c async for c in diff(nodes, base, right)]
+    for c in join3(lefts, rights):
+        yield c
 
-    async def nxt(it: AsyncIterator[Change]) -> Change | None:
-        try:
-            return await it.__anext__()
-        except StopAsyncIteration:
-            return None
 
-    lc, rc = await nxt(la), await nxt(ra)
-    while lc is not None or rc is not None:
-        if rc is None or (lc is not None and lc.key < rc.key):
-            assert lc is not None
-            yield Change3(lc.key, lc.old, lc.new, lc.old)
-            lc = await nxt(la)
-        elif lc is None or rc.key < lc.key:
-            yield Change3(rc.key, rc.old, rc.old, rc.new)
-            rc = await nxt(ra)
+def join3(lefts: Sequence[Change], rights: Sequence[Change]) -> list[Change3]:
+    """Two diffs from one base (each in key order) as three-way changes."""
+    out: list[Change3] = []
+    i = j = 0
+    while i < len(lefts) or j < len(rights):
+        if j == len(rights) or (i < len(lefts) and lefts[i].key < rights[j].key):
+            c = lefts[i]
+            out.append(Change3(c.key, c.old, c.new, c.old))
+            i += 1
+        elif i == len(lefts) or rights[j].key < lefts[i].key:
+            c = rights[j]
+            out.append(Change3(c.key, c.old, c.old, c.new))
+            j += 1
         else:
-            yield Change3(lc.key, lc.old, lc.new, rc.new)
-            lc, rc = await nxt(la), await nxt(ra)
+            out.append(Change3(lefts[i].key, lefts[i].old, lefts[i].new, rights[j].new))
+            i += 1
+            j += 1
+    return out

@@ -150,23 +150,24 @@ async def changed_keys(
         await da.aclose()
         await db.aclose()
     if a_ended and b_ended:
-        return Changed(_join(ca, cb), None)
+        return Changed(btree.join3(ca, cb), None)
     small, small_root, big_root = (ca, a_root, b_root) if a_ended else (cb, b_root, a_root)
     found: dict[bytes, tuple[Entry | None, Entry | None, Entry | None]] = {}
     groups: dict[bytes, None] = {}
     for c in small:
         group = None if group_of is None else group_of(c.key)
         if group is None:
-            found[c.key] = (c.old, c.new, await _entry_at(nodes, big_root, c.key))
+            found[c.key] = (c.old, c.new, await btree.lookup(nodes, big_root, c.key))
         else:
             groups[group] = None
     for i, group in enumerate(groups):
         if i % TURN_KEYS == TURN_KEYS - 1:
             await asyncio.sleep(0)
         end = btree.prefix_end(group)
-        base = await _range(nodes, base_root, group, end)
-        mine = await _range(nodes, small_root, group, end)
-        theirs = await _range(nodes, big_root, group, end)
+        base, mine, theirs = [
+            {e.key: e async for e in btree.iterate(nodes, root, group, end)}
+            for root in (base_root, small_root, big_root)
+        ]
         for key in {**base, **mine, **theirs}:
             trio = base.get(key), mine.get(key), theirs.get(key)
             if not trio[0] == trio[1] == trio[2]:
@@ -176,42 +177,6 @@ async def changed_keys(
         for k, (b, s, g) in sorted(found.items())
     ]
     return Changed(changes, "right" if a_ended else "left")
-
-
-def _join(ca: list[btree.Change], cb: list[btree.Change]) -> list[btree.Change3]:
-    """Two diffs from one base as three-way changes (:func:`store.btree.diff3`)."""
-    out: list[btree.Change3] = []
-    i = j = 0
-    while i < len(ca) or j < len(cb):
-        if j == len(cb) or (i < len(ca) and ca[i].key < cb[j].key):
-            c = ca[i]
-            out.append(btree.Change3(c.key, c.old, c.new, c.old))
-            i += 1
-        elif i == len(ca) or cb[j].key < ca[i].key:
-            c = cb[j]
-            out.append(btree.Change3(c.key, c.old, c.old, c.new))
-            j += 1
-        else:
-            out.append(btree.Change3(ca[i].key, ca[i].old, ca[i].new, cb[j].new))
-            i += 1
-            j += 1
-    return out
-
-
-async def _entry_at(nodes: btree.NodeLoader, root: bytes, key: bytes) -> Entry | None:
-    async for run in btree.runs(nodes, root, key, key + b"\x00"):
-        return btree.new_entry(run[0])
-    return None
-
-
-async def _range(
-    nodes: btree.NodeLoader, root: bytes, start: bytes, end: bytes | None
-) -> dict[bytes, Entry]:
-    out: dict[bytes, Entry] = {}
-    async for run in btree.runs(nodes, root, start, end):
-        for e in run:
-            out[e[0]] = btree.new_entry(e)
-    return out
 
 
 TURN_KEYS = 2048
