@@ -24,6 +24,7 @@ from ledgerd.store import digest as dg
 from ledgerd.store.btree import Priority
 from ledgerd.store.commit import Commit
 from ledgerd.store.errors import CorruptObjectError, InvalidArgumentError, StoreError
+from ledgerd.store.objects import mismatched
 from ledgerd.store.page import Page
 from ledgerd.store.schema import SYNCED
 
@@ -509,17 +510,12 @@ async def shallow_roots(page: Page) -> set[bytes]:
 
 
 VERIFY_INLINE = 256
-"""An arriving batch of more pieces than this (or of ``VERIFY_INLINE_BYTES``) is
-verified on a thread: hashing a pack's 100,000 pieces held the event loop 0.2 s."""
-VERIFY_INLINE_BYTES = 1024 * 1024
+"""An arriving batch of more pieces than this (or of 256 KiB) is verified on a thread:
+hashing a pack's 100,000 pieces held the event loop 0.2 s."""
 
 
 async def _verify(pieces: dict[bytes, bytes]) -> None:
-    def check() -> list[bytes]:
-        return [d for d, v in pieces.items() if not dg.verify(d, v)]
-
-    many = len(pieces) > VERIFY_INLINE or sum(map(len, pieces.values())) > VERIFY_INLINE_BYTES
-    bad = await asyncio.to_thread(check) if many else check()
+    bad = await mismatched(pieces, most_inline=VERIFY_INLINE)
     if bad:
         raise CorruptObjectError(f"piece {dg.short(bad[0])} does not match its digest")
 

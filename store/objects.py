@@ -61,6 +61,20 @@ the event loop."""
 _THREAD_MIN = 256 * 1024
 """Below this many bytes, splitting or verifying runs inline instead of on a thread."""
 
+
+async def mismatched(pieces: dict[bytes, bytes], *, most_inline: int | None = None) -> list[bytes]:
+    """The digests of ``pieces`` that their content does not match. Hashed on a thread
+    when they hold ``_THREAD_MIN`` bytes or more, or number more than ``most_inline``."""
+
+    def check() -> list[bytes]:
+        return [d for d, v in pieces.items() if not dg.verify(d, v)]
+
+    many = most_inline is not None and len(pieces) > most_inline
+    if many or sum(map(len, pieces.values())) >= _THREAD_MIN:
+        return await asyncio.to_thread(check)
+    return check()
+
+
 CACHE_PIECE_LIMIT = 64 * 1024
 """Pieces up to this size that were read (and verified) or written are kept in the
 repository's cache, so reading what was just written or read needs no trip to SQLite."""
@@ -342,12 +356,7 @@ class ObjectStore:
         return found
 
     async def _verify(self, pieces: dict[bytes, bytes]) -> None:
-        total = sum(len(v) for v in pieces.values())
-
-        def check() -> list[bytes]:
-            return [d for d, v in pieces.items() if not dg.verify(d, v)]
-
-        bad = await asyncio.to_thread(check) if total >= _THREAD_MIN else check()
+        bad = await mismatched(pieces)
         if bad:
             raise CorruptObjectError(
                 f"stored object {dg.short(bad[0])} in {self.db.path} does not match its digest"
