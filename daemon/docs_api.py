@@ -30,7 +30,7 @@ from aiohttp import web
 from ledgerd.daemon import errors as ae
 from ledgerd.daemon.codec import b64, parse_json, unb64
 from ledgerd.daemon.protocol import connection_lost
-from ledgerd.store import Document, DocumentStore, RangeResult, StoreError
+from ledgerd.store import Changes, Document, DocumentStore, RangeResult, StoreError
 
 if TYPE_CHECKING:
     from ledgerd.daemon.api import Api, Params
@@ -145,32 +145,28 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def _fitting(documents: list[Document], budget: int) -> list[str]:
-    """The JSON texts of the first documents that stay under ``budget`` bytes together
-    (at least one)."""
-    texts: list[str] = []
-    used = 0
-    for d in documents:
-        t = _dumps(d.to_json())
-        if texts and used + len(t) > budget:
-            break
-        texts.append(t)
-        used += len(t)
-    return texts
-
-
 async def _documents_page(
-    fetch: Callable[[int], Awaitable[RangeResult[Document]]], limit: int, budget: int
+    fetch: Callable[[int], Awaitable[RangeResult[Document] | Changes]], limit: int, budget: int
 ) -> web.Response:
-    """``{"documents": [...], "next": token}`` of at most ``limit`` documents whose JSON
-    stays under ``budget`` bytes (at least one document): a page that would pass it is
-    asked again, shorter, so that its token continues right after the last one sent."""
+    """``{"documents": [...], "next": token}`` (for changes, ``"commit"`` first) of at
+    most ``limit`` documents whose JSON stays under ``budget`` bytes (at least one
+    document): a page that would pass it is asked again, shorter, so that its token
+    continues right after the last one sent."""
     while True:
         res = await fetch(limit)
-        texts = _fitting(res.items, budget)
-        if len(texts) == len(res.items):
+        found = res.documents if isinstance(res, Changes) else res.items
+        texts: list[str] = []
+        used = 0
+        for d in found:
+            t = _dumps(d.to_json())
+            if texts and used + len(t) > budget:
+                break
+            texts.append(t)
+            used += len(t)
+        if len(texts) == len(found):
+            lead = f'"commit":"{res.commit.hex()}",' if isinstance(res, Changes) else ""
             nxt = None if res.token is None else b64(res.token)
-            body = '{"documents":[' + ",".join(texts) + '],"next":' + _dumps(nxt) + "}"
+            body = f'{{{lead}"documents":[{",".join(texts)}],"next":{_dumps(nxt)}}}'
             return web.Response(text=body, content_type=JSON_TYPE)
         limit = len(texts)
 
@@ -419,30 +415,6 @@ def _changes_line(commit: bytes, documents: list[Document]) -> bytes:
     return _dumps(line).encode() + b"\n"
 
 
-async def _changes_page(
-    api: Api,
-    docs: DocumentStore,
-    since: bytes | None,
-    collection: str | None,
-    limit: int,
-    token: bytes | None,
-) -> web.Response:
-    """``{"commit", "documents", "next"}``: at most ``limit`` changed documents whose
-    JSON stays under ``max_listing_bytes`` (at least one); ``next`` continues the
-    change up to the same head (``commit`` is then where the change started)."""
-    while True:
-        got = await docs.changes_page(since, collection=collection, limit=limit, token=token)
-        texts = _fitting(got.documents, api.cfg.max_listing_bytes)
-        if len(texts) == len(got.documents):
-            nxt = None if got.token is None else b64(got.token)
-            body = (
-                f'{{"commit":"{got.commit.hex()}","documents":[{",".join(texts)}],'
-                f'"next":{_dumps(nxt)}}}'
-            )
-            return web.Response(text=body, content_type=JSON_TYPE)
-        limit = len(texts)
-
-
 async def changes(api: Api, request: web.Request, p: Params) -> web.StreamResponse:
     """Documents changed since ``?since=COMMIT`` (every one without it), deleted and
     purged ones included, as ``{"commit", "documents", "next"}``: at most ``?limit=``
@@ -467,7 +439,12 @@ async def changes(api: Api, request: web.Request, p: Params) -> web.StreamRespon
         await docs.page.load_commit(since)  # an unknown commit: 404 before anything is sent
     limit = _int(request, "limit", MAX_LIMIT, 1, MAX_LIMIT)
     if not follow:
-        return await _changes_page(api, docs, since, collection, limit, _token(request))
+        token = _token(request)
+        return await _documents_page(
+            lambda n: docs.changes_page(since, collection=collection, limit=n, token=token),
+            limit,
+            api.cfg.max_listing_bytes,
+        )
     resp = web.StreamResponse(headers={"Content-Type": NDJSON_TYPE})
     await resp.prepare(request)
     feed = docs.changes(since, collection=collection, follow=True, batch=limit)
