@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import json
 import os
-from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -35,6 +35,7 @@ from ledgerd.daemon.client_types import (
     ResolverCallback,
     UnsafeSocketError,
     item_of,
+    paged,
     quote,
     raw,
     reaching,
@@ -301,33 +302,15 @@ class AsyncClient:
         page_size: int = 1000,
     ) -> AsyncIterator[Item]:
         """Entries in key order, paging through the whole range (or ``limit`` entries)."""
-        token: str | None = None
-        sent = 0
-        while True:
-            want = page_size if limit is None else min(page_size, limit - sent)
-            if want <= 0:
-                return
-            doc = await self._json(
-                "GET",
-                self.url(
-                    self.page_path(ledger, page) + "/entries",
-                    {
-                        "start": start,
-                        "end": end,
-                        "prefix": prefix,
-                        "limit": want,
-                        "at": at,
-                        "token": token,
-                        "values": None if values else 0,
-                    },
-                ),
-            )
-            for d in doc["entries"]:
-                yield item_of(d)
-                sent += 1
-            token = doc["next"]
-            if token is None:
-                return
+        path = self.page_path(ledger, page) + "/entries"
+        query: dict[str, str | bytes | int | None] = {"start": start, "end": end, "prefix": prefix}
+        query.update(at=at, values=None if values else 0)
+
+        def fetch(want: int, token: str | None) -> Awaitable[dict[str, Any]]:
+            return self._json("GET", self.url(path, {**query, "limit": want, "token": token}))
+
+        async for d in paged(fetch, "entries", limit, page_size):
+            yield item_of(d)
 
     async def sync(
         self, ledger: Name | None = None, page: Name | None = None, timeout: float = 60.0

@@ -21,7 +21,14 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Iterator
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Iterable,
+    Iterator,
+)
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +36,14 @@ import aiofiles
 import aiohttp
 
 from ledgerd.daemon.client_blocking import Bridge, pull
-from ledgerd.daemon.client_types import CHUNK, DaemonUnavailableError, LedgerError, Name, quote
+from ledgerd.daemon.client_types import (
+    CHUNK,
+    DaemonUnavailableError,
+    LedgerError,
+    Name,
+    paged,
+    quote,
+)
 
 if TYPE_CHECKING:
     from ledgerd.daemon.client_async import AsyncClient
@@ -137,19 +151,11 @@ class AsyncDocuments:
     async def _pages(
         self, path: str, query: dict[str, Any], limit: int | None, page_size: int
     ) -> AsyncIterator[Doc]:
-        token: str | None = None
-        sent = 0
-        while True:
-            want = page_size if limit is None else min(page_size, limit - sent)
-            if want <= 0:
-                return
-            res = await self._call("GET", path, {**query, "limit": want, "token": token})
-            for d in res["documents"]:
-                yield d
-                sent += 1
-            token = res["next"]
-            if token is None:
-                return
+        def fetch(want: int, token: str | None) -> Awaitable[dict[str, Any]]:
+            return self._call("GET", path, {**query, "limit": want, "token": token})
+
+        async for d in paged(fetch, "documents", limit, page_size):
+            yield d
 
     async def list_documents(
         self,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,6 +144,29 @@ class ResolveRequest:
 Answer = dict[bytes, str | bytes | None]
 """Per key: "left", "right", None (delete) or new value bytes."""
 ResolverCallback = Callable[[ResolveRequest], Awaitable[Answer]]
+
+
+async def paged(
+    fetch: Callable[[int, str | None], Awaitable[dict[str, Any]]],
+    field: str,
+    limit: int | None,
+    page_size: int,
+) -> AsyncIterator[Any]:
+    """The ``field`` items of the pages ``fetch(want, token)`` answers, each page's
+    ``next`` token asking for the following one, until the last page or ``limit`` items."""
+    token: str | None = None
+    sent = 0
+    while True:
+        want = page_size if limit is None else min(page_size, limit - sent)
+        if want <= 0:
+            return
+        page = await fetch(want, token)
+        for item in page[field]:
+            yield item
+            sent += 1
+        token = page["next"]
+        if token is None:
+            return
 
 
 def item_of(d: dict[str, Any]) -> Item:
