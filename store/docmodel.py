@@ -171,16 +171,16 @@ def iso(ms: int | None) -> str | None:
     return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
-def _utf8_size(text: str) -> int | None:
-    """The UTF-8 size of ``text``, or None if it has none (a lone surrogate)."""
+def _utf8_size(text: str) -> int:
+    """The UTF-8 size of ``text``, or -1 if it has none (a lone surrogate)."""
     try:
         return len(text.encode())
     except UnicodeEncodeError:
-        return None
+        return -1
 
 
 def check_collection(name: object) -> str:
-    if not isinstance(name, str) or not 1 <= (_utf8_size(name) or 0) <= NAME_LIMIT:
+    if not isinstance(name, str) or not 1 <= _utf8_size(name) <= NAME_LIMIT:
         raise InvalidNameError(
             f"collection name {name!r:.60} must be 1-{NAME_LIMIT} bytes of UTF-8 text"
         )
@@ -199,8 +199,7 @@ def check_index_name(name: object) -> str:
 
 
 def check_text(value: object, what: str) -> str:
-    size = _utf8_size(value) if isinstance(value, str) else None
-    if not isinstance(value, str) or size is None or size > NAME_LIMIT:
+    if not isinstance(value, str) or not 0 <= _utf8_size(value) <= NAME_LIMIT:
         raise InvalidArgumentError(
             f"{what} must be a string of at most {NAME_LIMIT} bytes of UTF-8 text"
         )
@@ -304,7 +303,7 @@ def parse_path(path: str | list[str]) -> list[str]:
     parts = path.split(".") if isinstance(path, str) else path
     if not isinstance(parts, list) or not parts or not all(isinstance(p, str) and p for p in parts):
         raise InvalidArgumentError(f"path {path!r:.60} must be 'a.b' or a list of names")
-    if any(_utf8_size(p) is None for p in parts):
+    if any(_utf8_size(p) < 0 for p in parts):
         raise InvalidArgumentError(f"path {path!r:.60} is not UTF-8 text (a lone surrogate)")
     if parts[0].startswith("_"):
         raise InvalidArgumentError(f"path {path!r:.60}: names starting with '_' are reserved")
