@@ -15,7 +15,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ledgerd.store import Page
 
 
 def peak_rss_mib() -> float:
@@ -71,6 +74,24 @@ class StallMeter:
     def __exit__(self, *exc: object) -> None:
         if self._task is not None:
             self._task.cancel()
+
+
+async def last_piece(page: Page) -> int:
+    """The id of the last piece ``page`` has stored: taken after each commit of a load,
+    these marks give each commit's pieces (:func:`pieces_between`)."""
+    rows = await page.db.read_all("SELECT coalesce(max(id), 0) FROM objects")
+    return int(rows[0][0])
+
+
+def pieces_between(
+    source: sqlite3.Connection, marks: list[int]
+) -> Iterator[list[tuple[bytes, bytes]]]:
+    """The ``(digest, data)`` pieces ``source`` stored up to each mark after the one
+    before, a list per mark, one at a time (memory stays flat)."""
+    for lo, hi in zip([0, *marks], marks, strict=False):
+        yield source.execute(
+            "SELECT digest, data FROM objects WHERE id > ? AND id <= ?", (lo, hi)
+        ).fetchall()
 
 
 def bare_sqlite(path: Path) -> sqlite3.Connection:

@@ -64,8 +64,10 @@ from bench.common import (
     StallMeter,
     emit,
     install_pouchdb,
+    last_piece,
     latency,
     peak_rss_mib,
+    pieces_between,
     ratio,
     run_node,
     storage_floor,
@@ -136,7 +138,7 @@ async def _ours(directory: Path, args: argparse.Namespace, docs: list[dict[str, 
             cpu += time.process_time() - c0
             seconds += t.seconds
             ids.extend(d.id for d in made)
-            marks.append(await _last_piece(a))
+            marks.append(await last_piece(a.page))
         out["insert_cpu_s"] = round(cpu, 3)
         out["insert_s"] = round(seconds, 3)
         out["insert_per_s"] = round(len(docs) / seconds)
@@ -203,11 +205,6 @@ async def _ours(directory: Path, args: argparse.Namespace, docs: list[dict[str, 
     return out
 
 
-async def _last_piece(store: DocumentStore) -> int:
-    rows = await store.page.db.read_all("SELECT coalesce(max(id), 0) FROM objects")
-    return int(rows[0][0])
-
-
 def _floor(source_path: Path, marks: list[int], firsts: list[bytes], path: Path) -> float:
     """The storage floor of the inserts: bare SQLite storing each batch's pieces
     (bodies and tree nodes) and index rows, a transaction per batch."""
@@ -224,24 +221,14 @@ def _floor(source_path: Path, marks: list[int], firsts: list[bytes], path: Path)
                     f"SELECT ix, doc, key, deleted FROM doc_index_rows WHERE {where}", params
                 ).fetchall()
             )
-        pieces = [
-            source.execute(
-                "SELECT digest, data FROM objects WHERE id > ? AND id <= ?", (lo, hi)
-            ).fetchall()
-            for lo, hi in zip([0, *marks], marks, strict=False)
-        ]
+        pieces = list(pieces_between(source, marks))
     finally:
         source.close()
-
-    def schema(db: sqlite3.Connection) -> None:
-        for statement in docindex.SCHEMA.split(";"):
-            if statement.strip():
-                db.execute(statement)
 
     def also(db: sqlite3.Connection, i: int) -> None:
         sql.insert_rows(db, docindex.INSERT_ROWS, rows[i])
 
-    return storage_floor(path, pieces, schema=schema, also=also)
+    return storage_floor(path, pieces, schema=docindex.create_schema, also=also)
 
 
 # -- PouchDB ----------------------------------------------------------------------

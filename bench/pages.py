@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench.common import emit, peak_rss_mib, storage_floor, timed
+from bench.common import emit, last_piece, peak_rss_mib, pieces_between, storage_floor, timed
 from ledgerd.store import Page, Repository, btree
 from ledgerd.store import digest as dg
 from ledgerd.store.cache import Cache
@@ -73,8 +73,7 @@ async def _load(
                     await tx.put(k, v)
         seconds += t.seconds
         if marks is not None:
-            last = await page.db.read_all("SELECT coalesce(max(rowid), 0) FROM objects")
-            marks.append(int(last[0][0]))
+            marks.append(await last_piece(page))
     return seconds
 
 
@@ -118,11 +117,7 @@ async def _bench(directory: Path, rows: list[tuple[bytes, bytes]], txn: int) -> 
         sizes: list[int] = []
 
         def commits() -> Iterator[list[tuple[bytes, bytes]]]:
-            """The pieces of each commit, one commit at a time (memory stays flat)."""
-            for lo, hi in zip([0, *marks], marks, strict=False):
-                rows = source.execute(
-                    "SELECT digest, data FROM objects WHERE rowid > ? AND rowid <= ?", (lo, hi)
-                ).fetchall()
+            for rows in pieces_between(source, marks):
                 sizes.extend(len(v) for _, v in rows)
                 yield rows
 

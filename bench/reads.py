@@ -38,7 +38,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +45,10 @@ from bench.common import (
     bare_sqlite,
     emit,
     install_pouchdb,
+    last_piece,
     latency,
     peak_rss_mib,
+    pieces_between,
     ratio,
     run_node,
     storage_floor,
@@ -124,23 +125,15 @@ async def _load(page: Page, rows: list[tuple[bytes, bytes]], txn: int, marks: li
             async with page.transaction() as tx:  # a bulk call, as PouchDB's bulkDocs
                 await tx.put_many(rows[i : i + txn])
         seconds += t.seconds
-        last = await page.db.read_all("SELECT coalesce(max(rowid), 0) FROM objects")
-        marks.append(int(last[0][0]))
+        marks.append(await last_piece(page))
     return seconds
 
 
 def _floor(source_path: Path, marks: list[int], path: Path) -> float:
     """The storage floor of the load: its commits' pieces stored by bare SQLite."""
     source = sqlite3.connect(f"file:{source_path}?mode=ro", uri=True)
-
-    def commits() -> Iterator[list[tuple[bytes, bytes]]]:
-        for lo, hi in zip([0, *marks], marks, strict=False):
-            yield source.execute(
-                "SELECT digest, data FROM objects WHERE rowid > ? AND rowid <= ?", (lo, hi)
-            ).fetchall()
-
     try:
-        return storage_floor(path, commits())
+        return storage_floor(path, pieces_between(source, marks))
     finally:
         source.close()
 

@@ -105,6 +105,13 @@ INSERT_ROWS = "INSERT OR REPLACE INTO doc_index_rows (ix, doc, key, deleted)"
 Scalar = str | float | bool | None
 
 
+def create_schema(conn: sqlite3.Connection) -> None:
+    """Create the views' tables in a page's database, if they are not there."""
+    for statement in SCHEMA.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+
+
 def _scalar(v: Any) -> tuple[bool, Scalar]:
     """(indexable, the value as indexed): numbers as floats, so 1 and 1.5 sort together."""
     if v is None or isinstance(v, bool | str):
@@ -186,13 +193,7 @@ class Views:
 
     async def load(self) -> None:
         db = self.page.db
-
-        def create(conn: sqlite3.Connection) -> None:
-            for statement in SCHEMA.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-
-        await db.run(create, write=True)
+        await db.run(create_schema, write=True)
         rows = await db.read_all("SELECT name, value FROM doc_state")
         state = {r[0]: bytes(r[1]) for r in rows}
         self.reflected = state.get("reflected")
