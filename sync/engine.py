@@ -257,79 +257,8 @@ class SyncEngine:
         self.ctx.location = location
 
     @property
-    def clock(self) -> Callable[[], float]:
-        return self.ctx.clock
-
-    @property
-    def wants(self) -> Callable[[bytes, bytes], bool] | None:
-        return self.ctx.wants
-
-    @property
-    def fetch_timeout(self) -> float:
-        return self.fetcher.fetch_timeout
-
-    @property
-    def devices(self) -> set[str]:
-        """The other devices whose packs this engine listed."""
-        return self.feed.devices
-
-    @property
-    def feed_window(self) -> float:
-        return self.feed.feed_window
-
-    @property
-    def states(self) -> dict[Key, PageState]:
-        return self.board.states
-
-    @property
-    def round_error(self) -> str | None:
-        return self.board.round_error
-
-    @property
-    def device_errors(self) -> dict[str, str]:
-        return self.board.device_errors
-
-    @property
-    def skew(self) -> dict[str, dict[str, Any]]:
-        return self.board.skew
-
-    @property
-    def last_round(self) -> dict[str, Any] | None:
-        return self.board.last_round
-
-    @property
-    def last_round_ok(self) -> float | None:
-        """When a round last finished without failing as a whole (UNIX time)."""
-        return self.board.last_round_ok
-
-    @property
-    def checkpoint_interval(self) -> float:
-        return self.policy.interval
-
-    @property
-    def max_pack(self) -> int:
-        return self.uploader.max_pack
-
-    @property
-    def retry_first(self) -> float:
-        return self.downloader.retry_first
-
-    @property
-    def retry_most(self) -> float:
-        return self.downloader.retry_most
-
-    @property
-    def clock_skew(self) -> float:
-        return self.downloader.clock_skew
-
-    @property
     def bucket_error(self) -> str | None:
         return self.ctx.bucket_error
-
-    @property
-    def bucket_error_code(self) -> str | None:
-        """A stable code for the bucket error (``encryption_key_mismatch``...), if it has one."""
-        return self.ctx.bucket_error_code
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -446,7 +375,7 @@ class SyncEngine:
             await self.ctx.check_bucket()
             await self.uploader.upload_all()  # what is pending goes up first: covers include it
             return await self.compactor.run(
-                self.device, int(self.clock() * 1000), self.policy.write_for_compaction
+                self.device, int(self.ctx.clock() * 1000), self.policy.write_for_compaction
             )
 
     def _next_interval(self) -> float:
