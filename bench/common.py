@@ -25,6 +25,38 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+WRITTEN_JS = r"""
+function writtenMiB() {  // what written_mib() reads, from node
+  try {
+    const m = /^write_bytes: (\d+)$/m.exec(require('fs').readFileSync('/proc/self/io', 'utf8'));
+    return m ? Number(m[1]) / 1048576 : null;
+  } catch (e) { return null; }
+}
+"""
+"""The same reading for the PouchDB scripts."""
+
+
+def written_mib() -> float | None:
+    """MiB this process has sent to storage so far (Linux's ``write_bytes`` in
+    ``/proc/self/io``: the pages its threads dirtied, as they dirty them), or None
+    where the kernel does not say. The difference over a load is what the load wrote
+    (a WAL checkpoint or a compaction that runs later is not in it, on either side)."""
+    try:
+        text = Path("/proc/self/io").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("write_bytes:"):
+            return int(line.split()[1]) / 2**20
+    return None
+
+
+def written_since(start: float | None) -> float | None:
+    """MiB written since ``start`` (a :func:`written_mib`), rounded."""
+    now = written_mib()
+    return None if start is None or now is None else round(now - start, 1)
+
+
 class Timer:
     seconds: float = 0.0
 

@@ -33,6 +33,9 @@ sort ``v``), and in the same run:
   that build counted (ours keep the index up to date on every insert). Skipped
   with a note when node or npm is missing, or with ``--no-pouchdb``.
 
+Each side's inserts are reported with the MiB they wrote to storage
+(``insert_written_MiB``, from ``/proc/self/io``; null where the kernel does not say).
+
 Like with like: both sides insert the same documents in batches of the same size;
 neither waits for the disk on a commit (ledgerd's SQLite runs WAL with ``synchronous
 = NORMAL``, PouchDB's leveldown writes with ``sync: false``); both were given the
@@ -61,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    WRITTEN_JS,
     StallMeter,
     emit,
     install_pouchdb,
@@ -72,6 +76,8 @@ from bench.common import (
     run_node,
     storage_floor,
     timed,
+    written_mib,
+    written_since,
 )
 from ledgerd.daemon.main import tune_gc
 from ledgerd.store import DocumentStore, Repository, docindex, sql
@@ -131,6 +137,7 @@ async def _ours(directory: Path, args: argparse.Namespace, docs: list[dict[str, 
         ids: list[str] = []
         marks: list[int] = []  # the last piece each batch stored (for the floor)
         seconds = cpu = 0.0
+        before = written_mib()
         for i in range(0, len(docs), args.batch):
             c0 = time.process_time()
             with timed() as t:
@@ -139,6 +146,7 @@ async def _ours(directory: Path, args: argparse.Namespace, docs: list[dict[str, 
             seconds += t.seconds
             ids.extend(d.id for d in made)
             marks.append(await last_piece(a.page))
+        out["insert_written_MiB"] = written_since(before)
         out["insert_cpu_s"] = round(cpu, 3)
         out["insert_s"] = round(seconds, 3)
         out["insert_per_s"] = round(len(docs) / seconds)
@@ -233,7 +241,9 @@ def _floor(source_path: Path, marks: list[int], firsts: list[bytes], path: Path)
 
 # -- PouchDB ----------------------------------------------------------------------
 
-POUCH_SCRIPT = r"""
+POUCH_SCRIPT = (
+    WRITTEN_JS
+    + r"""
 const PouchDB = require('pouchdb');
 PouchDB.plugin(require('pouchdb-find'));
 const fs = require('fs');
@@ -261,6 +271,7 @@ const pick = (n) => Math.floor(Math.random() * n);
   const ids = docs.map((d, i) => 'doc' + String(i).padStart(8, '0'));
   const revs = new Array(docs.length);
   const cpu0 = process.cpuUsage();
+  const written0 = writtenMiB();
   let t0 = now();
   for (let i = 0; i < docs.length; i += batch) {
     const part = docs.slice(i, i + batch).map((d, j) => ({_id: ids[i + j], ...d}));
@@ -269,6 +280,7 @@ const pick = (n) => Math.floor(Math.random() * n);
   }
   const insert = now() - t0;
   const cpu = process.cpuUsage(cpu0);
+  const written = written0 === null ? null : Math.round((writtenMiB() - written0) * 10) / 10;
   let lat = [];
   for (let j = 0; j < gets; j++) {
     const id = ids[pick(ids.length)];
@@ -309,7 +321,7 @@ const pick = (n) => Math.floor(Math.random() * n);
   await db.close();
   process.stdout.write(JSON.stringify({
     version: PouchDB.version, adapter: db.adapter, index_used: explain.index.name,
-    insert_s: insert, insert_per_s: Math.round(docs.length / insert),
+    insert_s: insert, insert_per_s: Math.round(docs.length / insert), insert_written_MiB: written,
     insert_cpu_s: Math.round((cpu.user + cpu.system) / 1e3) / 1e3, get,
     index_build_first_query_s: buildFirstQuery, query,
     query_docs_mean: returned / queries, change_writes_s: changeWrites,
@@ -318,6 +330,7 @@ const pick = (n) => Math.floor(Math.random() * n);
     peak_rss_MiB: Math.round(hwm() / 102.4) / 10}));
 })().catch((e) => { console.error(e); process.exit(1); });
 """
+)
 
 
 def _pouchdb(directory: Path, args: argparse.Namespace, docs: list[dict[str, Any]]) -> Any:

@@ -23,7 +23,9 @@ rounds alternating raw SQLite's process and ours: each side reports its median
 round (the mean of a thousand gets on a shared machine swings with whatever else
 runs, and a round of each side next to each other sees the same). The load is reported
 next to the storage floor (bare SQLite storing the very pieces each commit
-stored, commit by commit; see :mod:`bench.pages`).
+stored, commit by commit; see :mod:`bench.pages`), and each side's load with the
+MiB it wrote to storage (``load_written_MiB``, from ``/proc/self/io``; null where
+the kernel does not say).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    WRITTEN_JS,
     bare_sqlite,
     emit,
     install_pouchdb,
@@ -53,6 +56,8 @@ from bench.common import (
     run_node,
     storage_floor,
     timed,
+    written_mib,
+    written_since,
 )
 from ledgerd.store import Page, Repository
 
@@ -155,7 +160,9 @@ async def _ours(
     async with await Repository.open(directory / "repo") as repo:
         page = await repo.ledger(LEDGER).page(PAGE)
         marks: list[int] = []
+        before = written_mib()
         load_s = await _load(page, rows, txn, marks)
+        out["load_written_MiB"] = written_since(before)
         await page.flush()
         out["load_s"] = round(load_s, 3)
         out["storage_floor_s"] = round(_floor(page.db.path, marks, directory / "floor.sqlite"), 3)
@@ -224,7 +231,9 @@ def _child_main(kind: str, directory: Path) -> None:
 
 # -- PouchDB ----------------------------------------------------------------------
 
-POUCH_SCRIPT = r"""
+POUCH_SCRIPT = (
+    WRITTEN_JS
+    + r"""
 const PouchDB = require('pouchdb');
 const fs = require('fs');
 const [rowsPath, keysPath, dbPath, txnArg] = process.argv.slice(2);
@@ -248,9 +257,11 @@ function latency(lat) {
 }
 (async () => {
   const db = new PouchDB(dbPath);
+  const before = writtenMiB();
   let t0 = now();
   for (let i = 0; i < docs.length; i += txn) await db.bulkDocs(docs.slice(i, i + txn));
   const load = now() - t0;
+  const written = before === null ? null : Math.round((writtenMiB() - before) * 10) / 10;
   const scans = [];
   let n = 0;
   for (let j = 0; j < 2; j++) {
@@ -267,11 +278,13 @@ function latency(lat) {
   }
   await db.close();
   process.stdout.write(JSON.stringify({
-    version: PouchDB.version, adapter: db.adapter, load_s: load, scan_first_s: scans[0],
+    version: PouchDB.version, adapter: db.adapter, load_s: load, load_written_MiB: written,
+    scan_first_s: scans[0],
     scan_s: scans[1], scanned: n, get: latency(lat),
     peak_rss_MiB: Math.round(process.resourceUsage().maxRSS / 102.4) / 10}));
 })().catch((e) => { console.error(e); process.exit(1); });
 """
+)
 
 
 def _pouchdb(
@@ -354,9 +367,11 @@ def main() -> None:
     cold_keys = _sample(rows, args.cold_gets, seed=4)
     with tempfile.TemporaryDirectory() as d:
         directory = Path(d)
+        before = written_mib()
         raw: dict[str, Any] = {
-            "load_s": round(_raw_load(directory / "raw.sqlite", rows, args.txn), 3)
+            "load_s": round(_raw_load(directory / "raw.sqlite", rows, args.txn), 3),
         }
+        raw["load_written_MiB"] = written_since(before)
         raw.update(_raw_warm(directory / "raw.sqlite", keys))
         ours = asyncio.run(_ours(directory, rows, args.txn, keys))
         ours["peak_rss_MiB"] = round(peak_rss_mib(), 1)
