@@ -309,9 +309,9 @@ class SyncEngine:
         """``key`` has pending uploads again (a repair made pieces or commits pending)."""
         self._changed(key)
 
-    def page_error(self, key: Key) -> str | None:
+    def upload_error(self, key: Key) -> str | None:
         """Why the page's last upload failed, or None."""
-        return self.board.page_error(key)
+        return self.board.upload_error(key)
 
     def _changed(self, key: Key) -> None:
         if not self.pending.changed(key):  # the _local ledger never leaves this device
@@ -355,9 +355,13 @@ class SyncEngine:
                 next_poll = time.monotonic() + self.interval
 
     async def _compact_when_due(self) -> None:
+        """Compact when ``compaction_interval`` has passed since the last compaction,
+        by the wall clock (the time is kept across restarts). A last compaction in the
+        future means the clock went back: that is due too, or a clock set back a year
+        would put compaction off for a year."""
         if self._compacted_at is None:  # read once; every poll asks
             self._compacted_at = float(await self.repo.get_meta(COMPACTED_AT) or b"0")
-        if time.time() - self._compacted_at < self.compaction_interval:
+        if 0 <= self.ctx.clock() - self._compacted_at < self.compaction_interval:
             return
         try:
             await self.compact()
@@ -365,7 +369,7 @@ class SyncEngine:
             raise
         except Exception as e:  # nothing was lost; the next interval tries again
             log.warning("compaction failed: %s", describe(e))
-        self._compacted_at = time.time()
+        self._compacted_at = self.ctx.clock()
         await self.repo.set_meta(COMPACTED_AT, str(self._compacted_at).encode())
 
     async def compact(self) -> compaction.Report:

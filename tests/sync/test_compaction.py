@@ -269,3 +269,38 @@ async def test_compaction_waits_for_a_checkpoint_that_knows_later_packs(
             await new2.engine.sync()
             assert not new2.engine.problems()
             assert await _keys(new2.repo) == want
+
+
+async def test_compaction_runs_each_interval_by_the_wall_clock_even_after_it_went_back(
+    tmp_path: Path, bucket: FolderStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock()
+    runs: list[float] = []
+    async with device(tmp_path / "a", bucket, clock=clock, compaction_interval=3600.0) as a:
+
+        async def compact() -> Any:
+            runs.append(clock.now)
+
+        monkeypatch.setattr(a.engine, "compact", compact)
+        await a.engine._compact_when_due()  # never compacted: due
+        clock.now += 1800
+        await a.engine._compact_when_due()  # half an interval: not yet
+        clock.now += 1800
+        await a.engine._compact_when_due()  # an interval: due
+        assert runs == [1_800_000_000.0, 1_800_003_600.0]
+
+        clock.now -= 365 * 86400  # the wall clock is set back a year: due, not in a year
+        await a.engine._compact_when_due()
+        assert runs[-1] == clock.now
+        clock.now += 60
+        await a.engine._compact_when_due()
+        assert len(runs) == 3
+
+    # The time of the last compaction is kept across restarts.
+    async with device(tmp_path / "a", bucket, clock=clock, compaction_interval=3600.0) as again:
+        monkeypatch.setattr(again.engine, "compact", compact)
+        await again.engine._compact_when_due()
+        assert len(runs) == 3
+        clock.now += 3600
+        await again.engine._compact_when_due()
+        assert len(runs) == 4
