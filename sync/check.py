@@ -400,7 +400,7 @@ async def _restore(
         except asyncio.CancelledError:
             raise
         else:
-            error = engine.page_error((page.ledger, page.id))
+            error = engine.upload_error((page.ledger, page.id))
             if error is not None:
                 result.notes.append(f"the upload of what the bucket lacks failed: {error}")
             else:

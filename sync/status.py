@@ -116,7 +116,7 @@ class StatusBoard:
 
     # -- reports -----------------------------------------------------------------------
 
-    def page_error(self, key: Key) -> str | None:
+    def upload_error(self, key: Key) -> str | None:
         """Why the page's last upload failed, or None."""
         st = self.states.get(key)
         return st.last_error if st is not None else None
