@@ -1,7 +1,7 @@
 """Read benchmark: point gets, cold gets and scans of a page, next to raw SQLite and PouchDB.
 
     python -m bench.reads [--entries 100000] [--txn 1000] [--gets 20000] [--cold-gets 1000]
-                          [--cold-rounds 3] [--no-pouchdb]
+                          [--cold-rounds 3] [--no-pouchdb] [--default-gc]
 
 Prints JSON. One page of ``--entries`` entries (16-byte random keys, 100-byte
 random values), loaded in transactions of ``--txn`` random keys (each a
@@ -26,6 +26,14 @@ next to the storage floor (bare SQLite storing the very pieces each commit
 stored, commit by commit; see :mod:`bench.pages`), and each side's load with the
 MiB it wrote to storage (``load_written_MiB``, from ``/proc/self/io``; null where
 the kernel does not say).
+
+Python runs with the daemon's garbage collector settings
+(:func:`ledgerd.daemon.main.tune_gc`), as ``ledgerd`` runs and as :mod:`bench.docs`
+measures: in this process (set before the rows are made, so they are not frozen)
+and in every cold child, raw SQLite's included. ``--default-gc`` keeps CPython's.
+Under CPython's, a fresh process's first full collection falls among its cold
+gets (about a sixth of their time here), and the load spends more of the loop in
+young collections.
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ from bench.common import (
     written_mib,
     written_since,
 )
+from ledgerd.daemon.main import tune_gc
 from ledgerd.store import Page, Repository
 
 LEDGER = "bench"
@@ -184,12 +193,13 @@ async def _ours_cold_child(directory: Path, keys: list[bytes]) -> dict[str, Any]
         return latency(await _gets(page, keys))
 
 
-def _child(kind: str, directory: Path, keys: list[bytes]) -> dict[str, Any]:
+def _child(kind: str, directory: Path, keys: list[bytes], default_gc: bool) -> dict[str, Any]:
     """Run a cold-get measurement in a fresh Python process."""
     keyfile = directory / "cold-keys"
     keyfile.write_bytes(b"".join(keys))
+    gc_flag = ["--default-gc"] if default_gc else []
     res = subprocess.run(
-        [sys.executable, "-m", "bench.reads", "--child", kind, str(directory)],
+        [sys.executable, "-m", "bench.reads", *gc_flag, "--child", kind, str(directory)],
         check=True,
         capture_output=True,
         cwd=Path(__file__).resolve().parents[1],
@@ -198,13 +208,15 @@ def _child(kind: str, directory: Path, keys: list[bytes]) -> dict[str, Any]:
     return doc
 
 
-def _cold(directory: Path, keys: list[bytes], rounds: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def _cold(
+    directory: Path, keys: list[bytes], rounds: int, default_gc: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Cold gets of raw SQLite and of ours, ``rounds`` times alternating: each side's
     median round (by mean), with every round's mean."""
     got: dict[str, list[dict[str, Any]]] = {"raw": [], "ours": []}
     for _ in range(rounds):
         for kind in ("raw", "ours"):
-            got[kind].append(_child(kind, directory, keys))
+            got[kind].append(_child(kind, directory, keys, default_gc))
     out = []
     for kind in ("raw", "ours"):
         ordered = sorted(got[kind], key=lambda r: float(r["mean_us"]))
@@ -331,6 +343,7 @@ def _report(
     return {
         "entries": args.entries,
         "value_bytes": 100,
+        "gc": "CPython's defaults" if args.default_gc else "the daemon's (tune_gc)",
         "txn_size": args.txn,
         "gets": args.gets,
         "cold_gets": args.cold_gets,
@@ -357,8 +370,11 @@ def main() -> None:
     ap.add_argument("--cold-gets", type=int, default=1000)
     ap.add_argument("--cold-rounds", type=int, default=3)
     ap.add_argument("--no-pouchdb", action="store_true")
+    ap.add_argument("--default-gc", action="store_true", help="not the daemon's GC settings")
     ap.add_argument("--child", nargs=2, metavar=("KIND", "DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if not args.default_gc:
+        tune_gc()
     if args.child:
         _child_main(args.child[0], Path(args.child[1]))
         return
@@ -375,7 +391,9 @@ def main() -> None:
         raw.update(_raw_warm(directory / "raw.sqlite", keys))
         ours = asyncio.run(_ours(directory, rows, args.txn, keys))
         ours["peak_rss_MiB"] = round(peak_rss_mib(), 1)
-        raw["cold_get"], ours["cold_get"] = _cold(directory, cold_keys, args.cold_rounds)
+        raw["cold_get"], ours["cold_get"] = _cold(
+            directory, cold_keys, args.cold_rounds, args.default_gc
+        )
         if args.no_pouchdb:
             pouch: dict[str, Any] = {"skipped": "--no-pouchdb"}
         else:
