@@ -1,0 +1,100 @@
+"""What a buggy or malicious device (or a damaged bucket) uploads is refused through the
+real sync path: no crash, no hang, no page left half-imported or corrupt, nothing of it
+uploaded again, and other pages and later packs go on."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from ledgerd.store import commit
+from ledgerd.sync import layout, pack
+from ledgerd.sync.folder import FolderStore
+from ledgerd.sync.layout import PackName
+from ledgerd.sync.testing import put_pack
+from tests.store.test_canonical import _canonical, _encode, _nested, _outside_range
+from tests.sync.test_engine import Device, _keys, device
+
+
+@pytest.fixture
+def bucket(tmp_path: Path) -> FolderStore:
+    (tmp_path / "bucket").mkdir()
+    return FolderStore(tmp_path / "bucket")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def _uploaded(tmp_path: Path, d: Device) -> tuple[set[bytes], set[bytes]]:
+    """Commit ids and piece digests in every pack ``d`` put in the bucket (plain)."""
+    ids: set[bytes] = set()
+    digests: set[bytes] = set()
+    for p in (tmp_path / "bucket" / "packs").iterdir():
+        pn = PackName.parse(f"{layout.PACKS}{p.name}")
+        if pn is None or pn.device != d.repo.device_id.hex():
+            continue
+        data = p.read_bytes()
+        header = pack.decode_header(data[: pn.head_end], pn.head_end, pn.eager_end)
+        bases = {}
+        for pi in header.pages:
+            page = await d.repo.ledger(pi.ledger.decode()).page(pi.page.decode())
+            got = await page.objects.get_pieces(pi.bases)
+            bases[pi.key] = [(x, got[x]) for x in pi.bases]
+        for s in pack.decode_all(data, pn.head_end, pn.eager_end, bases=bases):
+            ids.update(commit.decode(c).id for c in s.commits)
+            digests.update(x for x, _ in [*s.eager, *s.lazy])
+    return ids, digests
+
+
+async def test_a_non_canonical_tree_is_refused_and_goes_no_further(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """Another device uploads a commit with the same entries as a's page, one key moved
+    into the neighbouring leaf (outside its range: lookups would miss it, and a later put
+    of it would store it twice). b refuses the pack, reports it, keeps a's page as it
+    was, takes a's later pack, and uploads nothing of the bad commit."""
+    keys = [os.urandom(6) for _ in range(600)]
+    async with device(tmp_path / "a", bucket) as a:
+        pa = await a.repo.ledger("l").page("p")
+        await pa.write([(k, b"v" + k[:8]) for k in keys])  # values inline: no pieces
+        await pa.flush()
+        await a.engine.sync()
+        head = pa.head
+        root, pieces = await _canonical(keys)
+        assert root == head.root  # the same entries make the same tree
+        t = await _nested(root, pieces)
+        assert t is not None and _outside_range(t)
+        bad: dict[bytes, bytes] = {}
+        bad_root = _encode(t, bad)
+        new_nodes = set(bad) - set(pieces)  # the rest are a's own nodes
+        liar = commit.make((head.id,), head.timestamp + 1, head.generation + 1, bad_root, b"x")
+        section = pack.Section(b"l", b"p", [liar.data], sorted(bad.items()))
+        name = await put_pack(bucket, os.urandom(16), 1, [section], _now_ms())
+        await pa.put(b"later", b"still comes")
+        await pa.flush()
+        await a.engine.sync()
+        async with device(tmp_path / "b", bucket, retry_first=3600) as b:
+            await b.engine.sync()
+            pb = await b.repo.ledger("l").page("p")
+            assert pb.head.id == pa.head.id  # a's later pack came in; the bad one did not
+            assert liar.id not in {h.id for h in await pb.heads()}
+            got = await _keys(b.repo)
+            assert len(got) == len(keys) + 1 and got[b"later"] == b"still comes"
+            packs = b.engine.status()["packs"]
+            assert [(p["pack"], p["state"]) for p in packs] == [(name, "refused")]
+            assert "NonCanonicalTreeError" in packs[0]["error"]
+            assert "outside its parent's range" in packs[0]["error"]
+            marks = ",".join("?" * len(new_nodes))
+            rows = await pb.db.read_all(
+                f"SELECT count(*) FROM objects WHERE digest IN ({marks})", tuple(new_nodes)
+            )
+            assert rows[0][0] == 0  # nothing of it stored
+            await pb.put(b"mine", b"b's own")
+            await pb.flush()
+            await b.engine.sync()
+            ids, digests = await _uploaded(tmp_path, b)
+            assert ids and liar.id not in ids and not digests & new_nodes
