@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import os
 import time
+import tracemalloc
 from pathlib import Path
 
+import msgpack
 import pytest
+import zstandard
 
 from ledgerd.store import commit
 from ledgerd.sync import layout, pack
@@ -98,3 +101,55 @@ async def test_a_non_canonical_tree_is_refused_and_goes_no_further(
             await b.engine.sync()
             ids, digests = await _uploaded(tmp_path, b)
             assert ids and liar.id not in ids and not digests & new_nodes
+
+
+def _bomb(inflated: int) -> bytes:
+    """A zstd frame of ``inflated`` zero bytes (it says so in its header): ~32 KiB a GiB."""
+    obj = zstandard.ZstdCompressor(level=1).compressobj(size=inflated)
+    step = bytes(1 << 20)
+    parts = [obj.compress(step) for _ in range(inflated >> 20)]
+    return b"".join([*parts, obj.flush()])
+
+
+async def _put_raw_pack(
+    bucket: FolderStore, device: bytes, pages: list[list[object]], body: bytes
+) -> str:
+    """A format-2 pack with the index ``pages`` as given (lengths unchecked) and ``body``."""
+    header = msgpack.packb(
+        {"device": device, "seq": 1, "time": _now_ms(), "pages": pages}, use_bin_type=True
+    )
+    head_end = len(pack.MAGIC2) + 4 + len(header)
+    data = pack.MAGIC2 + len(header).to_bytes(4, "big") + header + body
+    name = PackName.make(_now_ms(), device.hex(), 1, head_end, len(data)).name
+    await bucket.put(name, data)
+    return name
+
+
+@pytest.mark.parametrize("declared", [1 << 30, 8 << 20])
+async def test_a_decompression_bomb_is_refused_without_inflating_it(
+    tmp_path: Path, bucket: FolderStore, declared: int
+) -> None:
+    """A 32 KiB section that inflates to 1 GiB: declared as such (past MAX_SECTION), or
+    declared small (it is cut where it passes its declared size). b refuses it holding
+    at most a few MiB more, and still takes a's page."""
+    bomb = _bomb(1 << 30)
+    name = await _put_raw_pack(
+        bucket, os.urandom(16), [[b"l", b"p", [0, len(bomb), declared, pack.ZSTD], []]], bomb
+    )
+    async with device(tmp_path / "a", bucket) as a:
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"k", b"v")
+        await pa.flush()
+        await a.engine.sync()
+        async with device(tmp_path / "b", bucket, retry_first=3600) as b:
+            tracemalloc.start()
+            try:
+                await b.engine.sync()
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert peak < 32 << 20, peak
+            assert await _keys(b.repo) == {b"k": b"v"}
+            packs = b.engine.status()["packs"]
+            assert [(p["pack"], p["state"]) for p in packs] == [(name, "refused")]
+            assert "bytes" in packs[0]["error"]
