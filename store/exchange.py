@@ -306,18 +306,26 @@ async def _import(
         if c.id in here or c.id in below:
             continue
         generations = []
+        times = []
         for p in c.parents:
             if p in below:  # not here, and nothing in the batch that is new builds on it
                 raise MissingParentError(f"commit {c.id.hex()[:12]} needs {p.hex()[:12]}")
             if p in known:
                 generations.append(known[p].generation)
+                times.append(known[p].timestamp)
                 continue
             try:
-                generations.append((await page.load_commit(p)).generation)
+                parent = await page.load_commit(p)
             except StoreError:
                 raise MissingParentError(f"commit {c.id.hex()[:12]} needs {p.hex()[:12]}") from None
+            generations.append(parent.generation)
+            times.append(parent.timestamp)
         if c.parents and c.generation != 1 + max(generations):
             raise CorruptObjectError(f"commit {c.id.hex()[:12]} has a wrong generation")
+        # An ordinary commit is later than its parent (the hybrid logical clock); a
+        # merge carries the latest of its parents' times (store.commit).
+        if times and c.timestamp < max(times) + (1 if len(times) == 1 else 0):
+            raise CorruptObjectError(f"commit {c.id.hex()[:12]} is older than its parents")
         if not c.parents:
             raise CorruptObjectError(f"commit {c.id.hex()[:12]} claims to be a first commit")
         new.append(c)

@@ -153,3 +153,42 @@ async def test_a_decompression_bomb_is_refused_without_inflating_it(
             packs = b.engine.status()["packs"]
             assert [(p["pack"], p["state"]) for p in packs] == [(name, "refused")]
             assert "bytes" in packs[0]["error"]
+
+
+@pytest.mark.parametrize("kind", ["many_parents", "same_parent_twice", "older", "huge_time"])
+async def test_a_commit_inconsistent_with_its_parents_is_refused(
+    tmp_path: Path, bucket: FolderStore, kind: str
+) -> None:
+    """Commits no ledgerd makes: more than two parents, a parent twice, a time before
+    its parent's, a time SQLite cannot hold (it failed the import as "cannot import it
+    here"). Each is refused as corrupt; the page keeps a's head."""
+    async with device(tmp_path / "a", bucket) as a:
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"k", b"v")
+        await pa.flush()
+        await a.engine.sync()
+        h = pa.head
+        kids = [
+            commit.make((h.id,), h.timestamp + 1 + i, h.generation + 1, h.root, b"%d" % i)
+            for i in range(3)
+        ]
+        gen = h.generation + 1
+        bad = {
+            "many_parents": commit.make(
+                tuple(k.id for k in kids), h.timestamp + 9, gen + 1, h.root, b""
+            ),
+            "same_parent_twice": commit.make((h.id, h.id), h.timestamp, gen, h.root, b""),
+            "older": commit.make((h.id,), h.timestamp - 1, gen, h.root, b"s"),
+            "huge_time": commit.make((h.id,), (1 << 64) - 1, gen, h.root, b"s"),
+        }[kind]
+        sent = [*kids, bad] if kind == "many_parents" else [bad]
+        section = pack.Section(b"l", b"p", [c.data for c in sent])
+        name = await put_pack(bucket, os.urandom(16), 1, [section], _now_ms())
+        async with device(tmp_path / "b", bucket, retry_first=3600) as b:
+            await b.engine.sync()
+            pb = await b.repo.ledger("l").page("p")
+            assert bad.id not in {h.id for h in await pb.heads()}
+            assert await _keys(b.repo) == {b"k": b"v"}
+            packs = b.engine.status()["packs"]
+            assert [(p["pack"], p["state"]) for p in packs] == [(name, "refused")]
+            assert "CorruptObjectError" in packs[0]["error"]
