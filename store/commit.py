@@ -25,6 +25,11 @@ from ledgerd.store.errors import CorruptObjectError
 
 FORMAT = 1
 ID_SIZE = 32
+MAX_PARENTS = 2
+"""Parents a commit may have: an ordinary commit has one, a merge two (merges of more
+heads are made two at a time)."""
+INT_MAX = (1 << 63) - 1
+"""Largest timestamp or generation (SQLite's INTEGER)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +70,13 @@ def decode(data: bytes, expected_id: bytes | None = None) -> Commit:
         parents = tuple(parents)
         ok = (
             fmt == FORMAT
+            and len(parents) <= MAX_PARENTS
             and all(isinstance(p, bytes) and len(p) == ID_SIZE for p in parents)
-            and list(parents) == sorted(parents)
+            and all(a < b for a, b in zip(parents, parents[1:], strict=False))
             and isinstance(timestamp, int)
+            and 0 <= timestamp <= INT_MAX
             and isinstance(generation, int)
+            and 0 <= generation <= INT_MAX
             and isinstance(root, bytes)
             and isinstance(salt, bytes)
         )

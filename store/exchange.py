@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import operator
 import os
@@ -23,7 +24,11 @@ from ledgerd.store import btree, commit, split, sql
 from ledgerd.store import digest as dg
 from ledgerd.store.btree import Priority
 from ledgerd.store.commit import Commit
-from ledgerd.store.errors import CorruptObjectError, InvalidArgumentError, StoreError
+from ledgerd.store.errors import (
+    CorruptObjectError,
+    InvalidArgumentError,
+    StoreError,
+)
 from ledgerd.store.objects import mismatched
 from ledgerd.store.page import Page
 from ledgerd.store.schema import SYNCED
@@ -301,18 +306,26 @@ async def _import(
         if c.id in here or c.id in below:
             continue
         generations = []
+        times = []
         for p in c.parents:
             if p in below:  # not here, and nothing in the batch that is new builds on it
                 raise MissingParentError(f"commit {c.id.hex()[:12]} needs {p.hex()[:12]}")
             if p in known:
                 generations.append(known[p].generation)
+                times.append(known[p].timestamp)
                 continue
             try:
-                generations.append((await page.load_commit(p)).generation)
+                parent = await page.load_commit(p)
             except StoreError:
                 raise MissingParentError(f"commit {c.id.hex()[:12]} needs {p.hex()[:12]}") from None
+            generations.append(parent.generation)
+            times.append(parent.timestamp)
         if c.parents and c.generation != 1 + max(generations):
             raise CorruptObjectError(f"commit {c.id.hex()[:12]} has a wrong generation")
+        # An ordinary commit is later than its parent (the hybrid logical clock); a
+        # merge carries the latest of its parents' times (store.commit).
+        if times and c.timestamp < max(times) + (1 if len(times) == 1 else 0):
+            raise CorruptObjectError(f"commit {c.id.hex()[:12]} is older than its parents")
         if not c.parents:
             raise CorruptObjectError(f"commit {c.id.hex()[:12]} claims to be a first commit")
         new.append(c)
@@ -561,31 +574,47 @@ _VALUE = operator.itemgetter(1)
 async def _check_trees(
     page: Page, roots: list[bytes], pieces: dict[bytes, bytes], lazy: dict[bytes, str]
 ) -> None:
-    """Every tree node reachable from ``roots`` is here or arriving; values are somewhere.
+    """Every tree node reachable from ``roots`` is here or arriving, every arriving one is
+    the node the canonical tree of its entries has where it sits, and values are somewhere.
 
-    Walks level by level with one existence query per level (not one per entry).
-    Nodes already stored were checked when they arrived and are not opened.
+    Walks level by level with one existence query per level (not one per entry). A node
+    is checked at each slot it is reached at (:class:`btree.Slot`: its level and the keys
+    its parent bounds it by): its encoding, split, keys and children
+    (:func:`btree.check_node`), on a thread for a large level. Nodes already stored were
+    checked when they arrived (or made here) and are not opened: only their level and
+    their first and last keys are checked against the slot (:func:`btree.check_stored`),
+    so the cost follows the nodes imported, not the size of the tree. A tree that fails
+    raises :class:`NonCanonicalTreeError`: nothing of the import is stored.
     """
-    seen: set[bytes] = set()
-    frontier = [r for r in roots if r]
+    for r in roots:
+        btree.check_root_digest(r)
+    seen: set[btree.Slot] = set()
+    frontier = [btree.Slot(r, None) for r in roots if r]
     while frontier:
-        frontier = [d for d in dict.fromkeys(frontier) if d not in seen]
+        frontier = [s for s in dict.fromkeys(frontier) if s not in seen]
         seen.update(frontier)
         stored = await page.objects.known(
-            [d for d in frontier if not dg.is_inline(d) and d not in pieces]
+            list({s.digest for s in frontier if not dg.is_inline(s.digest)} - pieces.keys())
         )
-        children: list[bytes] = []
-        referenced: set[bytes] = set()
-        for i, d in enumerate(frontier):
-            if not dg.is_inline(d) and d not in pieces:
-                if d in stored:
-                    continue
-                raise MissingObjectError(f"tree node {dg.short(d)} of a remote commit is missing")
+        arriving: list[tuple[btree.Slot, bytes]] = []
+        here: list[btree.Slot] = []
+        for i, s in enumerate(frontier):
             if i % btree.DIFF_TURN_NODES == btree.DIFF_TURN_NODES - 1:
                 await asyncio.sleep(0)  # a level of a large import: others run meanwhile
-            node = btree.decode_node(await _node_bytes(page, d, pieces))
-            children.extend(filter(None, node.children))
-            referenced.update(map(_VALUE, node.entries))  # every version of a leaf repeats most
+            d = s.digest
+            if not dg.is_inline(d) and d not in pieces:
+                if d not in stored:
+                    raise MissingObjectError(
+                        f"tree node {dg.short(d)} of a remote commit is missing"
+                    )
+                here.append(s)
+                continue
+            arriving.append((s, await _node_bytes(page, d, pieces)))
+        await btree.check_stored(functools.partial(_stored_nodes, page), here)
+        if len(arriving) > VERIFY_INLINE or sum(len(b) for _, b in arriving) > CHECK_INLINE_BYTES:
+            children, referenced = await asyncio.to_thread(_check_nodes, arriving)
+        else:
+            children, referenced = _check_nodes(arriving)
         referenced.difference_update(pieces)
         referenced.difference_update(lazy)
         values = [v for v in referenced if not dg.is_inline(v)]
@@ -597,6 +626,47 @@ async def _check_trees(
                     f"value {dg.short(missing[0])} of a remote commit is nowhere"
                 )
         frontier = children
+
+
+CHECK_INLINE_BYTES = 256 * 1024
+"""A level of arriving tree nodes of more bytes than this (or of more than
+:data:`VERIFY_INLINE` nodes) is decoded and checked on a thread."""
+
+
+async def _stored_nodes(page: Page, digests: list[bytes]) -> dict[bytes, btree.Node]:
+    """Stored tree nodes by digest: from the node cache, else in one query (and cached:
+    the next import's checks, and the merge after this one, read them again)."""
+    out: dict[bytes, btree.Node] = {}
+    want: list[bytes] = []
+    for d in digests:
+        node = page.nodes.cache.get(d)
+        if node is not None:
+            out[d] = node
+        elif dg.is_inline(d) or dg.is_index(d):
+            out[d] = await page.nodes.load(d)
+        else:
+            want.append(d)
+    if want:
+        got = await page.objects.get_pieces(want)
+        for d in want:
+            node = out[d] = btree.decode_node(got[d])
+            page.nodes.cache.put(d, node, btree.node_cost(node, len(got[d])))
+    return out
+
+
+def _check_nodes(
+    arriving: list[tuple[btree.Slot, bytes]],
+) -> tuple[list[btree.Slot], set[bytes]]:
+    """Decode and check arriving nodes at their slots: their children's slots, and the
+    values they reference."""
+    children: list[btree.Slot] = []
+    referenced: set[bytes] = set()
+    for slot, data in arriving:
+        node = btree.decode_node(data)
+        btree.check_encoding(slot.digest, data, node)
+        children.extend(btree.check_node(node, slot))
+        referenced.update(map(_VALUE, node.entries))  # every version of a leaf repeats most
+    return children, referenced
 
 
 async def _node_bytes(page: Page, d: bytes, pieces: dict[bytes, bytes]) -> bytes:

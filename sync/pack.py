@@ -62,8 +62,15 @@ PREFIX = len(MAGIC) + _LEN.size
 RAW, ZSTD, ZSTD_EDIT = 0, 1, 2
 """Codecs: as is; zstd; zstd over a dictionary of tree nodes the reader holds (a
 section's ``bases``: the nodes its new nodes replace)."""
-MAX_SECTION = 1 << 32
-"""Largest raw (uncompressed) section or piece a pack may declare."""
+MAX_SECTION = 256 * 1024 * 1024
+"""Largest raw (uncompressed) section or piece a reader accepts (the daemon's
+``max_section_bytes``): a pack index declaring more is refused, and a compressed part
+is inflated a step at a time and refused as soon as it passes what its index
+declares, so that a small part that inflates to gigabytes (a decompression bomb)
+costs at most this much memory. Writers stay far below it: a section holds at most
+``max_pack`` bytes of values plus one page's new tree nodes and commits."""
+INFLATE_STEP = 1024 * 1024
+"""Bytes inflated at a time."""
 MAX_HEADER = 64 * 1024 * 1024
 """Largest header a reader accepts (a round of tens of thousands of pages fits)."""
 ZSTD_LEVEL = 3
@@ -103,7 +110,12 @@ def squeeze_edit(raw: bytes, bases: bytes) -> tuple[bytes, int]:
 
 def unsqueeze(stored: bytes, codec: int, raw_len: int, bases: bytes = b"") -> bytes:
     """The raw bytes of a stored section or piece; CorruptPackError if they are not.
-    ``bases``: the dictionary of a ZSTD_EDIT section."""
+    ``bases``: the dictionary of a ZSTD_EDIT section. Never holds more than ``raw_len``
+    (at most :data:`MAX_SECTION`) inflated bytes, whatever the compressed part holds."""
+    if raw_len > MAX_SECTION:
+        raise CorruptPackError(
+            f"a part of a pack declares {raw_len} bytes, more than the {MAX_SECTION} accepted"
+        )
     if codec == RAW:
         out = stored
     else:
@@ -111,12 +123,30 @@ def unsqueeze(stored: bytes, codec: int, raw_len: int, bases: bytes = b"") -> by
             d = zstandard.ZstdDecompressor(
                 dict_data=_dictionary(bases) if codec == ZSTD_EDIT else None
             )
-            out = d.decompress(stored, max_output_size=raw_len)
+            out = _inflate(d, stored, raw_len)
         except zstandard.ZstdError as e:
             raise CorruptPackError(f"a compressed part of a pack is unreadable: {e}") from e
     if len(out) != raw_len:
         raise CorruptPackError("a part of a pack has another length than its index says")
     return out
+
+
+def _inflate(d: zstandard.ZstdDecompressor, stored: bytes, most: int) -> bytes:
+    """The first frame of ``stored`` inflated, :data:`INFLATE_STEP` bytes at a time;
+    CorruptPackError as soon as it passes ``most`` bytes. (``decompress`` sizes its
+    output by the frame's own claim or by ``max_output_size`` before reading a byte.)"""
+    parts: list[bytes] = []
+    total = 0
+    reader = d.stream_reader(stored)
+    while True:
+        chunk = reader.read(min(INFLATE_STEP, most - total + 1))
+        if not chunk:
+            break
+        total += len(chunk)
+        if total > most:
+            raise CorruptPackError(f"a compressed part of a pack inflates past {most} bytes")
+        parts.append(chunk)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 # -- format 2 ----------------------------------------------------------------------
@@ -320,7 +350,7 @@ def _open_header(data: bytes, head_end: int, eager_end: int, seal: tuple[Codec, 
     if plain[0] == RAW:
         return plain[1:]
     try:
-        return zstandard.ZstdDecompressor().decompress(plain[1:], max_output_size=MAX_HEADER)
+        return _inflate(zstandard.ZstdDecompressor(), plain[1:], MAX_HEADER)
     except zstandard.ZstdError as e:
         raise CorruptPackError(f"pack header is unreadable: {e}") from e
 
@@ -460,8 +490,10 @@ def _part(
         raise ValueError("bad part")
     off, stored, raw, codec = x
     p = Part(base + off, stored, raw, codec, Context(seal[1], role, item) if seal else None)
-    if codec not in (RAW, ZSTD, ZSTD_EDIT) or not 0 <= raw <= MAX_SECTION or stored < 0:
+    if codec not in (RAW, ZSTD, ZSTD_EDIT) or raw < 0 or stored < 0:
         raise ValueError("bad part")
+    if raw > MAX_SECTION:
+        raise ValueError(f"a part declares {raw} bytes, more than the {MAX_SECTION} accepted")
     if codec == RAW and stored != raw and seal is None:
         raise ValueError("a raw part's lengths differ")
     if p.offset < lo or (hi is not None and p.end > hi):

@@ -1,0 +1,194 @@
+"""What a buggy or malicious device (or a damaged bucket) uploads is refused through the
+real sync path: no crash, no hang, no page left half-imported or corrupt, nothing of it
+uploaded again, and other pages and later packs go on."""
+
+from __future__ import annotations
+
+import os
+import time
+import tracemalloc
+from pathlib import Path
+
+import msgpack
+import pytest
+import zstandard
+
+from ledgerd.store import commit
+from ledgerd.sync import layout, pack
+from ledgerd.sync.folder import FolderStore
+from ledgerd.sync.layout import PackName
+from ledgerd.sync.testing import put_pack
+from tests.store.test_canonical import _canonical, _encode, _nested, _outside_range
+from tests.sync.test_engine import Device, _keys, device
+
+
+@pytest.fixture
+def bucket(tmp_path: Path) -> FolderStore:
+    (tmp_path / "bucket").mkdir()
+    return FolderStore(tmp_path / "bucket")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def _uploaded(tmp_path: Path, d: Device) -> tuple[set[bytes], set[bytes]]:
+    """Commit ids and piece digests in every pack ``d`` put in the bucket (plain)."""
+    ids: set[bytes] = set()
+    digests: set[bytes] = set()
+    for p in (tmp_path / "bucket" / "packs").iterdir():
+        pn = PackName.parse(f"{layout.PACKS}{p.name}")
+        if pn is None or pn.device != d.repo.device_id.hex():
+            continue
+        data = p.read_bytes()
+        header = pack.decode_header(data[: pn.head_end], pn.head_end, pn.eager_end)
+        bases = {}
+        for pi in header.pages:
+            page = await d.repo.ledger(pi.ledger.decode()).page(pi.page.decode())
+            got = await page.objects.get_pieces(pi.bases)
+            bases[pi.key] = [(x, got[x]) for x in pi.bases]
+        for s in pack.decode_all(data, pn.head_end, pn.eager_end, bases=bases):
+            ids.update(commit.decode(c).id for c in s.commits)
+            digests.update(x for x, _ in [*s.eager, *s.lazy])
+    return ids, digests
+
+
+async def test_a_non_canonical_tree_is_refused_and_goes_no_further(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """Another device uploads a commit with the same entries as a's page, one key moved
+    into the neighbouring leaf (outside its range: lookups would miss it, and a later put
+    of it would store it twice). b refuses the pack, reports it, keeps a's page as it
+    was, takes a's later pack, and uploads nothing of the bad commit."""
+    keys = [os.urandom(6) for _ in range(600)]
+    async with device(tmp_path / "a", bucket) as a:
+        pa = await a.repo.ledger("l").page("p")
+        await pa.write([(k, b"v" + k[:8]) for k in keys])  # values inline: no pieces
+        await pa.flush()
+        await a.engine.sync()
+        head = pa.head
+        root, pieces = await _canonical(keys)
+        assert root == head.root  # the same entries make the same tree
+        t = await _nested(root, pieces)
+        assert t is not None and _outside_range(t)
+        bad: dict[bytes, bytes] = {}
+        bad_root = _encode(t, bad)
+        new_nodes = set(bad) - set(pieces)  # the rest are a's own nodes
+        liar = commit.make((head.id,), head.timestamp + 1, head.generation + 1, bad_root, b"x")
+        section = pack.Section(b"l", b"p", [liar.data], sorted(bad.items()))
+        name = await put_pack(bucket, os.urandom(16), 1, [section], _now_ms())
+        await pa.put(b"later", b"still comes")
+        await pa.flush()
+        await a.engine.sync()
+        async with device(tmp_path / "b", bucket, retry_first=3600) as b:
+            await b.engine.sync()
+            pb = await b.repo.ledger("l").page("p")
+            assert pb.head.id == pa.head.id  # a's later pack came in; the bad one did not
+            assert liar.id not in {h.id for h in await pb.heads()}
+            got = await _keys(b.repo)
+            assert len(got) == len(keys) + 1 and got[b"later"] == b"still comes"
+            packs = b.engine.status()["packs"]
+            assert [(p["pack"], p["state"]) for p in packs] == [(name, "refused")]
+            assert "NonCanonicalTreeError" in packs[0]["error"]
+            assert "outside its parent's range" in packs[0]["error"]
+            marks = ",".join("?" * len(new_nodes))
+            rows = await pb.db.read_all(
+                f"SELECT count(*) FROM objects WHERE digest IN ({marks})", tuple(new_nodes)
+            )
+            assert rows[0][0] == 0  # nothing of it stored
+            await pb.put(b"mine", b"b's own")
+            await pb.flush()
+            await b.engine.sync()
+            ids, digests = await _uploaded(tmp_path, b)
+            assert ids and liar.id not in ids and not digests & new_nodes
+
+
+def _bomb(inflated: int) -> bytes:
+    """A zstd frame of ``inflated`` zero bytes (it says so in its header): ~32 KiB a GiB."""
+    obj = zstandard.ZstdCompressor(level=1).compressobj(size=inflated)
+    step = bytes(1 << 20)
+    parts = [obj.compress(step) for _ in range(inflated >> 20)]
+    return b"".join([*parts, obj.flush()])
+
+
+async def _put_raw_pack(
+    bucket: FolderStore, device: bytes, pages: list[list[object]], body: bytes
+) -> str:
+    """A format-2 pack with the index ``pages`` as given (lengths unchecked) and ``body``."""
+    header = msgpack.packb(
+        {"device": device, "seq": 1, "time": _now_ms(), "pages": pages}, use_bin_type=True
+    )
+    head_end = len(pack.MAGIC2) + 4 + len(header)
+    data = pack.MAGIC2 + len(header).to_bytes(4, "big") + header + body
+    name = PackName.make(_now_ms(), device.hex(), 1, head_end, len(data)).name
+    await bucket.put(name, data)
+    return name
+
+
+@pytest.mark.parametrize("declared", [1 << 30, 8 << 20])
+async def test_a_decompression_bomb_is_refused_without_inflating_it(
+    tmp_path: Path, bucket: FolderStore, declared: int
+) -> None:
+    """A 32 KiB section that inflates to 1 GiB: declared as such (past MAX_SECTION), or
+    declared small (it is cut where it passes its declared size). b refuses it holding
+    at most a few MiB more, and still takes a's page."""
+    bomb = _bomb(1 << 30)
+    name = await _put_raw_pack(
+        bucket, os.urandom(16), [[b"l", b"p", [0, len(bomb), declared, pack.ZSTD], []]], bomb
+    )
+    async with device(tmp_path / "a", bucket) as a:
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"k", b"v")
+        await pa.flush()
+        await a.engine.sync()
+        async with device(tmp_path / "b", bucket, retry_first=3600) as b:
+            tracemalloc.start()
+            try:
+                await b.engine.sync()
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert peak < 32 << 20, peak
+            assert await _keys(b.repo) == {b"k": b"v"}
+            packs = b.engine.status()["packs"]
+            assert [(p["pack"], p["state"]) for p in packs] == [(name, "refused")]
+            assert "bytes" in packs[0]["error"]
+
+
+@pytest.mark.parametrize("kind", ["many_parents", "same_parent_twice", "older", "huge_time"])
+async def test_a_commit_inconsistent_with_its_parents_is_refused(
+    tmp_path: Path, bucket: FolderStore, kind: str
+) -> None:
+    """Commits no ledgerd makes: more than two parents, a parent twice, a time before
+    its parent's, a time SQLite cannot hold (it failed the import as "cannot import it
+    here"). Each is refused as corrupt; the page keeps a's head."""
+    async with device(tmp_path / "a", bucket) as a:
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"k", b"v")
+        await pa.flush()
+        await a.engine.sync()
+        h = pa.head
+        kids = [
+            commit.make((h.id,), h.timestamp + 1 + i, h.generation + 1, h.root, b"%d" % i)
+            for i in range(3)
+        ]
+        gen = h.generation + 1
+        bad = {
+            "many_parents": commit.make(
+                tuple(k.id for k in kids), h.timestamp + 9, gen + 1, h.root, b""
+            ),
+            "same_parent_twice": commit.make((h.id, h.id), h.timestamp, gen, h.root, b""),
+            "older": commit.make((h.id,), h.timestamp - 1, gen, h.root, b"s"),
+            "huge_time": commit.make((h.id,), (1 << 64) - 1, gen, h.root, b"s"),
+        }[kind]
+        sent = [*kids, bad] if kind == "many_parents" else [bad]
+        section = pack.Section(b"l", b"p", [c.data for c in sent])
+        name = await put_pack(bucket, os.urandom(16), 1, [section], _now_ms())
+        async with device(tmp_path / "b", bucket, retry_first=3600) as b:
+            await b.engine.sync()
+            pb = await b.repo.ledger("l").page("p")
+            assert bad.id not in {h.id for h in await pb.heads()}
+            assert await _keys(b.repo) == {b"k": b"v"}
+            packs = b.engine.status()["packs"]
+            assert [(p["pack"], p["state"]) for p in packs] == [(name, "refused")]
+            assert "CorruptObjectError" in packs[0]["error"]
