@@ -62,13 +62,17 @@ PREFIX = len(MAGIC) + _LEN.size
 RAW, ZSTD, ZSTD_EDIT = 0, 1, 2
 """Codecs: as is; zstd; zstd over a dictionary of tree nodes the reader holds (a
 section's ``bases``: the nodes its new nodes replace)."""
-MAX_SECTION = 256 * 1024 * 1024
-"""Largest raw (uncompressed) section or piece a reader accepts (the daemon's
-``max_section_bytes``): a pack index declaring more is refused, and a compressed part
-is inflated a step at a time and refused as soon as it passes what its index
-declares, so that a small part that inflates to gigabytes (a decompression bomb)
-costs at most this much memory. Writers stay far below it: a section holds at most
-``max_pack`` bytes of values plus one page's new tree nodes and commits."""
+MAX_SECTION = 4 * 1024 * 1024 * 1024
+"""Largest raw (uncompressed) section or piece a reader accepts: a pack index
+declaring more is refused, and a compressed part is inflated a step at a time and
+refused as soon as it passes what its index declares, so that a small part that
+inflates to gigabytes (a decompression bomb) costs no more than its declaration.
+Not lower: a section holds up to ``max_pack`` bytes of values plus *all* of one
+page's new tree nodes and commits, which the uploader does not split (a reader
+checks a commit's new tree within one pack), and a page's first upload carries
+every version of its rewritten leaves: 100 commits of 1,000 random keys into a
+100,000-entry page make 225 MB of nodes (``bench.sync``). A bound a writer can pass
+would refuse that page on every other device for good."""
 INFLATE_STEP = 1024 * 1024
 """Bytes inflated at a time."""
 MAX_HEADER = 64 * 1024 * 1024
