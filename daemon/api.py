@@ -30,7 +30,7 @@ import socket
 import struct
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import parse_qsl, unquote_to_bytes
@@ -284,6 +284,8 @@ class Api:
         self.allowed = cfg.allowed_uids()
         self.group = cfg.socket_gid()
         self._peers: dict[int, bool] = {}
+        self.in_flight = 0
+        """Requests holding one of ``max_concurrent_requests`` (:meth:`slot`)."""
         self.sessions: Any = None  # daemon.session.Sessions, set by the server
         self.engine: Any = None  # sync.engine.SyncEngine when cloud sync is on
         self.metrics: Any = None  # daemon.metrics.Metrics, set by the server
@@ -316,10 +318,12 @@ class Api:
                         f"Content-Encoding {encoding[:40]!r} is not supported: send the body"
                         " as it is"
                     )
-                if request.headers.get(hdrs.EXPECT):  # once the request may go on
-                    await _expect(request)
-                with page_leases():  # pages this request uses stay open until it ends
-                    response = await self.route(request)
+                route, found = self.match(request)
+                with self.slot(route):
+                    if request.headers.get(hdrs.EXPECT):  # once the request may go on
+                        await _expect(request)
+                    with page_leases():  # pages this request uses stay open until it ends
+                        response = await route.handler(self, request, self.params(found))
             except ae.ApiError as e:
                 response = self.error(e)
             except StoreError as e:
@@ -396,9 +400,10 @@ class Api:
             resp.force_close()
         return resp
 
-    async def route(self, request: web.Request) -> web.StreamResponse:
-        """Serve a request by :data:`ROUTES`, matched on the raw (still percent-encoded)
-        path, so that names and keys keep every byte."""
+    def match(self, request: web.Request) -> tuple[Route, dict[str, str]]:
+        """The request's route in :data:`ROUTES`, matched on the raw (still
+        percent-encoded) path so that names and keys keep every byte, and its path
+        parameters."""
         raw_path = request.raw_path.split("?", 1)[0]
         if not raw_path.isascii():  # only aiohttp's pure-Python parser lets one through
             raise ae.BadRequest("the path holds bytes that are not ASCII: percent-encode them")
@@ -412,7 +417,27 @@ class Api:
             raise ae.NotFound(f"no such endpoint: {request.method} {raw_path}")
         route, found = hit
         request[ROUTE_KEY] = route.template  # for the metrics
-        return await route.handler(self, request, self.params(found))
+        return route, found
+
+    @contextlib.contextmanager
+    def slot(self, route: Route) -> Iterator[None]:
+        """One of ``max_concurrent_requests`` for the request's whole life, or 503
+        ``overloaded`` at once when none is free. Routes that do not count (health and
+        metrics, cheap and needed most when the daemon is busy; a session, which is
+        bounded as a connection) take none."""
+        if not route.counted:
+            yield
+            return
+        limit = self.cfg.max_concurrent_requests
+        if self.in_flight >= limit:
+            raise ae.Overloaded(
+                f"{limit} requests are being served (max_concurrent_requests): try again shortly"
+            )
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
 
     def params(self, found: dict[str, str]) -> Params:
         """A route's path parameters, decoded and checked."""
@@ -842,6 +867,8 @@ class Route:
     methods: frozenset[str]
     path: tuple[str, ...]
     handler: Endpoint
+    counted: bool = True
+    """Whether a request takes one of ``max_concurrent_requests`` (:meth:`Api.slot`)."""
     template: str = field(init=False)
     """The path as ``/v1/...`` with ``{name}`` for every parameter (the metrics' label)."""
     _literals: tuple[tuple[int, str], ...] = field(init=False, repr=False)
@@ -915,14 +942,14 @@ class Router:
         return None
 
 
-def _route(methods: str, path: str, handler: Endpoint) -> Route:
-    return Route(frozenset(methods.split()), tuple(path.split("/")), handler)
+def _route(methods: str, path: str, handler: Endpoint, *, counted: bool = True) -> Route:
+    return Route(frozenset(methods.split()), tuple(path.split("/")), handler, counted)
 
 
 PAGE = "ledgers/{ledger}/pages/{page}"
 ROUTES = [
     _route("GET", "status", Api.status),
-    _route("GET", "session", Api.session),
+    _route("GET", "session", Api.session, counted=False),
     _route("GET", "ledgers", Api.ledgers),
     _route("POST", "sync", Api.sync),
     _route("DELETE", "ledgers/{ledger}", Api.delete_ledger),
@@ -962,8 +989,8 @@ ROUTES = [
     _route("GET", "du", Api.du),
     _route("POST", "evict", Api.evict),
     _route("GET", "openapi.json", Api.openapi),
-    _route("GET", "metrics", Api.metrics_text),
-    _route("GET", "health", Api.health),
+    _route("GET", "metrics", Api.metrics_text, counted=False),
+    _route("GET", "health", Api.health, counted=False),
 ]
 """The API's routes (the README's table), tried in order."""
 

@@ -149,6 +149,18 @@ class ShuttingDown(ApiError):
     status, code = 503, "shutting_down"
 
 
+class Overloaded(ApiError):
+    """The daemon is serving as many connections or requests as it is configured to
+    (max_connections, max_concurrent_requests): try again shortly."""
+
+    status, code = 503, "overloaded"
+    retry_after = 1
+    """Seconds a client is told to wait (``Retry-After``) before it tries again."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message, {"Retry-After": str(self.retry_after)})
+
+
 class Unavailable(ApiError):
     """The data is not available on this device right now."""
 

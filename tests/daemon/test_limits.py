@@ -1,0 +1,121 @@
+"""The daemon's bounds on what clients may hold at once (connections, requests) and on
+what its answers repeat of a request; each once was unbounded or hard-coded."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from pathlib import Path
+
+import aiohttp
+from yarl import URL
+
+from tests.daemon.conftest import Daemon, start_daemon
+
+P = "/v1/ledgers/l/pages/p"
+D = "/v1/ledgers/app/pages/people/docs"
+
+
+def u(path: str) -> URL:
+    return URL("http://ledgerd" + path, encoded=True)
+
+
+def _no_traceback(daemon: Daemon) -> None:
+    log = daemon.log.read_text(errors="replace")
+    assert "Traceback" not in log and "internal error" not in log, log
+
+
+async def _answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """One response read off a raw connection: status, headers, body (by Content-Length)."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        if ":" in line:
+            k, _, v = line.partition(":")
+            headers[k.strip().lower()] = v.strip()
+    n = int(headers.get("content-length", "0"))
+    body = await asyncio.wait_for(reader.readexactly(n), 10) if n else b""
+    return int(lines[0].split()[1]), headers, body
+
+
+async def _hold_a_request(daemon: Daemon) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A PUT whose handler is running (it answered ``100 Continue``) and waits for its body."""
+    reader, writer = await asyncio.open_unix_connection(str(daemon.socket))
+    writer.write(
+        f"PUT {P}/keys/held HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+        "Expect: 100-continue\r\n\r\n".encode()
+    )
+    await writer.drain()
+    await asyncio.wait_for(reader.readuntil(b"HTTP/1.1 100 Continue\r\n\r\n"), 10)
+    return reader, writer
+
+
+async def test_requests_past_max_concurrent_requests_are_503_overloaded(short_tmp: Path) -> None:
+    """Every request was served at once, however many: a thousand clients each sending a
+    batch of ``max_batch_bytes`` held a thousand times that. Past
+    ``max_concurrent_requests`` a request is answered 503 ``overloaded`` with
+    ``Retry-After`` at once; health and metrics still answer."""
+    daemon = start_daemon(short_tmp, env={"LEDGERD_MAX_CONCURRENT_REQUESTS": "2"})
+    try:
+        held = [await _hold_a_request(daemon) for _ in range(2)]
+        connector = aiohttp.UnixConnector(path=str(daemon.socket))
+        async with aiohttp.ClientSession(connector=connector) as http:
+            for method, path in [("GET", P + "/keys/k"), ("POST", D + "/c"), ("GET", "/v1/du")]:
+                async with asyncio.timeout(10):
+                    r = await http.request(method, u(path), data=b"{}")
+                assert r.status == 503, (path, await r.text())
+                assert (await r.json())["error"]["code"] == "overloaded"
+                assert int(r.headers["Retry-After"]) >= 1
+            assert (await http.get(u("/v1/health"))).status == 200
+            assert (await http.get(u("/v1/metrics"))).status == 200
+            for reader, writer in held:  # the held requests finish normally
+                writer.write(b"hello")
+                status, _, _ = await _answer(reader)
+                assert status == 204
+                writer.close()
+            r = await http.get(u(P + "/keys/held"))  # and there is room again
+            assert r.status == 200 and await r.read() == b"hello"
+    finally:
+        assert daemon.stop() == 0, daemon.log_text()
+    _no_traceback(daemon)
+
+
+async def test_connections_past_max_connections_are_answered_503_and_closed(
+    short_tmp: Path,
+) -> None:
+    """Every connection was accepted and kept, each holding a file descriptor and
+    buffers until ``request_timeout``: enough silent clients took every open file
+    the daemon has. Past ``max_connections`` a connection is answered 503
+    ``overloaded`` at once and closed."""
+    daemon = start_daemon(short_tmp, env={"LEDGERD_MAX_CONNECTIONS": "3"})
+    try:
+        silent = [await asyncio.open_unix_connection(str(daemon.socket)) for _ in range(3)]
+        connector = aiohttp.UnixConnector(path=str(daemon.socket), force_close=True)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            for path in (P + "/keys/k", "/v1/health"):
+                async with asyncio.timeout(10):
+                    r = await http.get(u(path))
+                    assert r.status == 503, await r.text()
+                    assert (await r.json())["error"]["code"] == "overloaded"
+                    assert int(r.headers["Retry-After"]) >= 1
+            # A raw client that sends nothing is told at once, and closed.
+            reader, writer = await asyncio.open_unix_connection(str(daemon.socket))
+            status, headers, body = await _answer(reader)
+            assert status == 503 and json.loads(body)["error"]["code"] == "overloaded"
+            assert await asyncio.wait_for(reader.read(), 10) == b""
+            writer.close()
+            _, w = silent.pop()  # one leaves: there is room for one more
+            w.close()
+            async with asyncio.timeout(10):
+                while (r := await http.get(u("/v1/health"))).status == 503:
+                    await asyncio.sleep(0.05)  # until the daemon has seen it leave
+            assert r.status == 200
+        for _, w in silent:
+            w.close()
+            with contextlib.suppress(ConnectionError):
+                await w.wait_closed()
+    finally:
+        assert daemon.stop() == 0, daemon.log_text()
+    _no_traceback(daemon)
