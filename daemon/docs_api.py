@@ -29,6 +29,7 @@ from aiohttp import web
 
 from ledgerd.daemon import errors as ae
 from ledgerd.daemon.codec import b64, parse_json, unb64
+from ledgerd.daemon.config import MIN_HEARTBEAT
 from ledgerd.daemon.protocol import connection_lost
 from ledgerd.store import Changes, Document, DocumentStore, RangeResult, StoreError
 
@@ -43,8 +44,6 @@ HEARTBEAT = 10.0
 """Seconds between the empty lines a followed changes feed sends while nothing changes
 (``?heartbeat=`` sets it, at least :data:`MIN_HEARTBEAT`): they keep proxies and idle
 timers of clients from closing a quiet feed."""
-MIN_HEARTBEAT = 0.01
-"""The shortest ``?heartbeat=``: a shorter one would spin the event loop writing empty lines."""
 DOCS_PREFIX = 7
 """Segments of ``/v1/ledgers/L/pages/P/docs`` in a split raw path (the leading '' included)."""
 JSON_TYPE = "application/json"

@@ -9,8 +9,10 @@ import json
 from pathlib import Path
 
 import aiohttp
+import pytest
 from yarl import URL
 
+from ledgerd.daemon.config import ConfigError, load
 from tests.daemon.conftest import Daemon, start_daemon
 
 P = "/v1/ledgers/l/pages/p"
@@ -119,3 +121,39 @@ async def test_connections_past_max_connections_are_answered_503_and_closed(
     finally:
         assert daemon.stop() == 0, daemon.log_text()
     _no_traceback(daemon)
+
+
+async def test_the_session_heartbeat_is_a_setting(short_tmp: Path) -> None:
+    """A WebSocket session pinged its client every 30 s (hard-coded), so a client that
+    vanished without closing (a suspended laptop, a dropped network namespace) held its
+    transactions and watchers for up to 45 s whatever the deployment wanted.
+    ``session_heartbeat`` sets it: a client that answers no ping is closed after
+    about one and a half of it."""
+    for bad in ("0", "0.001", "nan", "-1"):
+        with pytest.raises(ConfigError, match="session_heartbeat"):
+            load(env={"LEDGERD_SESSION_HEARTBEAT": bad})
+    assert load(env={}).session_heartbeat == 30.0
+    daemon = start_daemon(short_tmp, env={"LEDGERD_SESSION_HEARTBEAT": "0.3"})
+    try:
+        connector = aiohttp.UnixConnector(path=str(daemon.socket))
+        async with aiohttp.ClientSession(connector=connector) as http:
+            ws = await http.ws_connect(u("/v1/session"), autoping=False)
+            await ws.send_json({"id": 1, "op": "begin", "ledger": "bA==", "page": "cA=="})
+            assert (await ws.receive_json(timeout=10))["ok"]
+            msg = await ws.receive(timeout=10)  # the daemon's ping, well before 30 s
+            assert msg.type == aiohttp.WSMsgType.PING, msg
+            while msg.type == aiohttp.WSMsgType.PING:  # never answered: the daemon gives up
+                msg = await ws.receive(timeout=10)
+            assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED), msg
+            await ws.close()
+        await _wait_for_log(daemon, "GET /v1/session 101")
+    finally:
+        assert daemon.stop() == 0, daemon.log_text()
+    _no_traceback(daemon)
+
+
+async def _wait_for_log(daemon: Daemon, text: str, timeout: float = 10) -> None:
+    """Wait until the daemon's log holds ``text`` (it is written as things happen)."""
+    async with asyncio.timeout(timeout):
+        while text not in daemon.log.read_text(errors="replace"):
+            await asyncio.sleep(0.05)
