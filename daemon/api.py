@@ -329,7 +329,7 @@ class Api:
             except StoreError as e:
                 err = ae.from_store(e)
                 if err.status >= 500:
-                    log.error("%s %s failed: %s", request.method, request.path, e)
+                    log.error("%s %s failed: %s", request.method, request.path, err)
                 response = self.error(err)
             except web.HTTPRequestEntityTooLarge:
                 response = self.error(

@@ -512,7 +512,7 @@ class Session:
         if fut is None or fut.done():
             raise ae.Conflict(f"no merge {req.get('request')!r} is waiting for this session")
         if req.get("error"):
-            fut.set_exception(RuntimeError(f"the resolver failed: {req.get('error')}"))
+            fut.set_exception(RuntimeError(ae.bounded(f"the resolver failed: {req.get('error')}")))
             return {}
         choices = req.get("choices")
         if not isinstance(choices, list):

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -157,3 +158,61 @@ async def _wait_for_log(daemon: Daemon, text: str, timeout: float = 10) -> None:
     async with asyncio.timeout(timeout):
         while text not in daemon.log.read_text(errors="replace"):
             await asyncio.sleep(0.05)
+
+
+MAX_MESSAGE = 1200  # what an error message may take, with its note of the length cut
+
+
+async def test_error_messages_quote_a_bounded_part_of_the_input(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """Error messages quoted names, ops, paths and values as given: a 1 MB bad op came
+    back as a 1 MB error (and a 1 MB log line). Every message is cut, with an ellipsis
+    and the length of what was cut, over HTTP and in sessions alike."""
+    huge = "x" * 1_000_000
+    r = await http.post(u(D + "/c"), json={"n": 1})
+    assert r.status == 201
+    doc = (await r.json())["_meta"]["_id"]
+    cases: list[tuple[str, str, Any]] = [
+        ("POST", P + "/batch", {"ops": [{"op": huge}]}),
+        ("POST", P + "/batch", {"ops": [{"op": "put", "key": huge, "value": ""}]}),
+        ("POST", P + "/batch", {"ops": [], "x": [huge, float("inf")]}),
+        ("PUT", P + "/policy", {"policy": huge}),
+        ("PUT", D + "/c/_indexes/i", {"partition": "_" + huge}),
+        ("PUT", D + "/c/_indexes/i", {"partition": "a", "sort": [huge, 1]}),
+        ("POST", "/v1/check", {"ledger": huge}),
+        ("POST", "/v1/gc", {"page": "%%" + huge}),
+        ("PUT", f"{D}/c/{doc}", {huge: 1, "_" + huge: 2}),
+        ("GET", D + "/c/_indexes/nope/find?eq=" + "1" * 30000, None),
+        ("GET", P + "/entries?limit=" + "9" * 30000, None),
+        ("GET", f"{P}/entries?token=" + "!" * 30000, None),
+        ("GET", D + "/_changes?since=" + "z" * 30000, None),
+        ("PUT", f"{D}/c/{doc}?rev=" + "y" * 30000, {"n": 2}),
+        ("PUT", f"{D}/c/{doc}?new_rev=" + "y" * 30000, {"n": 2}),
+        ("GET", "/v1/" + "n" * 30000, None),
+    ]
+    long: list[tuple[str, int, str]] = []
+    for method, path, body in cases:
+        data = None if body is None else json.dumps(body).encode()
+        r = await http.request(method, u(path), data=data)
+        text = await r.text()
+        assert 400 <= r.status < 500, (path[:80], r.status, text[:300])
+        message = (await r.json())["error"]["message"]
+        if len(message) > MAX_MESSAGE:
+            long.append((path[:80], len(message), message[:200]))
+    ws = await http.ws_connect(u("/v1/session"), max_msg_size=0)
+    for req in (
+        {"id": 1, "op": huge},
+        {"id": 2, "op": "begin", "ledger": huge, "page": "cA=="},
+        {"id": 3, "op": "unwatch", "watch": huge},
+        {"id": 4, "op": "commit", "txn": [huge]},
+    ):
+        await ws.send_json(req)
+        reply = await ws.receive_json(timeout=30)
+        assert reply["ok"] is False, str(reply)[:300]
+        message = reply["error"]["message"]
+        if len(message) > MAX_MESSAGE:
+            long.append((f"session {req['id']}", len(message), message[:200]))
+    await ws.close()
+    assert not long, "\n".join(map(str, long))
+    _no_traceback(daemon)
