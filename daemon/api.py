@@ -30,7 +30,7 @@ import socket
 import struct
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import parse_qsl, unquote_to_bytes
@@ -226,7 +226,7 @@ def _unquote(segment: str) -> bytes:
 _NO_QUERY = Query("")
 """The parameters of every request without a query string (most of them)."""
 
-_RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)", re.ASCII)
+_RANGE_SPEC = re.compile(r"([0-9]*)-([0-9]*)", re.ASCII)
 
 
 def _position(digits: str) -> int:
@@ -235,25 +235,58 @@ def _position(digits: str) -> int:
     return int(digits) if len(digits) <= 18 else 2**63
 
 
-def parse_range(header: str, size: int) -> tuple[int, int]:
-    """``bytes=a-b`` / ``bytes=a-`` / ``bytes=-n`` -> (offset, length), as RFC 9110
-    14.1.2: a range must select at least one byte of the value (``bytes=-0``, a start
-    at or past the end, any range of an empty value: 416); a malformed one is 400."""
-    m = _RANGE.fullmatch(header.strip())
-    if m is None or m.group(1) == m.group(2) == "":
-        raise ae.BadRequest(f"malformed Range header {header[:100]!r}: one 'bytes=' range")
-    first, last = m.group(1), m.group(2)
+def requested_range(
+    headers: Mapping[str, str], size: int, etag: str | None
+) -> tuple[int, int] | None:
+    """The part of a ``size``-byte value that a request's ``Range`` asks for, as
+    (offset, length), or None for the whole value (a 200): no ``Range``, or one to
+    ignore (see :func:`parse_range`), or an ``If-Range`` that is not ``etag`` (the
+    value changed since the client read its first part: RFC 9110 13.1.5; a date, or a
+    value without an ETag, never matches)."""
+    header = headers.get(hdrs.RANGE)
+    if header is None:
+        return None
+    if_range = headers.get(hdrs.IF_RANGE)
+    if if_range is not None and (etag is None or if_range.strip() != etag):
+        return None
+    return parse_range(header, size)
+
+
+def parse_range(header: str, size: int) -> tuple[int, int] | None:
+    """A ``Range`` header as (offset, length) of a ``size``-byte value, as RFC 9110 14:
+    ``bytes=a-b``, ``bytes=a-`` or ``bytes=-n`` (the unit in any case); a range that
+    selects no byte (``bytes=-0``, a start at or past the end) is 416; a malformed one
+    400. None (serve the whole value, 200) where the RFC lets a server ignore the
+    header: a unit other than bytes (it must), several ranges (no multipart answers
+    here), and a suffix range of an empty value (satisfiable: the whole, empty, value)."""
+    unit, eq, spec_list = header.strip().partition("=")
+    if eq and unit.strip().lower() != "bytes":
+        return None
+    specs = [s.strip() for s in spec_list.split(",") if s.strip()]  # empty elements: RFC 9110 5.6.1
+    parsed = [_RANGE_SPEC.fullmatch(s) for s in specs]
+    if not eq or not specs or any(m is None or m.group(1) == m.group(2) == "" for m in parsed):
+        raise ae.BadRequest(f"malformed Range header {header[:100]!r}: expected bytes=a-b")
+    for m in parsed:
+        assert m is not None
+        if m.group(1) and m.group(2) and _position(m.group(2)) < _position(m.group(1)):
+            raise ae.BadRequest(
+                f"malformed Range header {header[:100]!r}: the end is before the start"
+            )
+    if len(parsed) > 1:
+        return None
+    assert parsed[0] is not None
+    first, last = parsed[0].group(1), parsed[0].group(2)
     if first == "":  # a suffix: the last n bytes
         n = _position(last)
-        if n == 0 or size == 0:
+        if n == 0:
             raise ae.RangeNotSatisfiable(
                 f"range {header[:100]} selects no byte of the {size}-byte value",
                 {"Content-Range": f"bytes */{size}"},
             )
+        if size == 0:
+            return None
         return size - min(n, size), min(n, size)
     a = _position(first)
-    if last and _position(last) < a:
-        raise ae.BadRequest(f"malformed Range header {header[:100]!r}: the end is before the start")
     if a >= size:
         raise ae.RangeNotSatisfiable(
             f"range {header[:100]} is outside the {size}-byte value",
@@ -632,10 +665,12 @@ class Api:
         size = await view.objects.size(entry.value)
         q = Query.of(request)
         offset, length, status = 0, size, 200
-        if "Range" in request.headers:
-            offset, length = parse_range(request.headers["Range"], size)
-            status = 206
-        elif q.text("offset") is not None or q.text("length") is not None:
+        part = requested_range(request.headers, size, headers["ETag"])
+        if part is not None:
+            (offset, length), status = part, 206
+        elif "Range" not in request.headers and (
+            q.text("offset") is not None or q.text("length") is not None
+        ):
             # The same answers as a Range header: 206 with Content-Range, or 416 when
             # no byte is selected.
             offset = q.int("offset", 0) or 0

@@ -386,3 +386,47 @@ async def test_bad_bytes_seen_by_the_pure_python_parser_are_400(short_tmp: Path)
     finally:
         assert daemon.stop() == 0, daemon.log_text()
     _no_traceback(daemon)
+
+
+async def test_ranges_the_api_does_not_serve_are_ignored_not_refused(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """RFC 9110 (14.2) says a server MUST ignore a Range in a unit it does not know, and
+    may ignore any: ``items=0-1``, ``Bytes=0-1`` (units are case-insensitive) and a valid
+    multi-range request were 400, a suffix range of an empty value (satisfiable: it
+    asks for the whole of it) was 416, and a Range with an ``If-Range`` for another
+    version got 206 of the current one (a resumed download stitched two versions
+    together). Each is now the whole value, 200; malformed ranges stay 400."""
+    r = await http.post(u(D + "/c"), json={"n": 1})
+    doc = (await r.json())["_meta"]["_id"]
+    paths = {}
+    for name, content in (("empty", b""), ("small", b"0123456789")):
+        r = await http.post(u(f"{D}/c/{doc}/attachments?filename={name}"), data=content)
+        att = (await r.json())["attachment"]["_id"]
+        await http.put(u(f"{P}/keys/{name}"), data=content)
+        paths[name] = (content, [f"{D}/c/{doc}/attachments/{att}", f"{P}/keys/{name}"])
+    for name, (content, where) in paths.items():
+        for path in where:
+            whole = ["items=0-1", "bytes=0-1,3-4", "bytes=-1, -2", "bytes=0-0,-1"]
+            if not content:
+                whole.append("bytes=-5")
+            for rg in whole:
+                r = await http.get(u(path), headers={"Range": rg})
+                assert r.status == 200, (path, rg, r.status, await r.text())
+                assert await r.read() == content and "Content-Range" not in r.headers
+            if content:
+                r = await http.get(u(path), headers={"Range": "Bytes=1-2"})
+                assert r.status == 206 and await r.read() == b"12", (path, r.status)
+                r = await http.get(u(path), headers={"Range": "bytes=1-2", "If-Range": '"old"'})
+                assert r.status == 200 and await r.read() == content, (path, r.status)
+                etag = r.headers.get("ETag")
+                if etag is not None:  # the current version: the range is served
+                    r = await http.get(u(path), headers={"Range": "bytes=1-2", "If-Range": etag})
+                    assert r.status == 206 and await r.read() == b"12", (path, r.status)
+            for rg in ("bytes=5-2", "bytes=", "bytes=x-1", "bytes=,", "bytes 0-1"):
+                r = await http.get(u(path), headers={"Range": rg})
+                assert r.status == 400, (path, rg, r.status)
+                assert (await r.json())["error"]["code"] == "bad_request"
+        async with http.get(u(where[0]), headers={"Range": "bytes=0-"}) as r:
+            assert r.status == (416 if not content else 206), (name, r.status)
+    _no_traceback(daemon)
