@@ -430,3 +430,33 @@ async def test_ranges_the_api_does_not_serve_are_ignored_not_refused(
         async with http.get(u(where[0]), headers={"Range": "bytes=0-"}) as r:
             assert r.status == (416 if not content else 206), (name, r.status)
     _no_traceback(daemon)
+
+
+def test_ledgerctl_refuses_a_count_below_one_and_an_overlong_request_as_bad_input(
+    daemon: Daemon,
+) -> None:
+    """``ledgerctl ls --limit 0`` (or -5) printed nothing and exited 0, as if the page
+    were empty; and an argument so long that the request line is over its limit (414)
+    exited 4, "the daemon failed", instead of 2, bad input, as every other oversize
+    argument does."""
+    assert daemon.ledgerctl("put", "l", "p", "k", "v").returncode == 0
+    lists: list[tuple[str, ...]] = [
+        ("ls", "l", "p"),
+        ("log", "l", "p"),
+        ("doc", "ls", "l", "p", "c"),
+    ]
+    for args in lists:
+        for n in ("0", "-5", "x"):
+            out = daemon.ledgerctl(*args, "--limit", n)
+            assert out.returncode == 2, (args, n, out)
+            assert b"--limit" in out.stderr and out.stdout == b""
+    long = "a" * 100_000
+    overlong: list[tuple[str, ...]] = [
+        ("ls", "l", "p", "--prefix", long),
+        ("doc", "get", "l", "p", "c", long),
+    ]
+    for args in overlong:
+        out = daemon.ledgerctl(*args)
+        assert out.returncode == 2, (args[:2], out.returncode, out.stderr[:300])
+        assert len(out.stderr) < 2000
+    assert daemon.ledgerctl("ls", "l", "p", "--limit", "1").stdout == b"k\tv\n"
