@@ -12,6 +12,7 @@ import json
 import signal
 import socket as sockets
 from pathlib import Path
+from urllib.parse import quote
 
 import aiohttp
 from yarl import URL
@@ -460,3 +461,36 @@ def test_ledgerctl_refuses_a_count_below_one_and_an_overlong_request_as_bad_inpu
         assert out.returncode == 2, (args[:2], out.returncode, out.stderr[:300])
         assert len(out.stderr) < 2000
     assert daemon.ledgerctl("ls", "l", "p", "--limit", "1").stdout == b"k\tv\n"
+
+
+async def test_document_query_parameters_that_are_not_utf8_are_400(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """The document routes read their query through aiohttp's ``request.query``, which
+    decodes bytes that are not UTF-8 as U+FFFD: ``_changes?collection=%FF`` listed the
+    collection named "\\ufffd" and ``find?eq=%22%FF%22`` looked for that character, both
+    answering 200 for something the client never asked. Path names that are not UTF-8
+    were already 400; so are query parameters now. A token from another page is a bad
+    token (400), not a missing commit (404)."""
+    r = await http.post(u(D + "/c"), json={"city": "\ufffd"})
+    assert r.status == 201
+    r = await http.put(u(D + "/c/_indexes/by_city"), json={"partition": "city"})
+    assert r.status == 200
+    for path in (
+        D + "/_changes?collection=%FF",
+        D + "/c/_indexes/by_city/find?eq=%22%FF%22",
+        D + "/c?limit=1&deleted=%FF",
+    ):
+        r = await http.get(u(path))
+        assert r.status == 400, (path, r.status, await r.text())
+        assert (await r.json())["error"]["code"] == "bad_request"
+    r = await http.get(u(D + "/c/_indexes/by_city/find?eq=%22%EF%BF%BD%22"))  # real U+FFFD
+    assert r.status == 200 and len((await r.json())["documents"]) == 1
+    other = "/v1/ledgers/app/pages/other/docs"
+    for n in range(3):
+        await http.post(u(other + "/c"), json={"n": n})
+    token = (await (await http.get(u(other + "/_changes?limit=1"))).json())["next"]
+    r = await http.get(u(D + "/_changes?limit=1&token=" + quote(token, safe="")))
+    assert r.status == 400, await r.text()
+    assert (await r.json())["error"]["code"] == "bad_request"
+    _no_traceback(daemon)
