@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -193,7 +194,7 @@ async def test_error_messages_quote_a_bounded_part_of_the_input(
     ]
     long: list[tuple[str, int, str]] = []
     for method, path, body in cases:
-        data = None if body is None else json.dumps(body).encode()
+        data = None if body is None else io.BytesIO(json.dumps(body).encode())
         r = await http.request(method, u(path), data=data)
         text = await r.text()
         assert 400 <= r.status < 500, (path[:80], r.status, text[:300])
