@@ -30,7 +30,7 @@ import socket
 import struct
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import parse_qsl, unquote_to_bytes
@@ -226,7 +226,7 @@ def _unquote(segment: str) -> bytes:
 _NO_QUERY = Query("")
 """The parameters of every request without a query string (most of them)."""
 
-_RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)", re.ASCII)
+_RANGE_SPEC = re.compile(r"([0-9]*)-([0-9]*)", re.ASCII)
 
 
 def _position(digits: str) -> int:
@@ -235,25 +235,58 @@ def _position(digits: str) -> int:
     return int(digits) if len(digits) <= 18 else 2**63
 
 
-def parse_range(header: str, size: int) -> tuple[int, int]:
-    """``bytes=a-b`` / ``bytes=a-`` / ``bytes=-n`` -> (offset, length), as RFC 9110
-    14.1.2: a range must select at least one byte of the value (``bytes=-0``, a start
-    at or past the end, any range of an empty value: 416); a malformed one is 400."""
-    m = _RANGE.fullmatch(header.strip())
-    if m is None or m.group(1) == m.group(2) == "":
-        raise ae.BadRequest(f"malformed Range header {header[:100]!r}: one 'bytes=' range")
-    first, last = m.group(1), m.group(2)
+def requested_range(
+    headers: Mapping[str, str], size: int, etag: str | None
+) -> tuple[int, int] | None:
+    """The part of a ``size``-byte value that a request's ``Range`` asks for, as
+    (offset, length), or None for the whole value (a 200): no ``Range``, or one to
+    ignore (see :func:`parse_range`), or an ``If-Range`` that is not ``etag`` (the
+    value changed since the client read its first part: RFC 9110 13.1.5; a date, or a
+    value without an ETag, never matches)."""
+    header = headers.get(hdrs.RANGE)
+    if header is None:
+        return None
+    if_range = headers.get(hdrs.IF_RANGE)
+    if if_range is not None and (etag is None or if_range.strip() != etag):
+        return None
+    return parse_range(header, size)
+
+
+def parse_range(header: str, size: int) -> tuple[int, int] | None:
+    """A ``Range`` header as (offset, length) of a ``size``-byte value, as RFC 9110 14:
+    ``bytes=a-b``, ``bytes=a-`` or ``bytes=-n`` (the unit in any case); a range that
+    selects no byte (``bytes=-0``, a start at or past the end) is 416; a malformed one
+    400. None (serve the whole value, 200) where the RFC lets a server ignore the
+    header: a unit other than bytes (it must), several ranges (no multipart answers
+    here), and a suffix range of an empty value (satisfiable: the whole, empty, value)."""
+    unit, eq, spec_list = header.strip().partition("=")
+    if eq and unit.strip().lower() != "bytes":
+        return None
+    specs = [s.strip() for s in spec_list.split(",") if s.strip()]  # empty elements: RFC 9110 5.6.1
+    parsed = [_RANGE_SPEC.fullmatch(s) for s in specs]
+    if not eq or not specs or any(m is None or m.group(1) == m.group(2) == "" for m in parsed):
+        raise ae.BadRequest(f"malformed Range header {header[:100]!r}: expected bytes=a-b")
+    for m in parsed:
+        assert m is not None
+        if m.group(1) and m.group(2) and _position(m.group(2)) < _position(m.group(1)):
+            raise ae.BadRequest(
+                f"malformed Range header {header[:100]!r}: the end is before the start"
+            )
+    if len(parsed) > 1:
+        return None
+    assert parsed[0] is not None
+    first, last = parsed[0].group(1), parsed[0].group(2)
     if first == "":  # a suffix: the last n bytes
         n = _position(last)
-        if n == 0 or size == 0:
+        if n == 0:
             raise ae.RangeNotSatisfiable(
                 f"range {header[:100]} selects no byte of the {size}-byte value",
                 {"Content-Range": f"bytes */{size}"},
             )
+        if size == 0:
+            return None
         return size - min(n, size), min(n, size)
     a = _position(first)
-    if last and _position(last) < a:
-        raise ae.BadRequest(f"malformed Range header {header[:100]!r}: the end is before the start")
     if a >= size:
         raise ae.RangeNotSatisfiable(
             f"range {header[:100]} is outside the {size}-byte value",
@@ -284,6 +317,8 @@ class Api:
         self.allowed = cfg.allowed_uids()
         self.group = cfg.socket_gid()
         self._peers: dict[int, bool] = {}
+        self.in_flight = 0
+        """Requests holding one of ``max_concurrent_requests`` (:meth:`slot`)."""
         self.sessions: Any = None  # daemon.session.Sessions, set by the server
         self.engine: Any = None  # sync.engine.SyncEngine when cloud sync is on
         self.metrics: Any = None  # daemon.metrics.Metrics, set by the server
@@ -316,16 +351,18 @@ class Api:
                         f"Content-Encoding {encoding[:40]!r} is not supported: send the body"
                         " as it is"
                     )
-                if request.headers.get(hdrs.EXPECT):  # once the request may go on
-                    await _expect(request)
-                with page_leases():  # pages this request uses stay open until it ends
-                    response = await self.route(request)
+                route, found = self.match(request)
+                with self.slot(route):
+                    if request.headers.get(hdrs.EXPECT):  # once the request may go on
+                        await _expect(request)
+                    with page_leases():  # pages this request uses stay open until it ends
+                        response = await route.handler(self, request, self.params(found))
             except ae.ApiError as e:
                 response = self.error(e)
             except StoreError as e:
                 err = ae.from_store(e)
                 if err.status >= 500:
-                    log.error("%s %s failed: %s", request.method, request.path, e)
+                    log.error("%s %s failed: %s", request.method, request.path, err)
                 response = self.error(err)
             except web.HTTPRequestEntityTooLarge:
                 response = self.error(
@@ -396,9 +433,10 @@ class Api:
             resp.force_close()
         return resp
 
-    async def route(self, request: web.Request) -> web.StreamResponse:
-        """Serve a request by :data:`ROUTES`, matched on the raw (still percent-encoded)
-        path, so that names and keys keep every byte."""
+    def match(self, request: web.Request) -> tuple[Route, dict[str, str]]:
+        """The request's route in :data:`ROUTES`, matched on the raw (still
+        percent-encoded) path so that names and keys keep every byte, and its path
+        parameters."""
         raw_path = request.raw_path.split("?", 1)[0]
         if not raw_path.isascii():  # only aiohttp's pure-Python parser lets one through
             raise ae.BadRequest("the path holds bytes that are not ASCII: percent-encode them")
@@ -412,7 +450,27 @@ class Api:
             raise ae.NotFound(f"no such endpoint: {request.method} {raw_path}")
         route, found = hit
         request[ROUTE_KEY] = route.template  # for the metrics
-        return await route.handler(self, request, self.params(found))
+        return route, found
+
+    @contextlib.contextmanager
+    def slot(self, route: Route) -> Iterator[None]:
+        """One of ``max_concurrent_requests`` for the request's whole life, or 503
+        ``overloaded`` at once when none is free. Routes that do not count (health and
+        metrics, cheap and needed most when the daemon is busy; a session, which is
+        bounded as a connection) take none."""
+        if not route.counted:
+            yield
+            return
+        limit = self.cfg.max_concurrent_requests
+        if self.in_flight >= limit:
+            raise ae.Overloaded(
+                f"{limit} requests are being served (max_concurrent_requests): try again shortly"
+            )
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
 
     def params(self, found: dict[str, str]) -> Params:
         """A route's path parameters, decoded and checked."""
@@ -607,10 +665,12 @@ class Api:
         size = await view.objects.size(entry.value)
         q = Query.of(request)
         offset, length, status = 0, size, 200
-        if "Range" in request.headers:
-            offset, length = parse_range(request.headers["Range"], size)
-            status = 206
-        elif q.text("offset") is not None or q.text("length") is not None:
+        part = requested_range(request.headers, size, headers["ETag"])
+        if part is not None:
+            (offset, length), status = part, 206
+        elif "Range" not in request.headers and (
+            q.text("offset") is not None or q.text("length") is not None
+        ):
             # The same answers as a Range header: 206 with Content-Range, or 416 when
             # no byte is selected.
             offset = q.int("offset", 0) or 0
@@ -842,6 +902,8 @@ class Route:
     methods: frozenset[str]
     path: tuple[str, ...]
     handler: Endpoint
+    counted: bool = True
+    """Whether a request takes one of ``max_concurrent_requests`` (:meth:`Api.slot`)."""
     template: str = field(init=False)
     """The path as ``/v1/...`` with ``{name}`` for every parameter (the metrics' label)."""
     _literals: tuple[tuple[int, str], ...] = field(init=False, repr=False)
@@ -915,14 +977,14 @@ class Router:
         return None
 
 
-def _route(methods: str, path: str, handler: Endpoint) -> Route:
-    return Route(frozenset(methods.split()), tuple(path.split("/")), handler)
+def _route(methods: str, path: str, handler: Endpoint, *, counted: bool = True) -> Route:
+    return Route(frozenset(methods.split()), tuple(path.split("/")), handler, counted)
 
 
 PAGE = "ledgers/{ledger}/pages/{page}"
 ROUTES = [
     _route("GET", "status", Api.status),
-    _route("GET", "session", Api.session),
+    _route("GET", "session", Api.session, counted=False),
     _route("GET", "ledgers", Api.ledgers),
     _route("POST", "sync", Api.sync),
     _route("DELETE", "ledgers/{ledger}", Api.delete_ledger),
@@ -962,8 +1024,8 @@ ROUTES = [
     _route("GET", "du", Api.du),
     _route("POST", "evict", Api.evict),
     _route("GET", "openapi.json", Api.openapi),
-    _route("GET", "metrics", Api.metrics_text),
-    _route("GET", "health", Api.health),
+    _route("GET", "metrics", Api.metrics_text, counted=False),
+    _route("GET", "health", Api.health, counted=False),
 ]
 """The API's routes (the README's table), tried in order."""
 

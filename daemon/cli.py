@@ -41,6 +41,7 @@ from ledgerd.daemon.cli_format import (
     human_bytes,
     name_doc,
     pack_tuple,
+    positive_int,
     show,
     show_key,
     show_name,
@@ -608,7 +609,7 @@ def parser() -> argparse.ArgumentParser:
     p = cmd("ls", "list entries: key<TAB>value per line (or --json)", "ledger", "page")
     for opt in ("--prefix", "--start", "--end"):
         p.add_argument(opt)
-    p.add_argument("--limit", type=int)
+    p.add_argument("--limit", type=positive_int)
     p.add_argument("--at", help="list at this commit (hex id)")
     p = cmd("watch", "print every change until interrupted", "ledger", "page")
     p.add_argument("--prefix")
@@ -625,7 +626,7 @@ def parser() -> argparse.ArgumentParser:
     )
     cmd("heads", "list the page's head commits", "ledger", "page")
     p = cmd("log", "commit history, newest first", "ledger", "page")
-    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--limit", type=positive_int, default=20)
     cli_doc.add_parser(sub)  # ledgerctl doc ... (daemon/cli_doc.py)
     # -- subcommands of their own modules (each sets a handler(args, client)) ---------
     from ledgerd.daemon import cli_check, cli_gc
@@ -699,7 +700,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_NOT_FOUND
     except LedgerError as e:
         print(f"ledgerctl: {e} ({e.code})", file=sys.stderr)
-        return EXIT_USAGE if e.status in (400, 413, 416) else EXIT_ERROR
+        return EXIT_USAGE if e.status in (400, 413, 414, 416) else EXIT_ERROR
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ledgerd.daemon.cli_format import positive_int
 from ledgerd.daemon.client_docs import AsyncDocuments, Doc
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ def add_parser(sub: Any) -> None:
     p = cmd("ls", "list a collection's documents in _id order", "collection")
     p.add_argument("--json", action="store_true", help="one whole document per line")
     p.add_argument("--deleted", action="store_true", help="deleted documents too")
-    p.add_argument("--limit", type=int)
+    p.add_argument("--limit", type=positive_int)
     for name, help in (("rm", "delete a document (soft)"), ("purge", "purge a document")):
         p = cmd(name, help + "; prints _id and the new _rev", "collection", "id")
         p.add_argument("--rev", help="only if its current revision is REV")
@@ -61,7 +62,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--end", metavar="VALUE", help="sort values up to VALUE (excluded)")
     p.add_argument("--json", action="store_true", help="one whole document per line")
     p.add_argument("--deleted", action="store_true", help="deleted documents too")
-    p.add_argument("--limit", type=int)
+    p.add_argument("--limit", type=positive_int)
     p = cmd("attach", "attach a file; prints the attachment id and _rev", "collection", "id")
     p.add_argument("file")
     p.add_argument("--name", help="its filename (default: FILE's name)")

@@ -14,6 +14,7 @@ commands.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import base64
 import math
@@ -244,3 +245,15 @@ def entry_doc(item: Item) -> dict[str, Any]:
 def name_doc(field: str, name: bytes) -> dict[str, Any]:
     """A ledger name or page id as the daemon's JSON has it: base64 and text (or null)."""
     return {field: b64(name), f"{field}_text": text_or_none(name)}
+
+
+def positive_int(text: str) -> int:
+    """An option's count (``--limit``): a positive integer, or argparse's usage error
+    (exit status 2) rather than a listing that silently stops at nothing."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r:.40} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n

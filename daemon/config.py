@@ -25,6 +25,9 @@ from urllib.parse import urlparse
 from ledgerd.sync.crypto import KeyFileError, KeyRing, find_key_file, load_key_file
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+MIN_HEARTBEAT = 0.01
+"""The shortest heartbeat (``session_heartbeat``, a followed feed's ``?heartbeat=``):
+a shorter one would spin the event loop sending pings or empty lines."""
 DURABILITY = ("normal", "full")
 
 
@@ -85,12 +88,15 @@ class Config:
     request_timeout: float = 60.0
     keepalive_timeout: float = 75.0
     listen_backlog: int = 1024
+    max_connections: int = 2048
+    max_concurrent_requests: int = 256
     max_listing_bytes: int = 16 * 1024 * 1024
     max_session_queue: int = 1000
     max_session_queue_bytes: int = 64 * 1024 * 1024
     max_session_transactions: int = 100
     max_session_watchers: int = 256
     max_event_bytes: int = 4 * 1024 * 1024
+    session_heartbeat: float = 30.0
     max_document_bytes: int = 1024 * 1024
     metrics_listen: str = ""
 
@@ -242,6 +248,8 @@ def validate(cfg: Config) -> None:
     ):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"{key}: must be positive")
+    if cfg.session_heartbeat < MIN_HEARTBEAT:
+        raise ConfigError(f"session_heartbeat: must be at least {MIN_HEARTBEAT} seconds")
     if cfg.sync_interval_max < cfg.sync_interval:
         raise ConfigError("sync_interval_max: must be at least sync_interval")
     if cfg.metrics_listen:

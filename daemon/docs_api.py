@@ -23,14 +23,22 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, unquote_to_bytes
+from urllib.parse import parse_qsl, quote, unquote_to_bytes
 
 from aiohttp import web
 
 from ledgerd.daemon import errors as ae
 from ledgerd.daemon.codec import b64, parse_json, unb64
+from ledgerd.daemon.config import MIN_HEARTBEAT
 from ledgerd.daemon.protocol import connection_lost
-from ledgerd.store import Changes, Document, DocumentStore, RangeResult, StoreError
+from ledgerd.store import (
+    Changes,
+    CommitNotFoundError,
+    Document,
+    DocumentStore,
+    RangeResult,
+    StoreError,
+)
 
 if TYPE_CHECKING:
     from ledgerd.daemon.api import Api, Params
@@ -43,8 +51,6 @@ HEARTBEAT = 10.0
 """Seconds between the empty lines a followed changes feed sends while nothing changes
 (``?heartbeat=`` sets it, at least :data:`MIN_HEARTBEAT`): they keep proxies and idle
 timers of clients from closing a quiet feed."""
-MIN_HEARTBEAT = 0.01
-"""The shortest ``?heartbeat=``: a shorter one would spin the event loop writing empty lines."""
 DOCS_PREFIX = 7
 """Segments of ``/v1/ledgers/L/pages/P/docs`` in a split raw path (the leading '' included)."""
 JSON_TYPE = "application/json"
@@ -63,17 +69,43 @@ def _segments(request: web.Request) -> list[str]:
         raise ae.BadRequest("names in a document path must be UTF-8") from None
 
 
+_PARAMS = "ledgerd.docs_params"
+"""Where a request keeps its decoded query parameters (:func:`_params`)."""
+
+
+def _params(request: web.Request) -> dict[str, str]:
+    """The query parameters (the first of each name), decoded as strict UTF-8: aiohttp's
+    ``request.query`` turns bytes that are not UTF-8 into U+FFFD, so a collection, an
+    ``eq`` value or a revision would silently name something the client never sent."""
+    found: dict[str, str] | None = request.get(_PARAMS)
+    if found is None:
+        found = {}
+        try:
+            pairs = parse_qsl(
+                request.rel_url.raw_query_string,
+                keep_blank_values=True,
+                encoding="utf-8",
+                errors="strict",
+            )
+        except UnicodeDecodeError:
+            raise ae.BadRequest("query parameters must be percent-encoded UTF-8") from None
+        for k, v in pairs:
+            found.setdefault(k, v)
+        request[_PARAMS] = found
+    return found
+
+
 def _query(request: web.Request, name: str) -> str | None:
-    return request.query.get(name)
+    return _params(request).get(name)
 
 
 def _flag(request: web.Request, name: str) -> bool:
-    v = request.query.get(name)
+    v = _params(request).get(name)
     return v is not None and v.lower() not in ("0", "false", "no", "")
 
 
 def _int(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
-    v = request.query.get(name)
+    v = _params(request).get(name)
     if v is None or v == "":
         return default
     try:
@@ -86,7 +118,7 @@ def _int(request: web.Request, name: str, default: int, lo: int, hi: int) -> int
 
 
 def _seconds(request: web.Request, name: str, default: float, lo: float) -> float:
-    v = request.query.get(name)
+    v = _params(request).get(name)
     if v is None or v == "":
         return default
     try:
@@ -99,19 +131,19 @@ def _seconds(request: web.Request, name: str, default: float, lo: float) -> floa
 
 
 def _json_param(request: web.Request, name: str) -> Any:
-    v = request.query.get(name)
+    v = _params(request).get(name)
     return None if v is None else parse_json(v, f"query parameter {name}")
 
 
 def _token(request: web.Request) -> bytes | None:
-    t = request.query.get("token")
+    t = _params(request).get("token")
     return unb64(t, "token") if t else None
 
 
 def _expected_rev(request: web.Request) -> str | None:
     """``If-Match: "REV"`` (or ``?rev=REV``): the revision a write expects to replace."""
     header = request.headers.get("If-Match")
-    param = request.query.get("rev") or None
+    param = _params(request).get("rev") or None
     if header is not None:
         header = header.strip().removeprefix("W/").strip('"')
         if param is not None and param != header:
@@ -272,7 +304,7 @@ def _header_text(value: str, default: str) -> str:
 
 
 async def get_attachment(api: Api, request: web.Request, p: Params) -> web.StreamResponse:
-    from ledgerd.daemon.api import parse_range  # (api imports this module)
+    from ledgerd.daemon.api import requested_range  # (api imports this module)
 
     collection, doc_id, _, att_id = _segments(request)
     DocumentStore.check(collection, doc_id=doc_id)
@@ -280,9 +312,8 @@ async def get_attachment(api: Api, request: web.Request, p: Params) -> web.Strea
     a = await docs.attachment(collection, doc_id, att_id)
     size = a.length
     offset, length, status = 0, size, 200
-    if "Range" in request.headers:
-        offset, length = parse_range(request.headers["Range"], size)
-        status = 206
+    if (part := requested_range(request.headers, size, None)) is not None:
+        (offset, length), status = part, 206
     resp = web.StreamResponse(status=status)
     resp.headers["Content-Type"] = _header_text(a.content_type, "application/octet-stream")
     resp.headers["Accept-Ranges"] = "bytes"
@@ -384,7 +415,7 @@ async def find(api: Api, request: web.Request, p: Params) -> web.Response:
     collection, _, name, _ = _segments(request)
     DocumentStore.check(collection)
     eq = _json_param(request, "eq")
-    if "eq" not in request.query:
+    if "eq" not in _params(request):
         raise ae.BadRequest("query parameter eq (the partition value, as JSON) is required")
     start, end = _json_param(request, "start"), _json_param(request, "end")
     limit = _int(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
@@ -440,11 +471,17 @@ async def changes(api: Api, request: web.Request, p: Params) -> web.StreamRespon
     limit = _int(request, "limit", MAX_LIMIT, 1, MAX_LIMIT)
     if not follow:
         token = _token(request)
-        return await _documents_page(
-            lambda n: docs.changes_page(since, collection=collection, limit=n, token=token),
-            limit,
-            api.cfg.max_listing_bytes,
-        )
+        try:
+            return await _documents_page(
+                lambda n: docs.changes_page(since, collection=collection, limit=n, token=token),
+                limit,
+                api.cfg.max_listing_bytes,
+            )
+        except CommitNotFoundError:
+            if token is None:
+                raise
+            # (``since`` was found above): the token's commit is not of this page
+            raise ae.BadRequest("the continuation token is not one of this page's") from None
     resp = web.StreamResponse(headers={"Content-Type": NDJSON_TYPE})
     await resp.prepare(request)
     feed = docs.changes(since, collection=collection, follow=True, batch=limit)

@@ -12,15 +12,35 @@ import sqlite3
 from ledgerd.store import DocumentError
 from ledgerd.store import errors as se
 
+MAX_MESSAGE = 1000
+"""The most characters of an error message. Messages quote what the client sent
+(names, keys, ops, paths, JSON, header values), which may be megabytes: past this, the
+message keeps its start and its end (where it says what is wrong) and says how much
+was cut (:func:`bounded`)."""
+_HEAD, _TAIL = 700, 200
+
+
+def bounded(message: str) -> str:
+    """``message`` itself, or when over :data:`MAX_MESSAGE` characters its first and
+    last characters around an ellipsis that tells how many were cut of how many."""
+    if len(message) <= MAX_MESSAGE:
+        return message
+    cut = len(message) - _HEAD - _TAIL
+    return f"{message[:_HEAD]}… [{cut} of {len(message)} characters cut] …{message[-_TAIL:]}"
+
 
 class ApiError(Exception):
-    """The request failed."""
+    """The request failed.
+
+    Its message is :func:`bounded`: every error a client sees, over HTTP or in a
+    session, and every log line that quotes one, is at most about
+    :data:`MAX_MESSAGE` characters, whatever the request quoted in it."""
 
     status = 500
     code = "internal"
 
     def __init__(self, message: str | None = None, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message or (self.__doc__ or self.code).strip())
+        super().__init__(bounded(message or (self.__doc__ or self.code).strip()))
         self.headers = headers or {}
 
     def body(self) -> dict[str, dict[str, str]]:
@@ -147,6 +167,18 @@ class ShuttingDown(ApiError):
     """The daemon is shutting down."""
 
     status, code = 503, "shutting_down"
+
+
+class Overloaded(ApiError):
+    """The daemon is serving as many connections or requests as it is configured to
+    (max_connections, max_concurrent_requests): try again shortly."""
+
+    status, code = 503, "overloaded"
+    retry_after = 1
+    """Seconds a client is told to wait (``Retry-After``) before it tries again."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message, {"Retry-After": str(self.retry_after)})
 
 
 class Unavailable(ApiError):

@@ -25,9 +25,11 @@ its ``shutdown`` step is the application's ``on_shutdown``.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
@@ -62,10 +64,37 @@ class Limits:
     max_field_size: int
     request_timeout: float
     keepalive_timeout: float
+    max_connections: int
 
     @classmethod
     def of(cls, cfg: Config) -> Limits:
-        return cls(MAX_REQUEST_LINE, MAX_FIELD_SIZE, cfg.request_timeout, cfg.keepalive_timeout)
+        return cls(
+            MAX_REQUEST_LINE,
+            MAX_FIELD_SIZE,
+            cfg.request_timeout,
+            cfg.keepalive_timeout,
+            cfg.max_connections,
+        )
+
+
+REFUSAL_GRACE = 1.0
+"""Seconds a connection refused past ``max_connections`` stays open after its 503 was
+written (at most ``request_timeout``): long enough for the client to send its request
+and read the answer, rather than fail writing to a closed socket."""
+
+
+def refusal(err: ae.ApiError) -> bytes:
+    """A whole HTTP response for ``err``, written on a connection before any request is
+    read from it (``Connection: close``)."""
+    body = json.dumps(err.body()).encode()
+    head = [
+        f"HTTP/1.1 {err.status} {HTTPStatus(err.status).phrase}",
+        "Content-Type: application/json; charset=utf-8",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+        *(f"{k}: {v}" for k, v in err.headers.items()),
+    ]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
 def parser_error(
@@ -92,17 +121,59 @@ class _Connection(web.RequestHandler):
     def __init__(self, manager: _Server, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self.limits = manager.limits
+        self.server = manager
         self._first_request: asyncio.TimerHandle | None = None
+        self.refused = False
+        """Past ``max_connections``: answered 503 at once and closed (:meth:`_refuse`)."""
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         """Done when the connection is gone (see :func:`connection_lost`)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        self.server.open_connections += 1
+        if self.server.open_connections > self.limits.max_connections:
+            self._refuse(transport)
+            return
         # aiohttp's keep-alive timer closes a connection idle between requests (and one
         # whose next request is half sent); this one bounds the wait for the first.
         self._first_request = asyncio.get_running_loop().call_later(
             self.limits.request_timeout, self._no_request
         )
+
+    def _refuse(self, transport: asyncio.BaseTransport) -> None:
+        """Past ``max_connections``: answer 503 ``overloaded`` without reading a request
+        (so the refusal costs no parsing, handler or page), then close the connection
+        as soon as the client has sent something, or after :data:`REFUSAL_GRACE`."""
+        self.refused = True
+        if not self.server.saturated:  # once per episode, not once per connection
+            self.server.saturated = True
+            log.warning(
+                "refusing connections: %d are open (max_connections)",
+                self.limits.max_connections,
+            )
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(
+            refusal(
+                ae.Overloaded(
+                    f"{self.limits.max_connections} connections are open (max_connections):"
+                    " try again shortly"
+                )
+            )
+        )
+        grace = min(REFUSAL_GRACE, self.limits.request_timeout)
+        self._first_request = asyncio.get_running_loop().call_later(grace, self._close_refused)
+
+    def _close_refused(self) -> None:
+        self._first_request = None
+        if self.transport is not None:
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self.refused:  # its answer is written: what it sends is not read
+            self.request_arrived()
+            self._close_refused()
+            return
+        super().data_received(data)
 
     def request_arrived(self) -> None:
         if self._first_request is not None:
@@ -118,6 +189,9 @@ class _Connection(web.RequestHandler):
         self.request_arrived()
         if not self.lost.done():
             self.lost.set_result(None)
+            self.server.open_connections -= 1
+            if self.server.open_connections < self.limits.max_connections:
+                self.server.saturated = False
         super().connection_lost(exc)
 
     def handle_error(
@@ -184,6 +258,10 @@ class _Server(web.Server):
 
         super().__init__(handler, request_factory=make_request)
         self.limits = limits
+        self.open_connections = 0
+        """Connections made and not lost yet (refused ones included)."""
+        self.saturated = False
+        """Whether connections are being refused (``max_connections``): logged once."""
 
     def __call__(self) -> web.RequestHandler:
         return _Connection(self, loop=asyncio.get_running_loop(), **self.handler_kwargs())

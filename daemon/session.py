@@ -95,7 +95,12 @@ class Sessions:
         self._ids = itertools.count(1)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        ws = web.WebSocketResponse(heartbeat=30, max_msg_size=self.api.cfg.max_batch_bytes)
+        cfg = self.api.cfg
+        # A ping every session_heartbeat seconds; a client that answers none within
+        # half of it is gone, and its session ends (transactions rolled back).
+        ws = web.WebSocketResponse(
+            heartbeat=cfg.session_heartbeat, max_msg_size=cfg.max_batch_bytes
+        )
         await ws.prepare(request)
         s = Session(self, ws, next(self._ids))
         self.live.add(s)
@@ -507,7 +512,7 @@ class Session:
         if fut is None or fut.done():
             raise ae.Conflict(f"no merge {req.get('request')!r} is waiting for this session")
         if req.get("error"):
-            fut.set_exception(RuntimeError(f"the resolver failed: {req.get('error')}"))
+            fut.set_exception(RuntimeError(ae.bounded(f"the resolver failed: {req.get('error')}")))
             return {}
         choices = req.get("choices")
         if not isinstance(choices, list):

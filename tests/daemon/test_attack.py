@@ -12,6 +12,7 @@ import json
 import signal
 import socket as sockets
 from pathlib import Path
+from urllib.parse import quote
 
 import aiohttp
 from yarl import URL
@@ -385,4 +386,111 @@ async def test_bad_bytes_seen_by_the_pure_python_parser_are_400(short_tmp: Path)
             assert (await http.get(u(P + "/keys/k"))).status == 404  # nothing was stored
     finally:
         assert daemon.stop() == 0, daemon.log_text()
+    _no_traceback(daemon)
+
+
+async def test_ranges_the_api_does_not_serve_are_ignored_not_refused(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """RFC 9110 (14.2) says a server MUST ignore a Range in a unit it does not know, and
+    may ignore any: ``items=0-1``, ``Bytes=0-1`` (units are case-insensitive) and a valid
+    multi-range request were 400, a suffix range of an empty value (satisfiable: it
+    asks for the whole of it) was 416, and a Range with an ``If-Range`` for another
+    version got 206 of the current one (a resumed download stitched two versions
+    together). Each is now the whole value, 200; malformed ranges stay 400."""
+    r = await http.post(u(D + "/c"), json={"n": 1})
+    doc = (await r.json())["_meta"]["_id"]
+    paths = {}
+    for name, content in (("empty", b""), ("small", b"0123456789")):
+        r = await http.post(u(f"{D}/c/{doc}/attachments?filename={name}"), data=content)
+        att = (await r.json())["attachment"]["_id"]
+        await http.put(u(f"{P}/keys/{name}"), data=content)
+        paths[name] = (content, [f"{D}/c/{doc}/attachments/{att}", f"{P}/keys/{name}"])
+    for name, (content, where) in paths.items():
+        for path in where:
+            whole = ["items=0-1", "bytes=0-1,3-4", "bytes=-1, -2", "bytes=0-0,-1"]
+            if not content:
+                whole.append("bytes=-5")
+            for rg in whole:
+                r = await http.get(u(path), headers={"Range": rg})
+                assert r.status == 200, (path, rg, r.status, await r.text())
+                assert await r.read() == content and "Content-Range" not in r.headers
+            if content:
+                r = await http.get(u(path), headers={"Range": "Bytes=1-2"})
+                assert r.status == 206 and await r.read() == b"12", (path, r.status)
+                r = await http.get(u(path), headers={"Range": "bytes=1-2", "If-Range": '"old"'})
+                assert r.status == 200 and await r.read() == content, (path, r.status)
+                etag = r.headers.get("ETag")
+                if etag is not None:  # the current version: the range is served
+                    r = await http.get(u(path), headers={"Range": "bytes=1-2", "If-Range": etag})
+                    assert r.status == 206 and await r.read() == b"12", (path, r.status)
+            for rg in ("bytes=5-2", "bytes=", "bytes=x-1", "bytes=,", "bytes 0-1"):
+                r = await http.get(u(path), headers={"Range": rg})
+                assert r.status == 400, (path, rg, r.status)
+                assert (await r.json())["error"]["code"] == "bad_request"
+        async with http.get(u(where[0]), headers={"Range": "bytes=0-"}) as r:
+            assert r.status == (416 if not content else 206), (name, r.status)
+    _no_traceback(daemon)
+
+
+def test_ledgerctl_refuses_a_count_below_one_and_an_overlong_request_as_bad_input(
+    daemon: Daemon,
+) -> None:
+    """``ledgerctl ls --limit 0`` (or -5) printed nothing and exited 0, as if the page
+    were empty; and an argument so long that the request line is over its limit (414)
+    exited 4, "the daemon failed", instead of 2, bad input, as every other oversize
+    argument does."""
+    assert daemon.ledgerctl("put", "l", "p", "k", "v").returncode == 0
+    lists: list[tuple[str, ...]] = [
+        ("ls", "l", "p"),
+        ("log", "l", "p"),
+        ("doc", "ls", "l", "p", "c"),
+    ]
+    for args in lists:
+        for n in ("0", "-5", "x"):
+            out = daemon.ledgerctl(*args, "--limit", n)
+            assert out.returncode == 2, (args, n, out)
+            assert b"--limit" in out.stderr and out.stdout == b""
+    long = "a" * 100_000
+    overlong: list[tuple[str, ...]] = [
+        ("ls", "l", "p", "--prefix", long),
+        ("doc", "get", "l", "p", "c", long),
+    ]
+    for args in overlong:
+        out = daemon.ledgerctl(*args)
+        assert out.returncode == 2, (args[:2], out.returncode, out.stderr[:300])
+        assert len(out.stderr) < 2000
+    assert daemon.ledgerctl("ls", "l", "p", "--limit", "1").stdout == b"k\tv\n"
+
+
+async def test_document_query_parameters_that_are_not_utf8_are_400(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """The document routes read their query through aiohttp's ``request.query``, which
+    decodes bytes that are not UTF-8 as U+FFFD: ``_changes?collection=%FF`` listed the
+    collection named "\\ufffd" and ``find?eq=%22%FF%22`` looked for that character, both
+    answering 200 for something the client never asked. Path names that are not UTF-8
+    were already 400; so are query parameters now. A token from another page is a bad
+    token (400), not a missing commit (404)."""
+    r = await http.post(u(D + "/c"), json={"city": "\ufffd"})
+    assert r.status == 201
+    r = await http.put(u(D + "/c/_indexes/by_city"), json={"partition": "city"})
+    assert r.status == 200
+    for path in (
+        D + "/_changes?collection=%FF",
+        D + "/c/_indexes/by_city/find?eq=%22%FF%22",
+        D + "/c?limit=1&deleted=%FF",
+    ):
+        r = await http.get(u(path))
+        assert r.status == 400, (path, r.status, await r.text())
+        assert (await r.json())["error"]["code"] == "bad_request"
+    r = await http.get(u(D + "/c/_indexes/by_city/find?eq=%22%EF%BF%BD%22"))  # real U+FFFD
+    assert r.status == 200 and len((await r.json())["documents"]) == 1
+    other = "/v1/ledgers/app/pages/other/docs"
+    for n in range(3):
+        await http.post(u(other + "/c"), json={"n": n})
+    token = (await (await http.get(u(other + "/_changes?limit=1"))).json())["next"]
+    r = await http.get(u(D + "/_changes?limit=1&token=" + quote(token, safe="")))
+    assert r.status == 400, await r.text()
+    assert (await r.json())["error"]["code"] == "bad_request"
     _no_traceback(daemon)
