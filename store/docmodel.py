@@ -509,25 +509,13 @@ class RevClock:
         return [v.to_bytes(16, "big") for v in values]
 
     def check_supplied(self, rev: bytes, current: bytes | None, tolerance: float) -> None:
-        """Refuse a client's revision that is in the past of the current one or more
-        than ``tolerance`` seconds ahead of this clock; then take it as seen.
-
-        The current revision is the document's, ``current``; a new document has none,
-        so for it this clock less ``tolerance`` stands in (the same slack as ahead): a
-        create may not supply a revision from long ago (all zeros, 1970) that would
-        lose every merge and say nothing of when it was written."""
-        now = self._now()
+        """Refuse a client's revision that is not after ``current`` or is more than
+        ``tolerance`` seconds ahead of this clock; then take it as seen."""
         if current is not None and rev <= current:
             raise RevisionInPastError(
                 f"revision {ulid_text(rev)} is not after the current {ulid_text(current)}"
             )
-        behind = now - ulid_ms(rev)
-        if current is None and behind > tolerance * 1000:
-            raise RevisionInPastError(
-                f"revision {ulid_text(rev)} of a new document is {behind / 1000:.1f} s behind"
-                f" this device's clock (tolerance {tolerance:g} s): supply a current one"
-            )
-        ahead = -behind
+        ahead = ulid_ms(rev) - self._now()
         if ahead > tolerance * 1000:
             raise RevisionInFutureError(
                 f"revision {ulid_text(rev)} is {ahead / 1000:.1f} s ahead of this device's"

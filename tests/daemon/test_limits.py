@@ -217,26 +217,3 @@ async def test_error_messages_quote_a_bounded_part_of_the_input(
     await ws.close()
     assert not long, "\n".join(map(str, long))
     _no_traceback(daemon)
-
-
-async def test_a_create_over_http_refuses_a_revision_far_in_the_past(
-    daemon: Daemon, http: aiohttp.ClientSession
-) -> None:
-    """``POST …/docs/C?new_rev=00000000000000000000000000`` made a document whose
-    revision is from 1970 (it loses every merge). A new document's revision may be at
-    most ``rev_tolerance`` behind this device's clock: 409 ``conflict``."""
-    import time
-
-    from ulid import ULID
-
-    for old in ("0" * 26, str(ULID.from_timestamp(time.time() - 3600))):
-        r = await http.post(u(f"{D}/c?new_rev={old}"), json={"n": 1})
-        assert r.status == 409, await r.text()
-        body = await r.json()
-        assert body["error"]["code"] == "conflict" and "behind" in body["error"]["message"]
-    r = await http.get(u(D + "/c"))  # no document was stored (the page was made)
-    assert r.status == 200 and (await r.json())["documents"] == []
-    fresh = str(ULID())
-    r = await http.post(u(f"{D}/c?new_rev={fresh}"), json={"n": 1})
-    assert r.status == 201 and (await r.json())["_meta"]["_rev"] == fresh
-    _no_traceback(daemon)

@@ -152,6 +152,13 @@ async def test_revisions_supplied_by_a_client(page: Page) -> None:
     # The device's clock now runs after that revision, though its wall clock is behind.
     c = await docs.replace("c", a.id, {"v": 3})
     assert c.rev > ok
+    # A create has no current revision to be behind of: a document copied from another
+    # store keeps its revision, however old (all zeros included); the next edit here
+    # is newer.
+    for old in (str(ULID.from_timestamp(1_500_000_000)), "0" * 26):
+        d = await docs.create("c", {"v": 4}, new_rev=old)
+        assert d.rev == old
+        assert (await docs.replace("c", d.id, {"v": 5})).rev > old
 
 
 async def test_a_slow_clock_still_writes_newer_revisions_once_it_read_newer_ones(
