@@ -115,12 +115,13 @@ async def _put_raw_pack(
     bucket: FolderStore, device: bytes, pages: list[list[object]], body: bytes
 ) -> str:
     """A format-2 pack with the index ``pages`` as given (lengths unchecked) and ``body``."""
+    now = _now_ms()  # once: the name must carry the header's time
     header = msgpack.packb(
-        {"device": device, "seq": 1, "time": _now_ms(), "pages": pages}, use_bin_type=True
+        {"device": device, "seq": 1, "time": now, "pages": pages}, use_bin_type=True
     )
     head_end = len(pack.MAGIC2) + 4 + len(header)
     data = pack.MAGIC2 + len(header).to_bytes(4, "big") + header + body
-    name = PackName.make(_now_ms(), device.hex(), 1, head_end, len(data)).name
+    name = PackName.make(now, device.hex(), 1, head_end, len(data)).name
     await bucket.put(name, data)
     return name
 
