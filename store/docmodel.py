@@ -40,6 +40,9 @@ MAX_DEPTH = 64
 """Nesting depth of a document's data."""
 NAME_LIMIT = 128
 """Bytes of a collection name, an index name, a filename or a content type."""
+PATH_LIMIT = 1024
+"""Bytes of an index's partition or sort path (its names and the dots between them):
+a definition is an entry every device stores and every error may quote."""
 
 _INDEX_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -303,8 +306,13 @@ def parse_path(path: str | list[str]) -> list[str]:
     parts = path.split(".") if isinstance(path, str) else path
     if not isinstance(parts, list) or not parts or not all(isinstance(p, str) and p for p in parts):
         raise InvalidArgumentError(f"path {path!r:.60} must be 'a.b' or a list of names")
-    if any(_utf8_size(p) < 0 for p in parts):
+    sizes = [_utf8_size(p) for p in parts]
+    if min(sizes) < 0:
         raise InvalidArgumentError(f"path {path!r:.60} is not UTF-8 text (a lone surrogate)")
+    if sum(sizes) + len(parts) - 1 > PATH_LIMIT:
+        raise InvalidArgumentError(
+            f"path {path!r:.60}… is over {PATH_LIMIT} bytes of UTF-8 (its names and dots)"
+        )
     if parts[0].startswith("_"):
         raise InvalidArgumentError(f"path {path!r:.60}: names starting with '_' are reserved")
     return parts

@@ -564,3 +564,18 @@ async def test_lone_surrogates_in_names_paths_and_query_values_are_refused(page:
         with pytest.raises(InvalidArgumentError, match="UTF-8"):
             await docs.query("c", "by_k", partition, start=start)
     assert [d.data for d in (await docs.query("c", "by_k", "x")).items] == [{"k": "x", "v": 1.5}]
+
+
+async def test_an_index_path_is_bounded(page: Page) -> None:
+    """A definition travels with the page: a path of a megabyte is refused, not stored."""
+    docs = await DocumentStore.open(page)
+    await docs.create("c", {"k": "x"})
+    before = page.head.id
+    for path in ["k" * 1_000_000, ["a"] * 600, "é" * 513]:
+        with pytest.raises(InvalidArgumentError, match="over 1024 bytes") as e:
+            await docs.declare_index("c", "by_k", path)
+        assert len(str(e.value)) < 200
+        with pytest.raises(InvalidArgumentError, match="over 1024 bytes"):
+            await docs.declare_index("c", "by_k", "k", path)
+    assert page.head.id == before
+    await docs.declare_index("c", "by_k", ["a" * 500, "b" * 523])  # 1,024 bytes: taken
