@@ -218,6 +218,16 @@ async def _stored_nothing(page: Page) -> None:
     assert rows[0][0] == 0
 
 
+async def _refused(pages: Pages, t: T) -> None:
+    """The tree ``t``, encoded as it is, is refused by a fresh page, which stores nothing."""
+    bad: dict[bytes, bytes] = {}
+    bad_root = _encode(t, bad)
+    page = await pages.fresh()
+    with pytest.raises(NonCanonicalTreeError):
+        await _import(page, bad_root, bad)
+    await _stored_nothing(page)
+
+
 @contextmanager
 def _deep() -> Iterator[None]:
     with _level_bits(2):  # a level per 4 keys: small trees have every shape
@@ -253,12 +263,7 @@ async def test_every_kind_of_damage_is_refused_and_nothing_stored(
         assert t is not None
         if not DAMAGE[kind](t):
             return  # the tree has no place for this damage
-        bad: dict[bytes, bytes] = {}
-        bad_root = _encode(t, bad)
-        page = await pages.fresh()
-        with pytest.raises(NonCanonicalTreeError):
-            await _import(page, bad_root, bad)
-        await _stored_nothing(page)
+        await _refused(pages, t)
 
 
 async def test_each_kind_of_damage_has_a_tree_that_shows_it(pages: Pages) -> None:
@@ -270,11 +275,7 @@ async def test_each_kind_of_damage_has_a_tree_that_shows_it(pages: Pages) -> Non
             root, pieces = await _canonical(keys)
             t = await _nested(root, pieces)
             assert t is not None and damage(t), kind
-            bad: dict[bytes, bytes] = {}
-            page = await pages.fresh()
-            with pytest.raises(NonCanonicalTreeError):
-                await _import(page, _encode(t, bad), bad)
-            await _stored_nothing(page)
+            await _refused(pages, t)
 
 
 async def test_a_node_encoded_otherwise_is_refused(pages: Pages) -> None:
@@ -338,11 +339,7 @@ async def test_a_large_import_is_checked_on_a_thread_and_still_refused(pages: Pa
         assert page.head.root == root
         t = await _nested(root, pieces)
         assert t is not None and _outside_range(t)
-        bad: dict[bytes, bytes] = {}
-        page = await pages.fresh()
-        with pytest.raises(NonCanonicalTreeError):
-            await _import(page, _encode(t, bad), bad)
-        await _stored_nothing(page)
+        await _refused(pages, t)
 
 
 async def test_a_large_node_split_otherwise_is_refused(pages: Pages) -> None:
