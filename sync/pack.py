@@ -136,9 +136,18 @@ def unsqueeze(stored: bytes, codec: int, raw_len: int, bases: bytes = b"") -> by
 
 
 def _inflate(d: zstandard.ZstdDecompressor, stored: bytes, most: int) -> bytes:
-    """The first frame of ``stored`` inflated, :data:`INFLATE_STEP` bytes at a time;
-    CorruptPackError as soon as it passes ``most`` bytes. (``decompress`` sizes its
-    output by the frame's own claim or by ``max_output_size`` before reading a byte.)"""
+    """The first frame of ``stored`` inflated, never past ``most`` bytes
+    (CorruptPackError). ``decompress`` sizes its output by the frame's own claim
+    before reading a byte: a frame that claims at most ``most`` (ours always say their
+    size) is inflated in one call, into one buffer; one that claims more is refused
+    unread; one that does not say is inflated :data:`INFLATE_STEP` bytes at a time and
+    refused as soon as it passes ``most``."""
+    claimed = zstandard.frame_content_size(stored)
+    if claimed > most:
+        raise CorruptPackError(f"a compressed part of a pack claims {claimed} bytes, over {most}")
+    if claimed >= 0:
+        out: bytes = d.decompress(stored, max_output_size=most)
+        return out
     parts: list[bytes] = []
     total = 0
     reader = d.stream_reader(stored)
