@@ -398,7 +398,10 @@ def decode_section(
     ``bases``: the concatenated bytes of its index entry's bases, if it has any."""
     raw = unsqueeze(unseal(stored, part, codec), part.codec, part.raw, bases)
     try:
-        fields = msgpack.unpackb(raw, raw=False)
+        # Every item of a section's arrays is at least MIN_ITEM bytes, so an array
+        # claiming more items than that allows is refused before it is made: tiny items
+        # (16 million empty strings in 32 MiB) would cost several times the section.
+        fields = msgpack.unpackb(raw, raw=False, max_array_len=max(3, len(raw) // MIN_ITEM))
         commits = fields[0]
         if not (isinstance(commits, list) and all(isinstance(c, bytes) for c in commits)):
             raise ValueError("commits")
@@ -421,6 +424,11 @@ def decode_section(
         raise CorruptPackError(f"a page's section of a pack is unreadable: {e}") from e
     return commits, out
 
+
+MIN_ITEM = 33
+"""Fewest bytes of an item of a section's arrays: a piece is more than 32 bytes (smaller
+values are inline in their digests), a commit names at least one 32-byte parent, a
+``[digest, piece]`` pair holds both."""
 
 OFF_LOOP_BYTES = 256 * 1024
 """A section (or a pack's sections) of more than this many bytes is decoded (encoded)

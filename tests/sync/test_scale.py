@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from ledgerd.store import Priority, Repository, commit
@@ -294,6 +295,24 @@ def test_a_damaged_compressed_section_is_refused() -> None:
     bomb = pack.Part(part.offset, part.stored, 10, pack.ZSTD)
     with pytest.raises(pack.CorruptPackError):
         pack.decode_section(data[part.offset : part.end], bomb)
+
+
+def test_a_section_of_many_tiny_items_is_refused_before_they_are_made() -> None:
+    """16 million empty strings fit in 32 MiB and would take several times that as
+    objects: no item of a section is under MIN_ITEM bytes, so the count is refused."""
+    import tracemalloc
+
+    for commits, pieces in [([b""] * 4_000_000, []), ([], [[b"", b""]] * 2_000_000)]:
+        raw = msgpack.packb([commits, pieces], use_bin_type=True)
+        part = pack.Part(0, len(raw), len(raw), pack.RAW)
+        tracemalloc.start()
+        try:
+            with pytest.raises(pack.CorruptPackError, match="max_array_len"):
+                pack.decode_section(raw, part)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 4 * len(raw), (peak, len(raw))
 
 
 @pytest.mark.parametrize("pieces", [10, 2000])  # decoded on the loop, and on a thread
