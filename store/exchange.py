@@ -32,6 +32,7 @@ from ledgerd.store.errors import (
 from ledgerd.store.objects import mismatched
 from ledgerd.store.page import Page
 from ledgerd.store.schema import SYNCED
+from ledgerd.store.threads import OFF_LOOP_BYTES, off_loop
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -611,10 +612,8 @@ async def _check_trees(
                 continue
             arriving.append((s, await _node_bytes(page, d, pieces)))
         await btree.check_stored(functools.partial(_stored_nodes, page), here)
-        if len(arriving) > VERIFY_INLINE or sum(len(b) for _, b in arriving) > CHECK_INLINE_BYTES:
-            children, referenced = await asyncio.to_thread(_check_nodes, arriving)
-        else:
-            children, referenced = _check_nodes(arriving)
+        big = len(arriving) > VERIFY_INLINE or sum(len(b) for _, b in arriving) > OFF_LOOP_BYTES
+        children, referenced = await off_loop(big, _check_nodes, arriving)
         referenced.difference_update(pieces)
         referenced.difference_update(lazy)
         values = [v for v in referenced if not dg.is_inline(v)]
@@ -626,11 +625,6 @@ async def _check_trees(
                     f"value {dg.short(missing[0])} of a remote commit is nowhere"
                 )
         frontier = children
-
-
-CHECK_INLINE_BYTES = 256 * 1024
-"""A level of arriving tree nodes of more bytes than this (or of more than
-:data:`VERIFY_INLINE` nodes) is decoded and checked on a thread."""
 
 
 async def _stored_nodes(page: Page, digests: list[bytes]) -> dict[bytes, btree.Node]:

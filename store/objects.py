@@ -44,7 +44,7 @@ from ledgerd.store.cache import Cache, CacheSpace, piece_cost
 from ledgerd.store.db import Database
 from ledgerd.store.errors import CorruptObjectError, ObjectNotFoundError, RangeError
 from ledgerd.store.schema import SYNCED, TRANSIENT
-from ledgerd.store.threads import Connection
+from ledgerd.store.threads import OFF_LOOP_BYTES, Connection, off_loop
 
 log = logging.getLogger(__name__)
 
@@ -58,21 +58,16 @@ TURN_PIECES = 8192
 """Pieces :meth:`ObjectStore.value_pieces` goes through between two turns it gives
 the event loop."""
 
-_THREAD_MIN = 256 * 1024
-"""Below this many bytes, splitting or verifying runs inline instead of on a thread."""
-
 
 async def mismatched(pieces: dict[bytes, bytes], *, most_inline: int | None = None) -> list[bytes]:
     """The digests of ``pieces`` that their content does not match. Hashed on a thread
-    when they hold ``_THREAD_MIN`` bytes or more, or number more than ``most_inline``."""
+    when they hold ``OFF_LOOP_BYTES`` bytes or more, or number more than ``most_inline``."""
 
     def check() -> list[bytes]:
         return [d for d, v in pieces.items() if not dg.verify(d, v)]
 
     many = most_inline is not None and len(pieces) > most_inline
-    if many or sum(map(len, pieces.values())) >= _THREAD_MIN:
-        return await asyncio.to_thread(check)
-    return check()
+    return await off_loop(many or sum(map(len, pieces.values())) >= OFF_LOOP_BYTES, check)
 
 
 CACHE_PIECE_LIMIT = 64 * 1024
@@ -193,10 +188,7 @@ class ObjectStore:
         inserting: asyncio.Task[None] | None = None
         try:
             async for block in _blocks(source):
-                if len(block) >= _THREAD_MIN:
-                    pieces = await asyncio.to_thread(splitter.feed, block)
-                else:
-                    pieces = splitter.feed(block)
+                pieces = await off_loop(len(block) >= OFF_LOOP_BYTES, splitter.feed, block)
                 if inserting is not None:
                     await inserting
                     inserting = None

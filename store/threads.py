@@ -1,6 +1,7 @@
 """SQLite connections that run on one bounded thread pool shared by every database.
 
-This module owns how the store's SQLite work leaves the event loop. Each open
+This module owns how work leaves the event loop: the store's SQLite work, and
+CPU-bound work over many bytes (:func:`off_loop`). Each open
 page has a writer and a reader connection; with a thread per connection (as
 aiosqlite gives) a daemon with a thousand open pages runs two thousand threads,
 each with its own stack and, under glibc, its own malloc arena, and memory freed
@@ -25,9 +26,23 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 T = TypeVar("T")
+P = ParamSpec("P")
+
+OFF_LOOP_BYTES = 256 * 1024
+"""CPU-bound work over more bytes than this (hashing, splitting, decoding, checking)
+runs on a thread, not on the event loop; less costs less than the hand-off."""
+
+
+async def off_loop(big: bool, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """``fn(*args, **kwargs)``: on a thread when ``big`` (the caller's measure against
+    :data:`OFF_LOOP_BYTES`, or a count), else inline."""
+    if big:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+    return fn(*args, **kwargs)
+
 
 SQLITE_THREADS = 8
 """Threads that run SQLite work for every database of the process, by default."""
