@@ -165,9 +165,7 @@ class Downloader:
         except asyncio.CancelledError:
             raise
         except CloudNotFoundError:
-            self._drop_held(dl, pn.name)
-            log.warning("pack %s is no longer in the bucket; skipped", pn.name)
-            return 0
+            return self._vanished(dl, pn.name)
         except (pack.CorruptPackError, RangeNotInObjectError) as e:
             self._hold(dl, pn, only, progress.REFUSED, f"refused: {describe(e)}")
             return 0
@@ -185,14 +183,10 @@ class Downloader:
                     commits, eager = await pack.decode_section_async(
                         sections[p.key], p.eager, self.ctx.codec, bases
                     )
-                    marker = f"imported/{pn.device}"
-                    done = await ex.sync_value(page, marker)
-                    mark = str(max(pn.seq, int(done) if done else 0)).encode()
                     tip = ex.newest_commit(commits)
                     more = [(f"frontier/{pn.device}", tip)] if tip else []
-                    new = await ex.import_remote(
-                        page, commits, eager, lazy, (marker, mark), more=more
-                    )
+                    mark = await _import_mark(page, pn.device, pn.seq)
+                    new = await ex.import_remote(page, commits, eager, lazy, mark, more=more)
                     if new:
                         await self.checkpoints.grew(page, p.eager.raw)
             except asyncio.CancelledError:
@@ -248,6 +242,12 @@ class Downloader:
         else:  # the page cannot take it here (newer schema, disk full)
             self._hold(dl, pn, key, progress.FAILED, f"cannot import it here: {describe(e)}")
 
+    def _vanished(self, dl: DeviceLog, name: str) -> int:
+        """A listed pack is no longer in the bucket (compacted): nothing to import."""
+        self._drop_held(dl, name)
+        log.warning("pack %s is no longer in the bucket; skipped", name)
+        return 0
+
     def _drop_held(self, dl: DeviceLog, name: str) -> None:
         for hid in [hid for hid, h in dl.held.items() if h.ln.name == name]:
             del dl.held[hid]
@@ -261,16 +261,12 @@ class Downloader:
                 raise pack.CorruptPackError("pack does not match its name")
             lazy = {d: f"{ln.name}:{off}:{length}" for d, off, length in p.lazy}
             async with self.ctx.using(ln.key) as page:
-                marker = f"imported/{ln.device}"
-                done = await ex.sync_value(page, marker)
-                mark = str(max(ln.seq, int(done) if done else 0)).encode()
-                new = await ex.import_remote(page, p.commits, p.eager, lazy, (marker, mark))
+                mark = await _import_mark(page, ln.device, ln.seq)
+                new = await ex.import_remote(page, p.commits, p.eager, lazy, mark)
         except asyncio.CancelledError:
             raise
         except CloudNotFoundError:
-            self._drop_held(dl, ln.name)
-            log.warning("pack %s is no longer in the bucket; skipped", ln.name)
-            return 0
+            return self._vanished(dl, ln.name)
         except Exception as e:
             self._hold_for(dl, ln, ln.key, e)
             return 0
@@ -351,3 +347,11 @@ class Downloader:
             return found
         finally:
             del self.ctx.restoring[key]
+
+
+async def _import_mark(page: Page, device: str, seq: int) -> tuple[str, bytes]:
+    """The sync value an import of ``device``'s pack ``seq`` sets with its commits: the
+    highest of that device's packs imported into ``page`` (it never goes back)."""
+    marker = f"imported/{device}"
+    done = await ex.sync_value(page, marker)
+    return marker, str(max(seq, int(done) if done else 0)).encode()
