@@ -166,7 +166,11 @@ async def _store(api: Api, p: Params, *, write: bool) -> DocumentStore:
     page = await api.page(p.ledger, p.page, create=write)
     if not write and not await DocumentStore.holds_documents(page):
         raise ae.NotDocuments(f"page {p.page!r} of ledger {p.ledger!r} holds no documents")
-    return await DocumentStore.open(page, max_document_bytes=api.cfg.max_document_bytes)
+    return await DocumentStore.open(
+        page,
+        max_document_bytes=api.cfg.max_document_bytes,
+        held_index_bytes=api.cfg.max_held_index_bytes,
+    )
 
 
 def _doc_response(doc: Document, status: int = 200) -> web.Response:

@@ -61,6 +61,16 @@ ROWS_PER_TURN = 1024
 BUILD_CHUNK = 1000
 """Documents per SQLite transaction while an index is built."""
 
+HELD_BYTES = 2 * 1024 * 1024
+"""Memory the index rows of the document layer's own commits may take before they
+are stored with a commit (see :meth:`Views.commit`); the default of
+``DocumentStore.open(held_index_bytes=...)`` and of the daemon's
+``max_held_index_bytes``."""
+
+HELD_ROW_OVERHEAD = 200
+"""What a held row takes in memory beyond its key and document id (its dict entry,
+tuples and bytes objects), for ``HELD_BYTES``."""
+
 SCHEMA = """
 -- doc_state: what the document layer's local views reflect.
 --   'reflected': the id of the commit every ready index (and max_rev) reflects,
@@ -180,11 +190,15 @@ Row = tuple[int, bytes, bytes | None, bool]
 class Views:
     """The document layer's local state of one page."""
 
-    def __init__(self, page: Page) -> None:
+    def __init__(self, page: Page, held_bytes: int = HELD_BYTES) -> None:
         self.page = page
+        self.held_bytes = held_bytes
         self.lock = asyncio.Lock()
         self.reflected: bytes | None = None
+        """The commit the views reflect, counting the rows held in memory."""
         self.max_rev = b""
+        self._held = _Held()
+        """Rows of the commits after the one the database's rows reflect."""
         self.indexes: dict[tuple[str, str], tuple[int, IndexDef, bool]] = {}
         """(collection, name) -> (row id, definition, ready)."""
         self._builds: dict[int, asyncio.Task[None]] = {}
@@ -216,6 +230,7 @@ class Views:
 
         await self.page.db.run(work, write=True)
         self.reflected, self.max_rev, self.indexes = None, b"", {}
+        self._held = _Held()
 
     async def _load_indexes(self) -> None:
         rows = await self.page.db.read_all(
@@ -249,6 +264,7 @@ class Views:
         """Drop removed or changed indexes, add new ones (not ready) and start their builds."""
         if not changes:
             return
+        await self._store_held()  # the held rows' indexes may be dropped
         added: list[tuple[tuple[str, str], IndexDef]] = []
         dropped: list[int] = []
         for name, raw in changes:
@@ -290,8 +306,16 @@ class Views:
     def definitions(self, collection: str) -> list[IndexDef]:
         return [d for (coll, _), (_, d, _) in self.indexes.items() if coll == collection]
 
+    async def store_held(self) -> None:
+        """Store the rows held in memory (the document store or its page closing)."""
+        if self._held.rows:
+            async with self.lock:
+                await self._store_held()
+
     async def close(self) -> None:
-        """Stop the builds and wait for the store under way."""
+        """Store the held rows, stop the builds and wait for the store under way."""
+        if not self.page.closed:
+            await self.store_held()
         tasks = list(self._builds.values())
         for t in tasks:
             t.cancel()
@@ -299,11 +323,15 @@ class Views:
 
     # -- catching up -----------------------------------------------------------------
 
-    async def catch_up(self) -> Commit:
+    async def catch_up(self, *, store: bool = False) -> Commit:
         """Bring every ready view to the page's head (by the tree diff from the commit
-        they reflect); returns that head."""
+        they reflect); returns that head. With ``store``, the rows held in memory are
+        stored too."""
         async with self.lock:
-            return await self._catch_up()
+            head = await self._catch_up()
+            if store:
+                await self._store_held()
+            return head
 
     async def _catch_up(self) -> Commit:
         head = self.page.head
@@ -315,10 +343,19 @@ class Views:
         )
         rows, max_rev, defs = await self._changes(old, head.root, ready)
         max_rev = max(self.max_rev, max_rev)
-        await self.page.db.run(_storing(rows, head.id, max_rev), write=True)
-        self.reflected, self.max_rev = head.id, max_rev
+        await self.page.db.run(_storing(self._held.then(rows), head.id, max_rev), write=True)
+        self.reflected, self.max_rev, self._held = head.id, max_rev, _Held()
         await self._apply_definitions(defs)
         return head
+
+    async def _store_held(self) -> None:
+        """Store the rows held in memory (lock held): the database's rows then reflect
+        ``reflected``."""
+        if self._held.rows:
+            assert self.reflected is not None
+            rows = self._held.then([])
+            await self.page.db.run(_storing(rows, self.reflected, self.max_rev), write=True)
+            self._held = _Held()
 
     def _ready(self) -> list[tuple[int, IndexDef]]:
         """The indexes that are built: (row id, definition)."""
@@ -331,9 +368,14 @@ class Views:
         document id, record: every body it wrote) and nothing else the views read.
 
         If the views reflect the transaction's base, the commit is exactly the base
-        plus these documents: their rows are made from the records and stored in the
-        commit's own SQLite transaction, and the views reflect the commit. Otherwise
-        the next catch-up diffs, as for any commit."""
+        plus these documents: their rows are made from the records and the views
+        reflect the commit. The rows are held in memory, and stored in the SQLite
+        transaction of the commit that brings them over ``held_bytes``: a thousand random
+        index keys dirty most pages of the ordered index, so storing eight batches at
+        once writes about a sixth of the pages. A query, a definition, a catch-up or
+        closing stores them first; after a crash the database's rows reflect an older
+        commit, and the catch-up diffs from there. Otherwise the next catch-up diffs,
+        as for any commit."""
         async with self.lock:
             if self.reflected != txn.base.id:
                 return await txn.commit()
@@ -344,9 +386,18 @@ class Views:
                 max_rev = max(max_rev, r.rev)
                 for ix, d in by_coll.get(coll, ()):
                     rows.append(_row(ix, d, doc_id, r))
-            cid = await txn.commit(
-                also=lambda c: _storing(rows, c.id, max_rev), also_small=len(rows) <= SMALL_ROWS
-            )
+            if self._held.size + _size(rows) <= self.held_bytes:
+                cid = await txn.commit()
+                if cid is not None:
+                    self._held.add(rows)
+            else:
+                rows = self._held.then(rows)
+                cid = await txn.commit(
+                    also=lambda c: _storing(rows, c.id, max_rev),
+                    also_small=len(rows) <= SMALL_ROWS,
+                )
+                if cid is not None:
+                    self._held = _Held()
             if cid is not None:
                 self.reflected, self.max_rev = cid, max_rev
             return cid
@@ -419,6 +470,7 @@ class Views:
             async with self.lock:
                 if self.indexes.get((d.collection, d.name), (None,))[0] != ix:
                     return  # dropped meanwhile
+                await self._store_held()
                 now = self.reflected
                 assert now is not None
                 root = (await self.page.load_commit(now)).root
@@ -493,8 +545,41 @@ class Views:
         params.append(limit)
         async with self.lock:
             head = await self._catch_up()
+            await self._store_held()
             rows = await self.page.db.read_all(sql, params)
         return head, [IndexRow(bytes(r[0]), bytes(r[1])) for r in rows]
+
+
+class _Held:
+    """Index rows not stored yet: the last of each (index, document), and about what
+    they take in memory."""
+
+    __slots__ = ("rows", "size")
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[int, bytes], tuple[bytes | None, bool]] = {}
+        self.size = 0
+
+    def add(self, rows: Iterable[Row]) -> None:
+        held = self.rows
+        for ix, doc, key, deleted in rows:
+            held[(ix, doc)] = (key, deleted)
+            self.size += _row_size(doc, key)
+
+    def then(self, rows: Iterable[Row]) -> list[Row]:
+        """The held rows, each replaced by the row of ``rows`` for its document if any."""
+        held = dict(self.rows)
+        for ix, doc, key, deleted in rows:
+            held[(ix, doc)] = (key, deleted)
+        return [(ix, doc, key, deleted) for (ix, doc), (key, deleted) in held.items()]
+
+
+def _row_size(doc: bytes, key: bytes | None) -> int:
+    return HELD_ROW_OVERHEAD + len(doc) + (0 if key is None else len(key))
+
+
+def _size(rows: list[Row]) -> int:
+    return sum(_row_size(doc, key) for _, doc, key, _ in rows)
 
 
 def _by_collection(indexes: list[tuple[int, IndexDef]]) -> dict[str, list[tuple[int, IndexDef]]]:
@@ -531,6 +616,7 @@ def _write_rows(conn: sqlite3.Connection, rows: Iterable[Row]) -> None:
         else:
             put.append((ix, doc, key, int(deleted)))
     conn.executemany("DELETE FROM doc_index_rows WHERE ix = ? AND doc = ?", drop)
+    put.sort(key=_in_index_order)  # neighbours in the ordered index are written together
     sql.insert_rows(conn, INSERT_ROWS, put)
 
 
@@ -591,3 +677,7 @@ def _partition_range(
         else:
             hi = tup.pack((p, s))
     return lo, hi
+
+
+def _in_index_order(row: tuple[int, bytes, bytes, int]) -> tuple[int, bytes, bytes]:
+    return row[0], row[2], row[1]

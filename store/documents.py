@@ -31,6 +31,7 @@ from ledgerd.store import tuple as tup
 from ledgerd.store.btree import Priority
 from ledgerd.store.commit import Commit
 from ledgerd.store.docindex import (
+    HELD_BYTES,
     IndexDef,
     Views,
     decode_token,
@@ -99,13 +100,19 @@ class DocumentStore:
     """The documents of one page."""
 
     def __init__(
-        self, page: Page, *, max_document_bytes: int, rev_tolerance: float, clock: RevClock
+        self,
+        page: Page,
+        *,
+        max_document_bytes: int,
+        rev_tolerance: float,
+        clock: RevClock,
+        held_index_bytes: int = HELD_BYTES,
     ) -> None:
         self.page = page
         self.max_document_bytes = max_document_bytes
         self.rev_tolerance = rev_tolerance
         self.clock = clock
-        self.views = Views(page)
+        self.views = Views(page, held_index_bytes)
         self._ids = RevClock(clock.now_ms)
         self._write = asyncio.Lock()
 
@@ -117,11 +124,14 @@ class DocumentStore:
         max_document_bytes: int = MAX_DOCUMENT_BYTES,
         rev_tolerance: float = REV_TOLERANCE,
         clock: RevClock | None = None,
+        held_index_bytes: int = HELD_BYTES,
     ) -> DocumentStore:
         """The page's document store (the same object for every call on one open page).
 
         The first call marks the page as a document page (an entry in its tree, so
-        every device merges it by revision) and loads or builds its local indexes."""
+        every device merges it by revision) and loads or builds its local indexes.
+        ``held_index_bytes`` bounds the memory of index rows held between the
+        commits that store them (:meth:`store.docindex.Views.commit`)."""
         lock = _opening.setdefault(page, asyncio.Lock())
         async with lock:
             store = _stores.get(page)
@@ -131,6 +141,7 @@ class DocumentStore:
                     max_document_bytes=max_document_bytes,
                     rev_tolerance=rev_tolerance,
                     clock=clock or RevClock(),
+                    held_index_bytes=held_index_bytes,
                 )
                 await store._open()
                 _stores[page] = store
@@ -160,6 +171,7 @@ class DocumentStore:
         if self.page.policy is not Policy.DOCUMENTS:
             await self.page.set_policy(Policy.DOCUMENTS)
         await self.views.load()
+        self.page.when_closing(self.views.store_held)
         if self.views.max_rev:
             self.clock.observe(self.views.max_rev)
         await self.views.catch_up()
@@ -167,13 +179,16 @@ class DocumentStore:
             self.clock.observe(self.views.max_rev)
 
     async def close(self) -> None:
-        """Stop index builds (the page stays open: its owner closes it)."""
+        """Store the held index rows, stop index builds (the page stays open: its owner
+        closes it)."""
+        self.page.not_when_closing(self.views.store_held)
         await self.views.close()
         _stores.pop(self.page, None)
 
     async def refresh(self) -> Commit:
-        """Bring the indexes up to the page's head now (queries do it anyway); returns it."""
-        head = await self.views.catch_up()
+        """Bring the indexes up to the page's head now, in storage (queries do it
+        anyway); returns that head."""
+        head = await self.views.catch_up(store=True)
         if self.views.max_rev:
             self.clock.observe(self.views.max_rev)
         return head

@@ -28,7 +28,7 @@ import logging
 import sqlite3
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 
 from ledgerd.store import deleted, merge
@@ -120,6 +120,7 @@ class Page(View):
         self.db = db
         self._hooks = hooks
         self._on_close = on_close
+        self._closing: list[Callable[[], Awaitable[None]]] = []
         self._closed = False
         self._leases = 0
         self._readers: weakref.WeakSet[Snapshot | Transaction] = weakref.WeakSet()
@@ -258,8 +259,23 @@ class Page(View):
         self._closed = True
         await asyncio.shield(self._close())
 
+    def when_closing(self, fn: Callable[[], Awaitable[None]]) -> None:
+        """Run ``fn`` when the page closes, after its queued writes, before its database
+        closes (the document layer stores its held index rows); its errors are logged."""
+        self._closing.append(fn)
+
+    def not_when_closing(self, fn: Callable[[], Awaitable[None]]) -> None:
+        """Undo :meth:`when_closing`."""
+        with contextlib.suppress(ValueError):
+            self._closing.remove(fn)
+
     async def _close(self) -> None:
         await self.writer.stop()
+        for fn in self._closing:
+            try:
+                await fn()
+            except Exception:
+                log.exception("page %r: closing", self.id)
         async with self.graph.lock:  # let an in-flight commit or merge finish
             pass
         self.watchers.close_all()

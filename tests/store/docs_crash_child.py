@@ -24,7 +24,9 @@ async def main(data_dir: Path, seed: int) -> None:
     rng = random.Random(seed)
     repo = await Repository.open(data_dir)
     page = await repo.ledger("crash").page("docs")
-    docs = await DocumentStore.open(page)
+    # Room for about 35 held index rows: a kill finds rows held, or being stored
+    # with a write, as often as not.
+    docs = await DocumentStore.open(page, held_index_bytes=8 * 1024)
     await docs.declare_index("c", "by_k", "k", "v")
     ids = [d.id for d in (await docs.list_documents("c", limit=1000)).items]
     say("READY")

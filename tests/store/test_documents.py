@@ -419,8 +419,9 @@ async def test_a_write_and_its_index_rows_are_stored_together(
 ) -> None:
     """A write's index rows go in the SQLite transaction of its commit: if storing
     them fails, the write fails and nothing of it is stored, documents or rows; the
-    next write and every query go on as if it had never been tried."""
-    docs = await DocumentStore.open(page)
+    next write and every query go on as if it had never been tried. (With room for
+    no held row: every write stores its rows.)"""
+    docs = await DocumentStore.open(page, held_index_bytes=1)
     await docs.declare_index("c", "by_k", "k", "v")
     await docs.create("c", {"k": 0, "v": 0.0})
     await docs.query("c", "by_k", 0)  # the index is built and ready
@@ -444,6 +445,118 @@ async def test_a_write_and_its_index_rows_are_stored_together(
     assert await _by_k(docs) == await _scan_by_k(docs)
     await docs.replace("c", made[-1].id, {"k": 2, "v": 0.45})
     assert await _by_k(docs) == await _scan_by_k(docs)
+
+
+async def _stored_reflected(page: Page) -> bytes | None:
+    rows = await page.db.read_all("SELECT value FROM doc_state WHERE name = 'reflected'")
+    return bytes(rows[0][0]) if rows else None
+
+
+async def _stored_rows(page: Page) -> int:
+    return int((await page.db.read_all("SELECT count(*) FROM doc_index_rows"))[0][0])
+
+
+async def test_index_rows_are_held_until_a_write_takes_them_over_the_bound(page: Page) -> None:
+    """A write's index rows wait in memory and are stored with the write that takes
+    them over ``held_index_bytes`` (in its SQLite transaction), or before a query;
+    a row held for a document is replaced by its later one, whatever it is (moved,
+    no longer indexed, deleted, purged)."""
+    row = docindex.HELD_ROW_OVERHEAD + 16 + 18  # a document id and a (k, v) key
+    docs = await DocumentStore.open(page, held_index_bytes=30 * row)
+    await docs.declare_index("c", "by_k", "k", "v")
+    await docs.query("c", "by_k", 0)  # built and ready
+    made = await docs.create_many("c", [{"k": i % 3, "v": i / 10} for i in range(10)])
+    start = await _stored_reflected(page)
+    assert docs.views.reflected == page.head.id != start
+    assert await _stored_rows(page) == 0
+    await docs.replace("c", made[0].id, {"k": 2, "v": 0.95})  # moved
+    await docs.replace("c", made[1].id, {"v": 0.5})  # no longer indexed
+    await docs.delete("c", made[2].id)
+    await docs.purge("c", made[3].id)
+    assert await _stored_reflected(page) == start and await _stored_rows(page) == 0
+    more = await docs.create_many("c", [{"k": 1, "v": 2 + i / 10} for i in range(12)])
+    # 10 + 4 + 12 rows (a row written again counts again): within 30 rows.
+    assert await _stored_reflected(page) == start
+    last = await docs.create_many("c", [{"k": 0, "v": 3 + i / 10} for i in range(5)])
+    assert await _stored_reflected(page) == page.head.id  # over the bound: stored with it
+    assert await _stored_rows(page) == 10 - 1 - 1 + 12 + 5  # not made[1] nor made[3]
+    assert docs.views.reflected == page.head.id
+    got = await _by_k(docs)
+    assert got[2][-1] == made[0].id and made[1].id not in sum(got.values(), [])
+    assert made[2].id in (await _by_k(docs, True))[2] and made[2].id not in got[2]
+    assert got[1][-12:] == [d.id for d in more] and got[0][-5:] == [d.id for d in last]
+    await docs.create("c", {"k": 0, "v": 9.0})
+    assert await _stored_reflected(page) != page.head.id
+    await docs.query("c", "by_k", 0)  # a query stores what is held first
+    assert await _stored_reflected(page) == page.head.id
+
+
+async def test_held_index_rows_survive_a_failed_store_and_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If storing the held rows fails, they stay held and the next store has them. If
+    the process ends without storing them, the database's rows reflect an older
+    commit and opening the page catches up from there, revision floor included."""
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("app").page("docs")
+        docs = await DocumentStore.open(page)
+        await docs.declare_index("c", "by_k", "k", "v")
+        await docs.query("c", "by_k", 0)
+        made = await docs.create_many("c", [{"k": i % 3, "v": i / 10} for i in range(30)])
+        failures = [StoreError("disk I/O error")]
+        real_write_rows = docindex._write_rows
+
+        def failing_write_rows(conn: Any, rows: Any) -> None:
+            if failures:
+                raise failures.pop()
+            real_write_rows(conn, rows)
+
+        monkeypatch.setattr(docindex, "_write_rows", failing_write_rows)
+        with pytest.raises(StoreError):
+            await docs.query("c", "by_k", 0)
+        assert await _by_k(docs) == await _scan_by_k(docs)
+        assert await _stored_reflected(page) == page.head.id
+        await docs.replace("c", made[0].id, {"k": 1, "v": 7.0})
+        await docs.delete("c", made[1].id)
+        latest = (await docs.create("c", {"k": 2, "v": 8.0})).rev
+        assert await _stored_reflected(page) != page.head.id
+        want = await _scan_by_k(docs)
+        # As in a crash, the page closes and the held rows are not stored.
+        page.not_when_closing(docs.views.store_held)
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("app").page("docs")
+        assert await _stored_reflected(page) != page.head.id
+        docs = await DocumentStore.open(page)
+        assert await _by_k(docs) == want
+        assert (await docs.create("c", {"k": 0, "v": 0.0})).rev > latest
+        # A page that closes stores them.
+        await docs.create("c", {"k": 1, "v": 0.0})
+        head = page.head.id
+        assert await _stored_reflected(page) != head
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("app").page("docs")
+        assert await _stored_reflected(page) == head
+
+
+async def test_dropping_or_rebuilding_an_index_leaves_none_of_its_held_rows(page: Page) -> None:
+    """Rows held for an index that is dropped, or rebuilt under a new row id, are
+    never stored for it afterwards."""
+    orphans = "SELECT count(*) FROM doc_index_rows WHERE ix NOT IN (SELECT id FROM doc_indexes)"
+    docs = await DocumentStore.open(page)
+    await docs.declare_index("c", "by_k", "k", "v")
+    await docs.declare_index("c", "by_v", "v")
+    await docs.query("c", "by_k", 0)
+    await docs.query("c", "by_v", 0.0)
+    await docs.create_many("c", [{"k": i % 3, "v": i / 10} for i in range(10)])
+    await docs.rebuild_index("c", "by_k")  # the lower row id: its new one differs
+    await docs.rebuild_index("c", "by_v")
+    assert await _by_k(docs) == await _scan_by_k(docs)
+    assert (await page.db.read_all(orphans))[0][0] == 0
+    assert await _stored_rows(page) == 20
+    await docs.create("c", {"k": 1, "v": 5.0})
+    await docs.drop_index("c", "by_v")
+    await docs.drop_index("c", "by_k")
+    assert await _stored_rows(page) == 0
 
 
 async def test_declaring_an_index_builds_it_from_existing_documents(page: Page) -> None:
