@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -148,10 +149,14 @@ class IndexDef:
         # A packed tuple is its elements' encodings one after the other: each value
         # is encoded alone, the common kinds without the generic packer.
         parts = []
+        data = r.data
         for path in (self.partition, self.sort):
             if path is None:
                 continue
-            v = lookup_path(r.data, path)
+            if len(path) == 1 and type(data) is dict:  # the common case, without a call
+                v = data.get(path[0], MISSING)
+            else:
+                v = lookup_path(data, path)
             kind = type(v)
             if kind is float or kind is int:
                 parts.append(_encode_float(float(v)))
@@ -382,14 +387,18 @@ class Views:
             by_coll = _by_collection(self._ready())
             rows: list[Row] = []
             max_rev = self.max_rev
+            size = self._held.size
             for coll, doc_id, r in records:
-                max_rev = max(max_rev, r.rev)
+                if r.rev > max_rev:
+                    max_rev = r.rev
                 for ix, d in by_coll.get(coll, ()):
-                    rows.append(_row(ix, d, doc_id, r))
-            if self._held.size + _size(rows) <= self.held_bytes:
+                    key = d.key_of(r)
+                    rows.append((ix, doc_id, key, r.state is State.DELETED))
+                    size += _row_size(doc_id, key)
+            if size <= self.held_bytes:
                 cid = await txn.commit()
                 if cid is not None:
-                    self._held.add(rows)
+                    self._held.add(rows, size)
             else:
                 rows = self._held.then(rows)
                 cid = await txn.commit(
@@ -560,11 +569,12 @@ class _Held:
         self.rows: dict[tuple[int, bytes], tuple[bytes | None, bool]] = {}
         self.size = 0
 
-    def add(self, rows: Iterable[Row]) -> None:
+    def add(self, rows: Iterable[Row], size: int) -> None:
+        """Hold ``rows``; ``size`` is what the held rows take with them."""
         held = self.rows
         for ix, doc, key, deleted in rows:
             held[(ix, doc)] = (key, deleted)
-            self.size += _row_size(doc, key)
+        self.size = size
 
     def then(self, rows: Iterable[Row]) -> list[Row]:
         """The held rows, each replaced by the row of ``rows`` for its document if any."""
@@ -576,10 +586,6 @@ class _Held:
 
 def _row_size(doc: bytes, key: bytes | None) -> int:
     return HELD_ROW_OVERHEAD + len(doc) + (0 if key is None else len(key))
-
-
-def _size(rows: list[Row]) -> int:
-    return sum(_row_size(doc, key) for _, doc, key, _ in rows)
 
 
 def _by_collection(indexes: list[tuple[int, IndexDef]]) -> dict[str, list[tuple[int, IndexDef]]]:
@@ -609,14 +615,11 @@ def _storing(
 
 
 def _write_rows(conn: sqlite3.Connection, rows: Iterable[Row]) -> None:
-    put, drop = [], []
-    for ix, doc, key, deleted in rows:
-        if key is None:
-            drop.append((ix, doc))
-        else:
-            put.append((ix, doc, key, int(deleted)))
+    rows = list(rows)
+    drop = [(ix, doc) for ix, doc, key, _ in rows if key is None]
     conn.executemany("DELETE FROM doc_index_rows WHERE ix = ? AND doc = ?", drop)
-    put.sort(key=_in_index_order)  # neighbours in the ordered index are written together
+    put = [row for row in rows if row[2] is not None]
+    put.sort(key=_IN_INDEX_ORDER)  # neighbours in the ordered index are written together
     sql.insert_rows(conn, INSERT_ROWS, put)
 
 
@@ -679,5 +682,4 @@ def _partition_range(
     return lo, hi
 
 
-def _in_index_order(row: tuple[int, bytes, bytes, int]) -> tuple[int, bytes, bytes]:
-    return row[0], row[2], row[1]
+_IN_INDEX_ORDER = operator.itemgetter(0, 2, 1)  # (ix, key, doc)
