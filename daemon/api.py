@@ -56,7 +56,7 @@ from ledgerd.daemon.codec import (
 )
 from ledgerd.daemon.config import Config
 from ledgerd.daemon.metrics import ROUTE_KEY
-from ledgerd.store import KEY_LIMIT, Page, Policy, Repository, StoreError, View
+from ledgerd.store import KEY_LIMIT, HeldBudget, Page, Policy, Repository, StoreError, View
 from ledgerd.store import digest as dg
 
 log = logging.getLogger(__name__)
@@ -319,6 +319,8 @@ class Api:
         self._peers: dict[int, bool] = {}
         self.in_flight = 0
         """Requests holding one of ``max_concurrent_requests`` (:meth:`slot`)."""
+        self.held_budget = HeldBudget(cfg.max_held_index_bytes)
+        """Memory for the index rows every document page holds (store.docindex)."""
         self.sessions: Any = None  # daemon.session.Sessions, set by the server
         self.engine: Any = None  # sync.engine.SyncEngine when cloud sync is on
         self.metrics: Any = None  # daemon.metrics.Metrics, set by the server

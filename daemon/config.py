@@ -98,7 +98,7 @@ class Config:
     max_event_bytes: int = 4 * 1024 * 1024
     session_heartbeat: float = 30.0
     max_document_bytes: int = 1024 * 1024
-    max_held_index_bytes: int = 2 * 1024 * 1024
+    max_held_index_bytes: int = 16 * 1024 * 1024
     metrics_listen: str = ""
 
     # -- derived ---------------------------------------------------------------

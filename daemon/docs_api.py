@@ -169,7 +169,7 @@ async def _store(api: Api, p: Params, *, write: bool) -> DocumentStore:
     return await DocumentStore.open(
         page,
         max_document_bytes=api.cfg.max_document_bytes,
-        held_index_bytes=api.cfg.max_held_index_bytes,
+        held_budget=api.held_budget,
     )
 
 

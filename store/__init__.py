@@ -31,6 +31,7 @@ from ledgerd.store import tuple
 from ledgerd.store.btree import Entry, Priority, RawEntry
 from ledgerd.store.commit import Commit
 from ledgerd.store.digest import Kind
+from ledgerd.store.docindex import HeldBudget
 from ledgerd.store.docmodel import (
     LOCAL_LEDGER,
     Attachment,
@@ -106,6 +107,7 @@ __all__ = [
     "DocumentError",
     "DocumentNotFoundError",
     "DocumentStore",
+    "HeldBudget",
     "DocumentTooLargeError",
     "IndexInfo",
     "IndexNotFoundError",

@@ -63,10 +63,8 @@ BUILD_CHUNK = 1000
 """Documents per SQLite transaction while an index is built."""
 
 HELD_BYTES = 2 * 1024 * 1024
-"""Memory the index rows of the document layer's own commits may take before they
-are stored with a commit (see :meth:`Views.commit`); the default of
-``DocumentStore.open(held_index_bytes=...)`` and of the daemon's
-``max_held_index_bytes``."""
+"""Memory the index rows of one page's document writes may take before they are
+stored with a write (see :meth:`Views.commit`): ``DocumentStore.open(held_index_bytes=...)``."""
 
 HELD_ROW_OVERHEAD = 200
 """What a held row takes in memory beyond its key and document id (its dict entry,
@@ -195,14 +193,17 @@ Row = tuple[int, bytes, bytes | None, bool]
 class Views:
     """The document layer's local state of one page."""
 
-    def __init__(self, page: Page, held_bytes: int = HELD_BYTES) -> None:
+    def __init__(
+        self, page: Page, held_bytes: int = HELD_BYTES, budget: HeldBudget | None = None
+    ) -> None:
         self.page = page
         self.held_bytes = held_bytes
+        self.budget = budget if budget is not None else HeldBudget(held_bytes)
         self.lock = asyncio.Lock()
         self.reflected: bytes | None = None
         """The commit the views reflect, counting the rows held in memory."""
         self.max_rev = b""
-        self._held = _Held()
+        self._held = _Held(self.budget)
         """Rows of the commits after the one the database's rows reflect."""
         self.indexes: dict[tuple[str, str], tuple[int, IndexDef, bool]] = {}
         """(collection, name) -> (row id, definition, ready)."""
@@ -235,7 +236,7 @@ class Views:
 
         await self.page.db.run(work, write=True)
         self.reflected, self.max_rev, self.indexes = None, b"", {}
-        self._held = _Held()
+        self._held.clear()
 
     async def _load_indexes(self) -> None:
         rows = await self.page.db.read_all(
@@ -312,10 +313,18 @@ class Views:
         return [d for (coll, _), (_, d, _) in self.indexes.items() if coll == collection]
 
     async def store_held(self) -> None:
-        """Store the rows held in memory (the document store or its page closing)."""
+        """Store the rows held in memory (the document store closing)."""
         if self._held.rows:
             async with self.lock:
                 await self._store_held()
+
+    async def page_closing(self) -> None:
+        """Store the rows held in memory, and release them even if that fails: the page
+        is closing (after a failure, opening it again catches up from the stored rows)."""
+        try:
+            await self.store_held()
+        finally:
+            self._held.clear()
 
     async def close(self) -> None:
         """Store the held rows, stop the builds and wait for the store under way."""
@@ -349,7 +358,8 @@ class Views:
         rows, max_rev, defs = await self._changes(old, head.root, ready)
         max_rev = max(self.max_rev, max_rev)
         await self.page.db.run(_storing(self._held.then(rows), head.id, max_rev), write=True)
-        self.reflected, self.max_rev, self._held = head.id, max_rev, _Held()
+        self.reflected, self.max_rev = head.id, max_rev
+        self._held.clear()
         await self._apply_definitions(defs)
         return head
 
@@ -360,7 +370,7 @@ class Views:
             assert self.reflected is not None
             rows = self._held.then([])
             await self.page.db.run(_storing(rows, self.reflected, self.max_rev), write=True)
-            self._held = _Held()
+            self._held.clear()
 
     def _ready(self) -> list[tuple[int, IndexDef]]:
         """The indexes that are built: (row id, definition)."""
@@ -375,7 +385,8 @@ class Views:
         If the views reflect the transaction's base, the commit is exactly the base
         plus these documents: their rows are made from the records and the views
         reflect the commit. The rows are held in memory, and stored in the SQLite
-        transaction of the commit that brings them over ``held_bytes``: a thousand random
+        transaction of the commit that would take them over ``held_bytes``, or its page's
+        share over the budget shared with other pages: a thousand random
         index keys dirty most pages of the ordered index, so storing eight batches at
         once writes about a sixth of the pages. A query, a definition, a catch-up or
         closing stores them first; after a crash the database's rows reflect an older
@@ -395,7 +406,8 @@ class Views:
                     key = d.key_of(r)
                     rows.append((ix, doc_id, key, r.state is State.DELETED))
                     size += _row_size(doc_id, key)
-            if size <= self.held_bytes:
+            more = size - self._held.size
+            if size <= self.held_bytes and self.budget.used + more <= self.budget.limit:
                 cid = await txn.commit()
                 if cid is not None:
                     self._held.add(rows, size)
@@ -406,7 +418,7 @@ class Views:
                     also_small=len(rows) <= SMALL_ROWS,
                 )
                 if cid is not None:
-                    self._held = _Held()
+                    self._held.clear()
             if cid is not None:
                 self.reflected, self.max_rev = cid, max_rev
             return cid
@@ -559,13 +571,26 @@ class Views:
         return head, [IndexRow(bytes(r[0]), bytes(r[1])) for r in rows]
 
 
+class HeldBudget:
+    """Memory for the index rows document stores hold (:meth:`Views.commit`), shared
+    by the stores given the same budget: the daemon gives every page the one of
+    ``max_held_index_bytes``."""
+
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+
 class _Held:
     """Index rows not stored yet: the last of each (index, document), and about what
-    they take in memory."""
+    they take in memory (counted in a budget)."""
 
-    __slots__ = ("rows", "size")
+    __slots__ = ("budget", "rows", "size")
 
-    def __init__(self) -> None:
+    def __init__(self, budget: HeldBudget) -> None:
+        self.budget = budget
         self.rows: dict[tuple[int, bytes], tuple[bytes | None, bool]] = {}
         self.size = 0
 
@@ -574,7 +599,12 @@ class _Held:
         held = self.rows
         for ix, doc, key, deleted in rows:
             held[(ix, doc)] = (key, deleted)
+        self.budget.used += size - self.size
         self.size = size
+
+    def clear(self) -> None:
+        self.budget.used -= self.size
+        self.rows, self.size = {}, 0
 
     def then(self, rows: Iterable[Row]) -> list[Row]:
         """The held rows, each replaced by the row of ``rows`` for its document if any."""

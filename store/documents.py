@@ -32,6 +32,7 @@ from ledgerd.store.btree import Priority
 from ledgerd.store.commit import Commit
 from ledgerd.store.docindex import (
     HELD_BYTES,
+    HeldBudget,
     IndexDef,
     Views,
     decode_token,
@@ -107,12 +108,13 @@ class DocumentStore:
         rev_tolerance: float,
         clock: RevClock,
         held_index_bytes: int = HELD_BYTES,
+        held_budget: HeldBudget | None = None,
     ) -> None:
         self.page = page
         self.max_document_bytes = max_document_bytes
         self.rev_tolerance = rev_tolerance
         self.clock = clock
-        self.views = Views(page, held_index_bytes)
+        self.views = Views(page, held_index_bytes, held_budget)
         self._ids = RevClock(clock.now_ms)
         self._write = asyncio.Lock()
 
@@ -125,13 +127,15 @@ class DocumentStore:
         rev_tolerance: float = REV_TOLERANCE,
         clock: RevClock | None = None,
         held_index_bytes: int = HELD_BYTES,
+        held_budget: HeldBudget | None = None,
     ) -> DocumentStore:
         """The page's document store (the same object for every call on one open page).
 
         The first call marks the page as a document page (an entry in its tree, so
         every device merges it by revision) and loads or builds its local indexes.
         ``held_index_bytes`` bounds the memory of index rows held between the
-        commits that store them (:meth:`store.docindex.Views.commit`)."""
+        commits that store them (:meth:`store.docindex.Views.commit`); a
+        ``held_budget`` shared by several stores bounds them all together."""
         lock = _opening.setdefault(page, asyncio.Lock())
         async with lock:
             store = _stores.get(page)
@@ -142,6 +146,7 @@ class DocumentStore:
                     rev_tolerance=rev_tolerance,
                     clock=clock or RevClock(),
                     held_index_bytes=held_index_bytes,
+                    held_budget=held_budget,
                 )
                 await store._open()
                 _stores[page] = store
@@ -171,7 +176,7 @@ class DocumentStore:
         if self.page.policy is not Policy.DOCUMENTS:
             await self.page.set_policy(Policy.DOCUMENTS)
         await self.views.load()
-        self.page.when_closing(self.views.store_held)
+        self.page.when_closing(self.views.page_closing)
         if self.views.max_rev:
             self.clock.observe(self.views.max_rev)
         await self.views.catch_up()
@@ -181,7 +186,7 @@ class DocumentStore:
     async def close(self) -> None:
         """Store the held index rows, stop index builds (the page stays open: its owner
         closes it)."""
-        self.page.not_when_closing(self.views.store_held)
+        self.page.not_when_closing(self.views.page_closing)
         await self.views.close()
         _stores.pop(self.page, None)
 

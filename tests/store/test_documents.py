@@ -15,6 +15,7 @@ from ledgerd.store import (
     DocumentNotFoundError,
     DocumentStore,
     DocumentTooLargeError,
+    HeldBudget,
     IndexNotFoundError,
     InvalidArgumentError,
     InvalidDocumentError,
@@ -522,7 +523,7 @@ async def test_held_index_rows_survive_a_failed_store_and_a_crash(
         assert await _stored_reflected(page) != page.head.id
         want = await _scan_by_k(docs)
         # As in a crash, the page closes and the held rows are not stored.
-        page.not_when_closing(docs.views.store_held)
+        page.not_when_closing(docs.views.page_closing)
     async with await Repository.open(tmp_path) as repo:
         page = await repo.ledger("app").page("docs")
         assert await _stored_reflected(page) != page.head.id
@@ -536,6 +537,35 @@ async def test_held_index_rows_survive_a_failed_store_and_a_crash(
     async with await Repository.open(tmp_path) as repo:
         page = await repo.ledger("app").page("docs")
         assert await _stored_reflected(page) == head
+
+
+async def test_pages_share_one_budget_for_held_index_rows(tmp_path: Path) -> None:
+    """Stores given one budget hold rows only while all of theirs fit in it: past
+    it, a write stores its page's held rows with it; storing, or the page closing,
+    gives their share back."""
+    row = docindex.HELD_ROW_OVERHEAD + 16 + 9  # a document id and a (k,) key
+    budget = HeldBudget(25 * row)
+    async with await Repository.open(tmp_path) as repo:
+        pages = [await repo.ledger("app").page(name) for name in ("a", "b")]
+        a, b = [await DocumentStore.open(p, held_budget=budget) for p in pages]
+        for docs in (a, b):
+            await docs.declare_index("c", "by_k", "k")
+            await docs.query("c", "by_k", 0)
+        await a.create_many("c", [{"k": i % 3} for i in range(20)])
+        assert budget.used == 20 * row
+        assert await _stored_reflected(pages[0]) != pages[0].head.id
+        await b.create_many("c", [{"k": i % 3} for i in range(10)])  # 30 rows: over
+        assert budget.used == 20 * row
+        assert await _stored_reflected(pages[1]) == pages[1].head.id
+        await a.query("c", "by_k", 0)  # stores a's rows, and gives their share back
+        assert budget.used == 0
+        await b.create_many("c", [{"k": i % 3} for i in range(10)])
+        assert budget.used == 10 * row
+        assert await _stored_reflected(pages[1]) != pages[1].head.id
+        head = pages[1].head.id
+        await pages[1].close()
+        assert budget.used == 0
+        assert await _stored_reflected(await repo.ledger("app").page("b")) == head
 
 
 async def test_dropping_or_rebuilding_an_index_leaves_none_of_its_held_rows(page: Page) -> None:
