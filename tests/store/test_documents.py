@@ -414,6 +414,21 @@ async def test_writes_keep_the_indexes_from_their_own_records(
     assert await _by_k(docs, True) == await _scan_by_k(docs, True)
 
 
+def _fail_storing_rows_once(monkeypatch: pytest.MonkeyPatch) -> list[StoreError]:
+    """Make the next store of index rows fail as a disk error would; returns the
+    failures still to come (empty once it has failed)."""
+    failures = [StoreError("disk I/O error")]
+    real_write_rows = docindex._write_rows
+
+    def failing_write_rows(conn: Any, rows: Any) -> None:
+        if failures:
+            raise failures.pop()
+        real_write_rows(conn, rows)
+
+    monkeypatch.setattr(docindex, "_write_rows", failing_write_rows)
+    return failures
+
+
 @pytest.mark.parametrize("size", [1, 40])  # a few rows store inline, many on the thread
 async def test_a_write_and_its_index_rows_are_stored_together(
     page: Page, monkeypatch: pytest.MonkeyPatch, size: int
@@ -427,15 +442,7 @@ async def test_a_write_and_its_index_rows_are_stored_together(
     await docs.create("c", {"k": 0, "v": 0.0})
     await docs.query("c", "by_k", 0)  # the index is built and ready
     head = page.head.id
-    failures = [StoreError("disk I/O error")]
-    real_write_rows = docindex._write_rows
-
-    def failing_write_rows(conn: Any, rows: Any) -> None:
-        if failures:
-            raise failures.pop()
-        real_write_rows(conn, rows)
-
-    monkeypatch.setattr(docindex, "_write_rows", failing_write_rows)
+    failures = _fail_storing_rows_once(monkeypatch)
     with pytest.raises(StoreError):
         await docs.create_many("c", [{"k": i % 3, "v": i / 10} for i in range(size)])
     assert not failures and page.head.id == head
@@ -504,17 +511,10 @@ async def test_held_index_rows_survive_a_failed_store_and_a_crash(
         await docs.declare_index("c", "by_k", "k", "v")
         await docs.query("c", "by_k", 0)
         made = await docs.create_many("c", [{"k": i % 3, "v": i / 10} for i in range(30)])
-        failures = [StoreError("disk I/O error")]
-        real_write_rows = docindex._write_rows
-
-        def failing_write_rows(conn: Any, rows: Any) -> None:
-            if failures:
-                raise failures.pop()
-            real_write_rows(conn, rows)
-
-        monkeypatch.setattr(docindex, "_write_rows", failing_write_rows)
+        failures = _fail_storing_rows_once(monkeypatch)
         with pytest.raises(StoreError):
             await docs.query("c", "by_k", 0)
+        assert not failures
         assert await _by_k(docs) == await _scan_by_k(docs)
         assert await _stored_reflected(page) == page.head.id
         await docs.replace("c", made[0].id, {"k": 1, "v": 7.0})
