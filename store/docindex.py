@@ -324,16 +324,21 @@ class Views:
         try:
             await self.store_held()
         finally:
+            if self._held.rows:  # not stored: the views reflect what the database holds
+                self.reflected = self._held.since
             self._held.clear()
 
     async def close(self) -> None:
-        """Store the held rows, stop the builds and wait for the store under way."""
-        if not self.page.closed:
-            await self.store_held()
-        tasks = list(self._builds.values())
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        """Store the held rows (releasing them even if that fails, as
+        :meth:`page_closing`), stop the builds and wait for the store under way."""
+        try:
+            if not self.page.closed:
+                await self.page_closing()
+        finally:
+            tasks = list(self._builds.values())
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- catching up -----------------------------------------------------------------
 
@@ -410,7 +415,7 @@ class Views:
             if size <= self.held_bytes and self.budget.used + more <= self.budget.limit:
                 cid = await txn.commit()
                 if cid is not None:
-                    self._held.add(rows, size)
+                    self._held.add(rows, size, txn.base.id)
             else:
                 rows = self._held.then(rows)
                 cid = await txn.commit(
@@ -587,15 +592,20 @@ class _Held:
     """Index rows not stored yet: the last of each (index, document), and about what
     they take in memory (counted in a budget)."""
 
-    __slots__ = ("budget", "rows", "size")
+    __slots__ = ("budget", "rows", "since", "size")
 
     def __init__(self, budget: HeldBudget) -> None:
         self.budget = budget
         self.rows: dict[tuple[int, bytes], tuple[bytes | None, bool]] = {}
         self.size = 0
+        self.since: bytes | None = None
+        """The commit the stored rows reflect while rows are held."""
 
-    def add(self, rows: Iterable[Row], size: int) -> None:
-        """Hold ``rows``; ``size`` is what the held rows take with them."""
+    def add(self, rows: Iterable[Row], size: int, base: bytes) -> None:
+        """Hold ``rows`` of a commit on ``base``; ``size`` is what the held rows take
+        with them."""
+        if not self.rows:
+            self.since = base
         held = self.rows
         for ix, doc, key, deleted in rows:
             held[(ix, doc)] = (key, deleted)

@@ -187,8 +187,10 @@ class DocumentStore:
         """Store the held index rows, stop index builds (the page stays open: its owner
         closes it)."""
         self.page.not_when_closing(self.views.page_closing)
-        await self.views.close()
-        _stores.pop(self.page, None)
+        try:
+            await self.views.close()
+        finally:
+            _stores.pop(self.page, None)
 
     async def refresh(self) -> Commit:
         """Bring the indexes up to the page's head now, in storage (queries do it

@@ -568,6 +568,23 @@ async def test_pages_share_one_budget_for_held_index_rows(tmp_path: Path) -> Non
         assert await _stored_reflected(await repo.ledger("app").page("b")) == head
 
 
+async def test_closing_a_store_gives_its_share_back_even_if_storing_fails(
+    page: Page, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    budget = HeldBudget(docindex.HELD_BYTES)
+    docs = await DocumentStore.open(page, held_budget=budget)
+    await docs.declare_index("c", "by_k", "k")
+    await docs.query("c", "by_k", 0)
+    await docs.create_many("c", [{"k": i % 3} for i in range(10)])
+    assert budget.used > 0
+    failures = _fail_storing_rows_once(monkeypatch)
+    with pytest.raises(StoreError):
+        await docs.close()
+    assert not failures and budget.used == 0
+    again = await DocumentStore.open(page, held_budget=budget)  # catches up from the stored
+    assert len((await again.query("c", "by_k", 1)).items) == 3
+
+
 async def test_dropping_or_rebuilding_an_index_leaves_none_of_its_held_rows(page: Page) -> None:
     """Rows held for an index that is dropped, or rebuilt under a new row id, are
     never stored for it afterwards."""
