@@ -174,6 +174,38 @@ def storage_floor(
     return seconds
 
 
+def pieces_alone(source_path: Path, marks: list[int], directory: Path) -> dict[str, Any]:
+    """What storing just the pieces a load stored costs bare SQLite (the pieces stored
+    up to each of ``marks`` in ``source_path``, as :func:`pieces_between` gives them; a
+    plain INSERT per piece into ``(id, digest, data)``, a transaction per mark),
+    with the unique index on ``digest`` that every page has (pieces are found and
+    deduplicated by digest) and without it: seconds and MiB written (null where the
+    kernel does not say) each. Digests are random, so a batch's new index entries
+    land all over the index and dirty most of its pages."""
+    out: dict[str, Any] = {}
+    for name, unique in (("with_digest_index", "UNIQUE"), ("without_digest_index", "")):
+        db = bare_sqlite(directory / f"pieces-{name}.sqlite")
+        db.execute(
+            f"CREATE TABLE objects (id INTEGER PRIMARY KEY, digest BLOB NOT NULL {unique},"
+            " data BLOB NOT NULL)"
+        )
+        source = sqlite3.connect(f"file:{source_path}?mode=ro", uri=True)
+        seconds, written = 0.0, 0.0
+        for rows in pieces_between(source, marks):  # only storing is timed and counted
+            before = written_mib()
+            with timed() as t:
+                db.execute("BEGIN IMMEDIATE")
+                db.executemany("INSERT INTO objects (digest, data) VALUES (?, ?)", rows)
+                db.execute("COMMIT")
+            seconds += t.seconds
+            written += written_since(before) or 0.0
+        source.close()
+        db.close()
+        known = written_mib() is not None
+        out[name] = {"s": round(seconds, 3), "written_MiB": round(written, 1) if known else None}
+    return out
+
+
 def latency(lat: list[float]) -> dict[str, float]:
     """Mean, p50 and p99 of latencies in seconds, in microseconds."""
     lat = sorted(lat)

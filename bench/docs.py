@@ -35,6 +35,9 @@ sort ``v``), and in the same run:
 
 Each side's inserts are reported with the MiB they wrote to storage
 (``insert_written_MiB``, from ``/proc/self/io``; null where the kernel does not say).
+``pieces_alone`` breaks our floor down: bare SQLite storing just the pieces of each
+batch, with and without the unique index on their digests (see
+:func:`bench.common.pieces_alone`).
 
 Like with like: both sides insert the same documents in batches of the same size;
 neither waits for the disk on a commit (ledgerd's SQLite runs WAL with ``synchronous
@@ -71,6 +74,7 @@ from bench.common import (
     last_piece,
     latency,
     peak_rss_mib,
+    pieces_alone,
     pieces_between,
     ratio,
     run_node,
@@ -159,6 +163,7 @@ async def _ours(directory: Path, args: argparse.Namespace, docs: list[dict[str, 
         firsts = [parse_ulid(ids[i]) for i in range(0, len(ids), args.batch)]
         floor = _floor(a.page.db.path, marks, firsts, directory / "floor.sqlite")
         out["storage_floor_s"] = round(floor, 3)
+        out["pieces_alone"] = pieces_alone(a.page.db.path, marks, directory)
 
         lat = []
         for doc_id in [ids[rng.randrange(len(ids))] for _ in range(args.gets)]:

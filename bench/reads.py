@@ -25,7 +25,9 @@ runs, and a round of each side next to each other sees the same). The load is re
 next to the storage floor (bare SQLite storing the very pieces each commit
 stored, commit by commit; see :mod:`bench.pages`), and each side's load with the
 MiB it wrote to storage (``load_written_MiB``, from ``/proc/self/io``; null where
-the kernel does not say).
+the kernel does not say). ``pieces_alone`` breaks the floor down: bare SQLite
+storing just those pieces, with and without the unique index on their digests
+(:func:`bench.common.pieces_alone`).
 
 Python runs with the daemon's garbage collector settings
 (:func:`ledgerd.daemon.main.tune_gc`), as ``ledgerd`` runs and as :mod:`bench.docs`
@@ -59,6 +61,7 @@ from bench.common import (
     last_piece,
     latency,
     peak_rss_mib,
+    pieces_alone,
     pieces_between,
     ratio,
     run_node,
@@ -175,6 +178,7 @@ async def _ours(
         await page.flush()
         out["load_s"] = round(load_s, 3)
         out["storage_floor_s"] = round(_floor(page.db.path, marks, directory / "floor.sqlite"), 3)
+        out["pieces_alone"] = pieces_alone(page.db.path, marks, directory)
         scans = []
         for _ in range(2):  # the first warms the caches
             with timed() as t:
