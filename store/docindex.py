@@ -11,30 +11,36 @@ brings it to the current head with the tree diff from that commit, so its cost
 follows the change, whatever brought it (a local write, a merge, a remote import,
 a purge), and writes the new entries and the new ``reflected`` in one SQLite
 transaction: after a crash the views are those of the old commit or of the new
-one, never a mix, and the next catch-up goes on from there. A write of the
+one, never a mix, and the next catch-up goes on from there. Once that transaction
+has begun, memory follows it even if the caller is cancelled. A write of the
 document layer on the commit the views reflect commits through :meth:`Views.commit`:
 the records it wrote are exactly the diff, so their rows are made without diffing
-or reading the bodies back, and stored with the commit, in its SQLite transaction
-(one transaction, not two, a fifth of a batch's time). Every query catches up
-first, under the same lock, so it reflects exactly the head it runs at.
+or reading the bodies back. They are held in memory (the last of each document)
+and stored in the SQLite transaction of a later commit, or before a query, a
+catch-up, a definition change or closing; meanwhile ``doc_state`` names the older
+commit the stored rows reflect (a crash catches up from it), and a snapshot keeps
+the tree of the newer one from history collection. Every query catches up and
+stores first, under the same lock, so it reflects exactly the head it runs at.
 
 An index declared on a collection that already has documents is *built*: a scan
 of the collection at one commit, a thousand documents per SQLite transaction,
 without the lock (writes go on), then, under the lock, the diff from that commit
-to ``reflected``. An index whose build a crash interrupted, or whose rows cannot
-be trusted (its definition changed, ``reflected`` is not a commit of the page), is
-built again.
+to ``reflected``. A page that closes stops its builds. An index whose build a
+crash or closing interrupted, or whose rows cannot be trusted (its definition
+changed, ``reflected`` is not a commit of the page), is built again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 import operator
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -45,12 +51,14 @@ from ledgerd.store.commit import Commit
 from ledgerd.store.doclayout import Record, State
 from ledgerd.store.docmodel import MISSING, lookup_path
 from ledgerd.store.errors import InvalidArgumentError, StoreError
-from ledgerd.store.page import Page, Transaction
+from ledgerd.store.page import Page, Snapshot, Transaction
 from ledgerd.store.tuple import encode_float as _encode_float
 from ledgerd.store.tuple import encode_str as _encode_str
 from ledgerd.store.view import live
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 SMALL_ROWS = 16
 """A commit with at most this many index rows may be stored inline (see
@@ -122,11 +130,16 @@ def create_schema(conn: sqlite3.Connection) -> None:
 
 
 def _scalar(v: Any) -> tuple[bool, Scalar]:
-    """(indexable, the value as indexed): numbers as floats, so 1 and 1.5 sort together."""
+    """(indexable, the value as indexed): numbers as floats, so 1 and 1.5 sort together;
+    an integer past every double (only a query's, documents hold 64-bit ones) as the
+    infinity of its sign, as JSON's ``1e400`` is."""
     if v is None or isinstance(v, bool | str):
         return True, v
     if isinstance(v, int | float):
-        return True, float(v)
+        try:
+            return True, float(v)
+        except OverflowError:
+            return True, math.inf if v > 0 else -math.inf
     return False, None
 
 
@@ -205,6 +218,9 @@ class Views:
         self.max_rev = b""
         self._held = _Held(self.budget)
         """Rows of the commits after the one the database's rows reflect."""
+        self._pin: Snapshot | None = None
+        """A snapshot of ``reflected`` while the database names an older commit, so
+        that :mod:`store.gc` keeps its tree (the next catch-up diffs from it)."""
         self.indexes: dict[tuple[str, str], tuple[int, IndexDef, bool]] = {}
         """(collection, name) -> (row id, definition, ready)."""
         self._builds: dict[int, asyncio.Task[None]] = {}
@@ -237,6 +253,7 @@ class Views:
         await self.page.db.run(work, write=True)
         self.reflected, self.max_rev, self.indexes = None, b"", {}
         self._held.clear()
+        self._pin = None
 
     async def _load_indexes(self) -> None:
         rows = await self.page.db.read_all(
@@ -267,29 +284,36 @@ class Views:
     # -- definitions -----------------------------------------------------------------
 
     async def _apply_definitions(self, changes: list[tuple[tuple[str, str], bytes | None]]) -> None:
-        """Drop removed or changed indexes, add new ones (not ready) and start their builds."""
+        """Drop removed or changed indexes, add new ones (not ready) and start their builds.
+
+        The views in memory follow the database only once it has the change, and
+        follow it even if the caller is cancelled meanwhile (the SQLite transaction
+        goes on to its end): the caller may be the build of an index this drops, which
+        it cancels; that task then ends at its next wait, not in the middle of this."""
         if not changes:
             return
         await self._store_held()  # the held rows' indexes may be dropped
-        added: list[tuple[tuple[str, str], IndexDef]] = []
+        plan = {name: (ix, d) for name, (ix, d, _) in self.indexes.items()}
+        added: dict[tuple[str, str], IndexDef] = {}
         dropped: list[int] = []
         for name, raw in changes:
-            cur = self.indexes.get(name)
+            cur = plan.get(name)
             if cur is not None and (raw is None or cur[1].raw != raw):
-                dropped.append(cur[0])
-                self._cancel(cur[0])
-                del self.indexes[name]
-            if raw is not None and name not in self.indexes:
+                del plan[name]
+                if added.pop(name, None) is None:
+                    dropped.append(cur[0])
+            if raw is not None and name not in plan:
                 d = _definition(name[0], name[1], raw)
                 if d is not None:
-                    added.append((name, d))
+                    added[name] = d
+                    plan[name] = (0, d)
 
         def work(conn: sqlite3.Connection) -> list[int]:
             for ix in dropped:
                 conn.execute("DELETE FROM doc_index_rows WHERE ix = ?", (ix,))
                 conn.execute("DELETE FROM doc_indexes WHERE id = ?", (ix,))
             ids = []
-            for (coll, name), d in added:
+            for (coll, name), d in added.items():
                 cur = conn.execute(
                     "INSERT INTO doc_indexes (collection, name, definition, ready)"
                     " VALUES (?, ?, ?, 0)",
@@ -299,10 +323,44 @@ class Views:
                 ids.append(cur.lastrowid)
             return ids
 
-        ids = await self.page.db.run(work, write=True)
-        for (key, d), ix in zip(added, ids, strict=True):
+        async def store() -> None:
+            self._adopt_definitions(dropped, added, await self.page.db.run(work, write=True))
+
+        await _to_the_end(store())
+
+    def _adopt_definitions(
+        self, dropped: list[int], added: dict[tuple[str, str], IndexDef], ids: list[int]
+    ) -> None:
+        """The views in memory after :meth:`_apply_definitions` stored its change."""
+        gone = set(dropped)
+        for name in [name for name, (ix, _, _) in self.indexes.items() if ix in gone]:
+            del self.indexes[name]
+        for ix in dropped:
+            self._cancel(ix)
+        for (key, d), ix in zip(added.items(), ids, strict=True):
             self.indexes[key] = (ix, d, False)
-            self._builds[ix] = asyncio.create_task(self._build(ix, d), name=f"index-{d.name}")
+            if not self.page.closed:  # a closing page stops its builds: none starts after
+                self._start_build(ix, d)
+
+    def _start_build(self, ix: int, d: IndexDef) -> asyncio.Task[None]:
+        """Build index ``ix`` in the background. A build that fails is logged here (a
+        query waiting for it gets the error too) and the next query starts another."""
+        task = asyncio.create_task(self._build(ix, d), name=f"index-{d.collection}/{d.name}")
+        self._builds[ix] = task
+
+        def report(t: asyncio.Task[None]) -> None:
+            e = None if t.cancelled() else t.exception()  # (retrieved: asyncio stays quiet)
+            if e is not None:
+                log.error(
+                    "page %r: building index %s/%s failed (the next query builds it again)",
+                    self.page.id,
+                    d.collection,
+                    d.name,
+                    exc_info=e,
+                )
+
+        task.add_done_callback(report)
+        return task
 
     def _cancel(self, ix: int) -> None:
         task = self._builds.pop(ix, None)
@@ -312,21 +370,20 @@ class Views:
     def definitions(self, collection: str) -> list[IndexDef]:
         return [d for (coll, _), (_, d, _) in self.indexes.items() if coll == collection]
 
-    async def store_held(self) -> None:
-        """Store the rows held in memory (the document store closing)."""
-        if self._held.rows:
-            async with self.lock:
-                await self._store_held()
-
     async def page_closing(self) -> None:
         """Store the rows held in memory, and release them even if that fails: the page
-        is closing (after a failure, opening it again catches up from the stored rows)."""
+        is closing (after a failure, opening it again catches up from the stored rows).
+        A write under way holds the lock until its rows are held: they are stored too.
+        Then stop the builds under way (opening the page again builds them again)."""
         try:
-            await self.store_held()
+            async with self.lock:
+                await self._store_held()
         finally:
             if self._held.rows:  # not stored: the views reflect what the database holds
                 self.reflected = self._held.since
             self._held.clear()
+            self._pin = None
+            await self._stop_builds()
 
     async def close(self) -> None:
         """Store the held rows (releasing them even if that fails, as
@@ -335,10 +392,15 @@ class Views:
             if not self.page.closed:
                 await self.page_closing()
         finally:
-            tasks = list(self._builds.values())
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._stop_builds()
+
+    async def _stop_builds(self) -> None:
+        """Cancel the builds under way and wait for them to end."""
+        tasks = list(self._builds.values())
+        self._builds.clear()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- catching up -----------------------------------------------------------------
 
@@ -362,11 +424,25 @@ class Views:
         )
         rows, max_rev, defs = await self._changes(old, head.root, ready)
         max_rev = max(self.max_rev, max_rev)
-        await self.page.db.run(_storing(self._held.then(rows), head.id, max_rev), write=True)
-        self.reflected, self.max_rev = head.id, max_rev
-        self._held.clear()
-        await self._apply_definitions(defs)
+        await _to_the_end(self._reflect(head.id, rows, max_rev, defs))
         return head
+
+    async def _reflect(
+        self,
+        cid: bytes,
+        rows: list[Row],
+        max_rev: bytes,
+        defs: list[tuple[tuple[str, str], bytes | None]],
+    ) -> None:
+        """Store ``rows`` with the held ones as of commit ``cid``; then the views in memory
+        reflect it and follow its definition changes. Run to its end (:func:`_to_the_end`):
+        once the database names ``cid``, memory must too (the older commit may no longer
+        be kept), and the definitions must follow (the next diff starts at ``cid``)."""
+        await self.page.db.run(_storing(self._held.then(rows), cid, max_rev), write=True)
+        self.reflected, self.max_rev = cid, max_rev
+        self._held.clear()
+        self._pin = None
+        await self._apply_definitions(defs)
 
     async def _store_held(self) -> None:
         """Store the rows held in memory (lock held): the database's rows then reflect
@@ -376,6 +452,7 @@ class Views:
             rows = self._held.then([])
             await self.page.db.run(_storing(rows, self.reflected, self.max_rev), write=True)
             self._held.clear()
+            self._pin = None
 
     def _ready(self) -> list[tuple[int, IndexDef]]:
         """The indexes that are built: (row id, definition)."""
@@ -412,21 +489,41 @@ class Views:
                     rows.append((ix, doc_id, key, r.state is State.DELETED))
                     size += _row_size(doc_id, key)
             more = size - self._held.size
-            if size <= self.held_bytes and self.budget.used + more <= self.budget.limit:
-                cid = await txn.commit()
-                if cid is not None:
-                    self._held.add(rows, size, txn.base.id)
-            else:
-                rows = self._held.then(rows)
-                cid = await txn.commit(
-                    also=lambda c: _storing(rows, c.id, max_rev),
-                    also_small=len(rows) <= SMALL_ROWS,
-                )
-                if cid is not None:
-                    self._held.clear()
+            if size > self.held_bytes or self.budget.used + more > self.budget.limit:
+                return await _to_the_end(self._commit_storing(txn, rows, max_rev))
+            # A caller cancelled from here on leaves the views at the base, which the
+            # database names or the snapshot of the held rows keeps.
+            cid = await txn.commit()
             if cid is not None:
+                pin = await self._snapshot(cid)
+                self._held.add(rows, size, txn.base.id)
+                self._pin = pin
                 self.reflected, self.max_rev = cid, max_rev
             return cid
+
+    async def _commit_storing(
+        self, txn: Transaction, rows: list[Row], max_rev: bytes
+    ) -> bytes | None:
+        """Commit ``txn`` with ``rows`` and every held row in its SQLite transaction; then
+        the views reflect the commit, nothing held. Run to its end (:func:`_to_the_end`):
+        once the database names the commit, memory must too (the base may no longer be
+        kept)."""
+        rows = self._held.then(rows)
+        cid = await txn.commit(
+            also=lambda c: _storing(rows, c.id, max_rev),
+            also_small=len(rows) <= SMALL_ROWS,
+        )
+        if cid is not None:
+            self._held.clear()
+            self._pin = None
+            self.reflected, self.max_rev = cid, max_rev
+        return cid
+
+    async def _snapshot(self, cid: bytes) -> Snapshot:
+        """A snapshot of commit ``cid``, just made: without a pause if it is the head."""
+        if self.page.head.id == cid:
+            return await self.page.snapshot()
+        return await self.page.snapshot(cid)
 
     async def _changes(
         self, old: bytes, new: bytes, indexes: list[tuple[int, IndexDef]]
@@ -531,17 +628,22 @@ class Views:
                 return ix, d
             task = self._builds.get(ix)
             if task is None:  # cancelled or failed: build it again
-                self._builds[ix] = task = asyncio.create_task(self._build(ix, d))
-            await asyncio.shield(task)
+                task = self._start_build(ix, d)
+            await asyncio.wait({task})  # (its cancellation is not this caller's)
+            if not task.cancelled():  # cancelled: dropped or redefined, look again
+                task.result()  # its failure, if it failed
 
     async def rebuild(self, collection: str, name: str) -> bool:
         """Build an index again from the documents; False if there is no such index."""
-        found = self.indexes.get((collection, name))
-        if found is None:
-            return False
         async with self.lock:
-            await self._apply_definitions([((collection, name), None)])
-            await self._apply_definitions([((collection, name), found[1].raw)])
+            await self._catch_up()
+            # Read under the lock: a catch-up that waited for it may have redefined or
+            # dropped the index meanwhile.
+            found = self.indexes.get((collection, name))
+            if found is None:
+                return False
+            raw = found[1].raw
+            await self._apply_definitions([((collection, name), None), ((collection, name), raw)])
         return await self.index(collection, name) is not None
 
     # -- queries ---------------------------------------------------------------------
@@ -574,6 +676,22 @@ class Views:
             await self._store_held()
             rows = await self.page.db.read_all(sql, params)
         return head, [IndexRow(bytes(r[0]), bytes(r[1])) for r in rows]
+
+
+async def _to_the_end(work: Coroutine[Any, Any, T]) -> T:
+    """Await ``work`` in a task of its own that the caller's cancellation does not
+    reach: a caller cancelled meanwhile waits for it to end, then raises
+    CancelledError (rather than the work's own failure, if it failed)."""
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        while not task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({task})
+        if not task.cancelled():
+            task.exception()  # retrieved: the caller's cancellation is what it sees
+        raise
 
 
 class HeldBudget:

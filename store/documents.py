@@ -90,11 +90,36 @@ class Changes:
 
 @dataclass(frozen=True, slots=True)
 class IndexInfo:
+    """An index as declared. ``partition`` and ``sort`` are its paths as dotted text
+    (``"address.city"``), for reading; ``partition_path`` and ``sort_path`` the
+    names themselves, which tell a field named ``"a.b"`` from ``["a", "b"]``."""
+
     collection: str
     name: str
     partition: str
     sort: str | None
     ready: bool
+    partition_path: tuple[str, ...] = ()
+    sort_path: tuple[str, ...] | None = None
+
+    @classmethod
+    def of(
+        cls,
+        collection: str,
+        name: str,
+        partition: Sequence[str],
+        sort: Sequence[str] | None,
+        ready: bool,
+    ) -> IndexInfo:
+        return cls(
+            collection,
+            name,
+            ".".join(partition),
+            None if sort is None else ".".join(sort),
+            ready,
+            tuple(partition),
+            None if sort is None else tuple(sort),
+        )
 
 
 class DocumentStore:
@@ -148,7 +173,12 @@ class DocumentStore:
                     held_index_bytes=held_index_bytes,
                     held_budget=held_budget,
                 )
-                await store._open()
+                try:
+                    await store._open()
+                except BaseException:  # nothing of it stays: the next open starts afresh
+                    page.not_when_closing(store.views.page_closing)
+                    await store.views.close()
+                    raise
                 _stores[page] = store
             return store
 
@@ -549,18 +579,23 @@ class DocumentStore:
         name: str,
         partition: str | list[str],
         sort: str | list[str] | None = None,
-    ) -> None:
+    ) -> IndexInfo:
         """Declare an index (it travels with the page); its entries are built here, in
-        the background, from the documents already there. Queries wait for it."""
+        the background, from the documents already there. Queries wait for it.
+
+        Returns the index as declared (``ready`` if it is built already), even if a
+        drop or another declaration of the same name came in meanwhile."""
         check_collection(collection)
         check_index_name(name)
-        raw = doclayout.encode_definition(
-            parse_path(partition), None if sort is None else parse_path(sort)
-        )
+        part, by = parse_path(partition), None if sort is None else parse_path(sort)
+        raw = doclayout.encode_definition(part, by)
         async with self._write:
             await self.page.put(doclayout.index_key(collection, name), raw)
             await self.page.flush()
         await self._after_write()
+        found = self.views.indexes.get((collection, name))
+        ready = found is not None and found[1].raw == raw and found[2]
+        return IndexInfo.of(collection, name, part, by, ready)
 
     async def drop_index(self, collection: str, name: str) -> None:
         check_collection(collection)
@@ -576,13 +611,7 @@ class DocumentStore:
         check_collection(collection)
         await self.views.catch_up()
         return [
-            IndexInfo(
-                d.collection,
-                d.name,
-                ".".join(d.partition),
-                None if d.sort is None else ".".join(d.sort),
-                ready,
-            )
+            IndexInfo.of(d.collection, d.name, d.partition, d.sort, ready)
             for (coll, _), (_, d, ready) in sorted(self.views.indexes.items())
             if coll == collection
         ]

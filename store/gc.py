@@ -9,7 +9,9 @@ and ``ledgerctl gc`` do) and never touches the network.
 Retained commits
     The heads; every commit not uploaded yet and the parents of those (upload
     diffs from them); the common ancestors of the heads while a merge is pending;
-    the commit the document views reflect; and every commit younger than the
+    the commit the document views' stored rows reflect (the newer one they reflect
+    in memory while index rows are held keeps its tree through a snapshot, like any
+    open snapshot); and every commit younger than the
     page's ``history_retention`` (seconds; the repository's, unless the page has
     its own in ``page_metadata``). Every other commit is *pruned*: its row stays
     (the graph, generations and common ancestors still work) and it is listed in

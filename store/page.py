@@ -271,7 +271,9 @@ class Page(View):
 
     async def _close(self) -> None:
         await self.writer.stop()
-        for fn in self._closing:
+        for fn in list(self._closing):  # a hook may undo itself, or another
+            if fn not in self._closing:
+                continue  # undone meanwhile
             try:
                 await fn()
             except Exception:
