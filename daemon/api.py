@@ -66,6 +66,10 @@ access = logging.getLogger("ledgerd.daemon.access")
 VERSION = __version__
 DEFAULT_LIMIT, MAX_LIMIT = 1000, 10_000
 STREAM_CHUNK = 256 * 1024
+CONTROL_BODY_BYTES = 64 * 1024
+"""The longest body of a control request (a page's merge policy, check, GC, evict):
+a few names and flags, so a large one is refused (413) before it is read, rather
+than read up to ``max_batch_bytes`` and parsed on the event loop."""
 
 
 @dataclass
@@ -536,26 +540,33 @@ class Api:
                 f"the client took nothing for {self.cfg.request_timeout:g}s"
             ) from None
 
-    async def read_body(self, request: web.Request) -> bytes:
-        """The whole body (at most ``max_batch_bytes``), read as :meth:`body_chunks`;
-        a body that has arrived whole (most small ones) is taken as it is, with no
-        timer, since nothing is waited for."""
+    async def read_body(
+        self, request: web.Request, limit: int | None = None, what: str = "request body"
+    ) -> bytes:
+        """The whole body (at most ``limit``, or ``max_batch_bytes``), read as
+        :meth:`body_chunks`; a body that has arrived whole (most small ones) is taken as
+        it is, with no timer, since nothing is waited for. One whose Content-Length is
+        over the limit is refused before any of it is read."""
+        limit = self.cfg.max_batch_bytes if limit is None else min(limit, self.cfg.max_batch_bytes)
+        if (request.content_length or 0) > limit:
+            raise ae.TooLarge(f"{what} is over the {limit}-byte limit")
         content = request.content
         if content.is_eof():
             whole = content.read_nowait()
-            if len(whole) > self.cfg.max_batch_bytes:
-                raise ae.TooLarge(f"request body is over the {self.cfg.max_batch_bytes}-byte limit")
+            if len(whole) > limit:
+                raise ae.TooLarge(f"{what} is over the {limit}-byte limit")
             return whole
         body = bytearray()
         async for chunk in self.body_chunks(request):
             body += chunk
-            if len(body) > self.cfg.max_batch_bytes:
-                raise ae.TooLarge(f"request body is over the {self.cfg.max_batch_bytes}-byte limit")
+            if len(body) > limit:
+                raise ae.TooLarge(f"{what} is over the {limit}-byte limit")
         return bytes(body)
 
     async def optional_json(self, request: web.Request, what: str) -> Any:
-        """The body as JSON, or ``{}`` when there is none (only blanks)."""
-        body = await self.read_body(request)
+        """The body of a control request (at most :data:`CONTROL_BODY_BYTES`) as JSON,
+        or ``{}`` when there is none (only blanks)."""
+        body = await self.read_body(request, CONTROL_BODY_BYTES, what)
         return parse_json(body, what) if body.strip() else {}
 
     async def view(self, request: web.Request, page: Page) -> View:
@@ -797,7 +808,8 @@ class Api:
         page = await self.page(p.ledger, p.page, create=request.method == "PUT")
         if request.method == "PUT":
             try:
-                doc = parse_json(await self.read_body(request), "policy body")
+                body = await self.read_body(request, CONTROL_BODY_BYTES, "policy body")
+                doc = parse_json(body, "policy body")
                 policy = Policy(doc["policy"])
             except (ValueError, KeyError, TypeError, ae.BadRequest):
                 names = ", ".join(p.value for p in Policy)

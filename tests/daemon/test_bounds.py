@@ -203,3 +203,45 @@ def test_a_body_over_max_batch_bytes_is_413_however_it_arrives(short_tmp: Path) 
         assert got.startswith(b"HTTP/1.1 200") and got.split(b"\r\n\r\n", 1)[1] == value
     finally:
         assert d.stop() == 0, d.log_text()
+
+
+def test_a_control_body_is_bounded_below_max_batch_bytes(short_tmp: Path) -> None:
+    """The bodies of a page's merge policy, check, GC and evict are a few names and
+    flags: one over CONTROL_BODY_BYTES is 413 too_large, refused from its
+    Content-Length before it is read (it was read up to max_batch_bytes, 64 MiB, and
+    parsed on the event loop), and the daemon goes on answering."""
+    import socket
+
+    from ledgerd.daemon.api import CONTROL_BODY_BYTES
+
+    d = start_daemon(short_tmp)
+    try:
+
+        def send(method: str, path: str, body: bytes) -> bytes:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(30)
+                s.connect(str(d.socket))
+                s.sendall(
+                    f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+                    "Connection: close\r\n\r\n".encode()
+                    + body
+                )
+                answer = b""
+                while chunk := s.recv(65536):
+                    answer += chunk
+                return answer
+
+        big = json.dumps({"policy": "last_one_wins", "x": "y" * CONTROL_BODY_BYTES}).encode()
+        for method, path in [("PUT", f"{P}/policy"), ("POST", "/v1/check"), ("POST", "/v1/gc")]:
+            answer = send(method, path, big)
+            assert answer.startswith(b"HTTP/1.1 413"), (path, answer[:300])
+            assert b'"too_large"' in answer, answer[:300]
+        answer = send("POST", "/v1/evict", big)
+        assert answer.startswith(b"HTTP/1.1 413") and b'"too_large"' in answer, answer[:300]
+        # Bodies of their usual size are served as before.
+        assert send("PUT", f"{P}/policy", b'{"policy": "last_one_wins"}').startswith(
+            b"HTTP/1.1 200"
+        )
+        assert send("POST", "/v1/gc", b"{}").startswith(b"HTTP/1.1 200")
+    finally:
+        assert d.stop() == 0, d.log_text()
