@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import mimetypes
 import sys
@@ -54,7 +55,12 @@ def add_parser(sub: Any) -> None:
         p = cmd(name, help + "; prints _id and the new _rev", "collection", "id")
         p.add_argument("--rev", help="only if its current revision is REV")
     p = cmd("index", "declare an index", "collection", "name")
-    p.add_argument("--partition", required=True, metavar="PATH", help="e.g. address.city")
+    p.add_argument(
+        "--partition",
+        required=True,
+        metavar="PATH",
+        help="e.g. address.city, or a JSON array of names: '[\"a.b\"]' for a field named a.b",
+    )
     p.add_argument("--sort", metavar="PATH")
     p = cmd("find", "query an index (VALUEs are JSON, or else strings)", "collection", "name")
     p.add_argument("--eq", required=True, metavar="VALUE", help="the partition value")
@@ -89,6 +95,18 @@ def _value(text: str) -> Any:
         return json.loads(text)
     except ValueError:
         return text
+
+
+def _path(text: str) -> str | list[str]:
+    """A command-line index PATH: a JSON array of names (``'["a.b"]'``, a name holding a
+    dot), else dotted text (``address.city``)."""
+    if not text.startswith("["):
+        return text
+    with contextlib.suppress(ValueError):
+        names = json.loads(text)
+        if isinstance(names, list) and all(isinstance(n, str) for n in names):
+            return names
+    return text
 
 
 def _compact(value: Any) -> str:
@@ -141,7 +159,8 @@ async def run(cli: Cli, usage: type[Exception]) -> int:
         d = await op(a.collection, a.id, rev=a.rev)
         cli.line(f"{d['_meta']['_id']}\t{d['_meta']['_rev']}")
     elif c == "index":
-        info = await docs.declare_index(a.collection, a.name, a.partition, a.sort)
+        sort = None if a.sort is None else _path(a.sort)
+        info = await docs.declare_index(a.collection, a.name, _path(a.partition), sort)
         cli.line(f"{info['name']}\t{'ready' if info['ready'] else 'building'}")
     elif c == "attach":
         path = Path(a.file)

@@ -282,7 +282,9 @@ class AsyncDocuments:
         partition: str | list[str],
         sort: str | list[str] | None = None,
     ) -> dict[str, Any]:
-        """Declare an index (paths like ``"address.city"``); built in the background."""
+        """Declare an index (paths like ``"address.city"``, or lists of names: ``["a.b"]``
+        for a field named ``a.b``); built in the background. Listings show a path as
+        the list of its names when one of them holds a dot, else as dotted text."""
         body: dict[str, Any] = {"partition": partition}
         if sort is not None:
             body["sort"] = sort

@@ -53,6 +53,11 @@ HEARTBEAT = 10.0
 timers of clients from closing a quiet feed."""
 DOCS_PREFIX = 7
 """Segments of ``/v1/ledgers/L/pages/P/docs`` in a split raw path (the leading '' included)."""
+DOCUMENT_BODY_FACTOR = 4
+"""A document's JSON text may be this many times ``max_document_bytes`` (escapes and
+blanks make it longer than the encoded document), and no more: a body is parsed
+whole, in memory and on the event loop, so ``max_batch_bytes`` (64 MiB) of it would
+take a gigabyte and seconds before the document was found too large."""
 JSON_TYPE = "application/json"
 NDJSON_TYPE = "application/x-ndjson"
 
@@ -152,10 +157,17 @@ def _expected_rev(request: web.Request) -> str | None:
     return param
 
 
+def body_limit(api: Api) -> int:
+    """The longest JSON body of a document or an index declaration:
+    :data:`DOCUMENT_BODY_FACTOR` times ``max_document_bytes``."""
+    return DOCUMENT_BODY_FACTOR * api.cfg.max_document_bytes
+
+
 async def _data(api: Api, request: web.Request) -> Any:
-    """The request's JSON body (a document's ``_data``)."""
+    """The request's JSON body (a document's ``_data``), at most :func:`body_limit`."""
+    body = await api.read_body(request, body_limit(api), "the document's JSON text")
     try:
-        return parse_json(await api.read_body(request), "the document")
+        return parse_json(body, "the document")
     except ae.BadRequest as e:
         raise ae.InvalidDocument(str(e)) from None
 
@@ -359,12 +371,28 @@ async def delete_attachment(api: Api, request: web.Request, p: Params) -> web.Re
 # -- indexes -----------------------------------------------------------------------
 
 
-def _index_json(collection: str, name: str, partition: str, sort: str | None, ready: bool) -> Any:
+def _path_json(path: str | list[str]) -> str | list[str]:
+    """An index path as the API shows it: dotted text (``"address.city"``), unless a
+    name in it holds a dot (a field named ``"a.b"``), then the list of its names
+    (``["a.b"]``), since the text would read as ``["a", "b"]``. Either form declares
+    the same index again. A path given as text (split at its dots) stays as given."""
+    if isinstance(path, str) or any("." in part for part in path):
+        return path
+    return ".".join(path)
+
+
+def _index_json(
+    collection: str,
+    name: str,
+    partition: str | list[str],
+    sort: str | list[str] | None,
+    ready: bool,
+) -> Any:
     return {
         "collection": collection,
         "name": name,
-        "partition": partition,
-        "sort": sort,
+        "partition": _path_json(partition),
+        "sort": None if sort is None else _path_json(sort),
         "ready": ready,
     }
 
@@ -373,29 +401,31 @@ async def list_indexes(api: Api, request: web.Request, p: Params) -> web.Respons
     collection, _ = _segments(request)
     DocumentStore.check(collection)
     docs = await _store(api, p, write=False)
-    return web.json_response(
-        {
-            "indexes": [
-                _index_json(i.collection, i.name, i.partition, i.sort, i.ready)
-                for i in await docs.indexes(collection)
-            ]
-        }
-    )
+    out = [
+        _index_json(
+            i.collection,
+            i.name,
+            list(i.partition_path),
+            None if i.sort_path is None else list(i.sort_path),
+            i.ready,
+        )
+        for i in await docs.indexes(collection)
+    ]
+    return web.json_response({"indexes": out})
 
 
 async def declare_index(api: Api, request: web.Request, p: Params) -> web.Response:
-    """PUT ``{"partition": PATH, "sort": PATH?}`` (paths as ``"a.b"`` or ``["a", "b"]``)."""
+    """PUT ``{"partition": PATH, "sort": PATH?}`` (paths as ``"a.b"`` or ``["a", "b"]``);
+    answers the index as declared, its paths as given."""
     collection, _, name = _segments(request)
     DocumentStore.check(collection)
-    body = parse_json(await api.read_body(request), "index body")
+    body = parse_json(await api.read_body(request, body_limit(api), "index body"), "index body")
     if not isinstance(body, dict) or "partition" not in body or set(body) - {"partition", "sort"}:
         raise ae.BadRequest('index body must be {"partition": PATH, "sort": PATH?}')
     docs = await _store(api, p, write=True)
-    await docs.declare_index(collection, name, body["partition"], body.get("sort"))
-    for i in await docs.indexes(collection):
-        if i.name == name:
-            return web.json_response(_index_json(collection, name, i.partition, i.sort, i.ready))
-    raise ae.ApiError(f"index {name!r} was declared but is not listed")  # cannot happen
+    partition, sort = body["partition"], body.get("sort")
+    i = await docs.declare_index(collection, name, partition, sort)
+    return web.json_response(_index_json(collection, name, partition, sort, i.ready))
 
 
 async def drop_index(api: Api, request: web.Request, p: Params) -> web.Response:

@@ -237,6 +237,7 @@ def check_data(data: Any) -> Any:
 
 
 _INT_MIN, _INT_END = -(2**63), 2**64
+"""A document's integers: what msgpack stores, signed and unsigned 64-bit ones."""
 
 
 def _check_value(v: Any, depth: int) -> None:
@@ -273,7 +274,9 @@ def _check_scalar(v: Any, t: type) -> None:
         return
     if t is int:
         if not _INT_MIN <= v < _INT_END:
-            raise InvalidDocumentError(f"integer {v} is out of the 64-bit range")
+            raise InvalidDocumentError(
+                f"integer {v} is outside -2**63 .. 2**64-1 (signed and unsigned 64 bits)"
+            )
     elif t is float:
         if not math.isfinite(v):
             raise InvalidDocumentError(f"{v} is not a JSON number")

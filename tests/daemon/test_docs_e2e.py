@@ -3,6 +3,7 @@ input answered with a stable code, storing nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import shutil
@@ -222,6 +223,40 @@ async def test_bad_input_gets_a_code_and_stores_nothing(
         await fails(http, method, path, status, code, **kw)
     assert await head_id(http, base) == before
     assert (await call(http, "GET", one, 200)) == doc
+
+
+async def test_a_document_body_is_bounded_by_four_times_the_document_limit(
+    shared: Daemon, http: aiohttp.ClientSession, base: str
+) -> None:
+    """A document's JSON text (and an index declaration's) is read up to four times
+    ``max_document_bytes`` and no further; a Content-Length over it is refused before
+    the body is read. Before, bodies up to ``max_batch_bytes`` (64 MiB) were read and
+    parsed whole on the event loop: four of them took 1.2 GB and the daemon answered
+    nothing, health included, for seconds."""
+    limit = 4 * MAX_DOCUMENT
+    doc = await call(http, "POST", base + "/docs/c", 201, data='{"x": 1}' + " " * (limit - 8))
+    one = f"{base}/docs/c/{doc['_meta']['_id']}"
+    before = await head_id(http, base)
+    padded = '{"x": 2}' + " " * (limit - 7)  # small once encoded, but one byte too long
+    message = await fails(http, "POST", base + "/docs/c", 413, "too_large", data=padded)
+    assert f"over the {limit}-byte limit" in message
+    await fails(http, "PUT", one, 413, "too_large", data=padded)
+    index = '{"partition": "x"}' + " " * limit
+    await fails(http, "PUT", base + "/docs/c/_indexes/i", 413, "too_large", data=index)
+    assert await head_id(http, base) == before
+    # A Content-Length over the bound is answered at once, its body never sent.
+    reader, writer = await asyncio.open_unix_connection(str(shared.socket))
+    try:
+        writer.write(
+            f"POST {base}/docs/c HTTP/1.1\r\nHost: x\r\nContent-Length: {64 * 2**20}\r\n"
+            f"Content-Type: application/json\r\n\r\n{{".encode()
+        )
+        await writer.drain()
+        status = await asyncio.wait_for(reader.readline(), 10)
+        assert status.split()[1] == b"413"
+    finally:
+        writer.close()
+    assert await head_id(http, base) == before
 
 
 async def test_reads_of_a_page_without_documents(http: aiohttp.ClientSession, base: str) -> None:
@@ -554,3 +589,78 @@ def test_ledgerctl_doc(shared: Daemon, tmp_path: Path) -> None:
     assert ctl(shared, "ls", *lp, "people", "--deleted").splitlines()[1].endswith("\tdeleted")
     ctl(shared, "purge", *lp, "people", bob_id)
     assert ctl(shared, "ls", *lp, "people", "--deleted").splitlines()[1].endswith("\tpurged")
+
+
+async def test_index_paths_list_back_as_declared(http: aiohttp.ClientSession, base: str) -> None:
+    """A path whose names hold a dot lists as the array of its names, so a listing
+    declares the same index again; other paths list as dotted text. Before, ``["a.b"]``
+    listed as ``"a.b"``, which declares ``["a", "b"]``."""
+    docs = base + "/docs/c"
+    await call(
+        http, "POST", docs, 201, {"a.b": "flat", "a": {"b": "nested"}, "n": {"x.y": 1, "x": 2}}
+    )
+    declared = {
+        "flat": {"partition": ["a.b"], "sort": ["n", "x.y"]},
+        "nested": {"partition": ["a", "b"], "sort": "n.x"},
+    }
+    for name, body in declared.items():
+        ix = await call(http, "PUT", f"{docs}/_indexes/{name}", 200, body)
+        assert (ix["partition"], ix["sort"]) == {
+            "flat": (["a.b"], ["n", "x.y"]),
+            "nested": ("a.b", "n.x"),
+        }[name]
+    listed = (await call(http, "GET", docs + "/_indexes", 200))["indexes"]
+    assert [(i["name"], i["partition"], i["sort"]) for i in listed] == [
+        ("flat", ["a.b"], ["n", "x.y"]),
+        ("nested", "a.b", "n.x"),
+    ]
+    # Declared again from the listing, each index finds what the original finds.
+    for i in listed:
+        body = {"partition": i["partition"], "sort": i["sort"]}
+        await call(http, "PUT", f"{docs}/_indexes/{i['name']}2", 200, body)
+    for ix in ("flat", "flat2", "nested", "nested2"):
+        for value in ("flat", "nested"):
+            q = f"{docs}/_indexes/{ix}/find?eq={quote(json.dumps(value), safe='')}"
+            found = (await call(http, "GET", q, 200))["documents"]
+            assert len(found) == (ix.startswith(value)), (ix, value)
+
+
+def test_ledgerctl_doc_index_takes_a_json_array_of_names(shared: Daemon) -> None:
+    """``--partition '["a.b"]'`` declares an index on the field named ``a.b``; dotted
+    text declares a nested path. Before, the array was taken as a field's name."""
+    lp = ("cli-paths", "p")
+    doc_id, _ = ctl(shared, "put", *lp, "c", '{"a.b": "flat", "a": {"b": "nested"}}').split()
+    ctl(shared, "index", *lp, "c", "flat", "--partition", '["a.b"]', "--sort", '["a", "b"]')
+    ctl(shared, "index", *lp, "c", "nested", "--partition", "a.b")
+    for ix, value in (("flat", "flat"), ("nested", "nested")):
+        found = ctl(shared, "find", *lp, "c", ix, "--eq", value).splitlines()
+        assert [row.split("\t")[0] for row in found] == [doc_id], ix
+    assert ctl(shared, "find", *lp, "c", "flat", "--eq", "nested") == ""
+
+
+async def test_integers_from_minus_2_63_to_2_64_less_one_are_kept(
+    http: aiohttp.ClientSession, base: str
+) -> None:
+    """A document's integers are what its encoding (msgpack) stores: from -2**63 to
+    2**64-1, read back exactly (listings, queries and the changes feed too); one
+    past either end is 400 ``invalid_document``, nothing stored."""
+    docs = base + "/docs/c"
+    await call(http, "PUT", docs + "/_indexes/by_k", 200, {"partition": "k", "sort": "v"})
+    kept = [-(2**63), 2**63 - 1, 2**63, 2**64 - 1]
+    for v in kept:
+        doc = await call(http, "POST", docs, 201, data=f'{{"k": 1, "v": {v}, "l": [{v}]}}')
+        assert doc["_data"] == {"k": 1, "v": v, "l": [v]}
+        got = await call(http, "GET", f"{docs}/{doc['_meta']['_id']}", 200)
+        assert got["_data"]["v"] == v and got["_data"]["l"] == [v]
+    listed = await call(http, "GET", docs, 200)
+    assert [d["_data"]["v"] for d in listed["documents"]] == kept
+    found = await call(http, "GET", docs + "/_indexes/by_k/find?eq=1", 200)
+    assert sorted(d["_data"]["v"] for d in found["documents"]) == kept
+    changes = await call(http, "GET", base + "/docs/_changes", 200)
+    assert [d["_data"]["v"] for d in changes["documents"]] == kept
+    before = await head_id(http, base)
+    for v in (-(2**63) - 1, 2**64, 2**64 + 1, -(2**64)):
+        message = await fails(http, "POST", docs, 400, "invalid_document", data=f'{{"v": {v}}}')
+        assert str(v) in message and "2**64-1" in message
+        await fails(http, "POST", docs, 400, "invalid_document", data=f'{{"l": [[{v}]]}}')
+    assert await head_id(http, base) == before
