@@ -72,6 +72,7 @@ class BucketIndex:
                 if pn is None:
                     continue
                 try:
+                    pack.check_head_end(pn.head_end)
                     head = await self.store.get(pn.name, 0, pn.head_end)
                     seal = (self.codec, pn.ident) if self.codec is not None else None
                     header = pack.decode_header(head, pn.head_end, pn.eager_end, seal)

@@ -286,6 +286,7 @@ class Checkpoints:
     async def read(self, cn: CheckpointName, *, sections: bool = True) -> Checkpoint:
         """A checkpoint's header (and section): one ranged GET. Raises CorruptPackError
         if it is malformed or belongs to another page than its name says."""
+        pack.check_head_end(cn.head_end)
         data = await self.store.get(cn.name, 0, cn.eager_end if sections else cn.head_end)
         header = pack.decode_header(
             data[: cn.head_end], cn.head_end, cn.eager_end, self._seal(cn.ident)

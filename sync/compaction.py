@@ -134,6 +134,7 @@ class Compactor:
         keys = self._pages.get(pn.name)
         if keys is None:
             try:
+                pack.check_head_end(pn.head_end)
                 data = await self.store.get(pn.name, 0, pn.head_end)
                 header = pack.decode_header(data, pn.head_end, pn.eager_end, self.seal(pn.ident))
             except (CloudNotFoundError, pack.CorruptPackError) as e:

@@ -146,6 +146,7 @@ class Downloader:
                 and self.ctx.wants is None
                 and not self.checkpoints.may_cover(pn.device, pn.seq)
             )
+            pack.check_head_end(pn.head_end)
             first = await self.ctx.store.get(
                 pn.name, 0, pn.eager_end if wanted_all else pn.head_end
             )

@@ -77,6 +77,10 @@ INFLATE_STEP = 1024 * 1024
 """Bytes inflated at a time."""
 MAX_HEADER = 64 * 1024 * 1024
 """Largest header a reader accepts (a round of tens of thousands of pages fits)."""
+MAX_HEAD_END = len(MAGICE) + crypto.sealed_size(1 + MAX_HEADER)
+"""Where a pack's header ends at the latest, sealed or not. A name saying later is
+refused (:func:`check_head_end`) before anything is read: a hostile name over a huge
+object would otherwise have a device read all of it as a header."""
 ZSTD_LEVEL = 3
 
 
@@ -293,6 +297,15 @@ def encode(
     return data, head_end, head_end + eager_len
 
 
+def check_head_end(head_end: int) -> None:
+    """CorruptPackError if a header ending at ``head_end`` would be over :data:`MAX_HEADER`
+    (called before the header is fetched)."""
+    if head_end > MAX_HEAD_END:
+        raise CorruptPackError(
+            f"pack header would end at byte {head_end}, past the {MAX_HEAD_END} a reader accepts"
+        )
+
+
 def decode_header(
     data: bytes, head_end: int, eager_end: int, seal: tuple[Codec, str] | None = None
 ) -> Header:
@@ -309,6 +322,8 @@ def decode_header(
         (hlen,) = _LEN.unpack_from(data, len(MAGIC2))
         if PREFIX + hlen != head_end:
             raise CorruptPackError("pack header does not end where its name says")
+        if hlen > MAX_HEADER:
+            raise CorruptPackError(f"pack header is over {MAX_HEADER} bytes")
         header = data[PREFIX:]
     try:
         h = msgpack.unpackb(header, raw=False)
@@ -361,6 +376,8 @@ def _open_header(data: bytes, head_end: int, eager_end: int, seal: tuple[Codec, 
     if not plain:
         raise CorruptPackError("pack header is empty")
     if plain[0] == RAW:
+        if len(plain) - 1 > MAX_HEADER:
+            raise CorruptPackError(f"pack header is over {MAX_HEADER} bytes")
         return plain[1:]
     try:
         return _inflate(zstandard.ZstdDecompressor(), plain[1:], MAX_HEADER)

@@ -196,3 +196,34 @@ async def test_a_commit_inconsistent_with_its_parents_is_refused(
             packs = b.engine.status()["packs"]
             assert [(p["pack"], p["state"]) for p in packs] == [(name, "refused")]
             assert "CorruptObjectError" in packs[0]["error"]
+
+
+async def test_a_name_promising_a_huge_header_is_refused_before_it_is_read(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """A pack named with its header ending 100 MiB in, over an object that long (a
+    sparse file here): b refuses it without reading it (a few MiB at most), and still
+    takes a's page. Before, the header was fetched and held whole, however long."""
+    size = 100 << 20
+    assert size > pack.MAX_HEAD_END
+    name = PackName.make(_now_ms(), os.urandom(16).hex(), 1, size, size).name
+    await bucket.put(name, pack.MAGIC2)
+    with open(tmp_path / "bucket" / name, "r+b") as f:
+        f.truncate(size)
+    async with device(tmp_path / "a", bucket) as a:
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"k", b"v")
+        await pa.flush()
+        await a.engine.sync()
+        async with device(tmp_path / "b", bucket, retry_first=3600) as b:
+            tracemalloc.start()
+            try:
+                await b.engine.sync()
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert peak < 32 << 20, peak
+            assert await _keys(b.repo) == {b"k": b"v"}
+            packs = b.engine.status()["packs"]
+            assert [(p["pack"], p["state"]) for p in packs] == [(name, "refused")]
+            assert "header would end" in packs[0]["error"]
