@@ -127,19 +127,9 @@ async def _put_raw_pack(
     return name
 
 
-@pytest.mark.parametrize(
-    ("declared", "claims"), [(8 << 30, True), (8 << 20, True), (8 << 20, False)]
-)
-async def test_a_decompression_bomb_is_refused_without_inflating_it(
-    tmp_path: Path, bucket: FolderStore, declared: int, claims: bool
-) -> None:
-    """A 32 KiB section that inflates to 1 GiB: declared past MAX_SECTION, or
-    declared small (it is cut where it passes its declared size). b refuses it holding
-    at most a few MiB more, and still takes a's page."""
-    bomb = _bomb(1 << 30, claims)
-    name = await _put_raw_pack(
-        bucket, os.urandom(16), [[b"l", b"p", [0, len(bomb), declared, pack.ZSTD], []]], bomb
-    )
+async def _refused_cheaply(tmp_path: Path, bucket: FolderStore, name: str, error: str) -> None:
+    """a puts a page; b syncs holding at most 32 MiB more, refuses pack ``name`` (its
+    error saying ``error``) and still takes a's page."""
     async with device(tmp_path / "a", bucket) as a:
         pa = await a.repo.ledger("l").page("p")
         await pa.put(b"k", b"v")
@@ -156,7 +146,23 @@ async def test_a_decompression_bomb_is_refused_without_inflating_it(
             assert await _keys(b.repo) == {b"k": b"v"}
             packs = b.engine.status()["packs"]
             assert [(p["pack"], p["state"]) for p in packs] == [(name, "refused")]
-            assert "bytes" in packs[0]["error"]
+            assert error in packs[0]["error"]
+
+
+@pytest.mark.parametrize(
+    ("declared", "claims"), [(8 << 30, True), (8 << 20, True), (8 << 20, False)]
+)
+async def test_a_decompression_bomb_is_refused_without_inflating_it(
+    tmp_path: Path, bucket: FolderStore, declared: int, claims: bool
+) -> None:
+    """A 32 KiB section that inflates to 1 GiB: declared past MAX_SECTION, or
+    declared small (it is cut where it passes its declared size). b refuses it holding
+    at most a few MiB more, and still takes a's page."""
+    bomb = _bomb(1 << 30, claims)
+    name = await _put_raw_pack(
+        bucket, os.urandom(16), [[b"l", b"p", [0, len(bomb), declared, pack.ZSTD], []]], bomb
+    )
+    await _refused_cheaply(tmp_path, bucket, name, "bytes")
 
 
 @pytest.mark.parametrize("kind", ["many_parents", "same_parent_twice", "older", "huge_time"])
@@ -210,20 +216,4 @@ async def test_a_name_promising_a_huge_header_is_refused_before_it_is_read(
     await bucket.put(name, pack.MAGIC2)
     with open(tmp_path / "bucket" / name, "r+b") as f:
         f.truncate(size)
-    async with device(tmp_path / "a", bucket) as a:
-        pa = await a.repo.ledger("l").page("p")
-        await pa.put(b"k", b"v")
-        await pa.flush()
-        await a.engine.sync()
-        async with device(tmp_path / "b", bucket, retry_first=3600) as b:
-            tracemalloc.start()
-            try:
-                await b.engine.sync()
-                peak = tracemalloc.get_traced_memory()[1]
-            finally:
-                tracemalloc.stop()
-            assert peak < 32 << 20, peak
-            assert await _keys(b.repo) == {b"k": b"v"}
-            packs = b.engine.status()["packs"]
-            assert [(p["pack"], p["state"]) for p in packs] == [(name, "refused")]
-            assert "header would end" in packs[0]["error"]
+    await _refused_cheaply(tmp_path, bucket, name, "header would end")
