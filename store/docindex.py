@@ -657,14 +657,16 @@ class Views:
     async def query(
         self,
         ix: int,
+        d: IndexDef,
         lo: bytes,
         hi: bytes | None,
         after: tuple[bytes, bytes] | None,
         limit: int,
         include_deleted: bool,
-    ) -> tuple[Commit, list[IndexRow]]:
+    ) -> tuple[Commit, list[IndexRow]] | None:
         """Rows with ``lo <= key < hi`` after ``after`` (key, doc), in (key, doc) order,
-        as of the head (which is returned)."""
+        as of the head (which is returned); None if the catch-up under the lock found
+        the ready index ``ix`` (defined as ``d``) dropped or redefined: look it up again."""
         sql = "SELECT doc, key FROM doc_index_rows WHERE ix = ? AND key >= ?"
         params: list[object] = [ix, lo]
         if hi is not None:
@@ -679,6 +681,8 @@ class Views:
         params.append(limit)
         async with self.lock:
             head = await self._catch_up()
+            if self.indexes.get((d.collection, d.name)) != (ix, d, True):
+                return None
             await self._store_held()
             rows = await self.page.db.read_all(sql, params)
         return head, [IndexRow(bytes(r[0]), bytes(r[1])) for r in rows]

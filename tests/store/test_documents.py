@@ -1202,3 +1202,40 @@ async def test_a_query_waiting_for_a_build_when_closing_starts_no_other(
         assert isinstance(e.value, ClosedError)
         assert _builds_under_way() == []
     assert "building index" not in caplog.text
+
+
+@pytest.mark.parametrize("change", ["dropped", "redefined"])
+async def test_a_query_racing_a_definition_change_answers_as_of_the_new_definition(
+    page: Page, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """A query that found its index ready, then waited for the lock while the index was
+    dropped or redefined, answers for what the catch-up left: no such index, or the
+    new definition once built. Before, it read the rows of the index it had found,
+    deleted by then, and answered an empty page as of the head."""
+    docs = await DocumentStore.open(page)
+    await docs.create_many("c", [{"k": i % 3, "v": -i} for i in range(30)])
+    await docs.declare_index("c", "by_k", "k")
+    await docs.query("c", "by_k", 1)  # built
+    found, go = asyncio.Event(), asyncio.Event()
+    real_index = docindex.Views.index
+
+    async def index(self: Any, collection: str, name: str) -> Any:
+        got = await real_index(self, collection, name)
+        if not found.is_set():
+            found.set()
+            await go.wait()
+        return got
+
+    monkeypatch.setattr(docindex.Views, "index", index)
+    query = asyncio.create_task(docs.query("c", "by_k", 1))
+    await found.wait()  # the query found the index ready
+    if change == "dropped":
+        await docs.drop_index("c", "by_k")
+    else:
+        await docs.declare_index("c", "by_k", "k", "v")
+    go.set()
+    if change == "dropped":
+        with pytest.raises(IndexNotFoundError):
+            await query
+    else:
+        assert [d.id for d in (await query).items] == (await _scan_by_k(docs))[1]
