@@ -50,7 +50,7 @@ from ledgerd.store.btree import EMPTY, Entry
 from ledgerd.store.commit import Commit
 from ledgerd.store.doclayout import Record, State
 from ledgerd.store.docmodel import MISSING, lookup_path
-from ledgerd.store.errors import InvalidArgumentError, StoreError
+from ledgerd.store.errors import ClosedError, InvalidArgumentError, StoreError
 from ledgerd.store.page import Page, Snapshot, Transaction
 from ledgerd.store.tuple import encode_float as _encode_float
 from ledgerd.store.tuple import encode_str as _encode_str
@@ -224,6 +224,8 @@ class Views:
         self.indexes: dict[tuple[str, str], tuple[int, IndexDef, bool]] = {}
         """(collection, name) -> (row id, definition, ready)."""
         self._builds: dict[int, asyncio.Task[None]] = {}
+        self._closed = False
+        """Closing (the page, or the document store): no build starts any more."""
 
     # -- loading ---------------------------------------------------------------------
 
@@ -339,7 +341,7 @@ class Views:
             self._cancel(ix)
         for (key, d), ix in zip(added.items(), ids, strict=True):
             self.indexes[key] = (ix, d, False)
-            if not self.page.closed:  # a closing page stops its builds: none starts after
+            if not (self._closed or self.page.closed):  # closing stops builds: none starts after
                 self._start_build(ix, d)
 
     def _start_build(self, ix: int, d: IndexDef) -> asyncio.Task[None]:
@@ -375,6 +377,7 @@ class Views:
         is closing (after a failure, opening it again catches up from the stored rows).
         A write under way holds the lock until its rows are held: they are stored too.
         Then stop the builds under way (opening the page again builds them again)."""
+        self._closed = True
         try:
             async with self.lock:
                 await self._store_held()
@@ -388,6 +391,7 @@ class Views:
     async def close(self) -> None:
         """Store the held rows (releasing them even if that fails, as
         :meth:`page_closing`), stop the builds and wait for the store under way."""
+        self._closed = True
         try:
             if not self.page.closed:
                 await self.page_closing()
@@ -628,6 +632,8 @@ class Views:
                 return ix, d
             task = self._builds.get(ix)
             if task is None:  # cancelled or failed: build it again
+                if self._closed or self.page.closed:  # closing: no build starts after
+                    raise ClosedError(f"page {self.page.id!r}: the document store is closed")
                 task = self._start_build(ix, d)
             await asyncio.wait({task})  # (its cancellation is not this caller's)
             if not task.cancelled():  # cancelled: dropped or redefined, look again
@@ -651,14 +657,16 @@ class Views:
     async def query(
         self,
         ix: int,
+        d: IndexDef,
         lo: bytes,
         hi: bytes | None,
         after: tuple[bytes, bytes] | None,
         limit: int,
         include_deleted: bool,
-    ) -> tuple[Commit, list[IndexRow]]:
+    ) -> tuple[Commit, list[IndexRow]] | None:
         """Rows with ``lo <= key < hi`` after ``after`` (key, doc), in (key, doc) order,
-        as of the head (which is returned)."""
+        as of the head (which is returned); None if the catch-up under the lock found
+        the ready index ``ix`` (defined as ``d``) dropped or redefined: look it up again."""
         sql = "SELECT doc, key FROM doc_index_rows WHERE ix = ? AND key >= ?"
         params: list[object] = [ix, lo]
         if hi is not None:
@@ -673,6 +681,8 @@ class Views:
         params.append(limit)
         async with self.lock:
             head = await self._catch_up()
+            if self.indexes.get((d.collection, d.name)) != (ix, d, True):
+                return None
             await self._store_held()
             rows = await self.page.db.read_all(sql, params)
         return head, [IndexRow(bytes(r[0]), bytes(r[1])) for r in rows]

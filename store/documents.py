@@ -648,10 +648,14 @@ class DocumentStore:
         ``[start, end)``, in index order (sort value, then ``_id``), ``limit`` at a time.
         Reflects exactly the documents of the page's head."""
         _check_limit(limit)
-        ix, d = await self._index(collection, index)
-        lo, hi = partition_range(partition, start, end, d)
         after = None if token is None else decode_token(token)
-        head, rows = await self.views.query(ix, lo, hi, after, limit + 1, include_deleted)
+        while True:  # again if the index changed before the query had the lock
+            ix, d = await self._index(collection, index)
+            lo, hi = partition_range(partition, start, end, d)
+            got = await self.views.query(ix, d, lo, hi, after, limit + 1, include_deleted)
+            if got is not None:
+                break
+        head, rows = got
         nxt = encode_token(rows[limit - 1].key, rows[limit - 1].doc) if len(rows) > limit else None
         docs = await self._documents_at(head, collection, [r.doc for r in rows[:limit]])
         return RangeResult(docs, nxt)

@@ -14,6 +14,7 @@ import pytest
 
 from ledgerd.store import (
     AttachmentNotFoundError,
+    ClosedError,
     DocumentConflictError,
     DocumentNotFoundError,
     DocumentStore,
@@ -1162,3 +1163,79 @@ async def test_index_info_tells_a_dotted_name_from_a_nested_path(page: Page) -> 
     await docs.create("c", {"a.b": 1, "n": {"x.y": 2}, "a": {"b": 3}})
     assert len((await docs.query("c", "dotted", 1)).items) == 1
     assert len((await docs.query("c", "nested", 3)).items) == 1
+
+
+@pytest.mark.parametrize("closing", ["page", "store"])
+async def test_a_query_waiting_for_a_build_when_closing_starts_no_other(
+    page: Page, caplog: pytest.LogCaptureFixture, closing: str
+) -> None:
+    """A query waiting for an index's build when the page (or the document store)
+    closes ends with ClosedError and starts no build. Before, it saw the build
+    cancelled and started another on the closing store: that one ran against a
+    database being closed (or beside the next store's views), failed, and was logged
+    as a failed build."""
+    docs = await DocumentStore.open(page)
+    await docs.create_many("c", [{"k": i % 7, "v": i} for i in range(2500)])
+    await docs.declare_index("c", "by_k", "k", "v")
+    (ix, _, ready) = docs.views.indexes[("c", "by_k")]
+    build = docs.views._builds[ix]
+    assert not ready
+    waiting = asyncio.Event()
+
+    class Asyncio:  # docindex's asyncio, telling when a caller waits for the build
+        def __getattr__(self, name: str) -> Any:
+            return getattr(asyncio, name)
+
+        async def wait(self, fs: Any, *args: Any, **kwargs: Any) -> Any:
+            if build in fs:
+                waiting.set()
+            return await asyncio.wait(fs, *args, **kwargs)
+
+    with caplog.at_level(logging.ERROR, logger="ledgerd.store.docindex"):
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(docindex, "asyncio", Asyncio())
+            query = asyncio.create_task(docs.query("c", "by_k", 1))
+            await waiting.wait()  # the query waits for the build
+            await (page.close() if closing == "page" else docs.close())
+        with pytest.raises(StoreError) as e:
+            await query
+        assert isinstance(e.value, ClosedError)
+        assert _builds_under_way() == []
+    assert "building index" not in caplog.text
+
+
+@pytest.mark.parametrize("change", ["dropped", "redefined"])
+async def test_a_query_racing_a_definition_change_answers_as_of_the_new_definition(
+    page: Page, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """A query that found its index ready, then waited for the lock while the index was
+    dropped or redefined, answers for what the catch-up left: no such index, or the
+    new definition once built. Before, it read the rows of the index it had found,
+    deleted by then, and answered an empty page as of the head."""
+    docs = await DocumentStore.open(page)
+    await docs.create_many("c", [{"k": i % 3, "v": -i} for i in range(30)])
+    await docs.declare_index("c", "by_k", "k")
+    await docs.query("c", "by_k", 1)  # built
+    found, go = asyncio.Event(), asyncio.Event()
+    real_index = docindex.Views.index
+
+    async def index(self: Any, collection: str, name: str) -> Any:
+        got = await real_index(self, collection, name)
+        if not found.is_set():
+            found.set()
+            await go.wait()
+        return got
+
+    monkeypatch.setattr(docindex.Views, "index", index)
+    query = asyncio.create_task(docs.query("c", "by_k", 1))
+    await found.wait()  # the query found the index ready
+    if change == "dropped":
+        await docs.drop_index("c", "by_k")
+    else:
+        await docs.declare_index("c", "by_k", "k", "v")
+    go.set()
+    if change == "dropped":
+        with pytest.raises(IndexNotFoundError):
+            await query
+    else:
+        assert [d.id for d in (await query).items] == (await _scan_by_k(docs))[1]
