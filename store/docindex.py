@@ -352,7 +352,7 @@ class Views:
 
         def report(t: asyncio.Task[None]) -> None:
             e = None if t.cancelled() else t.exception()  # (retrieved: asyncio stays quiet)
-            if e is not None:
+            if e is not None and not isinstance(e, ClosedError):  # closing is no failure
                 log.error(
                     "page %r: building index %s/%s failed (the next query builds it again)",
                     self.page.id,
@@ -418,7 +418,14 @@ class Views:
                 await self._store_held()
             return head
 
+    def _check_open(self) -> None:
+        """ClosedError once the page or the document store is closing: these views no
+        longer follow the page (a store opened again has views of its own)."""
+        if self._closed or self.page.closed:
+            raise ClosedError(f"page {self.page.id!r}: the document store is closed")
+
     async def _catch_up(self) -> Commit:
+        self._check_open()
         head = self.page.head
         if head.id == self.reflected:
             return head
@@ -479,6 +486,7 @@ class Views:
         commit, and the catch-up diffs from there. Otherwise the next catch-up diffs,
         as for any commit."""
         async with self.lock:
+            self._check_open()
             if self.reflected != txn.base.id:
                 return await txn.commit()
             by_coll = _by_collection(self._ready())
@@ -632,8 +640,7 @@ class Views:
                 return ix, d
             task = self._builds.get(ix)
             if task is None:  # cancelled or failed: build it again
-                if self._closed or self.page.closed:  # closing: no build starts after
-                    raise ClosedError(f"page {self.page.id!r}: the document store is closed")
+                self._check_open()  # closing: no build starts after
                 task = self._start_build(ix, d)
             await asyncio.wait({task})  # (its cancellation is not this caller's)
             if not task.cancelled():  # cancelled: dropped or redefined, look again

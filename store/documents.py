@@ -21,6 +21,7 @@ indexes are already apart, and splitting the operations would scatter one API.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -62,7 +63,7 @@ from ledgerd.store.docmodel import (
     ulid_ms,
     ulid_text,
 )
-from ledgerd.store.errors import InvalidArgumentError
+from ledgerd.store.errors import ClosedError, InvalidArgumentError
 from ledgerd.store.merge import Policy
 from ledgerd.store.objects import Source
 from ledgerd.store.page import Page
@@ -215,12 +216,16 @@ class DocumentStore:
 
     async def close(self) -> None:
         """Store the held index rows, stop index builds (the page stays open: its owner
-        closes it)."""
-        self.page.not_when_closing(self.views.page_closing)
-        try:
-            await self.views.close()
-        finally:
-            _stores.pop(self.page, None)
+        closes it). Its writes, queries and index calls then raise ClosedError; :meth:`open` waits
+        for the close to end and returns a new store, so two never keep one page's
+        indexes at once."""
+        async with _opening.setdefault(self.page, asyncio.Lock()):
+            self.page.not_when_closing(self.views.page_closing)
+            try:
+                await self.views.close()
+            finally:
+                if _stores.get(self.page) is self:
+                    del _stores[self.page]
 
     async def refresh(self) -> Commit:
         """Bring the indexes up to the page's head now, in storage (queries do it
@@ -339,8 +344,10 @@ class DocumentStore:
         await self.views.commit(txn, records)
 
     async def _after_write(self) -> None:
-        """Bring the indexes to the head (a merge after a write, definitions)."""
-        await self.views.catch_up()
+        """Bring the indexes to the head (a merge after a write, definitions), unless the
+        store closed meanwhile: the write is done, and the next store catches up."""
+        with contextlib.suppress(ClosedError):
+            await self.views.catch_up()
 
     async def create(self, collection: str, data: Any, *, new_rev: str | None = None) -> Document:
         """A new document with a new ``_id``."""

@@ -1239,3 +1239,40 @@ async def test_a_query_racing_a_definition_change_answers_as_of_the_new_definiti
             await query
     else:
         assert [d.id for d in (await query).items] == (await _scan_by_k(docs))[1]
+
+
+async def test_a_store_opened_while_another_closes_waits_and_is_a_new_one(
+    page: Page, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``DocumentStore.open`` while the page's store is closing (storing its held rows)
+    waits for the close and returns a new store; the closed one refuses writes and
+    queries (ClosedError) and the new one's indexes equal a scan. Before, open returned
+    the store being closed, whose later writes held index rows that nothing stored."""
+    docs = await DocumentStore.open(page)
+    await docs.declare_index("c", "by_k", "k", "v")
+    await docs.query("c", "by_k", 0)
+    await docs.create_many("c", [{"k": i % 3, "v": i / 10} for i in range(30)])  # held
+    storing, go_on = threading.Event(), threading.Event()
+    real_write_rows = docindex._write_rows
+
+    def held_write_rows(conn: Any, rows: Any) -> None:  # on the SQLite thread
+        storing.set()
+        go_on.wait(10)
+        real_write_rows(conn, rows)
+
+    monkeypatch.setattr(docindex, "_write_rows", held_write_rows)
+    closing = asyncio.create_task(docs.close())
+    await asyncio.to_thread(storing.wait, 10)
+    opening = asyncio.create_task(DocumentStore.open(page))
+    monkeypatch.setattr(docindex, "_write_rows", real_write_rows)
+    go_on.set()
+    await closing
+    again = await opening
+    assert again is not docs
+    with pytest.raises(ClosedError):
+        await docs.create("c", {"k": 1, "v": 9.0})
+    with pytest.raises(ClosedError):
+        await docs.query("c", "by_k", 1)
+    await again.create("c", {"k": 1, "v": 9.5})
+    assert await _by_k(again) == await _scan_by_k(again)
+    assert sum(map(len, (await _by_k(again)).values())) == 31
