@@ -6,7 +6,7 @@ import asyncio
 import gc
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -466,6 +466,27 @@ async def _stored_reflected(page: Page) -> bytes | None:
     return bytes(rows[0][0]) if rows else None
 
 
+def _rows_stored_when_let(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[threading.Event, Callable[[], None]]:
+    """Storing index rows waits, on the SQLite thread, until ``let_go()``: the event is
+    set when a store begins; ``let_go`` lets it go on, and later stores at once."""
+    storing, go_on = threading.Event(), threading.Event()
+    real_write_rows = docindex._write_rows
+
+    def held_write_rows(conn: Any, rows: Any) -> None:  # on the SQLite thread
+        storing.set()
+        go_on.wait(10)
+        real_write_rows(conn, rows)
+
+    def let_go() -> None:
+        monkeypatch.setattr(docindex, "_write_rows", real_write_rows)
+        go_on.set()
+
+    monkeypatch.setattr(docindex, "_write_rows", held_write_rows)
+    return storing, let_go
+
+
 async def _stored_rows(page: Page) -> int:
     return int((await page.db.read_all("SELECT count(*) FROM doc_index_rows"))[0][0])
 
@@ -632,22 +653,13 @@ async def test_a_catch_up_cancelled_while_storing_leaves_the_views_at_what_it_st
         assert await _stored_reflected(page) == docs.views.reflected == page.head.id
         await page.put(b"plain", b"a write that moves the head past the views")
         await page.flush()
-        storing, go_on = threading.Event(), threading.Event()
-        real_write_rows = docindex._write_rows
-
-        def held_write_rows(conn: Any, rows: Any) -> None:  # on the SQLite thread
-            storing.set()
-            go_on.wait(10)
-            real_write_rows(conn, rows)
-
-        monkeypatch.setattr(docindex, "_write_rows", held_write_rows)
+        storing, let_go = _rows_stored_when_let(monkeypatch)
         catch_up = asyncio.create_task(docs.views.catch_up())
         await asyncio.to_thread(storing.wait, 10)
         catch_up.cancel()
-        go_on.set()
+        let_go()
         with pytest.raises(asyncio.CancelledError):
             await catch_up
-        monkeypatch.setattr(docindex, "_write_rows", real_write_rows)
         await page.db.run(lambda conn: None, write=True)  # after the catch-up's transaction
         assert await _stored_reflected(page) == docs.views.reflected == page.head.id
         up = await exchange.pending_upload(page)  # as a sync round: all in the cloud
@@ -672,26 +684,17 @@ async def test_a_write_cancelled_while_its_rows_are_stored_leaves_the_views_at_i
         await docs.declare_index("c", "by_k", "k", "v")
         await docs.query("c", "by_k", 0)
         await docs.create_many("c", [{"k": i % 3, "v": i / 10} for i in range(30)])
-        storing, go_on = threading.Event(), threading.Event()
-        real_write_rows = docindex._write_rows
-
-        def held_write_rows(conn: Any, rows: Any) -> None:  # on the SQLite thread
-            storing.set()
-            go_on.wait(10)
-            real_write_rows(conn, rows)
-
-        monkeypatch.setattr(docindex, "_write_rows", held_write_rows)
+        storing, let_go = _rows_stored_when_let(monkeypatch)
         write = asyncio.create_task(
             docs.create_many("c", [{"k": 1, "v": 3 + i} for i in range(30)])
         )
         await asyncio.to_thread(storing.wait, 10)
         write.cancel()
-        go_on.set()
+        let_go()
         await asyncio.wait({write})
         assert write.cancelled()
         del write
         gc.collect()  # nothing of the write (its transaction) keeps its base any more
-        monkeypatch.setattr(docindex, "_write_rows", real_write_rows)
         await page.flush()
         assert await _stored_reflected(page) == docs.views.reflected == page.head.id
         up = await exchange.pending_upload(page)  # as a sync round: all in the cloud
@@ -1252,20 +1255,11 @@ async def test_a_store_opened_while_another_closes_waits_and_is_a_new_one(
     await docs.declare_index("c", "by_k", "k", "v")
     await docs.query("c", "by_k", 0)
     await docs.create_many("c", [{"k": i % 3, "v": i / 10} for i in range(30)])  # held
-    storing, go_on = threading.Event(), threading.Event()
-    real_write_rows = docindex._write_rows
-
-    def held_write_rows(conn: Any, rows: Any) -> None:  # on the SQLite thread
-        storing.set()
-        go_on.wait(10)
-        real_write_rows(conn, rows)
-
-    monkeypatch.setattr(docindex, "_write_rows", held_write_rows)
+    storing, let_go = _rows_stored_when_let(monkeypatch)
     closing = asyncio.create_task(docs.close())
     await asyncio.to_thread(storing.wait, 10)
     opening = asyncio.create_task(DocumentStore.open(page))
-    monkeypatch.setattr(docindex, "_write_rows", real_write_rows)
-    go_on.set()
+    let_go()
     await closing
     again = await opening
     assert again is not docs
