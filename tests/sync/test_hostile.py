@@ -227,3 +227,39 @@ async def test_a_name_promising_a_huge_header_is_refused_before_it_is_read(
             packs = b.engine.status()["packs"]
             assert [(p["pack"], p["state"]) for p in packs] == [(name, "refused")]
             assert "header would end" in packs[0]["error"]
+
+
+@pytest.mark.parametrize("field", ["time", "seq"])
+async def test_a_name_at_the_end_of_its_digits_does_not_stop_anyone_syncing(
+    tmp_path: Path, bucket: FolderStore, field: str
+) -> None:
+    """An object named with the largest feed time (any device) or the largest sequence
+    of a's own device. Feed times and sequences follow the largest listed, so a's
+    next packs took a 14-digit time or a 17-digit sequence: names no ledgerd reads,
+    ignored by every device (and by a) for good. Now a listed name raises them only
+    up to a ceiling far below the end of their digits; b gets both of a's rounds."""
+    async with device(tmp_path / "a", bucket) as a:
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"k0", b"v0")
+        await pa.flush()
+        await a.engine.sync()  # a has listed the bucket and has a sequence
+        own = a.repo.device_id.hex()
+        if field == "time":
+            name = PackName.make(10**13 - 1, os.urandom(16).hex(), 1, 12, 12).name
+        else:
+            name = PackName.make(_now_ms(), own, 10**16 - 1, 12, 12).name
+        await bucket.put(name, b"x" * 12)
+        for i in (1, 2):
+            await pa.put(b"k%d" % i, b"v%d" % i)
+            await pa.flush()
+            await a.engine.sync()
+        listed = [
+            PackName.parse(f"{layout.PACKS}{p.name}") for p in (bucket.root / "packs").iterdir()
+        ]
+        mine = [pn for pn in listed if pn is not None and pn.device == own and pn.name != name]
+        assert len(mine) == 3  # none of them unreadable
+        async with device(tmp_path / "b", bucket, retry_first=3600) as b:
+            await b.engine.sync()
+            assert await _keys(b.repo) == {b"k0": b"v0", b"k1": b"v1", b"k2": b"v2"}
+            packs = b.engine.status()["packs"]
+            assert [(p["pack"], p["state"]) for p in packs] == [(name, "refused")]
