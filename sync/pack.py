@@ -40,6 +40,7 @@ digests and commit ids are verified by the store on import.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -326,7 +327,7 @@ def decode_header(
             raise CorruptPackError(f"pack header is over {MAX_HEADER} bytes")
         header = data[PREFIX:]
     try:
-        h = msgpack.unpackb(header, raw=False)
+        h = _unpack_header(header)
         device, seq, time, pages = h["device"], h["seq"], h["time"], h["pages"]
         ok = (
             isinstance(device, bytes)
@@ -363,6 +364,36 @@ def decode_header(
         raise CorruptPackError("pack header has malformed fields")
     known = {"device", "seq", "time", "pages"}
     return Header(device, seq, time, out, {k: v for k, v in h.items() if k not in known})
+
+
+HEADER_CONTAINER = 4
+"""Fewest bytes a header takes per container (array) it holds: a page's entry holds
+three (itself, its EAGER part of four integers, its list of LAZY pieces) in at least
+13 bytes, a LAZY piece one in at least 40. A map counts as :data:`HEADER_MAP`
+containers (a real header has two)."""
+HEADER_MAP = 3
+
+
+def _unpack_header(header: bytes) -> Any:
+    """A header's msgpack, refused (ValueError) as soon as it holds more containers
+    than :data:`HEADER_CONTAINER` allows for its size: an empty array is one byte and
+    56 in memory (an empty map 64, a map of one 184), so a header of tiny containers
+    cost 70 times its size (4.5 GiB for one of MAX_HEADER, which is a few KiB
+    compressed); within the bound it costs at most about what a real header of many
+    small pages does (about 18 times its size)."""
+    budget = len(header) // HEADER_CONTAINER + 16
+
+    def count(weight: int) -> Callable[[Any], Any]:
+        def hook(x: Any) -> Any:
+            nonlocal budget
+            budget -= weight
+            if budget < 0:
+                raise ValueError(f"more containers than a header of {len(header)} bytes holds")
+            return x
+
+        return hook
+
+    return msgpack.unpackb(header, raw=False, list_hook=count(1), object_hook=count(HEADER_MAP))
 
 
 def _open_header(data: bytes, head_end: int, eager_end: int, seal: tuple[Codec, str]) -> bytes:

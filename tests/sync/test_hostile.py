@@ -263,3 +263,41 @@ async def test_a_name_at_the_end_of_its_digits_does_not_stop_anyone_syncing(
             assert await _keys(b.repo) == {b"k0": b"v0", b"k1": b"v1", b"k2": b"v2"}
             packs = b.engine.status()["packs"]
             assert [(p["pack"], p["state"]) for p in packs] == [(name, "refused")]
+
+
+@pytest.mark.parametrize("item", [b"\x90", b"\x80", b"\x81\xa0\xc0"])
+async def test_a_header_of_tiny_containers_is_refused_before_it_costs_more_than_a_real_one(
+    tmp_path: Path, bucket: FolderStore, item: bytes
+) -> None:
+    """A 2 MiB header whose page list holds a million empty arrays or maps (one to
+    three bytes each, 56 to 184 bytes each in memory): it was parsed whole before
+    anything was checked, about 70 times its size (4.5 GiB for a 64 MiB header,
+    which costs a few KiB compressed and sealed). A real header's containers take
+    more than four bytes each, so b refuses one with more, holding at most about
+    what a real header of that size costs (about 18 times it), and takes a's page."""
+    device_id, now = os.urandom(16), _now_ms()
+    n = (2 << 20) // len(item)
+    head = msgpack.packb({"device": device_id, "seq": 1, "time": now}, use_bin_type=True)
+    header = bytes([head[0] + 1]) + head[1:] + msgpack.packb("pages")
+    header += b"\xdd" + n.to_bytes(4, "big") + item * n
+    size = len(header)
+    head_end = len(pack.MAGIC2) + 4 + size
+    name = PackName.make(now, device_id.hex(), 1, head_end, head_end).name
+    await bucket.put(name, pack.MAGIC2 + size.to_bytes(4, "big") + header)
+    async with device(tmp_path / "a", bucket) as a:
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"k", b"v")
+        await pa.flush()
+        await a.engine.sync()
+        async with device(tmp_path / "b", bucket, retry_first=3600) as b:
+            tracemalloc.start()
+            try:
+                await b.engine.sync()
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert peak < 24 * size, peak / size
+            assert await _keys(b.repo) == {b"k": b"v"}
+            packs = b.engine.status()["packs"]
+            assert [(p["pack"], p["state"]) for p in packs] == [(name, "refused")]
+            assert "containers" in packs[0]["error"]
