@@ -74,6 +74,13 @@ checks a commit's new tree within one pack), and a page's first upload carries
 every version of its rewritten leaves: 100 commits of 1,000 random keys into a
 100,000-entry page make 225 MB of nodes (``bench.sync``). A bound a writer can pass
 would refuse that page on every other device for good."""
+MAX_PIECE = 1024 * 1024
+"""Largest raw LAZY piece a reader accepts: a pack index declaring one larger (or
+stored larger than its raw bytes need) is refused. Values and nodes are split into
+pieces of at most 64 KiB (``store.split.MAX_CHUNK``; an index piece holds at most
+1,024 children, about 45 KiB), so none is near it. A LAZY piece is fetched whole on
+first read: before, a hostile index could declare one as long as its object, and a
+read fetched all of it into memory before its digest check failed."""
 INFLATE_STEP = 1024 * 1024
 """Bytes inflated at a time."""
 MAX_HEADER = 64 * 1024 * 1024
@@ -354,6 +361,12 @@ def decode_header(
                     pt = _part(x[1:], head_end, eager_end, None, seal, "lazy", d)
                     if pt.codec == ZSTD_EDIT:
                         raise ValueError("a LAZY piece is never an edit")
+                    most = crypto.sealed_size(pt.raw) if seal else pt.raw
+                    if pt.raw > MAX_PIECE or pt.stored > most:
+                        raise CorruptPackError(
+                            f"a LAZY piece declares {pt.raw} bytes ({pt.stored} stored), "
+                            f"more than the {MAX_PIECE} accepted or than it needs"
+                        )
                     pieces.append((d, pt))
                 out.append(PageIndex(ledger, page, eager, pieces, bases))
     except CorruptPackError:
@@ -633,7 +646,7 @@ def decode_prefix(data: bytes, eager_end: int) -> PackPrefix:
             and isinstance(commits, list)
             and all(isinstance(c, bytes) for c in commits)
             and all(_piece_ok(x) for x in eager)
-            and all(_piece_ok(x) for x in lazy)
+            and all(_piece_ok(x) and x[1] <= MAX_PIECE for x in lazy)
         )
     except Exception as e:  # msgpack and KeyError and TypeError alike
         raise CorruptPackError(f"pack header is unreadable: {e}") from e

@@ -4,6 +4,7 @@ uploaded again, and other pages and later packs go on."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import tracemalloc
@@ -13,7 +14,8 @@ import msgpack
 import pytest
 import zstandard
 
-from ledgerd.store import commit
+from ledgerd.store import Priority, commit
+from ledgerd.store.errors import StoreError
 from ledgerd.sync import layout, pack
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import PackName
@@ -301,3 +303,56 @@ async def test_a_header_of_tiny_containers_is_refused_before_it_costs_more_than_
             packs = b.engine.status()["packs"]
             assert [(p["pack"], p["state"]) for p in packs] == [(name, "refused")]
             assert "containers" in packs[0]["error"]
+
+
+async def test_a_lazy_piece_declared_huge_is_refused_before_anyone_fetches_it(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """h's pack of a LAZY value, its first LAZY piece rewritten to lie 100 MiB long
+    over an object that long (a sparse file): b imported it, recording that location,
+    and reading the value fetched all 100 MiB into memory before the digest check
+    failed (a real piece is at most 64 KiB: a value is split). b now refuses the pack
+    (holding a few MiB at most), and takes a's page."""
+    async with device(tmp_path / "h", bucket) as h:
+        ph = await h.repo.ledger("l").page("p")
+        await ph.put(b"photo", os.urandom(200_000), Priority.LAZY)
+        await h.engine.sync()
+    (path,) = (bucket.root / "packs").iterdir()
+    pn = PackName.parse(f"{layout.PACKS}{path.name}")
+    assert pn is not None
+    data = path.read_bytes()
+    path.unlink()
+    header = msgpack.unpackb(data[pack.PREFIX : pn.head_end], raw=False)
+    lazy = header["pages"][0][3]
+    assert lazy and lazy[0][4] == pack.RAW  # random bytes stay raw
+    big = 100 << 20
+    lazy[0][2] = lazy[0][3] = big
+    head = msgpack.packb(header, use_bin_type=True)
+    body = data[pn.head_end :]
+    head_end = pack.PREFIX + len(head)
+    name = PackName.make(
+        pn.time, pn.device, pn.seq, head_end, head_end + pn.eager_end - pn.head_end
+    ).name
+    await bucket.put(name, pack.MAGIC2 + len(head).to_bytes(4, "big") + head + body)
+    with open(bucket.root / name, "r+b") as f:
+        f.truncate(head_end + lazy[0][1] + big)
+    async with device(tmp_path / "a", bucket) as a:
+        pa = await a.repo.ledger("l").page("q")
+        await pa.put(b"k", b"v")
+        await pa.flush()
+        await a.engine.sync()
+        async with device(tmp_path / "b", bucket, retry_first=3600) as b:
+            tracemalloc.start()
+            try:
+                await b.engine.sync()
+                pb = await b.repo.ledger("l").page("p")
+                with contextlib.suppress(StoreError):
+                    await pb.get(b"photo")
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert peak < 32 << 20, peak
+            assert await _keys(b.repo, page="q") == {b"k": b"v"}
+            packs = b.engine.status()["packs"]
+            assert [(p["pack"], p["state"]) for p in packs] == [(name, "refused")]
+            assert "LAZY piece" in packs[0]["error"]
