@@ -87,7 +87,7 @@ class Feed:
             if pn is None:
                 self.ignore(name)
                 continue
-            newest = max(newest, pn.time)
+            newest = max(newest, min(pn.time, layout.NAMED_TIME_CEILING))
             if await self.saw(pn):
                 touched.add(pn.device)
         for device in sorted(touched):
@@ -113,8 +113,9 @@ class Feed:
     async def saw(self, pn: PackName) -> bool:
         """Take note of a listed pack; True if it is new (then it is held for import)."""
         if pn.device == self.ctx.device:
-            self.own_seq = max(self.own_seq, pn.seq)
-            self.own_time = max(self.own_time, pn.time)
+            # Anyone may name an object so: a name moves the next ones only so far.
+            self.own_seq = max(self.own_seq, min(pn.seq, layout.NAMED_SEQ_CEILING))
+            self.own_time = max(self.own_time, min(pn.time, layout.NAMED_TIME_CEILING))
             return False
         dl = await self.device_log(pn.device)
         if not dl.is_new(pn.seq):

@@ -53,6 +53,16 @@ layout-3 marker. Packs of layout 2 are read as they are."""
 MAX_EAGER_END = 1 << 40
 """Largest ``eager_end`` a pack name may carry (sync never writes one near it)."""
 
+NAMED_TIME_CEILING = 9 * 10**12
+"""The highest feed time (ms, in 2255) a listed name moves this device's hybrid
+logical clock to. A name's time has 13 digits and a device's next feed time follows
+the newest listed: a name at the end of them (a hostile or broken device) made every
+device's next names 14 digits long, unreadable to all, for good. Above the ceiling,
+10**12 more packs still fit."""
+NAMED_SEQ_CEILING = 9 * 10**15
+"""The highest sequence a listed name of this device's own moves its next one to
+(a name of 16 digits; as for :data:`NAMED_TIME_CEILING`)."""
+
 _DEVICE = re.compile(r"[0-9a-f]{32}")
 _SEQ = re.compile(r"[0-9]{16}")
 _NUMBER = re.compile(r"0|[1-9][0-9]{0,15}")
@@ -155,6 +165,8 @@ class PackName:
 
     @classmethod
     def make(cls, time: int, device: str, seq: int, head_end: int, eager_end: int) -> PackName:
+        if not (0 <= time < 10**13 and 1 <= seq < 10**16):
+            raise ValueError(f"feed time {time} or sequence {seq} does not fit in a pack name")
         name = f"{PACKS}{time:013d}.{device}.{seq:016d}.{head_end}.{eager_end}"
         return cls(time, device, seq, head_end, eager_end, name)
 

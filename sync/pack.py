@@ -40,6 +40,7 @@ digests and commit ids are verified by the store on import.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +74,13 @@ checks a commit's new tree within one pack), and a page's first upload carries
 every version of its rewritten leaves: 100 commits of 1,000 random keys into a
 100,000-entry page make 225 MB of nodes (``bench.sync``). A bound a writer can pass
 would refuse that page on every other device for good."""
+MAX_PIECE = 1024 * 1024
+"""Largest raw LAZY piece a reader accepts: a pack index declaring one larger (or
+stored larger than its raw bytes need) is refused. Values and nodes are split into
+pieces of at most 64 KiB (``store.split.MAX_CHUNK``; an index piece holds at most
+1,024 children, about 45 KiB), so none is near it. A LAZY piece is fetched whole on
+first read: before, a hostile index could declare one as long as its object, and a
+read fetched all of it into memory before its digest check failed."""
 INFLATE_STEP = 1024 * 1024
 """Bytes inflated at a time."""
 MAX_HEADER = 64 * 1024 * 1024
@@ -326,7 +334,7 @@ def decode_header(
             raise CorruptPackError(f"pack header is over {MAX_HEADER} bytes")
         header = data[PREFIX:]
     try:
-        h = msgpack.unpackb(header, raw=False)
+        h = _unpack_header(header)
         device, seq, time, pages = h["device"], h["seq"], h["time"], h["pages"]
         ok = (
             isinstance(device, bytes)
@@ -353,6 +361,12 @@ def decode_header(
                     pt = _part(x[1:], head_end, eager_end, None, seal, "lazy", d)
                     if pt.codec == ZSTD_EDIT:
                         raise ValueError("a LAZY piece is never an edit")
+                    most = crypto.sealed_size(pt.raw) if seal else pt.raw
+                    if pt.raw > MAX_PIECE or pt.stored > most:
+                        raise CorruptPackError(
+                            f"a LAZY piece declares {pt.raw} bytes ({pt.stored} stored), "
+                            f"more than the {MAX_PIECE} accepted or than it needs"
+                        )
                     pieces.append((d, pt))
                 out.append(PageIndex(ledger, page, eager, pieces, bases))
     except CorruptPackError:
@@ -363,6 +377,36 @@ def decode_header(
         raise CorruptPackError("pack header has malformed fields")
     known = {"device", "seq", "time", "pages"}
     return Header(device, seq, time, out, {k: v for k, v in h.items() if k not in known})
+
+
+HEADER_CONTAINER = 4
+"""Fewest bytes a header takes per container (array) it holds: a page's entry holds
+three (itself, its EAGER part of four integers, its list of LAZY pieces) in at least
+13 bytes, a LAZY piece one in at least 40. A map counts as :data:`HEADER_MAP`
+containers (a real header has two)."""
+HEADER_MAP = 3
+
+
+def _unpack_header(header: bytes) -> Any:
+    """A header's msgpack, refused (ValueError) as soon as it holds more containers
+    than :data:`HEADER_CONTAINER` allows for its size: an empty array is one byte and
+    56 in memory (an empty map 64, a map of one 184), so a header of tiny containers
+    cost 70 times its size (4.5 GiB for one of MAX_HEADER, which is a few KiB
+    compressed); within the bound it costs at most about what a real header of many
+    small pages does (about 18 times its size)."""
+    budget = len(header) // HEADER_CONTAINER + 16
+
+    def count(weight: int) -> Callable[[Any], Any]:
+        def hook(x: Any) -> Any:
+            nonlocal budget
+            budget -= weight
+            if budget < 0:
+                raise ValueError(f"more containers than a header of {len(header)} bytes holds")
+            return x
+
+        return hook
+
+    return msgpack.unpackb(header, raw=False, list_hook=count(1), object_hook=count(HEADER_MAP))
 
 
 def _open_header(data: bytes, head_end: int, eager_end: int, seal: tuple[Codec, str]) -> bytes:
@@ -602,7 +646,7 @@ def decode_prefix(data: bytes, eager_end: int) -> PackPrefix:
             and isinstance(commits, list)
             and all(isinstance(c, bytes) for c in commits)
             and all(_piece_ok(x) for x in eager)
-            and all(_piece_ok(x) for x in lazy)
+            and all(_piece_ok(x) and x[1] <= MAX_PIECE for x in lazy)
         )
     except Exception as e:  # msgpack and KeyError and TypeError alike
         raise CorruptPackError(f"pack header is unreadable: {e}") from e

@@ -4,6 +4,7 @@ uploaded again, and other pages and later packs go on."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import tracemalloc
@@ -13,7 +14,8 @@ import msgpack
 import pytest
 import zstandard
 
-from ledgerd.store import commit
+from ledgerd.store import Priority, commit
+from ledgerd.store.errors import StoreError
 from ledgerd.sync import layout, pack
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import PackName
@@ -217,3 +219,130 @@ async def test_a_name_promising_a_huge_header_is_refused_before_it_is_read(
     with open(tmp_path / "bucket" / name, "r+b") as f:
         f.truncate(size)
     await _refused_cheaply(tmp_path, bucket, name, "header would end")
+
+
+@pytest.mark.parametrize("field", ["time", "seq"])
+async def test_a_name_at_the_end_of_its_digits_does_not_stop_anyone_syncing(
+    tmp_path: Path, bucket: FolderStore, field: str
+) -> None:
+    """An object named with the largest feed time (any device) or the largest sequence
+    of a's own device. Feed times and sequences follow the largest listed, so a's
+    next packs took a 14-digit time or a 17-digit sequence: names no ledgerd reads,
+    ignored by every device (and by a) for good. Now a listed name raises them only
+    up to a ceiling far below the end of their digits; b gets both of a's rounds."""
+    async with device(tmp_path / "a", bucket) as a:
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"k0", b"v0")
+        await pa.flush()
+        await a.engine.sync()  # a has listed the bucket and has a sequence
+        own = a.repo.device_id.hex()
+        if field == "time":
+            name = PackName.make(10**13 - 1, os.urandom(16).hex(), 1, 12, 12).name
+        else:
+            name = PackName.make(_now_ms(), own, 10**16 - 1, 12, 12).name
+        await bucket.put(name, b"x" * 12)
+        for i in (1, 2):
+            await pa.put(b"k%d" % i, b"v%d" % i)
+            await pa.flush()
+            await a.engine.sync()
+        listed = [
+            PackName.parse(f"{layout.PACKS}{p.name}") for p in (bucket.root / "packs").iterdir()
+        ]
+        mine = [pn for pn in listed if pn is not None and pn.device == own and pn.name != name]
+        assert len(mine) == 3  # none of them unreadable
+        async with device(tmp_path / "b", bucket, retry_first=3600) as b:
+            await b.engine.sync()
+            assert await _keys(b.repo) == {b"k0": b"v0", b"k1": b"v1", b"k2": b"v2"}
+            packs = b.engine.status()["packs"]
+            assert [(p["pack"], p["state"]) for p in packs] == [(name, "refused")]
+
+
+@pytest.mark.parametrize("item", [b"\x90", b"\x80", b"\x81\xa0\xc0"])
+async def test_a_header_of_tiny_containers_is_refused_before_it_costs_more_than_a_real_one(
+    tmp_path: Path, bucket: FolderStore, item: bytes
+) -> None:
+    """A 2 MiB header whose page list holds a million empty arrays or maps (one to
+    three bytes each, 56 to 184 bytes each in memory): it was parsed whole before
+    anything was checked, about 70 times its size (4.5 GiB for a 64 MiB header,
+    which costs a few KiB compressed and sealed). A real header's containers take
+    more than four bytes each, so b refuses one with more, holding at most about
+    what a real header of that size costs (about 18 times it), and takes a's page."""
+    device_id, now = os.urandom(16), _now_ms()
+    n = (2 << 20) // len(item)
+    head = msgpack.packb({"device": device_id, "seq": 1, "time": now}, use_bin_type=True)
+    header = bytes([head[0] + 1]) + head[1:] + msgpack.packb("pages")
+    header += b"\xdd" + n.to_bytes(4, "big") + item * n
+    size = len(header)
+    head_end = len(pack.MAGIC2) + 4 + size
+    name = PackName.make(now, device_id.hex(), 1, head_end, head_end).name
+    await bucket.put(name, pack.MAGIC2 + size.to_bytes(4, "big") + header)
+    async with device(tmp_path / "a", bucket) as a:
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"k", b"v")
+        await pa.flush()
+        await a.engine.sync()
+        async with device(tmp_path / "b", bucket, retry_first=3600) as b:
+            tracemalloc.start()
+            try:
+                await b.engine.sync()
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert peak < 24 * size, peak / size
+            assert await _keys(b.repo) == {b"k": b"v"}
+            packs = b.engine.status()["packs"]
+            assert [(p["pack"], p["state"]) for p in packs] == [(name, "refused")]
+            assert "containers" in packs[0]["error"]
+
+
+async def test_a_lazy_piece_declared_huge_is_refused_before_anyone_fetches_it(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """h's pack of a LAZY value, its first LAZY piece rewritten to lie 100 MiB long
+    over an object that long (a sparse file): b imported it, recording that location,
+    and reading the value fetched all 100 MiB into memory before the digest check
+    failed (a real piece is at most 64 KiB: a value is split). b now refuses the pack
+    (holding a few MiB at most), and takes a's page."""
+    async with device(tmp_path / "h", bucket) as h:
+        ph = await h.repo.ledger("l").page("p")
+        await ph.put(b"photo", os.urandom(200_000), Priority.LAZY)
+        await h.engine.sync()
+    (path,) = (bucket.root / "packs").iterdir()
+    pn = PackName.parse(f"{layout.PACKS}{path.name}")
+    assert pn is not None
+    data = path.read_bytes()
+    path.unlink()
+    header = msgpack.unpackb(data[pack.PREFIX : pn.head_end], raw=False)
+    lazy = header["pages"][0][3]
+    assert lazy and lazy[0][4] == pack.RAW  # random bytes stay raw
+    big = 100 << 20
+    lazy[0][2] = lazy[0][3] = big
+    head = msgpack.packb(header, use_bin_type=True)
+    body = data[pn.head_end :]
+    head_end = pack.PREFIX + len(head)
+    name = PackName.make(
+        pn.time, pn.device, pn.seq, head_end, head_end + pn.eager_end - pn.head_end
+    ).name
+    await bucket.put(name, pack.MAGIC2 + len(head).to_bytes(4, "big") + head + body)
+    with open(bucket.root / name, "r+b") as f:
+        f.truncate(head_end + lazy[0][1] + big)
+    async with device(tmp_path / "a", bucket) as a:
+        pa = await a.repo.ledger("l").page("q")
+        await pa.put(b"k", b"v")
+        await pa.flush()
+        await a.engine.sync()
+        async with device(tmp_path / "b", bucket, retry_first=3600) as b:
+            tracemalloc.start()
+            try:
+                await b.engine.sync()
+                pb = await b.repo.ledger("l").page("p")
+                with contextlib.suppress(StoreError):
+                    await pb.get(b"photo")
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert peak < 32 << 20, peak
+            assert await _keys(b.repo, page="q") == {b"k": b"v"}
+            packs = b.engine.status()["packs"]
+            assert [(p["pack"], p["state"]) for p in packs] == [(name, "refused")]
+            assert "LAZY piece" in packs[0]["error"]
