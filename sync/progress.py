@@ -10,6 +10,7 @@ backoff, and the cursor of the device's layout-1 log. It does no I/O.
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,6 +89,10 @@ class Gap:
     until: int = 0  # feed time of the pack after it (0: unknown, layout 1)
 
 
+def _first(g: Gap) -> int:
+    return g.first
+
+
 @dataclass
 class DeviceLog:
     device: str
@@ -112,20 +117,28 @@ class DeviceLog:
             self.max_seq, self.max_time = seq, feed_time
         self.fill(seq, feed_time)
 
+    def _gap_at(self, seq: int) -> int:
+        """The index of the gap holding ``seq``, or -1. Gaps are disjoint and kept in
+        order (a new one lies above them all, a filled one is split in place), so this
+        is a binary search: a device naming every other sequence makes as many gaps as
+        it names packs, and a scan per name made listing them quadratic."""
+        i = bisect.bisect_right(self.gaps, seq, key=_first) - 1
+        return i if i >= 0 and seq <= self.gaps[i].last else -1
+
     def in_gap(self, seq: int) -> bool:
-        return any(g.first <= seq <= g.last for g in self.gaps)
+        return self._gap_at(seq) >= 0
 
     def fill(self, seq: int, feed_time: int = 0) -> None:
-        out: list[Gap] = []
-        for g in self.gaps:
-            if g.first <= seq <= g.last:
-                if g.first < seq:
-                    out.append(Gap(g.first, seq - 1, g.since, g.after, feed_time or g.until))
-                if seq < g.last:
-                    out.append(Gap(seq + 1, g.last, g.since, max(g.after, feed_time), g.until))
-            else:
-                out.append(g)
-        self.gaps = out
+        i = self._gap_at(seq)
+        if i < 0:
+            return
+        g = self.gaps[i]
+        parts: list[Gap] = []
+        if g.first < seq:
+            parts.append(Gap(g.first, seq - 1, g.since, g.after, feed_time or g.until))
+        if seq < g.last:
+            parts.append(Gap(seq + 1, g.last, g.since, max(g.after, feed_time), g.until))
+        self.gaps[i : i + 1] = parts
 
     # -- persistence -----------------------------------------------------------------
 
@@ -151,7 +164,8 @@ class DeviceLog:
             d = msgpack.unpackb(data, raw=False)
             log = cls(device, str(d["cursor"]), int(d["max_seq"]))
             log.max_time = int(d.get("max_time", 0))
-            log.gaps = [Gap(int(g[0]), int(g[1]), float(g[2]), *map(int, g[3:])) for g in d["gaps"]]
+            gaps = [Gap(int(g[0]), int(g[1]), float(g[2]), *map(int, g[3:])) for g in d["gaps"]]
+            log.gaps = sorted(gaps, key=_first)  # (as encode wrote them)
             held: list[tuple[str, Key | None]] = []
             for h in d["held"]:
                 if isinstance(h, str):  # written by the layout-1 engine

@@ -1,0 +1,92 @@
+"""A device log's gaps and saves: what a device full of holes costs."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ledgerd.sync.feed import Feed
+from ledgerd.sync.folder import FolderStore
+from ledgerd.sync.layout import PackName
+from ledgerd.sync.progress import DeviceLog, Gap
+from tests.sync.test_engine import _keys, device
+
+
+def _fill_by_scan(gaps: list[Gap], seq: int, feed_time: int) -> list[Gap]:
+    """What ``DeviceLog.fill`` did with a scan of every gap (the reference)."""
+    out: list[Gap] = []
+    for g in gaps:
+        if g.first <= seq <= g.last:
+            if g.first < seq:
+                out.append(Gap(g.first, seq - 1, g.since, g.after, feed_time or g.until))
+            if seq < g.last:
+                out.append(Gap(seq + 1, g.last, g.since, max(g.after, feed_time), g.until))
+        else:
+            out.append(g)
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 60), st.integers(0, 1000)), max_size=80))
+def test_gaps_found_by_search_are_the_gaps_a_scan_finds(seen: list[tuple[int, int]]) -> None:
+    """Packs listed in any order: the gaps (and their feed-time bounds) are what a scan
+    of every gap made of them, and a sequence is in a gap exactly when it was skipped
+    and not seen since. The log also survives encoding."""
+    dl = DeviceLog("d")
+    ref: list[Gap] = []
+    listed: set[int] = set()
+    for seq, t in seen:
+        if seq > dl.max_seq + 1:
+            ref.append(Gap(dl.max_seq + 1, seq - 1, 0.0, dl.max_time, t))
+        ref = _fill_by_scan(ref, seq, t)
+        dl.saw(seq, t)
+        for g in dl.gaps:
+            g.since = 0.0  # (the wall time it was made)
+        listed.add(seq)
+        assert dl.gaps == ref
+        for s in range(1, dl.max_seq + 2):
+            assert dl.in_gap(s) == (s <= dl.max_seq and s not in listed), s
+    again = DeviceLog.decode("d", dl.encode())
+    assert again.gaps == dl.gaps and again.max_seq == dl.max_seq
+
+
+async def test_many_refused_packs_save_the_device_log_a_few_times_not_once_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device names 300 packs at every other sequence, each of them unreadable:
+    300 gaps, and 300 refused packs held in its log. b refuses them all and still
+    takes a's page, saving that log a few times in the download (every second at
+    most), where it saved the whole log after each pack (quadratic in the packs)."""
+    (tmp_path / "bucket").mkdir()
+    bucket = FolderStore(tmp_path / "bucket")
+    liar, now = os.urandom(16).hex(), int(time.time() * 1000)
+    names = [PackName.make(now + i, liar, 2 * i + 2, 12, 12).name for i in range(300)]
+    for name in names:
+        await bucket.put(name, b"x" * 12)
+    saves: list[str] = []
+    real_save = Feed.save_log
+
+    async def counted(self: Feed, dl: DeviceLog) -> Any:
+        saves.append(dl.device)
+        return await real_save(self, dl)
+
+    monkeypatch.setattr(Feed, "save_log", counted)
+    async with device(tmp_path / "a", bucket) as a:
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"k", b"v")
+        await pa.flush()
+        await a.engine.sync()
+        async with device(tmp_path / "b", bucket, retry_first=3600) as b:
+            saves.clear()
+            await b.engine.sync()
+            assert await _keys(b.repo) == {b"k": b"v"}
+            packs = b.engine.status()["packs"]
+            assert sorted(p["pack"] for p in packs if p["state"] == "refused") == sorted(names)
+            assert len(b.engine.feed.logs[liar].gaps) == 300
+            assert saves.count(liar) < 30, len(saves)
