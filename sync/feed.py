@@ -21,7 +21,7 @@ from ledgerd.store import exchange as ex
 from ledgerd.sync import layout, progress
 from ledgerd.sync.context import LEGACY_DONE, SyncContext
 from ledgerd.sync.layout import LogName, PackName
-from ledgerd.sync.progress import DeviceLog, Held
+from ledgerd.sync.progress import DeviceLog, Gap, Held
 
 log = logging.getLogger(__name__)
 
@@ -138,14 +138,12 @@ class Feed:
             if not old or not (force or now >= dl.probe_due):
                 continue
             found = 0
-            for g in old:
-                if not dl.in_gap(g.first) and not dl.in_gap(g.last):
-                    continue
-                async for name in self.ctx.store.list(layout.PACKS, layout.feed_after(g.after)):
+            for after, until in _stretches(old):
+                async for name in self.ctx.store.list(layout.PACKS, layout.feed_after(after)):
                     pn = PackName.parse(name)
                     if pn is None:
                         continue
-                    if g.until and pn.time > g.until:
+                    if pn.time > until:
                         break
                     if pn.device == dl.device and await self.saw(pn):
                         found += 1
@@ -275,3 +273,16 @@ class Feed:
             for g in dl.gaps:
                 cover[device] = min(cover[device], g.first - 1)
         return {d: s for d, s in cover.items() if s > 0}
+
+
+def _stretches(gaps: list[Gap]) -> list[tuple[int, int]]:
+    """The stretches of the feed to list for ``gaps`` (feed times ``[after, until]``),
+    overlapping or touching ones joined: a device that left a gap at every other
+    sequence is probed with one listing, not one per gap."""
+    out: list[tuple[int, int]] = []
+    for g in sorted(gaps, key=lambda g: g.after):
+        if out and g.after <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], g.until))
+        else:
+            out.append((g.after, g.until))
+    return out

@@ -90,3 +90,26 @@ async def test_many_refused_packs_save_the_device_log_a_few_times_not_once_each(
             assert sorted(p["pack"] for p in packs if p["state"] == "refused") == sorted(names)
             assert len(b.engine.feed.logs[liar].gaps) == 300
             assert saves.count(liar) < 30, len(saves)
+
+
+async def test_a_device_full_of_old_gaps_is_probed_with_one_listing(tmp_path: Path) -> None:
+    """A device that left a gap at every other sequence an hour ago: a forced probe
+    lists their stretch of the feed once (a page of names or two), not once per gap,
+    and finds a pack that appeared in one of them."""
+    (tmp_path / "bucket").mkdir()
+    bucket = FolderStore(tmp_path / "bucket")
+    liar, then = os.urandom(16).hex(), int(time.time() * 1000) - 3_600_000
+    for i in range(200):
+        await bucket.put(PackName.make(then + 10 * i, liar, 2 * i + 2, 12, 12).name, b"x" * 12)
+    now = PackName.make(int(time.time() * 1000), os.urandom(16).hex(), 1, 12, 12).name
+    await bucket.put(now, b"x" * 12)  # the feed has moved on: the gaps are old
+    async with device(tmp_path / "b", bucket, retry_first=3600) as b:
+        await b.engine.sync()
+        assert len(b.engine.feed.logs[liar].gaps) == 200
+        late = PackName.make(then + 10 * 50 + 5, liar, 101, 12, 12).name  # a slow PUT
+        await bucket.put(late, b"x" * 12)
+        b.cloud.reset()
+        await b.engine.sync()
+        assert b.cloud.counts["list"] <= 3, b.cloud.counts
+        assert len(b.engine.feed.logs[liar].gaps) == 199
+        assert late in {p["pack"] for p in b.engine.status()["packs"]}
