@@ -65,7 +65,9 @@ class Feed:
         self._listed_wall = 0.0  # wall time of a recent listing (see wall_listed)
 
     async def load(self) -> None:
-        self.feed_max = int(await self.ctx.repo.get_meta("sync/feed") or b"0")
+        # (as listed names move it: one saved before that rule may be past the ceiling)
+        stored = int(await self.ctx.repo.get_meta("sync/feed") or b"0")
+        self.feed_max = min(stored, layout.NAMED_TIME_CEILING)
 
     # -- listing -----------------------------------------------------------------------
 
@@ -236,8 +238,10 @@ class Feed:
         """
         await self.fresh()
         repo = self.ctx.repo
-        seq = max(int(await repo.get_meta("sync/seq") or b"0"), self.own_seq) + 1
-        last = int(await repo.get_meta("sync/seq_time") or b"0")
+        # Saved before listed names were held below the ceilings, these may be past them.
+        stored = int(await repo.get_meta("sync/seq") or b"0")
+        seq = max(min(stored, layout.NAMED_SEQ_CEILING), self.own_seq) + 1
+        last = min(int(await repo.get_meta("sync/seq_time") or b"0"), layout.NAMED_TIME_CEILING)
         t = max(int(self.ctx.clock() * 1000), self.feed_max, last + 1, self.own_time + 1)
         await repo.set_meta("sync/seq", str(seq).encode())
         await repo.set_meta("sync/seq_time", str(t).encode())

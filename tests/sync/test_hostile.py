@@ -14,7 +14,7 @@ import msgpack
 import pytest
 import zstandard
 
-from ledgerd.store import Priority, commit
+from ledgerd.store import Priority, Repository, commit
 from ledgerd.store.errors import StoreError
 from ledgerd.sync import layout, pack
 from ledgerd.sync.folder import FolderStore
@@ -346,3 +346,32 @@ async def test_a_lazy_piece_declared_huge_is_refused_before_anyone_fetches_it(
             packs = b.engine.status()["packs"]
             assert [(p["pack"], p["state"]) for p in packs] == [(name, "refused")]
             assert "LAZY piece" in packs[0]["error"]
+
+
+async def test_a_device_whose_saved_clocks_passed_the_ceilings_syncs_again(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """A device hit by such a name before listed names were held below the ceilings
+    saved a feed time and a sequence at the end of their digits: its next names would
+    not fit (PackName.make refuses them). Loaded, they are held to the ceilings, so
+    it uploads readable packs again and b gets them."""
+    async with device(tmp_path / "a", bucket) as a:
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"k0", b"v0")
+        await pa.flush()
+        await a.engine.sync()
+    async with await Repository.open(tmp_path / "a") as repo:  # as that version left them
+        await repo.set_meta("sync/feed", str(10**13 - 1).encode())
+        await repo.set_meta("sync/seq_time", str(10**13 - 1).encode())
+        await repo.set_meta("sync/seq", str(10**16 - 1).encode())
+    async with device(tmp_path / "a", bucket) as a:
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"k1", b"v1")
+        await pa.flush()
+        await a.engine.sync()
+        own = a.repo.device_id.hex()
+    listed = [PackName.parse(f"{layout.PACKS}{p.name}") for p in (bucket.root / "packs").iterdir()]
+    assert len([pn for pn in listed if pn is not None and pn.device == own]) == 2
+    async with device(tmp_path / "b", bucket) as b:
+        await b.engine.sync()
+        assert await _keys(b.repo) == {b"k0": b"v0", b"k1": b"v1"}
