@@ -204,36 +204,65 @@ def _verifies(digest: bytes, data: Any) -> bool:
 class _Tables:
     """The page's small tables, read in one read transaction."""
 
-    commits: list[tuple[bytes, bytes, int, int, bytes]]
+    commits: list[tuple[Any, ...]]
+    """(id, data, generation, timestamp, root): the last three as stored, whatever
+    their type."""
     parents: set[tuple[bytes, bytes]]
     heads: set[bytes]
-    unsynced_commits: list[tuple[bytes, int]]
+    unsynced_commits: list[tuple[Any, ...]]
     dangling_unsynced: int
     stale_remote: list[bytes]
     journals: set[str]
-    journal_values: list[tuple[str, bytes, bytes]]
+    journal_values: list[tuple[Any, ...]]
     orphan_entries: list[str]
     shallow: set[bytes]
     """Commits imported from a checkpoint, whose parents are not here."""
     pruned: set[bytes]
+    mistyped: dict[str, int]
+    """Rows left out of the lists above, by table: their columns hold the wrong types."""
+
+
+def _rows(cursor: Iterable[Any], *types: type) -> tuple[list[tuple[Any, ...]], int]:
+    """The rows whose columns hold the types given (``object``: any), and how many did
+    not: the tables are not STRICT, so a damaged row may hold anything."""
+    good: list[tuple[Any, ...]] = []
+    bad = 0
+    for row in cursor:
+        if all(isinstance(v, t) for v, t in zip(row, types, strict=True)):
+            good.append(tuple(row))
+        else:
+            bad += 1
+    return good, bad
 
 
 def _read_tables(conn: sqlite3.Connection) -> _Tables:
     conn.execute("BEGIN")
     try:
+        mistyped: dict[str, int] = {}
+
+        def rows(table: str, query: str, *types: type) -> list[tuple[Any, ...]]:
+            good, bad = _rows(conn.execute(query), *types)
+            if bad:
+                mistyped[table] = mistyped.get(table, 0) + bad
+            return good
+
+        # A commit's other columns are compared with its data as they are.
+        commits = rows(
+            "commits",
+            "SELECT id, data, generation, timestamp, root FROM commits",
+            bytes,
+            bytes,
+            object,
+            object,
+            object,
+        )
         return _Tables(
-            commits=[
-                (bytes(a), bytes(b), int(c), int(d), bytes(e))
-                for a, b, c, d, e in conn.execute(
-                    "SELECT id, data, generation, timestamp, root FROM commits"
-                )
-            ],
-            parents={(bytes(a), bytes(b)) for a, b in conn.execute("SELECT * FROM commit_parents")},
-            heads={bytes(r[0]) for r in conn.execute("SELECT commit_id FROM heads")},
-            unsynced_commits=[
-                (bytes(a), int(b))
-                for a, b in conn.execute("SELECT commit_id, generation FROM unsynced_commits")
-            ],
+            commits=commits,
+            parents=set(rows("commit_parents", "SELECT * FROM commit_parents", bytes, bytes)),
+            heads={r[0] for r in rows("heads", "SELECT commit_id FROM heads", bytes)},
+            unsynced_commits=rows(
+                "unsynced_commits", "SELECT commit_id, generation FROM unsynced_commits", bytes, int
+            ),
             dangling_unsynced=int(
                 conn.execute(
                     "SELECT count(*) FROM unsynced u WHERE NOT EXISTS "
@@ -248,12 +277,13 @@ def _read_tables(conn: sqlite3.Connection) -> _Tables:
                 )
             ],
             journals={str(r[0]) for r in conn.execute("SELECT id FROM journals")},
-            journal_values=[
-                (str(j), bytes(k), bytes(v))
-                for j, k, v in conn.execute(
-                    "SELECT journal_id, key, value FROM journal_entries WHERE value IS NOT NULL"
-                )
-            ],
+            journal_values=rows(
+                "journal_entries",
+                "SELECT journal_id, key, value FROM journal_entries WHERE value IS NOT NULL",
+                str,
+                bytes,
+                bytes,
+            ),
             orphan_entries=[
                 str(r[0])
                 for r in conn.execute(
@@ -264,10 +294,24 @@ def _read_tables(conn: sqlite3.Connection) -> _Tables:
             shallow=shallow_roots(
                 conn.execute("SELECT value FROM page_metadata WHERE name = 'shallow'").fetchone()
             ),
-            pruned={bytes(r[0]) for r in conn.execute("SELECT commit_id FROM pruned_commits")},
+            pruned={
+                r[0] for r in rows("pruned_commits", "SELECT commit_id FROM pruned_commits", bytes)
+            },
+            mistyped=mistyped,
         )
     finally:
         conn.execute("COMMIT")
+
+
+_MISTYPED_CODE = {
+    "commits": COMMIT,
+    "commit_parents": COMMIT,
+    "pruned_commits": COMMIT,
+    "heads": HEADS,
+    "unsynced_commits": UNSYNCED,
+    "journal_entries": JOURNAL,
+}
+"""The problem code of rows of each table that hold values of the wrong type."""
 
 
 def _check_commits(t: _Tables, report: PageCheck) -> dict[bytes, commit.Commit]:
@@ -331,6 +375,10 @@ def _check_commits(t: _Tables, report: PageCheck) -> dict[bytes, commit.Commit]:
 
 
 def _check_tables(t: _Tables, report: PageCheck) -> None:
+    for table, n in t.mistyped.items():
+        report.add(
+            Problem(_MISTYPED_CODE[table], f"{n} rows of {table} hold values of the wrong type")
+        )
     if t.dangling_unsynced:
         report.add(
             Problem(UNSYNCED, f"{t.dangling_unsynced} rows of unsynced name no stored piece")
@@ -632,7 +680,9 @@ async def repair_local(page: Page, report: PageCheck) -> None:
     for p in [*transient, *remote, *heads]:
         p.repaired = True
     for p in dangling:
-        if p.code == UNSYNCED and "wrong generation" not in p.message:
+        if p.code == UNSYNCED and not any(
+            w in p.message for w in ("wrong generation", "wrong type")
+        ):
             p.repaired = True
 
 

@@ -132,3 +132,28 @@ async def test_requeue_makes_synced_pieces_and_commits_pending_again(tmp_path: P
         assert ck.commit_ids([c.data for c in again.commits]) == commits[:1]
     finally:
         await repo.close()
+
+
+async def test_commit_rows_holding_values_of_the_wrong_type_are_reported(tmp_path: Path) -> None:
+    """Garbage in the commits table (a text generation, an integer root, a text row in
+    heads or commit_parents) is reported as problems; the check does not fail."""
+    repo, _, _ = await _page_with_data(tmp_path)
+    await repo.close()
+    conn = _db(tmp_path)
+    try:
+        head = bytes(conn.execute("SELECT commit_id FROM heads").fetchone()[0])
+        conn.execute("UPDATE commits SET generation = 'x', root = 12 WHERE id = ?", (head,))
+        conn.execute("INSERT INTO commit_parents VALUES ('child', 7)")
+        conn.execute("INSERT INTO unsynced_commits VALUES ('text', 'gen')")
+    finally:
+        conn.close()
+    repo = await Repository.open(tmp_path)
+    try:
+        page = await repo.ledger("l").page("p")
+        report = await ck.check_page(page)
+        assert not report.healthy
+        assert any(p.code == ck.COMMIT and p.commit == head for p in report.problems)
+        assert {p.code for p in report.problems} >= {ck.COMMIT, ck.UNSYNCED}
+        assert await page.get(b"small") == b"s" * 1000
+    finally:
+        await repo.close()
