@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 
-from ledgerd.store.errors import SchemaError
+from ledgerd.store.errors import CorruptDatabaseError, SchemaError
 
 FORMAT_VERSION = 1
 """Path component of the repository layout: ``{data_dir}/{FORMAT_VERSION}/ledgers/...``."""
@@ -264,11 +264,16 @@ def _version(conn: sqlite3.Connection, version: int) -> int:
         raise SchemaError(
             f"database schema version {current} is newer than this ledgerd supports ({version})"
         )
+    if current < 0:
+        raise CorruptDatabaseError(
+            f"{_name(conn)} is damaged: database schema version {current} is not valid"
+        )
     return current
 
 
 def _apply(conn: sqlite3.Connection, schema: str, version: int, migrations: dict[int, str]) -> None:
-    if _version(conn, version) == version:
+    current = _version(conn, version)
+    if current == version:
         return
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -284,6 +289,16 @@ def _apply(conn: sqlite3.Connection, schema: str, version: int, migrations: dict
                     conn.execute(statement)
         conn.execute(f"PRAGMA user_version = {version}")
         conn.execute("COMMIT")
+    except sqlite3.OperationalError as e:
+        conn.execute("ROLLBACK")
+        if e.sqlite_errorcode & 0xFF != sqlite3.SQLITE_ERROR:
+            raise  # busy, I/O, corrupt: the caller translates those
+        # The tables are not what the version says (a damaged user_version): a
+        # migration or the creation failed, and was rolled back.
+        raise CorruptDatabaseError(
+            f"{_name(conn)} is damaged: its schema version {current} does not match its "
+            f"tables (nothing was changed): {e}"
+        ) from e
     except BaseException:
         conn.execute("ROLLBACK")
         raise

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from ledgerd.store import Page, Priority, Repository, SchemaError, exchange, schema, sql
+from ledgerd.store.errors import CorruptDatabaseError
 from ledgerd.store.schema import (
     LOCAL,
     SCHEMA_VERSION,
@@ -198,3 +199,29 @@ async def test_version_2_journal_left_by_a_crash_is_committed(tmp_path: Path) ->
         columns = [r[1] for r in await page.db.read_all("PRAGMA table_info(journals)")]
         assert columns == ["id", "cleared", "since"]
         assert await page.db.read_all("SELECT count(*) FROM pruned_commits") == [(0,)]
+
+
+@pytest.mark.parametrize("version", [-1, 0, 2])
+async def test_a_page_whose_schema_version_is_wrong_is_refused_clearly(
+    tmp_path: Path, version: int
+) -> None:
+    """A damaged user_version (negative, 0 with the tables there, or older than the
+    tables are) is a CorruptDatabaseError naming the file and the version, never
+    SQLite's own error or a KeyError; the page's data stays as it was."""
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.put(b"k", b"v")
+        await page.flush()
+        path = page.db.path
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(f"PRAGMA user_version = {version}")
+    conn.close()
+    async with await Repository.open(tmp_path) as repo:
+        with pytest.raises(CorruptDatabaseError, match=f"schema version {version}") as e:
+            await repo.ledger("l").page("p")
+        assert str(path) in str(e.value)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    conn.close()
+    async with await Repository.open(tmp_path) as repo:
+        assert await (await repo.ledger("l").page("p")).get(b"k") == b"v"
