@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import logging
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 
@@ -27,6 +28,8 @@ from ledgerd.store.errors import CommitNotFoundError
 from ledgerd.store.objects import ObjectStore
 from ledgerd.store.schema import LOCAL
 from ledgerd.store.watch import Watchers
+
+log = logging.getLogger(__name__)
 
 DIRECT_BATCH = 1000
 """A write of at least this many changes is committed directly, not through the
@@ -75,13 +78,28 @@ class CommitGraph:
         return self.heads[-1]
 
     async def load_heads(self) -> None:
-        """Read the heads from the database (a new page gets the well-known first commit)."""
-        rows = await self.db.read_all("SELECT commit_id FROM heads")
+        """Read the heads from the database (a new page gets the well-known first commit).
+
+        A row that names no stored commit (a damaged file) is left out, with a warning:
+        the page opens on the other heads, or on the first commit as when the table is
+        empty, and ``ledgerctl check`` reports the heads (its repair rebuilds them)."""
+        rows = await self.db.read_all(
+            "SELECT h.commit_id, c.id IS NOT NULL FROM heads h LEFT JOIN commits c "
+            "ON c.id = h.commit_id"
+        )
+        ids = [r[0] for r in rows if isinstance(r[0], bytes) and (r[1] or r[0] == commit.FIRST.id)]
+        if len(ids) < len(rows):
+            log.warning(
+                "page %r: %d of its heads name no stored commit; they are left out "
+                "(ledgerctl check --repair rebuilds the heads)",
+                self.name,
+                len(rows) - len(ids),
+            )
         if not rows:
             await self.db.run(
                 lambda conn: sql.insert_commit(conn, commit.FIRST, unsynced=False), write=True
             )
-        ids = [bytes(r[0]) for r in rows] or [commit.FIRST.id]
+        ids = ids or [commit.FIRST.id]
         self.heads = sorted([await self.load(i) for i in ids], key=order)
         if not self._told:
             self._told = self.head.root

@@ -157,3 +157,45 @@ async def test_commit_rows_holding_values_of_the_wrong_type_are_reported(tmp_pat
         assert await page.get(b"small") == b"s" * 1000
     finally:
         await repo.close()
+
+
+async def test_heads_naming_no_stored_commit_are_found_and_rebuilt(tmp_path: Path) -> None:
+    """A heads row naming a commit that is not stored (or not even a blob) does not keep
+    the page from opening: it opens on the heads that are there, the check reports
+    `heads` and the local repair rebuilds them, as for an empty heads table."""
+    repo, _, _ = await _page_with_data(tmp_path)
+    await repo.close()
+    conn = _db(tmp_path)
+    try:
+        head = bytes(conn.execute("SELECT commit_id FROM heads").fetchone()[0])
+        conn.execute("INSERT INTO heads VALUES (?, 5)", (b"\x01" * 32,))
+        conn.execute("INSERT INTO heads VALUES ('garbage', 6)")
+    finally:
+        conn.close()
+    repo = await Repository.open(tmp_path)
+    try:
+        page = await repo.ledger("l").page("p")
+        assert await page.get(b"small") == b"s" * 1000
+        assert [h.id for h in await page.heads()] == [head]
+        report = await ck.check_page(page)
+        assert {p.code for p in report.problems} == {ck.HEADS}
+        await ck.repair_local(page, report)
+        assert report.healthy
+        assert (await ck.check_page(page)).problems == []
+    finally:
+        await repo.close()
+    conn = _db(tmp_path)
+    try:
+        conn.execute("UPDATE heads SET commit_id = ?", (b"\x02" * 32,))  # the only head
+    finally:
+        conn.close()
+    repo = await Repository.open(tmp_path)
+    try:
+        page = await repo.ledger("l").page("p")
+        report = await ck.check_page(page)
+        assert [p.code for p in report.problems] == [ck.HEADS]
+        await ck.repair_local(page, report)
+        assert [h.id for h in await page.heads()] == [head]
+        assert await page.get(b"small") == b"s" * 1000
+    finally:
+        await repo.close()
