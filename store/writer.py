@@ -40,8 +40,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ledgerd.store import commit, deleted, split, sql, staging
+from ledgerd.store import digest as dg
 from ledgerd.store.btree import EMPTY, Builder, Entry, NodeStore, Priority, new_entry
 from ledgerd.store.db import INLINE_MAX_ROWS, Database, fits_inline
+from ledgerd.store.errors import InvalidDigestError
 from ledgerd.store.graph import DIRECT_BATCH, CommitGraph
 from ledgerd.store.objects import ObjectStore, Source
 from ledgerd.store.schema import TRANSIENT
@@ -490,10 +492,16 @@ class JournalWriter:
             entries = await self.db.read_all(
                 "SELECT key, value, priority FROM journal_entries WHERE journal_id = ?", (jid,)
             )
-            changes = [
-                (bytes(k), None if v is None else Entry(bytes(k), bytes(v), Priority(p)))
-                for k, v, p in entries
-            ]
+            changes = [_recovered(k, v, p) for k, v, p in entries]
+            changes = [c for c in changes if c is not None]
+            if len(changes) < len(entries):
+                log.warning(
+                    "implicit journal %s of page %r: %d entries are damaged (a value that "
+                    "is no digest, an unknown priority, a key that is not one) and are left out",
+                    jid,
+                    self.name,
+                    len(entries) - len(changes),
+                )
             self._journal, self._since = str(jid), since
             self._rows = INLINE_MAX_ROWS + 1  # its pieces are unknown: not inline
             self.overlay = Overlay(bool(cleared), dict(changes))
@@ -502,3 +510,19 @@ class JournalWriter:
             )
             await self.commit_journal()
         return bool(journals)
+
+
+def _recovered(key: object, value: object, priority: object) -> tuple[bytes, Entry | None] | None:
+    """A change of an implicit journal left by a crash, as stored; None when a damaged
+    file made it unusable (committed, it would make an undecodable tree node)."""
+    if type(key) is not bytes or not key or len(key) > KEY_LIMIT:
+        return None
+    if value is None:
+        return key, None
+    if type(value) is not bytes or priority not in (Priority.EAGER, Priority.LAZY):
+        return None
+    try:
+        dg.validate(value)
+    except InvalidDigestError:
+        return None
+    return key, Entry(key, value, Priority(priority))

@@ -199,3 +199,40 @@ async def test_heads_naming_no_stored_commit_are_found_and_rebuilt(tmp_path: Pat
         assert await page.get(b"small") == b"s" * 1000
     finally:
         await repo.close()
+
+
+async def test_damaged_journal_entries_are_not_committed_into_the_tree(tmp_path: Path) -> None:
+    """A crash's implicit journal is committed when the page opens; entries a damaged
+    file made unusable (a value that is no digest, a priority that is none, a key that
+    is not a blob) are left out, so no commit holds an undecodable tree node, and the
+    good entries are committed."""
+    repo, _, _ = await _page_with_data(tmp_path)
+    await repo.close()
+    good = dg.chunk_digest(dg.Kind.VALUE, b"ok")
+    assert dg.is_inline(good)
+    conn = _db(tmp_path)
+    try:
+        conn.execute("INSERT INTO journals VALUES ('I1', 0, NULL)")
+        conn.executemany(
+            "INSERT INTO journal_entries VALUES ('I1', ?, ?, ?)",
+            [
+                (b"good", good, 0),
+                (b"bad digest", b"\x1c" + b"x" * 32, 0),
+                (b"empty digest", b"", 0),
+                (b"bad priority", good, 7),
+                ("text key", good, 0),
+            ],
+        )
+    finally:
+        conn.close()
+    repo = await Repository.open(tmp_path)
+    try:
+        page = await repo.ledger("l").page("p")
+        assert await page.get(b"good") == b"ok"
+        for key in (b"bad digest", b"empty digest", b"bad priority", b"text key"):
+            assert await page.get_entry(key) is None
+        assert len((await page.entries()).items) == 203
+        report = await ck.check_page(page)
+        assert report.problems == []
+    finally:
+        await repo.close()
