@@ -337,7 +337,7 @@ class ObjectStore:
         rows = await self.db.read_in(
             "SELECT digest, data FROM objects WHERE digest IN ({marks})", want
         )
-        fresh = {bytes(d): bytes(v) for d, v in rows}
+        fresh = {bytes(d): self._blob(d, v) for d, v in rows}
         await self._verify(fresh)
         if remember:
             self.remember(fresh.items())
@@ -346,6 +346,16 @@ class ObjectStore:
         if missing:
             found.update(await self._fetch(missing))
         return found
+
+    def _blob(self, digest: bytes, data: object) -> bytes:
+        """A stored piece's data as read; the table is not STRICT, so a damaged file may
+        hold something else than a blob there: corrupt, as a piece that does not verify."""
+        if type(data) is bytes:
+            return data
+        raise CorruptObjectError(
+            f"stored object {dg.short(bytes(digest))} in {self.db.path} is not a blob "
+            f"({type(data).__name__}): it does not match its digest"
+        )
 
     async def _verify(self, pieces: dict[bytes, bytes]) -> None:
         bad = await mismatched(pieces)
@@ -488,7 +498,7 @@ class ObjectStore:
         rows = await self.db.read_all(_ONE_PIECE, (digest,), small=True)
         if not rows:
             return None
-        data = bytes(rows[0][0])
+        data = self._blob(digest, rows[0][0])
         await self._verify({digest: data})  # inline for a small one
         if remember:
             self.remember(((digest, data),))

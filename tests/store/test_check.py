@@ -6,9 +6,12 @@ import os
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from ledgerd.store import Priority, Repository
 from ledgerd.store import check as ck
 from ledgerd.store import digest as dg
+from ledgerd.store.errors import CorruptObjectError
 
 
 async def _page_with_data(root: Path) -> tuple[Repository, bytes, bytes]:
@@ -234,5 +237,28 @@ async def test_damaged_journal_entries_are_not_committed_into_the_tree(tmp_path:
         assert len((await page.entries()).items) == 203
         report = await ck.check_page(page)
         assert report.problems == []
+    finally:
+        await repo.close()
+
+
+async def test_a_stored_piece_that_is_not_a_blob_reads_as_corrupt(tmp_path: Path) -> None:
+    """An objects row whose data a damaged file turned into text is a CorruptObjectError
+    to a read, as a flipped byte is (not a TypeError), and the check names it."""
+    repo, _, small = await _page_with_data(tmp_path)
+    await repo.close()
+    conn = _db(tmp_path)
+    try:
+        conn.execute("UPDATE objects SET data = 'text' WHERE digest = ?", (small,))
+    finally:
+        conn.close()
+    repo = await Repository.open(tmp_path)
+    try:
+        page = await repo.ledger("l").page("p")
+        with pytest.raises(CorruptObjectError, match=dg.short(small)):
+            await page.get(b"small")
+        with pytest.raises(CorruptObjectError, match=dg.short(small)):
+            await page.entries()
+        report = await ck.check_page(page)
+        assert [(p.code, p.digest) for p in report.problems] == [(ck.CORRUPT_PIECE, small)]
     finally:
         await repo.close()
