@@ -264,6 +264,13 @@ class Corrupt(ApiError):
     status, code = 500, "corrupt"
 
 
+class SchemaTooNew(ApiError):
+    """A page file was written by a newer ledgerd: its schema is not one this one reads
+    (the file is left as it is)."""
+
+    status, code = 500, "schema_too_new"
+
+
 def disk_full(e: BaseException) -> bool:
     """Whether ``e`` (or an exception it came from) says the disk is full: the store's
     StorageFullError, SQLite's SQLITE_FULL, or ENOSPC from the OS."""
@@ -322,6 +329,8 @@ def from_store(e: se.StoreError) -> ApiError:
         return Unavailable(msg)
     if isinstance(e, se.CorruptObjectError | se.CorruptDatabaseError):
         return Corrupt(msg)
+    if isinstance(e, se.SchemaError):
+        return SchemaTooNew(msg)
     if isinstance(e, se.TransientStoreError):  # every open page busy; a locked database
         return Unavailable(msg)
     if isinstance(e, se.ClosedError):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ledgerd.daemon.client import Client
+from ledgerd.daemon.client import Client, LedgerError
 from ledgerd.store import digest as dg
 from ledgerd.store.repository import encode_name
 from tests.daemon.conftest import Daemon, start_daemon
@@ -130,3 +130,27 @@ async def _post(c: Client, body: object) -> int:
     resp = await c.aio.session.post(c.url("/v1/check"), json=body)
     async with resp:
         return resp.status
+
+
+def test_a_page_written_by_a_newer_ledgerd_is_refused_with_its_own_code(synced: Daemon) -> None:
+    """A page file whose schema version is above this ledgerd's (a newer one wrote it):
+    its reads are 500 ``schema_too_new`` (not ``internal``, which says a bug) with no
+    traceback, the file is left as it is, and the other pages are served."""
+    f = _page_file(synced)
+    with sqlite3.connect(f) as conn:
+        conn.execute("PRAGMA user_version = 999")
+    conn.close()
+    d2 = _start(synced.data.parent)
+    try:
+        with Client(d2.socket) as c:
+            with pytest.raises(LedgerError) as e:
+                c.get("notes", "inbox", b"note")
+            assert (e.value.code, e.value.status) == ("schema_too_new", 500), e.value
+            assert "newer" in str(e.value)
+            assert c.get("notes", "other", b"k") == b"v" * 100
+    finally:
+        assert d2.stop() == 0, d2.log_text()
+    assert "Traceback" not in d2.log_text()
+    with sqlite3.connect(f) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 999
+    conn.close()
