@@ -301,6 +301,14 @@ class Session:
         entry = await txn.get_entry(unb64(req.get("key"), "key"))
         if entry is None:
             return {"found": False}
+        # The reply carries the whole value: no larger than a session message may be
+        # (max_batch_bytes, as base64), checked before anything is read.
+        size, most = await txn.objects.size(entry.value), self.api.cfg.max_batch_bytes
+        if 4 * -(-size // 3) > most:
+            raise ae.TooLarge(
+                f"the value of {size} bytes is over what a session message carries "
+                f"({most} bytes as base64, max_batch_bytes): read it by key over HTTP"
+            )
         value = await txn.objects.read_all(entry.value)
         return {"found": True, "value": b64(value), "priority": priority_name(entry.priority)}
 

@@ -13,10 +13,10 @@ import aiohttp
 import pytest
 from yarl import URL
 
-from ledgerd.daemon.client import AsyncClient, NotFoundError
+from ledgerd.daemon.client import AsyncClient, LedgerError, NotFoundError
 from ledgerd.daemon.session import Session
 from ledgerd.store import Repository
-from tests.daemon.conftest import Daemon
+from tests.daemon.conftest import Daemon, start_daemon
 
 
 def b64(data: bytes) -> str:
@@ -162,3 +162,26 @@ async def test_sessions_end_with_1001_when_the_daemon_stops(daemon: Daemon) -> N
         assert message.type == aiohttp.WSMsgType.CLOSE, message
         assert message.data == 1001 and message.extra == "ledgerd is shutting down"
         assert await stopped == 0, daemon.log_text()
+
+
+async def test_a_session_get_of_a_value_too_large_for_a_message_is_refused(
+    short_tmp: Path,
+) -> None:
+    """A transaction's ``get`` answers with the whole value in one message: one larger
+    than a session message may be (``max_batch_bytes``, as base64) is refused with
+    ``too_large`` before it is read, not read whole into the daemon's memory (a 300 MB
+    value took the daemon to 2.2 GB), and the session goes on."""
+    d = start_daemon(short_tmp, env={"LEDGERD_MAX_BATCH_BYTES": str(1024 * 1024)})
+    try:
+        async with AsyncClient(d.socket) as c:
+            await c.put("l", "p", b"big", b"x" * (3 * 1024 * 1024))
+            await c.put("l", "p", b"fits", b"y" * (700 * 1024))  # 933 KiB as base64
+            async with c.transaction("l", "p") as txn:
+                with pytest.raises(LedgerError) as e:
+                    await txn.get(b"big")
+                assert e.value.code == "too_large", e.value
+                assert "3145728 bytes" in str(e.value)
+                assert await txn.get(b"fits") == b"y" * (700 * 1024)
+                assert await txn.get(b"absent") is None
+    finally:
+        assert d.stop() == 0, d.log_text()
