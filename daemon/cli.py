@@ -49,7 +49,7 @@ from ledgerd.daemon.cli_format import (
     tuple_range,
     when,
 )
-from ledgerd.daemon.cli_import import Importer, file_size
+from ledgerd.daemon.cli_import import Importer, blocking, file_size
 from ledgerd.daemon.cli_progress import ENTRIES_MIN, Progress
 from ledgerd.daemon.cli_status import status_lines
 from ledgerd.daemon.client import (
@@ -77,12 +77,11 @@ async def _stdin_chunks(progress: Progress, failed: list[OSError]) -> AsyncItera
     A read that fails is put in ``failed`` before it ends the upload: aiohttp reports an
     error of a request body as the connection's, which it is not."""
     stdin = sys.stdin.buffer
-    read = getattr(stdin, "read1", stdin.read)
     total = file_size(stdin)
     done = 0
     while True:
-        try:
-            chunk = await asyncio.to_thread(read, 256 * 1024)
+        try:  # (os.read: a read left waiting at exit holds no lock of sys.stdin's)
+            chunk = await blocking.run(os.read, stdin.fileno(), 256 * 1024)
         except OSError as e:
             failed.append(e)
             raise
@@ -260,8 +259,8 @@ class Cli:
             question = f"delete ledger {name} ({len(pages)} pages) on every device? [y/N] "
             sys.stderr.write(question)  # stdout may be a pipe: ask where rm -i asks
             sys.stderr.flush()
-            answer = await asyncio.to_thread(sys.stdin.readline)
-            if answer.strip().lower() not in ("y", "yes"):
+            answer = await blocking.run(os.read, sys.stdin.fileno(), 1024)
+            if answer.decode(errors="replace").strip().lower() not in ("y", "yes"):
                 print("ledgerctl: not deleted", file=sys.stderr)
                 return 0
         await self.c.delete_ledger(ledger)
@@ -387,7 +386,10 @@ class Cli:
     async def import_(self) -> int:
         ledger, page = self.lp
         try:
-            src: BinaryIO = open(self.a.file, "rb") if self.a.file else sys.stdin.buffer  # noqa: SIM115
+            # Standard input through a reader of its own: one left waiting at exit (Ctrl-C)
+            # holds no lock that the interpreter takes as it ends.
+            source = self.a.file or os.dup(sys.stdin.fileno())
+            src: BinaryIO = open(source, "rb")  # noqa: SIM115
         except OSError as e:
             raise UsageError(f"{self.a.file}: {e.strerror}") from None
         bar = Progress("import")
@@ -395,8 +397,7 @@ class Cli:
             written = await Importer(self.c, ledger, page, src).run(bar)
         finally:
             bar.close()
-            if src is not sys.stdin.buffer:
-                src.close()
+            src.close()
         if self.a.json:
             self.emit({"imported": written})
         else:

@@ -5,15 +5,19 @@ readable names, no binary on a terminal, options after the command, ``version``,
 
 from __future__ import annotations
 
+import array
 import base64
 import errno
+import fcntl
 import json
 import os
 import random
 import re
 import select
 import shutil
+import signal
 import subprocess
+import termios
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -245,6 +249,53 @@ def test_local_standard_input_and_output_errors_are_one_line_exit_2(
         assert head.stdout.readline() == b"k000\tv\n"
         head.stdout.close()
         assert head.wait(120) == 0 and head.stderr.read() == b""
+
+
+def test_ctrl_c_while_reading_a_terminal_or_a_pipe_exits_130(shared: Daemon, ledger: str) -> None:
+    """Ctrl-C at ``rm``'s question, or during a ``put`` waiting for more of standard input,
+    exits 130 at once. Before, the read went on in a thread that the interpreter joined at
+    exit: ``ledgerctl`` hung until the terminal or pipe gave it a line or an end."""
+    seed(shared, ledger, "p", [(b"k", b"v", "eager")])
+    master, slave = os.openpty()
+    r, w = os.pipe()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        rm = subprocess.Popen(
+            cli_cmd("rm", ledger), stdin=slave, stderr=slave, env=cli_env(shared.socket), cwd=ROOT
+        )
+        procs.append(rm)
+        shown, deadline = b"", time.monotonic() + 60
+        while b"[y/N]" not in shown:
+            ready, _, _ = select.select([master], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, f"no question; showed {shown!r}"
+            shown += os.read(master, 4096)
+        rm.send_signal(signal.SIGINT)
+        assert rm.wait(30) == 130
+
+        put = subprocess.Popen(
+            cli_cmd("put", ledger, "p", "typed"),
+            stdin=r,
+            stderr=subprocess.DEVNULL,
+            env=cli_env(shared.socket),
+            cwd=ROOT,
+        )
+        procs.append(put)
+        os.write(w, b"the first part")
+        unread, deadline = array.array("i", [1]), time.monotonic() + 60
+        while unread[0]:  # until ledgerctl has read it, and waits for more
+            assert time.monotonic() < deadline and put.poll() is None
+            fcntl.ioctl(w, termios.FIONREAD, unread)
+            time.sleep(0.01)
+        put.send_signal(signal.SIGINT)
+        assert put.wait(30) == 130
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        for fd in (master, slave, r, w):
+            os.close(fd)
+    assert ctl(shared, "pages", ledger) == b"p\n"  # nothing deleted, nothing put
+    ctl_fails(shared, 1, "get", ledger, "p", "typed")
 
 
 # -- readable names ----------------------------------------------------------------
