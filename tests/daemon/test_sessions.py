@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -185,3 +186,38 @@ async def test_a_session_get_of_a_value_too_large_for_a_message_is_refused(
                 assert await txn.get(b"absent") is None
     finally:
         assert d.stop() == 0, d.log_text()
+
+
+async def test_a_watcher_whose_client_does_not_read_holds_a_bounded_amount(daemon: Daemon) -> None:
+    """A watcher's waiting notifications hold their values (up to 64 KiB each): one that
+    falls 64 MiB of keys and values behind is ended with ``watcher_behind``, however few
+    notifications that is. Before, only their number was bounded (1,024): a client that
+    stopped reading while 3.6 MB commits went on held 1.2 GB of the daemon's memory after
+    300 commits, and 64 MiB batches could make it 64 GiB."""
+    async with aiohttp.ClientSession(
+        connector=aiohttp.UnixConnector(path=str(daemon.socket))
+    ) as http:
+        ws = await http.ws_connect(URL("http://ledgerd/v1/session"), max_msg_size=0)
+        watch = {"id": 1, "op": "watch", "ledger": b64(b"l"), "page": b64(b"p")}
+        await ws.send_str(json.dumps(watch))
+        assert (await ws.receive_json())["watch"] == "w1"
+        transport = ws._response.connection.transport  # type: ignore[union-attr]
+        assert transport is not None
+        transport.pause_reading()  # the client stops reading
+        commits = 40  # of 60 values of 60 KiB: 140 MiB as notifications
+        for i in range(commits):
+            ops = [
+                {"op": "put", "key": b64(b"k%d" % j), "value": b64(bytes([i]) * 60 * 1024)}
+                for j in range(60)
+            ]
+            url = URL("http://ledgerd/v1/ledgers/l/pages/p/batch")
+            body = io.BytesIO(json.dumps({"ops": ops}).encode())
+            async with http.post(url, data=body) as r:
+                assert r.status == 200, await r.text()
+        transport.resume_reading()
+        changes = 0
+        while (msg := await asyncio.wait_for(ws.receive_json(), 60))["event"] == "change":
+            changes += 1
+        assert msg["event"] == "ended" and msg["error"]["code"] == "watcher_behind", msg
+        assert changes < 25, changes
+        await ws.close()
