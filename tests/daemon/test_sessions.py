@@ -15,7 +15,7 @@ import pytest
 from yarl import URL
 
 from ledgerd.daemon.client import AsyncClient, LedgerError, NotFoundError
-from ledgerd.daemon.session import Session
+from ledgerd.daemon.session import Resolvers, Session
 from ledgerd.store import Repository
 from tests.daemon.conftest import Daemon, start_daemon
 
@@ -221,3 +221,28 @@ async def test_a_watcher_whose_client_does_not_read_holds_a_bounded_amount(daemo
         assert msg["event"] == "ended" and msg["error"]["code"] == "watcher_behind", msg
         assert changes < 25, changes
         await ws.close()
+
+
+async def test_resolver_registrations_are_kept_once_and_forgotten_with_the_session(
+    tmp_path: Path,
+) -> None:
+    """In process: a session that registers for a ledger again is kept once, and a
+    session that ends leaves no trace in the registry. Before, every registration
+    appended the session again (and started a merge resume over the whole ledger), and
+    every ledger ever named kept an empty list after its sessions ended: a client
+    registering for new names grew the daemon's memory for good."""
+    async with await Repository.open(tmp_path) as repo:
+        resolvers = Resolvers()
+        api = SimpleNamespace(repo=repo)
+        a, b = (SimpleNamespace(api=api, ask=object()) for _ in range(2))
+        for _ in range(3):
+            resolvers.add(b"l", a)  # type: ignore[arg-type]
+        resolvers.add(b"l", b)  # type: ignore[arg-type]
+        resolvers.add(b"m", a)  # type: ignore[arg-type]
+        assert resolvers.by_ledger == {b"l": [a, b], b"m": [a]}
+        assert resolvers.resolver_for(b"l") is a.ask
+        resolvers.remove(a)  # type: ignore[arg-type]
+        assert resolvers.by_ledger == {b"l": [b]}
+        resolvers.remove(b)  # type: ignore[arg-type]
+        assert resolvers.by_ledger == {}
+        await asyncio.gather(*resolvers._tasks)
