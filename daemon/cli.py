@@ -49,7 +49,7 @@ from ledgerd.daemon.cli_format import (
     tuple_range,
     when,
 )
-from ledgerd.daemon.cli_import import Importer, file_size
+from ledgerd.daemon.cli_import import Importer, blocking, file_size
 from ledgerd.daemon.cli_progress import ENTRIES_MIN, Progress
 from ledgerd.daemon.cli_status import status_lines
 from ledgerd.daemon.client import (
@@ -71,13 +71,22 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 """Characters that a terminal may act on: a value holding any is not written to one."""
 
 
-async def _stdin_chunks(progress: Progress) -> AsyncIterator[bytes]:
-    """Standard input as it comes (its size is known only when it is a regular file)."""
+async def _stdin_chunks(progress: Progress, failed: list[OSError]) -> AsyncIterator[bytes]:
+    """Standard input as it comes (its size is known only when it is a regular file).
+
+    A read that fails is put in ``failed`` before it ends the upload: aiohttp reports an
+    error of a request body as the connection's, which it is not."""
     stdin = sys.stdin.buffer
-    read = getattr(stdin, "read1", stdin.read)
     total = file_size(stdin)
     done = 0
-    while chunk := await asyncio.to_thread(read, 256 * 1024):
+    while True:
+        try:  # (os.read: a read left waiting at exit holds no lock of sys.stdin's)
+            chunk = await blocking.run(os.read, stdin.fileno(), 256 * 1024)
+        except OSError as e:
+            failed.append(e)
+            raise
+        if not chunk:
+            return
         done += len(chunk)
         progress(done, total)
         yield chunk
@@ -250,8 +259,8 @@ class Cli:
             question = f"delete ledger {name} ({len(pages)} pages) on every device? [y/N] "
             sys.stderr.write(question)  # stdout may be a pipe: ask where rm -i asks
             sys.stderr.flush()
-            answer = await asyncio.to_thread(sys.stdin.readline)
-            if answer.strip().lower() not in ("y", "yes"):
+            answer = await blocking.run(os.read, sys.stdin.fileno(), 1024)
+            if answer.decode(errors="replace").strip().lower() not in ("y", "yes"):
                 print("ledgerctl: not deleted", file=sys.stderr)
                 return 0
         await self.c.delete_ledger(ledger)
@@ -274,10 +283,15 @@ class Cli:
         else:
             value = None
         bar = Progress("put")
+        failed: list[OSError] = []
         if value is None:
-            value = _stdin_chunks(bar)
+            value = _stdin_chunks(bar, failed)
         try:
             await self.c.put(ledger, page, key, value, lazy=self.a.lazy, progress=bar)
+        except DaemonUnavailableError:
+            if failed:  # standard input failed, not the daemon (nothing was stored)
+                raise failed[0] from None
+            raise
         finally:
             bar.close()
         return 0
@@ -372,7 +386,10 @@ class Cli:
     async def import_(self) -> int:
         ledger, page = self.lp
         try:
-            src: BinaryIO = open(self.a.file, "rb") if self.a.file else sys.stdin.buffer  # noqa: SIM115
+            # Standard input through a reader of its own: one left waiting at exit (Ctrl-C)
+            # holds no lock that the interpreter takes as it ends.
+            source = self.a.file or os.dup(sys.stdin.fileno())
+            src: BinaryIO = open(source, "rb")  # noqa: SIM115
         except OSError as e:
             raise UsageError(f"{self.a.file}: {e.strerror}") from None
         bar = Progress("import")
@@ -380,8 +397,7 @@ class Cli:
             written = await Importer(self.c, ledger, page, src).run(bar)
         finally:
             bar.close()
-            if src is not sys.stdin.buffer:
-                src.close()
+            src.close()
         if self.a.json:
             self.emit({"imported": written})
         else:
@@ -680,7 +696,29 @@ def _unreachable(e: DaemonUnavailableError, args: argparse.Namespace) -> str:
     return f"{text} ({hint})"
 
 
+def _claim_closed_streams() -> None:
+    """Standard input or output closed (``<&-``, ``>&-``): Python leaves it None. Its
+    descriptor gets /dev/null opened the other way round, so that reading (or writing)
+    it fails as a closed one does, with EBADF, and no socket opened later takes it."""
+    for fd, name, flags, mode in ((0, "stdin", os.O_WRONLY, "r"), (1, "stdout", os.O_RDONLY, "w")):
+        if getattr(sys, name) is None:
+            with contextlib.suppress(OSError):
+                null = os.open(os.devnull, flags)
+                if null != fd:
+                    os.dup2(null, fd)
+                    os.close(null)
+                setattr(sys, name, open(fd, mode, closefd=False))  # noqa: SIM115
+
+
+def _discard_stdout() -> None:
+    """Standard output failed: what is still buffered goes to /dev/null, so that Python's
+    flush at exit does not fail again (and print a traceback)."""
+    with contextlib.suppress(Exception):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def main(argv: list[str] | None = None) -> int:
+    _claim_closed_streams()
     ap = parser()
     if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions (see the README)
         import argcomplete
@@ -707,6 +745,11 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(Exception):
             sys.stdout.close()
         return 0
+    except OSError as e:  # standard input or output (or a local file) failed
+        _discard_stdout()
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"ledgerctl: {where}a local read or write failed: {e.strerror or e}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ whole document per line; ``get`` prints the document; ``changes`` one
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import mimetypes
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ledgerd.daemon.cli_format import positive_int
+from ledgerd.daemon.cli_import import blocking, write_all
 from ledgerd.daemon.client_docs import AsyncDocuments, Doc
 
 if TYPE_CHECKING:
@@ -188,10 +188,11 @@ async def run(cli: Cli, usage: type[Exception]) -> int:
             except (PermissionError, IsADirectoryError) as e:
                 raise usage(f"-o {target}: {e.strerror}") from None
         else:
+            sys.stdout.flush()
             out = sys.stdout.buffer
-            async for chunk in docs.attachment_stream(a.collection, a.id, a.attachment_id):
-                await asyncio.to_thread(out.write, chunk)
             out.flush()
+            async for chunk in docs.attachment_stream(a.collection, a.id, a.attachment_id):
+                await blocking.run(write_all, out.fileno(), chunk)
     elif c == "changes":
         if not a.follow:
             async for page in docs.all_changes(a.since, collection=a.collection):

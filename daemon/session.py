@@ -65,7 +65,10 @@ class Resolvers:
         return sessions[0].ask
 
     def add(self, ledger: bytes, s: Session) -> None:
-        self.by_ledger.setdefault(ledger, []).append(s)
+        sessions = self.by_ledger.setdefault(ledger, [])
+        if s in sessions:  # registered already (its merges were resumed then)
+            return
+        sessions.append(s)
         task = asyncio.create_task(self._resume(ledger, s.api.repo), name="resume-merges")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -82,9 +85,11 @@ class Resolvers:
                 log.exception("resuming merges of page %r failed", pid)
 
     def remove(self, s: Session) -> None:
-        for lst in self.by_ledger.values():
+        for ledger, lst in list(self.by_ledger.items()):
             while s in lst:
                 lst.remove(s)
+            if not lst:  # no trace of a ledger once its resolvers are gone
+                del self.by_ledger[ledger]
 
 
 class Sessions:
@@ -301,6 +306,14 @@ class Session:
         entry = await txn.get_entry(unb64(req.get("key"), "key"))
         if entry is None:
             return {"found": False}
+        # The reply carries the whole value: no larger than a session message may be
+        # (max_batch_bytes, as base64), checked before anything is read.
+        size, most = await txn.objects.size(entry.value), self.api.cfg.max_batch_bytes
+        if 4 * -(-size // 3) > most:
+            raise ae.TooLarge(
+                f"the value of {size} bytes is over what a session message carries "
+                f"({most} bytes as base64, max_batch_bytes): read it by key over HTTP"
+            )
         value = await txn.objects.read_all(entry.value)
         return {"found": True, "value": b64(value), "priority": priority_name(entry.priority)}
 

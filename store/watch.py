@@ -8,8 +8,9 @@ has not fetched is announced with ``value`` None (and its size None when even
 that is unknown here), so watchers work offline and never make an import wait
 for the bucket.
 
-Each watcher's queue is bounded (``max_queue`` notifications): a watcher that
-falls that far behind is ended, its iteration stops after what was queued, and
+Each watcher's queue is bounded (``max_queue`` notifications, and
+:data:`MAX_WATCH_QUEUE_BYTES` of their keys and values): a watcher that falls that far
+behind is ended, its iteration stops after what was queued, and
 :attr:`Watcher.ended_reason` says why.
 """
 
@@ -32,6 +33,10 @@ WATCH_VALUE_LIMIT = 64 * 1024
 MAX_WATCH_QUEUE = 1024
 """Notifications a watcher may have waiting before it is ended as too slow."""
 
+MAX_WATCH_QUEUE_BYTES = 64 * 1024 * 1024
+"""The keys and values a watcher's waiting notifications may hold before it is ended as
+too slow (more than one notification always may: a single commit may be larger)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ChangedEntry:
@@ -50,6 +55,13 @@ class Notification:
     deleted: list[bytes]
 
 
+def _held(note: Notification) -> int:
+    """The bytes of keys and values that a waiting notification holds."""
+    return sum(len(c.key) + len(c.value or b"") for c in note.changed) + sum(
+        len(k) for k in note.deleted
+    )
+
+
 class Watcher:
     """An async iterator of notifications, one per commit, in commit order."""
 
@@ -58,6 +70,8 @@ class Watcher:
         self.max_queue = max_queue
         self.queue: asyncio.Queue[Notification | None] = asyncio.Queue()
         self.closed = False
+        self.queued_bytes = 0
+        """The keys and values of the notifications waiting (:data:`MAX_WATCH_QUEUE_BYTES`)."""
         self.ended_reason: str | None = None
         """Why the watcher ended by itself (it fell too far behind), or None."""
         self._on_close = on_close
@@ -72,19 +86,27 @@ class Watcher:
         if note is None:
             self.closed = True
             raise StopAsyncIteration
+        self.queued_bytes -= _held(note)
         return note
 
     def deliver(self, note: Notification) -> None:
         """Queue ``note``; end the watcher if it has fallen too far behind."""
         if self.closed:
             return
+        held = _held(note)
+        behind = None
         if self.queue.qsize() >= self.max_queue:
+            behind = f"{self.max_queue} notifications"
+        elif self.queue.qsize() and self.queued_bytes + held > MAX_WATCH_QUEUE_BYTES:
+            behind = f"{self.queued_bytes} bytes of notifications"
+        if behind is not None:
             self.ended_reason = (
-                f"the watcher fell {self.max_queue} notifications behind and was ended; "
+                f"the watcher fell {behind} behind and was ended; "
                 "read the page again and watch anew"
             )
             self.close()
             return
+        self.queued_bytes += held
         self.queue.put_nowait(note)
 
     def close(self) -> None:

@@ -5,15 +5,19 @@ readable names, no binary on a terminal, options after the command, ``version``,
 
 from __future__ import annotations
 
+import array
 import base64
 import errno
+import fcntl
 import json
 import os
 import random
 import re
 import select
 import shutil
+import signal
 import subprocess
+import termios
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +31,7 @@ from ledgerd.daemon.client import Client
 from tests.daemon.conftest import ROOT, Daemon, start_daemon
 from tests.daemon.test_cli import (
     MiB,
+    Run,
     cli_cmd,
     cli_env,
     ctl,
@@ -189,6 +194,108 @@ def test_not_found_names_things_as_given(shared: Daemon, ledger: str) -> None:
         f"ledgerctl: key ff00 is not in {ledger.encode().hex()}/70\n",
     ]
     assert not any("b'" in e for e in errs)
+
+
+def test_local_standard_input_and_output_errors_are_one_line_exit_2(
+    shared: Daemon, ledger: str
+) -> None:
+    """Standard output that cannot be written (a full disk, a closed descriptor) and
+    standard input that cannot be read are local files that cannot be read or written:
+    one line and exit status 2, never a traceback (with exit status 1, "not found"), nor
+    "cannot reach ledgerd" (3); a put whose standard input fails stores nothing. A pipe
+    closed by its reader (``ledgerctl ls | head -1``) is still a success."""
+    seed(shared, ledger, "p", [(b"k%03d" % i, b"v", "eager") for i in range(300)])
+    ctl(shared, "doc", "put", ledger, "d", "c", "{}")
+
+    def run(args: list[str], stdin: Any = None, stdout: Any = None, close: int = -1) -> Run:
+        return subprocess.run(
+            cli_cmd(*args),
+            stdin=stdin,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            env=cli_env(shared.socket),
+            cwd=ROOT,
+            timeout=120,
+            preexec_fn=(lambda: os.close(close)) if close >= 0 else None,
+        )
+
+    reads = (["ls", ledger, "p"], ["get", ledger, "p", "k001"], ["ledgers"])
+    with open("/dev/full", "wb") as full, open(os.devnull, "wb") as write_only:
+        runs = [run(list(a), stdout=full) for a in reads]
+        runs += [
+            run(["ls", ledger, "p", "--json"], close=1),
+            run(["doc", "ls", ledger, "d", "c"], close=1),
+        ]
+        writes = (["put", ledger, "p", "from-stdin"], ["import", ledger, "q"])
+        runs += [run(list(a), stdin=write_only) for a in writes]
+        runs += [run(["doc", "put", ledger, "d", "c", "-"], stdin=write_only)]
+        runs += [run(["put", ledger, "p", "closed-stdin"], close=0)]
+    for p in runs:
+        err = p.stderr.decode()
+        assert p.returncode == 2, (p.args, p.returncode, err)
+        assert err.startswith("ledgerctl: ") and err.count("\n") == 1, (p.args, err)
+        assert "Traceback" not in err and "cannot reach" not in err, (p.args, err)
+    assert "No space left on device" in runs[0].stderr.decode()
+    keys = ctl(shared, "ls", ledger, "p", "--prefix", "from-stdin").split()
+    assert keys == [] and ctl(shared, "ls", ledger, "p", "--prefix", "closed").split() == []
+    with subprocess.Popen(
+        cli_cmd("ls", ledger, "p"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=cli_env(shared.socket),
+        cwd=ROOT,
+    ) as head:
+        assert head.stdout is not None and head.stderr is not None
+        assert head.stdout.readline() == b"k000\tv\n"
+        head.stdout.close()
+        assert head.wait(120) == 0 and head.stderr.read() == b""
+
+
+def test_ctrl_c_while_reading_a_terminal_or_a_pipe_exits_130(shared: Daemon, ledger: str) -> None:
+    """Ctrl-C at ``rm``'s question, or during a ``put`` waiting for more of standard input,
+    exits 130 at once. Before, the read went on in a thread that the interpreter joined at
+    exit: ``ledgerctl`` hung until the terminal or pipe gave it a line or an end."""
+    seed(shared, ledger, "p", [(b"k", b"v", "eager")])
+    master, slave = os.openpty()
+    r, w = os.pipe()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        rm = subprocess.Popen(
+            cli_cmd("rm", ledger), stdin=slave, stderr=slave, env=cli_env(shared.socket), cwd=ROOT
+        )
+        procs.append(rm)
+        shown, deadline = b"", time.monotonic() + 60
+        while b"[y/N]" not in shown:
+            ready, _, _ = select.select([master], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, f"no question; showed {shown!r}"
+            shown += os.read(master, 4096)
+        rm.send_signal(signal.SIGINT)
+        assert rm.wait(30) == 130
+
+        put = subprocess.Popen(
+            cli_cmd("put", ledger, "p", "typed"),
+            stdin=r,
+            stderr=subprocess.DEVNULL,
+            env=cli_env(shared.socket),
+            cwd=ROOT,
+        )
+        procs.append(put)
+        os.write(w, b"the first part")
+        unread, deadline = array.array("i", [1]), time.monotonic() + 60
+        while unread[0]:  # until ledgerctl has read it, and waits for more
+            assert time.monotonic() < deadline and put.poll() is None
+            fcntl.ioctl(w, termios.FIONREAD, unread)
+            time.sleep(0.01)
+        put.send_signal(signal.SIGINT)
+        assert put.wait(30) == 130
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        for fd in (master, slave, r, w):
+            os.close(fd)
+    assert ctl(shared, "pages", ledger) == b"p\n"  # nothing deleted, nothing put
+    ctl_fails(shared, 1, "get", ledger, "p", "typed")
 
 
 # -- readable names ----------------------------------------------------------------

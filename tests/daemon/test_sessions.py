@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,10 +14,10 @@ import aiohttp
 import pytest
 from yarl import URL
 
-from ledgerd.daemon.client import AsyncClient, NotFoundError
-from ledgerd.daemon.session import Session
+from ledgerd.daemon.client import AsyncClient, LedgerError, NotFoundError
+from ledgerd.daemon.session import Resolvers, Session
 from ledgerd.store import Repository
-from tests.daemon.conftest import Daemon
+from tests.daemon.conftest import Daemon, start_daemon
 
 
 def b64(data: bytes) -> str:
@@ -162,3 +163,86 @@ async def test_sessions_end_with_1001_when_the_daemon_stops(daemon: Daemon) -> N
         assert message.type == aiohttp.WSMsgType.CLOSE, message
         assert message.data == 1001 and message.extra == "ledgerd is shutting down"
         assert await stopped == 0, daemon.log_text()
+
+
+async def test_a_session_get_of_a_value_too_large_for_a_message_is_refused(
+    short_tmp: Path,
+) -> None:
+    """A transaction's ``get`` answers with the whole value in one message: one larger
+    than a session message may be (``max_batch_bytes``, as base64) is refused with
+    ``too_large`` before it is read, not read whole into the daemon's memory (a 300 MB
+    value took the daemon to 2.2 GB), and the session goes on."""
+    d = start_daemon(short_tmp, env={"LEDGERD_MAX_BATCH_BYTES": str(1024 * 1024)})
+    try:
+        async with AsyncClient(d.socket) as c:
+            await c.put("l", "p", b"big", b"x" * (3 * 1024 * 1024))
+            await c.put("l", "p", b"fits", b"y" * (700 * 1024))  # 933 KiB as base64
+            async with c.transaction("l", "p") as txn:
+                with pytest.raises(LedgerError) as e:
+                    await txn.get(b"big")
+                assert e.value.code == "too_large", e.value
+                assert "3145728 bytes" in str(e.value)
+                assert await txn.get(b"fits") == b"y" * (700 * 1024)
+                assert await txn.get(b"absent") is None
+    finally:
+        assert d.stop() == 0, d.log_text()
+
+
+async def test_a_watcher_whose_client_does_not_read_holds_a_bounded_amount(daemon: Daemon) -> None:
+    """A watcher's waiting notifications hold their values (up to 64 KiB each): one that
+    falls 64 MiB of keys and values behind is ended with ``watcher_behind``, however few
+    notifications that is. Before, only their number was bounded (1,024): a client that
+    stopped reading while 3.6 MB commits went on held 1.2 GB of the daemon's memory after
+    300 commits, and 64 MiB batches could make it 64 GiB."""
+    async with aiohttp.ClientSession(
+        connector=aiohttp.UnixConnector(path=str(daemon.socket))
+    ) as http:
+        ws = await http.ws_connect(URL("http://ledgerd/v1/session"), max_msg_size=0)
+        watch = {"id": 1, "op": "watch", "ledger": b64(b"l"), "page": b64(b"p")}
+        await ws.send_str(json.dumps(watch))
+        assert (await ws.receive_json())["watch"] == "w1"
+        transport = ws._response.connection.transport  # type: ignore[union-attr]
+        assert transport is not None
+        transport.pause_reading()  # the client stops reading
+        commits = 40  # of 60 values of 60 KiB: 140 MiB as notifications
+        for i in range(commits):
+            ops = [
+                {"op": "put", "key": b64(b"k%d" % j), "value": b64(bytes([i]) * 60 * 1024)}
+                for j in range(60)
+            ]
+            url = URL("http://ledgerd/v1/ledgers/l/pages/p/batch")
+            body = io.BytesIO(json.dumps({"ops": ops}).encode())
+            async with http.post(url, data=body) as r:
+                assert r.status == 200, await r.text()
+        transport.resume_reading()
+        changes = 0
+        while (msg := await asyncio.wait_for(ws.receive_json(), 60))["event"] == "change":
+            changes += 1
+        assert msg["event"] == "ended" and msg["error"]["code"] == "watcher_behind", msg
+        assert changes < 25, changes
+        await ws.close()
+
+
+async def test_resolver_registrations_are_kept_once_and_forgotten_with_the_session(
+    tmp_path: Path,
+) -> None:
+    """In process: a session that registers for a ledger again is kept once, and a
+    session that ends leaves no trace in the registry. Before, every registration
+    appended the session again (and started a merge resume over the whole ledger), and
+    every ledger ever named kept an empty list after its sessions ended: a client
+    registering for new names grew the daemon's memory for good."""
+    async with await Repository.open(tmp_path) as repo:
+        resolvers = Resolvers()
+        api = SimpleNamespace(repo=repo)
+        a, b = (SimpleNamespace(api=api, ask=object()) for _ in range(2))
+        for _ in range(3):
+            resolvers.add(b"l", a)  # type: ignore[arg-type]
+        resolvers.add(b"l", b)  # type: ignore[arg-type]
+        resolvers.add(b"m", a)  # type: ignore[arg-type]
+        assert resolvers.by_ledger == {b"l": [a, b], b"m": [a]}
+        assert resolvers.resolver_for(b"l") is a.ask
+        resolvers.remove(a)  # type: ignore[arg-type]
+        assert resolvers.by_ledger == {b"l": [b]}
+        resolvers.remove(b)  # type: ignore[arg-type]
+        assert resolvers.by_ledger == {}
+        await asyncio.gather(*resolvers._tasks)
