@@ -84,6 +84,7 @@ class Config:
     sqlite_threads: int = 8
     txn_memory: int = 64 * 1024 * 1024
     max_watch_queue: int = 1024
+    max_watch_queue_bytes: int = 64 * 1024 * 1024
     cache_bytes: int = 64 * 1024 * 1024
     request_timeout: float = 60.0
     keepalive_timeout: float = 75.0

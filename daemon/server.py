@@ -108,6 +108,7 @@ async def _open_repository(cfg: Config, hooks: PageHooks) -> Repository:
             hooks=hooks,
             txn_memory=cfg.txn_memory,
             max_watch_queue=cfg.max_watch_queue,
+            max_watch_queue_bytes=cfg.max_watch_queue_bytes,
             max_open_pages=cfg.max_open_pages,
             cache_bytes=cfg.cache_bytes,
             history_retention=cfg.history_retention,

@@ -48,6 +48,7 @@ from ledgerd.store.transaction import TXN_MEMORY, Transaction, Transactions
 from ledgerd.store.view import Overlay, TreeView, View, check_key
 from ledgerd.store.watch import (
     MAX_WATCH_QUEUE,
+    MAX_WATCH_QUEUE_BYTES,
     WATCH_VALUE_LIMIT,
     ChangedEntry,
     Notification,
@@ -103,6 +104,7 @@ class Page(View):
         *,
         txn_memory: int = TXN_MEMORY,
         max_watch_queue: int = MAX_WATCH_QUEUE,
+        max_watch_queue_bytes: int = MAX_WATCH_QUEUE_BYTES,
         on_close: Callable[[Page], None] | None = None,
         device_id: bytes = b"",
         cache: Cache | None = None,
@@ -129,7 +131,9 @@ class Page(View):
         deletes nothing meanwhile (see :mod:`store.gc`)."""
         self.last_used = time.monotonic()
         """When a lease on the page last ended (or it was opened); see :meth:`lease`."""
-        self.watchers = Watchers(self.nodes, objects, self._touch, max_watch_queue)
+        self.watchers = Watchers(
+            self.nodes, objects, self._touch, max_watch_queue, max_watch_queue_bytes
+        )
         self.graph = CommitGraph(page_id, db, objects, self.watchers, self._committed)
         self.stamps = StampClock(device_id, lambda: self.graph.head.timestamp)
         """Where the page's versionstamps come from (``device_id``: the repository's)."""
@@ -165,6 +169,7 @@ class Page(View):
         hooks: PageHooks = NO_HOOKS,
         txn_memory: int = TXN_MEMORY,
         max_watch_queue: int = MAX_WATCH_QUEUE,
+        max_watch_queue_bytes: int = MAX_WATCH_QUEUE_BYTES,
         on_close: Callable[[Page], None] | None = None,
         device_id: bytes = b"",
         cache: Cache | None = None,
@@ -181,6 +186,7 @@ class Page(View):
             hooks,
             txn_memory=txn_memory,
             max_watch_queue=max_watch_queue,
+            max_watch_queue_bytes=max_watch_queue_bytes,
             on_close=on_close,
             device_id=device_id,
             cache=cache,

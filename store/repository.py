@@ -51,7 +51,7 @@ from ledgerd.store.hooks import NO_HOOKS, PageHooks
 from ledgerd.store.page import Page
 from ledgerd.store.schema import FORMAT_VERSION, create_usage_schema
 from ledgerd.store.transaction import TXN_MEMORY
-from ledgerd.store.watch import MAX_WATCH_QUEUE
+from ledgerd.store.watch import MAX_WATCH_QUEUE, MAX_WATCH_QUEUE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,7 @@ class Repository:
         lock_fd: int = -1,
         txn_memory: int = TXN_MEMORY,
         max_watch_queue: int = MAX_WATCH_QUEUE,
+        max_watch_queue_bytes: int = MAX_WATCH_QUEUE_BYTES,
         max_open_pages: int = MAX_OPEN_PAGES,
         cache_bytes: int = CACHE_BYTES,
         history_retention: float = HISTORY_RETENTION,
@@ -148,6 +149,7 @@ class Repository:
         """What every page of this repository reaches outside the store."""
         self.txn_memory = txn_memory
         self.max_watch_queue = max_watch_queue
+        self.max_watch_queue_bytes = max_watch_queue_bytes
         self.device_id = b""
         self._pages: dict[tuple[bytes, bytes], Page] = {}
         self._handed_out: dict[tuple[bytes, bytes], int] = {}
@@ -167,6 +169,7 @@ class Repository:
         hooks: PageHooks = NO_HOOKS,
         txn_memory: int = TXN_MEMORY,
         max_watch_queue: int = MAX_WATCH_QUEUE,
+        max_watch_queue_bytes: int = MAX_WATCH_QUEUE_BYTES,
         max_open_pages: int = MAX_OPEN_PAGES,
         cache_bytes: int = CACHE_BYTES,
         history_retention: float = HISTORY_RETENTION,
@@ -177,8 +180,9 @@ class Repository:
         ledgerd) has it open. ``hooks`` are the collaborators every page gets (see
         :mod:`store.hooks`); ``txn_memory`` is what one transaction may hold in
         memory before staging its values, ``max_watch_queue`` how far a watcher may
-        fall behind, and ``max_open_pages`` how many pages may be open at once:
-        opening one more closes the least recently used idle page, and fails with
+        fall behind (``max_watch_queue_bytes``: in the bytes its notifications hold),
+        and ``max_open_pages`` how many pages may be open at once: opening one more
+        closes the least recently used idle page, and fails with
         :class:`TooManyOpenPagesError` when every open page is busy. ``cache_bytes``
         bounds the one read cache all pages share (decoded tree nodes and verified
         pieces, see :mod:`store.cache`). ``history_retention`` is how many seconds of
@@ -205,6 +209,7 @@ class Repository:
             lock_fd=lock_fd,
             txn_memory=txn_memory,
             max_watch_queue=max_watch_queue,
+            max_watch_queue_bytes=max_watch_queue_bytes,
             max_open_pages=max_open_pages,
             cache_bytes=cache_bytes,
             history_retention=history_retention,
@@ -500,6 +505,7 @@ class Repository:
             hooks=self.hooks,
             txn_memory=self.txn_memory,
             max_watch_queue=self.max_watch_queue,
+            max_watch_queue_bytes=self.max_watch_queue_bytes,
             on_close=self._closed_page,
             device_id=self.device_id,
             cache=self.cache,

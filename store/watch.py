@@ -8,8 +8,8 @@ has not fetched is announced with ``value`` None (and its size None when even
 that is unknown here), so watchers work offline and never make an import wait
 for the bucket.
 
-Each watcher's queue is bounded (``max_queue`` notifications, and
-:data:`MAX_WATCH_QUEUE_BYTES` of their keys and values): a watcher that falls that far
+Each watcher's queue is bounded (``max_queue`` notifications, and ``max_bytes`` of
+their keys and values): a watcher that falls that far
 behind is ended, its iteration stops after what was queued, and
 :attr:`Watcher.ended_reason` says why.
 """
@@ -35,7 +35,8 @@ MAX_WATCH_QUEUE = 1024
 
 MAX_WATCH_QUEUE_BYTES = 64 * 1024 * 1024
 """The keys and values a watcher's waiting notifications may hold before it is ended as
-too slow (more than one notification always may: a single commit may be larger)."""
+too slow (more than one notification always may: a single commit may be larger), by
+default."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,13 +66,20 @@ def _held(note: Notification) -> int:
 class Watcher:
     """An async iterator of notifications, one per commit, in commit order."""
 
-    def __init__(self, prefix: bytes, max_queue: int, on_close: Callable[[Watcher], None]) -> None:
+    def __init__(
+        self,
+        prefix: bytes,
+        max_queue: int,
+        on_close: Callable[[Watcher], None],
+        max_bytes: int = MAX_WATCH_QUEUE_BYTES,
+    ) -> None:
         self.prefix = prefix
         self.max_queue = max_queue
+        self.max_bytes = max_bytes
         self.queue: asyncio.Queue[Notification | None] = asyncio.Queue()
         self.closed = False
         self.queued_bytes = 0
-        """The keys and values of the notifications waiting (:data:`MAX_WATCH_QUEUE_BYTES`)."""
+        """The keys and values of the notifications waiting (at most ``max_bytes``)."""
         self.ended_reason: str | None = None
         """Why the watcher ended by itself (it fell too far behind), or None."""
         self._on_close = on_close
@@ -97,7 +105,7 @@ class Watcher:
         behind = None
         if self.queue.qsize() >= self.max_queue:
             behind = f"{self.max_queue} notifications"
-        elif self.queue.qsize() and self.queued_bytes + held > MAX_WATCH_QUEUE_BYTES:
+        elif self.queue.qsize() and self.queued_bytes + held > self.max_bytes:
             behind = f"{self.queued_bytes} bytes of notifications"
         if behind is not None:
             self.ended_reason = (
@@ -131,11 +139,13 @@ class Watchers:
         objects: ObjectStore,
         touched: Callable[[], None],
         max_queue: int = MAX_WATCH_QUEUE,
+        max_bytes: int = MAX_WATCH_QUEUE_BYTES,
     ) -> None:
         self._nodes = nodes
         self._objects = objects.local_only()
         self._touched = touched
         self.max_queue = max_queue
+        self.max_bytes = max_bytes
         self._live: set[Watcher] = set()
 
     def __bool__(self) -> bool:
@@ -145,7 +155,7 @@ class Watchers:
         return len(self._live)
 
     def add(self, prefix: bytes) -> Watcher:
-        w = Watcher(prefix, self.max_queue, self._closed)
+        w = Watcher(prefix, self.max_queue, self._closed, self.max_bytes)
         self._live.add(w)
         return w
 
