@@ -492,8 +492,7 @@ class JournalWriter:
             entries = await self.db.read_all(
                 "SELECT key, value, priority FROM journal_entries WHERE journal_id = ?", (jid,)
             )
-            changes = [_recovered(k, v, p) for k, v, p in entries]
-            changes = [c for c in changes if c is not None]
+            changes = [c for k, v, p in entries if (c := _recovered(k, v, p)) is not None]
             if len(changes) < len(entries):
                 log.warning(
                     "implicit journal %s of page %r: %d entries are damaged (a value that "
@@ -519,7 +518,7 @@ def _recovered(key: object, value: object, priority: object) -> tuple[bytes, Ent
         return None
     if value is None:
         return key, None
-    if type(value) is not bytes or priority not in (Priority.EAGER, Priority.LAZY):
+    if type(value) is not bytes or type(priority) is not int or priority not in (0, 1):
         return None
     try:
         dg.validate(value)
