@@ -144,7 +144,8 @@ class Cli:
         at: str | None = getattr(self.a, "at", None)
         if at is not None:
             try:
-                bytes.fromhex(at)
+                if not bytes.fromhex(at):
+                    raise ValueError("empty")
             except ValueError:
                 raise UsageError(f"--at {at!r} is not a commit id (hex)") from None
         return at
@@ -670,6 +671,8 @@ def _disk_note(disk: dict[str, Any]) -> str:
 
 
 async def run(args: argparse.Namespace) -> int:
+    if args.socket == "":  # (not left out: given empty, e.g. an unset variable)
+        raise UsageError("--socket: the path is empty")
     async with AsyncClient(args.socket) as client:
         if (handler := getattr(args, "handler", None)) is not None:  # see parser()
             return int(await handler(args, client))

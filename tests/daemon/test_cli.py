@@ -256,6 +256,8 @@ def test_local_path_problems_are_one_line(shared: Daemon, ledger: str, tmp_path:
         (["get", "-o", str(tmp_path), ledger, "p", "k"], "is a directory"),
         (["import", ledger, "p", str(missing)], "No such file"),
         (["ls", "--at", "\udcff", ledger, "p"], "not a commit id"),
+        (["ls", "--at", "", ledger, "p"], "not a commit id"),  # (it read the head)
+        (["ls", "--socket", "", ledger, "p"], "the path is empty"),  # (the default socket)
     ]:
         err = ctl_fails(shared, 2, *args)
         assert says in err and err.count("\n") == 1, err
