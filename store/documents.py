@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -69,6 +70,8 @@ from ledgerd.store.objects import Source
 from ledgerd.store.page import Page
 from ledgerd.store.transaction import Transaction
 from ledgerd.store.view import RangeResult, View
+
+log = logging.getLogger(__name__)
 
 _stores: weakref.WeakKeyDictionary[Page, DocumentStore] = weakref.WeakKeyDictionary()
 _opening: weakref.WeakKeyDictionary[Page, asyncio.Lock] = weakref.WeakKeyDictionary()
@@ -178,7 +181,12 @@ class DocumentStore:
                     await store._open()
                 except BaseException:  # nothing of it stays: the next open starts afresh
                     page.not_when_closing(store.views.page_closing)
-                    await store.views.close()
+                    try:
+                        await store.views.close()
+                    except Exception:  # the open's own failure is the one to raise
+                        log.warning(
+                            "page %r: cleaning up a failed open failed", page.id, exc_info=True
+                        )
                     raise
                 _stores[page] = store
             return store

@@ -1270,3 +1270,22 @@ async def test_a_store_opened_while_another_closes_waits_and_is_a_new_one(
     await again.create("c", {"k": 1, "v": 9.5})
     assert await _by_k(again) == await _scan_by_k(again)
     assert sum(map(len, (await _by_k(again)).values())) == 31
+
+
+async def test_a_failed_open_raises_its_own_error_when_cleaning_up_fails_too(
+    page: Page, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An open that fails, and whose clean-up fails as well, raises the open's error
+    (the clean-up's is logged). Before, the clean-up's error replaced it."""
+
+    async def failing_open(self: DocumentStore) -> None:
+        raise InvalidArgumentError("the open's own failure")
+
+    async def failing_close(self: docindex.Views) -> None:
+        raise StoreError("the clean-up's failure")
+
+    monkeypatch.setattr(DocumentStore, "_open", failing_open)
+    monkeypatch.setattr(docindex.Views, "close", failing_close)
+    with caplog.at_level(logging.WARNING), pytest.raises(InvalidArgumentError, match="own"):
+        await DocumentStore.open(page)
+    assert "cleaning up a failed open failed" in caplog.text
