@@ -729,11 +729,7 @@ class DocumentStore:
                         return
                     watcher = self.page.watch(prefix)  # it fell behind: the diff catches up
                     continue
-                if await watcher.queue.get() is None:
-                    continue
-                while not watcher.queue.empty():
-                    if watcher.queue.get_nowait() is None:
-                        break
+                await watcher.wake()
         finally:
             if watcher is not None:
                 watcher.close()

@@ -76,7 +76,8 @@ class Watcher:
         self.prefix = prefix
         self.max_queue = max_queue
         self.max_bytes = max_bytes
-        self.queue: asyncio.Queue[Notification | None] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[Notification, int] | None] = asyncio.Queue()
+        """Notifications waiting, each with the bytes it holds; None: the end."""
         self.closed = False
         self.queued_bytes = 0
         """The keys and values of the notifications waiting (at most ``max_bytes``)."""
@@ -90,12 +91,22 @@ class Watcher:
     async def __anext__(self) -> Notification:
         if self.closed and self.queue.empty():
             raise StopAsyncIteration
-        note = await self.queue.get()
-        if note is None:
+        item = await self.queue.get()
+        if item is None:
             self.closed = True
             raise StopAsyncIteration
-        self.queued_bytes -= _held(note)
-        return note
+        self.queued_bytes -= item[1]
+        return item[0]
+
+    async def wake(self) -> None:
+        """Wait for a notification (or the end), then take every one waiting: for a
+        reader that reads the page itself and only needs to know that it changed."""
+        item = await self.queue.get()
+        while item is not None:
+            self.queued_bytes -= item[1]
+            if self.queue.empty():
+                return
+            item = self.queue.get_nowait()
 
     def deliver(self, note: Notification) -> None:
         """Queue ``note``; end the watcher if it has fallen too far behind."""
@@ -115,7 +126,7 @@ class Watcher:
             self.close()
             return
         self.queued_bytes += held
-        self.queue.put_nowait(note)
+        self.queue.put_nowait((note, held))
 
     def close(self) -> None:
         if not self.closed:

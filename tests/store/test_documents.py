@@ -1289,3 +1289,36 @@ async def test_a_failed_open_raises_its_own_error_when_cleaning_up_fails_too(
     with caplog.at_level(logging.WARNING), pytest.raises(InvalidArgumentError, match="own"):
         await DocumentStore.open(page)
     assert "cleaning up a failed open failed" in caplog.text
+
+
+async def test_a_followed_changes_feed_keeps_its_watcher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A changes feed that keeps up keeps the one watcher it started with, however many
+    bytes it has been told of in all (here five times ``max_watch_queue_bytes``): it takes
+    the notifications through :meth:`Watcher.wake`, which takes their bytes off the
+    account. Before, it took them from the queue itself, the account only grew, and the
+    watcher was ended as behind every kilobyte or so (the feed then watched anew)."""
+    async with await Repository.open(tmp_path, max_watch_queue_bytes=2000) as repo:
+        page = await repo.ledger("app").page("docs")
+        docs = await DocumentStore.open(page)
+        watches = 0
+        real_watch = Page.watch
+
+        def counted(self: Page, prefix: bytes = b"") -> Any:
+            nonlocal watches
+            watches += 1
+            return real_watch(self, prefix)
+
+        monkeypatch.setattr(Page, "watch", counted)
+        feed = docs.changes()
+        seen: list[int] = []
+        for i in range(0, 20, 2):  # two changes a read: one waits when the next comes
+            await docs.create("c", {"text": "x" * 500, "i": i})
+            await docs.create("c", {"text": "x" * 500, "i": i + 1})
+            while len(seen) < i + 2:
+                got = await asyncio.wait_for(anext(feed), 10)
+                seen += [d.data["i"] for d in got.documents]
+        assert seen == list(range(20))
+        await feed.aclose()
+        assert watches == 1
