@@ -94,36 +94,23 @@ class Changes:
 
 @dataclass(frozen=True, slots=True)
 class IndexInfo:
-    """An index as declared. ``partition`` and ``sort`` are its paths as dotted text
-    (``"address.city"``), for reading; ``partition_path`` and ``sort_path`` the
-    names themselves, which tell a field named ``"a.b"`` from ``["a", "b"]``."""
+    """An index as declared: its paths as the names themselves (``partition_path``,
+    ``sort_path``), which tell a field named ``"a.b"`` from ``["a", "b"]``, and as
+    dotted text for reading (``partition``, ``sort``: ``"address.city"``)."""
 
     collection: str
     name: str
-    partition: str
-    sort: str | None
+    partition_path: tuple[str, ...]
+    sort_path: tuple[str, ...] | None
     ready: bool
-    partition_path: tuple[str, ...] = ()
-    sort_path: tuple[str, ...] | None = None
 
-    @classmethod
-    def of(
-        cls,
-        collection: str,
-        name: str,
-        partition: Sequence[str],
-        sort: Sequence[str] | None,
-        ready: bool,
-    ) -> IndexInfo:
-        return cls(
-            collection,
-            name,
-            ".".join(partition),
-            None if sort is None else ".".join(sort),
-            ready,
-            tuple(partition),
-            None if sort is None else tuple(sort),
-        )
+    @property
+    def partition(self) -> str:
+        return ".".join(self.partition_path)
+
+    @property
+    def sort(self) -> str | None:
+        return None if self.sort_path is None else ".".join(self.sort_path)
 
 
 class DocumentStore:
@@ -610,7 +597,7 @@ class DocumentStore:
         await self._after_write()
         found = self.views.indexes.get((collection, name))
         ready = found is not None and found[1].raw == raw and found[2]
-        return IndexInfo.of(collection, name, part, by, ready)
+        return IndexInfo(collection, name, tuple(part), None if by is None else tuple(by), ready)
 
     async def drop_index(self, collection: str, name: str) -> None:
         check_collection(collection)
@@ -626,7 +613,13 @@ class DocumentStore:
         check_collection(collection)
         await self.views.catch_up()
         return [
-            IndexInfo.of(d.collection, d.name, d.partition, d.sort, ready)
+            IndexInfo(
+                d.collection,
+                d.name,
+                tuple(d.partition),
+                None if d.sort is None else tuple(d.sort),
+                ready,
+            )
             for (coll, _), (_, d, ready) in sorted(self.views.indexes.items())
             if coll == collection
         ]
