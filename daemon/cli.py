@@ -49,9 +49,10 @@ from ledgerd.daemon.cli_format import (
     tuple_range,
     when,
 )
-from ledgerd.daemon.cli_import import Importer, blocking, file_size
+from ledgerd.daemon.cli_import import Importer, file_size
 from ledgerd.daemon.cli_progress import ENTRIES_MIN, Progress
 from ledgerd.daemon.cli_status import status_lines
+from ledgerd.daemon.cli_stdio import blocking
 from ledgerd.daemon.client import (
     AsyncClient,
     DaemonUnavailableError,

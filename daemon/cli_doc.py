@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ledgerd.daemon.cli_format import positive_int
-from ledgerd.daemon.cli_import import blocking, write_all
+from ledgerd.daemon.cli_stdio import blocking, write_all
 from ledgerd.daemon.client_docs import AsyncDocuments, Doc
 
 if TYPE_CHECKING:

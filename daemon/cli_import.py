@@ -8,22 +8,19 @@ daemon finds one over its ``max_batch_bytes``.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
-import contextlib
 import io
 import json
 import os
-import queue
 import re
 import stat
-import threading
-from collections.abc import AsyncIterator, Callable
-from typing import Any, BinaryIO, TypeVar
+from collections.abc import AsyncIterator
+from typing import BinaryIO
 
 from ledgerd.daemon.cli_format import UsageError
 from ledgerd.daemon.cli_progress import Progress
+from ledgerd.daemon.cli_stdio import blocking
 from ledgerd.daemon.client import AsyncClient, LedgerError
 
 LINE_LIMIT = 2 * 1024 * 1024
@@ -35,61 +32,6 @@ INLINE_VALUE = 1024 * 1024
 """Larger values are sent on their own, as a streamed PUT, not in a batch."""
 
 Entry = tuple[bytes, bytes, str]
-T = TypeVar("T")
-
-
-class _IoThread:
-    """Blocking reads and writes of standard input and output, one at a time, on a daemon
-    thread of their own (``asyncio.to_thread``'s threads are joined when the interpreter
-    exits: on Ctrl-C, a read of a terminal or pipe that waits for more kept ``ledgerctl``
-    from exiting until a line or the end came)."""
-
-    def __init__(self) -> None:
-        self.calls: queue.SimpleQueue[tuple[Callable[[], None]]] = queue.SimpleQueue()
-        self.thread: threading.Thread | None = None
-
-    def _work(self) -> None:
-        while True:
-            (call,) = self.calls.get()
-            call()
-
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[T] = loop.create_future()
-
-        def settle(result: Any, error: BaseException | None) -> None:
-            if fut.done():
-                return
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(result)
-
-        def call() -> None:
-            try:
-                result, error = fn(*args), None
-            except BaseException as e:  # handed to the awaiting task
-                result, error = None, e
-            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
-                loop.call_soon_threadsafe(settle, result, error)
-
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._work, name="ledgerctl-io", daemon=True)
-            self.thread.start()
-        self.calls.put((call,))
-        return await fut
-
-
-def write_all(fd: int, data: bytes) -> None:
-    """``os.write`` until every byte is written (no lock of sys.stdout's is held meanwhile)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-blocking = _IoThread()
-"""Runs a blocking read or write of a terminal, pipe or file; see :class:`_IoThread`."""
-
 STREAMED_HEAD = re.compile(
     rb'\s*\{\s*"key"\s*:\s*"([A-Za-z0-9+/]*={0,2})"\s*,\s*"priority"\s*:\s*"(eager|lazy)"'
     rb'\s*,\s*"value"\s*:\s*"'
