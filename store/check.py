@@ -222,28 +222,21 @@ class _Tables:
     """Rows left out of the lists above, by table: their columns hold the wrong types."""
 
 
-def _rows(cursor: Iterable[Any], *types: type) -> tuple[list[tuple[Any, ...]], int]:
-    """The rows whose columns hold the types given (``object``: any), and how many did
-    not: the tables are not STRICT, so a damaged row may hold anything."""
-    good: list[tuple[Any, ...]] = []
-    bad = 0
-    for row in cursor:
-        if all(isinstance(v, t) for v, t in zip(row, types, strict=True)):
-            good.append(tuple(row))
-        else:
-            bad += 1
-    return good, bad
-
-
 def _read_tables(conn: sqlite3.Connection) -> _Tables:
     conn.execute("BEGIN")
     try:
         mistyped: dict[str, int] = {}
 
         def rows(table: str, query: str, *types: type) -> list[tuple[Any, ...]]:
-            good, bad = _rows(conn.execute(query), *types)
-            if bad:
-                mistyped[table] = mistyped.get(table, 0) + bad
+            """The rows whose columns hold the types given (``object``: any); the others
+            are counted in ``mistyped``: the tables are not STRICT, so a damaged row may
+            hold anything."""
+            good = []
+            for row in conn.execute(query):
+                if all(isinstance(v, t) for v, t in zip(row, types, strict=True)):
+                    good.append(tuple(row))
+                else:
+                    mistyped[table] = mistyped.get(table, 0) + 1
             return good
 
         # A commit's other columns are compared with its data as they are.
