@@ -14,6 +14,7 @@ import pytest
 from ledgerd.store import db as store_db
 from ledgerd.store import sql
 from ledgerd.store.db import Database
+from ledgerd.store.errors import ClosedError
 from ledgerd.store.schema import LOCAL, TRANSIENT, create_page_schema
 
 
@@ -135,6 +136,129 @@ async def test_the_wal_is_checkpointed_when_every_write_is_small(
     conn = sqlite3.connect(tmp_path / "w.sqlite")  # nothing lost
     assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == 1000
     conn.close()
+
+
+def _blobs(k: int) -> Callable[[sqlite3.Connection], None]:
+    """A write of about 25 pages (100 KiB of blobs)."""
+
+    def work(conn: sqlite3.Connection) -> None:
+        conn.execute("CREATE TABLE IF NOT EXISTS b (k INTEGER, data BLOB)")
+        conn.executemany("INSERT INTO b VALUES (?, ?)", [(k, bytes([k % 256]) * 5000)] * 20)
+
+    return work
+
+
+def _backlog(db: Database) -> int:
+    assert db._wal_index is not None
+    backlog = store_db._wal_backlog(db._wal_index)
+    assert backlog is not None
+    return backlog
+
+
+def _copying(db: Database) -> bool:
+    return db._checkpointing is not None
+
+
+async def test_the_wal_is_copied_beside_large_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past BACKGROUND_CHECKPOINT_PAGES pages not yet copied, a write on the writer's
+    thread has them copied into the database on a connection of its own, not in a
+    later commit; nothing is lost."""
+    monkeypatch.setattr(store_db, "BACKGROUND_CHECKPOINT_PAGES", 64)
+    db = await Database.open(tmp_path / "c.sqlite", _schema)
+    try:
+        # The writer's own checkpoint would copy them too, but only at ~64 MiB.
+        assert db.writer.raw.execute("PRAGMA wal_autocheckpoint").fetchone()[0] > 1000
+        for k in range(200):  # about 5,000 pages, 20 MB
+            await db.run(_blobs(k), write=True)
+        if db._checkpointing is not None:
+            await db._checkpointing
+        assert db.background_checkpoints >= 10
+        await db.run(_blobs(200), write=True)
+        if db._checkpointing is not None:
+            await db._checkpointing
+        assert _backlog(db) < 64
+    finally:
+        await db.close()
+    conn = sqlite3.connect(tmp_path / "c.sqlite")
+    assert conn.execute("SELECT count(*), count(DISTINCT k) FROM b").fetchone() == (201 * 20, 201)
+    conn.close()
+
+
+async def test_small_writes_leave_the_checkpoints_to_the_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Below the limit nothing runs beside the writes: a page written a little at a
+    time never opens a connection for checkpoints."""
+    monkeypatch.setattr(store_db, "BACKGROUND_CHECKPOINT_PAGES", 64)
+    db = await Database.open(tmp_path / "s.sqlite", _schema)
+    try:
+        for k in range(40):
+            await db.run(_insert(k), write=True)
+        assert db._checkpointing is None
+        assert db.background_checkpoints == 0
+        assert _backlog(db) < 64
+    finally:
+        await db.close()
+
+
+async def test_a_failed_checkpoint_beside_the_writes_is_logged_and_writes_go_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(store_db, "BACKGROUND_CHECKPOINT_PAGES", 64)
+
+    def failing(path: Path, synchronous: str) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(store_db, "_checkpoint", failing)
+    db = await Database.open(tmp_path / "f.sqlite", _schema)
+    try:
+        with caplog.at_level(logging.WARNING, logger="ledgerd.store.db"):
+            for k in range(10):
+                await db.run(_blobs(k), write=True)
+                if db._checkpointing is not None:
+                    await db._checkpointing
+        assert db.background_checkpoints == 0
+        assert "beside the writes failed: disk I/O error" in caplog.text
+        await db.run(_blobs(10), write=True)
+    finally:
+        await db.close()
+    conn = sqlite3.connect(tmp_path / "f.sqlite")
+    assert conn.execute("SELECT count(DISTINCT k) FROM b").fetchone() == (11,)
+    conn.close()
+
+
+async def test_closing_waits_for_a_checkpoint_beside_the_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Close waits for the copying under way (which then leaves no connection
+    behind) and starts none afterwards."""
+    monkeypatch.setattr(store_db, "BACKGROUND_CHECKPOINT_PAGES", 64)
+    started, release = threading.Event(), threading.Event()
+    real = store_db._checkpoint
+
+    def slow(path: Path, synchronous: store_db.Synchronous) -> None:
+        started.set()
+        release.wait(10)
+        real(path, synchronous)
+
+    monkeypatch.setattr(store_db, "_checkpoint", slow)
+    db = await Database.open(tmp_path / "x.sqlite", _schema)
+    k = 0
+    while not _copying(db):
+        await db.run(_blobs(k), write=True)
+        k += 1
+    await asyncio.to_thread(started.wait, 10)
+    closing = asyncio.ensure_future(db.close())
+    await asyncio.sleep(0)
+    assert not closing.done()
+    release.set()
+    await closing
+    assert db.background_checkpoints == 1
+    assert not _copying(db)
+    with pytest.raises(ClosedError):
+        await db.run(_blobs(k), write=True)
 
 
 def test_collecting_a_journal_does_not_scan_the_status_of_every_piece() -> None:
