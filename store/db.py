@@ -58,8 +58,8 @@ INLINE_MAX_ROWS = 64
 INLINE_MAX_BYTES = 64 * 1024
 """What a caller may write inline (see :meth:`Database.run`): about this many rows
 and bytes."""
-BACKGROUND_CHECKPOINT_PAGES = 2048
-"""Pages of WAL not yet copied into the database (8 MiB) past which a write on the
+BACKGROUND_CHECKPOINT_PAGES = 4096
+"""Pages of WAL not yet copied into the database (16 MiB) past which a write on the
 writer's thread starts copying them on a connection of its own (see the module
 docstring)."""
 INLINE_ROUND = 64
