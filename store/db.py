@@ -173,11 +173,18 @@ def _wal_backlog(fd: int) -> int | None:
     return backlog
 
 
+def file_uri(path: Path, mode: Literal["ro", "rw"]) -> str:
+    """The SQLite URI that opens ``path`` read-only (``ro``) or read-write without
+    creating it (``rw``); the path percent-encoded, so that a ``?``, ``#`` or ``%``
+    in a directory's name stays part of the name."""
+    return f"{path.absolute().as_uri()}?mode={mode}"
+
+
 def _checkpoint(path: Path, synchronous: Synchronous) -> None:
     """A passive checkpoint of ``path`` (it waits for no lock, and writes go on while
     it copies) on a connection of its own, opened for it: pages that never write
     much never hold one. ``mode=rw``: it never creates the file."""
-    conn = sqlite3.connect(f"file:{path}?mode=rw", uri=True, isolation_level=None, timeout=0)
+    conn = sqlite3.connect(file_uri(path, "rw"), uri=True, isolation_level=None, timeout=0)
     try:
         conn.execute(f"PRAGMA synchronous = {synchronous}")  # the checkpoint's syncs
         conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()

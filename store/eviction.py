@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ledgerd.store.commit import FIRST
+from ledgerd.store.db import file_uri
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def evictability(path: Path) -> Evictability:
     """Look at a closed page's database (blocking: run it on a thread)."""
     if not path.exists():
         return Evictability(0, "the page is not stored here")
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+    conn = sqlite3.connect(file_uri(path, "ro"), uri=True, isolation_level=None)
     try:
         conn.execute("BEGIN")
         q = {

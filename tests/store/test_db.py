@@ -166,7 +166,8 @@ async def test_the_wal_is_copied_beside_large_writes(
     thread has them copied into the database on a connection of its own, not in a
     later commit; nothing is lost."""
     monkeypatch.setattr(store_db, "BACKGROUND_CHECKPOINT_PAGES", 64)
-    db = await Database.open(tmp_path / "c.sqlite", _schema)
+    path = tmp_path / "a dir?named#100%" / "c.sqlite"  # opened again by URI: kept whole
+    db = await Database.open(path, _schema)
     try:
         # The writer's own checkpoint would copy them too, but only at ~64 MiB.
         assert db.writer.raw.execute("PRAGMA wal_autocheckpoint").fetchone()[0] > 1000
@@ -181,7 +182,8 @@ async def test_the_wal_is_copied_beside_large_writes(
         assert _backlog(db) < 64
     finally:
         await db.close()
-    conn = sqlite3.connect(tmp_path / "c.sqlite")
+    assert sorted(p.name for p in path.parent.iterdir()) == ["c.sqlite"]
+    conn = sqlite3.connect(path)
     assert conn.execute("SELECT count(*), count(DISTINCT k) FROM b").fetchone() == (201 * 20, 201)
     conn.close()
 
