@@ -805,8 +805,8 @@ class Api:
 
     async def policy(self, request: web.Request, p: Params) -> web.Response:
         """GET: the page's merge policy; PUT {"policy": NAME}: set it (remembered)."""
-        page = await self.page(p.ledger, p.page, create=request.method == "PUT")
-        if request.method == "PUT":
+        policy = None
+        if request.method == "PUT":  # the body first: a bad one creates no page
             try:
                 body = await self.read_body(request, CONTROL_BODY_BYTES, "policy body")
                 doc = parse_json(body, "policy body")
@@ -816,6 +816,8 @@ class Api:
                 raise ae.BadRequest(
                     f'body must be {{"policy": NAME}} with NAME one of {names}'
                 ) from None
+        page = await self.page(p.ledger, p.page, create=policy is not None)
+        if policy is not None:
             await page.set_policy(policy)
         return web.json_response(
             {

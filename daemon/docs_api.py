@@ -239,9 +239,10 @@ async def list_documents(api: Api, request: web.Request, p: Params) -> web.Respo
 async def create_document(api: Api, request: web.Request, p: Params) -> web.Response:
     (collection,) = _segments(request)
     data = await _data(api, request)
-    DocumentStore.check(collection, data=data)
+    new_rev = _query(request, "new_rev")
+    DocumentStore.check(collection, data=data, new_rev=new_rev)
     docs = await _store(api, p, write=True)
-    doc = await docs.create(collection, data, new_rev=_query(request, "new_rev"))
+    doc = await docs.create(collection, data, new_rev=new_rev)
     return _doc_response(doc, 201)
 
 
@@ -422,8 +423,9 @@ async def declare_index(api: Api, request: web.Request, p: Params) -> web.Respon
     body = parse_json(await api.read_body(request, body_limit(api), "index body"), "index body")
     if not isinstance(body, dict) or "partition" not in body or set(body) - {"partition", "sort"}:
         raise ae.BadRequest('index body must be {"partition": PATH, "sort": PATH?}')
-    docs = await _store(api, p, write=True)
     partition, sort = body["partition"], body.get("sort")
+    DocumentStore.check_index(collection, name, partition, sort)  # a bad one makes no page
+    docs = await _store(api, p, write=True)
     i = await docs.declare_index(collection, name, partition, sort)
     return web.json_response(_index_json(collection, name, partition, sort, i.ready))
 

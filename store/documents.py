@@ -185,15 +185,34 @@ class DocumentStore:
         return await page.get_entry(doclayout.MARKER) is not None
 
     @staticmethod
-    def check(collection: str, *, doc_id: str | None = None, data: Any = MISSING) -> None:
+    def check(
+        collection: str,
+        *,
+        doc_id: str | None = None,
+        data: Any = MISSING,
+        new_rev: str | None = None,
+    ) -> None:
         """Raise what a call would for its arguments alone (collection name, id, the
-        document's JSON and reserved names), before any page is opened or created. The
-        size and indexed-field checks need the page: they come with the write."""
+        document's JSON and reserved names, a given revision's form), before any page
+        is opened or created. The size, indexed-field and revision-order checks need
+        the page: they come with the write."""
         check_collection(collection)
         if doc_id is not None:
             parse_ulid(doc_id)
         if data is not MISSING:
             check_data(data)
+        if new_rev is not None:
+            parse_ulid(new_rev, "revision")
+
+    @staticmethod
+    def check_index(
+        collection: str, name: str, partition: str | list[str], sort: str | list[str] | None
+    ) -> tuple[list[str], list[str] | None]:
+        """Raise what :meth:`declare_index` would for its arguments alone, before any
+        page is opened or created; the paths parsed."""
+        check_collection(collection)
+        check_index_name(name)
+        return parse_path(partition), None if sort is None else parse_path(sort)
 
     async def _open(self) -> None:
         if await self.page.get_entry(doclayout.MARKER) is None:
@@ -587,9 +606,7 @@ class DocumentStore:
 
         Returns the index as declared (``ready`` if it is built already), even if a
         drop or another declaration of the same name came in meanwhile."""
-        check_collection(collection)
-        check_index_name(name)
-        part, by = parse_path(partition), None if sort is None else parse_path(sort)
+        part, by = self.check_index(collection, name, partition, sort)
         raw = doclayout.encode_definition(part, by)
         async with self._write:
             await self.page.put(doclayout.index_key(collection, name), raw)

@@ -383,3 +383,24 @@ async def test_a_bad_priority_is_refused_in_a_session_too(
         u(P + "/batch"), json={"ops": [{"op": "put", "key": "aw==", "value": "", "priority": 7}]}
     )
     assert r.status == 400 and "7" in (await r.json())["error"]["message"]
+
+
+async def test_a_refused_body_makes_no_page(daemon: Daemon, http: aiohttp.ClientSession) -> None:
+    """A write that would create its page checks its arguments first: a refused one
+    leaves no page, no ledger and no file behind (they were made before the body's
+    paths, policy name or revision were checked)."""
+    fresh = "/v1/ledgers/new/pages/q"
+    refused = [
+        ("PUT", fresh + "/policy", {"policy": "no-such-policy"}, "bad_request"),
+        ("PUT", fresh + "/docs/c/_indexes/ix", {"partition": ""}, "bad_request"),
+        ("PUT", fresh + "/docs/c/_indexes/ix", {"partition": "a..b"}, "bad_request"),
+        ("PUT", fresh + "/docs/c/_indexes/ix", {"partition": "a", "sort": []}, "bad_request"),
+        ("PUT", fresh + "/docs/c/_indexes/" + "n" * 300, {"partition": "a"}, "invalid_name"),
+        ("POST", fresh + "/docs/c?new_rev=not-a-ulid", {"a": 1}, "invalid_id"),
+    ]
+    for method, path, body, code in refused:
+        async with http.request(method, u(path), json=body) as r:
+            assert (r.status, (await r.json())["error"]["code"]) == (400, code), path
+    async with http.get(u("/v1/ledgers")) as r:
+        assert (await r.json())["ledgers"] == []
+    assert not list((daemon.data / "ledgers").glob("*"))
