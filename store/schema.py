@@ -24,6 +24,7 @@ upload deletes narrow rows rather than rewriting the pieces' own rows.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sqlite3
 
@@ -271,9 +272,37 @@ def _version(conn: sqlite3.Connection, version: int) -> int:
     return current
 
 
+@functools.lru_cache(maxsize=8)
+def _names(schema: str) -> frozenset[str]:
+    """The tables, indexes and views ``schema`` creates."""
+    mem = sqlite3.connect(":memory:")
+    try:
+        for statement in _statements(schema):
+            mem.execute(statement)
+        return frozenset(r[0] for r in mem.execute(_NAMES))
+    finally:
+        mem.close()
+
+
+_NAMES = "SELECT name FROM sqlite_schema WHERE name NOT LIKE 'sqlite_%'"
+
+
+def _check_names(conn: sqlite3.Connection, schema: str, version: int) -> None:
+    """Refuse a database at the current version that lacks a table, index or view of
+    its schema (dropped by hand or by damage): every request of it would fail with
+    SQLite's own "no such table", as a bug."""
+    missing = _names(schema) - {r[0] for r in conn.execute(_NAMES)}
+    if missing:
+        raise CorruptDatabaseError(
+            f"{_name(conn)} is damaged: its schema version is {version}, but it has no "
+            f"{', '.join(sorted(missing))}"
+        )
+
+
 def _apply(conn: sqlite3.Connection, schema: str, version: int, migrations: dict[int, str]) -> None:
     current = _version(conn, version)
     if current == version:
+        _check_names(conn, schema, version)
         return
     conn.execute("BEGIN IMMEDIATE")
     try:

@@ -225,3 +225,39 @@ async def test_a_page_whose_schema_version_is_wrong_is_refused_clearly(
     conn.close()
     async with await Repository.open(tmp_path) as repo:
         assert await (await repo.ledger("l").page("p")).get(b"k") == b"v"
+
+
+def test_a_migrated_page_has_every_table_of_a_new_one(tmp_path: Path) -> None:
+    """The open of a page at the current version checks that every table, index and
+    view of the schema is there: a page migrated from version 1 has them all."""
+    conn = sqlite3.connect(tmp_path / "page.sqlite", isolation_level=None)
+    create_page_schema(conn)
+    _v1(conn)
+    create_page_schema(conn)  # migrates
+    create_page_schema(conn)  # and opens again: checked
+    names = {r[0] for r in conn.execute(schema._NAMES)}
+    assert names >= schema._names(schema.PAGE_SCHEMA)
+    conn.close()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["DROP TABLE pruned_commits", "DROP VIEW piece_status", "DROP TABLE unsynced_commits"],
+)
+async def test_a_page_missing_a_table_is_refused_clearly(tmp_path: Path, damage: str) -> None:
+    """A page at the current version that lacks a table (dropped by hand, or lost to
+    damage) is a CorruptDatabaseError naming the file and what is missing, not
+    SQLite's "no such table" at some later request (500 internal, "a bug")."""
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.put(b"k", b"v")
+        await page.flush()
+        path = page.db.path
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(damage)
+    conn.close()
+    missing = damage.split()[-1]
+    async with await Repository.open(tmp_path) as repo:
+        with pytest.raises(CorruptDatabaseError, match=f"has no {missing}") as e:
+            await repo.ledger("l").page("p")
+        assert str(path) in str(e.value)
