@@ -323,6 +323,8 @@ class Api:
         self._peers: dict[int, bool] = {}
         self.in_flight = 0
         """Requests holding one of ``max_concurrent_requests`` (:meth:`slot`)."""
+        self.followers = 0
+        """Followed changes feeds holding one of ``max_followers`` (:meth:`following`)."""
         self.held_budget = HeldBudget(cfg.max_held_index_bytes)
         """Memory for the index rows every document page holds (store.docindex)."""
         self.sessions: Any = None  # daemon.session.Sessions, set by the server
@@ -477,6 +479,25 @@ class Api:
             yield
         finally:
             self.in_flight -= 1
+
+    @contextlib.contextmanager
+    def following(self) -> Iterator[None]:
+        """For a request that becomes a stream for as long as its client stays (a
+        followed changes feed): it gives back its request slot (:meth:`slot`) and holds
+        one of ``max_followers`` instead, or is 503 ``overloaded`` at once when none is
+        free; so followers, however many, never take the slots of short requests."""
+        limit = self.cfg.max_followers
+        if self.followers >= limit:
+            raise ae.Overloaded(
+                f"{limit} changes feeds are being followed (max_followers): try again shortly"
+            )
+        self.followers += 1
+        self.in_flight -= 1
+        try:
+            yield
+        finally:
+            self.in_flight += 1  # given back by slot() when the request ends
+            self.followers -= 1
 
     def params(self, found: dict[str, str]) -> Params:
         """A route's path parameters, decoded and checked."""

@@ -91,6 +91,7 @@ class Config:
     listen_backlog: int = 1024
     max_connections: int = 2048
     max_concurrent_requests: int = 256
+    max_followers: int = 256
     max_listing_bytes: int = 16 * 1024 * 1024
     max_session_queue: int = 1000
     max_session_queue_bytes: int = 64 * 1024 * 1024

@@ -518,6 +518,20 @@ async def changes(api: Api, request: web.Request, p: Params) -> web.StreamRespon
                 raise
             # (``since`` was found above): the token's commit is not of this page
             raise ae.BadRequest("the continuation token is not one of this page's") from None
+    with api.following():
+        return await _follow(api, request, docs, since, collection, limit, heartbeat)
+
+
+async def _follow(
+    api: Api,
+    request: web.Request,
+    docs: DocumentStore,
+    since: bytes | None,
+    collection: str | None,
+    limit: int,
+    heartbeat: float,
+) -> web.StreamResponse:
+    """The followed changes feed (see :func:`changes`), one of ``max_followers``."""
     resp = web.StreamResponse(headers={"Content-Type": NDJSON_TYPE})
     await resp.prepare(request)
     feed = docs.changes(since, collection=collection, follow=True, batch=limit)

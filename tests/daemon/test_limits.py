@@ -217,3 +217,45 @@ async def test_error_messages_quote_a_bounded_part_of_the_input(
     await ws.close()
     assert not long, "\n".join(map(str, long))
     _no_traceback(daemon)
+
+
+async def test_followed_feeds_hold_followers_not_request_slots(short_tmp: Path) -> None:
+    """A followed changes feed held one of ``max_concurrent_requests`` for as long as
+    its client stayed: as many followers as that left every other request 503. It
+    now gives its slot back and holds one of ``max_followers``; past those a new
+    follower is 503 ``overloaded``, and one that leaves makes room."""
+    env = {"LEDGERD_MAX_CONCURRENT_REQUESTS": "2", "LEDGERD_MAX_FOLLOWERS": "3"}
+    daemon = start_daemon(short_tmp, env=env)
+    feed = u(D + "/_changes?follow=1&heartbeat=1")
+    try:
+        connector = aiohttp.UnixConnector(path=str(daemon.socket), limit=0)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            r = await http.post(u(D + "/c"), json={"a": 1})
+            assert r.status == 201, await r.text()
+            followers = []
+            for _ in range(3):
+                f = await http.get(feed)
+                assert f.status == 200, await f.text()
+                assert json.loads(await asyncio.wait_for(f.content.readline(), 10))["documents"]
+                followers.append(f)
+            for _ in range(3):  # short requests still have both slots
+                r = await http.get(u(D + "/c"))
+                assert r.status == 200, await r.text()
+            r = await http.get(feed)
+            assert r.status == 503, await r.text()
+            error = (await r.json())["error"]
+            assert error["code"] == "overloaded" and "max_followers" in error["message"]
+            followers.pop().close()  # a follower leaves: its place is free once seen
+            async with asyncio.timeout(10):  # each try is a round trip: no sleep
+                while True:
+                    r = await http.get(feed)
+                    if r.status == 200:
+                        break
+                    assert r.status == 503
+                    r.close()
+            r.close()
+            for f in followers:
+                f.close()
+    finally:
+        assert daemon.stop() == 0, daemon.log_text()
+    _no_traceback(daemon)
