@@ -484,15 +484,23 @@ class Database:
         with translating(self.path):
             async with self._lock:
                 self._check_open()
+                # A copying beside the writes holds SQLite's checkpoint lock: TRUNCATE
+                # would answer busy at once, the WAL left whole, with no error.
+                await self._copied()
                 await self.writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    async def _copied(self) -> None:
+        """Wait (under the write lock, so that no new one starts) for the checkpoint
+        beside the writes under way, if any; it logs its own failure."""
+        if self._checkpointing is not None:
+            await asyncio.wait([self._checkpointing])
 
     async def close(self) -> None:
         if self._closed:
             return
         async with self._lock:
             self._closed = True
-            if self._checkpointing is not None:
-                await asyncio.shield(self._checkpointing)
+            await self._copied()
             if self._wal_index is not None:
                 os.close(self._wal_index)
             if self.inline is not None:

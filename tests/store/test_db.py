@@ -6,7 +6,7 @@ import asyncio
 import logging
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -261,6 +261,51 @@ async def test_closing_waits_for_a_checkpoint_beside_the_writes(
     assert not _copying(db)
     with pytest.raises(ClosedError):
         await db.run(_blobs(k), write=True)
+
+
+async def test_a_truncating_checkpoint_waits_for_the_copying_beside_the_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Database.checkpoint (TRUNCATE, after a garbage collection) waits for a copying
+    under way: while that holds SQLite's checkpoint lock, TRUNCATE answers busy at
+    once and leaves the WAL whole, with no error (a second process holding the lock
+    shows it). Then the WAL is empty."""
+    monkeypatch.setattr(store_db, "BACKGROUND_CHECKPOINT_PAGES", 64)
+    started, release = threading.Event(), threading.Event()
+    real = store_db._checkpoint
+
+    def slow(path: Path, synchronous: store_db.Synchronous) -> None:
+        started.set()
+        release.wait(10)
+        real(path, synchronous)
+
+    monkeypatch.setattr(store_db, "_checkpoint", slow)
+    path = tmp_path / "g.sqlite"
+    db = await Database.open(path, _schema)
+    try:
+        k = 0
+        while not _copying(db):
+            await db.run(_blobs(k), write=True)
+            k += 1
+        await asyncio.to_thread(started.wait, 10)
+        truncating_while_copying = []
+        execute = db.writer.execute
+
+        async def watched(sql: str, params: Sequence[object] = ()) -> None:
+            if "TRUNCATE" in sql:
+                truncating_while_copying.append(_copying(db))
+            await execute(sql, params)
+
+        monkeypatch.setattr(db.writer, "execute", watched)
+        checkpoint = asyncio.ensure_future(db.checkpoint())
+        await asyncio.sleep(0)  # one turn of the loop: the checkpoint starts
+        release.set()
+        await checkpoint
+        assert truncating_while_copying == [False]
+        assert path.with_name("g.sqlite-wal").stat().st_size == 0
+    finally:
+        release.set()
+        await db.close()
 
 
 def test_collecting_a_journal_does_not_scan_the_status_of_every_piece() -> None:
