@@ -156,10 +156,11 @@ _WAL_INDEX = struct.Struct("=I12xI76xI")
 into the database) at 96, in the machine's byte order."""
 
 
-def _wal_backlog(fd: int) -> int | None:
-    """Frames in the WAL not yet copied into the database, read from the WAL index
-    open as ``fd``; None if it cannot be read or has another layout. Read without
-    SQLite's locks: a figure for deciding when to checkpoint, never for correctness."""
+def _wal_frames(fd: int) -> tuple[int, int] | None:
+    """Frames in the WAL and frames of them copied into the database, read from the
+    WAL index open as ``fd``; None if it cannot be read or has another layout. Read
+    without SQLite's locks: figures for deciding when to checkpoint, never for
+    correctness."""
     try:
         head = os.pread(fd, _WAL_INDEX.size, 0)
     except OSError:
@@ -169,8 +170,7 @@ def _wal_backlog(fd: int) -> int | None:
     version, frames, copied = _WAL_INDEX.unpack(head)
     if version != _WAL_INDEX_VERSION:
         return None
-    backlog: int = max(0, frames - copied)
-    return backlog
+    return frames, copied
 
 
 def file_uri(path: Path, mode: Literal["ro", "rw"]) -> str:
@@ -252,6 +252,7 @@ class Database:
         self._closed = False
         self._wal_index: int | None = None  # the -shm file, open once it exists
         self._checkpointing: asyncio.Task[None] | None = None
+        self._copy_started_at: int | None = None  # frames in the WAL then
         self.background_checkpoints = 0
         """Checkpoints run beside the writes so far (see :meth:`_after_write`)."""
 
@@ -387,7 +388,12 @@ class Database:
     def _after_write(self) -> None:
         """After a write on the writer's thread: copy the WAL into the database beside
         the next writes if it holds ``BACKGROUND_CHECKPOINT_PAGES`` pages not yet
-        copied and no copying is under way."""
+        copied and no copying is under way.
+
+        A reader's snapshot keeps the frames written after it from being copied: the
+        backlog then stays past the limit however often the copying runs, so it runs
+        again only once as many frames again were written since it last started (not
+        after every write, each opening a connection to copy nothing)."""
         if self._checkpointing is not None or self._closed:
             return
         if self._wal_index is None:
@@ -395,9 +401,17 @@ class Database:
                 self._wal_index = os.open(f"{self.path}-shm", os.O_RDONLY | os.O_CLOEXEC)
             except OSError:
                 return  # not there yet (or never: then the writer checkpoints, as ever)
-        backlog = _wal_backlog(self._wal_index)
-        if backlog is not None and backlog >= BACKGROUND_CHECKPOINT_PAGES:
-            self._checkpointing = asyncio.ensure_future(self._checkpoint_beside())
+        wal = _wal_frames(self._wal_index)
+        if wal is None:
+            return
+        frames, copied = wal
+        if frames - copied < BACKGROUND_CHECKPOINT_PAGES:
+            return
+        since = self._copy_started_at
+        if since is not None and since <= frames < since + BACKGROUND_CHECKPOINT_PAGES:
+            return  # (frames < since: the WAL started over since then)
+        self._copy_started_at = frames
+        self._checkpointing = asyncio.ensure_future(self._checkpoint_beside())
 
     async def _checkpoint_beside(self) -> None:
         """:func:`_checkpoint` on a pool thread; a failure is logged (the writer's own

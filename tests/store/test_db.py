@@ -148,11 +148,17 @@ def _blobs(k: int) -> Callable[[sqlite3.Connection], None]:
     return work
 
 
-def _backlog(db: Database) -> int:
+def _wal(db: Database) -> tuple[int, int]:
+    """Frames in the WAL, and frames of them copied into the database."""
     assert db._wal_index is not None
-    backlog = store_db._wal_backlog(db._wal_index)
-    assert backlog is not None
-    return backlog
+    wal = store_db._wal_frames(db._wal_index)
+    assert wal is not None
+    return wal
+
+
+def _backlog(db: Database) -> int:
+    frames, copied = _wal(db)
+    return frames - copied
 
 
 def _copying(db: Database) -> bool:
@@ -202,6 +208,39 @@ async def test_small_writes_leave_the_checkpoints_to_the_writer(
         assert db.background_checkpoints == 0
         assert _backlog(db) < 64
     finally:
+        await db.close()
+
+
+async def test_a_reader_that_keeps_the_wal_costs_one_copying_per_limit_not_per_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a reader's snapshot keeps the WAL's newer frames from being copied, the
+    backlog stays past the limit: a copying runs again once as many frames again were
+    written, not after every write (each opened a connection to copy nothing). Once
+    the reader is gone, the next one copies it all."""
+    monkeypatch.setattr(store_db, "BACKGROUND_CHECKPOINT_PAGES", 64)
+    path = tmp_path / "r.sqlite"
+    db = await Database.open(path, _schema)
+    pin = sqlite3.connect(path, isolation_level=None)
+    try:
+        await db.run(_blobs(0), write=True)
+        pin.execute("BEGIN")
+        assert pin.execute("SELECT count(*) FROM b").fetchone() == (20,)
+        for k in range(1, 41):  # about 25 frames each
+            await db.run(_blobs(k), write=True)
+            if db._checkpointing is not None:
+                await db._checkpointing
+        frames, _ = _wal(db)
+        assert frames > 40 * 20
+        assert 1 <= db.background_checkpoints <= frames // 64 + 1
+        pin.rollback()
+        for k in range(41, 41 + 3):  # past the limit again since the last one started
+            await db.run(_blobs(k), write=True)
+        if db._checkpointing is not None:
+            await db._checkpointing
+        assert _backlog(db) < 64
+    finally:
+        pin.close()
         await db.close()
 
 
