@@ -170,8 +170,9 @@ class ShuttingDown(ApiError):
 
 
 class Overloaded(ApiError):
-    """The daemon is serving as many connections or requests as it is configured to
-    (max_connections, max_concurrent_requests): try again shortly."""
+    """The daemon is serving as many connections, requests or followed changes feeds
+    as it is configured to (max_connections, max_concurrent_requests, max_followers):
+    try again shortly."""
 
     status, code = 503, "overloaded"
     retry_after = 1
