@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -163,6 +164,32 @@ def _backlog(db: Database) -> int:
 
 def _copying(db: Database) -> bool:
     return db._checkpointing is not None
+
+
+def test_the_wal_index_is_read_where_sqlite_keeps_its_frame_counts(tmp_path: Path) -> None:
+    """_wal_frames reads mxFrame and nBackfill at the offsets of SQLite's WAL-index
+    format: the figures agree with what ``PRAGMA wal_checkpoint`` reports, before
+    and after a checkpoint that a reader's snapshot stops part way."""
+    path = tmp_path / "w.sqlite"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
+    _blobs(0)(conn)
+    pin = sqlite3.connect(path, isolation_level=None)
+    pin.execute("BEGIN")
+    pin.execute("SELECT count(*) FROM b").fetchone()
+    _blobs(1)(conn)
+    fd = os.open(f"{path}-shm", os.O_RDONLY)
+    try:
+        frames, copied = store_db._wal_frames(fd) or (-1, -1)
+        assert copied == 0 and frames > 40
+        busy, log, done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        assert (busy, log) == (0, frames) and 0 < done < frames  # the reader's stop
+        assert store_db._wal_frames(fd) == (frames, done)
+    finally:
+        os.close(fd)
+        pin.close()
+        conn.close()
 
 
 async def test_the_wal_is_copied_beside_large_writes(
