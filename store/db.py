@@ -250,7 +250,8 @@ class Database:
         self._inline_count = 0
         self._lock = asyncio.Lock()
         self._closed = False
-        self._wal_index: int | None = None  # the -shm file, open once it exists
+        self._wal_index: int | None = None  # the -shm file, open once it exists (and
+        # closed only after SQLite's connections: see close)
         self._checkpointing: asyncio.Task[None] | None = None
         self._copy_started_at: int | None = None  # frames in the WAL then
         self.background_checkpoints = 0
@@ -515,15 +516,21 @@ class Database:
         async with self._lock:
             self._closed = True
             await self._copied()
-            if self._wal_index is not None:
-                os.close(self._wal_index)
-            if self.inline is not None:
-                self.inline.close()
-            if self.inline_reader is not None:
-                self.inline_reader.close()
-            await self.reader.close()
             try:
-                await self.writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            except sqlite3.Error as e:  # a busy reader elsewhere; the WAL stays, which is fine
-                log.debug("checkpoint on close of %s failed: %s", self.path, e)
-            await self.writer.close()
+                if self.inline is not None:
+                    self.inline.close()
+                if self.inline_reader is not None:
+                    self.inline_reader.close()
+                await self.reader.close()
+                try:
+                    await self.writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                except sqlite3.Error as e:  # a busy reader elsewhere; the WAL stays: fine
+                    log.debug("checkpoint on close of %s failed: %s", self.path, e)
+                await self.writer.close()
+            finally:
+                # Last: closing any descriptor of the -shm file drops every POSIX lock
+                # this process holds on it, SQLite's own (other processes would see
+                # the WAL index unused while the writer still works in it).
+                if self._wal_index is not None:
+                    os.close(self._wal_index)
+                    self._wal_index = None

@@ -6,6 +6,8 @@ import asyncio
 import logging
 import os
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -372,6 +374,47 @@ async def test_a_truncating_checkpoint_waits_for_the_copying_beside_the_writes(
     finally:
         release.set()
         await db.close()
+
+
+_DMS_PROBE = """
+import fcntl, os, struct, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+lock = struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, 128, 1, 0)
+print(struct.unpack("hhqqi", fcntl.fcntl(fd, fcntl.F_GETLK, lock))[0] != fcntl.F_UNLCK)
+"""
+
+
+def _wal_index_in_use(path: Path) -> bool:
+    """Whether another process sees SQLite's lock on the WAL index's DMS byte (128 of
+    the -shm file), which every connection holds while it is open."""
+    probe = [sys.executable, "-c", _DMS_PROBE, f"{path}-shm"]
+    out = subprocess.run(probe, capture_output=True, text=True, check=True, timeout=30)
+    return out.stdout.strip() == "True"
+
+
+async def test_closing_keeps_sqlites_locks_on_the_wal_index_until_the_writer_closes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The WAL index's descriptor kept for the checkpoints beside the writes is closed
+    after SQLite's connections: closing any descriptor of a file drops every POSIX
+    lock the process holds on it, so closing it first left the writer's last
+    checkpoint running with the WAL index unlocked to other processes."""
+    path = tmp_path / "l.sqlite"
+    db = await Database.open(path, _schema)
+    await db.run(_blobs(0), write=True)  # on the writer's thread: the -shm is open
+    assert db._wal_index is not None
+    seen = []
+    execute = db.writer.execute
+
+    async def watched(sql: str, params: Sequence[object] = ()) -> None:
+        if "TRUNCATE" in sql:
+            seen.append(await asyncio.to_thread(_wal_index_in_use, path))
+        await execute(sql, params)
+
+    monkeypatch.setattr(db.writer, "execute", watched)
+    await db.close()
+    assert seen == [True]
+    assert db._wal_index is None
 
 
 def test_collecting_a_journal_does_not_scan_the_status_of_every_piece() -> None:
