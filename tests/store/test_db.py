@@ -9,7 +9,8 @@ import sqlite3
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -299,11 +300,9 @@ async def test_a_failed_checkpoint_beside_the_writes_is_logged_and_writes_go_on(
     conn.close()
 
 
-async def test_closing_waits_for_a_checkpoint_beside_the_writes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Close waits for the copying under way (which then leaves no connection
-    behind) and starts none afterwards."""
+def _hold_copying(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Checkpoints beside the writes past 64 pages, each of which sets ``started`` and
+    then waits for ``release`` before it copies: (started, release)."""
     monkeypatch.setattr(store_db, "BACKGROUND_CHECKPOINT_PAGES", 64)
     started, release = threading.Event(), threading.Event()
     real = store_db._checkpoint
@@ -314,12 +313,43 @@ async def test_closing_waits_for_a_checkpoint_beside_the_writes(
         real(path, synchronous)
 
     monkeypatch.setattr(store_db, "_checkpoint", slow)
-    db = await Database.open(tmp_path / "x.sqlite", _schema)
+    return started, release
+
+
+async def _write_until_copying(db: Database, started: threading.Event) -> int:
+    """Write until a checkpoint beside the writes has started; the next ``_blobs`` key."""
     k = 0
     while not _copying(db):
         await db.run(_blobs(k), write=True)
         k += 1
     await asyncio.to_thread(started.wait, 10)
+    return k
+
+
+def _at_truncate(
+    db: Database, monkeypatch: pytest.MonkeyPatch, look: Callable[[], Awaitable[bool]]
+) -> list[bool]:
+    """What ``look`` answers each time the writer is about to run a TRUNCATE checkpoint."""
+    seen: list[bool] = []
+    execute = db.writer.execute
+
+    async def watched(sql: str, params: Sequence[object] = ()) -> None:
+        if "TRUNCATE" in sql:
+            seen.append(await look())
+        await execute(sql, params)
+
+    monkeypatch.setattr(db.writer, "execute", watched)
+    return seen
+
+
+async def test_closing_waits_for_a_checkpoint_beside_the_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Close waits for the copying under way (which then leaves no connection
+    behind) and starts none afterwards."""
+    started, release = _hold_copying(monkeypatch)
+    db = await Database.open(tmp_path / "x.sqlite", _schema)
+    k = await _write_until_copying(db, started)
     closing = asyncio.ensure_future(db.close())
     await asyncio.sleep(0)
     assert not closing.done()
@@ -338,33 +368,16 @@ async def test_a_truncating_checkpoint_waits_for_the_copying_beside_the_writes(
     under way: while that holds SQLite's checkpoint lock, TRUNCATE answers busy at
     once and leaves the WAL whole, with no error (a second process holding the lock
     shows it). Then the WAL is empty."""
-    monkeypatch.setattr(store_db, "BACKGROUND_CHECKPOINT_PAGES", 64)
-    started, release = threading.Event(), threading.Event()
-    real = store_db._checkpoint
-
-    def slow(path: Path, synchronous: store_db.Synchronous) -> None:
-        started.set()
-        release.wait(10)
-        real(path, synchronous)
-
-    monkeypatch.setattr(store_db, "_checkpoint", slow)
+    started, release = _hold_copying(monkeypatch)
     path = tmp_path / "g.sqlite"
     db = await Database.open(path, _schema)
     try:
-        k = 0
-        while not _copying(db):
-            await db.run(_blobs(k), write=True)
-            k += 1
-        await asyncio.to_thread(started.wait, 10)
-        truncating_while_copying = []
-        execute = db.writer.execute
+        await _write_until_copying(db, started)
 
-        async def watched(sql: str, params: Sequence[object] = ()) -> None:
-            if "TRUNCATE" in sql:
-                truncating_while_copying.append(_copying(db))
-            await execute(sql, params)
+        async def copying() -> bool:
+            return _copying(db)
 
-        monkeypatch.setattr(db.writer, "execute", watched)
+        truncating_while_copying = _at_truncate(db, monkeypatch, copying)
         checkpoint = asyncio.ensure_future(db.checkpoint())
         await asyncio.sleep(0)  # one turn of the loop: the checkpoint starts
         release.set()
@@ -403,15 +416,7 @@ async def test_closing_keeps_sqlites_locks_on_the_wal_index_until_the_writer_clo
     db = await Database.open(path, _schema)
     await db.run(_blobs(0), write=True)  # on the writer's thread: the -shm is open
     assert db._wal_index is not None
-    seen = []
-    execute = db.writer.execute
-
-    async def watched(sql: str, params: Sequence[object] = ()) -> None:
-        if "TRUNCATE" in sql:
-            seen.append(await asyncio.to_thread(_wal_index_in_use, path))
-        await execute(sql, params)
-
-    monkeypatch.setattr(db.writer, "execute", watched)
+    seen = _at_truncate(db, monkeypatch, partial(asyncio.to_thread, _wal_index_in_use, path))
     await db.close()
     assert seen == [True]
     assert db._wal_index is None
