@@ -166,16 +166,22 @@ def test_two_connections_opening_a_version_1_page_at_once(tmp_path: Path) -> Non
     assert rows == [(b"\x02", TRANSIENT)]
 
 
+async def _stored_page(root: Path, value: bytes) -> Path:
+    """The file of page "p" of ledger "l" in a repository at ``root``, closed, after one
+    put of ``k``."""
+    async with await Repository.open(root) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.put(b"k", value)
+        await page.flush()
+        return page.db.path
+
+
 async def test_version_2_journal_left_by_a_crash_is_committed(tmp_path: Path) -> None:
     """Version 3 drops journals.base (never read) and adds since: a version 2 page
     with an implicit journal left by a crash migrates, and the journal commits."""
     from ledgerd.store import Repository
 
-    async with await Repository.open(tmp_path) as repo:
-        page = await repo.ledger("l").page("p")
-        await page.put(b"k", b"before")
-        await page.flush()
-        path = page.db.path
+    path = await _stored_page(tmp_path, b"before")
     conn = sqlite3.connect(path, isolation_level=None)
     conn.executescript(
         """
@@ -208,11 +214,7 @@ async def test_a_page_whose_schema_version_is_wrong_is_refused_clearly(
     """A damaged user_version (negative, 0 with the tables there, or older than the
     tables are) is a CorruptDatabaseError naming the file and the version, never
     SQLite's own error or a KeyError; the page's data stays as it was."""
-    async with await Repository.open(tmp_path) as repo:
-        page = await repo.ledger("l").page("p")
-        await page.put(b"k", b"v")
-        await page.flush()
-        path = page.db.path
+    path = await _stored_page(tmp_path, b"v")
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute(f"PRAGMA user_version = {version}")
     conn.close()
@@ -248,11 +250,7 @@ async def test_a_page_missing_a_table_is_refused_clearly(tmp_path: Path, damage:
     """A page at the current version that lacks a table (dropped by hand, or lost to
     damage) is a CorruptDatabaseError naming the file and what is missing, not
     SQLite's "no such table" at some later request (500 internal, "a bug")."""
-    async with await Repository.open(tmp_path) as repo:
-        page = await repo.ledger("l").page("p")
-        await page.put(b"k", b"v")
-        await page.flush()
-        path = page.db.path
+    path = await _stored_page(tmp_path, b"v")
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute(damage)
     conn.close()
