@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import sqlite3
@@ -171,6 +172,18 @@ def _wal_frames(fd: int) -> tuple[int, int] | None:
     if version != _WAL_INDEX_VERSION:
         return None
     return frames, copied
+
+
+@functools.cache
+def _wal_index_unread() -> None:
+    """Say once per process that checkpoints stay in the writer's commits: the WAL
+    index cannot be read, or is not in the layout :data:`_WAL_INDEX` describes."""
+    log.warning(
+        "the WAL index (-shm file) of SQLite %s is not in the layout this ledgerd reads"
+        " (version %d): the WAL is checkpointed in the writer's commits only",
+        sqlite3.sqlite_version,
+        _WAL_INDEX_VERSION,
+    )
 
 
 def file_uri(path: Path, mode: Literal["ro", "rw"]) -> str:
@@ -404,6 +417,7 @@ class Database:
                 return  # not there yet (or never: then the writer checkpoints, as ever)
         wal = _wal_frames(self._wal_index)
         if wal is None:
+            _wal_index_unread()
             return
         frames, copied = wal
         if frames - copied < BACKGROUND_CHECKPOINT_PAGES:

@@ -300,6 +300,26 @@ async def test_a_failed_checkpoint_beside_the_writes_is_logged_and_writes_go_on(
     conn.close()
 
 
+async def test_a_wal_index_of_another_layout_is_said_once_and_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A WAL index this ledgerd cannot read (another SQLite's layout) leaves the
+    checkpoints to the writer's commits, and says so once, not silently."""
+    monkeypatch.setattr(store_db, "BACKGROUND_CHECKPOINT_PAGES", 64)
+    monkeypatch.setattr(store_db, "_WAL_INDEX_VERSION", 3007001)
+    store_db._wal_index_unread.cache_clear()
+    db = await Database.open(tmp_path / "v.sqlite", _schema)
+    try:
+        with caplog.at_level(logging.WARNING, logger="ledgerd.store.db"):
+            for k in range(10):
+                await db.run(_blobs(k), write=True)
+        assert db.background_checkpoints == 0 and not _copying(db)
+        assert caplog.text.count("not in the layout this ledgerd reads") == 1
+    finally:
+        store_db._wal_index_unread.cache_clear()
+        await db.close()
+
+
 def _hold_copying(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
     """Checkpoints beside the writes past 64 pages, each of which sets ``started`` and
     then waits for ``release`` before it copies: (started, release)."""
