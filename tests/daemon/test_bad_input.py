@@ -404,3 +404,20 @@ async def test_a_refused_body_makes_no_page(daemon: Daemon, http: aiohttp.Client
     async with http.get(u("/v1/ledgers")) as r:
         assert (await r.json())["ledgers"] == []
     assert not list((daemon.data / "ledgers").glob("*"))
+
+
+async def test_a_document_too_large_makes_no_page(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """A new document over max_document_bytes (its JSON text under the body limit of
+    four times that) was refused 413 ``too_large`` only in the write, after its page
+    and ledger were made: both stayed behind, empty."""
+    data = io.BytesIO(json.dumps({"x": "a" * (1024 * 1024 + 1000)}).encode())
+    async with http.post(u("/v1/ledgers/new/pages/q/docs/c"), data=data) as r:
+        assert r.status == 413, await r.text()
+        assert (await r.json())["error"]["code"] == "too_large"
+    async with http.get(u("/v1/ledgers")) as r:
+        assert (await r.json())["ledgers"] == []
+    assert not list((daemon.data / "1" / "ledgers").glob("*"))
+    async with http.post(u("/v1/ledgers/new/pages/q/docs/c"), json={"x": "a"}) as r:
+        assert r.status == 201, await r.text()  # one under the limit is stored
