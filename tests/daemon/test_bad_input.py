@@ -421,3 +421,21 @@ async def test_a_document_too_large_makes_no_page(
     assert not list((daemon.data / "1" / "ledgers").glob("*"))
     async with http.post(u("/v1/ledgers/new/pages/q/docs/c"), json={"x": "a"}) as r:
         assert r.status == 201, await r.text()  # one under the limit is stored
+
+
+async def test_a_session_watch_with_a_bad_prefix_makes_no_page(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """A session's watch of a page not there yet made the page (and ledger) before it
+    read its prefix: a prefix that is not base64 was refused 400 and left them behind."""
+    ws = await http.ws_connect(u("/v1/session"))
+    page = {"ledger": base64.b64encode(b"new").decode(), "page": "cQ=="}
+    await ws.send_json({"id": 1, "op": "watch", **page, "prefix": "!not base64!"})
+    reply = await ws.receive_json(timeout=10)
+    assert reply["ok"] is False and reply["error"]["code"] == "bad_request", reply
+    async with http.get(u("/v1/ledgers")) as r:
+        assert (await r.json())["ledgers"] == []
+    assert not list((daemon.data / "1" / "ledgers").glob("*"))
+    await ws.send_json({"id": 2, "op": "watch", **page, "prefix": "YQ=="})
+    assert (await ws.receive_json(timeout=10))["ok"] is True
+    await ws.close()
