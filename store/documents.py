@@ -207,14 +207,16 @@ class DocumentStore:
         max_document_bytes: int | None = None,
     ) -> None:
         """Raise what a call would for its arguments alone (collection name, id, the
-        document's JSON and reserved names, a given revision's form; with
-        ``max_document_bytes``, the size of ``data`` as a new document), before any
-        page is opened or created. The indexed-field and revision-order checks need
-        the page: they come with the write."""
+        document's JSON and reserved names, a given revision's form and that it is not
+        more than ``REV_TOLERANCE`` ahead of the clock; with ``max_document_bytes``, the
+        size of ``data`` as a new document), before any page is opened or created. The
+        indexed-field and revision-order checks need the page: they come with the write."""
         check_collection(collection)
         if doc_id is not None:
             parse_ulid(doc_id)
         rev = None if new_rev is None else parse_ulid(new_rev, "revision")
+        if rev is not None:
+            RevClock().check_supplied(rev, None, REV_TOLERANCE)
         if data is not MISSING:
             check_data(data)
             if max_document_bytes is not None:  # encoded as create encodes it

@@ -439,3 +439,17 @@ async def test_a_session_watch_with_a_bad_prefix_makes_no_page(
     await ws.send_json({"id": 2, "op": "watch", **page, "prefix": "YQ=="})
     assert (await ws.receive_json(timeout=10))["ok"] is True
     await ws.close()
+
+
+async def test_a_revision_in_the_future_makes_no_page(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """A new document whose ?new_rev= is further ahead of the clock than the tolerance
+    was refused ``rev_in_future`` only in the write, after its page and ledger were
+    made: both stayed behind, empty."""
+    fresh = "/v1/ledgers/new/pages/q/docs/c"
+    async with http.post(u(fresh + "?new_rev=7ZZZZZZZZZZZZZZZZZZZZZZZZZ"), json={"a": 1}) as r:
+        assert (await r.json())["error"]["code"] == "rev_in_future", await r.text()
+    async with http.get(u("/v1/ledgers")) as r:
+        assert (await r.json())["ledgers"] == []
+    assert not list((daemon.data / "1" / "ledgers").glob("*"))
