@@ -18,7 +18,7 @@ from ledgerd.daemon import errors as ae
 from ledgerd.daemon.codec import _checked_batch_changes, batch_changes
 from ledgerd.store import Priority, Repository
 from ledgerd.store.schema import TRANSIENT
-from tests.daemon.conftest import Daemon
+from tests.daemon.conftest import Daemon, start_daemon
 
 P = "/v1/ledgers/l/pages/p"
 
@@ -453,3 +453,23 @@ async def test_a_revision_in_the_future_makes_no_page(
     async with http.get(u("/v1/ledgers")) as r:
         assert (await r.json())["ledgers"] == []
     assert not list((daemon.data / "1" / "ledgers").glob("*"))
+
+
+async def test_a_small_value_whose_body_stalls_makes_no_page(short_tmp: Path) -> None:
+    """A PUT of a small value to a page not there yet made the page (and ledger) before
+    it read the body: a body that stopped short of its Content-Length was refused 408
+    ``request_timeout`` and left them behind. A small body is read first now."""
+    daemon = start_daemon(short_tmp, env={"LEDGERD_REQUEST_TIMEOUT": "1"})
+    try:
+        head = b"PUT /v1/ledgers/new/pages/q/keys/k HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n"
+        got = await _raw(daemon, head + b"\r\nabcde")  # then silence: the timer ends it
+        assert b" 408 " in got.split(b"\r\n")[0] and b"request_timeout" in got, got[:300]
+        connector = aiohttp.UnixConnector(path=str(daemon.socket))
+        async with (
+            aiohttp.ClientSession(connector=connector) as http,
+            http.get(u("/v1/ledgers")) as r,
+        ):
+            assert (await r.json())["ledgers"] == []
+        assert not list((daemon.data / "1" / "ledgers").glob("*"))
+    finally:
+        assert daemon.stop() == 0, daemon.log_text()
