@@ -490,6 +490,8 @@ class Database:
         if self._closed:
             return
         async with self._lock:
+            if self._closed:  # closed by another close that had the lock first
+                return
             self._closed = True
             if self._checkpointing is not None:
                 await asyncio.shield(self._checkpointing)
