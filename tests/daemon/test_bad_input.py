@@ -403,7 +403,7 @@ async def test_a_refused_body_makes_no_page(daemon: Daemon, http: aiohttp.Client
             assert (r.status, (await r.json())["error"]["code"]) == (400, code), path
     async with http.get(u("/v1/ledgers")) as r:
         assert (await r.json())["ledgers"] == []
-    assert not list((daemon.data / "ledgers").glob("*"))
+    assert not list((daemon.data / "1" / "ledgers").glob("*"))
 
 
 async def test_a_document_too_large_makes_no_page(
