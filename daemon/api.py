@@ -750,16 +750,18 @@ class Api:
 
     async def put_key(self, request: web.Request, p: Params) -> web.Response:
         priority, key = parse_priority(Query.of(request).text("priority")), p.key
-        page = await self.page(p.ledger, p.page, create=True)
         length = request.content_length
-        # A small value is read whole; past max_batch_bytes (a bound on what a request
-        # holds in memory) it is streamed like a large one, not refused.
+        # A small value is read whole (before the page is made: a body that fails makes
+        # none); past max_batch_bytes (a bound on what a request holds in memory) it is
+        # streamed like a large one, not refused.
         if length is not None and length <= min(256 * 1024, self.cfg.max_batch_bytes):
             body = await self.read_body(request)
             if len(body) != length:
                 raise ae.BadRequest("request body is shorter than its Content-Length")
+            page = await self.page(p.ledger, p.page, create=True)
             await page.put(key, body, priority)
         else:
+            page = await self.page(p.ledger, p.page, create=True)
             await page.put(key, self.body_chunks(request), priority)
         return web.Response(status=204)
 

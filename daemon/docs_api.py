@@ -240,7 +240,8 @@ async def create_document(api: Api, request: web.Request, p: Params) -> web.Resp
     (collection,) = _segments(request)
     data = await _data(api, request)
     new_rev = _query(request, "new_rev")
-    DocumentStore.check(collection, data=data, new_rev=new_rev)
+    max_bytes = api.cfg.max_document_bytes  # a document too large makes no page either
+    DocumentStore.check(collection, data=data, new_rev=new_rev, max_document_bytes=max_bytes)
     docs = await _store(api, p, write=True)
     doc = await docs.create(collection, data, new_rev=new_rev)
     return _doc_response(doc, 201)

@@ -398,8 +398,8 @@ class Session:
                 f"{limit} watchers of this session are open (max_session_watchers):"
                 " unwatch one first"
             )
+        prefix = self._opt_bytes(req, "prefix") or b""  # a bad one makes no page
         page = await self._page(req, create=True)
-        prefix = self._opt_bytes(req, "prefix") or b""
         watcher = page.watch(prefix)
         wid = f"w{next(self._ids)}"
         task = asyncio.create_task(self._forward(wid, watcher), name=f"watch-{wid}")

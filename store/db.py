@@ -528,6 +528,8 @@ class Database:
         if self._closed:
             return
         async with self._lock:
+            if self._closed:  # closed by another close that had the lock first
+                return
             self._closed = True
             await self._copied()
             try:

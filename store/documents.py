@@ -113,6 +113,19 @@ class IndexInfo:
         return None if self.sort_path is None else ".".join(self.sort_path)
 
 
+def _encoded(r: Record, max_document_bytes: int) -> bytes:
+    """The record's bytes, or the error of a document that cannot be stored."""
+    try:
+        body = doclayout.encode_record(r)
+    except UnicodeEncodeError:  # what check_data leaves to the encoder: a lone surrogate
+        raise InvalidDocumentError("a string holds a lone UTF-16 surrogate") from None
+    if len(body) > max_document_bytes:
+        raise DocumentTooLargeError(
+            f"the document is {len(body)} bytes encoded, over the limit of {max_document_bytes}"
+        )
+    return body
+
+
 class DocumentStore:
     """The documents of one page."""
 
@@ -191,18 +204,25 @@ class DocumentStore:
         doc_id: str | None = None,
         data: Any = MISSING,
         new_rev: str | None = None,
+        max_document_bytes: int | None = None,
     ) -> None:
         """Raise what a call would for its arguments alone (collection name, id, the
-        document's JSON and reserved names, a given revision's form), before any page
-        is opened or created. The size, indexed-field and revision-order checks need
-        the page: they come with the write."""
+        document's JSON and reserved names, a given revision's form and that it is not
+        more than ``REV_TOLERANCE`` ahead of the clock; with ``max_document_bytes``, the
+        size of ``data`` as a new document), before any page is opened or created. The
+        indexed-field and revision-order checks need the page: they come with the write."""
         check_collection(collection)
         if doc_id is not None:
             parse_ulid(doc_id)
+        rev = None if new_rev is None else parse_ulid(new_rev, "revision")
+        if rev is not None:
+            RevClock().check_supplied(rev, None, REV_TOLERANCE)
         if data is not MISSING:
             check_data(data)
-        if new_rev is not None:
-            parse_ulid(new_rev, "revision")
+            if max_document_bytes is not None:  # encoded as create encodes it
+                rev = rev or RevClock().next()
+                r = Record(rev, State.LIVE, ulid_ms(rev), None, None, None, data)
+                _encoded(r, max_document_bytes)
 
     @staticmethod
     def check_index(
@@ -340,15 +360,7 @@ class DocumentStore:
         self, collection: str, doc_id: bytes, r: Record
     ) -> tuple[tuple[bytes, bytes], tuple[bytes, bytes]]:
         """The head and body entries (key, value) of a document's record."""
-        try:
-            body = doclayout.encode_record(r)
-        except UnicodeEncodeError:  # what check_data leaves to the encoder: a lone surrogate
-            raise InvalidDocumentError("a string holds a lone UTF-16 surrogate") from None
-        if len(body) > self.max_document_bytes:
-            raise DocumentTooLargeError(
-                f"the document is {len(body)} bytes encoded, over the limit of"
-                f" {self.max_document_bytes}"
-            )
+        body = _encoded(r, self.max_document_bytes)
         head_key, body_key = doclayout.doc_keys(collection, doc_id)
         return (head_key, doclayout.encode_head(r.rev, r.state)), (body_key, body)
 

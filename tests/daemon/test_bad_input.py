@@ -18,7 +18,7 @@ from ledgerd.daemon import errors as ae
 from ledgerd.daemon.codec import _checked_batch_changes, batch_changes
 from ledgerd.store import Priority, Repository
 from ledgerd.store.schema import TRANSIENT
-from tests.daemon.conftest import Daemon
+from tests.daemon.conftest import Daemon, start_daemon
 
 P = "/v1/ledgers/l/pages/p"
 
@@ -403,4 +403,73 @@ async def test_a_refused_body_makes_no_page(daemon: Daemon, http: aiohttp.Client
             assert (r.status, (await r.json())["error"]["code"]) == (400, code), path
     async with http.get(u("/v1/ledgers")) as r:
         assert (await r.json())["ledgers"] == []
-    assert not list((daemon.data / "ledgers").glob("*"))
+    assert not list((daemon.data / "1" / "ledgers").glob("*"))
+
+
+async def test_a_document_too_large_makes_no_page(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """A new document over max_document_bytes (its JSON text under the body limit of
+    four times that) was refused 413 ``too_large`` only in the write, after its page
+    and ledger were made: both stayed behind, empty."""
+    data = io.BytesIO(json.dumps({"x": "a" * (1024 * 1024 + 1000)}).encode())
+    async with http.post(u("/v1/ledgers/new/pages/q/docs/c"), data=data) as r:
+        assert r.status == 413, await r.text()
+        assert (await r.json())["error"]["code"] == "too_large"
+    async with http.get(u("/v1/ledgers")) as r:
+        assert (await r.json())["ledgers"] == []
+    assert not list((daemon.data / "1" / "ledgers").glob("*"))
+    async with http.post(u("/v1/ledgers/new/pages/q/docs/c"), json={"x": "a"}) as r:
+        assert r.status == 201, await r.text()  # one under the limit is stored
+
+
+async def test_a_session_watch_with_a_bad_prefix_makes_no_page(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """A session's watch of a page not there yet made the page (and ledger) before it
+    read its prefix: a prefix that is not base64 was refused 400 and left them behind."""
+    ws = await http.ws_connect(u("/v1/session"))
+    page = {"ledger": base64.b64encode(b"new").decode(), "page": "cQ=="}
+    await ws.send_json({"id": 1, "op": "watch", **page, "prefix": "!not base64!"})
+    reply = await ws.receive_json(timeout=10)
+    assert reply["ok"] is False and reply["error"]["code"] == "bad_request", reply
+    async with http.get(u("/v1/ledgers")) as r:
+        assert (await r.json())["ledgers"] == []
+    assert not list((daemon.data / "1" / "ledgers").glob("*"))
+    await ws.send_json({"id": 2, "op": "watch", **page, "prefix": "YQ=="})
+    assert (await ws.receive_json(timeout=10))["ok"] is True
+    await ws.close()
+
+
+async def test_a_revision_in_the_future_makes_no_page(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """A new document whose ?new_rev= is further ahead of the clock than the tolerance
+    was refused ``rev_in_future`` only in the write, after its page and ledger were
+    made: both stayed behind, empty."""
+    fresh = "/v1/ledgers/new/pages/q/docs/c"
+    async with http.post(u(fresh + "?new_rev=7ZZZZZZZZZZZZZZZZZZZZZZZZZ"), json={"a": 1}) as r:
+        assert (await r.json())["error"]["code"] == "rev_in_future", await r.text()
+    async with http.get(u("/v1/ledgers")) as r:
+        assert (await r.json())["ledgers"] == []
+    assert not list((daemon.data / "1" / "ledgers").glob("*"))
+
+
+async def test_a_small_value_whose_body_stalls_makes_no_page(short_tmp: Path) -> None:
+    """A PUT of a small value to a page not there yet made the page (and ledger) before
+    it read the body: a body that stopped short of its Content-Length was refused 408
+    ``request_timeout`` and left them behind. A small body is read first now."""
+    daemon = start_daemon(short_tmp, env={"LEDGERD_REQUEST_TIMEOUT": "1"})
+    try:
+        head = b"PUT /v1/ledgers/new/pages/q/keys/k HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n"
+        got = await _raw(daemon, head + b"\r\nabcde")  # then silence: the timer ends it
+        assert b" 408 " in got.split(b"\r\n")[0] and b"request_timeout" in got, got[:300]
+        connector = aiohttp.UnixConnector(path=str(daemon.socket))
+        async with (
+            aiohttp.ClientSession(connector=connector) as http,
+            http.get(u("/v1/ledgers")) as r,
+        ):
+            assert (await r.json())["ledgers"] == []
+        assert not list((daemon.data / "1" / "ledgers").glob("*"))
+    finally:
+        assert daemon.stop() == 0, daemon.log_text()

@@ -471,3 +471,29 @@ def test_collecting_a_journal_does_not_scan_the_status_of_every_piece() -> None:
     assert left.fetchall() == []
     kept = conn.execute("SELECT status FROM piece_status WHERE digest = ?", (staged[0][0],))
     assert kept.fetchall() == [(LOCAL,)]
+
+
+async def test_two_closes_during_a_write_close_once(tmp_path: Path) -> None:
+    """Two closes that waited for the same write both went on to close: the second
+    closed the WAL index's descriptor again (EBADF, or some other file's descriptor
+    had its number been reused meanwhile). The second now finds it closed."""
+    db = await Database.open(tmp_path / "c.sqlite", _schema)
+    await db.run(_insert(1), write=True)
+    assert db._wal_index is not None  # open since that write
+    started, release = threading.Event(), threading.Event()
+
+    def held(conn: sqlite3.Connection) -> None:
+        started.set()
+        release.wait(10)
+        _insert(2)(conn)
+
+    write = asyncio.ensure_future(db.run(held, write=True))
+    await asyncio.to_thread(started.wait, 10)
+    closes = [asyncio.ensure_future(db.close()) for _ in range(2)]
+    await asyncio.sleep(0)  # both wait for the write's lock
+    release.set()
+    await write
+    assert await asyncio.gather(*closes, return_exceptions=True) == [None, None]
+    conn = sqlite3.connect(tmp_path / "c.sqlite")
+    assert conn.execute("SELECT count(*) FROM t").fetchone() == (2,)
+    conn.close()
