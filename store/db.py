@@ -528,7 +528,7 @@ class Database:
         if self._closed:
             return
         async with self._lock:
-            if self._closed:  # closed by another close that had the lock first
+            if self.closed:  # closed by another close that had the lock first
                 return
             self._closed = True
             await self._copied()
