@@ -808,13 +808,29 @@ class DocumentStore:
             found[(k.collection, k.doc_id)] = None
         out: list[Document] = []
         snap = await self.page.snapshot(head.id)
+        old: View | None = None
         for coll, doc_id in found:
             r = await self._record(snap, coll, doc_id)
+            if r is None:  # its keys left without a revision: reported once as purged
+                old = old or await self.page.snapshot(resume)
+                r = _gone(await self._record(old, coll, doc_id), head)
             if r is not None:
                 out.append(Document.of(coll, doc_id, r))
         if nxt is None:
             return Changes(head.id, out), None
         return Changes(resume, out, encode_token(head.id, nxt)), nxt  # (head, next key)
+
+
+def _gone(last: Record | None, head: Commit) -> Record | None:
+    """What the changes feed reports for a document whose keys are no longer in the
+    page at ``head`` though no revision removed them (the page was deleted or
+    cleared, or its keys deleted through the key API): its ``last`` record, purged at
+    the head's time; None if it had none at the feed's start either."""
+    if last is None or last.state is State.PURGED:
+        return last
+    at = head.timestamp // 1000
+    deleted = last.deleted if last.deleted is not None else at
+    return last._replace(state=State.PURGED, deleted=deleted, purged=at, data=None, attachments=())
 
 
 def _check_limit(limit: int) -> None:

@@ -36,6 +36,7 @@ from ledgerd.store import (
     doclayout,
     exchange,
 )
+from ledgerd.store.doclayout import State
 from ledgerd.store.docmodel import RevClock, loads, ulid_text
 from ledgerd.store.gc import collect
 
@@ -962,6 +963,46 @@ async def test_changes_feed_since_a_commit_then_live(page: Page) -> None:
     # From the beginning, every document once, in its latest state.
     everything = [c async for c in docs.changes(None, follow=False, collection="c")]
     assert sorted(d.id for c in everything for d in c.documents) == sorted([a.id, b.id])
+
+
+async def test_documents_whose_keys_left_the_page_are_reported_purged(page: Page) -> None:
+    """A page deleted or cleared (or a document's keys deleted through the key API)
+    removes documents with no revision: the feed reported nothing for them, so a
+    follower mirroring the page kept them for good. They come once, as purged, with
+    their last revision and the time of the change."""
+    docs = await DocumentStore.open(page)
+    a = await docs.create("c", {"v": 1})
+    b = await docs.create("c", {"v": 2})
+    b_deleted = await docs.delete("c", b.id)
+    gone_before = await docs.purge("c", (await docs.create("c", {"v": 3})).id)
+    mark = page.head.id
+    feed = docs.changes(mark)
+    nxt = asyncio.ensure_future(anext(feed))
+    await page.clear()
+    await page.flush()
+    async with asyncio.timeout(30):  # (the feed used to stay silent)
+        batch = await nxt
+    await feed.aclose()
+    got = {d.id: d for d in batch.documents}
+    assert set(got) == {a.id, b.id, gone_before.id}
+    when = page.head.timestamp // 1000
+    assert all((d.state, d.data) == (State.PURGED, None) for d in got.values())
+    assert (got[a.id].rev, got[a.id].deleted_at, got[a.id].purged_at) == (a.rev, when, when)
+    # Deleted before: that time is kept. Purged before: reported as it was.
+    assert (got[b.id].deleted_at, got[b.id].purged_at) == (b_deleted.deleted_at, when)
+    assert (got[gone_before.id].rev, got[gone_before.id].purged_at) == (
+        gone_before.rev,
+        gone_before.purged_at,
+    )
+    # Listed again from before the clear, and by page (the same documents).
+    paged = await docs.changes_page(mark)
+    assert {d.id for d in paged.documents} == set(got)
+    # A document made and removed after the mark was never seen: not reported.
+    mark = page.head.id
+    await docs.create("c", {"v": 4})
+    await page.clear()
+    await page.flush()
+    assert [d.id for d in (await docs.changes_page(mark)).documents] == []
 
 
 async def test_a_long_change_comes_in_batches_and_pages(page: Page) -> None:
