@@ -815,6 +815,8 @@ class Api:
         if not isinstance(ops, list):
             raise ae.BadRequest('batch body must be {"ops": [...]}')
         changes = batch_changes(ops)
+        if not changes:  # nothing to write: no commit, and no page made for it
+            return web.json_response({"applied": 0, "versionstamp": None, "versionstamped": []})
         page = await self.page(p.ledger, p.page, create=True)
         completed = await page.write(changes)
         stamp = stamp_of(changes, completed)

@@ -388,7 +388,7 @@ async def test_a_bad_priority_is_refused_in_a_session_too(
 async def test_a_refused_body_makes_no_page(daemon: Daemon, http: aiohttp.ClientSession) -> None:
     """A write that would create its page checks its arguments first: a refused one
     leaves no page, no ledger and no file behind (they were made before the body's
-    paths, policy name or revision were checked)."""
+    paths, policy name or revision were checked), nor does a batch of no ops."""
     fresh = "/v1/ledgers/new/pages/q"
     refused = [
         ("PUT", fresh + "/policy", {"policy": "no-such-policy"}, "bad_request"),
@@ -401,6 +401,11 @@ async def test_a_refused_body_makes_no_page(daemon: Daemon, http: aiohttp.Client
     for method, path, body, code in refused:
         async with http.request(method, u(path), json=body) as r:
             assert (r.status, (await r.json())["error"]["code"]) == (400, code), path
+    async with http.post(u(fresh + "/batch"), json={"ops": []}) as r:  # nothing to write
+        assert (r.status, await r.json()) == (
+            200,
+            {"applied": 0, "versionstamp": None, "versionstamped": []},
+        )
     async with http.get(u("/v1/ledgers")) as r:
         assert (await r.json())["ledgers"] == []
     assert not list((daemon.data / "1" / "ledgers").glob("*"))
