@@ -113,6 +113,12 @@ class IndexInfo:
         return None if self.sort_path is None else ".".join(self.sort_path)
 
 
+_MARK = bytes((doclayout.LAYOUT_VERSION,))
+"""The value of :data:`store.doclayout.MARKER`: a page holds documents. Every document
+write puts it back if the page lost it (deleted or cleared since the store opened):
+reads look for it, and merges take the page's documents whole only where it is."""
+
+
 def _encoded(r: Record, max_document_bytes: int) -> bytes:
     """The record's bytes, or the error of a document that cannot be stored."""
     try:
@@ -236,7 +242,7 @@ class DocumentStore:
 
     async def _open(self) -> None:
         if await self.page.get_entry(doclayout.MARKER) is None:
-            await self.page.put(doclayout.MARKER, bytes((doclayout.LAYOUT_VERSION,)))
+            await self.page.put(doclayout.MARKER, _MARK)
             await self.page.flush()
         if self.page.policy is not Policy.DOCUMENTS:
             await self.page.set_policy(Policy.DOCUMENTS)
@@ -366,7 +372,9 @@ class DocumentStore:
 
     async def _commit(self, txn: Transaction, records: Sequence[tuple[str, bytes, Record]]) -> None:
         """Commit ``txn``, which put the bodies of ``records``, with their index rows
-        (:meth:`docindex.Views.commit`)."""
+        (:meth:`docindex.Views.commit`), and the page's marker if it lost it."""
+        if await txn.get_entry(doclayout.MARKER) is None:
+            await txn.put(doclayout.MARKER, _MARK)
         await self.views.commit(txn, records)
 
     async def _after_write(self) -> None:
@@ -621,7 +629,10 @@ class DocumentStore:
         part, by = self.check_index(collection, name, partition, sort)
         raw = doclayout.encode_definition(part, by)
         async with self._write:
-            await self.page.put(doclayout.index_key(collection, name), raw)
+            changes = [(doclayout.index_key(collection, name), raw)]
+            if await self.page.get_entry(doclayout.MARKER) is None:
+                changes.append((doclayout.MARKER, _MARK))
+            await self.page.write(changes)
             await self.page.flush()
         await self._after_write()
         found = self.views.indexes.get((collection, name))

@@ -1005,6 +1005,28 @@ async def test_documents_whose_keys_left_the_page_are_reported_purged(page: Page
     assert [d.id for d in (await docs.changes_page(mark)).documents] == []
 
 
+@pytest.mark.parametrize("write", ["create", "declare_index"])
+async def test_a_document_write_marks_a_page_cleared_since_its_store_opened(
+    page: Page, write: str
+) -> None:
+    """The marker that makes a page a document page (reads look for it; merges take
+    documents whole only where it is) was put only when the store opened: after the
+    page was deleted or cleared, new documents went into a page without it, which
+    reads then refused as "holds no documents" and merges treated key by key."""
+    docs = await DocumentStore.open(page)
+    await docs.create("c", {"v": 1})
+    await page.clear()
+    await page.flush()
+    assert not await DocumentStore.holds_documents(page)
+    if write == "create":
+        await docs.create("c", {"v": 2})
+    else:
+        await docs.declare_index("c", "by_v", "v")
+    assert await DocumentStore.holds_documents(page)
+    again = await DocumentStore.open(page)
+    assert again is docs
+
+
 async def test_a_long_change_comes_in_batches_and_pages(page: Page) -> None:
     docs = await DocumentStore.open(page)
     made = await docs.create_many("c", [{"n": i} for i in range(25)])
