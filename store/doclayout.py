@@ -34,8 +34,10 @@ from ledgerd.store.btree import Entry
 from ledgerd.store.digest import INLINE_LIMIT, TOMBSTONE, is_inline
 
 MARKER = tup.pack(("docs",))
-"""Present in the tree of every page that holds documents (value: the layout version)."""
+"""Present in the tree of every page that holds documents (value: :data:`MARK`)."""
 LAYOUT_VERSION = 1
+MARK = bytes((LAYOUT_VERSION,))
+"""The value of :data:`MARKER`: the layout version."""
 
 DOCS = tup.pack(("d",))
 """Prefix of every document key."""

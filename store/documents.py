@@ -113,12 +113,6 @@ class IndexInfo:
         return None if self.sort_path is None else ".".join(self.sort_path)
 
 
-_MARK = bytes((doclayout.LAYOUT_VERSION,))
-"""The value of :data:`store.doclayout.MARKER`: a page holds documents. Every document
-write puts it back if the page lost it (deleted or cleared since the store opened):
-reads look for it, and merges take the page's documents whole only where it is."""
-
-
 def _encoded(r: Record, max_document_bytes: int) -> bytes:
     """The record's bytes, or the error of a document that cannot be stored."""
     try:
@@ -242,7 +236,7 @@ class DocumentStore:
 
     async def _open(self) -> None:
         if await self.page.get_entry(doclayout.MARKER) is None:
-            await self.page.put(doclayout.MARKER, _MARK)
+            await self.page.put(doclayout.MARKER, doclayout.MARK)
             await self.page.flush()
         if self.page.policy is not Policy.DOCUMENTS:
             await self.page.set_policy(Policy.DOCUMENTS)
@@ -372,9 +366,11 @@ class DocumentStore:
 
     async def _commit(self, txn: Transaction, records: Sequence[tuple[str, bytes, Record]]) -> None:
         """Commit ``txn``, which put the bodies of ``records``, with their index rows
-        (:meth:`docindex.Views.commit`), and the page's marker if it lost it."""
+        (:meth:`docindex.Views.commit`), and the page's marker if it lost it (deleted or
+        cleared since the store opened: reads look for the marker, and merges take a
+        page's documents whole only where it is)."""
         if await txn.get_entry(doclayout.MARKER) is None:
-            await txn.put(doclayout.MARKER, _MARK)
+            await txn.put(doclayout.MARKER, doclayout.MARK)
         await self.views.commit(txn, records)
 
     async def _after_write(self) -> None:
@@ -631,7 +627,7 @@ class DocumentStore:
         async with self._write:
             changes = [(doclayout.index_key(collection, name), raw)]
             if await self.page.get_entry(doclayout.MARKER) is None:
-                changes.append((doclayout.MARKER, _MARK))
+                changes.append((doclayout.MARKER, doclayout.MARK))
             await self.page.write(changes)
             await self.page.flush()
         await self._after_write()
@@ -823,7 +819,8 @@ class DocumentStore:
         for coll, doc_id in found:
             r = await self._record(snap, coll, doc_id)
             if r is None:  # its keys left without a revision: reported once as purged
-                old = old or await self.page.snapshot(resume)
+                if old is None:
+                    old = await self.page.snapshot(resume)
                 r = _gone(await self._record(old, coll, doc_id), head)
             if r is not None:
                 out.append(Document.of(coll, doc_id, r))
