@@ -348,7 +348,9 @@ async def by_revision(builder: Builder, base_root: bytes, a: Commit, b: Commit) 
 
     Keys are grouped by document (:func:`store.doclayout.group_of`); a group takes
     all its changed keys from one side, so a document is never a mix of two
-    revisions. Other keys (index definitions, the marker) merge last-one-wins.
+    revisions. The marker stays while either side has it (a page deleted on one
+    device and written on another keeps the other's documents, and is still a
+    document page); other keys (index definitions) merge last-one-wins.
     Everything comes from the trees and the commits, so every device merging the
     same heads builds the same tree.
     """
@@ -361,6 +363,8 @@ async def by_revision(builder: Builder, base_root: bytes, a: Commit, b: Commit) 
         group = doclayout.group_of(c.key)
         if group is not None:
             groups.setdefault(group, []).append(c)
+        elif c.key == doclayout.MARKER:
+            continue  # below
         elif c.left == c.base:
             result.append((c.key, c.right, c.left, c.right))
         elif c.right == c.base or c.left == c.right:
@@ -376,4 +380,10 @@ async def by_revision(builder: Builder, base_root: bytes, a: Commit, b: Commit) 
         lr, rr = doclayout.rank(left), doclayout.rank(right)
         take_left = lr > rr if lr != rr else a_wins  # equal heads: the later commit's keys
         result.extend((c.key, c.left if take_left else c.right, c.left, c.right) for c in changes)
+    # The marker stays while either side has it (looked up: the changes cover one side
+    # only): a page deleted on one device and written on another keeps the other's
+    # documents and stays a document page.
+    left = await btree.lookup(builder, a.root, doclayout.MARKER)
+    right = await btree.lookup(builder, b.root, doclayout.MARKER)
+    result.append((doclayout.MARKER, left if left is not None else right, left, right))
     return await apply_to_nearer(builder, a.root, b.root, result, changed.onto)

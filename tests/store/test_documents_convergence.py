@@ -199,3 +199,41 @@ async def test_the_higher_revision_wins_whole_not_the_later_commit(tmp_path: Pat
     finally:
         for r in repos:
             await r.close()
+
+
+async def test_a_page_deleted_on_one_device_and_written_on_another_stays_a_document_page(
+    tmp_path: Path,
+) -> None:
+    """Device a deletes the page while b creates a document in it. The merge takes b's
+    new document and a's removal of the rest; it took a's removal of the page's
+    marker too, so on both devices the page held a document but was no longer a
+    document page (reads refused it; later merges went key by key). A document page
+    now stays one while either side is."""
+    (tmp_path / "bucket").mkdir()
+    bucket = FolderStore(tmp_path / "bucket")
+    engines = [SyncEngine(bucket) for _ in range(2)]
+    repos = [
+        await Repository.open(tmp_path / f"dev{i}", hooks=e.hooks()) for i, e in enumerate(engines)
+    ]
+    try:
+        for e, r in zip(engines, repos, strict=True):
+            await e.start(r, background=False)
+        a = await DocumentStore.open(await repos[0].ledger("l").page("p"))
+        old = await a.create("c", {"k": 1, "v": 1})
+        await engines[0].sync()
+        await engines[1].sync()
+        b = await DocumentStore.open(await repos[1].ledger("l").page("p"))
+        await repos[0].delete_page("l", "p")
+        new = await b.create("c", {"k": 2, "v": 2})
+        for _ in range(2):
+            for e in engines:
+                await e.sync()
+        for r in repos:
+            page = await r.ledger("l").page("p")
+            assert await DocumentStore.holds_documents(page)
+            docs = await DocumentStore.open(page)
+            listed = (await docs.list_documents("c", include_deleted=True)).items
+            assert [d.id for d in listed] == [new.id], old.id
+    finally:
+        for r in repos:
+            await r.close()
