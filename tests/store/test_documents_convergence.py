@@ -3,8 +3,10 @@ and on every device every index query equals a brute-force scan of them."""
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -162,9 +164,9 @@ async def test_document_devices_converge_and_indexes_match_a_scan(steps) -> None
                 await r.close()
 
 
-async def test_the_higher_revision_wins_whole_not_the_later_commit(tmp_path: Path) -> None:
-    """Device b's clock is an hour behind: its later edit has the lower revision and
-    loses, whole (its attachment too), on both devices."""
+@contextlib.asynccontextmanager
+async def _two_devices(tmp_path: Path) -> AsyncIterator[tuple[list[SyncEngine], list[Repository]]]:
+    """Two devices (engines started, not in the background) sharing a folder bucket."""
     (tmp_path / "bucket").mkdir()
     bucket = FolderStore(tmp_path / "bucket")
     engines = [SyncEngine(bucket) for _ in range(2)]
@@ -174,6 +176,16 @@ async def test_the_higher_revision_wins_whole_not_the_later_commit(tmp_path: Pat
     try:
         for e, r in zip(engines, repos, strict=True):
             await e.start(r, background=False)
+        yield engines, repos
+    finally:
+        for r in repos:
+            await r.close()
+
+
+async def test_the_higher_revision_wins_whole_not_the_later_commit(tmp_path: Path) -> None:
+    """Device b's clock is an hour behind: its later edit has the lower revision and
+    loses, whole (its attachment too), on both devices."""
+    async with _two_devices(tmp_path) as (engines, repos):
         pages = [await r.ledger("l").page("p") for r in repos]
         a = await DocumentStore.open(pages[0])
         b = await DocumentStore.open(pages[1], clock=RevClock(_behind(3_600_000)))
@@ -196,9 +208,6 @@ async def test_the_higher_revision_wins_whole_not_the_later_commit(tmp_path: Pat
         # b has now seen a's revision: its next edit is newer, though its clock is slow.
         later = await b.replace("c", doc.id, {"k": 0, "v": 0})
         assert later.rev > on_a.rev
-    finally:
-        for r in repos:
-            await r.close()
 
 
 async def test_a_page_deleted_on_one_device_and_written_on_another_stays_a_document_page(
@@ -209,15 +218,7 @@ async def test_a_page_deleted_on_one_device_and_written_on_another_stays_a_docum
     marker too, so on both devices the page held a document but was no longer a
     document page (reads refused it; later merges went key by key). A document page
     now stays one while either side is."""
-    (tmp_path / "bucket").mkdir()
-    bucket = FolderStore(tmp_path / "bucket")
-    engines = [SyncEngine(bucket) for _ in range(2)]
-    repos = [
-        await Repository.open(tmp_path / f"dev{i}", hooks=e.hooks()) for i, e in enumerate(engines)
-    ]
-    try:
-        for e, r in zip(engines, repos, strict=True):
-            await e.start(r, background=False)
+    async with _two_devices(tmp_path) as (engines, repos):
         a = await DocumentStore.open(await repos[0].ledger("l").page("p"))
         old = await a.create("c", {"k": 1, "v": 1})
         await engines[0].sync()
@@ -234,6 +235,3 @@ async def test_a_page_deleted_on_one_device_and_written_on_another_stays_a_docum
             docs = await DocumentStore.open(page)
             listed = (await docs.list_documents("c", include_deleted=True)).items
             assert [d.id for d in listed] == [new.id], old.id
-    finally:
-        for r in repos:
-            await r.close()
