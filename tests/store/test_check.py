@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
-from ledgerd.store import Priority, Repository
+from ledgerd.store import Page, Priority, Repository
 from ledgerd.store import check as ck
 from ledgerd.store import digest as dg
 from ledgerd.store.errors import CorruptObjectError
@@ -39,16 +41,30 @@ async def test_a_healthy_page_has_no_problem(tmp_path: Path) -> None:
         await repo.close()
 
 
-def _db(root: Path) -> sqlite3.Connection:
-    repo_path = next(root.glob("1/ledgers/*/*/page.sqlite"))
-    return sqlite3.connect(repo_path, isolation_level=None)
+@contextlib.contextmanager
+def _db(root: Path) -> Iterator[sqlite3.Connection]:
+    """The page file of ``root``'s only page, open for damage (the repository closed)."""
+    conn = sqlite3.connect(next(root.glob("1/ledgers/*/*/page.sqlite")), isolation_level=None)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+@contextlib.asynccontextmanager
+async def _reopened(root: Path) -> AsyncIterator[Page]:
+    """The page, in the repository opened again (after its file was damaged)."""
+    repo = await Repository.open(root)
+    try:
+        yield await repo.ledger("l").page("p")
+    finally:
+        await repo.close()
 
 
 async def test_corrupt_missing_and_transient_pieces_are_named(tmp_path: Path) -> None:
     repo, _, small = await _page_with_data(tmp_path)
     await repo.close()
-    conn = _db(tmp_path)
-    try:
+    with _db(tmp_path) as conn:
         data = conn.execute("SELECT data FROM objects WHERE digest = ?", (small,)).fetchone()[0]
         flipped = bytes([data[0] ^ 1]) + data[1:]
         conn.execute("UPDATE objects SET data = ? WHERE digest = ?", (flipped, small))
@@ -64,11 +80,7 @@ async def test_corrupt_missing_and_transient_pieces_are_named(tmp_path: Path) ->
             (node,),
         )
         conn.execute("DELETE FROM heads")
-    finally:
-        conn.close()
-    repo = await Repository.open(tmp_path)
-    try:
-        page = await repo.ledger("l").page("p")
+    async with _reopened(tmp_path) as page:
         report = await ck.check_page(page)
         codes = {p.code: p for p in report.problems}
         assert not report.healthy
@@ -88,22 +100,15 @@ async def test_corrupt_missing_and_transient_pieces_are_named(tmp_path: Path) ->
         again = await ck.check_page(page)
         assert {p.code for p in again.problems} == {ck.MISSING_PIECE}
         assert await page.get(b"small") == b"s" * 1000
-    finally:
-        await repo.close()
 
 
 async def test_heads_that_disagree_with_the_commits_are_rebuilt(tmp_path: Path) -> None:
     repo, _, _ = await _page_with_data(tmp_path)
     await repo.close()
-    conn = _db(tmp_path)
-    try:
+    with _db(tmp_path) as conn:
         head = conn.execute("SELECT commit_id FROM heads").fetchone()[0]
         conn.execute("DELETE FROM heads")  # the page opens on its first, empty commit
-    finally:
-        conn.close()
-    repo = await Repository.open(tmp_path)
-    try:
-        page = await repo.ledger("l").page("p")
+    async with _reopened(tmp_path) as page:
         assert await page.get_entry(b"small") is None
         report = await ck.check_page(page)
         assert [p.code for p in report.problems] == [ck.HEADS]
@@ -112,8 +117,6 @@ async def test_heads_that_disagree_with_the_commits_are_rebuilt(tmp_path: Path) 
         assert (await ck.check_page(page)).problems == []
         assert [h.id for h in await page.heads()] == [bytes(head)]
         assert await page.get(b"small") == b"s" * 1000
-    finally:
-        await repo.close()
 
 
 async def test_requeue_makes_synced_pieces_and_commits_pending_again(tmp_path: Path) -> None:
@@ -142,24 +145,17 @@ async def test_commit_rows_holding_values_of_the_wrong_type_are_reported(tmp_pat
     heads or commit_parents) is reported as problems; the check does not fail."""
     repo, _, _ = await _page_with_data(tmp_path)
     await repo.close()
-    conn = _db(tmp_path)
-    try:
+    with _db(tmp_path) as conn:
         head = bytes(conn.execute("SELECT commit_id FROM heads").fetchone()[0])
         conn.execute("UPDATE commits SET generation = 'x', root = 12 WHERE id = ?", (head,))
         conn.execute("INSERT INTO commit_parents VALUES ('child', 7)")
         conn.execute("INSERT INTO unsynced_commits VALUES ('text', 'gen')")
-    finally:
-        conn.close()
-    repo = await Repository.open(tmp_path)
-    try:
-        page = await repo.ledger("l").page("p")
+    async with _reopened(tmp_path) as page:
         report = await ck.check_page(page)
         assert not report.healthy
         assert any(p.code == ck.COMMIT and p.commit == head for p in report.problems)
         assert {p.code for p in report.problems} >= {ck.COMMIT, ck.UNSYNCED}
         assert await page.get(b"small") == b"s" * 1000
-    finally:
-        await repo.close()
 
 
 async def test_heads_naming_no_stored_commit_are_found_and_rebuilt(tmp_path: Path) -> None:
@@ -168,16 +164,11 @@ async def test_heads_naming_no_stored_commit_are_found_and_rebuilt(tmp_path: Pat
     `heads` and the local repair rebuilds them, as for an empty heads table."""
     repo, _, _ = await _page_with_data(tmp_path)
     await repo.close()
-    conn = _db(tmp_path)
-    try:
+    with _db(tmp_path) as conn:
         head = bytes(conn.execute("SELECT commit_id FROM heads").fetchone()[0])
         conn.execute("INSERT INTO heads VALUES (?, 5)", (b"\x01" * 32,))
         conn.execute("INSERT INTO heads VALUES ('garbage', 6)")
-    finally:
-        conn.close()
-    repo = await Repository.open(tmp_path)
-    try:
-        page = await repo.ledger("l").page("p")
+    async with _reopened(tmp_path) as page:
         assert await page.get(b"small") == b"s" * 1000
         assert [h.id for h in await page.heads()] == [head]
         report = await ck.check_page(page)
@@ -185,23 +176,14 @@ async def test_heads_naming_no_stored_commit_are_found_and_rebuilt(tmp_path: Pat
         await ck.repair_local(page, report)
         assert report.healthy
         assert (await ck.check_page(page)).problems == []
-    finally:
-        await repo.close()
-    conn = _db(tmp_path)
-    try:
+    with _db(tmp_path) as conn:
         conn.execute("UPDATE heads SET commit_id = ?", (b"\x02" * 32,))  # the only head
-    finally:
-        conn.close()
-    repo = await Repository.open(tmp_path)
-    try:
-        page = await repo.ledger("l").page("p")
+    async with _reopened(tmp_path) as page:
         report = await ck.check_page(page)
         assert [p.code for p in report.problems] == [ck.HEADS]
         await ck.repair_local(page, report)
         assert [h.id for h in await page.heads()] == [head]
         assert await page.get(b"small") == b"s" * 1000
-    finally:
-        await repo.close()
 
 
 async def test_damaged_journal_entries_are_not_committed_into_the_tree(tmp_path: Path) -> None:
@@ -213,8 +195,7 @@ async def test_damaged_journal_entries_are_not_committed_into_the_tree(tmp_path:
     await repo.close()
     good = dg.chunk_digest(dg.Kind.VALUE, b"ok")
     assert dg.is_inline(good)
-    conn = _db(tmp_path)
-    try:
+    with _db(tmp_path) as conn:
         conn.execute("INSERT INTO journals VALUES ('I1', 0, NULL)")
         conn.executemany(
             "INSERT INTO journal_entries VALUES ('I1', ?, ?, ?)",
@@ -226,19 +207,13 @@ async def test_damaged_journal_entries_are_not_committed_into_the_tree(tmp_path:
                 ("text key", good, 0),
             ],
         )
-    finally:
-        conn.close()
-    repo = await Repository.open(tmp_path)
-    try:
-        page = await repo.ledger("l").page("p")
+    async with _reopened(tmp_path) as page:
         assert await page.get(b"good") == b"ok"
         for key in (b"bad digest", b"empty digest", b"bad priority", b"text key"):
             assert await page.get_entry(key) is None
         assert len((await page.entries()).items) == 203
         report = await ck.check_page(page)
         assert report.problems == []
-    finally:
-        await repo.close()
 
 
 async def test_a_stored_piece_that_is_not_a_blob_reads_as_corrupt(tmp_path: Path) -> None:
@@ -246,19 +221,12 @@ async def test_a_stored_piece_that_is_not_a_blob_reads_as_corrupt(tmp_path: Path
     to a read, as a flipped byte is (not a TypeError), and the check names it."""
     repo, _, small = await _page_with_data(tmp_path)
     await repo.close()
-    conn = _db(tmp_path)
-    try:
+    with _db(tmp_path) as conn:
         conn.execute("UPDATE objects SET data = 'text' WHERE digest = ?", (small,))
-    finally:
-        conn.close()
-    repo = await Repository.open(tmp_path)
-    try:
-        page = await repo.ledger("l").page("p")
+    async with _reopened(tmp_path) as page:
         with pytest.raises(CorruptObjectError, match=dg.short(small)):
             await page.get(b"small")
         with pytest.raises(CorruptObjectError, match=dg.short(small)):
             await page.entries()
         report = await ck.check_page(page)
         assert [(p.code, p.digest) for p in report.problems] == [(ck.CORRUPT_PIECE, small)]
-    finally:
-        await repo.close()
