@@ -22,10 +22,8 @@ T = TypeVar("T")
 
 
 class _IoThread:
-    """Blocking reads and writes of standard input and output, one at a time, on a daemon
-    thread of their own (``asyncio.to_thread``'s threads are joined when the interpreter
-    exits: on Ctrl-C, a read of a terminal or pipe that waits for more kept ``ledgerctl``
-    from exiting until a line or the end came)."""
+    """Blocking calls, one at a time, on a daemon thread of their own (see the module
+    docstring for why not ``asyncio.to_thread``)."""
 
     def __init__(self) -> None:
         self.calls: queue.SimpleQueue[tuple[Callable[[], None]]] = queue.SimpleQueue()
