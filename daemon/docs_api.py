@@ -146,14 +146,16 @@ def _token(request: web.Request) -> bytes | None:
 
 
 def _expected_rev(request: web.Request) -> str | None:
-    """``If-Match: "REV"`` (or ``?rev=REV``): the revision a write expects to replace."""
+    """``If-Match: "REV"`` (or ``?rev=REV``): the revision a write expects to replace.
+    An empty one (``?rev=``, ``If-Match: ""``) is kept, so that the store refuses it
+    (``invalid_id``) instead of the write going ahead unconditionally."""
     header = request.headers.get("If-Match")
-    param = _params(request).get("rev") or None
+    param = _params(request).get("rev")
     if header is not None:
         header = header.strip().removeprefix("W/").strip('"')
         if param is not None and param != header:
             raise ae.BadRequest("If-Match and ?rev= name different revisions")
-        return header or None
+        return header
     return param
 
 

@@ -664,3 +664,33 @@ async def test_integers_from_minus_2_63_to_2_64_less_one_are_kept(
         assert str(v) in message and "2**64-1" in message
         await fails(http, "POST", docs, 400, "invalid_document", data=f'{{"l": [[{v}]]}}')
     assert await head_id(http, base) == before
+
+
+async def test_an_empty_expected_revision_is_refused_not_ignored(
+    http: aiohttp.ClientSession, base: str
+) -> None:
+    """``?rev=``, ``If-Match: ""`` (and ``ledgerctl doc put --rev "$REV"`` with REV
+    unset) name no revision: 400 ``invalid_id``, as ``?new_rev=`` is, and nothing is
+    written. Before, an empty expected revision was taken as none, and the write
+    replaced (deleted, purged) whatever revision was current."""
+    docs = base + "/docs/c"
+    doc = await call(http, "POST", docs, 201, {"v": 1})
+    one = f"{docs}/{doc['_meta']['_id']}"
+    for method, path in (("PUT", one), ("DELETE", one), ("POST", one + "/purge")):
+        body = {"v": 2} if method == "PUT" else None
+        await fails(http, method, path + "?rev=", 400, "invalid_id", body=body)
+        for empty in ('""', "", 'W/""'):
+            await fails(
+                http, method, path, 400, "invalid_id", body=body, headers={"If-Match": empty}
+            )
+    assert await call(http, "GET", one, 200) == doc
+
+
+def test_ledgerctl_doc_put_with_an_empty_rev_is_refused(shared: Daemon) -> None:
+    lp = ("cli_empty_rev", "p")
+    doc_id, rev = ctl(shared, "put", *lp, "c", '{"v": 1}').split()
+    assert "(invalid_id)" in ctl_fails(
+        shared, 2, "put", *lp, "c", "{}", "--id", doc_id, "--rev", ""
+    )
+    assert "(invalid_id)" in ctl_fails(shared, 2, "rm", *lp, "c", doc_id, "--rev", "")
+    assert json.loads(ctl(shared, "get", *lp, "c", doc_id))["_meta"]["_rev"] == rev
