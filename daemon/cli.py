@@ -556,7 +556,9 @@ def _complete_page(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> li
 
 
 def _common(p: argparse.ArgumentParser, top: bool) -> None:
-    """The options every command takes, before or after its name."""
+    """The options every command takes, before or after its name. After it they default
+    to nothing (``SUPPRESS``), so that they never undo the same option given before it;
+    a command's own ``--json`` (its own help) is kept, with that default."""
     kw: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
     p.add_argument(
         "--socket",
@@ -572,9 +574,24 @@ def _common(p: argparse.ArgumentParser, top: bool) -> None:
         help="keys are tuple literals, e.g. '(\"user\", 42)'; listings show keys as tuples",
         **kw,
     )
+    own = p._option_string_actions.get("--json")
+    if own is not None:
+        own.default = kw.get("default", own.default)
+        return
     p.add_argument(
         "--json", action="store_true", help="print data as JSON lines (see the README)", **kw
     )
+
+
+def _common_below(p: argparse.ArgumentParser) -> None:
+    """:func:`_common` on the commands that other modules register (``doc``, ``check``,
+    ``gc``, ``evict``) and on their own subcommands (``doc ls``, ...)."""
+    if "--socket" not in p._option_string_actions:
+        _common(p, top=False)
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for q in action.choices.values():
+                _common_below(q)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -651,6 +668,8 @@ def parser() -> argparse.ArgumentParser:
 
     cli_check.register(sub)
     cli_gc.register(sub)
+    for q in sub.choices.values():
+        _common_below(q)
 
     ap.commands = tuple(sub.choices)
     ap.options = frozenset(

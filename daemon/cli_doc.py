@@ -42,7 +42,7 @@ def add_parser(sub: Any) -> None:
         return p
 
     p = cmd("put", "create a document (or replace --id); prints _id and _rev", "collection")
-    p.add_argument("json", metavar="JSON", help="the document's _data ('-': standard input)")
+    p.add_argument("data", metavar="JSON", help="the document's _data ('-': standard input)")
     p.add_argument("--id", help="replace this document instead of creating one")
     p.add_argument("--rev", help="only if its current revision is REV (with --id)")
     p = cmd("get", "print a document as JSON", "collection", "id")
@@ -125,7 +125,7 @@ async def run(cli: Cli, usage: type[Exception]) -> int:
     docs = AsyncDocuments(cli.c, *cli.lp)
     c = a.doc_command
     if c == "put":
-        text = sys.stdin.read() if a.json == "-" else a.json
+        text = sys.stdin.read() if a.data == "-" else a.data
         try:
             data = json.loads(text)
         except ValueError as e:

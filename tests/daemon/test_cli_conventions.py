@@ -361,6 +361,36 @@ def test_options_after_the_command(shared: Daemon, ledger: str) -> None:
     assert (got, listed) == (b"v", b"01\t76\n")
 
 
+def test_common_options_after_doc_check_and_gc(shared: Daemon, ledger: str) -> None:
+    """``--socket``, ``--hex``, ``--tuple`` and ``--json`` go after ``doc`` (and its
+    subcommands), ``check``, ``gc`` and ``evict`` too, and a ``--json`` given before the
+    command is not undone by the command's own. Before, these commands refused them after
+    their name (``unrecognized arguments: --socket (did you mean '--socket'?)``), and
+    ``ledgerctl --json check`` printed the summary."""
+    sock = str(shared.socket)
+    doc_id = ctl(shared, "doc", "put", ledger, "p", "c", '{"v": 1}').split()[0].decode()
+    lh = ledger.encode().hex()
+    listed, hexed, under, checked, checked_json, collected = outputs(
+        ctl_all(
+            shared,
+            ["doc", "ls", ledger, "p", "c", "--socket", sock, "--json"],
+            ["doc", "ls", lh, "70", "c", "--hex"],
+            ["doc", "--socket", sock, "get", ledger, "p", "c", doc_id],
+            ["check", ledger, "p", "--socket", sock],
+            ["--json", "check", ledger, "p"],
+            ["--json", "gc", ledger, "p"],
+        )
+    )
+    assert json_lines(listed)[0]["_meta"]["_id"] == doc_id
+    assert hexed.decode().split("\t")[0] == doc_id
+    assert json.loads(under)["_data"] == {"v": 1}
+    assert checked.startswith(b"checked 1 page")
+    assert json.loads(checked_json)["healthy"] is True
+    assert json.loads(collected)["collected_pages"] == 1
+    err = ctl_fails(shared, 4, "evict", ledger, "p", "--socket", sock)
+    assert "(not_evictable)" in err
+
+
 def test_version_without_a_daemon(tmp_path: Path) -> None:
     p = subprocess.run(
         cli_cmd("version"),
