@@ -52,7 +52,7 @@ async def run(args: argparse.Namespace, client: AsyncClient) -> int:
     page = _arg(args.page, args.hex, "page")
     report = await client.check(ledger, page, cloud=args.cloud, repair=args.repair)
     if args.json:
-        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        sys.stdout.write(json.dumps(report, separators=(",", ":")) + "\n")
     else:
         summary(report, sys.stdout)
     return 0 if report["healthy"] else EXIT_UNHEALTHY

@@ -138,7 +138,8 @@ async def run(cli: Cli, usage: type[Exception]) -> int:
             d = await docs.replace(a.collection, a.id, data, rev=a.rev)
         cli.line(f"{d['_meta']['_id']}\t{d['_meta']['_rev']}")
     elif c == "get":
-        cli.line(json.dumps(await docs.get(a.collection, a.id, deleted=a.deleted), indent=2))
+        doc = await docs.get(a.collection, a.id, deleted=a.deleted)
+        cli.line(_compact(doc) if a.json else json.dumps(doc, indent=2))
     elif c in ("ls", "find"):
         if c == "ls":
             found = docs.list_documents(a.collection, deleted=a.deleted, limit=a.limit)

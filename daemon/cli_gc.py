@@ -60,7 +60,7 @@ def size(n: int) -> str:
 async def run_gc(args: argparse.Namespace, client: AsyncClient) -> int:
     doc = await client.gc(_arg(args.ledger, args.hex, "ledger"), _arg(args.page, args.hex, "page"))
     if args.json:
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
     else:
         gc_summary(doc, sys.stdout)
     return EXIT_FAILED if doc["errors"] else 0
@@ -86,7 +86,7 @@ async def run_evict(args: argparse.Namespace, client: AsyncClient) -> int:
     assert ledger is not None and page is not None
     doc = await client.evict(ledger, page)
     if args.json:
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
     else:
         sys.stdout.write(f"{_name(doc)}: evicted, {size(doc['freed_bytes'])} freed\n")
     return 0

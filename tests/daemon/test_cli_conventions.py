@@ -391,6 +391,26 @@ def test_common_options_after_doc_check_and_gc(shared: Daemon, ledger: str) -> N
     assert "(not_evictable)" in err
 
 
+def test_check_and_gc_json_is_one_compact_line(shared: Daemon, ledger: str) -> None:
+    """``check --json``, ``gc --json`` and ``doc get --json`` print one thing, so one
+    compact line (as the README's ``--json`` convention says); before, they printed
+    indented JSON. ``doc get`` without ``--json`` still indents the document."""
+    doc_id = ctl(shared, "doc", "put", ledger, "p", "c", '{"v": 1}').split()[0].decode()
+    checked, collected, got, shown = outputs(
+        ctl_all(
+            shared,
+            ["check", ledger, "p", "--json"],
+            ["--json", "gc", ledger, "p"],
+            ["doc", "get", ledger, "p", "c", doc_id, "--json"],
+            ["doc", "get", ledger, "p", "c", doc_id],
+        )
+    )
+    assert [d["healthy"] for d in json_lines(checked)] == [True]
+    assert [d["collected_pages"] for d in json_lines(collected)] == [1]
+    assert [d["_data"] for d in json_lines(got)] == [{"v": 1}]
+    assert json.loads(shown) == json.loads(got) and shown.count(b"\n") > 1
+
+
 def test_version_without_a_daemon(tmp_path: Path) -> None:
     p = subprocess.run(
         cli_cmd("version"),
