@@ -30,9 +30,16 @@ if TYPE_CHECKING:
     from ledgerd.daemon.cli import Cli
 
 
+DESCRIPTION = """documents of a page (see "Documents through the daemon" in the README).
+Output: put, rm, purge print _id<TAB>_rev; attach prints attachment id<TAB>_rev; ls and
+find print _id<TAB>_rev<TAB>_data (compact JSON; deleted or purged as a fourth column)
+or, with --json, one whole document per line; get prints the document; changes one
+{"commit", "documents", "next"} line per batch."""
+
+
 def add_parser(sub: Any) -> None:
     """``doc`` and its subcommands, under ``ledgerctl``'s subparsers ``sub``."""
-    doc = sub.add_parser("doc", help="documents (see 'ledgerctl doc -h')", description=__doc__)
+    doc = sub.add_parser("doc", help="documents (see 'ledgerctl doc -h')", description=DESCRIPTION)
     cmds = doc.add_subparsers(dest="doc_command", required=True, metavar="SUBCOMMAND")
 
     def cmd(name: str, help: str, *args: str) -> argparse.ArgumentParser:

@@ -694,3 +694,13 @@ def test_ledgerctl_doc_put_with_an_empty_rev_is_refused(shared: Daemon) -> None:
     )
     assert "(invalid_id)" in ctl_fails(shared, 2, "rm", *lp, "c", doc_id, "--rev", "")
     assert json.loads(ctl(shared, "get", *lp, "c", doc_id))["_meta"]["_rev"] == rev
+
+
+def test_ledgerctl_doc_help_is_for_users(shared: Daemon) -> None:
+    """``ledgerctl doc --help`` says what the subcommands print, not the module's notes
+    for developers (before: its docstring, with ``:class:`` and ``:func:`` roles and
+    which module registers what)."""
+    text = ctl(shared, "--help")
+    assert "SUBCOMMAND" in text and "_id<TAB>_rev" in text
+    for internal in (":class:", ":func:", ":mod:", "``", "This module"):
+        assert internal not in text, text
