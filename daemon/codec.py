@@ -12,6 +12,7 @@ import base64
 import binascii
 import json
 import re
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -162,6 +163,10 @@ def parse_json(data: bytes | str, what: str) -> Any:
     except RecursionError:
         raise ae.BadRequest(f"{what} is nested too deeply") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, int-string limit
+        if not isinstance(e, json.JSONDecodeError) and "integer string conversion" in str(e):
+            # (Python's message ends with advice for this server's code: not for clients)
+            limit = sys.get_int_max_str_digits()
+            raise ae.BadRequest(f"{what} holds an integer of over {limit} digits") from None
         raise ae.BadRequest(f"{what} is not valid JSON: {e}") from None
 
 

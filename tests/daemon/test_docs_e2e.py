@@ -704,3 +704,17 @@ def test_ledgerctl_doc_help_is_for_users(shared: Daemon) -> None:
     assert "SUBCOMMAND" in text and "_id<TAB>_rev" in text
     for internal in (":class:", ":func:", ":mod:", "``", "This module"):
         assert internal not in text, text
+
+
+async def test_an_integer_too_long_to_convert_is_named_in_the_message(
+    http: aiohttp.ClientSession, base: str
+) -> None:
+    """An integer past Python's int-string conversion limit (4,300 digits) is refused with
+    a message about the request, not Python's advice to the server's programmer (before:
+    '... use sys.set_int_max_str_digits() to increase the limit'); a batch body too."""
+    for path, body, code in (
+        (base + "/docs/c", b'{"a": ' + b"9" * 5000 + b"}", "invalid_document"),
+        (base + "/batch", b'{"ops": [], "x": -' + b"1" * 4301 + b"}", "bad_request"),
+    ):
+        message = await fails(http, "POST", path, 400, code, data=body)
+        assert "sys." not in message and "integer of over 4300 digits" in message, message
