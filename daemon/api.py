@@ -47,6 +47,7 @@ from ledgerd.daemon.codec import (
     batch_changes,
     commit_json,
     entries_json,
+    from_hex,
     parse_json,
     parse_priority,
     priority_name,
@@ -595,7 +596,7 @@ class Api:
         if not at:
             return page
         try:
-            cid = bytes.fromhex(at)
+            cid = from_hex(at)
         except ValueError:
             raise ae.BadRequest("at must be a commit id in hex") from None
         return await page.snapshot(cid)
@@ -864,7 +865,7 @@ class Api:
         limit = q.int("limit", 100, lo=1) or 100
         start = q.text("start")
         try:
-            start_id = bytes.fromhex(start) if start else None
+            start_id = from_hex(start) if start else None
         except ValueError:
             raise ae.BadRequest("start must be a commit id in hex") from None
         commits = await page.history(min(limit, MAX_LIMIT), start_id)
@@ -873,7 +874,7 @@ class Api:
     async def commit(self, request: web.Request, p: Params) -> web.Response:
         page = await self.page(p.ledger, p.page, create=False)
         try:
-            cid = bytes.fromhex(p.commit)
+            cid = from_hex(p.commit)
         except ValueError:
             raise ae.BadRequest("commit id must be hex") from None
         return web.json_response(commit_json(await page.load_commit(cid)))

@@ -179,6 +179,17 @@ def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
 
+def from_hex(text: str) -> bytes:
+    """The bytes of ``text``, hex digits only (``bytes.fromhex`` also skips blanks, so a
+    commit id sent as ``%20`` would be the empty id); ValueError otherwise."""
+    if _HEX.fullmatch(text) is None:
+        raise ValueError(f"not hex: {text!r}")
+    return bytes.fromhex(text)
+
+
+_HEX = re.compile(r"(?:[0-9a-fA-F]{2})*")
+
+
 def text_or_none(data: bytes) -> str | None:
     try:
         return data.decode()

@@ -28,7 +28,7 @@ from urllib.parse import parse_qsl, quote, unquote_to_bytes
 from aiohttp import web
 
 from ledgerd.daemon import errors as ae
-from ledgerd.daemon.codec import b64, parse_json, unb64
+from ledgerd.daemon.codec import b64, from_hex, parse_json, unb64
 from ledgerd.daemon.config import MIN_HEARTBEAT
 from ledgerd.daemon.protocol import connection_lost
 from ledgerd.store import (
@@ -496,7 +496,7 @@ async def changes(api: Api, request: web.Request, p: Params) -> web.StreamRespon
     started from, so resuming there sends its documents at least once."""
     since_text = _query(request, "since")
     try:
-        since = bytes.fromhex(since_text) if since_text else None
+        since = from_hex(since_text) if since_text else None
     except ValueError:
         raise ae.BadRequest("since must be a commit id in hex") from None
     collection = _query(request, "collection") or None

@@ -718,3 +718,24 @@ async def test_an_integer_too_long_to_convert_is_named_in_the_message(
     ):
         message = await fails(http, "POST", path, 400, code, data=body)
         assert "sys." not in message and "integer of over 4300 digits" in message, message
+
+
+async def test_commit_ids_in_queries_are_hex_digits_only(
+    http: aiohttp.ClientSession, base: str
+) -> None:
+    """``since``, ``at`` and ``start`` are 400 ``bad_request`` when they hold anything but
+    hex digits. Before, ``bytes.fromhex`` skipped blanks: ``since=%20`` was the empty
+    commit id (404 ``commit 'is not in page``) and ``since=%20ID`` was ID."""
+    await call(http, "POST", base + "/docs/c", 201, {"v": 1})
+    head = await head_id(http, base)
+    assert (await call(http, "GET", f"{base}/docs/_changes?since={head}", 200))["documents"] == []
+    for query in (
+        "/docs/_changes?since=%20",
+        f"/docs/_changes?since=%20{head}",
+        f"/docs/_changes?since={head[:2]}%20{head[2:]}",
+        "/keys/k?at=%20",
+        f"/entries?at={head}%0A",
+        "/history?start=%20",
+    ):
+        message = await fails(http, "GET", base + query, 400, "bad_request")
+        assert "in hex" in message, (query, message)
