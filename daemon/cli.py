@@ -530,9 +530,13 @@ class _Parser(argparse.ArgumentParser):
                 message += f"; did you mean {' or '.join(repr(n) for n in near)}?"
         elif message.startswith("unrecognized arguments: "):
             for word in message.split()[2:]:
-                near = difflib.get_close_matches(word.split("=")[0], self.options, n=1)
+                option = word.split("=")[0]
+                near = difflib.get_close_matches(option, self.options, n=1)
                 if word.startswith("--") and near:
-                    message += f" (did you mean {near[0]!r}?)"
+                    if near[0] == option:  # (self.options: every command's)
+                        message += f" ({option!r} is not an option of this command)"
+                    else:
+                        message += f" (did you mean {near[0]!r}?)"
                     break
         super().error(message)
 

@@ -437,6 +437,12 @@ def test_did_you_mean(tmp_path: Path) -> None:
     assert "unrecognized arguments: --prfix a (did you mean '--prefix'?)" in p.stderr.decode()
     p = run("frobnicate")
     assert p.returncode == 2 and p.stderr.decode().endswith("no command 'frobnicate'\n")
+    # An option of another command: no "did you mean" naming the option as typed.
+    p = run("ls", "l", "p", "--lazy")
+    assert p.returncode == 2
+    assert p.stderr.decode().endswith(
+        "unrecognized arguments: --lazy ('--lazy' is not an option of this command)\n"
+    )
 
 
 def test_shell_completion(shared: Daemon, ledger: str, tmp_path: Path) -> None:
