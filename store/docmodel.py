@@ -123,12 +123,21 @@ class RevisionInFutureError(DocumentError, InvalidArgumentError):
 # -- ids ----------------------------------------------------------------------
 
 
+def shown(value: object, limit: int = 60) -> str:
+    """``value`` quoted for a message: its repr, or for a string over ``limit`` characters
+    the repr of its first ``limit`` and a mark of the cut (``'xxx'… (300 characters)``)."""
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}… ({len(value)} characters)"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def parse_ulid(value: str | bytes, what: str = "id") -> bytes:
     """The 16 bytes of a ULID given as its 26-character text (or as 16 bytes)."""
     if isinstance(value, bytes) and len(value) == 16:
         return value
     if not isinstance(value, str) or len(value) != 26:
-        raise InvalidIdError(f"{what} {value!r:.60} is not a ULID (26 characters)")
+        raise InvalidIdError(f"{what} {shown(value)} is not a ULID (26 characters)")
     try:
         return ULID.from_str(value.upper()).bytes
     except ValueError as e:
@@ -185,7 +194,7 @@ def _utf8_size(text: str) -> int:
 def check_collection(name: object) -> str:
     if not isinstance(name, str) or not 1 <= _utf8_size(name) <= NAME_LIMIT:
         raise InvalidNameError(
-            f"collection name {name!r:.60} must be 1-{NAME_LIMIT} bytes of UTF-8 text"
+            f"collection name {shown(name)} must be 1-{NAME_LIMIT} bytes of UTF-8 text"
         )
     if name.startswith("_"):
         raise InvalidNameError(f"collection name {name!r}: a leading '_' is reserved")
@@ -195,7 +204,7 @@ def check_collection(name: object) -> str:
 def check_index_name(name: object) -> str:
     if not isinstance(name, str) or not _INDEX_NAME.fullmatch(name):
         raise InvalidNameError(
-            f"index name {name!r:.60} must be 1-64 letters, digits, '_', '.' or '-',"
+            f"index name {shown(name)} must be 1-64 letters, digits, '_', '.' or '-',"
             " not starting with '_' ('_primary' is reserved)"
         )
     return name
@@ -251,7 +260,7 @@ def _check_value(v: Any, depth: int) -> None:
         values: Any = v.values()
         for k in v:
             if type(k) is not str:
-                raise InvalidDocumentError(f"object keys are strings, not {k!r:.40}")
+                raise InvalidDocumentError(f"object keys are strings, not {shown(k, 40)}")
     elif t is list:
         values = v
     else:
@@ -308,16 +317,16 @@ def parse_path(path: str | list[str]) -> list[str]:
     """A JSON path into ``_data``: ``"a.b"`` or ``["a", "b"]``."""
     parts = path.split(".") if isinstance(path, str) else path
     if not isinstance(parts, list) or not parts or not all(isinstance(p, str) and p for p in parts):
-        raise InvalidArgumentError(f"path {path!r:.60} must be 'a.b' or a list of names")
+        raise InvalidArgumentError(f"path {shown(path)} must be 'a.b' or a list of names")
     sizes = [_utf8_size(p) for p in parts]
     if min(sizes) < 0:
-        raise InvalidArgumentError(f"path {path!r:.60} is not UTF-8 text (a lone surrogate)")
+        raise InvalidArgumentError(f"path {shown(path)} is not UTF-8 text (a lone surrogate)")
     if sum(sizes) + len(parts) - 1 > PATH_LIMIT:
         raise InvalidArgumentError(
-            f"path {path!r:.60}… is over {PATH_LIMIT} bytes of UTF-8 (its names and dots)"
+            f"path {shown(path)} is over {PATH_LIMIT} bytes of UTF-8 (its names and dots)"
         )
     if parts[0].startswith("_"):
-        raise InvalidArgumentError(f"path {path!r:.60}: names starting with '_' are reserved")
+        raise InvalidArgumentError(f"path {shown(path)}: names starting with '_' are reserved")
     return parts
 
 

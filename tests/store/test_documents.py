@@ -1385,3 +1385,25 @@ async def test_a_followed_changes_feed_keeps_its_watcher(
         assert seen == list(range(20))
         await feed.aclose()
         assert watches == 1
+
+
+def test_a_long_name_or_id_is_cut_visibly_in_messages() -> None:
+    """A message quotes at most 60 characters of a name, id or path it refuses, and
+    shows where it cut: before, ``{name!r:.60}`` left the quote open, so the message
+    read ``collection name 'xxx…xxx must be 1-128 bytes``."""
+    from ledgerd.store.docmodel import check_collection, check_index_name, parse_path, parse_ulid
+
+    cases: list[tuple[Callable[[], Any], str]] = [
+        (lambda: check_collection("x" * 300), "collection name "),
+        (lambda: check_index_name("y" * 300), "index name "),
+        (lambda: parse_ulid("z" * 300), "id "),
+        (lambda: parse_path("p" * 2000), "path "),
+    ]
+    for call, prefix in cases:
+        with pytest.raises(StoreError) as e:
+            call()
+        text = str(e.value)
+        letter = text[len(prefix) + 1]
+        assert text.startswith(f"{prefix}'{letter * 60}'… ("), text
+    with pytest.raises(StoreError, match=r"^collection name '' must be"):
+        check_collection("")
