@@ -712,9 +712,13 @@ class Api:
             want = q.int("length", size - offset)
             length = max(0, min(size - offset, size if want is None else want))
             if offset >= size or length == 0:
+                why = (
+                    f"offset {offset} is at or past the end"
+                    if offset >= size
+                    else f"length {want} selects no byte"
+                )
                 raise ae.RangeNotSatisfiable(
-                    f"offset {offset} and length {want} select no byte of the {size}-byte value",
-                    {"Content-Range": f"bytes */{size}"},
+                    f"{why} of the {size}-byte value", {"Content-Range": f"bytes */{size}"}
                 )
             status = 206
         resp = web.StreamResponse(status=status)

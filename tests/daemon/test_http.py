@@ -246,10 +246,17 @@ async def test_offset_and_length_answer_like_a_range(http: aiohttp.ClientSession
     assert r.headers["Content-Range"] == "bytes 1-2/10"
     r = await http.get(u(P + "/keys/ten?offset=8"))
     assert r.status == 206 and await r.read() == b"89"
-    for query in ("offset=10", "offset=5&length=0", "offset=11"):
+    for query, message in (
+        ("offset=10", "offset 10 is at or past the end of the 10-byte value"),
+        ("offset=5&length=0", "length 0 selects no byte of the 10-byte value"),
+        ("offset=11", "offset 11 is at or past the end of the 10-byte value"),
+        ("offset=" + "9" * 30, f"offset {'9' * 30} is at or past the end of the 10-byte value"),
+    ):
         r = await http.get(u(P + f"/keys/ten?{query}"))
         assert r.status == 416, query
         assert r.headers["Content-Range"] == "bytes */10"
+        # (before: 'offset 11 and length -1 select no byte', a length never sent)
+        assert (await r.json())["error"]["message"] == message
 
 
 def test_expect_100_continue_and_requests_the_router_never_saw(daemon: Daemon) -> None:
