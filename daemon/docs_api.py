@@ -148,10 +148,13 @@ def _token(request: web.Request) -> bytes | None:
 def _expected_rev(request: web.Request) -> str | None:
     """``If-Match: "REV"`` (or ``?rev=REV``): the revision a write expects to replace.
     An empty one (``?rev=``, ``If-Match: ""``) is kept, so that the store refuses it
-    (``invalid_id``) instead of the write going ahead unconditionally."""
+    (``invalid_id``) instead of the write going ahead unconditionally; ``If-Match: *``
+    is any current revision (the document must exist, as for every write)."""
     header = request.headers.get("If-Match")
     param = _params(request).get("rev")
     if header is not None:
+        if header.strip() == "*" and param is None:  # RFC 9110: any current revision
+            return None
         header = header.strip().removeprefix("W/").strip('"')
         if param is not None and param != header:
             raise ae.BadRequest("If-Match and ?rev= name different revisions")

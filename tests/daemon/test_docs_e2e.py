@@ -739,3 +739,21 @@ async def test_commit_ids_in_queries_are_hex_digits_only(
     ):
         message = await fails(http, "GET", base + query, 400, "bad_request")
         assert "in hex" in message, (query, message)
+
+
+async def test_if_match_star_is_any_current_revision(
+    http: aiohttp.ClientSession, base: str
+) -> None:
+    """``If-Match: *`` (RFC 9110: any current representation) writes over whatever
+    revision is current, and a missing document is still 404; before, it was 400
+    ``invalid_id`` ("revision '*' is not a ULID")."""
+    docs = base + "/docs/c"
+    doc = await call(http, "POST", docs, 201, {"v": 1})
+    one = f"{docs}/{doc['_meta']['_id']}"
+    star = {"If-Match": "*"}
+    new = await call(http, "PUT", one, 200, {"v": 2}, headers=star)
+    assert new["_data"] == {"v": 2}
+    await fails(http, "PUT", one + "?rev=*", 400, "invalid_id", body={})  # a header's syntax
+    await call(http, "DELETE", one, 200, headers=star)
+    missing = f"{docs}/01ARZ3NDEKTSV4RRFFQ69G5FAV"
+    await fails(http, "PUT", missing, 404, "document_not_found", body={}, headers=star)
