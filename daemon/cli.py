@@ -222,18 +222,27 @@ class Cli:
                 (disk,) = (await self.c.du(ledger, page))["pages"]
                 disk = {k: v for k, v in disk.items() if k not in DISK_NAMES}
                 n = kb = vb = 0
-                if not disk.get("evicted"):  # (listing it would fetch it back)
+                evicted = bool(disk.get("evicted"))  # (listing it would fetch it back)
+                if not evicted:
                     async for item in self.c.entries(ledger, page, values=False, page_size=1000):
                         n, kb, vb = n + 1, kb + len(item.key), vb + item.size
                 files = int(disk.get("file_bytes", 0))
                 totals = [totals[0] + n, totals[1] + kb, totals[2] + vb, totals[3] + files]
                 if self.a.json:
                     doc = {**name_doc("ledger", ledger), **name_doc("page", page)}
-                    self.emit({**doc, "entries": n, "key_bytes": kb, "value_bytes": vb, **disk})
+                    sizes: dict[str, int | None] = {
+                        "entries": n,
+                        "key_bytes": kb,
+                        "value_bytes": vb,
+                    }
+                    if evicted:  # not known without fetching it
+                        sizes = dict.fromkeys(sizes)
+                    self.emit({**doc, **sizes, **disk})
                 else:
                     name = f"{self.show_name(ledger)}/{self.show_name(page)}"
+                    size, count = ("?", "?") if evicted else (human_bytes(kb + vb), str(n))
                     self.line(
-                        f"{human_bytes(kb + vb):>12}  {n:>10} entries  {name}"
+                        f"{size:>12}  {count:>10} entries  {name}"
                         f"  (on disk {human_bytes(files)}, {_disk_note(disk)})"
                     )
         if not self.a.json and sum(len(p) for _, p in scope) > 1:

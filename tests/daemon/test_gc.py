@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,5 +129,15 @@ def test_ledgerctl_evict(d: Daemon) -> None:
     assert out.returncode == 0, out
     page_dir = d.data / "1" / "ledgers" / encode_name(b"notes") / encode_name(b"inbox")
     assert not (page_dir / "page.sqlite").exists()  # its storage is gone
+    # du lists nothing of an evicted page (that would fetch it back), so its logical
+    # size is unknown: '?' and null, not '0 entries' (before: 0 bytes, 0 entries).
+    shown = d.ledgerctl("du", "notes", "inbox")
+    assert shown.returncode == 0, shown
+    assert re.fullmatch(
+        r" +\? +\? entries  notes/inbox  \(on disk .*evicted.*\)\n", shown.stdout.decode()
+    )
+    (doc,) = [json.loads(x) for x in d.ledgerctl("du", "notes", "--json").stdout.splitlines()]
+    assert (doc["entries"], doc["key_bytes"], doc["value_bytes"]) == (None, None, None)
+    assert doc["evicted"] is True and not (page_dir / "page.sqlite").exists()
     with Client(d.socket) as c:  # the next use brings it back from the bucket
         assert c.get("notes", "inbox", b"k") == b"v" * 100
