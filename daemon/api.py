@@ -53,7 +53,7 @@ from ledgerd.daemon.codec import (
     priority_name,
     stamp_of,
     text_or_none,
-    unb64,
+    token_param,
 )
 from ledgerd.daemon.config import Config
 from ledgerd.daemon.metrics import ROUTE_KEY
@@ -804,7 +804,7 @@ class Api:
             q.bytes("end"),
             q.bytes("prefix"),
             limit,
-            unb64(token, "token") if token else None,
+            token_param(token) if token else None,
         )
         with_values = q.flag("values", True)
         out, n = await entries_json(view, found, with_values, self.cfg.max_listing_bytes)

@@ -179,6 +179,13 @@ def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
 
+def token_param(text: str) -> bytes:
+    """A continuation token from a query string. Tokens are standard base64, whose ``+``
+    a query string reads as a blank unless it was percent-encoded; base64 holds no blank,
+    so a blank is taken back as ``+`` (``?token=NEXT`` pasted as is works)."""
+    return unb64(text.replace(" ", "+"), "token")
+
+
 def from_hex(text: str) -> bytes:
     """The bytes of ``text``, hex digits only (``bytes.fromhex`` also skips blanks, so a
     commit id sent as ``%20`` would be the empty id); ValueError otherwise."""

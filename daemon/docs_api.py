@@ -28,7 +28,7 @@ from urllib.parse import parse_qsl, quote, unquote_to_bytes
 from aiohttp import web
 
 from ledgerd.daemon import errors as ae
-from ledgerd.daemon.codec import b64, from_hex, parse_json, unb64
+from ledgerd.daemon.codec import b64, from_hex, parse_json, token_param
 from ledgerd.daemon.config import MIN_HEARTBEAT
 from ledgerd.daemon.protocol import connection_lost
 from ledgerd.store import (
@@ -142,7 +142,7 @@ def _json_param(request: web.Request, name: str) -> Any:
 
 def _token(request: web.Request) -> bytes | None:
     t = _params(request).get("token")
-    return unb64(t, "token") if t else None
+    return token_param(t) if t else None
 
 
 def _expected_rev(request: web.Request) -> str | None:

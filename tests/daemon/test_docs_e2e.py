@@ -757,3 +757,33 @@ async def test_if_match_star_is_any_current_revision(
     await call(http, "DELETE", one, 200, headers=star)
     missing = f"{docs}/01ARZ3NDEKTSV4RRFFQ69G5FAV"
     await fails(http, "PUT", missing, 404, "document_not_found", body={}, headers=star)
+
+
+async def test_a_continuation_token_pasted_into_a_url_as_is_works(
+    http: aiohttp.ClientSession, base: str
+) -> None:
+    """Tokens are standard base64, so they hold ``+``, which a query string reads as a
+    blank unless percent-encoded; base64 holds no blank, so a blank in a token is taken
+    as ``+``, and ``?token=NEXT`` pasted as is continues the listing. Before, such a
+    token was 400 "token is not valid base64" (for entries and for documents)."""
+    async with http.put(base + "/keys/a", data=b"1") as r:
+        assert r.status == 204
+    async with http.put(base + "/keys/%FB%EF%BE", data=b"2") as r:  # base64: '++++'
+        assert r.status == 204
+    first = await call(http, "GET", base + "/entries?limit=1", 200)
+    assert "+" in first["next"]
+    rest = await call(http, "GET", f"{base}/entries?limit=1&token={first['next']}", 200)
+    assert [e["key"] for e in rest["entries"]] == ["++++"]
+
+    docs = base + "/docs/c"
+    for _ in range(40):
+        await call(http, "POST", docs, 201, {})
+    seen, tokens, token = 0, [], ""
+    while True:
+        page = await call(http, "GET", f"{docs}?limit=1&token={token}", 200)
+        seen += len(page["documents"])
+        if page["next"] is None:
+            break
+        token = page["next"]
+        tokens.append(token)
+    assert seen == 40 and any("+" in t for t in tokens)
