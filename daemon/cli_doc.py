@@ -104,6 +104,10 @@ def _value(text: str) -> Any:
         return text
 
 
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
 def _path(text: str) -> str | list[str]:
     """A command-line index PATH: a JSON array of names (``'["a.b"]'``, a name holding a
     dot), else dotted text (``address.city``)."""
@@ -134,9 +138,12 @@ async def run(cli: Cli, usage: type[Exception]) -> int:
     if c == "put":
         text = sys.stdin.read() if a.data == "-" else a.data
         try:
-            data = json.loads(text)
+            data = json.loads(text, parse_constant=_not_json)
+            json.dumps(data, allow_nan=False)  # 1e400 parses as inf, which JSON cannot hold
         except ValueError as e:
-            raise usage(f"JSON: not valid JSON: {e}") from None
+            if isinstance(e, json.JSONDecodeError) or "Out of range float" not in str(e):
+                raise usage(f"JSON: not valid JSON: {e}") from None
+            raise usage("JSON: a number is past the largest double (1.8e308)") from None
         if a.rev is not None and a.id is None:
             raise usage("--rev needs --id (a new document has no revision to expect)")
         if a.id is None:

@@ -787,3 +787,15 @@ async def test_a_continuation_token_pasted_into_a_url_as_is_works(
         token = page["next"]
         tokens.append(token)
     assert seen == 40 and any("+" in t for t in tokens)
+
+
+def test_ledgerctl_doc_put_refuses_a_number_past_every_double_locally(shared: Daemon) -> None:
+    """``1e400`` parses as infinity; ``doc put`` refuses it as the JSON it was given
+    (exit 2, nothing sent). Before, the client sent it on as ``Infinity`` and printed
+    the daemon's "not valid JSON: Infinity is not a JSON value", a word nobody typed."""
+    for text in ('{"a": 1e400}', "[-1e999]"):
+        err = ctl_fails(shared, 2, "put", "cli_inf", "p", "c", text)
+        assert "Infinity" not in err and "past the largest double" in err, err
+    err = ctl_fails(shared, 2, "put", "cli_inf", "p", "c", '{"a": NaN}')
+    assert "NaN is not a JSON value" in err, err
+    assert shared.ledgerctl("ledgers").stdout.decode().count("cli_inf") == 0
