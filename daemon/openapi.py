@@ -212,8 +212,19 @@ def document() -> dict[str, Any]:
         },
         PAGE_PATH + "/batch": {
             "post": _op(
-                "many puts and deletes in one commit",
-                {"200": _json({"type": "object", "properties": {"applied": {"type": "integer"}}})},
+                "many puts, deletes and versionstamped writes in one commit",
+                {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "properties": {
+                                "applied": {"type": "integer"},
+                                "versionstamp": {"type": "string", "nullable": True},
+                                "versionstamped": {"type": "array", "items": B64},
+                            },
+                        }
+                    )
+                },
                 params=page,
                 body={"required": True, "content": {JSON: {"schema": _ref("Batch")}}},
                 errors=(400, 408, 413, 507),
@@ -523,7 +534,14 @@ def _schemas() -> dict[str, Any]:
                         "type": "object",
                         "required": ["op", "key"],
                         "properties": {
-                            "op": {"enum": ["put", "delete"]},
+                            "op": {
+                                "enum": [
+                                    "put",
+                                    "delete",
+                                    "set_versionstamped_key",
+                                    "set_versionstamped_value",
+                                ]
+                            },
                             "key": B64,
                             "value": B64,
                             "priority": {"enum": ["eager", "lazy"]},

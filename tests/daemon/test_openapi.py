@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, Phase
 from schemathesis.core.result import Ok
 
 from ledgerd.daemon.api import ROUTES
-from ledgerd.daemon.client import Client
+from ledgerd.daemon.client import Client, Subspace, Versionstamp
+from ledgerd.daemon.codec import STAMPED_OPS, b64
 from ledgerd.daemon.openapi import document
 from tests.daemon.conftest import Daemon
 
@@ -157,3 +158,24 @@ def test_query_parameters_keep_their_exact_bytes(daemon: Daemon) -> None:
             c.put("q", "p", k, k)
         for k in keys:
             assert [i.key for i in c.entries("q", "p", prefix=k[:-1])] == [k], k
+
+
+def test_the_batch_schema_describes_every_op_and_the_whole_answer(daemon: Daemon) -> None:
+    """The versionstamped ops are batch ops like put and delete (README, "The HTTP
+    API"), and the answer carries the stamp and the completed keys and values."""
+    doc = document()
+    op_schema = doc["components"]["schemas"]["Batch"]["properties"]["ops"]["items"]
+    assert set(op_schema["properties"]["op"]["enum"]) == {"put", "delete", *STAMPED_OPS}
+    answer_schema = doc["paths"]["/v1/ledgers/{ledger}/pages/{page}/batch"]["post"]["responses"]
+    documented = set(answer_schema["200"]["content"]["application/json"]["schema"]["properties"])
+    stamped = Subspace(("log",)).pack_with_versionstamp((Versionstamp.incomplete(),))
+    ops = [{"op": "set_versionstamped_key", "key": b64(stamped), "value": b64(b"v")}]
+    with Client(daemon.socket) as c:
+        answer = c._call(_post_json(c, "/v1/ledgers/app/pages/log/batch", {"ops": ops}))
+    assert isinstance(answer, dict) and set(answer) == documented
+
+
+async def _post_json(c: Client, path: str, body: object) -> object:
+    async with c.aio.session.post(c.url(path), json=body) as resp:
+        assert resp.status == 200
+        return await resp.json()
