@@ -195,6 +195,8 @@ class Query:
         if v is None or v == "":
             return default
         try:
+            if not _INTEGER.fullmatch(v):  # int() also takes '1_0', blanks, other digits
+                raise ValueError(v)
             n = int(v)
         except ValueError:
             raise ae.BadRequest(f"query parameter {name} must be an integer") from None
@@ -230,6 +232,9 @@ def _unquote(segment: str) -> bytes:
 
 _NO_QUERY = Query("")
 """The parameters of every request without a query string (most of them)."""
+
+_INTEGER = re.compile(r"-?[0-9]+", re.ASCII)
+"""A query integer: ASCII digits (a minus sign for the "at least" message)."""
 
 _RANGE_SPEC = re.compile(r"([0-9]*)-([0-9]*)", re.ASCII)
 

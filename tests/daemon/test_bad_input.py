@@ -478,3 +478,19 @@ async def test_a_small_value_whose_body_stalls_makes_no_page(short_tmp: Path) ->
         assert not list((daemon.data / "1" / "ledgers").glob("*"))
     finally:
         assert daemon.stop() == 0, daemon.log_text()
+
+
+@pytest.mark.parametrize("number", ["1_0", "%D9%A1", "%202", "%2B2", "2%20", "%EF%BC%92"])
+@pytest.mark.parametrize("query", ["/entries?limit=", "/history?limit=", "/keys/precious?offset="])
+async def test_a_query_integer_is_ascii_digits(
+    http: aiohttp.ClientSession, query: str, number: str
+) -> None:
+    """int() would read '1_0' as 10, Arabic-Indic or full-width digits and blanks around
+    them; a query integer is plain digits, as a Range header's positions are."""
+    assert (await http.put(u(P + "/keys/precious"), data=b"keep me")).status == 204
+    r = await http.get(u(P + query + number))
+    assert r.status == 400, await r.text()
+    assert (await r.json())["error"] == {
+        "code": "bad_request",
+        "message": f"query parameter {query.rsplit('?')[1][:-1]} must be an integer",
+    }
