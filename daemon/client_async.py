@@ -34,6 +34,8 @@ from ledgerd.daemon.client_types import (
     Progress,
     ResolverCallback,
     UnsafeSocketError,
+    close_body,
+    file_reads,
     item_of,
     paged,
     quote,
@@ -221,8 +223,8 @@ class AsyncClient:
         try:
             resp = await self.request("PUT", url, data=data, headers=headers)
         finally:
-            if isinstance(value, Path):  # its file closed now, not when collected
-                await data.aclose()
+            if isinstance(value, Path):
+                await close_body(data)
         resp.release()
 
     async def delete(self, ledger: Name, page: Name, key: bytes) -> None:
@@ -460,8 +462,8 @@ class AsyncClient:
 
 async def _file_chunks(path: Path, total: int, progress: Progress | None) -> AsyncIterator[bytes]:
     done = 0
-    async with aiofiles.open(path, "rb") as f:
-        while chunk := await f.read(CHUNK):
+    with path.open("rb") as f:  # closed however it ends (not aiofiles: see file_reads)
+        async for chunk in file_reads(f):
             done += len(chunk)
             if progress:
                 progress(done, total)

@@ -41,6 +41,8 @@ from ledgerd.daemon.client_types import (
     DaemonUnavailableError,
     LedgerError,
     Name,
+    close_body,
+    file_reads,
     paged,
     quote,
 )
@@ -204,8 +206,8 @@ class AsyncDocuments:
                 headers=headers,
             )
         finally:
-            if isinstance(content, Path):  # its file closed now, not when collected
-                await data.aclose()
+            if isinstance(content, Path):
+                await close_body(data)
         return out
 
     async def attachment_stream(
@@ -389,8 +391,8 @@ class AsyncDocuments:
 
 
 async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
-    async with aiofiles.open(path, "rb") as f:
-        while chunk := await f.read(CHUNK):
+    with path.open("rb") as f:  # closed however it ends (not aiofiles: see file_reads)
+        async for chunk in file_reads(f):
             yield chunk
 
 

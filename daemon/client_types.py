@@ -12,13 +12,14 @@ import these names from :mod:`ledgerd.daemon.client`.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import aiohttp
 
@@ -67,6 +68,26 @@ def reaching(socket: Path) -> Iterator[None]:
         raise DaemonUnavailableError(
             "unavailable", f"cannot reach ledgerd at {socket}: {e or type(e).__name__}"
         ) from None
+
+
+async def close_body(body: AsyncGenerator[bytes, None]) -> None:
+    """Close a request body's generator (its file closed now, not when collected).
+
+    The daemon can answer a small upload while aiohttp's writer is still inside the
+    generator, reading on after the last chunk to find the file's end; the answer
+    cancels that writer, which leaves the generator within a step or two, and only
+    then can it be closed (``aclose`` of a running generator is a RuntimeError)."""
+    while getattr(body, "ag_running", False):  # (not in the AsyncGenerator protocol)
+        await asyncio.sleep(0.001)
+    await body.aclose()
+
+
+async def file_reads(f: BinaryIO) -> AsyncIterator[bytes]:
+    """An open file's chunks, each read on a worker thread. The caller opens and closes
+    the file: aiofiles closes on a worker thread too, a step that a cancellation (the
+    daemon's answer cancels aiohttp's writer) can skip, leaving the file open."""
+    while chunk := await asyncio.to_thread(f.read, CHUNK):
+        yield chunk
 
 
 def raw(name: Name) -> bytes:

@@ -232,6 +232,16 @@ def test_put_and_get_every_way(shared: Daemon, ledger: str, tmp_path: Path) -> N
     ]
 
 
+def test_put_of_a_small_file(shared: Daemon, ledger: str, tmp_path: Path) -> None:
+    """The walk-through's `put --file` with a file of a few bytes (it printed a
+    RuntimeError traceback and exited 1 after the value was stored)."""
+    src = tmp_path / "note.txt"
+    src.write_bytes(b"a small file\n")
+    for n in range(3):  # into an open page too: its answer comes the soonest
+        assert ctl(shared, "put", ledger, "p", f"note{n}", "--file", str(src)) == b""
+        assert ctl(shared, "get", ledger, "p", f"note{n}") == b"a small file\n"
+
+
 def test_get_of_an_absent_key_exits_1(shared: Daemon, ledger: str, tmp_path: Path) -> None:
     seed(shared, ledger, "p", [(b"here", b"v", "eager")])
     out = tmp_path / "out"

@@ -67,6 +67,19 @@ async def test_async_client_covers_the_api(daemon: Daemon, tmp_path: Path) -> No
         assert st["pid"] == daemon.proc.pid
 
 
+@pytest.mark.parametrize("size", [0, 1, 2, 4096, 70_000])
+async def test_put_of_a_small_file(daemon: Daemon, tmp_path: Path, size: int) -> None:
+    """The daemon answers a small file's PUT while aiohttp's writer is still inside the
+    file's chunk generator (reading on, to find its end): put returns all the same,
+    with the value stored, instead of raising RuntimeError from the generator's aclose."""
+    f = tmp_path / "small"
+    f.write_bytes(b"s" * size)
+    async with AsyncClient(daemon.socket) as c:
+        for n in range(5):
+            await c.put("l", "small", b"f%d" % n, f)
+            assert await c.get("l", "small", b"f%d" % n) == b"s" * size
+
+
 async def test_transactions_and_watchers(daemon: Daemon) -> None:
     async with AsyncClient(daemon.socket) as c:
         await c.put("l", "p", b"a", b"base")
