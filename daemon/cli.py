@@ -72,12 +72,15 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 """Characters that a terminal may act on: a value holding any is not written to one."""
 
 
-async def _stdin_chunks(progress: Progress, failed: list[OSError]) -> AsyncIterator[bytes]:
-    """Standard input as it comes (its size is known only when it is a regular file).
+async def _stdin_chunks(
+    progress: Progress, failed: list[OSError], stdin: BinaryIO | None = None
+) -> AsyncIterator[bytes]:
+    """Standard input (or ``stdin``, a pipe given as ``--file``) as it comes (its size
+    is known only when it is a regular file).
 
     A read that fails is put in ``failed`` before it ends the upload: aiohttp reports an
     error of a request body as the connection's, which it is not."""
-    stdin = sys.stdin.buffer
+    stdin = sys.stdin.buffer if stdin is None else stdin
     total = file_size(stdin)
     done = 0
     while True:
@@ -285,10 +288,19 @@ class Cli:
         if self.a.value is not None and self.a.file is not None:
             raise UsageError("give either VALUE or --file, not both")
         value: Any
+        stream: BinaryIO | None = None  # a --file that is not a regular file: a pipe
         if self.a.file is not None:
             value = Path(self.a.file)
-            if not value.is_file():
+            if value.is_dir():
+                raise UsageError(f"--file {value}: is a directory")
+            if not value.exists():
                 raise UsageError(f"--file {value}: no such file")
+            if not value.is_file():  # --file <(command): streamed as standard input is
+                try:
+                    stream = value.open("rb")
+                except OSError as e:
+                    raise UsageError(f"--file {value}: {e.strerror}") from None
+                value = None
         elif self.a.value is not None:
             value = os.fsencode(self.a.value)
         else:
@@ -296,7 +308,7 @@ class Cli:
         bar = Progress("put")
         failed: list[OSError] = []
         if value is None:
-            value = _stdin_chunks(bar, failed)
+            value = _stdin_chunks(bar, failed, stream)
         try:
             await self.c.put(ledger, page, key, value, lazy=self.a.lazy, progress=bar)
         except DaemonUnavailableError:
@@ -305,6 +317,8 @@ class Cli:
             raise
         finally:
             bar.close()
+            if stream is not None:
+                stream.close()
         return 0
 
     async def get(self) -> int:

@@ -8,6 +8,7 @@ Nothing here sleeps: watchers are synchronized by writing sentinels until they s
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
 import json
 import os
@@ -18,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -240,6 +242,33 @@ def test_put_of_a_small_file(shared: Daemon, ledger: str, tmp_path: Path) -> Non
     for n in range(3):  # into an open page too: its answer comes the soonest
         assert ctl(shared, "put", ledger, "p", f"note{n}", "--file", str(src)) == b""
         assert ctl(shared, "get", ledger, "p", f"note{n}") == b"a small file\n"
+
+
+def test_put_of_a_pipe(shared: Daemon, ledger: str, tmp_path: Path) -> None:
+    """`--file <(command)` names a pipe, not a regular file: it is streamed as standard
+    input is (it was refused as 'no such file')."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    value = bytes(range(256)) * 2000
+
+    def feed() -> None:
+        with contextlib.suppress(BrokenPipeError), fifo.open("wb") as w:
+            w.write(value)
+
+    writer = threading.Thread(target=feed)
+    writer.start()
+    try:
+        assert ctl(shared, "put", ledger, "p", "piped", "--file", str(fifo)) == b""
+    finally:
+        if writer.is_alive():  # unblock the writer if ledgerctl never opened the pipe
+            with contextlib.suppress(OSError), open(fifo, "rb", opener=_nonblocking):
+                pass
+        writer.join(10)
+    assert ctl(shared, "get", ledger, "p", "piped") == value
+
+
+def _nonblocking(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NONBLOCK)
 
 
 def test_get_of_an_absent_key_exits_1(shared: Daemon, ledger: str, tmp_path: Path) -> None:
@@ -786,6 +815,7 @@ def test_exit_statuses_without_a_daemon(tmp_path: Path) -> None:
         (["status"], 3, f"ledgerctl: cannot reach ledgerd at {sock}: "),  # $LEDGERD_SOCKET
         (["--socket", str(tmp_path / "x"), "watch", "l", "p"], 3, "ledgerctl: cannot reach"),
         (["ls", "l", "p", "--socket", str(tmp_path / "y")], 3, "ledgerctl: cannot reach"),
+        (["put", "--file", str(tmp_path), "l", "p", "k"], 2, f"ledgerctl: --file {tmp_path}: is a"),
     ]
 
     def run(args: list[str]) -> Run:
