@@ -94,12 +94,12 @@ def _checked_batch_changes(ops: list[Any]) -> list[Change]:
         if not isinstance(op, dict):
             raise ae.BadRequest(f"ops[{i}] must be an object")
         kind = op.get("op")
+        if kind != "put" and kind != "delete" and kind not in STAMPED_OPS:
+            raise ae.BadRequest(f"ops[{i}].op must be {OP_NAMES}")
         key = unb64(op.get("key"), "key", i)
         if kind == "delete":
             changes.append((key, None, Priority.EAGER))
             continue
-        if kind != "put" and kind not in STAMPED_OPS:
-            raise ae.BadRequest(f"ops[{i}].op must be {OP_NAMES}")
         value = unb64(op.get("value"), "value", i)
         p = op.get("priority")
         prio = Priority.EAGER if p is None else parse_priority(p)

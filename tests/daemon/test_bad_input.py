@@ -15,7 +15,7 @@ import pytest
 from yarl import URL
 
 from ledgerd.daemon import errors as ae
-from ledgerd.daemon.codec import _checked_batch_changes, batch_changes
+from ledgerd.daemon.codec import OP_NAMES, _checked_batch_changes, batch_changes
 from ledgerd.store import Priority, Repository
 from ledgerd.store.schema import TRANSIENT
 from tests.daemon.conftest import Daemon, start_daemon
@@ -195,6 +195,8 @@ def _op(i: int, **fields: object) -> dict[str, object]:
         (_op(7, priority=1), "priority must be 'eager' or 'lazy', not 1"),
         (_op(7, priority="soon"), "priority must be 'eager' or 'lazy', not 'soon'"),
         ({"op": "put", "priority": "soon"}, "ops[7].key must be a base64 string"),
+        ({"op": "nope"}, f"ops[7].op must be {OP_NAMES}"),  # not: key must be base64
+        ({"key": "a2V5"}, f"ops[7].op must be {OP_NAMES}"),
     ],
 )
 def test_a_bad_batch_op_is_named(bad: object, message: str) -> None:
