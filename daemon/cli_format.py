@@ -19,6 +19,7 @@ import ast
 import base64
 import math
 import os
+import re
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -250,9 +251,11 @@ def name_doc(field: str, name: bytes) -> dict[str, Any]:
 def positive_int(text: str) -> int:
     """An option's count (``--limit``): a positive integer, or argparse's usage error
     (exit status 2) rather than a listing that silently stops at nothing."""
+    if re.fullmatch(r"-?[0-9]+", text, re.ASCII) is None:  # int() takes '1_0', ' 2', '١'
+        raise argparse.ArgumentTypeError(f"{text!r:.40} is not an integer")
     try:
         n = int(text)
-    except ValueError:
+    except ValueError:  # over int()'s digit limit
         raise argparse.ArgumentTypeError(f"{text!r:.40} is not an integer") from None
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")

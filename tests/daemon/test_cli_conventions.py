@@ -5,6 +5,7 @@ readable names, no binary on a terminal, options after the command, ``version``,
 
 from __future__ import annotations
 
+import argparse
 import array
 import base64
 import errno
@@ -26,6 +27,7 @@ from typing import Any
 import pytest
 
 from ledgerd.daemon import __version__
+from ledgerd.daemon.cli_format import positive_int
 from ledgerd.daemon.cli_status import status_lines
 from ledgerd.daemon.client import Client
 from tests.daemon.conftest import ROOT, Daemon, start_daemon
@@ -603,3 +605,12 @@ def test_progress_of_sync(short_tmp: Path) -> None:
         assert p.returncode == 0 and re.fullmatch(rb"synced: [^\r]*\n", p.stderr), p
     finally:
         assert d.stop() == 0
+
+
+@pytest.mark.parametrize("text", ["1_0", "١", "１", " 2", "+2", "2 ", "0x10"])
+def test_a_limit_is_ascii_digits(text: str) -> None:
+    """`--limit 1_0` listed 10 entries and `--limit ١` one: int() reads underscores,
+    blanks and every script's digits, and the daemon's ?limit= takes none of them."""
+    with pytest.raises(argparse.ArgumentTypeError, match="is not an integer"):
+        positive_int(text)
+    assert positive_int("10") == 10
