@@ -90,8 +90,12 @@ def _element(node: ast.expr) -> Any:
         return tuple(_element(e) for e in node.elts)
     if isinstance(node, ast.Call):
         name = _call_name(node.func)
-        if name not in _CALLS or node.keywords:
+        if name not in _CALLS:
             raise ValueError(f"{name}(...) is not allowed (only {', '.join(_CALLS)})")
+        if node.keywords:  # UUID(int=5): not what show_tuple prints
+            arg = node.keywords[0].arg
+            kw = "**" if arg is None else f"{arg}="
+            raise ValueError(f"{name}() takes literal arguments by position, not {kw}")
         return _CALLS[name](*(_element(a) for a in node.args))
     try:
         value = ast.literal_eval(node)

@@ -63,6 +63,8 @@ def test_literals_that_are_not_python_literals_are_refused() -> None:
         ("({1: 2},)", "a dict cannot be a tuple element"),
         ("({1},)", "a set cannot be a tuple element"),
         ("(1j,)", "a complex cannot be a tuple element"),
+        ("(UUID(int=5),)", "UUID() takes literal arguments by position, not int="),
+        ("(SingleFloat(value=1.5),)", "SingleFloat() takes literal arguments by position"),
         ('(UUID("not-a-uuid"),)', "badly formed hexadecimal UUID string"),
         ("(Versionstamp(None, 1),)", ""),  # incomplete: has no bytes yet
         ("(" * 500 + "1" + ",)" * 500, ""),  # deeper than the tuple layer nests
