@@ -535,6 +535,8 @@ def _not_found(e: NotFoundError, args: argparse.Namespace) -> str:
         return f"no page {_typed(args, 'page')} in ledger {_typed(args, 'ledger')}"
     if e.code == "ledger_not_found" and getattr(args, "ledger", None) is not None:
         return f"no ledger {_typed(args, 'ledger')}"
+    if e.code == "commit_not_found" and getattr(args, "at", None) is not None:
+        return f"commit {args.at} is not in {where}"
     return f"{e} ({e.code})"
 
 

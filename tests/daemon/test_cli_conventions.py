@@ -184,6 +184,8 @@ def test_not_found_names_things_as_given(shared: Daemon, ledger: str) -> None:
         ["get", ledger, "nopage", "k"],
         ["get", "no-such-ledger-\u00e9", "p", "k"],
         ["--hex", "get", ledger.encode().hex(), "70", "ff00"],
+        ["get", ledger, "p", "k", "--at", "00ff"],
+        ["ls", ledger, "p", "--at", "00ff"],
     )
     errs = []
     for p in runs:
@@ -194,6 +196,8 @@ def test_not_found_names_things_as_given(shared: Daemon, ledger: str) -> None:
         f"ledgerctl: no page nopage in ledger {ledger}\n",
         "ledgerctl: no ledger no-such-ledger-é\n",
         f"ledgerctl: key ff00 is not in {ledger.encode().hex()}/70\n",
+        f"ledgerctl: commit 00ff is not in {ledger}/p\n",
+        f"ledgerctl: commit 00ff is not in {ledger}/p\n",
     ]
     assert not any("b'" in e for e in errs)
 
