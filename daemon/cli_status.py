@@ -62,9 +62,10 @@ def sync_lines(sync: dict[str, Any]) -> list[str]:
     for h in sync.get("packs", []):
         retry = f", retry in {h['retry_in_s']:.0f}s" if h.get("retry_in_s") else ""
         why = f": {h['error']}" if h.get("error") else ""
+        # A pack refused before its index was read names no page.
+        page = f" for {_page(h)}" if h.get("ledger") is not None else ""
         lines.append(
-            f"held     pack {h['pack']} for {_page(h)} ({h['state']}, "
-            f"{h['attempts']} attempts{retry}){why}"
+            f"held     pack {h['pack']}{page} ({h['state']}, {h['attempts']} attempts{retry}){why}"
         )
     for g in sync.get("gaps", []):
         seqs = (
