@@ -32,6 +32,9 @@ def status_lines(st: dict[str, Any]) -> list[str]:
     if st.get("sync_error") and st["sync_error"] != sync.get("bucket_error"):
         lines.append(f"sync     error: {st['sync_error']}")
     lines += sync_lines(sync)
+    for reason in sync.get("reasons", []):  # rounds late, and what they are retrying
+        if reason.startswith(("no sync round", "retrying: ")):
+            lines.append(f"sync     {reason}")
     for p in st.get("open_pages", []):
         extra = f"  heads={p['heads']}" if p["heads"] != 1 else ""
         if p.get("unsynced_commits"):
