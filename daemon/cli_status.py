@@ -32,6 +32,9 @@ def status_lines(st: dict[str, Any]) -> list[str]:
     if st.get("sync_error") and st["sync_error"] != sync.get("bucket_error"):
         lines.append(f"sync     error: {st['sync_error']}")
     lines += sync_lines(sync)
+    for reason in sync.get("reasons", []):  # rounds late, and what they are retrying
+        if reason.startswith(("no sync round", "retrying: ")):
+            lines.append(f"sync     {reason}")
     for p in st.get("open_pages", []):
         extra = f"  heads={p['heads']}" if p["heads"] != 1 else ""
         if p.get("unsynced_commits"):
@@ -62,9 +65,10 @@ def sync_lines(sync: dict[str, Any]) -> list[str]:
     for h in sync.get("packs", []):
         retry = f", retry in {h['retry_in_s']:.0f}s" if h.get("retry_in_s") else ""
         why = f": {h['error']}" if h.get("error") else ""
+        # A pack refused before its index was read names no page.
+        page = f" for {_page(h)}" if h.get("ledger") is not None else ""
         lines.append(
-            f"held     pack {h['pack']} for {_page(h)} ({h['state']}, "
-            f"{h['attempts']} attempts{retry}){why}"
+            f"held     pack {h['pack']}{page} ({h['state']}, {h['attempts']} attempts{retry}){why}"
         )
     for g in sync.get("gaps", []):
         seqs = (

@@ -413,16 +413,25 @@ async def open_bucket(
     masters = await _masters(keys, desc.salt, desc.n, desc.r, desc.p)
     kids = {bytes.fromhex(n[len(KEY_OBJECT) :]): n for n in names if _key_object_ok(n)}
     secret: bytes | None = None
+    damaged: list[str] = []  # sealed under a key of this device, yet they do not open
     for kid, master in masters:
         if kid == desc.key:
-            sealed = desc.secret
+            sealed, where = desc.secret, DESCRIPTOR
         elif kid in kids:
-            sealed = await store.get(kids[kid])
+            sealed, where = await store.get(kids[kid]), kids[kid]
         else:
             continue
-        with contextlib.suppress(TamperedError):
+        try:
             secret = Codec([(kid, master)], b"").open(sealed, Context(DESCRIPTOR, "secret"))
             break
+        except TamperedError:
+            damaged.append(f"{where} (key {kid.hex()})")
+    if secret is None and damaged:
+        raise EncryptionKeyMismatchError(
+            f"encryption key mismatch: {', '.join(damaged)} is sealed under a key this "
+            "device has, yet does not open with it: it is damaged or was tampered with. "
+            "Nothing was read from or written to the bucket"
+        )
     if secret is None:
         known = sorted({desc.key.hex(), *(k.hex() for k in kids)})
         raise EncryptionKeyMismatchError(

@@ -248,12 +248,21 @@ class StatusBoard:
                     f"device {dl.device}: packs {g.first}-{g.last} are missing from its log"
                 )
         stale = max(60.0, 3 * poll_interval)
+        late = True
         if self.last_round_ok is None:
             reasons.append("no sync round has finished yet")
         elif time.time() - self.last_round_ok > stale:
             reasons.append(
                 f"no sync round has finished for {time.time() - self.last_round_ok:.0f}s"
             )
+        else:
+            late = False
+        # A round retries transient failures up to its deadline (a minute) before it
+        # fails: until then, what it is retrying is the reason it has not finished.
+        if late and (failure := self.ctx.store.last_failure()) is not None:
+            retrying = f"retrying: {failure}"
+            if not any(failure in r for r in reasons):
+                reasons.append(retrying)
         pending = len(self.pending)
         return {
             "healthy": not reasons,

@@ -109,6 +109,10 @@ class Uploader:
         self.checkpoints = checkpoints
         self.policy = policy
         self.max_pack = max_pack
+        self._unsent: tuple[int, int, str, bytes, int] | None = None
+        """The pack whose PUT failed (sequence, feed time, name, bytes, head_end): its
+        sequence number is spent, so it goes up as it is before the next pack, or every
+        other device would see a gap in this device's sequence for good."""
 
     async def upload_all(self, only: tuple[bytes, bytes | None] | None = None) -> int:
         """Upload the pages with pending commits and the open ones (of ``only``, if
@@ -252,6 +256,18 @@ class Uploader:
 
     async def _put_pack(self, sections: list[pack.Section]) -> None:
         store = self.ctx.store
+        if self._unsent is not None:
+            # The same name and bytes: its commits are in the new pack as well (they
+            # are still unsynced), which imports them as already there.
+            seq, t, name, data, head_end = self._unsent
+            try:
+                await store.put(name, data)
+            except AlreadyExistsError:  # an attempt that failed had landed after all
+                if await store.get(name, 0, head_end) != data[:head_end]:
+                    log.warning("sequence %d was already used; its pack is dropped", seq)
+            self._unsent = None
+            self.feed.wrote(seq, t)
+            log.info("uploaded pack %s, whose upload had failed", name)
         while True:
             seq, t = await self.feed.next_seq()  # taken (and saved) before the PUT
             device = self.ctx.repo.device_id
@@ -266,6 +282,9 @@ class Uploader:
                     log.warning("sequence %d was already used; taking the next", seq)
                     self.feed.own_seq = max(self.feed.own_seq, seq)
                     continue
+            except Exception:
+                self._unsent = (seq, t, name, data, head_end)
+                raise
             self.feed.wrote(seq, t)
             log.debug("uploaded pack %s: %d pages, %d bytes", name, len(sections), len(data))
             return

@@ -28,7 +28,7 @@ import pytest
 
 from ledgerd.daemon import __version__
 from ledgerd.daemon.cli_format import positive_int
-from ledgerd.daemon.cli_status import status_lines
+from ledgerd.daemon.cli_status import status_lines, sync_lines
 from ledgerd.daemon.client import Client
 from tests.daemon.conftest import ROOT, Daemon, start_daemon
 from tests.daemon.test_cli import (
@@ -567,6 +567,45 @@ def test_status_shows_every_sync_problem() -> None:
         "clock    device dd is 3600s ahead of this one (commit abababababab, "
         "seen 1970-01-01T00:01:00+00:00)",
     ]
+
+
+def test_status_of_a_held_pack_whose_pages_are_unknown() -> None:
+    # A pack refused before its index was read (a corrupt object, or another
+    # device's sealed pack) names no ledger or page: status says so, no traceback.
+    held = {
+        "pack": "packs/1.aa.1.10.20",
+        "device": "aa",
+        "seq": 1,
+        "state": "refused",
+        "error": "refused: CorruptPackError: not a pack",
+        "since": 0.0,
+        "attempts": 1,
+        "retry_in_s": 0.0,
+        "ledger": None,
+        "page": None,
+        "ledger_text": None,
+        "page_text": None,
+    }
+    assert sync_lines({"packs": [held]}) == [
+        "held     pack packs/1.aa.1.10.20 (refused, 1 attempts): "
+        "refused: CorruptPackError: not a pack"
+    ]
+
+
+def test_status_with_a_corrupt_object_in_the_bucket(short_tmp: Path) -> None:
+    bucket = short_tmp / "bucket"
+    d = start_daemon(short_tmp / "d", "--cloud", f"file://{bucket}")
+    try:
+        ctl(d, "put", "notes", "inbox", "k", "v")
+        assert d.ledgerctl("sync").returncode == 0
+        name = f"packs/{int(time.time() * 1000):013d}.{'ab' * 16}.{1:016d}.96.200"
+        (bucket / name).write_bytes(b"not a pack at all, by hand")
+        ctl_fails(d, 4, "sync")
+        out = d.ledgerctl("status")
+        assert out.returncode == 0, out.stderr
+        assert f"held     pack {name} (refused, " in out.stdout.decode(), out.stdout
+    finally:
+        assert d.stop() == 0
 
 
 def test_status_of_a_daemon_whose_bucket_went_away(short_tmp: Path) -> None:

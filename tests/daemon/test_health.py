@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from ledgerd.daemon.client import Client, LedgerError
@@ -49,5 +50,33 @@ def test_a_missing_bucket_is_not_synced_and_health_says_why(short_tmp: Path) -> 
             (short_tmp / "moved").rename(bucket)
             c.sync()
             assert c.health(sync=True)["sync"]["synced"] is True
+    finally:
+        assert d.stop() == 0, d.log_text()
+
+
+def test_an_unreachable_endpoint_is_a_reason_while_the_round_retries(short_tmp: Path) -> None:
+    # A round retries transient failures for up to a minute: meanwhile health and
+    # status say what is failing, not only that no round has finished.
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:1",  # nothing listens there
+    }
+    d = start_daemon(short_tmp, "--cloud", "s3://bucket/x", env=env)
+    try:
+        with Client(d.socket) as c:
+            c.put("notes", "inbox", b"k", b"v")
+            assert c.get("notes", "inbox", b"k") == b"v"  # local writes go on
+            deadline = time.monotonic() + 20
+            while True:
+                reasons = c.health()["sync"]["reasons"]
+                if any("Could not connect" in r for r in reasons):
+                    break
+                assert time.monotonic() < deadline, reasons
+                time.sleep(0.2)
+            assert c.status()["sync"]["reasons"] == reasons
+            text = d.ledgerctl("status").stdout.decode()
+            assert "Could not connect" in text, text
     finally:
         assert d.stop() == 0, d.log_text()

@@ -4,6 +4,7 @@ keys and tampering refused with nothing stored, key files, rotation, passphrases
 from __future__ import annotations
 
 import base64
+import json
 import os
 import random
 from pathlib import Path
@@ -111,6 +112,28 @@ async def test_a_wrong_key_is_refused_with_one_clear_error(
     )
     assert message.startswith("encryption key mismatch")
     assert key.hex() not in message and crypto.key_line(key).split()[1] not in message
+
+
+async def test_a_damaged_descriptor_is_not_called_a_key_mismatch(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    # The device has the very key the bucket names, but its sealed secret does not
+    # authenticate: the descriptor was damaged, and the error says that rather than
+    # "none of this device's keys (ids X) opens the bucket (its keys: X)".
+    key = crypto.new_key()
+    async with device(tmp_path / "a", bucket, keys=ring(key)) as a:
+        await _fill(a)
+    path = tmp_path / "bucket" / crypto.DESCRIPTOR
+    doc = json.loads(path.read_bytes())
+    secret = bytearray(base64.b64decode(doc["secret"]))
+    secret[-1] ^= 0x01
+    doc["secret"] = base64.b64encode(bytes(secret)).decode()
+    path.write_text(json.dumps(doc))
+    message = await _refused_and_nothing_stored(
+        tmp_path, bucket, ring(key), crypto.EncryptionKeyMismatchError
+    )
+    assert "damaged or was tampered with" in message, message
+    assert crypto.DESCRIPTOR in message, message
 
 
 async def test_no_key_for_an_encrypted_bucket_is_refused(

@@ -252,6 +252,38 @@ async def test_a_bucket_that_went_away_is_not_recreated(tmp_path: Path) -> None:
         assert a.engine.problems() == []
 
 
+async def test_failed_uploads_leave_no_gap_in_the_devices_sequence(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    # An upload that fails (the endpoint down past the retry deadline, access
+    # denied) must not spend a sequence number for good: every other device would
+    # show a gap in its log forever and never be synced.
+    class Down(FaultyStore):
+        down = False
+
+        async def put(self, name: str, data: bytes) -> None:
+            if self.down and name.startswith("packs/"):
+                raise TransientCloudError("connection refused by 127.0.0.1:9")
+            await super().put(name, data)
+
+    down = Down(bucket, rate=0.0)
+    async with device(tmp_path / "a", down) as a, device(tmp_path / "b", bucket) as b:
+        await _write(a, "p", b"k1")
+        await a.engine.sync()
+        down.down = True
+        for i in range(3):
+            await _write(a, "p", b"k%d" % (i + 2))
+            await a.engine.sync(timeout=5)  # the page's upload failed: a problem
+            assert "connection refused" in str(a.engine.problems()), a.engine.problems()
+        down.down = False
+        await _write(a, "p", b"k5")
+        await a.engine.sync()
+        await b.engine.sync()
+        assert await _keys(b.repo) == {b"k%d" % i: b"v" for i in range(1, 6)}
+        assert b.engine.status()["gaps"] == [], b.engine.status()["gaps"]
+        assert b.engine.health()["healthy"], b.engine.health()
+
+
 async def test_a_bucket_of_a_newer_layout_is_refused(tmp_path: Path, bucket: FolderStore) -> None:
     await bucket.put("ledgerd-bucket.99", b"{}")
     async with device(tmp_path / "a", bucket) as a:
