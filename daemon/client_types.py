@@ -116,12 +116,16 @@ def socket_path(path: str | Path | None = None) -> Path:
 
 @dataclass(frozen=True, slots=True)
 class Item:
-    """One entry of a range: ``value`` is None for values over the inline limit (see size)."""
+    """One entry of a range: ``value`` is None for values over the inline limit (see size).
+
+    In a watch's :class:`Change`, ``value`` and ``size`` are both None for a LAZY value
+    that is not on the daemon's device (it came through sync and was never read there);
+    a range's items always have their size."""
 
     key: bytes
     value: bytes | None
     priority: str
-    size: int
+    size: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,5 +196,10 @@ async def paged(
 
 def item_of(d: dict[str, Any]) -> Item:
     """An :class:`Item` from the daemon's JSON (of a range, a watch event, a transaction)."""
-    v = d.get("value")
-    return Item(unb64(d["key"]), None if v is None else unb64(v), d["priority"], int(d["size"]))
+    v, size = d.get("value"), d.get("size")
+    return Item(
+        unb64(d["key"]),
+        None if v is None else unb64(v),
+        d["priority"],
+        None if size is None else int(size),
+    )
