@@ -58,6 +58,7 @@ class Session:
         self._reader: asyncio.Task[None] | None = None
         self._resolver: ResolverCallback | None = None
         self._answering: set[asyncio.Task[None]] = set()
+        self._closing = False
 
     def _start(self) -> None:
         self._reader = asyncio.create_task(self._read())
@@ -85,8 +86,16 @@ class Session:
                     fut.set_result(doc)
         finally:
             for fut in self._waiting.values():
-                if not fut.done():
+                if fut.done():
+                    continue
+                if self._closing:
                     fut.set_exception(LedgerError("closed", "the session was closed"))
+                else:  # the daemon went away with the request unanswered
+                    fut.set_exception(
+                        DaemonUnavailableError(
+                            "unavailable", "the session's connection to ledgerd was lost"
+                        )
+                    )
             for q in self._events.values():
                 q.put_nowait(None)
 
@@ -108,6 +117,7 @@ class Session:
         return doc
 
     async def close(self) -> None:
+        self._closing = True
         await self.ws.close()
         if self._reader is not None:
             await asyncio.gather(self._reader, return_exceptions=True)
