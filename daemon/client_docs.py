@@ -33,18 +33,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiofiles
-import aiohttp
 
 from ledgerd.daemon.client_blocking import Bridge, pull
 from ledgerd.daemon.client_types import (
     CHUNK,
-    DaemonUnavailableError,
     LedgerError,
     Name,
     close_body,
     file_reads,
     paged,
     quote,
+    reaching,
 )
 
 if TYPE_CHECKING:
@@ -69,14 +68,8 @@ class AsyncDocuments:
         self.page = page
         self.base = client.page_path(ledger, page) + "/docs"
 
-    @contextlib.contextmanager
-    def _reaching(self) -> Iterator[None]:
-        try:
-            yield
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as e:
-            raise DaemonUnavailableError(
-                "unavailable", f"cannot reach ledgerd at {self.client.socket}: {e}"
-            ) from None
+    def _reaching(self) -> contextlib.AbstractContextManager[None]:
+        return reaching(self.client.socket)
 
     def _path(self, collection: str, *rest: str) -> str:
         return "/".join([self.base, quote(collection), *(quote(r) for r in rest)])

@@ -60,13 +60,17 @@ DISCONNECTED = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, Conne
 
 @contextlib.contextmanager
 def reaching(socket: Path) -> Iterator[None]:
-    """Turn a connection that fails or drops (at any point of a request, body included)
-    into :class:`DaemonUnavailableError`."""
+    """Turn a connection that fails or drops (at any point of a request, body included),
+    or a request that the client's ``timeout`` ended, into :class:`DaemonUnavailableError`."""
     try:
         yield
     except DISCONNECTED as e:
         raise DaemonUnavailableError(
             "unavailable", f"cannot reach ledgerd at {socket}: {e or type(e).__name__}"
+        ) from None
+    except TimeoutError:  # aiohttp's total timeout: a bare TimeoutError
+        raise DaemonUnavailableError(
+            "unavailable", f"cannot reach ledgerd at {socket}: no answer within the timeout"
         ) from None
 
 

@@ -106,6 +106,32 @@ async def test_a_daemon_gone_mid_request_is_unavailable(short_tmp: Path, reply: 
             assert "Traceback" not in err
 
 
+async def never_answer(writer: asyncio.StreamWriter) -> None:
+    """Keep the connection open and say nothing (a daemon that is stopped or stuck)."""
+    await asyncio.sleep(60)
+
+
+async def test_a_daemon_that_does_not_answer_within_the_timeout_is_unavailable(
+    short_tmp: Path,
+) -> None:
+    """The clients' ``timeout`` ends a request with DaemonUnavailableError (code
+    ``unavailable``, the socket named), not a bare TimeoutError with no message."""
+    async with fake_daemon(short_tmp / "s.sock", never_answer) as sock:
+        async with AsyncClient(sock, timeout=0.3) as c:
+            with pytest.raises(DaemonUnavailableError, match="cannot reach ledgerd at .*timeout"):
+                await c.status()
+            with pytest.raises(DaemonUnavailableError):
+                await c.get("l", "p", b"k")
+            with pytest.raises(DaemonUnavailableError):
+                await c.documents("l", "p").get("c", "01ARZ3NDEKTSV4RRFFQ69G5FAV")
+
+        def blocking() -> None:
+            with Client(sock, timeout=0.3) as bc, pytest.raises(DaemonUnavailableError):
+                bc.status()
+
+        await asyncio.to_thread(blocking)
+
+
 async def test_ledgerctl_sync_prints_the_daemons_reason(short_tmp: Path) -> None:
     reason = "sync did not finish within 10s: the bucket is unreachable: Connection refused"
     async with fake_daemon(short_tmp / "s.sock", error_reply(503, "unavailable", reason)) as sock:
