@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import itertools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import aiohttp
@@ -138,7 +138,9 @@ class Session:
             q.put_nowait(ev)
         return Watch(self, doc["watch"], q)
 
-    async def watch(self, ledger: Name, page: Name, prefix: bytes = b"") -> AsyncIterator[Change]:
+    async def watch(
+        self, ledger: Name, page: Name, prefix: bytes = b""
+    ) -> AsyncGenerator[Change, None]:
         w = await self.subscribe(ledger, page, prefix)
         async for change in w:
             yield change

@@ -297,3 +297,42 @@ async def test_a_watch_ends_when_the_daemon_ends_it() -> None:
     for _ in range(2):
         with pytest.raises(StopAsyncIteration):
             await anext(dropped)
+
+
+async def test_streams_and_watches_are_generators_that_close(daemon: Daemon) -> None:
+    """What the clients stream is typed as what it is, a generator, so that a program
+    checked by ``mypy --strict`` may close one it leaves early (``aclose`` / ``close``:
+    the connection, or the watch's session, is released then, not when collected)."""
+    async with AsyncClient(daemon.socket) as c:
+        await c.put("l", "p", b"k", b"v" * 1000)
+        stream = c.get_stream("l", "p", b"k")
+        assert len(await anext(stream)) > 0
+        await stream.aclose()
+        items = c.entries("l", "p")
+        assert (await anext(items)).key == b"k"
+        await items.aclose()
+        watch = c.watch("l", "p")
+        first = asyncio.ensure_future(anext(watch))
+        while not first.done():  # until the watch is subscribed
+            await c.put("l", "p", b"w", b"1")
+            await asyncio.sleep(0.05)
+        await watch.aclose()
+        docs = c.documents("l", "d")
+        await docs.create("c", {"a": 1})
+        listing = docs.list_documents("c")
+        assert (await anext(listing))["_data"] == {"a": 1}
+        await listing.aclose()
+
+    def blocking() -> None:
+        with Client(daemon.socket) as bc:
+            chunks = bc.get_stream("l", "p", b"k")
+            assert next(chunks)
+            chunks.close()
+            entries = bc.entries("l", "p")
+            assert next(entries).key == b"k"
+            entries.close()
+            listing = bc.documents("l", "d").list_documents("c")
+            assert next(listing)["_data"] == {"a": 1}
+            listing.close()
+
+    await asyncio.to_thread(blocking)
