@@ -141,9 +141,14 @@ class Session:
     async def watch(
         self, ledger: Name, page: Name, prefix: bytes = b""
     ) -> AsyncGenerator[Change, None]:
+        """Changes of every later commit under ``prefix``, in order, until the caller stops
+        (closing the generator unwatches, so the session's watcher is released)."""
         w = await self.subscribe(ledger, page, prefix)
-        async for change in w:
-            yield change
+        try:
+            async for change in w:
+                yield change
+        finally:
+            await w.close()
 
     async def register_resolver(self, ledger: Name, callback: ResolverCallback) -> None:
         """Answer the ledger's merges with ``callback`` while this session is open."""
