@@ -417,6 +417,8 @@ class BlockingTransaction:
         return self._txn.versionstamped_keys if self._txn is not None else []
 
     def get(self, key: bytes) -> bytes | None:
+        """The value as this transaction sees it, or None when the key is not set
+        (:meth:`Client.get` raises NotFoundError instead)."""
         return self._call(self.aio.get(key))
 
     def put(self, key: bytes, value: bytes, *, lazy: bool = False) -> None:

@@ -242,6 +242,9 @@ class AsyncTransaction:
         (set by the commit)."""
 
     async def get(self, key: bytes) -> bytes | None:
+        """The value as this transaction sees it, or None when the key is not set (unlike
+        :meth:`AsyncClient.get` and the embedded ``Transaction.get``, which raise a
+        not-found error: test ``is None`` here where embedded code calls ``contains``)."""
         doc = await self.session.call("get", txn=self.id, key=b64(key))
         return unb64(doc["value"]) if doc["found"] else None
 
