@@ -228,7 +228,7 @@ class Cli:
                 evicted = bool(disk.get("evicted"))  # (listing it would fetch it back)
                 if not evicted:
                     async for item in self.c.entries(ledger, page, values=False, page_size=1000):
-                        n, kb, vb = n + 1, kb + len(item.key), vb + item.size
+                        n, kb, vb = n + 1, kb + len(item.key), vb + (item.size or 0)
                 files = int(disk.get("file_bytes", 0))
                 totals = [totals[0] + n, totals[1] + kb, totals[2] + vb, totals[3] + files]
                 if self.a.json:

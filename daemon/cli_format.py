@@ -211,8 +211,11 @@ def show_key(key: bytes, hex_mode: bool, tuple_mode: bool) -> str:
     return key.hex() if hex_mode else show(key)
 
 
-def size_text(n: int) -> str:
-    """``<300.0 MiB>``: what ``ls`` prints instead of a value too large to list."""
+def size_text(n: int | None) -> str:
+    """``<300.0 MiB>``: what ``ls`` prints instead of a value too large to list;
+    ``<not on this device>`` for a LAZY value that ``watch`` saw come through sync."""
+    if n is None:
+        return "<not on this device>"
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
             return f"<{n / scale:.1f} {unit}>"

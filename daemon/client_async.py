@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import json
 import os
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -156,7 +156,7 @@ class AsyncClient:
         offset: int | None = None,
         length: int | None = None,
         progress: Progress | None = None,
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         url = self.url(
             self.page_path(ledger, page) + "/keys/" + quote(key),
             {"at": at, "offset": offset, "length": length},
@@ -302,7 +302,7 @@ class AsyncClient:
         at: str | None = None,
         values: bool = True,
         page_size: int = 1000,
-    ) -> AsyncIterator[Item]:
+    ) -> AsyncGenerator[Item, None]:
         """Entries in key order, paging through the whole range (or ``limit`` entries)."""
         path = self.page_path(ledger, page) + "/entries"
         query: dict[str, str | bytes | int | None] = {"start": start, "end": end, "prefix": prefix}
@@ -383,7 +383,9 @@ class AsyncClient:
         w.owns_session = True
         return w
 
-    async def watch(self, ledger: Name, page: Name, prefix: bytes = b"") -> AsyncIterator[Change]:
+    async def watch(
+        self, ledger: Name, page: Name, prefix: bytes = b""
+    ) -> AsyncGenerator[Change, None]:
         """Changes of every later commit under ``prefix``, in order, until the caller stops."""
         w = await self.subscribe(ledger, page, prefix)
         try:

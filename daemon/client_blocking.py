@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -66,7 +66,7 @@ class Bridge:
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
-    def iterate(self, ait: AsyncIterator[T]) -> Iterator[T]:
+    def iterate(self, ait: AsyncIterator[T]) -> Generator[T, None, None]:
         """Items of ``ait``; closing the blocking iterator (or leaving a for loop early
         and dropping it) closes the async one on the loop."""
         try:
@@ -134,7 +134,7 @@ class Client:
         offset: int | None = None,
         length: int | None = None,
         progress: Progress | None = None,
-    ) -> Iterator[bytes]:
+    ) -> Generator[bytes, None, None]:
         return self._bridge.iterate(
             self.aio.get_stream(
                 ledger, page, key, at=at, offset=offset, length=length, progress=progress
@@ -212,7 +212,7 @@ class Client:
         at: str | None = None,
         values: bool = True,
         page_size: int = 1000,
-    ) -> Iterator[Item]:
+    ) -> Generator[Item, None, None]:
         return self._bridge.iterate(
             self.aio.entries(
                 ledger,
@@ -261,7 +261,7 @@ class Client:
     def subscribe(self, ledger: Name, page: Name, prefix: bytes = b"") -> BlockingWatch:
         return BlockingWatch(self._bridge, self._call(self.aio.subscribe(ledger, page, prefix)))
 
-    def watch(self, ledger: Name, page: Name, prefix: bytes = b"") -> Iterator[Change]:
+    def watch(self, ledger: Name, page: Name, prefix: bytes = b"") -> Generator[Change, None, None]:
         return self._bridge.iterate(self.aio.watch(ledger, page, prefix))
 
     def documents(self, ledger: Name, page: Name) -> Documents:
@@ -332,7 +332,7 @@ class BlockingSession:
     def subscribe(self, ledger: Name, page: Name, prefix: bytes = b"") -> BlockingWatch:
         return BlockingWatch(self._bridge, self._call(self.aio.subscribe(ledger, page, prefix)))
 
-    def watch(self, ledger: Name, page: Name, prefix: bytes = b"") -> Iterator[Change]:
+    def watch(self, ledger: Name, page: Name, prefix: bytes = b"") -> Generator[Change, None, None]:
         return self._bridge.iterate(self.aio.watch(ledger, page, prefix))
 
     def register_resolver(self, ledger: Name, callback: BlockingResolver) -> None:
@@ -417,6 +417,8 @@ class BlockingTransaction:
         return self._txn.versionstamped_keys if self._txn is not None else []
 
     def get(self, key: bytes) -> bytes | None:
+        """The value as this transaction sees it, or None when the key is not set
+        (:meth:`Client.get` raises NotFoundError instead)."""
         return self._call(self.aio.get(key))
 
     def put(self, key: bytes, value: bytes, *, lazy: bool = False) -> None:

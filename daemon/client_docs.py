@@ -26,25 +26,24 @@ from collections.abc import (
     AsyncIterable,
     AsyncIterator,
     Awaitable,
+    Generator,
     Iterable,
-    Iterator,
 )
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiofiles
-import aiohttp
 
 from ledgerd.daemon.client_blocking import Bridge, pull
 from ledgerd.daemon.client_types import (
     CHUNK,
-    DaemonUnavailableError,
     LedgerError,
     Name,
     close_body,
     file_reads,
     paged,
     quote,
+    reaching,
 )
 
 if TYPE_CHECKING:
@@ -69,14 +68,8 @@ class AsyncDocuments:
         self.page = page
         self.base = client.page_path(ledger, page) + "/docs"
 
-    @contextlib.contextmanager
-    def _reaching(self) -> Iterator[None]:
-        try:
-            yield
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as e:
-            raise DaemonUnavailableError(
-                "unavailable", f"cannot reach ledgerd at {self.client.socket}: {e}"
-            ) from None
+    def _reaching(self) -> contextlib.AbstractContextManager[None]:
+        return reaching(self.client.socket)
 
     def _path(self, collection: str, *rest: str) -> str:
         return "/".join([self.base, quote(collection), *(quote(r) for r in rest)])
@@ -152,7 +145,7 @@ class AsyncDocuments:
 
     async def _pages(
         self, path: str, query: dict[str, Any], limit: int | None, page_size: int
-    ) -> AsyncIterator[Doc]:
+    ) -> AsyncGenerator[Doc, None]:
         def fetch(want: int, token: str | None) -> Awaitable[dict[str, Any]]:
             return self._call("GET", path, {**query, "limit": want, "token": token})
 
@@ -166,7 +159,7 @@ class AsyncDocuments:
         deleted: bool = False,
         limit: int | None = None,
         page_size: int = 100,
-    ) -> AsyncIterator[Doc]:
+    ) -> AsyncGenerator[Doc, None]:
         """Documents in ``_id`` order, paging through the collection (or ``limit`` of them)."""
         query = {"deleted": 1 if deleted else None}
         async for d in self._pages(self._path(collection), query, limit, page_size):
@@ -218,7 +211,7 @@ class AsyncDocuments:
         *,
         offset: int = 0,
         length: int | None = None,
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """An attachment's content (``length`` bytes from ``offset``), as it arrives."""
         headers: dict[str, str] = {}
         if offset or length is not None:
@@ -316,7 +309,7 @@ class AsyncDocuments:
         deleted: bool = False,
         limit: int | None = None,
         page_size: int = 100,
-    ) -> AsyncIterator[Doc]:
+    ) -> AsyncGenerator[Doc, None]:
         """Documents whose partition value is ``eq`` and sort value in ``[start, end)``,
         in index order, paging through them (or ``limit`` of them)."""
         query = {
@@ -439,7 +432,7 @@ class Documents:
         deleted: bool = False,
         limit: int | None = None,
         page_size: int = 100,
-    ) -> Iterator[Doc]:
+    ) -> Generator[Doc, None, None]:
         return self._bridge.iterate(
             self.aio.list_documents(collection, deleted=deleted, limit=limit, page_size=page_size)
         )
@@ -477,7 +470,7 @@ class Documents:
         *,
         offset: int = 0,
         length: int | None = None,
-    ) -> Iterator[bytes]:
+    ) -> Generator[bytes, None, None]:
         return self._bridge.iterate(
             self.aio.attachment_stream(
                 collection, doc_id, attachment_id, offset=offset, length=length
@@ -538,7 +531,7 @@ class Documents:
         deleted: bool = False,
         limit: int | None = None,
         page_size: int = 100,
-    ) -> Iterator[Doc]:
+    ) -> Generator[Doc, None, None]:
         return self._bridge.iterate(
             self.aio.find(
                 collection,
@@ -564,7 +557,7 @@ class Documents:
 
     def all_changes(
         self, since: str | None = None, *, collection: str | None = None
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Generator[dict[str, Any], None, None]:
         return self._bridge.iterate(self.aio.all_changes(since, collection=collection))
 
     def follow(
@@ -573,7 +566,7 @@ class Documents:
         *,
         collection: str | None = None,
         heartbeat: float | None = None,
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Generator[dict[str, Any], None, None]:
         return self._bridge.iterate(
             self.aio.follow(since, collection=collection, heartbeat=heartbeat)
         )

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import itertools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import aiohttp
@@ -58,6 +58,7 @@ class Session:
         self._reader: asyncio.Task[None] | None = None
         self._resolver: ResolverCallback | None = None
         self._answering: set[asyncio.Task[None]] = set()
+        self._closing = False
 
     def _start(self) -> None:
         self._reader = asyncio.create_task(self._read())
@@ -85,8 +86,16 @@ class Session:
                     fut.set_result(doc)
         finally:
             for fut in self._waiting.values():
-                if not fut.done():
+                if fut.done():
+                    continue
+                if self._closing:
                     fut.set_exception(LedgerError("closed", "the session was closed"))
+                else:  # the daemon went away with the request unanswered
+                    fut.set_exception(
+                        DaemonUnavailableError(
+                            "unavailable", "the session's connection to ledgerd was lost"
+                        )
+                    )
             for q in self._events.values():
                 q.put_nowait(None)
 
@@ -108,6 +117,7 @@ class Session:
         return doc
 
     async def close(self) -> None:
+        self._closing = True
         await self.ws.close()
         if self._reader is not None:
             await asyncio.gather(self._reader, return_exceptions=True)
@@ -128,10 +138,17 @@ class Session:
             q.put_nowait(ev)
         return Watch(self, doc["watch"], q)
 
-    async def watch(self, ledger: Name, page: Name, prefix: bytes = b"") -> AsyncIterator[Change]:
+    async def watch(
+        self, ledger: Name, page: Name, prefix: bytes = b""
+    ) -> AsyncGenerator[Change, None]:
+        """Changes of every later commit under ``prefix``, in order, until the caller stops
+        (closing the generator unwatches, so the session's watcher is released)."""
         w = await self.subscribe(ledger, page, prefix)
-        async for change in w:
-            yield change
+        try:
+            async for change in w:
+                yield change
+        finally:
+            await w.close()
 
     async def register_resolver(self, ledger: Name, callback: ResolverCallback) -> None:
         """Answer the ledger's merges with ``callback`` while this session is open."""
@@ -225,6 +242,9 @@ class AsyncTransaction:
         (set by the commit)."""
 
     async def get(self, key: bytes) -> bytes | None:
+        """The value as this transaction sees it, or None when the key is not set (unlike
+        :meth:`AsyncClient.get` and the embedded ``Transaction.get``, which raise a
+        not-found error: test ``is None`` here where embedded code calls ``contains``)."""
         doc = await self.session.call("get", txn=self.id, key=b64(key))
         return unb64(doc["value"]) if doc["found"] else None
 

@@ -60,13 +60,17 @@ DISCONNECTED = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, Conne
 
 @contextlib.contextmanager
 def reaching(socket: Path) -> Iterator[None]:
-    """Turn a connection that fails or drops (at any point of a request, body included)
-    into :class:`DaemonUnavailableError`."""
+    """Turn a connection that fails or drops (at any point of a request, body included),
+    or a request that the client's ``timeout`` ended, into :class:`DaemonUnavailableError`."""
     try:
         yield
     except DISCONNECTED as e:
         raise DaemonUnavailableError(
             "unavailable", f"cannot reach ledgerd at {socket}: {e or type(e).__name__}"
+        ) from None
+    except TimeoutError:  # aiohttp's total timeout: a bare TimeoutError
+        raise DaemonUnavailableError(
+            "unavailable", f"cannot reach ledgerd at {socket}: no answer within the timeout"
         ) from None
 
 
@@ -116,12 +120,16 @@ def socket_path(path: str | Path | None = None) -> Path:
 
 @dataclass(frozen=True, slots=True)
 class Item:
-    """One entry of a range: ``value`` is None for values over the inline limit (see size)."""
+    """One entry of a range: ``value`` is None for values over the inline limit (see size).
+
+    In a watch's :class:`Change`, ``value`` and ``size`` are both None for a LAZY value
+    that is not on the daemon's device (it came through sync and was never read there);
+    a range's items always have their size."""
 
     key: bytes
     value: bytes | None
     priority: str
-    size: int
+    size: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,5 +200,10 @@ async def paged(
 
 def item_of(d: dict[str, Any]) -> Item:
     """An :class:`Item` from the daemon's JSON (of a range, a watch event, a transaction)."""
-    v = d.get("value")
-    return Item(unb64(d["key"]), None if v is None else unb64(v), d["priority"], int(d["size"]))
+    v, size = d.get("value"), d.get("size")
+    return Item(
+        unb64(d["key"]),
+        None if v is None else unb64(v),
+        d["priority"],
+        None if size is None else int(size),
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import threading
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from ledgerd.daemon.client import (
     Session,
     Watch,
 )
-from tests.daemon.conftest import Daemon
+from tests.daemon.conftest import Daemon, start_daemon
 
 
 async def test_async_client_covers_the_api(daemon: Daemon, tmp_path: Path) -> None:
@@ -297,3 +298,88 @@ async def test_a_watch_ends_when_the_daemon_ends_it() -> None:
     for _ in range(2):
         with pytest.raises(StopAsyncIteration):
             await anext(dropped)
+
+
+async def test_streams_and_watches_are_generators_that_close(daemon: Daemon) -> None:
+    """What the clients stream is typed as what it is, a generator, so that a program
+    checked by ``mypy --strict`` may close one it leaves early (``aclose`` / ``close``:
+    the connection, or the watch's session, is released then, not when collected)."""
+    async with AsyncClient(daemon.socket) as c:
+        await c.put("l", "p", b"k", b"v" * 1000)
+        stream = c.get_stream("l", "p", b"k")
+        assert len(await anext(stream)) > 0
+        await stream.aclose()
+        items = c.entries("l", "p")
+        assert (await anext(items)).key == b"k"
+        await items.aclose()
+        watch = c.watch("l", "p")
+        first = asyncio.ensure_future(anext(watch))
+        while not first.done():  # until the watch is subscribed
+            await c.put("l", "p", b"w", b"1")
+            await asyncio.sleep(0.05)
+        await watch.aclose()
+        docs = c.documents("l", "d")
+        await docs.create("c", {"a": 1})
+        listing = docs.list_documents("c")
+        assert (await anext(listing))["_data"] == {"a": 1}
+        await listing.aclose()
+
+    def blocking() -> None:
+        with Client(daemon.socket) as bc:
+            chunks = bc.get_stream("l", "p", b"k")
+            assert next(chunks)
+            chunks.close()
+            entries = bc.entries("l", "p")
+            assert next(entries).key == b"k"
+            entries.close()
+            listing = bc.documents("l", "d").list_documents("c")
+            assert next(listing)["_data"] == {"a": 1}
+            listing.close()
+
+    await asyncio.to_thread(blocking)
+
+
+async def test_a_session_watch_left_early_releases_its_watcher(short_tmp: Path) -> None:
+    """``Session.watch`` (and BlockingSession.watch) unwatches when the generator is
+    closed, as AsyncClient.watch does: a loop that leaves a watch early does not pile up
+    watchers on its session until ``max_session_watchers`` refuses the next one."""
+    d = start_daemon(short_tmp, env={"LEDGERD_MAX_SESSION_WATCHERS": "2"})
+    try:
+        async with AsyncClient(d.socket) as c:
+            session = await c.open_session()
+            for n in range(4):
+                watch = session.watch("l", "p")
+                first = asyncio.ensure_future(anext(watch))
+                while not first.done():  # until the watch is subscribed
+                    await c.put("l", "p", b"k", b"%d" % n)
+                    await asyncio.sleep(0.02)
+                assert (await first).changed  # (a refused watch raises here)
+                await watch.aclose()
+            await session.close()
+
+        def blocking() -> None:
+            with Client(d.socket) as bc:
+                bs = bc.open_session()
+                for _ in range(4):
+                    watch = bs.watch("l", "p")
+                    seen = threading.Event()
+
+                    def write(seen: threading.Event) -> None:  # until the watch sees one
+                        for n in itertools.count():
+                            if seen.wait(0.02):
+                                return
+                            bc.put("l", "p", b"k", b"b%d" % n)  # (a value it has is no change)
+
+                    writer = threading.Thread(target=write, args=(seen,))
+                    writer.start()
+                    try:
+                        assert next(watch).changed
+                    finally:
+                        seen.set()
+                        writer.join()
+                    watch.close()
+                bs.close()
+
+        await asyncio.to_thread(blocking)
+    finally:
+        assert d.stop() == 0, d.log_text()

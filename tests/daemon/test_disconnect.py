@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ledgerd.daemon.client import AsyncClient, Client, DaemonUnavailableError
-from tests.daemon.conftest import ROOT
+from tests.daemon.conftest import ROOT, start_daemon
 
 Reply = Callable[[asyncio.StreamWriter], Awaitable[None]]
 
@@ -105,9 +106,62 @@ async def test_a_daemon_gone_mid_request_is_unavailable(short_tmp: Path, reply: 
             assert "Traceback" not in err
 
 
+async def never_answer(writer: asyncio.StreamWriter) -> None:
+    """Keep the connection open and say nothing (a daemon that is stopped or stuck)."""
+    await asyncio.sleep(60)
+
+
+async def test_a_daemon_that_does_not_answer_within_the_timeout_is_unavailable(
+    short_tmp: Path,
+) -> None:
+    """The clients' ``timeout`` ends a request with DaemonUnavailableError (code
+    ``unavailable``, the socket named), not a bare TimeoutError with no message."""
+    async with fake_daemon(short_tmp / "s.sock", never_answer) as sock:
+        async with AsyncClient(sock, timeout=0.3) as c:
+            with pytest.raises(DaemonUnavailableError, match="cannot reach ledgerd at .*timeout"):
+                await c.status()
+            with pytest.raises(DaemonUnavailableError):
+                await c.get("l", "p", b"k")
+            with pytest.raises(DaemonUnavailableError):
+                await c.documents("l", "p").get("c", "01ARZ3NDEKTSV4RRFFQ69G5FAV")
+
+        def blocking() -> None:
+            with Client(sock, timeout=0.3) as bc, pytest.raises(DaemonUnavailableError):
+                bc.status()
+
+        await asyncio.to_thread(blocking)
+
+
 async def test_ledgerctl_sync_prints_the_daemons_reason(short_tmp: Path) -> None:
     reason = "sync did not finish within 10s: the bucket is unreachable: Connection refused"
     async with fake_daemon(short_tmp / "s.sock", error_reply(503, "unavailable", reason)) as sock:
         code, out, err = await ledgerctl(sock, "sync", "--timeout", "10")
     assert (code, out) == (4, b"")
     assert err == f"ledgerctl: {reason} (unavailable)\n"
+
+
+async def test_a_session_request_in_flight_when_the_daemon_dies_is_unavailable(
+    short_tmp: Path,
+) -> None:
+    """A transaction's request that is waiting for its reply when the daemon is killed
+    raises DaemonUnavailableError (code ``unavailable``) as HTTP requests do, not a bare
+    LedgerError with an undocumented code."""
+    d = start_daemon(short_tmp)
+    try:
+        async with AsyncClient(d.socket) as c:
+            session = await c.open_session()
+            txn = await session.begin("l", "p")
+            await txn.put(b"a", b"1")
+            d.proc.send_signal(signal.SIGSTOP)  # the next request waits for its reply
+            pending = asyncio.create_task(txn.put(b"b", b"2"))
+            await asyncio.sleep(0.2)
+            assert not pending.done()
+            d.proc.kill()
+            with pytest.raises(DaemonUnavailableError) as e:
+                await asyncio.wait_for(pending, 30)
+            assert e.value.code == "unavailable"
+            await session.close()
+    finally:
+        d.proc.kill()
+        d.proc.wait()
+        d.notify.close()

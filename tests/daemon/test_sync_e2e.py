@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -231,4 +232,60 @@ def test_a_write_is_readable_on_another_daemon_within_a_second(
         st = json.loads(b.ledgerctl("status", "--json", check=True).stdout)["sync"]
         assert st["last_round"]["list"] >= 1 and st["requests"]["get"] >= 1
     finally:
+        assert a.stop() == 0 and b.stop() == 0
+
+
+def test_a_watch_announces_a_lazy_value_not_on_this_device(short_tmp: Path) -> None:
+    """A LAZY value that came through sync and was never read here is announced with
+    ``value`` and ``size`` null (README, "How data is stored"): the clients' watches give
+    it as an Item with size None, and ``ledgerctl watch`` prints it, instead of failing
+    on ``int(None)``."""
+    from tests.daemon.test_cli import Watcher
+
+    env = {"LEDGERD_SYNC_INTERVAL": "60"}
+    cloud = f"file://{short_tmp}/bucket"
+    a = start_daemon(short_tmp / "a", "--cloud", cloud, env=env)
+    b = start_daemon(short_tmp / "b", "--cloud", cloud, env=env)
+    watchers: list[Watcher] = []
+    try:
+        with Client(a.socket) as ca, Client(b.socket) as cb:
+            cb.put("notes", "inbox", b"init", b"0")
+            watch = cb.subscribe("notes", "inbox")
+            watchers = [Watcher(b, "notes", "inbox"), Watcher(b, "notes", "inbox", "--json")]
+            deadline = time.monotonic() + 60
+            for n in itertools.count():  # until both ledgerctl watches are subscribed
+                cb.put("notes", "inbox", b"sentinel", b"%d" % n)
+                soon = time.monotonic() + 0.5
+                if all(
+                    w.read_until(lambda s: "sentinel" in s or "c2VudGluZWw=" in s, soon) is not None
+                    for w in watchers
+                ):
+                    break
+                assert time.monotonic() < deadline, "the watchers never started"
+            ca.put("notes", "inbox", b"photo", os.urandom(300_000), lazy=True)
+            _sync(a)
+            _sync(b)
+            for change in watch:
+                photo = [i for i in change.changed if i.key == b"photo"]
+                if photo:
+                    break
+            assert photo[0].value is None and photo[0].size is None
+            assert photo[0].priority == "lazy"
+            watch.close()
+            text, js = watchers
+            seen: list[str] = []
+
+            def photo_line(line: str) -> bool:
+                seen.append(line)
+                return line.startswith("put\tphoto\t") or '"key":"cGhvdG8="' in line
+
+            assert text.read_until(photo_line, deadline) is not None
+            assert seen[-1] == "put\tphoto\t<not on this device>"
+            assert js.read_until(photo_line, deadline) is not None
+            doc = json.loads(seen[-1])
+            assert (doc["value"], doc["size"], doc["priority"]) == (None, None, "lazy")
+            assert len(cb.get("notes", "inbox", b"photo")) == 300_000  # fetched when read
+    finally:
+        for w in watchers:
+            w.stop()
         assert a.stop() == 0 and b.stop() == 0
