@@ -9,6 +9,7 @@ and ``ledgerctl gc`` do) and never touches the network.
 Retained commits
     The heads; every commit not uploaded yet and the parents of those (upload
     diffs from them); the common ancestors of the heads while a merge is pending;
+    the bases of the transactions open on the page (their commits merge from them);
     the commit the document views' stored rows reflect (the newer one they reflect
     in memory while index rows are held keeps its tree through a snapshot, like any
     open snapshot); and every commit younger than the
@@ -172,7 +173,7 @@ async def retained_commits(page: Page, retention: float) -> set[bytes]:
     keep, pruned = await page.db.run(lambda conn: _retained_sql(conn, cutoff))
     # A commit pruned before stays pruned (its pieces may be gone), even if a longer
     # retention would keep it now.
-    return (keep | await _merge_bases(page)) - pruned
+    return (keep | page.pinned_commits() | await _merge_bases(page)) - pruned
 
 
 async def _merge_bases(page: Page) -> set[bytes]:
