@@ -365,10 +365,13 @@ async def collect(page: Page, retention: float, *, stop: Callable[[], bool] = _n
     await page.flush()
     rows = await page.db.read_all("SELECT coalesce(max(id), 0) FROM objects")
     upto = int(rows[0][0])
+    # Only commits stored before the retained ones are read may be pruned: one stored
+    # while the mark walks (the loop runs) is not in ``keep`` but is new.
+    known = {bytes(r[0]) for r in await page.db.read_all("SELECT id FROM commits")}
     marker = _Marker(page)
     keep = await _mark_current(page, marker, retention)
     result.retained_commits = len(keep)
-    result.commits_pruned = await _prune(page, keep)
+    result.commits_pruned = await _prune(page, known - keep)
     garbage: list[int] = []
     garbage_digests: list[bytes] = []
     after = 0
@@ -424,15 +427,14 @@ async def collect(page: Page, retention: float, *, stop: Callable[[], bool] = _n
     return result
 
 
-async def _prune(page: Page, keep: set[bytes]) -> int:
-    """Record every commit outside ``keep`` as pruned; returns how many were new."""
+async def _prune(page: Page, ids: set[bytes]) -> int:
+    """Record these commits as pruned; returns how many were new."""
 
     def work(conn: sqlite3.Connection) -> int:
         before = conn.total_changes
-        ids = [bytes(r[0]) for r in conn.execute("SELECT id FROM commits")]
         conn.executemany(
             "INSERT OR IGNORE INTO pruned_commits (commit_id) VALUES (?)",
-            [(c,) for c in ids if c not in keep and c != FIRST.id],  # FIRST: nothing to free
+            [(c,) for c in ids if c != FIRST.id],  # FIRST: nothing to free
         )
         return conn.total_changes - before
 

@@ -114,6 +114,36 @@ async def test_an_open_transaction_keeps_its_base_commit_for_its_merge(tmp_path:
         assert await page.get(b"kept") == b"newer than the base"
 
 
+async def test_a_commit_made_while_gc_marks_is_not_pruned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retained commits are read once, then the mark walks their trees (the event
+    loop runs meanwhile). A commit stored during that walk was not among them; it must
+    not be recorded as pruned (whatever the retention: it is new)."""
+    from ledgerd.store import gc
+
+    async with await Repository.open(tmp_path) as repo:  # 7 days: nothing is old
+        page = await repo.ledger("l").page("p")
+        await page.put(b"k", b"first")
+        await page.flush()
+        walk = gc._Marker.trees
+        made: list[bytes] = []
+
+        async def trees(self: gc._Marker, roots: list[bytes]) -> None:
+            if not made:
+                await page.put(b"k", b"written while the mark walks")
+                await page.flush()
+                made.append(page.head.id)
+            await walk(self, roots)
+
+        monkeypatch.setattr(gc._Marker, "trees", trees)
+        result = await collect(page, repo.history_retention)
+        assert made and page.head.id == made[0]
+        assert result.commits_pruned == 0
+        assert not await gc.is_pruned(page, made[0])
+        assert await (await page.snapshot(made[0])).get(b"k") == b"written while the mark walks"
+
+
 async def test_the_bulk_load_shrinks_to_twice_its_live_data_after_gc(tmp_path: Path) -> None:
     """The issue's load, scaled down: 20 transactions of 1,000 random keys."""
     rng = random.Random(7)
