@@ -9,6 +9,7 @@ and ``ledgerctl gc`` do) and never touches the network.
 Retained commits
     The heads; every commit not uploaded yet and the parents of those (upload
     diffs from them); the common ancestors of the heads while a merge is pending;
+    the bases of the transactions open on the page (their commits merge from them);
     the commit the document views' stored rows reflect (the newer one they reflect
     in memory while index rows are held keeps its tree through a snapshot, like any
     open snapshot); and every commit younger than the
@@ -172,7 +173,7 @@ async def retained_commits(page: Page, retention: float) -> set[bytes]:
     keep, pruned = await page.db.run(lambda conn: _retained_sql(conn, cutoff))
     # A commit pruned before stays pruned (its pieces may be gone), even if a longer
     # retention would keep it now.
-    return (keep | await _merge_bases(page)) - pruned
+    return (keep | page.pinned_commits() | await _merge_bases(page)) - pruned
 
 
 async def _merge_bases(page: Page) -> set[bytes]:
@@ -364,10 +365,13 @@ async def collect(page: Page, retention: float, *, stop: Callable[[], bool] = _n
     await page.flush()
     rows = await page.db.read_all("SELECT coalesce(max(id), 0) FROM objects")
     upto = int(rows[0][0])
+    # Only commits stored before the retained ones are read may be pruned: one stored
+    # while the mark walks (the loop runs) is not in ``keep`` but is new.
+    known = {bytes(r[0]) for r in await page.db.read_all("SELECT id FROM commits")}
     marker = _Marker(page)
     keep = await _mark_current(page, marker, retention)
     result.retained_commits = len(keep)
-    result.commits_pruned = await _prune(page, keep)
+    result.commits_pruned = await _prune(page, known - keep)
     garbage: list[int] = []
     garbage_digests: list[bytes] = []
     after = 0
@@ -423,15 +427,14 @@ async def collect(page: Page, retention: float, *, stop: Callable[[], bool] = _n
     return result
 
 
-async def _prune(page: Page, keep: set[bytes]) -> int:
-    """Record every commit outside ``keep`` as pruned; returns how many were new."""
+async def _prune(page: Page, ids: set[bytes]) -> int:
+    """Record these commits as pruned; returns how many were new."""
 
     def work(conn: sqlite3.Connection) -> int:
         before = conn.total_changes
-        ids = [bytes(r[0]) for r in conn.execute("SELECT id FROM commits")]
         conn.executemany(
             "INSERT OR IGNORE INTO pruned_commits (commit_id) VALUES (?)",
-            [(c,) for c in ids if c not in keep and c != FIRST.id],  # FIRST: nothing to free
+            [(c,) for c in ids if c != FIRST.id],  # FIRST: nothing to free
         )
         return conn.total_changes - before
 

@@ -342,6 +342,17 @@ class Page(View):
         roots.discard(b"")
         return roots
 
+    def pinned_commits(self) -> set[bytes]:
+        """The bases of open transactions: a transaction's commit is merged with the
+        heads from its base, so history retention must not prune it (for
+        :mod:`store.gc`)."""
+        ids: set[bytes] = set()
+        for r in list(self._readers):
+            if not isinstance(r, Snapshot):
+                with contextlib.suppress(TransactionClosedError):  # not started: none yet
+                    ids.add(r.base.id)
+        return ids
+
     def log(self, start: bytes | None = None) -> AsyncIterator[Commit]:
         """Commits from the heads (or ``start``) back to the first, newest generation first."""
         return self.graph.log(start)

@@ -150,9 +150,11 @@ class DeviceLog:
                     "max_seq": self.max_seq,
                     "max_time": self.max_time,
                     "gaps": [[g.first, g.last, g.since, g.after, g.until] for g in self.gaps],
-                    "held": sorted(
-                        [h.ln.name, *(h.key or (None, None))] for h in self.held.values()
-                    ),
+                    # In the order of their ids: a pack can be held whole (no key)
+                    # and for a page, and None does not compare with bytes.
+                    "held": [
+                        [h.ln.name, *(h.key or (None, None))] for _, h in sorted(self.held.items())
+                    ],
                 }
             )
         )

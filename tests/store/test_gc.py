@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledgerd.store import HistoryPrunedError, Page, Repository, Snapshot, exchange
+from ledgerd.store import HistoryPrunedError, KeyNotFoundError, Page, Repository, Snapshot, exchange
 from ledgerd.store.check import check_page
 from ledgerd.store.gc import collect, live_bytes, set_page_retention
 from tests.store.test_crash import run_and_kill
@@ -87,6 +87,61 @@ async def test_open_snapshots_and_transactions_keep_what_they_read(tmp_path: Pat
         assert await snap.get(b"a7") == b"old 7" * 10
         assert await txn.get(b"a8") == b"old 8" * 10
         await txn.rollback()
+
+
+async def test_an_open_transaction_keeps_its_base_commit_for_its_merge(tmp_path: Path) -> None:
+    """A transaction's commit has its base as parent and is merged with a head that
+    moved meanwhile, from that base. Retention must not prune the base while the
+    transaction is open: merged from the empty page instead, a key deleted since
+    comes back and a newer value loses to the base's."""
+    async with await Repository.open(tmp_path, history_retention=0) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.write([(b"gone", b"deleted after the base"), (b"kept", b"old")])
+        await page.flush()
+        txn = page.transaction()
+        await txn.start()
+        await page.delete(b"gone")
+        await page.put(b"kept", b"newer than the base")
+        await page.flush()
+        await upload_all(page)
+        await collect(page, 0)
+        await txn.put(b"mine", b"the transaction's own write")
+        await txn.commit()
+        await page.flush()
+        assert await page.get(b"mine") == b"the transaction's own write"
+        with pytest.raises(KeyNotFoundError):
+            await page.get(b"gone")
+        assert await page.get(b"kept") == b"newer than the base"
+
+
+async def test_a_commit_made_while_gc_marks_is_not_pruned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retained commits are read once, then the mark walks their trees (the event
+    loop runs meanwhile). A commit stored during that walk was not among them; it must
+    not be recorded as pruned (whatever the retention: it is new)."""
+    from ledgerd.store import gc
+
+    async with await Repository.open(tmp_path) as repo:  # 7 days: nothing is old
+        page = await repo.ledger("l").page("p")
+        await page.put(b"k", b"first")
+        await page.flush()
+        walk = gc._Marker.trees
+        made: list[bytes] = []
+
+        async def trees(self: gc._Marker, roots: list[bytes]) -> None:
+            if not made:
+                await page.put(b"k", b"written while the mark walks")
+                await page.flush()
+                made.append(page.head.id)
+            await walk(self, roots)
+
+        monkeypatch.setattr(gc._Marker, "trees", trees)
+        result = await collect(page, repo.history_retention)
+        assert made and page.head.id == made[0]
+        assert result.commits_pruned == 0
+        assert not await gc.is_pruned(page, made[0])
+        assert await (await page.snapshot(made[0])).get(b"k") == b"written while the mark walks"
 
 
 async def test_the_bulk_load_shrinks_to_twice_its_live_data_after_gc(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from ledgerd.sync.feed import Feed
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import PackName
-from ledgerd.sync.progress import DeviceLog, Gap
+from ledgerd.sync.progress import RETRY, DeviceLog, Gap, Held
 from tests.sync.test_engine import _keys, device
 
 
@@ -113,3 +113,20 @@ async def test_a_device_full_of_old_gaps_is_probed_with_one_listing(tmp_path: Pa
         assert b.cloud.counts["list"] <= 3, b.cloud.counts
         assert len(b.engine.feed.logs[liar].gaps) == 199
         assert late in {p["pack"] for p in b.engine.status()["packs"]}
+
+
+def test_a_pack_held_whole_and_for_one_page_saves() -> None:
+    """A listed pack not imported yet is held whole; the same pack can be held for one
+    page too (a page that reads its whole history again, or one refused or deferred on
+    its own). The log's encoding sorts the held packs and must not compare that page's
+    key with the whole pack's none: the save raised TypeError, so every sync round
+    failed from then on."""
+    device = "ab" * 16
+    pn = PackName.parse(f"packs/{1_700_000_000_000:013d}.{device}.{7:016d}.100.200")
+    assert pn is not None
+    dl = DeviceLog(device)
+    for key in (None, (b"l", b"p"), (b"l", b"q")):
+        h = Held(pn, key, RETRY, "")
+        dl.held[h.id] = h
+    again = DeviceLog.decode(device, dl.encode())
+    assert sorted(again.held) == sorted(dl.held)
