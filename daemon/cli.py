@@ -97,12 +97,21 @@ async def _stdin_chunks(
 
 
 class _TerminalGuard:
-    """Lets text through to a terminal and stops at the first sign of binary data."""
+    """Lets text through to a terminal and stops at the first sign of binary data; text
+    that does not end a line is ended with a newline there (a pipe gets the value's
+    bytes exactly), so that the shell's prompt starts a line of its own."""
 
     def __init__(self) -> None:
         self.decoder = codecs.getincrementaldecoder("utf-8")()
+        self.last = b""
+
+    def tail(self) -> bytes:
+        """What to write after the value: a newline if it did not end with one."""
+        return b"\n" if self.last and not self.last.endswith(b"\n") else b""
 
     def check(self, chunk: bytes, final: bool = False) -> None:
+        if chunk:
+            self.last = chunk
         try:
             text = self.decoder.decode(chunk, final)
         except UnicodeDecodeError:
@@ -347,6 +356,7 @@ class Cli:
                     out.write(chunk)
                 if guard is not None:
                     guard.check(b"", final=True)
+                    out.write(guard.tail())
                 out.flush()
         finally:
             bar.close()

@@ -336,7 +336,12 @@ def test_get_writes_no_binary_to_a_terminal(shared: Daemon, ledger: str, tmp_pat
         shared,
         ledger,
         "p",
-        [(b"bin", b"\x1b]0;owned\x07\x00\xff", "eager"), (b"text", "héllo\n".encode(), "eager")],
+        [
+            (b"bin", b"\x1b]0;owned\x07\x00\xff", "eager"),
+            (b"text", "héllo\n".encode(), "eager"),
+            (b"bare", b"hello world", "eager"),
+            (b"empty", b"", "eager"),
+        ],
     )
     code, shown, _ = run_tty(shared, "get", ledger, "p", "bin", stdout=True)
     assert code == 2, shown
@@ -346,6 +351,13 @@ def test_get_writes_no_binary_to_a_terminal(shared: Daemon, ledger: str, tmp_pat
     )
     code, shown, _ = run_tty(shared, "get", ledger, "p", "text", stdout=True)
     assert (code, shown) == (0, "héllo\r\n".encode())
+    # Text without a final newline gets one on a terminal (so the prompt starts a line
+    # of its own); a pipe gets the value's bytes exactly.
+    code, shown, _ = run_tty(shared, "get", ledger, "p", "bare", stdout=True)
+    assert (code, shown) == (0, b"hello world\r\n")
+    assert ctl(shared, "get", ledger, "p", "bare") == b"hello world"
+    code, shown, _ = run_tty(shared, "get", ledger, "p", "empty", stdout=True)
+    assert (code, shown) == (0, b"")
     code, shown, _ = run_tty(shared, "get", ledger, "p", "bin", "--force", stdout=True)
     assert (code, shown) == (0, b"\x1b]0;owned\x07\x00\xff")
     assert ctl(shared, "get", ledger, "p", "bin") == b"\x1b]0;owned\x07\x00\xff"  # a pipe
