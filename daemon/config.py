@@ -11,6 +11,7 @@ naming the key; the daemon prints it and exits with status 2.
 
 from __future__ import annotations
 
+import difflib
 import grp
 import logging
 import math
@@ -203,6 +204,27 @@ def load(
     cfg = Config(**values)
     validate(cfg)
     return cfg
+
+
+NOT_SETTINGS = frozenset({"LEDGERD_CONFIG"})
+"""``LEDGERD_*`` variables the daemon reads that name no setting."""
+
+
+def unknown_variables(env: dict[str, str] | None = None) -> list[str]:
+    """A warning for each ``LEDGERD_*`` variable that names no setting, with the nearest
+    setting's variable: a misspelt one would otherwise be ignored without a word. Not
+    an error, unlike an unknown key in the file: the environment is shared with
+    ``ledgerctl`` and other tools."""
+    env = dict(os.environ) if env is None else env
+    keys = [key.upper() for key in _TYPES]
+    out = []
+    for name in sorted(env):
+        key = name.removeprefix("LEDGERD_")
+        if key != name and name not in NOT_SETTINGS and key not in keys:
+            near = difflib.get_close_matches(key, keys, n=1)  # (without the common prefix)
+            hint = f" (did you mean LEDGERD_{near[0]}?)" if near else ""
+            out.append(f"{name} names no setting, ignored{hint}")
+    return out
 
 
 def _flatten(doc: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ledgerd.daemon.api import VERSION
-from ledgerd.daemon.config import Config, ConfigError, load
+from ledgerd.daemon.config import Config, ConfigError, load, unknown_variables
 
 
 def parser() -> argparse.ArgumentParser:
@@ -92,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"ledgerd: invalid configuration: {e}", file=sys.stderr)
         return e.exit_code
+    for warning in unknown_variables():
+        print(f"ledgerd: warning: {warning}", file=sys.stderr)
     if args.check_config:
         sys.stdout.write(render_config(cfg))
         return 0

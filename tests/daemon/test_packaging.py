@@ -136,6 +136,23 @@ def test_check_config_refuses_invalid_configuration(tmp_path: Path) -> None:
     assert "missing.toml" in proc.stderr and len(proc.stderr.splitlines()) == 1
 
 
+def test_a_misspelt_variable_is_named_not_ignored_silently(tmp_path: Path) -> None:
+    """A ``LEDGERD_*`` variable that names no setting is a warning on stderr, with the
+    nearest setting's variable; the configuration is still valid (the environment is
+    shared with ledgerctl and other tools), and without one nothing is printed."""
+    proc = check_config(tmp_path, LEDGERD_SYNC_INTERVL="2.5", LEDGERD_SOCKET_GROUP="")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "ledgerd: warning: LEDGERD_SYNC_INTERVL names no setting, ignored"
+        " (did you mean LEDGERD_SYNC_INTERVAL?)"
+    ]
+    assert tomllib.loads(proc.stdout)["sync_interval"] == load(None, env={}).sync_interval
+    proc = check_config(tmp_path, LEDGERD_NOTHING_LIKE_IT="1", LEDGERD_CONFIG="")
+    assert proc.stderr.splitlines() == [
+        "ledgerd: warning: LEDGERD_NOTHING_LIKE_IT names no setting, ignored"
+    ]
+
+
 # -- unit files ------------------------------------------------------------------
 
 SECTIONS = {"Unit", "Service", "Install", "Socket"}
