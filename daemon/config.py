@@ -149,14 +149,20 @@ def _coerce(key: str, value: Any, source: str) -> Any:
         if kind == "int":
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError("expected an integer")
-            v = int(value)
+            try:
+                v = int(value)
+            except ValueError:  # (int()'s message repeats the value)
+                raise ValueError("expected an integer") from None
             if v <= 0:
                 raise ValueError("must be positive")
             return v
         if kind == "float":
             if isinstance(value, bool):
                 raise ValueError("expected a number")
-            f = float(value)
+            try:
+                f = float(value)
+            except ValueError:
+                raise ValueError("expected a number") from None
             if not math.isfinite(f) or f < 0:
                 raise ValueError("must be a finite number, not negative")
             return f

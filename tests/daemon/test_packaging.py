@@ -131,6 +131,9 @@ def test_check_config_refuses_invalid_configuration(tmp_path: Path) -> None:
     assert proc.stdout == ""
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and "sync_interval" in lines[0] and "LEDGERD_SYNC_INTERVAL" in lines[0]
+    assert lines[0].endswith("expected a number: 'abc'"), lines  # the value once, not twice
+    proc = check_config(tmp_path, LEDGERD_MAX_OPEN_PAGES="x")
+    assert proc.stderr.endswith("expected an integer: 'x'\n"), proc.stderr
     proc = check_config(tmp_path, "--config", str(tmp_path / "missing.toml"))
     assert proc.returncode == 2 and proc.stdout == ""
     assert "missing.toml" in proc.stderr and len(proc.stderr.splitlines()) == 1
