@@ -86,6 +86,11 @@ def summary(report: dict[str, Any], out: TextIO) -> None:
     cloud = " and the bucket" if report["cloud"] else ""
     verdict = "healthy" if report["healthy"] else "NOT healthy"
     out.write(
-        f"checked {report['checked_pages']} pages{cloud}: {verdict}; "
-        f"{report['problems']} problems, {report['repaired']} repaired\n"
+        f"checked {_count(report['checked_pages'], 'page')}{cloud}: {verdict}; "
+        f"{_count(report['problems'], 'problem')}, {report['repaired']} repaired\n"
     )
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 page``, ``2 pages``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -402,7 +402,7 @@ def test_common_options_after_doc_check_and_gc(shared: Daemon, ledger: str) -> N
     assert json_lines(listed)[0]["_meta"]["_id"] == doc_id
     assert hexed.decode().split("\t")[0] == doc_id
     assert json.loads(under)["_data"] == {"v": 1}
-    assert checked.startswith(b"checked 1 page")
+    assert checked.startswith(b"checked 1 page: healthy; 0 problems, 0 repaired\n")  # (1 page)
     assert json.loads(checked_json)["healthy"] is True
     assert json.loads(collected)["collected_pages"] == 1
     err = ctl_fails(shared, 4, "evict", ledger, "p", "--socket", sock)
