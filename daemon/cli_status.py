@@ -29,7 +29,12 @@ def status_lines(st: dict[str, Any]) -> list[str]:
         f"cloud    {st.get('cloud') or 'off'}",
     ]
     sync = st.get("sync") or {}
-    if st.get("sync_error") and st["sync_error"] != sync.get("bucket_error"):
+    # sync_error is the first thing in the way: often the bucket's or the last round's
+    # error, which sync_lines shows already.
+    if st.get("sync_error") and st["sync_error"] not in (
+        sync.get("bucket_error"),
+        sync.get("round_error"),
+    ):
         lines.append(f"sync     error: {st['sync_error']}")
     lines += sync_lines(sync)
     for reason in sync.get("reasons", []):  # rounds late, and what they are retrying

@@ -581,6 +581,24 @@ def test_status_shows_every_sync_problem() -> None:
     ]
 
 
+def test_status_says_a_failed_round_once() -> None:
+    # The daemon's sync_error is the last round's error: one line, not two.
+    st = {
+        "version": "0",
+        "pid": 1,
+        "device_id": "d",
+        "data_dir": "/data",
+        "uptime_s": 1.0,
+        "cloud": "s3://b/p",
+        "sync_error": "Connection refused",
+        "sync": {"bucket_error": None, "round_error": "Connection refused"},
+        "open_pages": [],
+    }
+    assert status_lines(st)[4:] == ["sync     last round failed: Connection refused"]
+    st["sync"] = {"bucket_error": None, "round_error": None}
+    assert status_lines(st)[4:] == ["sync     error: Connection refused"]
+
+
 def test_status_of_a_held_pack_whose_pages_are_unknown() -> None:
     # A pack refused before its index was read (a corrupt object, or another
     # device's sealed pack) names no ledger or page: status says so, no traceback.
