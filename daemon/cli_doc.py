@@ -179,6 +179,8 @@ async def run(cli: Cli, usage: type[Exception]) -> int:
         cli.line(f"{info['name']}\t{'ready' if info['ready'] else 'building'}")
     elif c == "attach":
         path = Path(a.file)
+        if path.is_dir():
+            raise usage(f"{path}: is a directory")
         if not path.is_file():
             raise usage(f"{path}: no such file")
         name = a.name or path.name

@@ -568,6 +568,9 @@ def test_ledgerctl_doc(shared: Daemon, tmp_path: Path) -> None:
     src = tmp_path / "photo.png"
     src.write_bytes(b"\x89PNG" + bytes(1000))
     att_id, _ = ctl(shared, "attach", *lp, "people", bob_id, str(src)).split()
+    assert "is a directory" in ctl_fails(shared, 2, "attach", *lp, "people", bob_id, str(tmp_path))
+    missing = str(tmp_path / "missing.png")
+    assert "no such file" in ctl_fails(shared, 2, "attach", *lp, "people", bob_id, missing)
     got = shared.ledgerctl("doc", "attachment", *lp, "people", bob_id, att_id)
     assert got.returncode == 0 and got.stdout == src.read_bytes()
     out = tmp_path / "copy.png"
