@@ -206,8 +206,41 @@ class BucketNotEncrypted(Unavailable):
     code = "bucket_not_encrypted"
 
 
+class BucketNotFound(Unavailable):
+    """The bucket is not there (a folder moved away or unmounted, a bucket deleted)."""
+
+    code = "bucket_not_found"
+
+
+class BucketMarkerMissing(Unavailable):
+    """A bucket this device synced with has lost its ledgerd marker (moved, emptied)."""
+
+    code = "bucket_marker_missing"
+
+
+class BucketLayoutUnsupported(Unavailable):
+    """The bucket's layout is a newer ledgerd's."""
+
+    code = "bucket_layout_unsupported"
+
+
+class BucketUnusable(Unavailable):
+    """The bucket's ledgerd objects cannot be used (an unreadable descriptor)."""
+
+    code = "bucket_unusable"
+
+
 BUCKET_ERRORS: dict[str, type[Unavailable]] = {
-    c.code: c for c in (EncryptionKeyMismatch, EncryptionKeyMissing, BucketNotEncrypted)
+    c.code: c
+    for c in (
+        EncryptionKeyMismatch,
+        EncryptionKeyMissing,
+        BucketNotEncrypted,
+        BucketNotFound,
+        BucketMarkerMissing,
+        BucketLayoutUnsupported,
+        BucketUnusable,
+    )
 }
 """Sync's bucket errors that have a code of their own (:mod:`ledgerd.sync.crypto`)."""
 

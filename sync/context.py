@@ -19,7 +19,12 @@ from collections.abc import AsyncIterator, Callable
 from ledgerd.store import LOCAL_LEDGER, Page, Repository
 from ledgerd.sync import crypto, layout
 from ledgerd.sync.cloud import Metered
-from ledgerd.sync.errors import AlreadyExistsError, BucketIdentityError, NoBucketError
+from ledgerd.sync.errors import (
+    AlreadyExistsError,
+    BucketIdentityError,
+    BucketMarkerMissingError,
+    NoBucketError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +102,7 @@ class SyncContext:
             versions = [v for n in names if (v := layout.marker_version(n)) is not None]
             if not versions:
                 if await self.repo.get_meta(seen_key) is not None:
-                    raise BucketIdentityError(
+                    raise BucketMarkerMissingError(
                         f"the bucket has no {layout.MARKER} marker although this device "
                         "synced with it before: it was moved, unmounted or emptied. ledgerd "
                         "does not start a new bucket in its place; bring it back, or use "

@@ -47,9 +47,29 @@ class RangeNotInObjectError(PermanentCloudError):
 class NoBucketError(PermanentCloudError):
     """The bucket is not there (a folder moved away or unmounted, a bucket deleted)."""
 
+    code = "bucket_not_found"
+
 
 class BucketIdentityError(PermanentCloudError):
-    """The bucket has no ledgerd marker, or one this ledgerd cannot use."""
+    """The bucket has no ledgerd marker, or one this ledgerd cannot use.
+
+    ``code`` is stable (status's ``sync.bucket_error_code``, the API's error code):
+    each cause of its own has a subclass with its own code."""
+
+    code = "bucket_unusable"
+
+
+class BucketMarkerMissingError(BucketIdentityError):
+    """A bucket this device synced with before has no ledgerd marker any more (moved,
+    unmounted or emptied): ledgerd does not start a new bucket in its place."""
+
+    code = "bucket_marker_missing"
+
+
+class BucketLayoutError(BucketIdentityError):
+    """The bucket's layout is one this ledgerd cannot read (a newer ledgerd's)."""
+
+    code = "bucket_layout_unsupported"
 
 
 class SyncTimeoutError(SyncError):

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from ledgerd.store import NAME_LIMIT, decode_name, encode_name
 from ledgerd.sync import pack
-from ledgerd.sync.errors import BucketIdentityError
+from ledgerd.sync.errors import BucketLayoutError
 
 MARKER = "ledgerd-bucket"
 BUCKET_FORMAT = 3
@@ -278,12 +278,12 @@ def marker(device: str, created: float) -> bytes:
 
 
 def check_version(version: int) -> None:
-    """BucketIdentityError unless this ledgerd can use a bucket of layout ``version``.
+    """BucketLayoutError unless this ledgerd can use a bucket of layout ``version``.
 
     (A ledgerd of layout 1 checks the highest marker the same way, so it refuses a
     bucket that a newer ledgerd has marked 2 instead of misreading it.)"""
     if version < 1 or version > BUCKET_FORMAT:
-        raise BucketIdentityError(
+        raise BucketLayoutError(
             f"the bucket has layout version {version}; this ledgerd supports "
             f"{BUCKET_FORMAT}: upgrade ledgerd"
         )

@@ -26,6 +26,7 @@ from ledgerd.sync.errors import (
     AlreadyExistsError,
     CloudError,
     CloudNotFoundError,
+    NoBucketError,
     PermanentCloudError,
     RangeNotInObjectError,
     TransientCloudError,
@@ -61,6 +62,8 @@ def classify(e: Exception, what: str) -> CloudError:
         msg = f"{what}: {code or status} {err.get('Message', '')}".strip()
         if code in NOT_FOUND_CODES:
             return CloudNotFoundError(msg)
+        if code == "NoSuchBucket":
+            return NoBucketError(msg)
         if code in EXISTS_CODES or status == 412:
             return AlreadyExistsError(msg)
         if code in TRANSIENT_CODES or status >= 500 or status == 429:

@@ -15,6 +15,7 @@ from ledgerd.sync.errors import (
     AlreadyExistsError,
     CloudNotFoundError,
     InvalidNameError,
+    NoBucketError,
     PermanentCloudError,
     TransientCloudError,
 )
@@ -56,8 +57,9 @@ async def test_s3_errors_are_classified(aws_env: None) -> None:
     with mock_aws():
         boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="exists")
         missing = S3Store("no-such-bucket", region="us-east-1")
-        with pytest.raises(PermanentCloudError, match="NoSuchBucket"):
+        with pytest.raises(NoBucketError, match="NoSuchBucket") as e:
             await missing.put("x", b"y")
+        assert e.value.code == "bucket_not_found"
         await missing.close()
     # Nothing listens on this port: a connection error is transient.
     with socket.socket() as s:

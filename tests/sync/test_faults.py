@@ -241,6 +241,7 @@ async def test_a_bucket_that_went_away_is_not_recreated(tmp_path: Path) -> None:
             await a.engine.sync()
         assert not root.exists()
         assert "moved, unmounted" in (a.engine.status()["bucket_error"] or "")
+        assert a.engine.status()["bucket_error_code"] == "bucket_marker_missing"
         assert "moved, unmounted" in (a.engine.last_error or "")
         root.mkdir()  # an empty folder where the share was: still not the bucket
         with pytest.raises(BucketIdentityError):
@@ -290,6 +291,7 @@ async def test_a_bucket_of_a_newer_layout_is_refused(tmp_path: Path, bucket: Fol
         await _write(a, "p", b"k")
         with pytest.raises(BucketIdentityError, match="upgrade ledgerd"):
             await a.engine.sync()
+        assert a.engine.status()["bucket_error_code"] == "bucket_layout_unsupported"
     assert not (tmp_path / "bucket" / "packs").exists()
 
 
