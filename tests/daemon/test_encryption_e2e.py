@@ -75,6 +75,20 @@ def test_key_init_refuses_to_overwrite_and_a_readable_key_stops_the_daemon(
     assert out.returncode == 0 and secret not in out.stdout + out.stderr
 
 
+def test_a_missing_bucket_gets_its_own_code(short_tmp: Path, s3_endpoint: str) -> None:
+    # Like the encryption errors: the code in POST /v1/sync's answer (ledgerctl's
+    # one line) and in status, beside the message.
+    d = _start(short_tmp / "a", s3_endpoint, "no-such-bucket", None)
+    try:
+        out = d.ledgerctl("sync", "--timeout", "30")
+        assert out.returncode == 4, out.stderr
+        assert b"(bucket_not_found)" in out.stderr and b"NoSuchBucket" in out.stderr
+        st = json.loads(d.ledgerctl("status", "--json", check=True).stdout)["sync"]
+        assert st["bucket_error_code"] == "bucket_not_found" and st["bucket_error"]
+    finally:
+        assert d.stop() == 0, d.log_text()
+
+
 def test_encrypted_daemons_sync_and_a_wrong_key_gets_one_clear_error(
     short_tmp: Path, s3_endpoint: str, bucket: str
 ) -> None:
