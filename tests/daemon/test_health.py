@@ -32,7 +32,7 @@ def test_a_missing_bucket_is_not_synced_and_health_says_why(short_tmp: Path) -> 
             try:
                 c.sync()
             except LedgerError as e:
-                assert e.code == "unavailable"
+                assert e.code == "bucket_marker_missing" and e.status == 503
             h = c.health()
             assert h["status"] == "degraded" and not h["sync"]["healthy"], h
             assert any("marker" in r for r in h["sync"]["reasons"]), h
