@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -165,9 +166,10 @@ class Session:
         }
 
     async def send(self, doc: dict[str, Any]) -> None:
-        await self._bounded(self.ws.send_str(json.dumps(doc)))
+        text = json.dumps(doc)
+        await self._bounded(lambda: self.ws.send_str(text))
 
-    async def _bounded(self, sending: Awaitable[None]) -> None:
+    async def _bounded(self, sending: Callable[[], Awaitable[None]]) -> None:
         """Send under the lock; a client that takes none of it for ``request_timeout``
         seconds is cut off (its connection aborted, then ``ConnectionResetError``), as a
         streamed HTTP response's is, so that it holds no reader, transaction or page."""
@@ -176,7 +178,7 @@ class Session:
         async with self._send_lock:
             try:
                 async with asyncio.timeout(limit):
-                    await sending
+                    await sending()
             except TimeoutError:
                 if transport is not None:
                     transport.abort()
@@ -198,7 +200,7 @@ class Session:
                     await self.send({"ok": False, "error": err})
                     continue
                 if msg.type == WSMsgType.PING:
-                    await self._bounded(self.ws.pong(msg.data))
+                    await self._bounded(functools.partial(self.ws.pong, msg.data))
                     continue
                 if msg.type != WSMsgType.TEXT:
                     continue
