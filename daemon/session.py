@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -103,17 +104,26 @@ class Sessions:
         cfg = self.api.cfg
         # A ping every session_heartbeat seconds; a client that answers none within
         # half of it is gone, and its session ends (transactions rolled back).
+        # Pings are answered by Session.run (autoping off), with a bounded wait, so that
+        # a client that sends and never reads cannot hold the reader for good.
         ws = web.WebSocketResponse(
-            heartbeat=cfg.session_heartbeat, max_msg_size=cfg.max_batch_bytes
+            heartbeat=cfg.session_heartbeat, max_msg_size=cfg.max_batch_bytes, autoping=False
         )
         await ws.prepare(request)
         s = Session(self, ws, next(self._ids))
+        s.transport = request.transport
         self.live.add(s)
         try:
             await s.run()
         finally:
             self.live.discard(s)
             await s.close()
+            # A connection closed with data its client never read stays open until the
+            # client reads it (asyncio's close waits to flush): the session is over, so
+            # nothing more it has to say matters.
+            transport = request.transport
+            if transport is not None and transport.get_write_buffer_size():
+                transport.abort()
         return ws
 
     async def close_all(self) -> None:
@@ -132,6 +142,9 @@ class Session:
         self._send_lock = asyncio.Lock()
         self._ids = itertools.count(1)
         self._asked: dict[str, asyncio.Future[dict[bytes, Choice]]] = {}
+        self.transport: asyncio.Transport | None = None
+        """The connection, aborted when its client takes nothing for ``request_timeout``
+        seconds (:meth:`_bounded`); None: sends wait without bound."""
         self.queued_bytes = 0
         """The size of the requests waiting in the queue (``max_session_queue_bytes``)."""
         self.ops: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
@@ -153,8 +166,23 @@ class Session:
         }
 
     async def send(self, doc: dict[str, Any]) -> None:
+        text = json.dumps(doc)
+        await self._bounded(lambda: self.ws.send_str(text))
+
+    async def _bounded(self, sending: Callable[[], Awaitable[None]]) -> None:
+        """Send under the lock; a client that takes none of it for ``request_timeout``
+        seconds is cut off (its connection aborted, then ``ConnectionResetError``), as a
+        streamed HTTP response's is, so that it holds no reader, transaction or page."""
+        transport = self.transport
+        limit = self.api.cfg.request_timeout if transport is not None else None
         async with self._send_lock:
-            await self.ws.send_str(json.dumps(doc))
+            try:
+                async with asyncio.timeout(limit):
+                    await sending()
+            except TimeoutError:
+                if transport is not None:
+                    transport.abort()
+                raise ConnectionResetError(f"the client took nothing for {limit}s") from None
 
     async def run(self) -> None:
         """Read frames; serve requests in order on a worker, answers to merges at once.
@@ -170,6 +198,9 @@ class Session:
                 if msg.type == WSMsgType.BINARY:
                     err = ae.BadRequest("send JSON text frames").body()["error"]
                     await self.send({"ok": False, "error": err})
+                    continue
+                if msg.type == WSMsgType.PING:
+                    await self._bounded(functools.partial(self.ws.pong, msg.data))
                     continue
                 if msg.type != WSMsgType.TEXT:
                     continue

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
 import json
 from pathlib import Path
@@ -251,3 +252,50 @@ async def test_resolver_registrations_are_kept_once_and_forgotten_with_the_sessi
         resolvers.remove(b)  # type: ignore[arg-type]
         assert resolvers.by_ledger == {}
         await asyncio.gather(*resolvers._tasks)
+
+
+@pytest.mark.parametrize("flood", ["requests", "pings"])
+async def test_a_session_whose_client_stops_reading_is_ended(short_tmp: Path, flood: str) -> None:
+    """A client that sends and never reads fills the socket: the daemon's replies (or
+    the pongs aiohttp answers its pings with) wait to be written. It answers no
+    heartbeat either, so it is taken as gone and its session ends: its transaction is
+    rolled back and its connection closed. Before, the session's reader waited on the
+    full socket for good and aiohttp's close of a connection with unsent data waited
+    for the client to read it: the connection, its transaction and its page were held
+    for as long as the client lived."""
+    daemon = start_daemon(
+        short_tmp, env={"LEDGERD_SESSION_HEARTBEAT": "0.5", "LEDGERD_REQUEST_TIMEOUT": "1"}
+    )
+    fds = Path(f"/proc/{daemon.proc.pid}/fd")
+    async with aiohttp.ClientSession(  # a connection per request: none held between them
+        connector=aiohttp.UnixConnector(path=str(daemon.socket), force_close=True)
+    ) as http:
+        url = URL("http://ledgerd/v1/ledgers/l/pages/p/keys/big")
+        async with http.put(url, data=b"x" * 500_000) as r:
+            assert r.status == 204
+        before = len(list(fds.iterdir()))
+        ws, reply = await _begin(http)
+        ws_transport = ws._response.connection.transport  # type: ignore[union-attr]
+        assert ws_transport is not None
+        ws_transport.pause_reading()  # the client stops reading, goes on sending
+        get = {"id": 2, "op": "get", "txn": reply["txn"], "key": b64(b"big")}
+
+        async def send_until_blocked() -> None:
+            while True:  # until the daemon stops reading too (its socket full)
+                if flood == "requests":
+                    await ws.send_str(json.dumps(get))
+                else:
+                    await ws.ping(b"p" * 100)
+
+        with contextlib.suppress(TimeoutError, ConnectionError):
+            await asyncio.wait_for(send_until_blocked(), 3)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        while len(list(fds.iterdir())) > before:
+            assert loop.time() < deadline, "the session of a client that reads nothing stayed"
+            await asyncio.sleep(0.1)
+        async with http.get(URL("http://ledgerd/v1/health")) as r:
+            assert r.status == 200
+        ws_transport.abort()
+        await ws.close()
+    assert daemon.stop() == 0, daemon.log_text()
