@@ -21,6 +21,7 @@ import functools
 import itertools
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -229,7 +230,7 @@ class Session:
         rid: Any = None
         with contextlib.suppress(ae.ApiError):
             req = parse_json(data, "message")
-            rid = req.get("id") if isinstance(req, dict) else None
+            rid = _request_id(req) if isinstance(req, dict) else None
         err = ae.Busy(f"{why} of this session are waiting: wait for their replies")
         await self.send({"id": rid, "ok": False, **err.body()})
 
@@ -253,7 +254,7 @@ class Session:
                 assert queue is not None
                 await self._enqueue(data, queue)  # just mentioned the word: an ordinary request
                 return
-            rid = req.get("id")
+            rid = _request_id(req)
             op = self.ops.get(str(req.get("op")))
             if op is None:
                 raise ae.BadRequest(f"unknown op {req.get('op')!r}")
@@ -582,3 +583,15 @@ class Session:
         ledger = self.api.name_bytes(unb64(req.get("ledger"), "ledger"), "ledger name")
         self.sessions.resolvers.add(ledger, self)
         return {"resolver": True}
+
+
+def _request_id(req: dict[str, Any]) -> Any:
+    """A request's ``id``, echoed in its reply. A number past the largest double
+    (``1e400``) parses as infinity, which a reply could only echo as ``Infinity``, not
+    JSON: refused (the reply's id is then null)."""
+    rid = req.get("id")
+    if isinstance(rid, float) and not math.isfinite(rid):
+        raise ae.BadRequest(
+            "id: a number past the largest double; use a string or a smaller number"
+        )
+    return rid

@@ -152,6 +152,25 @@ async def test_a_watcher_that_falls_behind_is_ended_with_a_reason(tmp_path: Path
         assert sent[-1]["error"]["code"] == "watcher_behind"  # type: ignore[index]
 
 
+async def test_a_request_id_past_the_largest_double_is_refused_in_strict_json(
+    daemon: Daemon,
+) -> None:
+    """``1e400`` parses as infinity, which a reply could only echo as ``Infinity``: not
+    JSON, so strict clients could not read the reply. It is refused, with a null id."""
+    async with aiohttp.ClientSession(
+        connector=aiohttp.UnixConnector(path=str(daemon.socket))
+    ) as http:
+        ws = await http.ws_connect(URL("http://ledgerd/v1/session"))
+        await ws.send_str('{"id": 1e400, "op": "ping"}')
+        text = await ws.receive_str()
+        reply = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in {text}"))
+        assert reply["id"] is None and reply["error"]["code"] == "bad_request", reply
+        assert "id" in reply["error"]["message"]
+        await ws.send_str('{"id": 2.5, "op": "ping"}')  # a finite number is fine
+        assert (await ws.receive_json())["id"] == 2.5
+        await ws.close()
+
+
 async def test_sessions_end_with_1001_when_the_daemon_stops(daemon: Daemon) -> None:
     """Stopping the daemon closes open sessions first, with code 1001 (going away)."""
     async with aiohttp.ClientSession(
