@@ -554,15 +554,22 @@ class Api:
             yield chunk
 
     async def send(self, request: web.Request, resp: web.StreamResponse, data: bytes) -> None:
-        """Write part of a streamed response body. A client that takes none of it for
+        """Write part of a streamed response body (:meth:`bounded`)."""
+        await self.bounded(request.transport, resp.write(data))
+
+    async def bounded(
+        self, transport: asyncio.BaseTransport | None, sending: Awaitable[None]
+    ) -> None:
+        """Await a write to a client; a client that takes none of it for
         ``request_timeout`` seconds is cut off (its connection aborted, then
-        ``ConnectionResetError``), so that it holds no handler, buffer or page lease."""
+        ``ConnectionResetError``), so that it holds no handler, buffer, session or page
+        lease."""
         try:
             async with asyncio.timeout(self.cfg.request_timeout):
-                await resp.write(data)
+                await sending
         except TimeoutError:
-            if request.transport is not None:
-                request.transport.abort()
+            if transport is not None:
+                transport.abort()
             raise ConnectionResetError(
                 f"the client took nothing for {self.cfg.request_timeout:g}s"
             ) from None

@@ -111,8 +111,7 @@ class Sessions:
             heartbeat=cfg.session_heartbeat, max_msg_size=cfg.max_batch_bytes, autoping=False
         )
         await ws.prepare(request)
-        s = Session(self, ws, next(self._ids))
-        s.transport = request.transport
+        s = Session(self, ws, next(self._ids), request.transport)
         self.live.add(s)
         try:
             await s.run()
@@ -122,9 +121,8 @@ class Sessions:
             # A connection closed with data its client never read stays open until the
             # client reads it (asyncio's close waits to flush): the session is over, so
             # nothing more it has to say matters.
-            transport = request.transport
-            if transport is not None and transport.get_write_buffer_size():
-                transport.abort()
+            if s.transport is not None and s.transport.get_write_buffer_size():
+                s.transport.abort()
         return ws
 
     async def close_all(self) -> None:
@@ -133,7 +131,13 @@ class Sessions:
 
 
 class Session:
-    def __init__(self, sessions: Sessions, ws: web.WebSocketResponse, number: int) -> None:
+    def __init__(
+        self,
+        sessions: Sessions,
+        ws: web.WebSocketResponse,
+        number: int,
+        transport: asyncio.Transport | None = None,
+    ) -> None:
         self.sessions = sessions
         self.api = sessions.api
         self.ws = ws
@@ -143,7 +147,7 @@ class Session:
         self._send_lock = asyncio.Lock()
         self._ids = itertools.count(1)
         self._asked: dict[str, asyncio.Future[dict[bytes, Choice]]] = {}
-        self.transport: asyncio.Transport | None = None
+        self.transport = transport
         """The connection, aborted when its client takes nothing for ``request_timeout``
         seconds (:meth:`_bounded`); None: sends wait without bound."""
         self.queued_bytes = 0
@@ -171,19 +175,15 @@ class Session:
         await self._bounded(lambda: self.ws.send_str(text))
 
     async def _bounded(self, sending: Callable[[], Awaitable[None]]) -> None:
-        """Send under the lock; a client that takes none of it for ``request_timeout``
-        seconds is cut off (its connection aborted, then ``ConnectionResetError``), as a
-        streamed HTTP response's is, so that it holds no reader, transaction or page."""
-        transport = self.transport
-        limit = self.api.cfg.request_timeout if transport is not None else None
+        """Send under the lock, bounded as a streamed HTTP response is
+        (:meth:`Api.bounded`), so that a client that stops reading holds no reader,
+        transaction or page. (The write starts under the lock: made before it, one
+        that never ran would be left unawaited.)"""
         async with self._send_lock:
-            try:
-                async with asyncio.timeout(limit):
-                    await sending()
-            except TimeoutError:
-                if transport is not None:
-                    transport.abort()
-                raise ConnectionResetError(f"the client took nothing for {limit}s") from None
+            if self.transport is None:
+                await sending()
+            else:
+                await self.api.bounded(self.transport, sending())
 
     async def run(self) -> None:
         """Read frames; serve requests in order on a worker, answers to merges at once.
