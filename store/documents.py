@@ -235,8 +235,8 @@ class DocumentStore:
         return parse_path(partition), None if sort is None else parse_path(sort)
 
     async def _open(self) -> None:
-        if await self.page.get_entry(doclayout.MARKER) is None:
-            await self.page.put(doclayout.MARKER, doclayout.MARK)
+        if lost := await _marker_if_lost(self.page):
+            await self.page.write(lost)
             await self.page.flush()
         if self.page.policy is not Policy.DOCUMENTS:
             await self.page.set_policy(Policy.DOCUMENTS)
@@ -369,8 +369,8 @@ class DocumentStore:
         (:meth:`docindex.Views.commit`), and the page's marker if it lost it (deleted or
         cleared since the store opened: reads look for the marker, and merges take a
         page's documents whole only where it is)."""
-        if await txn.get_entry(doclayout.MARKER) is None:
-            await txn.put(doclayout.MARKER, doclayout.MARK)
+        if lost := await _marker_if_lost(txn):
+            await txn.put_many(lost)
         await self.views.commit(txn, records)
 
     async def _after_write(self) -> None:
@@ -626,9 +626,7 @@ class DocumentStore:
         raw = doclayout.encode_definition(part, by)
         async with self._write:
             changes = [(doclayout.index_key(collection, name), raw)]
-            if await self.page.get_entry(doclayout.MARKER) is None:
-                changes.append((doclayout.MARKER, doclayout.MARK))
-            await self.page.write(changes)
+            await self.page.write(changes + await _marker_if_lost(self.page))
             await self.page.flush()
         await self._after_write()
         found = self.views.indexes.get((collection, name))
@@ -827,6 +825,15 @@ class DocumentStore:
         if nxt is None:
             return Changes(head.id, out), None
         return Changes(resume, out, encode_token(head.id, nxt)), nxt  # (head, next key)
+
+
+async def _marker_if_lost(view: View) -> list[tuple[bytes, bytes]]:
+    """The marker's entry to put if ``view``'s page does not hold it (a new page, or one
+    deleted or cleared since its store opened: reads look for the marker, and merges
+    take a page's documents whole only where it is); else nothing."""
+    if await view.get_entry(doclayout.MARKER) is not None:
+        return []
+    return [(doclayout.MARKER, doclayout.MARK)]
 
 
 def _gone(last: Record | None, head: Commit) -> Record | None:
