@@ -557,9 +557,7 @@ class Api:
         """Write part of a streamed response body (:meth:`bounded`)."""
         await self.bounded(request.transport, resp.write(data))
 
-    async def bounded(
-        self, transport: asyncio.BaseTransport | None, sending: Awaitable[None]
-    ) -> None:
+    async def bounded(self, transport: asyncio.Transport | None, sending: Awaitable[None]) -> None:
         """Await a write to a client; a client that takes none of it for
         ``request_timeout`` seconds is cut off (its connection aborted, then
         ``ConnectionResetError``), so that it holds no handler, buffer, session or page
