@@ -217,6 +217,8 @@ class _Tables:
     orphan_entries: list[str]
     shallow: set[bytes]
     """Commits imported from a checkpoint, whose parents are not here."""
+    left_behind: set[bytes]
+    """Heads a rejoin replaced: childless, and not heads (:func:`store.sql.leave_behind`)."""
     pruned: set[bytes]
     mistyped: dict[str, int]
     """Rows left out of the lists above, by table: their columns hold the wrong types."""
@@ -287,6 +289,7 @@ def _read_tables(conn: sqlite3.Connection) -> _Tables:
             shallow=shallow_roots(
                 conn.execute("SELECT value FROM page_metadata WHERE name = 'shallow'").fetchone()
             ),
+            left_behind=sql.left_behind(conn),
             pruned={
                 r[0] for r in rows("pruned_commits", "SELECT commit_id FROM pruned_commits", bytes)
             },
@@ -340,8 +343,8 @@ def _check_commits(t: _Tables, report: PageCheck) -> dict[bytes, commit.Commit]:
     edges = {(c.id, p) for c in good.values() for p in c.parents}
     if edges != {e for e in t.parents if e[0] in good}:
         report.add(Problem(COMMIT, "commit_parents does not match the commits' parents"))
-    with_children = {p for _, p in edges}
-    expected = set(good) - with_children - (t.shallow - t.heads)
+    childless = set(good) - {p for _, p in edges}
+    expected = _expected_heads(childless, t.shallow, t.heads, t.left_behind)
     if not t.heads:
         report.add(Problem(HEADS, "the page has no head"))
     elif t.heads != expected:
@@ -365,6 +368,15 @@ def _check_commits(t: _Tables, report: PageCheck) -> dict[bytes, commit.Commit]:
                 Problem(UNSYNCED, f"unsynced commit {cid.hex()[:12]}: wrong generation", commit=cid)
             )
     return good
+
+
+def _expected_heads(
+    childless: set[bytes], shallow: set[bytes], heads: set[bytes], left_behind: set[bytes]
+) -> set[bytes]:
+    """The commits that should be heads: those without children, but for a shallow
+    root that is not a head (a checkpoint's commit below its head) and the heads a
+    rejoin left behind."""
+    return childless - (shallow - heads) - left_behind
 
 
 def _check_tables(t: _Tables, report: PageCheck) -> None:
@@ -658,10 +670,25 @@ async def repair_local(page: Page, report: PageCheck) -> None:
         )
         conn.execute("DELETE FROM unsynced_commits WHERE commit_id NOT IN (SELECT id FROM commits)")
         if heads:
+
+            def ids(query: str) -> set[bytes]:  # a damaged row may hold anything
+                return {r[0] for r in conn.execute(query) if isinstance(r[0], bytes)}
+
+            childless = ids(
+                "SELECT id FROM commits WHERE id NOT IN (SELECT parent FROM commit_parents)"
+            )
+            shallow = shallow_roots(
+                conn.execute("SELECT value FROM page_metadata WHERE name = 'shallow'").fetchone()
+            )
+            left = sql.left_behind(conn)
+            expected = _expected_heads(childless, shallow, ids("SELECT commit_id FROM heads"), left)
+            if not expected:  # no head left to tell the shallow roots apart: keep them
+                expected = childless - left
             conn.execute("DELETE FROM heads")
-            conn.execute(
+            conn.executemany(
                 "INSERT INTO heads (commit_id, timestamp) SELECT id, timestamp FROM commits "
-                "WHERE id NOT IN (SELECT parent FROM commit_parents)"
+                "WHERE id = ?",
+                [(h,) for h in sorted(expected)],
             )
 
     if not (transient or remote or dangling or heads):

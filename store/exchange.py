@@ -471,6 +471,7 @@ async def import_checkpoint(
             sql.insert_commit(conn, x, unsynced=False)
             conn.execute("DELETE FROM heads WHERE commit_id = ?", (x.id,))
             sql.add_shallow_root(conn, x.id)
+        sql.leave_behind(conn, [x.id for x in also])
         conn.execute("DELETE FROM heads WHERE commit_id = ?", (commit.FIRST.id,))
         conn.execute("DELETE FROM commits WHERE id = ?", (commit.FIRST.id,))
         sql.add_shallow_root(conn, c.id)
@@ -509,6 +510,7 @@ async def rejoin(
             sql.insert_commit(conn, x, unsynced=False)
             conn.execute("DELETE FROM heads WHERE commit_id = ?", (x.id,))
             sql.add_shallow_root(conn, x.id)
+        sql.leave_behind(conn, [x.id for x in new if x.id != c.id])
         conn.executemany(
             "INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)", markers
         )

@@ -28,7 +28,7 @@ import logging
 import sqlite3
 from collections.abc import Awaitable, Callable
 
-from ledgerd.store import btree, commit, merge, split
+from ledgerd.store import btree, commit, merge, split, sql
 from ledgerd.store.btree import Builder, Entry, NodeStore, Priority
 from ledgerd.store.commit import Commit
 from ledgerd.store.db import Database
@@ -258,6 +258,8 @@ class Merger:
             head = c or onto
 
             def drop(conn: sqlite3.Connection) -> None:
+                old = conn.execute("SELECT commit_id FROM heads WHERE commit_id != ?", (head.id,))
+                sql.leave_behind(conn, [bytes(r[0]) for r in old])
                 conn.execute("DELETE FROM heads WHERE commit_id != ?", (head.id,))
                 conn.execute("INSERT OR IGNORE INTO heads (commit_id) VALUES (?)", (head.id,))
                 conn.execute("DELETE FROM unsynced_commits WHERE commit_id != ?", (head.id,))

@@ -232,20 +232,49 @@ def insert_commit(conn: sqlite3.Connection, c: Commit, *, unsynced: bool = True)
         )
 
 
-# -- shallow roots (commits imported from a checkpoint) ---------------------------------
+# -- shallow roots and commits left behind (rows of page_metadata) ----------------------
 
 
 def shallow_roots(row: Sequence[Any] | None) -> set[bytes]:
     """The ids in page_metadata's ``shallow`` row (32 bytes each)."""
+    return _ids(row)
+
+
+def _ids(row: Sequence[Any] | None) -> set[bytes]:
     raw = bytes(row[0]) if row else b""
     return {raw[i : i + 32] for i in range(0, len(raw) - 31, 32)}
 
 
+def _id_set(conn: sqlite3.Connection, name: str) -> set[bytes]:
+    return _ids(conn.execute("SELECT value FROM page_metadata WHERE name = ?", (name,)).fetchone())
+
+
+def _save_id_set(conn: sqlite3.Connection, name: str, ids: set[bytes]) -> None:
+    conn.execute(
+        "INSERT OR REPLACE INTO page_metadata (name, value) VALUES (?, ?)",
+        (name, b"".join(sorted(ids))),
+    )
+
+
 def add_shallow_root(conn: sqlite3.Connection, cid: bytes) -> None:
     """Record ``cid`` as a commit whose ancestors are not here (a checkpoint's head)."""
-    row = conn.execute("SELECT value FROM page_metadata WHERE name = 'shallow'").fetchone()
-    roots = shallow_roots(row) | {cid}
-    conn.execute(
-        "INSERT OR REPLACE INTO page_metadata (name, value) VALUES ('shallow', ?)",
-        (b"".join(sorted(roots)),),
-    )
+    _save_id_set(conn, "shallow", _id_set(conn, "shallow") | {cid})
+
+
+def left_behind(conn: sqlite3.Connection) -> set[bytes]:
+    """Commits that are childless and yet not heads, on purpose: the heads a rejoin
+    from a checkpoint replaced (see :func:`leave_behind`)."""
+    return _id_set(conn, "left_behind")
+
+
+def leave_behind(conn: sqlite3.Connection, ids: Iterable[bytes]) -> None:
+    """Record ``ids``, heads that stop being heads without a child (a rejoin carried
+    their changes onto a checkpoint's head instead), so that checking the page does
+    not take them for lost heads and repairing it does not bring them back. Ids of
+    commits no longer stored (garbage collected) are dropped from the record."""
+    kept = _id_set(conn, "left_behind") | set(ids)
+    if kept:
+        marks = ",".join("?" * len(kept))
+        stored = conn.execute(f"SELECT id FROM commits WHERE id IN ({marks})", sorted(kept))
+        kept = {bytes(r[0]) for r in stored}
+    _save_id_set(conn, "left_behind", kept)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import random
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ledgerd.store import Priority
-from ledgerd.store.check import check_page
+from ledgerd.store.check import HEADS, check_page, repair_local
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import PackName
 from tests.sync.test_checkpoints import _load
@@ -196,6 +197,22 @@ async def test_a_device_away_past_the_grace_period_loses_nothing(
         assert want[b"shared"] == b"from a, late"
         assert await _keys(d.repo) == want
         assert not a.engine.problems()
+        # The commits D left behind (its old head) are childless but not heads, on
+        # purpose: check accepts them and repair leaves the head alone.
+        pd = await d.repo.ledger("l").page("p")
+        checked = await check_page(pd)
+        assert checked.healthy, [p.message for p in checked.problems]
+        heads = [h.id for h in pd.graph.heads]
+
+        def damage(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT INTO heads (commit_id, timestamp) VALUES (?, 0)", (b"\x01" * 32,))
+
+        await pd.db.run(damage, write=True)
+        checked = await check_page(pd)
+        assert [p.code for p in checked.problems] == [HEADS]
+        await repair_local(pd, checked)
+        assert [h.id for h in pd.graph.heads] == heads
+        assert (await check_page(pd)).healthy
         async with device(tmp_path / "n", bucket, **kw) as n:
             await n.engine.sync()
             assert await _keys(n.repo) == want
