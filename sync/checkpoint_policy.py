@@ -139,9 +139,9 @@ class CheckpointPolicy:
         if not listed or away <= self.grace:
             return
         log.warning(
-            "this device last read the bucket %.0f days ago, longer than compaction_grace: "
+            "this device last read the bucket %s ago, longer than compaction_grace: "
             "starting again from the checkpoints",
-            away / 86400,
+            _span(away),
         )
         names = [cn async for cn in self.checkpoints.names()]
         best = await self.checkpoints.best(names)
@@ -169,3 +169,11 @@ class CheckpointPolicy:
                     del dl.held[hid]
             await self.feed.save_log(dl)
         await self.feed.set_wall_listed(self.ctx.clock())
+
+
+def _span(seconds: float) -> str:
+    """``seconds`` in the largest unit that keeps it at least 1 (days, hours, minutes)."""
+    for unit, size in (("days", 86400), ("hours", 3600), ("minutes", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} seconds"
