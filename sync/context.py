@@ -100,8 +100,10 @@ class SyncContext:
         try:
             names = [n async for n in self.store.list(layout.MARKER + ".")]
             versions = [v for n in names if (v := layout.marker_version(n)) is not None]
+            seen = await self.repo.get_meta(seen_key) is not None
+            encrypted: bool | None = None  # what the marker says, when it is read
             if not versions:
-                if await self.repo.get_meta(seen_key) is not None:
+                if seen:
                     raise BucketMarkerMissingError(
                         f"the bucket has no {layout.MARKER} marker although this device "
                         "synced with it before: it was moved, unmounted or emptied. ledgerd "
@@ -109,13 +111,24 @@ class SyncContext:
                         "another cloud URL for a new bucket"
                     )
                 await self.store.create_bucket()
-            layout.check_version(max(versions, default=layout.BUCKET_FORMAT))
-            self.codec = await crypto.open_bucket(self.store, names, self.keys, not versions)
-            if layout.BUCKET_FORMAT not in versions:
-                with contextlib.suppress(AlreadyExistsError):
-                    await self.store.put(
-                        layout.marker_name(), layout.marker(self.device, time.time())
-                    )
+                # The marker first, written only if absent: the device whose marker
+                # lands decides whether the bucket is encrypted (see open_bucket).
+                if await self._mark(self.keys is not None):
+                    names.append(layout.marker_name())
+                    versions, encrypted = [layout.BUCKET_FORMAT], self.keys is not None
+                else:  # another device made the bucket meanwhile: read what it wrote
+                    names = [n async for n in self.store.list(layout.MARKER + ".")]
+                    versions = [v for n in names if (v := layout.marker_version(n)) is not None]
+            top = max(versions, default=layout.BUCKET_FORMAT)
+            layout.check_version(top)
+            # Without a descriptor, the marker says whether the bucket is encrypted (its
+            # descriptor may be on its way). Read once: a bucket this device has synced
+            # with was plain or encrypted already, and a marker never changes.
+            current = top == layout.BUCKET_FORMAT  # (older markers do not say)
+            if encrypted is None and current and not seen and crypto.DESCRIPTOR not in names:
+                encrypted = layout.marker_encrypted(await self.store.get(layout.marker_name()))
+            self.codec = await crypto.open_bucket(self.store, names, self.keys, encrypted)
+            if layout.BUCKET_FORMAT not in versions and await self._mark(self.codec is not None):
                 log.info("marked the bucket as a ledgerd bucket (layout %d)", layout.BUCKET_FORMAT)
             if 1 in versions and await self.repo.get_meta(f"{LEGACY_DONE}/{self.location}") is None:
                 self.legacy_due = True
@@ -129,6 +142,18 @@ class SyncContext:
             await self.repo.set_meta(seen_key, b"1")
         self.bucket_error = self.bucket_error_code = None
         self.bucket_ok = True
+
+    async def _mark(self, encrypted: bool) -> bool:
+        """Write this layout's marker unless it is there; whether this call wrote it.
+        An encrypted bucket's marker names no device: a device's name there is keyed
+        by the bucket secret, which a new bucket does not have yet."""
+        device = self.device if self.codec is not None or not encrypted else None
+        data = layout.marker(device, time.time(), encrypted)
+        try:
+            await self.store.put(layout.marker_name(), data)
+        except AlreadyExistsError:
+            return False
+        return True
 
     @contextlib.asynccontextmanager
     async def using(self, key: Key) -> AsyncIterator[Page]:

@@ -386,29 +386,31 @@ def is_crypto_object(name: str) -> bool:
 
 
 async def open_bucket(
-    store: CloudStore, names: Iterable[str], keys: KeyRing | None, create: bool
+    store: CloudStore, names: Iterable[str], keys: KeyRing | None, encrypted: bool | None
 ) -> Codec | None:
     """The bucket's codec (None for a bucket without encryption and a device without
-    a key), from the names listed under the marker's prefix. ``create``: the bucket
-    is new, so a device with a key makes it an encrypted one. Raises a
+    a key), from the names listed under the marker's prefix and what the marker says
+    (``encrypted``; None when it does not, as an older ledgerd's marker). A bucket
+    whose marker says encrypted and that has no descriptor yet gets one from a
+    device with a key: its first device writes it just after the marker. Raises a
     BucketIdentityError subclass when key and bucket do not go together."""
     names = list(names)
+    if keys is None and (DESCRIPTOR in names or encrypted):
+        raise EncryptionKeyMissingError(
+            "encryption key missing: the bucket is encrypted and this device has no key "
+            "(set encryption_key_file, LEDGERD_ENCRYPTION_KEY_FILE, or the systemd "
+            f"credential {CREDENTIAL})"
+        )
+    if keys is None:
+        return None
     if DESCRIPTOR not in names:
-        if keys is None:
-            return None
-        if not create:
+        if not encrypted:
             raise BucketNotEncryptedError(
                 "the bucket is not encrypted, and this device has an encryption key "
                 f"({keys.source}): ledgerd does not mix plain and encrypted objects in a "
                 "bucket. Use a new cloud URL for an encrypted bucket, or remove the key"
             )
         await _create(store, keys)
-    elif keys is None:
-        raise EncryptionKeyMissingError(
-            "encryption key missing: the bucket is encrypted and this device has no key "
-            "(set encryption_key_file, LEDGERD_ENCRYPTION_KEY_FILE, or the systemd "
-            f"credential {CREDENTIAL})"
-        )
     desc = _descriptor(await store.get(DESCRIPTOR))
     masters = await _masters(keys, desc.salt, desc.n, desc.r, desc.p)
     kids = {bytes.fromhex(n[len(KEY_OBJECT) :]): n for n in names if _key_object_ok(n)}

@@ -269,12 +269,34 @@ def marker_version(name: str) -> int | None:
     return int(version)
 
 
-def marker(device: str, created: float) -> bytes:
-    """The marker object's content (for people reading the bucket): version, who, when."""
-    return json.dumps(
-        {"ledgerd_bucket": BUCKET_FORMAT, "created_by": device, "created_at": created},
-        sort_keys=True,
-    ).encode()
+def marker(device: str | None, created: float, encrypted: bool) -> bytes:
+    """The marker object's content: version, who (``device``, left out when None) and
+    when, for people reading the bucket, and whether the bucket is encrypted, for
+    devices (see :func:`marker_encrypted`)."""
+    doc: dict[str, object] = {
+        "ledgerd_bucket": BUCKET_FORMAT,
+        "created_at": created,
+        "encrypted": encrypted,
+    }
+    if device is not None:
+        doc["created_by"] = device
+    return json.dumps(doc, sort_keys=True).encode()
+
+
+def marker_encrypted(data: bytes) -> bool | None:
+    """Whether the marker ``data`` says its bucket is encrypted; None when it does not
+    say (a marker of an older ledgerd, or one that does not parse).
+
+    The marker is written once, and only if absent, so the first device's word
+    holds: the encryption descriptor may not be written yet (its device writes it
+    after the marker), and a device that starts on the same empty bucket at the same
+    moment learns from the marker whether it may go on."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return None
+    value = doc.get("encrypted") if isinstance(doc, dict) else None
+    return value if isinstance(value, bool) else None
 
 
 def check_version(version: int) -> None:

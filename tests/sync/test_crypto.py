@@ -3,19 +3,22 @@ keys and tampering refused with nothing stored, key files, rotation, passphrases
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
 import random
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from ledgerd.store import CorruptObjectError, Priority
 from ledgerd.sync import crypto, progress
+from ledgerd.sync.cloud import Metered
 from ledgerd.sync.errors import BucketIdentityError
 from ledgerd.sync.folder import FolderStore
-from ledgerd.sync.layout import PackName
+from ledgerd.sync.layout import MARKER, PackName, marker, marker_name
 from tests.sync.test_engine import Device, _keys, device
 
 SECRETS = [b"ZEBRA-LEDGER", b"QUOKKA-PAGE", b"NARWHAL-KEY", b"PANGOLIN-VALUE"]
@@ -341,3 +344,79 @@ def test_key_errors_are_bucket_identity_errors() -> None:
         crypto.BucketNotEncryptedError,
     ):
         assert issubclass(cls, BucketIdentityError)
+
+
+class _ListTogether(Metered):
+    """A bucket whose first ``n`` listings of the marker wait for each other: devices
+    starting at the same moment all see it empty before any of them writes."""
+
+    def __init__(self, inner: FolderStore, n: int = 2) -> None:
+        super().__init__(inner)
+        self._waiting = n
+        self._all_listed = asyncio.Event()
+
+    async def list(self, prefix: str = "", after: str = "") -> AsyncIterator[str]:
+        names = [n async for n in super().list(prefix, after)]
+        if prefix.startswith(MARKER) and not self._all_listed.is_set():
+            self._waiting -= 1
+            if self._waiting == 0:
+                self._all_listed.set()
+            await self._all_listed.wait()
+        for n in names:
+            yield n
+
+
+@pytest.mark.parametrize("order", [("keyed", "keyless"), ("keyless", "keyed")])
+async def test_a_keyed_and_a_keyless_device_starting_together_do_not_mix_a_bucket(
+    tmp_path: Path, bucket: FolderStore, order: tuple[str, str]
+) -> None:
+    """Both list the empty bucket before either writes; the one whose marker lands
+    first decides whether the bucket is encrypted, and the other is refused, instead
+    of both going on (plain packs in an encrypted bucket)."""
+    together = _ListTogether(bucket)
+    key = ring(crypto.new_key())
+    async with (
+        device(tmp_path / "keyed", together, keys=key) as k,
+        device(tmp_path / "keyless", together, keys=None) as p,
+    ):
+        devices = {"keyed": k, "keyless": p}
+        for name, d in devices.items():
+            page = await d.repo.ledger("l").page("p")
+            await page.put(b"from", name.encode())
+        results = dict(
+            zip(
+                order,
+                await asyncio.gather(
+                    *(devices[name].engine.sync() for name in order), return_exceptions=True
+                ),
+                strict=True,
+            )
+        )
+    failed = {name for name, r in results.items() if isinstance(r, BaseException)}
+    assert len(failed) == 1, results
+    (loser,) = failed
+    (winner,) = set(results) - failed
+    refusal = {
+        "keyless": crypto.EncryptionKeyMissingError,
+        "keyed": crypto.BucketNotEncryptedError,
+    }
+    assert isinstance(results[loser], refusal[loser]), results[loser]
+    assert (crypto.DESCRIPTOR in _objects(tmp_path)) == (winner == "keyed")
+    # A later device of the winner's kind reads the winner's page, and only it.
+    async with device(tmp_path / "n", bucket, keys=key if winner == "keyed" else None) as n:
+        await n.engine.sync()
+        assert await _keys(n.repo) == {b"from": winner.encode()}
+
+
+async def test_a_marker_saying_encrypted_without_a_descriptor_is_finished_by_a_keyed_device(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """The first device wrote the marker and stopped before the descriptor: a keyless
+    device is refused, with nothing written, and a keyed one writes the descriptor."""
+    await bucket.put(marker_name(), marker(None, 0.0, True))
+    await _refused_and_nothing_stored(tmp_path, bucket, None, crypto.EncryptionKeyMissingError)
+    key = ring(crypto.new_key())
+    async with device(tmp_path / "k", bucket, keys=key) as k:
+        await _fill(k)
+    assert crypto.DESCRIPTOR in _objects(tmp_path)
+    assert not _leaks(_objects(tmp_path))
