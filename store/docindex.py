@@ -592,9 +592,10 @@ class Views:
             async with self.lock:
                 start = await self._catch_up()
             snap = await self.page.snapshot(start.id)
-            prefix = doclayout.collection_prefix(d.collection)
+            start_key = doclayout.collection_prefix(d.collection)
+            end_key = doclayout.collection_end(d.collection)
             chunk: list[tuple[doclayout.DocKey, Entry | None]] = []
-            async for e in snap.iter_entries(prefix=prefix):
+            async for e in snap.iter_entries(start=start_key, end=end_key):
                 k = doclayout.parse_doc_key(e.key)
                 if k is not None and k.part == doclayout.BODY:
                     chunk.append((k, e))
@@ -842,8 +843,8 @@ def _partition_range(
     if d.sort is None:
         if start is not None or end is not None:
             raise InvalidArgumentError(f"index {d.name!r} has no sort key to range over")
-        return prefix, tup.strinc(prefix)
-    lo, hi = prefix, tup.strinc(prefix)
+        return prefix, doclayout.elements_end(prefix)
+    lo, hi = prefix, doclayout.elements_end(prefix)
     for bound, is_start in ((start, True), (end, False)):
         if bound is None:
             continue

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ledgerd.store import btree, commit, doclayout
-from ledgerd.store import tuple as tup
 from ledgerd.store.btree import Priority
 from ledgerd.store.commit import Commit
 from ledgerd.store.docindex import (
@@ -303,7 +302,7 @@ class DocumentStore:
         start = doclayout.collection_prefix(collection)
         if token is not None:
             start = doclayout.doc_prefix(collection, parse_ulid(token, "token"))
-        end = _end(doclayout.collection_prefix(collection))
+        end = doclayout.collection_end(collection)
         found: list[tuple[bytes, bytes]] = []  # (doc id, body digest)
         state = State.LIVE
         nxt: bytes | None = None
@@ -800,9 +799,9 @@ class DocumentStore:
         most ``limit``, and where the next batch starts (None: this one ends the change)."""
         found: dict[tuple[str, bytes], None] = {}
         nxt: bytes | None = None
-        end = btree.prefix_end(prefix)
+        end = doclayout.elements_end(prefix)
         async for c in btree.diff(self.page.nodes, old_root, head.root, start):
-            if end is not None and c.key >= end:
+            if c.key >= end:
                 break
             k = doclayout.parse_doc_key(c.key)
             if k is None or (k.collection, k.doc_id) in found:
@@ -851,7 +850,3 @@ def _gone(last: Record | None, head: Commit) -> Record | None:
 def _check_limit(limit: int) -> None:
     if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT:
         raise InvalidArgumentError(f"limit must be 1-{LIST_LIMIT}")
-
-
-def _end(prefix: bytes) -> bytes:
-    return tup.strinc(prefix)

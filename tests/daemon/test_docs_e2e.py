@@ -802,3 +802,26 @@ def test_ledgerctl_doc_put_refuses_a_number_past_every_double_locally(shared: Da
     err = ctl_fails(shared, 2, "put", "cli_inf", "p", "c", '{"a": NaN}')
     assert "NaN is not a JSON value" in err, err
     assert shared.ledgerctl("ledgers").stdout.decode().count("cli_inf") == 0
+
+
+async def test_a_collection_named_with_a_nul_is_not_part_of_another(
+    http: aiohttp.ClientSession, base: str
+) -> None:
+    """``a%00b`` once showed in the listing and changes of ``a``, and an index on ``a``
+    failed to build: every query of it answered 500 ``internal``."""
+    docs = base + "/docs"
+    inner = (await call(http, "POST", docs + "/a%00b", 201, {"city": "X"}))["_meta"]["_id"]
+    outer = (await call(http, "POST", docs + "/a", 201, {"city": "X"}))["_meta"]["_id"]
+    listed = await call(http, "GET", docs + "/a", 200)
+    assert [d["_meta"]["_id"] for d in listed["documents"]] == [outer]
+    changed = await call(http, "GET", docs + "/_changes?collection=a", 200)
+    assert [d["_meta"]["_id"] for d in changed["documents"]] == [outer]
+    await call(http, "PUT", docs + "/a/_indexes/by_city", 200, {"partition": "city"})
+    found = await call(http, "GET", docs + "/a/_indexes/by_city/find?eq=%22X%22", 200)
+    assert [d["_meta"]["_id"] for d in found["documents"]] == [outer]
+    listed = await call(http, "GET", docs + "/a%00b", 200)
+    assert [d["_meta"]["_id"] for d in listed["documents"]] == [inner]
+    # and an equality on "a" is not one on "a\0b"
+    await call(http, "POST", docs + "/a", 201, {"city": "X\u0000Y"})
+    found = await call(http, "GET", docs + "/a/_indexes/by_city/find?eq=%22X%22", 200)
+    assert [d["_meta"]["_id"] for d in found["documents"]] == [outer]

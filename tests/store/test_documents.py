@@ -1407,3 +1407,34 @@ def test_a_long_name_or_id_is_cut_visibly_in_messages() -> None:
         assert text.startswith(f"{prefix}'{letter * 60}'… ("), text
     with pytest.raises(StoreError, match=r"^collection name '' must be"):
         check_collection("")
+
+
+async def test_a_collection_whose_name_extends_another_with_nul_stays_apart(page: Page) -> None:
+    """A collection named "a\\0b" packs as "a"'s prefix followed by 0xff: a range up to
+    the prefix's strinc took its documents into "a"'s listings, changes and index builds
+    (which then failed with a KeyError on every query)."""
+    docs = await DocumentStore.open(page)
+    inner = await docs.create("a\x00b", {"city": "X"})
+    outer = await docs.create("a", {"city": "X"})
+    assert [d.id for d in (await docs.list_documents("a")).items] == [outer.id]
+    assert [d.id for d in (await docs.list_documents("a\x00b")).items] == [inner.id]
+    got = await docs.changes_page(None, collection="a")
+    assert [(d.collection, d.id) for d in got.documents] == [("a", outer.id)]
+    batches = [b async for b in docs.changes(None, collection="a", follow=False)]
+    assert [d.id for b in batches for d in b.documents] == [outer.id]
+    await docs.declare_index("a", "by_city", "city")  # built from the documents there
+    assert [d.id for d in (await docs.query("a", "by_city", "X")).items] == [outer.id]
+
+
+async def test_an_index_partition_that_extends_another_with_nul_stays_apart(page: Page) -> None:
+    """Partition "a" packs as a prefix of "a\\0b" (then 0xff): an equality query on "a"
+    also returned the documents of "a\\0b"."""
+    docs = await DocumentStore.open(page)
+    await docs.declare_index("c", "p", "city")
+    await docs.declare_index("c", "ps", "city", "n")
+    a = await docs.create("c", {"city": "a", "n": 2})
+    ab = await docs.create("c", {"city": "a\x00b", "n": 1})
+    for index in ("p", "ps"):
+        assert [d.id for d in (await docs.query("c", index, "a")).items] == [a.id]
+        assert [d.id for d in (await docs.query("c", index, "a\x00b")).items] == [ab.id]
+    assert [d.id for d in (await docs.query("c", "ps", "a", start=0)).items] == [a.id]
