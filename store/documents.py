@@ -53,6 +53,7 @@ from ledgerd.store.docmodel import (
     DocumentTooLargeError,
     IndexNotFoundError,
     InvalidDocumentError,
+    MalformedRecordError,
     RevClock,
     check_collection,
     check_data,
@@ -274,7 +275,7 @@ class DocumentStore:
         e = await view.get_entry(doclayout.body_key(collection, doc_id))
         if e is None:
             return None
-        r = doclayout.decode_record(await view.objects.read_all(e.value))
+        r = _decode(collection, doc_id, await view.objects.read_all(e.value))
         self.clock.observe(r.rev)
         return r
 
@@ -321,7 +322,7 @@ class DocumentStore:
         values = await snap.objects.read_many(d for _, d in found)
         docs = []
         for doc_id, d in found:
-            r = doclayout.decode_record(values[d])
+            r = _decode(collection, doc_id, values[d])
             self.clock.observe(r.rev)
             docs.append(Document.of(collection, doc_id, r))
         return RangeResult(docs, nxt)
@@ -711,7 +712,7 @@ class DocumentStore:
         for doc_id, e in zip(ids, entries, strict=True):
             if e is None:  # cannot happen: the rows reflect this very commit
                 raise AssertionError(f"index row of a missing document {ulid_text(doc_id)}")
-            r = doclayout.decode_record(values[e.value])
+            r = _decode(collection, doc_id, values[e.value])
             self.clock.observe(r.rev)
             out.append(Document.of(collection, doc_id, r))
         return out
@@ -833,6 +834,16 @@ async def _marker_if_lost(view: View) -> list[tuple[bytes, bytes]]:
     if await view.get_entry(doclayout.MARKER) is not None:
         return []
     return [(doclayout.MARKER, doclayout.MARK)]
+
+
+def _decode(collection: str, doc_id: bytes, body: bytes) -> Record:
+    """The record of a document's stored ``body``; MalformedRecordError if it is not one."""
+    try:
+        return doclayout.decode_record(body)
+    except ValueError as e:
+        raise MalformedRecordError(
+            f"document {ulid_text(doc_id)} in {collection!r} is damaged: {e}"
+        ) from None
 
 
 def _gone(last: Record | None, head: Commit) -> Record | None:

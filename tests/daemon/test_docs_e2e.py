@@ -825,3 +825,26 @@ async def test_a_collection_named_with_a_nul_is_not_part_of_another(
     await call(http, "POST", docs + "/a", 201, {"city": "X\u0000Y"})
     found = await call(http, "GET", docs + "/a/_indexes/by_city/find?eq=%22X%22", 200)
     assert [d["_meta"]["_id"] for d in found["documents"]] == [outer]
+
+
+async def test_a_malformed_document_body_is_corrupt_not_internal(
+    http: aiohttp.ClientSession, base: str
+) -> None:
+    """A body that is not a document record (written through the key API) answered
+    500 ``internal`` (a bug, with a traceback) to every read of it."""
+    from ledgerd.store import doclayout
+    from ledgerd.store.docmodel import parse_ulid
+
+    docs = base + "/docs/c"
+    doc_id = (await call(http, "POST", docs, 201, {"k": 1}))["_meta"]["_id"]
+    key = quote(doclayout.body_key("c", parse_ulid(doc_id)), safe="")
+    await call(http, "PUT", f"{base}/keys/{key}", 204, data=b"not a record")
+    await head_id(http, base)  # (`heads` commits the journal: listings read commits)
+    for method, path in [
+        ("GET", f"{docs}/{doc_id}"),
+        ("GET", docs),
+        ("GET", base + "/docs/_changes"),
+        ("PUT", f"{docs}/{doc_id}"),
+    ]:
+        message = await fails(http, method, path, 500, "corrupt", body={"k": 2})
+        assert doc_id in message
