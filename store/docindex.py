@@ -84,6 +84,8 @@ SCHEMA = """
 --                no row: nothing yet (the empty page).
 --   'max_rev':   the highest _rev (16 bytes) in that commit's documents: the
 --                floor of the revision clock after a restart.
+--   'key_format': how the index keys are packed (KEY_FORMAT), no row: the first
+--                format, whose indexes are built again.
 CREATE TABLE IF NOT EXISTS doc_state (
     name  TEXT PRIMARY KEY,
     value BLOB NOT NULL
@@ -117,6 +119,11 @@ CREATE TABLE IF NOT EXISTS doc_index_rows (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS doc_index_order ON doc_index_rows (ix, key, doc);"""
 
+KEY_FORMAT = b"\x02"
+"""How index keys are packed, in ``doc_state.key_format``: 2 packs -0.0 as 0.0 (they are
+one double to JSON and to a query). Opening a page whose rows were packed otherwise
+(no ``key_format``: the first format) builds its indexes again."""
+
 INSERT_ROWS = "INSERT OR REPLACE INTO doc_index_rows (ix, doc, key, deleted)"
 
 Scalar = str | float | bool | None
@@ -137,7 +144,7 @@ def _scalar(v: Any) -> tuple[bool, Scalar]:
         return True, v
     if isinstance(v, int | float):
         try:
-            return True, float(v)
+            return True, float(v) + 0.0  # (-0.0 + 0.0 is 0.0)
         except OverflowError:
             return True, math.inf if v > 0 else -math.inf
     return False, None
@@ -170,7 +177,7 @@ class IndexDef:
                 v = lookup_path(data, path)
             kind = type(v)
             if kind is float or kind is int:
-                parts.append(_encode_float(float(v)))
+                parts.append(_encode_float(float(v) + 0.0))  # -0.0 is indexed as 0.0
             elif kind is str and "/" not in v:
                 parts.append(_encode_str(v))
             else:
@@ -236,6 +243,8 @@ class Views:
         state = {r[0]: bytes(r[1]) for r in rows}
         self.reflected = state.get("reflected")
         self.max_rev = state.get("max_rev", b"")
+        if state.get("key_format") != KEY_FORMAT:  # rows packed otherwise: built again
+            await db.run(_new_key_format, write=True)
         if self.reflected is not None:
             try:
                 await self.page.load_commit(self.reflected)
@@ -251,6 +260,7 @@ class Views:
             conn.execute("DELETE FROM doc_state")
             conn.execute("DELETE FROM doc_index_rows")
             conn.execute("DELETE FROM doc_indexes")
+            _new_key_format(conn)
 
         await self.page.db.run(work, write=True)
         self.reflected, self.max_rev, self.indexes = None, b"", {}
@@ -592,9 +602,10 @@ class Views:
             async with self.lock:
                 start = await self._catch_up()
             snap = await self.page.snapshot(start.id)
-            prefix = doclayout.collection_prefix(d.collection)
+            start_key = doclayout.collection_prefix(d.collection)
+            end_key = doclayout.collection_end(d.collection)
             chunk: list[tuple[doclayout.DocKey, Entry | None]] = []
-            async for e in snap.iter_entries(prefix=prefix):
+            async for e in snap.iter_entries(start=start_key, end=end_key):
                 k = doclayout.parse_doc_key(e.key)
                 if k is not None and k.part == doclayout.BODY:
                     chunk.append((k, e))
@@ -789,6 +800,14 @@ def _storing(
     return work
 
 
+def _new_key_format(conn: sqlite3.Connection) -> None:
+    """Every index is to be built again (its rows packed as :data:`KEY_FORMAT` packs)."""
+    conn.execute("UPDATE doc_indexes SET ready = 0")
+    conn.execute(
+        "INSERT OR REPLACE INTO doc_state (name, value) VALUES ('key_format', ?)", (KEY_FORMAT,)
+    )
+
+
 def _write_rows(conn: sqlite3.Connection, rows: Iterable[Row]) -> None:
     rows = list(rows)
     drop = [(ix, doc) for ix, doc, key, _ in rows if key is None]
@@ -842,8 +861,8 @@ def _partition_range(
     if d.sort is None:
         if start is not None or end is not None:
             raise InvalidArgumentError(f"index {d.name!r} has no sort key to range over")
-        return prefix, tup.strinc(prefix)
-    lo, hi = prefix, tup.strinc(prefix)
+        return prefix, doclayout.elements_end(prefix)
+    lo, hi = prefix, doclayout.elements_end(prefix)
     for bound, is_start in ((start, True), (end, False)):
         if bound is None:
             continue

@@ -67,6 +67,20 @@ def collection_prefix(collection: str) -> bytes:
     return tup.pack(("d", collection))
 
 
+def elements_end(prefix: bytes) -> bytes:
+    """The end (exclusive) of the keys that are the packed tuple ``prefix`` followed by
+    more elements: ``prefix`` then 0xff, above every element's type code. Not the
+    prefix's ``strinc``: a string element that continues the prefix's last string
+    after a NUL (``"a\\0b"`` after ``"a"``) packs as the prefix then 0xff, so a collection
+    or an index partition would take in the keys of another."""
+    return prefix + b"\xff"
+
+
+def collection_end(collection: str) -> bytes:
+    """The end (exclusive) of the keys of ``collection`` (see :func:`elements_end`)."""
+    return elements_end(collection_prefix(collection))
+
+
 def doc_prefix(collection: str, doc_id: bytes) -> bytes:
     """Every key of one document starts with this (its group in a merge): the
     collection's prefix, then ``doc_id`` packed as a tuple's element (a packed tuple

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 from ulid import ULID
 
 from ledgerd.store.doclayout import AttachmentMeta, Record, State
-from ledgerd.store.errors import InvalidArgumentError, StoreError
+from ledgerd.store.errors import CorruptObjectError, InvalidArgumentError, StoreError
 
 LOCAL_LEDGER = "_local"
 """The ledger that is never uploaded: documents (and pages) that stay on this device."""
@@ -66,6 +66,11 @@ class DocumentTooLargeError(InvalidDocumentError):
     """The document is over the size limit."""
 
     code = "too_large"
+
+
+class MalformedRecordError(CorruptObjectError):
+    """A document's stored body is not a document record (the HTTP API's ``corrupt``): the
+    page's keys can be written through the key API, and a peer's through sync."""
 
 
 class InvalidIdError(DocumentError, InvalidArgumentError):

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ledgerd.store import btree, commit, doclayout
-from ledgerd.store import tuple as tup
 from ledgerd.store.btree import Priority
 from ledgerd.store.commit import Commit
 from ledgerd.store.docindex import (
@@ -54,6 +53,7 @@ from ledgerd.store.docmodel import (
     DocumentTooLargeError,
     IndexNotFoundError,
     InvalidDocumentError,
+    MalformedRecordError,
     RevClock,
     check_collection,
     check_data,
@@ -275,7 +275,7 @@ class DocumentStore:
         e = await view.get_entry(doclayout.body_key(collection, doc_id))
         if e is None:
             return None
-        r = doclayout.decode_record(await view.objects.read_all(e.value))
+        r = _decode(collection, doc_id, await view.objects.read_all(e.value))
         self.clock.observe(r.rev)
         return r
 
@@ -303,7 +303,7 @@ class DocumentStore:
         start = doclayout.collection_prefix(collection)
         if token is not None:
             start = doclayout.doc_prefix(collection, parse_ulid(token, "token"))
-        end = _end(doclayout.collection_prefix(collection))
+        end = doclayout.collection_end(collection)
         found: list[tuple[bytes, bytes]] = []  # (doc id, body digest)
         state = State.LIVE
         nxt: bytes | None = None
@@ -322,7 +322,7 @@ class DocumentStore:
         values = await snap.objects.read_many(d for _, d in found)
         docs = []
         for doc_id, d in found:
-            r = doclayout.decode_record(values[d])
+            r = _decode(collection, doc_id, values[d])
             self.clock.observe(r.rev)
             docs.append(Document.of(collection, doc_id, r))
         return RangeResult(docs, nxt)
@@ -712,7 +712,7 @@ class DocumentStore:
         for doc_id, e in zip(ids, entries, strict=True):
             if e is None:  # cannot happen: the rows reflect this very commit
                 raise AssertionError(f"index row of a missing document {ulid_text(doc_id)}")
-            r = doclayout.decode_record(values[e.value])
+            r = _decode(collection, doc_id, values[e.value])
             self.clock.observe(r.rev)
             out.append(Document.of(collection, doc_id, r))
         return out
@@ -800,9 +800,9 @@ class DocumentStore:
         most ``limit``, and where the next batch starts (None: this one ends the change)."""
         found: dict[tuple[str, bytes], None] = {}
         nxt: bytes | None = None
-        end = btree.prefix_end(prefix)
+        end = doclayout.elements_end(prefix)
         async for c in btree.diff(self.page.nodes, old_root, head.root, start):
-            if end is not None and c.key >= end:
+            if c.key >= end:
                 break
             k = doclayout.parse_doc_key(c.key)
             if k is None or (k.collection, k.doc_id) in found:
@@ -836,6 +836,16 @@ async def _marker_if_lost(view: View) -> list[tuple[bytes, bytes]]:
     return [(doclayout.MARKER, doclayout.MARK)]
 
 
+def _decode(collection: str, doc_id: bytes, body: bytes) -> Record:
+    """The record of a document's stored ``body``; MalformedRecordError if it is not one."""
+    try:
+        return doclayout.decode_record(body)
+    except ValueError as e:
+        raise MalformedRecordError(
+            f"document {ulid_text(doc_id)} in {collection!r} is damaged: {e}"
+        ) from None
+
+
 def _gone(last: Record | None, head: Commit) -> Record | None:
     """What the changes feed reports for a document whose keys are no longer in the
     page at ``head`` though no revision removed them (the page was deleted or
@@ -851,7 +861,3 @@ def _gone(last: Record | None, head: Commit) -> Record | None:
 def _check_limit(limit: int) -> None:
     if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT:
         raise InvalidArgumentError(f"limit must be 1-{LIST_LIMIT}")
-
-
-def _end(prefix: bytes) -> bytes:
-    return tup.strinc(prefix)

@@ -802,3 +802,49 @@ def test_ledgerctl_doc_put_refuses_a_number_past_every_double_locally(shared: Da
     err = ctl_fails(shared, 2, "put", "cli_inf", "p", "c", '{"a": NaN}')
     assert "NaN is not a JSON value" in err, err
     assert shared.ledgerctl("ledgers").stdout.decode().count("cli_inf") == 0
+
+
+async def test_a_collection_named_with_a_nul_is_not_part_of_another(
+    http: aiohttp.ClientSession, base: str
+) -> None:
+    """``a%00b`` once showed in the listing and changes of ``a``, and an index on ``a``
+    failed to build: every query of it answered 500 ``internal``."""
+    docs = base + "/docs"
+    inner = (await call(http, "POST", docs + "/a%00b", 201, {"city": "X"}))["_meta"]["_id"]
+    outer = (await call(http, "POST", docs + "/a", 201, {"city": "X"}))["_meta"]["_id"]
+    listed = await call(http, "GET", docs + "/a", 200)
+    assert [d["_meta"]["_id"] for d in listed["documents"]] == [outer]
+    changed = await call(http, "GET", docs + "/_changes?collection=a", 200)
+    assert [d["_meta"]["_id"] for d in changed["documents"]] == [outer]
+    await call(http, "PUT", docs + "/a/_indexes/by_city", 200, {"partition": "city"})
+    found = await call(http, "GET", docs + "/a/_indexes/by_city/find?eq=%22X%22", 200)
+    assert [d["_meta"]["_id"] for d in found["documents"]] == [outer]
+    listed = await call(http, "GET", docs + "/a%00b", 200)
+    assert [d["_meta"]["_id"] for d in listed["documents"]] == [inner]
+    # and an equality on "a" is not one on "a\0b"
+    await call(http, "POST", docs + "/a", 201, {"city": "X\u0000Y"})
+    found = await call(http, "GET", docs + "/a/_indexes/by_city/find?eq=%22X%22", 200)
+    assert [d["_meta"]["_id"] for d in found["documents"]] == [outer]
+
+
+async def test_a_malformed_document_body_is_corrupt_not_internal(
+    http: aiohttp.ClientSession, base: str
+) -> None:
+    """A body that is not a document record (written through the key API) answered
+    500 ``internal`` (a bug, with a traceback) to every read of it."""
+    from ledgerd.store import doclayout
+    from ledgerd.store.docmodel import parse_ulid
+
+    docs = base + "/docs/c"
+    doc_id = (await call(http, "POST", docs, 201, {"k": 1}))["_meta"]["_id"]
+    key = quote(doclayout.body_key("c", parse_ulid(doc_id)), safe="")
+    await call(http, "PUT", f"{base}/keys/{key}", 204, data=b"not a record")
+    await head_id(http, base)  # (`heads` commits the journal: listings read commits)
+    for method, path in [
+        ("GET", f"{docs}/{doc_id}"),
+        ("GET", docs),
+        ("GET", base + "/docs/_changes"),
+        ("PUT", f"{docs}/{doc_id}"),
+    ]:
+        message = await fails(http, method, path, 500, "corrupt", body={"k": 2})
+        assert doc_id in message

@@ -36,6 +36,7 @@ from ledgerd.store import (
     doclayout,
     exchange,
 )
+from ledgerd.store import tuple as tup
 from ledgerd.store.doclayout import State
 from ledgerd.store.docmodel import RevClock, loads, ulid_text
 from ledgerd.store.gc import collect
@@ -1407,3 +1408,71 @@ def test_a_long_name_or_id_is_cut_visibly_in_messages() -> None:
         assert text.startswith(f"{prefix}'{letter * 60}'… ("), text
     with pytest.raises(StoreError, match=r"^collection name '' must be"):
         check_collection("")
+
+
+async def test_a_collection_whose_name_extends_another_with_nul_stays_apart(page: Page) -> None:
+    """A collection named "a\\0b" packs as "a"'s prefix followed by 0xff: a range up to
+    the prefix's strinc took its documents into "a"'s listings, changes and index builds
+    (which then failed with a KeyError on every query)."""
+    docs = await DocumentStore.open(page)
+    inner = await docs.create("a\x00b", {"city": "X"})
+    outer = await docs.create("a", {"city": "X"})
+    assert [d.id for d in (await docs.list_documents("a")).items] == [outer.id]
+    assert [d.id for d in (await docs.list_documents("a\x00b")).items] == [inner.id]
+    got = await docs.changes_page(None, collection="a")
+    assert [(d.collection, d.id) for d in got.documents] == [("a", outer.id)]
+    batches = [b async for b in docs.changes(None, collection="a", follow=False)]
+    assert [d.id for b in batches for d in b.documents] == [outer.id]
+    await docs.declare_index("a", "by_city", "city")  # built from the documents there
+    assert [d.id for d in (await docs.query("a", "by_city", "X")).items] == [outer.id]
+
+
+async def test_an_index_partition_that_extends_another_with_nul_stays_apart(page: Page) -> None:
+    """Partition "a" packs as a prefix of "a\\0b" (then 0xff): an equality query on "a"
+    also returned the documents of "a\\0b"."""
+    docs = await DocumentStore.open(page)
+    await docs.declare_index("c", "p", "city")
+    await docs.declare_index("c", "ps", "city", "n")
+    a = await docs.create("c", {"city": "a", "n": 2})
+    ab = await docs.create("c", {"city": "a\x00b", "n": 1})
+    for index in ("p", "ps"):
+        assert [d.id for d in (await docs.query("c", index, "a")).items] == [a.id]
+        assert [d.id for d in (await docs.query("c", index, "a\x00b")).items] == [ab.id]
+    assert [d.id for d in (await docs.query("c", "ps", "a", start=0)).items] == [a.id]
+
+
+async def test_minus_zero_is_indexed_as_zero(page: Page) -> None:
+    """-0.0 (Python's json writes it) equals 0 as a double, but packed apart: ``eq=0``
+    missed a document whose value was -0.0, and a sort range from 0 left it out."""
+    docs = await DocumentStore.open(page)
+    await docs.declare_index("c", "by_n", "n")
+    await docs.declare_index("c", "by_k", "k", "n")
+    neg = await docs.create("c", loads('{"n": -0.0, "k": 1}'))
+    pos = await docs.create("c", {"n": 0, "k": 1})
+    for zero in (0, 0.0, -0.0):
+        assert [d.id for d in (await docs.query("c", "by_n", zero)).items] == [neg.id, pos.id]
+        got = await docs.query("c", "by_k", 1, start=zero, end=1)
+        assert [d.id for d in got.items] == [neg.id, pos.id]
+    assert (await docs.query("c", "by_k", 1, start=-1, end=zero)).items == []
+
+
+async def test_index_rows_of_an_older_key_format_are_rebuilt(tmp_path: Path) -> None:
+    """Rows stored before -0.0 was packed as 0.0 are built again on open."""
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("app").page("docs")
+        docs = await DocumentStore.open(page)
+        neg = await docs.create("c", loads('{"n": -0.0}'))
+        await docs.declare_index("c", "by_n", "n")  # built at the head: no catch-up on open
+        assert [d.id for d in (await docs.query("c", "by_n", 0)).items] == [neg.id]
+        await docs.close()
+
+        def as_before(conn: Any) -> None:  # the row as the older format packed it
+            old = tup.pack((-0.0,))
+            conn.execute("UPDATE doc_index_rows SET key = ?", (old,))
+            conn.execute("DELETE FROM doc_state WHERE name = 'key_format'")
+
+        await page.db.run(as_before, write=True)
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("app").page("docs")
+        docs = await DocumentStore.open(page)
+        assert [d.id for d in (await docs.query("c", "by_n", 0)).items] == [neg.id]
