@@ -461,6 +461,12 @@ class Api:
             raise ae.NotFound(f"no such endpoint {raw_path} (the API lives under /v1/)")
         hit = ROUTER.find(request.method, parts[1:])
         if hit is None:
+            allowed = ROUTER.allowed(parts[1:])
+            if allowed:
+                raise ae.MethodNotAllowed(
+                    f"{raw_path} takes {', '.join(allowed)}, not {request.method}",
+                    headers={"Allow": ", ".join(allowed)},
+                )
             raise ae.NotFound(f"no such endpoint: {request.method} {raw_path}")
         route, found = hit
         request[ROUTE_KEY] = route.template  # for the metrics
@@ -1005,7 +1011,7 @@ class Router:
     def __init__(self, routes: list[Route]) -> None:
         self.longest = max(len(r.path) for r in routes)
         self.firsts = {r.path[0] for r in routes if r.path[0][:1] != "{"}
-        methods = {m for r in routes for m in r.methods}
+        self.methods = methods = {m for r in routes for m in r.methods}
         self.index: dict[tuple[str, str | None, int], tuple[Route, ...]] = {}
         for method in methods:
             for first in [*self.firsts, None]:
@@ -1019,6 +1025,10 @@ class Router:
                     )
                     if found:
                         self.index[method, first, length] = found
+
+    def allowed(self, parts: list[str]) -> list[str]:
+        """The methods some route serves on the path ``parts`` (after ``v1``)."""
+        return sorted(m for m in self.methods if self.find(m, parts) is not None)
 
     def find(self, method: str, parts: list[str]) -> tuple[Route, dict[str, str]] | None:
         """The route serving ``method`` on the path ``parts`` (after ``v1``), and its

@@ -71,6 +71,13 @@ class NotFound(ApiError):
     status, code = 404, "not_found"
 
 
+class MethodNotAllowed(ApiError):
+    """The endpoint exists, but not with this method (its ``Allow`` header lists those
+    it has)."""
+
+    status, code = 405, "method_not_allowed"
+
+
 class KeyNotFound(NotFound):
     """The key is not in the page."""
 

@@ -176,8 +176,11 @@ async def test_errors_are_json_with_stable_codes(http: aiohttp.ClientSession) ->
         400,
         "bad_request",
     )
-    r = await http.request("PATCH", u(P + "/keys/k"))
-    assert r.status == 404 and (await r.json())["error"]["code"] == "not_found"
+    r = await http.request("PATCH", u(P + "/keys/k"))  # the endpoint, another method
+    assert r.status == 405 and (await r.json())["error"]["code"] == "method_not_allowed"
+    assert r.headers["Allow"] == "DELETE, GET, HEAD, PUT"
+    r = await http.request("OPTIONS", u("/v1/status"))
+    assert r.status == 405 and r.headers["Allow"] == "GET"
     # Nothing stored was touched by any of that.
     assert await (await http.get(u(P + "/keys/k"))).read() == b"v"
 
