@@ -246,20 +246,39 @@ def _position(digits: str) -> int:
 
 
 def requested_range(
-    headers: Mapping[str, str], size: int, etag: str | None
+    headers: Mapping[str, str], size: int, etag: str | None, q: Query
 ) -> tuple[int, int] | None:
     """The part of a ``size``-byte value that a request's ``Range`` asks for, as
     (offset, length), or None for the whole value (a 200): no ``Range``, or one to
     ignore (see :func:`parse_range`), or an ``If-Range`` that is not ``etag`` (the
     value changed since the client read its first part: RFC 9110 13.1.5; a date, or a
-    value without an ETag, never matches)."""
+    value without an ETag, never matches). Without a ``Range``, the query's
+    ``offset`` and ``length`` ask the same way (206, or 416 when no byte is selected)."""
     header = headers.get(hdrs.RANGE)
     if header is None:
-        return None
+        return _query_range(q, size)
     if_range = headers.get(hdrs.IF_RANGE)
     if if_range is not None and (etag is None or if_range.strip() != etag):
         return None
     return parse_range(header, size)
+
+
+def _query_range(q: Query, size: int) -> tuple[int, int] | None:
+    if q.text("offset") is None and q.text("length") is None:
+        return None
+    offset = q.int("offset", 0) or 0
+    want = q.int("length", size - offset)
+    length = max(0, min(size - offset, size if want is None else want))
+    if offset >= size or length == 0:
+        why = (
+            f"offset {offset} is at or past the end"
+            if offset >= size
+            else f"length {want} selects no byte"
+        )
+        raise ae.RangeNotSatisfiable(
+            f"{why} of the {size}-byte value", {"Content-Range": f"bytes */{size}"}
+        )
+    return offset, length
 
 
 def parse_range(header: str, size: int) -> tuple[int, int] | None:
@@ -714,29 +733,10 @@ class Api:
                 return web.Response(status=200, headers=headers)
             return web.Response(body=data, headers=headers, content_type="application/octet-stream")
         size = await view.objects.size(entry.value)
-        q = Query.of(request)
         offset, length, status = 0, size, 200
-        part = requested_range(request.headers, size, headers["ETag"])
+        part = requested_range(request.headers, size, headers["ETag"], Query.of(request))
         if part is not None:
             (offset, length), status = part, 206
-        elif "Range" not in request.headers and (
-            q.text("offset") is not None or q.text("length") is not None
-        ):
-            # The same answers as a Range header: 206 with Content-Range, or 416 when
-            # no byte is selected.
-            offset = q.int("offset", 0) or 0
-            want = q.int("length", size - offset)
-            length = max(0, min(size - offset, size if want is None else want))
-            if offset >= size or length == 0:
-                why = (
-                    f"offset {offset} is at or past the end"
-                    if offset >= size
-                    else f"length {want} selects no byte"
-                )
-                raise ae.RangeNotSatisfiable(
-                    f"{why} of the {size}-byte value", {"Content-Range": f"bytes */{size}"}
-                )
-            status = 206
         resp = web.StreamResponse(status=status)
         resp.content_type = "application/octet-stream"
         resp.content_length = length

@@ -327,7 +327,7 @@ def _header_text(value: str, default: str) -> str:
 
 
 async def get_attachment(api: Api, request: web.Request, p: Params) -> web.StreamResponse:
-    from ledgerd.daemon.api import requested_range  # (api imports this module)
+    from ledgerd.daemon.api import Query, requested_range  # (api imports this module)
 
     collection, doc_id, _, att_id = _segments(request)
     DocumentStore.check(collection, doc_id=doc_id)
@@ -335,7 +335,7 @@ async def get_attachment(api: Api, request: web.Request, p: Params) -> web.Strea
     a = await docs.attachment(collection, doc_id, att_id)
     size = a.length
     offset, length, status = 0, size, 200
-    if (part := requested_range(request.headers, size, None)) is not None:
+    if (part := requested_range(request.headers, size, None, Query.of(request))) is not None:
         (offset, length), status = part, 206
     resp = web.StreamResponse(status=status)
     resp.headers["Content-Type"] = _header_text(a.content_type, "application/octet-stream")

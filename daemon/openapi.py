@@ -486,9 +486,14 @@ def _document_paths() -> dict[str, Any]:
                 errors=errs,
             ),
             "get": _op(
-                "an attachment's content (ranged)",
+                "an attachment's content; a part of it with Range or offset and length",
                 {"200": {"description": "the content"}, "206": {"description": "a range"}},
-                params=(*doc, att),
+                params=(
+                    *doc,
+                    att,
+                    _query("offset", "first byte", {"type": "integer", "minimum": 0}),
+                    _query("length", "bytes", {"type": "integer", "minimum": 0}),
+                ),
                 errors=(*errs, 416),
             ),
             "head": _op(

@@ -309,6 +309,10 @@ async def test_attachments(http: aiohttp.ClientSession, base: str) -> None:
         assert await r.read() == content[1000:1010]
     async with http.get(path, headers={"Range": "bytes=-3"}) as r:
         assert r.status == 206 and await r.read() == content[-3:]
+    async with http.get(f"{path}?offset=1000&length=10") as r:  # as for a key's value
+        assert r.status == 206 and r.headers["Content-Range"] == f"bytes 1000-1009/{len(content)}"
+        assert await r.read() == content[1000:1010]
+    await fails(http, "GET", f"{path}?offset={len(content)}", 416, "range_not_satisfiable")
     async with http.head(path) as r:
         assert r.status == 200 and r.headers["Content-Length"] == str(len(content))
     await fails(
