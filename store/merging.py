@@ -259,7 +259,10 @@ class Merger:
 
             def drop(conn: sqlite3.Connection) -> None:
                 conn.execute("DELETE FROM heads WHERE commit_id != ?", (head.id,))
-                conn.execute("INSERT OR IGNORE INTO heads (commit_id) VALUES (?)", (head.id,))
+                conn.execute(
+                    "INSERT OR IGNORE INTO heads (commit_id, timestamp) VALUES (?, ?)",
+                    (head.id, head.timestamp),
+                )
                 conn.execute("DELETE FROM unsynced_commits WHERE commit_id != ?", (head.id,))
 
             if c is not None:
