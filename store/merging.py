@@ -261,7 +261,10 @@ class Merger:
                 old = conn.execute("SELECT commit_id FROM heads WHERE commit_id != ?", (head.id,))
                 sql.leave_behind(conn, [bytes(r[0]) for r in old])
                 conn.execute("DELETE FROM heads WHERE commit_id != ?", (head.id,))
-                conn.execute("INSERT OR IGNORE INTO heads (commit_id) VALUES (?)", (head.id,))
+                conn.execute(
+                    "INSERT OR IGNORE INTO heads (commit_id, timestamp) VALUES (?, ?)",
+                    (head.id, head.timestamp),
+                )
                 conn.execute("DELETE FROM unsynced_commits WHERE commit_id != ?", (head.id,))
 
             if c is not None:

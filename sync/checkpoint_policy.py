@@ -125,7 +125,8 @@ class CheckpointPolicy:
         done = f"sync/bootstrapped/{self.ctx.location}"
         if self.feed.feed_max or await self.ctx.repo.get_meta(done) is not None:
             return
-        await self.checkpoints.bootstrap(lambda k: self.ctx.wanted(k), self.ctx.using)
+        if await self.checkpoints.bootstrap(lambda k: self.ctx.wanted(k), self.ctx.using):
+            self.feed.restarting = True
         await self.ctx.repo.set_meta(done, b"1")
 
     async def rejoin_if_away(self) -> None:
@@ -145,9 +146,11 @@ class CheckpointPolicy:
         )
         names = [cn async for cn in self.checkpoints.names()]
         best = await self.checkpoints.best(names)
+        devices: set[str] = set()  # whose packs compaction may have deleted meanwhile
         for cn in sorted(best.values(), key=lambda n: n.name):
             try:
                 cp = await self.checkpoints.read(cn)
+                devices.update(cp.cover)
                 if not self.ctx.wanted_here(cp.key):
                     continue
                 fresh = not self.ctx.repo.page_exists(*cp.key)
@@ -158,7 +161,10 @@ class CheckpointPolicy:
                 continue
             except Exception as e:  # that page goes on from its packs
                 log.warning("checkpoint %s not used: %s", cn.name, describe(e))
+        for device in devices - {self.ctx.device}:
+            await self.feed.device_log(device)
         for dl in self.feed.logs.values():  # held packs the checkpoints hold are not needed
+            dl.restart()  # nor the packs missing since: compacted
             for hid, h in list(dl.held.items()):
                 ln = h.ln
                 if (
@@ -168,6 +174,7 @@ class CheckpointPolicy:
                 ):
                     del dl.held[hid]
             await self.feed.save_log(dl)
+        self.feed.restarting = True
         await self.feed.set_wall_listed(self.ctx.clock())
 
 

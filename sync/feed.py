@@ -63,6 +63,10 @@ class Feed:
         self._ignored: set[str] = set()
         self._listed_at: float | None = None  # monotonic time of the last listing
         self._listed_wall = 0.0  # wall time of a recent listing (see wall_listed)
+        # The next listing starts each empty device log at its first pack: set when
+        # this device started pages from checkpoints (a new device, or one back after
+        # longer than the grace), below which compaction may have deleted packs.
+        self.restarting = False
 
     async def load(self) -> None:
         # (as listed names move it: one saved before that rule may be past the ceiling)
@@ -92,6 +96,7 @@ class Feed:
             newest = max(newest, min(pn.time, layout.NAMED_TIME_CEILING))
             if await self.saw(pn):
                 touched.add(pn.device)
+        self.restarting = False
         for device in sorted(touched):
             await self.save_log(self.logs[device])
         if newest != self.feed_max:
@@ -122,6 +127,8 @@ class Feed:
         dl = await self.device_log(pn.device)
         if not dl.is_new(pn.seq):
             return False
+        if self.restarting:
+            dl.start(pn.seq)
         if dl.in_gap(pn.seq) and pn.seq < dl.max_seq:
             log.info("pack %s appeared in a gap of device %s", pn.name, pn.device)
         dl.saw(pn.seq, pn.time)

@@ -117,6 +117,19 @@ class DeviceLog:
             self.max_seq, self.max_time = seq, feed_time
         self.fill(seq, feed_time)
 
+    def restart(self) -> None:
+        """Forget what was listed: the log starts again (:meth:`start`), for a device
+        back after longer than the compaction grace, whose gaps are packs that
+        compaction deleted meanwhile and that the checkpoints it took hold."""
+        self.max_seq = self.max_time = 0
+        self.gaps.clear()
+
+    def start(self, seq: int) -> None:
+        """A log that holds nothing yet begins at ``seq``, the first pack listed: the
+        packs below it are not gaps (compacted away; the checkpoints hold them)."""
+        if not self.max_seq and not self.gaps:
+            self.max_seq = max(seq - 1, 0)
+
     def _gap_at(self, seq: int) -> int:
         """The index of the gap holding ``seq``, or -1. Gaps are disjoint and kept in
         order (a new one lies above them all, a filled one is split in place), so this

@@ -12,6 +12,7 @@ import pytest
 
 from ledgerd.store import Priority
 from ledgerd.store.check import HEADS, check_page, repair_local
+from ledgerd.store.gc import collect
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import PackName
 from tests.sync.test_checkpoints import _load
@@ -217,6 +218,78 @@ async def test_a_device_away_past_the_grace_period_loses_nothing(
             await n.engine.sync()
             assert await _keys(n.repo) == want
             assert not n.engine.problems()
+
+
+async def test_a_device_away_with_nothing_to_carry_keeps_the_checkpoint_as_its_head(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """D, with every change of its own uploaded, comes back after the grace period: the
+    checkpoint it takes is its page's head (in ``heads``, not only in memory), so the
+    page reads the same after a reopen and a collection keeps the head's tree."""
+    clock = Clock()
+    grace = 3600.0
+    kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": grace}
+    rng = random.Random(12)
+    async with device(tmp_path / "a", bucket, **kw) as a:
+        async with device(tmp_path / "d", bucket, **kw) as d:
+            pa = await a.repo.ledger("l").page("p")
+            await _load(pa, rng, 1, 300)
+            await a.engine.sync()
+            await d.engine.sync()
+            assert await _keys(d.repo) == await _keys(a.repo)
+        for _ in range(6):  # D is stopped: A writes on, checkpoints and compacts
+            clock.now += 600
+            await _load(pa, rng, 1, 300)
+            await a.engine.sync()
+        clock.now += grace + 600
+        assert (await a.engine.compact()).packs_deleted > 0
+        want = await _keys(a.repo)
+
+        async with device(tmp_path / "d", bucket, **kw) as d:
+            await d.engine.sync()
+            assert not d.engine.problems()
+            pd = await d.repo.ledger("l").page("p")
+            head = (await pa.heads())[0].id
+            assert [h.id for h in await pd.heads()] == [head]
+            rows = await pd.db.read_all("SELECT commit_id FROM heads")
+            assert [bytes(r[0]) for r in rows] == [head]
+            await collect(pd, 0.0)
+            assert await _keys(d.repo) == want
+        async with device(tmp_path / "d", bucket, **kw) as d:
+            assert await _keys(d.repo) == want
+
+
+async def test_packs_compacted_before_a_device_first_or_again_lists_are_no_gap(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """A new device, and one back after the grace period, list A's recent packs above
+    the ones compaction deleted (the checkpoints hold those): no gap is left in A's log,
+    which no probe could ever fill, and both are synced."""
+    clock = Clock()
+    grace = 3600.0
+    kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": grace}
+    rng = random.Random(13)
+    async with device(tmp_path / "a", bucket, **kw) as a:
+        async with device(tmp_path / "d", bucket, **kw) as d:
+            pa = await a.repo.ledger("l").page("p")
+            await _load(pa, rng, 1, 300)
+            await a.engine.sync()
+            await d.engine.sync()
+        for _ in range(6):
+            clock.now += 600
+            await _load(pa, rng, 1, 300)
+            await a.engine.sync()
+        clock.now += grace + 600
+        assert (await a.engine.compact()).packs_deleted > 0
+        await pa.put(b"recent", b"a pack above the compacted ones")
+        await a.engine.sync()
+        want = await _keys(a.repo)
+        for name in ["d", "new"]:
+            async with device(tmp_path / name, bucket, **kw) as x:
+                await x.engine.sync()
+                assert await _keys(x.repo) == want
+                assert x.engine.status()["gaps"] == []
+                assert x.engine.health()["synced"], x.engine.health()["reasons"]
 
 
 async def test_compaction_waits_for_a_checkpoint_that_knows_later_packs(
