@@ -264,9 +264,12 @@ class StatusBoard:
             if not any(failure in r for r in reasons):
                 reasons.append(retrying)
         pending = len(self.pending)
+        healthy = not reasons
+        if pending:  # (a reason not to be synced, which leaves it healthy)
+            reasons.append(f"{pending} page{'s' if pending > 1 else ''} waiting for upload")
         return {
-            "healthy": not reasons,
-            "synced": not reasons and pending == 0,
+            "healthy": healthy,
+            "synced": healthy and pending == 0,
             "reasons": reasons,
             "pending_uploads": pending,
             "last_round_ok": self.last_round_ok,

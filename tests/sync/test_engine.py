@@ -355,3 +355,22 @@ async def test_sync_leaves_open_a_page_the_application_opened(
             mine = await opening
         await mine.put(b"k2", b"still open")
         assert not mine.closed
+
+
+async def test_health_names_uploads_waiting_as_the_reason_for_not_synced(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """Every reason for healthy or synced being false is in reasons: writes waiting for
+    upload make a healthy device not synced, and say so."""
+    async with device(tmp_path / "a", bucket) as a:
+        page = await a.repo.ledger("l").page("p")
+        await page.put(b"k", b"v")
+        await a.engine.sync()
+        assert a.engine.health()["synced"] and a.engine.health()["reasons"] == []
+        await page.put(b"k", b"w")
+        await page.flush()
+        h = a.engine.health()
+        assert h["healthy"] and not h["synced"], h
+        assert h["reasons"] == ["1 page waiting for upload"], h
+        await a.engine.sync()
+        assert a.engine.health()["synced"] and a.engine.health()["reasons"] == []
