@@ -245,6 +245,12 @@ def _flatten(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+GRACE_POLLS = 10
+"""``compaction_grace`` is at least this many of the longest idle poll intervals: a
+device that lists the bucket that seldom still reads every pack before compaction
+may delete it, and never takes itself for one that was away."""
+
+
 def validate(cfg: Config) -> None:
     if cfg.log_level.lower() not in LOG_LEVELS:
         raise ConfigError(
@@ -283,6 +289,12 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"session_heartbeat: must be at least {MIN_HEARTBEAT} seconds")
     if cfg.sync_interval_max < cfg.sync_interval:
         raise ConfigError("sync_interval_max: must be at least sync_interval")
+    if cfg.compaction_grace < GRACE_POLLS * cfg.sync_interval_max:
+        raise ConfigError(
+            f"compaction_grace: must be at least {GRACE_POLLS} times sync_interval_max "
+            f"({GRACE_POLLS * cfg.sync_interval_max:g} s): a device that polls that "
+            "seldom would count as away and miss packs compacted meanwhile"
+        )
     if cfg.metrics_listen:
         metrics_address(cfg)
     cfg.allowed_uids()

@@ -259,3 +259,12 @@ async def test_followed_feeds_hold_followers_not_request_slots(short_tmp: Path) 
     finally:
         assert daemon.stop() == 0, daemon.log_text()
     _no_traceback(daemon)
+
+
+def test_a_compaction_grace_shorter_than_ten_idle_polls_is_refused() -> None:
+    """A grace of 20 s with polls backing off to 60 s made an idle device take itself
+    for one that was away (and packs it had not read could be compacted): refused."""
+    with pytest.raises(ConfigError, match="compaction_grace: must be at least 10 times"):
+        load(env={"LEDGERD_COMPACTION_GRACE": "20"})
+    grace = load(env={"LEDGERD_COMPACTION_GRACE": "5", "LEDGERD_SYNC_INTERVAL_MAX": "0.5"})
+    assert grace.compaction_grace == 5.0
