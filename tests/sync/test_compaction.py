@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from ledgerd.store import Priority
+from ledgerd.store import Page, Priority
 from ledgerd.store.check import HEADS, check_page, repair_local
 from ledgerd.store.gc import collect
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import PackName
 from tests.sync.test_checkpoints import _load
-from tests.sync.test_engine import _keys, device
+from tests.sync.test_engine import Device, _keys, device
 from tests.sync.test_engine import encryption as encryption  # the fixture
 
 
@@ -220,6 +220,18 @@ async def test_a_device_away_past_the_grace_period_loses_nothing(
             assert not n.engine.problems()
 
 
+async def _write_on_and_compact(
+    a: Device, pa: Page, clock: Clock, rng: random.Random, grace: float
+) -> None:
+    """A writes six rounds ten minutes apart (checkpointing), then compacts past the grace."""
+    for _ in range(6):
+        clock.now += 600
+        await _load(pa, rng, 1, 300)
+        await a.engine.sync()
+    clock.now += grace + 600
+    assert (await a.engine.compact()).packs_deleted > 0
+
+
 async def test_a_device_away_with_nothing_to_carry_keeps_the_checkpoint_as_its_head(
     tmp_path: Path, bucket: FolderStore
 ) -> None:
@@ -237,12 +249,7 @@ async def test_a_device_away_with_nothing_to_carry_keeps_the_checkpoint_as_its_h
             await a.engine.sync()
             await d.engine.sync()
             assert await _keys(d.repo) == await _keys(a.repo)
-        for _ in range(6):  # D is stopped: A writes on, checkpoints and compacts
-            clock.now += 600
-            await _load(pa, rng, 1, 300)
-            await a.engine.sync()
-        clock.now += grace + 600
-        assert (await a.engine.compact()).packs_deleted > 0
+        await _write_on_and_compact(a, pa, clock, rng, grace)  # D is stopped
         want = await _keys(a.repo)
 
         async with device(tmp_path / "d", bucket, **kw) as d:
@@ -275,12 +282,7 @@ async def test_packs_compacted_before_a_device_first_or_again_lists_are_no_gap(
             await _load(pa, rng, 1, 300)
             await a.engine.sync()
             await d.engine.sync()
-        for _ in range(6):
-            clock.now += 600
-            await _load(pa, rng, 1, 300)
-            await a.engine.sync()
-        clock.now += grace + 600
-        assert (await a.engine.compact()).packs_deleted > 0
+        await _write_on_and_compact(a, pa, clock, rng, grace)
         await pa.put(b"recent", b"a pack above the compacted ones")
         await a.engine.sync()
         want = await _keys(a.repo)
