@@ -16,7 +16,7 @@ from ledgerd.sync import check as sc
 from ledgerd.sync.cloud import CloudStore
 from ledgerd.sync.folder import FolderStore
 from tests.sync.test_checkpoints import _load
-from tests.sync.test_compaction import Clock
+from tests.sync.test_compaction import Clock, _packs
 from tests.sync.test_engine import Device, _keys, device
 from tests.sync.test_engine import encryption as encryption  # the fixture
 
@@ -125,7 +125,7 @@ async def test_a_pack_compacted_between_listing_and_reading_is_no_problem(
         try:
             checked = await _check(d, await d.repo.ledger("l").page("p"))
         finally:
-            del store.get  # type: ignore[method-assign]
+            del store.get
         assert fired
         assert checked.report.healthy, _messages(checked)
         assert not checked.report.problems, _messages(checked)
@@ -171,3 +171,33 @@ async def test_repair_restores_a_corrupt_tree_node_from_the_checkpoint(
             assert await _keys(c.repo) == want
             checked_cloud = await _check(c, pc)
             assert checked_cloud.report.healthy, _messages(checked_cloud)
+
+
+async def test_what_is_newer_than_the_checkpoint_must_still_be_in_a_pack(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """The checkpoint excuses only the history below it: B's commit made after it,
+    whose pack is lost, is still reported, and a repair uploads it again. (B writes
+    no checkpoint of its own: one would hold that commit.)"""
+    clock = Clock()
+    kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": GRACE}
+    rng = random.Random(9)
+    async with (
+        device(tmp_path / "a", bucket, **kw) as a,
+        device(tmp_path / "b", bucket, max_checkpoint=1, **kw) as b,  # writes none
+    ):
+        await _compacted(clock, a, b, rng)
+        pb = await b.repo.ledger("l").page("p")
+        await pb.put(b"after", b"the checkpoint")
+        await b.engine.sync()
+        head = pb.head.id
+        mine = [p for p in _packs(tmp_path / "bucket") if p.device == b.engine.device]
+        (tmp_path / "bucket" / mine[-1].name).unlink()
+        checked = await _check(b, pb)
+        lost = checked.report.open_problems(ck.NOT_IN_CLOUD)
+        assert head in {p.commit for p in lost}, _messages(checked)
+        assert any(p.digest is not None for p in lost)
+        assert {p.code for p in checked.report.open_problems()} == {ck.NOT_IN_CLOUD}
+        repaired = await _check(b, pb, repair=True)
+        assert repaired.report.healthy, (_messages(repaired), repaired.notes)
+        assert (await _check(b, pb)).report.healthy
