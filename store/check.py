@@ -598,6 +598,58 @@ async def synced_commits(page: Page) -> list[bytes]:
     return [bytes(r[0]) for r in rows]
 
 
+async def history(page: Page) -> tuple[dict[bytes, list[bytes]], dict[bytes, bytes], set[bytes]]:
+    """The page's commit graph as stored: each commit's parents, the tree root of each
+    commit whose tree is kept (not pruned), and the heads."""
+
+    def work(conn: sqlite3.Connection) -> tuple[Any, Any, Any]:
+        conn.execute("BEGIN")
+        try:
+            edges = conn.execute("SELECT child, parent FROM commit_parents").fetchall()
+            roots = conn.execute(
+                "SELECT id, root FROM commits "
+                "WHERE id NOT IN (SELECT commit_id FROM pruned_commits)"
+            ).fetchall()
+            heads = conn.execute("SELECT commit_id FROM heads").fetchall()
+        finally:
+            conn.execute("COMMIT")
+        return edges, roots, heads
+
+    edges, roots, heads = await page.db.run(work)
+    parents: dict[bytes, list[bytes]] = {}
+    for child, parent in edges:
+        if isinstance(child, bytes) and isinstance(parent, bytes):
+            parents.setdefault(child, []).append(parent)
+    return (
+        parents,
+        {c: r for c, r in roots if isinstance(c, bytes) and isinstance(r, bytes)},
+        {h for (h,) in heads if isinstance(h, bytes)},
+    )
+
+
+async def reachable(page: Page, roots: Iterable[bytes]) -> set[bytes]:
+    """The hashed pieces reachable from these tree roots, walked as the check walks them
+    (the subtree of a node that cannot be read is left out: the check reports it)."""
+    walker = _Walker(page, PageCheck(page.ledger, page.id), set())
+    await walker.trees(roots)
+    return walker.seen
+
+
+def commit_parents(datas: Iterable[bytes]) -> tuple[dict[bytes, tuple[bytes, ...]], int]:
+    """The ids and parents of commit encodings (as a pack carries them), and how many
+    did not decode (those are left out)."""
+    out: dict[bytes, tuple[bytes, ...]] = {}
+    bad = 0
+    for data in datas:
+        try:
+            c = commit.decode(data)
+        except CorruptObjectError:
+            bad += 1
+            continue
+        out[c.id] = c.parents
+    return out, bad
+
+
 def commit_ids(datas: Iterable[bytes]) -> list[bytes]:
     """The ids of commit encodings (as a pack carries them); undecodable ones are left out."""
     out = []

@@ -6,15 +6,29 @@ This module owns checking a page against the bucket and repairing it from there:
   (:class:`BucketIndex`); a page's packs are then read one at a time: this
   device's packs whole (they must parse, and every commit and piece in them must
   verify), other devices' packs by their prefix (header, commits, EAGER pieces),
-  which names their LAZY pieces too. So a check costs a GET per pack of the page,
-  and holds one pack in memory at a time.
-* **Checking** (``cloud``): every piece and commit the page counts as synced must
-  be in some pack of the page.
+  which names their LAZY pieces too. Then the page's best checkpoint (the one
+  compaction goes by, :meth:`Checkpoints.best`) is read whole in one ranged GET:
+  its commits and pieces, EAGER and LAZY, are in the bucket too. A pack deleted
+  (by compaction) between the listing and its read is skipped without a word: the
+  checkpoint, read after the packs, stands for it. So a check costs a GET per pack
+  of the page, a LIST and a GET for its checkpoint (and the index of each of its
+  newest few when it has several), and holds one pack or checkpoint in memory at
+  a time.
+* **Checking** (``cloud``): compaction deletes packs whose commits all lie below a
+  checkpoint's commits, so not all history the page counts as synced is in a pack.
+  The rule: every commit the page counts as synced must be in a pack or in the
+  checkpoint, unless it is one of the checkpoint's commits or their ancestors (as
+  far as the page's own commits and those read from the bucket tell); every piece
+  the page counts as synced must be in a pack or in the checkpoint, unless no head
+  and no commit above the checkpoint (not one of those ancestors) reaches it. So
+  what the heads reach and what is newer than the checkpoint must be in the
+  bucket; older history that is in no pack is what compaction removed on purpose.
+  A page without a checkpoint keeps the plain rule: everything synced is in a pack.
 * **Repairing** (``repair``, which reads the bucket as ``cloud`` does): corrupt or
-  missing pieces are taken from the packs (verified) and stored again; pieces and
-  commits the bucket lacks go back to pending and are uploaded by one upload round
-  of the page; what needs no cloud
-  (:func:`ledgerd.store.check.repair_local`) is done too. The page is checked
+  missing pieces are taken from the packs and the checkpoint (verified) and stored
+  again; pieces and commits the bucket lacks go back to pending and are uploaded
+  by one upload round of the page (not a piece still damaged here); what needs no
+  cloud (:func:`ledgerd.store.check.repair_local`) is done too. The page is checked
   again after a repair (a restored tree node opens a subtree that was not walked).
 
 The local check itself is :mod:`ledgerd.store.check`. Nothing here holds a lock of
@@ -34,9 +48,11 @@ from ledgerd.store import check as ck
 from ledgerd.store import digest as dg
 from ledgerd.store import exchange as ex
 from ledgerd.sync import layout, pack
+from ledgerd.sync.checkpoints import Checkpoints
 from ledgerd.sync.cloud import CloudStore
 from ledgerd.sync.crypto import Codec
-from ledgerd.sync.errors import CloudError
+from ledgerd.sync.errors import CloudError, CloudNotFoundError
+from ledgerd.sync.fetch import Location
 from ledgerd.sync.layout import PACKS, LogName, PackName
 
 if TYPE_CHECKING:
@@ -76,6 +92,8 @@ class BucketIndex:
                     head = await self.store.get(pn.name, 0, pn.head_end)
                     seal = (self.codec, pn.ident) if self.codec is not None else None
                     header = pack.decode_header(head, pn.head_end, pn.eager_end, seal)
+                except CloudNotFoundError:
+                    continue  # compacted since the listing: a checkpoint holds it
                 except (CloudError, pack.CorruptPackError) as e:
                     self.problems.append(f"pack {pn.name}: {type(e).__name__}: {e}")
                     continue
@@ -103,9 +121,22 @@ class CloudView:
     own_packs: int = 0
     pieces: set[bytes] = field(default_factory=set)
     commits: set[bytes] = field(default_factory=set)
+    parents: dict[bytes, tuple[bytes, ...]] = field(default_factory=dict)
+    """Each commit read, with its parents (to tell what lies below a checkpoint)."""
     found: dict[bytes, bytes] = field(default_factory=dict)
     """Wanted pieces, verified."""
     problems: list[str] = field(default_factory=list)
+    checkpoint: str | None = None
+    """The name of the page's checkpoint that was read, if any."""
+    covered: list[bytes] = field(default_factory=list)
+    """That checkpoint's commits: their history may be in no pack (compacted)."""
+
+    def add_commits(self, datas: Iterable[bytes]) -> bool:
+        """Count these commit encodings as in the bucket; False if one does not decode."""
+        parents, bad = ck.commit_parents(datas)
+        self.commits.update(parents)
+        self.parents.update(parents)
+        return not bad
 
 
 async def _read_sections(
@@ -120,9 +151,7 @@ async def _read_sections(
     """The page's sections in layout-2 packs: every one's commits and EAGER pieces;
     LAZY pieces read (and verified) in this device's own packs and where wanted."""
     for pn, pi in sections:
-        view.packs += 1
         own = pn.device == device
-        view.own_packs += own
         bad: list[str] = []
         try:
             if pi.bases and page is None:
@@ -132,13 +161,15 @@ async def _read_sections(
             commits, eager = pack.decode_section(stored, pi.eager, codec, bases)
         except ex.MissingObjectError:
             continue  # edits nodes this device no longer holds: nothing to verify it with
+        except CloudNotFoundError:
+            continue  # compacted since the listing: a checkpoint holds it
         except (CloudError, pack.CorruptPackError) as e:
             view.problems.append(f"pack {pn.name}: {type(e).__name__}: {e}")
             continue
-        ids = ck.commit_ids(commits)
-        if len(ids) != len(commits):
+        view.packs += 1
+        view.own_packs += own
+        if not view.add_commits(commits):
             bad.append("a commit does not decode")
-        view.commits.update(ids)
         for d, v in eager.items():
             if not dg.verify(d, v):
                 bad.append(f"piece {dg.short(d)} does not match its digest")
@@ -153,6 +184,9 @@ async def _read_sections(
             try:
                 plain = pack.unseal(await store.get(pn.name, part.offset, part.stored), part, codec)
                 raw = pack.unsqueeze(plain, part.codec, part.raw if part.codec else len(plain))
+            except CloudNotFoundError:
+                view.pieces.discard(d)  # compacted since the listing
+                continue
             except (CloudError, pack.CorruptPackError) as e:
                 bad.append(f"LAZY piece {dg.short(d)}: {e}")
                 view.pieces.discard(d)
@@ -183,22 +217,22 @@ async def read_page(
     await _read_sections(store, list(sections), device, wanted, view, codec, page)
     lazy_at: dict[bytes, tuple[str, int, int]] = {}
     for ln in packs:
-        view.packs += 1
         own = ln.device == device
-        view.own_packs += own
         try:
             data = await store.get(ln.name) if own else await store.get(ln.name, 0, ln.eager_end)
             p = pack.decode_prefix(data[: ln.eager_end], ln.eager_end)
             if (p.ledger, p.page, p.seq, p.device.hex()) != (ln.ledger, ln.page, ln.seq, ln.device):
                 raise pack.CorruptPackError("pack does not match its name")
+        except CloudNotFoundError:
+            continue  # gone since the listing
         except (CloudError, pack.CorruptPackError) as e:
             view.problems.append(f"pack {ln.name}: {type(e).__name__}: {e}")
             continue
-        ids = ck.commit_ids(p.commits)
+        view.packs += 1
+        view.own_packs += own
         bad = []
-        if len(ids) != len(p.commits):
+        if not view.add_commits(p.commits):
             bad.append("a commit does not decode")
-        view.commits.update(ids)
         for d, v in p.eager.items():
             if not dg.verify(d, v):
                 bad.append(f"piece {dg.short(d)} does not match its digest")
@@ -225,6 +259,9 @@ async def read_page(
             continue
         try:
             piece = await store.get(name, off, n)
+        except CloudNotFoundError:
+            view.pieces.discard(d)
+            continue
         except CloudError as e:
             view.problems.append(f"pack {name}: {type(e).__name__}: {e}")
             continue
@@ -233,6 +270,86 @@ async def read_page(
         else:
             view.problems.append(f"pack {name}: LAZY piece {dg.short(d)} does not match its digest")
     return view
+
+
+async def read_checkpoint(
+    checkpoints: Checkpoints,
+    key: Key,
+    want: Iterable[bytes],
+    view: CloudView,
+    codec: Codec | None = None,
+) -> None:
+    """Add the page's best checkpoint (the one compaction goes by, see
+    :meth:`Checkpoints.best`) to ``view``: its commits and pieces are in the bucket,
+    its commits are ``covered``, and wanted pieces it holds are ``found`` (a LAZY one
+    with a ranged GET of it). Read after the packs, so that a pack compacted while
+    they were read is covered by what is read here. Cost: one LIST of the page's
+    checkpoints, the index of each of its newest few when it has several, one ranged
+    GET of the chosen one."""
+    wanted = set(want)
+    for _ in range(2):  # the chosen one may be deleted under us: a newer one is there
+        names = [cn async for cn in checkpoints.names(checkpoints.tag(key))]
+        best = await checkpoints.best(names)
+        if not best:
+            return
+        cn = next(iter(best.values()))
+        try:
+            cp = await checkpoints.read(cn)
+        except CloudNotFoundError:
+            continue
+        except (CloudError, pack.CorruptPackError) as e:
+            view.problems.append(f"checkpoint {cn.name}: {type(e).__name__}: {e}")
+            return
+        break
+    else:
+        return
+    if cp.key != key:
+        view.problems.append(f"checkpoint {cn.name}: it holds another page than its name says")
+        return
+    if not view.add_commits(cp.commits):
+        view.problems.append(f"checkpoint {cn.name}: a commit does not decode")
+    view.checkpoint = cn.name
+    view.covered = ck.commit_ids(cp.commits)
+    for d, v in cp.eager.items():  # (their digests are computed from them)
+        view.pieces.add(d)
+        if d in wanted:
+            view.found[d] = v
+    for d, where in cp.lazy.items():
+        view.pieces.add(d)
+        if d not in wanted or d in view.found:
+            continue
+        loc = Location.parse(where)
+        try:
+            stored = await checkpoints.store.get(loc.name, loc.offset, loc.stored)
+            if codec is not None:
+                ident = loc.name.rsplit(".", 2)[0]
+                piece = pack.open_piece(stored, codec, ident, d, loc.codec, loc.raw)
+            else:
+                piece = pack.unsqueeze(stored, loc.codec, loc.raw)
+        except CloudNotFoundError:
+            continue
+        except (CloudError, pack.CorruptPackError) as e:
+            view.problems.append(f"checkpoint {cn.name}: LAZY piece {dg.short(d)}: {e}")
+            continue
+        if dg.verify(d, piece):
+            view.found[d] = piece
+        else:
+            view.problems.append(
+                f"checkpoint {cn.name}: LAZY piece {dg.short(d)} does not match its digest"
+            )
+
+
+def below(tops: Iterable[bytes], parents: dict[bytes, Any]) -> set[bytes]:
+    """``tops`` and every commit they descend from, as far as ``parents`` knows."""
+    out: set[bytes] = set()
+    todo = list(tops)
+    while todo:
+        c = todo.pop()
+        if c in out:
+            continue
+        out.add(c)
+        todo.extend(parents.get(c, ()))
+    return out
 
 
 @dataclass
@@ -318,38 +435,58 @@ async def check_page(
 _CLOUD_CODES = (ck.CLOUD, ck.NOT_IN_CLOUD)
 
 
-async def _cloud(
-    page: Page, engine: SyncEngine, index: BucketIndex, report: ck.PageCheck, repair: bool
+async def _read_bucket(
+    page: Page, engine: SyncEngine, index: BucketIndex, device: str, want: Iterable[bytes]
 ) -> CloudView:
-    """Read the page's packs; report what the page counts as synced and they lack."""
+    """The page's packs, then its checkpoint (see :func:`read_checkpoint`)."""
     key = (page.ledger, page.id)
+    wanted = list(want)
     view = await read_page(
         engine.store,
         await index.packs(key),
-        engine.device,
-        report.bad_pieces(),
+        device,
+        wanted,
         await index.sections(key),
         engine.codec,
         page,
     )
+    await read_checkpoint(engine.checkpoints, key, wanted, view, engine.codec)
+    return view
+
+
+async def _cloud(
+    page: Page, engine: SyncEngine, index: BucketIndex, report: ck.PageCheck, repair: bool
+) -> CloudView:
+    """Read the page's packs and checkpoint; report what the page counts as synced
+    and the bucket should hold but does not (the rule is in the module docstring)."""
+    view = await _read_bucket(page, engine, index, engine.device, report.bad_pieces())
     for problem in [*index.problems, *view.problems]:
         report.add(ck.Problem(ck.CLOUD, problem))
     lacking = [d for d in await ck.synced_pieces(page) if d not in view.pieces]
+    missing = [c for c in await ck.synced_commits(page) if c not in view.commits]
+    if view.covered and (lacking or missing):
+        parents, roots, heads = await ck.history(page)
+        old = below(view.covered, {**view.parents, **parents})
+        missing = [c for c in missing if c not in old]
+        if lacking:
+            needed = await ck.reachable(
+                page, [r for c, r in roots.items() if c not in old or c in heads]
+            )
+            lacking = [d for d in lacking if d in needed]
     for d in lacking:
         report.add(
             ck.Problem(
-                ck.NOT_IN_CLOUD, f"piece {dg.short(d)} counts as synced but no pack has it", d
+                ck.NOT_IN_CLOUD, f"piece {dg.short(d)} counts as synced but the bucket lacks it", d
             )
         )
-    for c in await ck.synced_commits(page):
-        if c not in view.commits:
-            report.add(
-                ck.Problem(
-                    ck.NOT_IN_CLOUD,
-                    f"commit {c.hex()[:12]} counts as synced but no pack has it",
-                    commit=c,
-                )
+    for c in missing:
+        report.add(
+            ck.Problem(
+                ck.NOT_IN_CLOUD,
+                f"commit {c.hex()[:12]} counts as synced but the bucket lacks it",
+                commit=c,
             )
+        )
     return view
 
 
@@ -359,32 +496,24 @@ async def _restore(
     """Bring back bad pieces from the bucket and upload what it lacks. True if
     anything changed."""
     changed = False
+    unfit: set[bytes] = set()  # damaged here and not restored: nothing to upload
     bad = report.bad_pieces()
     if bad:
         found = {d: v for d, v in (result.cloud.found if result.cloud else {}).items() if d in bad}
-        if len(found) < len(bad):  # (the first read of the packs kept what was bad then)
-            key = (page.ledger, page.id)
-            view = await read_page(
-                engine.store,
-                await index.packs(key),
-                "",
-                bad,
-                await index.sections(key),
-                engine.codec,
-                page,
-            )
-            found.update(view.found)
+        if len(found) < len(bad):  # (the first read of the bucket kept what was bad then)
+            found.update((await _read_bucket(page, engine, index, "", bad)).found)
         restored = set(await ck.restore_pieces(page, found))
         for p in report.open_problems(ck.CORRUPT_PIECE, ck.MISSING_PIECE):
             if p.digest in restored:
                 p.repaired = True
                 changed = True
         left = [d for d in bad if d not in restored]
+        unfit.update(left)
         if left:
             result.notes.append(
                 f"{len(left)} pieces are in no pack of the bucket (first: {dg.short(left[0])})"
             )
-    lacking = report.open_problems(ck.NOT_IN_CLOUD)
+    lacking = [p for p in report.open_problems(ck.NOT_IN_CLOUD) if p.digest not in unfit]
     if lacking:
         requeued = set(
             await ck.requeue(

@@ -1,0 +1,203 @@
+"""``ledgerctl check --cloud`` and ``--repair`` on a bucket that compaction has thinned:
+a checkpoint stands for the packs it covers."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledgerd.store import Page, Priority
+from ledgerd.store import check as ck
+from ledgerd.sync import check as sc
+from ledgerd.sync.cloud import CloudStore
+from ledgerd.sync.folder import FolderStore
+from tests.sync.test_checkpoints import _load
+from tests.sync.test_compaction import Clock, _packs
+from tests.sync.test_engine import Device, _keys, device
+from tests.sync.test_engine import encryption as encryption  # the fixture
+
+GRACE = 3600.0
+
+
+@pytest.fixture
+def bucket(tmp_path: Path) -> FolderStore:
+    (tmp_path / "bucket").mkdir()
+    return FolderStore(tmp_path / "bucket")
+
+
+async def _check(d: Device, page: Page, *, repair: bool = False) -> sc.Checked:
+    """The check as ``POST /v1/check`` runs it: one BucketIndex per request."""
+    index = sc.BucketIndex(d.engine.store, d.engine.codec)
+    return await sc.check_page(page, d.engine, index, cloud=True, repair=repair)
+
+
+def _messages(checked: sc.Checked) -> list[str]:
+    return [f"{p.code}: {p.message}" for p in checked.report.open_problems()]
+
+
+async def _history(clock: Clock, a: Device, b: Device, rng: random.Random) -> None:
+    """A writes many rounds (a LAZY value early on, overwritten later) and checkpoints;
+    time passes past the grace, both devices syncing now and then (no rejoin)."""
+    pa = await a.repo.ledger("l").page("p")
+    await pa.put(b"lazy", rng.randbytes(300_000), Priority.LAZY)
+    for i in range(10):
+        await _load(pa, rng, 1, 500)
+        if i == 5:
+            await pa.put(b"lazy", rng.randbytes(200_000), Priority.LAZY)
+        await a.engine.sync()
+        await b.engine.sync()
+        clock.now += 60
+    for _ in range(5):
+        clock.now += GRACE / 4
+        await a.engine.sync()
+        await b.engine.sync()
+
+
+async def _compacted(clock: Clock, a: Device, b: Device, rng: random.Random) -> None:
+    """:func:`_history`, then A compacts: most of its packs are gone, the old history
+    is only in the checkpoint."""
+    await _history(clock, a, b, rng)
+    report = await a.engine.compact()
+    assert report.packs_deleted > 0
+    await a.engine.sync()
+    await b.engine.sync()
+
+
+async def test_check_cloud_after_compaction_is_healthy_on_the_writer_and_a_reader(
+    tmp_path: Path, bucket: FolderStore, encryption: object
+) -> None:
+    clock = Clock()
+    kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": GRACE}
+    rng = random.Random(5)
+    async with device(tmp_path / "a", bucket, **kw) as a, device(tmp_path / "b", bucket, **kw) as b:
+        await b.engine.sync()  # B follows A's history from the start
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"early", b"1")
+        await a.engine.sync()
+        await b.engine.sync()
+        pb = await b.repo.ledger("l").page("p")
+        await pb.put(b"from b", b"b")
+        await b.engine.sync()
+        await a.engine.sync()
+        await _compacted(clock, a, b, rng)
+        assert await _keys(b.repo) == await _keys(a.repo)
+        for d, pg in ((a, pa), (b, pb)):
+            checked = await _check(d, pg)
+            assert checked.report.healthy, _messages(checked)
+            assert checked.cloud is not None and checked.cloud.packs > 0
+        # A device that started from the checkpoint after compaction, too.
+        async with device(tmp_path / "c", bucket, **kw) as c:
+            await c.engine.sync()
+            pc = await c.repo.ledger("l").page("p")
+            checked = await _check(c, pc)
+            assert checked.report.healthy, _messages(checked)
+
+
+@pytest.mark.parametrize("who", ["writer", "reader"])
+@pytest.mark.parametrize("when", ["index", "section"])
+async def test_a_pack_compacted_between_listing_and_reading_is_no_problem(
+    tmp_path: Path, bucket: FolderStore, when: str, who: str
+) -> None:
+    """Compaction runs while the check reads: the packs it lists go before their index
+    (or their section) is read. The check skips them; the checkpoint stands for them."""
+    clock = Clock()
+    kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": GRACE}
+    rng = random.Random(6)
+    async with device(tmp_path / "a", bucket, **kw) as a, device(tmp_path / "b", bucket, **kw) as b:
+        await _history(clock, a, b, rng)
+        d = a if who == "writer" else b
+        store: CloudStore = d.engine.store
+        get = store.get
+        fired: list[bool] = []
+
+        async def racing(name: str, offset: int = 0, length: int | None = None) -> bytes:
+            reads_section = offset > 0
+            if not fired and name.startswith("packs/") and reads_section == (when == "section"):
+                fired.append(True)
+                assert (await a.engine.compact()).packs_deleted > 0
+            return bytes(await get(name, offset, length))
+
+        store.get = racing  # type: ignore[method-assign]
+        try:
+            checked = await _check(d, await d.repo.ledger("l").page("p"))
+        finally:
+            del store.get
+        assert fired
+        assert checked.report.healthy, _messages(checked)
+        assert not checked.report.problems, _messages(checked)
+
+
+async def test_repair_restores_a_corrupt_tree_node_from_the_checkpoint(
+    tmp_path: Path, bucket: FolderStore, encryption: object
+) -> None:
+    """C starts the page from A's checkpoint; A compacts; C's head's tree nodes are
+    damaged by hand. No pack holds them any more: the checkpoint does."""
+    clock = Clock()
+    kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": GRACE}
+    rng = random.Random(8)
+    async with device(tmp_path / "a", bucket, **kw) as a, device(tmp_path / "b", bucket, **kw) as b:
+        await _history(clock, a, b, rng)
+        async with device(tmp_path / "c", bucket, **kw) as c:
+            await c.engine.sync()
+            assert (await a.engine.compact()).packs_deleted > 0
+            await c.engine.sync()
+            pc = await c.repo.ledger("l").page("p")
+            want = await _keys(c.repo)
+            assert want == await _keys(a.repo)
+            root = pc.head.root
+            leaves = await pc.db.read_all(
+                "SELECT digest FROM objects WHERE digest != ? ORDER BY digest LIMIT 3", (root,)
+            )
+            damaged = [root, *(bytes(r[0]) for r in leaves)]
+
+            def damage(conn: sqlite3.Connection) -> None:
+                for d in damaged:
+                    conn.execute("UPDATE objects SET data = ? WHERE digest = ?", (b"junk", d))
+
+            await pc.db.run(damage, write=True)
+            pc.objects.clear_cache()
+            checked = await ck.check_page(pc)
+            assert {p.digest for p in checked.open_problems(ck.CORRUPT_PIECE)} >= set(damaged)
+
+            checked_cloud = await _check(c, pc)
+            assert not checked_cloud.report.open_problems(ck.NOT_IN_CLOUD), _messages(checked_cloud)
+            repaired = await _check(c, pc, repair=True)
+            assert repaired.report.healthy, (_messages(repaired), repaired.notes)
+            assert (await ck.check_page(pc)).healthy
+            assert await _keys(c.repo) == want
+            checked_cloud = await _check(c, pc)
+            assert checked_cloud.report.healthy, _messages(checked_cloud)
+
+
+async def test_what_is_newer_than_the_checkpoint_must_still_be_in_a_pack(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """The checkpoint excuses only the history below it: B's commit made after it,
+    whose pack is lost, is still reported, and a repair uploads it again. (B writes
+    no checkpoint of its own: one would hold that commit.)"""
+    clock = Clock()
+    kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": GRACE}
+    rng = random.Random(9)
+    async with (
+        device(tmp_path / "a", bucket, **kw) as a,
+        device(tmp_path / "b", bucket, max_checkpoint=1, **kw) as b,  # writes none
+    ):
+        await _compacted(clock, a, b, rng)
+        pb = await b.repo.ledger("l").page("p")
+        await pb.put(b"after", b"the checkpoint")
+        await b.engine.sync()
+        head = pb.head.id
+        mine = [p for p in _packs(tmp_path / "bucket") if p.device == b.engine.device]
+        (tmp_path / "bucket" / mine[-1].name).unlink()
+        checked = await _check(b, pb)
+        lost = checked.report.open_problems(ck.NOT_IN_CLOUD)
+        assert head in {p.commit for p in lost}, _messages(checked)
+        assert any(p.digest is not None for p in lost)
+        assert {p.code for p in checked.report.open_problems()} == {ck.NOT_IN_CLOUD}
+        repaired = await _check(b, pb, repair=True)
+        assert repaired.report.healthy, (_messages(repaired), repaired.notes)
+        assert (await _check(b, pb)).report.healthy
