@@ -46,10 +46,17 @@ def socket_dir_problem(socket: Path, *, owner: int | None = None) -> str | None:
     if not stat.S_ISDIR(st.st_mode):
         return f"{directory} is not a directory"
     if st.st_mode & 0o022:
+        # A shared directory such as /tmp (sticky) is meant to be writable by all:
+        # the socket goes into a directory of its own, never a chmod of the shared one.
+        fix = (
+            f"put the socket in a directory of its own (mkdir -m 700 {directory}/ledgerd-"
+            f"{os.getuid()}, then --socket {directory}/ledgerd-{os.getuid()}/ledgerd.sock)"
+            if st.st_mode & stat.S_ISVTX
+            else f"use a directory only its owner can write (chmod go-w {directory})"
+        )
         return (
             f"the socket's directory {directory} is writable by others (mode {_mode(st)}): "
-            f"they could replace the socket; use a directory only its owner can write "
-            f"(chmod go-w {directory})"
+            f"they could replace the socket; {fix}"
         )
     if owner is not None and st.st_uid not in (owner, 0):
         return (

@@ -65,6 +65,9 @@ def test_the_daemon_refuses_a_socket_directory_others_can_write(short_tmp: Path,
     out = ledgerd("--data-dir", str(short_tmp / "data"), "--socket", str(sockdir / "s.sock"))
     one_line(out, "socket:", "writable by others", str(sockdir))
     assert not (short_tmp / "data").exists()  # nothing was created
+    # A shared directory (sticky, like /tmp) is not to be chmod-ed: a private one in it.
+    advice = f"mkdir -m 700 {sockdir}/ledgerd-" if mode & 0o1000 else f"chmod go-w {sockdir}"
+    assert advice in out.stderr, out.stderr
 
 
 def test_a_missing_socket_directory_under_an_unsafe_parent_is_refused_first(
