@@ -59,6 +59,7 @@ from ledgerd.daemon.config import Config
 from ledgerd.daemon.metrics import ROUTE_KEY
 from ledgerd.store import KEY_LIMIT, HeldBudget, Page, Policy, Repository, StoreError, View
 from ledgerd.store import digest as dg
+from ledgerd.store.errors import named
 
 log = logging.getLogger(__name__)
 access = logging.getLogger("ledgerd.daemon.access")
@@ -554,8 +555,8 @@ class Api:
     async def page(self, ledger: bytes, page_id: bytes, *, create: bool) -> Page:
         if not create and not self.repo.page_exists(ledger, page_id):
             if not self.repo.ledger_exists(ledger):
-                raise ae.LedgerNotFound(f"no ledger {ledger!r}")
-            raise ae.PageNotFound(f"no page {page_id!r} in ledger {ledger!r}")
+                raise ae.LedgerNotFound(f"no ledger {named(ledger)}")
+            raise ae.PageNotFound(f"no page {named(page_id)} in ledger {named(ledger)}")
         page = await self.repo.open_page(ledger, page_id)
         leases = _leases.get(None)
         if leases is not None:  # no await since open_page returned: it is still open
@@ -710,7 +711,7 @@ class Api:
 
     async def pages(self, request: web.Request, p: Params) -> web.Response:
         if not await self.repo.ledger_listed(p.ledger):
-            raise ae.LedgerNotFound(f"no ledger {p.ledger!r}")
+            raise ae.LedgerNotFound(f"no ledger {named(p.ledger)}")
         ids = await self.repo.ledger(p.ledger).pages()
         return web.json_response({"pages": [{"id": b64(i), "text": text_or_none(i)} for i in ids]})
 
@@ -720,7 +721,7 @@ class Api:
         view = page if plain else await self.view(request, page)
         entry = await view.get_entry(key)
         if entry is None:
-            raise ae.KeyNotFound(f"key {key[:64]!r} is not in the page")
+            raise ae.KeyNotFound(f"key {named(key[:64])} is not in the page")
         headers = {
             "Accept-Ranges": "bytes",
             "ETag": '"' + entry.value.hex() + '"',

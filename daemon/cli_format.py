@@ -28,6 +28,7 @@ from ledgerd.daemon.client import Item
 from ledgerd.daemon.codec import b64
 from ledgerd.store import SingleFloat, Versionstamp
 from ledgerd.store import tuple as fdbtuple
+from ledgerd.store.errors import named
 
 
 class UsageError(Exception):
@@ -169,12 +170,7 @@ def text_or_none(data: bytes) -> str | None:
 def show_name(data: bytes, hex_mode: bool = False) -> str:
     """A ledger name or page id: its text when it is printable UTF-8, else ``hex:`` and
     its hex (give it back with ``--hex``); only hex with ``--hex``."""
-    if hex_mode:
-        return data.hex()
-    text = text_or_none(data)
-    if text is not None and text.isprintable() and text and not text.startswith("hex:"):
-        return text
-    return "hex:" + data.hex()
+    return data.hex() if hex_mode else named(data)
 
 
 def show_b64_name(b64: str) -> str:

@@ -23,6 +23,7 @@ from ledgerd.daemon import errors as ae
 from ledgerd.daemon.codec import text_or_none, unb64
 from ledgerd.store import GcResult, Repository, StoreError
 from ledgerd.store import gc as sgc
+from ledgerd.store.errors import named
 
 if TYPE_CHECKING:
     from ledgerd.daemon.api import Api
@@ -55,10 +56,10 @@ async def pages_of(
     """Every page, a ledger's, or one (404 when it does not exist); deleted ones too
     with ``include_deleted``."""
     if ledger is not None and not repo.ledger_exists(ledger):
-        raise ae.LedgerNotFound(f"no ledger {ledger!r}")
+        raise ae.LedgerNotFound(f"no ledger {named(ledger)}")
     if ledger is not None and page is not None:
         if not repo.page_exists(ledger, page):
-            raise ae.PageNotFound(f"no page {page!r} in ledger {ledger!r}")
+            raise ae.PageNotFound(f"no page {named(page)} in ledger {named(ledger)}")
         return [(ledger, page)]
     keys: list[tuple[bytes, bytes]] = []
     ledgers = await repo.ledgers(include_deleted=include_deleted) if ledger is None else [ledger]

@@ -39,6 +39,7 @@ from ledgerd.store import (
     RangeResult,
     StoreError,
 )
+from ledgerd.store.errors import named
 
 if TYPE_CHECKING:
     from ledgerd.daemon.api import Api, Params
@@ -182,7 +183,9 @@ async def _store(api: Api, p: Params, *, write: bool) -> DocumentStore:
     needs a page that is a document page already (opening one makes it one)."""
     page = await api.page(p.ledger, p.page, create=write)
     if not write and not await DocumentStore.holds_documents(page):
-        raise ae.NotDocuments(f"page {p.page!r} of ledger {p.ledger!r} holds no documents")
+        raise ae.NotDocuments(
+            f"page {named(p.page)} of ledger {named(p.ledger)} holds no documents"
+        )
     return await DocumentStore.open(
         page,
         max_document_bytes=api.cfg.max_document_bytes,

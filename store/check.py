@@ -37,7 +37,7 @@ from typing import Any
 
 from ledgerd.store import btree, commit, split, sql
 from ledgerd.store import digest as dg
-from ledgerd.store.errors import CorruptObjectError, InvalidArgumentError, StoreError
+from ledgerd.store.errors import CorruptObjectError, InvalidArgumentError, StoreError, named
 from ledgerd.store.page import Page
 from ledgerd.store.schema import LOCAL, SYNCED, TRANSIENT
 from ledgerd.store.sql import shallow_roots
@@ -443,7 +443,7 @@ class _Walker:
         for d in fresh:
             key = want[d]
             s = status.get(d)
-            where = f" (key {key[:64]!r})" if key is not None else ""
+            where = f" (key {named(key[:64])})" if key is not None else ""
             if s is None:
                 self._problem(
                     MISSING_PIECE, f"{what} piece {dg.short(d)}{where} is missing", d, key

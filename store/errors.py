@@ -14,6 +14,21 @@ import errno
 import sqlite3
 
 
+def named(data: bytes | str) -> str:
+    """A ledger name, page id or key as a message shows it: its text when it is
+    printable UTF-8 (and does not itself start ``hex:``), else ``hex:`` and its hex,
+    as ``ledgerctl`` prints names (not Python's ``b'...'``)."""
+    if isinstance(data, str):
+        return data
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = ""
+    if text and text.isprintable() and not text.startswith("hex:"):
+        return text
+    return "hex:" + data.hex()
+
+
 class StoreError(Exception):
     """The store failed."""
 

@@ -24,7 +24,7 @@ from ledgerd.store import commit, split, sql
 from ledgerd.store.btree import Builder
 from ledgerd.store.commit import Commit
 from ledgerd.store.db import Database, fits_inline
-from ledgerd.store.errors import CommitNotFoundError
+from ledgerd.store.errors import CommitNotFoundError, named
 from ledgerd.store.objects import ObjectStore
 from ledgerd.store.schema import LOCAL
 from ledgerd.store.watch import Watchers
@@ -126,7 +126,7 @@ class CommitGraph:
             if not rows:
                 if cid == commit.FIRST.id:  # a page started from a checkpoint drops it
                     return commit.FIRST
-                raise CommitNotFoundError(f"commit {cid.hex()} is not in page {self.name!r}")
+                raise CommitNotFoundError(f"commit {cid.hex()} is not in page {named(self.name)}")
             c = commit.decode(bytes(rows[0][0]), cid)
             self._commits[cid] = c
         return c

@@ -32,7 +32,7 @@ from ledgerd.store import btree, commit, merge, split, sql
 from ledgerd.store.btree import Builder, Entry, NodeStore, Priority
 from ledgerd.store.commit import Commit
 from ledgerd.store.db import Database
-from ledgerd.store.errors import ClosedError
+from ledgerd.store.errors import ClosedError, named
 from ledgerd.store.graph import CommitGraph
 from ledgerd.store.hooks import ResolverSource
 
@@ -234,7 +234,7 @@ class Merger:
         await self.settle()
         async with graph.lock:
             if self._is_closed():
-                raise ClosedError(f"page {self.name!r} is closed")
+                raise ClosedError(f"page {named(self.name)} is closed")
             unsynced = {
                 bytes(r[0])
                 for r in await self.db.read_all("SELECT commit_id FROM unsynced_commits")
@@ -287,7 +287,7 @@ class Merger:
         graph = self.graph
         async with graph.lock:
             if self._is_closed():
-                raise ClosedError(f"page {self.name!r} is closed")
+                raise ClosedError(f"page {named(self.name)} is closed")
             try:
                 await self.db.run(work, write=True)
             finally:

@@ -45,6 +45,7 @@ from ledgerd.store.errors import (
     PageUnavailableError,
     RepositoryLockedError,
     TooManyOpenPagesError,
+    named,
 )
 from ledgerd.store.gc import HISTORY_RETENTION, GcResult
 from ledgerd.store.hooks import NO_HOOKS, PageHooks
@@ -455,7 +456,7 @@ class Repository:
         evicted = self._evicted.get((ledger, page_id), 0)
         if evicted == eviction.SYNCED_EVICTED and self.hooks.restorer is None:
             raise PageUnavailableError(
-                f"page {page_id!r} was evicted from this device and there is no cloud "
+                f"page {named(page_id)} was evicted from this device and there is no cloud "
                 "to restore it from"
             )
         page = await self._open_page(ledger, page_id)
@@ -606,15 +607,15 @@ class Repository:
         page = self._pages.get((ledger, page_id))
         if page is not None and not page.closed:
             if not page.idle:
-                raise NotEvictableError(f"page {page_id!r} is in use")
+                raise NotEvictableError(f"page {named(page_id)} is in use")
             await page.close()
         path = self.page_path(ledger, page_id)
         verdict = await asyncio.to_thread(eviction.evictability, path)
         if not verdict.ok:
-            raise NotEvictableError(f"page {page_id!r} cannot be evicted: {verdict.reason}")
+            raise NotEvictableError(f"page {named(page_id)} cannot be evicted: {verdict.reason}")
         if verdict.kind == eviction.SYNCED_EVICTED and self.hooks.restorer is None:
             raise NotEvictableError(
-                f"page {page_id!r} cannot be evicted: nothing could restore it (no cloud)"
+                f"page {named(page_id)} cannot be evicted: nothing could restore it (no cloud)"
             )
         size = await asyncio.to_thread(eviction.directory_bytes, path.parent)
         aside = await asyncio.to_thread(eviction.set_aside, path.parent)

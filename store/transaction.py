@@ -32,7 +32,7 @@ from types import TracebackType
 from ledgerd.store import commit, split, staging
 from ledgerd.store.btree import EMPTY, Builder, Entry, NodeStore, Priority, RawEntry, new_entry
 from ledgerd.store.commit import Commit
-from ledgerd.store.errors import ClosedError, TransactionClosedError
+from ledgerd.store.errors import ClosedError, TransactionClosedError, named
 from ledgerd.store.graph import CommitGraph, Work
 from ledgerd.store.merging import Merger
 from ledgerd.store.objects import ObjectStore, Source
@@ -125,7 +125,7 @@ class Transactions:
         async with graph.lock:
             if self._is_closed():
                 await staging.discard(self.objects, st.staged)
-                raise ClosedError(f"page {self.name!r} is closed")
+                raise ClosedError(f"page {named(self.name)} is closed")
             entries, at = st.entries, None
             if st.stamped_keys or st.stamped_values:
                 entries = dict(entries)

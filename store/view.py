@@ -26,7 +26,7 @@ from typing import Generic, NamedTuple, TypeVar
 from ledgerd.store import btree
 from ledgerd.store.btree import EMPTY, Entry, NodeStore, Priority, RawEntry, new_entry
 from ledgerd.store.digest import TOMBSTONE
-from ledgerd.store.errors import InvalidArgumentError, KeyNotFoundError, KeyTooLargeError
+from ledgerd.store.errors import InvalidArgumentError, KeyNotFoundError, KeyTooLargeError, named
 from ledgerd.store.objects import ObjectStore
 
 KEY_LIMIT = 4096
@@ -160,7 +160,7 @@ class View(abc.ABC):
     async def _entry(self, key: bytes) -> Entry:
         e = await self.get_entry(key)
         if e is None:
-            raise KeyNotFoundError(f"key {key[:64]!r} is not in the page")
+            raise KeyNotFoundError(f"key {named(key[:64])} is not in the page")
         return e
 
     async def contains(self, key: bytes) -> bool:
