@@ -37,6 +37,7 @@ from ledgerd.daemon import __version__, cli_doc
 from ledgerd.daemon.cli_format import (
     UsageError,
     arg_bytes,
+    counted,
     entry_doc,
     human_bytes,
     name_doc,
@@ -482,9 +483,9 @@ class Cli:
         if self.a.json:
             self.emit(res)
         else:
-            print(
-                f"synced: {res['uploaded_packs']} packs up, {res['downloaded_packs']} down, "
-                f"{res['rounds']} rounds",
+            print(  # on stderr, as the progress bar it follows (and as git push's)
+                f"synced: {counted(res['uploaded_packs'], 'pack')} up, "
+                f"{res['downloaded_packs']} down, {counted(res['rounds'], 'round')}",
                 file=sys.stderr,
             )
         return 0

@@ -218,6 +218,11 @@ def size_text(n: int | None) -> str:
     return f"<{n} bytes>"
 
 
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1: "1 page", "2 pages", "0 rounds"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def human_bytes(n: int) -> str:
     return size_text(n)[1:-1]
 

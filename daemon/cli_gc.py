@@ -16,7 +16,7 @@ import json
 import sys
 from typing import Any, TextIO
 
-from ledgerd.daemon.cli_format import arg_bytes, human_bytes
+from ledgerd.daemon.cli_format import arg_bytes, counted, human_bytes
 from ledgerd.daemon.client import AsyncClient
 
 EXIT_FAILED = 1
@@ -75,7 +75,8 @@ def gc_summary(doc: dict[str, Any], out: TextIO) -> None:
     for e in doc["errors"]:
         out.write(f"{_name(e)}: FAILED: {e['message']}\n")
     out.write(
-        f"collected {doc['collected_pages']} pages: {doc['commits_pruned']} commits pruned, "
+        f"collected {counted(doc['collected_pages'], 'page')}: "
+        f"{counted(doc['commits_pruned'], 'commit')} pruned, "
         f"{doc['pieces_freed']} pieces ({size(doc['bytes_freed'])}) freed; files "
         f"{size(doc['file_bytes_before'])} -> {size(doc['file_bytes_after'])}\n"
     )

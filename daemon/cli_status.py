@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ledgerd.daemon.cli_format import show_b64_name, when_s
+from ledgerd.daemon.cli_format import counted, show_b64_name, when_s
 
 
 def _page(doc: dict[str, Any]) -> str:
@@ -64,7 +64,7 @@ def sync_lines(sync: dict[str, Any]) -> list[str]:
     ):
         lines.append(f"sync     last round failed: {sync['round_error']}")
     if sync.get("pending_uploads"):
-        lines.append(f"sync     {sync['pending_uploads']} pages waiting to upload")
+        lines.append(f"sync     {counted(sync['pending_uploads'], 'page')} waiting to upload")
     for p in sync.get("pages", []):
         lines.append(f"sync     page {_page(p)}: {p['error']}")
     for h in sync.get("packs", []):

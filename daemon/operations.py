@@ -15,6 +15,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ledgerd.daemon import errors as ae
+from ledgerd.daemon.cli_format import counted
 from ledgerd.daemon.codec import unb64
 from ledgerd.daemon.collector import pages_of
 from ledgerd.store import StoreError
@@ -70,9 +71,9 @@ async def run_check(api: Api, doc: Any) -> dict[str, Any]:
     healthy = all(r.report.healthy for r in results)
     if not healthy or any(p.repaired for p in problems):
         log.warning(
-            "check of %d pages: %d problems, %d repaired",
-            len(results),
-            len(problems),
+            "check of %s: %s, %d repaired",
+            counted(len(results), "page"),
+            counted(len(problems), "problem"),
             sum(p.repaired for p in problems),
         )
     return {

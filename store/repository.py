@@ -611,12 +611,16 @@ class Repository:
             await page.close()
         path = self.page_path(ledger, page_id)
         verdict = await asyncio.to_thread(eviction.evictability, path)
-        if not verdict.ok:
-            raise NotEvictableError(f"page {named(page_id)} cannot be evicted: {verdict.reason}")
-        if verdict.kind == eviction.SYNCED_EVICTED and self.hooks.restorer is None:
+        # Without a cloud only an empty page can go: say so first, rather than "not
+        # fully synced", which invites a sync that cannot run.
+        if self.hooks.restorer is None and (
+            not verdict.ok or verdict.kind == eviction.SYNCED_EVICTED
+        ):
             raise NotEvictableError(
                 f"page {named(page_id)} cannot be evicted: nothing could restore it (no cloud)"
             )
+        if not verdict.ok:
+            raise NotEvictableError(f"page {named(page_id)} cannot be evicted: {verdict.reason}")
         size = await asyncio.to_thread(eviction.directory_bytes, path.parent)
         aside = await asyncio.to_thread(eviction.set_aside, path.parent)
         await self._mark_evicted(ledger, page_id, verdict.kind)

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from ledgerd.daemon import __version__
-from ledgerd.daemon.cli_format import positive_int
+from ledgerd.daemon.cli_format import counted, positive_int
 from ledgerd.daemon.cli_status import status_lines, sync_lines
 from ledgerd.daemon.client import Client
 from tests.daemon.conftest import ROOT, Daemon, start_daemon
@@ -672,7 +672,7 @@ def test_progress_of_sync(short_tmp: Path) -> None:
         text = shown.decode()
         assert code == 0, text
         assert re.search(r"sync: 100%\|█+\| (\d)/\1 \[.* pages/s\]", text), text
-        assert re.search(r"\r\nsynced: \d+ packs up, 0 down, \d+ rounds\r\n$", text), text
+        assert re.search(r"\r\nsynced: \d+ packs? up, 0 down, \d+ rounds?\r\n$", text), text
         seed(d, "l", "a", [(b"k2", b"v", "eager")])
         p = d.ledgerctl("sync")
         assert p.returncode == 0 and re.fullmatch(rb"synced: [^\r]*\n", p.stderr), p
@@ -687,3 +687,7 @@ def test_a_limit_is_ascii_digits(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="is not an integer"):
         positive_int(text)
     assert positive_int("10") == 10
+
+
+def test_counts_in_messages_agree_with_their_number() -> None:
+    assert [counted(n, "page") for n in (0, 1, 2)] == ["0 pages", "1 page", "2 pages"]

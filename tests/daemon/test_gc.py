@@ -71,7 +71,7 @@ def test_gc_after_a_synced_bulk_load_gives_the_space_back(d: Daemon) -> None:
             c.get("bulk", "p", b"anything", at=first)
         assert (e.value.code, e.value.status) == ("history_pruned", 410)
     text = d.ledgerctl("gc").stdout.decode()
-    assert text.splitlines()[-1].startswith("collected 1 pages: 0 commits pruned"), text
+    assert text.splitlines()[-1].startswith("collected 1 page: 0 commits pruned"), text
     assert f"1 of {len(history)} commits kept, synced" in d.ledgerctl("du").stdout.decode()
 
 

@@ -17,6 +17,7 @@ from ledgerd.store import (
     exchange,
 )
 from ledgerd.store.eviction import SUFFIX
+from ledgerd.store.hooks import NO_HOOKS
 from tests.store.test_crash import run_and_kill
 from tests.store.test_gc import upload_all
 
@@ -91,8 +92,12 @@ async def test_what_is_not_synced_is_not_evicted(tmp_path: Path) -> None:
         await page.flush()
         with pytest.raises(NotEvictableError, match="in use"), page.lease():
             await repo.evict(b"l", b"p")
+        with pytest.raises(NotEvictableError, match="nothing could restore it"):
+            await repo.evict(b"l", b"p")  # closed (it was idle), not uploaded, and no cloud
+        repo.hooks = PageHooks(restorer=_never_restores)
         with pytest.raises(NotEvictableError, match="unsynced commits"):
-            await repo.evict(b"l", b"p")  # closed (it was idle), but not uploaded
+            await repo.evict(b"l", b"p")  # with a cloud: not uploaded yet
+        repo.hooks = NO_HOOKS
         page = await repo.ledger("l").page("p")
         assert await page.get(b"k") == b"v" * 100
         await upload_all(page)
@@ -160,3 +165,11 @@ class _Missing:
 
 
 __all__ = ["Bucket", "exchange"]
+
+
+class _NeverRestores:
+    async def restore_page(self, page: Page) -> bool:
+        raise AssertionError("no page is restored here")
+
+
+_never_restores = _NeverRestores()
