@@ -14,7 +14,7 @@ import json
 import sys
 from typing import Any, TextIO
 
-from ledgerd.daemon.cli_format import arg_bytes
+from ledgerd.daemon.cli_format import arg_bytes, counted
 from ledgerd.daemon.client import AsyncClient
 
 EXIT_UNHEALTHY = 1
@@ -83,14 +83,12 @@ def summary(report: dict[str, Any], out: TextIO) -> None:
             out.write(f"  note: {note}\n")
     if len(bad) > SHOWN_PAGES:
         out.write(f"... and {len(bad) - SHOWN_PAGES} more pages (--json lists them)\n")
+    # The healthy pages' notes (such as "cloud sync is off"), each once.
+    for note in dict.fromkeys(n for p in pages if p not in bad for n in p["notes"]):
+        out.write(f"note: {note}\n")
     cloud = " and the bucket" if report["cloud"] else ""
     verdict = "healthy" if report["healthy"] else "NOT healthy"
     out.write(
-        f"checked {_count(report['checked_pages'], 'page')}{cloud}: {verdict}; "
-        f"{_count(report['problems'], 'problem')}, {report['repaired']} repaired\n"
+        f"checked {counted(report['checked_pages'], 'page')}{cloud}: {verdict}; "
+        f"{counted(report['problems'], 'problem')}, {report['repaired']} repaired\n"
     )
-
-
-def _count(n: int, noun: str) -> str:
-    """``1 page``, ``2 pages``."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

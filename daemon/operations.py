@@ -81,7 +81,7 @@ async def run_check(api: Api, doc: Any) -> dict[str, Any]:
         "checked_pages": len(results),
         "problems": sum(not p.repaired for p in problems) + sum(r.report.dropped for r in results),
         "repaired": sum(p.repaired for p in problems),
-        "cloud": cloud and engine is not None,
+        "cloud": (cloud or repair) and engine is not None,  # whether the bucket was read
         "repair": repair,
         "pages": [r.json() for r in results],
     }

@@ -154,3 +154,20 @@ def test_a_page_written_by_a_newer_ledgerd_is_refused_with_its_own_code(synced: 
     with sqlite3.connect(f) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == 999
     conn.close()
+
+
+def test_check_says_in_text_when_it_read_no_bucket(short_tmp: Path) -> None:
+    """``--cloud`` on a daemon without cloud sync: the note that no bucket was read is in
+    the text output (it was only in ``--json``), and the verdict does not claim the
+    bucket; a healthy page's note is printed once."""
+    d = start_daemon(short_tmp / "d")
+    try:
+        with Client(d.socket) as c:
+            c.put("notes", "inbox", b"k", b"v")
+            c.put("notes", "other", b"k", b"v")
+        code, text = _check(d, "--cloud")
+        assert code == 0, text
+        assert text.count("note: cloud sync is off") == 1, text
+        assert text.splitlines()[-1].startswith("checked 2 pages: healthy"), text
+    finally:
+        assert d.stop() == 0
