@@ -560,8 +560,12 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         bad = re.search(r"invalid choice: '([^']*)'", message)
         if bad and "COMMAND" in message:
+            # A subcommand's parser (doc's) has no list of its own: argparse names them.
+            choices = self.commands or tuple(
+                re.findall(r"'([^']*)'", message.partition("choose from")[2])
+            )
             message = f"no command {bad[1]!r}"
-            near = difflib.get_close_matches(bad[1], self.commands, n=3, cutoff=0.6)
+            near = difflib.get_close_matches(bad[1], choices, n=3, cutoff=0.6)
             if near:
                 message += f"; did you mean {' or '.join(repr(n) for n in near)}?"
         elif message.startswith("unrecognized arguments: "):
@@ -682,12 +686,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("page", nargs="?").completer = _complete_page  # type: ignore[attr-defined]
     p.add_argument("-y", "--yes", action="store_true", help="delete a whole ledger without asking")
     p = cmd("ls", "list entries: key<TAB>value per line (or --json)", "ledger", "page")
-    for opt in ("--prefix", "--start", "--end"):
-        p.add_argument(opt)
-    p.add_argument("--limit", type=positive_int)
-    p.add_argument("--at", help="list at this commit (hex id)")
+    for opt, what in (
+        ("--prefix", "only keys that start with P (with --tuple: a tuple prefix)"),
+        ("--start", "only keys from S on"),
+        ("--end", "only keys before E"),
+    ):
+        p.add_argument(opt, metavar=opt[2].upper(), help=what)
+    p.add_argument("--limit", type=positive_int, metavar="N", help="at most N entries")
+    p.add_argument("--at", metavar="COMMIT", help="list at this commit (hex id)")
     p = cmd("watch", "print every change until interrupted", "ledger", "page")
-    p.add_argument("--prefix")
+    p.add_argument("--prefix", metavar="P", help="only keys that start with P")
     p = cmd("import", "write entries in the 'ls --json' format in large batches", "ledger", "page")
     p.add_argument("file", nargs="?", help="(default: standard input)")
     cmd("export", "the whole page in the 'ls --json' format", "ledger", "page")
@@ -701,7 +709,7 @@ def parser() -> argparse.ArgumentParser:
     )
     cmd("heads", "list the page's head commits", "ledger", "page")
     p = cmd("log", "commit history, newest first", "ledger", "page")
-    p.add_argument("--limit", type=positive_int, default=20)
+    p.add_argument("--limit", type=positive_int, default=20, metavar="N", help="(default 20)")
     cli_doc.add_parser(sub)  # ledgerctl doc ... (daemon/cli_doc.py)
     # -- subcommands of their own modules (each sets a handler(args, client)) ---------
     from ledgerd.daemon import cli_check, cli_gc

@@ -455,6 +455,10 @@ def test_did_you_mean(tmp_path: Path) -> None:
     assert "unrecognized arguments: --prfix a (did you mean '--prefix'?)" in p.stderr.decode()
     p = run("frobnicate")
     assert p.returncode == 2 and p.stderr.decode().endswith("no command 'frobnicate'\n")
+    p = run("doc", "lss", "l", "p", "c")  # a subcommand, too
+    assert p.stderr.decode().endswith(
+        "ledgerctl doc: error: no command 'lss'; did you mean 'ls'?\n"
+    )
     # An option of another command: no "did you mean" naming the option as typed.
     p = run("ls", "l", "p", "--lazy")
     assert p.returncode == 2
