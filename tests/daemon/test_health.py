@@ -38,7 +38,8 @@ def test_a_missing_bucket_is_not_synced_and_health_says_why(short_tmp: Path) -> 
             assert any("marker" in r for r in h["sync"]["reasons"]), h
             assert h["sync"]["synced"] is False
             st = c.status()["sync"]
-            assert st["synced"] is False and st["reasons"] == h["sync"]["reasons"]
+            assert st["synced"] is False
+            assert _problems(st["reasons"]) == _problems(h["sync"]["reasons"])
             strict = c.health(sync=True)
             assert strict["status"] == "degraded"
 
@@ -75,8 +76,14 @@ def test_an_unreachable_endpoint_is_a_reason_while_the_round_retries(short_tmp: 
                     break
                 assert time.monotonic() < deadline, reasons
                 time.sleep(0.2)
-            assert c.status()["sync"]["reasons"] == reasons
+            assert _problems(c.status()["sync"]["reasons"]) == _problems(reasons)
             text = d.ledgerctl("status").stdout.decode()
             assert "Could not connect" in text, text
     finally:
         assert d.stop() == 0, d.log_text()
+
+
+def _problems(reasons: list[str]) -> list[str]:
+    """The reasons but the pages waiting for upload, which come and go between two
+    calls as rounds take them and fail."""
+    return [r for r in reasons if not r.endswith("waiting for upload")]

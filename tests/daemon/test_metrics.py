@@ -112,7 +112,7 @@ def test_error_answers_and_unknown_paths_are_counted(daemon: Daemon) -> None:
         before = _samples(_scrape(c))
         assert c._call(status_of(c, "GET", "/v1/ledgers/notes/pages/inbox/keys/nope")) == 404
         assert c._call(status_of(c, "GET", "/v1/nothing/here")) == 404
-        assert c._call(status_of(c, "PATCH", "/v1/status")) == 404
+        assert c._call(status_of(c, "PATCH", "/v1/status")) == 405
         after = _samples(_scrape(c))
 
     def moved(**labels: str) -> float:
@@ -122,7 +122,7 @@ def test_error_answers_and_unknown_paths_are_counted(daemon: Daemon) -> None:
     keys = "/v1/ledgers/{ledger}/pages/{page}/keys/{key}"
     assert moved(route=keys, method="GET", status="404") == 1
     assert moved(route="unmatched", method="GET", status="404") == 1
-    assert moved(route="unmatched", method="PATCH", status="404") == 1
+    assert moved(route="unmatched", method="PATCH", status="405") == 1
 
 
 def test_every_metric_is_in_the_readme(daemon: Daemon) -> None:
