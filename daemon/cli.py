@@ -537,8 +537,22 @@ def _typed(args: argparse.Namespace, name: str) -> str:
 
 
 def _not_found(e: NotFoundError, args: argparse.Namespace) -> str:
-    """What was not found, named as the user gave it (the daemon's message has Python
-    byte reprs in it)."""
+    """What was not found, named as the user gave it, with a hint when it looks like a
+    name ledgerctl printed as ``hex:...`` pasted back without ``--hex``."""
+    return _not_found_text(e, args) + _hex_hint(args)
+
+
+def _hex_hint(args: argparse.Namespace) -> str:
+    if getattr(args, "hex", False):
+        return ""
+    for name in ("ledger", "page", "key"):
+        typed = getattr(args, name, None)
+        if isinstance(typed, str) and typed.startswith("hex:"):
+            return f" (to name {typed}, give {typed[4:]} with --hex)"
+    return ""
+
+
+def _not_found_text(e: NotFoundError, args: argparse.Namespace) -> str:
     where = f"{_typed(args, 'ledger')}/{_typed(args, 'page')}"
     if e.code == "key_not_found" and getattr(args, "key", None) is not None:
         return f"key {_typed(args, 'key')} is not in {where}"

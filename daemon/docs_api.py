@@ -138,7 +138,8 @@ def _seconds(request: web.Request, name: str, default: float, lo: float) -> floa
 
 def _json_param(request: web.Request, name: str) -> Any:
     v = _params(request).get(name)
-    return None if v is None else parse_json(v, f"query parameter {name}")
+    what = f"query parameter {name} (JSON: a string is quoted, {name}=%22Oslo%22)"
+    return None if v is None else parse_json(v, what)
 
 
 def _token(request: web.Request) -> bytes | None:

@@ -186,6 +186,7 @@ def test_not_found_names_things_as_given(shared: Daemon, ledger: str) -> None:
         ["--hex", "get", ledger.encode().hex(), "70", "ff00"],
         ["get", ledger, "p", "k", "--at", "00ff"],
         ["ls", ledger, "p", "--at", "00ff"],
+        ["ls", "hex:ff01", "p"],  # a name ledgerctl printed, pasted back without --hex
     )
     errs = []
     for p in runs:
@@ -198,6 +199,7 @@ def test_not_found_names_things_as_given(shared: Daemon, ledger: str) -> None:
         f"ledgerctl: key ff00 is not in {ledger.encode().hex()}/70\n",
         f"ledgerctl: commit 00ff is not in {ledger}/p\n",
         f"ledgerctl: commit 00ff is not in {ledger}/p\n",
+        "ledgerctl: no ledger hex:ff01 (to name hex:ff01, give ff01 with --hex)\n",
     ]
     assert not any("b'" in e for e in errs)
 
