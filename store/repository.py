@@ -154,6 +154,9 @@ class Repository:
         self._pages: dict[tuple[bytes, bytes], Page] = {}
         self._handed_out: dict[tuple[bytes, bytes], int] = {}
         self._opening: dict[tuple[bytes, bytes], _Opening] = {}
+        self._reserved = 0
+        """Pages being opened: they count against ``max_open_pages`` before they are
+        published in ``_pages`` (else openers of distinct pages all pass the bound at once)."""
         self._closing: set[asyncio.Task[None]] = set()
         self._closed_deleted: dict[tuple[bytes, bytes], bool] = {}
         """Whether pages closed a moment ago are deleted, until page_usage says it."""
@@ -395,7 +398,11 @@ class Repository:
                 opened = page is None or page.closed
                 if page is None or page.closed:
                     await self._make_room()
-                    page = await self._open_new(ledger, page_id)
+                    self._reserved += 1  # no await since _make_room found room
+                    try:
+                        page = await self._open_new(ledger, page_id)
+                    finally:
+                        self._reserved -= 1
                 # No await since the page was published: close_idle cannot close it
                 # before the caller takes a lease.
                 self._hand_out(key)
@@ -406,12 +413,14 @@ class Repository:
                 del self._opening[key]
 
     async def _make_room(self) -> None:
-        """Close least recently used idle pages until one more may open."""
-        while len(self._pages) >= self.max_open_pages:
+        """Close least recently used idle pages until one more may open (pages being
+        opened count as open)."""
+        while len(self._pages) + self._reserved >= self.max_open_pages:
             idle = [p for p in self._pages.values() if not p.closed and p.idle]
             if not idle:
                 raise TooManyOpenPagesError(
-                    f"all {len(self._pages)} open pages are in use (max_open_pages); "
+                    f"all {len(self._pages) + self._reserved} open pages are in use "
+                    "(max_open_pages); "
                     "try again when one is released"
                 )
             # Checked and closed with no await in between (see close_idle).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from pathlib import Path
 
@@ -86,3 +87,34 @@ def test_memory_is_given_back_when_pages_close(tmp_path: Path) -> None:
     rss = json.loads(out.stdout)["rss_mib"]
     assert rss[-1] - rss[0] < 24, rss  # a few MiB of growth at most, not ~30 a cycle
     assert rss[-1] < 160, rss
+
+
+async def test_concurrent_opens_of_distinct_pages_stay_within_max_open_pages(
+    tmp_path: Path,
+) -> None:
+    # Each opener checked the bound before its page was published: 50 of them opening
+    # at once all passed, and 50 pages (350 files) were open with max_open_pages=4.
+    async with await Repository.open(tmp_path, max_open_pages=4) as repo:
+        peak = 0
+        go = asyncio.Event()
+
+        async def use(i: int) -> None:
+            nonlocal peak
+            await go.wait()
+            async with repo.page(b"l", b"p%d" % i) as page:
+                peak = max(peak, len(repo.open_pages()))
+                await page.put(b"k", b"v%d" % i)
+                await page.flush()
+
+        tasks = [asyncio.create_task(use(i)) for i in range(50)]
+        await asyncio.sleep(0)
+        go.set()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert all(r is None or isinstance(r, TooManyOpenPagesError) for r in results), results
+        assert any(r is None for r in results)
+        assert peak <= 4
+        assert len(repo.open_pages()) <= 4
+        for i, r in enumerate(results):
+            if r is None:
+                async with repo.page(b"l", b"p%d" % i) as page:
+                    assert await page.get(b"k") == b"v%d" % i
