@@ -37,6 +37,7 @@ from ledgerd.store import eviction, gc, threads
 from ledgerd.store.cache import CACHE_BYTES, Cache
 from ledgerd.store.db import Database, Synchronous
 from ledgerd.store.errors import (
+    ClosedError,
     InvalidArgumentError,
     LedgerNotFoundError,
     NameTooLargeError,
@@ -157,6 +158,7 @@ class Repository:
         self._reserved = 0
         """Pages being opened: they count against ``max_open_pages`` before they are
         published in ``_pages`` (else openers of distinct pages all pass the bound at once)."""
+        self._closed = False
         self._closing: set[asyncio.Task[None]] = set()
         self._closed_deleted: dict[tuple[bytes, bytes], bool] = {}
         """Whether pages closed a moment ago are deleted, until page_usage says it."""
@@ -379,8 +381,17 @@ class Repository:
     async def open_page(self, ledger: bytes, page_id: bytes) -> Page:
         return (await self.acquire(ledger, page_id))[0]
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"the repository {self.root} is closed")
+
     async def acquire(self, ledger: bytes, page_id: bytes) -> tuple[Page, bool]:
         """Like :meth:`open_page`, and whether this call is the one that opened it."""
+        self._check_open()
         key = (ledger, page_id)
         page = self._pages.get(key)
         if page is not None and not page.closed:
@@ -397,6 +408,7 @@ class Repository:
                 page = self._pages.get(key)
                 opened = page is None or page.closed
                 if page is None or page.closed:
+                    self._check_open()  # closed while this waited: make no file
                     await self._make_room()
                     self._reserved += 1  # no await since _make_room found room
                     try:
@@ -596,6 +608,7 @@ class Repository:
         use restores it (:mod:`store.eviction`). An open page is closed first if idle.
         Returns the bytes its files took. Raises :class:`NotEvictableError` when the
         page is in use or not fully synced."""
+        self._check_open()
         key = (ledger, page_id)
         if key in self._evicted:
             return 0
@@ -704,6 +717,10 @@ class Repository:
         return closed
 
     async def close(self) -> None:
+        self._closed = True  # no page opens from now on
+        for opening in list(self._opening.values()):
+            async with opening.lock:  # an open under way finishes: its page is closed below
+                pass
         for page in list(self._pages.values()):
             await page.close()
         if self._closing:

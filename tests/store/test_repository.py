@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ledgerd.store import Repository, TooManyOpenPagesError
+from ledgerd.store import ClosedError, Page, Repository, TooManyOpenPagesError
 
 
 async def test_opening_past_max_open_pages_closes_the_least_recently_used(
@@ -118,3 +118,27 @@ async def test_concurrent_opens_of_distinct_pages_stay_within_max_open_pages(
             if r is None:
                 async with repo.page(b"l", b"p%d" % i) as page:
                     assert await page.get(b"k") == b"v%d" % i
+
+
+async def test_a_closed_repository_opens_no_page_and_creates_no_file(tmp_path: Path) -> None:
+    # An open after close (or racing it) made the page's database, in a directory whose
+    # lock was already given back, before failing on the closed page_usage database:
+    # the page was then listed though its open had failed.
+    repo = await Repository.open(tmp_path)
+    racing = [asyncio.create_task(repo.ledger("l").page(f"r{i}")) for i in range(5)]
+    await asyncio.sleep(0)
+    await repo.close()
+    for r in await asyncio.gather(*racing, return_exceptions=True):
+        assert isinstance(r, ClosedError) or (isinstance(r, Page) and r.closed), r
+    with pytest.raises(ClosedError):
+        await repo.ledger("l").page("after")
+    with pytest.raises(ClosedError):
+        async with repo.page(b"l", b"after2"):
+            pass
+    async with await Repository.open(tmp_path) as again:
+        listed = await again.ledger("l").pages()
+        assert b"after" not in listed and b"after2" not in listed
+        # A racing open either failed and left nothing, or finished before the close.
+        for pid in listed:
+            page = await again.ledger("l").page(pid)
+            assert await page.heads()
