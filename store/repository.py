@@ -28,12 +28,13 @@ import contextlib
 import fcntl
 import logging
 import os
+import shutil
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ledgerd.store import eviction, gc, threads
+from ledgerd.store import commit, eviction, gc, threads
 from ledgerd.store.cache import CACHE_BYTES, Cache
 from ledgerd.store.db import Database, Synchronous
 from ledgerd.store.errors import (
@@ -103,6 +104,17 @@ def _lock(root: Path) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _remove_page_dir(page_dir: Path) -> None:
+    """Rename a page's directory to a name listings skip (atomic), then delete it; and
+    its ledger's directory if that leaves it empty (blocking)."""
+    aside = page_dir.with_name(page_dir.name + ".discarded")
+    with contextlib.suppress(FileNotFoundError):
+        os.rename(page_dir, aside)
+    shutil.rmtree(aside, ignore_errors=True)
+    with contextlib.suppress(OSError):  # not empty: other pages
+        page_dir.parent.rmdir()
 
 
 @dataclass(slots=True)
@@ -619,6 +631,37 @@ class Repository:
         try:
             async with opening.lock:  # no open of this page meanwhile
                 return await self._evict(ledger, page_id)
+        finally:
+            opening.users -= 1
+            if opening.users == 0:
+                del self._opening[key]
+
+    async def discard_unwritten(self, ledger: bytes, page_id: bytes) -> bool:
+        """Remove a page that holds nothing but its first commit, with nothing queued
+        and nobody using it: what a first write that failed (a streamed value whose
+        body broke off) made, so that it is not listed. Its ledger's directory goes too
+        if that leaves it empty. Returns whether the page was removed."""
+        self._check_open()
+        key = (ledger, page_id)
+        opening = self._opening.get(key)
+        if opening is None:
+            opening = self._opening[key] = _Opening(asyncio.Lock())
+        opening.users += 1
+        try:
+            async with opening.lock:  # no open of this page meanwhile
+                page = self._pages.get(key)
+                if page is None or page.closed or not page.idle or page.writer.uncommitted:
+                    return False
+                if [h.id for h in page.graph.heads] != [commit.FIRST.id]:
+                    return False
+                await page.close()  # checked and closed with no await in between
+                page_dir = self.page_path(ledger, page_id).parent
+                await asyncio.to_thread(_remove_page_dir, page_dir)
+                async with self.usage.write() as conn:
+                    await conn.execute("DELETE FROM page_usage WHERE ledger = ? AND page = ?", key)
+                self._closed_deleted.pop(key, None)
+                log.info("page %r removed: its first write failed", page_id)
+                return True
         finally:
             opening.users -= 1
             if opening.users == 0:

@@ -574,7 +574,29 @@ def test_a_long_import_line_in_another_layout_is_a_usage_error(
     err = ctl_fails(shared, 2, "import", ledger, "p", str(f))
     assert "line 1: a long line must end with" in err
     with Client(shared.socket) as c:
-        assert list(c.entries(ledger, "p")) == []  # no half-imported value
+        assert ledger.encode() not in c.ledgers()  # no half-imported value, and no page
+
+
+def test_a_failed_streamed_import_leaves_no_page_behind(
+    shared: Daemon, ledger: str, tmp_path: Path
+) -> None:
+    # The streamed PUT of a long line made its page before the body failed: a truncated
+    # export left an empty page (and ledger) listed, where a short bad input leaves none.
+    value = base64.b64encode(random.Random(7).randbytes(3 * MiB)).decode()
+    line = '{"key":"aw==","priority":"eager","value":"' + value + '"}\n'
+    f = tmp_path / "in.jsonl"
+    f.write_text(line[: len(line) // 2])  # an export cut off inside its value
+    err = ctl_fails(shared, 2, "import", ledger, "fresh", str(f))
+    assert "line 1: the input ends inside the value" in err
+    assert ledger.encode() not in ctl(shared, "ledgers").split()
+    ctl_fails(shared, 1, "ls", ledger, "fresh")
+    ctl(shared, "put", ledger, "kept", "k", "v")  # a page that was there stays, with its data
+    ctl_fails(shared, 2, "import", ledger, "kept", str(f))
+    assert ctl(shared, "pages", ledger).split() == [b"kept"]
+    assert ctl(shared, "get", ledger, "kept", "k") == b"v"
+    f.write_text(line)  # the same page made again, whole this time
+    assert shared.ledgerctl("import", ledger, "fresh", str(f)).returncode == 0
+    assert sorted(ctl(shared, "pages", ledger).split()) == [b"fresh", b"kept"]
 
 
 def test_import_fits_the_daemons_batch_limit(short_tmp: Path) -> None:
