@@ -462,6 +462,30 @@ def test_export_import_round_trip(shared: Daemon, ledger: str, tmp_path: Path) -
     assert (b"huge", huge.read_bytes(), "eager") in rows
 
 
+def test_export_is_one_commit_while_the_page_changes(shared: Daemon, ledger: str) -> None:
+    # export listed the live page 100 entries a request: a key moved from the first
+    # listing's range to the last one's while it ran was exported twice (and one moved
+    # the other way, not at all): a copy that the page never held.
+    with Client(shared.socket) as c:
+        c.batch(ledger, "p", [(b"k%04d" % i, b"v" * 100, "eager") for i in range(3000)])
+        env = {**os.environ, "LEDGERD_SOCKET": str(shared.socket)}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ledgerd.daemon.cli", "export", ledger, "p"],
+            stdout=subprocess.PIPE,
+            env=env,
+            cwd=ROOT,
+        )
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # the first listing is read; the pipe holds it back
+        c.batch(ledger, "p", [(b"z", b"moved")], deletes=[b"k0000"])  # one commit
+        rest = proc.stdout.read()
+        proc.stdout.close()
+        assert proc.wait(60) == 0
+    keys = [base64.b64decode(json.loads(line)["key"]) for line in [first, *rest.splitlines()]]
+    assert len(keys) == 3000 and len(set(keys)) == 3000
+    assert (b"k0000" in keys) != (b"z" in keys)
+
+
 def test_import_rejects_a_malformed_line(shared: Daemon, ledger: str, tmp_path: Path) -> None:
     good = json_line(b"a", b"1") + b'{"key": "Yg==", "value": "Mg=="}\n'  # priority optional
     bad_file = tmp_path / "in.jsonl"
