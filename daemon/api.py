@@ -853,6 +853,10 @@ class Api:
         changes = batch_changes(ops)
         if not changes:  # nothing to write: no commit, and no page made for it
             return web.json_response({"applied": 0, "versionstamp": None, "versionstamped": []})
+        for change in changes:  # refused before the page is made, as a bad template is
+            key = change[0]
+            if type(key) is bytes and len(key) > KEY_LIMIT:
+                raise ae.KeyTooLarge(f"key of {len(key)} bytes is over the {KEY_LIMIT}-byte limit")
         page = await self.page(p.ledger, p.page, create=True)
         completed = await page.write(changes)
         stamp = stamp_of(changes, completed)
