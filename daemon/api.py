@@ -783,9 +783,24 @@ class Api:
             page = await self.page(p.ledger, p.page, create=True)
             await page.put(key, body, priority)
         else:
-            page = await self.page(p.ledger, p.page, create=True)
-            await page.put(key, self.body_chunks(request), priority)
+            # A page this makes is removed again if the body fails (its lease is this
+            # block's, not the request's, so that it ends first): a broken upload
+            # leaves no empty page listed, as a small bad body makes none.
+            fresh = not self.repo.page_exists(p.ledger, p.page)
+            try:
+                async with self.repo.page(p.ledger, p.page) as page:
+                    await page.put(key, self.body_chunks(request), priority)
+            except BaseException:
+                if fresh:
+                    await asyncio.shield(self._discard_unwritten(p.ledger, p.page))
+                raise
         return web.Response(status=204)
+
+    async def _discard_unwritten(self, ledger: bytes, page_id: bytes) -> None:
+        try:
+            await self.repo.discard_unwritten(ledger, page_id)
+        except Exception:
+            log.exception("could not remove page %r after its first write failed", page_id)
 
     async def delete_key(self, request: web.Request, p: Params) -> web.Response:
         page = await self.page(p.ledger, p.page, create=False)
@@ -839,6 +854,10 @@ class Api:
         changes = batch_changes(ops)
         if not changes:  # nothing to write: no commit, and no page made for it
             return web.json_response({"applied": 0, "versionstamp": None, "versionstamped": []})
+        for change in changes:  # refused before the page is made, as a bad template is
+            key = change[0]
+            if type(key) is bytes and len(key) > KEY_LIMIT:
+                raise ae.KeyTooLarge(f"key of {len(key)} bytes is over the {KEY_LIMIT}-byte limit")
         page = await self.page(p.ledger, p.page, create=True)
         completed = await page.write(changes)
         stamp = stamp_of(changes, completed)

@@ -374,10 +374,10 @@ class Cli:
 
     # -- listings ------------------------------------------------------------------
 
-    async def _entries(self, whole: bool) -> AsyncIterator[Item]:
+    async def _entries(self, whole: bool, at: str | None = None) -> AsyncIterator[Item]:
         """The listing, a few entries at a time; values over 1 MiB come as None (not fetched)."""
         ledger, page = self.lp
-        kw: dict[str, Any] = {"at": self.at, "page_size": LIST_PAGE_SIZE}
+        kw: dict[str, Any] = {"at": at or self.at, "page_size": LIST_PAGE_SIZE}
         if not whole:
             prefix, start, end = self.key_range()
             kw.update(prefix=prefix, start=start, end=end, limit=self.a.limit)
@@ -397,10 +397,13 @@ class Cli:
 
     async def export(self) -> int:
         ledger, page = self.lp
+        # Every listing and value at one commit (the head reads are served from, once
+        # what was acknowledged is committed): a page written meanwhile exports as it was.
+        at = (await self.c.heads(ledger, page))[-1]["id"]
         bar = Progress("export", unit="entries", minimum=ENTRIES_MIN)
         n = 0
         try:
-            async for item in self._entries(whole=True):
+            async for item in self._entries(whole=True, at=at):
                 n += 1
                 bar(n)
                 if item.value is not None:
@@ -409,7 +412,7 @@ class Cli:
                 # Too large to list: streamed and encoded a chunk at a time.
                 self.out.write(f'{{"key":"{b64(item.key)}","priority":"{item.priority}","value":"')
                 carry = b""
-                async for chunk in self.c.get_stream(ledger, page, item.key, at=self.at):
+                async for chunk in self.c.get_stream(ledger, page, item.key, at=at):
                     data = carry + chunk
                     cut = len(data) - len(data) % 3
                     self.out.write(b64(data[:cut]))

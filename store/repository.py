@@ -28,15 +28,17 @@ import contextlib
 import fcntl
 import logging
 import os
+import shutil
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ledgerd.store import eviction, gc, threads
+from ledgerd.store import commit, eviction, gc, threads
 from ledgerd.store.cache import CACHE_BYTES, Cache
 from ledgerd.store.db import Database, Synchronous
 from ledgerd.store.errors import (
+    ClosedError,
     InvalidArgumentError,
     LedgerNotFoundError,
     NameTooLargeError,
@@ -105,6 +107,17 @@ def _lock(root: Path) -> int:
     return fd
 
 
+def _remove_page_dir(page_dir: Path) -> None:
+    """Rename a page's directory to a name listings skip (atomic), then delete it; and
+    its ledger's directory if that leaves it empty (blocking)."""
+    aside = page_dir.with_name(page_dir.name + ".discarded")
+    with contextlib.suppress(FileNotFoundError):
+        os.rename(page_dir, aside)
+    shutil.rmtree(aside, ignore_errors=True)
+    with contextlib.suppress(OSError):  # not empty: other pages
+        page_dir.parent.rmdir()
+
+
 @dataclass(slots=True)
 class _Opening:
     """The lock that opens one page once, and how many callers hold or wait for it."""
@@ -155,6 +168,10 @@ class Repository:
         self._pages: dict[tuple[bytes, bytes], Page] = {}
         self._handed_out: dict[tuple[bytes, bytes], int] = {}
         self._opening: dict[tuple[bytes, bytes], _Opening] = {}
+        self._reserved = 0
+        """Pages being opened: they count against ``max_open_pages`` before they are
+        published in ``_pages`` (else openers of distinct pages all pass the bound at once)."""
+        self._closed = False
         self._closing: set[asyncio.Task[None]] = set()
         self._closed_deleted: dict[tuple[bytes, bytes], bool] = {}
         """Whether pages closed a moment ago are deleted, until page_usage says it."""
@@ -377,8 +394,17 @@ class Repository:
     async def open_page(self, ledger: bytes, page_id: bytes) -> Page:
         return (await self.acquire(ledger, page_id))[0]
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"the repository {self.root} is closed")
+
     async def acquire(self, ledger: bytes, page_id: bytes) -> tuple[Page, bool]:
         """Like :meth:`open_page`, and whether this call is the one that opened it."""
+        self._check_open()
         key = (ledger, page_id)
         page = self._pages.get(key)
         if page is not None and not page.closed:
@@ -395,8 +421,13 @@ class Repository:
                 page = self._pages.get(key)
                 opened = page is None or page.closed
                 if page is None or page.closed:
+                    self._check_open()  # closed while this waited: make no file
                     await self._make_room()
-                    page = await self._open_new(ledger, page_id)
+                    self._reserved += 1  # no await since _make_room found room
+                    try:
+                        page = await self._open_new(ledger, page_id)
+                    finally:
+                        self._reserved -= 1
                 # No await since the page was published: close_idle cannot close it
                 # before the caller takes a lease.
                 self._hand_out(key)
@@ -407,12 +438,14 @@ class Repository:
                 del self._opening[key]
 
     async def _make_room(self) -> None:
-        """Close least recently used idle pages until one more may open."""
-        while len(self._pages) >= self.max_open_pages:
+        """Close least recently used idle pages until one more may open (pages being
+        opened count as open)."""
+        while len(self._pages) + self._reserved >= self.max_open_pages:
             idle = [p for p in self._pages.values() if not p.closed and p.idle]
             if not idle:
                 raise TooManyOpenPagesError(
-                    f"all {len(self._pages)} open pages are in use (max_open_pages); "
+                    f"all {len(self._pages) + self._reserved} open pages are in use "
+                    "(max_open_pages); "
                     "try again when one is released"
                 )
             # Checked and closed with no await in between (see close_idle).
@@ -588,6 +621,7 @@ class Repository:
         use restores it (:mod:`store.eviction`). An open page is closed first if idle.
         Returns the bytes its files took. Raises :class:`NotEvictableError` when the
         page is in use or not fully synced."""
+        self._check_open()
         key = (ledger, page_id)
         if key in self._evicted:
             return 0
@@ -598,6 +632,37 @@ class Repository:
         try:
             async with opening.lock:  # no open of this page meanwhile
                 return await self._evict(ledger, page_id)
+        finally:
+            opening.users -= 1
+            if opening.users == 0:
+                del self._opening[key]
+
+    async def discard_unwritten(self, ledger: bytes, page_id: bytes) -> bool:
+        """Remove a page that holds nothing but its first commit, with nothing queued
+        and nobody using it: what a first write that failed (a streamed value whose
+        body broke off) made, so that it is not listed. Its ledger's directory goes too
+        if that leaves it empty. Returns whether the page was removed."""
+        self._check_open()
+        key = (ledger, page_id)
+        opening = self._opening.get(key)
+        if opening is None:
+            opening = self._opening[key] = _Opening(asyncio.Lock())
+        opening.users += 1
+        try:
+            async with opening.lock:  # no open of this page meanwhile
+                page = self._pages.get(key)
+                if page is None or page.closed or not page.idle or page.writer.uncommitted:
+                    return False
+                if [h.id for h in page.graph.heads] != [commit.FIRST.id]:
+                    return False
+                await page.close()  # checked and closed with no await in between
+                page_dir = self.page_path(ledger, page_id).parent
+                await asyncio.to_thread(_remove_page_dir, page_dir)
+                async with self.usage.write() as conn:
+                    await conn.execute("DELETE FROM page_usage WHERE ledger = ? AND page = ?", key)
+                self._closed_deleted.pop(key, None)
+                log.info("page %r removed: its first write failed", page_id)
+                return True
         finally:
             opening.users -= 1
             if opening.users == 0:
@@ -700,6 +765,10 @@ class Repository:
         return closed
 
     async def close(self) -> None:
+        self._closed = True  # no page opens from now on
+        for opening in list(self._opening.values()):
+            async with opening.lock:  # an open under way finishes: its page is closed below
+                pass
         for page in list(self._pages.values()):
             await page.close()
         if self._closing:

@@ -514,7 +514,7 @@ class JournalWriter:
 def _recovered(key: object, value: object, priority: object) -> tuple[bytes, Entry | None] | None:
     """A change of an implicit journal left by a crash, as stored; None when a damaged
     file made it unusable (committed, it would make an undecodable tree node)."""
-    if type(key) is not bytes or not key or len(key) > KEY_LIMIT:
+    if type(key) is not bytes or len(key) > KEY_LIMIT:  # (the empty key is a key)
         return None
     if value is None:
         return key, None

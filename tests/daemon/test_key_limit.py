@@ -89,3 +89,22 @@ def test_the_largest_key_through_the_cli(daemon: Daemon) -> None:
     assert out.returncode == 0 and out.stdout == b"value", out.stderr
     out = daemon.ledgerctl("--hex", "put", names[0], names[1], (KEY + b"x").hex(), "v")
     assert out.returncode != 0 and b"4096" in out.stderr, out.stderr
+
+
+async def test_a_batch_refused_for_its_key_makes_no_page(http: aiohttp.ClientSession) -> None:
+    # Its keys were checked by the page's write, after the page was made: a refused
+    # batch left an empty page (and ledger) listed, where a bad template leaves none.
+    for ops in (
+        [{"op": "put", "key": b64(b"k" * 4097), "value": b64(b"v")}],
+        [
+            {"op": "put", "key": b64(b"ok"), "value": b64(b"v")},
+            {"op": "delete", "key": b64(b"k" * 4097)},
+        ],
+    ):
+        async with http.post(u("/v1/ledgers/refused/pages/p/batch"), json={"ops": ops}) as r:
+            assert r.status == 400
+            assert (await r.json())["error"]["code"] == "key_too_large"
+        async with http.get(u("/v1/ledgers")) as r:
+            assert b64(b"refused") not in [x["name"] for x in (await r.json())["ledgers"]]
+        async with http.get(u("/v1/ledgers/refused/pages/p/entries")) as r:
+            assert r.status == 404

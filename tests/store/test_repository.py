@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from pathlib import Path
 
 import pytest
 
-from ledgerd.store import Repository, TooManyOpenPagesError
+from ledgerd.store import ClosedError, Page, Repository, TooManyOpenPagesError
 
 
 async def test_opening_past_max_open_pages_closes_the_least_recently_used(
@@ -86,3 +87,58 @@ def test_memory_is_given_back_when_pages_close(tmp_path: Path) -> None:
     rss = json.loads(out.stdout)["rss_mib"]
     assert rss[-1] - rss[0] < 24, rss  # a few MiB of growth at most, not ~30 a cycle
     assert rss[-1] < 160, rss
+
+
+async def test_concurrent_opens_of_distinct_pages_stay_within_max_open_pages(
+    tmp_path: Path,
+) -> None:
+    # Each opener checked the bound before its page was published: 50 of them opening
+    # at once all passed, and 50 pages (350 files) were open with max_open_pages=4.
+    async with await Repository.open(tmp_path, max_open_pages=4) as repo:
+        peak = 0
+        go = asyncio.Event()
+
+        async def use(i: int) -> None:
+            nonlocal peak
+            await go.wait()
+            async with repo.page(b"l", b"p%d" % i) as page:
+                peak = max(peak, len(repo.open_pages()))
+                await page.put(b"k", b"v%d" % i)
+                await page.flush()
+
+        tasks = [asyncio.create_task(use(i)) for i in range(50)]
+        await asyncio.sleep(0)
+        go.set()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert all(r is None or isinstance(r, TooManyOpenPagesError) for r in results), results
+        assert any(r is None for r in results)
+        assert peak <= 4
+        assert len(repo.open_pages()) <= 4
+        for i, r in enumerate(results):
+            if r is None:
+                async with repo.page(b"l", b"p%d" % i) as page:
+                    assert await page.get(b"k") == b"v%d" % i
+
+
+async def test_a_closed_repository_opens_no_page_and_creates_no_file(tmp_path: Path) -> None:
+    # An open after close (or racing it) made the page's database, in a directory whose
+    # lock was already given back, before failing on the closed page_usage database:
+    # the page was then listed though its open had failed.
+    repo = await Repository.open(tmp_path)
+    racing = [asyncio.create_task(repo.ledger("l").page(f"r{i}")) for i in range(5)]
+    await asyncio.sleep(0)
+    await repo.close()
+    for r in await asyncio.gather(*racing, return_exceptions=True):
+        assert isinstance(r, ClosedError) or (isinstance(r, Page) and r.closed), r
+    with pytest.raises(ClosedError):
+        await repo.ledger("l").page("after")
+    with pytest.raises(ClosedError):
+        async with repo.page(b"l", b"after2"):
+            pass
+    async with await Repository.open(tmp_path) as again:
+        listed = await again.ledger("l").pages()
+        assert b"after" not in listed and b"after2" not in listed
+        # A racing open either failed and left nothing, or finished before the close.
+        for pid in listed:
+            page = await again.ledger("l").page(pid)
+            assert await page.heads()
