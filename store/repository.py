@@ -767,8 +767,8 @@ class Repository:
     async def close(self) -> None:
         self._closed = True  # no page opens from now on
         for opening in list(self._opening.values()):
-            async with opening.lock:  # an open under way finishes: its page is closed below
-                pass
+            await opening.lock.acquire()  # an open under way finishes: its page closes below
+            opening.lock.release()
         for page in list(self._pages.values()):
             await page.close()
         if self._closing:
