@@ -5,11 +5,12 @@ This module owns the ``doc`` subcommands (their arguments and output) on
 (global options, the client, exit statuses) is :mod:`daemon.cli`'s, which
 registers these with :func:`add_parser` and runs them with :func:`run`.
 
-Output: ``put``, ``rm``, ``purge`` print ``_id<TAB>_rev``; ``attach`` prints
-``attachment id<TAB>_rev``; ``ls`` and ``find`` print ``_id<TAB>_rev<TAB>_data``
-(compact JSON; ``deleted`` or ``purged`` as a fourth column) or, with ``--json``, one
-whole document per line; ``get`` prints the document; ``changes`` one
-``{"commit", "documents"}`` line per batch.
+Output: ``put``, ``rm``, ``purge``, ``detach`` print ``_id<TAB>_rev``; ``indexes``
+prints ``name<TAB>partition<TAB>sort<TAB>ready|building`` (``--json``: one object a
+line); ``attach`` prints ``attachment id<TAB>_rev``; ``ls`` and ``find`` print
+``_id<TAB>_rev<TAB>_data`` (compact JSON; ``deleted`` or ``purged`` as a fourth
+column) or, with ``--json``, one whole document per line; ``get`` prints the
+document; ``changes`` one ``{"commit", "documents"}`` line per batch.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ if TYPE_CHECKING:
 
 
 DESCRIPTION = """documents of a page (see "Documents through the daemon" in the README).
-Output: put, rm, purge print _id<TAB>_rev; attach prints attachment id<TAB>_rev; ls and
+Output: put, rm, purge, detach print _id<TAB>_rev; indexes prints
+name<TAB>partition<TAB>sort<TAB>ready|building; attach prints attachment id<TAB>_rev; ls and
 find print _id<TAB>_rev<TAB>_data (compact JSON; deleted or purged as a fourth column)
 or, with --json, one whole document per line; get prints the document; changes one
 {"commit", "documents", "next"} line per batch."""
@@ -69,6 +71,10 @@ def add_parser(sub: Any) -> None:
         help="e.g. address.city, or a JSON array of names: '[\"a.b\"]' for a field named a.b",
     )
     p.add_argument("--sort", metavar="PATH")
+    p = cmd("indexes", "list a collection's indexes: name, partition, sort, state", "collection")
+    p.add_argument("--json", action="store_true", help="one index per line, as JSON")
+    cmd("drop-index", "drop an index (its entries go; the documents stay)", "collection", "name")
+    cmd("rebuild-index", "build an index again from the documents", "collection", "name")
     p = cmd("find", "query an index (VALUEs are JSON, or else strings)", "collection", "name")
     p.add_argument("--eq", required=True, metavar="VALUE", help="the partition value")
     p.add_argument("--start", metavar="VALUE", help="sort values from VALUE (included)")
@@ -81,6 +87,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--name", help="its filename (default: FILE's name)")
     p.add_argument("--type", help="its content type (default: guessed from the name)")
     p.add_argument("--replace", metavar="ATTACHMENT_ID", help="replace this attachment")
+    p.add_argument("--rev", help="only if the document's current revision is REV")
+    p = cmd("detach", "remove an attachment; prints _id and the new _rev", "collection", "id")
+    p.add_argument("attachment_id")
     p.add_argument("--rev", help="only if the document's current revision is REV")
     p = cmd(
         "attachment",
@@ -177,6 +186,21 @@ async def run(cli: Cli, usage: type[Exception]) -> int:
         sort = None if a.sort is None else _path(a.sort)
         info = await docs.declare_index(a.collection, a.name, _path(a.partition), sort)
         cli.line(f"{info['name']}\t{'ready' if info['ready'] else 'building'}")
+    elif c == "indexes":
+        for info in await docs.indexes(a.collection):
+            if a.json:
+                cli.line(_compact(info))
+                continue
+            sort = "-" if info["sort"] is None else _compact(info["sort"])
+            state = "ready" if info["ready"] else "building"
+            cli.line(f"{info['name']}\t{_compact(info['partition'])}\t{sort}\t{state}")
+    elif c == "drop-index":
+        await docs.drop_index(a.collection, a.name)
+    elif c == "rebuild-index":
+        await docs.rebuild_index(a.collection, a.name)
+    elif c == "detach":
+        d = await docs.delete_attachment(a.collection, a.id, a.attachment_id, rev=a.rev)
+        cli.line(f"{d['_meta']['_id']}\t{d['_meta']['_rev']}")
     elif c == "attach":
         path = Path(a.file)
         if path.is_dir():

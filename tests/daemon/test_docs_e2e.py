@@ -568,6 +568,12 @@ def test_ledgerctl_doc(shared: Daemon, tmp_path: Path) -> None:
     found = ctl(shared, "find", *lp, "people", "by_city", "--eq", "Oslo", "--json")
     assert [json.loads(x)["_meta"]["_id"] for x in found.splitlines()] == [ann_id]
     assert "no index 'nope'" in ctl_fails(shared, 1, "find", *lp, "people", "nope", "--eq", "1")
+    listed = ctl(shared, "indexes", *lp, "people").splitlines()
+    assert [line.split("\t")[:3] for line in listed] == [["by_city", '"city"', "-"]]
+    assert json.loads(ctl(shared, "indexes", *lp, "people", "--json"))["name"] == "by_city"
+    assert ctl(shared, "rebuild-index", *lp, "people", "by_city") == ""
+    found = ctl(shared, "find", *lp, "people", "by_city", "--eq", "Oslo", "--json")
+    assert [json.loads(x)["_meta"]["_id"] for x in found.splitlines()] == [ann_id]
 
     src = tmp_path / "photo.png"
     src.write_bytes(b"\x89PNG" + bytes(1000))
@@ -586,6 +592,10 @@ def test_ledgerctl_doc(shared: Daemon, tmp_path: Path) -> None:
         "_contentType": "image/png",
         "_length": 1004,
     }
+    second, _ = ctl(shared, "attach", *lp, "people", bob_id, str(src)).split()
+    detached_id, _ = ctl(shared, "detach", *lp, "people", bob_id, second).split("\t")
+    assert detached_id == bob_id
+    assert len(json.loads(ctl(shared, "get", *lp, "people", bob_id))["_attachments"]) == 1
 
     first = json.loads(ctl(shared, "changes", *lp))
     assert {d["_meta"]["_id"] for d in first["documents"]} == {ann_id, bob_id}
@@ -596,6 +606,8 @@ def test_ledgerctl_doc(shared: Daemon, tmp_path: Path) -> None:
     assert ctl(shared, "ls", *lp, "people", "--deleted").splitlines()[1].endswith("\tdeleted")
     ctl(shared, "purge", *lp, "people", bob_id)
     assert ctl(shared, "ls", *lp, "people", "--deleted").splitlines()[1].endswith("\tpurged")
+    assert ctl(shared, "drop-index", *lp, "people", "by_city") == ""
+    assert ctl(shared, "indexes", *lp, "people") == ""
 
 
 async def test_index_paths_list_back_as_declared(http: aiohttp.ClientSession, base: str) -> None:
