@@ -57,7 +57,16 @@ from ledgerd.daemon.codec import (
 )
 from ledgerd.daemon.config import Config
 from ledgerd.daemon.metrics import ROUTE_KEY
-from ledgerd.store import KEY_LIMIT, HeldBudget, Page, Policy, Repository, StoreError, View
+from ledgerd.store import (
+    KEY_LIMIT,
+    HeldBudget,
+    Page,
+    Policy,
+    Repository,
+    StoreError,
+    TooManyOpenPagesError,
+    View,
+)
 from ledgerd.store import digest as dg
 from ledgerd.store.errors import named
 
@@ -349,6 +358,7 @@ class Api:
         self._peers: dict[int, bool] = {}
         self.in_flight = 0
         """Requests holding one of ``max_concurrent_requests`` (:meth:`slot`)."""
+        self._bound_warned = -60.0  # (monotonic) when a bound last turned requests away
         self.followers = 0
         """Followed changes feeds holding one of ``max_followers`` (:meth:`following`)."""
         self.held_budget = HeldBudget(cfg.max_held_index_bytes)
@@ -395,7 +405,9 @@ class Api:
                 response = self.error(e)
             except StoreError as e:
                 err = ae.from_store(e)
-                if err.status >= 500:
+                if isinstance(e, TooManyOpenPagesError):  # a bound, like overloaded
+                    self._warn_bound(str(err))
+                elif err.status >= 500:
                     log.error("%s %s failed: %s", request.method, request.path, err)
                 response = self.error(err)
             except web.HTTPRequestEntityTooLarge:
@@ -459,6 +471,14 @@ class Api:
         if uid not in self._peers:
             self._peers[uid] = _in_group(uid, self.group)
         return self._peers[uid]
+
+    def _warn_bound(self, message: str) -> None:
+        """Log a bound that turned requests away at most once a minute (a burst would
+        log a line per request): the metrics count every answer."""
+        now = time.monotonic()
+        if now - self._bound_warned >= 60.0:
+            self._bound_warned = now
+            log.warning("requests turned away: %s", message)
 
     @staticmethod
     def error(e: ae.ApiError) -> web.Response:
