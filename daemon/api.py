@@ -812,11 +812,13 @@ class Api:
                     await page.put(key, self.body_chunks(request), priority)
             except BaseException:
                 if fresh:
-                    await asyncio.shield(self._discard_unwritten(p.ledger, p.page))
+                    await asyncio.shield(self.discard_unwritten(p.ledger, p.page))
                 raise
         return web.Response(status=204)
 
-    async def _discard_unwritten(self, ledger: bytes, page_id: bytes) -> None:
+    async def discard_unwritten(self, ledger: bytes, page_id: bytes) -> None:
+        """Remove a page this daemon made for a first write that failed or changed
+        nothing (see :meth:`Repository.discard_unwritten`); a failure is logged."""
         try:
             await self.repo.discard_unwritten(ledger, page_id)
         except Exception:

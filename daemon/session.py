@@ -143,6 +143,8 @@ class Session:
         self.ws = ws
         self.number = number
         self.txns: dict[str, Transaction] = {}
+        self._made: dict[str, tuple[bytes, bytes]] = {}
+        """Open transactions that made their page (ledger, page id): see :meth:`_ended`."""
         self.watchers: dict[str, tuple[Watcher, asyncio.Task[None]]] = {}
         self._send_lock = asyncio.Lock()
         self._ids = itertools.count(1)
@@ -286,6 +288,7 @@ class Session:
         for tid, txn in list(self.txns.items()):
             with contextlib.suppress(Exception):
                 await txn.rollback()
+                await self._ended(tid, changed=False)
             log.debug("session %d: rolled back transaction %s on disconnect", self.number, tid)
         self.txns.clear()
         for w, task in self.watchers.values():
@@ -300,9 +303,20 @@ class Session:
     # -- helpers -----------------------------------------------------------------
 
     async def _page(self, req: dict[str, Any], create: bool) -> Page:
+        return await self.api.page(*self._names(req), create=create)
+
+    def _names(self, req: dict[str, Any]) -> tuple[bytes, bytes]:
         ledger = self.api.name_bytes(unb64(req.get("ledger"), "ledger"), "ledger name")
         page_id = self.api.name_bytes(unb64(req.get("page"), "page"), "page id")
-        return await self.api.page(ledger, page_id, create=create)
+        return ledger, page_id
+
+    async def _ended(self, tid: str, changed: bool) -> None:
+        """Transaction ``tid`` ended: if it made its page and changed nothing (rolled
+        back, or committed no change), the page goes again, as a failed first write's
+        does, so that it is not listed."""
+        made = self._made.pop(tid, None)
+        if made is not None and not changed:
+            await self.api.discard_unwritten(*made)
 
     def _txn(self, req: dict[str, Any]) -> Transaction:
         txn = self.txns.get(str(req.get("txn")))
@@ -327,10 +341,14 @@ class Session:
                 f"{limit} transactions of this session are open (max_session_transactions):"
                 " commit or roll back one first"
             )
-        page = await self._page(req, create=True)
+        names = self._names(req)
+        made = not self.api.repo.page_exists(*names)
+        page = await self.api.page(*names, create=True)
         txn = await page.transaction().start()
         tid = f"t{next(self._ids)}"
         self.txns[tid] = txn
+        if made:
+            self._made[tid] = names
         return {"txn": tid, "base": txn.base.id.hex()}
 
     async def op_get(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -408,8 +426,12 @@ class Session:
 
     async def op_commit(self, req: dict[str, Any]) -> dict[str, Any]:
         txn = self._txn(req)
-        del self.txns[str(req.get("txn"))]
-        cid = await txn.commit()
+        tid = str(req.get("txn"))
+        del self.txns[tid]
+        try:
+            cid = await txn.commit()
+        finally:
+            await self._ended(tid, changed=txn.commit_id is not None)
         stamp = txn.versionstamp
         return {
             "commit": cid.hex() if cid else None,
@@ -419,8 +441,10 @@ class Session:
 
     async def op_rollback(self, req: dict[str, Any]) -> dict[str, Any]:
         txn = self._txn(req)
-        del self.txns[str(req.get("txn"))]
+        tid = str(req.get("txn"))
+        del self.txns[tid]
         await txn.rollback()
+        await self._ended(tid, changed=False)
         return {}
 
     async def op_watch(self, req: dict[str, Any]) -> dict[str, Any]:

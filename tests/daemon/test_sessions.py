@@ -318,3 +318,33 @@ async def test_a_session_whose_client_stops_reading_is_ended(short_tmp: Path, fl
         ws_transport.abort()
         await ws.close()
     assert daemon.stop() == 0, daemon.log_text()
+
+
+async def test_a_transaction_that_made_its_page_and_changed_nothing_leaves_no_page(
+    daemon: Daemon,
+) -> None:
+    """A session's begin on a page that does not exist makes it (the transaction needs
+    a base); rolled back, committed with no change, or dropped with the connection, the
+    page goes again, as a failed first write's does. A commit that writes keeps it."""
+
+    async def op(ws: aiohttp.ClientWebSocketResponse, **req: Any) -> Any:
+        await ws.send_str(json.dumps({"id": 1, **req}))
+        reply = await ws.receive_json()
+        assert reply["ok"], reply
+        return reply
+
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(daemon.socket))) as http,
+        AsyncClient(daemon.socket) as c,
+    ):
+        await c.put("l", "kept", b"k", b"v")  # the ledger stays: another page is in it
+        ws = await http.ws_connect(URL("http://ledgerd/v1/session"))
+        for name, end in (("rolled", "rollback"), ("empty", "commit"), ("written", "commit")):
+            tid = (await op(ws, op="begin", ledger=b64(b"l"), page=b64(name.encode())))["txn"]
+            if name == "written":
+                await op(ws, op="put", txn=tid, key=b64(b"k"), value=b64(b"v"))
+            await op(ws, op=end, txn=tid)
+        await op(ws, op="begin", ledger=b64(b"l"), page=b64(b"dropped"))
+        ws._response.connection.transport.abort()  # type: ignore[union-attr]
+        await _wait_for_log(daemon, "on disconnect")
+        assert sorted(await c.pages("l")) == [b"kept", b"written"]
