@@ -598,6 +598,11 @@ async def synced_commits(page: Page) -> list[bytes]:
     return [bytes(r[0]) for r in rows]
 
 
+async def left_behind(page: Page) -> set[bytes]:
+    """The commits a rejoin left behind, childless on purpose (:func:`sql.leave_behind`)."""
+    return await page.db.run(sql.left_behind)
+
+
 async def history(page: Page) -> tuple[dict[bytes, list[bytes]], dict[bytes, bytes], set[bytes]]:
     """The page's commit graph as stored: each commit's parents, the tree root of each
     commit whose tree is kept (not pruned), and the heads."""

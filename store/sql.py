@@ -262,16 +262,18 @@ def add_shallow_root(conn: sqlite3.Connection, cid: bytes) -> None:
 
 
 def left_behind(conn: sqlite3.Connection) -> set[bytes]:
-    """Commits that are childless and yet not heads, on purpose: the heads a rejoin
-    from a checkpoint replaced (see :func:`leave_behind`)."""
+    """Commits that are childless and yet not heads, on purpose (see :func:`leave_behind`)."""
     return _id_set(conn, "left_behind")
 
 
 def leave_behind(conn: sqlite3.Connection, ids: Iterable[bytes]) -> None:
-    """Record ``ids``, heads that stop being heads without a child (a rejoin carried
-    their changes onto a checkpoint's head instead), so that checking the page does
-    not take them for lost heads and repairing it does not bring them back. Ids of
-    commits no longer stored (garbage collected) are dropped from the record."""
+    """Record ``ids`` as childless and not heads on purpose: the heads a rejoin
+    replaced (it carried their changes onto a checkpoint's head instead; they are never
+    uploaded), and a checkpoint's older commits that came with it (for other devices to
+    build on; never heads). Checking the page does not take them for lost heads,
+    repairing it does not bring them back, and a cloud check does not ask the bucket
+    for them. The record holds only ids still in ``commits`` (a page's commit rows are
+    kept, pruned or not, so it grows by a few ids per rejoin)."""
     kept = _id_set(conn, "left_behind") | set(ids)
     if kept:
         marks = ",".join("?" * len(kept))

@@ -23,7 +23,9 @@ This module owns checking a page against the bucket and repairing it from there:
   and no commit above the checkpoint (not one of those ancestors) reaches it. So
   what the heads reach and what is newer than the checkpoint must be in the
   bucket; older history that is in no pack is what compaction removed on purpose.
-  A page without a checkpoint keeps the plain rule: everything synced is in a pack.
+  Nor does the bucket need what a rejoin left behind (:func:`store.sql.leave_behind`)
+  and the heads do not reach: this device's old commits, never to be uploaded. A
+  page without a checkpoint keeps the plain rule: everything synced is in a pack.
 * **Repairing** (``repair``, which reads the bucket as ``cloud`` does): corrupt or
   missing pieces are taken from the packs and the checkpoint (verified) and stored
   again; pieces and commits the bucket lacks go back to pending and are uploaded
@@ -464,13 +466,17 @@ async def _cloud(
         report.add(ck.Problem(ck.CLOUD, problem))
     lacking = [d for d in await ck.synced_pieces(page) if d not in view.pieces]
     missing = [c for c in await ck.synced_commits(page) if c not in view.commits]
-    if view.covered and (lacking or missing):
+    left = await ck.left_behind(page)
+    if (view.covered or left) and (lacking or missing):
         parents, roots, heads = await ck.history(page)
-        old = below(view.covered, {**view.parents, **parents})
-        missing = [c for c in missing if c not in old]
+        graph = {**view.parents, **parents}
+        # Not needed in the bucket: history below the checkpoint (compacted), and what
+        # a rejoin left behind that the heads do not reach (never to be uploaded).
+        skip = below(view.covered, graph) | (below(left, graph) - below(heads, graph))
+        missing = [c for c in missing if c not in skip]
         if lacking:
             needed = await ck.reachable(
-                page, [r for c, r in roots.items() if c not in old or c in heads]
+                page, [r for c, r in roots.items() if c not in skip or c in heads]
             )
             lacking = [d for d in lacking if d in needed]
     for d in lacking:

@@ -16,7 +16,7 @@ from ledgerd.sync import check as sc
 from ledgerd.sync.cloud import CloudStore
 from ledgerd.sync.folder import FolderStore
 from tests.sync.test_checkpoints import _load
-from tests.sync.test_compaction import Clock, _packs
+from tests.sync.test_compaction import Clock, _packs, _write_on_and_compact
 from tests.sync.test_engine import Device, _keys, device
 from tests.sync.test_engine import encryption as encryption  # the fixture
 
@@ -201,3 +201,34 @@ async def test_what_is_newer_than_the_checkpoint_must_still_be_in_a_pack(
         repaired = await _check(b, pb, repair=True)
         assert repaired.report.healthy, (_messages(repaired), repaired.notes)
         assert (await _check(b, pb)).report.healthy
+
+
+async def test_a_device_that_rejoined_checks_clean_and_uploads_nothing_it_left_behind(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """D changes a key offline while A compacts past the grace; D's rejoin carries the
+    change onto the checkpoint and leaves its old commits behind, never to be uploaded
+    on parents the others may not have. ``check --cloud`` on D is healthy, and
+    ``--repair`` uploads none of them (it took them for synced commits the bucket lost
+    and sent them up on their old parents)."""
+    clock = Clock()
+    kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": GRACE}
+    rng = random.Random(8)
+    async with device(tmp_path / "a", bucket, **kw) as a:
+        pa = await a.repo.ledger("l").page("p")
+        async with device(tmp_path / "d", bucket, **kw) as d:
+            await _load(pa, rng, 1, 300)
+            await a.engine.sync()
+            await d.engine.sync()
+            pd = await d.repo.ledger("l").page("p")
+            await pd.put(b"offline", b"written by d while away")
+        await _write_on_and_compact(a, pa, clock, rng, GRACE)
+        async with device(tmp_path / "d", bucket, **kw) as d:
+            await d.engine.sync()
+            pd = await d.repo.ledger("l").page("p")
+            assert (await pd.get(b"offline")) == b"written by d while away"
+            assert not _messages(checked := await _check(d, pd)), _messages(checked)
+            packs = _packs(tmp_path / "bucket")
+            checked = await _check(d, pd, repair=True)
+            assert checked.report.healthy, _messages(checked)
+            assert _packs(tmp_path / "bucket") == packs  # nothing went up
