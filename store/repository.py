@@ -583,6 +583,10 @@ class Repository:
                 "INSERT OR REPLACE INTO repository (name, value) VALUES (?, ?)", (name, value)
             )
 
+    async def delete_meta(self, name: str) -> None:
+        async with self.usage.write() as conn:
+            await conn.execute("DELETE FROM repository WHERE name = ?", (name,))
+
     async def usage_of(self, ledger: bytes | str, page_id: bytes | str) -> int | None:
         """When the page was last closed (UNIX ms), 0 while open, None if unknown."""
         rows = await self.usage.read_all(

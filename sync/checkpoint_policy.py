@@ -126,7 +126,7 @@ class CheckpointPolicy:
         if self.feed.feed_max or await self.ctx.repo.get_meta(done) is not None:
             return
         if await self.checkpoints.bootstrap(lambda k: self.ctx.wanted(k), self.ctx.using):
-            self.feed.restarting = True
+            await self.feed.restart()
         await self.ctx.repo.set_meta(done, b"1")
 
     async def rejoin_if_away(self) -> None:
@@ -174,7 +174,7 @@ class CheckpointPolicy:
                 ):
                     del dl.held[hid]
             await self.feed.save_log(dl)
-        self.feed.restarting = True
+        await self.feed.restart()
         await self.feed.set_wall_listed(self.ctx.clock())
 
 

@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 
 LISTED_WALL = "sync/listed-wall"
 """Repository meta: the wall time of a listing of the feed, within the hour."""
+RESTARTING = "sync/restarting"
+"""Repository meta: set while the next listing is to start empty device logs at their
+first pack (see ``Feed.restarting``)."""
 LISTED_WALL_STEP = 3600.0
 FEED_WINDOW = 120.0
 """Seconds of feed time each listing looks back past the newest name seen: packs
@@ -65,13 +68,22 @@ class Feed:
         self._listed_wall = 0.0  # wall time of a recent listing (see wall_listed)
         # The next listing starts each empty device log at its first pack: set when
         # this device started pages from checkpoints (a new device, or one back after
-        # longer than the grace), below which compaction may have deleted packs.
+        # longer than the grace), below which compaction may have deleted packs. Kept
+        # in the repository's metadata until a listing has saved the logs, so that a
+        # stop before then (or a listing that failed) does not leave gaps for good.
         self.restarting = False
 
     async def load(self) -> None:
         # (as listed names move it: one saved before that rule may be past the ceiling)
         stored = int(await self.ctx.repo.get_meta("sync/feed") or b"0")
         self.feed_max = min(stored, layout.NAMED_TIME_CEILING)
+        self.restarting = await self.ctx.repo.get_meta(RESTARTING) is not None
+
+    async def restart(self) -> None:
+        """The next listing starts each empty device log at its first pack (see
+        ``restarting``); recorded before the caller records what it did."""
+        await self.ctx.repo.set_meta(RESTARTING, b"1")
+        self.restarting = True
 
     # -- listing -----------------------------------------------------------------------
 
@@ -96,9 +108,11 @@ class Feed:
             newest = max(newest, min(pn.time, layout.NAMED_TIME_CEILING))
             if await self.saw(pn):
                 touched.add(pn.device)
-        self.restarting = False
         for device in sorted(touched):
             await self.save_log(self.logs[device])
+        if self.restarting:  # the logs it started are saved
+            self.restarting = False
+            await self.ctx.repo.delete_meta(RESTARTING)
         if newest != self.feed_max:
             self.feed_max = newest
             await self.ctx.repo.set_meta("sync/feed", str(newest).encode())

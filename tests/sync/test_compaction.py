@@ -266,12 +266,19 @@ async def test_a_device_away_with_nothing_to_carry_keeps_the_checkpoint_as_its_h
             assert await _keys(d.repo) == want
 
 
+async def _failing_listing() -> None:
+    raise OSError("the listing failed")
+
+
+@pytest.mark.parametrize("first_listing", ["works", "fails"])
 async def test_packs_compacted_before_a_device_first_or_again_lists_are_no_gap(
-    tmp_path: Path, bucket: FolderStore
+    tmp_path: Path, bucket: FolderStore, first_listing: str
 ) -> None:
     """A new device, and one back after the grace period, list A's recent packs above
     the ones compaction deleted (the checkpoints hold those): no gap is left in A's log,
-    which no probe could ever fill, and both are synced."""
+    which no probe could ever fill, and both are synced. Also when the first listing
+    after the checkpoints fails (or the daemon stops before it): the restarted device
+    still starts the logs at their first pack."""
     clock = Clock()
     grace = 3600.0
     kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": grace}
@@ -287,6 +294,11 @@ async def test_packs_compacted_before_a_device_first_or_again_lists_are_no_gap(
         await a.engine.sync()
         want = await _keys(a.repo)
         for name in ["d", "new"]:
+            if first_listing == "fails":
+                async with device(tmp_path / name, bucket, **kw) as x:
+                    x.engine.feed.list_new = _failing_listing  # type: ignore[method-assign]
+                    with pytest.raises(OSError, match="the listing failed"):
+                        await x.engine.sync(timeout=5)
             async with device(tmp_path / name, bucket, **kw) as x:
                 await x.engine.sync()
                 assert await _keys(x.repo) == want
