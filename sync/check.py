@@ -132,6 +132,9 @@ class CloudView:
     """The name of the page's checkpoint that was read, if any."""
     covered: list[bytes] = field(default_factory=list)
     """That checkpoint's commits: their history may be in no pack (compacted)."""
+    unread: bool = False
+    """The page has checkpoints, and none could be read: what compaction removed cannot
+    be told from what the bucket lost, so nothing is judged missing (or uploaded)."""
 
     def add_commits(self, datas: Iterable[bytes]) -> bool:
         """Count these commit encodings as in the bucket; False if one does not decode."""
@@ -293,6 +296,9 @@ async def read_checkpoint(
         names = [cn async for cn in checkpoints.names(checkpoints.tag(key))]
         best = await checkpoints.best(names)
         if not best:
+            if names:
+                view.unread = True
+                view.problems.append(f"none of the page's {len(names)} checkpoints can be read")
             return
         cn = next(iter(best.values()))
         try:
@@ -300,6 +306,7 @@ async def read_checkpoint(
         except CloudNotFoundError:
             continue
         except (CloudError, pack.CorruptPackError) as e:
+            view.unread = True
             view.problems.append(f"checkpoint {cn.name}: {type(e).__name__}: {e}")
             return
         break
@@ -425,7 +432,8 @@ async def check_page(
         report.reachable, report.remote = again.reachable, again.remote
         if not fixed:
             break
-    if engine is not None and not report.open_problems(ck.NOT_IN_CLOUD):
+    unread = result.cloud is not None and result.cloud.unread
+    if engine is not None and not unread and not report.open_problems(ck.NOT_IN_CLOUD):
         # Everything the page counts as synced is in packs that verify: a broken pack
         # left in the bucket no longer holds anything that is not elsewhere too.
         for p in report.open_problems(ck.CLOUD):
@@ -464,6 +472,8 @@ async def _cloud(
     view = await _read_bucket(page, engine, index, engine.device, report.bad_pieces())
     for problem in [*index.problems, *view.problems]:
         report.add(ck.Problem(ck.CLOUD, problem))
+    if view.unread:  # (a repair would upload the whole compacted history again)
+        return view
     lacking = [d for d in await ck.synced_pieces(page) if d not in view.pieces]
     missing = [c for c in await ck.synced_commits(page) if c not in view.commits]
     left = await ck.left_behind(page)

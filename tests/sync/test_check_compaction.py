@@ -232,3 +232,31 @@ async def test_a_device_that_rejoined_checks_clean_and_uploads_nothing_it_left_b
             checked = await _check(d, pd, repair=True)
             assert checked.report.healthy, _messages(checked)
             assert _packs(tmp_path / "bucket") == packs  # nothing went up
+
+
+async def test_unreadable_checkpoints_are_a_problem_and_nothing_is_uploaded_again(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """After compaction, the page's checkpoints are damaged: what compaction removed
+    cannot be told from what the bucket lost. The check says the checkpoints cannot be
+    read, judges nothing missing, and a repair uploads nothing (it would have sent the
+    whole compacted history up again)."""
+    clock = Clock()
+    kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": GRACE}
+    rng = random.Random(9)
+    async with device(tmp_path / "a", bucket, **kw) as a, device(tmp_path / "b", bucket, **kw) as b:
+        await _compacted(clock, a, b, rng)
+        files = [f for f in (tmp_path / "bucket" / "checkpoints").rglob("*") if f.is_file()]
+        assert files
+        for f in files:
+            f.write_bytes(b"junk" * 100)
+        pa = await a.repo.ledger("l").page("p")
+        packs = _packs(tmp_path / "bucket")
+        for repair in (False, True):
+            checked = await _check(a, pa, repair=repair)
+            assert not checked.report.healthy
+            assert [p.code for p in checked.report.open_problems()] == [ck.CLOUD], _messages(
+                checked
+            )
+            assert "checkpoint" in _messages(checked)[0], _messages(checked)
+        assert _packs(tmp_path / "bucket") == packs  # nothing went up
