@@ -822,7 +822,7 @@ class Api:
         try:
             await self.repo.discard_unwritten(ledger, page_id)
         except Exception:
-            log.exception("could not remove page %r after its first write failed", page_id)
+            log.exception("could not remove page %s after its first write failed", named(page_id))
 
     async def delete_key(self, request: web.Request, p: Params) -> web.Response:
         page = await self.page(p.ledger, p.page, create=False)

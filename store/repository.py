@@ -107,15 +107,38 @@ def _lock(root: Path) -> int:
     return fd
 
 
+DISCARDED = ".discarded"
+"""Suffix of a page directory being removed (:meth:`Repository.discard_unwritten`);
+one found when the repository opens is a removal cut short, finished then."""
+
+
 def _remove_page_dir(page_dir: Path) -> None:
     """Rename a page's directory to a name listings skip (atomic), then delete it; and
     its ledger's directory if that leaves it empty (blocking)."""
-    aside = page_dir.with_name(page_dir.name + ".discarded")
+    aside = page_dir.with_name(page_dir.name + DISCARDED)
+    shutil.rmtree(aside, ignore_errors=True)  # one left by a removal cut short
     with contextlib.suppress(FileNotFoundError):
         os.rename(page_dir, aside)
+    _remove_aside(aside)
+
+
+def _remove_aside(aside: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
     with contextlib.suppress(OSError):  # not empty: other pages
-        page_dir.parent.rmdir()
+        aside.parent.rmdir()
+
+
+def _discards_cut_short(ledgers_dir: Path) -> list[Path]:
+    """Page directories set aside for removal and not yet deleted (blocking)."""
+    if not ledgers_dir.is_dir():
+        return []
+    return [
+        p
+        for ledger in ledgers_dir.iterdir()
+        if ledger.is_dir()
+        for p in ledger.iterdir()
+        if p.name.endswith(DISCARDED) and p.is_dir()
+    ]
 
 
 @dataclass(slots=True)
@@ -234,6 +257,7 @@ class Repository:
         )
         try:
             await repo._load_device_id()
+            await repo._finish_discards()
             await repo._load_evicted()
         except BaseException:
             await repo.close()
@@ -252,6 +276,21 @@ class Repository:
             )
         rows = await self.usage.read_all("SELECT value FROM repository WHERE name = 'device_id'")
         self.device_id = bytes(rows[0][0])
+
+    async def _finish_discards(self) -> None:
+        """Finish removals of unwritten pages cut short (see :meth:`discard_unwritten`)."""
+        for aside in await asyncio.to_thread(_discards_cut_short, self.ledgers_dir):
+            ledger, page_id = (
+                decode_name(aside.parent.name),
+                decode_name(aside.name[: -len(DISCARDED)]),
+            )
+            log.info("finishing the removal of page directory %s", aside)
+            if ledger is not None and page_id is not None:
+                async with self.usage.write() as conn:
+                    await conn.execute(
+                        "DELETE FROM page_usage WHERE ledger = ? AND page = ?", (ledger, page_id)
+                    )
+            await asyncio.to_thread(_remove_aside, aside)
 
     async def _load_evicted(self) -> None:
         """Finish evictions cut short, then read which pages are evicted."""
@@ -665,7 +704,7 @@ class Repository:
                 async with self.usage.write() as conn:
                     await conn.execute("DELETE FROM page_usage WHERE ledger = ? AND page = ?", key)
                 self._closed_deleted.pop(key, None)
-                log.info("page %r removed: its first write failed", page_id)
+                log.info("page %s removed: its first write failed", named(page_id))
                 return True
         finally:
             opening.users -= 1

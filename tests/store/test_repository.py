@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from ledgerd.store import ClosedError, Page, Repository, TooManyOpenPagesError
+from ledgerd.store.commit import FIRST
+from ledgerd.store.repository import DISCARDED
 
 
 async def test_opening_past_max_open_pages_closes_the_least_recently_used(
@@ -142,3 +144,24 @@ async def test_a_closed_repository_opens_no_page_and_creates_no_file(tmp_path: P
         for pid in listed:
             page = await again.ledger("l").page(pid)
             assert await page.heads()
+
+
+async def test_a_removal_of_an_unwritten_page_cut_short_is_finished_on_open(
+    tmp_path: Path,
+) -> None:
+    """A page whose first write failed is renamed aside (``*.discarded``), then deleted;
+    a crash between the two left the directory, which kept its ledger listed and made
+    the next removal of that page fail. The repository finishes it when it opens."""
+    async with await Repository.open(tmp_path) as repo:
+        await (await repo.ledger("l").page("gone")).close()
+        page_dir = repo.page_path(b"l", b"gone").parent
+    page_dir.rename(page_dir.with_name(page_dir.name + DISCARDED))  # the crash: renamed only
+    async with await Repository.open(tmp_path) as repo:
+        assert await repo.ledgers() == []
+        assert not page_dir.parent.exists()
+        assert await repo.usage_of(b"l", b"gone") is None
+        # The same page made and removed again: nothing in the way.
+        async with repo.page(b"l", b"gone") as page:
+            assert [h.id for h in await page.heads()] == [FIRST.id]  # made, nothing written
+        assert await repo.discard_unwritten(b"l", b"gone")
+        assert await repo.ledgers() == []
