@@ -49,8 +49,8 @@ def socket_dir_problem(socket: Path, *, owner: int | None = None) -> str | None:
         # A shared directory such as /tmp (sticky) is meant to be writable by all:
         # the socket goes into a directory of its own, never a chmod of the shared one.
         fix = (
-            f"put the socket in a directory of its own (mkdir -m 700 {directory}/ledgerd-"
-            f"{os.getuid()}, then --socket {directory}/ledgerd-{os.getuid()}/ledgerd.sock)"
+            "put the socket in a directory of its own: under $XDG_RUNTIME_DIR, or one "
+            f"made with mkdir -m 700 {directory}/ledgerd-{os.getuid()}"
             if st.st_mode & stat.S_ISVTX
             else f"use a directory only its owner can write (chmod go-w {directory})"
         )

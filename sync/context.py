@@ -127,6 +127,12 @@ class SyncContext:
             current = top == layout.BUCKET_FORMAT  # (older markers do not say)
             if encrypted is None and current and not seen and crypto.DESCRIPTOR not in names:
                 encrypted = layout.marker_encrypted(await self.store.get(layout.marker_name()))
+                if encrypted is None:
+                    log.warning(
+                        "the bucket's marker does not say whether the bucket is encrypted "
+                        "(an older ledgerd wrote it, or it is damaged): taken as written "
+                        "by a device without a key, since no encryption descriptor is there"
+                    )
             self.codec = await crypto.open_bucket(self.store, names, self.keys, encrypted)
             if layout.BUCKET_FORMAT not in versions and await self._mark(self.codec is not None):
                 log.info("marked the bucket as a ledgerd bucket (layout %d)", layout.BUCKET_FORMAT)
