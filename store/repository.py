@@ -449,32 +449,21 @@ class Repository:
         if page is not None and not page.closed:
             self._hand_out(key)
             return page, False
-        # One lock per page being opened, dropped once nobody waits on it (a
-        # long-running daemon opens many pages over its life).
-        opening = self._opening.get(key)
-        if opening is None:
-            opening = self._opening[key] = _Opening(asyncio.Lock())
-        opening.users += 1
-        try:
-            async with opening.lock:
-                page = self._pages.get(key)
-                opened = page is None or page.closed
-                if page is None or page.closed:
-                    self._check_open()  # closed while this waited: make no file
-                    await self._make_room()
-                    self._reserved += 1  # no await since _make_room found room
-                    try:
-                        page = await self._open_new(ledger, page_id)
-                    finally:
-                        self._reserved -= 1
-                # No await since the page was published: close_idle cannot close it
-                # before the caller takes a lease.
-                self._hand_out(key)
-                return page, opened
-        finally:
-            opening.users -= 1
-            if opening.users == 0:
-                del self._opening[key]
+        async with self._no_open_of(key):
+            page = self._pages.get(key)
+            opened = page is None or page.closed
+            if page is None or page.closed:
+                self._check_open()  # closed while this waited: make no file
+                await self._make_room()
+                self._reserved += 1  # no await since _make_room found room
+                try:
+                    page = await self._open_new(ledger, page_id)
+                finally:
+                    self._reserved -= 1
+            # No await since the page was published: close_idle cannot close it
+            # before the caller takes a lease.
+            self._hand_out(key)
+            return page, opened
 
     async def _make_room(self) -> None:
         """Close least recently used idle pages until one more may open (pages being
@@ -665,16 +654,23 @@ class Repository:
         Returns the bytes its files took. Raises :class:`NotEvictableError` when the
         page is in use or not fully synced."""
         self._check_open()
-        key = (ledger, page_id)
-        if key in self._evicted:
+        if (ledger, page_id) in self._evicted:
             return 0
+        async with self._no_open_of((ledger, page_id)):
+            return await self._evict(ledger, page_id)
+
+    @contextlib.asynccontextmanager
+    async def _no_open_of(self, key: tuple[bytes, bytes]) -> AsyncIterator[None]:
+        """Hold the lock that opens page ``key``: no other open of it meanwhile. One
+        lock per page being opened, dropped once nobody waits on it (a long-running
+        daemon opens many pages over its life)."""
         opening = self._opening.get(key)
         if opening is None:
             opening = self._opening[key] = _Opening(asyncio.Lock())
         opening.users += 1
         try:
-            async with opening.lock:  # no open of this page meanwhile
-                return await self._evict(ledger, page_id)
+            async with opening.lock:
+                yield
         finally:
             opening.users -= 1
             if opening.users == 0:
@@ -687,29 +683,20 @@ class Repository:
         if that leaves it empty. Returns whether the page was removed."""
         self._check_open()
         key = (ledger, page_id)
-        opening = self._opening.get(key)
-        if opening is None:
-            opening = self._opening[key] = _Opening(asyncio.Lock())
-        opening.users += 1
-        try:
-            async with opening.lock:  # no open of this page meanwhile
-                page = self._pages.get(key)
-                if page is None or page.closed or not page.idle or page.writer.uncommitted:
-                    return False
-                if [h.id for h in page.graph.heads] != [commit.FIRST.id]:
-                    return False
-                await page.close()  # checked and closed with no await in between
-                page_dir = self.page_path(ledger, page_id).parent
-                await asyncio.to_thread(_remove_page_dir, page_dir)
-                async with self.usage.write() as conn:
-                    await conn.execute("DELETE FROM page_usage WHERE ledger = ? AND page = ?", key)
-                self._closed_deleted.pop(key, None)
-                log.info("page %s removed: its first write failed", named(page_id))
-                return True
-        finally:
-            opening.users -= 1
-            if opening.users == 0:
-                del self._opening[key]
+        async with self._no_open_of(key):
+            page = self._pages.get(key)
+            if page is None or page.closed or not page.idle or page.writer.uncommitted:
+                return False
+            if [h.id for h in page.graph.heads] != [commit.FIRST.id]:
+                return False
+            await page.close()  # checked and closed with no await in between
+            page_dir = self.page_path(ledger, page_id).parent
+            await asyncio.to_thread(_remove_page_dir, page_dir)
+            async with self.usage.write() as conn:
+                await conn.execute("DELETE FROM page_usage WHERE ledger = ? AND page = ?", key)
+            self._closed_deleted.pop(key, None)
+            log.info("page %s removed: its first write failed", named(page_id))
+            return True
 
     async def _evict(self, ledger: bytes, page_id: bytes) -> int:
         page = self._pages.get((ledger, page_id))
