@@ -18,14 +18,17 @@ This module owns checking a page against the bucket and repairing it from there:
   checkpoint's commits, so not all history the page counts as synced is in a pack.
   The rule: every commit the page counts as synced must be in a pack or in the
   checkpoint, unless it is one of the checkpoint's commits or their ancestors (as
-  far as the page's own commits and those read from the bucket tell); every piece
+  far as the page's own commits and those read from the bucket tell), or no head
+  reaches it (a device back after the grace keeps old commits whose links to the
+  checkpoint's head were compacted away); every piece
   the page counts as synced must be in a pack or in the checkpoint, unless no head
   and no commit above the checkpoint (not one of those ancestors) reaches it. So
   what the heads reach and what is newer than the checkpoint must be in the
   bucket; older history that is in no pack is what compaction removed on purpose.
-  Nor does the bucket need what a rejoin left behind (:func:`store.sql.leave_behind`)
-  and the heads do not reach: this device's old commits, never to be uploaded. A
-  page without a checkpoint keeps the plain rule: everything synced is in a pack.
+  Nor does the bucket need a commit no head reaches: what a rejoin left behind
+  (:func:`store.sql.leave_behind`, never to be uploaded), or old commits whose links
+  to the checkpoint's head were compacted away. A page without a checkpoint keeps the
+  plain rule: everything synced is in a pack.
 * **Repairing** (``repair``, which reads the bucket as ``cloud`` does): corrupt or
   missing pieces are taken from the packs and the checkpoint (verified) and stored
   again; pieces and commits the bucket lacks go back to pending and are uploaded
@@ -480,9 +483,12 @@ async def _cloud(
     if (view.covered or left) and (lacking or missing):
         parents, roots, heads = await ck.history(page)
         graph = {**view.parents, **parents}
-        # Not needed in the bucket: history below the checkpoint (compacted), and what
-        # a rejoin left behind that the heads do not reach (never to be uploaded).
-        skip = below(view.covered, graph) | (below(left, graph) - below(heads, graph))
+        # Not needed in the bucket: history below the checkpoint (compacted), and the
+        # commits no head reaches: what a rejoin left behind (never to be uploaded), and
+        # old commits whose children up to the checkpoint's head were compacted away
+        # everywhere (a device back after the grace holds such).
+        live = below(heads, parents)
+        skip = below(view.covered, graph) | {c for c in {*parents, *roots} if c not in live}
         missing = [c for c in missing if c not in skip]
         if lacking:
             needed = await ck.reachable(

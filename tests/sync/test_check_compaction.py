@@ -260,3 +260,43 @@ async def test_unreadable_checkpoints_are_a_problem_and_nothing_is_uploaded_agai
             )
             assert "checkpoint" in _messages(checked)[0], _messages(checked)
         assert _packs(tmp_path / "bucket") == packs  # nothing went up
+
+
+@pytest.mark.parametrize("carry", [False, True])
+async def test_check_cloud_is_healthy_on_a_device_back_after_the_grace(
+    tmp_path: Path, bucket: FolderStore, carry: bool
+) -> None:
+    """D held A's early history, was away past the grace while A wrote on and compacted,
+    and came back to A's checkpoint: the commits between D's old ones and the
+    checkpoint's head are gone everywhere, so D cannot link its old synced commits to
+    the checkpoint. They lie below it all the same (no head reaches them): no
+    ``not_in_cloud`` (it reported every one of them, and their pieces)."""
+    clock = Clock()
+    kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": GRACE}
+    rng = random.Random(13)
+    async with device(tmp_path / "a", bucket, **kw) as a:
+        pa = await a.repo.ledger("l").page("p")
+        async with device(tmp_path / "d", bucket, **kw) as d:
+            for _ in range(3):
+                await _load(pa, rng, 1, 300)
+                await a.engine.sync()
+            await d.engine.sync()
+            assert await _keys(d.repo) == await _keys(a.repo)
+            if carry:
+                pd = await d.repo.ledger("l").page("p")
+                await pd.put(b"offline", b"written by d, never uploaded")
+        for _ in range(6):  # D is stopped
+            clock.now += 600
+            await _load(pa, rng, 1, 300)
+            await a.engine.sync()
+        clock.now += GRACE + 600
+        assert (await a.engine.compact()).packs_deleted > 0
+        async with device(tmp_path / "d", bucket, **kw) as d:
+            await d.engine.sync()
+            await a.engine.sync()
+            await d.engine.sync()
+            assert not d.engine.problems()
+            assert await _keys(d.repo) == await _keys(a.repo)
+            pd = await d.repo.ledger("l").page("p")
+            checked = await _check(d, pd)
+            assert checked.report.healthy, _messages(checked)[:5]
