@@ -29,6 +29,10 @@ from ledgerd.sync.status import describe
 
 log = logging.getLogger(__name__)
 
+REJOINING = "sync/rejoining"
+"""Repository meta: set while a device away past the grace moves its pages onto the
+checkpoints (see :meth:`CheckpointPolicy.rejoin_if_away`)."""
+
 
 class CheckpointPolicy:
     """Writes checkpoints when due, and takes them where a page must start again.
@@ -52,6 +56,7 @@ class CheckpointPolicy:
         self.checkpoints = checkpoints
         self.interval = interval
         self.grace = grace
+        self._rejoining: bool | None = None  # REJOINING, once read (see rejoin_if_away)
         self.changed = changed
         self._due: dict[Key, None] = {}  # waiting for checkpoint_interval
         self._at: dict[Key, float] = {}  # monotonic time of the page's last one
@@ -137,13 +142,23 @@ class CheckpointPolicy:
         others may no longer have."""
         listed = await self.feed.wall_listed()
         away = self.ctx.clock() - listed
-        if not listed or away <= self.grace:
+        # Marked until every page has moved: a stop midway (after which a listing may
+        # have made this device look present) finishes the rejoin at the next round;
+        # pages that moved already are left as they are.
+        if self._rejoining is None:  # (read once: this object keeps it after)
+            self._rejoining = await self.ctx.repo.get_meta(REJOINING) is not None
+        if self._rejoining:
+            log.warning("finishing a start from the checkpoints that was cut short")
+        elif not listed or away <= self.grace:
             return
-        log.warning(
-            "this device last read the bucket %s ago, longer than compaction_grace: "
-            "starting again from the checkpoints",
-            _span(away),
-        )
+        else:
+            await self.ctx.repo.set_meta(REJOINING, b"1")
+            self._rejoining = True
+            log.warning(
+                "this device last read the bucket %s ago, longer than compaction_grace: "
+                "starting again from the checkpoints",
+                _span(away),
+            )
         names = [cn async for cn in self.checkpoints.names()]
         best = await self.checkpoints.best(names)
         devices: set[str] = set()  # whose packs compaction may have deleted meanwhile
@@ -176,6 +191,8 @@ class CheckpointPolicy:
             await self.feed.save_log(dl)
         await self.feed.restart()
         await self.feed.set_wall_listed(self.ctx.clock())
+        await self.ctx.repo.delete_meta(REJOINING)
+        self._rejoining = False
 
 
 def _span(seconds: float) -> str:

@@ -408,3 +408,43 @@ async def test_compaction_runs_each_interval_by_the_wall_clock_even_after_it_wen
         clock.now += 3600
         await again.engine._compact_when_due()
         assert len(runs) == 4
+
+
+async def test_a_rejoin_cut_short_is_finished_after_a_restart(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """D, back after the grace, is stopped while it moves its pages onto the checkpoints,
+    and a listing then makes it look present (its last-listed time is new): at the next
+    start it finishes the rejoin instead of reading packs above compacted ones and
+    waiting for good."""
+    clock = Clock()
+    grace = 3600.0
+    kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": grace}
+    rng = random.Random(14)
+    async with device(tmp_path / "a", bucket, **kw) as a:
+        async with device(tmp_path / "d", bucket, **kw) as d:
+            pa = await a.repo.ledger("l").page("p")
+            await _load(pa, rng, 1, 300)
+            await a.engine.sync()
+            await d.engine.sync()
+        await _write_on_and_compact(a, pa, clock, rng, grace)
+        await pa.put(b"recent", b"after the compaction")
+        await a.engine.sync()
+        want = await _keys(a.repo)
+        async with device(tmp_path / "d", bucket, **kw) as d:
+            d.engine.checkpoints.take = _stopped  # type: ignore[method-assign]
+            with pytest.raises(_Stop):
+                await d.engine.sync(timeout=5)
+            await d.engine.feed.list_new()  # as another path would list meanwhile
+        async with device(tmp_path / "d", bucket, **kw) as d:
+            await d.engine.sync()
+            assert await _keys(d.repo) == want
+            assert d.engine.health()["synced"], d.engine.health()["reasons"]
+
+
+class _Stop(BaseException):
+    """The daemon stops here (not an error the rejoin would take for one page's)."""
+
+
+async def _stopped(*args: object, **kwargs: object) -> None:
+    raise _Stop()
