@@ -136,7 +136,7 @@ async def test_a_closed_repository_opens_no_page_and_creates_no_file(tmp_path: P
         await repo.ledger("l").page("after")
     with pytest.raises(ClosedError):
         async with repo.page(b"l", b"after2"):
-            pass
+            raise AssertionError("a closed repository handed out a page")
     async with await Repository.open(tmp_path) as again:
         listed = await again.ledger("l").pages()
         assert b"after" not in listed and b"after2" not in listed

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sqlite3
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -232,16 +234,17 @@ async def _write_on_and_compact(
     assert (await a.engine.compact()).packs_deleted > 0
 
 
-async def test_a_device_away_with_nothing_to_carry_keeps_the_checkpoint_as_its_head(
-    tmp_path: Path, bucket: FolderStore
-) -> None:
-    """D, with every change of its own uploaded, comes back after the grace period: the
-    checkpoint it takes is its page's head (in ``heads``, not only in memory), so the
-    page reads the same after a reopen and a collection keeps the head's tree."""
+@contextlib.asynccontextmanager
+async def _d_away(
+    tmp_path: Path, bucket: FolderStore, *, seed: int
+) -> AsyncIterator[tuple[Device, Page, dict[str, Any]]]:
+    """A and D sync A's first rounds; D stops while A writes on, checkpoints and
+    compacts past the grace. Yields A (still running), its page and the settings a
+    device of this bucket takes (a shared simulated clock, a grace of an hour)."""
     clock = Clock()
     grace = 3600.0
     kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": grace}
-    rng = random.Random(12)
+    rng = random.Random(seed)
     async with device(tmp_path / "a", bucket, **kw) as a:
         async with device(tmp_path / "d", bucket, **kw) as d:
             pa = await a.repo.ledger("l").page("p")
@@ -249,7 +252,17 @@ async def test_a_device_away_with_nothing_to_carry_keeps_the_checkpoint_as_its_h
             await a.engine.sync()
             await d.engine.sync()
             assert await _keys(d.repo) == await _keys(a.repo)
-        await _write_on_and_compact(a, pa, clock, rng, grace)  # D is stopped
+        await _write_on_and_compact(a, pa, clock, rng, grace)
+        yield a, pa, kw
+
+
+async def test_a_device_away_with_nothing_to_carry_keeps_the_checkpoint_as_its_head(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """D, with every change of its own uploaded, comes back after the grace period: the
+    checkpoint it takes is its page's head (in ``heads``, not only in memory), so the
+    page reads the same after a reopen and a collection keeps the head's tree."""
+    async with _d_away(tmp_path, bucket, seed=12) as (a, pa, kw):
         want = await _keys(a.repo)
 
         async with device(tmp_path / "d", bucket, **kw) as d:
@@ -279,17 +292,7 @@ async def test_packs_compacted_before_a_device_first_or_again_lists_are_no_gap(
     which no probe could ever fill, and both are synced. Also when the first listing
     after the checkpoints fails (or the daemon stops before it): the restarted device
     still starts the logs at their first pack."""
-    clock = Clock()
-    grace = 3600.0
-    kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": grace}
-    rng = random.Random(13)
-    async with device(tmp_path / "a", bucket, **kw) as a:
-        async with device(tmp_path / "d", bucket, **kw) as d:
-            pa = await a.repo.ledger("l").page("p")
-            await _load(pa, rng, 1, 300)
-            await a.engine.sync()
-            await d.engine.sync()
-        await _write_on_and_compact(a, pa, clock, rng, grace)
+    async with _d_away(tmp_path, bucket, seed=13) as (a, pa, kw):
         await pa.put(b"recent", b"a pack above the compacted ones")
         await a.engine.sync()
         want = await _keys(a.repo)
@@ -417,17 +420,7 @@ async def test_a_rejoin_cut_short_is_finished_after_a_restart(
     and a listing then makes it look present (its last-listed time is new): at the next
     start it finishes the rejoin instead of reading packs above compacted ones and
     waiting for good."""
-    clock = Clock()
-    grace = 3600.0
-    kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": grace}
-    rng = random.Random(14)
-    async with device(tmp_path / "a", bucket, **kw) as a:
-        async with device(tmp_path / "d", bucket, **kw) as d:
-            pa = await a.repo.ledger("l").page("p")
-            await _load(pa, rng, 1, 300)
-            await a.engine.sync()
-            await d.engine.sync()
-        await _write_on_and_compact(a, pa, clock, rng, grace)
+    async with _d_away(tmp_path, bucket, seed=14) as (a, pa, kw):
         await pa.put(b"recent", b"after the compaction")
         await a.engine.sync()
         want = await _keys(a.repo)
