@@ -66,6 +66,7 @@ from ledgerd.store import (
     StoreError,
     TooManyOpenPagesError,
     View,
+    check_key,
 )
 from ledgerd.store import digest as dg
 from ledgerd.store.errors import named
@@ -877,9 +878,8 @@ class Api:
         if not changes:  # nothing to write: no commit, and no page made for it
             return web.json_response({"applied": 0, "versionstamp": None, "versionstamped": []})
         for change in changes:  # refused before the page is made, as a bad template is
-            key = change[0]
-            if type(key) is bytes and len(key) > KEY_LIMIT:
-                raise ae.KeyTooLarge(f"key of {len(key)} bytes is over the {KEY_LIMIT}-byte limit")
+            if type(change[0]) is bytes:  # (a versionstamped key is checked when stamped)
+                check_key(change[0])
         page = await self.page(p.ledger, p.page, create=True)
         completed = await page.write(changes)
         stamp = stamp_of(changes, completed)

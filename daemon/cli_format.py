@@ -28,6 +28,7 @@ from ledgerd.daemon.client import Item
 from ledgerd.daemon.codec import b64
 from ledgerd.store import SingleFloat, Versionstamp
 from ledgerd.store import tuple as fdbtuple
+from ledgerd.store.errors import counted as counted  # (the CLI's commands use it from here)
 from ledgerd.store.errors import named
 
 
@@ -216,11 +217,6 @@ def size_text(n: int | None) -> str:
         if n >= scale:
             return f"<{n / scale:.1f} {unit}>"
     return f"<{n} bytes>"
-
-
-def counted(n: int, noun: str) -> str:
-    """``n`` and ``noun``, plural unless ``n`` is 1: "1 page", "2 pages", "0 rounds"."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def human_bytes(n: int) -> str:

@@ -15,11 +15,11 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ledgerd.daemon import errors as ae
-from ledgerd.daemon.cli_format import counted
 from ledgerd.daemon.codec import unb64
 from ledgerd.daemon.collector import pages_of
 from ledgerd.store import StoreError
 from ledgerd.store import check as ck
+from ledgerd.store.errors import counted
 from ledgerd.sync.check import BucketIndex, Checked, check_page
 from ledgerd.sync.errors import CloudError
 

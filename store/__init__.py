@@ -93,7 +93,7 @@ from ledgerd.store.subspace import Subspace
 from ledgerd.store.threads import OFF_LOOP_BYTES, off_loop
 from ledgerd.store.threads import set_threads as set_sqlite_threads
 from ledgerd.store.tuple import SingleFloat, TupleError, Versionstamp
-from ledgerd.store.view import KEY_LIMIT, KeyValue, RangeResult, View
+from ledgerd.store.view import KEY_LIMIT, KeyValue, RangeResult, View, check_key
 
 __all__ = [
     "KEY_LIMIT",
@@ -183,6 +183,7 @@ __all__ = [
     "off_loop",
     "OFF_LOOP_BYTES",
     "set_sqlite_threads",
+    "check_key",
     "encode_name",
     "stamp_time",
     "tuple",

@@ -40,7 +40,6 @@ from ledgerd.store import digest as dg
 from ledgerd.store.errors import CorruptObjectError, InvalidArgumentError, StoreError, named
 from ledgerd.store.page import Page
 from ledgerd.store.schema import LOCAL, SYNCED, TRANSIENT
-from ledgerd.store.sql import shallow_roots
 
 SCAN_ROWS = 256
 """Stored pieces read and verified per query of the scan (pieces are at most 64 KiB)."""
@@ -286,9 +285,7 @@ def _read_tables(conn: sqlite3.Connection) -> _Tables:
                     "(SELECT id FROM journals)"
                 )
             ],
-            shallow=shallow_roots(
-                conn.execute("SELECT value FROM page_metadata WHERE name = 'shallow'").fetchone()
-            ),
+            shallow=sql.shallow(conn),
             left_behind=sql.left_behind(conn),
             pruned={
                 r[0] for r in rows("pruned_commits", "SELECT commit_id FROM pruned_commits", bytes)
@@ -734,11 +731,9 @@ async def repair_local(page: Page, report: PageCheck) -> None:
             childless = ids(
                 "SELECT id FROM commits WHERE id NOT IN (SELECT parent FROM commit_parents)"
             )
-            shallow = shallow_roots(
-                conn.execute("SELECT value FROM page_metadata WHERE name = 'shallow'").fetchone()
-            )
             left = sql.left_behind(conn)
-            expected = _expected_heads(childless, shallow, ids("SELECT commit_id FROM heads"), left)
+            heads_now = ids("SELECT commit_id FROM heads")
+            expected = _expected_heads(childless, sql.shallow(conn), heads_now, left)
             if not expected:  # no head left to tell the shallow roots apart: keep them
                 expected = childless - left
             conn.execute("DELETE FROM heads")

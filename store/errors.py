@@ -29,6 +29,11 @@ def named(data: bytes | str) -> str:
     return "hex:" + data.hex()
 
 
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1: "1 page", "2 pages", "0 rounds"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 class StoreError(Exception):
     """The store failed."""
 

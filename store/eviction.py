@@ -119,17 +119,17 @@ def _fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
-def cut_short(ledgers_dir: Path) -> list[tuple[Path, str]]:
-    """The ``(ledger directory, page directory name)`` of evictions cut short
-    (blocking)."""
+def cut_short(ledgers_dir: Path, suffix: str = SUFFIX) -> list[tuple[Path, str]]:
+    """The ``(ledger directory, page directory name)`` of evictions cut short, or of
+    other steps that set a page's directory aside under ``suffix`` (blocking)."""
     out: list[tuple[Path, str]] = []
     if not ledgers_dir.is_dir():
         return out
     for ledger in ledgers_dir.iterdir():
         if ledger.is_dir():
             for p in ledger.iterdir():
-                if p.name.endswith(SUFFIX) and p.is_dir():
-                    out.append((ledger, p.name[: -len(SUFFIX)]))
+                if p.name.endswith(suffix) and p.is_dir():
+                    out.append((ledger, p.name[: -len(suffix)]))
     return out
 
 

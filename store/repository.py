@@ -128,19 +128,6 @@ def _remove_aside(aside: Path) -> None:
         aside.parent.rmdir()
 
 
-def _discards_cut_short(ledgers_dir: Path) -> list[Path]:
-    """Page directories set aside for removal and not yet deleted (blocking)."""
-    if not ledgers_dir.is_dir():
-        return []
-    return [
-        p
-        for ledger in ledgers_dir.iterdir()
-        if ledger.is_dir()
-        for p in ledger.iterdir()
-        if p.name.endswith(DISCARDED) and p.is_dir()
-    ]
-
-
 @dataclass(slots=True)
 class _Opening:
     """The lock that opens one page once, and how many callers hold or wait for it."""
@@ -279,11 +266,11 @@ class Repository:
 
     async def _finish_discards(self) -> None:
         """Finish removals of unwritten pages cut short (see :meth:`discard_unwritten`)."""
-        for aside in await asyncio.to_thread(_discards_cut_short, self.ledgers_dir):
-            ledger, page_id = (
-                decode_name(aside.parent.name),
-                decode_name(aside.name[: -len(DISCARDED)]),
-            )
+        for ledger_dir, name in await asyncio.to_thread(
+            eviction.cut_short, self.ledgers_dir, DISCARDED
+        ):
+            aside = ledger_dir / (name + DISCARDED)
+            ledger, page_id = decode_name(ledger_dir.name), decode_name(name)
             log.info("finishing the removal of page directory %s", aside)
             if ledger is not None and page_id is not None:
                 async with self.usage.write() as conn:

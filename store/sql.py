@@ -256,9 +256,14 @@ def _save_id_set(conn: sqlite3.Connection, name: str, ids: set[bytes]) -> None:
     )
 
 
+def shallow(conn: sqlite3.Connection) -> set[bytes]:
+    """The page's shallow roots (see :func:`add_shallow_root`)."""
+    return _id_set(conn, "shallow")
+
+
 def add_shallow_root(conn: sqlite3.Connection, cid: bytes) -> None:
     """Record ``cid`` as a commit whose ancestors are not here (a checkpoint's head)."""
-    _save_id_set(conn, "shallow", _id_set(conn, "shallow") | {cid})
+    _save_id_set(conn, "shallow", shallow(conn) | {cid})
 
 
 def left_behind(conn: sqlite3.Connection) -> set[bytes]:
@@ -272,11 +277,6 @@ def leave_behind(conn: sqlite3.Connection, ids: Iterable[bytes]) -> None:
     uploaded), and a checkpoint's older commits that came with it (for other devices to
     build on; never heads). Checking the page does not take them for lost heads,
     repairing it does not bring them back, and a cloud check does not ask the bucket
-    for them. The record holds only ids still in ``commits`` (a page's commit rows are
-    kept, pruned or not, so it grows by a few ids per rejoin)."""
-    kept = _id_set(conn, "left_behind") | set(ids)
-    if kept:
-        marks = ",".join("?" * len(kept))
-        stored = conn.execute(f"SELECT id FROM commits WHERE id IN ({marks})", sorted(kept))
-        kept = {bytes(r[0]) for r in stored}
-    _save_id_set(conn, "left_behind", kept)
+    for them. (A page's commit rows are kept, pruned or not: the record grows by a few
+    ids per rejoin.)"""
+    _save_id_set(conn, "left_behind", _id_set(conn, "left_behind") | set(ids))

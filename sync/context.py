@@ -98,8 +98,7 @@ class SyncContext:
             return
         seen_key = f"sync/bucket-seen/{self.location}"
         try:
-            names = [n async for n in self.store.list(layout.MARKER + ".")]
-            versions = [v for n in names if (v := layout.marker_version(n)) is not None]
+            names, versions = await self._markers()
             seen = await self.repo.get_meta(seen_key) is not None
             encrypted: bool | None = None  # what the marker says, when it is read
             if not versions:
@@ -117,8 +116,7 @@ class SyncContext:
                     names.append(layout.marker_name())
                     versions, encrypted = [layout.BUCKET_FORMAT], self.keys is not None
                 else:  # another device made the bucket meanwhile: read what it wrote
-                    names = [n async for n in self.store.list(layout.MARKER + ".")]
-                    versions = [v for n in names if (v := layout.marker_version(n)) is not None]
+                    names, versions = await self._markers()
             top = max(versions, default=layout.BUCKET_FORMAT)
             layout.check_version(top)
             # Without a descriptor, the marker says whether the bucket is encrypted (its
@@ -148,6 +146,12 @@ class SyncContext:
             await self.repo.set_meta(seen_key, b"1")
         self.bucket_error = self.bucket_error_code = None
         self.bucket_ok = True
+
+    async def _markers(self) -> tuple[list[str], list[int]]:
+        """The names under the marker's prefix, and the layout versions the markers
+        among them carry."""
+        names = [n async for n in self.store.list(layout.MARKER + ".")]
+        return names, [v for n in names if (v := layout.marker_version(n)) is not None]
 
     async def _mark(self, encrypted: bool) -> bool:
         """Write this layout's marker unless it is there; whether this call wrote it.

@@ -21,6 +21,7 @@ from typing import Any
 
 from ledgerd.store import Page
 from ledgerd.store import exchange as ex
+from ledgerd.store.errors import counted
 from ledgerd.sync import layout, progress
 from ledgerd.sync.checkpoints import Checkpoints
 from ledgerd.sync.compaction import Compactor
@@ -266,7 +267,7 @@ class StatusBoard:
         pending = len(self.pending)
         healthy = not reasons
         if pending:  # (a reason not to be synced, which leaves it healthy)
-            reasons.append(f"{pending} page{'s' if pending > 1 else ''} waiting for upload")
+            reasons.append(f"{counted(pending, 'page')} waiting for upload")
         return {
             "healthy": healthy,
             "synced": healthy and pending == 0,
