@@ -119,17 +119,21 @@ def _fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
-def cut_short(ledgers_dir: Path, suffix: str = SUFFIX) -> list[tuple[Path, str]]:
-    """The ``(ledger directory, page directory name)`` of evictions cut short, or of
-    other steps that set a page's directory aside under ``suffix`` (blocking)."""
-    out: list[tuple[Path, str]] = []
+def cut_short(
+    ledgers_dir: Path, suffixes: tuple[str, ...] = (SUFFIX,)
+) -> list[tuple[Path, str, str]]:
+    """The ``(ledger directory, page directory name, suffix)`` of evictions cut short,
+    or of other steps that set a page's directory aside under one of ``suffixes``, in
+    one walk of the ledgers (blocking)."""
+    out: list[tuple[Path, str, str]] = []
     if not ledgers_dir.is_dir():
         return out
     for ledger in ledgers_dir.iterdir():
         if ledger.is_dir():
             for p in ledger.iterdir():
-                if p.name.endswith(suffix) and p.is_dir():
-                    out.append((ledger, p.name[: -len(suffix)]))
+                for suffix in suffixes:
+                    if p.name.endswith(suffix) and p.is_dir():
+                        out.append((ledger, p.name[: -len(suffix)], suffix))
     return out
 
 

@@ -244,8 +244,11 @@ class Repository:
         )
         try:
             await repo._load_device_id()
-            await repo._finish_discards()
-            await repo._load_evicted()
+            aside = await asyncio.to_thread(
+                eviction.cut_short, repo.ledgers_dir, (DISCARDED, eviction.SUFFIX)
+            )
+            await repo._finish_discards([(d, n) for d, n, s in aside if s == DISCARDED])
+            await repo._load_evicted([(d, n) for d, n, s in aside if s == eviction.SUFFIX])
         except BaseException:
             await repo.close()
             raise
@@ -264,11 +267,9 @@ class Repository:
         rows = await self.usage.read_all("SELECT value FROM repository WHERE name = 'device_id'")
         self.device_id = bytes(rows[0][0])
 
-    async def _finish_discards(self) -> None:
+    async def _finish_discards(self, cut_short: list[tuple[Path, str]]) -> None:
         """Finish removals of unwritten pages cut short (see :meth:`discard_unwritten`)."""
-        for ledger_dir, name in await asyncio.to_thread(
-            eviction.cut_short, self.ledgers_dir, DISCARDED
-        ):
+        for ledger_dir, name in cut_short:
             aside = ledger_dir / (name + DISCARDED)
             ledger, page_id = decode_name(ledger_dir.name), decode_name(name)
             log.info("finishing the removal of page directory %s", aside)
@@ -279,9 +280,9 @@ class Repository:
                     )
             await asyncio.to_thread(_remove_aside, aside)
 
-    async def _load_evicted(self) -> None:
+    async def _load_evicted(self, cut_short: list[tuple[Path, str]]) -> None:
         """Finish evictions cut short, then read which pages are evicted."""
-        for ledger_dir, name in await asyncio.to_thread(eviction.cut_short, self.ledgers_dir):
+        for ledger_dir, name in cut_short:
             ledger, page_id = decode_name(ledger_dir.name), decode_name(name)
             if ledger is None or page_id is None:
                 continue
