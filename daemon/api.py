@@ -801,21 +801,36 @@ class Api:
             body = await self.read_body(request)
             if len(body) != length:
                 raise ae.BadRequest("request body is shorter than its Content-Length")
-            page = await self.page(p.ledger, p.page, create=True)
-            await page.put(key, body, priority)
+            async with self.first_write(p.ledger, p.page):
+                page = await self.page(p.ledger, p.page, create=True)
+                await page.put(key, body, priority)
         else:
             # A page this makes is removed again if the body fails (its lease is this
             # block's, not the request's, so that it ends first): a broken upload
             # leaves no empty page listed, as a small bad body makes none.
-            fresh = not self.repo.page_exists(p.ledger, p.page)
-            try:
-                async with self.repo.page(p.ledger, p.page) as page:
-                    await page.put(key, self.body_chunks(request), priority)
-            except BaseException:
-                if fresh:
-                    await asyncio.shield(self.discard_unwritten(p.ledger, p.page))
-                raise
+            async with self.first_write(p.ledger, p.page) as fresh:
+                try:
+                    async with self.repo.page(p.ledger, p.page) as page:
+                        await page.put(key, self.body_chunks(request), priority)
+                except BaseException:
+                    if fresh:
+                        await asyncio.shield(self.discard_unwritten(p.ledger, p.page))
+                    raise
         return web.Response(status=204)
+
+    @contextlib.asynccontextmanager
+    async def first_write(self, ledger: bytes, page_id: bytes) -> AsyncIterator[bool]:
+        """Around a write that makes the page if it does not exist (yields whether it
+        does): the page is marked unwritten until the write is acknowledged
+        (:meth:`Repository.mark_unwritten`), so that a daemon killed in between leaves
+        no empty page listed after its restart. A write that fails leaves the mark:
+        the restart removes the page if it is still empty."""
+        fresh = not self.repo.page_exists(ledger, page_id)
+        if fresh:
+            await self.repo.mark_unwritten(ledger, page_id)
+        yield fresh
+        if fresh:
+            await self.repo.written(ledger, page_id)
 
     async def discard_unwritten(self, ledger: bytes, page_id: bytes) -> None:
         """Remove a page this daemon made for a first write that failed or changed
@@ -880,8 +895,9 @@ class Api:
         for change in changes:  # refused before the page is made, as a bad template is
             if type(change[0]) is bytes:  # (a versionstamped key is checked when stamped)
                 check_key(change[0])
-        page = await self.page(p.ledger, p.page, create=True)
-        completed = await page.write(changes)
+        async with self.first_write(p.ledger, p.page):
+            page = await self.page(p.ledger, p.page, create=True)
+            completed = await page.write(changes)
         stamp = stamp_of(changes, completed)
         return web.json_response(
             {

@@ -43,6 +43,7 @@ from ledgerd.store.errors import named
 
 if TYPE_CHECKING:
     from ledgerd.daemon.api import Api, Params
+    from ledgerd.store import Page
 
 log = logging.getLogger(__name__)
 
@@ -182,11 +183,18 @@ async def _data(api: Api, request: web.Request) -> Any:
 async def _store(api: Api, p: Params, *, write: bool) -> DocumentStore:
     """The page's document store. A write makes the page (and ledger) if needed; a read
     needs a page that is a document page already (opening one makes it one)."""
-    page = await api.page(p.ledger, p.page, create=write)
-    if not write and not await DocumentStore.holds_documents(page):
+    if write:  # opening the store writes its marker: a page made here is not empty
+        async with api.first_write(p.ledger, p.page):
+            return await _open_store(api, await api.page(p.ledger, p.page, create=True))
+    page = await api.page(p.ledger, p.page, create=False)
+    if not await DocumentStore.holds_documents(page):
         raise ae.NotDocuments(
             f"page {named(p.page)} of ledger {named(p.ledger)} holds no documents"
         )
+    return await _open_store(api, page)
+
+
+async def _open_store(api: Api, page: Page) -> DocumentStore:
     return await DocumentStore.open(
         page,
         max_document_bytes=api.cfg.max_document_bytes,

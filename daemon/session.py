@@ -317,6 +317,8 @@ class Session:
         made = self._made.pop(tid, None)
         if made is not None and not changed:
             await self.api.discard_unwritten(*made)
+        elif made is not None:
+            await self.api.repo.written(*made)
 
     def _txn(self, req: dict[str, Any]) -> Transaction:
         txn = self.txns.get(str(req.get("txn")))
@@ -343,6 +345,8 @@ class Session:
             )
         names = self._names(req)
         made = not self.api.repo.page_exists(*names)
+        if made:  # until the transaction commits a change (see _ended)
+            await self.api.repo.mark_unwritten(*names)
         page = await self.api.page(*names, create=True)
         txn = await page.transaction().start()
         tid = f"t{next(self._ids)}"

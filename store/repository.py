@@ -112,6 +112,39 @@ DISCARDED = ".discarded"
 one found when the repository opens is a removal cut short, finished then."""
 
 
+UNWRITTEN = "unwritten"
+"""A directory beside ``ledgers``: while a write that makes a page is under way (a
+daemon's PUT, batch, document write or session transaction into a page that did not
+exist), a file named ``{ledger}.{page}`` (their encoded names) is in it
+(:meth:`Repository.mark_unwritten`). A page still marked when the repository opens
+and holding nothing but its first commit was made by a write that a crash cut short,
+never acknowledged: it is removed, as a failed first write's page is at once."""
+
+
+def _unwritten_marks(directory: Path) -> list[tuple[Path, bytes, bytes]]:
+    """The marks in ``directory`` with the ledger and page each names (blocking); a
+    file that names none is dropped."""
+    out = []
+    with contextlib.suppress(FileNotFoundError):
+        for f in directory.iterdir():
+            ledger, _, page = f.name.partition(".")
+            raw_ledger, raw_page = decode_name(ledger), decode_name(page)
+            if raw_ledger and raw_page and f.name == _mark_name(raw_ledger, raw_page):
+                out.append((f, raw_ledger, raw_page))
+            else:
+                f.unlink(missing_ok=True)
+    return out
+
+
+def _mark_name(ledger: bytes, page_id: bytes) -> str:
+    return f"{encode_name(ledger)}.{encode_name(page_id)}"
+
+
+def _touch(path: Path) -> None:
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+
+
 def _remove_page_dir(page_dir: Path) -> None:
     """Rename a page's directory to a name listings skip (atomic), then delete it; and
     its ledger's directory if that leaves it empty (blocking)."""
@@ -249,6 +282,7 @@ class Repository:
             )
             await repo._finish_discards([(d, n) for d, n, s in aside if s == DISCARDED])
             await repo._load_evicted([(d, n) for d, n, s in aside if s == eviction.SUFFIX])
+            await repo._remove_unwritten()
         except BaseException:
             await repo.close()
             raise
@@ -279,6 +313,42 @@ class Repository:
                         "DELETE FROM page_usage WHERE ledger = ? AND page = ?", (ledger, page_id)
                     )
             await asyncio.to_thread(_remove_aside, aside)
+
+    async def _remove_unwritten(self) -> None:
+        """Remove the pages whose making write a crash cut short (see :data:`UNWRITTEN`):
+        each would be listed, empty, though nothing was acknowledged. A marked page that
+        holds more (the write's journal landed, or another write did) only loses its
+        mark."""
+        for mark, ledger, page_id in await asyncio.to_thread(
+            _unwritten_marks, self.root / str(FORMAT_VERSION) / UNWRITTEN
+        ):
+            key = (ledger, page_id)
+            if key not in self._evicted and not self.page_path(*key).exists():
+                # Killed before its database was made; an evicted page stays evicted.
+                async with self.usage.write() as conn:
+                    await conn.execute("DELETE FROM page_usage WHERE ledger = ? AND page = ?", key)
+                await asyncio.to_thread(_remove_page_dir, self.page_path(*key).parent)
+            elif key not in self._evicted:
+                async with self.page(*key):  # opening commits a journal the crash left
+                    pass
+                await self.discard_unwritten(*key)
+            await asyncio.to_thread(mark.unlink, missing_ok=True)
+
+    def _unwritten_mark(self, ledger: bytes, page_id: bytes) -> Path:
+        return self.root / str(FORMAT_VERSION) / UNWRITTEN / _mark_name(ledger, page_id)
+
+    async def mark_unwritten(self, ledger: bytes, page_id: bytes) -> None:
+        """Note that a write is about to make this page (call it before the page is
+        made): if the process dies before :meth:`written`, the next open of the
+        repository removes the page unless it holds more than its first commit. Not
+        synced to disk: a power cut, unlike a killed process, may still leave such a
+        page listed, empty."""
+        await asyncio.to_thread(_touch, self._unwritten_mark(ledger, page_id))
+
+    async def written(self, ledger: bytes, page_id: bytes) -> None:
+        """The write that made the page was acknowledged (or the page is gone): drop
+        the note :meth:`mark_unwritten` made."""
+        await asyncio.to_thread(self._unwritten_mark(ledger, page_id).unlink, missing_ok=True)
 
     async def _load_evicted(self, cut_short: list[tuple[Path, str]]) -> None:
         """Finish evictions cut short, then read which pages are evicted."""
@@ -683,6 +753,7 @@ class Repository:
             async with self.usage.write() as conn:
                 await conn.execute("DELETE FROM page_usage WHERE ledger = ? AND page = ?", key)
             self._closed_deleted.pop(key, None)
+            await self.written(ledger, page_id)
             log.info("page %s removed: its first write failed", named(page_id))
             return True
 

@@ -10,7 +10,8 @@ import pytest
 
 from ledgerd.store import ClosedError, Page, Repository, TooManyOpenPagesError
 from ledgerd.store.commit import FIRST
-from ledgerd.store.repository import DISCARDED
+from ledgerd.store.repository import DISCARDED, UNWRITTEN
+from ledgerd.store.schema import FORMAT_VERSION
 
 
 async def test_opening_past_max_open_pages_closes_the_least_recently_used(
@@ -165,3 +166,51 @@ async def test_a_removal_of_an_unwritten_page_cut_short_is_finished_on_open(
             assert [h.id for h in await page.heads()] == [FIRST.id]  # made, nothing written
         assert await repo.discard_unwritten(b"l", b"gone")
         assert await repo.ledgers() == []
+
+
+def _marks(root: Path) -> list[str]:
+    d = root / str(FORMAT_VERSION) / UNWRITTEN
+    return sorted(f.name for f in d.iterdir()) if d.is_dir() else []
+
+
+async def test_a_page_still_marked_unwritten_and_empty_is_removed_when_the_repository_opens(
+    tmp_path: Path,
+) -> None:
+    """The daemon marks a page before a write makes it and drops the mark once the write
+    is acknowledged; a kill in between left the page listed, empty (nothing was
+    acknowledged). A marked page that holds a write stays, and only loses its mark."""
+    async with await Repository.open(tmp_path) as repo:
+        await repo.ledger("kept").page("p")  # an empty page made without a mark stays
+        for name in (b"empty", b"filled", b"never"):
+            await repo.mark_unwritten(b"l", name)
+        await repo.ledger("l").page("empty")
+        filled = await repo.ledger("l").page("filled")
+        await filled.put(b"k", b"v")  # acknowledged: durable in the page's journal
+        (tmp_path / str(FORMAT_VERSION) / UNWRITTEN / "not a mark").touch()
+        assert len(_marks(tmp_path)) == 4
+    async with await Repository.open(tmp_path) as repo:
+        assert await repo.ledger("l").pages() == [b"filled"]
+        assert await (await repo.ledger("l").page("filled")).get(b"k") == b"v"
+        assert await repo.ledger("kept").pages() == [b"p"]
+        assert await repo.usage_of(b"l", b"empty") is None
+        assert not repo.page_path(b"l", b"empty").parent.exists()
+        assert _marks(tmp_path) == []
+
+
+async def test_a_mark_dropped_once_written_leaves_the_page_alone(tmp_path: Path) -> None:
+    async with await Repository.open(tmp_path) as repo:
+        await repo.mark_unwritten(b"l", b"p")
+        await repo.ledger("l").page("p")
+        await repo.written(b"l", b"p")
+        assert _marks(tmp_path) == []
+    async with await Repository.open(tmp_path) as repo:
+        assert await repo.ledger("l").pages() == [b"p"]
+
+
+async def test_removing_an_unwritten_page_drops_its_mark(tmp_path: Path) -> None:
+    async with await Repository.open(tmp_path) as repo:
+        await repo.mark_unwritten(b"l", b"p")
+        async with repo.page(b"l", b"p"):
+            pass
+        assert await repo.discard_unwritten(b"l", b"p")
+        assert _marks(tmp_path) == []
