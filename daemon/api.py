@@ -834,11 +834,12 @@ class Api:
 
     async def discard_unwritten(self, ledger: bytes, page_id: bytes) -> None:
         """Remove a page this daemon made for a first write that failed or changed
-        nothing (see :meth:`Repository.discard_unwritten`); a failure is logged."""
+        nothing, or for a watch (see :meth:`Repository.discard_unwritten`); a failure
+        is logged."""
         try:
             await self.repo.discard_unwritten(ledger, page_id)
         except Exception:
-            log.exception("could not remove page %s after its first write failed", named(page_id))
+            log.exception("could not remove page %s that nothing was written to", named(page_id))
 
     async def delete_key(self, request: web.Request, p: Params) -> web.Response:
         page = await self.page(p.ledger, p.page, create=False)

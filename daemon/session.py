@@ -143,8 +143,11 @@ class Session:
         self.ws = ws
         self.number = number
         self.txns: dict[str, Transaction] = {}
-        self._made: dict[str, tuple[bytes, bytes]] = {}
-        """Open transactions that made their page (ledger, page id): see :meth:`_ended`."""
+        self._pages: dict[str, tuple[bytes, bytes]] = {}
+        """The page (ledger, page id) of each open transaction and watcher: see
+        :meth:`_ended`."""
+        self._made: set[str] = set()
+        """Open transactions that made their page (and marked it unwritten)."""
         self.watchers: dict[str, tuple[Watcher, asyncio.Task[None]]] = {}
         self._send_lock = asyncio.Lock()
         self._ids = itertools.count(1)
@@ -291,9 +294,10 @@ class Session:
                 await self._ended(tid, changed=False)
             log.debug("session %d: rolled back transaction %s on disconnect", self.number, tid)
         self.txns.clear()
-        for w, task in self.watchers.values():
+        for wid, (w, task) in list(self.watchers.items()):
             w.close()
             task.cancel()
+            await self._ended(wid, changed=False)
         self.watchers.clear()
         self.sessions.resolvers.remove(self)
         for fut in self._asked.values():  # merges waiting on us change nothing
@@ -311,14 +315,19 @@ class Session:
         return ledger, page_id
 
     async def _ended(self, tid: str, changed: bool) -> None:
-        """Transaction ``tid`` ended: if it made its page and changed nothing (rolled
-        back, or committed no change), the page goes again, as a failed first write's
-        does, so that it is not listed."""
-        made = self._made.pop(tid, None)
-        if made is not None and not changed:
-            await self.api.discard_unwritten(*made)
-        elif made is not None:
-            await self.api.repo.written(*made)
+        """Transaction or watcher ``tid`` ended: if it changed nothing (rolled back,
+        committed no change, or watched) and its page holds nothing ever written (a
+        begin or watch made it, in this session or another) and nobody else uses it,
+        the page goes again, as a failed first write's does, so that it is not listed.
+        (Whoever ends last removes it: the one that made it may not be.) A transaction
+        that made its page and changed it drops the page's unwritten mark."""
+        names = self._pages.pop(tid, None)
+        made = tid in self._made
+        self._made.discard(tid)
+        if names is not None and not changed:
+            await self.api.discard_unwritten(*names)
+        elif names is not None and made:
+            await self.api.repo.written(*names)
 
     def _txn(self, req: dict[str, Any]) -> Transaction:
         txn = self.txns.get(str(req.get("txn")))
@@ -351,8 +360,9 @@ class Session:
         txn = await page.transaction().start()
         tid = f"t{next(self._ids)}"
         self.txns[tid] = txn
+        self._pages[tid] = names
         if made:
-            self._made[tid] = names
+            self._made.add(tid)
         return {"txn": tid, "base": txn.base.id.hex()}
 
     async def op_get(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -464,6 +474,7 @@ class Session:
         wid = f"w{next(self._ids)}"
         task = asyncio.create_task(self._forward(wid, watcher), name=f"watch-{wid}")
         self.watchers[wid] = (watcher, task)
+        self._pages[wid] = (page.ledger, page.id)
         return {"watch": wid}
 
     async def _forward(self, wid: str, watcher: Watcher) -> None:
@@ -501,6 +512,8 @@ class Session:
             watcher.close()  # a watcher keeps its page open
             if self.watchers.get(wid, (None,))[0] is watcher:
                 del self.watchers[wid]
+                # Ended by itself: its page closed, or commits came (so it stays).
+                self._pages.pop(wid, None)
         with contextlib.suppress(Exception):
             await self.send(ended)
 
@@ -510,6 +523,7 @@ class Session:
             raise ae.Conflict(f"no watcher {req.get('watch')!r} in this session")
         got[0].close()
         got[1].cancel()
+        await self._ended(str(req.get("watch")), changed=False)
         return {}
 
     async def ask(self, req: MergeRequest) -> dict[bytes, Choice]:

@@ -737,7 +737,8 @@ class Repository:
     async def discard_unwritten(self, ledger: bytes, page_id: bytes) -> bool:
         """Remove a page that holds nothing but its first commit, with nothing queued
         and nobody using it: what a first write that failed (a streamed value whose
-        body broke off) made, so that it is not listed. Its ledger's directory goes too
+        body broke off), or a transaction or watcher that wrote nothing, made, so that
+        it is not listed. Its ledger's directory goes too
         if that leaves it empty. Returns whether the page was removed."""
         self._check_open()
         key = (ledger, page_id)
@@ -754,7 +755,7 @@ class Repository:
                 await conn.execute("DELETE FROM page_usage WHERE ledger = ? AND page = ?", key)
             self._closed_deleted.pop(key, None)
             await self.written(ledger, page_id)
-            log.info("page %s removed: its first write failed", named(page_id))
+            log.info("page %s removed: nothing was ever written to it", named(page_id))
             return True
 
     async def _evict(self, ledger: bytes, page_id: bytes) -> int:

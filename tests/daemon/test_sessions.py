@@ -348,3 +348,40 @@ async def test_a_transaction_that_made_its_page_and_changed_nothing_leaves_no_pa
         ws._response.connection.transport.abort()  # type: ignore[union-attr]
         await _wait_for_log(daemon, "on disconnect")
         assert sorted(await c.pages("l")) == [b"kept", b"written"]
+
+
+async def test_a_page_made_by_sessions_that_wrote_nothing_is_not_left_listed(
+    daemon: Daemon,
+) -> None:
+    """Two sessions begin on a page that does not exist (the first makes it) and both
+    end without a change: the page goes once the last of them ends, whichever made
+    it. A watch on a page that does not exist makes it too (a watcher needs its page
+    open); unwatched, or dropped with its session, with nothing written, it goes."""
+
+    async def op(ws: aiohttp.ClientWebSocketResponse, **req: Any) -> Any:
+        await ws.send_str(json.dumps({"id": 1, **req}))
+        reply = await ws.receive_json()
+        assert reply["ok"], reply
+        return reply
+
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(daemon.socket))) as http,
+        AsyncClient(daemon.socket) as c,
+    ):
+        await c.put("l", "kept", b"k", b"v")  # the ledger stays: another page is in it
+        one = await http.ws_connect(URL("http://ledgerd/v1/session"))
+        two = await http.ws_connect(URL("http://ledgerd/v1/session"))
+        named = {"ledger": b64(b"l"), "page": b64(b"shared")}
+        first = (await op(one, op="begin", **named))["txn"]  # makes the page
+        second = (await op(two, op="begin", **named))["txn"]
+        await op(one, op="rollback", txn=first)  # the other transaction still uses it
+        await op(two, op="commit", txn=second)  # no change
+        wid = (await op(one, op="watch", ledger=b64(b"l"), page=b64(b"watched")))["watch"]
+        await op(one, op="unwatch", watch=wid)
+        assert sorted(await c.pages("l")) == [b"kept"]
+
+        await op(two, op="watch", ledger=b64(b"l"), page=b64(b"dropped"))
+        two._response.connection.transport.abort()  # type: ignore[union-attr]
+        await _wait_for_log(daemon, "page dropped removed")
+        assert sorted(await c.pages("l")) == [b"kept"]
+        await one.close()
