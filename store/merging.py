@@ -63,6 +63,8 @@ class Merger:
         self.resolvers = resolvers
         self._is_closed = is_closed
         self.policy = merge.Policy.LAST_ONE_WINS
+        self.remembered = False
+        """A policy was set on the page (it has a ``merge_policy`` row), even the default."""
         self.pending_conflict: str | None = None
         """Why the page keeps several heads, or None."""
         self._running = False
@@ -75,6 +77,7 @@ class Merger:
     async def load_policy(self) -> None:
         rows = await self.db.read_all("SELECT value FROM page_metadata WHERE name = 'merge_policy'")
         if rows:
+            self.remembered = True
             try:
                 self.policy = merge.Policy(bytes(rows[0][0]).decode())
             except ValueError:
@@ -90,7 +93,7 @@ class Merger:
             ),
             write=True,
         )
-        self.policy = policy
+        self.policy, self.remembered = policy, True
         if len(self.graph.heads) > 1:
             await self.settle()
 

@@ -735,19 +735,19 @@ class Repository:
                 del self._opening[key]
 
     async def discard_unwritten(self, ledger: bytes, page_id: bytes) -> bool:
-        """Remove a page that holds nothing but its first commit, with nothing queued
-        and nobody using it: what a first write that failed (a streamed value whose
-        body broke off), or a transaction or watcher that wrote nothing, made, so that
-        it is not listed. Its ledger's directory goes too
-        if that leaves it empty. Returns whether the page was removed."""
+        """Remove a page that holds nothing but its first commit and was given no merge
+        policy, with nothing queued and nobody using it: what a first write that failed
+        (a streamed value whose body broke off), or a transaction or watcher that wrote
+        nothing, made, so that it is not listed. Its ledger's directory goes too if that
+        leaves it empty. Returns whether the page was removed."""
         self._check_open()
         key = (ledger, page_id)
         async with self._no_open_of(key):
             page = self._pages.get(key)
             if page is None or page.closed or not page.idle or page.writer.uncommitted:
                 return False
-            if [h.id for h in page.graph.heads] != [commit.FIRST.id]:
-                return False
+            if [h.id for h in page.graph.heads] != [commit.FIRST.id] or page.merger.remembered:
+                return False  # written to, or its merge policy set (no commit, but kept)
             await page.close()  # checked and closed with no await in between
             page_dir = self.page_path(ledger, page_id).parent
             await asyncio.to_thread(_remove_page_dir, page_dir)

@@ -385,3 +385,30 @@ async def test_a_page_made_by_sessions_that_wrote_nothing_is_not_left_listed(
         await _wait_for_log(daemon, "page dropped removed")
         assert sorted(await c.pages("l")) == [b"kept"]
         await one.close()
+
+
+async def test_a_page_whose_only_state_is_its_merge_policy_is_not_removed_by_sessions(
+    daemon: Daemon,
+) -> None:
+    """Setting a page's merge policy makes the page and remembers the policy, with no
+    commit: a transaction or watcher on it that ends with no change must not take it
+    for a page nobody wrote to (the policy, acknowledged, would go with it)."""
+
+    async def op(ws: aiohttp.ClientWebSocketResponse, **req: Any) -> Any:
+        await ws.send_str(json.dumps({"id": 1, **req}))
+        reply = await ws.receive_json()
+        assert reply["ok"], reply
+        return reply
+
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(daemon.socket))) as http,
+        AsyncClient(daemon.socket) as c,
+    ):
+        await c.policy("l", "p", "custom")
+        ws = await http.ws_connect(URL("http://ledgerd/v1/session"))
+        named = {"ledger": b64(b"l"), "page": b64(b"p")}
+        await op(ws, op="rollback", txn=(await op(ws, op="begin", **named))["txn"])
+        await op(ws, op="unwatch", watch=(await op(ws, op="watch", **named))["watch"])
+        await ws.close()
+        assert await c.pages("l") == [b"p"]
+        assert (await c.policy("l", "p"))["policy"] == "custom"

@@ -10,6 +10,7 @@ import pytest
 
 from ledgerd.store import ClosedError, Page, Repository, TooManyOpenPagesError
 from ledgerd.store.commit import FIRST
+from ledgerd.store.merge import Policy
 from ledgerd.store.repository import DISCARDED, UNWRITTEN
 from ledgerd.store.schema import FORMAT_VERSION
 
@@ -213,4 +214,15 @@ async def test_removing_an_unwritten_page_drops_its_mark(tmp_path: Path) -> None
         async with repo.page(b"l", b"p"):
             pass
         assert await repo.discard_unwritten(b"l", b"p")
+        assert _marks(tmp_path) == []
+
+
+async def test_a_marked_page_given_a_merge_policy_is_kept(tmp_path: Path) -> None:
+    # The policy is remembered without a commit: the page holds it, so it stays.
+    async with await Repository.open(tmp_path) as repo:
+        await repo.mark_unwritten(b"l", b"p")
+        await (await repo.ledger("l").page("p")).set_policy(Policy.CUSTOM)
+    async with await Repository.open(tmp_path) as repo:
+        assert await repo.ledger("l").pages() == [b"p"]
+        assert (await repo.ledger("l").page("p")).policy is Policy.CUSTOM
         assert _marks(tmp_path) == []
