@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Concatenate, ParamSpec, TypeVar
 
-from ledgerd.store import btree, commit, split, sql
+from ledgerd.store import btree, commit, gc, split, sql
 from ledgerd.store import digest as dg
 from ledgerd.store.btree import Priority
 from ledgerd.store.commit import Commit
@@ -283,11 +283,8 @@ async def import_remote(
     await _verify(pieces)
     # The trees are checked without the commit lock: garbage collection must not
     # delete a stored node they reuse before the commits are stored (store.gc).
-    page.gc_holds += 1
-    try:
+    async with gc.held(page):
         return await _import(page, commit_data, pieces, lazy, marker, more)
-    finally:
-        page.gc_holds -= 1
 
 
 async def _import(
@@ -426,11 +423,8 @@ def _holding_gc(
     check trees without the commit lock, and a stored node they reuse must stay."""
 
     async def held(page: Page, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        page.gc_holds += 1
-        try:
+        async with gc.held(page):
             return await fn(page, *args, **kwargs)
-        finally:
-            page.gc_holds -= 1
 
     held.__name__, held.__doc__ = fn.__name__, fn.__doc__
     return held

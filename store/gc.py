@@ -45,7 +45,7 @@ import contextlib
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -185,6 +185,22 @@ async def _merge_bases(page: Page) -> set[bytes]:
         for b in heads[i + 1 :]:
             out.update(c.id for c in await common_ancestors(page.graph.load, a, b))
     return out
+
+
+@contextlib.asynccontextmanager
+async def held(page: Page) -> AsyncIterator[None]:
+    """Hold off the page's collection for the block: for an import, which checks remote
+    trees without the commit lock and stores commits that reuse pieces it found stored.
+    Sweep batches that start meanwhile defer; one under way when the hold begins found
+    no hold and may be deleting such a piece, so it is waited for first (a batch holds
+    the commit lock)."""
+    page.gc_holds += 1
+    try:
+        async with page.graph.lock:
+            pass
+        yield
+    finally:
+        page.gc_holds -= 1
 
 
 class _Marker:

@@ -579,9 +579,11 @@ class Repository:
                 "to restore it from"
             )
         page = await self._open_page(ledger, page_id)
-        if evicted == eviction.SYNCED_EVICTED:
-            await self._restore(page)
         try:
+            if evicted == eviction.SYNCED_EVICTED:
+                # Cancelled meanwhile (a client that went away), the page is closed:
+                # it is still evicted, and its next use restores it again.
+                await self._restore(page)
             async with self.usage.write() as conn:
                 await conn.execute(
                     "INSERT INTO page_usage (ledger, page, closed_at) VALUES (?, ?, 0) "

@@ -120,6 +120,42 @@ async def test_an_eviction_cut_short_is_finished_at_the_next_open(tmp_path: Path
         assert await (await repo.ledger("l").page("p")).get(b"k") == b"p" * 100
 
 
+class _Stalls(Bucket):
+    """A bucket whose restore waits until it is released (a slow download)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+        self.page: Page | None = None
+
+    async def restore_page(self, page: Page) -> bool:
+        self.page = page
+        self.started.set()
+        await self.release.wait()
+        return await super().restore_page(page)
+
+
+async def test_an_open_cancelled_while_restoring_leaves_no_page_open(tmp_path: Path) -> None:
+    """A client that disconnects while its page is restored cancels the open: the page
+    being restored is closed, not left open and unlisted, and the next use restores it."""
+    bucket = _Stalls()
+    async with await Repository.open(tmp_path, hooks=PageHooks(restorer=bucket)) as repo:
+        bucket.release.set()
+        await synced_page(repo, bucket, "p")
+        await repo.evict(b"l", b"p")
+        bucket.release.clear()
+        opening = asyncio.create_task(repo.open_page(b"l", b"p"))
+        await bucket.started.wait()
+        opening.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await opening
+        assert bucket.page is not None and bucket.page.closed
+        assert repo.is_evicted(b"l", b"p")
+        bucket.release.set()
+        assert await (await repo.ledger("l").page("p")).get(b"k") == b"p" * 100
+
+
 async def test_lru_under_a_disk_budget_and_by_age(tmp_path: Path) -> None:
     bucket = Bucket()
     async with await Repository.open(tmp_path, hooks=PageHooks(restorer=bucket)) as repo:

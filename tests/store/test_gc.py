@@ -7,6 +7,7 @@ import random
 import sqlite3
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from hypothesis import given, settings
@@ -325,3 +326,84 @@ async def test_a_piece_that_a_commit_reuses_during_the_sweep_is_kept(tmp_path: P
         assert result.commits_pruned >= 1
         assert await page.get(b"again") == old
         assert (await check_page(page)).healthy
+
+
+async def test_an_import_during_a_sweep_batch_stores_no_commit_that_lacks_a_piece(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A remote commit reuses a piece this device holds but no longer reaches (a value
+    of pruned history): the import finds it stored and does not bring it. If the import
+    checks its trees while a sweep batch that found the piece garbage is deleting it,
+    the batch took the piece from under the commit the import then stored. The import
+    now waits for that batch: it finds the piece gone (sync fetches it) or kept."""
+    import threading
+
+    from ledgerd.store import gc
+
+    old = b"an old value, replaced, so its piece is garbage" * 3
+    async with (
+        await Repository.open(tmp_path / "a") as ra,
+        await Repository.open(tmp_path / "b", history_retention=0) as rb,
+    ):
+        b = await rb.ledger("l").page("p")
+        await b.put(b"k", old)
+        await b.flush()
+        await b.put(b"k", b"a new value, long enough to be a piece of its own" * 3)
+        await b.flush()
+        up = await exchange.pending_upload(b)
+        a = await ra.ledger("l").page("p")
+        await exchange.import_remote(
+            a, [c.data for c in up.commits], await b.objects.get_pieces(up.eager), {}
+        )
+        await upload_all(b)
+        await a.put(b"again", old)  # the other device writes the old bytes again
+        await a.flush()
+        theirs = await exchange.pending_upload(a)
+        pieces = await a.objects.get_pieces(theirs.eager)
+        pieces = {d: p for d, p in pieces.items() if not await b.objects.known([d])}
+
+        deleting, go = threading.Event(), threading.Event()
+        real_delete = gc._delete
+
+        def paused_delete(conn: sqlite3.Connection, ids: list[int]) -> tuple[int, int]:
+            deleting.set()
+            go.wait(60)
+            return real_delete(conn, ids)
+
+        monkeypatch.setattr(gc, "_delete", paused_delete)
+        checked = asyncio.Event()
+        real_check = exchange._check_trees
+
+        async def check_trees(*args: object, **kwargs: object) -> None:
+            await real_check(*args, **kwargs)  # type: ignore[arg-type]
+            checked.set()
+
+        monkeypatch.setattr(exchange, "_check_trees", check_trees)
+        waited = asyncio.Event()
+
+        class Lock(asyncio.Lock):
+            async def acquire(self) -> Literal[True]:
+                if self.locked():
+                    waited.set()  # the sweep batch holds it
+                return await super().acquire()
+
+        b.graph.lock = Lock()
+        gc_task = asyncio.create_task(collect(b, 0))
+        assert await asyncio.to_thread(deleting.wait, 60)  # a batch is deleting
+        importing = asyncio.create_task(
+            exchange.import_remote(b, [c.data for c in theirs.commits], pieces, {})
+        )
+        # The import checked its trees, or it waits for the batch to end first.
+        either = [asyncio.ensure_future(e.wait()) for e in (checked, waited)]
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        for f in either:
+            f.cancel()
+        go.set()
+        await gc_task
+        try:
+            await importing
+        except exchange.MissingObjectError:  # it found the piece gone: sync fetches it
+            assert not await b.contains(b"again")
+        else:
+            assert await b.get(b"again") == old
+        assert (await check_page(b)).healthy
