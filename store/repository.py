@@ -115,34 +115,58 @@ one found when the repository opens is a removal cut short, finished then."""
 UNWRITTEN = "unwritten"
 """A directory beside ``ledgers``: while a write that makes a page is under way (a
 daemon's PUT, batch, document write or session transaction into a page that did not
-exist), a file named ``{ledger}.{page}`` (their encoded names) is in it
+exist), a file ``{ledger}/{page}`` (their encoded names) is in it
 (:meth:`Repository.mark_unwritten`). A page still marked when the repository opens
 and holding nothing but its first commit was made by a write that a crash cut short,
 never acknowledged: it is removed, as a failed first write's page is at once."""
 
 
 def _unwritten_marks(directory: Path) -> list[tuple[Path, bytes, bytes]]:
-    """The marks in ``directory`` with the ledger and page each names (blocking); a
-    file that names none is dropped."""
+    """The marks under ``directory`` with the ledger and page each names (blocking);
+    anything else there is dropped."""
     out = []
     with contextlib.suppress(FileNotFoundError):
-        for f in directory.iterdir():
-            ledger, _, page = f.name.partition(".")
-            raw_ledger, raw_page = decode_name(ledger), decode_name(page)
-            if raw_ledger and raw_page and f.name == _mark_name(raw_ledger, raw_page):
-                out.append((f, raw_ledger, raw_page))
-            else:
-                f.unlink(missing_ok=True)
+        for d in directory.iterdir():
+            ledger = decode_name(d.name)
+            for f in d.iterdir() if d.is_dir() else ():
+                page = decode_name(f.name)
+                if ledger and page and _mark_path(directory, ledger, page) == f:
+                    out.append((f, ledger, page))
+                else:
+                    _unmark(f)
+            if not d.is_dir():
+                d.unlink(missing_ok=True)
+            elif not ledger:
+                _unmark(d)
     return out
 
 
-def _mark_name(ledger: bytes, page_id: bytes) -> str:
-    return f"{encode_name(ledger)}.{encode_name(page_id)}"
+def _mark_path(directory: Path, ledger: bytes, page_id: bytes) -> Path:
+    # A directory per ledger, as under ledgers/: a name joining both could be over
+    # the file system's 255 bytes (names are up to 128 bytes, 171 in base64).
+    return directory / encode_name(ledger) / encode_name(page_id)
 
 
-def _touch(path: Path) -> None:
-    path.parent.mkdir(mode=0o700, exist_ok=True)
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+def _mark(path: Path) -> None:
+    for attempt in range(3):  # an _unmark on another thread may remove the directory
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+            return
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def _unmark(path: Path) -> None:
+    """Remove a mark (or whatever is in its place), and its ledger's directory if
+    that leaves it empty."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # not empty: other marks
+        path.parent.rmdir()
 
 
 def _remove_page_dir(page_dir: Path) -> None:
@@ -332,10 +356,10 @@ class Repository:
                 async with self.page(*key):  # opening commits a journal the crash left
                     pass
                 await self.discard_unwritten(*key)
-            await asyncio.to_thread(mark.unlink, missing_ok=True)
+            await asyncio.to_thread(_unmark, mark)
 
     def _unwritten_mark(self, ledger: bytes, page_id: bytes) -> Path:
-        return self.root / str(FORMAT_VERSION) / UNWRITTEN / _mark_name(ledger, page_id)
+        return _mark_path(self.root / str(FORMAT_VERSION) / UNWRITTEN, ledger, page_id)
 
     async def mark_unwritten(self, ledger: bytes, page_id: bytes) -> None:
         """Note that a write is about to make this page (call it before the page is
@@ -343,12 +367,12 @@ class Repository:
         repository removes the page unless it holds more than its first commit. Not
         synced to disk: a power cut, unlike a killed process, may still leave such a
         page listed, empty."""
-        await asyncio.to_thread(_touch, self._unwritten_mark(ledger, page_id))
+        await asyncio.to_thread(_mark, self._unwritten_mark(ledger, page_id))
 
     async def written(self, ledger: bytes, page_id: bytes) -> None:
         """The write that made the page was acknowledged (or the page is gone): drop
         the note :meth:`mark_unwritten` made."""
-        await asyncio.to_thread(self._unwritten_mark(ledger, page_id).unlink, missing_ok=True)
+        await asyncio.to_thread(_unmark, self._unwritten_mark(ledger, page_id))
 
     async def _load_evicted(self, cut_short: list[tuple[Path, str]]) -> None:
         """Finish evictions cut short, then read which pages are evicted."""

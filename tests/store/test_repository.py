@@ -171,7 +171,7 @@ async def test_a_removal_of_an_unwritten_page_cut_short_is_finished_on_open(
 
 def _marks(root: Path) -> list[str]:
     d = root / str(FORMAT_VERSION) / UNWRITTEN
-    return sorted(f.name for f in d.iterdir()) if d.is_dir() else []
+    return sorted(str(f.relative_to(d)) for f in d.rglob("*")) if d.is_dir() else []
 
 
 async def test_a_page_still_marked_unwritten_and_empty_is_removed_when_the_repository_opens(
@@ -188,7 +188,8 @@ async def test_a_page_still_marked_unwritten_and_empty_is_removed_when_the_repos
         filled = await repo.ledger("l").page("filled")
         await filled.put(b"k", b"v")  # acknowledged: durable in the page's journal
         (tmp_path / str(FORMAT_VERSION) / UNWRITTEN / "not a mark").touch()
-        assert len(_marks(tmp_path)) == 4
+        (tmp_path / str(FORMAT_VERSION) / UNWRITTEN / "bA" / "not.a.mark").touch()
+        assert len(_marks(tmp_path)) == 6  # l/, its three pages, and two that are no marks
     async with await Repository.open(tmp_path) as repo:
         assert await repo.ledger("l").pages() == [b"filled"]
         assert await (await repo.ledger("l").page("filled")).get(b"k") == b"v"
@@ -225,4 +226,16 @@ async def test_a_marked_page_given_a_merge_policy_is_kept(tmp_path: Path) -> Non
     async with await Repository.open(tmp_path) as repo:
         assert await repo.ledger("l").pages() == [b"p"]
         assert (await repo.ledger("l").page("p")).policy is Policy.CUSTOM
+        assert _marks(tmp_path) == []
+
+
+async def test_marks_of_the_longest_names_fit_the_file_system(tmp_path: Path) -> None:
+    # Names are up to 128 bytes (171 in base64): a mark naming both in one file name
+    # was over 255 bytes, and every first write into such a page failed (500).
+    ledger, page = b"\x80" * 128, b"\xff" * 128
+    async with await Repository.open(tmp_path) as repo:
+        await repo.mark_unwritten(ledger, page)
+        await repo.ledger(ledger).page(page)
+    async with await Repository.open(tmp_path) as repo:
+        assert await repo.ledgers() == []
         assert _marks(tmp_path) == []
