@@ -124,7 +124,11 @@ never acknowledged: it is removed, as a failed first write's page is at once."""
 def _unwritten_marks(directory: Path) -> list[tuple[Path, bytes, bytes]]:
     """The marks under ``directory`` with the ledger and page each names (blocking);
     anything else there is dropped."""
-    out = []
+    out: list[tuple[Path, bytes, bytes]] = []
+    if not directory.is_dir():
+        with contextlib.suppress(FileNotFoundError):
+            directory.unlink()  # something else in its place
+        return out
     with contextlib.suppress(FileNotFoundError):
         for d in directory.iterdir():
             ledger = decode_name(d.name)
@@ -366,13 +370,19 @@ class Repository:
         made): if the process dies before :meth:`written`, the next open of the
         repository removes the page unless it holds more than its first commit. Not
         synced to disk: a power cut, unlike a killed process, may still leave such a
-        page listed, empty."""
-        await asyncio.to_thread(_mark, self._unwritten_mark(ledger, page_id))
+        page listed, empty, as may a mark that could not be made (logged)."""
+        try:
+            await asyncio.to_thread(_mark, self._unwritten_mark(ledger, page_id))
+        except OSError as e:  # the write goes on: the mark only tidies up after a crash
+            log.warning("could not mark page %s unwritten: %s", named(page_id), e)
 
     async def written(self, ledger: bytes, page_id: bytes) -> None:
         """The write that made the page was acknowledged (or the page is gone): drop
         the note :meth:`mark_unwritten` made."""
-        await asyncio.to_thread(_unmark, self._unwritten_mark(ledger, page_id))
+        try:
+            await asyncio.to_thread(_unmark, self._unwritten_mark(ledger, page_id))
+        except OSError as e:  # the write stands; the next start drops the mark
+            log.warning("could not drop the unwritten mark of page %s: %s", named(page_id), e)
 
     async def _load_evicted(self, cut_short: list[tuple[Path, str]]) -> None:
         """Finish evictions cut short, then read which pages are evicted."""

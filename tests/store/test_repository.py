@@ -239,3 +239,20 @@ async def test_marks_of_the_longest_names_fit_the_file_system(tmp_path: Path) ->
     async with await Repository.open(tmp_path) as repo:
         assert await repo.ledgers() == []
         assert _marks(tmp_path) == []
+
+
+async def test_a_mark_that_cannot_be_made_or_dropped_does_not_fail_the_write(
+    tmp_path: Path,
+) -> None:
+    async with await Repository.open(tmp_path) as repo:
+        marks = tmp_path / str(FORMAT_VERSION) / UNWRITTEN
+        marks.write_bytes(b"")  # a file where the directory goes: no mark can be made
+        await repo.mark_unwritten(b"l", b"p")
+        page = await repo.ledger("l").page("p")
+        await page.put(b"k", b"v")
+        await repo.written(b"l", b"p")
+        assert await page.get(b"k") == b"v"
+    async with await Repository.open(tmp_path) as repo:  # the file in the way goes
+        assert await (await repo.ledger("l").page("p")).get(b"k") == b"v"
+        await repo.mark_unwritten(b"l", b"q")
+        assert _marks(tmp_path) == ["bA", "bA/cQ"]
