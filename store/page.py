@@ -124,6 +124,7 @@ class Page(View):
         self._on_close = on_close
         self._closing: list[Callable[[], Awaitable[None]]] = []
         self._closed = False
+        self._close_done: asyncio.Future[None] | None = None
         self._leases = 0
         self._readers: weakref.WeakSet[Snapshot | Transaction] = weakref.WeakSet()
         self.gc_holds = 0
@@ -259,11 +260,16 @@ class Page(View):
         """Finish queued writes, end watchers, close the database.
 
         Once begun, closing completes even if the caller is cancelled (a page left
-        half closed would keep its connections, threads and files)."""
+        half closed would keep its connections, threads and files). A call while the
+        page is closing returns once the close has ended, however it ended (so that
+        the file is not opened again while this page still writes to it)."""
         if self._closed:
+            if self._close_done is not None:
+                await asyncio.wait([self._close_done])
             return
         self._closed = True
-        await asyncio.shield(self._close())
+        self._close_done = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._close_done)
 
     def when_closing(self, fn: Callable[[], Awaitable[None]]) -> None:
         """Run ``fn`` when the page closes, after its queued writes, before its database

@@ -543,6 +543,11 @@ class Repository:
             return page, False
         async with self._no_open_of(key):
             page = self._pages.get(key)
+            if page is not None and page.closed:
+                # Still closing (its when_closing hooks, say, storing a document
+                # index's held rows): a second Page on the file waits until it is done.
+                await page.close()
+                page = self._pages.get(key)
             opened = page is None or page.closed
             if page is None or page.closed:
                 self._check_open()  # closed while this waited: make no file

@@ -256,3 +256,43 @@ async def test_a_mark_that_cannot_be_made_or_dropped_does_not_fail_the_write(
         assert await (await repo.ledger("l").page("p")).get(b"k") == b"v"
         await repo.mark_unwritten(b"l", b"q")
         assert _marks(tmp_path) == ["bA", "bA/cQ"]
+
+
+async def test_a_page_closing_is_not_opened_again_until_its_close_has_ended(
+    tmp_path: Path,
+) -> None:
+    """A page closes in steps (queued writes, when_closing hooks such as the document
+    layer storing its held index rows, the database): an open of the same page in the
+    meantime made a second Page on the file while the first still wrote to it. It now
+    waits for the close to end."""
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.put(b"k", b"v")
+        await page.flush()
+        gate, entered, hook_done = asyncio.Event(), asyncio.Event(), []
+
+        async def hook() -> None:
+            entered.set()
+            await gate.wait()
+            hook_done.append(True)
+
+        page.when_closing(hook)
+        seen_at_open: list[bool] = []
+        open_new = repo._open_new
+
+        async def recording(ledger: bytes, page_id: bytes) -> Page:
+            seen_at_open.append(bool(hook_done))
+            return await open_new(ledger, page_id)
+
+        repo._open_new = recording  # type: ignore[method-assign]
+        closing = asyncio.create_task(repo.close_idle(0))
+        await entered.wait()
+        opening = asyncio.create_task(repo.ledger("l").page("p"))
+        for _ in range(50):  # loop turns (no time): the open runs as far as it can
+            await asyncio.sleep(0)
+        gate.set()
+        again = await opening
+        await closing
+        assert seen_at_open == [True]
+        assert again is not page and not again.closed
+        assert await again.get(b"k") == b"v"
