@@ -245,6 +245,17 @@ def _flatten(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+LARGEST: dict[str, tuple[int, str]] = {
+    "listen_backlog": (2**31 - 1, "listen(2) takes a C int"),
+    "max_batch_bytes": (
+        2**32 - 2,
+        "it is also the largest session message, and aiohttp's WebSocket reader "
+        "holds that size in a C unsigned int",
+    ),
+}
+"""Integer settings that the daemon hands to C code, with the most that code takes
+(past it start-up, or every session, failed with an OverflowError)."""
+
 GRACE_POLLS = 10
 """``compaction_grace`` is at least this many of the longest idle poll intervals: a
 device that lists the bucket that seldom still reads every pack before compaction
@@ -275,6 +286,9 @@ def validate(cfg: Config) -> None:
         key_ring(cfg)
     if cfg.endpoint_url and urlparse(cfg.endpoint_url).scheme not in ("http", "https"):
         raise ConfigError(f"endpoint_url: expected http(s)://host[:port], not {cfg.endpoint_url!r}")
+    for key, (largest, why) in LARGEST.items():
+        if getattr(cfg, key) > largest:
+            raise ConfigError(f"{key}: must be at most {largest} ({why})")
     for key in (
         "sync_interval",
         "sync_interval_max",
