@@ -768,13 +768,11 @@ async def run(args: argparse.Namespace) -> int:
         return int(await getattr(cli, name)())
 
 
-_ASIDES = re.compile(r"Cannot connect to (?:host|unix socket) \S+ ssl:\S+ \[(?P<why>[^\]]*)\]")
-
-
 def _unreachable(e: DaemonUnavailableError, args: argparse.Namespace) -> str:
-    """The message for a daemon that cannot be reached: what failed, without aiohttp's
-    host and TLS details, and a hint that names the socket the user gave, if any."""
-    text = _ASIDES.sub(lambda m: m["why"], str(e))
+    """The message for a daemon that cannot be reached (what failed: the clients leave
+    out aiohttp's host and TLS details) and a hint that names the socket the user gave,
+    if any."""
+    text = str(e)
     if args.socket:
         hint = f"is ledgerd running there? start it with: ledgerd --socket {args.socket}"
     elif os.environ.get("LEDGERD_SOCKET"):

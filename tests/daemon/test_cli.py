@@ -844,6 +844,23 @@ def test_watch_prints_changes_in_order(shared: Daemon, ledger: str) -> None:
 # -- exit statuses -------------------------------------------------------------------
 
 
+def test_a_socket_path_too_long_to_connect_to_is_named(tmp_path: Path) -> None:
+    """A socket path over the 107 bytes of sockaddr_un: aiohttp's error has no errno,
+    and the line ended in ``: None`` (the Python clients' said ``ssl:default [None]``)."""
+    sock = tmp_path / ("s" * 200)
+    p = subprocess.run(
+        cli_cmd("--socket", str(sock), "ls", "l", "p"),
+        capture_output=True,
+        env=cli_env(sock),
+        cwd=ROOT,
+        timeout=60,
+    )
+    err = p.stderr.decode()
+    assert p.returncode == 3 and p.stdout == b"", p
+    assert f"cannot reach ledgerd at {sock}: AF_UNIX path too long (" in err, err
+    assert "None" not in err and "Traceback" not in err and err.count("\n") == 1, err
+
+
 def test_exit_statuses_without_a_daemon(tmp_path: Path) -> None:
     """Bad usage exits 2 before any connection; an unreachable daemon exits 3 with a hint."""
     sock = tmp_path / "missing.sock"
