@@ -996,3 +996,34 @@ def test_watch_says_so_when_the_daemon_ends_it(daemon: Daemon) -> None:
     finally:
         watcher.stop()
         client.close()
+
+
+def test_a_dash_is_standard_input_or_output(daemon: Daemon, ledger: str, tmp_path: Path) -> None:
+    """``put --file -``, ``get -o -`` and ``import L P -`` are standard input and output
+    (as ``doc put``'s ``-`` is): ``--file -`` and ``import`` said "no such file", and
+    ``-o -`` (``doc attachment``'s too) wrote to a file named ``-``, nothing to standard
+    output."""
+
+    def run(*args: str, input: bytes | None = None) -> bytes:
+        p = subprocess.run(
+            cli_cmd(*args), input=input, capture_output=True, env=cli_env(daemon.socket),
+            cwd=tmp_path, timeout=60,
+        )  # fmt: skip
+        assert (p.returncode, p.stderr) == (0, b""), p
+        return p.stdout
+
+    run("put", ledger, "p", "k", "--file", "-", input=b"from stdin")
+    assert run("get", ledger, "p", "k", "-o", "-") == b"from stdin"
+    b64 = base64.b64encode
+    line = json.dumps(
+        {"key": b64(b"i").decode(), "priority": "eager", "value": b64(b"imported").decode()}
+    )
+    assert run("--json", "import", ledger, "p", "-", input=line.encode()) == b'{"imported":1}\n'
+    assert run("get", ledger, "p", "i") == b"imported"
+    doc_id = run("doc", "put", ledger, "d", "c", "{}").split(b"\t")[0].decode()
+    f = tmp_path / "f"
+    f.write_bytes(b"attached")
+    att = run("doc", "attach", ledger, "d", "c", doc_id, str(f)).split(b"\t")[0].decode()
+    f.unlink()
+    assert run("doc", "attachment", ledger, "d", "c", doc_id, att, "-o", "-") == b"attached"
+    assert list(tmp_path.iterdir()) == []  # no file named "-"
