@@ -308,3 +308,12 @@ async def test_sessions_work_at_the_largest_max_batch_bytes(short_tmp: Path) -> 
     finally:
         assert daemon.stop() == 0, daemon.log_text()
     _no_traceback(daemon)
+
+
+def test_a_key_given_twice_in_the_file_is_refused(tmp_path: Path) -> None:
+    """``sync_interval = 1.0`` and ``[sync] interval = 2.0`` name one setting: the later
+    won without a word (TOML itself refuses only the same key twice in one table)."""
+    path = tmp_path / "ledgerd.toml"
+    path.write_text("sync_interval = 1.0\n[sync]\ninterval = 2.0\n")
+    with pytest.raises(ConfigError, match=r"^sync_interval: given twice in .*\[sync\] interval"):
+        load(path, env={})
