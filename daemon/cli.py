@@ -299,7 +299,7 @@ class Cli:
             raise UsageError("give either VALUE or --file, not both")
         value: Any
         stream: BinaryIO | None = None  # a --file that is not a regular file: a pipe
-        if self.a.file is not None:
+        if self.a.file is not None and self.a.file != "-":  # (-: standard input)
             value = Path(self.a.file)
             if value.is_dir():
                 raise UsageError(f"--file {value}: is a directory")
@@ -335,7 +335,7 @@ class Cli:
         ledger, page = self.lp
         key = self.key(self.a.key)
         at = self.at
-        target = Path(self.a.output) if self.a.output else None
+        target = Path(self.a.output) if self.a.output not in (None, "-") else None
         if target is not None:
             if target.is_dir():
                 raise UsageError(f"-o {target}: is a directory")
@@ -427,7 +427,7 @@ class Cli:
         try:
             # Standard input through a reader of its own: one left waiting at exit (Ctrl-C)
             # holds no lock that the interpreter takes as it ends.
-            source = self.a.file or os.dup(sys.stdin.fileno())
+            source = self.a.file if self.a.file not in (None, "-") else os.dup(sys.stdin.fileno())
             src: BinaryIO = open(source, "rb")  # noqa: SIM115
         except OSError as e:
             raise UsageError(f"{self.a.file}: {e.strerror}") from None
@@ -687,12 +687,12 @@ def parser() -> argparse.ArgumentParser:
         "put", "set a key (value from VALUE, --file or standard input)", "ledger", "page", "key"
     )
     p.add_argument("value", nargs="?")
-    p.add_argument("--file", help="read the value from this file")
+    p.add_argument("--file", help="read the value from this file ('-': standard input)")
     p.add_argument(
         "--lazy", action="store_true", help="LAZY priority: other devices fetch on first read"
     )
     p = cmd("get", "write a value to standard output (or -o FILE)", "ledger", "page", "key")
-    p.add_argument("-o", "--output", help="write the value to this file")
+    p.add_argument("-o", "--output", help="write the value to this file ('-': standard output)")
     p.add_argument("--at", help="read at this commit (hex id)")
     p.add_argument(
         "--force", action="store_true", help="write a binary value to a terminal all the same"
@@ -714,7 +714,7 @@ def parser() -> argparse.ArgumentParser:
     p = cmd("watch", "print every change until interrupted", "ledger", "page")
     p.add_argument("--prefix", metavar="P", help="only keys that start with P")
     p = cmd("import", "write entries in the 'ls --json' format in large batches", "ledger", "page")
-    p.add_argument("file", nargs="?", help="(default: standard input)")
+    p.add_argument("file", nargs="?", help="(default, or '-': standard input)")
     cmd("export", "the whole page in the 'ls --json' format", "ledger", "page")
     p = cmd("sync", "upload pending changes, fetch and merge remote ones, until quiet")
     p.add_argument("ledger", nargs="?").completer = _complete_ledger  # type: ignore[attr-defined]
@@ -768,13 +768,11 @@ async def run(args: argparse.Namespace) -> int:
         return int(await getattr(cli, name)())
 
 
-_ASIDES = re.compile(r"Cannot connect to (?:host|unix socket) \S+ ssl:\S+ \[(?P<why>[^\]]*)\]")
-
-
 def _unreachable(e: DaemonUnavailableError, args: argparse.Namespace) -> str:
-    """The message for a daemon that cannot be reached: what failed, without aiohttp's
-    host and TLS details, and a hint that names the socket the user gave, if any."""
-    text = _ASIDES.sub(lambda m: m["why"], str(e))
+    """The message for a daemon that cannot be reached (what failed: the clients leave
+    out aiohttp's host and TLS details) and a hint that names the socket the user gave,
+    if any."""
+    text = str(e)
     if args.socket:
         hint = f"is ledgerd running there? start it with: ledgerd --socket {args.socket}"
     elif os.environ.get("LEDGERD_SOCKET"):

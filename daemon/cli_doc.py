@@ -98,7 +98,7 @@ def add_parser(sub: Any) -> None:
         "id",
         "attachment_id",
     )
-    p.add_argument("-o", "--output", help="write it to this file")
+    p.add_argument("-o", "--output", help="write it to this file ('-': standard output)")
     p = cmd("changes", "documents changed since a commit, as JSON lines")
     p.add_argument("--since", metavar="COMMIT", help="a commit id (hex) from an earlier line")
     p.add_argument("--collection")
@@ -220,7 +220,7 @@ async def run(cli: Cli, usage: type[Exception]) -> int:
         )
         cli.line(f"{res['attachment']['_id']}\t{res['document']['_meta']['_rev']}")
     elif c == "attachment":
-        if a.output:
+        if a.output and a.output != "-":  # (-: standard output, as get -o - is)
             target = Path(a.output)
             if not target.parent.is_dir():
                 raise usage(f"-o {target}: directory {target.parent} does not exist")

@@ -65,8 +65,13 @@ def reaching(socket: Path) -> Iterator[None]:
     try:
         yield
     except DISCONNECTED as e:
+        why: object = e or type(e).__name__
+        if isinstance(e, aiohttp.ClientConnectorError):  # what connect() said, without
+            # aiohttp's host and TLS asides (and its "[None]" for an error with no errno:
+            # a path too long for a socket)
+            why = e.os_error.strerror or e.os_error
         raise DaemonUnavailableError(
-            "unavailable", f"cannot reach ledgerd at {socket}: {e or type(e).__name__}"
+            "unavailable", f"cannot reach ledgerd at {socket}: {why}"
         ) from None
     except TimeoutError:  # aiohttp's total timeout: a bare TimeoutError
         raise DaemonUnavailableError(

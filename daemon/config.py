@@ -196,7 +196,7 @@ def load(
             raise ConfigError(f"config: file {cfg_path} does not exist") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config: {cfg_path} is not valid TOML: {e}") from None
-        for key, value in _flatten(doc).items():
+        for key, value in _flatten(doc, cfg_path).items():
             if key not in _TYPES:
                 raise ConfigError(f"{key}: unknown key in {cfg_path}")
             values[key] = _coerce(key, value, str(cfg_path))
@@ -233,17 +233,32 @@ def unknown_variables(env: dict[str, str] | None = None) -> list[str]:
     return out
 
 
-def _flatten(doc: dict[str, Any]) -> dict[str, Any]:
-    """Top-level keys, plus ``[section] key`` read as ``section_key`` (e.g. ``[socket] group``)."""
+def _flatten(doc: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Top-level keys, plus ``[section] key`` read as ``section_key`` (e.g. ``[socket] group``);
+    a setting named both ways is refused, not taken from whichever comes last."""
     out: dict[str, Any] = {}
     for k, v in doc.items():
-        if isinstance(v, dict):
-            for k2, v2 in v.items():
-                out[f"{k}_{k2}"] = v2
-        else:
-            out[k] = v
+        for name, value, spelt in (
+            [(f"{k}_{k2}", v2, f"[{k}] {k2}") for k2, v2 in v.items()]
+            if isinstance(v, dict)
+            else [(k, v, k)]
+        ):
+            if name in out:
+                raise ConfigError(f"{name}: given twice in {path} (the second time as {spelt})")
+            out[name] = value
     return out
 
+
+LARGEST: dict[str, tuple[int, str]] = {
+    "listen_backlog": (2**31 - 1, "listen(2) takes a C int"),
+    "max_batch_bytes": (
+        2**32 - 2,
+        "it is also the largest session message, and aiohttp's WebSocket reader "
+        "holds that size in a C unsigned int",
+    ),
+}
+"""Integer settings that the daemon hands to C code, with the most that code takes
+(past it start-up, or every session, failed with an OverflowError)."""
 
 GRACE_POLLS = 10
 """``compaction_grace`` is at least this many of the longest idle poll intervals: a
@@ -275,6 +290,9 @@ def validate(cfg: Config) -> None:
         key_ring(cfg)
     if cfg.endpoint_url and urlparse(cfg.endpoint_url).scheme not in ("http", "https"):
         raise ConfigError(f"endpoint_url: expected http(s)://host[:port], not {cfg.endpoint_url!r}")
+    for key, (largest, why) in LARGEST.items():
+        if getattr(cfg, key) > largest:
+            raise ConfigError(f"{key}: must be at most {largest} ({why})")
     for key in (
         "sync_interval",
         "sync_interval_max",

@@ -36,7 +36,12 @@ from ledgerd.store.btree import NodeStore, Priority
 from ledgerd.store.cache import Cache
 from ledgerd.store.commit import Commit
 from ledgerd.store.db import Database, Synchronous
-from ledgerd.store.errors import ClosedError, HistoryPrunedError, TransactionClosedError
+from ledgerd.store.errors import (
+    ClosedError,
+    HistoryPrunedError,
+    InvalidArgumentError,
+    TransactionClosedError,
+)
 from ledgerd.store.graph import DIRECT_BATCH, CommitGraph
 from ledgerd.store.hooks import NO_HOOKS, PageHooks
 from ledgerd.store.merging import RESOLVER_TIMEOUT, Merger
@@ -374,7 +379,13 @@ class Page(View):
     # -- writes ----------------------------------------------------------------
 
     async def put(self, key: bytes, value: Source, priority: Priority = Priority.EAGER) -> None:
-        """Set ``key`` to ``value`` (bytes, an async iterator of bytes, or a file Path)."""
+        """Set ``key`` to ``value`` (bytes, an async iterator of bytes, or a file Path).
+        None is refused, as :meth:`Transaction.put` refuses it: in :meth:`write` it means
+        a delete, which a put of a value that happens to be None must not do."""
+        if value is None:
+            raise InvalidArgumentError(
+                "a value is bytes, an async iterator of bytes or a Path, not NoneType"
+            )
         await self.write([(key, value)], priority=priority)
 
     async def delete(self, key: bytes) -> None:

@@ -67,7 +67,12 @@ PAGE_ID_SIZE = 16
 
 
 def _name(value: bytes | str, what: str) -> bytes:
-    raw = value.encode() if isinstance(value, str) else bytes(value)
+    if isinstance(value, str):
+        raw = value.encode()
+    elif isinstance(value, bytes | bytearray | memoryview):  # not bytes(n): n NUL bytes
+        raw = bytes(value)
+    else:
+        raise InvalidArgumentError(f"{what} is bytes or str, not {type(value).__name__}")
     if not raw:
         raise InvalidArgumentError(f"{what} must not be empty")
     if len(raw) > NAME_LIMIT:

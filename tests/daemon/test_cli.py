@@ -844,6 +844,23 @@ def test_watch_prints_changes_in_order(shared: Daemon, ledger: str) -> None:
 # -- exit statuses -------------------------------------------------------------------
 
 
+def test_a_socket_path_too_long_to_connect_to_is_named(tmp_path: Path) -> None:
+    """A socket path over the 107 bytes of sockaddr_un: aiohttp's error has no errno,
+    and the line ended in ``: None`` (the Python clients' said ``ssl:default [None]``)."""
+    sock = tmp_path / ("s" * 200)
+    p = subprocess.run(
+        cli_cmd("--socket", str(sock), "ls", "l", "p"),
+        capture_output=True,
+        env=cli_env(sock),
+        cwd=ROOT,
+        timeout=60,
+    )
+    err = p.stderr.decode()
+    assert p.returncode == 3 and p.stdout == b"", p
+    assert f"cannot reach ledgerd at {sock}: AF_UNIX path too long (" in err, err
+    assert "None" not in err and "Traceback" not in err and err.count("\n") == 1, err
+
+
 def test_exit_statuses_without_a_daemon(tmp_path: Path) -> None:
     """Bad usage exits 2 before any connection; an unreachable daemon exits 3 with a hint."""
     sock = tmp_path / "missing.sock"
@@ -979,3 +996,34 @@ def test_watch_says_so_when_the_daemon_ends_it(daemon: Daemon) -> None:
     finally:
         watcher.stop()
         client.close()
+
+
+def test_a_dash_is_standard_input_or_output(daemon: Daemon, ledger: str, tmp_path: Path) -> None:
+    """``put --file -``, ``get -o -`` and ``import L P -`` are standard input and output
+    (as ``doc put``'s ``-`` is): ``--file -`` and ``import`` said "no such file", and
+    ``-o -`` (``doc attachment``'s too) wrote to a file named ``-``, nothing to standard
+    output."""
+
+    def run(*args: str, input: bytes | None = None) -> bytes:
+        p = subprocess.run(
+            cli_cmd(*args), input=input, capture_output=True, env=cli_env(daemon.socket),
+            cwd=tmp_path, timeout=60,
+        )  # fmt: skip
+        assert (p.returncode, p.stderr) == (0, b""), p
+        return p.stdout
+
+    run("put", ledger, "p", "k", "--file", "-", input=b"from stdin")
+    assert run("get", ledger, "p", "k", "-o", "-") == b"from stdin"
+    b64 = base64.b64encode
+    line = json.dumps(
+        {"key": b64(b"i").decode(), "priority": "eager", "value": b64(b"imported").decode()}
+    )
+    assert run("--json", "import", ledger, "p", "-", input=line.encode()) == b'{"imported":1}\n'
+    assert run("get", ledger, "p", "i") == b"imported"
+    doc_id = run("doc", "put", ledger, "d", "c", "{}").split(b"\t")[0].decode()
+    f = tmp_path / "f"
+    f.write_bytes(b"attached")
+    att = run("doc", "attach", ledger, "d", "c", doc_id, str(f)).split(b"\t")[0].decode()
+    f.unlink()
+    assert run("doc", "attachment", ledger, "d", "c", doc_id, att, "-o", "-") == b"attached"
+    assert list(tmp_path.iterdir()) == []  # no file named "-"

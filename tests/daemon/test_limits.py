@@ -7,6 +7,9 @@ import asyncio
 import contextlib
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,7 @@ import aiohttp
 import pytest
 from yarl import URL
 
+from ledgerd.daemon.client import AsyncClient
 from ledgerd.daemon.config import ConfigError, load
 from tests.daemon.conftest import Daemon, start_daemon
 
@@ -268,3 +272,48 @@ def test_a_compaction_grace_shorter_than_ten_idle_polls_is_refused() -> None:
         load(env={"LEDGERD_COMPACTION_GRACE": "20"})
     grace = load(env={"LEDGERD_COMPACTION_GRACE": "5", "LEDGERD_SYNC_INTERVAL_MAX": "0.5"})
     assert grace.compaction_grace == 5.0
+
+
+@pytest.mark.parametrize(
+    ("key", "largest"), [("listen_backlog", 2**31 - 1), ("max_batch_bytes", 2**32 - 2)]
+)
+def test_a_setting_past_what_the_daemon_can_pass_on_is_refused(key: str, largest: int) -> None:
+    """``listen_backlog = 2147483648`` passed ``--check-config`` and then stopped start-up
+    with an OverflowError traceback from listen(2) (leaving the socket file behind);
+    ``max_batch_bytes`` over 4 GiB started, and then every session (every client
+    transaction) failed with an internal error: aiohttp's WebSocket reader holds its
+    largest message in a C unsigned int."""
+    var = f"LEDGERD_{key.upper()}"
+    assert getattr(load(env={var: str(largest)}), key) == largest
+    with pytest.raises(ConfigError, match=f"^{key}: must be at most {largest}"):
+        load(env={var: str(largest + 1)})
+    out = subprocess.run(
+        [sys.executable, "-m", "ledgerd.daemon", "--check-config"],
+        env={**os.environ, var: str(10**20)},
+        capture_output=True,
+        timeout=60,
+    )
+    err = out.stderr.decode()
+    assert out.returncode == 2 and err.count("\n") == 1 and key in err, err
+
+
+async def test_sessions_work_at_the_largest_max_batch_bytes(short_tmp: Path) -> None:
+    """At 4 GiB and more every session failed; at the largest accepted value one works."""
+    daemon = start_daemon(short_tmp, env={"LEDGERD_MAX_BATCH_BYTES": str(2**32 - 2)})
+    try:
+        async with AsyncClient(daemon.socket) as c:
+            async with c.transaction("l", "p") as txn:
+                await txn.put(b"k", b"v")
+            assert await c.get("l", "p", b"k") == b"v"
+    finally:
+        assert daemon.stop() == 0, daemon.log_text()
+    _no_traceback(daemon)
+
+
+def test_a_key_given_twice_in_the_file_is_refused(tmp_path: Path) -> None:
+    """``sync_interval = 1.0`` and ``[sync] interval = 2.0`` name one setting: the later
+    won without a word (TOML itself refuses only the same key twice in one table)."""
+    path = tmp_path / "ledgerd.toml"
+    path.write_text("sync_interval = 1.0\n[sync]\ninterval = 2.0\n")
+    with pytest.raises(ConfigError, match=r"^sync_interval: given twice in .*\[sync\] interval"):
+        load(path, env={})

@@ -809,3 +809,25 @@ async def test_a_watcher_that_falls_behind_ends_with_a_reason(tmp_path: Path) ->
         got = [n async for n in w]  # what was queued, then the end
         assert len(got) == 2 and w.ended_reason and "behind" in w.ended_reason
         assert not page.watchers  # it no longer holds the page
+
+
+async def test_put_of_none_is_refused_and_deletes_nothing(page: Page) -> None:
+    """``Page.put(key, None)`` deleted the key (None is a delete in ``write``), where
+    ``Transaction.put`` refuses None: a value that happened to be None lost data."""
+    await page.put(b"k", b"v")
+    with pytest.raises(InvalidArgumentError, match="not NoneType"):
+        await page.put(b"k", None)  # type: ignore[arg-type]
+    assert await page.get(b"k") == b"v"
+
+
+@pytest.mark.parametrize("name", [5, None, 1.5])
+async def test_a_name_that_is_not_bytes_or_str_is_refused(repo: Repository, name: Any) -> None:
+    """``bytes(5)`` is five NUL bytes: ``repo.ledger(5)`` made a ledger of that name
+    (and ``bytes(10**12)`` would allocate a terabyte); None was a bare TypeError. (A
+    page id of None is a random one.)"""
+    with pytest.raises(InvalidArgumentError, match="ledger name is bytes or str, not"):
+        repo.ledger(name)
+    if name is not None:
+        with pytest.raises(InvalidArgumentError, match="page id is bytes or str, not"):
+            await repo.ledger("l").page(name)
+    assert await repo.ledgers() == []
