@@ -41,6 +41,7 @@ from ledgerd.store.errors import (
     HistoryPrunedError,
     InvalidArgumentError,
     TransactionClosedError,
+    named,
 )
 from ledgerd.store.graph import DIRECT_BATCH, CommitGraph
 from ledgerd.store.hooks import NO_HOOKS, PageHooks
@@ -220,7 +221,7 @@ class Page(View):
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ClosedError(f"page {self.id!r} is closed")
+            raise ClosedError(f"page {named(self.id)} is closed")
 
     def _touch(self) -> None:
         self.last_used = time.monotonic()
@@ -316,6 +317,10 @@ class Page(View):
         return self.graph.head
 
     def _state(self) -> tuple[bytes, Overlay]:
+        # Every read starts here: a closed page refuses it, whether or not what it
+        # would read is in the shared cache (it answered from the cache, and failed
+        # with "database ... is closed" past it).
+        self._check_open()
         return self.graph.head.root, self.writer.overlay
 
     async def heads(self) -> list[Commit]:

@@ -831,3 +831,17 @@ async def test_a_name_that_is_not_bytes_or_str_is_refused(repo: Repository, name
         with pytest.raises(InvalidArgumentError, match="page id is bytes or str, not"):
             await repo.ledger("l").page(name)
     assert await repo.ledgers() == []
+
+
+async def test_reads_of_a_closed_page_are_refused_whether_cached_or_not(tmp_path: Path) -> None:
+    # The shared cache answered a closed page's reads of what it held; past it the
+    # same reads failed with "database ... is closed". Both are ClosedError now.
+    for cache_bytes in (0, 1 << 20):
+        async with await Repository.open(tmp_path / str(cache_bytes), cache_bytes=cache_bytes) as r:
+            page = await r.ledger("l").page("p")
+            await page.put(b"k", b"v" * 100)
+            await page.flush()
+            assert await page.get(b"k") == b"v" * 100  # cached, when there is a cache
+        for read in (page.get(b"k"), page.get_entry(b"k"), page.entries()):
+            with pytest.raises(ClosedError, match="page p is closed"):
+                await read
