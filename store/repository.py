@@ -164,7 +164,8 @@ def _mark(path: Path) -> None:
         except FileNotFoundError:
             if attempt == 2:
                 raise
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            for d in (path.parent.parent, path.parent):  # private, as ledgers/ is
+                d.mkdir(mode=0o700, exist_ok=True)
 
 
 def _unmark(path: Path) -> None:
