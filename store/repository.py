@@ -46,6 +46,7 @@ from ledgerd.store.errors import (
     PageNotFoundError,
     PageUnavailableError,
     RepositoryLockedError,
+    StoreError,
     TooManyOpenPagesError,
     named,
 )
@@ -363,8 +364,14 @@ class Repository:
                     await conn.execute("DELETE FROM page_usage WHERE ledger = ? AND page = ?", key)
                 await asyncio.to_thread(_remove_page_dir, self.page_path(*key).parent)
             elif key not in self._evicted:
-                async with self.page(*key):  # opening commits a journal the crash left
-                    pass
+                try:
+                    async with self.page(*key):  # opening commits a journal the crash left
+                        pass
+                except StoreError as e:  # damaged, say: it fails on its use, as any page
+                    # would; the other pages stay reachable, and the mark stays for the
+                    # next start to look again
+                    log.warning("could not check unwritten page %s: %s", named(page_id), e)
+                    continue
                 await self.discard_unwritten(*key)
             await asyncio.to_thread(_unmark, mark)
 

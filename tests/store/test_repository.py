@@ -296,3 +296,21 @@ async def test_a_page_closing_is_not_opened_again_until_its_close_has_ended(
         assert seen_at_open == [True]
         assert again is not page and not again.closed
         assert await again.get(b"k") == b"v"
+
+
+async def test_a_marked_page_that_cannot_be_opened_does_not_stop_the_repository_opening(
+    tmp_path: Path,
+) -> None:
+    # A start opens each marked page to see whether it is empty. One that cannot be
+    # read (damaged) is left as it is, as any page is until its use: the other pages
+    # stay reachable rather than the whole repository refusing to open.
+    async with await Repository.open(tmp_path) as repo:
+        await repo.mark_unwritten(b"l", b"bad")
+        await repo.ledger("l").page("bad")
+        await (await repo.ledger("l").page("good")).put(b"k", b"v")
+        path = repo.page_path(b"l", b"bad")
+    for f in path.parent.iterdir():
+        f.write_bytes(b"this is not an SQLite database" * 100)
+    async with await Repository.open(tmp_path) as repo:
+        assert await (await repo.ledger("l").page("good")).get(b"k") == b"v"
+        assert path.exists()  # not removed: what it holds is unknown
