@@ -814,10 +814,10 @@ class Repository:
 
     async def _evict(self, ledger: bytes, page_id: bytes) -> int:
         page = self._pages.get((ledger, page_id))
-        if page is not None and not page.closed:
-            if not page.idle:
+        if page is not None:
+            if not page.closed and not page.idle:
                 raise NotEvictableError(f"page {named(page_id)} is in use")
-            await page.close()
+            await page.close()  # or waits for a close under way: its hooks still write
         path = self.page_path(ledger, page_id)
         verdict = await asyncio.to_thread(eviction.evictability, path)
         # Without a cloud only an empty page can go: say so first, rather than "not

@@ -14,6 +14,7 @@ from ledgerd.store import (
     PageHooks,
     PageUnavailableError,
     Repository,
+    eviction,
     exchange,
 )
 from ledgerd.store.eviction import SUFFIX
@@ -209,3 +210,56 @@ class _NeverRestores:
 
 
 _never_restores = _NeverRestores()
+
+
+async def test_an_eviction_waits_for_a_close_under_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page closing (its when_closing hooks, such as the document layer storing its
+    held index rows, still writing to its database) was taken for closed: its
+    directory was set aside and deleted under the hooks. The eviction waits for the
+    close to end."""
+    bucket = Bucket()
+    async with await Repository.open(tmp_path, hooks=PageHooks(restorer=bucket)) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.put(b"k", b"v" * 100)
+        await page.flush()
+        await bucket.keep(page)
+        gate, entered, hook_done = asyncio.Event(), asyncio.Event(), []
+
+        async def hook() -> None:
+            entered.set()
+            await gate.wait()
+            hook_done.append(True)
+
+        page.when_closing(hook)
+        seen_at_aside: list[bool] = []
+        aside, waits = asyncio.Event(), asyncio.Event()
+        set_aside = eviction.set_aside
+
+        def recording(path: Path) -> Path:
+            seen_at_aside.append(bool(hook_done))
+            aside.set()
+            return set_aside(path)
+
+        monkeypatch.setattr(eviction, "set_aside", recording)
+        closing = asyncio.create_task(repo.close_idle(0))
+        await entered.wait()
+        close = page.close
+
+        async def close_again() -> None:
+            waits.set()
+            await close()
+
+        monkeypatch.setattr(page, "close", close_again)
+        evicting = asyncio.create_task(repo.evict(b"l", b"p"))
+        first = [asyncio.create_task(aside.wait()), asyncio.create_task(waits.wait())]
+        await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
+        gate.set()
+        assert await evicting > 0
+        await closing
+        for t in first:
+            t.cancel()
+        assert seen_at_aside == [True]
+        again = await repo.ledger("l").page("p")  # restored on its next use
+        assert await again.get(b"k") == b"v" * 100
