@@ -41,6 +41,14 @@ async def _begin(http: aiohttp.ClientSession) -> tuple[aiohttp.ClientWebSocketRe
     return ws, await ws.receive_json()
 
 
+async def _op(ws: aiohttp.ClientWebSocketResponse, **req: Any) -> Any:
+    """One session op; its reply, which must be ok."""
+    await ws.send_str(json.dumps({"id": 1, **req}))
+    reply = await ws.receive_json()
+    assert reply["ok"], reply
+    return reply
+
+
 async def test_dropped_connection_rolls_back(daemon: Daemon) -> None:
     async with aiohttp.ClientSession(
         connector=aiohttp.UnixConnector(path=str(daemon.socket))
@@ -327,12 +335,6 @@ async def test_a_transaction_that_made_its_page_and_changed_nothing_leaves_no_pa
     a base); rolled back, committed with no change, or dropped with the connection, the
     page goes again, as a failed first write's does. A commit that writes keeps it."""
 
-    async def op(ws: aiohttp.ClientWebSocketResponse, **req: Any) -> Any:
-        await ws.send_str(json.dumps({"id": 1, **req}))
-        reply = await ws.receive_json()
-        assert reply["ok"], reply
-        return reply
-
     async with (
         aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(daemon.socket))) as http,
         AsyncClient(daemon.socket) as c,
@@ -340,11 +342,11 @@ async def test_a_transaction_that_made_its_page_and_changed_nothing_leaves_no_pa
         await c.put("l", "kept", b"k", b"v")  # the ledger stays: another page is in it
         ws = await http.ws_connect(URL("http://ledgerd/v1/session"))
         for name, end in (("rolled", "rollback"), ("empty", "commit"), ("written", "commit")):
-            tid = (await op(ws, op="begin", ledger=b64(b"l"), page=b64(name.encode())))["txn"]
+            tid = (await _op(ws, op="begin", ledger=b64(b"l"), page=b64(name.encode())))["txn"]
             if name == "written":
-                await op(ws, op="put", txn=tid, key=b64(b"k"), value=b64(b"v"))
-            await op(ws, op=end, txn=tid)
-        await op(ws, op="begin", ledger=b64(b"l"), page=b64(b"dropped"))
+                await _op(ws, op="put", txn=tid, key=b64(b"k"), value=b64(b"v"))
+            await _op(ws, op=end, txn=tid)
+        await _op(ws, op="begin", ledger=b64(b"l"), page=b64(b"dropped"))
         ws._response.connection.transport.abort()  # type: ignore[union-attr]
         await _wait_for_log(daemon, "on disconnect")
         assert sorted(await c.pages("l")) == [b"kept", b"written"]
@@ -358,12 +360,6 @@ async def test_a_page_made_by_sessions_that_wrote_nothing_is_not_left_listed(
     it. A watch on a page that does not exist makes it too (a watcher needs its page
     open); unwatched, or dropped with its session, with nothing written, it goes."""
 
-    async def op(ws: aiohttp.ClientWebSocketResponse, **req: Any) -> Any:
-        await ws.send_str(json.dumps({"id": 1, **req}))
-        reply = await ws.receive_json()
-        assert reply["ok"], reply
-        return reply
-
     async with (
         aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(daemon.socket))) as http,
         AsyncClient(daemon.socket) as c,
@@ -372,15 +368,15 @@ async def test_a_page_made_by_sessions_that_wrote_nothing_is_not_left_listed(
         one = await http.ws_connect(URL("http://ledgerd/v1/session"))
         two = await http.ws_connect(URL("http://ledgerd/v1/session"))
         named = {"ledger": b64(b"l"), "page": b64(b"shared")}
-        first = (await op(one, op="begin", **named))["txn"]  # makes the page
-        second = (await op(two, op="begin", **named))["txn"]
-        await op(one, op="rollback", txn=first)  # the other transaction still uses it
-        await op(two, op="commit", txn=second)  # no change
-        wid = (await op(one, op="watch", ledger=b64(b"l"), page=b64(b"watched")))["watch"]
-        await op(one, op="unwatch", watch=wid)
+        first = (await _op(one, op="begin", **named))["txn"]  # makes the page
+        second = (await _op(two, op="begin", **named))["txn"]
+        await _op(one, op="rollback", txn=first)  # the other transaction still uses it
+        await _op(two, op="commit", txn=second)  # no change
+        wid = (await _op(one, op="watch", ledger=b64(b"l"), page=b64(b"watched")))["watch"]
+        await _op(one, op="unwatch", watch=wid)
         assert sorted(await c.pages("l")) == [b"kept"]
 
-        await op(two, op="watch", ledger=b64(b"l"), page=b64(b"dropped"))
+        await _op(two, op="watch", ledger=b64(b"l"), page=b64(b"dropped"))
         two._response.connection.transport.abort()  # type: ignore[union-attr]
         await _wait_for_log(daemon, "page dropped removed")
         assert sorted(await c.pages("l")) == [b"kept"]
@@ -394,12 +390,6 @@ async def test_a_page_whose_only_state_is_its_merge_policy_is_not_removed_by_ses
     commit: a transaction or watcher on it that ends with no change must not take it
     for a page nobody wrote to (the policy, acknowledged, would go with it)."""
 
-    async def op(ws: aiohttp.ClientWebSocketResponse, **req: Any) -> Any:
-        await ws.send_str(json.dumps({"id": 1, **req}))
-        reply = await ws.receive_json()
-        assert reply["ok"], reply
-        return reply
-
     async with (
         aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(daemon.socket))) as http,
         AsyncClient(daemon.socket) as c,
@@ -407,8 +397,8 @@ async def test_a_page_whose_only_state_is_its_merge_policy_is_not_removed_by_ses
         await c.policy("l", "p", "custom")
         ws = await http.ws_connect(URL("http://ledgerd/v1/session"))
         named = {"ledger": b64(b"l"), "page": b64(b"p")}
-        await op(ws, op="rollback", txn=(await op(ws, op="begin", **named))["txn"])
-        await op(ws, op="unwatch", watch=(await op(ws, op="watch", **named))["watch"])
+        await _op(ws, op="rollback", txn=(await _op(ws, op="begin", **named))["txn"])
+        await _op(ws, op="unwatch", watch=(await _op(ws, op="watch", **named))["watch"])
         await ws.close()
         assert await c.pages("l") == [b"p"]
         assert (await c.policy("l", "p"))["policy"] == "custom"

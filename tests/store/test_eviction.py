@@ -21,6 +21,7 @@ from ledgerd.store.eviction import SUFFIX
 from ledgerd.store.hooks import NO_HOOKS
 from tests.store.test_crash import run_and_kill
 from tests.store.test_gc import upload_all
+from tests.store.test_repository import held_close
 
 
 class Bucket:
@@ -225,14 +226,7 @@ async def test_an_eviction_waits_for_a_close_under_way(
         await page.put(b"k", b"v" * 100)
         await page.flush()
         await bucket.keep(page)
-        gate, entered, hook_done = asyncio.Event(), asyncio.Event(), []
-
-        async def hook() -> None:
-            entered.set()
-            await gate.wait()
-            hook_done.append(True)
-
-        page.when_closing(hook)
+        gate, entered, hook_done = held_close(page)
         seen_at_aside: list[bool] = []
         aside, waits = asyncio.Event(), asyncio.Event()
         set_aside = eviction.set_aside

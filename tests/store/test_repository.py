@@ -258,6 +258,20 @@ async def test_a_mark_that_cannot_be_made_or_dropped_does_not_fail_the_write(
         assert _marks(tmp_path) == ["bA", "bA/cQ"]
 
 
+def held_close(page: Page) -> tuple[asyncio.Event, asyncio.Event, list[bool]]:
+    """A when_closing hook on ``page`` that waits for a gate: (the gate, set once the
+    hook runs, a list that gets True once the hook is done)."""
+    gate, entered, done = asyncio.Event(), asyncio.Event(), []
+
+    async def hook() -> None:
+        entered.set()
+        await gate.wait()
+        done.append(True)
+
+    page.when_closing(hook)
+    return gate, entered, done
+
+
 async def test_a_page_closing_is_not_opened_again_until_its_close_has_ended(
     tmp_path: Path,
 ) -> None:
@@ -269,14 +283,7 @@ async def test_a_page_closing_is_not_opened_again_until_its_close_has_ended(
         page = await repo.ledger("l").page("p")
         await page.put(b"k", b"v")
         await page.flush()
-        gate, entered, hook_done = asyncio.Event(), asyncio.Event(), []
-
-        async def hook() -> None:
-            entered.set()
-            await gate.wait()
-            hook_done.append(True)
-
-        page.when_closing(hook)
+        gate, entered, hook_done = held_close(page)
         seen_at_open: list[bool] = []
         open_new = repo._open_new
 
