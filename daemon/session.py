@@ -353,10 +353,9 @@ class Session:
                 " commit or roll back one first"
             )
         names = self._names(req)
-        made = not self.api.repo.page_exists(*names)
-        if made:  # until the transaction commits a change (see _ended)
-            await self.api.repo.mark_unwritten(*names)
-        page = await self.api.page(*names, create=True)
+        # A page this makes is marked unwritten until the transaction commits a change
+        # (see _ended).
+        page, made = await self.api.new_page(*names)
         txn = await page.transaction().start()
         tid = f"t{next(self._ids)}"
         self.txns[tid] = txn
