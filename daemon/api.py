@@ -801,35 +801,44 @@ class Api:
             body = await self.read_body(request)
             if len(body) != length:
                 raise ae.BadRequest("request body is shorter than its Content-Length")
-            async with self.first_write(p.ledger, p.page):
-                page = await self.page(p.ledger, p.page, create=True)
+            async with self.first_write(p.ledger, p.page) as page:
                 await page.put(key, body, priority)
         else:
             # A page this makes is removed again if the body fails (its lease is this
             # block's, not the request's, so that it ends first): a broken upload
             # leaves no empty page listed, as a small bad body makes none.
-            async with self.first_write(p.ledger, p.page) as fresh:
-                try:
-                    async with self.repo.page(p.ledger, p.page) as page:
-                        await page.put(key, self.body_chunks(request), priority)
-                except BaseException:
-                    if fresh:
-                        await asyncio.shield(self.discard_unwritten(p.ledger, p.page))
-                    raise
+            page, made = await self.repo.acquire_new(p.ledger, p.page)
+            try:
+                with page.lease():  # no await since acquire_new: the page is open
+                    await page.put(key, self.body_chunks(request), priority)
+            except BaseException:
+                if made:
+                    await asyncio.shield(self.discard_unwritten(p.ledger, p.page))
+                raise
+            if made:
+                await self.repo.written(p.ledger, p.page)
         return web.Response(status=204)
 
+    async def new_page(self, ledger: bytes, page_id: bytes) -> tuple[Page, bool]:
+        """The page, made if it does not exist, as :meth:`page` hands it out, and
+        whether this made it: a page made here is marked unwritten until its maker drops
+        the mark (:meth:`Repository.acquire_new`)."""
+        page, made = await self.repo.acquire_new(ledger, page_id)
+        leases = _leases.get(None)
+        if leases is not None:  # no await since acquire_new returned: it is still open
+            leases.hold(page)
+        return page, made
+
     @contextlib.asynccontextmanager
-    async def first_write(self, ledger: bytes, page_id: bytes) -> AsyncIterator[bool]:
-        """Around a write that makes the page if it does not exist (yields whether it
-        does): the page is marked unwritten until the write is acknowledged
-        (:meth:`Repository.mark_unwritten`), so that a daemon killed in between leaves
+    async def first_write(self, ledger: bytes, page_id: bytes) -> AsyncIterator[Page]:
+        """Around a write into the page, which it makes if it does not exist (yields the
+        page): a page made here is marked unwritten until the write is acknowledged
+        (:meth:`Repository.acquire_new`), so that a daemon killed in between leaves
         no empty page listed after its restart. A write that fails leaves the mark:
         the restart removes the page if it is still empty."""
-        fresh = not self.repo.page_exists(ledger, page_id)
-        if fresh:
-            await self.repo.mark_unwritten(ledger, page_id)
-        yield fresh
-        if fresh:
+        page, made = await self.new_page(ledger, page_id)
+        yield page
+        if made:
             await self.repo.written(ledger, page_id)
 
     async def discard_unwritten(self, ledger: bytes, page_id: bytes) -> None:
@@ -896,8 +905,7 @@ class Api:
         for change in changes:  # refused before the page is made, as a bad template is
             if type(change[0]) is bytes:  # (a versionstamped key is checked when stamped)
                 check_key(change[0])
-        async with self.first_write(p.ledger, p.page):
-            page = await self.page(p.ledger, p.page, create=True)
+        async with self.first_write(p.ledger, p.page) as page:
             completed = await page.write(changes)
         stamp = stamp_of(changes, completed)
         return web.json_response(

@@ -184,8 +184,8 @@ async def _store(api: Api, p: Params, *, write: bool) -> DocumentStore:
     """The page's document store. A write makes the page (and ledger) if needed; a read
     needs a page that is a document page already (opening one makes it one)."""
     if write:  # opening the store writes its marker: a page made here is not empty
-        async with api.first_write(p.ledger, p.page):
-            return await _open_store(api, await api.page(p.ledger, p.page, create=True))
+        async with api.first_write(p.ledger, p.page) as page:
+            return await _open_store(api, page)
     page = await api.page(p.ledger, p.page, create=False)
     if not await DocumentStore.holds_documents(page):
         raise ae.NotDocuments(

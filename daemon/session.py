@@ -39,7 +39,7 @@ from ledgerd.daemon.codec import (
     stamped_value,
     unb64,
 )
-from ledgerd.store import Entry, Page, Repository, StoreError, Transaction, Watcher
+from ledgerd.store import Entry, Repository, StoreError, Transaction, Watcher
 from ledgerd.store.merge import Choice, MergeRequest, Resolver
 
 log = logging.getLogger(__name__)
@@ -306,9 +306,6 @@ class Session:
 
     # -- helpers -----------------------------------------------------------------
 
-    async def _page(self, req: dict[str, Any], create: bool) -> Page:
-        return await self.api.page(*self._names(req), create=create)
-
     def _names(self, req: dict[str, Any]) -> tuple[bytes, bytes]:
         ledger = self.api.name_bytes(unb64(req.get("ledger"), "ledger"), "ledger name")
         page_id = self.api.name_bytes(unb64(req.get("page"), "page"), "page id")
@@ -353,10 +350,9 @@ class Session:
                 " commit or roll back one first"
             )
         names = self._names(req)
-        made = not self.api.repo.page_exists(*names)
-        if made:  # until the transaction commits a change (see _ended)
-            await self.api.repo.mark_unwritten(*names)
-        page = await self.api.page(*names, create=True)
+        # A page this makes is marked unwritten until the transaction commits a change
+        # (see _ended).
+        page, made = await self.api.new_page(*names)
         txn = await page.transaction().start()
         tid = f"t{next(self._ids)}"
         self.txns[tid] = txn
@@ -469,7 +465,9 @@ class Session:
                 " unwatch one first"
             )
         prefix = self._opt_bytes(req, "prefix") or b""  # a bad one makes no page
-        page = await self._page(req, create=True)
+        # A page this makes is marked unwritten, as a begin's is: a kill, which ends the
+        # watcher with nothing written, leaves it unlisted after the restart.
+        page, _ = await self.api.new_page(*self._names(req))
         watcher = page.watch(prefix)
         wid = f"w{next(self._ids)}"
         task = asyncio.create_task(self._forward(wid, watcher), name=f"watch-{wid}")

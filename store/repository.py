@@ -548,12 +548,28 @@ class Repository:
 
     async def acquire(self, ledger: bytes, page_id: bytes) -> tuple[Page, bool]:
         """Like :meth:`open_page`, and whether this call is the one that opened it."""
+        page, opened, _ = await self._acquire(ledger, page_id, mark=False)
+        return page, opened
+
+    async def acquire_new(self, ledger: bytes, page_id: bytes) -> tuple[Page, bool]:
+        """Like :meth:`open_page`, for a write that makes the page if it does not exist:
+        the page, and whether this call made it, marked unwritten
+        (:meth:`mark_unwritten`) before its file was. Looked at and marked under the
+        lock that opens the page, which :meth:`discard_unwritten` holds while it removes
+        one: a page removed meanwhile is made again, and marked, and the removal drops
+        no mark made after it."""
+        page, _, made = await self._acquire(ledger, page_id, mark=True)
+        return page, made
+
+    async def _acquire(
+        self, ledger: bytes, page_id: bytes, *, mark: bool
+    ) -> tuple[Page, bool, bool]:
         self._check_open()
         key = (ledger, page_id)
         page = self._pages.get(key)
         if page is not None and not page.closed:
             self._hand_out(key)
-            return page, False
+            return page, False, False
         async with self._no_open_of(key):
             page = self._pages.get(key)
             if page is not None and page.closed:
@@ -562,8 +578,12 @@ class Repository:
                 await page.close()
                 page = self._pages.get(key)
             opened = page is None or page.closed
+            made = False
             if page is None or page.closed:
                 self._check_open()  # closed while this waited: make no file
+                if mark and key not in self._evicted and not self.page_path(*key).exists():
+                    await self.mark_unwritten(ledger, page_id)
+                    made = True
                 await self._make_room()
                 self._reserved += 1  # no await since _make_room found room
                 try:
@@ -573,7 +593,7 @@ class Repository:
             # No await since the page was published: close_idle cannot close it
             # before the caller takes a lease.
             self._hand_out(key)
-            return page, opened
+            return page, opened, made
 
     async def _make_room(self) -> None:
         """Close least recently used idle pages until one more may open (pages being

@@ -150,3 +150,27 @@ def test_documents_written_into_a_new_page_survive_a_kill(short_tmp: Path) -> No
             assert c.documents("l", "new").get("c", doc["_meta"]["_id"])["_data"] == {"a": 1}
     finally:
         assert d.stop() == 0, d.log_text()
+
+
+def test_a_page_made_by_a_watch_is_not_left_listed_after_a_kill(short_tmp: Path) -> None:
+    # A watch on a page that does not exist makes it, as a begin does, and the page goes
+    # when the watcher ends with nothing written: a kill ends the watcher too, so after
+    # the restart the page must not be listed. It was: nothing marked it.
+    d = start_daemon(short_tmp)
+
+    async def watch_and_kill() -> None:
+        async with AsyncClient(d.socket) as c:
+            await c.put("l", "kept", b"k", b"v")
+            await c.subscribe("l", "watched")
+            assert sorted(await c.pages("l")) == [b"kept", b"watched"]
+            d.stop(signal.SIGKILL)
+
+    with contextlib.suppress(Exception):  # the session's connection breaks
+        asyncio.run(watch_and_kill())
+    d = start_daemon(short_tmp)
+    try:
+        with Client(d.socket) as c:
+            assert c.pages("l") == [b"kept"]
+        assert not _page_dir(d.data, b"l", b"watched").exists()
+    finally:
+        assert d.stop() == 0, d.log_text()

@@ -7,6 +7,8 @@ import base64
 import contextlib
 import io
 import json
+import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,9 +17,11 @@ import aiohttp
 import pytest
 from yarl import URL
 
+from ledgerd.daemon.api import Api, DaemonState
 from ledgerd.daemon.client import AsyncClient, LedgerError, NotFoundError
+from ledgerd.daemon.config import Config
 from ledgerd.daemon.session import Resolvers, Session
-from ledgerd.store import Repository
+from ledgerd.store import Repository, repository
 from tests.daemon.conftest import Daemon, start_daemon
 
 
@@ -381,6 +385,66 @@ async def test_a_page_made_by_sessions_that_wrote_nothing_is_not_left_listed(
         await _wait_for_log(daemon, "page dropped removed")
         assert sorted(await c.pages("l")) == [b"kept"]
         await one.close()
+
+
+@pytest.mark.parametrize("paused", ["before its directory goes", "before its mark goes"])
+async def test_a_begin_on_a_page_being_removed_as_unwritten_marks_the_page_it_makes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, paused: str
+) -> None:
+    """In process: a transaction that made its page ends with no change, so the page
+    goes; a begin on it in another session meanwhile makes it again, and that page must
+    be marked unwritten (its transaction is open, nothing committed), or a daemon
+    killed then leaves it listed, empty, after the restart. It was left unmarked: a
+    begin that looked while the removal was under way found the page there (made none,
+    marked none); one that looked just after had its new mark dropped by the removal."""
+    key = (b"l", b"p")
+    named = {"ledger": b64(key[0]), "page": b64(key[1])}
+    gate, reached = threading.Event(), threading.Event()
+
+    def pause() -> None:
+        reached.set()
+        assert gate.wait(20)
+
+    async with await Repository.open(tmp_path) as repo:
+        api = Api(repo, Config(data_dir=tmp_path), DaemonState())
+        one, two = (Session(SimpleNamespace(api=api), _Socket(), n) for n in (1, 2))  # type: ignore[arg-type]
+        if paused == "before its directory goes":
+            remove = repository._remove_page_dir
+
+            def remove_later(page_dir: Path) -> None:
+                pause()
+                remove(page_dir)
+
+            monkeypatch.setattr(repository, "_remove_page_dir", remove_later)
+        else:
+            written = repo.written
+
+            async def written_later(ledger: bytes, page_id: bytes) -> None:
+                await asyncio.to_thread(pause)
+                await written(ledger, page_id)
+
+            monkeypatch.setattr(repo, "written", written_later)
+        no_open_of, waiting = repo._no_open_of, asyncio.Event()
+
+        @contextlib.asynccontextmanager
+        async def seen_waiting(k: tuple[bytes, bytes]) -> AsyncIterator[None]:
+            if k in repo._opening and repo._opening[k].lock.locked():
+                waiting.set()
+            async with no_open_of(k):
+                yield
+
+        monkeypatch.setattr(repo, "_no_open_of", seen_waiting)
+        first = (await one.op_begin(named))["txn"]
+        ending = asyncio.create_task(one.op_commit({"txn": first}))  # no change: removes p
+        await asyncio.to_thread(reached.wait, 20)
+        beginning = asyncio.create_task(two.op_begin(named))
+        await asyncio.wait_for(waiting.wait(), 20)  # the begin waits for the removal
+        gate.set()
+        await ending
+        await beginning  # its transaction stays open: the daemon dies now
+    async with await Repository.open(tmp_path) as repo:
+        assert await repo.ledger("l").pages() == []
+        assert not repo.page_exists(*key)
 
 
 async def test_a_page_whose_only_state_is_its_merge_policy_is_not_removed_by_sessions(
