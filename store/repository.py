@@ -254,6 +254,8 @@ class Repository:
         self._closed_deleted: dict[tuple[bytes, bytes], bool] = {}
         """Whether pages closed a moment ago are deleted, until page_usage says it."""
         self._evicted: dict[tuple[bytes, bytes], int] = {}
+        self._marked: set[tuple[bytes, bytes]] = set()
+        """Pages marked unwritten since the repository opened (:meth:`mark_unwritten`)."""
         """Evicted pages (store.eviction): their page_usage.evicted."""
 
     @classmethod
@@ -388,10 +390,13 @@ class Repository:
             await asyncio.to_thread(_mark, self._unwritten_mark(ledger, page_id))
         except OSError as e:  # the write goes on: the mark only tidies up after a crash
             log.warning("could not mark page %s unwritten: %s", named(page_id), e)
+        else:
+            self._marked.add((ledger, page_id))
 
     async def written(self, ledger: bytes, page_id: bytes) -> None:
         """The write that made the page was acknowledged (or the page is gone): drop
         the note :meth:`mark_unwritten` made."""
+        self._marked.discard((ledger, page_id))
         try:
             await asyncio.to_thread(_unmark, self._unwritten_mark(ledger, page_id))
         except OSError as e:  # the write stands; the next start drops the mark
@@ -717,6 +722,13 @@ class Repository:
             task.add_done_callback(self._closing.discard)
 
     async def _record_close(self, page: Page) -> None:
+        key = (page.ledger, page.id)
+        if key in self._marked and (
+            [h.id for h in page.graph.heads] != [commit.FIRST.id] or page.merger.remembered
+        ):
+            # Written by someone other than its maker (whose write drops the mark), a
+            # marked page keeps its mark until it closes: marks do not pile up.
+            await self.written(*key)
         try:
             async with self.usage.write() as conn:
                 if self.is_open(page.ledger, page.id):

@@ -321,3 +321,21 @@ async def test_a_marked_page_that_cannot_be_opened_does_not_stop_the_repository_
     async with await Repository.open(tmp_path) as repo:
         assert await (await repo.ledger("l").page("good")).get(b"k") == b"v"
         assert path.exists()  # not removed: what it holds is unknown
+
+
+async def test_a_marked_page_written_by_another_loses_its_mark_when_it_closes(
+    tmp_path: Path,
+) -> None:
+    # A watch makes and marks a page; another request writes to it and, not having
+    # made it, leaves the mark: the page's close drops it, so marks do not pile up
+    # over a long run (each one is a page the next start opens).
+    async with await Repository.open(tmp_path) as repo:
+        for name in (b"written", b"empty"):
+            await repo.mark_unwritten(b"l", name)
+            await repo.ledger("l").page(name)
+        written = await repo.ledger("l").page("written")
+        await written.put(b"k", b"v")
+        await written.flush()
+        assert await repo.close_idle(0) == 2
+        await asyncio.gather(*repo._closing)
+        assert _marks(tmp_path) == ["bA", "bA/ZW1wdHk"]
