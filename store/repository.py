@@ -254,9 +254,9 @@ class Repository:
         self._closed_deleted: dict[tuple[bytes, bytes], bool] = {}
         """Whether pages closed a moment ago are deleted, until page_usage says it."""
         self._evicted: dict[tuple[bytes, bytes], int] = {}
+        """Evicted pages (store.eviction): their page_usage.evicted."""
         self._marked: set[tuple[bytes, bytes]] = set()
         """Pages marked unwritten since the repository opened (:meth:`mark_unwritten`)."""
-        """Evicted pages (store.eviction): their page_usage.evicted."""
 
     @classmethod
     async def open(
