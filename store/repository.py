@@ -655,6 +655,13 @@ class Repository:
                 f"page {named(page_id)} was evicted from this device and there is no cloud "
                 "to restore it from"
             )
+        path = self.page_path(ledger, page_id)
+        if evicted == eviction.SYNCED_EVICTED and path.parent.exists():
+            # A restore cut short (cancelled, or killed) left part of the page: the
+            # restore starts again from nothing, as a checkpoint goes only there.
+            log.info("discarding the restore of page %s cut short", named(page_id))
+            aside = await asyncio.to_thread(eviction.set_aside, path.parent)
+            await asyncio.to_thread(eviction.delete_aside, aside)
         page = await self._open_page(ledger, page_id)
         try:
             if evicted == eviction.SYNCED_EVICTED:

@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 
 from ledgerd.store import (
+    InvalidArgumentError,
     NotEvictableError,
     Page,
     PageHooks,
     PageUnavailableError,
     Repository,
+    commit,
     eviction,
     exchange,
 )
@@ -156,6 +158,52 @@ async def test_an_open_cancelled_while_restoring_leaves_no_page_open(tmp_path: P
         assert repo.is_evicted(b"l", b"p")
         bucket.release.set()
         assert await (await repo.ledger("l").page("p")).get(b"k") == b"p" * 100
+
+
+class _Halts(Bucket):
+    """A bucket that restores into empty pages only (as a checkpoint goes only into a
+    page that has nothing yet) and, while ``halt`` is set, stops halfway: part of the
+    page stored, the rest never (a restore cut short by a cancel or a SIGKILL)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.halt = False
+        self.halted = asyncio.Event()
+
+    async def restore_page(self, page: Page) -> bool:
+        if [h.id for h in await page.heads()] != [commit.FIRST.id]:
+            raise InvalidArgumentError("a checkpoint goes only into a page that has nothing yet")
+        if self.halt:
+            await page.put(b"half", b"h" * 100)
+            await page.flush()
+            self.halted.set()
+            await asyncio.Event().wait()
+        return await super().restore_page(page)
+
+
+async def test_a_restore_cut_short_is_done_again_from_the_start(tmp_path: Path) -> None:
+    """What a restore cut short stored is discarded on the page's next use, cancelled or
+    killed (the repository opened again): the restore starts from an empty page."""
+    bucket = _Halts()
+    async with await Repository.open(tmp_path, hooks=PageHooks(restorer=bucket)) as repo:
+        for name in ("p", "q"):
+            await synced_page(repo, bucket, name)
+            await repo.evict(b"l", name.encode())
+        bucket.halt = True
+        for pid in (b"p", b"q"):
+            bucket.halted.clear()
+            opening = asyncio.create_task(repo.open_page(b"l", pid))
+            await bucket.halted.wait()
+            opening.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await opening
+            assert repo.is_evicted(b"l", pid) and repo.page_path(b"l", pid).exists()
+        bucket.halt = False
+        page = await repo.ledger("l").page("p")  # cancelled: its next use restores it
+        assert await page.get(b"k") == b"p" * 100 and not await page.contains(b"half")
+    async with await Repository.open(tmp_path, hooks=PageHooks(restorer=bucket)) as repo:
+        page = await repo.ledger("l").page("q")  # as after a SIGKILL mid-restore
+        assert await page.get(b"k") == b"q" * 100 and not await page.contains(b"half")
 
 
 async def test_lru_under_a_disk_budget_and_by_age(tmp_path: Path) -> None:
