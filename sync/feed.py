@@ -268,6 +268,37 @@ class Feed:
         await repo.set_meta("sync/seq_time", str(t).encode())
         return seq, t
 
+    async def spent(self) -> tuple[int, int] | None:
+        """The sequence number this device last took (saved before its pack's PUT, see
+        :meth:`next_seq`) if its pack is not in the bucket: the process that took it
+        stopped during the PUT. Other devices wait for that number as a gap in this
+        device's log, so it has to go up (:mod:`sync.upload`); returned with a new feed
+        time for it, saved. None when the pack is listed or found at its feed time (one
+        LIST, only when this process has not listed it)."""
+        await self.fresh()
+        repo = self.ctx.repo
+        stored = min(int(await repo.get_meta("sync/seq") or b"0"), layout.NAMED_SEQ_CEILING)
+        t0 = min(int(await repo.get_meta("sync/seq_time") or b"0"), layout.NAMED_TIME_CEILING)
+        if stored <= self.own_seq:
+            return None
+        if stored == layout.NAMED_SEQ_CEILING or t0 == layout.NAMED_TIME_CEILING:
+            return None  # held to the ceilings: saved from a hostile name, never spent
+        if not t0:
+            return None  # saved by a layout-1 ledgerd (no feed time), after its PUT
+        async for name in self.ctx.store.list(layout.PACKS, layout.feed_after(t0)):
+            pn = PackName.parse(name)
+            if pn is None:
+                continue
+            if pn.time > t0:
+                break
+            if pn.device == self.ctx.device:  # its pack is older than the listing window
+                self.wrote(pn.seq, pn.time)
+        if stored <= self.own_seq:
+            return None
+        t = max(int(self.ctx.clock() * 1000), self.feed_max, t0 + 1, self.own_time + 1)
+        await repo.set_meta("sync/seq_time", str(t).encode())
+        return stored, t
+
     def wrote(self, seq: int, t: int) -> None:
         """This device's pack of sequence ``seq`` and feed time ``t`` is in the bucket."""
         self.own_seq, self.own_time = max(self.own_seq, seq), max(self.own_time, t)

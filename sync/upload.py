@@ -113,6 +113,8 @@ class Uploader:
         """The pack whose PUT failed (sequence, feed time, name, bytes, head_end): its
         sequence number is spent, so it goes up as it is before the next pack, or every
         other device would see a gap in this device's sequence for good."""
+        self._spent_checked = False
+        """Whether a number spent by an earlier process was looked for (see _put_pack)."""
 
     async def upload_all(self, only: tuple[bytes, bytes | None] | None = None) -> int:
         """Upload the pages with pending commits and the open ones (of ``only``, if
@@ -268,6 +270,8 @@ class Uploader:
             self._unsent = None
             self.feed.wrote(seq, t)
             log.info("uploaded pack %s, whose upload had failed", name)
+        if not self._spent_checked:
+            await self._fill_spent()
         while True:
             seq, t = await self.feed.next_seq()  # taken (and saved) before the PUT
             device = self.ctx.repo.device_id
@@ -288,6 +292,26 @@ class Uploader:
             self.feed.wrote(seq, t)
             log.debug("uploaded pack %s: %d pages, %d bytes", name, len(sections), len(data))
             return
+
+    async def _fill_spent(self) -> None:
+        """Once per process, before its first pack: a sequence number an earlier process
+        took and never saw go up (it stopped during the PUT, whose pack it held only in
+        memory) goes up in an empty pack. Its commits are still unsynced, so the next
+        pack carries them. Should the lost pack land after all, a reader takes whichever
+        of the two it lists first (it skips a number it has): neither leaves anything
+        out."""
+        spent = await self.feed.spent()
+        if spent is not None:
+            seq, t = spent
+            device = self.ctx.repo.device_id
+            seal = self.ctx.seal(PackName.make(t, self.ctx.device, seq, 0, 0).ident)
+            data, head_end, eager_end = await pack.encode_async(device, seq, t, [], seal=seal)
+            name = PackName.make(t, self.ctx.device, seq, head_end, eager_end).name
+            with contextlib.suppress(AlreadyExistsError):  # a retried PUT had landed
+                await self.ctx.store.put(name, data)
+            self.feed.wrote(seq, t)
+            log.info("sequence %d was spent by a pack that never went up: filled", seq)
+        self._spent_checked = True
 
     async def reseal(self) -> int:
         """This device's packs sealed with another key than the write key, up again

@@ -285,6 +285,43 @@ async def test_failed_uploads_leave_no_gap_in_the_devices_sequence(
         assert b.engine.health()["healthy"], b.engine.health()
 
 
+@pytest.mark.parametrize("landed", [False, True], ids=["lost", "landed"])
+async def test_a_device_killed_during_an_upload_leaves_no_gap_in_its_sequence(
+    tmp_path: Path, bucket: FolderStore, landed: bool
+) -> None:
+    # A pack's sequence number is saved before its PUT; a device killed during the
+    # PUT (here: a failed PUT, then a restart, which forgets the pack it held) went
+    # on at the next number, and every other device showed a gap in its log for
+    # good: never synced. The spent number now goes up in an empty pack, unless the
+    # pack that had it landed after all.
+    class Down(FaultyStore):
+        down = False
+
+        async def put(self, name: str, data: bytes) -> None:
+            if self.down and name.startswith("packs/"):
+                if landed:
+                    await super().put(name, data)  # the PUT landed; its answer did not
+                raise TransientCloudError("connection reset by 127.0.0.1:9")
+            await super().put(name, data)
+
+    down = Down(bucket, rate=0.0)
+    async with device(tmp_path / "b", bucket) as b:
+        async with device(tmp_path / "a", down) as a:
+            await _write(a, "p", b"k1")
+            await a.engine.sync()
+            down.down = True
+            await _write(a, "p", b"k2")
+            await a.engine.sync(timeout=5)  # the upload failed: its number is spent
+        down.down = False
+        async with device(tmp_path / "a", down) as a:  # the restart
+            await _write(a, "p", b"k3")
+            await a.engine.sync()
+        await b.engine.sync()
+        assert await _keys(b.repo) == {b"k%d" % i: b"v" for i in range(1, 4)}
+        assert b.engine.status()["gaps"] == [], b.engine.status()["gaps"]
+        assert b.engine.health()["synced"], b.engine.health()
+
+
 async def test_a_bucket_of_a_newer_layout_is_refused(tmp_path: Path, bucket: FolderStore) -> None:
     await bucket.put("ledgerd-bucket.99", b"{}")
     async with device(tmp_path / "a", bucket) as a:
