@@ -315,7 +315,9 @@ async def add_attachment(api: Api, request: web.Request, p: Params) -> web.Respo
     filename = _query(request, "filename")
     if not filename:
         raise ae.BadRequest("query parameter filename is required")
-    content_type = request.headers.get("Content-Type", "application/octet-stream")
+    content_type = request.headers.get("Content-Type", "")
+    if not content_type.strip():  # absent, or empty: no media type to keep
+        content_type = "application/octet-stream"
     docs = await _store(api, p, write=False)
     await docs.get(collection, doc_id)  # a missing document is refused before the upload
     doc, a = await docs.put_attachment(

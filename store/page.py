@@ -424,8 +424,18 @@ class Page(View):
         :class:`~store.stamps.StampedKey`, or a value as
         :class:`~store.stamps.StampedValue`, is completed with the write's one
         versionstamp; returns those completed keys and values, in order.
+
+        Deletes alone on a deleted page (which holds no key) change nothing: they are
+        not journaled, so that the page does not show in listings meanwhile.
         """
         self._check_open()
+        if self.deleted:
+            changes = list(changes)
+            keys = [k for k, v, *_ in changes if v is None and isinstance(k, bytes)]
+            if changes and len(keys) == len(changes):
+                for key in keys:
+                    check_key(key)
+                return []
         return await self.writer.write(changes, priority)
 
     async def set_versionstamped_key(

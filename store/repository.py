@@ -480,9 +480,10 @@ class Repository:
 
     def _known_deleted(self, key: tuple[bytes, bytes]) -> bool | None:
         """Whether the page is deleted, when known without page_usage: an open page
-        is asked, a page closed a moment ago remembered; None otherwise."""
+        is asked (a closing one too: page_usage is written once it has closed), a page
+        closed a moment ago remembered; None otherwise."""
         page = self._pages.get(key)
-        if page is not None and not page.closed:
+        if page is not None:
             return page.deleted
         return self._closed_deleted.get(key)
 

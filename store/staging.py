@@ -11,6 +11,9 @@ is removed when the base has the key, and a tombstone is kept when it does not,
 so that under last-one-wins a later delete of a key another device created
 concurrently wins like a later put would (a removal of nothing would leave no
 trace for the merge to weigh).
+In a page deleted since it was last cleared, a delete of a key it does not hold
+keeps no tombstone (it would list the deleted page again): there, as against the
+page's delete itself, a key another device created concurrently survives.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import functools
 from collections.abc import AsyncIterable, Iterable
 from pathlib import Path
 
-from ledgerd.store import btree, split
+from ledgerd.store import btree, deleted, split
 from ledgerd.store import digest as dg
 from ledgerd.store.btree import Entry, NodeStore, Priority
 from ledgerd.store.errors import InvalidArgumentError
@@ -104,12 +107,20 @@ async def with_tombstones(
     nodes: NodeStore, base_root: bytes, changes: Iterable[tuple[bytes, Entry | None]]
 ) -> list[tuple[bytes, Entry | None]]:
     """``changes`` to apply on ``base_root``, with each delete of a key the base does
-    not have (or has as a tombstone already) made a tombstone entry."""
+    not have (or has as a tombstone already) made a tombstone entry; except in a page
+    deleted since it was last cleared (the base holds :data:`store.deleted.MARK`): a
+    tombstone there would be a key next to the mark, and the page, empty to every
+    read, would be listed again (the delete of a key the page does not hold would
+    bring a deleted page back)."""
     out: list[tuple[bytes, Entry | None]] = []
+    marked: bool | None = None  # the base holds the mark: asked once, when it matters
     for key, e in changes:
         if e is None:
             old = await btree.lookup(nodes, base_root, key)
             if old is None or old.value == dg.TOMBSTONE:
-                e = btree.new_entry((key, dg.TOMBSTONE, Priority.EAGER))
+                if marked is None:
+                    marked = await btree.lookup(nodes, base_root, deleted.MARK) is not None
+                if not marked:
+                    e = btree.new_entry((key, dg.TOMBSTONE, Priority.EAGER))
         out.append((key, e))
     return out

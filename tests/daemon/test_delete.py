@@ -165,3 +165,34 @@ def test_a_delete_reaches_another_daemon(three: list[Daemon]) -> None:
     _sync(a)
     assert ctl(a, "pages", "notes") == b"inbox\nkept\n"
     assert [d["key"] for d in _ls(a)] == ["YWdhaW4="]
+
+
+async def test_deleting_an_absent_key_leaves_a_deleted_page_deleted(
+    http: aiohttp.ClientSession,
+) -> None:
+    """A deleted page reads as empty, so a delete of any of its keys (a DELETE, a batch
+    of deletes) removes nothing: the page stays out of the listings, as it does when
+    the keys written since the delete are deleted again."""
+    page = "/v1/ledgers/l/pages/p"
+    async with http.put(page + "/keys/k", data=b"v") as r:
+        assert r.status == 204
+    async with http.delete(page) as r:
+        assert r.status == 204
+    async with http.delete(page + "/keys/never-there") as r:
+        assert r.status == 204
+    async with http.post(page + "/batch", json={"ops": [{"op": "delete", "key": "aw=="}]}) as r:
+        assert r.status == 200
+    async with http.get("/v1/ledgers/l/pages") as r:
+        assert (r.status, (await r.json())["error"]["code"]) == (404, "ledger_not_found")
+    async with http.get("/v1/ledgers") as r:
+        assert (await r.json())["ledgers"] == []
+    async with http.put(page + "/keys/new", data=b"v") as r:  # a put still brings it back
+        assert r.status == 204
+    async with http.post(page + "/batch", json={"ops": [{"op": "delete", "key": "eA=="}]}) as r:
+        assert r.status == 200
+    async with http.delete(page + "/keys/new") as r:  # and its delete deletes it again
+        assert r.status == 204
+    async with http.get(page + "/heads") as r:  # once committed (heads flush the page)
+        assert r.status == 200
+    async with http.get("/v1/ledgers") as r:
+        assert (await r.json())["ledgers"] == []

@@ -864,3 +864,24 @@ async def test_a_malformed_document_body_is_corrupt_not_internal(
     ]:
         message = await fails(http, method, path, 500, "corrupt", body={"k": 2})
         assert doc_id in message
+
+
+async def test_an_attachment_sent_with_an_empty_content_type_is_octet_stream(
+    http: aiohttp.ClientSession, base: str
+) -> None:
+    """An empty (or blank) ``Content-Type`` names no type: it was stored as it came and
+    served back as ``Content-Type:`` with no media type, which no client can read."""
+    one = (
+        f"{base}/docs/c/"
+        + (await call(http, "POST", base + "/docs/c", 201, {"x": 1}))["_meta"]["_id"]
+    )
+    for sent in ("", " "):
+        async with http.post(
+            one + "/attachments?filename=f", data=b"abc", headers={"Content-Type": sent}
+        ) as r:
+            assert r.status == 201, await r.text()
+            att = (await r.json())["attachment"]
+        assert att["_contentType"] == "application/octet-stream"
+        async with http.get(f"{one}/attachments/{att['_id']}") as r:
+            assert r.headers["Content-Type"] == "application/octet-stream"
+            assert await r.read() == b"abc"

@@ -173,3 +173,33 @@ async def test_the_page_usage_database_of_version_1_is_migrated(tmp_path: Path) 
         assert await repo.ledger("l").pages() == [b"p"]
         await repo.delete_page("l", "p")
         assert await repo.ledger("l").pages() == []
+
+
+async def test_a_page_written_after_its_delete_stays_listed_while_it_closes(
+    tmp_path: Path,
+) -> None:
+    """While a page closes (it says closed at once, and is recorded as closed at the
+    end), listings fell back on page_usage, which still said deleted: a page written
+    since its delete, acknowledged keys and all, left the listings for that moment."""
+    async with await Repository.open(tmp_path) as repo:
+        await _fill(repo, "l", "p")
+        await repo.delete_page("l", "p")
+        page = await repo.ledger("l").page("p")
+        await page.put(b"new", b"1")
+        await page.flush()
+        entered, release = asyncio.Event(), asyncio.Event()
+
+        async def held() -> None:
+            entered.set()
+            await release.wait()
+
+        page.when_closing(held)
+        closing = asyncio.create_task(page.close())
+        await entered.wait()
+        try:
+            assert await repo.ledger("l").pages() == [b"p"]
+            assert await repo.ledgers() == [b"l"]
+        finally:
+            release.set()
+            await closing
+        assert await repo.ledger("l").pages() == [b"p"]
