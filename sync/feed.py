@@ -320,14 +320,15 @@ class Feed:
             if layout.device_ok(device) and device != device_here:
                 cover[device] = int(value)
         for device, dl in self.logs.items():
-            if device == device_here:
-                continue
-            cover[device] = max(cover.get(device, 0), dl.max_seq)
+            if device != device_here:
+                cover[device] = max(cover.get(device, 0), dl.max_seq)
+                for g in dl.gaps:
+                    cover[device] = min(cover[device], g.first - 1)
+            # This device's own packs too: a page restored from a checkpoint imports
+            # those above its cover like anyone's, and one held is not in the page.
             for h in dl.held.values():
                 if isinstance(h.ln, PackName) and (h.key is None or h.key == key):
                     cover[device] = min(cover[device], h.ln.seq - 1)
-            for g in dl.gaps:
-                cover[device] = min(cover[device], g.first - 1)
         return {d: s for d, s in cover.items() if s > 0}
 
 
