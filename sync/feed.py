@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 
 from ledgerd.store import Page
 from ledgerd.store import exchange as ex
@@ -162,12 +162,7 @@ class Feed:
                 continue
             found = 0
             for after, until in _stretches(old):
-                async for name in self.ctx.store.list(layout.PACKS, layout.feed_after(after)):
-                    pn = PackName.parse(name)
-                    if pn is None:
-                        continue
-                    if pn.time > until:
-                        break
+                async for pn in self._named_between(after, until):
                     if pn.device == dl.device and await self.saw(pn):
                         found += 1
             dl.probes = 0 if found else dl.probes + 1
@@ -285,12 +280,7 @@ class Feed:
             return None  # held to the ceilings: saved from a hostile name, never spent
         if not t0:
             return None  # saved by a layout-1 ledgerd (no feed time), after its PUT
-        async for name in self.ctx.store.list(layout.PACKS, layout.feed_after(t0)):
-            pn = PackName.parse(name)
-            if pn is None:
-                continue
-            if pn.time > t0:
-                break
+        async for pn in self._named_between(t0, t0):
             if pn.device == self.ctx.device:  # its pack is older than the listing window
                 self.wrote(pn.seq, pn.time)
         if stored <= self.own_seq:
@@ -298,6 +288,16 @@ class Feed:
         t = max(int(self.ctx.clock() * 1000), self.feed_max, t0 + 1, self.own_time + 1)
         await repo.set_meta("sync/seq_time", str(t).encode())
         return stored, t
+
+    async def _named_between(self, after: int, until: int) -> AsyncIterator[PackName]:
+        """The packs listed with feed times from ``after`` to ``until`` (one listing)."""
+        async for name in self.ctx.store.list(layout.PACKS, layout.feed_after(after)):
+            pn = PackName.parse(name)
+            if pn is None:
+                continue
+            if pn.time > until:
+                return
+            yield pn
 
     def wrote(self, seq: int, t: int) -> None:
         """This device's pack of sequence ``seq`` and feed time ``t`` is in the bucket."""
