@@ -30,7 +30,6 @@ import os
 import re
 import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
 from ledgerd.daemon import __version__, cli_doc
@@ -39,6 +38,7 @@ from ledgerd.daemon.cli_format import (
     arg_bytes,
     counted,
     entry_doc,
+    file_arg,
     human_bytes,
     name_doc,
     pack_tuple,
@@ -299,8 +299,8 @@ class Cli:
             raise UsageError("give either VALUE or --file, not both")
         value: Any
         stream: BinaryIO | None = None  # a --file that is not a regular file: a pipe
-        if self.a.file is not None and self.a.file != "-":  # (-: standard input)
-            value = Path(self.a.file)
+        if (path := file_arg(self.a.file)) is not None:
+            value = path
             if value.is_dir():
                 raise UsageError(f"--file {value}: is a directory")
             if not value.exists():
@@ -335,7 +335,7 @@ class Cli:
         ledger, page = self.lp
         key = self.key(self.a.key)
         at = self.at
-        target = Path(self.a.output) if self.a.output not in (None, "-") else None
+        target = file_arg(self.a.output)
         if target is not None:
             if target.is_dir():
                 raise UsageError(f"-o {target}: is a directory")
@@ -427,7 +427,8 @@ class Cli:
         try:
             # Standard input through a reader of its own: one left waiting at exit (Ctrl-C)
             # holds no lock that the interpreter takes as it ends.
-            source = self.a.file if self.a.file not in (None, "-") else os.dup(sys.stdin.fileno())
+            path = file_arg(self.a.file)
+            source = path if path is not None else os.dup(sys.stdin.fileno())
             src: BinaryIO = open(source, "rb")  # noqa: SIM115
         except OSError as e:
             raise UsageError(f"{self.a.file}: {e.strerror}") from None

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ledgerd.daemon.cli_format import positive_int
+from ledgerd.daemon.cli_format import file_arg, positive_int
 from ledgerd.daemon.cli_stdio import blocking, write_all
 from ledgerd.daemon.client_docs import AsyncDocuments, Doc
 
@@ -220,8 +220,7 @@ async def run(cli: Cli, usage: type[Exception]) -> int:
         )
         cli.line(f"{res['attachment']['_id']}\t{res['document']['_meta']['_rev']}")
     elif c == "attachment":
-        if a.output and a.output != "-":  # (-: standard output, as get -o - is)
-            target = Path(a.output)
+        if (target := file_arg(a.output)) is not None:
             if not target.parent.is_dir():
                 raise usage(f"-o {target}: directory {target.parent} does not exist")
             try:

@@ -22,6 +22,7 @@ import os
 import re
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from ledgerd.daemon.client import Item
@@ -37,6 +38,11 @@ class UsageError(Exception):
 
 
 # -- arguments in ---------------------------------------------------------------------
+
+
+def file_arg(value: str | None) -> Path | None:
+    """A FILE argument as a path; None for standard input or output (absent, or ``-``)."""
+    return None if value in (None, "-") else Path(value)
 
 
 def arg_bytes(text: str, hex_mode: bool, what: str) -> bytes:

@@ -146,8 +146,6 @@ class Session:
         self._pages: dict[str, tuple[bytes, bytes]] = {}
         """The page (ledger, page id) of each open transaction and watcher: see
         :meth:`_ended`."""
-        self._made: set[str] = set()
-        """Open transactions that made their page (and marked it unwritten)."""
         self.watchers: dict[str, tuple[Watcher, asyncio.Task[None]]] = {}
         self._send_lock = asyncio.Lock()
         self._ids = itertools.count(1)
@@ -316,14 +314,12 @@ class Session:
         committed no change, or watched) and its page holds nothing ever written (a
         begin or watch made it, in this session or another) and nobody else uses it,
         the page goes again, as a failed first write's does, so that it is not listed.
-        (Whoever ends last removes it: the one that made it may not be.) A transaction
-        that made its page and changed it drops the page's unwritten mark."""
+        (Whoever ends last removes it: the one that made it may not be.) One that
+        changed it drops its unwritten mark, if it has one (the page holds a commit)."""
         names = self._pages.pop(tid, None)
-        made = tid in self._made
-        self._made.discard(tid)
         if names is not None and not changed:
             await self.api.discard_unwritten(*names)
-        elif names is not None and made:
+        elif names is not None:
             await self.api.repo.written(*names)
 
     def _txn(self, req: dict[str, Any]) -> Transaction:
@@ -352,13 +348,11 @@ class Session:
         names = self._names(req)
         # A page this makes is marked unwritten until the transaction commits a change
         # (see _ended).
-        page, made = await self.api.new_page(*names)
+        page, _ = await self.api.new_page(*names)
         txn = await page.transaction().start()
         tid = f"t{next(self._ids)}"
         self.txns[tid] = txn
         self._pages[tid] = names
-        if made:
-            self._made.add(tid)
         return {"txn": tid, "base": txn.base.id.hex()}
 
     async def op_get(self, req: dict[str, Any]) -> dict[str, Any]:

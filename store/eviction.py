@@ -101,6 +101,13 @@ def delete_aside(aside: Path) -> None:
     _fsync_dir(aside.parent)
 
 
+def delete_page_dir(page_dir: Path) -> None:
+    """Set a page's directory aside, then delete it (blocking): steps 1 and 3 with no
+    record between, for storage that nothing needs (a restore that failed or was cut
+    short)."""
+    delete_aside(set_aside(page_dir))
+
+
 def kind_of_aside(aside: Path) -> int:
     """What a page set aside by an eviction cut short was (blocking): read from its
     database if it is still whole; else restoring from the bucket is the safe guess."""

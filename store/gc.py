@@ -197,7 +197,7 @@ async def held(page: Page) -> AsyncIterator[None]:
     page.gc_holds += 1
     try:
         async with page.graph.lock:
-            pass
+            pass  # only waited for: the batch under way has ended
         yield
     finally:
         page.gc_holds -= 1

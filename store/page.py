@@ -34,7 +34,7 @@ from pathlib import Path
 from ledgerd.store import deleted, merge
 from ledgerd.store.btree import NodeStore, Priority
 from ledgerd.store.cache import Cache
-from ledgerd.store.commit import Commit
+from ledgerd.store.commit import FIRST, Commit
 from ledgerd.store.db import Database, Synchronous
 from ledgerd.store.errors import (
     ClosedError,
@@ -414,6 +414,12 @@ class Page(View):
         """The page is deleted (its head is a deleted page's tree) and no write since
         is waiting to be committed: listings leave it out."""
         return deleted.is_deleted(self.graph.head.root) and not self.writer.uncommitted
+
+    @property
+    def never_written(self) -> bool:
+        """The page holds nothing but its first commit, and no merge policy was set on
+        it (a policy is remembered without a commit)."""
+        return [h.id for h in self.graph.heads] == [FIRST.id] and not self.merger.remembered
 
     async def write(
         self, changes: Iterable[Change], priority: Priority = Priority.EAGER

@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ledgerd.store import commit, eviction, gc, threads
+from ledgerd.store import eviction, gc, threads
 from ledgerd.store.cache import CACHE_BYTES, Cache
 from ledgerd.store.db import Database, Synchronous
 from ledgerd.store.errors import (
@@ -132,22 +132,19 @@ def _unwritten_marks(directory: Path) -> list[tuple[Path, bytes, bytes]]:
     anything else there is dropped."""
     out: list[tuple[Path, bytes, bytes]] = []
     if not directory.is_dir():
-        with contextlib.suppress(FileNotFoundError):
-            directory.unlink()  # something else in its place
+        _unmark(directory)  # something else in its place (or nothing)
         return out
-    with contextlib.suppress(FileNotFoundError):
-        for d in directory.iterdir():
-            ledger = decode_name(d.name)
-            for f in d.iterdir() if d.is_dir() else ():
-                page = decode_name(f.name)
-                if ledger and page and _mark_path(directory, ledger, page) == f:
-                    out.append((f, ledger, page))
-                else:
-                    _unmark(f)
-            if not d.is_dir():
-                d.unlink(missing_ok=True)
-            elif not ledger:
-                _unmark(d)
+    for d in list(directory.iterdir()):
+        ledger = decode_name(d.name)
+        if not ledger or not d.is_dir():
+            _unmark(d)
+            continue
+        for f in list(d.iterdir()):
+            page = decode_name(f.name)
+            if page and _mark_path(directory, ledger, page) == f:
+                out.append((f, ledger, page))
+            else:
+                _unmark(f)
     return out
 
 
@@ -345,25 +342,24 @@ class Repository:
             ledger, page_id = decode_name(ledger_dir.name), decode_name(name)
             log.info("finishing the removal of page directory %s", aside)
             if ledger is not None and page_id is not None:
-                async with self.usage.write() as conn:
-                    await conn.execute(
-                        "DELETE FROM page_usage WHERE ledger = ? AND page = ?", (ledger, page_id)
-                    )
+                await self._forget((ledger, page_id))
             await asyncio.to_thread(_remove_aside, aside)
+
+    async def _forget(self, key: tuple[bytes, bytes]) -> None:
+        """Drop the page's row of page_usage (its files are gone, or going)."""
+        async with self.usage.write() as conn:
+            await conn.execute("DELETE FROM page_usage WHERE ledger = ? AND page = ?", key)
 
     async def _remove_unwritten(self) -> None:
         """Remove the pages whose making write a crash cut short (see :data:`UNWRITTEN`):
         each would be listed, empty, though nothing was acknowledged. A marked page that
         holds more (the write's journal landed, or another write did) only loses its
         mark."""
-        for mark, ledger, page_id in await asyncio.to_thread(
-            _unwritten_marks, self.root / str(FORMAT_VERSION) / UNWRITTEN
-        ):
+        for mark, ledger, page_id in await asyncio.to_thread(_unwritten_marks, self.unwritten_dir):
             key = (ledger, page_id)
             if key not in self._evicted and not self.page_path(*key).exists():
                 # Killed before its database was made; an evicted page stays evicted.
-                async with self.usage.write() as conn:
-                    await conn.execute("DELETE FROM page_usage WHERE ledger = ? AND page = ?", key)
+                await self._forget(key)
                 await asyncio.to_thread(_remove_page_dir, self.page_path(*key).parent)
             elif key not in self._evicted:
                 try:
@@ -378,7 +374,7 @@ class Repository:
             await asyncio.to_thread(_unmark, mark)
 
     def _unwritten_mark(self, ledger: bytes, page_id: bytes) -> Path:
-        return _mark_path(self.root / str(FORMAT_VERSION) / UNWRITTEN, ledger, page_id)
+        return _mark_path(self.unwritten_dir, ledger, page_id)
 
     async def mark_unwritten(self, ledger: bytes, page_id: bytes) -> None:
         """Note that a write is about to make this page (call it before the page is
@@ -395,7 +391,11 @@ class Repository:
 
     async def written(self, ledger: bytes, page_id: bytes) -> None:
         """The write that made the page was acknowledged (or the page is gone): drop
-        the note :meth:`mark_unwritten` made."""
+        the note :meth:`mark_unwritten` made (nothing to do, and no file touched, for a
+        page it did not mark: the marks of earlier runs are gone once the repository
+        is open)."""
+        if (ledger, page_id) not in self._marked:
+            return
         self._marked.discard((ledger, page_id))
         try:
             await asyncio.to_thread(_unmark, self._unwritten_mark(ledger, page_id))
@@ -437,6 +437,11 @@ class Repository:
     @property
     def ledgers_dir(self) -> Path:
         return self.root / str(FORMAT_VERSION) / "ledgers"
+
+    @property
+    def unwritten_dir(self) -> Path:
+        """Where the unwritten marks are (see :data:`UNWRITTEN`)."""
+        return self.root / str(FORMAT_VERSION) / UNWRITTEN
 
     def ledger(self, name: bytes | str) -> Ledger:
         return Ledger(self, _name(name, "ledger name"))
@@ -661,8 +666,7 @@ class Repository:
             # A restore cut short (cancelled, or killed) left part of the page: the
             # restore starts again from nothing, as a checkpoint goes only there.
             log.info("discarding the restore of page %s cut short", named(page_id))
-            aside = await asyncio.to_thread(eviction.set_aside, path.parent)
-            await asyncio.to_thread(eviction.delete_aside, aside)
+            await asyncio.to_thread(eviction.delete_page_dir, path.parent)
         page = await self._open_page(ledger, page_id)
         try:
             if evicted == eviction.SYNCED_EVICTED:
@@ -696,8 +700,7 @@ class Repository:
             restored, why = False, f"{type(e).__name__}: {e}"
         if not restored:
             await asyncio.shield(page.close())
-            aside = await asyncio.to_thread(eviction.set_aside, page.db.path.parent)
-            await asyncio.to_thread(eviction.delete_aside, aside)
+            await asyncio.to_thread(eviction.delete_page_dir, page.db.path.parent)
             raise PageUnavailableError(
                 f"page {page.id!r} was evicted from this device and cannot be restored now: {why}"
             )
@@ -731,9 +734,7 @@ class Repository:
 
     async def _record_close(self, page: Page) -> None:
         key = (page.ledger, page.id)
-        if key in self._marked and (
-            [h.id for h in page.graph.heads] != [commit.FIRST.id] or page.merger.remembered
-        ):
+        if key in self._marked and not page.never_written:
             # Written by someone other than its maker (whose write drops the mark), a
             # marked page keeps its mark until it closes: marks do not pile up.
             await self.written(*key)
@@ -840,13 +841,12 @@ class Repository:
             page = self._pages.get(key)
             if page is None or page.closed or not page.idle or page.writer.uncommitted:
                 return False
-            if [h.id for h in page.graph.heads] != [commit.FIRST.id] or page.merger.remembered:
-                return False  # written to, or its merge policy set (no commit, but kept)
+            if not page.never_written:
+                return False
             await page.close()  # checked and closed with no await in between
             page_dir = self.page_path(ledger, page_id).parent
             await asyncio.to_thread(_remove_page_dir, page_dir)
-            async with self.usage.write() as conn:
-                await conn.execute("DELETE FROM page_usage WHERE ledger = ? AND page = ?", key)
+            await self._forget(key)
             self._closed_deleted.pop(key, None)
             await self.written(ledger, page_id)
             log.info("page %s removed: nothing was ever written to it", named(page_id))

@@ -253,15 +253,24 @@ class Feed:
         clocks say.
         """
         await self.fresh()
-        repo = self.ctx.repo
-        # Saved before listed names were held below the ceilings, these may be past them.
-        stored = int(await repo.get_meta("sync/seq") or b"0")
-        seq = max(min(stored, layout.NAMED_SEQ_CEILING), self.own_seq) + 1
-        last = min(int(await repo.get_meta("sync/seq_time") or b"0"), layout.NAMED_TIME_CEILING)
-        t = max(int(self.ctx.clock() * 1000), self.feed_max, last + 1, self.own_time + 1)
-        await repo.set_meta("sync/seq", str(seq).encode())
-        await repo.set_meta("sync/seq_time", str(t).encode())
+        stored, last = await self._saved()
+        seq = max(stored, self.own_seq) + 1
+        t = self._time_after(last)
+        await self.ctx.repo.set_meta("sync/seq", str(seq).encode())
+        await self.ctx.repo.set_meta("sync/seq_time", str(t).encode())
         return seq, t
+
+    async def _saved(self) -> tuple[int, int]:
+        """The sequence number and feed time :meth:`next_seq` saved last, held to the
+        ceilings (saved before listed names were, they may be past them)."""
+        repo = self.ctx.repo
+        stored = int(await repo.get_meta("sync/seq") or b"0")
+        t = int(await repo.get_meta("sync/seq_time") or b"0")
+        return min(stored, layout.NAMED_SEQ_CEILING), min(t, layout.NAMED_TIME_CEILING)
+
+    def _time_after(self, last: int) -> int:
+        """A feed time after ``last``, this device's last pack and the newest name listed."""
+        return max(int(self.ctx.clock() * 1000), self.feed_max, last + 1, self.own_time + 1)
 
     async def spent(self) -> tuple[int, int] | None:
         """The sequence number this device last took (saved before its pack's PUT, see
@@ -271,9 +280,7 @@ class Feed:
         time for it, saved. None when the pack is listed or found at its feed time (one
         LIST, only when this process has not listed it)."""
         await self.fresh()
-        repo = self.ctx.repo
-        stored = min(int(await repo.get_meta("sync/seq") or b"0"), layout.NAMED_SEQ_CEILING)
-        t0 = min(int(await repo.get_meta("sync/seq_time") or b"0"), layout.NAMED_TIME_CEILING)
+        stored, t0 = await self._saved()
         if stored <= self.own_seq:
             return None
         if stored == layout.NAMED_SEQ_CEILING or t0 == layout.NAMED_TIME_CEILING:
@@ -285,8 +292,8 @@ class Feed:
                 self.wrote(pn.seq, pn.time)
         if stored <= self.own_seq:
             return None
-        t = max(int(self.ctx.clock() * 1000), self.feed_max, t0 + 1, self.own_time + 1)
-        await repo.set_meta("sync/seq_time", str(t).encode())
+        t = self._time_after(t0)
+        await self.ctx.repo.set_meta("sync/seq_time", str(t).encode())
         return stored, t
 
     async def _named_between(self, after: int, until: int) -> AsyncIterator[PackName]:

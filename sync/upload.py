@@ -274,10 +274,7 @@ class Uploader:
             await self._fill_spent()
         while True:
             seq, t = await self.feed.next_seq()  # taken (and saved) before the PUT
-            device = self.ctx.repo.device_id
-            seal = self.ctx.seal(PackName.make(t, self.ctx.device, seq, 0, 0).ident)
-            data, head_end, eager_end = await pack.encode_async(device, seq, t, sections, seal=seal)
-            name = PackName.make(t, self.ctx.device, seq, head_end, eager_end).name
+            name, data, head_end = await self._encode(seq, t, sections)
             try:
                 await store.put(name, data)
             except AlreadyExistsError:
@@ -293,6 +290,16 @@ class Uploader:
             log.debug("uploaded pack %s: %d pages, %d bytes", name, len(sections), len(data))
             return
 
+    async def _encode(
+        self, seq: int, t: int, sections: list[pack.Section]
+    ) -> tuple[str, bytes, int]:
+        """A pack of this device with ``sections``: its name, bytes and head's end."""
+        seal = self.ctx.seal(PackName.make(t, self.ctx.device, seq, 0, 0).ident)
+        data, head_end, eager_end = await pack.encode_async(
+            self.ctx.repo.device_id, seq, t, sections, seal=seal
+        )
+        return PackName.make(t, self.ctx.device, seq, head_end, eager_end).name, data, head_end
+
     async def _fill_spent(self) -> None:
         """Once per process, before its first pack: a sequence number an earlier process
         took and never saw go up (it stopped during the PUT, whose pack it held only in
@@ -303,10 +310,7 @@ class Uploader:
         spent = await self.feed.spent()
         if spent is not None:
             seq, t = spent
-            device = self.ctx.repo.device_id
-            seal = self.ctx.seal(PackName.make(t, self.ctx.device, seq, 0, 0).ident)
-            data, head_end, eager_end = await pack.encode_async(device, seq, t, [], seal=seal)
-            name = PackName.make(t, self.ctx.device, seq, head_end, eager_end).name
+            name, data, _ = await self._encode(seq, t, [])
             with contextlib.suppress(AlreadyExistsError):  # a retried PUT had landed
                 await self.ctx.store.put(name, data)
             self.feed.wrote(seq, t)

@@ -10,12 +10,14 @@ import socket
 import threading
 import time
 import warnings
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from ledgerd.daemon.client import AsyncClient, Client
 from ledgerd.store.repository import encode_name
 from ledgerd.store.schema import FORMAT_VERSION
-from tests.daemon.conftest import start_daemon
+from tests.daemon.conftest import Daemon, start_daemon
 
 MiB = 1024 * 1024
 
@@ -109,6 +111,14 @@ def _batch_quietly(sock: Path, ops: list[tuple[bytes, bytes]]) -> None:
         c.batch("gone", "fresh", ops)
 
 
+def _restarted_after(short_tmp: Path, kill: Callable[[], Coroutine[Any, Any, None]]) -> Daemon:
+    """Run ``kill`` (a session's steps, ending in a SIGKILL of the daemon, which breaks
+    the session's connection), then start the daemon again."""
+    with contextlib.suppress(Exception):
+        asyncio.run(kill())
+    return start_daemon(short_tmp)
+
+
 def test_a_session_transaction_open_on_a_new_page_when_killed_leaves_no_page(
     short_tmp: Path,
 ) -> None:
@@ -125,9 +135,7 @@ def test_a_session_transaction_open_on_a_new_page_when_killed_leaves_no_page(
             assert (_page_dir(d.data, b"gone", b"fresh") / "page.sqlite").exists()
             d.stop(signal.SIGKILL)
 
-    with contextlib.suppress(Exception):  # the session's connection breaks
-        asyncio.run(begin_and_kill())
-    d = start_daemon(short_tmp)
+    d = _restarted_after(short_tmp, begin_and_kill)
     try:
         with Client(d.socket) as c:
             assert c.ledgers() == [b"kept"]
@@ -165,9 +173,7 @@ def test_a_page_made_by_a_watch_is_not_left_listed_after_a_kill(short_tmp: Path)
             assert sorted(await c.pages("l")) == [b"kept", b"watched"]
             d.stop(signal.SIGKILL)
 
-    with contextlib.suppress(Exception):  # the session's connection breaks
-        asyncio.run(watch_and_kill())
-    d = start_daemon(short_tmp)
+    d = _restarted_after(short_tmp, watch_and_kill)
     try:
         with Client(d.socket) as c:
             assert c.pages("l") == [b"kept"]

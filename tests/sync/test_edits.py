@@ -31,6 +31,17 @@ async def _round(*devices: Device) -> None:
             await d.engine.sync()
 
 
+async def _both_write(x: Device, y: Device, rng: random.Random, n: int) -> None:
+    """``x`` writes ``n`` keys and uploads them, ``y`` writes ``n``, both sync: they
+    then hold the same keys, and no problem is left."""
+    await _write(x.repo, rng, n)
+    await x.engine.sync()
+    await _write(y.repo, rng, n)
+    await _round(x, y)
+    assert await _keys(x.repo) == await _keys(y.repo)
+    _clean(x, y)
+
+
 def _clean(*devices: Device) -> None:
     for d in devices:
         assert not d.engine.problems(), d.engine.problems()
@@ -61,12 +72,7 @@ async def test_edited_packs_after_a_restore(
                 assert await b.repo.evict(b"l", b"p") > 0
             if evicts in ("writer", "both"):
                 assert await a.repo.evict(b"l", b"p") > 0
-            await _write(a.repo, rng, 40)
-            await a.engine.sync()
-            await _write(b.repo, rng, 40)
-            await _round(a, b)
-            assert await _keys(a.repo) == await _keys(b.repo)
-            _clean(a, b)
+            await _both_write(a, b, rng, 40)
 
 
 async def test_a_new_device_from_a_checkpoint_reads_later_edited_packs(
@@ -84,12 +90,7 @@ async def test_a_new_device_from_a_checkpoint_reads_later_edited_packs(
             await c.engine.sync()
             assert c.engine.checkpoints.covers
             for _ in range(3):
-                await _write(a.repo, rng, 20)
-                await a.engine.sync()
-                await _write(c.repo, rng, 20)
-                await _round(a, c)
-                assert await _keys(a.repo) == await _keys(c.repo)
-                _clean(a, c)
+                await _both_write(a, c, rng, 20)
                 assert await c.repo.evict(b"l", b"p") > 0
 
 
