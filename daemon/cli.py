@@ -441,7 +441,8 @@ class Cli:
         if self.a.json:
             self.emit({"imported": written})
         else:
-            print(f"imported {written} entries", file=sys.stderr)
+            noun = "entry" if written == 1 else "entries"
+            print(f"imported {written} {noun}", file=sys.stderr)
         return 0
 
     async def watch(self) -> int:
