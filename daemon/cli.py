@@ -254,13 +254,15 @@ class Cli:
                 else:
                     name = f"{self.show_name(ledger)}/{self.show_name(page)}"
                     size, count = ("?", "?") if evicted else (human_bytes(kb + vb), str(n))
+                    noun = "entry" if count == "1" else "entries"  # (padded: names line up)
                     self.line(
-                        f"{size:>12}  {count:>10} entries  {name}"
+                        f"{size:>12}  {count:>10} {noun:<7}  {name}"
                         f"  (on disk {human_bytes(files)}, {_disk_note(disk)})"
                     )
         if not self.a.json and sum(len(p) for _, p in scope) > 1:
             self.line(
-                f"{human_bytes(totals[1] + totals[2]):>12}  {totals[0]:>10} entries  total"
+                f"{human_bytes(totals[1] + totals[2]):>12}  {totals[0]:>10} "
+                f"{'entry' if totals[0] == 1 else 'entries':<7}  total"
                 f"  (on disk {human_bytes(totals[3])})"
             )
         return 0
@@ -441,7 +443,8 @@ class Cli:
         if self.a.json:
             self.emit({"imported": written})
         else:
-            print(f"imported {written} entries", file=sys.stderr)
+            noun = "entry" if written == 1 else "entries"
+            print(f"imported {written} {noun}", file=sys.stderr)
         return 0
 
     async def watch(self) -> int:

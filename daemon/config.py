@@ -198,7 +198,9 @@ def load(
             raise ConfigError(f"config: {cfg_path} is not valid TOML: {e}") from None
         for key, value in _flatten(doc, cfg_path).items():
             if key not in _TYPES:
-                raise ConfigError(f"{key}: unknown key in {cfg_path}")
+                near = difflib.get_close_matches(key, list(_TYPES), n=1)
+                hint = f" (did you mean {near[0]}?)" if near else ""
+                raise ConfigError(f"{key}: unknown key in {cfg_path}{hint}")
             values[key] = _coerce(key, value, str(cfg_path))
     for key in _TYPES:
         name = "LEDGERD_" + key.upper()

@@ -65,6 +65,7 @@ def _init(path: Path, passphrase: bool) -> None:
 
 async def _rotate(args: argparse.Namespace) -> int:
     from ledgerd.store import Repository, RepositoryLockedError
+    from ledgerd.store.errors import counted
     from ledgerd.sync.engine import SyncEngine
     from ledgerd.sync.url import open_store
 
@@ -86,7 +87,7 @@ async def _rotate(args: argparse.Namespace) -> int:
         await repo.close()
     write = engine.codec.write_kid.hex() if engine.codec else "?"
     print(
-        f"re-encrypted {n} packs with key {write}; compaction deletes the old ones",
+        f"re-encrypted {counted(n, 'pack')} with key {write}; compaction deletes the old ones",
         file=sys.stderr,
     )
     return 0

@@ -325,7 +325,9 @@ class Codec:
             master = self._masters.get(kid)
             if master is None:
                 raise TamperedError(
-                    f"a part is sealed with key {kid.hex()}, which this device does not have"
+                    f"a part is sealed with key {kid.hex()}, which this device does not have "
+                    "(another device's key file has it first: copy that file here and "
+                    "restart ledgerd)"
                 )
             aead = self._aeads[(kid, role)] = AESGCM(_hkdf(master, b"part " + role.encode()))
         return aead

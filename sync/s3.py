@@ -113,7 +113,13 @@ class S3Store(CloudStore):
         except CloudError:
             raise
         except Exception as e:
-            raise classify(e, what) from e
+            err = classify(e, what)
+            if isinstance(err, NoBucketError):  # name it, and say what to do
+                err = NoBucketError(
+                    f"the S3 bucket {self.bucket} does not exist (ledgerd creates no S3 "
+                    f"bucket: create it first, e.g. aws s3 mb s3://{self.bucket}): {err}"
+                )
+            raise err from e
 
     def _key(self, name: str) -> str:
         return self.prefix + check_name(name)

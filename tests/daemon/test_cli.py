@@ -410,6 +410,16 @@ def test_hex_mode(shared: Daemon, ledger: str) -> None:
 # -- export and import ---------------------------------------------------------------
 
 
+def test_import_counts_in_words(shared: Daemon, ledger: str) -> None:
+    """``imported 1 entry``, not ``imported 1 entries``."""
+    line = b'{"key":"aw==","priority":"eager","value":"dg=="}\n'
+    p = shared.ledgerctl("import", ledger, "one", input=line)
+    assert (p.returncode, p.stdout, p.stderr) == (0, b"", b"imported 1 entry\n"), p
+    p = shared.ledgerctl("import", ledger, "two", input=line + line.replace(b"aw", b"bA"))
+    assert (p.returncode, p.stdout, p.stderr) == (0, b"", b"imported 2 entries\n"), p
+    assert shared.ledgerctl("get", ledger, "one", "k").stdout == b"v"
+
+
 def test_export_import_round_trip(shared: Daemon, ledger: str, tmp_path: Path) -> None:
     rng = random.Random(3)
     seed(

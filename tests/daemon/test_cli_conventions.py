@@ -325,7 +325,11 @@ def test_names_print_as_text_or_hex(shared: Daemon, ledger: str) -> None:
         "hex:fffe",
     ]
     assert pages_hex.decode().splitlines() == ["6865783a31", "7461620968657265", "c3a9", "fffe"]
-    assert du.decode().splitlines()[-1].split()[:5] == ["8", "bytes", "4", "entries", "total"]
+    lines = du.decode().splitlines()
+    assert lines[-1].split()[:5] == ["8", "bytes", "4", "entries", "total"]
+    # A page's one entry is "1 entry", and the names still start in one column.
+    assert [line.split()[:4] for line in lines[:-1]] == [["2", "bytes", "1", "entry"]] * 4
+    assert len({line.index(ledger) for line in lines[:-1]} | {lines[-1].index("total")}) == 1
     # What was printed, given back with --hex, is the page.
     assert ctl(shared, "--hex", "get", ledger.encode().hex(), "fffe", "6b") == b"v"
 

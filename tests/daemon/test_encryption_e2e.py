@@ -128,3 +128,33 @@ def test_encrypted_daemons_sync_and_a_wrong_key_gets_one_clear_error(
             assert x.stop() == 0, x.log_text()
     for name, data in _objects(s3_endpoint, bucket).items():
         assert b"SECRET" not in data and "SECRET" not in name, name
+
+
+def test_key_rotate_counts_its_packs_in_words(short_tmp: Path) -> None:
+    """``ledgerd key rotate`` after ``key add``, daemon stopped: ``re-encrypted 1 pack``
+    (not ``1 packs``), then ``0 packs`` once done."""
+    key, cloud = short_tmp / "key", f"file://{short_tmp / 'bucket'}"
+    assert _ledgerd("key", "init", str(key)).returncode == 0
+    env = {"LEDGERD_ENCRYPTION_KEY_FILE": str(key)}
+    d = start_daemon(short_tmp / "a", "--cloud", cloud, env=env)
+    try:
+        d.ledgerctl("put", "notes", "inbox", "k", "v", check=True)
+        d.ledgerctl("sync", check=True)
+    finally:
+        assert d.stop() == 0, d.log_text()
+    assert _ledgerd("key", "add", str(key)).returncode == 0
+
+    def rotate() -> bytes:
+        out = subprocess.run(
+            [sys.executable, "-m", "ledgerd.daemon", "key", "rotate"]
+            + ["--data-dir", str(short_tmp / "a" / "data"), "--cloud", cloud],
+            capture_output=True,
+            cwd=ROOT,
+            env={**os.environ, **env},
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stderr.split(b" with key ")[0]
+
+    assert rotate() == b"re-encrypted 1 pack"
+    assert rotate() == b"re-encrypted 0 packs"

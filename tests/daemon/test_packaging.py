@@ -137,6 +137,20 @@ def test_check_config_refuses_invalid_configuration(tmp_path: Path) -> None:
     proc = check_config(tmp_path, "--config", str(tmp_path / "missing.toml"))
     assert proc.returncode == 2 and proc.stdout == ""
     assert "missing.toml" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    # A misspelt key in the file names the nearest setting, as a misspelt variable does.
+    (tmp_path / "typo.toml").write_text("sync_intervl = 3\n")
+    proc = check_config(tmp_path, "--config", str(tmp_path / "typo.toml"))
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr.endswith(
+        "sync_intervl: unknown key in "
+        + str(tmp_path / "typo.toml")
+        + " (did you mean sync_interval?)\n"
+    ), proc.stderr
+    (tmp_path / "far.toml").write_text("xyzzy = 3\n")
+    proc = check_config(tmp_path, "--config", str(tmp_path / "far.toml"))
+    assert proc.returncode == 2 and proc.stderr.endswith(
+        "unknown key in " + str(tmp_path / "far.toml") + "\n"
+    )
 
 
 def test_a_misspelt_variable_is_named_not_ignored_silently(tmp_path: Path) -> None:

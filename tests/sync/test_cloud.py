@@ -60,6 +60,9 @@ async def test_s3_errors_are_classified(aws_env: None) -> None:
         with pytest.raises(NoBucketError, match="NoSuchBucket") as e:
             await missing.put("x", b"y")
         assert e.value.code == "bucket_not_found"
+        # The message names the bucket (S3's own names only the key) and says what to do.
+        assert "the S3 bucket no-such-bucket does not exist" in str(e.value)
+        assert "create it first" in str(e.value)
         await missing.close()
     # Nothing listens on this port: a connection error is transient.
     with socket.socket() as s:

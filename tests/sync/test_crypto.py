@@ -318,7 +318,12 @@ async def test_rotation_reencrypts_this_devices_packs_with_the_new_key(
     # And the old key alone no longer opens the bucket's new objects.
     async with device(tmp_path / "d", bucket, keys=ring(old)) as d:
         await d.engine.sync()
-        assert all(h.state == progress.REFUSED for h in d.engine._held())
+        held = list(d.engine._held())
+        assert held and all(h.state == progress.REFUSED for h in held)
+        # The reason names the missing key and says what to do about it.
+        for h in held:
+            assert "which this device does not have" in h.reason, h.reason
+            assert "copy that file here and restart ledgerd" in h.reason, h.reason
         assert await d.repo.ledgers() == []
 
 
