@@ -11,12 +11,14 @@ responses and request bodies are :mod:`daemon.api`'s, the error codes
 Names in the path (collection, document id, attachment id, index name) are
 percent-encoded UTF-8. A document's body is its ``_data``; the expected revision
 of a write is ``If-Match: "REV"`` or ``?rev=REV``, a client-supplied new one
-``?new_rev=REV``. Continuation tokens are base64, commit ids hex.
+``?new_rev=REV``. Continuation tokens are opaque URL-safe base64 (bound to the
+listing they continue: :mod:`store.doctoken`), commit ids hex.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -28,13 +30,14 @@ from urllib.parse import parse_qsl, quote, unquote_to_bytes
 from aiohttp import web
 
 from ledgerd.daemon import errors as ae
-from ledgerd.daemon.codec import b64, from_hex, parse_json, token_param
+from ledgerd.daemon.codec import from_hex, parse_json, token_param
 from ledgerd.daemon.config import MIN_HEARTBEAT
 from ledgerd.daemon.protocol import connection_lost
 from ledgerd.store import (
     Changes,
     CommitNotFoundError,
     Document,
+    DocumentRange,
     DocumentStore,
     RangeResult,
     StoreError,
@@ -143,9 +146,39 @@ def _json_param(request: web.Request, name: str) -> Any:
     return None if v is None else parse_json(v, what)
 
 
+def _bound(request: web.Request, name: str) -> Any:
+    """``start`` or ``end`` of a query's sort range (JSON), None when left out. ``null``
+    and an empty value are 400: null is a sort value (the lowest), so ``end=null``
+    read as "no bound" would answer documents the range excludes, and read as a value
+    would answer none; an open range leaves the parameter out."""
+    v = _params(request).get(name)
+    if v is None:
+        return None
+    if v.strip() == "":
+        raise ae.BadRequest(f"query parameter {name} is empty: leave it out for an open range")
+    value = _json_param(request, name)
+    if value is None:
+        raise ae.BadRequest(
+            f"query parameter {name} is null: leave it out for an open range"
+            " (null is the lowest sort value, not a bound)"
+        )
+    return value
+
+
 def _token(request: web.Request) -> bytes | None:
+    """``?token=``: the ``next`` of the page before, URL-safe base64 without padding
+    (a token in standard base64, as ledgerd sent them before, is read too)."""
     t = _params(request).get("token")
-    return token_param(t) if t else None
+    if not t:
+        return None
+    t = t.replace("-", "+").replace("_", "/")
+    return token_param(t + "=" * (-len(t) % 4))
+
+
+def _token_text(token: bytes) -> str:
+    """A continuation token as ``next`` carries it: URL-safe base64 without padding, so
+    that it goes into a query string as it is."""
+    return base64.urlsafe_b64encode(token).decode().rstrip("=")
 
 
 def _expected_rev(request: web.Request) -> str | None:
@@ -230,8 +263,10 @@ async def _documents_page(
             used += len(t)
         if len(texts) == len(found):
             lead = f'"commit":"{res.commit.hex()}",' if isinstance(res, Changes) else ""
-            nxt = None if res.token is None else b64(res.token)
-            body = f'{{{lead}"documents":[{",".join(texts)}],"next":{_dumps(nxt)}}}'
+            nxt = None if res.token is None else _token_text(res.token)
+            damaged = res.damaged if isinstance(res, Changes | DocumentRange) else []
+            bad = f'"damaged":{_dumps([d.to_json() for d in damaged])},' if damaged else ""
+            body = f'{{{lead}"documents":[{",".join(texts)}],{bad}"next":{_dumps(nxt)}}}'
             return web.Response(text=body, content_type=JSON_TYPE)
         limit = len(texts)
 
@@ -473,7 +508,7 @@ async def find(api: Api, request: web.Request, p: Params) -> web.Response:
     eq = _json_param(request, "eq")
     if "eq" not in _params(request):
         raise ae.BadRequest("query parameter eq (the partition value, as JSON) is required")
-    start, end = _json_param(request, "start"), _json_param(request, "end")
+    start, end = _bound(request, "start"), _bound(request, "end")
     limit = _int(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
     token = _token(request)
     deleted = _flag(request, "deleted")
@@ -497,8 +532,13 @@ async def find(api: Api, request: web.Request, p: Params) -> web.Response:
 # -- the changes feed --------------------------------------------------------------
 
 
-def _changes_line(commit: bytes, documents: list[Document]) -> bytes:
-    line = {"commit": commit.hex(), "documents": [d.to_json() for d in documents]}
+def _changes_line(batch: Changes) -> bytes:
+    line: dict[str, Any] = {
+        "commit": batch.commit.hex(),
+        "documents": [d.to_json() for d in batch.documents],
+    }
+    if batch.damaged:
+        line["damaged"] = [d.to_json() for d in batch.damaged]
     return _dumps(line).encode() + b"\n"
 
 
@@ -516,8 +556,8 @@ async def changes(api: Api, request: web.Request, p: Params) -> web.StreamRespon
         since = from_hex(since_text) if since_text else None
     except ValueError:
         raise ae.BadRequest("since must be a commit id in hex") from None
-    collection = _query(request, "collection") or None
-    if collection is not None:
+    collection = _query(request, "collection")
+    if collection is not None:  # (an empty one is no collection's name: invalid_name)
         DocumentStore.check(collection)
     follow = _flag(request, "follow")
     heartbeat = _seconds(request, "heartbeat", HEARTBEAT, MIN_HEARTBEAT)
@@ -578,7 +618,7 @@ async def _follow(
             except StopAsyncIteration:  # the page closed
                 break
             nxt = None
-            await api.send(request, resp, _changes_line(batch.commit, batch.documents))
+            await api.send(request, resp, _changes_line(batch))
         await resp.write_eof()
     except ConnectionError:
         log.debug("the client of %s %s left", request.method, request.path)
