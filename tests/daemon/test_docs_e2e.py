@@ -987,3 +987,26 @@ async def test_null_and_empty_query_values_are_refused_or_mean_absent(
     assert len((await call(http, "GET", f"{docs}?limit=&token=", 200))["documents"]) == 3
     await call(http, "GET", base + "/docs/_changes?since=", 200)
     await fails(http, "GET", base + "/docs/_changes?collection=", 400, "invalid_name")
+
+
+def test_clients_and_ledgerctl_doc_ls_name_a_damaged_document(shared: Daemon) -> None:
+    """The Python clients yielded a listing's documents and dropped its ``damaged``
+    ones unseen; ``on_damaged`` is called with each (a warning is logged without it),
+    and ``ledgerctl doc ls`` lists the rest, names it on stderr and exits 4."""
+    from ledgerd.daemon.client import Client
+    from ledgerd.store import doclayout
+    from ledgerd.store.docmodel import parse_ulid
+
+    with Client(shared.socket) as c:
+        docs = c.documents("cli_damaged", "p")
+        ids = [docs.create("c", {"n": i})["_meta"]["_id"] for i in range(3)]
+        c.put("cli_damaged", "p", doclayout.body_key("c", parse_ulid(ids[1])), b"not a record")
+        c.heads("cli_damaged", "p")  # (commits the journal: listings read commits)
+        damaged: list[dict[str, Any]] = []
+        listed = [d["_meta"]["_id"] for d in docs.list_documents("c", on_damaged=damaged.append)]
+        assert listed == [ids[0], ids[2]] and [d["_id"] for d in damaged] == [ids[1]]
+    p = shared.ledgerctl("doc", "ls", "cli_damaged", "p", "c")
+    assert p.returncode == 4, p
+    assert [line.split("\t")[0] for line in p.stdout.decode().splitlines()] == [ids[0], ids[2]]
+    err = p.stderr.decode()
+    assert err.startswith("ledgerctl: ") and ids[1] in err and "Traceback" not in err, err
