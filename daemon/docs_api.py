@@ -381,7 +381,8 @@ async def get_attachment(api: Api, request: web.Request, p: Params) -> web.Strea
     collection, doc_id, _, att_id = _segments(request)
     DocumentStore.check(collection, doc_id=doc_id)
     docs = await _store(api, p, write=False)
-    a = await docs.attachment(collection, doc_id, att_id)
+    deleted = _flag(request, "deleted")  # a soft-deleted document keeps its attachments
+    a = await docs.attachment(collection, doc_id, att_id, include_deleted=deleted)
     size = a.length
     offset, length, status = 0, size, 200
     if (part := requested_range(request.headers, size, None, Query.of(request))) is not None:
@@ -396,7 +397,10 @@ async def get_attachment(api: Api, request: web.Request, p: Params) -> web.Strea
     if request.method == "HEAD":
         await resp.prepare(request)
         return resp
-    chunks = aiter(await docs.read_attachment(collection, doc_id, a.id, offset, length))
+    stream = await docs.read_attachment(
+        collection, doc_id, a.id, offset, length, include_deleted=deleted
+    )
+    chunks = aiter(stream)
     first = await anext(chunks, b"")  # a fetch or check that fails is still a clean error
     await resp.prepare(request)
     try:
@@ -560,6 +564,8 @@ async def changes(api: Api, request: web.Request, p: Params) -> web.StreamRespon
     if collection is not None:  # (an empty one is no collection's name: invalid_name)
         DocumentStore.check(collection)
     follow = _flag(request, "follow")
+    if follow and _query(request, "token"):
+        raise ae.BadRequest("a followed changes feed takes since, not a page's token")
     heartbeat = _seconds(request, "heartbeat", HEARTBEAT, MIN_HEARTBEAT)
     docs = await _store(api, p, write=False)
     if since is not None:

@@ -1010,3 +1010,37 @@ def test_clients_and_ledgerctl_doc_ls_name_a_damaged_document(shared: Daemon) ->
     assert [line.split("\t")[0] for line in p.stdout.decode().splitlines()] == [ids[0], ids[2]]
     err = p.stderr.decode()
     assert err.startswith("ledgerctl: ") and ids[1] in err and "Traceback" not in err, err
+
+
+async def test_attachments_of_a_deleted_document_are_read_with_deleted(
+    http: aiohttp.ClientSession, base: str
+) -> None:
+    """A soft-deleted document keeps its attachments (the store reads them with
+    ``include_deleted``), but ``GET``/``HEAD …/attachments/A`` had no way to ask:
+    ``?deleted=1`` was ignored and the answer was 404 ``document_not_found``."""
+    docs = base + "/docs/c"
+    doc_id = (await call(http, "POST", docs, 201, {"k": 1}))["_meta"]["_id"]
+    added = await call(http, "POST", f"{docs}/{doc_id}/attachments?filename=a", 201, data=b"abc")
+    att = f"{docs}/{doc_id}/attachments/{added['attachment']['_id']}"
+    await call(http, "DELETE", f"{docs}/{doc_id}", 200)
+    await fails(http, "GET", att, 404, "document_not_found")
+    async with http.get(att + "?deleted=1", headers={"Range": "bytes=1-"}) as r:
+        assert (r.status, await r.read()) == (206, b"bc")
+    async with http.head(att + "?deleted=1") as r:
+        assert (r.status, r.content_length) == (200, 3)
+
+
+async def test_a_followed_changes_feed_refuses_a_page_token(
+    http: aiohttp.ClientSession, base: str
+) -> None:
+    """``?follow=1&token=…`` followed from ``since`` with the token silently ignored, so
+    a client resuming a paged read in follow mode got the change again from its start
+    without being told; it is 400 now (a followed feed resumes from ``since``)."""
+    docs = base + "/docs"
+    for _ in range(3):
+        await call(http, "POST", docs + "/c", 201, {})
+    token = (await call(http, "GET", docs + "/_changes?limit=1", 200))["next"]
+    message = await fails(
+        http, "GET", f"{docs}/_changes?follow=1&token={token}", 400, "bad_request"
+    )
+    assert "since" in message
