@@ -470,6 +470,27 @@ class DocumentStore:
             )
         return r
 
+    async def _damaged_current(
+        self, txn: Transaction, collection: str, raw: bytes, expected_rev: str | None
+    ) -> Record | None:
+        """What :meth:`purge` knows of a document whose body cannot be read: the
+        revision and state its head carries, its attachments' keys (creation time: its
+        id's); None if its head carries no revision, or a purged one."""
+        head = doclayout.head_of(await txn.get_entry(doclayout.head_key(collection, raw)))
+        if head is None or head[1] is State.PURGED:
+            return None
+        rev, state = head
+        if expected_rev is not None and parse_ulid(expected_rev, "revision") != rev:
+            raise DocumentConflictError(
+                f"document {ulid_text(raw)} is at revision {ulid_text(rev)}, not {expected_rev}"
+            )
+        atts = []
+        async for e in txn.iter_entries(prefix=doclayout.doc_prefix(collection, raw)):
+            k = doclayout.parse_doc_key(e.key)
+            if k is not None and k.part == doclayout.ATTACHMENT and k.attachment is not None:
+                atts.append(AttachmentMeta(k.attachment, "", "", 0))
+        return Record(rev, state, ulid_ms(raw), None, None, None, None, tuple(atts))
+
     async def replace(
         self,
         collection: str,
@@ -527,11 +548,19 @@ class DocumentStore:
         new_rev: str | None = None,
     ) -> Document:
         """Remove the data and attachments from the head, keep a ``_purged`` tombstone
-        (a revision like any other, so the purge wins over older revisions elsewhere)."""
+        (a revision like any other, so the purge wins over older revisions elsewhere).
+        A document whose body cannot be read (:class:`Damaged`) is purged too, after
+        the revision its head carries: the documents API's way to be rid of it."""
         check_collection(collection)
         raw = parse_ulid(doc_id)
         async with self._write, self.page.transaction() as txn:
-            cur = await self._current(txn, collection, raw, expected_rev, purge=True)
+            try:
+                cur = await self._current(txn, collection, raw, expected_rev, purge=True)
+            except MalformedRecordError:
+                found = await self._damaged_current(txn, collection, raw, expected_rev)
+                if found is None:
+                    raise
+                cur = found
             rev = self._next_rev(new_rev, cur)
             ms = ulid_ms(rev)
             for a in cur.attachments:

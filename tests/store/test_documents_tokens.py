@@ -11,6 +11,7 @@ import pytest
 
 from ledgerd.store import (
     CorruptObjectError,
+    DocumentConflictError,
     DocumentStore,
     InvalidArgumentError,
     Page,
@@ -178,3 +179,30 @@ async def test_a_damaged_body_is_reported_and_the_listing_goes_on(page: Page) ->
     # other documents go on being written and listed
     after = await docs.create("c", {"n": 9})
     assert after.id in [d.id for d in (await docs.list_documents("c")).items]
+
+
+async def test_a_damaged_document_can_be_purged(page: Page) -> None:
+    """Every call on a document whose body cannot be read was MalformedRecordError,
+    purge included: the documents API had no way to be rid of it (only the key API).
+    Purge now writes its tombstone after the revision the head carries (and checks an
+    expected revision against it), removing its attachments."""
+    docs = await DocumentStore.open(page)
+    doc = await docs.create("c", {"n": 1})
+    doc, att = await docs.put_attachment("c", doc.id, b"abc", filename="a")
+    await _damage(page, "c", doc.id)
+    with pytest.raises(MalformedRecordError):
+        await docs.replace("c", doc.id, {"n": 2})
+    with pytest.raises(DocumentConflictError):
+        await docs.purge("c", doc.id, expected_rev=made_rev(doc.rev))
+    gone = await docs.purge("c", doc.id, expected_rev=doc.rev)
+    assert gone.rev > doc.rev and gone.data is None and gone.attachments == ()
+    assert (await docs.get("c", doc.id, include_deleted=True)).rev == gone.rev
+    raw = parse_ulid(doc.id)
+    assert await page.get_entry(doclayout.attachment_key("c", raw, parse_ulid(att.id))) is None
+    listed = await docs.list_documents("c", include_deleted=True)
+    assert [d.id for d in listed.items] == [doc.id] and listed.damaged == []
+
+
+def made_rev(rev: str) -> str:
+    """Another revision than ``rev`` (its last character changed)."""
+    return rev[:-1] + ("0" if rev[-1] != "0" else "1")
