@@ -904,6 +904,10 @@ async def test_a_damaged_body_is_reported_and_listings_go_on(
         line = json.loads(await r.content.readline())
     assert line["documents"] == [] and [d["_id"] for d in line["damaged"]] == [ids[1]]
     await fails(http, "GET", f"{docs}/{ids[1]}", 500, "corrupt")
+    purged = await call(http, "POST", f"{docs}/{ids[1]}/purge", 200)
+    assert purged["_meta"]["_purged"] is True
+    page = await call(http, "GET", docs, 200)
+    assert "damaged" not in page and len(page["documents"]) == 2
 
 
 async def test_an_attachment_sent_with_an_empty_content_type_is_octet_stream(
