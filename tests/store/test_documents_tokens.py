@@ -206,3 +206,33 @@ async def test_a_damaged_document_can_be_purged(page: Page) -> None:
 def made_rev(rev: str) -> str:
     """Another revision than ``rev`` (its last character changed)."""
     return rev[:-1] + ("0" if rev[-1] != "0" else "1")
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        [1, b"\x01" * 16, 0, "1", None, None, None, {}, []],  # a time that is text
+        [1, b"\x01" * 16, 0, 1, 2**62, None, None, {}, []],  # past the year 9999
+        [1, b"\x01" * 16, 0, -1, None, None, None, {}, []],
+        [1, b"\x01" * 3, 0, 1, None, None, None, {}, []],  # a revision not 16 bytes
+        [1, b"\x01" * 16, 0, 1, None, None, None, {}, [[b"x", "a", "b", 1]]],
+        [1, b"\x01" * 16, 0, 1, None, None, None, {}, [[b"\x01" * 16, 1, "b", 1]]],
+        [1, b"\x01" * 16, 0, 1, None, None, None, {}, [[b"\x01" * 16, "a", "b", -1]]],
+    ],
+)
+async def test_a_body_of_the_wrong_kinds_is_damaged_not_a_crash(
+    page: Page, record: list[object]
+) -> None:
+    """A body that is msgpack of nine fields decoded whatever their kinds: a time given
+    as text made every listing and get raise TypeError (500 ``internal``, a bug) when
+    the document was shown, a time past the year 9999 ValueError, a 3-byte revision
+    showed as a garbled ``_rev``, an attachment's id of one byte as a ULID of zeros."""
+    docs = await DocumentStore.open(page)
+    doc = await docs.create("c", {"n": 1})
+    key = doclayout.body_key("c", parse_ulid(doc.id))
+    await page.write([(key, msgpack.packb(record, use_bin_type=True))])
+    await page.flush()
+    res = await docs.list_documents("c")
+    assert res.items == [] and [d.id for d in res.damaged] == [doc.id]
+    with pytest.raises(MalformedRecordError):
+        await docs.get("c", doc.id)
