@@ -36,6 +36,7 @@ from ledgerd.daemon.protocol import connection_lost
 from ledgerd.store import (
     Changes,
     CommitNotFoundError,
+    Damaged,
     Document,
     DocumentRange,
     DocumentStore,
@@ -236,11 +237,32 @@ async def _open_store(api: Api, page: Page) -> DocumentStore:
 
 
 def _doc_response(doc: Document, status: int = 200) -> web.Response:
-    return web.json_response(doc.to_json(), status=status, headers={"ETag": f'"{doc.rev}"'})
+    text = _document_text(doc)
+    if text is None:
+        raise ae.Corrupt(_not_json(doc).message)
+    return web.Response(
+        text=text, status=status, content_type=JSON_TYPE, headers={"ETag": f'"{doc.rev}"'}
+    )
 
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _document_text(doc: Document) -> str | None:
+    """The document's JSON text; None if its data has no JSON form (bytes, NaN, a key
+    that is not text: a record written through the key API, or come from a peer,
+    that decodes but holds what no write of the document layer stores)."""
+    try:
+        return json.dumps(doc.to_json(), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
+def _not_json(doc: Document) -> Damaged:
+    message = f"document {doc.id} in {doc.collection!r} is damaged: its data is not JSON"
+    log.warning("%s", message)
+    return Damaged(doc.collection, doc.id, message)
 
 
 async def _documents_page(
@@ -254,21 +276,25 @@ async def _documents_page(
         res = await fetch(limit)
         found = res.documents if isinstance(res, Changes) else res.items
         texts: list[str] = []
-        used = 0
+        damaged = list(res.damaged) if isinstance(res, Changes | DocumentRange) else []
+        used = taken = 0
         for d in found:
-            t = _dumps(d.to_json())
-            if texts and used + len(t) > budget:
+            t = _document_text(d)
+            if t is None:
+                damaged.append(_not_json(d))
+            elif texts and used + len(t) > budget:
                 break
-            texts.append(t)
-            used += len(t)
-        if len(texts) == len(found):
+            else:
+                texts.append(t)
+                used += len(t)
+            taken += 1
+        if taken == len(found):
             lead = f'"commit":"{res.commit.hex()}",' if isinstance(res, Changes) else ""
             nxt = None if res.token is None else _token_text(res.token)
-            damaged = res.damaged if isinstance(res, Changes | DocumentRange) else []
             bad = f'"damaged":{_dumps([d.to_json() for d in damaged])},' if damaged else ""
             body = f'{{{lead}"documents":[{",".join(texts)}],{bad}"next":{_dumps(nxt)}}}'
             return web.Response(text=body, content_type=JSON_TYPE)
-        limit = len(texts)
+        limit = taken
 
 
 # -- documents ---------------------------------------------------------------------
@@ -364,9 +390,13 @@ async def add_attachment(api: Api, request: web.Request, p: Params) -> web.Respo
         attachment_id=att[0] if att else None,
         expected_rev=_expected_rev(request),
     )
-    return web.json_response(
-        {"document": doc.to_json(), "attachment": a.to_json()},
+    text = _document_text(doc)
+    if text is None:
+        raise ae.Corrupt(_not_json(doc).message)
+    return web.Response(
+        text=f'{{"document":{text},"attachment":{_dumps(a.to_json())}}}',
         status=200 if att else 201,
+        content_type=JSON_TYPE,
         headers={"ETag": f'"{doc.rev}"'},
     )
 
@@ -537,13 +567,16 @@ async def find(api: Api, request: web.Request, p: Params) -> web.Response:
 
 
 def _changes_line(batch: Changes) -> bytes:
-    line: dict[str, Any] = {
-        "commit": batch.commit.hex(),
-        "documents": [d.to_json() for d in batch.documents],
-    }
-    if batch.damaged:
-        line["damaged"] = [d.to_json() for d in batch.damaged]
-    return _dumps(line).encode() + b"\n"
+    texts, damaged = [], list(batch.damaged)
+    for d in batch.documents:
+        t = _document_text(d)
+        if t is None:
+            damaged.append(_not_json(d))
+        else:
+            texts.append(t)
+    bad = f',"damaged":{_dumps([d.to_json() for d in damaged])}' if damaged else ""
+    line = f'{{"commit":"{batch.commit.hex()}","documents":[{",".join(texts)}]{bad}}}'
+    return line.encode() + b"\n"
 
 
 async def changes(api: Api, request: web.Request, p: Params) -> web.StreamResponse:

@@ -1048,3 +1048,37 @@ async def test_a_followed_changes_feed_refuses_a_page_token(
         http, "GET", f"{docs}/_changes?follow=1&token={token}", 400, "bad_request"
     )
     assert "since" in message
+
+
+@pytest.mark.parametrize("data", [{"b": b"\x00"}, {"x": float("nan")}, {b"k": 1}])
+async def test_data_with_no_json_form_is_damaged_not_internal(
+    http: aiohttp.ClientSession, base: str, data: Any
+) -> None:
+    """A record that decodes but whose data has no JSON form (bytes, NaN, a key that is
+    not text: what no document write stores, written through the key API) made every
+    listing, get and changes page holding it 500 ``internal`` (TypeError in the
+    encoder, a traceback), or for NaN sent ``NaN``, which is not JSON."""
+    import msgpack
+
+    from ledgerd.store import doclayout
+    from ledgerd.store.docmodel import parse_ulid
+
+    docs = base + "/docs/c"
+    made = await call(http, "POST", docs, 201, {"k": 1})
+    doc_id, rev = made["_meta"]["_id"], made["_meta"]["_rev"]
+    since = await head_id(http, base)
+    raw_rev = parse_ulid(rev)
+    record = [1, raw_rev, 0, int.from_bytes(raw_rev[:6], "big"), None, None, None, data, []]
+    key = quote(doclayout.body_key("c", parse_ulid(doc_id)), safe="")
+    body = msgpack.packb(record, use_bin_type=True)
+    await call(http, "PUT", f"{base}/keys/{key}", 204, data=body)
+    await head_id(http, base)
+    listed = await call(http, "GET", docs, 200)
+    assert listed["documents"] == [] and [d["_id"] for d in listed["damaged"]] == [doc_id]
+    assert listed["damaged"][0]["code"] == "corrupt"
+    changed = await call(http, "GET", f"{base}/docs/_changes?since={since}", 200)
+    assert [d["_id"] for d in changed["damaged"]] == [doc_id]
+    async with http.get(f"{base}/docs/_changes?since={since}&follow=1") as r:
+        line = json.loads(await r.content.readline())
+    assert line["documents"] == [] and [d["_id"] for d in line["damaged"]] == [doc_id]
+    assert doc_id in await fails(http, "GET", f"{docs}/{doc_id}", 500, "corrupt")
