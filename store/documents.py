@@ -337,7 +337,7 @@ class DocumentStore:
             start = doclayout.doc_prefix(collection, parse_ulid(after, "token"))
         end = doclayout.collection_end(collection)
         found: list[tuple[bytes, bytes]] = []  # (doc id, body digest)
-        state = State.LIVE
+        state, head_doc = State.LIVE, b""  # the last head's state, and whose it is
         nxt: bytes | None = None
         async for e in snap.iter_entries(start=start, end=end):
             k = doclayout.parse_doc_key(e.key)
@@ -345,8 +345,10 @@ class DocumentStore:
                 continue
             if k.part == doclayout.HEAD:
                 h = doclayout.head_of(e)
-                state = State.LIVE if h is None else h[1]
-            elif k.part == doclayout.BODY and (include_deleted or state is State.LIVE):
+                state, head_doc = State.LIVE if h is None else h[1], k.doc_id
+            elif k.part == doclayout.BODY and (
+                include_deleted or head_doc != k.doc_id or state is State.LIVE
+            ):
                 if len(found) == limit:
                     nxt = k.doc_id
                     break
@@ -360,7 +362,8 @@ class DocumentStore:
                 damaged.append(_damaged(self.page, collection, doc_id, e))
                 continue
             self.clock.observe(r.rev)
-            docs.append(Document.of(collection, doc_id, r))
+            if include_deleted or r.state is State.LIVE:  # (a head may be missing: key API)
+                docs.append(Document.of(collection, doc_id, r))
         token_out = None if nxt is None else doctoken.encode(doctoken.LIST, bound, [nxt])
         return DocumentRange(docs, token_out, damaged)
 

@@ -236,3 +236,21 @@ async def test_a_body_of_the_wrong_kinds_is_damaged_not_a_crash(
     assert res.items == [] and [d.id for d in res.damaged] == [doc.id]
     with pytest.raises(MalformedRecordError):
         await docs.get("c", doc.id)
+
+
+async def test_a_body_without_its_head_is_listed_by_its_own_state(page: Page) -> None:
+    """The listing filtered a body by the state of the last head it had passed: a
+    document whose head was deleted through the key API was hidden or shown as the
+    document before it was deleted or live (a live one hidden after a deleted one,
+    a deleted one listed after a live one)."""
+    docs = await DocumentStore.open(page)
+    a, b, c, d = await docs.create_many("c", [{"n": i} for i in range(4)])
+    await docs.delete("c", a.id)  # deleted, then b: live, without its head
+    await docs.delete("c", d.id)  # live c, then d: deleted, without its head
+    for doc in (b, d):
+        await page.delete(doclayout.head_key("c", parse_ulid(doc.id)))
+    await page.flush()
+    listed = await docs.list_documents("c")
+    assert [x.id for x in listed.items] == [b.id, c.id]
+    everything = await docs.list_documents("c", include_deleted=True)
+    assert [x.id for x in everything.items] == [a.id, b.id, c.id, d.id]
