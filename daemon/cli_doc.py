@@ -10,7 +10,8 @@ prints ``name<TAB>partition<TAB>sort<TAB>ready|building`` (``--json``: one objec
 line); ``attach`` prints ``attachment id<TAB>_rev``; ``ls`` and ``find`` print
 ``_id<TAB>_rev<TAB>_data`` (compact JSON; ``deleted`` or ``purged`` as a fourth
 column) or, with ``--json``, one whole document per line; ``get`` prints the
-document; ``changes`` one ``{"commit", "documents"}`` line per batch.
+document; ``changes`` one ``{"commit", "documents"}`` line per batch. ``ls`` lists
+past a document whose body cannot be read, names it on stderr and exits 4.
 """
 
 from __future__ import annotations
@@ -164,8 +165,11 @@ async def run(cli: Cli, usage: type[Exception]) -> int:
         doc = await docs.get(a.collection, a.id, deleted=a.deleted)
         cli.line(_compact(doc) if a.json else json.dumps(doc, indent=2))
     elif c in ("ls", "find"):
+        damaged: list[dict[str, Any]] = []
         if c == "ls":
-            found = docs.list_documents(a.collection, deleted=a.deleted, limit=a.limit)
+            found = docs.list_documents(
+                a.collection, deleted=a.deleted, limit=a.limit, on_damaged=damaged.append
+            )
         else:
             found = docs.find(
                 a.collection,
@@ -178,6 +182,12 @@ async def run(cli: Cli, usage: type[Exception]) -> int:
             )
         async for d in found:
             cli.line(_compact(d) if a.json else _row(d))
+        for d in damaged:  # (listed past, as the daemon does: exit 4 at the end)
+            print(f"ledgerctl: {d['message']}", file=sys.stderr)
+        if damaged:
+            from ledgerd.daemon.cli import EXIT_ERROR  # (cli imports this module)
+
+            return EXIT_ERROR
     elif c in ("rm", "purge"):
         op = docs.delete if c == "rm" else docs.purge
         d = await op(a.collection, a.id, rev=a.rev)

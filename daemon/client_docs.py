@@ -21,11 +21,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 from collections.abc import (
     AsyncGenerator,
     AsyncIterable,
     AsyncIterator,
-    Awaitable,
+    Callable,
     Generator,
     Iterable,
 )
@@ -52,6 +53,18 @@ if TYPE_CHECKING:
 Doc = dict[str, Any]
 """A document as JSON: ``{"_meta": {...}, "_data": ..., "_attachments": [...]}``."""
 Content = bytes | AsyncIterable[bytes] | Path
+OnDamaged = Callable[[dict[str, Any]], None]
+"""Called with each ``{"collection", "_id", "code": "corrupt", "message"}`` a listing
+names under ``damaged``: a document whose stored body cannot be read (the listing goes
+on past it). By default it is logged as a warning."""
+
+log = logging.getLogger(__name__)
+
+
+def _log_damaged(d: dict[str, Any]) -> None:
+    log.warning(
+        "document %s in %r is damaged: %s", d.get("_id"), d.get("collection"), d.get("message")
+    )
 
 
 def _dumps(value: Any) -> str:
@@ -144,10 +157,20 @@ class AsyncDocuments:
         return doc
 
     async def _pages(
-        self, path: str, query: dict[str, Any], limit: int | None, page_size: int
+        self,
+        path: str,
+        query: dict[str, Any],
+        limit: int | None,
+        page_size: int,
+        on_damaged: OnDamaged | None = None,
     ) -> AsyncGenerator[Doc, None]:
-        def fetch(want: int, token: str | None) -> Awaitable[dict[str, Any]]:
-            return self._call("GET", path, {**query, "limit": want, "token": token})
+        async def fetch(want: int, token: str | None) -> dict[str, Any]:
+            page: dict[str, Any] = await self._call(
+                "GET", path, {**query, "limit": want, "token": token}
+            )
+            for d in page.get("damaged", ()):
+                (on_damaged or _log_damaged)(d)
+            return page
 
         async for d in paged(fetch, "documents", limit, page_size):
             yield d
@@ -159,10 +182,13 @@ class AsyncDocuments:
         deleted: bool = False,
         limit: int | None = None,
         page_size: int = 100,
+        on_damaged: OnDamaged | None = None,
     ) -> AsyncGenerator[Doc, None]:
-        """Documents in ``_id`` order, paging through the collection (or ``limit`` of them)."""
+        """Documents in ``_id`` order, paging through the collection (or ``limit`` of them);
+        a document whose body cannot be read is passed to ``on_damaged`` (:data:`OnDamaged`)."""
         query = {"deleted": 1 if deleted else None}
-        async for d in self._pages(self._path(collection), query, limit, page_size):
+        path = self._path(collection)
+        async for d in self._pages(path, query, limit, page_size, on_damaged):
             yield d
 
     # -- attachments ---------------------------------------------------------------------
@@ -432,9 +458,16 @@ class Documents:
         deleted: bool = False,
         limit: int | None = None,
         page_size: int = 100,
+        on_damaged: OnDamaged | None = None,
     ) -> Generator[Doc, None, None]:
         return self._bridge.iterate(
-            self.aio.list_documents(collection, deleted=deleted, limit=limit, page_size=page_size)
+            self.aio.list_documents(
+                collection,
+                deleted=deleted,
+                limit=limit,
+                page_size=page_size,
+                on_damaged=on_damaged,
+            )
         )
 
     def put_attachment(

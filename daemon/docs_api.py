@@ -11,12 +11,14 @@ responses and request bodies are :mod:`daemon.api`'s, the error codes
 Names in the path (collection, document id, attachment id, index name) are
 percent-encoded UTF-8. A document's body is its ``_data``; the expected revision
 of a write is ``If-Match: "REV"`` or ``?rev=REV``, a client-supplied new one
-``?new_rev=REV``. Continuation tokens are base64, commit ids hex.
+``?new_rev=REV``. Continuation tokens are opaque URL-safe base64 (bound to the
+listing they continue: :mod:`store.doctoken`), commit ids hex.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -28,13 +30,15 @@ from urllib.parse import parse_qsl, quote, unquote_to_bytes
 from aiohttp import web
 
 from ledgerd.daemon import errors as ae
-from ledgerd.daemon.codec import b64, from_hex, parse_json, token_param
+from ledgerd.daemon.codec import from_hex, parse_json, token_param
 from ledgerd.daemon.config import MIN_HEARTBEAT
 from ledgerd.daemon.protocol import connection_lost
 from ledgerd.store import (
     Changes,
     CommitNotFoundError,
+    Damaged,
     Document,
+    DocumentRange,
     DocumentStore,
     RangeResult,
     StoreError,
@@ -143,9 +147,39 @@ def _json_param(request: web.Request, name: str) -> Any:
     return None if v is None else parse_json(v, what)
 
 
+def _bound(request: web.Request, name: str) -> Any:
+    """``start`` or ``end`` of a query's sort range (JSON), None when left out. ``null``
+    and an empty value are 400: null is a sort value (the lowest), so ``end=null``
+    read as "no bound" would answer documents the range excludes, and read as a value
+    would answer none; an open range leaves the parameter out."""
+    v = _params(request).get(name)
+    if v is None:
+        return None
+    if v.strip() == "":
+        raise ae.BadRequest(f"query parameter {name} is empty: leave it out for an open range")
+    value = _json_param(request, name)
+    if value is None:
+        raise ae.BadRequest(
+            f"query parameter {name} is null: leave it out for an open range"
+            " (null is the lowest sort value, not a bound)"
+        )
+    return value
+
+
 def _token(request: web.Request) -> bytes | None:
+    """``?token=``: the ``next`` of the page before, URL-safe base64 without padding
+    (a token in standard base64, as ledgerd sent them before, is read too)."""
     t = _params(request).get("token")
-    return token_param(t) if t else None
+    if not t:
+        return None
+    t = t.replace("-", "+").replace("_", "/")
+    return token_param(t + "=" * (-len(t) % 4))
+
+
+def _token_text(token: bytes) -> str:
+    """A continuation token as ``next`` carries it: URL-safe base64 without padding, so
+    that it goes into a query string as it is."""
+    return base64.urlsafe_b64encode(token).decode().rstrip("=")
 
 
 def _expected_rev(request: web.Request) -> str | None:
@@ -203,11 +237,32 @@ async def _open_store(api: Api, page: Page) -> DocumentStore:
 
 
 def _doc_response(doc: Document, status: int = 200) -> web.Response:
-    return web.json_response(doc.to_json(), status=status, headers={"ETag": f'"{doc.rev}"'})
+    text = _document_text(doc)
+    if text is None:
+        raise ae.Corrupt(_not_json(doc).message)
+    return web.Response(
+        text=text, status=status, content_type=JSON_TYPE, headers={"ETag": f'"{doc.rev}"'}
+    )
 
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _document_text(doc: Document) -> str | None:
+    """The document's JSON text; None if its data has no JSON form (bytes, NaN, a key
+    that is not text: a record written through the key API, or come from a peer,
+    that decodes but holds what no write of the document layer stores)."""
+    try:
+        return json.dumps(doc.to_json(), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
+def _not_json(doc: Document) -> Damaged:
+    message = f"document {doc.id} in {doc.collection!r} is damaged: its data is not JSON"
+    log.warning("%s", message)
+    return Damaged(doc.collection, doc.id, message)
 
 
 async def _documents_page(
@@ -221,19 +276,25 @@ async def _documents_page(
         res = await fetch(limit)
         found = res.documents if isinstance(res, Changes) else res.items
         texts: list[str] = []
-        used = 0
+        damaged = list(res.damaged) if isinstance(res, Changes | DocumentRange) else []
+        used = taken = 0
         for d in found:
-            t = _dumps(d.to_json())
-            if texts and used + len(t) > budget:
+            t = _document_text(d)
+            if t is None:
+                damaged.append(_not_json(d))
+            elif texts and used + len(t) > budget:
                 break
-            texts.append(t)
-            used += len(t)
-        if len(texts) == len(found):
+            else:
+                texts.append(t)
+                used += len(t)
+            taken += 1
+        if taken == len(found):
             lead = f'"commit":"{res.commit.hex()}",' if isinstance(res, Changes) else ""
-            nxt = None if res.token is None else b64(res.token)
-            body = f'{{{lead}"documents":[{",".join(texts)}],"next":{_dumps(nxt)}}}'
+            nxt = None if res.token is None else _token_text(res.token)
+            bad = f'"damaged":{_dumps([d.to_json() for d in damaged])},' if damaged else ""
+            body = f'{{{lead}"documents":[{",".join(texts)}],{bad}"next":{_dumps(nxt)}}}'
             return web.Response(text=body, content_type=JSON_TYPE)
-        limit = len(texts)
+        limit = taken
 
 
 # -- documents ---------------------------------------------------------------------
@@ -329,9 +390,13 @@ async def add_attachment(api: Api, request: web.Request, p: Params) -> web.Respo
         attachment_id=att[0] if att else None,
         expected_rev=_expected_rev(request),
     )
-    return web.json_response(
-        {"document": doc.to_json(), "attachment": a.to_json()},
+    text = _document_text(doc)
+    if text is None:
+        raise ae.Corrupt(_not_json(doc).message)
+    return web.Response(
+        text=f'{{"document":{text},"attachment":{_dumps(a.to_json())}}}',
         status=200 if att else 201,
+        content_type=JSON_TYPE,
         headers={"ETag": f'"{doc.rev}"'},
     )
 
@@ -346,7 +411,8 @@ async def get_attachment(api: Api, request: web.Request, p: Params) -> web.Strea
     collection, doc_id, _, att_id = _segments(request)
     DocumentStore.check(collection, doc_id=doc_id)
     docs = await _store(api, p, write=False)
-    a = await docs.attachment(collection, doc_id, att_id)
+    deleted = _flag(request, "deleted")  # a soft-deleted document keeps its attachments
+    a = await docs.attachment(collection, doc_id, att_id, include_deleted=deleted)
     size = a.length
     offset, length, status = 0, size, 200
     if (part := requested_range(request.headers, size, None, Query.of(request))) is not None:
@@ -361,7 +427,10 @@ async def get_attachment(api: Api, request: web.Request, p: Params) -> web.Strea
     if request.method == "HEAD":
         await resp.prepare(request)
         return resp
-    chunks = aiter(await docs.read_attachment(collection, doc_id, a.id, offset, length))
+    stream = await docs.read_attachment(
+        collection, doc_id, a.id, offset, length, include_deleted=deleted
+    )
+    chunks = aiter(stream)
     first = await anext(chunks, b"")  # a fetch or check that fails is still a clean error
     await resp.prepare(request)
     try:
@@ -473,7 +542,7 @@ async def find(api: Api, request: web.Request, p: Params) -> web.Response:
     eq = _json_param(request, "eq")
     if "eq" not in _params(request):
         raise ae.BadRequest("query parameter eq (the partition value, as JSON) is required")
-    start, end = _json_param(request, "start"), _json_param(request, "end")
+    start, end = _bound(request, "start"), _bound(request, "end")
     limit = _int(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
     token = _token(request)
     deleted = _flag(request, "deleted")
@@ -497,9 +566,17 @@ async def find(api: Api, request: web.Request, p: Params) -> web.Response:
 # -- the changes feed --------------------------------------------------------------
 
 
-def _changes_line(commit: bytes, documents: list[Document]) -> bytes:
-    line = {"commit": commit.hex(), "documents": [d.to_json() for d in documents]}
-    return _dumps(line).encode() + b"\n"
+def _changes_line(batch: Changes) -> bytes:
+    texts, damaged = [], list(batch.damaged)
+    for d in batch.documents:
+        t = _document_text(d)
+        if t is None:
+            damaged.append(_not_json(d))
+        else:
+            texts.append(t)
+    bad = f',"damaged":{_dumps([d.to_json() for d in damaged])}' if damaged else ""
+    line = f'{{"commit":"{batch.commit.hex()}","documents":[{",".join(texts)}]{bad}}}'
+    return line.encode() + b"\n"
 
 
 async def changes(api: Api, request: web.Request, p: Params) -> web.StreamResponse:
@@ -516,10 +593,12 @@ async def changes(api: Api, request: web.Request, p: Params) -> web.StreamRespon
         since = from_hex(since_text) if since_text else None
     except ValueError:
         raise ae.BadRequest("since must be a commit id in hex") from None
-    collection = _query(request, "collection") or None
-    if collection is not None:
+    collection = _query(request, "collection")
+    if collection is not None:  # (an empty one is no collection's name: invalid_name)
         DocumentStore.check(collection)
     follow = _flag(request, "follow")
+    if follow and _query(request, "token"):
+        raise ae.BadRequest("a followed changes feed takes since, not a page's token")
     heartbeat = _seconds(request, "heartbeat", HEARTBEAT, MIN_HEARTBEAT)
     docs = await _store(api, p, write=False)
     if since is not None:
@@ -578,7 +657,7 @@ async def _follow(
             except StopAsyncIteration:  # the page closed
                 break
             nxt = None
-            await api.send(request, resp, _changes_line(batch.commit, batch.documents))
+            await api.send(request, resp, _changes_line(batch))
         await resp.write_eof()
     except ConnectionError:
         log.debug("the client of %s %s left", request.method, request.path)

@@ -48,7 +48,7 @@ from ledgerd.store.docmodel import (
     RevisionInFutureError,
     RevisionInPastError,
 )
-from ledgerd.store.documents import Changes, DocumentStore, IndexInfo
+from ledgerd.store.documents import Changes, Damaged, DocumentRange, DocumentStore, IndexInfo
 from ledgerd.store.errors import (
     BusyError,
     ClosedError,
@@ -102,6 +102,8 @@ __all__ = [
     "Attachment",
     "AttachmentNotFoundError",
     "Changes",
+    "Damaged",
+    "DocumentRange",
     "Document",
     "DocumentConflictError",
     "DocumentError",

@@ -42,8 +42,6 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import msgpack
-
 from ledgerd.store import btree, doclayout, sql
 from ledgerd.store import tuple as tup
 from ledgerd.store.btree import EMPTY, Entry
@@ -824,21 +822,6 @@ def _definition(collection: str, name: str, raw: bytes) -> IndexDef | None:
         log.warning("index %s/%s has a malformed definition, ignored: %s", collection, name, e)
         return None
     return IndexDef(collection, name, partition, sort, raw)
-
-
-def encode_token(key: bytes, doc: bytes) -> bytes:
-    out: bytes = msgpack.packb([key, doc], use_bin_type=True)
-    return out
-
-
-def decode_token(token: bytes) -> tuple[bytes, bytes]:
-    try:
-        key, doc = msgpack.unpackb(token, raw=False)
-        if not isinstance(key, bytes) or not isinstance(doc, bytes):
-            raise ValueError
-        return key, doc
-    except (ValueError, TypeError, msgpack.UnpackException):
-        raise InvalidArgumentError("malformed continuation token") from None
 
 
 def partition_range(

@@ -271,22 +271,50 @@ def encode_record(r: Record) -> bytes:
 
 
 def decode_record(data: bytes) -> Record:
-    """Raises ValueError for bytes that are not a record."""
+    """Raises ValueError for bytes that are not a record: not msgpack, not nine fields,
+    or a field of the wrong kind (a revision or attachment id not 16 bytes, a time not
+    an integer, an attachment's names not text or its length not a count). A body
+    written through the key API, or a peer's, may be anything: what decodes here is
+    what a document's JSON and its readers can show."""
     try:
         v = msgpack.unpackb(data, raw=False, strict_map_key=True)
         _version, rev, state, created, updated, deleted, purged, body, atts = v
+        if type(rev) is not bytes or len(rev) != ULID_SIZE:
+            raise ValueError("the revision is not 16 bytes")
+        if not _time(created) or not all(t is None or _time(t) for t in (updated, deleted, purged)):
+            raise ValueError("a time is not milliseconds from 1970 to 9999")
         return Record(
-            bytes(rev),
+            rev,
             State(state),
             created,
             updated,
             deleted,
             purged,
             body,
-            tuple(AttachmentMeta(bytes(a[0]), a[1], a[2], a[3]) for a in atts),
+            tuple(_attachment(a) for a in atts),
         )
     except (ValueError, TypeError, msgpack.UnpackException) as e:
         raise ValueError(f"not a document record: {e}") from None
+
+
+TIME_LIMIT = 253_402_300_800_000
+"""Milliseconds since 1970 of the year 10000: a record's times are below it (the
+ISO text a document shows them as has four digits of year)."""
+
+
+def _time(t: Any) -> bool:
+    return type(t) is int and 0 <= t < TIME_LIMIT
+
+
+def _attachment(a: Any) -> AttachmentMeta:
+    att_id, filename, content_type, length = a
+    if type(att_id) is not bytes or len(att_id) != ULID_SIZE:
+        raise ValueError("an attachment id is not 16 bytes")
+    if type(filename) is not str or type(content_type) is not str:
+        raise ValueError("an attachment's filename or content type is not text")
+    if type(length) is not int or length < 0:
+        raise ValueError("an attachment's length is not a count")
+    return AttachmentMeta(att_id, filename, content_type, length)
 
 
 def encode_definition(partition: list[str], sort: list[str] | None) -> bytes:

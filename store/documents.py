@@ -25,10 +25,10 @@ import contextlib
 import logging
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from ledgerd.store import btree, commit, doclayout
+from ledgerd.store import btree, commit, doclayout, doctoken
 from ledgerd.store.btree import Priority
 from ledgerd.store.commit import Commit
 from ledgerd.store.docindex import (
@@ -36,8 +36,6 @@ from ledgerd.store.docindex import (
     HeldBudget,
     IndexDef,
     Views,
-    decode_token,
-    encode_token,
     partition_range,
 )
 from ledgerd.store.doclayout import AttachmentMeta, Record, State
@@ -81,15 +79,46 @@ LIST_LIMIT = 1000
 
 
 @dataclass(frozen=True, slots=True)
+class Damaged:
+    """A document whose stored body is not a record (written through the key API, or
+    a peer's through sync): listings and the changes feed go on past it and report it
+    here, with the HTTP API's code ``corrupt``; reading it alone raises
+    MalformedRecordError."""
+
+    collection: str
+    id: str
+    message: str
+    code = "corrupt"
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "collection": self.collection,
+            "_id": self.id,
+            "code": self.code,
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Changes:
     """Documents changed between two commits: resume the feed from ``commit``.
 
     ``token`` is set on a batch cut from a longer change: ``commit`` is then where
-    that change started (see :meth:`DocumentStore.changes`)."""
+    that change started (see :meth:`DocumentStore.changes`). ``damaged``: changed
+    documents whose bodies cannot be read (:class:`Damaged`)."""
 
     commit: bytes
     documents: list[Document]
     token: bytes | None = None
+    damaged: list[Damaged] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentRange(RangeResult[Document]):
+    """A page of a listing or query; ``damaged`` its documents whose bodies cannot be
+    read (:class:`Damaged`), in their place in the order, not in ``items``."""
+
+    damaged: list[Damaged] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,17 +324,20 @@ class DocumentStore:
         limit: int = 100,
         token: bytes | None = None,
         include_deleted: bool = False,
-    ) -> RangeResult[Document]:
-        """Documents in ``_id`` order, ``limit`` at a time; ``token`` continues."""
+    ) -> DocumentRange:
+        """Documents in ``_id`` order, ``limit`` at a time; ``token`` continues (the
+        same collection and ``include_deleted``: another's is InvalidArgumentError)."""
         check_collection(collection)
         _check_limit(limit)
+        bound = _binding(self.page, "list", collection, include_deleted)
         snap = await self.page.snapshot()
         start = doclayout.collection_prefix(collection)
         if token is not None:
-            start = doclayout.doc_prefix(collection, parse_ulid(token, "token"))
+            (after,) = doctoken.decode(token, doctoken.LIST, bound, 1)
+            start = doclayout.doc_prefix(collection, parse_ulid(after, "token"))
         end = doclayout.collection_end(collection)
         found: list[tuple[bytes, bytes]] = []  # (doc id, body digest)
-        state = State.LIVE
+        state, head_doc = State.LIVE, b""  # the last head's state, and whose it is
         nxt: bytes | None = None
         async for e in snap.iter_entries(start=start, end=end):
             k = doclayout.parse_doc_key(e.key)
@@ -313,19 +345,27 @@ class DocumentStore:
                 continue
             if k.part == doclayout.HEAD:
                 h = doclayout.head_of(e)
-                state = State.LIVE if h is None else h[1]
-            elif k.part == doclayout.BODY and (include_deleted or state is State.LIVE):
+                state, head_doc = State.LIVE if h is None else h[1], k.doc_id
+            elif k.part == doclayout.BODY and (
+                include_deleted or head_doc != k.doc_id or state is State.LIVE
+            ):
                 if len(found) == limit:
                     nxt = k.doc_id
                     break
                 found.append((k.doc_id, e.value))
         values = await snap.objects.read_many(d for _, d in found)
-        docs = []
+        docs, damaged = [], []
         for doc_id, d in found:
-            r = _decode(collection, doc_id, values[d])
+            try:
+                r = _decode(collection, doc_id, values[d])
+            except MalformedRecordError as e:
+                damaged.append(_damaged(self.page, collection, doc_id, e))
+                continue
             self.clock.observe(r.rev)
-            docs.append(Document.of(collection, doc_id, r))
-        return RangeResult(docs, nxt)
+            if include_deleted or r.state is State.LIVE:  # (a head may be missing: key API)
+                docs.append(Document.of(collection, doc_id, r))
+        token_out = None if nxt is None else doctoken.encode(doctoken.LIST, bound, [nxt])
+        return DocumentRange(docs, token_out, damaged)
 
     # -- writing ---------------------------------------------------------------------
 
@@ -433,6 +473,27 @@ class DocumentStore:
             )
         return r
 
+    async def _damaged_current(
+        self, txn: Transaction, collection: str, raw: bytes, expected_rev: str | None
+    ) -> Record | None:
+        """What :meth:`purge` knows of a document whose body cannot be read: the
+        revision and state its head carries, its attachments' keys (creation time: its
+        id's); None if its head carries no revision, or a purged one."""
+        head = doclayout.head_of(await txn.get_entry(doclayout.head_key(collection, raw)))
+        if head is None or head[1] is State.PURGED:
+            return None
+        rev, state = head
+        if expected_rev is not None and parse_ulid(expected_rev, "revision") != rev:
+            raise DocumentConflictError(
+                f"document {ulid_text(raw)} is at revision {ulid_text(rev)}, not {expected_rev}"
+            )
+        atts = []
+        async for e in txn.iter_entries(prefix=doclayout.doc_prefix(collection, raw)):
+            k = doclayout.parse_doc_key(e.key)
+            if k is not None and k.part == doclayout.ATTACHMENT and k.attachment is not None:
+                atts.append(AttachmentMeta(k.attachment, "", "", 0))
+        return Record(rev, state, ulid_ms(raw), None, None, None, None, tuple(atts))
+
     async def replace(
         self,
         collection: str,
@@ -490,11 +551,19 @@ class DocumentStore:
         new_rev: str | None = None,
     ) -> Document:
         """Remove the data and attachments from the head, keep a ``_purged`` tombstone
-        (a revision like any other, so the purge wins over older revisions elsewhere)."""
+        (a revision like any other, so the purge wins over older revisions elsewhere).
+        A document whose body cannot be read (:class:`Damaged`) is purged too, after
+        the revision its head carries: the documents API's way to be rid of it."""
         check_collection(collection)
         raw = parse_ulid(doc_id)
         async with self._write, self.page.transaction() as txn:
-            cur = await self._current(txn, collection, raw, expected_rev, purge=True)
+            try:
+                cur = await self._current(txn, collection, raw, expected_rev, purge=True)
+            except MalformedRecordError:
+                found = await self._damaged_current(txn, collection, raw, expected_rev)
+                if found is None:
+                    raise
+                cur = found
             rev = self._next_rev(new_rev, cur)
             ms = ulid_ms(rev)
             for a in cur.attachments:
@@ -688,17 +757,26 @@ class DocumentStore:
     ) -> RangeResult[Document]:
         """Documents whose partition value equals ``partition`` and whose sort value is in
         ``[start, end)``, in index order (sort value, then ``_id``), ``limit`` at a time.
-        Reflects exactly the documents of the page's head."""
+        Reflects exactly the documents of the page's head. ``token`` continues the same
+        query (collection, index and its definition, partition value, range and
+        ``include_deleted``): another's is InvalidArgumentError."""
         _check_limit(limit)
-        after = None if token is None else decode_token(token)
         while True:  # again if the index changed before the query had the lock
             ix, d = await self._index(collection, index)
             lo, hi = partition_range(partition, start, end, d)
+            bound = _binding(self.page, "find", collection, index, d.raw, lo, hi, include_deleted)
+            after = None
+            if token is not None:
+                key, doc = doctoken.decode(token, doctoken.FIND, bound, 2)
+                after = (key, doc)
             got = await self.views.query(ix, d, lo, hi, after, limit + 1, include_deleted)
             if got is not None:
                 break
         head, rows = got
-        nxt = encode_token(rows[limit - 1].key, rows[limit - 1].doc) if len(rows) > limit else None
+        nxt = None
+        if len(rows) > limit:
+            last = rows[limit - 1]
+            nxt = doctoken.encode(doctoken.FIND, bound, [last.key, last.doc])
         docs = await self._documents_at(head, collection, [r.doc for r in rows[:limit]])
         return RangeResult(docs, nxt)
 
@@ -745,7 +823,7 @@ class DocumentStore:
                 start: bytes | None = prefix
                 while head.root != root and start is not None:
                     got, start = await self._changed(resume, root, head, prefix, start, batch)
-                    if got.documents:
+                    if got.documents or got.damaged:
                         yield got
                 if head.root != root:
                     resume, root = head.id, head.root
@@ -771,7 +849,8 @@ class DocumentStore:
     ) -> Changes:
         """One batch of :meth:`changes` without ``follow``: the documents changed from
         ``since`` to the head, at most ``limit``; when more remain, ``token`` is set and
-        the next call with it (and the same ``since``) continues up to the same head."""
+        the next call with it (and the same ``since`` and ``collection``: another's is
+        InvalidArgumentError) continues up to the same head."""
         _check_limit(limit)
         prefix = self._changes_prefix(collection)
         resume = commit.FIRST.id if since is None else since
@@ -779,7 +858,8 @@ class DocumentStore:
         if token is None:
             head, start = self.page.head, prefix
         else:
-            head_id, start = decode_token(token)
+            bound = _binding(self.page, "changes", resume, prefix)
+            head_id, start = doctoken.decode(token, doctoken.CHANGES, bound, 2)
             if not start.startswith(prefix):
                 raise InvalidArgumentError("the continuation token is for another collection")
             head = await self.page.load_commit(head_id)
@@ -812,19 +892,27 @@ class DocumentStore:
                 break
             found[(k.collection, k.doc_id)] = None
         out: list[Document] = []
+        damaged: list[Damaged] = []
         snap = await self.page.snapshot(head.id)
         old: View | None = None
         for coll, doc_id in found:
-            r = await self._record(snap, coll, doc_id)
-            if r is None:  # its keys left without a revision: reported once as purged
-                if old is None:
-                    old = await self.page.snapshot(resume)
-                r = _gone(await self._record(old, coll, doc_id), head)
+            try:
+                r = await self._record(snap, coll, doc_id)
+                if r is None:  # its keys left without a revision: reported once as purged
+                    if old is None:
+                        old = await self.page.snapshot(resume)
+                    r = _gone(await self._record(old, coll, doc_id), head)
+            except MalformedRecordError as e:
+                damaged.append(_damaged(self.page, coll, doc_id, e))
+                continue
             if r is not None:
                 out.append(Document.of(coll, doc_id, r))
         if nxt is None:
-            return Changes(head.id, out), None
-        return Changes(resume, out, encode_token(head.id, nxt)), nxt  # (head, next key)
+            return Changes(head.id, out, None, damaged), None
+        token = doctoken.encode(
+            doctoken.CHANGES, _binding(self.page, "changes", resume, prefix), [head.id, nxt]
+        )
+        return Changes(resume, out, token, damaged), nxt
 
 
 async def _marker_if_lost(view: View) -> list[tuple[bytes, bytes]]:
@@ -844,6 +932,18 @@ def _decode(collection: str, doc_id: bytes, body: bytes) -> Record:
         raise MalformedRecordError(
             f"document {ulid_text(doc_id)} in {collection!r} is damaged: {e}"
         ) from None
+
+
+def _binding(page: Page, kind: str, *parts: Any) -> bytes:
+    """What a token of ``kind`` continues: that listing of ``page`` with ``parts`` (a
+    changes token's are the change's ``since`` and the key prefix it covers: one
+    collection's, or every one's)."""
+    return doctoken.binding(kind, page.ledger, page.id, *parts)
+
+
+def _damaged(page: Page, collection: str, doc_id: bytes, e: MalformedRecordError) -> Damaged:
+    log.warning("page %r: %s", page.id, e)
+    return Damaged(collection, ulid_text(doc_id), str(e))
 
 
 def _gone(last: Record | None, head: Commit) -> Record | None:

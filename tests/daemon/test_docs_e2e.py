@@ -164,7 +164,7 @@ async def test_listing_pages_by_limit_and_body_size(http: aiohttp.ClientSession,
     assert seen == ids and pages > 12 // 5 + 1  # the byte bound cut pages short
     await fails(http, "GET", docs + "?limit=0", 400, "bad_request")
     await fails(http, "GET", docs + "?limit=1001", 400, "bad_request")
-    await fails(http, "GET", docs + "?token=AAAA", 400, "invalid_id")
+    await fails(http, "GET", docs + "?token=AAAA", 400, "bad_request")
 
 
 async def test_bad_input_gets_a_code_and_stores_nothing(
@@ -781,10 +781,12 @@ async def test_if_match_star_is_any_current_revision(
 async def test_a_continuation_token_pasted_into_a_url_as_is_works(
     http: aiohttp.ClientSession, base: str
 ) -> None:
-    """Tokens are standard base64, so they hold ``+``, which a query string reads as a
-    blank unless percent-encoded; base64 holds no blank, so a blank in a token is taken
-    as ``+``, and ``?token=NEXT`` pasted as is continues the listing. Before, such a
-    token was 400 "token is not valid base64" (for entries and for documents)."""
+    """Tokens of entries are standard base64, so they hold ``+``, which a query string
+    reads as a blank unless percent-encoded; base64 holds no blank, so a blank in a
+    token is taken as ``+``, and ``?token=NEXT`` pasted as is continues the listing.
+    Before, such a token was 400 "token is not valid base64" (for entries and for
+    documents). Documents' tokens are URL-safe base64 without padding: nothing in them
+    to escape; one sent in standard base64 is read too."""
     async with http.put(base + "/keys/a", data=b"1") as r:
         assert r.status == 204
     async with http.put(base + "/keys/%FB%EF%BE", data=b"2") as r:  # base64: '++++'
@@ -805,7 +807,12 @@ async def test_a_continuation_token_pasted_into_a_url_as_is_works(
             break
         token = page["next"]
         tokens.append(token)
-    assert seen == 40 and any("+" in t for t in tokens)
+    assert seen == 40 and all(re.fullmatch(r"[A-Za-z0-9_-]+", t) for t in tokens)
+    assert any(c in t for t in tokens for c in "-_")  # (the alphabets differ there)
+    for t in tokens:  # the same token in standard base64 continues too
+        std = t.replace("-", "+").replace("_", "/") + "=" * (-len(t) % 4)
+        page = await call(http, "GET", f"{docs}?limit=1&token={quote(std)}", 200)
+        assert len(page["documents"]) == 1
 
 
 def test_ledgerctl_doc_put_refuses_a_number_past_every_double_locally(shared: Daemon) -> None:
@@ -858,12 +865,49 @@ async def test_a_malformed_document_body_is_corrupt_not_internal(
     await head_id(http, base)  # (`heads` commits the journal: listings read commits)
     for method, path in [
         ("GET", f"{docs}/{doc_id}"),
-        ("GET", docs),
-        ("GET", base + "/docs/_changes"),
         ("PUT", f"{docs}/{doc_id}"),
     ]:
         message = await fails(http, method, path, 500, "corrupt", body={"k": 2})
         assert doc_id in message
+
+
+async def test_a_damaged_body_is_reported_and_listings_go_on(
+    http: aiohttp.ClientSession, base: str
+) -> None:
+    """A body that is not a document record failed the whole listing of its collection
+    (500 ``corrupt``, every page after it too: no token past it) and every page of the
+    changes feed that held it, for good. Listings and the feed now go on, and name it
+    under ``damaged`` with code ``corrupt``; reading it alone stays 500 ``corrupt``."""
+    from ledgerd.store import doclayout
+    from ledgerd.store.docmodel import parse_ulid
+
+    docs = base + "/docs/c"
+    ids = [(await call(http, "POST", docs, 201, {"k": i}))["_meta"]["_id"] for i in range(3)]
+    since = await head_id(http, base)
+    key = quote(doclayout.body_key("c", parse_ulid(ids[1])), safe="")
+    await call(http, "PUT", f"{base}/keys/{key}", 204, data=b"not a record")
+    await head_id(http, base)
+    listed, damaged, token = [], [], ""
+    while True:
+        page = await call(http, "GET", f"{docs}?limit=1&token={token}", 200)
+        listed += [d["_meta"]["_id"] for d in page["documents"]]
+        damaged += page.get("damaged", [])
+        if page["next"] is None:
+            break
+        token = page["next"]
+    assert listed == [ids[0], ids[2]]
+    assert [(d["_id"], d["collection"], d["code"]) for d in damaged] == [(ids[1], "c", "corrupt")]
+    assert ids[1] in damaged[0]["message"]
+    changed = await call(http, "GET", f"{base}/docs/_changes?since={since}", 200)
+    assert changed["documents"] == [] and [d["_id"] for d in changed["damaged"]] == [ids[1]]
+    async with http.get(f"{base}/docs/_changes?since={since}&follow=1") as r:
+        line = json.loads(await r.content.readline())
+    assert line["documents"] == [] and [d["_id"] for d in line["damaged"]] == [ids[1]]
+    await fails(http, "GET", f"{docs}/{ids[1]}", 500, "corrupt")
+    purged = await call(http, "POST", f"{docs}/{ids[1]}/purge", 200)
+    assert purged["_meta"]["_purged"] is True
+    page = await call(http, "GET", docs, 200)
+    assert "damaged" not in page and len(page["documents"]) == 2
 
 
 async def test_an_attachment_sent_with_an_empty_content_type_is_octet_stream(
@@ -885,3 +929,156 @@ async def test_an_attachment_sent_with_an_empty_content_type_is_octet_stream(
         async with http.get(f"{one}/attachments/{att['_id']}") as r:
             assert r.headers["Content-Type"] == "application/octet-stream"
             assert await r.read() == b"abc"
+
+
+async def test_continuation_tokens_are_bound_to_their_listing(
+    http: aiohttp.ClientSession, base: str
+) -> None:
+    """A listing's token sent for another collection, or a ``find`` token with another
+    ``eq``, answered from its position in that other listing (documents before it
+    silently skipped); now both are 400 ``bad_request``, as is a garbled token and one
+    of an older ledgerd."""
+    docs = base + "/docs"
+    for coll in ["a", "b"]:
+        for i in range(3):
+            await call(http, "POST", f"{docs}/{coll}", 201, {"city": "X", "n": i})
+    page = await call(http, "GET", f"{docs}/a?limit=1", 200)
+    token = page["next"]
+    await call(http, "GET", f"{docs}/a?limit=1&token={token}", 200)
+    message = await fails(http, "GET", f"{docs}/b?token={token}", 400, "bad_request")
+    assert "another listing" in message
+    await fails(http, "GET", f"{docs}/a?deleted=1&token={token}", 400, "bad_request")
+    garbled = token[:-2] + ("A" if token[-2] != "A" else "B") + token[-1]
+    await fails(http, "GET", f"{docs}/a?token={garbled}", 400, "bad_request")
+    older = "AY" + "A" * 20  # 16 bytes: a listing token of an older ledgerd
+    message = await fails(http, "GET", f"{docs}/a?token={older}", 400, "bad_request")
+    assert "older ledgerd" in message
+
+    await call(http, "PUT", f"{docs}/a/_indexes/by_city", 200, {"partition": "city"})
+    await call(http, "POST", f"{docs}/a", 201, {"city": "Y"})
+    find = f"{docs}/a/_indexes/by_city/find"
+    got = await call(http, "GET", f"{find}?eq=%22X%22&limit=1", 200)
+    token = got["next"]
+    await call(http, "GET", f"{find}?eq=%22X%22&limit=1&token={token}", 200)
+    message = await fails(http, "GET", f"{find}?eq=%22Y%22&token={token}", 400, "bad_request")
+    assert "another listing" in message
+    changes = f"{docs}/_changes?collection=a&limit=1"
+    token = (await call(http, "GET", changes, 200))["next"]
+    await fails(http, "GET", f"{docs}/_changes?collection=b&token={token}", 400, "bad_request")
+
+
+async def test_null_and_empty_query_values_are_refused_or_mean_absent(
+    http: aiohttp.ClientSession, base: str
+) -> None:
+    """``end=null`` read as no bound (null is the lowest sort value: as a bound it
+    would select nothing), ``collection=`` on the changes feed read as every
+    collection; both are now 400, with a message saying what to send."""
+    docs = base + "/docs/c"
+    await call(http, "PUT", docs + "/_indexes/by_city", 200, {"partition": "city", "sort": "n"})
+    for n in [None, 1, 2]:
+        await call(http, "POST", docs, 201, {"city": "X", "n": n})
+    find = docs + "/_indexes/by_city/find?eq=%22X%22"
+    assert len((await call(http, "GET", find, 200))["documents"]) == 3
+    for bad in ["end=null", "start=null", "end=", "start=%20", "end=nul"]:
+        message = await fails(http, "GET", f"{find}&{bad}", 400, "bad_request")
+        assert bad.split("=")[0] in message
+    assert "leave it out" in await fails(http, "GET", f"{find}&end=null", 400, "bad_request")
+    await fails(http, "GET", docs + "/_indexes/by_city/find?eq=", 400, "bad_request")
+    # null is a value like any other for eq (documents with a null partition value)
+    assert (await call(http, "GET", find.replace("%22X%22", "null"), 200))["documents"] == []
+    # empty optional values are left out: limit, token, since, deleted
+    assert len((await call(http, "GET", f"{find}&limit=&token=&deleted=", 200))["documents"]) == 3
+    assert len((await call(http, "GET", f"{docs}?limit=&token=", 200))["documents"]) == 3
+    await call(http, "GET", base + "/docs/_changes?since=", 200)
+    await fails(http, "GET", base + "/docs/_changes?collection=", 400, "invalid_name")
+
+
+def test_clients_and_ledgerctl_doc_ls_name_a_damaged_document(shared: Daemon) -> None:
+    """The Python clients yielded a listing's documents and dropped its ``damaged``
+    ones unseen; ``on_damaged`` is called with each (a warning is logged without it),
+    and ``ledgerctl doc ls`` lists the rest, names it on stderr and exits 4."""
+    from ledgerd.daemon.client import Client
+    from ledgerd.store import doclayout
+    from ledgerd.store.docmodel import parse_ulid
+
+    with Client(shared.socket) as c:
+        docs = c.documents("cli_damaged", "p")
+        ids = [docs.create("c", {"n": i})["_meta"]["_id"] for i in range(3)]
+        c.put("cli_damaged", "p", doclayout.body_key("c", parse_ulid(ids[1])), b"not a record")
+        c.heads("cli_damaged", "p")  # (commits the journal: listings read commits)
+        damaged: list[dict[str, Any]] = []
+        listed = [d["_meta"]["_id"] for d in docs.list_documents("c", on_damaged=damaged.append)]
+        assert listed == [ids[0], ids[2]] and [d["_id"] for d in damaged] == [ids[1]]
+    p = shared.ledgerctl("doc", "ls", "cli_damaged", "p", "c")
+    assert p.returncode == 4, p
+    assert [line.split("\t")[0] for line in p.stdout.decode().splitlines()] == [ids[0], ids[2]]
+    err = p.stderr.decode()
+    assert err.startswith("ledgerctl: ") and ids[1] in err and "Traceback" not in err, err
+
+
+async def test_attachments_of_a_deleted_document_are_read_with_deleted(
+    http: aiohttp.ClientSession, base: str
+) -> None:
+    """A soft-deleted document keeps its attachments (the store reads them with
+    ``include_deleted``), but ``GET``/``HEAD …/attachments/A`` had no way to ask:
+    ``?deleted=1`` was ignored and the answer was 404 ``document_not_found``."""
+    docs = base + "/docs/c"
+    doc_id = (await call(http, "POST", docs, 201, {"k": 1}))["_meta"]["_id"]
+    added = await call(http, "POST", f"{docs}/{doc_id}/attachments?filename=a", 201, data=b"abc")
+    att = f"{docs}/{doc_id}/attachments/{added['attachment']['_id']}"
+    await call(http, "DELETE", f"{docs}/{doc_id}", 200)
+    await fails(http, "GET", att, 404, "document_not_found")
+    async with http.get(att + "?deleted=1", headers={"Range": "bytes=1-"}) as r:
+        assert (r.status, await r.read()) == (206, b"bc")
+    async with http.head(att + "?deleted=1") as r:
+        assert (r.status, r.content_length) == (200, 3)
+
+
+async def test_a_followed_changes_feed_refuses_a_page_token(
+    http: aiohttp.ClientSession, base: str
+) -> None:
+    """``?follow=1&token=…`` followed from ``since`` with the token silently ignored, so
+    a client resuming a paged read in follow mode got the change again from its start
+    without being told; it is 400 now (a followed feed resumes from ``since``)."""
+    docs = base + "/docs"
+    for _ in range(3):
+        await call(http, "POST", docs + "/c", 201, {})
+    token = (await call(http, "GET", docs + "/_changes?limit=1", 200))["next"]
+    message = await fails(
+        http, "GET", f"{docs}/_changes?follow=1&token={token}", 400, "bad_request"
+    )
+    assert "since" in message
+
+
+@pytest.mark.parametrize("data", [{"b": b"\x00"}, {"x": float("nan")}, {b"k": 1}])
+async def test_data_with_no_json_form_is_damaged_not_internal(
+    http: aiohttp.ClientSession, base: str, data: Any
+) -> None:
+    """A record that decodes but whose data has no JSON form (bytes, NaN, a key that is
+    not text: what no document write stores, written through the key API) made every
+    listing, get and changes page holding it 500 ``internal`` (TypeError in the
+    encoder, a traceback), or for NaN sent ``NaN``, which is not JSON."""
+    import msgpack
+
+    from ledgerd.store import doclayout
+    from ledgerd.store.docmodel import parse_ulid
+
+    docs = base + "/docs/c"
+    made = await call(http, "POST", docs, 201, {"k": 1})
+    doc_id, rev = made["_meta"]["_id"], made["_meta"]["_rev"]
+    since = await head_id(http, base)
+    raw_rev = parse_ulid(rev)
+    record = [1, raw_rev, 0, int.from_bytes(raw_rev[:6], "big"), None, None, None, data, []]
+    key = quote(doclayout.body_key("c", parse_ulid(doc_id)), safe="")
+    body = msgpack.packb(record, use_bin_type=True)
+    await call(http, "PUT", f"{base}/keys/{key}", 204, data=body)
+    await head_id(http, base)
+    listed = await call(http, "GET", docs, 200)
+    assert listed["documents"] == [] and [d["_id"] for d in listed["damaged"]] == [doc_id]
+    assert listed["damaged"][0]["code"] == "corrupt"
+    changed = await call(http, "GET", f"{base}/docs/_changes?since={since}", 200)
+    assert [d["_id"] for d in changed["damaged"]] == [doc_id]
+    async with http.get(f"{base}/docs/_changes?since={since}&follow=1") as r:
+        line = json.loads(await r.content.readline())
+    assert line["documents"] == [] and [d["_id"] for d in line["damaged"]] == [doc_id]
+    assert doc_id in await fails(http, "GET", f"{docs}/{doc_id}", 500, "corrupt")
