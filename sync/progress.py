@@ -109,10 +109,12 @@ class DeviceLog:
     def is_new(self, seq: int) -> bool:
         return seq > self.max_seq or self.in_gap(seq)
 
-    def saw(self, seq: int, feed_time: int = 0) -> None:
-        """A pack with this sequence is listed: gaps below it, and one gap less."""
-        if seq > self.max_seq + 1:
-            self.gaps.append(Gap(self.max_seq + 1, seq - 1, after=self.max_time, until=feed_time))
+    def saw(self, seq: int, feed_time: int = 0, held: int = 0) -> None:
+        """A pack with this sequence is listed: gaps below it, and one gap less. The
+        sequences up to ``held`` are no gap: a checkpoint holds them (see :meth:`start`)."""
+        first = max(self.max_seq, held) + 1
+        if seq > first:
+            self.gaps.append(Gap(first, seq - 1, after=self.max_time, until=feed_time))
         if seq > self.max_seq:
             self.max_seq, self.max_time = seq, feed_time
         self.fill(seq, feed_time)
@@ -126,7 +128,10 @@ class DeviceLog:
 
     def start(self, seq: int) -> None:
         """A log that holds nothing yet begins at ``seq``, the first pack listed: the
-        packs below it are not gaps (compacted away; the checkpoints hold them)."""
+        packs below it are not gaps (compacted away; the checkpoints hold them). Packs
+        compacted away between kept ones (a pack holding a page without a checkpoint
+        stays) are no gaps either, as far as a checkpoint's cover reaches (the
+        ``held`` of :meth:`saw`)."""
         if not self.max_seq and not self.gaps:
             self.max_seq = max(seq - 1, 0)
 
