@@ -121,6 +121,13 @@ class Feed:
             newest = max(newest, min(pn.time, layout.NAMED_TIME_CEILING))
             if await self.saw(pn):
                 touched.add(pn.device)
+        if self.restarting:
+            # Packs a checkpoint covers and that are not listed were compacted away,
+            # also those above a device's last listed pack (or all of its packs).
+            for device, seq in self.held_by_checkpoints.items():
+                if device != self.ctx.device:
+                    (await self.device_log(device)).past(seq)
+                    touched.add(device)
         for device in sorted(touched):
             await self.save_log(self.logs[device])
         if self.restarting:  # the logs it started are saved

@@ -135,6 +135,11 @@ class DeviceLog:
         if not self.max_seq and not self.gaps:
             self.max_seq = max(seq - 1, 0)
 
+    def past(self, seq: int) -> None:
+        """The packs up to ``seq`` that are not listed are no longer awaited: a
+        checkpoint holds them (see :meth:`start`); the next one listed is above."""
+        self.max_seq = max(self.max_seq, seq)
+
     def _gap_at(self, seq: int) -> int:
         """The index of the gap holding ``seq``, or -1. Gaps are disjoint and kept in
         order (a new one lies above them all, a filled one is split in place), so this

@@ -117,3 +117,8 @@ def test_only_holes_a_checkpoint_covers_are_no_gaps() -> None:
         dl.saw(seq, t, held=10)
     assert [(g.first, g.last, g.after, g.until) for g in dl.gaps] == [(11, 12, 100, 130)]
     assert dl.max_seq == 13
+    # Every pack of a device compacted away: its next pack follows no gap.
+    dl = DeviceLog("d" * 32)
+    dl.past(4)
+    dl.saw(5, 50)
+    assert dl.gaps == [] and dl.max_seq == 5
