@@ -146,3 +146,40 @@ async def test_a_head_only_in_a_checkpoint_is_built_on_and_synced(
                 assert await _keys(m.repo) == keys[0]
                 assert await _head(m) in heads
                 _synced(m)
+
+
+async def test_a_restore_imports_a_merge_listed_before_a_pack_it_merges(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """Packs of one feed time are listed by device name: X's merge of Y's pack can
+    have Y's pack's feed time and come first. A restore of an evicted page takes it
+    once Y's pack is in, instead of leaving it waiting (a problem in status) for the
+    next round."""
+    clock = Clock()
+    kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0}
+    rng = random.Random(8)
+    async with (
+        device(tmp_path / "x", bucket, **kw) as d1,
+        device(tmp_path / "y", bucket, **kw) as d2,
+        device(tmp_path / "r", bucket, **kw) as r,
+    ):
+        x, y = sorted((d1, d2), key=lambda d: d.engine.device)  # x's names sort first
+        await _put(x, rng)
+        await _settle(x, y, r)
+        assert await r.repo.evict(b"l", b"p") > 0
+        await _put(x, rng)
+        clock.now += 1
+        await x.engine.round(download=False)
+        clock.now += 1
+        await _put(y, rng)
+        await y.engine.round(download=False)
+        await x.engine.sync()  # merges y's pack, in a pack of the same feed time
+        merged = [pn for pn in _pack_names(tmp_path / "bucket")][-2:]
+        assert [pn.time for pn in merged] == [merged[0].time] * 2
+        assert merged[0].device == x.engine.device
+        await r.repo.ledger("l").page("p")  # restored
+        assert not r.engine.problems(), r.engine.problems()
+        assert await _head(r) == await _head(x)
+        assert await _keys(r.repo) == await _keys(x.repo)
+        await _settle(r, x, y)
+        _synced(r, x, y)
