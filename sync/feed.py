@@ -126,7 +126,8 @@ class Feed:
             # also those above a device's last listed pack (or all of its packs).
             for device, seq in self.held_by_checkpoints.items():
                 if device != self.ctx.device:
-                    (await self.device_log(device)).past(seq)
+                    dl = await self.device_log(device)
+                    dl.floor = max(dl.floor, seq)
                     touched.add(device)
         for device in sorted(touched):
             await self.save_log(self.logs[device])
@@ -162,13 +163,12 @@ class Feed:
         dl = await self.device_log(pn.device)
         if not dl.is_new(pn.seq):
             return False
-        held = 0
         if self.restarting:
             dl.start(pn.seq)
-            held = self.held_by_checkpoints.get(pn.device, 0)
+            dl.floor = max(dl.floor, self.held_by_checkpoints.get(pn.device, 0))
         if dl.in_gap(pn.seq) and pn.seq < dl.max_seq:
             log.info("pack %s appeared in a gap of device %s", pn.name, pn.device)
-        dl.saw(pn.seq, pn.time, held)
+        dl.saw(pn.seq, pn.time)
         h = Held(pn, None, progress.RETRY, "listed, not imported yet")
         dl.held[h.id] = h
         self.devices.add(pn.device)

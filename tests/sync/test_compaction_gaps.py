@@ -109,16 +109,20 @@ async def test_a_device_back_past_the_grace_lists_holes_in_the_middle_as_no_gaps
 
 def test_only_holes_a_checkpoint_covers_are_no_gaps() -> None:
     """A log restarted from the checkpoints begins at its first listed pack and skips
-    the holes up to the highest sequence a checkpoint covers; a hole above that is
-    still a gap (no checkpoint explains it: the pack may yet come)."""
+    the holes up to the highest sequence a checkpoint covers (its floor); a hole above
+    that is still a gap (no checkpoint explains it: the pack may yet come)."""
     dl = DeviceLog("d" * 32)
     dl.start(5)
+    dl.floor = 10
     for seq, t in [(5, 50), (7, 70), (10, 100), (13, 130)]:
-        dl.saw(seq, t, held=10)
+        dl.saw(seq, t)
     assert [(g.first, g.last, g.after, g.until) for g in dl.gaps] == [(11, 12, 100, 130)]
     assert dl.max_seq == 13
-    # Every pack of a device compacted away: its next pack follows no gap.
+    assert DeviceLog.decode(dl.device, dl.encode()).floor == 10
+    # Every pack of a device compacted away: its next pack follows no gap, and a pack
+    # up to the floor is still new (a cover claims no pack away: it only hides gaps).
     dl = DeviceLog("d" * 32)
-    dl.past(4)
+    dl.floor = 4
+    assert dl.is_new(3)
     dl.saw(5, 50)
     assert dl.gaps == [] and dl.max_seq == 5
