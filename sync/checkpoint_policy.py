@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from ledgerd.store import Page
 from ledgerd.store import exchange as ex
-from ledgerd.sync.checkpoints import Checkpoints
+from ledgerd.sync.checkpoints import Checkpoints, reach
 from ledgerd.sync.context import LOCAL, Key, SyncContext
 from ledgerd.sync.errors import CloudNotFoundError
 from ledgerd.sync.feed import Feed
@@ -130,8 +130,9 @@ class CheckpointPolicy:
         done = f"sync/bootstrapped/{self.ctx.location}"
         if self.feed.feed_max or await self.ctx.repo.get_meta(done) is not None:
             return
-        if await self.checkpoints.bootstrap(lambda k: self.ctx.wanted(k), self.ctx.using):
-            await self.feed.restart()
+        held = await self.checkpoints.bootstrap(lambda k: self.ctx.wanted(k), self.ctx.using)
+        if held:  # compaction may have deleted packs those checkpoints cover
+            await self.feed.restart(held)
         await self.ctx.repo.set_meta(done, b"1")
 
     async def rejoin_if_away(self) -> None:
@@ -161,11 +162,11 @@ class CheckpointPolicy:
             )
         names = [cn async for cn in self.checkpoints.names()]
         best = await self.checkpoints.best(names)
-        devices: set[str] = set()  # whose packs compaction may have deleted meanwhile
+        held: dict[str, int] = {}  # what compaction may have deleted meanwhile
         for cn in sorted(best.values(), key=lambda n: n.name):
             try:
                 cp = await self.checkpoints.read(cn)
-                devices.update(cp.cover)
+                reach(held, cp.cover)
                 if not self.ctx.wanted_here(cp.key):
                     continue
                 fresh = not self.ctx.repo.page_exists(*cp.key)
@@ -176,7 +177,7 @@ class CheckpointPolicy:
                 continue
             except Exception as e:  # that page goes on from its packs
                 log.warning("checkpoint %s not used: %s", cn.name, describe(e))
-        for device in devices - {self.ctx.device}:
+        for device in set(held) - {self.ctx.device}:
             await self.feed.device_log(device)
         for dl in self.feed.logs.values():  # held packs the checkpoints hold are not needed
             dl.restart()  # nor the packs missing since: compacted
@@ -189,7 +190,7 @@ class CheckpointPolicy:
                 ):
                     del dl.held[hid]
             await self.feed.save_log(dl)
-        await self.feed.restart()
+        await self.feed.restart(held)
         await self.feed.set_wall_listed(self.ctx.clock())
         await self.ctx.repo.delete_meta(REJOINING)
         self._rejoining = False

@@ -86,6 +86,12 @@ def _cover(x: object) -> dict[str, int]:
     return out
 
 
+def reach(into: dict[str, int], cover: dict[str, int]) -> None:
+    """Per device, the higher of ``into``'s sequence and ``cover``'s, into ``into``."""
+    for device, seq in cover.items():
+        into[device] = max(into.get(device, 0), seq)
+
+
 def newest(names: list[CheckpointName]) -> dict[str, CheckpointName]:
     """The newest checkpoint of each page tag."""
     out: dict[str, CheckpointName] = {}
@@ -307,16 +313,20 @@ class Checkpoints:
             raise pack.CorruptPackError(f"checkpoint {cn.name} holds no commit")
         return Checkpoint(cn, p.key, cover, commits, eager, lazy)
 
-    async def bootstrap(self, wanted: Callable[[Key], bool], using: Using) -> int:
+    async def bootstrap(self, wanted: Callable[[Key], bool], using: Using) -> dict[str, int]:
         """Start every page this device has nothing of from its newest checkpoint.
-        Returns how many pages did. A checkpoint that cannot be read or stored is
-        skipped (the page is then read from its history)."""
+        Returns, per device, the highest sequence a checkpoint read covers (of every
+        page, started here or not: packs up to there may be compacted away). A
+        checkpoint that cannot be read or stored is skipped (the page is then read
+        from its history)."""
         assert self._repo is not None
         names = [cn async for cn in self.names()]
         started = 0
+        held: dict[str, int] = {}
         for cn in sorted((await self.best(names)).values(), key=lambda n: n.name):
             try:
                 cp = await self.read(cn)
+                reach(held, cp.cover)
                 if not wanted(cp.key) or self._repo.page_exists(*cp.key):
                     continue
                 async with using(cp.key) as page:
@@ -330,7 +340,7 @@ class Checkpoints:
         if started:
             await self._save()
             log.info("started %d pages from checkpoints", started)
-        return started
+        return held
 
     async def take(
         self, page: Page, cp: Checkpoint, *, rejoin: bool = False, save: bool = True

@@ -263,6 +263,11 @@ class Downloader:
         else:  # the page cannot take it here (newer schema, disk full)
             self._hold(dl, pn, key, progress.FAILED, f"cannot import it here: {describe(e)}")
 
+    def _waits(self, dl: DeviceLog, pn: PackName, key: Key) -> bool:
+        """Whether page ``key`` of pack ``pn`` is held waiting for parents."""
+        h = dl.held.get(Held(pn, key, progress.RETRY, "").id)
+        return h is not None and h.state == progress.WAITING
+
     def _vanished(self, dl: DeviceLog, name: str) -> int:
         """A listed pack is no longer in the bucket (compacted): nothing to import."""
         self._drop_held(dl, name)
@@ -346,6 +351,7 @@ class Downloader:
         try:
             cover: dict[str, int] = {}
             found = False
+            waiting: list[tuple[DeviceLog, PackName]] = []
             best = await self.checkpoints.best(
                 [cn async for cn in self.checkpoints.names(self.checkpoints.tag(key))]
             )
@@ -362,7 +368,22 @@ class Downloader:
                 dl = await self.feed.device_log(pn.device)
                 if Held(pn, None, progress.RETRY, "").id in dl.held:
                     continue  # listed, not imported yet: the next round brings it
-                found = bool(await self._import_pack(dl, pn, key)) or found
+                if await self._import_pack(dl, pn, key):
+                    found = True
+                elif self._waits(dl, pn, key):
+                    waiting.append((dl, pn))
+            # Packs of one feed time are listed by device: a merge can come before a
+            # pack it merges. Those are tried again while any of them gets in.
+            while waiting:
+                left = []
+                for dl, pn in waiting:
+                    if await self._import_pack(dl, pn, key):
+                        found = True
+                    elif self._waits(dl, pn, key):
+                        left.append((dl, pn))
+                if len(left) == len(waiting):
+                    break
+                waiting = left
             for dl in self.feed.logs.values():
                 await self.feed.save_log(dl)
             return found

@@ -16,6 +16,8 @@ import logging
 import time
 from collections.abc import AsyncIterator, Iterable
 
+import msgpack
+
 from ledgerd.store import Page
 from ledgerd.store import exchange as ex
 from ledgerd.sync import layout, progress
@@ -29,7 +31,8 @@ LISTED_WALL = "sync/listed-wall"
 """Repository meta: the wall time of a listing of the feed, within the hour."""
 RESTARTING = "sync/restarting"
 """Repository meta: set while the next listing is to start empty device logs at their
-first pack (see ``Feed.restarting``)."""
+first pack (see ``Feed.restarting``); per device, the highest sequence a checkpoint
+covers (msgpack; ``1`` as an older ledgerd saved it: none)."""
 LISTED_WALL_STEP = 3600.0
 FEED_WINDOW = 120.0
 """Seconds of feed time each listing looks back past the newest name seen: packs
@@ -67,23 +70,33 @@ class Feed:
         self._listed_at: float | None = None  # monotonic time of the last listing
         self._listed_wall = 0.0  # wall time of a recent listing (see wall_listed)
         # The next listing starts each empty device log at its first pack: set when
-        # this device started pages from checkpoints (a new device, or one back after
-        # longer than the grace), below which compaction may have deleted packs. Kept
+        # this device read the checkpoints to start pages from (a new device, or one
+        # back after longer than the grace), below which compaction may have deleted
+        # packs (also of pages this device does not hold). Kept
         # in the repository's metadata until a listing has saved the logs, so that a
         # stop before then (or a listing that failed) does not leave gaps for good.
         self.restarting = False
+        # With it, per device, the highest sequence the bucket's checkpoints cover:
+        # compaction deletes a pack between kept ones too (a pack holding a page that
+        # has no checkpoint stays), and such a hole is no gap either.
+        self.held_by_checkpoints: dict[str, int] = {}
 
     async def load(self) -> None:
         # (as listed names move it: one saved before that rule may be past the ceiling)
         stored = int(await self.ctx.repo.get_meta("sync/feed") or b"0")
         self.feed_max = min(stored, layout.NAMED_TIME_CEILING)
-        self.restarting = await self.ctx.repo.get_meta(RESTARTING) is not None
+        raw = await self.ctx.repo.get_meta(RESTARTING)
+        self.restarting = raw is not None
+        self.held_by_checkpoints = _held(raw) if raw else {}
 
-    async def restart(self) -> None:
+    async def restart(self, held: dict[str, int]) -> None:
         """The next listing starts each empty device log at its first pack (see
-        ``restarting``); recorded before the caller records what it did."""
-        await self.ctx.repo.set_meta(RESTARTING, b"1")
+        ``restarting``), and takes no pack missing up to ``held`` (per device, the
+        highest sequence a checkpoint read covers) for a gap; recorded before the
+        caller records what it did."""
+        await self.ctx.repo.set_meta(RESTARTING, bytes(msgpack.packb(held)))
         self.restarting = True
+        self.held_by_checkpoints = dict(held)
 
     # -- listing -----------------------------------------------------------------------
 
@@ -108,10 +121,19 @@ class Feed:
             newest = max(newest, min(pn.time, layout.NAMED_TIME_CEILING))
             if await self.saw(pn):
                 touched.add(pn.device)
+        if self.restarting:
+            # Packs a checkpoint covers and that are not listed were compacted away,
+            # also those above a device's last listed pack (or all of its packs).
+            for device, seq in self.held_by_checkpoints.items():
+                if device != self.ctx.device:
+                    dl = await self.device_log(device)
+                    dl.floor = max(dl.floor, seq)
+                    touched.add(device)
         for device in sorted(touched):
             await self.save_log(self.logs[device])
         if self.restarting:  # the logs it started are saved
             self.restarting = False
+            self.held_by_checkpoints = {}
             await self.ctx.repo.delete_meta(RESTARTING)
         if newest != self.feed_max:
             self.feed_max = newest
@@ -143,6 +165,7 @@ class Feed:
             return False
         if self.restarting:
             dl.start(pn.seq)
+            dl.floor = max(dl.floor, self.held_by_checkpoints.get(pn.device, 0))
         if dl.in_gap(pn.seq) and pn.seq < dl.max_seq:
             log.info("pack %s appeared in a gap of device %s", pn.name, pn.device)
         dl.saw(pn.seq, pn.time)
@@ -337,6 +360,17 @@ class Feed:
                 if isinstance(h.ln, PackName) and (h.key is None or h.key == key):
                     cover[device] = min(cover[device], h.ln.seq - 1)
         return {d: s for d, s in cover.items() if s > 0}
+
+
+def _held(raw: bytes) -> dict[str, int]:
+    """The covers :meth:`Feed.restart` saved; none from what an older ledgerd saved."""
+    try:
+        d = msgpack.unpackb(raw, raw=False)
+    except Exception:  # msgpack raises several unrelated types
+        return {}
+    if not isinstance(d, dict):
+        return {}
+    return {k: v for k, v in d.items() if isinstance(k, str) and type(v) is int}
 
 
 def _stretches(gaps: list[Gap]) -> list[tuple[int, int]]:

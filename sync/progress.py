@@ -103,6 +103,9 @@ class DeviceLog:
     probes: int = 0  # gap probes that found nothing since the last find
     probe_due: float = 0.0
     max_time: int = 0  # feed time of the pack with max_seq
+    # Packs up to here that are not listed are no gaps: a checkpoint holds them
+    # (compacted away; see :meth:`start`). Only gaps: a pack listed is still new.
+    floor: int = 0
 
     # -- gaps ------------------------------------------------------------------------
 
@@ -110,9 +113,11 @@ class DeviceLog:
         return seq > self.max_seq or self.in_gap(seq)
 
     def saw(self, seq: int, feed_time: int = 0) -> None:
-        """A pack with this sequence is listed: gaps below it, and one gap less."""
-        if seq > self.max_seq + 1:
-            self.gaps.append(Gap(self.max_seq + 1, seq - 1, after=self.max_time, until=feed_time))
+        """A pack with this sequence is listed: gaps below it (above ``floor``), and
+        one gap less."""
+        first = max(self.max_seq, self.floor) + 1
+        if seq > first:
+            self.gaps.append(Gap(first, seq - 1, after=self.max_time, until=feed_time))
         if seq > self.max_seq:
             self.max_seq, self.max_time = seq, feed_time
         self.fill(seq, feed_time)
@@ -126,7 +131,10 @@ class DeviceLog:
 
     def start(self, seq: int) -> None:
         """A log that holds nothing yet begins at ``seq``, the first pack listed: the
-        packs below it are not gaps (compacted away; the checkpoints hold them)."""
+        packs below it are not gaps (compacted away; the checkpoints hold them). Packs
+        compacted away between kept ones (a pack holding a page without a checkpoint
+        stays), or above the last one listed, are no gaps either, as far as a
+        checkpoint's cover reaches (``floor``)."""
         if not self.max_seq and not self.gaps:
             self.max_seq = max(seq - 1, 0)
 
@@ -162,6 +170,7 @@ class DeviceLog:
                     "cursor": self.cursor,
                     "max_seq": self.max_seq,
                     "max_time": self.max_time,
+                    "floor": self.floor,
                     "gaps": [[g.first, g.last, g.since, g.after, g.until] for g in self.gaps],
                     # In the order of their ids: a pack can be held whole (no key)
                     # and for a page, and None does not compare with bytes.
@@ -179,6 +188,7 @@ class DeviceLog:
             d = msgpack.unpackb(data, raw=False)
             log = cls(device, str(d["cursor"]), int(d["max_seq"]))
             log.max_time = int(d.get("max_time", 0))
+            log.floor = int(d.get("floor", 0))
             gaps = [Gap(int(g[0]), int(g[1]), float(g[2]), *map(int, g[3:])) for g in d["gaps"]]
             log.gaps = sorted(gaps, key=_first)  # (as encode wrote them)
             held: list[tuple[str, Key | None]] = []

@@ -1,0 +1,128 @@
+"""Compaction deletes a device's packs one by one: a pack whose pages all have a
+covering checkpoint goes, one holding a page without any (too large for one) stays.
+A device that starts its pages from the checkpoints then lists a sequence with holes
+in the middle (kept, deleted, kept, ...); those are no gaps."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledgerd.sync.folder import FolderStore
+from ledgerd.sync.layout import PackName
+from ledgerd.sync.progress import DeviceLog
+from tests.sync.test_compaction import Clock
+from tests.sync.test_engine import Device, _keys, device
+
+GRACE = 5.0  # the smallest compaction grace the daemon allows
+
+
+@pytest.fixture
+def bucket(tmp_path: Path) -> FolderStore:
+    (tmp_path / "bucket").mkdir()
+    return FolderStore(tmp_path / "bucket")
+
+
+def _packs(root: Path, device: str) -> list[int]:
+    out = []
+    for f in sorted((root / "packs").iterdir()):
+        pn = PackName.parse(f"packs/{f.name}")
+        if pn is not None and pn.device == device:
+            out.append(pn.seq)
+    return sorted(out)
+
+
+async def _everything(d: Device) -> dict[str, dict[bytes, bytes]]:
+    return {page: await _keys(d.repo, page=page) for page in ["p", "q"]}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_a_device_back_past_the_grace_lists_holes_in_the_middle_as_no_gaps(
+    tmp_path: Path, bucket: FolderStore, seed: int
+) -> None:
+    clock = Clock()
+    kw: dict[str, Any] = {
+        "clock": clock,
+        "checkpoint_interval": 0,
+        "compaction_grace": GRACE,
+        "max_checkpoint": 100_000,  # q, with a large value, never gets a checkpoint
+    }
+    rng = random.Random(seed)
+    async with (
+        device(tmp_path / "a", bucket, **kw) as a,
+        device(tmp_path / "b", bucket, **kw) as b,
+        device(tmp_path / "c", bucket, **kw) as c,
+    ):
+        pa, qa = await a.repo.ledger("l").page("p"), await a.repo.ledger("l").page("q")
+        await pa.put(b"p0", b"a")
+        await qa.put(b"big", rng.randbytes(150_000))
+        for d in (a, b, c):
+            clock.now += 0.5
+            await d.engine.sync()
+        # A and B write on, C is away; A's packs hold p or q, in a seeded order.
+        for i in range(12):
+            clock.now += 0.5
+            if rng.random() < 0.6:
+                await pa.put(f"pa{i}".encode(), rng.randbytes(50))
+            else:
+                await qa.put(f"qa{i}".encode(), rng.randbytes(50))
+            await a.engine.sync()
+            if rng.random() < 0.4:
+                pb = await b.repo.ledger("l").page("p")
+                await pb.put(f"pb{i}".encode(), rng.randbytes(50))
+                clock.now += 0.5
+                await b.engine.sync()
+                await a.engine.sync()
+            if rng.random() < 0.3:
+                clock.now += GRACE + 1
+                await b.engine.sync()
+                await a.engine.sync()
+                await a.engine.compact()
+        clock.now += GRACE + 1
+        await b.engine.sync()
+        await a.engine.sync()
+        await a.engine.compact()
+        seqs = _packs(tmp_path / "bucket", a.engine.device)
+        holes = sorted(set(range(seqs[0], seqs[-1] + 1)) - set(seqs))
+        assert holes, seqs  # the setting does what it is for: holes in the middle
+
+        want = await _everything(a)
+        await c.engine.sync()  # back after the grace: starts from the checkpoints
+        async with device(tmp_path / "new", bucket, **kw) as new:
+            await new.engine.sync()  # a new device starts from them too
+            for x in (c, new):
+                assert await _everything(x) == want
+                assert x.engine.status()["gaps"] == []
+                assert x.engine.health()["synced"], x.engine.health()["reasons"]
+        # A new device that holds only q starts no page from a checkpoint: the packs
+        # compaction deleted are still no gaps.
+        only_q = {**kw, "wants": lambda _ledger, page: page == b"q"}
+        async with device(tmp_path / "part", bucket, **only_q) as part:
+            await part.engine.sync()
+            assert await _keys(part.repo, page="q") == want["q"]
+            assert part.engine.status()["gaps"] == []
+            assert part.engine.health()["synced"], part.engine.health()["reasons"]
+
+
+def test_only_holes_a_checkpoint_covers_are_no_gaps() -> None:
+    """A log restarted from the checkpoints begins at its first listed pack and skips
+    the holes up to the highest sequence a checkpoint covers (its floor); a hole above
+    that is still a gap (no checkpoint explains it: the pack may yet come)."""
+    dl = DeviceLog("d" * 32)
+    dl.start(5)
+    dl.floor = 10
+    for seq, t in [(5, 50), (7, 70), (10, 100), (13, 130)]:
+        dl.saw(seq, t)
+    assert [(g.first, g.last, g.after, g.until) for g in dl.gaps] == [(11, 12, 100, 130)]
+    assert dl.max_seq == 13
+    assert DeviceLog.decode(dl.device, dl.encode()).floor == 10
+    # Every pack of a device compacted away: its next pack follows no gap, and a pack
+    # up to the floor is still new (a cover claims no pack away: it only hides gaps).
+    dl = DeviceLog("d" * 32)
+    dl.floor = 4
+    assert dl.is_new(3)
+    dl.saw(5, 50)
+    assert dl.gaps == [] and dl.max_seq == 5
