@@ -180,11 +180,15 @@ class Page(View):
         on_close: Callable[[Page], None] | None = None,
         device_id: bytes = b"",
         cache: Cache | None = None,
+        settle: bool = True,
     ) -> Page:
         """Open the page's database (``on_close`` is called once it is closed: the
         repository that owns the page's lifetime; ``device_id`` ends its versionstamps;
         ``cache`` is the repository's read cache, shared by its pages: by default the
-        page gets one of its own, of the default budget)."""
+        page gets one of its own, of the default budget). Several heads left from
+        before are merged before it returns, unless ``settle`` is false: the repository
+        merges them once the page is published, so that a conflict resolver that opens
+        the page gets it rather than waiting for the open that waits for it."""
         db = await Database.open(path, create_page_schema, synchronous=synchronous)
         page = cls(
             ledger,
@@ -199,20 +203,20 @@ class Page(View):
             cache=cache,
         )
         try:
-            await page._recover()
+            await page._recover(settle)
         except BaseException:
             await db.close()
             raise
         return page
 
-    async def _recover(self) -> None:
+    async def _recover(self, settle: bool = True) -> None:
         collected = await self.objects.recover()
         await self.merger.load_policy()
         await self.graph.load_heads()
         journals = await self.writer.recover()
         if collected or journals:
             log.info("page %r recovered: %d staged pieces collected", self.id, collected)
-        if len(self.graph.heads) > 1:
+        if settle and len(self.graph.heads) > 1:
             await self.merger.settle()
 
     @property

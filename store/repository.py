@@ -686,6 +686,16 @@ class Repository:
         page.last_used = time.monotonic()
         self._pages[(ledger, page_id)] = page
         self._handed_out[(ledger, page_id)] = 0
+        if len(page.graph.heads) > 1:
+            # Heads left from before merge now, the page published: a conflict resolver
+            # that opens it (a session's, or a custom one reading the page) gets it at
+            # once. Merged under the open lock, it waited for this open, which waited
+            # for the resolver, until RESOLVER_TIMEOUT abandoned the merge.
+            try:
+                await page.merger.settle()
+            except BaseException:
+                await asyncio.shield(page.close())
+                raise
         return page
 
     async def _restore(self, page: Page) -> None:
@@ -719,6 +729,7 @@ class Repository:
             on_close=self._closed_page,
             device_id=self.device_id,
             cache=self.cache,
+            settle=False,  # once published: see _open_new
         )
 
     def _closed_page(self, page: Page) -> None:
