@@ -277,9 +277,22 @@ class Page(View):
             if self._close_done is not None:
                 await asyncio.wait([self._close_done])
             return
-        self._closed = True
-        self._close_done = asyncio.ensure_future(self._close())
-        await asyncio.shield(self._close_done)
+        await asyncio.shield(self.start_close())
+
+    def start_close(self) -> asyncio.Future[None]:
+        """Begin closing the page, at once (it is :attr:`closed` on return), and return
+        what ends when the close has ended (the close under way, if one is)."""
+        if self._close_done is None:
+            self._closed = True
+            self._close_done = asyncio.ensure_future(self._close())
+            self._close_done.add_done_callback(self._closed_with)
+        return self._close_done
+
+    def _closed_with(self, done: asyncio.Future[None]) -> None:
+        # Logged here too: a close begun for room (Repository._make_room) has no caller
+        # that sees its error. A caller of close() still gets it raised.
+        if not done.cancelled() and done.exception() is not None:
+            log.error("page %r: closing failed: %s", self.id, done.exception())
 
     def when_closing(self, fn: Callable[[], Awaitable[None]]) -> None:
         """Run ``fn`` when the page closes, after its queued writes, before its database
@@ -300,12 +313,14 @@ class Page(View):
                 await fn()
             except Exception:
                 log.exception("page %r: closing", self.id)
-        async with self.graph.lock:  # let an in-flight commit or merge finish
-            pass
-        self.watchers.close_all()
-        await self.db.close()
-        if self._on_close is not None:
-            self._on_close(self)
+        try:
+            async with self.graph.lock:  # let an in-flight commit or merge finish
+                pass
+            self.watchers.close_all()
+            await self.db.close()
+        finally:  # closed however it went: its owner stops counting it as open
+            if self._on_close is not None:
+                self._on_close(self)
 
     async def __aenter__(self) -> Page:
         return self

@@ -608,17 +608,24 @@ class Repository:
 
     async def _make_room(self) -> None:
         """Close least recently used idle pages until one more may open (pages being
-        opened count as open)."""
+        opened count as open, and so do pages closing: they hold their files until
+        their close ends). While pages are closing, wait for the first close to end
+        rather than for the one this began, or refuse: a page closing is in nobody's
+        use, and its close ends (its writes, hooks and database)."""
         while len(self._pages) + self._reserved >= self.max_open_pages:
             idle = [p for p in self._pages.values() if not p.closed and p.idle]
-            if not idle:
+            if idle:
+                # Checked and closed with no await in between (see close_idle).
+                min(idle, key=lambda p: p.last_used).start_close()
+            closing = [p.start_close() for p in self._pages.values() if p.closed]
+            if not closing:
                 raise TooManyOpenPagesError(
                     f"all {len(self._pages) + self._reserved} open pages are in use "
                     "(max_open_pages); "
                     "try again when one is released"
                 )
-            # Checked and closed with no await in between (see close_idle).
-            await min(idle, key=lambda p: p.last_used).close()
+            await asyncio.wait(closing, return_when=asyncio.FIRST_COMPLETED)
+            self._check_open()  # closed while this waited: open nothing
 
     def _hand_out(self, key: tuple[bytes, bytes]) -> None:
         self._handed_out[key] = self._handed_out.get(key, 0) + 1
