@@ -189,7 +189,9 @@ class Page(View):
         before are merged before it returns, unless ``settle`` is false: the repository
         merges them once the page is published, so that a conflict resolver that opens
         the page gets it rather than waiting for the open that waits for it."""
-        db = await Database.open(path, create_page_schema, synchronous=synchronous)
+        db = await Database.open(
+            path, create_page_schema, synchronous=synchronous, empty_is_damage=True
+        )
         page = cls(
             ledger,
             page_id,
