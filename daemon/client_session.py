@@ -75,6 +75,10 @@ class Session:
                     task.add_done_callback(self._answering.discard)
                     continue
                 if "event" in doc:
+                    if "watch" not in doc:
+                        # Not a watcher's (a transaction rolled back as idle: its next
+                        # request is answered with the reason).
+                        continue
                     q = self._events.get(doc.get("watch", ""))
                     if q is not None:
                         q.put_nowait(doc)

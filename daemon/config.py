@@ -100,6 +100,7 @@ class Config:
     max_session_watchers: int = 256
     max_event_bytes: int = 4 * 1024 * 1024
     session_heartbeat: float = 30.0
+    session_txn_idle_timeout: float = 600.0
     max_document_bytes: int = 1024 * 1024
     max_held_index_bytes: int = 16 * 1024 * 1024
     metrics_listen: str = ""
@@ -305,6 +306,8 @@ def validate(cfg: Config) -> None:
     ):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"{key}: must be positive")
+    if not cfg.session_txn_idle_timeout >= 0:  # NaN too
+        raise ConfigError("session_txn_idle_timeout: must be 0 (no bound) or positive")
     if cfg.session_heartbeat < MIN_HEARTBEAT:
         raise ConfigError(f"session_heartbeat: must be at least {MIN_HEARTBEAT} seconds")
     if cfg.sync_interval_max < cfg.sync_interval:

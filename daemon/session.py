@@ -143,6 +143,12 @@ class Session:
         self.ws = ws
         self.number = number
         self.txns: dict[str, Transaction] = {}
+        self._txn_used: dict[str, float] = {}
+        """When each open transaction was last used (loop time): see :meth:`_expire`."""
+        self._txn_busy: str | None = None
+        """The transaction a request is being served on (never rolled back for idleness)."""
+        self._expired: dict[str, str] = {}
+        """Why transactions :meth:`_expire` rolled back (the latest few): for a later use."""
         self._pages: dict[str, tuple[bytes, bytes]] = {}
         """The page (ledger, page id) of each open transaction and watcher: see
         :meth:`_ended`."""
@@ -197,6 +203,9 @@ class Session:
         """
         queue: asyncio.Queue[str | None] = asyncio.Queue()
         worker = asyncio.create_task(self._serve(queue), name=f"session-{self.number}")
+        expiry = None
+        if self.api.cfg.session_txn_idle_timeout > 0:
+            expiry = asyncio.create_task(self._expire(), name=f"session-{self.number}-expiry")
         try:
             async for msg in self.ws:
                 if msg.type == WSMsgType.BINARY:
@@ -215,7 +224,50 @@ class Session:
         finally:
             queue.put_nowait(None)
             worker.cancel()
-            await asyncio.gather(worker, return_exceptions=True)
+            if expiry is not None:
+                expiry.cancel()
+            await asyncio.gather(worker, *([expiry] if expiry else []), return_exceptions=True)
+
+    async def _expire(self) -> None:
+        """Roll back the transactions that went ``session_txn_idle_timeout`` seconds
+        without a request on them: an open transaction holds its page open (counted in
+        ``max_open_pages``, never closed as idle), its values in memory and its base's
+        history, for as long as its client keeps it; a client that begins and never
+        ends would hold them for the connection's life. The client is told with a
+        ``rolled_back`` event; a later request on the transaction gets ``conflict``."""
+        timeout = self.api.cfg.session_txn_idle_timeout
+        loop = asyncio.get_running_loop()
+        while True:
+            wait = timeout
+            for tid, used in list(self._txn_used.items()):
+                left = used + timeout - loop.time()
+                if tid not in self.txns:  # committed or rolled back meanwhile
+                    self._txn_used.pop(tid, None)
+                    continue
+                if tid == self._txn_busy:
+                    continue
+                if left > 0:
+                    wait = min(wait, left)
+                    continue
+                txn = self.txns.pop(tid)
+                self._txn_used.pop(tid, None)
+                why = (
+                    f"transaction {tid} was rolled back: no request on it for "
+                    f"{timeout:g}s (session_txn_idle_timeout)"
+                )
+                self._expired[tid] = why
+                while len(self._expired) > self.api.cfg.max_session_transactions:
+                    del self._expired[next(iter(self._expired))]
+                log.info("session %d: %s", self.number, why)
+                try:
+                    await txn.rollback()
+                    await self._ended(tid, changed=False)
+                except Exception as e:  # rolled back as far as it goes: the page's to mend
+                    log.warning("session %d: rolling back %s: %s", self.number, tid, e)
+                with contextlib.suppress(Exception):
+                    err = ae.Conflict(why).body()
+                    await self.send({"event": "rolled_back", "txn": tid, **err})
+            await asyncio.sleep(wait)
 
     async def _enqueue(self, data: str, queue: asyncio.Queue[str | None]) -> None:
         """Queue a request for the worker, or refuse it at once when ``max_session_queue``
@@ -261,8 +313,18 @@ class Session:
             op = self.ops.get(str(req.get("op")))
             if op is None:
                 raise ae.BadRequest(f"unknown op {req.get('op')!r}")
+            tid = req.get("txn")
             with page_leases():  # the op's pages, not the session's whole life
-                result = await op(req)
+                if isinstance(tid, str) and tid in self.txns:
+                    self._txn_busy = tid
+                try:
+                    result = await op(req)
+                finally:
+                    self._txn_busy = None
+                    if isinstance(tid, str) and tid in self.txns:
+                        self._txn_used[tid] = asyncio.get_running_loop().time()
+                    elif isinstance(tid, str):
+                        self._txn_used.pop(tid, None)  # it ended
             await self.send({"id": rid, "ok": True, **result})
         except ae.ApiError as e:
             await self.send({"id": rid, "ok": False, **e.body()})
@@ -325,7 +387,8 @@ class Session:
     def _txn(self, req: dict[str, Any]) -> Transaction:
         txn = self.txns.get(str(req.get("txn")))
         if txn is None:
-            raise ae.Conflict(f"no open transaction {req.get('txn')!r} in this session")
+            why = self._expired.get(str(req.get("txn")))
+            raise ae.Conflict(why or f"no open transaction {req.get('txn')!r} in this session")
         return txn
 
     @staticmethod
@@ -352,6 +415,7 @@ class Session:
         txn = await page.transaction().start()
         tid = f"t{next(self._ids)}"
         self.txns[tid] = txn
+        self._txn_used[tid] = asyncio.get_running_loop().time()
         self._pages[tid] = names
         return {"txn": tid, "base": txn.base.id.hex()}
 

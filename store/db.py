@@ -45,7 +45,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from ledgerd.store.errors import ClosedError, from_os, from_sqlite
+from ledgerd.store.errors import ClosedError, CorruptDatabaseError, from_os, from_sqlite
 from ledgerd.store.threads import Connection, pool
 
 log = logging.getLogger(__name__)
@@ -98,14 +98,44 @@ def translating(path: Path) -> Iterator[None]:
         raise from_os(e, path) from e
 
 
-def _create_private(path: Path) -> None:
+NEW_SUFFIX = ".new"
+"""Suffix of a database file being made, renamed to its name once it has a header."""
+
+
+def _create_private(path: Path, empty_is_damage: bool) -> None:
     """Create the database file ``0600`` (and missing directories ``0700``) whatever the
     umask, before SQLite opens it: SQLite gives its -wal and -shm files the database's
-    mode."""
+    mode. It is made under another name and renamed once SQLite has written its header
+    (page size, WAL), so a database file is never empty: with ``empty_is_damage``, one
+    found empty lost what it held (a truncation) and is refused rather than made anew."""
+    try:
+        if os.stat(path).st_size > 0:
+            return
+    except FileNotFoundError:
+        pass
+    else:
+        if empty_is_damage:
+            log.error("%s is empty: its contents were lost (refused, not made anew)", path)
+            raise CorruptDatabaseError(
+                f"{path} is damaged: the file is empty (truncated; what it held is lost "
+                "unless restored), so it is not opened as a new database"
+            )
     missing = [d for d in (path.parent, *path.parent.parents) if not d.exists()]
     for d in reversed(missing):
         d.mkdir(mode=0o700, exist_ok=True)
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    new = path.with_name(path.name + NEW_SUFFIX)
+    for leftover in (new, *(new.with_name(new.name + s) for s in ("-wal", "-shm", "-journal"))):
+        leftover.unlink(missing_ok=True)  # a making cut short
+    os.close(os.open(new, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+    conn = sqlite3.connect(new, isolation_level=None)
+    try:
+        conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+        # Free pages can be given back (store.gc); set before the first table.
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+        conn.execute("PRAGMA journal_mode = WAL")  # writes the header
+    finally:
+        conn.close()
+    os.rename(new, path)
 
 
 def _prepare(path: Path, create_schema: Callable[[sqlite3.Connection], None]) -> None:
@@ -277,9 +307,13 @@ class Database:
         create_schema: Callable[[sqlite3.Connection], None],
         *,
         synchronous: Synchronous = "NORMAL",
+        empty_is_damage: bool = False,
     ) -> Database:
+        """Open (creating it if there is none) the database ``path``. With
+        ``empty_is_damage``, an empty file there is refused with
+        :class:`CorruptDatabaseError` (the store never leaves one: see _create_private)."""
         with translating(path):
-            return await cls._open(path, create_schema, synchronous)
+            return await cls._open(path, create_schema, synchronous, empty_is_damage)
 
     @classmethod
     async def _open(
@@ -287,8 +321,9 @@ class Database:
         path: Path,
         create_schema: Callable[[sqlite3.Connection], None],
         synchronous: Synchronous,
+        empty_is_damage: bool,
     ) -> Database:
-        await asyncio.to_thread(_create_private, path)
+        await asyncio.to_thread(_create_private, path, empty_is_damage)
         await asyncio.to_thread(_prepare, path, create_schema)
         writer = await Connection.connect(path, isolation_level=None)
         try:

@@ -180,12 +180,18 @@ class Page(View):
         on_close: Callable[[Page], None] | None = None,
         device_id: bytes = b"",
         cache: Cache | None = None,
+        settle: bool = True,
     ) -> Page:
         """Open the page's database (``on_close`` is called once it is closed: the
         repository that owns the page's lifetime; ``device_id`` ends its versionstamps;
         ``cache`` is the repository's read cache, shared by its pages: by default the
-        page gets one of its own, of the default budget)."""
-        db = await Database.open(path, create_page_schema, synchronous=synchronous)
+        page gets one of its own, of the default budget). Several heads left from
+        before are merged before it returns, unless ``settle`` is false: the repository
+        merges them once the page is published, so that a conflict resolver that opens
+        the page gets it rather than waiting for the open that waits for it."""
+        db = await Database.open(
+            path, create_page_schema, synchronous=synchronous, empty_is_damage=True
+        )
         page = cls(
             ledger,
             page_id,
@@ -199,20 +205,20 @@ class Page(View):
             cache=cache,
         )
         try:
-            await page._recover()
+            await page._recover(settle)
         except BaseException:
             await db.close()
             raise
         return page
 
-    async def _recover(self) -> None:
+    async def _recover(self, settle: bool = True) -> None:
         collected = await self.objects.recover()
         await self.merger.load_policy()
         await self.graph.load_heads()
         journals = await self.writer.recover()
         if collected or journals:
             log.info("page %r recovered: %d staged pieces collected", self.id, collected)
-        if len(self.graph.heads) > 1:
+        if settle and len(self.graph.heads) > 1:
             await self.merger.settle()
 
     @property
@@ -273,9 +279,22 @@ class Page(View):
             if self._close_done is not None:
                 await asyncio.wait([self._close_done])
             return
-        self._closed = True
-        self._close_done = asyncio.ensure_future(self._close())
-        await asyncio.shield(self._close_done)
+        await asyncio.shield(self.start_close())
+
+    def start_close(self) -> asyncio.Future[None]:
+        """Begin closing the page, at once (it is :attr:`closed` on return), and return
+        what ends when the close has ended (the close under way, if one is)."""
+        if self._close_done is None:
+            self._closed = True
+            self._close_done = asyncio.ensure_future(self._close())
+            self._close_done.add_done_callback(self._closed_with)
+        return self._close_done
+
+    def _closed_with(self, done: asyncio.Future[None]) -> None:
+        # Logged here too: a close begun for room (Repository._make_room) has no caller
+        # that sees its error. A caller of close() still gets it raised.
+        if not done.cancelled() and done.exception() is not None:
+            log.error("page %r: closing failed: %s", self.id, done.exception())
 
     def when_closing(self, fn: Callable[[], Awaitable[None]]) -> None:
         """Run ``fn`` when the page closes, after its queued writes, before its database
@@ -296,12 +315,14 @@ class Page(View):
                 await fn()
             except Exception:
                 log.exception("page %r: closing", self.id)
-        async with self.graph.lock:  # let an in-flight commit or merge finish
-            pass
-        self.watchers.close_all()
-        await self.db.close()
-        if self._on_close is not None:
-            self._on_close(self)
+        try:
+            async with self.graph.lock:  # let an in-flight commit or merge finish
+                pass
+            self.watchers.close_all()
+            await self.db.close()
+        finally:  # closed however it went: its owner stops counting it as open
+            if self._on_close is not None:
+                self._on_close(self)
 
     async def __aenter__(self) -> Page:
         return self

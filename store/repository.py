@@ -608,17 +608,24 @@ class Repository:
 
     async def _make_room(self) -> None:
         """Close least recently used idle pages until one more may open (pages being
-        opened count as open)."""
+        opened count as open, and so do pages closing: they hold their files until
+        their close ends). While pages are closing, wait for the first close to end
+        rather than for the one this began, or refuse: a page closing is in nobody's
+        use, and its close ends (its writes, hooks and database)."""
         while len(self._pages) + self._reserved >= self.max_open_pages:
             idle = [p for p in self._pages.values() if not p.closed and p.idle]
-            if not idle:
+            if idle:
+                # Checked and closed with no await in between (see close_idle).
+                min(idle, key=lambda p: p.last_used).start_close()
+            closing = [p.start_close() for p in self._pages.values() if p.closed]
+            if not closing:
                 raise TooManyOpenPagesError(
                     f"all {len(self._pages) + self._reserved} open pages are in use "
                     "(max_open_pages); "
                     "try again when one is released"
                 )
-            # Checked and closed with no await in between (see close_idle).
-            await min(idle, key=lambda p: p.last_used).close()
+            await asyncio.wait(closing, return_when=asyncio.FIRST_COMPLETED)
+            self._check_open()  # closed while this waited: open nothing
 
     def _hand_out(self, key: tuple[bytes, bytes]) -> None:
         self._handed_out[key] = self._handed_out.get(key, 0) + 1
@@ -686,6 +693,16 @@ class Repository:
         page.last_used = time.monotonic()
         self._pages[(ledger, page_id)] = page
         self._handed_out[(ledger, page_id)] = 0
+        if len(page.graph.heads) > 1:
+            # Heads left from before merge now, the page published: a conflict resolver
+            # that opens it (a session's, or a custom one reading the page) gets it at
+            # once. Merged under the open lock, it waited for this open, which waited
+            # for the resolver, until RESOLVER_TIMEOUT abandoned the merge.
+            try:
+                await page.merger.settle()
+            except BaseException:
+                await asyncio.shield(page.close())
+                raise
         return page
 
     async def _restore(self, page: Page) -> None:
@@ -719,6 +736,7 @@ class Repository:
             on_close=self._closed_page,
             device_id=self.device_id,
             cache=self.cache,
+            settle=False,  # once published: see _open_new
         )
 
     def _closed_page(self, page: Page) -> None:

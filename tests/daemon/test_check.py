@@ -171,3 +171,30 @@ def test_check_says_in_text_when_it_read_no_bucket(short_tmp: Path) -> None:
         assert text.splitlines()[-1].startswith("checked 2 pages: healthy"), text
     finally:
         assert d.stop() == 0
+
+
+def test_a_page_file_truncated_to_nothing_is_refused_and_listed_by_check(
+    synced: Daemon,
+) -> None:
+    """A page.sqlite cut to 0 bytes (disk trouble) opened as a new, empty page: its
+    keys gone without a word. Its reads are now 500 ``corrupt``, check lists it as
+    damaged, the file is left as it is, and the other pages are served."""
+    f = _page_file(synced)
+    for side in f.parent.iterdir():
+        if side != f:
+            side.unlink()
+    f.write_bytes(b"")
+    d2 = _start(synced.data.parent)
+    try:
+        with Client(d2.socket) as c:
+            with pytest.raises(LedgerError) as e:
+                c.get("notes", "inbox", b"note")
+            assert (e.value.code, e.value.status) == ("corrupt", 500), e.value
+            assert "empty" in str(e.value)
+            assert c.get("notes", "other", b"k") == b"v" * 100
+        code, text = _check(d2)
+        assert code == 1 and "notes inbox: DAMAGED" in text and "empty" in text, text
+        assert "notes other" not in text
+    finally:
+        assert d2.stop() == 0, d2.log_text()
+    assert f.stat().st_size == 0

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from pathlib import Path
 
 from ledgerd.daemon.client import Answer, AsyncClient, ResolveRequest
-from tests.daemon.conftest import Daemon
+from tests.daemon.conftest import Daemon, start_daemon
 
 KEYS = [b"key-%03d" % i for i in range(100)]
 
@@ -134,3 +135,47 @@ async def test_a_resolver_may_read_the_page_before_answering(daemon: Daemon) -> 
         assert (await c.policy("l", "p"))["conflict"] is None
         await s.close()
         await resolver.close()
+
+
+async def test_a_resolver_connecting_after_a_restart_merges_what_was_left(
+    short_tmp: Path,
+) -> None:
+    # A conflict left waiting for a resolver, then a restart: the page is closed. A
+    # resolver connects; resuming the ledger's merges opens the page, and opening it
+    # merged its heads under the page's open lock, so the session's resolver, which
+    # opens the page to read the conflict's values, waited for that open: nothing was
+    # asked for RESOLVER_TIMEOUT (30 s), then the merge was abandoned.
+    d = start_daemon(short_tmp)
+    try:
+        async with AsyncClient(d.socket) as c:
+            await c.policy("l", "p", "automatic_with_fallback")
+            await c.put("l", "p", b"k", b"base")
+            s = await c.open_session()
+            txn = await s.begin("l", "p")
+            await txn.put(b"k", b"from the transaction")
+            await c.put("l", "p", b"k", b"plain")  # the head moves: the commit forks
+            await c.heads("l", "p")
+            await txn.commit()
+            await s.close()
+            assert (await c.policy("l", "p"))["heads"] == 2
+    finally:
+        assert d.stop() == 0, d.log_text()
+    d = start_daemon(short_tmp)
+    try:
+        async with AsyncClient(d.socket) as c:
+            asked = asyncio.Event()
+
+            async def take_left(req: ResolveRequest) -> Answer:
+                asked.set()
+                return {x.key: "left" for x in req.conflicts}
+
+            resolver = await c.register_resolver("l", take_left)
+            await asyncio.wait_for(asked.wait(), 15)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 15
+            while (await c.policy("l", "p"))["heads"] != 1:  # stored just after the answer
+                assert loop.time() < deadline
+                await asyncio.sleep(0.05)
+            await resolver.close()
+    finally:
+        assert d.stop() == 0, d.log_text()

@@ -466,3 +466,41 @@ async def test_a_page_whose_only_state_is_its_merge_policy_is_not_removed_by_ses
         await ws.close()
         assert await c.pages("l") == [b"p"]
         assert (await c.policy("l", "p"))["policy"] == "custom"
+
+
+async def test_a_transaction_left_idle_is_rolled_back_and_frees_its_page(
+    short_tmp: Path,
+) -> None:
+    # A client that begins a transaction and never ends it held its page open (busy:
+    # never closed as idle, counted in max_open_pages), its values and its base's
+    # history for the connection's life. Past session_txn_idle_timeout it is rolled
+    # back: the client hears why, the page is free, a later use of it is refused.
+    d = start_daemon(
+        short_tmp,
+        env={"LEDGERD_MAX_OPEN_PAGES": "1", "LEDGERD_SESSION_TXN_IDLE_TIMEOUT": "2"},
+    )
+    try:
+        async with aiohttp.ClientSession(
+            connector=aiohttp.UnixConnector(path=str(d.socket))
+        ) as http:
+            ws, reply = await _begin(http)
+            tid = reply["txn"]
+            await _op(ws, op="put", txn=tid, key=b64(b"k"), value=b64(b"held"))
+            # Another client's page: refused while the transaction holds the one page.
+            r = await http.put(URL("http://ledgerd/v1/ledgers/l/pages/q/keys/k"), data=b"v")
+            assert r.status == 503, await r.text()
+            event = await asyncio.wait_for(ws.receive_json(), 30)
+            assert event["event"] == "rolled_back" and event["txn"] == tid, event
+            assert event["error"]["code"] == "conflict"
+            assert "session_txn_idle_timeout" in event["error"]["message"]
+            r = await http.put(URL("http://ledgerd/v1/ledgers/l/pages/q/keys/k"), data=b"v")
+            assert r.status == 204, await r.text()
+            await ws.send_str(json.dumps({"id": 7, "op": "commit", "txn": tid}))
+            late = await ws.receive_json()
+            assert not late["ok"] and late["error"]["code"] == "conflict"
+            assert "session_txn_idle_timeout" in late["error"]["message"]
+            r = await http.get(URL("http://ledgerd/v1/ledgers/l/pages/p/keys/k"))
+            assert r.status == 404  # nothing of it was committed
+            await ws.close()
+    finally:
+        assert d.stop() == 0, d.log_text()

@@ -10,8 +10,9 @@ import pytest
 
 from ledgerd.store import ClosedError, Page, Repository, TooManyOpenPagesError
 from ledgerd.store.commit import FIRST
+from ledgerd.store.errors import CorruptDatabaseError
 from ledgerd.store.merge import Policy
-from ledgerd.store.repository import DISCARDED, UNWRITTEN
+from ledgerd.store.repository import DISCARDED, UNWRITTEN, encode_name
 from ledgerd.store.schema import FORMAT_VERSION
 
 
@@ -339,3 +340,48 @@ async def test_a_marked_page_written_by_another_loses_its_mark_when_it_closes(
         assert await repo.close_idle(0) == 2
         await asyncio.gather(*repo._closing)
         assert _marks(tmp_path) == ["bA", "bA/ZW1wdHk"]
+
+
+async def test_a_page_file_truncated_to_nothing_is_refused_as_damaged_not_opened_empty(
+    tmp_path: Path,
+) -> None:
+    # A page.sqlite cut to 0 bytes (disk trouble) opened as a new, empty page: its
+    # history gone without a word, and the next write made it look whole. It is now
+    # refused as damaged (CorruptDatabaseError, "corrupt" in the daemon), and left as
+    # it is for a check or a restore; a page never made still opens new.
+    async with await Repository.open(tmp_path) as repo:
+        await (await repo.ledger("l").page("p")).put(b"k", b"v")
+        path = repo.page_path(b"l", b"p")
+    for f in path.parent.iterdir():
+        if f.name != "page.sqlite":
+            f.unlink()
+    path.write_bytes(b"")
+    async with await Repository.open(tmp_path) as repo:
+        with pytest.raises(CorruptDatabaseError, match="empty"):
+            await repo.ledger("l").page("p")
+        assert path.exists() and path.stat().st_size == 0  # nothing made over it
+        assert not repo.is_open(b"l", b"p")
+        new = await repo.ledger("l").page("new")
+        await new.put(b"k", b"v")
+        assert await new.get(b"k") == b"v"
+
+
+async def test_a_marked_page_truncated_to_nothing_is_left_for_a_check(tmp_path: Path) -> None:
+    # The start-up clean-up opens a page still marked unwritten to see whether it is
+    # empty: a 0-byte file is damage, not a page holding only its first commit, so it
+    # is neither removed nor made anew.
+    async with await Repository.open(tmp_path) as repo:
+        await (await repo.ledger("l").page("p")).put(b"k", b"v")
+        path = repo.page_path(b"l", b"p")
+    for f in path.parent.iterdir():
+        if f.name != "page.sqlite":
+            f.unlink()
+    path.write_bytes(b"")
+    mark = tmp_path / str(FORMAT_VERSION) / UNWRITTEN / encode_name(b"l") / encode_name(b"p")
+    mark.parent.mkdir(parents=True)
+    mark.touch()  # as a crash before its making write was acknowledged leaves it
+    async with await Repository.open(tmp_path) as repo:
+        assert path.exists() and path.stat().st_size == 0
+        assert await repo.ledger("l").pages() == [b"p"]
+        with pytest.raises(CorruptDatabaseError):
+            await repo.ledger("l").page("p")
