@@ -73,7 +73,8 @@ def sync_lines(sync: dict[str, Any]) -> list[str]:
         # A pack refused before its index was read names no page.
         page = f" for {_page(h)}" if h.get("ledger") is not None else ""
         lines.append(
-            f"held     pack {h['pack']}{page} ({h['state']}, {h['attempts']} attempts{retry}){why}"
+            f"held     pack {h['pack']}{page} ({h['state']}, "
+            f"{counted(h['attempts'], 'attempt')}{retry}){why}"
         )
     for g in sync.get("gaps", []):
         seqs = (
