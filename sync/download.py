@@ -6,10 +6,11 @@ ranges of sections), handed to the store, which verifies everything before
 storing it; LAZY pieces are recorded with their location (fetched on first read
 by :mod:`sync.fetch`). A pack (or one page of it) that cannot be imported is held
 in its device's log, in the state its failure calls for (refused, sealed with a
-key this device lacks, waiting for parents, deferred, failed), and retried with backoff; it never blocks later packs.
-It also brings an evicted page back (:meth:`Downloader.restore`), and makes a page
-started from a checkpoint read its whole history when a commit needs it. What is
-listed, and the device logs themselves, are :mod:`sync.feed`'s.
+key this device lacks, waiting for parents, deferred, failed), and retried with
+backoff; it never blocks later packs. It also brings an evicted page back
+(:meth:`Downloader.restore`), and makes a page started from a checkpoint read its
+whole history when a commit needs it. What is listed, and the device logs
+themselves, are :mod:`sync.feed`'s.
 """
 
 from __future__ import annotations
