@@ -26,7 +26,7 @@ def status_lines(st: dict[str, Any]) -> list[str]:
         f"ledgerd {st['version']} (pid {st['pid']}), up {st['uptime_s']:.0f}s",
         f"device   {st['device_id']}",
         f"data     {st['data_dir']}",
-        f"cloud    {st.get('cloud') or 'off'}",
+        f"cloud    {st.get('cloud') or 'off (sync is off: every page is local only)'}",
     ]
     sync = st.get("sync") or {}
     # sync_error is the first thing in the way: often the bucket's or the last round's

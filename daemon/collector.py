@@ -141,12 +141,24 @@ async def disk_usage(api: Api, doc: Any) -> dict[str, Any]:
         except StoreError as e:
             pages.append({**_names_json(*key), "error": str(e)})
             continue
-        pages.append({**_names_json(*key), "evicted": False, **u})
+        pages.append({**_names_json(*key), "evicted": False, **u, "sync": sync_state(api, u)})
     return {
         "file_bytes": sum(p.get("file_bytes", 0) for p in pages),
         "live_bytes": sum(p.get("live_bytes", 0) for p in pages),
         "pages": pages,
     }
+
+
+SYNC_OFF, SYNCED, PENDING = "off", "synced", "pending"
+"""A page's ``sync`` in ``GET /v1/du`` and ``/v1/status``: no cloud (it stays on this
+device: ``local only``), nothing waits for upload, or something does."""
+
+
+def sync_state(api: Api, usage: dict[str, Any]) -> str:
+    """The page's ``sync`` (see :data:`SYNC_OFF`) from its :func:`store.gc.usage`."""
+    if api.engine is None:
+        return SYNC_OFF
+    return SYNCED if usage["synced"] else PENDING
 
 
 async def evict_now(api: Api, doc: Any) -> dict[str, Any]:

@@ -281,6 +281,11 @@ class _State(Collector):
             "Open pages keeping several heads until a resolver connects",
             value=snap.get("conflicts", 0.0),
         )
+        yield GaugeMetricFamily(
+            "ledgerd_sync_enabled",
+            "1 when cloud sync is on; 0 when it is off (no cloud: every page is local only)",
+            value=0.0 if self.m._engine is None else 1.0,
+        )
         pieces = GaugeMetricFamily(
             "ledgerd_pieces",
             "Pieces of the open pages by status (transient, local, synced; remote: in the "

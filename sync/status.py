@@ -279,8 +279,10 @@ class StatusBoard:
     async def page_status(self, page: Page) -> dict[str, Any]:
         key = (page.ledger, page.id)
         st = self.states.get(key, PageState())
+        unsynced = await ex.unsynced_count(page)
         return {
-            "unsynced_commits": await ex.unsynced_count(page),
+            "sync": "pending" if unsynced else "synced",
+            "unsynced_commits": unsynced,
             "last_sync": st.last_sync,
             "last_error": st.last_error or self.pack_error(key),
         }
