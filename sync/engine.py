@@ -534,5 +534,9 @@ class SyncEngine:
         not (see :meth:`sync.status.StatusBoard.health`)."""
         return self.board.health(self.poll_interval)
 
+    def gauges(self) -> dict[str, Any]:
+        """Sync's state for the metrics (see :meth:`sync.status.StatusBoard.gauges`)."""
+        return self.board.gauges(self.poll_interval)
+
     async def page_status(self, page: Page) -> dict[str, Any]:
         return await self.board.page_status(page)

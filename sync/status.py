@@ -276,6 +276,20 @@ class StatusBoard:
             "last_round_ok": self.last_round_ok,
         }
 
+    def gauges(self, poll_interval: float) -> dict[str, Any]:
+        """What the metrics show of sync when scraped: whether it is healthy and
+        synced (see :meth:`health`), the pages waiting for upload, the held packs by
+        state, the gaps in device logs, and when a round last finished."""
+        health = self.health(poll_interval)
+        return {
+            "healthy": health["healthy"],
+            "synced": health["synced"],
+            "pending_uploads": health["pending_uploads"],
+            "held": Counter(h.state for h in self.feed.held()),
+            "gaps": sum(len(dl.gaps) for dl in self.feed.logs.values()),
+            "last_round_ok": self.last_round_ok,
+        }
+
     async def page_status(self, page: Page) -> dict[str, Any]:
         key = (page.ledger, page.id)
         st = self.states.get(key, PageState())

@@ -4,6 +4,7 @@ cloud, ``synced``, ``pending``) in ``ledgerctl du``, status, health and metrics.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -12,7 +13,7 @@ from ledgerd.daemon.client import Client
 from tests.daemon.conftest import Daemon, start_daemon
 
 
-def _metric(c: Client, name: str) -> float:
+def _metric(c: Client, name: str, **labels: str) -> float:
     async def get() -> str:
         async with c.aio.session.get(c.url("/v1/metrics")) as resp:
             assert resp.status == 200
@@ -20,7 +21,7 @@ def _metric(c: Client, name: str) -> float:
 
     for family in text_string_to_metric_families(c._call(get())):
         for s in family.samples:
-            if s.name == name:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
                 return float(s.value)
     raise AssertionError(f"no metric {name}")
 
@@ -67,5 +68,29 @@ def test_with_a_folder_bucket_pages_are_synced_or_pending(short_tmp: Path) -> No
             st = json.loads(d.ledgerctl("status", "--json", check=True).stdout)
             assert [p["sync"] for p in st["open_pages"]] == ["pending"], st
             assert c.health()["sync"]["state"] == "degraded"
+    finally:
+        assert d.stop() == 0, d.log_text()
+
+
+def test_metrics_show_a_held_pack_that_fails_no_round(short_tmp: Path) -> None:
+    # A pack that cannot be imported leaves every round "ok": only the sync gauges
+    # tell a scraper that this device is stuck, and on what.
+    bucket = short_tmp / "bucket"
+    d = start_daemon(short_tmp / "a", "--cloud", f"file://{bucket}")
+    try:
+        d.ledgerctl("put", "notes", "inbox", "k", "v", check=True)
+        d.ledgerctl("sync", check=True)
+        with Client(d.socket) as c:
+            assert _metric(c, "ledgerd_sync_healthy") == 1.0
+            assert _metric(c, "ledgerd_sync_synced") == 1.0
+            assert _metric(c, "ledgerd_sync_held_packs") == 0.0
+            assert _metric(c, "ledgerd_sync_last_round_ok_timestamp_seconds") > 0
+            name = f"packs/{int(time.time() * 1000):013d}.{'ab' * 16}.{3:016d}.96.200"
+            (bucket / name).write_bytes(b"not a pack at all, by hand")
+            assert d.ledgerctl("sync", "--timeout", "10").returncode == 4
+            assert _metric(c, "ledgerd_sync_healthy") == 0.0
+            assert _metric(c, "ledgerd_sync_held_packs", state="refused") == 1.0
+            assert _metric(c, "ledgerd_sync_gaps") == 1.0  # its sequences 1 and 2
+            assert _metric(c, "ledgerd_sync_pending_uploads") == 0.0
     finally:
         assert d.stop() == 0, d.log_text()
