@@ -46,6 +46,8 @@ def status_lines(st: dict[str, Any]) -> list[str]:
             extra += f"  unsynced={p['unsynced_commits']}"
         if p.get("last_sync"):
             extra += f"  synced {when_s(p['last_sync'])}"
+        elif p.get("sync") == "synced":  # (nothing moved since the daemon started)
+            extra += "  synced"
         if p.get("conflict"):
             extra += f"  conflict: {p['conflict']}"
         if p.get("last_error"):

@@ -94,3 +94,23 @@ def test_metrics_show_a_held_pack_that_fails_no_round(short_tmp: Path) -> None:
             assert _metric(c, "ledgerd_sync_pending_uploads") == 0.0
     finally:
         assert d.stop() == 0, d.log_text()
+
+
+def test_status_after_a_restart_says_a_page_is_synced(short_tmp: Path) -> None:
+    # The time of a page's last upload or import is kept in memory only: after a
+    # restart the page's line said nothing, as if it had never synced.
+    bucket = short_tmp / "bucket"
+    env = {"LEDGERD_SYNC_INTERVAL": "60"}
+    d = start_daemon(short_tmp / "a", "--cloud", f"file://{bucket}", env=env)
+    try:
+        d.ledgerctl("put", "notes", "inbox", "k", "v", check=True)
+        d.ledgerctl("sync", check=True)
+    finally:
+        assert d.stop() == 0, d.log_text()
+    d = start_daemon(short_tmp / "a", "--cloud", f"file://{bucket}", env=env)
+    try:
+        d.ledgerctl("get", "notes", "inbox", "k", check=True)  # opens the page
+        text = d.ledgerctl("status", check=True).stdout.decode()
+        assert "\npage     notes/inbox  synced" in text, text
+    finally:
+        assert d.stop() == 0, d.log_text()
