@@ -114,3 +114,18 @@ def test_status_after_a_restart_says_a_page_is_synced(short_tmp: Path) -> None:
         assert "\npage     notes/inbox  synced" in text, text
     finally:
         assert d.stop() == 0, d.log_text()
+
+
+def test_an_evicted_page_is_synced(short_tmp: Path) -> None:
+    # Evicted, a page is not opened for du (that would fetch it back): its sync state
+    # is still given, as for every other page (eviction needs it fully synced).
+    d = start_daemon(short_tmp / "a", "--cloud", f"file://{short_tmp / 'bucket'}")
+    try:
+        d.ledgerctl("put", "notes", "inbox", "k", "v", check=True)
+        d.ledgerctl("sync", check=True)
+        d.ledgerctl("evict", "notes", "inbox", check=True)
+        text, doc = _du(d)
+        assert doc["evicted"] is True and doc["sync"] == "synced", doc
+        assert "evicted" in text, text
+    finally:
+        assert d.stop() == 0, d.log_text()
