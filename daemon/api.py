@@ -55,6 +55,7 @@ from ledgerd.daemon.codec import (
     text_or_none,
     token_param,
 )
+from ledgerd.daemon.collector import SYNC_OFF
 from ledgerd.daemon.config import Config
 from ledgerd.daemon.metrics import ROUTE_KEY
 from ledgerd.store import (
@@ -678,7 +679,9 @@ class Api:
                         "heads": len(await pg.heads()),
                         "policy": pg.policy.value,
                         "conflict": pg.pending_conflict,
-                        **(await self.engine.page_status(pg) if self.engine else {}),
+                        **(
+                            await self.engine.page_status(pg) if self.engine else {"sync": SYNC_OFF}
+                        ),
                     }
                 )
         return web.json_response(

@@ -755,7 +755,9 @@ def _disk_note(disk: dict[str, Any]) -> str:
         return "evicted: fetched again on its next use"
     if "error" in disk:
         return f"unknown: {disk['error']}"
-    synced = "synced" if disk["synced"] else "not synced"
+    # "sync": off (no cloud), synced or pending; an older daemon sends "synced" only.
+    state = disk.get("sync") or ("synced" if disk["synced"] else "pending")
+    synced = {"off": "local only", "synced": "synced"}.get(state, "not synced")
     return f"{disk['retained_commits']} of {disk['commits']} commits kept, {synced}"
 
 

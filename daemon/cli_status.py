@@ -26,7 +26,7 @@ def status_lines(st: dict[str, Any]) -> list[str]:
         f"ledgerd {st['version']} (pid {st['pid']}), up {st['uptime_s']:.0f}s",
         f"device   {st['device_id']}",
         f"data     {st['data_dir']}",
-        f"cloud    {st.get('cloud') or 'off'}",
+        f"cloud    {st.get('cloud') or 'off (sync is off: every page is local only)'}",
     ]
     sync = st.get("sync") or {}
     # sync_error is the first thing in the way: often the bucket's or the last round's
@@ -46,6 +46,8 @@ def status_lines(st: dict[str, Any]) -> list[str]:
             extra += f"  unsynced={p['unsynced_commits']}"
         if p.get("last_sync"):
             extra += f"  synced {when_s(p['last_sync'])}"
+        elif p.get("sync") == "synced":  # (nothing moved since the daemon started)
+            extra += "  synced"
         if p.get("conflict"):
             extra += f"  conflict: {p['conflict']}"
         if p.get("last_error"):
@@ -73,7 +75,8 @@ def sync_lines(sync: dict[str, Any]) -> list[str]:
         # A pack refused before its index was read names no page.
         page = f" for {_page(h)}" if h.get("ledger") is not None else ""
         lines.append(
-            f"held     pack {h['pack']}{page} ({h['state']}, {h['attempts']} attempts{retry}){why}"
+            f"held     pack {h['pack']}{page} ({h['state']}, "
+            f"{counted(h['attempts'], 'attempt')}{retry}){why}"
         )
     for g in sync.get("gaps", []):
         seqs = (

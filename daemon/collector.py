@@ -126,6 +126,18 @@ async def collect_pages(
     return results, errors
 
 
+SYNC_OFF, SYNCED, PENDING = "off", "synced", "pending"
+"""A page's ``sync`` in ``GET /v1/du`` and ``/v1/status``: no cloud (it stays on this
+device: ``local only``), nothing waits for upload, or something does."""
+
+
+def sync_state(api: Api, usage: dict[str, Any]) -> str:
+    """The page's ``sync`` (see :data:`SYNC_OFF`) from its :func:`store.gc.usage`."""
+    if api.engine is None:
+        return SYNC_OFF
+    return SYNCED if usage["synced"] else PENDING
+
+
 async def disk_usage(api: Api, doc: Any) -> dict[str, Any]:
     """The answer of ``GET /v1/du``: per page, its files and what it holds."""
     ledger, page = _names(api, doc, "du")
@@ -133,7 +145,15 @@ async def disk_usage(api: Api, doc: Any) -> dict[str, Any]:
     pages = []
     for key in keys:
         if api.repo.is_evicted(*key):  # (opening it would bring it back)
-            pages.append({**_names_json(*key), "evicted": True, "file_bytes": 0, "live_bytes": 0})
+            pages.append(
+                {
+                    **_names_json(*key),
+                    "evicted": True,
+                    "file_bytes": 0,
+                    "live_bytes": 0,
+                    "sync": SYNC_OFF if api.engine is None else SYNCED,  # (or it was empty)
+                }
+            )
             continue
         try:
             async with api.repo.page(*key, transient=True) as pg:
@@ -141,7 +161,7 @@ async def disk_usage(api: Api, doc: Any) -> dict[str, Any]:
         except StoreError as e:
             pages.append({**_names_json(*key), "error": str(e)})
             continue
-        pages.append({**_names_json(*key), "evicted": False, **u})
+        pages.append({**_names_json(*key), "evicted": False, **u, "sync": sync_state(api, u)})
     return {
         "file_bytes": sum(p.get("file_bytes", 0) for p in pages),
         "live_bytes": sum(p.get("live_bytes", 0) for p in pages),

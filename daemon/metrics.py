@@ -36,6 +36,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from ledgerd.store import Commit, CommitListener, GcResult, Page, Repository
+from ledgerd.sync import progress
 from ledgerd.sync.metered import CloudCounters
 
 if TYPE_CHECKING:
@@ -177,6 +178,7 @@ class Metrics:
             for k, v in counts.items():
                 pages[k] = pages.get(k, 0) + v
         self._snapshot = {
+            "sync": None if self._engine is None else self._engine.gauges(),
             "open_pages": float(len(open_pages)),
             "journal": journal,
             "conflicts": float(conflicts),
@@ -281,6 +283,13 @@ class _State(Collector):
             "Open pages keeping several heads until a resolver connects",
             value=snap.get("conflicts", 0.0),
         )
+        yield GaugeMetricFamily(
+            "ledgerd_sync_enabled",
+            "1 when cloud sync is on; 0 when it is off (no cloud: every page is local only)",
+            value=0.0 if self.m._engine is None else 1.0,
+        )
+        if (sync := snap.get("sync")) is not None:
+            yield from _sync_gauges(sync)
         pieces = GaugeMetricFamily(
             "ledgerd_pieces",
             "Pieces of the open pages by status (transient, local, synced; remote: in the "
@@ -329,6 +338,55 @@ class _State(Collector):
         for kind, s in sorted(c.seconds.items()):
             seconds.add_metric([kind], s)
         yield seconds
+
+
+HELD_STATES = (
+    progress.REFUSED,
+    progress.KEY_MISSING,
+    progress.WAITING,
+    progress.FAILED,
+    progress.DEFERRED,
+    progress.RETRY,
+)
+"""The states of held packs, each a series of ``ledgerd_sync_held_packs``."""
+
+
+def _sync_gauges(sync: dict[str, Any]) -> Iterable[Metric]:
+    """The gauges of sync's state (only when cloud sync is on)."""
+    yield GaugeMetricFamily(
+        "ledgerd_sync_healthy",
+        "1 when sync is healthy (no problem, no gap, a round finished lately), else 0",
+        value=float(sync["healthy"]),
+    )
+    yield GaugeMetricFamily(
+        "ledgerd_sync_synced",
+        "1 when sync is healthy and nothing waits for upload, else 0",
+        value=float(sync["synced"]),
+    )
+    yield GaugeMetricFamily(
+        "ledgerd_sync_pending_uploads",
+        "Pages with commits waiting for upload",
+        value=float(sync["pending_uploads"]),
+    )
+    held = GaugeMetricFamily(
+        "ledgerd_sync_held_packs",
+        "Packs (or pages of packs) listed and not imported, by state",
+        labels=["state"],
+    )
+    for state in HELD_STATES:
+        held.add_metric([state], float(sync["held"].get(state, 0)))
+    yield held
+    yield GaugeMetricFamily(
+        "ledgerd_sync_gaps",
+        "Stretches of other devices' pack sequences missing from the bucket's listing",
+        value=float(sync["gaps"]),
+    )
+    if sync["last_round_ok"] is not None:
+        yield GaugeMetricFamily(
+            "ledgerd_sync_last_round_ok_timestamp_seconds",
+            "When a sync round last finished without failing (UNIX time)",
+            value=float(sync["last_round_ok"]),
+        )
 
 
 def scraper_app(metrics: Metrics) -> web.Application:

@@ -113,8 +113,11 @@ async def health(api: Api, strict_sync: bool) -> tuple[dict[str, Any], bool]:
             repo_error = f"{type(e).__name__}: {e}"
     engine = api.engine
     sync: dict[str, Any] = {"enabled": engine is not None}
-    if engine is not None:
+    if engine is None:
+        sync["state"] = "off"  # no cloud: every page stays on this device
+    else:
         sync.update(engine.health())
+        sync["state"] = "synced" if sync["synced"] else "pending" if sync["healthy"] else "degraded"
     ok = repo_error is None and (not strict_sync or engine is None or bool(sync["healthy"]))
     status = "ok" if repo_error is None and sync.get("healthy", True) else "degraded"
     if repo_error is not None:

@@ -98,6 +98,11 @@ class TamperedError(EncryptionError):
     """A sealed part does not authenticate: it was altered, moved, or sealed with another key."""
 
 
+class KeyNotHereError(TamperedError):
+    """A part is sealed with a key this device does not have: not damaged, and it
+    opens once that key is in this device's key file (and the daemon restarted)."""
+
+
 class EncryptionKeyMismatchError(BucketIdentityError):
     """encryption key mismatch: none of this device's keys opens the bucket."""
 
@@ -324,7 +329,7 @@ class Codec:
         if aead is None:
             master = self._masters.get(kid)
             if master is None:
-                raise TamperedError(
+                raise KeyNotHereError(
                     f"a part is sealed with key {kid.hex()}, which this device does not have "
                     "(another device's key file has it first: copy that file here and "
                     "restart ledgerd)"

@@ -5,11 +5,12 @@ of the pages this device holds, in one ranged GET (or the index, then coalesced
 ranges of sections), handed to the store, which verifies everything before
 storing it; LAZY pieces are recorded with their location (fetched on first read
 by :mod:`sync.fetch`). A pack (or one page of it) that cannot be imported is held
-in its device's log, in the state its failure calls for (refused, waiting for
-parents, deferred, failed), and retried with backoff; it never blocks later packs.
-It also brings an evicted page back (:meth:`Downloader.restore`), and makes a page
-started from a checkpoint read its whole history when a commit needs it. What is
-listed, and the device logs themselves, are :mod:`sync.feed`'s.
+in its device's log, in the state its failure calls for (refused, sealed with a
+key this device lacks, waiting for parents, deferred, failed), and retried with
+backoff; it never blocks later packs. It also brings an evicted page back
+(:meth:`Downloader.restore`), and makes a page started from a checkpoint read its
+whole history when a commit needs it. What is listed, and the device logs
+themselves, are :mod:`sync.feed`'s.
 """
 
 from __future__ import annotations
@@ -188,7 +189,7 @@ class Downloader:
         except CloudNotFoundError:
             return self._vanished(dl, pn.name)
         except (pack.CorruptPackError, RangeNotInObjectError) as e:
-            self._hold(dl, pn, only, progress.REFUSED, f"refused: {describe(e)}")
+            self._hold(dl, pn, only, *_refused(e))
             return 0
         except TransientCloudError as e:
             self._hold(dl, pn, only, progress.DEFERRED, f"not imported now: {describe(e)}")
@@ -257,7 +258,7 @@ class Downloader:
             | InvalidArgumentError
             | RangeNotInObjectError,
         ):
-            self._hold(dl, pn, key, progress.REFUSED, f"refused: {describe(e)}")
+            self._hold(dl, pn, key, *_refused(e))
         elif isinstance(e, TransientCloudError | TransientStoreError | ClosedError):
             self._hold(dl, pn, key, progress.DEFERRED, f"not imported now: {describe(e)}")
         else:  # the page cannot take it here (newer schema, disk full)
@@ -397,3 +398,13 @@ async def _import_mark(page: Page, device: str, seq: int) -> tuple[str, bytes]:
     marker = f"imported/{device}"
     done = await ex.sync_value(page, marker)
     return marker, str(max(seq, int(done) if done else 0)).encode()
+
+
+def _refused(e: Exception) -> tuple[str, str]:
+    """The state and reason of a pack (or page of one) that cannot be read: sealed with
+    a key this device lacks (``key_missing``: copy the key file), or ``refused``
+    (malformed, fails verification). Both are retried with backoff, and at once after
+    a restart (with the key file read again)."""
+    if isinstance(e, pack.PackKeyMissingError):
+        return progress.KEY_MISSING, f"cannot open it: {describe(e)}"
+    return progress.REFUSED, f"refused: {describe(e)}"

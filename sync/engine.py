@@ -527,12 +527,16 @@ class SyncEngine:
 
     def status(self) -> dict[str, Any]:
         """Sync's part of ``/v1/status``: every problem, for open and closed pages."""
-        return self.board.status(self.interval, self.poll_interval)
+        return self.board.status(self.interval, self.poll_interval, self.poll_interval_max)
 
     def health(self) -> dict[str, Any]:
         """Whether sync works, and whether this device is synced, with every reason why
         not (see :meth:`sync.status.StatusBoard.health`)."""
-        return self.board.health(self.poll_interval)
+        return self.board.health(self.poll_interval, self.poll_interval_max)
+
+    def gauges(self) -> dict[str, Any]:
+        """Sync's state for the metrics (see :meth:`sync.status.StatusBoard.gauges`)."""
+        return self.board.gauges(self.poll_interval, self.poll_interval_max)
 
     async def page_status(self, page: Page) -> dict[str, Any]:
         return await self.board.page_status(page)

@@ -52,7 +52,7 @@ from ledgerd.store import OFF_LOOP_BYTES as OFF_LOOP_BYTES  # sections over it: 
 from ledgerd.store import digest as dg
 from ledgerd.store.errors import InvalidDigestError
 from ledgerd.sync import crypto
-from ledgerd.sync.crypto import Codec, Context, TamperedError
+from ledgerd.sync.crypto import Codec, Context, KeyNotHereError, TamperedError
 from ledgerd.sync.errors import SyncError
 
 MAGIC = b"LDGPACK1"
@@ -94,6 +94,13 @@ ZSTD_LEVEL = 3
 
 class CorruptPackError(SyncError):
     """A pack is malformed or truncated; it was refused and nothing was stored."""
+
+
+class PackKeyMissingError(CorruptPackError):
+    """A pack is sealed with an encryption key this device does not have. It is not
+    damaged: it opens once the key file that has the key is copied here and ledgerd
+    restarted. (A CorruptPackError as well, so that every reader holds it unread, as
+    it does a pack it cannot read; its state says which it is.)"""
 
 
 # -- compression -------------------------------------------------------------------
@@ -415,6 +422,8 @@ def _open_header(data: bytes, head_end: int, eager_end: int, seal: tuple[Codec, 
     ctx = Context(seal[1], "header", f"{head_end}.{eager_end}".encode())
     try:
         plain = seal[0].open(data[len(MAGICE) :], ctx)
+    except KeyNotHereError as e:
+        raise PackKeyMissingError(f"pack header: {e}") from e
     except TamperedError as e:
         raise CorruptPackError(f"pack header: {e}") from e
     if not plain:
@@ -435,9 +444,11 @@ def unseal(stored: bytes, part: Part, codec: Codec | None) -> bytes:
     if part.sealed is None:
         return stored
     if codec is None:
-        raise CorruptPackError("an encrypted pack needs the bucket's key")
+        raise PackKeyMissingError("an encrypted pack needs the bucket's key")
     try:
         return codec.open(stored, part.sealed)
+    except KeyNotHereError as e:
+        raise PackKeyMissingError(str(e)) from e
     except TamperedError as e:
         raise CorruptPackError(str(e)) from e
 

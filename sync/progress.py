@@ -23,6 +23,8 @@ Key = tuple[bytes, bytes]
 
 REFUSED = "refused"
 """The pack is malformed or fails verification."""
+KEY_MISSING = "key_missing"
+"""The pack is sealed with an encryption key this device does not have (not damaged)."""
 WAITING = "waiting"
 """The pack's commits need parents that no pack imported so far holds."""
 FAILED = "failed"

@@ -36,6 +36,14 @@ def describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
+def stale_after(poll_interval: float, poll_max: float) -> float:
+    """Seconds after the last finished round past which sync is late (not healthy):
+    three polls, at least a minute, and twice the longest time between polls, which an
+    idle device waits between rounds (with only ``3 * poll_interval``, a device idle
+    for a minute turned unhealthy before each of its polls)."""
+    return max(60.0, 3 * poll_interval, 2 * poll_max)
+
+
 @dataclass
 class PageState:
     last_sync: float | None = None
@@ -172,9 +180,10 @@ class StatusBoard:
                 )
         return out
 
-    def status(self, interval: float, poll_interval: float) -> dict[str, Any]:
+    def status(self, interval: float, poll_interval: float, poll_max: float) -> dict[str, Any]:
         """Sync's part of ``/v1/status``: every problem, for open and closed pages
-        (``interval``: the seconds to the next background poll)."""
+        (``interval``: the seconds to the next background poll; the others: see
+        :meth:`health`)."""
         pages = []
         for key, st in sorted(self.states.items()):
             if st.last_error:
@@ -204,7 +213,7 @@ class StatusBoard:
             for _, dl in sorted(self.feed.logs.items())
             for g in dl.gaps
         ]
-        health = self.health(poll_interval)
+        health = self.health(poll_interval, poll_max)
         return {
             "healthy": health["healthy"],
             "synced": health["synced"],
@@ -236,19 +245,20 @@ class StatusBoard:
             return {"on": True, "write_key": codec.write_kid.hex(), "keys": codec.key_ids}
         return {"on": self.ctx.keys is not None, "write_key": None, "keys": []}
 
-    def health(self, poll_interval: float) -> dict[str, Any]:
+    def health(self, poll_interval: float, poll_max: float) -> dict[str, Any]:
         """Whether sync works, and whether this device is synced, with every reason why
         not: a problem (see :meth:`problems`: the bucket, a device's log, a page's
         upload, a held pack: waiting for parents, refused, failed), a gap in a device's
-        log, no round finished lately (for ``poll_interval`` three times over, at least
-        a minute); and for ``synced``, uploads still pending."""
+        log, no round finished lately (see :func:`stale_after`: ``poll_interval`` and
+        ``poll_max`` are the shortest and longest times between polls); and for
+        ``synced``, uploads still pending."""
         reasons = [str(p["error"]) for p in self.problems()]
         for _, dl in sorted(self.feed.logs.items()):
             for g in dl.gaps:
                 reasons.append(
                     f"device {dl.device}: packs {g.first}-{g.last} are missing from its log"
                 )
-        stale = max(60.0, 3 * poll_interval)
+        stale = stale_after(poll_interval, poll_max)
         late = True
         if self.last_round_ok is None:
             reasons.append("no sync round has finished yet")
@@ -276,11 +286,27 @@ class StatusBoard:
             "last_round_ok": self.last_round_ok,
         }
 
+    def gauges(self, poll_interval: float, poll_max: float) -> dict[str, Any]:
+        """What the metrics show of sync when scraped: whether it is healthy and
+        synced (see :meth:`health`), the pages waiting for upload, the held packs by
+        state, the gaps in device logs, and when a round last finished."""
+        health = self.health(poll_interval, poll_max)
+        return {
+            "healthy": health["healthy"],
+            "synced": health["synced"],
+            "pending_uploads": health["pending_uploads"],
+            "held": Counter(h.state for h in self.feed.held()),
+            "gaps": sum(len(dl.gaps) for dl in self.feed.logs.values()),
+            "last_round_ok": self.last_round_ok,
+        }
+
     async def page_status(self, page: Page) -> dict[str, Any]:
         key = (page.ledger, page.id)
         st = self.states.get(key, PageState())
+        unsynced = await ex.unsynced_count(page)
         return {
-            "unsynced_commits": await ex.unsynced_count(page),
+            "sync": "pending" if unsynced else "synced",
+            "unsynced_commits": unsynced,
             "last_sync": st.last_sync,
             "last_error": st.last_error or self.pack_error(key),
         }

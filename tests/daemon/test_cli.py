@@ -168,7 +168,10 @@ def test_status_ledgers_and_pages(daemon: Daemon) -> None:
     status = status_b.decode().splitlines()
     assert re.fullmatch(rf"ledgerd \S+ \(pid {daemon.proc.pid}\), up \d+s", status[0]), status
     assert re.fullmatch(r"device   \S+", status[1])
-    assert status[2:4] == [f"data     {daemon.data}", "cloud    off"]
+    assert status[2:4] == [
+        f"data     {daemon.data}",
+        "cloud    off (sync is off: every page is local only)",
+    ]
     page_lines = status[4:]
     # A page id that is not UTF-8 is shown in hex.
     assert sorted(page_lines) == [

@@ -627,7 +627,7 @@ def test_status_of_a_held_pack_whose_pages_are_unknown() -> None:
         "page_text": None,
     }
     assert sync_lines({"packs": [held]}) == [
-        "held     pack packs/1.aa.1.10.20 (refused, 1 attempts): "
+        "held     pack packs/1.aa.1.10.20 (refused, 1 attempt): "
         "refused: CorruptPackError: not a pack"
     ]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -158,3 +159,58 @@ def test_key_rotate_counts_its_packs_in_words(short_tmp: Path) -> None:
 
     assert rotate() == b"re-encrypted 1 pack"
     assert rotate() == b"re-encrypted 0 packs"
+
+
+def test_a_pack_sealed_with_a_key_this_device_lacks_is_key_missing_not_corrupt(
+    short_tmp: Path,
+) -> None:
+    """After ``key add`` on one device, another without the new key holds its packs as
+    ``key_missing`` (not ``refused``/``CorruptPackError``: nothing is damaged), says so in
+    status and its log, and imports them once the key file is copied and it restarts."""
+    key_a, key_b = short_tmp / "key-a", short_tmp / "key-b"
+    assert _ledgerd("key", "init", str(key_a)).returncode == 0
+    key_b.write_bytes(key_a.read_bytes())
+    os.chmod(key_b, 0o600)
+    cloud = f"file://{short_tmp / 'bucket'}"
+
+    def start(name: str, key: Path) -> Daemon:
+        env = {"LEDGERD_ENCRYPTION_KEY_FILE": str(key), "LEDGERD_SYNC_INTERVAL": "60"}
+        return start_daemon(short_tmp / name, "--cloud", cloud, env=env)
+
+    a = start("a", key_a)
+    b = start("b", key_b)
+    try:
+        a.ledgerctl("put", "notes", "inbox", "k", "v", check=True)
+        a.ledgerctl("sync", check=True)
+        b.ledgerctl("sync", check=True)
+        assert a.stop() == 0, a.log_text()
+        assert _ledgerd("key", "add", str(key_a)).returncode == 0  # a new key, first
+        a = start("a", key_a)
+        a.ledgerctl("put", "notes", "inbox", "k2", "sealed with the new key", check=True)
+        a.ledgerctl("sync", check=True)
+        out = b.ledgerctl("sync", "--timeout", "30")
+        assert out.returncode == 4, out.stderr
+        assert b"PackKeyMissingError" in out.stderr and b"Corrupt" not in out.stderr
+        st = json.loads(b.ledgerctl("status", "--json", check=True).stdout)
+        held = st["sync"]["packs"]
+        assert held and all(h["state"] == "key_missing" for h in held), held
+        for h in held:
+            assert h["error"].startswith("cannot open it: PackKeyMissingError: "), h
+            assert "copy that file here and restart ledgerd" in h["error"], h
+        text = b.ledgerctl("status", check=True).stdout.decode()
+        assert re.search(r"\(key_missing, 1 attempt(, retry in \d+s)?\): cannot open it", text), (
+            text
+        )
+        assert "Corrupt" not in text and "Corrupt" not in b.log_text()
+        assert "PackKeyMissingError" in b.log_text()
+        # The key arrives and the daemon restarts: the held pack is imported.
+        assert b.stop() == 0, b.log_text()
+        key_b.write_bytes(key_a.read_bytes())
+        b = start("b", key_b)
+        b.ledgerctl("sync", "--timeout", "30", check=True)
+        got = b.ledgerctl("get", "notes", "inbox", "k2", check=True).stdout
+        assert got == b"sealed with the new key"
+        assert json.loads(b.ledgerctl("status", "--json", check=True).stdout)["sync"]["packs"] == []
+    finally:
+        for x in (a, b):
+            assert x.stop() == 0, x.log_text()

@@ -13,7 +13,7 @@ def test_health_of_a_daemon_without_cloud(daemon: Daemon) -> None:
     with Client(daemon.socket) as c:
         h = c.health()
         assert h["status"] == "ok" and h["up"] and h["repository"]["open"]
-        assert h["sync"] == {"enabled": False}
+        assert h["sync"] == {"enabled": False, "state": "off"}
         assert c.health(sync=True)["status"] == "ok"
 
 

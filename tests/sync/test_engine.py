@@ -374,3 +374,19 @@ async def test_health_names_uploads_waiting_as_the_reason_for_not_synced(
         assert h["reasons"] == ["1 page waiting for upload"], h
         await a.engine.sync()
         assert a.engine.health()["synced"] and a.engine.health()["reasons"] == []
+
+
+async def test_an_idle_device_between_its_polls_is_healthy(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """An idle device polls every ``poll_interval_max``: waiting that long (or longer,
+    by the round's own time) for its next round is no sign of trouble; twice that is."""
+    async with device(tmp_path / "a", bucket, poll_interval_max=300.0) as a:
+        await a.engine.sync()
+        assert a.engine.health()["healthy"]
+        a.engine.board.last_round_ok = time.time() - 301  # just past one idle interval
+        h = a.engine.health()
+        assert h["healthy"] and h["reasons"] == [], h
+        a.engine.board.last_round_ok = time.time() - 601
+        h = a.engine.health()
+        assert not h["healthy"] and h["reasons"][0].startswith("no sync round has finished for")
