@@ -9,9 +9,11 @@ import random
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
 from ledgerd.sync.checkpoints import reach
+from ledgerd.sync.feed import RESTARTING
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import PackName
 from ledgerd.sync.progress import DeviceLog
@@ -199,3 +201,24 @@ def test_a_restarted_log_takes_its_floor_again_from_the_checkpoints() -> None:
     dl.saw(4, 40)
     dl.restart()
     assert (dl.max_seq, dl.floor, dl.gaps) == (0, 0, [])
+
+
+async def test_the_covers_a_restart_takes_are_kept_until_a_listing_saved_the_logs(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """A device stopped between reading the checkpoints and the listing that saves the
+    logs finds the covers again when it starts (the restart's meta holds them); the
+    ``1`` an older ledgerd saved there restarts without any, and a garbled one too."""
+    other = "e" * 32
+    async with device(tmp_path / "a", bucket) as a:
+        await a.engine.feed.restart({other: 7})
+    async with device(tmp_path / "a", bucket) as a:
+        assert a.engine.feed.restarting and a.engine.feed.held_by_checkpoints == {other: 7}
+        await a.engine.sync()  # the listing saves the logs, the floor among them
+        assert not a.engine.feed.restarting
+        assert (await a.engine.feed.device_log(other)).floor == 7
+    for raw in (b"1", b"\xc1", msgpack.packb({other: "7", 3: 4})):
+        async with device(tmp_path / "b", bucket) as b:
+            await b.repo.set_meta(RESTARTING, raw)
+        async with device(tmp_path / "b", bucket) as b:
+            assert b.engine.feed.restarting and b.engine.feed.held_by_checkpoints == {}
