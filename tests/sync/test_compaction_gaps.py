@@ -215,7 +215,7 @@ async def test_the_covers_a_restart_takes_are_kept_until_a_listing_saved_the_log
     async with device(tmp_path / "a", bucket) as a:
         assert a.engine.feed.restarting and a.engine.feed.held_by_checkpoints == {other: 7}
         await a.engine.sync()  # the listing saves the logs, the floor among them
-        assert not a.engine.feed.restarting
+        assert await a.repo.get_meta(RESTARTING) is None
         assert (await a.engine.feed.device_log(other)).floor == 7
     for raw in (b"1", b"\xc1", msgpack.packb({other: "7", 3: 4})):
         async with device(tmp_path / "b", bucket) as b:
