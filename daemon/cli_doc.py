@@ -10,8 +10,8 @@ prints ``name<TAB>partition<TAB>sort<TAB>ready|building`` (``--json``: one objec
 line); ``attach`` prints ``attachment id<TAB>_rev``; ``ls`` and ``find`` print
 ``_id<TAB>_rev<TAB>_data`` (compact JSON; ``deleted`` or ``purged`` as a fourth
 column) or, with ``--json``, one whole document per line; ``get`` prints the
-document; ``changes`` one ``{"commit", "documents"}`` line per batch. ``ls`` lists
-past a document whose body cannot be read, names it on stderr and exits 4.
+document; ``changes`` one ``{"commit", "documents"}`` line per batch. ``ls`` and
+``find`` list past a document that cannot be shown, name it on stderr and exit 4.
 """
 
 from __future__ import annotations
@@ -179,6 +179,7 @@ async def run(cli: Cli, usage: type[Exception]) -> int:
                 end=None if a.end is None else _value(a.end),
                 deleted=a.deleted,
                 limit=a.limit,
+                on_damaged=damaged.append,
             )
         async for d in found:
             cli.line(_compact(d) if a.json else _row(d))

@@ -335,9 +335,11 @@ class AsyncDocuments:
         deleted: bool = False,
         limit: int | None = None,
         page_size: int = 100,
+        on_damaged: OnDamaged | None = None,
     ) -> AsyncGenerator[Doc, None]:
         """Documents whose partition value is ``eq`` and sort value in ``[start, end)``,
-        in index order, paging through them (or ``limit`` of them)."""
+        in index order, paging through them (or ``limit`` of them); a document that
+        cannot be shown is passed to ``on_damaged`` (:data:`OnDamaged`)."""
         query = {
             "eq": _dumps(eq),
             "start": None if start is None else _dumps(start),
@@ -345,7 +347,7 @@ class AsyncDocuments:
             "deleted": 1 if deleted else None,
         }
         path = self._path(collection, "_indexes", index, "find")
-        async for d in self._pages(path, query, limit, page_size):
+        async for d in self._pages(path, query, limit, page_size, on_damaged):
             yield d
 
     # -- the changes feed ----------------------------------------------------------------
@@ -564,6 +566,7 @@ class Documents:
         deleted: bool = False,
         limit: int | None = None,
         page_size: int = 100,
+        on_damaged: OnDamaged | None = None,
     ) -> Generator[Doc, None, None]:
         return self._bridge.iterate(
             self.aio.find(
@@ -575,6 +578,7 @@ class Documents:
                 deleted=deleted,
                 limit=limit,
                 page_size=page_size,
+                on_damaged=on_damaged,
             )
         )
 

@@ -281,6 +281,8 @@ def decode_record(data: bytes) -> Record:
         _version, rev, state, created, updated, deleted, purged, body, atts = v
         if type(rev) is not bytes or len(rev) != ULID_SIZE:
             raise ValueError("the revision is not 16 bytes")
+        if not _time(rev_ms(rev)):  # (the revision clock would follow it past the limit)
+            raise ValueError("the revision's time is past the year 9999")
         if not _time(created) or not all(t is None or _time(t) for t in (updated, deleted, purged)):
             raise ValueError("a time is not milliseconds from 1970 to 9999")
         return Record(
@@ -304,6 +306,18 @@ ISO text a document shows them as has four digits of year)."""
 
 def _time(t: Any) -> bool:
     return type(t) is int and 0 <= t < TIME_LIMIT
+
+
+def rev_ms(rev: bytes) -> int:
+    """The milliseconds of a revision (a ULID's first 48 bits)."""
+    return int.from_bytes(rev[:6], "big")
+
+
+def rev_in_time(rev: bytes) -> bool:
+    """Whether a revision's time is one a record can carry (below :data:`TIME_LIMIT`):
+    a ULID can name times up to the year 10889, and the revisions made after one past
+    the limit, and so the times of the records they make, would be past it too."""
+    return rev_ms(rev) < TIME_LIMIT
 
 
 def _attachment(a: Any) -> AttachmentMeta:

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 from ulid import ULID
 
-from ledgerd.store.doclayout import AttachmentMeta, Record, State
+from ledgerd.store.doclayout import AttachmentMeta, Record, State, rev_in_time
 from ledgerd.store.errors import CorruptObjectError, InvalidArgumentError, StoreError
 
 LOCAL_LEDGER = "_local"
@@ -495,7 +495,11 @@ class RevClock:
         return self._now()
 
     def observe(self, rev: bytes) -> None:
-        self.last = max(self.last, int.from_bytes(rev, "big"))
+        """Take ``rev`` as seen: later revisions follow it. Not one whose time is past
+        what a record carries (a damaged head's, a peer's): every revision after it,
+        and every document written with them, would be past it too."""
+        if rev_in_time(rev):
+            self.last = max(self.last, int.from_bytes(rev, "big"))
 
     def _bytes(self, size: int) -> bytes:
         """``size`` random bytes: one ``os.urandom`` call per 4 KiB."""

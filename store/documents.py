@@ -76,6 +76,8 @@ _opening: weakref.WeakKeyDictionary[Page, asyncio.Lock] = weakref.WeakKeyDiction
 
 LIST_LIMIT = 1000
 """Most documents one listing, query or bulk call returns or takes."""
+NO_REV = bytes(doclayout.ULID_SIZE)
+"""The revision of a damaged body without a head, as :meth:`DocumentStore.purge` takes it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -477,22 +479,26 @@ class DocumentStore:
         self, txn: Transaction, collection: str, raw: bytes, expected_rev: str | None
     ) -> Record | None:
         """What :meth:`purge` knows of a document whose body cannot be read: the
-        revision and state its head carries, its attachments' keys (creation time: its
-        id's); None if its head carries no revision, or a purged one."""
+        revision and state its head carries (none, all zeros, without a head: the body
+        alone is still listed as damaged), its attachments' keys (creation time: its
+        id's, or now if that is past what a record carries); None if its head is a
+        purged one's."""
         head = doclayout.head_of(await txn.get_entry(doclayout.head_key(collection, raw)))
-        if head is None or head[1] is State.PURGED:
+        if head is None:
+            head = NO_REV, State.LIVE
+        elif head[1] is State.PURGED:
             return None
         rev, state = head
         if expected_rev is not None and parse_ulid(expected_rev, "revision") != rev:
-            raise DocumentConflictError(
-                f"document {ulid_text(raw)} is at revision {ulid_text(rev)}, not {expected_rev}"
-            )
+            at = "carries no revision" if rev == NO_REV else f"is at revision {ulid_text(rev)}"
+            raise DocumentConflictError(f"document {ulid_text(raw)} {at}, not {expected_rev}")
+        created = ulid_ms(raw) if doclayout.rev_in_time(raw) else self.clock.now_ms()
         atts = []
         async for e in txn.iter_entries(prefix=doclayout.doc_prefix(collection, raw)):
             k = doclayout.parse_doc_key(e.key)
             if k is not None and k.part == doclayout.ATTACHMENT and k.attachment is not None:
                 atts.append(AttachmentMeta(k.attachment, "", "", 0))
-        return Record(rev, state, ulid_ms(raw), None, None, None, None, tuple(atts))
+        return Record(rev, state, created, None, None, None, None, tuple(atts))
 
     async def replace(
         self,

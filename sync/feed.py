@@ -166,6 +166,21 @@ class Feed:
         if self.restarting:
             dl.start(pn.seq)
             dl.floor = max(dl.floor, self.held_by_checkpoints.get(pn.device, 0))
+        elif dl.max_seq < pn.seq <= dl.floor:
+            # Every pack up to a cover a checkpoint can truly hold was in the bucket
+            # before the restart listing (listed there, or compacted): one first listed
+            # after it shows the cover past what the device wrote (a broken or hostile
+            # checkpoint). Holes above what was listed are gaps again, or a pack listed
+            # late (after the next one) would never be read.
+            log.warning(
+                "pack %s is below what a checkpoint claimed of device %s (%d): "
+                "that cover is wrong, its packs missing above %d are gaps",
+                pn.name,
+                pn.device,
+                dl.floor,
+                dl.max_seq,
+            )
+            dl.floor = dl.max_seq
         if dl.in_gap(pn.seq) and pn.seq < dl.max_seq:
             log.info("pack %s appeared in a gap of device %s", pn.name, pn.device)
         dl.saw(pn.seq, pn.time)

@@ -128,7 +128,7 @@ class DeviceLog:
         """Forget what was listed: the log starts again (:meth:`start`), for a device
         back after longer than the compaction grace, whose gaps are packs that
         compaction deleted meanwhile and that the checkpoints it took hold."""
-        self.max_seq = self.max_time = 0
+        self.max_seq = self.max_time = self.floor = 0  # (the restart sets it again)
         self.gaps.clear()
 
     def start(self, seq: int) -> None:

@@ -1016,6 +1016,41 @@ def test_clients_and_ledgerctl_doc_ls_name_a_damaged_document(shared: Daemon) ->
     assert err.startswith("ledgerctl: ") and ids[1] in err and "Traceback" not in err, err
 
 
+def test_find_names_a_document_with_no_json_form_as_ls_does(shared: Daemon) -> None:
+    """``find`` answers ``damaged`` too (a record whose data has no JSON form, still
+    indexed), but the clients' ``find`` took no ``on_damaged`` and ``ledgerctl doc
+    find`` listed the rest and exited 0 (a warning in the log at most), where ``ls``
+    names it on stderr and exits 4."""
+    import msgpack
+
+    from ledgerd.daemon.client import Client
+    from ledgerd.store import doclayout
+    from ledgerd.store.docmodel import parse_ulid
+
+    with Client(shared.socket) as c:
+        docs = c.documents("find_damaged", "p")
+        docs.declare_index("c", "by_k", "k")
+        made = [docs.create("c", {"k": 1, "n": i})["_meta"] for i in range(3)]
+        raw_rev = parse_ulid(made[1]["_rev"])
+        ms = int.from_bytes(raw_rev[:6], "big")
+        record = [1, raw_rev, 0, ms, None, None, None, {"k": 1, "b": b"x"}, []]
+        key = doclayout.body_key("c", parse_ulid(made[1]["_id"]))
+        c.put("find_damaged", "p", key, msgpack.packb(record, use_bin_type=True))
+        c.heads("find_damaged", "p")
+        damaged: list[dict[str, Any]] = []
+        found = [d["_meta"]["_id"] for d in docs.find("c", "by_k", 1, on_damaged=damaged.append)]
+        assert found == [made[0]["_id"], made[2]["_id"]]
+        assert [d["_id"] for d in damaged] == [made[1]["_id"]]
+    p = shared.ledgerctl("doc", "find", "find_damaged", "p", "c", "by_k", "--eq", "1")
+    assert p.returncode == 4, p
+    assert [line.split("\t")[0] for line in p.stdout.decode().splitlines()] == [
+        made[0]["_id"],
+        made[2]["_id"],
+    ]
+    err = p.stderr.decode()
+    assert err.startswith("ledgerctl: ") and made[1]["_id"] in err and "Traceback" not in err
+
+
 async def test_attachments_of_a_deleted_document_are_read_with_deleted(
     http: aiohttp.ClientSession, base: str
 ) -> None:

@@ -15,8 +15,7 @@ import pytest
 from ledgerd.store import commit
 from ledgerd.sync.checkpoints import Checkpoints
 from ledgerd.sync.folder import FolderStore
-from ledgerd.sync.layout import PackName
-from tests.sync.test_compaction import Clock
+from tests.sync.test_compaction import Clock, _packs
 from tests.sync.test_engine import Device, _keys, device
 
 GRACE = 5.0
@@ -26,15 +25,6 @@ GRACE = 5.0
 def bucket(tmp_path: Path) -> FolderStore:
     (tmp_path / "bucket").mkdir()
     return FolderStore(tmp_path / "bucket")
-
-
-def _pack_names(root: Path) -> list[PackName]:
-    out = []
-    for f in sorted((root / "packs").iterdir()):
-        pn = PackName.parse(f"packs/{f.name}")
-        assert pn is not None
-        out.append(pn)
-    return out
 
 
 async def _checkpoint_heads(d: Device) -> set[bytes]:
@@ -91,7 +81,7 @@ async def test_a_head_only_in_a_checkpoint_is_built_on_and_synced(
         report = await a.engine.compact()
         assert report.packs_deleted > 0
         # A's head is in a checkpoint and in no pack: every pack of A is gone.
-        assert _pack_names(root) == []
+        assert _packs(root) == []
         assert head in await _checkpoint_heads(a)
         await _settle(a, b)
         assert await _head(b) == head
@@ -174,7 +164,7 @@ async def test_a_restore_imports_a_merge_listed_before_a_pack_it_merges(
         await _put(y, rng)
         await y.engine.round(download=False)
         await x.engine.sync()  # merges y's pack, in a pack of the same feed time
-        merged = [pn for pn in _pack_names(tmp_path / "bucket")][-2:]
+        merged = [pn for pn in _packs(tmp_path / "bucket")][-2:]
         assert [pn.time for pn in merged] == [merged[0].time] * 2
         assert merged[0].device == x.engine.device
         await r.repo.ledger("l").page("p")  # restored

@@ -9,8 +9,11 @@ import random
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
+from ledgerd.sync.checkpoints import reach
+from ledgerd.sync.feed import RESTARTING
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import PackName
 from ledgerd.sync.progress import DeviceLog
@@ -126,3 +129,96 @@ def test_only_holes_a_checkpoint_covers_are_no_gaps() -> None:
     assert dl.is_new(3)
     dl.saw(5, 50)
     assert dl.gaps == [] and dl.max_seq == 5
+
+
+async def test_a_cover_past_a_devices_packs_does_not_hide_its_later_gaps(
+    tmp_path: Path, bucket: FolderStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint whose cover names a sequence its device has not reached (broken, or
+    hostile) gave the device starting from it a floor up there for good: a pack of that
+    device listed late (after the next one) was no gap, then never read (below the
+    log's top and in no gap), its commits missing while status said synced. A pack
+    listed below the floor after the restart shows the floor is past what the device
+    wrote: holes above what was listed are gaps again (here the packs compaction
+    deleted before the restart too: with a wrong cover, nothing tells them apart)."""
+    clock = Clock()
+    kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": GRACE}
+    root = tmp_path / "bucket"
+    async with device(tmp_path / "a", bucket, **kw) as a:
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"k0", b"0")
+        clock.now += 0.5
+        await a.engine.sync()
+        clock.now += GRACE + 1
+        await a.engine.compact()  # writes the page's checkpoint first
+        real = reach
+
+        def inflated(into: dict[str, int], cover: dict[str, int]) -> None:
+            real(into, {d: s + 1000 if d == a.engine.device else s for d, s in cover.items()})
+
+        monkeypatch.setattr("ledgerd.sync.checkpoint_policy.reach", inflated)
+        monkeypatch.setattr("ledgerd.sync.checkpoints.reach", inflated)
+        async with device(tmp_path / "new", bucket, **kw) as new:
+            clock.now += 0.5
+            await new.engine.sync()  # starts from the checkpoint, its cover past A's packs
+            assert await _keys(new.repo) == await _keys(a.repo)
+            monkeypatch.undo()
+            before = set(_packs(root, a.engine.device))
+            qa = await a.repo.ledger("l").page("q")
+            for pg in (qa, pa):  # the late pack holds a page of its own
+                await pg.put(b"k1", b"1")
+                clock.now += 0.5
+                await a.engine.sync()
+            late = min(set(_packs(root, a.engine.device)) - before)
+            (name,) = [
+                f
+                for f in (root / "packs").iterdir()
+                if (pn := PackName.parse(f"packs/{f.name}"))
+                and pn.device == a.engine.device
+                and pn.seq == late
+            ]
+            hidden = tmp_path / "hidden"
+            name.rename(hidden)  # not listed yet: its successor is
+            clock.now += 0.5
+            await new.engine.sync()
+            hidden.rename(name)
+            for _ in range(3):
+                clock.now += 0.5
+                await new.engine.sync()
+            assert await _everything(new) == await _everything(a)
+            # What the wrong cover hid is read; the packs below what was listed are
+            # reported (compaction's, or missing: nothing tells which any more).
+            dl = new.engine.feed.logs[a.engine.device]
+            assert [(g.first, g.last) for g in dl.gaps] == [(1, late - 1)]
+
+
+def test_a_restarted_log_takes_its_floor_again_from_the_checkpoints() -> None:
+    """A log started again (a device back after the grace) kept the floor an earlier
+    restart gave it, though the restart reads the checkpoints' covers anew (one since
+    replaced, or found wrong, went on hiding gaps)."""
+    dl = DeviceLog("d" * 32)
+    dl.floor = 10
+    dl.saw(4, 40)
+    dl.restart()
+    assert (dl.max_seq, dl.floor, dl.gaps) == (0, 0, [])
+
+
+async def test_the_covers_a_restart_takes_are_kept_until_a_listing_saved_the_logs(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """A device stopped between reading the checkpoints and the listing that saves the
+    logs finds the covers again when it starts (the restart's meta holds them); the
+    ``1`` an older ledgerd saved there restarts without any, and a garbled one too."""
+    other = "e" * 32
+    async with device(tmp_path / "a", bucket) as a:
+        await a.engine.feed.restart({other: 7})
+    async with device(tmp_path / "a", bucket) as a:
+        assert a.engine.feed.restarting and a.engine.feed.held_by_checkpoints == {other: 7}
+        await a.engine.sync()  # the listing saves the logs, the floor among them
+        assert await a.repo.get_meta(RESTARTING) is None
+        assert (await a.engine.feed.device_log(other)).floor == 7
+    for raw in (b"1", b"\xc1", msgpack.packb({other: "7", 3: 4})):
+        async with device(tmp_path / "b", bucket) as b:
+            await b.repo.set_meta(RESTARTING, raw)
+        async with device(tmp_path / "b", bucket) as b:
+            assert b.engine.feed.restarting and b.engine.feed.held_by_checkpoints == {}
