@@ -183,6 +183,19 @@ def _log_failed_settle(done: asyncio.Future[bool]) -> None:
         log.warning("merging the heads a page was opened with failed: %s", e)
 
 
+def _never_made(path: Path) -> bool:
+    """A marked page's database was never made (blocking): no file, or (as an older
+    version left it, killed between creating the file and SQLite writing it) an empty
+    one with no -wal. A page that was written has its -wal until it closes, and its
+    close drops its mark, so an empty file beside a -wal is damage (refused as such)."""
+    try:
+        if path.stat().st_size > 0:
+            return False
+    except FileNotFoundError:
+        return True
+    return not path.with_name(path.name + "-wal").exists()
+
+
 def _remove_page_dir(page_dir: Path) -> None:
     """Rename a page's directory to a name listings skip (atomic), then delete it; and
     its ledger's directory if that leaves it empty (blocking)."""
@@ -363,7 +376,8 @@ class Repository:
         mark."""
         for mark, ledger, page_id in await asyncio.to_thread(_unwritten_marks, self.unwritten_dir):
             key = (ledger, page_id)
-            if key not in self._evicted and not self.page_path(*key).exists():
+            path = self.page_path(*key)
+            if key not in self._evicted and await asyncio.to_thread(_never_made, path):
                 # Killed before its database was made; an evicted page stays evicted.
                 await self._forget(key)
                 await asyncio.to_thread(_remove_page_dir, self.page_path(*key).parent)
