@@ -150,13 +150,10 @@ def _create_private(path: Path, empty_is_damage: bool) -> None:
 
 
 def _prepare(path: Path, create_schema: Callable[[sqlite3.Connection], None]) -> None:
-    """Create the file with our page size and WAL, then create or migrate the schema."""
+    """Create or migrate the schema (the file has its page size and WAL from
+    _create_private)."""
     conn = sqlite3.connect(path, isolation_level=None)
     try:
-        if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
-            conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
-            # Free pages can be given back (store.gc); set before the first table.
-            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
         conn.execute("PRAGMA journal_mode = WAL")
         create_schema(conn)
     finally:
