@@ -544,7 +544,7 @@ async def test_a_transaction_with_a_request_waiting_in_the_queue_is_not_rolled_b
             choices = [{"key": b64(b"k"), "take": "left"}]
             resolved = {"op": "resolved", "request": resolve["request"], "choices": choices}
             await ws.send_str(json.dumps({"id": 12, **resolved}))
-            replies = {}
+            replies: dict[int, Any] = {}
             while len(replies) < 3:
                 reply = await asyncio.wait_for(ws.receive_json(), 30)
                 assert "event" not in reply, reply

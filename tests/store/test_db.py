@@ -522,7 +522,11 @@ async def test_a_database_made_where_a_lost_file_left_its_wal_does_not_take_that
     # mixed into its own. A stale -wal (and -journal) is removed before it is made.
     path = tmp_path / "usage.sqlite"
     _orphan_wal(path)
-    db = await Database.open(path, lambda conn: conn.execute("CREATE TABLE t (x)"))
+
+    def schema(conn: sqlite3.Connection) -> None:
+        conn.execute("CREATE TABLE t (x)")
+
+    db = await Database.open(path, schema)
     try:
         rows = await db.read_all("SELECT name FROM sqlite_master WHERE type = 'table'")
         assert [r[0] for r in rows] == ["t"]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ledgerd.store import Page, Policy, Repository
 from ledgerd.store.merge import Choice, MergeRequest
+from ledgerd.store.repository import MAX_OPEN_PAGES
 from tests.store.resolvers import hooks, set_resolver
 from tests.store.test_repository import held_close
 
@@ -91,7 +92,7 @@ async def test_pages_closing_slowly_make_room_for_others_rather_than_refusing_th
 
 
 async def _reopened_with_a_held_resolver(
-    tmp_path: Path, **opts: int
+    tmp_path: Path, max_open_pages: int = MAX_OPEN_PAGES
 ) -> tuple[Repository, asyncio.Event, asyncio.Event, list[Page]]:
     """A repository reopened on page l/p left with two heads, its resolver (custom
     policy) opening the page and then, once ``gate`` is set, resolving; ``entered``
@@ -100,7 +101,7 @@ async def _reopened_with_a_held_resolver(
         page = await repo.ledger("l").page("p")
         await page.set_policy(Policy.CUSTOM)
         await _conflicting(page)
-    repo = await Repository.open(tmp_path, hooks=hooks(), **opts)
+    repo = await Repository.open(tmp_path, hooks=hooks(), max_open_pages=max_open_pages)
     gate, entered, seen = asyncio.Event(), asyncio.Event(), []
 
     async def resolver(req: MergeRequest) -> dict[bytes, Choice]:
