@@ -154,3 +154,25 @@ async def test_a_page_merging_after_its_open_counts_once_against_max_open_pages(
         gate.set()
         page = await asyncio.wait_for(opening, DETECTOR)
         assert len(await page.heads()) == 1
+
+
+async def test_a_page_whose_close_ended_in_its_hooks_does_not_hold_an_open_forever(
+    tmp_path: Path,
+) -> None:
+    # A close that ended before its database step (a when_closing hook ending with
+    # a BaseException, here a cancellation of what it awaited) left the page in the
+    # open set, closed, its close done: an open needing room waited for that close
+    # again and again, at once each time, for ever. Such a page leaves the open set.
+    async with await Repository.open(tmp_path, max_open_pages=1) as repo:
+        page = await repo.ledger("l").page("p")
+
+        async def hook() -> None:
+            gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            gone.cancel()
+            await gone
+
+        page.when_closing(hook)
+        closing = page.start_close()
+        await asyncio.gather(closing, return_exceptions=True)
+        other = await asyncio.wait_for(repo.ledger("l").page("q"), DETECTOR)
+        assert not other.closed and not repo.is_open(b"l", b"p")
