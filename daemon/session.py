@@ -22,6 +22,7 @@ import itertools
 import json
 import logging
 import math
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -43,6 +44,17 @@ from ledgerd.store import Entry, Repository, StoreError, Transaction, Watcher
 from ledgerd.store.merge import Choice, MergeRequest, Resolver
 
 log = logging.getLogger(__name__)
+
+_QUEUED_TXN = re.compile(r'"txn"\s*:\s*"([^"\\]{1,64})"')
+"""The transaction a queued request names, read from its text without parsing it
+(transaction ids are short and plain; a miss only leaves its transaction's idle clock
+running as before)."""
+
+
+def _queued_txn(data: str) -> str | None:
+    m = _QUEUED_TXN.search(data)
+    return m.group(1) if m else None
+
 
 INLINE_RESOLVE = 1024 * 1024
 """Resolve events carry values up to this size; larger ones carry null (read them by key)."""
@@ -147,6 +159,9 @@ class Session:
         """When each open transaction was last used (loop time): see :meth:`_expire`."""
         self._txn_busy: str | None = None
         """The transaction a request is being served on (never rolled back for idleness)."""
+        self._txn_queued: dict[str, int] = {}
+        """Requests waiting in the queue, by the transaction they name: one waiting
+        behind a slow request (a commit waiting for a resolver) is a use, not idleness."""
         self._expired: dict[str, str] = {}
         """Why transactions :meth:`_expire` rolled back (the latest few): for a later use."""
         self._pages: dict[str, tuple[bytes, bytes]] = {}
@@ -239,13 +254,17 @@ class Session:
         loop = asyncio.get_running_loop()
         while True:
             wait = timeout
-            for tid, used in list(self._txn_used.items()):
-                left = used + timeout - loop.time()
+            for tid in list(self._txn_used):
                 if tid not in self.txns:  # committed or rolled back meanwhile
                     self._txn_used.pop(tid, None)
                     continue
-                if tid == self._txn_busy:
+                if tid == self._txn_busy or tid in self._txn_queued:
                     continue
+                # Read now, not before the loop: a rollback below awaits, and a
+                # request on this transaction may have been served meanwhile.
+                if (used := self._txn_used.get(tid)) is None:
+                    continue
+                left = used + timeout - loop.time()
                 if left > 0:
                     wait = min(wait, left)
                     continue
@@ -280,6 +299,8 @@ class Session:
             why = f"{self.queued_bytes} bytes of requests (max_session_queue_bytes)"
         else:
             self.queued_bytes += len(data)
+            if (tid := _queued_txn(data)) is not None:
+                self._txn_queued[tid] = self._txn_queued.get(tid, 0) + 1
             queue.put_nowait(data)
             return
         rid: Any = None
@@ -292,6 +313,10 @@ class Session:
     async def _serve(self, queue: asyncio.Queue[str | None]) -> None:
         while (data := await queue.get()) is not None:
             self.queued_bytes -= len(data)
+            tid = _queued_txn(data)
+            # No await before _handle marks it busy (or used, once served).
+            if tid is not None and (n := self._txn_queued.pop(tid, 1) - 1) > 0:
+                self._txn_queued[tid] = n
             await self._handle(data)
 
     async def _handle(

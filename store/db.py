@@ -120,6 +120,17 @@ def _create_private(path: Path, empty_is_damage: bool) -> None:
                 f"{path} is damaged: the file is empty (truncated; what it held is lost "
                 "unless restored), so it is not opened as a new database"
             )
+    # SQLite would replay a -wal or -journal left by a lost file of this name onto the
+    # new database, mixing that file's pages into it.
+    stale = [path.with_name(path.name + s) for s in ("-wal", "-journal")]
+    if empty_is_damage and (found := [p for p in stale if p.exists()]):
+        log.error("%s is missing but its %s remains (refused, not made anew)", path, found[0])
+        raise CorruptDatabaseError(
+            f"{path} is damaged: the file is missing but its {found[0].name} remains (the "
+            "database was lost; what it held is lost unless restored), so it is not made anew"
+        )
+    for leftover in stale:
+        leftover.unlink(missing_ok=True)
     missing = [d for d in (path.parent, *path.parent.parents) if not d.exists()]
     for d in reversed(missing):
         d.mkdir(mode=0o700, exist_ok=True)
@@ -139,13 +150,10 @@ def _create_private(path: Path, empty_is_damage: bool) -> None:
 
 
 def _prepare(path: Path, create_schema: Callable[[sqlite3.Connection], None]) -> None:
-    """Create the file with our page size and WAL, then create or migrate the schema."""
+    """Create or migrate the schema (the file has its page size and WAL from
+    _create_private)."""
     conn = sqlite3.connect(path, isolation_level=None)
     try:
-        if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
-            conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
-            # Free pages can be given back (store.gc); set before the first table.
-            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
         conn.execute("PRAGMA journal_mode = WAL")
         create_schema(conn)
     finally:

@@ -307,22 +307,24 @@ class Page(View):
             self._closing.remove(fn)
 
     async def _close(self) -> None:
-        await self.writer.stop()
-        for fn in list(self._closing):  # a hook may undo itself, or another
-            if fn not in self._closing:
-                continue  # undone meanwhile
-            try:
-                await fn()
-            except Exception:
-                log.exception("page %r: closing", self.id)
         try:
-            async with self.graph.lock:  # let an in-flight commit or merge finish
-                pass
-            self.watchers.close_all()
-            await self.db.close()
-        finally:  # closed however it went: its owner stops counting it as open
-            if self._on_close is not None:
-                self._on_close(self)
+            await self.writer.stop()
+            for fn in list(self._closing):  # a hook may undo itself, or another
+                if fn not in self._closing:
+                    continue  # undone meanwhile
+                try:
+                    await fn()
+                except Exception:
+                    log.exception("page %r: closing", self.id)
+        finally:  # its database closes however the steps before ended
+            try:
+                async with self.graph.lock:  # let an in-flight commit or merge finish
+                    pass
+                self.watchers.close_all()
+                await self.db.close()
+            finally:  # closed however it went: its owner stops counting it as open
+                if self._on_close is not None:
+                    self._on_close(self)
 
     async def __aenter__(self) -> Page:
         return self

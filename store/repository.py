@@ -177,6 +177,25 @@ def _unmark(path: Path) -> None:
         path.parent.rmdir()
 
 
+def _log_failed_settle(done: asyncio.Future[bool]) -> None:
+    # Its opener, if it went away, sees no error: logged here (and retrieved).
+    if not done.cancelled() and (e := done.exception()) is not None:
+        log.warning("merging the heads a page was opened with failed: %s", e)
+
+
+def _never_made(path: Path) -> bool:
+    """A marked page's database was never made (blocking): no file, or (as an older
+    version left it, killed between creating the file and SQLite writing it) an empty
+    one with no -wal. A page that was written has its -wal until it closes, and its
+    close drops its mark, so an empty file beside a -wal is damage (refused as such)."""
+    try:
+        if path.stat().st_size > 0:
+            return False
+    except FileNotFoundError:
+        return True
+    return not path.with_name(path.name + "-wal").exists()
+
+
 def _remove_page_dir(page_dir: Path) -> None:
     """Rename a page's directory to a name listings skip (atomic), then delete it; and
     its ledger's directory if that leaves it empty (blocking)."""
@@ -357,7 +376,8 @@ class Repository:
         mark."""
         for mark, ledger, page_id in await asyncio.to_thread(_unwritten_marks, self.unwritten_dir):
             key = (ledger, page_id)
-            if key not in self._evicted and not self.page_path(*key).exists():
+            path = self.page_path(*key)
+            if key not in self._evicted and await asyncio.to_thread(_never_made, path):
                 # Killed before its database was made; an evicted page stays evicted.
                 await self._forget(key)
                 await asyncio.to_thread(_remove_page_dir, self.page_path(*key).parent)
@@ -601,6 +621,7 @@ class Repository:
                     page = await self._open_new(ledger, page_id)
                 finally:
                     self._reserved -= 1
+                await self._settle_opened(page)
             # No await since the page was published: close_idle cannot close it
             # before the caller takes a lease.
             self._hand_out(key)
@@ -693,17 +714,25 @@ class Repository:
         page.last_used = time.monotonic()
         self._pages[(ledger, page_id)] = page
         self._handed_out[(ledger, page_id)] = 0
-        if len(page.graph.heads) > 1:
-            # Heads left from before merge now, the page published: a conflict resolver
-            # that opens it (a session's, or a custom one reading the page) gets it at
-            # once. Merged under the open lock, it waited for this open, which waited
-            # for the resolver, until RESOLVER_TIMEOUT abandoned the merge.
-            try:
-                await page.merger.settle()
-            except BaseException:
-                await asyncio.shield(page.close())
-                raise
         return page
+
+    async def _settle_opened(self, page: Page) -> None:
+        """Merge the heads a page was opened with, now that it is published (and its
+        open's reservation released: it counts once): a conflict resolver that opens it
+        (a session's, or a custom one reading the page) gets it at once. Merged under
+        the open lock, it waited for this open, which waited for the resolver, until
+        RESOLVER_TIMEOUT abandoned the merge.
+
+        Others may hold the page meanwhile (the resolver, an open that found it
+        published): an opener that goes away leaves the merge going on and the page
+        open, to close as idle once merged. A merge that fails (the page's storage)
+        fails this open; the page stays open for its other holders, its heads kept, as
+        after any failed merge."""
+        if len(page.graph.heads) <= 1:
+            return
+        settling = asyncio.ensure_future(page.merger.settle())
+        settling.add_done_callback(_log_failed_settle)
+        await asyncio.shield(settling)
 
     async def _restore(self, page: Page) -> None:
         """Bring an evicted page back from the bucket, or fail as unavailable (its

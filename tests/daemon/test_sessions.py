@@ -504,3 +504,55 @@ async def test_a_transaction_left_idle_is_rolled_back_and_frees_its_page(
             await ws.close()
     finally:
         assert d.stop() == 0, d.log_text()
+
+
+async def test_a_transaction_with_a_request_waiting_in_the_queue_is_not_rolled_back_as_idle(
+    short_tmp: Path,
+) -> None:
+    # Requests are served in order: one on a transaction may wait behind another
+    # (here a commit waiting for its merge's resolver). Its transaction was rolled back
+    # as idle meanwhile, though the client had sent a request on it, which was then
+    # refused ("no request on it for 2s"). A transaction with a request waiting is
+    # not idle.
+    d = start_daemon(short_tmp, env={"LEDGERD_SESSION_TXN_IDLE_TIMEOUT": "2"})
+    try:
+        async with (
+            aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(d.socket))) as http,
+            AsyncClient(d.socket) as c,
+        ):
+            await c.policy("l", "p", "custom")
+            await c.put("l", "p", b"k", b"base")
+            ws = await http.ws_connect(URL("http://ledgerd/v1/session"))
+            await _op(ws, op="register_resolver", ledger=b64(b"l"))
+            on = {"ledger": b64(b"l")}
+            t1 = (await _op(ws, op="begin", page=b64(b"p"), **on))["txn"]
+            await _op(ws, op="put", txn=t1, key=b64(b"k"), value=b64(b"a"))
+            t2 = (await _op(ws, op="begin", page=b64(b"q"), **on))["txn"]
+            # Begun after t2's last request: once it is rolled back, t2 was due too.
+            t3 = (await _op(ws, op="begin", page=b64(b"r"), **on))["txn"]
+            other = await http.ws_connect(URL("http://ledgerd/v1/session"))
+            u = (await _op(other, op="begin", page=b64(b"p"), **on))["txn"]
+            await _op(other, op="put", txn=u, key=b64(b"k"), value=b64(b"moved"))
+            await _op(other, op="commit", txn=u)
+            await ws.send_str(json.dumps({"id": 10, "op": "commit", "txn": t1}))
+            resolve = await asyncio.wait_for(ws.receive_json(), 30)
+            assert resolve.get("event") == "resolve", resolve
+            put = {"op": "put", "txn": t2, "key": b64(b"k"), "value": b64(b"v")}
+            await ws.send_str(json.dumps({"id": 11, **put}))  # waits behind the commit
+            event = await asyncio.wait_for(ws.receive_json(), 30)
+            assert event.get("event") == "rolled_back" and event["txn"] == t3, event
+            choices = [{"key": b64(b"k"), "take": "left"}]
+            resolved = {"op": "resolved", "request": resolve["request"], "choices": choices}
+            await ws.send_str(json.dumps({"id": 12, **resolved}))
+            replies: dict[int, Any] = {}
+            while len(replies) < 3:
+                reply = await asyncio.wait_for(ws.receive_json(), 30)
+                assert "event" not in reply, reply
+                replies[reply["id"]] = reply
+            assert all(r["ok"] for r in replies.values()), replies
+            await _op(ws, op="commit", txn=t2)
+            assert await c.get("l", "q", b"k") == b"v"
+            await ws.close()
+            await other.close()
+    finally:
+        assert d.stop() == 0, d.log_text()

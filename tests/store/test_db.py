@@ -18,7 +18,7 @@ import pytest
 from ledgerd.store import db as store_db
 from ledgerd.store import sql
 from ledgerd.store.db import Database
-from ledgerd.store.errors import ClosedError
+from ledgerd.store.errors import ClosedError, CorruptDatabaseError
 from ledgerd.store.schema import LOCAL, TRANSIENT, create_page_schema
 
 
@@ -497,3 +497,52 @@ async def test_two_closes_during_a_write_close_once(tmp_path: Path) -> None:
     conn = sqlite3.connect(tmp_path / "c.sqlite")
     assert conn.execute("SELECT count(*) FROM t").fetchone() == (2,)
     conn.close()
+
+
+def _orphan_wal(path: Path) -> None:
+    """Leave at ``path`` what a lost database file leaves: its ``-wal`` (a table
+    ``stale`` in it, not checkpointed), and no database file."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
+    conn.execute("CREATE TABLE stale (x)")
+    conn.execute("INSERT INTO stale VALUES ('from the lost file')")
+    wal = path.with_name(path.name + "-wal")
+    saved = wal.read_bytes()  # before the close checkpoints and removes it
+    conn.close()
+    path.unlink()
+    wal.write_bytes(saved)
+
+
+async def test_a_database_made_where_a_lost_file_left_its_wal_does_not_take_that_wal(
+    tmp_path: Path,
+) -> None:
+    # SQLite replays a -wal on the database of that name, whatever database it is: one
+    # made anew where a lost file's -wal remained got that file's tables and pages
+    # mixed into its own. A stale -wal (and -journal) is removed before it is made.
+    path = tmp_path / "usage.sqlite"
+    _orphan_wal(path)
+
+    def schema(conn: sqlite3.Connection) -> None:
+        conn.execute("CREATE TABLE t (x)")
+
+    db = await Database.open(path, schema)
+    try:
+        rows = await db.read_all("SELECT name FROM sqlite_master WHERE type = 'table'")
+        assert [r[0] for r in rows] == ["t"]
+    finally:
+        await db.close()
+
+
+async def test_a_page_whose_file_is_lost_but_its_wal_is_left_is_refused_as_damaged(
+    tmp_path: Path,
+) -> None:
+    # As a page file truncated to nothing: a -wal without its database means the page
+    # was made and its file is gone, so it is not made anew over what is left.
+    path = tmp_path / "page.sqlite"
+    _orphan_wal(path)
+    wal = path.with_name("page.sqlite-wal")
+    before = wal.read_bytes()
+    with pytest.raises(CorruptDatabaseError, match="-wal"):
+        await Database.open(path, create_page_schema, empty_is_damage=True)
+    assert not path.exists() and wal.read_bytes() == before

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ledgerd.store import Page, Policy, Repository
 from ledgerd.store.merge import Choice, MergeRequest
+from ledgerd.store.repository import MAX_OPEN_PAGES
 from tests.store.resolvers import hooks, set_resolver
 from tests.store.test_repository import held_close
 
@@ -88,3 +89,90 @@ async def test_pages_closing_slowly_make_room_for_others_rather_than_refusing_th
             for gate, _, _ in gates:
                 gate.set()
             await asyncio.wait_for(asyncio.gather(*closing), DETECTOR)
+
+
+async def _reopened_with_a_held_resolver(
+    tmp_path: Path, max_open_pages: int = MAX_OPEN_PAGES
+) -> tuple[Repository, asyncio.Event, asyncio.Event, list[Page]]:
+    """A repository reopened on page l/p left with two heads, its resolver (custom
+    policy) opening the page and then, once ``gate`` is set, resolving; ``entered``
+    is set once it runs. The caller closes the repository."""
+    async with await Repository.open(tmp_path, hooks=hooks()) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.set_policy(Policy.CUSTOM)
+        await _conflicting(page)
+    repo = await Repository.open(tmp_path, hooks=hooks(), max_open_pages=max_open_pages)
+    gate, entered, seen = asyncio.Event(), asyncio.Event(), []
+
+    async def resolver(req: MergeRequest) -> dict[bytes, Choice]:
+        seen.append(await repo.ledger(req.ledger).page(req.page))
+        entered.set()
+        await gate.wait()
+        return {c.key: b"resolved" for c in req.conflicts}
+
+    set_resolver(repo, resolver)
+    return repo, gate, entered, seen
+
+
+async def test_an_open_cancelled_while_it_merges_leaves_the_page_to_those_that_hold_it(
+    tmp_path: Path,
+) -> None:
+    # The page is published before its left heads merge, so others (here its own
+    # resolver) hold it meanwhile. The opener going away (a client that disconnected)
+    # closed the page under them, and the merge was abandoned with it. The merge now
+    # goes on and the page stays open.
+    repo, gate, entered, seen = await _reopened_with_a_held_resolver(tmp_path)
+    async with repo:
+        opening = asyncio.create_task(repo.ledger("l").page("p"))
+        await asyncio.wait_for(entered.wait(), DETECTOR)
+        opening.cancel()
+        await asyncio.gather(opening, return_exceptions=True)
+        assert opening.cancelled()
+        [held] = seen
+        assert not held.closed and repo.is_open(b"l", b"p")
+        gate.set()
+        page = await asyncio.wait_for(repo.ledger("l").page("p"), DETECTOR)
+        assert page is held
+        while len(await page.heads()) > 1:  # the merge, going on without its opener
+            await asyncio.sleep(0.01)
+        assert await page.get(b"k") == b"resolved"
+
+
+async def test_a_page_merging_after_its_open_counts_once_against_max_open_pages(
+    tmp_path: Path,
+) -> None:
+    # While the heads a page was opened with merge, the page is published (it counts
+    # as open) and its open's reservation was still held: it counted twice, so a
+    # resolver opening one other page with max_open_pages=2 was refused ("all 2 open
+    # pages are in use") though only one page was open.
+    repo, gate, entered, _ = await _reopened_with_a_held_resolver(tmp_path, max_open_pages=2)
+    async with repo:
+        opening = asyncio.create_task(repo.ledger("l").page("p"))
+        await asyncio.wait_for(entered.wait(), DETECTOR)
+        other = await repo.ledger("l").page("q")
+        assert not other.closed and repo.is_open(b"l", b"p")
+        gate.set()
+        page = await asyncio.wait_for(opening, DETECTOR)
+        assert len(await page.heads()) == 1
+
+
+async def test_a_page_whose_close_ended_in_its_hooks_does_not_hold_an_open_forever(
+    tmp_path: Path,
+) -> None:
+    # A close that ended before its database step (a when_closing hook ending with
+    # a BaseException, here a cancellation of what it awaited) left the page in the
+    # open set, closed, its close done: an open needing room waited for that close
+    # again and again, at once each time, for ever. Such a page leaves the open set.
+    async with await Repository.open(tmp_path, max_open_pages=1) as repo:
+        page = await repo.ledger("l").page("p")
+
+        async def hook() -> None:
+            gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            gone.cancel()
+            await gone
+
+        page.when_closing(hook)
+        closing = page.start_close()
+        await asyncio.gather(closing, return_exceptions=True)
+        other = await asyncio.wait_for(repo.ledger("l").page("q"), DETECTOR)
+        assert not other.closed and not repo.is_open(b"l", b"p")

@@ -366,22 +366,55 @@ async def test_a_page_file_truncated_to_nothing_is_refused_as_damaged_not_opened
         assert await new.get(b"k") == b"v"
 
 
+def _mark_unwritten(root: Path, ledger: bytes, page_id: bytes) -> None:
+    """The unwritten mark a crash before the making write was acknowledged leaves."""
+    mark = root / str(FORMAT_VERSION) / UNWRITTEN / encode_name(ledger) / encode_name(page_id)
+    mark.parent.mkdir(parents=True, exist_ok=True)
+    mark.touch()
+
+
 async def test_a_marked_page_truncated_to_nothing_is_left_for_a_check(tmp_path: Path) -> None:
     # The start-up clean-up opens a page still marked unwritten to see whether it is
-    # empty: a 0-byte file is damage, not a page holding only its first commit, so it
-    # is neither removed nor made anew.
+    # empty: a 0-byte file whose -wal remains (the page was written, and open when it
+    # stopped) is damage, not a page holding only its first commit, so it is neither
+    # removed nor made anew.
     async with await Repository.open(tmp_path) as repo:
-        await (await repo.ledger("l").page("p")).put(b"k", b"v")
+        page = await repo.ledger("l").page("p")
+        await page.put(b"k", b"v")
+        await page.flush()
         path = repo.page_path(b"l", b"p")
+        wal = path.with_name("page.sqlite-wal").read_bytes()
     for f in path.parent.iterdir():
         if f.name != "page.sqlite":
             f.unlink()
     path.write_bytes(b"")
-    mark = tmp_path / str(FORMAT_VERSION) / UNWRITTEN / encode_name(b"l") / encode_name(b"p")
-    mark.parent.mkdir(parents=True)
-    mark.touch()  # as a crash before its making write was acknowledged leaves it
+    path.with_name("page.sqlite-wal").write_bytes(wal)
+    _mark_unwritten(tmp_path, b"l", b"p")
     async with await Repository.open(tmp_path) as repo:
         assert path.exists() and path.stat().st_size == 0
         assert await repo.ledger("l").pages() == [b"p"]
         with pytest.raises(CorruptDatabaseError):
             await repo.ledger("l").page("p")
+
+
+async def test_an_empty_page_file_an_older_ledgerd_left_while_making_the_page_is_removed(
+    tmp_path: Path,
+) -> None:
+    # Older versions made page.sqlite empty, then had SQLite write it: killed in
+    # between, they left a 0-byte file (and no -wal) with the page's unwritten mark,
+    # which their next start removed as a making cut short. Refused as damaged since
+    # this version, it stayed listed and answered 500 corrupt for good. Marked, empty
+    # and without a -wal, it cannot be a page that was written (that has a -wal until
+    # it closes, and a close drops its mark): it is removed as before.
+    async with await Repository.open(tmp_path) as repo:
+        path = repo.page_path(b"l", b"p")
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"")
+    _mark_unwritten(tmp_path, b"l", b"p")
+    async with await Repository.open(tmp_path) as repo:
+        assert not path.parent.exists()
+        assert await repo.ledger("l").pages() == []
+        assert _marks(tmp_path) == []
+        page = await repo.ledger("l").page("p")
+        await page.put(b"k", b"v")
+        assert await page.get(b"k") == b"v"
