@@ -211,7 +211,9 @@ async def test_the_wal_is_copied_beside_large_writes(
             await db.run(_blobs(k), write=True)
         if db._checkpointing is not None:
             await db._checkpointing
-        assert db.background_checkpoints >= 10
+        # More than once (how many depends on how fast each copying goes on a busy
+        # machine: the writes go on while it copies).
+        assert db.background_checkpoints >= 2
         await db.run(_blobs(200), write=True)
         if db._checkpointing is not None:
             await db._checkpointing
