@@ -177,7 +177,7 @@ async def _import_refused(tmp_path: Path, bucket: FolderStore, keys: crypto.KeyR
     async with device(tmp_path / "b", bucket, keys=keys) as b:
         await b.engine.sync()
         held = list(b.engine._held())
-        assert held and all(h.state == progress.KEY_MISSING for h in held), held
+        assert held and all(h.state == progress.REFUSED for h in held), held
         assert all("authenticate" in h.reason for h in held), [h.reason for h in held]
         assert await b.repo.ledgers() == [] or not (await _keys(b.repo, "l", "p1"))
         return b
