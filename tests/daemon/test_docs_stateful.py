@@ -49,13 +49,17 @@ INDEXES = {
 SCALARS = st.sampled_from(
     [None, True, False, "", "a", "a\x00b", "Oslo", "ü", 0, 1, -1, 1.5, -0.0, 2**53 + 1, "1"]
 )
-DATA = st.fixed_dictionaries(
+_X = st.fixed_dictionaries({}, optional={"y": SCALARS}) | SCALARS
+DATA = st.fixed_dictionaries(  # mostly indexed by every index, sometimes by none
+    {"city": SCALARS, "age": SCALARS, "name": SCALARS, "x": st.fixed_dictionaries({"y": SCALARS})},
+    optional={"tags": st.lists(SCALARS, max_size=2)},
+) | st.fixed_dictionaries(
     {},
     optional={
         "city": SCALARS,
         "age": SCALARS,
         "name": SCALARS,
-        "x": st.fixed_dictionaries({}, optional={"y": SCALARS}) | SCALARS,
+        "x": _X,
         "tags": st.lists(SCALARS, max_size=2),
     },
 )
