@@ -762,6 +762,23 @@ class DocumentPages(RuleBasedStateMachine):
 
     @_hostile(
         data=st.data(),
+        bad=st.sampled_from(BAD_IDS),
+        method=st.sampled_from(["GET", "HEAD", "PUT", "DELETE"]),
+    )
+    def bad_attachment_id(self, data: st.DataObject, bad: str, method: str) -> None:
+        """A malformed attachment id of a live document: 400 invalid_id, whatever the method."""
+        doc_id = self.pick(data, ("live",))
+        if doc_id is None:
+            return
+        url = self.doc_url(doc_id) + f"/attachments/{bad}?filename=f"
+        status, _, code, r = self.call(method, url, b"x" if method == "PUT" else None)
+        if method == "HEAD":  # (no body to carry the code)
+            assert status == 400
+        else:
+            assert (status, code) == (400, "invalid_id")
+
+    @_hostile(
+        data=st.data(),
         bad=st.sampled_from(["nope", "", '""', "0" * 26 + "0", '"*"']),
         where=st.sampled_from(["header", "query"]),
         method=st.sampled_from(["PUT", "DELETE", "POST"]),
@@ -900,7 +917,7 @@ def test_documents_follow_the_model(shared: Daemon) -> None:
     run_state_machine_as_test(
         DocumentPages,
         settings=settings(
-            max_examples=int(os.environ.get("LEDGERD_STATEFUL_EXAMPLES", "10")),
+            max_examples=int(os.environ.get("LEDGERD_STATEFUL_EXAMPLES", "20")),
             stateful_step_count=30,
             deadline=None,
             suppress_health_check=list(HealthCheck),
@@ -914,6 +931,25 @@ def test_documents_follow_the_model(shared: Daemon) -> None:
 def _machine(d: Daemon) -> DocumentPages:
     DocumentPages.socket = d.socket
     return DocumentPages()
+
+
+def test_malformed_attachment_id_is_invalid_id(shared: Daemon) -> None:
+    """GET and HEAD of an attachment whose id is not a ULID answered 404
+    attachment_not_found (the id was compared, not parsed), PUT and DELETE 400
+    invalid_id: every route now says invalid_id, as for a malformed document id."""
+    m = _machine(shared)
+    try:
+        _, body, _, _ = m.call("POST", f"{m.base}/c", b"{}")
+        doc = m.base + "/c/" + json.loads(body)["_meta"]["_id"]
+        for method in ("GET", "HEAD", "PUT", "DELETE"):
+            for bad in ("nope", "8" + "0" * 25):
+                status, _, code, _ = m.call(
+                    method, f"{doc}/attachments/{bad}?filename=f", b"x" if method == "PUT" else None
+                )
+                assert status == 400
+                assert code == (None if method == "HEAD" else "invalid_id")
+    finally:
+        m.teardown()
 
 
 def test_attachment_filename_with_a_slash_is_encoded(shared: Daemon) -> None:
