@@ -4,7 +4,8 @@ without an expected revision, stale ones refused), soft deletes, purges, attachm
 one page, checked by reads of single documents, listings (a few at a time, with their
 tokens), index queries (against a brute-force filter and sort of the model), the
 changes feed since the commits seen so far, and bad requests that must fail with
-their documented code and change nothing."""
+their documented code and change nothing. ``LEDGERD_STATEFUL_EXAMPLES`` (20) and
+``LEDGERD_STATEFUL_STEPS`` (30) run it longer."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import hypothesis.strategies as st
@@ -138,8 +139,11 @@ _HOSTILE: dict[str, dict[str, Any]] = {}
 them all, so that they take their share of the steps, not most of them."""
 
 
-def _hostile(**strategies: Any) -> Any:
-    def record(f: Any) -> Any:
+_F = TypeVar("_F", bound=Callable[..., None])
+
+
+def _hostile(**strategies: Any) -> Callable[[_F], _F]:
+    def record(f: _F) -> _F:
         _HOSTILE[f.__name__] = strategies
         return f
 
@@ -858,9 +862,10 @@ class DocumentPages(RuleBasedStateMachine):
         c = data.draw(st.sampled_from(COLLECTIONS))
         if foreign:
             status, body, _, _ = self.call("GET", f"{self.base}/{_q(c)}?limit=1&deleted=1")
-            token = json.loads(body)["next"]
-            if token is None:
+            nxt: str | None = json.loads(body)["next"]
+            if nxt is None:
                 return
+            token = nxt
         for url in (f"{self.base}/{_q(c)}?token={token}", f"{self.base}/_changes?token={token}"):
             status, _, code, _ = self.call("GET", url)
             assert (status, code) == (400, "bad_request")
@@ -918,7 +923,7 @@ def test_documents_follow_the_model(shared: Daemon) -> None:
         DocumentPages,
         settings=settings(
             max_examples=int(os.environ.get("LEDGERD_STATEFUL_EXAMPLES", "20")),
-            stateful_step_count=30,
+            stateful_step_count=int(os.environ.get("LEDGERD_STATEFUL_STEPS", "30")),
             deadline=None,
             suppress_health_check=list(HealthCheck),
         ),
