@@ -565,8 +565,12 @@ class DocumentPages(RuleBasedStateMachine):
             page = json.loads(body)
             assert "damaged" not in page
             assert len(page["documents"]) <= limit
-            # (the bound counts the documents' text, not the few bytes around them)
-            assert len(body) <= MAX_LISTING + 200 or len(page["documents"]) == 1
+            # The bound counts the documents' text, not the commit and token around them
+            # (up to about 250 bytes more: left so, as 16 MiB is the bound by default).
+            texts = [
+                json.dumps(d, ensure_ascii=False, separators=(",", ":")) for d in page["documents"]
+            ]
+            assert sum(map(len, texts)) <= MAX_LISTING or len(texts) == 1
             got += page["documents"]
             token = page["next"]
             if token is None:
