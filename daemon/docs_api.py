@@ -420,7 +420,8 @@ async def get_attachment(api: Api, request: web.Request, p: Params) -> web.Strea
     resp = web.StreamResponse(status=status)
     resp.headers["Content-Type"] = _header_text(a.content_type, "application/octet-stream")
     resp.headers["Accept-Ranges"] = "bytes"
-    resp.headers["Content-Disposition"] = f"inline; filename*=UTF-8''{quote(a.filename)}"
+    # RFC 8187: every byte but its attr-chars percent-encoded ('/' too, which quote keeps)
+    resp.headers["Content-Disposition"] = f"inline; filename*=UTF-8''{quote(a.filename, safe='')}"
     resp.content_length = length
     if status == 206:
         resp.headers["Content-Range"] = f"bytes {offset}-{offset + length - 1}/{size}"

@@ -637,9 +637,10 @@ class DocumentStore:
         self, collection: str, doc_id: str, attachment_id: str, *, include_deleted: bool = False
     ) -> Attachment:
         """An attachment's description (of a soft-deleted document: with ``include_deleted``)."""
+        att = ulid_text(parse_ulid(attachment_id, "attachment id"))  # (malformed: invalid_id)
         doc = await self.get(collection, doc_id, include_deleted=include_deleted)
         for a in doc.attachments:
-            if a.id == attachment_id.upper():
+            if a.id == att:
                 return a
         raise AttachmentNotFoundError(f"document {doc_id} has no attachment {attachment_id}")
 
