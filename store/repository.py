@@ -36,7 +36,7 @@ from pathlib import Path
 
 from ledgerd.store import eviction, gc, threads
 from ledgerd.store.cache import CACHE_BYTES, Cache
-from ledgerd.store.db import Database, Synchronous
+from ledgerd.store.db import NEW_SUFFIX, Database, Synchronous
 from ledgerd.store.errors import (
     ClosedError,
     InvalidArgumentError,
@@ -196,6 +196,39 @@ def _never_made(path: Path) -> bool:
     return not path.with_name(path.name + "-wal").exists()
 
 
+def _remove_unmade(ledgers_dir: Path) -> list[Path]:
+    """Remove what a making of a page's database cut short left (blocking): in a page
+    directory with no ``page.sqlite``, its ``page.sqlite.new`` and that file's -journal,
+    -wal and -shm (see store.db._create_private), then the directory if that leaves it
+    empty, and its ledger's too. A page made without an unwritten mark (a policy set, a
+    sync download) left its ledger listed with no page, and the file until the page was
+    made again. Anything else (a -wal whose database is lost) stays, as does a page with
+    its database. Returns the page directories cleaned."""
+    cleaned: list[Path] = []
+    if not ledgers_dir.is_dir():
+        return cleaned
+    for ledger in list(ledgers_dir.iterdir()):
+        if decode_name(ledger.name) is None or not ledger.is_dir():
+            continue
+        removed = False
+        for page_dir in list(ledger.iterdir()):
+            path = page_dir / "page.sqlite"
+            if decode_name(page_dir.name) is None or path.exists() or not page_dir.is_dir():
+                continue
+            new = path.with_name(path.name + NEW_SUFFIX)
+            for f in (new, *(new.with_name(new.name + s) for s in ("-journal", "-wal", "-shm"))):
+                with contextlib.suppress(FileNotFoundError):
+                    f.unlink()
+                    cleaned.append(page_dir)
+            with contextlib.suppress(OSError):  # not empty: left for the page's next open
+                page_dir.rmdir()
+                removed = True
+        if removed:
+            with contextlib.suppress(OSError):  # not empty: other pages
+                ledger.rmdir()
+    return sorted(set(cleaned))
+
+
 def _remove_page_dir(page_dir: Path) -> None:
     """Rename a page's directory to a name listings skip (atomic), then delete it; and
     its ledger's directory if that leaves it empty (blocking)."""
@@ -335,6 +368,8 @@ class Repository:
             )
             await repo._finish_discards([(d, n) for d, n, s in aside if s == DISCARDED])
             await repo._load_evicted([(d, n) for d, n, s in aside if s == eviction.SUFFIX])
+            for page_dir in await asyncio.to_thread(_remove_unmade, repo.ledgers_dir):
+                log.info("removed the making of page directory %s cut short", page_dir)
             await repo._remove_unwritten()
         except BaseException:
             await repo.close()
