@@ -513,7 +513,10 @@ class Repository:
                     out.append(raw)
             return sorted(out)
 
-        names = await asyncio.to_thread(scan)
+        # An evicted page has no directory: a ledger of evicted pages only may have
+        # none either (the removal of a page nothing was written to drops an emptied
+        # ledger directory).
+        names = sorted({*await asyncio.to_thread(scan), *(k[0] for k in self._evicted)})
         if include_deleted:
             return names
         rows = await self.usage.read_all("SELECT DISTINCT ledger FROM page_usage WHERE deleted = 1")
@@ -536,7 +539,10 @@ class Repository:
         return sorted(p for (led, p) in self._evicted if led == ledger)
 
     def ledger_exists(self, ledger: bytes) -> bool:
-        return (self.ledgers_dir / encode_name(ledger)).is_dir()
+        """The ledger has a directory here, or an evicted page (which has none)."""
+        return (self.ledgers_dir / encode_name(ledger)).is_dir() or any(
+            k[0] == ledger for k in self._evicted
+        )
 
     def _known_deleted(self, key: tuple[bytes, bytes]) -> bool | None:
         """Whether the page is deleted, when known without page_usage: an open page
