@@ -207,13 +207,18 @@ def _remove_unmade(ledgers_dir: Path) -> list[Path]:
     cleaned: list[Path] = []
     if not ledgers_dir.is_dir():
         return cleaned
+
+    def ours(d: Path) -> bool:  # a page's or ledger's directory, not one set aside
+        raw = decode_name(d.name)
+        return raw is not None and encode_name(raw) == d.name and d.is_dir()
+
     for ledger in list(ledgers_dir.iterdir()):
-        if decode_name(ledger.name) is None or not ledger.is_dir():
+        if not ours(ledger):
             continue
         removed = False
         for page_dir in list(ledger.iterdir()):
             path = page_dir / "page.sqlite"
-            if decode_name(page_dir.name) is None or path.exists() or not page_dir.is_dir():
+            if path.exists() or not ours(page_dir):
                 continue
             new = path.with_name(path.name + NEW_SUFFIX)
             for f in (new, *(new.with_name(new.name + s) for s in ("-journal", "-wal", "-shm"))):
