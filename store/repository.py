@@ -36,7 +36,7 @@ from pathlib import Path
 
 from ledgerd.store import eviction, gc, threads
 from ledgerd.store.cache import CACHE_BYTES, Cache
-from ledgerd.store.db import Database, Synchronous
+from ledgerd.store.db import NEW_SUFFIX, Database, Synchronous
 from ledgerd.store.errors import (
     ClosedError,
     InvalidArgumentError,
@@ -196,6 +196,44 @@ def _never_made(path: Path) -> bool:
     return not path.with_name(path.name + "-wal").exists()
 
 
+def _remove_unmade(ledgers_dir: Path) -> list[Path]:
+    """Remove what a making of a page's database cut short left (blocking): in a page
+    directory with no ``page.sqlite``, its ``page.sqlite.new`` and that file's -journal,
+    -wal and -shm (see store.db._create_private), then the directory if that leaves it
+    empty, and its ledger's too. A page made without an unwritten mark (a policy set, a
+    sync download) left its ledger listed with no page, and the file until the page was
+    made again. Anything else (a -wal whose database is lost) stays, as does a page with
+    its database. Returns the page directories cleaned."""
+    cleaned: list[Path] = []
+    if not ledgers_dir.is_dir():
+        return cleaned
+
+    def ours(d: Path) -> bool:  # a page's or ledger's directory, not one set aside
+        raw = decode_name(d.name)
+        return raw is not None and encode_name(raw) == d.name and d.is_dir()
+
+    for ledger in list(ledgers_dir.iterdir()):
+        if not ours(ledger):
+            continue
+        removed = False
+        for page_dir in list(ledger.iterdir()):
+            path = page_dir / "page.sqlite"
+            if path.exists() or not ours(page_dir):
+                continue
+            new = path.with_name(path.name + NEW_SUFFIX)
+            for f in (new, *(new.with_name(new.name + s) for s in ("-journal", "-wal", "-shm"))):
+                with contextlib.suppress(FileNotFoundError):
+                    f.unlink()
+                    cleaned.append(page_dir)
+            with contextlib.suppress(OSError):  # not empty: left for the page's next open
+                page_dir.rmdir()
+                removed = True
+        if removed:
+            with contextlib.suppress(OSError):  # not empty: other pages
+                ledger.rmdir()
+    return sorted(set(cleaned))
+
+
 def _remove_page_dir(page_dir: Path) -> None:
     """Rename a page's directory to a name listings skip (atomic), then delete it; and
     its ledger's directory if that leaves it empty (blocking)."""
@@ -335,6 +373,8 @@ class Repository:
             )
             await repo._finish_discards([(d, n) for d, n, s in aside if s == DISCARDED])
             await repo._load_evicted([(d, n) for d, n, s in aside if s == eviction.SUFFIX])
+            for page_dir in await asyncio.to_thread(_remove_unmade, repo.ledgers_dir):
+                log.info("removed the making of page directory %s cut short", page_dir)
             await repo._remove_unwritten()
         except BaseException:
             await repo.close()
@@ -478,7 +518,10 @@ class Repository:
                     out.append(raw)
             return sorted(out)
 
-        names = await asyncio.to_thread(scan)
+        # An evicted page has no directory: a ledger of evicted pages only may have
+        # none either (the removal of a page nothing was written to drops an emptied
+        # ledger directory).
+        names = sorted({*await asyncio.to_thread(scan), *(k[0] for k in self._evicted)})
         if include_deleted:
             return names
         rows = await self.usage.read_all("SELECT DISTINCT ledger FROM page_usage WHERE deleted = 1")
@@ -501,7 +544,10 @@ class Repository:
         return sorted(p for (led, p) in self._evicted if led == ledger)
 
     def ledger_exists(self, ledger: bytes) -> bool:
-        return (self.ledgers_dir / encode_name(ledger)).is_dir()
+        """The ledger has a directory here, or an evicted page (which has none)."""
+        return (self.ledgers_dir / encode_name(ledger)).is_dir() or any(
+            k[0] == ledger for k in self._evicted
+        )
 
     def _known_deleted(self, key: tuple[bytes, bytes]) -> bool | None:
         """Whether the page is deleted, when known without page_usage: an open page

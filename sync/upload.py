@@ -39,7 +39,8 @@ MAX_PACK = 32 * 1024 * 1024
 EDIT_BASES = 4 * 1024 * 1024
 """Most bytes of old tree nodes a page's section is compressed over."""
 LEASE_MOST = 64
-"""Pages an upload round keeps open until their pack is up."""
+"""Pages an upload round keeps open until their pack is up (at most half of the
+repository's max_open_pages)."""
 READ_BATCH = 4 * 1024 * 1024
 """Bytes of pieces read from a page in one go while a pack is built."""
 
@@ -135,6 +136,9 @@ class Uploader:
             # Pages stay leased until their pack is up (a bounded number of them;
             # the others are opened again to record the upload).
             leased: dict[Key, Page] = {}
+            # At most half of max_open_pages: the round's pages past it, and everyone
+            # else's meanwhile, need room to open.
+            lease_most = min(LEASE_MOST, repo.max_open_pages // 2)
             for key in keys:
                 seen = self.pending.seen(key)
                 if not repo.page_exists(*key) or repo.is_evicted(*key):
@@ -142,7 +146,7 @@ class Uploader:
                     self.board.forget(key)
                     continue
                 try:
-                    if len(leased) < LEASE_MOST:
+                    if len(leased) < lease_most:
                         page = await stack.enter_async_context(self.ctx.using(key))
                         leased[key] = page
                         await self._take_page(rnd, page, seen)

@@ -418,3 +418,29 @@ async def test_an_empty_page_file_an_older_ledgerd_left_while_making_the_page_is
         page = await repo.ledger("l").page("p")
         await page.put(b"k", b"v")
         assert await page.get(b"k") == b"v"
+
+
+async def test_a_ledger_whose_pages_are_all_evicted_stays_listed_after_an_unwritten_page_goes(
+    tmp_path: Path,
+) -> None:
+    # An evicted page has no directory, so a ledger whose every page is evicted is an
+    # empty directory. Removing a page of it that nothing was written to (a failed
+    # first write, or at start the page a killed write had made) removed that
+    # directory too: the ledger left GET /v1/ledgers and its pages listing said
+    # ledger_not_found, though its evicted page was still there to restore and read.
+    async with await Repository.open(tmp_path) as repo:
+        await (await repo.ledger("l").page("evicted")).close()
+        await asyncio.gather(*repo._closing)
+        await repo.evict(b"l", b"evicted")
+        assert await repo.ledgers() == [b"l"]
+        page, made = await repo.acquire_new(b"l", b"failed")
+        assert made and await repo.discard_unwritten(b"l", b"failed")
+        assert await repo.ledgers() == [b"l"]
+        assert await repo.ledger_listed(b"l")
+        assert await repo.ledger("l").pages() == [b"evicted"]
+    _mark_unwritten(tmp_path, b"l", b"killed")  # a write killed before it made the file
+    async with await Repository.open(tmp_path) as repo:
+        assert _marks(tmp_path) == []
+        assert await repo.ledgers() == [b"l"]
+        assert await repo.ledger_listed(b"l")
+        assert await repo.ledger("l").pages() == [b"evicted"]
