@@ -69,7 +69,14 @@ def summary(report: dict[str, Any], out: TextIO) -> None:
     pages = report["pages"]
     bad = [p for p in pages if not p["healthy"] or any(x["repaired"] for x in p["problems"])]
     for p in bad[:SHOWN_PAGES]:
-        state = "ok (repaired)" if p["healthy"] else "DAMAGED"
+        codes = {x["code"] for x in p["problems"] if not x["repaired"]}
+        state = (
+            "ok (repaired)"
+            if p["healthy"]
+            else "NOT CHECKED (busy)"
+            if codes == {"not_checked"}
+            else "DAMAGED"
+        )
         out.write(f"{_page_name(p)}: {state}\n")
         shown = [x for x in p["problems"] if not x["repaired"]] or p["problems"]
         for x in shown[:SHOWN_PROBLEMS]:

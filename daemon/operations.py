@@ -19,7 +19,7 @@ from ledgerd.daemon.codec import unb64
 from ledgerd.daemon.collector import pages_of
 from ledgerd.store import StoreError
 from ledgerd.store import check as ck
-from ledgerd.store.errors import counted
+from ledgerd.store.errors import TooManyOpenPagesError, counted
 from ledgerd.sync.check import BucketIndex, Checked, check_page
 from ledgerd.sync.errors import CloudError
 
@@ -93,6 +93,10 @@ async def _one(
     try:
         async with api.repo.page(*key, transient=True) as page:
             return await check_page(page, api.engine, index, cloud=cloud, repair=repair)
+    except TooManyOpenPagesError as e:  # busy, not damaged: say so, unverified
+        report = ck.PageCheck(*key)
+        report.add(ck.Problem(ck.NOT_CHECKED, f"not checked: {e}"))
+        return Checked(report)
     except (StoreError, CloudError) as e:
         report = ck.PageCheck(*key)
         report.add(ck.Problem(ck.SQLITE if isinstance(e, StoreError) else ck.CLOUD, str(e)))

@@ -62,6 +62,9 @@ UNSYNCED = "unsynced"
 REMOTE = "remote_pieces"
 NOT_IN_CLOUD = "not_in_cloud"
 CLOUD = "cloud"
+NOT_CHECKED = "not_checked"
+"""The page could not be opened for its check (every open-page slot in use): nothing
+is known to be wrong with it; check it again."""
 
 
 @dataclass

@@ -268,6 +268,20 @@ class Page(View):
             or self.merger.running
         )
 
+    @property
+    def quiet(self) -> bool:
+        """Nobody holds the page, though acknowledged writes may still wait in its
+        journal for their commit: closing it commits them first (:meth:`close`), so a
+        close for room interrupts nobody either (a page just written stays busy for
+        the journal's commit delay)."""
+        return not (
+            self._leases
+            or self.watchers
+            or self.transactions.busy
+            or self.graph.lock.locked()
+            or self.merger.running
+        )
+
     async def close(self) -> None:
         """Finish queued writes, end watchers, close the database.
 

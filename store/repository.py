@@ -678,9 +678,11 @@ class Repository:
         opened count as open, and so do pages closing: they hold their files until
         their close ends). While pages are closing, wait for the first close to end
         rather than for the one this began, or refuse: a page closing is in nobody's
-        use, and its close ends (its writes, hooks and database)."""
+        use, and its close ends (its writes, hooks and database). With no idle page, a
+        quiet one (:attr:`Page.quiet`: only its journal's commit under way) closes."""
         while len(self._pages) + self._reserved >= self.max_open_pages:
             idle = [p for p in self._pages.values() if not p.closed and p.idle]
+            idle = idle or [p for p in self._pages.values() if not p.closed and p.quiet]
             if idle:
                 # Checked and closed with no await in between (see close_idle).
                 min(idle, key=lambda p: p.last_used).start_close()

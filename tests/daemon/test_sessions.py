@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 from yarl import URL
 
+from ledgerd.daemon import cli_check
 from ledgerd.daemon.api import Api, DaemonState
 from ledgerd.daemon.client import AsyncClient, LedgerError, NotFoundError
 from ledgerd.daemon.config import Config
@@ -554,5 +555,35 @@ async def test_a_transaction_with_a_request_waiting_in_the_queue_is_not_rolled_b
             assert await c.get("l", "q", b"k") == b"v"
             await ws.close()
             await other.close()
+    finally:
+        assert d.stop() == 0, d.log_text()
+
+
+async def test_a_page_check_cannot_open_is_not_checked_not_damaged(short_tmp: Path) -> None:
+    # With every open-page slot held (a session's transaction here), the check could
+    # not open another page and reported it as a 'sqlite' problem: DAMAGED, though
+    # nothing was wrong with it. It is 'not_checked' now; the held page is checked.
+    d = start_daemon(short_tmp, env={"LEDGERD_MAX_OPEN_PAGES": "1"})
+    try:
+        async with aiohttp.ClientSession(
+            connector=aiohttp.UnixConnector(path=str(d.socket))
+        ) as http:
+            r = await http.put(URL("http://ledgerd/v1/ledgers/l/pages/q/keys/k"), data=b"v")
+            assert r.status == 204, await r.text()
+            ws, reply = await _begin(http)
+            assert reply["ok"], reply
+            await _op(ws, op="put", txn=reply["txn"], key=b64(b"k"), value=b64(b"held"))
+            r = await http.post(URL("http://ledgerd/v1/check"), json={})
+            report = await r.json()
+            pages = {(p["ledger_text"], p["page_text"]): p for p in report["pages"]}
+            codes = [x["code"] for x in pages[("l", "q")]["problems"]]
+            assert codes == ["not_checked"], pages
+            assert "max_open_pages" in pages[("l", "q")]["problems"][0]["message"]
+            assert not report["healthy"]  # unverified: never reported healthy
+            out = io.StringIO()
+            cli_check.summary(report, out)
+            assert "l q: NOT CHECKED (busy)" in out.getvalue(), out.getvalue()
+            assert "DAMAGED" not in out.getvalue()
+            await ws.close()
     finally:
         assert d.stop() == 0, d.log_text()

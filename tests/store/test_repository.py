@@ -35,6 +35,25 @@ async def test_opening_past_max_open_pages_closes_the_least_recently_used(
         assert len(repo.open_pages()) == 3
 
 
+async def test_a_page_just_written_makes_room_its_journal_committed_first(
+    tmp_path: Path,
+) -> None:
+    # A put is acknowledged once in the page's journal, which commits a moment later:
+    # until then the page was not idle, and the next page's open past max_open_pages
+    # was refused ('all 1 open pages are in use', 503 in the daemon), though nobody
+    # held the page. A close for room commits the journal first.
+    async with await Repository.open(tmp_path, max_open_pages=1) as repo:
+        async with repo.page(b"l", b"q") as q:
+            await q.put(b"k", b"in the journal")
+        assert q.writer.uncommitted and not q.idle and q.quiet
+        async with repo.page(b"l", b"p") as p:
+            await p.put(b"k", b"v")
+        assert q.closed and len(repo.open_pages()) == 1
+        async with repo.page(b"l", b"q") as q:
+            assert await q.get(b"k") == b"in the journal"
+            assert len(await q.history()) == 2  # its first commit and the journal's
+
+
 async def test_when_every_open_page_is_busy_opening_one_more_fails_clearly(
     tmp_path: Path,
 ) -> None:
