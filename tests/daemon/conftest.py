@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client as httpclient
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ from pathlib import Path
 import aiohttp
 import boto3
 import pytest
+from hypothesis import HealthCheck, settings
 
 from ledgerd.sync.testing import moto_server
 
@@ -194,3 +196,27 @@ def three(short_tmp: Path, s3_endpoint: str, bucket: str) -> Iterator[list[Daemo
     finally:
         for d in ds:
             assert d.stop() == 0, d.log_text()
+
+
+class UnixHTTPConnection(httpclient.HTTPConnection):
+    """A blocking HTTP connection to the daemon's socket (the stateful tests drive it
+    from hypothesis' synchronous rules)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__("ledgerd", timeout=60)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = sockets.socket(sockets.AF_UNIX)
+        self.sock.connect(str(self.path))
+
+
+def stateful_settings(examples: int, steps: int = 30) -> settings:
+    """Settings of a state machine driving the daemon: ``examples`` runs of ``steps``
+    steps, more with ``LEDGERD_STATEFUL_EXAMPLES`` and ``LEDGERD_STATEFUL_STEPS``."""
+    return settings(
+        max_examples=int(os.environ.get("LEDGERD_STATEFUL_EXAMPLES", str(examples))),
+        stateful_step_count=int(os.environ.get("LEDGERD_STATEFUL_STEPS", str(steps))),
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )

@@ -38,10 +38,11 @@ MiB = 1024 * 1024
 # -- fixtures and helpers ------------------------------------------------------------
 
 
-def shared_daemon() -> Iterator[Daemon]:
-    """One daemon for a module; each test uses its own ledger (see ``ledger``)."""
-    base = Path(tempfile.mkdtemp(prefix="ld-cli-", dir="/tmp"))
-    d = start_daemon(base)
+def shared_daemon(env: dict[str, str] | None = None, prefix: str = "ld-cli-") -> Iterator[Daemon]:
+    """One daemon for a module (with ``env``'s settings); each test uses its own
+    ledger (see ``ledger``)."""
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    d = start_daemon(base, env=env)
     try:
         yield d
     finally:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import shutil
-import tempfile
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Iterator
@@ -19,6 +17,7 @@ import aiohttp
 import pytest
 
 from tests.daemon.conftest import Daemon, start_daemon
+from tests.daemon.test_cli import shared_daemon
 
 MAX_DOCUMENT = 4096
 MAX_LISTING = 8192
@@ -28,21 +27,13 @@ MAX_LISTING = 8192
 def shared() -> Iterator[Daemon]:
     """One daemon for the module (small document and listing bounds); each test uses
     its own ledger."""
-    base = Path(tempfile.mkdtemp(prefix="ld-docs-", dir="/tmp"))
-    d = start_daemon(
-        base,
-        env={
+    yield from shared_daemon(
+        {
             "LEDGERD_MAX_DOCUMENT_BYTES": str(MAX_DOCUMENT),
             "LEDGERD_MAX_LISTING_BYTES": str(MAX_LISTING),
         },
+        "ld-docs-",
     )
-    try:
-        yield d
-    finally:
-        code = d.stop()
-        log = d.log_text()
-        shutil.rmtree(base, ignore_errors=True)
-        assert code == 0, f"ledgerd exited with {code}; log:\n{log}"
 
 
 @pytest.fixture

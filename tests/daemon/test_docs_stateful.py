@@ -12,9 +12,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import shutil
-import socket
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -24,7 +21,7 @@ from urllib.parse import quote
 
 import hypothesis.strategies as st
 import pytest
-from hypothesis import HealthCheck, event, note, settings
+from hypothesis import event, note
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -35,7 +32,8 @@ from hypothesis.stateful import (
 )
 from ulid import ULID
 
-from tests.daemon.conftest import Daemon, start_daemon
+from tests.daemon.conftest import Daemon, UnixHTTPConnection, stateful_settings
+from tests.daemon.test_cli import shared_daemon
 
 MAX_DOCUMENT = 2048
 MAX_LISTING = 900
@@ -70,31 +68,13 @@ BAD_IDS = ["nope", "0" * 25, "0" * 27, "8" + "0" * 25, "01J" + "U" * 23, "%20" *
 
 @pytest.fixture(scope="module")
 def shared() -> Iterator[Daemon]:
-    base = Path(tempfile.mkdtemp(prefix="ld-docsm-", dir="/tmp"))
-    d = start_daemon(
-        base,
-        env={
+    yield from shared_daemon(
+        {
             "LEDGERD_MAX_DOCUMENT_BYTES": str(MAX_DOCUMENT),
             "LEDGERD_MAX_LISTING_BYTES": str(MAX_LISTING),
         },
+        "ld-docsm-",
     )
-    try:
-        yield d
-    finally:
-        code = d.stop()
-        log = d.log_text()
-        shutil.rmtree(base, ignore_errors=True)
-        assert code == 0, f"ledgerd exited with {code}; log:\n{log}"
-
-
-class _Connection(http.client.HTTPConnection):
-    def __init__(self, path: Path) -> None:
-        super().__init__("ledgerd", timeout=60)
-        self.path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.connect(str(self.path))
 
 
 def _q(name: str) -> str:
@@ -173,7 +153,7 @@ class DocumentPages(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.conn = _Connection(self.socket)
+        self.conn = UnixHTTPConnection(self.socket)
         self.ledger = f"d{os.urandom(4).hex()}"
         self.base = f"/v1/ledgers/{self.ledger}/pages/p/docs"
         self.made = False
@@ -923,15 +903,7 @@ class DocumentPages(RuleBasedStateMachine):
 
 def test_documents_follow_the_model(shared: Daemon) -> None:
     DocumentPages.socket = shared.socket
-    run_state_machine_as_test(
-        DocumentPages,
-        settings=settings(
-            max_examples=int(os.environ.get("LEDGERD_STATEFUL_EXAMPLES", "20")),
-            stateful_step_count=int(os.environ.get("LEDGERD_STATEFUL_STEPS", "30")),
-            deadline=None,
-            suppress_health_check=list(HealthCheck),
-        ),
-    )
+    run_state_machine_as_test(DocumentPages, settings=stateful_settings(20))
 
 
 # -- what the machine found, kept as examples ------------------------------------------

@@ -6,10 +6,8 @@ ranged reads, and reads at the commits seen so far (``?at=``)."""
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import os
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,10 +15,10 @@ from urllib.parse import quote
 
 import hypothesis.strategies as st
 import pytest
-from hypothesis import HealthCheck, note, settings
+from hypothesis import note
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from tests.daemon.conftest import Daemon
+from tests.daemon.conftest import Daemon, UnixHTTPConnection, stateful_settings
 from tests.daemon.test_cli import shared_daemon
 
 PAGES = [b"p", b"\xff", b"."]
@@ -32,16 +30,6 @@ VALUES = st.binary(max_size=20)
 @pytest.fixture(scope="module")
 def shared() -> Iterator[Daemon]:
     yield from shared_daemon()
-
-
-class _Connection(http.client.HTTPConnection):
-    def __init__(self, path: Path) -> None:
-        super().__init__("ledgerd", timeout=60)
-        self.path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.connect(str(self.path))
 
 
 def _q(name: bytes) -> str:
@@ -69,7 +57,7 @@ class KeyPages(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.conn = _Connection(self.socket)
+        self.conn = UnixHTTPConnection(self.socket)
         run = os.urandom(4).hex()
         self.ledgers = [f"l{run}".encode(), f"\x00{run}".encode(), f"%{run}".encode()]
         self.pages = {(i, p): _Page() for i in range(3) for p in PAGES}
@@ -289,12 +277,4 @@ class KeyPages(RuleBasedStateMachine):
 
 def test_key_pages_follow_the_model(shared: Daemon) -> None:
     KeyPages.socket = shared.socket
-    run_state_machine_as_test(
-        KeyPages,
-        settings=settings(
-            max_examples=int(os.environ.get("LEDGERD_STATEFUL_EXAMPLES", "10")),
-            stateful_step_count=30,
-            deadline=None,
-            suppress_health_check=list(HealthCheck),
-        ),
-    )
+    run_state_machine_as_test(KeyPages, settings=stateful_settings(10))
