@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ledgerd.store import ClosedError, Page, Repository, TooManyOpenPagesError
+from ledgerd.store import ClosedError, Page, Repository, TooManyOpenPagesError, writer
 from ledgerd.store.commit import FIRST
 from ledgerd.store.errors import CorruptDatabaseError
 from ledgerd.store.merge import Policy
@@ -36,12 +36,14 @@ async def test_opening_past_max_open_pages_closes_the_least_recently_used(
 
 
 async def test_a_page_just_written_makes_room_its_journal_committed_first(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A put is acknowledged once in the page's journal, which commits a moment later:
     # until then the page was not idle, and the next page's open past max_open_pages
     # was refused ('all 1 open pages are in use', 503 in the daemon), though nobody
-    # held the page. A close for room commits the journal first.
+    # held the page. A close for room commits the journal first. (The journal's own
+    # commit is put off for the test, so that a slow machine cannot commit it first.)
+    monkeypatch.setattr(writer, "COMMIT_DELAY", 600.0)
     async with await Repository.open(tmp_path, max_open_pages=1) as repo:
         async with repo.page(b"l", b"q") as q:
             await q.put(b"k", b"in the journal")
