@@ -83,6 +83,8 @@ class BucketIndex:
         self._sections: dict[Key, list[tuple[PackName, pack.PageIndex]]] | None = None
         self.problems: list[str] = []
         """Packs of layout 2 whose header could not be read."""
+        self.notes: list[str] = []
+        """Packs of layout 2 sealed with a key this device lacks (not damage)."""
 
     async def sections(self, key: Key) -> list[tuple[PackName, pack.PageIndex]]:
         """The page's sections in the layout-2 packs, oldest pack first."""
@@ -100,7 +102,7 @@ class BucketIndex:
                 except CloudNotFoundError:
                     continue  # compacted since the listing: a checkpoint holds it
                 except (CloudError, pack.CorruptPackError) as e:
-                    self.problems.append(f"pack {pn.name}: {type(e).__name__}: {e}")
+                    _unreadable(f"pack {pn.name}", e, self.problems, self.notes)
                     continue
                 for pi in header.pages:
                     found.setdefault(pi.key, []).append((pn, pi))
@@ -131,6 +133,8 @@ class CloudView:
     found: dict[bytes, bytes] = field(default_factory=dict)
     """Wanted pieces, verified."""
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What could not be read for want of a key this device lacks (not damage)."""
     checkpoint: str | None = None
     """The name of the page's checkpoint that was read, if any."""
     covered: list[bytes] = field(default_factory=list)
@@ -172,7 +176,7 @@ async def _read_sections(
         except CloudNotFoundError:
             continue  # compacted since the listing: a checkpoint holds it
         except (CloudError, pack.CorruptPackError) as e:
-            view.problems.append(f"pack {pn.name}: {type(e).__name__}: {e}")
+            _unreadable(f"pack {pn.name}", e, view.problems, view.notes)
             continue
         view.packs += 1
         view.own_packs += own
@@ -196,8 +200,11 @@ async def _read_sections(
                 view.pieces.discard(d)  # compacted since the listing
                 continue
             except (CloudError, pack.CorruptPackError) as e:
-                bad.append(f"LAZY piece {dg.short(d)}: {e}")
                 view.pieces.discard(d)
+                if isinstance(e, pack.PackKeyMissingError):
+                    _unreadable(f"pack {pn.name}: LAZY piece {dg.short(d)}", e, [], view.notes)
+                else:
+                    bad.append(f"LAZY piece {dg.short(d)}: {e}")
                 continue
             if not dg.verify(d, raw):
                 bad.append(f"LAZY piece {dg.short(d)} does not match its digest")
@@ -234,7 +241,7 @@ async def read_page(
         except CloudNotFoundError:
             continue  # gone since the listing
         except (CloudError, pack.CorruptPackError) as e:
-            view.problems.append(f"pack {ln.name}: {type(e).__name__}: {e}")
+            _unreadable(f"pack {ln.name}", e, view.problems, view.notes)
             continue
         view.packs += 1
         view.own_packs += own
@@ -310,7 +317,7 @@ async def read_checkpoint(
             continue
         except (CloudError, pack.CorruptPackError) as e:
             view.unread = True
-            view.problems.append(f"checkpoint {cn.name}: {type(e).__name__}: {e}")
+            _unreadable(f"checkpoint {cn.name}", e, view.problems, view.notes)
             return
         break
     else:
@@ -341,7 +348,11 @@ async def read_checkpoint(
         except CloudNotFoundError:
             continue
         except (CloudError, pack.CorruptPackError) as e:
-            view.problems.append(f"checkpoint {cn.name}: LAZY piece {dg.short(d)}: {e}")
+            where = f"checkpoint {cn.name}: LAZY piece {dg.short(d)}"
+            if isinstance(e, pack.PackKeyMissingError):
+                _unreadable(where, e, view.problems, view.notes)
+            else:
+                view.problems.append(f"{where}: {e}")
             continue
         if dg.verify(d, piece):
             view.found[d] = piece
@@ -349,6 +360,18 @@ async def read_checkpoint(
             view.problems.append(
                 f"checkpoint {cn.name}: LAZY piece {dg.short(d)} does not match its digest"
             )
+
+
+def _unreadable(where: str, e: Exception, problems: list[str], notes: list[str]) -> None:
+    """Record what could not be read: a problem, unless it is sealed with a key this
+    device lacks (``key_missing``, as sync holds such a pack): not damage, a note."""
+    if isinstance(e, pack.PackKeyMissingError):
+        notes.append(
+            f"{where}: not checked, key_missing (sealed with a key this device lacks): "
+            f"{type(e).__name__}: {e}"
+        )
+    else:
+        problems.append(f"{where}: {type(e).__name__}: {e}")
 
 
 def below(tops: Iterable[bytes], parents: dict[bytes, Any]) -> set[bytes]:
@@ -413,6 +436,8 @@ async def check_page(
             result.cloud = await _cloud(page, engine, index, report, repair)
         except CloudError as e:
             report.add(ck.Problem(ck.CLOUD, f"the bucket could not be read: {e}"))
+        else:
+            result.notes.extend(dict.fromkeys([*index.notes, *result.cloud.notes]))
     if not repair:
         return result
     await ck.repair_local(page, report)
