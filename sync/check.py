@@ -86,6 +86,11 @@ class BucketIndex:
         self.notes: list[str] = []
         """Packs of layout 2 sealed with a key this device lacks (not damage)."""
 
+    def forget(self) -> None:
+        """List the bucket again at the next use (packs may have come since)."""
+        self._packs = self._sections = None
+        self.problems = []
+
     async def sections(self, key: Key) -> list[tuple[PackName, pack.PageIndex]]:
         """The page's sections in the layout-2 packs, oldest pack first."""
         if self._sections is None:
@@ -498,11 +503,19 @@ async def _cloud(
     """Read the page's packs and checkpoint; report what the page counts as synced
     and the bucket should hold but does not (the rule is in the module docstring)."""
     view = await _read_bucket(page, engine, index, engine.device, report.bad_pieces())
+    synced = await ck.synced_pieces(page)
+    if any(d not in view.pieces for d in synced) or any(
+        c not in view.commits for c in await ck.synced_commits(page)
+    ):
+        # The listing was made at the check's first page: a pack imported since (sync
+        # goes on while a check runs) is not in it. List again before blaming the bucket.
+        index.forget()
+        view = await _read_bucket(page, engine, index, engine.device, report.bad_pieces())
     for problem in [*index.problems, *view.problems]:
         report.add(ck.Problem(ck.CLOUD, problem))
     if view.unread:  # (a repair would upload the whole compacted history again)
         return view
-    lacking = [d for d in await ck.synced_pieces(page) if d not in view.pieces]
+    lacking = [d for d in synced if d not in view.pieces]
     missing = [c for c in await ck.synced_commits(page) if c not in view.commits]
     left = await ck.left_behind(page)
     if (view.covered or left) and (lacking or missing):

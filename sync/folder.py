@@ -3,7 +3,9 @@
 This module owns mapping object names to files. Writes go to a temporary file in
 the same directory, are fsynced, and are published with ``os.link`` (which fails
 if the name exists, so nothing is ever overwritten, even by two daemons sharing
-the folder). Readers therefore never see a partial object. File work runs on
+the folder). Readers therefore never see a partial object. The temporary file of a
+put cut short (its daemon killed) is removed by a listing of its directory once it
+has not been written to for ``STALE_TMP`` seconds. File work runs on
 worker threads.
 
 Only regular files are objects: anything else under a name (a FIFO, a device, a
@@ -21,6 +23,7 @@ import contextlib
 import errno
 import os
 import stat
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -35,8 +38,20 @@ from ledgerd.sync.errors import (
 )
 
 _TMP = ".tmp-"
+STALE_TMP = 3600.0
+"""Seconds after which a temporary file nobody writes to is a put cut short (its daemon
+was killed): the listing of its directory removes it. A put still going on past that
+finds its file gone and fails, and its pack is put again."""
 FILE_MODE = 0o600
 DIR_MODE = 0o700
+
+
+def _remove_if_stale(entry: os.DirEntry[str]) -> None:
+    """Remove a temporary file a put cut short left (untouched for STALE_TMP seconds)."""
+    with contextlib.suppress(OSError):
+        st = entry.stat(follow_symlinks=False)
+        if stat.S_ISREG(st.st_mode) and time.time() - st.st_mtime > STALE_TMP:
+            os.unlink(entry.path)
 
 
 class FolderStore(CloudStore):
@@ -158,6 +173,7 @@ class FolderStore(CloudStore):
                     continue
                 for entry in entries:
                     if entry.name.startswith(_TMP):
+                        _remove_if_stale(entry)
                         continue
                     name = f"{rel}/{entry.name}" if rel else entry.name
                     if entry.is_dir(follow_symlinks=False):

@@ -300,3 +300,28 @@ async def test_check_cloud_is_healthy_on_a_device_back_after_the_grace(
             pd = await d.repo.ledger("l").page("p")
             checked = await _check(d, pd)
             assert checked.report.healthy, _messages(checked)[:5]
+
+
+async def test_a_pack_imported_after_the_checks_listing_is_no_problem(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """``check --cloud`` lists the bucket once, at its first page; a pack imported into a
+    later page after that listing made its pieces 'counts as synced but the bucket lacks
+    it' (found by the sync crash torture: ``ledgerctl check --cloud`` on a reader while
+    the writer uploaded, 19 such problems, healthy again a moment later)."""
+    rng = random.Random(7)
+    async with device(tmp_path / "a", bucket) as a, device(tmp_path / "b", bucket) as b:
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"k", b"v1")
+        await a.engine.sync()
+        await b.engine.sync()
+        index = sc.BucketIndex(b.engine.store, b.engine.codec)
+        await index.sections((b"l", b"p"))  # the check's listing, made at its first page
+        await pa.put(b"lazy", rng.randbytes(200_000), Priority.LAZY)
+        await pa.put(b"k", b"v2")
+        await a.engine.sync()
+        await b.engine.sync()
+        pb = await b.repo.ledger("l").page("p")
+        assert await pb.get(b"k") == b"v2"
+        checked = await sc.check_page(pb, b.engine, index, cloud=True)
+        assert checked.report.healthy, _messages(checked)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+import time
 from pathlib import Path
 
 import boto3
 import pytest
 from moto import mock_aws
 
+from ledgerd.sync import folder
 from ledgerd.sync.cloud import Retrying, check_name
 from ledgerd.sync.errors import (
     AlreadyExistsError,
@@ -94,6 +97,24 @@ async def test_folder_skips_temporary_and_foreign_files(tmp_path: Path) -> None:
     (tmp_path / "a" / ".tmp-123").write_bytes(b"partial")
     (tmp_path / "a" / "bad name").write_bytes(b"foreign")
     assert [n async for n in store.list()] == ["a/x"]
+
+
+async def test_folder_removes_a_killed_puts_stale_temporary_file(tmp_path: Path) -> None:
+    """A daemon SIGKILLed in the middle of a folder put leaves its ``.tmp-`` file in the
+    shared bucket (found by the sync crash torture: one per writer killed mid-upload,
+    never removed). A listing of its directory removes one not written to for
+    STALE_TMP seconds; a fresh one (a put going on) stays."""
+    store = FolderStore(tmp_path)
+    await store.put("packs/x", b"1")
+    stale = tmp_path / "packs" / ".tmp-killed"
+    stale.write_bytes(b"partial")
+    old = time.time() - folder.STALE_TMP - 60
+    os.utime(stale, (old, old))
+    fresh = tmp_path / "packs" / ".tmp-going-on"
+    fresh.write_bytes(b"partial")
+    assert [n async for n in store.list("packs/")] == ["packs/x"]
+    assert not stale.exists()
+    assert fresh.exists()
 
 
 def test_names() -> None:
