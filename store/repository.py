@@ -667,9 +667,12 @@ class Repository:
                     page = await self._open_new(ledger, page_id)
                 finally:
                     self._reserved -= 1
-                await self._settle_opened(page)
-            # No await since the page was published: close_idle cannot close it
-            # before the caller takes a lease.
+                # Leased while it merges: neither close_idle nor _make_room closes it
+                # between the merge's end and this open's return.
+                with page.lease():
+                    await self._settle_opened(page)
+            # No await since the page was published, or since its merge's lease
+            # ended: close_idle cannot close it before the caller takes a lease.
             self._hand_out(key)
             return page, opened, made
 

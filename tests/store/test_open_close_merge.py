@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from ledgerd.store import Page, Policy, Repository
 from ledgerd.store.merge import Choice, MergeRequest
 from ledgerd.store.repository import MAX_OPEN_PAGES
@@ -176,3 +178,32 @@ async def test_a_page_whose_close_ended_in_its_hooks_does_not_hold_an_open_forev
         await asyncio.gather(closing, return_exceptions=True)
         other = await asyncio.wait_for(repo.ledger("l").page("q"), DETECTOR)
         assert not other.closed and not repo.is_open(b"l", b"p")
+
+
+async def test_nothing_closes_a_page_between_its_opening_merge_and_its_handing_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The merge of the heads a page was opened with ends before its opener resumes:
+    # in between, the page was idle (no lease, no merge), and an idle sweep or an open
+    # needing room could close it, handing the opener a closed page. It is leased
+    # while it merges. Here the sweep runs right as the merge ends.
+    async with await Repository.open(tmp_path, hooks=hooks()) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.set_policy(Policy.CUSTOM)
+        await _conflicting(page)
+    async with await Repository.open(tmp_path, hooks=hooks()) as repo:
+
+        async def resolver(req: MergeRequest) -> dict[bytes, Choice]:
+            return {c.key: b"resolved" for c in req.conflicts}
+
+        set_resolver(repo, resolver)
+        settle, swept = Repository._settle_opened, []
+
+        async def then_sweep(self: Repository, opened: Page) -> None:
+            await settle(self, opened)
+            swept.append(await self.close_idle(0))
+
+        monkeypatch.setattr(Repository, "_settle_opened", then_sweep)
+        page = await asyncio.wait_for(repo.ledger("l").page("p"), DETECTOR)
+        assert swept == [0] and not page.closed
+        assert await page.get(b"k") == b"resolved"
