@@ -259,14 +259,7 @@ class Page(View):
         """Nobody holds the page and nothing is under way in it: closing it now
         would interrupt nobody (no lease, watcher, transaction, queued write,
         uncommitted journal, merge or commit in progress)."""
-        return not (
-            self._leases
-            or self.watchers
-            or self.transactions.busy
-            or self.writer.busy
-            or self.graph.lock.locked()
-            or self.merger.running
-        )
+        return self.quiet and not self.writer.busy
 
     @property
     def quiet(self) -> bool:
