@@ -56,6 +56,10 @@ def _queued_txn(data: str) -> str | None:
     return m.group(1) if m else None
 
 
+_Queue = asyncio.Queue[tuple[str, str | None] | None]
+"""A session's queued requests: each with the transaction it names (read once)."""
+
+
 INLINE_RESOLVE = 1024 * 1024
 """Resolve events carry values up to this size; larger ones carry null (read them by key)."""
 
@@ -216,7 +220,7 @@ class Session:
         client that resolves conflicts and also commits on the same connection
         cannot deadlock against itself.
         """
-        queue: asyncio.Queue[str | None] = asyncio.Queue()
+        queue: _Queue = asyncio.Queue()
         worker = asyncio.create_task(self._serve(queue), name=f"session-{self.number}")
         expiry = None
         if self.api.cfg.session_txn_idle_timeout > 0:
@@ -288,7 +292,7 @@ class Session:
                     await self.send({"event": "rolled_back", "txn": tid, **err})
             await asyncio.sleep(wait)
 
-    async def _enqueue(self, data: str, queue: asyncio.Queue[str | None]) -> None:
+    async def _enqueue(self, data: str, queue: _Queue) -> None:
         """Queue a request for the worker, or refuse it at once when ``max_session_queue``
         requests are already waiting. (Refusing, not waiting: the reader must stay free
         to take ``resolved`` answers, which a request in the queue may be waiting for.)"""
@@ -301,7 +305,7 @@ class Session:
             self.queued_bytes += len(data)
             if (tid := _queued_txn(data)) is not None:
                 self._txn_queued[tid] = self._txn_queued.get(tid, 0) + 1
-            queue.put_nowait(data)
+            queue.put_nowait((data, tid))
             return
         rid: Any = None
         with contextlib.suppress(ae.ApiError):
@@ -310,10 +314,10 @@ class Session:
         err = ae.Busy(f"{why} of this session are waiting: wait for their replies")
         await self.send({"id": rid, "ok": False, **err.body()})
 
-    async def _serve(self, queue: asyncio.Queue[str | None]) -> None:
-        while (data := await queue.get()) is not None:
+    async def _serve(self, queue: _Queue) -> None:
+        while (item := await queue.get()) is not None:
+            data, tid = item
             self.queued_bytes -= len(data)
-            tid = _queued_txn(data)
             # No await before _handle marks it busy (or used, once served).
             if tid is not None and (n := self._txn_queued.pop(tid, 1) - 1) > 0:
                 self._txn_queued[tid] = n
@@ -323,7 +327,7 @@ class Session:
         self,
         data: str,
         only_resolved: bool = False,
-        queue: asyncio.Queue[str | None] | None = None,
+        queue: _Queue | None = None,
     ) -> None:
         rid: Any = None
         try:

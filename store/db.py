@@ -109,17 +109,17 @@ def _create_private(path: Path, empty_is_damage: bool) -> None:
     (page size, WAL), so a database file is never empty: with ``empty_is_damage``, one
     found empty lost what it held (a truncation) and is refused rather than made anew."""
     try:
-        if os.stat(path).st_size > 0:
-            return
+        size: int | None = os.stat(path).st_size
     except FileNotFoundError:
-        pass
-    else:
-        if empty_is_damage:
-            log.error("%s is empty: its contents were lost (refused, not made anew)", path)
-            raise CorruptDatabaseError(
-                f"{path} is damaged: the file is empty (truncated; what it held is lost "
-                "unless restored), so it is not opened as a new database"
-            )
+        size = None
+    if size:
+        return
+    if size == 0 and empty_is_damage:
+        log.error("%s is empty: its contents were lost (refused, not made anew)", path)
+        raise CorruptDatabaseError(
+            f"{path} is damaged: the file is empty (truncated; what it held is lost "
+            "unless restored), so it is not opened as a new database"
+        )
     # SQLite would replay a -wal or -journal left by a lost file of this name onto the
     # new database, mixing that file's pages into it.
     stale = [path.with_name(path.name + s) for s in ("-wal", "-journal")]

@@ -5,18 +5,9 @@ is a note of the check, not a ``cloud`` problem of every page checked."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.daemon.conftest import ROOT, Daemon, start_daemon
-
-
-def _ledgerd(*args: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [sys.executable, "-m", "ledgerd.daemon", *args], capture_output=True, cwd=ROOT, timeout=120
-    )
+from tests.daemon.test_encryption_e2e import _new_key_uploads, _shared_key
 
 
 def test_a_pack_sealed_with_a_key_this_device_lacks_damages_no_page_in_a_check(
@@ -26,26 +17,13 @@ def test_a_pack_sealed_with_a_key_this_device_lacks_damages_no_page_in_a_check(
     # PackKeyMissingError: ...', the header of a pack this device cannot open counted
     # against every page), exit 1, though sync holds such a pack as key_missing: not
     # damaged, it opens once the key file is copied here.
-    key_a, key_b = short_tmp / "key-a", short_tmp / "key-b"
-    assert _ledgerd("key", "init", str(key_a)).returncode == 0
-    key_b.write_bytes(key_a.read_bytes())
-    os.chmod(key_b, 0o600)
-    cloud = f"file://{short_tmp / 'bucket'}"
-
-    def start(name: str, key: Path) -> Daemon:
-        env = {"LEDGERD_ENCRYPTION_KEY_FILE": str(key), "LEDGERD_SYNC_INTERVAL": "60"}
-        return start_daemon(short_tmp / name, "--cloud", cloud, env=env)
-
+    key_a, key_b, start = _shared_key(short_tmp)
     a = start("a", key_a)
     b = start("b", key_b)
     try:
         b.ledgerctl("put", "mine", "p", "k", "v", check=True)
         b.ledgerctl("sync", check=True)
-        assert a.stop() == 0, a.log_text()
-        assert _ledgerd("key", "add", str(key_a)).returncode == 0  # a new key, first
-        a = start("a", key_a)
-        a.ledgerctl("put", "notes", "inbox", "k2", "sealed with the new key", check=True)
-        a.ledgerctl("sync", check=True)
+        a = _new_key_uploads(a, key_a, start)
         b.ledgerctl("sync", "--timeout", "30")  # holds a's new pack as key_missing
         out = b.ledgerctl("check", "--cloud", "--json")
         report = json.loads(out.stdout)

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import boto3
@@ -42,6 +43,33 @@ def _objects(endpoint: str, bucket: str) -> dict[str, bytes]:
     )
     names = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
     return {n: s3.get_object(Bucket=bucket, Key=n)["Body"].read() for n in names}
+
+
+def _shared_key(base: Path) -> tuple[Path, Path, Callable[[str, Path], Daemon]]:
+    """Two key files holding one key, and how to start a daemon (its directory named
+    under ``base``) on a folder bucket with one of them."""
+    key_a, key_b = base / "key-a", base / "key-b"
+    assert _ledgerd("key", "init", str(key_a)).returncode == 0
+    key_b.write_bytes(key_a.read_bytes())
+    os.chmod(key_b, 0o600)
+    cloud = f"file://{base / 'bucket'}"
+
+    def start(name: str, key: Path) -> Daemon:
+        env = {"LEDGERD_ENCRYPTION_KEY_FILE": str(key), "LEDGERD_SYNC_INTERVAL": "60"}
+        return start_daemon(base / name, "--cloud", cloud, env=env)
+
+    return key_a, key_b, start
+
+
+def _new_key_uploads(a: Daemon, key_a: Path, start: Callable[[str, Path], Daemon]) -> Daemon:
+    """``a`` stopped, a new key added first to its file, restarted: it uploads a pack
+    sealed with that key (notes/inbox k2). Returns the restarted daemon."""
+    assert a.stop() == 0, a.log_text()
+    assert _ledgerd("key", "add", str(key_a)).returncode == 0  # a new key, first
+    a = start("a", key_a)
+    a.ledgerctl("put", "notes", "inbox", "k2", "sealed with the new key", check=True)
+    a.ledgerctl("sync", check=True)
+    return a
 
 
 def test_key_init_refuses_to_overwrite_and_a_readable_key_stops_the_daemon(
@@ -167,27 +195,14 @@ def test_a_pack_sealed_with_a_key_this_device_lacks_is_key_missing_not_corrupt(
     """After ``key add`` on one device, another without the new key holds its packs as
     ``key_missing`` (not ``refused``/``CorruptPackError``: nothing is damaged), says so in
     status and its log, and imports them once the key file is copied and it restarts."""
-    key_a, key_b = short_tmp / "key-a", short_tmp / "key-b"
-    assert _ledgerd("key", "init", str(key_a)).returncode == 0
-    key_b.write_bytes(key_a.read_bytes())
-    os.chmod(key_b, 0o600)
-    cloud = f"file://{short_tmp / 'bucket'}"
-
-    def start(name: str, key: Path) -> Daemon:
-        env = {"LEDGERD_ENCRYPTION_KEY_FILE": str(key), "LEDGERD_SYNC_INTERVAL": "60"}
-        return start_daemon(short_tmp / name, "--cloud", cloud, env=env)
-
+    key_a, key_b, start = _shared_key(short_tmp)
     a = start("a", key_a)
     b = start("b", key_b)
     try:
         a.ledgerctl("put", "notes", "inbox", "k", "v", check=True)
         a.ledgerctl("sync", check=True)
         b.ledgerctl("sync", check=True)
-        assert a.stop() == 0, a.log_text()
-        assert _ledgerd("key", "add", str(key_a)).returncode == 0  # a new key, first
-        a = start("a", key_a)
-        a.ledgerctl("put", "notes", "inbox", "k2", "sealed with the new key", check=True)
-        a.ledgerctl("sync", check=True)
+        a = _new_key_uploads(a, key_a, start)
         out = b.ledgerctl("sync", "--timeout", "30")
         assert out.returncode == 4, out.stderr
         assert b"PackKeyMissingError" in out.stderr and b"Corrupt" not in out.stderr

@@ -32,16 +32,22 @@ async def _conflicting(page: Page) -> None:
     assert len(await page.heads()) == 2 and page.pending_conflict
 
 
+async def _left_with_two_heads(tmp_path: Path) -> None:
+    """Page l/p of the repository at ``tmp_path`` left closed with two heads (custom
+    policy: a resolver merges them at its next open)."""
+    async with await Repository.open(tmp_path, hooks=hooks()) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.set_policy(Policy.CUSTOM)
+        await _conflicting(page)
+
+
 async def test_a_resolver_that_opens_the_page_it_resolves_while_it_opens(
     tmp_path: Path,
 ) -> None:
     # Opening a page left with two heads merges them, asking the resolver; the
     # resolver opening the page waited for that open (under its lock), which waited
     # for the resolver: a hang until RESOLVER_TIMEOUT, and the merge abandoned.
-    async with await Repository.open(tmp_path, hooks=hooks()) as repo:
-        page = await repo.ledger("l").page("p")
-        await page.set_policy(Policy.CUSTOM)
-        await _conflicting(page)
+    await _left_with_two_heads(tmp_path)
     async with await Repository.open(tmp_path, hooks=hooks()) as repo:
         seen: list[Page] = []
 
@@ -99,10 +105,7 @@ async def _reopened_with_a_held_resolver(
     """A repository reopened on page l/p left with two heads, its resolver (custom
     policy) opening the page and then, once ``gate`` is set, resolving; ``entered``
     is set once it runs. The caller closes the repository."""
-    async with await Repository.open(tmp_path, hooks=hooks()) as repo:
-        page = await repo.ledger("l").page("p")
-        await page.set_policy(Policy.CUSTOM)
-        await _conflicting(page)
+    await _left_with_two_heads(tmp_path)
     repo = await Repository.open(tmp_path, hooks=hooks(), max_open_pages=max_open_pages)
     gate, entered, seen = asyncio.Event(), asyncio.Event(), []
 
@@ -187,10 +190,7 @@ async def test_nothing_closes_a_page_between_its_opening_merge_and_its_handing_o
     # in between, the page was idle (no lease, no merge), and an idle sweep or an open
     # needing room could close it, handing the opener a closed page. It is leased
     # while it merges. Here the sweep runs right as the merge ends.
-    async with await Repository.open(tmp_path, hooks=hooks()) as repo:
-        page = await repo.ledger("l").page("p")
-        await page.set_policy(Policy.CUSTOM)
-        await _conflicting(page)
+    await _left_with_two_heads(tmp_path)
     async with await Repository.open(tmp_path, hooks=hooks()) as repo:
 
         async def resolver(req: MergeRequest) -> dict[bytes, Choice]:
