@@ -126,21 +126,27 @@ def _fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
-def cut_short(
-    ledgers_dir: Path, suffixes: tuple[str, ...] = (SUFFIX,)
-) -> list[tuple[Path, str, str]]:
-    """The ``(ledger directory, page directory name, suffix)`` of evictions cut short,
-    or of other steps that set a page's directory aside under one of ``suffixes``, in
-    one walk of the ledgers (blocking)."""
-    out: list[tuple[Path, str, str]] = []
+Walk = list[tuple[Path, list[Path]]]
+"""Each ledger directory with what it holds (page directories, and set-aside ones)."""
+
+
+def walk(ledgers_dir: Path) -> Walk:
+    """One walk of the ledgers' directories (blocking): what a start looks through."""
     if not ledgers_dir.is_dir():
-        return out
-    for ledger in ledgers_dir.iterdir():
-        if ledger.is_dir():
-            for p in ledger.iterdir():
-                for suffix in suffixes:
-                    if p.name.endswith(suffix) and p.is_dir():
-                        out.append((ledger, p.name[: -len(suffix)], suffix))
+        return []
+    return [(d, list(d.iterdir())) for d in ledgers_dir.iterdir() if d.is_dir()]
+
+
+def cut_short(walked: Walk, suffixes: tuple[str, ...] = (SUFFIX,)) -> list[tuple[Path, str, str]]:
+    """The ``(ledger directory, page directory name, suffix)`` of evictions cut short,
+    or of other steps that set a page's directory aside under one of ``suffixes``
+    (blocking)."""
+    out: list[tuple[Path, str, str]] = []
+    for ledger, entries in walked:
+        for p in entries:
+            for suffix in suffixes:
+                if p.name.endswith(suffix) and p.is_dir():
+                    out.append((ledger, p.name[: -len(suffix)], suffix))
     return out
 
 

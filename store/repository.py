@@ -196,7 +196,7 @@ def _never_made(path: Path) -> bool:
     return not path.with_name(path.name + "-wal").exists()
 
 
-def _remove_unmade(ledgers_dir: Path) -> list[Path]:
+def _remove_unmade(walked: eviction.Walk) -> list[Path]:
     """Remove what a making of a page's database cut short left (blocking): in a page
     directory with no ``page.sqlite``, its ``page.sqlite.new`` and that file's -journal,
     -wal and -shm (see store.db._create_private), then the directory if that leaves it
@@ -205,18 +205,16 @@ def _remove_unmade(ledgers_dir: Path) -> list[Path]:
     made again. Anything else (a -wal whose database is lost) stays, as does a page with
     its database. Returns the page directories cleaned."""
     cleaned: list[Path] = []
-    if not ledgers_dir.is_dir():
-        return cleaned
 
     def ours(d: Path) -> bool:  # a page's or ledger's directory, not one set aside
         raw = decode_name(d.name)
         return raw is not None and encode_name(raw) == d.name and d.is_dir()
 
-    for ledger in list(ledgers_dir.iterdir()):
+    for ledger, entries in walked:
         if not ours(ledger):
             continue
         removed = False
-        for page_dir in list(ledger.iterdir()):
+        for page_dir in entries:
             path = page_dir / "page.sqlite"
             if path.exists() or not ours(page_dir):
                 continue
@@ -368,12 +366,13 @@ class Repository:
         )
         try:
             await repo._load_device_id()
+            walked = await asyncio.to_thread(eviction.walk, repo.ledgers_dir)
             aside = await asyncio.to_thread(
-                eviction.cut_short, repo.ledgers_dir, (DISCARDED, eviction.SUFFIX)
+                eviction.cut_short, walked, (DISCARDED, eviction.SUFFIX)
             )
             await repo._finish_discards([(d, n) for d, n, s in aside if s == DISCARDED])
             await repo._load_evicted([(d, n) for d, n, s in aside if s == eviction.SUFFIX])
-            for page_dir in await asyncio.to_thread(_remove_unmade, repo.ledgers_dir):
+            for page_dir in await asyncio.to_thread(_remove_unmade, walked):
                 log.info("removed the making of page directory %s cut short", page_dir)
             await repo._remove_unwritten()
         except BaseException:
