@@ -22,6 +22,9 @@ SHOWN_PROBLEMS = 5
 """Problems printed per page in the summary (``--json`` has them all)."""
 SHOWN_PAGES = 20
 """Unhealthy pages printed in the summary."""
+DOCUMENT_CODES = frozenset({"damaged_document", "unsupported_layout"})
+"""Problems of document records whose pieces are sound (``store.check.DOCUMENT_CODES``):
+a page with only these is not called damaged."""
 
 
 def register(sub: Any) -> None:
@@ -75,6 +78,8 @@ def summary(report: dict[str, Any], out: TextIO) -> None:
             if p["healthy"]
             else "NOT CHECKED (busy)"
             if codes == {"not_checked"}
+            else "DOCUMENTS NOT READABLE"
+            if codes and codes <= DOCUMENT_CODES
             else "DAMAGED"
         )
         out.write(f"{_page_name(p)}: {state}\n")

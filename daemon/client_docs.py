@@ -54,16 +54,21 @@ Doc = dict[str, Any]
 """A document as JSON: ``{"_meta": {...}, "_data": ..., "_attachments": [...]}``."""
 Content = bytes | AsyncIterable[bytes] | Path
 OnDamaged = Callable[[dict[str, Any]], None]
-"""Called with each ``{"collection", "_id", "code": "corrupt", "message"}`` a listing
-names under ``damaged``: a document whose stored body cannot be read (the listing goes
-on past it). By default it is logged as a warning."""
+"""Called with each ``{"collection", "_id", "code", "message"}`` a listing names under
+``damaged``: a document whose stored body cannot be read (the listing goes on past it),
+``code`` ``corrupt`` (not a record) or ``unsupported_layout`` (a record of a newer
+ledgerd's layout). By default it is logged as a warning."""
 
 log = logging.getLogger(__name__)
 
 
 def _log_damaged(d: dict[str, Any]) -> None:
     log.warning(
-        "document %s in %r is damaged: %s", d.get("_id"), d.get("collection"), d.get("message")
+        "document %s in %r cannot be read (%s): %s",
+        d.get("_id"),
+        d.get("collection"),
+        d.get("code"),
+        d.get("message"),
     )
 
 

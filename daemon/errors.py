@@ -286,6 +286,7 @@ DOCUMENT_STATUS = {
     "attachment_not_found": 404,
     "index_not_found": 404,
     "conflict": 409,
+    "unsupported_layout": 409,
     "too_large": 413,
 }
 """The HTTP status of each code of the document layer's errors (``store.DocumentError``)."""

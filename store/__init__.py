@@ -47,6 +47,7 @@ from ledgerd.store.docmodel import (
     InvalidNameError,
     RevisionInFutureError,
     RevisionInPastError,
+    UnsupportedLayoutError,
 )
 from ledgerd.store.documents import Changes, Damaged, DocumentRange, DocumentStore, IndexInfo
 from ledgerd.store.errors import (
@@ -118,6 +119,7 @@ __all__ = [
     "InvalidNameError",
     "RevisionInFutureError",
     "RevisionInPastError",
+    "UnsupportedLayoutError",
     "BusyError",
     "CommitListener",
     "CorruptDatabaseError",

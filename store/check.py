@@ -11,7 +11,13 @@ This module owns what "a healthy page" means on this device and how to tell:
 * commits decode to their ids, their parents are here with the right generation,
   ``commit_parents`` says what the commits say, ``heads`` holds exactly the
   commits without children, ``unsynced_commits``, ``unsynced``, ``remote_pieces``
-  and the journal tables refer to what exists.
+  and the journal tables refer to what exists;
+* in a document page, every document record of the head decodes
+  (:mod:`store.doclayout`): a record that does not is ``damaged_document``, one of a
+  newer ledgerd's layout ``unsupported_layout``. Its pieces are sound (a piece that
+  is not is reported as such, and its record is not read); these are reported,
+  never repaired here (``purge`` of the documents API is the operator's way to be
+  rid of a damaged one).
 
 It walks trees and values through the store's own modules (:mod:`store.btree`,
 :mod:`store.split`, :mod:`store.commit`), reading pieces straight from SQLite and
@@ -21,7 +27,7 @@ query is short); :func:`restore_pieces`, :func:`requeue` and :func:`repair_local
 write. Getting pieces back from the cloud is sync's job (:mod:`sync.check`); this
 module has no network code.
 
-Why one module of about 640 lines: the checks and the local repairs read the same
+Why one module of about 860 lines: the checks and the local repairs read the same
 tables in the same walk, and a repair is only safe next to the check that found
 the problem.
 """
@@ -35,8 +41,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledgerd.store import btree, commit, split, sql
+from ledgerd.store import btree, commit, doclayout, split, sql
 from ledgerd.store import digest as dg
+from ledgerd.store.docmodel import ulid_text
 from ledgerd.store.errors import CorruptObjectError, InvalidArgumentError, StoreError, named
 from ledgerd.store.page import Page
 from ledgerd.store.schema import LOCAL, SYNCED, TRANSIENT
@@ -65,6 +72,12 @@ CLOUD = "cloud"
 NOT_CHECKED = "not_checked"
 """The page could not be opened for its check (every open-page slot in use): nothing
 is known to be wrong with it; check it again."""
+DAMAGED_DOCUMENT = "damaged_document"
+"""A document record of the head does not decode (its pieces are sound)."""
+UNSUPPORTED_LAYOUT = "unsupported_layout"
+"""A document record of the head is of a layout a newer ledgerd wrote."""
+DOCUMENT_CODES = (DAMAGED_DOCUMENT, UNSUPPORTED_LAYOUT)
+"""Problems of documents, not of pieces: reported, never repaired here."""
 
 
 @dataclass
@@ -105,6 +118,8 @@ class PageCheck:
     """Distinct hashed pieces reachable from commits and journals."""
     remote: int = 0
     """Of those, the ones known to be in the cloud only (LAZY values not fetched)."""
+    documents: int = 0
+    """Document records of the head read and decoded (0: not a document page)."""
 
     def add(self, p: Problem) -> None:
         if len(self.problems) < MAX_PROBLEMS:
@@ -141,6 +156,7 @@ async def check_page(page: Page) -> PageCheck:
     the page's tables are read in one read transaction, and a piece reachable only
     from a journal that is gone by the end is not counted missing."""
     report = PageCheck(page.ledger, page.id)
+    head = page.head  # (before the tables are read: they hold it)
     await _integrity(page, report)
     corrupt = await _scan(page, report)
     tables = await page.db.run(_read_tables)
@@ -148,6 +164,10 @@ async def check_page(page: Page) -> PageCheck:
     report.commits = len(commits)
     _check_tables(tables, report)
     walker = _Walker(page, report, corrupt)
+    # The head's tree first, its document records read as its leaves come; then the
+    # rest of the history, the nodes the head shares with it not read again.
+    await walker.trees([head.root], documents=True)
+    walker.report_documents()
     # Pruned commits (history retention, store.gc) keep their rows, not their trees.
     await walker.trees([c.root for c in commits.values() if c.id not in tables.pruned])
     await walker.journals(tables.journal_values)
@@ -405,6 +425,12 @@ class _Walker:
         self.corrupt = corrupt
         self.seen: set[bytes] = set()
         self.reported: set[bytes] = set()
+        self.done: set[bytes] = set()
+        """Tree nodes walked (by every call of :meth:`trees`)."""
+        self.marked = False
+        """Whether a tree walked with ``documents`` holds the document marker."""
+        self.documents: list[Problem] = []
+        """Its records that do not decode (reported if it is a document page)."""
 
     async def _status(self, digests: list[bytes]) -> dict[bytes, int]:
         """Status of each digest this page knows (stored: its status; remote: -1)."""
@@ -466,22 +492,88 @@ class _Walker:
                 )
         return status
 
-    async def trees(self, roots: Iterable[bytes]) -> None:
+    async def trees(self, roots: Iterable[bytes], *, documents: bool = False) -> None:
+        """Walk the trees of ``roots``, their values' pieces checked; with ``documents``,
+        read their document records too (:meth:`report_documents`)."""
         frontier = list(dict.fromkeys(r for r in roots if r))
-        done: set[bytes] = set()
+        done = self.done
         while frontier:
             frontier = [d for d in frontier if d not in done]
             done.update(frontier)
             nodes = await self._nodes(frontier)
             children: list[bytes] = []
             values: dict[bytes, bytes | None] = {}
+            bodies: list[tuple[bytes, bytes]] = []
             for node in nodes:
                 children.extend(c for c in node.children if c and c not in done)
                 for key, value, _ in node.entries:
                     if value not in self.seen and value not in values:
                         values[value] = key
+                    if documents and key.startswith(doclayout.DOCS):
+                        bodies.append((key, value))
+                    elif documents and key == doclayout.MARKER:
+                        self.marked = True
             await self.values(values, committed=True)
+            for i in range(0, len(bodies), SCAN_ROWS):
+                await self._records(bodies[i : i + SCAN_ROWS])
             frontier = list(dict.fromkeys(children))
+
+    async def _records(self, entries: list[tuple[bytes, bytes]]) -> None:
+        """Decode the document records among ``entries`` (key, value digest); keep a
+        problem for each that does not. A record with a piece that is not stored here
+        or does not verify is not read (the walk reports the piece)."""
+        found = []
+        for key, value in entries:
+            k = doclayout.parse_doc_key(key)
+            if k is not None and k.part == doclayout.BODY:
+                found.append((k, key, value))
+        got = await self._contents([v for _, _, v in found])
+        for k, key, value in found:
+            data = got.get(value)
+            if data is None:
+                continue
+            self.report.documents += 1
+            try:
+                doclayout.decode_record(data)
+            except doclayout.FutureLayoutError as e:
+                code, why = UNSUPPORTED_LAYOUT, f"cannot be read by this ledgerd: {e}"
+            except ValueError as e:
+                code, why = DAMAGED_DOCUMENT, f"is damaged: {e}"
+            else:
+                continue
+            where = f"document {ulid_text(k.doc_id)} in {k.collection!r}"
+            self.documents.append(Problem(code, f"{where} {why}", key=key))
+
+    def report_documents(self) -> None:
+        """Report the records :meth:`trees` found that do not decode, if the tree it
+        walked with ``documents`` is a document page's (holds the marker)."""
+        if self.marked:
+            for p in self.documents:
+                self.report.add(p)
+        else:
+            self.report.documents = 0
+        self.documents = []
+
+    async def _contents(self, digests: list[bytes]) -> dict[bytes, bytes]:
+        """The whole values named, from the stored pieces that verify; a value one of
+        whose pieces is not stored here or does not verify is left out."""
+        out = {d: dg.inline_content(d) for d in digests if dg.is_inline(d)}
+        hashed = list(dict.fromkeys(d for d in digests if not dg.is_inline(d)))
+        got = await self._read(hashed) if hashed else {}
+        for d in hashed:
+            if d not in got:
+                continue
+            if not dg.is_index(d):
+                out[d] = got[d]
+                continue
+            try:
+                children = [c.digest for c in split.decode_index(got[d])]
+            except (CorruptObjectError, InvalidArgumentError):
+                continue
+            parts = await self._contents(children)  # (a large record: a few pieces)
+            if all(c in parts for c in children):
+                out[d] = b"".join(parts[c] for c in children)
+        return out
 
     async def _nodes(self, digests: list[bytes]) -> list[btree.Node]:
         """The nodes named, their pieces checked; a node that cannot be read is reported

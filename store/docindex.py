@@ -587,8 +587,8 @@ class Views:
             if e is not None:
                 try:
                     r = doclayout.decode_record(values[e.value])
-                except ValueError:
-                    log.warning("page %r: a malformed document body is not indexed", self.page.id)
+                except ValueError as e:  # damaged, or of a newer layout: in no index
+                    log.warning("page %r: a document body is not indexed: %s", self.page.id, e)
             for ix, d in by_coll[k.collection]:
                 rows.append(_row(ix, d, k.doc_id, r))
         return rows

@@ -14,6 +14,12 @@ a listing in ``_id`` order is a range read::
     ("d", collection, id, 2, attachment)   an attachment's content (LAZY)
     ("x", collection, index name)          an index definition (msgpack)
 
+A body is one msgpack array whose first element is its record's layout (an
+integer 1-255: :data:`LAYOUT_VERSION`, 1, for every body this ledgerd writes). That is
+the one thing a later layout keeps, so a body of a layout above this one (a newer
+ledgerd's, come through sync) is told from a damaged one: :func:`decode_record`
+raises :class:`FutureLayoutError` for it, never reads it as layout 1.
+
 ``id`` and ``attachment`` are the 16 bytes of ULIDs. Every change of a document
 rewrites its head with a new, higher revision; the head's value is 17 bytes, so
 it is carried *inline* in the entry's digest (:mod:`store.digest`): a merge reads
@@ -270,33 +276,71 @@ def encode_record(r: Record) -> bytes:
     return out
 
 
+class FutureLayoutError(ValueError):
+    """A body whose record is of a layout above :data:`LAYOUT_VERSION`: a newer
+    ledgerd wrote it. Not damaged, but nothing of it can be read here."""
+
+    def __init__(self, layout: int) -> None:
+        self.layout = layout
+        super().__init__(
+            f"its record is of layout {layout}, a newer ledgerd's "
+            f"(this one reads layout {LAYOUT_VERSION})"
+        )
+
+
+def record_layout(data: bytes) -> int | None:
+    """The layout a body says its record is of: the first element of the one msgpack
+    array the body is, an integer 1-255 (as the page's :data:`MARK` holds it); None
+    for a body that is not one such array (damaged: bytes that only start like one
+    are not a record of any layout, so that the documents API can purge them)."""
+    try:
+        v = msgpack.unpackb(data, raw=True, strict_map_key=False)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return None
+    if not isinstance(v, list) or not v or type(v[0]) is not int or not 1 <= v[0] <= 255:
+        return None
+    layout: int = v[0]
+    return layout
+
+
 def decode_record(data: bytes) -> Record:
     """Raises ValueError for bytes that are not a record: not msgpack, not nine fields,
-    or a field of the wrong kind (a revision or attachment id not 16 bytes, a time not
-    an integer, an attachment's names not text or its length not a count). A body
-    written through the key API, or a peer's, may be anything: what decodes here is
-    what a document's JSON and its readers can show."""
+    not of layout 1, or a field of the wrong kind (a revision or attachment id not 16
+    bytes, a time not an integer, an attachment's names not text or its length not a
+    count). A body written through the key API, or a peer's, may be anything: what
+    decodes here is what a document's JSON and its readers can show. A body of a
+    later layout (:func:`record_layout` above :data:`LAYOUT_VERSION`) raises
+    :class:`FutureLayoutError`, a ValueError too, whatever follows its layout."""
     try:
-        v = msgpack.unpackb(data, raw=False, strict_map_key=True)
-        _version, rev, state, created, updated, deleted, purged, body, atts = v
-        if type(rev) is not bytes or len(rev) != ULID_SIZE:
-            raise ValueError("the revision is not 16 bytes")
-        if not _time(rev_ms(rev)):  # (the revision clock would follow it past the limit)
-            raise ValueError("the revision's time is past the year 9999")
-        if not _time(created) or not all(t is None or _time(t) for t in (updated, deleted, purged)):
-            raise ValueError("a time is not milliseconds from 1970 to 9999")
-        return Record(
-            rev,
-            State(state),
-            created,
-            updated,
-            deleted,
-            purged,
-            body,
-            tuple(_attachment(a) for a in atts),
-        )
+        return _decode_record(data)
     except (ValueError, TypeError, msgpack.UnpackException) as e:
+        layout = record_layout(data)
+        if layout is not None and layout > LAYOUT_VERSION:
+            raise FutureLayoutError(layout) from None
         raise ValueError(f"not a document record: {e}") from None
+
+
+def _decode_record(data: bytes) -> Record:
+    v = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    version, rev, state, created, updated, deleted, purged, body, atts = v
+    if type(version) is not int or version != LAYOUT_VERSION:
+        raise ValueError(f"its layout is {version!r}, not {LAYOUT_VERSION}")
+    if type(rev) is not bytes or len(rev) != ULID_SIZE:
+        raise ValueError("the revision is not 16 bytes")
+    if not _time(rev_ms(rev)):  # (the revision clock would follow it past the limit)
+        raise ValueError("the revision's time is past the year 9999")
+    if not _time(created) or not all(t is None or _time(t) for t in (updated, deleted, purged)):
+        raise ValueError("a time is not milliseconds from 1970 to 9999")
+    return Record(
+        rev,
+        State(state),
+        created,
+        updated,
+        deleted,
+        purged,
+        body,
+        tuple(_attachment(a) for a in atts),
+    )
 
 
 TIME_LIMIT = 253_402_300_800_000

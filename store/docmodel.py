@@ -73,6 +73,14 @@ class MalformedRecordError(CorruptObjectError):
     page's keys can be written through the key API, and a peer's through sync."""
 
 
+class UnsupportedLayoutError(DocumentError):
+    """A document's stored record is of a layout this ledgerd does not know (a newer
+    ledgerd wrote it, on another device): it can be neither read nor changed here,
+    so that this device never overwrites or tombstones what it cannot read."""
+
+    code = "unsupported_layout"
+
+
 class InvalidIdError(DocumentError, InvalidArgumentError):
     """Not a ULID (26 characters of Crockford's base 32)."""
 

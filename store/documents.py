@@ -53,6 +53,7 @@ from ledgerd.store.docmodel import (
     InvalidDocumentError,
     MalformedRecordError,
     RevClock,
+    UnsupportedLayoutError,
     check_collection,
     check_data,
     check_index_name,
@@ -82,15 +83,16 @@ NO_REV = bytes(doclayout.ULID_SIZE)
 
 @dataclass(frozen=True, slots=True)
 class Damaged:
-    """A document whose stored body is not a record (written through the key API, or
-    a peer's through sync): listings and the changes feed go on past it and report it
-    here, with the HTTP API's code ``corrupt``; reading it alone raises
-    MalformedRecordError."""
+    """A document whose stored body cannot be read here: listings and the changes feed
+    go on past it and report it here. ``code`` is the HTTP API's: ``corrupt`` for a
+    body that is not a record (written through the key API, or a peer's through
+    sync; reading it alone raises MalformedRecordError), ``unsupported_layout`` for
+    a record of a layout a newer ledgerd wrote (UnsupportedLayoutError)."""
 
     collection: str
     id: str
     message: str
-    code = "corrupt"
+    code: str = "corrupt"
 
     def to_json(self) -> dict[str, str]:
         return {
@@ -360,7 +362,7 @@ class DocumentStore:
         for doc_id, d in found:
             try:
                 r = _decode(collection, doc_id, values[d])
-            except MalformedRecordError as e:
+            except (MalformedRecordError, UnsupportedLayoutError) as e:
                 damaged.append(_damaged(self.page, collection, doc_id, e))
                 continue
             self.clock.observe(r.rev)
@@ -909,7 +911,7 @@ class DocumentStore:
                     if old is None:
                         old = await self.page.snapshot(resume)
                     r = _gone(await self._record(old, coll, doc_id), head)
-            except MalformedRecordError as e:
+            except (MalformedRecordError, UnsupportedLayoutError) as e:
                 damaged.append(_damaged(self.page, coll, doc_id, e))
                 continue
             if r is not None:
@@ -932,9 +934,15 @@ async def _marker_if_lost(view: View) -> list[tuple[bytes, bytes]]:
 
 
 def _decode(collection: str, doc_id: bytes, body: bytes) -> Record:
-    """The record of a document's stored ``body``; MalformedRecordError if it is not one."""
+    """The record of a document's stored ``body``; MalformedRecordError if it is not one,
+    UnsupportedLayoutError if it is one of a later layout."""
     try:
         return doclayout.decode_record(body)
+    except doclayout.FutureLayoutError as e:
+        raise UnsupportedLayoutError(
+            f"document {ulid_text(doc_id)} in {collection!r} cannot be read or changed by "
+            f"this ledgerd: {e}; upgrade ledgerd on this device"
+        ) from None
     except ValueError as e:
         raise MalformedRecordError(
             f"document {ulid_text(doc_id)} in {collection!r} is damaged: {e}"
@@ -948,9 +956,12 @@ def _binding(page: Page, kind: str, *parts: Any) -> bytes:
     return doctoken.binding(kind, page.ledger, page.id, *parts)
 
 
-def _damaged(page: Page, collection: str, doc_id: bytes, e: MalformedRecordError) -> Damaged:
+def _damaged(
+    page: Page, collection: str, doc_id: bytes, e: MalformedRecordError | UnsupportedLayoutError
+) -> Damaged:
     log.warning("page %r: %s", page.id, e)
-    return Damaged(collection, ulid_text(doc_id), str(e))
+    code = e.code if isinstance(e, UnsupportedLayoutError) else "corrupt"
+    return Damaged(collection, ulid_text(doc_id), str(e), code)
 
 
 def _gone(last: Record | None, head: Commit) -> Record | None:

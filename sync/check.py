@@ -412,6 +412,7 @@ class Checked:
             "stored_pieces": r.stored,
             "reachable_pieces": r.reachable,
             "remote_pieces": r.remote,
+            "documents": r.documents,
             "problems": [_problem_json(p) for p in r.problems],
             "more_problems": r.dropped,
             "cloud": None
@@ -447,7 +448,7 @@ async def check_page(
         return result
     await ck.repair_local(page, report)
     for _ in range(REPAIR_ROUNDS):
-        if report.healthy or engine is None or index is None:
+        if report.healthy or engine is None or index is None or _documents_only(report):
             break
         try:
             fixed = await _restore(page, engine, index, report, result)
@@ -463,6 +464,7 @@ async def check_page(
         report.dropped = again.dropped
         report.commits, report.stored = again.commits, again.stored
         report.reachable, report.remote = again.reachable, again.remote
+        report.documents = again.documents
         if not fixed:
             break
     unread = result.cloud is not None and result.cloud.unread
@@ -476,6 +478,12 @@ async def check_page(
 
 
 _CLOUD_CODES = (ck.CLOUD, ck.NOT_IN_CLOUD)
+
+
+def _documents_only(report: ck.PageCheck) -> bool:
+    """Whether every open problem is a document's (a record that does not decode, of
+    pieces that are sound): the bucket has nothing to repair them with."""
+    return not report.dropped and all(p.code in ck.DOCUMENT_CODES for p in report.open_problems())
 
 
 async def _read_bucket(

@@ -198,3 +198,55 @@ def test_a_page_file_truncated_to_nothing_is_refused_and_listed_by_check(
     finally:
         assert d2.stop() == 0, d2.log_text()
     assert f.stat().st_size == 0
+
+
+def test_check_names_document_records_that_do_not_decode(short_tmp: Path) -> None:
+    """``ledgerctl check`` walked a document page's pieces, all sound, and called it
+    healthy while a record did not decode (only a listing named it, in ``damaged``)
+    and another was of a newer ledgerd's layout. Now it reads the head's records and
+    names both (``damaged_document``, ``unsupported_layout``: exit 1, the page's
+    pieces not called damaged); ``--repair`` leaves them as they are; once the damaged
+    one is purged, only the other is left."""
+    import msgpack
+
+    from ledgerd.store import doclayout
+    from ledgerd.store.docmodel import RevClock, parse_ulid
+
+    d = _start(short_tmp)
+    try:
+        with Client(d.socket) as c:
+            docs = c.documents("app", "people")
+            ids = [docs.create("c", {"n": i})["_meta"]["_id"] for i in range(5)]
+            bad, newer = (doclayout.body_key("c", parse_ulid(i)) for i in ids[1:3])
+            c.put("app", "people", bad, b"\x93not a record")
+            rev = RevClock().next()
+            c.put("app", "people", newer, msgpack.packb([2, rev, {"n": "new"}]))
+            head = doclayout.encode_head(rev, doclayout.State.LIVE)
+            c.put("app", "people", doclayout.head_key("c", parse_ulid(ids[2])), head)
+            c.put("notes", "inbox", b"k", b"v")
+            c.heads("app", "people")  # (commits the journal)
+        code, text = _check(d)
+        assert code == 1, text
+        assert "app people: DOCUMENTS NOT READABLE" in text, text
+        assert f"damaged_document: document {ids[1]} in 'c' is damaged" in text, text
+        assert f"unsupported_layout: document {ids[2]} in 'c'" in text, text
+        assert "notes inbox" not in text and "piece" not in text, text
+        code, text = _check(d, "app", "people", "--json")
+        page = json.loads(text)["pages"][0]
+        found = sorted((p["code"], p["digest"]) for p in page["problems"])
+        assert found == [("damaged_document", None), ("unsupported_layout", None)], found
+        assert all(p["key"] for p in page["problems"]), page  # (each names its body's key)
+        assert page["documents"] == 5 and not page["healthy"], page
+        code, text = _check(d, "app", "people", "--repair")
+        assert code == 1 and "DOCUMENTS NOT READABLE" in text, text
+        with Client(d.socket) as c:
+            docs = c.documents("app", "people")
+            damaged: list[dict[str, object]] = []
+            listed = list(docs.list_documents("c", on_damaged=damaged.append))
+            assert len(listed) == 3 and [x["_id"] for x in damaged] == ids[1:3]
+            docs.purge("c", ids[1])
+        code, text = _check(d, "app", "people", "--json")
+        page = json.loads(text)["pages"][0]
+        assert [p["code"] for p in page["problems"]] == ["unsupported_layout"], page
+    finally:
+        assert d.stop() == 0, d.log_text()

@@ -901,6 +901,87 @@ async def test_a_damaged_body_is_reported_and_listings_go_on(
     assert "damaged" not in page and len(page["documents"]) == 2
 
 
+async def _newer_layout(http: aiohttp.ClientSession, base: str, doc_id: str) -> bytes:
+    """Write a document's head and a body of layout 2 through the key API, as a newer
+    ledgerd's would come through sync; the body."""
+    import msgpack
+
+    from ledgerd.store import doclayout
+    from ledgerd.store.docmodel import RevClock, parse_ulid
+
+    raw, rev = parse_ulid(doc_id), RevClock().next()
+    body: bytes = msgpack.packb([2, rev, 0, 1, None, None, None, {"k": "new"}, []])
+    head = doclayout.encode_head(rev, doclayout.State.LIVE)
+    for key, value in [(doclayout.head_key("c", raw), head), (doclayout.body_key("c", raw), body)]:
+        await call(http, "PUT", f"{base}/keys/{quote(key, safe='')}", 204, data=value)
+    await head_id(http, base)  # (commits the journal: listings read commits)
+    return body
+
+
+async def test_a_record_of_a_newer_layout_is_unsupported_layout(
+    http: aiohttp.ClientSession, base: str
+) -> None:
+    """A body of layout 2 (a newer ledgerd's) shaped as layout 1 was served, replaced
+    and deleted as a layout 1 document; of another shape it was 500 ``corrupt`` and
+    ``purge`` wrote a tombstone over it, for every peer. Now each call on it is 409
+    ``unsupported_layout`` and stores nothing; listings and the changes feed name it
+    under ``damaged`` with that code."""
+    from ledgerd.store import doclayout
+    from ledgerd.store.docmodel import parse_ulid
+
+    docs = base + "/docs/c"
+    ids = [(await call(http, "POST", docs, 201, {"k": i}))["_meta"]["_id"] for i in range(3)]
+    since = await head_id(http, base)
+    body = await _newer_layout(http, base, ids[1])
+    head = await head_id(http, base)
+    one = f"{docs}/{ids[1]}"
+    for method, path in [
+        ("GET", one),
+        ("PUT", one),
+        ("DELETE", one),
+        ("POST", one + "/purge"),
+        ("POST", one + "/attachments?filename=a"),
+    ]:
+        message = await fails(http, method, path, 409, "unsupported_layout", body={"k": 2})
+        assert ids[1] in message and "layout 2" in message, message
+    assert await head_id(http, base) == head
+    key = quote(doclayout.body_key("c", parse_ulid(ids[1])), safe="")
+    async with http.get(f"{base}/keys/{key}") as r:
+        assert r.status == 200 and await r.read() == body
+    listed = await call(http, "GET", docs, 200)
+    assert [d["_meta"]["_id"] for d in listed["documents"]] == [ids[0], ids[2]]
+    assert [(d["_id"], d["code"]) for d in listed["damaged"]] == [(ids[1], "unsupported_layout")]
+    changed = await call(http, "GET", f"{base}/docs/_changes?since={since}", 200)
+    assert changed["documents"] == []
+    assert [(d["_id"], d["code"]) for d in changed["damaged"]] == [(ids[1], "unsupported_layout")]
+
+
+def test_ledgerctl_doc_names_a_record_of_a_newer_layout(shared: Daemon) -> None:
+    """``ledgerctl doc ls`` lists the rest and names it on stderr (exit 4, as for a
+    damaged one); ``doc purge`` of it is refused with ``unsupported_layout``."""
+    import msgpack
+
+    from ledgerd.daemon.client import Client
+    from ledgerd.store import doclayout
+    from ledgerd.store.docmodel import RevClock, parse_ulid
+
+    with Client(shared.socket) as c:
+        docs = c.documents("cli_newer", "p")
+        ids = [docs.create("c", {"n": i})["_meta"]["_id"] for i in range(3)]
+        raw, rev = parse_ulid(ids[1]), RevClock().next()
+        head = doclayout.encode_head(rev, doclayout.State.LIVE)
+        c.put("cli_newer", "p", doclayout.head_key("c", raw), head)
+        c.put("cli_newer", "p", doclayout.body_key("c", raw), msgpack.packb([3, "x"]))
+        c.heads("cli_newer", "p")
+    p = shared.ledgerctl("doc", "ls", "cli_newer", "p", "c")
+    assert p.returncode == 4, p
+    assert [line.split("\t")[0] for line in p.stdout.decode().splitlines()] == [ids[0], ids[2]]
+    err = p.stderr.decode()
+    assert ids[1] in err and "layout 3" in err and "Traceback" not in err, err
+    p = shared.ledgerctl("doc", "purge", "cli_newer", "p", "c", ids[1])
+    assert p.returncode == 4 and "unsupported_layout" in p.stderr.decode(), p
+
+
 async def test_an_attachment_sent_with_an_empty_content_type_is_octet_stream(
     http: aiohttp.ClientSession, base: str
 ) -> None:

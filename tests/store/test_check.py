@@ -230,3 +230,82 @@ async def test_a_stored_piece_that_is_not_a_blob_reads_as_corrupt(tmp_path: Path
             await page.entries()
         report = await ck.check_page(page)
         assert [(p.code, p.digest) for p in report.problems] == [(ck.CORRUPT_PIECE, small)]
+
+
+async def test_document_records_that_do_not_decode_are_named_not_their_pieces(
+    tmp_path: Path,
+) -> None:
+    """A document record that does not decode was found only by listings (in
+    ``damaged``): the check walked its pieces, which are sound, and called the page
+    healthy. Now the head's records are read: a damaged one is ``damaged_document``,
+    one of a newer ledgerd's layout ``unsupported_layout``, each naming its document
+    and key, no piece; a large record (several pieces) is read whole; a record
+    damaged only in the history, and a page that holds no documents, are not
+    reported; a record whose piece is corrupt is that piece's problem alone."""
+    import msgpack
+
+    from ledgerd.store import DocumentStore, doclayout
+    from ledgerd.store.docmodel import RevClock, parse_ulid
+
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        docs = await DocumentStore.open(page)
+        made = await docs.create_many("c", [{"n": i} for i in range(300)])
+        large = await docs.create("c", {"text": os.urandom(300_000).hex()})
+        ids = [d.id for d in made]
+        bad, newer, healed = (doclayout.body_key("c", parse_ulid(i)) for i in ids[:3])
+        await page.write([(bad, b"\x93not a record"), (healed, b"\x93not a record")])
+        rev = RevClock().next()
+        await page.write(
+            [
+                (newer, msgpack.packb([2, rev, {"n": "new"}])),
+                (
+                    doclayout.head_key("c", parse_ulid(ids[1])),
+                    doclayout.encode_head(rev, doclayout.State.LIVE),
+                ),
+            ]
+        )
+        await page.flush()
+        await docs.purge("c", ids[2])  # damaged in the history only
+        other = await repo.ledger("l").page("keys")  # no marker: not a document page
+        await other.put(doclayout.body_key("c", parse_ulid(ids[0])), b"\x93not a record")
+        await other.flush()
+        report = await ck.check_page(page)
+        found = sorted((p.code, p.key, p.digest) for p in report.problems)
+        assert found == [(ck.DAMAGED_DOCUMENT, bad, None), (ck.UNSUPPORTED_LAYOUT, newer, None)]
+        messages = {p.code: p.message for p in report.problems}
+        assert ids[0] in messages[ck.DAMAGED_DOCUMENT]
+        assert ids[1] in messages[ck.UNSUPPORTED_LAYOUT]
+        assert "layout 2" in messages[ck.UNSUPPORTED_LAYOUT]
+        assert report.documents == 301 and report.bad_pieces() == [] and not report.healthy
+        await ck.repair_local(page, report)  # nothing of it is repaired here
+        assert not any(p.repaired for p in report.problems)
+        keys_report = await ck.check_page(other)
+        assert keys_report.healthy and keys_report.documents == 0
+        big = await page.get_entry(doclayout.body_key("c", parse_ulid(large.id)))
+        assert big is not None and dg.is_index(big.value)
+
+
+async def test_a_document_record_with_a_corrupt_piece_is_the_piece_s_problem(
+    tmp_path: Path,
+) -> None:
+    """A record whose piece does not match its digest is reported as that piece
+    (``corrupt_piece``, to be repaired from the bucket), never as a damaged document."""
+    from ledgerd.store import DocumentStore, doclayout
+    from ledgerd.store.docmodel import parse_ulid
+
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        docs = await DocumentStore.open(page)
+        doc = await docs.create("c", {"text": "x" * 2000})
+        key = doclayout.body_key("c", parse_ulid(doc.id))
+        entry = await page.get_entry(key)
+        assert entry is not None and not dg.is_inline(entry.value)
+    with _db(tmp_path) as conn:
+        data = conn.execute("SELECT data FROM objects WHERE digest = ?", (entry.value,)).fetchone()
+        flipped = bytes([data[0][0] ^ 1]) + data[0][1:]
+        conn.execute("UPDATE objects SET data = ? WHERE digest = ?", (flipped, entry.value))
+    async with _reopened(tmp_path) as page:
+        report = await ck.check_page(page)
+        assert [(p.code, p.key) for p in report.problems] == [(ck.CORRUPT_PIECE, key)]
+        assert report.bad_pieces() == [entry.value]

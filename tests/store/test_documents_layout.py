@@ -1,0 +1,136 @@
+"""Document records of a layout this ledgerd does not know (a newer ledgerd's, come
+through sync): recognised as such, never read as layout 1, never overwritten or
+tombstoned here."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from ledgerd.store import (
+    DocumentStore,
+    Page,
+    Repository,
+    UnsupportedLayoutError,
+    doclayout,
+)
+from ledgerd.store.docmodel import MalformedRecordError, RevClock, parse_ulid, ulid_text
+
+
+@pytest.fixture
+async def page(tmp_path: Path) -> AsyncIterator[Page]:
+    async with await Repository.open(tmp_path) as repo:
+        yield await repo.ledger("app").page("docs")
+
+
+NEWER_LAYOUTS: dict[str, Callable[[bytes], list[Any]]] = {
+    # layout 2, shaped as layout 1: was read as a layout 1 record (its data shown, changed)
+    "nine fields": lambda rev: [2, rev, 0, 1, None, None, None, {"n": "new"}, []],
+    # layout 2 of another shape: was damaged (500 corrupt), and purge tombstoned it
+    "other shape": lambda rev: [2, {"rev": rev, "data": {"n": "new"}}, "more", 7],
+}
+
+
+async def _newer(page: Page, doc_id: str, shape: str) -> bytes:
+    """Write ``doc_id``'s head and a body of layout 2 as a newer ledgerd would (a new
+    revision); the body's bytes."""
+    raw = parse_ulid(doc_id)
+    rev = RevClock().next()
+    body: bytes = msgpack.packb(NEWER_LAYOUTS[shape](rev), use_bin_type=True)
+    await page.write(
+        [
+            (doclayout.head_key("c", raw), doclayout.encode_head(rev, doclayout.State.LIVE)),
+            (doclayout.body_key("c", raw), body),
+        ]
+    )
+    await page.flush()
+    return body
+
+
+@pytest.mark.parametrize("shape", sorted(NEWER_LAYOUTS))
+async def test_a_record_of_a_newer_layout_is_named_and_never_changed(
+    page: Page, shape: str
+) -> None:
+    """A body of layout 2 was decoded as layout 1 when it had nine fields (read, and
+    replaced or deleted over, as a layout 1 document) or was damaged otherwise, and
+    ``purge`` then wrote a tombstone over it that would reach every peer. Now reading
+    it is UnsupportedLayoutError (``unsupported_layout``), every write to it is refused
+    with that error and stores nothing, and listings and the changes feed go on and
+    name it under ``damaged`` with that code."""
+    docs = await DocumentStore.open(page)
+    await docs.declare_index("c", "by_n", "n")
+    made = await docs.create_many("c", [{"n": i} for i in range(3)])
+    ids = [d.id for d in made]
+    since = page.head.id
+    body = await _newer(page, ids[1], shape)
+    with pytest.raises(UnsupportedLayoutError) as e:
+        await docs.get("c", ids[1])
+    assert e.value.code == "unsupported_layout" and ids[1] in str(e.value)
+    assert "layout 2" in str(e.value) and not isinstance(e.value, MalformedRecordError)
+    head = page.head.id
+    writes: list[Any] = [
+        docs.replace("c", ids[1], {"n": 9}),
+        docs.delete("c", ids[1]),
+        docs.purge("c", ids[1]),
+        docs.put_attachment("c", ids[1], b"abc", filename="a"),
+        docs.delete_attachment("c", ids[1], ulid_text(RevClock().next())),
+        docs.attachment("c", ids[1], ulid_text(RevClock().next())),
+    ]
+    for call in writes:
+        with pytest.raises(UnsupportedLayoutError):
+            await call
+    assert page.head.id == head  # nothing was written
+    stored = await page.get_entry(doclayout.body_key("c", parse_ulid(ids[1])))
+    assert stored is not None and await page.objects.read_all(stored.value) == body
+    listed = await docs.list_documents("c", limit=1)
+    seen, damaged = [d.id for d in listed.items], list(listed.damaged)
+    while listed.token is not None:
+        listed = await docs.list_documents("c", limit=1, token=listed.token)
+        seen += [d.id for d in listed.items]
+        damaged += listed.damaged
+    assert seen == [ids[0], ids[2]]
+    assert [(d.id, d.code) for d in damaged] == [(ids[1], "unsupported_layout")]
+    assert damaged[0].to_json()["code"] == "unsupported_layout"
+    changed = await docs.changes_page(since, collection="c")
+    assert changed.documents == []
+    assert [(d.id, d.code) for d in changed.damaged] == [(ids[1], "unsupported_layout")]
+    # the index left it out, and goes on (a query, another write, a rebuild)
+    found = await docs.query("c", "by_n", 1)
+    assert found.items == []
+    await docs.create("c", {"n": 1})
+    await docs.rebuild_index("c", "by_n")
+    assert [d.data for d in (await docs.query("c", "by_n", 1)).items] == [{"n": 1}]
+    assert [d.id for d in (await docs.query("c", "by_n", 0)).items] == [ids[0]]
+
+
+@pytest.mark.parametrize(
+    ("record", "future"),
+    [
+        ([2, b"x"], True),
+        ([255, {b"\xff": 1.5}], True),  # (keys of any kind, bytes not UTF-8)
+        ([256], False),  # a layout is one byte, as the page's marker holds it
+        ([2**64 - 1], False),
+        ([1, b"x"], False),  # layout 1, nine fields missing: damaged
+        ([0, b"\x01" * 16, 0, 1, None, None, None, {}, []], False),  # no layout 0
+        (["2", b"\x01" * 16, 0, 1, None, None, None, {}, []], False),
+        ([True, b"\x01" * 16, 0, 1, None, None, None, {}, []], False),
+        ({"layout": 2}, False),
+        ([], False),
+    ],
+)
+def test_a_record_says_its_layout_first(record: Any, future: bool) -> None:
+    """The layout is the first element of the array a body is; a layout above 1 is a
+    newer ledgerd's whatever follows it, anything else that is not layout 1 is damaged
+    (the layout field was read past: a record of layout 0 or ``"2"`` decoded)."""
+    data = msgpack.packb(record, use_bin_type=True)
+    with pytest.raises(ValueError) as e:
+        doclayout.decode_record(data)
+    assert isinstance(e.value, doclayout.FutureLayoutError) is future
+    for cut in (b"", b"\x93", b"\xdc\xff", data[:-1], data + b"\x00", b"\x93not a record"):
+        with pytest.raises(ValueError) as e:  # (bytes that only start like a record)
+            doclayout.decode_record(cut)
+        assert not isinstance(e.value, doclayout.FutureLayoutError)
