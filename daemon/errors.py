@@ -202,7 +202,8 @@ class EncryptionKeyMismatch(Unavailable):
 
 
 class EncryptionKeyMissing(Unavailable):
-    """The bucket is encrypted and this device has no key."""
+    """The bucket is encrypted and this device has no key; or (a read) the value is in
+    the bucket sealed with a key this device's key file does not have."""
 
     code = "encryption_key_missing"
 
@@ -367,6 +368,8 @@ def from_store(e: se.StoreError) -> ApiError:
         return NotEvictable(msg)
     if isinstance(e, se.TransactionClosedError):
         return Conflict(msg)
+    if isinstance(e, se.ObjectKeyMissingError):  # before ObjectNotFoundError, its base
+        return EncryptionKeyMissing(msg)
     if isinstance(e, se.ObjectNotFoundError):
         return Unavailable(msg)
     if isinstance(e, se.CorruptObjectError | se.CorruptDatabaseError):

@@ -68,6 +68,12 @@ class ObjectNotFoundError(StoreError, KeyError):
         return str(self.args[0])
 
 
+class ObjectKeyMissingError(ObjectNotFoundError):
+    """The object is in the cloud, sealed with an encryption key this device does not
+    have. Nothing is damaged: it is fetched once the key file that has the key is
+    copied here and ledgerd restarted (a fetcher raises it; the message names the key)."""
+
+
 class CorruptObjectError(StoreError):
     """A stored object no longer matches its digest."""
 

@@ -276,9 +276,11 @@ async def import_remote(
     maps digests of pieces left in the cloud to their location. Every commit id is
     recomputed, its parents must be here or in the batch, and every tree node its
     root reaches must be here or in ``pieces``. Commits of the batch below one that
-    is here are skipped (see :func:`_below`). Nothing is stored unless all of it
-    checks out. ``marker`` is a sync_metadata row written in the same transaction
-    (the cursor). Returns the commits that were new.
+    is here are skipped (see :func:`_below`). A commit of the batch that is here
+    already and waiting for upload (this device made the same merge of the same
+    heads) is in the cloud now: it is no longer uploaded. Nothing is stored unless
+    all of it checks out. ``marker`` is a sync_metadata row written in the same
+    transaction (the cursor). Returns the commits that were new.
     """
     await _verify(pieces)
     # The trees are checked without the commit lock: garbage collection must not
@@ -333,6 +335,10 @@ async def _import(
         _store_remote(conn, pieces, lazy)
         for c in sorted(new, key=lambda c: c.generation):
             _sql_insert_commit(conn, c)
+        # (Its pieces that the batch holds are synced by _store_remote.)
+        conn.executemany(
+            "DELETE FROM unsynced_commits WHERE commit_id = ?", [(cid,) for cid in here]
+        )
         conn.executemany(
             "INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)",
             [marker, *more] if marker is not None else list(more),

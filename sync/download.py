@@ -99,24 +99,38 @@ class Downloader:
         unsaved: dict[str, DeviceLog] = {}
         saved = time.monotonic()
         try:
-            for _, _, dl, h in sorted(due, key=lambda x: (x[0], x[3].ln.device, x[1], x[3].id)):
-                if h.id not in dl.held:  # done with its whole pack
-                    continue
-                try:
-                    if isinstance(h.ln, PackName):
-                        got = await self._import_pack(dl, h.ln, h.key)
-                    else:
-                        got = await self._import_v1(dl, h.ln)
-                except CloudError as e:  # the cloud is unreachable now; try again next poll
-                    self.board.device_failed(dl.device, e)
-                    log.warning("download from device %s failed: %s", dl.device, e)
-                    break
-                self.board.device_ok(dl.device)
-                n += got
-                unsaved[dl.device] = dl
-                if time.monotonic() - saved >= SAVE_LOGS_EVERY:
-                    await self._save(unsaved)
-                    saved = time.monotonic()
+            while due:
+                got_now = 0
+                for _, _, dl, h in sorted(due, key=lambda x: (x[0], x[3].ln.device, x[1], x[3].id)):
+                    if h.id not in dl.held:  # done with its whole pack
+                        continue
+                    try:
+                        if isinstance(h.ln, PackName):
+                            got = await self._import_pack(dl, h.ln, h.key)
+                        else:
+                            got = await self._import_v1(dl, h.ln)
+                    except CloudError as e:  # the cloud is unreachable now; next poll
+                        self.board.device_failed(dl.device, e)
+                        log.warning("download from device %s failed: %s", dl.device, e)
+                        got_now = 0  # (nothing is tried again in this download)
+                        break
+                    self.board.device_ok(dl.device)
+                    n += got
+                    got_now += got
+                    unsaved[dl.device] = dl
+                    if time.monotonic() - saved >= SAVE_LOGS_EVERY:
+                        await self._save(unsaved)
+                        saved = time.monotonic()
+                # Packs of one feed time are listed by device: a merge can come before a
+                # pack it merges, and wait. Those that an import of this download made
+                # due (see _imported) are tried again now, before the next upload: this
+                # device made the same merge on that import, and would upload it again.
+                due = [
+                    (h.ln.time if isinstance(h.ln, PackName) else 0, h.ln.seq, dl, h)
+                    for dl in self.feed.logs.values()
+                    for h in dl.held.values()
+                    if got_now and h.state == progress.WAITING and h.due == 0.0
+                ]
         finally:
             await self._save(unsaved)
         # A page started from a checkpoint whose packs wait for parents although nothing

@@ -5,7 +5,8 @@ This module owns reading pieces out of packs by their recorded location
 into one ranged GET (:func:`coalesce`, which the download uses for a pack's
 sections too), a value's other pieces prefetched with its root index (up to
 ``PREFETCH`` bytes), a piece whose pack was compacted away taken from the page's
-newest checkpoint, every piece verified against its digest, all within
+newest checkpoint, every piece verified against its digest (one sealed with a key
+this device lacks is ObjectKeyMissingError, not a mismatch), all within
 ``fetch_timeout``. It does not decide which pieces are LAZY (the upload does) nor
 record where they are (the download does, through :mod:`store.exchange`).
 """
@@ -19,7 +20,7 @@ from typing import TypeVar
 from ledgerd.store import Page
 from ledgerd.store import digest as dg
 from ledgerd.store import exchange as ex
-from ledgerd.store.errors import CorruptObjectError, ObjectNotFoundError
+from ledgerd.store.errors import CorruptObjectError, ObjectKeyMissingError, ObjectNotFoundError
 from ledgerd.sync import pack
 from ledgerd.sync.checkpoints import Checkpoints
 from ledgerd.sync.context import SyncContext
@@ -63,6 +64,8 @@ class LazyFetcher:
         """The pieces asked for and, up to PREFETCH bytes, the pieces that the index
         pieces among them list: a value's first read asks for its root index, and
         the rest of the value lies next to it in its pack (see the upload order)."""
+        if not self.ctx.bucket_ok:  # a read before this start's first round: the codec
+            await self.ctx.check_bucket()  # (without it, a sealed piece reads as garbage)
         out: dict[bytes, bytes] = {}
         want, budget = digests, PREFETCH
         while want:
@@ -112,6 +115,11 @@ class LazyFetcher:
                             )
                         else:
                             piece = pack.unsqueeze(piece, loc.codec, loc.raw)
+                    except pack.PackKeyMissingError as e:  # not damage: the key is elsewhere
+                        raise ObjectKeyMissingError(
+                            f"object {dg.short(d)} is in the cloud (in {name}) and cannot be "
+                            f"read here: {e}; nothing is damaged"
+                        ) from e
                     except pack.CorruptPackError:
                         piece = b""  # fails the digest check below, with its message
                     if not dg.verify(d, piece):

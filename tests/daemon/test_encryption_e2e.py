@@ -14,7 +14,7 @@ from pathlib import Path
 import boto3
 
 from ledgerd.daemon.client import Client
-from tests.daemon.conftest import AWS, ROOT, Daemon, start_daemon
+from tests.daemon.conftest import AWS, ROOT, Daemon, UnixHTTPConnection, start_daemon
 
 
 def _ledgerd(*args: str) -> subprocess.CompletedProcess[bytes]:
@@ -226,6 +226,53 @@ def test_a_pack_sealed_with_a_key_this_device_lacks_is_key_missing_not_corrupt(
         got = b.ledgerctl("get", "notes", "inbox", "k2", check=True).stdout
         assert got == b"sealed with the new key"
         assert json.loads(b.ledgerctl("status", "--json", check=True).stdout)["sync"]["packs"] == []
+    finally:
+        for x in (a, b):
+            assert x.stop() == 0, x.log_text()
+
+
+def test_a_lazy_value_sealed_with_a_key_this_device_lost_is_key_missing_not_corrupt(
+    short_tmp: Path,
+) -> None:
+    """A LAZY value imported while this device had the key that sealed it, read after
+    the key left its key file (the old key dropped after a rotation, too soon): 503
+    ``encryption_key_missing`` naming the key (not 500 ``corrupt``, "does not match its
+    digest"), the same in ``ledgerctl get``; once the key file has it again and the
+    daemon restarted, the value reads."""
+    key_a, key_b, start = _shared_key(short_tmp)
+    value = os.urandom(300_000)
+    a = start("a", key_a)
+    b = start("b", key_b)
+    try:
+        a.ledgerctl("put", "--lazy", "notes", "inbox", "big", input=value, check=True)
+        a.ledgerctl("sync", check=True)
+        b.ledgerctl("sync", check=True)  # imported: the value stays in the bucket
+        a = _new_key_uploads(a, key_a, start)  # registers a new key
+        assert b.stop() == 0, b.log_text()
+        new_only = next(x for x in key_a.read_text().splitlines() if x.startswith("key ")) + "\n"
+        key_b.write_text(new_only)  # b's file has the new key only: the old one is lost
+        b = start("b", key_b)
+        conn = UnixHTTPConnection(b.socket)
+        conn.request("GET", "/v1/ledgers/notes/pages/inbox/keys/big")
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+        conn.close()
+        assert resp.status == 503, body
+        assert body["error"]["code"] == "encryption_key_missing", body
+        message = body["error"]["message"]
+        assert re.search(r"sealed with key [0-9a-f]{8}, which this device does not have", message)
+        assert "copy that file here and restart ledgerd" in message, message
+        assert "digest" not in message, message
+        out = b.ledgerctl("get", "notes", "inbox", "big")
+        assert out.returncode == 4 and out.stdout == b"", out
+        assert out.stderr.rstrip().endswith(b"(encryption_key_missing)"), out.stderr
+        assert b"which this device does not have" in out.stderr, out.stderr
+        assert "Corrupt" not in b.log_text() and "corrupt" not in b.log_text()
+        # The key file has the old key again, the daemon restarts: the value reads.
+        assert b.stop() == 0, b.log_text()
+        key_b.write_bytes(key_a.read_bytes())
+        b = start("b", key_b)
+        assert b.ledgerctl("get", "notes", "inbox", "big", check=True).stdout == value
     finally:
         for x in (a, b):
             assert x.stop() == 0, x.log_text()

@@ -42,6 +42,16 @@ def moto_server() -> Iterator[str]:
         server.stop()
 
 
+@pytest.fixture
+async def moto_store(aws_env: None) -> AsyncIterator[S3Store]:
+    """A bucket of moto in-process."""
+    with mock_aws():
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
+        s = S3Store(BUCKET, "prefix/x", region="us-east-1")
+        yield s
+        await s.close()
+
+
 @pytest.fixture(params=["folder", "moto", "moto-server"])
 async def store(
     request: pytest.FixtureRequest, tmp_path: Path, aws_env: None

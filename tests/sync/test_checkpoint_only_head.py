@@ -13,8 +13,11 @@ from typing import Any
 import pytest
 
 from ledgerd.store import commit
+from ledgerd.sync import layout
 from ledgerd.sync.checkpoints import Checkpoints
 from ledgerd.sync.folder import FolderStore
+from ledgerd.sync.layout import PackName
+from ledgerd.sync.s3 import S3Store
 from tests.sync.test_compaction import Clock, _packs
 from tests.sync.test_engine import Device, _keys, device
 
@@ -173,3 +176,57 @@ async def test_a_restore_imports_a_merge_listed_before_a_pack_it_merges(
         assert await _keys(r.repo) == await _keys(x.repo)
         await _settle(r, x, y)
         _synced(r, x, y)
+
+
+async def _packs_of(cloud: S3Store) -> dict[str, int]:
+    """How many packs each device has in the bucket."""
+    out: dict[str, int] = {}
+    async for name in cloud.list(layout.PACKS):
+        pn = PackName.parse(name)
+        assert pn is not None
+        out[pn.device] = out.get(pn.device, 0) + 1
+    return out
+
+
+@pytest.mark.parametrize("restorer_first", [True, False])
+async def test_a_merge_another_device_uploaded_is_not_uploaded_again(
+    tmp_path: Path, moto_store: S3Store, restorer_first: bool
+) -> None:
+    """B restores its evicted page from A's and N's concurrent packs, merges their heads
+    and uploads the merge. A and N then import each other's pack and B's: each makes
+    the same merge (deterministic) on the one and finds it in B's. It is in the bucket
+    already, so neither uploads it again (each did: a pack holding only that commit).
+    ``restorer_first``: B's pack, of the same feed time as N's, is listed before it
+    (device names sort so), and waits for it on A: it is tried again in the same
+    download, not after the next upload."""
+    clock = Clock()
+    kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0}
+    rng = random.Random(9)
+    async with (
+        device(tmp_path / "d1", moto_store, **kw) as d1,
+        device(tmp_path / "d2", moto_store, **kw) as d2,
+        device(tmp_path / "d3", moto_store, **kw) as d3,
+    ):
+        first, mid, last = sorted((d1, d2, d3), key=lambda d: d.engine.device)
+        b, n, a = (first, mid, last) if restorer_first else (last, mid, first)
+        await _put(a, rng)
+        await _settle(a, b, n)
+        assert await b.repo.evict(b"l", b"p") > 0
+        await _put(a, rng)
+        await _put(n, rng)
+        clock.now += 0.5
+        await a.engine.sync()
+        clock.now += 0.5
+        await n.engine.round(download=False)  # up without reading A's pack
+        await b.engine.sync()  # lists both packs; the page stays evicted
+        await b.repo.ledger("l").page("p")  # restored: checkpoint, packs, a merge
+        merge = await _head(b)
+        await b.engine.sync()  # the merge goes up
+        before = await _packs_of(moto_store)
+        assert before[b.engine.device] == 1, before
+        await _settle(a, n, b)
+        assert await _packs_of(moto_store) == before  # nobody uploaded the merge again
+        assert [await _head(d) for d in (a, n, b)] == [merge] * 3
+        pg = await a.repo.ledger("l").page("p")
+        assert len((await pg.load_commit(merge)).parents) == 2
+        _synced(a, n, b)

@@ -339,14 +339,18 @@ async def test_compaction_waits_for_a_checkpoint_that_knows_later_packs(
         clock.now += 1
         await c.engine.round(download=False)
         clock.now += 1
-        await a.engine.sync()  # merges C's first pack: m1
+        await a.engine.round()  # merges C's first pack: m1 (it goes up next round)
         await pc.put(b"c2", b"c")
         clock.now += 1
         await c.engine.round(download=False)
+        # B merges C's two packs before any merge is in the bucket (a device finding
+        # the merge it made in a pack it imports does not upload it again).
+        await b.engine.round()
         clock.now += 1
-        await a.engine.sync()  # merges C's second pack: m2
+        await a.engine.sync()  # m1 up, then merges C's second pack: m2
         clock.now += 1
         await b.engine.sync()  # the same merges, uploaded in one pack: [m1, m2]
+        assert [pn.device for pn in _packs(tmp_path / "bucket")].count(b.engine.device) == 1
         pb = await b.repo.ledger("l").page("p")
         assert pb.head.id == pa.head.id
 

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from ledgerd.store import CorruptObjectError, Priority
+from ledgerd.store import CorruptObjectError, ObjectKeyMissingError, Priority
 from ledgerd.sync import crypto, progress
 from ledgerd.sync.cloud import Metered
 from ledgerd.sync.errors import BucketIdentityError
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import MARKER, PackName, marker, marker_name
+from ledgerd.sync.s3 import S3Store
 from tests.sync.test_engine import Device, _keys, device
 
 SECRETS = [b"ZEBRA-LEDGER", b"QUOKKA-PAGE", b"NARWHAL-KEY", b"PANGOLIN-VALUE"]
@@ -425,3 +426,41 @@ async def test_a_marker_saying_encrypted_without_a_descriptor_is_finished_by_a_k
         await _fill(k)
     assert crypto.DESCRIPTOR in _objects(tmp_path)
     assert not _leaks(_objects(tmp_path))
+
+
+async def test_a_lazy_piece_sealed_with_a_key_this_device_lost_is_key_missing(
+    tmp_path: Path, moto_store: S3Store
+) -> None:
+    """A LAZY value imported while this device had the key that sealed it, read after
+    that key left its key file (rotation on another device, the old key dropped here
+    too soon): the read says the key is missing (which one, what to do), not that the
+    cloud's copy does not match its digest; nothing is held or marked; and the value
+    reads once the key is back."""
+    old, new = crypto.new_key(), crypto.new_key()
+    value = random.Random(5).randbytes(400_000)
+    async with device(tmp_path / "a", moto_store, keys=ring(old)) as a:
+        pg = await a.repo.ledger("l").page("p")
+        await pg.put(b"big", value, Priority.LAZY)
+        await a.engine.sync()
+        codec = a.engine.codec
+        assert codec is not None
+        old_id = codec.write_kid.hex()
+    async with device(tmp_path / "b", moto_store, keys=ring(old)) as b:
+        await b.engine.sync()  # imported: the value stays in the bucket
+    async with device(tmp_path / "a", moto_store, keys=ring(new, old)) as a:
+        await a.engine.sync()  # registers the new key
+    async with device(tmp_path / "b", moto_store, keys=ring(new)) as b:
+        await b.engine.sync()
+        pg = await b.repo.ledger("l").page("p")
+        for _ in range(2):  # and the same again: nothing was marked by the first
+            with pytest.raises(ObjectKeyMissingError) as e:
+                await pg.get(b"big")
+            message = str(e.value)
+            assert f"sealed with key {old_id}, which this device does not have" in message
+            assert "copy that file here and restart ledgerd" in message, message
+            assert "digest" not in message and "corrupt" not in message.lower(), message
+        assert not list(b.engine._held())
+        assert b.engine.health()["healthy"] is True
+    async with device(tmp_path / "b", moto_store, keys=ring(new, old)) as b:
+        pg = await b.repo.ledger("l").page("p")
+        assert await pg.get(b"big") == value
