@@ -232,6 +232,18 @@ def _remove_unmade(walked: eviction.Walk) -> list[Path]:
     return sorted(set(cleaned))
 
 
+LOST_LEFTOVERS = ("-wal", "-journal")
+"""What a ``page.sqlite`` that is gone may leave: its page is damaged (see
+:meth:`Repository.page_lost`)."""
+
+
+def _lost(page_dir: Path) -> bool:
+    """The page directory's database file is gone while its -wal or -journal remains
+    (blocking)."""
+    path = page_dir / "page.sqlite"
+    return not path.exists() and any(path.with_name(path.name + s).exists() for s in LOST_LEFTOVERS)
+
+
 def _remove_page_dir(page_dir: Path) -> None:
     """Rename a page's directory to a name listings skip (atomic), then delete it; and
     its ledger's directory if that leaves it empty (blocking)."""
@@ -539,6 +551,12 @@ class Repository:
     def page_exists(self, ledger: bytes, page_id: bytes) -> bool:
         key = (ledger, page_id)
         return key in self._pages or key in self._evicted or self.page_path(*key).exists()
+
+    def page_lost(self, ledger: bytes, page_id: bytes) -> bool:
+        """The page's ``page.sqlite`` is gone but its -wal or -journal remains: opening
+        it fails as damaged (:class:`CorruptDatabaseError`, see store.db), and listings
+        leave it out; a check lists it (:meth:`Ledger.lost_pages`)."""
+        return _lost(self.page_path(ledger, page_id).parent)
 
     def is_evicted(self, ledger: bytes, page_id: bytes) -> bool:
         """Whether the page's storage was evicted (its next use restores it)."""
@@ -1146,6 +1164,23 @@ class Ledger:
             if not (pid in marked if known is None else known):
                 out.append(pid)
         return out
+
+    async def lost_pages(self) -> list[bytes]:
+        """The ledger's pages whose database file is gone while its -wal or -journal
+        remains (:meth:`Repository.page_lost`): not in :meth:`pages`, damaged."""
+        directory = self.repo.ledgers_dir / encode_name(self.name)
+
+        def scan() -> list[bytes]:
+            if not directory.is_dir():
+                return []
+            out = []
+            for p in directory.iterdir():
+                raw = decode_name(p.name)
+                if raw is not None and encode_name(raw) == p.name and _lost(p):
+                    out.append(raw)
+            return sorted(out)
+
+        return await asyncio.to_thread(scan)
 
     async def _stored(self) -> list[bytes]:
         directory = self.repo.ledgers_dir / encode_name(self.name)

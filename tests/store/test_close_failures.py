@@ -1,4 +1,5 @@
-"""A page whose database close fails, and merges cut short by a repository's close."""
+"""A page whose database close fails, merges cut short by a repository's close, and a
+page whose database file is gone while its -wal remains."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ledgerd.store import Repository
-from ledgerd.store.errors import PageUnavailableError
+from ledgerd.store.errors import CorruptDatabaseError, PageUnavailableError
 from ledgerd.store.merge import Choice, MergeRequest
 from tests.store.resolvers import set_resolver
 from tests.store.test_open_close_merge import DETECTOR, _reopened_with_a_held_resolver
@@ -126,3 +127,27 @@ async def test_a_page_close_ends_a_merge_waiting_for_its_resolver(tmp_path: Path
         set_resolver(repo, resolver)  # the next open merges, as before
         page = await repo.ledger("l").page("p")
         assert await page.get(b"k") == b"resolved"
+
+
+async def test_a_page_whose_database_is_gone_but_its_wal_remains_is_listed_as_lost(
+    tmp_path: Path,
+) -> None:
+    # Refused as damaged when opened, yet with no page.sqlite it was in no listing, so
+    # a check (which checks the listed pages) never said a word about it.
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.put(b"k", b"v")
+        await page.flush()
+        await (await repo.ledger("l").page("q")).put(b"k", b"v")
+        path = repo.page_path(b"l", b"p")
+        wal = path.with_name("page.sqlite-wal").read_bytes()
+    for f in path.parent.iterdir():
+        f.unlink()
+    path.with_name("page.sqlite-wal").write_bytes(wal)
+    async with await Repository.open(tmp_path) as repo:
+        assert await repo.ledger("l").lost_pages() == [b"p"]
+        assert repo.page_lost(b"l", b"p") and not repo.page_lost(b"l", b"q")
+        assert await repo.ledger("l").pages() == [b"q"]  # listings still leave it out
+        with pytest.raises(CorruptDatabaseError, match="remains"):
+            await repo.ledger("l").page("p")
+        assert path.with_name("page.sqlite-wal").read_bytes() == wal  # left as it was
