@@ -998,6 +998,10 @@ class Repository:
             return True
 
     async def _evict(self, ledger: bytes, page_id: bytes) -> int:
+        try:  # not under connections a failed close left open
+            await self._close_unclosed((ledger, page_id))
+        except PageUnavailableError as e:
+            raise NotEvictableError(str(e)) from e
         page = self._pages.get((ledger, page_id))
         if page is not None:
             if not page.closed and not page.idle:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ledgerd.store import Repository
-from ledgerd.store.errors import CorruptDatabaseError, PageUnavailableError
+from ledgerd.store.errors import CorruptDatabaseError, NotEvictableError, PageUnavailableError
 from ledgerd.store.merge import Choice, MergeRequest
 from tests.store.resolvers import set_resolver
 from tests.store.test_open_close_merge import DETECTOR, _reopened_with_a_held_resolver
@@ -151,3 +151,25 @@ async def test_a_page_whose_database_is_gone_but_its_wal_remains_is_listed_as_lo
         with pytest.raises(CorruptDatabaseError, match="remains"):
             await repo.ledger("l").page("p")
         assert path.with_name("page.sqlite-wal").read_bytes() == wal  # left as it was
+
+
+async def test_a_page_whose_close_failed_is_not_evicted_under_its_open_connections(
+    tmp_path: Path,
+) -> None:
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")  # empty: evictable without a cloud
+        db = page.db
+        real_close = db.writer.close
+
+        async def failing_close() -> None:
+            raise sqlite3.OperationalError("injected: unable to close")
+
+        db.writer.close = failing_close  # type: ignore[method-assign]
+        with pytest.raises(sqlite3.OperationalError):
+            await page.close()
+        with pytest.raises(NotEvictableError, match="writer"):
+            await repo.evict(b"l", b"p")
+        assert repo.page_path(b"l", b"p").exists() and not repo.is_evicted(b"l", b"p")
+        db.writer.close = real_close  # type: ignore[method-assign]
+        assert await repo.evict(b"l", b"p") > 0
+        assert _is_closed(db.writer.raw) and repo.is_evicted(b"l", b"p")
