@@ -47,10 +47,12 @@ from ledgerd.daemon.codec import (
     batch_changes,
     commit_json,
     entries_json,
+    flag_param,
     from_hex,
     parse_json,
     parse_priority,
     priority_name,
+    repeated_param,
     stamp_of,
     text_or_none,
     token_param,
@@ -185,16 +187,22 @@ class Query:
         return cls(raw) if raw else _NO_QUERY
 
     def __init__(self, raw: str) -> None:
-        self.params = {
-            k: v.encode("latin-1")
-            for k, v in parse_qsl(raw, keep_blank_values=True, encoding="latin-1")
-        }
+        self.params: dict[str, bytes] = {}
+        self.repeated: set[str] = set()
+        """Names given more than once: reading one is 400 (each takes one value; the
+        first or the last winning would act on what the client may not have meant)."""
+        for k, v in parse_qsl(raw, keep_blank_values=True, encoding="latin-1"):
+            if k in self.params:
+                self.repeated.add(k)
+            self.params.setdefault(k, v.encode("latin-1"))
 
     def bytes(self, name: str) -> bytes | None:
+        if name in self.repeated:
+            raise repeated_param(name)
         return self.params.get(name)
 
     def text(self, name: str) -> str | None:
-        v = self.params.get(name)
+        v = self.bytes(name)
         if v is None:
             return None
         try:
@@ -230,10 +238,11 @@ class Query:
         return n
 
     def flag(self, name: str, default: bool) -> bool:
+        """A flag (:func:`codec.flag_param`: 1, true, yes; 0, false, no or empty)."""
         v = self.text(name)
         if v is None:
             return default
-        return v.lower() not in ("0", "false", "no", "")
+        return flag_param(name, v)
 
 
 def _unquote(segment: str) -> bytes:

@@ -179,6 +179,29 @@ def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
 
+FLAG_TRUE = ("1", "true", "yes")
+FLAG_FALSE = ("0", "false", "no", "")
+"""What a query flag (``?deleted=``, ``?follow=``, ``?values=``, ``?sync=``) may be, in
+any case; empty (``?deleted=`` or a bare ``?deleted``) is false. Anything else is 400."""
+
+
+def flag_param(name: str, text: str) -> bool:
+    """A query flag's value (:data:`FLAG_TRUE`, :data:`FLAG_FALSE`); 400 otherwise."""
+    v = text.lower()
+    if v in FLAG_TRUE:
+        return True
+    if v in FLAG_FALSE:
+        return False
+    raise ae.BadRequest(
+        f"query parameter {name} must be 1 or 0 (true or false, yes or no), not {text[:40]!r}"
+    )
+
+
+def repeated_param(name: str) -> ae.BadRequest:
+    """The refusal of a query parameter given more than once (each takes one value)."""
+    return ae.BadRequest(f"query parameter {name} is given more than once: it takes one value")
+
+
 def token_param(text: str) -> bytes:
     """A continuation token from a query string. Tokens are standard base64, whose ``+``
     a query string reads as a blank unless it was percent-encoded; base64 holds no blank,

@@ -51,20 +51,30 @@ def _names(api: Api, doc: Any, what: str) -> tuple[bytes | None, bytes | None]:
 
 
 async def pages_of(
-    repo: Repository, ledger: bytes | None, page: bytes | None, *, include_deleted: bool = False
+    repo: Repository,
+    ledger: bytes | None,
+    page: bytes | None,
+    *,
+    include_deleted: bool = False,
+    include_lost: bool = False,
 ) -> list[tuple[bytes, bytes]]:
     """Every page, a ledger's, or one (404 when it does not exist); deleted ones too
-    with ``include_deleted``."""
+    with ``include_deleted``, and with ``include_lost`` those whose database file is
+    gone while its -wal remains (:meth:`Repository.page_lost`: a check reports them)."""
     if ledger is not None and not repo.ledger_exists(ledger):
         raise ae.LedgerNotFound(f"no ledger {named(ledger)}")
     if ledger is not None and page is not None:
-        if not repo.page_exists(ledger, page):
+        if not repo.page_exists(ledger, page) and not (
+            include_lost and repo.page_lost(ledger, page)
+        ):
             raise ae.PageNotFound(f"no page {named(page)} in ledger {named(ledger)}")
         return [(ledger, page)]
     keys: list[tuple[bytes, bytes]] = []
     ledgers = await repo.ledgers(include_deleted=include_deleted) if ledger is None else [ledger]
     for led in ledgers:
         pages = await repo.ledger(led).pages(include_deleted=include_deleted)
+        if include_lost:
+            pages = sorted({*pages, *await repo.ledger(led).lost_pages()})
         keys.extend((led, pid) for pid in pages)
     return keys
 

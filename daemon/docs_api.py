@@ -30,7 +30,7 @@ from urllib.parse import parse_qsl, quote, unquote_to_bytes
 from aiohttp import web
 
 from ledgerd.daemon import errors as ae
-from ledgerd.daemon.codec import from_hex, parse_json, token_param
+from ledgerd.daemon.codec import flag_param, from_hex, parse_json, repeated_param, token_param
 from ledgerd.daemon.config import MIN_HEARTBEAT
 from ledgerd.daemon.protocol import connection_lost
 from ledgerd.store import (
@@ -84,11 +84,12 @@ _PARAMS = "ledgerd.docs_params"
 """Where a request keeps its decoded query parameters (:func:`_params`)."""
 
 
-def _params(request: web.Request) -> dict[str, str]:
-    """The query parameters (the first of each name), decoded as strict UTF-8: aiohttp's
-    ``request.query`` turns bytes that are not UTF-8 into U+FFFD, so a collection, an
-    ``eq`` value or a revision would silently name something the client never sent."""
-    found: dict[str, str] | None = request.get(_PARAMS)
+def _params(request: web.Request) -> dict[str, str | None]:
+    """The query parameters, decoded as strict UTF-8: aiohttp's ``request.query`` turns
+    bytes that are not UTF-8 into U+FFFD, so a collection, an ``eq`` value or a revision
+    would silently name something the client never sent. A name given more than once
+    is kept once, with ``None`` for its value: :func:`_query` refuses it."""
+    found: dict[str, str | None] | None = request.get(_PARAMS)
     if found is None:
         found = {}
         try:
@@ -101,22 +102,30 @@ def _params(request: web.Request) -> dict[str, str]:
         except UnicodeDecodeError:
             raise ae.BadRequest("query parameters must be percent-encoded UTF-8") from None
         for k, v in pairs:
-            found.setdefault(k, v)
+            found[k] = None if k in found else v
         request[_PARAMS] = found
     return found
 
 
 def _query(request: web.Request, name: str) -> str | None:
-    return _params(request).get(name)
+    """The query parameter ``name`` (None when absent); 400 when given more than once
+    (each takes one value: the first winning would act on what the client may not
+    have meant)."""
+    params = _params(request)
+    v = params.get(name)
+    if v is None and name in params:
+        raise repeated_param(name)
+    return v
 
 
 def _flag(request: web.Request, name: str) -> bool:
-    v = _params(request).get(name)
-    return v is not None and v.lower() not in ("0", "false", "no", "")
+    """A flag (:func:`codec.flag_param`); false when absent."""
+    v = _query(request, name)
+    return v is not None and flag_param(name, v)
 
 
 def _int(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
-    v = _params(request).get(name)
+    v = _query(request, name)
     if v is None or v == "":
         return default
     try:
@@ -129,7 +138,7 @@ def _int(request: web.Request, name: str, default: int, lo: int, hi: int) -> int
 
 
 def _seconds(request: web.Request, name: str, default: float, lo: float) -> float:
-    v = _params(request).get(name)
+    v = _query(request, name)
     if v is None or v == "":
         return default
     try:
@@ -142,7 +151,7 @@ def _seconds(request: web.Request, name: str, default: float, lo: float) -> floa
 
 
 def _json_param(request: web.Request, name: str) -> Any:
-    v = _params(request).get(name)
+    v = _query(request, name)
     what = f"query parameter {name} (JSON: a string is quoted, {name}=%22Oslo%22)"
     return None if v is None else parse_json(v, what)
 
@@ -152,7 +161,7 @@ def _bound(request: web.Request, name: str) -> Any:
     and an empty value are 400: null is a sort value (the lowest), so ``end=null``
     read as "no bound" would answer documents the range excludes, and read as a value
     would answer none; an open range leaves the parameter out."""
-    v = _params(request).get(name)
+    v = _query(request, name)
     if v is None:
         return None
     if v.strip() == "":
@@ -169,7 +178,7 @@ def _bound(request: web.Request, name: str) -> Any:
 def _token(request: web.Request) -> bytes | None:
     """``?token=``: the ``next`` of the page before, URL-safe base64 without padding
     (a token in standard base64, as ledgerd sent them before, is read too)."""
-    t = _params(request).get("token")
+    t = _query(request, "token")
     if not t:
         return None
     t = t.replace("-", "+").replace("_", "/")
@@ -188,7 +197,7 @@ def _expected_rev(request: web.Request) -> str | None:
     (``invalid_id``) instead of the write going ahead unconditionally; ``If-Match: *``
     is any current revision (the document must exist, as for every write)."""
     header = request.headers.get("If-Match")
-    param = _params(request).get("rev")
+    param = _query(request, "rev")
     if header is not None:
         if header.strip() == "*" and param is None:  # RFC 9110: any current revision
             return None

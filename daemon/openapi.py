@@ -11,6 +11,7 @@ import functools
 from typing import Any
 
 from ledgerd.daemon import __version__
+from ledgerd.daemon.codec import FLAG_FALSE, FLAG_TRUE
 
 JSON = "application/json"
 BYTES = "application/octet-stream"
@@ -49,6 +50,19 @@ def _query(name: str, description: str, schema: dict[str, Any] | None = None) ->
         "description": description,
         "schema": schema or {"type": "string"},
     }
+
+
+FLAG_VALUES = [*FLAG_TRUE, *FLAG_FALSE]
+"""A flag's values (any case): anything else is 400 ``bad_request``."""
+
+
+def _flag(name: str, description: str) -> dict[str, Any]:
+    return _query(
+        name,
+        f"{description}; a flag: 1, true or yes; 0, false, no or empty (any case); "
+        "anything else is 400 bad_request",
+        {"type": "string", "enum": FLAG_VALUES},
+    )
 
 
 LEDGER = _path("ledger", "ledger name: percent-encoded bytes, 1-128")
@@ -204,7 +218,7 @@ def document() -> dict[str, Any]:
                     _query("prefix", "keys starting with these bytes"),
                     _query("limit", "entries", {"type": "integer", "minimum": 1, "maximum": 10000}),
                     _query("token", "continuation token (base64)"),
-                    _query("values", "0: keys and sizes only"),
+                    _flag("values", "0: keys and sizes only"),
                     AT,
                 ),
                 errors=(400, 404, 413),
@@ -354,7 +368,7 @@ def document() -> dict[str, Any]:
                     "200": _json(_ref("Health")),
                     "503": _json(_ref("Health"), "the repository is unusable (or sync, ?sync=1)"),
                 },
-                params=(_query("sync", "1: answer 503 when sync is not healthy"),),
+                params=(_flag("sync", "1: answer 503 when sync is not healthy"),),
             )
         },
         "/v1/openapi.json": {"get": _op("this document", {"200": _json({"type": "object"})})},
@@ -368,7 +382,9 @@ def document() -> dict[str, Any]:
             "description": (
                 "The HTTP API of ledgerd over its Unix socket "
                 "(curl --unix-socket SOCK http://ledgerd/v1/...). Names and keys in paths "
-                "are percent-encoded bytes; in JSON, keys, values and names are base64."
+                "are percent-encoded bytes; in JSON, keys, values and names are base64. "
+                "Each query parameter takes one value: one given more than once is 400 "
+                "bad_request, naming it."
             ),
         },
         "servers": [{"url": "http://ledgerd"}],
@@ -393,7 +409,7 @@ def _document_paths() -> dict[str, Any]:
     listing = (
         _query("limit", "at most this many", {"type": "integer"}),
         _query("token", "continue a listing"),
-        _query("deleted", "1: include soft-deleted documents"),
+        _flag("deleted", "1: include soft-deleted documents"),
     )
     rev = (_query("rev", "the expected current revision"), _query("new_rev", "a revision"))
     return {
@@ -406,7 +422,7 @@ def _document_paths() -> dict[str, Any]:
                     *listing[:2],
                     _query("since", "a commit id (hex)"),
                     _query("collection", "only this collection"),
-                    _query("follow", "1: stream"),
+                    _flag("follow", "1: stream"),
                     _query("heartbeat", "seconds between empty lines", {"type": "number"}),
                 ),
                 errors=errs,

@@ -61,7 +61,7 @@ async def run_check(api: Api, doc: Any) -> dict[str, Any]:
     repo = api.repo
     if page is not None and ledger is None:
         raise ae.BadRequest("check body: page needs ledger")
-    keys = await pages_of(repo, ledger, page, include_deleted=True)
+    keys = await pages_of(repo, ledger, page, include_deleted=True, include_lost=True)
     engine = api.engine
     index = BucketIndex(engine.store, engine.codec) if engine is not None else None
     results: list[Checked] = []

@@ -39,7 +39,7 @@ import logging
 import os
 import sqlite3
 import struct
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -304,6 +304,8 @@ class Database:
         self._wal_index: int | None = None  # the -shm file, open once it exists (and
         # closed only after SQLite's connections: see close)
         self._checkpointing: asyncio.Task[None] | None = None
+        self._unclosed: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        """What :meth:`close` has yet to close (see :attr:`unclosed`)."""
         self._copy_started_at: int | None = None  # frames in the WAL then
         self.background_checkpoints = 0
         """Checkpoints run beside the writes so far (see :meth:`_after_write`)."""
@@ -567,29 +569,66 @@ class Database:
         if self._checkpointing is not None:
             await asyncio.wait([self._checkpointing])
 
+    @property
+    def unclosed(self) -> list[str]:
+        """The connections a failed :meth:`close` left open (empty once closed, or while
+        open): until a later close has closed them, the file must not be opened again
+        (a second set of connections on it, with their own locks and caches)."""
+        return [name for name, _ in self._unclosed]
+
+    def _closers(self) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
+        """What closes each connection, in order; the writer's last (its checkpoint
+        first), then the WAL index (see :meth:`close`)."""
+        out: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        for name, conn in (("inline writer", self.inline), ("inline reader", self.inline_reader)):
+            if conn is not None:
+                out.append((name, partial(_close_now, conn)))
+        out.append(("reader", lambda: self.reader.close()))
+        out.append(("writer", self._close_writer))
+        return out
+
+    async def _close_writer(self) -> None:
+        try:
+            await self.writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as e:  # a busy reader elsewhere; the WAL stays: fine
+            log.debug("checkpoint on close of %s failed: %s", self.path, e)
+        await self.writer.close()
+
     async def close(self) -> None:
-        if self._closed:
+        """Close every connection, each tried however the others went (one that fails
+        does not keep the rest open), then the WAL index. Raises the first failure;
+        the connections that failed stay in :attr:`unclosed`, and a later call tries
+        them again."""
+        if self._closed and not self._unclosed:
             return
         async with self._lock:
-            if self.closed:  # closed by another close that had the lock first
-                return
-            self._closed = True
-            await self._copied()
-            try:
-                if self.inline is not None:
-                    self.inline.close()
-                if self.inline_reader is not None:
-                    self.inline_reader.close()
-                await self.reader.close()
+            if not self._closed:
+                self._closed = True
+                await self._copied()
+                self._unclosed = self._closers()
+            failed: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+            errors: list[BaseException] = []
+            for name, close in self._unclosed:
                 try:
-                    await self.writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-                except sqlite3.Error as e:  # a busy reader elsewhere; the WAL stays: fine
-                    log.debug("checkpoint on close of %s failed: %s", self.path, e)
-                await self.writer.close()
-            finally:
-                # Last: closing any descriptor of the -shm file drops every POSIX lock
-                # this process holds on it, SQLite's own (other processes would see
-                # the WAL index unused while the writer still works in it).
-                if self._wal_index is not None:
-                    os.close(self._wal_index)
-                    self._wal_index = None
+                    await close()
+                except BaseException as e:  # the others are closed all the same
+                    failed.append((name, close))
+                    errors.append(e)
+            self._unclosed = failed
+            # Last, and only once no connection is left: closing any descriptor of the
+            # -shm file drops every POSIX lock this process holds on it, SQLite's own
+            # (other processes would see the WAL index unused while a connection of
+            # this one still works in it).
+            if not failed and self._wal_index is not None:
+                os.close(self._wal_index)
+                self._wal_index = None
+            if errors:
+                names = ", ".join(name for name, _ in failed)
+                log.debug("closing %s left its %s open: %r", self.path, names, errors)
+                with translating(self.path):
+                    raise errors[0]
+
+
+async def _close_now(conn: sqlite3.Connection) -> None:
+    """Close an inline connection (on this thread: it never runs a long call)."""
+    conn.close()

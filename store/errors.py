@@ -195,7 +195,8 @@ class HistoryPrunedError(StoreError):
 
 
 class PageUnavailableError(TransientStoreError):
-    """The page was evicted from this device and cannot be brought back right now."""
+    """The page cannot be used right now: it was evicted from this device and cannot
+    be brought back, or the connections a failed close of it left open are not closed."""
 
 
 class NotEvictableError(StoreError):

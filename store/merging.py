@@ -68,6 +68,20 @@ class Merger:
         self.pending_conflict: str | None = None
         """Why the page keeps several heads, or None."""
         self._running = False
+        self._asking: asyncio.Future[dict[bytes, merge.Choice]] | None = None
+        self._abandoned = False
+
+    def abandon(self) -> None:
+        """The page is closing: a resolver asked now is cancelled, and none is asked
+        from now on (the merge ends, its heads kept; a merge stored after the close
+        would be dropped anyway, and a close must not wait RESOLVER_TIMEOUT for it)."""
+        self._abandoned = True
+        if self._asking is not None:
+            self._asking.cancel()
+
+    def abandoned(self) -> bool:
+        """The page is closing: no resolver is asked (see :meth:`abandon`)."""
+        return self._abandoned
 
     @property
     def running(self) -> bool:
@@ -118,6 +132,8 @@ class Merger:
             a, b = sorted(graph.heads, key=lambda h: h.id)[:2]
             try:
                 m, builder, values = await self._merge(a, b)
+            except ClosedError:  # closing: its resolver no longer asked (abandon)
+                break
             except merge.NeedsResolver as e:
                 self.pending_conflict = str(e)
                 log.info("page %r keeps %d heads: %s", self.name, len(graph.heads), e)
@@ -180,8 +196,21 @@ class Merger:
         self, resolver: merge.Resolver, left: Commit, right: Commit
     ) -> Callable[[list[merge.Conflict]], Awaitable[dict[bytes, merge.Choice]]]:
         async def ask(conflicts: list[merge.Conflict]) -> dict[bytes, merge.Choice]:
+            closed = ClosedError(f"page {named(self.name)} is closing: its merge is abandoned")
+            if self.abandoned():
+                raise closed
             req = merge.MergeRequest(self.ledger, self.name, left, right, self.policy, conflicts)
-            return await asyncio.wait_for(resolver(req), RESOLVER_TIMEOUT)
+            asking = asyncio.ensure_future(asyncio.wait_for(resolver(req), RESOLVER_TIMEOUT))
+            self._asking = asking
+            try:
+                return await asking
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if self.abandoned() and task is not None and not task.cancelling():
+                    raise closed from None  # cancelled by abandon, not this task's
+                raise
+            finally:
+                self._asking = None
 
         return ask
 

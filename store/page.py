@@ -293,6 +293,7 @@ class Page(View):
         what ends when the close has ended (the close under way, if one is)."""
         if self._close_done is None:
             self._closed = True
+            self.merger.abandon()  # a merge waiting for a resolver ends now, heads kept
             self._close_done = asyncio.ensure_future(self._close())
             self._close_done.add_done_callback(self._closed_with)
         return self._close_done
@@ -301,7 +302,17 @@ class Page(View):
         # Logged here too: a close begun for room (Repository._make_room) has no caller
         # that sees its error. A caller of close() still gets it raised.
         if not done.cancelled() and done.exception() is not None:
-            log.error("page %r: closing failed: %s", self.id, done.exception())
+            left = self.db.unclosed
+            log.error(
+                "page %s of ledger %s: closing failed: %s%s",
+                named(self.id),
+                named(self.ledger),
+                done.exception(),
+                f" (its {', '.join(left)} connection left open: the page is not opened "
+                "again until a close of it succeeds)"
+                if left
+                else "",
+            )
 
     def when_closing(self, fn: Callable[[], Awaitable[None]]) -> None:
         """Run ``fn`` when the page closes, after its queued writes, before its database

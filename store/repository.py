@@ -232,6 +232,18 @@ def _remove_unmade(walked: eviction.Walk) -> list[Path]:
     return sorted(set(cleaned))
 
 
+LOST_LEFTOVERS = ("-wal", "-journal")
+"""What a ``page.sqlite`` that is gone may leave: its page is damaged (see
+:meth:`Repository.page_lost`)."""
+
+
+def _lost(page_dir: Path) -> bool:
+    """The page directory's database file is gone while its -wal or -journal remains
+    (blocking)."""
+    path = page_dir / "page.sqlite"
+    return not path.exists() and any(path.with_name(path.name + s).exists() for s in LOST_LEFTOVERS)
+
+
 def _remove_page_dir(page_dir: Path) -> None:
     """Rename a page's directory to a name listings skip (atomic), then delete it; and
     its ledger's directory if that leaves it empty (blocking)."""
@@ -309,6 +321,11 @@ class Repository:
         """Evicted pages (store.eviction): their page_usage.evicted."""
         self._marked: set[tuple[bytes, bytes]] = set()
         """Pages marked unwritten since the repository opened (:meth:`mark_unwritten`)."""
+        self._unclosed: dict[tuple[bytes, bytes], Page] = {}
+        """Closed pages whose database close left connections open: the page is not
+        opened again until they are closed (:meth:`_close_unclosed`)."""
+        self._settling: set[asyncio.Future[bool]] = set()
+        """Merges of the heads pages were opened with (:meth:`_settle_opened`)."""
 
     @classmethod
     async def open(
@@ -535,6 +552,12 @@ class Repository:
         key = (ledger, page_id)
         return key in self._pages or key in self._evicted or self.page_path(*key).exists()
 
+    def page_lost(self, ledger: bytes, page_id: bytes) -> bool:
+        """The page's ``page.sqlite`` is gone but its -wal or -journal remains: opening
+        it fails as damaged (:class:`CorruptDatabaseError`, see store.db), and listings
+        leave it out; a check lists it (:meth:`Ledger.lost_pages`)."""
+        return _lost(self.page_path(ledger, page_id).parent)
+
     def is_evicted(self, ledger: bytes, page_id: bytes) -> bool:
         """Whether the page's storage was evicted (its next use restores it)."""
         return (ledger, page_id) in self._evicted
@@ -657,6 +680,7 @@ class Repository:
             made = False
             if page is None or page.closed:
                 self._check_open()  # closed while this waited: make no file
+                await self._close_unclosed(key)
                 if mark and key not in self._evicted and not self.page_path(*key).exists():
                     await self.mark_unwritten(ledger, page_id)
                     made = True
@@ -766,6 +790,26 @@ class Repository:
         self._handed_out[(ledger, page_id)] = 0
         return page
 
+    async def _close_unclosed(self, key: tuple[bytes, bytes]) -> None:
+        """Close what the failed close of page ``key`` left open, or refuse to open the
+        page again (a second set of connections on its file, with their own locks and
+        caches, beside the first)."""
+        old = self._unclosed.get(key)
+        if old is None:
+            return
+        try:
+            await old.db.close()
+        except Exception as e:
+            raise PageUnavailableError(
+                f"page {named(key[1])} cannot be opened now: its database's "
+                f"{', '.join(old.db.unclosed)} connection, from before, could not be "
+                f"closed ({type(e).__name__}: {e}); tried again at its next use"
+            ) from e
+        finally:
+            if not old.db.unclosed:
+                del self._unclosed[key]
+                log.info("page %s: its connections left open are closed", named(key[1]))
+
     async def _settle_opened(self, page: Page) -> None:
         """Merge the heads a page was opened with, now that it is published (and its
         open's reservation released: it counts once): a conflict resolver that opens it
@@ -778,10 +822,12 @@ class Repository:
         open, to close as idle once merged. A merge that fails (the page's storage)
         fails this open; the page stays open for its other holders, its heads kept, as
         after any failed merge."""
-        if len(page.graph.heads) <= 1:
+        if len(page.graph.heads) <= 1 or self._closed:  # closing: close() ends merges
             return
         settling = asyncio.ensure_future(page.merger.settle())
         settling.add_done_callback(_log_failed_settle)
+        self._settling.add(settling)  # close() waits for it, once it cut it short
+        settling.add_done_callback(self._settling.discard)
         await asyncio.shield(settling)
 
     async def _restore(self, page: Page) -> None:
@@ -823,6 +869,8 @@ class Repository:
         if self._pages.get(key) is page:
             del self._pages[key]
             self._handed_out.pop(key, None)
+        if page.db.unclosed:  # (Page logs it, once)
+            self._unclosed[key] = page
         if not self.usage.closed:
             self._closed_deleted[key] = page.deleted  # until _record_close wrote it
             task = asyncio.get_running_loop().create_task(self._record_close(page))
@@ -950,6 +998,10 @@ class Repository:
             return True
 
     async def _evict(self, ledger: bytes, page_id: bytes) -> int:
+        try:  # not under connections a failed close left open
+            await self._close_unclosed((ledger, page_id))
+        except PageUnavailableError as e:
+            raise NotEvictableError(str(e)) from e
         page = self._pages.get((ledger, page_id))
         if page is not None:
             if not page.closed and not page.idle:
@@ -1046,14 +1098,26 @@ class Repository:
         return closed
 
     async def close(self) -> None:
+        """Close every page, then the repository. A merge waiting for a conflict
+        resolver (at most RESOLVER_TIMEOUT) is abandoned, its heads kept, rather than
+        waited for; nothing of the repository's runs once this returns."""
         self._closed = True  # no page opens from now on
+        for page in list(self._pages.values()):
+            page.merger.abandon()  # an open merging its heads ends at once (below)
         for opening in list(self._opening.values()):
             await opening.lock.acquire()  # an open under way finishes: its page closes below
             opening.lock.release()
         for page in list(self._pages.values()):
             await page.close()
+        if self._settling:  # cut short by the closes (their openers may be gone)
+            await asyncio.wait(list(self._settling))
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
+        for key in list(self._unclosed):
+            try:
+                await self._close_unclosed(key)
+            except PageUnavailableError as e:
+                log.error("%s", e)
         try:
             await self.usage.close()
         finally:
@@ -1104,6 +1168,23 @@ class Ledger:
             if not (pid in marked if known is None else known):
                 out.append(pid)
         return out
+
+    async def lost_pages(self) -> list[bytes]:
+        """The ledger's pages whose database file is gone while its -wal or -journal
+        remains (:meth:`Repository.page_lost`): not in :meth:`pages`, damaged."""
+        directory = self.repo.ledgers_dir / encode_name(self.name)
+
+        def scan() -> list[bytes]:
+            if not directory.is_dir():
+                return []
+            out = []
+            for p in directory.iterdir():
+                raw = decode_name(p.name)
+                if raw is not None and encode_name(raw) == p.name and _lost(p):
+                    out.append(raw)
+            return sorted(out)
+
+        return await asyncio.to_thread(scan)
 
     async def _stored(self) -> list[bytes]:
         directory = self.repo.ledgers_dir / encode_name(self.name)

@@ -250,3 +250,42 @@ def test_check_names_document_records_that_do_not_decode(short_tmp: Path) -> Non
         assert [p["code"] for p in page["problems"]] == ["unsupported_layout"], page
     finally:
         assert d.stop() == 0, d.log_text()
+
+
+def test_a_page_whose_file_is_gone_but_its_wal_remains_is_listed_by_check(
+    short_tmp: Path,
+) -> None:
+    """A page.sqlite lost while its -wal remains is refused as damaged when used, but
+    with no page.sqlite it was in no listing, so ``ledgerctl check`` passed over it
+    ("healthy"). It is now listed as damaged, with the ``sqlite`` code other refused
+    pages get, checked alone too, and its -wal is left as it is."""
+    d = start_daemon(short_tmp / "d")
+    with Client(d.socket) as c:
+        c.put("notes", "inbox", b"k", b"v" * 100)
+        c.put("notes", "other", b"k", b"v" * 100)
+        wal = _page_file(d).with_name("page.sqlite-wal").read_bytes()
+    assert d.stop() == 0, d.log_text()
+    f = _page_file(d)
+    for side in f.parent.iterdir():
+        side.unlink()
+    f.with_name("page.sqlite-wal").write_bytes(wal)
+    d2 = start_daemon(short_tmp / "d")
+    try:
+        code, text = _check(d2)
+        assert code == 1 and "notes inbox: DAMAGED" in text and "remains" in text, text
+        assert "notes other" not in text
+        code, text = _check(d2, "--json")
+        report = json.loads(text)
+        assert code == 1 and not report["healthy"] and report["checked_pages"] == 2, text
+        [damaged] = [p for p in report["pages"] if p["problems"]]
+        assert [x["code"] for x in damaged["problems"]] == ["sqlite"], damaged
+        code, text = _check(d2, "notes", "inbox")
+        assert code == 1 and "notes inbox: DAMAGED" in text, text
+        with Client(d2.socket) as c:
+            with pytest.raises(LedgerError) as e:  # (a read answers 404: no page.sqlite)
+                c.put("notes", "inbox", b"k", b"w")
+            assert (e.value.code, e.value.status) == ("corrupt", 500), e.value
+            assert c.get("notes", "other", b"k") == b"v" * 100
+    finally:
+        assert d2.stop() == 0, d2.log_text()
+    assert f.with_name("page.sqlite-wal").read_bytes() == wal and not f.exists()

@@ -1,0 +1,175 @@
+"""A page whose database close fails, merges cut short by a repository's close, and a
+page whose database file is gone while its -wal remains."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from ledgerd.store import Repository
+from ledgerd.store.errors import CorruptDatabaseError, NotEvictableError, PageUnavailableError
+from ledgerd.store.merge import Choice, MergeRequest
+from tests.store.resolvers import set_resolver
+from tests.store.test_open_close_merge import DETECTOR, _reopened_with_a_held_resolver
+
+
+def _is_closed(conn: sqlite3.Connection) -> bool:
+    try:
+        conn.execute("SELECT 1")
+    except sqlite3.ProgrammingError:
+        return True
+    return False
+
+
+async def test_a_page_whose_close_fails_is_not_opened_again_beside_its_open_connections(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The reader's close failing ended the database's close there: the writer (and its
+    # WAL index) stayed open, and the page left the open set all the same, so its next
+    # use opened a second set of connections on the file beside them. Now every other
+    # connection closes, the failure is logged once naming the page, and the page is
+    # refused until what was left open closes (its next use tries again).
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.put(b"k", b"v")
+        db = page.db
+        real_close, failures = db.reader.close, [0]
+
+        async def failing_close() -> None:
+            failures[0] += 1
+            raise sqlite3.OperationalError("injected: unable to close")
+
+        db.reader.close = failing_close  # type: ignore[method-assign]
+        with (
+            caplog.at_level(logging.ERROR, "ledgerd.store.page"),
+            pytest.raises(sqlite3.OperationalError, match="injected"),
+        ):
+            await page.close()
+        assert db.inline is not None and db.inline_reader is not None
+        assert _is_closed(db.writer.raw) and _is_closed(db.inline) and _is_closed(db.inline_reader)
+        assert not _is_closed(db.reader.raw) and not repo.is_open(b"l", b"p")
+
+        with pytest.raises(PageUnavailableError, match="reader"):
+            await repo.ledger("l").page("p")
+        assert failures[0] == 2 and db.unclosed == ["reader"]  # tried again, still open
+        logged = [r.getMessage() for r in caplog.records if "closing failed" in r.getMessage()]
+        assert len(logged) == 1 and "page p of ledger l" in logged[0] and "reader" in logged[0]
+
+        db.reader.close = real_close  # type: ignore[method-assign]
+        again = await repo.ledger("l").page("p")  # the old reader closes first
+        assert again is not page and _is_closed(db.reader.raw) and db.unclosed == []
+        assert await again.get(b"k") == b"v"
+    assert len([r for r in caplog.records if "closing failed" in r.getMessage()]) == 1
+
+
+async def test_a_repository_close_closes_what_a_failed_page_close_left_open(
+    tmp_path: Path,
+) -> None:
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        db, calls = page.db, []
+        real_close = db.writer.close
+
+        async def fails_once() -> None:
+            calls.append(1)
+            if len(calls) == 1:
+                raise sqlite3.OperationalError("injected: unable to close")
+            await real_close()
+
+        db.writer.close = fails_once  # type: ignore[method-assign]
+        with pytest.raises(sqlite3.OperationalError):
+            await page.close()
+        assert _is_closed(db.reader.raw) and not _is_closed(db.writer.raw)
+    assert len(calls) == 2 and _is_closed(db.writer.raw)
+
+
+async def test_a_repository_close_cuts_short_an_opening_merge_waiting_for_its_resolver(
+    tmp_path: Path,
+) -> None:
+    # The merge of the heads a page was opened with waited for its resolver (up to
+    # RESOLVER_TIMEOUT, 30 s) whatever happened meanwhile: a repository close waited
+    # that long for an opener still there, and returned with the merge still running
+    # when its opener had gone. The close now abandons it (its heads kept) and returns
+    # only once it has ended.
+    for cancel_opener in (False, True):
+        path = tmp_path / str(cancel_opener)
+        repo, _gate, entered, _ = await _reopened_with_a_held_resolver(path)
+        opening = asyncio.create_task(repo.ledger("l").page("p"))
+        await asyncio.wait_for(entered.wait(), DETECTOR)
+        if cancel_opener:
+            opening.cancel()
+            await asyncio.gather(opening, return_exceptions=True)
+        await asyncio.wait_for(repo.close(), DETECTOR)
+        me = asyncio.current_task()
+        assert [t for t in asyncio.all_tasks() if t not in (me, opening) and not t.done()] == []
+        if not cancel_opener:
+            assert (await opening).closed
+        async with await Repository.open(path) as again:  # the heads are kept
+            assert len(await (await again.ledger("l").page("p")).heads()) == 2
+
+
+async def test_a_page_close_ends_a_merge_waiting_for_its_resolver(tmp_path: Path) -> None:
+    repo, _gate, entered, seen = await _reopened_with_a_held_resolver(tmp_path)
+    async with repo:
+        opening = asyncio.create_task(repo.ledger("l").page("p"))
+        await asyncio.wait_for(entered.wait(), DETECTOR)
+        await asyncio.wait_for(seen[0].close(), DETECTOR)
+        assert (await asyncio.wait_for(opening, DETECTOR)).closed  # its merge ended
+        assert len(await seen[0].heads()) == 2  # kept
+
+        async def resolver(req: MergeRequest) -> dict[bytes, Choice]:
+            return {c.key: b"resolved" for c in req.conflicts}
+
+        set_resolver(repo, resolver)  # the next open merges, as before
+        page = await repo.ledger("l").page("p")
+        assert await page.get(b"k") == b"resolved"
+
+
+async def test_a_page_whose_database_is_gone_but_its_wal_remains_is_listed_as_lost(
+    tmp_path: Path,
+) -> None:
+    # Refused as damaged when opened, yet with no page.sqlite it was in no listing, so
+    # a check (which checks the listed pages) never said a word about it.
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.put(b"k", b"v")
+        await page.flush()
+        await (await repo.ledger("l").page("q")).put(b"k", b"v")
+        path = repo.page_path(b"l", b"p")
+        wal = path.with_name("page.sqlite-wal").read_bytes()
+    for f in path.parent.iterdir():
+        f.unlink()
+    path.with_name("page.sqlite-wal").write_bytes(wal)
+    async with await Repository.open(tmp_path) as repo:
+        assert await repo.ledger("l").lost_pages() == [b"p"]
+        assert repo.page_lost(b"l", b"p") and not repo.page_lost(b"l", b"q")
+        assert await repo.ledger("l").pages() == [b"q"]  # listings still leave it out
+        with pytest.raises(CorruptDatabaseError, match="remains"):
+            await repo.ledger("l").page("p")
+        assert path.with_name("page.sqlite-wal").read_bytes() == wal  # left as it was
+
+
+async def test_a_page_whose_close_failed_is_not_evicted_under_its_open_connections(
+    tmp_path: Path,
+) -> None:
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")  # empty: evictable without a cloud
+        db = page.db
+        real_close = db.writer.close
+
+        async def failing_close() -> None:
+            raise sqlite3.OperationalError("injected: unable to close")
+
+        db.writer.close = failing_close  # type: ignore[method-assign]
+        with pytest.raises(sqlite3.OperationalError):
+            await page.close()
+        with pytest.raises(NotEvictableError, match="writer"):
+            await repo.evict(b"l", b"p")
+        assert repo.page_path(b"l", b"p").exists() and not repo.is_evicted(b"l", b"p")
+        db.writer.close = real_close  # type: ignore[method-assign]
+        assert await repo.evict(b"l", b"p") > 0
+        assert _is_closed(db.writer.raw) and repo.is_evicted(b"l", b"p")
