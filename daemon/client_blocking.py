@@ -13,6 +13,7 @@ what goes over the socket is the async classes' business.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterable
 from pathlib import Path
@@ -62,9 +63,23 @@ class Bridge:
             target=self.loop.run_forever, name="ledgerd-client", daemon=True
         )
         self._thread.start()
+        self._lock = threading.Lock()
+        self._closed = False
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        """``coro``'s result; LedgerError ``client_closed`` once :meth:`stop` began, and
+        for a call in flight when it did (its task is cancelled, never left pending)."""
+        with self._lock:
+            if self._closed:
+                coro.close()
+                raise _closed()
+            future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            if self._closed:
+                raise _closed() from None
+            raise
 
     def iterate(self, ait: AsyncIterator[T]) -> Generator[T, None, None]:
         """Items of ``ait``; closing the blocking iterator (or leaving a for loop early
@@ -77,14 +92,36 @@ class Bridge:
                     return
         finally:
             aclose = getattr(ait, "aclose", None)
-            if aclose is not None and self.loop.is_running():
-                self.call(aclose())
+            if aclose is not None and not self._closed:
+                try:
+                    self.call(aclose())
+                except LedgerError as e:
+                    if e.code != "client_closed":  # closed meanwhile: nothing to close
+                        raise
 
     def stop(self) -> None:
+        """Cancel the calls in flight (their threads get ``client_closed``), then stop
+        the loop. (Stopping it under a pending call left its thread waiting forever.)"""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         if self.loop.is_running():
+            asyncio.run_coroutine_threadsafe(_cancel_all(), self.loop).result()
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join()
             self.loop.close()
+
+
+async def _cancel_all() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _closed() -> LedgerError:
+    return LedgerError("client_closed", "the client is closed")
 
 
 class Client:

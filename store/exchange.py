@@ -382,7 +382,8 @@ async def head_snapshot(page: Page, also: Iterable[bytes] = ()) -> Snapshot | No
     ``also``: ancestors of the head that other devices may still build on (the
     newest commit seen from each); the snapshot takes them and the pieces their
     trees add (few: they are close to the head), so that a device starting from it
-    can import what those devices write next."""
+    can import what those devices write next. One that history retention pruned is
+    left out: its tree may be gone (reading it failed every checkpoint of the page)."""
     await page.flush()
     heads = await page.heads()
     if len(heads) != 1 or heads[0].id == commit.FIRST.id or await unsynced_count(page):
@@ -393,7 +394,7 @@ async def head_snapshot(page: Page, also: Iterable[bytes] = ()) -> Snapshot | No
     lazy_values: set[bytes] = set()
     extra = []
     for cid in dict.fromkeys(also):
-        if cid != head.id and cid != commit.FIRST.id:
+        if cid != head.id and cid != commit.FIRST.id and not await gc.is_pruned(page, cid):
             with contextlib.suppress(StoreError):
                 extra.append(await page.load_commit(cid))
     seen: set[bytes] = set()

@@ -26,6 +26,7 @@ from ledgerd.daemon.client import (
     Session,
     Watch,
 )
+from ledgerd.daemon.client_blocking import Bridge
 from tests.daemon.conftest import Daemon, start_daemon
 
 
@@ -383,3 +384,36 @@ async def test_a_session_watch_left_early_releases_its_watcher(short_tmp: Path) 
         await asyncio.to_thread(blocking)
     finally:
         assert d.stop() == 0, d.log_text()
+
+
+def test_closing_a_blocking_client_ends_a_call_in_flight() -> None:
+    """The blocking classes' Bridge, shared by threads: stopping it (Client.close)
+    while another thread waits on a call ends that call with a LedgerError (code
+    ``client_closed``); the loop used to stop under the call's task and the thread
+    waited forever. (Found by a soak: its driver closed a killed daemon's Client while a
+    worker thread, its listing cut by the kill, was closing the listing through it.)"""
+    bridge = Bridge()
+    outcome: list[BaseException | None] = []
+
+    def wait() -> None:
+        try:
+            bridge.call(asyncio.sleep(3600))
+            outcome.append(None)
+        except BaseException as e:  # what the waiting thread got
+            outcome.append(e)
+
+    async def tasks() -> int:
+        return len(asyncio.all_tasks())
+
+    before = asyncio.run_coroutine_threadsafe(tasks(), bridge.loop).result()
+    t = threading.Thread(target=wait, daemon=True)
+    t.start()
+    while asyncio.run_coroutine_threadsafe(tasks(), bridge.loop).result() == before:
+        t.join(0.01)  # until the call is a task on the bridge's loop
+    bridge.stop()
+    t.join(30)
+    assert not t.is_alive(), "the call in flight never ended"
+    assert isinstance(outcome[0], LedgerError) and outcome[0].code == "client_closed"
+    with pytest.raises(LedgerError) as e:
+        bridge.call(asyncio.sleep(0))  # and a call after close says so too
+    assert e.value.code == "client_closed"

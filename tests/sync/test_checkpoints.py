@@ -230,3 +230,36 @@ async def test_a_thousand_pages_under_a_disk_budget(tmp_path: Path, bucket: Fold
             pg = await a.repo.ledger("l").page(name)
             assert await pg.get(b"k") == values[name]
         assert not a.engine.problems()
+
+
+async def test_a_checkpoint_skips_a_pruned_frontier_commit(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """The commit last imported from another device (what it builds on next, which a
+    checkpoint also carries) may be pruned by history retention once this device wrote
+    on top of it: its tree is gone. The checkpoint is written without it; it failed
+    with ObjectNotFoundError on every try (found by a soak of two daemons with
+    history_retention = 15: checkpoints, and so compaction, stopped for good)."""
+    from ledgerd.store import gc
+
+    rng = random.Random(3)
+    async with device(tmp_path / "a", bucket) as a, device(tmp_path / "b", bucket) as b:
+        pa = await a.repo.ledger("l").page("p")
+        await _load(pa, rng, 1, 1000)  # a tree of several levels
+        await a.engine.sync()
+        await b.engine.sync()
+        pb = await b.repo.ledger("l").page("p")
+        from_a = pb.head.id
+        assert from_a in await b.engine.policy.frontier(pb)
+        await pb.put(b"on b", b"1")  # a's commit is no head here any more
+        await b.engine.sync()
+        assert (await gc.collect(pb, 0)).commits_pruned >= 1
+        assert await gc.is_pruned(pb, from_a)
+    async with device(tmp_path / "b", bucket) as b:  # no tree node cached
+        await b.engine.sync()
+        assert await b.engine.policy.write_for_compaction((b"l", b"p"))
+        want = await _keys(b.repo)
+    async with device(tmp_path / "c", bucket) as c:  # a new device starts from it
+        await c.engine.sync()
+        assert await _keys(c.repo) == want
+        assert not c.engine.problems()
