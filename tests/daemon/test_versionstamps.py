@@ -320,7 +320,10 @@ def test_two_devices_append_to_one_log_offline_then_sync(short_tmp: Path) -> Non
             for name, c in (("a", ca), ("b", cb)):
                 stats = c.sync(timeout=60)  # POST /v1/sync
                 moved[name] += stats["downloaded_packs"]
-        assert moved["a"] > 0 and moved["b"] > 0
+        # (A background round may import first, and a merge both devices make is
+        # uploaded once, so which device a POST finds something for varies; the
+        # convergence below shows that each has the other's entries.)
+        assert moved["a"] + moved["b"] > 0, moved
         got = {
             name: [(i.key, i.value) for i in c.entries("app", "log")]
             for name, c in (("a", ca), ("b", cb))
