@@ -315,15 +315,13 @@ def test_two_devices_append_to_one_log_offline_then_sync(short_tmp: Path) -> Non
         Client(a.socket) as ca,
         Client(b.socket) as cb,
     ):
-        moved = {"a": 0, "b": 0}
         for _ in range(2):
-            for name, c in (("a", ca), ("b", cb)):
+            for c in (ca, cb):
                 stats = c.sync(timeout=60)  # POST /v1/sync
-                moved[name] += stats["downloaded_packs"]
-        # (A background round may import first, and a merge both devices make is
-        # uploaded once, so which device a POST finds something for varies; the
-        # convergence below shows that each has the other's entries.)
-        assert moved["a"] + moved["b"] > 0, moved
+                assert stats["rounds"] >= 1, stats
+        # (Which round imports what varies: a background round may come first, and a
+        # merge both devices make is uploaded once. The convergence below shows that
+        # each device has the other's entries.)
         got = {
             name: [(i.key, i.value) for i in c.entries("app", "log")]
             for name, c in (("a", ca), ("b", cb))
