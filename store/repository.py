@@ -251,9 +251,12 @@ def _lost_leftovers(page_dir: Path) -> list[str]:
     """The names of what remains of a ``page.sqlite`` that is gone (blocking): none if
     it is there, or if nothing remains (a page never made)."""
     path = page_dir / "page.sqlite"
-    if path.exists():
+    try:
+        if path.exists():
+            return []
+        return [path.name + s for s in LOST_LEFTOVERS if path.with_name(path.name + s).exists()]
+    except OSError:  # a name too long, say: the page's open says what is wrong
         return []
-    return [path.name + s for s in LOST_LEFTOVERS if path.with_name(path.name + s).exists()]
 
 
 def _remove_page_dir(page_dir: Path) -> None:
