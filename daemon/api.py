@@ -585,6 +585,8 @@ class Api:
 
     async def page(self, ledger: bytes, page_id: bytes, *, create: bool) -> Page:
         if not create and not self.repo.page_exists(ledger, page_id):
+            if lost := self.repo.lost_error(ledger, page_id):
+                raise lost  # 500 corrupt, as its writes are: not "no such page"
             if not self.repo.ledger_exists(ledger):
                 raise ae.LedgerNotFound(f"no ledger {named(ledger)}")
             raise ae.PageNotFound(f"no page {named(page_id)} in ledger {named(ledger)}")

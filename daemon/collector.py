@@ -60,13 +60,12 @@ async def pages_of(
 ) -> list[tuple[bytes, bytes]]:
     """Every page, a ledger's, or one (404 when it does not exist); deleted ones too
     with ``include_deleted``, and with ``include_lost`` those whose database file is
-    gone while its -wal remains (:meth:`Repository.page_lost`: a check reports them)."""
+    gone while its -wal remains (:meth:`Repository.page_lost`: a check reports them).
+    One page named is returned lost or not: its use then fails as damaged."""
     if ledger is not None and not repo.ledger_exists(ledger):
         raise ae.LedgerNotFound(f"no ledger {named(ledger)}")
     if ledger is not None and page is not None:
-        if not repo.page_exists(ledger, page) and not (
-            include_lost and repo.page_lost(ledger, page)
-        ):
+        if not repo.page_exists(ledger, page) and not repo.page_lost(ledger, page):
             raise ae.PageNotFound(f"no page {named(page)} in ledger {named(ledger)}")
         return [(ledger, page)]
     keys: list[tuple[bytes, bytes]] = []
@@ -151,7 +150,7 @@ def sync_state(api: Api, usage: dict[str, Any]) -> str:
 async def disk_usage(api: Api, doc: Any) -> dict[str, Any]:
     """The answer of ``GET /v1/du``: per page, its files and what it holds."""
     ledger, page = _names(api, doc, "du")
-    keys = await pages_of(api.repo, ledger, page)
+    keys = await pages_of(api.repo, ledger, page, include_lost=True)  # (listed as errors)
     pages = []
     for key in keys:
         if api.repo.is_evicted(*key):  # (opening it would bring it back)

@@ -39,6 +39,7 @@ from ledgerd.store.cache import CACHE_BYTES, Cache
 from ledgerd.store.db import NEW_SUFFIX, Database, Synchronous
 from ledgerd.store.errors import (
     ClosedError,
+    CorruptDatabaseError,
     InvalidArgumentError,
     LedgerNotFoundError,
     NameTooLargeError,
@@ -187,12 +188,15 @@ def _never_made(path: Path) -> bool:
     """A marked page's database was never made (blocking): no file, or (as an older
     version left it, killed between creating the file and SQLite writing it) an empty
     one with no -wal. A page that was written has its -wal until it closes, and its
-    close drops its mark, so an empty file beside a -wal is damage (refused as such)."""
+    close drops its mark, so an empty file beside a -wal is damage (refused as such).
+    So is no file beside a -wal or -journal (:func:`_lost`): SQLite makes those only
+    once the file is in place (a making writes ``page.sqlite.new`` and its own side
+    files, :func:`_remove_unmade`), so the page was made, and they may hold commits."""
     try:
         if path.stat().st_size > 0:
             return False
     except FileNotFoundError:
-        return True
+        return not _lost(path.parent)
     return not path.with_name(path.name + "-wal").exists()
 
 
@@ -240,8 +244,19 @@ LOST_LEFTOVERS = ("-wal", "-journal")
 def _lost(page_dir: Path) -> bool:
     """The page directory's database file is gone while its -wal or -journal remains
     (blocking)."""
+    return bool(_lost_leftovers(page_dir))
+
+
+def _lost_leftovers(page_dir: Path) -> list[str]:
+    """The names of what remains of a ``page.sqlite`` that is gone (blocking): none if
+    it is there, or if nothing remains (a page never made)."""
     path = page_dir / "page.sqlite"
-    return not path.exists() and any(path.with_name(path.name + s).exists() for s in LOST_LEFTOVERS)
+    try:
+        if path.exists():
+            return []
+        return [path.name + s for s in LOST_LEFTOVERS if path.with_name(path.name + s).exists()]
+    except OSError:  # a name too long, say: the page's open says what is wrong
+        return []
 
 
 def _remove_page_dir(page_dir: Path) -> None:
@@ -553,10 +568,28 @@ class Repository:
         return key in self._pages or key in self._evicted or self.page_path(*key).exists()
 
     def page_lost(self, ledger: bytes, page_id: bytes) -> bool:
-        """The page's ``page.sqlite`` is gone but its -wal or -journal remains: opening
-        it fails as damaged (:class:`CorruptDatabaseError`, see store.db), and listings
-        leave it out; a check lists it (:meth:`Ledger.lost_pages`)."""
+        """The page's ``page.sqlite`` is gone but its -wal or -journal remains: every
+        use of it fails as damaged (:meth:`lost_error`), listings leave it out, a
+        check lists it (:meth:`Ledger.lost_pages`), a start keeps it, and
+        :meth:`delete_page` removes what remains of it. (An evicted page's directory is
+        a restore cut short, discarded by its next use: not lost.)"""
+        if (ledger, page_id) in self._evicted or (ledger, page_id) in self._pages:
+            return False
         return _lost(self.page_path(ledger, page_id).parent)
+
+    def lost_error(self, ledger: bytes, page_id: bytes) -> CorruptDatabaseError | None:
+        """The error every use of a lost page (:meth:`page_lost`) raises; None if it is
+        not lost (blocking, briefly: it looks at the page's directory)."""
+        if not self.page_lost(ledger, page_id):
+            return None
+        path = self.page_path(ledger, page_id)
+        left = _lost_leftovers(path.parent) or [path.name + "-wal"]
+        return CorruptDatabaseError(
+            f"page {named(page_id)} of ledger {named(ledger)} is damaged: its {path.name} "
+            f"is missing but its {left[0]} remains ({path.parent}); that file is kept as "
+            f"it is (it may hold committed data): restore {path.name} there, or delete "
+            "the page to remove what remains of it"
+        )
 
     def is_evicted(self, ledger: bytes, page_id: bytes) -> bool:
         """Whether the page's storage was evicted (its next use restores it)."""
@@ -602,8 +635,11 @@ class Repository:
         so they empty the page and leave it out of listings too. Listings here leave
         it out at once. A later write brings the page back with only the new keys.
         Raises :class:`PageNotFoundError` for a page that is not listed (never
-        stored here, or deleted already)."""
+        stored here, or deleted already). A lost page (:meth:`page_lost`) cannot be
+        opened to commit that: what remains of it is removed (:meth:`_remove_lost`)."""
         led, pid = _name(ledger, "ledger name"), _name(page_id, "page id")
+        if self.page_lost(led, pid) and await self._remove_lost(led, pid):
+            return
         if not await self.page_listed(led, pid):
             if not await self.ledger_listed(led):
                 raise LedgerNotFoundError(f"no ledger {led!r}")
@@ -611,6 +647,30 @@ class Repository:
         async with self.page(led, pid) as page:
             await page.delete_page()
             await self._record_deleted(page)
+
+    async def _remove_lost(self, ledger: bytes, page_id: bytes) -> bool:
+        """Remove what remains of a lost page (:meth:`page_lost`): its directory, the
+        -wal in it, its page_usage row and its unwritten mark. No commit says it is
+        deleted (the page cannot be opened), so a page the bucket holds comes back at
+        the next sync. Returns False if the page is no longer lost (opened meanwhile)."""
+        key = (ledger, page_id)
+        async with self._no_open_of(key):
+            if not self.page_lost(ledger, page_id):
+                return False
+            page_dir = self.page_path(ledger, page_id).parent
+            left = await asyncio.to_thread(_lost_leftovers, page_dir)
+            await asyncio.to_thread(_remove_page_dir, page_dir)
+            await self._forget(key)
+            self._closed_deleted.pop(key, None)
+            self._marked.add(key)  # (a mark an earlier run left: dropped too)
+            await self.written(ledger, page_id)
+            log.warning(
+                "page %s of ledger %s deleted while lost: its %s removed",
+                named(page_id),
+                named(ledger),
+                ", ".join(left),
+            )
+            return True
 
     async def delete_ledger(self, ledger: bytes | str) -> int:
         """Delete every page of a ledger (:meth:`delete_page`, page by page: each is
@@ -681,6 +741,10 @@ class Repository:
             if page is None or page.closed:
                 self._check_open()  # closed while this waited: make no file
                 await self._close_unclosed(key)
+                if lost := self.lost_error(ledger, page_id):
+                    # Refused before a write marks it unwritten: a start would take it
+                    # for a page never made and remove it, its -wal too.
+                    raise lost
                 if mark and key not in self._evicted and not self.page_path(*key).exists():
                     await self.mark_unwritten(ledger, page_id)
                     made = True
@@ -955,6 +1019,8 @@ class Repository:
         if (ledger, page_id) in self._evicted:
             return 0
         async with self._no_open_of((ledger, page_id)):
+            if lost := self.lost_error(ledger, page_id):
+                raise lost  # not "not stored here": it is damaged
             return await self._evict(ledger, page_id)
 
     @contextlib.asynccontextmanager
@@ -1184,7 +1250,7 @@ class Ledger:
                     out.append(raw)
             return sorted(out)
 
-        return await asyncio.to_thread(scan)
+        return [p for p in await asyncio.to_thread(scan) if self.repo.page_lost(self.name, p)]
 
     async def _stored(self) -> list[bytes]:
         directory = self.repo.ledgers_dir / encode_name(self.name)

@@ -282,7 +282,7 @@ def test_a_page_whose_file_is_gone_but_its_wal_remains_is_listed_by_check(
         code, text = _check(d2, "notes", "inbox")
         assert code == 1 and "notes inbox: DAMAGED" in text, text
         with Client(d2.socket) as c:
-            with pytest.raises(LedgerError) as e:  # (a read answers 404: no page.sqlite)
+            with pytest.raises(LedgerError) as e:  # (a read too: see test_lost_pages)
                 c.put("notes", "inbox", b"k", b"w")
             assert (e.value.code, e.value.status) == ("corrupt", 500), e.value
             assert c.get("notes", "other", b"k") == b"v" * 100
