@@ -11,6 +11,7 @@ uploads and downloads nothing itself, and keeps no per-device or per-page progre
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -63,6 +64,9 @@ class SyncContext:
         """The bucket's codec once its marker was checked, if the bucket is encrypted."""
         self.bucket_ok = False
         """The marker was checked (set False to check it again on the next round)."""
+        self._checking = asyncio.Lock()
+        """Held by the check of the bucket under way: callers that find the bucket
+        unchecked meanwhile (reads before a start's first round) wait for it."""
         self.bucket_error: str | None = None
         self.bucket_error_code: str | None = None
         """A stable code for the bucket error (``encryption_key_mismatch``...), if it has one."""
@@ -93,9 +97,17 @@ class SyncContext:
 
     async def check_bucket(self) -> None:
         """The bucket carries its marker; the first daemon to use it writes it. A
-        bucket of layout 1 gets the layout-2 marker too, and its logs are read."""
+        bucket of layout 1 gets the layout-2 marker too, and its logs are read. One
+        check runs at a time; a caller that comes while one runs takes its outcome
+        (reads at a start each need the codec: a descriptor read and a key derivation
+        each, a passphrase's scrypt of 128 MiB, otherwise)."""
         if self.bucket_ok:
             return
+        async with self._checking:
+            if not self.bucket_ok:  # (checked by the one this waited for)
+                await self._check_bucket()
+
+    async def _check_bucket(self) -> None:
         seen_key = f"sync/bucket-seen/{self.location}"
         try:
             names, versions = await self._markers()

@@ -464,3 +464,27 @@ async def test_a_lazy_piece_sealed_with_a_key_this_device_lost_is_key_missing(
     async with device(tmp_path / "b", moto_store, keys=ring(new, old)) as b:
         pg = await b.repo.ledger("l").page("p")
         assert await pg.get(b"big") == value
+
+
+async def test_first_reads_before_a_round_check_the_bucket_once(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """LAZY values read at once after a start, before its first round: each read needs
+    the bucket's codec, and they share one check of the bucket (one read of its
+    descriptor, one key derivation: a passphrase's scrypt takes 128 MiB), not one each."""
+    key = crypto.new_key()
+    values = {b"v%d" % i: random.Random(i).randbytes(300_000) for i in range(6)}
+    async with device(tmp_path / "a", bucket, keys=ring(key)) as a:
+        pg = await a.repo.ledger("l").page("p")
+        for k, v in values.items():
+            await pg.put(k, v, Priority.LAZY)
+        await a.engine.sync()
+    async with device(tmp_path / "b", bucket, keys=ring(key)) as b:
+        await b.engine.sync()  # imported: the values stay in the bucket
+    async with device(tmp_path / "b", bucket, keys=ring(key)) as b:
+        pg = await b.repo.ledger("l").page("p")
+        b.cloud.reset()
+        got = await asyncio.gather(*(pg.get(k) for k in values))
+        assert got == list(values.values())
+        descriptor_reads = [g for g in b.cloud.gets if g[0] == crypto.DESCRIPTOR]
+        assert len(descriptor_reads) == 1, b.cloud.gets
