@@ -192,7 +192,10 @@ def _never_made(path: Path) -> bool:
         if path.stat().st_size > 0:
             return False
     except FileNotFoundError:
-        return True
+        # No file: never made, unless its -wal or -journal remains (SQLite makes those
+        # only for a database of this name): then the file was lost, and what remains
+        # is all that is left of the page (see Repository.page_lost).
+        return not _lost(path.parent)
     return not path.with_name(path.name + "-wal").exists()
 
 
@@ -681,7 +684,12 @@ class Repository:
             if page is None or page.closed:
                 self._check_open()  # closed while this waited: make no file
                 await self._close_unclosed(key)
-                if mark and key not in self._evicted and not self.page_path(*key).exists():
+                if (
+                    mark
+                    and key not in self._evicted
+                    and not self.page_path(*key).exists()
+                    and not self.page_lost(*key)  # (refused below: nothing is made)
+                ):
                     await self.mark_unwritten(ledger, page_id)
                     made = True
                 await self._make_room()
