@@ -541,7 +541,12 @@ class _Walker:
                 code, why = DAMAGED_DOCUMENT, f"is damaged: {e}"
             else:
                 continue
-            where = f"document {ulid_text(k.doc_id)} in {k.collection!r}"
+            doc = (  # (a body key the key API wrote may hold any id)
+                ulid_text(k.doc_id)
+                if len(k.doc_id) == doclayout.ULID_SIZE
+                else f"id {k.doc_id.hex()} (not a ULID)"
+            )
+            where = f"document {doc} in {k.collection!r}"
             self.documents.append(Problem(code, f"{where} {why}", key=key))
 
     def report_documents(self) -> None:

@@ -196,6 +196,9 @@ def _never_made(path: Path) -> bool:
         if path.stat().st_size > 0:
             return False
     except FileNotFoundError:
+        # No file: never made, unless its -wal or -journal remains (SQLite makes those
+        # only for a database of this name): then the file was lost, and what remains
+        # is all that is left of the page (see Repository.page_lost).
         return not _lost(path.parent)
     return not path.with_name(path.name + "-wal").exists()
 
@@ -1166,7 +1169,9 @@ class Repository:
     async def close(self) -> None:
         """Close every page, then the repository. A merge waiting for a conflict
         resolver (at most RESOLVER_TIMEOUT) is abandoned, its heads kept, rather than
-        waited for; nothing of the repository's runs once this returns."""
+        waited for; nothing of the repository's runs once this returns. A page whose
+        close fails (logged by the page) does not keep the others, nor the repository,
+        open: what its database left open is tried once more, and logged if it fails."""
         self._closed = True  # no page opens from now on
         for page in list(self._pages.values()):
             page.merger.abandon()  # an open merging its heads ends at once (below)
@@ -1174,7 +1179,10 @@ class Repository:
             await opening.lock.acquire()  # an open under way finishes: its page closes below
             opening.lock.release()
         for page in list(self._pages.values()):
-            await page.close()
+            # A failure is logged by the page; the others close all the same, and what
+            # its database left open is tried again below (self._unclosed).
+            with contextlib.suppress(Exception):
+                await page.close()
         if self._settling:  # cut short by the closes (their openers may be gone)
             await asyncio.wait(list(self._settling))
         if self._closing:

@@ -11,6 +11,7 @@ uploads and downloads nothing itself, and keeps no per-device or per-page progre
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -61,8 +62,13 @@ class SyncContext:
         self.wants = wants
         self.codec: crypto.Codec | None = None
         """The bucket's codec once its marker was checked, if the bucket is encrypted."""
-        self.bucket_ok = False
-        """The marker was checked (set False to check it again on the next round)."""
+        self._bucket_ok = False
+        self.checks_asked = 0
+        """How many times :attr:`bucket_ok` was set False (a check under way then does
+        not answer for a check asked for after it began)."""
+        self._checking = asyncio.Lock()
+        """Held by the check of the bucket under way: callers that find the bucket
+        unchecked meanwhile (reads before a start's first round) wait for it."""
         self.bucket_error: str | None = None
         self.bucket_error_code: str | None = None
         """A stable code for the bucket error (``encryption_key_mismatch``...), if it has one."""
@@ -91,11 +97,31 @@ class SyncContext:
     def seal(self, ident: str) -> tuple[crypto.Codec, str] | None:
         return None if self.codec is None else (self.codec, ident)
 
+    @property
+    def bucket_ok(self) -> bool:
+        """The marker was checked (set False to check it again on the next round)."""
+        return self._bucket_ok
+
+    @bucket_ok.setter
+    def bucket_ok(self, ok: bool) -> None:
+        if not ok:
+            self.checks_asked += 1
+        self._bucket_ok = ok
+
     async def check_bucket(self) -> None:
         """The bucket carries its marker; the first daemon to use it writes it. A
-        bucket of layout 1 gets the layout-2 marker too, and its logs are read."""
+        bucket of layout 1 gets the layout-2 marker too, and its logs are read. One
+        check runs at a time; a caller that comes while one runs takes its outcome
+        (reads at a start each need the codec: a descriptor read and a key derivation
+        each, a passphrase's scrypt of 128 MiB, otherwise)."""
         if self.bucket_ok:
             return
+        async with self._checking:
+            if not self.bucket_ok:  # (checked by the one this waited for)
+                await self._check_bucket()
+
+    async def _check_bucket(self) -> None:
+        asked = self.checks_asked
         seen_key = f"sync/bucket-seen/{self.location}"
         try:
             names, versions = await self._markers()
@@ -145,7 +171,9 @@ class SyncContext:
         if await self.repo.get_meta(seen_key) is None:
             await self.repo.set_meta(seen_key, b"1")
         self.bucket_error = self.bucket_error_code = None
-        self.bucket_ok = True
+        # Not if a check was asked for meanwhile (a key rotation: the key file read
+        # again): the next caller checks again, with what it knows now.
+        self._bucket_ok = asked == self.checks_asked
 
     async def _markers(self) -> tuple[list[str], list[int]]:
         """The names under the marker's prefix, and the layout versions the markers

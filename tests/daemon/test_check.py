@@ -289,3 +289,22 @@ def test_a_page_whose_file_is_gone_but_its_wal_remains_is_listed_by_check(
     finally:
         assert d2.stop() == 0, d2.log_text()
     assert f.with_name("page.sqlite-wal").read_bytes() == wal and not f.exists()
+
+
+def test_check_of_a_body_key_whose_id_is_not_a_ulid_is_not_internal(short_tmp: Path) -> None:
+    """A body key whose id is over 16 bytes, written through the key API into a
+    document page with a body that is no record, made the check fail as a whole:
+    ``POST /v1/check`` answered 500 ``internal``. It is named as a damaged document."""
+    from ledgerd.store import doclayout
+
+    d = _start(short_tmp)
+    try:
+        with Client(d.socket) as c:
+            c.documents("app", "people").create("c", {"n": 1})
+            c.put("app", "people", doclayout.body_key("c", b"\xff" * 20), b"\x93not a record")
+            c.heads("app", "people")  # (commits the journal)
+        code, text = _check(d, "app", "people", "--json")
+        page = json.loads(text)["pages"][0]
+        assert code == 1 and [p["code"] for p in page["problems"]] == ["damaged_document"], text
+    finally:
+        assert d.stop() == 0, d.log_text()

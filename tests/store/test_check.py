@@ -309,3 +309,21 @@ async def test_a_document_record_with_a_corrupt_piece_is_the_piece_s_problem(
         report = await ck.check_page(page)
         assert [(p.code, p.key) for p in report.problems] == [(ck.CORRUPT_PIECE, key)]
         assert report.bad_pieces() == [entry.value]
+
+
+async def test_a_body_key_whose_id_is_not_a_ulid_is_named_not_a_crash(tmp_path: Path) -> None:
+    """A document page's key API can write a body key whose id is not 16 bytes, with a
+    body that is no record: the check named it with ulid_text, which fails (IndexError)
+    on an id over 16 bytes, so the whole check failed (500 ``internal`` over HTTP)."""
+    from ledgerd.store import DocumentStore, doclayout
+
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        docs = await DocumentStore.open(page)
+        await docs.create("c", {"n": 1})
+        odd = doclayout.body_key("c", b"\xff" * 20)
+        await page.put(odd, b"\x93not a record")
+        await page.flush()
+        report = await ck.check_page(page)
+        assert [(p.code, p.key) for p in report.problems] == [(ck.DAMAGED_DOCUMENT, odd)]
+        assert ("ff" * 20) in report.problems[0].message

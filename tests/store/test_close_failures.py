@@ -173,3 +173,60 @@ async def test_a_page_whose_close_failed_is_not_evicted_under_its_open_connectio
         db.writer.close = real_close  # type: ignore[method-assign]
         assert await repo.evict(b"l", b"p") > 0
         assert _is_closed(db.writer.raw) and repo.is_evicted(b"l", b"p")
+
+
+async def test_a_write_refused_on_a_lost_page_does_not_get_its_wal_removed_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    # A write to a page with no page.sqlite marks it unwritten before it opens it (the
+    # page is about to be made); the open is refused (its -wal remains), and the mark
+    # stayed: the next start took the page for one a crash cut short and removed its
+    # directory, -wal and all, so the page was no longer listed as lost, nor checked.
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.put(b"k", b"v")
+        await page.flush()
+        path = repo.page_path(b"l", b"p")
+        wal = path.with_name("page.sqlite-wal").read_bytes()
+    for f in path.parent.iterdir():
+        f.unlink()
+    path.with_name("page.sqlite-wal").write_bytes(wal)
+    async with await Repository.open(tmp_path) as repo:
+        with pytest.raises(CorruptDatabaseError, match="remains"):
+            await repo.ledger("l").page("p")
+        with pytest.raises(CorruptDatabaseError, match="remains"):
+            await repo.acquire_new(b"l", b"p")  # (a write's open: the API's PUT)
+    async with await Repository.open(tmp_path) as repo:
+        assert await repo.ledger("l").lost_pages() == [b"p"]
+    assert path.with_name("page.sqlite-wal").read_bytes() == wal
+
+
+async def test_a_page_close_failing_in_a_repository_close_leaves_nothing_else_open(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A repository close closed its pages one by one and stopped at the first whose
+    # close raised: the pages after it stayed open, page_usage too, and the repository
+    # lock stayed held, so it could not be opened again in this process. Now every
+    # page closes, what the failure left open is tried once more and logged, and the
+    # repository closes.
+    repo = await Repository.open(tmp_path)
+    first = await repo.ledger("l").page("a")
+    second = await repo.ledger("l").page("b")
+    await first.put(b"k", b"v")
+    await second.put(b"k", b"v")
+    db = first.db
+    real_close = db.reader.close
+
+    async def failing_close() -> None:
+        raise sqlite3.OperationalError("injected: unable to close")
+
+    db.reader.close = failing_close  # type: ignore[method-assign]
+    with caplog.at_level(logging.ERROR):
+        await repo.close()
+    assert second.closed and _is_closed(second.db.writer.raw) and repo.usage.closed
+    assert db.unclosed == ["reader"]
+    assert any("reader" in r.getMessage() for r in caplog.records)
+    db.reader.close = real_close  # type: ignore[method-assign]
+    await db.close()
+    async with await Repository.open(tmp_path) as again:
+        assert await (await again.ledger("l").page("b")).get(b"k") == b"v"

@@ -464,3 +464,77 @@ async def test_a_lazy_piece_sealed_with_a_key_this_device_lost_is_key_missing(
     async with device(tmp_path / "b", moto_store, keys=ring(new, old)) as b:
         pg = await b.repo.ledger("l").page("p")
         assert await pg.get(b"big") == value
+
+
+async def test_first_reads_before_a_round_check_the_bucket_once(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """LAZY values read at once after a start, before its first round: each read needs
+    the bucket's codec, and they share one check of the bucket (one read of its
+    descriptor, one key derivation: a passphrase's scrypt takes 128 MiB), not one each."""
+    key = crypto.new_key()
+    values = {b"v%d" % i: random.Random(i).randbytes(300_000) for i in range(6)}
+    async with device(tmp_path / "a", bucket, keys=ring(key)) as a:
+        pg = await a.repo.ledger("l").page("p")
+        for k, v in values.items():
+            await pg.put(k, v, Priority.LAZY)
+        await a.engine.sync()
+    async with device(tmp_path / "b", bucket, keys=ring(key)) as b:
+        await b.engine.sync()  # imported: the values stay in the bucket
+    async with device(tmp_path / "b", bucket, keys=ring(key)) as b:
+        pg = await b.repo.ledger("l").page("p")
+        b.cloud.reset()
+        got = await asyncio.gather(*(pg.get(k) for k in values))
+        assert got == list(values.values())
+        descriptor_reads = [g for g in b.cloud.gets if g[0] == crypto.DESCRIPTOR]
+        assert len(descriptor_reads) == 1, b.cloud.gets
+
+
+class _HeldDescriptor(FolderStore):
+    """A folder bucket whose descriptor reads wait while ``hold`` is clear, once armed."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.armed = False
+        self.reading = asyncio.Event()
+        self.hold = asyncio.Event()
+
+    async def get(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
+        if self.armed and name == crypto.DESCRIPTOR:
+            self.reading.set()
+            await self.hold.wait()
+        return await super().get(name, offset, length)
+
+
+async def test_a_check_asked_for_while_a_read_s_check_runs_is_a_check_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """A round that asks for the bucket to be checked again (the first round, a key
+    rotation with the key file read again) while a read's check of the bucket is under
+    way gets a check that starts after it asked, not the outcome of the one under way
+    (which read the bucket with what was known before)."""
+    key = crypto.new_key()
+    (tmp_path / "bucket").mkdir()
+    cloud = _HeldDescriptor(tmp_path / "bucket")
+    async with device(tmp_path / "a", cloud, keys=ring(key)) as a:
+        pg = await a.repo.ledger("l").page("p")
+        await pg.put(b"big", random.Random(1).randbytes(300_000), Priority.LAZY)
+        await a.engine.sync()
+    async with device(tmp_path / "b", cloud, keys=ring(key)) as b:
+        await b.engine.sync()
+    async with device(tmp_path / "b", cloud, keys=ring(key)) as b:
+        pg = await b.repo.ledger("l").page("p")
+        b.cloud.reset()
+        cloud.armed = True
+        read = asyncio.ensure_future(pg.get(b"big"))
+        await cloud.reading.wait()  # the read's check is under way
+        cloud.reading.clear()
+        asked = b.engine.ctx.checks_asked
+        rotating = asyncio.ensure_future(b.engine.reencrypt())
+        while b.engine.ctx.checks_asked == asked:  # until it asked for a check
+            await asyncio.sleep(0)
+        cloud.hold.set()
+        assert len(await read) == 300_000
+        await rotating
+        descriptor_reads = [g for g in b.cloud.gets if g[0] == crypto.DESCRIPTOR]
+        assert len(descriptor_reads) == 2, b.cloud.gets
