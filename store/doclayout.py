@@ -277,13 +277,14 @@ def encode_record(r: Record) -> bytes:
 
 
 class FutureLayoutError(ValueError):
-    """A body whose record is of a layout above :data:`LAYOUT_VERSION`: a newer
-    ledgerd wrote it. Not damaged, but nothing of it can be read here."""
+    """A body whose record (or an index definition) is of a layout above
+    :data:`LAYOUT_VERSION`: a newer ledgerd wrote it. Not damaged, but nothing of it
+    can be read here."""
 
-    def __init__(self, layout: int) -> None:
+    def __init__(self, layout: int, what: str = "record") -> None:
         self.layout = layout
         super().__init__(
-            f"its record is of layout {layout}, a newer ledgerd's "
+            f"its {what} is of layout {layout}, a newer ledgerd's "
             f"(this one reads layout {LAYOUT_VERSION})"
         )
 
@@ -380,12 +381,32 @@ def encode_definition(partition: list[str], sort: list[str] | None) -> bytes:
     return out
 
 
+def definition_layout(data: bytes) -> int | None:
+    """The layout an index definition says it is of (its first element, as a body's:
+    :func:`record_layout`); None for bytes that are not one msgpack array led by one."""
+    return record_layout(data)
+
+
 def decode_definition(data: bytes) -> tuple[list[str], list[str] | None]:
-    """Raises ValueError for bytes that are not an index definition."""
+    """``(partition, sort)`` of an index definition: ``[layout, partition, sort]`` in
+    msgpack, its paths lists of text (``sort`` may be null). Raises ValueError for bytes
+    that are not one (damaged: not msgpack, another shape, a path not a list of text),
+    and :class:`FutureLayoutError`, a ValueError too, for a definition of a layout
+    above :data:`LAYOUT_VERSION` (a newer ledgerd's), whatever follows its layout: it
+    is never read as layout 1."""
+    layout = definition_layout(data)
+    if layout is not None and layout > LAYOUT_VERSION:
+        raise FutureLayoutError(layout, "definition")
     try:
-        _version, partition, sort = msgpack.unpackb(data, raw=False)
-        if not isinstance(partition, list) or not (sort is None or isinstance(sort, list)):
-            raise ValueError("paths are lists")
-        return [str(p) for p in partition], None if sort is None else [str(p) for p in sort]
+        version, partition, sort = msgpack.unpackb(data, raw=False)
+        if type(version) is not int or version != LAYOUT_VERSION:
+            raise ValueError(f"its layout is {version!r}, not {LAYOUT_VERSION}")
+        if not _path(partition) or not (sort is None or _path(sort)):
+            raise ValueError("its paths are not lists of names")
+        return partition, sort
     except (ValueError, TypeError, msgpack.UnpackException) as e:
         raise ValueError(f"not an index definition: {e}") from None
+
+
+def _path(p: Any) -> bool:
+    return type(p) is list and bool(p) and all(type(n) is str for n in p)

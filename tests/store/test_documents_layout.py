@@ -134,3 +134,129 @@ def test_a_record_says_its_layout_first(record: Any, future: bool) -> None:
         with pytest.raises(ValueError) as e:  # (bytes that only start like a record)
             doclayout.decode_record(cut)
         assert not isinstance(e.value, doclayout.FutureLayoutError)
+
+
+NEWER_DEFINITIONS: dict[str, list[Any]] = {
+    # layout 2, shaped as layout 1: was read as a layout 1 definition (and queried so)
+    "nine fields": [2, ["n"], None],
+    # layout 2 of another shape: was dropped as malformed (404 index_not_found), and
+    # declaring the index again wrote over it, for every peer
+    "other shape": [2, {"partition": ["n"], "unique": True}, 7],
+}
+
+
+async def _definition(page: Page, name: str, value: Any) -> bytes:
+    """Write index ``name``'s definition on collection ``c`` as given (bytes as is, else
+    packed), as a newer ledgerd's or a damaged one would come through sync."""
+    raw = value if isinstance(value, bytes) else msgpack.packb(value, use_bin_type=True)
+    await page.write([(doclayout.index_key("c", name), raw)])
+    await page.flush()
+    return raw
+
+
+@pytest.mark.parametrize("shape", sorted(NEWER_DEFINITIONS))
+async def test_an_index_definition_of_a_newer_layout_is_named_and_never_changed(
+    page: Page, shape: str
+) -> None:
+    """An index definition of layout 2 was read as layout 1 (its layout ignored) or
+    dropped as malformed, so that its queries answered index_not_found and declaring
+    the index wrote over it. Now querying it, declaring it again, dropping or
+    rebuilding it is UnsupportedLayoutError naming the index and stores nothing; the
+    listing of indexes shows it with that code; other indexes and document writes go
+    on (it has no entries here), also after the store opens again; and a definition
+    this ledgerd reads, come later, makes it an index again."""
+    docs = await DocumentStore.open(page)
+    await docs.declare_index("c", "by_n", "n")
+    await docs.declare_index("c", "by_m", "m")
+    made = await docs.create_many("c", [{"n": i, "m": i} for i in range(3)])
+    raw = await _definition(page, "by_n", NEWER_DEFINITIONS[shape])
+    head = page.head.id
+    calls: list[Any] = [
+        lambda: docs.query("c", "by_n", 1),
+        lambda: docs.declare_index("c", "by_n", "m"),
+        lambda: docs.drop_index("c", "by_n"),
+        lambda: docs.rebuild_index("c", "by_n"),
+    ]
+    for reopen in (False, True):
+        if reopen:
+            await docs.close()
+            docs = await DocumentStore.open(page)
+        for call in calls:
+            with pytest.raises(UnsupportedLayoutError) as e:
+                await call()
+            assert "'by_n'" in str(e.value) and "layout 2" in str(e.value), e.value
+        assert page.head.id == head  # nothing was written
+        stored = await page.get_entry(doclayout.index_key("c", "by_n"))
+        assert stored is not None and await page.objects.read_all(stored.value) == raw
+        listed = {i.name: i for i in await docs.indexes("c")}
+        assert listed["by_m"].code is None and listed["by_m"].partition == "m"
+        assert listed["by_n"].code == "unsupported_layout" and not listed["by_n"].ready
+        assert "layout 2" in (listed["by_n"].message or "")
+        new = await docs.create("c", {"n": 1, "m": 7 + reopen})
+        assert [d.id for d in (await docs.query("c", "by_m", 7 + reopen)).items] == [new.id]
+        head = page.head.id
+    await _definition(page, "by_n", doclayout.encode_definition(["n"], None))
+    found = await docs.query("c", "by_n", 1)
+    assert len(found.items) == 3 and made[1].id in {d.id for d in found.items}
+    assert [i.code for i in await docs.indexes("c")] == [None, None]
+
+
+DAMAGED_DEFINITIONS: dict[str, Any] = {
+    "not msgpack": b"\x93not a definition",
+    "two fields": [1, ["n"]],
+    "a path of text": [1, "n", None],
+    "a path of numbers": [1, [1], None],
+    "an empty path": [1, [], None],
+    "no layout": ["1", ["n"], None],
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGED_DEFINITIONS))
+async def test_a_damaged_index_definition_is_named_and_can_be_replaced(
+    page: Page, damage: str
+) -> None:
+    """A damaged index definition was passed over with a warning in the log (queries
+    answered index_not_found, the listing left it out) or, for a path that is not a
+    list of text, read with its names made text (``[1]`` as ``["1"]``). Now its query is
+    MalformedRecordError (``corrupt``) naming the index, the listing shows it as
+    ``corrupt``, other indexes go on, and declaring or dropping it repairs it."""
+    docs = await DocumentStore.open(page)
+    await docs.declare_index("c", "by_m", "m")
+    made = await docs.create("c", {"n": 1, "m": 1})
+    await _definition(page, "by_n", DAMAGED_DEFINITIONS[damage])
+    with pytest.raises(MalformedRecordError) as e:
+        await docs.query("c", "by_n", 1)
+    assert "'by_n'" in str(e.value) and "damaged" in str(e.value)
+    listed = {i.name: i for i in await docs.indexes("c")}
+    assert listed["by_n"].code == "corrupt" and listed["by_m"].code is None
+    await docs.create("c", {"n": 1, "m": 2})
+    assert [d.id for d in (await docs.query("c", "by_m", 1)).items] == [made.id]
+    await docs.declare_index("c", "by_n", "m")
+    assert [d.id for d in (await docs.query("c", "by_n", 1)).items] == [made.id]
+    await _definition(page, "by_n", DAMAGED_DEFINITIONS[damage])
+    await docs.drop_index("c", "by_n")
+    assert [i.name for i in await docs.indexes("c")] == ["by_m"]
+
+
+@pytest.mark.parametrize(
+    ("definition", "future"),
+    [
+        ([2, ["n"], None], True),
+        ([255, {b"\xff": 1.5}], True),
+        ([256, ["n"], None], False),
+        ([1, ["n"]], False),
+        ([0, ["n"], None], False),
+        ([1, ["n"], "m"], False),
+        ([1, ["n", 2], None], False),
+        ([1, ["n"], []], False),
+    ],
+)
+def test_an_index_definition_says_its_layout_first(definition: Any, future: bool) -> None:
+    data = msgpack.packb(definition, use_bin_type=True)
+    with pytest.raises(ValueError) as e:
+        doclayout.decode_definition(data)
+    assert isinstance(e.value, doclayout.FutureLayoutError) is future
+    assert doclayout.decode_definition(doclayout.encode_definition(["a", "b"], ["c"])) == (
+        ["a", "b"],
+        ["c"],
+    )
