@@ -608,8 +608,8 @@ class Views:
                 await asyncio.sleep(0)  # a large catch-up lets others run meanwhile
             r = None
             if e is not None:
-                try:
-                    r = doclayout.decode_record(values[e.value])
+                try:  # (data with no JSON form is indexed: a query names it damaged)
+                    r = doclayout.decode_record(values[e.value], json_data=False)
                 except ValueError as e:  # damaged, or of a newer layout: in no index
                     log.warning("page %r: a document body is not indexed: %s", self.page.id, e)
             for ix, d in by_coll[k.collection]:

@@ -802,9 +802,11 @@ class DocumentStore:
         limit: int = 100,
         token: bytes | None = None,
         include_deleted: bool = False,
-    ) -> RangeResult[Document]:
+    ) -> DocumentRange:
         """Documents whose partition value equals ``partition`` and whose sort value is in
-        ``[start, end)``, in index order (sort value, then ``_id``), ``limit`` at a time.
+        ``[start, end)``, in index order (sort value, then ``_id``), ``limit`` at a time;
+        those whose bodies cannot be read (a record whose data has no JSON form is
+        indexed by its other values) are named in ``damaged``, as a listing names them.
         Reflects exactly the documents of the page's head. ``token`` continues the same
         query (collection, index and its definition, partition value, range and
         ``include_deleted``): another's is InvalidArgumentError."""
@@ -825,23 +827,27 @@ class DocumentStore:
         if len(rows) > limit:
             last = rows[limit - 1]
             nxt = doctoken.encode(doctoken.FIND, bound, [last.key, last.doc])
-        docs = await self._documents_at(head, collection, [r.doc for r in rows[:limit]])
-        return RangeResult(docs, nxt)
+        docs, damaged = await self._documents_at(head, collection, [r.doc for r in rows[:limit]])
+        return DocumentRange(docs, nxt, damaged)
 
     async def _documents_at(
         self, head: Commit, collection: str, ids: list[bytes]
-    ) -> list[Document]:
+    ) -> tuple[list[Document], list[Damaged]]:
         snap = await self.page.snapshot(head.id)
         entries = [await snap.get_entry(doclayout.body_key(collection, i)) for i in ids]
         values = await snap.objects.read_many(e.value for e in entries if e is not None)
-        out = []
+        out, damaged = [], []
         for doc_id, e in zip(ids, entries, strict=True):
             if e is None:  # cannot happen: the rows reflect this very commit
                 raise AssertionError(f"index row of a missing document {ulid_text(doc_id)}")
-            r = _decode(collection, doc_id, values[e.value])
+            try:
+                r = _decode(collection, doc_id, values[e.value])
+            except (MalformedRecordError, UnsupportedLayoutError) as err:
+                damaged.append(_damaged(self.page, collection, doc_id, err))
+                continue
             self.clock.observe(r.rev)
             out.append(Document.of(collection, doc_id, r))
-        return out
+        return out, damaged
 
     # -- the changes feed --------------------------------------------------------------
 

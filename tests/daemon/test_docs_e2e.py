@@ -1274,3 +1274,31 @@ def test_ledgerctl_names_an_index_definition_it_cannot_read(shared: Daemon) -> N
     assert p.returncode == 1, (p, text)
     assert "unsupported_layout: index 'by_k' on 'c'" in text, text
     assert "damaged_index_definition: index 'by_x' on 'c' is damaged" in text, text
+
+
+def test_ledgerctl_check_names_a_record_whose_data_has_no_json_form(shared: Daemon) -> None:
+    """A record whose data has no JSON form (bytes, written through the key API) was
+    damaged over HTTP only: ``ledgerctl check`` called the page healthy. Now it is
+    ``damaged_document`` there too, as ``ledgerctl doc ls`` names it damaged."""
+    import msgpack
+
+    from ledgerd.daemon.client import Client
+    from ledgerd.store import doclayout
+    from ledgerd.store.docmodel import parse_ulid
+
+    with Client(shared.socket) as c:
+        docs = c.documents("check_no_json", "p")
+        made = [docs.create("c", {"k": i})["_meta"] for i in range(2)]
+        raw_rev = parse_ulid(made[1]["_rev"])
+        ms = int.from_bytes(raw_rev[:6], "big")
+        record = [1, raw_rev, 0, ms, None, None, None, {"k": float("nan"), "b": b"x"}, []]
+        key = doclayout.body_key("c", parse_ulid(made[1]["_id"]))
+        c.put("check_no_json", "p", key, msgpack.packb(record, use_bin_type=True))
+        c.heads("check_no_json", "p")
+    p = shared.ledgerctl("doc", "ls", "check_no_json", "p", "c")
+    assert p.returncode == 4 and made[1]["_id"] in p.stderr.decode(), p
+    p = shared.ledgerctl("check", "check_no_json", "p")
+    text = p.stdout.decode()
+    assert p.returncode == 1, (p, text)
+    assert f"damaged_document: document {made[1]['_id']} in 'c' is damaged" in text, text
+    assert "no JSON form" in text, text

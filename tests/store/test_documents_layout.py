@@ -260,3 +260,79 @@ def test_an_index_definition_says_its_layout_first(definition: Any, future: bool
         ["a", "b"],
         ["c"],
     )
+
+
+NO_JSON_FORM: dict[str, Any] = {
+    "bytes": {"k": 1, "b": b"x"},
+    "empty bytes": [b""],
+    "16 bytes": {"id": b"\x01" * 16},
+    "long bytes": {"k": 1, "b": b"x" * 40},
+    "a bytes key": {b"k": 1},
+    "NaN": {"k": 1, "n": float("nan")},
+    "an infinity": [1.5, float("-inf")],
+    "an extension": {"k": 1, "e": msgpack.ExtType(3, b"a")},
+    "deep bytes": {"k": 1, "a": [1, {"b": b""}]},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NO_JSON_FORM))
+async def test_a_record_whose_data_has_no_json_form_is_damaged_everywhere(
+    page: Page, kind: str
+) -> None:
+    """A record that decodes but whose data has no JSON form (what no document write
+    stores: written through the key API or come from a peer) was damaged over HTTP only:
+    the embedded ``get`` returned it, listings and the changes feed listed it among the
+    documents and ``check_page`` called the page healthy. Now it is damaged everywhere:
+    ``get`` raises MalformedRecordError, listings, the changes feed and a query of an
+    index (which still holds it by its other values) name it in ``damaged``, and the
+    check reports ``damaged_document``; ``purge`` removes it."""
+    from ledgerd.store import check as ck
+
+    docs = await DocumentStore.open(page)
+    await docs.declare_index("c", "by_k", "k")
+    made = await docs.create_many("c", [{"k": 1}, {"k": 1}])
+    since = page.head.id
+    raw, rev = parse_ulid(made[1].id), parse_ulid(made[1].rev)
+    ms = int.from_bytes(rev[:6], "big")
+    record = [1, rev, 0, ms, None, None, None, NO_JSON_FORM[kind], []]
+    await page.write([(doclayout.body_key("c", raw), msgpack.packb(record, use_bin_type=True))])
+    await page.flush()
+    with pytest.raises(MalformedRecordError) as e:
+        await docs.get("c", made[1].id)
+    assert made[1].id in str(e.value) and "no JSON form" in str(e.value)
+    listed = await docs.list_documents("c")
+    assert [d.id for d in listed.items] == [made[0].id]
+    assert [(d.id, d.code) for d in listed.damaged] == [(made[1].id, "corrupt")]
+    changed = await docs.changes_page(since, collection="c")
+    assert changed.documents == [] and [d.id for d in changed.damaged] == [made[1].id]
+    if isinstance(NO_JSON_FORM[kind], dict) and "k" in NO_JSON_FORM[kind]:  # (indexed by k)
+        found = await docs.query("c", "by_k", 1)
+        assert [d.id for d in found.items] == [made[0].id]
+        assert [d.id for d in found.damaged] == [made[1].id]
+    report = await ck.check_page(page)
+    assert [p.code for p in report.problems] == [ck.DAMAGED_DOCUMENT]
+    assert made[1].id in report.problems[0].message
+    await docs.purge("c", made[1].id)
+    assert [d.id for d in (await docs.list_documents("c")).items] == [made[0].id]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"big": 1e305, "small": -5e-324, "neg": -1.5},
+        {"s": "ąćęłń ËÅ\x7f\x00 ÿ", "t": "\u00c4\u0010"},
+        {"n": 2**64 - 1, "m": -(2**63), "x": 0xC4_10_CB_7F_FF_C5_00},
+        ["0123456789abcdef", {"k": None, "b": True}],
+        None,
+        {},
+    ],
+)
+def test_data_that_only_looks_like_bytes_or_nan_decodes(data: Any) -> None:
+    """The decode's byte search for bins and non-finite floats passes over what a JSON
+    document holds, even when an integer's or a float's bytes look like one: those
+    are looked at value by value."""
+    rev = RevClock().next()
+    att = doclayout.AttachmentMeta(RevClock().next(), "a", "text/plain", 3)
+    for atts in ((), (att, att)):
+        r = doclayout.Record(rev, doclayout.State.LIVE, 1, None, None, None, data, atts)
+        assert doclayout.decode_record(doclayout.encode_record(r)) == r
