@@ -382,6 +382,12 @@ _SUSPECT = re.compile(
     rb"[\xc4-\xc6\xca\xcb]"
     rb"(?:(?<=\xc4)[\x00-\x0f]|(?<=[\xc5\xc6])\x00|(?<=[\xca\xcb])[\x7f\xff])"
 )
+_SUSPECT_16 = re.compile(
+    rb"[\xc4-\xc6\xca\xcb]"
+    rb"(?:(?<=\xc4)[\x00-\x10]|(?<=[\xc5\xc6])\x00|(?<=[\xca\xcb])[\x7f\xff])"
+)
+""":data:`_SUSPECT` with the 16-byte bin8s: for a record without attachments, whose
+bytes after the revision hold no 16-byte bin."""
 """Bytes in a record's msgpack that may be a bin of at most :data:`_BIN_LIMIT` bytes
 (longer ones the unpacker refuses; 16-byte bin8s, ``c4 10``, are counted apart) or a
 NaN or an infinity (a float whose sign and exponent bytes are ``7f``/``ff``: also a
@@ -401,9 +407,13 @@ def _json_data(data: bytes, r: Record) -> bool:
     bytes in C decides for nearly every record: after the revision, none of
     :data:`_SUSPECT` and no 16-byte bin8 but the attachment ids. Otherwise (an
     integer's or a float's bytes may look so) the values are looked at, one by one."""
-    start = len(_HEAD) + ULID_SIZE - 2 if data.startswith(_HEAD) else 0
-    bins = len(r.attachments) + (start == 0)
-    if _SUSPECT.search(data, start) is None and data.count(_BIN16, start) == bins:
+    start = len(_HEAD) + ULID_SIZE if data.startswith(_HEAD) else 0
+    if start and not r.attachments:
+        if _SUSPECT_16.search(data, start) is None:
+            return True
+    elif _SUSPECT.search(data, start) is None and data.count(_BIN16, start) == len(
+        r.attachments
+    ) + (start == 0):
         return True
     try:
         return _json_value(r.data)

@@ -336,3 +336,18 @@ def test_data_that_only_looks_like_bytes_or_nan_decodes(data: Any) -> None:
     for atts in ((), (att, att)):
         r = doclayout.Record(rev, doclayout.State.LIVE, 1, None, None, None, data, atts)
         assert doclayout.decode_record(doclayout.encode_record(r)) == r
+
+
+@pytest.mark.parametrize("kind", sorted(NO_JSON_FORM))
+def test_data_with_no_json_form_is_found_beside_attachments(kind: str) -> None:
+    """With attachments (whose ids are 16-byte bins too) and without, packed as this
+    ledgerd packs a record or with its revision as a bin16 (as a peer may pack it)."""
+    rev, att_id = RevClock().next(), RevClock().next()
+    for atts in ([], [[att_id, "a", "text/plain", 3]], [[att_id, "a", "b", 1]] * 2):
+        record = [1, rev, 0, 1, None, None, None, NO_JSON_FORM[kind], atts]
+        data = msgpack.packb(record, use_bin_type=True)
+        peer = data[:2] + b"\xc5\x00" + data[3:]  # the revision as a bin16
+        for body in (data, peer):
+            with pytest.raises(ValueError, match="no JSON form"):
+                doclayout.decode_record(body)
+            assert doclayout.decode_record(body, json_data=False).rev == rev
