@@ -351,3 +351,29 @@ def test_data_with_no_json_form_is_found_beside_attachments(kind: str) -> None:
             with pytest.raises(ValueError, match="no JSON form"):
                 doclayout.decode_record(body)
             assert doclayout.decode_record(body, json_data=False).rev == rev
+
+
+async def test_index_rows_an_older_ledgerd_kept_for_a_newer_definition_go(page: Page) -> None:
+    """An older ledgerd read a layout 2 definition of three fields as layout 1 and kept
+    its rows; opening the page here drops them (they are of a definition this ledgerd
+    does not read) and the index is unsupported_layout, not misread."""
+    import sqlite3
+
+    docs = await DocumentStore.open(page)
+    await docs.declare_index("c", "by_n", "n")
+    await docs.create("c", {"n": 1})
+    await docs.query("c", "by_n", 1)  # built
+    await docs.close()
+    raw = await _definition(page, "by_n", [2, ["n"], None])
+
+    def as_an_older_ledgerd(conn: sqlite3.Connection) -> None:
+        conn.execute("UPDATE doc_indexes SET definition = ?", (raw,))
+        conn.execute("UPDATE doc_state SET value = ? WHERE name = 'reflected'", (page.head.id,))
+
+    await page.db.run(as_an_older_ledgerd, write=True)
+    docs = await DocumentStore.open(page)
+    with pytest.raises(UnsupportedLayoutError):
+        await docs.query("c", "by_n", 1)
+    rows = await page.db.read_all("SELECT count(*) FROM doc_indexes")
+    entries = await page.db.read_all("SELECT count(*) FROM doc_index_rows")
+    assert rows[0][0] == 0 and entries[0][0] == 0
