@@ -202,6 +202,9 @@ async def run(cli: Cli, usage: type[Exception]) -> int:
             if a.json:
                 cli.line(_compact(info))
                 continue
+            if info.get("code") is not None:  # a definition this ledgerd cannot read
+                cli.line(f"{info['name']}\t-\t-\t{info['code']}")
+                continue
             sort = "-" if info["sort"] is None else _compact(info["sort"])
             state = "ready" if info["ready"] else "building"
             cli.line(f"{info['name']}\t{_compact(info['partition'])}\t{sort}\t{state}")

@@ -501,16 +501,30 @@ async def list_indexes(api: Api, request: web.Request, p: Params) -> web.Respons
     collection, _ = _segments(request)
     DocumentStore.check(collection)
     docs = await _store(api, p, write=False)
-    out = [
-        _index_json(
-            i.collection,
-            i.name,
-            list(i.partition_path),
-            None if i.sort_path is None else list(i.sort_path),
-            i.ready,
+    out = []
+    for i in await docs.indexes(collection):
+        if i.code is not None:  # its definition cannot be read here: why, not its paths
+            out.append(
+                {
+                    "collection": i.collection,
+                    "name": i.name,
+                    "partition": None,
+                    "sort": None,
+                    "ready": False,
+                    "code": i.code,
+                    "message": i.message,
+                }
+            )
+            continue
+        out.append(
+            _index_json(
+                i.collection,
+                i.name,
+                list(i.partition_path),
+                None if i.sort_path is None else list(i.sort_path),
+                i.ready,
+            )
         )
-        for i in await docs.indexes(collection)
-    ]
     return web.json_response({"indexes": out})
 
 

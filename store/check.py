@@ -12,12 +12,13 @@ This module owns what "a healthy page" means on this device and how to tell:
   ``commit_parents`` says what the commits say, ``heads`` holds exactly the
   commits without children, ``unsynced_commits``, ``unsynced``, ``remote_pieces``
   and the journal tables refer to what exists;
-* in a document page, every document record of the head decodes
-  (:mod:`store.doclayout`): a record that does not is ``damaged_document``, one of a
-  newer ledgerd's layout ``unsupported_layout``. Its pieces are sound (a piece that
+* in a document page, every document record and index definition of the head
+  decodes (:mod:`store.doclayout`): a record that does not is ``damaged_document``, a
+  definition ``damaged_index_definition``, either of a newer ledgerd's layout
+  ``unsupported_layout``. Its pieces are sound (a piece that
   is not is reported as such, and its record is not read); these are reported,
   never repaired here (``purge`` of the documents API is the operator's way to be
-  rid of a damaged one).
+  rid of a damaged document, declaring or dropping the index of a damaged definition).
 
 It walks trees and values through the store's own modules (:mod:`store.btree`,
 :mod:`store.split`, :mod:`store.commit`), reading pieces straight from SQLite and
@@ -75,8 +76,10 @@ is known to be wrong with it; check it again."""
 DAMAGED_DOCUMENT = "damaged_document"
 """A document record of the head does not decode (its pieces are sound)."""
 UNSUPPORTED_LAYOUT = "unsupported_layout"
-"""A document record of the head is of a layout a newer ledgerd wrote."""
-DOCUMENT_CODES = (DAMAGED_DOCUMENT, UNSUPPORTED_LAYOUT)
+"""A document record or index definition of the head is of a layout a newer ledgerd wrote."""
+DAMAGED_INDEX_DEFINITION = "damaged_index_definition"
+"""An index definition of the head does not decode (its pieces are sound)."""
+DOCUMENT_CODES = (DAMAGED_DOCUMENT, UNSUPPORTED_LAYOUT, DAMAGED_INDEX_DEFINITION)
 """Problems of documents, not of pieces: reported, never repaired here."""
 
 
@@ -509,7 +512,7 @@ class _Walker:
                 for key, value, _ in node.entries:
                     if value not in self.seen and value not in values:
                         values[value] = key
-                    if documents and key.startswith(doclayout.DOCS):
+                    if documents and key.startswith((doclayout.DOCS, doclayout.INDEXES)):
                         bodies.append((key, value))
                     elif documents and key == doclayout.MARKER:
                         self.marked = True
@@ -522,31 +525,37 @@ class _Walker:
         """Decode the document records among ``entries`` (key, value digest); keep a
         problem for each that does not. A record with a piece that is not stored here
         or does not verify is not read (the walk reports the piece)."""
-        found = []
+        found: list[tuple[str, bool, bytes, bytes]] = []  # (what, a definition?, key, value)
         for key, value in entries:
             k = doclayout.parse_doc_key(key)
             if k is not None and k.part == doclayout.BODY:
-                found.append((k, key, value))
-        got = await self._contents([v for _, _, v in found])
-        for k, key, value in found:
+                doc = (  # (a body key the key API wrote may hold any id)
+                    ulid_text(k.doc_id)
+                    if len(k.doc_id) == doclayout.ULID_SIZE
+                    else f"id {k.doc_id.hex()} (not a ULID)"
+                )
+                found.append((f"document {doc} in {k.collection!r}", False, key, value))
+            elif (x := doclayout.parse_index_key(key)) is not None and value != dg.TOMBSTONE:
+                found.append((f"index {x[1]!r} on {x[0]!r}", True, key, value))
+        got = await self._contents([v for _, _, _, v in found])
+        for where, definition, key, value in found:
             data = got.get(value)
             if data is None:
                 continue
-            self.report.documents += 1
+            if not definition:
+                self.report.documents += 1
             try:
-                doclayout.decode_record(data)
+                if definition:
+                    doclayout.decode_definition(data)
+                else:
+                    doclayout.decode_record(data)
             except doclayout.FutureLayoutError as e:
                 code, why = UNSUPPORTED_LAYOUT, f"cannot be read by this ledgerd: {e}"
             except ValueError as e:
-                code, why = DAMAGED_DOCUMENT, f"is damaged: {e}"
+                code = DAMAGED_INDEX_DEFINITION if definition else DAMAGED_DOCUMENT
+                why = f"is damaged: {e}"
             else:
                 continue
-            doc = (  # (a body key the key API wrote may hold any id)
-                ulid_text(k.doc_id)
-                if len(k.doc_id) == doclayout.ULID_SIZE
-                else f"id {k.doc_id.hex()} (not a ULID)"
-            )
-            where = f"document {doc} in {k.collection!r}"
             self.documents.append(Problem(code, f"{where} {why}", key=key))
 
     def report_documents(self) -> None:

@@ -228,6 +228,12 @@ class Views:
         that :mod:`store.gc` keeps its tree (the next catch-up diffs from it)."""
         self.indexes: dict[tuple[str, str], tuple[int, IndexDef, bool]] = {}
         """(collection, name) -> (row id, definition, ready)."""
+        self.unreadable: dict[tuple[str, str], ValueError] = {}
+        """(collection, name) -> why its definition in the tree cannot be read here:
+        FutureLayoutError (a newer ledgerd's) or another ValueError (damaged). Such an
+        index has no row in ``doc_indexes`` and no entries here: index maintenance
+        passes it over, and its queries are refused until a ledgerd that reads it (or
+        a new definition) comes."""
         self._builds: dict[int, asyncio.Task[None]] = {}
         self._closed = False
         """Closing (the page, or the document store): no build starts any more."""
@@ -269,10 +275,21 @@ class Views:
         rows = await self.page.db.read_all(
             "SELECT id, collection, name, definition, ready FROM doc_indexes"
         )
+        unread: list[int] = []
         for ix, coll, name, raw, ready in rows:
             d = _definition(coll, name, bytes(raw))
-            if d is not None:
+            if isinstance(d, IndexDef):
                 self.indexes[(coll, name)] = (ix, d, bool(ready))
+            else:  # (an older ledgerd stored what it misread): its rows go
+                unread.append(ix)
+        if unread:
+
+            def drop(conn: sqlite3.Connection) -> None:
+                for ix in unread:
+                    conn.execute("DELETE FROM doc_index_rows WHERE ix = ?", (ix,))
+                    conn.execute("DELETE FROM doc_indexes WHERE id = ?", (ix,))
+
+            await self.page.db.run(drop, write=True)
         # Definitions and rows as of `reflected`: the tree's definitions there decide.
         root = EMPTY
         if self.reflected is not None:
@@ -306,17 +323,22 @@ class Views:
         plan = {name: (ix, d) for name, (ix, d, _) in self.indexes.items()}
         added: dict[tuple[str, str], IndexDef] = {}
         dropped: list[int] = []
+        unreadable = dict(self.unreadable)
         for name, raw in changes:
             cur = plan.get(name)
             if cur is not None and (raw is None or cur[1].raw != raw):
                 del plan[name]
                 if added.pop(name, None) is None:
                     dropped.append(cur[0])
+            if raw is None or name not in plan:
+                unreadable.pop(name, None)
             if raw is not None and name not in plan:
                 d = _definition(name[0], name[1], raw)
-                if d is not None:
+                if isinstance(d, IndexDef):
                     added[name] = d
                     plan[name] = (0, d)
+                else:  # no entries here: see `unreadable`
+                    unreadable[name] = d
 
         def work(conn: sqlite3.Connection) -> list[int]:
             for ix in dropped:
@@ -335,6 +357,7 @@ class Views:
 
         async def store() -> None:
             self._adopt_definitions(dropped, added, await self.page.db.run(work, write=True))
+            self.unreadable = unreadable
 
         await _to_the_end(store())
 
@@ -585,8 +608,8 @@ class Views:
                 await asyncio.sleep(0)  # a large catch-up lets others run meanwhile
             r = None
             if e is not None:
-                try:
-                    r = doclayout.decode_record(values[e.value])
+                try:  # (data with no JSON form is indexed: a query names it damaged)
+                    r = doclayout.decode_record(values[e.value], json_data=False)
                 except ValueError as e:  # damaged, or of a newer layout: in no index
                     log.warning("page %r: a document body is not indexed: %s", self.page.id, e)
             for ix, d in by_coll[k.collection]:
@@ -815,12 +838,14 @@ def _write_rows(conn: sqlite3.Connection, rows: Iterable[Row]) -> None:
     sql.insert_rows(conn, INSERT_ROWS, put)
 
 
-def _definition(collection: str, name: str, raw: bytes) -> IndexDef | None:
+def _definition(collection: str, name: str, raw: bytes) -> IndexDef | ValueError:
+    """The index a definition's bytes define; the error if they cannot be read here
+    (FutureLayoutError: a newer ledgerd's; another ValueError: damaged)."""
     try:
         partition, sort = doclayout.decode_definition(raw)
     except ValueError as e:
-        log.warning("index %s/%s has a malformed definition, ignored: %s", collection, name, e)
-        return None
+        log.warning("index %s/%s is not kept here (%s)", collection, name, e)
+        return e
     return IndexDef(collection, name, partition, sort, raw)
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import re
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -277,13 +278,14 @@ def encode_record(r: Record) -> bytes:
 
 
 class FutureLayoutError(ValueError):
-    """A body whose record is of a layout above :data:`LAYOUT_VERSION`: a newer
-    ledgerd wrote it. Not damaged, but nothing of it can be read here."""
+    """A body whose record (or an index definition) is of a layout above
+    :data:`LAYOUT_VERSION`: a newer ledgerd wrote it. Not damaged, but nothing of it
+    can be read here."""
 
-    def __init__(self, layout: int) -> None:
+    def __init__(self, layout: int, what: str = "record") -> None:
         self.layout = layout
         super().__init__(
-            f"its record is of layout {layout}, a newer ledgerd's "
+            f"its {what} is of layout {layout}, a newer ledgerd's "
             f"(this one reads layout {LAYOUT_VERSION})"
         )
 
@@ -303,25 +305,53 @@ def record_layout(data: bytes) -> int | None:
     return layout
 
 
-def decode_record(data: bytes) -> Record:
+def decode_record(data: bytes, *, json_data: bool = True) -> Record:
     """Raises ValueError for bytes that are not a record: not msgpack, not nine fields,
-    not of layout 1, or a field of the wrong kind (a revision or attachment id not 16
+    not of layout 1, a field of the wrong kind (a revision or attachment id not 16
     bytes, a time not an integer, an attachment's names not text or its length not a
-    count). A body written through the key API, or a peer's, may be anything: what
-    decodes here is what a document's JSON and its readers can show. A body of a
+    count), or data with no JSON form (bytes, NaN or an infinity, a msgpack extension,
+    a key that is not text: nothing a document write stores). A body written through
+    the key API, or a peer's, may be anything: what decodes here is what a document's
+    JSON and its readers can show. A body of a
     later layout (:func:`record_layout` above :data:`LAYOUT_VERSION`) raises
-    :class:`FutureLayoutError`, a ValueError too, whatever follows its layout."""
+    :class:`FutureLayoutError`, a ValueError too, whatever follows its layout.
+
+    ``json_data=False`` leaves the data unchecked: the indexes (:mod:`store.docindex`)
+    index such a record by its values that are JSON, so that a query meets it and
+    names it damaged, as a listing does."""
     try:
-        return _decode_record(data)
+        return _decode_record(data, json_data)
+    except _NotJSON as e:
+        raise ValueError(f"its data has no JSON form: {e}") from None
     except (ValueError, TypeError, msgpack.UnpackException) as e:
         layout = record_layout(data)
         if layout is not None and layout > LAYOUT_VERSION:
             raise FutureLayoutError(layout) from None
+        if json_data and _decodes(data):  # the limits on bins and extensions refused it
+            raise ValueError("its data has no JSON form: it holds bytes or an extension") from None
         raise ValueError(f"not a document record: {e}") from None
 
 
-def _decode_record(data: bytes) -> Record:
-    v = msgpack.unpackb(data, raw=False, strict_map_key=True)
+def _decodes(data: bytes) -> bool:
+    """Whether ``data`` is a record, its data left unchecked."""
+    try:
+        _decode_record(data, False)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return False
+    return True
+
+
+class _NotJSON(ValueError):
+    pass
+
+
+def _decode_record(data: bytes, json_data: bool) -> Record:
+    if json_data:
+        v = msgpack.unpackb(
+            data, raw=False, strict_map_key=True, max_bin_len=_BIN_LIMIT, max_ext_len=0
+        )
+    else:
+        v = msgpack.unpackb(data, raw=False, strict_map_key=True)
     version, rev, state, created, updated, deleted, purged, body, atts = v
     if type(version) is not int or version != LAYOUT_VERSION:
         raise ValueError(f"its layout is {version!r}, not {LAYOUT_VERSION}")
@@ -331,7 +361,7 @@ def _decode_record(data: bytes) -> Record:
         raise ValueError("the revision's time is past the year 9999")
     if not _time(created) or not all(t is None or _time(t) for t in (updated, deleted, purged)):
         raise ValueError("a time is not milliseconds from 1970 to 9999")
-    return Record(
+    r = Record(
         rev,
         State(state),
         created,
@@ -341,6 +371,78 @@ def _decode_record(data: bytes) -> Record:
         body,
         tuple(_attachment(a) for a in atts),
     )
+    if json_data and not _json_data(data, r):
+        raise _NotJSON("it holds bytes, NaN, an infinity or a key that is not text")
+    return r
+
+
+_BIN_LIMIT = ULID_SIZE
+"""The longest bin a record's msgpack holds: its revision and attachment ids."""
+_SUSPECT = re.compile(
+    rb"[\xc4-\xc6\xca\xcb]"
+    rb"(?:(?<=\xc4)[\x00-\x0f]|(?<=[\xc5\xc6])\x00|(?<=[\xca\xcb])[\x7f\xff])"
+)
+_SUSPECT_16 = re.compile(
+    rb"[\xc4-\xc6\xca\xcb]"
+    rb"(?:(?<=\xc4)[\x00-\x10]|(?<=[\xc5\xc6])\x00|(?<=[\xca\xcb])[\x7f\xff])"
+)
+""":data:`_SUSPECT` with the 16-byte bin8s: for a record without attachments, whose
+bytes after the revision hold no 16-byte bin."""
+"""Bytes in a record's msgpack that may be a bin of at most :data:`_BIN_LIMIT` bytes
+(longer ones the unpacker refuses; 16-byte bin8s, ``c4 10``, are counted apart) or a
+NaN or an infinity (a float whose sign and exponent bytes are ``7f``/``ff``: also a
+float past about 1e304, looked at value by value then). None of them can be in a
+string's UTF-8 (a lead byte is followed by a continuation byte, 0x80-0xbf). It
+starts with one class of bytes, so that the search skips the others in C."""
+_BIN16 = b"\xc4\x10"
+_HEAD = b"\x99\x01\xc4\x10"
+"""How a record of layout 1 starts when packed as this ledgerd packs it: nine fields,
+the layout, the revision's 16 bytes, which :func:`_json_data` passes over."""
+
+
+def _json_data(data: bytes, r: Record) -> bool:
+    """Whether the data of record ``r``, unpacked from ``data`` with bins of at most
+    :data:`_BIN_LIMIT` bytes and no extensions, has a JSON form: no bytes, NaN or
+    infinity (its keys are text or bytes, as the unpacker keeps them). A search of the
+    bytes in C decides for nearly every record: after the revision, none of
+    :data:`_SUSPECT` and no 16-byte bin8 but the attachment ids. Otherwise (an
+    integer's or a float's bytes may look so) the values are looked at, one by one."""
+    start = len(_HEAD) + ULID_SIZE if data.startswith(_HEAD) else 0
+    if start and not r.attachments:
+        if _SUSPECT_16.search(data, start) is None:
+            return True
+    elif _SUSPECT.search(data, start) is None and data.count(_BIN16, start) == len(
+        r.attachments
+    ) + (start == 0):
+        return True
+    try:
+        return _json_value(r.data)
+    except RecursionError:
+        return False
+
+
+def _json_value(v: Any) -> bool:
+    """Whether ``v`` has a JSON form, value by value (see :func:`_json_data`)."""
+    t = type(v)
+    if t is dict:
+        for k in v:
+            if type(k) is not str:
+                return False
+        items: Any = v.values()
+    elif t is list:
+        items = v
+    else:
+        return t is str or t is int or t is bool or v is None or (t is float and v - v == 0.0)
+    for x in items:
+        t = type(x)
+        if t is str or t is int or t is bool or x is None:
+            continue
+        if t is float:
+            if x - x != 0.0:  # NaN and the infinities (inf - inf is NaN)
+                return False
+        elif not (t is dict or t is list) or not _json_value(x):
+            return False
+    return True
 
 
 TIME_LIMIT = 253_402_300_800_000
@@ -380,12 +482,32 @@ def encode_definition(partition: list[str], sort: list[str] | None) -> bytes:
     return out
 
 
+def definition_layout(data: bytes) -> int | None:
+    """The layout an index definition says it is of (its first element, as a body's:
+    :func:`record_layout`); None for bytes that are not one msgpack array led by one."""
+    return record_layout(data)
+
+
 def decode_definition(data: bytes) -> tuple[list[str], list[str] | None]:
-    """Raises ValueError for bytes that are not an index definition."""
+    """``(partition, sort)`` of an index definition: ``[layout, partition, sort]`` in
+    msgpack, its paths lists of text (``sort`` may be null). Raises ValueError for bytes
+    that are not one (damaged: not msgpack, another shape, a path not a list of text),
+    and :class:`FutureLayoutError`, a ValueError too, for a definition of a layout
+    above :data:`LAYOUT_VERSION` (a newer ledgerd's), whatever follows its layout: it
+    is never read as layout 1."""
+    layout = definition_layout(data)
+    if layout is not None and layout > LAYOUT_VERSION:
+        raise FutureLayoutError(layout, "definition")
     try:
-        _version, partition, sort = msgpack.unpackb(data, raw=False)
-        if not isinstance(partition, list) or not (sort is None or isinstance(sort, list)):
-            raise ValueError("paths are lists")
-        return [str(p) for p in partition], None if sort is None else [str(p) for p in sort]
+        version, partition, sort = msgpack.unpackb(data, raw=False)
+        if type(version) is not int or version != LAYOUT_VERSION:
+            raise ValueError(f"its layout is {version!r}, not {LAYOUT_VERSION}")
+        if not _path(partition) or not (sort is None or _path(sort)):
+            raise ValueError("its paths are not lists of names")
+        return partition, sort
     except (ValueError, TypeError, msgpack.UnpackException) as e:
         raise ValueError(f"not an index definition: {e}") from None
+
+
+def _path(p: Any) -> bool:
+    return type(p) is list and bool(p) and all(type(n) is str for n in p)

@@ -69,8 +69,9 @@ class DocumentTooLargeError(InvalidDocumentError):
 
 
 class MalformedRecordError(CorruptObjectError):
-    """A document's stored body is not a document record (the HTTP API's ``corrupt``): the
-    page's keys can be written through the key API, and a peer's through sync."""
+    """A document's stored body is not a document record, or an index's stored
+    definition not an index definition (the HTTP API's ``corrupt``): the page's keys
+    can be written through the key API, and a peer's through sync."""
 
 
 class UnsupportedLayoutError(DocumentError):

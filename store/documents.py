@@ -129,13 +129,19 @@ class DocumentRange(RangeResult[Document]):
 class IndexInfo:
     """An index as declared: its paths as the names themselves (``partition_path``,
     ``sort_path``), which tell a field named ``"a.b"`` from ``["a", "b"]``, and as
-    dotted text for reading (``partition``, ``sort``: ``"address.city"``)."""
+    dotted text for reading (``partition``, ``sort``: ``"address.city"``).
+
+    An index whose definition cannot be read here has empty paths, is not ``ready``
+    and names why in ``code`` and ``message``: ``unsupported_layout`` (a newer
+    ledgerd's definition, come through sync) or ``corrupt`` (damaged)."""
 
     collection: str
     name: str
     partition_path: tuple[str, ...]
     sort_path: tuple[str, ...] | None
     ready: bool
+    code: str | None = None
+    message: str | None = None
 
     @property
     def partition(self) -> str:
@@ -703,6 +709,7 @@ class DocumentStore:
         part, by = self.check_index(collection, name, partition, sort)
         raw = doclayout.encode_definition(part, by)
         async with self._write:
+            await self._readable_definition(collection, name)
             changes = [(doclayout.index_key(collection, name), raw)]
             await self.page.write(changes + await _marker_if_lost(self.page))
             await self.page.flush()
@@ -717,30 +724,40 @@ class DocumentStore:
         async with self._write:
             if await self.page.get_entry(key) is None:
                 raise IndexNotFoundError(f"no index {name!r} on {collection!r}")
+            await self._readable_definition(collection, name)
             await self.page.delete(key)
             await self.page.flush()
         await self._after_write()
 
     async def indexes(self, collection: str) -> list[IndexInfo]:
+        """The indexes of ``collection`` by name, those whose definitions cannot be read
+        here among them (see :class:`IndexInfo`)."""
         check_collection(collection)
         await self.views.catch_up()
-        return [
-            IndexInfo(
+        out = {
+            name: IndexInfo(
                 d.collection,
                 d.name,
                 tuple(d.partition),
                 None if d.sort is None else tuple(d.sort),
                 ready,
             )
-            for (coll, _), (_, d, ready) in sorted(self.views.indexes.items())
+            for (coll, name), (_, d, ready) in self.views.indexes.items()
             if coll == collection
-        ]
+        }
+        for (coll, name), e in self.views.unreadable.items():
+            if coll == collection:
+                err = _unreadable_index(coll, name, e)
+                code = err.code if isinstance(err, UnsupportedLayoutError) else "corrupt"
+                out[name] = IndexInfo(coll, name, (), None, False, code, str(err))
+        return [out[name] for name in sorted(out)]
 
     async def rebuild_index(self, collection: str, name: str) -> None:
         """Drop an index's local entries and build them again from the documents."""
         check_collection(collection)
         await self.views.catch_up()
         if not await self.views.rebuild(collection, check_index_name(name)):
+            self._refuse_unreadable(collection, name)
             raise IndexNotFoundError(f"no index {name!r} on {collection!r}")
 
     async def _index(self, collection: str, name: str) -> tuple[int, IndexDef]:
@@ -749,8 +766,30 @@ class DocumentStore:
         await self.views.catch_up()  # a definition that just arrived is known
         found = await self.views.index(collection, name)
         if found is None:
+            self._refuse_unreadable(collection, name)
             raise IndexNotFoundError(f"no index {name!r} on {collection!r}")
         return found
+
+    def _refuse_unreadable(self, collection: str, name: str) -> None:
+        """Raise why the index's definition cannot be read here, if it cannot (as of
+        the views' catch-up)."""
+        e = self.views.unreadable.get((collection, name))
+        if e is not None:
+            raise _unreadable_index(collection, name, e)
+
+    async def _readable_definition(self, collection: str, name: str) -> None:
+        """UnsupportedLayoutError if the head's definition of the index is a newer
+        ledgerd's: it is neither replaced nor deleted here (write lock held). A damaged
+        one may be: declaring or dropping the index is how it is repaired."""
+        e = await self.page.get_entry(doclayout.index_key(collection, name))
+        if e is None:
+            return
+        try:
+            doclayout.decode_definition(await self.page.objects.read_all(e.value))
+        except doclayout.FutureLayoutError as err:
+            raise _unreadable_index(collection, name, err) from None
+        except ValueError:
+            pass
 
     async def query(
         self,
@@ -763,9 +802,11 @@ class DocumentStore:
         limit: int = 100,
         token: bytes | None = None,
         include_deleted: bool = False,
-    ) -> RangeResult[Document]:
+    ) -> DocumentRange:
         """Documents whose partition value equals ``partition`` and whose sort value is in
-        ``[start, end)``, in index order (sort value, then ``_id``), ``limit`` at a time.
+        ``[start, end)``, in index order (sort value, then ``_id``), ``limit`` at a time;
+        those whose bodies cannot be read (a record whose data has no JSON form is
+        indexed by its other values) are named in ``damaged``, as a listing names them.
         Reflects exactly the documents of the page's head. ``token`` continues the same
         query (collection, index and its definition, partition value, range and
         ``include_deleted``): another's is InvalidArgumentError."""
@@ -786,23 +827,27 @@ class DocumentStore:
         if len(rows) > limit:
             last = rows[limit - 1]
             nxt = doctoken.encode(doctoken.FIND, bound, [last.key, last.doc])
-        docs = await self._documents_at(head, collection, [r.doc for r in rows[:limit]])
-        return RangeResult(docs, nxt)
+        docs, damaged = await self._documents_at(head, collection, [r.doc for r in rows[:limit]])
+        return DocumentRange(docs, nxt, damaged)
 
     async def _documents_at(
         self, head: Commit, collection: str, ids: list[bytes]
-    ) -> list[Document]:
+    ) -> tuple[list[Document], list[Damaged]]:
         snap = await self.page.snapshot(head.id)
         entries = [await snap.get_entry(doclayout.body_key(collection, i)) for i in ids]
         values = await snap.objects.read_many(e.value for e in entries if e is not None)
-        out = []
+        out, damaged = [], []
         for doc_id, e in zip(ids, entries, strict=True):
             if e is None:  # cannot happen: the rows reflect this very commit
                 raise AssertionError(f"index row of a missing document {ulid_text(doc_id)}")
-            r = _decode(collection, doc_id, values[e.value])
+            try:
+                r = _decode(collection, doc_id, values[e.value])
+            except (MalformedRecordError, UnsupportedLayoutError) as err:
+                damaged.append(_damaged(self.page, collection, doc_id, err))
+                continue
             self.clock.observe(r.rev)
             out.append(Document.of(collection, doc_id, r))
-        return out
+        return out, damaged
 
     # -- the changes feed --------------------------------------------------------------
 
@@ -947,6 +992,20 @@ def _decode(collection: str, doc_id: bytes, body: bytes) -> Record:
         raise MalformedRecordError(
             f"document {ulid_text(doc_id)} in {collection!r} is damaged: {e}"
         ) from None
+
+
+def _unreadable_index(
+    collection: str, name: str, e: ValueError
+) -> UnsupportedLayoutError | MalformedRecordError:
+    """The error of a query or change of an index whose definition cannot be read here."""
+    if isinstance(e, doclayout.FutureLayoutError):
+        return UnsupportedLayoutError(
+            f"index {name!r} on {collection!r} cannot be read or changed by this ledgerd: "
+            f"{e}; upgrade ledgerd on this device"
+        )
+    return MalformedRecordError(
+        f"index {name!r} on {collection!r} is damaged: {e}; declare it again or drop it"
+    )
 
 
 def _binding(page: Page, kind: str, *parts: Any) -> bytes:

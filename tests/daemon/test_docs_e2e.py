@@ -1189,3 +1189,116 @@ async def test_data_with_no_json_form_is_damaged_not_internal(
         line = json.loads(await r.content.readline())
     assert line["documents"] == [] and [d["_id"] for d in line["damaged"]] == [doc_id]
     assert doc_id in await fails(http, "GET", f"{docs}/{doc_id}", 500, "corrupt")
+
+
+@pytest.mark.parametrize(
+    ("definition", "status", "code"),
+    [([2, {"partition": ["k"]}, 7], 409, "unsupported_layout"), ([1, "k"], 500, "corrupt")],
+)
+async def test_an_index_definition_this_ledgerd_cannot_read_is_named(
+    http: aiohttp.ClientSession, base: str, definition: Any, status: int, code: str
+) -> None:
+    """An index definition of a newer ledgerd's layout (come through sync) was dropped
+    as malformed: its queries answered 404 ``index_not_found``, the listing left it out
+    and a PUT of the index wrote over it. Now its queries answer 409
+    ``unsupported_layout`` naming the index, declaring, dropping and rebuilding it are
+    refused so and store nothing, the listing shows it with its code, and other
+    indexes and document writes go on; a damaged definition is 500 ``corrupt`` and is
+    repaired by declaring the index again. ``ledgerctl doc indexes`` and ``ledgerctl
+    check`` name it too."""
+    import msgpack
+
+    from ledgerd.store import doclayout
+
+    docs = base + "/docs/c"
+    await call(http, "PUT", docs + "/_indexes/by_m", 200, {"partition": "m"})
+    made = await call(http, "POST", docs, 201, {"k": 1, "m": 1})
+    key = quote(doclayout.index_key("c", "by_k"), safe="")
+    raw = msgpack.packb(definition)
+    await call(http, "PUT", f"{base}/keys/{key}", 204, data=raw)
+    head = await head_id(http, base)
+    message = await fails(http, "GET", docs + "/_indexes/by_k/find?eq=1", status, code)
+    assert "'by_k'" in message, message
+    listed = (await call(http, "GET", docs + "/_indexes", 200))["indexes"]
+    assert [(i["name"], i.get("code")) for i in listed] == [("by_k", code), ("by_m", None)]
+    assert listed[0]["partition"] is None and not listed[0]["ready"] and listed[0]["message"]
+    new = await call(http, "POST", docs, 201, {"k": 1, "m": 2})
+    found = await call(http, "GET", docs + "/_indexes/by_m/find?eq=2", 200)
+    assert [d["_meta"]["_id"] for d in found["documents"]] == [new["_meta"]["_id"]]
+    if code == "unsupported_layout":
+        head = await head_id(http, base)
+        for method, path in [
+            ("PUT", "/_indexes/by_k"),
+            ("DELETE", "/_indexes/by_k"),
+            ("POST", "/_indexes/by_k/rebuild"),
+        ]:
+            body = {"partition": "k"} if method == "PUT" else None
+            message = await fails(http, method, docs + path, 409, code, body=body)
+            assert "'by_k'" in message and "layout 2" in message, message
+        assert await head_id(http, base) == head
+        async with http.get(f"{base}/keys/{key}") as r:
+            assert r.status == 200 and await r.read() == raw
+    else:
+        await call(http, "PUT", docs + "/_indexes/by_k", 200, {"partition": "k"})
+        found = await call(http, "GET", docs + "/_indexes/by_k/find?eq=1", 200)
+        assert len(found["documents"]) == 2 and made["_meta"]["_id"] in str(found)
+
+
+def test_ledgerctl_names_an_index_definition_it_cannot_read(shared: Daemon) -> None:
+    """``ledgerctl doc indexes`` printed only the indexes it could read (a newer
+    ledgerd's definition was left out without a word), and ``ledgerctl check`` called
+    the page healthy. Now the listing shows it with its code, and the check names it
+    (``unsupported_layout``, ``damaged_index_definition``: exit 1)."""
+    import msgpack
+
+    from ledgerd.daemon.client import Client
+    from ledgerd.store import doclayout
+
+    with Client(shared.socket) as c:
+        docs = c.documents("cli_newer_ix", "p")
+        docs.declare_index("c", "by_m", "m")
+        docs.create("c", {"m": 1})
+        newer, bad = doclayout.index_key("c", "by_k"), doclayout.index_key("c", "by_x")
+        c.put("cli_newer_ix", "p", newer, msgpack.packb([2, {"partition": ["k"]}]))
+        c.put("cli_newer_ix", "p", bad, b"\x93not a definition")
+        c.heads("cli_newer_ix", "p")
+    p = shared.ledgerctl("doc", "indexes", "cli_newer_ix", "p", "c")
+    assert p.returncode == 0, p
+    assert p.stdout.decode().splitlines() == [
+        "by_k\t-\t-\tunsupported_layout",
+        'by_m\t"m"\t-\tready',
+        "by_x\t-\t-\tcorrupt",
+    ], p
+    p = shared.ledgerctl("check", "cli_newer_ix", "p")
+    text = p.stdout.decode()
+    assert p.returncode == 1, (p, text)
+    assert "unsupported_layout: index 'by_k' on 'c'" in text, text
+    assert "damaged_index_definition: index 'by_x' on 'c' is damaged" in text, text
+
+
+def test_ledgerctl_check_names_a_record_whose_data_has_no_json_form(shared: Daemon) -> None:
+    """A record whose data has no JSON form (bytes, written through the key API) was
+    damaged over HTTP only: ``ledgerctl check`` called the page healthy. Now it is
+    ``damaged_document`` there too, as ``ledgerctl doc ls`` names it damaged."""
+    import msgpack
+
+    from ledgerd.daemon.client import Client
+    from ledgerd.store import doclayout
+    from ledgerd.store.docmodel import parse_ulid
+
+    with Client(shared.socket) as c:
+        docs = c.documents("check_no_json", "p")
+        made = [docs.create("c", {"k": i})["_meta"] for i in range(2)]
+        raw_rev = parse_ulid(made[1]["_rev"])
+        ms = int.from_bytes(raw_rev[:6], "big")
+        record = [1, raw_rev, 0, ms, None, None, None, {"k": float("nan"), "b": b"x"}, []]
+        key = doclayout.body_key("c", parse_ulid(made[1]["_id"]))
+        c.put("check_no_json", "p", key, msgpack.packb(record, use_bin_type=True))
+        c.heads("check_no_json", "p")
+    p = shared.ledgerctl("doc", "ls", "check_no_json", "p", "c")
+    assert p.returncode == 4 and made[1]["_id"] in p.stderr.decode(), p
+    p = shared.ledgerctl("check", "check_no_json", "p")
+    text = p.stdout.decode()
+    assert p.returncode == 1, (p, text)
+    assert f"damaged_document: document {made[1]['_id']} in 'c' is damaged" in text, text
+    assert "no JSON form" in text, text

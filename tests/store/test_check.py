@@ -327,3 +327,42 @@ async def test_a_body_key_whose_id_is_not_a_ulid_is_named_not_a_crash(tmp_path: 
         report = await ck.check_page(page)
         assert [(p.code, p.key) for p in report.problems] == [(ck.DAMAGED_DOCUMENT, odd)]
         assert ("ff" * 20) in report.problems[0].message
+
+
+async def test_index_definitions_that_do_not_decode_are_named(tmp_path: Path) -> None:
+    """An index definition of a newer ledgerd's layout, or a damaged one, was passed
+    over by the check (its piece is sound): the page was called healthy. Now the
+    head's definitions are read: ``unsupported_layout`` and ``damaged_index_definition``,
+    each naming its index and key; a sound definition, one dropped since, and a
+    document record count as before."""
+    import msgpack
+
+    from ledgerd.store import DocumentStore, doclayout
+
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        docs = await DocumentStore.open(page)
+        await docs.declare_index("c", "fine", "n")
+        await docs.create("c", {"n": 1})
+        newer, bad, gone = (doclayout.index_key("c", n) for n in ("newer", "bad", "gone"))
+        await page.write(
+            [
+                (newer, msgpack.packb([2, {"partition": ["n"]}])),
+                (bad, b"\x93not a definition"),
+                (gone, b"\x93not a definition"),
+            ]
+        )
+        await page.flush()
+        await page.delete(gone)
+        await page.flush()
+        report = await ck.check_page(page)
+        found = sorted((p.code, p.key, p.digest) for p in report.problems)
+        assert found == [
+            (ck.DAMAGED_INDEX_DEFINITION, bad, None),
+            (ck.UNSUPPORTED_LAYOUT, newer, None),
+        ]
+        messages = {p.code: p.message for p in report.problems}
+        assert "index 'bad' on 'c' is damaged" in messages[ck.DAMAGED_INDEX_DEFINITION]
+        assert "index 'newer' on 'c'" in messages[ck.UNSUPPORTED_LAYOUT]
+        assert "layout 2" in messages[ck.UNSUPPORTED_LAYOUT]
+        assert report.documents == 1 and not report.healthy
