@@ -17,8 +17,8 @@ from ledgerd.store import (
     Repository,
     doclayout,
 )
-from ledgerd.store.docmodel import RevClock
 from ledgerd.store.doclayout import Record, State
+from ledgerd.store.docmodel import RevClock
 
 LONG, SHORT, LOOKALIKE = b"\xff" * 20, b"\x01\x02", b"\x00" * 13
 """Odd ids: longer than a ULID, shorter (ulid_text made 26 wrong characters of it), and
@@ -74,7 +74,10 @@ async def test_listings_the_feed_and_queries_name_keys_with_odd_ids_and_go_on(pa
     listed = await docs.list_documents("c")
     assert [d.id for d in listed.items] == [d.id for d in made]
     assert [(d.id, d.code) for d in listed.damaged] == [(h, "corrupt") for h in hexed]
-    assert all(f"its id is {len(i)} bytes" in d.message for i, d in zip(ODD_BODIES, listed.damaged))
+    assert all(
+        f"its id is {len(i)} bytes" in d.message
+        for i, d in zip(ODD_BODIES, listed.damaged, strict=True)
+    )
     assert all("delete its keys through the key API" in d.message for d in listed.damaged)
 
     ids, damaged, token = [], [], None  # one body at a time: tokens cut at odd ids
