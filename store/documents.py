@@ -87,7 +87,9 @@ class Damaged:
     go on past it and report it here. ``code`` is the HTTP API's: ``corrupt`` for a
     body that is not a record (written through the key API, or a peer's through
     sync; reading it alone raises MalformedRecordError), ``unsupported_layout`` for
-    a record of a layout a newer ledgerd wrote (UnsupportedLayoutError)."""
+    a record of a layout a newer ledgerd wrote (UnsupportedLayoutError). A body key
+    whose id is not a ULID's 16 bytes (the key API can write one) is ``corrupt``
+    whatever it holds, ``id`` then ``hex:`` and the id's bytes in hex."""
 
     collection: str
     id: str
