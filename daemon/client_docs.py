@@ -326,6 +326,14 @@ class AsyncDocuments:
         await self._call("POST", self._path(collection, "_indexes", name, "rebuild"))
 
     async def indexes(self, collection: str) -> list[dict[str, Any]]:
+        """The collection's indexes by name: ``{"collection", "name", "partition",
+        "sort", "ready"}``, paths as :meth:`declare_index` shows them (``sort`` null
+        when there is none). An index whose definition cannot be read here (a newer
+        ledgerd's, come through sync, or a damaged one) is listed too, with
+        ``"partition": null``, ``"sort": null``, ``"ready": false`` and ``"code"``
+        (``unsupported_layout`` or ``corrupt``) and ``"message"`` saying why: declare it
+        again or drop it (a newer one: upgrade ledgerd). Only such an index has
+        ``code`` and ``message``."""
         res = await self._call("GET", self._path(collection, "_indexes"))
         return list(res["indexes"])
 
@@ -558,6 +566,8 @@ class Documents:
         self._call(self.aio.rebuild_index(collection, name))
 
     def indexes(self, collection: str) -> list[dict[str, Any]]:
+        """The collection's indexes; one whose definition cannot be read here has
+        ``"partition": null``, ``"code"`` and ``"message"`` (see the async client's)."""
         return self._call(self.aio.indexes(collection))
 
     def find(

@@ -439,12 +439,18 @@ def _document_paths() -> dict[str, Any]:
             ),
         },
         base + "/{collection}/_indexes": {
-            "get": _op("the collection's indexes", {"200": _json(obj)}, params=(*page, col))
+            "get": _op(
+                "the collection's indexes (one whose definition cannot be read here: "
+                "null paths, code and message)",
+                {"200": _json(_ref("IndexList"))},
+                params=(*page, col),
+                errors=errs,
+            )
         },
         base + "/{collection}/_indexes/{name}": {
             "put": _op(
                 "declare an index ({partition, sort?})",
-                {"200": _json(obj)},
+                {"200": _json(_ref("Index"))},
                 params=(*page, col, name),
                 body={"content": {JSON: {"schema": obj}}},
                 errors=errs,
@@ -468,7 +474,7 @@ def _document_paths() -> dict[str, Any]:
             )
         },
         base + "/{collection}/_indexes/{name}/rebuild": {
-            "post": _op("rebuild an index", {"200": _json(obj)}, params=(*page, col, name))
+            "post": _op("rebuild an index", _status_ok(), params=(*page, col, name), errors=errs)
         },
         base + "/{collection}/{id}": {
             "get": _op("a document", {"200": _json(obj)}, params=(*doc, listing[2]), errors=errs),
@@ -524,8 +530,49 @@ def _document_paths() -> dict[str, Any]:
     }
 
 
+INDEX_PATH = {
+    "oneOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "minItems": 1, "items": {"type": "string"}},
+    ],
+    "description": 'dotted text ("address.city"), or the list of the names when one '
+    'holds a dot (["a.b"])',
+}
+
+
 def _schemas() -> dict[str, Any]:
     return {
+        "Index": {
+            "type": "object",
+            "required": ["collection", "name", "partition", "sort", "ready"],
+            "properties": {
+                "collection": {"type": "string"},
+                "name": {"type": "string"},
+                "partition": {
+                    **INDEX_PATH,
+                    "nullable": True,
+                    "description": "the partition path; null when the definition cannot "
+                    "be read here (see code)",
+                },
+                "sort": {**INDEX_PATH, "nullable": True, "description": "the sort path, or null"},
+                "ready": {"type": "boolean", "description": "built (false while building)"},
+                "code": {
+                    "type": "string",
+                    "enum": ["corrupt", "unsupported_layout"],
+                    "description": "only when the definition cannot be read here: "
+                    "unsupported_layout (a newer ledgerd's), corrupt (damaged)",
+                },
+                "message": {
+                    "type": "string",
+                    "description": "only with code: why, and what to do",
+                },
+            },
+        },
+        "IndexList": {
+            "type": "object",
+            "required": ["indexes"],
+            "properties": {"indexes": {"type": "array", "items": _ref("Index")}},
+        },
         "Error": {
             "type": "object",
             "required": ["error"],

@@ -598,14 +598,16 @@ class Database:
         """Close every connection, each tried however the others went (one that fails
         does not keep the rest open), then the WAL index. Raises the first failure;
         the connections that failed stay in :attr:`unclosed`, and a later call tries
-        them again."""
+        them again; so do all of them if the close is cancelled before it closes any."""
         if self._closed and not self._unclosed:
             return
         async with self._lock:
             if not self._closed:
                 self._closed = True
-                await self._copied()
+                # Recorded before the wait: a close cancelled there leaves them to a
+                # later one (not marked closed with its connections open for good).
                 self._unclosed = self._closers()
+            await self._copied()  # (again in a later close, if a cancelled one left it)
             failed: list[tuple[str, Callable[[], Awaitable[None]]]] = []
             errors: list[BaseException] = []
             for name, close in self._unclosed:

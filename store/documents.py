@@ -87,7 +87,9 @@ class Damaged:
     go on past it and report it here. ``code`` is the HTTP API's: ``corrupt`` for a
     body that is not a record (written through the key API, or a peer's through
     sync; reading it alone raises MalformedRecordError), ``unsupported_layout`` for
-    a record of a layout a newer ledgerd wrote (UnsupportedLayoutError)."""
+    a record of a layout a newer ledgerd wrote (UnsupportedLayoutError). A body key
+    whose id is not a ULID's 16 bytes (the key API can write one) is ``corrupt``
+    whatever it holds, ``id`` then ``hex:`` and the id's bytes in hex."""
 
     collection: str
     id: str
@@ -344,7 +346,7 @@ class DocumentStore:
         start = doclayout.collection_prefix(collection)
         if token is not None:
             (after,) = doctoken.decode(token, doctoken.LIST, bound, 1)
-            start = doclayout.doc_prefix(collection, parse_ulid(after, "token"))
+            start = doclayout.doc_prefix(collection, after)  # (any id: the key API's too)
         end = doclayout.collection_end(collection)
         found: list[tuple[bytes, bytes]] = []  # (doc id, body digest)
         state, head_doc = State.LIVE, b""  # the last head's state, and whose it is
@@ -367,6 +369,7 @@ class DocumentStore:
         docs, damaged = [], []
         for doc_id, d in found:
             try:
+                _check_id(collection, doc_id)
                 r = _decode(collection, doc_id, values[d])
             except (MalformedRecordError, UnsupportedLayoutError) as e:
                 damaged.append(_damaged(self.page, collection, doc_id, e))
@@ -841,6 +844,7 @@ class DocumentStore:
             if e is None:  # cannot happen: the rows reflect this very commit
                 raise AssertionError(f"index row of a missing document {ulid_text(doc_id)}")
             try:
+                _check_id(collection, doc_id)
                 r = _decode(collection, doc_id, values[e.value])
             except (MalformedRecordError, UnsupportedLayoutError) as err:
                 damaged.append(_damaged(self.page, collection, doc_id, err))
@@ -950,6 +954,10 @@ class DocumentStore:
         snap = await self.page.snapshot(head.id)
         old: View | None = None
         for coll, doc_id in found:
+            if len(doc_id) != doclayout.ULID_SIZE:  # the key API's: named while its body is
+                if await snap.get_entry(doclayout.body_key(coll, doc_id)) is not None:
+                    damaged.append(_damaged(self.page, coll, doc_id, _odd_id(coll, doc_id)))
+                continue
             try:
                 r = await self._record(snap, coll, doc_id)
                 if r is None:  # its keys left without a revision: reported once as purged
@@ -985,12 +993,12 @@ def _decode(collection: str, doc_id: bytes, body: bytes) -> Record:
         return doclayout.decode_record(body)
     except doclayout.FutureLayoutError as e:
         raise UnsupportedLayoutError(
-            f"document {ulid_text(doc_id)} in {collection!r} cannot be read or changed by "
+            f"document {_id_text(doc_id)} in {collection!r} cannot be read or changed by "
             f"this ledgerd: {e}; upgrade ledgerd on this device"
         ) from None
     except ValueError as e:
         raise MalformedRecordError(
-            f"document {ulid_text(doc_id)} in {collection!r} is damaged: {e}"
+            f"document {_id_text(doc_id)} in {collection!r} is damaged: {e}"
         ) from None
 
 
@@ -1020,7 +1028,31 @@ def _damaged(
 ) -> Damaged:
     log.warning("page %r: %s", page.id, e)
     code = e.code if isinstance(e, UnsupportedLayoutError) else "corrupt"
-    return Damaged(collection, ulid_text(doc_id), str(e), code)
+    return Damaged(collection, _id_text(doc_id), str(e), code)
+
+
+def _id_text(doc_id: bytes) -> str:
+    """A document id as the API shows it: a ULID's text, or ``hex:`` and the bytes of
+    an id that is not 16 bytes (a key written through the key API may hold any id;
+    its hex could otherwise read as a ULID's 26 characters)."""
+    if len(doc_id) == doclayout.ULID_SIZE:
+        return ulid_text(doc_id)
+    return "hex:" + doc_id.hex()
+
+
+def _odd_id(collection: str, doc_id: bytes) -> MalformedRecordError:
+    return MalformedRecordError(
+        f"document {_id_text(doc_id)} in {collection!r} is damaged: its id is "
+        f"{len(doc_id)} bytes, not a ULID's 16 (a key written through the key API); "
+        "delete its keys through the key API"
+    )
+
+
+def _check_id(collection: str, doc_id: bytes) -> None:
+    """MalformedRecordError for a document key whose id is not a ULID's 16 bytes: no
+    document can be shown, changed or purged under it."""
+    if len(doc_id) != doclayout.ULID_SIZE:
+        raise _odd_id(collection, doc_id)
 
 
 def _gone(last: Record | None, head: Commit) -> Record | None:

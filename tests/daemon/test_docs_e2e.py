@@ -1302,3 +1302,76 @@ def test_ledgerctl_check_names_a_record_whose_data_has_no_json_form(shared: Daem
     assert p.returncode == 1, (p, text)
     assert f"damaged_document: document {made[1]['_id']} in 'c' is damaged" in text, text
     assert "no JSON form" in text, text
+
+
+async def test_document_keys_whose_id_is_not_a_ulid_are_named_not_a_500(
+    http: aiohttp.ClientSession, base: str, shared: Daemon
+) -> None:
+    """Body keys whose id is not 16 bytes, PUT through the key API (one with its head,
+    one without; and a head without a body) made a listing, the changes feed and an
+    index query answer 500 ``internal`` (IndexError in ulid_text), and ``ledgerctl doc
+    ls`` fail. Now they are named in ``damaged`` (code ``corrupt``, the id as
+    ``hex:...``) past the documents; writes and a purge beside them work."""
+    from ledgerd.store import doclayout
+    from ledgerd.store.docmodel import RevClock
+
+    docs = base + "/docs/c"
+    await call(http, "PUT", docs + "/_indexes/by_k", 200, {"partition": "k"})
+    a = await call(http, "POST", docs, 201, {"k": 1})
+    b = await call(http, "POST", docs, 201, {"k": 1})
+    mark = await head_id(http, base)
+    rev = RevClock().next()
+    ms = int.from_bytes(rev[:6], "big")
+    live = doclayout.State.LIVE
+    record = doclayout.encode_record(doclayout.Record(rev, live, ms, None, None, None, {"k": 1}))
+    head = doclayout.encode_head(rev, live)
+    long_id, short_id, head_only = b"\xff" * 20, b"\x01\x02", b"\xee" * 3
+    ops = [
+        (doclayout.body_key("c", long_id), record),
+        (doclayout.head_key("c", long_id), head),
+        (doclayout.body_key("c", short_id), record),
+        (doclayout.head_key("c", head_only), head),
+    ]
+    for key, value in ops:
+        quoted = quote(key, safe="")
+        await call(http, "PUT", f"{base}/keys/{quoted}", 204, data=value)
+    await call(http, "GET", base + "/heads", 200)  # (commits the journal)
+    odd = sorted(["hex:" + short_id.hex(), "hex:" + long_id.hex()])
+    ids = sorted([a["_meta"]["_id"], b["_meta"]["_id"]])
+
+    listed = await call(http, "GET", docs, 200)
+    assert [d["_meta"]["_id"] for d in listed["documents"]] == ids
+    assert sorted(d["_id"] for d in listed["damaged"]) == odd
+    assert {d["code"] for d in listed["damaged"]} == {"corrupt"}
+    seen, token = [], None  # a page at a time: a token cut at an odd id continues
+    while True:
+        q = f"{docs}?limit=1" + (f"&token={urllib.parse.quote(token)}" if token else "")
+        got = await call(http, "GET", q, 200)
+        seen += [d["_meta"]["_id"] for d in got["documents"]]
+        seen += [d["_id"] for d in got.get("damaged", ())]
+        if (token := got["next"]) is None:
+            break
+    assert sorted(seen) == sorted(ids + odd)
+    changed = await call(http, "GET", f"{base}/docs/_changes?since={mark}", 200)
+    assert changed["documents"] == [] and sorted(d["_id"] for d in changed["damaged"]) == odd
+    everything = await call(http, "GET", f"{base}/docs/_changes", 200)
+    assert sorted(d["_id"] for d in everything["damaged"]) == odd
+    found = await call(http, "GET", docs + "/_indexes/by_k/find?eq=1", 200)
+    assert sorted(d["_meta"]["_id"] for d in found["documents"]) == ids
+    assert sorted(d["_id"] for d in found["damaged"]) == odd
+    await fails(http, "GET", f"{docs}/{odd[0]}", 400, "invalid_id")
+
+    lp = (base.split("/")[3], "p")
+    p = shared.ledgerctl("doc", "ls", *lp, "c")
+    assert p.returncode == 4 and "Traceback" not in p.stderr.decode(), p
+    assert [r.split("\t")[0] for r in p.stdout.decode().splitlines()] == ids
+    assert all(f"document {o} in 'c' is damaged" in p.stderr.decode() for o in odd), p
+
+    c = await call(http, "POST", docs, 201, {"k": 2})
+    await call(http, "PUT", f"{docs}/{a['_meta']['_id']}", 200, {"k": 3})
+    await call(http, "POST", f"{docs}/{b['_meta']['_id']}/purge", 200)
+    listed = await call(http, "GET", docs, 200)
+    assert [d["_meta"]["_id"] for d in listed["documents"]] == sorted(
+        [a["_meta"]["_id"], c["_meta"]["_id"]]
+    )
+    assert sorted(d["_id"] for d in listed["damaged"]) == odd

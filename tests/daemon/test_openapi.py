@@ -179,3 +179,43 @@ async def _post_json(c: Client, path: str, body: object) -> object:
     async with c.aio.session.post(c.url(path), json=body) as resp:
         assert resp.status == 200
         return await resp.json()
+
+
+def test_an_index_listing_with_unreadable_definitions_matches_its_schema(daemon: Daemon) -> None:
+    """``GET …/_indexes`` answers, for a definition it cannot read, ``"partition":
+    null``, ``code`` and ``message``; the description said only ``{"type": "object"}``
+    and the client's docstrings named neither. Its answer, a readable index, a damaged
+    definition and a newer ledgerd's among them, now matches the ``IndexList`` schema
+    and the schema names every field of it."""
+    import msgpack
+
+    from ledgerd.store import doclayout
+
+    with Client(daemon.socket) as c:
+        docs = c.documents("app", "idx")
+        docs.create("c", {"k": 1})
+        docs.declare_index("c", "by_k", "k")
+        c.put("app", "idx", doclayout.index_key("c", "damaged"), b"\x93not a definition")
+        newer = msgpack.packb([2, ["k"], None, "more"], use_bin_type=True)
+        c.put("app", "idx", doclayout.index_key("c", "newer"), newer)
+        c.heads("app", "idx")  # (commits the journal)
+        listed = docs.indexes("c")
+    assert [(i["name"], i.get("code"), i["partition"]) for i in listed] == [
+        ("by_k", None, "k"),
+        ("damaged", "corrupt", None),
+        ("newer", "unsupported_layout", None),
+    ]
+    assert all(i["message"] for i in listed[1:])
+
+    path = "/v1/ledgers/{ledger}/pages/{page}/docs/{collection}/_indexes"
+    params = {"ledger": "app", "page": "idx", "collection": "c"}
+    with tcp_bridge(daemon.socket) as base:
+        schema = schemathesis.openapi.from_dict(document())
+        case = schema[path]["GET"].Case(path_parameters=params)
+        resp = case.call(base_url=base, timeout=60)
+        assert resp.status_code == 200 and resp.json()["indexes"] == listed
+        case.validate_response(resp)  # raises if the answer does not match
+
+    documented = document()["components"]["schemas"]["Index"]["properties"]
+    assert all(set(i) <= set(documented) for i in listed), (listed, documented)
+    assert documented["code"]["enum"] == ["corrupt", "unsupported_layout"]

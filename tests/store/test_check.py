@@ -13,6 +13,7 @@ import pytest
 from ledgerd.store import Page, Priority, Repository
 from ledgerd.store import check as ck
 from ledgerd.store import digest as dg
+from ledgerd.store.docmodel import parse_ulid
 from ledgerd.store.errors import CorruptObjectError
 
 
@@ -327,6 +328,29 @@ async def test_a_body_key_whose_id_is_not_a_ulid_is_named_not_a_crash(tmp_path: 
         report = await ck.check_page(page)
         assert [(p.code, p.key) for p in report.problems] == [(ck.DAMAGED_DOCUMENT, odd)]
         assert ("ff" * 20) in report.problems[0].message
+
+
+async def test_a_body_key_whose_id_is_not_a_ulid_is_damaged_even_if_its_record_reads(
+    tmp_path: Path,
+) -> None:
+    """A record that reads, under a body key whose id is not 16 bytes, passed the check
+    (the page called healthy) while the documents API can show no document for it (it
+    names it in ``damaged``). Now it is a damaged document too, its id's length said."""
+    from ledgerd.store import DocumentStore, doclayout
+
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        docs = await DocumentStore.open(page)
+        made = await docs.create("c", {"n": 1})
+        good = await page.get(doclayout.body_key("c", parse_ulid(made.id)))
+        assert good is not None
+        odd = doclayout.body_key("c", b"\x01\x02")
+        await page.put(odd, good)
+        await page.flush()
+        report = await ck.check_page(page)
+        assert [(p.code, p.key) for p in report.problems] == [(ck.DAMAGED_DOCUMENT, odd)]
+        assert "id 0102 (not a ULID)" in report.problems[0].message
+        assert "2 bytes, not 16" in report.problems[0].message
 
 
 async def test_index_definitions_that_do_not_decode_are_named(tmp_path: Path) -> None:

@@ -548,3 +548,41 @@ async def test_a_page_whose_file_is_lost_but_its_wal_is_left_is_refused_as_damag
     with pytest.raises(CorruptDatabaseError, match="-wal"):
         await Database.open(path, create_page_schema, empty_is_damage=True)
     assert not path.exists() and wal.read_bytes() == before
+
+
+def _conn_closed(conn: sqlite3.Connection) -> bool:
+    try:
+        conn.execute("SELECT 1")
+    except sqlite3.ProgrammingError:
+        return True
+    return False
+
+
+async def test_a_close_cancelled_while_it_waits_for_the_copying_leaves_its_connections_to_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A close cancelled while it waited for the checkpoint beside the writes marked
+    the database closed with nothing in ``unclosed``: a later close returned at once
+    and its four connections stayed open. Now they are recorded before the wait, and
+    the later close (which waits for the copying too) closes them."""
+    started, release = _hold_copying(monkeypatch)
+    db = await Database.open(tmp_path / "c.sqlite", _schema)
+    try:
+        await _write_until_copying(db, started)
+        closing = asyncio.ensure_future(db.close())
+        await asyncio.sleep(0)  # one turn: the close waits for the copying
+        assert not closing.done()
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        assert db.unclosed == ["inline writer", "inline reader", "reader", "writer"]
+        assert not _conn_closed(db.writer.raw) and not _conn_closed(db.reader.raw)
+        with pytest.raises(ClosedError):
+            await db.run(_blobs(10_000), write=True)
+    finally:
+        release.set()
+    await db.close()
+    assert db.unclosed == [] and db.background_checkpoints == 1
+    assert db.inline is not None and db.inline_reader is not None
+    assert _conn_closed(db.writer.raw) and _conn_closed(db.reader.raw)
+    assert _conn_closed(db.inline) and _conn_closed(db.inline_reader)
