@@ -127,13 +127,15 @@ class BlockingCalls:
         def call() -> None:
             if fut.cancelled():
                 return
+            result: T | None = None
+            error: BaseException | None = None
             if self._closed:
-                result, error = None, PermanentCloudError("the S3 store was closed")
+                error = PermanentCloudError("the S3 store was closed")
             else:
                 try:
-                    result, error = fn(), None
+                    result = fn()
                 except BaseException as e:  # handed to the awaiting task
-                    result, error = None, e
+                    error = e
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
                 loop.call_soon_threadsafe(settle, result, error)
 
