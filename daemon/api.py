@@ -377,6 +377,8 @@ class Api:
         self.sessions: Any = None  # daemon.session.Sessions, set by the server
         self.engine: Any = None  # sync.engine.SyncEngine when cloud sync is on
         self.metrics: Any = None  # daemon.metrics.Metrics, set by the server
+        self.requests: set[asyncio.Task[Any]] = set()
+        """The tasks of the requests being served (:meth:`cancel_requests`)."""
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Every request, as aiohttp's low-level server (:mod:`daemon.protocol`) hands
@@ -392,6 +394,9 @@ class Api:
         ``--log-level debug``), around :meth:`route`."""
         started = time.monotonic()
         response: web.StreamResponse | None = None
+        task = asyncio.current_task()
+        if task is not None:
+            self.requests.add(task)
         try:
             try:
                 creds = peer_credentials(request)
@@ -451,7 +456,23 @@ class Api:
                     response = self.error(ae.ApiError(f"internal error: {type(e).__name__}"))
             return response
         finally:
+            if task is not None:
+                self.requests.discard(task)
             self.served(request, response, time.monotonic() - started)
+
+    async def cancel_requests(self, timeout: float) -> int:
+        """Cancel the requests still being served (shutdown, past ``shutdown_timeout``)
+        and wait up to ``timeout`` seconds for them to end; how many there were."""
+        tasks = set(self.requests)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=timeout)
+            if pending:
+                log.error(
+                    "%d requests did not end within %gs of being cancelled", len(pending), timeout
+                )
+        return len(tasks)
 
     def served(
         self, request: web.Request, response: web.StreamResponse | None, seconds: float
@@ -719,10 +740,12 @@ class Api:
             raise ae.BadRequest("page needs ledger")
         if self.engine is None:
             raise ae.Conflict("cloud sync is off: start ledgerd with --cloud URL")
-        from ledgerd.sync.errors import SyncError
+        from ledgerd.sync.errors import SyncError, SyncStoppedError
 
         try:
             stats = await self.engine.sync(ledger or None, page or None, timeout=timeout)
+        except SyncStoppedError:  # SIGTERM: the engine ended the rounds in flight
+            raise ae.ShuttingDown("ledgerd is shutting down: sync was stopped") from None
         except SyncError as e:  # the bucket, a listing, or the timeout (with the last error)
             kind = ae.BUCKET_ERRORS.get(getattr(e, "code", ""), ae.Unavailable)
             raise kind(f"sync failed: {e}") from None

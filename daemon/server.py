@@ -5,11 +5,16 @@ This module owns the daemon's lifecycle. Every part is built inside one
 start-up: stop listening and remove the socket, drain requests and sessions,
 flush pages, close the repository.
 
-SIGTERM and SIGINT stop accepting new requests (503 ``shutting_down``), let
-in-flight requests finish (up to ``shutdown_timeout``: aiohttp's own graceful
-shutdown, with the WebSocket sessions ended in its ``on_shutdown``), commit every
-acknowledged write, and exit 0. Background work (closing idle pages, the systemd
-watchdog) runs in a task group that shutdown awaits.
+SIGTERM and SIGINT stop accepting new requests (503 ``shutting_down``), end the
+sync rounds in flight (a ``POST /v1/sync`` answers 503 ``shutting_down``), let
+in-flight requests finish (aiohttp's own graceful shutdown, with the WebSocket
+sessions ended in its ``on_shutdown``) and cancel those still running at
+``shutdown_timeout``, commit every acknowledged write, make one last upload round
+with what is left of the bound, and exit 0. The whole stop takes at most
+``shutdown_timeout`` plus :data:`STOP_MARGIN` and :data:`FINAL_UPLOAD_LEAST`, however
+the cloud behaves: nothing waits for a cloud call that hangs (see :mod:`sync.s3`).
+Background work (closing idle pages, the systemd watchdog) runs in a task group
+that shutdown awaits.
 """
 
 from __future__ import annotations
@@ -47,6 +52,14 @@ from ledgerd.store import (
 )
 
 log = logging.getLogger("ledgerd")
+
+STOP_MARGIN = 2.0
+"""Seconds a stop waits, past ``shutdown_timeout``, for cancelled work to end (sync
+rounds, requests): cancelling it ends it at once unless it is inside a local step."""
+FINAL_UPLOAD = 5.0
+"""Seconds at most for the last upload round at stop (the rest goes up next start)."""
+FINAL_UPLOAD_LEAST = 1.0
+"""Seconds the last upload round gets even when requests used all of ``shutdown_timeout``."""
 
 
 def setup_logging(cfg: Config) -> None:
@@ -225,20 +238,37 @@ async def serve(cfg: Config) -> int:
         log.info("ledgerd %s ready on %s (pid %d)", _version(), where, os.getpid())
 
         await stop.wait()
+        deadline = loop.time() + cfg.shutdown_timeout
 
         log.info("stopping: draining requests and flushing pages")
         systemd.notify("STOPPING=1\nSTATUS=draining")
         state.shutting_down = True  # requests on open connections: 503 shutting_down
         state.stopping.set()  # followed feeds end now
+        if engine is not None:  # sync rounds end now: POST /v1/sync answers 503 shutting_down
+            await engine.interrupt(timeout=STOP_MARGIN)
         # aiohttp's own shutdown: stop listening, end the sessions (on_shutdown), let
-        # requests in flight finish for up to shutdown_timeout, close connections.
-        await stop_serving()
+        # requests in flight finish, close connections. Requests still running at
+        # shutdown_timeout are cancelled (aiohttp would wait as long again first).
+        draining = asyncio.ensure_future(stop_serving())
+        await asyncio.wait({draining}, timeout=max(0.0, deadline - loop.time()))
+        if not draining.done():
+            n = await api.cancel_requests(timeout=STOP_MARGIN)
+            log.warning("cancelled %d requests still running after %gs", n, cfg.shutdown_timeout)
+            await asyncio.wait({draining}, timeout=STOP_MARGIN)
         for page in repo.open_pages():
             try:
                 await page.flush()
             except Exception:
                 log.exception("flushing page %r failed", page.id)
-        # (The sync engine, stopped next, makes one last bounded upload round.)
+        if engine is not None:  # one last upload round, within what is left of the bound
+            left = min(FINAL_UPLOAD, max(deadline - loop.time(), FINAL_UPLOAD_LEAST))
+            await engine.stop(final_upload_timeout=left)
+        if not draining.done():  # past every bound: the connections close as the loop ends
+            log.error("the HTTP server has not stopped; its connections close as ledgerd exits")
+            draining.cancel()
+            await asyncio.wait({draining})
+        elif not draining.cancelled() and (error := draining.exception()) is not None:
+            log.error("stopping the HTTP server failed: %s", error)
     log.info("ledgerd stopped")
     return 0
 
@@ -292,7 +322,9 @@ def _once(fn: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
     async def call() -> None:
         if not ran:
             ran.append(asyncio.ensure_future(fn()))
-        await ran[0]
+        await asyncio.wait({ran[0]})
+        if not ran[0].cancelled():  # cancelled: given up on at stop (serve says why)
+            ran[0].result()
 
     return call
 

@@ -72,7 +72,12 @@ from ledgerd.sync.checkpoints import MAX_CHECKPOINT, Checkpoints
 from ledgerd.sync.cloud import CloudStore, Metered
 from ledgerd.sync.context import LEGACY_DONE, LOCAL, Key, SyncContext
 from ledgerd.sync.download import Downloader
-from ledgerd.sync.errors import BucketIdentityError, NoBucketError, SyncTimeoutError
+from ledgerd.sync.errors import (
+    BucketIdentityError,
+    NoBucketError,
+    SyncStoppedError,
+    SyncTimeoutError,
+)
 from ledgerd.sync.feed import FEED_WINDOW, LISTED_WALL, LISTED_WALL_STEP, Feed
 from ledgerd.sync.fetch import COALESCE_GAP, COALESCE_SPAN, PREFETCH, LazyFetcher
 from ledgerd.sync.pending import PENDING_SLACK_MS, Pending
@@ -173,6 +178,9 @@ class SyncEngine:
         self.interval = poll_interval  # seconds to the next background poll
         self._lock = asyncio.Lock()  # one round at a time
         self._task: asyncio.Task[None] | None = None
+        self._syncs: set[asyncio.Task[None]] = set()  # the rounds of sync() calls in flight
+        self._stopping = False  # interrupt() was called: no new sync() calls
+        self._stopped = False
         self._dirty = False
         self._active_until = 0.0
         self._wake = asyncio.Event()
@@ -280,11 +288,31 @@ class SyncEngine:
         if background:
             self._task = asyncio.create_task(self._loop(), name="sync")
 
+    async def interrupt(self, timeout: float = 5.0) -> None:
+        """End sync's work in flight: the background loop, and every :meth:`sync` call
+        (each raises :class:`SyncStoppedError`); later ones raise it at once. Waits up to
+        ``timeout`` seconds for them to end (a cloud call they wait for on a thread is
+        not waited for: it cannot be cancelled, and its result is dropped)."""
+        self._stopping = True
+        tasks = {*self._syncs, *([self._task] if self._task is not None else [])}
+        self._task = None
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=timeout)
+            if pending:
+                log.warning(
+                    "%d sync tasks did not end within %gs of stopping", len(pending), timeout
+                )
+
     async def stop(self, final_upload_timeout: float = 5.0) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        """:meth:`interrupt`, then one last upload round (bounded by
+        ``final_upload_timeout``: what does not go up goes up on the next start), then
+        close the store. Only the first call does anything."""
+        if self._stopped:
+            return
+        self._stopped = True
+        await self.interrupt()
         try:
             await asyncio.wait_for(self.round(download=False), final_upload_timeout)
         except TimeoutError:
@@ -478,16 +506,31 @@ class SyncEngine:
                     continue
                 return
 
+        if self._stopping:
+            raise SyncStoppedError()
+        log.debug("sync requested: rounds until quiet, for up to %gs", timeout)
         self._active_until = time.monotonic() + self.active_for
         self.interval = self.poll_interval
+        # The rounds run in a task of their own, which :meth:`interrupt` cancels and
+        # waits for: none outlives the engine (or the repository it syncs).
+        task = asyncio.create_task(go(), name="sync request")
+        self._syncs.add(task)
+        task.add_done_callback(self._syncs.discard)
         try:
-            await asyncio.wait_for(go(), timeout)
-        except TimeoutError:
+            done, _ = await asyncio.wait({task}, timeout=timeout)
+        finally:
+            if not task.done():  # the timeout, or our caller was cancelled
+                task.cancel()
+                await asyncio.wait({task})
+        if not done:
             reason = self.store.last_failure() or self.board.round_error
             raise SyncTimeoutError(
                 f"did not finish within {timeout:g}s"
                 + (f"; last error: {reason}" if reason else "")
-            ) from None
+            )
+        if task.cancelled():  # by interrupt()
+            raise SyncStoppedError()
+        task.result()  # the round's error, if it failed
         return total
 
     async def restore_page(self, page: Page) -> bool:

@@ -74,3 +74,10 @@ class BucketLayoutError(BucketIdentityError):
 
 class SyncTimeoutError(SyncError):
     """Sync did not finish in time."""
+
+
+class SyncStoppedError(SyncError):
+    """Sync was stopped: ledgerd is shutting down (what was pending goes up on the next
+    start)."""
+
+    code = "shutting_down"

@@ -3,18 +3,29 @@
 This module owns talking to S3: the client (standard AWS configuration:
 environment variables including ``AWS_ENDPOINT_URL``, shared config and
 credentials files, region; or an explicit ``endpoint_url`` for MinIO, R2,
-Backblaze and others), running its blocking calls on a bounded thread pool so
-the event loop never waits, and sorting its errors into transient and permanent.
-Retries happen in :class:`sync.cloud.Retrying`, so botocore's own are turned off.
+Backblaze and others), running its blocking calls on a bounded pool of daemon
+threads so the event loop never waits, and sorting its errors into transient and
+permanent. Retries happen in :class:`sync.cloud.Retrying`, so botocore's own are
+turned off (one attempt per call).
+
+Why daemon threads (:class:`BlockingCalls`), not a ``ThreadPoolExecutor``: a boto3 call
+cannot be cancelled, and an endpoint that accepts connections and never answers holds
+one for up to ``timeout`` seconds per read. The interpreter joins a
+``ThreadPoolExecutor``'s threads as it exits, so such a call kept a stopped daemon
+alive (past systemd's ``TimeoutStopSec``) after everything else had closed. A call
+left running at exit is abandoned: what it was uploading goes up again on the next
+start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
+import queue
+import threading
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import boto3
@@ -77,6 +88,75 @@ def classify(e: Exception, what: str) -> CloudError:
     return PermanentCloudError(f"{what}: {type(e).__name__}: {e}")
 
 
+class BlockingCalls:
+    """Blocking calls, run on at most ``workers`` daemon threads (started as needed and
+    kept): see the module docstring for why not a ``ThreadPoolExecutor``. A call whose
+    awaiting task was cancelled before a thread took it is not run; one already running
+    runs on, and its result is dropped. After :meth:`close`, calls not yet started are
+    dropped and the threads end as they finish theirs."""
+
+    def __init__(self, workers: int, name: str) -> None:
+        self.workers = workers
+        self.name = name
+        self._calls: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0  # threads waiting for a call, not yet promised one
+        self._closed = False
+
+    def _work(self) -> None:
+        while (call := self._calls.get()) is not None:
+            call()
+            with self._lock:
+                self._idle += 1
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        if self._closed:
+            raise PermanentCloudError("the S3 store was closed")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+
+        def settle(result: Any, error: BaseException | None) -> None:
+            if fut.done():  # the awaiting task was cancelled
+                return
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(result)
+
+        def call() -> None:
+            if fut.cancelled():
+                return
+            result: T | None = None
+            error: BaseException | None = None
+            if self._closed:
+                error = PermanentCloudError("the S3 store was closed")
+            else:
+                try:
+                    result = fn()
+                except BaseException as e:  # handed to the awaiting task
+                    error = e
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(settle, result, error)
+
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+            elif self._threads < self.workers:
+                self._threads += 1
+                threading.Thread(
+                    target=self._work, name=f"{self.name}-{self._threads}", daemon=True
+                ).start()
+        self._calls.put(call)
+        return await fut
+
+    def close(self) -> None:
+        """Drop the calls not started; each thread ends after the call it is in."""
+        self._closed = True
+        for _ in range(self._threads):
+            self._calls.put(None)
+
+
 class S3Store(CloudStore):
     def __init__(
         self,
@@ -95,7 +175,8 @@ class S3Store(CloudStore):
         if self.prefix:
             check_name(self.prefix[:-1])
         config = Config(
-            retries={"max_attempts": 1, "mode": "standard"},
+            # One attempt per call (botocore's max_attempts counts retries, not attempts).
+            retries={"total_max_attempts": 1, "mode": "standard"},
             max_pool_connections=concurrency,
             connect_timeout=timeout,
             read_timeout=timeout,
@@ -104,12 +185,11 @@ class S3Store(CloudStore):
         self.client = session.client("s3", endpoint_url=endpoint_url, config=config)
         self.conditional_put = conditional_put
         self.page_size = page_size
-        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="s3")
+        self._calls = BlockingCalls(concurrency, "s3")
 
     async def _run(self, fn: Callable[[], T], what: str) -> T:
-        loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._pool, fn)
+            return await self._calls.run(fn)
         except CloudError:
             raise
         except Exception as e:
@@ -206,5 +286,5 @@ class S3Store(CloudStore):
         )
 
     async def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._calls.close()  # a call in flight may hang: it is not waited for
         self.client.close()

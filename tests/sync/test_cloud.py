@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from ledgerd.sync.errors import (
     TransientCloudError,
 )
 from ledgerd.sync.folder import FolderStore
-from ledgerd.sync.s3 import S3Store
+from ledgerd.sync.s3 import BlockingCalls, S3Store
 from ledgerd.sync.testing import CountingStore, FaultyStore
 from ledgerd.sync.url import open_store
 
@@ -134,3 +136,57 @@ async def test_open_store_from_url(tmp_path: Path) -> None:
     await s3.close()
     with pytest.raises(PermanentCloudError):
         open_store("ftp://x/y")
+
+
+async def test_s3_calls_left_hanging_are_not_waited_for() -> None:
+    """A boto3 call cannot be cancelled: its task gives up on it at once, its thread is a
+    daemon thread (the interpreter does not wait for it at exit), and a closed pool
+    runs nothing more."""
+    calls = BlockingCalls(2, "s3-test")
+    started, release = threading.Event(), threading.Event()
+
+    def hang() -> int:
+        started.set()
+        release.wait(30)
+        return 1
+
+    try:
+        task = asyncio.ensure_future(calls.run(hang))
+        assert await asyncio.to_thread(started.wait, 10)
+        threads = [t for t in threading.enumerate() if t.name.startswith("s3-test")]
+        assert threads and all(t.daemon for t in threads)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await calls.run(lambda: 2) == 2  # the other thread
+        calls.close()
+        with pytest.raises(PermanentCloudError):
+            await calls.run(lambda: 3)
+    finally:
+        release.set()
+
+
+async def test_s3_makes_one_attempt_per_call() -> None:
+    """Retries are Retrying's: botocore makes one attempt (a hanging endpoint costs one
+    read timeout per call, not two)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                accepted.append(server.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    store = S3Store("b", endpoint_url=f"http://127.0.0.1:{server.getsockname()[1]}", timeout=0.3)
+    try:
+        with pytest.raises(TransientCloudError):
+            await store.get("x")
+        assert len(accepted) == 1
+    finally:
+        await store.close()
+        server.close()
+        for c in accepted:
+            c.close()
