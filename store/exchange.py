@@ -517,7 +517,7 @@ async def rejoin(
         )
 
     await page.adopt_remote(work, new)
-    return await page.merger.rebase(c, os.urandom(8))
+    return await page.merger.rebase(c, os.urandom(8), also)
 
 
 async def shallow_roots(page: Page) -> set[bytes]:
