@@ -192,3 +192,72 @@ async def test_a_rejoin_keeps_documents_uploaded_after_the_checkpoint(
                 assert (await docs.get("c", doc.id)).data == {"n": 3 if offline else 2}
                 assert (await docs.get("c", new.id)).data == {"n": "new"}
                 assert (await docs.get("c", bdoc.id)).data == {"from": "b"}
+
+
+REJOINED = "longer than compaction_grace"
+
+
+async def test_a_round_whose_imports_run_past_the_grace_is_no_absence(
+    tmp_path: Path, bucket: FolderStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A's first round imports a backlog of B's packs for longer than the grace (the
+    soak's rounds took 18-20 s, its grace 20 s): A lists the bucket again meanwhile, so
+    its next round does not take itself for away and start again from the checkpoints
+    (it did, after every such round)."""
+    clock = Clock()
+    kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": GRACE}
+    async with device(tmp_path / "a", bucket, **kw) as a, device(tmp_path / "b", bucket, **kw) as b:
+        pb = await b.repo.ledger("l").page("p")
+        for i in range(6):
+            await pb.put(b"k%d" % i, b"from b")
+            await b.engine.sync()
+            assert await b.engine.policy.write_for_compaction((pb.ledger, pb.id))
+        slow = a.engine.downloader._import_pack
+        imports = 0
+
+        async def slow_import(*args: Any, **kw: Any) -> int:
+            nonlocal imports
+            imports += 1
+            clock.now += GRACE / 3  # each import takes a third of the grace
+            return await slow(*args, **kw)
+
+        a.engine.downloader._import_pack = slow_import  # type: ignore[method-assign]
+        with caplog.at_level("WARNING"):
+            await a.engine.sync()
+            assert imports >= 4
+            await a.engine.round()
+        assert REJOINED not in caplog.text
+        assert (await _keys(a.repo))[b"k5"] == b"from b"
+
+
+async def test_a_short_stop_after_a_listing_not_saved_yet_is_no_absence(
+    tmp_path: Path, bucket: FolderStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lists the bucket (its time saved), lists again a fifth of the grace later (not
+    saved then: saved at most every quarter of it), stops and starts again after most
+    of the grace: away for less than the grace since its last listing, it is no rejoin
+    (it judged by the listing saved before, and was; the stop now saves the last)."""
+    clock = Clock()
+    kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": GRACE}
+    async with device(tmp_path / "b", bucket, **kw) as b:
+        pb = await b.repo.ledger("l").page("p")
+        await pb.put(b"k", b"from b")
+        await b.engine.sync()
+        assert await b.engine.policy.write_for_compaction((pb.ledger, pb.id))
+        async with device(tmp_path / "a", bucket, **kw) as a:
+            await a.engine.sync()
+            clock.now += GRACE / 5
+            await a.engine.round()
+            await a.engine.stop()  # as the daemon stops
+        for _ in range(4):  # B stays present
+            clock.now += GRACE / 5
+            await b.engine.round()
+        clock.now += GRACE / 10  # 1.1 grace since A's first listing, 0.9 since its last
+        await pb.put(b"k", b"from b, while a is stopped")
+        await b.engine.sync()
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            async with device(tmp_path / "a", bucket, **kw) as a:
+                await a.engine.sync()
+                assert (await _keys(a.repo))[b"k"] == b"from b, while a is stopped"
+        assert REJOINED not in caplog.text
