@@ -500,6 +500,8 @@ async def rejoin(
     there were changes to carry."""
     await _verify(pieces)
     c, *also = _checkpoint_commits(commit_data)
+    if any(x.generation >= c.generation for x in also):  # (they are the merge's ancestors)
+        raise CorruptObjectError("a checkpoint's other commits are not older than its head")
     if await _has_commit(page, c.id):
         return None
     await _check_trees(page, [c.root, *(x.root for x in also)], pieces, lazy)
@@ -517,7 +519,7 @@ async def rejoin(
         )
 
     await page.adopt_remote(work, new)
-    return await page.merger.rebase(c, os.urandom(8))
+    return await page.merger.rebase(c, os.urandom(8), also)
 
 
 async def shallow_roots(page: Page) -> set[bytes]:

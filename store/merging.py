@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from ledgerd.store import btree, commit, merge, split, sql
 from ledgerd.store.btree import Builder, Entry, NodeStore, Priority
@@ -254,30 +254,39 @@ class Merger:
 
     # -- commits from elsewhere ------------------------------------------------------
 
-    async def rebase(self, onto: Commit, salt: bytes) -> Commit | None:
-        """Carry this device's unuploaded changes over onto ``onto`` (a checkpoint's
-        head, stored already, whose history is not here): one new commit whose only
-        parent is ``onto``, holding ``onto``'s tree with the changes made here since
-        the last uploaded commit applied under the page's policy (last-one-wins when
-        it needs a resolver). The old unuploaded commits stay here and are never
-        uploaded; the new commit becomes the page's one head. Returns it (None if
-        there was nothing to carry: ``onto`` is then the head)."""
+    async def rebase(
+        self, onto: Commit, salt: bytes, known: Sequence[Commit] = ()
+    ) -> Commit | None:
+        """Carry this device's changes that ``onto`` lacks over onto it (a checkpoint's
+        head, stored already, whose history is not all here; ``known``: the checkpoint's
+        other commits, ancestors of ``onto``): one new commit whose only parent is
+        ``onto``, holding the three-way merge of this device's head and ``onto`` under
+        the page's policy (last-one-wins when it needs a resolver), over their common
+        ancestors as far as this device holds them (the empty page if none). So what
+        this device wrote and uploaded after the commits the checkpoint covers, what it
+        has not uploaded, and what it imported that the checkpoint lacks are all kept;
+        what ``onto`` holds of older commits is no change of its own. The old
+        unuploaded commits stay here and are never uploaded; the new commit becomes the
+        page's one head. Returns it (None if there was nothing to carry: ``onto`` is
+        then the head)."""
         graph = self.graph
         await self.settle()
         async with graph.lock:
             if self._is_closed():
                 raise ClosedError(f"page {named(self.name)} is closed")
-            unsynced = {
-                bytes(r[0])
-                for r in await self.db.read_all("SELECT commit_id FROM unsynced_commits")
-            }
             mine = graph.head
-            base = mine
-            while base.id in unsynced and base.parents:
-                base = await graph.load(base.parents[0])
-            base_root = btree.EMPTY if base.id in unsynced else base.root
             builder = Builder(self.nodes)
-            if mine.id not in unsynced:  # nothing of this device's waits: take ``onto``
+            # ``onto`` with every ancestor of it this device may hold for parents: its
+            # own parents, and the checkpoint's other commits (the newest one the
+            # checkpointing device had imported from each device).
+            parents = tuple(dict.fromkeys([*onto.parents, *(x.id for x in known)]))
+            seen = commit.make(parents, onto.timestamp, onto.generation, onto.root, b"")
+            # A base below the last uploaded commit (this device's newest one the
+            # checkpoint holds), not that commit: the changes uploaded since but not
+            # in the checkpoint read as the checkpoint's, undoing them (and its later
+            # commit won over a newer write of this device's).
+            base_root = await self._base_root(builder, mine, seen, {seen.id: seen})
+            if base_root == mine.root:  # nothing of this device's that ``onto`` lacks
                 root = onto.root
             elif await merge.holds_documents(self.nodes, mine.root, onto.root):
                 root = await merge.by_revision(builder, base_root, mine, onto)

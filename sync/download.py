@@ -118,6 +118,8 @@ class Downloader:
                     n += got
                     got_now += got
                     unsaved[dl.device] = dl
+                    if self.feed.listing_due():  # (what it holds new waits for a round)
+                        await self.feed.list_new()
                     if time.monotonic() - saved >= SAVE_LOGS_EVERY:
                         await self._save(unsaved)
                         saved = time.monotonic()

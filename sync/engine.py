@@ -323,6 +323,10 @@ class SyncEngine:
             )
         except Exception as e:
             log.warning("the last upload at stop failed (it goes up on the next start): %s", e)
+        try:  # a short stop is no absence (see CheckpointPolicy.rejoin_if_away)
+            await self.feed.save_wall_listed()
+        except Exception as e:
+            log.warning("saving the time of the last listing at stop failed: %s", describe(e))
         await self.store.close()
 
     async def fetch_pieces(self, page: Page, digests: list[bytes]) -> dict[bytes, bytes]:

@@ -28,7 +28,8 @@ from ledgerd.sync.progress import DeviceLog, Gap, Held
 log = logging.getLogger(__name__)
 
 LISTED_WALL = "sync/listed-wall"
-"""Repository meta: the wall time of a listing of the feed, within the hour."""
+"""Repository meta: the wall time a listing of the feed started, saved at least every
+quarter of the compaction grace (at most hourly) and at stop."""
 RESTARTING = "sync/restarting"
 """Repository meta: set while the next listing is to start empty device logs at their
 first pack (see ``Feed.restarting``); per device, the highest sequence a checkpoint
@@ -43,8 +44,8 @@ class Feed:
     """What this device has listed of the bucket's feed, per device.
 
     ``grace`` is the compaction grace: the wall time of a listing is saved often
-    enough (a quarter of it, at most hourly) that a device can tell it was away
-    for longer.
+    enough (a quarter of it, at most hourly, and at stop) that a device can tell it
+    was away for longer; a long import lists again meanwhile (:meth:`listing_due`).
     """
 
     def __init__(
@@ -68,7 +69,8 @@ class Feed:
         self.own_time = 0
         self._ignored: set[str] = set()
         self._listed_at: float | None = None  # monotonic time of the last listing
-        self._listed_wall = 0.0  # wall time of a recent listing (see wall_listed)
+        self._listed_wall = 0.0  # wall time the last listing started (see wall_listed)
+        self._saved_wall = 0.0  # the one saved in the repository
         # The next listing starts each empty device log at its first pack: set when
         # this device read the checkpoints to start pages from (a new device, or one
         # back after longer than the grace), below which compaction may have deleted
@@ -111,6 +113,7 @@ class Feed:
         window = int(self.feed_window * 1000)
         after = layout.feed_after(self.feed_max - window) if self.feed_max else ""
         started = time.monotonic()
+        wall = self.ctx.clock()
         newest = self.feed_max
         touched: set[str] = set()
         async for name in self.ctx.store.list(layout.PACKS, after):
@@ -139,19 +142,36 @@ class Feed:
             self.feed_max = newest
             await self.ctx.repo.set_meta("sync/feed", str(newest).encode())
         self._listed_at = started
-        now = self.ctx.clock()
-        if now - self._listed_wall > min(LISTED_WALL_STEP, self.grace / 4):
-            await self.set_wall_listed(now)
+        # The time it started (what it lists is in the bucket by then), known at once
+        # here; saved now and then (a write each round is too many), and at stop.
+        self._listed_wall = wall
+        if not 0 <= wall - self._saved_wall <= min(LISTED_WALL_STEP, self.grace / 4):
+            await self.set_wall_listed(wall)
 
     async def wall_listed(self) -> float:
-        """The wall time of a recent listing (within the hour), 0 if there was none."""
+        """The wall time the last listing started: of this process, or else the one
+        saved (within a quarter of the grace of the last one before a stop that saved
+        nothing); 0 if there was none."""
         if not self._listed_wall:
             self._listed_wall = float(await self.ctx.repo.get_meta(LISTED_WALL) or b"0")
+            self._saved_wall = self._listed_wall
         return self._listed_wall
 
     async def set_wall_listed(self, now: float) -> None:
-        self._listed_wall = now
+        self._listed_wall = self._saved_wall = now
         await self.ctx.repo.set_meta(LISTED_WALL, str(now).encode())
+
+    async def save_wall_listed(self) -> None:
+        """Save the last listing's time if a newer one than the saved (at stop)."""
+        if self._listed_wall and self._listed_wall != self._saved_wall:
+            await self.set_wall_listed(self._listed_wall)
+
+    def listing_due(self) -> bool:
+        """Whether the last listing of this process is a quarter of the grace old: a
+        round whose imports run that long lists again between them, or the next round
+        would take this device for away (compaction may have deleted packs named since
+        that it never listed) and start its pages again from the checkpoints."""
+        return bool(self._listed_at) and self.ctx.clock() - self._listed_wall > self.grace / 4
 
     async def saw(self, pn: PackName) -> bool:
         """Take note of a listed pack; True if it is new (then it is held for import)."""

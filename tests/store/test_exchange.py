@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ledgerd.store import Page, Priority, Repository, exchange
+from ledgerd.store import Page, Priority, Repository, commit, exchange
 from ledgerd.store.errors import CorruptObjectError
 from ledgerd.store.schema import LOCAL
 
@@ -137,3 +137,22 @@ async def test_after_merging_an_import_the_upload_diffs_from_the_imported_parent
             assert not set(mine.eager) & set(pieces)
             return
     raise AssertionError("no merge with the device's own commit first")
+
+
+async def test_a_rejoin_refuses_a_checkpoint_whose_other_commits_are_not_older(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint's other commits are ancestors of its head, which the rejoin merges
+    over: one as new as the head is a malformed checkpoint, refused with nothing
+    stored (as :func:`exchange.import_checkpoint` refuses it)."""
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.put(b"k", b"mine")
+        await page.flush()
+        head = page.head
+        c = commit.make((head.id,), head.timestamp + 1, head.generation + 1, head.root, b"c")
+        other = commit.make((head.id,), head.timestamp, c.generation, head.root, b"o")
+        with pytest.raises(CorruptObjectError, match="not older than its head"):
+            await exchange.rejoin(page, [c.data, other.data], {}, {}, [])
+        assert page.head.id == head.id
+        assert await page.get(b"k") == b"mine"
