@@ -1246,31 +1246,21 @@ class Ledger:
     async def lost_pages(self) -> list[bytes]:
         """The ledger's pages whose database file is gone while its -wal or -journal
         remains (:meth:`Repository.page_lost`): not in :meth:`pages`, damaged."""
+        lost = await asyncio.to_thread(self._scan, _lost)
+        return [p for p in lost if self.repo.page_lost(self.name, p)]
+
+    def _scan(self, test: Callable[[Path], bool]) -> list[bytes]:
+        """The ids of the ledger's page directories that pass ``test``, in order
+        (blocking)."""
         directory = self.repo.ledgers_dir / encode_name(self.name)
-
-        def scan() -> list[bytes]:
-            if not directory.is_dir():
-                return []
-            out = []
-            for p in directory.iterdir():
-                raw = decode_name(p.name)
-                if raw is not None and encode_name(raw) == p.name and _lost(p):
-                    out.append(raw)
-            return sorted(out)
-
-        return [p for p in await asyncio.to_thread(scan) if self.repo.page_lost(self.name, p)]
+        if not directory.is_dir():
+            return []
+        out = []
+        for p in directory.iterdir():
+            raw = decode_name(p.name)
+            if raw is not None and encode_name(raw) == p.name and test(p):
+                out.append(raw)
+        return sorted(out)
 
     async def _stored(self) -> list[bytes]:
-        directory = self.repo.ledgers_dir / encode_name(self.name)
-
-        def scan() -> list[bytes]:
-            if not directory.is_dir():
-                return []
-            out = []
-            for p in directory.iterdir():
-                raw = decode_name(p.name)
-                if raw is not None and (p / "page.sqlite").exists() and encode_name(raw) == p.name:
-                    out.append(raw)
-            return sorted(out)
-
-        return await asyncio.to_thread(scan)
+        return await asyncio.to_thread(self._scan, lambda p: (p / "page.sqlite").exists())
