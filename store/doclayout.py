@@ -342,7 +342,7 @@ def _decodes(data: bytes) -> bool:
 
 
 class _NotJSON(ValueError):
-    pass
+    """A record whose data has no JSON form (told from one that is no record)."""
 
 
 def _decode_record(data: bytes, json_data: bool) -> Record:
@@ -482,12 +482,6 @@ def encode_definition(partition: list[str], sort: list[str] | None) -> bytes:
     return out
 
 
-def definition_layout(data: bytes) -> int | None:
-    """The layout an index definition says it is of (its first element, as a body's:
-    :func:`record_layout`); None for bytes that are not one msgpack array led by one."""
-    return record_layout(data)
-
-
 def decode_definition(data: bytes) -> tuple[list[str], list[str] | None]:
     """``(partition, sort)`` of an index definition: ``[layout, partition, sort]`` in
     msgpack, its paths lists of text (``sort`` may be null). Raises ValueError for bytes
@@ -495,7 +489,7 @@ def decode_definition(data: bytes) -> tuple[list[str], list[str] | None]:
     and :class:`FutureLayoutError`, a ValueError too, for a definition of a layout
     above :data:`LAYOUT_VERSION` (a newer ledgerd's), whatever follows its layout: it
     is never read as layout 1."""
-    layout = definition_layout(data)
+    layout = record_layout(data)  # (a definition leads with its layout, as a body)
     if layout is not None and layout > LAYOUT_VERSION:
         raise FutureLayoutError(layout, "definition")
     try:

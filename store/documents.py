@@ -791,8 +791,8 @@ class DocumentStore:
             doclayout.decode_definition(await self.page.objects.read_all(e.value))
         except doclayout.FutureLayoutError as err:
             raise _unreadable_index(collection, name, err) from None
-        except ValueError:
-            pass
+        except ValueError:  # damaged: declaring or dropping it again repairs it
+            return
 
     async def query(
         self,
