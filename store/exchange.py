@@ -16,7 +16,7 @@ import logging
 import operator
 import os
 import sqlite3
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Concatenate, ParamSpec, TypeVar
 
@@ -491,13 +491,16 @@ async def rejoin(
     pieces: dict[bytes, bytes],
     lazy: dict[bytes, str],
     markers: list[tuple[str, bytes]],
+    covered: Sequence[bytes] = (),
 ) -> Commit | None:
     """Take a checkpoint into a page that has history of its own, for a device that
     was away longer than the bucket keeps history: the checkpoint's commits are
     stored as shallow roots, and this device's unuploaded changes are carried over
     onto its head (:meth:`store.merging.Merger.rebase`), never uploaded on their old
-    parents, which other devices may no longer have. Returns the new commit, if
-    there were changes to carry."""
+    parents, which other devices may no longer have. ``covered``: commits of this
+    page the caller knows the checkpoint's head descends from (what this device
+    imported from packs the checkpoint covers). Returns the new commit, if there
+    were changes to carry."""
     await _verify(pieces)
     c, *also = _checkpoint_commits(commit_data)
     if any(x.generation >= c.generation for x in also):  # (they are the merge's ancestors)
@@ -519,7 +522,7 @@ async def rejoin(
         )
 
     await page.adopt_remote(work, new)
-    return await page.merger.rebase(c, os.urandom(8), also)
+    return await page.merger.rebase(c, os.urandom(8), also, covered)
 
 
 async def shallow_roots(page: Page) -> set[bytes]:

@@ -32,7 +32,7 @@ from ledgerd.store import btree, commit, merge, split, sql
 from ledgerd.store.btree import Builder, Entry, NodeStore, Priority
 from ledgerd.store.commit import Commit
 from ledgerd.store.db import Database
-from ledgerd.store.errors import ClosedError, named
+from ledgerd.store.errors import ClosedError, CommitNotFoundError, named
 from ledgerd.store.graph import CommitGraph
 from ledgerd.store.hooks import ResolverSource
 
@@ -255,11 +255,17 @@ class Merger:
     # -- commits from elsewhere ------------------------------------------------------
 
     async def rebase(
-        self, onto: Commit, salt: bytes, known: Sequence[Commit] = ()
+        self,
+        onto: Commit,
+        salt: bytes,
+        known: Sequence[Commit] = (),
+        covered: Sequence[bytes] = (),
     ) -> Commit | None:
         """Carry this device's changes that ``onto`` lacks over onto it (a checkpoint's
         head, stored already, whose history is not all here; ``known``: the checkpoint's
-        other commits, ancestors of ``onto``): one new commit whose only parent is
+        other commits, ancestors of ``onto``; ``covered``: ids of commits here that the
+        caller knows are ancestors of ``onto`` too, those of them this page holds are
+        counted so): one new commit whose only parent is
         ``onto``, holding the three-way merge of this device's head and ``onto`` under
         the page's policy (last-one-wins when it needs a resolver), over their common
         ancestors as far as this device holds them (the empty page if none). So what
@@ -279,7 +285,19 @@ class Merger:
             # ``onto`` with every ancestor of it this device may hold for parents: its
             # own parents, and the checkpoint's other commits (the newest one the
             # checkpointing device had imported from each device).
-            parents = tuple(dict.fromkeys([*onto.parents, *(x.id for x in known)]))
+            # And the commits the caller knows the checkpoint covers (what this device
+            # imported from packs whose commits the checkpointing device held): a value
+            # imported here and superseded since by its writer is then no change of
+            # this device's, even when the commits between are not here.
+            also = [x.id for x in known]
+            for cid in dict.fromkeys(covered):
+                try:
+                    x = await graph.load(cid)
+                except CommitNotFoundError:  # pruned or never here: no help
+                    continue
+                if x.generation < onto.generation:  # (an ancestor is older)
+                    also.append(x.id)
+            parents = tuple(dict.fromkeys([*onto.parents, *also]))
             seen = commit.make(parents, onto.timestamp, onto.generation, onto.root, b"")
             # A base below the last uploaded commit (this device's newest one the
             # checkpoint holds), not that commit: the changes uploaded since but not

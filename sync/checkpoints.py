@@ -351,7 +351,8 @@ class Checkpoints:
         markers = [(f"imported/{d}", str(seq).encode()) for d, seq in cp.cover.items()]
         markers.append((BASE, str(cp.name.eager_end - cp.name.head_end).encode()))
         if rejoin:
-            await ex.rejoin(page, cp.commits, cp.eager, cp.lazy, markers)
+            covered = await _covered_commits(page, cp.cover)
+            await ex.rejoin(page, cp.commits, cp.eager, cp.lazy, markers, covered)
         else:
             await ex.import_checkpoint(page, cp.commits, cp.eager, cp.lazy, markers)
         self.covers[cp.key] = cp.cover
@@ -373,3 +374,24 @@ class Checkpoints:
 
     def status(self) -> dict[str, Any]:
         return {"written": self.written, "shallow_pages": len(self.covers)}
+
+
+async def _covered_commits(page: Page, cover: dict[str, int]) -> list[bytes]:
+    """The commits this page imported that a checkpoint of ``cover`` descends from:
+    per device, the newest commit of the last pack imported from it (``frontier/``,
+    set by the download with ``imported/``), when every pack of that device imported
+    here is one the cover includes (the checkpointing device held all their commits,
+    with one head: ancestors of it)."""
+    imported: dict[str, int] = {}
+    for name, value in await ex.sync_values(page, "imported/"):
+        try:
+            imported[name.removeprefix("imported/")] = int(value)
+        except ValueError:  # a damaged row: that device's commits are not counted
+            continue
+    out = []
+    for name, tip in await ex.sync_values(page, "frontier/"):
+        device = name.removeprefix("frontier/")
+        seq = imported.get(device)
+        if len(tip) == 32 and seq is not None and seq <= cover.get(device, 0):
+            out.append(tip)
+    return out

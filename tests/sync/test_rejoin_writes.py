@@ -150,6 +150,56 @@ async def test_a_rejoin_onto_a_newer_checkpoint_keeps_a_write_over_an_uploaded_o
             assert await _keys(b.repo) == want
 
 
+@pytest.mark.parametrize("later", [b"Y", None])
+async def test_a_rejoin_keeps_another_devices_newer_write_over_the_value_it_held(
+    tmp_path: Path, bucket: FolderStore, later: bytes | None
+) -> None:
+    """A imported B's k = X, then went away; B set k = Y (or deleted k) and
+    checkpointed; A wrote another key offline. A holds none of the commits between
+    X and the checkpoint's head, so the common ancestors it could find lay below X:
+    X read as A's own change, and A's carried commit (later than B's) put X back on
+    both devices. The commits A imported from packs the checkpoint's cover includes
+    are ancestors of its head: X is the base, and Y (or the deletion) stays."""
+    clock = Clock()
+    kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": GRACE}
+    async with device(tmp_path / "b", bucket, **kw) as b:
+        pb = await b.repo.ledger("l").page("p")
+        async with device(tmp_path / "a", bucket, **kw) as a:
+            pa = await a.repo.ledger("l").page("p")
+            await pa.put(b"a0", b"a0")
+            await a.engine.sync()
+            await b.engine.sync()
+            await pb.put(b"k", b"X")
+            await b.engine.sync()
+            await a.engine.sync()
+            assert (await _keys(a.repo))[b"k"] == b"X"
+            if later is None:
+                await pb.delete(b"k")
+            else:
+                await pb.put(b"k", later)
+            await pb.flush()
+            await pb.put(b"z", b"Z")
+            await b.engine.round(download=False)
+            assert await b.engine.policy.write_for_compaction((pb.ledger, pb.id))
+            await pa.put(b"w", b"offline on a, after B's write")
+            await pa.flush()
+        for _ in range(5):
+            clock.now += GRACE / 4
+            await b.engine.round()
+        async with device(tmp_path / "a", bucket, **kw) as a:
+            await a.engine.round()
+            assert a.engine.checkpoints.covers
+            want = {b"a0": b"a0", b"z": b"Z", b"w": b"offline on a, after B's write"}
+            if later is not None:
+                want[b"k"] = later
+            assert await _keys(a.repo) == want
+            await a.engine.sync()
+            await b.engine.sync()
+            await a.engine.sync()
+            assert await _keys(a.repo) == want
+            assert await _keys(b.repo) == want
+
+
 @pytest.mark.parametrize("offline", [False, True])
 async def test_a_rejoin_keeps_documents_uploaded_after_the_checkpoint(
     tmp_path: Path, bucket: FolderStore, offline: bool
