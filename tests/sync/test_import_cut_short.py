@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from ledgerd.store import exchange as ex
-from ledgerd.sync import download
 from ledgerd.sync.errors import SyncStoppedError
 from ledgerd.sync.folder import FolderStore
 from tests.sync.test_engine import _keys, device
@@ -47,7 +46,7 @@ async def test_a_stop_during_a_packs_import_leaves_its_other_pages_held(
                 await asyncio.Event().wait()
             return await real(page, *args, **kw)
 
-        monkeypatch.setattr(download.ex, "import_remote", import_remote)
+        monkeypatch.setattr(ex, "import_remote", import_remote)
         async with device(tmp_path / "b", bucket) as b:
             task = asyncio.create_task(b.engine.sync())
             await reached.wait()
@@ -55,7 +54,7 @@ async def test_a_stop_during_a_packs_import_leaves_its_other_pages_held(
             with pytest.raises(SyncStoppedError):
                 await task
         assert pages == [b"p0", b"p1", b"p2"]
-        monkeypatch.setattr(download.ex, "import_remote", real)
+        monkeypatch.setattr(ex, "import_remote", real)
 
         async with device(tmp_path / "b", bucket) as b:
             await b.engine.sync()
