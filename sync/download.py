@@ -210,7 +210,15 @@ class Downloader:
         except TransientCloudError as e:
             self._hold(dl, pn, only, progress.DEFERRED, f"not imported now: {describe(e)}")
             return 0
-        dl.held.pop(whole, None)
+        # Each page stays held on its own until it is in: a download stopped midway (a
+        # daemon's stop cancels it, and the log is saved after) leaves the pages it
+        # did not reach held, where dropping the whole pack first lost them for good.
+        listed = dl.held.pop(whole, None)
+        for p in pages:
+            h = Held(pn, p.key, progress.RETRY, "listed, not imported yet")
+            if listed is not None:
+                h.since = listed.since
+            dl.held.setdefault(h.id, h)
         got = 0
         for p in pages:
             mine = Held(pn, p.key, progress.RETRY, "").id

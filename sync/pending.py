@@ -44,6 +44,13 @@ class Pending:
         self.counts[key] = self.counts.get(key, 0) + 1
         return True
 
+    def again(self, key: Key) -> None:
+        """A round could not upload ``key`` (its error is in status): it is a candidate
+        of the next round, which retries it, even if nothing was pending in it (an open
+        page, visited because it was open, that could not be opened again)."""
+        if key[0] != LOCAL:
+            self.counts.setdefault(key, 0)
+
     def seen(self, key: Key) -> int | None:
         """The page's count now: give it to :meth:`done` when its upload is recorded."""
         return self.counts.get(key)

@@ -158,6 +158,7 @@ class Uploader:
                 except Exception as e:  # this page's failure stays this page's
                     rnd.drop(key)
                     self.board.page_failed(key, e)
+                    self.pending.again(key)  # retried next round, pending or not
             with contextlib.suppress(Exception):  # its pages' failures are in status
                 await self._flush(rnd)
             for u in rnd.uploaded:  # each page's commits are in the bucket now
@@ -171,6 +172,7 @@ class Uploader:
                     raise
                 except Exception as e:  # uploaded, not recorded: it goes up again next round
                     self.board.page_failed(u.key, e)
+                    self.pending.again(u.key)
         await self.pending.save()
         return rnd.packs
 
@@ -257,6 +259,7 @@ class Uploader:
             for key in {*rnd.sections, *(u.key for u in rnd.waiting)}:
                 rnd.drop(key)
                 self.board.page_failed(key, e)
+                self.pending.again(key)
             raise
         rnd.sent()
 
