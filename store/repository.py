@@ -773,7 +773,7 @@ class Repository:
         rather than for the one this began, or refuse: a page closing is in nobody's
         use, and its close ends (its writes, hooks and database). With no idle page, a
         quiet one (:attr:`Page.quiet`: only its journal's commit under way) closes."""
-        while len(self._pages) + self._reserved >= self.max_open_pages:
+        while self._counted() >= self.max_open_pages:
             idle = [p for p in self._pages.values() if not p.closed and p.idle]
             idle = idle or [p for p in self._pages.values() if not p.closed and p.quiet]
             if idle:
@@ -781,13 +781,44 @@ class Repository:
                 min(idle, key=lambda p: p.last_used).start_close()
             closing = [p.start_close() for p in self._pages.values() if p.closed]
             if not closing:
-                raise TooManyOpenPagesError(
-                    f"all {len(self._pages) + self._reserved} open pages are in use "
-                    "(max_open_pages); "
-                    "try again when one is released"
-                )
+                if await self._retry_unclosed():
+                    continue  # one kept aside is closed at last: its slot is free
+                raise TooManyOpenPagesError(self._full_message())
             await asyncio.wait(closing, return_when=asyncio.FIRST_COMPLETED)
             self._check_open()  # closed while this waited: open nothing
+
+    def _counted(self) -> int:
+        """What counts against ``max_open_pages``: the pages open or closing, those
+        being opened, and those kept aside because their close failed (their
+        connections, files and threads are still open)."""
+        return len(self._pages) + self._reserved + len(self._unclosed)
+
+    def _full_message(self) -> str:
+        aside = len(self._unclosed)
+        in_use = self._counted() - aside
+        text = f"all {self._counted()} open pages are in use (max_open_pages {self.max_open_pages})"
+        if aside:
+            names = ", ".join(named(k[1]) for k in list(self._unclosed)[:3])
+            text = (
+                f"no more pages may be open (max_open_pages {self.max_open_pages}): "
+                f"{in_use} are in use and {aside} kept aside because closing them "
+                f"failed and left database connections open (page {names}"
+                f"{', ...' if aside > 3 else ''}; their close is tried again at each "
+                "open past the bound)"
+            )
+        return f"{text}; try again when one is released"
+
+    async def _retry_unclosed(self) -> bool:
+        """Try again to close what the failed closes of pages kept aside left open:
+        whether one of them is closed now (its slot freed)."""
+        for key in list(self._unclosed):
+            try:
+                await self._close_unclosed(key)
+            except PageUnavailableError as e:
+                log.debug("%s", e)
+                continue
+            return True
+        return False
 
     def _hand_out(self, key: tuple[bytes, bytes]) -> None:
         self._handed_out[key] = self._handed_out.get(key, 0) + 1
@@ -873,8 +904,9 @@ class Repository:
                 f"closed ({type(e).__name__}: {e}); tried again at its next use"
             ) from e
         finally:
-            if not old.db.unclosed:
-                del self._unclosed[key]
+            # (Another caller may have closed them meanwhile: the close waits on the
+            # database's lock, and logs once.)
+            if not old.db.unclosed and self._unclosed.pop(key, None) is not None:
                 log.info("page %s: its connections left open are closed", named(key[1]))
 
     async def _settle_opened(self, page: Page) -> None:
