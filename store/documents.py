@@ -89,7 +89,8 @@ class Damaged:
     sync; reading it alone raises MalformedRecordError), ``unsupported_layout`` for
     a record of a layout a newer ledgerd wrote (UnsupportedLayoutError). A body key
     whose id is not a ULID's 16 bytes (the key API can write one) is ``corrupt``
-    whatever it holds, ``id`` then ``hex:`` and the id's bytes in hex."""
+    whatever it holds, ``id`` then ``hex:`` and the id's bytes in hex; the changes
+    feed names it so once more when that key is deleted."""
 
     collection: str
     id: str
@@ -955,8 +956,19 @@ class DocumentStore:
         old: View | None = None
         for coll, doc_id in found:
             if len(doc_id) != doclayout.ULID_SIZE:  # the key API's: named while its body is
-                if await snap.get_entry(doclayout.body_key(coll, doc_id)) is not None:
+                body = doclayout.body_key(coll, doc_id)
+                if await snap.get_entry(body) is not None:
                     damaged.append(_damaged(self.page, coll, doc_id, _odd_id(coll, doc_id)))
+                    continue
+                # Its body deleted since the feed's start (through the key API): named
+                # once more, as a ULID's document is reported purged, so that a follower
+                # that was told of it learns it is gone.
+                if old is None:
+                    old = await self.page.snapshot(resume)
+                if await old.get_entry(body) is not None:
+                    damaged.append(
+                        _damaged(self.page, coll, doc_id, _odd_id(coll, doc_id, deleted=True))
+                    )
                 continue
             try:
                 r = await self._record(snap, coll, doc_id)
@@ -1040,10 +1052,17 @@ def _id_text(doc_id: bytes) -> str:
     return "hex:" + doc_id.hex()
 
 
-def _odd_id(collection: str, doc_id: bytes) -> MalformedRecordError:
+def _odd_id(collection: str, doc_id: bytes, *, deleted: bool = False) -> MalformedRecordError:
+    """The error of a body key whose id is not a ULID's 16 bytes; ``deleted``: the
+    changes feed's, for such a key deleted since the feed's start."""
+    why = f"its id is {len(doc_id)} bytes, not a ULID's 16 (a key written through the key API)"
+    if deleted:
+        return MalformedRecordError(
+            f"document {_id_text(doc_id)} in {collection!r} is gone: its body key, "
+            f"damaged ({why}), was deleted"
+        )
     return MalformedRecordError(
-        f"document {_id_text(doc_id)} in {collection!r} is damaged: its id is "
-        f"{len(doc_id)} bytes, not a ULID's 16 (a key written through the key API); "
+        f"document {_id_text(doc_id)} in {collection!r} is damaged: {why}; "
         "delete its keys through the key API"
     )
 

@@ -132,6 +132,9 @@ class Page(View):
         self._closed = False
         self._close_done: asyncio.Future[None] | None = None
         self._leases = 0
+        self.on_release: Callable[[Page], None] | None = None
+        """Called when the page's last lease ends (the repository: an open waiting
+        for room, :meth:`Repository.page`'s ``wait``, looks again)."""
         self._readers: weakref.WeakSet[Snapshot | Transaction] = weakref.WeakSet()
         self.gc_holds = 0
         """Imports checking remote trees without the commit lock: garbage collection
@@ -253,6 +256,8 @@ class Page(View):
             self._leases -= 1
             if use:
                 self._touch()
+            if not self._leases and self.on_release is not None:
+                self.on_release(self)
 
     @property
     def idle(self) -> bool:

@@ -64,6 +64,10 @@ NAME_LIMIT = 128
 MAX_OPEN_PAGES = 1024
 """Pages open at once, by default (each holds three SQLite connections: a few
 files and two threads)."""
+ROOM_RECHECK = 0.25
+"""Seconds between looks of an open that waits for room (``wait``): a lease's end
+wakes it at once; a watcher, transaction or merge that ends frees a page too, and is
+seen at the next look."""
 PAGE_ID_SIZE = 16
 """Bytes of a page id chosen at random when none is given."""
 
@@ -344,6 +348,9 @@ class Repository:
         opened again until they are closed (:meth:`_close_unclosed`)."""
         self._settling: set[asyncio.Future[bool]] = set()
         """Merges of the heads pages were opened with (:meth:`_settle_opened`)."""
+        self._room_waiters: set[asyncio.Future[None]] = set()
+        """Opens waiting for room (:meth:`_make_room`'s ``wait``): woken when a page's
+        last lease ends, a page closes, or the repository closes."""
 
     @classmethod
     async def open(
@@ -708,9 +715,13 @@ class Repository:
         if self._closed:
             raise ClosedError(f"the repository {self.root} is closed")
 
-    async def acquire(self, ledger: bytes, page_id: bytes) -> tuple[Page, bool]:
-        """Like :meth:`open_page`, and whether this call is the one that opened it."""
-        page, opened, _ = await self._acquire(ledger, page_id, mark=False)
+    async def acquire(
+        self, ledger: bytes, page_id: bytes, *, wait: float = 0.0
+    ) -> tuple[Page, bool]:
+        """Like :meth:`open_page`, and whether this call is the one that opened it.
+        With every open page busy, it waits up to ``wait`` seconds for one to be
+        released before it raises :class:`TooManyOpenPagesError`."""
+        page, opened, _ = await self._acquire(ledger, page_id, mark=False, wait=wait)
         return page, opened
 
     async def acquire_new(self, ledger: bytes, page_id: bytes) -> tuple[Page, bool]:
@@ -724,7 +735,7 @@ class Repository:
         return page, made
 
     async def _acquire(
-        self, ledger: bytes, page_id: bytes, *, mark: bool
+        self, ledger: bytes, page_id: bytes, *, mark: bool, wait: float = 0.0
     ) -> tuple[Page, bool, bool]:
         self._check_open()
         key = (ledger, page_id)
@@ -751,7 +762,7 @@ class Repository:
                 if mark and key not in self._evicted and not self.page_path(*key).exists():
                     await self.mark_unwritten(ledger, page_id)
                     made = True
-                await self._make_room()
+                await self._make_room(wait)
                 self._reserved += 1  # no await since _make_room found room
                 try:
                     page = await self._open_new(ledger, page_id)
@@ -766,28 +777,82 @@ class Repository:
             self._hand_out(key)
             return page, opened, made
 
-    async def _make_room(self) -> None:
+    async def _make_room(self, wait: float = 0.0) -> None:
         """Close least recently used idle pages until one more may open (pages being
         opened count as open, and so do pages closing: they hold their files until
         their close ends). While pages are closing, wait for the first close to end
         rather than for the one this began, or refuse: a page closing is in nobody's
         use, and its close ends (its writes, hooks and database). With no idle page, a
-        quiet one (:attr:`Page.quiet`: only its journal's commit under way) closes."""
-        while len(self._pages) + self._reserved >= self.max_open_pages:
+        quiet one (:attr:`Page.quiet`: only its journal's commit under way) closes.
+        With none of those, wait up to ``wait`` seconds for a page to be released (a
+        background job's open, like sync's, rather than fail), then refuse."""
+        deadline = time.monotonic() + wait
+        while self._counted() >= self.max_open_pages:
             idle = [p for p in self._pages.values() if not p.closed and p.idle]
             idle = idle or [p for p in self._pages.values() if not p.closed and p.quiet]
             if idle:
                 # Checked and closed with no await in between (see close_idle).
                 min(idle, key=lambda p: p.last_used).start_close()
             closing = [p.start_close() for p in self._pages.values() if p.closed]
-            if not closing:
-                raise TooManyOpenPagesError(
-                    f"all {len(self._pages) + self._reserved} open pages are in use "
-                    "(max_open_pages); "
-                    "try again when one is released"
-                )
-            await asyncio.wait(closing, return_when=asyncio.FIRST_COMPLETED)
+            if closing:
+                await asyncio.wait(closing, return_when=asyncio.FIRST_COMPLETED)
+            elif await self._retry_unclosed():
+                continue  # one kept aside is closed at last: its slot is free
+            elif (left := deadline - time.monotonic()) > 0:
+                await self._room_freed(min(left, ROOM_RECHECK))
+            else:
+                raise TooManyOpenPagesError(self._full_message(wait))
             self._check_open()  # closed while this waited: open nothing
+
+    async def _room_freed(self, timeout: float) -> None:
+        """Wait until a page may have been released, at most ``timeout`` seconds."""
+        freed = asyncio.get_running_loop().create_future()
+        self._room_waiters.add(freed)
+        try:
+            await asyncio.wait([freed], timeout=timeout)
+        finally:
+            self._room_waiters.discard(freed)
+
+    def _wake_room(self, page: Page | None = None) -> None:
+        """Wake the opens waiting for room (``page``: the one released)."""
+        for freed in self._room_waiters:
+            if not freed.done():
+                freed.set_result(None)
+
+    def _counted(self) -> int:
+        """What counts against ``max_open_pages``: the pages open or closing, those
+        being opened, and those kept aside because their close failed (their
+        connections, files and threads are still open)."""
+        return len(self._pages) + self._reserved + len(self._unclosed)
+
+    def _full_message(self, waited: float = 0.0) -> str:
+        aside = len(self._unclosed)
+        in_use = self._counted() - aside
+        text = f"all {self._counted()} open pages are in use (max_open_pages {self.max_open_pages})"
+        if aside:
+            names = ", ".join(named(k[1]) for k in list(self._unclosed)[:3])
+            text = (
+                f"no more pages may be open (max_open_pages {self.max_open_pages}): "
+                f"{in_use} are in use and {aside} kept aside because closing them "
+                f"failed and left database connections open (page {names}"
+                f"{', ...' if aside > 3 else ''}; their close is tried again at each "
+                "open past the bound)"
+            )
+        if waited > 0:
+            return f"{text}; none was released within {waited:g}s"
+        return f"{text}; try again when one is released"
+
+    async def _retry_unclosed(self) -> bool:
+        """Try again to close what the failed closes of pages kept aside left open:
+        whether one of them is closed now (its slot freed)."""
+        for key in list(self._unclosed):
+            try:
+                await self._close_unclosed(key)
+            except PageUnavailableError as e:
+                log.debug("%s", e)
+                continue
+            return True
+        return False
 
     def _hand_out(self, key: tuple[bytes, bytes]) -> None:
         self._handed_out[key] = self._handed_out.get(key, 0) + 1
@@ -798,15 +863,16 @@ class Repository:
 
     @contextlib.asynccontextmanager
     async def page(
-        self, ledger: bytes, page_id: bytes, *, transient: bool = False
+        self, ledger: bytes, page_id: bytes, *, transient: bool = False, wait: float = 0.0
     ) -> AsyncIterator[Page]:
         """The page, opened if need be and held (leased) for the block: the one way
         the daemon's API, its sessions and sync use pages.
 
         With ``transient`` (a background look, like a sync round's), a page this
         call opened is closed again at the end unless someone else took it
-        meanwhile or something is under way in it."""
-        page, opened = await self.acquire(ledger, page_id)
+        meanwhile or something is under way in it. ``wait``: seconds to wait for
+        room when every open page is busy (:meth:`acquire`)."""
+        page, opened = await self.acquire(ledger, page_id, wait=wait)
         mine = self.handed_out(page)
         try:
             with page.lease(use=not (transient and opened)):
@@ -853,6 +919,7 @@ class Repository:
             raise
         self._evicted.pop((ledger, page_id), None)
         page.last_used = time.monotonic()
+        page.on_release = self._wake_room
         self._pages[(ledger, page_id)] = page
         self._handed_out[(ledger, page_id)] = 0
         return page
@@ -873,8 +940,9 @@ class Repository:
                 f"closed ({type(e).__name__}: {e}); tried again at its next use"
             ) from e
         finally:
-            if not old.db.unclosed:
-                del self._unclosed[key]
+            # (Another caller may have closed them meanwhile: the close waits on the
+            # database's lock, and logs once.)
+            if not old.db.unclosed and self._unclosed.pop(key, None) is not None:
                 log.info("page %s: its connections left open are closed", named(key[1]))
 
     async def _settle_opened(self, page: Page) -> None:
@@ -938,6 +1006,7 @@ class Repository:
             self._handed_out.pop(key, None)
         if page.db.unclosed:  # (Page logs it, once)
             self._unclosed[key] = page
+        self._wake_room()
         if not self.usage.closed:
             self._closed_deleted[key] = page.deleted  # until _record_close wrote it
             task = asyncio.get_running_loop().create_task(self._record_close(page))
@@ -1173,6 +1242,7 @@ class Repository:
         close fails (logged by the page) does not keep the others, nor the repository,
         open: what its database left open is tried once more, and logged if it fails."""
         self._closed = True  # no page opens from now on
+        self._wake_room()  # an open waiting for room gives up (ClosedError)
         for page in list(self._pages.values()):
             page.merger.abandon()  # an open merging its heads ends at once (below)
         for opening in list(self._opening.values()):

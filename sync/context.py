@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
-from ledgerd.store import LOCAL_LEDGER, Page, Repository
+from ledgerd.store import LOCAL_LEDGER, Page, Repository, TooManyOpenPagesError
 from ledgerd.sync import crypto, layout
 from ledgerd.sync.cloud import Metered
 from ledgerd.sync.errors import (
@@ -35,6 +35,12 @@ LOCAL = LOCAL_LEDGER.encode()
 """The ledger that is never uploaded, nor written from the bucket (its pages
 stay on this device: see the README's Documents section)."""
 LEGACY_DONE = "sync/legacy-read"
+PAGE_WAIT = 10.0
+"""Seconds a sync step waits for room to open its page when every one of the
+repository's ``max_open_pages`` is busy (requests, sessions, watchers hold them),
+rather than fail at once; once a wait runs out, the steps of the next PAGE_WAIT
+seconds do not wait (each fails at once and is retried by a later round), so that a
+round with every page held elsewhere ends instead of waiting page after page."""
 """Repository meta: the layout-1 logs of the bucket were read."""
 
 
@@ -75,6 +81,9 @@ class SyncContext:
         self.legacy_due = False  # a layout-1 bucket: read its logs on the next round
         self.restoring: dict[Key, Page] = {}  # evicted pages being brought back
         self._repo: Repository | None = None
+        self._no_wait_until = 0.0
+        """Monotonic time before which a page's open does not wait for room (see
+        :data:`PAGE_WAIT`)."""
 
     def attach(self, repo: Repository) -> None:
         self._repo = repo
@@ -197,12 +206,22 @@ class SyncContext:
     async def using(self, key: Key) -> AsyncIterator[Page]:
         """The page, leased (not closed as idle) for one sync step. A page that was
         not open before is closed again after it, unless someone else opened it
-        meanwhile or something is under way in it."""
+        meanwhile or something is under way in it. With every open page busy, it waits
+        for one to be released (:data:`PAGE_WAIT`) rather than fail the step."""
         restoring = self.restoring.get(key)
         if restoring is not None:  # being restored: the page handed to restore_page
             yield restoring
             return
-        async with self.repo.page(*key, transient=True) as page:
+        wait = PAGE_WAIT if time.monotonic() >= self._no_wait_until else 0.0
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                page = await stack.enter_async_context(
+                    self.repo.page(*key, transient=True, wait=wait)
+                )
+            except TooManyOpenPagesError:
+                if wait:
+                    self._no_wait_until = time.monotonic() + PAGE_WAIT
+                raise
             yield page
 
     def wanted_here(self, key: Key) -> bool:

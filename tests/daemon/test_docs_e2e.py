@@ -1375,3 +1375,40 @@ async def test_document_keys_whose_id_is_not_a_ulid_are_named_not_a_500(
         [a["_meta"]["_id"], c["_meta"]["_id"]]
     )
     assert sorted(d["_id"] for d in listed["damaged"]) == odd
+
+
+async def test_the_changes_feed_names_a_deleted_body_key_with_an_odd_id(
+    http: aiohttp.ClientSession, base: str
+) -> None:
+    """A body key whose id is not 16 bytes, named in a listing's and the feed's
+    ``damaged``, was passed over by the feed once DELETEd through the key API (while a
+    ULID's document so deleted is reported purged): a follower never learnt it was
+    gone. Now the feed from a commit that held it names it (``hex:...``, corrupt)."""
+    from ledgerd.store import doclayout
+    from ledgerd.store.docmodel import RevClock
+
+    docs = base + "/docs/c"
+    await call(http, "POST", docs, 201, {"k": 1})
+    rev = RevClock().next()
+    ms = int.from_bytes(rev[:6], "big")
+    live = doclayout.State.LIVE
+    record = doclayout.encode_record(doclayout.Record(rev, live, ms, None, None, None, {"k": 1}))
+    odd_id = b"\xff" * 20
+    key = quote(doclayout.body_key("c", odd_id), safe="")
+    await call(http, "PUT", f"{base}/keys/{key}", 204, data=record)
+    await call(http, "GET", base + "/heads", 200)  # (commits the journal)
+    odd = "hex:" + odd_id.hex()
+    assert [d["_id"] for d in (await call(http, "GET", docs, 200))["damaged"]] == [odd]
+    mark = await head_id(http, base)
+
+    await call(http, "DELETE", f"{base}/keys/{key}", 204)
+    await call(http, "GET", base + "/heads", 200)
+    assert (await call(http, "GET", docs, 200)).get("damaged", []) == []
+    changed = await call(http, "GET", f"{base}/docs/_changes?since={mark}", 200)
+    assert changed["documents"] == [], changed
+    assert [(d["_id"], d["code"], d["collection"]) for d in changed["damaged"]] == [
+        (odd, "corrupt", "c")
+    ], changed
+    assert "is gone" in changed["damaged"][0]["message"], changed
+    everything = await call(http, "GET", f"{base}/docs/_changes", 200)
+    assert everything.get("damaged", []) == [], everything  # not there at the start

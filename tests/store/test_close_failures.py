@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 
 from ledgerd.store import Repository
-from ledgerd.store.errors import CorruptDatabaseError, NotEvictableError, PageUnavailableError
+from ledgerd.store.errors import (
+    CorruptDatabaseError,
+    NotEvictableError,
+    PageUnavailableError,
+    TooManyOpenPagesError,
+)
 from ledgerd.store.merge import Choice, MergeRequest
 from tests.store.resolvers import set_resolver
 from tests.store.test_open_close_merge import DETECTOR, _reopened_with_a_held_resolver
@@ -230,3 +235,44 @@ async def test_a_page_close_failing_in_a_repository_close_leaves_nothing_else_op
     await db.close()
     async with await Repository.open(tmp_path) as again:
         assert await (await again.ledger("l").page("b")).get(b"k") == b"v"
+
+
+async def test_a_page_kept_aside_after_a_failed_close_counts_against_max_open_pages(
+    tmp_path: Path,
+) -> None:
+    # A page whose close failed left the open set, its connections still open: the
+    # next opens took its slot, and with max_open_pages=2 three pages' connections
+    # were open at once. Now it counts until a close of it succeeds; with every other
+    # slot busy the refusal says why, and a later open retries its close.
+    async with await Repository.open(tmp_path, max_open_pages=2) as repo:
+        kept = await repo.ledger("l").page("kept")
+        db = kept.db
+        real_close = db.reader.close
+
+        async def failing_close() -> None:
+            raise sqlite3.OperationalError("injected: unable to close")
+
+        db.reader.close = failing_close  # type: ignore[method-assign]
+        with pytest.raises(sqlite3.OperationalError):
+            await kept.close()
+        assert db.unclosed == ["reader"] and not repo.is_open(b"l", b"kept")
+
+        a = await repo.ledger("l").page("a")
+        with a.lease():  # busy: the only slot left
+            with pytest.raises(TooManyOpenPagesError) as refused:
+                await repo.ledger("l").page("b")
+            text = str(refused.value)
+            assert "max_open_pages 2" in text and "1 kept aside" in text, text
+            assert "closing them failed" in text and "page kept" in text, text
+            assert not repo.is_open(b"l", b"b") and len(repo.open_pages()) == 1
+        # Idle now: opening b closes a for room (the page kept aside still counts).
+        b = await repo.ledger("l").page("b")
+        assert a.closed and not b.closed and db.unclosed == ["reader"]
+
+        db.reader.close = real_close  # type: ignore[method-assign]
+        with b.lease():  # the open past the bound retries the close kept aside
+            c = await repo.ledger("l").page("c")
+        assert not c.closed and not b.closed and db.unclosed == []
+        assert _is_closed(db.reader.raw) and len(repo.open_pages()) == 2
+        again = await repo.ledger("l").page("kept")  # its slot was given back
+        assert not again.closed and again is not kept

@@ -16,6 +16,7 @@ from ledgerd.store import (
     Page,
     Repository,
     doclayout,
+    docmodel,
 )
 from ledgerd.store.doclayout import Record, State
 from ledgerd.store.docmodel import RevClock
@@ -124,3 +125,40 @@ async def test_listings_the_feed_and_queries_name_keys_with_odd_ids_and_go_on(pa
     await page.flush()
     assert (await docs.list_documents("c")).damaged == []
     assert (await docs.changes_page(since, collection="c")).damaged == []
+
+
+async def test_the_feed_names_a_body_key_with_an_odd_id_once_it_is_deleted(page: Page) -> None:
+    """A document of a ULID id whose keys the key API deleted is reported purged by the
+    feed; a body key with an odd id, named damaged while it was there, was passed over
+    once deleted, so a follower told of it never learnt it was gone. Now the feed from
+    a commit that held it names it as a listing did (``hex:``, corrupt), saying it is
+    gone; one made and deleted within the feed's span is not named."""
+    docs = await DocumentStore.open(page)
+    made = await docs.create("c", {"k": 1})
+    await _odd_keys(page)
+    since = page.head.id
+    hexed = ["hex:" + i.hex() for i in ODD_BODIES]
+    assert [d.id for d in (await docs.list_documents("c")).damaged] == hexed
+
+    deleted, kept = ODD_BODIES[:2], ODD_BODIES[2:]
+    made_key = doclayout.body_key("c", docmodel.parse_ulid(made.id))
+    await page.write([(doclayout.body_key("c", i), None) for i in deleted] + [(made_key, None)])
+    await page.write([(doclayout.body_key("c", b"\xaa" * 5), _record({"k": 3}))])
+    await page.write([(doclayout.body_key("c", b"\xaa" * 5), None)])
+    await page.flush()
+    listed = await docs.list_documents("c")
+    assert [d.id for d in listed.damaged] == ["hex:" + i.hex() for i in kept]
+
+    changed = await docs.changes_page(since, collection="c")
+    assert [(d.id, d.state) for d in changed.documents] == [(made.id, State.PURGED)]
+    named = {d.id: d for d in changed.damaged}
+    assert sorted(named) == sorted("hex:" + i.hex() for i in deleted)
+    for i in deleted:
+        d = named["hex:" + i.hex()]
+        assert d.collection == "c" and d.code == "corrupt", d
+        assert f"its id is {len(i)} bytes" in d.message and "is gone" in d.message, d
+        assert "was deleted" in d.message, d
+    batches = [c async for c in docs.changes(since, follow=False, batch=1)]
+    assert sorted(d.id for c in batches for d in c.damaged) == sorted(named)
+    everything = await docs.changes_page(None)  # they were not there at the start
+    assert sorted(d.id for d in everything.damaged) == ["hex:" + i.hex() for i in kept]

@@ -465,3 +465,29 @@ async def test_a_ledger_whose_pages_are_all_evicted_stays_listed_after_an_unwrit
         assert await repo.ledgers() == [b"l"]
         assert await repo.ledger_listed(b"l")
         assert await repo.ledger("l").pages() == [b"evicted"]
+
+
+async def test_an_open_with_wait_gets_the_page_released_while_it_waits(tmp_path: Path) -> None:
+    # A background job's open (sync's) waits for room instead of failing at once; a
+    # lease's end wakes it. A wait that runs out says so; a close ends the wait.
+    async with await Repository.open(tmp_path, max_open_pages=2) as repo:
+        with contextlib.ExitStack() as held:
+            for i in range(2):
+                held.enter_context((await repo.ledger("l").page(f"p{i}")).lease())
+            with pytest.raises(TooManyOpenPagesError, match="none was released within"):
+                await repo.acquire(b"l", b"x", wait=0.05)
+            opening = asyncio.create_task(repo.acquire(b"l", b"p2", wait=60))
+            while not repo._room_waiters:  # (yields until it waits; no fixed sleep)
+                await asyncio.sleep(0)
+            assert not opening.done()
+        page, opened = await opening  # the leases ended: one idle page closed for it
+        assert opened and not page.closed and len(repo.open_pages()) == 2
+        with contextlib.ExitStack() as held:
+            for p in repo.open_pages():
+                held.enter_context(p.lease())
+            waiting = asyncio.create_task(repo.acquire(b"l", b"p3", wait=60))
+            while not repo._room_waiters:
+                await asyncio.sleep(0)
+            await repo.close()
+            with pytest.raises(ClosedError):
+                await waiting

@@ -52,14 +52,18 @@ def encryption(request: pytest.FixtureRequest) -> Iterator[KeyRing | None]:
 
 @contextlib.asynccontextmanager
 async def device(
-    path: Path, cloud: CloudStore, keys: KeyRing | None = _DEFAULT, **kw: Any
+    path: Path,
+    cloud: CloudStore,
+    keys: KeyRing | None = _DEFAULT,
+    max_open_pages: int = 1024,
+    **kw: Any,
 ) -> AsyncIterator[Device]:
     """A repository syncing through ``cloud`` (requests counted); ``kw`` for the engine;
     ``keys`` (by default those of the ``encryption`` fixture, if used) to encrypt."""
     counting = CountingStore(cloud)
     keys = ENCRYPTION["keys"] if keys is _DEFAULT else keys
     engine = SyncEngine(counting, keys=keys, **kw)
-    repo = await Repository.open(path, hooks=engine.hooks())
+    repo = await Repository.open(path, hooks=engine.hooks(), max_open_pages=max_open_pages)
     await engine.start(repo, background=False)
     try:
         yield Device(repo, engine, counting)
@@ -355,6 +359,62 @@ async def test_sync_leaves_open_a_page_the_application_opened(
             mine = await opening
         await mine.put(b"k2", b"still open")
         assert not mine.closed
+
+
+async def test_a_round_with_every_open_page_busy_waits_for_room_and_imports_every_page(
+    tmp_path: Path, bucket: FolderStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With max_open_pages=4 and every slot held by the application (requests, sessions,
+    # watchers), each import's open failed at once with TooManyOpenPagesError: the
+    # round ended with every page held back ("sync incomplete: TooManyOpenPagesError"
+    # over HTTP), and the next rounds too while the slots stayed busy. Now a sync step
+    # waits (bounded) for a page to be released, and closes what it opened after it:
+    # one sync imports every page within the bound.
+    async with device(tmp_path / "a", bucket) as a:
+        for i in range(10):
+            async with a.repo.page(b"l", b"p%d" % i) as page:
+                await page.put(b"k", b"v%d" % i)
+        await a.engine.sync()
+    async with device(tmp_path / "b", bucket, max_open_pages=4) as b:
+        for i in (0, 1):  # pending here too: the upload leases them, the imports merge
+            async with b.repo.page(b"l", b"p%d" % i) as page:
+                await page.put(b"mine", b"b")
+        waiting = asyncio.Event()
+        look = getattr(b.repo, "_room_freed", None)  # (an open waiting for room)
+
+        async def noted(timeout: float) -> None:
+            waiting.set()
+            assert look is not None
+            await look(timeout)
+
+        monkeypatch.setattr(b.repo, "_room_freed", noted, raising=False)
+        peak, opened = 0, b.repo._open_new
+
+        async def note_peak(ledger: bytes, page_id: bytes) -> Any:
+            nonlocal peak
+            page = await opened(ledger, page_id)
+            peak = max(peak, len(b.repo.open_pages()))
+            return page
+
+        monkeypatch.setattr(b.repo, "_open_new", note_peak)
+        with contextlib.ExitStack() as held:
+            for i in range(4):  # the application holds every slot
+                page = await b.repo.ledger("u").page(f"q{i}")
+                held.enter_context(page.lease())
+            syncing = asyncio.create_task(b.engine.round(full=True))
+            waited = asyncio.create_task(waiting.wait())
+            await asyncio.wait([syncing, waited], return_when=asyncio.FIRST_COMPLETED)
+            waited.cancel()
+            # It waits for room rather than fail (before: the round ended, every
+            # import held back with "not imported now: TooManyOpenPagesError").
+            assert not syncing.done(), (syncing.result(), b.engine.problems())
+        stats = await syncing  # one round, released pages given to it
+        assert stats.downloaded_packs >= 1
+        assert b.engine.problems() == [], b.engine.problems()
+        for i in range(10):
+            got = await _keys(b.repo, "l", f"p{i}")
+            assert got[b"k"] == b"v%d" % i and got.get(b"mine", b"b") == b"b"
+        assert 0 < peak <= 4, peak
 
 
 async def test_health_names_uploads_waiting_as_the_reason_for_not_synced(
