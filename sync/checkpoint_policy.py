@@ -5,8 +5,9 @@ when its history since the last one calls for it, at most one per
 ``checkpoint_interval`` per page (one that has to wait is written by a later
 round); the checkpoints compaction asks for; a page's *frontier* (the newest
 commit imported from each device); and starting pages from checkpoints, on a
-device's first listing of the bucket (bootstrap) and after it was away for longer
-than the compaction grace (rejoin). What a checkpoint holds, and reading and
+device's first listing of the bucket (bootstrap), after it was away for longer
+than the compaction grace, and after a pack it listed was deleted before it
+imported it (rejoin). What a checkpoint holds, and reading and
 writing it, are :mod:`sync.checkpoints`'; what compaction deletes is
 :mod:`sync.compaction`'s.
 """
@@ -30,8 +31,9 @@ from ledgerd.sync.status import describe
 log = logging.getLogger(__name__)
 
 REJOINING = "sync/rejoining"
-"""Repository meta: set while a device away past the grace moves its pages onto the
-checkpoints (see :meth:`CheckpointPolicy.rejoin_if_away`)."""
+"""Repository meta: set while a device away past the grace (or one that missed a
+pack: :meth:`CheckpointPolicy.missed`) moves its pages onto the checkpoints (see
+:meth:`CheckpointPolicy.rejoin_if_away`)."""
 
 
 class CheckpointPolicy:
@@ -135,6 +137,23 @@ class CheckpointPolicy:
             await self.feed.restart(held)
         await self.ctx.repo.set_meta(done, b"1")
 
+    async def missed(self, name: str) -> None:
+        """A pack this device listed was deleted (compacted) before it imported it: the
+        pages in it lack its changes, and their later packs would wait for them for
+        good (or, once compacted too, leave the pages behind with nothing in status).
+        Compaction deletes only what a checkpoint covers, so the next round starts
+        again from the checkpoints, as after an absence; marked in the repository, so
+        a stop before that round does not lose it."""
+        if self._rejoining:
+            return
+        log.warning(
+            "pack %s was deleted before this device imported it (an import backlog "
+            "longer than compaction_grace): starting again from the checkpoints",
+            name,
+        )
+        await self.ctx.repo.set_meta(REJOINING, b"1")
+        self._rejoining = True
+
     async def rejoin_if_away(self) -> None:
         """A device that has not listed the bucket for longer than ``compaction_grace``
         may have missed packs that are deleted now: it takes each page's newest
@@ -148,8 +167,8 @@ class CheckpointPolicy:
         # pages that moved already are left as they are.
         if self._rejoining is None:  # (read once: this object keeps it after)
             self._rejoining = await self.ctx.repo.get_meta(REJOINING) is not None
-        if self._rejoining:
-            log.warning("finishing a start from the checkpoints that was cut short")
+        if self._rejoining:  # (or a pack missed: see missed)
+            log.warning("starting again from the checkpoints, as marked")
         elif not listed or away <= self.grace:
             return
         else:

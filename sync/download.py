@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from ledgerd.store import Commit, Page
 from ledgerd.store import exchange as ex
@@ -69,8 +70,10 @@ class Downloader:
         retry_first: float,
         retry_most: float,
         clock_skew: float,
+        missed: Callable[[str], Awaitable[None]],
     ) -> None:
         self.ctx = ctx
+        self.missed = missed  # told of a listed pack deleted before its import
         self.feed = feed
         self.board = board
         self.checkpoints = checkpoints
@@ -203,7 +206,7 @@ class Downloader:
         except asyncio.CancelledError:
             raise
         except CloudNotFoundError:
-            return self._vanished(dl, pn.name)
+            return await self._vanished(dl, pn.name)
         except (pack.CorruptPackError, RangeNotInObjectError) as e:
             self._hold(dl, pn, only, *_refused(e))
             return 0
@@ -293,10 +296,12 @@ class Downloader:
         h = dl.held.get(Held(pn, key, progress.RETRY, "").id)
         return h is not None and h.state == progress.WAITING
 
-    def _vanished(self, dl: DeviceLog, name: str) -> int:
-        """A listed pack is no longer in the bucket (compacted): nothing to import."""
+    async def _vanished(self, dl: DeviceLog, name: str) -> int:
+        """A listed pack is no longer in the bucket (compacted) before its import: its
+        pages are behind what the checkpoints that covered it hold (``missed``)."""
         self._drop_held(dl, name)
         log.warning("pack %s is no longer in the bucket; skipped", name)
+        await self.missed(name)
         return 0
 
     def _drop_held(self, dl: DeviceLog, name: str) -> None:
@@ -317,7 +322,7 @@ class Downloader:
         except asyncio.CancelledError:
             raise
         except CloudNotFoundError:
-            return self._vanished(dl, ln.name)
+            return await self._vanished(dl, ln.name)
         except Exception as e:
             self._hold_for(dl, ln, ln.key, e)
             return 0

@@ -217,6 +217,7 @@ class SyncEngine:
             retry_first=retry_first,
             retry_most=retry_most,
             clock_skew=clock_skew,
+            missed=self.policy.missed,
         )
         self.uploader = Uploader(
             self.ctx,
