@@ -476,6 +476,7 @@ async def import_checkpoint(
         conn.execute("DELETE FROM heads WHERE commit_id = ?", (commit.FIRST.id,))
         conn.execute("DELETE FROM commits WHERE id = ?", (commit.FIRST.id,))
         sql.add_shallow_root(conn, c.id)
+        sql.add_below(conn, c.id, [x.id for x in also])
         conn.executemany(
             "INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)", markers
         )
@@ -517,6 +518,7 @@ async def rejoin(
             conn.execute("DELETE FROM heads WHERE commit_id = ?", (x.id,))
             sql.add_shallow_root(conn, x.id)
         sql.leave_behind(conn, [x.id for x in new if x.id != c.id])
+        sql.add_below(conn, c.id, [*(x.id for x in also), *covered])
         conn.executemany(
             "INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)", markers
         )
