@@ -269,6 +269,7 @@ async def import_remote(
     lazy: dict[bytes, str],
     marker: tuple[str, bytes] | None = None,
     more: Iterable[tuple[str, bytes]] = (),
+    history: bool = False,
 ) -> list[Commit]:
     """Verify and store commits and pieces that came from the cloud; merge heads.
 
@@ -280,13 +281,17 @@ async def import_remote(
     already and waiting for upload (this device made the same merge of the same
     heads) is in the cloud now: it is no longer uploaded. Nothing is stored unless
     all of it checks out. ``marker`` is a sync_metadata row written in the same
-    transaction (the cursor). Returns the commits that were new.
+    transaction (the cursor). ``history``: the commits are ancestors of the page's
+    head that a page started from a checkpoint reads again (a pack its checkpoint
+    covered): none becomes a head, so none is merged with the head over the part of
+    the history that is here so far (over the empty page, it undid the checkpoint's
+    later changes and deletions). Returns the commits that were new.
     """
     await _verify(pieces)
     # The trees are checked without the commit lock: garbage collection must not
     # delete a stored node they reuse before the commits are stored (store.gc).
     async with gc.held(page):
-        return await _import(page, commit_data, pieces, lazy, marker, more)
+        return await _import(page, commit_data, pieces, lazy, marker, more, history)
 
 
 async def _import(
@@ -296,6 +301,7 @@ async def _import(
     lazy: dict[bytes, str],
     marker: tuple[str, bytes] | None,
     more: Iterable[tuple[str, bytes]],
+    history: bool = False,
 ) -> list[Commit]:
     commits = [commit.decode(data) for data in commit_data]
     known = {c.id: c for c in commits}
@@ -335,6 +341,14 @@ async def _import(
         _store_remote(conn, pieces, lazy)
         for c in sorted(new, key=lambda c: c.generation):
             _sql_insert_commit(conn, c)
+        if history:  # below the head: never heads (childless only until the rest is read)
+            ids = [c.id for c in new]
+            tips = [
+                cid
+                for cid in ids
+                if conn.execute("DELETE FROM heads WHERE commit_id = ?", (cid,)).rowcount
+            ]
+            sql.leave_behind(conn, tips)
         # (Its pieces that the batch holds are synced by _store_remote.)
         conn.executemany(
             "DELETE FROM unsynced_commits WHERE commit_id = ?", [(cid,) for cid in here]
@@ -476,6 +490,7 @@ async def import_checkpoint(
         conn.execute("DELETE FROM heads WHERE commit_id = ?", (commit.FIRST.id,))
         conn.execute("DELETE FROM commits WHERE id = ?", (commit.FIRST.id,))
         sql.add_shallow_root(conn, c.id)
+        sql.add_below(conn, c.id, [x.id for x in also])
         conn.executemany(
             "INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)", markers
         )
@@ -517,6 +532,7 @@ async def rejoin(
             conn.execute("DELETE FROM heads WHERE commit_id = ?", (x.id,))
             sql.add_shallow_root(conn, x.id)
         sql.leave_behind(conn, [x.id for x in new if x.id != c.id])
+        sql.add_below(conn, c.id, [*(x.id for x in also), *covered])
         conn.executemany(
             "INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)", markers
         )

@@ -24,6 +24,7 @@ nothing changes; :meth:`Merger.settle` runs again when a resolver arrives.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
@@ -219,9 +220,18 @@ class Merger:
     ) -> bytes:
         """Root of the merge base; several common ancestors are merged first (recursively)."""
 
-        async def load(cid: bytes) -> Commit:
-            return virtual[cid] if cid in virtual else await self.graph.load(cid)
+        below = await self._below()
 
+        async def load(cid: bytes) -> Commit:
+            if cid in virtual:
+                return virtual[cid]
+            c = await self.graph.load(cid)
+            return await self._with_below(c, below) if cid in below else c
+
+        if a.id in below and a.id not in virtual:
+            a = await self._with_below(a, below)
+        if b.id in below and b.id not in virtual:
+            b = await self._with_below(b, below)
         bases = await merge.common_ancestors(load, a, b)
         if not bases:  # their histories meet below what this device holds (a checkpoint)
             return btree.EMPTY
@@ -243,6 +253,32 @@ class Merger:
             acc = commit.merge([acc, other], root)
             virtual[acc.id] = acc
         return acc.root
+
+    async def _below(self) -> dict[bytes, tuple[bytes, ...]]:
+        """Per shallow root (a checkpoint's head), the commits here known to be its
+        ancestors (:func:`store.sql.add_below`)."""
+        rows = await self.db.read_all(
+            "SELECT name, value FROM page_metadata WHERE name >= ? AND name < ?",
+            (sql.BELOW, sql.BELOW[:-1] + chr(ord(sql.BELOW[-1]) + 1)),
+        )
+        return sql.below_rows(rows)
+
+    async def _with_below(self, c: Commit, below: dict[bytes, tuple[bytes, ...]]) -> Commit:
+        """``c`` (a shallow root) with its recorded ancestors for more parents, as far as
+        they are here and older than it: the common ancestors of a commit built on one
+        of them and of ``c`` are found (the same commit, for the merge-base walk only;
+        its id and encoding are untouched)."""
+        more = []
+        for pid in below[c.id]:
+            if pid in c.parents:
+                continue
+            try:
+                p = await self.graph.load(pid)
+            except CommitNotFoundError:
+                continue
+            if p.generation < c.generation:
+                more.append(pid)
+        return dataclasses.replace(c, parents=(*c.parents, *more)) if more else c
 
     async def _pruned(self, ids: list[bytes]) -> list[bytes]:
         if not ids:

@@ -266,6 +266,38 @@ def add_shallow_root(conn: sqlite3.Connection, cid: bytes) -> None:
     _save_id_set(conn, "shallow", shallow(conn) | {cid})
 
 
+BELOW = "below/"
+"""page_metadata rows ``below/<hex id>``: commits known to be ancestors of a shallow
+root (the checkpoint's head ``id``) though its parents are not here (see
+:func:`add_below`)."""
+
+
+def add_below(conn: sqlite3.Connection, cid: bytes, ids: Iterable[bytes]) -> None:
+    """Record ``ids`` as ancestors of the shallow root ``cid`` (a checkpoint's head): the
+    older commits the checkpoint brought along, and those a rejoining device imported
+    from packs its cover includes. Merges count them as its parents when they look for
+    common ancestors: a pack built on one of them then merges over it, not over the
+    empty page."""
+    name = BELOW + cid.hex()
+    ids = set(ids) - {cid}
+    if ids:
+        _save_id_set(conn, name, _id_set(conn, name) | ids)
+
+
+def below_rows(rows: Iterable[Sequence[Any]]) -> dict[bytes, tuple[bytes, ...]]:
+    """``(name, value)`` rows of page_metadata named ``below/...``, as a map from the
+    shallow root to its recorded ancestors (sorted); malformed names are skipped."""
+    out: dict[bytes, tuple[bytes, ...]] = {}
+    for name, value in rows:
+        try:
+            cid = bytes.fromhex(str(name).removeprefix(BELOW))
+        except ValueError:
+            continue
+        if len(cid) == 32:
+            out[cid] = tuple(sorted(_ids((value,))))
+    return out
+
+
 def left_behind(conn: sqlite3.Connection) -> set[bytes]:
     """Commits that are childless and yet not heads, on purpose (see :func:`leave_behind`)."""
     return _id_set(conn, "left_behind")

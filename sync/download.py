@@ -235,7 +235,15 @@ class Downloader:
                     tip = ex.newest_commit(commits)
                     more = [(f"frontier/{pn.device}", tip)] if tip else []
                     mark = await _import_mark(page, pn.device, pn.seq)
-                    new = await ex.import_remote(page, commits, eager, lazy, mark, more=more)
+                    new = await ex.import_remote(
+                        page,
+                        commits,
+                        eager,
+                        lazy,
+                        mark,
+                        more=more,
+                        history=self.checkpoints.was_covered(p.key, pn.device, pn.seq),
+                    )
                     if new:
                         await self.checkpoints.grew(page, p.eager.raw)
             except asyncio.CancelledError:

@@ -263,3 +263,48 @@ async def test_a_checkpoint_skips_a_pruned_frontier_commit(
         await c.engine.sync()
         assert await _keys(c.repo) == want
         assert not c.engine.problems()
+
+
+@pytest.mark.parametrize("later", [b"Y", None])
+async def test_a_page_reading_its_history_again_does_not_merge_what_lies_below_its_head(
+    tmp_path: Path, bucket: FolderStore, later: bytes | None
+) -> None:
+    """A uploads X0 (k = X), X1 and X2 in three packs; B imports them, sets k = Y (or
+    deletes k; commit P) and then z (its head H, checkpointed: X2 comes along). A,
+    fast-forwarded to P, uploads N on it. C starts from the checkpoint: N needs P, which
+    is below H and in no checkpoint, so C reads the page's history again. X0 arrived
+    before its child X1: it became a head and merged with H over no common ancestor
+    (from the empty page), so X came back over Y (or the deletion), on C and, through
+    C's merge commit, everywhere. Commits of packs the checkpoint covered are the
+    head's ancestors: read again, none becomes a head."""
+    async with device(tmp_path / "a", bucket) as a, device(tmp_path / "b", bucket) as b:
+        pa = await a.repo.ledger("l").page("p")
+        pb = await b.repo.ledger("l").page("p")
+        for k, v in ((b"k", b"X"), (b"x1", b"1"), (b"x2", b"2")):
+            await pa.put(k, v)
+            await a.engine.round(download=False)
+        await b.engine.sync()
+        if later is None:
+            await pb.delete(b"k")
+        else:
+            await pb.put(b"k", later)
+        await pb.flush()
+        await b.engine.round(download=False)
+        await a.engine.sync()  # A's head is P
+        await pb.put(b"z", b"Z")
+        await b.engine.round(download=False)
+        assert await b.engine.policy.write_for_compaction((pb.ledger, pb.id))
+        await pa.put(b"n", b"N, on P")
+        await a.engine.round(download=False)
+        want = {b"x1": b"1", b"x2": b"2", b"z": b"Z", b"n": b"N, on P"}
+        if later is not None:
+            want[b"k"] = later
+        async with device(tmp_path / "c", bucket) as c:
+            await c.engine.sync()  # N waits
+            await c.engine.sync()  # and the page reads its history again
+            assert c.engine.checkpoints.deep
+            assert await _keys(c.repo) == want
+            for d in (a, b, c, a, b):
+                await d.engine.sync()
+            for d in (a, b, c):
+                assert await _keys(d.repo) == want

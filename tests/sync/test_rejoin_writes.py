@@ -311,3 +311,70 @@ async def test_a_short_stop_after_a_listing_not_saved_yet_is_no_absence(
                 await a.engine.sync()
                 assert (await _keys(a.repo))[b"k"] == b"from b, while a is stopped"
         assert REJOINED not in caplog.text
+
+
+@pytest.mark.parametrize("later", [b"Y", None])
+@pytest.mark.parametrize("b_is", ["back with a write", "back", "new"])
+async def test_a_pack_built_on_a_commit_a_checkpoint_brings_merges_over_it(
+    tmp_path: Path, bucket: FolderStore, later: bytes | None, b_is: str
+) -> None:
+    """B is away (or new); A imports C's k = X and uploads its commit T on it; C makes
+    a commit of its own, imports T (its head a merge: T is no parent of it), sets k = Y
+    (or deletes k) and checkpoints: T comes along as A's newest commit. A then uploads
+    N on T, not having read C's change. B starts from C's checkpoint (a rejoin, with or
+    without a write of its own to carry, or a new device's first round) and imports N:
+    T is an ancestor of the checkpoint's head, so X is no change of A's, and Y (or the
+    deletion) stays. B held T only as a shallow commit that nothing linked to the
+    checkpoint's head: the merge with N found no common ancestor and merged from the
+    empty page, and X came back everywhere (a deletion reads as no change from the
+    empty page; N, newer than C's checkpoint, won over Y). (Found by
+    tests/sync/test_rejoin_causal.py.)"""
+    clock = Clock()
+    kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": GRACE}
+    async with device(tmp_path / "a", bucket, **kw) as a, device(tmp_path / "c", bucket, **kw) as c:
+        pa = await a.repo.ledger("l").page("p")
+        pc = await c.repo.ledger("l").page("p")
+        want = {b"t": b"T, on X", b"n": b"N, on T", b"c1": b"C's, concurrent with T"}
+        if b_is != "new":
+            async with device(tmp_path / "b", bucket, **kw) as b:
+                pb = await b.repo.ledger("l").page("p")
+                await pb.put(b"b0", b"b0")
+                await b.engine.sync()
+                await a.engine.sync()
+                await c.engine.sync()
+                want[b"b0"] = b"b0"
+                if b_is == "back with a write":
+                    await pb.put(b"w", b"offline on b")
+                    await pb.flush()
+                    want[b"w"] = b"offline on b"
+        for _ in range(5):  # B is away; A and C stay present
+            clock.now += GRACE / 4
+            await a.engine.round()
+            await c.engine.round()
+        await pc.put(b"k", b"X")
+        await c.engine.sync()
+        await a.engine.sync()
+        await pa.put(b"t", b"T, on X")
+        await a.engine.round(download=False)
+        await pc.put(b"c1", b"C's, concurrent with T")
+        await c.engine.sync()
+        if later is None:
+            await pc.delete(b"k")
+        else:
+            await pc.put(b"k", later)
+            want[b"k"] = later
+        await pc.flush()
+        await c.engine.round(download=False)
+        assert await c.engine.policy.write_for_compaction((pc.ledger, pc.id))
+        await pa.put(b"n", b"N, on T")
+        await a.engine.round(download=False)
+        async with device(tmp_path / "b", bucket, **kw) as b:
+            await b.engine.round()
+            assert b.engine.checkpoints.covers
+            await b.engine.sync()
+            assert await _keys(b.repo) == want
+            for d in (a, c, b, a, c):
+                await d.engine.sync()
+            assert await _keys(a.repo) == want
+            assert await _keys(b.repo) == want
+            assert await _keys(c.repo) == want
