@@ -127,12 +127,17 @@ class CheckpointPolicy:
         return [v for _, v in await ex.sync_values(page, "frontier/") if len(v) == 32]
 
     async def bootstrap(self) -> None:
-        """A device that has never listed this bucket starts the pages it has nothing
-        of from their checkpoints (once per cloud URL)."""
+        """A device that has never listed this bucket starts the pages it wants from
+        their checkpoints (once per cloud URL); those it wrote before carry their
+        history over onto them, as a rejoin does (:meth:`Checkpoints.bootstrap`)."""
         done = f"sync/bootstrapped/{self.ctx.location}"
         if self.feed.feed_max or await self.ctx.repo.get_meta(done) is not None:
             return
-        held = await self.checkpoints.bootstrap(lambda k: self.ctx.wanted(k), self.ctx.using)
+        held, carried = await self.checkpoints.bootstrap(
+            lambda k: self.ctx.wanted(k), self.ctx.using
+        )
+        for key in carried:  # their changes are pending again (on the checkpoint's head)
+            self.changed(key)
         if held:  # compaction may have deleted packs those checkpoints cover
             await self.feed.restart(held)
         await self.ctx.repo.set_meta(done, b"1")

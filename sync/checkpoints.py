@@ -313,24 +313,34 @@ class Checkpoints:
             raise pack.CorruptPackError(f"checkpoint {cn.name} holds no commit")
         return Checkpoint(cn, p.key, cover, commits, eager, lazy)
 
-    async def bootstrap(self, wanted: Callable[[Key], bool], using: Using) -> dict[str, int]:
-        """Start every page this device has nothing of from its newest checkpoint.
-        Returns, per device, the highest sequence a checkpoint read covers (of every
-        page, started here or not: packs up to there may be compacted away). A
+    async def bootstrap(
+        self, wanted: Callable[[Key], bool], using: Using
+    ) -> tuple[dict[str, int], list[Key]]:
+        """Start every page this device wants from its newest checkpoint: one it has
+        nothing of takes it as it is; one it wrote before it ever listed this bucket
+        carries its history over onto it, as a rejoin does (the packs below the
+        checkpoint may be compacted away: read from them, its log would begin above
+        them and wait for them for ever). Returns, per device, the highest sequence a
+        checkpoint read covers (of every page, started here or not: packs up to there
+        may be compacted away), and the pages whose own history was carried over. A
         checkpoint that cannot be read or stored is skipped (the page is then read
         from its history)."""
         assert self._repo is not None
         names = [cn async for cn in self.names()]
         started = 0
         held: dict[str, int] = {}
+        carried: list[Key] = []
         for cn in sorted((await self.best(names)).values(), key=lambda n: n.name):
             try:
                 cp = await self.read(cn)
                 reach(held, cp.cover)
-                if not wanted(cp.key) or self._repo.page_exists(*cp.key):
+                if not wanted(cp.key):
                     continue
+                mine = self._repo.page_exists(*cp.key)
                 async with using(cp.key) as page:
-                    await self.take(page, cp, save=False)
+                    await self.take(page, cp, rejoin=mine, save=False)
+                if mine:
+                    carried.append(cp.key)
             except CloudNotFoundError:
                 continue  # deleted since the listing; a newer one is there
             except Exception as e:
@@ -340,7 +350,7 @@ class Checkpoints:
         if started:
             await self._save()
             log.info("started %d pages from checkpoints", started)
-        return held
+        return held, carried
 
     async def take(
         self, page: Page, cp: Checkpoint, *, rejoin: bool = False, save: bool = True

@@ -65,3 +65,38 @@ async def test_a_pack_compacted_before_its_import_is_made_up_from_the_checkpoint
         assert await _keys(a.repo) == want
         assert not b.engine.problems()
         assert await b.repo.get_meta(REJOINING) is None
+
+
+async def test_a_page_written_before_the_first_sync_is_carried_over_onto_the_checkpoint(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """C wrote the page before it ever listed the bucket; meanwhile A wrote it and
+    compacted its packs away. C's first sync skipped the checkpoint (C holds the page)
+    and its log began at A's first pack still listed: that pack waited for the
+    compacted ones for ever. Now C carries its writes over onto the checkpoint."""
+    clock = Clock()
+    kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": GRACE}
+    async with device(tmp_path / "a", bucket, **kw) as a:
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"k", b"a1")
+        await pa.put(b"gone", b"a1")
+        await a.engine.sync()
+        await pa.put(b"k", b"a2")
+        await pa.delete(b"gone")
+        await a.engine.sync()
+        assert (await a.engine.compact()).packs_deleted is not None
+        clock.now += GRACE + 60
+        await pa.put(b"after", b"a3")
+        await a.engine.sync()
+        assert (await a.engine.compact()).packs_deleted
+        async with device(tmp_path / "c", bucket, **kw) as c:
+            pc = await c.repo.ledger("l").page("p")
+            await pc.put(b"c", b"offline on c")
+            await pc.flush()
+            await c.engine.sync()
+            await a.engine.sync()
+            await c.engine.sync()
+            want = {b"k": b"a2", b"after": b"a3", b"c": b"offline on c"}
+            assert await _keys(c.repo) == want
+            assert await _keys(a.repo) == want
+            assert not c.engine.problems()
