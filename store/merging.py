@@ -256,10 +256,12 @@ class Merger:
 
     async def _below(self) -> dict[bytes, tuple[bytes, ...]]:
         """Per shallow root (a checkpoint's head), the commits here known to be its
-        ancestors (:func:`store.sql.add_below`)."""
+        ancestors (:func:`store.sql.add_below`). Inline (a few rows by primary key):
+        a merge of a page with no checkpoint pays no trip to the reader's thread."""
         rows = await self.db.read_all(
             "SELECT name, value FROM page_metadata WHERE name >= ? AND name < ?",
             (sql.BELOW, sql.BELOW[:-1] + chr(ord(sql.BELOW[-1]) + 1)),
+            small=True,
         )
         return sql.below_rows(rows)
 
