@@ -214,21 +214,102 @@ async def apply_to_nearer(
     return await builder.apply(right_root, onto_right)
 
 
-async def last_one_wins(builder: Builder, base_root: bytes, a: Commit, b: Commit) -> bytes:
+async def last_one_wins(
+    builder: Builder, base_root: bytes, a: Commit, b: Commit, load: LoadCommit | None = None
+) -> bytes:
     """Merged tree of ``a`` and ``b`` over ``base_root``: per key, the later commit wins.
 
     Keys changed on one side only take that side's entry; keys changed on both
-    sides take the later commit's entry (a delete included).
+    sides take the later commit's entry (a delete included). Except (with
+    ``load``, to walk the history: :func:`write_times`) a key the later side holds
+    through merges alone, no commit of its own history (not the other's) having
+    written that entry, and that the earlier side wrote: there the write wins.
+    The later side then holds the result of an older conflict, both of whose
+    writes the other side has too, resolved otherwise than the base (devices
+    merging in another order, or a virtual base, resolve it differently); the
+    other side's write, made after both, is the later one, even where the later
+    head wrote other keys since.
     """
     win, lose = later(a, b)
     chosen: list[Chosen] = []
     # Through the builder: a virtual merge base's nodes exist only in it.
     changed = await changed_keys(builder, base_root, win.root, lose.root)
+    both = [
+        c.key
+        for c in changed.changes
+        if c.left != c.base and c.right != c.base and c.left != c.right
+    ]
+    times: dict[bytes, tuple[int, int]] = {}
+    if both and load is not None:
+        wt, lt = await write_times(load, builder, win, lose, both)
+        times = {k: (wt[k], lt[k]) for k in both}
     for c in changed.changes:
         # left is the winner's side, right the loser's.
         take = c.right if c.left == c.base and c.right != c.base else c.left
+        if c.key in times and times[c.key][0] < 0 <= times[c.key][1]:
+            take = c.right  # the winner holds it through merges only; the loser wrote it
         chosen.append((c.key, take, c.left, c.right))
     return await apply_to_nearer(builder, win.root, lose.root, chosen, changed.onto)
+
+
+async def write_times(
+    load: LoadCommit, nodes: btree.NodeLoader, a: Commit, b: Commit, keys: list[bytes]
+) -> tuple[dict[bytes, int], dict[bytes, int]]:
+    """Per key, on each side, when that side wrote the entry it holds: the timestamp
+    of the newest commit of its own history (an ancestor of it, itself included,
+    and not of the other side) that has one parent and changed the key to that
+    entry; -1 if none did (the side holds it from the common history, or through
+    merges). Found by the merge-base walk (generation order, both sides' flags);
+    a parent not here (below a shallow root) counts as the empty page."""
+    flags: dict[bytes, int] = {a.id: _A, b.id: _B}
+    commits: dict[bytes, Commit] = {a.id: a, b.id: b}
+    heap: list[tuple[int, bytes]] = [(-a.generation, a.id), (-b.generation, b.id)]
+    queued = {a.id, b.id}
+    own: dict[int, list[Commit]] = {_A: [], _B: []}
+    while heap and any(flags[cid] & (_A | _B) != _A | _B for _, cid in heap):
+        _, cid = heapq.heappop(heap)
+        queued.discard(cid)
+        f = flags[cid]
+        c = commits[cid]
+        if f in own and len(c.parents) == 1:
+            own[f].append(c)
+        for pid in c.parents:
+            if pid not in commits:
+                try:
+                    commits[pid] = await load(pid)
+                except CommitNotFoundError:  # below a shallow root
+                    continue
+            old = flags.get(pid, 0)
+            flags[pid] = old | f
+            if pid not in queued and flags[pid] != old:
+                heapq.heappush(heap, (-commits[pid].generation, pid))
+                queued.add(pid)
+    result: list[dict[bytes, int]] = []
+    wanted = set(keys)
+    for side, head in ((_A, a), (_B, b)):
+        held = {k: await btree.lookup(nodes, head.root, k) for k in keys}
+        times = dict.fromkeys(keys, -1)
+        for i, c in enumerate(own[side]):
+            if i % TURN_KEYS == TURN_KEYS - 1:
+                await asyncio.sleep(0)
+            p = commits.get(c.parents[0])
+            before = btree.EMPTY if p is None else p.root
+            if len(keys) <= FEW_KEYS:  # a few lookups, else the commit's own change
+                for k in keys:
+                    e = await btree.lookup(nodes, c.root, k)
+                    if e == held[k] and await btree.lookup(nodes, before, k) != e:
+                        times[k] = max(times[k], c.timestamp)
+            else:
+                async for d in btree.diff(nodes, before, c.root):
+                    if d.key in wanted and d.new == held[d.key]:
+                        times[d.key] = max(times[d.key], c.timestamp)
+        result.append(times)
+    return result[0], result[1]
+
+
+FEW_KEYS = 16
+"""Conflicting keys :func:`write_times` looks up in each commit; more, and it reads
+each commit's change instead (the same answer)."""
 
 
 class Policy(enum.Enum):

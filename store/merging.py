@@ -163,7 +163,8 @@ class Merger:
     async def _merge(self, a: Commit, b: Commit) -> tuple[Commit, Builder, list[split.Piece]]:
         """The merge commit of heads ``a`` and ``b`` (``a.id < b.id``), not stored."""
         builder = Builder(self.nodes)
-        base_root = await self._base_root(builder, a, b, {})
+        virtual: dict[bytes, Commit] = {}
+        base_root = await self._base_root(builder, a, b, virtual)
         values: list[split.Piece] = []
         policy = self.policy
         if policy is not merge.Policy.DOCUMENTS and await merge.holds_documents(
@@ -173,7 +174,8 @@ class Merger:
         if policy is merge.Policy.DOCUMENTS:
             root = await merge.by_revision(builder, base_root, a, b)
         elif policy is merge.Policy.LAST_ONE_WINS:
-            root = await merge.last_one_wins(builder, base_root, a, b)
+            load = self._loader(virtual, await self._below())
+            root = await merge.last_one_wins(builder, base_root, a, b, load)
         else:
             resolver = self.resolvers.resolver_for(self.ledger) if self.resolvers else None
 
@@ -221,13 +223,7 @@ class Merger:
         """Root of the merge base; several common ancestors are merged first (recursively)."""
 
         below = await self._below()
-
-        async def load(cid: bytes) -> Commit:
-            if cid in virtual:
-                return virtual[cid]
-            c = await self.graph.load(cid)
-            return await self._with_below(c, below) if cid in below else c
-
+        load = self._loader(virtual, below)
         if a.id in below and a.id not in virtual:
             a = await self._with_below(a, below)
         if b.id in below and b.id not in virtual:
@@ -249,10 +245,24 @@ class Merger:
         acc = bases[0]
         for other in bases[1:]:
             root_base = await self._base_root(builder, acc, other, virtual)
-            root = await merge.last_one_wins(builder, root_base, acc, other)
+            root = await merge.last_one_wins(builder, root_base, acc, other, load)
             acc = commit.merge([acc, other], root)
             virtual[acc.id] = acc
         return acc.root
+
+    def _loader(
+        self, virtual: dict[bytes, Commit], below: dict[bytes, tuple[bytes, ...]]
+    ) -> merge.LoadCommit:
+        """Loads a commit for the merge walks: a virtual merge base from ``virtual``,
+        a shallow root with its recorded ancestors for more parents (``below``)."""
+
+        async def load(cid: bytes) -> Commit:
+            if cid in virtual:
+                return virtual[cid]
+            c = await self.graph.load(cid)
+            return await self._with_below(c, below) if cid in below else c
+
+        return load
 
     async def _below(self) -> dict[bytes, tuple[bytes, ...]]:
         """Per shallow root (a checkpoint's head), the commits here known to be its

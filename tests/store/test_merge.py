@@ -230,3 +230,52 @@ async def test_a_merge_from_the_smaller_side_equals_one_from_both_diffs(
                 mp.setattr(merge, "changed_keys", both)
                 want = await how(Builder(page.nodes), b0.root, a, b)
             assert got == want
+
+
+@pytest.mark.parametrize("resolved_by", ["head time", "merger"])
+async def test_a_write_after_both_sides_of_a_conflict_wins_over_a_later_head(
+    tmp_path: Path, resolved_by: str
+) -> None:
+    """Y puts k (t1), Z deletes it (t2); X merges Z's delete with Y's later commit (Y
+    wrote another key at t3), and W merges it with Y's put: they may resolve the
+    conflict differently (by head times: X to Y's put, W to the delete). W's device
+    then writes k (t4) over what it saw, and X's device writes another key (t5). The
+    merge of the two (their base: the conflict resolved, the delete) used to take X's
+    value for k, its head being later, though the write at t4 followed both writes
+    of k: the write at t4 wins, whatever X resolved, in either orientation."""
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.write([(b"k", b"old"), (b"other", b"0")])
+        await page.flush()
+        f = page.head
+        t = f.timestamp + 1_000_000
+
+        async def at(parent: Commit, changes: list[tuple[bytes, Entry]], dt: int) -> Commit:
+            b = Builder(page.nodes)
+            c = commit.child([parent], await b.apply(parent.root, changes), at=t + dt)
+            async with page.graph.lock:
+                await page.graph.store(c, b, notify=False)
+            return c
+
+        async def merged(a: Commit, b: Commit, by_head_time: bool) -> Commit:
+            if by_head_time:  # as a device that compared the heads' times did
+                base = (await merge.common_ancestors(page.load_commit, a, b))[0]
+                return await _lww(page, base, a, b)
+            m, bld, _ = await page.merger._merge(*sorted([a, b], key=lambda c: c.id))
+            async with page.graph.lock:
+                await page.graph.store(m, bld, notify=False)
+            return m
+
+        y = await at(f, [_ent(b"k", b"y")], 1)
+        z = await at(f, [(b"k", Entry(b"k", dg.TOMBSTONE))], 2)
+        y2 = await at(y, [_ent(b"other", b"y2")], 3)
+        x = await merged(z, y2, resolved_by == "head time")
+        w = await merged(z, y, resolved_by == "head time")
+        w2 = await at(w, [_ent(b"k", b"w")], 4)
+        x2 = await at(x, [_ent(b"other", b"x")], 5)
+        assert {h.id for h in await page.heads()} == {w2.id, x2.id}
+        for a, b in ((w2, x2), (x2, w2)):
+            m, bld, _ = await page.merger._merge(a, b)
+            assert await btree.lookup(bld, m.root, b"k") == _ent(b"k", b"w")[1]
+        await page.merger.settle()
+        assert await page.get(b"k") == b"w" and await page.get(b"other") == b"x"
