@@ -103,8 +103,12 @@ def test_memory_is_given_back_when_pages_close(tmp_path: Path) -> None:
     import sys
 
     root = Path(__file__).resolve().parents[2]
+    # Three cycles of 400 pages (four before): without malloc_trim three already end
+    # at ~377 MiB, 88 over the first (checked by switching the trim off), so both
+    # bounds below still fail without it. (The first cycle, which makes the pages, is
+    # most of the time: a cycle less saves about an eighth.)
     out = subprocess.run(
-        [sys.executable, "-m", "tests.store.usage_child", str(tmp_path / "d"), "400", "4"],
+        [sys.executable, "-m", "tests.store.usage_child", str(tmp_path / "d"), "400", "3"],
         cwd=root,
         capture_output=True,
         check=True,

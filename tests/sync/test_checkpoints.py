@@ -208,13 +208,17 @@ async def test_an_evicted_page_comes_back_from_its_checkpoint(
             await a.repo.ledger("l").page("p")
 
 
-async def test_a_thousand_pages_under_a_disk_budget(tmp_path: Path, bucket: FolderStore) -> None:
+async def test_hundreds_of_pages_under_a_disk_budget(tmp_path: Path, bucket: FolderStore) -> None:
     """The budget holds once the least recently used pages are evicted, and evicted
     pages come back on use, whole."""
     from ledgerd.store import eviction
 
     rng = random.Random(13)
-    values = {f"p{i:04d}": rng.randbytes(2000) for i in range(1000)}
+    # 300 pages, not the 1,000 this test began with: 300 still fail the budget under
+    # the eviction it was written for (three passes, the usage WAL not folded back:
+    # 8.1 MB left over a budget of 7.4 MB, checked by putting that code back), and
+    # take a third of the time.
+    values = {f"p{i:04d}": rng.randbytes(2000) for i in range(300)}
     async with device(tmp_path / "a", bucket) as a:
         for name, v in values.items():
             async with a.repo.page(b"l", name.encode()) as pg:
@@ -224,7 +228,7 @@ async def test_a_thousand_pages_under_a_disk_budget(tmp_path: Path, bucket: Fold
         before = eviction.directory_bytes(a.repo.root)
         budget = before // 3
         evicted = await a.repo.evict_by_policy(disk_budget=budget)
-        assert evicted > 500
+        assert evicted > len(values) // 2
         assert eviction.directory_bytes(a.repo.root) <= budget
         for name in rng.sample(sorted(values), 25):
             pg = await a.repo.ledger("l").page(name)
