@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import heapq
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -27,6 +27,42 @@ LoadCommit = Callable[[bytes], Awaitable[Commit]]
 _A, _B, _STALE = 1, 2, 4
 
 
+class _Walk:
+    """The merge-base walk's state (git's): commits visited from the highest generation
+    down, each flagged with the sides it is reached from (``_A``, ``_B``) and, for
+    :func:`common_ancestors`, whether it lies below a common ancestor (``_STALE``)."""
+
+    def __init__(self, load: LoadCommit, a: Commit, b: Commit) -> None:
+        self.load = load
+        self.flags: dict[bytes, int] = {a.id: _A, b.id: _B}
+        self.commits: dict[bytes, Commit] = {a.id: a, b.id: b}
+        self.heap: list[tuple[int, bytes]] = [(-a.generation, a.id), (-b.generation, b.id)]
+        self.queued = {a.id, b.id}
+
+    def queued_flags(self) -> Iterator[int]:
+        return (self.flags[cid] for _, cid in self.heap)
+
+    def pop(self) -> bytes:
+        """The queued commit of highest generation."""
+        _, cid = heapq.heappop(self.heap)
+        self.queued.discard(cid)
+        return cid
+
+    async def spread(self, cid: bytes, f: int) -> None:
+        """Give ``cid``'s parents its flags ``f``; queue those whose flags grew."""
+        for pid in self.commits[cid].parents:
+            if pid not in self.commits:
+                try:
+                    self.commits[pid] = await self.load(pid)
+                except CommitNotFoundError:  # below a shallow root (a checkpoint)
+                    continue
+            old = self.flags.get(pid, 0)
+            self.flags[pid] = old | f
+            if pid not in self.queued and self.flags[pid] != old:
+                heapq.heappush(self.heap, (-self.commits[pid].generation, pid))
+                self.queued.add(pid)
+
+
 async def common_ancestors(load: LoadCommit, a: Commit, b: Commit) -> list[Commit]:
     """The lowest common ancestors of ``a`` and ``b`` (git's merge-base walk).
 
@@ -37,31 +73,17 @@ async def common_ancestors(load: LoadCommit, a: Commit, b: Commit) -> list[Commi
     """
     if a.id == b.id:
         return [a]
-    flags: dict[bytes, int] = {a.id: _A, b.id: _B}
-    commits: dict[bytes, Commit] = {a.id: a, b.id: b}
-    heap: list[tuple[int, bytes]] = [(-a.generation, a.id), (-b.generation, b.id)]
-    queued = {a.id, b.id}
+    w = _Walk(load, a, b)
     found: list[bytes] = []
-    while heap and any(not flags[cid] & _STALE for _, cid in heap):
-        _, cid = heapq.heappop(heap)
-        queued.discard(cid)
-        f = flags[cid]
+    while w.heap and any(not f & _STALE for f in w.queued_flags()):
+        cid = w.pop()
+        f = w.flags[cid]
         if f & (_A | _B) == _A | _B and not f & _STALE:
             found.append(cid)
             f |= _STALE
-            flags[cid] = f
-        for pid in commits[cid].parents:
-            if pid not in commits:
-                try:
-                    commits[pid] = await load(pid)
-                except CommitNotFoundError:  # below a shallow root (a checkpoint)
-                    continue
-            old = flags.get(pid, 0)
-            flags[pid] = old | f
-            if pid not in queued and flags[pid] != old:
-                heapq.heappush(heap, (-commits[pid].generation, pid))
-                queued.add(pid)
-    result = [commits[c] for c in found]
+            w.flags[cid] = f
+        await w.spread(cid, f)
+    result = [w.commits[c] for c in found]
     # A candidate may still be an ancestor of another one: keep only the lowest.
     lowest = []
     for c in result:
@@ -261,29 +283,16 @@ async def write_times(
     entry; -1 if none did (the side holds it from the common history, or through
     merges). Found by the merge-base walk (generation order, both sides' flags);
     a parent not here (below a shallow root) counts as the empty page."""
-    flags: dict[bytes, int] = {a.id: _A, b.id: _B}
-    commits: dict[bytes, Commit] = {a.id: a, b.id: b}
-    heap: list[tuple[int, bytes]] = [(-a.generation, a.id), (-b.generation, b.id)]
-    queued = {a.id, b.id}
+    w = _Walk(load, a, b)
     own: dict[int, list[Commit]] = {_A: [], _B: []}
-    while heap and any(flags[cid] & (_A | _B) != _A | _B for _, cid in heap):
-        _, cid = heapq.heappop(heap)
-        queued.discard(cid)
-        f = flags[cid]
-        c = commits[cid]
+    while w.heap and any(f & (_A | _B) != _A | _B for f in w.queued_flags()):
+        cid = w.pop()
+        f = w.flags[cid]
+        c = w.commits[cid]
         if f in own and len(c.parents) == 1:
             own[f].append(c)
-        for pid in c.parents:
-            if pid not in commits:
-                try:
-                    commits[pid] = await load(pid)
-                except CommitNotFoundError:  # below a shallow root
-                    continue
-            old = flags.get(pid, 0)
-            flags[pid] = old | f
-            if pid not in queued and flags[pid] != old:
-                heapq.heappush(heap, (-commits[pid].generation, pid))
-                queued.add(pid)
+        await w.spread(cid, f)
+    commits = w.commits
     result: list[dict[bytes, int]] = []
     wanted = set(keys)
     for side, head in ((_A, a), (_B, b)):
