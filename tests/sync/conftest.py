@@ -43,6 +43,13 @@ def moto_server() -> Iterator[str]:
 
 
 @pytest.fixture
+def bucket(tmp_path: Path) -> FolderStore:
+    """A bucket in a folder of the test's temporary directory."""
+    (tmp_path / "bucket").mkdir()
+    return FolderStore(tmp_path / "bucket")
+
+
+@pytest.fixture
 async def moto_store(aws_env: None) -> AsyncIterator[S3Store]:
     """A bucket of moto in-process."""
     with mock_aws():

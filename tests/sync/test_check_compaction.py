@@ -23,12 +23,6 @@ from tests.sync.test_engine import encryption as encryption  # the fixture
 GRACE = 3600.0
 
 
-@pytest.fixture
-def bucket(tmp_path: Path) -> FolderStore:
-    (tmp_path / "bucket").mkdir()
-    return FolderStore(tmp_path / "bucket")
-
-
 async def _check(d: Device, page: Page, *, repair: bool = False) -> sc.Checked:
     """The check as ``POST /v1/check`` runs it: one BucketIndex per request."""
     index = sc.BucketIndex(d.engine.store, d.engine.codec)

@@ -24,12 +24,6 @@ from tests.sync.test_engine import Device, _keys, device
 GRACE = 5.0
 
 
-@pytest.fixture
-def bucket(tmp_path: Path) -> FolderStore:
-    (tmp_path / "bucket").mkdir()
-    return FolderStore(tmp_path / "bucket")
-
-
 async def _checkpoint_heads(d: Device) -> set[bytes]:
     cps: Checkpoints = d.engine.checkpoints
     heads = set()

@@ -22,12 +22,6 @@ def _plain_and_encrypted(encryption: object) -> None:
     """Every checkpoint test runs on a plain and on an encrypted bucket."""
 
 
-@pytest.fixture
-def bucket(tmp_path: Path) -> FolderStore:
-    (tmp_path / "bucket").mkdir()
-    return FolderStore(tmp_path / "bucket")
-
-
 def _checkpoints(root: Path) -> list[CheckpointName]:
     out = []
     for f in sorted((root / "checkpoints").rglob("*")):

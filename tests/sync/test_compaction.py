@@ -22,12 +22,6 @@ from tests.sync.test_engine import Device, _keys, device
 from tests.sync.test_engine import encryption as encryption  # the fixture
 
 
-@pytest.fixture
-def bucket(tmp_path: Path) -> FolderStore:
-    (tmp_path / "bucket").mkdir()
-    return FolderStore(tmp_path / "bucket")
-
-
 class Clock:
     """Simulated wall time shared by the devices (seconds)."""
 

@@ -23,12 +23,6 @@ from tests.sync.test_engine import Device, _keys, device
 GRACE = 5.0  # the smallest compaction grace the daemon allows
 
 
-@pytest.fixture
-def bucket(tmp_path: Path) -> FolderStore:
-    (tmp_path / "bucket").mkdir()
-    return FolderStore(tmp_path / "bucket")
-
-
 def _packs(root: Path, device: str) -> list[int]:
     out = []
     for f in sorted((root / "packs").iterdir()):

@@ -32,12 +32,6 @@ def ring(*entries: bytes | str) -> crypto.KeyRing:
     return crypto.parse_key_file(text, "test keys")
 
 
-@pytest.fixture
-def bucket(tmp_path: Path) -> FolderStore:
-    (tmp_path / "bucket").mkdir()
-    return FolderStore(tmp_path / "bucket")
-
-
 def _objects(tmp_path: Path) -> dict[str, bytes]:
     root = tmp_path / "bucket"
     return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}

@@ -5,16 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from ledgerd.sync.folder import FolderStore
 from tests.sync.test_engine import Device, _keys, device
-
-
-@pytest.fixture
-def bucket(tmp_path: Path) -> FolderStore:
-    (tmp_path / "bucket").mkdir()
-    return FolderStore(tmp_path / "bucket")
 
 
 async def _exchange(*devices: Device) -> None:

@@ -14,12 +14,6 @@ from ledgerd.sync.folder import FolderStore
 from tests.sync.test_engine import Device, _keys, device
 
 
-@pytest.fixture
-def bucket(tmp_path: Path) -> FolderStore:
-    (tmp_path / "bucket").mkdir()
-    return FolderStore(tmp_path / "bucket")
-
-
 async def _write(repo: Repository, rng: random.Random, n: int = 300) -> None:
     pg = await repo.ledger("l").page("p")
     await pg.write([(rng.randbytes(8).hex().encode(), rng.randbytes(100)) for _ in range(n)])

@@ -71,12 +71,6 @@ async def device(
         await repo.close()
 
 
-@pytest.fixture
-def bucket(tmp_path: Path) -> FolderStore:
-    (tmp_path / "bucket").mkdir()
-    return FolderStore(tmp_path / "bucket")
-
-
 async def _keys(repo: Repository, ledger: str = "l", page: str = "p") -> dict[bytes, bytes]:
     pg = await repo.ledger(ledger).page(page)
     res = await pg.entries()

@@ -37,12 +37,6 @@ PLAIN_ONLY = pytest.mark.parametrize("encryption", ["plain"], indirect=True)
 on the plain bucket only (not made and skipped on the encrypted one)."""
 
 
-@pytest.fixture
-def bucket(tmp_path: Path) -> FolderStore:
-    (tmp_path / "bucket").mkdir()
-    return FolderStore(tmp_path / "bucket")
-
-
 def _packs(tmp_path: Path, device: bytes) -> list[Path]:
     """The device's packs, by sequence (their feed times grow with it)."""
     return sorted(p for p in (tmp_path / "bucket" / "packs").iterdir() if device.hex() in p.name)

@@ -25,12 +25,6 @@ from tests.store.test_canonical import _canonical, _encode, _nested, _outside_ra
 from tests.sync.test_engine import Device, _keys, device
 
 
-@pytest.fixture
-def bucket(tmp_path: Path) -> FolderStore:
-    (tmp_path / "bucket").mkdir()
-    return FolderStore(tmp_path / "bucket")
-
-
 def _now_ms() -> int:
     return int(time.time() * 1000)
 

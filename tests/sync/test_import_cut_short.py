@@ -14,12 +14,6 @@ from ledgerd.sync.folder import FolderStore
 from tests.sync.test_engine import _keys, device
 
 
-@pytest.fixture
-def bucket(tmp_path: Path) -> FolderStore:
-    (tmp_path / "bucket").mkdir()
-    return FolderStore(tmp_path / "bucket")
-
-
 async def test_a_stop_during_a_packs_import_leaves_its_other_pages_held(
     tmp_path: Path, bucket: FolderStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -5,19 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-
 from ledgerd.store import LOCAL_LEDGER, DocumentStore, Priority
 from ledgerd.sync import pack
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import PackName
 from tests.sync.test_engine import _keys, device
-
-
-@pytest.fixture
-def bucket(tmp_path: Path) -> FolderStore:
-    (tmp_path / "bucket").mkdir()
-    return FolderStore(tmp_path / "bucket")
 
 
 def _bucket_bytes(root: Path) -> bytes:

@@ -17,12 +17,6 @@ from tests.sync.test_engine import _keys, device
 GRACE = 60.0
 
 
-@pytest.fixture
-def bucket(tmp_path: Path) -> FolderStore:
-    (tmp_path / "bucket").mkdir()
-    return FolderStore(tmp_path / "bucket")
-
-
 @pytest.mark.parametrize("both_gone", [False, True])
 async def test_a_pack_compacted_before_its_import_is_made_up_from_the_checkpoint(
     tmp_path: Path, bucket: FolderStore, both_gone: bool

@@ -17,12 +17,6 @@ from tests.sync.test_engine import _keys, device
 GRACE = 3600.0
 
 
-@pytest.fixture
-def bucket(tmp_path: Path) -> FolderStore:
-    (tmp_path / "bucket").mkdir()
-    return FolderStore(tmp_path / "bucket")
-
-
 @pytest.mark.parametrize("b_writes", [False, True])
 async def test_a_rejoin_keeps_uploaded_unuploaded_and_concurrent_writes(
     tmp_path: Path, bucket: FolderStore, b_writes: bool

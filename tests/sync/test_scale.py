@@ -26,12 +26,6 @@ from ledgerd.sync.testing import CountingStore, put_pack
 from tests.sync.test_engine import _keys, device
 
 
-@pytest.fixture
-def bucket(tmp_path: Path) -> FolderStore:
-    (tmp_path / "bucket").mkdir()
-    return FolderStore(tmp_path / "bucket")
-
-
 def _read_packs(root: Path) -> list[tuple[PackName, pack.Header, bytes]]:
     out = []
     for f in sorted((root / "packs").iterdir()):
