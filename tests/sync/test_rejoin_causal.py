@@ -23,7 +23,10 @@ such a write now wins (``tests/store/test_merge.py``). Not fixed
 and 24, fail because the device back after the grace keeps another device's packs
 waiting for good ("waits for what no pack seen holds"): it does not converge, or
 (12) a sync the model counts brought it nothing, and its write loses by head time
-to one it never imported. Seeds 0-9 pass."""
+to one it never imported. The packs wait for an older commit of the checkpointing
+device that another device merged onto, which the checkpoint does not hold (see
+the "Not fixed" bullet of the README's "Cloud sync"). Seeds 0-9 pass (4 of three
+devices waits the same way, and converges by chance)."""
 
 from __future__ import annotations
 
