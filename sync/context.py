@@ -35,13 +35,13 @@ LOCAL = LOCAL_LEDGER.encode()
 """The ledger that is never uploaded, nor written from the bucket (its pages
 stay on this device: see the README's Documents section)."""
 LEGACY_DONE = "sync/legacy-read"
+"""Repository meta: the layout-1 logs of the bucket were read."""
 PAGE_WAIT = 10.0
 """Seconds a sync step waits for room to open its page when every one of the
 repository's ``max_open_pages`` is busy (requests, sessions, watchers hold them),
 rather than fail at once; once a wait runs out, the steps of the next PAGE_WAIT
 seconds do not wait (each fails at once and is retried by a later round), so that a
 round with every page held elsewhere ends instead of waiting page after page."""
-"""Repository meta: the layout-1 logs of the bucket were read."""
 
 
 class SyncContext:
