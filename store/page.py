@@ -280,6 +280,15 @@ class Page(View):
             or self.merger.running
         )
 
+    @property
+    def unheld(self) -> bool:
+        """Nobody holds the page and no merge runs in it, though a commit of its
+        journal may be under way (the commit lock held): a close waits for that commit
+        (:meth:`_close`), so a close for room interrupts nobody either. (An open for
+        room that came during such a commit was refused: 'all 1 open pages are in
+        use', 503 in the daemon, though nobody held the page.)"""
+        return not (self._leases or self.watchers or self.transactions.busy or self.merger.running)
+
     async def close(self) -> None:
         """Finish queued writes, end watchers, close the database.
 

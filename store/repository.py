@@ -783,13 +783,15 @@ class Repository:
         their close ends). While pages are closing, wait for the first close to end
         rather than for the one this began, or refuse: a page closing is in nobody's
         use, and its close ends (its writes, hooks and database). With no idle page, a
-        quiet one (:attr:`Page.quiet`: only its journal's commit under way) closes.
+        quiet one (:attr:`Page.quiet`: only its journal's commit waiting) closes, and
+        with none of those an unheld one (:attr:`Page.unheld`: that commit under way).
         With none of those, wait up to ``wait`` seconds for a page to be released (a
         background job's open, like sync's, rather than fail), then refuse."""
         deadline = time.monotonic() + wait
         while self._counted() >= self.max_open_pages:
             idle = [p for p in self._pages.values() if not p.closed and p.idle]
             idle = idle or [p for p in self._pages.values() if not p.closed and p.quiet]
+            idle = idle or [p for p in self._pages.values() if not p.closed and p.unheld]
             if idle:
                 # Checked and closed with no await in between (see close_idle).
                 min(idle, key=lambda p: p.last_used).start_close()

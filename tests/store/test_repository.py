@@ -56,6 +56,37 @@ async def test_a_page_just_written_makes_room_its_journal_committed_first(
             assert len(await q.history()) == 2  # its first commit and the journal's
 
 
+async def test_a_page_whose_commit_is_under_way_makes_room_once_it_is_stored(
+    tmp_path: Path,
+) -> None:
+    # Nobody holds q, but its journal's commit is under way (its commit lock held):
+    # q was neither idle nor quiet, and the next page's open past max_open_pages was
+    # refused at once ('all 1 open pages are in use'; a daemon test failed so in CI).
+    # The close for room waits for the commit instead.
+    async with await Repository.open(tmp_path, max_open_pages=1) as repo:
+        async with repo.page(b"l", b"q") as q:
+            await q.put(b"k", b"v")
+            await q.flush()
+        locked, release = asyncio.Event(), asyncio.Event()
+
+        async def commit_under_way() -> None:
+            async with q.graph.lock:
+                locked.set()
+                await release.wait()
+
+        committing = asyncio.create_task(commit_under_way())
+        await locked.wait()
+        assert not q.quiet and q.unheld
+        opening = asyncio.create_task(repo.acquire(b"l", b"p"))
+        while not q.closed:  # the close for room has begun: it waits for the lock
+            await asyncio.sleep(0)
+        assert not opening.done()
+        release.set()
+        await committing
+        p, _ = await opening
+        assert not p.closed and len(repo.open_pages()) == 1
+
+
 async def test_when_every_open_page_is_busy_opening_one_more_fails_clearly(
     tmp_path: Path,
 ) -> None:
