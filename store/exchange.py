@@ -538,7 +538,7 @@ async def rejoin(
         )
 
     await page.adopt_remote(work, new)
-    return await page.merger.rebase(c, os.urandom(8), also, covered)
+    return await page.merger.rebase(c, os.urandom(8))  # over the below/ rows just written
 
 
 async def shallow_roots(page: Page) -> set[bytes]:

@@ -27,7 +27,7 @@ import asyncio
 import dataclasses
 import logging
 import sqlite3
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 
 from ledgerd.store import btree, commit, merge, split, sql
 from ledgerd.store.btree import Builder, Entry, NodeStore, Priority
@@ -164,7 +164,8 @@ class Merger:
         """The merge commit of heads ``a`` and ``b`` (``a.id < b.id``), not stored."""
         builder = Builder(self.nodes)
         virtual: dict[bytes, Commit] = {}
-        base_root = await self._base_root(builder, a, b, virtual)
+        below = await self._below()
+        base_root = await self._base_root(builder, a, b, virtual, below)
         values: list[split.Piece] = []
         policy = self.policy
         if policy is not merge.Policy.DOCUMENTS and await merge.holds_documents(
@@ -174,7 +175,7 @@ class Merger:
         if policy is merge.Policy.DOCUMENTS:
             root = await merge.by_revision(builder, base_root, a, b)
         elif policy is merge.Policy.LAST_ONE_WINS:
-            load = self._loader(virtual, await self._below())
+            load = self._loader(virtual, below)
             root = await merge.last_one_wins(builder, base_root, a, b, load)
         else:
             resolver = self.resolvers.resolver_for(self.ledger) if self.resolvers else None
@@ -218,11 +219,16 @@ class Merger:
         return ask
 
     async def _base_root(
-        self, builder: Builder, a: Commit, b: Commit, virtual: dict[bytes, Commit]
+        self,
+        builder: Builder,
+        a: Commit,
+        b: Commit,
+        virtual: dict[bytes, Commit],
+        below: dict[bytes, tuple[bytes, ...]],
     ) -> bytes:
-        """Root of the merge base; several common ancestors are merged first (recursively)."""
-
-        below = await self._below()
+        """Root of the merge base; several common ancestors are merged first
+        (recursively). ``below``: the shallow roots' recorded ancestors (:meth:`_below`),
+        counted as their parents."""
         load = self._loader(virtual, below)
         if a.id in below and a.id not in virtual:
             a = await self._with_below(a, below)
@@ -244,7 +250,7 @@ class Merger:
             return btree.EMPTY
         acc = bases[0]
         for other in bases[1:]:
-            root_base = await self._base_root(builder, acc, other, virtual)
+            root_base = await self._base_root(builder, acc, other, virtual, below)
             root = await merge.last_one_wins(builder, root_base, acc, other, load)
             acc = commit.merge([acc, other], root)
             virtual[acc.id] = acc
@@ -302,21 +308,17 @@ class Merger:
 
     # -- commits from elsewhere ------------------------------------------------------
 
-    async def rebase(
-        self,
-        onto: Commit,
-        salt: bytes,
-        known: Sequence[Commit] = (),
-        covered: Sequence[bytes] = (),
-    ) -> Commit | None:
+    async def rebase(self, onto: Commit, salt: bytes) -> Commit | None:
         """Carry this device's changes that ``onto`` lacks over onto it (a checkpoint's
-        head, stored already, whose history is not all here; ``known``: the checkpoint's
-        other commits, ancestors of ``onto``; ``covered``: ids of commits here that the
-        caller knows are ancestors of ``onto`` too, those of them this page holds are
-        counted so): one new commit whose only parent is
-        ``onto``, holding the three-way merge of this device's head and ``onto`` under
-        the page's policy (last-one-wins when it needs a resolver), over their common
-        ancestors as far as this device holds them (the empty page if none). So what
+        head, stored already, whose history is not all here): one new commit whose only
+        parent is ``onto``, holding the three-way merge of this device's head and
+        ``onto`` under the page's policy (last-one-wins when it needs a resolver), over
+        their common ancestors as far as this device holds them (the empty page if
+        none). ``onto``'s ancestors here are its parents and what its ``below/`` rows
+        record (:func:`store.sql.add_below`, written by :func:`store.exchange.rejoin`:
+        the checkpoint's other commits, and what this device imported from packs the
+        checkpoint covers), so a value imported here and superseded since by its writer
+        is no change of this device's, even when the commits between are not here. So what
         this device wrote and uploaded after the commits the checkpoint covers, what it
         has not uploaded, and what it imported that the checkpoint lacks are all kept;
         what ``onto`` holds of older commits is no change of its own. The old
@@ -330,28 +332,11 @@ class Merger:
                 raise ClosedError(f"page {named(self.name)} is closed")
             mine = graph.head
             builder = Builder(self.nodes)
-            # ``onto`` with every ancestor of it this device may hold for parents: its
-            # own parents, and the checkpoint's other commits (the newest one the
-            # checkpointing device had imported from each device).
-            # And the commits the caller knows the checkpoint covers (what this device
-            # imported from packs whose commits the checkpointing device held): a value
-            # imported here and superseded since by its writer is then no change of
-            # this device's, even when the commits between are not here.
-            also = [x.id for x in known]
-            for cid in dict.fromkeys(covered):
-                try:
-                    x = await graph.load(cid)
-                except CommitNotFoundError:  # pruned or never here: no help
-                    continue
-                if x.generation < onto.generation:  # (an ancestor is older)
-                    also.append(x.id)
-            parents = tuple(dict.fromkeys([*onto.parents, *also]))
-            seen = commit.make(parents, onto.timestamp, onto.generation, onto.root, b"")
             # A base below the last uploaded commit (this device's newest one the
             # checkpoint holds), not that commit: the changes uploaded since but not
             # in the checkpoint read as the checkpoint's, undoing them (and its later
             # commit won over a newer write of this device's).
-            base_root = await self._base_root(builder, mine, seen, {seen.id: seen})
+            base_root = await self._base_root(builder, mine, onto, {}, await self._below())
             if base_root == mine.root:  # nothing of this device's that ``onto`` lacks
                 root = onto.root
             elif await merge.holds_documents(self.nodes, mine.root, onto.root):
