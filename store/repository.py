@@ -789,9 +789,9 @@ class Repository:
         background job's open, like sync's, rather than fail), then refuse."""
         deadline = time.monotonic() + wait
         while self._counted() >= self.max_open_pages:
-            idle = [p for p in self._pages.values() if not p.closed and p.idle]
-            idle = idle or [p for p in self._pages.values() if not p.closed and p.quiet]
-            idle = idle or [p for p in self._pages.values() if not p.closed and p.unheld]
+            # (idle pages are quiet, and quiet ones unheld: the first kind there is)
+            unheld = [p for p in self._pages.values() if not p.closed and p.unheld]
+            idle = [p for p in unheld if p.idle] or [p for p in unheld if p.quiet] or unheld
             if idle:
                 # Checked and closed with no await in between (see close_idle).
                 min(idle, key=lambda p: p.last_used).start_close()
