@@ -1,7 +1,8 @@
 """SQLite connections that run on one bounded thread pool shared by every database.
 
-This module owns how work leaves the event loop: the store's SQLite work, and
-CPU-bound work over many bytes (:func:`off_loop`). Each open
+This module owns how work leaves the event loop: the store's SQLite work,
+CPU-bound work over many bytes (:func:`off_loop`), and blocking calls that may
+never return (:class:`BlockingCalls`: S3's, and ``ledgerctl``'s reads of a terminal). Each open
 page has a writer and a reader connection; with a thread per connection (as
 aiosqlite gives) a daemon with a thousand open pages runs two thousand threads,
 each with its own stack and, under glibc, its own malloc arena, and memory freed
@@ -19,14 +20,18 @@ that a connection is never used by two threads at once).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
+import queue
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
+
+from ledgerd.store.errors import ClosedError
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -42,6 +47,80 @@ async def off_loop(big: bool, fn: Callable[P, T], *args: P.args, **kwargs: P.kwa
     if big:
         return await asyncio.to_thread(fn, *args, **kwargs)
     return fn(*args, **kwargs)
+
+
+class BlockingCalls:
+    """Blocking calls, run on at most ``workers`` daemon threads (started as needed and
+    kept). Not a ``ThreadPoolExecutor`` nor ``asyncio.to_thread``: the interpreter joins
+    their threads as it exits, so a call that never returns (a boto3 read from an
+    endpoint that does not answer, a read of a terminal) kept a stopped process alive.
+    A call whose awaiting task was cancelled before a thread took it is not run; one
+    already running runs on, and its result is dropped. After :meth:`close`, calls not
+    yet started raise ``closed()`` and the threads end as they finish theirs."""
+
+    def __init__(
+        self, workers: int, name: str, closed: Callable[[], BaseException] = ClosedError
+    ) -> None:
+        self.workers = workers
+        self.name = name
+        self._closed_error = closed
+        self._calls: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0  # threads waiting for a call, not yet promised one
+        self._closed = False
+
+    def _work(self) -> None:
+        while (call := self._calls.get()) is not None:
+            call()
+            with self._lock:
+                self._idle += 1
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._closed:
+            raise self._closed_error()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+
+        def settle(result: Any, error: BaseException | None) -> None:
+            if fut.done():  # the awaiting task was cancelled
+                return
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(result)
+
+        def call() -> None:
+            if fut.cancelled():
+                return
+            result: T | None = None
+            error: BaseException | None = None
+            if self._closed:
+                error = self._closed_error()
+            else:
+                try:
+                    result = fn(*args)
+                except BaseException as e:  # handed to the awaiting task
+                    error = e
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(settle, result, error)
+
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+            elif self._threads < self.workers:
+                self._threads += 1
+                threading.Thread(
+                    target=self._work, name=f"{self.name}-{self._threads}", daemon=True
+                ).start()
+        self._calls.put(call)
+        return await fut
+
+    def close(self) -> None:
+        """Drop the calls not started; each thread ends after the call it is in."""
+        self._closed = True
+        for _ in range(self._threads):
+            self._calls.put(None)
 
 
 SQLITE_THREADS = 8

@@ -19,12 +19,8 @@ start.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import logging
-import queue
-import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -32,6 +28,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
 
+from ledgerd.store import threads
 from ledgerd.sync.cloud import CloudStore, check_name, check_prefix, filtered_names
 from ledgerd.sync.errors import (
     AlreadyExistsError,
@@ -88,73 +85,14 @@ def classify(e: Exception, what: str) -> CloudError:
     return PermanentCloudError(f"{what}: {type(e).__name__}: {e}")
 
 
-class BlockingCalls:
-    """Blocking calls, run on at most ``workers`` daemon threads (started as needed and
-    kept): see the module docstring for why not a ``ThreadPoolExecutor``. A call whose
-    awaiting task was cancelled before a thread took it is not run; one already running
-    runs on, and its result is dropped. After :meth:`close`, calls not yet started are
-    dropped and the threads end as they finish theirs."""
+class BlockingCalls(threads.BlockingCalls):
+    """:class:`store.threads.BlockingCalls` whose calls after :meth:`close` raise
+    PermanentCloudError (see the module docstring for why daemon threads)."""
 
     def __init__(self, workers: int, name: str) -> None:
-        self.workers = workers
-        self.name = name
-        self._calls: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._threads = 0
-        self._idle = 0  # threads waiting for a call, not yet promised one
-        self._closed = False
-
-    def _work(self) -> None:
-        while (call := self._calls.get()) is not None:
-            call()
-            with self._lock:
-                self._idle += 1
-
-    async def run(self, fn: Callable[[], T]) -> T:
-        if self._closed:
-            raise PermanentCloudError("the S3 store was closed")
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[T] = loop.create_future()
-
-        def settle(result: Any, error: BaseException | None) -> None:
-            if fut.done():  # the awaiting task was cancelled
-                return
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(result)
-
-        def call() -> None:
-            if fut.cancelled():
-                return
-            result: T | None = None
-            error: BaseException | None = None
-            if self._closed:
-                error = PermanentCloudError("the S3 store was closed")
-            else:
-                try:
-                    result = fn()
-                except BaseException as e:  # handed to the awaiting task
-                    error = e
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-                loop.call_soon_threadsafe(settle, result, error)
-
-        with self._lock:
-            if self._idle:
-                self._idle -= 1
-            elif self._threads < self.workers:
-                self._threads += 1
-                threading.Thread(
-                    target=self._work, name=f"{self.name}-{self._threads}", daemon=True
-                ).start()
-        self._calls.put(call)
-        return await fut
-
-    def close(self) -> None:
-        """Drop the calls not started; each thread ends after the call it is in."""
-        self._closed = True
-        for _ in range(self._threads):
-            self._calls.put(None)
+        super().__init__(
+            workers, name, closed=lambda: PermanentCloudError("the S3 store was closed")
+        )
 
 
 class S3Store(CloudStore):
