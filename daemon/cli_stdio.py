@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from ledgerd.store.threads import BlockingCalls
+from ledgerd.store import BlockingCalls
 
 
 def write_all(fd: int, data: bytes) -> None:

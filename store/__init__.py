@@ -92,7 +92,7 @@ from ledgerd.store.page import ChangedEntry, Notification, Page, Snapshot, Trans
 from ledgerd.store.repository import NAME_LIMIT, Ledger, Repository, decode_name, encode_name
 from ledgerd.store.stamps import StampedKey, StampedValue, VersionstampError, stamp_time
 from ledgerd.store.subspace import Subspace
-from ledgerd.store.threads import OFF_LOOP_BYTES, off_loop
+from ledgerd.store.threads import OFF_LOOP_BYTES, BlockingCalls, off_loop
 from ledgerd.store.threads import set_threads as set_sqlite_threads
 from ledgerd.store.tuple import SingleFloat, TupleError, Versionstamp
 from ledgerd.store.view import KEY_LIMIT, KeyValue, RangeResult, View, check_key
@@ -102,6 +102,7 @@ __all__ = [
     "NAME_LIMIT",
     "LOCAL_LEDGER",
     "Attachment",
+    "BlockingCalls",
     "AttachmentNotFoundError",
     "Changes",
     "Damaged",

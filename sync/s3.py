@@ -28,7 +28,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
 
-from ledgerd.store import threads
+from ledgerd.store import BlockingCalls as StoreBlockingCalls
 from ledgerd.sync.cloud import CloudStore, check_name, check_prefix, filtered_names
 from ledgerd.sync.errors import (
     AlreadyExistsError,
@@ -85,7 +85,7 @@ def classify(e: Exception, what: str) -> CloudError:
     return PermanentCloudError(f"{what}: {type(e).__name__}: {e}")
 
 
-class BlockingCalls(threads.BlockingCalls):
+class BlockingCalls(StoreBlockingCalls):
     """:class:`store.threads.BlockingCalls` whose calls after :meth:`close` raise
     PermanentCloudError (see the module docstring for why daemon threads)."""
 
