@@ -248,6 +248,61 @@ async def mark_uploaded(page: Page, commit_ids: Iterable[bytes], digests: Iterab
     await page.db.run(work, write=True)
 
 
+STALE_FRACTION = 0.5
+"""An unuploaded commit's parent from the bucket is *stale* once it is older than this
+share of the page's ``history_retention``: other devices may have pruned it by the
+time the commit reaches them (their clocks, and when their collections run, differ
+from this device's; they are taken to keep the same retention)."""
+
+FRESH, CARRIED, STALE, BUSY = "fresh", "carried", "stale", "busy"
+
+
+async def carry_over_stale(page: Page, retention: float) -> str:
+    """Keep this device's unuploaded commits off parents other devices cannot build on.
+
+    A commit built on a commit from the bucket that is older than history retention
+    (a device back from a long time offline) reuses that commit's tree nodes and
+    values, which the pack does not carry (the bucket has them) and which a device
+    that pruned the commit deleted: that device could never import it, nor anything
+    built on it, and the page stayed apart for good. A commit built on one that a
+    rejoin or an earlier carry-over left behind (a transaction open across it) has
+    a parent no other device will ever have.
+
+    So when a parent of an unuploaded commit is *stale* (older than
+    :data:`STALE_FRACTION` of the page's retention, its own or ``retention``) or was
+    left behind, and the head also descends from a newer commit of the bucket (the
+    merge of what a download brought), the unuploaded commits are replaced by one on
+    that newer commit with the head's tree (:meth:`store.merging.Merger.reparent`):
+    ``CARRIED``. ``STALE``: a parent is stale and nothing newer is here (a download
+    may bring it: upload after it; if none does, that parent is the bucket's newest
+    and the others build on it). ``BUSY``: it could not be done now (an open
+    transaction began on a commit it would replace, or the page has several heads):
+    upload nothing of the page before a later try. ``FRESH``: nothing to do."""
+    rows = await page.db.read_all("SELECT commit_id FROM unsynced_commits")
+    ids = {bytes(r[0]) for r in rows}
+    if not ids:
+        return FRESH
+    own = await gc.page_retention(page)
+    cutoff = commit.now_us() - int((retention if own is None else own) * STALE_FRACTION * 1e6)
+    left = await page.db.run(sql.left_behind)
+    parents: dict[bytes, Commit] = {}  # parents in the bucket
+    gone = False  # a parent left behind
+    for cid in ids:
+        for p in (await page.load_commit(cid)).parents:
+            if p in left:
+                gone = True
+            elif p not in ids and p != commit.FIRST.id and p not in parents:
+                parents[p] = await page.load_commit(p)
+    stale = [p for p in parents.values() if p.timestamp < cutoff]
+    if not (stale or gone) or not parents:
+        return FRESH
+    onto = max(parents.values(), key=lambda c: (c.generation, c.timestamp, c.id))
+    if not gone and all(p.id == onto.id for p in stale):
+        return STALE
+    carried = await page.merger.reparent(onto, os.urandom(8), page.pinned_commits)
+    return CARRIED if carried is not None else BUSY
+
+
 async def sync_value(page: Page, name: str) -> bytes | None:
     rows = await page.db.read_all("SELECT value FROM sync_metadata WHERE name = ?", (name,))
     return bytes(rows[0][0]) if rows else None

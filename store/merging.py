@@ -27,7 +27,7 @@ import asyncio
 import dataclasses
 import logging
 import sqlite3
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 
 from ledgerd.store import btree, commit, merge, split, sql
 from ledgerd.store.btree import Builder, Entry, NodeStore, Priority
@@ -38,6 +38,7 @@ from ledgerd.store.graph import CommitGraph
 from ledgerd.store.hooks import ResolverSource
 
 log = logging.getLogger(__name__)
+
 
 RESOLVER_TIMEOUT = 30.0
 """Seconds a conflict resolver may take before the merge is abandoned (heads kept)."""
@@ -343,29 +344,70 @@ class Merger:
                 root = await merge.by_revision(builder, base_root, mine, onto)
             else:
                 root = await merge.last_one_wins(builder, base_root, mine, onto)
-            c = None
-            if root != onto.root:
-                ts = max(onto.timestamp + 1, mine.timestamp)
-                c = commit.make((onto.id,), ts, onto.generation + 1, root, salt)
-            head = c or onto
+            return await self._replace_heads(onto, root, mine.timestamp, builder, salt)
 
-            def drop(conn: sqlite3.Connection) -> None:
-                old = conn.execute("SELECT commit_id FROM heads WHERE commit_id != ?", (head.id,))
-                sql.leave_behind(conn, [bytes(r[0]) for r in old])
-                conn.execute("DELETE FROM heads WHERE commit_id != ?", (head.id,))
-                conn.execute(
-                    "INSERT OR IGNORE INTO heads (commit_id, timestamp) VALUES (?, ?)",
-                    (head.id, head.timestamp),
-                )
-                conn.execute("DELETE FROM unsynced_commits WHERE commit_id != ?", (head.id,))
+    async def reparent(
+        self, onto: Commit, salt: bytes, pinned: Callable[[], Collection[bytes]]
+    ) -> Commit | None:
+        """Replace this device's unuploaded commits by one commit on ``onto`` (a commit
+        from the bucket that the head descends from) holding the head's tree as it is:
+        for unuploaded commits built on a commit other devices may have pruned
+        (``history_retention``), whose trees reuse nodes and values they may have
+        deleted. The merges that brought ``onto`` in already resolved every conflict
+        over the real common ancestors; the new commit only moves the result onto a
+        parent other devices hold, and its pieces are the head's (the ones not in the
+        bucket are uploaded with it). The old commits stay here, never uploaded. Returns
+        the new commit, or None if the page has several heads, its head is ``onto``, or
+        an open transaction began on a commit it would replace (``pinned``: the bases
+        of the page's open transactions). Such a transaction's commit would build on a
+        commit no other device will have, and merge with the new one over ``onto``, as
+        if this device's changes since were concurrent with it: try again once it
+        ended."""
+        graph = self.graph
+        async with graph.lock:
+            if self._is_closed():
+                raise ClosedError(f"page {named(self.name)} is closed")
+            if len(graph.heads) != 1 or graph.head.id == onto.id:
+                return None
+            mine = graph.head
+            rows = await self.db.read_all("SELECT commit_id FROM unsynced_commits")
+            if {mine.id, *(bytes(r[0]) for r in rows)} & set(pinned()):
+                return None
+            return await self._replace_heads(
+                onto, mine.root, mine.timestamp, Builder(self.nodes), salt
+            )
 
-            if c is not None:
-                await graph.store(c, builder, also=drop, also_small=False, notify=False)
-            else:
-                await self.db.run(drop, write=True)
-            await graph.load_heads()
-            await graph.tell()
-            return c
+    async def _replace_heads(
+        self, onto: Commit, root: bytes, mine: int, builder: Builder, salt: bytes
+    ) -> Commit | None:
+        """Make ``root`` (built by ``builder``; commit lock held) the page's one head, in
+        a new commit on ``onto`` (no commit if ``root`` is ``onto``'s): the other heads
+        are left behind and no other commit waits for upload. ``mine``: the time of the
+        head whose changes it carries."""
+        graph = self.graph
+        c = None
+        if root != onto.root:
+            ts = max(onto.timestamp + 1, mine)
+            c = commit.make((onto.id,), ts, onto.generation + 1, root, salt)
+        head = c or onto
+
+        def drop(conn: sqlite3.Connection) -> None:
+            old = conn.execute("SELECT commit_id FROM heads WHERE commit_id != ?", (head.id,))
+            sql.leave_behind(conn, [bytes(r[0]) for r in old])
+            conn.execute("DELETE FROM heads WHERE commit_id != ?", (head.id,))
+            conn.execute(
+                "INSERT OR IGNORE INTO heads (commit_id, timestamp) VALUES (?, ?)",
+                (head.id, head.timestamp),
+            )
+            conn.execute("DELETE FROM unsynced_commits WHERE commit_id != ?", (head.id,))
+
+        if c is not None:
+            await graph.store(c, builder, also=drop, also_small=False, notify=False)
+        else:
+            await self.db.run(drop, write=True)
+        await graph.load_heads()
+        await graph.tell()
+        return c
 
     async def adopt(self, work: Callable[[sqlite3.Connection], None], new: list[Commit]) -> None:
         """Store verified remote commits (``work`` writes them), then merge the heads.

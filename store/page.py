@@ -419,7 +419,7 @@ class Page(View):
         :mod:`store.gc`)."""
         ids: set[bytes] = set()
         for r in list(self._readers):
-            if not isinstance(r, Snapshot):
+            if not isinstance(r, Snapshot) and r.state.open:  # (an ended one may live on)
                 with contextlib.suppress(TransactionClosedError):  # not started: none yet
                     ids.add(r.base.id)
         return ids

@@ -429,7 +429,9 @@ class SyncEngine:
         only: tuple[bytes, bytes | None] | None = None,
         full: bool = False,
     ) -> Stats:
-        """One listing of the feed, one upload round, then the imports.
+        """One listing of the feed, one upload round, then the imports (and the pages
+        whose commits build on a stale parent with nothing newer here, after them:
+        :func:`ledgerd.store.exchange.carry_over_stale`).
 
         ``full`` (the first round of :meth:`sync`) checks the bucket's marker again
         and retries held packs and probes gaps without waiting for their backoff.
@@ -451,9 +453,12 @@ class SyncEngine:
                     await self.feed.list_new()
                     if self.ctx.legacy_due or (full and self.feed.legacy_seen()):
                         await self.feed.list_legacy()
-                stats.uploaded_packs = await self.uploader.upload_all(only)
+                stats.uploaded_packs = await self.uploader.upload_all(only, wait_stale=download)
                 if download:
                     stats.downloaded_packs = await self.downloader.download(force=full)
+                    held = self.uploader.stale_held
+                    if held:  # commits on a pruned-by-now parent: carried onto the download's
+                        stats.uploaded_packs += await self.uploader.upload_all(only, pages=held)
                 await self.policy.write_due()
             except asyncio.CancelledError:
                 raise

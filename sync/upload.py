@@ -18,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from ledgerd.store import Page
 from ledgerd.store import digest as dg
 from ledgerd.store import exchange as ex
+from ledgerd.store.errors import named
 from ledgerd.sync import crypto, layout, pack
 from ledgerd.sync.checkpoint_policy import CheckpointPolicy
 from ledgerd.sync.checkpoints import Checkpoints
@@ -116,20 +118,37 @@ class Uploader:
         other device would see a gap in this device's sequence for good."""
         self._spent_checked = False
         """Whether a number spent by an earlier process was looked for (see _put_pack)."""
+        self.stale_held: set[Key] = set()
+        """Pages the last :meth:`upload_all` left for after the download (``wait_stale``)."""
+        self._wait_stale = False
 
-    async def upload_all(self, only: tuple[bytes, bytes | None] | None = None) -> int:
+    async def upload_all(
+        self,
+        only: tuple[bytes, bytes | None] | None = None,
+        *,
+        wait_stale: bool = False,
+        pages: Collection[Key] | None = None,
+    ) -> int:
         """Upload the pages with pending commits and the open ones (of ``only``, if
-        given), all in one pack (more only past ``max_pack`` bytes). Returns packs put."""
+        given; just ``pages``, if given), all in one pack (more only past ``max_pack``
+        bytes). Returns packs put. ``wait_stale``: a page whose unuploaded commits
+        build on a commit other devices may have pruned, with nothing newer here to
+        carry them onto (:func:`store.exchange.carry_over_stale`), is left for after
+        the round's download, in :attr:`stale_held`."""
         repo = self.ctx.repo
         if not self.pending.loaded:
             await self.pending.load()
         # Open pages too: their latest writes may not be committed yet (group commit).
         candidates = set(self.pending.counts) | {(p.ledger, p.id) for p in repo.open_pages()}
+        if pages is not None:
+            candidates &= set(pages)
         keys = [
             k
             for k in sorted(candidates)
             if k[0] != LOCAL and (only is None or (k[0] == only[0] and only[1] in (None, k[1])))
         ]
+        self.stale_held = set()
+        self._wait_stale = wait_stale
         await self.pending.save()
         rnd = _Round()
         async with contextlib.AsyncExitStack() as stack:
@@ -178,6 +197,19 @@ class Uploader:
 
     async def _take_page(self, rnd: _Round, page: Page, seen: int | None) -> None:
         key = (page.ledger, page.id)
+        state = await ex.carry_over_stale(page, self.ctx.repo.history_retention)
+        if state == ex.STALE and self._wait_stale:
+            self.stale_held.add(key)
+            return
+        if state == ex.BUSY:  # still pending: tried again next round
+            return
+        if state == ex.CARRIED:
+            log.info(
+                "page %s of ledger %s: commits built on history other devices may have "
+                "pruned were carried over onto the newest commit from the bucket",
+                named(page.id),
+                named(page.ledger),
+            )
         up = await ex.pending_upload(page)
         if up.empty:
             self._page_done(key, seen, await ex.unsynced_count(page))  # a conflict keeps some

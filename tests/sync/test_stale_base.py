@@ -1,0 +1,158 @@
+"""Commits built on history other devices have pruned (a device back after longer
+than ``history_retention``) are carried over onto the bucket's newer commits before
+they go up (:func:`ledgerd.store.exchange.carry_over_stale`).
+
+Before, device A, away, wrote on commit X; B wrote on and pruned X (retention), and
+deleted the tree nodes and values of X that its newer commits no longer use. A's
+commit went up on X, its pack carrying only A's new nodes: B waited for the rest for
+good ("waits for what no pack seen holds: tree node ... is missing"), and for every
+later commit of A's on the page: A's writes after its return never reached B."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from ledgerd.store import Page, Repository, gc
+from ledgerd.store import exchange as ex
+from ledgerd.sync.engine import SyncEngine
+from ledgerd.sync.folder import FolderStore
+from ledgerd.sync.testing import CountingStore
+from tests.sync.test_engine import Device, _keys, device
+
+
+@contextlib.asynccontextmanager
+async def retaining(path: Path, cloud: FolderStore, retention: float) -> AsyncIterator[Device]:
+    """A device whose repository keeps ``retention`` seconds of history."""
+    counting = CountingStore(cloud)
+    engine = SyncEngine(counting)
+    repo = await Repository.open(path, hooks=engine.hooks(), history_retention=retention)
+    await engine.start(repo, background=False)
+    try:
+        yield Device(repo, engine, counting)
+    finally:
+        await repo.close()
+
+
+async def _pruned_under(a: Device, b: Device) -> tuple[Page, Page]:
+    """A and B share a page of 1,000 keys, then B's commit X; A, away, writes on X; B
+    rewrites a seventh of the keys, writes twice more, and prunes all it may."""
+    rng = random.Random(4)
+    pa = await a.repo.ledger("l").page("p")
+    async with pa.transaction() as tx:
+        await tx.put_many([(b"k%04d" % i, rng.randbytes(50)) for i in range(1000)])
+    await a.engine.sync()
+    await b.engine.sync()
+    pb = await b.repo.ledger("l").page("p")
+    async with pb.transaction() as tx:
+        await tx.put_many([(b"k%04d" % i, b"x") for i in range(3, 1000, 5)])
+    await b.engine.sync()
+    await a.engine.sync()
+    assert pa.head.id == pb.head.id
+    await pa.put(b"k0001", b"from a, away")
+    await pa.delete(b"k0002")
+    async with pb.transaction() as tx:
+        await tx.put_many([(b"k%04d" % i, b"b") for i in range(0, 1000, 7)])
+    await b.engine.sync()
+    for v in (b"1", b"2"):
+        await pb.put(b"zz", v)
+        await b.engine.sync()
+    assert (await gc.collect(pb, 0)).commits_pruned >= 2
+    return pa, pb
+
+
+async def test_commits_on_a_parent_another_device_pruned_reach_it(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    async with (
+        retaining(tmp_path / "a", bucket, 0.0) as a,
+        device(tmp_path / "b", bucket) as b,
+    ):
+        pa, pb = await _pruned_under(a, b)
+        await a.engine.sync()
+        await b.engine.sync()
+        await a.engine.sync()
+        assert not b.engine.problems() and not a.engine.problems()
+        got = await _keys(b.repo)
+        assert got[b"k0001"] == b"from a, away" and b"k0002" not in got
+        assert got[b"k0007"] == b"b" and got[b"k0003"] == b"x" and got[b"zz"] == b"2"
+        assert got == await _keys(a.repo)
+        await pa.put(b"later", b"from a")  # and what A writes next gets there too
+        await a.engine.sync()
+        await b.engine.sync()
+        assert (await _keys(b.repo))[b"later"] == b"from a"
+        assert pa.head.id == pb.head.id
+        assert not b.engine.problems()
+
+
+async def test_a_stale_parent_with_nothing_newer_goes_up_after_the_download(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """A page whose commit builds on a stale parent but nothing newer is here waits for
+    the round's download; if that brings nothing, it goes up on that parent in the
+    same round (the bucket has nothing newer for others to have moved to)."""
+    async with (
+        retaining(tmp_path / "a", bucket, 0.0) as a,
+        device(tmp_path / "b", bucket) as b,
+    ):
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"k", b"1")
+        await a.engine.sync()
+        await b.engine.sync()
+        await pa.put(b"k", b"2")  # on a parent older than no retention at all
+        stats = await a.engine.round()
+        assert stats.uploaded_packs == 1
+        await b.engine.sync()
+        assert (await _keys(b.repo))[b"k"] == b"2"
+
+
+async def test_no_carry_over_while_a_transaction_is_open_on_a_commit_it_replaces(
+    tmp_path: Path,
+) -> None:
+    """A transaction begun on a commit a carry-over would replace commits on it; merged
+    with the carried-over head over their parent in the bucket, it undid this
+    device's own later write (k = 3 back to 2). So the carry-over waits for it."""
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.put(b"k", b"1")
+        await page.flush()
+        up = await ex.pending_upload(page)
+        await ex.mark_uploaded(page, [c.id for c in up.commits], up.eager)
+        synced = page.head
+        await page.put(b"k", b"2")
+        await page.flush()
+        async with page.transaction() as tx:
+            await page.put(b"k", b"3")
+            await page.flush()
+            assert await page.merger.reparent(synced, b"salt", page.pinned_commits) is None
+            await tx.put(b"t", b"in the transaction")
+        assert await page.merger.reparent(synced, b"salt", page.pinned_commits)
+        up = await ex.pending_upload(page)
+        assert [c.parents for c in up.commits] == [(synced.id,)]
+        got = {kv.key: kv.value for kv in (await page.entries()).items}
+        assert got == {b"k": b"3", b"t": b"in the transaction"}
+
+
+async def test_a_commit_on_a_head_a_rejoin_left_behind_is_carried_over(tmp_path: Path) -> None:
+    """A transaction open across a rejoin (its rebase left its base behind, never to be
+    uploaded) commits on that base: the upload carries it over onto the rejoin's
+    commit's parent rather than send a commit whose parent no device will have."""
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.put(b"k", b"1")
+        await page.flush()
+        up = await ex.pending_upload(page)
+        await ex.mark_uploaded(page, [c.id for c in up.commits], up.eager)
+        synced = page.head
+        await page.put(b"k", b"2")
+        await page.flush()
+        async with page.transaction() as tx:
+            assert await page.merger.rebase(synced, b"salt")  # leaves the head behind
+            await tx.put(b"t", b"in the transaction")
+        assert await ex.carry_over_stale(page, 1e9) == ex.CARRIED  # no parent is stale
+        up = await ex.pending_upload(page)
+        assert [c.parents for c in up.commits] == [(synced.id,)]
+        got = {kv.key: kv.value for kv in (await page.entries()).items}
+        assert got == {b"k": b"2", b"t": b"in the transaction"}
