@@ -652,8 +652,8 @@ class Repository:
             return
         if not await self.page_listed(led, pid):
             if not await self.ledger_listed(led):
-                raise LedgerNotFoundError(f"no ledger {led!r}")
-            raise PageNotFoundError(f"no page {pid!r} in ledger {led!r}")
+                raise LedgerNotFoundError(f"no ledger {named(led)}")
+            raise PageNotFoundError(f"no page {named(pid)} in ledger {named(led)}")
         async with self.page(led, pid) as page:
             await page.delete_page()
             await self._record_deleted(page)
@@ -689,7 +689,7 @@ class Repository:
         led = _name(ledger, "ledger name")
         ids = await self.ledger(led).pages()
         if not ids:
-            raise LedgerNotFoundError(f"no ledger {led!r}")
+            raise LedgerNotFoundError(f"no ledger {named(led)}")
         for pid in ids:
             async with self.page(led, pid) as page:
                 await page.delete_page()
