@@ -62,6 +62,7 @@ from ledgerd.daemon.client import (
     NotFoundError,
     UnsafeSocketError,
 )
+from ledgerd.daemon.client_types import NOT_A_SOCKET
 from ledgerd.daemon.codec import b64
 
 EXIT_NOT_FOUND, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_ERROR, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
@@ -779,6 +780,8 @@ def _unreachable(e: DaemonUnavailableError, args: argparse.Namespace) -> str:
     out aiohttp's host and TLS details) and a hint that names the socket the user gave,
     if any."""
     text = str(e)
+    if NOT_A_SOCKET in text:  # (ledgerd would not start there: the reason says what to do)
+        return text
     if args.socket:
         hint = f"is ledgerd running there? start it with: ledgerd --socket {args.socket}"
     elif os.environ.get("LEDGERD_SOCKET"):

@@ -114,6 +114,21 @@ def _value(text: str) -> Any:
         return text
 
 
+def _bound(text: str | None, option: str, usage: type[Exception]) -> Any:
+    """``find``'s ``--start``/``--end`` VALUE, or None without one. ``null`` is refused, as
+    the HTTP API refuses it: the client sends no bound for None, and null is the lowest
+    sort value, not "no bound" (``--end null`` would list every document, not none)."""
+    if text is None:
+        return None
+    value = _value(text)
+    if value is None:
+        raise usage(
+            f"{option} null: null is the lowest sort value, not a bound;"
+            " leave it out for an open range"
+        )
+    return value
+
+
 def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
@@ -175,8 +190,8 @@ async def run(cli: Cli, usage: type[Exception]) -> int:
                 a.collection,
                 a.name,
                 _value(a.eq),
-                start=None if a.start is None else _value(a.start),
-                end=None if a.end is None else _value(a.end),
+                start=_bound(a.start, "--start", usage),
+                end=_bound(a.end, "--end", usage),
                 deleted=a.deleted,
                 limit=a.limit,
                 on_damaged=damaged.append,

@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import errno
 import os
+import stat
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +72,8 @@ def reaching(socket: Path) -> Iterator[None]:
             # aiohttp's host and TLS asides (and its "[None]" for an error with no errno:
             # a path too long for a socket)
             why = e.os_error.strerror or e.os_error
+            if e.os_error.errno == errno.ECONNREFUSED:
+                why = _not_a_socket(socket) or why
         raise DaemonUnavailableError(
             "unavailable", f"cannot reach ledgerd at {socket}: {why}"
         ) from None
@@ -77,6 +81,24 @@ def reaching(socket: Path) -> Iterator[None]:
         raise DaemonUnavailableError(
             "unavailable", f"cannot reach ledgerd at {socket}: no answer within the timeout"
         ) from None
+
+
+NOT_A_SOCKET = "not a socket (ledgerd does not replace it: remove it, or use another path)"
+"""How :func:`reaching` ends the reason when the path holds something else than a socket."""
+
+
+def _not_a_socket(path: Path) -> str | None:
+    """Why connect() was refused when something else than a socket is at ``path`` (a file
+    or directory: ledgerd refuses to start there, so "start it" would not help), or None."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISSOCK(mode):
+        return None
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file"))
+    kind = next((name for test, name in kinds if test(mode)), "a special file")
+    return f"{path} is {kind}, {NOT_A_SOCKET}"
 
 
 async def close_body(body: AsyncGenerator[bytes, None]) -> None:

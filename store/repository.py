@@ -509,7 +509,11 @@ class Repository:
             ledger, page_id = decode_name(ledger_dir.name), decode_name(name)
             if ledger is None or page_id is None:
                 continue
-            log.info("finishing the eviction of page %r cut short", page_id)
+            log.info(
+                "finishing the eviction of page %s of ledger %s cut short",
+                named(page_id),
+                named(ledger),
+            )
             aside = ledger_dir / (name + eviction.SUFFIX)
             kind = await asyncio.to_thread(eviction.kind_of_aside, aside)
             await self._mark_evicted(ledger, page_id, kind, only_unset=True)
@@ -652,8 +656,8 @@ class Repository:
             return
         if not await self.page_listed(led, pid):
             if not await self.ledger_listed(led):
-                raise LedgerNotFoundError(f"no ledger {led!r}")
-            raise PageNotFoundError(f"no page {pid!r} in ledger {led!r}")
+                raise LedgerNotFoundError(f"no ledger {named(led)}")
+            raise PageNotFoundError(f"no page {named(pid)} in ledger {named(led)}")
         async with self.page(led, pid) as page:
             await page.delete_page()
             await self._record_deleted(page)
@@ -689,7 +693,7 @@ class Repository:
         led = _name(ledger, "ledger name")
         ids = await self.ledger(led).pages()
         if not ids:
-            raise LedgerNotFoundError(f"no ledger {led!r}")
+            raise LedgerNotFoundError(f"no ledger {named(led)}")
         for pid in ids:
             async with self.page(led, pid) as page:
                 await page.delete_page()
@@ -981,9 +985,12 @@ class Repository:
             await asyncio.shield(page.close())
             await asyncio.to_thread(eviction.delete_page_dir, page.db.path.parent)
             raise PageUnavailableError(
-                f"page {page.id!r} was evicted from this device and cannot be restored now: {why}"
+                f"page {named(page.id)} of ledger {named(page.ledger)} was evicted from this device"
+                f" and cannot be restored now: {why}"
             )
-        log.info("page %r restored after its eviction", page.id)
+        log.info(
+            "page %s of ledger %s restored after its eviction", named(page.id), named(page.ledger)
+        )
 
     async def _open_page(self, ledger: bytes, page_id: bytes) -> Page:
         return await Page.open(
@@ -1031,7 +1038,12 @@ class Repository:
                     (int(time.time() * 1000), int(page.deleted), page.ledger, page.id),
                 )
         except Exception as e:
-            log.warning("could not record that page %r was closed: %s", page.id, e)
+            log.warning(
+                "could not record that page %s of ledger %s was closed: %s",
+                named(page.id),
+                named(page.ledger),
+                e,
+            )
         finally:
             if self._closed_deleted.get((page.ledger, page.id)) == page.deleted:
                 del self._closed_deleted[(page.ledger, page.id)]
@@ -1155,15 +1167,19 @@ class Repository:
             not verdict.ok or verdict.kind == eviction.SYNCED_EVICTED
         ):
             raise NotEvictableError(
-                f"page {named(page_id)} cannot be evicted: nothing could restore it (no cloud)"
+                f"page {named(page_id)} of ledger {named(ledger)} cannot be evicted:"
+                " nothing could restore it (no cloud)"
             )
         if not verdict.ok:
-            raise NotEvictableError(f"page {named(page_id)} cannot be evicted: {verdict.reason}")
+            raise NotEvictableError(
+                f"page {named(page_id)} of ledger {named(ledger)} cannot be evicted:"
+                f" {verdict.reason}"
+            )
         size = await asyncio.to_thread(eviction.directory_bytes, path.parent)
         aside = await asyncio.to_thread(eviction.set_aside, path.parent)
         await self._mark_evicted(ledger, page_id, verdict.kind)
         await asyncio.to_thread(eviction.delete_aside, aside)
-        log.info("page %r evicted (%d bytes)", page_id, size)
+        log.info("page %s of ledger %s evicted (%d bytes)", named(page_id), named(ledger), size)
         return size
 
     async def evict_by_policy(self, disk_budget: int = 0, older_than: float = 0.0) -> int:

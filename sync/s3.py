@@ -26,7 +26,13 @@ from typing import Any, TypeVar
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionError,
+    HTTPClientError,
+    NoCredentialsError,
+)
 
 from ledgerd.store import BlockingCalls as StoreBlockingCalls
 from ledgerd.sync.cloud import CloudStore, check_name, check_prefix, filtered_names
@@ -58,6 +64,10 @@ TRANSIENT_CODES = {
     "OperationAborted",
 }
 NOT_FOUND_CODES = {"NoSuchKey", "404", "NotFound"}
+CREDENTIALS_HINT = (
+    "ledgerd reads them as the AWS CLI does: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY,"
+    " or AWS_PROFILE and ~/.aws/credentials, or an instance role"
+)
 EXISTS_CODES = {"PreconditionFailed", "412"}
 
 
@@ -79,6 +89,8 @@ def classify(e: Exception, what: str) -> CloudError:
         return PermanentCloudError(msg)
     if isinstance(e, ConnectionError | HTTPClientError):
         return TransientCloudError(f"{what}: {e}")
+    if isinstance(e, NoCredentialsError):  # (botocore's line says nothing of where they go)
+        return PermanentCloudError(f"{what}: {e} ({CREDENTIALS_HINT})")
     if isinstance(e, BotoCoreError):
         # Missing credentials, bad configuration: nothing a retry would fix.
         return PermanentCloudError(f"{what}: {e}")

@@ -875,6 +875,30 @@ def test_a_socket_path_too_long_to_connect_to_is_named(tmp_path: Path) -> None:
     assert "None" not in err and "Traceback" not in err and err.count("\n") == 1, err
 
 
+def test_a_file_in_the_sockets_place_is_named_not_a_daemon_to_start(tmp_path: Path) -> None:
+    """A regular file or a directory at the socket path: connect() says "Connection
+    refused", and ledgerctl's hint was to start ledgerd there, which refuses such a path
+    ("exists and is not a socket; not removing it"). The line says what is there instead;
+    the Python clients' DaemonUnavailableError says the same."""
+    f = tmp_path / "file.sock"
+    f.write_bytes(b"")
+    d = tmp_path / "dir.sock"
+    d.mkdir()
+    for path, kind in ((f, "a regular file"), (d, "a directory")):
+        p = subprocess.run(
+            cli_cmd("--socket", str(path), "status"),
+            capture_output=True,
+            env=cli_env(path),
+            cwd=ROOT,
+            timeout=60,
+        )
+        err = p.stderr.decode()
+        assert p.returncode == 3 and p.stdout == b"", p
+        assert err.startswith(f"ledgerctl: cannot reach ledgerd at {path}: "), err
+        assert f"{path} is {kind}, not a socket" in err and "start it with" not in err, err
+        assert "Traceback" not in err and err.count("\n") == 1, err
+
+
 def test_exit_statuses_without_a_daemon(tmp_path: Path) -> None:
     """Bad usage exits 2 before any connection; an unreachable daemon exits 3 with a hint."""
     sock = tmp_path / "missing.sock"

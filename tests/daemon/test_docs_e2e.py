@@ -1412,3 +1412,22 @@ async def test_the_changes_feed_names_a_deleted_body_key_with_an_odd_id(
     assert "is gone" in changed["damaged"][0]["message"], changed
     everything = await call(http, "GET", f"{base}/docs/_changes", 200)
     assert everything.get("damaged", []) == [], everything  # not there at the start
+
+
+def test_ledgerctl_doc_find_refuses_a_null_bound(shared: Daemon) -> None:
+    """``--start null`` / ``--end null`` are refused (exit status 2), as the HTTP API refuses
+    ``start=null``: null is the lowest sort value, not "no bound". ledgerctl read ``null`` as
+    JSON None and sent no bound at all, so ``--end null`` listed every document (the range
+    below null holds none) with exit status 0."""
+    lp = ("cli_null_bound", "p")
+    ctl(shared, "index", *lp, "c", "by_city", "--partition", "city", "--sort", "age")
+    ctl(shared, "put", *lp, "c", '{"city": "Oslo", "age": 41}')
+    for bound in ("--start", "--end"):
+        for value in ("null", " null "):
+            err = ctl_fails(shared, 2, "find", *lp, "c", "by_city", "--eq", "Oslo", bound, value)
+            assert f"{bound} " in err and "leave it out for an open range" in err, err
+    assert ctl(shared, "find", *lp, "c", "by_city", "--eq", "Oslo", "--end", "41") == ""
+    # --eq null stays a value (documents whose partition value is null), so do empty strings
+    assert ctl(shared, "find", *lp, "c", "by_city", "--eq", "null") == ""
+    assert len(ctl(shared, "find", *lp, "c", "by_city", "--eq", "Oslo", "--start", "").split()) == 3
+    assert len(ctl(shared, "find", *lp, "c", "by_city", "--eq", "Oslo").splitlines()) == 1

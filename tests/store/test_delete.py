@@ -74,10 +74,14 @@ async def test_deleting_a_ledger_deletes_every_page_and_hides_it(tmp_path: Path)
 async def test_deleting_a_page_that_is_not_there_is_not_found(tmp_path: Path) -> None:
     async with await Repository.open(tmp_path) as repo:
         await _fill(repo, "l", "p")
-        with pytest.raises(PageNotFoundError):
+        # the messages name the page and ledger as every other not-found does (they are
+        # the daemon's 404 messages), never as Python bytes reprs (b'nope')
+        with pytest.raises(PageNotFoundError, match=r"^no page nope in ledger l$"):
             await repo.delete_page("l", "nope")
-        with pytest.raises(LedgerNotFoundError):
+        with pytest.raises(LedgerNotFoundError, match=r"^no ledger nope$"):
             await repo.delete_page("nope", "p")
+        with pytest.raises(LedgerNotFoundError, match=r"^no ledger hex:00ff$"):
+            await repo.delete_ledger(b"\x00\xff")
         await repo.delete_page("l", "p")
         with pytest.raises(LedgerNotFoundError):  # its only page: the ledger is gone too
             await repo.delete_page("l", "p")

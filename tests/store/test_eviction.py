@@ -4,6 +4,7 @@ an eviction cut short, and the LRU and age policies."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import pytest
@@ -59,21 +60,31 @@ async def synced_page(repo: Repository, bucket: Bucket, name: str) -> Path:
     return repo.page_path(b"l", name.encode())
 
 
-async def test_a_synced_page_is_evicted_and_comes_back_on_its_next_use(tmp_path: Path) -> None:
+async def test_a_synced_page_is_evicted_and_comes_back_on_its_next_use(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     bucket = Bucket()
+    caplog.set_level(logging.INFO, logger="ledgerd.store.repository")
     async with await Repository.open(tmp_path, hooks=PageHooks(restorer=bucket)) as repo:
         path = await synced_page(repo, bucket, "p")
         assert await repo.evict(b"l", b"p") > 0
         assert not path.parent.exists() and repo.is_evicted(b"l", b"p")
         assert await repo.ledger("l").pages() == [b"p"]  # still listed
         bucket.offline = True
-        with pytest.raises(PageUnavailableError, match="not reachable"):
+        # (the 503 message names the page and ledger as ledgerctl does, not as b'p')
+        with pytest.raises(
+            PageUnavailableError, match=r"^page p of ledger l was evicted .*not reachable"
+        ):
             await repo.ledger("l").page("p")  # never an empty page
         assert repo.is_evicted(b"l", b"p") and not path.exists()
         bucket.offline = False
         page = await repo.ledger("l").page("p")
         assert await page.get(b"k") == b"p" * 100 and bucket.restored == [b"p"]
         assert not repo.is_evicted(b"l", b"p")
+    logged = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("page p of ledger l evicted (") for m in logged), logged
+    assert "page p of ledger l restored after its eviction" in logged, logged
+    assert not [m for m in logged if "b'" in m], logged
     async with await Repository.open(tmp_path) as repo:  # recorded: not evicted now
         assert await (await repo.ledger("l").page("p")).get(b"k") == b"p" * 100
 
@@ -96,7 +107,10 @@ async def test_what_is_not_synced_is_not_evicted(tmp_path: Path) -> None:
         await page.flush()
         with pytest.raises(NotEvictableError, match="in use"), page.lease():
             await repo.evict(b"l", b"p")
-        with pytest.raises(NotEvictableError, match="nothing could restore it"):
+        with pytest.raises(
+            NotEvictableError,
+            match=r"^page p of ledger l cannot be evicted: nothing could restore it",
+        ):
             await repo.evict(b"l", b"p")  # closed (it was idle), not uploaded, and no cloud
         repo.hooks = PageHooks(restorer=_never_restores)
         with pytest.raises(NotEvictableError, match="unsynced commits"):

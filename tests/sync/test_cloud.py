@@ -79,6 +79,29 @@ async def test_s3_errors_are_classified(aws_env: None) -> None:
     await dead.close()
 
 
+async def test_s3_without_credentials_says_where_they_come_from(
+    aws_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No AWS credentials anywhere: botocore's "Unable to locate credentials" was all that
+    ledgerctl sync and status said; the error now names the usual ways to give them. It is
+    permanent (a retry cannot find them) and fails before any request is sent."""
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # (no instance role lookup)
+    with socket.socket() as s:  # nothing listens here: a request sent would be transient
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = S3Store("b", endpoint_url=f"http://127.0.0.1:{port}", region="us-east-1", timeout=2)
+    try:
+        with pytest.raises(PermanentCloudError) as e:
+            [name async for name in store.list("x/")]
+    finally:
+        await store.close()
+    text = str(e.value)
+    assert text.startswith("list x/: Unable to locate credentials"), text
+    assert "AWS_ACCESS_KEY_ID" in text and "AWS_PROFILE" in text, text
+
+
 async def test_s3_listing_pages_and_skips_foreign_names(aws_env: None) -> None:
     with mock_aws():
         client = boto3.client("s3", region_name="us-east-1")
