@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Concatenate, ParamSpec, TypeVar
 
-from ledgerd.store import btree, commit, gc, split, sql
+from ledgerd.store import btree, commit, gc, merge, split, sql
 from ledgerd.store import digest as dg
 from ledgerd.store.btree import Priority
 from ledgerd.store.commit import Commit
@@ -268,16 +268,19 @@ async def carry_over_stale(page: Page, retention: float) -> str:
     rejoin or an earlier carry-over left behind (a transaction open across it) has
     a parent no other device will ever have.
 
-    So when a parent of an unuploaded commit is *stale* (older than
-    :data:`STALE_FRACTION` of the page's retention, its own or ``retention``) or was
-    left behind, and the head also descends from a newer commit of the bucket (the
-    merge of what a download brought), the unuploaded commits are replaced by one on
-    that newer commit with the head's tree (:meth:`store.merging.Merger.reparent`):
-    ``CARRIED``. ``STALE``: a parent is stale and nothing newer is here (a download
-    may bring it: upload after it; if none does, that parent is the bucket's newest
-    and the others build on it). ``BUSY``: it could not be done now (an open
-    transaction began on a commit it would replace, or the page has several heads):
-    upload nothing of the page before a later try. ``FRESH``: nothing to do."""
+    So when a parent of an unuploaded commit was left behind, or is *stale* (older
+    than :data:`STALE_FRACTION` of the page's retention, its own or ``retention``)
+    and another parent from the bucket descends from it (the merge of what a
+    download brought), the unuploaded commits are replaced by one on the parents
+    from the bucket that no other descends from (its *tips*), with the head's tree
+    (:meth:`store.merging.Merger.reparent`): ``CARRIED``. No tip is dropped: a
+    commit of the bucket the head builds on and the new one did not descend from
+    would bring back what the device changed since (a deletion made after it, for
+    one). ``STALE``: a tip is stale (a download may bring a newer one: upload after
+    it; if none does, that tip is the newest the bucket has). ``BUSY``: it could not
+    be done now (an open transaction began on a commit it would replace, or the page
+    has several heads): upload nothing of the page before a later try. ``FRESH``:
+    nothing to do."""
     rows = await page.db.read_all("SELECT commit_id FROM unsynced_commits")
     ids = {bytes(r[0]) for r in rows}
     if not ids:
@@ -293,14 +296,19 @@ async def carry_over_stale(page: Page, retention: float) -> str:
                 gone = True
             elif p not in ids and p != commit.FIRST.id and p not in parents:
                 parents[p] = await page.load_commit(p)
-    stale = [p for p in parents.values() if p.timestamp < cutoff]
-    if not (stale or gone) or not parents:
+    if not parents:
         return FRESH
-    onto = max(parents.values(), key=lambda c: (c.generation, c.timestamp, c.id))
-    if not gone and all(p.id == onto.id for p in stale):
-        return STALE
-    carried = await page.merger.reparent(onto, os.urandom(8), page.pinned_commits)
-    return CARRIED if carried is not None else BUSY
+    tips = []  # the parents no other parent descends from
+    for p in parents.values():
+        later = [q for q in parents.values() if q.id != p.id]
+        if not [q for q in later if await merge.is_ancestor(page.load_commit, p, q)]:
+            tips.append(p)
+    stale = [p for p in parents.values() if p.timestamp < cutoff]
+    if gone or any(p not in tips for p in stale):
+        tips.sort(key=lambda c: c.id)
+        carried = await page.merger.reparent(tips, os.urandom(8), page.pinned_commits)
+        return CARRIED if carried is not None else BUSY
+    return STALE if stale else FRESH
 
 
 async def sync_value(page: Page, name: str) -> bytes | None:

@@ -347,35 +347,46 @@ class Merger:
             return await self._replace_heads(onto, root, mine.timestamp, builder, salt)
 
     async def reparent(
-        self, onto: Commit, salt: bytes, pinned: Callable[[], Collection[bytes]]
+        self, onto: list[Commit], salt: bytes, pinned: Callable[[], Collection[bytes]]
     ) -> Commit | None:
-        """Replace this device's unuploaded commits by one commit on ``onto`` (a commit
-        from the bucket that the head descends from) holding the head's tree as it is:
-        for unuploaded commits built on a commit other devices may have pruned
-        (``history_retention``), whose trees reuse nodes and values they may have
-        deleted. The merges that brought ``onto`` in already resolved every conflict
-        over the real common ancestors; the new commit only moves the result onto a
-        parent other devices hold, and its pieces are the head's (the ones not in the
-        bucket are uploaded with it). The old commits stay here, never uploaded. Returns
-        the new commit, or None if the page has several heads, its head is ``onto``, or
-        an open transaction began on a commit it would replace (``pinned``: the bases
-        of the page's open transactions). Such a transaction's commit would build on a
-        commit no other device will have, and merge with the new one over ``onto``, as
-        if this device's changes since were concurrent with it: try again once it
-        ended."""
+        """Replace this device's unuploaded commits by one commit on ``onto`` (commits from
+        the bucket that the head descends from, none an ancestor of another) holding the
+        head's tree as it is: for unuploaded commits built on a commit other devices may
+        have pruned (``history_retention``), whose trees reuse nodes and values they may
+        have deleted. The merges that brought ``onto`` in already resolved every
+        conflict over the real common ancestors; the new commit only moves the result
+        onto parents other devices hold, and its pieces are the head's (the ones not in
+        the bucket are uploaded with it). One parent: an ordinary commit, later than it;
+        several: a merge commit of them. The old commits stay here, never uploaded.
+        Returns the new commit, or None if the page has several heads, its head is
+        ``onto``'s one commit, or an open transaction began on a commit it would replace
+        (``pinned``: the bases of the page's open transactions). Such a transaction's
+        commit would build on a commit no other device will have, and merge with the new
+        one over ``onto``, as if this device's changes since were concurrent with it:
+        try again once it ended."""
         graph = self.graph
         async with graph.lock:
             if self._is_closed():
                 raise ClosedError(f"page {named(self.name)} is closed")
-            if len(graph.heads) != 1 or graph.head.id == onto.id:
+            if len(graph.heads) != 1 or [graph.head.id] == [c.id for c in onto]:
                 return None
             mine = graph.head
             rows = await self.db.read_all("SELECT commit_id FROM unsynced_commits")
             if {mine.id, *(bytes(r[0]) for r in rows)} & set(pinned()):
                 return None
-            return await self._replace_heads(
-                onto, mine.root, mine.timestamp, Builder(self.nodes), salt
+            if len(onto) == 1:
+                return await self._replace_heads(
+                    onto[0], mine.root, mine.timestamp, Builder(self.nodes), salt
+                )
+            c = commit.make(
+                tuple(p.id for p in onto),
+                max(mine.timestamp, *(p.timestamp for p in onto)),
+                1 + max(p.generation for p in onto),
+                mine.root,
+                salt,
             )
+            await self._make_head(c, None, Builder(self.nodes))
+            return c
 
     async def _replace_heads(
         self, onto: Commit, root: bytes, mine: int, builder: Builder, salt: bytes
@@ -384,12 +395,20 @@ class Merger:
         a new commit on ``onto`` (no commit if ``root`` is ``onto``'s): the other heads
         are left behind and no other commit waits for upload. ``mine``: the time of the
         head whose changes it carries."""
-        graph = self.graph
         c = None
         if root != onto.root:
             ts = max(onto.timestamp + 1, mine)
             c = commit.make((onto.id,), ts, onto.generation + 1, root, salt)
+        await self._make_head(c, onto, builder)
+        return c
+
+    async def _make_head(self, c: Commit | None, onto: Commit | None, builder: Builder) -> None:
+        """Store ``c`` (built by ``builder``; commit lock held), or take ``onto`` if
+        ``c`` is None, as the page's one head; the other heads are left behind and no
+        other commit waits for upload."""
+        graph = self.graph
         head = c or onto
+        assert head is not None
 
         def drop(conn: sqlite3.Connection) -> None:
             old = conn.execute("SELECT commit_id FROM heads WHERE commit_id != ?", (head.id,))
@@ -407,7 +426,6 @@ class Merger:
             await self.db.run(drop, write=True)
         await graph.load_heads()
         await graph.tell()
-        return c
 
     async def adopt(self, work: Callable[[sqlite3.Connection], None], new: list[Commit]) -> None:
         """Store verified remote commits (``work`` writes them), then merge the heads.

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ledgerd.store import ObjectNotFoundError, Priority, Repository, commit
+from ledgerd.store import HISTORY_RETENTION, ObjectNotFoundError, Priority, Repository, commit
 from ledgerd.store import exchange as ex
 from ledgerd.sync import crypto, pack
 from ledgerd.sync.cloud import CloudStore, Retrying
@@ -56,6 +56,7 @@ async def device(
     cloud: CloudStore,
     keys: KeyRing | None = _DEFAULT,
     max_open_pages: int = 1024,
+    history_retention: float = HISTORY_RETENTION,
     **kw: Any,
 ) -> AsyncIterator[Device]:
     """A repository syncing through ``cloud`` (requests counted); ``kw`` for the engine;
@@ -63,7 +64,12 @@ async def device(
     counting = CountingStore(cloud)
     keys = ENCRYPTION["keys"] if keys is _DEFAULT else keys
     engine = SyncEngine(counting, keys=keys, **kw)
-    repo = await Repository.open(path, hooks=engine.hooks(), max_open_pages=max_open_pages)
+    repo = await Repository.open(
+        path,
+        hooks=engine.hooks(),
+        max_open_pages=max_open_pages,
+        history_retention=history_retention,
+    )
     await engine.start(repo, background=False)
     try:
         yield Device(repo, engine, counting)

@@ -74,7 +74,7 @@ class Node:
 
 
 class History:
-    def __init__(self, base: Path, n: int, rng: random.Random) -> None:
+    def __init__(self, base: Path, n: int, rng: random.Random, stale: bool = False) -> None:
         (base / "bucket").mkdir(parents=True)
         self.bucket = FolderStore(base / "bucket")
         self.clock = Clock()
@@ -84,6 +84,8 @@ class History:
             "compaction_grace": GRACE,
         }
         self.rng = rng
+        if stale:  # every parent is stale: every upload after a merge carries over
+            self.kw["history_retention"] = 0.0
         self.nodes = [Node(chr(ord("a") + i), base / chr(ord("a") + i)) for i in range(n)]
         self.writes: list[Write] = []
         self.log: list[str] = []
@@ -232,7 +234,8 @@ class History:
 
     async def check(self) -> None:
         got = [await _keys(x.dev.repo) for x in self.nodes]  # type: ignore[union-attr]
-        trace = "\n".join(self.log)
+        problems = {x.name: x.dev.engine.problems() for x in self.nodes}  # type: ignore[union-attr]
+        trace = "\n".join(self.log) + f"\nproblems: {problems}"
         for x, g in zip(self.nodes, got, strict=True):
             assert g == got[0], f"{x.name} differs from a: {g} != {got[0]}\n{trace}"
         final = got[0]
@@ -268,9 +271,26 @@ async def test_devices_that_wrote_before_their_first_sync_lose_no_causally_later
     await _run(tmp_path, 3, seed, first_sync=False)
 
 
-async def _run(tmp_path: Path, devices: int, seed: int, *, first_sync: bool) -> None:
+@pytest.mark.parametrize("devices", [2, 3])
+@pytest.mark.parametrize("seed", range(SEEDS // 2))
+async def test_commits_carried_over_onto_newer_parents_lose_no_causally_later_write(
+    tmp_path: Path, devices: int, seed: int
+) -> None:
+    """With ``history_retention = 0`` every parent from the bucket counts as stale, so
+    each upload after a merge replaces the device's unuploaded commits by one on the
+    newest commit it imported (:func:`ledgerd.store.exchange.carry_over_stale`,
+    ``tests/sync/test_stale_base.py``): the same histories still converge and keep
+    every causally later write. (Nothing is pruned here: a retention shorter than a
+    commit takes to reach the others is not supported with several writers; see the
+    README.)"""
+    await _run(tmp_path, devices, seed, first_sync=True, stale=True)
+
+
+async def _run(
+    tmp_path: Path, devices: int, seed: int, *, first_sync: bool, stale: bool = False
+) -> None:
     rng = random.Random(seed * 10 + devices)
-    h = History(tmp_path, devices, rng)
+    h = History(tmp_path, devices, rng, stale)
     try:
         for x in h.nodes:
             await h.open(x)

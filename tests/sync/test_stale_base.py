@@ -10,30 +10,13 @@ later commit of A's on the page: A's writes after its return never reached B."""
 
 from __future__ import annotations
 
-import contextlib
 import random
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 from ledgerd.store import Page, Repository, gc
 from ledgerd.store import exchange as ex
-from ledgerd.sync.engine import SyncEngine
 from ledgerd.sync.folder import FolderStore
-from ledgerd.sync.testing import CountingStore
 from tests.sync.test_engine import Device, _keys, device
-
-
-@contextlib.asynccontextmanager
-async def retaining(path: Path, cloud: FolderStore, retention: float) -> AsyncIterator[Device]:
-    """A device whose repository keeps ``retention`` seconds of history."""
-    counting = CountingStore(cloud)
-    engine = SyncEngine(counting)
-    repo = await Repository.open(path, hooks=engine.hooks(), history_retention=retention)
-    await engine.start(repo, background=False)
-    try:
-        yield Device(repo, engine, counting)
-    finally:
-        await repo.close()
 
 
 async def _pruned_under(a: Device, b: Device) -> tuple[Page, Page]:
@@ -67,7 +50,7 @@ async def test_commits_on_a_parent_another_device_pruned_reach_it(
     tmp_path: Path, bucket: FolderStore
 ) -> None:
     async with (
-        retaining(tmp_path / "a", bucket, 0.0) as a,
+        device(tmp_path / "a", bucket, history_retention=0.0) as a,
         device(tmp_path / "b", bucket) as b,
     ):
         pa, pb = await _pruned_under(a, b)
@@ -94,7 +77,7 @@ async def test_a_stale_parent_with_nothing_newer_goes_up_after_the_download(
     the round's download; if that brings nothing, it goes up on that parent in the
     same round (the bucket has nothing newer for others to have moved to)."""
     async with (
-        retaining(tmp_path / "a", bucket, 0.0) as a,
+        device(tmp_path / "a", bucket, history_retention=0.0) as a,
         device(tmp_path / "b", bucket) as b,
     ):
         pa = await a.repo.ledger("l").page("p")
@@ -126,9 +109,9 @@ async def test_no_carry_over_while_a_transaction_is_open_on_a_commit_it_replaces
         async with page.transaction() as tx:
             await page.put(b"k", b"3")
             await page.flush()
-            assert await page.merger.reparent(synced, b"salt", page.pinned_commits) is None
+            assert await page.merger.reparent([synced], b"salt", page.pinned_commits) is None
             await tx.put(b"t", b"in the transaction")
-        assert await page.merger.reparent(synced, b"salt", page.pinned_commits)
+        assert await page.merger.reparent([synced], b"salt", page.pinned_commits)
         up = await ex.pending_upload(page)
         assert [c.parents for c in up.commits] == [(synced.id,)]
         got = {kv.key: kv.value for kv in (await page.entries()).items}
@@ -156,3 +139,29 @@ async def test_a_commit_on_a_head_a_rejoin_left_behind_is_carried_over(tmp_path:
         assert [c.parents for c in up.commits] == [(synced.id,)]
         got = {kv.key: kv.value for kv in (await page.entries()).items}
         assert got == {b"k": b"2", b"t": b"in the transaction"}
+
+
+async def test_a_carry_over_onto_two_tips_is_a_merge_commit_of_both(tmp_path: Path) -> None:
+    """Carried onto parents from the bucket neither of which descends from the other,
+    the new commit is a merge of them (dropping one would bring back, with it, what
+    this device changed since it)."""
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        await page.put(b"k", b"1")
+        await page.flush()
+        async with page.transaction() as tx:  # a branch beside the next put
+            await page.put(b"k", b"2")
+            await page.flush()
+            await tx.put(b"t", b"1")
+        merged = page.head
+        tips = [await page.load_commit(p) for p in merged.parents]
+        await ex.mark_uploaded(page, [c.id for c in tips], [])
+        await page.delete(b"t")  # what the device changed since one of them
+        await page.flush()
+        c = await page.merger.reparent(tips, b"salt", page.pinned_commits)
+        assert c is not None and page.head.id == c.id
+        assert sorted(c.parents) == sorted(t.id for t in tips)
+        assert c.generation == 1 + max(t.generation for t in tips)
+        up = await ex.pending_upload(page)
+        assert [x.id for x in up.commits] == [c.id]
+        assert {kv.key: kv.value for kv in (await page.entries()).items} == {b"k": b"2"}
