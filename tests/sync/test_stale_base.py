@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from ledgerd.store import Page, Repository, gc
+from ledgerd.store import Commit, Page, Repository, gc
 from ledgerd.store import exchange as ex
 from ledgerd.sync.folder import FolderStore
 from tests.sync.test_engine import Device, _keys, device
@@ -91,6 +91,19 @@ async def test_a_stale_parent_with_nothing_newer_goes_up_after_the_download(
         assert (await _keys(b.repo))[b"k"] == b"2"
 
 
+async def _uploaded_then_written(repo: Repository) -> tuple[Page, Commit]:
+    """A page whose k = 1 is uploaded (the commit returned) and k = 2 is not."""
+    page = await repo.ledger("l").page("p")
+    await page.put(b"k", b"1")
+    await page.flush()
+    up = await ex.pending_upload(page)
+    await ex.mark_uploaded(page, [c.id for c in up.commits], up.eager)
+    synced = page.head
+    await page.put(b"k", b"2")
+    await page.flush()
+    return page, synced
+
+
 async def test_no_carry_over_while_a_transaction_is_open_on_a_commit_it_replaces(
     tmp_path: Path,
 ) -> None:
@@ -98,14 +111,7 @@ async def test_no_carry_over_while_a_transaction_is_open_on_a_commit_it_replaces
     with the carried-over head over their parent in the bucket, it undid this
     device's own later write (k = 3 back to 2). So the carry-over waits for it."""
     async with await Repository.open(tmp_path) as repo:
-        page = await repo.ledger("l").page("p")
-        await page.put(b"k", b"1")
-        await page.flush()
-        up = await ex.pending_upload(page)
-        await ex.mark_uploaded(page, [c.id for c in up.commits], up.eager)
-        synced = page.head
-        await page.put(b"k", b"2")
-        await page.flush()
+        page, synced = await _uploaded_then_written(repo)
         async with page.transaction() as tx:
             await page.put(b"k", b"3")
             await page.flush()
@@ -123,14 +129,7 @@ async def test_a_commit_on_a_head_a_rejoin_left_behind_is_carried_over(tmp_path:
     uploaded) commits on that base: the upload carries it over onto the rejoin's
     commit's parent rather than send a commit whose parent no device will have."""
     async with await Repository.open(tmp_path) as repo:
-        page = await repo.ledger("l").page("p")
-        await page.put(b"k", b"1")
-        await page.flush()
-        up = await ex.pending_upload(page)
-        await ex.mark_uploaded(page, [c.id for c in up.commits], up.eager)
-        synced = page.head
-        await page.put(b"k", b"2")
-        await page.flush()
+        page, synced = await _uploaded_then_written(repo)
         async with page.transaction() as tx:
             assert await page.merger.rebase(synced, b"salt")  # leaves the head behind
             await tx.put(b"t", b"in the transaction")
