@@ -281,6 +281,7 @@ async def carry_over_stale(page: Page, retention: float) -> str:
     be done now (an open transaction began on a commit it would replace, or the page
     has several heads): upload nothing of the page before a later try. ``FRESH``:
     nothing to do."""
+    await page.flush()
     rows = await page.db.read_all("SELECT commit_id FROM unsynced_commits")
     ids = {bytes(r[0]) for r in rows}
     if not ids:

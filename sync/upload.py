@@ -119,7 +119,7 @@ class Uploader:
         self._spent_checked = False
         """Whether a number spent by an earlier process was looked for (see _put_pack)."""
         self.stale_held: set[Key] = set()
-        """Pages the last :meth:`upload_all` left for after the download (``wait_stale``)."""
+        """Pages the last :meth:`upload_all` with ``wait_stale`` left for after the download."""
         self._wait_stale = False
 
     async def upload_all(
@@ -134,7 +134,8 @@ class Uploader:
         bytes). Returns packs put. ``wait_stale``: a page whose unuploaded commits
         build on a commit other devices may have pruned, with nothing newer here to
         carry them onto (:func:`store.exchange.carry_over_stale`), is left for after
-        the round's download, in :attr:`stale_held`."""
+        the round's download, in :attr:`stale_held`, if that download may bring one
+        (a pack of another device's is listed and not imported)."""
         repo = self.ctx.repo
         if not self.pending.loaded:
             await self.pending.load()
@@ -147,7 +148,8 @@ class Uploader:
             for k in sorted(candidates)
             if k[0] != LOCAL and (only is None or (k[0] == only[0] and only[1] in (None, k[1])))
         ]
-        self.stale_held = set()
+        if wait_stale:
+            self.stale_held = set()
         self._wait_stale = wait_stale
         await self.pending.save()
         rnd = _Round()
@@ -198,7 +200,7 @@ class Uploader:
     async def _take_page(self, rnd: _Round, page: Page, seen: int | None) -> None:
         key = (page.ledger, page.id)
         state = await ex.carry_over_stale(page, self.ctx.repo.history_retention)
-        if state == ex.STALE and self._wait_stale:
+        if state == ex.STALE and self._wait_stale and self._may_bring(key):
             self.stale_held.add(key)
             return
         if state == ex.BUSY:  # still pending: tried again next round
@@ -216,6 +218,13 @@ class Uploader:
             return
         history = await self._add_page(rnd, page, up)
         rnd.added(_Uploaded(key, seen, [c.id for c in up.commits], [*up.eager, *up.lazy], history))
+
+    def _may_bring(self, key: Key) -> bool:
+        """Whether the round's download may bring commits of page ``key``: another
+        device's pack is listed and not imported, for that page or not read yet."""
+        return any(
+            h.ln.device != self.ctx.device and h.key in (None, key) for h in self.feed.held()
+        )
 
     async def _mark(self, page: Page, u: _Uploaded) -> None:
         await ex.mark_uploaded(page, u.commits, u.digests)

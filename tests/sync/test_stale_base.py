@@ -70,12 +70,13 @@ async def test_commits_on_a_parent_another_device_pruned_reach_it(
         assert not b.engine.problems()
 
 
-async def test_a_stale_parent_with_nothing_newer_goes_up_after_the_download(
+async def test_a_stale_parent_with_nothing_listed_goes_up_at_once(
     tmp_path: Path, bucket: FolderStore
 ) -> None:
-    """A page whose commit builds on a stale parent but nothing newer is here waits for
-    the round's download; if that brings nothing, it goes up on that parent in the
-    same round (the bucket has nothing newer for others to have moved to)."""
+    """A page whose commit builds on a stale parent, with nothing newer here and no
+    pack of another device's listed, goes up on it in the round's one PUT: the
+    bucket has nothing newer for the others to have moved to (a page written less
+    often than the retention is the common case; it cost a second PUT)."""
     async with (
         device(tmp_path / "a", bucket, history_retention=0.0) as a,
         device(tmp_path / "b", bucket) as b,
@@ -85,10 +86,22 @@ async def test_a_stale_parent_with_nothing_newer_goes_up_after_the_download(
         await a.engine.sync()
         await b.engine.sync()
         await pa.put(b"k", b"2")  # on a parent older than no retention at all
+        puts = a.cloud.counts["put"]
         stats = await a.engine.round()
-        assert stats.uploaded_packs == 1
+        assert stats.uploaded_packs == 1 and a.cloud.counts["put"] == puts + 1
+        assert not a.engine.uploader.stale_held
         await b.engine.sync()
         assert (await _keys(b.repo))[b"k"] == b"2"
+        # With another device's pack listed, the page waits for the download, which
+        # brings nothing of it here: it goes up after it, in the same round.
+        await (await b.repo.ledger("l").page("q")).put(b"x", b"1")
+        await b.engine.sync()
+        await pa.put(b"k", b"3")
+        stats = await a.engine.round()
+        assert stats.uploaded_packs == 1 and stats.downloaded_packs == 1
+        assert a.engine.uploader.stale_held == {(b"l", b"p")}
+        await b.engine.sync()
+        assert (await _keys(b.repo))[b"k"] == b"3"
 
 
 async def _uploaded_then_written(repo: Repository) -> tuple[Page, Commit]:
