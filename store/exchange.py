@@ -16,7 +16,7 @@ import logging
 import operator
 import os
 import sqlite3
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Concatenate, ParamSpec, TypeVar
 
@@ -208,16 +208,21 @@ async def replaced_nodes(
     return out
 
 
-async def local_nodes(page: Page, digests: list[bytes]) -> bytes:
-    """The concatenated bytes of tree nodes stored here (an edited section's bases);
-    MissingObjectError if one is not (it arrives with the commits that hold it)."""
+async def local_nodes(
+    page: Page, digests: list[bytes], also: Mapping[bytes, bytes] | None = None
+) -> bytes:
+    """The concatenated bytes of tree nodes stored here, or in ``also`` (an edited
+    section's bases); MissingObjectError if one is in neither (it arrives with the
+    commits that hold it)."""
     if not digests:
         return b""
-    known = await page.objects.known(digests)
-    missing = [d for d in digests if d not in known]
+    also = also or {}
+    here = [d for d in digests if d not in also]
+    known = await page.objects.known(here)
+    missing = [d for d in here if d not in known]
     if missing:
         raise MissingObjectError(f"tree node {dg.short(missing[0])} a pack edits is not here")
-    got = await page.objects.get_pieces(digests)
+    got = {**(await page.objects.get_pieces(here) if here else {}), **also}
     return b"".join(got[d] for d in digests)
 
 

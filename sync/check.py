@@ -166,59 +166,89 @@ async def _read_sections(
     page: Page | None,
 ) -> None:
     """The page's sections in layout-2 packs: every one's commits and EAGER pieces;
-    LAZY pieces read (and verified) in this device's own packs and where wanted."""
-    for pn, pi in sections:
-        own = pn.device == device
-        bad: list[str] = []
-        try:
-            if pi.bases and page is None:
-                continue  # an edit of tree nodes: read only next to the page
-            bases = await ex.local_nodes(page, pi.bases) if page is not None else b""
-            stored = await store.get(pn.name, pi.eager.offset, pi.eager.stored)
-            commits, eager = pack.decode_section(stored, pi.eager, codec, bases)
-        except ex.MissingObjectError:
-            continue  # edits nodes this device no longer holds: nothing to verify it with
-        except CloudNotFoundError:
-            continue  # compacted since the listing: a checkpoint holds it
-        except (CloudError, pack.CorruptPackError) as e:
-            _unreadable(f"pack {pn.name}", e, view.problems, view.notes)
-            continue
-        view.packs += 1
-        view.own_packs += own
-        if not view.add_commits(commits):
-            bad.append("a commit does not decode")
-        for d, v in eager.items():
-            if not dg.verify(d, v):
-                bad.append(f"piece {dg.short(d)} does not match its digest")
-                continue
-            view.pieces.add(d)
-            if d in wanted:
-                view.found[d] = v
-        for d, part in pi.lazy:
-            view.pieces.add(d)
-            if not (own or (d in wanted and d not in view.found)):
-                continue
+    LAZY pieces read (and verified) in this device's own packs and where wanted.
+
+    An edited section is read over its bases: tree nodes stored here or, once history
+    retention pruned them here, met in the page's other sections (read first, in as
+    many passes as it takes); one whose bases are in neither is passed over. Before,
+    every edited section older than the retention was passed over, and what it held
+    was reported as synced here but lacking in the bucket."""
+    need = {d for _, pi in sections for d in pi.bases}
+    met: dict[bytes, bytes] = {}  # bases met in sections read
+    todo = [(pn, pi) for pn, pi in sections if not (pi.bases and page is None)]
+    while todo:  # (an edit of tree nodes is read only next to the page)
+        waiting = []
+        for pn, pi in todo:
             try:
-                plain = pack.unseal(await store.get(pn.name, part.offset, part.stored), part, codec)
-                raw = pack.unsqueeze(plain, part.codec, part.raw if part.codec else len(plain))
-            except CloudNotFoundError:
-                view.pieces.discard(d)  # compacted since the listing
+                bases = await ex.local_nodes(page, pi.bases, met) if page is not None else b""
+            except ex.MissingObjectError:
+                waiting.append((pn, pi))
                 continue
-            except (CloudError, pack.CorruptPackError) as e:
-                view.pieces.discard(d)
-                if isinstance(e, pack.PackKeyMissingError):
-                    _unreadable(f"pack {pn.name}: LAZY piece {dg.short(d)}", e, [], view.notes)
-                else:
-                    bad.append(f"LAZY piece {dg.short(d)}: {e}")
-                continue
-            if not dg.verify(d, raw):
-                bad.append(f"LAZY piece {dg.short(d)} does not match its digest")
-                view.pieces.discard(d)
-                continue
-            if d in wanted:
-                view.found[d] = raw
-        if bad:
-            view.problems.append(f"pack {pn.name}: " + "; ".join(bad[:5]))
+            eager = await _read_section(store, pn, pi, bases, device, wanted, view, codec)
+            met.update((d, v) for d, v in eager.items() if d in need)
+        if len(waiting) == len(todo):
+            break  # edits of nodes neither here nor in the bucket: nothing to read them with
+        todo = waiting
+
+
+async def _read_section(
+    store: CloudStore,
+    pn: PackName,
+    pi: pack.PageIndex,
+    bases: bytes,
+    device: str,
+    wanted: set[bytes],
+    view: CloudView,
+    codec: Codec | None,
+) -> dict[bytes, bytes]:
+    """One section of :func:`_read_sections`, read over ``bases``; its EAGER pieces."""
+    own = pn.device == device
+    bad: list[str] = []
+    try:
+        stored = await store.get(pn.name, pi.eager.offset, pi.eager.stored)
+        commits, eager = pack.decode_section(stored, pi.eager, codec, bases)
+    except CloudNotFoundError:
+        return {}  # compacted since the listing: a checkpoint holds it
+    except (CloudError, pack.CorruptPackError) as e:
+        _unreadable(f"pack {pn.name}", e, view.problems, view.notes)
+        return {}
+    view.packs += 1
+    view.own_packs += own
+    if not view.add_commits(commits):
+        bad.append("a commit does not decode")
+    for d, v in eager.items():
+        if not dg.verify(d, v):
+            bad.append(f"piece {dg.short(d)} does not match its digest")
+            continue
+        view.pieces.add(d)
+        if d in wanted:
+            view.found[d] = v
+    for d, part in pi.lazy:
+        view.pieces.add(d)
+        if not (own or (d in wanted and d not in view.found)):
+            continue
+        try:
+            plain = pack.unseal(await store.get(pn.name, part.offset, part.stored), part, codec)
+            raw = pack.unsqueeze(plain, part.codec, part.raw if part.codec else len(plain))
+        except CloudNotFoundError:
+            view.pieces.discard(d)  # compacted since the listing
+            continue
+        except (CloudError, pack.CorruptPackError) as e:
+            view.pieces.discard(d)
+            if isinstance(e, pack.PackKeyMissingError):
+                _unreadable(f"pack {pn.name}: LAZY piece {dg.short(d)}", e, [], view.notes)
+            else:
+                bad.append(f"LAZY piece {dg.short(d)}: {e}")
+            continue
+        if not dg.verify(d, raw):
+            bad.append(f"LAZY piece {dg.short(d)} does not match its digest")
+            view.pieces.discard(d)
+            continue
+        if d in wanted:
+            view.found[d] = raw
+    if bad:
+        view.problems.append(f"pack {pn.name}: " + "; ".join(bad[:5]))
+    return {d: v for d, v in eager.items() if dg.verify(d, v)}
 
 
 async def read_page(

@@ -319,3 +319,31 @@ async def test_a_pack_imported_after_the_checks_listing_is_no_problem(
         assert await pb.get(b"k") == b"v2"
         checked = await sc.check_page(pb, b.engine, index, cloud=True)
         assert checked.report.healthy, _messages(checked)
+
+
+async def test_sections_edited_over_nodes_this_device_pruned_are_read_over_the_bucket(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """A section uploaded as an edit of older tree nodes is read over them. Once history
+    retention pruned those nodes here, the check passed the section over, and what it
+    held counted as synced here but lacking in the bucket (not_in_cloud, a repair
+    uploading it again). They are taken from the page's other sections now."""
+    from ledgerd.store import gc
+
+    rng = random.Random(4)
+    async with device(tmp_path / "a", bucket) as a, device(tmp_path / "b", bucket) as b:
+        pa = await a.repo.ledger("l").page("p")
+        async with pa.transaction() as tx:
+            await tx.put_many([(b"k%04d" % i, rng.randbytes(50)) for i in range(1000)])
+        await a.engine.sync()
+        await b.engine.sync()
+        pb = await b.repo.ledger("l").page("p")
+        async with pb.transaction() as tx:  # goes up as an edit of a's nodes
+            await tx.put_many([(b"k%04d" % i, b"x") for i in range(3, 1000, 5)])
+        await b.engine.sync()
+        for v in (b"1", b"2"):
+            await pb.put(b"zz", v)
+            await b.engine.sync()
+        assert _messages(await _check(b, pb)) == []
+        assert (await gc.collect(pb, 0)).commits_pruned >= 2
+        assert _messages(await _check(b, pb)) == []

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ledgerd.store import Commit, Page, Repository, gc
 from ledgerd.store import exchange as ex
+from ledgerd.sync import check as sc
 from ledgerd.sync.folder import FolderStore
 from tests.sync.test_engine import Device, _keys, device
 
@@ -68,6 +69,10 @@ async def test_commits_on_a_parent_another_device_pruned_reach_it(
         assert (await _keys(b.repo))[b"later"] == b"from a"
         assert pa.head.id == pb.head.id
         assert not b.engine.problems()
+        for d, page in ((a, pa), (b, pb)):  # the commits carried over are no lack
+            index = sc.BucketIndex(d.engine.store, d.engine.codec)
+            checked = await sc.check_page(page, d.engine, index, cloud=True, repair=False)
+            assert not checked.report.open_problems()
 
 
 async def test_a_stale_parent_with_nothing_listed_goes_up_at_once(
