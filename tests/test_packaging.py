@@ -8,6 +8,7 @@ stand-in for python-daemon, which also installs a top-level ``daemon`` package.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -17,10 +18,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_wheel_installs_only_ledgerd_beside_another_daemon_package(tmp_path: Path) -> None:
+    # Built from a copy of what the wheel is made of: setuptools builds in the source
+    # tree and rewrites its ledgerd.egg-info, the metadata that every daemon and
+    # ledgerctl started from the checkout reads its version from, while the tests
+    # running beside this one (pytest-xdist) start them.
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    for layer in ("store", "sync", "daemon"):
+        shutil.copytree(ROOT / layer, source / layer, ignore=shutil.ignore_patterns("__pycache__"))
     wheels = tmp_path / "wheels"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(wheels), str(ROOT)],
+         "-w", str(wheels), str(source)],
         check=True,
         capture_output=True,
         env={**os.environ, "PIP_NO_INDEX": "1"},

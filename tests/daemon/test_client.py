@@ -315,9 +315,16 @@ async def test_streams_and_watches_are_generators_that_close(daemon: Daemon) -> 
         await items.aclose()
         watch = c.watch("l", "p")
         first = asyncio.ensure_future(anext(watch))
-        while not first.done():  # until the watch is subscribed
-            await c.put("l", "p", b"w", b"1")
+        # Until the watch is subscribed, a new value each time: rewriting a value the
+        # page has commits no change, so once the first put's commit had been told to
+        # the watchers before this watch subscribed (a busy machine), puts of the same
+        # value never woke it and the test hung until pytest's 300 s timeout.
+        for n in itertools.count():
+            if first.done():
+                break
+            await c.put("l", "p", b"w", b"%d" % n)
             await asyncio.sleep(0.05)
+        assert (await first).changed
         await watch.aclose()
         docs = c.documents("l", "d")
         await docs.create("c", {"a": 1})
