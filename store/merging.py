@@ -39,7 +39,6 @@ from ledgerd.store.hooks import ResolverSource
 
 log = logging.getLogger(__name__)
 
-
 RESOLVER_TIMEOUT = 30.0
 """Seconds a conflict resolver may take before the merge is abandoned (heads kept)."""
 
@@ -358,8 +357,9 @@ class Merger:
         onto parents other devices hold, and its pieces are the head's (the ones not in
         the bucket are uploaded with it). One parent: an ordinary commit, later than it;
         several: a merge commit of them. The old commits stay here, never uploaded.
-        Returns the new commit, or None if the page has several heads, its head is
-        ``onto``'s one commit, or an open transaction began on a commit it would replace
+        Returns the page's new head (``onto``'s one commit itself when the head's tree
+        is its), or None if the page has several heads, its head is ``onto``'s one
+        commit, or an open transaction began on a commit it would replace
         (``pinned``: the bases of the page's open transactions). Such a transaction's
         commit would build on a commit no other device will have, and merge with the new
         one over ``onto``, as if this device's changes since were concurrent with it:
@@ -375,9 +375,10 @@ class Merger:
             if {mine.id, *(bytes(r[0]) for r in rows)} & set(pinned()):
                 return None
             if len(onto) == 1:
-                return await self._replace_heads(
+                c = await self._replace_heads(
                     onto[0], mine.root, mine.timestamp, Builder(self.nodes), salt
                 )
+                return c or onto[0]
             c = commit.make(
                 tuple(p.id for p in onto),
                 max(mine.timestamp, *(p.timestamp for p in onto)),

@@ -182,3 +182,15 @@ async def test_a_carry_over_onto_two_tips_is_a_merge_commit_of_both(tmp_path: Pa
         up = await ex.pending_upload(page)
         assert [x.id for x in up.commits] == [c.id]
         assert {kv.key: kv.value for kv in (await page.entries()).items} == {b"k": b"2"}
+
+
+async def test_a_carry_over_onto_the_same_tree_leaves_nothing_to_upload(tmp_path: Path) -> None:
+    """Unuploaded commits that came back to their parent's tree are carried over onto
+    it with no new commit: the parent is the head again, and nothing waits."""
+    async with await Repository.open(tmp_path) as repo:
+        page, synced = await _uploaded_then_written(repo)
+        await page.put(b"k", b"1")  # back to the uploaded tree
+        await page.flush()
+        head = await page.merger.reparent([synced], b"salt", page.pinned_commits)
+        assert head is not None and head.id == synced.id == page.head.id
+        assert (await ex.pending_upload(page)).empty
