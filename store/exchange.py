@@ -297,20 +297,20 @@ async def carry_over_stale(page: Page, retention: float) -> str:
     parents: dict[bytes, Commit] = {}  # parents in the bucket
     gone = False  # a parent left behind
     for cid in ids:
-        for p in (await page.load_commit(cid)).parents:
-            if p in left:
+        for pid in (await page.load_commit(cid)).parents:
+            if pid in left:
                 gone = True
-            elif p not in ids and p != commit.FIRST.id and p not in parents:
-                parents[p] = await page.load_commit(p)
+            elif pid not in ids and pid != commit.FIRST.id and pid not in parents:
+                parents[pid] = await page.load_commit(pid)
     if not parents:
         return FRESH
-    tips = []  # the parents no other parent descends from
-    for p in parents.values():
-        later = [q for q in parents.values() if q.id != p.id]
-        if not [q for q in later if await merge.is_ancestor(page.load_commit, p, q)]:
-            tips.append(p)
-    stale = [p for p in parents.values() if p.timestamp < cutoff]
-    if gone or any(p not in tips for p in stale):
+    tips: list[Commit] = []  # the parents no other parent descends from
+    for c in parents.values():
+        others = [o for o in parents.values() if o.id != c.id]
+        if not [o for o in others if await merge.is_ancestor(page.load_commit, c, o)]:
+            tips.append(c)
+    stale = [c for c in parents.values() if c.timestamp < cutoff]
+    if gone or any(c not in tips for c in stale):
         tips.sort(key=lambda c: c.id)
         carried = await page.merger.reparent(tips, os.urandom(8), page.pinned_commits)
         return CARRIED if carried is not None else BUSY
