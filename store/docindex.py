@@ -48,7 +48,7 @@ from ledgerd.store.btree import EMPTY, Entry
 from ledgerd.store.commit import Commit
 from ledgerd.store.doclayout import Record, State
 from ledgerd.store.docmodel import MISSING, lookup_path
-from ledgerd.store.errors import ClosedError, InvalidArgumentError, StoreError
+from ledgerd.store.errors import ClosedError, InvalidArgumentError, StoreError, named
 from ledgerd.store.page import Page, Snapshot, Transaction
 from ledgerd.store.tuple import encode_float as _encode_float
 from ledgerd.store.tuple import encode_str as _encode_str
@@ -254,7 +254,8 @@ class Views:
                 await self.page.load_commit(self.reflected)
             except StoreError:
                 log.warning(
-                    "page %r: document views reflect an unknown commit; rebuilt", self.page.id
+                    "page %s: document views reflect an unknown commit; rebuilt",
+                    named(self.page.id),
                 )
                 await self._reset()
         await self._load_indexes()
@@ -385,8 +386,8 @@ class Views:
             e = None if t.cancelled() else t.exception()  # (retrieved: asyncio stays quiet)
             if e is not None and not isinstance(e, ClosedError):  # closing is no failure
                 log.error(
-                    "page %r: building index %s/%s failed (the next query builds it again)",
-                    self.page.id,
+                    "page %s: building index %s/%s failed (the next query builds it again)",
+                    named(self.page.id),
                     d.collection,
                     d.name,
                     exc_info=e,
@@ -611,7 +612,9 @@ class Views:
                 try:  # (data with no JSON form is indexed: a query names it damaged)
                     r = doclayout.decode_record(values[e.value], json_data=False)
                 except ValueError as e:  # damaged, or of a newer layout: in no index
-                    log.warning("page %r: a document body is not indexed: %s", self.page.id, e)
+                    log.warning(
+                        "page %s: a document body is not indexed: %s", named(self.page.id), e
+                    )
             for ix, d in by_coll[k.collection]:
                 rows.append(_row(ix, d, k.doc_id, r))
         return rows
@@ -649,7 +652,7 @@ class Views:
 
                 await self.page.db.run(work, write=True)
                 self.indexes[(d.collection, d.name)] = (ix, d, True)
-                log.info("page %r: index %s/%s built", self.page.id, d.collection, d.name)
+                log.info("page %s: index %s/%s built", named(self.page.id), d.collection, d.name)
         finally:
             if self._builds.get(ix) is asyncio.current_task():
                 del self._builds[ix]

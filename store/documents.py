@@ -63,7 +63,7 @@ from ledgerd.store.docmodel import (
     ulid_ms,
     ulid_text,
 )
-from ledgerd.store.errors import ClosedError, InvalidArgumentError
+from ledgerd.store.errors import ClosedError, InvalidArgumentError, named
 from ledgerd.store.merge import Policy
 from ledgerd.store.objects import Source
 from ledgerd.store.page import Page
@@ -227,7 +227,9 @@ class DocumentStore:
                         await store.views.close()
                     except Exception:  # the open's own failure is the one to raise
                         log.warning(
-                            "page %r: cleaning up a failed open failed", page.id, exc_info=True
+                            "page %s: cleaning up a failed open failed",
+                            named(page.id),
+                            exc_info=True,
                         )
                     raise
                 _stores[page] = store
@@ -1038,7 +1040,7 @@ def _binding(page: Page, kind: str, *parts: Any) -> bytes:
 def _damaged(
     page: Page, collection: str, doc_id: bytes, e: MalformedRecordError | UnsupportedLayoutError
 ) -> Damaged:
-    log.warning("page %r: %s", page.id, e)
+    log.warning("page %s: %s", named(page.id), e)
     code = e.code if isinstance(e, UnsupportedLayoutError) else "corrupt"
     return Damaged(collection, _id_text(doc_id), str(e), code)
 

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 from ledgerd.store import btree, split
 from ledgerd.store import digest as dg
 from ledgerd.store.commit import FIRST, now_us
-from ledgerd.store.errors import InvalidArgumentError, StoreError
+from ledgerd.store.errors import InvalidArgumentError, StoreError, named
 from ledgerd.store.merge import common_ancestors
 
 if TYPE_CHECKING:
@@ -432,8 +432,8 @@ async def collect(page: Page, retention: float, *, stop: Callable[[], bool] = _n
     result.seconds = time.monotonic() - started
     if result.pieces_freed or result.commits_pruned:
         log.info(
-            "gc of page %r: %d commits pruned, %d pieces (%d bytes) freed, file %d -> %d bytes",
-            page.id,
+            "gc of page %s: %d commits pruned, %d pieces (%d bytes) freed, file %d -> %d bytes",
+            named(page.id),
             result.commits_pruned,
             result.pieces_freed,
             result.bytes_freed,

@@ -90,9 +90,9 @@ class CommitGraph:
         ids = [r[0] for r in rows if isinstance(r[0], bytes) and (r[1] or r[0] == commit.FIRST.id)]
         if len(ids) < len(rows):
             log.warning(
-                "page %r: %d of its heads name no stored commit; they are left out "
+                "page %s: %d of its heads name no stored commit; they are left out "
                 "(ledgerctl check --repair rebuilds the heads)",
-                self.name,
+                named(self.name),
                 len(rows) - len(ids),
             )
         if not rows:

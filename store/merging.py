@@ -96,7 +96,9 @@ class Merger:
             try:
                 self.policy = merge.Policy(bytes(rows[0][0]).decode())
             except ValueError:
-                log.warning("page %r has an unknown merge policy; using last-one-wins", self.name)
+                log.warning(
+                    "page %s has an unknown merge policy; using last-one-wins", named(self.name)
+                )
 
     async def set_policy(self, policy: merge.Policy) -> None:
         """Remember the page's merge policy (and merge now if that settles pending heads)."""
@@ -137,11 +139,11 @@ class Merger:
                 break
             except merge.NeedsResolver as e:
                 self.pending_conflict = str(e)
-                log.info("page %r keeps %d heads: %s", self.name, len(graph.heads), e)
+                log.info("page %s keeps %d heads: %s", named(self.name), len(graph.heads), e)
                 break
             except Exception as e:  # a resolver that failed or vanished changes nothing
                 self.pending_conflict = f"resolver failed: {type(e).__name__}: {e}"
-                log.warning("page %r: %s", self.name, self.pending_conflict)
+                log.warning("page %s: %s", named(self.name), self.pending_conflict)
                 break
             async with graph.lock:
                 if self._is_closed():
@@ -243,8 +245,8 @@ class Merger:
             # sent these commits): merge as if from the empty page. Deterministic, but
             # a key deleted on one side only may come back; see the README.
             log.warning(
-                "page %r: the merge base %s is pruned; merging from the empty page",
-                self.name,
+                "page %s: the merge base %s is pruned; merging from the empty page",
+                named(self.name),
                 pruned[0].hex()[:12],
             )
             return btree.EMPTY

@@ -220,7 +220,7 @@ class Page(View):
         await self.graph.load_heads()
         journals = await self.writer.recover()
         if collected or journals:
-            log.info("page %r recovered: %d staged pieces collected", self.id, collected)
+            log.info("page %s recovered: %d staged pieces collected", named(self.id), collected)
         if settle and len(self.graph.heads) > 1:
             await self.merger.settle()
 
@@ -347,7 +347,7 @@ class Page(View):
                 try:
                     await fn()
                 except Exception:
-                    log.exception("page %r: closing", self.id)
+                    log.exception("page %s: closing", named(self.id))
         finally:  # its database closes however the steps before ended
             try:
                 async with self.graph.lock:  # let an in-flight commit or merge finish

@@ -43,7 +43,7 @@ from ledgerd.store import commit, deleted, split, sql, staging
 from ledgerd.store import digest as dg
 from ledgerd.store.btree import EMPTY, Builder, Entry, NodeStore, Priority, new_entry
 from ledgerd.store.db import INLINE_MAX_ROWS, Database, fits_inline
-from ledgerd.store.errors import InvalidDigestError
+from ledgerd.store.errors import InvalidDigestError, named
 from ledgerd.store.graph import DIRECT_BATCH, CommitGraph
 from ledgerd.store.objects import ObjectStore, Source
 from ledgerd.store.schema import TRANSIENT
@@ -372,7 +372,9 @@ class JournalWriter:
         try:
             await self.commit_journal()
         except Exception as e:
-            log.warning("committing the implicit journal of page %r failed: %s", self.name, e)
+            log.warning(
+                "committing the implicit journal of page %s failed: %s", named(self.name), e
+            )
             error = e
         for w in flushes:
             if w.done.done():
@@ -495,10 +497,10 @@ class JournalWriter:
             changes = [c for k, v, p in entries if (c := _recovered(k, v, p)) is not None]
             if len(changes) < len(entries):
                 log.warning(
-                    "implicit journal %s of page %r: %d entries are damaged (a value that "
+                    "implicit journal %s of page %s: %d entries are damaged (a value that "
                     "is no digest, an unknown priority, a key that is not one) and are left out",
                     jid,
-                    self.name,
+                    named(self.name),
                     len(entries) - len(changes),
                 )
             self._journal, self._since = str(jid), since

@@ -52,6 +52,7 @@ from ledgerd.store import Page
 from ledgerd.store import check as ck
 from ledgerd.store import digest as dg
 from ledgerd.store import exchange as ex
+from ledgerd.store.errors import named
 from ledgerd.sync import layout, pack
 from ledgerd.sync.checkpoints import Checkpoints
 from ledgerd.sync.cloud import CloudStore
@@ -635,7 +636,9 @@ async def _restore(
                 for p in lacking:
                     if (p.digest or p.commit) in requeued:
                         p.repaired = changed = True
-                log.info("re-uploaded %d pieces and commits of page %r", len(requeued), page.id)
+                log.info(
+                    "re-uploaded %d pieces and commits of page %s", len(requeued), named(page.id)
+                )
     return changed
 
 

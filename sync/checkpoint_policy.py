@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from ledgerd.store import Page
 from ledgerd.store import exchange as ex
+from ledgerd.store.errors import named
 from ledgerd.sync.checkpoints import Checkpoints, reach
 from ledgerd.sync.context import LOCAL, Key, SyncContext
 from ledgerd.sync.errors import CloudNotFoundError
@@ -88,7 +89,10 @@ class CheckpointPolicy:
             raise
         except Exception as e:  # the page's history is still there; a later round retries
             log.warning(
-                "checkpoint of page %r of ledger %r failed: %s", key[1], key[0], describe(e)
+                "checkpoint of page %s of ledger %s failed: %s",
+                named(key[1]),
+                named(key[0]),
+                describe(e),
             )
 
     async def write_due(self) -> None:

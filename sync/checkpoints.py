@@ -35,6 +35,7 @@ import msgpack
 
 from ledgerd.store import Page, Repository
 from ledgerd.store import exchange as ex
+from ledgerd.store.errors import named
 from ledgerd.sync import layout, pack
 from ledgerd.sync.cloud import CloudStore
 from ledgerd.sync.crypto import Codec
@@ -224,7 +225,9 @@ class Checkpoints:
             return None
         lazy_size = sum((await ex.piece_sizes(page, snap.lazy)).values())
         if live + lazy_size > self.max_size:
-            log.info("page %r is too large for a checkpoint (%d bytes)", page.id, live + lazy_size)
+            log.info(
+                "page %s is too large for a checkpoint (%d bytes)", named(page.id), live + lazy_size
+            )
             await ex.set_sync_value(page, THRESHOLD, str(1 << 62).encode())
             return None
         eager = await ex.read_pieces(page, snap.eager)

@@ -27,6 +27,7 @@ from ledgerd.store.errors import (
     CorruptObjectError,
     InvalidArgumentError,
     TransientStoreError,
+    named,
 )
 from ledgerd.sync import layout, pack, progress
 from ledgerd.sync.checkpoints import Checkpoints
@@ -161,7 +162,7 @@ class Downloader:
         self._deepen.discard(key)
         if not await self.checkpoints.uncover(key):
             return
-        log.info("page %r of ledger %r reads its whole history", key[1], key[0])
+        log.info("page %s of ledger %s reads its whole history", named(key[1]), named(key[0]))
         touched: dict[str, DeviceLog] = {}
         async for name in self.ctx.store.list(layout.PACKS):
             pn = PackName.parse(name)

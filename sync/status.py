@@ -21,7 +21,7 @@ from typing import Any
 
 from ledgerd.store import Page
 from ledgerd.store import exchange as ex
-from ledgerd.store.errors import counted
+from ledgerd.store.errors import counted, named
 from ledgerd.sync import layout, progress
 from ledgerd.sync.checkpoints import Checkpoints
 from ledgerd.sync.compaction import Compactor
@@ -89,7 +89,13 @@ class StatusBoard:
         message = describe(e)
         level = logging.DEBUG if st.last_error == message else logging.WARNING
         st.last_error = message
-        log.log(level, "upload of page %r of ledger %r failed: %s", key[1], key[0], message)
+        log.log(
+            level,
+            "upload of page %s of ledger %s failed: %s",
+            named(key[1]),
+            named(key[0]),
+            message,
+        )
 
     def no_error(self, key: Key) -> None:
         self.states.setdefault(key, PageState()).last_error = None
