@@ -457,7 +457,7 @@ class SyncEngine:
                 if download:
                     stats.downloaded_packs = await self.downloader.download(force=full)
                     held = self.uploader.stale_held
-                    if held:  # commits on a pruned-by-now parent: carried onto the download's
+                    if held:  # on a stale parent: carried onto what came, or up as they are
                         stats.uploaded_packs += await self.uploader.upload_all(only, pages=held)
                 await self.policy.write_due()
             except asyncio.CancelledError:

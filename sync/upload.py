@@ -208,7 +208,7 @@ class Uploader:
         if state == ex.CARRIED:
             log.info(
                 "page %s of ledger %s: commits built on history other devices may have "
-                "pruned were carried over onto the newest commit from the bucket",
+                "pruned were carried over onto newer commits from the bucket",
                 named(page.id),
                 named(page.ledger),
             )
