@@ -126,7 +126,7 @@ async def collect_pages(
         try:
             r = await repo.collect_garbage(*key, stop=None if stop is None else stop.is_set)
         except StoreError as e:
-            log.warning("gc of page %r failed: %s", key[1], e)
+            log.warning("gc of page %s of ledger %s failed: %s", named(key[1]), named(key[0]), e)
             errors.append({**_names_json(*key), "message": str(e)})
             continue
         results.append(r)

@@ -36,6 +36,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from ledgerd.store import Commit, CommitListener, GcResult, Page, Repository
+from ledgerd.store.errors import named
 from ledgerd.sync import progress
 from ledgerd.sync.metered import CloudCounters
 
@@ -172,7 +173,7 @@ class Metrics:
                 with page.lease(use=False):
                     counts = await _piece_counts(page)
             except Exception as e:  # closed meanwhile, or unreadable: the next scrape tells
-                log.debug("metrics of page %r: %s", page.id, e)
+                log.debug("metrics of page %s: %s", named(page.id), e)
                 continue
             journal += counts.pop("journal", 0)
             for k, v in counts.items():

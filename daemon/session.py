@@ -41,6 +41,7 @@ from ledgerd.daemon.codec import (
     unb64,
 )
 from ledgerd.store import Entry, Repository, StoreError, Transaction, Watcher
+from ledgerd.store.errors import named
 from ledgerd.store.merge import Choice, MergeRequest, Resolver
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ class Resolvers:
                     if len(await page.heads()) > 1:
                         await page.try_merge()
             except Exception:
-                log.exception("resuming merges of page %r failed", pid)
+                log.exception("resuming merges of page %s failed", named(pid))
 
     def remove(self, s: Session) -> None:
         for ledger, lst in list(self.by_ledger.items()):
