@@ -127,6 +127,8 @@ class _Connection(web.RequestHandler):
         """Past ``max_connections``: answered 503 at once and closed (:meth:`_refuse`)."""
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         """Done when the connection is gone (see :func:`connection_lost`)."""
+        self._stalled: asyncio.TimerHandle | None = None
+        """While the client reads too little of what is sent (:meth:`pause_writing`)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -185,8 +187,40 @@ class _Connection(web.RequestHandler):
         log.debug("closing a connection with no request in %gs", self.limits.request_timeout)
         self.force_close()
 
+    def pause_writing(self) -> None:
+        """The transport's buffer is over its high-water mark: the client reads less than
+        is sent. If it takes none of it down to the low-water mark for
+        ``request_timeout`` seconds, the connection is cut (:meth:`_cut_stalled`), so
+        that an answer made whole before it is sent (a listing of up to
+        ``max_listing_bytes``) is not held for as long as the client keeps the
+        connection without reading: streamed answers bound each write the same way
+        (``Api.bounded``), but a whole answer is written by aiohttp after the handler
+        returned, with no bound."""
+        super().pause_writing()
+        if self._stalled is None:
+            loop = asyncio.get_running_loop()
+            self._stalled = loop.call_later(self.limits.request_timeout, self._cut_stalled)
+
+    def resume_writing(self) -> None:
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
+        super().resume_writing()
+
+    def _cut_stalled(self) -> None:
+        self._stalled = None
+        log.debug(
+            "cutting a connection whose client read none of its answer for %gs",
+            self.limits.request_timeout,
+        )
+        if self.transport is not None:
+            self.transport.abort()
+
     def connection_lost(self, exc: BaseException | None) -> None:
         self.request_arrived()
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
         if not self.lost.done():
             self.lost.set_result(None)
             self.server.open_connections -= 1
