@@ -133,6 +133,7 @@ class _Connection(web.RequestHandler):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.server.open_connections += 1
+        self.server.live.add(self)
         if self.server.open_connections > self.limits.max_connections:
             self._refuse(transport)
             return
@@ -224,6 +225,7 @@ class _Connection(web.RequestHandler):
         if not self.lost.done():
             self.lost.set_result(None)
             self.server.open_connections -= 1
+            self.server.live.discard(self)
             if self.server.open_connections < self.limits.max_connections:
                 self.server.saturated = False
         super().connection_lost(exc)
@@ -296,6 +298,8 @@ class _Server(web.Server):
         """Connections made and not lost yet (refused ones included)."""
         self.saturated = False
         """Whether connections are being refused (``max_connections``): logged once."""
+        self.live: set[_Connection] = set()
+        """The connections made and not lost yet (:meth:`ApiRunner.abort_connections`)."""
 
     def __call__(self) -> web.RequestHandler:
         return _Connection(self, loop=asyncio.get_running_loop(), **self.handler_kwargs())
@@ -338,6 +342,21 @@ class ApiRunner(web.BaseRunner):
 
     async def shutdown(self) -> None:
         await self.on_shutdown()
+
+    def abort_connections(self) -> int:
+        """Abort every connection still open (a stop past ``shutdown_timeout``); how
+        many there were. aiohttp's own stop only closes a connection, which waits for
+        the client to read what is buffered, and waits for its handler twice
+        ``shutdown_timeout``: a client that reads none of its answer held the stop that
+        long past its bound."""
+        server = self.server
+        if not isinstance(server, _Server):
+            return 0
+        conns = [c for c in server.live if c.transport is not None]
+        for c in conns:
+            assert c.transport is not None
+            c.transport.abort()
+        return len(conns)
 
     async def _make_server(self) -> web.Server:
         return _Server(self.handler, self.limits, self.client_max_size)
