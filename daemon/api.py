@@ -262,7 +262,9 @@ _RANGE_SPEC = re.compile(r"([0-9]*)-([0-9]*)", re.ASCII)
 
 def _position(digits: str) -> int:
     """A byte position; one past any value's size when it is too long to be a size
-    (and too long for ``int()``'s digit limit)."""
+    (and too long for ``int()``'s digit limit). Leading zeros are no part of its length
+    (RFC 9110 allows them: ``bytes=000…0001-2`` is bytes 1-2)."""
+    digits = digits.lstrip("0") or "0"
     return int(digits) if len(digits) <= 18 else 2**63
 
 

@@ -90,3 +90,34 @@ async def test_a_transfer_coding_other_than_chunked_is_refused_with_415(
         assert got.startswith(b"HTTP/1.1 204 "), got[:300]
         assert await (await http.get(u(P + "/keys/k"))).read() == b"plain"
     _no_traceback(daemon)
+
+
+async def test_a_range_with_leading_zeros_is_served(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """A range position of over 18 digits was taken as past any size before its
+    leading zeros were dropped: ``bytes=`` + 19 zeros + ``1-2`` (bytes 1-2, as RFC 9110
+    reads it) was 400 "the end is before the start" for values and attachments, and
+    ``bytes=`` + 20 zeros + ``0-`` 416."""
+    content = bytes(range(256)) * 4096  # 1 MiB: several pieces, a streamed answer
+    r = await http.put(u(P + "/keys/v"), data=content)
+    assert r.status == 204, await r.text()
+    r = await http.post(u(D + "/people"), json={"n": 1})
+    doc = (await r.json())["_meta"]["_id"]
+    r = await http.post(u(f"{D}/people/{doc}/attachments?filename=a"), data=content)
+    att = (await r.json())["attachment"]["_id"]
+    zeros = "0" * 20
+    for path in (P + "/keys/v", f"{D}/people/{doc}/attachments/{att}"):
+        for header, start, end in [
+            (f"bytes={zeros}1-{zeros}2", 1, 2),
+            (f"bytes={zeros}0-", 0, len(content) - 1),
+            (f"bytes=-{zeros}3", len(content) - 3, len(content) - 1),
+        ]:
+            r = await http.get(u(path), headers={"Range": header})
+            assert r.status == 206, (path, header, await r.text())
+            assert r.headers["Content-Range"] == f"bytes {start}-{end}/{len(content)}"
+            assert await r.read() == content[start : end + 1]
+        r = await http.get(u(path), headers={"Range": f"bytes=5-{zeros}"})  # 5-0
+        assert r.status == 400, await r.text()
+        assert (await r.json())["error"]["code"] == "bad_request"
+    _no_traceback(daemon)
