@@ -262,7 +262,9 @@ _RANGE_SPEC = re.compile(r"([0-9]*)-([0-9]*)", re.ASCII)
 
 def _position(digits: str) -> int:
     """A byte position; one past any value's size when it is too long to be a size
-    (and too long for ``int()``'s digit limit)."""
+    (and too long for ``int()``'s digit limit). Leading zeros are no part of its length
+    (RFC 9110 allows them: ``bytes=000…0001-2`` is bytes 1-2)."""
+    digits = digits.lstrip("0") or "0"
     return int(digits) if len(digits) <= 18 else 2**63
 
 
@@ -346,6 +348,19 @@ def parse_range(header: str, size: int) -> tuple[int, int] | None:
     return a, b - a + 1
 
 
+def _check_transfer_coding(header: str) -> None:
+    """Refuse a ``Transfer-Encoding`` with a coding other than ``chunked`` (415
+    ``unsupported_encoding``): aiohttp's parser removes the chunking and leaves any
+    other coding (``gzip, chunked``) on the body, which would be stored as sent,
+    something else than what the client meant (as a ``Content-Encoding`` would)."""
+    codings = [c.strip().lower() for c in header.split(",")]
+    if any(c != "chunked" for c in codings):
+        raise ae.UnsupportedEncoding(
+            f"Transfer-Encoding {header[:40]!r} is not supported: send the body as it is"
+            " (chunked or with a Content-Length)"
+        )
+
+
 async def _expect(request: web.BaseRequest) -> None:
     """``Expect: 100-continue``: tell the client to send its body (as aiohttp's
     ``web.Application`` does before any handler runs); any other expectation is 417."""
@@ -411,6 +426,8 @@ class Api:
                         f"Content-Encoding {encoding[:40]!r} is not supported: send the body"
                         " as it is"
                     )
+                if (coding := request.headers.get(hdrs.TRANSFER_ENCODING)) is not None:
+                    _check_transfer_coding(coding)
                 route, found = self.match(request)
                 with self.slot(route):
                     if request.headers.get(hdrs.EXPECT):  # once the request may go on

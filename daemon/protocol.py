@@ -127,10 +127,13 @@ class _Connection(web.RequestHandler):
         """Past ``max_connections``: answered 503 at once and closed (:meth:`_refuse`)."""
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         """Done when the connection is gone (see :func:`connection_lost`)."""
+        self._stalled: asyncio.TimerHandle | None = None
+        """While the client reads too little of what is sent (:meth:`pause_writing`)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.server.open_connections += 1
+        self.server.live.add(self)
         if self.server.open_connections > self.limits.max_connections:
             self._refuse(transport)
             return
@@ -185,11 +188,44 @@ class _Connection(web.RequestHandler):
         log.debug("closing a connection with no request in %gs", self.limits.request_timeout)
         self.force_close()
 
+    def pause_writing(self) -> None:
+        """The transport's buffer is over its high-water mark: the client reads less than
+        is sent. If it takes none of it down to the low-water mark for
+        ``request_timeout`` seconds, the connection is cut (:meth:`_cut_stalled`), so
+        that an answer made whole before it is sent (a listing of up to
+        ``max_listing_bytes``) is not held for as long as the client keeps the
+        connection without reading: streamed answers bound each write the same way
+        (``Api.bounded``), but a whole answer is written by aiohttp after the handler
+        returned, with no bound."""
+        super().pause_writing()
+        if self._stalled is None:
+            loop = asyncio.get_running_loop()
+            self._stalled = loop.call_later(self.limits.request_timeout, self._cut_stalled)
+
+    def resume_writing(self) -> None:
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
+        super().resume_writing()
+
+    def _cut_stalled(self) -> None:
+        self._stalled = None
+        log.debug(
+            "cutting a connection whose client read none of its answer for %gs",
+            self.limits.request_timeout,
+        )
+        if self.transport is not None:
+            self.transport.abort()
+
     def connection_lost(self, exc: BaseException | None) -> None:
         self.request_arrived()
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
         if not self.lost.done():
             self.lost.set_result(None)
             self.server.open_connections -= 1
+            self.server.live.discard(self)
             if self.server.open_connections < self.limits.max_connections:
                 self.server.saturated = False
         super().connection_lost(exc)
@@ -262,6 +298,8 @@ class _Server(web.Server):
         """Connections made and not lost yet (refused ones included)."""
         self.saturated = False
         """Whether connections are being refused (``max_connections``): logged once."""
+        self.live: set[_Connection] = set()
+        """The connections made and not lost yet (:meth:`ApiRunner.abort_connections`)."""
 
     def __call__(self) -> web.RequestHandler:
         return _Connection(self, loop=asyncio.get_running_loop(), **self.handler_kwargs())
@@ -304,6 +342,21 @@ class ApiRunner(web.BaseRunner):
 
     async def shutdown(self) -> None:
         await self.on_shutdown()
+
+    def abort_connections(self) -> int:
+        """Abort every connection still open (a stop past ``shutdown_timeout``); how
+        many there were. aiohttp's own stop only closes a connection, which waits for
+        the client to read what is buffered, and waits for its handler twice
+        ``shutdown_timeout``: a client that reads none of its answer held the stop that
+        long past its bound."""
+        server = self.server
+        if not isinstance(server, _Server):
+            return 0
+        conns = [c for c in server.live if c.transport is not None]
+        for c in conns:
+            assert c.transport is not None
+            c.transport.abort()
+        return len(conns)
 
     async def _make_server(self) -> web.Server:
         return _Server(self.handler, self.limits, self.client_max_size)

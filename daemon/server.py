@@ -9,7 +9,8 @@ SIGTERM and SIGINT stop accepting new requests (503 ``shutting_down``), end the
 sync rounds in flight (a ``POST /v1/sync`` answers 503 ``shutting_down``), let
 in-flight requests finish (aiohttp's own graceful shutdown, with the WebSocket
 sessions ended in its ``on_shutdown``) and cancel those still running at
-``shutdown_timeout``, commit every acknowledged write, make one last upload round
+``shutdown_timeout`` (aborting the connections still open then: a client that reads
+none of its answer holds no stop), commit every acknowledged write, make one last upload round
 with what is left of the bound, and exit 0. The whole stop takes at most
 ``shutdown_timeout`` plus :data:`STOP_MARGIN` and :data:`FINAL_UPLOAD_LEAST`, however
 the cloud behaves: nothing waits for a cloud call that hangs (see :mod:`sync.s3`).
@@ -254,6 +255,8 @@ async def serve(cfg: Config) -> int:
         if not draining.done():
             n = await api.cancel_requests(timeout=STOP_MARGIN)
             log.warning("cancelled %d requests still running after %gs", n, cfg.shutdown_timeout)
+            if cut := runner.abort_connections():  # answers their clients do not read
+                log.warning("cut %d connections still open after %gs", cut, cfg.shutdown_timeout)
             await asyncio.wait({draining}, timeout=STOP_MARGIN)
         for page in repo.open_pages():
             try:

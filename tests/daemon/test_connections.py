@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import os
+import socket as sockets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,3 +102,58 @@ async def test_a_stalled_body_is_408_and_stores_nothing(impatient: Daemon) -> No
         if repo.page_exists(b"l", b"p"):
             page = await repo.ledger(b"l").page(b"p")
             assert not await page.contains(b"small") and not await page.contains(b"big")
+
+
+async def _wait_for_log(daemon: Daemon, text: str, count: int, timeout: float = 20) -> None:
+    """Wait until the daemon's log holds ``text`` ``count`` times (written as it happens)."""
+    async with asyncio.timeout(timeout):
+        while daemon.log.read_text(errors="replace").count(text) < count:
+            await asyncio.sleep(0.05)
+
+
+async def test_a_whole_answer_nobody_reads_is_cut_off_after_request_timeout(
+    impatient: Daemon,
+) -> None:
+    """Only streamed responses (values, attachments, feeds) were bounded in time: an
+    answer made whole before it is sent (an entries or documents listing, up to
+    ``max_listing_bytes``, 16 MiB) sat in the connection's buffer for as long as a
+    client that read none of it kept the connection, so ``max_connections`` such
+    clients held 32 GiB. Such a connection is now cut after ``request_timeout`` too."""
+    value = base64.b64encode(b"v" * 900_000).decode()
+    ops = [
+        {"op": "put", "key": base64.b64encode(b"k%d" % i).decode(), "value": value}
+        for i in range(6)
+    ]
+    body = json.dumps({"ops": ops}).encode()
+    docs = "/v1/ledgers/l/pages/d/docs/c"
+    doc = json.dumps({"text": "d" * 900_000}).encode()
+    writes = [("POST", P + "/batch", body)] + [("POST", docs, doc)] * 6
+    for method, path, data in writes:
+        reader, writer = await asyncio.open_unix_connection(str(impatient.socket))
+        writer.write(
+            f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(data)}\r\n"
+            "Connection: close\r\n\r\n".encode()
+            + data
+        )
+        got = await _closed_by_daemon(reader)
+        assert got.startswith((b"HTTP/1.1 200", b"HTTP/1.1 201")), got[:300]
+        writer.close()
+    for cut, path in enumerate((P + "/entries", docs), 1):
+        sock = sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM)
+        sock.setsockopt(sockets.SOL_SOCKET, sockets.SO_RCVBUF, 4096)
+        sock.connect(str(impatient.socket))
+        reader, writer = await asyncio.open_unix_connection(sock=sock)
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        await writer.drain()
+        # It reads nothing: the daemon gives up on it (its whole answer is ~5 MB).
+        await _wait_for_log(impatient, "read none of its answer", cut)
+        got = await _closed_by_daemon(reader)
+        head, _, rest = got.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head[:300]
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        assert len(rest) < length  # cut short: the rest was dropped, not kept
+        writer.close()
+    reader, writer = await asyncio.open_unix_connection(str(impatient.socket))
+    writer.write(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert (await _closed_by_daemon(reader)).startswith(b"HTTP/1.1 200")  # others are served
+    writer.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -180,3 +181,36 @@ async def test_sigterm_during_sync_through_moto(
         for d in (a, b):
             assert await stop_timed(d) < STOP_BOUND
             assert_orderly(d)
+
+
+async def test_sigterm_with_an_answer_nobody_reads(short_tmp: Path) -> None:
+    """A client that asked for a listing and read none of it held the stop for twice
+    ``shutdown_timeout`` (aiohttp waits that long for the connection's handler, then
+    closes it, which waits for the client to read what is buffered): 63 s with the
+    default 30 s, past systemd's bound minus margin, with "the HTTP server has not
+    stopped" logged. A stop past ``shutdown_timeout`` now aborts the connections
+    still open."""
+    daemon = start_daemon(short_tmp, env={"LEDGERD_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT)})
+    try:
+        async with AsyncClient(daemon.socket) as c:
+            for i in range(6):
+                await c.put("l", "p", b"k%d" % i, b"v" * 900_000)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(str(daemon.socket))
+        reader, writer = await asyncio.open_unix_connection(sock=sock)
+        writer.write(b"GET /v1/ledgers/l/pages/p/entries HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        async with asyncio.timeout(20):  # the daemon answered (and waits for it to be read)
+            while "/entries 200" not in daemon.log.read_text(errors="replace"):
+                await asyncio.sleep(0.05)
+        started = time.monotonic()
+        code = await asyncio.get_running_loop().run_in_executor(None, daemon.stop)
+        took = time.monotonic() - started
+        writer.close()
+    finally:
+        daemon.stop()
+    log = daemon.log_text()
+    assert code == 0, log
+    assert "has not stopped" not in log, log
+    assert took < STOP_BOUND, (took, log)
