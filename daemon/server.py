@@ -51,6 +51,7 @@ from ledgerd.store import (
     StoreError,
     set_sqlite_threads,
 )
+from ledgerd.store.errors import named
 
 log = logging.getLogger("ledgerd")
 
@@ -262,7 +263,7 @@ async def serve(cfg: Config) -> int:
             try:
                 await page.flush()
             except Exception:
-                log.exception("flushing page %r failed", page.id)
+                log.exception("flushing page %s failed", named(page.id))
         if engine is not None:  # one last upload round, within what is left of the bound
             left = min(FINAL_UPLOAD, max(deadline - loop.time(), FINAL_UPLOAD_LEAST))
             await engine.stop(final_upload_timeout=left)
