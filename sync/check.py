@@ -156,6 +156,28 @@ class CloudView:
         self.parents.update(parents)
         return not bad
 
+    def add_pack(
+        self,
+        own: bool,
+        commits: Iterable[bytes],
+        eager: dict[bytes, bytes],
+        wanted: set[bytes],
+        bad: list[str],
+    ) -> None:
+        """Count a pack's (or section's) commits and EAGER pieces as in the bucket,
+        keeping the wanted ones; what does not check out goes to ``bad``."""
+        self.packs += 1
+        self.own_packs += own
+        if not self.add_commits(commits):
+            bad.append("a commit does not decode")
+        for d, v in eager.items():
+            if not dg.verify(d, v):
+                bad.append(f"piece {dg.short(d)} does not match its digest")
+                continue
+            self.pieces.add(d)
+            if d in wanted:
+                self.found[d] = v
+
 
 async def _read_sections(
     store: CloudStore,
@@ -213,17 +235,7 @@ async def _read_section(
     except (CloudError, pack.CorruptPackError) as e:
         _unreadable(f"pack {pn.name}", e, view.problems, view.notes)
         return {}
-    view.packs += 1
-    view.own_packs += own
-    if not view.add_commits(commits):
-        bad.append("a commit does not decode")
-    for d, v in eager.items():
-        if not dg.verify(d, v):
-            bad.append(f"piece {dg.short(d)} does not match its digest")
-            continue
-        view.pieces.add(d)
-        if d in wanted:
-            view.found[d] = v
+    view.add_pack(own, commits, eager, wanted, bad)
     for d, part in pi.lazy:
         view.pieces.add(d)
         if not (own or (d in wanted and d not in view.found)):
@@ -249,7 +261,7 @@ async def _read_section(
             view.found[d] = raw
     if bad:
         view.problems.append(f"pack {pn.name}: " + "; ".join(bad[:5]))
-    return {d: v for d, v in eager.items() if dg.verify(d, v)}
+    return {d: v for d, v in eager.items() if d in view.pieces}  # (verified just above)
 
 
 async def read_page(
@@ -279,18 +291,8 @@ async def read_page(
         except (CloudError, pack.CorruptPackError) as e:
             _unreadable(f"pack {ln.name}", e, view.problems, view.notes)
             continue
-        view.packs += 1
-        view.own_packs += own
-        bad = []
-        if not view.add_commits(p.commits):
-            bad.append("a commit does not decode")
-        for d, v in p.eager.items():
-            if not dg.verify(d, v):
-                bad.append(f"piece {dg.short(d)} does not match its digest")
-                continue
-            view.pieces.add(d)
-            if d in wanted:
-                view.found[d] = v
+        bad: list[str] = []
+        view.add_pack(own, p.commits, p.eager, wanted, bad)
         for d, off, n in p.lazy:
             if own:
                 piece = data[off : off + n]

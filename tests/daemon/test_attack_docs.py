@@ -5,8 +5,6 @@ it was well formed."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import gzip
 import json
 
@@ -14,6 +12,7 @@ import aiohttp
 from yarl import URL
 
 from tests.daemon.conftest import Daemon
+from tests.daemon.test_attack import _no_traceback, _raw
 
 P = "/v1/ledgers/l/pages/p"
 D = "/v1/ledgers/app/pages/people/docs"
@@ -23,28 +22,8 @@ def u(path: str) -> URL:
     return URL("http://ledgerd" + path, encoded=True)
 
 
-async def _raw(daemon: Daemon, data: bytes, wait: float = 10) -> bytes:
-    """Send raw bytes on a fresh connection; what came back before it closed."""
-    reader, writer = await asyncio.open_unix_connection(str(daemon.socket))
-    writer.write(data)
-    await writer.drain()
-    got = b""
-    with contextlib.suppress(ConnectionResetError, TimeoutError):
-        while chunk := await asyncio.wait_for(reader.read(65536), wait):
-            got += chunk
-    writer.close()
-    with contextlib.suppress(ConnectionResetError, BrokenPipeError):
-        await writer.wait_closed()
-    return got
-
-
 def _chunked(body: bytes) -> bytes:
     return b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n"
-
-
-def _no_traceback(daemon: Daemon) -> None:
-    log = daemon.log.read_text(errors="replace")
-    assert "Traceback" not in log and "internal error" not in log, log
 
 
 async def test_a_transfer_coding_other_than_chunked_is_refused_with_415(
@@ -70,7 +49,7 @@ async def test_a_transfer_coding_other_than_chunked_is_refused_with_415(
                 f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
                 f"Transfer-Encoding: {coding}\r\n\r\n"
             ).encode()
-            got = await _raw(daemon, head + _chunked(value))
+            got = await _raw(daemon, head + _chunked(value), wait=10)
             status, _, rest = got.partition(b"\r\n\r\n")
             assert status.startswith(b"HTTP/1.1 415 "), (path, coding, got[:300])
             assert json.loads(rest)["error"]["code"] == "unsupported_encoding", got[:300]
@@ -86,7 +65,7 @@ async def test_a_transfer_coding_other_than_chunked_is_refused_with_415(
             f"PUT {P}/keys/k HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
             f"Transfer-Encoding: {coding}\r\n\r\n"
         ).encode()
-        got = await _raw(daemon, head + _chunked(b"plain"))
+        got = await _raw(daemon, head + _chunked(b"plain"), wait=10)
         assert got.startswith(b"HTTP/1.1 204 "), got[:300]
         assert await (await http.get(u(P + "/keys/k"))).read() == b"plain"
     _no_traceback(daemon)
