@@ -49,6 +49,8 @@ from ledgerd.daemon.codec import (
     entries_json,
     flag_param,
     from_hex,
+    integer_param,
+    number_param,
     parse_json,
     parse_priority,
     priority_name,
@@ -214,12 +216,7 @@ class Query:
         v = self.text(name)
         if v is None or v == "":
             return default
-        try:
-            if not _INTEGER.fullmatch(v):  # int() also takes '1_0', blanks, other digits
-                raise ValueError(v)
-            n = int(v)
-        except ValueError:
-            raise ae.BadRequest(f"query parameter {name} must be an integer") from None
+        n = integer_param(name, v)
         if n < lo:
             raise ae.BadRequest(f"query parameter {name} must be at least {lo}")
         return n
@@ -229,10 +226,7 @@ class Query:
         v = self.text(name)
         if v is None or v == "":
             return default
-        try:
-            n = float(v)
-        except ValueError:
-            n = math.nan
+        n = number_param(name, v)
         if not math.isfinite(n) or n <= 0:
             raise ae.BadRequest(f"query parameter {name} must be a positive number of seconds")
         return n
@@ -253,9 +247,6 @@ def _unquote(segment: str) -> bytes:
 
 _NO_QUERY = Query("")
 """The parameters of every request without a query string (most of them)."""
-
-_INTEGER = re.compile(r"-?[0-9]+", re.ASCII)
-"""A query integer: ASCII digits (a minus sign for the "at least" message)."""
 
 _RANGE_SPEC = re.compile(r"([0-9]*)-([0-9]*)", re.ASCII)
 

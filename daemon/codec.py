@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import re
 import sys
 from collections.abc import Sequence
@@ -195,6 +196,26 @@ def flag_param(name: str, text: str) -> bool:
     raise ae.BadRequest(
         f"query parameter {name} must be 1 or 0 (true or false, yes or no), not {text[:40]!r}"
     )
+
+
+def integer_param(name: str, text: str) -> int:
+    """A query integer: ASCII digits, a minus sign allowed (for the "at least" message
+    its caller gives); 400 otherwise. ``int()`` alone also takes ``1_0``, blanks, a
+    plus sign and other scripts' digits (a full-width ``１``)."""
+    if not _INTEGER.fullmatch(text):
+        raise ae.BadRequest(f"query parameter {name} must be an integer")
+    return int(text)
+
+
+def number_param(name: str, text: str) -> float:
+    """A query number of seconds: ASCII decimal (``1``, ``0.5``, ``.5``, ``1e3``), NaN
+    for anything else, whose caller refuses it with its own bounds. ``float()`` alone
+    also takes ``1_0``, blanks, ``inf`` and other scripts' digits."""
+    return float(text) if _DECIMAL.fullmatch(text) else math.nan
+
+
+_INTEGER = re.compile(r"-?[0-9]+", re.ASCII)
+_DECIMAL = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?", re.ASCII)
 
 
 def repeated_param(name: str) -> ae.BadRequest:

@@ -30,7 +30,15 @@ from urllib.parse import parse_qsl, quote, unquote_to_bytes
 from aiohttp import web
 
 from ledgerd.daemon import errors as ae
-from ledgerd.daemon.codec import flag_param, from_hex, parse_json, repeated_param, token_param
+from ledgerd.daemon.codec import (
+    flag_param,
+    from_hex,
+    integer_param,
+    number_param,
+    parse_json,
+    repeated_param,
+    token_param,
+)
 from ledgerd.daemon.config import MIN_HEARTBEAT
 from ledgerd.daemon.protocol import connection_lost
 from ledgerd.store import (
@@ -128,10 +136,7 @@ def _int(request: web.Request, name: str, default: int, lo: int, hi: int) -> int
     v = _query(request, name)
     if v is None or v == "":
         return default
-    try:
-        n = int(v)
-    except ValueError:
-        raise ae.BadRequest(f"query parameter {name} must be an integer") from None
+    n = integer_param(name, v)
     if not lo <= n <= hi:
         raise ae.BadRequest(f"query parameter {name} must be {lo}-{hi}")
     return n
@@ -141,10 +146,7 @@ def _seconds(request: web.Request, name: str, default: float, lo: float) -> floa
     v = _query(request, name)
     if v is None or v == "":
         return default
-    try:
-        n = float(v)
-    except ValueError:
-        n = math.nan
+    n = number_param(name, v)
     if not math.isfinite(n) or n < lo:
         raise ae.BadRequest(f"query parameter {name} must be a number of seconds, at least {lo:g}")
     return n

@@ -89,6 +89,34 @@ async def test_the_document_api_refuses_a_repeated_parameter_or_a_loose_flag(
     await _refused(http, P + "/docs/_changes?since=00&since=01", "since")
 
 
+@pytest.mark.parametrize(
+    ("query", "name"),
+    [
+        ("limit=%EF%BC%91", "limit"),  # a full-width 1
+        ("limit=1_0", "limit"),
+        ("limit=%201", "limit"),
+        ("limit=+1", "limit"),
+        ("limit=%D9%A1", "limit"),  # an Arabic-Indic 1
+        ("follow=1&heartbeat=1_0", "heartbeat"),
+        ("follow=1&heartbeat=%EF%BC%91", "heartbeat"),
+        ("follow=1&heartbeat=inf", "heartbeat"),
+    ],
+)
+async def test_the_document_api_takes_numbers_in_ascii_digits_only(
+    http: aiohttp.ClientSession, query: str, name: str
+) -> None:
+    """As the key API does: ``int()`` and ``float()`` also took ``1_0``, blanks, a plus
+    sign and other scripts' digits (``limit=１`` listed one document)."""
+    docs = P + "/docs/people"
+    async with http.post(u(docs), json={"name": "Ann"}) as resp:
+        assert resp.status == 201
+    await _refused(http, f"{P}/docs/_changes?{query}", name)
+    if name == "limit":
+        await _refused(http, f"{docs}?{query}", name)
+    assert len((await _ok(http, docs + "?limit=1"))["documents"]) == 1  # type: ignore[index]
+    await _refused(http, "/v1/ledgers/notes/pages/inbox/entries?limit=%EF%BC%91", "limit")
+
+
 def test_what_the_client_and_ledgerctl_send_is_still_taken(daemon: Daemon) -> None:
     with Client(daemon.socket) as c:
         c.put("notes", "inbox", b"k", b"v")
