@@ -67,6 +67,7 @@ class _Round:
     packs: int = 0
     waiting: list[_Uploaded] = field(default_factory=list)  # whole, in the unsent pack
     uploaded: list[_Uploaded] = field(default_factory=list)
+    wait_stale: bool = False  # (see Uploader.upload_all)
 
     def section(self, key: Key) -> pack.Section:
         s = self.sections.get(key)
@@ -120,7 +121,6 @@ class Uploader:
         """Whether a number spent by an earlier process was looked for (see _put_pack)."""
         self.stale_held: set[Key] = set()
         """Pages the last :meth:`upload_all` with ``wait_stale`` left for after the download."""
-        self._wait_stale = False
 
     async def upload_all(
         self,
@@ -150,9 +150,8 @@ class Uploader:
         ]
         if wait_stale:
             self.stale_held = set()
-        self._wait_stale = wait_stale
         await self.pending.save()
-        rnd = _Round()
+        rnd = _Round(wait_stale=wait_stale)
         async with contextlib.AsyncExitStack() as stack:
             # Pages stay leased until their pack is up (a bounded number of them;
             # the others are opened again to record the upload).
@@ -200,7 +199,7 @@ class Uploader:
     async def _take_page(self, rnd: _Round, page: Page, seen: int | None) -> None:
         key = (page.ledger, page.id)
         state = await ex.carry_over_stale(page, self.ctx.repo.history_retention)
-        if state == ex.STALE and self._wait_stale and self._may_bring(key):
+        if state == ex.STALE and rnd.wait_stale and self._may_bring(key):
             self.stale_held.add(key)
             return
         if state == ex.BUSY:  # still pending: tried again next round

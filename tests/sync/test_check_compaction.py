@@ -329,18 +329,10 @@ async def test_sections_edited_over_nodes_this_device_pruned_are_read_over_the_b
     held counted as synced here but lacking in the bucket (not_in_cloud, a repair
     uploading it again). They are taken from the page's other sections now."""
     from ledgerd.store import gc
+    from tests.sync.test_stale_base import shared_then_rewritten
 
-    rng = random.Random(4)
     async with device(tmp_path / "a", bucket) as a, device(tmp_path / "b", bucket) as b:
-        pa = await a.repo.ledger("l").page("p")
-        async with pa.transaction() as tx:
-            await tx.put_many([(b"k%04d" % i, rng.randbytes(50)) for i in range(1000)])
-        await a.engine.sync()
-        await b.engine.sync()
-        pb = await b.repo.ledger("l").page("p")
-        async with pb.transaction() as tx:  # goes up as an edit of a's nodes
-            await tx.put_many([(b"k%04d" % i, b"x") for i in range(3, 1000, 5)])
-        await b.engine.sync()
+        _, pb = await shared_then_rewritten(a, b)  # B's commit goes up as an edit
         for v in (b"1", b"2"):
             await pb.put(b"zz", v)
             await b.engine.sync()

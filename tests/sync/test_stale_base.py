@@ -20,9 +20,9 @@ from ledgerd.sync.folder import FolderStore
 from tests.sync.test_engine import Device, _keys, device
 
 
-async def _pruned_under(a: Device, b: Device) -> tuple[Page, Page]:
-    """A and B share a page of 1,000 keys, then B's commit X; A, away, writes on X; B
-    rewrites a seventh of the keys, writes twice more, and prunes all it may."""
+async def shared_then_rewritten(a: Device, b: Device) -> tuple[Page, Page]:
+    """A writes a page of 1,000 keys, both sync, and B rewrites a fifth of them (its
+    commit X, uploaded as an edit of A's tree nodes)."""
     rng = random.Random(4)
     pa = await a.repo.ledger("l").page("p")
     async with pa.transaction() as tx:
@@ -33,6 +33,13 @@ async def _pruned_under(a: Device, b: Device) -> tuple[Page, Page]:
     async with pb.transaction() as tx:
         await tx.put_many([(b"k%04d" % i, b"x") for i in range(3, 1000, 5)])
     await b.engine.sync()
+    return pa, pb
+
+
+async def _pruned_under(a: Device, b: Device) -> tuple[Page, Page]:
+    """A and B share a page of 1,000 keys, then B's commit X; A, away, writes on X; B
+    rewrites a seventh of the keys, writes twice more, and prunes all it may."""
+    pa, pb = await shared_then_rewritten(a, b)
     await a.engine.sync()
     assert pa.head.id == pb.head.id
     await pa.put(b"k0001", b"from a, away")
