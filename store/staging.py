@@ -53,15 +53,16 @@ def priority(p: object) -> Priority:
 
 
 # Made without the named tuple's Python-level __new__ (a batch makes one per value).
-_new_piece = functools.partial(tuple.__new__, split.Piece)
+new_piece = functools.partial(tuple.__new__, split.Piece)
 
 
 def one_chunk(key: bytes, value: bytes, prio: object) -> tuple[Entry, split.Piece | None]:
     """Entry and piece of a value that is a single chunk (at most ``split.MIN_CHUNK``
     bytes); no piece when the value is inline in its digest. The fast path of
-    :func:`prepare`: both give the same entry for the same value."""
+    :func:`prepare`: both give the same entry for the same value.
+    :meth:`store.transaction.Transaction.put_many` writes these lines out in its loop."""
     d = dg.value_chunk_digest(value)
-    piece = _new_piece((d, value)) if len(value) > dg.INLINE_LIMIT else None
+    piece = new_piece((d, value)) if len(value) > dg.INLINE_LIMIT else None
     return btree.new_entry((key, d, priority(prio))), piece
 
 

@@ -32,12 +32,14 @@ from types import TracebackType
 from ledgerd.store import commit, split, staging
 from ledgerd.store.btree import EMPTY, Builder, Entry, NodeStore, Priority, RawEntry, new_entry
 from ledgerd.store.commit import Commit
+from ledgerd.store.digest import INLINE_LIMIT, value_chunk_digest
 from ledgerd.store.errors import ClosedError, TransactionClosedError, named
 from ledgerd.store.graph import CommitGraph, Work
 from ledgerd.store.merging import Merger
 from ledgerd.store.objects import ObjectStore, Source
+from ledgerd.store.staging import new_piece
 from ledgerd.store.stamps import StampClock, StampedKey, StampedValue, VersionstampError
-from ledgerd.store.view import Overlay, View, bounds, check_key
+from ledgerd.store.view import KEY_LIMIT, Overlay, View, bounds, check_key
 
 TXN_MEMORY = 64 * 1024 * 1024
 """Bytes of small values a transaction keeps in memory; past that it stages them."""
@@ -270,11 +272,22 @@ class Transaction(View):
         if self._base is None or not st.open:  # else _check has nothing to do
             await self._check()
         prio = staging.priority(priority)
-        entries, in_memory = st.entries, self._in_memory
+        entries, pieces, memory = st.entries, st.pieces, self._memory
+        budget = self._txns.memory_budget
+        # The fast path of :meth:`_in_memory` (a value of one chunk, held in memory:
+        # :func:`staging.one_chunk`) written out here: a batch of a thousand documents
+        # puts two thousand values, and the calls per value were half the puts' time.
         for key, value in items:
-            key = check_key(key)
-            entry = in_memory(key, value, prio)
-            if entry is None:
+            if type(key) is not bytes or len(key) > KEY_LIMIT:
+                key = check_key(key)
+            if type(value) is bytes and len(value) <= split.MIN_CHUNK and st.memory < budget:
+                d = value_chunk_digest(value)
+                if len(value) > INLINE_LIMIT:
+                    pieces[d] = [new_piece((d, value))]
+                    memory[d] = value
+                    st.memory += len(value)
+                entry = new_entry((key, d, prio))
+            else:
                 entry = await self._prepare(key, value, prio)
             if st.stamped_values:
                 st.stamped_values.pop(key, None)
