@@ -253,6 +253,10 @@ class Record(NamedTuple):
     attachments: tuple[AttachmentMeta, ...] = ()
 
 
+new_record = functools.partial(tuple.__new__, Record)
+"""A Record from a tuple of all eight fields, without the named tuple's Python-level
+``__new__`` (a bulk write makes one per document)."""
+
 _packer = msgpack.Packer(use_bin_type=True)
 
 

@@ -38,7 +38,7 @@ from ledgerd.store.docindex import (
     Views,
     partition_range,
 )
-from ledgerd.store.doclayout import AttachmentMeta, Record, State
+from ledgerd.store.doclayout import AttachmentMeta, Record, State, new_record
 from ledgerd.store.docmodel import (
     MAX_DOCUMENT_BYTES,
     MISSING,
@@ -463,7 +463,7 @@ class DocumentStore:
             else:
                 revs = [self._next_rev(rev, None) for rev in new_revs]
             for doc_id, rev, data in zip(ids, revs, items, strict=True):
-                r = Record(rev, State.LIVE, ulid_ms(rev), None, None, None, data)
+                r = new_record((rev, State.LIVE, ulid_ms(rev), None, None, None, data, ()))
                 entries.extend(self._entries(collection, doc_id, r))
                 records.append((collection, doc_id, r))
             await txn.put_many(entries)
