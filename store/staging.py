@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterable, Iterable
+from collections.abc import AsyncIterable, Iterable, Mapping
 from pathlib import Path
 
 from ledgerd.store import btree, deleted, split
@@ -105,7 +105,9 @@ async def only_live(
 
 
 async def with_tombstones(
-    nodes: NodeStore, base_root: bytes, changes: Iterable[tuple[bytes, Entry | None]]
+    nodes: NodeStore,
+    base_root: bytes,
+    changes: Mapping[bytes, Entry | None] | Iterable[tuple[bytes, Entry | None]],
 ) -> list[tuple[bytes, Entry | None]]:
     """``changes`` to apply on ``base_root``, with each delete of a key the base does
     not have (or has as a tombstone already) made a tombstone entry; except in a page
@@ -113,6 +115,10 @@ async def with_tombstones(
     tombstone there would be a key next to the mark, and the page, empty to every
     read, would be listed again (the delete of a key the page does not hold would
     bring a deleted page back)."""
+    if isinstance(changes, Mapping):
+        if None not in changes.values():
+            return list(changes.items())  # no delete (a bulk write): nothing to look up
+        changes = changes.items()
     out: list[tuple[bytes, Entry | None]] = []
     marked: bool | None = None  # the base holds the mark: asked once, when it matters
     for key, e in changes:

@@ -134,7 +134,7 @@ class Transactions:
                 at = await self._stamp(txn, entries)
             builder = Builder(self.nodes)
             start = EMPTY if st.cleared else txn.base.root
-            changes = await staging.with_tombstones(self.nodes, start, entries.items())
+            changes = await staging.with_tombstones(self.nodes, start, entries)
             root = await builder.apply(start, changes)
             if root == txn.base.root:
                 await staging.discard(self.objects, st.staged)

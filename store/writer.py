@@ -460,7 +460,7 @@ class JournalWriter:
             base = self.graph.head
             builder = Builder(self.nodes)
             start = EMPTY if overlay.cleared else base.root
-            changes = await staging.with_tombstones(self.nodes, start, overlay.entries.items())
+            changes = await staging.with_tombstones(self.nodes, start, overlay.entries)
             root = await builder.apply(start, changes)
             if root == base.root:
                 await self.db.run(lambda conn: sql.drop_journal(conn, jid), write=True)
