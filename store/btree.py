@@ -127,6 +127,18 @@ def key_level(key: bytes) -> int:
     return split.zero_groups(xxhash.xxh3_64_intdigest(key), LEVEL_BITS, MAX_LEVEL)
 
 
+def key_levels(keys: Iterable[bytes]) -> list[int]:
+    """:func:`key_level` of each key, for a batch: the hashes made by one ``map`` over
+    the C function, and the 63 keys in 64 of level 0 told by one test, without a
+    Python call per key (the levels of a thousand keys were a tenth of a batch's tree
+    work)."""
+    zero_groups, low = split.zero_groups, (1 << LEVEL_BITS) - 1
+    return [
+        zero_groups(h, LEVEL_BITS, MAX_LEVEL) if not h & low else 0
+        for h in map(xxhash.xxh3_64_intdigest, keys)
+    ]
+
+
 def encode_node(node: Node) -> bytes:
     """``[level, [[key, value digest, priority], ...], [child digest or b"", ...]]``."""
     return _packer.pack((node.level, node.entries, node.children))  # type: ignore[no-any-return]
@@ -478,7 +490,7 @@ class Builder:
             batch[key] = None if entry is None else (entry[0], entry[1], int(entry[2]))
         if not batch:
             return root
-        items = sorted((k, key_level(k), e) for k, e in batch.items())
+        items = sorted(zip(batch, key_levels(batch), batch.values(), strict=True))
         level = (await self.load(root)).level if root else -1
         top = max([level] + [lvl for _, lvl, e in items if e is not None])
         if top < 0:
