@@ -261,6 +261,7 @@ def check_data(data: Any) -> Any:
 
 _INT_MIN, _INT_END = -(2**63), 2**64
 """A document's integers: what msgpack stores, signed and unsigned 64-bit ones."""
+_isfinite = math.isfinite
 
 
 def _check_value(v: Any, depth: int) -> None:
@@ -286,7 +287,13 @@ def _check_value(v: Any, depth: int) -> None:
         t = type(item)
         if t is str or t is bool or item is None:
             continue
-        if t is dict or t is list:
+        if t is int:  # the numbers' tests written out: a call each was a tenth of a batch
+            if not _INT_MIN <= item < _INT_END:
+                _check_scalar(item, t)  # raises
+        elif t is float:
+            if not _isfinite(item):
+                _check_scalar(item, t)  # raises
+        elif t is dict or t is list:
             _check_value(item, depth + 1)
         else:
             _check_scalar(item, t)
