@@ -490,7 +490,9 @@ class Builder:
             batch[key] = None if entry is None else (entry[0], entry[1], int(entry[2]))
         if not batch:
             return root
-        items = sorted(zip(batch, key_levels(batch), batch.values(), strict=True))
+        # The keys sorted alone (list.sort compares bytes directly, not tuples).
+        keys = sorted(batch)
+        items = list(zip(keys, key_levels(keys), map(batch.__getitem__, keys), strict=True))
         level = (await self.load(root)).level if root else -1
         top = max([level] + [lvl for _, lvl, e in items if e is not None])
         if top < 0:
@@ -524,12 +526,12 @@ class Builder:
             children = list(node.children)
         else:
             entries, children = [], ([EMPTY] if level > 0 else [])
-        lower: list[tuple[bytes, int, RawEntry | None]] = []
-        for item in items:
-            key, lvl, new = item
-            if lvl < level:
-                lower.append(item)
-                continue
+        if level > 0:  # most keys belong lower: split them off in one pass
+            lower = [item for item in items if item[1] < level]
+            items = [item for item in items if item[1] >= level]
+        else:
+            lower = []
+        for key, _, new in items:
             i = bisect.bisect_left(entries, key, key=_KEY)
             present = i < len(entries) and entries[i][0] == key
             if present and new is not None:
@@ -547,10 +549,10 @@ class Builder:
         if level > 0 and lower:
             start = 0
             for i in range(len(children)):
-                end = start
-                hi = entries[i][0] if i < len(entries) else None
-                while end < len(lower) and (hi is None or lower[end][0] < hi):
-                    end += 1
+                if i < len(entries):
+                    end = bisect.bisect_left(lower, entries[i][0], start, key=_KEY)
+                else:
+                    end = len(lower)
                 if end > start:
                     children[i] = await self._update(children[i], level - 1, lower[start:end])
                 start = end
