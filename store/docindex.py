@@ -528,13 +528,19 @@ class Views:
             rows: list[Row] = []
             max_rev = self.max_rev
             size = self._held.size
+            deleted_state = State.DELETED
             for coll, doc_id, r in records:
                 if r.rev > max_rev:
                     max_rev = r.rev
-                for ix, d in by_coll.get(coll, ()):
+                views = by_coll.get(coll)
+                if views is None:
+                    continue
+                deleted = r.state is deleted_state
+                for ix, d in views:
                     key = d.key_of(r)
-                    rows.append((ix, doc_id, key, r.state is State.DELETED))
-                    size += _row_size(doc_id, key)
+                    rows.append((ix, doc_id, key, deleted))
+                    # _row_size, written out (a row per document of a batch)
+                    size += HELD_ROW_OVERHEAD + len(doc_id) + (0 if key is None else len(key))
             more = size - self._held.size
             if size > self.held_bytes or self.budget.used + more > self.budget.limit:
                 return await _to_the_end(self._commit_storing(txn, rows, max_rev))

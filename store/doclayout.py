@@ -31,6 +31,7 @@ from __future__ import annotations
 import enum
 import functools
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -107,6 +108,12 @@ def doc_keys(collection: str, doc_id: bytes) -> tuple[bytes, bytes]:
     """The head key and the body key of a document."""
     prefix = doc_prefix(collection, doc_id)
     return prefix + _HEAD_PART, prefix + _BODY_PART
+
+
+def doc_keys_many(collection: str, doc_ids: Iterable[bytes]) -> list[tuple[bytes, bytes]]:
+    """:func:`doc_keys` of each document of a batch, the collection's prefix packed once."""
+    c = collection_prefix(collection)
+    return [(p + _HEAD_PART, p + _BODY_PART) for p in [c + tup.encode_bytes(d) for d in doc_ids]]
 
 
 def attachment_key(collection: str, doc_id: bytes, att_id: bytes) -> bytes:

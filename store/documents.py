@@ -462,9 +462,13 @@ class DocumentStore:
                 revs = self.clock.next_many(len(items))
             else:
                 revs = [self._next_rev(rev, None) for rev in new_revs]
-            for doc_id, rev, data in zip(ids, revs, items, strict=True):
-                r = new_record((rev, State.LIVE, ulid_ms(rev), None, None, None, data, ()))
-                entries.extend(self._entries(collection, doc_id, r))
+            live, limit, encode_head = State.LIVE, self.max_document_bytes, doclayout.encode_head
+            keys = doclayout.doc_keys_many(collection, ids)
+            # _entries written out: a call less per document
+            for (head, body), doc_id, rev, data in zip(keys, ids, revs, items, strict=True):
+                r = new_record((rev, live, ulid_ms(rev), None, None, None, data, ()))
+                entries.append((head, encode_head(rev, live)))
+                entries.append((body, _encoded(r, limit)))
                 records.append((collection, doc_id, r))
             await txn.put_many(entries)
             await self._commit(txn, records)
