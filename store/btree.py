@@ -485,9 +485,9 @@ class Builder:
 
         The last change to a key wins. Only nodes on changed paths are rewritten.
         """
-        batch: dict[bytes, RawEntry | None] = {}
-        for key, entry in changes:  # plain tuples of bytes and ints: see RawEntry
-            batch[key] = None if entry is None else (entry[0], entry[1], int(entry[2]))
+        batch: dict[bytes, RawEntry | None] = {  # plain tuples of bytes and ints: see RawEntry
+            key: None if e is None else (e[0], e[1], int(e[2])) for key, e in changes
+        }
         if not batch:
             return root
         # The keys sorted alone (list.sort compares bytes directly, not tuples).

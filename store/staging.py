@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 from collections.abc import AsyncIterable, Iterable, Mapping
 from pathlib import Path
 
@@ -99,7 +100,9 @@ async def only_live(
 ) -> tuple[list[split.Piece], list[str]]:
     """The pieces (held in memory) and staged tokens of the values in ``live``,
     by value root digest; staged values not in it are discarded."""
-    pieces = [p for root in live for p in pieces_of.get(root, ())]
+    pieces = list(
+        itertools.chain.from_iterable(map(pieces_of.__getitem__, pieces_of.keys() & live))
+    )
     await discard(objects, [t for t, root in staged.items() if root not in live])
     return pieces, [t for t, root in staged.items() if root in live]
 

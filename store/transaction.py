@@ -23,6 +23,7 @@ entries, and reading a key whose value it stamps raises
 from __future__ import annotations
 
 import asyncio
+import operator
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -40,6 +41,8 @@ from ledgerd.store.objects import ObjectStore, Source
 from ledgerd.store.staging import new_piece
 from ledgerd.store.stamps import StampClock, StampedKey, StampedValue, VersionstampError
 from ledgerd.store.view import KEY_LIMIT, Overlay, View, bounds, check_key
+
+_VALUE = operator.itemgetter(1)  # an entry's value digest
 
 TXN_MEMORY = 64 * 1024 * 1024
 """Bytes of small values a transaction keeps in memory; past that it stages them."""
@@ -142,7 +145,7 @@ class Transactions:
             c = commit.child([txn.base], root, at=at)
             moved = txn.base.id not in {h.id for h in graph.heads}
             # Values a later put of the transaction replaced are not stored.
-            live = {e.value for e in entries.values() if e is not None}
+            live = set(map(_VALUE, filter(None, entries.values())))  # (None: a delete)
             values, tokens = await staging.only_live(self.objects, live, st.pieces, st.staged)
             st.staged = {t: st.staged[t] for t in tokens}
             also = None if st.also is None else st.also(c)
