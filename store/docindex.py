@@ -539,7 +539,7 @@ class Views:
                 for ix, d in views:
                     key = d.key_of(r)
                     rows.append((ix, doc_id, key, deleted))
-                    # _row_size, written out (a row per document of a batch)
+                    # what the row takes held in memory (HELD_ROW_OVERHEAD: see there)
                     size += HELD_ROW_OVERHEAD + len(doc_id) + (0 if key is None else len(key))
             more = size - self._held.size
             if size > self.held_bytes or self.budget.used + more > self.budget.limit:
@@ -801,10 +801,6 @@ class _Held:
         for ix, doc, key, deleted in rows:
             held[(ix, doc)] = (key, deleted)
         return [(ix, doc, key, deleted) for (ix, doc), (key, deleted) in held.items()]
-
-
-def _row_size(doc: bytes, key: bytes | None) -> int:
-    return HELD_ROW_OVERHEAD + len(doc) + (0 if key is None else len(key))
 
 
 def _by_collection(indexes: list[tuple[int, IndexDef]]) -> dict[str, list[tuple[int, IndexDef]]]:

@@ -117,7 +117,8 @@ async def with_tombstones(
     deleted since it was last cleared (the base holds :data:`store.deleted.MARK`): a
     tombstone there would be a key next to the mark, and the page, empty to every
     read, would be listed again (the delete of a key the page does not hold would
-    bring a deleted page back)."""
+    bring a deleted page back). Given as a mapping with no delete (a bulk write), the
+    changes come back as they are, with no lookup."""
     if isinstance(changes, Mapping):
         if None not in changes.values():
             return list(changes.items())  # no delete (a bulk write): nothing to look up

@@ -30,17 +30,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from ledgerd.store import commit, split, staging
+from ledgerd.store import commit, split, staging, view
+from ledgerd.store import digest as dg
 from ledgerd.store.btree import EMPTY, Builder, Entry, NodeStore, Priority, RawEntry, new_entry
 from ledgerd.store.commit import Commit
-from ledgerd.store.digest import INLINE_LIMIT, value_chunk_digest
 from ledgerd.store.errors import ClosedError, TransactionClosedError, named
 from ledgerd.store.graph import CommitGraph, Work
 from ledgerd.store.merging import Merger
 from ledgerd.store.objects import ObjectStore, Source
 from ledgerd.store.staging import new_piece
 from ledgerd.store.stamps import StampClock, StampedKey, StampedValue, VersionstampError
-from ledgerd.store.view import KEY_LIMIT, Overlay, View, bounds, check_key
+from ledgerd.store.view import Overlay, View, bounds, check_key
 
 _VALUE = operator.itemgetter(1)  # an entry's value digest
 
@@ -277,15 +277,21 @@ class Transaction(View):
         prio = staging.priority(priority)
         entries, pieces, memory = st.entries, st.pieces, self._memory
         budget = self._txns.memory_budget
+        # The limits read where check_key and one_chunk read them (tests may set them).
+        key_limit, inline_limit, chunk_digest = (
+            view.KEY_LIMIT,
+            dg.INLINE_LIMIT,
+            dg.value_chunk_digest,
+        )
         # The fast path of :meth:`_in_memory` (a value of one chunk, held in memory:
         # :func:`staging.one_chunk`) written out here: a batch of a thousand documents
         # puts two thousand values, and the calls per value were half the puts' time.
         for key, value in items:
-            if type(key) is not bytes or len(key) > KEY_LIMIT:
+            if type(key) is not bytes or len(key) > key_limit:
                 key = check_key(key)
             if type(value) is bytes and len(value) <= split.MIN_CHUNK and st.memory < budget:
-                d = value_chunk_digest(value)
-                if len(value) > INLINE_LIMIT:
+                d = chunk_digest(value)
+                if len(value) > inline_limit:
                     pieces[d] = [new_piece((d, value))]
                     memory[d] = value
                     st.memory += len(value)
