@@ -192,10 +192,7 @@ class IndexDef:
         for path in (self.partition, self.sort):
             if path is None:
                 continue
-            if len(path) == 1 and type(data) is dict:  # the common case, as in key_of
-                v = data.get(path[0])
-            else:
-                v = lookup_path(data, path)
+            v = lookup_path(data, path)
             if isinstance(v, str) and "/" in v:
                 return ".".join(path)
         return None

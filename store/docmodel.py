@@ -316,6 +316,8 @@ def _check_scalar(v: Any, t: type) -> None:
 
 def lookup_path(data: Any, path: list[str]) -> Any:
     """The value at ``path`` in ``data``, or ``_MISSING``."""
+    if len(path) == 1 and type(data) is dict:  # the common case, without the loop
+        return data.get(path[0], _MISSING)
     v = data
     for part in path:
         if not isinstance(v, dict):

@@ -163,9 +163,11 @@ class CloudView:
         eager: dict[bytes, bytes],
         wanted: set[bytes],
         bad: list[str],
-    ) -> None:
+    ) -> dict[bytes, bytes]:
         """Count a pack's (or section's) commits and EAGER pieces as in the bucket,
-        keeping the wanted ones; what does not check out goes to ``bad``."""
+        keeping the wanted ones; what does not check out goes to ``bad``. Returns the
+        pieces that match their digests."""
+        good: dict[bytes, bytes] = {}
         self.packs += 1
         self.own_packs += own
         if not self.add_commits(commits):
@@ -175,8 +177,10 @@ class CloudView:
                 bad.append(f"piece {dg.short(d)} does not match its digest")
                 continue
             self.pieces.add(d)
+            good[d] = v
             if d in wanted:
                 self.found[d] = v
+        return good
 
 
 async def _read_sections(
@@ -235,7 +239,7 @@ async def _read_section(
     except (CloudError, pack.CorruptPackError) as e:
         _unreadable(f"pack {pn.name}", e, view.problems, view.notes)
         return {}
-    view.add_pack(own, commits, eager, wanted, bad)
+    good = view.add_pack(own, commits, eager, wanted, bad)
     for d, part in pi.lazy:
         view.pieces.add(d)
         if not (own or (d in wanted and d not in view.found)):
@@ -261,7 +265,7 @@ async def _read_section(
             view.found[d] = raw
     if bad:
         view.problems.append(f"pack {pn.name}: " + "; ".join(bad[:5]))
-    return {d: v for d, v in eager.items() if d in view.pieces}  # (verified just above)
+    return good
 
 
 async def read_page(
