@@ -254,7 +254,6 @@ def commit_json(c: Commit) -> dict[str, Any]:
         "parents": [p.hex() for p in c.parents],
         "timestamp": c.timestamp,
         "generation": c.generation,
-        "merge": c.is_merge,
     }
 
 
@@ -293,9 +292,9 @@ async def entries_json(
     used = 0
     for g in range(0, len(found), ENTRY_GROUP):
         group = found[g : g + ENTRY_GROUP]
-        small = [value for _, value, _ in group if not dg.is_index(value)]
+        small = [e[1] for e in group if not dg.is_index(e[1])]
         values = await view.objects.read_many(small) if with_values else {}
-        for i, (key, value, prio) in enumerate(group, g):
+        for i, (key, value, prio, *_) in enumerate(group, g):
             item: dict[str, Any] = {"key": b64(key), "priority": priority_name(prio)}
             cost = len(item["key"]) + ENTRY_OVERHEAD
             if value in values:

@@ -69,7 +69,7 @@ class Metrics:
         r.register(self.http)
         self.commits = Counter(
             "ledgerd_commits",
-            "Commits made on this device (kind: local or merge)",
+            "Commits made on this device (kind: local, or import of other devices' writes)",
             ["kind"],
             registry=r,
         )
@@ -206,7 +206,7 @@ class _Commits:
         self.then = then
 
     def page_committed(self, page: Page, commit: Commit) -> None:
-        self.metrics.commits.labels("merge" if commit.is_merge else "local").inc()
+        self.metrics.commits.labels(page.graph.last_kind).inc()
         if self.then is not None:
             self.then.page_committed(page, commit)
 

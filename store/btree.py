@@ -37,7 +37,15 @@ import functools
 import itertools
 import operator
 from array import array
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -66,13 +74,27 @@ class _EntryTuple(NamedTuple):
     key: bytes
     value: bytes
     priority: Priority = Priority.EAGER
+    dot: bytes = b""
 
 
 _PRIORITIES = (Priority.EAGER, Priority.LAZY)
 
+DOT_SIZE = 16
+"""Bytes of a dot: the write's clock time (8, big endian, microseconds) and the
+writer's tag (8): see :mod:`store.dots`."""
+
+Version = tuple[bytes, int, bytes]
+"""One version of a key: its value digest, priority and dot."""
+
 
 class Entry(_EntryTuple):
-    """One entry of a page: a key, the root digest of its value, and its priority.
+    """One entry of a page: a key, the root digest of its value, its priority, the
+    *dot* of the write that made it (:mod:`store.dots`), and, after the four fields,
+    optionally a fifth: the key's other *siblings* (concurrent writes no write has
+    superseded yet), as :data:`Version` tuples, largest dot first, all below ``dot``.
+
+    ``value``, ``priority`` and ``dot`` are the *winner*, the sibling with the largest
+    dot: what reads see. An entry being staged (not in a tree yet) has no dot.
 
     A tuple, so that msgpack encodes a node's entries at C speed, and decoding
     makes them at C speed too: a decoded entry holds its priority as the plain
@@ -86,13 +108,19 @@ class Entry(_EntryTuple):
     def priority(self) -> Priority:
         return _PRIORITIES[self[2]]
 
+    @property
+    def siblings(self) -> tuple[Version, ...]:
+        """The losing concurrent versions (empty for nearly every entry)."""
+        return self[4] if len(self) > 4 else ()
+
 
 new_entry = functools.partial(tuple.__new__, Entry)
-"""An Entry from a ``(key, value digest, priority)`` tuple, without the Python-level
-``__new__`` of a named tuple (for batches: one per entry)."""
+"""An Entry from a ``(key, value digest, priority[, dot[, siblings]])`` tuple, without
+the Python-level ``__new__`` of a named tuple (for batches: one per entry)."""
 
-RawEntry = tuple[bytes, bytes, int]
-"""An entry as a node holds it: a plain ``(key, value digest, priority)`` tuple.
+RawEntry = tuple[bytes, bytes, int, bytes] | tuple[bytes, bytes, int, bytes, tuple[Version, ...]]
+"""An entry as a node holds it: a plain ``(key, value digest, priority, dot)`` tuple,
+with a fifth element, its siblings, only when it has any.
 
 Nodes keep plain tuples, not :class:`Entry` objects: the garbage collector stops
 tracking a plain tuple of bytes and ints the first time it sees one, but tracks an
@@ -102,6 +130,32 @@ them all (a cold read of a 100,000-entry page spent a fifth of its time in the
 collector, a scan more). Entries leave this module as :class:`Entry` objects
 (:func:`lookup`, :func:`iterate`, diffs); code reading nodes directly indexes them.
 """
+
+
+def versions_of(entries: Iterable[RawEntry | Entry]) -> Iterator[Version]:
+    """Every version the entries hold: each one's winner, then its siblings."""
+    for e in entries:
+        yield (e[1], e[2], e[3])
+        if len(e) > 4:
+            yield from e[4]
+
+
+def values_of(entries: Iterable[RawEntry | Entry]) -> Iterator[bytes]:
+    """The value digests the entries reference, siblings' included."""
+    for e in entries:
+        yield e[1]
+        if len(e) > 4:
+            for v in e[4]:
+                yield v[0]
+
+
+def raw(e: Entry | RawEntry) -> RawEntry:
+    """``e`` as the plain tuple a node holds (its priority a plain int)."""
+    if len(e) > 4:
+        return (e[0], e[1], int(e[2]), e[3], e[4])
+    return (e[0], e[1], int(e[2]), e[3])
+
+
 _KEY = operator.itemgetter(0)
 _packer = msgpack.Packer(use_bin_type=True)
 
@@ -140,7 +194,8 @@ def key_levels(keys: Iterable[bytes]) -> list[int]:
 
 
 def encode_node(node: Node) -> bytes:
-    """``[level, [[key, value digest, priority], ...], [child digest or b"", ...]]``."""
+    """``[level, [[key, value digest, priority, dot(, siblings)], ...], [child digest or
+    b"", ...]]``."""
     return _packer.pack((node.level, node.entries, node.children))  # type: ignore[no-any-return]
 
 
@@ -153,14 +208,18 @@ def decode_node(data: bytes) -> Node:
         if type(level) is not int or type(raw) is not tuple or type(children) is not tuple:
             raise TypeError("a node is [level, entries, children]")
         if raw:
-            # Three columns of equal length, or zip or the unpacking raises; an entry
-            # that is not an array fails the columns' type checks below.
-            keys, values, priorities = zip(*raw, strict=True)
+            # Four columns of equal length (entries with siblings apart), or zip or the
+            # unpacking raises; an entry that is not an array fails the columns' type
+            # checks below.
+            plain = raw if set(map(len, raw)) == {4} else _with_siblings(raw)
+            keys, values, priorities, dots = zip(*plain, strict=True)
             if set(map(type, priorities)) != {int} or not set(priorities) <= {0, 1}:
                 raise TypeError("priorities are 0 or 1")
             # msgpack makes bytes of bin and nothing else: joining them is the check
             # that every key is bytes (anything else raises TypeError), at C speed.
             b"".join(keys)
+            if set(map(len, dots)) != {DOT_SIZE} or len(b"".join(dots)) != DOT_SIZE * len(dots):
+                raise TypeError(f"a dot is {DOT_SIZE} bytes")
             _validate_digests(values)
         if children:
             _validate_digests([c for c in children if c])
@@ -173,6 +232,37 @@ def decode_node(data: bytes) -> Node:
     if node.level < 0 or len(node.children) != (n + 1 if node.level else 0):
         raise CorruptObjectError("tree node has a malformed shape")
     return node
+
+
+def _with_siblings(raw: tuple[tuple[object, ...], ...]) -> list[tuple[object, ...]]:
+    """The first four fields of each entry, after checking the siblings of those that
+    have a fifth: a non-empty tuple of ``(value, priority, dot)`` versions, dots
+    strictly decreasing and all below the entry's own (the winner is the largest)."""
+    out: list[tuple[object, ...]] = []
+    for e in raw:
+        if len(e) == 5:
+            siblings, dot = e[4], e[3]
+            if type(siblings) is not tuple or not siblings or type(dot) is not bytes:
+                raise TypeError("siblings are a non-empty array")
+            last = dot
+            for v in siblings:
+                if type(v) is not tuple or len(v) != 3:
+                    raise TypeError("a sibling is [value, priority, dot]")
+                value, prio, vdot = v
+                if type(prio) is not int or prio not in (0, 1):
+                    raise TypeError("priorities are 0 or 1")
+                if type(vdot) is not bytes or len(vdot) != DOT_SIZE or not vdot < last:
+                    raise TypeError("siblings' dots decrease, below the entry's own")
+                if type(value) is not bytes:
+                    raise TypeError("a sibling's value is a digest")
+                dg.validate(value)
+                last = vdot
+            out.append(e[:4])
+        elif len(e) == 4:
+            out.append(e)
+        else:
+            raise TypeError("an entry is [key, value, priority, dot(, siblings)]")
+    return out
 
 
 class Slot(NamedTuple):
@@ -244,7 +334,7 @@ def check_node(node: Node, slot: Slot) -> list[Slot]:
             raise NonCanonicalTreeError(f"tree node {d} has a key outside its parent's range")
         if set(map(key_level, keys)) != {level}:
             raise NonCanonicalTreeError(f"tree node {d} has a key of another level than {level}")
-        if any(e[1][0] & _TREE_BIT for e in node.entries):
+        if any(v[0][0] & _TREE_BIT for v in versions_of(node.entries)):
             raise NonCanonicalTreeError(f"tree node {d} has a tree node as a value")
     if not level:
         return []
@@ -480,13 +570,15 @@ class Builder:
 
     # -- update ----------------------------------------------------------------
 
-    async def apply(self, root: bytes, changes: Iterable[tuple[bytes, Entry | None]]) -> bytes:
+    async def apply(
+        self, root: bytes, changes: Iterable[tuple[bytes, Entry | RawEntry | None]]
+    ) -> bytes:
         """New root after applying ``changes`` (key -> entry to put, or None to delete).
 
         The last change to a key wins. Only nodes on changed paths are rewritten.
         """
         batch: dict[bytes, RawEntry | None] = {  # plain tuples of bytes and ints: see RawEntry
-            key: None if e is None else (e[0], e[1], int(e[2])) for key, e in changes
+            key: None if e is None else raw(e) for key, e in changes
         }
         if not batch:
             return root

@@ -10,7 +10,7 @@ This module owns what "a healthy page" means on this device and how to tell:
   (``remote_pieces``), and a piece a commit reaches is not ``transient``;
 * commits decode to their ids, their parents are here with the right generation,
   ``commit_parents`` says what the commits say, ``heads`` holds exactly the
-  commits without children, ``unsynced_commits``, ``unsynced``, ``remote_pieces``
+  commit without children (history is a line), ``unsynced``, ``remote_pieces``
   and the journal tables refer to what exists;
 * in a document page, every document record and index definition of the head
   decodes (:mod:`store.doclayout`): a record that does not is ``damaged_document``, a
@@ -47,7 +47,7 @@ from ledgerd.store import digest as dg
 from ledgerd.store.docmodel import ulid_text
 from ledgerd.store.errors import CorruptObjectError, InvalidArgumentError, StoreError, named
 from ledgerd.store.page import Page
-from ledgerd.store.schema import LOCAL, SYNCED, TRANSIENT
+from ledgerd.store.schema import LOCAL, SYNCED, TRANSIENT, UPLOADED_AT_ROW, UPLOADED_ROW
 
 SCAN_ROWS = 256
 """Stored pieces read and verified per query of the scan (pieces are at most 64 KiB)."""
@@ -234,16 +234,11 @@ class _Tables:
     their type."""
     parents: set[tuple[bytes, bytes]]
     heads: set[bytes]
-    unsynced_commits: list[tuple[Any, ...]]
     dangling_unsynced: int
     stale_remote: list[bytes]
     journals: set[str]
     journal_values: list[tuple[Any, ...]]
     orphan_entries: list[str]
-    shallow: set[bytes]
-    """Commits imported from a checkpoint, whose parents are not here."""
-    left_behind: set[bytes]
-    """Heads a rejoin replaced: childless, and not heads (:func:`store.sql.leave_behind`)."""
     pruned: set[bytes]
     mistyped: dict[str, int]
     """Rows left out of the lists above, by table: their columns hold the wrong types."""
@@ -280,9 +275,6 @@ def _read_tables(conn: sqlite3.Connection) -> _Tables:
             commits=commits,
             parents=set(rows("commit_parents", "SELECT * FROM commit_parents", bytes, bytes)),
             heads={r[0] for r in rows("heads", "SELECT commit_id FROM heads", bytes)},
-            unsynced_commits=rows(
-                "unsynced_commits", "SELECT commit_id, generation FROM unsynced_commits", bytes, int
-            ),
             dangling_unsynced=int(
                 conn.execute(
                     "SELECT count(*) FROM unsynced u WHERE NOT EXISTS "
@@ -311,8 +303,6 @@ def _read_tables(conn: sqlite3.Connection) -> _Tables:
                     "(SELECT id FROM journals)"
                 )
             ],
-            shallow=sql.shallow(conn),
-            left_behind=sql.left_behind(conn),
             pruned={
                 r[0] for r in rows("pruned_commits", "SELECT commit_id FROM pruned_commits", bytes)
             },
@@ -327,7 +317,6 @@ _MISTYPED_CODE = {
     "commit_parents": COMMIT,
     "pruned_commits": COMMIT,
     "heads": HEADS,
-    "unsynced_commits": UNSYNCED,
     "journal_entries": JOURNAL,
 }
 """The problem code of rows of each table that hold values of the wrong type."""
@@ -352,7 +341,7 @@ def _check_commits(t: _Tables, report: PageCheck) -> dict[bytes, commit.Commit]:
     ids = {row[0] for row in t.commits}
     for c in good.values():
         for p in c.parents:
-            if p not in ids and p != commit.FIRST.id and c.id not in t.shallow:
+            if p not in ids and p != commit.FIRST.id:
                 report.add(
                     Problem(
                         COMMIT,
@@ -367,7 +356,7 @@ def _check_commits(t: _Tables, report: PageCheck) -> dict[bytes, commit.Commit]:
     if edges != {e for e in t.parents if e[0] in good}:
         report.add(Problem(COMMIT, "commit_parents does not match the commits' parents"))
     childless = set(good) - {p for _, p in edges}
-    expected = _expected_heads(childless, t.shallow, t.heads, t.left_behind)
+    expected = childless
     if not t.heads:
         report.add(Problem(HEADS, "the page has no head"))
     elif t.heads != expected:
@@ -381,25 +370,7 @@ def _check_commits(t: _Tables, report: PageCheck) -> dict[bytes, commit.Commit]:
                 f"{len(missing)} childless not listed)",
             )
         )
-    for cid, generation in t.unsynced_commits:
-        if cid not in ids:
-            report.add(
-                Problem(UNSYNCED, f"unsynced commit {cid.hex()[:12]} is not stored", commit=cid)
-            )
-        elif cid in good and good[cid].generation != generation:
-            report.add(
-                Problem(UNSYNCED, f"unsynced commit {cid.hex()[:12]}: wrong generation", commit=cid)
-            )
     return good
-
-
-def _expected_heads(
-    childless: set[bytes], shallow: set[bytes], heads: set[bytes], left_behind: set[bytes]
-) -> set[bytes]:
-    """The commits that should be heads: those without children, but for a shallow
-    root that is not a head (a checkpoint's commit below its head) and the heads a
-    rejoin left behind."""
-    return childless - (shallow - heads) - left_behind
 
 
 def _check_tables(t: _Tables, report: PageCheck) -> None:
@@ -509,9 +480,11 @@ class _Walker:
             bodies: list[tuple[bytes, bytes]] = []
             for node in nodes:
                 children.extend(c for c in node.children if c and c not in done)
-                for key, value, _ in node.entries:
-                    if value not in self.seen and value not in values:
-                        values[value] = key
+                for e in node.entries:
+                    key, value = e[0], e[1]
+                    for v in btree.values_of((e,)):
+                        if v not in self.seen and v not in values:
+                            values[v] = key
                     if documents and key.startswith((doclayout.DOCS, doclayout.INDEXES)):
                         bodies.append((key, value))
                     elif documents and key == doclayout.MARKER:
@@ -696,22 +669,6 @@ async def synced_pieces(page: Page) -> list[bytes]:
     return [bytes(r[0]) for r in rows]
 
 
-async def synced_commits(page: Page) -> list[bytes]:
-    """Ids of the commits this page counts as in the cloud (not in ``unsynced_commits``;
-    the well-known first commit is never uploaded)."""
-    rows = await page.db.read_all(
-        "SELECT id FROM commits WHERE id NOT IN (SELECT commit_id FROM unsynced_commits) "
-        "AND id != ?",
-        (commit.FIRST.id,),
-    )
-    return [bytes(r[0]) for r in rows]
-
-
-async def left_behind(page: Page) -> set[bytes]:
-    """The commits a rejoin left behind, childless on purpose (:func:`sql.leave_behind`)."""
-    return await page.db.run(sql.left_behind)
-
-
 async def history(page: Page) -> tuple[dict[bytes, list[bytes]], dict[bytes, bytes], set[bytes]]:
     """The page's commit graph as stored: each commit's parents, the tree root of each
     commit whose tree is kept (not pruned), and the heads."""
@@ -749,41 +706,18 @@ async def reachable(page: Page, roots: Iterable[bytes]) -> set[bytes]:
     return walker.seen
 
 
-def commit_parents(datas: Iterable[bytes]) -> tuple[dict[bytes, tuple[bytes, ...]], int]:
-    """The ids and parents of commit encodings (as a pack carries them), and how many
-    did not decode (those are left out)."""
-    out: dict[bytes, tuple[bytes, ...]] = {}
-    bad = 0
-    for data in datas:
-        try:
-            c = commit.decode(data)
-        except CorruptObjectError:
-            bad += 1
-            continue
-        out[c.id] = c.parents
-    return out, bad
-
-
-def commit_ids(datas: Iterable[bytes]) -> list[bytes]:
-    """The ids of commit encodings (as a pack carries them); undecodable ones are left out."""
-    out = []
-    for data in datas:
-        try:
-            out.append(commit.decode(data).id)
-        except CorruptObjectError:
-            continue
-    return out
-
-
-async def requeue(page: Page, digests: Iterable[bytes], commit_ids: Iterable[bytes]) -> list[bytes]:
-    """The cloud lacks these pieces and commits although the page counts them as there:
-    make them pending again, so that the next upload round puts them in the bucket.
+async def requeue(
+    page: Page, digests: Iterable[bytes], uploaded_upto: int | None = None
+) -> list[bytes]:
+    """The cloud lacks these pieces (or this device's writes past ``uploaded_upto``)
+    although the page counts them as there: make them pending again, so that the next
+    upload round puts them in the bucket.
 
     Pieces go back to ``local`` (the one move of a status backwards: the bucket lost
-    what it had) and commits back to ``unsynced_commits``. A piece that is not
-    stored here cannot be uploaded: it is left out of the result."""
+    what it had). With ``uploaded_upto``, the page's writes after that time are
+    uploaded again (the next upload reads every key from the first commit). A piece
+    that is not stored here cannot be uploaded: it is left out of the result."""
     ds = list(dict.fromkeys(digests))
-    cs = list(dict.fromkeys(commit_ids))
 
     def work(conn: sqlite3.Connection) -> list[bytes]:
         done = []
@@ -797,13 +731,12 @@ async def requeue(page: Page, digests: Iterable[bytes], commit_ids: Iterable[byt
                 (row[0], LOCAL),
             )
             done.append(d)
-        for c in cs:
+        if uploaded_upto is not None:
             conn.execute(
-                "INSERT OR IGNORE INTO unsynced_commits (commit_id, generation) "
-                "SELECT id, generation FROM commits WHERE id = ?",
-                (c,),
+                "INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)",
+                (UPLOADED_ROW, str(uploaded_upto).encode()),
             )
-            done.append(c)
+            conn.execute("DELETE FROM sync_metadata WHERE name = ?", (UPLOADED_AT_ROW,))
         return done
 
     return await page.db.run(work, write=True)
@@ -834,20 +767,14 @@ async def repair_local(page: Page, report: PageCheck) -> None:
             "DELETE FROM unsynced WHERE NOT EXISTS "
             "(SELECT 1 FROM objects o WHERE o.id = unsynced.id)"
         )
-        conn.execute("DELETE FROM unsynced_commits WHERE commit_id NOT IN (SELECT id FROM commits)")
         if heads:
 
             def ids(query: str) -> set[bytes]:  # a damaged row may hold anything
                 return {r[0] for r in conn.execute(query) if isinstance(r[0], bytes)}
 
-            childless = ids(
+            expected = ids(
                 "SELECT id FROM commits WHERE id NOT IN (SELECT parent FROM commit_parents)"
             )
-            left = sql.left_behind(conn)
-            heads_now = ids("SELECT commit_id FROM heads")
-            expected = _expected_heads(childless, sql.shallow(conn), heads_now, left)
-            if not expected:  # no head left to tell the shallow roots apart: keep them
-                expected = childless - left
             conn.execute("DELETE FROM heads")
             conn.executemany(
                 "INSERT INTO heads (commit_id, timestamp) SELECT id, timestamp FROM commits "

@@ -1,14 +1,15 @@
-"""Commits: immutable snapshots of a page and their identifiers.
+"""Commits: immutable snapshots of a page's local history and their identifiers.
 
-This module owns the commit record, its deterministic encoding and id, the
-hybrid logical clock for timestamps, and the well-known first commit every page
-starts from. It does not store commits (:mod:`store.page` does).
+This module owns the commit record, its deterministic encoding and id, and the
+well-known first commit every page starts from. It does not store commits
+(:mod:`store.graph` does) nor pick their times (the page's clock,
+:meth:`store.graph.CommitGraph.next_time`).
 
-Commit = ``(parents (sorted), timestamp, generation, root, salt)``; its id is
-SHA-256 over the msgpack encoding ``[1, parents, timestamp, generation, root,
-salt]``. A merge commit has an empty salt and the largest parent timestamp, so
-two devices merging the same heads into the same tree create the same commit.
-Timestamps are microseconds since the UNIX epoch.
+Commit = ``(parents, timestamp, generation, root, salt)``; its id is SHA-256 over
+the msgpack encoding ``[1, parents, timestamp, generation, root, salt]``. History
+is a line kept on each device, so a commit has one parent (the first has none).
+Timestamps are microseconds since the UNIX epoch; a commit that writes gives its
+time to its entries' dots (:mod:`store.dots`).
 """
 
 from __future__ import annotations
@@ -25,9 +26,8 @@ from ledgerd.store.errors import CorruptObjectError
 
 FORMAT = 1
 ID_SIZE = 32
-MAX_PARENTS = 2
-"""Parents a commit may have: an ordinary commit has one, a merge two (merges of more
-heads are made two at a time)."""
+MAX_PARENTS = 1
+"""Parents a commit may have: history is a line."""
 INT_MAX = (1 << 63) - 1
 """Largest timestamp or generation (SQLite's INTEGER)."""
 
@@ -41,10 +41,6 @@ class Commit:
     root: bytes
     salt: bytes
     data: bytes
-
-    @property
-    def is_merge(self) -> bool:
-        return len(self.parents) > 1
 
 
 def _encode(
@@ -100,20 +96,9 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
-def child(parents: list[Commit], root: bytes, at: int | None = None) -> Commit:
-    """An ordinary commit on ``parents``: a fresh salt and a hybrid-logical-clock time.
-
-    ``at`` (UNIX µs) is when its changes were made, if earlier than now: an
-    implicit journal's commit is stamped with its first acknowledged write, so
-    that under last-one-wins "later" means acknowledged later. The timestamp is
-    never older than a parent's."""
-    ts = max(now_us() if at is None else at, 1 + max(p.timestamp for p in parents))
-    gen = 1 + max(p.generation for p in parents)
-    return make(tuple(p.id for p in parents), ts, gen, root, os.urandom(16))
-
-
-def merge(parents: list[Commit], root: bytes) -> Commit:
-    """A merge commit: deterministic given its parents and merged tree."""
-    ts = max(p.timestamp for p in parents)
-    gen = 1 + max(p.generation for p in parents)
-    return make(tuple(p.id for p in parents), ts, gen, root, b"")
+def child(parent: Commit, root: bytes, timestamp: int) -> Commit:
+    """A commit on ``parent`` holding ``root``, made at ``timestamp`` (µs; the page's
+    clock keeps it after the parent's), with a fresh salt."""
+    return make(
+        (parent.id,), max(timestamp, parent.timestamp), parent.generation + 1, root, os.urandom(16)
+    )

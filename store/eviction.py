@@ -37,8 +37,11 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
+from ledgerd.store import dots
 from ledgerd.store.commit import FIRST
 from ledgerd.store.db import file_uri
+from ledgerd.store.errors import CorruptObjectError
+from ledgerd.store.schema import CONTEXT_ROW, UPLOADED_ROW
 
 log = logging.getLogger(__name__)
 
@@ -60,24 +63,34 @@ class Evictability:
         return self.kind != 0
 
 
-def evictability(path: Path) -> Evictability:
-    """Look at a closed page's database (blocking: run it on a thread)."""
+def evictability(path: Path, tag: bytes) -> Evictability:
+    """Look at a closed page's database (blocking: run it on a thread); ``tag`` is this
+    device's writer tag (:func:`store.dots.tag_of_device`)."""
     if not path.exists():
         return Evictability(0, "the page is not stored here")
     conn = sqlite3.connect(file_uri(path, "ro"), uri=True, isolation_level=None)
     try:
         conn.execute("BEGIN")
         q = {
-            "unsynced commits": "SELECT count(*) FROM unsynced_commits",
             "unsynced pieces": "SELECT count(*) FROM unsynced",
             "open journals": "SELECT count(*) FROM journals",
         }
         counts = {k: int(conn.execute(v).fetchone()[0]) for k, v in q.items()}
         heads = [bytes(r[0]) for r in conn.execute("SELECT commit_id FROM heads")]
+        ctx = conn.execute("SELECT value FROM page_metadata WHERE name = ?", (CONTEXT_ROW,))
+        row = ctx.fetchone()
+        up = conn.execute("SELECT value FROM sync_metadata WHERE name = ?", (UPLOADED_ROW,))
+        uploaded = up.fetchone()
         conn.execute("COMMIT")
     finally:
         conn.close()
     waiting = [f"{n} {k}" for k, n in counts.items() if n]
+    try:
+        written = dots.decode_context(bytes(row[0])).get(tag, -1) if row else -1
+    except CorruptObjectError:
+        written = 1 << 62
+    if written > (int(bytes(uploaded[0])) if uploaded else -1):
+        waiting.append("writes not uploaded")
     if waiting:
         return Evictability(0, "not fully synced: " + ", ".join(waiting))
     if heads in ([], [FIRST.id]):
@@ -112,7 +125,7 @@ def kind_of_aside(aside: Path) -> int:
     """What a page set aside by an eviction cut short was (blocking): read from its
     database if it is still whole; else restoring from the bucket is the safe guess."""
     try:
-        verdict = evictability(aside / "page.sqlite")
+        verdict = evictability(aside / "page.sqlite", b"")
     except sqlite3.Error:
         verdict = Evictability(0)
     return verdict.kind or SYNCED_EVICTED

@@ -1,168 +1,485 @@
-"""What a page gives to and takes from sync: pending uploads and verified imports.
+"""What a page gives to and takes from sync: deltas, whole states, and their pieces.
 
-This module owns the store side of cloud sync without any network code: listing
-what a page has not uploaded yet (commits and pieces, split into EAGER and LAZY),
-recording an upload, and importing commits and pieces that came from elsewhere
-after verifying them (digests, commit ids, references). Sync
-(:mod:`sync.engine`) moves the bytes.
+This module owns the store side of cloud sync without any network code: the *delta* a
+page has to upload (its entries this device wrote since its last upload, with the page's
+context and the pieces of the values it wrote), recording an upload, importing another
+device's delta when it is causally ready, a page's whole state for a checkpoint and
+joining one, all after verifying what came in (digests, entries, dots). Sync
+(:mod:`sync.engine`) moves the bytes. The design is ``docs/convergence.md``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import logging
-import operator
-import os
 import sqlite3
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Concatenate, ParamSpec, TypeVar
 
-from ledgerd.store import btree, commit, gc, merge, split, sql
+from ledgerd.store import btree, deleted, doclayout, dots, gc, join, split, sql
 from ledgerd.store import digest as dg
-from ledgerd.store.btree import Priority
-from ledgerd.store.commit import Commit
-from ledgerd.store.errors import (
-    CorruptObjectError,
-    InvalidArgumentError,
-    StoreError,
-)
+from ledgerd.store.btree import Builder, Priority, RawEntry, Version
+from ledgerd.store.commit import FIRST, Commit, child
+from ledgerd.store.errors import CorruptObjectError, InvalidDigestError, StoreError, named
 from ledgerd.store.objects import mismatched
 from ledgerd.store.page import Page
-from ledgerd.store.schema import SYNCED
-from ledgerd.store.threads import OFF_LOOP_BYTES, off_loop
+from ledgerd.store.schema import SYNCED, UPLOADED_AT_ROW, UPLOADED_ROW
+from ledgerd.store.view import KEY_LIMIT
 
 log = logging.getLogger(__name__)
-P = ParamSpec("P")
-T = TypeVar("T")
+
+VERIFY_INLINE = 256
+"""An arriving batch of more pieces than this (or of 256 KiB) is verified on a thread:
+hashing a pack's 100,000 pieces held the event loop 0.2 s."""
 
 
-class MissingParentError(StoreError):
-    """A commit's parent is not here yet: import it after the parent arrives."""
+class NotReadyError(StoreError):
+    """A delta needs writes this page has not seen yet (it is applied once they arrive);
+    ``needs`` says, per writer tag, the clock time the page must have seen."""
+
+    def __init__(self, message: str, needs: Mapping[bytes, int]) -> None:
+        super().__init__(message)
+        self.needs = dict(needs)
 
 
-class MissingObjectError(MissingParentError):
-    """A tree node or value a remote commit reaches is neither here nor in its pack.
+class MissingValueError(NotReadyError):
+    """An entry a join keeps names a value that is neither here nor in what came with
+    it (a damaged peer, or a delta applied out of order): it waits, as for a write."""
 
-    Another device's pack may bring it (devices that build the same node upload it
-    once), so this too waits rather than refuses."""
+
+# -- uploading --------------------------------------------------------------------------
 
 
 @dataclass
-class Upload:
-    """What a page has not uploaded: commits (oldest first) and pieces by priority."""
+class Delta:
+    """What a page has to upload: the entries this device wrote since ``since`` (its
+    clock time at the last upload), up to ``upto``, in key order; the page's context;
+    and the pieces of the values it wrote, by priority (LAZY ones in the order of their
+    values' bytes). ``at``: the commit it was read at."""
 
-    commits: list[Commit]
+    entries: list[RawEntry]
+    ctx: dots.Context
+    since: int
+    upto: int
+    at: bytes
     eager: list[bytes] = field(default_factory=list)
     lazy: list[bytes] = field(default_factory=list)
-    base_root: bytes = b""
-    """Root of the newest uploaded commit the upload builds on (its tree is on every
-    device that can import the upload): what tree nodes may be sent as edits of."""
 
     @property
     def empty(self) -> bool:
-        return not self.commits and not self.eager and not self.lazy
+        return not self.entries and self.upto <= self.since
 
 
-async def pending_upload(page: Page) -> Upload:
-    """Unsynced commits, and the local (not yet synced) pieces they brought.
+async def uploaded_upto(page: Page) -> int:
+    """The clock time up to which this device's writes to the page are uploaded (-1:
+    none are)."""
+    v = await sync_value(page, UPLOADED_ROW)
+    try:
+        return int(v) if v is not None else -1
+    except ValueError:
+        return -1
 
-    Nothing while the page has several heads (a conflict waiting for its
-    resolver): upload waits until the page is back to one head.
 
-    Every local piece is uploaded; LAZY values' pieces apart. Which values are
-    LAZY comes from one diff: from the newest synced commit on the head's line of
-    parents (through a merge, its synced parent of the highest generation: after
-    merging an import, the import's head) to the head, taken only if some local
-    piece is a value's. So the cost follows what changed since the last upload,
-    not how many commits did it (a bulk load of 100 commits rewrites most leaves
-    100 times), nor what a merge brought from other devices. The head therefore
-    decides a value's priority: one that it holds as LAZY waits to be fetched,
-    even if an earlier unsynced commit held it as EAGER (reading that commit
-    elsewhere fetches it). Only when some local value
-    is in no such change (a later unsynced commit replaced it) does it take a diff
-    per unsynced commit, to learn whether that value was LAZY.
-    """
+async def has_unuploaded(page: Page) -> bool:
+    """Whether the page holds writes of this device not uploaded yet."""
     await page.flush()
-    heads = await page.heads()
-    if len(heads) > 1:
-        return Upload([])
+    return page.graph.ctx.get(page.graph.tag, -1) > await uploaded_upto(page)
 
-    def snapshot(conn: sqlite3.Connection) -> tuple[list[bytes], set[bytes]]:
-        # One read transaction: the commits and the pieces they brought, as of one moment.
-        conn.execute("BEGIN")
+
+async def pending_delta(page: Page) -> Delta | None:
+    """The page's delta, or None if this device wrote nothing since its last upload.
+
+    The keys are those that changed since the commit the last upload was read at
+    (:data:`store.schema.UPLOADED_AT_ROW`; the first commit if none, or if it was
+    pruned) whose entry holds a version of this device's newer than the last upload;
+    on a document page each such document goes whole. A key carries all its versions
+    (siblings written elsewhere included: the receiver has seen them, or will first)."""
+    await page.flush()
+    graph = page.graph
+    head, ctx, tag = graph.head, dict(graph.ctx), graph.tag
+    since = await uploaded_upto(page)
+    upto = ctx.get(tag, -1)
+    if upto <= since:
+        return None
+    base = FIRST.root
+    at = await sync_value(page, UPLOADED_AT_ROW)
+    if at is not None and len(at) == 32 and not await gc.is_pruned(page, at):
         try:
-            ids = [
-                bytes(r[0])
-                for r in conn.execute(
-                    "SELECT commit_id FROM unsynced_commits ORDER BY generation, commit_id"
-                )
-            ]
-            return ids, {bytes(r[0]) for r in conn.execute(sql.LOCAL_PIECES)}
-        finally:
-            conn.execute("COMMIT")
+            base = (await page.load_commit(at)).root
+        except StoreError:
+            base = FIRST.root
+    nodes = page.nodes
 
-    ids, local = await page.db.run(snapshot)
-    commits = [await page.load_commit(cid) for cid in ids]
-    unsynced = {c.id for c in commits}
-    lazy_roots: set[bytes] = set()
-    eager_roots: set[bytes] = set()
+    def mine(e: RawEntry) -> bool:
+        return any(v[2][8:] == tag and dots.time_of(v[2]) > since for v in dots.versions(e))
 
-    async def changes(base_root: bytes, root: bytes) -> None:
-        async for ch in btree.diff(page.nodes, base_root, root):
-            if ch.new is not None:
-                (lazy_roots if ch.new.priority == Priority.LAZY else eager_roots).add(ch.new.value)
-
-    base_root = btree.EMPTY
-    if heads and heads[0].id in unsynced:
-        base = heads[0]
-        while base.id in unsynced and base.parents:
-            parents = [await page.load_commit(p) for p in base.parents]
-            up = [p for p in parents if p.id not in unsynced]
-            base = max(up, key=lambda p: p.generation) if up else parents[0]
-        base_root = btree.EMPTY if base.id in unsynced else base.root
-        if any(dg.kind_of(d) == dg.Kind.VALUE for d in local):
-            await changes(base_root, heads[0].root)
-    pieces_of = {root: await _value_pieces(page, root) for root in lazy_roots | eager_roots}
-    seen = {d for ps in pieces_of.values() for d in ps}
-    if any(dg.kind_of(d) == dg.Kind.VALUE and d not in seen for d in local):
-        for c in commits:  # a value replaced since: which priority did it have?
-            await changes(
-                (await page.load_commit(c.parents[0])).root if c.parents else btree.EMPTY, c.root
-            )
-        for root in lazy_roots | eager_roots:
-            if root not in pieces_of:
-                pieces_of[root] = await _value_pieces(page, root)
-    lazy = {d for root in lazy_roots for d in pieces_of[root] if d in local}
-    if lazy:
-        for root in eager_roots:  # a piece an EAGER value also uses travels EAGER
-            lazy.difference_update(pieces_of[root])
-    eager = sorted(local - lazy)
-    # LAZY pieces in the order of their values' bytes, so that one value's pieces sit
-    # next to each other in a pack and a reader fetches them with few ranged GETs.
-    ordered: dict[bytes, None] = {}
-    for root in sorted(lazy_roots):
+    entries: dict[bytes, RawEntry] = {}
+    groups: dict[bytes, None] = {}
+    doc_page = await join.is_document_page(nodes, head.root)
+    async for c in btree.diff(nodes, base, head.root):
+        if c.new is None or not mine(c.new):
+            continue
+        group = doclayout.group_of(c.key) if doc_page else None
+        if group is not None:
+            groups[group] = None
+        else:
+            entries[c.key] = btree.raw(c.new)
+    for group in groups:
+        async for g in btree.iterate(nodes, head.root, group, doclayout.elements_end(group)):
+            entries[g.key] = btree.raw(g)
+    ordered = [entries[k] for k in sorted(entries)]
+    eager_values: set[bytes] = set()
+    lazy_values: set[bytes] = set()
+    for e in ordered:
+        for v in dots.versions(e):
+            if v[2][8:] == tag and dots.time_of(v[2]) > since and not dg.is_inline(v[0]):
+                (lazy_values if v[1] == Priority.LAZY else eager_values).add(v[0])
+    eager = sorted(await _stored_pieces(page, eager_values))
+    lazy: dict[bytes, None] = {}
+    eager_set = set(eager)
+    for root in sorted(lazy_values - eager_values):
         for d in await _pieces_in_order(page, root):
-            if d in lazy:
-                ordered[d] = None
-    ordered.update(dict.fromkeys(sorted(lazy)))
-    return Upload(commits, eager, list(ordered), base_root)
+            if d not in eager_set:
+                lazy[d] = None
+    return Delta(ordered, ctx, since, upto, head.id, eager, list(lazy))
 
 
-async def _value_pieces(page: Page, root: bytes) -> set[bytes]:
-    """The stored pieces of one value: a value of one chunk is its own (no call for
-    it: an upload of a bulk load asks for a hundred thousand)."""
-    if dg.is_inline(root):
+async def _stored_pieces(page: Page, roots: Iterable[bytes]) -> set[bytes]:
+    """The stored pieces of the values with these root digests."""
+    roots = [r for r in roots if not dg.is_inline(r)]
+    if not roots:
         return set()
-    if not dg.is_index(root):
-        return {root}
-    return await page.objects.value_pieces([root])
+    return await page.objects.value_pieces(roots)
 
 
 async def _pieces_in_order(page: Page, root: bytes) -> list[bytes]:
-    """A value's pieces in the order of its bytes (each index before what it lists)."""
+    """A value's pieces in the order of its bytes (each index before what it lists);
+    pieces not stored here are left out."""
+    out: list[bytes] = []
+    stack = [root]
+    while stack:
+        d = stack.pop()
+        if dg.is_inline(d):
+            continue
+        out.append(d)
+        if dg.is_index(d):
+            try:
+                children = split.decode_index(await page.objects.get_piece(d))
+            except StoreError:
+                continue
+            stack.extend(reversed([c.digest for c in children]))
+    return out
+
+
+async def mark_uploaded(page: Page, delta: Delta) -> None:
+    """After a successful upload: this device's writes up to ``delta.upto`` are in the
+    cloud, and so are the delta's pieces."""
+    rows = [(UPLOADED_ROW, str(delta.upto).encode()), (UPLOADED_AT_ROW, delta.at)]
+
+    def work(conn: sqlite3.Connection) -> None:
+        sql.mark_uploaded(conn, [*delta.eager, *delta.lazy])
+        conn.executemany("INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)", rows)
+
+    await page.db.run(work, write=True)
+
+
+# -- checking what arrives -----------------------------------------------------------------
+
+
+def check_entries(raw: object) -> list[RawEntry]:
+    """The entries of a delta or a state as received (msgpack arrays), checked: keys
+    strictly increasing, each a key a write can make (or the deleted-page mark); values
+    are value digests; priorities 0 or 1; dots well formed; siblings as a tree holds
+    them. CorruptObjectError otherwise."""
+    if not isinstance(raw, list | tuple):
+        raise CorruptObjectError("entries are an array")
+    out: list[RawEntry] = []
+    last: bytes | None = None
+    for item in raw:
+        if not isinstance(item, list | tuple) or len(item) not in (4, 5):
+            raise CorruptObjectError("an entry is [key, value, priority, dot(, siblings)]")
+        key = item[0]
+        if type(key) is not bytes or (len(key) > KEY_LIMIT and key != deleted.MARK):
+            raise CorruptObjectError("an entry's key is malformed")
+        if last is not None and key <= last:
+            raise CorruptObjectError("entries are not in strictly increasing key order")
+        last = key
+        versions = [_check_version(item[1:4])]
+        if len(item) == 5:
+            sib = item[4]
+            if not isinstance(sib, list | tuple) or not sib:
+                raise CorruptObjectError("an entry's siblings are a non-empty array")
+            versions.extend(_check_version(v) for v in sib)
+        if len({v[2] for v in versions}) != len(versions):
+            raise CorruptObjectError("an entry holds a dot twice")
+        e = dots.entry(key, versions)
+        assert e is not None
+        out.append(e)
+    return out
+
+
+def _check_version(v: object) -> Version:
+    if not isinstance(v, list | tuple) or len(v) != 3:
+        raise CorruptObjectError("a version is [value, priority, dot]")
+    value, prio, dot = v
+    if type(value) is not bytes:
+        raise CorruptObjectError("a value is a digest")
+    try:
+        dg.validate(value)
+    except InvalidDigestError as e:
+        raise CorruptObjectError(f"a value is not a digest: {e}") from None
+    if value != dg.TOMBSTONE and dg.kind_of(value) != dg.Kind.VALUE:
+        raise CorruptObjectError("an entry's value is not a value")
+    if type(prio) is not int or prio not in (0, 1):
+        raise CorruptObjectError("a priority is 0 or 1")
+    return (value, prio, dots.check_dot(dot))
+
+
+async def _verify(pieces: dict[bytes, bytes]) -> None:
+    bad = await mismatched(pieces, most_inline=VERIFY_INLINE)
+    if bad:
+        raise CorruptObjectError(f"piece {dg.short(bad[0])} does not match its digest")
+
+
+# -- importing ---------------------------------------------------------------------------
+
+
+def readiness(
+    ctx: Mapping[bytes, int], writer: bytes, since: int, rctx: Mapping[bytes, int]
+) -> dict[bytes, int]:
+    """What a page of context ``ctx`` lacks to apply a delta of ``writer`` made after
+    ``since`` with context ``rctx``: per writer tag, the time it must have seen (empty:
+    ready). The writer's own earlier writes up to ``since``, and every other writer's as
+    far as the delta's context goes."""
+    needs = {t: v for t, v in rctx.items() if t != writer and ctx.get(t, -1) < v}
+    if ctx.get(writer, -1) < since:
+        needs[writer] = since
+    return needs
+
+
+async def apply_delta(
+    page: Page,
+    entries: list[RawEntry],
+    pieces: dict[bytes, bytes],
+    lazy: dict[bytes, str],
+    rctx: dots.Context,
+    *,
+    writer: bytes,
+    since: int,
+    upto: int,
+    markers: Sequence[tuple[str, bytes]] = (),
+) -> bool:
+    """Join another device's delta into the page (``entries`` checked by
+    :func:`check_entries`; ``pieces`` its EAGER pieces, verified here; ``lazy`` where its
+    LAZY pieces lie in the cloud; ``rctx`` its context; ``writer`` its device's tag and
+    ``since``/``upto`` the range of that device's writes it holds). Raises
+    :class:`NotReadyError` unless the page has seen what it needs
+    (:func:`readiness`). ``markers`` are sync_metadata rows written with it. Returns
+    whether the page changed; a delta whose writes the page has seen already changes
+    nothing (its markers are still written)."""
+    await _verify(pieces)
+    rctx = {**rctx, writer: max(rctx.get(writer, -1), upto)}
+    await page.flush()  # a plain write has seen the state it is applied to: commit them first
+    async with gc.held(page):
+        graph = page.graph
+        async with graph.lock:
+            lctx = graph.ctx
+            if lctx.get(writer, -1) >= upto and dots.covers_context(lctx, rctx):
+                # Seen already (or pieces alone: a large upload's first packs): the
+                # pieces are kept, for the entries that come with a later pack.
+                await _write_markers(page, markers, pieces, lazy)
+                return False
+            needs = readiness(lctx, writer, since, rctx)
+            if needs:
+                raise NotReadyError(_needs_text(needs), needs)
+            builder = Builder(page.nodes)
+            head = graph.head
+            changes = await join.join_delta(
+                builder, head.root, entries, dots.seen_by(lctx), dots.seen_by(rctx)
+            )
+            return await _store(page, builder, head, changes, pieces, lazy, rctx, markers)
+
+
+async def apply_state(
+    page: Page,
+    entries: list[RawEntry],
+    pieces: dict[bytes, bytes],
+    lazy: dict[bytes, str],
+    rctx: dots.Context,
+    markers: Sequence[tuple[str, bytes]] = (),
+) -> bool:
+    """Join a whole state (a checkpoint's: ``entries`` checked by :func:`check_entries`,
+    with its pieces and context) into the page; always allowed, however far behind or
+    ahead of it the page is. Returns whether the page changed."""
+    await _verify(pieces)
+    await page.flush()
+    async with gc.held(page):
+        graph = page.graph
+        async with graph.lock:
+            lctx = graph.ctx
+            builder = Builder(page.nodes)
+            head = graph.head
+            remote_root = await join.state_tree(builder, entries)
+            changes = await join.join_state(
+                builder, head.root, remote_root, dots.seen_by(lctx), dots.seen_by(rctx)
+            )
+            return await _store(page, builder, head, changes, pieces, lazy, rctx, markers)
+
+
+async def _store(
+    page: Page,
+    builder: Builder,
+    head: Commit,
+    changes: list[tuple[bytes, RawEntry | None]],
+    pieces: dict[bytes, bytes],
+    lazy: dict[bytes, str],
+    rctx: dots.Context,
+    markers: Sequence[tuple[str, bytes]],
+) -> bool:
+    """Store a join's result (commit lock held): one import commit whose context is the
+    join of both, with the pieces that came and where the LAZY ones lie."""
+    graph = page.graph
+    lctx = graph.ctx
+    ctx = dots.join_contexts(lctx, rctx)
+    await _check_values(page, head, changes, pieces, lazy)
+    root = await builder.apply(head.root, changes) if changes else head.root
+    if root == head.root and ctx == lctx:
+        await _write_markers(page, markers, pieces, lazy)
+        return False
+    ts = max(graph.next_time(), dots.latest(ctx))
+    c = child(head, root, ts)
+
+    def work(conn: sqlite3.Connection) -> None:
+        _store_remote(conn, pieces, lazy)
+        _markers(conn, markers)
+
+    await graph.store(
+        c, builder, also=work, also_small=False, ctx=ctx, changed=changes, kind="import"
+    )
+    return root != head.root
+
+
+async def _check_values(
+    page: Page,
+    head: Commit,
+    changes: Sequence[tuple[bytes, RawEntry | None]],
+    pieces: Mapping[bytes, bytes],
+    lazy: Mapping[bytes, str],
+) -> None:
+    """Every value a join keeps that is new here must be here, in what came, or in the
+    cloud (``lazy``): else :class:`MissingValueError`."""
+    wanted: set[bytes] = set()
+    for key, e in changes:
+        if e is None:
+            continue
+        old = await btree.lookup(page.nodes, head.root, key)
+        had = {v[2] for v in dots.versions(old)}
+        for v in dots.versions(e):
+            if v[2] not in had and not dg.is_inline(v[0]):
+                wanted.add(v[0])
+    wanted -= pieces.keys()
+    wanted -= lazy.keys()
+    if not wanted:
+        return
+    known = await page.objects.known(list(wanted))
+    missing = wanted - set(known)
+    if missing:
+        located = await remote_locations(page, list(missing))
+        missing -= located.keys()
+    if missing:
+        raise MissingValueError(
+            f"value {dg.short(next(iter(missing)))} of an entry it keeps is nowhere", {}
+        )
+
+
+def _needs_text(needs: Mapping[bytes, int]) -> str:
+    parts = [f"writer {t.hex()} up to {dots.format_time(v)}" for t, v in sorted(needs.items())]
+    return "needs writes it has not seen yet: " + ", ".join(parts)
+
+
+async def _write_markers(
+    page: Page,
+    markers: Sequence[tuple[str, bytes]],
+    pieces: dict[bytes, bytes] | None = None,
+    lazy: dict[bytes, str] | None = None,
+) -> None:
+    """Write ``markers``, and store ``pieces`` and ``lazy`` locations, with no commit."""
+    if not (markers or pieces or lazy):
+        return
+
+    def work(conn: sqlite3.Connection) -> None:
+        _store_remote(conn, pieces or {}, lazy or {})
+        _markers(conn, markers)
+
+    await page.db.run(work, write=True)
+
+
+def _markers(conn: sqlite3.Connection, markers: Sequence[tuple[str, bytes]]) -> None:
+    conn.executemany(
+        "INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)", list(markers)
+    )
+
+
+def _store_remote(
+    conn: sqlite3.Connection, pieces: dict[bytes, bytes], lazy: dict[bytes, str]
+) -> None:
+    """Store verified pieces from the cloud, and where the LAZY ones left there lie."""
+    sql.put_pieces(conn, pieces.items(), SYNCED)
+    sql.mark_synced(conn, lazy)
+    conn.executemany(
+        "INSERT OR REPLACE INTO remote_pieces (digest, location) SELECT ?, ? "
+        "WHERE NOT EXISTS (SELECT 1 FROM objects WHERE digest = ?)",
+        [(d, loc, d) for d, loc in lazy.items()],
+    )
+
+
+# -- whole states (checkpoints) ------------------------------------------------------------
+
+
+@dataclass
+class State:
+    """A page's whole state for a checkpoint: every entry (siblings included), the
+    context, and the pieces of every value (EAGER ones, then LAZY ones in the order of
+    their values' bytes)."""
+
+    head: Commit
+    entries: list[RawEntry]
+    ctx: dots.Context
+    eager: list[bytes]
+    lazy: list[bytes]
+
+
+async def state(page: Page) -> State | None:
+    """The page's whole state (None if it has nothing: its first commit)."""
+    await page.flush()
+    head, ctx = page.head, dict(page.graph.ctx)
+    if head.id == FIRST.id:
+        return None
+    entries: list[RawEntry] = []
+    n = 0
+    async for run in btree.runs(page.nodes, head.root):
+        entries.extend(run)
+        n += len(run)
+        if n >= join.TURN_KEYS:
+            n = 0
+            await asyncio.sleep(0)
+    eager_values: set[bytes] = set()
+    lazy_values: set[bytes] = set()
+    for v in btree.versions_of(entries):
+        if not dg.is_inline(v[0]):
+            (lazy_values if v[1] == Priority.LAZY else eager_values).add(v[0])
+    eager = sorted(await _stored_pieces(page, eager_values))
+    seen = set(eager)
+    lazy: dict[bytes, None] = {}
+    for root in sorted(lazy_values - eager_values):
+        for d in await _value_pieces_anywhere(page, root):
+            if d not in seen:
+                lazy[d] = None
+    return State(head, entries, ctx, eager, list(lazy))
+
+
+async def _value_pieces_anywhere(page: Page, root: bytes) -> list[bytes]:
+    """A value's pieces in byte order, fetched if this device never read it."""
     out: list[bytes] = []
     stack = [root]
     while stack:
@@ -176,145 +493,7 @@ async def _pieces_in_order(page: Page, root: bytes) -> list[bytes]:
     return out
 
 
-async def replaced_nodes(
-    page: Page, old_root: bytes, new_nodes: list[bytes], budget: int
-) -> list[bytes]:
-    """Tree nodes of ``old_root``'s tree that the new nodes replace (top-down, while
-    their bytes stay within ``budget``): a receiver holding the old tree rebuilds
-    the new nodes from them cheaply. Nodes split into several pieces are left out."""
-    if not old_root:
-        return []
-    refs = set(new_nodes)
-    for d in new_nodes:
-        if not dg.is_index(d):
-            refs.update(await _children(page, d))
-    out: list[bytes] = []
-    total = 0
-    frontier = [old_root]
-    while frontier:
-        d = frontier.pop()
-        if d in refs or dg.is_inline(d) or dg.is_index(d):
-            continue
-        try:
-            data = await page.objects.get_piece(d)
-        except StoreError:  # pruned: send the nodes whole
-            continue
-        total += len(data)
-        if total > budget:
-            break
-        out.append(d)
-        refs.add(d)
-        frontier.extend(c for c in btree.decode_node(data).children if c)
-    return out
-
-
-async def local_nodes(
-    page: Page, digests: list[bytes], also: Mapping[bytes, bytes] | None = None
-) -> bytes:
-    """The concatenated bytes of tree nodes stored here, or in ``also`` (an edited
-    section's bases); MissingObjectError if one is in neither (it arrives with the
-    commits that hold it)."""
-    if not digests:
-        return b""
-    also = also or {}
-    here = [d for d in digests if d not in also]
-    known = await page.objects.known(here)
-    missing = [d for d in here if d not in known]
-    if missing:
-        raise MissingObjectError(f"tree node {dg.short(missing[0])} a pack edits is not here")
-    got = {**(await page.objects.get_pieces(here) if here else {}), **also}
-    return b"".join(got[d] for d in digests)
-
-
-async def _children(page: Page, d: bytes) -> tuple[bytes, ...]:
-    return (await page.nodes.load(d)).children
-
-
-async def piece_sizes(page: Page, digests: list[bytes]) -> dict[bytes, int]:
-    """Length of each stored piece, without reading its bytes."""
-    rows = await page.db.read_in(
-        "SELECT digest, length(data) FROM objects WHERE digest IN ({marks})", digests
-    )
-    return {bytes(d): int(n) for d, n in rows}
-
-
-async def read_pieces(page: Page, digests: list[bytes]) -> dict[bytes, bytes]:
-    return await page.objects.get_pieces(digests)
-
-
-async def mark_uploaded(page: Page, commit_ids: Iterable[bytes], digests: Iterable[bytes]) -> None:
-    """After a successful upload: pieces become ``synced``, commits leave ``unsynced``."""
-    ids = [(c,) for c in commit_ids]
-
-    def work(conn: sqlite3.Connection) -> None:
-        sql.mark_uploaded(conn, digests)
-        conn.executemany("DELETE FROM unsynced_commits WHERE commit_id = ?", ids)
-
-    await page.db.run(work, write=True)
-
-
-STALE_FRACTION = 0.5
-"""An unuploaded commit's parent from the bucket is *stale* once it is older than this
-share of the page's ``history_retention``: other devices may have pruned it by the
-time the commit reaches them (their clocks, and when their collections run, differ
-from this device's; they are taken to keep the same retention)."""
-
-FRESH, CARRIED, STALE, BUSY = "fresh", "carried", "stale", "busy"
-
-
-async def carry_over_stale(page: Page, retention: float) -> str:
-    """Keep this device's unuploaded commits off parents other devices cannot build on.
-
-    A commit built on a commit from the bucket that is older than history retention
-    (a device back from a long time offline) reuses that commit's tree nodes and
-    values, which the pack does not carry (the bucket has them) and which a device
-    that pruned the commit deleted: that device could never import it, nor anything
-    built on it, and the page stayed apart for good. A commit built on one that a
-    rejoin or an earlier carry-over left behind (a transaction open across it) has
-    a parent no other device will ever have.
-
-    So when a parent of an unuploaded commit was left behind, or is *stale* (older
-    than :data:`STALE_FRACTION` of the page's retention, its own or ``retention``)
-    and another parent from the bucket descends from it (the merge of what a
-    download brought), the unuploaded commits are replaced by one on the parents
-    from the bucket that no other descends from (its *tips*), with the head's tree
-    (:meth:`store.merging.Merger.reparent`): ``CARRIED``. No tip is dropped: a
-    commit of the bucket the head builds on and the new one did not descend from
-    would bring back what the device changed since (a deletion made after it, for
-    one). ``STALE``: a tip is stale (a download may bring a newer one: upload after
-    it; if none does, that tip is the newest the bucket has). ``BUSY``: it could not
-    be done now (an open transaction began on a commit it would replace, or the page
-    has several heads): upload nothing of the page before a later try. ``FRESH``:
-    nothing to do."""
-    await page.flush()
-    rows = await page.db.read_all("SELECT commit_id FROM unsynced_commits")
-    ids = {bytes(r[0]) for r in rows}
-    if not ids:
-        return FRESH
-    own = await gc.page_retention(page)
-    cutoff = commit.now_us() - int((retention if own is None else own) * STALE_FRACTION * 1e6)
-    left = await page.db.run(sql.left_behind)
-    parents: dict[bytes, Commit] = {}  # parents in the bucket
-    gone = False  # a parent left behind
-    for cid in ids:
-        for pid in (await page.load_commit(cid)).parents:
-            if pid in left:
-                gone = True
-            elif pid not in ids and pid != commit.FIRST.id and pid not in parents:
-                parents[pid] = await page.load_commit(pid)
-    if not parents:
-        return FRESH
-    tips: list[Commit] = []  # the parents no other parent descends from
-    for c in parents.values():
-        others = [o for o in parents.values() if o.id != c.id]
-        if not [o for o in others if await merge.is_ancestor(page.load_commit, c, o)]:
-            tips.append(c)
-    stale = [c for c in parents.values() if c.timestamp < cutoff]
-    if gone or any(c not in tips for c in stale):
-        tips.sort(key=lambda c: c.id)
-        carried = await page.merger.reparent(tips, os.urandom(8), page.pinned_commits)
-        return CARRIED if carried is not None else BUSY
-    return STALE if stale else FRESH
+# -- small accessors ---------------------------------------------------------------------
 
 
 async def sync_value(page: Page, name: str) -> bytes | None:
@@ -331,440 +510,24 @@ async def set_sync_value(page: Page, name: str, value: bytes) -> None:
     )
 
 
-async def import_remote(
-    page: Page,
-    commit_data: list[bytes],
-    pieces: dict[bytes, bytes],
-    lazy: dict[bytes, str],
-    marker: tuple[str, bytes] | None = None,
-    more: Iterable[tuple[str, bytes]] = (),
-    history: bool = False,
-) -> list[Commit]:
-    """Verify and store commits and pieces that came from the cloud; merge heads.
-
-    ``pieces`` are EAGER contents (verified against their digests here); ``lazy``
-    maps digests of pieces left in the cloud to their location. Every commit id is
-    recomputed, its parents must be here or in the batch, and every tree node its
-    root reaches must be here or in ``pieces``. Commits of the batch below one that
-    is here are skipped (see :func:`_below`). A commit of the batch that is here
-    already and waiting for upload (this device made the same merge of the same
-    heads) is in the cloud now: it is no longer uploaded. Nothing is stored unless
-    all of it checks out. ``marker`` is a sync_metadata row written in the same
-    transaction (the cursor). ``history``: the commits are ancestors of the page's
-    head that a page started from a checkpoint reads again (a pack its checkpoint
-    covered): none becomes a head, so none is merged with the head over the part of
-    the history that is here so far (over the empty page, it undid the checkpoint's
-    later changes and deletions). Returns the commits that were new.
-    """
-    await _verify(pieces)
-    # The trees are checked without the commit lock: garbage collection must not
-    # delete a stored node they reuse before the commits are stored (store.gc).
-    async with gc.held(page):
-        return await _import(page, commit_data, pieces, lazy, marker, more, history)
-
-
-async def _import(
-    page: Page,
-    commit_data: list[bytes],
-    pieces: dict[bytes, bytes],
-    lazy: dict[bytes, str],
-    marker: tuple[str, bytes] | None,
-    more: Iterable[tuple[str, bytes]],
-    history: bool = False,
-) -> list[Commit]:
-    commits = [commit.decode(data) for data in commit_data]
-    known = {c.id: c for c in commits}
-    here = {c.id for c in commits if await _has_commit(page, c.id)}
-    below = _below(known, here)
-    new: list[Commit] = []
-    for c in commits:
-        if c.id in here or c.id in below:
-            continue
-        generations = []
-        times = []
-        for p in c.parents:
-            if p in below:  # not here, and nothing in the batch that is new builds on it
-                raise MissingParentError(f"commit {c.id.hex()[:12]} needs {p.hex()[:12]}")
-            if p in known:
-                generations.append(known[p].generation)
-                times.append(known[p].timestamp)
-                continue
-            try:
-                parent = await page.load_commit(p)
-            except StoreError:
-                raise MissingParentError(f"commit {c.id.hex()[:12]} needs {p.hex()[:12]}") from None
-            generations.append(parent.generation)
-            times.append(parent.timestamp)
-        if c.parents and c.generation != 1 + max(generations):
-            raise CorruptObjectError(f"commit {c.id.hex()[:12]} has a wrong generation")
-        # An ordinary commit is later than its parent (the hybrid logical clock); a
-        # merge carries the latest of its parents' times (store.commit).
-        if times and c.timestamp < max(times) + (1 if len(times) == 1 else 0):
-            raise CorruptObjectError(f"commit {c.id.hex()[:12]} is older than its parents")
-        if not c.parents:
-            raise CorruptObjectError(f"commit {c.id.hex()[:12]} claims to be a first commit")
-        new.append(c)
-    await _check_trees(page, [c.root for c in new], pieces, lazy)
-
-    def work(conn: sqlite3.Connection) -> None:
-        _store_remote(conn, pieces, lazy)
-        for c in sorted(new, key=lambda c: c.generation):
-            _sql_insert_commit(conn, c)
-        if history:  # below the head: never heads (childless only until the rest is read)
-            ids = [c.id for c in new]
-            tips = [
-                cid
-                for cid in ids
-                if conn.execute("DELETE FROM heads WHERE commit_id = ?", (cid,)).rowcount
-            ]
-            sql.leave_behind(conn, tips)
-        # (Its pieces that the batch holds are synced by _store_remote.)
-        conn.executemany(
-            "DELETE FROM unsynced_commits WHERE commit_id = ?", [(cid,) for cid in here]
-        )
-        conn.executemany(
-            "INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)",
-            [marker, *more] if marker is not None else list(more),
-        )
-
-    await page.adopt_remote(work, new)
-    return new
-
-
-def _below(known: dict[bytes, Commit], here: set[bytes]) -> set[bytes]:
-    """The batch's commits that are not here but are ancestors, within the batch, of
-    one that is. A page with its whole history has every ancestor of what it holds,
-    so this is empty there; a page started from a checkpoint does not hold the
-    commits below its root, and another device may upload them again (two devices
-    that merged the same heads made the same merge commits): their changes are in
-    the page already, and their parents may be compacted away, so they are skipped."""
-    below: set[bytes] = set()
-    todo = [p for cid in here for p in known[cid].parents]
-    while todo:
-        cid = todo.pop()
-        if cid in known and cid not in here and cid not in below:
-            below.add(cid)
-            todo.extend(known[cid].parents)
-    return below
-
-
-@dataclass
-class Snapshot:
-    """A page's single head and every piece its tree reaches, for a checkpoint."""
-
-    commit: Commit
-    eager: list[bytes]  # tree nodes and EAGER values' pieces
-    lazy: list[bytes]  # LAZY values' pieces (an EAGER value's pieces excepted)
-    also: list[Commit] = field(default_factory=list)
-
-
-async def head_snapshot(page: Page, also: Iterable[bytes] = ()) -> Snapshot | None:
-    """The page's head and the pieces it reaches, if the page has exactly one head,
-    nothing waiting to be uploaded and anything in it (else None).
-
-    ``also``: ancestors of the head that other devices may still build on (the
-    newest commit seen from each); the snapshot takes them and the pieces their
-    trees add (few: they are close to the head), so that a device starting from it
-    can import what those devices write next. One that history retention pruned is
-    left out: its tree may be gone (reading it failed every checkpoint of the page)."""
-    await page.flush()
-    heads = await page.heads()
-    if len(heads) != 1 or heads[0].id == commit.FIRST.id or await unsynced_count(page):
-        return None
-    head = heads[0]
-    nodes: list[bytes] = []
-    eager_values: set[bytes] = set()
-    lazy_values: set[bytes] = set()
-    extra = []
-    for cid in dict.fromkeys(also):
-        if cid != head.id and cid != commit.FIRST.id and not await gc.is_pruned(page, cid):
-            with contextlib.suppress(StoreError):
-                extra.append(await page.load_commit(cid))
-    seen: set[bytes] = set()
-    frontier = [c.root for c in [head, *extra] if c.root]
-    while frontier:
-        nxt: list[bytes] = []
-        for d in frontier:
-            if d in seen:
-                continue
-            seen.add(d)
-            if not dg.is_inline(d):
-                nodes.append(d)
-            if len(seen) % btree.DIFF_TURN_NODES == 0:
-                await asyncio.sleep(0)  # a whole tree: others run meanwhile
-            node = await page.nodes.load(d)
-            nxt.extend(c for c in node.children if c and c not in seen)
-            for e in node.entries:
-                (lazy_values if e[2] == Priority.LAZY else eager_values).add(e[1])
-        frontier = nxt
-    eager = await page.objects.value_pieces([*nodes, *eager_values])
-    lazy: dict[bytes, None] = {}
-    for root in sorted(lazy_values):
-        for d in await _pieces_in_order(page, root):
-            if d not in eager:
-                lazy[d] = None
-    return Snapshot(head, sorted(eager), list(lazy), extra)
-
-
-def _holding_gc(
-    fn: Callable[Concatenate[Page, P], Awaitable[T]],
-) -> Callable[Concatenate[Page, P], Awaitable[T]]:
-    """Run ``fn(page, ...)`` with the page's garbage collection held off: imports
-    check trees without the commit lock, and a stored node they reuse must stay."""
-
-    async def held(page: Page, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        async with gc.held(page):
-            return await fn(page, *args, **kwargs)
-
-    held.__name__, held.__doc__ = fn.__name__, fn.__doc__
-    return held
-
-
-@_holding_gc
-async def import_checkpoint(
-    page: Page,
-    commit_data: list[bytes],
-    pieces: dict[bytes, bytes],
-    lazy: dict[bytes, str],
-    markers: list[tuple[str, bytes]],
-) -> list[Commit]:
-    """Store a checkpoint (a commit whose ancestors stay in the cloud, its whole tree)
-    into a page that has nothing yet: the commit becomes the page's head and a
-    shallow root (history below it is not here). Verified like :func:`import_remote`.
-    ``markers`` are sync_metadata rows written in the same transaction. Returns the
-    commit if it was new; nothing if the page already has it; raises
-    InvalidArgumentError if the page already has other commits.
-    """
-    await _verify(pieces)
-    c, *also = _checkpoint_commits(commit_data)
-    if any(x.generation >= c.generation for x in also):
-        raise CorruptObjectError("a checkpoint's other commits are not older than its head")
-    if await _has_commit(page, c.id):
-        return []
-    heads = await page.heads()
-    if [h.id for h in heads] != [commit.FIRST.id]:
-        raise InvalidArgumentError("a checkpoint goes only into a page that has nothing yet")
-    await _check_trees(page, [c.root, *(x.root for x in also)], pieces, lazy)
-
-    def work(conn: sqlite3.Connection) -> None:
-        if conn.execute("SELECT count(*) FROM commits").fetchone()[0] > 1:
-            raise InvalidArgumentError("a checkpoint goes only into a page that has nothing yet")
-        _store_remote(conn, pieces, lazy)
-        sql.insert_commit(conn, c, unsynced=False)
-        for x in also:  # ancestors of the head: commits, never heads
-            sql.insert_commit(conn, x, unsynced=False)
-            conn.execute("DELETE FROM heads WHERE commit_id = ?", (x.id,))
-            sql.add_shallow_root(conn, x.id)
-        sql.leave_behind(conn, [x.id for x in also])
-        conn.execute("DELETE FROM heads WHERE commit_id = ?", (commit.FIRST.id,))
-        conn.execute("DELETE FROM commits WHERE id = ?", (commit.FIRST.id,))
-        sql.add_shallow_root(conn, c.id)
-        sql.add_below(conn, c.id, [x.id for x in also])
-        conn.executemany(
-            "INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)", markers
-        )
-
-    await page.adopt_remote(work, [c])
-    return [c]
-
-
-@_holding_gc
-async def rejoin(
-    page: Page,
-    commit_data: list[bytes],
-    pieces: dict[bytes, bytes],
-    lazy: dict[bytes, str],
-    markers: list[tuple[str, bytes]],
-    covered: Sequence[bytes] = (),
-) -> Commit | None:
-    """Take a checkpoint into a page that has history of its own, for a device that
-    was away longer than the bucket keeps history: the checkpoint's commits are
-    stored as shallow roots, and this device's unuploaded changes are carried over
-    onto its head (:meth:`store.merging.Merger.rebase`), never uploaded on their old
-    parents, which other devices may no longer have. ``covered``: commits of this
-    page the caller knows the checkpoint's head descends from (what this device
-    imported from packs the checkpoint covers). Returns the new commit, if there
-    were changes to carry."""
-    await _verify(pieces)
-    c, *also = _checkpoint_commits(commit_data)
-    if any(x.generation >= c.generation for x in also):  # (they are the merge's ancestors)
-        raise CorruptObjectError("a checkpoint's other commits are not older than its head")
-    if await _has_commit(page, c.id):
-        return None
-    await _check_trees(page, [c.root, *(x.root for x in also)], pieces, lazy)
-    new = [x for x in (c, *also) if not await _has_commit(page, x.id)]
-
-    def work(conn: sqlite3.Connection) -> None:
-        _store_remote(conn, pieces, lazy)
-        for x in new:  # not heads: the rebase below decides the head
-            sql.insert_commit(conn, x, unsynced=False)
-            conn.execute("DELETE FROM heads WHERE commit_id = ?", (x.id,))
-            sql.add_shallow_root(conn, x.id)
-        sql.leave_behind(conn, [x.id for x in new if x.id != c.id])
-        sql.add_below(conn, c.id, [*(x.id for x in also), *covered])
-        conn.executemany(
-            "INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)", markers
-        )
-
-    await page.adopt_remote(work, new)
-    return await page.merger.rebase(c, os.urandom(8))  # over the below/ rows just written
-
-
-async def shallow_roots(page: Page) -> set[bytes]:
-    """Commits of the page whose history is not here (checkpoints it started from)."""
-    rows = await page.db.read_all("SELECT value FROM page_metadata WHERE name = 'shallow'")
-    return sql.shallow_roots(rows[0] if rows else None)
-
-
-VERIFY_INLINE = 256
-"""An arriving batch of more pieces than this (or of 256 KiB) is verified on a thread:
-hashing a pack's 100,000 pieces held the event loop 0.2 s."""
-
-
-async def _verify(pieces: dict[bytes, bytes]) -> None:
-    bad = await mismatched(pieces, most_inline=VERIFY_INLINE)
-    if bad:
-        raise CorruptObjectError(f"piece {dg.short(bad[0])} does not match its digest")
-
-
-def _checkpoint_commits(commit_data: list[bytes]) -> list[Commit]:
-    """A checkpoint's head, then its other commits; CorruptObjectError if malformed."""
-    if not commit_data:
-        raise CorruptObjectError("a checkpoint without a commit")
-    commits = [commit.decode(data) for data in commit_data]
-    if any(not x.parents for x in commits):
-        raise CorruptObjectError("a checkpoint's commit claims to be a first commit")
-    return commits
-
-
-def _store_remote(
-    conn: sqlite3.Connection, pieces: dict[bytes, bytes], lazy: dict[bytes, str]
-) -> None:
-    """Store verified pieces from the cloud, and where the LAZY ones left there lie."""
-    sql.put_pieces(conn, pieces.items(), SYNCED)
-    sql.mark_synced(conn, lazy)
-    conn.executemany(
-        "INSERT OR IGNORE INTO remote_pieces (digest, location) SELECT ?, ? "
-        "WHERE NOT EXISTS (SELECT 1 FROM objects WHERE digest = ?)",
-        [(d, loc, d) for d, loc in lazy.items()],
+async def sync_values(page: Page, prefix: str) -> list[tuple[str, bytes]]:
+    """The page's sync metadata rows whose names start with ``prefix``."""
+    rows = await page.db.read_all(
+        "SELECT name, value FROM sync_metadata WHERE substr(name, 1, ?) = ?", (len(prefix), prefix)
     )
+    return [(str(n), bytes(v)) for n, v in rows]
 
 
-async def _has_commit(page: Page, cid: bytes) -> bool:
-    try:
-        await page.load_commit(cid)
-    except StoreError:
-        return False
-    return True
+async def piece_sizes(page: Page, digests: list[bytes]) -> dict[bytes, int]:
+    """Length of each stored piece, without reading its bytes."""
+    rows = await page.db.read_in(
+        "SELECT digest, length(data) FROM objects WHERE digest IN ({marks})", digests
+    )
+    return {bytes(d): int(n) for d, n in rows}
 
 
-def _sql_insert_commit(conn: sqlite3.Connection, c: Commit) -> None:
-    sql.insert_commit(conn, c, unsynced=False)
-
-
-_VALUE = operator.itemgetter(1)
-
-
-async def _check_trees(
-    page: Page, roots: list[bytes], pieces: dict[bytes, bytes], lazy: dict[bytes, str]
-) -> None:
-    """Every tree node reachable from ``roots`` is here or arriving, every arriving one is
-    the node the canonical tree of its entries has where it sits, and values are somewhere.
-
-    Walks level by level with one existence query per level (not one per entry). A node
-    is checked at each slot it is reached at (:class:`btree.Slot`: its level and the keys
-    its parent bounds it by): its encoding, split, keys and children
-    (:func:`btree.check_node`), on a thread for a large level. Nodes already stored were
-    checked when they arrived (or made here) and are not opened: only their level and
-    their first and last keys are checked against the slot (:func:`btree.check_stored`),
-    so the cost follows the nodes imported, not the size of the tree. A tree that fails
-    raises :class:`NonCanonicalTreeError`: nothing of the import is stored.
-    """
-    for r in roots:
-        btree.check_root_digest(r)
-    seen: set[btree.Slot] = set()
-    frontier = [btree.Slot(r, None) for r in roots if r]
-    while frontier:
-        frontier = [s for s in dict.fromkeys(frontier) if s not in seen]
-        seen.update(frontier)
-        stored = await page.objects.known(
-            list({s.digest for s in frontier if not dg.is_inline(s.digest)} - pieces.keys())
-        )
-        arriving: list[tuple[btree.Slot, bytes]] = []
-        here: list[btree.Slot] = []
-        for i, s in enumerate(frontier):
-            if i % btree.DIFF_TURN_NODES == btree.DIFF_TURN_NODES - 1:
-                await asyncio.sleep(0)  # a level of a large import: others run meanwhile
-            d = s.digest
-            if not dg.is_inline(d) and d not in pieces:
-                if d not in stored:
-                    raise MissingObjectError(
-                        f"tree node {dg.short(d)} of a remote commit is missing"
-                    )
-                here.append(s)
-                continue
-            arriving.append((s, await _node_bytes(page, d, pieces)))
-        await btree.check_stored(functools.partial(_stored_nodes, page), here)
-        big = len(arriving) > VERIFY_INLINE or sum(len(b) for _, b in arriving) > OFF_LOOP_BYTES
-        children, referenced = await off_loop(big, _check_nodes, arriving)
-        referenced.difference_update(pieces)
-        referenced.difference_update(lazy)
-        values = [v for v in referenced if not dg.is_inline(v)]
-        if values:
-            known = await page.objects.known(values)
-            missing = [v for v in values if v not in known]
-            if missing:
-                raise MissingObjectError(
-                    f"value {dg.short(missing[0])} of a remote commit is nowhere"
-                )
-        frontier = children
-
-
-async def _stored_nodes(page: Page, digests: list[bytes]) -> dict[bytes, btree.Node]:
-    """Stored tree nodes by digest: from the node cache, else in one query (and cached:
-    the next import's checks, and the merge after this one, read them again)."""
-    out: dict[bytes, btree.Node] = {}
-    want: list[bytes] = []
-    for d in digests:
-        node = page.nodes.cache.get(d)
-        if node is not None:
-            out[d] = node
-        elif dg.is_inline(d) or dg.is_index(d):
-            out[d] = await page.nodes.load(d)
-        else:
-            want.append(d)
-    if want:
-        got = await page.objects.get_pieces(want)
-        for d in want:
-            node = out[d] = btree.decode_node(got[d])
-            page.nodes.cache.put(d, node, btree.node_cost(node, len(got[d])))
-    return out
-
-
-def _check_nodes(
-    arriving: list[tuple[btree.Slot, bytes]],
-) -> tuple[list[btree.Slot], set[bytes]]:
-    """Decode and check arriving nodes at their slots: their children's slots, and the
-    values they reference."""
-    children: list[btree.Slot] = []
-    referenced: set[bytes] = set()
-    for slot, data in arriving:
-        node = btree.decode_node(data)
-        btree.check_encoding(slot.digest, data, node)
-        children.extend(btree.check_node(node, slot))
-        referenced.update(map(_VALUE, node.entries))  # every version of a leaf repeats most
-    return children, referenced
-
-
-async def _node_bytes(page: Page, d: bytes, pieces: dict[bytes, bytes]) -> bytes:
-    """Content of an arriving node (a large one is assembled from its pieces)."""
-    if dg.is_inline(d):
-        return dg.inline_content(d)
-    if not dg.is_index(d):
-        return pieces[d] if d in pieces else await page.objects.get_piece(d)
-    index = pieces[d] if d in pieces else await page.objects.get_piece(d)
-    parts = [await _node_bytes(page, c.digest, pieces) for c in split.decode_index(index)]
-    return b"".join(parts)
+async def read_pieces(page: Page, digests: list[bytes]) -> dict[bytes, bytes]:
+    return await page.objects.get_pieces(digests)
 
 
 async def remote_locations(page: Page, digests: list[bytes]) -> dict[bytes, str]:
@@ -775,25 +538,18 @@ async def remote_locations(page: Page, digests: list[bytes]) -> dict[bytes, str]
     return {bytes(d): str(loc) for d, loc in rows}
 
 
-async def unsynced_count(page: Page) -> int:
-    rows = await page.db.read_all("SELECT count(*) FROM unsynced_commits")
-    return int(rows[0][0])
-
-
 def index_children(data: bytes) -> list[bytes]:
     """The digests an index piece lists (its value's next level), for prefetching."""
     return [c.digest for c in split.decode_index(data)]
 
 
-def newest_commit(commit_data: list[bytes]) -> bytes | None:
-    """The id of the commit of highest generation among these (a pack section's)."""
-    cs = [commit.decode(d) for d in commit_data]
-    return max(cs, key=lambda c: (c.generation, c.id)).id if cs else None
+format_time = dots.format_time
 
 
-async def sync_values(page: Page, prefix: str) -> list[tuple[str, bytes]]:
-    """The page's sync metadata rows whose names start with ``prefix``."""
-    rows = await page.db.read_all(
-        "SELECT name, value FROM sync_metadata WHERE substr(name, 1, ?) = ?", (len(prefix), prefix)
-    )
-    return [(str(n), bytes(v)) for n, v in rows]
+def context(page: Page) -> dots.Context:
+    """The page's context: per writer tag, the clock time of its writes it has seen."""
+    return dict(page.graph.ctx)
+
+
+def describe_page(page: Page) -> str:
+    return f"page {named(page.id)} of ledger {named(page.ledger)}"

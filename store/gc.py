@@ -7,15 +7,14 @@ to the file system. It does not decide when to run (the daemon's background task
 and ``ledgerctl gc`` do) and never touches the network.
 
 Retained commits
-    The heads; every commit not uploaded yet and the parents of those (upload
-    diffs from them); the common ancestors of the heads while a merge is pending;
-    the bases of the transactions open on the page (their commits merge from them);
-    the commit the document views' stored rows reflect (the newer one they reflect
+    The head; the commit the last upload was read at (the next one diffs from
+    it); the bases of the transactions open on the page; the commit the document
+    views' stored rows reflect (the newer one they reflect
     in memory while index rows are held keeps its tree through a snapshot, like any
     open snapshot); and every commit younger than the
     page's ``history_retention`` (seconds; the repository's, unless the page has
     its own in ``page_metadata``). Every other commit is *pruned*: its row stays
-    (the graph, generations and common ancestors still work) and it is listed in
+    (history still lists it) and it is listed in
     ``pruned_commits``; reading at it raises :class:`HistoryPrunedError`. Pruning
     is recorded before any piece is deleted.
 
@@ -51,9 +50,9 @@ from typing import TYPE_CHECKING, Any
 
 from ledgerd.store import btree, split
 from ledgerd.store import digest as dg
-from ledgerd.store.commit import FIRST, now_us
+from ledgerd.store.commit import FIRST
 from ledgerd.store.errors import InvalidArgumentError, StoreError, named
-from ledgerd.store.merge import common_ancestors
+from ledgerd.store.schema import UPLOADED_AT_ROW, UPLOADED_ROW
 
 if TYPE_CHECKING:
     from ledgerd.store.page import Page
@@ -89,7 +88,8 @@ class GcResult:
     file_bytes_after: int = 0
     seconds: float = 0.0
     deferred: str | None = None
-    """Why part of the sweep was left for the next collection (a merge, an import)."""
+    """Why part of the sweep was left for the next collection (a resolver round, an
+    import)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def json(self) -> dict[str, Any]:
@@ -143,12 +143,7 @@ def _retained_sql(conn: sqlite3.Connection, cutoff_us: int) -> tuple[set[bytes],
         keep: set[bytes] = set()
         for q, p in (
             ("SELECT commit_id FROM heads", ()),
-            ("SELECT commit_id FROM unsynced_commits", ()),
-            (
-                "SELECT p.parent FROM unsynced_commits u "
-                "CROSS JOIN commit_parents p ON p.child = u.commit_id",
-                (),
-            ),
+            ("SELECT value FROM sync_metadata WHERE name = ?", (UPLOADED_AT_ROW,)),
             ("SELECT id FROM commits WHERE timestamp >= ?", (cutoff_us,)),
         ):
             keep.update(bytes(r[0]) for r in conn.execute(q, p))
@@ -169,22 +164,11 @@ def _retained_sql(conn: sqlite3.Connection, cutoff_us: int) -> tuple[set[bytes],
 
 async def retained_commits(page: Page, retention: float) -> set[bytes]:
     """The ids of the commits the page keeps whole (see the module docstring)."""
-    cutoff = now_us() - int(retention * 1_000_000)
+    cutoff = page.graph.clock_us() - int(retention * 1_000_000)
     keep, pruned = await page.db.run(lambda conn: _retained_sql(conn, cutoff))
     # A commit pruned before stays pruned (its pieces may be gone), even if a longer
     # retention would keep it now.
-    return (keep | page.pinned_commits() | await _merge_bases(page)) - pruned
-
-
-async def _merge_bases(page: Page) -> set[bytes]:
-    heads = list(page.graph.heads)
-    if len(heads) < 2:
-        return set()
-    out: set[bytes] = set()
-    for i, a in enumerate(heads):
-        for b in heads[i + 1 :]:
-            out.update(c.id for c in await common_ancestors(page.graph.load, a, b))
-    return out
+    return (keep | page.pinned_commits()) - pruned
 
 
 @contextlib.asynccontextmanager
@@ -251,7 +235,7 @@ class _Marker:
             for i, raw in enumerate(nodes):
                 node = btree.decode_node(raw)
                 frontier.extend(c for c in node.children if c)
-                values.extend(e[1] for e in node.entries)
+                values.extend(btree.values_of(node.entries))
                 if i % 64 == 63:
                     await self._yield()
                 if len(values) >= VALUE_BATCH:  # a level can hold every value of the page
@@ -280,7 +264,7 @@ async def live_bytes(page: Page) -> int:
     """Bytes of the stored pieces the page's heads and journals reach: what the page
     would hold with no history at all."""
     marker = _Marker(page)
-    await marker.trees([h.root for h in page.graph.heads])
+    await marker.trees([page.graph.head.root])
     await marker.values(await _journal_values(page))
     digests = sorted(d for d in marker.marked if not dg.is_inline(d))
     total = 0
@@ -408,7 +392,7 @@ async def collect(page: Page, retention: float, *, stop: Callable[[], bool] = _n
             result.deferred = "stopped"
             break
         async with page.graph.lock:
-            if page.merger.running or page.gc_holds:
+            if page.conflicts.running or page.gc_holds:
                 result.deferred = "a merge or an import was under way"
                 break
             # What appeared since the mark began (commits, snapshots, journals): a new
@@ -465,7 +449,6 @@ def _counts(conn: sqlite3.Connection) -> dict[str, int]:
             "pieces": "SELECT count(*) FROM objects",
             "commits": "SELECT count(*) FROM commits",
             "pruned_commits": "SELECT count(*) FROM pruned_commits",
-            "unsynced_commits": "SELECT count(*) FROM unsynced_commits",
             "unsynced_pieces": "SELECT count(*) FROM unsynced",
             "journals": "SELECT count(*) FROM journals",
             "free_file_pages": "PRAGMA freelist_count",
@@ -484,8 +467,13 @@ async def usage(page: Page, retention: float) -> dict[str, Any]:
     await page.flush()
     own = await page_retention(page)
     counts = await page.db.run(_counts)
+    rows = await page.db.read_all(
+        "SELECT value FROM sync_metadata WHERE name = ?", (UPLOADED_ROW,), small=True
+    )
+    uploaded = int(bytes(rows[0][0])) if rows and bytes(rows[0][0]).isdigit() else -1
+    counts["unuploaded_writes"] = int(page.graph.ctx.get(page.graph.tag, -1) > uploaded)
     keep = await retained_commits(page, retention if own is None else own)
-    synced = not any(counts[k] for k in ("unsynced_commits", "unsynced_pieces", "journals"))
+    synced = not any(counts[k] for k in ("unuploaded_writes", "unsynced_pieces", "journals"))
     return {
         "file_bytes": file_bytes(page),
         "live_bytes": await live_bytes(page),

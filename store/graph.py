@@ -1,32 +1,33 @@
-"""A page's commit graph: its commits, its heads, and storing a new commit.
+"""A page's local history: its commits, its head, its context, and storing a new commit.
 
-This module owns the in-memory view of a page's heads (kept equal to the
-``heads`` table), the cache of loaded commits, walking history, and the one
-routine that writes a local commit with its new pieces and moves the heads.
-Heads move only under :attr:`CommitGraph.lock` (the *commit lock*); every writer
-of commits (the journal writer, transactions, merges, remote imports) takes it
-around the moment it stores, and never while it waits for something outside the
-page (a resolver, the network).
+This module owns the in-memory view of a page's head (kept equal to the ``heads``
+table) and context (what writes the page's state has seen: :mod:`store.dots`), the
+page's clock, the cache of loaded commits, walking history, and the one routine that
+writes a local commit with its new pieces and moves the head. History is a line: a
+commit has one parent (none for the first), and every commit is made here, by a write,
+a transaction or an import; commits never leave the device. The head moves only under
+:attr:`CommitGraph.lock` (the *commit lock*); every writer of commits takes it around
+the moment it stores, and never while it waits for something outside the page (a
+resolver, the network).
 
-It does not decide what to commit (:mod:`store.writer`,
-:mod:`store.transaction`, :mod:`store.merging` do) nor how the tree is built.
+It does not decide what to commit (:mod:`store.writer`, :mod:`store.transaction`,
+:mod:`store.conflicts` and :mod:`store.exchange` do) nor how the tree is built.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from ledgerd.store import commit, split, sql
-from ledgerd.store.btree import Builder
+from ledgerd.store import commit, deleted, dots, split, sql
+from ledgerd.store.btree import Builder, NodeStore, RawEntry
 from ledgerd.store.commit import Commit
 from ledgerd.store.db import Database, fits_inline
-from ledgerd.store.errors import CommitNotFoundError, named
+from ledgerd.store.errors import CommitNotFoundError, CorruptObjectError, named
 from ledgerd.store.objects import ObjectStore
-from ledgerd.store.schema import LOCAL
+from ledgerd.store.schema import CONTEXT_ROW, LOCAL
 from ledgerd.store.watch import Watchers
 
 log = logging.getLogger(__name__)
@@ -39,50 +40,70 @@ others out)."""
 Work = Callable[[sqlite3.Connection], None]
 
 
-def order(c: Commit) -> tuple[int, bytes]:
-    """The order of heads: reads are served from the last (timestamp, then id)."""
-    return (c.timestamp, c.id)
-
-
 class CommitGraph:
-    """The commits and heads of one page."""
+    """The commits, head and context of one page."""
 
     def __init__(
         self,
         name: bytes,
         db: Database,
         objects: ObjectStore,
+        nodes: NodeStore,
         watchers: Watchers,
         committed: Callable[[Commit], None],
+        *,
+        tag: bytes,
+        clock_us: Callable[[], int],
     ) -> None:
         self.name = name
         self.db = db
         self.objects = objects
+        self.nodes = nodes
         self.watchers = watchers
         self._committed = committed
+        self.tag = tag
+        """This device's writer tag (:func:`store.dots.tag_of_device`)."""
+        self.clock_us = clock_us
+        """The wall clock, in microseconds (the repository's: tests skew it)."""
         self.lock = asyncio.Lock()
-        """The commit lock: held while heads move."""
+        """The commit lock: held while the head moves."""
         self._commits: dict[bytes, Commit] = {}
-        self.heads: list[Commit] = []
-        """Sorted by :func:`order`; never empty once loaded."""
+        self.head: Commit = commit.FIRST
+        """The page's current commit."""
+        self.ctx: dots.Context = {}
+        """What writes the head's state has seen, per writer tag."""
+        self.deleted = False
+        """The head is a deleted page's state (:func:`store.deleted.is_deleted`)."""
+        self.conflicts = 0
+        """Keys of the head whose siblings hold different values (``conflicts`` rows)."""
+        self.last_kind = "local"
+        """What made the last commit stored: ``local`` (a write, a transaction, a
+        resolver's answer) or ``import`` (writes of other devices)."""
         self._told = b""  # the root watchers last heard about
+
+    @property
+    def heads(self) -> list[Commit]:
+        """The head, as a list (history is a line: there is one)."""
+        return [self.head]
 
     @property
     def notified_root(self) -> bytes:
         """The root watchers last heard about (the next notification diffs from it)."""
         return self._told
 
-    @property
-    def head(self) -> Commit:
-        """The head reads are served from: the latest (timestamp, then id) of the heads."""
-        return self.heads[-1]
+    def next_time(self, at: int | None = None) -> int:
+        """The clock time of a new commit: ``at`` (when its writes were acknowledged,
+        µs) or now, but after the head, whose time is at least every time its state has
+        seen (a hybrid logical clock: a write is later than everything it saw)."""
+        return max(self.clock_us() if at is None else at, 1 + self.head.timestamp)
+
+    def dot(self, time_us: int) -> bytes:
+        return dots.make(time_us, self.tag)
 
     async def load_heads(self) -> None:
-        """Read the heads from the database (a new page gets the well-known first commit).
-
-        A row that names no stored commit (a damaged file) is left out, with a warning:
-        the page opens on the other heads, or on the first commit as when the table is
-        empty, and ``ledgerctl check`` reports the heads (its repair rebuilds them)."""
+        """Read the head and the context from the database (a new page gets the
+        well-known first commit). A row that names no stored commit (a damaged file)
+        is left out, with a warning; ``ledgerctl check`` reports it."""
         rows = await self.db.read_all(
             "SELECT h.commit_id, c.id IS NOT NULL FROM heads h LEFT JOIN commits c "
             "ON c.id = h.commit_id"
@@ -96,11 +117,22 @@ class CommitGraph:
                 len(rows) - len(ids),
             )
         if not rows:
-            await self.db.run(
-                lambda conn: sql.insert_commit(conn, commit.FIRST, unsynced=False), write=True
+            await self.db.run(lambda conn: sql.insert_commit(conn, commit.FIRST), write=True)
+        heads = [await self.load(i) for i in ids] or [commit.FIRST]
+        self.head = max(heads, key=lambda c: (c.generation, c.timestamp, c.id))
+        got = await self.db.read_all(
+            "SELECT value FROM page_metadata WHERE name = ?", (CONTEXT_ROW,), small=True
+        )
+        try:
+            self.ctx = dots.decode_context(bytes(got[0][0])) if got else {}
+        except CorruptObjectError as e:
+            log.warning(
+                "page %s: its context is damaged (%s); it is read as empty", named(self.name), e
             )
-        ids = ids or [commit.FIRST.id]
-        self.heads = sorted([await self.load(i) for i in ids], key=order)
+            self.ctx = {}
+        self.deleted = await deleted.is_deleted(self.nodes, self.head.root)
+        got = await self.db.read_all("SELECT count(*) FROM conflicts", small=True)
+        self.conflicts = int(got[0][0])
         if not self._told:
             self._told = self.head.root
 
@@ -108,8 +140,8 @@ class CommitGraph:
         """Tell watchers what changed since they last heard (commit lock held).
 
         Every notification runs from the state watchers last heard about to the
-        current head, so commits stored without telling (an import, a transaction
-        on a page that moved, merged next) reach them once, as their result."""
+        current head, so commits stored without telling reach them once, as their
+        result."""
         root = self.head.root
         if root != self._told:
             old, self._told = self._told, root
@@ -124,7 +156,7 @@ class CommitGraph:
         if c is None:
             rows = await self.db.read_all("SELECT data FROM commits WHERE id = ?", (cid,))
             if not rows:
-                if cid == commit.FIRST.id:  # a page started from a checkpoint drops it
+                if cid == commit.FIRST.id:  # a page restored from a checkpoint may lack it
                     return commit.FIRST
                 raise CommitNotFoundError(f"commit {cid.hex()} is not in page {named(self.name)}")
             c = commit.decode(bytes(rows[0][0]), cid)
@@ -132,23 +164,16 @@ class CommitGraph:
         return c
 
     async def log(self, start: bytes | None = None) -> AsyncIterator[Commit]:
-        """Commits from the heads (or ``start``) back to the first, newest generation first."""
-        tops = self.heads if start is None else [await self.load(start)]
-        heap = [(-c.generation, -c.timestamp, c.id) for c in tops]
-        heapq.heapify(heap)
-        seen = {c.id for c in tops}
-        while heap:
-            _, _, cid = heapq.heappop(heap)
-            c = await self.load(cid)
+        """Commits from the head (or ``start``) back to the first, newest first."""
+        c: Commit | None = self.head if start is None else await self.load(start)
+        while c is not None:
             yield c
-            for pid in c.parents:
-                if pid not in seen:
-                    seen.add(pid)
-                    try:
-                        p = await self.load(pid)
-                    except CommitNotFoundError:  # a shallow root's parents are not here
-                        continue
-                    heapq.heappush(heap, (-p.generation, -p.timestamp, p.id))
+            if not c.parents:
+                return
+            try:
+                c = await self.load(c.parents[0])
+            except CommitNotFoundError:  # the first commit of a restored page: none before
+                return
 
     async def store(
         self,
@@ -161,19 +186,28 @@ class CommitGraph:
         also_small: bool = True,
         then: Callable[[], None] | None = None,
         notify: bool = True,
+        ctx: dots.Context | None = None,
+        changed: Sequence[tuple[bytes, RawEntry | None]] = (),
+        kind: str = "local",
     ) -> None:
-        """Write a new local commit with its new nodes and values, and move the heads.
+        """Write a new local commit on the head, with its new nodes and values, and
+        move the head (and the context to ``ctx``, if given) to it. ``changed``: the
+        entries it changed (key, new entry or None), for the ``conflicts`` table; ``kind``
+        is :attr:`last_kind`.
 
         Commit lock held. ``tokens`` are staged values the commit references (they
         become local); ``also`` runs in the same SQLite transaction (the journal
         writer drops its journal there; ``also_small`` says whether it is small
-        enough to run inline) and ``then`` right after the heads move. Watchers are
-        told unless ``notify`` is false (the caller merges first and tells them once
-        about the result). Shielded from cancellation, so the heads in memory always
-        match the database.
+        enough to run inline) and ``then`` right after the head moves. Watchers are
+        told unless ``notify`` is false. Shielded from cancellation, so the head in
+        memory always matches the database.
         """
+        if c.parents != (self.head.id,):
+            raise CorruptObjectError(f"commit {c.id.hex()[:12]} is not on the head")
         await asyncio.shield(
-            self._store(c, builder, values, tokens, also, also_small, then, notify)
+            self._store(
+                c, builder, values, tokens, also, also_small, then, notify, ctx, changed, kind
+            )
         )
 
     async def _store(
@@ -186,37 +220,57 @@ class CommitGraph:
         also_small: bool,
         then: Callable[[], None] | None,
         notify: bool,
+        ctx: dots.Context | None,
+        changed: Sequence[tuple[bytes, RawEntry | None]],
+        kind: str,
     ) -> None:
         # One row per distinct piece: many entries may share a value.
         reachable = builder.pieces_reachable(c.root)
         pieces = list({p.digest: p for p in [*reachable, *values]}.values())
+        encoded_ctx = None if ctx is None else dots.encode_context(ctx)
+        is_deleted = await deleted.is_deleted(builder, c.root)
+        conflicted = [k for k, e in changed if e is not None and len(e) > 4 and _conflict(e)]
+        settled = [k for k, _ in changed] if self.conflicts or conflicted else []
 
         def work(conn: sqlite3.Connection) -> None:
             # Pieces are (digest, data) tuples already: no row is built in Python.
             sql.put_pieces(conn, pieces, LOCAL)
             sql.insert_commit(conn, c)
+            if encoded_ctx is not None:
+                conn.execute(
+                    "INSERT OR REPLACE INTO page_metadata (name, value) VALUES (?, ?)",
+                    (CONTEXT_ROW, encoded_ctx),
+                )
             for token in tokens:
                 sql.mark_local(conn, token)
+            if settled:
+                conn.executemany("DELETE FROM conflicts WHERE key = ?", zip(settled))
+                conn.executemany("INSERT INTO conflicts (key) VALUES (?)", zip(conflicted))
+                count[0] = conn.execute("SELECT count(*) FROM conflicts").fetchone()[0]
             if also is not None:
                 also(conn)
 
+        count = [self.conflicts]
         # A commit of a few keys writes a few nodes: inline (see Database.run).
-        small = (
+        small = not settled and (
             not tokens and also_small and fits_inline(len(pieces), sum(len(p.data) for p in pieces))
         )
         await self.db.run(work, write=True, small=small)
         if len(values) < DIRECT_BATCH:
             self.objects.remember(values)  # pieces are (digest, data) pairs
-        self.add_head(c)
+        self._commits[c.id] = c
+        self.head = c
+        if ctx is not None:
+            self.ctx = ctx
+        self.deleted = is_deleted
+        self.conflicts = count[0]
+        self.last_kind = kind
         if then is not None:
             then()
         self._committed(c)
         if notify:
             await self.tell()
 
-    def add_head(self, c: Commit) -> None:
-        """``c`` is stored: it replaces its parents among the heads."""
-        self._commits[c.id] = c
-        heads = [h for h in self.heads if h.id not in c.parents]
-        heads.append(c)
-        self.heads = sorted(heads, key=order)
+
+def _conflict(e: RawEntry) -> bool:
+    return dots.distinct_values(e) > 1

@@ -25,16 +25,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sqlite3
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 
-from ledgerd.store import deleted, merge
+from ledgerd.store import dots, merge
 from ledgerd.store.btree import NodeStore, Priority
 from ledgerd.store.cache import Cache
 from ledgerd.store.commit import FIRST, Commit
+from ledgerd.store.conflicts import RESOLVER_TIMEOUT, Conflicts
 from ledgerd.store.db import Database, Synchronous
 from ledgerd.store.errors import (
     ClosedError,
@@ -45,7 +45,6 @@ from ledgerd.store.errors import (
 )
 from ledgerd.store.graph import DIRECT_BATCH, CommitGraph
 from ledgerd.store.hooks import NO_HOOKS, PageHooks
-from ledgerd.store.merging import RESOLVER_TIMEOUT, Merger
 from ledgerd.store.objects import ObjectStore, Source
 from ledgerd.store.schema import create_page_schema
 from ledgerd.store.staging import SMALL_VALUE
@@ -114,6 +113,7 @@ class Page(View):
         on_close: Callable[[Page], None] | None = None,
         device_id: bytes = b"",
         cache: Cache | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         fetcher = hooks.fetcher
         cache = cache if cache is not None else Cache()
@@ -144,23 +144,40 @@ class Page(View):
         self.watchers = Watchers(
             self.nodes, objects, self._touch, max_watch_queue, max_watch_queue_bytes
         )
-        self.graph = CommitGraph(page_id, db, objects, self.watchers, self._committed)
-        self.stamps = StampClock(device_id, lambda: self.graph.head.timestamp)
+        clock_us = lambda: int(clock() * 1_000_000)  # noqa: E731
+        self.graph = CommitGraph(
+            page_id,
+            db,
+            objects,
+            self.nodes,
+            self.watchers,
+            self._committed,
+            tag=dots.tag_of_device(device_id),
+            clock_us=clock_us,
+        )
+        self.stamps = StampClock(device_id, lambda: self.graph.head.timestamp, clock_us)
         """Where the page's versionstamps come from (``device_id``: the repository's)."""
         self.writer = JournalWriter(
             page_id, db, objects, self.nodes, self.graph, self.stamps, self._check_open
         )
-        self.merger = Merger(
-            ledger, page_id, db, self.nodes, self.graph, hooks.resolvers, lambda: self._closed
+        self.conflicts = Conflicts(
+            ledger,
+            page_id,
+            db,
+            self.nodes,
+            self.graph,
+            hooks.resolvers,
+            lambda: self._closed,
+            self.writer.flush,
         )
         self.transactions = Transactions(
             page_id,
             objects,
             self.nodes,
             self.graph,
-            self.merger,
             self.stamps,
             self.flush,
+            self.writer.flush,
             self._touch,
             lambda: self._closed,
             txn_memory,
@@ -184,6 +201,7 @@ class Page(View):
         device_id: bytes = b"",
         cache: Cache | None = None,
         settle: bool = True,
+        clock: Callable[[], float] = time.time,
     ) -> Page:
         """Open the page's database (``on_close`` is called once it is closed: the
         repository that owns the page's lifetime; ``device_id`` ends its versionstamps;
@@ -206,6 +224,7 @@ class Page(View):
             on_close=on_close,
             device_id=device_id,
             cache=cache,
+            clock=clock,
         )
         try:
             await page._recover(settle)
@@ -216,13 +235,13 @@ class Page(View):
 
     async def _recover(self, settle: bool = True) -> None:
         collected = await self.objects.recover()
-        await self.merger.load_policy()
+        await self.conflicts.load_policy()
         await self.graph.load_heads()
         journals = await self.writer.recover()
         if collected or journals:
             log.info("page %s recovered: %d staged pieces collected", named(self.id), collected)
-        if settle and len(self.graph.heads) > 1:
-            await self.merger.settle()
+        if settle and self.graph.conflicts:
+            await self.conflicts.settle()
 
     @property
     def closed(self) -> bool:
@@ -277,7 +296,7 @@ class Page(View):
             or self.watchers
             or self.transactions.busy
             or self.graph.lock.locked()
-            or self.merger.running
+            or self.conflicts.running
         )
 
     @property
@@ -287,7 +306,9 @@ class Page(View):
         (:meth:`_close`), so a close for room interrupts nobody either. (An open for
         room that came during such a commit was refused: 'all 1 open pages are in
         use', 503 in the daemon, though nobody held the page.)"""
-        return not (self._leases or self.watchers or self.transactions.busy or self.merger.running)
+        return not (
+            self._leases or self.watchers or self.transactions.busy or self.conflicts.running
+        )
 
     async def close(self) -> None:
         """Finish queued writes, end watchers, close the database.
@@ -307,7 +328,7 @@ class Page(View):
         what ends when the close has ended (the close under way, if one is)."""
         if self._close_done is None:
             self._closed = True
-            self.merger.abandon()  # a merge waiting for a resolver ends now, heads kept
+            self.conflicts.abandon()  # a resolver asked now is no longer waited for
             self._close_done = asyncio.ensure_future(self._close())
             self._close_done.add_done_callback(self._closed_with)
         return self._close_done
@@ -468,13 +489,13 @@ class Page(View):
     def deleted(self) -> bool:
         """The page is deleted (its head is a deleted page's tree) and no write since
         is waiting to be committed: listings leave it out."""
-        return deleted.is_deleted(self.graph.head.root) and not self.writer.uncommitted
+        return self.graph.deleted and not self.writer.uncommitted
 
     @property
     def never_written(self) -> bool:
         """The page holds nothing but its first commit, and no merge policy was set on
         it (a policy is remembered without a commit)."""
-        return [h.id for h in self.graph.heads] == [FIRST.id] and not self.merger.remembered
+        return self.graph.head.id == FIRST.id and not self.conflicts.remembered
 
     async def write(
         self, changes: Iterable[Change], priority: Priority = Priority.EAGER
@@ -535,30 +556,29 @@ class Page(View):
         self._check_open()
         return self.watchers.add(check_key(prefix))
 
-    # -- merging and remote commits --------------------------------------------
+    # -- policy and conflicts ----------------------------------------------------
 
     @property
     def policy(self) -> merge.Policy:
-        return self.merger.policy
+        return self.conflicts.policy
 
     @property
     def pending_conflict(self) -> str | None:
-        """Why the page keeps several heads (a conflict waiting for a resolver), or None."""
-        return self.merger.pending_conflict
+        """Why conflicts wait for a resolver (under a policy that asks one), or None."""
+        return self.conflicts.pending_conflict
+
+    @property
+    def conflict_count(self) -> int:
+        """Keys holding concurrent writes of different values (under every policy)."""
+        return self.graph.conflicts
 
     async def set_policy(self, policy: merge.Policy) -> None:
-        """Remember the page's merge policy (and merge now if that settles pending heads)."""
-        await self.merger.set_policy(policy)
+        """Remember the page's merge policy (and ask a resolver now if it calls for one)."""
+        await self.conflicts.set_policy(policy)
 
     async def try_merge(self) -> bool:
-        """Merge pending heads now (e.g. when a resolver arrives). True if one head remains."""
+        """Ask the resolver about conflicts now (e.g. when one arrives). True if none
+        waits for a resolver."""
         if self._closed:
             return False
-        return await self.merger.settle()
-
-    async def adopt_remote(
-        self, work: Callable[[sqlite3.Connection], None], new: list[Commit]
-    ) -> None:
-        """Store verified remote commits (``work`` writes them), then merge heads.
-        Used by :mod:`store.exchange`."""
-        await self.merger.adopt(work, new)
+        return await self.conflicts.settle()

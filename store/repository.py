@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ledgerd.store import eviction, gc, threads
+from ledgerd.store import dots, eviction, gc, threads
 from ledgerd.store.cache import CACHE_BYTES, Cache
 from ledgerd.store.db import NEW_SUFFIX, Database, Synchronous
 from ledgerd.store.errors import (
@@ -47,6 +47,7 @@ from ledgerd.store.errors import (
     PageNotFoundError,
     PageUnavailableError,
     RepositoryLockedError,
+    SchemaError,
     StoreError,
     TooManyOpenPagesError,
     named,
@@ -311,9 +312,12 @@ class Repository:
         max_open_pages: int = MAX_OPEN_PAGES,
         cache_bytes: int = CACHE_BYTES,
         history_retention: float = HISTORY_RETENTION,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.root = root
         self.history_retention = gc.check_retention(history_retention)
+        self.clock = clock
+        """The wall clock pages time their writes by (seconds)."""
         """Seconds of history pages keep (unless a page has its own): see :mod:`store.gc`."""
         self.cache = Cache(cache_bytes)
         """The read cache every page of the repository shares (decoded tree nodes and
@@ -365,6 +369,7 @@ class Repository:
         max_open_pages: int = MAX_OPEN_PAGES,
         cache_bytes: int = CACHE_BYTES,
         history_retention: float = HISTORY_RETENTION,
+        clock: Callable[[], float] = time.time,
     ) -> Repository:
         """Open (creating it on first use) the data directory ``root``.
 
@@ -378,12 +383,22 @@ class Repository:
         :class:`TooManyOpenPagesError` when every open page is busy. ``cache_bytes``
         bounds the one read cache all pages share (decoded tree nodes and verified
         pieces, see :mod:`store.cache`). ``history_retention`` is how many seconds of
-        history a page keeps (:mod:`store.gc`)."""
+        history a page keeps (:mod:`store.gc`). ``clock`` is the wall clock every page's
+        writes are timed by (seconds; tests skew it).
+
+        A data directory written by an unreleased development version of ledgerd (its
+        pages under ``1/``) is refused (:class:`SchemaError`): its format is not read."""
         if cache_bytes < 0:
             raise InvalidArgumentError("cache_bytes must not be negative")
         root = Path(root)
         lock_fd = await asyncio.to_thread(_lock, root)
         try:
+            if (root / "1" / "ledgers").exists():
+                raise SchemaError(
+                    f"{root} holds pages of an unreleased development version of ledgerd "
+                    f"(in {root / '1'}), which this version does not read: move that "
+                    "directory away (its data is in the bucket if it was synced)"
+                )
             for d in (root / str(FORMAT_VERSION), root / str(FORMAT_VERSION) / "ledgers"):
                 d.mkdir(mode=0o700, exist_ok=True)
             # FULL: the device id and sync's sequence numbers must survive a power loss.
@@ -405,6 +420,7 @@ class Repository:
             max_open_pages=max_open_pages,
             cache_bytes=cache_bytes,
             history_retention=history_retention,
+            clock=clock,
         )
         try:
             await repo._load_device_id()
@@ -963,9 +979,9 @@ class Repository:
         open, to close as idle once merged. A merge that fails (the page's storage)
         fails this open; the page stays open for its other holders, its heads kept, as
         after any failed merge."""
-        if len(page.graph.heads) <= 1 or self._closed:  # closing: close() ends merges
+        if not page.graph.conflicts or self._closed:  # closing: close() ends rounds
             return
-        settling = asyncio.ensure_future(page.merger.settle())
+        settling = asyncio.ensure_future(page.conflicts.settle())
         settling.add_done_callback(_log_failed_settle)
         self._settling.add(settling)  # close() waits for it, once it cut it short
         settling.add_done_callback(self._settling.discard)
@@ -1006,6 +1022,7 @@ class Repository:
             device_id=self.device_id,
             cache=self.cache,
             settle=False,  # once published: see _open_new
+            clock=self.clock,
         )
 
     def _closed_page(self, page: Page) -> None:
@@ -1160,7 +1177,9 @@ class Repository:
                 raise NotEvictableError(f"page {named(page_id)} is in use")
             await page.close()  # or waits for a close under way: its hooks still write
         path = self.page_path(ledger, page_id)
-        verdict = await asyncio.to_thread(eviction.evictability, path)
+        verdict = await asyncio.to_thread(
+            eviction.evictability, path, dots.tag_of_device(self.device_id)
+        )
         # Without a cloud only an empty page can go: say so first, rather than "not
         # fully synced", which invites a sync that cannot run.
         if self.hooks.restorer is None and (
@@ -1262,7 +1281,7 @@ class Repository:
         self._closed = True  # no page opens from now on
         self._wake_room()  # an open waiting for room gives up (ClosedError)
         for page in list(self._pages.values()):
-            page.merger.abandon()  # an open merging its heads ends at once (below)
+            page.conflicts.abandon()  # an open merging its heads ends at once (below)
         for opening in list(self._opening.values()):
             await opening.lock.acquire()  # an open under way finishes: its page closes below
             opening.lock.release()

@@ -30,13 +30,23 @@ import sqlite3
 
 from ledgerd.store.errors import CorruptDatabaseError, SchemaError
 
-FORMAT_VERSION = 1
-"""Path component of the repository layout: ``{data_dir}/{FORMAT_VERSION}/ledgers/...``."""
+FORMAT_VERSION = 2
+"""Path component of the repository layout: ``{data_dir}/{FORMAT_VERSION}/ledgers/...``.
+Format 2 keeps a dot in every entry (:mod:`store.dots`); format 1 (an unreleased
+development version) is not read."""
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 1
 """``PRAGMA user_version`` of a current page database."""
 
 TRANSIENT, LOCAL, SYNCED = 0, 1, 2
+CONTEXT_ROW = "context"
+"""``page_metadata`` row: the head's context (:func:`store.dots.encode_context`)."""
+UPLOADED_ROW = "uploaded"
+"""``sync_metadata`` row: the clock time (decimal) up to which this device's own writes
+to the page are uploaded; its writes past it are not (:mod:`store.exchange`)."""
+UPLOADED_AT_ROW = "uploaded_at"
+"""``sync_metadata`` row: the commit that was the head when the last upload was read
+(an upload diffs from its tree)."""
 INCREMENTAL_VACUUM = 2
 """``PRAGMA auto_vacuum`` of a page file."""
 
@@ -87,11 +97,11 @@ CREATE TABLE journal_pieces (
     PRIMARY KEY (journal_id, digest)
 ) WITHOUT ROWID;
 
--- commits: every commit of this page. id = hash of data (store.commit); data is
---   the deterministic encoding; the other columns are copies of fields of data,
---   kept for queries. generation = 1 + max(parent generations), 1 for a root
---   commit. Rows are never changed or deleted (a pruned commit keeps its row:
---   see pruned_commits).
+-- commits: every commit of this page's local history (a line: store.graph). id =
+--   hash of data (store.commit); data is the deterministic encoding; the other
+--   columns are copies of fields of data, kept for queries. generation = 1 + the
+--   parent's, 0 for the first commit. Rows are never changed or deleted (a pruned
+--   commit keeps its row: see pruned_commits).
 CREATE TABLE commits (
     id         BLOB PRIMARY KEY,
     data       BLOB NOT NULL,
@@ -107,17 +117,17 @@ CREATE TABLE commit_parents (
     PRIMARY KEY (child, parent)
 ) WITHOUT ROWID;
 
--- heads: commits with no children. Never empty once the page has its first
---   commit; more than one row means a merge is due.
+-- heads: the page's current commit: one row once the page has its first commit.
 CREATE TABLE heads (
     commit_id BLOB PRIMARY KEY,
     timestamp INTEGER NOT NULL
 ) WITHOUT ROWID;
 
--- unsynced_commits: commits made on this device and not yet uploaded.
-CREATE TABLE unsynced_commits (
-    commit_id  BLOB PRIMARY KEY,
-    generation INTEGER NOT NULL
+-- conflicts: the keys whose entry in the head holds siblings of different values
+--   (concurrent writes: store.dots), kept by every commit that changes them. Derived
+--   from the head's tree: a key is here exactly when its entry has such siblings.
+CREATE TABLE conflicts (
+    key BLOB PRIMARY KEY
 ) WITHOUT ROWID;
 
 -- journals: open journals. id as in journal_pieces; implicit journals ('I...')
@@ -146,12 +156,12 @@ CREATE TABLE journal_entries (
 --   retention, store.gc). Their commits rows stay, so that the graph, generations
 --   and common ancestors still work; reading at one of them is refused
 --   (HistoryPrunedError). A row is never deleted: once pruned, a commit's pieces may
---   be gone. A head, an unsynced commit or a parent of one is never pruned.
+--   be gone. The head is never pruned.
 CREATE TABLE pruned_commits (
     commit_id BLOB PRIMARY KEY
 ) WITHOUT ROWID;
 
--- sync_metadata: small named values owned by sync (cursors, last sync time).
+-- sync_metadata: small named values owned by sync (what was uploaded last, cursors).
 CREATE TABLE sync_metadata (
     name  TEXT PRIMARY KEY,
     value BLOB NOT NULL
@@ -166,7 +176,8 @@ CREATE TABLE remote_pieces (
     location TEXT NOT NULL
 ) WITHOUT ROWID;
 
--- page_metadata: small named values owned by the store (merge policy, page creation).
+-- page_metadata: small named values owned by the store (merge policy, the head's
+--   context: store.graph.CONTEXT).
 CREATE TABLE page_metadata (
     name  TEXT PRIMARY KEY,
     value BLOB NOT NULL
@@ -216,46 +227,7 @@ ALTER TABLE page_usage ADD COLUMN deleted INTEGER NOT NULL DEFAULT 0 CHECK (dele
 }
 """Statements that take the page-usage database from version ``n`` to ``n + 1``."""
 
-_MIGRATIONS: dict[int, str] = {
-    # 1 -> 2: objects gains an id (each piece is copied once, at the first open by
-    # this version, in one transaction); the status of unsynced pieces moves to
-    # unsynced. Synced pieces that are not stored stay known through remote_pieces.
-    1: """
-CREATE TABLE objects_v2 (
-    id     INTEGER PRIMARY KEY,
-    digest BLOB NOT NULL UNIQUE,
-    data   BLOB NOT NULL
-);
-INSERT INTO objects_v2 (id, digest, data) SELECT rowid, digest, data FROM objects ORDER BY rowid;
-CREATE TABLE unsynced (
-    id     INTEGER PRIMARY KEY,
-    status INTEGER NOT NULL CHECK (status BETWEEN 0 AND 1)
-);
-INSERT INTO unsynced (id, status)
-    SELECT o.id, coalesce(s.status, 0) FROM objects_v2 o
-    LEFT JOIN object_status s ON s.digest = o.digest WHERE coalesce(s.status, 0) < 2;
--- Version 1 kept the location of a piece fetched or written since.
-DELETE FROM remote_pieces WHERE digest IN (SELECT digest FROM objects_v2);
-DROP TABLE object_status;
-DROP TABLE objects;
-ALTER TABLE objects_v2 RENAME TO objects;
-CREATE VIEW piece_status AS
-    SELECT o.id, o.digest, o.data, coalesce(u.status, 2) AS status
-    FROM objects o LEFT JOIN unsynced u ON u.id = o.id;
-""",
-    # 2 -> 3: journals lose base (written, never read) and gain since.
-    2: """
-ALTER TABLE journals DROP COLUMN base;
-ALTER TABLE journals ADD COLUMN since INTEGER;
-""",
-    # 3 -> 4: history retention (store.gc) records the commits it pruned. The file
-    # also moves to auto_vacuum = INCREMENTAL (see create_page_schema).
-    3: """
-CREATE TABLE pruned_commits (
-    commit_id BLOB PRIMARY KEY
-) WITHOUT ROWID;
-""",
-}
+_MIGRATIONS: dict[int, str] = {}
 """Statements that take a page database from version ``n`` to ``n + 1``."""
 
 

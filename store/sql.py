@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import sqlite3
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from ledgerd.store.commit import Commit
 from ledgerd.store.schema import LOCAL, SYNCED, TRANSIENT
@@ -205,8 +204,8 @@ def drop_journal(conn: sqlite3.Connection, journal_id: str) -> None:
     conn.execute("DELETE FROM journals WHERE id = ?", (journal_id,))
 
 
-def insert_commit(conn: sqlite3.Connection, c: Commit, *, unsynced: bool = True) -> None:
-    """Store a commit; its parents stop being heads; it becomes one unless it has a child."""
+def insert_commit(conn: sqlite3.Connection, c: Commit) -> None:
+    """Store a commit and make it the head (history is a line: its parent was)."""
     conn.execute(
         "INSERT OR IGNORE INTO commits (id, data, generation, timestamp, root) "
         "VALUES (?, ?, ?, ?, ?)",
@@ -216,99 +215,5 @@ def insert_commit(conn: sqlite3.Connection, c: Commit, *, unsynced: bool = True)
         "INSERT OR IGNORE INTO commit_parents (child, parent) VALUES (?, ?)",
         [(c.id, p) for p in c.parents],
     )
-    conn.executemany("DELETE FROM heads WHERE commit_id = ?", [(p,) for p in c.parents])
-    # A commit that already has a child is not a head (it arrived after the child).
-    if (
-        conn.execute("SELECT 1 FROM commit_parents WHERE parent = ? LIMIT 1", (c.id,)).fetchone()
-        is None
-    ):
-        conn.execute(
-            "INSERT OR IGNORE INTO heads (commit_id, timestamp) VALUES (?, ?)", (c.id, c.timestamp)
-        )
-    if unsynced:
-        conn.execute(
-            "INSERT OR IGNORE INTO unsynced_commits (commit_id, generation) VALUES (?, ?)",
-            (c.id, c.generation),
-        )
-
-
-# -- shallow roots and commits left behind (rows of page_metadata) ----------------------
-
-
-def shallow_roots(row: Sequence[Any] | None) -> set[bytes]:
-    """The ids in page_metadata's ``shallow`` row (32 bytes each)."""
-    return _ids(row)
-
-
-def _ids(row: Sequence[Any] | None) -> set[bytes]:
-    raw = bytes(row[0]) if row else b""
-    return {raw[i : i + 32] for i in range(0, len(raw) - 31, 32)}
-
-
-def _id_set(conn: sqlite3.Connection, name: str) -> set[bytes]:
-    return _ids(conn.execute("SELECT value FROM page_metadata WHERE name = ?", (name,)).fetchone())
-
-
-def _save_id_set(conn: sqlite3.Connection, name: str, ids: set[bytes]) -> None:
-    conn.execute(
-        "INSERT OR REPLACE INTO page_metadata (name, value) VALUES (?, ?)",
-        (name, b"".join(sorted(ids))),
-    )
-
-
-def shallow(conn: sqlite3.Connection) -> set[bytes]:
-    """The page's shallow roots (see :func:`add_shallow_root`)."""
-    return _id_set(conn, "shallow")
-
-
-def add_shallow_root(conn: sqlite3.Connection, cid: bytes) -> None:
-    """Record ``cid`` as a commit whose ancestors are not here (a checkpoint's head)."""
-    _save_id_set(conn, "shallow", shallow(conn) | {cid})
-
-
-BELOW = "below/"
-"""page_metadata rows ``below/<hex id>``: commits known to be ancestors of a shallow
-root (the checkpoint's head ``id``) though its parents are not here (see
-:func:`add_below`)."""
-
-
-def add_below(conn: sqlite3.Connection, cid: bytes, ids: Iterable[bytes]) -> None:
-    """Record ``ids`` as ancestors of the shallow root ``cid`` (a checkpoint's head): the
-    older commits the checkpoint brought along, and those a rejoining device imported
-    from packs its cover includes. Merges count them as its parents when they look for
-    common ancestors: a pack built on one of them then merges over it, not over the
-    empty page."""
-    name = BELOW + cid.hex()
-    ids = set(ids) - {cid}
-    if ids:
-        _save_id_set(conn, name, _id_set(conn, name) | ids)
-
-
-def below_rows(rows: Iterable[Sequence[Any]]) -> dict[bytes, tuple[bytes, ...]]:
-    """``(name, value)`` rows of page_metadata named ``below/...``, as a map from the
-    shallow root to its recorded ancestors (sorted); malformed names are skipped."""
-    out: dict[bytes, tuple[bytes, ...]] = {}
-    for name, value in rows:
-        try:
-            cid = bytes.fromhex(str(name).removeprefix(BELOW))
-        except ValueError:
-            continue
-        if len(cid) == 32:
-            out[cid] = tuple(sorted(_ids((value,))))
-    return out
-
-
-def left_behind(conn: sqlite3.Connection) -> set[bytes]:
-    """Commits that are childless and yet not heads, on purpose (see :func:`leave_behind`)."""
-    return _id_set(conn, "left_behind")
-
-
-def leave_behind(conn: sqlite3.Connection, ids: Iterable[bytes]) -> None:
-    """Record ``ids`` as childless and not heads on purpose: the heads a rejoin
-    replaced (it carried their changes onto a checkpoint's head instead; they are never
-    uploaded), and a checkpoint's older commits that came with it (for other devices to
-    build on; never heads). Checking the page does not take them for lost heads,
-    repairing it does not bring them back, and a cloud check does not ask the bucket
-    for them. (A page's commit rows are kept, pruned or not: the record grows by a few
-    ids per rejoin.)"""
-    _save_id_set(conn, "left_behind", _id_set(conn, "left_behind") | set(ids))
+    conn.execute("DELETE FROM heads")
+    conn.execute("INSERT INTO heads (commit_id, timestamp) VALUES (?, ?)", (c.id, c.timestamp))

@@ -6,14 +6,8 @@ travel with the write), staged in SQLite as transient pieces under a token when
 large or streamed. Plain writes (:mod:`store.writer`) and transactions
 (:mod:`store.transaction`) both use it; neither splits values by itself.
 
-It also owns what a delete becomes at commit (:func:`with_tombstones`): the entry
-is removed when the base has the key, and a tombstone is kept when it does not,
-so that under last-one-wins a later delete of a key another device created
-concurrently wins like a later put would (a removal of nothing would leave no
-trace for the merge to weigh).
-In a page deleted since it was last cleared, a delete of a key it does not hold
-keeps no tombstone (it would list the deleted page again): there, as against the
-page's delete itself, a key another device created concurrently survives.
+It also owns what a write becomes at commit (:func:`stamped`): its entries with the
+write's dot, a delete as a tombstone, a clear as a tombstone over every key it saw.
 """
 
 from __future__ import annotations
@@ -26,7 +20,7 @@ from pathlib import Path
 
 from ledgerd.store import btree, deleted, split
 from ledgerd.store import digest as dg
-from ledgerd.store.btree import Entry, NodeStore, Priority
+from ledgerd.store.btree import Entry, NodeStore, Priority, RawEntry
 from ledgerd.store.errors import InvalidArgumentError
 from ledgerd.store.objects import ObjectStore, Source
 
@@ -107,31 +101,31 @@ async def only_live(
     return pieces, [t for t, root in staged.items() if root in live]
 
 
-async def with_tombstones(
+async def stamped(
     nodes: NodeStore,
     base_root: bytes,
     changes: Mapping[bytes, Entry | None] | Iterable[tuple[bytes, Entry | None]],
-) -> list[tuple[bytes, Entry | None]]:
-    """``changes`` to apply on ``base_root``, with each delete of a key the base does
-    not have (or has as a tombstone already) made a tombstone entry; except in a page
-    deleted since it was last cleared (the base holds :data:`store.deleted.MARK`): a
-    tombstone there would be a key next to the mark, and the page, empty to every
-    read, would be listed again (the delete of a key the page does not hold would
-    bring a deleted page back). Given as a mapping with no delete (a bulk write), the
-    changes come back as they are, with no lookup."""
-    if isinstance(changes, Mapping):
-        if None not in changes.values():
-            return list(changes.items())  # no delete (a bulk write): nothing to look up
-        changes = changes.items()
-    out: list[tuple[bytes, Entry | None]] = []
-    marked: bool | None = None  # the base holds the mark: asked once, when it matters
-    for key, e in changes:
-        if e is None:
-            old = await btree.lookup(nodes, base_root, key)
-            if old is None or old.value == dg.TOMBSTONE:
-                if marked is None:
-                    marked = await btree.lookup(nodes, base_root, deleted.MARK) is not None
-                if not marked:
-                    e = btree.new_entry((key, dg.TOMBSTONE, Priority.EAGER))
-        out.append((key, e))
+    dot: bytes,
+    *,
+    cleared: bool = False,
+) -> list[tuple[bytes, RawEntry | None]]:
+    """A local write's changes as the entries it puts on ``base_root``, each with the
+    write's ``dot``: a put as its value, a delete as a tombstone (a delete must beat an
+    older concurrent put of the key, even one this device never saw). ``cleared``: the
+    write starts with a clear, which writes a tombstone over every key of the base that
+    holds anything but one (the keys it saw; keys created elsewhere concurrently stay),
+    and drops a deleted page's mark (:mod:`store.deleted`)."""
+    out: list[tuple[bytes, RawEntry | None]] = []
+    if cleared:
+        async for run in btree.runs(nodes, base_root):
+            for e in run:
+                if e[0] == deleted.MARK:
+                    out.append((e[0], None))
+                elif e[1] != dg.TOMBSTONE or len(e) > 4:
+                    out.append((e[0], (e[0], dg.TOMBSTONE, 0, dot)))
+    items = changes.items() if isinstance(changes, Mapping) else changes
+    tomb = dg.TOMBSTONE
+    out.extend(
+        (key, (key, tomb, 0, dot) if e is None else (key, e[1], int(e[2]), dot)) for key, e in items
+    )
     return out

@@ -4,10 +4,11 @@ This module owns a transaction's state (its base, its changes, the values it
 holds in memory or has staged) and committing it. A transaction reads its base
 commit plus its own writes. Small values live in memory, up to the page's
 ``txn_memory`` budget per transaction; larger ones, streams, and everything past
-the budget are staged in SQLite as transient pieces. Committing creates one
-commit on the base; if the page moved meanwhile there are two heads, merged at
-once (:mod:`store.merging`). Rollback, an exception, or a crash discards
-everything the transaction staged.
+the budget are staged in SQLite as transient pieces. Committing creates one commit
+on the head; its writes supersede what the transaction saw (its base), and writes
+made since (on this device or imported) that it did not see stay beside its own as
+siblings (:mod:`store.dots`), as if they had come from another device. Rollback, an
+exception, or a crash discards everything the transaction staged.
 
 Versionstamped keys and values (:mod:`store.stamps`) are held apart from the
 other changes and completed at commit, under the commit lock, all with one stamp
@@ -30,13 +31,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from ledgerd.store import commit, split, staging, view
+from ledgerd.store import btree, commit, doclayout, dots, join, split, staging, view
 from ledgerd.store import digest as dg
-from ledgerd.store.btree import EMPTY, Builder, Entry, NodeStore, Priority, RawEntry, new_entry
+from ledgerd.store.btree import Builder, Entry, NodeStore, Priority, RawEntry, new_entry
 from ledgerd.store.commit import Commit
 from ledgerd.store.errors import ClosedError, TransactionClosedError, named
 from ledgerd.store.graph import CommitGraph, Work
-from ledgerd.store.merging import Merger
 from ledgerd.store.objects import ObjectStore, Source
 from ledgerd.store.staging import new_piece
 from ledgerd.store.stamps import StampClock, StampedKey, StampedValue, VersionstampError
@@ -76,9 +76,9 @@ class Transactions:
         objects: ObjectStore,
         nodes: NodeStore,
         graph: CommitGraph,
-        merger: Merger,
         clock: StampClock,
         flush_writes: Callable[[], Awaitable[None]],
+        flush_journal: Callable[[], Awaitable[None]],
         touched: Callable[[], None],
         is_closed: Callable[[], bool],
         memory_budget: int = TXN_MEMORY,
@@ -87,9 +87,9 @@ class Transactions:
         self.objects = objects
         self.nodes = nodes
         self.graph = graph
-        self.merger = merger
         self.clock = clock
         self._flush_writes = flush_writes
+        self._flush_journal = flush_journal
         self._touched = touched
         self._is_closed = is_closed
         self.memory_budget = memory_budget
@@ -127,6 +127,7 @@ class Transactions:
     async def _commit(self, txn: Transaction, stored: asyncio.Event) -> bytes | None:
         st = txn.state
         graph = self.graph
+        await self._flush_journal()  # plain writes acknowledged before it come first
         async with graph.lock:
             if self._is_closed():
                 await staging.discard(self.objects, st.staged)
@@ -135,15 +136,19 @@ class Transactions:
             if st.stamped_keys or st.stamped_values:
                 entries = dict(entries)
                 at = await self._stamp(txn, entries)
+            head, base = graph.head, txn.base
+            ts = graph.next_time(at)
             builder = Builder(self.nodes)
-            start = EMPTY if st.cleared else txn.base.root
-            changes = await staging.with_tombstones(self.nodes, start, entries)
-            root = await builder.apply(start, changes)
-            if root == txn.base.root:
+            changes = await staging.stamped(
+                self.nodes, base.root, entries, graph.dot(ts), cleared=st.cleared
+            )
+            if head.id != base.id:  # the page moved: what the transaction did not see stays
+                changes = await _onto_moved(builder, base.root, head, changes, graph.ctx, txn)
+            root = await builder.apply(head.root, changes)
+            if root == head.root:
                 await staging.discard(self.objects, st.staged)
                 return None
-            c = commit.child([txn.base], root, at=at)
-            moved = txn.base.id not in {h.id for h in graph.heads}
+            c = commit.child(head, root, ts)
             # Values a later put of the transaction replaced are not stored.
             live = set(map(_VALUE, filter(None, entries.values())))  # (None: a delete)
             values, tokens = await staging.only_live(self.objects, live, st.pieces, st.staged)
@@ -156,11 +161,9 @@ class Transactions:
                 tokens=tokens,
                 also=also,
                 also_small=st.also_small,
-                notify=not moved,
+                ctx={**graph.ctx, graph.tag: c.timestamp},
             )
         stored.set()
-        if len(graph.heads) > 1:
-            await self.merger.settle()
         return c.id
 
     async def _stamp(self, txn: Transaction, entries: dict[bytes, Entry | None]) -> int:
@@ -203,6 +206,7 @@ class Transaction(View):
         super().__init__(txns.objects.overlaid(self._memory), txns.nodes)
         self._txns = txns
         self._base: Commit | None = None
+        self._ctx: dots.Context = {}
         self.id = f"E{time.time_ns():020d}{uuid.uuid4().hex[:12]}"
         self.state = _TxnState()
         self.commit_id: bytes | None = None
@@ -212,6 +216,11 @@ class Transaction(View):
         self.versionstamped_keys: list[bytes] = []
         """The keys given to :meth:`set_versionstamped_key`, completed, in that order
         (set by the commit)."""
+
+    @property
+    def seen(self) -> dots.Context:
+        """The context of the transaction's base: the writes it has seen."""
+        return self._ctx
 
     @property
     def base(self) -> Commit:
@@ -225,6 +234,7 @@ class Transaction(View):
             await self._txns._flush_writes()
             if self._base is None:
                 self._base = self._txns.graph.head
+                self._ctx = self._txns.graph.ctx
                 if self.state.open:  # not rolled back while the page flushed
                     self._txns.started(self.state)
         return self
@@ -437,3 +447,48 @@ class _Stream(AsyncIterator[bytes]):
             raise StopAsyncIteration
         data, self._data = self._data, None
         return data
+
+
+async def _onto_moved(
+    builder: Builder,
+    base_root: bytes,
+    head: Commit,
+    changes: list[tuple[bytes, RawEntry | None]],
+    head_ctx: dots.Context,
+    txn: Transaction,
+) -> list[tuple[bytes, RawEntry | None]]:
+    """A transaction's stamped changes (made on ``base_root``) as changes of ``head``,
+    which moved since the transaction started: its writes join the head as a delta made
+    with what it saw (:func:`store.join.join_delta`); on a document page, each document
+    it wrote goes whole, as it saw it."""
+    puts = [e for _, e in changes if e is not None]
+    if await join.is_document_page(builder, head.root, puts):
+        puts = await _whole_documents(builder, base_root, puts)
+    out = await join.join_delta(
+        builder, head.root, puts, dots.seen_by(head_ctx), dots.seen_by(txn.seen)
+    )
+    for key, e in changes:  # a clear drops a deleted page's mark it saw
+        if e is None:
+            mark = await btree.lookup(builder, head.root, key)
+            if mark is not None and dots.covers(txn.seen, mark.dot):
+                out.append((key, None))
+    return out
+
+
+async def _whole_documents(
+    builder: Builder, base_root: bytes, puts: list[RawEntry]
+) -> list[RawEntry]:
+    """``puts`` with each document key replaced by its document, whole, as the
+    transaction saw it (its base, then its writes)."""
+    mine = {e[0]: e for e in puts}
+    groups = {g for e in puts if (g := doclayout.group_of(e[0])) is not None}
+    out = [e for e in puts if doclayout.group_of(e[0]) is None]
+    for g in sorted(groups):
+        seen = {
+            e[0]: btree.raw(e)
+            async for e in btree.iterate(builder, base_root, g, doclayout.elements_end(g))
+        }
+        seen.update((k, e) for k, e in mine.items() if k.startswith(g))
+        out.extend(seen.values())
+    out.sort(key=lambda e: e[0])
+    return out

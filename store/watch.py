@@ -195,6 +195,8 @@ class Watchers:
                     if old is not None:  # a tombstone replacing nothing is no change
                         deleted.append(ch.key)
                     continue
+                if old is not None and (old[1], old[2]) == (new[1], new[2]):
+                    continue  # what reads see is the same (a newer dot, siblings)
                 entry = described.get(ch.key)
                 if entry is None:
                     entry = described[ch.key] = await self._describe(ch.key, new)

@@ -14,10 +14,12 @@ back-to-back writers share commits. A write of at least ``DIRECT_BATCH`` changes
 is committed on its own, after the journal.
 
 The journal's commit is stamped with the time of its first acknowledged write
-(never older than its parents), so that last-one-wins orders writes by when
-they were acknowledged, not by when the group commit ran; if the journal holds
-versionstamped writes, with the time of its latest stamp, so that the stamps a
-device has seen are all older than its head (:mod:`store.stamps`).
+(never older than its parent), and its entries carry that time in their dot, so
+that last-one-wins orders writes by when they were acknowledged, not by when the
+group commit ran; if the journal holds versionstamped writes, with the time of its
+latest stamp, so that the stamps a device has seen are all older than its head
+(:mod:`store.stamps`). A plain write has seen the whole state it is applied to (an
+import commits the journal first): it supersedes every version of its keys.
 
 A write's versionstamped keys and values (:class:`store.stamps.StampedKey`,
 :class:`~store.stamps.StampedValue`) share one stamp, taken by the worker just
@@ -41,7 +43,7 @@ from dataclasses import dataclass, field
 
 from ledgerd.store import commit, deleted, split, sql, staging
 from ledgerd.store import digest as dg
-from ledgerd.store.btree import EMPTY, Builder, Entry, NodeStore, Priority, new_entry
+from ledgerd.store.btree import Builder, Entry, NodeStore, Priority, new_entry
 from ledgerd.store.db import INLINE_MAX_ROWS, Database, fits_inline
 from ledgerd.store.errors import InvalidDigestError, named
 from ledgerd.store.graph import DIRECT_BATCH, CommitGraph
@@ -330,15 +332,23 @@ class JournalWriter:
             async with self.graph.lock:
                 at = await self._stamp(w) if w.stamps else None
                 base = self.graph.head
+                ts = self.graph.next_time(at)
                 builder = Builder(self.nodes)
-                start = EMPTY if w.clear else base.root
-                changes = await staging.with_tombstones(self.nodes, start, w.changes)
-                root = await builder.apply(start, changes)
+                changes = await staging.stamped(
+                    self.nodes, base.root, w.changes, self.graph.dot(ts), cleared=w.clear
+                )
+                root = await builder.apply(base.root, changes)
                 if root == base.root:
                     await staging.discard(self.objects, w.tokens)
                 else:
-                    c = commit.child([base], root, at=at)
-                    await self.graph.store(c, builder, values=w.pieces, tokens=w.tokens)
+                    c = commit.child(base, root, ts)
+                    await self.graph.store(
+                        c,
+                        builder,
+                        values=w.pieces,
+                        tokens=w.tokens,
+                        ctx={**self.graph.ctx, self.graph.tag: c.timestamp},
+                    )
         except BaseException as e:
             if not w.done.done():
                 w.done.set_exception(e)
@@ -403,7 +413,7 @@ class JournalWriter:
         enough to run inline, and what to do once it is stored."""
         new = self._journal is None
         jid = self._journal or f"I{time.time_ns():020d}{uuid.uuid4().hex[:12]}"
-        since = commit.now_us() if new else self._since
+        since = self.graph.clock_us() if new else self._since
         pieces = {p.digest: p.data for w in batch for p in w.pieces}  # one row per piece
 
         def work(conn: sqlite3.Connection) -> None:
@@ -458,17 +468,19 @@ class JournalWriter:
             if jid is None:
                 return
             base = self.graph.head
+            at = self._since if self._stamped is None else max(self._since or 0, self._stamped)
+            ts = self.graph.next_time(at)
             builder = Builder(self.nodes)
-            start = EMPTY if overlay.cleared else base.root
-            changes = await staging.with_tombstones(self.nodes, start, overlay.entries)
-            root = await builder.apply(start, changes)
+            changes = await staging.stamped(
+                self.nodes, base.root, overlay.entries, self.graph.dot(ts), cleared=overlay.cleared
+            )
+            root = await builder.apply(base.root, changes)
             if root == base.root:
                 await self.db.run(lambda conn: sql.drop_journal(conn, jid), write=True)
                 await self.objects.discard(jid)
                 self._reset()
                 return
-            at = self._since if self._stamped is None else max(self._since or 0, self._stamped)
-            c = commit.child([base], root, at=at)
+            c = commit.child(base, root, ts)
             # Values a later write of this journal replaced are in no commit: their
             # pieces are collected rather than kept (and uploaded) for nothing.
             live = {e.value for e in overlay.entries.values() if e is not None}
@@ -479,7 +491,12 @@ class JournalWriter:
                 sql.drop_journal(conn, jid)
 
             await self.graph.store(
-                c, builder, also=drop, also_small=fits_inline(self._rows, 0), then=self._reset
+                c,
+                builder,
+                also=drop,
+                also_small=fits_inline(self._rows, 0),
+                then=self._reset,
+                ctx={**self.graph.ctx, self.graph.tag: c.timestamp},
             )
 
     def _reset(self) -> None:

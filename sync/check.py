@@ -2,39 +2,28 @@
 
 This module owns checking a page against the bucket and repairing it from there:
 
-* **What the bucket holds.** Every device's log is listed once per check
-  (:class:`BucketIndex`); a page's packs are then read one at a time: this
-  device's packs whole (they must parse, and every commit and piece in them must
-  verify), other devices' packs by their prefix (header, commits, EAGER pieces),
-  which names their LAZY pieces too. Then the page's best checkpoint (the one
-  compaction goes by, :meth:`Checkpoints.best`) is read whole in one ranged GET:
-  its commits and pieces, EAGER and LAZY, are in the bucket too. A pack deleted
-  (by compaction) between the listing and its read is skipped without a word: the
-  checkpoint, read after the packs, stands for it. So a check costs a GET per pack
-  of the page, a LIST and a GET for its checkpoint (and the index of each of its
-  newest few when it has several), and holds one pack or checkpoint in memory at
-  a time.
-* **Checking** (``cloud``): compaction deletes packs whose commits all lie below a
-  checkpoint's commits, so not all history the page counts as synced is in a pack.
-  The rule: every commit the page counts as synced must be in a pack or in the
-  checkpoint, unless it is one of the checkpoint's commits or their ancestors (as
-  far as the page's own commits and those read from the bucket tell), or no head
-  reaches it (a device back after the grace keeps old commits whose links to the
-  checkpoint's head were compacted away); every piece
-  the page counts as synced must be in a pack or in the checkpoint, unless no head
-  and no commit above the checkpoint (not one of those ancestors) reaches it. So
-  what the heads reach and what is newer than the checkpoint must be in the
-  bucket; older history that is in no pack is what compaction removed on purpose.
-  Nor does the bucket need a commit no head reaches: what a rejoin left behind
-  (:func:`store.sql.leave_behind`, never to be uploaded), or old commits whose links
-  to the checkpoint's head were compacted away. A page without a checkpoint keeps the
-  plain rule: everything synced is in a pack.
+* **What the bucket holds.** The feed is listed once per check
+  (:class:`BucketIndex`) and each pack's index read once; a page's sections are then
+  read one at a time: every one's EAGER pieces (they must verify), LAZY pieces read
+  (and verified) in this device's own packs and where wanted. Then the page's best
+  checkpoint (the one compaction goes by, :meth:`Checkpoints.best`) is read whole in
+  one ranged GET: its pieces, EAGER and LAZY, are in the bucket too, and its context
+  says how far each device's writes are in it. A pack deleted (by compaction)
+  between the listing and its read is skipped without a word: the checkpoint, read
+  after the packs, stands for it.
+* **Checking** (``cloud``): every piece the page counts as synced and its state
+  reaches (a value of one of its entries' versions) must be in a pack or in the
+  checkpoint; and this device's writes that the page counts as uploaded must be in
+  the bucket: the newest of its sections of the page (or the checkpoint's context)
+  must reach them. Older pieces that are in no pack are what compaction removed on
+  purpose.
 * **Repairing** (``repair``, which reads the bucket as ``cloud`` does): corrupt or
   missing pieces are taken from the packs and the checkpoint (verified) and stored
-  again; pieces and commits the bucket lacks go back to pending and are uploaded
-  by one upload round of the page (not a piece still damaged here); what needs no
-  cloud (:func:`ledgerd.store.check.repair_local`) is done too. The page is checked
-  again after a repair (a restored tree node opens a subtree that was not walked).
+  again; writes of this device the bucket lacks go back to pending and are uploaded
+  by one upload round of the page; pieces the bucket lacks go up in a checkpoint of
+  the page (it holds every piece its state reaches); what needs no cloud
+  (:func:`ledgerd.store.check.repair_local`) is done too. The page is checked again
+  after a repair.
 
 The local check itself is :mod:`ledgerd.store.check`. Nothing here holds a lock of
 the page: the page keeps serving, and so does every other page.
@@ -59,7 +48,7 @@ from ledgerd.sync.cloud import CloudStore
 from ledgerd.sync.crypto import Codec
 from ledgerd.sync.errors import CloudError, CloudNotFoundError
 from ledgerd.sync.fetch import Location
-from ledgerd.sync.layout import PACKS, LogName, PackName
+from ledgerd.sync.layout import PACKS, PackName
 
 if TYPE_CHECKING:
     from ledgerd.sync.engine import SyncEngine
@@ -73,27 +62,26 @@ REPAIR_ROUNDS = 4
 
 
 class BucketIndex:
-    """Every pack in the bucket, by page: one listing of ``log/`` (layout 1) and one
-    of ``packs/`` with each pack's header read once (layout 2) per check."""
+    """Every pack in the bucket, by page: one listing of ``packs/`` with each pack's
+    header read once per check."""
 
     def __init__(self, store: CloudStore, codec: Codec | None = None) -> None:
         self.store = store
         self.codec = codec
         """The bucket's codec, if it is encrypted (:attr:`SyncEngine.codec`)."""
-        self._packs: dict[Key, list[LogName]] | None = None
         self._sections: dict[Key, list[tuple[PackName, pack.PageIndex]]] | None = None
         self.problems: list[str] = []
-        """Packs of layout 2 whose header could not be read."""
+        """Packs whose header could not be read."""
         self.notes: list[str] = []
-        """Packs of layout 2 sealed with a key this device lacks (not damage)."""
+        """Packs sealed with a key this device lacks (not damage)."""
 
     def forget(self) -> None:
         """List the bucket again at the next use (packs may have come since)."""
-        self._packs = self._sections = None
+        self._sections = None
         self.problems = []
 
     async def sections(self, key: Key) -> list[tuple[PackName, pack.PageIndex]]:
-        """The page's sections in the layout-2 packs, oldest pack first."""
+        """The page's sections in the packs, oldest pack first."""
         if self._sections is None:
             found: dict[Key, list[tuple[PackName, pack.PageIndex]]] = {}
             async for name in self.store.list(PACKS):
@@ -115,16 +103,6 @@ class BucketIndex:
             self._sections = found
         return sorted(self._sections.get(key, []), key=lambda x: (x[0].device, x[0].seq))
 
-    async def packs(self, key: Key) -> list[LogName]:
-        if self._packs is None:
-            packs: dict[Key, list[LogName]] = {}
-            async for name in self.store.list("log/"):
-                ln = LogName.parse(name)
-                if ln is not None:
-                    packs.setdefault(ln.key, []).append(ln)
-            self._packs = packs
-        return sorted(self._packs.get(key, []), key=lambda x: (x.device, x.seq))
-
 
 @dataclass
 class CloudView:
@@ -133,9 +111,8 @@ class CloudView:
     packs: int = 0
     own_packs: int = 0
     pieces: set[bytes] = field(default_factory=set)
-    commits: set[bytes] = field(default_factory=set)
-    parents: dict[bytes, tuple[bytes, ...]] = field(default_factory=dict)
-    """Each commit read, with its parents (to tell what lies below a checkpoint)."""
+    uploaded: int = -1
+    """How far this device's writes to the page are in the bucket (its clock)."""
     found: dict[bytes, bytes] = field(default_factory=dict)
     """Wanted pieces, verified."""
     problems: list[str] = field(default_factory=list)
@@ -143,44 +120,24 @@ class CloudView:
     """What could not be read for want of a key this device lacks (not damage)."""
     checkpoint: str | None = None
     """The name of the page's checkpoint that was read, if any."""
-    covered: list[bytes] = field(default_factory=list)
-    """That checkpoint's commits: their history may be in no pack (compacted)."""
     unread: bool = False
     """The page has checkpoints, and none could be read: what compaction removed cannot
     be told from what the bucket lost, so nothing is judged missing (or uploaded)."""
 
-    def add_commits(self, datas: Iterable[bytes]) -> bool:
-        """Count these commit encodings as in the bucket; False if one does not decode."""
-        parents, bad = ck.commit_parents(datas)
-        self.commits.update(parents)
-        self.parents.update(parents)
-        return not bad
-
     def add_pack(
-        self,
-        own: bool,
-        commits: Iterable[bytes],
-        eager: dict[bytes, bytes],
-        wanted: set[bytes],
-        bad: list[str],
-    ) -> dict[bytes, bytes]:
-        """Count a pack's (or section's) commits and EAGER pieces as in the bucket,
-        keeping the wanted ones; what does not check out goes to ``bad``. Returns the
-        pieces that match their digests."""
-        good: dict[bytes, bytes] = {}
+        self, own: bool, eager: dict[bytes, bytes], wanted: set[bytes], bad: list[str]
+    ) -> None:
+        """Count a section's EAGER pieces as in the bucket, keeping the wanted ones; what
+        does not check out goes to ``bad``."""
         self.packs += 1
         self.own_packs += own
-        if not self.add_commits(commits):
-            bad.append("a commit does not decode")
         for d, v in eager.items():
             if not dg.verify(d, v):
                 bad.append(f"piece {dg.short(d)} does not match its digest")
                 continue
             self.pieces.add(d)
-            good[d] = v
             if d in wanted:
                 self.found[d] = v
-        return good
 
 
 async def _read_sections(
@@ -190,56 +147,36 @@ async def _read_sections(
     wanted: set[bytes],
     view: CloudView,
     codec: Codec | None,
-    page: Page | None,
 ) -> None:
-    """The page's sections in layout-2 packs: every one's commits and EAGER pieces;
-    LAZY pieces read (and verified) in this device's own packs and where wanted.
-
-    An edited section is read over its bases: tree nodes stored here or, once history
-    retention pruned them here, met in the page's other sections (read first, in as
-    many passes as it takes); one whose bases are in neither is passed over. Before,
-    every edited section older than the retention was passed over, and what it held
-    was reported as synced here but lacking in the bucket."""
-    need = {d for _, pi in sections for d in pi.bases}
-    met: dict[bytes, bytes] = {}  # bases met in sections read
-    todo = [(pn, pi) for pn, pi in sections if not (pi.bases and page is None)]
-    while todo:  # (an edit of tree nodes is read only next to the page)
-        waiting = []
-        for pn, pi in todo:
-            try:
-                bases = await ex.local_nodes(page, pi.bases, met) if page is not None else b""
-            except ex.MissingObjectError:
-                waiting.append((pn, pi))
-                continue
-            eager = await _read_section(store, pn, pi, bases, device, wanted, view, codec)
-            met.update((d, v) for d, v in eager.items() if d in need)
-        if len(waiting) == len(todo):
-            break  # edits of nodes neither here nor in the bucket: nothing to read them with
-        todo = waiting
+    """The page's sections: every one's EAGER pieces; LAZY pieces read (and verified)
+    in this device's own packs and where wanted."""
+    for pn, pi in sections:
+        await _read_section(store, pn, pi, device, wanted, view, codec)
+        if pn.device == device:
+            view.uploaded = max(view.uploaded, pi.upto)
 
 
 async def _read_section(
     store: CloudStore,
     pn: PackName,
     pi: pack.PageIndex,
-    bases: bytes,
     device: str,
     wanted: set[bytes],
     view: CloudView,
     codec: Codec | None,
-) -> dict[bytes, bytes]:
-    """One section of :func:`_read_sections`, read over ``bases``; its EAGER pieces."""
+) -> None:
+    """One section of :func:`_read_sections`."""
     own = pn.device == device
     bad: list[str] = []
     try:
         stored = await store.get(pn.name, pi.eager.offset, pi.eager.stored)
-        commits, eager = pack.decode_section(stored, pi.eager, codec, bases)
+        _, eager = pack.decode_section(stored, pi.eager, codec)
     except CloudNotFoundError:
-        return {}  # compacted since the listing: a checkpoint holds it
+        return  # compacted since the listing: a checkpoint holds it
     except (CloudError, pack.CorruptPackError) as e:
         _unreadable(f"pack {pn.name}", e, view.problems, view.notes)
-        return {}
-    good = view.add_pack(own, commits, eager, wanted, bad)
+        return
+    view.add_pack(own, eager, wanted, bad)
     for d, part in pi.lazy:
         view.pieces.add(d)
         if not (own or (d in wanted and d not in view.found)):
@@ -265,67 +202,18 @@ async def _read_section(
             view.found[d] = raw
     if bad:
         view.problems.append(f"pack {pn.name}: " + "; ".join(bad[:5]))
-    return good
 
 
 async def read_page(
     store: CloudStore,
-    packs: list[LogName],
     device: str,
     want: Iterable[bytes],
     sections: Iterable[tuple[PackName, pack.PageIndex]] = (),
     codec: Codec | None = None,
-    page: Page | None = None,
 ) -> CloudView:
-    """Read the page's packs (see the module docstring); keep the ``want`` pieces.
-    ``page``: the local page, whose tree nodes edited sections are read over."""
-    wanted = set(want)
+    """Read the page's sections (see the module docstring); keep the ``want`` pieces."""
     view = CloudView()
-    await _read_sections(store, list(sections), device, wanted, view, codec, page)
-    lazy_at: dict[bytes, tuple[str, int, int]] = {}
-    for ln in packs:
-        own = ln.device == device
-        try:
-            data = await store.get(ln.name) if own else await store.get(ln.name, 0, ln.eager_end)
-            p = pack.decode_prefix(data[: ln.eager_end], ln.eager_end)
-            if (p.ledger, p.page, p.seq, p.device.hex()) != (ln.ledger, ln.page, ln.seq, ln.device):
-                raise pack.CorruptPackError("pack does not match its name")
-        except CloudNotFoundError:
-            continue  # gone since the listing
-        except (CloudError, pack.CorruptPackError) as e:
-            _unreadable(f"pack {ln.name}", e, view.problems, view.notes)
-            continue
-        bad: list[str] = []
-        view.add_pack(own, p.commits, p.eager, wanted, bad)
-        for d, off, n in p.lazy:
-            if own:
-                piece = data[off : off + n]
-                if len(piece) != n or not dg.verify(d, piece):
-                    bad.append(f"LAZY piece {dg.short(d)} does not match its digest")
-                    continue
-                if d in wanted:
-                    view.found[d] = piece
-            elif d in wanted and d not in view.found:
-                lazy_at.setdefault(d, (ln.name, off, n))
-            view.pieces.add(d)
-        if bad:
-            view.problems.append(f"pack {ln.name}: " + "; ".join(bad[:5]))
-        del data, p
-    for d, (name, off, n) in lazy_at.items():
-        if d in view.found:
-            continue
-        try:
-            piece = await store.get(name, off, n)
-        except CloudNotFoundError:
-            view.pieces.discard(d)
-            continue
-        except CloudError as e:
-            view.problems.append(f"pack {name}: {type(e).__name__}: {e}")
-            continue
-        if dg.verify(d, piece):
-            view.found[d] = piece
-        else:
-            view.problems.append(f"pack {name}: LAZY piece {dg.short(d)} does not match its digest")
+    await _read_sections(store, list(sections), device, set(want), view, codec)
     return view
 
 
@@ -335,14 +223,15 @@ async def read_checkpoint(
     want: Iterable[bytes],
     view: CloudView,
     codec: Codec | None = None,
+    tag: bytes = b"",
 ) -> None:
     """Add the page's best checkpoint (the one compaction goes by, see
-    :meth:`Checkpoints.best`) to ``view``: its commits and pieces are in the bucket,
-    its commits are ``covered``, and wanted pieces it holds are ``found`` (a LAZY one
-    with a ranged GET of it). Read after the packs, so that a pack compacted while
-    they were read is covered by what is read here. Cost: one LIST of the page's
-    checkpoints, the index of each of its newest few when it has several, one ranged
-    GET of the chosen one."""
+    :meth:`Checkpoints.best`) to ``view``: its pieces are in the bucket, the writes of
+    this device (``tag``) its context holds are too, and wanted pieces it holds are
+    ``found`` (a LAZY one with a ranged GET of it). Read after the packs, so that a
+    pack compacted while they were read is covered by what is read here. Cost: one
+    LIST of the page's checkpoints, the index of each of its newest few when it has
+    several, one ranged GET of the chosen one."""
     wanted = set(want)
     for _ in range(2):  # the chosen one may be deleted under us: a newer one is there
         names = [cn async for cn in checkpoints.names(checkpoints.tag(key))]
@@ -367,10 +256,8 @@ async def read_checkpoint(
     if cp.key != key:
         view.problems.append(f"checkpoint {cn.name}: it holds another page than its name says")
         return
-    if not view.add_commits(cp.commits):
-        view.problems.append(f"checkpoint {cn.name}: a commit does not decode")
     view.checkpoint = cn.name
-    view.covered = ck.commit_ids(cp.commits)
+    view.uploaded = max(view.uploaded, cp.ctx.get(tag, -1))
     for d, v in cp.eager.items():  # (their digests are computed from them)
         view.pieces.add(d)
         if d in wanted:
@@ -414,19 +301,6 @@ def _unreadable(where: str, e: Exception, problems: list[str], notes: list[str])
         )
     else:
         problems.append(f"{where}: {type(e).__name__}: {e}")
-
-
-def below(tops: Iterable[bytes], parents: dict[bytes, Any]) -> set[bytes]:
-    """``tops`` and every commit they descend from, as far as ``parents`` knows."""
-    out: set[bytes] = set()
-    todo = list(tops)
-    while todo:
-        c = todo.pop()
-        if c in out:
-            continue
-        out.add(c)
-        todo.extend(parents.get(c, ()))
-    return out
 
 
 @dataclass
@@ -526,19 +400,11 @@ def _documents_only(report: ck.PageCheck) -> bool:
 async def _read_bucket(
     page: Page, engine: SyncEngine, index: BucketIndex, device: str, want: Iterable[bytes]
 ) -> CloudView:
-    """The page's packs, then its checkpoint (see :func:`read_checkpoint`)."""
+    """The page's sections, then its checkpoint (see :func:`read_checkpoint`)."""
     key = (page.ledger, page.id)
     wanted = list(want)
-    view = await read_page(
-        engine.store,
-        await index.packs(key),
-        device,
-        wanted,
-        await index.sections(key),
-        engine.codec,
-        page,
-    )
-    await read_checkpoint(engine.checkpoints, key, wanted, view, engine.codec)
+    view = await read_page(engine.store, device, wanted, await index.sections(key), engine.codec)
+    await read_checkpoint(engine.checkpoints, key, wanted, view, engine.codec, page.graph.tag)
     return view
 
 
@@ -548,48 +414,29 @@ async def _cloud(
     """Read the page's packs and checkpoint; report what the page counts as synced
     and the bucket should hold but does not (the rule is in the module docstring)."""
     view = await _read_bucket(page, engine, index, engine.device, report.bad_pieces())
-    synced = await ck.synced_pieces(page)
-    if any(d not in view.pieces for d in synced) or any(
-        c not in view.commits for c in await ck.synced_commits(page)
-    ):
-        # The listing was made at the check's first page: a pack imported since (sync
-        # goes on while a check runs) is not in it. List again before blaming the bucket.
+    needed = set(await ck.synced_pieces(page)) & await ck.reachable(page, [page.head.root])
+    uploaded = await ex.uploaded_upto(page)
+    if any(d not in view.pieces for d in needed) or view.uploaded < uploaded:
+        # The listing was made at the check's first page: a pack put since (sync goes
+        # on while a check runs) is not in it. List again before blaming the bucket.
         index.forget()
         view = await _read_bucket(page, engine, index, engine.device, report.bad_pieces())
     for problem in [*index.problems, *view.problems]:
         report.add(ck.Problem(ck.CLOUD, problem))
     if view.unread:  # (a repair would upload the whole compacted history again)
         return view
-    lacking = [d for d in synced if d not in view.pieces]
-    missing = [c for c in await ck.synced_commits(page) if c not in view.commits]
-    left = await ck.left_behind(page)
-    if (view.covered or left) and (lacking or missing):
-        parents, roots, heads = await ck.history(page)
-        graph = {**view.parents, **parents}
-        # Not needed in the bucket: history below the checkpoint (compacted), and the
-        # commits no head reaches: what a rejoin left behind (never to be uploaded), and
-        # old commits whose children up to the checkpoint's head were compacted away
-        # everywhere (a device back after the grace holds such).
-        live = below(heads, parents)
-        skip = below(view.covered, graph) | {c for c in {*parents, *roots} if c not in live}
-        missing = [c for c in missing if c not in skip]
-        if lacking:
-            needed = await ck.reachable(
-                page, [r for c, r in roots.items() if c not in skip or c in heads]
-            )
-            lacking = [d for d in lacking if d in needed]
-    for d in lacking:
+    for d in sorted(needed - view.pieces):
         report.add(
             ck.Problem(
                 ck.NOT_IN_CLOUD, f"piece {dg.short(d)} counts as synced but the bucket lacks it", d
             )
         )
-    for c in missing:
+    if view.uploaded < uploaded:
         report.add(
             ck.Problem(
                 ck.NOT_IN_CLOUD,
-                f"commit {c.hex()[:12]} counts as synced but the bucket lacks it",
-                commit=c,
+                f"this device's writes up to {ex.format_time(uploaded)} count as uploaded, "
+                f"but the bucket holds them up to {ex.format_time(view.uploaded)}",
             )
         )
     return view
@@ -620,31 +467,29 @@ async def _restore(
             )
     lacking = [p for p in report.open_problems(ck.NOT_IN_CLOUD) if p.digest not in unfit]
     if lacking:
-        requeued = set(
-            await ck.requeue(
-                page,
-                [p.digest for p in lacking if p.digest is not None],
-                [p.commit for p in lacking if p.commit is not None],
-            )
-        )
-        engine.requeued((page.ledger, page.id))
+        key = (page.ledger, page.id)
+        writes = [p for p in lacking if p.digest is None]
+        pieces = [p for p in lacking if p.digest is not None]
         try:
-            await engine.round(download=False, only=(page.ledger, page.id))
+            if writes:  # this device's writes the bucket lacks: uploaded again
+                view = result.cloud
+                await ck.requeue(page, [], view.uploaded if view is not None else -1)
+                engine.requeued(key)
+                await engine.round(download=False, only=key)
+                error = engine.upload_error(key)
+                if error is not None:
+                    raise CloudError(error)
+            # Pieces the bucket lacks: a checkpoint holds every one.
+            if pieces and not await engine.policy.write_for_compaction(key):
+                raise CloudError("no checkpoint of the page could be written")
         except (CloudError, OSError) as e:
             result.notes.append(f"the upload of what the bucket lacks failed: {e}")
         except asyncio.CancelledError:
             raise
         else:
-            error = engine.upload_error((page.ledger, page.id))
-            if error is not None:
-                result.notes.append(f"the upload of what the bucket lacks failed: {error}")
-            else:
-                for p in lacking:
-                    if (p.digest or p.commit) in requeued:
-                        p.repaired = changed = True
-                log.info(
-                    "re-uploaded %d pieces and commits of page %s", len(requeued), named(page.id)
-                )
+            for p in lacking:
+                p.repaired = changed = True
+            log.info("uploaded again what the bucket lacked of page %s", named(page.id))
     return changed
 
 

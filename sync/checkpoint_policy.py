@@ -3,13 +3,12 @@
 This module owns :class:`CheckpointPolicy`: after a page's upload, a checkpoint
 when its history since the last one calls for it, at most one per
 ``checkpoint_interval`` per page (one that has to wait is written by a later
-round); the checkpoints compaction asks for; a page's *frontier* (the newest
-commit imported from each device); and starting pages from checkpoints, on a
-device's first listing of the bucket (bootstrap), after it was away for longer
+round); the checkpoints compaction asks for; and joining checkpoints: every page's,
+on a device's first listing of the bucket (bootstrap), after it was away for longer
 than the compaction grace, and after a pack it listed was deleted before it
-imported it (rejoin). What a checkpoint holds, and reading and
-writing it, are :mod:`sync.checkpoints`'; what compaction deletes is
-:mod:`sync.compaction`'s.
+imported it (rejoin); one page's, when its held sections wait for writes that no
+listed pack holds (rescue). What a checkpoint holds, and reading and writing it, are
+:mod:`sync.checkpoints`'; what compaction deletes is :mod:`sync.compaction`'s.
 """
 
 from __future__ import annotations
@@ -20,28 +19,26 @@ import time
 from collections.abc import Callable
 
 from ledgerd.store import Page
-from ledgerd.store import exchange as ex
 from ledgerd.store.errors import named
-from ledgerd.sync.checkpoints import Checkpoints, reach
+from ledgerd.sync.checkpoints import Checkpoints
 from ledgerd.sync.context import LOCAL, Key, SyncContext
-from ledgerd.sync.errors import CloudNotFoundError
 from ledgerd.sync.feed import Feed
-from ledgerd.sync.layout import PackName
 from ledgerd.sync.status import describe
 
 log = logging.getLogger(__name__)
 
 REJOINING = "sync/rejoining"
 """Repository meta: set while a device away past the grace (or one that missed a
-pack: :meth:`CheckpointPolicy.missed`) moves its pages onto the checkpoints (see
+pack: :meth:`CheckpointPolicy.missed`) joins its pages with the checkpoints (see
 :meth:`CheckpointPolicy.rejoin_if_away`)."""
 
 
 class CheckpointPolicy:
     """Writes checkpoints when due, and takes them where a page must start again.
 
-    ``changed(key)`` is told of a page that took a checkpoint over its own history
-    (its changes are pending again); ``grace`` is the compaction grace.
+    ``changed(key)`` is told of a page that joined a checkpoint (a round looks at it);
+    ``grace`` is the compaction grace; ``wake(key)`` makes the page's held sections
+    due again.
     """
 
     def __init__(
@@ -53,6 +50,7 @@ class CheckpointPolicy:
         interval: float,
         grace: float,
         changed: Callable[[Key], None],
+        wake: Callable[[Key], None] = lambda key: None,
     ) -> None:
         self.ctx = ctx
         self.feed = feed
@@ -61,6 +59,7 @@ class CheckpointPolicy:
         self.grace = grace
         self._rejoining: bool | None = None  # REJOINING, once read (see rejoin_if_away)
         self.changed = changed
+        self.wake = wake
         self._due: dict[Key, None] = {}  # waiting for checkpoint_interval
         self._at: dict[Key, float] = {}  # monotonic time of the page's last one
 
@@ -83,7 +82,6 @@ class CheckpointPolicy:
                 self.ctx.repo.device_id,
                 await self.feed.feed_time(),
                 await self.feed.cover(page),
-                also=await self.frontier(page),
             )
         except asyncio.CancelledError:
             raise
@@ -121,26 +119,41 @@ class CheckpointPolicy:
                     await self.feed.feed_time(),
                     await self.feed.cover(page),
                     force=True,
-                    also=await self.frontier(page),
                 )
                 is not None
             )
 
-    async def frontier(self, page: Page) -> list[bytes]:
-        """The newest commit imported from each device: what it may build on next."""
-        return [v for _, v in await ex.sync_values(page, "frontier/") if len(v) == 32]
+    async def rescue(self, key: Key) -> bool:
+        """Join page ``key`` with its best checkpoint, unless it joined that one already:
+        its held sections wait for writes no listed pack holds (compacted into the
+        checkpoint, or deleted before this device read them). True if it joined one."""
+        if not self.ctx.wanted_here(key) or not self.ctx.repo.page_exists(*key):
+            return False
+        cp = await self.checkpoints.best_for(key)
+        if cp is None or self.checkpoints.joined.get(key) == cp.name.name:
+            return False
+        async with self.ctx.using(key) as page:
+            await self.checkpoints.take(page, cp)
+        await self.feed.absorb(cp.cover)
+        log.info(
+            "page %s of ledger %s waited for writes no listed pack holds: joined checkpoint %s",
+            named(key[1]),
+            named(key[0]),
+            cp.name.name,
+        )
+        self.changed(key)
+        return True
 
     async def bootstrap(self) -> None:
-        """A device that has never listed this bucket starts the pages it wants from
-        their checkpoints (once per cloud URL); those it wrote before carry their
-        history over onto them, as a rejoin does (:meth:`Checkpoints.bootstrap`)."""
+        """A device that has never listed this bucket joins the pages it wants with
+        their checkpoints (once per cloud URL; :meth:`Checkpoints.bootstrap`)."""
         done = f"sync/bootstrapped/{self.ctx.location}"
         if self.feed.feed_max or await self.ctx.repo.get_meta(done) is not None:
             return
-        held, carried = await self.checkpoints.bootstrap(
+        held, joined = await self.checkpoints.bootstrap(
             lambda k: self.ctx.wanted(k), self.ctx.using
         )
-        for key in carried:  # their changes are pending again (on the checkpoint's head)
+        for key in joined:
             self.changed(key)
         if held:  # compaction may have deleted packs those checkpoints cover
             await self.feed.restart(held)
@@ -165,19 +178,17 @@ class CheckpointPolicy:
 
     async def rejoin_if_away(self) -> None:
         """A device that has not listed the bucket for longer than ``compaction_grace``
-        may have missed packs that are deleted now: it takes each page's newest
-        checkpoint and carries its own unuploaded changes over onto it (see
-        :func:`store.exchange.rejoin`) instead of uploading them on parents the
-        others may no longer have."""
+        may have missed packs that are deleted now: every page it holds joins its best
+        checkpoint (its own writes not uploaded stay: the checkpoint has not seen them)
+        and takes the packs above it."""
         listed = await self.feed.wall_listed()
         away = self.ctx.clock() - listed
-        # Marked until every page has moved: a stop midway (after which a listing may
-        # have made this device look present) finishes the rejoin at the next round;
-        # pages that moved already are left as they are.
+        # Marked until every page has joined: a stop midway (after which a listing may
+        # have made this device look present) finishes the rejoin at the next round.
         if self._rejoining is None:  # (read once: this object keeps it after)
             self._rejoining = await self.ctx.repo.get_meta(REJOINING) is not None
         if self._rejoining:  # (or a pack missed: see missed)
-            log.warning("starting again from the checkpoints, as marked")
+            log.warning("joining the pages with the checkpoints, as marked")
         elif not listed or away <= self.grace:
             return
         else:
@@ -185,37 +196,28 @@ class CheckpointPolicy:
             self._rejoining = True
             log.warning(
                 "this device last read the bucket %s ago, longer than compaction_grace: "
-                "starting again from the checkpoints",
+                "joining its pages with the checkpoints",
                 _span(away),
             )
-        names = [cn async for cn in self.checkpoints.names()]
-        best = await self.checkpoints.best(names)
-        held: dict[str, int] = {}  # what compaction may have deleted meanwhile
-        for cn in sorted(best.values(), key=lambda n: n.name):
-            try:
-                cp = await self.checkpoints.read(cn)
-                reach(held, cp.cover)
-                if not self.ctx.wanted_here(cp.key):
-                    continue
-                fresh = not self.ctx.repo.page_exists(*cp.key)
-                async with self.ctx.using(cp.key) as page:
-                    await self.checkpoints.take(page, cp, rejoin=not fresh)
-                self.changed(cp.key)
-            except CloudNotFoundError:
-                continue
-            except Exception as e:  # that page goes on from its packs
-                log.warning("checkpoint %s not used: %s", cn.name, describe(e))
+        held, joined = await self.checkpoints.bootstrap(
+            lambda k: (
+                self.ctx.wanted_here(k)
+                and self.ctx.repo.page_exists(*k)
+                or not self.ctx.repo.page_exists(*k)
+                and self.ctx.wanted(k)
+            ),
+            self.ctx.using,
+        )
+        for key in joined:
+            self.changed(key)
+            self.wake(key)
         for device in set(held) - {self.ctx.device}:
             await self.feed.device_log(device)
         for dl in self.feed.logs.values():  # held packs the checkpoints hold are not needed
             dl.restart()  # nor the packs missing since: compacted
             for hid, h in list(dl.held.items()):
                 ln = h.ln
-                if (
-                    h.key
-                    and isinstance(ln, PackName)
-                    and self.checkpoints.covered(h.key, ln.device, ln.seq)
-                ):
+                if h.key and self.checkpoints.covered(h.key, ln.device, ln.seq):
                     del dl.held[hid]
             await self.feed.save_log(dl)
         await self.feed.restart(held)

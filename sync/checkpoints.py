@@ -1,26 +1,25 @@
-"""Checkpoints: a page's head, whole, so that a new device need not read its history.
+"""Checkpoints: a page's whole state, so that a device need not read its history.
 
 A checkpoint (``checkpoints/{tag}/...``, see :mod:`sync.layout`) is a pack of one
-page (:mod:`sync.pack`'s format) whose section holds the page's head commit and
-every tree node and EAGER value that commit reaches, its LAZY values after them;
-its header adds ``cover``: per device, the highest sequence number whose packs'
-commits of this page are all ancestors of that head. A device writes one after an
-upload round when the page's bytes uploaded and imported since its last checkpoint
-(what a new device would read past it), with the last checkpoint, pass 4/3 of
-the page's size (and ``FLOOR``): a new device then downloads at most about 1.33×
-the page's size plus one round; a page whose whole history is smaller than that
-gets none. Pieces are copied, not referred to, so that compaction can delete the
-packs the checkpoint stands for.
+page (:mod:`sync.pack`'s format) whose section holds every entry of the page's
+state (siblings included) and the EAGER pieces of every value, its LAZY pieces after
+them, and the state's context (``docs/convergence.md``); its header adds ``cover``:
+per device, the highest sequence number whose packs' sections of this page the state
+includes. Joining a checkpoint is always allowed, however far behind or ahead of it
+a page is. A device writes one after an upload round when the page's bytes uploaded
+and imported since its last checkpoint (what a new device would read past it), with
+the last checkpoint, pass 4/3 of the page's size (and ``FLOOR``): a new device then
+downloads at most about 1.33× the page's size plus one round; a page whose whole
+history is smaller than that gets none. Pieces are copied, not referred to, so that
+compaction can delete the packs the checkpoint stands for.
 
-A device that has never listed the bucket starts each page it has nothing of from
-the page's newest checkpoint: the head becomes a *shallow root* (its history stays
-in the cloud), and packs whose sequence the cover includes are skipped for that
-page. If a later commit needs history below the root (a commit made concurrently
-on a device that had not seen the checkpoint's head), the page *deepens*: its
-cover is dropped and every pack is read again for it.
+A page joins its best checkpoint when it has nothing of it (a new device, an evicted
+page), when its held sections wait for writes no listed pack holds, and when this
+device was away longer than the compaction grace; packs whose sequence the cover
+includes are then skipped for that page.
 
-This module does the cloud side of that; the store side (snapshots, shallow
-imports) is in :mod:`store.exchange`.
+This module does the cloud side of that; the store side (states and their joins) is
+in :mod:`store.exchange`.
 """
 
 from __future__ import annotations
@@ -61,7 +60,7 @@ THRESHOLD = "checkpoint/threshold"
 BASE = "checkpoint/base"
 """Page sync metadata: bytes of the page's last checkpoint (0: none)."""
 COVERS = "sync/covers"
-"""Repository meta: the pages started from a checkpoint, and what each one covers."""
+"""Repository meta: the pages that joined a checkpoint, and what each one covers."""
 
 
 @dataclass
@@ -71,7 +70,8 @@ class Checkpoint:
     name: CheckpointName
     key: Key
     cover: dict[str, int]
-    commits: list[bytes]  # the head, then older commits other devices may build on
+    ctx: dict[bytes, int]
+    entries: list[Any]  # as received (the store checks them)
     eager: dict[bytes, bytes]
     lazy: dict[bytes, str]  # digest -> location in the checkpoint
 
@@ -117,8 +117,8 @@ class Checkpoints:
         self.codec = codec
         """The bucket's codec once known (an encrypted bucket): names and seals."""
         self.covers: dict[Key, dict[str, int]] = {}
-        self.deep: dict[Key, dict[str, int]] = {}
-        """Pages that read their history again, with the cover they started from."""
+        self.joined: dict[Key, str] = {}
+        """The name of the checkpoint each page joined last (in this process)."""
         self.written = 0
         self._repo: Repository | None = None
 
@@ -128,9 +128,8 @@ class Checkpoints:
         if raw:
             try:
                 d = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-                for a, b, c, *deep in d:
-                    into = self.deep if deep and deep[0] else self.covers
-                    into[(bytes(a), bytes(b))] = _cover(c)
+                for a, b, c, *_ in d:
+                    self.covers[(bytes(a), bytes(b))] = _cover(c)
             except Exception as e:  # msgpack raises several unrelated types
                 log.warning("forgetting which pages started from checkpoints: %s", e)
                 self.covers = {}
@@ -138,7 +137,6 @@ class Checkpoints:
     async def _save(self) -> None:
         assert self._repo is not None
         rows = [[a, b, c, False] for (a, b), c in sorted(self.covers.items())]
-        rows += [[a, b, c, True] for (a, b), c in sorted(self.deep.items())]
         data = msgpack.packb(rows)
         await self._repo.set_meta(COVERS, bytes(data))
 
@@ -168,22 +166,6 @@ class Checkpoints:
         c = self.covers.get(key)
         return c is not None and seq <= c.get(device, 0)
 
-    async def uncover(self, key: Key) -> bool:
-        """Stop skipping packs for ``key`` (it needs its history). True if it had a cover."""
-        cover = self.covers.pop(key, None)
-        if cover is None:
-            return False
-        self.deep[key] = cover
-        await self._save()
-        return True
-
-    def was_covered(self, key: Key, device: str, seq: int) -> bool:
-        """Whether a page that reads its history again started from a checkpoint that
-        held pack ``seq`` of ``device``: its commits are in the page already, and it
-        is read again only for commits that later ones build on."""
-        c = self.deep.get(key)
-        return c is not None and seq <= c.get(device, 0)
-
     # -- writing -----------------------------------------------------------------------
 
     async def grew(self, page: Page, nbytes: int) -> int:
@@ -205,39 +187,39 @@ class Checkpoints:
         feed_time: int,
         cover: dict[str, int],
         force: bool = False,
-        also: list[bytes] | None = None,
     ) -> str | None:
-        """Write a checkpoint of the page's head if it is due (or ``force``) and the
-        page can have one (one head, nothing unuploaded, not too large). Returns its
-        name, or None."""
+        """Write a checkpoint of the page's state if it is due (or ``force``) and the
+        page can have one (it holds anything, and is not too large). Returns its name,
+        or None."""
         if not force and not await self.due(page):
             return None
-        snap = await ex.head_snapshot(page, also or [])
-        if snap is None:
+        st = await ex.state(page)
+        if st is None:
             return None
-        sizes = await ex.piece_sizes(page, snap.eager)
-        live = sum(sizes.values()) + len(snap.commit.data)
+        sizes = await ex.piece_sizes(page, st.eager)
+        live = sum(sizes.values()) + 64 * len(st.entries)
         since = int(await ex.sync_value(page, SINCE) or b"0")
         base = int(await ex.sync_value(page, BASE) or b"0")
         threshold = max(FLOOR, live * 4 // 3 - base)
         await ex.set_sync_value(page, THRESHOLD, str(threshold).encode())
         if since <= threshold and not force:
             return None
-        lazy_size = sum((await ex.piece_sizes(page, snap.lazy)).values())
+        lazy_size = sum((await ex.piece_sizes(page, st.lazy)).values())
         if live + lazy_size > self.max_size:
             log.info(
                 "page %s is too large for a checkpoint (%d bytes)", named(page.id), live + lazy_size
             )
             await ex.set_sync_value(page, THRESHOLD, str(1 << 62).encode())
             return None
-        eager = await ex.read_pieces(page, snap.eager)
-        lazy = await ex.read_pieces(page, snap.lazy)  # fetched if this device never read them
+        eager = await ex.read_pieces(page, st.eager)
+        lazy = await ex.read_pieces(page, st.lazy)  # fetched if this device never read them
         section = pack.Section(
             page.ledger,
             page.id,
-            [snap.commit.data, *(c.data for c in snap.also)],
-            [(d, eager[d]) for d in snap.eager],
-            [(d, lazy[d]) for d in snap.lazy],
+            [list(e) for e in st.entries],
+            [(d, eager[d]) for d in st.eager],
+            [(d, lazy[d]) for d in st.lazy],
+            ctx=st.ctx,
             bare=True,
         )
         tag = self.tag((page.ledger, page.id))
@@ -308,70 +290,70 @@ class Checkpoints:
         cover = _cover(header.extra.get("cover"))
         lazy = {d: part.location(cn.name) for d, part in p.lazy}
         if not sections:
-            return Checkpoint(cn, p.key, cover, [], {}, lazy)
-        commits, eager = await pack.decode_section_async(
+            return Checkpoint(cn, p.key, cover, p.ctx, [], {}, lazy)
+        entries, eager = await pack.decode_section_async(
             data[p.eager.offset : p.eager.end], p.eager, self.codec()
         )
-        if not commits:
-            raise pack.CorruptPackError(f"checkpoint {cn.name} holds no commit")
-        return Checkpoint(cn, p.key, cover, commits, eager, lazy)
+        return Checkpoint(cn, p.key, cover, p.ctx, entries, eager, lazy)
 
     async def bootstrap(
         self, wanted: Callable[[Key], bool], using: Using
     ) -> tuple[dict[str, int], list[Key]]:
-        """Start every page this device wants from its newest checkpoint: one it has
-        nothing of takes it as it is; one it wrote before it ever listed this bucket
-        carries its history over onto it, as a rejoin does (the packs below the
-        checkpoint may be compacted away: read from them, its log would begin above
-        them and wait for them for ever). Returns, per device, the highest sequence a
-        checkpoint read covers (of every page, started here or not: packs up to there
-        may be compacted away), and the pages whose own history was carried over. A
+        """Join every page this device wants with its best checkpoint (a device that
+        never listed this bucket, or one back after longer than the compaction grace:
+        the packs below the checkpoints may be compacted away). Returns, per device,
+        the highest sequence a checkpoint read covers (of every page, joined here or
+        not: packs up to there may be compacted away), and the pages joined. A
         checkpoint that cannot be read or stored is skipped (the page is then read
-        from its history)."""
+        from its packs)."""
         assert self._repo is not None
         names = [cn async for cn in self.names()]
-        started = 0
         held: dict[str, int] = {}
-        carried: list[Key] = []
+        joined: list[Key] = []
         for cn in sorted((await self.best(names)).values(), key=lambda n: n.name):
             try:
                 cp = await self.read(cn)
                 reach(held, cp.cover)
                 if not wanted(cp.key):
                     continue
-                mine = self._repo.page_exists(*cp.key)
                 async with using(cp.key) as page:
-                    await self.take(page, cp, rejoin=mine, save=False)
-                if mine:
-                    carried.append(cp.key)
+                    await self.take(page, cp, save=False)
+                joined.append(cp.key)
             except CloudNotFoundError:
                 continue  # deleted since the listing; a newer one is there
             except Exception as e:
-                log.warning("checkpoint %s not used (the page's history is read): %s", cn.name, e)
+                log.warning(
+                    "checkpoint %s not used (the page is read from its packs): %s", cn.name, e
+                )
                 continue
-            started += 1
-        if started:
+        if joined:
             await self._save()
-            log.info("started %d pages from checkpoints", started)
-        return held, carried
+            log.info("joined %d pages with their checkpoints", len(joined))
+        return held, joined
 
-    async def take(
-        self, page: Page, cp: Checkpoint, *, rejoin: bool = False, save: bool = True
-    ) -> None:
-        """Store checkpoint ``cp`` into ``page``: into a page that has nothing yet, or
-        (``rejoin``) over the page's own history (:func:`store.exchange.rejoin`). The
+    async def take(self, page: Page, cp: Checkpoint, *, save: bool = True) -> None:
+        """Join checkpoint ``cp`` into ``page`` (:func:`store.exchange.apply_state`). The
         page then skips the packs its cover includes, and counts its history from it."""
-        markers = [(f"imported/{d}", str(seq).encode()) for d, seq in cp.cover.items()]
-        markers.append((BASE, str(cp.name.eager_end - cp.name.head_end).encode()))
-        if rejoin:
-            covered = await _covered_commits(page, cp.cover)
-            await ex.rejoin(page, cp.commits, cp.eager, cp.lazy, markers, covered)
-        else:
-            await ex.import_checkpoint(page, cp.commits, cp.eager, cp.lazy, markers)
-        self.covers[cp.key] = cp.cover
-        self.deep.pop(cp.key, None)
+        markers = [(BASE, str(cp.name.eager_end - cp.name.head_end).encode())]
+        for d, seq in cp.cover.items():
+            done = await ex.sync_value(page, f"imported/{d}")
+            markers.append((f"imported/{d}", str(max(seq, int(done or b"0"))).encode()))
+        entries = ex.check_entries(cp.entries)
+        await ex.apply_state(page, entries, cp.eager, cp.lazy, cp.ctx, markers)
+        old = self.covers.get(cp.key, {})
+        self.covers[cp.key] = {d: max(s, old.get(d, 0)) for d, s in {**old, **cp.cover}.items()}
+        self.joined[cp.key] = cp.name.name
         if save:
             await self._save()
+
+    async def best_for(self, key: Key) -> Checkpoint | None:
+        """The page's best checkpoint, read whole (None if it has none)."""
+        best = await self.best([cn async for cn in self.names(self.tag(key))])
+        for cn in best.values():
+            cp = await self.read(cn)
+            if cp.key == key:
+                return cp
+        return None
 
     async def locate(self, key: Key, digests: list[bytes]) -> dict[bytes, str]:
         """Where the page's newest checkpoint holds these LAZY pieces (for a piece whose
@@ -387,24 +369,3 @@ class Checkpoints:
 
     def status(self) -> dict[str, Any]:
         return {"written": self.written, "shallow_pages": len(self.covers)}
-
-
-async def _covered_commits(page: Page, cover: dict[str, int]) -> list[bytes]:
-    """The commits this page imported that a checkpoint of ``cover`` descends from:
-    per device, the newest commit of the last pack imported from it (``frontier/``,
-    set by the download with ``imported/``), when every pack of that device imported
-    here is one the cover includes (the checkpointing device held all their commits,
-    with one head: ancestors of it)."""
-    imported: dict[str, int] = {}
-    for name, value in await ex.sync_values(page, "imported/"):
-        try:
-            imported[name.removeprefix("imported/")] = int(value)
-        except ValueError:  # a damaged row: that device's commits are not counted
-            continue
-    out = []
-    for name, tip in await ex.sync_values(page, "frontier/"):
-        device = name.removeprefix("frontier/")
-        seq = imported.get(device)
-        if len(tip) == 32 and seq is not None and seq <= cover.get(device, 0):
-            out.append(tip)
-    return out

@@ -2,14 +2,12 @@
 
 A pack may go when it is this device's own, older than ``compaction_grace`` (so
 every device that has been online since has read it), and every page in it has a
-newest checkpoint whose cover includes the pack's sequence number and every pack
-any device wrote within the grace period after it (so a new device never needs
-it, not even for a commit another device built on it). A page in such a pack
-that has no covering checkpoint gets one now, when this device holds the page. A
-device's own checkpoints that are no longer the newest of their page, and older
-than the grace period, go too.
-Nothing of another device is ever deleted, and nothing younger than the grace
-period.
+best checkpoint whose cover includes the pack's sequence number: a device that still
+needed the pack joins that checkpoint instead (``docs/convergence.md``). A page in
+such a pack that has no covering checkpoint gets one now, when this device holds the
+page. A device's own checkpoints that are no longer the best of their page, and
+older than the grace period, go too. Nothing of another device is ever deleted, and
+nothing younger than the grace period.
 
 Cost: one LIST of the checkpoints, one LIST of the feed up to the grace period,
 one ranged GET of each old pack's index (remembered for the process's life) and
@@ -77,27 +75,20 @@ class Compactor:
                 report.checkpoints_deleted += 1
         covers: dict[str, dict[str, int]] = {}
         old: list[PackName] = []
-        listed: list[PackName] = []  # every pack, in feed order
-        async for name in self.store.list(layout.PACKS):
+        async for name in self.store.list(layout.PACKS, layout.feed_after(0)):
             pn = PackName.parse(name)
             if pn is None:
                 continue
-            listed.append(pn)
-            if pn.time < cutoff and pn.device == device:
+            if pn.time >= cutoff:
+                break  # in feed order: the rest are younger
+            if pn.device == device:
                 old.append(pn)
         tried: set[str] = set()  # pages this run wrote a checkpoint of
         for pn in old:
             keys = await self._keys(pn)
             if keys is None:
                 continue
-            # What the covering checkpoint must know: the pack, and every pack any
-            # device wrote within the grace period after it (a device may have built
-            # on the pack's commits meanwhile, and its pack must import on top of the
-            # checkpoint without the deleted one).
-            need: dict[str, int] = {device: pn.seq}
-            for other in listed:
-                if other.time <= pn.time + int(self.grace * 1000):
-                    need[other.device] = max(need.get(other.device, 0), other.seq)
+            need = {device: pn.seq}  # what the covering checkpoint must hold
             covered = True
             for key in keys:
                 tag = self.checkpoints.tag(key)

@@ -34,8 +34,6 @@ Key = tuple[bytes, bytes]
 LOCAL = LOCAL_LEDGER.encode()
 """The ledger that is never uploaded, nor written from the bucket (its pages
 stay on this device: see the README's Documents section)."""
-LEGACY_DONE = "sync/legacy-read"
-"""Repository meta: the layout-1 logs of the bucket were read."""
 PAGE_WAIT = 10.0
 """Seconds a sync step waits for room to open its page when every one of the
 repository's ``max_open_pages`` is busy (requests, sessions, watchers hold them),
@@ -78,7 +76,6 @@ class SyncContext:
         self.bucket_error: str | None = None
         self.bucket_error_code: str | None = None
         """A stable code for the bucket error (``encryption_key_mismatch``...), if it has one."""
-        self.legacy_due = False  # a layout-1 bucket: read its logs on the next round
         self.restoring: dict[Key, Page] = {}  # evicted pages being brought back
         self._repo: Repository | None = None
         self._no_wait_until = 0.0
@@ -118,8 +115,7 @@ class SyncContext:
         self._bucket_ok = ok
 
     async def check_bucket(self) -> None:
-        """The bucket carries its marker; the first daemon to use it writes it. A
-        bucket of layout 1 gets the layout-2 marker too, and its logs are read. One
+        """The bucket carries its marker; the first daemon to use it writes it. One
         check runs at a time; a caller that comes while one runs takes its outcome
         (reads at a start each need the codec: a descriptor read and a key derivation
         each, a passphrase's scrypt of 128 MiB, otherwise)."""
@@ -167,10 +163,6 @@ class SyncContext:
                         "by a device without a key, since no encryption descriptor is there"
                     )
             self.codec = await crypto.open_bucket(self.store, names, self.keys, encrypted)
-            if layout.BUCKET_FORMAT not in versions and await self._mark(self.codec is not None):
-                log.info("marked the bucket as a ledgerd bucket (layout %d)", layout.BUCKET_FORMAT)
-            if 1 in versions and await self.repo.get_meta(f"{LEGACY_DONE}/{self.location}") is None:
-                self.legacy_due = True
         except (BucketIdentityError, NoBucketError) as e:
             if self.bucket_error != str(e):
                 log.error("cloud sync stopped: %s", e)

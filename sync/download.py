@@ -4,13 +4,16 @@ This module owns :class:`Downloader`: per pack, its index and the EAGER sections
 of the pages this device holds, in one ranged GET (or the index, then coalesced
 ranges of sections), handed to the store, which verifies everything before
 storing it; LAZY pieces are recorded with their location (fetched on first read
-by :mod:`sync.fetch`). A pack (or one page of it) that cannot be imported is held
-in its device's log, in the state its failure calls for (refused, sealed with a
-key this device lacks, waiting for parents, deferred, failed), and retried with
-backoff; it never blocks later packs. It also brings an evicted page back
-(:meth:`Downloader.restore`), and makes a page started from a checkpoint read its
-whole history when a commit needs it. What is listed, and the device logs
-themselves, are :mod:`sync.feed`'s.
+by :mod:`sync.fetch`). A page's section is a *delta* (``docs/convergence.md``),
+applied once the page has seen what it needs (its writer's earlier writes, and what
+the writer had seen); until then it waits. A pack (or one page of it) that cannot be
+imported is held in its device's log, in the state its failure calls for (refused,
+sealed with a key this device lacks, waiting, deferred, failed), and retried with
+backoff; it never blocks other pages. A page whose every held section waits for
+writes no listed pack holds (compacted into a checkpoint, or deleted before this
+device read them) joins its best checkpoint (``rescue``) and tries them again. It
+also brings an evicted page back (:meth:`Downloader.restore`). What is listed, and
+the device logs themselves, are :mod:`sync.feed`'s.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from ledgerd.store import Commit, Page
+from ledgerd.store import Page, dots
 from ledgerd.store import exchange as ex
 from ledgerd.store.errors import (
     ClosedError,
@@ -40,7 +43,7 @@ from ledgerd.sync.errors import (
 )
 from ledgerd.sync.feed import Feed
 from ledgerd.sync.fetch import coalesce
-from ledgerd.sync.layout import LogName, PackName
+from ledgerd.sync.layout import PackName
 from ledgerd.sync.progress import DeviceLog, Held
 from ledgerd.sync.status import StatusBoard, describe
 
@@ -49,7 +52,7 @@ SAVE_LOGS_EVERY = 1.0
 at its end). A log is saved whole, and it lists every held pack: saving it after
 each pack made a download of many refused packs quadratic (20,000: 20,000 saves of
 about a megabyte). A crash loses at most this much of the logs' progress: the packs
-imported meanwhile are imported again, which finds their commits there already."""
+imported meanwhile are imported again, which changes nothing."""
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +60,10 @@ log = logging.getLogger(__name__)
 class Downloader:
     """Imports other devices' packs into this device's pages.
 
-    ``clock_skew``: a commit whose time is this many seconds ahead of this device's
-    clock is reported (see :meth:`sync.status.StatusBoard.clock_ahead`).
+    ``clock_skew``: a write whose time is this many seconds ahead of this device's
+    clock is reported (see :meth:`sync.status.StatusBoard.clock_ahead`). ``missed`` is
+    told of a listed pack deleted before its import; ``rescue(key)`` joins the page's
+    best checkpoint, if there is one it has not joined (True then).
     """
 
     def __init__(
@@ -72,108 +77,101 @@ class Downloader:
         retry_most: float,
         clock_skew: float,
         missed: Callable[[str], Awaitable[None]],
+        rescue: Callable[[Key], Awaitable[bool]],
     ) -> None:
         self.ctx = ctx
-        self.missed = missed  # told of a listed pack deleted before its import
+        self.missed = missed
+        self.rescue = rescue
         self.feed = feed
         self.board = board
         self.checkpoints = checkpoints
         self.retry_first = retry_first
         self.retry_most = retry_most
         self.clock_skew = clock_skew
-        self._deepen: set[Key] = set()  # shallow pages that need their history
-        self._starved: set[Key] = set()  # shallow pages with a pack waiting for parents
-        self._fed: set[Key] = set()  # pages that imported something in this download
 
     async def download(self, force: bool = False) -> int:
         """Import the packs listed and not imported yet, and the held ones that are due;
         in feed order. Returns how many packs brought something."""
         await self.feed.probe_gaps(force)
-        for key in sorted(self._deepen):
-            await self._read_history(key)
-        self._fed.clear()
         now = time.monotonic()
         due = [
-            (h.ln.time if isinstance(h.ln, PackName) else 0, h.ln.seq, dl, h)
-            for dl in self.feed.logs.values()
-            for h in dl.held.values()
-            if force or now >= h.due
+            h for dl in self.feed.logs.values() for h in dl.held.values() if force or now >= h.due
         ]
         n = 0
         unsaved: dict[str, DeviceLog] = {}
         saved = time.monotonic()
+        rescued: set[Key] = set()
         try:
-            while due:
-                got_now = 0
-                for _, _, dl, h in sorted(due, key=lambda x: (x[0], x[3].ln.device, x[1], x[3].id)):
-                    if h.id not in dl.held:  # done with its whole pack
-                        continue
-                    try:
-                        if isinstance(h.ln, PackName):
+            for _ in range(RESCUE_PASSES + 1):
+                while due:
+                    got_now = 0
+                    for h in sorted(due, key=_feed_order):
+                        dl = self.feed.logs[h.ln.device]
+                        if h.id not in dl.held:  # done with its whole pack
+                            continue
+                        try:
                             got = await self._import_pack(dl, h.ln, h.key)
-                        else:
-                            got = await self._import_v1(dl, h.ln)
-                    except CloudError as e:  # the cloud is unreachable now; next poll
-                        self.board.device_failed(dl.device, e)
-                        log.warning("download from device %s failed: %s", dl.device, e)
-                        got_now = 0  # (nothing is tried again in this download)
-                        break
-                    self.board.device_ok(dl.device)
-                    n += got
-                    got_now += got
-                    unsaved[dl.device] = dl
-                    if self.feed.listing_due():  # (what it holds new waits for a round)
-                        await self.feed.list_new()
-                    if time.monotonic() - saved >= SAVE_LOGS_EVERY:
-                        await self._save(unsaved)
-                        saved = time.monotonic()
-                # Packs of one feed time are listed by device: a merge can come before a
-                # pack it merges, and wait. Those that an import of this download made
-                # due (see _imported) are tried again now, before the next upload: this
-                # device made the same merge on that import, and would upload it again.
-                due = [
-                    (h.ln.time if isinstance(h.ln, PackName) else 0, h.ln.seq, dl, h)
-                    for dl in self.feed.logs.values()
-                    for h in dl.held.values()
-                    if got_now and h.state == progress.WAITING and h.due == 0.0
-                ]
+                        except CloudError as e:  # the cloud is unreachable now; next poll
+                            self.board.device_failed(dl.device, e)
+                            log.warning("download from device %s failed: %s", dl.device, e)
+                            got_now = 0  # (nothing is tried again in this download)
+                            break
+                        self.board.device_ok(dl.device)
+                        n += got
+                        got_now += got
+                        unsaved[dl.device] = dl
+                        if self.feed.listing_due():  # (what it holds new waits for a round)
+                            await self.feed.list_new()
+                        if time.monotonic() - saved >= SAVE_LOGS_EVERY:
+                            await self._save(unsaved)
+                            saved = time.monotonic()
+                    # Sections an import of this download made ready (see _imported) are
+                    # tried again now: packs of one feed time are listed by device, and a
+                    # delta may come before one it needs.
+                    due = [
+                        h
+                        for dl in self.feed.logs.values()
+                        for h in dl.held.values()
+                        if got_now and h.state == progress.WAITING and h.due == 0.0
+                    ]
+                due = await self._rescue_stuck(rescued)
+                if not due:
+                    break
         finally:
             await self._save(unsaved)
-        # A page started from a checkpoint whose packs wait for parents although nothing
-        # else is coming for it: the parents lie below the checkpoint.
-        for key in sorted(self._starved):
-            pending = [
-                h for dl in self.feed.logs.values() for h in dl.held.values() if h.key == key
-            ]
-            if key not in self._fed and all(h.state == progress.WAITING for h in pending):
-                self._starved.discard(key)
-                if pending:
-                    self._deepen.add(key)
         return n
+
+    async def _rescue_stuck(self, rescued: set[Key]) -> list[Held]:
+        """Pages whose every held section waits for writes that no listed pack will
+        bring (no section of theirs is still to be read, and no whole pack is): each
+        joins its best checkpoint once; returns their sections, to try again."""
+        held = [h for dl in self.feed.logs.values() for h in dl.held.values()]
+        if any(h.key is None and h.state != progress.REFUSED for h in held):
+            return []  # a pack not read yet may hold what they need
+        waiting: dict[Key, list[Held]] = {}
+        busy: set[Key] = set()
+        for h in held:
+            assert h.key is not None
+            if h.state == progress.WAITING:
+                waiting.setdefault(h.key, []).append(h)
+            elif h.state in (progress.RETRY, progress.DEFERRED):
+                busy.add(h.key)
+        again: list[Held] = []
+        for key in sorted(set(waiting) - busy - rescued):
+            rescued.add(key)
+            try:
+                joined = await self.rescue(key)
+            except CloudError as e:
+                log.warning("page %s: its checkpoint could not be read: %s", named(key[1]), e)
+                continue
+            if joined:
+                again.extend(waiting[key])
+        return again
 
     async def _save(self, logs: dict[str, DeviceLog]) -> None:
         """Save the device logs ``logs`` and forget them."""
         while logs:
             await self.feed.save_log(logs.popitem()[1])
-
-    async def _read_history(self, key: Key) -> None:
-        """A page started from a checkpoint needs what lies below it (a commit made
-        without having seen the checkpoint's head): read every pack for it again."""
-        self._deepen.discard(key)
-        if not await self.checkpoints.uncover(key):
-            return
-        log.info("page %s of ledger %s reads its whole history", named(key[1]), named(key[0]))
-        touched: dict[str, DeviceLog] = {}
-        async for name in self.ctx.store.list(layout.PACKS):
-            pn = PackName.parse(name)
-            if pn is None:
-                continue
-            dl = touched.get(pn.device) or await self.feed.device_log(pn.device)
-            touched[pn.device] = dl
-            h = Held(pn, key, progress.RETRY, "read again: the page needs its history")
-            dl.held.setdefault(h.id, h)
-        for dl in touched.values():
-            await self.feed.save_log(dl)
 
     async def _import_pack(self, dl: DeviceLog, pn: PackName, only: Key | None) -> int:
         """Import a pack's pages that this device holds (or just page ``only``): its
@@ -194,8 +192,8 @@ class Downloader:
             header = pack.decode_header(
                 first[: pn.head_end], pn.head_end, pn.eager_end, self.ctx.seal(pn.ident)
             )
-            named = (self.ctx.device_name(header.device), header.seq, header.time)
-            if named != (pn.device, pn.seq, pn.time):
+            named_as = (self.ctx.device_name(header.device), header.seq, header.time)
+            if named_as != (pn.device, pn.seq, pn.time):
                 raise pack.CorruptPackError("pack does not match its name")
             pages = [
                 p
@@ -223,29 +221,30 @@ class Downloader:
             if listed is not None:
                 h.since = listed.since
             dl.held.setdefault(h.id, h)
+        writer = dots.tag_of_device(header.device)
         got = 0
         for p in pages:
             mine = Held(pn, p.key, progress.RETRY, "").id
             try:
                 lazy = {d: part.location(pn.name) for d, part in p.lazy}
+                raw, eager = await pack.decode_section_async(
+                    sections[p.key], p.eager, self.ctx.codec
+                )
+                entries = ex.check_entries(raw)
                 async with self.ctx.using(p.key) as page:
-                    bases = await ex.local_nodes(page, p.bases)
-                    commits, eager = await pack.decode_section_async(
-                        sections[p.key], p.eager, self.ctx.codec, bases
-                    )
-                    tip = ex.newest_commit(commits)
-                    more = [(f"frontier/{pn.device}", tip)] if tip else []
                     mark = await _import_mark(page, pn.device, pn.seq)
-                    new = await ex.import_remote(
+                    await ex.apply_delta(
                         page,
-                        commits,
+                        entries,
                         eager,
                         lazy,
-                        mark,
-                        more=more,
-                        history=self.checkpoints.was_covered(p.key, pn.device, pn.seq),
+                        p.ctx,
+                        writer=writer,
+                        since=p.since,
+                        upto=p.upto,
+                        markers=[mark],
                     )
-                    if new:
+                    if p.eager.raw:
                         await self.checkpoints.grew(page, p.eager.raw)
             except asyncio.CancelledError:
                 raise
@@ -253,7 +252,7 @@ class Downloader:
                 self._hold_for(dl, pn, p.key, e)
                 continue
             dl.held.pop(mine, None)
-            self._imported(p.key, pn.device, new)
+            self._imported(p.key, pn.device, p.upto)
             got = 1
         return got
 
@@ -275,18 +274,10 @@ class Downloader:
                 out[p.key] = data[off - start : off - start + length]
         return out
 
-    def _hold_for(self, dl: DeviceLog, pn: PackName | LogName, key: Key, e: Exception) -> None:
+    def _hold_for(self, dl: DeviceLog, pn: PackName, key: Key, e: Exception) -> None:
         """Hold one page of a pack, in the state its failure calls for."""
-        if isinstance(e, ex.MissingParentError):
-            if isinstance(pn, PackName) and self.checkpoints.was_covered(key, pn.device, pn.seq):
-                # Older than the checkpoint the page started from, and its parents were
-                # compacted away: what it holds is in the page already.
-                log.debug("pack %s is below the page's checkpoint; not read again", pn.name)
-                dl.held.pop(Held(pn, key, progress.RETRY, "").id, None)
-                return
-            if key in self.checkpoints.covers:  # perhaps below its checkpoint: see download
-                self._starved.add(key)
-            self._hold(dl, pn, key, progress.WAITING, f"waits for what no pack seen holds: {e}")
+        if isinstance(e, ex.NotReadyError):
+            self._hold(dl, pn, key, progress.WAITING, f"waits: {e}")
         elif isinstance(
             e,
             pack.CorruptPackError
@@ -301,7 +292,7 @@ class Downloader:
             self._hold(dl, pn, key, progress.FAILED, f"cannot import it here: {describe(e)}")
 
     def _waits(self, dl: DeviceLog, pn: PackName, key: Key) -> bool:
-        """Whether page ``key`` of pack ``pn`` is held waiting for parents."""
+        """Whether page ``key`` of pack ``pn`` is held waiting."""
         h = dl.held.get(Held(pn, key, progress.RETRY, "").id)
         return h is not None and h.state == progress.WAITING
 
@@ -317,31 +308,7 @@ class Downloader:
         for hid in [hid for hid, h in dl.held.items() if h.ln.name == name]:
             del dl.held[hid]
 
-    async def _import_v1(self, dl: DeviceLog, ln: LogName) -> int:
-        """Import a layout-1 pack (one page; a bucket being migrated)."""
-        try:
-            data = await self.ctx.store.get(ln.name, 0, ln.eager_end)
-            p = pack.decode_prefix(data, ln.eager_end)
-            if (p.ledger, p.page, p.seq, p.device.hex()) != (ln.ledger, ln.page, ln.seq, ln.device):
-                raise pack.CorruptPackError("pack does not match its name")
-            lazy = {d: f"{ln.name}:{off}:{length}" for d, off, length in p.lazy}
-            async with self.ctx.using(ln.key) as page:
-                mark = await _import_mark(page, ln.device, ln.seq)
-                new = await ex.import_remote(page, p.commits, p.eager, lazy, mark)
-        except asyncio.CancelledError:
-            raise
-        except CloudNotFoundError:
-            return await self._vanished(dl, ln.name)
-        except Exception as e:
-            self._hold_for(dl, ln, ln.key, e)
-            return 0
-        self._drop_held(dl, ln.name)
-        self._imported(ln.key, ln.device, new)
-        return 1
-
-    def _hold(
-        self, dl: DeviceLog, ln: PackName | LogName, key: Key | None, state: str, reason: str
-    ) -> None:
+    def _hold(self, dl: DeviceLog, ln: PackName, key: Key | None, state: str, reason: str) -> None:
         hid = Held(ln, key, state, reason).id
         held = dl.held.get(hid)
         first = held is None or held.reason != reason
@@ -356,6 +323,8 @@ class Downloader:
                 held.attempts, self.retry_first, self.retry_most
             )
         level = logging.WARNING if state in (progress.WAITING, progress.DEFERRED) else logging.ERROR
+        if state == progress.WAITING:
+            level = logging.INFO  # a normal step: what it waits for is on its way
         log.log(
             level if first else logging.DEBUG,
             "pack %s%s: %s; retried with backoff",
@@ -364,19 +333,24 @@ class Downloader:
             reason,
         )
 
-    def _imported(self, key: Key, device: str, new: list[Commit]) -> None:
-        self._fed.add(key)
+    def _imported(self, key: Key, device: str, upto: int) -> None:
         self.board.imported(key)
-        # Packs of this page waiting for parents may have them now.
+        # Sections of this page waiting for writes may have them now.
         for dl in self.feed.logs.values():
             for h in dl.held.values():
                 if h.key == key and h.state == progress.WAITING:
                     h.due = 0.0
-        now_us = int(self.ctx.clock() * 1_000_000)
-        for c in new:
-            ahead = (c.timestamp - now_us) / 1e6
-            if c.salt and ahead > self.clock_skew:  # merges carry their parents' times
-                self.board.clock_ahead(device, ahead, c.id)
+        ahead = (upto - int(self.ctx.clock() * 1_000_000)) / 1e6
+        if ahead > self.clock_skew:
+            self.board.clock_ahead(device, ahead, b"")
+
+    def wake(self, key: Key) -> None:
+        """Sections of page ``key`` that wait are tried at the next download (it joined
+        a checkpoint)."""
+        for dl in self.feed.logs.values():
+            for h in dl.held.values():
+                if h.key == key and h.state == progress.WAITING:
+                    h.due = 0.0
 
     async def restore(self, page: Page) -> bool:
         """Bring an evicted page back (:class:`store.PageRestorer`): its best checkpoint,
@@ -411,8 +385,8 @@ class Downloader:
                     found = True
                 elif self._waits(dl, pn, key):
                     waiting.append((dl, pn))
-            # Packs of one feed time are listed by device: a merge can come before a
-            # pack it merges. Those are tried again while any of them gets in.
+            # Packs of one feed time are listed by device: a delta can come before one
+            # it needs. Those are tried again while any of them gets in.
             while waiting:
                 left = []
                 for dl, pn in waiting:
@@ -428,6 +402,14 @@ class Downloader:
             return found
         finally:
             del self.ctx.restoring[key]
+
+
+RESCUE_PASSES = 2
+"""Times one download joins checkpoints for stuck pages and tries their sections again."""
+
+
+def _feed_order(h: Held) -> tuple[int, str, int, str]:
+    return (h.ln.time, h.ln.device, h.ln.seq, h.id)
 
 
 async def _import_mark(page: Page, device: str, seq: int) -> tuple[str, bytes]:

@@ -70,7 +70,7 @@ from ledgerd.sync import compaction, crypto
 from ledgerd.sync.checkpoint_policy import CheckpointPolicy
 from ledgerd.sync.checkpoints import MAX_CHECKPOINT, Checkpoints
 from ledgerd.sync.cloud import CloudStore, Metered
-from ledgerd.sync.context import LEGACY_DONE, LOCAL, Key, SyncContext
+from ledgerd.sync.context import LOCAL, Key, SyncContext
 from ledgerd.sync.download import Downloader
 from ledgerd.sync.errors import (
     BucketIdentityError,
@@ -83,7 +83,7 @@ from ledgerd.sync.fetch import COALESCE_GAP, COALESCE_SPAN, PREFETCH, LazyFetche
 from ledgerd.sync.pending import PENDING_SLACK_MS, Pending
 from ledgerd.sync.progress import Held
 from ledgerd.sync.status import PageState, StatusBoard, describe
-from ledgerd.sync.upload import EDIT_BASES, LEASE_MOST, MAX_PACK, READ_BATCH, Uploader
+from ledgerd.sync.upload import LEASE_MOST, MAX_PACK, READ_BATCH, Uploader
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +91,8 @@ __all__ = [  # the names other modules and tests import from here
     "COALESCE_GAP",
     "COALESCE_SPAN",
     "COMPACTED_AT",
-    "EDIT_BASES",
     "FEED_WINDOW",
     "LEASE_MOST",
-    "LEGACY_DONE",
     "LISTED_WALL",
     "LISTED_WALL_STEP",
     "LOCAL",
@@ -218,7 +216,9 @@ class SyncEngine:
             retry_most=retry_most,
             clock_skew=clock_skew,
             missed=self.policy.missed,
+            rescue=self.policy.rescue,
         )
+        self.policy.wake = self.downloader.wake
         self.uploader = Uploader(
             self.ctx,
             self.feed,
@@ -429,9 +429,7 @@ class SyncEngine:
         only: tuple[bytes, bytes | None] | None = None,
         full: bool = False,
     ) -> Stats:
-        """One listing of the feed, one upload round, then the imports (and the pages
-        whose commits build on a stale parent with nothing newer here, after them:
-        :func:`ledgerd.store.exchange.carry_over_stale`).
+        """One listing of the feed, one upload round, then the imports.
 
         ``full`` (the first round of :meth:`sync`) checks the bucket's marker again
         and retries held packs and probes gaps without waiting for their backoff.
@@ -451,14 +449,9 @@ class SyncEngine:
                     await self.policy.bootstrap()
                     await self.policy.rejoin_if_away()
                     await self.feed.list_new()
-                    if self.ctx.legacy_due or (full and self.feed.legacy_seen()):
-                        await self.feed.list_legacy()
-                stats.uploaded_packs = await self.uploader.upload_all(only, wait_stale=download)
+                stats.uploaded_packs = await self.uploader.upload_all(only)
                 if download:
                     stats.downloaded_packs = await self.downloader.download(force=full)
-                    held = self.uploader.stale_held
-                    if held:  # on a stale parent: carried onto what came, or up as they are
-                        stats.uploaded_packs += await self.uploader.upload_all(only, pages=held)
                 await self.policy.write_due()
             except asyncio.CancelledError:
                 raise

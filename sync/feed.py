@@ -2,8 +2,7 @@
 
 This module owns :class:`Feed`: the LIST of ``packs/`` after the newest feed time
 seen less ``feed_window`` (every device's new packs, each held to be imported),
-the gaps in a device's sequence and their probes with backoff, the layout-1 logs
-of a bucket being migrated (read once), the per-device logs
+the gaps in a device's sequence and their probes with backoff, the per-device logs
 (:class:`sync.progress.DeviceLog`, saved in repository meta), and the hybrid
 logical clock that names this device's next pack (:meth:`Feed.next_seq`). From
 those it tells a page's *cover* (how far each device's packs of it are all here).
@@ -21,8 +20,8 @@ import msgpack
 from ledgerd.store import Page
 from ledgerd.store import exchange as ex
 from ledgerd.sync import layout, progress
-from ledgerd.sync.context import LEGACY_DONE, SyncContext
-from ledgerd.sync.layout import LogName, PackName
+from ledgerd.sync.context import SyncContext
+from ledgerd.sync.layout import PackName
 from ledgerd.sync.progress import DeviceLog, Gap, Held
 
 log = logging.getLogger(__name__)
@@ -99,6 +98,19 @@ class Feed:
         await self.ctx.repo.set_meta(RESTARTING, bytes(msgpack.packb(held)))
         self.restarting = True
         self.held_by_checkpoints = dict(held)
+
+    async def absorb(self, cover: dict[str, int]) -> None:
+        """A page joined a checkpoint of ``cover``: a pack a device wrote up to there that
+        is not listed is no gap (the checkpoint's writer had listed every one of them,
+        so it was compacted away: compaction deletes only what checkpoints cover)."""
+        for device, seq in cover.items():
+            if device == self.ctx.device or not layout.device_ok(device):
+                continue
+            dl = await self.device_log(device)
+            if seq > dl.floor:
+                dl.floor = seq
+                dl.drop_gaps_to(seq)
+                await self.save_log(dl)
 
     # -- listing -----------------------------------------------------------------------
 
@@ -215,7 +227,7 @@ class Feed:
         now = time.monotonic()
         floor = self.feed_max - int(self.feed_window * 1000)
         for dl in list(self.logs.values()):
-            old = [g for g in dl.gaps if g.until and g.after < floor]  # layout 1: none
+            old = [g for g in dl.gaps if g.until and g.after < floor]
             if not old or not (force or now >= dl.probe_due):
                 continue
             found = 0
@@ -234,40 +246,6 @@ class Feed:
             self._ignored.add(name)
             log.warning("ignoring an object that no ledgerd writes: %s", name)
 
-    # -- the previous layout -------------------------------------------------------------
-
-    def legacy_seen(self) -> bool:
-        held = (h for dl in self.logs.values() for h in dl.held.values())
-        return any(isinstance(h.ln, LogName) for h in held)
-
-    async def list_legacy(self) -> None:
-        """Read a layout-1 bucket's logs: ``devices/``, then each device's log after
-        the last name read. Done once when this ledgerd first meets the bucket (and on
-        ``sync`` while any such pack is held): daemons of layout 1 stop at the
-        layout-2 marker, so nothing is added there afterwards."""
-        devices = set()
-        async for name in self.ctx.store.list("devices/"):
-            device = name.split("/", 1)[1]
-            if layout.device_ok(device):
-                devices.add(device)
-            else:
-                self.ignore(name)
-        for device in sorted(devices - {self.ctx.device}):
-            dl = await self.device_log(device)
-            async for name in self.ctx.store.list(layout.log_prefix(device), dl.cursor):
-                ln = LogName.parse(name, device)
-                if ln is None:  # a stray file never moves the cursor past later packs
-                    self.ignore(name)
-                    continue
-                dl.cursor = max(dl.cursor, name)
-                if dl.is_new(ln.seq):
-                    dl.saw(ln.seq)
-                h = Held(ln, ln.key, progress.RETRY, "listed, not imported yet")
-                dl.held[h.id] = h
-            await self.save_log(dl)
-        await self.ctx.repo.set_meta(f"{LEGACY_DONE}/{self.ctx.location}", b"1")
-        self.ctx.legacy_due = False
-
     # -- the devices' logs ---------------------------------------------------------------
 
     async def device_log(self, device: str) -> DeviceLog:
@@ -280,10 +258,8 @@ class Feed:
                 dl = DeviceLog.decode(device, raw)
             except ValueError as e:
                 log.warning("%s; reading that device's log from its start", e)
-        if dl is None:  # first contact, or the cursor of an older ledgerd
-            cursor = (await self.ctx.repo.get_meta(f"sync/cursor/{device}") or b"").decode()
-            ln = LogName.parse(cursor, device)
-            dl = DeviceLog(device, cursor, ln.seq if ln else 0)
+        if dl is None:  # first contact
+            dl = DeviceLog(device)
         self.logs[device] = dl
         return dl
 
@@ -344,7 +320,7 @@ class Feed:
         if stored == layout.NAMED_SEQ_CEILING or t0 == layout.NAMED_TIME_CEILING:
             return None  # held to the ceilings: saved from a hostile name, never spent
         if not t0:
-            return None  # saved by a layout-1 ledgerd (no feed time), after its PUT
+            return None
         async for pn in self._named_between(t0, t0):
             if pn.device == self.ctx.device:  # its pack is older than the listing window
                 self.wrote(pn.seq, pn.time)
@@ -374,9 +350,9 @@ class Feed:
         return max(int(self.ctx.clock() * 1000), self.feed_max, self.own_time)
 
     async def cover(self, page: Page) -> dict[str, int]:
-        """Per device, the highest sequence whose packs' commits of this page are all
-        here (so, with one head, ancestors of it): every pack listed, below anything
-        held or missing (and what the checkpoint this page started from covered)."""
+        """Per device, the highest sequence whose packs' sections of this page are all
+        in it: every pack listed, below anything held or missing (and what a checkpoint
+        the page joined covered)."""
         key = (page.ledger, page.id)
         device_here = self.ctx.device
         cover = {device_here: self.own_seq}
@@ -392,7 +368,7 @@ class Feed:
             # This device's own packs too: a page restored from a checkpoint imports
             # those above its cover like anyone's, and one held is not in the page.
             for h in dl.held.values():
-                if isinstance(h.ln, PackName) and (h.key is None or h.key == key):
+                if h.key is None or h.key == key:
                     cover[device] = min(cover[device], h.ln.seq - 1)
         return {d: s for d, s in cover.items() if s > 0}
 

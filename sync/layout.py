@@ -5,30 +5,23 @@ no I/O. Every name that comes back from a listing is parsed strictly here before
 sync acts on it: a name that is not exactly what some ledgerd would write is
 ignored, never opened as a page.
 
-Layout 2::
+Layout 4::
 
-    ledgerd-bucket.{version}                                  the marker, written once
+    ledgerd-bucket.4                                          the marker, written once
     packs/{time:013d}.{device}.{seq:016d}.{head_end}.{eager_end}   one pack per round
+    checkpoints/{tag}/{time:013d}.{device}.{head_end}.{eager_end}   a page's state, whole
 
 ``time`` is the pack's feed time in ms (a hybrid logical clock: never below the
 device's previous pack nor below the newest name it has listed), so that one
 listing of ``packs/`` after a cursor shows every device's new packs.
 
-Layout 1 (read when a bucket is migrated)::
-
-    devices/{device}                                   one per device, written once
-    log/{device}/{seq:016d}.{eager_end}.{ledger}.{page} one pack per page per round
-
-Checkpoints (layout 3; a bucket of layout 2 is read the same way)::
-
-    checkpoints/{tag}/{time:013d}.{device}.{head_end}.{eager_end}   a page's head, whole
-
 ``tag`` names the page without saying its names (a hash of ledger and page, see
 :func:`page_tag`); one LIST of ``checkpoints/`` shows every page's checkpoints,
 one of ``checkpoints/{tag}/`` one page's. ``time`` is the writer's feed time.
 
-``device`` is a repository's 128-bit id in lowercase hex; ``seq`` counts from 1;
-ledger and page names are base64url without padding, 1-128 bytes decoded.
+``device`` is a repository's 128-bit id in lowercase hex (in an encrypted bucket, a
+keyed hash of it); ``seq`` counts from 1. Layouts 1-3 (unreleased development
+versions, whose packs carried commit graphs) are not read.
 """
 
 from __future__ import annotations
@@ -44,11 +37,11 @@ from ledgerd.sync import pack
 from ledgerd.sync.errors import BucketLayoutError
 
 MARKER = "ledgerd-bucket"
-BUCKET_FORMAT = 3
-"""Version of the bucket layout; the marker carries it. A bucket of a newer one is refused.
-3 added checkpoints, compaction (a device deletes its own packs) and edited sections
-(codec 2); a ledgerd of layout 2 would misread or miss them, so it stops at the
-layout-3 marker. Packs of layout 2 are read as they are."""
+BUCKET_FORMAT = 4
+"""Version of the bucket layout; the marker carries it. A bucket of another one is
+refused: a newer one by "upgrade ledgerd", an older one (an unreleased development
+layout that shipped commit graphs) by "use a new cloud URL". 4 is pack format 3:
+deltas of stamped entries (``docs/convergence.md``)."""
 
 MAX_EAGER_END = 1 << 40
 """Largest ``eager_end`` a pack name may carry (sync never writes one near it)."""
@@ -97,56 +90,6 @@ def _name(text: str) -> bytes | None:
     return raw
 
 
-def log_prefix(device: str) -> str:
-    return f"log/{device}/"
-
-
-def log_after(device: str, seq: int) -> str:
-    """A listing bound: every pack of ``device`` with a sequence above ``seq`` is after it."""
-    # "{seq}/" sorts after "{seq}.<anything>" and before "{seq + 1}...".
-    return f"log/{device}/{seq:016d}/"
-
-
-@dataclass(frozen=True)
-class LogName:
-    device: str
-    seq: int
-    eager_end: int
-    ledger: bytes
-    page: bytes
-    name: str
-
-    @property
-    def key(self) -> tuple[bytes, bytes]:
-        return (self.ledger, self.page)
-
-    @classmethod
-    def make(cls, device: str, seq: int, eager_end: int, ledger: bytes, page: bytes) -> LogName:
-        name = f"log/{device}/{seq:016d}.{eager_end}.{encode_name(ledger)}.{encode_name(page)}"
-        return cls(device, seq, eager_end, ledger, page, name)
-
-    @classmethod
-    def parse(cls, name: str, device: str | None = None) -> LogName | None:
-        """The pack a name stands for, or None unless it is exactly such a name
-        (of ``device``, when given)."""
-        parts = name.split("/")
-        if len(parts) != 3 or parts[0] != "log" or not device_ok(parts[1]):
-            return None
-        if device is not None and parts[1] != device:
-            return None
-        fields = parts[2].split(".")
-        if len(fields) != 4:
-            return None
-        seq, eager_end, ledger_text, page_text = fields
-        if not _SEQ.fullmatch(seq) or not _NUMBER.fullmatch(eager_end):
-            return None
-        ledger, page = _name(ledger_text), _name(page_text)
-        n, end = int(seq), int(eager_end)
-        if ledger is None or page is None or n < 1 or not pack.PREFIX <= end <= MAX_EAGER_END:
-            return None
-        return cls(parts[1], n, end, ledger, page, name)
-
-
 def feed_after(time_ms: int) -> str:
     """A listing bound: every pack with a feed time of ``time_ms`` or later is after it."""
     return f"{PACKS}{max(0, time_ms):013d}"
@@ -154,7 +97,7 @@ def feed_after(time_ms: int) -> str:
 
 @dataclass(frozen=True)
 class PackName:
-    """A layout-2 pack's name: feed time, device, sequence, and where its parts end."""
+    """A pack's name: feed time, device, sequence, and where its parts end."""
 
     time: int
     device: str
@@ -300,12 +243,15 @@ def marker_encrypted(data: bytes) -> bool | None:
 
 
 def check_version(version: int) -> None:
-    """BucketLayoutError unless this ledgerd can use a bucket of layout ``version``.
-
-    (A ledgerd of layout 1 checks the highest marker the same way, so it refuses a
-    bucket that a newer ledgerd has marked 2 instead of misreading it.)"""
-    if version < 1 or version > BUCKET_FORMAT:
+    """BucketLayoutError unless this ledgerd can use a bucket of layout ``version``."""
+    if version > BUCKET_FORMAT:
         raise BucketLayoutError(
             f"the bucket has layout version {version}; this ledgerd supports "
             f"{BUCKET_FORMAT}: upgrade ledgerd"
+        )
+    if version < BUCKET_FORMAT:
+        raise BucketLayoutError(
+            f"the bucket has layout version {version}, written by an unreleased development "
+            f"version of ledgerd; this ledgerd reads only layout {BUCKET_FORMAT}: sync to a "
+            "new cloud URL (each device uploads its pages again)"
         )

@@ -1,23 +1,28 @@
 """Packs: the one object an upload round writes, whatever the number of pages.
 
-This module owns the pack formats and their parsing; it does no I/O.
+This module owns the pack format and its parsing; it does no I/O.
 
-Format 2 (``LDGPACK2``, written since bucket layout 2)::
+Format 3 (``LDGPACK3``, bucket layout 4)::
 
-    b"LDGPACK2" | u32 header length | header (msgpack) | EAGER sections | LAZY pieces
+    b"LDGPACK3" | u32 header length | header (msgpack) | EAGER sections | LAZY pieces
 
 The header is the pack's index: the device, its sequence number and feed time,
 and per page its ledger and page names, where its EAGER section lies
-(``[offset, stored length, raw length, codec]``) and where each of its LAZY
-pieces lies (``[digest, offset, stored length, raw length, codec]``); offsets
-count from the end of the header. A page's EAGER section is
-``msgpack([commits, [[digest, bytes], ...]])``, its commits and EAGER pieces,
-compressed as one zstd frame when that makes it smaller (codec 1; 0 is raw).
-LAZY pieces are compressed one by one, under the same rule, so that each can be
-fetched alone. Digests are over the uncompressed bytes. Every EAGER section comes
-before every LAZY piece, so a reader fetches the header and the sections of the
-pages it holds with one or two ranged GETs (``head_end`` and ``eager_end`` are in
-the pack's name) and LAZY pieces later, each with a ranged GET of its bytes.
+(``[offset, stored length, raw length, codec]``), where each of its LAZY pieces
+lies (``[digest, offset, stored length, raw length, codec]``; offsets count from
+the end of the header) and the page's *delta* fields: ``since`` and ``upto`` (the
+range of the writer's clock its writes cover) and ``ctx``, the writer's context
+(``docs/convergence.md``). A page's EAGER section is
+``msgpack([entries, [[digest, bytes], ...]])``: its entries, each
+``[key, value digest, priority, dot(, siblings)]`` in key order, and the EAGER
+pieces of the values the writer wrote, compressed as one zstd frame when that makes
+it smaller (codec 1; 0 is raw). A checkpoint's section is *bare*: its pieces'
+digests are left out (the reader computes them). LAZY pieces are compressed one by
+one, under the same rule, so that each can be fetched alone. Digests are over the
+uncompressed bytes. Every EAGER section comes before every LAZY piece, so a reader
+fetches the header and the sections of the pages it holds with one or two ranged
+GETs (``head_end`` and ``eager_end`` are in the pack's name) and LAZY pieces later,
+each with a ranged GET of its bytes.
 
 Encrypted (``LDGPACKE``, in an encrypted bucket: :mod:`sync.crypto`)::
 
@@ -25,16 +30,13 @@ Encrypted (``LDGPACKE``, in an encrypted bucket: :mod:`sync.crypto`)::
 
 The same layout with every part sealed on its own by the bucket's
 :class:`~sync.crypto.Codec` after compression (so ranged GETs still fetch one
-part): the header (a codec byte and the format-2 header, bound to the whole
-name), each EAGER section (bound to the pack and its index) and each LAZY piece
-(bound to the pack and its digest). Offsets and stored lengths in the header
-count sealed bytes; the real digests are inside the sealed header only.
-
-Format 1 (``LDGPACK1``, bucket layout 1: one page per pack, no compression) is
-still read: :func:`decode_prefix`.
+part): the header (a codec byte and the plain header, bound to the whole name),
+each EAGER section (bound to the pack and its index) and each LAZY piece (bound to
+the pack and its digest). Offsets and stored lengths in the header count sealed
+bytes; the real digests are inside the sealed header only.
 
 Parsing checks every length, offset and type and bounds every decompression;
-digests and commit ids are verified by the store on import.
+digests are verified, and entries checked, by the store on import.
 """
 
 from __future__ import annotations
@@ -50,33 +52,28 @@ import zstandard
 from ledgerd.store import NAME_LIMIT, off_loop
 from ledgerd.store import OFF_LOOP_BYTES as OFF_LOOP_BYTES  # sections over it: on a thread
 from ledgerd.store import digest as dg
-from ledgerd.store.errors import InvalidDigestError
 from ledgerd.sync import crypto
 from ledgerd.sync.crypto import Codec, Context, KeyNotHereError, TamperedError
 from ledgerd.sync.errors import SyncError
 
-MAGIC = b"LDGPACK1"
-MAGIC2 = b"LDGPACK2"
+MAGIC3 = b"LDGPACK3"
 MAGICE = b"LDGPACKE"
 _LEN = struct.Struct(">I")
-PREFIX = len(MAGIC) + _LEN.size
-RAW, ZSTD, ZSTD_EDIT = 0, 1, 2
-"""Codecs: as is; zstd; zstd over a dictionary of tree nodes the reader holds (a
-section's ``bases``: the nodes its new nodes replace)."""
+PREFIX = len(MAGIC3) + _LEN.size
+RAW, ZSTD = 0, 1
+"""Codecs: as is; zstd."""
 MAX_SECTION = 4 * 1024 * 1024 * 1024
 """Largest raw (uncompressed) section or piece a reader accepts: a pack index
 declaring more is refused, and a compressed part is inflated a step at a time and
 refused as soon as it passes what its index declares, so that a small part that
 inflates to gigabytes (a decompression bomb) costs no more than its declaration.
 Not lower: a section holds up to ``max_pack`` bytes of values plus *all* of one
-page's new tree nodes and commits, which the uploader does not split (a reader
-checks a commit's new tree within one pack), and a page's first upload carries
-every version of its rewritten leaves: 100 commits of 1,000 random keys into a
-100,000-entry page make 225 MB of nodes (``bench.sync``). A bound a writer can pass
-would refuse that page on every other device for good."""
+page's changed entries, which the uploader does not split (a delta is applied
+whole), and a checkpoint all of a page's entries. A bound a writer can pass would
+refuse that page on every other device for good."""
 MAX_PIECE = 1024 * 1024
 """Largest raw LAZY piece a reader accepts: a pack index declaring one larger (or
-stored larger than its raw bytes need) is refused. Values and nodes are split into
+stored larger than its raw bytes need) is refused. Values are split into
 pieces of at most 64 KiB (``store.split.MAX_CHUNK``; an index piece holds at most
 1,024 children, about 45 KiB), so none is near it. A LAZY piece is fetched whole on
 first read: before, a hostile index could declare one as long as its object, and a
@@ -114,27 +111,10 @@ def squeeze(raw: bytes) -> tuple[bytes, int]:
     return (packed, ZSTD) if len(packed) < len(raw) else (raw, RAW)
 
 
-def _dictionary(bases: bytes) -> zstandard.ZstdCompressionDict:
-    return zstandard.ZstdCompressionDict(bases, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
-
-
-def squeeze_edit(raw: bytes, bases: bytes) -> tuple[bytes, int]:
-    """``raw`` compressed over ``bases`` (ZSTD_EDIT), or :func:`squeeze`'s best if
-    that is not smaller."""
-    plain, codec = squeeze(raw)
-    if not bases:
-        return plain, codec
-    c = zstandard.ZstdCompressor(
-        level=ZSTD_LEVEL, dict_data=_dictionary(bases), write_checksum=True
-    )
-    edited = c.compress(raw)
-    return (edited, ZSTD_EDIT) if len(edited) < len(plain) else (plain, codec)
-
-
-def unsqueeze(stored: bytes, codec: int, raw_len: int, bases: bytes = b"") -> bytes:
+def unsqueeze(stored: bytes, codec: int, raw_len: int) -> bytes:
     """The raw bytes of a stored section or piece; CorruptPackError if they are not.
-    ``bases``: the dictionary of a ZSTD_EDIT section. Never holds more than ``raw_len``
-    (at most :data:`MAX_SECTION`) inflated bytes, whatever the compressed part holds."""
+    Never holds more than ``raw_len`` (at most :data:`MAX_SECTION`) inflated bytes,
+    whatever the compressed part holds."""
     if raw_len > MAX_SECTION:
         raise CorruptPackError(
             f"a part of a pack declares {raw_len} bytes, more than the {MAX_SECTION} accepted"
@@ -143,10 +123,7 @@ def unsqueeze(stored: bytes, codec: int, raw_len: int, bases: bytes = b"") -> by
         out = stored
     else:
         try:
-            d = zstandard.ZstdDecompressor(
-                dict_data=_dictionary(bases) if codec == ZSTD_EDIT else None
-            )
-            out = _inflate(d, stored, raw_len)
+            out = _inflate(zstandard.ZstdDecompressor(), stored, raw_len)
         except zstandard.ZstdError as e:
             raise CorruptPackError(f"a compressed part of a pack is unreadable: {e}") from e
     if len(out) != raw_len:
@@ -181,26 +158,27 @@ def _inflate(d: zstandard.ZstdDecompressor, stored: bytes, most: int) -> bytes:
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-# -- format 2 ----------------------------------------------------------------------
+# -- format 3 ----------------------------------------------------------------------
 
 
 @dataclass
 class Section:
-    """One page's part of a pack, as written: commits, EAGER pieces, LAZY pieces."""
+    """One page's part of a pack, as written: entries, EAGER pieces, LAZY pieces, and
+    the delta's fields (``since``, ``upto``, ``ctx``; see the module docstring)."""
 
     ledger: bytes
     page: bytes
-    commits: list[bytes] = field(default_factory=list)
+    entries: list[Any] = field(default_factory=list)
     eager: list[tuple[bytes, bytes]] = field(default_factory=list)
     lazy: list[tuple[bytes, bytes]] = field(default_factory=list)
+    since: int = -1
+    upto: int = -1
+    ctx: dict[bytes, int] = field(default_factory=dict)
     bare: bool = False
     """EAGER pieces without their digests (the reader computes them): a checkpoint."""
-    bases: list[tuple[bytes, bytes]] = field(default_factory=list)
-    """Tree nodes the reader holds that the section's nodes replace: the section is
-    compressed over them (ZSTD_EDIT), so a changed node costs about its change."""
 
     def size(self) -> int:
-        return sum(len(c) for c in self.commits) + sum(len(v) for _, v in (*self.eager, *self.lazy))
+        return 64 * len(self.entries) + sum(len(v) for _, v in (*self.eager, *self.lazy))
 
 
 @dataclass(frozen=True)
@@ -230,7 +208,9 @@ class PageIndex:
     page: bytes
     eager: Part
     lazy: list[tuple[bytes, Part]]
-    bases: list[bytes] = field(default_factory=list)
+    since: int = -1
+    upto: int = -1
+    ctx: dict[bytes, int] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[bytes, bytes]:
@@ -244,7 +224,7 @@ class Header:
     time: int
     pages: list[PageIndex]
     extra: dict[str, Any] = field(default_factory=dict)
-    """Header fields beyond the index (a checkpoint's ``cover``)."""
+    """Header fields beyond the index."""
 
 
 def encode(
@@ -265,10 +245,10 @@ def encode(
     for i, s in enumerate(sections):
         if s.bare:
             types = bytes(d[0] for d, _ in s.eager)
-            raw = msgpack.packb([s.commits, types, [v for _, v in s.eager]], use_bin_type=True)
+            raw = msgpack.packb([s.entries, types, [v for _, v in s.eager]], use_bin_type=True)
         else:
-            raw = msgpack.packb([s.commits, [[d, v] for d, v in s.eager]], use_bin_type=True)
-        stored, codec = squeeze_edit(raw, b"".join(v for _, v in s.bases))
+            raw = msgpack.packb([s.entries, [[d, v] for d, v in s.eager]], use_bin_type=True)
+        stored, codec = squeeze(raw)
         if seal is not None:
             stored = seal[0].seal(stored, Context(seal[1], "eager", _LEN.pack(i)))
         eager_parts.append([at, len(stored), len(raw), codec])
@@ -293,7 +273,7 @@ def encode(
             "seq": seq,
             "time": time,
             "pages": [
-                [s.ledger, s.page, e, lz, *([[d for d, _ in s.bases]] if e[3] == ZSTD_EDIT else [])]
+                [s.ledger, s.page, e, lz, {"since": s.since, "upto": s.upto, "ctx": s.ctx}]
                 for s, e, lz in zip(sections, eager_parts, lazy_parts, strict=True)
             ],
         },
@@ -307,8 +287,8 @@ def encode(
         sealed = seal[0].seal(plain, ctx)
         assert len(MAGICE) + len(sealed) == head_end
         return b"".join([MAGICE, sealed, *body]), head_end, head_end + eager_len
-    head_end = len(MAGIC2) + _LEN.size + len(header)
-    data = b"".join([MAGIC2, _LEN.pack(len(header)), header, *body])
+    head_end = len(MAGIC3) + _LEN.size + len(header)
+    data = b"".join([MAGIC3, _LEN.pack(len(header)), header, *body])
     return data, head_end, head_end + eager_len
 
 
@@ -332,9 +312,9 @@ def decode_header(
     if seal is not None:
         header = _open_header(data, head_end, eager_end, seal)
     else:
-        if len(data) != head_end or len(data) < PREFIX or data[: len(MAGIC2)] != MAGIC2:
-            raise CorruptPackError("pack is truncated or not a ledgerd pack of format 2")
-        (hlen,) = _LEN.unpack_from(data, len(MAGIC2))
+        if len(data) != head_end or len(data) < PREFIX or data[: len(MAGIC3)] != MAGIC3:
+            raise CorruptPackError("pack is truncated or not a ledgerd pack of format 3")
+        (hlen,) = _LEN.unpack_from(data, len(MAGIC3))
         if PREFIX + hlen != head_end:
             raise CorruptPackError("pack header does not end where its name says")
         if hlen > MAX_HEADER:
@@ -353,21 +333,15 @@ def decode_header(
         out: list[PageIndex] = []
         if ok:
             for p in pages:
-                ledger, page, e, lazy, *more = p
-                bases = [_digest(d) for d in more[0]] if more else []
+                ledger, page, e, lazy, delta = p
                 if not (_name_ok(ledger) and _name_ok(page) and isinstance(lazy, list)):
                     raise ValueError("bad page entry")
-                if len(more) > 1 or any(dg.kind_of(d) != dg.Kind.TREE for d in bases):
-                    raise ValueError("bad page entry")
+                since, upto, ctx = _delta(delta)
                 eager = _part(e, head_end, head_end, eager_end, seal, "eager", _LEN.pack(len(out)))
-                if (eager.codec == ZSTD_EDIT) != bool(bases):
-                    raise ValueError("an edited section without its bases")
                 pieces = []
                 for x in lazy:
                     d = _digest(x[0])
                     pt = _part(x[1:], head_end, eager_end, None, seal, "lazy", d)
-                    if pt.codec == ZSTD_EDIT:
-                        raise ValueError("a LAZY piece is never an edit")
                     most = crypto.sealed_size(pt.raw) if seal else pt.raw
                     if pt.raw > MAX_PIECE or pt.stored > most:
                         raise CorruptPackError(
@@ -375,7 +349,7 @@ def decode_header(
                             f"more than the {MAX_PIECE} accepted or than it needs"
                         )
                     pieces.append((d, pt))
-                out.append(PageIndex(ledger, page, eager, pieces, bases))
+                out.append(PageIndex(ledger, page, eager, pieces, since, upto, ctx))
     except CorruptPackError:
         raise
     except Exception as e:  # msgpack, KeyError, TypeError, ValueError alike
@@ -386,11 +360,11 @@ def decode_header(
     return Header(device, seq, time, out, {k: v for k, v in h.items() if k not in known})
 
 
-HEADER_CONTAINER = 4
+HEADER_CONTAINER = 3
 """Fewest bytes a header takes per container (array) it holds: a page's entry holds
-three (itself, its EAGER part of four integers, its list of LAZY pieces) in at least
-13 bytes, a LAZY piece one in at least 40. A map counts as :data:`HEADER_MAP`
-containers (a real header has two)."""
+three arrays (itself, its EAGER part of four integers, its list of LAZY pieces) and two
+maps (its delta fields and their context) in at least 30 bytes, a LAZY piece one
+array in at least 40. A map counts as :data:`HEADER_MAP` containers."""
 HEADER_MAP = 3
 
 
@@ -464,19 +438,19 @@ def open_piece(
 
 
 def decode_section(
-    stored: bytes, part: Part, codec: Codec | None = None, bases: bytes = b""
-) -> tuple[list[bytes], dict[bytes, bytes]]:
-    """A page's EAGER section: its commits and EAGER pieces (not yet verified).
-    ``bases``: the concatenated bytes of its index entry's bases, if it has any."""
-    raw = unsqueeze(unseal(stored, part, codec), part.codec, part.raw, bases)
+    stored: bytes, part: Part, codec: Codec | None = None
+) -> tuple[list[Any], dict[bytes, bytes]]:
+    """A page's EAGER section: its entries (as received: the store checks them) and its
+    EAGER pieces (not yet verified)."""
+    raw = unsqueeze(unseal(stored, part, codec), part.codec, part.raw)
     try:
         # Every item of a section's arrays is at least MIN_ITEM bytes, so an array
         # claiming more items than that allows is refused before it is made: tiny items
         # (16 million empty strings in 32 MiB) would cost several times the section.
-        fields = msgpack.unpackb(raw, raw=False, max_array_len=max(3, len(raw) // MIN_ITEM))
-        commits = fields[0]
-        if not (isinstance(commits, list) and all(isinstance(c, bytes) for c in commits)):
-            raise ValueError("commits")
+        fields = msgpack.unpackb(raw, raw=False, max_array_len=max(5, len(raw) // MIN_ITEM))
+        entries = fields[0]
+        if not isinstance(entries, list):
+            raise ValueError("entries")
         out: dict[bytes, bytes] = {}
         if len(fields) == 3:  # bare: each piece's type byte; the digest is computed
             types, values = fields[1], fields[2]
@@ -494,22 +468,22 @@ def decode_section(
                 out[_digest(d)] = v
     except Exception as e:
         raise CorruptPackError(f"a page's section of a pack is unreadable: {e}") from e
-    return commits, out
+    return entries, out
 
 
-MIN_ITEM = 33
-"""Fewest bytes of an item of a section's arrays: a piece is more than 32 bytes (smaller
-values are inline in their digests), a commit names at least one 32-byte parent, a
-``[digest, piece]`` pair holds both."""
+MIN_ITEM = 4
+"""Fewest bytes of an item of a section's arrays (an entry holds a 16-byte dot, a
+piece more than 32 bytes, a version three items): a bound on what an array's claim
+may cost before its items are read."""
 
 
 async def decode_section_async(
-    stored: bytes, part: Part, codec: Codec | None = None, bases: bytes = b""
-) -> tuple[list[bytes], dict[bytes, bytes]]:
+    stored: bytes, part: Part, codec: Codec | None = None
+) -> tuple[list[Any], dict[bytes, bytes]]:
     """:func:`decode_section`, on a thread if the section holds more than
     :data:`OFF_LOOP_BYTES` (decoding a section of 100,000 pieces, decompressing,
     unpacking and hashing every piece of a bare one, held the loop 0.1 s)."""
-    return await off_loop(part.raw > OFF_LOOP_BYTES, decode_section, stored, part, codec, bases)
+    return await off_loop(part.raw > OFF_LOOP_BYTES, decode_section, stored, part, codec)
 
 
 async def encode_async(
@@ -527,28 +501,39 @@ async def encode_async(
 
 
 def decode_all(
-    data: bytes,
-    head_end: int,
-    eager_end: int,
-    seal: tuple[Codec, str] | None = None,
-    bases: dict[tuple[bytes, bytes], list[tuple[bytes, bytes]]] | None = None,
+    data: bytes, head_end: int, eager_end: int, seal: tuple[Codec, str] | None = None
 ) -> list[Section]:
-    """A whole pack back as the sections it was made of (key rotation seals them again).
-    ``bases``: per page, the nodes its edited section is read over (it stays an edit)."""
+    """A whole pack back as the sections it was made of (key rotation seals them again)."""
     header = decode_header(data[:head_end], head_end, eager_end, seal)
     codec = seal[0] if seal else None
     out = []
     for p in header.pages:
-        mine = (bases or {}).get(p.key, [])
-        commits, eager = decode_section(
-            data[p.eager.offset : p.eager.end], p.eager, codec, b"".join(v for _, v in mine)
-        )
+        entries, eager = decode_section(data[p.eager.offset : p.eager.end], p.eager, codec)
         lazy = []
         for d, part in p.lazy:
             raw = unseal(data[part.offset : part.end], part, codec)
             lazy.append((d, unsqueeze(raw, part.codec, part.raw if part.codec else len(raw))))
-        out.append(Section(p.ledger, p.page, commits, list(eager.items()), lazy, bases=mine))
+        out.append(
+            Section(p.ledger, p.page, entries, list(eager.items()), lazy, p.since, p.upto, p.ctx)
+        )
     return out
+
+
+def _delta(x: object) -> tuple[int, int, dict[bytes, int]]:
+    """A page entry's delta fields: since, upto, ctx (ValueError if malformed)."""
+    if not isinstance(x, dict):
+        raise ValueError("a page's delta fields are a map")
+    since, upto, ctx = x.get("since"), x.get("upto"), x.get("ctx")
+    if type(since) is not int or type(upto) is not int or not -1 <= since <= upto:
+        raise ValueError("a page's since and upto are malformed")
+    if not isinstance(ctx, dict):
+        raise ValueError("a page's context is malformed")
+    out: dict[bytes, int] = {}
+    for tag, t in ctx.items():
+        if type(tag) is not bytes or len(tag) != 8 or type(t) is not int or t < 0:
+            raise ValueError("a page's context is malformed")
+        out[tag] = t
+    return since, upto, out
 
 
 def _name_ok(x: object) -> bool:
@@ -577,7 +562,7 @@ def _part(
         raise ValueError("bad part")
     off, stored, raw, codec = x
     p = Part(base + off, stored, raw, codec, Context(seal[1], role, item) if seal else None)
-    if codec not in (RAW, ZSTD, ZSTD_EDIT) or raw < 0 or stored < 0:
+    if codec not in (RAW, ZSTD) or raw < 0 or stored < 0:
         raise ValueError("bad part")
     if raw > MAX_SECTION:
         raise ValueError(f"a part declares {raw} bytes, more than the {MAX_SECTION} accepted")
@@ -586,111 +571,3 @@ def _part(
     if p.offset < lo or (hi is not None and p.end > hi):
         raise ValueError("a part lies outside its region")
     return p
-
-
-# -- format 1 (read only) ------------------------------------------------------------
-
-
-@dataclass
-class Pack:
-    """A format-1 pack (one page); written only by tests now."""
-
-    ledger: bytes
-    page: bytes
-    device: bytes
-    seq: int
-    commits: list[bytes]
-    eager: list[tuple[bytes, bytes]]  # (digest, data)
-    lazy: list[tuple[bytes, bytes]]
-
-
-@dataclass
-class PackPrefix:
-    """What the first ranged GET of a format-1 pack yields."""
-
-    ledger: bytes
-    page: bytes
-    device: bytes
-    seq: int
-    commits: list[bytes]
-    eager: dict[bytes, bytes]
-    lazy: list[tuple[bytes, int, int]]  # (digest, offset in the pack, length)
-
-
-def encode_v1(p: Pack) -> tuple[bytes, int]:
-    """A format-1 pack's bytes and ``eager_end`` (for tests of reading the old layout)."""
-    header = msgpack.packb(
-        {
-            "ledger": p.ledger,
-            "page": p.page,
-            "device": p.device,
-            "seq": p.seq,
-            "commits": p.commits,
-            "eager": [[d, len(v)] for d, v in p.eager],
-            "lazy": [[d, len(v)] for d, v in p.lazy],
-        },
-        use_bin_type=True,
-    )
-    parts = [MAGIC, _LEN.pack(len(header)), header]
-    parts.extend(v for _, v in p.eager)
-    eager_end = sum(len(x) for x in parts)
-    parts.extend(v for _, v in p.lazy)
-    return b"".join(parts), eager_end
-
-
-def decode_prefix(data: bytes, eager_end: int) -> PackPrefix:
-    """Parse ``data[:eager_end]`` of a format-1 pack; raises CorruptPackError."""
-    if len(data) != eager_end or len(data) < PREFIX or data[: len(MAGIC)] != MAGIC:
-        raise CorruptPackError("pack is truncated or not a ledgerd pack")
-    (hlen,) = _LEN.unpack_from(data, len(MAGIC))
-    if PREFIX + hlen > len(data):
-        raise CorruptPackError("pack header runs past the data")
-    try:
-        h = msgpack.unpackb(data[PREFIX : PREFIX + hlen], raw=False)
-        ledger, page, device, seq = h["ledger"], h["page"], h["device"], h["seq"]
-        commits, eager, lazy = h["commits"], h["eager"], h["lazy"]
-        ok = (
-            isinstance(ledger, bytes)
-            and isinstance(page, bytes)
-            and isinstance(device, bytes)
-            and isinstance(seq, int)
-            and isinstance(commits, list)
-            and all(isinstance(c, bytes) for c in commits)
-            and all(_piece_ok(x) for x in eager)
-            and all(_piece_ok(x) and x[1] <= MAX_PIECE for x in lazy)
-        )
-    except Exception as e:  # msgpack and KeyError and TypeError alike
-        raise CorruptPackError(f"pack header is unreadable: {e}") from e
-    if not ok:
-        raise CorruptPackError("pack header has malformed fields")
-    pos = PREFIX + hlen
-    pieces: dict[bytes, bytes] = {}
-    for d, n in eager:
-        if pos + n > len(data):
-            raise CorruptPackError("pack is shorter than its header says")
-        pieces[d] = data[pos : pos + n]
-        pos += n
-    if pos != eager_end:
-        raise CorruptPackError("pack's EAGER region does not end where its name says")
-    lazy_at: list[tuple[bytes, int, int]] = []
-    for d, n in lazy:
-        lazy_at.append((d, pos, n))
-        pos += n
-    return PackPrefix(ledger, page, device, seq, commits, pieces, lazy_at)
-
-
-def _piece_ok(x: object) -> bool:
-    """``[digest, length]`` with a well-formed, hashed (never inline) digest."""
-    if not (
-        isinstance(x, list)
-        and len(x) == 2
-        and isinstance(x[0], bytes)
-        and isinstance(x[1], int)
-        and 0 <= x[1] <= 1 << 32
-    ):
-        return False
-    try:
-        dg.validate(x[0])
-    except InvalidDigestError:
-        return False
-    return not dg.is_inline(x[0])

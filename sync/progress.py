@@ -4,8 +4,8 @@ This module owns the per-device download state that :mod:`sync.feed` keeps in
 repository meta (``sync/log/{device}``): the highest sequence seen and its feed
 time, the gaps (sequences missing below it, with the feed times between which
 they must lie), the held packs (listed, not imported: refused, waiting for
-parents, or failed here; a whole pack or one page of it), with their retry
-backoff, and the cursor of the device's layout-1 log. It does no I/O.
+writes it has not seen, or failed here; a whole pack or one page of it), with their
+retry backoff. It does no I/O.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import msgpack
 
-from ledgerd.sync.layout import LogName, PackName
+from ledgerd.sync.layout import PackName
 
 Key = tuple[bytes, bytes]
 
@@ -26,7 +26,9 @@ REFUSED = "refused"
 KEY_MISSING = "key_missing"
 """The pack is sealed with an encryption key this device does not have (not damaged)."""
 WAITING = "waiting"
-"""The pack's commits need parents that no pack imported so far holds."""
+"""The pack's page needs writes (its writer's earlier ones, or ones it had seen) that
+no pack imported so far holds: it is applied once they arrive, or once the page
+joins a checkpoint that holds them."""
 FAILED = "failed"
 """This device could not import it (its page cannot be opened or written)."""
 DEFERRED = "deferred"
@@ -48,7 +50,7 @@ def held_id(name: str, key: Key | None) -> str:
 class Held:
     """A listed pack (or one page of it: ``key``) that is not imported yet, and why."""
 
-    ln: PackName | LogName
+    ln: PackName
     key: Key | None
     state: str
     reason: str
@@ -88,7 +90,7 @@ class Gap:
     last: int
     since: float = field(default_factory=time.time)
     after: int = 0  # feed time of the pack before the gap (0: unknown)
-    until: int = 0  # feed time of the pack after it (0: unknown, layout 1)
+    until: int = 0  # feed time of the pack after it (0: unknown)
 
 
 def _first(g: Gap) -> int:
@@ -98,7 +100,6 @@ def _first(g: Gap) -> int:
 @dataclass
 class DeviceLog:
     device: str
-    cursor: str = ""  # layout 1: the last name of the device's log listed
     max_seq: int = 0  # the highest sequence listed
     gaps: list[Gap] = field(default_factory=list)
     held: dict[str, Held] = field(default_factory=dict)
@@ -140,6 +141,17 @@ class DeviceLog:
         if not self.max_seq and not self.gaps:
             self.max_seq = max(seq - 1, 0)
 
+    def drop_gaps_to(self, seq: int) -> None:
+        """Sequences up to ``seq`` are no longer gaps (a checkpoint holds them)."""
+        kept: list[Gap] = []
+        for g in self.gaps:
+            if g.last <= seq:
+                continue
+            if g.first <= seq:
+                g = Gap(seq + 1, g.last, g.since, g.after, g.until)
+            kept.append(g)
+        self.gaps = kept
+
     def _gap_at(self, seq: int) -> int:
         """The index of the gap holding ``seq``, or -1. Gaps are disjoint and kept in
         order (a new one lies above them all, a filled one is split in place), so this
@@ -169,7 +181,6 @@ class DeviceLog:
         return bytes(
             msgpack.packb(
                 {
-                    "cursor": self.cursor,
                     "max_seq": self.max_seq,
                     "max_time": self.max_time,
                     "floor": self.floor,
@@ -188,24 +199,19 @@ class DeviceLog:
         """Raises ValueError if ``data`` is not what :meth:`encode` wrote."""
         try:
             d = msgpack.unpackb(data, raw=False)
-            log = cls(device, str(d["cursor"]), int(d["max_seq"]))
+            log = cls(device, int(d["max_seq"]))
             log.max_time = int(d.get("max_time", 0))
             log.floor = int(d.get("floor", 0))
             gaps = [Gap(int(g[0]), int(g[1]), float(g[2]), *map(int, g[3:])) for g in d["gaps"]]
             log.gaps = sorted(gaps, key=_first)  # (as encode wrote them)
             held: list[tuple[str, Key | None]] = []
             for h in d["held"]:
-                if isinstance(h, str):  # written by the layout-1 engine
-                    held.append((h, None))
-                else:
-                    held.append((str(h[0]), (bytes(h[1]), bytes(h[2])) if h[1] else None))
+                held.append((str(h[0]), (bytes(h[1]), bytes(h[2])) if h[1] else None))
         except Exception as e:  # msgpack raises several unrelated types
             raise ValueError(f"unreadable sync state of device {device}: {e}") from e
         for name, key in held:
-            ln: PackName | LogName | None = PackName.parse(name) or LogName.parse(name, device)
+            ln = PackName.parse(name)
             if ln is not None and ln.device == device:
-                if isinstance(ln, LogName):
-                    key = ln.key
                 h = Held(ln, key, RETRY, "not imported before the restart")
                 log.held[h.id] = h
         return log

@@ -309,13 +309,13 @@ class StatusBoard:
     async def page_status(self, page: Page) -> dict[str, Any]:
         key = (page.ledger, page.id)
         st = self.states.get(key, PageState())
-        unsynced = await ex.unsynced_count(page)
+        unsynced = await ex.has_unuploaded(page)
         # A write acknowledged in the journal is no commit yet, and waits as well (as
         # du's 'sync' says: nothing waits for upload and no journal is open).
         waiting = unsynced or page.writer.uncommitted
         return {
             "sync": "pending" if waiting else "synced",
-            "unsynced_commits": unsynced,
+            "unuploaded_writes": unsynced,
             "last_sync": st.last_sync,
             "last_error": st.last_error or self.pack_error(key),
         }

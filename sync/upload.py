@@ -1,13 +1,14 @@
 """Upload rounds: a round's pages' new commits and pieces into packs, and the packs up.
 
-This module owns :class:`Uploader`: every page with pending commits (and every
-open page) goes into one pack, one section per page (its commits and EAGER
-pieces, then all pages' LAZY pieces in the order of their values' bytes); past
-``max_pack`` bytes the round writes more packs, a page's tree nodes and commits
-always in the last pack that holds its pieces, so objects are in the bucket before
-any commit that references them is visible. A pack is named (sequence number and
-feed time, from :meth:`sync.feed.Feed.next_seq`) before its PUT; once it is up,
-its pages' pieces become ``synced`` and their commits leave ``unsynced``, and a
+This module owns :class:`Uploader`: every page with writes of this device not
+uploaded yet (and every open page) goes into one pack, one section per page (its
+delta: the entries it wrote and the EAGER pieces of their values, then all pages'
+LAZY pieces in the order of their values' bytes); past ``max_pack`` bytes the round
+writes more packs, a page's entries always in the last pack that holds its pieces,
+so pieces are in the bucket before any entry that references them is visible. A
+pack is named (sequence number and feed time, from
+:meth:`sync.feed.Feed.next_seq`) before its PUT; once it is up, its pages' pieces
+become ``synced`` and the page records how far its writes are uploaded, and a
 page's checkpoint may follow (:mod:`sync.checkpoint_policy`). It also seals this
 device's packs again under a new key (:meth:`Uploader.reseal`). Which pages are
 pending is :mod:`sync.pending`'s; the pack format is :mod:`sync.pack`'s.
@@ -22,9 +23,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from ledgerd.store import Page
-from ledgerd.store import digest as dg
 from ledgerd.store import exchange as ex
-from ledgerd.store.errors import named
 from ledgerd.sync import crypto, layout, pack
 from ledgerd.sync.checkpoint_policy import CheckpointPolicy
 from ledgerd.sync.checkpoints import Checkpoints
@@ -38,8 +37,6 @@ from ledgerd.sync.status import StatusBoard
 log = logging.getLogger(__name__)
 
 MAX_PACK = 32 * 1024 * 1024
-EDIT_BASES = 4 * 1024 * 1024
-"""Most bytes of old tree nodes a page's section is compressed over."""
 LEASE_MOST = 64
 """Pages an upload round keeps open until their pack is up (at most half of the
 repository's max_open_pages)."""
@@ -53,9 +50,8 @@ class _Uploaded:
 
     key: Key
     seen: int | None
-    commits: list[bytes]
-    digests: list[bytes]
-    history: int = 0  # bytes of commits and EAGER pieces: what a new device would read
+    delta: ex.Delta
+    history: int = 0  # bytes of entries and EAGER pieces: what a new device would read
 
 
 @dataclass
@@ -67,7 +63,6 @@ class _Round:
     packs: int = 0
     waiting: list[_Uploaded] = field(default_factory=list)  # whole, in the unsent pack
     uploaded: list[_Uploaded] = field(default_factory=list)
-    wait_stale: bool = False  # (see Uploader.upload_all)
 
     def section(self, key: Key) -> pack.Section:
         s = self.sections.get(key)
@@ -119,23 +114,16 @@ class Uploader:
         other device would see a gap in this device's sequence for good."""
         self._spent_checked = False
         """Whether a number spent by an earlier process was looked for (see _put_pack)."""
-        self.stale_held: set[Key] = set()
-        """Pages the last :meth:`upload_all` with ``wait_stale`` left for after the download."""
 
     async def upload_all(
         self,
         only: tuple[bytes, bytes | None] | None = None,
         *,
-        wait_stale: bool = False,
         pages: Collection[Key] | None = None,
     ) -> int:
-        """Upload the pages with pending commits and the open ones (of ``only``, if
+        """Upload the pages with writes not uploaded and the open ones (of ``only``, if
         given; just ``pages``, if given), all in one pack (more only past ``max_pack``
-        bytes). Returns packs put. ``wait_stale``: a page whose unuploaded commits
-        build on a commit other devices may have pruned, with nothing newer here to
-        carry them onto (:func:`store.exchange.carry_over_stale`), is left for after
-        the round's download, in :attr:`stale_held`, if that download may bring one
-        (a pack of another device's is listed and not imported)."""
+        bytes). Returns packs put."""
         repo = self.ctx.repo
         if not self.pending.loaded:
             await self.pending.load()
@@ -148,10 +136,8 @@ class Uploader:
             for k in sorted(candidates)
             if k[0] != LOCAL and (only is None or (k[0] == only[0] and only[1] in (None, k[1])))
         ]
-        if wait_stale:
-            self.stale_held = set()
         await self.pending.save()
-        rnd = _Round(wait_stale=wait_stale)
+        rnd = _Round()
         async with contextlib.AsyncExitStack() as stack:
             # Pages stay leased until their pack is up (a bounded number of them;
             # the others are opened again to record the upload).
@@ -198,59 +184,34 @@ class Uploader:
 
     async def _take_page(self, rnd: _Round, page: Page, seen: int | None) -> None:
         key = (page.ledger, page.id)
-        state = await ex.carry_over_stale(page, self.ctx.repo.history_retention)
-        if state == ex.STALE and rnd.wait_stale and self._may_bring(key):
-            self.stale_held.add(key)
+        delta = await ex.pending_delta(page)
+        if delta is None or delta.empty:
+            self._page_done(key, seen, False)
             return
-        if state == ex.BUSY:  # still pending: tried again next round
-            return
-        if state == ex.CARRIED:
-            log.info(
-                "page %s of ledger %s: commits built on history other devices may have "
-                "pruned were carried over onto newer commits from the bucket",
-                named(page.id),
-                named(page.ledger),
-            )
-        up = await ex.pending_upload(page)
-        if up.empty:
-            self._page_done(key, seen, await ex.unsynced_count(page))  # a conflict keeps some
-            return
-        history = await self._add_page(rnd, page, up)
-        rnd.added(_Uploaded(key, seen, [c.id for c in up.commits], [*up.eager, *up.lazy], history))
-
-    def _may_bring(self, key: Key) -> bool:
-        """Whether the round's download may bring commits of page ``key``: another
-        device's pack is listed and not imported, for that page or not read yet."""
-        return any(
-            h.ln.device != self.ctx.device and h.key in (None, key) for h in self.feed.held()
-        )
+        history = await self._add_page(rnd, page, delta)
+        rnd.added(_Uploaded(key, seen, delta, history))
 
     async def _mark(self, page: Page, u: _Uploaded) -> None:
-        await ex.mark_uploaded(page, u.commits, u.digests)
+        await ex.mark_uploaded(page, u.delta)
         self.board.synced(page)
-        self._page_done(u.key, u.seen, await ex.unsynced_count(page))
+        self._page_done(u.key, u.seen, await ex.has_unuploaded(page))
         await self.checkpoints.grew(page, u.history)
         await self.policy.after_upload(page)
 
-    def _page_done(self, key: Key, seen: int | None, left: int) -> None:
+    def _page_done(self, key: Key, seen: int | None, left: bool) -> None:
         self.board.no_error(key)
-        self.pending.done(key, seen, left)
+        self.pending.done(key, seen, int(left))
 
-    async def _add_page(self, rnd: _Round, page: Page, up: ex.Upload) -> int:
-        """Put a page's commits and pieces into the round's pack; a pack that would
-        pass ``max_pack`` goes up first. A page larger than that spreads its value
-        pieces over several packs, its tree nodes and commits in the last, so that
-        objects are in the bucket before any commit that references them (the reader
-        checks a commit's whole new tree within one pack)."""
+    async def _add_page(self, rnd: _Round, page: Page, delta: ex.Delta) -> int:
+        """Put a page's delta into the round's pack; a pack that would pass ``max_pack``
+        goes up first. A page larger than that spreads its value pieces over several
+        packs, its entries in the last, so that pieces are in the bucket before any
+        entry that references them (a reader applies a delta whole)."""
         key = (page.ledger, page.id)
-        sizes = await ex.piece_sizes(page, [*up.eager, *up.lazy])
-        nodes = [d for d in up.eager if dg.kind_of(d) is dg.Kind.TREE]
-        values = [d for d in up.eager if dg.kind_of(d) is not dg.Kind.TREE]
-        commits = [c.data for c in up.commits]
-        total = sum(sizes.values()) + sum(map(len, commits))
+        sizes = await ex.piece_sizes(page, [*delta.eager, *delta.lazy])
+        total = sum(sizes.values()) + 64 * len(delta.entries)
         if rnd.size + total > self.max_pack and rnd.sections:
             await self._flush(rnd)
-        sec = rnd.section(key)
         batch: list[tuple[bool, bytes]] = []
         batch_size = 0
 
@@ -260,7 +221,7 @@ class Uploader:
                 (rnd.section(key).lazy if is_lazy else rnd.section(key).eager).append((d, got[d]))
                 rnd.size += len(got[d])
 
-        for item in [*((False, d) for d in values), *((True, d) for d in up.lazy)]:
+        for item in [*((False, d) for d in delta.eager), *((True, d) for d in delta.lazy)]:
             n = sizes.get(item[1], 0)
             if rnd.size + batch_size + n > self.max_pack and (rnd.size or batch):
                 await read(batch)
@@ -272,22 +233,17 @@ class Uploader:
                 await read(batch)
                 batch, batch_size = [], 0
         await read(batch)
-        tail = sum(sizes.get(d, 0) for d in nodes) + sum(map(len, commits))
-        if rnd.size + tail > self.max_pack and rnd.size:
-            await self._flush(rnd)
-        await read([(False, d) for d in nodes])
         sec = rnd.section(key)
-        sec.commits = commits
-        if nodes and up.base_root:  # the nodes go as edits of those they replace
-            bases = await ex.replaced_nodes(page, up.base_root, nodes, EDIT_BASES)
-            got = await ex.read_pieces(page, bases)
-            sec.bases = [(d, got[d]) for d in bases]
-        rnd.size += sum(map(len, commits))
-        return sum(sizes.get(d, 0) for d in up.eager) + sum(map(len, commits))
+        sec.entries = [list(e) for e in delta.entries]
+        sec.since, sec.upto, sec.ctx = delta.since, delta.upto, delta.ctx
+        rnd.size += 64 * len(delta.entries)
+        return sum(sizes.get(d, 0) for d in delta.eager) + 64 * len(delta.entries)
 
     async def _flush(self, rnd: _Round) -> None:
         """PUT the round's pack, if it holds anything; its pages' commits are then up."""
-        sections = [s for s in rnd.sections.values() if s.commits or s.eager or s.lazy]
+        sections = [
+            s for s in rnd.sections.values() if s.entries or s.eager or s.lazy or s.upto >= 0
+        ]
         if not sections:
             rnd.sections.clear()
             return
@@ -306,8 +262,8 @@ class Uploader:
     async def _put_pack(self, sections: list[pack.Section]) -> None:
         store = self.ctx.store
         if self._unsent is not None:
-            # The same name and bytes: its commits are in the new pack as well (they
-            # are still unsynced), which imports them as already there.
+            # The same name and bytes: its entries are in the new pack as well (they
+            # are still not marked uploaded), which a reader applies twice, harmlessly.
             seq, t, name, data, head_end = self._unsent
             try:
                 await store.put(name, data)
@@ -383,15 +339,8 @@ class Uploader:
                 continue
             data = await store.get(name)
             seal = self.ctx.seal(pn.ident)
-            header = pack.decode_header(data[: pn.head_end], pn.head_end, pn.eager_end, seal)
-            bases: dict[Key, list[tuple[bytes, bytes]]] = {}
-            for p in header.pages:  # an edited section is read over its page's nodes
-                if p.bases:
-                    async with self.ctx.using(p.key) as page:
-                        got = await ex.read_pieces(page, p.bases)
-                    bases[p.key] = [(d, got[d]) for d in p.bases]
             sections = await asyncio.to_thread(
-                pack.decode_all, data, pn.head_end, pn.eager_end, seal, bases
+                pack.decode_all, data, pn.head_end, pn.eager_end, seal
             )
             await self._put_pack(sections)
             await repo.set_meta(done, name.encode())  # its copy is up
