@@ -40,8 +40,6 @@ from array import array
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
-    Awaitable,
-    Callable,
     Iterable,
     Iterator,
     Sequence,
@@ -55,7 +53,7 @@ import xxhash
 from ledgerd.store import digest as dg
 from ledgerd.store import split
 from ledgerd.store.cache import ENTRY_OVERHEAD, Cache, CacheSpace
-from ledgerd.store.errors import CorruptObjectError, InvalidDigestError, NonCanonicalTreeError
+from ledgerd.store.errors import CorruptObjectError
 
 LEVEL_BITS = 6
 MAX_LEVEL = 10
@@ -112,6 +110,13 @@ class Entry(_EntryTuple):
     def siblings(self) -> tuple[Version, ...]:
         """The losing concurrent versions (empty for nearly every entry)."""
         return self[4] if len(self) > 4 else ()
+
+    def __repr__(self) -> str:
+        more = f", siblings={self[4]!r}" if len(self) > 4 else ""
+        return (
+            f"Entry(key={self[0]!r}, value={self[1]!r}, priority={self[2]!r}, "
+            f"dot={self[3] if len(self) > 3 else b''!r}{more})"
+        )
 
 
 new_entry = functools.partial(tuple.__new__, Entry)
@@ -265,132 +270,6 @@ def _with_siblings(raw: tuple[tuple[object, ...], ...]) -> list[tuple[object, ..
     return out
 
 
-class Slot(NamedTuple):
-    """Where a node sits in a tree: its digest, the level its parent puts it at (None for
-    a commit's root: the highest level present), and the keys its parent bounds it by
-    (it holds only keys strictly between ``lo`` and ``hi``; None: no bound)."""
-
-    digest: bytes
-    level: int | None
-    lo: bytes | None = None
-    hi: bytes | None = None
-
-
-def check_root_digest(d: bytes) -> None:
-    """NonCanonicalTreeError unless ``d`` may be a tree's root (empty, or a tree node's
-    well-formed digest)."""
-    if not d:
-        return
-    try:
-        dg.validate(d)
-    except InvalidDigestError as e:
-        raise NonCanonicalTreeError(f"a commit's root is not a digest: {e}") from None
-    if dg.kind_of(d) != dg.Kind.TREE:
-        raise NonCanonicalTreeError("a commit's root is not a tree node")
-
-
-def check_encoding(d: bytes, data: bytes, node: Node) -> None:
-    """NonCanonicalTreeError unless ``data`` (the content of digest ``d``, whose pieces
-    match their digests) is how every device encodes and splits ``node``: else the same
-    entries would have two digests, and devices would hold different roots for them."""
-    if encode_node(node) != data:
-        raise NonCanonicalTreeError(f"tree node {dg.short(d)} is not canonically encoded")
-    if dg.is_index(d) or len(data) > split.MAX_CHUNK:
-        ok = dg.is_index(d) and len(data) > split.MAX_CHUNK and node_pieces(data)[0] == d
-    else:  # one chunk, verified against its digest already: inline exactly when small
-        ok = dg.is_inline(d) == (len(data) <= dg.INLINE_LIMIT)
-    if not ok:
-        raise NonCanonicalTreeError(f"tree node {dg.short(d)} is not split as its size calls for")
-
-
-def check_node(node: Node, slot: Slot) -> list[Slot]:
-    """NonCanonicalTreeError unless ``node`` is the node the canonical tree of its keys
-    has at ``slot``; returns the slots of its (non-empty) children.
-
-    Checked here: the node is at its slot's level (a root, at the highest level present:
-    it has separators, or is a leaf); its keys are strictly sorted, inside the slot's
-    bounds, and all of that level; it is not empty (an empty subtree is the empty
-    digest); its children are tree nodes and its values are values. A node that holds
-    this at every slot of a tree makes the canonical tree: every key sits at its level
-    inside the key range its ancestors give it, so the ranges of one level partition the
-    keys and no key can be missing from, or repeated in, the level it belongs to. A
-    separator-less node is needed exactly when its child is not empty, which the child's
-    own check ensures."""
-    level = node.level if slot.level is None else slot.level
-    d = dg.short(slot.digest) if slot.digest else "(inline)"
-    if node.level != level:
-        raise NonCanonicalTreeError(f"tree node {d} is at level {node.level}, not {level}")
-    if slot.level is None and level and not node.entries:
-        raise NonCanonicalTreeError(f"root {d} is above the highest level of its keys")
-    if node.is_empty():
-        raise NonCanonicalTreeError(f"tree node {d} is empty (an empty subtree has no node)")
-    keys = [e[0] for e in node.entries]
-    if keys:
-        if any(itertools.starmap(operator.ge, itertools.pairwise(keys))):
-            raise NonCanonicalTreeError(f"tree node {d} has unsorted or repeated keys")
-        if (slot.lo is not None and keys[0] <= slot.lo) or (
-            slot.hi is not None and keys[-1] >= slot.hi
-        ):
-            raise NonCanonicalTreeError(f"tree node {d} has a key outside its parent's range")
-        if set(map(key_level, keys)) != {level}:
-            raise NonCanonicalTreeError(f"tree node {d} has a key of another level than {level}")
-        if any(v[0][0] & _TREE_BIT for v in versions_of(node.entries)):
-            raise NonCanonicalTreeError(f"tree node {d} has a tree node as a value")
-    if not level:
-        return []
-    children = node.children
-    if not all(c[0] & _TREE_BIT for c in children if c):
-        raise NonCanonicalTreeError(f"tree node {d} has a child that is not a tree node")
-    bounds = [slot.lo, *keys, slot.hi]
-    return [Slot(c, level - 1, bounds[i], bounds[i + 1]) for i, c in enumerate(children) if c]
-
-
-async def check_stored(
-    load_many: Callable[[list[bytes]], Awaitable[dict[bytes, Node]]], slots: Iterable[Slot]
-) -> None:
-    """NonCanonicalTreeError unless each stored subtree ``slot.digest`` (canonical: checked
-    when it arrived, or made here) fits its slot: its level, and its first and last keys
-    inside the bounds. Loads the nodes down their two edges only, a level of all of them
-    at a time (``load_many``: digests to nodes, in one query)."""
-    # (slot, digest to open, edge: None for the subtree's own node, 0 first, -1 last)
-    work: list[tuple[Slot, bytes, int | None]] = [(s, s.digest, None) for s in slots]
-    while work:
-        loaded = await load_many(list({d for _, d, _ in work}))
-        nxt: list[tuple[Slot, bytes, int | None]] = []
-        for slot, d, edge in work:
-            node = loaded[d]
-            name = dg.short(slot.digest)
-            if edge is None:
-                if slot.level is None:
-                    if node.level and not node.entries:
-                        raise NonCanonicalTreeError(
-                            f"root {name} is above the highest level of its keys"
-                        )
-                    continue
-                if node.level != slot.level:
-                    raise NonCanonicalTreeError(
-                        f"tree node {name} is at level {node.level}, not {slot.level}"
-                    )
-                edges = [e for b, e in ((slot.lo, 0), (slot.hi, -1)) if b is not None]
-            else:
-                edges = [edge]
-            for e in edges:
-                if node.level and node.children[e]:
-                    nxt.append((slot, node.children[e], e))
-                    continue
-                if not node.entries:
-                    raise NonCanonicalTreeError(f"stored tree node {name} is empty")
-                key = node.entries[e][0]
-                bound = slot.lo if e == 0 else slot.hi
-                assert bound is not None
-                if (key <= bound) if e == 0 else (key >= bound):
-                    raise NonCanonicalTreeError(
-                        f"tree node {name} has a key outside its parent's range"
-                    )
-        work = nxt
-
-
-_TREE_BIT = int(dg.Kind.TREE)
 _HASHED = 1 + dg.HASH_SIZE
 _HASHED_TYPES = frozenset(t for t in range(256) if dg.is_valid_hashed_type(t))
 

@@ -422,11 +422,10 @@ class DocumentStore:
 
     async def _commit(self, txn: Transaction, records: Sequence[tuple[str, bytes, Record]]) -> None:
         """Commit ``txn``, which put the bodies of ``records``, with their index rows
-        (:meth:`docindex.Views.commit`), and the page's marker if it lost it (deleted or
-        cleared since the store opened: reads look for the marker, and merges take a
-        page's documents whole only where it is)."""
-        if lost := await _marker_if_lost(txn):
-            await txn.put_many(lost)
+        (:meth:`docindex.Views.commit`), and the page's marker, written again with every
+        commit: a device that deleted the page concurrently leaves it a document page
+        (a join keeps the marker while any device wrote it since it saw it go)."""
+        await txn.put_many([(doclayout.MARKER, doclayout.MARK)])
         await self.views.commit(txn, records)
 
     async def _after_write(self) -> None:

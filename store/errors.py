@@ -78,12 +78,6 @@ class CorruptObjectError(StoreError):
     """A stored object no longer matches its digest."""
 
 
-class NonCanonicalTreeError(CorruptObjectError):
-    """A page tree is not the one its entries make (keys unsorted, repeated, at the wrong
-    level or outside their node's range, needless nodes, or a node not encoded or
-    split as every device would): it was refused."""
-
-
 class RangeError(InvalidArgumentError):
     """Requested byte range is outside the value."""
 

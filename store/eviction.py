@@ -71,10 +71,9 @@ def evictability(path: Path, tag: bytes) -> Evictability:
     conn = sqlite3.connect(file_uri(path, "ro"), uri=True, isolation_level=None)
     try:
         conn.execute("BEGIN")
-        q = {
-            "unsynced pieces": "SELECT count(*) FROM unsynced",
-            "open journals": "SELECT count(*) FROM journals",
-        }
+        # (Pieces still "local" are those of values replaced before an upload read
+        # them, which no upload carries; what matters is the writes.)
+        q = {"open journals": "SELECT count(*) FROM journals"}
         counts = {k: int(conn.execute(v).fetchone()[0]) for k, v in q.items()}
         heads = [bytes(r[0]) for r in conn.execute("SELECT commit_id FROM heads")]
         ctx = conn.execute("SELECT value FROM page_metadata WHERE name = ?", (CONTEXT_ROW,))

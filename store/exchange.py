@@ -297,7 +297,10 @@ async def apply_delta(
             changes = await join.join_delta(
                 builder, head.root, entries, dots.seen_by(lctx), dots.seen_by(rctx)
             )
-            return await _store(page, builder, head, changes, pieces, lazy, rctx, markers)
+            changed = await _store(page, builder, head, changes, pieces, lazy, rctx, markers)
+    if changed and page.graph.conflicts:
+        await page.conflicts.settle()  # (a policy that asks a resolver asks it now)
+    return changed
 
 
 async def apply_state(
@@ -323,7 +326,10 @@ async def apply_state(
             changes = await join.join_state(
                 builder, head.root, remote_root, dots.seen_by(lctx), dots.seen_by(rctx)
             )
-            return await _store(page, builder, head, changes, pieces, lazy, rctx, markers)
+            changed = await _store(page, builder, head, changes, pieces, lazy, rctx, markers)
+    if changed and page.graph.conflicts:
+        await page.conflicts.settle()
+    return changed
 
 
 async def _store(

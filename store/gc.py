@@ -473,7 +473,7 @@ async def usage(page: Page, retention: float) -> dict[str, Any]:
     uploaded = int(bytes(rows[0][0])) if rows and bytes(rows[0][0]).isdigit() else -1
     counts["unuploaded_writes"] = int(page.graph.ctx.get(page.graph.tag, -1) > uploaded)
     keep = await retained_commits(page, retention if own is None else own)
-    synced = not any(counts[k] for k in ("unuploaded_writes", "unsynced_pieces", "journals"))
+    synced = not any(counts[k] for k in ("unuploaded_writes", "journals"))
     return {
         "file_bytes": file_bytes(page),
         "live_bytes": await live_bytes(page),

@@ -14,7 +14,8 @@ import asyncio
 from collections.abc import Mapping, Sequence
 
 from ledgerd.store import btree, doclayout, dots
-from ledgerd.store.btree import EMPTY, Builder, NodeLoader, RawEntry
+from ledgerd.store.btree import EMPTY, Builder, NodeLoader, RawEntry, Version
+from ledgerd.store.digest import TOMBSTONE
 
 TURN_KEYS = 1024
 """Keys (or documents) a join handles between two turns it gives the event loop."""
@@ -28,6 +29,16 @@ async def is_document_page(nodes: NodeLoader, root: bytes, more: Sequence[RawEnt
     if any(e[0] == doclayout.MARKER for e in more):
         return True
     return await btree.lookup(nodes, root, doclayout.MARKER) is not None
+
+
+def _marker_rule(key: bytes, vs: list[Version]) -> list[Version]:
+    """The document marker stays while any version of it is live: a page deleted on one
+    device while another wrote documents in it (and so the marker again) stays a
+    document page. Every other key keeps its versions as joined."""
+    if key != doclayout.MARKER:
+        return vs
+    live = [v for v in vs if v[0] != TOMBSTONE]
+    return live or vs
 
 
 def _group_dot(group: Mapping[bytes, RawEntry]) -> bytes:
@@ -100,7 +111,7 @@ async def join_delta(
             continue
         local = await btree.lookup(nodes, root, key)
         vs = dots.join_versions(dots.versions(local), dots.versions(e), local_saw, remote_saw)
-        joined = dots.entry(key, vs)
+        joined = dots.entry(key, _marker_rule(key, vs))
         if joined != (None if local is None else btree.raw(local)):
             changes.append((key, joined))
     for i, (group, rgroup) in enumerate(groups.items()):

@@ -178,6 +178,7 @@ class Page(View):
             self.stamps,
             self.flush,
             self.writer.flush,
+            self.conflicts.settle,
             self._touch,
             lambda: self._closed,
             txn_memory,

@@ -79,6 +79,7 @@ class Transactions:
         clock: StampClock,
         flush_writes: Callable[[], Awaitable[None]],
         flush_journal: Callable[[], Awaitable[None]],
+        settle: Callable[[], Awaitable[bool]],
         touched: Callable[[], None],
         is_closed: Callable[[], bool],
         memory_budget: int = TXN_MEMORY,
@@ -90,6 +91,7 @@ class Transactions:
         self.clock = clock
         self._flush_writes = flush_writes
         self._flush_journal = flush_journal
+        self._settle = settle
         self._touched = touched
         self._is_closed = is_closed
         self.memory_budget = memory_budget
@@ -162,8 +164,11 @@ class Transactions:
                 also=also,
                 also_small=st.also_small,
                 ctx={**graph.ctx, graph.tag: c.timestamp},
+                changed=changes,
             )
         stored.set()
+        if graph.conflicts:  # writes it did not see stay beside its own: a resolver may decide
+            await self._settle()
         return c.id
 
     async def _stamp(self, txn: Transaction, entries: dict[bytes, Entry | None]) -> int:

@@ -348,6 +348,7 @@ class JournalWriter:
                         values=w.pieces,
                         tokens=w.tokens,
                         ctx={**self.graph.ctx, self.graph.tag: c.timestamp},
+                        changed=changes,
                     )
         except BaseException as e:
             if not w.done.done():
@@ -497,6 +498,7 @@ class JournalWriter:
                 also_small=fits_inline(self._rows, 0),
                 then=self._reset,
                 ctx={**self.graph.ctx, self.graph.tag: c.timestamp},
+                changed=changes,
             )
 
     def _reset(self) -> None:

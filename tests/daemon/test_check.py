@@ -27,7 +27,7 @@ def _start(base: Path) -> Daemon:
 
 
 def _page_file(d: Daemon, ledger: bytes = b"notes", page: bytes = b"inbox") -> Path:
-    return d.data / "1" / "ledgers" / encode_name(ledger) / encode_name(page) / "page.sqlite"
+    return d.data / "2" / "ledgers" / encode_name(ledger) / encode_name(page) / "page.sqlite"
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from tests.daemon.conftest import Daemon, start_daemon
 
 
 def _page_dir(d: Daemon, ledger: bytes = b"notes", page: bytes = b"inbox") -> Path:
-    return d.data / "1" / "ledgers" / encode_name(ledger) / encode_name(page)
+    return d.data / "2" / "ledgers" / encode_name(ledger) / encode_name(page)
 
 
 def _lose(base: Path) -> tuple[Path, bytes, str]:

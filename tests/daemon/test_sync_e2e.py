@@ -66,7 +66,7 @@ def test_new_device_bootstraps_and_lazy_values_wait_for_a_read(
             assert sorted(d.ledgerctl("ledgers", check=True).stdout.split()) == [b"notes", b"other"]
             db = (
                 d.data
-                / "1"
+                / "2"
                 / "ledgers"
                 / encode_name(b"notes")
                 / encode_name(b"photos")

@@ -11,7 +11,8 @@ import asyncio
 import sys
 from pathlib import Path
 
-from ledgerd.store import Page, PageHooks, Repository, exchange
+from ledgerd.store import Page, PageHooks, Repository
+from tests.exchanges import mark_all_uploaded
 
 
 def say(line: str) -> None:
@@ -34,8 +35,7 @@ async def main(data_dir: Path) -> None:
         name = f"p{n}"
         page = await repo.ledger("l").page(name)
         await page.put(b"k", name.encode() * 100)
-        up = await exchange.pending_upload(page)
-        await exchange.mark_uploaded(page, [c.id for c in up.commits], [*up.eager, *up.lazy])
+        await mark_all_uploaded(page)
         await page.close()
         say("W " + name)
         await repo.evict(b"l", name.encode())

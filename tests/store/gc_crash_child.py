@@ -15,8 +15,9 @@ import random
 import sys
 from pathlib import Path
 
-from ledgerd.store import Repository, exchange
+from ledgerd.store import Repository
 from ledgerd.store.gc import collect
+from tests.exchanges import mark_all_uploaded
 
 
 def say(line: str) -> None:
@@ -39,8 +40,7 @@ async def main(data_dir: Path, seed: int) -> None:
             await page.write(
                 [(b"bulk%d" % j, rng.randbytes(200)) for j in range(rng.randint(300, 3000))]
             )
-        up = await exchange.pending_upload(page)
-        await exchange.mark_uploaded(page, [c.id for c in up.commits], [*up.eager, *up.lazy])
+        await mark_all_uploaded(page)
         say("G")
         await collect(page, 0)
         say("D")

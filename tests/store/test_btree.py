@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from ledgerd.store import btree
 from ledgerd.store import digest as dg
-from ledgerd.store.btree import EMPTY, Builder, Entry, NodeStore
+from ledgerd.store.btree import EMPTY, Builder, Entry, NodeStore, Priority
 from ledgerd.store.errors import CorruptObjectError
 
 
@@ -43,8 +43,12 @@ def _level_bits(bits: int) -> Iterator[None]:
         btree.LEVEL_BITS = saved
 
 
+DOT = bytes(16)
+"""A dot for entries made here (a tree's entries carry one: :mod:`store.dots`)."""
+
+
 def _entry(key: bytes, value: bytes = b"v") -> Entry:
-    return Entry(key, dg.chunk_digest(dg.Kind.VALUE, value))
+    return Entry(key, dg.chunk_digest(dg.Kind.VALUE, value), Priority.EAGER, DOT)
 
 
 async def _build(mem: MemoryNodes, root: bytes, changes: list[tuple[bytes, Entry | None]]) -> bytes:
@@ -284,7 +288,7 @@ _digests = st.one_of(
 def test_nodes_decode_to_what_was_encoded(
     level: int, raw: list[tuple[bytes, bytes, btree.Priority]], data: st.DataObject
 ) -> None:
-    entries = tuple(Entry(k, v, p) for k, v, p in raw)
+    entries = tuple(Entry(k, v, p, DOT) for k, v, p in raw)
     children: tuple[bytes, ...] = ()
     if level:
         tree = st.binary(min_size=32, max_size=32).map(lambda h: bytes([dg.Kind.TREE]) + h)
@@ -305,7 +309,10 @@ async def test_decoded_nodes_leave_the_garbage_collector() -> None:
     """A cached node's entries are plain tuples, which the collector stops tracking
     after its first pass, so that a large node cache does not lengthen every full
     collection; entries handed out are Entry objects all the same."""
-    entries = tuple(Entry(bytes([i]), bytes([dg.Kind.VALUE]) + b"h" * 32) for i in range(50))
+    entries = tuple(
+        Entry(bytes([i]), bytes([dg.Kind.VALUE]) + b"h" * 32, Priority.EAGER, DOT)
+        for i in range(50)
+    )
     got = btree.decode_node(btree.encode_node(btree.Node(0, entries, ())))
     gc.collect()
     assert not any(map(gc.is_tracked, got.entries))
@@ -377,7 +384,7 @@ async def test_leaves_spliced_from_their_encoding_are_encoded_exactly(bits, batc
                     changes.append((key, None))
                     model.pop(key, None)
                 else:
-                    e = Entry(key, dg.chunk_digest(dg.Kind.VALUE, change[0]), change[1])
+                    e = Entry(key, dg.chunk_digest(dg.Kind.VALUE, change[0]), change[1], DOT)
                     changes.append((key, e))
                     model[key] = e
             b = Builder(nodes)

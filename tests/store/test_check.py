@@ -45,7 +45,7 @@ async def test_a_healthy_page_has_no_problem(tmp_path: Path) -> None:
 @contextlib.contextmanager
 def _db(root: Path) -> Iterator[sqlite3.Connection]:
     """The page file of ``root``'s only page, open for damage (the repository closed)."""
-    conn = sqlite3.connect(next(root.glob("1/ledgers/*/*/page.sqlite")), isolation_level=None)
+    conn = sqlite3.connect(next(root.glob("2/ledgers/*/*/page.sqlite")), isolation_level=None)
     try:
         yield conn
     finally:
@@ -120,23 +120,22 @@ async def test_heads_that_disagree_with_the_commits_are_rebuilt(tmp_path: Path) 
         assert await page.get(b"small") == b"s" * 1000
 
 
-async def test_requeue_makes_synced_pieces_and_commits_pending_again(tmp_path: Path) -> None:
+async def test_requeue_makes_synced_pieces_and_writes_pending_again(tmp_path: Path) -> None:
     repo, _, small = await _page_with_data(tmp_path)
     try:
         page = await repo.ledger("l").page("p")
         from ledgerd.store import exchange as ex
 
-        up = await ex.pending_upload(page)
-        await ex.mark_uploaded(page, [c.id for c in up.commits], [*up.eager, *up.lazy])
-        assert (await ex.pending_upload(page)).empty
+        up = await ex.pending_delta(page)
+        assert up is not None
+        await ex.mark_uploaded(page, up)
+        assert await ex.pending_delta(page) is None
         assert small in await ck.synced_pieces(page)
-        commits = await ck.synced_commits(page)
-        assert len(commits) == len(up.commits)
-        done = await ck.requeue(page, [small, b"\x00" + b"x" * 32], commits[:1])
-        assert done == [small, commits[0]]
-        again = await ex.pending_upload(page)
-        assert small in again.eager and [c.id for c in again.commits] == commits[:1]
-        assert ck.commit_ids([c.data for c in again.commits]) == commits[:1]
+        done = await ck.requeue(page, [small, b"\x00" + b"x" * 32], -1)
+        assert done == [small]
+        again = await ex.pending_delta(page)  # every write of this device goes up again
+        assert again is not None and small in again.eager
+        assert [e[0] for e in again.entries] == [e[0] for e in up.entries]
     finally:
         await repo.close()
 
@@ -150,12 +149,11 @@ async def test_commit_rows_holding_values_of_the_wrong_type_are_reported(tmp_pat
         head = bytes(conn.execute("SELECT commit_id FROM heads").fetchone()[0])
         conn.execute("UPDATE commits SET generation = 'x', root = 12 WHERE id = ?", (head,))
         conn.execute("INSERT INTO commit_parents VALUES ('child', 7)")
-        conn.execute("INSERT INTO unsynced_commits VALUES ('text', 'gen')")
     async with _reopened(tmp_path) as page:
         report = await ck.check_page(page)
         assert not report.healthy
         assert any(p.code == ck.COMMIT and p.commit == head for p in report.problems)
-        assert {p.code for p in report.problems} >= {ck.COMMIT, ck.UNSYNCED}
+        assert {p.code for p in report.problems} >= {ck.COMMIT}
         assert await page.get(b"small") == b"s" * 1000
 
 

@@ -95,11 +95,11 @@ async def test_a_repository_close_closes_what_a_failed_page_close_left_open(
 async def test_a_repository_close_cuts_short_an_opening_merge_waiting_for_its_resolver(
     tmp_path: Path,
 ) -> None:
-    # The merge of the heads a page was opened with waited for its resolver (up to
-    # RESOLVER_TIMEOUT, 30 s) whatever happened meanwhile: a repository close waited
-    # that long for an opener still there, and returned with the merge still running
-    # when its opener had gone. The close now abandons it (its heads kept) and returns
-    # only once it has ended.
+    # The resolver round of the conflicts a page was opened with waited for its
+    # resolver (up to RESOLVER_TIMEOUT, 30 s) whatever happened meanwhile: a repository
+    # close waited that long for an opener still there, and returned with the round
+    # still running when its opener had gone. The close now abandons it (the conflict
+    # kept) and returns only once it has ended.
     for cancel_opener in (False, True):
         path = tmp_path / str(cancel_opener)
         repo, _gate, entered, _ = await _reopened_with_a_held_resolver(path)
@@ -113,8 +113,8 @@ async def test_a_repository_close_cuts_short_an_opening_merge_waiting_for_its_re
         assert [t for t in asyncio.all_tasks() if t not in (me, opening) and not t.done()] == []
         if not cancel_opener:
             assert (await opening).closed
-        async with await Repository.open(path) as again:  # the heads are kept
-            assert len(await (await again.ledger("l").page("p")).heads()) == 2
+        async with await Repository.open(path) as again:  # the conflict is kept
+            assert (await again.ledger("l").page("p")).conflict_count == 1
 
 
 async def test_a_page_close_ends_a_merge_waiting_for_its_resolver(tmp_path: Path) -> None:
@@ -124,7 +124,7 @@ async def test_a_page_close_ends_a_merge_waiting_for_its_resolver(tmp_path: Path
         await asyncio.wait_for(entered.wait(), DETECTOR)
         await asyncio.wait_for(seen[0].close(), DETECTOR)
         assert (await asyncio.wait_for(opening, DETECTOR)).closed  # its merge ended
-        assert len(await seen[0].heads()) == 2  # kept
+        assert seen[0].graph.conflicts == 1  # kept
 
         async def resolver(req: MergeRequest) -> dict[bytes, Choice]:
             return {c.key: b"resolved" for c in req.conflicts}

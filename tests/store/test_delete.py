@@ -12,9 +12,9 @@ from ledgerd.store import (
     LedgerNotFoundError,
     PageNotFoundError,
     Repository,
+    btree,
 )
 from ledgerd.store import deleted as dl
-from ledgerd.store.btree import Builder, Entry, NodeStore, Priority
 from ledgerd.store.digest import TOMBSTONE
 
 
@@ -24,15 +24,20 @@ async def _fill(repo: Repository, ledger: str, page: str, n: int = 3) -> None:
     await pg.flush()
 
 
-async def test_the_deleted_root_is_the_tree_of_the_mark_alone() -> None:
-    class NoReads:
-        async def read_node_bytes(self, digest: bytes) -> bytes:
-            raise AssertionError("an empty tree reads nothing")
-
-    root = await Builder(NodeStore(NoReads())).apply(
-        b"", [(dl.MARK, Entry(dl.MARK, TOMBSTONE, Priority.EAGER))]
-    )
-    assert root == dl.DELETED_ROOT
+async def test_a_deleted_page_holds_the_mark_and_tombstones_only(tmp_path: Path) -> None:
+    """Deleting a page writes a tombstone over every key it held and puts the mark: the
+    page is deleted while nothing else is live, and listed again after a write."""
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("notes").page("inbox")
+        await page.write([(b"a", b"1"), (b"b", b"2")])
+        await page.flush()
+        await repo.delete_page("notes", "inbox")
+        assert page.deleted
+        rows = [(e[0], e[1]) async for e in btree.iterate(page.nodes, page.head.root)]
+        assert rows == [(b"a", TOMBSTONE), (b"b", TOMBSTONE), (dl.MARK, TOMBSTONE)]
+        await page.put(b"c", b"3")
+        await page.flush()
+        assert not page.deleted
 
 
 async def test_a_deleted_page_is_one_commit_and_leaves_the_listings(tmp_path: Path) -> None:
@@ -85,7 +90,7 @@ async def test_deleting_a_page_that_is_not_there_is_not_found(tmp_path: Path) ->
         await repo.delete_page("l", "p")
         with pytest.raises(LedgerNotFoundError):  # its only page: the ledger is gone too
             await repo.delete_page("l", "p")
-        assert not (tmp_path / "1" / "ledgers").joinpath("bm9wZQ").exists()  # made nothing
+        assert not (tmp_path / "2" / "ledgers").joinpath("bm9wZQ").exists()  # made nothing
 
 
 async def test_a_write_after_the_delete_brings_the_page_back_with_only_new_keys(

@@ -19,9 +19,9 @@ from ledgerd.store import (
     Repository,
     StoreError,
     docindex,
-    exchange,
 )
 from ledgerd.store.gc import collect
+from tests.exchanges import mark_all_uploaded
 
 HELD = 6 * 1024  # room for about 25 held rows
 STEPS = 150
@@ -188,10 +188,7 @@ class Run:
                 )  # fmt: skip
                 await self.page.flush()
             elif op == "gc":  # all uploaded, no history kept: only what something reads
-                up = await exchange.pending_upload(self.page)
-                await exchange.mark_uploaded(
-                    self.page, [c.id for c in up.commits], [*up.eager, *up.lazy]
-                )
+                await mark_all_uploaded(self.page)
                 await collect(self.page, 0)
                 self.page.nodes.clear_cache()
             elif op == "query":

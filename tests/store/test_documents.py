@@ -34,12 +34,12 @@ from ledgerd.store import (
     commit,
     docindex,
     doclayout,
-    exchange,
 )
 from ledgerd.store import tuple as tup
 from ledgerd.store.doclayout import State
 from ledgerd.store.docmodel import RevClock, loads, ulid_text
 from ledgerd.store.gc import collect
+from tests.exchanges import mark_all_uploaded
 
 
 @pytest.fixture
@@ -632,8 +632,7 @@ async def test_history_collection_keeps_the_commit_the_views_reflect_in_memory(
         assert await _stored_reflected(page) != docs.views.reflected == page.head.id
         await page.put(b"plain", b"a write that moves the head past the views")
         await page.flush()
-        up = await exchange.pending_upload(page)  # as a sync round: all in the cloud
-        await exchange.mark_uploaded(page, [c.id for c in up.commits], [*up.eager, *up.lazy])
+        await mark_all_uploaded(page)  # as a sync round: all in the cloud
         assert (await collect(page, 0)).commits_pruned > 0
         page.nodes.clear_cache()  # as the cache does in time
         assert await _by_k(docs) == await _scan_by_k(docs)
@@ -664,8 +663,7 @@ async def test_a_catch_up_cancelled_while_storing_leaves_the_views_at_what_it_st
             await catch_up
         await page.db.run(lambda conn: None, write=True)  # after the catch-up's transaction
         assert await _stored_reflected(page) == docs.views.reflected == page.head.id
-        up = await exchange.pending_upload(page)  # as a sync round: all in the cloud
-        await exchange.mark_uploaded(page, [c.id for c in up.commits], [*up.eager, *up.lazy])
+        await mark_all_uploaded(page)  # as a sync round: all in the cloud
         assert (await collect(page, 0)).commits_pruned > 0
         page.nodes.clear_cache()
         await docs.create("c", {"k": 1, "v": 5.0})
@@ -699,8 +697,7 @@ async def test_a_write_cancelled_while_its_rows_are_stored_leaves_the_views_at_i
         gc.collect()  # nothing of the write (its transaction) keeps its base any more
         await page.flush()
         assert await _stored_reflected(page) == docs.views.reflected == page.head.id
-        up = await exchange.pending_upload(page)  # as a sync round: all in the cloud
-        await exchange.mark_uploaded(page, [c.id for c in up.commits], [*up.eager, *up.lazy])
+        await mark_all_uploaded(page)  # as a sync round: all in the cloud
         assert (await collect(page, 0)).commits_pruned > 0
         page.nodes.clear_cache()
         assert await _by_k(docs) == await _scan_by_k(docs)

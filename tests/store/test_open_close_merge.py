@@ -19,7 +19,8 @@ DETECTOR = 10.0
 
 
 async def _conflicting(page: Page) -> None:
-    """Two heads that change the same key differently (kept: no resolver yet)."""
+    """Two transactions that change the same key differently: a conflict (kept: no
+    resolver yet)."""
     await page.put(b"k", b"base")
     await page.flush()
     a, b = page.transaction(), page.transaction()
@@ -29,12 +30,12 @@ async def _conflicting(page: Page) -> None:
     await b.put(b"k", b"b")
     await a.commit()
     await b.commit()
-    assert len(await page.heads()) == 2 and page.pending_conflict
+    assert page.conflict_count == 1 and page.pending_conflict
 
 
 async def _left_with_two_heads(tmp_path: Path) -> None:
-    """Page l/p of the repository at ``tmp_path`` left closed with two heads (custom
-    policy: a resolver merges them at its next open)."""
+    """Page l/p of the repository at ``tmp_path`` left closed with a conflict (custom
+    policy: a resolver decides it at its next open)."""
     async with await Repository.open(tmp_path, hooks=hooks()) as repo:
         page = await repo.ledger("l").page("p")
         await page.set_policy(Policy.CUSTOM)
@@ -138,7 +139,7 @@ async def test_an_open_cancelled_while_it_merges_leaves_the_page_to_those_that_h
         gate.set()
         page = await asyncio.wait_for(repo.ledger("l").page("p"), DETECTOR)
         assert page is held
-        while len(await page.heads()) > 1:  # the merge, going on without its opener
+        while page.conflict_count:  # the resolver's round, going on without its opener
             await asyncio.sleep(0.01)
         assert await page.get(b"k") == b"resolved"
 

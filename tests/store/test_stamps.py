@@ -4,6 +4,7 @@ transactions, the stamp clock, and bad templates refused with nothing written.""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledgerd.store import InvalidArgumentError, Page, Repository, commit
+from ledgerd.store import InvalidArgumentError, Page, Repository
 from ledgerd.store import tuple as fdbtuple
 from ledgerd.store import writer as store_writer
 from ledgerd.store.graph import DIRECT_BATCH
@@ -229,11 +230,10 @@ async def test_a_transaction_orders_stamped_and_plain_writes(page: Page) -> None
 # -- the clock --------------------------------------------------------------------------------
 
 
-def test_the_clock_never_runs_back_nor_behind_the_head(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_clock_never_runs_back_nor_behind_the_head() -> None:
     now = [5_000_000]
-    monkeypatch.setattr(commit, "now_us", lambda: now[0])
     head = [0]
-    clock = StampClock(b"device", lambda: head[0])
+    clock = StampClock(b"device", lambda: head[0], lambda: now[0])
     t1, s1 = clock.next()
     assert t1 == 5_000_000 and s1 == t1.to_bytes(8, "big") + device_tag(b"device")
     now[0] = 1_000  # the clock is set back
@@ -246,15 +246,14 @@ def test_the_clock_never_runs_back_nor_behind_the_head(monkeypatch: pytest.Monke
 
 
 async def test_stamps_after_a_reopen_follow_the_old_ones_on_a_slow_clock(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     template = LOG.pack_with_versionstamp((Versionstamp(),))
     async with await Repository.open(tmp_path / "d") as repo:
         page = await repo.ledger("l").page("p")
         first = await page.set_versionstamped_key(template, b"1")
-    real = commit.now_us
-    monkeypatch.setattr(commit, "now_us", lambda: real() - 3_600_000_000)  # an hour slow
-    async with await Repository.open(tmp_path / "d") as repo:
+    slow = lambda: time.time() - 3600  # noqa: E731 - an hour slow
+    async with await Repository.open(tmp_path / "d", clock=slow) as repo:
         page = await repo.ledger("l").page("p")
         second = await page.set_versionstamped_key(template, b"2")
     assert first < second
