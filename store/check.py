@@ -658,6 +658,22 @@ async def restore_pieces(page: Page, pieces: dict[bytes, bytes]) -> list[bytes]:
     return list(good)
 
 
+async def drop_pieces(page: Page, digests: Iterable[bytes]) -> None:
+    """Delete stored pieces that are damaged (before the page is rebuilt: what is made
+    again is then stored, where a damaged row of the same digest would stay)."""
+    ds = [(d,) for d in digests]
+
+    def work(conn: sqlite3.Connection) -> None:
+        conn.executemany(
+            "DELETE FROM unsynced WHERE id = (SELECT id FROM objects WHERE digest = ?)", ds
+        )
+        conn.executemany("DELETE FROM objects WHERE digest = ?", ds)
+
+    await page.db.run(work, write=True)
+    page.objects.clear_cache()
+    page.nodes.clear_cache()
+
+
 async def synced_pieces(page: Page) -> list[bytes]:
     """Digests this page counts as in the cloud: stored pieces without an ``unsynced``
     row, and pieces known only through ``remote_pieces``."""

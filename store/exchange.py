@@ -81,8 +81,8 @@ async def uploaded_upto(page: Page) -> int:
 
 
 async def has_unuploaded(page: Page) -> bool:
-    """Whether the page holds writes of this device not uploaded yet."""
-    await page.flush()
+    """Whether the page holds committed writes of this device not uploaded yet (writes
+    still in its journal are the writer's to tell: ``page.writer.uncommitted``)."""
     return page.graph.ctx.get(page.graph.tag, -1) > await uploaded_upto(page)
 
 
@@ -279,6 +279,7 @@ async def apply_delta(
     nothing (its markers are still written)."""
     await _verify(pieces)
     rctx = {**rctx, writer: max(rctx.get(writer, -1), upto)}
+    markers = await _came_back(page, rctx, markers)
     await page.flush()  # a plain write has seen the state it is applied to: commit them first
     async with gc.held(page):
         graph = page.graph
@@ -315,6 +316,7 @@ async def apply_state(
     with its pieces and context) into the page; always allowed, however far behind or
     ahead of it the page is. Returns whether the page changed."""
     await _verify(pieces)
+    markers = await _came_back(page, rctx, markers)
     await page.flush()
     async with gc.held(page):
         graph = page.graph
@@ -347,7 +349,8 @@ async def _store(
     graph = page.graph
     lctx = graph.ctx
     ctx = dots.join_contexts(lctx, rctx)
-    await _check_values(page, head, changes, pieces, lazy)
+    wanted = await _check_values(page, head, changes, pieces, lazy)
+    pieces = _pieces_of(wanted, pieces)  # not those of versions the join dropped
     root = await builder.apply(head.root, changes) if changes else head.root
     if root == head.root and ctx == lctx:
         await _write_markers(page, markers, pieces, lazy)
@@ -371,9 +374,9 @@ async def _check_values(
     changes: Sequence[tuple[bytes, RawEntry | None]],
     pieces: Mapping[bytes, bytes],
     lazy: Mapping[bytes, str],
-) -> None:
-    """Every value a join keeps that is new here must be here, in what came, or in the
-    cloud (``lazy``): else :class:`MissingValueError`."""
+) -> set[bytes]:
+    """The values a join keeps that are new here; each must be here, in what came, or
+    in the cloud (``lazy``): else :class:`MissingValueError`."""
     wanted: set[bytes] = set()
     for key, e in changes:
         if e is None:
@@ -383,12 +386,11 @@ async def _check_values(
         for v in dots.versions(e):
             if v[2] not in had and not dg.is_inline(v[0]):
                 wanted.add(v[0])
-    wanted -= pieces.keys()
-    wanted -= lazy.keys()
-    if not wanted:
-        return
-    known = await page.objects.known(list(wanted))
-    missing = wanted - set(known)
+    elsewhere = wanted - pieces.keys() - lazy.keys()
+    if not elsewhere:
+        return wanted
+    known = await page.objects.known(list(elsewhere))
+    missing = elsewhere - set(known)
     if missing:
         located = await remote_locations(page, list(missing))
         missing -= located.keys()
@@ -396,6 +398,36 @@ async def _check_values(
         raise MissingValueError(
             f"value {dg.short(next(iter(missing)))} of an entry it keeps is nowhere", {}
         )
+    return wanted
+
+
+def _pieces_of(roots: set[bytes], pieces: dict[bytes, bytes]) -> dict[bytes, bytes]:
+    """The pieces among ``pieces`` of the values with these root digests (an index
+    piece brings the pieces it lists)."""
+    if len(roots) == len(pieces) and roots == pieces.keys():
+        return pieces
+    out: dict[bytes, bytes] = {}
+    todo = [r for r in roots if r in pieces]
+    while todo:
+        d = todo.pop()
+        if d in out:
+            continue
+        out[d] = pieces[d]
+        if dg.is_index(d):
+            todo.extend(c for c in index_children(pieces[d]) if c in pieces)
+    return out
+
+
+async def _came_back(
+    page: Page, rctx: Mapping[bytes, int], markers: Sequence[tuple[str, bytes]]
+) -> Sequence[tuple[str, bytes]]:
+    """``markers``, and the page's upload mark moved up when this device's own writes
+    came back through the bucket (a restored page, a checkpoint joined): what came from
+    the bucket is in it, and is not uploaded again."""
+    back = rctx.get(page.graph.tag, -1)
+    if back > await uploaded_upto(page):
+        return [*markers, (UPLOADED_ROW, str(back).encode())]
+    return markers
 
 
 def _needs_text(needs: Mapping[bytes, int]) -> str:
@@ -437,6 +469,29 @@ def _store_remote(
         "WHERE NOT EXISTS (SELECT 1 FROM objects WHERE digest = ?)",
         [(d, loc, d) for d, loc in lazy.items()],
     )
+
+
+async def forget(page: Page) -> None:
+    """Make the page's state empty, as a page that has seen nothing (its history and
+    what it uploaded stay): the first step of rebuilding a page whose tree is damaged
+    from the bucket, which holds all of it (the caller checked that nothing of this
+    device's waits for upload). Its own writes come back from the bucket like anyone's."""
+    await page.flush()
+    graph = page.graph
+    async with graph.lock:
+        head = graph.head
+        c = child(head, btree.EMPTY, graph.next_time())
+
+        def work(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM conflicts")
+            conn.execute(
+                "INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)",
+                (UPLOADED_AT_ROW, c.id),
+            )
+            conn.execute("DELETE FROM sync_metadata WHERE name LIKE 'imported/%'")
+
+        await graph.store(c, Builder(page.nodes), also=work, also_small=False, ctx={})
+        graph.conflicts = 0
 
 
 # -- whole states (checkpoints) ------------------------------------------------------------

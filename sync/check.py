@@ -450,6 +450,24 @@ async def _restore(
     changed = False
     unfit: set[bytes] = set()  # damaged here and not restored: nothing to upload
     bad = report.bad_pieces()
+    if any(dg.kind_of(d) is dg.Kind.TREE for d in bad):
+        # The bucket holds entries, not this device's tree: a damaged tree is rebuilt
+        # from the bucket whole (the page's best checkpoint and the packs above it).
+        if await ex.has_unuploaded(page):
+            result.notes.append(
+                "the page's tree is damaged and it holds writes of this device not uploaded "
+                "yet: rebuilding it from the bucket would lose them (nothing was changed)"
+            )
+            return False
+        await ck.drop_pieces(page, bad)
+        await ex.forget(page)
+        if not await engine.downloader.restore(page):
+            result.notes.append("the page's tree is damaged and the bucket holds nothing of it")
+            return True
+        for p in report.open_problems(ck.CORRUPT_PIECE, ck.MISSING_PIECE):
+            p.repaired = True
+        log.info("rebuilt the damaged tree of page %s from the bucket", named(page.id))
+        return True
     if bad:
         found = {d: v for d, v in (result.cloud.found if result.cloud else {}).items() if d in bad}
         if len(found) < len(bad):  # (the first read of the bucket kept what was bad then)

@@ -151,7 +151,8 @@ class Downloader:
         waiting: dict[Key, list[Held]] = {}
         busy: set[Key] = set()
         for h in held:
-            assert h.key is not None
+            if h.key is None:  # a whole pack refused: it holds nothing any page can use
+                continue
             if h.state == progress.WAITING:
                 waiting.setdefault(h.key, []).append(h)
             elif h.state in (progress.RETRY, progress.DEFERRED):

@@ -471,10 +471,12 @@ def decode_section(
     return entries, out
 
 
-MIN_ITEM = 4
-"""Fewest bytes of an item of a section's arrays (an entry holds a 16-byte dot, a
-piece more than 32 bytes, a version three items): a bound on what an array's claim
-may cost before its items are read."""
+MIN_ITEM = 20
+"""Fewest bytes of an item of a section's long arrays: an entry holds a 16-byte dot and
+more (at least 25 bytes), a sibling too (23), a ``[digest, piece]`` pair more than 32
+bytes. An array claiming more items than its bytes can hold is refused before they
+are made: tiny items (16 million empty strings in 32 MiB) would cost several times
+the section."""
 
 
 async def decode_section_async(

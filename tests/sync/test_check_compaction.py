@@ -129,7 +129,8 @@ async def test_repair_restores_a_corrupt_tree_node_from_the_checkpoint(
     tmp_path: Path, bucket: FolderStore, encryption: object
 ) -> None:
     """C starts the page from A's checkpoint; A compacts; C's head's tree nodes are
-    damaged by hand. No pack holds them any more: the checkpoint does."""
+    damaged by hand. The bucket holds entries, not trees: the repair rebuilds the page
+    from the checkpoint and the packs above it."""
     clock = Clock()
     kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": GRACE}
     rng = random.Random(8)
@@ -143,10 +144,7 @@ async def test_repair_restores_a_corrupt_tree_node_from_the_checkpoint(
             want = await _keys(c.repo)
             assert want == await _keys(a.repo)
             root = pc.head.root
-            leaves = await pc.db.read_all(
-                "SELECT digest FROM objects WHERE digest != ? ORDER BY digest LIMIT 3", (root,)
-            )
-            damaged = [root, *(bytes(r[0]) for r in leaves)]
+            damaged = [root]
 
             def damage(conn: sqlite3.Connection) -> None:
                 for d in damaged:
@@ -170,9 +168,9 @@ async def test_repair_restores_a_corrupt_tree_node_from_the_checkpoint(
 async def test_what_is_newer_than_the_checkpoint_must_still_be_in_a_pack(
     tmp_path: Path, bucket: FolderStore
 ) -> None:
-    """The checkpoint excuses only the history below it: B's commit made after it,
-    whose pack is lost, is still reported, and a repair uploads it again. (B writes
-    no checkpoint of its own: one would hold that commit.)"""
+    """The checkpoint excuses only what it holds: B's write made after it, whose pack
+    is lost, is still reported, and a repair uploads it again. (B writes no checkpoint
+    of its own: one would hold that write.)"""
     clock = Clock()
     kw: dict[str, Any] = {"clock": clock, "checkpoint_interval": 0, "compaction_grace": GRACE}
     rng = random.Random(9)
@@ -184,13 +182,11 @@ async def test_what_is_newer_than_the_checkpoint_must_still_be_in_a_pack(
         pb = await b.repo.ledger("l").page("p")
         await pb.put(b"after", b"the checkpoint")
         await b.engine.sync()
-        head = pb.head.id
         mine = [p for p in _packs(tmp_path / "bucket") if p.device == b.engine.device]
         (tmp_path / "bucket" / mine[-1].name).unlink()
         checked = await _check(b, pb)
         lost = checked.report.open_problems(ck.NOT_IN_CLOUD)
-        assert head in {p.commit for p in lost}, _messages(checked)
-        assert any(p.digest is not None for p in lost)
+        assert any("writes" in p.message for p in lost), _messages(checked)
         assert {p.code for p in checked.report.open_problems()} == {ck.NOT_IN_CLOUD}
         repaired = await _check(b, pb, repair=True)
         assert repaired.report.healthy, (_messages(repaired), repaired.notes)
@@ -320,22 +316,3 @@ async def test_a_pack_imported_after_the_checks_listing_is_no_problem(
         checked = await sc.check_page(pb, b.engine, index, cloud=True)
         assert checked.report.healthy, _messages(checked)
 
-
-async def test_sections_edited_over_nodes_this_device_pruned_are_read_over_the_bucket(
-    tmp_path: Path, bucket: FolderStore
-) -> None:
-    """A section uploaded as an edit of older tree nodes is read over them. Once history
-    retention pruned those nodes here, the check passed the section over, and what it
-    held counted as synced here but lacking in the bucket (not_in_cloud, a repair
-    uploading it again). They are taken from the page's other sections now."""
-    from ledgerd.store import gc
-    from tests.sync.test_stale_base import shared_then_rewritten
-
-    async with device(tmp_path / "a", bucket) as a, device(tmp_path / "b", bucket) as b:
-        _, pb = await shared_then_rewritten(a, b)  # B's commit goes up as an edit
-        for v in (b"1", b"2"):
-            await pb.put(b"zz", v)
-            await b.engine.sync()
-        assert _messages(await _check(b, pb)) == []
-        assert (await gc.collect(pb, 0)).commits_pruned >= 2
-        assert _messages(await _check(b, pb)) == []

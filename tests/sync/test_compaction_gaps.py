@@ -150,7 +150,6 @@ async def test_a_cover_past_a_devices_packs_does_not_hide_its_later_gaps(
         def inflated(into: dict[str, int], cover: dict[str, int]) -> None:
             real(into, {d: s + 1000 if d == a.engine.device else s for d, s in cover.items()})
 
-        monkeypatch.setattr("ledgerd.sync.checkpoint_policy.reach", inflated)
         monkeypatch.setattr("ledgerd.sync.checkpoints.reach", inflated)
         async with device(tmp_path / "new", bucket, **kw) as new:
             clock.now += 0.5

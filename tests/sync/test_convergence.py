@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledgerd.store import Page, Repository
+from ledgerd.store import Repository
 from ledgerd.sync import crypto
 from ledgerd.sync.engine import SyncEngine
 from ledgerd.sync.folder import FolderStore
@@ -27,10 +27,6 @@ step = st.one_of(
     st.tuples(st.just("op"), st.integers(0, DEVICES - 1), op),
     st.tuples(st.just("sync"), st.integers(0, DEVICES - 1), st.none()),
 )
-
-
-async def _merges(page: Page) -> int:
-    return len([c for c in await page.history(100_000) if c.is_merge])
 
 
 @pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])
@@ -75,22 +71,12 @@ async def test_devices_converge_without_merge_storms(encrypted: bool, steps) -> 
                     syncs += 1
             roots = {p.head.root for p in pages}
             assert len(roots) == 1, "devices did not converge"
-            assert all([len(await p.heads()) == 1 for p in pages])
-            # Equal trees may still sit on different merge commits; a few more
-            # exchanges settle them on one commit (merges are deterministic).
-            for _ in range(4):
-                if len({p.head.id for p in pages}) == 1:
-                    break
-                for e in engines:
-                    await e.sync()
-                    syncs += 1
-            assert len({p.head.id for p in pages}) == 1, "heads never settled"
-            # Bounded: at most one merge per transaction that found its page moved, and
-            # per exchange at most one per other device's head it brought in.
-            merges = max([await _merges(p) for p in pages])
-            bound = txns + syncs * DEVICES
-            assert merges <= bound, f"{merges} merges for {syncs} exchanges, {txns} transactions"
-            # Quiet: another exchange changes nothing (no merges of merges ping-pong).
+            # No storms: a device's history holds its own writes and one commit per
+            # import that brought something; every device makes each change once.
+            for p in pages:
+                commits = len(await p.history(100_000))
+                assert commits <= 1 + len(steps) + syncs, (commits, len(steps), syncs)
+            # Quiet: another exchange changes nothing.
             before = [p.head.id for p in pages]
             for e in engines:
                 await e.sync()

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ledgerd.store import ObjectNotFoundError, Page, Priority, Repository, commit
+from ledgerd.store import digest as dg
 from ledgerd.store import exchange as ex
 from ledgerd.sync import engine, pack
 from ledgerd.sync.cloud import Retrying
@@ -226,7 +227,7 @@ async def test_a_bucket_that_went_away_is_not_recreated(tmp_path: Path) -> None:
         await a.engine.sync()  # the first daemon creates and marks the bucket
         crypt = ["ledgerd-bucket.crypt"] if ENCRYPTION["keys"] else []
         assert sorted(p.name for p in root.iterdir() if p.name.startswith("ledgerd")) == [
-            "ledgerd-bucket.3",
+            "ledgerd-bucket.4",
             *crypt,
         ]
         root.rename(tmp_path / "unmounted")
@@ -519,29 +520,33 @@ async def test_an_upload_holds_about_one_pack_in_memory(
         assert peak < 1.5 * 1024 * 1024 + 4 * max_pack, peak
 
 
-async def test_pending_upload_reads_one_snapshot(tmp_path: Path) -> None:
+async def test_a_delta_reads_one_snapshot(tmp_path: Path) -> None:
     async with await Repository.open(tmp_path / "r") as repo:
         page = await repo.ledger("l").page("p")
         await page.put(b"a", b"x" * 1000)
         await page.flush()
-        first = await ex.pending_upload(page)
+        await ex.mark_uploaded(page, await ex.pending_delta(page))  # type: ignore[arg-type]
+        await page.put(b"b", b"x" * 1000)
+        await page.flush()
+        first = await ex.pending_delta(page)
         real = page.load_commit
         raced: list[bytes] = []
 
         async def racing(cid: bytes) -> commit.Commit:
-            if not raced:  # a commit lands while the upload is being listed
+            if not raced:  # a commit lands while the delta is being read
                 raced.append(cid)
-                await page.put(b"b", b"y" * 1000)
+                await page.put(b"c", b"y" * 1000)
                 await page.flush()
             return await real(cid)
 
         page.load_commit = racing  # type: ignore[method-assign]
         try:
-            up = await ex.pending_upload(page)
+            up = await ex.pending_delta(page)
         finally:
             page.load_commit = real  # type: ignore[method-assign]
-        assert raced and [c.id for c in up.commits] == [c.id for c in first.commits]
-        # The commit that landed meanwhile is not listed, so neither are its pieces.
+        assert raced and first is not None and up is not None
+        # The write that landed meanwhile is not in it, so neither are its pieces.
+        assert up.entries == first.entries and (up.since, up.upto) == (first.since, first.upto)
         assert set(up.eager) | set(up.lazy) == set(first.eager) | set(first.lazy)
 
 
@@ -558,8 +563,9 @@ async def test_a_device_with_a_clock_far_ahead_is_reported(
         await pa.flush()
         await a.engine.sync()
         ahead = commit.now_us() + 3600 * 1_000_000
-        c = commit.make((pa.head.id,), ahead, pa.head.generation + 1, pa.head.root, b"salt")
-        section = pack.Section(b"l", b"p", [c.data])
+        dot = ahead.to_bytes(8, "big") + a.repo.device_id[:8]
+        entry = [b"k2", dg.value_chunk_digest(b"v"), 0, dot]
+        section = pack.Section(b"l", b"p", [entry], since=-1, upto=ahead)
         await put_pack(bucket, a.repo.device_id, 9, [section], int(time.time() * 1000))
         await b.engine.sync()
         skew = b.engine.status()["clock_skew"]

@@ -15,14 +15,18 @@ import msgpack
 import pytest
 import zstandard
 
-from ledgerd.store import Priority, Repository, commit
+from ledgerd.store import Priority, Repository
+from ledgerd.store import digest as dg
 from ledgerd.store.errors import StoreError
 from ledgerd.sync import layout, pack
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import PackName
 from ledgerd.sync.testing import put_pack
-from tests.store.test_canonical import _canonical, _encode, _nested, _outside_range
 from tests.sync.test_engine import Device, _keys, device
+
+
+_DELTA = {"since": -1, "upto": -1, "ctx": {}}
+"""A page entry's delta fields in a hand-made pack header."""
 
 
 def _now_ms() -> int:
@@ -30,74 +34,51 @@ def _now_ms() -> int:
 
 
 async def _uploaded(tmp_path: Path, d: Device) -> tuple[set[bytes], set[bytes]]:
-    """Commit ids and piece digests in every pack ``d`` put in the bucket (plain)."""
-    ids: set[bytes] = set()
+    """Keys and piece digests in every pack ``d`` put in the bucket (plain)."""
+    keys: set[bytes] = set()
     digests: set[bytes] = set()
     for p in (tmp_path / "bucket" / "packs").iterdir():
         pn = PackName.parse(f"{layout.PACKS}{p.name}")
         if pn is None or pn.device != d.repo.device_id.hex():
             continue
         data = p.read_bytes()
-        header = pack.decode_header(data[: pn.head_end], pn.head_end, pn.eager_end)
-        bases = {}
-        for pi in header.pages:
-            page = await d.repo.ledger(pi.ledger.decode()).page(pi.page.decode())
-            got = await page.objects.get_pieces(pi.bases)
-            bases[pi.key] = [(x, got[x]) for x in pi.bases]
-        for s in pack.decode_all(data, pn.head_end, pn.eager_end, bases=bases):
-            ids.update(commit.decode(c).id for c in s.commits)
+        for s in pack.decode_all(data, pn.head_end, pn.eager_end):
+            keys.update(e[0] for e in s.entries)
             digests.update(x for x, _ in [*s.eager, *s.lazy])
-    return ids, digests
+    return keys, digests
 
 
-async def test_a_non_canonical_tree_is_refused_and_goes_no_further(
+async def test_a_delta_no_ledgerd_makes_is_refused_and_goes_no_further(
     tmp_path: Path, bucket: FolderStore
 ) -> None:
-    """Another device uploads a commit with the same entries as a's page, one key moved
-    into the neighbouring leaf (outside its range: lookups would miss it, and a later put
-    of it would store it twice). b refuses the pack, reports it, keeps a's page as it
-    was, takes a's later pack, and uploads nothing of the bad commit."""
-    keys = [os.urandom(6) for _ in range(600)]
+    """Another device uploads a delta whose keys are out of order (a tree built from it
+    would hide one from lookups). b refuses the pack, reports it, keeps a's page as it
+    was, takes a's later pack, and uploads nothing of the bad delta."""
     async with device(tmp_path / "a", bucket) as a:
         pa = await a.repo.ledger("l").page("p")
-        await pa.write([(k, b"v" + k[:8]) for k in keys])  # values inline: no pieces
-        await pa.flush()
+        await pa.write([(b"k%d" % i, b"v%d" % i) for i in range(20)])
         await a.engine.sync()
-        head = pa.head
-        root, pieces = await _canonical(keys)
-        assert root == head.root  # the same entries make the same tree
-        t = await _nested(root, pieces)
-        assert t is not None and _outside_range(t)
-        bad: dict[bytes, bytes] = {}
-        bad_root = _encode(t, bad)
-        new_nodes = set(bad) - set(pieces)  # the rest are a's own nodes
-        liar = commit.make((head.id,), head.timestamp + 1, head.generation + 1, bad_root, b"x")
-        section = pack.Section(b"l", b"p", [liar.data], sorted(bad.items()))
+        dot = (int(time.time() * 1e6)).to_bytes(8, "big") + bytes(8)
+        value = dg.value_chunk_digest(b"injected")
+        bad = [[b"z", value, 0, dot], [b"a", value, 0, dot]]
+        section = pack.Section(b"l", b"p", bad, since=-1, upto=dg.INLINE_LIMIT)
         name = await put_pack(bucket, os.urandom(16), 1, [section], _now_ms())
         await pa.put(b"later", b"still comes")
-        await pa.flush()
         await a.engine.sync()
         async with device(tmp_path / "b", bucket, retry_first=3600) as b:
             await b.engine.sync()
             pb = await b.repo.ledger("l").page("p")
-            assert pb.head.id == pa.head.id  # a's later pack came in; the bad one did not
-            assert liar.id not in {h.id for h in await pb.heads()}
+            assert pb.head.root == pa.head.root  # a's later pack came in; the bad one did not
             got = await _keys(b.repo)
-            assert len(got) == len(keys) + 1 and got[b"later"] == b"still comes"
+            assert len(got) == 21 and got[b"later"] == b"still comes" and b"z" not in got
             packs = b.engine.status()["packs"]
             assert [(p["pack"], p["state"]) for p in packs] == [(name, "refused")]
-            assert "NonCanonicalTreeError" in packs[0]["error"]
-            assert "outside its parent's range" in packs[0]["error"]
-            marks = ",".join("?" * len(new_nodes))
-            rows = await pb.db.read_all(
-                f"SELECT count(*) FROM objects WHERE digest IN ({marks})", tuple(new_nodes)
-            )
-            assert rows[0][0] == 0  # nothing of it stored
+            assert "CorruptObjectError" in packs[0]["error"]
+            assert "order" in packs[0]["error"]
             await pb.put(b"mine", b"b's own")
-            await pb.flush()
             await b.engine.sync()
-            ids, digests = await _uploaded(tmp_path, b)
-            assert ids and liar.id not in ids and not digests & new_nodes
+            keys, _ = await _uploaded(tmp_path, b)
+            assert keys == {b"mine"}
 
 
 def _bomb(inflated: int, claims: bool = True) -> bytes:
@@ -117,8 +98,8 @@ async def _put_raw_pack(
     header = msgpack.packb(
         {"device": device, "seq": 1, "time": now, "pages": pages}, use_bin_type=True
     )
-    head_end = len(pack.MAGIC2) + 4 + len(header)
-    data = pack.MAGIC2 + len(header).to_bytes(4, "big") + header + body
+    head_end = len(pack.MAGIC3) + 4 + len(header)
+    data = pack.MAGIC3 + len(header).to_bytes(4, "big") + header + body
     name = PackName.make(now, device.hex(), 1, head_end, len(data)).name
     await bucket.put(name, data)
     return name
@@ -167,48 +148,44 @@ async def test_a_decompression_bomb_is_refused_without_inflating_it(
     at most a few MiB more, and still takes a's page."""
     bomb = _bomb(1 << 30, claims)
     name = await _put_raw_pack(
-        bucket, os.urandom(16), [[b"l", b"p", [0, len(bomb), declared, pack.ZSTD], []]], bomb
+        bucket, os.urandom(16), [[b"l", b"p", [0, len(bomb), declared, pack.ZSTD], [], _DELTA]], bomb
     )
     await _refused_cheaply(tmp_path, bucket, name, "bytes")
 
 
-@pytest.mark.parametrize("kind", ["many_parents", "same_parent_twice", "older", "huge_time"])
-async def test_a_commit_inconsistent_with_its_parents_is_refused(
+@pytest.mark.parametrize("kind", ["dot_past_the_limit", "dot_twice", "since_after_upto", "tag"])
+async def test_a_delta_inconsistent_with_itself_is_refused(
     tmp_path: Path, bucket: FolderStore, kind: str
 ) -> None:
-    """Commits no ledgerd makes: more than two parents, a parent twice, a time before
-    its parent's, a time SQLite cannot hold (it failed the import as "cannot import it
-    here"). Each is refused as corrupt; the page keeps a's head."""
+    """Deltas no ledgerd makes: a dot at a time SQLite cannot hold (past the year 2255),
+    one key holding a dot twice, a range of the writer's clock that ends before it
+    begins, a context naming a malformed writer. Each is refused as corrupt; the page
+    keeps a's state."""
     async with device(tmp_path / "a", bucket) as a:
         pa = await a.repo.ledger("l").page("p")
         await pa.put(b"k", b"v")
-        await pa.flush()
         await a.engine.sync()
-        h = pa.head
-        kids = [
-            commit.make((h.id,), h.timestamp + 1 + i, h.generation + 1, h.root, b"%d" % i)
-            for i in range(3)
-        ]
-        gen = h.generation + 1
-        bad = {
-            "many_parents": commit.make(
-                tuple(k.id for k in kids), h.timestamp + 9, gen + 1, h.root, b""
-            ),
-            "same_parent_twice": commit.make((h.id, h.id), h.timestamp, gen, h.root, b""),
-            "older": commit.make((h.id,), h.timestamp - 1, gen, h.root, b"s"),
-            "huge_time": commit.make((h.id,), (1 << 64) - 1, gen, h.root, b"s"),
-        }[kind]
-        sent = [*kids, bad] if kind == "many_parents" else [bad]
-        section = pack.Section(b"l", b"p", [c.data for c in sent])
+        now = int(time.time() * 1e6)
+        dot = now.to_bytes(8, "big") + bytes(8)
+        value = dg.value_chunk_digest(b"injected")
+        entries: list[object] = [[b"x", value, 0, dot]]
+        since, upto, ctx = -1, now, {}
+        if kind == "dot_past_the_limit":
+            entries = [[b"x", value, 0, b"\xff" * 16]]
+        elif kind == "dot_twice":
+            entries = [[b"x", value, 0, dot, [[value, 0, dot]]]]
+        section = pack.Section(b"l", b"p", entries, since=since, upto=upto, ctx=ctx)
+        if kind == "since_after_upto":
+            section.since, section.upto = now, now - 1
+        elif kind == "tag":
+            section.ctx = {b"short": 1}
         name = await put_pack(bucket, os.urandom(16), 1, [section], _now_ms())
         async with device(tmp_path / "b", bucket, retry_first=3600) as b:
             await b.engine.sync()
-            pb = await b.repo.ledger("l").page("p")
-            assert bad.id not in {h.id for h in await pb.heads()}
             assert await _keys(b.repo) == {b"k": b"v"}
             packs = b.engine.status()["packs"]
             assert [(p["pack"], p["state"]) for p in packs] == [(name, "refused")]
-            assert "CorruptObjectError" in packs[0]["error"]
+            assert "Corrupt" in packs[0]["error"]
 
 
 async def test_a_name_promising_a_huge_header_is_refused_before_it_is_read(
@@ -220,7 +197,7 @@ async def test_a_name_promising_a_huge_header_is_refused_before_it_is_read(
     size = 100 << 20
     assert size > pack.MAX_HEAD_END
     name = PackName.make(_now_ms(), os.urandom(16).hex(), 1, size, size).name
-    await bucket.put(name, pack.MAGIC2)
+    await bucket.put(name, pack.MAGIC3)
     with open(tmp_path / "bucket" / name, "r+b") as f:
         f.truncate(size)
     await _refused_cheaply(tmp_path, bucket, name, "header would end")
@@ -278,9 +255,9 @@ async def test_a_header_of_tiny_containers_is_refused_before_it_costs_more_than_
     header = bytes([head[0] + 1]) + head[1:] + msgpack.packb("pages")
     header += b"\xdd" + n.to_bytes(4, "big") + item * n
     size = len(header)
-    head_end = len(pack.MAGIC2) + 4 + size
+    head_end = len(pack.MAGIC3) + 4 + size
     name = PackName.make(now, device_id.hex(), 1, head_end, head_end).name
-    await bucket.put(name, pack.MAGIC2 + size.to_bytes(4, "big") + header)
+    await bucket.put(name, pack.MAGIC3 + size.to_bytes(4, "big") + header)
     await _refused_cheaply(tmp_path, bucket, name, "containers", most=24 * size)
 
 
@@ -312,7 +289,7 @@ async def test_a_lazy_piece_declared_huge_is_refused_before_anyone_fetches_it(
     name = PackName.make(
         pn.time, pn.device, pn.seq, head_end, head_end + pn.eager_end - pn.head_end
     ).name
-    await bucket.put(name, pack.MAGIC2 + len(head).to_bytes(4, "big") + head + body)
+    await bucket.put(name, pack.MAGIC3 + len(head).to_bytes(4, "big") + head + body)
     with open(bucket.root / name, "r+b") as f:
         f.truncate(head_end + lazy[0][1] + big)
 

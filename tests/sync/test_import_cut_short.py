@@ -29,18 +29,18 @@ async def test_a_stop_during_a_packs_import_leaves_its_other_pages_held(
             await (await a.repo.ledger("l").page(name)).put(b"k", name.encode())
         await a.engine.sync()  # pack 2: p1 and p2
 
-        real = ex.import_remote
+        real = ex.apply_delta
         reached = asyncio.Event()
         pages: list[bytes] = []
 
-        async def import_remote(page: Any, *args: Any, **kw: Any) -> Any:
+        async def apply_delta(page: Any, *args: Any, **kw: Any) -> Any:
             pages.append(page.id)
             if len(pages) == 3:  # pack 2's second page: the stop comes now
                 reached.set()
                 await asyncio.Event().wait()
             return await real(page, *args, **kw)
 
-        monkeypatch.setattr(ex, "import_remote", import_remote)
+        monkeypatch.setattr(ex, "apply_delta", apply_delta)
         async with device(tmp_path / "b", bucket) as b:
             task = asyncio.create_task(b.engine.sync())
             await reached.wait()
@@ -48,7 +48,7 @@ async def test_a_stop_during_a_packs_import_leaves_its_other_pages_held(
             with pytest.raises(SyncStoppedError):
                 await task
         assert pages == [b"p0", b"p1", b"p2"]
-        monkeypatch.setattr(ex, "import_remote", real)
+        monkeypatch.setattr(ex, "apply_delta", real)
 
         async with device(tmp_path / "b", bucket) as b:
             await b.engine.sync()

@@ -44,7 +44,7 @@ async def test_a_rejoin_keeps_uploaded_unuploaded_and_concurrent_writes(
             await pa.delete(b"k1")
             await pa.put(b"up", b"uploaded after the checkpoint")
             await a.engine.round(download=False)
-            assert not await ex.unsynced_count(pa)
+            assert not await ex.has_unuploaded(pa)
             clock.now += 10
             # Not uploaded when A stops.
             await pa.put(b"k2", b"offline on a")
@@ -123,7 +123,7 @@ async def test_a_rejoin_onto_a_newer_checkpoint_keeps_a_write_over_an_uploaded_o
             await pa.put(b"k", b"v1 uploaded")
             await pa.delete(b"gone")
             await a.engine.round(download=False)
-            assert not await ex.unsynced_count(pa)
+            assert not await ex.has_unuploaded(pa)
             await pa.put(b"k", b"v2 offline")
             await pa.flush()
         await pb.put(b"bk", b"from b, after v2")
@@ -215,7 +215,7 @@ async def test_a_rejoin_keeps_documents_uploaded_after_the_checkpoint(
             await docs.replace("c", doc.id, {"n": 2})
             new = await docs.create("c", {"n": "new"})
             await a.engine.round(download=False)
-            assert not await ex.unsynced_count(pa)
+            assert not await ex.has_unuploaded(pa)
             if offline:
                 await docs.replace("c", doc.id, {"n": 3})
                 await pa.flush()

@@ -14,14 +14,13 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from ledgerd.store import Priority, Repository, commit
+from ledgerd.store import Priority, Repository
 from ledgerd.store import digest as dg
-from ledgerd.store import exchange as ex
 from ledgerd.sync import layout, pack
 from ledgerd.sync.engine import SyncEngine
-from ledgerd.sync.errors import AlreadyExistsError, BucketIdentityError
+from ledgerd.sync.errors import BucketIdentityError
 from ledgerd.sync.folder import FolderStore
-from ledgerd.sync.layout import LogName, PackName
+from ledgerd.sync.layout import PackName
 from ledgerd.sync.testing import CountingStore, put_pack
 from tests.sync.test_engine import _keys, device
 
@@ -62,7 +61,7 @@ async def test_two_hundred_changed_pages_go_up_in_one_put(
         assert len(await b.repo.ledger("l").pages()) == 200
 
 
-async def test_a_page_larger_than_a_pack_sends_its_commits_last(
+async def test_a_page_larger_than_a_pack_sends_its_entries_last(
     tmp_path: Path, bucket: FolderStore
 ) -> None:
     max_pack = 300_000
@@ -79,18 +78,18 @@ async def test_a_page_larger_than_a_pack_sends_its_commits_last(
         assert 3 <= stats.uploaded_packs <= 4
         assert a.cloud.counts["put"] <= stats.uploaded_packs + 1
     packs = _read_packs(tmp_path / "bucket")
-    with_commits: dict[bytes, int] = {}
+    with_entries: dict[bytes, int] = {}
     last_piece: dict[bytes, int] = {}
     for i, (_, header, data) in enumerate(packs):
         for p in header.pages:
-            commits, eager = pack.decode_section(data[p.eager.offset : p.eager.end], p.eager)
+            entries, eager = pack.decode_section(data[p.eager.offset : p.eager.end], p.eager)
             if eager or p.lazy:
                 last_piece[p.page] = i
-            if commits:
-                assert p.page not in with_commits, "a page's commits went up twice"
-                with_commits[p.page] = i
-    # Objects are in the bucket before any commit that references them.
-    assert with_commits[b"big"] == last_piece[b"big"] and with_commits[b"big"] > 0
+            if entries:
+                assert p.page not in with_entries, "a page's entries went up twice"
+                with_entries[p.page] = i
+    # Pieces are in the bucket before any entry that references them.
+    assert with_entries[b"big"] == last_piece[b"big"] and with_entries[b"big"] > 0
     async with device(tmp_path / "b", bucket) as b:
         await b.engine.sync()
         assert len(await _keys(b.repo, "l", "big")) == 6
@@ -228,8 +227,12 @@ async def test_a_pack_that_went_up_behind_the_cursor_is_found_through_its_gap(
         sections = []
         for p in header.pages:
             stored = data[p.eager.offset : p.eager.end]
-            commits, eager = pack.decode_section(stored, p.eager)
-            sections.append(pack.Section(p.ledger, p.page, commits, list(eager.items())))
+            entries, eager = pack.decode_section(stored, p.eager)
+            sections.append(
+                pack.Section(
+                    p.ledger, p.page, entries, list(eager.items()), [], p.since, p.upto, p.ctx
+                )
+            )
         src.unlink()
         far = int(time.time() * 1000) + 3_600_000
         await put_pack(bucket, os.urandom(16), 1, [], far)  # another device, an hour later
@@ -269,7 +272,7 @@ async def test_pieces_are_compressed_when_smaller(tmp_path: Path, bucket: Folder
         assert await pb.get(b"lazy text") == text[::-1]
         assert await pb.get(b"noise") == noise
         # Same digests on both sides: the same commits and root.
-        assert pb.head.id == pa.head.id
+        assert pb.head.root == pa.head.root
     packs = _read_packs(tmp_path / "bucket")
     parts = [
         part for _, h, _ in packs for p in h.pages for part in [p.eager, *(x for _, x in p.lazy)]
@@ -327,14 +330,17 @@ async def test_a_section_reads_the_same_on_the_loop_and_off_it(pieces: int) -> N
         await pack.decode_section_async(stored[: len(stored) // 2], part)
 
 
-def test_commits_keep_their_ids_through_a_pack() -> None:
-    c = commit.make((), 1, 1, b"", b"salt")
-    section = pack.Section(b"l", b"p", [c.data] * 3)
+def test_entries_and_delta_fields_come_through_a_pack() -> None:
+    dot = (5).to_bytes(8, "big") + b"t" * 8
+    e = [b"k", dg.value_chunk_digest(b"v"), 0, dot]
+    section = pack.Section(b"l", b"p", [e] * 3, since=1, upto=5, ctx={b"t" * 8: 5})
     data, head_end, eager_end = pack.encode(os.urandom(16), 7, 9, [section])
     header = pack.decode_header(data[:head_end], head_end, eager_end)
     assert (header.seq, header.time) == (7, 9)
-    commits, _ = pack.decode_section(data[head_end:eager_end], header.pages[0].eager)
-    assert [commit.decode(x).id for x in commits] == [c.id] * 3
+    p = header.pages[0]
+    assert (p.since, p.upto, p.ctx) == (1, 5, {b"t" * 8: 5})
+    entries, _ = pack.decode_section(data[head_end:eager_end], p.eager)
+    assert entries == [e] * 3
 
 
 # -- 3. adaptive polling -------------------------------------------------------------------
@@ -403,113 +409,28 @@ async def test_idle_devices_back_off_to_the_longest_interval(
         assert len(clouds[0].listed_at) > before
 
 
-# -- 5. the previous layout ----------------------------------------------------------------
+# -- 5. other layouts -----------------------------------------------------------------------
 
 
-async def _layout1_pack(repo: Repository, bucket: FolderStore, page: str, seq: int) -> None:
-    """Upload a page's pending commits as a ledgerd of layout 1 did: one LDGPACK1 pack
-    per page under log/{device}/, the device under devices/."""
-    dev = repo.device_id
-    async with repo.page(b"l", page.encode()) as pg:
-        up = await ex.pending_upload(pg)
-        pieces = await ex.read_pieces(pg, [*up.eager, *up.lazy])
-        data, eager_end = pack.encode_v1(
-            pack.Pack(
-                b"l",
-                page.encode(),
-                dev,
-                seq,
-                [c.data for c in up.commits],
-                [(d, pieces[d]) for d in up.eager],
-                [(d, pieces[d]) for d in up.lazy],
-            )
-        )
-        name = LogName.make(dev.hex(), seq, eager_end, b"l", page.encode()).name
-        await bucket.put(name, data)
-        await ex.mark_uploaded(pg, [c.id for c in up.commits], [*up.eager, *up.lazy])
-    with contextlib.suppress(AlreadyExistsError):
-        await bucket.put(f"devices/{dev.hex()}", b"")
-    await repo.set_meta("sync/seq", str(seq).encode())
-
-
-async def test_a_bucket_of_layout_1_is_read_and_carried_on(
-    tmp_path: Path, bucket: FolderStore
+@pytest.mark.parametrize("version", [1, 2, 3])
+async def test_a_bucket_of_an_unreleased_layout_is_refused(
+    tmp_path: Path, bucket: FolderStore, version: int
 ) -> None:
-    await bucket.put("ledgerd-bucket.1", b'{"ledgerd_bucket": 1}')
-    photo = random.Random(8).randbytes(120_000)
-    async with await Repository.open(tmp_path / "old") as old:
-        async with old.page(b"l", b"p") as pg:
-            await pg.put(b"k", b"from layout 1")
-            await pg.put(b"photo", photo, Priority.LAZY)
-        await _layout1_pack(old, bucket, "p", 1)
-        async with old.page(b"l", b"q") as pg:
-            await pg.put(b"k", b"also layout 1")
-        await _layout1_pack(old, bucket, "q", 2)
-    # The same device, upgraded, goes on in layout 2 with its next sequence number.
-    async with device(tmp_path / "old", bucket) as x, device(tmp_path / "b", bucket) as b:
-        await _put(x, "p", b"after the upgrade")
-        await x.engine.sync()
-        names = sorted(p.name for p in (tmp_path / "bucket").iterdir() if p.is_file())
-        assert names == ["ledgerd-bucket.1", "ledgerd-bucket.3"]
-        assert [_seq(n) for n in _names(tmp_path, "packs")] == [3]
-        await b.engine.sync()
-        pb = await b.repo.ledger("l").page("p")
-        assert await pb.get(b"k") == b"from layout 1"
-        assert await pb.get(b"after the upgrade") == b"v"
-        assert await pb.get(b"photo") == photo  # LAZY, from the layout-1 pack
-        assert (await _keys(b.repo, "l", "q")) == {b"k": b"also layout 1"}
-        st = b.engine.status()
-        assert st["gaps"] == [] and st["packs"] == [] and b.engine.problems() == []
-        b.cloud.reset()
-        await b.engine.round()  # the old logs are not listed again
-        assert b.cloud.counts == {"list": 1}, b.cloud.counts
-
-
-def _seq(name: str) -> int:
-    pn = PackName.parse(f"packs/{name}")
-    assert pn is not None
-    return pn.seq
-
-
-def _names(tmp_path: Path, folder: str) -> list[str]:
-    return sorted(p.name for p in (tmp_path / "bucket" / folder).iterdir())
-
-
-def test_a_ledgerd_of_layout_1_refuses_a_bucket_of_layout_2() -> None:
-    """What the layout-1 check does with the markers of a migrated bucket (its
-    ``check_version(max(versions))`` with its BUCKET_FORMAT of 1)."""
-    versions = [layout.marker_version(n) for n in ("ledgerd-bucket.1", "ledgerd-bucket.2")]
-    assert max(v for v in versions if v is not None) == 2
-    with pytest.raises(BucketIdentityError, match="supports 1: upgrade ledgerd"):
-        _check_as_layout_1(2)
-
-
-def test_a_ledgerd_of_layout_2_refuses_a_bucket_of_layout_3() -> None:
-    with pytest.raises(BucketIdentityError, match="supports 2: upgrade ledgerd"):
-        _check_as_layout_1(3, supports=2)
-
-
-async def test_a_bucket_of_layout_2_is_carried_on(tmp_path: Path, bucket: FolderStore) -> None:
-    """A bucket a layout-2 ledgerd marked: this one adds the layout-3 marker and
-    reads the packs already there."""
+    """Layouts 1-3 (unreleased development versions, whose packs carried commit graphs)
+    are not read: a device says so and suggests a new cloud URL, writing nothing."""
+    await bucket.put(f"ledgerd-bucket.{version}", b'{"ledgerd_bucket": %d}' % version)
     async with device(tmp_path / "a", bucket) as a:
         await _put(a, "p", b"before")
-        await a.engine.sync()
-    (tmp_path / "bucket" / "ledgerd-bucket.3").rename(tmp_path / "bucket" / "ledgerd-bucket.2")
-    async with device(tmp_path / "b", bucket) as b:
-        await b.engine.sync()
-        assert (await _keys(b.repo, "l", "p"))[b"before"] == b"v"
-    names = sorted(p.name for p in (tmp_path / "bucket").iterdir() if p.is_file())
-    assert names == ["ledgerd-bucket.2", "ledgerd-bucket.3"]
+        with pytest.raises(BucketIdentityError, match="new cloud URL"):
+            await a.engine.sync()
+    assert sorted(p.name for p in (tmp_path / "bucket").iterdir()) == [
+        f"ledgerd-bucket.{version}"
+    ]
 
 
-def _check_as_layout_1(version: int, supports: int = 1) -> None:
-    saved = layout.BUCKET_FORMAT
-    layout.BUCKET_FORMAT = supports
-    try:
-        layout.check_version(version)
-    finally:
-        layout.BUCKET_FORMAT = saved
+def test_a_newer_layout_is_refused() -> None:
+    with pytest.raises(BucketIdentityError, match="upgrade ledgerd"):
+        layout.check_version(layout.BUCKET_FORMAT + 1)
 
 
 # -- small changes move little ------------------------------------------------------------
@@ -518,9 +439,8 @@ def _check_as_layout_1(version: int, supports: int = 1) -> None:
 async def test_a_one_key_change_in_a_large_page_moves_little(
     tmp_path: Path, bucket: FolderStore
 ) -> None:
-    """Changed tree nodes travel as edits of the nodes they replace (zstd over those
-    nodes as a dictionary): a one-key change in a 100,000-entry page moves a few
-    hundred bytes up and down, not whole nodes."""
+    """A delta carries the keys a device wrote: a one-key change in a 100,000-entry
+    page moves a few hundred bytes up and down."""
     rng = random.Random(4)
     async with device(tmp_path / "a", bucket) as a, device(tmp_path / "b", bucket) as b:
         pa = await a.repo.ledger("l").page("p")
@@ -538,23 +458,4 @@ async def test_a_one_key_change_in_a_large_page_moves_little(
         assert b.cloud.bytes_got <= 8 * 1024, b.cloud.bytes_got
         pb = await b.repo.ledger("l").page("p")
         assert await pb.get(b"e%08d" % 50_000) == b"changed" * 10
-        assert (await pb.heads())[0].root == (await pa.heads())[0].root
-
-
-def test_an_edited_section_needs_its_bases() -> None:
-    """A section compressed over old nodes reads back with them, and is refused
-    (not misread) with other bytes in their place."""
-    old = random.Random(1).randbytes(5000)
-    node = dg.chunk_digest(dg.Kind.TREE, old)
-    new = old[:2000] + b"x" * 50 + old[2050:]
-    s = pack.Section(b"l", b"p", [b"c"], [(dg.chunk_digest(dg.Kind.TREE, new), new)])
-    s.bases = [(node, old)]
-    data, head_end, eager_end = pack.encode(b"\x01" * 16, 1, 1, [s])
-    h = pack.decode_header(data[:head_end], head_end, eager_end)
-    p = h.pages[0]
-    assert p.bases == [node] and p.eager.codec == pack.ZSTD_EDIT
-    assert p.eager.stored < 500
-    _, pieces = pack.decode_section(data[p.eager.offset : p.eager.end], p.eager, bases=old)
-    assert pieces == {dg.chunk_digest(dg.Kind.TREE, new): new}
-    with pytest.raises(pack.CorruptPackError):
-        pack.decode_section(data[p.eager.offset : p.eager.end], p.eager, bases=b"\0" * 5000)
+        assert pb.head.root == pa.head.root
