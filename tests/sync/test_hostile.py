@@ -24,7 +24,6 @@ from ledgerd.sync.layout import PackName
 from ledgerd.sync.testing import put_pack
 from tests.sync.test_engine import Device, _keys, device
 
-
 _DELTA = {"since": -1, "upto": -1, "ctx": {}}
 """A page entry's delta fields in a hand-made pack header."""
 
@@ -148,7 +147,10 @@ async def test_a_decompression_bomb_is_refused_without_inflating_it(
     at most a few MiB more, and still takes a's page."""
     bomb = _bomb(1 << 30, claims)
     name = await _put_raw_pack(
-        bucket, os.urandom(16), [[b"l", b"p", [0, len(bomb), declared, pack.ZSTD], [], _DELTA]], bomb
+        bucket,
+        os.urandom(16),
+        [[b"l", b"p", [0, len(bomb), declared, pack.ZSTD], [], _DELTA]],
+        bomb,
     )
     await _refused_cheaply(tmp_path, bucket, name, "bytes")
 
