@@ -375,6 +375,23 @@ class SyncContext:
         if known is None:  # (what an older ledgerd of this repository reads)
             await self.repo.set_meta(f"{SEEN}/{self.location}", b"1")
 
+    async def keys_registered_since(self) -> bool:
+        """Whether a key id that the codec met, and that the bucket had not registered
+        when it was checked, is registered now (another device's new write key): then
+        a part sealed under it is this device's missing key, not a foreign one. Reads
+        the bucket's key objects (one LIST) only after such a meeting."""
+        codec = self.codec
+        met = codec.take_unregistered() if codec is not None else set()
+        if codec is None or not met:
+            return False
+        kids = {
+            kid
+            async for n in self.store.list(crypto.KEY_OBJECT)
+            if (kid := crypto.key_object_id(n)) is not None
+        }
+        codec.register(kids)
+        return bool(met & kids)
+
     async def _markers(self) -> tuple[list[str], list[int]]:
         """The names under the marker's prefix, and the layout versions the markers
         among them carry."""

@@ -31,8 +31,9 @@ the creator's key. The secret keys the names (a device's keyed tag in pack names
 so names do too. Each later write key is registered as
 ``ledgerd-bucket.key.{key id}``: the secret sealed under it, written by a device
 that could already open the secret with an older key. A key that opens neither is
-the wrong key. When sync may write the descriptor, and what each device remembers
-of it, is :mod:`sync.context`'s.
+the wrong key; a part sealed under a key id that is neither the descriptor's nor a
+registered one was not written for this bucket. When sync may write the
+descriptor, and what each device remembers of it, is :mod:`sync.context`'s.
 """
 
 from __future__ import annotations
@@ -103,6 +104,12 @@ class TamperedError(EncryptionError):
 class KeyNotHereError(TamperedError):
     """A part is sealed with a key this device does not have: not damaged, and it
     opens once that key is in this device's key file (and the daemon restarted)."""
+
+
+class KeyNotRegisteredError(TamperedError):
+    """A part is sealed with a key this bucket never registered (neither its
+    descriptor's key nor any ``ledgerd-bucket.key.*``): it was written for another
+    bucket, or forged. No key file opens it, so it is refused, not waited for."""
 
 
 class EncryptionKeyMismatchError(BucketIdentityError):
@@ -311,13 +318,27 @@ class Codec:
     """Seals and opens parts, and keys names, for one bucket (its secret and salt).
 
     ``masters`` are ``(key id, master)`` in key-file order: the first seals, every
-    one opens. Thread-safe (packs are sealed off the event loop)."""
+    one opens. ``registered``: the key ids the bucket registered (its descriptor's
+    and its key objects'); a part sealed under another id that this device does not
+    have either is :class:`KeyNotRegisteredError`, not :class:`KeyNotHereError`
+    (None: every id counts as registered). Thread-safe (packs are sealed off the
+    event loop)."""
 
-    def __init__(self, masters: list[tuple[bytes, bytes]], secret: bytes) -> None:
+    def __init__(
+        self,
+        masters: list[tuple[bytes, bytes]],
+        secret: bytes,
+        registered: Iterable[bytes] | None = None,
+    ) -> None:
         if not masters:
             raise ValueError("no keys")
         self.write_kid = masters[0][0]
         self._masters = dict(masters)
+        self._registered = None if registered is None else frozenset(registered)
+        self._unregistered: set[bytes] = set()
+        """Key ids met that neither this device nor the bucket's registry (as last
+        read) knows: the registry is read again before such a part is refused for good
+        (see :meth:`sync.context.SyncContext.keys_registered_since`)."""
         self._aeads: dict[tuple[bytes, str], AESGCM] = {}
         self._names = _hkdf(secret, b"names")
         self._digests = _hkdf(secret, b"digests")
@@ -326,10 +347,27 @@ class Codec:
     def key_ids(self) -> list[str]:
         return [k.hex() for k in self._masters]
 
+    def register(self, kids: Iterable[bytes]) -> None:
+        """Key ids the bucket registered since this codec was made (read again)."""
+        if self._registered is not None:
+            self._registered = self._registered | frozenset(kids)
+
+    def take_unregistered(self) -> set[bytes]:
+        """The unregistered key ids met since the last call (and forget them)."""
+        out, self._unregistered = self._unregistered, set()
+        return out
+
     def _aead(self, kid: bytes, role: str) -> AESGCM:
         aead = self._aeads.get((kid, role))
         if aead is None:
             master = self._masters.get(kid)
+            if master is None and self._registered is not None and kid not in self._registered:
+                self._unregistered.add(kid)
+                raise KeyNotRegisteredError(
+                    f"a part is sealed with a key this bucket never registered (written for "
+                    f"another bucket?): key {kid.hex()} is neither the key of its "
+                    f"{DESCRIPTOR} nor any {KEY_OBJECT}*"
+                )
             if master is None:
                 raise KeyNotHereError(
                     f"a part is sealed with key {kid.hex()}, which this device does not have "
@@ -460,13 +498,14 @@ async def open_bucket(
             f"{', '.join(k.hex() for k, _ in masters)}) opens the bucket (its keys: "
             f"{', '.join(known)}). Nothing was read from or written to it"
         )
-    codec = Codec(masters, secret)
+    codec = Codec(masters, secret, {desc.key, *kids})
     write = codec.write_kid
     if write != desc.key and write not in kids:
         with contextlib.suppress(AlreadyExistsError):
             await store.put(
                 KEY_OBJECT + write.hex(), codec.seal(secret, Context(DESCRIPTOR, "secret"))
             )
+        codec.register([write])
         log.info("registered encryption key %s in the bucket (it writes from now on)", write.hex())
     return codec
 

@@ -15,7 +15,7 @@ import pytest
 from moto import mock_aws
 
 from ledgerd.daemon import errors as api_errors
-from ledgerd.sync import crypto, layout
+from ledgerd.sync import crypto, layout, progress
 from ledgerd.sync import errors as sync_errors
 from ledgerd.sync.cloud import CloudStore, Metered
 from ledgerd.sync.context import IDENTITY, SEEN, Identity
@@ -341,6 +341,64 @@ async def test_two_first_devices_of_an_encrypted_bucket_agree_on_one_descriptor(
             raw = await d.repo.get_meta(f"{IDENTITY}/{d.engine.location}")
             assert raw is not None and Identity.decode(raw).descriptor == landed
         await _write_and_converge({"a": a, "b": b})
+
+
+# -- packs sealed under keys the bucket never registered ---------------------------------------
+
+
+async def test_a_pack_of_another_bucket_is_refused_not_waited_for(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """The same key file on two buckets: a pack of one, copied into the other, is
+    sealed under a key id this bucket never registered (its salt differs): refused,
+    "written for another bucket?", not ``key_missing`` with "copy that file here"."""
+    keys = ring(crypto.new_key())
+    (tmp_path / "other").mkdir()
+    other = FolderStore(tmp_path / "other")
+    async with device(tmp_path / "x", other, keys=keys) as x:
+        pg = await x.repo.ledger("l").page("foreign")
+        await pg.put(b"k", b"from another bucket")
+        await x.engine.sync()
+    async with device(tmp_path / "a", bucket, keys=keys) as a:
+        pg = await a.repo.ledger("l").page("p")
+        await pg.put(b"a", b"from a")
+        await a.engine.sync()
+        for path in (tmp_path / "other" / "packs").iterdir():
+            await bucket.put(f"packs/{path.name}", path.read_bytes())
+        async with device(tmp_path / "b", bucket, keys=keys) as b:
+            await b.engine.sync()
+            (held,) = list(b.engine._held())
+            assert held.state == progress.REFUSED, held
+            assert "never registered (written for another bucket?)" in held.reason, held.reason
+            assert "copy that file here" not in held.reason, held.reason
+            assert await _keys(b.repo) == {b"a": b"from a"}
+            assert await b.repo.ledger("l").pages() == [b"p"]
+
+
+async def test_a_key_registered_after_the_check_is_key_missing_not_foreign(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """b checked the bucket; a then registers a new write key and seals a pack with
+    it. b's next background round (no new check of the bucket) reads the key objects
+    again (one LIST) before it calls the key foreign: the pack is ``key_missing``,
+    and imports once b has the key."""
+    old, new = crypto.new_key(), crypto.new_key()
+    async with device(tmp_path / "b", bucket, keys=ring(old)) as b:
+        await b.engine.sync()
+        async with device(tmp_path / "a", bucket, keys=ring(new, old)) as a:
+            pg = await a.repo.ledger("l").page("p")
+            await pg.put(b"k", b"sealed with the new key")
+            await a.engine.sync()
+        b.cloud.reset()
+        await b.engine.round()
+        (held,) = list(b.engine._held())
+        assert held.state == progress.KEY_MISSING, held
+        assert "copy that file here and restart ledgerd" in held.reason, held.reason
+        key_lists = b.cloud.counts["list"] - 1  # (the round's listing of the feed)
+        assert key_lists == 1, b.cloud.counts
+    async with device(tmp_path / "b", bucket, keys=ring(new, old)) as b:
+        await b.engine.sync()
+        assert await _keys(b.repo) == {b"k": b"sealed with the new key"}
 
 
 # -- codes --------------------------------------------------------------------------------
