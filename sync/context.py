@@ -49,6 +49,10 @@ remembered only that)."""
 IDENTITY = "sync/bucket-identity"
 """Repository meta, per cloud URL: the bucket's :class:`Identity` as this device
 last checked it."""
+RELIST_KEYS = 60.0
+"""Seconds for which a listing of the bucket's key objects that did not register a
+key id answers for it: packs sealed under a foreign key cost at most one LIST a
+minute each, however many they are."""
 DATA = {"packs/": "packs", "checkpoints/": "checkpoints", "log/": "layout-1 packs"}
 """Where a bucket's data lies (listing prefix: what it holds there)."""
 PAGE_WAIT = 10.0
@@ -146,6 +150,9 @@ class SyncContext:
         self._no_wait_until = 0.0
         """Monotonic time before which a page's open does not wait for room (see
         :data:`PAGE_WAIT`)."""
+        self._foreign: dict[bytes, float] = {}
+        """Key ids the bucket had not registered at the last listing of its key objects,
+        and the monotonic time until which that listing answers for them."""
 
     def attach(self, repo: Repository) -> None:
         self._repo = repo
@@ -379,10 +386,12 @@ class SyncContext:
         """Whether a key id that the codec met, and that the bucket had not registered
         when it was checked, is registered now (another device's new write key): then
         a part sealed under it is this device's missing key, not a foreign one. Reads
-        the bucket's key objects (one LIST) only after such a meeting."""
+        the bucket's key objects (one LIST) only after such a meeting, at most once per
+        :data:`RELIST_KEYS` for the same key id."""
         codec = self.codec
         met = codec.take_unregistered() if codec is not None else set()
-        if codec is None or not met:
+        now = time.monotonic()
+        if codec is None or all(now < self._foreign.get(k, now - 1) for k in met):
             return False
         kids = {
             kid
@@ -390,6 +399,8 @@ class SyncContext:
             if (kid := crypto.key_object_id(n)) is not None
         }
         codec.register(kids)
+        for k in met - kids:
+            self._foreign[k] = now + RELIST_KEYS
         return bool(met & kids)
 
     async def _markers(self) -> tuple[list[str], list[int]]:

@@ -346,33 +346,52 @@ async def test_two_first_devices_of_an_encrypted_bucket_agree_on_one_descriptor(
 # -- packs sealed under keys the bucket never registered ---------------------------------------
 
 
-async def test_a_pack_of_another_bucket_is_refused_not_waited_for(
+class _Listings(Metered):
+    """Records the prefix of every listing."""
+
+    def __init__(self, inner: CloudStore) -> None:
+        super().__init__(inner)
+        self.prefixes: list[str] = []
+
+    async def list(self, prefix: str = "", after: str = "") -> AsyncIterator[str]:
+        self.prefixes.append(prefix)
+        async for n in super().list(prefix, after):
+            yield n
+
+
+async def test_packs_of_another_bucket_are_refused_not_waited_for(
     tmp_path: Path, bucket: FolderStore
 ) -> None:
-    """The same key file on two buckets: a pack of one, copied into the other, is
+    """The same key file on two buckets: packs of one, copied into the other, are
     sealed under a key id this bucket never registered (its salt differs): refused,
-    "written for another bucket?", not ``key_missing`` with "copy that file here"."""
+    "written for another bucket?", not ``key_missing`` with "copy that file here".
+    Three of them cost one listing of the bucket's key objects, not one each."""
     keys = ring(crypto.new_key())
     (tmp_path / "other").mkdir()
     other = FolderStore(tmp_path / "other")
     async with device(tmp_path / "x", other, keys=keys) as x:
         pg = await x.repo.ledger("l").page("foreign")
-        await pg.put(b"k", b"from another bucket")
-        await x.engine.sync()
+        for i in range(3):
+            await pg.put(b"k", b"from another bucket %d" % i)
+            await x.engine.sync()
     async with device(tmp_path / "a", bucket, keys=keys) as a:
         pg = await a.repo.ledger("l").page("p")
         await pg.put(b"a", b"from a")
         await a.engine.sync()
-        for path in (tmp_path / "other" / "packs").iterdir():
-            await bucket.put(f"packs/{path.name}", path.read_bytes())
-        async with device(tmp_path / "b", bucket, keys=keys) as b:
+    for path in (tmp_path / "other" / "packs").iterdir():
+        await bucket.put(f"packs/{path.name}", path.read_bytes())
+    listings = _Listings(bucket)
+    async with device(tmp_path / "b", listings, keys=keys) as b:
+        for _ in range(2):
             await b.engine.sync()
-            (held,) = list(b.engine._held())
-            assert held.state == progress.REFUSED, held
-            assert "never registered (written for another bucket?)" in held.reason, held.reason
-            assert "copy that file here" not in held.reason, held.reason
-            assert await _keys(b.repo) == {b"a": b"from a"}
-            assert await b.repo.ledger("l").pages() == [b"p"]
+            held = list(b.engine._held())
+            assert len(held) == 3 and all(h.state == progress.REFUSED for h in held), held
+            for h in held:
+                assert "never registered (written for another bucket?)" in h.reason, h.reason
+                assert "copy that file here" not in h.reason, h.reason
+        assert await _keys(b.repo) == {b"a": b"from a"}
+        assert await b.repo.ledger("l").pages() == [b"p"]
+    assert listings.prefixes.count(crypto.KEY_OBJECT) == 1, listings.prefixes
 
 
 async def test_a_key_registered_after_the_check_is_key_missing_not_foreign(
