@@ -105,6 +105,8 @@ class Holdings:
 
     what: list[str]
     sealed: bool
+    sniffed: bool = False
+    """Whether ``sealed`` was looked at (the first bytes of a pack)."""
 
     def __str__(self) -> str:
         return " and ".join(self.what)
@@ -150,6 +152,9 @@ class SyncContext:
         self._no_wait_until = 0.0
         """Monotonic time before which a page's open does not wait for room (see
         :data:`PAGE_WAIT`)."""
+        self._data_seen: Holdings | None = None
+        """What the bucket was found to hold, once it held something (see
+        :meth:`_holdings`)."""
         self._foreign: dict[bytes, float] = {}
         """Key ids the bucket had not registered at the last listing of its key objects,
         and the monotonic time until which that listing answers for them."""
@@ -336,22 +341,28 @@ class SyncContext:
 
     async def _holdings(self, names: list[str], sniff: bool = False) -> Holdings:
         """What the bucket holds besides its marker: one LIST per kind of data, and
-        with ``sniff``, the first bytes of its first pack or checkpoint (sealed?)."""
-        what: list[str] = []
-        sealed = False
-        for prefix, kind in DATA.items():
-            first = await self._first(prefix)
-            if first is None:
-                continue
-            what.append(kind)
-            if sniff and not sealed and prefix != "log/":
-                with contextlib.suppress(CloudError):
-                    head = await self.store.get(first, 0, len(pack.MAGICE))
-                    sealed = head == pack.MAGICE
+        with ``sniff``, the first bytes of its first pack or checkpoint (sealed?). Data
+        once found is taken as still there (a bucket refused for it is checked again
+        every round, and a listing may take many requests), until the next start."""
+        held = self._data_seen
+        if held is None or (sniff and not held.sniffed):
+            what: list[str] = []
+            sealed = False
+            for prefix, kind in DATA.items():
+                first = await self._first(prefix)
+                if first is None:
+                    continue
+                what.append(kind)
+                if sniff and not sealed and prefix != "log/":
+                    with contextlib.suppress(CloudError):
+                        head = await self.store.get(first, 0, len(pack.MAGICE))
+                        sealed = head == pack.MAGICE
+            held = Holdings(what, sealed, sniff)
+            if what:
+                self._data_seen = held
         if any(crypto.key_object_id(n) is not None for n in names):
-            what.append("encryption key objects")
-            sealed = True
-        return Holdings(what, sealed)
+            return Holdings([*held.what, "encryption key objects"], True, held.sniffed)
+        return held
 
     async def _first(self, prefix: str) -> str | None:
         names = self.store.list(prefix)

@@ -90,6 +90,19 @@ async def _write_and_converge(devices: dict[str, Device]) -> None:
         assert not list(d.engine._held())
 
 
+class _Listings(Metered):
+    """Records the prefix of every listing."""
+
+    def __init__(self, inner: CloudStore) -> None:
+        super().__init__(inner)
+        self.prefixes: list[str] = []
+
+    async def list(self, prefix: str = "", after: str = "") -> AsyncIterator[str]:
+        self.prefixes.append(prefix)
+        async for n in super().list(prefix, after):
+            yield n
+
+
 # -- the issue's reproduction ------------------------------------------------------------
 
 
@@ -240,6 +253,24 @@ async def test_checkpoints_under_an_older_marker_alone_are_not_a_bucket_to_migra
     assert "holds checkpoints" in message, message
 
 
+async def test_a_refused_bucket_s_data_is_listed_once_not_every_round(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """A bucket refused because it holds data without its marker is checked again every
+    round; its packs are listed once (a listing of them can take many requests)."""
+    async with device(tmp_path / "a", bucket) as a:
+        pg = await a.repo.ledger("l").page("p")
+        await pg.put(b"a", b"from a")
+        await a.engine.sync()
+    await bucket.delete(layout.marker_name())
+    listings = _Listings(bucket)
+    async with device(tmp_path / "new", listings) as n:
+        for _ in range(3):
+            with pytest.raises(BucketIdentityMissingError):
+                await n.engine.sync()
+    assert listings.prefixes.count(layout.PACKS) == 1, listings.prefixes
+
+
 # -- what a device remembers -----------------------------------------------------------------
 
 
@@ -344,19 +375,6 @@ async def test_two_first_devices_of_an_encrypted_bucket_agree_on_one_descriptor(
 
 
 # -- packs sealed under keys the bucket never registered ---------------------------------------
-
-
-class _Listings(Metered):
-    """Records the prefix of every listing."""
-
-    def __init__(self, inner: CloudStore) -> None:
-        super().__init__(inner)
-        self.prefixes: list[str] = []
-
-    async def list(self, prefix: str = "", after: str = "") -> AsyncIterator[str]:
-        self.prefixes.append(prefix)
-        async for n in super().list(prefix, after):
-            yield n
 
 
 async def test_packs_of_another_bucket_are_refused_not_waited_for(
