@@ -226,6 +226,20 @@ class BucketMarkerMissing(Unavailable):
     code = "bucket_marker_missing"
 
 
+class BucketIdentityMissing(Unavailable):
+    """The bucket's marker or encryption descriptor is missing while it holds data (or
+    this device synced with it): restore the object, or use a new cloud URL."""
+
+    code = "bucket_identity_missing"
+
+
+class BucketIdentityChanged(Unavailable):
+    """The bucket's encryption descriptor (or whether it is encrypted) is not what this
+    device synced with: the bucket was replaced or tampered with."""
+
+    code = "bucket_identity_changed"
+
+
 class BucketLayoutUnsupported(Unavailable):
     """The bucket's layout is a newer ledgerd's."""
 
@@ -246,11 +260,14 @@ BUCKET_ERRORS: dict[str, type[Unavailable]] = {
         BucketNotEncrypted,
         BucketNotFound,
         BucketMarkerMissing,
+        BucketIdentityMissing,
+        BucketIdentityChanged,
         BucketLayoutUnsupported,
         BucketUnusable,
     )
 }
-"""Sync's bucket errors that have a code of their own (:mod:`ledgerd.sync.crypto`)."""
+"""Sync's bucket errors that have a code of their own (:mod:`ledgerd.sync.errors`,
+:mod:`ledgerd.sync.crypto`)."""
 
 
 class InsufficientStorage(ApiError):

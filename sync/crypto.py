@@ -23,14 +23,17 @@ of a small value tells nothing. The associated data is the part's
 digest) and the key id, so a part moved to another place, another object or
 another name fails authentication.
 
-The bucket. ``ledgerd-bucket.crypt`` (written once, before the marker, by the
-first device, which has a key) holds the salt, the scrypt cost, the creator's
-key id and the *bucket secret* sealed under the creator's key. The secret keys
-the names (a device's keyed tag in pack names, :meth:`Codec.device_tag`) and
-keyed digests; it stays the same when keys rotate, so names do too. Each later
-write key is registered as ``ledgerd-bucket.key.{key id}``: the secret sealed
-under it, written by a device that could already open the secret with an older
-key. A key that opens neither is the wrong key.
+The bucket. ``ledgerd-bucket.crypt`` (written once, just after the marker, by the
+first device, which has a key, into a bucket that holds nothing else) holds the
+salt, the scrypt cost, the creator's key id and the *bucket secret* sealed under
+the creator's key. The secret keys the names (a device's keyed tag in pack names,
+:meth:`Codec.device_tag`) and keyed digests; it stays the same when keys rotate,
+so names do too. Each later write key is registered as
+``ledgerd-bucket.key.{key id}``: the secret sealed under it, written by a device
+that could already open the secret with an older key. A key that opens neither is
+the wrong key; a part sealed under a key id that is neither the descriptor's nor a
+registered one was not written for this bucket. When sync may write the
+descriptor, and what each device remembers of it, is :mod:`sync.context`'s.
 """
 
 from __future__ import annotations
@@ -101,6 +104,12 @@ class TamperedError(EncryptionError):
 class KeyNotHereError(TamperedError):
     """A part is sealed with a key this device does not have: not damaged, and it
     opens once that key is in this device's key file (and the daemon restarted)."""
+
+
+class KeyNotRegisteredError(TamperedError):
+    """A part is sealed with a key this bucket never registered (neither its
+    descriptor's key nor any ``ledgerd-bucket.key.*``): it was written for another
+    bucket, or forged. No key file opens it, so it is refused, not waited for."""
 
 
 class EncryptionKeyMismatchError(BucketIdentityError):
@@ -309,13 +318,27 @@ class Codec:
     """Seals and opens parts, and keys names, for one bucket (its secret and salt).
 
     ``masters`` are ``(key id, master)`` in key-file order: the first seals, every
-    one opens. Thread-safe (packs are sealed off the event loop)."""
+    one opens. ``registered``: the key ids the bucket registered (its descriptor's
+    and its key objects'); a part sealed under another id that this device does not
+    have either is :class:`KeyNotRegisteredError`, not :class:`KeyNotHereError`
+    (None: every id counts as registered). Thread-safe (packs are sealed off the
+    event loop)."""
 
-    def __init__(self, masters: list[tuple[bytes, bytes]], secret: bytes) -> None:
+    def __init__(
+        self,
+        masters: list[tuple[bytes, bytes]],
+        secret: bytes,
+        registered: Iterable[bytes] | None = None,
+    ) -> None:
         if not masters:
             raise ValueError("no keys")
         self.write_kid = masters[0][0]
         self._masters = dict(masters)
+        self._registered = None if registered is None else frozenset(registered)
+        self._unregistered: set[bytes] = set()
+        """Key ids met that neither this device nor the bucket's registry (as last
+        read) knows: the registry is read again before such a part is refused for good
+        (see :meth:`sync.context.SyncContext.keys_registered_since`)."""
         self._aeads: dict[tuple[bytes, str], AESGCM] = {}
         self._names = _hkdf(secret, b"names")
         self._digests = _hkdf(secret, b"digests")
@@ -324,10 +347,27 @@ class Codec:
     def key_ids(self) -> list[str]:
         return [k.hex() for k in self._masters]
 
+    def register(self, kids: Iterable[bytes]) -> None:
+        """Key ids the bucket registered since this codec was made (read again)."""
+        if self._registered is not None:
+            self._registered = self._registered | frozenset(kids)
+
+    def take_unregistered(self) -> set[bytes]:
+        """The unregistered key ids met since the last call (and forget them)."""
+        out, self._unregistered = self._unregistered, set()
+        return out
+
     def _aead(self, kid: bytes, role: str) -> AESGCM:
         aead = self._aeads.get((kid, role))
         if aead is None:
             master = self._masters.get(kid)
+            if master is None and self._registered is not None and kid not in self._registered:
+                self._unregistered.add(kid)
+                raise KeyNotRegisteredError(
+                    f"a part is sealed with a key this bucket never registered (written for "
+                    f"another bucket?): key {kid.hex()} is neither the key of its "
+                    f"{DESCRIPTOR} nor any {KEY_OBJECT}*"
+                )
             if master is None:
                 raise KeyNotHereError(
                     f"a part is sealed with key {kid.hex()}, which this device does not have "
@@ -392,17 +432,28 @@ def is_crypto_object(name: str) -> bool:
     return name == DESCRIPTOR or name.startswith(KEY_OBJECT)
 
 
+def key_object_id(name: str) -> bytes | None:
+    """The key id a ``ledgerd-bucket.key.{id}`` name registers (None if it is not one)."""
+    tail = name[len(KEY_OBJECT) :] if name.startswith(KEY_OBJECT) else ""
+    if len(tail) != 2 * KID_LEN or not all(c in "0123456789abcdef" for c in tail):
+        return None
+    return bytes.fromhex(tail)
+
+
 async def open_bucket(
-    store: CloudStore, names: Iterable[str], keys: KeyRing | None, encrypted: bool | None
+    store: CloudStore,
+    names: Iterable[str],
+    keys: KeyRing | None,
+    desc: Descriptor | None,
+    encrypted: bool,
 ) -> Codec | None:
     """The bucket's codec (None for a bucket without encryption and a device without
-    a key), from the names listed under the marker's prefix and what the marker says
-    (``encrypted``; None when it does not, as an older ledgerd's marker). A bucket
-    whose marker says encrypted and that has no descriptor yet gets one from a
-    device with a key: its first device writes it just after the marker. Raises a
-    BucketIdentityError subclass when key and bucket do not go together."""
-    names = list(names)
-    if keys is None and (DESCRIPTOR in names or encrypted):
+    a key), from its descriptor ``desc`` (None if it has none), the names listed
+    under the marker's prefix (its key objects) and whether it is ``encrypted`` (its
+    descriptor, or its marker, says so). Writes nothing but this device's write key's
+    key object, once (rotation). Raises a BucketIdentityError subclass when key and
+    bucket do not go together."""
+    if keys is None and (desc is not None or encrypted):
         raise EncryptionKeyMissingError(
             "encryption key missing: the bucket is encrypted and this device has no key "
             "(set encryption_key_file, LEDGERD_ENCRYPTION_KEY_FILE, or the systemd "
@@ -410,17 +461,16 @@ async def open_bucket(
         )
     if keys is None:
         return None
-    if DESCRIPTOR not in names:
-        if not encrypted:
-            raise BucketNotEncryptedError(
-                "the bucket is not encrypted, and this device has an encryption key "
-                f"({keys.source}): ledgerd does not mix plain and encrypted objects in a "
-                "bucket. Use a new cloud URL for an encrypted bucket, or remove the key"
-            )
-        await _create(store, keys)
-    desc = _descriptor(await store.get(DESCRIPTOR))
+    if desc is None:
+        if encrypted:  # (sync.context writes the descriptor of a new bucket first)
+            raise ValueError("an encrypted bucket without its descriptor")
+        raise BucketNotEncryptedError(
+            "the bucket is not encrypted, and this device has an encryption key "
+            f"({keys.source}): ledgerd does not mix plain and encrypted objects in a "
+            "bucket. Use a new cloud URL for an encrypted bucket, or remove the key"
+        )
     masters = await _masters(keys, desc.salt, desc.n, desc.r, desc.p)
-    kids = {bytes.fromhex(n[len(KEY_OBJECT) :]): n for n in names if _key_object_ok(n)}
+    kids = {kid: n for n in names if (kid := key_object_id(n)) is not None}
     secret: bytes | None = None
     damaged: list[str] = []  # sealed under a key of this device, yet they do not open
     for kid, master in masters:
@@ -448,28 +498,28 @@ async def open_bucket(
             f"{', '.join(k.hex() for k, _ in masters)}) opens the bucket (its keys: "
             f"{', '.join(known)}). Nothing was read from or written to it"
         )
-    codec = Codec(masters, secret)
+    codec = Codec(masters, secret, {desc.key, *kids})
     write = codec.write_kid
     if write != desc.key and write not in kids:
         with contextlib.suppress(AlreadyExistsError):
             await store.put(
                 KEY_OBJECT + write.hex(), codec.seal(secret, Context(DESCRIPTOR, "secret"))
             )
+        codec.register([write])
         log.info("registered encryption key %s in the bucket (it writes from now on)", write.hex())
     return codec
-
-
-def _key_object_ok(name: str) -> bool:
-    tail = name[len(KEY_OBJECT) :] if name.startswith(KEY_OBJECT) else ""
-    return len(tail) == 2 * KID_LEN and all(c in "0123456789abcdef" for c in tail)
 
 
 async def _masters(keys: KeyRing, salt: bytes, n: int, r: int, p: int) -> list[tuple[bytes, bytes]]:
     return await asyncio.to_thread(keys.masters, salt, n, r, p)
 
 
-async def _create(store: CloudStore, keys: KeyRing) -> None:
-    """Write the encryption descriptor of a new bucket (unless one was, meanwhile)."""
+async def create_descriptor(store: CloudStore, keys: KeyRing) -> Descriptor:
+    """Write the encryption descriptor of a new bucket, only if absent, and return the
+    one that landed: read back after the write, so that of two first devices writing
+    at once both use the same one (on a store that refuses to overwrite, the first's;
+    on one that does not, the last's, if both read after both wrote). The caller has
+    checked that the bucket holds no data (:mod:`sync.context`)."""
     salt = secrets.token_bytes(SALT_LEN)
     kid, master = (await _masters(keys, salt, SCRYPT_N, SCRYPT_R, SCRYPT_P))[0]
     secret = secrets.token_bytes(KEY_LEN)
@@ -482,13 +532,24 @@ async def _create(store: CloudStore, keys: KeyRing) -> None:
         "key": kid.hex(),
         "secret": base64.b64encode(sealed).decode(),
     }
-    with contextlib.suppress(AlreadyExistsError):
-        await store.put(DESCRIPTOR, json.dumps(doc, sort_keys=True).encode())
+    ours = json.dumps(doc, sort_keys=True).encode()
+    try:
+        await store.put(DESCRIPTOR, ours)
+        wrote = True
+    except AlreadyExistsError:
+        wrote = False
+    landed = await store.get(DESCRIPTOR)
+    if landed == ours:
         log.info("the bucket is encrypted with key %s", kid.hex())
+    elif wrote:  # a store that overwrote: the other device's write came after ours
+        log.warning("another device's %s replaced the one written here: it is used", DESCRIPTOR)
+    else:
+        log.info("another device wrote the bucket's %s first: it is used", DESCRIPTOR)
+    return parse_descriptor(landed)
 
 
 @dataclass(frozen=True)
-class _Descriptor:
+class Descriptor:
     """``ledgerd-bucket.crypt``: the bucket's salt, scrypt cost, first key and secret."""
 
     salt: bytes
@@ -498,12 +559,25 @@ class _Descriptor:
     key: bytes
     secret: bytes = field(repr=False)
 
+    @property
+    def fingerprint(self) -> str:
+        """A hash of the descriptor (of its salt, cost, key id and sealed secret, all
+        public in the bucket): what each device remembers of it. Neither a key nor the
+        bucket secret can be learnt from it."""
+        h = hashlib.sha256(_VERSION + b" descriptor")
+        for part in (self.salt, self.key, self.secret):
+            h.update(_LEN.pack(len(part)) + part)
+        h.update(struct.pack(">QQQ", self.n, self.r, self.p))
+        return h.hexdigest()
 
-def _descriptor(raw: bytes) -> _Descriptor:
+
+def parse_descriptor(raw: bytes) -> Descriptor:
+    """The descriptor in ``raw``; BucketIdentityError (``bucket_unusable``) if it does
+    not parse or asks for what this ledgerd does not do."""
     try:
         doc = json.loads(raw)
         kdf = doc["scrypt"]
-        out = _Descriptor(
+        out = Descriptor(
             salt=base64.b64decode(doc["salt"], validate=True),
             n=int(kdf["n"]),
             r=int(kdf["r"]),

@@ -208,6 +208,8 @@ class Downloader:
         except CloudNotFoundError:
             return await self._vanished(dl, pn.name)
         except (pack.CorruptPackError, RangeNotInObjectError) as e:
+            if await self.ctx.keys_registered_since():  # its key is new here, not foreign
+                return await self._import_pack(dl, pn, only)
             self._hold(dl, pn, only, *_refused(e))
             return 0
         except TransientCloudError as e:

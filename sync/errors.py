@@ -59,11 +59,27 @@ class BucketIdentityError(PermanentCloudError):
     code = "bucket_unusable"
 
 
-class BucketMarkerMissingError(BucketIdentityError):
+class BucketIdentityMissingError(BucketIdentityError):
+    """The bucket's marker or encryption descriptor is missing while the bucket holds
+    data (or this device synced with it before): ledgerd does not start a new identity
+    over it. Restore the object from a backup or another copy, or use a new cloud URL."""
+
+    code = "bucket_identity_missing"
+
+
+class BucketMarkerMissingError(BucketIdentityMissingError):
     """A bucket this device synced with before has no ledgerd marker any more (moved,
     unmounted or emptied): ledgerd does not start a new bucket in its place."""
 
     code = "bucket_marker_missing"
+
+
+class BucketIdentityChangedError(BucketIdentityError):
+    """The bucket's identity objects are not those this device synced with (another
+    encryption descriptor, or encrypted where it was plain): the bucket was replaced
+    or tampered with, and nothing is read from it or written to it."""
+
+    code = "bucket_identity_changed"
 
 
 class BucketLayoutError(BucketIdentityError):

@@ -7,6 +7,7 @@ proves request budgets (how many PUTs, GETs, LISTs an operation costs);
 
 from __future__ import annotations
 
+import contextlib
 import random
 import socket
 import subprocess
@@ -15,9 +16,9 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 
-from ledgerd.sync import pack
+from ledgerd.sync import layout, pack
 from ledgerd.sync.cloud import CloudStore, Metered
-from ledgerd.sync.errors import TransientCloudError
+from ledgerd.sync.errors import AlreadyExistsError, TransientCloudError
 from ledgerd.sync.layout import PackName
 
 
@@ -140,8 +141,20 @@ def moto_server(timeout: float = 30.0) -> Iterator[str]:
 async def put_pack(
     store: CloudStore, device: bytes, seq: int, sections: list[pack.Section], time_ms: int = 1
 ) -> str:
-    """Write a pack as ``device`` would (for tests that plant packs); returns its name."""
+    """Write a pack as ``device`` would (for tests that plant packs); returns its name.
+    A device writes only into a marked bucket: a plain bucket's marker goes first, if
+    the bucket has none (see :func:`mark_plain`)."""
+    await mark_plain(store)
     data, head_end, eager_end = pack.encode(device, seq, time_ms, sections)
     name = PackName.make(time_ms, device.hex(), seq, head_end, eager_end).name
     await store.put(name, data)
     return name
+
+
+async def mark_plain(store: CloudStore) -> None:
+    """Give a bucket without a marker a plain bucket's (for tests that plant objects:
+    a device refuses a bucket that holds data and no marker)."""
+    async for _ in store.list(layout.MARKER + "."):
+        return
+    with contextlib.suppress(AlreadyExistsError):
+        await store.put(layout.marker_name(), layout.marker(None, time.time(), False))

@@ -276,3 +276,62 @@ def test_a_lazy_value_sealed_with_a_key_this_device_lost_is_key_missing_not_corr
     finally:
         for x in (a, b):
             assert x.stop() == 0, x.log_text()
+
+
+def test_a_deleted_descriptor_stops_every_device_until_it_is_put_back(short_tmp: Path) -> None:
+    """The issue's reproduction with real daemons: ``ledgerd-bucket.crypt`` deleted from
+    an encrypted bucket. A new device with the same key file writes no new descriptor
+    and is refused, and so are the devices that synced (never "not encrypted"), even
+    after a restart: ``bucket_identity_missing`` in ``ledgerctl sync``, status and the
+    HTTP API. The descriptor put back, every device syncs again and nothing is lost."""
+    key_a, key_b, start = _shared_key(short_tmp)
+    key_c = short_tmp / "key-c"
+    key_c.write_bytes(key_a.read_bytes())
+    os.chmod(key_c, 0o600)
+    a = start("a", key_a)
+    b = start("b", key_b)
+    c: Daemon | None = None
+    try:
+        a.ledgerctl("put", "notes", "inbox", "k", "from a", check=True)
+        a.ledgerctl("sync", check=True)
+        b.ledgerctl("sync", check=True)
+        descriptor = short_tmp / "bucket" / "ledgerd-bucket.crypt"
+        saved = descriptor.read_bytes()
+        descriptor.unlink()
+        c = start("c", key_c)
+        assert a.stop() == 0, a.log_text()
+        a = start("a", key_a)  # a restart: it took the new descriptor before
+        for x in (c, a, b):
+            out = x.ledgerctl("sync", "--timeout", "30")
+            assert out.returncode == 4, out.stderr
+            assert out.stderr.rstrip().endswith(b"(bucket_identity_missing)"), out.stderr
+            assert b"not encrypted" not in out.stderr and b"ledgerd-bucket.crypt" in out.stderr
+            assert len(out.stderr.strip().splitlines()) == 1
+            st = json.loads(x.ledgerctl("status", "--json", check=True).stdout)["sync"]
+            assert st["bucket_error_code"] == "bucket_identity_missing", st
+            assert "restore ledgerd-bucket.crypt" in st["bucket_error"], st
+        conn = UnixHTTPConnection(c.socket)
+        conn.request("POST", "/v1/sync?timeout=30")
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+        conn.close()
+        assert resp.status == 503 and body["error"]["code"] == "bucket_identity_missing", body
+        assert not descriptor.exists()  # nobody started a new identity
+        assert c.ledgerctl("get", "notes", "inbox", "k").returncode == 1  # nothing came
+        descriptor.write_bytes(saved)  # from a backup
+        os.chmod(descriptor, 0o600)
+        for x in (a, b, c):
+            x.ledgerctl("sync", "--timeout", "60", check=True)
+        b.ledgerctl("put", "notes", "inbox", "k2", "from b", check=True)
+        b.ledgerctl("sync", check=True)
+        for x in (a, c):
+            x.ledgerctl("sync", "--timeout", "60", check=True)
+            assert x.ledgerctl("get", "notes", "inbox", "k", check=True).stdout == b"from a"
+            assert x.ledgerctl("get", "notes", "inbox", "k2", check=True).stdout == b"from b"
+        for x in (a, b, c):
+            st = json.loads(x.ledgerctl("status", "--json", check=True).stdout)["sync"]
+            assert st["packs"] == [] and st["bucket_error_code"] is None, st
+    finally:
+        for y in (a, b, c):
+            if y is not None:
+                assert y.stop() == 0, y.log_text()

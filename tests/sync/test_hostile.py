@@ -21,7 +21,7 @@ from ledgerd.store.errors import StoreError
 from ledgerd.sync import layout, pack
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import PackName
-from ledgerd.sync.testing import put_pack
+from ledgerd.sync.testing import mark_plain, put_pack
 from tests.sync.test_engine import Device, _keys, device
 
 _DELTA = {"since": -1, "upto": -1, "ctx": {}}
@@ -100,6 +100,7 @@ async def _put_raw_pack(
     head_end = len(pack.MAGIC3) + 4 + len(header)
     data = pack.MAGIC3 + len(header).to_bytes(4, "big") + header + body
     name = PackName.make(now, device.hex(), 1, head_end, len(data)).name
+    await mark_plain(bucket)
     await bucket.put(name, data)
     return name
 
@@ -199,6 +200,7 @@ async def test_a_name_promising_a_huge_header_is_refused_before_it_is_read(
     size = 100 << 20
     assert size > pack.MAX_HEAD_END
     name = PackName.make(_now_ms(), os.urandom(16).hex(), 1, size, size).name
+    await mark_plain(bucket)
     await bucket.put(name, pack.MAGIC3)
     with open(tmp_path / "bucket" / name, "r+b") as f:
         f.truncate(size)
@@ -259,6 +261,7 @@ async def test_a_header_of_tiny_containers_is_refused_before_it_costs_more_than_
     size = len(header)
     head_end = len(pack.MAGIC3) + 4 + size
     name = PackName.make(now, device_id.hex(), 1, head_end, head_end).name
+    await mark_plain(bucket)
     await bucket.put(name, pack.MAGIC3 + size.to_bytes(4, "big") + header)
     await _refused_cheaply(tmp_path, bucket, name, "containers", most=24 * size)
 

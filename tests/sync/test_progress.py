@@ -15,6 +15,7 @@ from ledgerd.sync.feed import Feed
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import PackName
 from ledgerd.sync.progress import RETRY, DeviceLog, Gap, Held
+from ledgerd.sync.testing import mark_plain
 from tests.sync.test_engine import _keys, device
 
 
@@ -67,6 +68,7 @@ async def test_many_refused_packs_save_the_device_log_a_few_times_not_once_each(
     bucket = FolderStore(tmp_path / "bucket")
     liar, now = os.urandom(16).hex(), int(time.time() * 1000)
     names = [PackName.make(now + i, liar, 2 * i + 2, 12, 12).name for i in range(300)]
+    await mark_plain(bucket)
     for name in names:
         await bucket.put(name, b"x" * 12)
     saves: list[str] = []
@@ -99,6 +101,7 @@ async def test_a_device_full_of_old_gaps_is_probed_with_one_listing(tmp_path: Pa
     (tmp_path / "bucket").mkdir()
     bucket = FolderStore(tmp_path / "bucket")
     liar, then = os.urandom(16).hex(), int(time.time() * 1000) - 3_600_000
+    await mark_plain(bucket)
     for i in range(200):
         await bucket.put(PackName.make(then + 10 * i, liar, 2 * i + 2, 12, 12).name, b"x" * 12)
     now = PackName.make(int(time.time() * 1000), os.urandom(16).hex(), 1, 12, 12).name
