@@ -215,7 +215,7 @@ class DocumentStore:
                     page,
                     max_document_bytes=max_document_bytes,
                     rev_tolerance=rev_tolerance,
-                    clock=clock or RevClock(),
+                    clock=clock or RevClock(lambda: page.stamps.now_us() // 1000),
                     held_index_bytes=held_index_bytes,
                     held_budget=held_budget,
                 )

@@ -292,7 +292,7 @@ async def carry_over_stale(page: Page, retention: float) -> str:
     if not ids:
         return FRESH
     own = await gc.page_retention(page)
-    cutoff = commit.now_us() - int((retention if own is None else own) * STALE_FRACTION * 1e6)
+    cutoff = page.stamps.now_us() - int((retention if own is None else own) * STALE_FRACTION * 1e6)
     left = await page.db.run(sql.left_behind)
     parents: dict[bytes, Commit] = {}  # parents in the bucket
     gone = False  # a parent left behind

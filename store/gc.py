@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from ledgerd.store import btree, split
 from ledgerd.store import digest as dg
-from ledgerd.store.commit import FIRST, now_us
+from ledgerd.store.commit import FIRST
 from ledgerd.store.errors import InvalidArgumentError, StoreError, named
 from ledgerd.store.merge import common_ancestors
 
@@ -169,7 +169,7 @@ def _retained_sql(conn: sqlite3.Connection, cutoff_us: int) -> tuple[set[bytes],
 
 async def retained_commits(page: Page, retention: float) -> set[bytes]:
     """The ids of the commits the page keeps whole (see the module docstring)."""
-    cutoff = now_us() - int(retention * 1_000_000)
+    cutoff = page.stamps.now_us() - int(retention * 1_000_000)
     keep, pruned = await page.db.run(lambda conn: _retained_sql(conn, cutoff))
     # A commit pruned before stays pruned (its pieces may be gone), even if a longer
     # retention would keep it now.

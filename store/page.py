@@ -114,6 +114,7 @@ class Page(View):
         on_close: Callable[[Page], None] | None = None,
         device_id: bytes = b"",
         cache: Cache | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         fetcher = hooks.fetcher
         cache = cache if cache is not None else Cache()
@@ -145,7 +146,8 @@ class Page(View):
             self.nodes, objects, self._touch, max_watch_queue, max_watch_queue_bytes
         )
         self.graph = CommitGraph(page_id, db, objects, self.watchers, self._committed)
-        self.stamps = StampClock(device_id, lambda: self.graph.head.timestamp)
+        now_us = None if clock is None else (lambda: int(clock() * 1_000_000))
+        self.stamps = StampClock(device_id, lambda: self.graph.head.timestamp, now_us)
         """Where the page's versionstamps come from (``device_id``: the repository's)."""
         self.writer = JournalWriter(
             page_id, db, objects, self.nodes, self.graph, self.stamps, self._check_open
@@ -184,6 +186,7 @@ class Page(View):
         device_id: bytes = b"",
         cache: Cache | None = None,
         settle: bool = True,
+        clock: Callable[[], float] | None = None,
     ) -> Page:
         """Open the page's database (``on_close`` is called once it is closed: the
         repository that owns the page's lifetime; ``device_id`` ends its versionstamps;
@@ -206,6 +209,7 @@ class Page(View):
             on_close=on_close,
             device_id=device_id,
             cache=cache,
+            clock=clock,
         )
         try:
             await page._recover(settle)

@@ -311,8 +311,12 @@ class Repository:
         max_open_pages: int = MAX_OPEN_PAGES,
         cache_bytes: int = CACHE_BYTES,
         history_retention: float = HISTORY_RETENTION,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.root = root
+        self.clock = clock
+        """The wall clock (UNIX seconds) of every page's commits, revisions, versionstamps
+        and history retention (None: the system's)."""
         self.history_retention = gc.check_retention(history_retention)
         """Seconds of history pages keep (unless a page has its own): see :mod:`store.gc`."""
         self.cache = Cache(cache_bytes)
@@ -365,6 +369,7 @@ class Repository:
         max_open_pages: int = MAX_OPEN_PAGES,
         cache_bytes: int = CACHE_BYTES,
         history_retention: float = HISTORY_RETENTION,
+        clock: Callable[[], float] | None = None,
     ) -> Repository:
         """Open (creating it on first use) the data directory ``root``.
 
@@ -378,7 +383,9 @@ class Repository:
         :class:`TooManyOpenPagesError` when every open page is busy. ``cache_bytes``
         bounds the one read cache all pages share (decoded tree nodes and verified
         pieces, see :mod:`store.cache`). ``history_retention`` is how many seconds of
-        history a page keeps (:mod:`store.gc`)."""
+        history a page keeps (:mod:`store.gc`). ``clock`` is the wall clock its pages
+        stamp commits, revisions and versionstamps with and count retention by (tests
+        skew it)."""
         if cache_bytes < 0:
             raise InvalidArgumentError("cache_bytes must not be negative")
         root = Path(root)
@@ -405,6 +412,7 @@ class Repository:
             max_open_pages=max_open_pages,
             cache_bytes=cache_bytes,
             history_retention=history_retention,
+            clock=clock,
         )
         try:
             await repo._load_device_id()
@@ -1006,6 +1014,7 @@ class Repository:
             device_id=self.device_id,
             cache=self.cache,
             settle=False,  # once published: see _open_new
+            clock=self.clock,
         )
 
     def _closed_page(self, page: Page) -> None:

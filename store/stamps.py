@@ -71,15 +71,22 @@ class StampClock:
     ``floor`` gives the timestamp of the page's head commit, which every stamp
     follows. Called on the event loop only."""
 
-    def __init__(self, device_id: bytes, floor: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        device_id: bytes,
+        floor: Callable[[], int],
+        now_us: Callable[[], int] | None = None,
+    ) -> None:
         self.tag = device_tag(device_id)
         self._floor = floor
+        self.now_us: Callable[[], int] = now_us or (lambda: commit.now_us())
+        """The page's wall clock (µs): its commits, stamps and retention read it."""
         self.last = 0
         """The time of the last stamp given (µs)."""
 
     def next(self) -> tuple[int, bytes]:
         """A new stamp: its time (µs) and its ten bytes."""
-        t = max(commit.now_us(), self.last + 1, self._floor() + 1)
+        t = max(self.now_us(), self.last + 1, self._floor() + 1)
         self.last = t
         return t, t.to_bytes(8, "big") + self.tag
 

@@ -142,7 +142,7 @@ class Transactions:
             if root == txn.base.root:
                 await staging.discard(self.objects, st.staged)
                 return None
-            c = commit.child([txn.base], root, at=at)
+            c = commit.child([txn.base], root, at=self.clock.now_us() if at is None else at)
             moved = txn.base.id not in {h.id for h in graph.heads}
             # Values a later put of the transaction replaced are not stored.
             live = set(map(_VALUE, filter(None, entries.values())))  # (None: a delete)

@@ -337,7 +337,7 @@ class JournalWriter:
                 if root == base.root:
                     await staging.discard(self.objects, w.tokens)
                 else:
-                    c = commit.child([base], root, at=at)
+                    c = commit.child([base], root, at=self.clock.now_us() if at is None else at)
                     await self.graph.store(c, builder, values=w.pieces, tokens=w.tokens)
         except BaseException as e:
             if not w.done.done():
@@ -403,7 +403,7 @@ class JournalWriter:
         enough to run inline, and what to do once it is stored."""
         new = self._journal is None
         jid = self._journal or f"I{time.time_ns():020d}{uuid.uuid4().hex[:12]}"
-        since = commit.now_us() if new else self._since
+        since = self.clock.now_us() if new else self._since
         pieces = {p.digest: p.data for w in batch for p in w.pieces}  # one row per piece
 
         def work(conn: sqlite3.Connection) -> None:
@@ -468,7 +468,7 @@ class JournalWriter:
                 self._reset()
                 return
             at = self._since if self._stamped is None else max(self._since or 0, self._stamped)
-            c = commit.child([base], root, at=at)
+            c = commit.child([base], root, at=self.clock.now_us() if at is None else at)
             # Values a later write of this journal replaced are in no commit: their
             # pieces are collected rather than kept (and uploaded) for nothing.
             live = {e.value for e in overlay.entries.values() if e is not None}
