@@ -47,9 +47,7 @@ def _replay(seed: int, devices_max: int, steps: tuple[int, int]) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        prog="python -m bench.sim", description=__doc__.splitlines()[0]
-    )
+    ap = argparse.ArgumentParser(prog="python -m bench.sim", description=__doc__.splitlines()[0])
     ap.add_argument("--histories", type=int, default=1000, help="how many seeds to run")
     ap.add_argument("--seed-start", type=int, default=0, help="the first seed")
     ap.add_argument("--devices-max", type=int, default=8, help="most devices in a history")
@@ -89,8 +87,7 @@ def main() -> None:
         if o.failed:
             print(
                 f"seed {o.seed} FAILED ({', '.join(o.categories)}): replay with "
-                f"python -m bench.sim --replay {o.seed}"
-                + replay_args,
+                f"python -m bench.sim --replay {o.seed}" + replay_args,
                 file=sys.stderr,
                 flush=True,
             )

@@ -670,6 +670,14 @@ class History:
                 await self.back(dev)
             if dev.repo is None:
                 await self.open(dev)
+        for dev in self.devices:  # evicted pages import nothing: their first use restores
+            repo = dev.repo
+            if repo is None:
+                continue
+            for pid in await adapter.page_ids(repo):
+                if adapter.is_evicted(repo, pid):
+                    restore = functools.partial(adapter.restore, repo, pid)
+                    await self.act(dev, f"restore {pid.decode()}", restore)
         bound = 4 + 2 * len(self.devices)
         for cycle in range(bound):
             moved = 0

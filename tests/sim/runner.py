@@ -158,7 +158,7 @@ def run_many(
                 kind, pid, payload = results.get(timeout=1.0)
             except queue.Empty:
                 now = time.monotonic()
-                for pid, (seed, at) in list(running.items()):
+                for pid, (_seed, at) in list(running.items()):
                     p = workers[pid]
                     if now - at > hard_timeout or not p.is_alive():
                         why = (
