@@ -38,6 +38,7 @@ from ledgerd.store import (
     Page,
     PageHooks,
     Policy,
+    Priority,
     Repository,
     Subspace,
     Versionstamp,
@@ -191,11 +192,24 @@ async def converging_resolver(req: MergeRequest) -> dict[bytes, Choice]:
 class Resolvers:
     """The device's resolver source (:class:`ledgerd.store.ResolverSource`)."""
 
-    def __init__(self) -> None:
-        self.resolver: Resolver | None = converging_resolver
+    def __init__(self, connected: bool = True) -> None:
+        self.resolver: Resolver | None = converging_resolver if connected else None
 
     def resolver_for(self, ledger: bytes) -> Resolver | None:
         return self.resolver
+
+
+async def connect_resolver(repo: Repository, pids: list[bytes], connected: bool) -> None:
+    """Connect or disconnect the device's resolver; once connected, the merges that
+    waited for it run (as the daemon does when a resolver registers)."""
+    resolvers = repo.hooks.resolvers
+    assert isinstance(resolvers, Resolvers)
+    resolvers.resolver = converging_resolver if connected else None
+    if connected:
+        for pid in pids:
+            if pid in await page_ids(repo):
+                async with page(repo, pid) as p:
+                    await p.try_merge()
 
 
 # -- a device --------------------------------------------------------------------------
@@ -218,7 +232,11 @@ def keyring(key: bytes | None) -> crypto.KeyRing | None:
 
 
 async def open_device(
-    root: Path, cloud: DeviceCloud, s: EngineSettings, clock: Callable[[], float]
+    root: Path,
+    cloud: DeviceCloud,
+    s: EngineSettings,
+    clock: Callable[[], float],
+    resolver: bool = True,
 ) -> tuple[Repository, SyncEngine]:
     """A device's repository and engine, its rounds driven by hand (no background loop,
     held packs retried only by full rounds: their backoff runs on the real clock)."""
@@ -235,7 +253,7 @@ async def open_device(
         max_pack=s.max_pack,
         keys=keyring(s.key),
     )
-    hooks: PageHooks = engine.hooks(resolvers=Resolvers())
+    hooks: PageHooks = engine.hooks(resolvers=Resolvers(resolver))
     repo = await Repository.open(
         root, hooks=hooks, history_retention=s.history_retention, clock=clock
     )
@@ -277,18 +295,21 @@ async def set_policy(repo: Repository, pid: bytes, policy: str) -> None:
 # -- writes (each returns once committed) ----------------------------------------------
 
 
-async def write(repo: Repository, pid: bytes, changes: list[tuple[bytes, bytes | None]]) -> None:
+async def write(
+    repo: Repository, pid: bytes, changes: list[tuple[bytes, bytes | None]], lazy: bool = False
+) -> None:
     """Puts (bytes) and deletes (None) in one write (a put alone, a delete alone, or a
-    batch), then its commit."""
+    batch), then its commit. ``lazy``: the values are LAZY (fetched on first read)."""
+    priority = Priority.LAZY if lazy else Priority.EAGER
     async with page(repo, pid) as p:
         if len(changes) == 1 and changes[0][1] is None:
             await p.delete(changes[0][0])
         elif len(changes) == 1:
             value = changes[0][1]
             assert value is not None
-            await p.put(changes[0][0], value)
+            await p.put(changes[0][0], value, priority)
         else:
-            await p.write(changes)
+            await p.write(changes, priority)
         await p.flush()
 
 

@@ -23,6 +23,7 @@ import shutil
 import tempfile
 import time
 import traceback
+from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,6 +161,7 @@ class Device:
     engine: SyncEngine | None = None
     away_until: int | None = None
     away_long: bool = False
+    resolver: bool = True  # its conflict resolver is connected
     process: int = 0  # how many times it was opened
 
     @property
@@ -234,7 +236,8 @@ class History:
         self.step = 0
         self.doc_ids: list[str] = []
         self.counter = 0
-        self.stats: dict[str, Any] = {
+        self.stats: dict[str, Any] = defaultdict(int)
+        self.stats |= {
             k: 0
             for k in (
                 "writes",
@@ -287,38 +290,53 @@ class History:
     def _fresh_points(self, dev: Device) -> None:
         dev.points = CrashPoints(dev.label)
 
-    async def open(self, dev: Device) -> bool:
+    async def open(self, dev: Device, crash_within: int | None = None) -> bool:
+        """Open the device's directory (a new process); ``crash_within``: a crash armed
+        at one of its first SQLite writes, which its recovery may reach (the process then
+        dies again, and the next one opens without)."""
         self._fresh_points(dev)
         adapter.register_root(dev.root, lambda: dev.points)
+        if crash_within is not None:
+            dev.points.db_countdown = crash_within
         first = dev.process == 0
         dev.process += 1
         try:
             dev.repo, dev.engine = await adapter.open_device(
-                dev.root, dev.cloud, self.cfg.settings, dev.clock
+                dev.root, dev.cloud, self.cfg.settings, dev.clock, dev.resolver
             )
             if first:
                 for pid, kind in self.cfg.pages:
                     if kind in adapter.POLICIES and kind != "lww":
                         await adapter.set_policy(dev.repo, pid, kind)
-        except SimCrash:
-            self.find(oracle.REOPEN, f"{dev.label} crashed while opening (no crash was armed)")
-            return False
         except Exception as e:
-            self.find(oracle.REOPEN, f"{dev.label} could not open: {_error(e)}")
+            if not dev.points.fired:
+                self.find(oracle.REOPEN, f"{dev.label} could not open: {_error(e)}")
+                dev.repo = dev.engine = None
+                return False
+        if dev.points.fired:  # its recovery reached the crash (raised, or caught inside)
+            self.stats["crashes in recovery"] += 1
+            self.say(dev, f"CRASH while opening, at {dev.points.fired}")
+            dev.points.dead = True
+            if dev.repo is not None and dev.engine is not None:
+                await adapter.abandon(dev.repo, dev.engine)
             dev.repo = dev.engine = None
-            return False
-        return True
+            return await self.open(dev)
+        return True  # (a crash armed and not reached yet fires at its first uses)
 
     async def crash(self, dev: Device) -> None:
         """The device's process dies (its crash point fired): everything it has in
         memory goes; its files stay; it starts again from them."""
         self.stats["crashes"] += 1
-        self.say(dev, f"CRASH at {dev.points.fired}")
+        fired = dev.points.fired or ""
+        where = "sqlite" if fired.startswith("SQLite") else "cloud"
+        self.stats[f"crash {where} {'after' if fired.endswith('after it') else 'before'}"] += 1
+        self.say(dev, f"CRASH at {fired}")
         dev.points.dead = True
         if dev.repo is not None and dev.engine is not None:
             await adapter.abandon(dev.repo, dev.engine)
         dev.repo = dev.engine = None
-        await self.open(dev)
+        again = self.rng.randint(1, 12) if self.rng.random() < 0.3 else None
+        await self.open(dev, again)
         self.say(dev, f"restarted after the crash (process {dev.process})")
 
     async def act(
@@ -355,6 +373,7 @@ class History:
                 self.find(oracle.UNEXPECTED, f"{dev.label} {what}: {_error(e)}")
                 for line in "".join(tb[-6:]).rstrip().splitlines():
                     self.log(f"    {line}")
+        self.stats[f"op {_kind(what)}"] += 1
         if not done:
             self.stats["op_errors"] += 1
         self.say(dev, f"{what}: {result if not done else _short(result)}")
@@ -410,7 +429,8 @@ class History:
     async def w_put(self, dev: Device) -> None:
         pid, k = self.kv_page(), self.key()
         changes: list[tuple[bytes, bytes | None]] = [(k, self.value(dev))]
-        await self._write(dev, pid, changes, f"put {pid.decode()} {k!r}")
+        lazy = self.rng.random() < 0.15
+        await self._write(dev, pid, changes, f"put {pid.decode()} {k!r}", lazy)
 
     async def w_delete(self, dev: Device) -> None:
         pid, k = self.kv_page(), self.key()
@@ -422,14 +442,22 @@ class History:
         for _ in range(self.rng.randint(2, 6)):
             changes[self.key()] = None if self.rng.random() < 0.25 else self.value(dev)
         items = list(changes.items())
-        await self._write(dev, pid, items, f"batch {pid.decode()} of {len(items)}")
+        lazy = self.rng.random() < 0.15
+        await self._write(dev, pid, items, f"batch {pid.decode()} of {len(items)}", lazy)
 
     async def _write(
-        self, dev: Device, pid: bytes, changes: list[tuple[bytes, bytes | None]], what: str
+        self,
+        dev: Device,
+        pid: bytes,
+        changes: list[tuple[bytes, bytes | None]],
+        what: str,
+        lazy: bool = False,
     ) -> None:
         repo = dev.repo
         assert repo is not None
-        ok, _, maybe = await self.act(dev, what, lambda: adapter.write(repo, pid, changes))
+        if lazy:
+            what += " (LAZY)"
+        ok, _, maybe = await self.act(dev, what, lambda: adapter.write(repo, pid, changes, lazy))
         self.record(dev, pid, changes, ok, maybe)
 
     async def w_clear(self, dev: Device) -> None:
@@ -622,6 +650,19 @@ class History:
             + (" (and longer than the grace)" if dev.away_long else ""),
         )
 
+    async def w_resolver(self, dev: Device, connected: bool) -> None:
+        """The device's conflict resolver goes away (its merges wait, its pages keep their
+        heads) or comes back (the waiting merges run)."""
+        repo = dev.repo
+        assert repo is not None
+        dev.resolver = connected
+        pids = [pid for pid, kind in self.cfg.pages if kind in ("auto", "custom")]
+        await self.act(
+            dev,
+            f"resolver {'connects' if connected else 'disconnects'}",
+            lambda: adapter.connect_resolver(repo, pids, connected),
+        )
+
     def w_jump(self, dev: Device) -> None:
         # a fifth of the jumps set the clock right (NTP)
         delta = -dev.clock.skew if self.rng.random() < 0.2 else self.rng.choice(JUMPS)
@@ -670,6 +711,8 @@ class History:
                 await self.back(dev)
             if dev.repo is None:
                 await self.open(dev)
+            if not dev.resolver and dev.repo is not None:
+                await self.w_resolver(dev, True)
         for dev in self.devices:  # evicted pages import nothing: their first use restores
             repo = dev.repo
             if repo is None:
@@ -750,9 +793,15 @@ class History:
         states, labels = got
         for f in oracle.compare(states, labels):
             self.find(f.category, f.message)
-        if states:
-            for f in oracle.check_values(self.model, states[0], self.kinds):
-                self.find(f.category, f.message)
+        # A value wrong on every device is lost (or wrong) for good; wrong on some only,
+        # the devices differ, which the comparison above reported.
+        per_device = [
+            {(f.category, f.message) for f in oracle.check_values(self.model, st, self.kinds)}
+            for st in states
+        ]
+        everywhere = set.intersection(*per_device) if per_device else set()
+        for category, message in sorted(everywhere):
+            self.find(category, message)
         ratios = []
         for dev, st in zip([d for d in self.devices if d.repo is not None], states, strict=True):
             engine = dev.engine
@@ -845,6 +894,7 @@ class History:
             self.w_jump(dev)
             return
         has_docs = any(kind == "docs" for _, kind in cfg.pages)
+        resolved = any(kind in ("auto", "custom") for _, kind in cfg.pages)
         choices: list[tuple[float, Callable[[], Awaitable[None]]]] = [
             (20, lambda: self.w_put(dev)),
             (5, lambda: self.w_delete(dev)),
@@ -861,6 +911,7 @@ class History:
             (3, lambda: self.w_compact(dev)),
             (1, lambda: self.w_restart(dev)),
             (1.5, self.w_leap),
+            (1.5 if resolved else 0, lambda: self.w_resolver(dev, not dev.resolver)),
         ]
         total = sum(w for w, _ in choices)
         pick = rng.uniform(0, total)
@@ -891,6 +942,18 @@ def _storm(commits: int, writes: int, rounds: int, devices: int) -> tuple[int, f
     grows with the rounds squared and passes it."""
     bound = STORM_FACTOR * (writes + rounds * max(1, devices - 1)) + STORM_SLACK
     return bound, commits / max(1, writes + rounds)
+
+
+def _kind(what: str) -> str:
+    """An operation's kind, for the counts: its label's words before any name."""
+    words = what.split()
+    if words[0] in ("create", "replace", "declare") or what.startswith("delete document"):
+        return " ".join(words[:2])
+    if words[0] == "transaction":
+        return "transaction around a round" if what.endswith("around a round") else words[0]
+    if words[0] == "round":
+        return "round" + (" upload only" if "upload only" in what else "")
+    return words[0]
 
 
 def _error(e: BaseException) -> str:
@@ -965,6 +1028,11 @@ def run_history(
         if not any(text in f.message for f in h.findings):
             h.find(oracle.REFUSED, f"logged: {text}")
     h.stats["devices"] = len(h.devices)
+    h.stats["encrypted"] = int(cfg.settings.key is not None)
+    h.stats["retention 0"] = int(cfg.settings.history_retention == 0)
+    for _, kind in cfg.pages:
+        h.stats[f"page {kind}"] += 1
     h.stats["faults"] = h.bucket.injected
     h.stats["steps"] = cfg.steps
-    return Result(seed, h.findings, h.stats, time.monotonic() - started, h.lines, cfg.lossy)
+    stats = dict(h.stats)
+    return Result(seed, h.findings, stats, time.monotonic() - started, h.lines, cfg.lossy)

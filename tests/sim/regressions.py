@@ -1,0 +1,1 @@
+SEEDS: list[tuple[int, str]] = []
