@@ -150,6 +150,7 @@ def run_many(
         if progress is not None:
             progress(summary, o)
 
+    idle_deaths = 0
     for _ in range(max(1, min(jobs, len(seeds)))):
         spawn()
     try:
@@ -174,10 +175,17 @@ def run_many(
                 for pid, p in list(workers.items()):  # died between histories
                     if not p.is_alive() and pid not in running:
                         del workers[pid]
+                        idle_deaths += 1
+                        if idle_deaths > 3 + 2 * jobs:  # they die before any history
+                            raise RuntimeError(
+                                f"simulation workers keep dying (exit code {p.exitcode}) "
+                                "before running a history"
+                            ) from None
                         spawn()
                 continue
             if kind == "start":
                 running[pid] = (payload, time.monotonic())
+                idle_deaths = 0
                 continue
             running.pop(pid, None)
             summary.outcomes.append(payload)
