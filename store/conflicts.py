@@ -198,8 +198,8 @@ class Conflicts:
         self, shown: dict[bytes, tuple[Version, Version]], answers: dict[bytes, Choice]
     ) -> None:
         """The resolver's answers as one commit: per key, a version that supersedes the
-        two it was shown (a key written since, which no longer holds both, is left for
-        the next round)."""
+        two it was shown, and the versions holding the same values (a key written
+        since, which no longer holds both, is left for the next round)."""
         await self._flush_journal()
         graph = self.graph
         async with graph.lock:
@@ -229,7 +229,10 @@ class Conflicts:
                     values.extend(pieces)
                     prio = left[1] if left[0] != dg.TOMBSTONE else right[1]
                     new = (ref.digest, prio, dot)
-                rest = [v for v in vs if v not in (left, right)]
+                # (A version holding what one shown holds goes with it: the resolver
+                # answered for that value.)
+                seen = {left[:2], right[:2]}
+                rest = [v for v in vs if v[:2] not in seen]
                 changes.append((key, dots.entry(key, [new, *rest])))
             if not changes:
                 return

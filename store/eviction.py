@@ -13,14 +13,25 @@ Evictable
     no journal). A page that never synced has every commit waiting for upload, so
     only an empty one qualifies. An evicted page looks the
     same to applications: it stays listed, and its next use brings it back from
-    the bucket, or (empty) starts it empty; without a way to the bucket that use
-    fails with :class:`PageUnavailableError`, never an empty page.
+    the bucket (an empty one too: other devices may have written it since; it starts
+    empty when the bucket has nothing of it, or with no cloud configured); when the
+    bucket cannot be reached that use fails with :class:`PageUnavailableError`,
+    never an empty page.
+
+Restored
+    A restore must bring back every write this device made to the page: the page's
+    context says which writes of each device it has seen by their latest time, and
+    the next local write would claim every earlier one of this device as seen, so
+    one missing then (a pack of its own whose GET failed) would never be imported.
+    A restore short of ``written`` fails; the page stays evicted, and its next use
+    tries again.
 
 Steps (each survives a SIGKILL between it and the next)
     1. rename the page's directory to ``{page_b64}.evicting`` (atomic: the page is
        whole under its name, or not there at all): its storage is gone from where
        the page is read;
-    2. record ``evicted`` in ``page_usage``;
+    2. record ``evicted`` in ``page_usage``, with the time of this device's last
+       write to the page (``written``);
     3. delete the renamed directory.
     A ``*.evicting`` directory found when the repository opens is an eviction cut
     short after step 1 or 2: it is finished (its kind read from the database set
@@ -57,6 +68,8 @@ class Evictability:
     kind: int
     """SYNCED_EVICTED or EMPTY_EVICTED when it may be; 0 when not."""
     reason: str = ""
+    written: int = -1
+    """The time of this device's last write to the page (-1: none)."""
 
     @property
     def ok(self) -> bool:
@@ -95,7 +108,7 @@ def evictability(path: Path, tag: bytes) -> Evictability:
     if heads in ([], [FIRST.id]):
         return Evictability(EMPTY_EVICTED)
     # Every commit but the first is uploaded or came from the bucket: it is all there.
-    return Evictability(SYNCED_EVICTED)
+    return Evictability(SYNCED_EVICTED, written=written)
 
 
 def set_aside(page_dir: Path) -> Path:
@@ -120,14 +133,14 @@ def delete_page_dir(page_dir: Path) -> None:
     delete_aside(set_aside(page_dir))
 
 
-def kind_of_aside(aside: Path) -> int:
+def kind_of_aside(aside: Path, tag: bytes) -> Evictability:
     """What a page set aside by an eviction cut short was (blocking): read from its
     database if it is still whole; else restoring from the bucket is the safe guess."""
     try:
-        verdict = evictability(aside / "page.sqlite", b"")
+        verdict = evictability(aside / "page.sqlite", tag)
     except sqlite3.Error:
         verdict = Evictability(0)
-    return verdict.kind or SYNCED_EVICTED
+    return verdict if verdict.kind else Evictability(SYNCED_EVICTED)
 
 
 def _fsync_dir(d: Path) -> None:

@@ -376,7 +376,8 @@ async def _check_values(
     lazy: Mapping[bytes, str],
 ) -> set[bytes]:
     """The values a join keeps that are new here; each must be here, in what came, or
-    in the cloud (``lazy``): else :class:`MissingValueError`."""
+    in the cloud (``lazy``), the pieces its index pieces list too: else
+    :class:`MissingValueError`."""
     wanted: set[bytes] = set()
     for key, e in changes:
         if e is None:
@@ -387,6 +388,21 @@ async def _check_values(
             if v[2] not in had and not dg.is_inline(v[0]):
                 wanted.add(v[0])
     elsewhere = wanted - pieces.keys() - lazy.keys()
+    # An index piece that came names the rest of its value, which must be somewhere too:
+    # the packs that brought those pieces before this one may be compacted away.
+    todo = [d for d in wanted if d in pieces and dg.is_index(d)]
+    walked: set[bytes] = set()
+    while todo:
+        d = todo.pop()
+        if d in walked:
+            continue
+        walked.add(d)
+        for c in index_children(pieces[d]):
+            if c in pieces:
+                if dg.is_index(c):
+                    todo.append(c)
+            elif not dg.is_inline(c) and c not in lazy:
+                elsewhere.add(c)
     if not elsewhere:
         return wanted
     known = await page.objects.known(list(elsewhere))
@@ -422,10 +438,13 @@ async def _came_back(
     page: Page, rctx: Mapping[bytes, int], markers: Sequence[tuple[str, bytes]]
 ) -> Sequence[tuple[str, bytes]]:
     """``markers``, and the page's upload mark moved up when this device's own writes
-    came back through the bucket (a restored page, a checkpoint joined): what came from
-    the bucket is in it, and is not uploaded again."""
-    back = rctx.get(page.graph.tag, -1)
-    if back > await uploaded_upto(page):
+    came back through the bucket that the page did not have (a restored page, a page
+    rebuilt): what came from the bucket is in it, and is not uploaded again. Writes
+    the page has are not: a checkpoint this device wrote holds its writes not
+    uploaded yet, which the devices that read packs get only from a pack."""
+    tag = page.graph.tag
+    back = rctx.get(tag, -1)
+    if back > page.graph.ctx.get(tag, -1) and back > await uploaded_upto(page):
         return [*markers, (UPLOADED_ROW, str(back).encode())]
     return markers
 

@@ -345,6 +345,8 @@ class Repository:
         """Whether pages closed a moment ago are deleted, until page_usage says it."""
         self._evicted: dict[tuple[bytes, bytes], int] = {}
         """Evicted pages (store.eviction): their page_usage.evicted."""
+        self._evicted_written: dict[tuple[bytes, bytes], int] = {}
+        """Evicted pages: the time of this device's last write to each (page_usage.written)."""
         self._marked: set[tuple[bytes, bytes]] = set()
         """Pages marked unwritten since the repository opened (:meth:`mark_unwritten`)."""
         self._unclosed: dict[tuple[bytes, bytes], Page] = {}
@@ -531,16 +533,24 @@ class Repository:
                 named(ledger),
             )
             aside = ledger_dir / (name + eviction.SUFFIX)
-            kind = await asyncio.to_thread(eviction.kind_of_aside, aside)
-            await self._mark_evicted(ledger, page_id, kind, only_unset=True)
+            verdict = await asyncio.to_thread(
+                eviction.kind_of_aside, aside, dots.tag_of_device(self.device_id)
+            )
+            await self._mark_evicted(ledger, page_id, verdict, only_unset=True)
             await asyncio.to_thread(eviction.delete_aside, aside)
         rows = await self.usage.read_all(
-            "SELECT ledger, page, evicted FROM page_usage WHERE evicted != 0"
+            "SELECT ledger, page, evicted, written FROM page_usage WHERE evicted != 0"
         )
-        self._evicted = {(bytes(a), bytes(b)): int(c) for a, b, c in rows}
+        self._evicted = {(bytes(a), bytes(b)): int(c) for a, b, c, _ in rows}
+        self._evicted_written = {(bytes(a), bytes(b)): int(d) for a, b, _, d in rows}
 
     async def _mark_evicted(
-        self, ledger: bytes, page_id: bytes, kind: int, *, only_unset: bool = False
+        self,
+        ledger: bytes,
+        page_id: bytes,
+        verdict: eviction.Evictability,
+        *,
+        only_unset: bool = False,
     ) -> None:
         async with self.usage.write() as conn:
             await conn.execute(
@@ -550,10 +560,12 @@ class Repository:
             # (Finishing one cut short: the row may say already.)
             where = " AND evicted = 0" if only_unset else ""
             await conn.execute(
-                f"UPDATE page_usage SET evicted = ? WHERE ledger = ? AND page = ?{where}",
-                (kind, ledger, page_id),
+                f"UPDATE page_usage SET evicted = ?, written = ? "
+                f"WHERE ledger = ? AND page = ?{where}",
+                (verdict.kind, verdict.written, ledger, page_id),
             )
-        self._evicted[(ledger, page_id)] = kind
+        self._evicted[(ledger, page_id)] = verdict.kind
+        self._evicted_written[(ledger, page_id)] = verdict.written
 
     @property
     def ledgers_dir(self) -> Path:
@@ -918,18 +930,28 @@ class Repository:
                 f"page {named(page_id)} was evicted from this device and there is no cloud "
                 "to restore it from"
             )
+        # An empty page evicted is brought back from the bucket too when there is one:
+        # other devices may have written it meanwhile, and downloads pass over
+        # evicted pages. (Nothing there: it starts empty again.)
+        restore = evicted == eviction.SYNCED_EVICTED or (
+            evicted == eviction.EMPTY_EVICTED and self.hooks.restorer is not None
+        )
         path = self.page_path(ledger, page_id)
-        if evicted == eviction.SYNCED_EVICTED and path.parent.exists():
+        if restore and path.parent.exists():
             # A restore cut short (cancelled, or killed) left part of the page: the
             # restore starts again from nothing, as a checkpoint goes only there.
             log.info("discarding the restore of page %s cut short", named(page_id))
             await asyncio.to_thread(eviction.delete_page_dir, path.parent)
         page = await self._open_page(ledger, page_id)
         try:
-            if evicted == eviction.SYNCED_EVICTED:
+            if restore:
                 # Cancelled meanwhile (a client that went away), the page is closed:
                 # it is still evicted, and its next use restores it again.
-                await self._restore(page)
+                await self._restore(
+                    page,
+                    self._evicted_written.get((ledger, page_id), -1),
+                    empty_ok=evicted == eviction.EMPTY_EVICTED,
+                )
             async with self.usage.write() as conn:
                 await conn.execute(
                     "INSERT INTO page_usage (ledger, page, closed_at) VALUES (?, ?, 0) "
@@ -940,6 +962,7 @@ class Repository:
             await asyncio.shield(page.close())
             raise
         self._evicted.pop((ledger, page_id), None)
+        self._evicted_written.pop((ledger, page_id), None)
         page.last_used = time.monotonic()
         page.on_release = self._wake_room
         self._pages[(ledger, page_id)] = page
@@ -987,14 +1010,23 @@ class Repository:
         settling.add_done_callback(self._settling.discard)
         await asyncio.shield(settling)
 
-    async def _restore(self, page: Page) -> None:
-        """Bring an evicted page back from the bucket, or fail as unavailable (its
-        storage is removed again: an empty page is never handed out)."""
+    async def _restore(self, page: Page, written: int, *, empty_ok: bool) -> None:
+        """Bring an evicted page back from the bucket, with every write of this device
+        up to ``written`` (see :mod:`store.eviction`), or fail as unavailable (its
+        storage is removed again: an empty page is never handed out, unless
+        ``empty_ok``, a page evicted empty that the bucket has nothing of)."""
         restorer = self.hooks.restorer
         assert restorer is not None
         try:
-            restored = await restorer.restore_page(page)
+            restored = await restorer.restore_page(page) or empty_ok
             why = "the bucket has nothing for it"
+            back = page.graph.ctx.get(page.graph.tag, -1)
+            if restored and back < written:
+                restored = False
+                why = (
+                    "this device's own writes to it, up to "
+                    f"{dots.format_time(written)}, did not all come back from the bucket yet"
+                )
         except Exception as e:
             restored, why = False, f"{type(e).__name__}: {e}"
         if not restored:
@@ -1069,6 +1101,14 @@ class Repository:
         """A small named value of the repository (sync keeps its cursors here)."""
         rows = await self.usage.read_all("SELECT value FROM repository WHERE name = ?", (name,))
         return bytes(rows[0][0]) if rows else None
+
+    async def metas(self, prefix: str) -> dict[str, bytes]:
+        """The named values whose names start with ``prefix``."""
+        rows = await self.usage.read_all(
+            "SELECT name, value FROM repository WHERE name >= ? AND name < ?",
+            (prefix, prefix + "\U0010ffff"),
+        )
+        return {str(n): bytes(v) for n, v in rows}
 
     async def set_meta(self, name: str, value: bytes) -> None:
         async with self.usage.write() as conn:
@@ -1196,7 +1236,7 @@ class Repository:
             )
         size = await asyncio.to_thread(eviction.directory_bytes, path.parent)
         aside = await asyncio.to_thread(eviction.set_aside, path.parent)
-        await self._mark_evicted(ledger, page_id, verdict.kind)
+        await self._mark_evicted(ledger, page_id, verdict)
         await asyncio.to_thread(eviction.delete_aside, aside)
         log.info("page %s of ledger %s evicted (%d bytes)", named(page_id), named(ledger), size)
         return size

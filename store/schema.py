@@ -204,18 +204,22 @@ CREATE TABLE repository (
 --   the bucket had all of it (its next use restores it from there); 2 it was deleted
 --   empty and never synced (its next use starts it empty again). A page directory is
 --   deleted before its row says evicted; a directory renamed '*.evicting' is an
---   eviction cut short, finished at the next open.
+--   eviction cut short, finished at the next open. written (evicted pages): the
+--   time of this device's last write to the page when it was evicted (-1: none); a
+--   restore that does not bring every one of them back fails, since the page's
+--   next write would claim to have seen them (store.eviction).
 CREATE TABLE page_usage (
     ledger    BLOB NOT NULL,
     page      BLOB NOT NULL,
     closed_at INTEGER NOT NULL,
     deleted   INTEGER NOT NULL DEFAULT 0 CHECK (deleted IN (0, 1)),
     evicted   INTEGER NOT NULL DEFAULT 0,
+    written   INTEGER NOT NULL DEFAULT -1,
     PRIMARY KEY (ledger, page)
 ) WITHOUT ROWID;
 """
 
-USAGE_SCHEMA_VERSION = 3
+USAGE_SCHEMA_VERSION = 4
 
 _USAGE_MIGRATIONS: dict[int, str] = {
     # 1 -> 2: page_usage gains deleted (no page was deleted before).
@@ -224,6 +228,8 @@ ALTER TABLE page_usage ADD COLUMN deleted INTEGER NOT NULL DEFAULT 0 CHECK (dele
 """,
     # 2 -> 3: page eviction.
     2: "ALTER TABLE page_usage ADD COLUMN evicted INTEGER NOT NULL DEFAULT 0;",
+    # 3 -> 4: an evicted page's own writes, which its restore must bring back.
+    3: "ALTER TABLE page_usage ADD COLUMN written INTEGER NOT NULL DEFAULT -1;",
 }
 """Statements that take the page-usage database from version ``n`` to ``n + 1``."""
 

@@ -81,7 +81,7 @@ class CheckpointPolicy:
                 page,
                 self.ctx.repo.device_id,
                 await self.feed.feed_time(),
-                await self.feed.cover(page),
+                await self._cover_after_best(page),
             )
         except asyncio.CancelledError:
             raise
@@ -117,11 +117,30 @@ class CheckpointPolicy:
                     page,
                     repo.device_id,
                     await self.feed.feed_time(),
-                    await self.feed.cover(page),
+                    await self._cover_after_best(page),
                     force=True,
                 )
                 is not None
             )
+
+    async def _cover_after_best(self, page: Page) -> dict[str, int]:
+        """The cover of a checkpoint of the page written now, once the page joined its
+        best checkpoint if that one covers a pack the page lacks: a new checkpoint
+        never holds less than the best before it. Compaction deleted packs that one
+        covers, and it goes once another is best and the grace is over: a newest one
+        that lacked them (its writer had not read them) would lose them for good."""
+        key = (page.ledger, page.id)
+        cover = await self.feed.cover(page)
+        names = [cn async for cn in self.checkpoints.names(self.checkpoints.tag(key))]
+        for cn in (await self.checkpoints.best(names)).values():
+            head = await self.checkpoints.read(cn, sections=False)
+            if head.key != key or all(s <= cover.get(d, 0) for d, s in head.cover.items()):
+                continue
+            await self.checkpoints.take(page, await self.checkpoints.read(cn))
+            await self.feed.absorb(head.cover)
+            self.changed(key)
+            cover = await self.feed.cover(page)
+        return cover
 
     async def rescue(self, key: Key) -> bool:
         """Join page ``key`` with its best checkpoint, unless it joined that one already:

@@ -34,11 +34,11 @@ import msgpack
 
 from ledgerd.store import Page, Repository
 from ledgerd.store import exchange as ex
-from ledgerd.store.errors import named
+from ledgerd.store.errors import ClosedError, StorageError, TransientStoreError, named
 from ledgerd.sync import layout, pack
 from ledgerd.sync.cloud import CloudStore
 from ledgerd.sync.crypto import Codec
-from ledgerd.sync.errors import AlreadyExistsError, CloudNotFoundError
+from ledgerd.sync.errors import AlreadyExistsError, CloudNotFoundError, TransientCloudError
 from ledgerd.sync.layout import CheckpointName
 
 log = logging.getLogger(__name__)
@@ -303,9 +303,9 @@ class Checkpoints:
         never listed this bucket, or one back after longer than the compaction grace:
         the packs below the checkpoints may be compacted away). Returns, per device,
         the highest sequence a checkpoint read covers (of every page, joined here or
-        not: packs up to there may be compacted away), and the pages joined. A
-        checkpoint that cannot be read or stored is skipped (the page is then read
-        from its packs)."""
+        not: packs up to there may be compacted away), and the pages joined. A damaged
+        checkpoint is skipped (the page is then read from its packs); one that cannot
+        be read now raises, and the caller tries again later."""
         assert self._repo is not None
         names = [cn async for cn in self.names()]
         held: dict[str, int] = {}
@@ -319,9 +319,15 @@ class Checkpoints:
                 async with using(cp.key) as page:
                     await self.take(page, cp, save=False)
                 joined.append(cp.key)
-            except CloudNotFoundError:
-                continue  # deleted since the listing; a newer one is there
-            except Exception as e:
+            except CloudNotFoundError as e:  # deleted since the listing: a newer one is best
+                raise TransientCloudError(
+                    f"checkpoint {cn.name} was deleted while it was read: read again"
+                ) from e
+            except (TransientCloudError, TransientStoreError, ClosedError, StorageError):
+                # Read again at the next round: a cover not read here would leave the
+                # packs compaction deleted under it looking like gaps for good.
+                raise
+            except Exception as e:  # a damaged checkpoint: the page is read from its packs
                 log.warning(
                     "checkpoint %s not used (the page is read from its packs): %s", cn.name, e
                 )

@@ -3,7 +3,10 @@
 A pack may go when it is this device's own, older than ``compaction_grace`` (so
 every device that has been online since has read it), and every page in it has a
 best checkpoint whose cover includes the pack's sequence number: a device that still
-needed the pack joins that checkpoint instead (``docs/convergence.md``). A page in
+needed the pack joins that checkpoint instead (``docs/convergence.md``). A pack of
+no page (a spent sequence filled) goes once a best checkpoint of this device's
+covers it, so that a device starting from the checkpoints takes its number for no
+gap. A page in
 such a pack that has no covering checkpoint gets one now, when this device holds the
 page. A device's own checkpoints that are no longer the best of their page, and
 older than the grace period, go too. Nothing of another device is ever deleted, and
@@ -90,6 +93,15 @@ class Compactor:
                 continue
             need = {device: pn.seq}  # what the covering checkpoint must hold
             covered = True
+            if not keys:
+                # A pack of no page (a spent sequence filled): one checkpoint's cover
+                # must reach it, or a device that starts from the checkpoints would
+                # take its number for a gap.
+                covered = False
+                for cn in sorted(best.values(), key=lambda n: n.time, reverse=True):
+                    if cn.device == device and await self._covers(cn, covers, need):
+                        covered = True
+                        break
             for key in keys:
                 tag = self.checkpoints.tag(key)
                 if not await self._covers(best.get(tag), covers, need):

@@ -219,6 +219,22 @@ class Downloader:
         # daemon's stop cancels it, and the log is saved after) leaves the pages it
         # did not reach held, where dropping the whole pack first lost them for good.
         listed = dl.held.pop(whole, None)
+        if listed is not None and only is not None:
+            # Read for one page (a restore): the pack's other pages stay held, each
+            # on its own.
+            for p in header.pages:
+                if (
+                    p.key != only
+                    and self.ctx.wanted_here(p.key)
+                    and not self.checkpoints.covered(p.key, pn.device, pn.seq)
+                ):
+                    h = Held(pn, p.key, progress.RETRY, "listed, not imported yet")
+                    h.since = listed.since
+                    dl.held.setdefault(h.id, h)
+        if only is not None and all(p.key != only for p in pages):
+            # Held for one page that it no longer brings anything to (a checkpoint the
+            # page joined since covers it): done with.
+            dl.held.pop(Held(pn, only, progress.RETRY, "").id, None)
         for p in pages:
             h = Held(pn, p.key, progress.RETRY, "listed, not imported yet")
             if listed is not None:
@@ -359,7 +375,8 @@ class Downloader:
         """Bring an evicted page back (:class:`store.PageRestorer`): its best checkpoint,
         then every pack above that checkpoint's cover that holds it (or, without a
         checkpoint, every pack that holds it), imported into ``page`` now. False if
-        the bucket has nothing of it; raises if the bucket cannot be reached."""
+        the bucket has nothing of it; raises if the bucket cannot be reached, or when
+        nothing came in because its packs could not be read now."""
         key = (page.ledger, page.id)
         if not self.ctx.bucket_ok:
             await self.ctx.check_bucket()
@@ -382,8 +399,6 @@ class Downloader:
                 if pn is None or pn.seq <= cover.get(pn.device, 0):
                     continue
                 dl = await self.feed.device_log(pn.device)
-                if Held(pn, None, progress.RETRY, "").id in dl.held:
-                    continue  # listed, not imported yet: the next round brings it
                 if await self._import_pack(dl, pn, key):
                     found = True
                 elif self._waits(dl, pn, key):
@@ -402,6 +417,16 @@ class Downloader:
                 waiting = left
             for dl in self.feed.logs.values():
                 await self.feed.save_log(dl)
+            deferred = [
+                h
+                for dl in self.feed.logs.values()
+                for h in dl.held.values()
+                if h.key == key and h.state == progress.DEFERRED
+            ]
+            if deferred and not found:  # not "nothing there": it could not be read now
+                raise TransientCloudError(
+                    f"{len(deferred)} of its packs could not be read now: {deferred[0].reason}"
+                )
             return found
         finally:
             del self.ctx.restoring[key]

@@ -1,12 +1,33 @@
 """Discovery: listing the feed, the devices' logs read so far, and this device's next name.
 
-This module owns :class:`Feed`: the LIST of ``packs/`` after the newest feed time
-seen less ``feed_window`` (every device's new packs, each held to be imported),
+This module owns :class:`Feed`: the LIST of ``packs/`` after a cursor (every
+device's new packs, each held to be imported),
 the gaps in a device's sequence and their probes with backoff, the per-device logs
 (:class:`sync.progress.DeviceLog`, saved in repository meta), and the hybrid
 logical clock that names this device's next pack (:meth:`Feed.next_seq`). From
 those it tells a page's *cover* (how far each device's packs of it are all here).
 It imports nothing: what to do with a held pack is :mod:`sync.download`'s.
+
+The cursor
+    A listing starts at the newest feed time this device had listed a window
+    (``feed_window``) ago, less the window; not at the newest it has listed. A
+    device names a pack at least the newest time it listed within a quarter of the
+    window (:meth:`Feed.next_seq`), so every name visible a window ago is below any
+    pack named since. The newest name alone moves with the fastest clock: a device
+    an hour ahead names packs an hour ahead, and a device that listed just before
+    that pack and uploads just after it names its own an hour behind, below a
+    cursor that followed the newest name, to be found only when a later pack of
+    its writer showed the gap (and never, were it that device's last). A cursor
+    that follows names only a window late passes no such pack, whatever the
+    clocks; after a leap of the names it covers the leap for one window, which
+    costs a listing of the few packs named in between.
+
+Restarts
+    A device new to the bucket, or back after longer than the compaction grace,
+    lists the whole feed, and its logs start again: a device's packs missing below
+    the first one listed are no gaps when compaction explains them (a checkpoint
+    covers them: the log's floor), or when that first pack is older than a window
+    (then every pack before it is too: none is still on its way).
 """
 
 from __future__ import annotations
@@ -33,6 +54,10 @@ RESTARTING = "sync/restarting"
 """Repository meta: set while the next listing is to start empty device logs at their
 first pack (see ``Feed.restarting``); per device, the highest sequence a checkpoint
 covers (msgpack; ``1`` as an older ledgerd saved it: none)."""
+LOG_PREFIX = "sync/log/"
+"""Repository meta: each device's log (:class:`sync.progress.DeviceLog`), by device id."""
+SEQ_UP = "sync/seq_up"
+"""Repository meta: the highest sequence of this device's packs known to be in the bucket."""
 LISTED_WALL_STEP = 3600.0
 FEED_WINDOW = 120.0
 """Seconds of feed time each listing looks back past the newest name seen: packs
@@ -68,6 +93,10 @@ class Feed:
         self.own_time = 0
         self._ignored: set[str] = set()
         self._listed_at: float | None = None  # monotonic time of the last listing
+        # (wall time, monotonic time, newest feed time listed) at the end of each
+        # listing: the cursor is the newest one's that is a window old.
+        self._marks: list[tuple[float, float, int]] = []
+        self._first: dict[str, PackName] = {}  # a restart's first pack listed per device
         self._listed_wall = 0.0  # wall time the last listing started (see wall_listed)
         self._saved_wall = 0.0  # the one saved in the repository
         # The next listing starts each empty device log at its first pack: set when
@@ -86,6 +115,15 @@ class Feed:
         # (as listed names move it: one saved before that rule may be past the ceiling)
         stored = int(await self.ctx.repo.get_meta("sync/feed") or b"0")
         self.feed_max = min(stored, layout.NAMED_TIME_CEILING)
+        self._marks = [(float("-inf"), float("-inf"), self.feed_max)]
+        up = int(await self.ctx.repo.get_meta(SEQ_UP) or b"0")
+        self.own_seq = max(self.own_seq, min(up, layout.NAMED_SEQ_CEILING))
+        # Every device's log, now: one whose packs the next listings do not reach
+        # still holds packs to retry (those of this device too, held by a restore).
+        for name in await self.ctx.repo.metas(LOG_PREFIX):
+            device = name.removeprefix(LOG_PREFIX)
+            if layout.device_ok(device):
+                await self.device_log(device)
         raw = await self.ctx.repo.get_meta(RESTARTING)
         self.restarting = raw is not None
         self.held_by_checkpoints = _held(raw) if raw else {}
@@ -115,15 +153,41 @@ class Feed:
     # -- listing -----------------------------------------------------------------------
 
     async def fresh(self) -> None:
-        """List the feed unless this engine did so within a quarter of the window."""
-        if self._listed_at is None or time.monotonic() - self._listed_at > self.feed_window / 4:
+        """List the feed unless this engine did so within a quarter of the window, by
+        both clocks: the wall clock names packs, and it moves on while the monotonic
+        clock stands still (a machine suspended); a pack named from a listing that
+        old could land behind the others' cursors."""
+        quarter = self.feed_window / 4
+        if (
+            self._listed_at is None
+            or time.monotonic() - self._listed_at > quarter
+            or not 0 <= self.ctx.clock() - self._listed_wall <= quarter
+        ):
             await self.list_new()
 
+    def _cursor(self) -> int:
+        """The newest feed time listed at least a window ago (by the wall clock, which
+        names packs, or the monotonic one, which a wall clock set back cannot stop);
+        see the module docstring."""
+        wall, mono = self.ctx.clock(), time.monotonic()
+        old = 0
+        for i, (w, m, _) in enumerate(self._marks):
+            if wall - w >= self.feed_window or mono - m >= self.feed_window:
+                old = i
+        del self._marks[:old]
+        return self._marks[0][2] if self._marks else self.feed_max
+
     async def list_new(self) -> None:
-        """One LIST of ``packs/`` after the cursor (the newest feed time seen, less
-        the window): every device's new packs. Each is held to be imported."""
+        """One LIST of ``packs/`` after the cursor (the newest feed time listed a
+        window ago, less the window; all of it when the logs restart): every
+        device's new packs. Each is held to be imported."""
         window = int(self.feed_window * 1000)
-        after = layout.feed_after(self.feed_max - window) if self.feed_max else ""
+        cursor = self._cursor()
+        # A restart lists the whole feed: a pack named before the cursor (by a device
+        # whose clock is behind) that compaction kept is not in any checkpoint, and
+        # taking it for compacted away would lose it.
+        whole = self.restarting or cursor <= 0
+        after = "" if whole else layout.feed_after(cursor - window)
         started = time.monotonic()
         wall = self.ctx.clock()
         newest = self.feed_max
@@ -144,6 +208,13 @@ class Feed:
                     dl = await self.device_log(device)
                     dl.floor = max(dl.floor, seq)
                     touched.add(device)
+            # A first pack older than a window: those before it were compacted (they
+            # are older still, and a listing's lag is shorter). A recent one may follow
+            # packs the listing does not show yet: those stay gaps, found by a probe.
+            for device, first in self._first.items():
+                if first.time < newest - window:
+                    self.logs[device].drop_gaps_to(first.seq - 1)
+        self._first.clear()
         for device in sorted(touched):
             await self.save_log(self.logs[device])
         if self.restarting:  # the logs it started are saved
@@ -153,6 +224,7 @@ class Feed:
         if newest != self.feed_max:
             self.feed_max = newest
             await self.ctx.repo.set_meta("sync/feed", str(newest).encode())
+        self._marks.append((self.ctx.clock(), time.monotonic(), newest))
         self._listed_at = started
         # The time it started (what it lists is in the bucket by then), known at once
         # here; saved now and then (a write each round is too many), and at stop.
@@ -196,7 +268,8 @@ class Feed:
         if not dl.is_new(pn.seq):
             return False
         if self.restarting:
-            dl.start(pn.seq)
+            if not dl.max_seq and not dl.gaps:
+                self._first.setdefault(pn.device, pn)
             dl.floor = max(dl.floor, self.held_by_checkpoints.get(pn.device, 0))
         elif dl.max_seq < pn.seq <= dl.floor:
             # Every pack up to a cover a checkpoint can truly hold was in the bucket
@@ -225,7 +298,7 @@ class Feed:
         """List the stretch of the feed where a device's missing packs must be, for
         gaps older than the window (the window's own listing covers the others)."""
         now = time.monotonic()
-        floor = self.feed_max - int(self.feed_window * 1000)
+        floor = self._cursor() - int(self.feed_window * 1000)
         for dl in list(self.logs.values()):
             old = [g for g in dl.gaps if g.until and g.after < floor]
             if not old or not (force or now >= dl.probe_due):
@@ -252,7 +325,7 @@ class Feed:
         dl = self.logs.get(device)
         if dl is not None:
             return dl
-        raw = await self.ctx.repo.get_meta(f"sync/log/{device}")
+        raw = await self.ctx.repo.get_meta(LOG_PREFIX + device)
         if raw is not None:
             try:
                 dl = DeviceLog.decode(device, raw)
@@ -264,7 +337,7 @@ class Feed:
         return dl
 
     async def save_log(self, dl: DeviceLog) -> None:
-        await self.ctx.repo.set_meta(f"sync/log/{dl.device}", dl.encode())
+        await self.ctx.repo.set_meta(LOG_PREFIX + dl.device, dl.encode())
 
     def held(self) -> Iterable[Held]:
         for device in sorted(self.logs):
@@ -290,8 +363,10 @@ class Feed:
         stored, last = await self._saved()
         seq = max(stored, self.own_seq) + 1
         t = self._time_after(last)
-        await self.ctx.repo.set_meta("sync/seq", str(seq).encode())
+        # The time first: a stop between the two writes leaves the number untaken
+        # (taken again, at a new time), never taken with no time to look for it at.
         await self.ctx.repo.set_meta("sync/seq_time", str(t).encode())
+        await self.ctx.repo.set_meta("sync/seq", str(seq).encode())
         return seq, t
 
     async def _saved(self) -> tuple[int, int]:
@@ -323,7 +398,7 @@ class Feed:
             return None
         async for pn in self._named_between(t0, t0):
             if pn.device == self.ctx.device:  # its pack is older than the listing window
-                self.wrote(pn.seq, pn.time)
+                await self.wrote(pn.seq, pn.time)
         if stored <= self.own_seq:
             return None
         t = self._time_after(t0)
@@ -340,8 +415,14 @@ class Feed:
                 return
             yield pn
 
-    def wrote(self, seq: int, t: int) -> None:
-        """This device's pack of sequence ``seq`` and feed time ``t`` is in the bucket."""
+    async def wrote(self, seq: int, t: int) -> None:
+        """This device's pack of sequence ``seq`` and feed time ``t`` is in the bucket:
+        remembered (``sync/seq_up``), since compaction deletes it later, and a number
+        taken and not seen in the bucket would be taken for spent (:meth:`spent`) and
+        filled again, a second pack of that number that readers take for a broken
+        cover."""
+        if seq > self.own_seq:
+            await self.ctx.repo.set_meta(SEQ_UP, str(seq).encode())
         self.own_seq, self.own_time = max(self.own_seq, seq), max(self.own_time, t)
 
     async def feed_time(self) -> int:

@@ -126,20 +126,12 @@ class DeviceLog:
         self.fill(seq, feed_time)
 
     def restart(self) -> None:
-        """Forget what was listed: the log starts again (:meth:`start`), for a device
-        back after longer than the compaction grace, whose gaps are packs that
-        compaction deleted meanwhile and that the checkpoints it took hold."""
+        """Forget what was listed: the log starts again (see :mod:`sync.feed`,
+        Restarts), for a device back after longer than the compaction grace, whose
+        gaps are packs that compaction deleted meanwhile and that the checkpoints it
+        took hold."""
         self.max_seq = self.max_time = self.floor = 0  # (the restart sets it again)
         self.gaps.clear()
-
-    def start(self, seq: int) -> None:
-        """A log that holds nothing yet begins at ``seq``, the first pack listed: the
-        packs below it are not gaps (compacted away; the checkpoints hold them). Packs
-        compacted away between kept ones (a pack holding a page without a checkpoint
-        stays), or above the last one listed, are no gaps either, as far as a
-        checkpoint's cover reaches (``floor``)."""
-        if not self.max_seq and not self.gaps:
-            self.max_seq = max(seq - 1, 0)
 
     def drop_gaps_to(self, seq: int) -> None:
         """Sequences up to ``seq`` are no longer gaps (a checkpoint holds them)."""

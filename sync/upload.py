@@ -271,7 +271,7 @@ class Uploader:
                 if await store.get(name, 0, head_end) != data[:head_end]:
                     log.warning("sequence %d was already used; its pack is dropped", seq)
             self._unsent = None
-            self.feed.wrote(seq, t)
+            await self.feed.wrote(seq, t)
             log.info("uploaded pack %s, whose upload had failed", name)
         if not self._spent_checked:
             await self._fill_spent()
@@ -289,7 +289,7 @@ class Uploader:
             except Exception:
                 self._unsent = (seq, t, name, data, head_end)
                 raise
-            self.feed.wrote(seq, t)
+            await self.feed.wrote(seq, t)
             log.debug("uploaded pack %s: %d pages, %d bytes", name, len(sections), len(data))
             return
 
@@ -316,7 +316,7 @@ class Uploader:
             name, data, _ = await self._encode(seq, t, [])
             with contextlib.suppress(AlreadyExistsError):  # a retried PUT had landed
                 await self.ctx.store.put(name, data)
-            self.feed.wrote(seq, t)
+            await self.feed.wrote(seq, t)
             log.info("sequence %d was spent by a pack that never went up: filled", seq)
         self._spent_checked = True
 

@@ -282,8 +282,18 @@ async def stop(repo: Repository, engine: SyncEngine) -> None:
 
 @asynccontextmanager
 async def page(repo: Repository, pid: bytes) -> AsyncIterator[Page]:
-    async with repo.page(LEDGER, pid) as p:
+    """The page, made if it does not exist, as the daemon's first write makes it
+    (``daemon.api.Api.first_write``): marked unwritten until the block ends, so that a
+    crash before the write leaves no empty page listed after the restart, and removed
+    again if the block wrote nothing."""
+    p, made = await repo.acquire_new(LEDGER, pid)
+    with p.lease():  # no await since acquire_new: the page is open
         yield p
+    if made:  # (one that nothing was written to goes again, as the daemon's)
+        if p.never_written:
+            await repo.discard_unwritten(LEDGER, pid)
+        else:
+            await repo.written(LEDGER, pid)
 
 
 async def set_policy(repo: Repository, pid: bytes, policy: str) -> None:

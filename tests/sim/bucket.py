@@ -144,9 +144,15 @@ class Faults:
 
     error_rate: float = 0.0  # each call: this chance of an error before, and after
     timeout_rate: float = 0.0  # each call: this chance of a timeout (done or not)
-    list_lag: int = 0  # a PUT is listed up to this many steps later
+    list_lag: int = 0  # a PUT is listed up to this many steps later (LIST_LAG_MOST at most)
     delete_lag: int = 0  # a deleted object is still listed up to this many steps
     on: bool = True
+
+
+LIST_LAG_MOST = 30.0
+"""Simulated seconds after which a PUT is listed whatever its lag in steps: a store's
+listing lags its writes by seconds, and the feed's listing window (two minutes) is
+what covers that; a lag of hours (steps across a leap of time) is no store's."""
 
 
 @dataclass
@@ -164,7 +170,8 @@ class SimBucket:
     log: Callable[[str], None]
     store: MemoryStore = field(default_factory=MemoryStore)
     step: int = 0
-    visible_at: dict[str, int] = field(default_factory=dict)
+    now: Callable[[], float] = lambda: 0.0  # simulated time (seconds)
+    visible_at: dict[str, tuple[int, float]] = field(default_factory=dict)
     ghosts: dict[str, int] = field(default_factory=dict)  # deleted, listed until
     injected: int = 0
 
@@ -194,7 +201,7 @@ class SimBucket:
     def stored(self, name: str) -> None:
         lag = self.rng.randint(0, self.faults.list_lag) if self.faults.list_lag else 0
         if lag and self.faults.on:
-            self.visible_at[name] = self.step + lag
+            self.visible_at[name] = (self.step + lag, self.now() + LIST_LAG_MOST)
 
     def removed(self, name: str) -> None:
         self.visible_at.pop(name, None)
@@ -205,13 +212,18 @@ class SimBucket:
     def listing(self, prefix: str, after: str) -> list[str]:
         names = self.store.listed(prefix, after)
         if self.visible_at:
-            names = [n for n in names if self.visible_at.get(n, 0) <= self.step]
+            now = self.now()
+            names = [n for n in names if self._visible(n, now)]
         ghosts = [
             n
             for n, until in self.ghosts.items()
             if until > self.step and n.startswith(prefix) and n > after
         ]
         return sorted(names + ghosts) if ghosts else names
+
+    def _visible(self, name: str, now: float) -> bool:
+        at = self.visible_at.get(name)
+        return at is None or at[0] <= self.step or at[1] <= now
 
     def settle(self) -> None:
         """Faults off, everything listed as it is."""

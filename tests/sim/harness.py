@@ -228,7 +228,7 @@ class History:
         self.entropy = random.Random(master.getrandbits(64))  # os.urandom's stand-in
         self.lines: list[str] = []
         self.time = SimTime()
-        self.bucket = SimBucket(self.bucket_rng, cfg.faults, self.log)
+        self.bucket = SimBucket(self.bucket_rng, cfg.faults, self.log, now=lambda: self.time.now)
         self.devices: list[Device] = []
         self.model = Model()
         self.findings: list[Finding] = []

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from ledgerd.sync.errors import CloudNotFoundError, TransientCloudError
-from tests.sim.bucket import CrashPoints, Faults, SimBucket, SimCrash
+from tests.sim.bucket import LIST_LAG_MOST, CrashPoints, Faults, SimBucket, SimCrash
 
 
 def _bucket(**faults: float) -> tuple[SimBucket, CrashPoints]:
@@ -29,6 +29,18 @@ async def test_a_put_is_listed_only_after_its_lag_but_read_at_once() -> None:
     hidden = 20 - len(await _names(b, points))
     assert hidden > 0
     b.step += 3
+    assert len(await _names(b, points)) == 20
+
+
+async def test_a_put_is_listed_after_at_most_thirty_simulated_seconds() -> None:
+    b, points = _bucket(list_lag=1000)
+    clock = [0.0]
+    b.now = lambda: clock[0]
+    view = b.view("d0", lambda: points)
+    for i in range(20):
+        await view.put(f"packs/{i:02d}", b"x")
+    assert len(await _names(b, points)) < 20
+    clock[0] += LIST_LAG_MOST
     assert len(await _names(b, points)) == 20
 
 

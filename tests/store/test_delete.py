@@ -175,7 +175,7 @@ async def test_the_page_usage_database_of_version_1_is_migrated(tmp_path: Path) 
     conn = sqlite3.connect(tmp_path / "page_usage.sqlite")
     conn.executescript(
         "ALTER TABLE page_usage DROP COLUMN deleted; ALTER TABLE page_usage DROP COLUMN evicted; "
-        "PRAGMA user_version = 1;"
+        "ALTER TABLE page_usage DROP COLUMN written; PRAGMA user_version = 1;"
     )
     conn.close()
     async with await Repository.open(tmp_path) as repo:

@@ -105,14 +105,15 @@ async def test_a_device_back_past_the_grace_lists_holes_in_the_middle_as_no_gaps
 
 
 def test_only_holes_a_checkpoint_covers_are_no_gaps() -> None:
-    """A log restarted from the checkpoints begins at its first listed pack and skips
-    the holes up to the highest sequence a checkpoint covers (its floor); a hole above
-    that is still a gap (no checkpoint explains it: the pack may yet come)."""
+    """A log restarted from the checkpoints skips the holes up to the highest sequence
+    a checkpoint covers (its floor), and those below its first listed pack when that
+    one is old (sync.feed drops them); a hole above that is still a gap (no
+    checkpoint explains it: the pack may yet come)."""
     dl = DeviceLog("d" * 32)
-    dl.start(5)
     dl.floor = 10
     for seq, t in [(5, 50), (7, 70), (10, 100), (13, 130)]:
         dl.saw(seq, t)
+    dl.drop_gaps_to(4)
     assert [(g.first, g.last, g.after, g.until) for g in dl.gaps] == [(11, 12, 100, 130)]
     assert dl.max_seq == 13
     assert DeviceLog.decode(dl.device, dl.encode()).floor == 10
