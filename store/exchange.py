@@ -23,6 +23,7 @@ from ledgerd.store.commit import FIRST, Commit, child
 from ledgerd.store.errors import CorruptObjectError, InvalidDigestError, StoreError, named
 from ledgerd.store.objects import mismatched
 from ledgerd.store.page import Page
+from ledgerd.store.schema import PIECES_WAITING as PIECES_WAITING
 from ledgerd.store.schema import SYNCED, UPLOADED_AT_ROW, UPLOADED_ROW
 from ledgerd.store.view import KEY_LIMIT
 
@@ -278,6 +279,11 @@ async def apply_delta(
     whether the page changed; a delta whose writes the page has seen already changes
     nothing (its markers are still written)."""
     await _verify(pieces)
+    if not entries and upto < 0:
+        # Pieces alone (a large upload's first packs): kept for the entries that come
+        # with a later pack; nothing to join.
+        await _write_markers(page, markers, pieces, lazy)
+        return False
     rctx = {**rctx, writer: max(rctx.get(writer, -1), upto)}
     markers = await _came_back(page, rctx, markers)
     await page.flush()  # a plain write has seen the state it is applied to: commit them first
@@ -286,8 +292,8 @@ async def apply_delta(
         async with graph.lock:
             lctx = graph.ctx
             if lctx.get(writer, -1) >= upto and dots.covers_context(lctx, rctx):
-                # Seen already (or pieces alone: a large upload's first packs): the
-                # pieces are kept, for the entries that come with a later pack.
+                # Seen already: the pieces are kept all the same (a value's pieces
+                # another pack brought may be missing here).
                 await _write_markers(page, markers, pieces, lazy)
                 return False
             needs = readiness(lctx, writer, since, rctx)

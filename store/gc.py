@@ -52,7 +52,7 @@ from ledgerd.store import btree, split
 from ledgerd.store import digest as dg
 from ledgerd.store.commit import FIRST
 from ledgerd.store.errors import InvalidArgumentError, StoreError, named
-from ledgerd.store.schema import UPLOADED_AT_ROW, UPLOADED_ROW
+from ledgerd.store.schema import PIECES_WAITING, UPLOADED_AT_ROW, UPLOADED_ROW
 
 if TYPE_CHECKING:
     from ledgerd.store.page import Page
@@ -317,8 +317,10 @@ def _candidates(conn: sqlite3.Connection, after: int, upto: int) -> tuple[list[i
 
 def _delete(conn: sqlite3.Connection, ids: list[int]) -> tuple[int, int]:
     """Delete these pieces unless staged by a journal (transient, or in
-    journal_pieces); returns (pieces, bytes) deleted. Their bytes are overwritten
-    (``secure_delete``), so that a purged value leaves nothing in the file."""
+    journal_pieces), or from the cloud while pieces wait for their entries
+    (:data:`store.schema.PIECES_WAITING`); returns (pieces, bytes) deleted. Their
+    bytes are overwritten (``secure_delete``), so that a purged value leaves nothing
+    in the file."""
     conn.execute("PRAGMA secure_delete = ON")
     try:
         return _delete_rows(conn, ids)
@@ -329,6 +331,12 @@ def _delete(conn: sqlite3.Connection, ids: list[int]) -> tuple[int, int]:
 def _delete_rows(conn: sqlite3.Connection, ids: list[int]) -> tuple[int, int]:
     conn.execute("CREATE TEMP TABLE IF NOT EXISTS gc_gone (id INTEGER PRIMARY KEY)")
     conn.executemany("INSERT OR IGNORE INTO temp.gc_gone (id) VALUES (?)", [(i,) for i in ids])
+    waiting = conn.execute(
+        "SELECT 1 FROM sync_metadata WHERE substr(name, 1, ?) = ? AND value != ? LIMIT 1",
+        (len(PIECES_WAITING), PIECES_WAITING, b"0"),
+    ).fetchone()
+    if waiting:  # (a piece from the cloud has no unsynced row)
+        conn.execute("DELETE FROM temp.gc_gone WHERE id NOT IN (SELECT id FROM unsynced)")
     conn.execute(
         "DELETE FROM temp.gc_gone WHERE id IN (SELECT id FROM unsynced WHERE status = 0) "
         "OR id IN (SELECT o.id FROM journal_pieces j CROSS JOIN objects o ON o.digest = j.digest)"

@@ -47,6 +47,11 @@ to the page are uploaded; its writes past it are not (:mod:`store.exchange`)."""
 UPLOADED_AT_ROW = "uploaded_at"
 """``sync_metadata`` row: the commit that was the head when the last upload was read
 (an upload diffs from its tree)."""
+PIECES_WAITING = "pieces/"
+"""Prefix of ``sync_metadata`` rows that sync sets (to anything but ``0``) while value
+pieces from the cloud wait for the entries that refer to them (a large upload spreads
+them over packs before the one with its entries): garbage collection keeps the
+pieces from the cloud meanwhile, which nothing refers to yet."""
 INCREMENTAL_VACUUM = 2
 """``PRAGMA auto_vacuum`` of a page file."""
 

@@ -68,6 +68,11 @@ class CheckpointPolicy:
         at most one per ``checkpoint_interval`` (a bulk load rewrites most of a page in
         every round); one that has to wait is written by a later round."""
         key = (page.ledger, page.id)
+        if self._rejoining:
+            # A pack was deleted before this device read it: the pages' covers claim
+            # what they lack until they join the checkpoints again (the next round).
+            self._due[key] = None
+            return
         try:
             if not await self.checkpoints.due(page):
                 self._due.pop(key, None)
@@ -111,6 +116,8 @@ class CheckpointPolicy:
         repo = self.ctx.repo
         if key[0] == LOCAL or not repo.page_exists(*key) or not self.ctx.wanted_here(key):
             return False
+        if self._rejoining:  # (see after_upload)
+            return False
         async with self.ctx.using(key) as page:
             return (
                 await self.checkpoints.write(
@@ -130,16 +137,16 @@ class CheckpointPolicy:
         covers, and it goes once another is best and the grace is over: a newest one
         that lacked them (its writer had not read them) would lose them for good."""
         key = (page.ledger, page.id)
-        cover = await self.feed.cover(page)
+        cover = await self.feed.cover(page, self.checkpoints.covers.get(key, {}))
         names = [cn async for cn in self.checkpoints.names(self.checkpoints.tag(key))]
         for cn in (await self.checkpoints.best(names)).values():
             head = await self.checkpoints.read(cn, sections=False)
             if head.key != key or all(s <= cover.get(d, 0) for d, s in head.cover.items()):
                 continue
             await self.checkpoints.take(page, await self.checkpoints.read(cn))
-            await self.feed.absorb(head.cover)
+            await self.feed.absorb(head.cover, key)
             self.changed(key)
-            cover = await self.feed.cover(page)
+            cover = await self.feed.cover(page, self.checkpoints.covers.get(key, {}))
         return cover
 
     async def rescue(self, key: Key) -> bool:
@@ -153,7 +160,7 @@ class CheckpointPolicy:
             return False
         async with self.ctx.using(key) as page:
             await self.checkpoints.take(page, cp)
-        await self.feed.absorb(cp.cover)
+        await self.feed.absorb(cp.cover, key)
         log.info(
             "page %s of ledger %s waited for writes no listed pack holds: joined checkpoint %s",
             named(key[1]),
@@ -201,7 +208,7 @@ class CheckpointPolicy:
         checkpoint (its own writes not uploaded stay: the checkpoint has not seen them)
         and takes the packs above it."""
         listed = await self.feed.wall_listed()
-        away = self.ctx.clock() - listed
+        away = max(self.ctx.clock() - listed, self.feed.listed_ago())
         # Marked until every page has joined: a stop midway (after which a listing may
         # have made this device look present) finishes the rejoin at the next round.
         if self._rejoining is None:  # (read once: this object keeps it after)

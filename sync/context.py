@@ -114,8 +114,9 @@ class SyncContext:
     """The bucket and the repository as every sync job sees them.
 
     ``wants(ledger, page)``, if given, says which pages this device holds; ``clock``
-    is the wall clock (tests skew it); ``location`` names the bucket in repository
-    meta (the cloud URL).
+    is the wall clock (tests skew it) and ``monotonic`` the monotonic one (the
+    simulation runs it with its own time); ``location`` names the bucket in
+    repository meta (the cloud URL).
     """
 
     def __init__(
@@ -126,11 +127,13 @@ class SyncContext:
         keys: crypto.KeyRing | None,
         clock: Callable[[], float],
         wants: Callable[[bytes, bytes], bool] | None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.location = location
         self.keys = keys
         self.clock = clock
+        self.monotonic = monotonic
         self.wants = wants
         self.codec: crypto.Codec | None = None
         """The bucket's codec once its marker was checked, if the bucket is encrypted."""

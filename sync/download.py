@@ -251,7 +251,9 @@ class Downloader:
                 )
                 entries = ex.check_entries(raw)
                 async with self.ctx.using(p.key) as page:
-                    mark = await _import_mark(page, pn.device, pn.seq)
+                    marks = await _import_marks(
+                        page, pn.device, pn.seq, bool(entries) or p.upto >= 0
+                    )
                     await ex.apply_delta(
                         page,
                         entries,
@@ -261,7 +263,7 @@ class Downloader:
                         writer=writer,
                         since=p.since,
                         upto=p.upto,
-                        markers=[mark],
+                        markers=marks,
                     )
                     if p.eager.raw:
                         await self.checkpoints.grew(page, p.eager.raw)
@@ -271,6 +273,7 @@ class Downloader:
                 self._hold_for(dl, pn, p.key, e)
                 continue
             dl.held.pop(mine, None)
+
             self._imported(p.key, pn.device, p.upto)
             got = 1
         return got
@@ -393,6 +396,7 @@ class Downloader:
                 if cp.key != key:
                     continue
                 await self.checkpoints.take(page, cp)
+                await self.feed.absorb(cp.cover, key)
                 cover, found = cp.cover, True
             async for name in self.ctx.store.list(layout.PACKS):
                 pn = PackName.parse(name)
@@ -440,12 +444,23 @@ def _feed_order(h: Held) -> tuple[int, str, int, str]:
     return (h.ln.time, h.ln.device, h.ln.seq, h.id)
 
 
-async def _import_mark(page: Page, device: str, seq: int) -> tuple[str, bytes]:
-    """The sync value an import of ``device``'s pack ``seq`` sets with its commits: the
-    highest of that device's packs imported into ``page`` (it never goes back)."""
-    marker = f"imported/{device}"
-    done = await ex.sync_value(page, marker)
-    return marker, str(max(seq, int(done) if done else 0)).encode()
+async def _import_marks(page: Page, device: str, seq: int, writes: bool) -> list[tuple[str, bytes]]:
+    """The sync values an import of ``device``'s pack ``seq`` sets with its commits.
+    ``imported/{device}``: the highest of that device's packs imported into ``page``
+    (it never goes back). ``pieces/{device}`` (:data:`store.schema.PIECES_WAITING`,
+    which garbage collection heeds): the lowest pack of that device whose
+    section held only value pieces (an upload larger than a pack spreads its pieces
+    over several, its writes in the last) while the pack with its writes is not in
+    yet, else 0: the page's cover stops below it (:meth:`sync.feed.Feed.cover`), for
+    a checkpoint holds no piece that nothing it holds refers to."""
+    done = await ex.sync_value(page, f"imported/{device}")
+    marks = [(f"imported/{device}", str(max(seq, int(done) if done else 0)).encode())]
+    pending = int(await ex.sync_value(page, f"{ex.PIECES_WAITING}{device}") or b"0")
+    if not writes and not 0 < pending < seq:
+        marks.append((f"{ex.PIECES_WAITING}{device}", str(seq).encode()))
+    elif writes and 0 < pending < seq:
+        marks.append((f"{ex.PIECES_WAITING}{device}", b"0"))
+    return marks
 
 
 def _refused(e: Exception) -> tuple[str, str]:

@@ -157,6 +157,7 @@ class SyncEngine:
         retry_most: float = 3600.0,
         clock_skew: float = 300.0,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
         wants: Callable[[bytes, bytes], bool] | None = None,
         observer: RoundObserver | None = None,
         max_checkpoint: int = MAX_CHECKPOINT,
@@ -166,7 +167,14 @@ class SyncEngine:
         keys: crypto.KeyRing | None = None,
     ) -> None:
         self.store = Metered(store)
-        self.ctx = SyncContext(self.store, location=location, keys=keys, clock=clock, wants=wants)
+        self.ctx = SyncContext(
+            self.store,
+            location=location,
+            keys=keys,
+            clock=clock,
+            wants=wants,
+            monotonic=monotonic,
+        )
         self.poll_interval = poll_interval
         self.poll_interval_max = max(poll_interval, poll_interval_max)
         self.active_for = active_for

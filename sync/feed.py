@@ -33,15 +33,14 @@ Restarts
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 
 import msgpack
 
 from ledgerd.store import Page
 from ledgerd.store import exchange as ex
 from ledgerd.sync import layout, progress
-from ledgerd.sync.context import SyncContext
+from ledgerd.sync.context import Key, SyncContext
 from ledgerd.sync.layout import PackName
 from ledgerd.sync.progress import DeviceLog, Gap, Held
 
@@ -137,18 +136,26 @@ class Feed:
         self.restarting = True
         self.held_by_checkpoints = dict(held)
 
-    async def absorb(self, cover: dict[str, int]) -> None:
-        """A page joined a checkpoint of ``cover``: a pack a device wrote up to there that
-        is not listed is no gap (the checkpoint's writer had listed every one of them,
-        so it was compacted away: compaction deletes only what checkpoints cover)."""
+    async def absorb(self, cover: dict[str, int], key: Key | None = None) -> None:
+        """A page (``key``) joined a checkpoint of ``cover``: a pack a device wrote up to
+        there that is not listed is no gap (the checkpoint's writer had listed every
+        one of them, so it was compacted away: compaction deletes only what
+        checkpoints cover), and the page's sections held up to there are in it."""
         for device, seq in cover.items():
-            if device == self.ctx.device or not layout.device_ok(device):
+            if not layout.device_ok(device):
                 continue
-            dl = await self.device_log(device)
-            if seq > dl.floor:
-                dl.floor = seq
+            dl = self.logs.get(device) if device == self.ctx.device else None
+            if device != self.ctx.device:
+                dl = await self.device_log(device)
+                dl.floor = max(dl.floor, seq)
                 dl.drop_gaps_to(seq)
-                await self.save_log(dl)
+            if dl is None:
+                continue
+            for hid in [
+                hid for hid, h in dl.held.items() if h.key == key and key and h.ln.seq <= seq
+            ]:
+                del dl.held[hid]
+            await self.save_log(dl)
 
     # -- listing -----------------------------------------------------------------------
 
@@ -160,7 +167,7 @@ class Feed:
         quarter = self.feed_window / 4
         if (
             self._listed_at is None
-            or time.monotonic() - self._listed_at > quarter
+            or self.ctx.monotonic() - self._listed_at > quarter
             or not 0 <= self.ctx.clock() - self._listed_wall <= quarter
         ):
             await self.list_new()
@@ -169,7 +176,7 @@ class Feed:
         """The newest feed time listed at least a window ago (by the wall clock, which
         names packs, or the monotonic one, which a wall clock set back cannot stop);
         see the module docstring."""
-        wall, mono = self.ctx.clock(), time.monotonic()
+        wall, mono = self.ctx.clock(), self.ctx.monotonic()
         old = 0
         for i, (w, m, _) in enumerate(self._marks):
             if wall - w >= self.feed_window or mono - m >= self.feed_window:
@@ -188,7 +195,7 @@ class Feed:
         # taking it for compacted away would lose it.
         whole = self.restarting or cursor <= 0
         after = "" if whole else layout.feed_after(cursor - window)
-        started = time.monotonic()
+        started = self.ctx.monotonic()
         wall = self.ctx.clock()
         newest = self.feed_max
         touched: set[str] = set()
@@ -224,13 +231,18 @@ class Feed:
         if newest != self.feed_max:
             self.feed_max = newest
             await self.ctx.repo.set_meta("sync/feed", str(newest).encode())
-        self._marks.append((self.ctx.clock(), time.monotonic(), newest))
+        self._marks.append((self.ctx.clock(), self.ctx.monotonic(), newest))
         self._listed_at = started
         # The time it started (what it lists is in the bucket by then), known at once
         # here; saved now and then (a write each round is too many), and at stop.
         self._listed_wall = wall
         if not 0 <= wall - self._saved_wall <= min(LISTED_WALL_STEP, self.grace / 4):
             await self.set_wall_listed(wall)
+
+    def listed_ago(self) -> float:
+        """Seconds since this process's last listing by the monotonic clock (0 before
+        its first): an absence that a wall clock set back does not hide."""
+        return 0.0 if self._listed_at is None else self.ctx.monotonic() - self._listed_at
 
     async def wall_listed(self) -> float:
         """The wall time the last listing started: of this process, or else the one
@@ -271,12 +283,18 @@ class Feed:
             if not dl.max_seq and not dl.gaps:
                 self._first.setdefault(pn.device, pn)
             dl.floor = max(dl.floor, self.held_by_checkpoints.get(pn.device, 0))
-        elif dl.max_seq < pn.seq <= dl.floor:
+        elif dl.max_seq < pn.seq <= dl.floor and not (
+            pn.seq == dl.floor
+            and not dl.max_seq
+            and pn.time >= self.feed_max - int(self.feed_window * 1000)
+        ):
             # Every pack up to a cover a checkpoint can truly hold was in the bucket
             # before the restart listing (listed there, or compacted): one first listed
             # after it shows the cover past what the device wrote (a broken or hostile
-            # checkpoint). Holes above what was listed are gaps again, or a pack listed
-            # late (after the next one) would never be read.
+            # checkpoint); unless it is the cover's top, the device's first listed, and
+            # named within the window: a listing that lags a PUT, whose writer wrote
+            # the checkpoint with it. Holes above what was listed are gaps again, or a
+            # pack listed late (after the next one) would never be read.
             log.warning(
                 "pack %s is below what a checkpoint claimed of device %s (%d): "
                 "that cover is wrong, its packs missing above %d are gaps",
@@ -297,7 +315,7 @@ class Feed:
     async def probe_gaps(self, force: bool) -> None:
         """List the stretch of the feed where a device's missing packs must be, for
         gaps older than the window (the window's own listing covers the others)."""
-        now = time.monotonic()
+        now = self.ctx.monotonic()
         floor = self._cursor() - int(self.feed_window * 1000)
         for dl in list(self.logs.values()):
             old = [g for g in dl.gaps if g.until and g.after < floor]
@@ -430,10 +448,10 @@ class Feed:
         newest name listed (as for packs, without using a sequence number)."""
         return max(int(self.ctx.clock() * 1000), self.feed_max, self.own_time)
 
-    async def cover(self, page: Page) -> dict[str, int]:
+    async def cover(self, page: Page, joined: Mapping[str, int]) -> dict[str, int]:
         """Per device, the highest sequence whose packs' sections of this page are all
         in it: every pack listed, below anything held or missing (and what a checkpoint
-        the page joined covered)."""
+        the page joined covered: ``joined``, whose packs held are not needed)."""
         key = (page.ledger, page.id)
         device_here = self.ctx.device
         cover = {device_here: self.own_seq}
@@ -449,8 +467,13 @@ class Feed:
             # This device's own packs too: a page restored from a checkpoint imports
             # those above its cover like anyone's, and one held is not in the page.
             for h in dl.held.values():
-                if h.key is None or h.key == key:
+                if (h.key is None or h.key == key) and h.ln.seq > joined.get(device, 0):
                     cover[device] = min(cover[device], h.ln.seq - 1)
+        # Pieces whose writes are not in yet (see sync.download._import_marks).
+        for name, value in await ex.sync_values(page, ex.PIECES_WAITING):
+            device = name.removeprefix(ex.PIECES_WAITING)
+            if device in cover and int(value) > 0:
+                cover[device] = min(cover[device], int(value) - 1)
         return {d: s for d, s in cover.items() if s > 0}
 
 

@@ -27,6 +27,7 @@ import contextlib
 import os
 import random
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -239,11 +240,14 @@ async def open_device(
     resolver: bool = True,
 ) -> tuple[Repository, SyncEngine]:
     """A device's repository and engine, its rounds driven by hand (no background loop,
-    held packs retried only by full rounds: their backoff runs on the real clock)."""
+    held packs retried only by full rounds). Its monotonic clock is simulated time with
+    no skew and no jumps (``clock.time``, when ``clock`` is a device's clock)."""
+    monotonic = getattr(clock, "time", None)
     engine = SyncEngine(
         cloud,
         location="sim://bucket",
         clock=clock,
+        monotonic=(lambda: monotonic.now) if monotonic is not None else time.monotonic,
         retry_first=1e9,
         retry_most=1e9,
         checkpoint_interval=s.checkpoint_interval,

@@ -1,9 +1,11 @@
 """Simulated time: one time that the history advances step by step, and a clock per
 device reading it with that device's skew (which jumps forward and back).
 
-Only wall clocks are simulated: the store and sync take them as parameters
-(``Repository.open(clock=...)``, ``SyncEngine(clock=...)``). Monotonic time is left
-alone; the harness forces the retries it would schedule (full rounds).
+The store and sync take clocks as parameters (``Repository.open(clock=...)``,
+``SyncEngine(clock=..., monotonic=...)``): each device's wall clock is simulated time
+plus its skew, its monotonic clock simulated time alone (no skew, no jumps). The
+monotonic clock of what else runs (held packs' backoff) is also simulated time; the
+harness forces the retries it would schedule (full rounds).
 """
 
 from __future__ import annotations

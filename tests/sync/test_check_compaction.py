@@ -315,4 +315,3 @@ async def test_a_pack_imported_after_the_checks_listing_is_no_problem(
         assert await pb.get(b"k") == b"v2"
         checked = await sc.check_page(pb, b.engine, index, cloud=True)
         assert checked.report.healthy, _messages(checked)
-

@@ -22,7 +22,7 @@ from ledgerd.sync.errors import BucketIdentityError
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import PackName
 from ledgerd.sync.testing import CountingStore, put_pack
-from tests.sync.test_engine import _keys, device
+from tests.sync.test_engine import Device, _keys, device
 
 
 def _read_packs(root: Path) -> list[tuple[PackName, pack.Header, bytes]]:
@@ -209,38 +209,67 @@ async def test_clocks_an_hour_off_miss_nothing(tmp_path: Path, bucket: FolderSto
             assert d.engine.status()["gaps"] == []
 
 
+async def _land_behind(
+    tmp_path: Path, bucket: FolderStore, a: Device, b: Device, wait: Callable[[], None]
+) -> None:
+    """A writes "one" and "two"; the pack of "two" lands only after B listed a pack
+    that another device named an hour later, below that name, as a PUT slower than
+    the window would; ``wait`` runs between B's listing and the landing."""
+    await _put(a, "p", b"one")
+    await a.engine.round()
+    await b.engine.round()
+    hidden = _read_packs(tmp_path / "bucket")[-1][0]
+    await _put(a, "p", b"two")
+    await a.engine.round()
+    newest = _read_packs(tmp_path / "bucket")[-1][0]
+    src = tmp_path / "bucket" / newest.name
+    data = src.read_bytes()
+    header = pack.decode_header(data[: newest.head_end], newest.head_end, newest.eager_end)
+    sections = []
+    for p in header.pages:
+        stored = data[p.eager.offset : p.eager.end]
+        entries, eager = pack.decode_section(stored, p.eager)
+        sections.append(
+            pack.Section(p.ledger, p.page, entries, list(eager.items()), [], p.since, p.upto, p.ctx)
+        )
+    src.unlink()
+    far = int(time.time() * 1000) + 3_600_000
+    await put_pack(bucket, os.urandom(16), 1, [], far)  # another device, an hour later
+    await b.engine.round()
+    wait()
+    await b.engine.round()
+    await put_pack(bucket, a.repo.device_id, newest.seq, sections, hidden.time + 1)
+    await b.engine.round()
+
+
+async def test_a_pack_that_lands_behind_the_newest_name_is_listed_within_a_window(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """A reader's cursor follows the newest name it listed a window late: a pack that
+    lands below a name an hour ahead (its writer listed before that name went up, or
+    its PUT was slow) is listed at once, whatever the clocks (sync.feed: The cursor)."""
+    async with device(tmp_path / "a", bucket) as a, device(tmp_path / "b", bucket) as b:
+        await _land_behind(tmp_path, bucket, a, b, lambda: None)
+        assert set(await _keys(b.repo, "l", "p")) == {b"one", b"two"}
+        assert b.engine.status()["gaps"] == []
+
+
 async def test_a_pack_that_went_up_behind_the_cursor_is_found_through_its_gap(
     tmp_path: Path, bucket: FolderStore
 ) -> None:
-    """A PUT slower than the window: its pack is below every reader's cursor when it
-    lands. The device's next pack shows the gap, and the probe finds it."""
-    async with device(tmp_path / "a", bucket) as a, device(tmp_path / "b", bucket) as b:
-        await _put(a, "p", b"one")
-        await a.engine.round()
-        await b.engine.round()
-        hidden = _read_packs(tmp_path / "bucket")[-1][0]
-        await _put(a, "p", b"two")
-        await a.engine.round()
-        newest = _read_packs(tmp_path / "bucket")[-1][0]
-        # Move the newest pack far below the feed's newest time, as a slow PUT would land.
-        src = tmp_path / "bucket" / newest.name
-        data = src.read_bytes()
-        header = pack.decode_header(data[: newest.head_end], newest.head_end, newest.eager_end)
-        sections = []
-        for p in header.pages:
-            stored = data[p.eager.offset : p.eager.end]
-            entries, eager = pack.decode_section(stored, p.eager)
-            sections.append(
-                pack.Section(
-                    p.ledger, p.page, entries, list(eager.items()), [], p.since, p.upto, p.ctx
-                )
-            )
-        src.unlink()
-        far = int(time.time() * 1000) + 3_600_000
-        await put_pack(bucket, os.urandom(16), 1, [], far)  # another device, an hour later
-        await b.engine.round()
-        await put_pack(bucket, a.repo.device_id, newest.seq, sections, hidden.time + 1)
-        await b.engine.round()
+    """A PUT slower than the window: its pack is below the reader's cursor when it
+    lands (a window after the newest name). The device's next pack shows the gap, and
+    the probe finds it."""
+    mono = [0.0]
+
+    def a_window_passes() -> None:
+        mono[0] += 1000.0
+
+    async with (
+        device(tmp_path / "a", bucket) as a,
+        device(tmp_path / "b", bucket, monotonic=lambda: mono[0]) as b,
+    ):
+        await _land_behind(tmp_path, bucket, a, b, a_window_passes)
         assert set(await _keys(b.repo, "l", "p")) == {b"one"}  # not seen yet: behind
         await _put(a, "p", b"three")
         await a.engine.round()  # feed time above the far pack: seen, and so is the gap
@@ -425,9 +454,7 @@ async def test_a_bucket_of_an_unreleased_layout_is_refused(
         await _put(a, "p", b"before")
         with pytest.raises(BucketIdentityError, match="new cloud URL"):
             await a.engine.sync()
-    assert sorted(p.name for p in (tmp_path / "bucket").iterdir()) == [
-        f"ledgerd-bucket.{version}"
-    ]
+    assert sorted(p.name for p in (tmp_path / "bucket").iterdir()) == [f"ledgerd-bucket.{version}"]
 
 
 def test_a_newer_layout_is_refused() -> None:
