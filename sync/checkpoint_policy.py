@@ -202,29 +202,37 @@ class CheckpointPolicy:
         await self.ctx.repo.set_meta(REJOINING, b"1")
         self._rejoining = True
 
+    async def absent(self, away: float) -> None:
+        """This device last listed the bucket ``away`` seconds ago, longer than the
+        grace (told by any listing: one an upload makes comes before the round's
+        :meth:`rejoin_if_away`): marked, for the next round to join the checkpoints."""
+        if self._rejoining:
+            return
+        await self.ctx.repo.set_meta(REJOINING, b"1")
+        self._rejoining = True
+        log.warning(
+            "this device last read the bucket %s ago, longer than compaction_grace: "
+            "joining its pages with the checkpoints",
+            _span(away),
+        )
+
     async def rejoin_if_away(self) -> None:
         """A device that has not listed the bucket for longer than ``compaction_grace``
         may have missed packs that are deleted now: every page it holds joins its best
         checkpoint (its own writes not uploaded stay: the checkpoint has not seen them)
         and takes the packs above it."""
-        listed = await self.feed.wall_listed()
-        away = max(self.ctx.clock() - listed, self.feed.listed_ago())
         # Marked until every page has joined: a stop midway (after which a listing may
         # have made this device look present) finishes the rejoin at the next round.
         if self._rejoining is None:  # (read once: this object keeps it after)
             self._rejoining = await self.ctx.repo.get_meta(REJOINING) is not None
-        if self._rejoining:  # (or a pack missed: see missed)
+        if self._rejoining:  # (an absence a listing saw, or a pack missed: see missed)
             log.warning("joining the pages with the checkpoints, as marked")
-        elif not listed or away <= self.grace:
-            return
         else:
-            await self.ctx.repo.set_meta(REJOINING, b"1")
-            self._rejoining = True
-            log.warning(
-                "this device last read the bucket %s ago, longer than compaction_grace: "
-                "joining its pages with the checkpoints",
-                _span(away),
-            )
+            listed = await self.feed.wall_listed()
+            away = max(self.ctx.clock() - listed, self.feed.listed_ago())
+            if not listed or away <= self.grace:
+                return
+            await self.absent(away)
         held, joined = await self.checkpoints.bootstrap(
             lambda k: (
                 self.ctx.wanted_here(k)

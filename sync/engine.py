@@ -227,6 +227,7 @@ class SyncEngine:
             rescue=self.policy.rescue,
         )
         self.policy.wake = self.downloader.wake
+        self.feed.absent = self.policy.absent
         self.uploader = Uploader(
             self.ctx,
             self.feed,

@@ -10,10 +10,13 @@ It imports nothing: what to do with a held pack is :mod:`sync.download`'s.
 
 The cursor
     A listing starts at the newest feed time this device had listed a window
-    (``feed_window``) ago, less the window; not at the newest it has listed. A
-    device names a pack at least the newest time it listed within a quarter of the
-    window (:meth:`Feed.next_seq`), so every name visible a window ago is below any
-    pack named since. The newest name alone moves with the fastest clock: a device
+    (``feed_window``) before its previous listing, less the window; not at the
+    newest it has listed. A device names a pack at least the newest time it listed
+    within a quarter of the window (:meth:`Feed.next_seq`), and its PUT lands (and
+    shows in listings) within another quarter, so a pack that was not listed at the
+    previous listing was named from a listing that saw every name visible a window
+    before that one: it lies above the cursor, however long ago the previous
+    listing was. The newest name alone moves with the fastest clock: a device
     an hour ahead names packs an hour ahead, and a device that listed just before
     that pack and uploads just after it names its own an hour behind, below a
     cursor that followed the newest name, to be found only when a later pack of
@@ -33,7 +36,7 @@ Restarts
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 
 import msgpack
 
@@ -96,6 +99,9 @@ class Feed:
         # listing: the cursor is the newest one's that is a window old.
         self._marks: list[tuple[float, float, int]] = []
         self._first: dict[str, PackName] = {}  # a restart's first pack listed per device
+        # Told by a listing that comes longer than the grace after the one before
+        # (CheckpointPolicy.absent): packs compacted meanwhile were never listed.
+        self.absent: Callable[[float], Awaitable[None]] | None = None
         self._listed_wall = 0.0  # wall time the last listing started (see wall_listed)
         self._saved_wall = 0.0  # the one saved in the repository
         # The next listing starts each empty device log at its first pack: set when
@@ -173,16 +179,18 @@ class Feed:
             await self.list_new()
 
     def _cursor(self) -> int:
-        """The newest feed time listed at least a window ago (by the wall clock, which
-        names packs, or the monotonic one, which a wall clock set back cannot stop);
-        see the module docstring."""
-        wall, mono = self.ctx.clock(), self.ctx.monotonic()
+        """The newest feed time this device had listed a window before its last
+        listing (by the wall clock, which names packs, or the monotonic one, which a
+        wall clock set back cannot stop); see the module docstring."""
+        if not self._marks:
+            return self.feed_max
+        wall, mono, _ = self._marks[-1]
         old = 0
         for i, (w, m, _) in enumerate(self._marks):
             if wall - w >= self.feed_window or mono - m >= self.feed_window:
                 old = i
         del self._marks[:old]
-        return self._marks[0][2] if self._marks else self.feed_max
+        return self._marks[0][2]
 
     async def list_new(self) -> None:
         """One LIST of ``packs/`` after the cursor (the newest feed time listed a
@@ -195,6 +203,11 @@ class Feed:
         # taking it for compacted away would lose it.
         whole = self.restarting or cursor <= 0
         after = "" if whole else layout.feed_after(cursor - window)
+        if not whole and self.absent is not None:
+            listed = await self.wall_listed()
+            away = max(self.ctx.clock() - listed, self.listed_ago())
+            if listed and away > self.grace:
+                await self.absent(away)
         started = self.ctx.monotonic()
         wall = self.ctx.clock()
         newest = self.feed_max

@@ -14,8 +14,6 @@ is adapted here alone. What this module reaches, beyond the public API of
 * ``Page.head.root`` and ``Page.heads()`` / ``Page.history()``: the page's root
   digest, head count and commit count (the old protocol's commit graph).
 * ``SyncEngine.status()['packs']`` / ``['gaps']``: held packs and gaps.
-* ``ledgerd.sync.layout.BUCKET_FORMAT``: which protocol the code speaks
-  (:data:`OLD_PROTOCOL`).
 * ``os.urandom`` and ``secrets.token_bytes``, replaced while a history runs by a
   stream of the seed (commit salts, device ids, nonces, bucket secrets), so that a
   seed replays exactly.
@@ -48,16 +46,11 @@ from ledgerd.store import db as store_db
 from ledgerd.store.merge import Choice, MergeRequest, Resolver
 from ledgerd.sync import checkpoints as sync_checkpoints
 from ledgerd.sync import crypto
-from ledgerd.sync import layout as sync_layout
 from ledgerd.sync.engine import Stats, SyncEngine
 from tests.sim.bucket import CrashPoints, DeviceCloud
 
 T = TypeVar("T")
 
-OLD_PROTOCOL = sync_layout.BUCKET_FORMAT < 4
-"""The code syncs with the protocol that ships commit graphs (bucket layouts 1-3), which
-the simulation shows failing (see tests/sim/regressions.py); docs/convergence.md's
-layout 4 replaces it. The suite's simulation tests are expected to fail until then."""
 
 LEDGER = b"sim"
 VS = Subspace(("vs",))

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.sim import adapter
 from tests.sim.regressions import SEEDS
 from tests.sim.runner import run_many
 from tests.sim.test_sim import report
 
 
-# Every seed listed failed under the old protocol: replaying them there teaches nothing
-# and costs minutes; they are the new protocol's acceptance test.
-@pytest.mark.skipif(adapter.OLD_PROTOCOL, reason="the old protocol fails every listed seed")
 @pytest.mark.timeout(1800)
 def test_every_seed_that_ever_failed_passes() -> None:
     summary = run_many([seed for seed, _ in SEEDS], jobs=2)

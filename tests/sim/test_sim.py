@@ -2,8 +2,7 @@
 
 ``LEDGERD_SIM_HISTORIES`` (300) histories from ``LEDGERD_SIM_SEED_START`` (0), in two
 worker processes. A failure names each seed with its symptoms and the command that
-replays it; add it to tests/sim/regressions.py. While the code speaks the old protocol
-(:data:`tests.sim.adapter.OLD_PROTOCOL`), the histories are expected to fail.
+replays it; add it to tests/sim/regressions.py.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.sim import adapter
 from tests.sim.latency import BOUND_MS, read_latency
 from tests.sim.runner import Summary, run_many
 
@@ -24,12 +22,6 @@ HISTORIES = int(os.environ.get("LEDGERD_SIM_HISTORIES", "300"))
 SEED_START = int(os.environ.get("LEDGERD_SIM_SEED_START", "0"))
 REPLAYED = 3
 """A seed with crashes, faults, clock jumps and a barrier (checked below)."""
-
-old_protocol = pytest.mark.xfail(
-    adapter.OLD_PROTOCOL,
-    reason="the old protocol (bucket layout < 4) fails the simulation: tests/sim/regressions.py",
-    strict=False,
-)
 
 
 def report(summary: Summary) -> str:
@@ -44,7 +36,6 @@ def report(summary: Summary) -> str:
     return "\n".join(lines)
 
 
-@old_protocol
 @pytest.mark.timeout(1200)
 def test_seeded_histories_converge() -> None:
     seeds = list(range(SEED_START, SEED_START + HISTORIES))
