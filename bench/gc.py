@@ -49,8 +49,9 @@ async def _ours(directory: Path, rows: list[tuple[bytes, bytes]], txn: int) -> d
                     for k, v in rows[i : i + txn]:
                         await tx.put(k, v)
             await page.flush()
-        up = await exchange.pending_upload(page)
-        await exchange.mark_uploaded(page, [c.id for c in up.commits], [*up.eager, *up.lazy])
+        delta = await exchange.pending_delta(page)
+        if delta is not None:
+            await exchange.mark_uploaded(page, delta)
         before = file_bytes(page)
         with StallMeter() as stall, timed() as t:
             result = await collect(page, 0)

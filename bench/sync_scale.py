@@ -124,9 +124,9 @@ async def _bootstrap(base: Path, endpoint: str, bucket: str, n: int) -> dict[str
                 kv += len(k) + len(v)
                 await txn.put(k, v)
     await a.sync()
-    snap = await ex.head_snapshot(page)
-    assert snap is not None
-    stored = sum((await ex.piece_sizes(page, snap.eager)).values())
+    st = await ex.state(page)
+    assert st is not None
+    stored = sum((await ex.piece_sizes(page, st.eager)).values())
     history = a_cloud.bytes_put
     c_repo, c, c_cloud = await _device(base / "boot-c", endpoint, bucket, prefix)
     with timed() as t:

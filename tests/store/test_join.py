@@ -144,7 +144,7 @@ async def test_a_delta_into_a_large_page_costs_the_delta(tmp_path: Path) -> None
             loads += 1
             return await load(d)
 
-        a.nodes.load = counting  # type: ignore[method-assign]
+        a.nodes.load = counting  # type: ignore[method-assign,assignment]
         await ship(b, a)
         assert loads < 60
         assert await a.get(b"mine-3") == b"x"

@@ -50,9 +50,7 @@ async def test_last_one_wins_takes_the_later_write_a_delete_included(
     # The losing writes stay as siblings, listed as conflicts (nobody is asked).
     assert a.conflict_count == b.conflict_count == 2 and a.pending_conflict is None
     e = await a.get_entry(b"a")
-    assert e is not None and [v[0] for v in e.siblings] == [
-        (await a.get_entry(b"a")).siblings[0][0]
-    ]
+    assert e is not None and len(e.siblings) == 1
     # A write of the key (here, on a) supersedes them.
     await a.put(b"a", b"settled")
     await exchange_all(a, b)
@@ -119,7 +117,7 @@ async def test_automatic_with_fallback_asks_the_resolver_about_real_conflicts(
     assert [c.key for c in asked[0].conflicts] == [b"a"]  # only the real conflict
     assert asked[0].conflicts[0].base is None
     assert await a.get(b"a") == b"RL"  # left: the one reads showed (the later write)
-    assert a.pending_conflict is None and a.conflict_count == 0
+    assert _settled(a)
     await exchange_all(a, b)  # the answer is a write like any other
     assert await _values(a) == await _values(b) and b.conflict_count == 0
 
@@ -235,3 +233,8 @@ async def test_a_tombstone_reads_as_absent_everywhere(tmp_path: Path) -> None:
         await page.put(b"never-there", b"now")  # a tombstone replaced by a value
         await page.flush()
         assert await page.get(b"never-there") == b"now"
+
+
+def _settled(p: Page) -> bool:
+    """No conflict waits for a resolver (read afresh: mypy keeps an earlier narrowing)."""
+    return p.pending_conflict is None and p.conflict_count == 0

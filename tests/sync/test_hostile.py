@@ -172,7 +172,8 @@ async def test_a_delta_inconsistent_with_itself_is_refused(
         dot = now.to_bytes(8, "big") + bytes(8)
         value = dg.value_chunk_digest(b"injected")
         entries: list[object] = [[b"x", value, 0, dot]]
-        since, upto, ctx = -1, now, {}
+        since, upto = -1, now
+        ctx: dict[bytes, int] = {}
         if kind == "dot_past_the_limit":
             entries = [[b"x", value, 0, b"\xff" * 16]]
         elif kind == "dot_twice":
