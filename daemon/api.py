@@ -717,6 +717,7 @@ class Api:
                         "ledger_text": text_or_none(pg.ledger),
                         "page_text": text_or_none(pg.id),
                         "heads": len(await pg.heads()),
+                        "conflicts": pg.conflict_count,
                         "policy": pg.policy.value,
                         "conflict": pg.pending_conflict,
                         **(
@@ -981,6 +982,7 @@ class Api:
             {
                 "policy": page.policy.value,
                 "heads": len(await page.heads()),
+                "conflicts": page.conflict_count,
                 "conflict": page.pending_conflict,
             }
         )

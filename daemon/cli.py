@@ -517,7 +517,7 @@ class Cli:
             self.emit(doc)
             return 0
         conflict = f"  conflict: {doc['conflict']}" if doc.get("conflict") else ""
-        self.line(f"{doc['policy']}  heads={doc['heads']}{conflict}")
+        self.line(f"{doc['policy']}  conflicts={doc.get('conflicts', 0)}{conflict}")
         return 0
 
     async def heads(self) -> int:
@@ -530,11 +530,9 @@ class Cli:
             if self.a.json:
                 self.emit(c)
                 continue
-            merge = " merge" if c["merge"] else ""
             parents = ",".join(p[:12] for p in c["parents"]) or "-"
             self.line(
-                f"{c['id']}  gen {c['generation']}  {when(c['timestamp'])}{merge}"
-                f"  parents {parents}"
+                f"{c['id']}  gen {c['generation']}  {when(c['timestamp'])}  parents {parents}"
             )
         return 0
 

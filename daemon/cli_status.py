@@ -41,9 +41,9 @@ def status_lines(st: dict[str, Any]) -> list[str]:
         if reason.startswith(("no sync round", "retrying: ")):
             lines.append(f"sync     {reason}")
     for p in st.get("open_pages", []):
-        extra = f"  heads={p['heads']}" if p["heads"] != 1 else ""
-        if p.get("unsynced_commits"):
-            extra += f"  unsynced={p['unsynced_commits']}"
+        extra = f"  conflicts={p['conflicts']}" if p.get("conflicts") else ""
+        if p.get("unuploaded_writes"):
+            extra += "  writes not uploaded"
         if p.get("last_sync"):
             extra += f"  synced {when_s(p['last_sync'])}"
         elif p.get("sync") == "synced":  # (nothing moved since the daemon started)

@@ -625,6 +625,10 @@ def _schemas() -> dict[str, Any]:
             "properties": {
                 "policy": _ref("PolicyName"),
                 "heads": {"type": "integer"},
+                "conflicts": {
+                    "type": "integer",
+                    "description": "keys whose concurrent writes are kept as siblings",
+                },
                 "conflict": {"type": "string", "nullable": True},
             },
         },
@@ -635,7 +639,6 @@ def _schemas() -> dict[str, Any]:
                 "parents": {"type": "array", "items": {"type": "string"}},
                 "timestamp": {"type": "integer"},
                 "generation": {"type": "integer"},
-                "merge": {"type": "boolean"},
             },
         },
         "Health": {

@@ -144,7 +144,7 @@ class CheckpointPolicy:
             if head.key != key or all(s <= cover.get(d, 0) for d, s in head.cover.items()):
                 continue
             await self.checkpoints.take(page, await self.checkpoints.read(cn))
-            await self.feed.absorb(head.cover, key)
+            await self.feed.absorb(head.cover, key, cn.time)
             self.changed(key)
             cover = await self.feed.cover(page, self.checkpoints.covers.get(key, {}))
         return cover
@@ -160,7 +160,7 @@ class CheckpointPolicy:
             return False
         async with self.ctx.using(key) as page:
             await self.checkpoints.take(page, cp)
-        await self.feed.absorb(cp.cover, key)
+        await self.feed.absorb(cp.cover, key, cp.name.time)
         log.info(
             "page %s of ledger %s waited for writes no listed pack holds: joined checkpoint %s",
             named(key[1]),
@@ -176,13 +176,15 @@ class CheckpointPolicy:
         done = f"sync/bootstrapped/{self.ctx.location}"
         if self.feed.feed_max or await self.ctx.repo.get_meta(done) is not None:
             return
-        held, joined = await self.checkpoints.bootstrap(
+        held, joined, newest = await self.checkpoints.bootstrap(
             lambda k: self.ctx.wanted(k), self.ctx.using
         )
         for key in joined:
             self.changed(key)
-        if held:  # compaction may have deleted packs those checkpoints cover
-            await self.feed.restart(held)
+        # Its first listing starts each device's log at its first pack (compaction
+        # may have deleted those before, also of pages no checkpoint covered when it
+        # read them): marked now, so that a stop before that listing keeps it.
+        await self.feed.restart(held, newest)
         await self.ctx.repo.set_meta(done, b"1")
 
     async def missed(self, name: str) -> None:
@@ -233,7 +235,7 @@ class CheckpointPolicy:
             if not listed or away <= self.grace:
                 return
             await self.absent(away)
-        held, joined = await self.checkpoints.bootstrap(
+        held, joined, newest = await self.checkpoints.bootstrap(
             lambda k: (
                 self.ctx.wanted_here(k)
                 and self.ctx.repo.page_exists(*k)
@@ -248,13 +250,13 @@ class CheckpointPolicy:
         for device in set(held) - {self.ctx.device}:
             await self.feed.device_log(device)
         for dl in self.feed.logs.values():  # held packs the checkpoints hold are not needed
-            dl.restart()  # nor the packs missing since: compacted
+            dl.restart()
             for hid, h in list(dl.held.items()):
                 ln = h.ln
                 if h.key and self.checkpoints.covered(h.key, ln.device, ln.seq):
                     del dl.held[hid]
             await self.feed.save_log(dl)
-        await self.feed.restart(held)
+        await self.feed.restart(held, newest)
         await self.feed.set_wall_listed(self.ctx.clock())
         await self.ctx.repo.delete_meta(REJOINING)
         self._rejoining = False

@@ -298,22 +298,26 @@ class Checkpoints:
 
     async def bootstrap(
         self, wanted: Callable[[Key], bool], using: Using
-    ) -> tuple[dict[str, int], list[Key]]:
+    ) -> tuple[dict[str, int], list[Key], int]:
         """Join every page this device wants with its best checkpoint (a device that
         never listed this bucket, or one back after longer than the compaction grace:
         the packs below the checkpoints may be compacted away). Returns, per device,
         the highest sequence a checkpoint read covers (of every page, joined here or
-        not: packs up to there may be compacted away), and the pages joined. A damaged
+        not: packs up to there may be compacted away), the pages joined, and the
+        newest feed time among the checkpoints' names (the packs they cover may be
+        gone, and with them the names a device's next pack must not fall below). A damaged
         checkpoint is skipped (the page is then read from its packs); one that cannot
         be read now raises, and the caller tries again later."""
         assert self._repo is not None
         names = [cn async for cn in self.names()]
         held: dict[str, int] = {}
+        newest = 0
         joined: list[Key] = []
         for cn in sorted((await self.best(names)).values(), key=lambda n: n.name):
             try:
                 cp = await self.read(cn)
                 reach(held, cp.cover)
+                newest = max(newest, min(cn.time, layout.NAMED_TIME_CEILING))
                 if not wanted(cp.key):
                     continue
                 async with using(cp.key) as page:
@@ -335,7 +339,7 @@ class Checkpoints:
         if joined:
             await self._save()
             log.info("joined %d pages with their checkpoints", len(joined))
-        return held, joined
+        return held, joined, newest
 
     async def take(self, page: Page, cp: Checkpoint, *, save: bool = True) -> None:
         """Join checkpoint ``cp`` into ``page`` (:func:`store.exchange.apply_state`). The

@@ -396,7 +396,7 @@ class Downloader:
                 if cp.key != key:
                     continue
                 await self.checkpoints.take(page, cp)
-                await self.feed.absorb(cp.cover, key)
+                await self.feed.absorb(cp.cover, key, cp.name.time)
                 cover, found = cp.cover, True
             async for name in self.ctx.store.list(layout.PACKS):
                 pn = PackName.parse(name)

@@ -25,12 +25,15 @@ The cursor
     clocks; after a leap of the names it covers the leap for one window, which
     costs a listing of the few packs named in between.
 
-Restarts
-    A device new to the bucket, or back after longer than the compaction grace,
-    lists the whole feed, and its logs start again: a device's packs missing below
-    the first one listed are no gaps when compaction explains them (a checkpoint
-    covers them: the log's floor), or when that first pack is older than a window
-    (then every pack before it is too: none is still on its way).
+Gaps and restarts
+    A device's packs missing between two listed are a gap, probed (a listing of
+    that stretch of the feed) until found, or until the probe shows them gone and a
+    checkpoint's cover explains them (compaction deletes only covered packs; the
+    log's floor): a gap up to the floor goes once it was seen a window ago, or the
+    checkpoint was written a window before the newest name (its writer had read
+    those packs then: late ones would show by now). A device new to the bucket, or
+    back after longer than the compaction grace, reads the checkpoints' covers (the
+    logs' floors), and lists the whole feed: that listing is the probe.
 """
 
 from __future__ import annotations
@@ -53,9 +56,10 @@ LISTED_WALL = "sync/listed-wall"
 """Repository meta: the wall time a listing of the feed started, saved at least every
 quarter of the compaction grace (at most hourly) and at stop."""
 RESTARTING = "sync/restarting"
-"""Repository meta: set while the next listing is to start empty device logs at their
-first pack (see ``Feed.restarting``); per device, the highest sequence a checkpoint
-covers (msgpack; ``1`` as an older ledgerd saved it: none)."""
+"""Repository meta: set while the next listing is to list the whole feed and take the
+checkpoints' covers for the logs' floors (see ``Feed.restarting``); per device, the
+highest sequence a checkpoint covers (msgpack; ``1`` as an older ledgerd saved it:
+none)."""
 LOG_PREFIX = "sync/log/"
 """Repository meta: each device's log (:class:`sync.progress.DeviceLog`), by device id."""
 SEQ_UP = "sync/seq_up"
@@ -98,23 +102,23 @@ class Feed:
         # (wall time, monotonic time, newest feed time listed) at the end of each
         # listing: the cursor is the newest one's that is a window old.
         self._marks: list[tuple[float, float, int]] = []
-        self._first: dict[str, PackName] = {}  # a restart's first pack listed per device
         # Told by a listing that comes longer than the grace after the one before
         # (CheckpointPolicy.absent): packs compacted meanwhile were never listed.
         self.absent: Callable[[float], Awaitable[None]] | None = None
         self._listed_wall = 0.0  # wall time the last listing started (see wall_listed)
         self._saved_wall = 0.0  # the one saved in the repository
-        # The next listing starts each empty device log at its first pack: set when
+        # The next listing lists the whole feed and sets the logs' floors: set when
         # this device read the checkpoints to start pages from (a new device, or one
         # back after longer than the grace), below which compaction may have deleted
-        # packs (also of pages this device does not hold). Kept
-        # in the repository's metadata until a listing has saved the logs, so that a
-        # stop before then (or a listing that failed) does not leave gaps for good.
+        # packs (also of pages this device does not hold). Kept in the repository's
+        # metadata until a listing has saved the logs, so that a stop before then (or
+        # a listing that failed) does not leave gaps for good.
         self.restarting = False
         # With it, per device, the highest sequence the bucket's checkpoints cover:
         # compaction deletes a pack between kept ones too (a pack holding a page that
-        # has no checkpoint stays), and such a hole is no gap either.
+        # has no checkpoint stays), and such a hole goes once probed.
         self.held_by_checkpoints: dict[str, int] = {}
+        self.covers_time = 0  # the newest checkpoint's feed time among those (not saved)
 
     async def load(self) -> None:
         # (as listed names move it: one saved before that rule may be past the ceiling)
@@ -133,28 +137,38 @@ class Feed:
         self.restarting = raw is not None
         self.held_by_checkpoints = _held(raw) if raw else {}
 
-    async def restart(self, held: dict[str, int]) -> None:
-        """The next listing starts each empty device log at its first pack (see
-        ``restarting``), and takes no pack missing up to ``held`` (per device, the
-        highest sequence a checkpoint read covers) for a gap; recorded before the
-        caller records what it did."""
+    async def restart(self, held: dict[str, int], newest: int = 0) -> None:
+        """The next listing lists the whole feed (see ``restarting``), and takes
+        ``held`` (per device, the highest sequence a checkpoint read covers) for the
+        logs' floors: a gap up to there goes once probed; recorded before the caller
+        records what it did. ``newest``: the newest feed time of the
+        checkpoints read, which names this device's next pack at least (the packs
+        named up to there may be compacted: no listing shows those names any more)."""
+        if newest > self.feed_max:
+            self.feed_max = newest
+            await self.ctx.repo.set_meta("sync/feed", str(newest).encode())
+        self.covers_time = max(self.covers_time, newest)
+        if self.restarting:  # (one not listed yet: its covers stay)
+            old = self.held_by_checkpoints
+            held = {d: max(s, old.get(d, 0)) for d, s in {**old, **held}.items()}
         await self.ctx.repo.set_meta(RESTARTING, bytes(msgpack.packb(held)))
         self.restarting = True
         self.held_by_checkpoints = dict(held)
 
-    async def absorb(self, cover: dict[str, int], key: Key | None = None) -> None:
+    async def absorb(self, cover: dict[str, int], key: Key | None = None, written: int = 0) -> None:
         """A page (``key``) joined a checkpoint of ``cover``: a pack a device wrote up to
-        there that is not listed is no gap (the checkpoint's writer had listed every
-        one of them, so it was compacted away: compaction deletes only what
-        checkpoints cover), and the page's sections held up to there are in it."""
+        there may be compacted away (compaction deletes only what checkpoints cover),
+        so a gap up to there goes once a probe does not find it (the pack may hold
+        other pages, and may just be late; ``written``: the checkpoint's feed time);
+        and the page's sections held up to there are in it."""
         for device, seq in cover.items():
             if not layout.device_ok(device):
                 continue
             dl = self.logs.get(device) if device == self.ctx.device else None
             if device != self.ctx.device:
                 dl = await self.device_log(device)
-                dl.floor = max(dl.floor, seq)
-                dl.drop_gaps_to(seq)
+                dl.floor = max(dl.floor, seq)  # (its gaps up to there go once probed)
+                dl.floor_time = max(dl.floor_time, written)
             if dl is None:
                 continue
             for hid in [
@@ -203,7 +217,7 @@ class Feed:
         # taking it for compacted away would lose it.
         whole = self.restarting or cursor <= 0
         after = "" if whole else layout.feed_after(cursor - window)
-        if not whole and self.absent is not None:
+        if not self.restarting and self.absent is not None:
             listed = await self.wall_listed()
             away = max(self.ctx.clock() - listed, self.listed_ago())
             if listed and away > self.grace:
@@ -227,14 +241,10 @@ class Feed:
                 if device != self.ctx.device:
                     dl = await self.device_log(device)
                     dl.floor = max(dl.floor, seq)
+                    dl.floor_time = max(dl.floor_time, self.covers_time or newest)
                     touched.add(device)
-            # A first pack older than a window: those before it were compacted (they
-            # are older still, and a listing's lag is shorter). A recent one may follow
-            # packs the listing does not show yet: those stay gaps, found by a probe.
-            for device, first in self._first.items():
-                if first.time < newest - window:
-                    self.logs[device].drop_gaps_to(first.seq - 1)
-        self._first.clear()
+            for dl in self.logs.values():  # (the listing was the probe)
+                dl.drop_covered(wall - self.feed_window, newest - window)
         for device in sorted(touched):
             await self.save_log(self.logs[device])
         if self.restarting:  # the logs it started are saved
@@ -293,33 +303,10 @@ class Feed:
         if not dl.is_new(pn.seq):
             return False
         if self.restarting:
-            if not dl.max_seq and not dl.gaps:
-                self._first.setdefault(pn.device, pn)
             dl.floor = max(dl.floor, self.held_by_checkpoints.get(pn.device, 0))
-        elif dl.max_seq < pn.seq <= dl.floor and not (
-            pn.seq == dl.floor
-            and not dl.max_seq
-            and pn.time >= self.feed_max - int(self.feed_window * 1000)
-        ):
-            # Every pack up to a cover a checkpoint can truly hold was in the bucket
-            # before the restart listing (listed there, or compacted): one first listed
-            # after it shows the cover past what the device wrote (a broken or hostile
-            # checkpoint); unless it is the cover's top, the device's first listed, and
-            # named within the window: a listing that lags a PUT, whose writer wrote
-            # the checkpoint with it. Holes above what was listed are gaps again, or a
-            # pack listed late (after the next one) would never be read.
-            log.warning(
-                "pack %s is below what a checkpoint claimed of device %s (%d): "
-                "that cover is wrong, its packs missing above %d are gaps",
-                pn.name,
-                pn.device,
-                dl.floor,
-                dl.max_seq,
-            )
-            dl.floor = dl.max_seq
         if dl.in_gap(pn.seq) and pn.seq < dl.max_seq:
             log.info("pack %s appeared in a gap of device %s", pn.name, pn.device)
-        dl.saw(pn.seq, pn.time)
+        dl.saw(pn.seq, pn.time, self.ctx.clock())
         h = Held(pn, None, progress.RETRY, "listed, not imported yet")
         dl.held[h.id] = h
         self.devices.add(pn.device)
@@ -339,6 +326,9 @@ class Feed:
                 async for pn in self._named_between(after, until):
                     if pn.device == dl.device and await self.saw(pn):
                         found += 1
+            dl.drop_covered(
+                self.ctx.clock() - self.feed_window, self.feed_max - int(self.feed_window * 1000)
+            )
             dl.probes = 0 if found else dl.probes + 1
             dl.probe_due = now + progress.backoff(dl.probes, self.retry_first, self.retry_most)
             await self.save_log(dl)
@@ -411,6 +401,17 @@ class Feed:
     def _time_after(self, last: int) -> int:
         """A feed time after ``last``, this device's last pack and the newest name listed."""
         return max(int(self.ctx.clock() * 1000), self.feed_max, last + 1, self.own_time + 1)
+
+    async def retime(self, t: int) -> int:
+        """The feed time for the PUT, tried again, of the pack this device last took a
+        number for, named ``t`` then: ``t`` while it is recent (a quarter of the
+        window), else a new one, saved for :meth:`spent` to look at (should the first
+        PUT land after all, a reader takes whichever of the two it lists first)."""
+        now = self._time_after(t)
+        if now - t <= self.feed_window * 1000 / 4:
+            return t
+        await self.ctx.repo.set_meta("sync/seq_time", str(now).encode())
+        return now
 
     async def spent(self) -> tuple[int, int] | None:
         """The sequence number this device last took (saved before its pack's PUT, see

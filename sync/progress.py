@@ -106,43 +106,57 @@ class DeviceLog:
     probes: int = 0  # gap probes that found nothing since the last find
     probe_due: float = 0.0
     max_time: int = 0  # feed time of the pack with max_seq
-    # Packs up to here that are not listed are no gaps: a checkpoint holds them
-    # (compacted away; see :meth:`start`). Only gaps: a pack listed is still new.
+    # Packs up to here may be compacted away (a checkpoint holds them): a gap up to
+    # here goes once probed (:meth:`drop_covered`). A pack listed is still new.
     floor: int = 0
+    floor_time: int = 0  # feed time of the newest checkpoint that set ``floor``
 
     # -- gaps ------------------------------------------------------------------------
 
     def is_new(self, seq: int) -> bool:
         return seq > self.max_seq or self.in_gap(seq)
 
-    def saw(self, seq: int, feed_time: int = 0) -> None:
-        """A pack with this sequence is listed: gaps below it (above ``floor``), and
-        one gap less."""
-        first = max(self.max_seq, self.floor) + 1
+    def saw(self, seq: int, feed_time: int = 0, now: float | None = None) -> None:
+        """A pack with this sequence is listed (at wall time ``now``): gaps below it,
+        and one gap less. (A gap below ``floor`` goes once a probe shows it gone a
+        window after it was seen: :meth:`drop_covered`.)"""
+        first = self.max_seq + 1
         if seq > first:
-            self.gaps.append(Gap(first, seq - 1, after=self.max_time, until=feed_time))
+            since = time.time() if now is None else now
+            self.gaps.append(Gap(first, seq - 1, since, self.max_time, feed_time))
         if seq > self.max_seq:
             self.max_seq, self.max_time = seq, feed_time
         self.fill(seq, feed_time)
 
     def restart(self) -> None:
-        """Forget what was listed: the log starts again (see :mod:`sync.feed`,
-        Restarts), for a device back after longer than the compaction grace, whose
-        gaps are packs that compaction deleted meanwhile and that the checkpoints it
-        took hold."""
-        self.max_seq = self.max_time = self.floor = 0  # (the restart sets it again)
-        self.gaps.clear()
+        """For a device back after longer than the compaction grace: its floor comes
+        again from the checkpoints it reads (one since replaced, or found wrong, hides
+        nothing), and its gaps stay, each to go once a probe shows it compacted (see
+        :mod:`sync.feed`, Gaps and restarts), or filled."""
+        self.floor = self.floor_time = 0
 
-    def drop_gaps_to(self, seq: int) -> None:
-        """Sequences up to ``seq`` are no longer gaps (a checkpoint holds them)."""
-        kept: list[Gap] = []
-        for g in self.gaps:
-            if g.last <= seq:
-                continue
-            if g.first <= seq:
-                g = Gap(seq + 1, g.last, g.since, g.after, g.until)
-            kept.append(g)
-        self.gaps = kept
+    def missing(self) -> list[Gap]:
+        """The gaps a checkpoint's cover does not explain: packs missing for all this
+        device knows. (One up to ``floor`` is compacted, or late, and goes either way
+        once probed: no problem to report meanwhile.)"""
+        return [g for g in self.gaps if g.last > self.floor]
+
+    def drop_covered(self, seen_before: float, named_before: int) -> None:
+        """Drop the gaps up to ``floor`` that a probe (or a whole listing) did not find,
+        and that were seen before wall time ``seen_before``, or are covered by
+        checkpoints named before feed time ``named_before`` (each a window ago):
+        their packs went up before the pack after them, which was listed a window
+        ago, or before such a checkpoint's writer read them, and would be listed by
+        now (a listing lags a PUT by less), so they were compacted (a checkpoint
+        covers them). Others may still be on their way, and stay gaps until then."""
+        if not self.gaps or not self.floor:
+            return
+        old_cover = 0 < self.floor_time < named_before
+        self.gaps = [
+            g
+            for g in self.gaps
+            if not (g.last <= self.floor and (old_cover or g.since < seen_before))
+        ]
 
     def _gap_at(self, seq: int) -> int:
         """The index of the gap holding ``seq``, or -1. Gaps are disjoint and kept in
@@ -176,6 +190,7 @@ class DeviceLog:
                     "max_seq": self.max_seq,
                     "max_time": self.max_time,
                     "floor": self.floor,
+                    "floor_time": self.floor_time,
                     "gaps": [[g.first, g.last, g.since, g.after, g.until] for g in self.gaps],
                     # In the order of their ids: a pack can be held whole (no key)
                     # and for a page, and None does not compare with bytes.
@@ -194,6 +209,7 @@ class DeviceLog:
             log = cls(device, int(d["max_seq"]))
             log.max_time = int(d.get("max_time", 0))
             log.floor = int(d.get("floor", 0))
+            log.floor_time = int(d.get("floor_time", 0))
             gaps = [Gap(int(g[0]), int(g[1]), float(g[2]), *map(int, g[3:])) for g in d["gaps"]]
             log.gaps = sorted(gaps, key=_first)  # (as encode wrote them)
             held: list[tuple[str, Key | None]] = []

@@ -217,7 +217,7 @@ class StatusBoard:
         gaps = [
             {"device": dl.device, "first_seq": g.first, "last_seq": g.last, "since": g.since}
             for _, dl in sorted(self.feed.logs.items())
-            for g in dl.gaps
+            for g in dl.missing()
         ]
         health = self.health(poll_interval, poll_max)
         return {
@@ -260,7 +260,7 @@ class StatusBoard:
         ``synced``, uploads still pending."""
         reasons = [str(p["error"]) for p in self.problems()]
         for _, dl in sorted(self.feed.logs.items()):
-            for g in dl.gaps:
+            for g in dl.missing():
                 reasons.append(
                     f"device {dl.device}: packs {g.first}-{g.last} are missing from its log"
                 )
@@ -302,7 +302,7 @@ class StatusBoard:
             "synced": health["synced"],
             "pending_uploads": health["pending_uploads"],
             "held": Counter(h.state for h in self.feed.held()),
-            "gaps": sum(len(dl.gaps) for dl in self.feed.logs.values()),
+            "gaps": sum(len(dl.missing()) for dl in self.feed.logs.values()),
             "last_round_ok": self.last_round_ok,
         }
 

@@ -87,6 +87,18 @@ class _Round:
         self.packs += 1
 
 
+@dataclass
+class _Unsent:
+    """A pack whose PUT failed: what it holds, and its name and bytes as tried."""
+
+    seq: int
+    time: int
+    sections: list[pack.Section]
+    name: str
+    data: bytes
+    head_end: int
+
+
 class Uploader:
     """Puts this device's pending commits into packs in the bucket."""
 
@@ -108,10 +120,10 @@ class Uploader:
         self.checkpoints = checkpoints
         self.policy = policy
         self.max_pack = max_pack
-        self._unsent: tuple[int, int, str, bytes, int] | None = None
-        """The pack whose PUT failed (sequence, feed time, name, bytes, head_end): its
-        sequence number is spent, so it goes up as it is before the next pack, or every
-        other device would see a gap in this device's sequence for good."""
+        self._unsent: _Unsent | None = None
+        """The pack whose PUT failed: its sequence number is spent, so it goes up before
+        the next pack, or every other device would see a gap in this device's sequence
+        for good."""
         self._spent_checked = False
         """Whether a number spent by an earlier process was looked for (see _put_pack)."""
 
@@ -262,9 +274,15 @@ class Uploader:
     async def _put_pack(self, sections: list[pack.Section]) -> None:
         store = self.ctx.store
         if self._unsent is not None:
-            # The same name and bytes: its entries are in the new pack as well (they
-            # are still not marked uploaded), which a reader applies twice, harmlessly.
-            seq, t, name, data, head_end = self._unsent
+            # The same number (its entries are in the new pack as well: still not
+            # marked uploaded, which a reader applies twice, harmlessly), named anew
+            # if its time is old: a pack named long before it lands is below the
+            # others' cursors, and older than the grace at once.
+            u = self._unsent
+            seq, t = u.seq, await self.feed.retime(u.time)
+            name, data, head_end = u.name, u.data, u.head_end
+            if t != u.time:
+                name, data, head_end = await self._encode(seq, t, u.sections)
             try:
                 await store.put(name, data)
             except AlreadyExistsError:  # an attempt that failed had landed after all
@@ -287,7 +305,7 @@ class Uploader:
                     self.feed.own_seq = max(self.feed.own_seq, seq)
                     continue
             except Exception:
-                self._unsent = (seq, t, name, data, head_end)
+                self._unsent = _Unsent(seq, t, sections, name, data, head_end)
                 raise
             await self.feed.wrote(seq, t)
             log.debug("uploaded pack %s: %d pages, %d bytes", name, len(sections), len(data))

@@ -105,25 +105,32 @@ async def test_a_device_back_past_the_grace_lists_holes_in_the_middle_as_no_gaps
 
 
 def test_only_holes_a_checkpoint_covers_are_no_gaps() -> None:
-    """A log restarted from the checkpoints skips the holes up to the highest sequence
-    a checkpoint covers (its floor), and those below its first listed pack when that
-    one is old (sync.feed drops them); a hole above that is still a gap (no
-    checkpoint explains it: the pack may yet come)."""
+    """Holes up to the highest sequence a checkpoint covers (the floor) are no missing
+    packs, and go once probed a window after they were seen, or once the covering
+    checkpoint is a window older than the newest name; a hole above the floor stays a
+    gap (no checkpoint explains it: the pack may yet come)."""
     dl = DeviceLog("d" * 32)
     dl.floor = 10
     for seq, t in [(5, 50), (7, 70), (10, 100), (13, 130)]:
-        dl.saw(seq, t)
-    dl.drop_gaps_to(4)
+        dl.saw(seq, t, now=1000.0)
+    assert [(g.first, g.last) for g in dl.missing()] == [(11, 12)]
+    dl.drop_covered(seen_before=1000.0, named_before=0)  # seen just now: maybe late
+    assert len(dl.gaps) == 4
+    dl.drop_covered(seen_before=1000.5, named_before=0)  # seen a window ago
     assert [(g.first, g.last, g.after, g.until) for g in dl.gaps] == [(11, 12, 100, 130)]
-    assert dl.max_seq == 13
     assert DeviceLog.decode(dl.device, dl.encode()).floor == 10
-    # Every pack of a device compacted away: its next pack follows no gap, and a pack
-    # up to the floor is still new (a cover claims no pack away: it only hides gaps).
+    dl = DeviceLog("d" * 32)
+    dl.floor, dl.floor_time = 4, 500
+    dl.saw(5, 600, now=1000.0)
+    dl.drop_covered(seen_before=0.0, named_before=501)  # the checkpoint is old enough
+    assert dl.gaps == []
+    # Every pack of a device compacted away: its next pack follows no missing one, and
+    # a pack up to the floor is still new (a cover claims no pack away).
     dl = DeviceLog("d" * 32)
     dl.floor = 4
     assert dl.is_new(3)
     dl.saw(5, 50)
-    assert dl.gaps == [] and dl.max_seq == 5
+    assert dl.missing() == [] and dl.max_seq == 5 and dl.is_new(3)
 
 
 async def test_a_cover_past_a_devices_packs_does_not_hide_its_later_gaps(
@@ -194,7 +201,7 @@ def test_a_restarted_log_takes_its_floor_again_from_the_checkpoints() -> None:
     dl.floor = 10
     dl.saw(4, 40)
     dl.restart()
-    assert (dl.max_seq, dl.floor, dl.gaps) == (0, 0, [])
+    assert (dl.max_seq, dl.floor, [(g.first, g.last) for g in dl.gaps]) == (4, 0, [(1, 3)])
 
 
 async def test_the_covers_a_restart_takes_are_kept_until_a_listing_saved_the_logs(
