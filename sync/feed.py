@@ -476,8 +476,9 @@ class Feed:
         for device, dl in self.logs.items():
             if device != device_here:
                 cover[device] = max(cover.get(device, 0), dl.max_seq)
-                for g in dl.gaps:
-                    cover[device] = min(cover[device], g.first - 1)
+                for g in dl.gaps:  # (a gap the page's checkpoint covers is in it)
+                    if g.last > joined.get(device, 0):
+                        cover[device] = min(cover[device], g.first - 1)
             # This device's own packs too: a page restored from a checkpoint imports
             # those above its cover like anyone's, and one held is not in the page.
             for h in dl.held.values():

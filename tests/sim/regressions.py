@@ -75,4 +75,7 @@ SEEDS: list[tuple[int, str]] = [
     (8555, "gap; a first listing cut short by a crash, the restart not marked"),
     (8659, "gap; a failed PUT retried hours later under its old name, compacted at once"),
     (8796, "diverged docs-diverged root-diverged; a pack named below removed names"),
+    (9730, "gap; a page's cover reduced by a gap its checkpoint covered"),
+    (12559, "gap; a page's cover reduced by a gap its checkpoint covered"),
+    (12699, "gap; a checkpoint written without a cover the best one had (a covered gap)"),
 ]
