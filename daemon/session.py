@@ -68,9 +68,10 @@ INLINE_RESOLVE = 1024 * 1024
 class Resolvers:
     """Which sessions offered to resolve conflicts, per ledger.
 
-    The repository's pages ask it for a ledger's resolver when a merge needs one
-    (:class:`ledgerd.store.hooks.ResolverSource`): the first session registered
-    for the ledger answers. With none registered the page keeps its heads.
+    The repository's pages ask it for a ledger's resolver when their policy calls for
+    one (:class:`ledgerd.store.hooks.ResolverSource`): the first session registered
+    for the ledger answers. With none registered a page's conflicts wait (reads show
+    each key's winner meanwhile), and are put to the resolver once one registers.
     """
 
     def __init__(self) -> None:
@@ -85,23 +86,27 @@ class Resolvers:
 
     def add(self, ledger: bytes, s: Session) -> None:
         sessions = self.by_ledger.setdefault(ledger, [])
-        if s in sessions:  # registered already (its merges were resumed then)
+        if s in sessions:  # registered already (its conflicts were put to it then)
             return
         sessions.append(s)
-        task = asyncio.create_task(self._resume(ledger, s.api.repo), name="resume-merges")
+        task = asyncio.create_task(self._resume(ledger, s.api.repo), name="resume-conflicts")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _resume(self, ledger: bytes, repo: Repository) -> None:
-        """A resolver arrived: merge the ledger's pages that were waiting for one."""
+        """A resolver arrived: put the conflicts of the ledger's pages to it.
+
+        Pages keep one head; a page's conflicts are its keys whose siblings hold
+        different values (``conflict_count``), under every policy: ``try_merge`` asks
+        the resolver only where the page's policy calls for one."""
         for pid in await repo.ledger(ledger).pages(include_deleted=True):
             try:
                 page = await repo.open_page(ledger, pid)
                 with page.lease():
-                    if len(await page.heads()) > 1:
+                    if page.conflict_count:
                         await page.try_merge()
             except Exception:
-                log.exception("resuming merges of page %s failed", named(pid))
+                log.exception("resolving the conflicts of page %s failed", named(pid))
 
     def remove(self, s: Session) -> None:
         for ledger, lst in list(self.by_ledger.items()):
