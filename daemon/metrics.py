@@ -281,7 +281,7 @@ class _State(Collector):
         )
         yield GaugeMetricFamily(
             "ledgerd_waiting_conflicts",
-            "Open pages keeping several heads until a resolver connects",
+            "Open pages whose conflicts wait for a resolver (none connected, or it failed)",
             value=snap.get("conflicts", 0.0),
         )
         yield GaugeMetricFamily(
@@ -293,8 +293,9 @@ class _State(Collector):
             yield from _sync_gauges(sync)
         pieces = GaugeMetricFamily(
             "ledgerd_pieces",
-            "Pieces of the open pages by status (transient, local, synced; remote: in the "
-            "cloud only)",
+            "Pieces of the open pages by status (transient: staged by a journal; local: "
+            "stored here only, tree nodes included, which never travel; synced; remote: in "
+            "the cloud only)",
             labels=["status"],
         )
         for status in ("transient", "local", "synced", "remote"):
@@ -366,7 +367,7 @@ def _sync_gauges(sync: dict[str, Any]) -> Iterable[Metric]:
     )
     yield GaugeMetricFamily(
         "ledgerd_sync_pending_uploads",
-        "Pages with commits waiting for upload",
+        "Pages with writes waiting for upload",
         value=float(sync["pending_uploads"]),
     )
     held = GaugeMetricFamily(

@@ -87,7 +87,10 @@ def test_metrics_parse_and_move_with_work(short_tmp: Path) -> None:
         assert _total(after, "ledgerd_cloud_bytes_total", direction="up") > 2000
         assert _total(after, "ledgerd_open_pages") == 1
         assert _total(after, "ledgerd_pieces", status="synced") >= 2
-        assert _total(after, "ledgerd_pieces", status="local") == 0
+        # Uploads carry writes (keys and values), never tree nodes, which stay "local"
+        # for good: what says nothing waits for upload is sync's own gauges.
+        assert _total(after, "ledgerd_sync_pending_uploads") == 0
+        assert _total(after, "ledgerd_sync_synced") == 1
         assert ("ledgerd_pending_journal_entries", ()) in after
         assert ("ledgerd_waiting_conflicts", ()) in after
         # The scraper's address serves the same registry.
