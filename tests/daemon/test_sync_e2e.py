@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import itertools
 import json
@@ -45,9 +46,16 @@ def test_writes_propagate_and_converge(three: list[Daemon]) -> None:
     assert listings[0] == listings[1] == listings[2]
     keys = {x["key"] for x in listings[0]}
     assert len(keys) == 1 + 2 + 50 + 1
-    st = json.loads(a.ledgerctl("status", "--json", check=True).stdout)
-    page = next(p for p in st["open_pages"] if p["page_text"] == "inbox")
-    assert page["unsynced_commits"] == 0 and page["last_sync"] and page["last_error"] is None
+    # The last write of "same" (c's, the largest dot) wins everywhere; the other two
+    # stay as its siblings on every device, one conflict (nobody is asked).
+    same = next(x for x in listings[0] if x["key"] == base64.b64encode(b"same").decode())
+    assert same["value"] == base64.b64encode(b"C").decode()
+    for d in three:
+        st = json.loads(d.ledgerctl("status", "--json", check=True).stdout)
+        page = next(p for p in st["open_pages"] if p["page_text"] == "inbox")
+        assert page["unuploaded_writes"] is False and page["sync"] == "synced", page
+        assert page["last_sync"] and page["last_error"] is None, page
+        assert page["heads"] == 1 and page["conflicts"] == 1 and page["conflict"] is None, page
 
 
 def test_new_device_bootstraps_and_lazy_values_wait_for_a_read(
