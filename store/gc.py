@@ -26,9 +26,10 @@ Collection
     are deleted, a batch per SQLite transaction under the commit lock. Before each
     batch, under that lock, the commits, snapshots and journals that appeared since
     are marked too, so a piece that a new commit reuses is never deleted; staged
-    (transient) pieces are never deleted here. A batch does not run while a merge
-    is being computed or remote commits are being checked (they read trees without
-    the lock); the rest waits for the next collection. Every step is one SQLite
+    (transient) pieces are never deleted here, nor pieces from the cloud while some
+    wait for the entries that refer to them (:data:`store.schema.PIECES_WAITING`). A
+    batch does not run while a resolver round or an import is under way (they read
+    trees without the lock); the rest waits for the next collection. Every step is one SQLite
     transaction: a crash (even SIGKILL) loses nothing that is reachable.
     *Vacuum*: ``PRAGMA incremental_vacuum`` 1 MiB per transaction, then a WAL
     checkpoint, so the file shrinks.

@@ -158,7 +158,7 @@ async def join_state(
             groups[group] = None
             continue
         vs = dots.join_versions(dots.versions(c.old), dots.versions(c.new), local_saw, remote_saw)
-        joined = dots.entry(c.key, vs)
+        joined = dots.entry(c.key, _marker_rule(c.key, vs))
         if joined != (None if c.old is None else btree.raw(c.old)):
             changes.append((c.key, joined))
     for group in groups:

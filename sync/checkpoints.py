@@ -380,4 +380,4 @@ class Checkpoints:
         return {d: cp.lazy[d] for d in digests if d in cp.lazy}
 
     def status(self) -> dict[str, Any]:
-        return {"written": self.written, "shallow_pages": len(self.covers)}
+        return {"written": self.written, "joined_pages": len(self.covers)}

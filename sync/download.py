@@ -364,7 +364,7 @@ class Downloader:
                     h.due = 0.0
         ahead = (upto - int(self.ctx.clock() * 1_000_000)) / 1e6
         if ahead > self.clock_skew:
-            self.board.clock_ahead(device, ahead, b"")
+            self.board.clock_ahead(device, ahead)
 
     def wake(self, key: Key) -> None:
         """Sections of page ``key`` that wait are tried at the next download (it joined

@@ -24,30 +24,30 @@ Bucket identity: the first daemon to use a bucket writes the marker
 (``ledgerd-bucket.{version}``); a device remembers (repository meta, per cloud
 URL) that it has seen it, and from then on refuses a bucket without it instead of
 starting an empty one in its place (an unmounted share, a moved folder). A bucket
-of layout 1 gets the layout-2 marker next to its own and its packs are read once.
+of an older layout is refused (``docs/convergence.md``).
 
-Upload round: every page with pending commits goes into one pack (one section per
-page: its commits and EAGER pieces, then all pages' LAZY pieces in the order of
-their values' bytes); past ``max_pack`` bytes the round writes more packs, a
-page's tree nodes and commits always in the last pack that holds its pieces, so
-objects are in the bucket before any commit that references them is visible.
-The sequence number and feed time are taken (and saved) before the PUT, so a
-crash leaves at most a gap. Then pieces become ``synced`` and commits leave
-``unsynced``. Which pages have pending commits is kept in repository meta
-(``sync/pending``), so a round opens only those.
+Upload round: every page with writes not uploaded puts its delta into one pack (one
+section per page: its entries and the EAGER pieces of its values, then all pages'
+LAZY pieces in the order of their values' bytes); past ``max_pack`` bytes the round
+writes more packs, a page's entries always in the last pack that holds its pieces,
+so a value is in the bucket before any entry that names it. The sequence number and
+feed time are taken (and saved) before the PUT, so a crash leaves at most a gap.
+Then the page's upload mark moves up to the writes the delta held. Which pages have
+writes pending is kept in repository meta (``sync/pending``), so a round opens only
+those.
 
-Discovery: one LIST of ``packs/`` after the newest feed time seen less
-``feed_window`` shows every device's new packs; feed times are a hybrid logical
-clock (:meth:`sync.feed.Feed.next_seq`), so no clock's error hides a pack. Each
-pack carries its device's sequence number: sequences missing from a device's log
-are gaps, probed with backoff over the stretch of the feed where they must lie.
+Discovery: one LIST of ``packs/`` after a cursor that lags the names a window shows
+every device's new packs; feed times are a hybrid logical clock
+(:meth:`sync.feed.Feed.next_seq`), so no clock's error hides a pack. Each pack
+carries its device's sequence number: sequences missing from a device's log are
+gaps, probed with backoff over the stretch of the feed where they must lie.
 
 Download: per pack, its index and the EAGER sections of the pages this device
 holds, in one ranged GET (or the index, then coalesced ranges of sections). The
-store verifies everything before storing it. A pack (or one page of it) that
-cannot be imported is held and retried with backoff; it never blocks later packs.
-LAZY pieces are recorded with their location and fetched on first read, adjacent
-ranges of one pack in one GET, within ``fetch_timeout``.
+store verifies everything and joins a delta once it is causally ready (the writes
+it builds on are here); one that is not is held and retried, and never blocks later
+packs. LAZY pieces are recorded with their location and fetched on first read,
+adjacent ranges of one pack in one GET, within ``fetch_timeout``.
 
 Polling adapts: every ``poll_interval`` while this device or the devices it hears
 from are active (for ``active_for`` seconds after a round moved anything), then

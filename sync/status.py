@@ -113,21 +113,11 @@ class StatusBoard:
     def device_ok(self, device: str) -> None:
         self.device_errors.pop(device, None)
 
-    def clock_ahead(self, device: str, ahead: float, commit: bytes) -> None:
-        """A commit of ``device`` is ``ahead`` seconds ahead of this device's clock."""
+    def clock_ahead(self, device: str, ahead: float) -> None:
+        """Writes of ``device`` are stamped ``ahead`` seconds ahead of this device's clock."""
         if device not in self.skew:
-            log.warning(
-                "device %s's clock is %.0fs ahead of this one (commit %s)",
-                device,
-                ahead,
-                commit.hex()[:12],
-            )
-        self.skew[device] = {
-            "device": device,
-            "ahead_s": round(ahead, 1),
-            "commit": commit.hex(),
-            "seen_at": time.time(),
-        }
+            log.warning("device %s's clock is %.0fs ahead of this one", device, ahead)
+        self.skew[device] = {"device": device, "ahead_s": round(ahead, 1), "seen_at": time.time()}
 
     # -- reports -----------------------------------------------------------------------
 
