@@ -454,8 +454,10 @@ class SyncEngine:
                 if full:
                     self.ctx.bucket_ok = False
                 await self.ctx.check_bucket()
+                # (Before an upload too: its listing, for the pack's name, is the
+                # device's first, which a bootstrap marks as a restart.)
+                await self.policy.bootstrap()
                 if download:
-                    await self.policy.bootstrap()
                     await self.policy.rejoin_if_away()
                     await self.feed.list_new()
                 stats.uploaded_packs = await self.uploader.upload_all(only)

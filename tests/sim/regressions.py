@@ -47,6 +47,7 @@ SEEDS: list[tuple[int, str]] = [
     (276, "diverged; a pack named behind the newest name, passed by the cursor"),
     (302, "diverged; a device log not loaded after a restart kept its packs held"),
     (343, "diverged waiting; a device log not loaded after a restart"),
+    (454, "gap; an upload before the first download listed without the new device's bootstrap"),
     (535, "gap; a rejoin that skipped a checkpoint it could not read now"),
     (587, "diverged; a read on a new page made it, listed and empty"),
     (1098, "unavailable; a restore racing the listing's lag said nothing was there"),
