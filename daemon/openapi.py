@@ -123,7 +123,7 @@ def document() -> dict[str, Any]:
         },
         "/v1/sync": {
             "post": _op(
-                "upload, download and merge until a round moves nothing",
+                "upload, download and join until a round moves nothing",
                 {"200": _json({"type": "object"})},
                 params=(
                     _query("ledger", "only this ledger (percent-encoded bytes)"),
@@ -254,7 +254,7 @@ def document() -> dict[str, Any]:
         },
         PAGE_PATH + "/policy": {
             "get": _op(
-                "the page's merge policy",
+                "the page's merge policy and its conflicts",
                 {"200": _json(_ref("Policy"))},
                 params=page,
                 errors=(400, 404, 413),
@@ -280,12 +280,19 @@ def document() -> dict[str, Any]:
         },
         PAGE_PATH + "/heads": {
             "get": _op(
-                "the page's head commits",
+                "the page's head commit (local history is a line: a list of one)",
                 {
                     "200": _json(
                         {
                             "type": "object",
-                            "properties": {"heads": {"type": "array", "items": _ref("Commit")}},
+                            "properties": {
+                                "heads": {
+                                    "type": "array",
+                                    "items": _ref("Commit"),
+                                    "minItems": 1,
+                                    "maxItems": 1,
+                                }
+                            },
                         }
                     )
                 },
@@ -624,19 +631,33 @@ def _schemas() -> dict[str, Any]:
             "type": "object",
             "properties": {
                 "policy": _ref("PolicyName"),
-                "heads": {"type": "integer"},
+                "heads": {
+                    "type": "integer",
+                    "description": "always 1: local history is a line",
+                },
                 "conflicts": {
                     "type": "integer",
-                    "description": "keys whose concurrent writes are kept as siblings",
+                    "description": "keys whose siblings (concurrent writes, kept under every "
+                    "policy) hold different values",
                 },
-                "conflict": {"type": "string", "nullable": True},
+                "conflict": {
+                    "type": "string",
+                    "nullable": True,
+                    "description": "why the conflicts wait for a resolver (none connected, "
+                    "or it failed), or null",
+                },
             },
         },
         "Commit": {
             "type": "object",
             "properties": {
                 "id": {"type": "string"},
-                "parents": {"type": "array", "items": {"type": "string"}},
+                "parents": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "maxItems": 1,
+                    "description": "the commit before it on this device (none for the first)",
+                },
                 "timestamp": {"type": "integer"},
                 "generation": {"type": "integer"},
             },
