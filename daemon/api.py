@@ -741,7 +741,8 @@ class Api:
         )
 
     async def sync(self, request: web.Request, p: Params) -> web.Response:
-        """Upload everything pending, fetch everything visible, merge, until a round is quiet."""
+        """Upload everything pending, fetch everything visible and join it, until a round
+        is quiet."""
         q = Query.of(request)
         ledger, page = q.bytes("ledger"), q.bytes("page")
         timeout = q.seconds("timeout", 60.0)
@@ -963,7 +964,8 @@ class Api:
         )
 
     async def policy(self, request: web.Request, p: Params) -> web.Response:
-        """GET: the page's merge policy; PUT {"policy": NAME}: set it (remembered)."""
+        """GET: the page's merge policy and its conflicts; PUT {"policy": NAME}: set it
+        (remembered)."""
         policy = None
         if request.method == "PUT":  # the body first: a bad one creates no page
             try:

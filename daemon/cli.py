@@ -719,7 +719,7 @@ def parser() -> argparse.ArgumentParser:
     p = cmd("import", "write entries in the 'ls --json' format in large batches", "ledger", "page")
     p.add_argument("file", nargs="?", help="(default, or '-': standard input)")
     cmd("export", "the whole page in the 'ls --json' format", "ledger", "page")
-    p = cmd("sync", "upload pending changes, fetch and merge remote ones, until quiet")
+    p = cmd("sync", "upload pending writes, fetch and join other devices', until quiet")
     p.add_argument("ledger", nargs="?").completer = _complete_ledger  # type: ignore[attr-defined]
     p.add_argument("page", nargs="?").completer = _complete_page  # type: ignore[attr-defined]
     p.add_argument("--timeout", type=float, default=60.0, help="give up after S seconds")
@@ -727,7 +727,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "policy", nargs="?", choices=["last_one_wins", "automatic_with_fallback", "custom"]
     )
-    cmd("heads", "list the page's head commits", "ledger", "page")
+    cmd("heads", "the page's head commit (history is a line: one head)", "ledger", "page")
     p = cmd("log", "commit history, newest first", "ledger", "page")
     p.add_argument("--limit", type=positive_int, default=20, metavar="N", help="(default 20)")
     cli_doc.add_parser(sub)  # ledgerctl doc ... (daemon/cli_doc.py)

@@ -3,7 +3,7 @@
 This module owns talking HTTP to ledgerd over its Unix socket: the connection (refused
 when the socket's directory is unsafe), URLs, values streamed both ways (from and to
 files too), ranges paged through, the daemon's errors as :class:`LedgerError`, and the
-repository, sync, merge and operations calls. Sessions, watches and transactions are
+repository, sync, policy and operations calls. Sessions, watches and transactions are
 :mod:`ledgerd.daemon.client_session`'s: this module opens their connections, and
 :class:`TxnContext` is ``async with client.transaction(...)``, a transaction on a session
 of its own. The blocking client wraps this one (:mod:`ledgerd.daemon.client_blocking`).
@@ -317,7 +317,7 @@ class AsyncClient:
     async def sync(
         self, ledger: Name | None = None, page: Name | None = None, timeout: float = 60.0
     ) -> dict[str, Any]:
-        """Upload, download and merge until quiet; LedgerError if it cannot finish."""
+        """Upload, download and join until quiet; LedgerError if it cannot finish."""
         url = self.url(
             "/v1/sync",
             {
@@ -329,7 +329,9 @@ class AsyncClient:
         return dict(await self._json("POST", url))
 
     async def policy(self, ledger: Name, page: Name, policy: str | None = None) -> dict[str, Any]:
-        """The page's merge policy (and its conflict state); set it when ``policy`` is given."""
+        """The page's merge policy and its conflicts (``conflicts``: keys whose siblings
+        hold different values; ``conflict``: why they wait for a resolver, or None; ``heads``
+        is 1); set the policy when ``policy`` is given."""
         url = self.url(self.page_path(ledger, page) + "/policy")
         if policy is None:
             return dict(await self._json("GET", url))

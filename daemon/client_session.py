@@ -4,8 +4,8 @@
 This module owns one ``GET /v1/session`` connection as the client sees it
 (:mod:`ledgerd.daemon.session` is the daemon's side): requests sent in order and their
 replies matched by id, watch events routed to their :class:`Watch` iterators (with a
-backlog for events that beat their watch's reply), merge requests answered by a
-registered resolver, and transactions held by the session. It does not open the
+backlog for events that beat their watch's reply), conflicts put to a registered
+resolver and its answers, and transactions held by the session. It does not open the
 connection: :meth:`AsyncClient.open_session <ledgerd.daemon.client_async.AsyncClient.open_session>`
 does, and :mod:`ledgerd.daemon.client_blocking` wraps these classes for blocking code.
 """
@@ -155,7 +155,7 @@ class Session:
             await w.close()
 
     async def register_resolver(self, ledger: Name, callback: ResolverCallback) -> None:
-        """Answer the ledger's merges with ``callback`` while this session is open."""
+        """Answer the ledger's conflicts with ``callback`` while this session is open."""
         self._resolver = callback
         await self.call("register_resolver", ledger=b64(raw(ledger)))
 
@@ -173,7 +173,7 @@ class Session:
         )
         try:
             answer = await callback(req)
-        except Exception as e:  # tell the daemon at once: the merge changes nothing
+        except Exception as e:  # tell the daemon at once: the round changes nothing
             with contextlib.suppress(LedgerError):
                 await self.call(
                     "resolved", request=doc["request"], error=f"{type(e).__name__}: {e}"
@@ -187,7 +187,7 @@ class Session:
                 choices.append({"key": b64(key), "take": "delete"})
             elif isinstance(choice, bytes):
                 choices.append({"key": b64(key), "take": "value", "value": b64(choice)})
-        with contextlib.suppress(LedgerError):  # the merge gave up waiting
+        with contextlib.suppress(LedgerError):  # the round gave up waiting
             await self.call("resolved", request=doc["request"], choices=choices)
 
 

@@ -4,7 +4,7 @@ This module owns the pieces that :mod:`ledgerd.daemon.client_async`,
 :mod:`ledgerd.daemon.client_session`, :mod:`ledgerd.daemon.client_blocking` and
 :mod:`ledgerd.daemon.client_docs` all speak: the exceptions a client raises
 (:class:`LedgerError` and its subclasses) and how a failed or dropped connection
-becomes one, the results it returns (:class:`Item`, :class:`Change`, a merge's
+becomes one, the results it returns (:class:`Item`, :class:`Change`, a resolver's
 :class:`ResolveRequest` and the :data:`Answer` to it), how names and keys are quoted
 into URLs, and which socket a client uses. It does no I/O of its own. Client programs
 import these names from :mod:`ledgerd.daemon.client`.
@@ -179,6 +179,10 @@ class Side:
 
 @dataclass(frozen=True, slots=True)
 class ConflictItem:
+    """One key's conflict: ``left`` is the version reads show (the winner: the larger
+    dot), ``right`` the newest sibling holding another value; None is a delete.
+    ``base`` is always None (no common ancestor is known)."""
+
     key: bytes
     base: Side | None
     left: Side | None
@@ -187,7 +191,8 @@ class ConflictItem:
 
 @dataclass(frozen=True, slots=True)
 class ResolveRequest:
-    """A merge waiting for this client. ``left`` has the smaller commit id on every device."""
+    """Conflicts of a page waiting for this client's answers. ``left`` and ``right``
+    both name the head commit the conflicts were read at (history is a line)."""
 
     ledger: bytes
     page: bytes

@@ -2,7 +2,7 @@
 
 This module owns ``GET /v1/session``: transactions (rolled back when the
 connection closes), watchers (changes pushed in commit order) and conflict-
-resolver registrations (kept per ledger for the merge machinery).
+resolver registrations (kept per ledger for the pages' conflicts).
 
 Protocol: JSON text frames. A request is ``{"id": ID, "op": OP, ...}``; its reply
 is ``{"id": ID, "ok": true, ...}`` or ``{"id": ID, "ok": false, "error": {"code",
@@ -220,7 +220,7 @@ class Session:
                 await self.api.bounded(self.transport, sending())
 
     async def run(self) -> None:
-        """Read frames; serve requests in order on a worker, answers to merges at once.
+        """Read frames; serve requests in order on a worker, a resolver's answers at once.
 
         A ``resolved`` answer never waits behind the session's other requests, so a
         client that resolves conflicts and also commits on the same connection
@@ -395,7 +395,7 @@ class Session:
             await self._ended(wid, changed=False)
         self.watchers.clear()
         self.sessions.resolvers.remove(self)
-        for fut in self._asked.values():  # merges waiting on us change nothing
+        for fut in self._asked.values():  # rounds waiting on us change nothing
             if not fut.done():
                 fut.set_exception(ConnectionResetError("the resolver disconnected"))
 
@@ -618,14 +618,14 @@ class Session:
         return {}
 
     async def ask(self, req: MergeRequest) -> dict[bytes, Choice]:
-        """Send a merge's conflicts to this session's resolver and wait for its answers.
+        """Send a page's conflicts to this session's resolver and wait for its answers.
 
         The conflicts go in ``resolve`` events of at most ``max_event_bytes`` each (but
         at least one conflict each), built and sent one at a time; each event is a
-        request of its own, answered by its own ``resolved``. The merge goes ahead
-        once every part is answered, and fails if one part fails.
+        request of its own, answered by its own ``resolved``. The answers are stored
+        once every part is answered; nothing is if one part fails.
         """
-        page = await self.api.repo.open_page(req.ledger, req.page)  # open: it is merging
+        page = await self.api.repo.open_page(req.ledger, req.page)  # open: it is asking
         head = {
             "event": "resolve",
             "ledger": b64(page.ledger),
@@ -688,7 +688,9 @@ class Session:
     async def op_resolved(self, req: dict[str, Any]) -> dict[str, Any]:
         fut = self._asked.get(str(req.get("request")))
         if fut is None or fut.done():
-            raise ae.Conflict(f"no merge {req.get('request')!r} is waiting for this session")
+            raise ae.Conflict(
+                f"no resolve request {req.get('request')!r} is waiting for this session"
+            )
         if req.get("error"):
             fut.set_exception(RuntimeError(ae.bounded(f"the resolver failed: {req.get('error')}")))
             return {}
