@@ -571,11 +571,21 @@ def test_status_shows_every_sync_problem() -> None:
             ],
             "gaps": [{"device": "bb", "first_seq": 4, "last_seq": 6, "since": 86400.0}],
             "devices": [{"device": "cc", "error": "unreadable log"}],
-            "clock_skew": [
-                {"device": "dd", "ahead_s": 3600.2, "commit": "ab" * 32, "seen_at": 60.0}
-            ],
+            "clock_skew": [{"device": "dd", "ahead_s": 3600.2, "seen_at": 60.0}],
         },
-        "open_pages": [],
+        "open_pages": [
+            {
+                **page,
+                "heads": 1,
+                "conflicts": 2,
+                "policy": "automatic_with_fallback",
+                "conflict": "2 keys need a conflict resolver",
+                "sync": "pending",
+                "unuploaded_writes": True,
+                "last_sync": None,
+                "last_error": None,
+            }
+        ],
     }
     assert status_lines(st)[4:] == [
         "bucket   error: no bucket at s3://b/p",
@@ -586,8 +596,10 @@ def test_status_shows_every_sync_problem() -> None:
         " needs objects",
         "gap      device bb packs 4-6 missing since 1970-01-02T00:00:00+00:00",
         "device   cc: unreadable log",
-        "clock    device dd is 3600s ahead of this one (commit abababababab, "
-        "seen 1970-01-01T00:01:00+00:00)",
+        # Writes, not commits, carry the other device's clock (commits stay local).
+        "clock    device dd is 3600s ahead of this one (seen 1970-01-01T00:01:00+00:00)",
+        "page     notes/hex:ff  conflicts=2  writes not uploaded"
+        "  conflict: 2 keys need a conflict resolver",
     ]
 
 
