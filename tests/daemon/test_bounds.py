@@ -121,7 +121,7 @@ async def test_a_session_queue_is_bounded(bounded: Daemon) -> None:
     writer.close()
 
 
-async def test_a_large_merge_is_sent_to_the_resolver_in_bounded_parts(bounded: Daemon) -> None:
+async def test_many_conflicts_are_sent_to_the_resolver_in_bounded_parts(bounded: Daemon) -> None:
     keys = [b"k%02d" % i for i in range(40)]
     rnd = random.Random(6)
     async with AsyncClient(bounded.socket) as c, AsyncClient(bounded.socket) as r:
@@ -139,12 +139,14 @@ async def test_a_large_merge_is_sent_to_the_resolver_in_bounded_parts(bounded: D
         txn = await s.begin("l", "p")
         for k in keys:
             await txn.put(k, rnd.randbytes(60 * 1024))
-        for k in keys:  # the head moves: the commit needs a merge, with 40 conflicts
+        # Writes the transaction did not see: its commit makes 40 conflicts.
+        for k in keys:
             await c.put("l", "p", k, rnd.randbytes(60 * 1024))
         await c.heads("l", "p")
         await asyncio.wait_for(txn.commit(), 60)
         assert len(parts) > 1 and sum(parts) == len(keys), parts
-        assert len(await c.heads("l", "p")) == 1
+        doc = await c.policy("l", "p")
+        assert doc["heads"] == 1 and doc["conflicts"] == 0 and doc["conflict"] is None, doc
         await s.close()
         await resolver.close()
 

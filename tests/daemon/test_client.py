@@ -224,9 +224,10 @@ def test_blocking_client_streams_sessions_and_resolvers(daemon: Daemon, tmp_path
             s = c.open_session()
             t = s.begin("l", "p")
             t.put(b"a", b"from txn")
-            c.put("l", "p", b"a", b"plain")  # the page moves: the commit needs a merge
+            # A write the transaction did not see: its commit keeps both as siblings.
+            c.put("l", "p", b"a", b"plain")
             c.heads("l", "p")
-            assert t.commit() is not None
+            assert t.commit() is not None  # (after the resolver's answer is stored)
             s.close()
             c.put("l", "p", b"end", b"")
             keys = []
@@ -235,7 +236,13 @@ def test_blocking_client_streams_sessions_and_resolvers(daemon: Daemon, tmp_path
                 if b"end" in keys:
                     break
             assert keys[0] == b"a" and keys[-1] == b"end"
-        assert seen and c.policy("l", "p")["heads"] == 1
+        doc = c.policy("l", "p")
+        assert doc["heads"] == 1 and doc["conflicts"] == 0 and doc["conflict"] is None, doc
+        # Shown the winner (the transaction's, committed last) and the other sibling.
+        (item,) = seen[0].conflicts
+        assert item.base is None and item.left is not None and item.right is not None
+        assert (item.key, item.left.value, item.right.value) == (b"a", b"from txn", b"plain")
+        assert c.get("l", "p", b"a") == b"plain"  # what the resolver took
 
 
 async def test_unreachable_daemon_is_a_clear_error(tmp_path: Path) -> None:
@@ -273,11 +280,13 @@ async def test_resolver_on_the_committing_session_does_not_deadlock(daemon: Daem
         await s.register_resolver("l", take_right)
         txn = await s.begin("l", "p")
         await txn.put(b"k", b"from txn")
-        await c.put("l", "p", b"k", b"plain")  # the page moves: the commit needs a merge
+        # A write the transaction did not see: its commit keeps both as siblings.
+        await c.put("l", "p", b"k", b"plain")
         await c.heads("l", "p")
         await asyncio.wait_for(txn.commit(), 10)  # answered on the same session, at once
         doc = await c.policy("l", "p")
-        assert doc["heads"] == 1 and doc["conflict"] is None
+        assert doc["heads"] == 1 and doc["conflicts"] == 0 and doc["conflict"] is None, doc
+        assert await c.get("l", "p", b"k") == b"plain"  # right: the sibling reads hid
         await s.close()
 
 
