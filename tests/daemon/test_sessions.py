@@ -266,7 +266,7 @@ async def test_resolver_registrations_are_kept_once_and_forgotten_with_the_sessi
 ) -> None:
     """In process: a session that registers for a ledger again is kept once, and a
     session that ends leaves no trace in the registry. Before, every registration
-    appended the session again (and started a merge resume over the whole ledger), and
+    appended the session again (and put the whole ledger's conflicts to it again), and
     every ledger ever named kept an empty list after its sessions ended: a client
     registering for new names grew the daemon's memory for good."""
     async with await Repository.open(tmp_path) as repo:
@@ -511,7 +511,7 @@ async def test_a_transaction_with_a_request_waiting_in_the_queue_is_not_rolled_b
     short_tmp: Path,
 ) -> None:
     # Requests are served in order: one on a transaction may wait behind another
-    # (here a commit waiting for its merge's resolver). Its transaction was rolled back
+    # (here a commit waiting for the resolver's answers). Its transaction was rolled back
     # as idle meanwhile, though the client had sent a request on it, which was then
     # refused ("no request on it for 2s"). A transaction with a request waiting is
     # not idle.

@@ -319,9 +319,8 @@ def test_two_devices_append_to_one_log_offline_then_sync(short_tmp: Path) -> Non
             for c in (ca, cb):
                 stats = c.sync(timeout=60)  # POST /v1/sync
                 assert stats["rounds"] >= 1, stats
-        # (Which round imports what varies: a background round may come first, and a
-        # merge both devices make is uploaded once. The convergence below shows that
-        # each device has the other's entries.)
+        # (Which round imports what varies: a background round may come first. The
+        # convergence below shows that each device has the other's entries.)
         got = {
             name: [(i.key, i.value) for i in c.entries("app", "log")]
             for name, c in (("a", ca), ("b", cb))
