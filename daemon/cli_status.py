@@ -90,6 +90,6 @@ def sync_lines(sync: dict[str, Any]) -> list[str]:
     for s in sync.get("clock_skew", []):
         lines.append(
             f"clock    device {s['device']} is {s['ahead_s']:.0f}s ahead of this one "
-            f"(commit {s['commit'][:12]}, seen {when_s(s['seen_at'])})"
+            f"(seen {when_s(s['seen_at'])})"
         )
     return lines

@@ -27,7 +27,7 @@ from ledgerd.store.commit import Commit
 from ledgerd.store.db import Database, fits_inline
 from ledgerd.store.errors import CommitNotFoundError, CorruptObjectError, named
 from ledgerd.store.objects import ObjectStore
-from ledgerd.store.schema import CONTEXT_ROW, LOCAL
+from ledgerd.store.schema import CONTEXT_ROW, LOCAL, SYNCED
 from ledgerd.store.watch import Watchers
 
 log = logging.getLogger(__name__)
@@ -224,9 +224,11 @@ class CommitGraph:
         changed: Sequence[tuple[bytes, RawEntry | None]],
         kind: str,
     ) -> None:
-        # One row per distinct piece: many entries may share a value.
-        reachable = builder.pieces_reachable(c.root)
-        pieces = list({p.digest: p for p in [*reachable, *values]}.values())
+        # One row per distinct piece: many entries may share a value. Tree nodes never
+        # leave the device (a delta carries entries and values): nothing to upload.
+        nodes = list({p.digest: p for p in builder.pieces_reachable(c.root)}.values())
+        written = list({p.digest: p for p in values}.values())
+        pieces = [*nodes, *written]
         encoded_ctx = None if ctx is None else dots.encode_context(ctx)
         is_deleted = await deleted.is_deleted(builder, c.root)
         conflicted = [k for k, e in changed if e is not None and len(e) > 4 and _conflict(e)]
@@ -234,7 +236,8 @@ class CommitGraph:
 
         def work(conn: sqlite3.Connection) -> None:
             # Pieces are (digest, data) tuples already: no row is built in Python.
-            sql.put_pieces(conn, pieces, LOCAL)
+            sql.put_pieces(conn, nodes, SYNCED)
+            sql.put_pieces(conn, written, LOCAL)
             sql.insert_commit(conn, c)
             if encoded_ctx is not None:
                 conn.execute(

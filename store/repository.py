@@ -186,7 +186,7 @@ def _unmark(path: Path) -> None:
 def _log_failed_settle(done: asyncio.Future[bool]) -> None:
     # Its opener, if it went away, sees no error: logged here (and retrieved).
     if not done.cancelled() and (e := done.exception()) is not None:
-        log.warning("merging the heads a page was opened with failed: %s", e)
+        log.warning("settling the conflicts a page was opened with failed: %s", e)
 
 
 def _never_made(path: Path) -> bool:

@@ -10,8 +10,9 @@ Sync status of a stored piece:
 value   name         meaning
 ======  ===========  ==========================================================
 0       transient    staged by an open journal (or a value still being written)
-1       local        referenced by a commit, not yet in the cloud
-2       synced       in the cloud (uploaded by us or seen in another device's pack)
+1       local        a value this device wrote, not yet in the cloud
+2       synced       in the cloud (uploaded by us or seen in another device's
+                     pack), or a tree node (which never leaves the device)
 ======  ===========  ==========================================================
 
 Schema version 2 keeps the first two in ``unsynced``, a narrow table keyed by the
@@ -72,8 +73,8 @@ CREATE TABLE objects (
     data   BLOB NOT NULL
 );
 
--- unsynced: the stored pieces not yet in the cloud, by objects.id: status 0
---   transient, 1 local (see the module docstring). No row: synced. A status
+-- unsynced: the stored value pieces not yet in the cloud, by objects.id: status 0
+--   transient, 1 local (see the module docstring). No row: synced (or a tree node). A status
 --   only increases (a row goes from 0 to 1, and is deleted when the piece is
 --   synced). A status 0 piece with no journal_pieces row is garbage (a discarded
 --   journal's): it is deleted with its objects row. Small in steady state.

@@ -77,7 +77,8 @@ async def test_corrupt_missing_and_transient_pieces_are_named(tmp_path: Path) ->
         conn.execute("DELETE FROM objects WHERE digest = ?", (big_chunk,))
         node = conn.execute("SELECT root FROM commits ORDER BY generation DESC").fetchone()[0]
         conn.execute(
-            "UPDATE unsynced SET status = 0 WHERE id = (SELECT id FROM objects WHERE digest = ?)",
+            "INSERT OR REPLACE INTO unsynced (id, status) "
+            "SELECT id, 0 FROM objects WHERE digest = ?",
             (node,),
         )
         conn.execute("DELETE FROM heads")
