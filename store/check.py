@@ -676,7 +676,8 @@ async def drop_pieces(page: Page, digests: Iterable[bytes]) -> None:
 
 async def synced_pieces(page: Page) -> list[bytes]:
     """Digests this page counts as in the cloud: stored pieces without an ``unsynced``
-    row, and pieces known only through ``remote_pieces``."""
+    row (tree nodes among them, which never leave the device), and pieces known only
+    through ``remote_pieces``."""
     rows = await page.db.read_all(
         "SELECT o.digest FROM objects o WHERE NOT EXISTS "
         "(SELECT 1 FROM unsynced u WHERE u.id = o.id) "

@@ -215,7 +215,8 @@ class DocumentStore:
                     page,
                     max_document_bytes=max_document_bytes,
                     rev_tolerance=rev_tolerance,
-                    clock=clock or RevClock(),
+                    # (the page's clock: the repository's, which tests set)
+                    clock=clock or RevClock(lambda: page.graph.clock_us() // 1000),
                     held_index_bytes=held_index_bytes,
                     held_budget=held_budget,
                 )

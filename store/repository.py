@@ -646,12 +646,16 @@ class Repository:
             k[0] == ledger for k in self._evicted
         )
 
-    def _known_deleted(self, key: tuple[bytes, bytes]) -> bool | None:
+    async def _known_deleted(self, key: tuple[bytes, bytes]) -> bool | None:
         """Whether the page is deleted, when known without page_usage: an open page
-        is asked (a closing one too: page_usage is written once it has closed), a page
-        closed a moment ago remembered; None otherwise."""
+        is asked (a closing one too: page_usage is written once it has closed), once
+        its acknowledged writes are committed (a delete of its last key may make it
+        a deleted page again); a page closed a moment ago remembered; None otherwise."""
         page = self._pages.get(key)
         if page is not None:
+            if page.writer.uncommitted and not page.closed:
+                with contextlib.suppress(StoreError):  # (it answers as it stands)
+                    await page.flush()
             return page.deleted
         return self._closed_deleted.get(key)
 
@@ -659,7 +663,7 @@ class Repository:
         """The page is stored here and not deleted: listings show it."""
         if not self.page_exists(ledger, page_id):
             return False
-        known = self._known_deleted((ledger, page_id))
+        known = await self._known_deleted((ledger, page_id))
         if known is not None:
             return not known
         rows = await self.usage.read_all(
@@ -1385,7 +1389,7 @@ class Ledger:
         marked = {bytes(r[0]) for r in rows}
         out = []
         for pid in ids:
-            known = self.repo._known_deleted((self.name, pid))
+            known = await self.repo._known_deleted((self.name, pid))
             if not (pid in marked if known is None else known):
                 out.append(pid)
         return out

@@ -414,7 +414,11 @@ async def _cloud(
     """Read the page's packs and checkpoint; report what the page counts as synced
     and the bucket should hold but does not (the rule is in the module docstring)."""
     view = await _read_bucket(page, engine, index, engine.device, report.bad_pieces())
-    needed = set(await ck.synced_pieces(page)) & await ck.reachable(page, [page.head.root])
+    needed = {  # (value pieces: tree nodes never leave the device)
+        d
+        for d in set(await ck.synced_pieces(page)) & await ck.reachable(page, [page.head.root])
+        if dg.kind_of(d) is dg.Kind.VALUE
+    }
     uploaded = await ex.uploaded_upto(page)
     if any(d not in view.pieces for d in needed) or view.uploaded < uploaded:
         # The listing was made at the check's first page: a pack put since (sync goes
