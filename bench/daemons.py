@@ -50,16 +50,9 @@ from typing import Any
 
 import boto3
 
-from ledgerd.sync.testing import moto_server
+from ledgerd.sync.testing import AWS_ENV, moto_server
 
 ROOT = Path(__file__).resolve().parents[1]
-AWS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_CONFIG_FILE": "/dev/null",
-    "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
-}
 FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 CONVERGE_TIMEOUT = 300.0
 """Seconds the listings have to match after the workload, before the run reports
@@ -156,7 +149,7 @@ def _bucket() -> Iterator[tuple[str, str]]:
 
 
 def _env(url: str, bucket: str, **settings: Any) -> dict[str, str]:
-    env = {**AWS, "LEDGERD_ENDPOINT_URL": url, "LEDGERD_CLOUD": f"s3://{bucket}/daemons"}
+    env = {**AWS_ENV, "LEDGERD_ENDPOINT_URL": url, "LEDGERD_CLOUD": f"s3://{bucket}/daemons"}
     env |= {f"LEDGERD_{k.upper()}": str(v) for k, v in settings.items()}
     return env
 

@@ -111,6 +111,16 @@ class FaultyStore(CloudStore):
         return self.inner.last_failure()
 
 
+AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_CONFIG_FILE": "/dev/null",
+    "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+}
+"""The environment a daemon talks to :func:`moto_server` with (no real credentials)."""
+
+
 @contextmanager
 def moto_server(timeout: float = 30.0) -> Iterator[str]:
     """moto's S3 HTTP server as a child process on a free loopback port; yields its URL."""

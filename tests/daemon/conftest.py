@@ -20,7 +20,7 @@ import boto3
 import pytest
 from hypothesis import HealthCheck, settings
 
-from ledgerd.sync.testing import moto_server
+from ledgerd.sync.testing import AWS_ENV, moto_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -151,13 +151,7 @@ def s3_endpoint() -> Iterator[str]:
         yield url
 
 
-AWS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_CONFIG_FILE": "/dev/null",
-    "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
-}
+AWS = AWS_ENV
 
 
 @pytest.fixture
