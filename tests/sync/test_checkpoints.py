@@ -299,3 +299,28 @@ async def test_writes_older_than_a_checkpoint_never_undo_what_it_holds(
                 await d.engine.sync()
             for d in (a, b, c):
                 assert await _keys(d.repo) == want
+
+
+async def test_a_restore_without_every_own_write_leaves_the_page_evicted(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """A restore must bring back every write this device made to the page: the next
+    local write would claim them all seen, and one missing then (a pack of its own not
+    readable now) would never be imported. Short of them, the use is ``unavailable``
+    and the page stays evicted; once the pack is back, the next use restores it whole."""
+    async with device(tmp_path / "a", bucket) as a:
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"first", b"1")
+        await a.engine.sync()
+        await pa.put(b"second", b"2")
+        await a.engine.sync()
+        want = await _keys(a.repo)
+        assert await a.repo.evict(b"l", b"p") > 0
+        newest = max((tmp_path / "bucket" / "packs").iterdir())
+        aside = tmp_path / "aside"
+        newest.rename(aside)
+        with pytest.raises(PageUnavailableError, match="own writes"):
+            await a.repo.ledger("l").page("p")
+        assert a.repo.is_evicted(b"l", b"p")
+        aside.rename(newest)
+        assert await _keys(a.repo) == want
