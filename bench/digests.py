@@ -14,7 +14,7 @@ only the storing, in three layouts:
 * ``held_N``: ``objects`` with no index, and the digest -> id mapping in a
   ``WITHOUT ROWID`` table of its own whose rows are held and entered, sorted, every
   ``N`` batches (how the document layer stores its index rows). Not how the store
-  works: a measurement of a design, see README "Performance".
+  works: a measurement of a design, see docs/performance.md, "The digest index".
 
 Each layout's seconds and MiB written (``/proc/self/io``; null where the kernel does
 not say), ``--rounds`` times each.

@@ -417,7 +417,7 @@ def test_common_options_after_doc_check_and_gc(shared: Daemon, ledger: str) -> N
 
 def test_check_and_gc_json_is_one_compact_line(shared: Daemon, ledger: str) -> None:
     """``check --json``, ``gc --json`` and ``doc get --json`` print one thing, so one
-    compact line (as the README's ``--json`` convention says); before, they printed
+    compact line (as docs/cli.md's ``--json`` convention says); before, they printed
     indented JSON. ``doc get`` without ``--json`` still indents the document."""
     doc_id = ctl(shared, "doc", "put", ledger, "p", "c", '{"v": 1}').split()[0].decode()
     checked, collected, got, shown = outputs(

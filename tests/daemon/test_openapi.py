@@ -161,8 +161,8 @@ def test_query_parameters_keep_their_exact_bytes(daemon: Daemon) -> None:
 
 
 def test_the_batch_schema_describes_every_op_and_the_whole_answer(daemon: Daemon) -> None:
-    """The versionstamped ops are batch ops like put and delete (README, "The HTTP
-    API"), and the answer carries the stamp and the completed keys and values."""
+    """The versionstamped ops are batch ops like put and delete (docs/http-api.md), and
+    the answer carries the stamp and the completed keys and values."""
     doc = document()
     op_schema = doc["components"]["schemas"]["Batch"]["properties"]["ops"]["items"]
     assert set(op_schema["properties"]["op"]["enum"]) == {"put", "delete", *STAMPED_OPS}

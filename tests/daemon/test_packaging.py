@@ -269,7 +269,7 @@ def test_system_service() -> None:
     # The allow list first, then what it takes away, then chown put back (socket_group).
     filters = unit["Service"]["SystemCallFilter"]
     assert filters == ["@system-service", "~@privileged @resources", "@chown"]
-    # Where the install instructions (file header, README) put the command.
+    # Where the install instructions (file header, docs/operations.md) put the command.
     assert setting(unit, "Service", "ExecStart") == "/opt/ledgerd/bin/ledgerd run"
     assert seconds(setting(unit, "Service", "WatchdogSec")) > 0
     assert seconds(setting(unit, "Service", "TimeoutStopSec")) > Config().shutdown_timeout

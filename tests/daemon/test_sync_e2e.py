@@ -245,7 +245,7 @@ def test_a_write_is_readable_on_another_daemon_within_a_second(
 
 def test_a_watch_announces_a_lazy_value_not_on_this_device(short_tmp: Path) -> None:
     """A LAZY value that came through sync and was never read here is announced with
-    ``value`` and ``size`` null (README, "How data is stored"): the clients' watches give
+    ``value`` and ``size`` null (docs/storage.md, "Writes"): the clients' watches give
     it as an Item with size None, and ``ledgerctl watch`` prints it, instead of failing
     on ``int(None)``."""
     from tests.daemon.test_cli import Watcher

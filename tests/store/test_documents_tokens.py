@@ -294,7 +294,7 @@ async def test_a_revision_past_the_year_9999_does_not_damage_later_writes(page: 
 async def test_a_damaged_body_without_its_head_can_be_purged(page: Page, doc_id: str) -> None:
     """A damaged body without a head (both written through the key API) is listed as
     damaged, but purge raised MalformedRecordError again: the documents API had no
-    way to be rid of it, though the README names purge as the way. An id whose time
+    way to be rid of it, though docs/documents.md names purge as the way. An id whose time
     is past the year 9999 (a ULID can say so) made the tombstone itself damaged
     (created from the id's time)."""
     docs = await DocumentStore.open(page)

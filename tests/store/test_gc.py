@@ -160,7 +160,7 @@ async def test_the_bulk_load_shrinks_to_twice_its_live_data_after_gc(tmp_path: P
         result = await collect(page, 0)
         after = page_files(page)
         # Live data as stored: the pieces the head reaches (values and tree nodes). The
-        # user's bytes alone are less: see the README's performance section.
+        # user's bytes alone are less: see docs/performance.md, "Garbage collection".
         data = await live_bytes(page)
         assert sum(len(k) + len(v) for k, v in live.items()) < data
         assert after <= 2 * data + MiB, (before, after, data)
