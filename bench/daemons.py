@@ -21,6 +21,9 @@ Two runs, each printing one JSON line:
     each device also writes keys of its own, whose last acknowledged value (or
     absence, after an acknowledged delete) every device must show.
 
+Both runs also count each daemon's log lines that report an error, a refused
+(corrupt) object or a pack that waits, and show the first few.
+
 ``python -m bench.daemons [--run same-keys|life|both] [--seed N] [--steps N]``
 
 The bucket is moto's S3 server on a loopback port (``ledgerd.sync.testing``); the
@@ -126,6 +129,21 @@ class Daemon:
         return [json.loads(x) for x in out.decode().splitlines()]
 
 
+PROBLEMS = (" ERROR ", " CRITICAL ", "Traceback", "corrupt", "malformed", "waits for")
+"""Log line fragments that mean something went wrong: the runs count them."""
+
+
+def _log_problems(daemons: list[Daemon]) -> dict[str, Any]:
+    """Per daemon, how many log lines hold one of ``PROBLEMS`` and the first few."""
+    found: dict[str, Any] = {}
+    for d in daemons:
+        log = d.base / "log"
+        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+        bad = [line for line in lines if any(p in line for p in PROBLEMS)]
+        found[d.base.name] = {"lines": len(bad), "first": [line[:200] for line in bad[:3]]}
+    return found
+
+
 def _cpu(pid: int) -> float:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -199,6 +217,7 @@ def same_keys() -> dict[str, Any]:
                 "keys": keys,
                 "heads": heads,
                 "daemon_cpu_seconds": [round(d.cpu_now(), 1) for d in daemons],
+                "log_problems": _log_problems(daemons),
             }
         finally:
             for d in daemons:
@@ -329,6 +348,7 @@ def life(seed: int, steps: int) -> dict[str, Any]:
                 "seconds_to_converge": None if seconds is None else round(seconds, 1),
                 "acknowledged_writes_missing": lost,
                 "daemon_cpu_seconds": [round(d.cpu_now(), 1) for d in daemons],
+                "log_problems": _log_problems(daemons),
             }
         finally:
             for d in daemons:
