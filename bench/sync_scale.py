@@ -3,18 +3,24 @@
 Through moto's HTTP server, requests counted below the engines:
 * ``round_1000_pages``: the requests of one upload round after a write to each of
   1,000 pages (target: 1 PUT);
-* ``idle_poll_50_devices``: the requests of one idle poll of a device that hears
-  from 49 others (target: 1 LIST);
+* ``idle_poll_50_devices``: 50 devices each write one key of one shared page and
+  sync until a whole cycle moves nothing; then the requests of one idle poll of a
+  device that hears from 49 others (target: 1 LIST), the cycles and seconds the
+  settling took, the packs held on any device (target: none) and how many devices
+  hold all 50 keys;
 * ``bootstrap``: a new device's first sync of the 100-transaction history page
   (100,000 random keys in transactions of 1,000), bytes and seconds, next to the
   page's live size as stored (its head's tree and values) and its keys and values;
 * ``compaction``: the bucket's bytes before and after the writer compacts (grace 0);
 * ``propagation_daemons``: two real daemons with the default settings: the median
   and p90 seconds from a put on one to the value being readable on the other.
+
+``python -m bench.sync_scale [--only round|idle|bootstrap|propagation ...]``
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -94,17 +100,35 @@ async def _idle_50(base: Path, endpoint: str, bucket: str) -> dict[str, Any]:
             pg = await d[0].ledger("bench").page("shared")
             await pg.put(b"from %d" % i, b"v")
             await d[1].sync()
-        for _ in range(5):  # until everyone has read everyone (merges travel too)
-            moved = 0
-            for _, engine, _ in devices:
-                s = await engine.sync()
-                moved += s.uploaded_packs + s.downloaded_packs
-            if not moved:
-                break
+        cycles = 0
+        with timed() as settle:
+            while cycles < 5:  # until everyone has read everyone
+                cycles += 1
+                moved = 0
+                for _, engine, _ in devices:
+                    s = await engine.sync()
+                    moved += s.uploaded_packs + s.downloaded_packs
+                if not moved:
+                    break
+        held = sum(sum(e.gauges()["held"].values()) for _, e, _ in devices)
+        problems = sum(len(e.problems()) for _, e, _ in devices)
+        keys = []
+        for r, _, _ in devices:
+            shared = await r.ledger("bench").page("shared")
+            keys.append(len((await shared.keys()).items))
         repo, engine, cloud = devices[0]
         cloud.reset()
         await engine.round()
-        return {"devices": 50, "requests": dict(cloud.counts), "target": {"list": 1}}
+        return {
+            "devices": 50,
+            "requests": dict(cloud.counts),
+            "target": {"list": 1},
+            "settle_cycles": cycles,
+            "settle_seconds": round(settle.seconds, 1),
+            "held_packs": held,
+            "problems": problems,
+            "devices_with_every_key": sum(k == 50 for k in keys),
+        }
     finally:
         for repo, engine, _ in devices:
             await engine.stop()
@@ -223,31 +247,55 @@ def _propagation(base: Path, endpoint: str, bucket: str, rounds: int) -> dict[st
             p.wait(30)
 
 
-async def _all(base: Path, endpoint: str, bucket: str, history: int) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "round_1000_pages": await _round_1000(base, endpoint, bucket),
-        "idle_poll_50_devices": await _idle_50(base, endpoint, bucket),
-    }
-    if history:
+SECTIONS = ("round", "idle", "bootstrap", "propagation")
+"""The sections ``--only`` chooses from (bootstrap includes compaction)."""
+
+
+async def _all(
+    base: Path, endpoint: str, bucket: str, history: int, only: set[str]
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if "round" in only:
+        out["round_1000_pages"] = await _round_1000(base, endpoint, bucket)
+    if "idle" in only:
+        out["idle_poll_50_devices"] = await _idle_50(base, endpoint, bucket)
+    if history and "bootstrap" in only:
         out.update(await _bootstrap(base, endpoint, bucket, history))
     return out
 
 
-def scale(endpoint: str, bucket: str, history: int = 100_000, rounds: int = 15) -> dict[str, Any]:
-    """Every figure of this section (moto's server at ``endpoint``, ``bucket`` made)."""
+def scale(
+    endpoint: str,
+    bucket: str,
+    history: int = 100_000,
+    rounds: int = 15,
+    only: set[str] | None = None,
+) -> dict[str, Any]:
+    """The figures of this section (moto's server at ``endpoint``, ``bucket`` made):
+    every one, or those of the sections in ``only``."""
+    chosen = set(SECTIONS) if only is None else only
     with tempfile.TemporaryDirectory(prefix="lds-", dir="/tmp") as d:
-        out = asyncio.run(_all(Path(d), endpoint, bucket, history))
-        out["propagation_daemons"] = _propagation(Path(d), endpoint, bucket, rounds)
+        out = asyncio.run(_all(Path(d), endpoint, bucket, history, chosen))
+        if "propagation" in chosen:
+            out["propagation_daemons"] = _propagation(Path(d), endpoint, bucket, rounds)
     return out
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.sync_scale", description=__doc__)
+    ap.add_argument(
+        "--only", action="append", choices=SECTIONS, help="run just this section (repeatable)"
+    )
+    ap.add_argument("--history", type=int, default=100_000, help="entries of the history page")
+    ap.add_argument("--rounds", type=int, default=15, help="puts timed between two daemons")
+    args = ap.parse_args()
     os.environ.update(AWS)
     with moto_server() as endpoint:
         boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
             Bucket="bench"
         )
-        emit("sync_scale", scale(endpoint, "bench"))
+        only = set(args.only) if args.only else None
+        emit("sync_scale", scale(endpoint, "bench", args.history, args.rounds, only))
 
 
 if __name__ == "__main__":
