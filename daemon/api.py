@@ -1209,7 +1209,7 @@ ROUTES = [
     _route("GET", "metrics", Api.metrics_text, counted=False),
     _route("GET", "health", Api.health, counted=False),
 ]
-"""The API's routes (the README's table), tried in order."""
+"""The API's routes (the table in docs/http-api.md), tried in order."""
 
 ROUTER = Router(ROUTES)
 

@@ -643,7 +643,7 @@ def _common(p: argparse.ArgumentParser, top: bool) -> None:
         own.default = kw.get("default", own.default)
         return
     p.add_argument(
-        "--json", action="store_true", help="print data as JSON lines (see the README)", **kw
+        "--json", action="store_true", help="print data as JSON lines (see docs/cli.md)", **kw
     )
 
 
@@ -813,7 +813,7 @@ def _discard_stdout() -> None:
 def main(argv: list[str] | None = None) -> int:
     _claim_closed_streams()
     ap = parser()
-    if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions (see the README)
+    if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions (docs/cli.md)
         import argcomplete
 
         argcomplete.autocomplete(ap)

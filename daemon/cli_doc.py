@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from ledgerd.daemon.cli import Cli
 
 
-DESCRIPTION = """documents of a page (see "Documents through the daemon" in the README).
+DESCRIPTION = """documents of a page (see "Documents through the daemon" in docs/documents.md).
 Output: put, rm, purge, detach print _id<TAB>_rev; indexes prints
 name<TAB>partition<TAB>sort<TAB>ready|building; attach prints attachment id<TAB>_rev; ls and
 find print _id<TAB>_rev<TAB>_data (compact JSON; deleted or purged as a fourth column)

@@ -22,7 +22,7 @@ from ledgerd.sync.errors import SyncError
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="ledgerd key", description="encryption keys of the bucket (see the README)"
+        prog="ledgerd key", description="encryption keys of the bucket (see docs/bucket-format.md)"
     )
     sub = ap.add_subparsers(dest="action", required=True)
     p = sub.add_parser("init", help="write a new key file (mode 0600); never overwrites")

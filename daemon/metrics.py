@@ -1,7 +1,7 @@
 """Prometheus metrics of one daemon: ``GET /v1/metrics`` and, optionally, a TCP scraper port.
 
 This module owns the daemon's :class:`prometheus_client.CollectorRegistry` (one per
-daemon, never the library's global one) and every metric in it (the README's table
+daemon, never the library's global one) and every metric in it (the table in docs/operations.md
 lists them). Events are counted where they happen (HTTP requests by the API's
 request handler, commits as the repository's commit listener, sync rounds as the sync
 engine's observer, cloud requests by :class:`ledgerd.sync.metered.Metered`); what is

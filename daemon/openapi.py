@@ -26,7 +26,7 @@ def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
 
 
 def _errors(*statuses: int) -> dict[str, Any]:
-    """Error answers: ``{"error": {"code", "message"}}`` (see the README's table)."""
+    """Error answers: ``{"error": {"code", "message"}}`` (see the table in docs/http-api.md)."""
     out = {str(s): _json(_ref("Error"), "error (see the code)") for s in statuses}
     out["default"] = _json(_ref("Error"), "error (see the code)")
     return out
@@ -401,7 +401,7 @@ def document() -> dict[str, Any]:
 
 
 def _document_paths() -> dict[str, Any]:
-    """The documents' routes (``daemon/docs_api.py``; the README's Documents section)."""
+    """The documents' routes (``daemon/docs_api.py``; docs/documents.md)."""
     obj = {"type": "object"}
     col = _path("collection", "collection name")
     did = _path("id", "document id (a ULID)")

@@ -20,7 +20,7 @@ The ten bytes
     after every stamp it has received through sync (the heads it merged carry their
     times). Two stamps from different devices are equal only if the two devices'
     tags are equal (1 in 65,536 for a pair of devices) and they stamp in the same
-    microsecond; the README works out the odds.
+    microsecond.
 """
 
 from __future__ import annotations

@@ -165,7 +165,7 @@ def give_back_memory() -> None:
 
     Closed pages free their SQLite caches, but glibc keeps the freed memory in the
     heaps of the threads that used it, so a daemon cycling through many pages grew
-    with every cycle and never shrank (figures in the README's Performance)."""
+    with every cycle and never shrank (figures in bench/RESULTS.md)."""
     if _trim is not None:
         _trim(0)
 

@@ -40,7 +40,7 @@ Key = tuple[bytes, bytes]
 
 LOCAL = LOCAL_LEDGER.encode()
 """The ledger that is never uploaded, nor written from the bucket (its pages
-stay on this device: see the README's Documents section)."""
+stay on this device: see docs/documents.md)."""
 SEEN = "sync/bucket-seen"
 """Repository meta, per cloud URL: this device checked the bucket (older ledgerd
 remembered only that)."""
