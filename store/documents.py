@@ -73,6 +73,8 @@ from ledgerd.store.view import RangeResult, View
 log = logging.getLogger(__name__)
 
 _stores: weakref.WeakKeyDictionary[Page, DocumentStore] = weakref.WeakKeyDictionary()
+"""Each open page's document store. A store refers to its page, so its key never
+dies on its own: the store leaves when it or its page closes."""
 _opening: weakref.WeakKeyDictionary[Page, asyncio.Lock] = weakref.WeakKeyDictionary()
 
 LIST_LIMIT = 1000
@@ -223,7 +225,7 @@ class DocumentStore:
                 try:
                     await store._open()
                 except BaseException:  # nothing of it stays: the next open starts afresh
-                    page.not_when_closing(store.views.page_closing)
+                    page.not_when_closing(store._page_closing)
                     try:
                         await store.views.close()
                     except Exception:  # the open's own failure is the one to raise
@@ -286,7 +288,7 @@ class DocumentStore:
         if self.page.policy is not Policy.DOCUMENTS:
             await self.page.set_policy(Policy.DOCUMENTS)
         await self.views.load()
-        self.page.when_closing(self.views.page_closing)
+        self.page.when_closing(self._page_closing)
         if self.views.max_rev:
             self.clock.observe(self.views.max_rev)
         await self.views.catch_up()
@@ -299,12 +301,22 @@ class DocumentStore:
         for the close to end and returns a new store, so two never keep one page's
         indexes at once."""
         async with _opening.setdefault(self.page, asyncio.Lock()):
-            self.page.not_when_closing(self.views.page_closing)
+            self.page.not_when_closing(self._page_closing)
             try:
                 await self.views.close()
             finally:
                 if _stores.get(self.page) is self:
                     del _stores[self.page]
+
+    async def _page_closing(self) -> None:
+        """The page closes: store the held index rows, and forget this store. The
+        registry's value holds its page, so a store left there keeps the page, its
+        database and its history in memory for the life of the process."""
+        try:
+            await self.views.page_closing()
+        finally:
+            if _stores.get(self.page) is self:
+                del _stores[self.page]
 
     async def refresh(self) -> Commit:
         """Bring the indexes up to the page's head now, in storage (queries do it

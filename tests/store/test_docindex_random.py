@@ -167,7 +167,7 @@ class Run:
                 await docs.rebuild_index("c", rng.choice(sorted(self.declared)))
             elif op in ("reopen", "crash"):
                 if op == "crash":  # the held rows are lost, as when the process dies
-                    self.page.not_when_closing(docs.views.page_closing)
+                    self.page.not_when_closing(docs._page_closing)
                 await self.page.close()
                 await self.open()
             elif op == "close":  # the document store closes, the page stays open
