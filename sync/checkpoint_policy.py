@@ -235,15 +235,7 @@ class CheckpointPolicy:
             if not listed or away <= self.grace:
                 return
             await self.absent(away)
-        held, joined, newest = await self.checkpoints.bootstrap(
-            lambda k: (
-                self.ctx.wanted_here(k)
-                and self.ctx.repo.page_exists(*k)
-                or not self.ctx.repo.page_exists(*k)
-                and self.ctx.wanted(k)
-            ),
-            self.ctx.using,
-        )
+        held, joined, newest = await self.checkpoints.bootstrap(self._rejoins, self.ctx.using)
         for key in joined:
             self.changed(key)
             self.wake(key)
@@ -260,6 +252,23 @@ class CheckpointPolicy:
         await self.feed.set_wall_listed(self.ctx.clock())
         await self.ctx.repo.delete_meta(REJOINING)
         self._rejoining = False
+
+    def _rejoins(self, key: Key) -> bool:
+        """Whether a page joins its checkpoint when this device starts again from them:
+        a page it holds that it wants here, or one it does not hold that it wants."""
+        if self.ctx.repo.page_exists(*key):
+            return self.ctx.wanted_here(key)
+        return self.ctx.wanted(key)
+
+    async def reread(self) -> None:
+        """Before a restart listing that comes long after its checkpoints were read
+        (``Feed.reread``): join them again, as now (a join is idempotent), and take
+        their covers for the logs' floors."""
+        held, joined, newest = await self.checkpoints.bootstrap(self._rejoins, self.ctx.using)
+        for key in joined:
+            self.changed(key)
+            self.wake(key)
+        await self.feed.restart(held, newest)
 
 
 def _span(seconds: float) -> str:

@@ -12,6 +12,15 @@ page. A device's own checkpoints that are no longer the best of their page, and
 older than the grace period, go too. Nothing of another device is ever deleted, and
 nothing younger than the grace period.
 
+A covering checkpoint counts only once this device has listed it for ``settle``
+seconds (a feed window, by its monotonic clock; so never one it wrote in the same
+run). A device that starts from the checkpoints reads them and then lists the feed
+(``sync.feed``, Gaps and restarts): a pack missing from that listing and covered by
+a checkpoint its read did not list yet (a store's listings lag) would be taken for
+explained, and that page's writes in it lost to the device. Deleting a pack only a
+window after its covering checkpoint was listed puts that checkpoint in every
+listing a store's lag allows, before the pack can be missing from one.
+
 Cost: one LIST of the checkpoints, one LIST of the feed up to the grace period,
 one ranged GET of each old pack's index (remembered for the process's life) and
 of each page's newest checkpoint's index, one DELETE per object removed.
@@ -21,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -39,6 +49,9 @@ WriteCheckpoint = Callable[[Key], Awaitable[bool]]
 
 GRACE = 30 * 24 * 3600.0
 """Seconds a pack stays after it is no longer needed: longer than any device is offline."""
+SETTLE = 120.0
+"""Seconds a checkpoint must have been listed here before it counts as covering a
+pack (the feed window, ``sync.feed.FEED_WINDOW``: see the module docstring)."""
 
 
 @dataclass
@@ -57,11 +70,17 @@ class Compactor:
         checkpoints: Checkpoints,
         grace: float = GRACE,
         seal: Callable[[str], tuple[Codec, str] | None] = lambda _ident: None,
+        *,
+        settle: float = SETTLE,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.seal = seal
         self.checkpoints = checkpoints
         self.grace = grace
+        self.settle = settle
+        self.monotonic = monotonic
+        self._listed: dict[str, float] = {}  # checkpoint name -> monotonic time first listed
         self._pages: dict[str, list[Key]] = {}  # own old pack -> its pages
         self.last: Report | None = None
 
@@ -70,6 +89,8 @@ class Compactor:
         report = Report()
         cutoff = now_ms - int(self.grace * 1000)
         names = [cn async for cn in self.checkpoints.names()]
+        now = self.monotonic()
+        self._listed = {cn.name: self._listed.get(cn.name, now) for cn in names}
         best = await self.checkpoints.best(names)
         for cn in names:
             if cn.device == device and best[cn.tag] != cn and cn.time < cutoff:
@@ -99,7 +120,11 @@ class Compactor:
                 # take its number for a gap.
                 covered = False
                 for cn in sorted(best.values(), key=lambda n: n.time, reverse=True):
-                    if cn.device == device and await self._covers(cn, covers, need):
+                    if (
+                        cn.device == device
+                        and self._settled(cn)
+                        and await self._covers(cn, covers, need)
+                    ):
                         covered = True
                         break
             for key in keys:
@@ -108,14 +133,19 @@ class Compactor:
                     if tag not in tried and await write(key):
                         report.checkpoints_written += 1
                         tried.add(tag)
-                        fresh = await self.checkpoints.best(
-                            [cn async for cn in self.checkpoints.names(tag)]
-                        )
+                        listed = [cn async for cn in self.checkpoints.names(tag)]
+                        now = self.monotonic()
+                        for cn in listed:
+                            self._listed.setdefault(cn.name, now)
+                        fresh = await self.checkpoints.best(listed)
                         if tag in fresh:
                             best[tag] = fresh[tag]
                     if not await self._covers(best.get(tag), covers, need):
                         covered = False
                         break
+                if not self._settled(best.get(tag)):  # covered: it goes at a later run
+                    covered = False
+                    break
             if not covered:
                 report.packs_kept += 1
                 continue
@@ -145,6 +175,14 @@ class Compactor:
                 return None
             keys = self._pages[pn.name] = [p.key for p in header.pages]
         return keys
+
+    def _settled(self, cn: CheckpointName | None) -> bool:
+        """Whether this device listed checkpoint ``cn`` a ``settle`` ago (so it is in
+        every device's listings by now: the module docstring)."""
+        if self.settle <= 0:
+            return True
+        listed = None if cn is None else self._listed.get(cn.name)
+        return listed is not None and self.monotonic() - listed >= self.settle
 
     async def _covers(
         self,

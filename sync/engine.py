@@ -138,7 +138,8 @@ class SyncEngine:
 
     ``wants(ledger, page)``, if given, says which pages this device holds: packs
     bring only those (every page, without it). ``clock`` is the wall clock (tests
-    skew it).
+    skew it). ``compaction_settle``: seconds a checkpoint is listed before compaction
+    takes it as covering a pack (``sync.compaction``; the feed window by default).
     """
 
     def __init__(
@@ -164,6 +165,7 @@ class SyncEngine:
         checkpoint_interval: float = 60.0,
         compaction_grace: float = compaction.GRACE,
         compaction_interval: float = 24 * 3600.0,
+        compaction_settle: float | None = None,
         keys: crypto.KeyRing | None = None,
     ) -> None:
         self.store = Metered(store)
@@ -202,7 +204,12 @@ class SyncEngine:
         )
         self.fetcher = LazyFetcher(self.ctx, self.checkpoints, fetch_timeout)
         self.compactor = compaction.Compactor(
-            self.store, self.checkpoints, compaction_grace, self.ctx.seal
+            self.store,
+            self.checkpoints,
+            compaction_grace,
+            self.ctx.seal,
+            settle=feed_window if compaction_settle is None else compaction_settle,
+            monotonic=self.ctx.monotonic,
         )
         self.policy = CheckpointPolicy(
             self.ctx,
@@ -228,6 +235,7 @@ class SyncEngine:
         )
         self.policy.wake = self.downloader.wake
         self.feed.absent = self.policy.absent
+        self.feed.reread = self.policy.reread
         self.uploader = Uploader(
             self.ctx,
             self.feed,

@@ -33,7 +33,10 @@ Gaps and restarts
     checkpoint was written a window before the newest name (its writer had read
     those packs then: late ones would show by now). A device new to the bucket, or
     back after longer than the compaction grace, reads the checkpoints' covers (the
-    logs' floors), and lists the whole feed: that listing is the probe.
+    logs' floors), and lists the whole feed: that listing is the probe. It must come
+    soon after the read (within a quarter of the window, or the checkpoints are read
+    again): compaction deletes a pack a window after its covering checkpoints were
+    listed, so they are in a read made that close before the listing.
 """
 
 from __future__ import annotations
@@ -119,6 +122,12 @@ class Feed:
         # has no checkpoint stays), and such a hole goes once probed.
         self.held_by_checkpoints: dict[str, int] = {}
         self.covers_time = 0  # the newest checkpoint's feed time among those (not saved)
+        # (wall, monotonic) time of the checkpoints' read that set those, in this
+        # process; None: read by an earlier one, or none.
+        self._restart_read: tuple[float, float] | None = None
+        # Reads the checkpoints again and restarts with them (CheckpointPolicy.reread):
+        # for a restart listing that comes long after its read (see list_new).
+        self.reread: Callable[[], Awaitable[None]] | None = None
 
     async def load(self) -> None:
         # (as listed names move it: one saved before that rule may be past the ceiling)
@@ -154,6 +163,16 @@ class Feed:
         await self.ctx.repo.set_meta(RESTARTING, bytes(msgpack.packb(held)))
         self.restarting = True
         self.held_by_checkpoints = dict(held)
+        self._restart_read = (self.ctx.clock(), self.ctx.monotonic())
+
+    def _restart_stale(self) -> bool:
+        """Whether the checkpoints of the pending restart were read more than a quarter
+        of the window ago (by either clock, or by an earlier process)."""
+        if self._restart_read is None:
+            return True
+        wall, mono = self._restart_read
+        quarter = self.feed_window / 4
+        return self.ctx.monotonic() - mono > quarter or not 0 <= self.ctx.clock() - wall <= quarter
 
     async def absorb(self, cover: dict[str, int], key: Key | None = None, written: int = 0) -> None:
         """A page (``key``) joined a checkpoint of ``cover``: a pack a device wrote up to
@@ -210,6 +229,14 @@ class Feed:
         """One LIST of ``packs/`` after the cursor (the newest feed time listed a
         window ago, less the window; all of it when the logs restart): every
         device's new packs. Each is held to be imported."""
+        if self.restarting and self.reread is not None and self._restart_stale():
+            # A pack missing from this listing counts as compacted if a checkpoint
+            # read covers its number, but the checkpoint covering its pages may be
+            # newer than that read (an upload-only round read them, or a failed round,
+            # long ago): read them again now. Compaction deletes a pack only a window
+            # after its checkpoint was listed (sync.compaction), so a read this close
+            # before the listing lists it.
+            await self.reread()
         window = int(self.feed_window * 1000)
         cursor = self._cursor()
         # A restart lists the whole feed: a pack named before the cursor (by a device

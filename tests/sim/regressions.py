@@ -79,4 +79,5 @@ SEEDS: list[tuple[int, str]] = [
     (9730, "gap; a page's cover reduced by a gap its checkpoint covered"),
     (12559, "gap; a page's cover reduced by a gap its checkpoint covered"),
     (12699, "gap; a checkpoint written without a cover the best one had (a covered gap)"),
+    (4852, "diverged docs-diverged; checkpoints read long before the restart listing"),
 ]

@@ -78,9 +78,10 @@ class Summary:
 def _worker(tasks: Any, results: Any, devices_max: int, steps: tuple[int, int]) -> None:
     from tests.sim.harness import run_history
 
+    parent = os.getppid()
     while True:
         seed = tasks.get()
-        if seed is None:
+        if seed is None or os.getppid() != parent:  # done, or the runner is gone
             return
         results.put(("start", os.getpid(), seed))
         r = run_history(seed, devices_max=devices_max, steps=steps)

@@ -57,13 +57,17 @@ async def device(
     keys: KeyRing | None = _DEFAULT,
     max_open_pages: int = 1024,
     history_retention: float = HISTORY_RETENTION,
+    compaction_settle: float = 0.0,
     **kw: Any,
 ) -> AsyncIterator[Device]:
     """A repository syncing through ``cloud`` (requests counted); ``kw`` for the engine;
-    ``keys`` (by default those of the ``encryption`` fixture, if used) to encrypt."""
+    ``keys`` (by default those of the ``encryption`` fixture, if used) to encrypt.
+    Compaction takes a checkpoint as covering at once (``compaction_settle``): these
+    tests drive it step by step on a simulated wall clock; the settling has tests of
+    its own (``tests/sync/test_compaction_settle.py``) and the simulation runs with it."""
     counting = CountingStore(cloud)
     keys = ENCRYPTION["keys"] if keys is _DEFAULT else keys
-    engine = SyncEngine(counting, keys=keys, **kw)
+    engine = SyncEngine(counting, keys=keys, compaction_settle=compaction_settle, **kw)
     repo = await Repository.open(
         path,
         hooks=engine.hooks(),

@@ -1,0 +1,87 @@
+"""Compaction and a device starting from the checkpoints, when the two meet.
+
+A device that starts from the checkpoints (new to the bucket, or back after longer
+than the compaction grace) reads them, then lists the feed: a pack missing from that
+listing counts as compacted when a checkpoint it read covers the pack's number. Two
+rules keep that true (``sync.compaction``, ``sync.feed``): compaction deletes a pack
+only once its covering checkpoint has been listed for a feed window, and a restart
+listing that comes long after its checkpoints were read reads them again first.
+(Found by the simulation, seed 4852: a device's first round uploaded nothing, so its
+checkpoints were read half an hour before its first listing; meanwhile a page it did
+not hold got its first checkpoint and the pack holding that page was compacted.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ledgerd.sync.folder import FolderStore
+from tests.sync.test_compaction import Clock
+from tests.sync.test_engine import _keys, device
+
+GRACE = 60.0
+WINDOW = 120.0
+
+
+class Monotonic:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_pack_goes_only_a_window_after_its_checkpoint_was_listed(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    clock, mono = Clock(), Monotonic()
+    async with device(
+        tmp_path / "a",
+        bucket,
+        clock=clock,
+        monotonic=mono,
+        compaction_grace=GRACE,
+        compaction_settle=WINDOW,
+        feed_window=WINDOW,
+    ) as a:
+        page = await a.repo.ledger("l").page("p")
+        await page.put(b"k", b"v")
+        await a.engine.sync()
+        clock.now += GRACE + 60
+        first = await a.engine.compact()
+        assert (first.checkpoints_written, first.packs_deleted) == (1, 0)
+        mono.now += WINDOW - 1
+        assert (await a.engine.compact()).packs_deleted == 0  # listed a window ago: not yet
+        mono.now += 2
+        assert (await a.engine.compact()).packs_deleted == 1
+
+
+async def test_a_restart_listing_long_after_its_read_reads_the_checkpoints_again(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """A's pack P holds pages y and x; y has a checkpoint, x none. B's first round
+    uploads nothing: it reads y's checkpoint (its cover reaches P) and lists nothing.
+    Then x gets its checkpoint and P goes. B's first listing, much later, does not
+    list P: with only y's checkpoint read, B took P for explained and never had x."""
+    clock = Clock()
+    kw: dict[str, Any] = {"clock": clock, "compaction_grace": GRACE, "checkpoint_interval": 3600.0}
+    async with device(tmp_path / "a", bucket, **kw) as a:
+        y = await a.repo.ledger("l").page("y")
+        x = await a.repo.ledger("l").page("x")
+        await y.put(b"in y", b"1")
+        await x.put(b"in x", b"1")
+        await a.engine.sync()  # P: both pages
+        feed_time = await a.engine.feed.feed_time()
+        cover = {a.engine.device: 1}
+        assert await a.engine.checkpoints.write(y, a.repo.device_id, feed_time, cover, force=True)
+        async with device(tmp_path / "b", bucket, **kw) as b:
+            await b.engine.round(download=False)  # reads the checkpoints; lists nothing
+            clock.now += GRACE + 60
+            report = await a.engine.compact()  # x's checkpoint, and P goes
+            assert report.checkpoints_written == 1 and report.packs_deleted == 1
+            await b.engine.sync()
+            assert await _keys(b.repo, "l", "x") == {b"in x": b"1"}
+            assert await _keys(b.repo, "l", "y") == {b"in y": b"1"}
+            assert not b.engine.problems()
