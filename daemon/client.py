@@ -5,6 +5,8 @@ and ``ledgerctl`` import from here; the parts live in
 
 * :mod:`ledgerd.daemon.client_types`: errors, result types (:class:`Item`,
   :class:`Change`, :class:`ResolveRequest`, ...), names quoted into URLs, the socket;
+* :mod:`ledgerd.daemon.client_body`: what a value may be (:data:`Content`), the same
+  for both clients;
 * :mod:`ledgerd.daemon.client_async`: :class:`AsyncClient`, HTTP over the Unix socket
   (values streamed, ranges paged through, errors mapped);
 * :mod:`ledgerd.daemon.client_session`: WebSocket sessions (:class:`Session`),
@@ -38,6 +40,7 @@ from ledgerd.daemon.client_blocking import (
     BlockingWatch,
     Client,
 )
+from ledgerd.daemon.client_body import Content
 from ledgerd.daemon.client_session import AsyncTransaction, Session, Transaction, Watch
 from ledgerd.daemon.client_types import (
     CHUNK,
@@ -75,6 +78,7 @@ __all__ = [
     "Change",
     "Client",
     "ConflictItem",
+    "Content",
     "DaemonUnavailableError",
     "Item",
     "LedgerError",

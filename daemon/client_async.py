@@ -6,15 +6,15 @@ files too), ranges paged through, the daemon's errors as :class:`LedgerError`, a
 repository, sync, policy and operations calls. Sessions, watches and transactions are
 :mod:`ledgerd.daemon.client_session`'s: this module opens their connections, and
 :class:`TxnContext` is ``async with client.transaction(...)``, a transaction on a session
-of its own. The blocking client wraps this one (:mod:`ledgerd.daemon.client_blocking`).
+of its own. The blocking client wraps this one (:mod:`ledgerd.daemon.client_blocking`);
+what a value may be is :mod:`ledgerd.daemon.client_body`'s.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -23,6 +23,7 @@ import aiofiles
 import aiohttp
 from yarl import URL
 
+from ledgerd.daemon.client_body import Content, sending
 from ledgerd.daemon.client_session import AsyncTransaction, Session, Watch
 from ledgerd.daemon.client_types import (
     CHUNK,
@@ -34,8 +35,6 @@ from ledgerd.daemon.client_types import (
     Progress,
     ResolverCallback,
     UnsafeSocketError,
-    close_body,
-    file_reads,
     item_of,
     paged,
     quote,
@@ -205,26 +204,23 @@ class AsyncClient:
         ledger: Name,
         page: Name,
         key: bytes,
-        value: bytes | AsyncIterable[bytes] | Path,
+        value: Content,
         *,
         lazy: bool = False,
         progress: Progress | None = None,
     ) -> None:
+        """Set ``key`` to ``value``: bytes (a ``str`` as UTF-8), a file's contents
+        (``progress`` told as it is read) or chunks of bytes, streamed
+        (:data:`~ledgerd.daemon.client_body.Content`)."""
         url = self.url(
             self.page_path(ledger, page) + "/keys/" + quote(key),
             {"priority": "lazy" if lazy else None},
         )
-        data: Any = io.BytesIO(value) if isinstance(value, bytes) and len(value) > CHUNK else value
         headers = {"Content-Type": "application/octet-stream"}
-        if isinstance(value, Path):
-            total = value.stat().st_size
-            data = _file_chunks(value, total, progress)
-            headers["Content-Length"] = str(total)
-        try:
-            resp = await self.request("PUT", url, data=data, headers=headers)
-        finally:
-            if isinstance(value, Path):
-                await close_body(data)
+        async with sending(value, progress) as body:
+            if body.length is not None:
+                headers["Content-Length"] = str(body.length)
+            resp = await self.request("PUT", url, data=body.data, headers=headers)
         resp.release()
 
     async def delete(self, ledger: Name, page: Name, key: bytes) -> None:
@@ -462,16 +458,6 @@ class AsyncClient:
         with reaching(self.socket):
             async with resp:
                 return await resp.text()
-
-
-async def _file_chunks(path: Path, total: int, progress: Progress | None) -> AsyncIterator[bytes]:
-    done = 0
-    with path.open("rb") as f:  # closed however it ends (not aiofiles: see file_reads)
-        async for chunk in file_reads(f):
-            done += len(chunk)
-            if progress:
-                progress(done, total)
-            yield chunk
 
 
 class TxnContext:

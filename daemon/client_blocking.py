@@ -5,8 +5,8 @@ private event loop on a background thread, is the one way through, and every cla
 here wraps its async counterpart method for method (:class:`Client` wraps
 :class:`~ledgerd.daemon.client_async.AsyncClient`, :class:`BlockingSession`,
 :class:`BlockingWatch` and :class:`BlockingTransaction` wrap
-:mod:`ledgerd.daemon.client_session`'s classes). Blocking iterables of chunks are
-streamed, and blocking resolvers run on worker threads. It talks to nothing itself:
+:mod:`ledgerd.daemon.client_session`'s classes). Blocking resolvers run on worker
+threads. It talks to nothing itself:
 what goes over the socket is the async classes' business.
 """
 
@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ledgerd.daemon.client_async import AsyncClient, TxnContext
+from ledgerd.daemon.client_body import Content
 from ledgerd.daemon.client_session import AsyncTransaction, Session, Watch
 from ledgerd.daemon.client_types import (
     Answer,
@@ -43,13 +44,6 @@ BlockingResolver = Callable[[ResolveRequest], Answer]
 
 async def _anext(ait: AsyncIterator[T]) -> T:
     return await ait.__anext__()
-
-
-async def pull(chunks: Iterable[bytes]) -> AsyncIterator[bytes]:
-    """A blocking iterable of chunks as an async one (each ``next`` on a worker thread)."""
-    it = iter(chunks)
-    while (chunk := await asyncio.to_thread(next, it, None)) is not None:
-        yield chunk
 
 
 class Bridge:
@@ -197,14 +191,12 @@ class Client:
         ledger: Name,
         page: Name,
         key: bytes,
-        value: bytes | Iterable[bytes] | Path,
+        value: Content,
         *,
         lazy: bool = False,
         progress: Progress | None = None,
     ) -> None:
-        """Like :meth:`AsyncClient.put`; an iterable of chunks is streamed."""
-        data = value if isinstance(value, bytes | Path) else pull(value)
-        self._call(self.aio.put(ledger, page, key, data, lazy=lazy, progress=progress))
+        self._call(self.aio.put(ledger, page, key, value, lazy=lazy, progress=progress))
 
     def delete(self, ledger: Name, page: Name, key: bytes) -> None:
         self._call(self.aio.delete(ledger, page, key))

@@ -19,40 +19,23 @@ listings paged through, and the changes feed. Connections, URLs and errors are
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import logging
-from collections.abc import (
-    AsyncGenerator,
-    AsyncIterable,
-    AsyncIterator,
-    Callable,
-    Generator,
-    Iterable,
-)
+from collections.abc import AsyncGenerator, Callable, Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiofiles
 
-from ledgerd.daemon.client_blocking import Bridge, pull
-from ledgerd.daemon.client_types import (
-    CHUNK,
-    LedgerError,
-    Name,
-    close_body,
-    file_reads,
-    paged,
-    quote,
-    reaching,
-)
+from ledgerd.daemon.client_blocking import Bridge
+from ledgerd.daemon.client_body import Content, sending
+from ledgerd.daemon.client_types import CHUNK, LedgerError, Name, paged, quote, reaching
 
 if TYPE_CHECKING:
     from ledgerd.daemon.client_async import AsyncClient
 
 Doc = dict[str, Any]
 """A document as JSON: ``{"_meta": {...}, "_data": ..., "_attachments": [...]}``."""
-Content = bytes | AsyncIterable[bytes] | Path
 OnDamaged = Callable[[dict[str, Any]], None]
 """Called with each ``{"collection", "_id", "code", "message"}`` a listing names under
 ``damaged``: a document whose stored body cannot be read (the listing goes on past it),
@@ -209,29 +192,23 @@ class AsyncDocuments:
         attachment_id: str | None = None,
         rev: str | None = None,
     ) -> dict[str, Any]:
-        """Add an attachment (or replace ``attachment_id``), streamed from bytes, chunks
-        or a file: ``{"document": Doc, "attachment": {...}}``."""
+        """Add an attachment (or replace ``attachment_id``), streamed from bytes, a
+        file or chunks (:data:`~ledgerd.daemon.client_body.Content`, as a value's):
+        ``{"document": Doc, "attachment": {...}}``."""
         path = self._path(collection, doc_id, "attachments")
         if attachment_id is not None:
             path += "/" + quote(attachment_id)
         headers = {"Content-Type": content_type}
-        data: Any = content
-        if isinstance(content, bytes) and len(content) > CHUNK:
-            data = io.BytesIO(content)
-        elif isinstance(content, Path):
-            headers["Content-Length"] = str(content.stat().st_size)
-            data = _file_chunks(content)
-        try:
+        async with sending(content) as body:
+            if body.length is not None:
+                headers["Content-Length"] = str(body.length)
             out: dict[str, Any] = await self._call(
                 "PUT" if attachment_id else "POST",
                 path,
                 {"filename": filename, "rev": rev},
-                data=data,
+                data=body.data,
                 headers=headers,
             )
-        finally:
-            if isinstance(content, Path):
-                await close_body(data)
         return out
 
     async def attachment_stream(
@@ -424,12 +401,6 @@ class AsyncDocuments:
                     yield doc
 
 
-async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
-    with path.open("rb") as f:  # closed however it ends (not aiofiles: see file_reads)
-        async for chunk in file_reads(f):
-            yield chunk
-
-
 class Documents:
     """:class:`AsyncDocuments` for blocking code, method for method (through the
     :class:`~ledgerd.daemon.client.Client`'s bridge)."""
@@ -489,20 +460,18 @@ class Documents:
         self,
         collection: str,
         doc_id: str,
-        content: bytes | Iterable[bytes] | Path,
+        content: Content,
         *,
         filename: str,
         content_type: str = "application/octet-stream",
         attachment_id: str | None = None,
         rev: str | None = None,
     ) -> dict[str, Any]:
-        """Like :meth:`AsyncDocuments.put_attachment`; an iterable of chunks is streamed."""
-        data = content if isinstance(content, bytes | Path) else pull(content)
         return self._call(
             self.aio.put_attachment(
                 collection,
                 doc_id,
-                data,
+                content,
                 filename=filename,
                 content_type=content_type,
                 attachment_id=attachment_id,
