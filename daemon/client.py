@@ -11,8 +11,10 @@ and ``ledgerctl`` import from here; the parts live in
   (values streamed, ranges paged through, errors mapped);
 * :mod:`ledgerd.daemon.client_session`: WebSocket sessions (:class:`Session`),
   watchers as iterators (:class:`Watch`) and :class:`AsyncTransaction`;
+* :mod:`ledgerd.daemon.client_bridge`: the one way from blocking code to the async
+  classes, a private event loop on a thread and methods made blocking through it;
 * :mod:`ledgerd.daemon.client_blocking`: :class:`Client` and its blocking sessions,
-  watches and transactions, the async classes run through one thread bridge;
+  watches and transactions, the async classes through that bridge;
 * :mod:`ledgerd.daemon.client_docs`: documents (``client.documents(ledger, page)``).
 
 ::

@@ -539,3 +539,19 @@ async def test_a_client_side_error_is_not_an_unreachable_daemon(daemon: Daemon) 
 async def _failing_async() -> AsyncIterator[bytes]:
     yield b"a" * 1000
     raise _Broken("the source failed")
+
+
+def test_blocking_batch_reads_its_operations_in_the_calling_thread(daemon: Daemon) -> None:
+    """The blocking batch reads ``puts`` and ``deletes`` in the caller's thread, as it
+    did when it was written out by hand: a generator tied to its thread (a SQLite
+    cursor, say) can feed it."""
+    main = threading.current_thread()
+
+    def puts() -> Iterator[tuple[bytes, bytes]]:
+        for i in range(3):
+            assert threading.current_thread() is main
+            yield b"k%d" % i, b"v"
+
+    with Client(daemon.socket) as c:
+        assert c.batch("l", "p", puts()) == 3
+        assert [i.key for i in c.entries("l", "p")] == [b"k0", b"k1", b"k2"]
