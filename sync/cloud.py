@@ -2,8 +2,9 @@
 
 This module owns the interface every backend implements (S3 in
 :mod:`sync.s3`, a local folder in :mod:`sync.folder`, test doubles), object-name
-validation (applied going in and coming back from ``list``), and the retry
-wrapper. It knows nothing about pages or packs.
+validation (applied going in and coming back from ``list``), :class:`Forwarding`,
+the base of every wrapper of a store, and the retry wrapper. It knows nothing
+about pages or packs.
 
 Objects are immutable and written once: ``put`` of a name that exists raises
 :class:`AlreadyExistsError` where the backend can tell (the local folder always
@@ -106,7 +107,40 @@ async def filtered_names(names: AsyncIterator[str], where: str) -> AsyncIterator
             log.warning("ignoring an object with an invalid name in %s: %r", where, n)
 
 
-class Retrying(CloudStore):
+class Forwarding(CloudStore):
+    """A store in front of another, ``inner``: every call passes through as it is.
+    Wrappers (:class:`Retrying`, :class:`~ledgerd.sync.metered.Metered`, test doubles)
+    override what they change."""
+
+    def __init__(self, inner: CloudStore) -> None:
+        self.inner = inner
+
+    async def put(self, name: str, data: bytes) -> None:
+        await self.inner.put(name, data)
+
+    async def get(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
+        return await self.inner.get(name, offset, length)
+
+    def list(self, prefix: str = "", after: str = "") -> AsyncIterator[str]:
+        return self.inner.list(prefix, after)
+
+    async def delete(self, name: str) -> None:
+        await self.inner.delete(name)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def create_bucket(self) -> None:
+        await self.inner.create_bucket()
+
+    def last_failure(self) -> str | None:
+        return self.inner.last_failure()
+
+    def is_transient(self, error: BaseException) -> bool:
+        return self.inner.is_transient(error)
+
+
+class Retrying(Forwarding):
     """Retries transient failures with exponential backoff and jitter, up to a deadline.
 
     Permanent failures pass through at once.
@@ -115,7 +149,7 @@ class Retrying(CloudStore):
     def __init__(
         self, inner: CloudStore, deadline: float = 60.0, first: float = 0.05, most: float = 5.0
     ) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.deadline = deadline
         self.first = first
         self.most = most
@@ -163,18 +197,15 @@ class Retrying(CloudStore):
     async def delete(self, name: str) -> None:
         await self._call(lambda: self.inner.delete(name))
 
-    async def close(self) -> None:
-        await self.inner.close()
 
-
-class Metered(CloudStore):
+class Metered(Forwarding):
     """Counts the requests made through it, by kind, and the bytes up and down.
 
     Sync wraps its store in one to show what each round cost (``/v1/status``).
     A retried request counts once here (retries happen below it)."""
 
     def __init__(self, inner: CloudStore) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.counts: Counter[str] = Counter()
         """Requests by kind (``put``, ``get``, ``list``, ``delete``)."""
         self.bytes_up = 0
@@ -208,15 +239,6 @@ class Metered(CloudStore):
     async def delete(self, name: str) -> None:
         self.counts["delete"] += 1
         await self.inner.delete(name)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    async def create_bucket(self) -> None:
-        await self.inner.create_bucket()
-
-    def last_failure(self) -> str | None:
-        return self.inner.last_failure()
 
 
 async def collect(names: AsyncIterator[str]) -> list[str]:

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from ledgerd.sync.cloud import CloudStore, collect
+from ledgerd.sync.cloud import CloudStore, Forwarding, collect
 from ledgerd.sync.errors import TransientCloudError
 
 T = TypeVar("T")
@@ -33,9 +33,9 @@ class CloudCounters:
     bytes_down: int = 0
 
 
-class Metered(CloudStore):
+class Metered(Forwarding):
     def __init__(self, inner: CloudStore, counters: CloudCounters) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.counters = counters
 
     async def _count(self, kind: str, fn: Callable[[], Awaitable[T]]) -> T:
@@ -72,12 +72,3 @@ class Metered(CloudStore):
 
     async def create_bucket(self) -> None:
         await self._count("create_bucket", self.inner.create_bucket)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    def last_failure(self) -> str | None:
-        return self.inner.last_failure()
-
-    def is_transient(self, error: BaseException) -> bool:
-        return self.inner.is_transient(error)

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 
 from ledgerd.sync import layout, pack
-from ledgerd.sync.cloud import CloudStore, Metered
+from ledgerd.sync.cloud import CloudStore, Forwarding, Metered
 from ledgerd.sync.errors import AlreadyExistsError, TransientCloudError
 from ledgerd.sync.layout import PackName
 
@@ -55,7 +55,7 @@ class CountingStore(Metered):
             yield n
 
 
-class FaultyStore(CloudStore):
+class FaultyStore(Forwarding):
     """Fails ``rate`` of calls with a transient error, before or after doing them.
 
     A put that "fails after" was stored: the caller sees an error for an upload
@@ -63,7 +63,7 @@ class FaultyStore(CloudStore):
     """
 
     def __init__(self, inner: CloudStore, rate: float = 0.3, seed: int = 0) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.rate = rate
         self.rng = random.Random(seed)
         self.failures = 0
@@ -100,15 +100,6 @@ class FaultyStore(CloudStore):
         if self._fail():
             raise TransientCloudError(f"injected failure on delete {name}")
         await self.inner.delete(name)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    async def create_bucket(self) -> None:
-        await self.inner.create_bucket()
-
-    def last_failure(self) -> str | None:
-        return self.inner.last_failure()
 
 
 AWS_ENV = {
