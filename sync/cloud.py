@@ -3,8 +3,8 @@
 This module owns the interface every backend implements (S3 in
 :mod:`sync.s3`, a local folder in :mod:`sync.folder`, test doubles), object-name
 validation (applied going in and coming back from ``list``), :class:`Forwarding`,
-the base of every wrapper of a store, and the retry wrapper. It knows nothing
-about pages or packs.
+the base of every wrapper of a store, and the retry wrapper (the metering one is
+:mod:`sync.metered`'s). It knows nothing about pages or packs.
 
 Objects are immutable and written once: ``put`` of a name that exists raises
 :class:`AlreadyExistsError` where the backend can tell (the local folder always
@@ -17,7 +17,6 @@ from __future__ import annotations
 import abc
 import logging
 import re
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
@@ -196,49 +195,6 @@ class Retrying(Forwarding):
 
     async def delete(self, name: str) -> None:
         await self._call(lambda: self.inner.delete(name))
-
-
-class Metered(Forwarding):
-    """Counts the requests made through it, by kind, and the bytes up and down.
-
-    Sync wraps its store in one to show what each round cost (``/v1/status``).
-    A retried request counts once here (retries happen below it)."""
-
-    def __init__(self, inner: CloudStore) -> None:
-        super().__init__(inner)
-        self.counts: Counter[str] = Counter()
-        """Requests by kind (``put``, ``get``, ``list``, ``delete``)."""
-        self.bytes_up = 0
-        self.bytes_down = 0
-
-    def snapshot(self) -> Counter[str]:
-        return Counter({**self.counts, "bytes_up": self.bytes_up, "bytes_down": self.bytes_down})
-
-    def since(self, before: Counter[str]) -> dict[str, int]:
-        """What was spent since ``before`` (a :meth:`snapshot`): every kind, zeros too."""
-        now = self.snapshot()
-        kinds = ("put", "get", "list", "delete", "bytes_up", "bytes_down")
-        return {k: now[k] - before[k] for k in kinds}
-
-    async def put(self, name: str, data: bytes) -> None:
-        self.counts["put"] += 1
-        self.bytes_up += len(data)
-        await self.inner.put(name, data)
-
-    async def get(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
-        self.counts["get"] += 1
-        data = await self.inner.get(name, offset, length)
-        self.bytes_down += len(data)
-        return data
-
-    async def list(self, prefix: str = "", after: str = "") -> AsyncIterator[str]:
-        self.counts["list"] += 1
-        async for n in self.inner.list(prefix, after):
-            yield n
-
-    async def delete(self, name: str) -> None:
-        self.counts["delete"] += 1
-        await self.inner.delete(name)
 
 
 async def collect(names: AsyncIterator[str]) -> list[str]:

@@ -13,17 +13,19 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 
 from ledgerd.sync import layout, pack
-from ledgerd.sync.cloud import CloudStore, Forwarding, Metered
+from ledgerd.sync.cloud import CloudStore, Forwarding
 from ledgerd.sync.errors import AlreadyExistsError, TransientCloudError
 from ledgerd.sync.layout import PackName
+from ledgerd.sync.metered import CloudCounters, Metered
 
 
 class CountingStore(Metered):
-    """:class:`~sync.cloud.Metered`, plus every GET (name, offset, bytes), the names
+    """:class:`~sync.metered.Metered`, plus every GET (name, offset, bytes), the names
     listed, and :meth:`reset`, for tests that prove request and byte budgets."""
 
     def __init__(self, inner: CloudStore) -> None:
@@ -32,17 +34,22 @@ class CountingStore(Metered):
         self.gets: list[tuple[str, int, int]] = []  # name, offset, bytes
 
     @property
+    def counts(self) -> Counter[str]:
+        """Requests by kind."""
+        return self.counters.requests
+
+    @property
     def bytes_put(self) -> int:
-        return self.bytes_up
+        return self.counters.bytes_up
 
     @property
     def bytes_got(self) -> int:
-        return self.bytes_down
+        return self.counters.bytes_down
 
     def reset(self) -> None:
-        self.counts.clear()
+        self.counters = CloudCounters()
         self.gets.clear()
-        self.bytes_up = self.bytes_down = self.names_listed = 0
+        self.names_listed = 0
 
     async def get(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
         data = await super().get(name, offset, length)
