@@ -11,7 +11,7 @@ from ledgerd.sync.cloud import Retrying
 from ledgerd.sync.errors import AlreadyExistsError, CloudNotFoundError, TransientCloudError
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.metered import CloudCounters, Metered
-from ledgerd.sync.testing import FaultyStore
+from tests.sync.doubles import FaultyStore
 
 
 async def test_metered_counts_requests_bytes_and_failures(tmp_path: Path) -> None:
