@@ -74,23 +74,16 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 """Characters that a terminal may act on: a value holding any is not written to one."""
 
 
-async def _stdin_chunks(
-    progress: Progress, failed: list[OSError], stdin: BinaryIO | None = None
-) -> AsyncIterator[bytes]:
+async def _stdin_chunks(progress: Progress, stdin: BinaryIO | None = None) -> AsyncIterator[bytes]:
     """Standard input (or ``stdin``, a pipe given as ``--file``) as it comes (its size
-    is known only when it is a regular file).
-
-    A read that fails is put in ``failed`` before it ends the upload: aiohttp reports an
-    error of a request body as the connection's, which it is not."""
+    is known only when it is a regular file). A read that fails ends the upload with
+    its OSError (the client tells it from a daemon that cannot be reached)."""
     stdin = sys.stdin.buffer if stdin is None else stdin
     total = file_size(stdin)
     done = 0
     while True:
-        try:  # (os.read: a read left waiting at exit holds no lock of sys.stdin's)
-            chunk = await blocking.run(os.read, stdin.fileno(), 256 * 1024)
-        except OSError as e:
-            failed.append(e)
-            raise
+        # (os.read: a read left waiting at exit holds no lock of sys.stdin's)
+        chunk = await blocking.run(os.read, stdin.fileno(), 256 * 1024)
         if not chunk:
             return
         done += len(chunk)
@@ -319,15 +312,10 @@ class Cli:
         else:
             value = None
         bar = Progress("put")
-        failed: list[OSError] = []
         if value is None:
-            value = _stdin_chunks(bar, failed, stream)
+            value = _stdin_chunks(bar, stream)
         try:
             await self.c.put(ledger, page, key, value, lazy=self.a.lazy, progress=bar)
-        except DaemonUnavailableError:
-            if failed:  # standard input failed, not the daemon (nothing was stored)
-                raise failed[0] from None
-            raise
         finally:
             bar.close()
             if stream is not None:

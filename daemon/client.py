@@ -5,12 +5,16 @@ and ``ledgerctl`` import from here; the parts live in
 
 * :mod:`ledgerd.daemon.client_types`: errors, result types (:class:`Item`,
   :class:`Change`, :class:`ResolveRequest`, ...), names quoted into URLs, the socket;
+* :mod:`ledgerd.daemon.client_body`: what a value may be (:data:`Content`), the same
+  for both clients;
 * :mod:`ledgerd.daemon.client_async`: :class:`AsyncClient`, HTTP over the Unix socket
   (values streamed, ranges paged through, errors mapped);
 * :mod:`ledgerd.daemon.client_session`: WebSocket sessions (:class:`Session`),
   watchers as iterators (:class:`Watch`) and :class:`AsyncTransaction`;
+* :mod:`ledgerd.daemon.client_bridge`: the one way from blocking code to the async
+  classes, a private event loop on a thread and methods made blocking through it;
 * :mod:`ledgerd.daemon.client_blocking`: :class:`Client` and its blocking sessions,
-  watches and transactions, the async classes run through one thread bridge;
+  watches and transactions, the async classes through that bridge;
 * :mod:`ledgerd.daemon.client_docs`: documents (``client.documents(ledger, page)``).
 
 ::
@@ -38,6 +42,7 @@ from ledgerd.daemon.client_blocking import (
     BlockingWatch,
     Client,
 )
+from ledgerd.daemon.client_body import Content
 from ledgerd.daemon.client_session import AsyncTransaction, Session, Transaction, Watch
 from ledgerd.daemon.client_types import (
     CHUNK,
@@ -75,6 +80,7 @@ __all__ = [
     "Change",
     "Client",
     "ConflictItem",
+    "Content",
     "DaemonUnavailableError",
     "Item",
     "LedgerError",

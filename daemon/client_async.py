@@ -6,23 +6,26 @@ files too), ranges paged through, the daemon's errors as :class:`LedgerError`, a
 repository, sync, policy and operations calls. Sessions, watches and transactions are
 :mod:`ledgerd.daemon.client_session`'s: this module opens their connections, and
 :class:`TxnContext` is ``async with client.transaction(...)``, a transaction on a session
-of its own. The blocking client wraps this one (:mod:`ledgerd.daemon.client_blocking`).
+of its own. The blocking client is this one through a bridge
+(:mod:`ledgerd.daemon.client_blocking`); what a value may be is
+:mod:`ledgerd.daemon.client_body`'s.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Coroutine, Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiofiles
 import aiohttp
 from yarl import URL
 
+from ledgerd.daemon.client_body import Content, sending
+from ledgerd.daemon.client_docs import AsyncDocuments
 from ledgerd.daemon.client_session import AsyncTransaction, Session, Watch
 from ledgerd.daemon.client_types import (
     CHUNK,
@@ -34,8 +37,6 @@ from ledgerd.daemon.client_types import (
     Progress,
     ResolverCallback,
     UnsafeSocketError,
-    close_body,
-    file_reads,
     item_of,
     paged,
     quote,
@@ -46,9 +47,6 @@ from ledgerd.daemon.client_types import (
 )
 from ledgerd.daemon.codec import b64
 from ledgerd.daemon.socketdir import socket_dir_problem
-
-if TYPE_CHECKING:
-    from ledgerd.daemon.client_docs import AsyncDocuments
 
 
 def _error(status: int, body: bytes) -> LedgerError:
@@ -176,8 +174,21 @@ class AsyncClient:
                     progress(done, resp.content_length)
                 yield chunk
 
-    async def get(self, ledger: Name, page: Name, key: bytes, **kw: Any) -> bytes:
-        return b"".join([c async for c in self.get_stream(ledger, page, key, **kw)])
+    async def get(
+        self,
+        ledger: Name,
+        page: Name,
+        key: bytes,
+        *,
+        at: str | None = None,
+        offset: int | None = None,
+        length: int | None = None,
+        progress: Progress | None = None,
+    ) -> bytes:
+        stream = self.get_stream(
+            ledger, page, key, at=at, offset=offset, length=length, progress=progress
+        )
+        return b"".join([c async for c in stream])
 
     async def get_to_file(
         self,
@@ -205,26 +216,23 @@ class AsyncClient:
         ledger: Name,
         page: Name,
         key: bytes,
-        value: bytes | AsyncIterable[bytes] | Path,
+        value: Content,
         *,
         lazy: bool = False,
         progress: Progress | None = None,
     ) -> None:
+        """Set ``key`` to ``value``: bytes (a ``str`` as UTF-8), a file's contents
+        (``progress`` told as it is read) or chunks of bytes, streamed
+        (:data:`~ledgerd.daemon.client_body.Content`)."""
         url = self.url(
             self.page_path(ledger, page) + "/keys/" + quote(key),
             {"priority": "lazy" if lazy else None},
         )
-        data: Any = io.BytesIO(value) if isinstance(value, bytes) and len(value) > CHUNK else value
         headers = {"Content-Type": "application/octet-stream"}
-        if isinstance(value, Path):
-            total = value.stat().st_size
-            data = _file_chunks(value, total, progress)
-            headers["Content-Length"] = str(total)
-        try:
-            resp = await self.request("PUT", url, data=data, headers=headers)
-        finally:
-            if isinstance(value, Path):
-                await close_body(data)
+        async with sending(value, progress) as body:
+            if body.length is not None:
+                headers["Content-Length"] = str(body.length)
+            resp = await self.request("PUT", url, data=body.data, headers=headers)
         resp.release()
 
     async def delete(self, ledger: Name, page: Name, key: bytes) -> None:
@@ -246,14 +254,16 @@ class AsyncClient:
         """Delete every page of the ledger (``ledger_not_found`` when it has none)."""
         (await self.request("DELETE", self.url(f"/v1/ledgers/{quote(ledger)}"))).release()
 
-    async def batch(
+    def batch(
         self,
         ledger: Name,
         page: Name,
         puts: Iterable[tuple[bytes, bytes] | tuple[bytes, bytes, str]] = (),
         deletes: Iterable[bytes] = (),
-    ) -> int:
-        """Many puts and deletes in one commit; returns how many were applied."""
+    ) -> Coroutine[Any, Any, int]:
+        """Many puts and deletes in one commit; returns how many were applied.
+        ``puts`` and ``deletes`` are read when this is called, in the calling thread
+        (the blocking client's caller's, not its loop's), and sent when awaited."""
         ops: list[dict[str, str]] = []
         for p in puts:
             op = {"op": "put", "key": b64(p[0]), "value": b64(p[1])}
@@ -261,6 +271,9 @@ class AsyncClient:
                 op["priority"] = p[2]
             ops.append(op)
         ops.extend({"op": "delete", "key": b64(k)} for k in deletes)
+        return self._batch(ledger, page, ops)
+
+    async def _batch(self, ledger: Name, page: Name, ops: list[dict[str, str]]) -> int:
         doc = await self._json(
             "POST", self.url(self.page_path(ledger, page) + "/batch"), {"ops": ops}
         )
@@ -398,8 +411,6 @@ class AsyncClient:
 
     def documents(self, ledger: Name, page: Name) -> AsyncDocuments:
         """The page's documents (:mod:`daemon.client_docs`)."""
-        from ledgerd.daemon.client_docs import AsyncDocuments
-
         return AsyncDocuments(self, ledger, page)
 
     # -- operations (issue 19) -------------------------------------------------------
@@ -462,16 +473,6 @@ class AsyncClient:
         with reaching(self.socket):
             async with resp:
                 return await resp.text()
-
-
-async def _file_chunks(path: Path, total: int, progress: Progress | None) -> AsyncIterator[bytes]:
-    done = 0
-    with path.open("rb") as f:  # closed however it ends (not aiofiles: see file_reads)
-        async for chunk in file_reads(f):
-            done += len(chunk)
-            if progress:
-                progress(done, total)
-            yield chunk
 
 
 class TxnContext:

@@ -3,8 +3,9 @@
 This module owns the client side of ``/v1/ledgers/{L}/pages/{P}/docs/...``
 (:mod:`daemon.docs_api`): documents as their JSON (``{"_meta", "_data",
 "_attachments"}`` dicts), attachments streamed both ways, index queries and
-listings paged through, and the changes feed. Connections, URLs and errors are
-:class:`~ledgerd.daemon.client.AsyncClient`'s; get one from it::
+listings paged through, and the changes feed, and their blocking :class:`Documents`
+through the client's bridge. Connections, URLs and errors are
+:class:`~ledgerd.daemon.client.AsyncClient`'s (as :class:`Requests`); get one from it::
 
     async with AsyncClient() as c:
         docs = c.documents("app", "people")
@@ -19,40 +20,22 @@ listings paged through, and the changes feed. Connections, URLs and errors are
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import logging
-from collections.abc import (
-    AsyncGenerator,
-    AsyncIterable,
-    AsyncIterator,
-    Callable,
-    Generator,
-    Iterable,
-)
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import aiofiles
+import aiohttp
+from yarl import URL
 
-from ledgerd.daemon.client_blocking import Bridge, pull
-from ledgerd.daemon.client_types import (
-    CHUNK,
-    LedgerError,
-    Name,
-    close_body,
-    file_reads,
-    paged,
-    quote,
-    reaching,
-)
-
-if TYPE_CHECKING:
-    from ledgerd.daemon.client_async import AsyncClient
+from ledgerd.daemon.client_body import Content, sending
+from ledgerd.daemon.client_bridge import Bridge, blocking, blocking_iter
+from ledgerd.daemon.client_types import CHUNK, LedgerError, Name, paged, quote, reaching
 
 Doc = dict[str, Any]
 """A document as JSON: ``{"_meta": {...}, "_data": ..., "_attachments": [...]}``."""
-Content = bytes | AsyncIterable[bytes] | Path
 OnDamaged = Callable[[dict[str, Any]], None]
 """Called with each ``{"collection", "_id", "code", "message"}`` a listing names under
 ``damaged``: a document whose stored body cannot be read (the listing goes on past it),
@@ -76,11 +59,31 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
+class Requests(Protocol):
+    """What documents need of :class:`~ledgerd.daemon.client_async.AsyncClient`."""
+
+    socket: Path
+
+    def url(self, path: str, query: dict[str, str | bytes | int | None] | None = None) -> URL: ...
+
+    def page_path(self, ledger: Name, page: Name) -> str: ...
+
+    async def request(
+        self,
+        method: str,
+        url: URL,
+        *,
+        data: Any = None,
+        json_body: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> aiohttp.ClientResponse: ...
+
+
 class AsyncDocuments:
     """The documents of one page, through an :class:`AsyncClient` (which owns the
     connection: close the client, not this)."""
 
-    def __init__(self, client: AsyncClient, ledger: Name, page: Name) -> None:
+    def __init__(self, client: Requests, ledger: Name, page: Name) -> None:
         self.client = client
         self.ledger = ledger
         self.page = page
@@ -209,29 +212,23 @@ class AsyncDocuments:
         attachment_id: str | None = None,
         rev: str | None = None,
     ) -> dict[str, Any]:
-        """Add an attachment (or replace ``attachment_id``), streamed from bytes, chunks
-        or a file: ``{"document": Doc, "attachment": {...}}``."""
+        """Add an attachment (or replace ``attachment_id``), streamed from bytes, a
+        file or chunks (:data:`~ledgerd.daemon.client_body.Content`, as a value's):
+        ``{"document": Doc, "attachment": {...}}``."""
         path = self._path(collection, doc_id, "attachments")
         if attachment_id is not None:
             path += "/" + quote(attachment_id)
         headers = {"Content-Type": content_type}
-        data: Any = content
-        if isinstance(content, bytes) and len(content) > CHUNK:
-            data = io.BytesIO(content)
-        elif isinstance(content, Path):
-            headers["Content-Length"] = str(content.stat().st_size)
-            data = _file_chunks(content)
-        try:
+        async with sending(content) as body:
+            if body.length is not None:
+                headers["Content-Length"] = str(body.length)
             out: dict[str, Any] = await self._call(
                 "PUT" if attachment_id else "POST",
                 path,
                 {"filename": filename, "rev": rev},
-                data=data,
+                data=body.data,
                 headers=headers,
             )
-        finally:
-            if isinstance(content, Path):
-                await close_body(data)
         return out
 
     async def attachment_stream(
@@ -424,201 +421,30 @@ class AsyncDocuments:
                     yield doc
 
 
-async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
-    with path.open("rb") as f:  # closed however it ends (not aiofiles: see file_reads)
-        async for chunk in file_reads(f):
-            yield chunk
-
-
 class Documents:
-    """:class:`AsyncDocuments` for blocking code, method for method (through the
-    :class:`~ledgerd.daemon.client.Client`'s bridge)."""
+    """:class:`AsyncDocuments` for blocking code: its methods through the
+    :class:`~ledgerd.daemon.client.Client`'s bridge."""
 
     def __init__(self, bridge: Bridge, aio: AsyncDocuments) -> None:
         self._bridge = bridge
-        self._call = bridge.call
         self.aio = aio
 
-    def create(self, collection: str, data: Any, *, new_rev: str | None = None) -> Doc:
-        return self._call(self.aio.create(collection, data, new_rev=new_rev))
-
-    def get(self, collection: str, doc_id: str, *, deleted: bool = False) -> Doc:
-        return self._call(self.aio.get(collection, doc_id, deleted=deleted))
-
-    def replace(
-        self,
-        collection: str,
-        doc_id: str,
-        data: Any,
-        *,
-        rev: str | None = None,
-        new_rev: str | None = None,
-    ) -> Doc:
-        return self._call(self.aio.replace(collection, doc_id, data, rev=rev, new_rev=new_rev))
-
-    def delete(
-        self, collection: str, doc_id: str, *, rev: str | None = None, new_rev: str | None = None
-    ) -> Doc:
-        return self._call(self.aio.delete(collection, doc_id, rev=rev, new_rev=new_rev))
-
-    def purge(
-        self, collection: str, doc_id: str, *, rev: str | None = None, new_rev: str | None = None
-    ) -> Doc:
-        return self._call(self.aio.purge(collection, doc_id, rev=rev, new_rev=new_rev))
-
-    def list_documents(
-        self,
-        collection: str,
-        *,
-        deleted: bool = False,
-        limit: int | None = None,
-        page_size: int = 100,
-        on_damaged: OnDamaged | None = None,
-    ) -> Generator[Doc, None, None]:
-        return self._bridge.iterate(
-            self.aio.list_documents(
-                collection,
-                deleted=deleted,
-                limit=limit,
-                page_size=page_size,
-                on_damaged=on_damaged,
-            )
-        )
-
-    def put_attachment(
-        self,
-        collection: str,
-        doc_id: str,
-        content: bytes | Iterable[bytes] | Path,
-        *,
-        filename: str,
-        content_type: str = "application/octet-stream",
-        attachment_id: str | None = None,
-        rev: str | None = None,
-    ) -> dict[str, Any]:
-        """Like :meth:`AsyncDocuments.put_attachment`; an iterable of chunks is streamed."""
-        data = content if isinstance(content, bytes | Path) else pull(content)
-        return self._call(
-            self.aio.put_attachment(
-                collection,
-                doc_id,
-                data,
-                filename=filename,
-                content_type=content_type,
-                attachment_id=attachment_id,
-                rev=rev,
-            )
-        )
-
-    def attachment_stream(
-        self,
-        collection: str,
-        doc_id: str,
-        attachment_id: str,
-        *,
-        offset: int = 0,
-        length: int | None = None,
-    ) -> Generator[bytes, None, None]:
-        return self._bridge.iterate(
-            self.aio.attachment_stream(
-                collection, doc_id, attachment_id, offset=offset, length=length
-            )
-        )
-
-    def read_attachment(
-        self,
-        collection: str,
-        doc_id: str,
-        attachment_id: str,
-        *,
-        offset: int = 0,
-        length: int | None = None,
-    ) -> bytes:
-        return self._call(
-            self.aio.read_attachment(
-                collection, doc_id, attachment_id, offset=offset, length=length
-            )
-        )
-
-    def attachment_to_file(
-        self, collection: str, doc_id: str, attachment_id: str, path: Path
-    ) -> int:
-        return self._call(self.aio.attachment_to_file(collection, doc_id, attachment_id, path))
-
-    def delete_attachment(
-        self, collection: str, doc_id: str, attachment_id: str, *, rev: str | None = None
-    ) -> Doc:
-        return self._call(self.aio.delete_attachment(collection, doc_id, attachment_id, rev=rev))
-
-    def declare_index(
-        self,
-        collection: str,
-        name: str,
-        partition: str | list[str],
-        sort: str | list[str] | None = None,
-    ) -> dict[str, Any]:
-        return self._call(self.aio.declare_index(collection, name, partition, sort))
-
-    def drop_index(self, collection: str, name: str) -> None:
-        self._call(self.aio.drop_index(collection, name))
-
-    def rebuild_index(self, collection: str, name: str) -> None:
-        self._call(self.aio.rebuild_index(collection, name))
-
-    def indexes(self, collection: str) -> list[dict[str, Any]]:
-        """The collection's indexes; one whose definition cannot be read here has
-        ``"partition": null``, ``"code"`` and ``"message"`` (see the async client's)."""
-        return self._call(self.aio.indexes(collection))
-
-    def find(
-        self,
-        collection: str,
-        index: str,
-        eq: Any,
-        *,
-        start: Any = None,
-        end: Any = None,
-        deleted: bool = False,
-        limit: int | None = None,
-        page_size: int = 100,
-        on_damaged: OnDamaged | None = None,
-    ) -> Generator[Doc, None, None]:
-        return self._bridge.iterate(
-            self.aio.find(
-                collection,
-                index,
-                eq,
-                start=start,
-                end=end,
-                deleted=deleted,
-                limit=limit,
-                page_size=page_size,
-                on_damaged=on_damaged,
-            )
-        )
-
-    def changes(
-        self,
-        since: str | None = None,
-        *,
-        collection: str | None = None,
-        limit: int | None = None,
-        token: str | None = None,
-    ) -> dict[str, Any]:
-        return self._call(self.aio.changes(since, collection=collection, limit=limit, token=token))
-
-    def all_changes(
-        self, since: str | None = None, *, collection: str | None = None
-    ) -> Generator[dict[str, Any], None, None]:
-        return self._bridge.iterate(self.aio.all_changes(since, collection=collection))
-
-    def follow(
-        self,
-        since: str | None = None,
-        *,
-        collection: str | None = None,
-        heartbeat: float | None = None,
-    ) -> Generator[dict[str, Any], None, None]:
-        return self._bridge.iterate(
-            self.aio.follow(since, collection=collection, heartbeat=heartbeat)
-        )
+    create = blocking(AsyncDocuments.create)
+    get = blocking(AsyncDocuments.get)
+    replace = blocking(AsyncDocuments.replace)
+    delete = blocking(AsyncDocuments.delete)
+    purge = blocking(AsyncDocuments.purge)
+    list_documents = blocking_iter(AsyncDocuments.list_documents)
+    put_attachment = blocking(AsyncDocuments.put_attachment)
+    attachment_stream = blocking_iter(AsyncDocuments.attachment_stream)
+    read_attachment = blocking(AsyncDocuments.read_attachment)
+    attachment_to_file = blocking(AsyncDocuments.attachment_to_file)
+    delete_attachment = blocking(AsyncDocuments.delete_attachment)
+    declare_index = blocking(AsyncDocuments.declare_index)
+    drop_index = blocking(AsyncDocuments.drop_index)
+    rebuild_index = blocking(AsyncDocuments.rebuild_index)
+    indexes = blocking(AsyncDocuments.indexes)
+    find = blocking_iter(AsyncDocuments.find)
+    changes = blocking(AsyncDocuments.changes)
+    all_changes = blocking_iter(AsyncDocuments.all_changes)
+    follow = blocking_iter(AsyncDocuments.follow)

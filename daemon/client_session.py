@@ -7,7 +7,7 @@ replies matched by id, watch events routed to their :class:`Watch` iterators (wi
 backlog for events that beat their watch's reply), conflicts put to a registered
 resolver and its answers, and transactions held by the session. It does not open the
 connection: :meth:`AsyncClient.open_session <ledgerd.daemon.client_async.AsyncClient.open_session>`
-does, and :mod:`ledgerd.daemon.client_blocking` wraps these classes for blocking code.
+does, and :mod:`ledgerd.daemon.client_blocking` bridges these classes to blocking code.
 """
 
 from __future__ import annotations
@@ -103,7 +103,9 @@ class Session:
             for q in self._events.values():
                 q.put_nowait(None)
 
-    async def call(self, op: str, **args: Any) -> dict[str, Any]:
+    async def call(self, /, op: str, **args: Any) -> dict[str, Any]:
+        """Send ``op`` with ``args`` and wait for its reply (LedgerError if it failed)."""
+        # (``self, /``: a ParamSpec can then carry **args to BlockingSession.call.)
         rid = next(self._ids)
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[rid] = fut

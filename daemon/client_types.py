@@ -12,16 +12,15 @@ import these names from :mod:`ledgerd.daemon.client`.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import errno
 import os
 import stat
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import aiohttp
 
@@ -99,26 +98,6 @@ def _not_a_socket(path: Path) -> str | None:
     kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file"))
     kind = next((name for test, name in kinds if test(mode)), "a special file")
     return f"{path} is {kind}, {NOT_A_SOCKET}"
-
-
-async def close_body(body: AsyncGenerator[bytes, None]) -> None:
-    """Close a request body's generator (its file closed now, not when collected).
-
-    The daemon can answer a small upload while aiohttp's writer is still inside the
-    generator, reading on after the last chunk to find the file's end; the answer
-    cancels that writer, which leaves the generator within a step or two, and only
-    then can it be closed (``aclose`` of a running generator is a RuntimeError)."""
-    while getattr(body, "ag_running", False):  # (not in the AsyncGenerator protocol)
-        await asyncio.sleep(0.001)
-    await body.aclose()
-
-
-async def file_reads(f: BinaryIO) -> AsyncIterator[bytes]:
-    """An open file's chunks, each read on a worker thread. The caller opens and closes
-    the file: aiofiles closes on a worker thread too, a step that a cancellation (the
-    daemon's answer cancels aiohttp's writer) can skip, leaving the file open."""
-    while chunk := await asyncio.to_thread(f.read, CHUNK):
-        yield chunk
 
 
 def raw(name: Name) -> bytes:

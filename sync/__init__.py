@@ -4,7 +4,8 @@
 (:mod:`sync.folder`) implementations and retries (:class:`sync.cloud.Retrying`);
 the pack format (:mod:`sync.pack`); the protocol and background loop
 (:mod:`sync.engine`, a façade over its jobs: :mod:`sync.feed`, :mod:`sync.upload`,
-:mod:`sync.download`, :mod:`sync.fetch`...); test doubles (:mod:`sync.testing`).
+:mod:`sync.download`, :mod:`sync.fetch`...); a counting store and moto's server for
+the tests and benchmarks (:mod:`sync.testing`).
 ``sync`` sees the store only through its public API (:mod:`store.exchange`,
 :class:`store.Repository`).
 """

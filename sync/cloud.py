@@ -2,8 +2,9 @@
 
 This module owns the interface every backend implements (S3 in
 :mod:`sync.s3`, a local folder in :mod:`sync.folder`, test doubles), object-name
-validation (applied going in and coming back from ``list``), and the retry
-wrapper. It knows nothing about pages or packs.
+validation (applied going in and coming back from ``list``), :class:`Forwarding`,
+the base of every wrapper of a store, and the retry wrapper (the metering one is
+:mod:`sync.metered`'s). It knows nothing about pages or packs.
 
 Objects are immutable and written once: ``put`` of a name that exists raises
 :class:`AlreadyExistsError` where the backend can tell (the local folder always
@@ -16,7 +17,6 @@ from __future__ import annotations
 import abc
 import logging
 import re
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
@@ -106,7 +106,40 @@ async def filtered_names(names: AsyncIterator[str], where: str) -> AsyncIterator
             log.warning("ignoring an object with an invalid name in %s: %r", where, n)
 
 
-class Retrying(CloudStore):
+class Forwarding(CloudStore):
+    """A store in front of another, ``inner``: every call passes through as it is.
+    Wrappers (:class:`Retrying`, :class:`~ledgerd.sync.metered.Metered`, test doubles)
+    override what they change."""
+
+    def __init__(self, inner: CloudStore) -> None:
+        self.inner = inner
+
+    async def put(self, name: str, data: bytes) -> None:
+        await self.inner.put(name, data)
+
+    async def get(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
+        return await self.inner.get(name, offset, length)
+
+    def list(self, prefix: str = "", after: str = "") -> AsyncIterator[str]:
+        return self.inner.list(prefix, after)
+
+    async def delete(self, name: str) -> None:
+        await self.inner.delete(name)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def create_bucket(self) -> None:
+        await self.inner.create_bucket()
+
+    def last_failure(self) -> str | None:
+        return self.inner.last_failure()
+
+    def is_transient(self, error: BaseException) -> bool:
+        return self.inner.is_transient(error)
+
+
+class Retrying(Forwarding):
     """Retries transient failures with exponential backoff and jitter, up to a deadline.
 
     Permanent failures pass through at once.
@@ -115,7 +148,7 @@ class Retrying(CloudStore):
     def __init__(
         self, inner: CloudStore, deadline: float = 60.0, first: float = 0.05, most: float = 5.0
     ) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.deadline = deadline
         self.first = first
         self.most = most
@@ -162,61 +195,6 @@ class Retrying(CloudStore):
 
     async def delete(self, name: str) -> None:
         await self._call(lambda: self.inner.delete(name))
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-
-class Metered(CloudStore):
-    """Counts the requests made through it, by kind, and the bytes up and down.
-
-    Sync wraps its store in one to show what each round cost (``/v1/status``).
-    A retried request counts once here (retries happen below it)."""
-
-    def __init__(self, inner: CloudStore) -> None:
-        self.inner = inner
-        self.counts: Counter[str] = Counter()
-        """Requests by kind (``put``, ``get``, ``list``, ``delete``)."""
-        self.bytes_up = 0
-        self.bytes_down = 0
-
-    def snapshot(self) -> Counter[str]:
-        return Counter({**self.counts, "bytes_up": self.bytes_up, "bytes_down": self.bytes_down})
-
-    def since(self, before: Counter[str]) -> dict[str, int]:
-        """What was spent since ``before`` (a :meth:`snapshot`): every kind, zeros too."""
-        now = self.snapshot()
-        kinds = ("put", "get", "list", "delete", "bytes_up", "bytes_down")
-        return {k: now[k] - before[k] for k in kinds}
-
-    async def put(self, name: str, data: bytes) -> None:
-        self.counts["put"] += 1
-        self.bytes_up += len(data)
-        await self.inner.put(name, data)
-
-    async def get(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
-        self.counts["get"] += 1
-        data = await self.inner.get(name, offset, length)
-        self.bytes_down += len(data)
-        return data
-
-    async def list(self, prefix: str = "", after: str = "") -> AsyncIterator[str]:
-        self.counts["list"] += 1
-        async for n in self.inner.list(prefix, after):
-            yield n
-
-    async def delete(self, name: str) -> None:
-        self.counts["delete"] += 1
-        await self.inner.delete(name)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    async def create_bucket(self) -> None:
-        await self.inner.create_bucket()
-
-    def last_failure(self) -> str | None:
-        return self.inner.last_failure()
 
 
 async def collect(names: AsyncIterator[str]) -> list[str]:

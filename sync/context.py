@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 from ledgerd.store import LOCAL_LEDGER, Page, Repository, TooManyOpenPagesError
 from ledgerd.sync import crypto, layout, pack
-from ledgerd.sync.cloud import Metered
 from ledgerd.sync.errors import (
     AlreadyExistsError,
     BucketIdentityChangedError,
@@ -33,6 +32,7 @@ from ledgerd.sync.errors import (
     CloudError,
     NoBucketError,
 )
+from ledgerd.sync.metered import Metered
 
 log = logging.getLogger(__name__)
 

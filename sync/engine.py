@@ -69,7 +69,7 @@ from ledgerd.store import Commit, CommitListener, Page, PageHooks, Repository, R
 from ledgerd.sync import compaction, crypto
 from ledgerd.sync.checkpoint_policy import CheckpointPolicy
 from ledgerd.sync.checkpoints import MAX_CHECKPOINT, Checkpoints
-from ledgerd.sync.cloud import CloudStore, Metered
+from ledgerd.sync.cloud import CloudStore
 from ledgerd.sync.context import LOCAL, Key, SyncContext
 from ledgerd.sync.download import Downloader
 from ledgerd.sync.errors import (
@@ -80,6 +80,7 @@ from ledgerd.sync.errors import (
 )
 from ledgerd.sync.feed import FEED_WINDOW, LISTED_WALL, LISTED_WALL_STEP, Feed
 from ledgerd.sync.fetch import COALESCE_GAP, COALESCE_SPAN, PREFETCH, LazyFetcher
+from ledgerd.sync.metered import Metered
 from ledgerd.sync.pending import PENDING_SLACK_MS, Pending
 from ledgerd.sync.progress import Held
 from ledgerd.sync.status import PageState, StatusBoard, describe

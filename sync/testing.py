@@ -1,29 +1,28 @@
-"""Test doubles of :class:`~sync.cloud.CloudStore`: counting requests and injecting faults.
+"""What the tests and the benchmarks share: a counting store and moto's S3 server.
 
-They wrap any real store, so the contract holds underneath. ``CountingStore``
-proves request budgets (how many PUTs, GETs, LISTs an operation costs);
-``FaultyStore`` fails a fraction of calls transiently and can cut uploads short.
+This module owns :class:`CountingStore` (a :class:`~sync.metered.Metered` that also
+records every GET and the names listed, to prove request and byte budgets) and
+:func:`moto_server` with the environment a daemon needs to talk to it. Test doubles
+that inject faults, and helpers that plant objects in a bucket, live in the tests
+(``tests/sync/doubles.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import random
 import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 
-from ledgerd.sync import layout, pack
-from ledgerd.sync.cloud import CloudStore, Metered
-from ledgerd.sync.errors import AlreadyExistsError, TransientCloudError
-from ledgerd.sync.layout import PackName
+from ledgerd.sync.cloud import CloudStore
+from ledgerd.sync.metered import CloudCounters, Metered
 
 
 class CountingStore(Metered):
-    """:class:`~sync.cloud.Metered`, plus every GET (name, offset, bytes), the names
+    """:class:`~sync.metered.Metered`, plus every GET (name, offset, bytes), the names
     listed, and :meth:`reset`, for tests that prove request and byte budgets."""
 
     def __init__(self, inner: CloudStore) -> None:
@@ -32,17 +31,22 @@ class CountingStore(Metered):
         self.gets: list[tuple[str, int, int]] = []  # name, offset, bytes
 
     @property
+    def counts(self) -> Counter[str]:
+        """Requests by kind."""
+        return self.counters.requests
+
+    @property
     def bytes_put(self) -> int:
-        return self.bytes_up
+        return self.counters.bytes_up
 
     @property
     def bytes_got(self) -> int:
-        return self.bytes_down
+        return self.counters.bytes_down
 
     def reset(self) -> None:
-        self.counts.clear()
+        self.counters = CloudCounters()
         self.gets.clear()
-        self.bytes_up = self.bytes_down = self.names_listed = 0
+        self.names_listed = 0
 
     async def get(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
         data = await super().get(name, offset, length)
@@ -53,62 +57,6 @@ class CountingStore(Metered):
         async for n in super().list(prefix, after):
             self.names_listed += 1
             yield n
-
-
-class FaultyStore(CloudStore):
-    """Fails ``rate`` of calls with a transient error, before or after doing them.
-
-    A put that "fails after" was stored: the caller sees an error for an upload
-    that happened, as after a connection reset on the response.
-    """
-
-    def __init__(self, inner: CloudStore, rate: float = 0.3, seed: int = 0) -> None:
-        self.inner = inner
-        self.rate = rate
-        self.rng = random.Random(seed)
-        self.failures = 0
-        self.cut_short = 0
-
-    def _fail(self) -> bool:
-        if self.rng.random() < self.rate:
-            self.failures += 1
-            return True
-        return False
-
-    async def put(self, name: str, data: bytes) -> None:
-        if self._fail():
-            # The upload is cut short: the connection drops while the body is sent.
-            # Stores publish objects atomically, so nothing is stored.
-            self.cut_short += 1
-            raise TransientCloudError(f"injected: upload of {name} cut short")
-        await self.inner.put(name, data)
-        if self._fail():
-            raise TransientCloudError(f"injected failure after put {name} (it was stored)")
-
-    async def get(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
-        if self._fail():
-            raise TransientCloudError(f"injected failure on get {name}")
-        return await self.inner.get(name, offset, length)
-
-    async def list(self, prefix: str = "", after: str = "") -> AsyncIterator[str]:
-        if self._fail():
-            raise TransientCloudError(f"injected failure on list {prefix}")
-        async for n in self.inner.list(prefix, after):
-            yield n
-
-    async def delete(self, name: str) -> None:
-        if self._fail():
-            raise TransientCloudError(f"injected failure on delete {name}")
-        await self.inner.delete(name)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    async def create_bucket(self) -> None:
-        await self.inner.create_bucket()
-
-    def last_failure(self) -> str | None:
-        return self.inner.last_failure()
 
 
 AWS_ENV = {
@@ -146,25 +94,3 @@ def moto_server(timeout: float = 30.0) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(30)
-
-
-async def put_pack(
-    store: CloudStore, device: bytes, seq: int, sections: list[pack.Section], time_ms: int = 1
-) -> str:
-    """Write a pack as ``device`` would (for tests that plant packs); returns its name.
-    A device writes only into a marked bucket: a plain bucket's marker goes first, if
-    the bucket has none (see :func:`mark_plain`)."""
-    await mark_plain(store)
-    data, head_end, eager_end = pack.encode(device, seq, time_ms, sections)
-    name = PackName.make(time_ms, device.hex(), seq, head_end, eager_end).name
-    await store.put(name, data)
-    return name
-
-
-async def mark_plain(store: CloudStore) -> None:
-    """Give a bucket without a marker a plain bucket's (for tests that plant objects:
-    a device refuses a bucket that holds data and no marker)."""
-    async for _ in store.list(layout.MARKER + "."):
-        return
-    with contextlib.suppress(AlreadyExistsError):
-        await store.put(layout.marker_name(), layout.marker(None, time.time(), False))

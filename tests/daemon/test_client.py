@@ -6,6 +6,7 @@ import asyncio
 import inspect
 import itertools
 import threading
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -433,3 +434,124 @@ def test_closing_a_blocking_client_ends_a_call_in_flight() -> None:
     with pytest.raises(LedgerError) as e:
         bridge.call(asyncio.sleep(0))  # and a call after close says so too
     assert e.value.code == "client_closed"
+
+
+async def _achunks(*chunks: bytes) -> AsyncIterator[bytes]:
+    for c in chunks:
+        yield c
+
+
+def _values(tmp_path: Path) -> list[tuple[str, Any, bytes]]:
+    """(what, value, what the daemon stores) for every kind of value both clients take."""
+    f = tmp_path / "value"
+    f.write_bytes(b"from a file")
+    return [
+        ("bytes", b"plain", b"plain"),
+        ("big bytes", b"B" * 300_000, b"B" * 300_000),
+        ("bytearray", bytearray(b"array"), b"array"),
+        ("memoryview", memoryview(b"view"), b"view"),
+        ("str", "strval", b"strval"),
+        ("str, not ASCII", "h\u00e9llo \u2603", "h\u00e9llo \u2603".encode()),
+        ("file", f, b"from a file"),
+        ("list of chunks", [b"a", b"b"], b"ab"),
+        ("generator of chunks", (c for c in [b"c", b"d"]), b"cd"),
+    ]
+
+
+async def test_both_clients_take_the_same_values(daemon: Daemon, tmp_path: Path) -> None:
+    """Issue 41: a str put through the blocking Client was iterated as chunks and
+    reported as "cannot reach ledgerd", while AsyncClient stored its UTF-8. Both take
+    the same values now (the blocking one is the async one through the bridge) and
+    store the same bytes; an async iterable too, where the caller has a loop."""
+    async with AsyncClient(daemon.socket) as c:
+        for what, value, stored in _values(tmp_path):
+            await c.put("l", "async", what.encode(), value)
+            assert await c.get("l", "async", what.encode()) == stored, what
+        await c.put("l", "async", b"async chunks", _achunks(b"e", b"f"))
+        assert await c.get("l", "async", b"async chunks") == b"ef"
+
+    def blocking() -> None:
+        with Client(daemon.socket) as bc:
+            for what, value, stored in _values(tmp_path):
+                bc.put("l", "blocking", what.encode(), value)
+                assert bc.get("l", "blocking", what.encode()) == stored, what
+
+    await asyncio.to_thread(blocking)
+
+
+class _Broken(Exception):
+    """What a caller's iterator of chunks raised."""
+
+
+def _failing() -> Iterator[bytes]:
+    yield b"a" * 1000
+    raise _Broken("the source failed")
+
+
+def _bad_values() -> list[tuple[Any, type[Exception], str]]:
+    """(value, what both clients raise, a part of its message): the caller's mistakes."""
+    return [
+        (12, TypeError, "not int"),
+        (None, TypeError, "not NoneType"),
+        ({"a": 1}.items(), TypeError, "a chunk must be bytes, not tuple"),
+        (["one", "two"], TypeError, "a chunk must be bytes, not str"),
+        (_failing(), _Broken, "the source failed"),
+    ]
+
+
+async def test_a_client_side_error_is_not_an_unreachable_daemon(daemon: Daemon) -> None:
+    """A value of a type no client takes, or chunks that fail, raise the caller's error
+    (TypeError, or what the chunks raised), not DaemonUnavailableError: aiohttp reports
+    an error of a request body as a failed connection. Nothing is stored, and the
+    client goes on working."""
+    async with AsyncClient(daemon.socket) as c:
+        bad: list[tuple[Any, type[Exception], str]] = [
+            *_bad_values(),
+            (_failing_async(), _Broken, "the source failed"),
+        ]
+        for value, error, message in bad:
+            with pytest.raises(error, match=message):
+                await c.put("l", "p", b"k", value)
+        with pytest.raises(NotFoundError):
+            await c.get("l", "p", b"k")
+        docs = c.documents("l", "d")
+        doc = await docs.create("c", {"a": 1})
+        with pytest.raises(TypeError, match="not str"):
+            await docs.put_attachment("c", doc["_meta"]["_id"], ["x"], filename="x")  # type: ignore[list-item]
+        await c.put("l", "p", b"k", b"still works")
+
+    def blocking() -> None:
+        with Client(daemon.socket) as bc:
+            for value, error, message in _bad_values():
+                with pytest.raises(error, match=message):
+                    bc.put("l", "p", b"b", value)
+            with pytest.raises(NotFoundError):
+                bc.get("l", "p", b"b")
+            docs = bc.documents("l", "d")
+            (doc,) = docs.list_documents("c")
+            with pytest.raises(TypeError, match="not str"):
+                docs.put_attachment("c", doc["_meta"]["_id"], ["x"], filename="x")  # type: ignore[list-item]
+            assert bc.get("l", "p", b"k") == b"still works"
+
+    await asyncio.to_thread(blocking)
+
+
+async def _failing_async() -> AsyncIterator[bytes]:
+    yield b"a" * 1000
+    raise _Broken("the source failed")
+
+
+def test_blocking_batch_reads_its_operations_in_the_calling_thread(daemon: Daemon) -> None:
+    """The blocking batch reads ``puts`` and ``deletes`` in the caller's thread, as it
+    did when it was written out by hand: a generator tied to its thread (a SQLite
+    cursor, say) can feed it."""
+    main = threading.current_thread()
+
+    def puts() -> Iterator[tuple[bytes, bytes]]:
+        for i in range(3):
+            assert threading.current_thread() is main
+            yield b"k%d" % i, b"v"
+
+    with Client(daemon.socket) as c:
+        assert c.batch("l", "p", puts()) == 3
+        assert [i.key for i in c.entries("l", "p")] == [b"k0", b"k1", b"k2"]

@@ -1,4 +1,5 @@
-"""Cloud stores for the contract suite: a folder, moto in-process, and moto's HTTP server."""
+"""Cloud stores for the contract suite: a folder, moto in-process, moto's HTTP server, and
+a folder behind every wrapper (retries, metering, counting, injected faults at rate 0)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import pytest
 from moto import mock_aws
 from moto.server import ThreadedMotoServer
 
-from ledgerd.sync.cloud import CloudStore
+from ledgerd.sync.cloud import CloudStore, Forwarding, Retrying
 from ledgerd.sync.folder import FolderStore
+from ledgerd.sync.metered import Metered
 from ledgerd.sync.s3 import S3Store
+from ledgerd.sync.testing import CountingStore
+from tests.sync.doubles import FaultyStore
 
 BUCKET = "ledgerd-test"
 
@@ -59,14 +63,16 @@ async def moto_store(aws_env: None) -> AsyncIterator[S3Store]:
         await s.close()
 
 
-@pytest.fixture(params=["folder", "moto", "moto-server"])
+@pytest.fixture(params=["folder", "moto", "moto-server", "wrapped"])
 async def store(
     request: pytest.FixtureRequest, tmp_path: Path, aws_env: None
 ) -> AsyncIterator[CloudStore]:
     kind = request.param
     s: CloudStore
-    if kind == "folder":
+    if kind in ("folder", "wrapped"):
         s = FolderStore(tmp_path / "bucket")
+        if kind == "wrapped":
+            s = Retrying(Metered(CountingStore(FaultyStore(Forwarding(s), rate=0.0))))
         await s.create_bucket()
         yield s
         await s.close()

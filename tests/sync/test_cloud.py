@@ -26,8 +26,9 @@ from ledgerd.sync.errors import (
 )
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.s3 import BlockingCalls, S3Store
-from ledgerd.sync.testing import CountingStore, FaultyStore
+from ledgerd.sync.testing import CountingStore
 from ledgerd.sync.url import open_store
+from tests.sync.doubles import FaultyStore
 
 
 async def test_transient_failures_are_retried(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from ledgerd.store import CorruptObjectError, ObjectKeyMissingError, Priority
 from ledgerd.sync import crypto, progress
-from ledgerd.sync.cloud import Metered
+from ledgerd.sync.cloud import Forwarding
 from ledgerd.sync.errors import BucketIdentityError
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import MARKER, PackName, marker, marker_name
@@ -346,7 +346,7 @@ def test_key_errors_are_bucket_identity_errors() -> None:
         assert issubclass(cls, BucketIdentityError)
 
 
-class _ListTogether(Metered):
+class _ListTogether(Forwarding):
     """A bucket whose first ``n`` listings of the marker wait for each other: devices
     starting at the same moment all see it empty before any of them writes."""
 

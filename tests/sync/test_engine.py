@@ -21,7 +21,8 @@ from ledgerd.sync.crypto import KeyRing
 from ledgerd.sync.engine import SyncEngine
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import PackName
-from ledgerd.sync.testing import CountingStore, FaultyStore, put_pack
+from ledgerd.sync.testing import CountingStore
+from tests.sync.doubles import FaultyStore, put_pack
 
 
 @dataclass

@@ -23,7 +23,7 @@ from ledgerd.sync.cloud import Retrying
 from ledgerd.sync.crypto import KeyRing
 from ledgerd.sync.errors import BucketIdentityError, SyncTimeoutError, TransientCloudError
 from ledgerd.sync.folder import FolderStore
-from ledgerd.sync.testing import FaultyStore, put_pack
+from tests.sync.doubles import FaultyStore, put_pack
 from tests.sync.test_engine import ENCRYPTION, Device, _keys, device
 from tests.sync.test_engine import encryption as encryption  # the fixture
 

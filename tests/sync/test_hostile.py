@@ -21,7 +21,7 @@ from ledgerd.store.errors import StoreError
 from ledgerd.sync import layout, pack
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import PackName
-from ledgerd.sync.testing import mark_plain, put_pack
+from tests.sync.doubles import mark_plain, put_pack
 from tests.sync.test_engine import Device, _keys, device
 
 _DELTA = {"since": -1, "upto": -1, "ctx": {}}

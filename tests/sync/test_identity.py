@@ -17,7 +17,7 @@ from moto import mock_aws
 from ledgerd.daemon import errors as api_errors
 from ledgerd.sync import crypto, layout, progress
 from ledgerd.sync import errors as sync_errors
-from ledgerd.sync.cloud import CloudStore, Metered
+from ledgerd.sync.cloud import CloudStore, Forwarding
 from ledgerd.sync.context import IDENTITY, SEEN, Identity
 from ledgerd.sync.errors import (
     AlreadyExistsError,
@@ -90,7 +90,7 @@ async def _write_and_converge(devices: dict[str, Device]) -> None:
         assert not list(d.engine._held())
 
 
-class _Listings(Metered):
+class _Listings(Forwarding):
     """Records the prefix of every listing."""
 
     def __init__(self, inner: CloudStore) -> None:
@@ -304,7 +304,7 @@ async def test_a_device_of_an_older_ledgerd_is_never_told_not_encrypted(
 # -- two first devices -------------------------------------------------------------------
 
 
-class _DescriptorRace(Metered):
+class _DescriptorRace(Forwarding):
     """Two devices decide to write the descriptor before either's lands: each put of
     it waits for the other's. ``overwrite``: the store does not refuse an existing name
     (an S3 store without ``If-None-Match``): the last put wins, and both read after

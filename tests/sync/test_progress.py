@@ -15,7 +15,7 @@ from ledgerd.sync.feed import Feed
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import PackName
 from ledgerd.sync.progress import RETRY, DeviceLog, Gap, Held
-from ledgerd.sync.testing import mark_plain
+from tests.sync.doubles import mark_plain
 from tests.sync.test_engine import _keys, device
 
 

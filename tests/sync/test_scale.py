@@ -21,7 +21,8 @@ from ledgerd.sync.engine import SyncEngine
 from ledgerd.sync.errors import BucketIdentityError
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import PackName
-from ledgerd.sync.testing import CountingStore, put_pack
+from ledgerd.sync.testing import CountingStore
+from tests.sync.doubles import put_pack
 from tests.sync.test_engine import Device, _keys, device
 
 
