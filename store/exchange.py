@@ -596,6 +596,24 @@ async def set_sync_value(page: Page, name: str, value: bytes) -> None:
     )
 
 
+def waiting_seqs(raw: bytes | None) -> list[int]:
+    """The packs of one device whose value pieces wait for their entries: the value of
+    its ``PIECES_WAITING`` row (their sequence numbers, ascending, space-separated;
+    ``0`` for none), parsed. One that cannot be read counts as a wait on the first
+    pack, so garbage collection keeps the pieces until the row is written again."""
+    if not raw:
+        return []
+    try:
+        return sorted({n for n in map(int, raw.split()) if n > 0})
+    except ValueError:
+        return [1]
+
+
+def waiting_value(seqs: Sequence[int]) -> bytes:
+    """The ``PIECES_WAITING`` row's value for these sequence numbers (``0``: none)."""
+    return b" ".join(str(n).encode() for n in sorted(set(seqs))) or b"0"
+
+
 async def sync_values(page: Page, prefix: str) -> list[tuple[str, bytes]]:
     """The page's sync metadata rows whose names start with ``prefix``."""
     rows = await page.db.read_all(

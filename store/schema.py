@@ -49,10 +49,11 @@ UPLOADED_AT_ROW = "uploaded_at"
 """``sync_metadata`` row: the commit that was the head when the last upload was read
 (an upload diffs from its tree)."""
 PIECES_WAITING = "pieces/"
-"""Prefix of ``sync_metadata`` rows that sync sets (to anything but ``0``) while value
-pieces from the cloud wait for the entries that refer to them (a large upload spreads
-them over packs before the one with its entries): garbage collection keeps the
-pieces from the cloud meanwhile, which nothing refers to yet."""
+"""Prefix of ``sync_metadata`` rows, one per device, that sync sets while value pieces
+from the cloud wait for the entries that refer to them (a large upload spreads them
+over packs before the one with its entries): the sequence numbers of those packs
+(``0``: none; :func:`store.exchange.waiting_seqs`). Garbage collection keeps the
+pieces from the cloud while any row is not ``0``, for nothing refers to them yet."""
 INCREMENTAL_VACUUM = 2
 """``PRAGMA auto_vacuum`` of a page file."""
 

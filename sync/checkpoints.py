@@ -348,8 +348,11 @@ class Checkpoints:
         for d, seq in cp.cover.items():
             done = await ex.sync_value(page, f"imported/{d}")
             markers.append((f"imported/{d}", str(max(seq, int(done or b"0"))).encode()))
-            if 0 < int(await ex.sync_value(page, f"{ex.PIECES_WAITING}{d}") or b"0") <= seq:
-                markers.append((f"{ex.PIECES_WAITING}{d}", b"0"))  # (their writes are in it)
+            name = f"{ex.PIECES_WAITING}{d}"
+            waiting = ex.waiting_seqs(await ex.sync_value(page, name))
+            left = [p for p in waiting if p > seq]  # (the writes of the others are in it)
+            if left != waiting:
+                markers.append((name, ex.waiting_value(left)))
         entries = ex.check_entries(cp.entries)
         await ex.apply_state(page, entries, cp.eager, cp.lazy, cp.ctx, markers)
         old = self.covers.get(cp.key, {})

@@ -448,18 +448,22 @@ async def _import_marks(page: Page, device: str, seq: int, writes: bool) -> list
     """The sync values an import of ``device``'s pack ``seq`` sets with its commits.
     ``imported/{device}``: the highest of that device's packs imported into ``page``
     (it never goes back). ``pieces/{device}`` (:data:`store.schema.PIECES_WAITING`,
-    which garbage collection heeds): the lowest pack of that device whose
-    section held only value pieces (an upload larger than a pack spreads its pieces
-    over several, its writes in the last) while the pack with its writes is not in
-    yet, else 0: the page's cover stops below it (:meth:`sync.feed.Feed.cover`), for
-    a checkpoint holds no piece that nothing it holds refers to."""
+    which garbage collection heeds): the packs of that device whose section held only
+    value pieces (an upload larger than a pack spreads its pieces over several, its
+    writes in the last) while the pack with their writes is not in yet; the page's
+    cover stops below the lowest (:meth:`sync.feed.Feed.cover`), for a checkpoint
+    holds no piece that nothing it holds refers to. A pack with writes ends the wait
+    of every pieces-only pack below it, and only those: one device's writes join a
+    page in order (:func:`store.exchange.readiness`), so the writes each of those
+    waited for are in once it is; pieces-only packs above it, imported before it
+    (a pack's GET failed and was retried), still wait."""
     done = await ex.sync_value(page, f"imported/{device}")
     marks = [(f"imported/{device}", str(max(seq, int(done) if done else 0)).encode())]
-    pending = int(await ex.sync_value(page, f"{ex.PIECES_WAITING}{device}") or b"0")
-    if not writes and not 0 < pending < seq:
-        marks.append((f"{ex.PIECES_WAITING}{device}", str(seq).encode()))
-    elif writes and 0 < pending < seq:
-        marks.append((f"{ex.PIECES_WAITING}{device}", b"0"))
+    name = f"{ex.PIECES_WAITING}{device}"
+    waiting = ex.waiting_seqs(await ex.sync_value(page, name))
+    left = [p for p in waiting if p > seq] if writes else sorted({*waiting, seq})
+    if left != waiting:
+        marks.append((name, ex.waiting_value(left)))
     return marks
 
 

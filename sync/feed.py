@@ -514,8 +514,9 @@ class Feed:
         # Pieces whose writes are not in yet (see sync.download._import_marks).
         for name, value in await ex.sync_values(page, ex.PIECES_WAITING):
             device = name.removeprefix(ex.PIECES_WAITING)
-            if device in cover and int(value) > 0:
-                cover[device] = min(cover[device], int(value) - 1)
+            waiting = ex.waiting_seqs(value)
+            if device in cover and waiting:
+                cover[device] = min(cover[device], waiting[0] - 1)
         return {d: s for d, s in cover.items() if s > 0}
 
 

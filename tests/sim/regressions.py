@@ -80,4 +80,5 @@ SEEDS: list[tuple[int, str]] = [
     (12559, "gap; a page's cover reduced by a gap its checkpoint covered"),
     (12699, "gap; a checkpoint written without a cover the best one had (a covered gap)"),
     (4852, "diverged docs-diverged; checkpoints read long before the restart listing"),
+    (512, "diverged waiting-pack; a pack with writes ended a later pieces-only pack's wait"),
 ]
