@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ledgerd.sync import layout, pack
-from ledgerd.sync.checkpoints import Checkpoints
+from ledgerd.sync.checkpoints import BEST_OF, Checkpoints
 from ledgerd.sync.cloud import CloudStore
 from ledgerd.sync.crypto import Codec
 from ledgerd.sync.errors import CloudNotFoundError
@@ -61,6 +61,7 @@ class Report:
     checkpoints_written: int = 0
     bytes_deleted: int = 0
     packs_kept: int = 0  # old enough, but some page in it has no covering checkpoint
+    packs_settling: int = 0  # of those, covered by checkpoints not listed a window yet
 
 
 class Compactor:
@@ -92,8 +93,10 @@ class Compactor:
         now = self.monotonic()
         self._listed = {cn.name: self._listed.get(cn.name, now) for cn in names}
         best = await self.checkpoints.best(names)
-        for cn in names:
-            if cn.device == device and best[cn.tag] != cn and cn.time < cutoff:
+        for cn in names:  # (once the best has settled: readers list it by then)
+            best_cn = best[cn.tag]
+            superseded = cn.device == device and best_cn != cn and cn.time < cutoff
+            if superseded and self._settled(best_cn):
                 with contextlib.suppress(CloudNotFoundError):
                     await self.store.delete(cn.name)
                 report.checkpoints_deleted += 1
@@ -114,6 +117,7 @@ class Compactor:
                 continue
             need = {device: pn.seq}  # what the covering checkpoint must hold
             covered = True
+            settling = False
             if not keys:
                 # A pack of no page (a spent sequence filled): one checkpoint's cover
                 # must reach it, or a device that starts from the checkpoints would
@@ -143,11 +147,15 @@ class Compactor:
                     if not await self._covers(best.get(tag), covers, need):
                         covered = False
                         break
-                if not self._settled(best.get(tag)):  # covered: it goes at a later run
+                if not self._settled(best.get(tag)) and not await self._settled_cover(
+                    names, tag, covers, need
+                ):  # covered, but not listed long enough: it goes at a later run
                     covered = False
+                    settling = True
                     break
             if not covered:
                 report.packs_kept += 1
+                report.packs_settling += settling
                 continue
             with contextlib.suppress(CloudNotFoundError):
                 await self.store.delete(pn.name)
@@ -175,6 +183,21 @@ class Compactor:
                 return None
             keys = self._pages[pn.name] = [p.key for p in header.pages]
         return keys
+
+    async def _settled_cover(
+        self,
+        names: list[CheckpointName],
+        tag: str,
+        covers: dict[str, dict[str, int]],
+        need: dict[str, int],
+    ) -> bool:
+        """Whether an older checkpoint of the page (of its newest few) has settled and
+        covers the pack: a page checkpointed at every run keeps no pack for that."""
+        mine = sorted((n for n in names if n.tag == tag), key=lambda n: n.time, reverse=True)
+        for cn in mine[:BEST_OF]:
+            if self._settled(cn) and await self._covers(cn, covers, need):
+                return True
+        return False
 
     def _settled(self, cn: CheckpointName | None) -> bool:
         """Whether this device listed checkpoint ``cn`` a ``settle`` ago (so it is in

@@ -248,6 +248,7 @@ class SyncEngine:
         )
         self.compaction_interval = compaction_interval
         self._compacted_at: float | None = None  # wall time of the last compaction
+        self._compact_again_at: float | None = None  # monotonic: a run a window later
 
     # -- what the jobs hold, as the engine's own attributes ----------------------------
 
@@ -412,10 +413,15 @@ class SyncEngine:
         would put compaction off for a year."""
         if self._compacted_at is None:  # read once; every poll asks
             self._compacted_at = float(await self.repo.get_meta(COMPACTED_AT) or b"0")
-        if 0 <= self.ctx.clock() - self._compacted_at < self.compaction_interval:
+        again_at = self._compact_again_at
+        again = again_at is not None and self.ctx.monotonic() >= again_at
+        if 0 <= self.ctx.clock() - self._compacted_at < self.compaction_interval and not again:
             return
+        self._compact_again_at = None
         try:
-            await self.compact()
+            report = await self.compact()
+            if report.packs_settling:  # their checkpoints are new: a run a window later
+                self._compact_again_at = self.ctx.monotonic() + self.compactor.settle + 1
         except asyncio.CancelledError:
             raise
         except Exception as e:  # nothing was lost; the next interval tries again

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ledgerd.sync.folder import FolderStore
-from tests.sync.test_compaction import Clock
+from tests.sync.test_compaction import Clock, _packs
 from tests.sync.test_engine import _keys, device
 
 GRACE = 60.0
@@ -85,3 +85,33 @@ async def test_a_restart_listing_long_after_its_read_reads_the_checkpoints_again
             assert await _keys(b.repo, "l", "x") == {b"in x": b"1"}
             assert await _keys(b.repo, "l", "y") == {b"in y": b"1"}
             assert not b.engine.problems()
+
+
+async def test_the_daemon_compacts_again_a_window_after_a_run_that_had_to_wait(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """A run whose packs wait for their new checkpoints to settle is followed by one a
+    window later, not a ``compaction_interval`` (a day) later: a daemon that restarts
+    more often than that would otherwise never delete a pack."""
+    clock, mono = Clock(), Monotonic()
+    async with device(
+        tmp_path / "a",
+        bucket,
+        clock=clock,
+        monotonic=mono,
+        compaction_grace=GRACE,
+        compaction_interval=24 * 3600.0,
+        compaction_settle=WINDOW,
+        feed_window=WINDOW,
+    ) as a:
+        page = await a.repo.ledger("l").page("p")
+        await page.put(b"k", b"v")
+        await a.engine.sync()
+        clock.now += GRACE + 60
+        packs = len(_packs(tmp_path / "bucket"))
+        await a.engine._compact_when_due()  # the first run: the checkpoint goes up
+        await a.engine._compact_when_due()  # not due again yet
+        assert len(_packs(tmp_path / "bucket")) == packs
+        mono.now += WINDOW + 2
+        await a.engine._compact_when_due()
+        assert len(_packs(tmp_path / "bucket")) < packs
