@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ledgerd.store import Page
 from ledgerd.store.errors import named
 from ledgerd.sync.checkpoints import Checkpoints
 from ledgerd.sync.context import LOCAL, Key, SyncContext
 from ledgerd.sync.feed import Feed
+from ledgerd.sync.layout import CheckpointName
 from ledgerd.sync.status import describe
 
 log = logging.getLogger(__name__)
@@ -68,9 +69,9 @@ class CheckpointPolicy:
         at most one per ``checkpoint_interval`` (a bulk load rewrites most of a page in
         every round); one that has to wait is written by a later round."""
         key = (page.ledger, page.id)
-        if self._rejoining:
+        if self._rejoining or self.feed.restarting:
             # A pack was deleted before this device read it: the pages' covers claim
-            # what they lack until they join the checkpoints again (the next round).
+            # what they lack until they join the checkpoints again (the next listing).
             self._due[key] = None
             return
         try:
@@ -116,7 +117,7 @@ class CheckpointPolicy:
         repo = self.ctx.repo
         if key[0] == LOCAL or not repo.page_exists(*key) or not self.ctx.wanted_here(key):
             return False
-        if self._rejoining:  # (see after_upload)
+        if self._rejoining or self.feed.restarting:  # (see after_upload)
             return False
         async with self.ctx.using(key) as page:
             return (
@@ -172,19 +173,15 @@ class CheckpointPolicy:
 
     async def bootstrap(self) -> None:
         """A device that has never listed this bucket joins the pages it wants with
-        their checkpoints (once per cloud URL; :meth:`Checkpoints.bootstrap`)."""
+        their checkpoints, at its first listing (once per cloud URL)."""
         done = f"sync/bootstrapped/{self.ctx.location}"
         if self.feed.feed_max or await self.ctx.repo.get_meta(done) is not None:
             return
-        held, joined, newest = await self.checkpoints.bootstrap(
-            lambda k: self.ctx.wanted(k), self.ctx.using
-        )
-        for key in joined:
-            self.changed(key)
-        # Its first listing starts each device's log at its first pack (compaction
-        # may have deleted those before, also of pages no checkpoint covered when it
-        # read them): marked now, so that a stop before that listing keeps it.
-        await self.feed.restart(held, newest)
+        # Its first listing joins the checkpoints and starts each device's log at its
+        # first pack (compaction may have deleted those before, also of pages no
+        # checkpoint covered when it read them): marked now, so that a stop before
+        # that listing keeps it.
+        await self.feed.restart()
         await self.ctx.repo.set_meta(done, b"1")
 
     async def missed(self, name: str) -> None:
@@ -235,20 +232,12 @@ class CheckpointPolicy:
             if not listed or away <= self.grace:
                 return
             await self.absent(away)
-        held, joined, newest = await self.checkpoints.bootstrap(self._rejoins, self.ctx.using)
-        for key in joined:
-            self.changed(key)
-            self.wake(key)
-        for device in set(held) - {self.ctx.device}:
-            await self.feed.device_log(device)
-        for dl in self.feed.logs.values():  # held packs the checkpoints hold are not needed
+        for dl in self.feed.logs.values():  # (floors come again from the checkpoints)
             dl.restart()
-            for hid, h in list(dl.held.items()):
-                ln = h.ln
-                if h.key and self.checkpoints.covered(h.key, ln.device, ln.seq):
-                    del dl.held[hid]
             await self.feed.save_log(dl)
-        await self.feed.restart(held, newest)
+        # The next listing joins every page with its best checkpoint (its own writes not
+        # uploaded stay: the checkpoint has not seen them) and takes the packs above it.
+        await self.feed.restart()
         await self.feed.set_wall_listed(self.ctx.clock())
         await self.ctx.repo.delete_meta(REJOINING)
         self._rejoining = False
@@ -260,15 +249,33 @@ class CheckpointPolicy:
             return self.ctx.wanted_here(key)
         return self.ctx.wanted(key)
 
-    async def reread(self) -> None:
-        """Before a restart listing that comes long after its checkpoints were read
-        (``Feed.reread``): join them again, as now (a join is idempotent), and take
-        their covers for the logs' floors."""
-        held, joined, newest = await self.checkpoints.bootstrap(self._rejoins, self.ctx.using)
+    async def list_checkpoints(self) -> list[CheckpointName]:
+        """Every checkpoint in the bucket, for a restart listing (:class:`sync.feed.Restarter`)."""
+        return [cn async for cn in self.checkpoints.names()]
+
+    async def join_checkpoints(self, listed: Sequence[object]) -> tuple[dict[str, int], int]:
+        """Join every page this device holds and wants here, or wants and does not
+        hold, with its best checkpoint of ``listed`` (a join is idempotent); held
+        packs those hold are not needed. Per device, the highest sequence they cover,
+        and their newest feed time (:class:`sync.feed.Restarter`)."""
+        names = [cn for cn in listed if isinstance(cn, CheckpointName)]
+        held, joined, newest = await self.checkpoints.join_best(
+            names, self._rejoins, self.ctx.using
+        )
         for key in joined:
             self.changed(key)
             self.wake(key)
-        await self.feed.restart(held, newest)
+        for dl in self.feed.logs.values():
+            drop = [
+                hid
+                for hid, h in dl.held.items()
+                if h.key and self.checkpoints.covered(h.key, h.ln.device, h.ln.seq)
+            ]
+            for hid in drop:
+                del dl.held[hid]
+            if drop:
+                await self.feed.save_log(dl)
+        return held, newest
 
 
 def _span(seconds: float) -> str:

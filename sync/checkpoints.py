@@ -296,12 +296,13 @@ class Checkpoints:
         )
         return Checkpoint(cn, p.key, cover, p.ctx, entries, eager, lazy)
 
-    async def bootstrap(
-        self, wanted: Callable[[Key], bool], using: Using
+    async def join_best(
+        self, names: list[CheckpointName], wanted: Callable[[Key], bool], using: Using
     ) -> tuple[dict[str, int], list[Key], int]:
-        """Join every page this device wants with its best checkpoint (a device that
-        never listed this bucket, or one back after longer than the compaction grace:
-        the packs below the checkpoints may be compacted away). Returns, per device,
+        """Join every page this device wants with its best checkpoint of ``names`` (for a
+        restart listing, which lists them right before the feed: a device that never
+        listed this bucket, or one back after longer than the compaction grace; the
+        packs below the checkpoints may be compacted away). Returns, per device,
         the highest sequence a checkpoint read covers (of every page, joined here or
         not: packs up to there may be compacted away), the pages joined, and the
         newest feed time among the checkpoints' names (the packs they cover may be
@@ -309,7 +310,6 @@ class Checkpoints:
         checkpoint is skipped (the page is then read from its packs); one that cannot
         be read now raises, and the caller tries again later."""
         assert self._repo is not None
-        names = [cn async for cn in self.names()]
         held: dict[str, int] = {}
         newest = 0
         joined: list[Key] = []

@@ -236,7 +236,7 @@ class SyncEngine:
         )
         self.policy.wake = self.downloader.wake
         self.feed.absent = self.policy.absent
-        self.feed.reread = self.policy.reread
+        self.feed.restarter = self.policy
         self.uploader = Uploader(
             self.ctx,
             self.feed,

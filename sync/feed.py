@@ -32,24 +32,28 @@ Gaps and restarts
     log's floor): a gap up to the floor goes once it was seen a window ago, or the
     checkpoint was written a window before the newest name (its writer had read
     those packs then: late ones would show by now). A device new to the bucket, or
-    back after longer than the compaction grace, reads the checkpoints' covers (the
-    logs' floors), and lists the whole feed: that listing is the probe. It must come
-    soon after the read (within a quarter of the window, or the checkpoints are read
-    again): compaction deletes a pack a window after its covering checkpoints were
-    listed, so they are in a read made that close before the listing.
+    back after longer than the compaction grace, starts from the checkpoints and lists
+    the whole feed: that listing is the probe. Its checkpoints are listed right before
+    the feed; their covers become the logs' floors and their pages join them after it
+    (:class:`Restarter`). Compaction deletes a pack a window after it listed a
+    checkpoint covering it (:mod:`sync.compaction`), so a pack missing from the feed's
+    listing is covered by a checkpoint in the one just before (a listing slower than
+    half the window is done again), whose page joins it. No earlier read of the
+    checkpoints is trusted: another page of a pack may have got its first checkpoint
+    since, and the pack been compacted.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-
-import msgpack
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Protocol
 
 from ledgerd.store import Page
 from ledgerd.store import exchange as ex
 from ledgerd.sync import layout, progress
 from ledgerd.sync.context import Key, SyncContext
+from ledgerd.sync.errors import TransientCloudError
 from ledgerd.sync.layout import PackName
 from ledgerd.sync.progress import DeviceLog, Gap, Held
 
@@ -59,10 +63,8 @@ LISTED_WALL = "sync/listed-wall"
 """Repository meta: the wall time a listing of the feed started, saved at least every
 quarter of the compaction grace (at most hourly) and at stop."""
 RESTARTING = "sync/restarting"
-"""Repository meta: set while the next listing is to list the whole feed and take the
-checkpoints' covers for the logs' floors (see ``Feed.restarting``); per device, the
-highest sequence a checkpoint covers (msgpack; ``1`` as an older ledgerd saved it:
-none)."""
+"""Repository meta: set while the next listing is to list the whole feed and start
+from the checkpoints (see ``Feed.restarting``)."""
 LOG_PREFIX = "sync/log/"
 """Repository meta: each device's log (:class:`sync.progress.DeviceLog`), by device id."""
 SEQ_UP = "sync/seq_up"
@@ -71,6 +73,18 @@ LISTED_WALL_STEP = 3600.0
 FEED_WINDOW = 120.0
 """Seconds of feed time each listing looks back past the newest name seen: packs
 whose PUT was slower than the listing that followed it."""
+
+
+class Restarter(Protocol):
+    """Starts pages from the checkpoints for a restart listing
+    (:class:`sync.checkpoint_policy.CheckpointPolicy`)."""
+
+    async def list_checkpoints(self) -> Sequence[object]:
+        """The bucket's checkpoints, listed right before the feed."""
+
+    async def join_checkpoints(self, listed: Sequence[object]) -> tuple[dict[str, int], int]:
+        """Join the pages with the best of ``listed``; per device, the highest sequence
+        they cover (of every page, joined or not), and their newest feed time."""
 
 
 class Feed:
@@ -117,17 +131,8 @@ class Feed:
         # metadata until a listing has saved the logs, so that a stop before then (or
         # a listing that failed) does not leave gaps for good.
         self.restarting = False
-        # With it, per device, the highest sequence the bucket's checkpoints cover:
-        # compaction deletes a pack between kept ones too (a pack holding a page that
-        # has no checkpoint stays), and such a hole goes once probed.
-        self.held_by_checkpoints: dict[str, int] = {}
-        self.covers_time = 0  # the newest checkpoint's feed time among those (not saved)
-        # (wall, monotonic) time of the checkpoints' read that set those, in this
-        # process; None: read by an earlier one, or none.
-        self._restart_read: tuple[float, float] | None = None
-        # Reads the checkpoints again and restarts with them (CheckpointPolicy.reread):
-        # for a restart listing that comes long after its read (see list_new).
-        self.reread: Callable[[], Awaitable[None]] | None = None
+        # Lists and joins the checkpoints for a restart listing (the engine sets it).
+        self.restarter: Restarter | None = None
 
     async def load(self) -> None:
         # (as listed names move it: one saved before that rule may be past the ceiling)
@@ -142,37 +147,13 @@ class Feed:
             device = name.removeprefix(LOG_PREFIX)
             if layout.device_ok(device):
                 await self.device_log(device)
-        raw = await self.ctx.repo.get_meta(RESTARTING)
-        self.restarting = raw is not None
-        self.held_by_checkpoints = _held(raw) if raw else {}
+        self.restarting = await self.ctx.repo.get_meta(RESTARTING) is not None
 
-    async def restart(self, held: dict[str, int], newest: int = 0) -> None:
-        """The next listing lists the whole feed (see ``restarting``), and takes
-        ``held`` (per device, the highest sequence a checkpoint read covers) for the
-        logs' floors: a gap up to there goes once probed; recorded before the caller
-        records what it did. ``newest``: the newest feed time of the
-        checkpoints read, which names this device's next pack at least (the packs
-        named up to there may be compacted: no listing shows those names any more)."""
-        if newest > self.feed_max:
-            self.feed_max = newest
-            await self.ctx.repo.set_meta("sync/feed", str(newest).encode())
-        self.covers_time = max(self.covers_time, newest)
-        if self.restarting:  # (one not listed yet: its covers stay)
-            old = self.held_by_checkpoints
-            held = {d: max(s, old.get(d, 0)) for d, s in {**old, **held}.items()}
-        await self.ctx.repo.set_meta(RESTARTING, bytes(msgpack.packb(held)))
+    async def restart(self) -> None:
+        """The next listing lists the whole feed and starts from the checkpoints (see
+        ``restarting``); recorded before the caller records what it did."""
+        await self.ctx.repo.set_meta(RESTARTING, b"1")
         self.restarting = True
-        self.held_by_checkpoints = dict(held)
-        self._restart_read = (self.ctx.clock(), self.ctx.monotonic())
-
-    def _restart_stale(self) -> bool:
-        """Whether the checkpoints of the pending restart were read more than a quarter
-        of the window ago (by either clock, or by an earlier process)."""
-        if self._restart_read is None:
-            return True
-        wall, mono = self._restart_read
-        quarter = self.feed_window / 4
-        return self.ctx.monotonic() - mono > quarter or not 0 <= self.ctx.clock() - wall <= quarter
 
     async def absorb(self, cover: dict[str, int], key: Key | None = None, written: int = 0) -> None:
         """A page (``key``) joined a checkpoint of ``cover``: a pack a device wrote up to
@@ -229,14 +210,6 @@ class Feed:
         """One LIST of ``packs/`` after the cursor (the newest feed time listed a
         window ago, less the window; all of it when the logs restart): every
         device's new packs. Each is held to be imported."""
-        if self.restarting and self.reread is not None and self._restart_stale():
-            # A pack missing from this listing counts as compacted if a checkpoint
-            # read covers its number, but the checkpoint covering its pages may be
-            # newer than that read (an upload-only round read them, or a failed round,
-            # long ago): read them again now. Compaction deletes a pack only a window
-            # after its checkpoint was listed (sync.compaction), so a read this close
-            # before the listing lists it.
-            await self.reread()
         window = int(self.feed_window * 1000)
         cursor = self._cursor()
         # A restart lists the whole feed: a pack named before the cursor (by a device
@@ -249,11 +222,28 @@ class Feed:
             away = max(self.ctx.clock() - listed, self.listed_ago())
             if listed and away > self.grace:
                 await self.absent(away)
+        restarter = self.restarter if self.restarting else None
+        # The checkpoints right before the feed (see the module docstring, Restarts).
+        checkpoints_at = self.ctx.monotonic()
+        checkpoints = await restarter.list_checkpoints() if restarter else ()
         started = self.ctx.monotonic()
         wall = self.ctx.clock()
-        newest = self.feed_max
-        touched: set[str] = set()
-        async for name in self.ctx.store.list(layout.PACKS, after):
+        names = [name async for name in self.ctx.store.list(layout.PACKS, after)]
+        if restarter is not None and self.ctx.monotonic() - checkpoints_at > self.feed_window / 2:
+            # (a pack compacted since may be covered by a checkpoint written after
+            # that listing: the next round lists both again)
+            raise TransientCloudError("listing the feed took too long after the checkpoints")
+        held: dict[str, int] = {}
+        covers_time = 0
+        if restarter is not None:
+            held, covers_time = await restarter.join_checkpoints(checkpoints)
+            for device, seq in held.items():
+                if device != self.ctx.device:
+                    dl = await self.device_log(device)
+                    dl.floor = max(dl.floor, seq)
+        touched = set(held) - {self.ctx.device}
+        newest = max(self.feed_max, covers_time)
+        for name in names:
             pn = PackName.parse(name)
             if pn is None:
                 self.ignore(name)
@@ -261,22 +251,18 @@ class Feed:
             newest = max(newest, min(pn.time, layout.NAMED_TIME_CEILING))
             if await self.saw(pn):
                 touched.add(pn.device)
-        if self.restarting:
+        for device in touched & set(held):
             # Packs a checkpoint covers and that are not listed were compacted away,
             # also those above a device's last listed pack (or all of its packs).
-            for device, seq in self.held_by_checkpoints.items():
-                if device != self.ctx.device:
-                    dl = await self.device_log(device)
-                    dl.floor = max(dl.floor, seq)
-                    dl.floor_time = max(dl.floor_time, self.covers_time or newest)
-                    touched.add(device)
+            dl = self.logs[device]
+            dl.floor_time = max(dl.floor_time, covers_time or newest)
+        if self.restarting:
             for dl in self.logs.values():  # (the listing was the probe)
                 dl.drop_covered(wall - self.feed_window, newest - window)
-        for device in sorted(touched):
+        for device in sorted(self.logs if self.restarting else touched):
             await self.save_log(self.logs[device])
         if self.restarting:  # the logs it started are saved
             self.restarting = False
-            self.held_by_checkpoints = {}
             await self.ctx.repo.delete_meta(RESTARTING)
         if newest != self.feed_max:
             self.feed_max = newest
@@ -329,8 +315,6 @@ class Feed:
         dl = await self.device_log(pn.device)
         if not dl.is_new(pn.seq):
             return False
-        if self.restarting:
-            dl.floor = max(dl.floor, self.held_by_checkpoints.get(pn.device, 0))
         if dl.in_gap(pn.seq) and pn.seq < dl.max_seq:
             log.info("pack %s appeared in a gap of device %s", pn.name, pn.device)
         dl.saw(pn.seq, pn.time, self.ctx.clock())
@@ -518,17 +502,6 @@ class Feed:
             if device in cover and waiting:
                 cover[device] = min(cover[device], waiting[0] - 1)
         return {d: s for d, s in cover.items() if s > 0}
-
-
-def _held(raw: bytes) -> dict[str, int]:
-    """The covers :meth:`Feed.restart` saved; none from what an older ledgerd saved."""
-    try:
-        d = msgpack.unpackb(raw, raw=False)
-    except Exception:  # msgpack raises several unrelated types
-        return {}
-    if not isinstance(d, dict):
-        return {}
-    return {k: v for k, v in d.items() if isinstance(k, str) and type(v) is int}
 
 
 def _stretches(gaps: list[Gap]) -> list[tuple[int, int]]:

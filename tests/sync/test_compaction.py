@@ -15,6 +15,7 @@ import pytest
 from ledgerd.store import Page, Priority
 from ledgerd.store.check import HEADS, check_page, repair_local
 from ledgerd.store.gc import collect
+from ledgerd.sync.feed import RESTARTING
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import PackName
 from tests.sync.test_checkpoints import _load
@@ -391,10 +392,10 @@ async def test_compaction_runs_each_interval_by_the_wall_clock_even_after_it_wen
 async def test_a_rejoin_cut_short_is_finished_after_a_restart(
     tmp_path: Path, bucket: FolderStore
 ) -> None:
-    """D, back after the grace, is stopped while it moves its pages onto the checkpoints,
-    and a listing then makes it look present (its last-listed time is new): at the next
-    start it finishes the rejoin instead of reading packs above compacted ones and
-    waiting for good."""
+    """D, back after the grace, is stopped while its listing moves its pages onto the
+    checkpoints, after the rejoin made it look present (its last-listed time is new):
+    at the next start it finishes the rejoin instead of reading packs above compacted
+    ones and waiting for good."""
     async with _d_away(tmp_path, bucket, seed=14) as (a, pa, kw):
         await pa.put(b"recent", b"after the compaction")
         await a.engine.sync()
@@ -403,7 +404,8 @@ async def test_a_rejoin_cut_short_is_finished_after_a_restart(
             d.engine.checkpoints.take = _stopped  # type: ignore[method-assign]
             with pytest.raises(_Stop):
                 await d.engine.sync(timeout=5)
-            await d.engine.feed.list_new()  # as another path would list meanwhile
+            assert await d.engine.feed.wall_listed() > 0
+            assert await d.repo.get_meta(RESTARTING) is not None
         async with device(tmp_path / "d", bucket, **kw) as d:
             await d.engine.sync()
             assert await _keys(d.repo) == want

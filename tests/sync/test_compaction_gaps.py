@@ -204,22 +204,32 @@ def test_a_restarted_log_takes_its_floor_again_from_the_checkpoints() -> None:
     assert (dl.max_seq, dl.floor, [(g.first, g.last) for g in dl.gaps]) == (4, 0, [(1, 3)])
 
 
-async def test_the_covers_a_restart_takes_are_kept_until_a_listing_saved_the_logs(
+async def test_a_restart_marked_before_a_stop_is_done_by_the_next_listing(
     tmp_path: Path, bucket: FolderStore
 ) -> None:
-    """A device stopped between reading the checkpoints and the listing that saves the
-    logs finds the covers again when it starts (the restart's meta holds them); the
-    ``1`` an older ledgerd saved there restarts without any, and a garbled one too."""
-    other = "e" * 32
-    async with device(tmp_path / "a", bucket) as a:
-        await a.engine.feed.restart({other: 7})
-    async with device(tmp_path / "a", bucket) as a:
-        assert a.engine.feed.restarting and a.engine.feed.held_by_checkpoints == {other: 7}
-        await a.engine.sync()  # the listing saves the logs, the floor among them
-        assert await a.repo.get_meta(RESTARTING) is None
-        assert (await a.engine.feed.device_log(other)).floor == 7
-    for raw in (b"1", b"\xc1", msgpack.packb({other: "7", 3: 4})):
-        async with device(tmp_path / "b", bucket) as b:
-            await b.repo.set_meta(RESTARTING, raw)
-        async with device(tmp_path / "b", bucket) as b:
-            assert b.engine.feed.restarting and b.engine.feed.held_by_checkpoints == {}
+    """A device stopped between marking a restart and the listing that does it finds
+    the mark when it starts; that listing joins the checkpoints listed right before it
+    and takes their covers for the logs' floors. Whatever an older ledgerd saved in the
+    mark (its covers, or ``1``), or a garbled one, only marks it."""
+    async with device(tmp_path / "w", bucket) as w:
+        page = await w.repo.ledger("l").page("p")
+        await page.put(b"k", b"v")
+        await w.engine.sync()
+        feed_time = await w.engine.feed.feed_time()
+        cover = {w.engine.device: 1}
+        assert await w.engine.checkpoints.write(
+            page, w.repo.device_id, feed_time, cover, force=True
+        )
+        for name, raw in (("a", None), ("b", b"1"), ("c", b"\xc1"), ("d", msgpack.packb({"e": 7}))):
+            async with device(tmp_path / name, bucket) as a:
+                await a.engine.sync()
+                await a.engine.feed.restart()
+                if raw is not None:
+                    await a.repo.set_meta(RESTARTING, raw)
+            async with device(tmp_path / name, bucket) as a:
+                assert a.engine.feed.restarting
+                await a.engine.sync()  # the listing joins, and saves the logs
+                assert await a.repo.get_meta(RESTARTING) is None
+                assert (await a.engine.feed.device_log(w.engine.device)).floor == 1
+                assert a.engine.checkpoints.joined.get((b"l", b"p"))
+                assert await _keys(a.repo, "l", "p") == {b"k": b"v"}

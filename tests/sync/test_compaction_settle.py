@@ -1,14 +1,15 @@
 """Compaction and a device starting from the checkpoints, when the two meet.
 
 A device that starts from the checkpoints (new to the bucket, or back after longer
-than the compaction grace) reads them, then lists the feed: a pack missing from that
-listing counts as compacted when a checkpoint it read covers the pack's number. Two
+than the compaction grace) lists them and then the feed: a pack missing from that
+listing counts as compacted when a checkpoint listed covers the pack's number. Two
 rules keep that true (``sync.compaction``, ``sync.feed``): compaction deletes a pack
 only once its covering checkpoint has been listed for a feed window, and a restart
-listing that comes long after its checkpoints were read reads them again first.
-(Found by the simulation, seed 4852: a device's first round uploaded nothing, so its
-checkpoints were read half an hour before its first listing; meanwhile a page it did
-not hold got its first checkpoint and the pack holding that page was compacted.)"""
+listing lists the checkpoints right before the feed, its pages joining those (never
+ones read earlier). (Found by the simulation, seed 4852: a device's first round
+uploaded nothing, so its checkpoints were read half an hour before its first
+listing; meanwhile a page it did not hold got its first checkpoint and the pack
+holding that page was compacted.)"""
 
 from __future__ import annotations
 
@@ -58,13 +59,13 @@ async def test_a_pack_goes_only_a_window_after_its_checkpoint_was_listed(
         assert (await a.engine.compact()).packs_deleted == 1
 
 
-async def test_a_restart_listing_long_after_its_read_reads_the_checkpoints_again(
+async def test_a_restart_listing_takes_the_checkpoints_listed_right_before_it(
     tmp_path: Path, bucket: FolderStore
 ) -> None:
     """A's pack P holds pages y and x; y has a checkpoint, x none. B's first round
-    uploads nothing: it reads y's checkpoint (its cover reaches P) and lists nothing.
-    Then x gets its checkpoint and P goes. B's first listing, much later, does not
-    list P: with only y's checkpoint read, B took P for explained and never had x."""
+    uploads nothing (it lists nothing). Then x gets its checkpoint and P goes. B's
+    first listing, much later, does not list P: with only y's checkpoint (as read
+    at B's first round, once), B took P for explained and never had x."""
     clock = Clock()
     kw: dict[str, Any] = {"clock": clock, "compaction_grace": GRACE, "checkpoint_interval": 3600.0}
     async with device(tmp_path / "a", bucket, **kw) as a:
@@ -77,7 +78,7 @@ async def test_a_restart_listing_long_after_its_read_reads_the_checkpoints_again
         cover = {a.engine.device: 1}
         assert await a.engine.checkpoints.write(y, a.repo.device_id, feed_time, cover, force=True)
         async with device(tmp_path / "b", bucket, **kw) as b:
-            await b.engine.round(download=False)  # reads the checkpoints; lists nothing
+            await b.engine.round(download=False)  # marks the restart; lists nothing
             clock.now += GRACE + 60
             report = await a.engine.compact()  # x's checkpoint, and P goes
             assert report.checkpoints_written == 1 and report.packs_deleted == 1
