@@ -6,7 +6,10 @@ Two runs, each printing one JSON line:
     Three daemons (default settings) each put the same 100 keys of one page with
     ``ledgerctl put``, all three at once; then each syncs until the three listings
     match. Prints the seconds the puts took, the seconds from the last put until
-    the listings matched, each daemon's CPU seconds and its head count.
+    the listings matched, each daemon's CPU seconds and its head count, and how
+    fast each daemon answered meanwhile: a probe thread sends ``GET /v1/health``
+    to every daemon every 50 ms through the whole run (an event loop a merge held
+    answers late), beside the same probe on the idle daemons before the puts.
 
 ``life``
     Four daemons with ``history_retention = 0``, a short ``compaction_grace``,
@@ -35,6 +38,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import http.client
 import json
 import os
 import random
@@ -44,6 +48,7 @@ import socket as sockets
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -129,6 +134,70 @@ class Daemon:
         return [json.loads(x) for x in out.decode().splitlines()]
 
 
+class _UnixHTTP(http.client.HTTPConnection):
+    """An HTTP connection over a Unix socket (the daemon's)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__("localhost", timeout=120)
+        self.path = path
+
+    def connect(self) -> None:
+        s = sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM)
+        s.settimeout(120)
+        s.connect(str(self.path))
+        self.sock = s
+
+
+class Probe:
+    """Sends ``GET /v1/health`` to each daemon every ``every`` seconds in a thread and
+    keeps the seconds each answer took: how long an event loop kept a request
+    waiting (a merge that held it, a stall)."""
+
+    def __init__(self, daemons: list[Daemon], every: float = 0.05) -> None:
+        self.daemons = daemons
+        self.every = every
+        self.times: dict[str, list[float]] = {d.base.name: [] for d in daemons}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        conns = {d.base.name: _UnixHTTP(d.socket) for d in self.daemons}
+        while not self._stop.wait(self.every):
+            for name, conn in conns.items():
+                started = time.monotonic()
+                try:
+                    conn.request("GET", "/v1/health")
+                    conn.getresponse().read()
+                except (OSError, http.client.HTTPException):
+                    conn.close()
+                    continue
+                self.times[name].append(time.monotonic() - started)
+
+    def __enter__(self) -> Probe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict[str, Any]:
+        """Per daemon: answers, median, 99th percentile and slowest, in milliseconds."""
+        out: dict[str, Any] = {}
+        for name, ts in self.times.items():
+            ts = sorted(ts)
+            if not ts:
+                out[name] = {"answers": 0}
+                continue
+            out[name] = {
+                "answers": len(ts),
+                "median_ms": round(ts[len(ts) // 2] * 1000, 1),
+                "p99_ms": round(ts[min(len(ts) - 1, int(len(ts) * 0.99))] * 1000, 1),
+                "max_ms": round(ts[-1] * 1000, 1),
+            }
+        return out
+
+
 PROBLEMS = (" ERROR ", " CRITICAL ", "Traceback", "corrupt", "malformed", "waits for")
 """Log line fragments that mean something went wrong: the runs count them."""
 
@@ -198,11 +267,15 @@ def same_keys() -> dict[str, Any]:
                 for i in range(100):
                     d.ctl("put", "app", "shared", f"k{i:03d}", f"{d.base.name}-{i}")
 
+            idle = Probe(daemons)
+            with idle:
+                time.sleep(3)  # (a measurement period, not a wait for an event)
             started = time.monotonic()
-            with ThreadPoolExecutor(3) as pool:
-                list(pool.map(puts, daemons))
-            put_seconds = time.monotonic() - started
-            seconds = _converge(daemons, ["shared"], CONVERGE_TIMEOUT)
+            with Probe(daemons) as busy:
+                with ThreadPoolExecutor(3) as pool:
+                    list(pool.map(puts, daemons))
+                put_seconds = time.monotonic() - started
+                seconds = _converge(daemons, ["shared"], CONVERGE_TIMEOUT)
             heads = [len(d.ctl("heads", "app", "shared").splitlines()) for d in daemons]
             keys = len(daemons[0].listing("shared"))
             return {
@@ -217,6 +290,8 @@ def same_keys() -> dict[str, Any]:
                 "keys": keys,
                 "heads": heads,
                 "daemon_cpu_seconds": [round(d.cpu_now(), 1) for d in daemons],
+                "health_answers_idle": idle.summary(),
+                "health_answers_during_the_run": busy.summary(),
                 "log_problems": _log_problems(daemons),
             }
         finally:

@@ -16,6 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from ledgerd.sync import layout
+from ledgerd.sync.errors import TransientCloudError
 from ledgerd.sync.folder import FolderStore
 from tests.sync.test_compaction import Clock, _packs
 from tests.sync.test_engine import _keys, device
@@ -116,3 +120,35 @@ async def test_the_daemon_compacts_again_a_window_after_a_run_that_had_to_wait(
         mono.now += WINDOW + 2
         await a.engine._compact_when_due()
         assert len(_packs(tmp_path / "bucket")) < packs
+
+
+async def test_a_restart_listing_slower_than_half_a_window_is_done_again(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """The checkpoints a restart listing lists hold every checkpoint covering a pack
+    compacted before its feed listing only when the two listings are less than a
+    window apart: one that took longer fails, keeps the restart, and the next round
+    lists both again."""
+    mono = Monotonic()
+    kw: dict[str, Any] = {"monotonic": mono, "feed_window": WINDOW}
+    async with device(tmp_path / "a", bucket, **kw) as a:
+        page = await a.repo.ledger("l").page("p")
+        await page.put(b"k", b"v")
+        await a.engine.sync()
+    async with device(tmp_path / "b", bucket, **kw) as b:
+        store = b.engine.ctx.store
+        plain = store.list
+
+        def slow(prefix: str, after: str = "") -> Any:
+            if prefix == layout.PACKS:
+                mono.now += WINDOW  # the feed's listing came a window after the checkpoints'
+            return plain(prefix, after)
+
+        store.list = slow  # type: ignore[method-assign]
+        with pytest.raises(TransientCloudError, match="took too long"):
+            await b.engine.round()
+        assert b.engine.feed.restarting
+        store.list = plain  # type: ignore[method-assign]
+        await b.engine.sync()
+        assert not b.engine.feed.restarting
+        assert await _keys(b.repo, "l", "p") == {b"k": b"v"}
