@@ -13,6 +13,7 @@ holding that page was compacted.)"""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import pytest
 
 from ledgerd.sync import layout
 from ledgerd.sync.errors import TransientCloudError
+from ledgerd.sync.feed import RESTARTING
 from ledgerd.sync.folder import FolderStore
 from tests.sync.test_compaction import Clock, _packs
 from tests.sync.test_engine import _keys, device
@@ -139,16 +141,16 @@ async def test_a_restart_listing_slower_than_half_a_window_is_done_again(
         store = b.engine.ctx.store
         plain = store.list
 
-        def slow(prefix: str, after: str = "") -> Any:
+        def slow(prefix: str, after: str = "") -> AsyncIterator[str]:
             if prefix == layout.PACKS:
                 mono.now += WINDOW  # the feed's listing came a window after the checkpoints'
             return plain(prefix, after)
 
-        store.list = slow  # type: ignore[method-assign]
+        store.list = slow  # type: ignore[method-assign,assignment]
         with pytest.raises(TransientCloudError, match="took too long"):
             await b.engine.round()
-        assert b.engine.feed.restarting
+        assert await b.repo.get_meta(RESTARTING) is not None
         store.list = plain  # type: ignore[method-assign]
         await b.engine.sync()
-        assert not b.engine.feed.restarting
+        assert await b.repo.get_meta(RESTARTING) is None
         assert await _keys(b.repo, "l", "p") == {b"k": b"v"}
