@@ -25,11 +25,17 @@ from ledgerd.store import btree, commit, dots, split
 from ledgerd.store import digest as dg
 from ledgerd.store.btree import Builder, Entry, NodeStore, Priority, RawEntry, Version
 from ledgerd.store.db import Database
-from ledgerd.store.errors import ClosedError, named
+from ledgerd.store.errors import (
+    ClosedError,
+    ObjectKeyMissingError,
+    ObjectNotFoundError,
+    named,
+)
 from ledgerd.store.graph import CommitGraph
 from ledgerd.store.hooks import ResolverSource
 from ledgerd.store.merge import Choice, Conflict, MergeRequest, NeedsResolver, Policy
 from ledgerd.store.merge import needs_resolver as _needs_resolver
+from ledgerd.store.objects import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +56,7 @@ class Conflicts:
         name: bytes,
         db: Database,
         nodes: NodeStore,
+        objects: ObjectStore,
         graph: CommitGraph,
         resolvers: ResolverSource | None,
         is_closed: Callable[[], bool],
@@ -59,6 +66,7 @@ class Conflicts:
         self.name = name
         self.db = db
         self.nodes = nodes
+        self.objects = objects
         self.graph = graph
         self.resolvers = resolvers
         self._is_closed = is_closed
@@ -172,6 +180,18 @@ class Conflicts:
             return False
         except Exception as e:  # a resolver that failed or vanished changes nothing
             self.pending_conflict = f"resolver failed: {type(e).__name__}: {e}"
+            log.warning("page %s: %s", named(self.name), self.pending_conflict)
+            return False
+        taken = [
+            (left if answers[key] == "left" else right)[0]
+            for key, (left, right) in shown.items()
+            if answers[key] in ("left", "right")
+        ]
+        try:
+            # The values a side's answer takes are this device's to upload now.
+            await self.objects.hold(v for v in taken if v != dg.TOMBSTONE)
+        except (ObjectNotFoundError, ObjectKeyMissingError) as e:
+            self.pending_conflict = f"a value the resolver took cannot be read here: {e}"
             log.warning("page %s: %s", named(self.name), self.pending_conflict)
             return False
         await self._store(shown, answers)

@@ -57,6 +57,8 @@ READ_BATCH = 64
 TURN_PIECES = 8192
 """Pieces :meth:`ObjectStore.value_pieces` goes through between two turns it gives
 the event loop."""
+HOLD_BATCH = 64
+"""Pieces :meth:`ObjectStore.hold` fetches at a time (at most a few MiB in memory)."""
 
 
 async def mismatched(pieces: dict[bytes, bytes], *, most_inline: int | None = None) -> list[bytes]:
@@ -311,6 +313,23 @@ class ObjectStore:
                 index = split.decode_index(await self.get_piece(d))
                 stack.extend(c.digest for c in index if not dg.is_inline(c.digest))
         return out
+
+    async def hold(self, roots: Iterable[bytes]) -> None:
+        """Store here every piece of the values with these root digests, fetching those
+        only known to be in the cloud (LAZY pieces not read yet): for a write that
+        takes a value this device has not read, as a conflict's resolution does. The
+        device uploads those pieces with its write, and the pack they came in may be
+        compacted by then, with no checkpoint holding a value superseded since."""
+        pieces = [d for d in await self.value_pieces(roots) if not dg.is_inline(d)]
+        for i in range(0, len(pieces), HOLD_BATCH):
+            batch = pieces[i : i + HOLD_BATCH]
+            rows = await self.db.read_in(
+                "SELECT digest FROM objects WHERE digest IN ({marks})", batch
+            )
+            here = {bytes(r[0]) for r in rows}
+            missing = [d for d in batch if d not in here]
+            if missing:
+                await self._fetch(missing)
 
     # -- reading ---------------------------------------------------------------
 

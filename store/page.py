@@ -165,6 +165,7 @@ class Page(View):
             page_id,
             db,
             self.nodes,
+            objects,
             self.graph,
             hooks.resolvers,
             lambda: self._closed,

@@ -81,4 +81,6 @@ SEEDS: list[tuple[int, str]] = [
     (12699, "gap; a checkpoint written without a cover the best one had (a covered gap)"),
     (4852, "diverged docs-diverged; checkpoints read long before the restart listing"),
     (512, "diverged waiting-pack; a pack with writes ended a later pieces-only pack's wait"),
+    (4637, "diverged unavailable; a resolution took a LAZY value its device never read"),
+    (6092, "diverged unavailable; a resolution took a LAZY value its device never read"),
 ]
