@@ -170,6 +170,11 @@ async def test_open_store_from_url(tmp_path: Path) -> None:
     await s3.close()
     with pytest.raises(PermanentCloudError):
         open_store("ftp://x/y")
+    # A host in a file: URL is refused (it was dropped: file://relative/path was /path).
+    with pytest.raises(PermanentCloudError, match="names the host 'relative'"):
+        open_store("file://relative/path")
+    local = open_store(f"file://localhost{tmp_path}/cloud")
+    assert await local.get("x") == b"1"
 
 
 async def test_s3_calls_left_hanging_are_not_waited_for() -> None:
