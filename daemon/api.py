@@ -87,6 +87,9 @@ CONTROL_BODY_BYTES = 64 * 1024
 """The longest body of a control request (a page's merge policy, check, GC, evict):
 a few names and flags, so a large one is refused (413) before it is read, rather
 than read up to ``max_batch_bytes`` and parsed on the event loop."""
+MIN_SECONDS = 0.001
+"""The smallest timeout a query takes (``POST /v1/sync?timeout=``): a millisecond, below
+which nothing could finish (5e-324 is a number, not a timeout)."""
 
 
 @dataclass
@@ -222,13 +225,17 @@ class Query:
         return n
 
     def seconds(self, name: str, default: float) -> float:
-        """A positive, finite number of seconds (``default`` when absent)."""
+        """A finite number of seconds, at least :data:`MIN_SECONDS` (``default`` when
+        absent); anything else is 400 ``invalid_timeout``."""
         v = self.text(name)
         if v is None or v == "":
             return default
         n = number_param(name, v)
-        if not math.isfinite(n) or n <= 0:
-            raise ae.BadRequest(f"query parameter {name} must be a positive number of seconds")
+        if not math.isfinite(n) or n < MIN_SECONDS:
+            raise ae.InvalidTimeout(
+                f"query parameter {name} must be a number of seconds, at least {MIN_SECONDS}"
+                f" (not {v[:40]})"
+            )
         return n
 
     def flag(self, name: str, default: bool) -> bool:

@@ -53,6 +53,12 @@ class BadRequest(ApiError):
     status, code = 400, "bad_request"
 
 
+class InvalidTimeout(BadRequest):
+    """A timeout that is not a finite number of seconds, or below the minimum."""
+
+    code = "invalid_timeout"
+
+
 class KeyTooLarge(BadRequest):
     """The key is over the 4 KiB limit."""
 
