@@ -48,7 +48,6 @@ from ledgerd.daemon.codec import (
     commit_json,
     entries_json,
     flag_param,
-    from_hex,
     integer_param,
     number_param,
     parse_json,
@@ -700,11 +699,7 @@ class Api:
         at = Query.of(request).text("at")
         if not at:
             return page
-        try:
-            cid = from_hex(at)
-        except ValueError:
-            raise ae.BadRequest("at must be a commit id in hex") from None
-        return await page.snapshot(cid)
+        return await page.snapshot(await page.find_commit(at))
 
     # -- endpoints (in ROUTES) -------------------------------------------------------
 
@@ -1007,19 +1002,13 @@ class Api:
         q = Query.of(request)
         limit = q.int("limit", 100, lo=1) or 100
         start = q.text("start")
-        try:
-            start_id = from_hex(start) if start else None
-        except ValueError:
-            raise ae.BadRequest("start must be a commit id in hex") from None
+        start_id = await page.find_commit(start) if start else None
         commits = await page.history(min(limit, MAX_LIMIT), start_id)
         return web.json_response({"commits": [commit_json(c) for c in commits]})
 
     async def commit(self, request: web.Request, p: Params) -> web.Response:
         page = await self.page(p.ledger, p.page, create=False)
-        try:
-            cid = from_hex(p.commit)
-        except ValueError:
-            raise ae.BadRequest("commit id must be hex") from None
+        cid = await page.find_commit(p.commit)
         return web.json_response(commit_json(await page.load_commit(cid)))
 
     # -- operations (issue 19: check, health, metrics, the API description) ----------
