@@ -1,7 +1,9 @@
 # PYTHON_ARGCOMPLETE_OK  (argcomplete looks for this in the first 1024 bytes)
 """``ledgerctl``: the command-line client of ledgerd.
 
-This module runs the commands and owns the command line (argparse, "did you mean",
+The ``ledgerctl`` command starts in :mod:`ledgerd.daemon.cli_quick`, which prints a small
+``get`` itself and hands every other command line to :func:`main` here. This module runs
+the commands and owns the command line (argparse, "did you mean",
 shell completion through argcomplete) and the exit statuses; how arguments become bytes
 and bytes become text or JSON is :mod:`ledgerd.daemon.cli_format`'s, what ``status``
 prints :mod:`ledgerd.daemon.cli_status`'s, ``import`` :mod:`ledgerd.daemon.cli_import`'s
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import codecs
 import contextlib
 import difflib
 import json
@@ -52,6 +53,16 @@ from ledgerd.daemon.cli_format import (
 )
 from ledgerd.daemon.cli_import import Importer, file_size
 from ledgerd.daemon.cli_progress import ENTRIES_MIN, Progress
+from ledgerd.daemon.cli_quick import EXIT_ERROR as EXIT_ERROR  # (cli_doc's, from here)
+from ledgerd.daemon.cli_quick import (
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    HEX_DIGITS,
+    TerminalGuard,
+    output_failed,
+)
 from ledgerd.daemon.cli_status import status_lines
 from ledgerd.daemon.cli_stdio import blocking
 from ledgerd.daemon.client import (
@@ -66,13 +77,10 @@ from ledgerd.daemon.client import (
 from ledgerd.daemon.client_types import NOT_A_SOCKET
 from ledgerd.daemon.codec import b64
 
-EXIT_NOT_FOUND, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_ERROR, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
 LIST_PAGE_SIZE = 100
 """Entries per listing request: at most this many inline values (1 MiB each) in memory."""
 SYNC_POLL = 0.5
 """Seconds between two looks at ``/v1/status`` for ``sync``'s progress bar."""
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
-"""Characters that a terminal may act on: a value holding any is not written to one."""
 
 
 async def _stdin_chunks(progress: Progress, stdin: BinaryIO | None = None) -> AsyncIterator[bytes]:
@@ -90,32 +98,6 @@ async def _stdin_chunks(progress: Progress, stdin: BinaryIO | None = None) -> As
         done += len(chunk)
         progress(done, total)
         yield chunk
-
-
-class _TerminalGuard:
-    """Lets text through to a terminal and stops at the first sign of binary data; text
-    that does not end a line is ended with a newline there (a pipe gets the value's
-    bytes exactly), so that the shell's prompt starts a line of its own."""
-
-    def __init__(self) -> None:
-        self.decoder = codecs.getincrementaldecoder("utf-8")()
-        self.last = b""
-
-    def tail(self) -> bytes:
-        """What to write after the value: a newline if it did not end with one."""
-        return b"\n" if self.last and not self.last.endswith(b"\n") else b""
-
-    def check(self, chunk: bytes, final: bool = False) -> None:
-        if chunk:
-            self.last = chunk
-        try:
-            text = self.decoder.decode(chunk, final)
-        except UnicodeDecodeError:
-            text = "\x00"
-        if _CONTROL.search(text):
-            raise UsageError(
-                "the value is binary: not written to a terminal (use -o FILE, a pipe, or --force)"
-            )
 
 
 class Cli:
@@ -152,7 +134,7 @@ class Cli:
         """``--at``: a commit id or a unique prefix of one (as ``log`` prints them), checked
         to be hex digits before it goes into a URL (the daemon finds the commit)."""
         at: str | None = getattr(self.a, "at", None)
-        if at is not None and (not at or at.strip("0123456789abcdefABCDEF")):
+        if at is not None and (not at or at.strip(HEX_DIGITS)):
             raise UsageError(f"--at {at!r} is not a commit id (hex)")
         return at
 
@@ -349,7 +331,7 @@ class Cli:
                 except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
                     raise UsageError(f"-o {target}: {e.strerror}") from None
             else:
-                guard = _TerminalGuard() if sys.stdout.isatty() and not self.a.force else None
+                guard = TerminalGuard() if sys.stdout.isatty() and not self.a.force else None
                 out = sys.stdout.buffer
                 async for chunk in self.c.get_stream(ledger, page, key, at=at, progress=bar):
                     if guard is not None:
@@ -909,13 +891,6 @@ def _claim_closed_streams() -> None:
                 setattr(sys, name, open(fd, mode, closefd=False))  # noqa: SIM115
 
 
-def _discard_stdout() -> None:
-    """Standard output failed: what is still buffered goes to /dev/null, so that Python's
-    flush at exit does not fail again (and print a traceback)."""
-    with contextlib.suppress(Exception):
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-
 def main(argv: list[str] | None = None) -> int:
     _claim_closed_streams()
     ap = parser()
@@ -943,15 +918,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE if e.status in (400, 413, 414, 416) else EXIT_ERROR
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        with contextlib.suppress(Exception):
-            sys.stdout.close()
-        return 0
     except OSError as e:  # standard input or output (or a local file) failed
-        _discard_stdout()
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"ledgerctl: {where}a local read or write failed: {e.strerror or e}", file=sys.stderr)
-        return EXIT_USAGE
+        return output_failed(e)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from ledgerd.daemon.socketdir import default_socket_file
 from ledgerd.sync.crypto import KeyFileError, KeyRing, find_key_file, load_key_file
 from ledgerd.sync.url import url_problem
 
@@ -47,13 +48,8 @@ def default_data_dir() -> Path:
 
 
 def default_socket() -> Path:
-    """``$RUNTIME_DIRECTORY/ledgerd.sock``, ``$XDG_RUNTIME_DIR/ledgerd/ledgerd.sock``,
-    or ``/tmp/ledgerd-$UID/ledgerd.sock``. ``ledgerctl`` uses the same rule."""
-    if d := os.environ.get("RUNTIME_DIRECTORY"):
-        return Path(d.split(":")[0]) / "ledgerd.sock"
-    if d := os.environ.get("XDG_RUNTIME_DIR"):
-        return Path(d) / "ledgerd" / "ledgerd.sock"
-    return Path(f"/tmp/ledgerd-{os.getuid()}") / "ledgerd.sock"
+    """The daemon's socket by default (:func:`socketdir.default_socket_file`)."""
+    return Path(default_socket_file())
 
 
 @dataclass
