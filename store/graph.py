@@ -139,7 +139,16 @@ class CommitGraph:
                 "page %s: its context is damaged (%s); it is read as empty", named(self.name), e
             )
             self.ctx = {}
-        self.deleted = await deleted.is_deleted(self.nodes, self.head.root)
+        try:
+            self.deleted = await deleted.is_deleted(self.nodes, self.head.root)
+        except CorruptObjectError as e:  # the page opens, so that check --repair can mend it
+            log.error(
+                "page %s: its tree is damaged (%s); reads of it fail until "
+                "ledgerctl check --repair fetches it again from the bucket",
+                named(self.name),
+                e,
+            )
+            self.deleted = False
         got = await self.db.read_all("SELECT count(*) FROM conflicts", small=True)
         self.conflicts = int(got[0][0])
         if not self._told:
