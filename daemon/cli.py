@@ -17,7 +17,7 @@ tuple literals with ``--tuple``. The daemon is found through ``--socket``,
 Exit status: 0 success, 1 not found, 2 bad usage or bad input (local files and an
 unsafe socket directory included), 3 the daemon cannot be reached or went away
 mid-request, 4 any other error reported by the daemon (a conflict, data unavailable,
-a full disk...), 130 interrupted.
+a full disk...), 5 the data read is damaged (``corrupt``), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ from ledgerd.daemon.cli_format import (
 )
 from ledgerd.daemon.cli_import import Importer, file_size
 from ledgerd.daemon.cli_progress import ENTRIES_MIN, Progress
-from ledgerd.daemon.cli_quick import EXIT_ERROR as EXIT_ERROR  # (cli_doc's, from here)
 from ledgerd.daemon.cli_quick import (
+    EXIT_DAMAGED,
     EXIT_INTERRUPTED,
     EXIT_NOT_FOUND,
     EXIT_UNAVAILABLE,
@@ -63,6 +63,7 @@ from ledgerd.daemon.cli_quick import (
     TerminalGuard,
     output_failed,
 )
+from ledgerd.daemon.cli_quick import EXIT_ERROR as EXIT_ERROR  # (cli_doc's, from here)
 from ledgerd.daemon.cli_status import status_lines
 from ledgerd.daemon.cli_stdio import blocking
 from ledgerd.daemon.client import (
@@ -77,6 +78,10 @@ from ledgerd.daemon.client import (
 from ledgerd.daemon.client_types import NOT_A_SOCKET
 from ledgerd.daemon.codec import b64
 
+REPAIR_HINT = (
+    "'ledgerctl check --repair' fetches damaged synced data again from the bucket "
+    "(see docs/operations.md, Check and repair)"
+)
 LIST_PAGE_SIZE = 100
 """Entries per listing request: at most this many inline values (1 MiB each) in memory."""
 SYNC_POLL = 0.5
@@ -671,7 +676,7 @@ def parser() -> argparse.ArgumentParser:
         description="Command-line client of ledgerd.",
         epilog="Exit status: 0 success, 1 not found, 2 bad usage or input, 3 the daemon "
         "cannot be reached, 4 refused by the daemon (conflict, unavailable, ...), "
-        "130 interrupted.",
+        "5 the data read is damaged, 130 interrupted.",
     )
     ap.add_argument("--version", action="version", version=f"ledgerctl {__version__}")
     _common(ap, top=True)
@@ -914,6 +919,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ledgerctl: {_not_found(e, args)}", file=sys.stderr)
         return EXIT_NOT_FOUND
     except LedgerError as e:
+        if e.code == "corrupt":  # the daemon runs, and found the data damaged
+            print(f"ledgerctl: damaged data: {e} (corrupt); {REPAIR_HINT}", file=sys.stderr)
+            return EXIT_DAMAGED
         print(f"ledgerctl: {e} ({e.code})", file=sys.stderr)
         return EXIT_USAGE if e.status in (400, 413, 414, 416) else EXIT_ERROR
     except KeyboardInterrupt:

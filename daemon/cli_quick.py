@@ -24,7 +24,8 @@ import sys
 from ledgerd.daemon.client_urls import quote
 from ledgerd.daemon.socketdir import socket_dir_problem, socket_file
 
-EXIT_NOT_FOUND, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_ERROR, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
+EXIT_NOT_FOUND, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_ERROR, EXIT_DAMAGED = 1, 2, 3, 4, 5
+EXIT_INTERRUPTED = 130
 QUICK_MAX = 1024 * 1024
 """The largest value the quick path prints (a larger one may want a progress bar)."""
 HEX_DIGITS = "0123456789abcdefABCDEF"
