@@ -48,7 +48,6 @@ from ledgerd.daemon.codec import (
     commit_json,
     entries_json,
     flag_param,
-    from_hex,
     integer_param,
     number_param,
     parse_json,
@@ -87,6 +86,9 @@ CONTROL_BODY_BYTES = 64 * 1024
 """The longest body of a control request (a page's merge policy, check, GC, evict):
 a few names and flags, so a large one is refused (413) before it is read, rather
 than read up to ``max_batch_bytes`` and parsed on the event loop."""
+MIN_SECONDS = 0.001
+"""The smallest timeout a query takes (``POST /v1/sync?timeout=``): a millisecond, below
+which nothing could finish (5e-324 is a number, not a timeout)."""
 
 
 @dataclass
@@ -222,13 +224,17 @@ class Query:
         return n
 
     def seconds(self, name: str, default: float) -> float:
-        """A positive, finite number of seconds (``default`` when absent)."""
+        """A finite number of seconds, at least :data:`MIN_SECONDS` (``default`` when
+        absent); anything else is 400 ``invalid_timeout``."""
         v = self.text(name)
         if v is None or v == "":
             return default
         n = number_param(name, v)
-        if not math.isfinite(n) or n <= 0:
-            raise ae.BadRequest(f"query parameter {name} must be a positive number of seconds")
+        if not math.isfinite(n) or n < MIN_SECONDS:
+            raise ae.InvalidTimeout(
+                f"query parameter {name} must be a number of seconds, at least {MIN_SECONDS}"
+                f" (not {v[:40]})"
+            )
         return n
 
     def flag(self, name: str, default: bool) -> bool:
@@ -693,11 +699,7 @@ class Api:
         at = Query.of(request).text("at")
         if not at:
             return page
-        try:
-            cid = from_hex(at)
-        except ValueError:
-            raise ae.BadRequest("at must be a commit id in hex") from None
-        return await page.snapshot(cid)
+        return await page.snapshot(await page.find_commit(at))
 
     # -- endpoints (in ROUTES) -------------------------------------------------------
 
@@ -1000,19 +1002,13 @@ class Api:
         q = Query.of(request)
         limit = q.int("limit", 100, lo=1) or 100
         start = q.text("start")
-        try:
-            start_id = from_hex(start) if start else None
-        except ValueError:
-            raise ae.BadRequest("start must be a commit id in hex") from None
+        start_id = await page.find_commit(start) if start else None
         commits = await page.history(min(limit, MAX_LIMIT), start_id)
         return web.json_response({"commits": [commit_json(c) for c in commits]})
 
     async def commit(self, request: web.Request, p: Params) -> web.Response:
         page = await self.page(p.ledger, p.page, create=False)
-        try:
-            cid = from_hex(p.commit)
-        except ValueError:
-            raise ae.BadRequest("commit id must be hex") from None
+        cid = await page.find_commit(p.commit)
         return web.json_response(commit_json(await page.load_commit(cid)))
 
     # -- operations (issue 19: check, health, metrics, the API description) ----------

@@ -1,7 +1,9 @@
 # PYTHON_ARGCOMPLETE_OK  (argcomplete looks for this in the first 1024 bytes)
 """``ledgerctl``: the command-line client of ledgerd.
 
-This module runs the commands and owns the command line (argparse, "did you mean",
+The ``ledgerctl`` command starts in :mod:`ledgerd.daemon.cli_quick`, which prints a small
+``get`` itself and hands every other command line to :func:`main` here. This module runs
+the commands and owns the command line (argparse, "did you mean",
 shell completion through argcomplete) and the exit statuses; how arguments become bytes
 and bytes become text or JSON is :mod:`ledgerd.daemon.cli_format`'s, what ``status``
 prints :mod:`ledgerd.daemon.cli_status`'s, ``import`` :mod:`ledgerd.daemon.cli_import`'s
@@ -15,14 +17,13 @@ tuple literals with ``--tuple``. The daemon is found through ``--socket``,
 Exit status: 0 success, 1 not found, 2 bad usage or bad input (local files and an
 unsafe socket directory included), 3 the daemon cannot be reached or went away
 mid-request, 4 any other error reported by the daemon (a conflict, data unavailable,
-a full disk...), 130 interrupted.
+a full disk...), 5 the data read is damaged (``corrupt``), 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import codecs
 import contextlib
 import difflib
 import json
@@ -52,6 +53,17 @@ from ledgerd.daemon.cli_format import (
 )
 from ledgerd.daemon.cli_import import Importer, file_size
 from ledgerd.daemon.cli_progress import ENTRIES_MIN, Progress
+from ledgerd.daemon.cli_quick import (
+    EXIT_DAMAGED,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    HEX_DIGITS,
+    TerminalGuard,
+    output_failed,
+)
+from ledgerd.daemon.cli_quick import EXIT_ERROR as EXIT_ERROR  # (cli_doc's, from here)
 from ledgerd.daemon.cli_status import status_lines
 from ledgerd.daemon.cli_stdio import blocking
 from ledgerd.daemon.client import (
@@ -61,17 +73,19 @@ from ledgerd.daemon.client import (
     LedgerError,
     NotFoundError,
     UnsafeSocketError,
+    Watch,
 )
 from ledgerd.daemon.client_types import NOT_A_SOCKET
 from ledgerd.daemon.codec import b64
 
-EXIT_NOT_FOUND, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_ERROR, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
+REPAIR_HINT = (
+    "'ledgerctl check --repair' fetches damaged synced data again from the bucket "
+    "(see docs/operations.md, Check and repair)"
+)
 LIST_PAGE_SIZE = 100
 """Entries per listing request: at most this many inline values (1 MiB each) in memory."""
 SYNC_POLL = 0.5
 """Seconds between two looks at ``/v1/status`` for ``sync``'s progress bar."""
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
-"""Characters that a terminal may act on: a value holding any is not written to one."""
 
 
 async def _stdin_chunks(progress: Progress, stdin: BinaryIO | None = None) -> AsyncIterator[bytes]:
@@ -89,32 +103,6 @@ async def _stdin_chunks(progress: Progress, stdin: BinaryIO | None = None) -> As
         done += len(chunk)
         progress(done, total)
         yield chunk
-
-
-class _TerminalGuard:
-    """Lets text through to a terminal and stops at the first sign of binary data; text
-    that does not end a line is ended with a newline there (a pipe gets the value's
-    bytes exactly), so that the shell's prompt starts a line of its own."""
-
-    def __init__(self) -> None:
-        self.decoder = codecs.getincrementaldecoder("utf-8")()
-        self.last = b""
-
-    def tail(self) -> bytes:
-        """What to write after the value: a newline if it did not end with one."""
-        return b"\n" if self.last and not self.last.endswith(b"\n") else b""
-
-    def check(self, chunk: bytes, final: bool = False) -> None:
-        if chunk:
-            self.last = chunk
-        try:
-            text = self.decoder.decode(chunk, final)
-        except UnicodeDecodeError:
-            text = "\x00"
-        if _CONTROL.search(text):
-            raise UsageError(
-                "the value is binary: not written to a terminal (use -o FILE, a pipe, or --force)"
-            )
 
 
 class Cli:
@@ -148,14 +136,11 @@ class Cli:
 
     @property
     def at(self) -> str | None:
-        """``--at``: a commit id, checked to be hex before it goes into a URL."""
+        """``--at``: a commit id or a unique prefix of one (as ``log`` prints them), checked
+        to be hex digits before it goes into a URL (the daemon finds the commit)."""
         at: str | None = getattr(self.a, "at", None)
-        if at is not None:
-            try:
-                if not bytes.fromhex(at):
-                    raise ValueError("empty")
-            except ValueError:
-                raise UsageError(f"--at {at!r} is not a commit id (hex)") from None
+        if at is not None and (not at or at.strip(HEX_DIGITS)):
+            raise UsageError(f"--at {at!r} is not a commit id (hex)")
         return at
 
     @property
@@ -171,6 +156,17 @@ class Cli:
     def emit(self, doc: dict[str, Any]) -> None:
         """One ``--json`` record: one compact JSON object on a line of its own."""
         self.line(json.dumps(doc, separators=(",", ":")))
+
+    def note(self, text: str, prefix: str = "ledgerctl: ") -> None:
+        """An informational line on stderr (``--quiet`` leaves it out)."""
+        if not self.a.quiet:
+            print(prefix + text, file=sys.stderr)
+
+    def progress(self, what: str, **kw: Any) -> Progress:
+        """A progress bar on stderr (when it is a terminal; never with ``--quiet``)."""
+        bar = Progress(what, **kw)
+        bar.active = bar.active and not self.a.quiet
+        return bar
 
     def show_key(self, key: bytes) -> str:
         return show_key(key, self.a.hex, self.a.tuple)
@@ -281,7 +277,7 @@ class Cli:
             sys.stderr.flush()
             answer = await blocking.run(os.read, sys.stdin.fileno(), 1024)
             if answer.decode(errors="replace").strip().lower() not in ("y", "yes"):
-                print("ledgerctl: not deleted", file=sys.stderr)
+                self.note("not deleted")
                 return 0
         await self.c.delete_ledger(ledger)
         return 0
@@ -311,7 +307,7 @@ class Cli:
             value = os.fsencode(self.a.value)
         else:
             value = None
-        bar = Progress("put")
+        bar = self.progress("put")
         if value is None:
             value = _stdin_chunks(bar, stream)
         try:
@@ -332,7 +328,7 @@ class Cli:
                 raise UsageError(f"-o {target}: is a directory")
             if not target.parent.is_dir():
                 raise UsageError(f"-o {target}: directory {target.parent} does not exist")
-        bar = Progress("get")
+        bar = self.progress("get")
         try:
             if target is not None:
                 try:
@@ -340,7 +336,7 @@ class Cli:
                 except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
                     raise UsageError(f"-o {target}: {e.strerror}") from None
             else:
-                guard = _TerminalGuard() if sys.stdout.isatty() and not self.a.force else None
+                guard = TerminalGuard() if sys.stdout.isatty() and not self.a.force else None
                 out = sys.stdout.buffer
                 async for chunk in self.c.get_stream(ledger, page, key, at=at, progress=bar):
                     if guard is not None:
@@ -391,7 +387,7 @@ class Cli:
         # Every listing and value at one commit (the head reads are served from, once
         # what was acknowledged is committed): a page written meanwhile exports as it was.
         at = (await self.c.heads(ledger, page))[-1]["id"]
-        bar = Progress("export", unit="entries", minimum=ENTRIES_MIN)
+        bar = self.progress("export", unit="entries", minimum=ENTRIES_MIN)
         n = 0
         try:
             async for item in self._entries(whole=True, at=at):
@@ -423,7 +419,7 @@ class Cli:
             src: BinaryIO = open(source, "rb")  # noqa: SIM115
         except OSError as e:
             raise UsageError(f"{self.a.file}: {e.strerror}") from None
-        bar = Progress("import")
+        bar = self.progress("import")
         try:
             written = await Importer(self.c, ledger, page, src).run(bar)
         finally:
@@ -433,13 +429,37 @@ class Cli:
             self.emit({"imported": written})
         else:
             noun = "entry" if written == 1 else "entries"
-            print(f"imported {written} {noun}", file=sys.stderr)
+            self.note(f"imported {written} {noun}", prefix="")
         return 0
 
     async def watch(self) -> int:
         ledger, page = self.lp
         prefix, lo, hi = self.key_range()
-        watched = self.c.watch(ledger, page, prefix or (lo[:-1] if lo is not None else b""))
+        await self._say_if_missing(ledger, page)
+        watched = await self.c.subscribe(
+            ledger, page, prefix or (lo[:-1] if lo is not None else b"")
+        )
+        try:
+            await self._print_changes(watched, lo, hi)
+        finally:
+            await watched.close()
+        # Only the daemon ends a watch (it is shutting down, or closed the page).
+        print("ledgerctl: the daemon ended the watch", file=sys.stderr)
+        return 1
+
+    async def _say_if_missing(self, ledger: bytes, page: bytes) -> None:
+        """A watch of a page that does not exist (yet) waits for it: say so on stderr.
+        (Asked before the watch is registered: a watched page is open, so it answers.)"""
+        try:
+            await self.c.heads(ledger, page)
+        except NotFoundError as e:
+            if e.code in ("page_not_found", "ledger_not_found"):
+                self.note(
+                    f"no page {_typed(self.a, 'page')} in ledger {_typed(self.a, 'ledger')} "
+                    "yet: waiting for it (Ctrl-C to stop)"
+                )
+
+    async def _print_changes(self, watched: Watch, lo: bytes | None, hi: bytes | None) -> None:
         async for ch in watched:
             changed, deleted = ch.changed, ch.deleted
             if lo is not None and hi is not None:  # a tuple's range: the longer tuples only
@@ -456,16 +476,13 @@ class Cli:
                     self.emit({"op": "delete", "commit": ch.commit, "key": b64(k)})
                 else:
                     self.line(f"delete\t{self.show_key(k)}")
-        # Only the daemon ends a watch (it is shutting down, or closed the page).
-        print("ledgerctl: the daemon ended the watch", file=sys.stderr)
-        return 1
 
     # -- sync and history ----------------------------------------------------------
 
     async def sync(self) -> int:
         ledger = self.b(self.a.ledger, "ledger") if self.a.ledger else None
         page = self.b(self.a.page, "page") if self.a.page else None
-        bar = Progress("sync", unit="pages", minimum=1)
+        bar = self.progress("sync", unit="pages", minimum=1)
         waiting = await self._pending_uploads() if bar.active else 0
         watching = asyncio.create_task(self._sync_progress(bar, waiting))
         try:
@@ -479,10 +496,10 @@ class Cli:
         if self.a.json:
             self.emit(res)
         else:
-            print(  # on stderr, as the progress bar it follows (and as git push's)
+            self.note(  # on stderr, as the progress bar it follows (and as git push's)
                 f"synced: {counted(res['uploaded_packs'], 'pack')} up, "
                 f"{res['downloaded_packs']} down, {counted(res['rounds'], 'round')}",
-                file=sys.stderr,
+                prefix="",
             )
         return 0
 
@@ -621,6 +638,13 @@ def _common(p: argparse.ArgumentParser, top: bool) -> None:
         "--hex", action="store_true", help="keys, ledger names and page ids are hex", **kw
     )
     p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="leave out informational lines on stderr (progress, counts, waiting)",
+        **kw,
+    )
+    p.add_argument(
         "--tuple",
         action="store_true",
         help="keys are tuple literals, e.g. '(\"user\", 42)'; listings show keys as tuples",
@@ -652,7 +676,7 @@ def parser() -> argparse.ArgumentParser:
         description="Command-line client of ledgerd.",
         epilog="Exit status: 0 success, 1 not found, 2 bad usage or input, 3 the daemon "
         "cannot be reached, 4 refused by the daemon (conflict, unavailable, ...), "
-        "130 interrupted.",
+        "5 the data read is damaged, 130 interrupted.",
     )
     ap.add_argument("--version", action="version", version=f"ledgerctl {__version__}")
     _common(ap, top=True)
@@ -684,7 +708,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p = cmd("get", "write a value to standard output (or -o FILE)", "ledger", "page", "key")
     p.add_argument("-o", "--output", help="write the value to this file ('-': standard output)")
-    p.add_argument("--at", help="read at this commit (hex id)")
+    p.add_argument("--at", help="read at this commit (hex id, or a unique prefix: 4+ digits)")
     p.add_argument(
         "--force", action="store_true", help="write a binary value to a terminal all the same"
     )
@@ -701,7 +725,9 @@ def parser() -> argparse.ArgumentParser:
     ):
         p.add_argument(opt, metavar=opt[2].upper(), help=what)
     p.add_argument("--limit", type=positive_int, metavar="N", help="at most N entries")
-    p.add_argument("--at", metavar="COMMIT", help="list at this commit (hex id)")
+    p.add_argument(
+        "--at", metavar="COMMIT", help="list at this commit (hex id, or a unique prefix)"
+    )
     p = cmd("watch", "print every change until interrupted", "ledger", "page")
     p.add_argument("--prefix", metavar="P", help="only keys that start with P")
     p = cmd("import", "write entries in the 'ls --json' format in large batches", "ledger", "page")
@@ -726,12 +752,91 @@ def parser() -> argparse.ArgumentParser:
     cli_gc.register(sub)
     for q in sub.choices.values():
         _common_below(q)
+    _explain(ap, "")
 
     ap.commands = tuple(sub.choices)
     ap.options = frozenset(
         o for q in [ap, *sub.choices.values()] for a in q._actions for o in a.option_strings
     )
     return ap
+
+
+DOC_ID = "01M845D77GCBCEDRNYKWHJ1QF9"
+EXAMPLES = {
+    "status": "ledgerctl status",
+    "version": "ledgerctl version --json",
+    "ledgers": "ledgerctl ledgers",
+    "pages": "ledgerctl pages notes",
+    "du": "ledgerctl du notes inbox",
+    "put": "ledgerctl put notes inbox greeting 'hello world'\n"
+    "echo 'from stdin' | ledgerctl put notes inbox note/1\n"
+    "ledgerctl put notes inbox photo --file photo.bin --lazy",
+    "get": "ledgerctl get notes inbox greeting\n"
+    "ledgerctl get notes inbox photo -o photo.bin\n"
+    "ledgerctl get --at ce72cb29519f notes inbox greeting   # a commit id (prefix) from log",
+    "delete": "ledgerctl delete notes inbox greeting",
+    "clear": "ledgerctl clear notes inbox",
+    "rm": "ledgerctl rm notes inbox\nledgerctl rm notes --yes   # every page of the ledger",
+    "ls": "ledgerctl ls notes inbox --prefix note/ --limit 10\nledgerctl ls notes inbox --json",
+    "watch": "ledgerctl watch notes inbox --prefix note/",
+    "import": "ledgerctl import notes backup inbox.jsonl\n"
+    "ledgerctl export notes inbox | ledgerctl import notes backup",
+    "export": "ledgerctl export notes inbox > inbox.jsonl",
+    "sync": "ledgerctl sync\nledgerctl sync notes inbox --timeout 30",
+    "policy": "ledgerctl policy notes inbox\nledgerctl policy notes inbox automatic_with_fallback",
+    "heads": "ledgerctl heads notes inbox",
+    "log": "ledgerctl log notes inbox --limit 5",
+    "doc": 'ledgerctl doc put app people people \'{"name": "Ann"}\'',
+    "doc put": 'ledgerctl doc put app people people \'{"name": "Ann", "age": 41}\'',
+    "doc get": f"ledgerctl doc get app people people {DOC_ID}",
+    "doc ls": "ledgerctl doc ls app people people --json",
+    "doc rm": f"ledgerctl doc rm app people people {DOC_ID}",
+    "doc purge": f"ledgerctl doc purge app people people {DOC_ID}",
+    "doc index": "ledgerctl doc index app people people by_city --partition address.city "
+    "--sort age",
+    "doc indexes": "ledgerctl doc indexes app people people",
+    "doc drop-index": "ledgerctl doc drop-index app people people by_city",
+    "doc rebuild-index": "ledgerctl doc rebuild-index app people people by_city",
+    "doc find": "ledgerctl doc find app people people by_city --eq Oslo --start 30",
+    "doc attach": f"ledgerctl doc attach app people people {DOC_ID} photo.jpg",
+    "doc detach": f"ledgerctl doc detach app people people {DOC_ID} ATTACHMENT_ID",
+    "doc attachment": f"ledgerctl doc attachment app people people {DOC_ID} ATTACHMENT_ID "
+    "-o copy.jpg",
+    "doc changes": "ledgerctl doc changes app people --since COMMIT --follow",
+    "check": "ledgerctl check notes\nledgerctl check --cloud --repair",
+    "gc": "ledgerctl gc notes inbox",
+    "evict": "ledgerctl evict notes inbox",
+}
+"""An example for each command's ``--help`` (tests/daemon/test_cli_conventions.py
+checks that every command has one)."""
+POSITIONALS = {
+    "ledger": "ledger name (hex with --hex)",
+    "page": "page id in the ledger (hex with --hex)",
+    "key": "the key (hex with --hex, a tuple literal with --tuple)",
+    "value": "the value (default: --file, or else standard input)",
+    "policy": "the policy to set (default: show the current one)",
+    "collection": "the collection of documents",
+    "id": "a document's _id",
+    "name": "the index's name",
+    "attachment_id": "the attachment's id (as attach printed it)",
+    "file": "the file to read",
+}
+"""What a positional argument is, by name, where its command does not say."""
+
+
+def _explain(p: argparse.ArgumentParser, path: str) -> None:
+    """Give ``p`` (the command ``path``) and its subcommands their example and a line for
+    every positional argument."""
+    example = EXAMPLES.get(path)
+    if example is not None:
+        p.formatter_class = argparse.RawDescriptionHelpFormatter
+        p.epilog = "example:\n" + "\n".join("  " + line for line in example.splitlines())
+    for action in p._actions:
+        if not action.option_strings and action.help is None and action.dest in POSITIONALS:
+            action.help = POSITIONALS[action.dest]
+        if isinstance(action, argparse._SubParsersAction):
+            for name, q in action.choices.items():
+                _explain(q, f"{path} {name}".strip())
 
 
 DISK_NAMES = ("ledger", "page", "ledger_text", "page_text")
@@ -791,13 +896,6 @@ def _claim_closed_streams() -> None:
                 setattr(sys, name, open(fd, mode, closefd=False))  # noqa: SIM115
 
 
-def _discard_stdout() -> None:
-    """Standard output failed: what is still buffered goes to /dev/null, so that Python's
-    flush at exit does not fail again (and print a traceback)."""
-    with contextlib.suppress(Exception):
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-
 def main(argv: list[str] | None = None) -> int:
     _claim_closed_streams()
     ap = parser()
@@ -805,6 +903,9 @@ def main(argv: list[str] | None = None) -> int:
         import argcomplete
 
         argcomplete.autocomplete(ap)
+    if not (sys.argv[1:] if argv is None else argv):  # no command: what there is to say
+        ap.print_help()
+        return 0
     args = ap.parse_args(argv)
     try:
         return asyncio.run(run(args))
@@ -818,19 +919,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ledgerctl: {_not_found(e, args)}", file=sys.stderr)
         return EXIT_NOT_FOUND
     except LedgerError as e:
+        if e.code == "corrupt":  # the daemon runs, and found the data damaged
+            print(f"ledgerctl: damaged data: {e} (corrupt); {REPAIR_HINT}", file=sys.stderr)
+            return EXIT_DAMAGED
         print(f"ledgerctl: {e} ({e.code})", file=sys.stderr)
         return EXIT_USAGE if e.status in (400, 413, 414, 416) else EXIT_ERROR
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        with contextlib.suppress(Exception):
-            sys.stdout.close()
-        return 0
     except OSError as e:  # standard input or output (or a local file) failed
-        _discard_stdout()
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"ledgerctl: {where}a local read or write failed: {e.strerror or e}", file=sys.stderr)
-        return EXIT_USAGE
+        return output_failed(e)
 
 
 if __name__ == "__main__":

@@ -25,17 +25,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ledgerd.daemon.cli_quick import UsageError as UsageError
 from ledgerd.daemon.client import Item
 from ledgerd.daemon.codec import b64
 from ledgerd.store import SingleFloat, Versionstamp
 from ledgerd.store import tuple as fdbtuple
 from ledgerd.store.errors import counted as counted  # (the CLI's commands use it from here)
 from ledgerd.store.errors import named
-
-
-class UsageError(Exception):
-    """The command line is wrong (exit status 2)."""
-
 
 # -- arguments in ---------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from ledgerd.daemon.client_session import AsyncTransaction, Session, Watch
 from ledgerd.daemon.client_types import (
     CHUNK,
     Change,
+    DaemonUnavailableError,
     Item,
     LedgerError,
     Name,
@@ -155,24 +156,46 @@ class AsyncClient:
         length: int | None = None,
         progress: Progress | None = None,
     ) -> AsyncGenerator[bytes, None]:
+        """The value's bytes as they come. A body the daemon cuts short (it stops a
+        response it cannot finish: a damaged piece in the middle of a large value) is
+        asked for again from where it stopped, the same version only (``If-Range``): the
+        daemon then reports the damage before any byte (:class:`LedgerError`, code
+        ``corrupt``), or sends the rest; a daemon that went away is
+        :class:`DaemonUnavailableError`."""
         url = self.url(
             self.page_path(ledger, page) + "/keys/" + quote(key),
             {"at": at, "offset": offset, "length": length},
         )
-        resp = await self.request("GET", url)
-        async with resp:
-            done = 0
-            chunks = resp.content.iter_chunked(CHUNK)
-            while True:
-                with reaching(self.socket):
-                    try:
-                        chunk = await chunks.__anext__()
-                    except StopAsyncIteration:
-                        break
-                done += len(chunk)
-                if progress:
-                    progress(done, resp.content_length)
-                yield chunk
+        done, headers, etag, total = 0, None, None, None
+        while True:
+            resp = await self.request("GET", url, headers=headers)
+            async with resp:
+                if headers is None:
+                    etag, total = resp.headers.get("ETag"), resp.content_length
+                elif resp.status != 206:  # the value changed since: no splicing
+                    raise DaemonUnavailableError(
+                        "unavailable",
+                        f"ledgerd at {self.socket} cut the value short, and it changed since",
+                    )
+                resumable = etag is not None and offset is None and length is None
+                cut_at = done
+                chunks = resp.content.iter_chunked(CHUNK)
+                while True:
+                    with reaching(self.socket):
+                        try:
+                            chunk = await chunks.__anext__()
+                        except StopAsyncIteration:
+                            return
+                        except aiohttp.ClientPayloadError:
+                            if not resumable or (headers is not None and done == cut_at):
+                                raise  # (nothing came since the last time: no loop)
+                            break
+                    done += len(chunk)
+                    if progress:
+                        progress(done, total)
+                    yield chunk
+            assert etag is not None
+            headers = {"Range": f"bytes={done}-", "If-Range": etag}
 
     async def get(
         self,

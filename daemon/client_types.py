@@ -24,13 +24,14 @@ from typing import Any
 
 import aiohttp
 
-from ledgerd.daemon.config import default_socket
+from ledgerd.daemon.client_urls import Name as Name
+from ledgerd.daemon.client_urls import quote as quote
+from ledgerd.daemon.client_urls import raw as raw
+from ledgerd.daemon.socketdir import socket_file
 
-Name = bytes | str
 Progress = Callable[[int, int | None], None]
 """Called with (bytes done, total or None) during long transfers."""
 
-_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_~")
 CHUNK = 256 * 1024
 
 
@@ -100,28 +101,14 @@ def _not_a_socket(path: Path) -> str | None:
     return f"{path} is {kind}, {NOT_A_SOCKET}"
 
 
-def raw(name: Name) -> bytes:
-    """A name's bytes (a ``str`` as UTF-8)."""
-    return name.encode() if isinstance(name, str) else bytes(name)
-
-
-def quote(data: Name) -> str:
-    """Percent-encode every byte but the unreserved ones (dots included)."""
-    return "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in raw(data))
+def socket_path(path: str | Path | None = None) -> Path:
+    """The socket to use: the argument, ``$LEDGERD_SOCKET``, or the daemon's default."""
+    return Path(socket_file(path))
 
 
 def unb64(text: str) -> bytes:
     """The daemon's base64 (trusted: the daemon wrote it)."""
     return base64.b64decode(text)
-
-
-def socket_path(path: str | Path | None = None) -> Path:
-    """The socket to use: the argument, ``$LEDGERD_SOCKET``, or the daemon's default."""
-    if path:
-        return Path(path)
-    if env := os.environ.get("LEDGERD_SOCKET"):
-        return Path(env)
-    return default_socket()
 
 
 @dataclass(frozen=True, slots=True)

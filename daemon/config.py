@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from ledgerd.daemon.socketdir import default_socket_file
 from ledgerd.sync.crypto import KeyFileError, KeyRing, find_key_file, load_key_file
+from ledgerd.sync.url import url_problem
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MIN_HEARTBEAT = 0.01
@@ -46,13 +48,8 @@ def default_data_dir() -> Path:
 
 
 def default_socket() -> Path:
-    """``$RUNTIME_DIRECTORY/ledgerd.sock``, ``$XDG_RUNTIME_DIR/ledgerd/ledgerd.sock``,
-    or ``/tmp/ledgerd-$UID/ledgerd.sock``. ``ledgerctl`` uses the same rule."""
-    if d := os.environ.get("RUNTIME_DIRECTORY"):
-        return Path(d.split(":")[0]) / "ledgerd.sock"
-    if d := os.environ.get("XDG_RUNTIME_DIR"):
-        return Path(d) / "ledgerd" / "ledgerd.sock"
-    return Path(f"/tmp/ledgerd-{os.getuid()}") / "ledgerd.sock"
+    """The daemon's socket by default (:func:`socketdir.default_socket_file`)."""
+    return Path(default_socket_file())
 
 
 @dataclass
@@ -280,14 +277,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"durability: must be 'normal' or 'full', not {cfg.durability!r}")
     if len(os.fsencode(str(cfg.socket))) > 107:
         raise ConfigError(f"socket: path {cfg.socket} is longer than the 107 bytes a socket allows")
-    if cfg.cloud:
-        u = urlparse(cfg.cloud)
-        bad_s3 = u.scheme == "s3" and not u.netloc
-        bad_file = u.scheme == "file" and not u.path.startswith("/")
-        if u.scheme not in ("s3", "file") or bad_s3 or bad_file:
-            raise ConfigError(
-                f"cloud: expected s3://bucket/prefix or file:///path, not {cfg.cloud!r}"
-            )
+    if cfg.cloud and (problem := url_problem(cfg.cloud)):
+        raise ConfigError(f"cloud: {problem}")
     if cfg.encryption_key_file:
         cfg.encryption_key_file = os.path.abspath(os.path.expanduser(cfg.encryption_key_file))
         key_ring(cfg)

@@ -53,6 +53,18 @@ class BadRequest(ApiError):
     status, code = 400, "bad_request"
 
 
+class InvalidTimeout(BadRequest):
+    """A timeout that is not a finite number of seconds, or below the minimum."""
+
+    code = "invalid_timeout"
+
+
+class AmbiguousCommit(BadRequest):
+    """The commit id prefix names more than one commit of the page."""
+
+    code = "ambiguous_commit"
+
+
 class KeyTooLarge(BadRequest):
     """The key is over the 4 KiB limit."""
 
@@ -369,6 +381,8 @@ def from_store(e: se.StoreError) -> ApiError:
         return TooLarge(msg)
     if isinstance(e, se.RangeError):
         return RangeNotSatisfiable(msg)
+    if isinstance(e, se.AmbiguousCommitError):  # before InvalidArgumentError, its base
+        return AmbiguousCommit(msg)
     if isinstance(e, se.InvalidArgumentError):
         return BadRequest(msg)
     if isinstance(e, se.KeyNotFoundError):

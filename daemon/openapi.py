@@ -130,8 +130,8 @@ def document() -> dict[str, Any]:
                     _query("page", "only this page of the ledger"),
                     _query(
                         "timeout",
-                        "seconds",
-                        {"type": "number", "minimum": 0, "exclusiveMinimum": True},
+                        "seconds, at least 0.001 (else 400 invalid_timeout)",
+                        {"type": "number", "minimum": 0.001},
                     ),
                 ),
                 errors=(400, 409, 503),

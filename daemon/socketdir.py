@@ -1,8 +1,10 @@
-"""Whether a Unix socket's directory is safe: nobody but its owner can replace the socket.
+"""Where the Unix socket is, and whether its directory is safe: nobody but its owner can
+replace the socket.
 
-This module owns the strict-modes rule (OpenSSH's, for the same reason) that the
-daemon applies before it listens and the clients apply before they connect. It
-does not create directories or sockets (``daemon/server.py`` does).
+This module owns the socket's default path (the daemon's and the clients'), and the
+strict-modes rule (OpenSSH's, for the same reason) that the daemon applies before it
+listens and the clients apply before they connect. It does not create directories or
+sockets (``daemon/server.py`` does).
 
 Whoever can write to the directory that holds the socket can unlink it and bind
 their own, and so read every request sent to it next. So:
@@ -21,14 +23,36 @@ from __future__ import annotations
 
 import os
 import stat
-from pathlib import Path
+
+# Paths here are strings (os.path), not pathlib's: ``ledgerctl``'s quick path
+# (daemon/cli_quick.py) uses this module, and pathlib is slow to import.
+StrPath = str | os.PathLike[str]
+
+
+def default_socket_file() -> str:
+    """``$RUNTIME_DIRECTORY/ledgerd.sock``, ``$XDG_RUNTIME_DIR/ledgerd/ledgerd.sock``,
+    or ``/tmp/ledgerd-$UID/ledgerd.sock``. ``ledgerctl`` uses the same rule."""
+    if d := os.environ.get("RUNTIME_DIRECTORY"):
+        return os.path.join(d.split(":")[0], "ledgerd.sock")
+    if d := os.environ.get("XDG_RUNTIME_DIR"):
+        return os.path.join(d, "ledgerd", "ledgerd.sock")
+    return f"/tmp/ledgerd-{os.getuid()}/ledgerd.sock"
+
+
+def socket_file(path: StrPath | None = None) -> str:
+    """The socket a client uses: the argument, ``$LEDGERD_SOCKET``, or the default."""
+    if path:
+        return os.fspath(path)
+    if env := os.environ.get("LEDGERD_SOCKET"):
+        return env
+    return default_socket_file()
 
 
 def _mode(st: os.stat_result) -> str:
     return f"{stat.S_IMODE(st.st_mode):04o}"
 
 
-def socket_dir_problem(socket: Path, *, owner: int | None = None) -> str | None:
+def socket_dir_problem(socket: StrPath, *, owner: int | None = None) -> str | None:
     """What makes ``socket``'s directory unsafe, as one sentence; None if it is safe.
 
     ``owner``: the uid that (besides root) must own the directories (the daemon's
@@ -36,7 +60,7 @@ def socket_dir_problem(socket: Path, *, owner: int | None = None) -> str | None:
     not exist is not a problem for a client (nothing can be connected to in it); for
     the daemon, which will create it, the directories it is created in must be safe.
     """
-    directory = Path(os.path.realpath(socket.parent if str(socket.parent) else "."))
+    directory = os.path.realpath(os.path.dirname(os.fspath(socket)) or ".")
     try:
         st = os.stat(directory)
     except FileNotFoundError:
@@ -66,9 +90,11 @@ def socket_dir_problem(socket: Path, *, owner: int | None = None) -> str | None:
     return _parents_problem(directory, owner)
 
 
-def _parents_problem(directory: Path, owner: int | None) -> str | None:
+def _parents_problem(directory: str, owner: int | None) -> str | None:
     """What makes a directory above the socket's unsafe (see the module docstring)."""
-    for parent in directory.parents:
+    parent = directory
+    while (up := os.path.dirname(parent)) != parent:  # up to / included
+        parent = up
         try:
             pst = os.stat(parent)
         except OSError as e:

@@ -51,6 +51,7 @@ from ledgerd.store.docmodel import (
 )
 from ledgerd.store.documents import Changes, Damaged, DocumentRange, DocumentStore, IndexInfo
 from ledgerd.store.errors import (
+    AmbiguousCommitError,
     BusyError,
     ClosedError,
     CommitNotFoundError,
@@ -139,6 +140,7 @@ __all__ = [
     "Resolver",
     "ClosedError",
     "Commit",
+    "AmbiguousCommitError",
     "CommitNotFoundError",
     "CorruptObjectError",
     "GcResult",

@@ -100,6 +100,10 @@ class CommitNotFoundError(StoreError, KeyError):
         return str(self.args[0])
 
 
+class AmbiguousCommitError(InvalidArgumentError):
+    """A commit id prefix that more than one commit of the page starts with."""
+
+
 class LedgerNotFoundError(StoreError, KeyError):
     """No such ledger on this device (or every page of it is deleted)."""
 

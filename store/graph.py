@@ -25,12 +25,21 @@ from ledgerd.store import commit, deleted, dots, split, sql
 from ledgerd.store.btree import Builder, NodeStore, RawEntry
 from ledgerd.store.commit import Commit
 from ledgerd.store.db import Database, fits_inline
-from ledgerd.store.errors import CommitNotFoundError, CorruptObjectError, named
+from ledgerd.store.errors import (
+    AmbiguousCommitError,
+    CommitNotFoundError,
+    CorruptObjectError,
+    InvalidArgumentError,
+    named,
+)
 from ledgerd.store.objects import ObjectStore
 from ledgerd.store.schema import CONTEXT_ROW, LOCAL, SYNCED
 from ledgerd.store.watch import Watchers
 
 log = logging.getLogger(__name__)
+
+MIN_PREFIX = 4
+"""The fewest hex digits a commit id prefix may have (as git's abbreviations)."""
 
 DIRECT_BATCH = 1000
 """A write of at least this many changes is committed directly, not through the
@@ -130,7 +139,16 @@ class CommitGraph:
                 "page %s: its context is damaged (%s); it is read as empty", named(self.name), e
             )
             self.ctx = {}
-        self.deleted = await deleted.is_deleted(self.nodes, self.head.root)
+        try:
+            self.deleted = await deleted.is_deleted(self.nodes, self.head.root)
+        except CorruptObjectError as e:  # the page opens, so that check --repair can mend it
+            log.error(
+                "page %s: its tree is damaged (%s); reads of it fail until "
+                "ledgerctl check --repair fetches it again from the bucket",
+                named(self.name),
+                e,
+            )
+            self.deleted = False
         got = await self.db.read_all("SELECT count(*) FROM conflicts", small=True)
         self.conflicts = int(got[0][0])
         if not self._told:
@@ -162,6 +180,36 @@ class CommitGraph:
             c = commit.decode(bytes(rows[0][0]), cid)
             self._commits[cid] = c
         return c
+
+    async def find(self, text: str) -> bytes:
+        """The id of the one commit whose hex id starts with ``text`` (lowercase or
+        uppercase hex, :data:`MIN_PREFIX` digits or more): CommitNotFoundError when none
+        does, AmbiguousCommitError when several do; InvalidArgumentError when ``text`` is
+        not such a prefix."""
+        digits = len(commit.FIRST.id) * 2
+        if not (MIN_PREFIX <= len(text) <= digits) or text.strip("0123456789abcdefABCDEF"):
+            raise InvalidArgumentError(
+                f"{text[:80]!r} is not a commit id: {MIN_PREFIX} to {digits} hex digits"
+            )
+        text = text.lower()
+        if len(text) == digits:
+            return bytes.fromhex(text)
+        lo, hi = bytes.fromhex(text.ljust(digits, "0")), bytes.fromhex(text.ljust(digits, "f"))
+        rows = await self.db.read_all(
+            "SELECT id FROM commits WHERE id BETWEEN ? AND ? LIMIT 2", (lo, hi), small=True
+        )
+        found = {bytes(r[0]) for r in rows}
+        if lo <= commit.FIRST.id <= hi:  # (a page restored from a checkpoint may lack it)
+            found.add(commit.FIRST.id)
+        if not found:
+            raise CommitNotFoundError(f"no commit {text} in page {named(self.name)}")
+        if len(found) > 1:
+            raise AmbiguousCommitError(
+                f"commit id prefix {text} is ambiguous in page {named(self.name)}: "
+                f"{' and '.join(sorted(c.hex()[: len(text) + 4] for c in found))}..."
+                " start with it; give more digits"
+            )
+        return found.pop()
 
     async def log(self, start: bytes | None = None) -> AsyncIterator[Commit]:
         """Commits from the head (or ``start``) back to the first, newest first."""

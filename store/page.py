@@ -407,6 +407,11 @@ class Page(View):
     async def load_commit(self, cid: bytes) -> Commit:
         return await self.graph.load(cid)
 
+    async def find_commit(self, text: str) -> bytes:
+        """The id of the commit that ``text`` names: its hex id, or a unique prefix of it
+        of 4 digits or more (as git takes them); see :meth:`CommitGraph.find`."""
+        return await self.graph.find(text)
+
     async def snapshot(self, commit_id: bytes | None = None) -> Snapshot:
         """Reads at ``commit_id`` (any commit of the page), or at the current head."""
         c = self.head if commit_id is None else await self.graph.load(commit_id)

@@ -121,6 +121,7 @@ class S3Store(CloudStore):
         page_size: int = 1000,
     ) -> None:
         self.bucket = bucket
+        self.endpoint_url = endpoint_url
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         if self.prefix:
             check_name(self.prefix[:-1])
@@ -147,9 +148,15 @@ class S3Store(CloudStore):
             if isinstance(err, NoBucketError):  # name it, and say what to do
                 err = NoBucketError(
                     f"the S3 bucket {self.bucket} does not exist (ledgerd creates no S3 "
-                    f"bucket: create it first, e.g. aws s3 mb s3://{self.bucket}): {err}"
+                    f"bucket: create it first, e.g. {self.make_bucket_command()}): {err}"
                 )
             raise err from e
+
+    def make_bucket_command(self) -> str:
+        """The ``aws`` command that creates the bucket, at the configured endpoint if any
+        (without one, ``aws`` finds ``AWS_ENDPOINT_URL`` itself, as boto3 does)."""
+        endpoint = f" --endpoint-url {self.endpoint_url}" if self.endpoint_url else ""
+        return f"aws s3 mb s3://{self.bucket}{endpoint}"
 
     def _key(self, name: str) -> str:
         return self.prefix + check_name(name)

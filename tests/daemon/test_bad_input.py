@@ -251,11 +251,20 @@ DEEP_SMALL = b'{"ops": ' + b"[" * 30_000 + b"]" * 30_000 + b"}"
 BIG_INT = b'{"ops": [{"op": "put", "key": "", "value": "", "priority": ' + b"9" * 5000 + b"}]}"
 
 
-@pytest.mark.parametrize("timeout", ["abc", "nan", "inf", "-1", "0", "1e999", "9" * 5000])
-async def test_a_bad_sync_timeout_is_400(http: aiohttp.ClientSession, timeout: str) -> None:
+@pytest.mark.parametrize(
+    "timeout", ["abc", "9" * 5000, "nan", "inf", "-1", "0", "1e999", "5e-324", "0.0009"]
+)
+async def test_a_bad_sync_timeout_is_400_invalid_timeout(
+    http: aiohttp.ClientSession, timeout: str
+) -> None:
+    """Below the documented minimum (a millisecond) a timeout is refused, not run:
+    ``5e-324`` was answered 503 "did not finish within 4.94066e-324s"."""
     r = await http.post(u(f"/v1/sync?timeout={timeout}"))
     assert r.status == 400, await r.text()
-    assert (await r.json())["error"]["code"] == "bad_request"
+    err = (await r.json())["error"]
+    assert err["code"] == "invalid_timeout" and "at least 0.001" in err["message"], err
+    r = await http.post(u("/v1/sync?timeout=0.001"))  # the minimum itself is taken
+    assert r.status == 409 and (await r.json())["error"]["code"] == "conflict"  # (sync is off)
 
 
 async def test_hostile_json_is_400_over_http_and_sessions(

@@ -77,6 +77,44 @@ def test_a_flipped_byte_is_found_and_restored_from_the_bucket(synced: Daemon) ->
     _restart_check_and_repair(synced)
 
 
+def test_a_damaged_tree_node_is_reported_as_damage_and_rebuilt_from_the_bucket(
+    synced: Daemon,
+) -> None:
+    """A flipped byte in the tree node that holds the keys failed the page's open,
+    so ``check --repair`` said "1 problem, 0 repaired" (an open that failed names no
+    piece) and ``get`` exit 4. The page now opens, the piece is named, the tree is
+    rebuilt from the bucket, and reads before the repair say the data is damaged."""
+    conn = sqlite3.connect(_page_file(synced), isolation_level=None)
+    try:
+        rows = conn.execute(  # the tree nodes that hold the key "photo": the head's leaf
+            "SELECT id, digest, data FROM objects WHERE instr(data, ?) > 0", (b"photo",)
+        ).fetchall()
+        nodes = [r for r in rows if dg.kind_of(bytes(r[1])) is dg.Kind.TREE]
+        assert nodes, rows
+        for row_id, _, blob in nodes:
+            data = bytearray(blob)
+            data[data.find(b"photo")] ^= 0x01
+            conn.execute("UPDATE objects SET data = ? WHERE id = ?", (bytes(data), row_id))
+    finally:
+        conn.close()
+    d = _start(synced.data.parent)
+    try:
+        out = d.ledgerctl("get", "notes", "inbox", "note")
+        assert out.returncode == 5, out
+        err = out.stderr.decode()
+        assert err.startswith("ledgerctl: damaged data: ") and "(corrupt)" in err, err
+        assert "check --repair" in err and "cannot reach" not in err, err
+        code, text = _check(d, "notes", "inbox")
+        assert code == 1 and "corrupt_piece: tree node piece" in text, text
+        code, text = _check(d, "notes", "inbox", "--repair")
+        assert code == 0 and "ok (repaired)" in text and " 0 problems" in text, text
+        with Client(d.socket) as c:
+            assert c.get("notes", "inbox", b"note") == b"n" * 100
+            assert c.get("notes", "inbox", b"photo") == VALUE
+    finally:
+        assert d.stop() == 0, d.log_text()
+
+
 def test_a_missing_piece_is_found_and_restored_from_the_bucket(synced: Daemon) -> None:
     conn = sqlite3.connect(_page_file(synced), isolation_level=None)
     try:

@@ -692,6 +692,21 @@ def test_heads_log_and_reads_at_a_commit(shared: Daemon, ledger: str) -> None:
     assert log2.decode().splitlines() == log.decode().splitlines()[:2]
 
     assert at_get == b"v1"
+    # The 12 digits log prints for a parent (or any unique prefix) name the commit.
+    short = commits[1]["parents"]
+    assert short == first[:12]
+    at_ls, at_get7 = outputs(
+        ctl_all(
+            shared, ["ls", "--at", short, ledger, "p"], ["get", "--at", first[:7], ledger, "p", "k"]
+        )
+    )
+    assert at_ls == b"k\tv1\n" and at_get7 == b"v1"
+    taken = {m["id"][:6] for m in commits}
+    unknown = next(p for p in (f"{i:06x}" for i in range(2**24)) if p not in taken)
+    err = ctl_fails(shared, 1, "ls", "--at", unknown, ledger, "p")
+    assert err == f"ledgerctl: commit {unknown} is not in {ledger}/p\n", err
+    err = ctl_fails(shared, 2, "ls", "--at", "abc", ledger, "p")  # fewer than 4 digits
+    assert "is not a commit id: 4 to 64 hex digits (bad_request)" in err, err
 
 
 def test_get_to_file_at_a_commit(shared: Daemon, ledger: str, tmp_path: Path) -> None:
@@ -853,6 +868,34 @@ def test_watch_prints_changes_in_order(shared: Daemon, ledger: str) -> None:
         for w in watchers:
             w.stop()
         client.close()
+
+
+def test_watch_of_a_missing_page_says_it_waits_for_it(shared: Daemon, ledger: str) -> None:
+    """``watch`` of a page that does not exist yet says so on stderr (it waited silently),
+    then prints the page's changes once it is made; ``--quiet`` leaves the line out."""
+    watcher, quiet = Watcher(shared, ledger, "nosuchpage"), Watcher(shared, "-q", ledger, "p2")
+    try:
+        assert watcher.proc.stderr is not None
+        fd = watcher.proc.stderr.fileno()
+        ready, _, _ = select.select([fd], [], [], 60)
+        assert ready, "no line on stderr"
+        line = os.read(fd, 4096).decode()
+        assert line == (
+            f"ledgerctl: no page nosuchpage in ledger {ledger} yet: "
+            "waiting for it (Ctrl-C to stop)\n"
+        )
+        deadline = time.monotonic() + 60
+        for attempt in range(1000):  # the watch is registered: the first put is seen
+            ctl(shared, "put", ledger, "nosuchpage", "k", f"v{attempt}")
+            ctl(shared, "put", ledger, "p2", "k", f"v{attempt}")
+            if watcher.read_until(lambda x: x.startswith("put\tk\tv"), deadline) is not None:
+                break
+        assert quiet.read_until(lambda x: x.startswith("put\tk\tv"), deadline) is not None
+        assert quiet.proc.stderr is not None  # (its note would have come before the change)
+        assert select.select([quiet.proc.stderr.fileno()], [], [], 0)[0] == []
+    finally:
+        watcher.stop()
+        quiet.stop()
 
 
 # -- exit statuses -------------------------------------------------------------------

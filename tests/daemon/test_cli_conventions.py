@@ -473,6 +473,48 @@ def test_did_you_mean(tmp_path: Path) -> None:
     )
 
 
+def test_no_arguments_print_the_help(tmp_path: Path) -> None:
+    p = subprocess.run(
+        cli_cmd(), capture_output=True, env=cli_env(tmp_path / "s"), cwd=ROOT, timeout=60
+    )
+    assert (p.returncode, p.stderr) == (0, b""), p
+    out = p.stdout.decode()
+    assert out.startswith("usage: ledgerctl") and "positional arguments:" in out
+    assert "status" in out and "watch" in out and "Exit status:" in out
+
+
+def _commands(p: argparse.ArgumentParser, path: str = "") -> Iterator[tuple[str, Any]]:
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, q in action.choices.items():
+                yield f"{path} {name}".strip(), q
+                yield from _commands(q, f"{path} {name}")
+
+
+def test_every_commands_help_has_an_example_and_describes_its_arguments() -> None:
+    from ledgerd.daemon.cli import parser
+
+    commands = dict(_commands(parser()))
+    assert {"get", "watch", "doc", "doc find", "check", "gc", "evict"} <= set(commands)
+    for path, q in commands.items():
+        text = q.format_help()
+        assert re.search(f"\nexample:\n  ledgerctl {path}\\s", text), (path, text)
+        for action in q._actions:
+            if not action.option_strings and not isinstance(action, argparse._SubParsersAction):
+                assert action.help, (path, action.dest)
+    p = subprocess.run(cli_cmd("get", "--help"), capture_output=True, cwd=ROOT, timeout=60)
+    assert p.returncode == 0 and b"  key    " in p.stdout and b"example:" in p.stdout, p
+
+
+def test_quiet_leaves_out_informational_lines(shared: Daemon, ledger: str) -> None:
+    line = json_line(b"k", b"v")
+    p = shared.ledgerctl("import", ledger, "p", input=line)
+    assert (p.returncode, p.stderr) == (0, b"imported 1 entry\n"), p
+    for args in (["-q", "import", ledger, "p"], ["import", "--quiet", ledger, "p"]):
+        p = shared.ledgerctl(*args, input=line)
+        assert (p.returncode, p.stdout, p.stderr) == (0, b"", b""), p
+
+
 def test_shell_completion(shared: Daemon, ledger: str, tmp_path: Path) -> None:
     """argcomplete: commands, options, and ledger names asked of the running daemon."""
     seed(shared, ledger, "page-one", [(b"k", b"v", "eager")])

@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 from yarl import URL
 
+from ledgerd.daemon.client import Client, DaemonUnavailableError, LedgerError
 from ledgerd.store import Repository, split
 from ledgerd.store import digest as dg
 from tests.daemon.conftest import start_daemon
@@ -86,3 +87,34 @@ async def test_a_corrupt_chunk_never_hangs_the_client(short_tmp: Path, which: st
     assert code == 0
     log = d.log_text()
     assert "does not match its digest" in log and "Traceback" not in log, log
+
+
+async def test_ledgerctl_reports_a_value_damaged_mid_body_as_damage(short_tmp: Path) -> None:
+    """A damaged chunk in the middle of a large value: the daemon cuts the body short,
+    and ledgerctl said "cannot reach ledgerd" (exit 3) while the daemon ran. The client
+    asks for the rest, the daemon reports the damage before any byte of it, and
+    ledgerctl says the data is damaged (exit 5); the Python clients raise ``corrupt``."""
+    value = random.Random(5).randbytes(6 * 1024 * 1024)
+    d = start_daemon(short_tmp)
+    try:
+        with Client(d.socket) as c:
+            c.put("l", "p", b"big", value)
+    finally:
+        assert d.stop() == 0
+    db, chunks = await _chunks(d.data, b"big")
+    _corrupt(db, chunks[len(chunks) // 2])
+    d = start_daemon(short_tmp)
+    try:
+        target = short_tmp / "out.bin"
+        for args in (("get", "l", "p", "big"), ("get", "-o", str(target), "l", "p", "big")):
+            out = d.ledgerctl(*args)
+            err = out.stderr.decode()
+            assert out.returncode == 5, (args, err)
+            assert err.startswith("ledgerctl: damaged data: ") and "(corrupt)" in err, err
+            assert "does not match its digest" in err and "cannot reach" not in err, err
+        assert not target.exists()
+        with Client(d.socket) as c, pytest.raises(LedgerError) as e:
+            c.get("l", "p", b"big")
+        assert e.value.code == "corrupt" and not isinstance(e.value, DaemonUnavailableError)
+    finally:
+        assert d.stop() == 0

@@ -178,6 +178,20 @@ def test_path_problems_are_one_line(short_tmp: Path) -> None:
     assert not (short_tmp / "d").exists()
 
 
+@pytest.mark.parametrize("url", ["file://relative/path", "file://mybucket/tmp/x"])
+def test_a_file_url_with_a_host_is_refused(short_tmp: Path, url: str) -> None:
+    """``file://relative/path`` is the host ``relative`` and the path ``/path``: refused,
+    saying how to write a relative or home path, and no bucket is made anywhere."""
+    sock, data = str(short_tmp / "s.sock"), str(short_tmp / "d")
+    line = one_line(ledgerd("--data-dir", data, "--socket", sock, "--cloud", url), "cloud:")
+    host, path = url[len("file://") :].split("/", 1)
+    assert f"names the host '{host}'" in line
+    assert f"file://$PWD/{host}/{path}" in line and "file://$HOME/" in line
+    assert not (short_tmp / "d").exists()
+    ok = ledgerd("--check-config", "--data-dir", data, "--cloud", "file://localhost/srv/b")
+    assert ok.returncode == 0 and 'cloud = "file://localhost/srv/b"' in ok.stdout, ok
+
+
 # -- the data directory -----------------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledgerd.store import (
+    AmbiguousCommitError,
     ClosedError,
     CommitNotFoundError,
     InvalidArgumentError,
@@ -261,6 +262,35 @@ async def test_snapshots_read_past_commits(page: Page) -> None:
         await page.snapshot(b"\x00" * 32)
     ids = [c.id for c in await page.history()]
     assert ids[-1] == commit_mod.FIRST.id and first in ids
+
+
+async def test_a_commit_is_found_by_any_unique_prefix(page: Page) -> None:
+    """As git: a commit id's unique prefix of 4 digits or more names it (``log`` prints
+    12 digits); one that several commits start with, or none, is refused."""
+    seen: dict[str, bytes] = {}
+    while True:  # commits until two share their first 4 digits (a few hundred)
+        await page.put(b"k", b"%d" % len(seen))
+        await page.flush()
+        cid = page.head.id
+        if cid.hex()[:4] in seen:
+            break
+        seen[cid.hex()[:4]] = cid
+    other = seen[cid.hex()[:4]]
+    for n in (12, 5, 64):
+        assert await page.find_commit(cid.hex()[:n]) == cid
+    assert await page.find_commit(cid.hex()[:12].upper()) == cid
+    assert await (await page.snapshot(await page.find_commit(other.hex()[:12]))).get(b"k")
+    with pytest.raises(AmbiguousCommitError, match="ambiguous") as e:
+        await page.find_commit(cid.hex()[:4])
+    assert cid.hex()[:8] in str(e.value) and other.hex()[:8] in str(e.value)
+    assert await page.find_commit(commit_mod.FIRST.id.hex()[:6]) == commit_mod.FIRST.id
+    taken = {*seen, commit_mod.FIRST.id.hex()[:4]}
+    unknown = next(p for p in (f"{i:04x}" for i in range(65536)) if p not in taken)
+    with pytest.raises(CommitNotFoundError):
+        await page.find_commit(unknown + "0")
+    for bad in ("abc", "xyz1", "0" * 65, "", "12 4"):
+        with pytest.raises(InvalidArgumentError):
+            await page.find_commit(bad)
 
 
 # -- ranges -------------------------------------------------------------------

@@ -59,6 +59,15 @@ async def test_retries_stop_at_the_deadline(tmp_path: Path) -> None:
         await store.put("x", b"y")
 
 
+async def test_missing_bucket_advice_names_the_endpoint(moto_server: str) -> None:
+    """With an endpoint configured, the ``aws s3 mb`` it suggests goes to that endpoint."""
+    missing = S3Store("no-such-bucket", endpoint_url=moto_server, region="us-east-1")
+    with pytest.raises(NoBucketError) as e:
+        await missing.put("x", b"y")
+    assert f"aws s3 mb s3://no-such-bucket --endpoint-url {moto_server})" in str(e.value)
+    await missing.close()
+
+
 async def test_s3_errors_are_classified(aws_env: None) -> None:
     with mock_aws():
         boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="exists")
@@ -69,6 +78,7 @@ async def test_s3_errors_are_classified(aws_env: None) -> None:
         # The message names the bucket (S3's own names only the key) and says what to do.
         assert "the S3 bucket no-such-bucket does not exist" in str(e.value)
         assert "create it first" in str(e.value)
+        assert "aws s3 mb s3://no-such-bucket)" in str(e.value)  # no endpoint: none named
         await missing.close()
     # Nothing listens on this port: a connection error is transient.
     with socket.socket() as s:
@@ -160,6 +170,11 @@ async def test_open_store_from_url(tmp_path: Path) -> None:
     await s3.close()
     with pytest.raises(PermanentCloudError):
         open_store("ftp://x/y")
+    # A host in a file: URL is refused (it was dropped: file://relative/path was /path).
+    with pytest.raises(PermanentCloudError, match="names the host 'relative'"):
+        open_store("file://relative/path")
+    local = open_store(f"file://localhost{tmp_path}/cloud")
+    assert await local.get("x") == b"1"
 
 
 async def test_s3_calls_left_hanging_are_not_waited_for() -> None:

@@ -1,0 +1,228 @@
+"""``ledgerctl``'s entry point, and its quick path: ``get`` of a small value.
+
+A ``ledgerctl`` that imports asyncio, aiohttp and the store to read a few bytes spends
+most of its time importing (``bench/cli.py`` measures it next to curl). So the
+``ledgerctl`` command starts here, with nothing but the standard library's basics
+loaded: :func:`quick_args` recognizes the plainest ``get`` command line (:func:`main`
+hands every other one, whole, to :mod:`ledgerd.daemon.cli`), and :func:`quick_get`
+asks the daemon for the value with one HTTP/1.1 request on a blocking socket. Only a
+200 answer with a ``Content-Length`` of at most :data:`QUICK_MAX` bytes is printed here;
+anything else (an error, a large value, a connection that fails or drops, a binary value
+on a terminal) goes to the full command, which asks again and reports it, so that both
+paths print the same. What is shared by both, the terminal check and the exit statuses,
+lives here.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import re
+import socket
+import sys
+
+from ledgerd.daemon.client_urls import quote
+from ledgerd.daemon.socketdir import socket_dir_problem, socket_file
+
+EXIT_NOT_FOUND, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_ERROR, EXIT_DAMAGED = 1, 2, 3, 4, 5
+EXIT_INTERRUPTED = 130
+QUICK_MAX = 1024 * 1024
+"""The largest value the quick path prints (a larger one may want a progress bar)."""
+HEX_DIGITS = "0123456789abcdefABCDEF"
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+"""Characters that a terminal may act on: a value holding any is not written to one."""
+_VALUED = {"--socket": "socket", "--at": "at"}
+"""The options with a value that the quick path takes (``--at`` after ``get`` only)."""
+
+
+class UsageError(Exception):
+    """The command line is wrong (exit status 2)."""
+
+
+class TerminalGuard:
+    """Lets text through to a terminal and stops at the first sign of binary data; text
+    that does not end a line is ended with a newline there (a pipe gets the value's
+    bytes exactly), so that the shell's prompt starts a line of its own."""
+
+    def __init__(self) -> None:
+        self.decoder = codecs.getincrementaldecoder("utf-8")()
+        self.last = b""
+
+    def tail(self) -> bytes:
+        """What to write after the value: a newline if it did not end with one."""
+        return b"\n" if self.last and not self.last.endswith(b"\n") else b""
+
+    def check(self, chunk: bytes, final: bool = False) -> None:
+        if chunk:
+            self.last = chunk
+        try:
+            text = self.decoder.decode(chunk, final)
+        except UnicodeDecodeError:
+            text = "\x00"
+        if _CONTROL.search(text):
+            raise UsageError(
+                "the value is binary: not written to a terminal (use -o FILE, a pipe, or --force)"
+            )
+
+
+class QuickGet:
+    """A ``get`` command line the quick path runs: what ``ledgerctl``'s parser would make
+    of it (tests/daemon/test_cli_quick.py checks that they agree). A plain class: typing
+    and dataclasses each take longer to import than the rest of the quick path."""
+
+    __slots__ = ("ledger", "page", "key", "socket", "at", "force")
+
+    def __init__(
+        self, ledger: str, page: str, key: str, socket: str | None, at: str | None, force: bool
+    ) -> None:
+        self.ledger, self.page, self.key = ledger, page, key
+        self.socket, self.at, self.force = socket, at, force
+
+
+def quick_args(argv: list[str]) -> QuickGet | None:
+    """``argv`` as a :class:`QuickGet` when it is ``get LEDGER PAGE KEY`` with at most
+    ``--socket PATH`` (before or after ``get``), ``--at COMMIT`` and ``--force`` (after
+    it), each once; None for every other command line, left to the full parser."""
+    values: dict[str, str] = {}
+    force, command = False, False
+    positional: list[str] = []
+    words = iter(argv)
+    for word in words:
+        name, given, value = word.partition("=")
+        if name in _VALUED:
+            if not given:
+                value = next(words, "-")
+            if value.startswith("-") or _VALUED[name] in values:
+                return None  # (an option's value that looks like an option: argparse's call)
+            if name == "--at" and not command:
+                return None
+            values[_VALUED[name]] = value
+        elif word == "--force" and command and not force:
+            force = True
+        elif word.startswith("-"):
+            return None  # any other option, "-" and "--" included
+        elif not command:
+            if word != "get":
+                return None
+            command = True
+        else:
+            positional.append(word)
+    at = values.get("at")
+    if len(positional) != 3 or values.get("socket") == "":
+        return None
+    if at is not None and (not at or at.strip(HEX_DIGITS)):
+        return None
+    ledger, page, key = positional
+    return QuickGet(ledger, page, key, values.get("socket"), at, force)
+
+
+def _fetch(path: str, target: str) -> bytes | None:
+    """The body of the daemon's 200 answer to ``GET target``, when it has a
+    ``Content-Length`` of at most :data:`QUICK_MAX`; None for anything else."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)  # to connect (as the clients' sock_connect); then no limit
+        try:
+            s.connect(path)
+        except OSError:
+            return None
+        s.settimeout(None)
+        request = f"GET {target} HTTP/1.1\r\nHost: ledgerd\r\nConnection: close\r\n\r\n"
+        s.sendall(request.encode("ascii"))
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(65536)
+            if not chunk or len(data) > 65536:
+                return None
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        status, *headers = head.split(b"\r\n")
+        if not status.startswith(b"HTTP/1.1 200 "):
+            return None
+        length: int | None = None
+        for line in headers:
+            name, colon, value = line.partition(b":")
+            name, value = name.strip().lower(), value.strip()
+            if not colon or name == b"transfer-encoding":
+                return None
+            if name == b"content-length":
+                if length is not None or not value.isdigit():
+                    return None
+                length = int(value)
+        if length is None or length > QUICK_MAX:
+            return None
+        while len(body) < length:
+            chunk = s.recv(65536)
+            if not chunk:
+                return None  # cut short: the full path asks again and says why
+            body += chunk
+        return body if len(body) == length else None
+
+
+def quick_get(q: QuickGet) -> int | None:
+    """Run ``q``: its exit status, or None to leave it to the full command."""
+    out = sys.stdout
+    if out is None:
+        return None
+    sock = socket_file(q.socket)
+    if socket_dir_problem(sock):
+        return None
+    target = "/v1/ledgers/{}/pages/{}/keys/{}".format(
+        *(quote(os.fsencode(x)) for x in (q.ledger, q.page, q.key))
+    )
+    if q.at is not None:
+        target += "?at=" + quote(q.at)
+    value = _fetch(sock, target)
+    if value is None:
+        return None
+    tail = b""
+    if not q.force and out.isatty():
+        guard = TerminalGuard()
+        try:
+            guard.check(value, final=True)
+        except UsageError:
+            return None
+        tail = guard.tail()
+    try:
+        out.buffer.write(value + tail)
+        out.flush()
+    except OSError as e:
+        return output_failed(e)
+    return 0
+
+
+def output_failed(e: OSError) -> int:
+    """The exit status of a failed write to standard output (or another local file):
+    a closed pipe (``ledgerctl get | head``) is a normal end; anything else is one line
+    on stderr."""
+    try:
+        if isinstance(e, BrokenPipeError):
+            sys.stdout.close()
+        else:  # what is still buffered goes to /dev/null, so that Python's flush at exit
+            # does not fail again (and print a traceback)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except Exception:  # (contextlib.suppress: an import the quick path does without)
+        pass
+    if isinstance(e, BrokenPipeError):
+        return 0
+    where = f"{e.filename}: " if e.filename else ""
+    print(f"ledgerctl: {where}a local read or write failed: {e.strerror or e}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``ledgerctl``: the quick path when it applies, else the full command."""
+    args = sys.argv[1:] if argv is None else argv
+    if "_ARGCOMPLETE" not in os.environ and (q := quick_args(args)) is not None:
+        try:
+            code = quick_get(q)
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
+        if code is not None:
+            return code
+    from ledgerd.daemon import cli
+
+    return cli.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
