@@ -441,9 +441,17 @@ def _fixed(selector: dict[str, Any]) -> dict[tuple[str, ...], Any]:
 
 def plan(request: FindRequest, indexes: list[IndexInfo]) -> Plan:
     """The index whose partition the selector fixes (``use_index`` first, then by name),
-    or a scan."""
+    or a scan. An index with a sort path holds only the documents whose sort value is a
+    scalar, so the selector must fix that too: otherwise the index would miss
+    documents that match."""
     fixed = _fixed(request.selector)
-    usable = [i for i in indexes if i.code is None and i.partition_path in fixed]
+    usable = [
+        i
+        for i in indexes
+        if i.code is None
+        and i.partition_path in fixed
+        and (i.sort_path is None or i.sort_path in fixed)
+    ]
     warning = None
     if request.use_index is not None:
         named = [i for i in usable if i.name == request.use_index]
@@ -455,7 +463,8 @@ def plan(request: FindRequest, indexes: list[IndexInfo]) -> Plan:
                 "selector does not fix its partition field to one value"
             )
     if not usable:
-        return Plan(None, None, "no declared index's partition field is fixed", warning)
+        why = "no declared index has its partition field (and sort field) fixed to one value"
+        return Plan(None, None, why, warning)
     best = min(usable, key=lambda i: i.name)
     why = f"the selector fixes {'.'.join(best.partition_path)!r}, the index's partition"
     return Plan(best, fixed[best.partition_path], why, warning)

@@ -553,12 +553,7 @@ class DocumentStore:
     async def _free(self, txn: Transaction, collection: str, raw: DocId) -> Record | None:
         """DocumentConflictError if a document that is not deleted has the id ``raw``;
         else the record of the deleted or purged one a create writes over (None: none)."""
-        try:
-            cur = await self._record(txn, collection, raw)
-        except MalformedRecordError:
-            raise DocumentConflictError(
-                f"document {id_text(raw)} exists in {collection!r} (damaged: purge it first)"
-            ) from None
+        cur = await self._record(txn, collection, raw)  # (damaged: MalformedRecordError)
         if cur is not None and cur.state is State.LIVE:
             raise DocumentConflictError(
                 f"document {id_text(raw)} exists in {collection!r} (at revision "
