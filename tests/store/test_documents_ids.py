@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ledgerd.store import (
@@ -15,6 +17,7 @@ from ledgerd.store import (
     doclayout,
 )
 from ledgerd.store.docmodel import ID_LIMIT
+from tests.store.test_documents_convergence import _two_devices
 
 
 async def test_a_chosen_id_creates_reads_replaces_and_lists(page: Page) -> None:
@@ -153,3 +156,32 @@ async def test_a_bulk_that_writes_nothing_makes_no_commit(page: Page) -> None:
     res = await docs.bulk("c", [BulkWrite({}, id="x")])
     assert res[0].error is not None and res[0].error.code == "conflict"  # type: ignore[attr-defined]
     assert page.head.id == head
+
+
+async def test_two_devices_creating_one_chosen_id_converge_on_the_higher_revision(
+    tmp_path: Path,
+) -> None:
+    """Concurrent creates of one chosen id are concurrent revisions of one document:
+    the higher revision wins, whole, on both devices (and in their indexes)."""
+    async with _two_devices(tmp_path) as (engines, repos):
+        pages = [await r.ledger("l").page("p") for r in repos]
+        a, b = [await DocumentStore.open(p) for p in pages]
+        await a.declare_index("c", "by_k", "k")
+        await engines[0].sync()
+        await engines[1].sync()
+        on_a = await a.create("c", {"k": 1, "from": "a"}, id="shared")
+        on_b = await b.create("c", {"k": 2, "from": "b"}, id="shared")
+        win = max(on_a, on_b, key=lambda d: d.rev)
+        for _ in range(2):
+            for e in engines:
+                await e.sync()
+        assert pages[0].head.root == pages[1].head.root
+        for docs in (a, b):
+            got = await docs.get("c", "shared")
+            assert (got.rev, got.data) == (win.rev, win.data)
+            assert [d.id for d in (await docs.list_documents("c")).items] == ["shared"]
+            hits = await docs.query("c", "by_k", win.data["k"])
+            assert [d.id for d in hits.items] == ["shared"]
+            assert not (await docs.query("c", "by_k", 3 - win.data["k"])).items
+        for docs in (a, b):
+            await docs.close()
