@@ -435,8 +435,7 @@ async def bulk_docs(api: Api, request: web.Request, p: Params) -> web.Response:
     writes = [_bulk_write(item) for item in items]
     valid = [w for w in writes if isinstance(w, BulkWrite)]
     results = []
-    if valid:
-        done = iter(await (await _store(api, p, write=True)).bulk(collection, valid))
+    done = iter(await (await _store(api, p, write=True)).bulk(collection, valid) if valid else [])
     for item, w in zip(items, writes, strict=True):
         if not isinstance(w, BulkWrite):
             given = item.get("_id") if isinstance(item, dict) else None

@@ -243,10 +243,20 @@ def _check_value(v: Any, depth: int) -> None:
             raise InvalidSelectorError(f"the selector is nested over {MAX_DEPTH} levels")
         if isinstance(x, float) and not math.isfinite(x):
             raise InvalidSelectorError("a selector's numbers must be finite")
+        if isinstance(x, str) and not _is_text(x):
+            raise InvalidSelectorError("a selector's strings must be UTF-8 text (a lone surrogate)")
         if isinstance(x, list):
             stack.extend((y, d + 1) for y in x)
         elif isinstance(x, dict):
             stack.extend((y, d + 1) for y in x.values())
+
+
+def _is_text(s: str) -> bool:
+    try:
+        s.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _comparison(op: str, operand: Any) -> Cond:

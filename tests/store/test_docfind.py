@@ -183,6 +183,7 @@ async def test_an_index_serves_a_find_whose_selector_fixes_its_partition(page: P
         {"selector": {}, "nope": 1},
         {"selector": {"a": {"$in": list(range(docfind.MAX_TERMS + 1))}}},
         {"selector": {"a": {"$eq": float("nan")}}},
+        {"selector": {"a": {"$in": ["\ud800"]}}},
     ],
 )
 async def test_bad_requests_are_refused_with_a_reason(page: Page, request_: Any) -> None:
