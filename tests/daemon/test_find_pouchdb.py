@@ -226,7 +226,7 @@ def _strip(doc: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in doc.items() if k != "_rev"}
 
 
-async def test_find_answers_as_pouchdb_find(shared: Daemon, pouchdb: Path, tmp_path: Path) -> None:
+async def test_find_answers_as_pouchdb_find(pouchdb: Path, shared: Daemon, tmp_path: Path) -> None:
     r = random.Random(SEED)
     docs = [_doc(r, i) for i in range(DOCS)]
     queries = _queries(r)
