@@ -205,3 +205,24 @@ async def test_a_selector_nested_too_deeply_is_refused(page: Page) -> None:
         deep = [deep]
     with pytest.raises(InvalidSelectorError, match="nested"):
         await docs.find("people", {"selector": {"a": deep}})
+
+
+SCALARS = [True, False, None, 0, -0.0, 1, 1.0, 1.5, "1", "", "a", 2**53, 2**53 + 1, -(2**63)]
+
+
+async def test_an_index_answers_as_a_scan_whatever_the_scalar(page: Page) -> None:
+    """The index holds numbers as doubles and orders types as tuples do; a find through
+    it filters its partition by the selector, so it answers as a scan would."""
+    docs = await DocumentStore.open(page)
+    await docs.declare_index("c", "by_p", "p")
+    for n, v in enumerate(SCALARS):
+        await docs.create("c", {"p": v, "n": n})
+    await docs.create("c", {"p": [1], "n": -1})
+    await docs.create("c", {"n": -2})
+    for v in SCALARS:
+        through = await docs.find("c", {"selector": {"p": v}})
+        assert through.plan.index is not None
+        scan = await docs.find("c", {"selector": {"p": {"$gte": v, "$lte": v}}})
+        assert scan.plan.index is None
+        assert [d["n"] for d in through.docs] == [d["n"] for d in scan.docs], v
+        assert all(docfind.collate(d["p"], v) == 0 for d in through.docs)
