@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ledgerd.daemon.cli_format import file_arg, positive_int
 from ledgerd.daemon.cli_stdio import blocking, write_all
 from ledgerd.daemon.client_docs import AsyncDocuments, Doc
+from ledgerd.daemon.client_types import LedgerError
 
 if TYPE_CHECKING:
     from ledgerd.daemon.cli import Cli
@@ -51,9 +52,18 @@ def add_parser(sub: Any) -> None:
             p.add_argument(a)
         return p
 
-    p = cmd("put", "create a document (or replace --id); prints _id and _rev", "collection")
+    p = cmd(
+        "put",
+        "create a document (or write --id); prints _id and _rev. Example: ledgerctl doc put "
+        'app people people \'{"name": "Ann"}\' --id ann@example.com',
+        "collection",
+    )
     p.add_argument("data", metavar="JSON", help="the document's _data ('-': standard input)")
-    p.add_argument("--id", help="replace this document instead of creating one")
+    p.add_argument(
+        "--id",
+        help="the document's id: created with it when it is free (any text of 1-512 bytes "
+        "of UTF-8, no leading _), replaced otherwise",
+    )
     p.add_argument("--rev", help="only if its current revision is REV (with --id)")
     p = cmd("get", "print a document as JSON", "collection", "id")
     p.add_argument("--deleted", action="store_true", help="a deleted document too")
@@ -104,6 +114,17 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--since", metavar="COMMIT", help="a commit id (hex) from an earlier line")
     p.add_argument("--collection")
     p.add_argument("--follow", action="store_true", help="then every later change")
+
+
+async def _put_id(docs: AsyncDocuments, collection: str, doc_id: str, data: Any) -> Doc:
+    """``put --id`` without ``--rev``: the document created with that id, or, when a
+    document has it, a new revision of whatever revision is current."""
+    try:
+        return await docs.create(collection, data, id=doc_id)
+    except LedgerError as e:
+        if e.code != "conflict":
+            raise
+    return await docs.replace(collection, doc_id, data)
 
 
 def _value(text: str) -> Any:
@@ -173,6 +194,8 @@ async def run(cli: Cli, usage: type[Exception]) -> int:
             raise usage("--rev needs --id (a new document has no revision to expect)")
         if a.id is None:
             d = await docs.create(a.collection, data)
+        elif a.rev is None:
+            d = await _put_id(docs, a.collection, a.id, data)
         else:
             d = await docs.replace(a.collection, a.id, data, rev=a.rev)
         cli.line(f"{d['_meta']['_id']}\t{d['_meta']['_rev']}")

@@ -59,6 +59,26 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
+def _find_body(
+    selector: dict[str, Any],
+    fields: list[str] | None,
+    sort: list[Any] | None,
+    limit: int | None,
+    skip: int | None,
+    bookmark: str | None,
+    use_index: str | None,
+) -> dict[str, Any]:
+    given = {
+        "fields": fields,
+        "sort": sort,
+        "limit": limit,
+        "skip": skip,
+        "bookmark": bookmark,
+        "use_index": use_index,
+    }
+    return {"selector": selector, **{k: v for k, v in given.items() if v is not None}}
+
+
 class Requests(Protocol):
     """What documents need of :class:`~ledgerd.daemon.client_async.AsyncClient`."""
 
@@ -119,9 +139,16 @@ class AsyncDocuments:
 
     # -- documents ---------------------------------------------------------------------
 
-    async def create(self, collection: str, data: Any, *, new_rev: str | None = None) -> Doc:
-        """A new document whose ``_data`` is ``data``."""
-        doc: Doc = await self._send_json("POST", self._path(collection), data, {"new_rev": new_rev})
+    async def create(
+        self, collection: str, data: Any, *, id: str | None = None, new_rev: str | None = None
+    ) -> Doc:
+        """A new document whose ``_data`` is ``data``: with a new ``_id``, or the chosen
+        ``id`` (LedgerError ``conflict`` when a document that is not deleted has it)."""
+        query = {"new_rev": new_rev}
+        if id is not None:
+            doc: Doc = await self._send_json("PUT", self._path(collection, id), data, query)
+        else:
+            doc = await self._send_json("POST", self._path(collection), data, query)
         return doc
 
     async def get(self, collection: str, doc_id: str, *, deleted: bool = False) -> Doc:
@@ -141,10 +168,63 @@ class AsyncDocuments:
     ) -> Doc:
         """A new revision with ``data``; with ``rev``, only if that is the current one
         (else LedgerError ``conflict``)."""
-        doc: Doc = await self._send_json(
-            "PUT", self._path(collection, doc_id), data, {"rev": rev, "new_rev": new_rev}
-        )
+        path, query = self._path(collection, doc_id), {"rev": rev, "new_rev": new_rev}
+        # Without a revision, If-Match: * (any current one): a bare PUT creates.
+        headers = {
+            "Content-Type": "application/json",
+            **({} if rev is not None else {"If-Match": "*"}),
+        }
+        doc: Doc = await self._call("PUT", path, query, data=_dumps(data), headers=headers)
         return doc
+
+    async def bulk_docs(self, collection: str, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Write ``docs`` in one commit, CouchDB's ``_bulk_docs``: each document's own
+        fields are its data, with ``_id``, ``_rev`` and ``_deleted`` when given (no
+        ``_rev``: a create). A result per document, in order: ``{"id", "rev", "ok":
+        True}`` or ``{"id", "error", "reason"}``; one refused does not stop the others."""
+        out: list[dict[str, Any]] = await self._send_json(
+            "POST", self._path(collection, "_bulk_docs"), {"docs": docs}
+        )
+        return out
+
+    async def select(
+        self,
+        collection: str,
+        selector: dict[str, Any],
+        *,
+        fields: list[str] | None = None,
+        sort: list[Any] | None = None,
+        limit: int | None = None,
+        skip: int | None = None,
+        bookmark: str | None = None,
+        use_index: str | None = None,
+    ) -> dict[str, Any]:
+        """A selector query (``_find``, as pouchdb-find's ``db.find``): ``{"docs": [...],
+        "bookmark"}``, each document CouchDB's shape (``_id``, ``_rev``, its fields);
+        pass ``bookmark`` back (with the same request) for the next page, while it is
+        not None."""
+        body = _find_body(selector, fields, sort, limit, skip, bookmark, use_index)
+        out: dict[str, Any] = await self._send_json("POST", self._path(collection, "_find"), body)
+        return out
+
+    async def explain(
+        self,
+        collection: str,
+        selector: dict[str, Any],
+        *,
+        fields: list[str] | None = None,
+        sort: list[Any] | None = None,
+        limit: int | None = None,
+        skip: int | None = None,
+        use_index: str | None = None,
+    ) -> dict[str, Any]:
+        """The plan :meth:`select` would run: ``{"index": {"name", ...}, "scan", "reason",
+        ...}``."""
+        body = _find_body(selector, fields, sort, limit, skip, None, use_index)
+        out: dict[str, Any] = await self._send_json(
+            "POST", self._path(collection, "_explain"), body
+        )
+        return out
 
     async def delete(
         self, collection: str, doc_id: str, *, rev: str | None = None, new_rev: str | None = None
@@ -432,6 +512,9 @@ class Documents:
     create = blocking(AsyncDocuments.create)
     get = blocking(AsyncDocuments.get)
     replace = blocking(AsyncDocuments.replace)
+    bulk_docs = blocking(AsyncDocuments.bulk_docs)
+    select = blocking(AsyncDocuments.select)
+    explain = blocking(AsyncDocuments.explain)
     delete = blocking(AsyncDocuments.delete)
     purge = blocking(AsyncDocuments.purge)
     list_documents = blocking_iter(AsyncDocuments.list_documents)

@@ -42,6 +42,7 @@ from ledgerd.daemon.codec import (
 from ledgerd.daemon.config import MIN_HEARTBEAT
 from ledgerd.daemon.protocol import connection_lost
 from ledgerd.store import (
+    BulkWrite,
     Changes,
     CommitNotFoundError,
     Damaged,
@@ -346,14 +347,25 @@ async def get_document(api: Api, request: web.Request, p: Params) -> web.Respons
 
 
 async def replace_document(api: Api, request: web.Request, p: Params) -> web.Response:
+    """PUT a document: with ``If-Match`` or ``?rev=``, a new revision of it (``If-Match:
+    *``: of whatever revision is current); without either, as in CouchDB, a new document
+    with the id of the path (201), 409 ``conflict`` when a document that is not deleted
+    has it."""
     collection, doc_id = _segments(request)
+    condition = request.headers.get("If-Match") is not None or _query(request, "rev") is not None
     rev = _expected_rev(request)
     data = await _data(api, request)
+    new_rev = _query(request, "new_rev")
+    if not condition:
+        max_bytes = api.cfg.max_document_bytes  # a document too large makes no page either
+        DocumentStore.check(
+            collection, doc_id=doc_id, data=data, new_rev=new_rev, max_document_bytes=max_bytes
+        )
+        docs = await _store(api, p, write=True)
+        return _doc_response(await docs.create(collection, data, id=doc_id, new_rev=new_rev), 201)
     DocumentStore.check(collection, doc_id=doc_id, data=data)
     docs = await _store(api, p, write=False)
-    doc = await docs.replace(
-        collection, doc_id, data, expected_rev=rev, new_rev=_query(request, "new_rev")
-    )
+    doc = await docs.replace(collection, doc_id, data, expected_rev=rev, new_rev=new_rev)
     return _doc_response(doc)
 
 
@@ -375,6 +387,111 @@ async def purge_document(api: Api, request: web.Request, p: Params) -> web.Respo
         collection, doc_id, expected_rev=_expected_rev(request), new_rev=_query(request, "new_rev")
     )
     return _doc_response(doc)
+
+
+MAX_BULK_DOCS = 10_000
+"""Most documents one ``_bulk_docs`` request takes (the store's bound on one call); its
+body is bound by ``max_batch_bytes`` too."""
+
+
+def _bulk_write(item: Any) -> BulkWrite | str:
+    """One of ``_bulk_docs``' documents as a write: its own fields are its data, with
+    ``_id``, ``_rev`` and ``_deleted`` taken out; why not, for one that is not a
+    document of that shape."""
+    if not isinstance(item, dict):
+        return "a document is a JSON object"
+    data = dict(item)
+    doc_id, rev, deleted = (
+        data.pop("_id", None),
+        data.pop("_rev", None),
+        data.pop("_deleted", False),
+    )
+    if doc_id is not None and not isinstance(doc_id, str):
+        return "_id must be text"
+    if rev is not None and not isinstance(rev, str):
+        return "_rev must be text"
+    if not isinstance(deleted, bool):
+        return "_deleted must be true or false"
+    return BulkWrite(data, id=doc_id, rev=rev, deleted=deleted)
+
+
+async def bulk_docs(api: Api, request: web.Request, p: Params) -> web.Response:
+    """POST ``{"docs": [...]}`` (CouchDB's ``_bulk_docs``): every document written in one
+    commit, each on its own; answers (201) a list in the same order of ``{"id", "rev",
+    "ok": true}`` or ``{"id", "error", "reason"}`` (``error`` the API's error code)."""
+    collection, _ = _segments(request)
+    DocumentStore.check(collection)
+    body = parse_json(
+        await api.read_body(request, api.cfg.max_batch_bytes, "the _bulk_docs body"),
+        "the _bulk_docs body",
+    )
+    if not isinstance(body, dict) or not isinstance(body.get("docs"), list):
+        raise ae.BadRequest('a _bulk_docs body is {"docs": [...]}')
+    if set(body) - {"docs", "new_edits"} or body.get("new_edits", True) is not True:
+        raise ae.BadRequest('_bulk_docs takes {"docs": [...]} (new_edits=false is not supported)')
+    items = body["docs"]
+    if len(items) > MAX_BULK_DOCS:
+        raise ae.BadRequest(f"_bulk_docs takes at most {MAX_BULK_DOCS} documents")
+    writes = [_bulk_write(item) for item in items]
+    valid = [w for w in writes if isinstance(w, BulkWrite)]
+    results = []
+    done = iter(await (await _store(api, p, write=True)).bulk(collection, valid) if valid else [])
+    for item, w in zip(items, writes, strict=True):
+        if not isinstance(w, BulkWrite):
+            given = item.get("_id") if isinstance(item, dict) else None
+            results.append({"id": given, "error": "invalid_document", "reason": w})
+            continue
+        r = next(done)
+        if r.document is not None:
+            results.append({"id": r.id, "rev": r.document.rev, "ok": True})
+        else:
+            code = ae.from_store(r.error).code if r.error is not None else "internal"
+            results.append({"id": r.id, "error": code, "reason": str(r.error)})
+    return web.json_response(results, status=201, dumps=_dumps)
+
+
+async def _find_request(api: Api, request: web.Request) -> tuple[str, Any]:
+    collection, _ = _segments(request)
+    DocumentStore.check(collection)
+    body = parse_json(await api.read_body(request, body_limit(api), "find request"), "find request")
+    if not isinstance(body, dict):
+        raise ae.BadRequest("a find request is a JSON object")
+    return collection, body
+
+
+async def find_documents(api: Api, request: web.Request, p: Params) -> web.Response:
+    """POST ``{"selector", "fields", "sort", "limit", "skip", "bookmark", "use_index"}``
+    (CouchDB's and pouchdb-find's ``_find``): ``{"docs": [...], "bookmark"}``, each
+    document with its ``_id``; ``"warning"`` when ``use_index`` could not be used. An
+    answer whose JSON would pass ``max_listing_bytes`` is cut short (at least one
+    document), its bookmark continuing after the last one sent."""
+    collection, body = await _find_request(api, request)
+    docs = await _store(api, p, write=False)
+    limit = body.get("limit")
+    while True:
+        res = await docs.find(collection, body if limit is None else {**body, "limit": limit})
+        texts: list[str] = []
+        used = 0
+        for d in res.docs:
+            t = _dumps(d)
+            if texts and used + len(t) > api.cfg.max_listing_bytes:
+                break
+            texts.append(t)
+            used += len(t)
+        if len(texts) == len(res.docs):
+            break
+        limit = len(texts)
+    warning = "" if res.plan.warning is None else f',"warning":{_dumps(res.plan.warning)}'
+    text = f'{{"docs":[{",".join(texts)}],"bookmark":{_dumps(res.bookmark)}{warning}}}'
+    return web.Response(text=text, content_type=JSON_TYPE)
+
+
+async def explain_find(api: Api, request: web.Request, p: Params) -> web.Response:
+    """POST a find request (as ``_find``): the plan it would run, ``"scan": true`` when no
+    declared index serves it, with the index's name and why."""
+    collection, body = await _find_request(api, request)
+    docs = await _store(api, p, write=False)
+    return web.json_response(await docs.explain(collection, body), dumps=_dumps)
 
 
 # -- attachments -------------------------------------------------------------------

@@ -404,7 +404,7 @@ def _document_paths() -> dict[str, Any]:
     """The documents' routes (``daemon/docs_api.py``; docs/documents.md)."""
     obj = {"type": "object"}
     col = _path("collection", "collection name")
-    did = _path("id", "document id (a ULID)")
+    did = _path("id", "document id (a ULID, or one the client chose: 1-512 bytes of UTF-8)")
     att = _path("att", "attachment id (a ULID)")
     name = _path("name", "index name")
     page = (LEDGER, PAGE)
@@ -444,6 +444,35 @@ def _document_paths() -> dict[str, Any]:
                 body=json_body,
                 errors=errs,
             ),
+        },
+        base + "/{collection}/_bulk_docs": {
+            "post": _op(
+                'write documents in one commit ({"docs": [...]}, CouchDB\'s shape); a result '
+                "per document",
+                {"201": _json({"type": "array", "items": obj})},
+                params=(*page, col),
+                body={"content": {JSON: {"schema": obj}}},
+                errors=errs,
+            )
+        },
+        base + "/{collection}/_find": {
+            "post": _op(
+                "a selector query (pouchdb-find's and CouchDB Mango's shape): "
+                '{"docs", "bookmark"}',
+                {"200": _json(obj)},
+                params=(*page, col),
+                body={"content": {JSON: {"schema": obj}}},
+                errors=errs,
+            )
+        },
+        base + "/{collection}/_explain": {
+            "post": _op(
+                "the plan a _find request would run: an index, or a scan",
+                {"200": _json(obj)},
+                params=(*page, col),
+                body={"content": {JSON: {"schema": obj}}},
+                errors=errs,
+            )
         },
         base + "/{collection}/_indexes": {
             "get": _op(
@@ -486,8 +515,9 @@ def _document_paths() -> dict[str, Any]:
         base + "/{collection}/{id}": {
             "get": _op("a document", {"200": _json(obj)}, params=(*doc, listing[2]), errors=errs),
             "put": _op(
-                "replace a document's _data",
-                {"200": _json(obj)},
+                "replace a document's _data (If-Match or rev); without either, create the "
+                "document with this id (201; 409 when it exists)",
+                {"200": _json(obj), "201": _json(obj)},
                 params=(*doc, *rev),
                 body=json_body,
                 errors=errs,

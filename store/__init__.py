@@ -31,6 +31,7 @@ from ledgerd.store import tuple
 from ledgerd.store.btree import Entry, Priority, RawEntry
 from ledgerd.store.commit import Commit
 from ledgerd.store.digest import Kind
+from ledgerd.store.docfind import FindResult, InvalidSelectorError
 from ledgerd.store.docindex import HeldBudget
 from ledgerd.store.docmodel import (
     LOCAL_LEDGER,
@@ -49,7 +50,15 @@ from ledgerd.store.docmodel import (
     RevisionInPastError,
     UnsupportedLayoutError,
 )
-from ledgerd.store.documents import Changes, Damaged, DocumentRange, DocumentStore, IndexInfo
+from ledgerd.store.documents import (
+    BulkResult,
+    BulkWrite,
+    Changes,
+    Damaged,
+    DocumentRange,
+    DocumentStore,
+    IndexInfo,
+)
 from ledgerd.store.errors import (
     AmbiguousCommitError,
     BusyError,
@@ -104,8 +113,12 @@ __all__ = [
     "Attachment",
     "BlockingCalls",
     "AttachmentNotFoundError",
+    "BulkResult",
+    "BulkWrite",
     "Changes",
     "Damaged",
+    "FindResult",
+    "InvalidSelectorError",
     "DocumentRange",
     "Document",
     "DocumentConflictError",

@@ -44,7 +44,7 @@ from typing import Any
 
 from ledgerd.store import btree, commit, doclayout, split, sql
 from ledgerd.store import digest as dg
-from ledgerd.store.docmodel import ulid_text
+from ledgerd.store.docmodel import id_text
 from ledgerd.store.errors import CorruptObjectError, InvalidArgumentError, StoreError, named
 from ledgerd.store.page import Page
 from ledgerd.store.schema import LOCAL, SYNCED, TRANSIENT, UPLOADED_AT_ROW, UPLOADED_ROW
@@ -503,8 +503,8 @@ class _Walker:
             k = doclayout.parse_doc_key(key)
             if k is not None and k.part == doclayout.BODY:
                 doc = (  # (a body key the key API wrote may hold any id)
-                    ulid_text(k.doc_id)
-                    if len(k.doc_id) == doclayout.ULID_SIZE
+                    id_text(k.doc_id)
+                    if isinstance(k.doc_id, str) or len(k.doc_id) == doclayout.ULID_SIZE
                     else f"id {k.doc_id.hex()} (not a ULID)"
                 )
                 found.append((f"document {doc} in {k.collection!r}", False, key, value))
@@ -830,6 +830,6 @@ def _odd_id(key: bytes) -> int | None:
     """The length of a document key's id that is not a ULID's 16 bytes (the key API
     may write one: the documents API names its body damaged too); else None."""
     k = doclayout.parse_doc_key(key)
-    if k is None or len(k.doc_id) == doclayout.ULID_SIZE:
+    if k is None or isinstance(k.doc_id, str) or len(k.doc_id) == doclayout.ULID_SIZE:
         return None
     return len(k.doc_id)

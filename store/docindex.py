@@ -46,7 +46,7 @@ from ledgerd.store import btree, doclayout, sql
 from ledgerd.store import tuple as tup
 from ledgerd.store.btree import EMPTY, Entry
 from ledgerd.store.commit import Commit
-from ledgerd.store.doclayout import Record, State
+from ledgerd.store.doclayout import DocId, Record, State
 from ledgerd.store.docmodel import MISSING, lookup_path
 from ledgerd.store.errors import ClosedError, InvalidArgumentError, StoreError, named
 from ledgerd.store.page import Page, Snapshot, Transaction
@@ -200,12 +200,14 @@ class IndexDef:
 
 @dataclass(frozen=True, slots=True)
 class IndexRow:
-    doc: bytes
+    doc: DocId
     key: bytes
 
 
-Row = tuple[int, bytes, bytes | None, bool]
-"""An index row to write: (index, document id, key or None to remove it, deleted)."""
+Row = tuple[int, DocId, bytes | None, bool]
+"""An index row to write: (index, document id, key or None to remove it, deleted). A
+chosen id (text) is stored as SQLite text, a ULID's bytes as a blob: SQLite orders text
+before blobs, so each document keeps one place in the index order."""
 
 
 class Views:
@@ -502,7 +504,7 @@ class Views:
         return [(ix, d) for ix, d, ready in self.indexes.values() if ready]
 
     async def commit(
-        self, txn: Transaction, records: Sequence[tuple[str, bytes, Record]]
+        self, txn: Transaction, records: Sequence[tuple[str, DocId, Record]]
     ) -> bytes | None:
         """Commit a transaction of the document layer that put ``records`` (collection,
         document id, record: every body it wrote) and nothing else the views read.
@@ -733,7 +735,12 @@ class Views:
                 return None
             await self._store_held()
             rows = await self.page.db.read_all(sql, params)
-        return head, [IndexRow(bytes(r[0]), bytes(r[1])) for r in rows]
+        return head, [IndexRow(_doc_id(r[0]), bytes(r[1])) for r in rows]
+
+
+def _doc_id(value: Any) -> DocId:
+    """A row's document id as SQLite gives it back: text for a chosen id, else bytes."""
+    return value if isinstance(value, str) else bytes(value)
 
 
 async def _to_the_end(work: Coroutine[Any, Any, T]) -> T:
@@ -772,7 +779,7 @@ class _Held:
 
     def __init__(self, budget: HeldBudget) -> None:
         self.budget = budget
-        self.rows: dict[tuple[int, bytes], tuple[bytes | None, bool]] = {}
+        self.rows: dict[tuple[int, DocId], tuple[bytes | None, bool]] = {}
         self.size = 0
         self.since: bytes | None = None
         """The commit the stored rows reflect while rows are held."""
@@ -807,7 +814,7 @@ def _by_collection(indexes: list[tuple[int, IndexDef]]) -> dict[str, list[tuple[
     return by_coll
 
 
-def _row(ix: int, d: IndexDef, doc_id: bytes, r: Record | None) -> Row:
+def _row(ix: int, d: IndexDef, doc_id: DocId, r: Record | None) -> Row:
     """The row of index ``ix`` for a document whose body is ``r`` (None: no body)."""
     key = None if r is None else d.key_of(r)
     return ix, doc_id, key, r is not None and r.state is State.DELETED

@@ -20,7 +20,10 @@ the one thing a later layout keeps, so a body of a layout above this one (a newe
 ledgerd's, come through sync) is told from a damaged one: :func:`decode_record`
 raises :class:`FutureLayoutError` for it, never reads it as layout 1.
 
-``id`` and ``attachment`` are the 16 bytes of ULIDs. Every change of a document
+``attachment`` is the 16 bytes of a ULID, and so is ``id`` for a document made with a
+new id; a client-chosen id (:data:`DocId`, text) is a string element instead, so the
+two never meet: a collection lists its ULID documents first, then its chosen ids in
+UTF-8 order. Every change of a document
 rewrites its head with a new, higher revision; the head's value is 17 bytes, so
 it is carried *inline* in the entry's digest (:mod:`store.digest`): a merge reads
 both sides' revisions from the trees alone, without reading a value.
@@ -54,6 +57,9 @@ INDEXES = tup.pack(("x",))
 
 HEAD, BODY, ATTACHMENT = 0, 1, 2
 ULID_SIZE = 16
+
+DocId = bytes | str
+"""A document's id in keys: a ULID's 16 bytes, or a client-chosen id's text."""
 
 
 class State(enum.IntEnum):
@@ -89,34 +95,40 @@ def collection_end(collection: str) -> bytes:
     return elements_end(collection_prefix(collection))
 
 
-def doc_prefix(collection: str, doc_id: bytes) -> bytes:
+def _encode_id(doc_id: DocId) -> bytes:
+    if isinstance(doc_id, str):
+        return tup.encode_str(doc_id)
+    return tup.encode_bytes(doc_id)
+
+
+def doc_prefix(collection: str, doc_id: DocId) -> bytes:
     """Every key of one document starts with this (its group in a merge): the
     collection's prefix, then ``doc_id`` packed as a tuple's element (a packed tuple
     is its elements' encodings one after the other)."""
-    return collection_prefix(collection) + tup.encode_bytes(doc_id)
+    return collection_prefix(collection) + _encode_id(doc_id)
 
 
-def head_key(collection: str, doc_id: bytes) -> bytes:
+def head_key(collection: str, doc_id: DocId) -> bytes:
     return doc_prefix(collection, doc_id) + _HEAD_PART
 
 
-def body_key(collection: str, doc_id: bytes) -> bytes:
+def body_key(collection: str, doc_id: DocId) -> bytes:
     return doc_prefix(collection, doc_id) + _BODY_PART
 
 
-def doc_keys(collection: str, doc_id: bytes) -> tuple[bytes, bytes]:
+def doc_keys(collection: str, doc_id: DocId) -> tuple[bytes, bytes]:
     """The head key and the body key of a document."""
     prefix = doc_prefix(collection, doc_id)
     return prefix + _HEAD_PART, prefix + _BODY_PART
 
 
-def doc_keys_many(collection: str, doc_ids: Iterable[bytes]) -> list[tuple[bytes, bytes]]:
+def doc_keys_many(collection: str, doc_ids: Iterable[DocId]) -> list[tuple[bytes, bytes]]:
     """:func:`doc_keys` of each document of a batch, the collection's prefix packed once."""
     c = collection_prefix(collection)
-    return [(p + _HEAD_PART, p + _BODY_PART) for p in [c + tup.encode_bytes(d) for d in doc_ids]]
+    return [(p + _HEAD_PART, p + _BODY_PART) for p in [c + _encode_id(d) for d in doc_ids]]
 
 
-def attachment_key(collection: str, doc_id: bytes, att_id: bytes) -> bytes:
+def attachment_key(collection: str, doc_id: DocId, att_id: bytes) -> bytes:
     return tup.pack(("d", collection, doc_id, ATTACHMENT, att_id))
 
 
@@ -128,7 +140,7 @@ class DocKey(NamedTuple):
     """A document key, unpacked."""
 
     collection: str
-    doc_id: bytes
+    doc_id: DocId
     part: int
     attachment: bytes | None = None
 
@@ -170,7 +182,7 @@ def _parse_doc_key(key: bytes) -> DocKey | None:
         t = tup.unpack(key)
     except tup.TupleError:
         return None
-    if len(t) < 4 or not isinstance(t[1], str) or not isinstance(t[2], bytes):
+    if len(t) < 4 or not isinstance(t[1], str) or not isinstance(t[2], bytes | str):
         return None
     part = t[3]
     if part in (HEAD, BODY) and len(t) == 4 and type(part) is int:

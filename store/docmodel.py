@@ -12,6 +12,7 @@ Every error has a stable ``code`` (the HTTP API's error code to be).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import itertools
 import json
@@ -26,7 +27,7 @@ from typing import Any, ClassVar
 
 from ulid import ULID
 
-from ledgerd.store.doclayout import AttachmentMeta, Record, State, rev_in_time
+from ledgerd.store.doclayout import AttachmentMeta, DocId, Record, State, rev_in_time
 from ledgerd.store.errors import CorruptObjectError, InvalidArgumentError, StoreError
 
 LOCAL_LEDGER = "_local"
@@ -83,7 +84,8 @@ class UnsupportedLayoutError(DocumentError):
 
 
 class InvalidIdError(DocumentError, InvalidArgumentError):
-    """Not a ULID (26 characters of Crockford's base 32)."""
+    """Not a ULID (26 characters of Crockford's base 32), or not a document id a
+    client may choose (1-512 bytes of UTF-8, no NUL, no leading ``_``)."""
 
     code = "invalid_id"
 
@@ -156,6 +158,38 @@ def parse_ulid(value: str | bytes, what: str = "id") -> bytes:
         return ULID.from_str(value.upper()).bytes
     except ValueError as e:
         raise InvalidIdError(f"{what} {value!r} is not a ULID: {e}") from None
+
+
+ID_LIMIT = 512
+"""Bytes of UTF-8 of a client-chosen document id."""
+
+
+def parse_id(value: str) -> DocId:
+    """A document id as keys hold it: text that reads as a ULID (26 characters of
+    Crockford's base 32, any case) is that ULID's 16 bytes, as every id this store
+    makes; any other text is a client-chosen id, kept as it is: 1-:data:`ID_LIMIT`
+    bytes of UTF-8, no NUL, not starting with ``_`` (reserved, as in CouchDB: the
+    API's own paths, ``_find``, ``_bulk_docs``, start so)."""
+    if not isinstance(value, str):
+        raise InvalidIdError(f"id {shown(value)} is not text")
+    if len(value) == 26:
+        with contextlib.suppress(ValueError):
+            return ULID.from_str(value.upper()).bytes
+    size = _utf8_size(value)
+    if size < 0:
+        raise InvalidIdError(f"id {shown(value)} is not UTF-8 text (a lone surrogate)")
+    if not 1 <= size <= ID_LIMIT:
+        raise InvalidIdError(f"id {shown(value)} must be 1-{ID_LIMIT} bytes of UTF-8")
+    if "\0" in value:
+        raise InvalidIdError(f"id {shown(value)} holds a NUL character")
+    if value.startswith("_"):
+        raise InvalidIdError(f"id {shown(value)}: ids starting with '_' are reserved")
+    return value
+
+
+def id_text(doc_id: DocId) -> str:
+    """A document id as callers see it: a ULID's 26 characters, or the chosen text."""
+    return doc_id if isinstance(doc_id, str) else ulid_text(doc_id)
 
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
@@ -386,17 +420,18 @@ class Document:
 
     __slots__ = ("collection", "_raw_id", "_record")
     collection: str
-    _raw_id: bytes
+    _raw_id: DocId
     _record: Record
 
-    def __init__(self, collection: str, raw_id: bytes, record: Record) -> None:
+    def __init__(self, collection: str, raw_id: DocId, record: Record) -> None:
         object.__setattr__(self, "collection", collection)
         object.__setattr__(self, "_raw_id", raw_id)
         object.__setattr__(self, "_record", record)
 
     @staticmethod
-    def of(collection: str, doc_id: bytes, r: Record) -> Document:
-        """The document ``doc_id`` (16 bytes) of ``collection`` as its record ``r`` has it.
+    def of(collection: str, doc_id: DocId, r: Record) -> Document:
+        """The document ``doc_id`` (16 bytes, or a chosen id's text) of ``collection`` as
+        its record ``r`` has it.
 
         Made through the slots' own setters, not ``__init__``'s three
         ``object.__setattr__`` calls: a third of the time, for a bulk write's thousand
@@ -412,7 +447,7 @@ class Document:
 
     @property
     def id(self) -> str:
-        return ulid_text(self._raw_id)
+        return id_text(self._raw_id)
 
     @property
     def rev(self) -> str:

@@ -49,16 +49,17 @@ def binding(*parts: Any) -> bytes:
     return _digest(msgpack.packb(list(parts), use_bin_type=True), _BINDING)
 
 
-def encode(kind: bytes, bound: bytes, position: list[bytes]) -> bytes:
+def encode(kind: bytes, bound: bytes, position: list[bytes | str]) -> bytes:
     """A token of ``kind`` bound to ``bound`` (:func:`binding`) at ``position``."""
     packed: bytes = msgpack.packb(position, use_bin_type=True)
     body = VERSION + kind + bound + packed
     return body + _digest(body, _CHECK)
 
 
-def decode(token: bytes, kind: bytes, bound: bytes, size: int) -> list[bytes]:
-    """The position (``size`` byte strings) of a token of ``kind`` bound to ``bound``;
-    TokenError if it is garbled, of an older ledgerd, or of another listing."""
+def decode(token: bytes, kind: bytes, bound: bytes, size: int) -> list[Any]:
+    """The position (``size`` byte strings, or text: a chosen document id) of a token
+    of ``kind`` bound to ``bound``; TokenError if it is garbled, of an older ledgerd,
+    or of another listing."""
     if not isinstance(token, bytes) or len(token) < 2 + _BINDING + _CHECK or token[:1] != VERSION:
         if isinstance(token, bytes) and (len(token) == 16 or token[:1] == b"\x92"):
             raise TokenError(
@@ -80,7 +81,7 @@ def decode(token: bytes, kind: bytes, bound: bytes, size: int) -> list[bytes]:
     if (
         not isinstance(position, list)
         or len(position) != size
-        or not all(isinstance(p, bytes) for p in position)
+        or not all(isinstance(p, bytes | str) for p in position)
     ):
         raise TokenError("malformed continuation token")
     return position

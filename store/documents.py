@@ -28,7 +28,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledgerd.store import btree, commit, doclayout, doctoken
+from ledgerd.store import btree, commit, docfind, doclayout, doctoken
 from ledgerd.store.btree import Priority
 from ledgerd.store.commit import Commit
 from ledgerd.store.docindex import (
@@ -38,7 +38,7 @@ from ledgerd.store.docindex import (
     Views,
     partition_range,
 )
-from ledgerd.store.doclayout import AttachmentMeta, Record, State, new_record
+from ledgerd.store.doclayout import AttachmentMeta, DocId, Record, State, new_record
 from ledgerd.store.docmodel import (
     MAX_DOCUMENT_BYTES,
     MISSING,
@@ -47,6 +47,7 @@ from ledgerd.store.docmodel import (
     AttachmentNotFoundError,
     Document,
     DocumentConflictError,
+    DocumentError,
     DocumentNotFoundError,
     DocumentTooLargeError,
     IndexNotFoundError,
@@ -58,12 +59,14 @@ from ledgerd.store.docmodel import (
     check_data,
     check_index_name,
     check_text,
+    id_text,
+    parse_id,
     parse_path,
     parse_ulid,
     ulid_ms,
     ulid_text,
 )
-from ledgerd.store.errors import ClosedError, InvalidArgumentError, named
+from ledgerd.store.errors import ClosedError, InvalidArgumentError, StoreError, named
 from ledgerd.store.merge import Policy
 from ledgerd.store.objects import Source
 from ledgerd.store.page import Page
@@ -78,7 +81,10 @@ dies on its own: the store leaves when it or its page closes."""
 _opening: weakref.WeakKeyDictionary[Page, asyncio.Lock] = weakref.WeakKeyDictionary()
 
 LIST_LIMIT = 1000
-"""Most documents one listing, query or bulk call returns or takes."""
+"""Most documents one listing or query returns."""
+BULK_LIMIT = LIST_LIMIT * 10
+"""Most documents one bulk call (:meth:`DocumentStore.create_many`, :meth:`~DocumentStore.bulk`)
+takes."""
 NO_REV = bytes(doclayout.ULID_SIZE)
 """The revision of a damaged body without a head, as :meth:`DocumentStore.purge` takes it."""
 
@@ -120,6 +126,27 @@ class Changes:
     documents: list[Document]
     token: bytes | None = None
     damaged: list[Damaged] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class BulkWrite:
+    """One write of :meth:`DocumentStore.bulk`: ``id`` None makes a new one; ``rev``
+    None creates, else replaces that revision (soft-deletes it with ``deleted``)."""
+
+    data: Any = None
+    id: str | None = None
+    rev: str | None = None
+    deleted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BulkResult:
+    """What became of one :class:`BulkWrite`: the document written, or the error that
+    refused it (``id`` as given when it was not an id)."""
+
+    id: str | None
+    document: Document | None
+    error: StoreError | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +287,7 @@ class DocumentStore:
         indexed-field and revision-order checks need the page: they come with the write."""
         check_collection(collection)
         if doc_id is not None:
-            parse_ulid(doc_id)
+            parse_id(doc_id)
         rev = None if new_rev is None else parse_ulid(new_rev, "revision")
         if rev is not None:
             RevClock().check_supplied(rev, None, REV_TOLERANCE)
@@ -328,7 +355,7 @@ class DocumentStore:
 
     # -- reading ---------------------------------------------------------------------
 
-    async def _record(self, view: View, collection: str, doc_id: bytes) -> Record | None:
+    async def _record(self, view: View, collection: str, doc_id: DocId) -> Record | None:
         e = await view.get_entry(doclayout.body_key(collection, doc_id))
         if e is None:
             return None
@@ -339,7 +366,7 @@ class DocumentStore:
     async def get(self, collection: str, doc_id: str, *, include_deleted: bool = False) -> Document:
         """The document's current revision; a deleted or purged one only if asked."""
         check_collection(collection)
-        raw = parse_ulid(doc_id)
+        raw = parse_id(doc_id)
         r = await self._record(self.page, collection, raw)
         if r is None or (r.state is not State.LIVE and not include_deleted):
             raise DocumentNotFoundError(f"no document {doc_id} in {collection!r}")
@@ -364,18 +391,19 @@ class DocumentStore:
             (after,) = doctoken.decode(token, doctoken.LIST, bound, 1)
             start = doclayout.doc_prefix(collection, after)  # (any id: the key API's too)
         end = doclayout.collection_end(collection)
-        found: list[tuple[bytes, bytes]] = []  # (doc id, body digest)
+        found: list[tuple[DocId, bytes]] = []  # (doc id, body digest)
         state, head_doc = State.LIVE, b""  # the last head's state, and whose it is
-        nxt: bytes | None = None
+        head_doc_id: DocId = head_doc
+        nxt: DocId | None = None
         async for e in snap.iter_entries(start=start, end=end):
             k = doclayout.parse_doc_key(e.key)
             if k is None:
                 continue
             if k.part == doclayout.HEAD:
                 h = doclayout.head_of(e)
-                state, head_doc = State.LIVE if h is None else h[1], k.doc_id
+                state, head_doc_id = State.LIVE if h is None else h[1], k.doc_id
             elif k.part == doclayout.BODY and (
-                include_deleted or head_doc != k.doc_id or state is State.LIVE
+                include_deleted or head_doc_id != k.doc_id or state is State.LIVE
             ):
                 if len(found) == limit:
                     nxt = k.doc_id
@@ -417,23 +445,23 @@ class DocumentStore:
                     )
 
     async def _put_record(
-        self, txn: Transaction, collection: str, doc_id: bytes, r: Record
+        self, txn: Transaction, collection: str, doc_id: DocId, r: Record
     ) -> Document:
         await self._put(txn, collection, doc_id, r)
         return Document.of(collection, doc_id, r)
 
-    async def _put(self, txn: Transaction, collection: str, doc_id: bytes, r: Record) -> None:
+    async def _put(self, txn: Transaction, collection: str, doc_id: DocId, r: Record) -> None:
         await txn.put_many(self._entries(collection, doc_id, r))
 
     def _entries(
-        self, collection: str, doc_id: bytes, r: Record
+        self, collection: str, doc_id: DocId, r: Record
     ) -> tuple[tuple[bytes, bytes], tuple[bytes, bytes]]:
         """The head and body entries (key, value) of a document's record."""
         body = _encoded(r, self.max_document_bytes)
         head_key, body_key = doclayout.doc_keys(collection, doc_id)
         return (head_key, doclayout.encode_head(r.rev, r.state)), (body_key, body)
 
-    async def _commit(self, txn: Transaction, records: Sequence[tuple[str, bytes, Record]]) -> None:
+    async def _commit(self, txn: Transaction, records: Sequence[tuple[str, DocId, Record]]) -> None:
         """Commit ``txn``, which put the bodies of ``records``, with their index rows
         (:meth:`docindex.Views.commit`), and the page's marker, written again with every
         commit: a device that deleted the page concurrently leaves it a document page
@@ -447,37 +475,72 @@ class DocumentStore:
         with contextlib.suppress(ClosedError):
             await self.views.catch_up()
 
-    async def create(self, collection: str, data: Any, *, new_rev: str | None = None) -> Document:
-        """A new document with a new ``_id``."""
+    async def create(
+        self, collection: str, data: Any, *, id: str | None = None, new_rev: str | None = None
+    ) -> Document:
+        """A new document: with a new ``_id``, or the client-chosen ``id`` (see
+        :func:`~store.docmodel.parse_id`), DocumentConflictError if a document that is
+        not deleted has it (a deleted or purged one is written over, as in CouchDB)."""
         (doc,) = await self.create_many(
-            collection, [data], new_revs=None if new_rev is None else [new_rev]
+            collection,
+            [data],
+            new_revs=None if new_rev is None else [new_rev],
+            ids=None if id is None else [id],
         )
         return doc
 
     async def create_many(
-        self, collection: str, items: Sequence[Any], *, new_revs: Sequence[str] | None = None
+        self,
+        collection: str,
+        items: Sequence[Any],
+        *,
+        new_revs: Sequence[str] | None = None,
+        ids: Sequence[str | None] | None = None,
     ) -> list[Document]:
-        """New documents, all in one commit (all or none)."""
+        """New documents, all in one commit (all or none); ``ids`` chooses theirs (None
+        in it: a new one), as :meth:`create` does."""
         check_collection(collection)
-        if len(items) > LIST_LIMIT * 10:
-            raise InvalidArgumentError(f"at most {LIST_LIMIT * 10} documents in one call")
+        if len(items) > BULK_LIMIT:
+            raise InvalidArgumentError(f"at most {BULK_LIMIT} documents in one call")
         if new_revs is not None and len(new_revs) != len(items):
             raise InvalidArgumentError("one revision per document")
+        if ids is not None and len(ids) != len(items):
+            raise InvalidArgumentError("one id (or None) per document")
+        chosen = None if ids is None else [None if i is None else parse_id(i) for i in ids]
+        if chosen is not None:
+            given = [i for i in chosen if i is not None]
+            if len(set(given)) != len(given):
+                raise InvalidArgumentError("an id is given twice")
         for data in items:
             check_data(data)
         self._check_indexed(collection, items)
-        records: list[tuple[str, bytes, Record]] = []
+        records: list[tuple[str, DocId, Record]] = []
         async with self._write, self.page.transaction() as txn:
             entries: list[tuple[bytes, bytes]] = []
-            ids = self._ids.next_many(len(items))
-            if new_revs is None:
+            made = self._ids.next_many(len(items))
+            doc_ids: list[DocId] = list(made)
+            over: dict[int, Record] = {}  # the deleted documents a chosen id writes over
+            if chosen is not None:
+                for n, i in enumerate(chosen):
+                    if i is None:
+                        continue
+                    doc_ids[n] = i
+                    cur = await self._free(txn, collection, i)
+                    if cur is not None:
+                        over[n] = cur
+                        for a in cur.attachments:
+                            await txn.delete(doclayout.attachment_key(collection, i, a.id))
+            if new_revs is None and not over:
                 revs = self.clock.next_many(len(items))
             else:
-                revs = [self._next_rev(rev, None) for rev in new_revs]
+                revs = [
+                    self._next_rev(None if new_revs is None else new_revs[n], over.get(n))
+                    for n in range(len(items))
+                ]
             live, limit, encode_head = State.LIVE, self.max_document_bytes, doclayout.encode_head
-            keys = doclayout.doc_keys_many(collection, ids)
+            keys = doclayout.doc_keys_many(collection, doc_ids)
             # _entries written out: a call less per document
-            for (head, body), doc_id, rev, data in zip(keys, ids, revs, items, strict=True):
+            for (head, body), doc_id, rev, data in zip(keys, doc_ids, revs, items, strict=True):
                 r = new_record((rev, live, ulid_ms(rev), None, None, None, data, ()))
                 entries.append((head, encode_head(rev, live)))
                 entries.append((body, _encoded(r, limit)))
@@ -487,26 +550,99 @@ class DocumentStore:
         await self._after_write()
         return [Document.of(*rec) for rec in records]
 
+    async def _free(self, txn: Transaction, collection: str, raw: DocId) -> Record | None:
+        """DocumentConflictError if a document that is not deleted has the id ``raw``;
+        else the record of the deleted or purged one a create writes over (None: none)."""
+        cur = await self._record(txn, collection, raw)  # (damaged: MalformedRecordError)
+        if cur is not None and cur.state is State.LIVE:
+            raise DocumentConflictError(
+                f"document {id_text(raw)} exists in {collection!r} (at revision "
+                f"{ulid_text(cur.rev)}): name its revision to replace it"
+            )
+        return cur
+
+    async def bulk(self, collection: str, writes: Sequence[BulkWrite]) -> list[BulkResult]:
+        """Create, replace and delete documents in one commit, each on its own: a write
+        that is refused (a bad id or document, a stale or missing revision) is reported
+        in its result and the others go ahead, as CouchDB's ``_bulk_docs`` does. A write
+        without ``rev`` creates (its id must be free, or a deleted document's); with
+        ``rev``, it replaces (or with ``deleted``, soft-deletes) that revision. A second
+        write of one id in a call is a ``conflict``. No write succeeding: no commit."""
+        check_collection(collection)
+        if len(writes) > BULK_LIMIT:
+            raise InvalidArgumentError(f"at most {BULK_LIMIT} documents in one call")
+        results: list[BulkResult] = []
+        records: list[tuple[str, DocId, Record]] = []
+        async with self._write, self.page.transaction() as txn:
+            made = iter(self._ids.next_many(sum(1 for w in writes if w.id is None)))
+            seen: set[DocId] = set()
+            for w in writes:
+                shown_id = w.id
+                try:
+                    raw = next(made) if w.id is None else parse_id(w.id)
+                    shown_id = id_text(raw)
+                    if raw in seen:
+                        raise DocumentConflictError(f"document {shown_id} is written twice")
+                    seen.add(raw)
+                    r = await self._bulk_record(txn, collection, raw, w)
+                    entries = self._entries(collection, raw, r)
+                except (DocumentError, InvalidArgumentError, MalformedRecordError) as e:
+                    results.append(BulkResult(shown_id, None, e))
+                    continue
+                await txn.put_many(entries)
+                records.append((collection, raw, r))
+                results.append(BulkResult(shown_id, Document.of(collection, raw, r), None))
+            if records:
+                await self._commit(txn, records)
+        if records:
+            await self._after_write()
+        return results
+
+    async def _bulk_record(
+        self, txn: Transaction, collection: str, raw: DocId, w: BulkWrite
+    ) -> Record:
+        """The record one write of :meth:`bulk` puts (its attachments' keys deleted
+        from ``txn`` when it writes over a deleted document)."""
+        if not w.deleted:
+            check_data(w.data)
+            self._check_indexed(collection, [w.data])
+        if w.rev is None:
+            if w.deleted:
+                raise DocumentConflictError(
+                    f"deleting document {id_text(raw)} needs its current revision"
+                )
+            over = await self._free(txn, collection, raw)
+            for a in () if over is None else over.attachments:
+                await txn.delete(doclayout.attachment_key(collection, raw, a.id))
+            rev = self._next_rev(None, over)
+            return Record(rev, State.LIVE, ulid_ms(rev), None, None, None, w.data)
+        cur = await self._current(txn, collection, raw, w.rev)
+        rev = self._next_rev(None, cur)
+        ms = ulid_ms(rev)
+        if w.deleted:
+            return Record(rev, State.DELETED, cur.created, ms, ms, None, cur.data, cur.attachments)
+        return Record(rev, State.LIVE, cur.created, ms, None, None, w.data, cur.attachments)
+
     async def _current(
         self,
         txn: Transaction,
         collection: str,
-        raw: bytes,
+        raw: DocId,
         expected_rev: str | None,
         *,
         purge: bool = False,
     ) -> Record:
         r = await self._record(txn, collection, raw)
         if r is None or r.state is State.PURGED or (r.state is State.DELETED and not purge):
-            raise DocumentNotFoundError(f"no document {ulid_text(raw)} in {collection!r}")
+            raise DocumentNotFoundError(f"no document {id_text(raw)} in {collection!r}")
         if expected_rev is not None and parse_ulid(expected_rev, "revision") != r.rev:
             raise DocumentConflictError(
-                f"document {ulid_text(raw)} is at revision {ulid_text(r.rev)}, not {expected_rev}"
+                f"document {id_text(raw)} is at revision {ulid_text(r.rev)}, not {expected_rev}"
             )
         return r
 
     async def _damaged_current(
-        self, txn: Transaction, collection: str, raw: bytes, expected_rev: str | None
+        self, txn: Transaction, collection: str, raw: DocId, expected_rev: str | None
     ) -> Record | None:
         """What :meth:`purge` knows of a document whose body cannot be read: the
         revision and state its head carries (none, all zeros, without a head: the body
@@ -521,8 +657,12 @@ class DocumentStore:
         rev, state = head
         if expected_rev is not None and parse_ulid(expected_rev, "revision") != rev:
             at = "carries no revision" if rev == NO_REV else f"is at revision {ulid_text(rev)}"
-            raise DocumentConflictError(f"document {ulid_text(raw)} {at}, not {expected_rev}")
-        created = ulid_ms(raw) if doclayout.rev_in_time(raw) else self.clock.now_ms()
+            raise DocumentConflictError(f"document {id_text(raw)} {at}, not {expected_rev}")
+        created = (
+            ulid_ms(raw)
+            if isinstance(raw, bytes) and doclayout.rev_in_time(raw)
+            else self.clock.now_ms()
+        )
         atts = []
         async for e in txn.iter_entries(prefix=doclayout.doc_prefix(collection, raw)):
             k = doclayout.parse_doc_key(e.key)
@@ -542,7 +682,7 @@ class DocumentStore:
         """A new revision with ``data`` (attachments kept). With ``expected_rev``, only
         if the current revision is that one (else DocumentConflictError)."""
         check_collection(collection)
-        raw = parse_ulid(doc_id)
+        raw = parse_id(doc_id)
         check_data(data)
         self._check_indexed(collection, [data])
         async with self._write, self.page.transaction() as txn:
@@ -567,7 +707,7 @@ class DocumentStore:
         """Soft delete: a revision marked ``_deleted``, hidden from reads, listings and
         queries unless asked for; its data and attachments stay until a purge."""
         check_collection(collection)
-        raw = parse_ulid(doc_id)
+        raw = parse_id(doc_id)
         async with self._write, self.page.transaction() as txn:
             cur = await self._current(txn, collection, raw, expected_rev)
             rev = self._next_rev(new_rev, cur)
@@ -591,7 +731,7 @@ class DocumentStore:
         A document whose body cannot be read (:class:`Damaged`) is purged too, after
         the revision its head carries: the documents API's way to be rid of it."""
         check_collection(collection)
-        raw = parse_ulid(doc_id)
+        raw = parse_id(doc_id)
         async with self._write, self.page.transaction() as txn:
             try:
                 cur = await self._current(txn, collection, raw, expected_rev, purge=True)
@@ -627,7 +767,7 @@ class DocumentStore:
         content (bytes, an async iterator of bytes, or a file) is streamed and stored
         LAZY: other devices fetch it on first read."""
         check_collection(collection)
-        raw = parse_ulid(doc_id)
+        raw = parse_id(doc_id)
         check_text(filename, "filename")
         check_text(content_type, "content type")
         att = parse_ulid(attachment_id, "attachment id") if attachment_id else self._ids.next()
@@ -689,7 +829,7 @@ class DocumentStore:
         a = await self.attachment(
             collection, doc_id, attachment_id, include_deleted=include_deleted
         )
-        key = doclayout.attachment_key(collection, parse_ulid(doc_id), parse_ulid(a.id))
+        key = doclayout.attachment_key(collection, parse_id(doc_id), parse_ulid(a.id))
         return await self.page.read(key, offset, length)
 
     async def delete_attachment(
@@ -697,7 +837,7 @@ class DocumentStore:
     ) -> Document:
         """Remove an attachment in a new revision (its content leaves the head)."""
         check_collection(collection)
-        raw = parse_ulid(doc_id)
+        raw = parse_id(doc_id)
         att = parse_ulid(attachment_id, "attachment id")
         async with self._write, self.page.transaction() as txn:
             cur = await self._current(txn, collection, raw, expected_rev)
@@ -852,8 +992,21 @@ class DocumentStore:
         docs, damaged = await self._documents_at(head, collection, [r.doc for r in rows[:limit]])
         return DocumentRange(docs, nxt, damaged)
 
+    async def find(self, collection: str, request: Any) -> docfind.FindResult:
+        """A selector query (pouchdb-find's and CouchDB Mango's ``{"selector", "fields",
+        "sort", "limit", "skip", "bookmark", "use_index"}``, :mod:`store.docfind`):
+        served from a declared index whose partition the selector fixes, by a scan of
+        the collection otherwise (the answer's ``plan`` says which)."""
+        check_collection(collection)
+        return await docfind.find(self, collection, docfind.parse_request(request))
+
+    async def explain(self, collection: str, request: Any) -> dict[str, Any]:
+        """How :meth:`find` would answer ``request``: its index (or a scan) and why."""
+        check_collection(collection)
+        return await docfind.explain(self, collection, docfind.parse_request(request))
+
     async def _documents_at(
-        self, head: Commit, collection: str, ids: list[bytes]
+        self, head: Commit, collection: str, ids: list[DocId]
     ) -> tuple[list[Document], list[Damaged]]:
         snap = await self.page.snapshot(head.id)
         entries = [await snap.get_entry(doclayout.body_key(collection, i)) for i in ids]
@@ -861,7 +1014,7 @@ class DocumentStore:
         out, damaged = [], []
         for doc_id, e in zip(ids, entries, strict=True):
             if e is None:  # cannot happen: the rows reflect this very commit
-                raise AssertionError(f"index row of a missing document {ulid_text(doc_id)}")
+                raise AssertionError(f"index row of a missing document {_id_text(doc_id)}")
             try:
                 _check_id(collection, doc_id)
                 r = _decode(collection, doc_id, values[e.value])
@@ -955,7 +1108,7 @@ class DocumentStore:
     ) -> tuple[Changes, bytes | None]:
         """The documents changed from ``old_root`` to ``head`` from key ``start`` on, at
         most ``limit``, and where the next batch starts (None: this one ends the change)."""
-        found: dict[tuple[str, bytes], None] = {}
+        found: dict[tuple[str, DocId], None] = {}
         nxt: bytes | None = None
         end = doclayout.elements_end(prefix)
         async for c in btree.diff(self.page.nodes, old_root, head.root, start):
@@ -973,7 +1126,7 @@ class DocumentStore:
         snap = await self.page.snapshot(head.id)
         old: View | None = None
         for coll, doc_id in found:
-            if len(doc_id) != doclayout.ULID_SIZE:  # the key API's: named while its body is
+            if isinstance(doc_id, bytes) and len(doc_id) != doclayout.ULID_SIZE:  # key API's
                 body = doclayout.body_key(coll, doc_id)
                 if await snap.get_entry(body) is not None:
                     damaged.append(_damaged(self.page, coll, doc_id, _odd_id(coll, doc_id)))
@@ -1016,7 +1169,7 @@ async def _marker_if_lost(view: View) -> list[tuple[bytes, bytes]]:
     return [(doclayout.MARKER, doclayout.MARK)]
 
 
-def _decode(collection: str, doc_id: bytes, body: bytes) -> Record:
+def _decode(collection: str, doc_id: DocId, body: bytes) -> Record:
     """The record of a document's stored ``body``; MalformedRecordError if it is not one,
     UnsupportedLayoutError if it is one of a later layout."""
     try:
@@ -1054,19 +1207,19 @@ def _binding(page: Page, kind: str, *parts: Any) -> bytes:
 
 
 def _damaged(
-    page: Page, collection: str, doc_id: bytes, e: MalformedRecordError | UnsupportedLayoutError
+    page: Page, collection: str, doc_id: DocId, e: MalformedRecordError | UnsupportedLayoutError
 ) -> Damaged:
     log.warning("page %s: %s", named(page.id), e)
     code = e.code if isinstance(e, UnsupportedLayoutError) else "corrupt"
     return Damaged(collection, _id_text(doc_id), str(e), code)
 
 
-def _id_text(doc_id: bytes) -> str:
+def _id_text(doc_id: DocId) -> str:
     """A document id as the API shows it: a ULID's text, or ``hex:`` and the bytes of
     an id that is not 16 bytes (a key written through the key API may hold any id;
     its hex could otherwise read as a ULID's 26 characters)."""
-    if len(doc_id) == doclayout.ULID_SIZE:
-        return ulid_text(doc_id)
+    if isinstance(doc_id, str) or len(doc_id) == doclayout.ULID_SIZE:
+        return id_text(doc_id)
     return "hex:" + doc_id.hex()
 
 
@@ -1085,10 +1238,10 @@ def _odd_id(collection: str, doc_id: bytes, *, deleted: bool = False) -> Malform
     )
 
 
-def _check_id(collection: str, doc_id: bytes) -> None:
+def _check_id(collection: str, doc_id: DocId) -> None:
     """MalformedRecordError for a document key whose id is not a ULID's 16 bytes: no
     document can be shown, changed or purged under it."""
-    if len(doc_id) != doclayout.ULID_SIZE:
+    if isinstance(doc_id, bytes) and len(doc_id) != doclayout.ULID_SIZE:
         raise _odd_id(collection, doc_id)
 
 

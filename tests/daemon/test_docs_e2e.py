@@ -196,10 +196,15 @@ async def test_bad_input_gets_a_code_and_stores_nothing(
         ),
         ("DELETE", f"{one}?rev=01ARZ3NDEKTSV4RRFFQ69G5FAV", 409, "conflict", {}),
         ("POST", f"{one}/purge?rev=01ARZ3NDEKTSV4RRFFQ69G5FAV", 409, "conflict", {}),
-        ("GET", base + "/docs/c/not-a-ulid", 400, "invalid_id", {}),
-        ("GET", base + "/docs/c/01ARZ3NDEKTSV4RRFFQ69G5FAU", 400, "invalid_id", {}),  # U: no
-        ("PUT", base + "/docs/c/0123", 400, "invalid_id", {"body": {"x": 2}}),
-        ("DELETE", base + "/docs/c/" + "I" * 26, 400, "invalid_id", {}),
+        ("GET", base + "/docs/c/_reserved", 400, "invalid_id", {}),
+        ("GET", base + "/docs/c/a%00b", 400, "invalid_id", {}),  # no NUL in an id
+        ("PUT", base + "/docs/c/" + "x" * 513, 400, "invalid_id", {"body": {"x": 2}}),
+        ("PUT", base + "/docs/c/" + "%C3%A9" * 257, 400, "invalid_id", {"body": {"x": 2}}),
+        ("DELETE", base + "/docs/c/_x", 400, "invalid_id", {}),
+        # Not ULIDs, so ids a client may choose: none is there.
+        ("GET", base + "/docs/c/not-a-ulid", 404, "document_not_found", {}),
+        ("GET", base + "/docs/c/01ARZ3NDEKTSV4RRFFQ69G5FAU", 404, "document_not_found", {}),
+        ("DELETE", base + "/docs/c/" + "I" * 26, 404, "document_not_found", {}),
         ("GET", base + "/docs/c/01ARZ3NDEKTSV4RRFFQ69G5FAV", 404, "document_not_found", {}),
         ("GET", base + "/docs/c/_indexes/nope/find?eq=1", 404, "index_not_found", {}),
         ("DELETE", base + "/docs/c/_indexes/nope", 404, "index_not_found", {}),
@@ -262,6 +267,7 @@ async def test_reads_of_a_page_without_documents(http: aiohttp.ClientSession, ba
         409,
         "not_a_document_page",
         body={"x": 1},
+        headers={"If-Match": "*"},  # a replace (a bare PUT creates: a write makes the page one)
     )
     assert await call(http, "GET", base + "/policy", 200) == policy  # still a plain page
     missing = base.replace("/pages/p", "/pages/nope")
@@ -546,7 +552,8 @@ def test_ledgerctl_doc(shared: Daemon, tmp_path: Path) -> None:
     assert "(conflict)" in err
     assert "(invalid_document)" in ctl_fails(shared, 2, "put", *lp, "people", '{"_x": 1}')
     assert "not valid JSON" in ctl_fails(shared, 2, "put", *lp, "people", "{nope")
-    assert "(invalid_id)" in ctl_fails(shared, 2, "get", *lp, "people", "nope")
+    assert "(invalid_id)" in ctl_fails(shared, 2, "get", *lp, "people", "_nope")
+    assert "(document_not_found)" in ctl_fails(shared, 1, "get", *lp, "people", "nope")
     ctl_fails(shared, 1, "get", *lp, "people", "01ARZ3NDEKTSV4RRFFQ69G5FAV")
 
     rows = ctl(shared, "ls", *lp, "people").splitlines()
@@ -1359,7 +1366,7 @@ async def test_document_keys_whose_id_is_not_a_ulid_are_named_not_a_500(
     found = await call(http, "GET", docs + "/_indexes/by_k/find?eq=1", 200)
     assert sorted(d["_meta"]["_id"] for d in found["documents"]) == ids
     assert sorted(d["_id"] for d in found["damaged"]) == odd
-    await fails(http, "GET", f"{docs}/{odd[0]}", 400, "invalid_id")
+    await fails(http, "GET", f"{docs}/{odd[0]}", 404, "document_not_found")  # a chosen id
 
     lp = (base.split("/")[3], "p")
     p = shared.ledgerctl("doc", "ls", *lp, "c")
@@ -1368,7 +1375,8 @@ async def test_document_keys_whose_id_is_not_a_ulid_are_named_not_a_500(
     assert all(f"document {o} in 'c' is damaged" in p.stderr.decode() for o in odd), p
 
     c = await call(http, "POST", docs, 201, {"k": 2})
-    await call(http, "PUT", f"{docs}/{a['_meta']['_id']}", 200, {"k": 3})
+    any_rev = {"If-Match": "*"}
+    await call(http, "PUT", f"{docs}/{a['_meta']['_id']}", 200, {"k": 3}, headers=any_rev)
     await call(http, "POST", f"{docs}/{b['_meta']['_id']}/purge", 200)
     listed = await call(http, "GET", docs, 200)
     assert [d["_meta"]["_id"] for d in listed["documents"]] == sorted(

@@ -63,7 +63,8 @@ DATA = st.fixed_dictionaries(  # mostly indexed by every index, sometimes by non
     },
 )
 CONTENT = st.binary(max_size=40)
-BAD_IDS = ["nope", "0" * 25, "0" * 27, "8" + "0" * 25, "01J" + "U" * 23, "%20" * 26]
+BAD_IDS = ["_x", "_design%2Fx", "a%00b", "x" * 513, "%C3%A9" * 257]
+"""Ids no client may choose (text that is not a ULID is a chosen id: see docs/documents.md)."""
 
 
 @pytest.fixture(scope="module")
@@ -305,7 +306,8 @@ class DocumentPages(RuleBasedStateMachine):
         if doc_id is None:
             return
         d = self.docs[doc_id]
-        query, headers, stale = self.condition(doc_id, how)
+        # (a PUT without a condition creates: put_taken; here none is If-Match: *)
+        query, headers, stale = self.condition(doc_id, how or 3)
         rev = _later_rev(d.rev) if supplied else None
         if rev:
             query += ("&" if query else "?") + f"new_rev={rev}"
@@ -325,6 +327,19 @@ class DocumentPages(RuleBasedStateMachine):
             d.data = new
             d.set_rev(got)
             self.written(doc_id, body, r.getheader("ETag"))
+
+    @rule(data=st.data(), new=DATA)
+    def put_taken(self, data: st.DataObject, new: dict[str, Any]) -> None:
+        """A PUT without a revision creates (CouchDB's): a live document's id is taken."""
+        doc_id = self.pick(data, ("live",))
+        if doc_id is None:
+            return
+        d = self.docs[doc_id]
+        status, _, code, _ = self.call("PUT", self.doc_url(doc_id), json.dumps(new).encode())
+        if self.slashed(d.collection, new):
+            assert (status, code) == (400, "invalid_document")
+        else:
+            assert (status, code) == (409, "conflict")
 
     @rule(data=st.data(), how=st.integers(0, 5))
     def delete(self, data: st.DataObject, how: int) -> None:
@@ -805,7 +820,10 @@ class DocumentPages(RuleBasedStateMachine):
         c = data.draw(st.sampled_from(COLLECTIONS))
         url = f"{self.base}/{_q(c)}/{ULID()}"
         for method in ("GET", "PUT", "DELETE"):
-            status, _, code, _ = self.call(method, url, b"{}" if method == "PUT" else None)
+            put = method == "PUT"  # (If-Match: *: a bare PUT would create it)
+            status, _, code, _ = self.call(
+                method, url, b"{}" if put else None, {"If-Match": "*"} if put else {}
+            )
             self.expect_error(status, code, (404, "document_not_found"))
 
     @_hostile(

@@ -231,10 +231,13 @@ async def test_deep_nesting_and_invalid_json_text() -> None:
 async def test_malformed_ids_names_and_tokens(page: Page) -> None:
     docs = await DocumentStore.open(page)
     a = await docs.create("c", {"v": 1})
-    for bad in ["nope", "", "0" * 25, "U" * 26, "8" + "0" * 25]:
+    for bad in ["", "_design", "a\0b", "x" * 513, "é" * 257, "a\ud800"]:
         with pytest.raises(InvalidIdError) as e:
             await docs.get("c", bad)
         assert e.value.code == "invalid_id"
+    for chosen in ["nope", "0" * 25, "U" * 26, "8" + "0" * 25, "x" * 512]:  # not ULIDs: ids
+        with pytest.raises(DocumentNotFoundError):
+            await docs.get("c", chosen)
     with pytest.raises(InvalidIdError):
         await docs.replace("c", a.id, {"v": 2}, expected_rev="garbage")
     for coll in ["", "_hidden", "x" * 200, "c\ud800"]:
