@@ -114,7 +114,7 @@ class Daemon:
 
     def ctl(self, *args: str, data: bytes | None = None, timeout: float = 120) -> bytes:
         out = subprocess.run(
-            [sys.executable, "-m", "ledgerd.daemon.cli", "--socket", str(self.socket), *args],
+            [sys.executable, "-m", "ledgerd.daemon.cli_quick", "--socket", str(self.socket), *args],
             input=data,
             capture_output=True,
             cwd=ROOT,

@@ -1,16 +1,20 @@
-"""``ledgerctl``'s entry point, and its quick path: ``get`` of a small value.
+"""``ledgerctl``'s entry point, and its quick path: ``get`` and ``put`` of a small value.
 
 A ``ledgerctl`` that imports asyncio, aiohttp and the store to read a few bytes spends
 most of its time importing (``bench/cli.py`` measures it next to curl). So the
 ``ledgerctl`` command starts here, with nothing but the standard library's basics
-loaded: :func:`quick_args` recognizes the plainest ``get`` command line (:func:`main`
-hands every other one, whole, to :mod:`ledgerd.daemon.cli`), and :func:`quick_get`
-asks the daemon for the value with one HTTP/1.1 request on a blocking socket. Only a
-200 answer with a ``Content-Length`` of at most :data:`QUICK_MAX` bytes is printed here;
-anything else (an error, a large value, a connection that fails or drops, a binary value
-on a terminal) goes to the full command, which asks again and reports it, so that both
-paths print the same. What is shared by both, the terminal check and the exit statuses,
-lives here.
+loaded: :func:`quick_args` recognizes the plainest ``get`` and ``put`` command lines
+(:func:`main` hands every other one, whole, to :mod:`ledgerd.daemon.cli`), and
+:func:`quick_get` asks the daemon for the value with one HTTP/1.1 request on a
+blocking socket. Only a 200 answer with a ``Content-Length`` of at most
+:data:`QUICK_MAX` bytes is printed here; anything else (an error, a large value, a
+connection that fails or drops, a binary value on a terminal) goes to the full
+command, which asks again and reports it, so that both paths print the same.
+:func:`quick_put` sends ``put LEDGER PAGE KEY VALUE`` (a value given on the command
+line) likewise, and ends quietly on a 2xx answer, as the full command does; anything
+else goes to the full command, which sends it again (a put of the same value twice
+leaves the same value) and reports what it gets. What is shared by both, the terminal
+check and the exit statuses, lives here.
 """
 
 from __future__ import annotations
@@ -70,21 +74,30 @@ class QuickGet:
     of it (tests/daemon/test_cli_quick.py checks that they agree). A plain class: typing
     and dataclasses each take longer to import than the rest of the quick path."""
 
-    __slots__ = ("ledger", "page", "key", "socket", "at", "force")
+    __slots__ = ("command", "ledger", "page", "key", "value", "socket", "at", "force")
 
     def __init__(
-        self, ledger: str, page: str, key: str, socket: str | None, at: str | None, force: bool
+        self,
+        ledger: str,
+        page: str,
+        key: str,
+        socket: str | None,
+        at: str | None,
+        force: bool,
+        value: str | None = None,
     ) -> None:
-        self.ledger, self.page, self.key = ledger, page, key
+        self.command = "get" if value is None else "put"
+        self.ledger, self.page, self.key, self.value = ledger, page, key, value
         self.socket, self.at, self.force = socket, at, force
 
 
 def quick_args(argv: list[str]) -> QuickGet | None:
     """``argv`` as a :class:`QuickGet` when it is ``get LEDGER PAGE KEY`` with at most
     ``--socket PATH`` (before or after ``get``), ``--at COMMIT`` and ``--force`` (after
-    it), each once; None for every other command line, left to the full parser."""
+    it), each once, or ``put LEDGER PAGE KEY VALUE`` with at most ``--socket PATH``;
+    None for every other command line, left to the full parser."""
     values: dict[str, str] = {}
-    force, command = False, False
+    force, command, put = False, False, False
     positional: list[str] = []
     words = iter(argv)
     for word in words:
@@ -102,13 +115,20 @@ def quick_args(argv: list[str]) -> QuickGet | None:
         elif word.startswith("-"):
             return None  # any other option, "-" and "--" included
         elif not command:
-            if word != "get":
+            if word not in ("get", "put"):
                 return None
-            command = True
+            command, put = True, word == "put"
         else:
             positional.append(word)
     at = values.get("at")
-    if len(positional) != 3 or values.get("socket") == "":
+    if values.get("socket") == "":
+        return None
+    if put:
+        if len(positional) != 4 or at is not None or force:
+            return None
+        ledger, page, key, value = positional
+        return QuickGet(ledger, page, key, values.get("socket"), None, False, value)
+    if len(positional) != 3:
         return None
     if at is not None and (not at or at.strip(HEX_DIGITS)):
         return None
@@ -116,9 +136,10 @@ def quick_args(argv: list[str]) -> QuickGet | None:
     return QuickGet(ledger, page, key, values.get("socket"), at, force)
 
 
-def _fetch(path: str, target: str) -> bytes | None:
+def _fetch(path: str, target: str, put: bytes | None = None) -> bytes | None:
     """The body of the daemon's 200 answer to ``GET target``, when it has a
-    ``Content-Length`` of at most :data:`QUICK_MAX`; None for anything else."""
+    ``Content-Length`` of at most :data:`QUICK_MAX`; None for anything else. With
+    ``put``, a ``PUT target`` of those bytes instead: ``b""`` on a 2xx answer."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(10)  # to connect (as the clients' sock_connect); then no limit
         try:
@@ -126,8 +147,15 @@ def _fetch(path: str, target: str) -> bytes | None:
         except OSError:
             return None
         s.settimeout(None)
-        request = f"GET {target} HTTP/1.1\r\nHost: ledgerd\r\nConnection: close\r\n\r\n"
-        s.sendall(request.encode("ascii"))
+        if put is None:
+            request = f"GET {target} HTTP/1.1\r\nHost: ledgerd\r\nConnection: close\r\n\r\n"
+        else:
+            request = (
+                f"PUT {target} HTTP/1.1\r\nHost: ledgerd\r\nConnection: close\r\n"
+                "Content-Type: application/octet-stream\r\n"
+                f"Content-Length: {len(put)}\r\n\r\n"
+            )
+        s.sendall(request.encode("ascii") + (put or b""))
         data = b""
         while b"\r\n\r\n" not in data:
             chunk = s.recv(65536)
@@ -136,6 +164,8 @@ def _fetch(path: str, target: str) -> bytes | None:
             data += chunk
         head, _, body = data.partition(b"\r\n\r\n")
         status, *headers = head.split(b"\r\n")
+        if put is not None:
+            return b"" if re.match(rb"HTTP/1\.1 2\d\d ", status) else None
         if not status.startswith(b"HTTP/1.1 200 "):
             return None
         length: int | None = None
@@ -169,6 +199,8 @@ def quick_get(q: QuickGet) -> int | None:
     target = "/v1/ledgers/{}/pages/{}/keys/{}".format(
         *(quote(os.fsencode(x)) for x in (q.ledger, q.page, q.key))
     )
+    if q.value is not None:
+        return None if _fetch(sock, target, os.fsencode(q.value)) is None else 0
     if q.at is not None:
         target += "?at=" + quote(q.at)
     value = _fetch(sock, target)
