@@ -674,6 +674,41 @@ async def drop_pieces(page: Page, digests: Iterable[bytes]) -> None:
     page.nodes.clear_cache()
 
 
+async def prune_lost_history(page: Page, lost: Iterable[bytes]) -> int:
+    """After a page's tree was rebuilt from the bucket, prune the commits (never the
+    head) whose trees still reach one of the dropped pieces ``lost`` that did not come
+    back: the bucket holds states as they were uploaded, not every commit of this
+    device's history (two commits uploaded in one pack come back as one), so such a
+    tree cannot be made again. Their rows stay, as history retention prunes
+    (:mod:`store.gc`). Returns how many commits were pruned."""
+    gone = set(lost)
+    if not gone:
+        return 0
+    _, roots, _ = await history(page)
+    head = page.graph.head.id
+    clean: set[bytes] = set()  # tree nodes walked from a commit that reaches none of gone
+    prune: list[bytes] = []
+    for cid, root in roots.items():
+        if cid == head or not root:
+            continue
+        walker = _Walker(page, PageCheck(page.ledger, page.id), set())
+        walker.done = set(clean)  # (trees share most nodes: each is walked once)
+        await walker.trees([root])
+        if any(p.code == MISSING_PIECE and p.digest in gone for p in walker.report.problems):
+            prune.append(cid)
+        else:
+            clean = walker.done
+
+    def work(conn: sqlite3.Connection) -> None:
+        conn.executemany(
+            "INSERT OR IGNORE INTO pruned_commits (commit_id) VALUES (?)", [(c,) for c in prune]
+        )
+
+    if prune:
+        await page.db.run(work, write=True)
+    return len(prune)
+
+
 async def synced_pieces(page: Page) -> list[bytes]:
     """Digests this page counts as in the cloud: stored pieces without an ``unsynced``
     row (tree nodes among them, which never leave the device), and pieces known only

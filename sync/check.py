@@ -468,6 +468,12 @@ async def _restore(
         if not await engine.downloader.restore(page):
             result.notes.append("the page's tree is damaged and the bucket holds nothing of it")
             return True
+        pruned = await ck.prune_lost_history(page, bad)  # (older trees the bucket lacks)
+        if pruned:
+            result.notes.append(
+                f"{pruned} older commits of the page could not be rebuilt from the bucket "
+                "(it holds their writes in later states): their history was pruned"
+            )
         for p in report.open_problems(ck.CORRUPT_PIECE, ck.MISSING_PIECE):
             p.repaired = True
         log.info("rebuilt the damaged tree of page %s from the bucket", named(page.id))
