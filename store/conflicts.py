@@ -76,6 +76,9 @@ class Conflicts:
         """A policy was set on the page (it has a ``merge_policy`` row), even the default."""
         self.pending_conflict: str | None = None
         """Why conflicts wait for a resolver, or None."""
+        self.fetch_failed = False
+        """The last round could not read a value the resolver took (the network): the
+        sync engine runs it again at its next round (nothing else may come to)."""
         self._running = False
         self._asking: asyncio.Future[dict[bytes, Choice]] | None = None
         self._abandoned = False
@@ -192,8 +195,10 @@ class Conflicts:
             await self.objects.hold(v for v in taken if v != dg.TOMBSTONE)
         except (ObjectNotFoundError, ObjectKeyMissingError) as e:
             self.pending_conflict = f"a value the resolver took cannot be read here: {e}"
+            self.fetch_failed = True
             log.warning("page %s: %s", named(self.name), self.pending_conflict)
             return False
+        self.fetch_failed = False
         await self._store(shown, answers)
         return True
 

@@ -575,6 +575,12 @@ class Page(View):
         return self.conflicts.pending_conflict
 
     @property
+    def resolution_fetch_failed(self) -> bool:
+        """The last resolver round could not read a value it took: run :meth:`try_merge`
+        again when the network may be back (the sync engine does, each round)."""
+        return self.conflicts.fetch_failed
+
+    @property
     def conflict_count(self) -> int:
         """Keys holding concurrent writes of different values (under every policy)."""
         return self.graph.conflicts

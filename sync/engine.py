@@ -66,6 +66,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ledgerd.store import Commit, CommitListener, Page, PageHooks, Repository, ResolverSource
+from ledgerd.store.errors import ClosedError
 from ledgerd.sync import compaction, crypto
 from ledgerd.sync.checkpoint_policy import CheckpointPolicy
 from ledgerd.sync.checkpoints import MAX_CHECKPOINT, Checkpoints
@@ -406,6 +407,15 @@ class SyncEngine:
                 self.interval = self._next_interval()
                 next_poll = time.monotonic() + self.interval
 
+    async def _resolve_again(self) -> None:
+        """Resolutions that could not read a value the resolver took (a LAZY value
+        fetched first, :meth:`ledgerd.store.ObjectStore.hold`) run again: no import
+        may come to start them (a closed page runs them when it opens)."""
+        for page in self.ctx.repo.open_pages():
+            if not page.closed and page.resolution_fetch_failed:
+                with contextlib.suppress(ClosedError):
+                    await page.try_merge()
+
     async def _compact_when_due(self) -> None:
         """Compact when ``compaction_interval`` has passed since the last compaction,
         by the wall clock (the time is kept across restarts). A last compaction in the
@@ -478,6 +488,7 @@ class SyncEngine:
                 stats.uploaded_packs = await self.uploader.upload_all(only)
                 if download:
                     stats.downloaded_packs = await self.downloader.download(force=full)
+                    await self._resolve_again()
                 await self.policy.write_due()
             except asyncio.CancelledError:
                 raise

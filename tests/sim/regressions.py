@@ -83,4 +83,5 @@ SEEDS: list[tuple[int, str]] = [
     (512, "diverged waiting-pack; a pack with writes ended a later pieces-only pack's wait"),
     (4637, "diverged unavailable; a resolution took a LAZY value its device never read"),
     (6092, "diverged unavailable; a resolution took a LAZY value its device never read"),
+    (2995, "heads; a resolution whose value's GET failed was never run again"),
 ]

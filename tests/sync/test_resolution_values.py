@@ -36,14 +36,19 @@ async def _take_the_big_one(req: MergeRequest) -> dict[bytes, Choice]:
 
 
 class _Resolvers:
+    connected = True
+
     def resolver_for(self, ledger: bytes) -> object:
-        return _take_the_big_one
+        return _take_the_big_one if self.connected else None
 
 
 @asynccontextmanager
-async def _device(path: Path, bucket: FolderStore) -> AsyncIterator[Device]:
+async def _device(
+    path: Path, bucket: FolderStore, resolvers: _Resolvers | None = None
+) -> AsyncIterator[Device]:
     engine = SyncEngine(bucket, keys=None, compaction_settle=0.0)
-    repo = await Repository.open(path, hooks=engine.hooks(resolvers=_Resolvers()))  # type: ignore[arg-type]
+    resolvers = resolvers or _Resolvers()
+    repo = await Repository.open(path, hooks=engine.hooks(resolvers=resolvers))  # type: ignore[arg-type]
     await engine.start(repo, background=False)
     try:
         yield Device(repo, engine, bucket)  # type: ignore[arg-type]
@@ -86,3 +91,40 @@ async def test_a_resolution_uploads_a_lazy_value_whose_pack_went_meanwhile(
             await c.engine.sync()
             pc = await c.repo.ledger("l").page("p")
             assert await pc.objects.read_all(BIG_DIGEST) == BIG  # from b's pack
+
+
+async def test_a_resolution_that_could_not_fetch_its_value_runs_again_at_the_next_round(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """The value a resolution takes could not be fetched (the network): nothing would
+    start the resolution again if no pack came, so each sync round does (sim seed 2995,
+    where a GET failed once and the conflict waited for good)."""
+    resolvers = _Resolvers()
+    async with (
+        _device(tmp_path / "a", bucket) as a,
+        _device(tmp_path / "b", bucket, resolvers) as b,
+    ):
+        pa = await a.repo.ledger("l").page("p")
+        await pa.set_policy(Policy.CUSTOM)
+        await pa.put(b"k", BIG, Priority.LAZY)
+        await a.engine.sync()
+        pb = await b.repo.ledger("l").page("p")
+        await pb.set_policy(Policy.CUSTOM)
+        await pb.put(b"k", b"small")
+        resolvers.connected = False
+        await b.engine.sync()  # a's pack in; the conflict waits for a resolver
+        assert pb.graph.conflicts == 1
+        packs = tmp_path / "bucket" / "packs"
+        away = tmp_path / "away"
+        away.mkdir()
+        for f in packs.iterdir():
+            if a.engine.device in f.name:
+                f.rename(away / f.name)
+        resolvers.connected = True
+        assert not await pb.try_merge()  # the value cannot be fetched now
+        assert pb.resolution_fetch_failed and pb.pending_conflict
+        for f in away.iterdir():
+            f.rename(packs / f.name)
+        await b.engine.round()
+        assert pb.graph.conflicts == 0 and not pb.pending_conflict
+        assert await pb.objects.read_all(BIG_DIGEST) == BIG
