@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from ledgerd.store import Priority, Repository, btree, dots, split
+from ledgerd.store import Page, Priority, Repository, btree, dots, split
 from ledgerd.store import digest as dg
 from ledgerd.store.merge import Choice, MergeRequest, Policy
 from ledgerd.sync.engine import SyncEngine
@@ -56,6 +56,18 @@ async def _device(
         await repo.close()
 
 
+async def _concurrent(a: Device, b: Device) -> tuple[Page, Page]:
+    """Page p on a custom policy: A's LAZY big value of k, uploaded; B's small one, not."""
+    pa = await a.repo.ledger("l").page("p")
+    await pa.set_policy(Policy.CUSTOM)
+    await pa.put(b"k", BIG, Priority.LAZY)
+    await a.engine.sync()
+    pb = await b.repo.ledger("l").page("p")
+    await pb.set_policy(Policy.CUSTOM)
+    await pb.put(b"k", b"small")
+    return pa, pb
+
+
 async def test_a_resolution_uploads_a_lazy_value_whose_pack_went_meanwhile(
     tmp_path: Path, bucket: FolderStore
 ) -> None:
@@ -64,13 +76,7 @@ async def test_a_resolution_uploads_a_lazy_value_whose_pack_went_meanwhile(
     value: B must upload A's first value with its resolution, from what it holds, and
     a new device must be able to read it."""
     async with _device(tmp_path / "a", bucket) as a, _device(tmp_path / "b", bucket) as b:
-        pa = await a.repo.ledger("l").page("p")
-        await pa.set_policy(Policy.CUSTOM)
-        await pa.put(b"k", BIG, Priority.LAZY)
-        await a.engine.sync()
-        pb = await b.repo.ledger("l").page("p")
-        await pb.set_policy(Policy.CUSTOM)
-        await pb.put(b"k", b"small")
+        pa, pb = await _concurrent(a, b)
         await b.engine.round()  # b's write up, a's pack in: the resolver takes a's value
         await pb.try_merge()
         resolved = dots.versions(await btree.lookup(pb.nodes, pb.graph.head.root, b"k"))
@@ -104,13 +110,7 @@ async def test_a_resolution_that_could_not_fetch_its_value_runs_again_at_the_nex
         _device(tmp_path / "a", bucket) as a,
         _device(tmp_path / "b", bucket, resolvers) as b,
     ):
-        pa = await a.repo.ledger("l").page("p")
-        await pa.set_policy(Policy.CUSTOM)
-        await pa.put(b"k", BIG, Priority.LAZY)
-        await a.engine.sync()
-        pb = await b.repo.ledger("l").page("p")
-        await pb.set_policy(Policy.CUSTOM)
-        await pb.put(b"k", b"small")
+        pa, pb = await _concurrent(a, b)
         resolvers.connected = False
         await b.engine.sync()  # a's pack in; the conflict waits for a resolver
         assert pb.graph.conflicts == 1
