@@ -17,9 +17,14 @@ makes :class:`_Connection` protocols, whose ``handle_error`` answers JSON.
 Why no ``web.Application``: the API matches its own table of routes on the raw
 path (:data:`daemon.api.ROUTES`) and does its plumbing in one function, so an
 application's router (one catch-all route, resolved on every request) and
-middleware chain only cost time: the runner serves the API's handler with
-aiohttp's low-level server (``web.Server``, as ``web.ServerRunner`` does), and
-its ``shutdown`` step is the application's ``on_shutdown``.
+middleware chain only cost time: :class:`ApiRunner` is a ``web.ServerRunner`` of
+aiohttp's low-level server (``web.Server``) serving the API's handler, and its
+``shutdown`` step is the application's ``on_shutdown``.
+
+Only aiohttp's public classes and methods are used or overridden (``web.Server`` and
+its ``__call__``, ``web.RequestHandler.handle_error`` and ``connection_lost``,
+``web.ServerRunner.shutdown``); ``pyproject.toml`` pins the minor version the
+code is tested with.
 """
 
 from __future__ import annotations
@@ -288,7 +293,7 @@ class _Server(web.Server):
                 protocol,
                 writer,
                 task,
-                self._loop,
+                asyncio.get_running_loop(),
                 client_max_size=client_max_size,
             )
 
@@ -319,9 +324,9 @@ class _Server(web.Server):
         }
 
 
-class ApiRunner(web.BaseRunner):
+class ApiRunner(web.ServerRunner):
     """Serves the API's ``handler`` on :class:`_Connection` protocols (``web.ServerRunner``
-    with our server), calling ``on_shutdown`` when it stops, after the sites stop
+    given our server), calling ``on_shutdown`` when it stops, after the sites stop
     listening and before requests in flight are waited for (an application's
     ``on_shutdown``)."""
 
@@ -334,10 +339,7 @@ class ApiRunner(web.BaseRunner):
         on_shutdown: Callable[[], Awaitable[None]],
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
-        self.handler = handler
-        self.limits = limits
-        self.client_max_size = client_max_size
+        super().__init__(_Server(handler, limits, client_max_size), **kwargs)
         self.on_shutdown = on_shutdown
 
     async def shutdown(self) -> None:
@@ -357,10 +359,3 @@ class ApiRunner(web.BaseRunner):
             assert c.transport is not None
             c.transport.abort()
         return len(conns)
-
-    async def _make_server(self) -> web.Server:
-        return _Server(self.handler, self.limits, self.client_max_size)
-
-    async def _cleanup_server(self) -> None:
-        """Nothing to release: the server holds no application to clean up (as
-        ``web.ServerRunner``'s, a step ``web.BaseRunner`` requires)."""
