@@ -160,7 +160,14 @@ def test_a_small_get_loads_neither_asyncio_nor_aiohttp(daemon: Daemon) -> None:
     assert (done.returncode, done.stdout) == (0, b"v"), done.stderr
     imported = {line.split("|")[-1].strip() for line in done.stderr.decode().splitlines()}
     assert "ledgerd.daemon.cli_quick" in imported
-    for heavy in ("asyncio", "aiohttp", "ledgerd.store", "ledgerd.daemon.cli", "argparse"):
+    for heavy in (
+        "asyncio",
+        "aiohttp",
+        "socket",
+        "ledgerd.store",
+        "ledgerd.daemon.cli",
+        "argparse",
+    ):
         assert heavy not in imported, heavy
 
 
@@ -201,7 +208,14 @@ def test_a_small_put_loads_neither_asyncio_nor_aiohttp(daemon: Daemon) -> None:
     )
     assert (done.returncode, done.stdout) == (0, b""), done.stderr
     imported = {line.split("|")[-1].strip() for line in done.stderr.decode().splitlines()}
-    for heavy in ("asyncio", "aiohttp", "ledgerd.store", "ledgerd.daemon.cli", "argparse"):
+    for heavy in (
+        "asyncio",
+        "aiohttp",
+        "socket",
+        "ledgerd.store",
+        "ledgerd.daemon.cli",
+        "argparse",
+    ):
         assert heavy not in imported, heavy
     with Client(daemon.socket) as c:
         assert c.get("l", "p", b"k") == b"v"
