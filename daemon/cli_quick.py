@@ -114,6 +114,8 @@ def quick_args(argv: list[str]) -> QuickGet | None:
                 return None  # (an option's value that looks like an option: argparse's call)
             if name == "--at" and not command:
                 return None
+            if put and 0 < len(positional) < 4:
+                return None  # (argparse gives the optional VALUE nothing before an option)
             values[_VALUED[name]] = value
         elif word == "--force" and command and not force:
             force = True

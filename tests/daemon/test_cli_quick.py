@@ -84,6 +84,7 @@ def test_the_plain_get_lines_are_taken() -> None:
         ["put", "l", "p", "k"],  # (the value from standard input)
         ["put", "l", "p", "k", "v", "--lazy"],
         ["put", "--at", "ce72", "l", "p", "k", "v"],
+        ["put", "l", "p", "k", "--socket=/s", "v"],  # (argparse: VALUE got nothing before it)
     ):
         assert quick_args(argv) is None, argv
     q = quick_args(["put", "--socket", "/s", "notes", "inbox", "k", "hello world"])
