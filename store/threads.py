@@ -24,6 +24,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import queue
+import signal
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
@@ -49,6 +50,10 @@ async def off_loop(big: bool, fn: Callable[P, T], *args: P.args, **kwargs: P.kwa
     return fn(*args, **kwargs)
 
 
+_MAIN_THREAD_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+"""Signals that the threads of :class:`BlockingCalls` block, leaving them to the main one."""
+
+
 class BlockingCalls:
     """Blocking calls, run on at most ``workers`` daemon threads (started as needed and
     kept). Not a ``ThreadPoolExecutor`` nor ``asyncio.to_thread``: the interpreter joins
@@ -71,6 +76,10 @@ class BlockingCalls:
         self._closed = False
 
     def _work(self) -> None:
+        # Signals go to the main thread, whose handler (asyncio's, for Ctrl-C) runs
+        # only there: one that reached this thread, blocked in a read, would leave the
+        # event loop asleep, unaware of it.
+        signal.pthread_sigmask(signal.SIG_BLOCK, _MAIN_THREAD_SIGNALS)
         while (call := self._calls.get()) is not None:
             call()
             with self._lock:
