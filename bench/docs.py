@@ -53,9 +53,9 @@ too: on a shared machine it depends less on what else runs than the rates do.
 The insert rate is the figure a shared machine moves most: one pair of runs gave
 0.88 and, an hour later, 1.69, as a neighbour took one side's core. So the inserts
 run ``--insert-rounds`` more times after the main run, alone (each side into a new
-database, set up as in the main run, though ours runs on in the process the main
-run warmed while each of PouchDB's starts a new node; the side that goes first
-alternates, each database removed after its round), and
+database, set up as in the main run, and in a new process: ours a fresh Python as
+PouchDB's a fresh node, both reading the same documents from one JSON file, both cold;
+the side that goes first alternates, each database removed after its round), and
 ``insert_rate_vs_pouchdb`` is the median of every round's ratio, the main run's
 included (before 2026-11-28 it was the main run's alone, which
 ``insert_rate_vs_pouchdb_main_run`` still gives); ``insert_rounds`` lists them all.
@@ -73,6 +73,8 @@ import random
 import shutil
 import sqlite3
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -268,6 +270,36 @@ async def _ours_insert_only(directory: Path, args: argparse.Namespace, docs: lis
     return seconds
 
 
+def _ours_insert_child(docs_json: Path, at: Path, args: argparse.Namespace) -> float:
+    """One more round of our inserts alone, in a fresh Python process (as each of
+    PouchDB's rounds runs in a fresh node): their seconds."""
+    gc_flag = ["--default-gc"] if args.default_gc else []
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.docs",
+            *gc_flag,
+            "--batch",
+            str(args.batch),
+            "--insert-child",
+            str(docs_json),
+            str(at),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    return float(json.loads(res.stdout)["insert_s"])
+
+
+def _insert_child_main(docs_json: Path, at: Path, args: argparse.Namespace) -> None:
+    docs = json.loads(docs_json.read_text())  # after tune_gc, as in the main run
+    seconds = asyncio.run(_ours_insert_only(at, args, docs))
+    json.dump({"insert_s": seconds}, sys.stdout)
+
+
 def _floor(source_path: Path, marks: list[int], firsts: list[bytes], path: Path) -> float:
     """The storage floor of the inserts: bare SQLite storing each batch's pieces
     (bodies and tree nodes) and index rows, a transaction per batch."""
@@ -422,12 +454,12 @@ def _rounds(
     work = directory / "pouchdb"
     rounds: list[dict[str, Any]] = [{"ours_s": first[0], "pouchdb_s": first[1]}]
     for r in range(args.insert_rounds):
-        this: dict[str, Any] = {}
+        this: dict[str, Any] = {"first": "ours" if r % 2 else "pouchdb"}
         for side in (0, 1) if r % 2 else (1, 0):
             at = directory / f"round{r}-{side}"
             at.mkdir()
             if side == 0:
-                this["ours_s"] = asyncio.run(_ours_insert_only(at, args, docs))
+                this["ours_s"] = _ours_insert_child(work / "docs.json", at, args)
             else:
                 doc = run_node(
                     work, POUCH_INSERT_SCRIPT, ["docs.json", str(at / "db"), str(args.batch)]
@@ -550,9 +582,13 @@ def main() -> None:
         "--insert-rounds", type=int, default=4, help="more rounds of the inserts alone, both sides"
     )
     ap.add_argument("--default-gc", action="store_true", help="not the daemon's GC settings")
+    ap.add_argument("--insert-child", nargs=2, metavar=("DOCS_JSON", "DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if not args.default_gc:
         tune_gc()
+    if args.insert_child:
+        _insert_child_main(Path(args.insert_child[0]), Path(args.insert_child[1]), args)
+        return
     docs = _docs(args.docs)
     with tempfile.TemporaryDirectory() as d:
         directory = Path(d)
