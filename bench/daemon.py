@@ -102,7 +102,7 @@ def _serve_sqlite(sock: str, directory: Path) -> None:
         return web.json_response({"applied": len(rows)})
 
     at = "/v1/ledgers/{ledger}/pages/{page}"
-    app = web.Application()
+    app = web.Application(client_max_size=64 * 2**20)  # the daemon's max_batch_bytes
     app.router.add_put(at + "/keys/{key}", put)
     app.router.add_get(at + "/keys/{key}", get)
     app.router.add_post(at + "/batch", batch)
