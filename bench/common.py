@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmarks: timing, peak RSS, JSON output."""
+"""Helpers shared by the benchmarks: timing, peak RSS, JSON output, the raw SQLite anchor
+(:func:`raw_kv`) and the storage floors."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """Sync benchmark: propagation between two devices through moto's HTTP server.
 
     python -m bench.sync [--entries 10000] [--page-entries 100000] [--history-entries 100000]
+                         [--ingest-mib 32] [--only-encryption | --only-scale]
+                         [--no-encryption] [--no-scale]
 
 Prints JSON:
 * propagation: 10,000 entries written on device A, readable on device B:
