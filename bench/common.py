@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmarks: timing, peak RSS, JSON output."""
+"""Helpers shared by the benchmarks: timing, peak RSS, JSON output, the raw SQLite anchor
+(:func:`raw_kv`) and the storage floors."""
 
 from __future__ import annotations
 
@@ -137,6 +138,44 @@ def bare_sqlite(path: Path) -> sqlite3.Connection:
     for pragma in writer_pragmas():
         db.execute(pragma)
     return db
+
+
+KV_TABLES = {
+    "without_rowid": "CREATE TABLE kv (key BLOB PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID",
+    "rowid": "CREATE TABLE kv (key BLOB PRIMARY KEY, value BLOB NOT NULL)",
+}
+"""The raw key-value anchor's table shapes: ``without_rowid`` keeps rows in key order in
+one B-tree (a scan in key order reads it straight through, a get descends it once);
+``rowid`` is a table in insertion order with a separate index on the key."""
+
+
+def raw_kv(path: Path, shape: str = "without_rowid") -> sqlite3.Connection:
+    """The raw SQLite anchor the benchmarks measure a page against: a ``kv`` table of
+    ``shape`` (:data:`KV_TABLES`) in :func:`bare_sqlite`'s set-up (the page writer's
+    page size, WAL and pragmas), created if ``path`` is new."""
+    db = bare_sqlite(path)
+    db.execute(KV_TABLES[shape].replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
+    return db
+
+
+def raw_kv_load(path: Path, rows: Sequence[tuple[bytes, bytes]], txn: int, shape: str) -> float:
+    """Seconds for :func:`raw_kv` to store ``rows`` with executemany, a transaction of
+    ``txn`` rows each (only the inserts are timed)."""
+    db = raw_kv(path, shape)
+    with timed() as t:
+        for i in range(0, len(rows), txn):
+            db.execute("BEGIN")
+            db.executemany("INSERT OR REPLACE INTO kv VALUES (?, ?)", rows[i : i + txn])
+            db.execute("COMMIT")
+    db.close()
+    return t.seconds
+
+
+def raw_kv_scan(db: sqlite3.Connection) -> tuple[float, int]:
+    """Seconds to read every row of :func:`raw_kv`'s table in key order, and the rows."""
+    with timed() as t:
+        rows = db.execute("SELECT key, value FROM kv ORDER BY key").fetchall()
+    return t.seconds, len(rows)
 
 
 def storage_floor(

@@ -1,15 +1,26 @@
 """Daemon benchmark: single-key puts/gets over the socket, and batch writes.
 
     python -m bench.daemon [--ops 2000] [--concurrency 16] [--rounds 3]
+                           [--batches 10] [--batch-size 10000]
 
-Prints JSON. The real daemon runs as a subprocess; next to it, in the same run,
-a bare aiohttp server on a Unix socket answers the same requests by echoing the
-bytes (PUT reads the body, GET returns 100 bytes): the ratio of the two is the
-figure (target >= 0.5). Batch writes report entries per second for 100-byte
-values (target >= 100,000): random values, the same value in every entry (so one
-value piece is stored per batch), and the floor: bare SQLite storing just the
-random values' pieces, batch by batch, with the page schema. The daemon's CPU
-during the random batches is split between its event loop's thread and the others.
+Prints JSON. The real daemon runs as a subprocess; next to it, in the same run, two
+bare aiohttp servers on Unix sockets answer the same requests (each a subprocess too):
+
+* ``sqlite_server``, the floor that does the same work: PUT stores the value under its
+  key in SQLite (:func:`bench.common.raw_kv`: a ``WITHOUT ROWID`` table, a file per
+  page, the page writer's page size, WAL and pragmas, so the same durability; a commit
+  per put), GET reads it back, a batch decodes the JSON and its base64 and stores
+  every entry in one transaction. The ratios against it are the figures.
+* ``echo``, the transport alone: PUT reads the body, GET returns 100 bytes.
+
+Each round runs the three servers one after another, the one that goes first turning
+round by round; a figure is the median of the rounds' ratios (ours over the server's
+rate: higher is better; target >= 0.5 against the echo). Batch writes report entries
+per second for 100-byte values (target >= 100,000): random values, the same value in
+every entry (so one value piece is stored per batch), the SQLite server's batches,
+and the value-piece floor: bare SQLite storing just the random values' pieces, batch
+by batch, with the page schema (no keys, no tree). The daemon's CPU during its
+random batches is split between its event loop's thread and the others.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -30,28 +42,71 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 from yarl import URL
 
-from bench.common import emit, storage_floor
+from bench.common import emit, raw_kv, storage_floor
 from ledgerd.store import digest as dg
 
 ROOT = Path(__file__).resolve().parents[1]
 VALUE = b"v" * 100
 
-ECHO_SERVER = """
-import sys
-from aiohttp import web
-body = b"v" * 100
-async def put(request):
-    await request.read()
-    return web.Response(status=204)
-async def get(request):
-    return web.Response(body=body, content_type="application/octet-stream")
-app = web.Application()
-app.router.add_put("/{tail:.*}", put)
-app.router.add_get("/{tail:.*}", get)
-web.run_app(app, path=sys.argv[1], print=None, access_log=None)
-"""
+
+def _serve_echo(sock: str) -> None:
+    body = b"v" * 100
+
+    async def put(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(status=204)
+
+    async def get(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/octet-stream")
+
+    app = web.Application()
+    app.router.add_put("/{tail:.*}", put)
+    app.router.add_get("/{tail:.*}", get)
+    web.run_app(app, path=sock, print=None, access_log=None)
+
+
+def _serve_sqlite(sock: str, directory: Path) -> None:
+    """The floor that does the daemon's work with nothing of ours: keys and values in
+    SQLite (:func:`bench.common.raw_kv`), a database file per page as the daemon keeps."""
+    pages: dict[str, sqlite3.Connection] = {}
+
+    def page(request: web.Request) -> sqlite3.Connection:
+        name = f"{request.match_info['ledger']}-{request.match_info['page']}"
+        if name not in pages:
+            pages[name] = raw_kv(directory / f"{name}.sqlite")
+        return pages[name]
+
+    async def put(request: web.Request) -> web.Response:
+        value = await request.read()
+        key = request.match_info["key"].encode()
+        page(request).execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (key, value))
+        return web.Response(status=204)
+
+    async def get(request: web.Request) -> web.Response:
+        key = request.match_info["key"].encode()
+        row = page(request).execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            raise web.HTTPNotFound()
+        return web.Response(body=row[0], content_type="application/octet-stream")
+
+    async def batch(request: web.Request) -> web.Response:
+        ops = json.loads(await request.read())["ops"]
+        rows = [(base64.b64decode(op["key"]), base64.b64decode(op["value"])) for op in ops]
+        db = page(request)
+        db.execute("BEGIN IMMEDIATE")
+        db.executemany("INSERT OR REPLACE INTO kv VALUES (?, ?)", rows)
+        db.execute("COMMIT")
+        return web.json_response({"applied": len(rows)})
+
+    at = "/v1/ledgers/{ledger}/pages/{page}"
+    app = web.Application(client_max_size=64 * 2**20)  # the daemon's max_batch_bytes
+    app.router.add_put(at + "/keys/{key}", put)
+    app.router.add_get(at + "/keys/{key}", get)
+    app.router.add_post(at + "/batch", batch)
+    web.run_app(app, path=sock, print=None, access_log=None)
 
 
 def _wait_for_socket(path: Path, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
@@ -179,86 +234,128 @@ def _value_rows(bodies: list[bytes]) -> list[list[tuple[bytes, bytes]]]:
     return out
 
 
+SIDES = ("ledgerd", "sqlite_server", "echo")
+"""The servers of a round; :func:`_order` turns which goes first."""
+
+
+def _order(r: int, sides: tuple[str, ...] = SIDES) -> tuple[str, ...]:
+    """Round ``r``'s order: each side goes first in turn."""
+    k = r % len(sides)
+    return sides[k:] + sides[:k]
+
+
+def _ratios(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per rate, the median of the rounds' ratios (ours over theirs) and every round's."""
+    out: dict[str, Any] = {}
+    for k in (k for k in ours[0] if k.endswith("ops_per_s")):
+        each = [round(o[k] / t[k], 3) for o, t in zip(ours, theirs, strict=True)]
+        out[k] = {"median": round(statistics.median(each), 3), "rounds": each}
+    return out
+
+
+def _server(kind: str, sock: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench.daemon", "--serve", kind, str(sock)], cwd=ROOT
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ops", type=int, default=2000)
+    ap.add_argument("--ops", type=int, default=2000, help="single-key ops a round (%(default)s)")
     ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--batches", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3, help="paired rounds (%(default)s)")
+    ap.add_argument("--batches", type=int, default=10, help="batches a round (%(default)s)")
     ap.add_argument("--batch-size", type=int, default=10_000)
+    ap.add_argument("--serve", nargs=2, metavar=("KIND", "SOCKET"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.serve:
+        kind, sock = args.serve
+        if kind == "echo":
+            _serve_echo(sock)
+        else:
+            (Path(sock).parent / "floor").mkdir()
+            _serve_sqlite(sock, Path(sock).parent / "floor")
+        return
     with tempfile.TemporaryDirectory(prefix="ldb-", dir="/tmp") as d:
         base = Path(d)
+        socks = {side: base / f"{side}.sock" for side in SIDES}
         env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGERD_")}
-        daemon = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "daemon",
-                "--data-dir",
-                str(base / "data"),
-                "--socket",
-                str(base / "ledgerd.sock"),
-                "--log-level",
-                "warning",
-            ],
-            cwd=ROOT,
-            env=env,
-        )
-        echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, str(base / "echo.sock")])
+        procs = {
+            "ledgerd": subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "daemon",
+                    "--data-dir",
+                    str(base / "data"),
+                    "--socket",
+                    str(socks["ledgerd"]),
+                    "--log-level",
+                    "warning",
+                ],
+                cwd=ROOT,
+                env=env,
+            ),
+            "sqlite_server": _server("sqlite", socks["sqlite_server"]),
+            "echo": _server("echo", socks["echo"]),
+        }
+        daemon = procs["ledgerd"]
         try:
-            _wait_for_socket(base / "ledgerd.sock", daemon)
-            _wait_for_socket(base / "echo.sock", echo)
-            # Rounds alternate between the two servers, so that a drift in the
-            # machine's speed (it is shared) hits both alike; each ratio is the
-            # median of the per-round ratios.
-            bares: list[dict[str, Any]] = []
-            ourss: list[dict[str, Any]] = []
+            for side in SIDES:
+                _wait_for_socket(socks[side], procs[side])
+            # Rounds run the servers one after another, the first turning, so that a
+            # drift in the machine's speed (it is shared) hits every side alike.
+            single: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
             for r in range(args.rounds):
                 page = f"/v1/ledgers/b/pages/p{r}"
-                bares.append(
-                    asyncio.run(_single(base / "echo.sock", args.ops, args.concurrency, page))
-                )
-                ourss.append(
-                    asyncio.run(_single(base / "ledgerd.sock", args.ops, args.concurrency, page))
-                )
+                for side in _order(r):
+                    single[side].append(
+                        asyncio.run(_single(socks[side], args.ops, args.concurrency, page))
+                    )
             distinct = _batch_bodies(args.batches, args.batch_size, distinct=True)
             same = _batch_bodies(args.batches, args.batch_size, distinct=False)
-            cpu0 = _thread_cpu(daemon.pid)
-            batch_s = asyncio.run(_batch(base / "ledgerd.sock", "distinct", distinct))
-            batch_cpu = _cpu_split(daemon.pid, cpu0, _thread_cpu(daemon.pid))
-            same_s = asyncio.run(_batch(base / "ledgerd.sock", "same", same))
+            batch_s: dict[str, list[float]] = {"ledgerd": [], "sqlite_server": []}
+            batch_cpu = []
+            for r in range(args.rounds):
+                for side in _order(r, ("ledgerd", "sqlite_server")):
+                    cpu0 = _thread_cpu(daemon.pid)
+                    batch_s[side].append(asyncio.run(_batch(socks[side], f"d{r}", distinct)))
+                    if side == "ledgerd":
+                        batch_cpu.append(_cpu_split(daemon.pid, cpu0, _thread_cpu(daemon.pid)))
+            same_s = asyncio.run(_batch(socks["ledgerd"], "same", same))
             floor_s = storage_floor(base / "floor.sqlite", _value_rows(distinct))
         finally:
-            for p in (daemon, echo):
+            for p in procs.values():
                 p.send_signal(signal.SIGTERM)
                 p.wait(60)
     entries = args.batches * args.batch_size
-    rates = [k for k in ourss[0] if k.endswith("ops_per_s")]
-    ratios = {
-        f"{k}_ratio": round(
-            statistics.median(o[k] / b[k] for o, b in zip(ourss, bares, strict=True)), 3
-        )
-        for k in rates
-    }
-    ours = {k: statistics.median(o[k] for o in ourss) for k in ourss[0]}
-    bare = {k: statistics.median(b[k] for b in bares) for k in bares[0]}
+    batch_ratios = [
+        round(f / o, 3) for o, f in zip(batch_s["ledgerd"], batch_s["sqlite_server"], strict=True)
+    ]
     emit(
         "daemon",
         {
             "ops": args.ops,
             "concurrency": args.concurrency,
             "rounds": args.rounds,
-            "ledgerd": ours,
-            "bare_aiohttp_echo": bare,
-            **ratios,
-            "ratios_per_round": {
-                k: [round(o[k] / b[k], 3) for o, b in zip(ourss, bares, strict=True)] for k in rates
+            "order": [list(_order(r)) for r in range(args.rounds)],
+            **{
+                side: {k: statistics.median(x[k] for x in single[side]) for k in single[side][0]}
+                for side in SIDES
             },
-            "target_single_op_ratio": 0.5,
-            "batch_entries_per_s": round(entries / batch_s),
-            "batch_s": round(batch_s, 2),
-            "batch_daemon_cpu": batch_cpu,
+            "ratios_vs_sqlite_server": _ratios(single["ledgerd"], single["sqlite_server"]),
+            "ratios_vs_echo": _ratios(single["ledgerd"], single["echo"]),
+            "target_single_op_ratio_vs_echo": 0.5,
+            "batch_entries_per_s": round(entries / statistics.median(batch_s["ledgerd"])),
+            "batch_s_rounds": [round(x, 2) for x in batch_s["ledgerd"]],
+            "batch_daemon_cpu_rounds": batch_cpu,
+            "batch_sqlite_server_entries_per_s": round(
+                entries / statistics.median(batch_s["sqlite_server"])
+            ),
+            "batch_ratio_vs_sqlite_server": {
+                "median": round(statistics.median(batch_ratios), 3),
+                "rounds": batch_ratios,
+            },
             "batch_same_value_entries_per_s": round(entries / same_s),
             "value_storage_floor_entries_per_s": round(entries / floor_s),
             "batch_size": args.batch_size,

@@ -53,9 +53,9 @@ too: on a shared machine it depends less on what else runs than the rates do.
 The insert rate is the figure a shared machine moves most: one pair of runs gave
 0.88 and, an hour later, 1.69, as a neighbour took one side's core. So the inserts
 run ``--insert-rounds`` more times after the main run, alone (each side into a new
-database, set up as in the main run, though ours runs on in the process the main
-run warmed while each of PouchDB's starts a new node; the side that goes first
-alternates, each database removed after its round), and
+database, set up as in the main run, and in a new process: ours a fresh Python as
+PouchDB's a fresh node, both reading the same documents from one JSON file, both cold;
+the side that goes first alternates, each database removed after its round), and
 ``insert_rate_vs_pouchdb`` is the median of every round's ratio, the main run's
 included (before 2026-11-28 it was the main run's alone, which
 ``insert_rate_vs_pouchdb_main_run`` still gives); ``insert_rounds`` lists them all.
@@ -73,6 +73,8 @@ import random
 import shutil
 import sqlite3
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -250,9 +252,11 @@ async def _insert(
     return seconds + t.seconds, cpu
 
 
-async def _ours_insert_only(directory: Path, args: argparse.Namespace, docs: list[Any]) -> float:
+async def _ours_insert_only(
+    directory: Path, args: argparse.Namespace, docs: list[Any]
+) -> tuple[float, float]:
     """One more round of the inserts alone, set up as in :func:`_ours` (a device of a
-    folder bucket, the index declared first): their seconds."""
+    folder bucket, the index declared first): their seconds and CPU seconds."""
     (directory / "bucket").mkdir()
     engine = SyncEngine(FolderStore(directory / "bucket"))
     repo = await Repository.open(directory / "dev", hooks=engine.hooks())
@@ -260,12 +264,43 @@ async def _ours_insert_only(directory: Path, args: argparse.Namespace, docs: lis
         await engine.start(repo, background=False)
         a = await DocumentStore.open(await repo.ledger(LEDGER).page(PAGE))
         await a.declare_index(COLLECTION, INDEX, "k", "v")
-        seconds, _ = await _insert(a, docs, args.batch)
+        seconds, cpu = await _insert(a, docs, args.batch)
         await a.close()
     finally:
         await engine.stop(final_upload_timeout=0)  # nothing of it is measured
         await repo.close()
-    return seconds
+    return seconds, cpu
+
+
+def _ours_insert_child(docs_json: Path, at: Path, args: argparse.Namespace) -> dict[str, float]:
+    """One more round of our inserts alone, in a fresh Python process (as each of
+    PouchDB's rounds runs in a fresh node): ``insert_s`` and ``insert_cpu_s``."""
+    gc_flag = ["--default-gc"] if args.default_gc else []
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.docs",
+            *gc_flag,
+            "--batch",
+            str(args.batch),
+            "--insert-child",
+            str(docs_json),
+            str(at),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    doc: dict[str, float] = json.loads(res.stdout)
+    return doc
+
+
+def _insert_child_main(docs_json: Path, at: Path, args: argparse.Namespace) -> None:
+    docs = json.loads(docs_json.read_text())  # after tune_gc, as in the main run
+    seconds, cpu = asyncio.run(_ours_insert_only(at, args, docs))
+    json.dump({"insert_s": seconds, "insert_cpu_s": cpu}, sys.stdout)
 
 
 def _floor(source_path: Path, marks: list[int], firsts: list[bytes], path: Path) -> float:
@@ -400,34 +435,39 @@ const now = () => Number(process.hrtime.bigint()) / 1e9;
   const db = new PouchDB(dbPath);
   await db.createIndex({index: {fields: ['k', 'v'], name: 'by_k', ddoc: 'by_k'}});
   const ids = docs.map((d, i) => 'doc' + String(i).padStart(8, '0'));
+  const cpu0 = process.cpuUsage();
   const t0 = now();
   for (let i = 0; i < docs.length; i += batch) {
     await db.bulkDocs(docs.slice(i, i + batch).map((d, j) => ({_id: ids[i + j], ...d})));
   }
   const insert = now() - t0;
+  const cpu = process.cpuUsage(cpu0);
   await db.close();
-  process.stdout.write(JSON.stringify({insert_s: insert}));
+  process.stdout.write(JSON.stringify({
+    insert_s: insert, insert_cpu_s: (cpu.user + cpu.system) / 1e6}));
 })().catch((e) => { console.error(e); process.exit(1); });
 """
 """PouchDB's part of one more round of the inserts alone (as in POUCH_SCRIPT)."""
 
 
 def _rounds(
-    directory: Path, args: argparse.Namespace, docs: list[dict[str, Any]], first: list[float]
+    directory: Path, args: argparse.Namespace, docs: list[dict[str, Any]], first: dict[str, float]
 ) -> list[dict[str, Any]]:
-    """The insert seconds of ``first`` (ours, PouchDB's: the main run's) and of
-    ``--insert-rounds`` more rounds of the inserts alone, each side into a new
-    database (removed after it), the side that goes first alternating; with each
-    round's rate ratio. A round PouchDB failed says why, with no ratio."""
+    """The insert seconds and CPU seconds of ``first`` (the main run's: ``ours_s``,
+    ``ours_cpu_s``, ``pouchdb_s``, ``pouchdb_cpu_s``) and of ``--insert-rounds`` more
+    rounds of the inserts alone, each side into a new database (removed after it), the
+    side that goes first alternating; with each round's rate ratio and CPU ratio (ours
+    over PouchDB's). A round PouchDB failed says why, with no ratio."""
     work = directory / "pouchdb"
-    rounds: list[dict[str, Any]] = [{"ours_s": first[0], "pouchdb_s": first[1]}]
+    rounds: list[dict[str, Any]] = [dict(first)]
     for r in range(args.insert_rounds):
-        this: dict[str, Any] = {}
+        this: dict[str, Any] = {"first": "ours" if r % 2 else "pouchdb"}
         for side in (0, 1) if r % 2 else (1, 0):
             at = directory / f"round{r}-{side}"
             at.mkdir()
             if side == 0:
-                this["ours_s"] = asyncio.run(_ours_insert_only(at, args, docs))
+                got = _ours_insert_child(work / "docs.json", at, args)
+                this["ours_s"], this["ours_cpu_s"] = got["insert_s"], got["insert_cpu_s"]
             else:
                 doc = run_node(
                     work, POUCH_INSERT_SCRIPT, ["docs.json", str(at / "db"), str(args.batch)]
@@ -435,13 +475,14 @@ def _rounds(
                 if "skipped" in doc:
                     this["failed"] = doc["skipped"]
                 else:
-                    this["pouchdb_s"] = doc["insert_s"]
+                    this["pouchdb_s"], this["pouchdb_cpu_s"] = doc["insert_s"], doc["insert_cpu_s"]
             shutil.rmtree(at)
         rounds.append(this)
     for pair in rounds:
         if "pouchdb_s" in pair and pair["ours_s"] > 0:
             pair["rate_ratio"] = ratio(pair["pouchdb_s"], pair["ours_s"])
-        for key in ("ours_s", "pouchdb_s"):
+            pair["cpu_ratio"] = ratio(pair["ours_cpu_s"], pair["pouchdb_cpu_s"])
+        for key in ("ours_s", "pouchdb_s", "ours_cpu_s", "pouchdb_cpu_s"):
             if key in pair:
                 pair[key] = round(pair[key], 3)
     return rounds
@@ -496,6 +537,9 @@ def _report(
             # The CPU time of the inserts (every thread of the process, both sides): on a
             # shared machine, less at the mercy of what else runs than the rates are.
             "insert_cpu_vs_pouchdb": ratio(ours["insert_cpu_s"], pouch["insert_cpu_s"]),
+            "insert_cpu_vs_pouchdb_rounds": _median(
+                [r["cpu_ratio"] for r in rounds if "cpu_ratio" in r]
+            ),
             # Storing the inserts' pieces and index rows alone, in bare SQLite, against
             # PouchDB's whole insert time: what is left for everything else.
             "storage_floor_time_vs_pouchdb_insert_time": ratio(
@@ -529,6 +573,7 @@ def _report(
             "insert_rate_vs_pouchdb": ">= 1",
             "insert_rate_vs_pouchdb_main_run": "(one round of those above)",
             "insert_cpu_vs_pouchdb": "<= 1 (not the issue's figure: a cross-check)",
+            "insert_cpu_vs_pouchdb_rounds": "(the same, the median over the rounds)",
             "storage_floor_time_vs_pouchdb_insert_time": "(the floor: not a target)",
             "insert_with_index_rate_vs_pouchdb": ">= 1",
             "get_p50_vs_pouchdb": "<= 1",
@@ -550,9 +595,13 @@ def main() -> None:
         "--insert-rounds", type=int, default=4, help="more rounds of the inserts alone, both sides"
     )
     ap.add_argument("--default-gc", action="store_true", help="not the daemon's GC settings")
+    ap.add_argument("--insert-child", nargs=2, metavar=("DOCS_JSON", "DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if not args.default_gc:
         tune_gc()
+    if args.insert_child:
+        _insert_child_main(Path(args.insert_child[0]), Path(args.insert_child[1]), args)
+        return
     docs = _docs(args.docs)
     with tempfile.TemporaryDirectory() as d:
         directory = Path(d)
@@ -564,7 +613,13 @@ def main() -> None:
             pouch = _pouchdb(directory, args, docs)
         rounds: list[dict[str, Any]] = []
         if "skipped" not in pouch:
-            rounds = _rounds(directory, args, docs, [ours["insert_s"], pouch["insert_s"]])
+            first = {
+                "ours_s": ours["insert_s"],
+                "ours_cpu_s": ours["insert_cpu_s"],
+                "pouchdb_s": pouch["insert_s"],
+                "pouchdb_cpu_s": pouch["insert_cpu_s"],
+            }
+            rounds = _rounds(directory, args, docs, first)
     emit("docs", _report(args, ours, pouch, rounds))
 
 

@@ -1,23 +1,28 @@
 """Read benchmark: point gets, cold gets and scans of a page, next to raw SQLite and PouchDB.
 
-    python -m bench.reads [--entries 100000] [--txn 1000] [--gets 20000] [--cold-gets 1000]
-                          [--cold-rounds 3] [--no-pouchdb] [--default-gc]
+    python -m bench.reads [--entries 100000] [--txn 1000] [--gets 20000] [--rounds 3]
+                          [--cold-gets 1000] [--cold-rounds 3] [--no-pouchdb] [--default-gc]
 
 Prints JSON. One page of ``--entries`` entries (16-byte random keys, 100-byte
 random values), loaded in transactions of ``--txn`` random keys (each a
 ``put_many``, the bulk call, as PouchDB's side uses ``bulkDocs``), and in the same
 run:
 
-* raw SQLite: the same rows in a ``(key BLOB PRIMARY KEY, value BLOB)`` WAL table
-  (the page writer's pragmas), loaded with executemany in transactions of the
-  same size, read with a primary-key select and a full ``ORDER BY key`` scan;
+* raw SQLite (:func:`bench.common.raw_kv`: the page writer's page size, WAL and
+  pragmas), the same rows in a ``WITHOUT ROWID`` table and in a rowid table with its
+  key index, each loaded with executemany in transactions of the same size, read
+  with a primary-key select and a full ``ORDER BY key`` scan; each figure is
+  compared with the faster of the two (``anchor`` names it: for scans it is the
+  ``WITHOUT ROWID`` table, which a scan reads straight through);
 * PouchDB 9 in node (``npm install pouchdb@9`` into a temporary directory; its
   leveldb adapter): ``bulkDocs`` of ``--txn`` docs, ``db.get``, and
   ``allDocs({include_docs: true})``. Skipped with a note when node or npm is
   missing, or with ``--no-pouchdb``.
 
 Warm figures are taken after a full scan has read everything once (the caches
-warm); cold gets run in a fresh process each (the OS's file cache warm, every
+warm), in ``--rounds`` paired rounds of a scan and the gets, raw SQLite's and ours,
+the side that goes first alternating; each ratio is the median of the rounds'
+ratios. Cold gets run in a fresh process each (the OS's file cache warm, every
 cache of the process empty), ``--cold-gets`` random keys, in ``--cold-rounds``
 rounds alternating raw SQLite's process and ours: each side reports its median
 round (the mean of a thousand gets on a shared machine swings with whatever else
@@ -46,6 +51,7 @@ import json
 import random
 import re
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,8 +60,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    KV_TABLES,
     WRITTEN_JS,
-    bare_sqlite,
     emit,
     install_pouchdb,
     last_piece,
@@ -64,6 +70,8 @@ from bench.common import (
     pieces_alone,
     pieces_between,
     ratio,
+    raw_kv_load,
+    raw_kv_scan,
     run_node,
     storage_floor,
     timed,
@@ -89,17 +97,12 @@ def _sample(rows: list[tuple[bytes, bytes]], n: int, seed: int) -> list[bytes]:
 
 # -- raw SQLite -------------------------------------------------------------------
 
+SHAPES = tuple(KV_TABLES)
+"""The raw tables measured; each figure takes the faster (see :func:`_anchor`)."""
 
-def _raw_load(path: Path, rows: list[tuple[bytes, bytes]], txn: int) -> float:
-    db = bare_sqlite(path)
-    db.execute("CREATE TABLE kv (key BLOB PRIMARY KEY, value BLOB)")
-    with timed() as t:
-        for i in range(0, len(rows), txn):
-            db.execute("BEGIN")
-            db.executemany("INSERT OR REPLACE INTO kv VALUES (?, ?)", rows[i : i + txn])
-            db.execute("COMMIT")
-    db.close()
-    return t.seconds
+
+def _raw_path(directory: Path, shape: str) -> Path:
+    return directory / f"raw-{shape}.sqlite"
 
 
 def _raw_gets(db: sqlite3.Connection, keys: list[bytes]) -> list[float]:
@@ -112,19 +115,10 @@ def _raw_gets(db: sqlite3.Connection, keys: list[bytes]) -> list[float]:
     return lat
 
 
-def _raw_scan(db: sqlite3.Connection) -> tuple[float, int]:
-    with timed() as t:
-        rows = db.execute("SELECT key, value FROM kv ORDER BY key").fetchall()
-    return t.seconds, len(rows)
-
-
-def _raw_warm(path: Path, keys: list[bytes]) -> dict[str, Any]:
-    db = sqlite3.connect(path, isolation_level=None)
-    _raw_scan(db)  # warm
-    scan_s, n = _raw_scan(db)
-    out = {"get": latency(_raw_gets(db, keys)), "scan_s": round(scan_s, 4), "scanned": n}
-    db.close()
-    return out
+def _raw_warm(db: sqlite3.Connection, keys: list[bytes]) -> dict[str, Any]:
+    """One warm round of raw SQLite: a scan, then the gets."""
+    scan_s, n = raw_kv_scan(db)
+    return {"scan_s": scan_s, "scanned": n, "get": latency(_raw_gets(db, keys))}
 
 
 def _raw_cold_child(path: Path, keys: list[bytes]) -> dict[str, Any]:
@@ -165,10 +159,19 @@ async def _gets(page: Page, keys: list[bytes]) -> list[float]:
     return lat
 
 
+def _warm_figures(scan_s: float, lat: list[float] | dict[str, float]) -> dict[str, float]:
+    get = latency(lat) if isinstance(lat, list) else lat
+    return {"scan_s": round(scan_s, 4), **{f"get_{k}": v for k, v in get.items()}}
+
+
 async def _ours(
-    directory: Path, rows: list[tuple[bytes, bytes]], txn: int, keys: list[bytes]
-) -> dict[str, Any]:
+    directory: Path, rows: list[tuple[bytes, bytes]], txn: int, keys: list[bytes], rounds: int
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Our load, its floors, and ``rounds`` paired warm rounds (ours and each raw
+    table: a scan, then the gets; the side that goes first alternating)."""
     out: dict[str, Any] = {}
+    warm: list[dict[str, Any]] = []
+    raws = {s: sqlite3.connect(_raw_path(directory, s), isolation_level=None) for s in SHAPES}
     async with await Repository.open(directory / "repo") as repo:
         page = await repo.ledger(LEDGER).page(PAGE)
         marks: list[int] = []
@@ -179,16 +182,41 @@ async def _ours(
         out["load_s"] = round(load_s, 3)
         out["storage_floor_s"] = round(_floor(page.db.path, marks, directory / "floor.sqlite"), 3)
         out["pieces_alone"] = pieces_alone(page.db.path, marks, directory)
-        scans = []
-        for _ in range(2):  # the first warms the caches
-            with timed() as t:
-                res = await page.entries()
-            scans.append(t.seconds)
-            assert len(res.items) == len(rows), len(res.items)
-        out["scan_first_s"] = round(scans[0], 4)
-        out["scan_s"] = round(scans[1], 4)
-        out["get"] = latency(await _gets(page, keys))
-    return out
+        with timed() as t:  # the first scan warms the caches
+            res = await page.entries()
+        assert len(res.items) == len(rows), len(res.items)
+        out["scan_first_s"] = round(t.seconds, 4)
+        for db in raws.values():
+            raw_kv_scan(db)  # warm too
+        for r in range(rounds):
+            this: dict[str, Any] = {"first": "raw" if r % 2 == 0 else "ours"}
+            for side in ("raw", "ours") if r % 2 == 0 else ("ours", "raw"):
+                if side == "raw":
+                    for shape, db in raws.items():
+                        got = _raw_warm(db, keys)
+                        assert got["scanned"] == len(rows)
+                        this[shape] = _warm_figures(got["scan_s"], got["get"])
+                else:
+                    with timed() as t:
+                        res = await page.entries()
+                    assert len(res.items) == len(rows), len(res.items)
+                    this["ours"] = _warm_figures(t.seconds, await _gets(page, keys))
+            warm.append(this)
+    for db in raws.values():
+        db.close()
+    return out, warm
+
+
+def _anchor(warm: list[dict[str, Any]], figure: str) -> str:
+    """The raw table that is faster at ``figure`` (lower is faster) over the rounds."""
+    return min(SHAPES, key=lambda shape: statistics.median(r[shape][figure] for r in warm))
+
+
+def _warm_ratio(warm: list[dict[str, Any]], figure: str) -> dict[str, Any]:
+    """Ours over the faster raw table at ``figure``: the median of the rounds' ratios."""
+    shape = _anchor(warm, figure)
+    each = [ratio(r["ours"][figure], r[shape][figure]) for r in warm]
+    return {"median": round(statistics.median(each), 2), "rounds": each, "anchor": shape}
 
 
 async def _ours_cold_child(directory: Path, keys: list[bytes]) -> dict[str, Any]:
@@ -198,7 +226,8 @@ async def _ours_cold_child(directory: Path, keys: list[bytes]) -> dict[str, Any]
 
 
 def _child(kind: str, directory: Path, keys: list[bytes], default_gc: bool) -> dict[str, Any]:
-    """Run a cold-get measurement in a fresh Python process."""
+    """Run a cold-get measurement in a fresh Python process (``kind``: ``ours`` or a
+    raw table's shape)."""
     keyfile = directory / "cold-keys"
     keyfile.write_bytes(b"".join(keys))
     gc_flag = ["--default-gc"] if default_gc else []
@@ -213,28 +242,31 @@ def _child(kind: str, directory: Path, keys: list[bytes], default_gc: bool) -> d
 
 
 def _cold(
-    directory: Path, keys: list[bytes], rounds: int, default_gc: bool
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Cold gets of raw SQLite and of ours, ``rounds`` times alternating: each side's
-    median round (by mean), with every round's mean."""
-    got: dict[str, list[dict[str, Any]]] = {"raw": [], "ours": []}
-    for _ in range(rounds):
-        for kind in ("raw", "ours"):
+    directory: Path, keys: list[bytes], rounds: int, default_gc: bool, shape: str
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Cold gets of the raw table ``shape`` and of ours, ``rounds`` times, the side
+    that goes first alternating: each side's median round (by mean), with every
+    round's mean, and the median of the rounds' ratios (ours over raw)."""
+    got: dict[str, list[dict[str, Any]]] = {shape: [], "ours": []}
+    for r in range(rounds):
+        for kind in (shape, "ours") if r % 2 == 0 else ("ours", shape):
             got[kind].append(_child(kind, directory, keys, default_gc))
     out = []
-    for kind in ("raw", "ours"):
+    for kind in (shape, "ours"):
         ordered = sorted(got[kind], key=lambda r: float(r["mean_us"]))
         median = dict(ordered[len(ordered) // 2])
         median["rounds_mean_us"] = [r["mean_us"] for r in got[kind]]
         out.append(median)
-    return out[0], out[1]
+    each = [ratio(o["mean_us"], w["mean_us"]) for o, w in zip(got["ours"], got[shape], strict=True)]
+    paired = {"median": round(statistics.median(each), 2), "rounds": each, "anchor": shape}
+    return out[0], out[1], paired
 
 
 def _child_main(kind: str, directory: Path) -> None:
     raw = (directory / "cold-keys").read_bytes()
     keys = [raw[i : i + 16] for i in range(0, len(raw), 16)]
-    if kind == "raw":
-        figures = _raw_cold_child(directory / "raw.sqlite", keys)
+    if kind in SHAPES:
+        figures = _raw_cold_child(_raw_path(directory, kind), keys)
     else:
         figures = asyncio.run(_ours_cold_child(directory, keys))
     # Not getrusage: a child's ru_maxrss starts from its parent's at fork.
@@ -323,24 +355,29 @@ def _report(
     args: argparse.Namespace,
     raw: dict[str, Any],
     ours: dict[str, Any],
+    warm: list[dict[str, Any]],
     pouch: dict[str, Any],
 ) -> dict[str, Any]:
+    load_anchor = min(SHAPES, key=lambda shape: float(raw[shape]["load_s"]))
+    raw_load_s = raw[load_anchor]["load_s"]
     ratios: dict[str, Any] = {
-        "get_mean_vs_raw_sqlite": ratio(ours["get"]["mean_us"], raw["get"]["mean_us"]),
-        "get_p50_vs_raw_sqlite": ratio(ours["get"]["p50_us"], raw["get"]["p50_us"]),
-        "cold_get_mean_vs_raw_sqlite": ratio(
-            ours["cold_get"]["mean_us"], raw["cold_get"]["mean_us"]
-        ),
-        "scan_vs_raw_sqlite": ratio(ours["scan_s"], raw["scan_s"]),
-        "load_rate_vs_raw_sqlite": ratio(raw["load_s"], ours["load_s"]),
-        "storage_floor_rate_vs_raw_sqlite": ratio(raw["load_s"], ours["storage_floor_s"]),
+        "get_mean_vs_raw_sqlite": _warm_ratio(warm, "get_mean_us"),
+        "get_p50_vs_raw_sqlite": _warm_ratio(warm, "get_p50_us"),
+        "cold_get_mean_vs_raw_sqlite": ours["cold_get_vs_raw"],
+        "scan_vs_raw_sqlite": _warm_ratio(warm, "scan_s"),
+        "load_rate_vs_raw_sqlite": {
+            "ratio": ratio(raw_load_s, ours["load_s"]),
+            "anchor": load_anchor,
+        },
+        "storage_floor_rate_vs_raw_sqlite": ratio(raw_load_s, ours["storage_floor_s"]),
     }
+    mine = ours["warm"]
     if "skipped" not in pouch:
         ratios.update(
             {
-                "get_mean_vs_pouchdb": ratio(ours["get"]["mean_us"], pouch["get"]["mean_us"]),
-                "get_p50_vs_pouchdb": ratio(ours["get"]["p50_us"], pouch["get"]["p50_us"]),
-                "scan_vs_pouchdb": ratio(ours["scan_s"], pouch["scan_s"]),
+                "get_mean_vs_pouchdb": ratio(mine["get_mean_us"], pouch["get"]["mean_us"]),
+                "get_p50_vs_pouchdb": ratio(mine["get_p50_us"], pouch["get"]["p50_us"]),
+                "scan_vs_pouchdb": ratio(mine["scan_s"], pouch["scan_s"]),
                 "load_rate_vs_pouchdb": ratio(pouch["load_s"], ours["load_s"]),
             }
         )
@@ -350,10 +387,12 @@ def _report(
         "gc": "CPython's defaults" if args.default_gc else "the daemon's (tune_gc)",
         "txn_size": args.txn,
         "gets": args.gets,
+        "rounds": args.rounds,
         "cold_gets": args.cold_gets,
         "cold_rounds": args.cold_rounds,
         "ours": ours,
         "raw_sqlite": raw,
+        "warm_rounds": warm,
         "pouchdb": pouch,
         "ratios": ratios,
         "targets": {
@@ -370,7 +409,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--entries", type=int, default=100_000)
     ap.add_argument("--txn", type=int, default=1000)
-    ap.add_argument("--gets", type=int, default=20_000)
+    ap.add_argument("--gets", type=int, default=20_000, help="warm gets a round (%(default)s)")
+    ap.add_argument("--rounds", type=int, default=3, help="paired warm rounds (%(default)s)")
     ap.add_argument("--cold-gets", type=int, default=1000)
     ap.add_argument("--cold-rounds", type=int, default=3)
     ap.add_argument("--no-pouchdb", action="store_true")
@@ -387,22 +427,23 @@ def main() -> None:
     cold_keys = _sample(rows, args.cold_gets, seed=4)
     with tempfile.TemporaryDirectory() as d:
         directory = Path(d)
-        before = written_mib()
-        raw: dict[str, Any] = {
-            "load_s": round(_raw_load(directory / "raw.sqlite", rows, args.txn), 3),
-        }
-        raw["load_written_MiB"] = written_since(before)
-        raw.update(_raw_warm(directory / "raw.sqlite", keys))
-        ours = asyncio.run(_ours(directory, rows, args.txn, keys))
+        raw: dict[str, Any] = {}
+        for shape in SHAPES:
+            before = written_mib()
+            load_s = raw_kv_load(_raw_path(directory, shape), rows, args.txn, shape)
+            raw[shape] = {"load_s": round(load_s, 3), "load_written_MiB": written_since(before)}
+        ours, warm = asyncio.run(_ours(directory, rows, args.txn, keys, args.rounds))
+        ours["warm"] = {k: statistics.median(r["ours"][k] for r in warm) for k in warm[0]["ours"]}
         ours["peak_rss_MiB"] = round(peak_rss_mib(), 1)
-        raw["cold_get"], ours["cold_get"] = _cold(
-            directory, cold_keys, args.cold_rounds, args.default_gc
+        shape = _anchor(warm, "get_mean_us")
+        raw[shape]["cold_get"], ours["cold_get"], ours["cold_get_vs_raw"] = _cold(
+            directory, cold_keys, args.cold_rounds, args.default_gc, shape
         )
         if args.no_pouchdb:
             pouch: dict[str, Any] = {"skipped": "--no-pouchdb"}
         else:
             pouch = _pouchdb(directory, rows, keys, args.txn)
-    emit("reads", _report(args, raw, ours, pouch))
+    emit("reads", _report(args, raw, ours, warm, pouch))
 
 
 if __name__ == "__main__":

@@ -1,12 +1,15 @@
 """Sync benchmark: propagation between two devices through moto's HTTP server.
 
     python -m bench.sync [--entries 10000] [--page-entries 100000] [--history-entries 100000]
+                         [--ingest-mib 32] [--only-encryption | --only-scale]
+                         [--no-encryption] [--no-scale]
 
 Prints JSON:
 * propagation: 10,000 entries written on device A, readable on device B:
   seconds and the PUT/GET/LIST requests it took;
-* incremental: after one entry changes in a 100,000-entry page, the bytes and
-  requests of the next upload round (target <= 2 PUTs and <= 128 KiB);
+* incremental: after one entry changes in a 100,000-entry page both devices hold,
+  the requests and bytes (up and down) of A's next upload round (target <= 2 PUTs and
+  <= 128 KiB up) and of B's round that brings the change, and the two together;
 * history: the first upload and download of a page of 100,000 random keys written
   in 100 transactions of 1,000 (every version of every rewritten leaf travels);
 * encryption: propagation of the same 10,000 entries and the ingest of 32 MiB of
@@ -88,19 +91,37 @@ async def _bench(
         "bytes_up": a_cloud.bytes_put,
         "bytes_down": b_cloud.bytes_got,
     }
-    # Incremental: one entry changes in a large page.
+    # Incremental: one entry changes in a large page that both devices hold; what the
+    # change costs both ways, A's upload round and B's round that brings it.
     big_page = await a_repo.ledger("bench").page("incremental")
     for i in range(0, big, 10_000):
         await big_page.write([(b"e%08d" % j, rng.randbytes(100)) for j in range(i, i + 10_000)])
     await a.sync()
+    await b.sync()
     a_cloud.reset()
-    await big_page.put(b"e%08d" % (big // 2), b"changed" * 10)
+    b_cloud.reset()
+    changed = b"e%08d" % (big // 2)
+    await big_page.put(changed, b"changed" * 10)
     await a.round(download=False, full=True)
+    await b.round(full=False)
+    b_page = await b_repo.ledger("bench").page("incremental")
+    assert await b_page.get(changed) == b"changed" * 10, "B did not get the change in one round"
+    ways = {"upload_A": a_cloud, "download_B": b_cloud}
     out["incremental"] = {
         "page_entries": big,
-        "requests": dict(a_cloud.counts),
-        "bytes_up": a_cloud.bytes_put,
-        "target": {"put": 2, "bytes": 131072},
+        **{
+            way: {
+                "requests": dict(c.counts),
+                "bytes_up": c.bytes_put,
+                "bytes_down": c.bytes_got,
+            }
+            for way, c in ways.items()
+        },
+        "both_ways": {
+            "requests": sum(sum(c.counts.values()) for c in ways.values()),
+            "bytes": sum(c.bytes_put + c.bytes_got for c in ways.values()),
+        },
+        "target_upload": {"put": 2, "bytes": 131072},
     }
     b_cloud.reset()
     await b.round(full=False)
@@ -258,6 +279,8 @@ def main() -> None:
     ap.add_argument("--ingest-mib", type=int, default=32, help="encryption's ingest (0: none)")
     ap.add_argument("--only-encryption", action="store_true", help="just the encryption figures")
     ap.add_argument("--only-scale", action="store_true", help="just bench.sync_scale's figures")
+    ap.add_argument("--no-encryption", action="store_true", help="without the encryption figures")
+    ap.add_argument("--no-scale", action="store_true", help="without bench.sync_scale's figures")
     args = ap.parse_args()
     os.environ.update(AWS)
     with moto_server() as endpoint:
@@ -269,8 +292,12 @@ def main() -> None:
             emit("sync", {"scale": scale(endpoint, bucket, args.history_entries)})
             return
         with tempfile.TemporaryDirectory() as d:
-            encryption = asyncio.run(
-                _encryption(Path(d), endpoint, bucket, args.entries, args.ingest_mib)
+            encryption = (
+                None
+                if args.no_encryption
+                else asyncio.run(
+                    _encryption(Path(d), endpoint, bucket, args.entries, args.ingest_mib)
+                )
             )
             if args.only_encryption:
                 emit("sync", {"encryption": encryption})
@@ -286,7 +313,8 @@ def main() -> None:
                 )
             )
             figures["encryption"] = encryption
-            figures["scale"] = scale(endpoint, bucket, args.history_entries)
+            if not args.no_scale:
+                figures["scale"] = scale(endpoint, bucket, args.history_entries)
             figures["rclone_copy"] = _rclone(Path(d), endpoint, bucket, args.entries)
     ours = figures["propagation"]
     rc = figures["rclone_copy"]

@@ -152,9 +152,10 @@ def parse_json(data: bytes | str, what: str) -> Any:
     holding half a UTF-16 pair (``"\\ud800"``: valid JSON that no UTF-8 text can hold,
     so it could be neither stored nor answered)."""
     try:
-        text = data.decode() if isinstance(data, bytes) else data
+        decoded = isinstance(data, bytes)
+        text = data.decode() if decoded else data
         value = json.loads(text, parse_constant=_not_json)
-        if _SURROGATE.search(text) is not None:  # rare: only then can a string be unencodable
+        if may_hold_surrogate(text, decoded):  # rare: only then can a string be unencodable
             json.dumps(value, ensure_ascii=False).encode()
         return value
     except UnicodeEncodeError:
@@ -174,6 +175,18 @@ def parse_json(data: bytes | str, what: str) -> Any:
 _SURROGATE = re.compile(r"\\u[dD][89a-fA-F]|[\ud800-\udfff]")
 """An escaped UTF-16 surrogate in JSON text (or a raw one in a ``str``), the only ways
 a decoded string can hold a lone surrogate."""
+
+
+def may_hold_surrogate(text: str, decoded: bool) -> bool:
+    """Whether JSON ``text`` may hold a UTF-16 surrogate (:data:`_SURROGATE`): escaped,
+    or raw unless ``decoded`` (text that UTF-8 decoding made holds no raw one).
+
+    Most bodies (a batch's base64, say) hold no ``\\u`` escape at all: a substring test
+    answers for them, and only the rest are searched with the pattern, whose search
+    of every body cost a batch a large share of the event loop's time."""
+    if "\\u" not in text and (decoded or text.isascii()):
+        return False
+    return _SURROGATE.search(text) is not None
 
 
 def _not_json(name: str) -> Any:
