@@ -110,6 +110,7 @@ async def page_doc(page: Page, start: bytes, limit: int, budget: int) -> dict[st
         "page": b64(page.id),
         "ledger_text": text_or_none(page.ledger),
         "page_text": text_or_none(page.id),
+        "device": page.graph.tag.hex(),
         "policy": page.policy.value,
         "count": page.conflict_count,
         "conflict": page.pending_conflict,

@@ -857,6 +857,7 @@ def _conflict_schemas() -> dict[str, Any]:
                 "page": B64,
                 "ledger_text": {"type": "string", "nullable": True},
                 "page_text": {"type": "string", "nullable": True},
+                "device": {"type": "string", "description": "this device's tag (hex)"},
                 "policy": {"type": "string"},
                 "count": {"type": "integer", "description": "conflicting keys of the page"},
                 "conflict": {"type": "string", "nullable": True},

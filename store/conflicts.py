@@ -376,7 +376,10 @@ class Conflicts:
         if self.policy is Policy.DOCUMENTS or (
             await btree.lookup(self.nodes, self.graph.head.root, doclayout.MARKER) is not None
         ):
-            raise NotResolvableError()
+            raise NotResolvableError(
+                f"page {named(self.name)} holds documents: each is resolved whole, by its"
+                " higher _rev"
+            )
         if key is None:
             found = await self.listing()
             if not found:
@@ -390,8 +393,13 @@ class Conflicts:
                     raise KeyNotFoundError(f"key {named(key)} is not in page {named(self.name)}")
                 raise NotInConflictError(f"key {named(key)} holds no conflict")
             found = [c]
+        what = f"key {named(key)}" if key is not None else f"page {named(self.name)}"
+        changed = (
+            f"the conflicts of {what} changed since they were listed (a write or a sync"
+            " came): nothing was resolved; list them again"
+        )
         if expect is not None and expect_of(found) != expect:
-            raise SiblingsChangedError()
+            raise SiblingsChangedError(changed)
         if take == "theirs":
             many = [c for c in found if len(c.theirs) != 1]
             if many:
@@ -411,7 +419,7 @@ class Conflicts:
         if len(stored) != len(found):
             if self._is_closed():
                 raise ClosedError(f"page {named(self.name)} is closing")
-            raise SiblingsChangedError()
+            raise SiblingsChangedError(changed)
         return found
 
 
