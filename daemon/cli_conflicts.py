@@ -44,7 +44,10 @@ from ledgerd.daemon.codec import b64
 SHOWN_VALUE = 60
 """Characters of a value a listing shows; a longer one is cut, with its size."""
 PAGE_KEYS = 100
-"""Conflicting keys per request (a page's listing follows ``next``)."""
+"""Conflicting keys per page when listing several pages (the daemon's default)."""
+REQUEST_KEYS = 1000
+"""Conflicting keys per request for one page's listing (it follows ``next``); a page
+with up to this many gets the whole page's ``expect`` (a listing in one request)."""
 EXAMPLES = {
     "conflicts": "ledgerctl conflicts\nledgerctl conflicts notes inbox --json",
     "resolve": "ledgerctl resolve notes inbox greeting --take theirs\n"
@@ -105,10 +108,10 @@ async def _listing(args: argparse.Namespace, client: AsyncClient) -> list[PageCo
     if ledger is None or page is None:
         return await client.conflicts(ledger, limit=args.limit or PAGE_KEYS)
     want = args.limit or sys.maxsize
-    docs = await client.conflicts(ledger, page, limit=min(want, PAGE_KEYS))
+    docs = await client.conflicts(ledger, page, limit=min(want, REQUEST_KEYS))
     doc, listed = docs[0], list(docs[0].conflicts)
     while doc.next is not None and len(listed) < want:
-        (doc,) = await client.conflicts(ledger, page, limit=PAGE_KEYS, start=doc.next)
+        (doc,) = await client.conflicts(ledger, page, limit=REQUEST_KEYS, start=doc.next)
         listed.extend(doc.conflicts)
     nxt = listed[want].key if len(listed) > want else doc.next
     return [dataclasses.replace(docs[0], conflicts=listed[:want], next=nxt)]
@@ -191,10 +194,9 @@ def _show_page(doc: PageConflicts, args: argparse.Namespace, out: TextIO) -> Non
         out.write(f"  ... {counted(left, 'more key')}: {more}\n")
     elif doc.expect is not None and len(doc.conflicts) > 1:
         every = _command(args, "resolve", doc.ledger, doc.page, None)
-        take = "ours" if any(len(c.theirs) > 1 for c in doc.conflicts) else "theirs"
+        alt = "--take theirs, " if all(len(c.theirs) == 1 for c in doc.conflicts) else ""
         out.write(
-            f"  every key: {every} --take ours --expect {doc.expect}"
-            f"{'   # or --take theirs' if take == 'theirs' else ''}\n"
+            f"  every key: {every} --take ours --expect {doc.expect}   # or {alt}--value NEW\n"
         )
 
 
@@ -272,7 +274,7 @@ async def run_resolve(args: argparse.Namespace, client: AsyncClient) -> int:
         if e.code != "ambiguous_theirs" or key is None:
             raise
         print(f"ledgerctl: {e} ({e.code})", file=sys.stderr)
-        (doc,) = await client.conflicts(ledger, page, limit=PAGE_KEYS)
+        (doc,) = await client.conflicts(ledger, page, limit=1, start=key)
         for c in doc.conflicts:
             if c.key == key:
                 _show_key(doc, c, args, sys.stderr)
