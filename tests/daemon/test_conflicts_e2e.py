@@ -121,6 +121,10 @@ async def _siblings(c: AsyncClient, key: bytes, mine: bytes, other: bytes) -> No
         await s.close()
 
 
+def b64(v: bytes) -> str:
+    return base64.b64encode(v).decode()
+
+
 async def _resolve(http: aiohttp.ClientSession, body: object) -> tuple[int, dict[str, Any]]:
     async with http.post("/v1/ledgers/l/pages/p/conflicts/resolve", json=body) as r:
         return r.status, await r.json()
@@ -138,7 +142,7 @@ async def test_http_lists_and_resolves_and_refuses_with_stable_codes(
     assert [(p["page_text"], p["count"]) for p in pages] == [("p", 2)]
     async with http.get("/v1/conflicts?ledger=l&limit=1") as r:
         (page,) = (await r.json())["pages"]
-    assert len(page["conflicts"]) == 1 and page["next"] == base64.b64encode(b"y").decode()
+    assert len(page["conflicts"]) == 1 and page["next"] == b64(b"y")
     assert page["expect"] is None  # not a whole listing
     async with http.get("/v1/ledgers/l/pages/p/conflicts?start=y") as r:
         assert [base64.b64decode(k["key"]) for k in (await r.json())["conflicts"]] == [b"y"]
@@ -149,7 +153,6 @@ async def test_http_lists_and_resolves_and_refuses_with_stable_codes(
     assert {ours, *theirs} == {b"plain-x", b"txn-x"} and x["ours"]["device"] == page["device"]
     async with http.get("/v1/ledgers/l/pages/p/keys/x") as r:
         assert await r.read() == ours  # what reads show
-    b64 = lambda v: base64.b64encode(v).decode()  # noqa: E731
     # Refusals: each with its code, and nothing written.
     for body, status, code in [
         ({"key": b64(b"x"), "take": "both"}, 400, "bad_request"),
