@@ -139,14 +139,23 @@ class Conflicts:
         self.policy = Policy.LAST_ONE_WINS
         self.remembered = False
         """A policy was set on the page (it has a ``merge_policy`` row), even the default."""
-        self.pending_conflict: str | None = None
-        """Why conflicts wait for a resolver, or None."""
+        self._pending: str | None = None
         self.fetch_failed = False
         """The last round could not read a value the resolver took (the network): the
         sync engine runs it again at its next round (nothing else may come to)."""
         self._running = False
         self._asking: asyncio.Future[dict[bytes, Choice]] | None = None
         self._abandoned = False
+
+    @property
+    def pending_conflict(self) -> str | None:
+        """Why conflicts wait for a resolver, or None: always None once none is left (a
+        write, an import or a resolution by hand ended the last one)."""
+        return self._pending if self.graph.conflicts else None
+
+    @pending_conflict.setter
+    def pending_conflict(self, why: str | None) -> None:
+        self._pending = why
 
     def abandon(self) -> None:
         """The page is closing: a resolver asked now is cancelled, and none is asked
@@ -214,7 +223,7 @@ class Conflicts:
         resolver = self.resolvers.resolver_for(self.ledger) if self.resolvers else None
         n = self.graph.conflicts
         if resolver is None:
-            self.pending_conflict = f"{n} keys need a conflict resolver"
+            self.pending_conflict = _unresolved(n)
             log.info("page %s: %s", named(self.name), self.pending_conflict)
             return False
         head = self.graph.head
@@ -420,7 +429,14 @@ class Conflicts:
             if self._is_closed():
                 raise ClosedError(f"page {named(self.name)} is closing")
             raise SiblingsChangedError(changed)
+        if self._pending == _unresolved(len(found) + self.graph.conflicts):
+            self._pending = _unresolved(self.graph.conflicts)  # (the count it shows)
         return found
+
+
+def _unresolved(n: int) -> str:
+    """Why ``n`` conflicts wait, when no resolver is connected."""
+    return f"{n} keys need a conflict resolver"
 
 
 def _pair(e: Entry | None) -> tuple[Version, Version] | None:

@@ -80,6 +80,7 @@ async def test_a_resolution_supersedes_the_siblings_on_both_devices(
     await exchange_all(a, b)
     for p in (a, b):
         assert p.conflict_count == 0 and await p.list_conflicts() == []
+        assert p.pending_conflict is None  # (b: the import ended its conflict)
         assert await _values(p) == {b"k": value, b"only-a": b"a", b"only-b": b"b"}
         e = await p.get_entry(b"k")
         assert e is not None and e.siblings == ()
@@ -93,11 +94,14 @@ async def test_a_delete_resolves_and_the_whole_page_at_once(tmp_path: Path) -> N
         await a.write([(b"x", b"1"), (b"y", b"1"), (b"z", b"1")])
         await b.write([(b"x", b"2"), (b"y", b"2"), (b"z", None)])
         await exchange_all(a, b)
+        await b.set_policy(Policy.AUTOMATIC_WITH_FALLBACK)
         found = await b.list_conflicts()
         assert [c.key for c in found] == [b"x", b"y", b"z"]
+        assert b.pending_conflict == "3 keys need a conflict resolver"
         with pytest.raises(SiblingsChangedError):
             await b.resolve(None, "theirs", expect=found[0].expect)  # one key's
         await b.resolve(b"z", None)  # a delete against a put: deleted
+        assert b.pending_conflict == "2 keys need a conflict resolver"
         await b.resolve(None, "theirs", expect=expect_of(found[:2]))
         assert await _values(b) == {b"x": b"1", b"y": b"1"}
         await exchange_all(a, b)
