@@ -182,6 +182,13 @@ async def test_http_lists_and_resolves_and_refuses_with_stable_codes(
     assert (got[0], got[1]["error"]["code"]) == (409, "no_conflict")
     async with http.get("/v1/conflicts") as r:
         assert (await r.json())["pages"] == []
+    async with http.get("/v1/conflicts?ledger=nope") as r:
+        assert (r.status, (await r.json())["error"]["code"]) == (404, "ledger_not_found")
+    # A document page: each document is resolved whole, by its _rev, never by key.
+    async with http.post("/v1/ledgers/l/pages/d/docs/people", json={"name": "Ann"}) as r:
+        assert r.status == 201
+    async with http.post("/v1/ledgers/l/pages/d/conflicts/resolve", json={"take": "ours"}) as r:
+        assert (r.status, (await r.json())["error"]["code"]) == (409, "not_resolvable")
 
 
 def test_the_blocking_client_and_the_cli_without_conflicts(daemon: Daemon) -> None:
