@@ -88,10 +88,11 @@ async def _key_doc(page: Page, c: KeyConflict) -> dict[str, Any]:
     }
 
 
-async def page_doc(page: Page, start: bytes, limit: int, budget: int) -> dict[str, Any]:
-    """A page's conflicts from ``start`` on: at most ``limit`` keys, and no more once
-    their values pass ``budget`` bytes (at least one key); ``next`` is the key the
-    next listing starts at, ``expect`` the whole page's (when the listing is whole)."""
+async def page_doc(page: Page, start: bytes, limit: int, budget: int) -> tuple[dict[str, Any], int]:
+    """A page's conflicts from ``start`` on: at most ``limit`` keys (none when 0), and no
+    more once their values pass ``budget`` bytes (at least one key); ``next`` is the key
+    the next listing starts at, ``expect`` the whole page's (when the listing is whole).
+    Also the bytes of values it holds."""
     found = await page.list_conflicts(start, limit + 1)
     more = found[limit:]
     found = found[:limit]
@@ -105,7 +106,7 @@ async def page_doc(page: Page, start: bytes, limit: int, budget: int) -> dict[st
         used += sum(len(s["value"] or "") for s in (doc["ours"], *doc["theirs"]))
         out.append(doc)
     whole = not start and not more
-    return {
+    doc = {
         "ledger": b64(page.ledger),
         "page": b64(page.id),
         "ledger_text": text_or_none(page.ledger),
@@ -118,6 +119,7 @@ async def page_doc(page: Page, start: bytes, limit: int, budget: int) -> dict[st
         "next": b64(more[0].key) if more else None,
         "expect": expect_of(found) if whole else None,
     }
+    return doc, used
 
 
 # -- endpoints -----------------------------------------------------------------------
@@ -144,22 +146,31 @@ async def page_conflicts(api: Api, request: web.Request, p: Params) -> web.Respo
     """GET ?start=&limit=: the page's conflicting keys, each with its siblings."""
     limit, start, _ = _params(request)
     page = await api.page(p.ledger, p.page, create=False)
-    doc = await page_doc(page, start or b"", limit, api.cfg.max_listing_bytes)
+    doc, _ = await page_doc(page, start or b"", limit, api.cfg.max_listing_bytes)
     return web.json_response(doc)
 
 
 async def all_conflicts(api: Api, request: web.Request, p: Params) -> web.Response:
     """GET ?ledger=&limit=: the conflicts of every open page holding some, or of every
-    page of ``ledger`` (each opened in turn); pages without conflicts are left out."""
+    page of ``ledger`` (each opened in turn); pages without conflicts are left out. Once
+    the values listed pass ``max_listing_bytes``, the pages after list no key (their
+    ``next`` is their first: list them one at a time)."""
     limit, _, ledger = _params(request)
-    budget = api.cfg.max_listing_bytes
+    left = api.cfg.max_listing_bytes
     out: list[dict[str, Any]] = []
+
+    async def add(page: Page) -> None:
+        nonlocal left
+        doc, used = await page_doc(page, b"", limit if left > 0 else 0, left)
+        out.append(doc)
+        left -= used
+
     if ledger is None:
         for page in api.repo.open_pages():
             if page.closed or not page.conflict_count:
                 continue
-            with page.lease():
-                out.append(await page_doc(page, b"", limit, budget))
+            with page.lease(use=False):  # looking is no use: it may still close as idle
+                await add(page)
     else:
         api.name_bytes(ledger, "ledger name")
         if not api.repo.ledger_exists(ledger):
@@ -173,7 +184,7 @@ async def all_conflicts(api: Api, request: web.Request, p: Params) -> web.Respon
                 continue
             with page.lease():
                 if page.conflict_count:
-                    out.append(await page_doc(page, b"", limit, budget))
+                    await add(page)
     return web.json_response({"pages": out})
 
 
