@@ -190,10 +190,10 @@ def _show_page(doc: PageConflicts, args: argparse.Namespace, out: TextIO) -> Non
         _show_key(doc, c, args, out)
     if doc.next is not None:
         left = doc.count - len(doc.conflicts)
-        more = _command(args, "conflicts", doc.ledger, doc.page, None)
+        more = command_line(args, "conflicts", doc.ledger, doc.page, None)
         out.write(f"  ... {counted(left, 'more key')}: {more}\n")
     elif doc.expect is not None and len(doc.conflicts) > 1:
-        every = _command(args, "resolve", doc.ledger, doc.page, None)
+        every = command_line(args, "resolve", doc.ledger, doc.page, None)
         alt = "--take theirs, " if all(len(c.theirs) == 1 for c in doc.conflicts) else ""
         out.write(
             f"  every key: {every} --take ours --expect {doc.expect}   # or {alt}--value NEW\n"
@@ -207,7 +207,7 @@ def _show_key(
     out.write(f"    ours    {_side(c.ours, doc.device, args.hex)}\n")
     for t in c.theirs:
         out.write(f"    theirs  {_side(t, doc.device, args.hex)}\n")
-    cmd = _command(args, "resolve", doc.ledger, doc.page, c.key)
+    cmd = command_line(args, "resolve", doc.ledger, doc.page, c.key)
     alt = "--take theirs, " if len(c.theirs) == 1 else ""
     out.write(f"    resolve: {cmd} --take ours --expect {c.expect}   # or {alt}--value NEW\n")
 
@@ -228,7 +228,7 @@ def _side(s: Sibling, device: str, hex_mode: bool) -> str:
     return f"{shown}   ({when(s.time)}, {by}{lazy})"
 
 
-def _command(
+def command_line(
     args: argparse.Namespace, name: str, ledger: bytes, page: bytes, key: bytes | None
 ) -> str:
     """The ledgerctl command line naming ``ledger``, ``page`` (and ``key``) as it reads
@@ -247,7 +247,15 @@ def _command(
         assert key is not None
         words.append("--tuple")
         texts.append(show_key(key, False, True))
-    return " ".join([*words, *(shlex.quote(t) for t in texts)])
+    return " ".join([*words, *(_quote(t) for t in texts)])
+
+
+def _quote(text: str) -> str:
+    """``text`` as one shell word: in double quotes when it holds a single quote and
+    nothing a shell expands there (a tuple key: ``"('user', 42)"``), else shlex's."""
+    if "'" in text and not any(c in text for c in '"$`\\!'):
+        return f'"{text}"'
+    return shlex.quote(text)
 
 
 # -- resolve -------------------------------------------------------------------------
