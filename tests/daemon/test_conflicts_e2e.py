@@ -210,3 +210,29 @@ def test_the_blocking_client_and_the_cli_without_conflicts(daemon: Daemon) -> No
     assert out.returncode == 2 and b"--take" in out.stderr, out
     out = daemon.ledgerctl("resolve", "nope", "p", "k", "--take", "ours")
     assert out.returncode == 1 and b"no ledger nope" in out.stderr, out
+
+
+async def test_taking_a_lazy_sibling_over_1_mib_fetches_it_and_converges(
+    three: list[Daemon],
+) -> None:
+    a, b, _ = three
+    big = bytes(range(256)) * 8192  # 2 MiB: listed by its size, not inline
+    async with AsyncClient(a.socket) as ca, AsyncClient(b.socket) as cb:
+        await ca.put("l", "p", b"k", big, lazy=True)
+        await cb.put("l", "p", b"k", b"small")
+        for client in (ca, cb, ca):
+            await client.sync(timeout=60)
+        (page,) = await cb.conflicts("l", "p")
+        (c,) = page.conflicts
+        assert c.ours.value == b"small" and c.ours.device == page.device
+        (theirs,) = c.theirs
+        assert theirs.value is None and theirs.size == len(big) and theirs.priority == "lazy"
+        text = b.ledgerctl("conflicts", "l", "p", check=True).stdout.decode()
+        assert "theirs  <2.0 MiB>" in text and ", lazy)" in text, text
+        done = await cb.resolve("l", "p", b"k", take="theirs", expect=c.expect)
+        assert done.conflicts == 0 and await cb.get("l", "p", b"k") == big
+        for cl in (cb, ca):
+            await cl.sync(timeout=60)
+        for cl in (ca, cb):
+            assert await cl.get("l", "p", b"k") == big
+            assert (await cl.conflicts("l", "p"))[0].count == 0
