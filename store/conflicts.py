@@ -374,8 +374,8 @@ class Conflicts:
     async def resolve(
         self, key: bytes | None, take: Take, expect: str | None = None
     ) -> list[KeyConflict]:
-        """Resolve ``key``'s conflict, or every conflict of the page (``key`` None), as a
-        resolver's answer is stored: one commit whose version supersedes exactly the
+        """Resolve ``key``'s conflict, or every conflict of the page (``key`` None; the
+        first :data:`MAX_ASKED` of them in one call), as a resolver's answer is stored: one commit whose version supersedes exactly the
         siblings resolved, synced like any write. ``ours`` takes what reads show now,
         ``theirs`` the one other value (AmbiguousTakeError when there are more), bytes a
         new value, None a delete. With ``expect`` (:attr:`KeyConflict.expect`, or
