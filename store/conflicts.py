@@ -375,13 +375,14 @@ class Conflicts:
         self, key: bytes | None, take: Take, expect: str | None = None
     ) -> list[KeyConflict]:
         """Resolve ``key``'s conflict, or every conflict of the page (``key`` None; the
-        first :data:`MAX_ASKED` of them in one call), as a resolver's answer is stored: one commit whose version supersedes exactly the
-        siblings resolved, synced like any write. ``ours`` takes what reads show now,
-        ``theirs`` the one other value (AmbiguousTakeError when there are more), bytes a
-        new value, None a delete. With ``expect`` (:attr:`KeyConflict.expect`, or
-        :func:`expect_of` the page's listing), or when a write comes meanwhile,
-        siblings that changed are SiblingsChangedError and nothing is written.
-        Returns the conflicts resolved, as they were."""
+        first :data:`MAX_ASKED` of them in one call), as a resolver's answer is stored:
+        one commit whose version supersedes exactly the siblings resolved, synced like
+        any write. ``ours`` takes what reads show now, ``theirs`` the one other value
+        (AmbiguousTakeError when there are more), bytes a new value, None a delete.
+        With ``expect`` (:attr:`KeyConflict.expect`, or :func:`expect_of` the page's
+        listing), or when a write comes meanwhile, siblings that changed are
+        SiblingsChangedError and nothing is written. Returns the conflicts resolved, as
+        they were."""
         if self.policy is Policy.DOCUMENTS or (
             await btree.lookup(self.nodes, self.graph.head.root, doclayout.MARKER) is not None
         ):
