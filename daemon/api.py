@@ -40,6 +40,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from ledgerd.daemon import __version__
+from ledgerd.daemon import conflicts_api as conflicts
 from ledgerd.daemon import docs_api as docs
 from ledgerd.daemon import errors as ae
 from ledgerd.daemon.codec import (
@@ -1175,6 +1176,10 @@ ROUTES = [
     _route("POST", PAGE + "/batch", Api.batch),
     _route("POST", PAGE + "/clear", Api.clear),
     _route("GET PUT", PAGE + "/policy", Api.policy),
+    # Conflicts listed and resolved by hand (daemon/conflicts_api.py).
+    _route("GET", "conflicts", conflicts.all_conflicts),
+    _route("GET", PAGE + "/conflicts", conflicts.page_conflicts),
+    _route("POST", PAGE + "/conflicts/resolve", conflicts.resolve),
     _route("GET", PAGE + "/heads", Api.heads),
     _route("GET", PAGE + "/history", Api.history),
     _route("GET", PAGE + "/commits/{commit}", Api.commit),

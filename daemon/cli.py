@@ -33,7 +33,7 @@ import sys
 from collections.abc import AsyncIterator
 from typing import Any, BinaryIO, NoReturn
 
-from ledgerd.daemon import __version__, cli_doc
+from ledgerd.daemon import __version__, cli_conflicts, cli_doc
 from ledgerd.daemon.cli_format import (
     UsageError,
     arg_bytes,
@@ -750,6 +750,7 @@ def parser() -> argparse.ArgumentParser:
 
     cli_check.register(sub)
     cli_gc.register(sub)
+    cli_conflicts.register(sub)
     for q in sub.choices.values():
         _common_below(q)
     _explain(ap, "")
@@ -806,6 +807,7 @@ EXAMPLES = {
     "check": "ledgerctl check notes\nledgerctl check --cloud --repair",
     "gc": "ledgerctl gc notes inbox",
     "evict": "ledgerctl evict notes inbox",
+    **cli_conflicts.EXAMPLES,
 }
 """An example for each command's ``--help`` (tests/daemon/test_cli_conventions.py
 checks that every command has one)."""

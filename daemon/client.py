@@ -15,7 +15,9 @@ and ``ledgerctl`` import from here; the parts live in
   classes, a private event loop on a thread and methods made blocking through it;
 * :mod:`ledgerd.daemon.client_blocking`: :class:`Client` and its blocking sessions,
   watches and transactions, the async classes through that bridge;
-* :mod:`ledgerd.daemon.client_docs`: documents (``client.documents(ledger, page)``).
+* :mod:`ledgerd.daemon.client_docs`: documents (``client.documents(ledger, page)``);
+* :mod:`ledgerd.daemon.client_conflicts`: conflicts listed and resolved by hand
+  (``client.conflicts()``, ``client.resolve(...)``).
 
 ::
 
@@ -43,6 +45,7 @@ from ledgerd.daemon.client_blocking import (
     Client,
 )
 from ledgerd.daemon.client_body import Content
+from ledgerd.daemon.client_conflicts import PageConflicts, PendingConflict, Resolved, Sibling
 from ledgerd.daemon.client_session import AsyncTransaction, Session, Transaction, Watch
 from ledgerd.daemon.client_types import (
     CHUNK,
@@ -86,11 +89,15 @@ __all__ = [
     "LedgerError",
     "Name",
     "NotFoundError",
+    "PageConflicts",
+    "PendingConflict",
     "Progress",
     "ResolveRequest",
     "ResolverCallback",
+    "Resolved",
     "Session",
     "Side",
+    "Sibling",
     "SingleFloat",
     "Subspace",
     "Transaction",

@@ -25,6 +25,14 @@ import aiohttp
 from yarl import URL
 
 from ledgerd.daemon.client_body import Content, sending
+from ledgerd.daemon.client_conflicts import (
+    PageConflicts,
+    Resolved,
+    TakeName,
+    page_conflicts,
+    resolve_body,
+    resolved,
+)
 from ledgerd.daemon.client_docs import AsyncDocuments
 from ledgerd.daemon.client_session import AsyncTransaction, Session, Watch
 from ledgerd.daemon.client_types import (
@@ -372,6 +380,45 @@ class AsyncClient:
         if policy is None:
             return dict(await self._json("GET", url))
         return dict(await self._json("PUT", url, {"policy": policy}))
+
+    async def conflicts(
+        self,
+        ledger: Name | None = None,
+        page: Name | None = None,
+        *,
+        limit: int | None = None,
+        start: bytes | None = None,
+    ) -> list[PageConflicts]:
+        """Pending conflicts: the page's (a list of one; from key ``start`` on), every
+        page's of ``ledger``, or every open page's holding some; at most ``limit`` keys
+        per page, 100 by default (see :class:`PageConflicts`; docs/merging.md)."""
+        if page is not None and ledger is None:
+            raise LedgerError("bad_request", "a page is named with its ledger")
+        if ledger is not None and page is not None:
+            query: dict[str, str | bytes | int | None] = {"limit": limit, "start": start}
+            url = self.url(self.page_path(ledger, page) + "/conflicts", query)
+            return [page_conflicts(await self._json("GET", url))]
+        query = {"limit": limit, "ledger": None if ledger is None else raw(ledger)}
+        doc = await self._json("GET", self.url("/v1/conflicts", query))
+        return [page_conflicts(p) for p in doc["pages"]]
+
+    async def resolve(
+        self,
+        ledger: Name,
+        page: Name,
+        key: bytes | None = None,
+        *,
+        take: TakeName | None = None,
+        value: bytes | None = None,
+        expect: str | None = None,
+    ) -> Resolved:
+        """Resolve ``key``'s conflict (every conflict of the page when ``key`` is None):
+        ``take`` "ours" (what reads show), "theirs" (the one other sibling) or "delete",
+        or ``value``, a new value. ``expect`` (a listing's) refuses siblings that changed
+        since (409 ``siblings_changed``)."""
+        url = self.url(self.page_path(ledger, page) + "/conflicts/resolve")
+        doc = await self._json("POST", url, resolve_body(key, take, value, expect))
+        return resolved(doc)
 
     async def register_resolver(self, ledger: Name, callback: ResolverCallback) -> Session:
         """Resolve the ledger's conflicts with ``callback`` until the returned session closes."""

@@ -210,6 +210,8 @@ class Client:
     entries = blocking_iter(AsyncClient.entries)
     sync = blocking(AsyncClient.sync)
     policy = blocking(AsyncClient.policy)
+    conflicts = blocking(AsyncClient.conflicts)
+    resolve = blocking(AsyncClient.resolve)
     heads = blocking(AsyncClient.heads)
     history = blocking(AsyncClient.history)
 

@@ -139,6 +139,30 @@ class NotEvictable(Conflict):
     code = "not_evictable"
 
 
+class NoConflict(Conflict):
+    """The key (or page) holds no conflict to resolve."""
+
+    code = "no_conflict"
+
+
+class SiblingsChanged(Conflict):
+    """The conflict's siblings changed since they were listed: nothing was resolved."""
+
+    code = "siblings_changed"
+
+
+class AmbiguousTheirs(Conflict):
+    """``theirs`` names more than one sibling: take ``ours`` or give a value."""
+
+    code = "ambiguous_theirs"
+
+
+class NotResolvable(Conflict):
+    """The page's conflicts are not resolved key by key (a document page)."""
+
+    code = "not_resolvable"
+
+
 class TooLarge(ApiError):
     """The request is too large."""
 
@@ -397,6 +421,14 @@ def from_store(e: se.StoreError) -> ApiError:
         return HistoryPruned(msg)
     if isinstance(e, se.NotEvictableError):
         return NotEvictable(msg)
+    if isinstance(e, se.NotInConflictError):
+        return NoConflict(msg)
+    if isinstance(e, se.SiblingsChangedError):
+        return SiblingsChanged(msg)
+    if isinstance(e, se.AmbiguousTakeError):
+        return AmbiguousTheirs(msg)
+    if isinstance(e, se.NotResolvableError):
+        return NotResolvable(msg)
     if isinstance(e, se.TransactionClosedError):
         return Conflict(msg)
     if isinstance(e, se.ObjectKeyMissingError):  # before ObjectNotFoundError, its base

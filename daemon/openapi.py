@@ -380,6 +380,7 @@ def document() -> dict[str, Any]:
         },
         "/v1/openapi.json": {"get": _op("this document", {"200": _json({"type": "object"})})},
         **_document_paths(),
+        **_conflict_paths(),
     }
     return {
         "openapi": "3.0.3",
@@ -579,6 +580,7 @@ INDEX_PATH = {
 
 def _schemas() -> dict[str, Any]:
     return {
+        **_conflict_schemas(),
         "Index": {
             "type": "object",
             "required": ["collection", "name", "partition", "sort", "ready"],
@@ -751,6 +753,135 @@ def _schemas() -> dict[str, Any]:
                 "cloud": {"type": "boolean"},
                 "repair": {"type": "boolean"},
                 "pages": {"type": "array", "items": {"type": "object"}},
+            },
+        },
+    }
+
+
+def _conflict_paths() -> dict[str, Any]:
+    """Conflicts listed and resolved by hand (``daemon/conflicts_api.py``; docs/merging.md)."""
+    limit = _query("limit", "conflicting keys per page, 1-1000 (default 100)", {"type": "integer"})
+    return {
+        "/v1/conflicts": {
+            "get": _op(
+                "the conflicts of every open page holding some, or of every page of a ledger",
+                {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "required": ["pages"],
+                            "properties": {
+                                "pages": {"type": "array", "items": _ref("PageConflicts")}
+                            },
+                        }
+                    )
+                },
+                params=(_query("ledger", "every page of this ledger (percent-encoded)"), limit),
+                errors=(400, 404),
+            )
+        },
+        PAGE_PATH + "/conflicts": {
+            "get": _op(
+                "the page's conflicting keys, each with its siblings",
+                {"200": _json(_ref("PageConflicts"))},
+                params=(
+                    LEDGER,
+                    PAGE,
+                    _query("start", "from this key on (percent-encoded; a listing's next)"),
+                    limit,
+                ),
+                errors=(400, 404),
+            )
+        },
+        PAGE_PATH + "/conflicts/resolve": {
+            "post": _op(
+                "resolve a key's conflict (or every one of the page): a write that "
+                "supersedes exactly its siblings, synced like any write",
+                {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "required": ["resolved", "conflicts"],
+                            "properties": {
+                                "resolved": {"type": "array", "items": B64},
+                                "conflicts": {
+                                    "type": "integer",
+                                    "description": "conflicts left on the page",
+                                },
+                            },
+                        }
+                    )
+                },
+                params=(LEDGER, PAGE),
+                body={"required": True, "content": {JSON: {"schema": _ref("Resolve")}}},
+                errors=(400, 404, 409, 413, 503),
+            )
+        },
+    }
+
+
+def _conflict_schemas() -> dict[str, Any]:
+    side = {
+        "type": "object",
+        "required": ["deleted", "value", "size", "priority", "time", "device"],
+        "properties": {
+            "deleted": {"type": "boolean", "description": "the sibling is a delete"},
+            "value": {
+                **B64,
+                "nullable": True,
+                "description": "null when deleted, over 1 MiB or not on this device",
+            },
+            "size": {"type": "integer", "nullable": True},
+            "priority": {"enum": ["eager", "lazy"]},
+            "time": {"type": "integer", "description": "when it was written (microseconds)"},
+            "device": {"type": "string", "description": "the writing device's tag (hex)"},
+        },
+    }
+    expect = {"type": "string", "pattern": "^[0-9a-f]{16}$"}
+    return {
+        "ConflictSide": side,
+        "KeyConflict": {
+            "type": "object",
+            "required": ["key", "expect", "ours", "theirs"],
+            "properties": {
+                "key": B64,
+                "expect": {**expect, "description": "names the key's siblings (resolve)"},
+                "ours": {**_ref("ConflictSide"), "description": "what reads show now"},
+                "theirs": {"type": "array", "items": _ref("ConflictSide"), "minItems": 1},
+            },
+        },
+        "PageConflicts": {
+            "type": "object",
+            "properties": {
+                "ledger": B64,
+                "page": B64,
+                "ledger_text": {"type": "string", "nullable": True},
+                "page_text": {"type": "string", "nullable": True},
+                "device": {"type": "string", "description": "this device's tag (hex)"},
+                "policy": {"type": "string"},
+                "count": {"type": "integer", "description": "conflicting keys of the page"},
+                "conflict": {"type": "string", "nullable": True},
+                "conflicts": {"type": "array", "items": _ref("KeyConflict")},
+                "next": {**B64, "nullable": True, "description": "the next listing's start"},
+                "expect": {
+                    **expect,
+                    "nullable": True,
+                    "description": "names every conflict of the page (a whole listing)",
+                },
+            },
+        },
+        "Resolve": {
+            "type": "object",
+            "required": ["take"],
+            "properties": {
+                "key": {**B64, "description": "the key; every conflict of the page if absent"},
+                "take": {
+                    "oneOf": [
+                        {"enum": ["ours", "theirs", "delete"]},
+                        {"type": "object", "required": ["value"], "properties": {"value": B64}},
+                    ]
+                },
+                "expect": {**expect, "description": "refuse siblings that changed (409)"},
             },
         },
     }

@@ -30,6 +30,7 @@ Documents after Yoda (:class:`DocumentStore`, one per page)::
 from ledgerd.store import tuple
 from ledgerd.store.btree import Entry, Priority, RawEntry
 from ledgerd.store.commit import Commit
+from ledgerd.store.conflicts import KeyConflict, Take, expect_of
 from ledgerd.store.digest import Kind
 from ledgerd.store.docfind import FindResult, InvalidSelectorError
 from ledgerd.store.docindex import HeldBudget
@@ -61,6 +62,7 @@ from ledgerd.store.documents import (
 )
 from ledgerd.store.errors import (
     AmbiguousCommitError,
+    AmbiguousTakeError,
     BusyError,
     ClosedError,
     CommitNotFoundError,
@@ -73,6 +75,8 @@ from ledgerd.store.errors import (
     LedgerNotFoundError,
     NameTooLargeError,
     NotEvictableError,
+    NotInConflictError,
+    NotResolvableError,
     ObjectKeyMissingError,
     ObjectNotFoundError,
     PageNotFoundError,
@@ -80,6 +84,7 @@ from ledgerd.store.errors import (
     RangeError,
     RepositoryLockedError,
     SchemaError,
+    SiblingsChangedError,
     StorageError,
     StorageFullError,
     StoreError,
@@ -161,6 +166,13 @@ __all__ = [
     "HistoryPrunedError",
     "PageUnavailableError",
     "NotEvictableError",
+    "NotInConflictError",
+    "NotResolvableError",
+    "AmbiguousTakeError",
+    "SiblingsChangedError",
+    "KeyConflict",
+    "Take",
+    "expect_of",
     "PageRestorer",
     "Entry",
     "RawEntry",

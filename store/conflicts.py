@@ -13,22 +13,32 @@ key's losing siblings stay listed as conflicts until the key is written again. U
 or when it fails, times out or answers badly, nothing changes and
 :attr:`Conflicts.pending_conflict` says why; :meth:`Conflicts.settle` runs again when a
 resolver arrives. A conflict never holds back other keys: reads show each key's winner.
+Conflicts are also listed and resolved by hand (:meth:`Conflicts.listing`,
+:meth:`Conflicts.resolve`), stored the way a resolver's answers are.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
 
-from ledgerd.store import btree, commit, dots, split
+from ledgerd.store import btree, commit, doclayout, dots, split
 from ledgerd.store import digest as dg
 from ledgerd.store.btree import Builder, Entry, NodeStore, Priority, RawEntry, Version
 from ledgerd.store.db import Database
 from ledgerd.store.errors import (
+    AmbiguousTakeError,
     ClosedError,
+    KeyNotFoundError,
+    NotInConflictError,
+    NotResolvableError,
     ObjectKeyMissingError,
     ObjectNotFoundError,
+    SiblingsChangedError,
     named,
 )
 from ledgerd.store.graph import CommitGraph
@@ -45,6 +55,61 @@ MAX_ASKED = 10_000
 """Keys one resolver round asks about (the rest go in the next round)."""
 MAX_ROUNDS = 16
 """Resolver rounds one settle runs (a key with three siblings takes two)."""
+
+Take = Literal["ours", "theirs"] | bytes | None
+"""A resolution chosen by hand (:meth:`Conflicts.resolve`): the value reads show now,
+the one other sibling's, a new value (bytes), or a delete (None)."""
+Shown = dict[bytes, tuple[Version, ...]]
+"""Per key, the versions a resolution was chosen from (the first is ``left``, the second
+``right`` in a :data:`Choice`): it supersedes them, and the versions holding their values."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyConflict:
+    """A key whose siblings hold different values, as :meth:`Conflicts.listing` shows it.
+
+    ``sides`` holds one version per value (and priority), newest first: the first is what
+    reads show now (``ours``), the others are ``theirs``. ``versions`` are all the key's
+    versions; ``expect`` names them (it changes when any write of the key comes)."""
+
+    key: bytes
+    sides: tuple[Version, ...]
+    versions: tuple[Version, ...]
+
+    @property
+    def ours(self) -> Version:
+        return self.sides[0]
+
+    @property
+    def theirs(self) -> tuple[Version, ...]:
+        return self.sides[1:]
+
+    @property
+    def expect(self) -> str:
+        return expect_of([self])
+
+
+def expect_of(found: Iterable[KeyConflict]) -> str:
+    """What names the versions of conflicts (one key's, or a page's, in key order): 16
+    hex digits, checked by :meth:`Conflicts.resolve`'s ``expect``."""
+    h = hashlib.blake2b(digest_size=8)
+    for c in found:
+        h.update(len(c.key).to_bytes(4, "big") + c.key)
+        for v in sorted(c.versions, key=lambda v: v[2]):
+            h.update(v[2] + v[0] + bytes([v[1]]))
+    return h.hexdigest()
+
+
+def key_conflict(key: bytes, e: Entry | None) -> KeyConflict | None:
+    """The conflict an entry holds, or None when its versions hold one value."""
+    vs = dots.versions(e)
+    sides: list[Version] = []
+    for v in vs:
+        if all(v[:2] != s[:2] for s in sides):
+            sides.append(v)
+    if len(sides) < 2:
+        return None
+    return KeyConflict(key, tuple(sides), tuple(vs))
 
 
 class Conflicts:
@@ -74,14 +139,23 @@ class Conflicts:
         self.policy = Policy.LAST_ONE_WINS
         self.remembered = False
         """A policy was set on the page (it has a ``merge_policy`` row), even the default."""
-        self.pending_conflict: str | None = None
-        """Why conflicts wait for a resolver, or None."""
+        self._pending: str | None = None
         self.fetch_failed = False
         """The last round could not read a value the resolver took (the network): the
         sync engine runs it again at its next round (nothing else may come to)."""
         self._running = False
         self._asking: asyncio.Future[dict[bytes, Choice]] | None = None
         self._abandoned = False
+
+    @property
+    def pending_conflict(self) -> str | None:
+        """Why conflicts wait for a resolver, or None: always None once none is left (a
+        write, an import or a resolution by hand ended the last one)."""
+        return self._pending if self.graph.conflicts else None
+
+    @pending_conflict.setter
+    def pending_conflict(self, why: str | None) -> None:
+        self._pending = why
 
     def abandon(self) -> None:
         """The page is closing: a resolver asked now is cancelled, and none is asked
@@ -149,7 +223,7 @@ class Conflicts:
         resolver = self.resolvers.resolver_for(self.ledger) if self.resolvers else None
         n = self.graph.conflicts
         if resolver is None:
-            self.pending_conflict = f"{n} keys need a conflict resolver"
+            self.pending_conflict = _unresolved(n)
             log.info("page %s: %s", named(self.name), self.pending_conflict)
             return False
         head = self.graph.head
@@ -157,7 +231,7 @@ class Conflicts:
             "SELECT key FROM conflicts ORDER BY key LIMIT ?", (MAX_ASKED,)
         )
         asked: list[Conflict] = []
-        shown: dict[bytes, tuple[Version, Version]] = {}
+        shown: Shown = {}
         for (key,) in rows:
             e = await btree.lookup(self.nodes, head.root, bytes(key))
             pair = _pair(e)
@@ -185,14 +259,8 @@ class Conflicts:
             self.pending_conflict = f"resolver failed: {type(e).__name__}: {e}"
             log.warning("page %s: %s", named(self.name), self.pending_conflict)
             return False
-        taken = [
-            (left if answers[key] == "left" else right)[0]
-            for key, (left, right) in shown.items()
-            if answers[key] in ("left", "right")
-        ]
         try:
-            # The values a side's answer takes are this device's to upload now.
-            await self.objects.hold(v for v in taken if v != dg.TOMBSTONE)
+            await self._hold(shown, answers)
         except (ObjectNotFoundError, ObjectKeyMissingError) as e:
             self.pending_conflict = f"a value the resolver took cannot be read here: {e}"
             self.fetch_failed = True
@@ -219,48 +287,61 @@ class Conflicts:
         finally:
             self._asking = None
 
+    async def _hold(self, shown: Shown, answers: dict[bytes, Choice]) -> None:
+        """Keep the values that answers taking a side take: they are this device's to
+        upload now (ObjectNotFoundError when one cannot be read here)."""
+        taken = [
+            vs[0 if answers[key] == "left" else 1][0]
+            for key, vs in shown.items()
+            if answers[key] in ("left", "right")
+        ]
+        await self.objects.hold(v for v in taken if v != dg.TOMBSTONE)
+
     async def _store(
-        self, shown: dict[bytes, tuple[Version, Version]], answers: dict[bytes, Choice]
-    ) -> None:
-        """The resolver's answers as one commit: per key, a version that supersedes the
-        two it was shown, and the versions holding the same values (a key written
-        since, which no longer holds both, is left for the next round)."""
+        self, shown: Shown, answers: dict[bytes, Choice], *, exact: bool = False
+    ) -> list[bytes]:
+        """The answers as one commit: per key, a version that supersedes the versions
+        shown, and the versions holding the same values. A key written since, which no
+        longer holds every version shown, is left out (for the next round); with
+        ``exact``, a key holding other versions than those shown too, and nothing is
+        stored. Returns the keys stored."""
         await self._flush_journal()
         graph = self.graph
         async with graph.lock:
             if self._is_closed():
-                return
+                return []
             head = graph.head
             ts = graph.next_time()
             dot = graph.dot(ts)
             builder = Builder(self.nodes)
             values: list[split.Piece] = []
             changes: list[tuple[bytes, RawEntry | None]] = []
-            for key, (left, right) in sorted(shown.items()):
+            for key, were in sorted(shown.items()):
                 e = await btree.lookup(self.nodes, head.root, key)
                 vs = dots.versions(e)
-                if left not in vs or right not in vs:
+                if any(v not in vs for v in were) or (exact and len(vs) != len(were)):
+                    if exact:  # all or nothing
+                        return []
                     continue
                 choice = answers[key]
-                if choice == "left":
-                    new: Version = (left[0], left[1], dot)
-                elif choice == "right":
-                    new = (right[0], right[1], dot)
+                if choice == "left" or choice == "right":
+                    side = were[0 if choice == "left" else 1]
+                    new: Version = (side[0], side[1], dot)
                 elif choice is None:
                     new = (dg.TOMBSTONE, 0, dot)
                 else:
                     assert isinstance(choice, bytes)
                     pieces, ref = split.split_bytes(choice)
                     values.extend(pieces)
-                    prio = left[1] if left[0] != dg.TOMBSTONE else right[1]
+                    prio = next((v[1] for v in were if v[0] != dg.TOMBSTONE), Priority.EAGER)
                     new = (ref.digest, prio, dot)
-                # (A version holding what one shown holds goes with it: the resolver
-                # answered for that value.)
-                seen = {left[:2], right[:2]}
+                # (A version holding what one shown holds goes with it: the answer was
+                # for that value.)
+                seen = {v[:2] for v in were}
                 rest = [v for v in vs if v[:2] not in seen]
                 changes.append((key, dots.entry(key, [new, *rest])))
             if not changes:
-                return
+                return []
             root = await builder.apply(head.root, changes)
             c = commit.child(head, root, ts)
             log.debug("page %s: %d conflicts resolved", named(self.name), len(changes))
@@ -271,6 +352,92 @@ class Conflicts:
                 ctx={**graph.ctx, graph.tag: c.timestamp},
                 changed=changes,
             )
+            return [k for k, _ in changes]
+
+    # -- by hand ---------------------------------------------------------------------
+
+    async def listing(self, start: bytes = b"", limit: int = MAX_ASKED) -> list[KeyConflict]:
+        """The page's conflicts, in key order, from ``start`` on (at most ``limit``),
+        with their sides; the writes acknowledged before are committed first."""
+        await self._flush_journal()
+        head = self.graph.head
+        rows = await self.db.read_all(
+            "SELECT key FROM conflicts WHERE key >= ? ORDER BY key LIMIT ?", (start, limit)
+        )
+        found: list[KeyConflict] = []
+        for (key,) in rows:
+            c = key_conflict(bytes(key), await btree.lookup(self.nodes, head.root, bytes(key)))
+            if c is not None:
+                found.append(c)
+        return found
+
+    async def resolve(
+        self, key: bytes | None, take: Take, expect: str | None = None
+    ) -> list[KeyConflict]:
+        """Resolve ``key``'s conflict, or every conflict of the page (``key`` None; the
+        first :data:`MAX_ASKED` of them in one call), as a resolver's answer is stored:
+        one commit whose version supersedes exactly the siblings resolved, synced like
+        any write. ``ours`` takes what reads show now, ``theirs`` the one other value
+        (AmbiguousTakeError when there are more), bytes a new value, None a delete.
+        With ``expect`` (:attr:`KeyConflict.expect`, or :func:`expect_of` the page's
+        listing), or when a write comes meanwhile, siblings that changed are
+        SiblingsChangedError and nothing is written. Returns the conflicts resolved, as
+        they were."""
+        if self.policy is Policy.DOCUMENTS or (
+            await btree.lookup(self.nodes, self.graph.head.root, doclayout.MARKER) is not None
+        ):
+            raise NotResolvableError(
+                f"page {named(self.name)} holds documents: each is resolved whole, by its"
+                " higher _rev"
+            )
+        if key is None:
+            found = await self.listing()
+            if not found:
+                raise NotInConflictError(f"page {named(self.name)} holds no conflict")
+        else:
+            await self._flush_journal()
+            e = await btree.lookup(self.nodes, self.graph.head.root, key)
+            c = key_conflict(key, e)
+            if c is None:
+                if e is None or (e.value == dg.TOMBSTONE and len(dots.versions(e)) == 1):
+                    raise KeyNotFoundError(f"key {named(key)} is not in page {named(self.name)}")
+                raise NotInConflictError(f"key {named(key)} holds no conflict")
+            found = [c]
+        what = f"key {named(key)}" if key is not None else f"page {named(self.name)}"
+        changed = (
+            f"the conflicts of {what} changed since they were listed (a write or a sync"
+            " came): nothing was resolved; list them again"
+        )
+        if expect is not None and expect_of(found) != expect:
+            raise SiblingsChangedError(changed)
+        if take == "theirs":
+            many = [c for c in found if len(c.theirs) != 1]
+            if many:
+                raise AmbiguousTakeError(
+                    f"theirs names {len(many[0].theirs)} siblings of {named(many[0].key)}"
+                    f"{f' (and of {len(many) - 1} other keys)' if len(many) > 1 else ''}:"
+                    " take ours or give a value"
+                )
+        # The sides shown, then every other version (the resolution supersedes all).
+        shown: Shown = {
+            c.key: (*c.sides[:2], *(v for v in c.versions if v not in c.sides[:2])) for c in found
+        }
+        choice: Choice = "left" if take == "ours" else "right" if take == "theirs" else take
+        answers = {c.key: choice for c in found}
+        await self._hold(shown, answers)
+        stored = await self._store(shown, answers, exact=True)
+        if len(stored) != len(found):
+            if self._is_closed():
+                raise ClosedError(f"page {named(self.name)} is closing")
+            raise SiblingsChangedError(changed)
+        if self._pending == _unresolved(len(found) + self.graph.conflicts):
+            self._pending = _unresolved(self.graph.conflicts)  # (the count it shows)
+        return found
+
+
+def _unresolved(n: int) -> str:
+    """Why ``n`` conflicts wait, when no resolver is connected."""
+    return f"{n} keys need a conflict resolver"
 
 
 def _pair(e: Entry | None) -> tuple[Version, Version] | None:

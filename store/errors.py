@@ -199,3 +199,21 @@ class PageUnavailableError(TransientStoreError):
 
 class NotEvictableError(StoreError):
     """The page cannot be evicted now (open and in use, or not fully synced)."""
+
+
+class NotInConflictError(StoreError):
+    """The key holds no conflict: its versions (if any) hold one value."""
+
+
+class SiblingsChangedError(StoreError):
+    """The key's siblings changed since they were listed (a write or a sync came):
+    nothing was resolved; list the conflicts again."""
+
+
+class AmbiguousTakeError(StoreError):
+    """``theirs`` names more than one sibling: take ``ours`` or a value instead."""
+
+
+class NotResolvableError(StoreError):
+    """The page's conflicts are not resolved key by key (a document page: the higher
+    ``_rev`` wins each document whole)."""

@@ -34,7 +34,7 @@ from ledgerd.store import dots, merge
 from ledgerd.store.btree import NodeStore, Priority
 from ledgerd.store.cache import Cache
 from ledgerd.store.commit import FIRST, Commit
-from ledgerd.store.conflicts import RESOLVER_TIMEOUT, Conflicts
+from ledgerd.store.conflicts import RESOLVER_TIMEOUT, Conflicts, KeyConflict, Take
 from ledgerd.store.db import Database, Synchronous
 from ledgerd.store.errors import (
     ClosedError,
@@ -588,6 +588,20 @@ class Page(View):
     async def set_policy(self, policy: merge.Policy) -> None:
         """Remember the page's merge policy (and ask a resolver now if it calls for one)."""
         await self.conflicts.set_policy(policy)
+
+    async def list_conflicts(self, start: bytes = b"", limit: int = 1000) -> list[KeyConflict]:
+        """The page's conflicts from ``start`` on, in key order (see
+        :meth:`Conflicts.listing`)."""
+        self._check_open()
+        return await self.conflicts.listing(start, limit)
+
+    async def resolve(
+        self, key: bytes | None, take: Take, expect: str | None = None
+    ) -> list[KeyConflict]:
+        """Resolve a key's conflict (every one of the page when ``key`` is None) by
+        hand: a write superseding exactly its siblings (see :meth:`Conflicts.resolve`)."""
+        self._check_open()
+        return await self.conflicts.resolve(key, take, expect)
 
     async def try_merge(self) -> bool:
         """Ask the resolver about conflicts now (e.g. when one arrives). True if none
