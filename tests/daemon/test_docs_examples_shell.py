@@ -19,14 +19,16 @@ times, which change from run to run, can be shown):
   ``ann	01…`` matches a line with any revision.
 * A line that is only ``...`` stands for any number of lines, none included.
 * A note: two or more blanks, ``#`` and a blank, to the end of the line, is left out
-  (``by_city	building   # or ready``).
+  (``by_city	building   # or ready``), of what a command prints too (so ``--help``'s
+  examples, which have notes, can be shown).
 * A run of blanks (spaces or tabs) matches any run of blanks, so a tab may be shown as
   spaces; blanks at the ends of lines, and empty lines at the end, are left out.
 
 The commands of a block run one after the other in one ``bash`` (so a variable set by
 one is there for the next), in a fresh directory, against a fresh daemon (the
 ``daemon`` fixture): ``ledgerctl`` and ``ledgerd`` are on ``PATH`` (this Python's), and
-``$LEDGERD_SOCKET`` and ``$SOCK`` name the daemon's socket. A block that runs ``curl``
+``$LEDGERD_SOCKET`` and ``$SOCK`` name the daemon's socket, ``$COLUMNS`` is 80 (help
+text is wrapped to it). A block that runs ``curl``
 or ``jq`` is skipped, saying so, where that is not installed.
 """
 
@@ -117,7 +119,7 @@ def matches(expected: list[str], output: str) -> bool:
 
 
 def _normal(output: str) -> str:
-    lines = [line.rstrip() for line in output.splitlines()]
+    lines = [_NOTE.sub("", line).rstrip() for line in output.splitlines()]
     while lines and not lines[-1]:
         lines.pop()
     return "".join(line + "\n" for line in lines)
@@ -183,6 +185,7 @@ def test_shell_example_runs(source: str, block: str, daemon: Daemon, tmp_path: P
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
         "LEDGERD_SOCKET": str(daemon.socket),
         "SOCK": str(daemon.socket),
+        "COLUMNS": "80",
     }
     for var in ("LEDGERD_CONFIG", "LEDGERD_DATA_DIR", "LEDGERD_CLOUD"):
         env.pop(var, None)
