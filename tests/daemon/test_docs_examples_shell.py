@@ -28,16 +28,18 @@ The commands of a block run one after the other in one ``bash`` (so a variable s
 one is there for the next), in a fresh directory, against a fresh daemon (the
 ``daemon`` fixture): ``ledgerctl`` and ``ledgerd`` are on ``PATH`` (this Python's), and
 ``$LEDGERD_SOCKET`` and ``$SOCK`` name the daemon's socket, ``$COLUMNS`` is 80 (help
-text is wrapped to it). A block that runs ``curl``
-or ``jq`` is skipped, saying so, where that is not installed.
+text is wrapped to it). What a block leaves running in the background is ended with it.
+A block that runs ``curl`` or ``jq`` is skipped, saying so, where that is not installed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -135,6 +137,26 @@ def script(steps: list[Step]) -> str:
     return "\n".join(out) + "\n"
 
 
+def _run(text: str, cwd: Path, env: dict[str, str]) -> tuple[str, int]:
+    """Run a script in a session of its own; whatever it left running in the background
+    (an example may start a daemon of its own) is ended with it."""
+    proc = subprocess.Popen(
+        ["bash", "-c", text],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        stdout, _ = proc.communicate(timeout=240)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return stdout.decode(errors="replace"), proc.returncode
+
+
 def examples_in(source: Path) -> list[str]:
     return _MARKED.findall(source.read_text())
 
@@ -189,18 +211,12 @@ def test_shell_example_runs(source: str, block: str, daemon: Daemon, tmp_path: P
     }
     for var in ("LEDGERD_CONFIG", "LEDGERD_DATA_DIR", "LEDGERD_CLOUD"):
         env.pop(var, None)
-    done = subprocess.run(
-        ["bash", "-c", script(steps)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        timeout=240,
-    )
-    parts = done.stdout.decode(errors="replace").split("\0")
+    stdout, returncode = _run(script(steps), tmp_path, env)
+    parts = stdout.split("\0")
     outputs, statuses = parts[0:-1:2], parts[1::2]
     assert len(statuses) == len(steps), (
         f"{source}: the example stopped after {len(statuses)} of {len(steps)} commands "
-        f"(exit status {done.returncode}):\n{done.stdout.decode(errors='replace')}"
+        f"(exit status {returncode}):\n{stdout}"
     )
     for n, (step, output, status) in enumerate(zip(steps, outputs, statuses, strict=True)):
         shown = "\n".join(step.expected)
