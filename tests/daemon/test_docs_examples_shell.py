@@ -42,6 +42,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,6 +138,14 @@ def script(steps: list[Step]) -> str:
     return "\n".join(out) + "\n"
 
 
+def missing_tool(block: str, which: Callable[[str], str | None] = shutil.which) -> str | None:
+    """A command of ``TOOLS`` that ``block`` runs and that is not installed, if any."""
+    for tool in TOOLS:
+        if re.search(rf"\b{tool}\b", block) and which(tool) is None:
+            return tool
+    return None
+
+
 def _run(text: str, cwd: Path, env: dict[str, str]) -> tuple[str, int]:
     """Run a script in a session of its own; whatever it left running in the background
     (an example may start a daemon of its own) is ended with it."""
@@ -189,6 +198,9 @@ def test_the_rules_of_expected_output() -> None:
     assert matches(['{"a": …}'], '{"a": 1, "b": [2]}')
     steps = parse("$ a \\\n   --b\nout\n$ echo $?\n0\n")
     assert steps == [Step("a \\\n   --b", ["out"]), Step("echo $?", ["0"])]
+    assert missing_tool("$ curl -s x | jq .a", which=lambda tool: None) == "curl"
+    assert missing_tool("$ curl -s x | jq .a", which=lambda t: None if t == "jq" else t) == "jq"
+    assert missing_tool("$ ledgerctl ls notes inbox", which=lambda tool: None) is None
     steps = parse("$ a '{\n  b}'\n$ c\n")
     assert steps == [Step("a '{\n  b}'", []), Step("c", [])]
 
@@ -198,9 +210,9 @@ def test_the_rules_of_expected_output() -> None:
 )
 def test_shell_example_runs(source: str, block: str, daemon: Daemon, tmp_path: Path) -> None:
     steps = parse(block)
-    for tool in TOOLS:
-        if re.search(rf"\b{tool}\b", block) and shutil.which(tool) is None:
-            pytest.skip(f"{source}: the example runs {tool}, which is not installed here")
+    tool = missing_tool(block)
+    if tool is not None:
+        pytest.skip(f"{source}: the example runs {tool}, which is not installed here")
     bin_dir = str(Path(sys.executable).parent)
     env = {
         **os.environ,
