@@ -1,0 +1,99 @@
+"""Issue 41's "done when": the README or the docs show each feature with an example that a
+test runs. Each feature below names the page a user would look in and what a runnable
+example there must hold (every pattern in one example); the examples run in
+``tests/test_readme.py`` (``<!-- example -->``), ``tests/daemon/test_readme_examples.py``
+(``<!-- example: daemon -->``) and ``tests/daemon/test_docs_examples_shell.py``
+(``<!-- example: shell -->``)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests import test_readme
+from tests.daemon import test_docs_examples_shell, test_readme_examples
+
+ROOT = Path(__file__).resolve().parents[2]
+
+KINDS: dict[str, Callable[[Path], list[str]]] = {
+    "python": test_readme.examples_in,
+    "daemon": test_readme_examples.examples_in,
+    "shell": test_docs_examples_shell.examples_in,
+}
+
+FEATURES: list[tuple[str, str, str, list[str]]] = [
+    # (feature, page, kind of example, patterns its example holds)
+    ("chosen id: ledgerctl", "docs/documents.md", "shell", [r"ledgerctl doc put .*--id \S"]),
+    ("chosen id: embedded", "docs/documents.md", "python", [r"\.create\(.*\bid="]),
+    ("chosen id: client", "docs/python-api.md", "daemon", [r"\.create\(.*\bid=", "conflict"]),
+    (
+        "chosen id: PUT creates when free, 409 conflict when taken",
+        "docs/documents.md",
+        "shell",
+        [r"-X PUT", r"\} 201$", r'"code": "conflict"', r"\} 409$"],
+    ),
+    ("_bulk_docs", "docs/documents.md", "shell", [r"/_bulk_docs", r'"error":"conflict"']),
+    ("_bulk_docs: client", "docs/python-api.md", "daemon", [r"\.bulk_docs\("]),
+    ("_find, paged by its bookmark", "docs/documents.md", "shell", [r"/_find", r"bookmark"]),
+    ("_find: client", "docs/python-api.md", "daemon", [r"\.select\(.*", r"bookmark="]),
+    (
+        "_explain: a scan, then an index",
+        "docs/documents.md",
+        "shell",
+        [r"/_explain", r'"scan":true', r'"scan":false'],
+    ),
+    ("ledgerctl doc find", "docs/documents.md", "shell", [r"^\$ ledgerctl doc find "]),
+    (
+        "ledgerctl get and put on the quick path",
+        "docs/cli.md",
+        "shell",
+        [r"^\$ ledgerctl put \S+ \S+ \S+ \S", r"^\$ time ledgerctl get "],
+    ),
+    (
+        "ls --at a unique commit-id prefix",
+        "docs/cli.md",
+        "shell",
+        [r"cut -c1-6", r"^\$ ledgerctl ls .*--at "],
+    ),
+    (
+        "watch on a missing page says it waits",
+        "docs/cli.md",
+        "shell",
+        [r"ledgerctl watch ", r"waiting for it"],
+    ),
+    ("ledgerctl with no arguments prints help", "docs/cli.md", "shell", [r"^\$ ledgerctl\s*(#|$)"]),
+    ("--quiet", "docs/cli.md", "shell", [r"ledgerctl --quiet ", r"^imported 1 entry$"]),
+    (
+        "POST /v1/sync?timeout=0.0001: 400 invalid_timeout",
+        "docs/http-api.md",
+        "shell",
+        [r"/v1/sync\?timeout=0\.0001", r'"invalid_timeout".*400$'],
+    ),
+    (
+        "a file://host cloud URL is refused",
+        "docs/configuration.md",
+        "shell",
+        [r"--cloud file://host/", r"^\$ echo \$\?\n2$"],
+    ),
+    (
+        "damaged data: exit status 5, check --repair",
+        "docs/operations.md",
+        "shell",
+        [r"^ledgerctl: damaged data: ", r"^\$ echo \$\?\n5$", r"^\$ ledgerctl check --repair "],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("feature", "page", "kind", "patterns"), FEATURES, ids=[f[0] for f in FEATURES]
+)
+def test_the_feature_has_an_example_that_runs(
+    feature: str, page: str, kind: str, patterns: list[str]
+) -> None:
+    examples = KINDS[kind](ROOT / page)
+    assert any(
+        all(re.search(p, example, re.MULTILINE) for p in patterns) for example in examples
+    ), f"{page} has no {kind} example of {feature} (one holding {patterns})"
