@@ -152,8 +152,10 @@ def parse_json(data: bytes | str, what: str) -> Any:
     holding half a UTF-16 pair (``"\\ud800"``: valid JSON that no UTF-8 text can hold,
     so it could be neither stored nor answered)."""
     try:
-        decoded = isinstance(data, bytes)
-        text = data.decode() if decoded else data
+        if isinstance(data, bytes):
+            text, decoded = data.decode(), True
+        else:
+            text, decoded = data, False
         value = json.loads(text, parse_constant=_not_json)
         if may_hold_surrogate(text, decoded):  # rare: only then can a string be unencodable
             json.dumps(value, ensure_ascii=False).encode()
