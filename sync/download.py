@@ -363,6 +363,7 @@ class Downloader:
                 if h.key == key and h.state == progress.WAITING:
                     h.due = 0.0
         ahead = (upto - int(self.ctx.clock() * 1_000_000)) / 1e6
+        self.board.clock_seen(device, ahead)
         if ahead > self.clock_skew:
             self.board.clock_ahead(device, ahead)
 
