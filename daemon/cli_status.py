@@ -258,12 +258,15 @@ def conflict_lines(conflicts: list[dict[str, Any]]) -> list[str]:
     resolve them."""
     lines = []
     for c in conflicts:
-        keys = counted(c["keys"], "key")
+        keys, one = counted(c["keys"], "key"), c["keys"] == 1
         if c.get("waiting"):
             why = "" if c.get("resolver_connected") else " (no resolver connected)"
-            state = f"{keys} wait for a resolver{why}"
+            state = f"{keys} {'waits' if one else 'wait'} for a resolver{why}"
         else:
-            state = f"{keys} hold concurrent values (reads show the winner, {c['policy']})"
+            state = (
+                f"{keys} {'holds' if one else 'hold'} concurrent values "
+                f"(reads show the winner, {c['policy']})"
+            )
         (ledger, hex_l), (page, hex_p) = _arg(c["ledger"]), _arg(c["page"])
         ctl = "ledgerctl --hex" if hex_l or hex_p else "ledgerctl"
         if hex_l != hex_p:  # --hex takes both names in hex
