@@ -746,7 +746,7 @@ class Api:
                     self.repo, self.engine, pages, limit, report.token_key(after) if after else None
                 ),
                 "devices": self.engine.devices() if self.engine else [],
-                "conflicts": report.conflicts_report(self.repo, pages),
+                "conflicts": await report.conflicts_report(self.repo, self.engine, pages),
                 **self.state.extra_status,
             }
         )

@@ -263,10 +263,13 @@ def conflict_lines(conflicts: list[dict[str, Any]]) -> list[str]:
             why = "" if c.get("resolver_connected") else " (no resolver connected)"
             state = f"{keys} {'waits' if one else 'wait'} for a resolver{why}"
         else:
+            policy = f", {c['policy']}" if c.get("policy") else ""
             state = (
                 f"{keys} {'holds' if one else 'hold'} concurrent values "
-                f"(reads show the winner, {c['policy']})"
+                f"(reads show the winner{policy})"
             )
+        if not c.get("open", True):
+            state += " at its last sync"
         (ledger, hex_l), (page, hex_p) = _arg(c["ledger"]), _arg(c["page"])
         ctl = "ledgerctl --hex" if hex_l or hex_p else "ledgerctl"
         if hex_l != hex_p:  # --hex takes both names in hex

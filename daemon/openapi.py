@@ -763,13 +763,17 @@ def _schemas() -> dict[str, Any]:
         },
         "PageConflicts": {
             "type": "object",
-            "description": "an open page whose keys hold concurrent values",
+            "description": "a page whose keys hold concurrent values",
             "properties": {
                 "ledger": B64,
                 "page": B64,
                 "keys": {"type": "integer"},
-                "policy": {"type": "string"},
+                "policy": {"type": "string", "nullable": True, "description": "(open pages)"},
                 "waiting": {"type": "string", "nullable": True},
+                "open": {
+                    "type": "boolean",
+                    "description": "false: the page is closed, and this is its last sync's",
+                },
                 "resolver_connected": {"type": "boolean"},
             },
         },

@@ -96,24 +96,30 @@ async def pages_report(
     }
 
 
-def conflicts_report(
-    repo: Repository, open_docs: dict[Key, dict[str, Any]]
+async def conflicts_report(
+    repo: Repository, engine: SyncEngine | None, open_docs: dict[Key, dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """The open pages whose keys hold concurrent values: how many, whether they wait for a
-    resolver (``waiting``: why) and whether one is connected for the ledger. (A closed
-    page's conflicts are not known without opening it.)"""
-    resolvers = repo.hooks.resolvers
-    out = []
-    for key, doc in sorted(open_docs.items()):
-        if not doc["conflicts"] and not doc["conflict"]:
-            continue
-        out.append(
-            {
-                **_names(key),
+    """The pages whose keys hold concurrent values: how many, whether they wait for a
+    resolver (``waiting``: why) and whether one is connected for the ledger. An open
+    page says it now; one that is not, as it was at its last sync (``open`` false)."""
+    found: dict[Key, dict[str, Any]] = {}
+    for key, count, waiting in engine.conflicted() if engine is not None else []:
+        if key not in open_docs and await repo.page_listed(*key):
+            found[key] = {"keys": count, "policy": None, "waiting": waiting, "open": False}
+    for key, doc in open_docs.items():
+        if doc["conflicts"] or doc["conflict"]:
+            found[key] = {
                 "keys": doc["conflicts"],
                 "policy": doc["policy"],
                 "waiting": doc["conflict"],
-                "resolver_connected": bool(resolvers and resolvers.resolver_for(key[0])),
+                "open": True,
             }
-        )
-    return out
+    resolvers = repo.hooks.resolvers
+    return [
+        {
+            **_names(key),
+            **found[key],
+            "resolver_connected": bool(resolvers and resolvers.resolver_for(key[0])),
+        }
+        for key in sorted(found)
+    ]

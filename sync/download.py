@@ -267,6 +267,7 @@ class Downloader:
                     )
                     if p.eager.raw:
                         await self.checkpoints.grew(page, p.eager.raw)
+                    self.board.imported(page)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -356,7 +357,6 @@ class Downloader:
         )
 
     def _imported(self, key: Key, device: str, upto: int) -> None:
-        self.board.imported(key)
         # Sections of this page waiting for writes may have them now.
         for dl in self.feed.logs.values():
             for h in dl.held.values():

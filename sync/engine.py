@@ -639,6 +639,10 @@ class SyncEngine:
         """Pages' sync without opening them (:meth:`sync.status.StatusBoard.page_states`)."""
         return self.board.page_states(keys)
 
+    def conflicted(self) -> list[tuple[Key, int, str | None]]:
+        """Pages with conflicts at their last sync (:meth:`StatusBoard.conflicted`)."""
+        return self.board.conflicted()
+
     def devices(self) -> list[dict[str, Any]]:
         """Every device the feed showed (:meth:`sync.status.StatusBoard.devices`)."""
         return self.board.devices()

@@ -13,6 +13,7 @@ pages' last sync times, kept in repository meta (:data:`SYNCED_PREFIX`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from collections import Counter
@@ -23,6 +24,7 @@ from typing import Any, Protocol
 from ledgerd.store import Page
 from ledgerd.store import exchange as ex
 from ledgerd.store.errors import counted, named
+from ledgerd.store.merge import needs_resolver
 from ledgerd.sync import layout, progress
 from ledgerd.sync.checkpoints import Checkpoints
 from ledgerd.sync.compaction import Compactor
@@ -33,7 +35,8 @@ log = logging.getLogger(__name__)
 
 SYNCED_PREFIX = "sync/synced/"
 """Repository meta: per page (``{ledger hex}.{page hex}``), the UNIX time of its last
-upload or import, as text: the time a status shows after a restart."""
+upload or import, and its conflicts then (:class:`PageState`, JSON): what status shows of
+a page that is not open, also after a restart."""
 CLOCK_WINDOW = 3600.0
 """Seconds a device's clock bound stands before a smaller one replaces it (a clock
 set right is seen within the hour)."""
@@ -45,6 +48,13 @@ class PendingPages(Protocol):
     def __len__(self) -> int: ...
 
     def __contains__(self, key: object) -> bool: ...
+
+
+def _waiting(st: PageState | None) -> str | None:
+    """Why a page's conflicts wait (as :attr:`ledgerd.store.Page.pending_conflict`)."""
+    if st is None or not st.waiting:
+        return None
+    return f"{st.conflicts} keys need a conflict resolver"
 
 
 def _meta_name(key: Key) -> str:
@@ -76,6 +86,25 @@ def stale_after(poll_interval: float, poll_max: float) -> float:
 class PageState:
     last_sync: float | None = None
     last_error: str | None = None  # why the page could not be uploaded
+    conflicts: int | None = None  # keys with concurrent values at its last sync (None: unknown)
+    waiting: bool = False  # ... and its policy asks a resolver about them
+
+    def encode(self) -> bytes:
+        return json.dumps([self.last_sync, self.conflicts, self.waiting]).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> PageState:
+        """Raises ValueError unless ``raw`` is what :meth:`encode` wrote (or a time alone)."""
+        v = json.loads(raw)
+        if isinstance(v, int | float):
+            return cls(float(v))
+        t, conflicts, waiting = v
+        return cls(
+            None if t is None else float(t),
+            None,
+            None if conflicts is None else int(conflicts),
+            bool(waiting),
+        )
 
 
 class StatusBoard:
@@ -115,12 +144,11 @@ class StatusBoard:
         for name, raw in (await self.ctx.repo.metas(SYNCED_PREFIX)).items():
             key = _meta_key(name)
             try:
-                t = float(raw.decode())
-            except (UnicodeDecodeError, ValueError):
+                saved = PageState.decode(raw)
+            except (ValueError, TypeError):  # (json's errors are ValueErrors)
                 continue
-            if key is not None:
-                st = self.states.setdefault(key, PageState())
-                st.last_sync = max(st.last_sync or 0.0, t)
+            if key is not None and key not in self.states:
+                self.states[key] = saved
 
     async def save(self) -> None:
         """Record the last sync times that changed (one transaction)."""
@@ -128,8 +156,7 @@ class StatusBoard:
         values: dict[str, bytes | None] = {}
         for key in keys:
             st = self.states.get(key)
-            t = st.last_sync if st is not None else None
-            values[_meta_name(key)] = None if t is None else repr(t).encode()
+            values[_meta_name(key)] = None if st is None else st.encode()
         try:
             await self.ctx.repo.set_metas(values)
         except Exception:
@@ -143,7 +170,7 @@ class StatusBoard:
         key = (page.ledger, page.id)
         st = self.states.setdefault(key, PageState())
         st.last_sync, st.last_error = time.time(), None
-        self._unsaved.add(key)
+        self.conflicts_of(page)
 
     def page_failed(self, key: Key, e: BaseException) -> None:
         st = self.states.setdefault(key, PageState())
@@ -161,8 +188,17 @@ class StatusBoard:
     def no_error(self, key: Key) -> None:
         self.states.setdefault(key, PageState()).last_error = None
 
-    def imported(self, key: Key) -> None:
+    def imported(self, page: Page) -> None:
+        key = (page.ledger, page.id)
         self.states.setdefault(key, PageState()).last_sync = time.time()
+        self.conflicts_of(page)
+
+    def conflicts_of(self, page: Page) -> None:
+        """Note the page's conflicts now (shown while it is closed) and save its state."""
+        key = (page.ledger, page.id)
+        st = self.states.setdefault(key, PageState())
+        st.conflicts = page.conflict_count
+        st.waiting = bool(st.conflicts) and needs_resolver(page.policy)
         self._unsaved.add(key)
 
     def forget(self, key: Key) -> None:
@@ -199,7 +235,9 @@ class StatusBoard:
         is ``local`` (the ``_local`` ledger: never uploaded), ``error`` (its upload or
         a pack of it failed: ``last_error``), ``pending`` (commits wait for upload, or
         a round is to look), or ``synced`` (nothing waits); ``last_sync`` is the time
-        of its last upload or import recorded here (None: none recorded)."""
+        of its last upload or import recorded here (None: none recorded); ``conflicts``
+        its keys with concurrent values then (None: unknown), and ``conflict`` why they
+        wait, when its policy asks a resolver."""
         held: dict[Key, str] = {}
         for h in self.feed.held():
             if h.key is not None and h.state != progress.RETRY:
@@ -221,9 +259,20 @@ class StatusBoard:
                     "sync": state,
                     "last_sync": st.last_sync if st is not None else None,
                     "last_error": error,
+                    "conflicts": st.conflicts if st is not None else None,
+                    "conflict": _waiting(st),
                 }
             )
         return out
+
+    def conflicted(self) -> list[tuple[Key, int, str | None]]:
+        """The pages whose keys held concurrent values at their last sync: each with
+        how many, and why they wait (None: the policy shows the winner)."""
+        return [
+            (key, st.conflicts, _waiting(st))
+            for key, st in sorted(self.states.items())
+            if st.conflicts
+        ]
 
     def devices(self) -> list[dict[str, Any]]:
         """Every device the feed showed (this one first), from what rounds learned: its

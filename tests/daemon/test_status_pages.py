@@ -143,6 +143,20 @@ def test_devices_sharing_the_bucket_and_a_conflict_with_its_commands(
             "  \u2192 ledgerctl conflicts notes inbox; "
             "ledgerctl resolve notes inbox KEY --take ours|theirs|VALUE"
         ) in lines, lines
+        # Closed (here by a restart), the page's conflicts are those of its last sync.
+        assert b.stop() == 0, b.log_text()
+        b = _start(short_tmp / "b", s3_endpoint, bucket)
+        st = _status(b)
+        assert st["open_pages"] == [], st["open_pages"]
+        (conflict,) = st["conflicts"]
+        assert conflict["keys"] == 1 and conflict["waiting"] and not conflict["open"]
+        (page,) = st["pages"]
+        assert page["conflicts"] == 1 and not page["open"], page
+        assert (
+            "conflict notes/inbox  1 key waits for a resolver (no resolver connected) at its "
+            "last sync  \u2192 ledgerctl conflicts notes inbox; "
+            "ledgerctl resolve notes inbox KEY --take ours|theirs|VALUE"
+        ) in _lines(b)
     finally:
         for d in (a, b):
             assert d.stop() == 0, d.log_text()

@@ -76,10 +76,16 @@ async def test_a_page_s_last_sync_time_outlives_a_restart(
     async with device(tmp_path / "a", bucket) as a:
         # Used lately, the page is a candidate of the first round, which looks at it.
         (state,) = a.engine.page_states([key])
-        assert state == {"sync": "pending", "last_sync": synced_at, "last_error": None}
+        assert state == {
+            "sync": "pending",
+            "last_sync": synced_at,
+            "last_error": None,
+            "conflicts": 0,
+            "conflict": None,
+        }
         await a.engine.sync()
         (state,) = a.engine.page_states([key])
-        assert state == {"sync": "synced", "last_sync": synced_at, "last_error": None}
+        assert state["sync"] == "synced" and state["last_sync"] == synced_at, state
         # _local pages are never uploaded (and not pending, even if used since the save).
         loc = await a.repo.ledger("_local").page("cfg")
         await loc.put(b"k", b"v")
