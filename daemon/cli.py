@@ -187,7 +187,7 @@ class Cli:
 
     async def version(self) -> int:
         try:
-            daemon: str | None = (await self.c.status())["version"]
+            daemon: str | None = (await self.c.status(pages_limit=0))["version"]
         except DaemonUnavailableError:
             daemon = None
         if self.a.json:
@@ -505,7 +505,7 @@ class Cli:
 
     async def _pending_uploads(self) -> int:
         with contextlib.suppress(LedgerError):
-            st = await self.c.status()
+            st = await self.c.status(pages_limit=0)
             return int((st.get("sync") or {}).get("pending_uploads") or 0)
         return 0
 
