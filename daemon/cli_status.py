@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import math
 import shlex
 import time
 from datetime import UTC, datetime
@@ -169,7 +170,7 @@ def retry_line(sync: dict[str, Any]) -> str:
     prints it while it waits)."""
     line = f"retrying: {sync['retrying']}"
     if sync.get("next_try_in_s") is not None:
-        line += f"; next try in {sync['next_try_in_s']:.0f} s"
+        line += f"; next try in {math.ceil(sync['next_try_in_s'])} s"
     return line
 
 
