@@ -169,8 +169,10 @@ def retry_line(sync: dict[str, Any]) -> str:
     """What the daemon's requests to the bucket retry, and when next (``ledgerctl sync``
     prints it while it waits)."""
     line = f"retrying: {sync['retrying']}"
-    if sync.get("next_try_in_s") is not None:
+    if sync.get("next_try_in_s"):
         line += f"; next try in {math.ceil(sync['next_try_in_s'])} s"
+    elif sync.get("next_try_in_s") is not None:
+        line += "; trying again now"
     return line
 
 

@@ -90,7 +90,7 @@ class CloudStore(abc.ABC):
 
     def next_try(self) -> float | None:
         """When (monotonic time) the request that failed with :meth:`last_failure` is
-        tried again, if one waits to be."""
+        tried again (past while that try runs); None when none is to be."""
         return None
 
     def is_transient(self, error: BaseException) -> bool:
@@ -181,11 +181,15 @@ class Retrying(Forwarding):
         _log_retry(state)
 
     async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
-        async for attempt in self._retrying():
-            with attempt:
-                result = await fn()
-                self._failure = self._next_try = None
-                return result
+        try:
+            async for attempt in self._retrying():
+                with attempt:
+                    result = await fn()
+                    self._failure = self._next_try = None
+                    return result
+        except BaseException:
+            self._next_try = None  # given up: nothing is tried again (the failure stays)
+            raise
         raise AssertionError("unreachable")  # pragma: no cover
 
     def last_failure(self) -> str | None:

@@ -408,7 +408,7 @@ class StatusBoard:
             "encryption": self._encryption(),
             "round_error": self.round_error,
             # What the bucket's requests are retrying now, and in how many seconds.
-            "retrying": failure,
+            "retrying": failure if next_try is not None else None,
             "next_try_in_s": (
                 round(max(0.0, next_try - time.monotonic()), 1)
                 if failure and next_try is not None
