@@ -34,7 +34,7 @@ def page_token(key: Key) -> str:
 
 def token_key(text: str) -> Key:
     raw = token_param(text)
-    if not raw or not 0 < raw[0] < len(raw):
+    if not raw or not 0 < raw[0] < len(raw) - 1:  # (both names hold a byte at least)
         raise ae.BadRequest("query parameter pages_after is not a token status gave")
     return raw[1 : 1 + raw[0]], raw[1 + raw[0] :]
 
@@ -55,10 +55,9 @@ async def pages_report(
     limit: int,
     after: Key | None,
 ) -> dict[str, Any]:
-    """``pages`` (at most ``limit``, after ``after``), ``pages_total`` and ``pages_next``
-    (the token of the pages that follow; None at the end); nothing listed for a
-    ``limit`` of 0. ``engine`` is the sync
-    engine, None when sync is off; ``open_docs`` the open pages' entries of
+    """``pages`` (at most ``limit``, after ``after``; none listed for a ``limit`` of 0),
+    ``pages_total`` and ``pages_next`` (the token of the pages that follow; None at the
+    end). ``engine`` is None when sync is off; ``open_docs`` are the entries of
     ``open_pages``, by key."""
     if not limit:  # (a client polling for something else)
         return {"pages": [], "pages_total": None, "pages_next": None}
