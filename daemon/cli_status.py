@@ -69,15 +69,14 @@ def ago(s: float) -> str:
     """Seconds elapsed as ``12 s ago``, ``5 min ago``, ``3 h ago``, ``2 days ago``
     (``in 3 s`` for a time ahead of this clock)."""
     n = abs(s)
-    amount = (
-        f"{n:.0f} s"
-        if n < 120
-        else f"{n / 60:.0f} min"
-        if n < 7200
-        else f"{n / 3600:.0f} h"
-        if n < 172800
-        else f"{n / 86400:.0f} days"
-    )
+    if n < 120:
+        amount = f"{n:.0f} s"
+    elif n < 7200:
+        amount = f"{n / 60:.0f} min"
+    elif n < 172800:
+        amount = f"{n / 3600:.0f} h"
+    else:
+        amount = f"{n / 86400:.0f} days"
     return f"{amount} ago" if s >= -0.5 else f"in {amount}"
 
 
@@ -110,7 +109,7 @@ def status_lines(st: dict[str, Any], now: float | None = None) -> list[str]:
         lines += page_lines(st, now)
         lines += conflict_lines(st.get("conflicts") or [])
         return lines
-    for p in st.get("open_pages", []):  # (a daemon before ledgerd lists every page)
+    for p in st.get("open_pages", []):  # (an older daemon: it lists the open pages only)
         extra = f"  conflicts={p['conflicts']}" if p.get("conflicts") else ""
         if p.get("unuploaded_writes"):
             extra += "  writes not uploaded"
