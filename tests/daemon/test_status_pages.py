@@ -15,6 +15,7 @@ import aiohttp
 from ledgerd.daemon.cli_status import status_lines
 from ledgerd.daemon.client import AsyncClient
 from tests.daemon.conftest import AWS, Daemon, _start, start_daemon
+from tests.daemon.test_cli import run_on_pty
 
 SYNCED_AT = re.compile(r"synced   last synced \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(\d+ s ago\)")
 
@@ -178,6 +179,21 @@ def test_sync_says_what_it_retries_and_why(short_tmp: Path) -> None:
         ), err
         quiet = d.ledgerctl("sync", "--timeout", "2", "--quiet")
         assert quiet.returncode == 4 and "retrying" not in quiet.stderr.decode()
+    finally:
+        assert d.stop() == 0, d.log_text()
+
+
+def test_on_a_terminal_the_retry_line_goes_above_the_progress_bar(short_tmp: Path) -> None:
+    env = {**AWS, "LEDGERD_ENDPOINT_URL": "http://127.0.0.1:9", "LEDGERD_SYNC_INTERVAL": "60"}
+    d = start_daemon(short_tmp / "a", "--cloud", "s3://nowhere/p", env=env)
+    try:
+        d.ledgerctl("put", "notes", "inbox", "k", "v", check=True)
+        code, shown = run_on_pty(d, "sync", "--timeout", "4")
+        assert code == 4
+        text = shown.decode()
+        # The bar was drawn (0/1 pages), and the line that says why stands on its own.
+        assert "0/1" in text, text
+        assert re.search(r"(^|\r)retrying: [^\r\n]*cannot reach http://127\.0\.0\.1:9", text), text
     finally:
         assert d.stop() == 0, d.log_text()
 
