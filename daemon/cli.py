@@ -781,7 +781,7 @@ def parser() -> argparse.ArgumentParser:
 
 DOC_ID = "01M845D77GCBCEDRNYKWHJ1QF9"
 EXAMPLES = {
-    "status": "ledgerctl status",
+    "status": "ledgerctl status\nledgerctl status --pages all --json   # every page, one document",
     "version": "ledgerctl version --json",
     "ledgers": "ledgerctl ledgers",
     "pages": "ledgerctl pages notes",
