@@ -43,6 +43,7 @@ from ledgerd.daemon import __version__
 from ledgerd.daemon import conflicts_api as conflicts
 from ledgerd.daemon import docs_api as docs
 from ledgerd.daemon import errors as ae
+from ledgerd.daemon import status_report as report
 from ledgerd.daemon.codec import (
     b64,
     batch_changes,
@@ -708,26 +709,29 @@ class Api:
         return await self.sessions.handle(request)  # type: ignore[no-any-return]
 
     async def status(self, request: web.Request, p: Params) -> web.Response:
-        pages = []
+        """The daemon's facts, its open pages, and (:mod:`daemon.status_report`) every
+        page's sync, the devices and the conflicts."""
+        q = Query.of(request)
+        limit = q.int("pages_limit", report.PAGES_LIMIT)
+        if limit is None or limit > report.MAX_PAGES_LIMIT:
+            raise ae.BadRequest(f"pages_limit must be at most {report.MAX_PAGES_LIMIT}")
+        after = q.text("pages_after")
+        pages: dict[tuple[bytes, bytes], dict[str, Any]] = {}
         for pg in self.repo.open_pages():
-            if pg.closed:  # closed as idle while this listed the others
+            if pg.closed or pg.deleted:  # closed as idle meanwhile, or deleted (rm)
                 continue
             with pg.lease(use=False):
-                pages.append(
-                    {
-                        "ledger": b64(pg.ledger),
-                        "page": b64(pg.id),
-                        "ledger_text": text_or_none(pg.ledger),
-                        "page_text": text_or_none(pg.id),
-                        "heads": len(await pg.heads()),
-                        "conflicts": pg.conflict_count,
-                        "policy": pg.policy.value,
-                        "conflict": pg.pending_conflict,
-                        **(
-                            await self.engine.page_status(pg) if self.engine else {"sync": SYNC_OFF}
-                        ),
-                    }
-                )
+                pages[pg.ledger, pg.id] = {
+                    "ledger": b64(pg.ledger),
+                    "page": b64(pg.id),
+                    "ledger_text": text_or_none(pg.ledger),
+                    "page_text": text_or_none(pg.id),
+                    "heads": len(await pg.heads()),
+                    "conflicts": pg.conflict_count,
+                    "policy": pg.policy.value,
+                    "conflict": pg.pending_conflict,
+                    **(await self.engine.page_status(pg) if self.engine else {"sync": SYNC_OFF}),
+                }
         return web.json_response(
             {
                 "version": VERSION,
@@ -738,7 +742,12 @@ class Api:
                 "cloud": self.cfg.cloud or None,
                 "sync_error": self.engine.last_error if self.engine else None,
                 "sync": self.engine.status() if self.engine else None,
-                "open_pages": pages,
+                "open_pages": list(pages.values()),
+                **await report.pages_report(
+                    self.repo, self.engine, pages, limit, report.token_key(after) if after else None
+                ),
+                "devices": self.engine.devices() if self.engine else [],
+                "conflicts": await report.conflicts_report(self.repo, self.engine, pages),
                 **self.state.extra_status,
             }
         )

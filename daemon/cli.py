@@ -64,7 +64,7 @@ from ledgerd.daemon.cli_quick import (
     output_failed,
 )
 from ledgerd.daemon.cli_quick import EXIT_ERROR as EXIT_ERROR  # (cli_doc's, from here)
-from ledgerd.daemon.cli_status import status_lines
+from ledgerd.daemon.cli_status import fetch_status, pages_arg, retry_line, status_lines
 from ledgerd.daemon.cli_stdio import blocking
 from ledgerd.daemon.client import (
     AsyncClient,
@@ -177,7 +177,7 @@ class Cli:
     # -- the daemon ----------------------------------------------------------------
 
     async def status(self) -> int:
-        st = await self.c.status()
+        st = await fetch_status(self.c, self.a.pages, self.a.json)
         if self.a.json:
             self.emit(st)
         else:
@@ -187,7 +187,7 @@ class Cli:
 
     async def version(self) -> int:
         try:
-            daemon: str | None = (await self.c.status())["version"]
+            daemon: str | None = (await self.c.status(pages_limit=0))["version"]
         except DaemonUnavailableError:
             daemon = None
         if self.a.json:
@@ -505,15 +505,26 @@ class Cli:
 
     async def _pending_uploads(self) -> int:
         with contextlib.suppress(LedgerError):
-            st = await self.c.status()
+            st = await self.c.status(pages_limit=0)
             return int((st.get("sync") or {}).get("pending_uploads") or 0)
         return 0
 
     async def _sync_progress(self, bar: Progress, waiting: int) -> None:
         """On a terminal: pages uploaded out of those ``waiting`` when ``sync`` started, from
-        ``/v1/status`` (the daemon reports nothing else while a sync runs)."""
-        while waiting:
-            bar(waiting - min(waiting, await self._pending_uploads()), waiting)
+        ``/v1/status`` (the daemon reports nothing else while a sync runs); and on stderr
+        unless ``--quiet``, what the daemon retries and why, when that changes."""
+        said: str | None = None
+        while waiting or not self.a.quiet:
+            try:
+                st = await self.c.status(pages_limit=0)
+            except LedgerError:
+                st = {}
+            sync = st.get("sync") or {}
+            bar(waiting - min(waiting, int(sync.get("pending_uploads") or 0)), waiting)
+            if not self.a.quiet and (why := sync.get("retrying")) != said:
+                said = why
+                if why:
+                    bar.write(retry_line(sync))
             await asyncio.sleep(SYNC_POLL)
 
     async def policy(self) -> int:
@@ -691,7 +702,14 @@ def parser() -> argparse.ArgumentParser:
         _common(p, top=False)
         return p
 
-    cmd("status", "show the daemon's state (sync problems included)")
+    p = cmd("status", "show the daemon's state: sync, devices, every page, conflicts")
+    p.add_argument(
+        "--pages",
+        type=pages_arg,
+        default=None,
+        metavar="N|all",
+        help="show at most N pages (default: 20, with --json 1000), or all",
+    )
     cmd("version", "show the versions of ledgerctl and of the daemon")
     cmd("ledgers", "list ledgers")
     cmd("pages", "list the pages of a ledger", "ledger")
@@ -764,7 +782,7 @@ def parser() -> argparse.ArgumentParser:
 
 DOC_ID = "01M845D77GCBCEDRNYKWHJ1QF9"
 EXAMPLES = {
-    "status": "ledgerctl status",
+    "status": "ledgerctl status\nledgerctl status --pages all --json   # every page, one document",
     "version": "ledgerctl version --json",
     "ledgers": "ledgerctl ledgers",
     "pages": "ledgerctl pages notes",

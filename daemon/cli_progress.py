@@ -68,6 +68,13 @@ class Progress:
             bar.set_postfix_str(self.postfix, refresh=False)
         bar.update(done - bar.n)
 
+    def write(self, text: str) -> None:
+        """A line on the stream, above the bar when one is drawn."""
+        if self.bar is not None:
+            self.bar.write(text, file=self.stream)
+        else:
+            print(text, file=self.stream, flush=True)
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()

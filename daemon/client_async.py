@@ -140,8 +140,16 @@ class AsyncClient:
 
     # -- repository ----------------------------------------------------------------
 
-    async def status(self) -> dict[str, Any]:
-        return dict(await self._json("GET", self.url("/v1/status")))
+    async def status(
+        self, pages_limit: int | None = None, pages_after: str | None = None
+    ) -> dict[str, Any]:
+        """The daemon's state; its ``pages`` at most ``pages_limit``, after the token
+        ``pages_after`` (a ``pages_next`` of an earlier status)."""
+        query: dict[str, str | bytes | int | None] = {
+            "pages_limit": pages_limit,
+            "pages_after": pages_after,
+        }
+        return dict(await self._json("GET", self.url("/v1/status", query)))
 
     async def ledgers(self) -> list[bytes]:
         doc = await self._json("GET", self.url("/v1/ledgers"))

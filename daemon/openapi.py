@@ -105,8 +105,16 @@ def document() -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {
         "/v1/status": {
             "get": _op(
-                "the daemon's state: version, device, open pages, sync",
-                {"200": _json({"type": "object"})},
+                "the daemon's state: version, device, sync, devices, every page, conflicts",
+                {"200": _json(_ref("Status"))},
+                params=(
+                    _query(
+                        "pages_limit",
+                        "at most this many pages (default 1000, at most 10000; 0: none)",
+                        {"type": "integer", "minimum": 0, "maximum": 10000},
+                    ),
+                    _query("pages_after", "the pages after this token (a pages_next)"),
+                ),
             )
         },
         "/v1/session": {
@@ -692,6 +700,83 @@ def _schemas() -> dict[str, Any]:
                 },
                 "timestamp": {"type": "integer"},
                 "generation": {"type": "integer"},
+            },
+        },
+        "Status": {
+            "type": "object",
+            "required": ["version", "device_id", "open_pages", "pages", "devices", "conflicts"],
+            "properties": {
+                "version": {"type": "string"},
+                "device_id": {"type": "string"},
+                "cloud": {"type": "string", "nullable": True},
+                "sync": {"type": "object", "nullable": True},
+                "open_pages": NAMES,
+                "pages": {"type": "array", "items": _ref("PageSync")},
+                "pages_total": {"type": "integer", "nullable": True},
+                "pages_next": {"type": "string", "nullable": True},
+                "devices": {"type": "array", "items": _ref("Device")},
+                "conflicts": {"type": "array", "items": _ref("PageConflicts")},
+            },
+        },
+        "PageSync": {
+            "type": "object",
+            "description": "a page stored here and its sync (no page is opened for it)",
+            "properties": {
+                "ledger": B64,
+                "page": B64,
+                "open": {"type": "boolean"},
+                "evicted": {"type": "boolean"},
+                "sync": {"enum": ["off", "local", "synced", "pending", "error"]},
+                "last_sync": {
+                    "type": "number",
+                    "nullable": True,
+                    "description": "UNIX time of its last upload or import recorded here",
+                },
+                "last_error": {"type": "string", "nullable": True},
+                "conflicts": {
+                    "type": "integer",
+                    "nullable": True,
+                    "description": "keys with concurrent values (null: not known, closed)",
+                },
+                "conflict": {"type": "string", "nullable": True},
+            },
+        },
+        "Device": {
+            "type": "object",
+            "description": "a device the bucket's feed showed (this one first)",
+            "properties": {
+                "device": {"type": "string"},
+                "this_device": {"type": "boolean"},
+                "last_pack_at": {
+                    "type": "number",
+                    "nullable": True,
+                    "description": "the feed time (UNIX seconds) of its newest pack listed",
+                },
+                "last_seq": {"type": "integer", "nullable": True},
+                "clock_ahead_s": {
+                    "type": "number",
+                    "nullable": True,
+                    "description": "its clock is at least this far ahead of this one "
+                    "(negative: at most that far behind); null: none of its writes imported",
+                },
+                "clock_seen_at": {"type": "number", "nullable": True},
+                "error": {"type": "string", "nullable": True},
+            },
+        },
+        "PageConflicts": {
+            "type": "object",
+            "description": "a page whose keys hold concurrent values",
+            "properties": {
+                "ledger": B64,
+                "page": B64,
+                "keys": {"type": "integer"},
+                "policy": {"type": "string", "nullable": True, "description": "(open pages)"},
+                "waiting": {"type": "string", "nullable": True},
+                "open": {
+                    "type": "boolean",
+                    "description": "false: the page is closed, and this is its last sync's",
+                },
+                "resolver_connected": {"type": "boolean"},
             },
         },
         "Health": {

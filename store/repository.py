@@ -1124,6 +1124,20 @@ class Repository:
         async with self.usage.write() as conn:
             await conn.execute("DELETE FROM repository WHERE name = ?", (name,))
 
+    async def set_metas(self, values: dict[str, bytes | None]) -> None:
+        """Set (or, for None, delete) several named values in one transaction."""
+        if not values:
+            return
+        async with self.usage.write() as conn:
+            for name, value in values.items():
+                if value is None:
+                    await conn.execute("DELETE FROM repository WHERE name = ?", (name,))
+                else:
+                    await conn.execute(
+                        "INSERT OR REPLACE INTO repository (name, value) VALUES (?, ?)",
+                        (name, value),
+                    )
+
     async def usage_of(self, ledger: bytes | str, page_id: bytes | str) -> int | None:
         """When the page was last closed (UNIX ms), 0 while open, None if unknown."""
         rows = await self.usage.read_all(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import abc
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
@@ -87,6 +88,11 @@ class CloudStore(abc.ABC):
         """The last failure that is still being retried, if any (for error messages)."""
         return None
 
+    def next_try(self) -> float | None:
+        """When (monotonic time) the request that failed with :meth:`last_failure` is
+        tried again (past while that try runs); None when none is to be."""
+        return None
+
     def is_transient(self, error: BaseException) -> bool:
         return isinstance(error, TransientCloudError)
 
@@ -135,6 +141,9 @@ class Forwarding(CloudStore):
     def last_failure(self) -> str | None:
         return self.inner.last_failure()
 
+    def next_try(self) -> float | None:
+        return self.inner.next_try()
+
     def is_transient(self, error: BaseException) -> bool:
         return self.inner.is_transient(error)
 
@@ -153,6 +162,7 @@ class Retrying(Forwarding):
         self.first = first
         self.most = most
         self._failure: str | None = None
+        self._next_try: float | None = None
 
     def _retrying(self) -> AsyncRetrying:
         return AsyncRetrying(
@@ -166,18 +176,27 @@ class Retrying(Forwarding):
     def _before_sleep(self, state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome is not None else None
         self._failure = f"{type(error).__name__}: {error}" if error is not None else None
+        sleep = state.next_action.sleep if state.next_action is not None else 0.0
+        self._next_try = time.monotonic() + sleep
         _log_retry(state)
 
     async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
-        async for attempt in self._retrying():
-            with attempt:
-                result = await fn()
-                self._failure = None
-                return result
+        try:
+            async for attempt in self._retrying():
+                with attempt:
+                    result = await fn()
+                    self._failure = self._next_try = None
+                    return result
+        except BaseException:
+            self._next_try = None  # given up: nothing is tried again (the failure stays)
+            raise
         raise AssertionError("unreachable")  # pragma: no cover
 
     def last_failure(self) -> str | None:
         return self._failure or self.inner.last_failure()
+
+    def next_try(self) -> float | None:
+        return self._next_try if self._failure else self.inner.next_try()
 
     async def create_bucket(self) -> None:
         await self._call(self.inner.create_bucket)

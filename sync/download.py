@@ -267,6 +267,7 @@ class Downloader:
                     )
                     if p.eager.raw:
                         await self.checkpoints.grew(page, p.eager.raw)
+                    self.board.imported(page)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -356,13 +357,13 @@ class Downloader:
         )
 
     def _imported(self, key: Key, device: str, upto: int) -> None:
-        self.board.imported(key)
         # Sections of this page waiting for writes may have them now.
         for dl in self.feed.logs.values():
             for h in dl.held.values():
                 if h.key == key and h.state == progress.WAITING:
                     h.due = 0.0
         ahead = (upto - int(self.ctx.clock() * 1_000_000)) / 1e6
+        self.board.clock_seen(device, ahead)
         if ahead > self.clock_skew:
             self.board.clock_ahead(device, ahead)
 

@@ -305,6 +305,8 @@ class SyncEngine:
             raise ValueError("open the repository with this engine's hooks()")
         self.ctx.attach(repo)
         await self.feed.load()
+        await self.board.load()
+        await self.pending.load()  # (status tells pending pages from the start)
         await self.checkpoints.load(repo)
         if background:
             self._task = asyncio.create_task(self._loop(), name="sync")
@@ -506,11 +508,20 @@ class SyncEngine:
                     "seconds": round(time.monotonic() - started, 3),
                     "at": time.time(),
                 }
+                await self._save_sync_times()
             self.board.round_error = None
             self.board.last_round_ok = time.time()
             stats.rounds = 1
             self._observe(started, stats, None)
         return stats
+
+    async def _save_sync_times(self) -> None:
+        """The pages' last sync times (status shows them after a restart): one lost to
+        a full disk is no failure of the round."""
+        try:
+            await self.board.save()
+        except Exception as e:
+            log.warning("could not record the pages' last sync times: %s", describe(e))
 
     def _observe(self, started: float, stats: Stats, error: BaseException | None) -> None:
         if self.observer is not None:
@@ -623,3 +634,15 @@ class SyncEngine:
 
     async def page_status(self, page: Page) -> dict[str, Any]:
         return await self.board.page_status(page)
+
+    def page_states(self, keys: Iterable[Key]) -> list[dict[str, Any]]:
+        """Pages' sync without opening them (:meth:`sync.status.StatusBoard.page_states`)."""
+        return self.board.page_states(keys)
+
+    def conflicted(self) -> list[tuple[Key, int, str | None]]:
+        """Pages with conflicts at their last sync (:meth:`StatusBoard.conflicted`)."""
+        return self.board.conflicted()
+
+    def devices(self) -> list[dict[str, Any]]:
+        """Every device the feed showed (:meth:`sync.status.StatusBoard.devices`)."""
+        return self.board.devices()

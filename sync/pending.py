@@ -37,6 +37,9 @@ class Pending:
     def __len__(self) -> int:
         return len(self.counts)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self.counts
+
     def changed(self, key: Key) -> bool:
         """A commit in ``key``; False for a page that is never uploaded."""
         if key[0] == LOCAL:  # the _local ledger never leaves this device
@@ -82,7 +85,8 @@ class Pending:
             log.info("looking for unsynced commits in every page (%s)", e)
             keys = await self._all_pages()
         for key in keys:
-            self.counts.setdefault(key, 0)
+            if key[0] != LOCAL:  # (pages used since the save include the _local ledger's)
+                self.counts.setdefault(key, 0)
         self.loaded = True
 
     async def save(self) -> None:

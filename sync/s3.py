@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -30,6 +31,7 @@ from botocore.exceptions import (
     BotoCoreError,
     ClientError,
     ConnectionError,
+    EndpointConnectionError,
     HTTPClientError,
     NoCredentialsError,
 )
@@ -87,6 +89,8 @@ def classify(e: Exception, what: str) -> CloudError:
         if code in TRANSIENT_CODES or status >= 500 or status == 429:
             return TransientCloudError(msg)
         return PermanentCloudError(msg)
+    if isinstance(e, EndpointConnectionError):
+        return TransientCloudError(f"{what}: {unreachable(e)}")
     if isinstance(e, ConnectionError | HTTPClientError):
         return TransientCloudError(f"{what}: {e}")
     if isinstance(e, NoCredentialsError):  # (botocore's line says nothing of where they go)
@@ -95,6 +99,20 @@ def classify(e: Exception, what: str) -> CloudError:
         # Missing credentials, bad configuration: nothing a retry would fix.
         return PermanentCloudError(f"{what}: {e}")
     return PermanentCloudError(f"{what}: {type(e).__name__}: {e}")
+
+
+def unreachable(e: EndpointConnectionError) -> str:
+    """``cannot reach http://host:port (connection refused)``: the endpoint (without the
+    request's path) and the system's reason, rather than botocore's URL with its query."""
+    url = urllib.parse.urlsplit(str(e.kwargs.get("endpoint_url", "")))
+    cause: BaseException | None = e.kwargs.get("error")
+    reason = str(cause) if cause is not None else "no connection"
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.strerror:
+            reason = cause.strerror.lower()
+            break
+        cause = cause.__cause__ or cause.__context__
+    return f"cannot reach {url.scheme}://{url.netloc} ({reason})"
 
 
 class BlockingCalls(StoreBlockingCalls):

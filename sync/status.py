@@ -5,30 +5,68 @@ last upload failed (:class:`PageState`); the last round's error and figures; the
 devices whose download failed; the clocks seen ahead of this one; and the reports
 built from them and from the held packs and gaps of :class:`sync.feed.Feed` (sync's
 part of ``/v1/status``, the problems ``ledgerctl sync`` prints, the health the
-daemon serves). The jobs tell it what happened; it changes nothing it reports on,
-and does no I/O.
+daemon serves), each page's sync state and every device the feed showed. The jobs
+tell it what happened; it changes nothing it reports on, and its only I/O is the
+pages' last sync times, kept in repository meta (:data:`SYNCED_PREFIX`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Sized
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ledgerd.store import Page
 from ledgerd.store import exchange as ex
 from ledgerd.store.errors import counted, named
+from ledgerd.store.merge import needs_resolver
 from ledgerd.sync import layout, progress
 from ledgerd.sync.checkpoints import Checkpoints
 from ledgerd.sync.compaction import Compactor
-from ledgerd.sync.context import Key, SyncContext
+from ledgerd.sync.context import LOCAL, Key, SyncContext
 from ledgerd.sync.feed import Feed
 
 log = logging.getLogger(__name__)
+
+SYNCED_PREFIX = "sync/synced/"
+"""Repository meta: per page (``{ledger hex}.{page hex}``), the UNIX time of its last
+upload or import, and its conflicts then (:class:`PageState`, JSON): what status shows of
+a page that is not open, also after a restart."""
+CLOCK_WINDOW = 3600.0
+"""Seconds a device's clock bound stands before a smaller one replaces it (a clock
+set right is seen within the hour)."""
+
+
+class PendingPages(Protocol):
+    """The pages with uploads pending (:class:`sync.pending.Pending`)."""
+
+    def __len__(self) -> int: ...
+
+    def __contains__(self, key: object) -> bool: ...
+
+
+def _waiting(st: PageState | None) -> str | None:
+    """Why a page's conflicts wait (as :attr:`ledgerd.store.Page.pending_conflict`)."""
+    if st is None or not st.waiting:
+        return None
+    return f"{st.conflicts} keys need a conflict resolver"
+
+
+def _meta_name(key: Key) -> str:
+    return f"{SYNCED_PREFIX}{key[0].hex()}.{key[1].hex()}"
+
+
+def _meta_key(name: str) -> Key | None:
+    ledger, dot, page = name.removeprefix(SYNCED_PREFIX).partition(".")
+    try:
+        return (bytes.fromhex(ledger), bytes.fromhex(page)) if dot else None
+    except ValueError:
+        return None
 
 
 def describe(e: BaseException) -> str:
@@ -48,19 +86,38 @@ def stale_after(poll_interval: float, poll_max: float) -> float:
 class PageState:
     last_sync: float | None = None
     last_error: str | None = None  # why the page could not be uploaded
+    conflicts: int | None = None  # keys with concurrent values at its last sync (None: unknown)
+    waiting: bool = False  # ... and its policy asks a resolver about them
+
+    def encode(self) -> bytes:
+        return json.dumps([self.last_sync, self.conflicts, self.waiting]).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> PageState:
+        """Raises ValueError unless ``raw`` is what :meth:`encode` wrote (or a time alone)."""
+        v = json.loads(raw)
+        if isinstance(v, int | float):
+            return cls(float(v))
+        t, conflicts, waiting = v
+        return cls(
+            None if t is None else float(t),
+            None,
+            None if conflicts is None else int(conflicts),
+            bool(waiting),
+        )
 
 
 class StatusBoard:
     """What went wrong and when things last went right.
 
-    ``pending`` is the pages with uploads pending (counted, never changed here).
+    ``pending`` is the pages with uploads pending (looked at, never changed here).
     """
 
     def __init__(
         self,
         ctx: SyncContext,
         feed: Feed,
-        pending: Sized,
+        pending: PendingPages,
         checkpoints: Checkpoints,
         compactor: Compactor,
     ) -> None:
@@ -76,13 +133,44 @@ class StatusBoard:
         self.last_round: dict[str, Any] | None = None
         self.device_errors: dict[str, str] = {}
         self.skew: dict[str, dict[str, Any]] = {}
+        self.clocks: dict[str, tuple[float, float]] = {}
+        """Per device: (the largest ``ahead`` seen lately, when): see :meth:`clock_seen`."""
+        self._unsaved: set[Key] = set()  # pages whose last sync time changed since save()
+
+    # -- the pages' last sync times, kept across restarts -------------------------------
+
+    async def load(self) -> None:
+        """The pages' last sync times saved by :meth:`save` (before this process's)."""
+        for name, raw in (await self.ctx.repo.metas(SYNCED_PREFIX)).items():
+            key = _meta_key(name)
+            try:
+                saved = PageState.decode(raw)
+            except (ValueError, TypeError):  # (json's errors are ValueErrors)
+                continue
+            if key is not None and key not in self.states:
+                self.states[key] = saved
+
+    async def save(self) -> None:
+        """Record the last sync times that changed (one transaction)."""
+        keys, self._unsaved = self._unsaved, set()
+        values: dict[str, bytes | None] = {}
+        for key in keys:
+            st = self.states.get(key)
+            values[_meta_name(key)] = None if st is None else st.encode()
+        try:
+            await self.ctx.repo.set_metas(values)
+        except Exception:
+            self._unsaved |= keys  # (tried again after the next round)
+            raise
 
     # -- what the jobs tell ------------------------------------------------------------
 
     def synced(self, page: Page) -> None:
         """The page's upload is recorded."""
-        st = self.states.setdefault((page.ledger, page.id), PageState())
+        key = (page.ledger, page.id)
+        st = self.states.setdefault(key, PageState())
         st.last_sync, st.last_error = time.time(), None
+        self.conflicts_of(page)
 
     def page_failed(self, key: Key, e: BaseException) -> None:
         st = self.states.setdefault(key, PageState())
@@ -100,12 +188,23 @@ class StatusBoard:
     def no_error(self, key: Key) -> None:
         self.states.setdefault(key, PageState()).last_error = None
 
-    def imported(self, key: Key) -> None:
+    def imported(self, page: Page) -> None:
+        key = (page.ledger, page.id)
         self.states.setdefault(key, PageState()).last_sync = time.time()
+        self.conflicts_of(page)
+
+    def conflicts_of(self, page: Page) -> None:
+        """Note the page's conflicts now (shown while it is closed) and save its state."""
+        key = (page.ledger, page.id)
+        st = self.states.setdefault(key, PageState())
+        st.conflicts = page.conflict_count
+        st.waiting = bool(st.conflicts) and needs_resolver(page.policy)
+        self._unsaved.add(key)
 
     def forget(self, key: Key) -> None:
         """The page is gone from this device (deleted or evicted)."""
-        self.states.pop(key, None)
+        if self.states.pop(key, None) is not None:
+            self._unsaved.add(key)
 
     def device_failed(self, device: str, e: BaseException) -> None:
         self.device_errors[device] = describe(e)
@@ -119,7 +218,95 @@ class StatusBoard:
             log.warning("device %s's clock is %.0fs ahead of this one", device, ahead)
         self.skew[device] = {"device": device, "ahead_s": round(ahead, 1), "seen_at": time.time()}
 
+    def clock_seen(self, device: str, ahead: float) -> None:
+        """Writes of ``device`` imported now are stamped ``ahead`` seconds ahead of this
+        device's clock (negative: behind). Their transfer took time, so the device's
+        clock is at least ``ahead`` ahead: the largest bound of the last
+        :data:`CLOCK_WINDOW` is kept."""
+        now = time.time()
+        old = self.clocks.get(device)
+        if old is None or ahead >= old[0] or now - old[1] > CLOCK_WINDOW:
+            self.clocks[device] = (round(ahead, 3), now)
+
     # -- reports -----------------------------------------------------------------------
+
+    def page_states(self, keys: Iterable[Key]) -> list[dict[str, Any]]:
+        """Each page's sync as far as sync knows it without opening the page: ``sync``
+        is ``local`` (the ``_local`` ledger: never uploaded), ``error`` (its upload or
+        a pack of it failed: ``last_error``), ``pending`` (commits wait for upload, or
+        a round is to look), or ``synced`` (nothing waits); ``last_sync`` is the time
+        of its last upload or import recorded here (None: none recorded); ``conflicts``
+        its keys with concurrent values then (None: unknown), and ``conflict`` why they
+        wait, when its policy asks a resolver."""
+        held: dict[Key, str] = {}
+        for h in self.feed.held():
+            if h.key is not None and h.state != progress.RETRY:
+                held.setdefault(h.key, f"pack {h.ln.name}: {h.reason}")
+        out = []
+        for key in keys:
+            st = self.states.get(key)
+            error = (st.last_error if st is not None else None) or held.get(key)
+            if key[0] == LOCAL:
+                state = "local"
+            elif error:
+                state = "error"
+            elif key in self.pending:
+                state = "pending"
+            else:
+                state = "synced"
+            out.append(
+                {
+                    "sync": state,
+                    "last_sync": st.last_sync if st is not None else None,
+                    "last_error": error,
+                    "conflicts": st.conflicts if st is not None else None,
+                    "conflict": _waiting(st),
+                }
+            )
+        return out
+
+    def conflicted(self) -> list[tuple[Key, int, str | None]]:
+        """The pages whose keys held concurrent values at their last sync: each with
+        how many, and why they wait (None: the policy shows the winner)."""
+        return [
+            (key, st.conflicts, _waiting(st))
+            for key, st in sorted(self.states.items())
+            if st.conflicts
+        ]
+
+    def devices(self) -> list[dict[str, Any]]:
+        """Every device the feed showed (this one first), from what rounds learned: its
+        newest pack listed (``last_pack_at``: the pack's feed time, in seconds; its
+        sequence), a bound on its clock's lead over this one (``clock_ahead_s``, see
+        :meth:`clock_seen`; None before a write of it was imported), and its error."""
+        own = self.ctx.device
+        out: list[dict[str, Any]] = [
+            {
+                "device": own,
+                "this_device": True,
+                "last_pack_at": self.feed.own_time / 1000 if self.feed.own_time else None,
+                "last_seq": self.feed.own_seq or None,
+                "clock_ahead_s": 0.0,
+                "clock_seen_at": None,
+                "error": None,
+            }
+        ]
+        others = {*self.feed.logs, *self.clocks, *self.device_errors, *self.skew} - {own}
+        for device in sorted(others):
+            dl = self.feed.logs.get(device)
+            clock = self.clocks.get(device)
+            out.append(
+                {
+                    "device": device,
+                    "this_device": False,
+                    "last_pack_at": dl.max_time / 1000 if dl and dl.max_time else None,
+                    "last_seq": dl.max_seq if dl and dl.max_seq else None,
+                    "clock_ahead_s": clock[0] if clock else None,
+                    "clock_seen_at": clock[1] if clock else None,
+                    "error": self.device_errors.get(device),
+                }
+            )
+        return out
 
     def upload_error(self, key: Key) -> str | None:
         """Why the page's last upload failed, or None."""
@@ -210,6 +397,7 @@ class StatusBoard:
             for g in dl.missing()
         ]
         health = self.health(poll_interval, poll_max)
+        failure, next_try = self.ctx.store.last_failure(), self.ctx.store.next_try()
         return {
             "healthy": health["healthy"],
             "synced": health["synced"],
@@ -219,6 +407,13 @@ class StatusBoard:
             "bucket_error_code": self.ctx.bucket_error_code,
             "encryption": self._encryption(),
             "round_error": self.round_error,
+            # What the bucket's requests are retrying now, and in how many seconds.
+            "retrying": failure if next_try is not None else None,
+            "next_try_in_s": (
+                round(max(0.0, next_try - time.monotonic()), 1)
+                if failure and next_try is not None
+                else None
+            ),
             "pending_uploads": len(self.pending),
             "pages": pages,
             "packs": packs,

@@ -161,7 +161,8 @@ class Uploader:
                 seen = self.pending.seen(key)
                 if not repo.page_exists(*key) or repo.is_evicted(*key):
                     self.pending.forget(key)
-                    self.board.forget(key)
+                    if not repo.page_exists(*key):  # (an evicted page keeps its last sync)
+                        self.board.forget(key)
                     continue
                 try:
                     if len(leased) < lease_most:

@@ -174,11 +174,11 @@ def test_status_ledgers_and_pages(daemon: Daemon) -> None:
         "cloud    off (sync is off: every page is local only)",
     ]
     page_lines = status[4:]
-    # A page id that is not UTF-8 is shown in hex.
+    # A page id that is not UTF-8 is shown in hex; names are padded to one width.
     assert sorted(page_lines) == [
-        "page     notes/inbox",
-        "page     notes/work",
-        "page     é/hex:00ff",
+        "page     notes/inbox  open",
+        "page     notes/work   open",
+        "page     é/hex:00ff   open",
     ]
     assert ledgers.decode() == "notes\né\n"
     assert pages == b"inbox\nwork\n"
