@@ -876,10 +876,11 @@ def test_watch_of_a_missing_page_says_it_waits_for_it(shared: Daemon, ledger: st
     watcher, quiet = Watcher(shared, ledger, "nosuchpage"), Watcher(shared, "-q", ledger, "p2")
     try:
         assert watcher.proc.stderr is not None
-        fd = watcher.proc.stderr.fileno()
-        ready, _, _ = select.select([fd], [], [], 60)
-        assert ready, "no line on stderr"
-        line = os.read(fd, 4096).decode()
+        fd, line, until = watcher.proc.stderr.fileno(), "", time.monotonic() + 60
+        while not line.endswith("\n"):  # (print may write the line and its end apart)
+            ready, _, _ = select.select([fd], [], [], max(0.0, until - time.monotonic()))
+            assert ready, f"no whole line on stderr: {line!r}"
+            line += os.read(fd, 4096).decode()
         assert line == (
             f"ledgerctl: no page nosuchpage in ledger {ledger} yet: "
             "waiting for it (Ctrl-C to stop)\n"
