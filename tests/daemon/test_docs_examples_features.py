@@ -113,6 +113,16 @@ FEATURES: list[tuple[str, str, str, list[str]]] = [
         ],
     ),
     (
+        "GET …/conflicts and POST …/conflicts/resolve",
+        "docs/merging.md",
+        "shell",
+        [
+            r"curl .*--unix-socket \S+ \S+/conflicts\b",
+            r"-X POST \S+/conflicts/resolve",
+            r'^\{"resolved": \[.*\], "conflicts": 0\}$',
+        ],
+    ),
+    (
         "conflicts() and resolve(): client",
         "docs/merging.md",
         "daemon",
