@@ -123,6 +123,18 @@ FEATURES: list[tuple[str, str, str, list[str]]] = [
         ],
     ),
     (
+        "sync says what it retries while the bucket cannot be reached",
+        "docs/cli.md",
+        "shell",
+        [
+            r"--cloud s3://",
+            r"ENDPOINT_URL=http://127\.0\.0\.1:9 ",
+            r"^\$ ledgerctl sync --timeout \d+$",
+            r"^retrying: … cannot reach http://127\.0\.0\.1:9 \(connection refused\)",
+            r"^\$ echo \$\?\n4$",
+        ],
+    ),
+    (
         "conflicts() and resolve(): client",
         "docs/merging.md",
         "daemon",
