@@ -84,6 +84,62 @@ FEATURES: list[tuple[str, str, str, list[str]]] = [
         "shell",
         [r"^ledgerctl: damaged data: ", r"^\$ echo \$\?\n5$", r"^\$ ledgerctl check --repair "],
     ),
+    (
+        "status: every page's sync, the devices, a conflict and how to resolve it",
+        "docs/operations.md",
+        "shell",
+        [
+            r"--cloud file://",
+            r"automatic_with_fallback",
+            r"^\$ ledgerctl status$",
+            r"^page +\S+ +synced +last synced … UTC \(… s ago\)",
+            r"^device +…  clock …, newest pack ",
+            r"^conflict .*→ ledgerctl conflicts .*ledgerctl resolve ",
+            r"^\$ kill ",
+        ],
+    ),
+    (
+        "ledgerctl conflicts and resolve, the resolution synced to the other device",
+        "docs/merging.md",
+        "shell",
+        [
+            r"--cloud file://",
+            r"^\$ ledgerctl conflicts \S+ \S+$",
+            r"^    theirs ",
+            r"^\$ ledgerctl resolve \S+ \S+ \S+ --take ",
+            r"^resolved 1 key",
+            r"^\$ ledgerctl .*sync",
+            r"^\$ ledgerctl --socket \S+ conflicts .*\nno conflicts in ",
+        ],
+    ),
+    (
+        "GET …/conflicts and POST …/conflicts/resolve",
+        "docs/merging.md",
+        "shell",
+        [
+            r"curl .*--unix-socket \S+ \S+/conflicts\b",
+            r"-X POST \S+/conflicts/resolve",
+            r'^\{"resolved": \[.*\], "conflicts": 0\}$',
+        ],
+    ),
+    (
+        "sync says what it retries while the bucket cannot be reached",
+        "docs/cli.md",
+        "shell",
+        [
+            r"--cloud s3://",
+            r"ENDPOINT_URL=http://127\.0\.0\.1:9 ",
+            r"^\$ ledgerctl sync --timeout \d+$",
+            r"^retrying: … cannot reach http://127\.0\.0\.1:9 \(connection refused\)",
+            r"^\$ echo \$\?\n4$",
+        ],
+    ),
+    (
+        "conflicts() and resolve(): client",
+        "docs/merging.md",
+        "daemon",
+        [r"\.conflicts\(", r"\.resolve\(.*expect="],
+    ),
 ]
 
 
