@@ -96,10 +96,16 @@ def test_parsing_a_document_key() -> None:
     for collection in ("items", "", "n\x00ul", "é"):
         for doc_id in (DOC, REV, bytes(range(1, 17))):
             head, body = doclayout.doc_keys(collection, doc_id)
-            assert doclayout.parse_doc_key(head) == (collection, doc_id, doclayout.HEAD, None)
-            assert doclayout.parse_doc_key(body) == (collection, doc_id, doclayout.BODY, None)
+            assert doclayout.parse_doc_key(head) == (collection, doc_id, doclayout.HEAD, None, None)
+            assert doclayout.parse_doc_key(body) == (collection, doc_id, doclayout.BODY, None, None)
             att = doclayout.attachment_key(collection, doc_id, REV)
-            assert doclayout.parse_doc_key(att) == (collection, doc_id, doclayout.ATTACHMENT, REV)
+            assert doclayout.parse_doc_key(att) == (
+                collection,
+                doc_id,
+                doclayout.ATTACHMENT,
+                REV,
+                None,
+            )
     assert doclayout.parse_doc_key(doclayout.DOCS) is None
     assert doclayout.parse_doc_key(doclayout.index_key("items", "by_k")) is None
     assert doclayout.parse_doc_key(doclayout.body_key("items", DOC) + b"\x00") is None
