@@ -184,6 +184,17 @@ class IndexInfo:
         return None if self.sort_path is None else ".".join(self.sort_path)
 
 
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    """A kept conflict of a document as its key names it: a losing revision (its
+    record's digest ``value``), ``order`` its rank (revision, head, dot)."""
+
+    rev: bytes
+    order: tuple[bytes, bytes, bytes]
+    key: bytes
+    value: bytes
+
+
 def _encoded(r: Record, max_document_bytes: int) -> bytes:
     """The record's bytes, or the error of a document that cannot be stored."""
     try:
@@ -363,14 +374,64 @@ class DocumentStore:
         self.clock.observe(r.rev)
         return r
 
-    async def get(self, collection: str, doc_id: str, *, include_deleted: bool = False) -> Document:
-        """The document's current revision; a deleted or purged one only if asked."""
+    async def get(
+        self,
+        collection: str,
+        doc_id: str,
+        *,
+        include_deleted: bool = False,
+        conflicts: bool = False,
+        rev: str | None = None,
+    ) -> Document:
+        """The document's current revision; a deleted or purged one only if asked.
+        ``conflicts``: with the revisions of its kept conflicts (:attr:`Document.conflicts`,
+        highest ranked first). ``rev``: that revision, the current one or a kept
+        conflict, whatever its state (DocumentNotFoundError if it is neither)."""
         check_collection(collection)
         raw = parse_id(doc_id)
-        r = await self._record(self.page, collection, raw)
-        if r is None or (r.state is not State.LIVE and not include_deleted):
+        wanted = None if rev is None else parse_ulid(rev, "revision")
+        snap: View = self.page
+        if conflicts or wanted:  # (the record and its conflicts of one commit)
+            snap = await self.page.snapshot()
+        r = await self._record(snap, collection, raw)
+        kept = await self._kept(snap, collection, raw) if conflicts or wanted else []
+        if wanted is not None and (r is None or r.rev != wanted):
+            found = [k for k in kept if k.rev == wanted]
+            if not found:
+                raise DocumentNotFoundError(
+                    f"document {doc_id} in {collection!r} has no revision {rev}"
+                )
+            r = _decode(collection, raw, await snap.objects.read_all(found[0].value))
+        elif r is None or (r.state is not State.LIVE and not include_deleted and wanted is None):
             raise DocumentNotFoundError(f"no document {doc_id} in {collection!r}")
-        return Document.of(collection, raw, r)
+        doc = Document.of(collection, raw, r)
+        return doc.with_conflicts(k.rev for k in kept) if conflicts else doc
+
+    async def conflicts(self, collection: str, doc_id: str) -> list[Document]:
+        """The kept conflicts of a document (revisions that lost to its current one
+        and that nobody resolved), highest ranked first: at most
+        :data:`~store.doclayout.MAX_CONFLICTS` after a write of it here."""
+        check_collection(collection)
+        raw = parse_id(doc_id)
+        snap = await self.page.snapshot()
+        kept = await self._kept(snap, collection, raw)
+        values = await snap.objects.read_many(k.value for k in kept)
+        return [
+            Document.of(collection, raw, _decode(collection, raw, values[k.value])) for k in kept
+        ]
+
+    async def _kept(self, view: View, collection: str, raw: DocId) -> list[_Kept]:
+        """The document's kept conflicts, highest ranked first."""
+        out = []
+        async for e in view.iter_entries(prefix=doclayout.conflict_prefix(collection, raw)):
+            k = doclayout.parse_doc_key(e.key)
+            if k is None or k.conflict is None:
+                continue
+            rev = k.conflict[: doclayout.ULID_SIZE]
+            order = (rev, doclayout.conflict_head(k.conflict), e.dot)
+            out.append(_Kept(rev, order, e.key, e.value))
+        out.sort(key=lambda k: k.order, reverse=True)
+        return out
 
     async def list_documents(
         self,
@@ -453,6 +514,34 @@ class DocumentStore:
     async def _put(self, txn: Transaction, collection: str, doc_id: DocId, r: Record) -> None:
         await txn.put_many(self._entries(collection, doc_id, r))
 
+    async def _carry(
+        self,
+        txn: Transaction,
+        collection: str,
+        raw: DocId,
+        resolves: Sequence[str] = (),
+        *,
+        drop_all: bool = False,
+    ) -> None:
+        """Carry the document's kept conflicts forward into the revision ``txn`` writes,
+        but those ``resolves`` names (DocumentConflictError if one is not a kept
+        conflict), the lowest-ranked past :data:`~store.doclayout.MAX_CONFLICTS`, and
+        with ``drop_all`` (a purge) every one: each removed one gets a tombstone."""
+        names = {parse_ulid(r, "revision") for r in resolves}
+        kept = await self._kept(txn, collection, raw)
+        missing = names - {k.rev for k in kept}
+        if missing:
+            raise DocumentConflictError(
+                f"document {id_text(raw)} in {collection!r} keeps no conflict of revision "
+                f"{', '.join(sorted(ulid_text(m) for m in missing))}"
+            )
+        rest = [k for k in kept if not drop_all and k.rev not in names]
+        for k in kept:
+            if drop_all or k.rev in names:
+                await txn.delete(k.key)
+        for k in rest[doclayout.MAX_CONFLICTS :]:
+            await txn.delete(k.key)
+
     def _entries(
         self, collection: str, doc_id: DocId, r: Record
     ) -> tuple[tuple[bytes, bytes], tuple[bytes, bytes]]:
@@ -530,6 +619,7 @@ class DocumentStore:
                         over[n] = cur
                         for a in cur.attachments:
                             await txn.delete(doclayout.attachment_key(collection, i, a.id))
+                        await self._carry(txn, collection, i)
             if new_revs is None and not over:
                 revs = self.clock.next_many(len(items))
             else:
@@ -614,9 +704,12 @@ class DocumentStore:
             over = await self._free(txn, collection, raw)
             for a in () if over is None else over.attachments:
                 await txn.delete(doclayout.attachment_key(collection, raw, a.id))
+            if over is not None:
+                await self._carry(txn, collection, raw)
             rev = self._next_rev(None, over)
             return Record(rev, State.LIVE, ulid_ms(rev), None, None, None, w.data)
         cur = await self._current(txn, collection, raw, w.rev)
+        await self._carry(txn, collection, raw)
         rev = self._next_rev(None, cur)
         ms = ulid_ms(rev)
         if w.deleted:
@@ -678,15 +771,19 @@ class DocumentStore:
         *,
         expected_rev: str | None = None,
         new_rev: str | None = None,
+        resolves: Sequence[str] = (),
     ) -> Document:
         """A new revision with ``data`` (attachments kept). With ``expected_rev``, only
-        if the current revision is that one (else DocumentConflictError)."""
+        if the current revision is that one (else DocumentConflictError). The
+        document's kept conflicts stay, but those whose revisions ``resolves`` names:
+        this revision supersedes them (DocumentConflictError if one is not kept)."""
         check_collection(collection)
         raw = parse_id(doc_id)
         check_data(data)
         self._check_indexed(collection, [data])
         async with self._write, self.page.transaction() as txn:
             cur = await self._current(txn, collection, raw, expected_rev)
+            await self._carry(txn, collection, raw, resolves)
             rev = self._next_rev(new_rev, cur)
             r = Record(
                 rev, State.LIVE, cur.created, ulid_ms(rev), None, None, data, cur.attachments
@@ -710,6 +807,7 @@ class DocumentStore:
         raw = parse_id(doc_id)
         async with self._write, self.page.transaction() as txn:
             cur = await self._current(txn, collection, raw, expected_rev)
+            await self._carry(txn, collection, raw)
             rev = self._next_rev(new_rev, cur)
             ms = ulid_ms(rev)
             r = Record(rev, State.DELETED, cur.created, ms, ms, None, cur.data, cur.attachments)
@@ -740,6 +838,7 @@ class DocumentStore:
                 if found is None:
                     raise
                 cur = found
+            await self._carry(txn, collection, raw, drop_all=True)
             rev = self._next_rev(new_rev, cur)
             ms = ulid_ms(rev)
             for a in cur.attachments:
@@ -749,6 +848,51 @@ class DocumentStore:
             await self._commit(txn, [(collection, raw, r)])
         await self._after_write()
         return doc
+
+    async def delete_conflict(
+        self,
+        collection: str,
+        doc_id: str,
+        rev: str,
+        *,
+        expected_rev: str | None = None,
+    ) -> Document:
+        """Resolve a kept conflict by removing it: a new revision of the document, as
+        it is otherwise (data, state, attachments), that supersedes the conflict of
+        revision ``rev`` (DocumentConflictError if the document keeps none; with
+        ``expected_rev``, only if the current revision is that one)."""
+        check_collection(collection)
+        raw = parse_id(doc_id)
+        parse_ulid(rev, "revision")
+        async with self._write, self.page.transaction() as txn:
+            cur = await self._record(txn, collection, raw)
+            if cur is None:
+                raise DocumentNotFoundError(f"no document {doc_id} in {collection!r}")
+            if expected_rev is not None and parse_ulid(expected_rev, "revision") != cur.rev:
+                raise DocumentConflictError(
+                    f"document {doc_id} is at revision {ulid_text(cur.rev)}, not {expected_rev}"
+                )
+            await self._carry(txn, collection, raw, [rev])
+            new = self._next_rev(None, cur)
+            r = cur._replace(rev=new, updated=ulid_ms(new))
+            doc = await self._put_record(txn, collection, raw, r)
+            await self._commit(txn, [(collection, raw, r)])
+        await self._after_write()
+        return doc
+
+    async def delete_revision(self, collection: str, doc_id: str, rev: str) -> Document:
+        """CouchDB's ``DELETE …?rev=R``: :meth:`delete` the document if ``rev`` is its
+        current revision, :meth:`delete_conflict` if it is a kept conflict's (else
+        DocumentConflictError; DocumentNotFoundError if there is no such document)."""
+        raw = parse_ulid(rev, "revision")
+        cur = await self.get(collection, doc_id, include_deleted=True, conflicts=True)
+        if (
+            cur.rev == ulid_text(raw)
+            or cur.conflicts is None
+            or ulid_text(raw) not in cur.conflicts
+        ):
+            return await self.delete(collection, doc_id, expected_rev=rev)
+        return await self.delete_conflict(collection, doc_id, rev)
 
     # -- attachments -----------------------------------------------------------------
 
@@ -788,6 +932,7 @@ class DocumentStore:
                     cur = await self._current(txn, collection, raw, expected_rev)
                     if attachment_id and not any(a.id == att for a in cur.attachments):
                         raise AttachmentNotFoundError(f"no attachment {attachment_id}")
+                    await self._carry(txn, collection, raw)
                     meta = AttachmentMeta(att, filename, content_type, length)
                     atts = tuple(a for a in cur.attachments if a.id != att) + (meta,)
                     rev = self._next_rev(None, cur)
@@ -846,6 +991,7 @@ class DocumentStore:
                     f"document {doc_id} has no attachment {attachment_id}"
                 )
             await txn.delete(doclayout.attachment_key(collection, raw, att))
+            await self._carry(txn, collection, raw)
             rev = self._next_rev(None, cur)
             atts = tuple(a for a in cur.attachments if a.id != att)
             r = Record(rev, State.LIVE, cur.created, ulid_ms(rev), None, None, cur.data, atts)
@@ -1034,6 +1180,7 @@ class DocumentStore:
         collection: str | None = None,
         follow: bool = True,
         batch: int = LIST_LIMIT,
+        conflicts: bool = False,
     ) -> AsyncGenerator[Changes, None]:
         """Every document changed since commit ``since`` (None: since the beginning),
         deleted and purged ones included, in batches of at most ``batch``; then, with
@@ -1041,7 +1188,8 @@ class DocumentStore:
         closes. Resume after a disconnect from the last batch's ``commit``: a batch cut
         from a longer change (its ``token`` set) carries the commit the change started
         from, so resuming there sends the rest again, and this batch once more. The
-        cost follows the change (a tree diff)."""
+        cost follows the change (a tree diff). ``conflicts``: each document with the
+        revisions of its kept conflicts (:attr:`Document.conflicts`)."""
         _check_limit(batch)
         prefix = self._changes_prefix(collection)
         watcher = self.page.watch(prefix) if follow else None
@@ -1052,7 +1200,9 @@ class DocumentStore:
                 head = self.page.head
                 start: bytes | None = prefix
                 while head.root != root and start is not None:
-                    got, start = await self._changed(resume, root, head, prefix, start, batch)
+                    got, start = await self._changed(
+                        resume, root, head, prefix, start, batch, conflicts
+                    )
                     if got.documents or got.damaged:
                         yield got
                 if head.root != root:
@@ -1076,6 +1226,7 @@ class DocumentStore:
         collection: str | None = None,
         limit: int = LIST_LIMIT,
         token: bytes | None = None,
+        conflicts: bool = False,
     ) -> Changes:
         """One batch of :meth:`changes` without ``follow``: the documents changed from
         ``since`` to the head, at most ``limit``; when more remain, ``token`` is set and
@@ -1093,7 +1244,7 @@ class DocumentStore:
             if not start.startswith(prefix):
                 raise InvalidArgumentError("the continuation token is for another collection")
             head = await self.page.load_commit(head_id)
-        got, _ = await self._changed(resume, root, head, prefix, start, limit)
+        got, _ = await self._changed(resume, root, head, prefix, start, limit, conflicts)
         return got
 
     @staticmethod
@@ -1104,7 +1255,14 @@ class DocumentStore:
         return doclayout.collection_prefix(collection)
 
     async def _changed(
-        self, resume: bytes, old_root: bytes, head: Commit, prefix: bytes, start: bytes, limit: int
+        self,
+        resume: bytes,
+        old_root: bytes,
+        head: Commit,
+        prefix: bytes,
+        start: bytes,
+        limit: int,
+        conflicts: bool = False,
     ) -> tuple[Changes, bytes | None]:
         """The documents changed from ``old_root`` to ``head`` from key ``start`` on, at
         most ``limit``, and where the next batch starts (None: this one ends the change)."""
@@ -1151,7 +1309,10 @@ class DocumentStore:
                 damaged.append(_damaged(self.page, coll, doc_id, e))
                 continue
             if r is not None:
-                out.append(Document.of(coll, doc_id, r))
+                doc = Document.of(coll, doc_id, r)
+                if conflicts:
+                    doc = doc.with_conflicts(k.rev for k in await self._kept(snap, coll, doc_id))
+                out.append(doc)
         if nxt is None:
             return Changes(head.id, out, None, damaged), None
         token = doctoken.encode(
