@@ -448,6 +448,10 @@ async def doc_index(repo: Repository, pid: bytes) -> None:
 # -- what the oracle reads -------------------------------------------------------------
 
 
+Conflicts = tuple[tuple[str, Any], ...]
+"""A document's kept conflicts: (rev, data) of each, highest ranked first."""
+
+
 @dataclass
 class PageState:
     entries: dict[bytes, bytes]
@@ -455,7 +459,8 @@ class PageState:
     heads: int
     commits: int
     pending_conflict: str | None
-    docs: dict[str, tuple[str, Any]] | None = None  # id -> (rev, data), live ones
+    docs: dict[str, tuple[str, Any, Conflicts]] | None = None
+    """Live documents: id -> (rev, data, its kept conflicts)."""
     index: dict[str, list[str]] | None = None  # partition -> ids in index order
 
 
@@ -475,7 +480,9 @@ async def page_state(repo: Repository, pid: bytes, tags: list[str]) -> PageState
             token: bytes | None = None
             while True:
                 listed = await docs.list_documents(COLLECTION, limit=1000, token=token)
-                st.docs.update((d.id, (d.rev, d.data)) for d in listed.items)
+                for d in listed.items:
+                    kept = await docs.conflicts(COLLECTION, d.id)
+                    st.docs[d.id] = (d.rev, d.data, tuple((c.rev, c.data) for c in kept))
                 if (token := listed.token) is None:
                     break
             if any(i.name == INDEX for i in await docs.indexes(COLLECTION)):
