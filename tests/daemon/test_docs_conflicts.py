@@ -54,6 +54,11 @@ def test_kept_conflicts_over_http(short_tmp: Path, s3_endpoint: str, bucket: str
             # the Python client, blocking (derived from the async one)
             assert da.get("c", doc_id, conflicts=True)["_meta"]["_conflicts"] == [lose]
             assert db.get("c", doc_id, rev=lose)["_data"] == lost_data
+            # ledgerctl doc get --conflicts / --rev
+            out = a.ledgerctl("doc", "get", "app", "p", "c", doc_id, "--conflicts", check=True)
+            assert json.loads(out.stdout)["_meta"]["_conflicts"] == [lose]
+            out = a.ledgerctl("doc", "get", "app", "p", "c", doc_id, "--rev", lose, check=True)
+            assert json.loads(out.stdout)["_data"] == lost_data
 
             status, resolved = _http(b, "DELETE", f"{doc}?rev={lose}")
             assert status == 200, resolved
