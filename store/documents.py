@@ -4,8 +4,8 @@ This module owns the operations of the document layer, as an embedded API that
 the HTTP API and clients map onto one to one: create, get, replace, soft delete,
 purge, listing, attachments, secondary indexes and the changes feed. The model
 and its checks are :mod:`store.docmodel`, the layout in the tree
-:mod:`store.doclayout`, the local indexes :mod:`store.docindex`; concurrent
-revisions merge by :func:`store.merge.by_revision`.
+:mod:`store.doclayout`, the local indexes :mod:`store.docindex`, kept conflicts
+:mod:`store.docconflicts`; concurrent revisions join by :func:`store.join.join_group`.
 
 A page is one document store (documents that must change atomically together
 share a page); a collection is a key range in it. One :class:`DocumentStore` per
@@ -28,7 +28,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledgerd.store import btree, commit, docfind, doclayout, doctoken
+from ledgerd.store import btree, commit, docconflicts, docfind, doclayout, doctoken
 from ledgerd.store.btree import Priority
 from ledgerd.store.commit import Commit
 from ledgerd.store.docindex import (
@@ -182,17 +182,6 @@ class IndexInfo:
     @property
     def sort(self) -> str | None:
         return None if self.sort_path is None else ".".join(self.sort_path)
-
-
-@dataclass(frozen=True, slots=True)
-class _Kept:
-    """A kept conflict of a document as its key names it: a losing revision (its
-    record's digest ``value``), ``order`` its rank (revision, head, dot)."""
-
-    rev: bytes
-    order: tuple[bytes, bytes, bytes]
-    key: bytes
-    value: bytes
 
 
 def _encoded(r: Record, max_document_bytes: int) -> bytes:
@@ -394,7 +383,7 @@ class DocumentStore:
         if conflicts or wanted:  # (the record and its conflicts of one commit)
             snap = await self.page.snapshot()
         r = await self._record(snap, collection, raw)
-        kept = await self._kept(snap, collection, raw) if conflicts or wanted else []
+        kept = await docconflicts.kept(snap, collection, raw) if conflicts or wanted else []
         if wanted is not None and (r is None or r.rev != wanted):
             found = [k for k in kept if k.rev == wanted]
             if not found:
@@ -414,24 +403,11 @@ class DocumentStore:
         check_collection(collection)
         raw = parse_id(doc_id)
         snap = await self.page.snapshot()
-        kept = await self._kept(snap, collection, raw)
+        kept = await docconflicts.kept(snap, collection, raw)
         values = await snap.objects.read_many(k.value for k in kept)
         return [
             Document.of(collection, raw, _decode(collection, raw, values[k.value])) for k in kept
         ]
-
-    async def _kept(self, view: View, collection: str, raw: DocId) -> list[_Kept]:
-        """The document's kept conflicts, highest ranked first."""
-        out = []
-        async for e in view.iter_entries(prefix=doclayout.conflict_prefix(collection, raw)):
-            k = doclayout.parse_doc_key(e.key)
-            if k is None or k.conflict is None:
-                continue
-            rev = k.conflict[: doclayout.ULID_SIZE]
-            order = (rev, doclayout.conflict_head(k.conflict), e.dot)
-            out.append(_Kept(rev, order, e.key, e.value))
-        out.sort(key=lambda k: k.order, reverse=True)
-        return out
 
     async def list_documents(
         self,
@@ -514,34 +490,6 @@ class DocumentStore:
     async def _put(self, txn: Transaction, collection: str, doc_id: DocId, r: Record) -> None:
         await txn.put_many(self._entries(collection, doc_id, r))
 
-    async def _carry(
-        self,
-        txn: Transaction,
-        collection: str,
-        raw: DocId,
-        resolves: Sequence[str] = (),
-        *,
-        drop_all: bool = False,
-    ) -> None:
-        """Carry the document's kept conflicts forward into the revision ``txn`` writes,
-        but those ``resolves`` names (DocumentConflictError if one is not a kept
-        conflict), the lowest-ranked past :data:`~store.doclayout.MAX_CONFLICTS`, and
-        with ``drop_all`` (a purge) every one: each removed one gets a tombstone."""
-        names = {parse_ulid(r, "revision") for r in resolves}
-        kept = await self._kept(txn, collection, raw)
-        missing = names - {k.rev for k in kept}
-        if missing:
-            raise DocumentConflictError(
-                f"document {id_text(raw)} in {collection!r} keeps no conflict of revision "
-                f"{', '.join(sorted(ulid_text(m) for m in missing))}"
-            )
-        rest = [k for k in kept if not drop_all and k.rev not in names]
-        for k in kept:
-            if drop_all or k.rev in names:
-                await txn.delete(k.key)
-        for k in rest[doclayout.MAX_CONFLICTS :]:
-            await txn.delete(k.key)
-
     def _entries(
         self, collection: str, doc_id: DocId, r: Record
     ) -> tuple[tuple[bytes, bytes], tuple[bytes, bytes]]:
@@ -619,7 +567,7 @@ class DocumentStore:
                         over[n] = cur
                         for a in cur.attachments:
                             await txn.delete(doclayout.attachment_key(collection, i, a.id))
-                        await self._carry(txn, collection, i)
+                        await docconflicts.carry(txn, collection, i)
             if new_revs is None and not over:
                 revs = self.clock.next_many(len(items))
             else:
@@ -705,11 +653,11 @@ class DocumentStore:
             for a in () if over is None else over.attachments:
                 await txn.delete(doclayout.attachment_key(collection, raw, a.id))
             if over is not None:
-                await self._carry(txn, collection, raw)
+                await docconflicts.carry(txn, collection, raw)
             rev = self._next_rev(None, over)
             return Record(rev, State.LIVE, ulid_ms(rev), None, None, None, w.data)
         cur = await self._current(txn, collection, raw, w.rev)
-        await self._carry(txn, collection, raw)
+        await docconflicts.carry(txn, collection, raw)
         rev = self._next_rev(None, cur)
         ms = ulid_ms(rev)
         if w.deleted:
@@ -783,7 +731,7 @@ class DocumentStore:
         self._check_indexed(collection, [data])
         async with self._write, self.page.transaction() as txn:
             cur = await self._current(txn, collection, raw, expected_rev)
-            await self._carry(txn, collection, raw, resolves)
+            await docconflicts.carry(txn, collection, raw, resolves)
             rev = self._next_rev(new_rev, cur)
             r = Record(
                 rev, State.LIVE, cur.created, ulid_ms(rev), None, None, data, cur.attachments
@@ -807,7 +755,7 @@ class DocumentStore:
         raw = parse_id(doc_id)
         async with self._write, self.page.transaction() as txn:
             cur = await self._current(txn, collection, raw, expected_rev)
-            await self._carry(txn, collection, raw)
+            await docconflicts.carry(txn, collection, raw)
             rev = self._next_rev(new_rev, cur)
             ms = ulid_ms(rev)
             r = Record(rev, State.DELETED, cur.created, ms, ms, None, cur.data, cur.attachments)
@@ -838,7 +786,7 @@ class DocumentStore:
                 if found is None:
                     raise
                 cur = found
-            await self._carry(txn, collection, raw, drop_all=True)
+            await docconflicts.carry(txn, collection, raw, drop_all=True)
             rev = self._next_rev(new_rev, cur)
             ms = ulid_ms(rev)
             for a in cur.attachments:
@@ -872,7 +820,7 @@ class DocumentStore:
                 raise DocumentConflictError(
                     f"document {doc_id} is at revision {ulid_text(cur.rev)}, not {expected_rev}"
                 )
-            await self._carry(txn, collection, raw, [rev])
+            await docconflicts.carry(txn, collection, raw, [rev])
             new = self._next_rev(None, cur)
             r = cur._replace(rev=new, updated=ulid_ms(new))
             doc = await self._put_record(txn, collection, raw, r)
@@ -932,7 +880,7 @@ class DocumentStore:
                     cur = await self._current(txn, collection, raw, expected_rev)
                     if attachment_id and not any(a.id == att for a in cur.attachments):
                         raise AttachmentNotFoundError(f"no attachment {attachment_id}")
-                    await self._carry(txn, collection, raw)
+                    await docconflicts.carry(txn, collection, raw)
                     meta = AttachmentMeta(att, filename, content_type, length)
                     atts = tuple(a for a in cur.attachments if a.id != att) + (meta,)
                     rev = self._next_rev(None, cur)
@@ -991,7 +939,7 @@ class DocumentStore:
                     f"document {doc_id} has no attachment {attachment_id}"
                 )
             await txn.delete(doclayout.attachment_key(collection, raw, att))
-            await self._carry(txn, collection, raw)
+            await docconflicts.carry(txn, collection, raw)
             rev = self._next_rev(None, cur)
             atts = tuple(a for a in cur.attachments if a.id != att)
             r = Record(rev, State.LIVE, cur.created, ulid_ms(rev), None, None, cur.data, atts)
@@ -1311,7 +1259,9 @@ class DocumentStore:
             if r is not None:
                 doc = Document.of(coll, doc_id, r)
                 if conflicts:
-                    doc = doc.with_conflicts(k.rev for k in await self._kept(snap, coll, doc_id))
+                    doc = doc.with_conflicts(
+                        k.rev for k in await docconflicts.kept(snap, coll, doc_id)
+                    )
                 out.append(doc)
         if nxt is None:
             return Changes(head.id, out, None, damaged), None

@@ -4,8 +4,9 @@ This module owns the join of a page's tree with a *delta* (another state restric
 some keys, whole documents on a document page: :func:`join_delta`) and with a whole
 *state* (a checkpoint: :func:`join_state`), each with that state's context. Both return
 the changes to apply to the local tree; they read trees and write nothing. The rule for
-one key is :func:`store.dots.join_versions`; a document's keys are taken whole from one
-revision (:func:`join_group`). Why this converges is in ``docs/convergence.md``.
+one key is :func:`store.dots.join_versions`; a document's keys join as a set of revisions,
+the winner's keys taken whole and the others kept as conflicts (:func:`join_group`). Why
+this converges is in ``docs/convergence.md``.
 """
 
 from __future__ import annotations
@@ -40,16 +41,6 @@ def _marker_rule(key: bytes, vs: list[Version]) -> list[Version]:
         return vs
     live = [v for v in vs if v[0] != TOMBSTONE]
     return live or vs
-
-
-def _group_dot(group: Mapping[bytes, RawEntry]) -> bytes:
-    """The dot of a document's version: its head's, else its newest entry's."""
-    if not group:
-        return b""
-    head = group.get(doclayout.head_key_of_group(_group_of(next(iter(group)))))
-    if head is not None:
-        return head[3]
-    return max(e[3] for e in group.values())
 
 
 def _group_of(key: bytes) -> bytes:

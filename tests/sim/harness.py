@@ -809,6 +809,9 @@ class History:
         states, labels = got
         for f in oracle.compare(states, labels):
             self.find(f.category, f.message)
+        self.stats["kept conflicts"] = sum(
+            len(doc[2]) for st in states[0].values() if st.docs for doc in st.docs.values()
+        )
         # A value wrong on every device is lost (or wrong) for good; wrong on some only,
         # the devices differ, which the comparison above reported.
         per_device = [
