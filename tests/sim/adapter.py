@@ -430,6 +430,17 @@ async def doc_replace(repo: Repository, pid: bytes, doc_id: str, data: dict[str,
         await p.flush()
 
 
+async def doc_resolve(repo: Repository, pid: bytes, doc_id: str, data: dict[str, Any]) -> int:
+    """Replace the document with ``data``, resolving every conflict it keeps here; how
+    many it resolved (none: a plain replace)."""
+    async with page(repo, pid) as p:
+        docs = await documents(p)
+        kept = [d.rev for d in await docs.conflicts(COLLECTION, doc_id)]
+        await docs.replace(COLLECTION, doc_id, data, resolves=kept)
+        await p.flush()
+    return len(kept)
+
+
 async def doc_delete(repo: Repository, pid: bytes, doc_id: str) -> None:
     async with page(repo, pid) as p:
         await (await documents(p)).delete(COLLECTION, doc_id)
