@@ -17,6 +17,7 @@ from ledgerd.store import (
     Repository,
     doclayout,
 )
+from ledgerd.store import check as ck
 from tests.exchanges import Bucket
 
 
@@ -173,3 +174,22 @@ async def test_indexes_hold_the_winner_and_a_purge_drops_the_conflicts(tmp_path:
         await _settled(bucket, pages, stores)
         for s in stores:
             assert (await s.get("c", doc_id, include_deleted=True, conflicts=True)).conflicts == ()
+
+
+async def test_the_check_reads_kept_conflicts_and_names_a_damaged_one(tmp_path: Path) -> None:
+    async with _devices(tmp_path, 2) as (pages, stores):
+        bucket = Bucket()
+        doc_id, _, lose = await _conflicting(bucket, pages, stores)
+        await _settled(bucket, pages, stores)
+        report = await ck.check_page(pages[0])
+        assert report.problems == [] and report.documents == 1  # a conflict is no document
+        (key,) = [
+            e.key
+            async for e in pages[0].iter_entries(prefix=doclayout.DOCS)
+            if (k := doclayout.parse_doc_key(e.key)) and k.conflict is not None
+        ]
+        await pages[0].put(key, b"not a record")  # through the key API
+        await pages[0].flush()
+        report = await ck.check_page(pages[0])
+        assert [(p.code, p.key) for p in report.problems] == [(ck.DAMAGED_DOCUMENT, key)]
+        assert f"kept conflict {lose} of document {doc_id}" in report.problems[0].message
