@@ -380,10 +380,11 @@ class DocumentStore:
         raw = parse_id(doc_id)
         wanted = None if rev is None else parse_ulid(rev, "revision")
         snap: View = self.page
-        if conflicts or wanted:  # (the record and its conflicts of one commit)
+        reads_kept = conflicts or wanted is not None
+        if reads_kept:  # (the record and its conflicts of one commit)
             snap = await self.page.snapshot()
         r = await self._record(snap, collection, raw)
-        kept = await docconflicts.kept(snap, collection, raw) if conflicts or wanted else []
+        kept = await docconflicts.kept(snap, collection, raw) if reads_kept else []
         if wanted is not None and (r is None or r.rev != wanted):
             found = [k for k in kept if k.rev == wanted]
             if not found:
