@@ -112,8 +112,12 @@ def join_group(
     that holds it; the others are kept conflicts (``docs/documents.md``)."""
     if not remote and not local:
         return local
-    some = next(iter(local or remote))
-    group = _group_of(some)
+    group = _group_of(next(iter(local or remote)))
+    kept_prefix = doclayout.conflicts_of_group(group)
+    if not _holds_kept(local, kept_prefix) and not _holds_kept(remote, kept_prefix):
+        one = _one_side(group, local, remote, local_saw, remote_saw)
+        if one is not None:
+            return one
     ls, rs = _split(group, local), _split(group, remote)
     if (
         ls.winner is not None
@@ -147,6 +151,39 @@ def join_group(
         if r is not winner and r.kept is not None and r.dot != winner.dot:
             out[r.kept[0]] = r.kept
     return local if out == local else out
+
+
+def _holds_kept(group: Mapping[bytes, RawEntry], kept_prefix: bytes) -> bool:
+    return any(k.startswith(kept_prefix) and e[1] != TOMBSTONE for k, e in group.items())
+
+
+def _one_side(
+    group: bytes,
+    local: Mapping[bytes, RawEntry],
+    remote: Mapping[bytes, RawEntry],
+    local_saw: dots.Seen,
+    remote_saw: dots.Seen,
+) -> Mapping[bytes, RawEntry] | None:
+    """:func:`join_group` of two groups without kept conflicts when one side's winner is
+    the result (the same write on both sides, or one that has seen the other's): that
+    side, without taking them apart. None when both revisions stay (or neither)."""
+    ldot, rdot = _winner_dot(group, local), _winner_dot(group, remote)
+    if remote and ldot == rdot:
+        return local
+    keep_l = bool(local) and not remote_saw(ldot)
+    keep_r = bool(remote) and not local_saw(rdot)
+    if keep_l == keep_r:
+        return None
+    return local if keep_l else remote
+
+
+def _winner_dot(group: bytes, entries: Mapping[bytes, RawEntry]) -> bytes:
+    """The dot of a group's winner when it keeps no conflicts: its head's, else its
+    newest entry's (as :func:`_split` finds it)."""
+    head = entries.get(doclayout.head_key_of_group(group))
+    if head is not None:
+        return head[3]
+    return max((e[3] for e in entries.values()), default=b"")
 
 
 def _order(r: _Revision) -> tuple[bytes, bytes, bytes]:
