@@ -67,13 +67,23 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--rev", help="only if its current revision is REV (with --id)")
     p = cmd("get", "print a document as JSON", "collection", "id")
     p.add_argument("--deleted", action="store_true", help="a deleted document too")
+    p.add_argument(
+        "--conflicts",
+        action="store_true",
+        help="with its kept conflicts' revisions (_meta._conflicts)",
+    )
+    p.add_argument("--rev", help="that revision: the current one or a kept conflict's")
     p = cmd("ls", "list a collection's documents in _id order", "collection")
     p.add_argument("--json", action="store_true", help="one whole document per line")
     p.add_argument("--deleted", action="store_true", help="deleted documents too")
     p.add_argument("--limit", type=positive_int)
     for name, help in (("rm", "delete a document (soft)"), ("purge", "purge a document")):
         p = cmd(name, help + "; prints _id and the new _rev", "collection", "id")
-        p.add_argument("--rev", help="only if its current revision is REV")
+        p.add_argument(
+            "--rev",
+            help="only if its current revision is REV"
+            + ("; REV a kept conflict's: remove that conflict" if name == "rm" else ""),
+        )
     p = cmd("index", "declare an index", "collection", "name")
     p.add_argument(
         "--partition",
@@ -200,7 +210,9 @@ async def run(cli: Cli, usage: type[Exception]) -> int:
             d = await docs.replace(a.collection, a.id, data, rev=a.rev)
         cli.line(f"{d['_meta']['_id']}\t{d['_meta']['_rev']}")
     elif c == "get":
-        doc = await docs.get(a.collection, a.id, deleted=a.deleted)
+        doc = await docs.get(
+            a.collection, a.id, deleted=a.deleted, conflicts=a.conflicts, rev=a.rev
+        )
         cli.line(_compact(doc) if a.json else json.dumps(doc, indent=2))
     elif c in ("ls", "find"):
         damaged: list[dict[str, Any]] = []

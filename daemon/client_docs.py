@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -151,9 +151,23 @@ class AsyncDocuments:
             doc = await self._send_json("POST", self._path(collection), data, query)
         return doc
 
-    async def get(self, collection: str, doc_id: str, *, deleted: bool = False) -> Doc:
-        """The document (a deleted one only with ``deleted``); NotFoundError if none."""
-        query = {"deleted": 1 if deleted else None}
+    async def get(
+        self,
+        collection: str,
+        doc_id: str,
+        *,
+        deleted: bool = False,
+        conflicts: bool = False,
+        rev: str | None = None,
+    ) -> Doc:
+        """The document (a deleted one only with ``deleted``); NotFoundError if none.
+        ``conflicts``: with its kept conflicts' revisions in ``_meta._conflicts`` (when
+        it has some); ``rev``: that revision, the current one or a kept conflict's."""
+        query: dict[str, Any] = {
+            "deleted": 1 if deleted else None,
+            "conflicts": 1 if conflicts else None,
+            "rev": rev,
+        }
         doc: Doc = await self._call("GET", self._path(collection, doc_id), query)
         return doc
 
@@ -165,10 +179,13 @@ class AsyncDocuments:
         *,
         rev: str | None = None,
         new_rev: str | None = None,
+        resolves: Sequence[str] = (),
     ) -> Doc:
         """A new revision with ``data``; with ``rev``, only if that is the current one
-        (else LedgerError ``conflict``)."""
-        path, query = self._path(collection, doc_id), {"rev": rev, "new_rev": new_rev}
+        (else LedgerError ``conflict``). ``resolves``: the kept conflicts' revisions it
+        supersedes (each must be one: else ``conflict``)."""
+        path = self._path(collection, doc_id)
+        query = {"rev": rev, "new_rev": new_rev, "resolves": ",".join(resolves) or None}
         # Without a revision, If-Match: * (any current one): a bare PUT creates.
         headers = {
             "Content-Type": "application/json",
@@ -229,7 +246,9 @@ class AsyncDocuments:
     async def delete(
         self, collection: str, doc_id: str, *, rev: str | None = None, new_rev: str | None = None
     ) -> Doc:
-        """Soft delete: the document stays, marked ``_deleted``."""
+        """Soft delete: the document stays, marked ``_deleted``. A ``rev`` that names one
+        of its kept conflicts removes that conflict instead (as CouchDB's ``DELETE
+        ?rev=``): a new revision of the document, otherwise as it was."""
         doc: Doc = await self._call(
             "DELETE", self._path(collection, doc_id), {"rev": rev, "new_rev": new_rev}
         )
@@ -449,22 +468,30 @@ class AsyncDocuments:
         collection: str | None = None,
         limit: int | None = None,
         token: str | None = None,
+        conflicts: bool = False,
     ) -> dict[str, Any]:
         """``{"commit", "documents", "next"}``: documents changed since commit ``since``
         (hex), at most ``limit`` (1,000). While ``next`` is not None, pass it as
         ``token`` (with the same ``since``) for the rest of the change; then pass
-        ``commit`` as the next ``since``."""
-        query = {"since": since, "collection": collection, "limit": limit, "token": token}
+        ``commit`` as the next ``since``. ``conflicts``: each document with its kept
+        conflicts' revisions (``_meta._conflicts``)."""
+        query = {
+            "since": since,
+            "collection": collection,
+            "limit": limit,
+            "token": token,
+            "conflicts": 1 if conflicts else None,
+        }
         res: dict[str, Any] = await self._call("GET", self.base + "/_changes", query)
         return res
 
     async def all_changes(
-        self, since: str | None = None, *, collection: str | None = None
+        self, since: str | None = None, *, collection: str | None = None, conflicts: bool = False
     ) -> AsyncGenerator[dict[str, Any], None]:
         """Every page of :meth:`changes` since ``since``, up to the head of the first."""
         token = None
         while True:
-            res = await self.changes(since, collection=collection, token=token)
+            res = await self.changes(since, collection=collection, token=token, conflicts=conflicts)
             yield res
             token = res.get("next")
             if token is None:
@@ -476,13 +503,16 @@ class AsyncDocuments:
         *,
         collection: str | None = None,
         heartbeat: float | None = None,
+        conflicts: bool = False,
     ) -> AsyncGenerator[dict[str, Any], None]:
         """The changes since ``since``, then one ``{"commit", "documents"}`` per later
-        change, until the daemon stops or the caller does."""
+        change, until the daemon stops or the caller does (``conflicts`` as for
+        :meth:`changes`)."""
         query: dict[str, Any] = {
             "since": since,
             "collection": collection,
             "follow": 1,
+            "conflicts": 1 if conflicts else None,
             "heartbeat": None if heartbeat is None else str(heartbeat),
         }
         url = self.client.url(self.base + "/_changes", query)

@@ -338,12 +338,26 @@ async def create_document(api: Api, request: web.Request, p: Params) -> web.Resp
 
 
 async def get_document(api: Api, request: web.Request, p: Params) -> web.Response:
+    """A document; ``?conflicts=1``: with its kept conflicts' revisions in
+    ``_meta._conflicts``; ``?rev=R``: that revision (the current one or a kept
+    conflict's, whatever its state)."""
     collection, doc_id = _segments(request)
     DocumentStore.check(collection, doc_id=doc_id)
     docs = await _store(api, p, write=False)
-    return _doc_response(
-        await docs.get(collection, doc_id, include_deleted=_flag(request, "deleted"))
+    doc = await docs.get(
+        collection,
+        doc_id,
+        include_deleted=_flag(request, "deleted"),
+        conflicts=_flag(request, "conflicts"),
+        rev=_query(request, "rev"),
     )
+    return _doc_response(doc)
+
+
+def _resolves(request: web.Request) -> list[str]:
+    """``?resolves=R1,R2``: the kept conflicts a write supersedes (none when absent)."""
+    v = _query(request, "resolves")
+    return [] if not v else [r.strip() for r in v.split(",")]
 
 
 async def replace_document(api: Api, request: web.Request, p: Params) -> web.Response:
@@ -365,17 +379,28 @@ async def replace_document(api: Api, request: web.Request, p: Params) -> web.Res
         return _doc_response(await docs.create(collection, data, id=doc_id, new_rev=new_rev), 201)
     DocumentStore.check(collection, doc_id=doc_id, data=data)
     docs = await _store(api, p, write=False)
-    doc = await docs.replace(collection, doc_id, data, expected_rev=rev, new_rev=new_rev)
+    doc = await docs.replace(
+        collection,
+        doc_id,
+        data,
+        expected_rev=rev,
+        new_rev=new_rev,
+        resolves=_resolves(request),
+    )
     return _doc_response(doc)
 
 
 async def delete_document(api: Api, request: web.Request, p: Params) -> web.Response:
+    """Soft-delete a document; as in CouchDB, ``?rev=R`` (or ``If-Match``) naming one
+    of its kept conflicts removes that conflict instead (a new revision of the
+    document, otherwise as it was)."""
     collection, doc_id = _segments(request)
     DocumentStore.check(collection, doc_id=doc_id)
     docs = await _store(api, p, write=False)
-    doc = await docs.delete(
-        collection, doc_id, expected_rev=_expected_rev(request), new_rev=_query(request, "new_rev")
-    )
+    rev, new_rev = _expected_rev(request), _query(request, "new_rev")
+    if rev is not None and new_rev is None:
+        return _doc_response(await docs.delete_revision(collection, doc_id, rev))
+    doc = await docs.delete(collection, doc_id, expected_rev=rev, new_rev=new_rev)
     return _doc_response(doc)
 
 
@@ -730,7 +755,8 @@ async def changes(api: Api, request: web.Request, p: Params) -> web.StreamRespon
     ``{"commit", "documents"}`` (at most ``limit`` documents each) as newline-delimited
     JSON, until the client leaves or the daemon stops (an empty line every
     ``heartbeat`` seconds); a line cut from a longer change carries the commit it
-    started from, so resuming there sends its documents at least once."""
+    started from, so resuming there sends its documents at least once. ``?conflicts=1``:
+    each document with its kept conflicts' revisions (``_meta._conflicts``)."""
     since_text = _query(request, "since")
     try:
         since = from_hex(since_text) if since_text else None
@@ -747,11 +773,14 @@ async def changes(api: Api, request: web.Request, p: Params) -> web.StreamRespon
     if since is not None:
         await docs.page.load_commit(since)  # an unknown commit: 404 before anything is sent
     limit = _int(request, "limit", MAX_LIMIT, 1, MAX_LIMIT)
+    conflicts = _flag(request, "conflicts")
     if not follow:
         token = _token(request)
         try:
             return await _documents_page(
-                lambda n: docs.changes_page(since, collection=collection, limit=n, token=token),
+                lambda n: docs.changes_page(
+                    since, collection=collection, limit=n, token=token, conflicts=conflicts
+                ),
                 limit,
                 api.cfg.max_listing_bytes,
             )
@@ -761,7 +790,7 @@ async def changes(api: Api, request: web.Request, p: Params) -> web.StreamRespon
             # (``since`` was found above): the token's commit is not of this page
             raise ae.BadRequest("the continuation token is not one of this page's") from None
     with api.following():
-        return await _follow(api, request, docs, since, collection, limit, heartbeat)
+        return await _follow(api, request, docs, since, collection, limit, heartbeat, conflicts)
 
 
 async def _follow(
@@ -772,11 +801,12 @@ async def _follow(
     collection: str | None,
     limit: int,
     heartbeat: float,
+    conflicts: bool,
 ) -> web.StreamResponse:
     """The followed changes feed (see :func:`changes`), one of ``max_followers``."""
     resp = web.StreamResponse(headers={"Content-Type": NDJSON_TYPE})
     await resp.prepare(request)
-    feed = docs.changes(since, collection=collection, follow=True, batch=limit)
+    feed = docs.changes(since, collection=collection, follow=True, batch=limit, conflicts=conflicts)
     nxt: asyncio.Future[Any] | None = None
     # It ends as soon as the client leaves or the daemon stops, whatever the heartbeat.
     gone = connection_lost(request)

@@ -440,6 +440,7 @@ def _document_paths() -> dict[str, Any]:
                     _query("collection", "only this collection"),
                     _flag("follow", "1: stream"),
                     _query("heartbeat", "seconds between empty lines", {"type": "number"}),
+                    _flag("conflicts", "1: each document with its kept conflicts' revisions"),
                 ),
                 errors=errs,
             )
@@ -522,16 +523,35 @@ def _document_paths() -> dict[str, Any]:
             "post": _op("rebuild an index", _status_ok(), params=(*page, col, name), errors=errs)
         },
         base + "/{collection}/{id}": {
-            "get": _op("a document", {"200": _json(obj)}, params=(*doc, listing[2]), errors=errs),
+            "get": _op(
+                "a document (rev: that revision, the current one or a kept conflict's)",
+                {"200": _json(obj)},
+                params=(
+                    *doc,
+                    listing[2],
+                    _flag("conflicts", "1: with its kept conflicts' revisions (_meta._conflicts)"),
+                    _query("rev", "this revision"),
+                ),
+                errors=errs,
+            ),
             "put": _op(
                 "replace a document's _data (If-Match or rev); without either, create the "
                 "document with this id (201; 409 when it exists)",
                 {"200": _json(obj), "201": _json(obj)},
-                params=(*doc, *rev),
+                params=(
+                    *doc,
+                    *rev,
+                    _query("resolves", "kept conflicts' revisions this one supersedes (R1,R2)"),
+                ),
                 body=json_body,
                 errors=errs,
             ),
-            "delete": _op("soft delete", {"200": _json(obj)}, params=(*doc, *rev), errors=errs),
+            "delete": _op(
+                "soft delete; rev naming a kept conflict: remove that conflict",
+                {"200": _json(obj)},
+                params=(*doc, *rev),
+                errors=errs,
+            ),
         },
         base + "/{collection}/{id}/purge": {
             "post": _op("purge", {"200": _json(obj)}, params=(*doc, *rev), errors=errs)

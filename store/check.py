@@ -44,7 +44,7 @@ from typing import Any
 
 from ledgerd.store import btree, commit, doclayout, split, sql
 from ledgerd.store import digest as dg
-from ledgerd.store.docmodel import id_text
+from ledgerd.store.docmodel import id_text, ulid_text
 from ledgerd.store.errors import CorruptObjectError, InvalidArgumentError, StoreError, named
 from ledgerd.store.page import Page
 from ledgerd.store.schema import LOCAL, SYNCED, TRANSIENT, UPLOADED_AT_ROW, UPLOADED_ROW
@@ -501,13 +501,18 @@ class _Walker:
         found: list[tuple[str, bool, bytes, bytes]] = []  # (what, a definition?, key, value)
         for key, value in entries:
             k = doclayout.parse_doc_key(key)
-            if k is not None and k.part == doclayout.BODY:
+            kept = k is not None and k.conflict is not None and value != dg.TOMBSTONE
+            if k is not None and (k.part == doclayout.BODY or kept):
                 doc = (  # (a body key the key API wrote may hold any id)
                     id_text(k.doc_id)
                     if isinstance(k.doc_id, str) or len(k.doc_id) == doclayout.ULID_SIZE
                     else f"id {k.doc_id.hex()} (not a ULID)"
                 )
-                found.append((f"document {doc} in {k.collection!r}", False, key, value))
+                where = f"document {doc} in {k.collection!r}"
+                if k.conflict is not None:
+                    rev = ulid_text(k.conflict[: doclayout.ULID_SIZE])
+                    where = f"kept conflict {rev} of {where}"
+                found.append((where, False, key, value))
             elif (x := doclayout.parse_index_key(key)) is not None and value != dg.TOMBSTONE:
                 found.append((f"index {x[1]!r} on {x[0]!r}", True, key, value))
         got = await self._contents([v for _, _, _, v in found])
@@ -515,7 +520,7 @@ class _Walker:
             data = got.get(value)
             if data is None:
                 continue
-            if not definition:
+            if not definition and _is_body(key):  # (a kept conflict is no document)
                 self.report.documents += 1
             try:
                 if definition:
@@ -859,6 +864,11 @@ async def check_quietly(page: Page) -> PageCheck:
         report = PageCheck(page.ledger, page.id)
         report.add(Problem(SQLITE, f"the check could not finish: {e}"))
         return report
+
+
+def _is_body(key: bytes) -> bool:
+    k = doclayout.parse_doc_key(key)
+    return k is not None and k.part == doclayout.BODY
 
 
 def _odd_id(key: bytes) -> int | None:

@@ -12,6 +12,7 @@ a listing in ``_id`` order is a range read::
     ("d", collection, id, 0)               head: revision + state (17 bytes, inline)
     ("d", collection, id, 1)               body: the document's record (msgpack)
     ("d", collection, id, 2, attachment)   an attachment's content (LAZY)
+    ("d", collection, id, 3, conflict)     a kept conflict: a losing revision's body
     ("x", collection, index name)          an index definition (msgpack)
 
 A body is one msgpack array whose first element is its record's layout (an
@@ -41,8 +42,8 @@ from typing import Any, NamedTuple
 import msgpack
 
 from ledgerd.store import tuple as tup
-from ledgerd.store.btree import Entry
-from ledgerd.store.digest import INLINE_LIMIT, TOMBSTONE, is_inline
+from ledgerd.store.btree import DOT_SIZE, Entry
+from ledgerd.store.digest import INLINE_LIMIT, TOMBSTONE, is_inline, value_chunk_digest
 
 MARKER = tup.pack(("docs",))
 """Present in the tree of every page that holds documents (value: :data:`MARK`)."""
@@ -55,8 +56,12 @@ DOCS = tup.pack(("d",))
 INDEXES = tup.pack(("x",))
 """Prefix of every index definition key."""
 
-HEAD, BODY, ATTACHMENT = 0, 1, 2
+HEAD, BODY, ATTACHMENT, CONFLICT = 0, 1, 2, 3
 ULID_SIZE = 16
+CONFLICT_ID_SIZE = ULID_SIZE + 1 + DOT_SIZE
+"""Bytes of a kept conflict's name in its key: its revision, its state, its dot."""
+MAX_CONFLICTS = 16
+"""Most kept conflicts a document's write carries forward (the lowest-ranked others go)."""
 
 DocId = bytes | str
 """A document's id in keys: a ULID's 16 bytes, or a client-chosen id's text."""
@@ -74,6 +79,7 @@ class State(enum.IntEnum):
 # from the collection's prefix (packed once per collection) and the parts after it.
 _HEAD_PART = tup.pack((HEAD,))
 _BODY_PART = tup.pack((BODY,))
+_CONFLICT_PART = tup.pack((CONFLICT,))
 
 
 @functools.lru_cache(maxsize=256)
@@ -132,6 +138,36 @@ def attachment_key(collection: str, doc_id: DocId, att_id: bytes) -> bytes:
     return tup.pack(("d", collection, doc_id, ATTACHMENT, att_id))
 
 
+def conflict_prefix(collection: str, doc_id: DocId) -> bytes:
+    """Every kept conflict's key of a document starts with this."""
+    return conflicts_of_group(doc_prefix(collection, doc_id))
+
+
+def conflict_key_in(group: bytes, conflict_id: bytes) -> bytes:
+    """The key of a kept conflict named ``conflict_id`` in the document whose keys start
+    with ``group`` (:func:`doc_prefix`)."""
+    return group + _CONFLICT_PART + tup.encode_bytes(conflict_id)
+
+
+def conflict_id(rev: bytes, state: State, dot: bytes) -> bytes:
+    """A kept conflict's name: its revision, its state and the dot of the write that
+    made it (two writes of one revision, a client's ``new_rev`` on two devices, are two)."""
+    return rev + bytes((state,)) + dot
+
+
+def parse_conflict_id(cid: bytes) -> tuple[bytes, State, bytes] | None:
+    """(revision, state, dot) of a kept conflict's name; None if it is malformed."""
+    if len(cid) != CONFLICT_ID_SIZE or cid[ULID_SIZE] > State.PURGED:
+        return None
+    return cid[:ULID_SIZE], State(cid[ULID_SIZE]), cid[ULID_SIZE + 1 :]
+
+
+def conflict_head(cid: bytes) -> bytes:
+    """The head value a kept conflict's revision had (the inline digest of its revision
+    and state), to rank it as a head is ranked (:func:`rank`)."""
+    return value_chunk_digest(cid[: ULID_SIZE + 1])
+
+
 def index_key(collection: str, name: str) -> bytes:
     return tup.pack(("x", collection, name))
 
@@ -143,6 +179,8 @@ class DocKey(NamedTuple):
     doc_id: DocId
     part: int
     attachment: bytes | None = None
+    conflict: bytes | None = None
+    """A kept conflict's name (:func:`conflict_id`), for a key of part :data:`CONFLICT`."""
 
 
 _PARTS = {_HEAD_PART: HEAD, _BODY_PART: BODY}
@@ -189,6 +227,14 @@ def _parse_doc_key(key: bytes) -> DocKey | None:
         return DocKey(t[1], t[2], part)
     if part == ATTACHMENT and type(part) is int and len(t) == 5 and isinstance(t[4], bytes):
         return DocKey(t[1], t[2], part, t[4])
+    if (
+        part == CONFLICT
+        and type(part) is int
+        and len(t) == 5
+        and isinstance(t[4], bytes)
+        and parse_conflict_id(t[4]) is not None
+    ):
+        return DocKey(t[1], t[2], part, None, t[4])
     return None
 
 
@@ -230,7 +276,17 @@ def group_of(key: bytes) -> bytes | None:
 
 
 def head_key_of_group(group: bytes) -> bytes:
-    return group + tup.pack((HEAD,))
+    return group + _HEAD_PART
+
+
+def body_key_of_group(group: bytes) -> bytes:
+    return group + _BODY_PART
+
+
+def conflicts_of_group(group: bytes) -> bytes:
+    """The prefix of the kept conflicts' keys of the document whose keys start with
+    ``group``."""
+    return group + _CONFLICT_PART
 
 
 def rank(entry: Entry | None) -> tuple[bytes, bytes]:

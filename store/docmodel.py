@@ -21,7 +21,7 @@ import os
 import re
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -418,10 +418,12 @@ class Document:
     documents whose fields the caller may never read (making them all took a fifth
     of a batch's time)."""
 
-    __slots__ = ("collection", "_raw_id", "_record")
+    __slots__ = ("collection", "_raw_id", "_record", "_kept")
     collection: str
     _raw_id: DocId
     _record: Record
+    _kept: tuple[bytes, ...]
+    """The revisions of its kept conflicts, when it was read with them (unset: not asked)."""
 
     def __init__(self, collection: str, raw_id: DocId, record: Record) -> None:
         object.__setattr__(self, "collection", collection)
@@ -442,8 +444,22 @@ class Document:
         _set_record(d, r)
         return d
 
+    def with_conflicts(self, revs: Iterable[bytes]) -> Document:
+        """This revision, with the revisions of the document's kept conflicts (highest
+        ranked first) as its :attr:`conflicts`."""
+        d = Document.of(self.collection, self._raw_id, self._record)
+        _set_kept(d, tuple(revs))
+        return d
+
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"a Document is immutable: cannot set {name}")
+
+    @property
+    def conflicts(self) -> tuple[str, ...] | None:
+        """The revisions of the document's kept conflicts, highest ranked first, if it
+        was read with them (``get(…, conflicts=True)``); else None."""
+        kept: tuple[bytes, ...] | None = getattr(self, "_kept", None)
+        return None if kept is None else tuple([ulid_text(r) for r in kept])
 
     @property
     def id(self) -> str:
@@ -523,6 +539,9 @@ class Document:
         if self.purged_at is not None:
             meta["_purged"] = True
             meta["_purgedAt"] = iso(self.purged_at)
+        conflicts = self.conflicts
+        if conflicts:  # (as CouchDB: only when there are some)
+            meta["_conflicts"] = list(conflicts)
         return {
             "_meta": meta,
             "_data": self.data,
@@ -535,6 +554,7 @@ _slot: dict[str, Any] = dict(vars(Document))  # the slots' member descriptors, b
 _set_collection = _slot["collection"].__set__
 _set_raw_id = _slot["_raw_id"].__set__
 _set_record = _slot["_record"].__set__
+_set_kept = _slot["_kept"].__set__
 del _slot
 
 

@@ -4,8 +4,8 @@ This module owns the operations of the document layer, as an embedded API that
 the HTTP API and clients map onto one to one: create, get, replace, soft delete,
 purge, listing, attachments, secondary indexes and the changes feed. The model
 and its checks are :mod:`store.docmodel`, the layout in the tree
-:mod:`store.doclayout`, the local indexes :mod:`store.docindex`; concurrent
-revisions merge by :func:`store.merge.by_revision`.
+:mod:`store.doclayout`, the local indexes :mod:`store.docindex`, kept conflicts
+:mod:`store.docconflicts`; concurrent revisions join by :func:`store.join.join_group`.
 
 A page is one document store (documents that must change atomically together
 share a page); a collection is a key range in it. One :class:`DocumentStore` per
@@ -28,7 +28,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledgerd.store import btree, commit, docfind, doclayout, doctoken
+from ledgerd.store import btree, commit, docconflicts, docfind, doclayout, doctoken
 from ledgerd.store.btree import Priority
 from ledgerd.store.commit import Commit
 from ledgerd.store.docindex import (
@@ -363,14 +363,52 @@ class DocumentStore:
         self.clock.observe(r.rev)
         return r
 
-    async def get(self, collection: str, doc_id: str, *, include_deleted: bool = False) -> Document:
-        """The document's current revision; a deleted or purged one only if asked."""
+    async def get(
+        self,
+        collection: str,
+        doc_id: str,
+        *,
+        include_deleted: bool = False,
+        conflicts: bool = False,
+        rev: str | None = None,
+    ) -> Document:
+        """The document's current revision; a deleted or purged one only if asked.
+        ``conflicts``: with the revisions of its kept conflicts (:attr:`Document.conflicts`,
+        highest ranked first). ``rev``: that revision, the current one or a kept
+        conflict, whatever its state (DocumentNotFoundError if it is neither)."""
         check_collection(collection)
         raw = parse_id(doc_id)
-        r = await self._record(self.page, collection, raw)
-        if r is None or (r.state is not State.LIVE and not include_deleted):
+        wanted = None if rev is None else parse_ulid(rev, "revision")
+        snap: View = self.page
+        reads_kept = conflicts or wanted is not None
+        if reads_kept:  # (the record and its conflicts of one commit)
+            snap = await self.page.snapshot()
+        r = await self._record(snap, collection, raw)
+        kept = await docconflicts.kept(snap, collection, raw) if reads_kept else []
+        if wanted is not None and (r is None or r.rev != wanted):
+            found = [k for k in kept if k.rev == wanted]
+            if not found:
+                raise DocumentNotFoundError(
+                    f"document {doc_id} in {collection!r} has no revision {rev}"
+                )
+            r = _decode(collection, raw, await snap.objects.read_all(found[0].value))
+        elif r is None or (r.state is not State.LIVE and not include_deleted and wanted is None):
             raise DocumentNotFoundError(f"no document {doc_id} in {collection!r}")
-        return Document.of(collection, raw, r)
+        doc = Document.of(collection, raw, r)
+        return doc.with_conflicts(k.rev for k in kept) if conflicts else doc
+
+    async def conflicts(self, collection: str, doc_id: str) -> list[Document]:
+        """The kept conflicts of a document (revisions that lost to its current one
+        and that nobody resolved), highest ranked first: at most
+        :data:`~store.doclayout.MAX_CONFLICTS` after a write of it here."""
+        check_collection(collection)
+        raw = parse_id(doc_id)
+        snap = await self.page.snapshot()
+        kept = await docconflicts.kept(snap, collection, raw)
+        values = await snap.objects.read_many(k.value for k in kept)
+        return [
+            Document.of(collection, raw, _decode(collection, raw, values[k.value])) for k in kept
+        ]
 
     async def list_documents(
         self,
@@ -530,6 +568,7 @@ class DocumentStore:
                         over[n] = cur
                         for a in cur.attachments:
                             await txn.delete(doclayout.attachment_key(collection, i, a.id))
+                        await docconflicts.carry(txn, collection, i)
             if new_revs is None and not over:
                 revs = self.clock.next_many(len(items))
             else:
@@ -614,9 +653,12 @@ class DocumentStore:
             over = await self._free(txn, collection, raw)
             for a in () if over is None else over.attachments:
                 await txn.delete(doclayout.attachment_key(collection, raw, a.id))
+            if over is not None:
+                await docconflicts.carry(txn, collection, raw)
             rev = self._next_rev(None, over)
             return Record(rev, State.LIVE, ulid_ms(rev), None, None, None, w.data)
         cur = await self._current(txn, collection, raw, w.rev)
+        await docconflicts.carry(txn, collection, raw)
         rev = self._next_rev(None, cur)
         ms = ulid_ms(rev)
         if w.deleted:
@@ -678,15 +720,19 @@ class DocumentStore:
         *,
         expected_rev: str | None = None,
         new_rev: str | None = None,
+        resolves: Sequence[str] = (),
     ) -> Document:
         """A new revision with ``data`` (attachments kept). With ``expected_rev``, only
-        if the current revision is that one (else DocumentConflictError)."""
+        if the current revision is that one (else DocumentConflictError). The
+        document's kept conflicts stay, but those whose revisions ``resolves`` names:
+        this revision supersedes them (DocumentConflictError if one is not kept)."""
         check_collection(collection)
         raw = parse_id(doc_id)
         check_data(data)
         self._check_indexed(collection, [data])
         async with self._write, self.page.transaction() as txn:
             cur = await self._current(txn, collection, raw, expected_rev)
+            await docconflicts.carry(txn, collection, raw, resolves)
             rev = self._next_rev(new_rev, cur)
             r = Record(
                 rev, State.LIVE, cur.created, ulid_ms(rev), None, None, data, cur.attachments
@@ -710,6 +756,7 @@ class DocumentStore:
         raw = parse_id(doc_id)
         async with self._write, self.page.transaction() as txn:
             cur = await self._current(txn, collection, raw, expected_rev)
+            await docconflicts.carry(txn, collection, raw)
             rev = self._next_rev(new_rev, cur)
             ms = ulid_ms(rev)
             r = Record(rev, State.DELETED, cur.created, ms, ms, None, cur.data, cur.attachments)
@@ -740,6 +787,7 @@ class DocumentStore:
                 if found is None:
                     raise
                 cur = found
+            await docconflicts.carry(txn, collection, raw, drop_all=True)
             rev = self._next_rev(new_rev, cur)
             ms = ulid_ms(rev)
             for a in cur.attachments:
@@ -749,6 +797,51 @@ class DocumentStore:
             await self._commit(txn, [(collection, raw, r)])
         await self._after_write()
         return doc
+
+    async def delete_conflict(
+        self,
+        collection: str,
+        doc_id: str,
+        rev: str,
+        *,
+        expected_rev: str | None = None,
+    ) -> Document:
+        """Resolve a kept conflict by removing it: a new revision of the document, as
+        it is otherwise (data, state, attachments), that supersedes the conflict of
+        revision ``rev`` (DocumentConflictError if the document keeps none; with
+        ``expected_rev``, only if the current revision is that one)."""
+        check_collection(collection)
+        raw = parse_id(doc_id)
+        parse_ulid(rev, "revision")
+        async with self._write, self.page.transaction() as txn:
+            cur = await self._record(txn, collection, raw)
+            if cur is None:
+                raise DocumentNotFoundError(f"no document {doc_id} in {collection!r}")
+            if expected_rev is not None and parse_ulid(expected_rev, "revision") != cur.rev:
+                raise DocumentConflictError(
+                    f"document {doc_id} is at revision {ulid_text(cur.rev)}, not {expected_rev}"
+                )
+            await docconflicts.carry(txn, collection, raw, [rev])
+            new = self._next_rev(None, cur)
+            r = cur._replace(rev=new, updated=ulid_ms(new))
+            doc = await self._put_record(txn, collection, raw, r)
+            await self._commit(txn, [(collection, raw, r)])
+        await self._after_write()
+        return doc
+
+    async def delete_revision(self, collection: str, doc_id: str, rev: str) -> Document:
+        """CouchDB's ``DELETE …?rev=R``: :meth:`delete` the document if ``rev`` is its
+        current revision, :meth:`delete_conflict` if it is a kept conflict's (else
+        DocumentConflictError; DocumentNotFoundError if there is no such document)."""
+        raw = parse_ulid(rev, "revision")
+        cur = await self.get(collection, doc_id, include_deleted=True, conflicts=True)
+        if (
+            cur.rev == ulid_text(raw)
+            or cur.conflicts is None
+            or ulid_text(raw) not in cur.conflicts
+        ):
+            return await self.delete(collection, doc_id, expected_rev=rev)
+        return await self.delete_conflict(collection, doc_id, rev)
 
     # -- attachments -----------------------------------------------------------------
 
@@ -788,6 +881,7 @@ class DocumentStore:
                     cur = await self._current(txn, collection, raw, expected_rev)
                     if attachment_id and not any(a.id == att for a in cur.attachments):
                         raise AttachmentNotFoundError(f"no attachment {attachment_id}")
+                    await docconflicts.carry(txn, collection, raw)
                     meta = AttachmentMeta(att, filename, content_type, length)
                     atts = tuple(a for a in cur.attachments if a.id != att) + (meta,)
                     rev = self._next_rev(None, cur)
@@ -846,6 +940,7 @@ class DocumentStore:
                     f"document {doc_id} has no attachment {attachment_id}"
                 )
             await txn.delete(doclayout.attachment_key(collection, raw, att))
+            await docconflicts.carry(txn, collection, raw)
             rev = self._next_rev(None, cur)
             atts = tuple(a for a in cur.attachments if a.id != att)
             r = Record(rev, State.LIVE, cur.created, ulid_ms(rev), None, None, cur.data, atts)
@@ -1034,6 +1129,7 @@ class DocumentStore:
         collection: str | None = None,
         follow: bool = True,
         batch: int = LIST_LIMIT,
+        conflicts: bool = False,
     ) -> AsyncGenerator[Changes, None]:
         """Every document changed since commit ``since`` (None: since the beginning),
         deleted and purged ones included, in batches of at most ``batch``; then, with
@@ -1041,7 +1137,8 @@ class DocumentStore:
         closes. Resume after a disconnect from the last batch's ``commit``: a batch cut
         from a longer change (its ``token`` set) carries the commit the change started
         from, so resuming there sends the rest again, and this batch once more. The
-        cost follows the change (a tree diff)."""
+        cost follows the change (a tree diff). ``conflicts``: each document with the
+        revisions of its kept conflicts (:attr:`Document.conflicts`)."""
         _check_limit(batch)
         prefix = self._changes_prefix(collection)
         watcher = self.page.watch(prefix) if follow else None
@@ -1052,7 +1149,9 @@ class DocumentStore:
                 head = self.page.head
                 start: bytes | None = prefix
                 while head.root != root and start is not None:
-                    got, start = await self._changed(resume, root, head, prefix, start, batch)
+                    got, start = await self._changed(
+                        resume, root, head, prefix, start, batch, conflicts
+                    )
                     if got.documents or got.damaged:
                         yield got
                 if head.root != root:
@@ -1076,6 +1175,7 @@ class DocumentStore:
         collection: str | None = None,
         limit: int = LIST_LIMIT,
         token: bytes | None = None,
+        conflicts: bool = False,
     ) -> Changes:
         """One batch of :meth:`changes` without ``follow``: the documents changed from
         ``since`` to the head, at most ``limit``; when more remain, ``token`` is set and
@@ -1093,7 +1193,7 @@ class DocumentStore:
             if not start.startswith(prefix):
                 raise InvalidArgumentError("the continuation token is for another collection")
             head = await self.page.load_commit(head_id)
-        got, _ = await self._changed(resume, root, head, prefix, start, limit)
+        got, _ = await self._changed(resume, root, head, prefix, start, limit, conflicts)
         return got
 
     @staticmethod
@@ -1104,7 +1204,14 @@ class DocumentStore:
         return doclayout.collection_prefix(collection)
 
     async def _changed(
-        self, resume: bytes, old_root: bytes, head: Commit, prefix: bytes, start: bytes, limit: int
+        self,
+        resume: bytes,
+        old_root: bytes,
+        head: Commit,
+        prefix: bytes,
+        start: bytes,
+        limit: int,
+        conflicts: bool = False,
     ) -> tuple[Changes, bytes | None]:
         """The documents changed from ``old_root`` to ``head`` from key ``start`` on, at
         most ``limit``, and where the next batch starts (None: this one ends the change)."""
@@ -1151,7 +1258,12 @@ class DocumentStore:
                 damaged.append(_damaged(self.page, coll, doc_id, e))
                 continue
             if r is not None:
-                out.append(Document.of(coll, doc_id, r))
+                doc = Document.of(coll, doc_id, r)
+                if conflicts:
+                    doc = doc.with_conflicts(
+                        k.rev for k in await docconflicts.kept(snap, coll, doc_id)
+                    )
+                out.append(doc)
         if nxt is None:
             return Changes(head.id, out, None, damaged), None
         token = doctoken.encode(

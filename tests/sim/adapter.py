@@ -430,6 +430,17 @@ async def doc_replace(repo: Repository, pid: bytes, doc_id: str, data: dict[str,
         await p.flush()
 
 
+async def doc_resolve(repo: Repository, pid: bytes, doc_id: str, data: dict[str, Any]) -> int:
+    """Replace the document with ``data``, resolving every conflict it keeps here; how
+    many it resolved (none: a plain replace)."""
+    async with page(repo, pid) as p:
+        docs = await documents(p)
+        kept = [d.rev for d in await docs.conflicts(COLLECTION, doc_id)]
+        await docs.replace(COLLECTION, doc_id, data, resolves=kept)
+        await p.flush()
+    return len(kept)
+
+
 async def doc_delete(repo: Repository, pid: bytes, doc_id: str) -> None:
     async with page(repo, pid) as p:
         await (await documents(p)).delete(COLLECTION, doc_id)
@@ -448,6 +459,10 @@ async def doc_index(repo: Repository, pid: bytes) -> None:
 # -- what the oracle reads -------------------------------------------------------------
 
 
+Conflicts = tuple[tuple[str, Any], ...]
+"""A document's kept conflicts: (rev, data) of each, highest ranked first."""
+
+
 @dataclass
 class PageState:
     entries: dict[bytes, bytes]
@@ -455,7 +470,8 @@ class PageState:
     heads: int
     commits: int
     pending_conflict: str | None
-    docs: dict[str, tuple[str, Any]] | None = None  # id -> (rev, data), live ones
+    docs: dict[str, tuple[str, Any, Conflicts]] | None = None
+    """Live documents: id -> (rev, data, its kept conflicts)."""
     index: dict[str, list[str]] | None = None  # partition -> ids in index order
 
 
@@ -475,7 +491,9 @@ async def page_state(repo: Repository, pid: bytes, tags: list[str]) -> PageState
             token: bytes | None = None
             while True:
                 listed = await docs.list_documents(COLLECTION, limit=1000, token=token)
-                st.docs.update((d.id, (d.rev, d.data)) for d in listed.items)
+                for d in listed.items:
+                    kept = await docs.conflicts(COLLECTION, d.id)
+                    st.docs[d.id] = (d.rev, d.data, tuple((c.rev, c.data) for c in kept))
                 if (token := listed.token) is None:
                     break
             if any(i.name == INDEX for i in await docs.indexes(COLLECTION)):

@@ -548,13 +548,22 @@ class History:
                 self.model.writes[pid] += 1
             return
         doc_id = self.rng.choice(self.doc_ids)
-        if r < 0.85:
+        if 0.8 <= r < 0.85:  # (a replace's draw: the rest of the history draws as before)
+            ok, resolved, maybe = await self.act(
+                dev,
+                f"replace document {doc_id} resolving its conflicts with {data}",
+                lambda: adapter.doc_resolve(repo, pid, doc_id, data),
+            )
+            if ok:
+                self.stats["resolved conflicts"] += resolved
+            value: bytes | None = oracle.doc_value(data)
+        elif r < 0.85:
             ok, _, maybe = await self.act(
                 dev,
                 f"replace document {doc_id} with {data}",
                 lambda: adapter.doc_replace(repo, pid, doc_id, data),
             )
-            value: bytes | None = oracle.doc_value(data)
+            value = oracle.doc_value(data)
         else:
             ok, _, maybe = await self.act(
                 dev, f"delete document {doc_id}", lambda: adapter.doc_delete(repo, pid, doc_id)
@@ -809,6 +818,9 @@ class History:
         states, labels = got
         for f in oracle.compare(states, labels):
             self.find(f.category, f.message)
+        self.stats["kept conflicts"] = sum(
+            len(doc[2]) for st in states[0].values() if st.docs for doc in st.docs.values()
+        )
         # A value wrong on every device is lost (or wrong) for good; wrong on some only,
         # the devices differ, which the comparison above reported.
         per_device = [
@@ -963,6 +975,8 @@ def _storm(commits: int, writes: int, rounds: int, devices: int) -> tuple[int, f
 def _kind(what: str) -> str:
     """An operation's kind, for the counts: its label's words before any name."""
     words = what.split()
+    if " resolving its conflicts " in what:
+        return "replace document resolving conflicts"
     if words[0] in ("create", "replace", "declare") or what.startswith("delete document"):
         return " ".join(words[:2])
     if words[0] == "transaction":

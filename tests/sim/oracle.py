@@ -2,7 +2,8 @@
 
 The model records each write the harness issued (key or document, device, value or
 delete, whether it was acknowledged, and the barrier epoch it came in); the checks
-compare the devices' settled states with each other and with the model. A finding has
+compare the devices' settled states with each other and with the model (documents with
+their kept conflicts: equal everywhere, each holding data some device wrote). A finding has
 a category (the symptom, used to group failures) and a message; a lossy history's
 findings that a deleted object explains are notes, not failures.
 """
@@ -191,6 +192,16 @@ def check_values(
             continue
         live = st.docs.get(doc_id)
         final = None if live is None else doc_value(live[1])
+        written = {w.value for w in writes}
+        for rev, data in () if live is None else live[2]:
+            if doc_value(data) not in written | {None}:  # (a purged one keeps no data)
+                out.append(
+                    Finding(
+                        BAD_VALUE,
+                        f"page {pid.decode()} document {doc_id}: kept conflict {rev} holds "
+                        f"{_show(doc_value(data))}, which nobody wrote",
+                    )
+                )
         allowed, why = _expected(writes, model.barrier_docs.get((pid, doc_id)), model.epoch)
         if final not in allowed:
             rule, text = why.split("|", 1)

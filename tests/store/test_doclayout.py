@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from ledgerd.store import doclayout
 from ledgerd.store import tuple as tup
+from ledgerd.store.digest import value_chunk_digest
 from ledgerd.store.doclayout import AttachmentMeta, Record, State
 
 DOC = bytes(range(16))  # holds a 0x00, escaped in keys
@@ -96,10 +97,31 @@ def test_parsing_a_document_key() -> None:
     for collection in ("items", "", "n\x00ul", "é"):
         for doc_id in (DOC, REV, bytes(range(1, 17))):
             head, body = doclayout.doc_keys(collection, doc_id)
-            assert doclayout.parse_doc_key(head) == (collection, doc_id, doclayout.HEAD, None)
-            assert doclayout.parse_doc_key(body) == (collection, doc_id, doclayout.BODY, None)
+            assert doclayout.parse_doc_key(head) == (collection, doc_id, doclayout.HEAD, None, None)
+            assert doclayout.parse_doc_key(body) == (collection, doc_id, doclayout.BODY, None, None)
             att = doclayout.attachment_key(collection, doc_id, REV)
-            assert doclayout.parse_doc_key(att) == (collection, doc_id, doclayout.ATTACHMENT, REV)
+            assert doclayout.parse_doc_key(att) == (
+                collection,
+                doc_id,
+                doclayout.ATTACHMENT,
+                REV,
+                None,
+            )
     assert doclayout.parse_doc_key(doclayout.DOCS) is None
     assert doclayout.parse_doc_key(doclayout.index_key("items", "by_k")) is None
     assert doclayout.parse_doc_key(doclayout.body_key("items", DOC) + b"\x00") is None
+
+
+def test_a_kept_conflicts_key_names_its_revision_state_and_dot() -> None:
+    dot = bytes(range(16))
+    cid = doclayout.conflict_id(REV, doclayout.State.DELETED, dot)
+    group = doclayout.doc_prefix("items", DOC)
+    key = doclayout.conflict_key_in(group, cid)
+    assert key.startswith(doclayout.conflict_prefix("items", DOC))
+    assert key.startswith(doclayout.conflicts_of_group(group))
+    assert doclayout.group_of(key) == group
+    assert doclayout.parse_doc_key(key) == ("items", DOC, doclayout.CONFLICT, None, cid)
+    assert doclayout.parse_conflict_id(cid) == (REV, doclayout.State.DELETED, dot)
+    head = doclayout.encode_head(REV, doclayout.State.DELETED)
+    assert doclayout.conflict_head(cid) == value_chunk_digest(head)  # ranks as a head
+    assert doclayout.parse_doc_key(doclayout.conflict_key_in(group, cid[:-1])) is None
