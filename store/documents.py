@@ -605,8 +605,11 @@ class DocumentStore:
         that is refused (a bad id or document, a stale or missing revision) is reported
         in its result and the others go ahead, as CouchDB's ``_bulk_docs`` does. A write
         without ``rev`` creates (its id must be free, or a deleted document's); with
-        ``rev``, it replaces (or with ``deleted``, soft-deletes) that revision. A second
-        write of one id in a call is a ``conflict``. No write succeeding: no commit."""
+        ``rev``, it replaces (or with ``deleted``, soft-deletes) that revision; with
+        ``deleted`` and the revision of a kept conflict, it removes that conflict (a
+        new revision, the document otherwise as it is). A second write of one id in a
+        call is a ``conflict``, but one that removes a kept conflict. No write
+        succeeding: no commit."""
         check_collection(collection)
         if len(writes) > BULK_LIMIT:
             raise InvalidArgumentError(f"at most {BULK_LIMIT} documents in one call")
@@ -620,15 +623,20 @@ class DocumentStore:
                 try:
                     raw = next(made) if w.id is None else parse_id(w.id)
                     shown_id = id_text(raw)
-                    if raw in seen:
+                    removes = await self._removes_conflict(txn, collection, raw, w)
+                    if raw in seen and not removes:
                         raise DocumentConflictError(f"document {shown_id} is written twice")
                     seen.add(raw)
-                    r = await self._bulk_record(txn, collection, raw, w)
+                    if removes:
+                        r = await self._without_conflict(txn, collection, raw, w)
+                    else:
+                        r = await self._bulk_record(txn, collection, raw, w)
                     entries = self._entries(collection, raw, r)
                 except (DocumentError, InvalidArgumentError, MalformedRecordError) as e:
                     results.append(BulkResult(shown_id, None, e))
                     continue
                 await txn.put_many(entries)
+                records = [x for x in records if x[1] != raw or x[0] != collection]
                 records.append((collection, raw, r))
                 results.append(BulkResult(shown_id, Document.of(collection, raw, r), None))
             if records:
@@ -636,6 +644,30 @@ class DocumentStore:
         if records:
             await self._after_write()
         return results
+
+    async def _removes_conflict(
+        self, txn: Transaction, collection: str, raw: DocId, w: BulkWrite
+    ) -> bool:
+        """Whether ``w`` deletes one of the document's kept conflicts (CouchDB's way
+        to resolve: ``{"_id", "_rev": a losing revision, "_deleted": true}``, in the
+        same call as a write of the winner or not)."""
+        if not w.deleted or w.rev is None:
+            return False
+        rev = parse_ulid(w.rev, "revision")
+        return any(k.rev == rev for k in await docconflicts.kept(txn, collection, raw))
+
+    async def _without_conflict(
+        self, txn: Transaction, collection: str, raw: DocId, w: BulkWrite
+    ) -> Record:
+        """The record of a new revision, the document otherwise as it is (in ``txn``:
+        after an earlier write of the call), that removes the kept conflict ``w.rev``."""
+        assert w.rev is not None
+        cur = await self._record(txn, collection, raw)
+        if cur is None:
+            raise DocumentNotFoundError(f"no document {id_text(raw)} in {collection!r}")
+        await docconflicts.carry(txn, collection, raw, [w.rev])
+        new = self._next_rev(None, cur)
+        return cur._replace(rev=new, updated=ulid_ms(new))
 
     async def _bulk_record(
         self, txn: Transaction, collection: str, raw: DocId, w: BulkWrite

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ledgerd.store import (
+    BulkWrite,
     DocumentConflictError,
     DocumentNotFoundError,
     DocumentStore,
@@ -193,3 +194,33 @@ async def test_the_check_reads_kept_conflicts_and_names_a_damaged_one(tmp_path: 
         report = await ck.check_page(pages[0])
         assert [(p.code, p.key) for p in report.problems] == [(ck.DAMAGED_DOCUMENT, key)]
         assert f"kept conflict {lose} of document {doc_id}" in report.problems[0].message
+
+
+async def test_bulk_resolves_as_couchdb_does_winner_written_losers_deleted(
+    tmp_path: Path,
+) -> None:
+    """CouchDB's resolution in one ``_bulk_docs``: the winner written with the merged
+    data, each losing revision ``_deleted`` (its id again in the call); a deletion naming
+    a revision that is neither current nor kept is a ``conflict`` of its own."""
+    async with _devices(tmp_path, 2) as (pages, stores):
+        bucket = Bucket()
+        doc_id, win, lose = await _conflicting(bucket, pages, stores)
+        await _settled(bucket, pages, stores)
+        unknown = (await stores[1].create("c", {"other": 1})).rev
+        got = await stores[1].bulk(
+            "c",
+            [
+                BulkWrite({"v": "merged"}, id=doc_id, rev=win),
+                BulkWrite(None, id=doc_id, rev=lose, deleted=True),
+                BulkWrite(None, id=doc_id, rev=unknown, deleted=True),
+            ],
+        )
+        assert [r.error is None for r in got] == [True, True, False]
+        assert isinstance(got[2].error, DocumentConflictError)
+        assert got[1].document is not None and got[1].document.data == {"v": "merged"}
+        await _settled(bucket, pages, stores)
+        for s in stores:
+            doc = await s.get("c", doc_id, conflicts=True)
+            assert (doc.rev, doc.data, doc.conflicts) == (got[1].document.rev, {"v": "merged"}, ())
+        alone = await stores[0].bulk("c", [BulkWrite(None, id=doc_id, rev=lose, deleted=True)])
+        assert isinstance(alone[0].error, DocumentConflictError)  # (resolved already)
