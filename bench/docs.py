@@ -98,7 +98,7 @@ from bench.common import (
     written_since,
 )
 from ledgerd.daemon.main import tune_gc
-from ledgerd.store import DocumentStore, Repository, docindex, sql
+from ledgerd.store import DocumentStore, Repository, docindex, schema, sql
 from ledgerd.store.docmodel import parse_ulid
 from ledgerd.sync.engine import SyncEngine
 from ledgerd.sync.folder import FolderStore
@@ -326,7 +326,7 @@ def _floor(source_path: Path, marks: list[int], firsts: list[bytes], path: Path)
     def also(db: sqlite3.Connection, i: int) -> None:
         sql.insert_rows(db, docindex.INSERT_ROWS, rows[i])
 
-    return storage_floor(path, pieces, schema=docindex.create_schema, also=also)
+    return storage_floor(path, pieces, schema=schema.create_doc_index_schema, also=also)
 
 
 # -- PouchDB ----------------------------------------------------------------------

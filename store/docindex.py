@@ -42,7 +42,7 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ledgerd.store import btree, doclayout, sql
+from ledgerd.store import btree, doclayout, schema, sql
 from ledgerd.store import tuple as tup
 from ledgerd.store.btree import EMPTY, Entry
 from ledgerd.store.commit import Commit
@@ -76,47 +76,6 @@ HELD_ROW_OVERHEAD = 200
 """What a held row takes in memory beyond its key and document id (its dict entry,
 tuples and bytes objects), for ``HELD_BYTES``."""
 
-SCHEMA = """
--- doc_state: what the document layer's local views reflect.
---   'reflected': the id of the commit every ready index (and max_rev) reflects,
---                no row: nothing yet (the empty page).
---   'max_rev':   the highest _rev (16 bytes) in that commit's documents: the
---                floor of the revision clock after a restart.
---   'key_format': how the index keys are packed (KEY_FORMAT), no row: the first
---                format, whose indexes are built again.
-CREATE TABLE IF NOT EXISTS doc_state (
-    name  TEXT PRIMARY KEY,
-    value BLOB NOT NULL
-);
-
--- doc_indexes: the indexes this device keeps, one per definition in the tree.
---   definition: the definition's bytes in the tree (doclayout.encode_definition),
---               a row whose definition differs from the tree's is rebuilt.
---   ready:      1 when its rows reflect doc_state.reflected, 0 while it is
---               being built (its rows are partial and never read, rebuilt from
---               scratch after a restart).
-CREATE TABLE IF NOT EXISTS doc_indexes (
-    id         INTEGER PRIMARY KEY,
-    collection TEXT NOT NULL,
-    name       TEXT NOT NULL,
-    definition BLOB NOT NULL,
-    ready      INTEGER NOT NULL DEFAULT 0,
-    UNIQUE (collection, name)
-);
-
--- doc_index_rows: one row per indexed document and index. key is the tuple-packed
---   (partition value[, sort value]), doc the document id (16 bytes), deleted 1
---   for a soft-deleted document (hidden from queries unless asked for). A
---   document without the indexed fields has no row (sparse).
-CREATE TABLE IF NOT EXISTS doc_index_rows (
-    ix      INTEGER NOT NULL,
-    doc     BLOB NOT NULL,
-    key     BLOB NOT NULL,
-    deleted INTEGER NOT NULL,
-    PRIMARY KEY (ix, doc)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS doc_index_order ON doc_index_rows (ix, key, doc);"""
-
 KEY_FORMAT = b"\x02"
 """How index keys are packed, in ``doc_state.key_format``: 2 packs -0.0 as 0.0 (they are
 one double to JSON and to a query). Opening a page whose rows were packed otherwise
@@ -125,13 +84,6 @@ one double to JSON and to a query). Opening a page whose rows were packed otherw
 INSERT_ROWS = "INSERT OR REPLACE INTO doc_index_rows (ix, doc, key, deleted)"
 
 Scalar = str | float | bool | None
-
-
-def create_schema(conn: sqlite3.Connection) -> None:
-    """Create the views' tables in a page's database, if they are not there."""
-    for statement in SCHEMA.split(";"):
-        if statement.strip():
-            conn.execute(statement)
 
 
 def _scalar(v: Any) -> tuple[bool, Scalar]:
@@ -244,7 +196,7 @@ class Views:
 
     async def load(self) -> None:
         db = self.page.db
-        await db.run(create_schema, write=True)
+        await db.run(schema.create_doc_index_schema, write=True)
         rows = await db.read_all("SELECT name, value FROM doc_state")
         state = {r[0]: bytes(r[1]) for r in rows}
         self.reflected = state.get("reflected")

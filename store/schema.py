@@ -351,3 +351,54 @@ def ensure_incremental_vacuum(conn: sqlite3.Connection) -> None:
 
 def create_usage_schema(conn: sqlite3.Connection) -> None:
     _apply(conn, USAGE_SCHEMA, USAGE_SCHEMA_VERSION, _USAGE_MIGRATIONS)
+
+
+DOC_INDEX_SCHEMA = """
+-- doc_state: what the document layer's local views reflect.
+--   'reflected': the id of the commit every ready index (and max_rev) reflects,
+--                no row: nothing yet (the empty page).
+--   'max_rev':   the highest _rev (16 bytes) in that commit's documents: the
+--                floor of the revision clock after a restart.
+--   'key_format': how the index keys are packed (KEY_FORMAT), no row: the first
+--                format, whose indexes are built again.
+CREATE TABLE IF NOT EXISTS doc_state (
+    name  TEXT PRIMARY KEY,
+    value BLOB NOT NULL
+);
+
+-- doc_indexes: the indexes this device keeps, one per definition in the tree.
+--   definition: the definition's bytes in the tree (doclayout.encode_definition),
+--               a row whose definition differs from the tree's is rebuilt.
+--   ready:      1 when its rows reflect doc_state.reflected, 0 while it is
+--               being built (its rows are partial and never read, rebuilt from
+--               scratch after a restart).
+CREATE TABLE IF NOT EXISTS doc_indexes (
+    id         INTEGER PRIMARY KEY,
+    collection TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    definition BLOB NOT NULL,
+    ready      INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (collection, name)
+);
+
+-- doc_index_rows: one row per indexed document and index. key is the tuple-packed
+--   (partition value[, sort value]), doc the document id (16 bytes), deleted 1
+--   for a soft-deleted document (hidden from queries unless asked for). A
+--   document without the indexed fields has no row (sparse).
+CREATE TABLE IF NOT EXISTS doc_index_rows (
+    ix      INTEGER NOT NULL,
+    doc     BLOB NOT NULL,
+    key     BLOB NOT NULL,
+    deleted INTEGER NOT NULL,
+    PRIMARY KEY (ix, doc)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS doc_index_order ON doc_index_rows (ix, key, doc);"""
+"""The document layer's local views in a page's database (:mod:`store.docindex`): never
+uploaded, made when a page is first opened as documents."""
+
+
+def create_doc_index_schema(conn: sqlite3.Connection) -> None:
+    """Create the document views' tables in a page's database, if they are not there."""
+    for statement in DOC_INDEX_SCHEMA.split(";"):
+        if statement.strip():
+            conn.execute(statement)
