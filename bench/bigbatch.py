@@ -1,0 +1,228 @@
+"""Big-batch benchmark: the daemon's memory and event-loop stall for one large batch.
+
+    python -m bench.bigbatch [--mib 16] [--rounds 3] [--big-mib 55]
+
+Prints JSON. Each round starts the real daemon as a subprocess on a temp socket,
+warms it with a small batch, reads its idle RSS, then posts one batch whose JSON
+body is N bytes (puts of random values of 1–64 KiB, base64 in JSON). Meanwhile the
+daemon's VmRSS (``/proc/PID/status``) is sampled every 20 ms (the peak is kept), and
+a loop-lag probe sends ``GET /v1/health`` on another connection every 25 ms and
+records each answer's latency: the daemon's event-loop stalls show as that latency.
+
+The floor, in the same round (which of the two goes first turns round by round):
+``bench.daemon``'s bare SQLite server, in a subprocess too, given the same body: it
+decodes the JSON and the base64 and stores every value in SQLite in one transaction.
+Its RSS is sampled the same way. Figures: (peak − idle) / N for both (target for the
+daemon: at most 3), the probe's max and p99, and the batch's time over the floor's.
+``--big-mib`` adds one more round at that size (0: none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from yarl import URL
+
+from bench.common import emit
+from bench.daemon import _wait_for_socket
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE_S = 0.02
+PROBE_S = 0.025
+SIDES = ("ledgerd", "floor")
+
+
+def batch_body(n: int, seed: int) -> tuple[bytes, int]:
+    """A batch body of about ``n`` bytes: puts of random values of 1–64 KiB (and 16-byte
+    keys), base64 in JSON; and how many ops it holds."""
+    rng = random.Random(seed)
+    parts: list[str] = []
+    size = len('{"ops": []}')
+    i = 0
+    while size < n:
+        value = rng.randbytes(rng.randint(1024, 64 * 1024))
+        op = json.dumps(
+            {
+                "op": "put",
+                "key": base64.b64encode(b"big-%012d" % i).decode(),
+                "value": base64.b64encode(value).decode(),
+            }
+        )
+        parts.append(op)
+        size += len(op) + 2
+        i += 1
+    return ('{"ops": [' + ", ".join(parts) + "]}").encode(), i
+
+
+def rss_bytes(pid: int) -> int:
+    """VmRSS of process ``pid`` (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+class RssSampler:
+    """The peak VmRSS of a process, sampled every :data:`SAMPLE_S` on a thread (so a
+    busy client loop does not skip samples)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak = rss_bytes(pid)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_S):
+            self.peak = max(self.peak, rss_bytes(self.pid))
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes(self.pid))
+
+
+def _start(side: str, base: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    sock = base / f"{side}.sock"
+    if side == "ledgerd":
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGERD_")}
+        cmd = [
+            sys.executable,
+            "-m",
+            "daemon",
+            "--data-dir",
+            str(base / "data"),
+            "--socket",
+            str(sock),
+            "--log-level",
+            "warning",
+        ]
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
+    else:
+        cmd = [sys.executable, "-m", "bench.daemon", "--serve", "sqlite", str(sock)]
+        proc = subprocess.Popen(cmd, cwd=ROOT)
+    _wait_for_socket(sock, proc, 60)
+    return proc, sock
+
+
+async def _post(http: aiohttp.ClientSession, page: str, body: bytes) -> None:
+    url = URL(f"http://ledgerd/v1/ledgers/bench/pages/{page}/batch", encoded=True)
+    async with http.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
+        assert r.status == 200, (await r.text())[:500]
+        await r.read()
+
+
+async def _probe(sock: Path, lat: list[float], stop: asyncio.Event) -> None:
+    """``GET /v1/health`` every :data:`PROBE_S`, one at a time; each latency is kept."""
+    url = URL("http://ledgerd/v1/health", encoded=True)
+    async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(sock))) as http:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            async with http.get(url) as r:
+                await r.read()
+            lat.append(time.perf_counter() - t0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), PROBE_S)
+
+
+async def _run_one(
+    side: str, proc: subprocess.Popen[bytes], sock: Path, body: bytes
+) -> dict[str, Any]:
+    async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(sock))) as http:
+        warm, _ = batch_body(64 * 1024, seed=1)
+        await _post(http, "warm", warm)
+        await asyncio.sleep(0.5)
+        idle = rss_bytes(proc.pid)
+        lat: list[float] = []
+        stop = asyncio.Event()
+        probe = asyncio.create_task(_probe(sock, lat, stop)) if side == "ledgerd" else None
+        with RssSampler(proc.pid) as rss:
+            t0 = time.perf_counter()
+            await _post(http, "big", body)
+            took = time.perf_counter() - t0
+            stop.set()
+            if probe is not None:
+                await probe
+    out: dict[str, Any] = {
+        "idle_rss_mib": round(idle / 2**20, 1),
+        "peak_rss_mib": round(rss.peak / 2**20, 1),
+        "rise_per_byte": round((rss.peak - idle) / len(body), 2),
+        "seconds": round(took, 2),
+    }
+    if lat:
+        lat.sort()
+        out["probe_max_ms"] = round(lat[-1] * 1000, 1)
+        out["probe_p99_ms"] = round(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, 1)
+        out["probes"] = len(lat)
+    return out
+
+
+def _round(r: int, mib: float) -> dict[str, Any]:
+    body, ops = batch_body(int(mib * 2**20), seed=100 + r)
+    order = SIDES if r % 2 == 0 else SIDES[::-1]
+    out: dict[str, Any] = {"n_bytes": len(body), "ops": ops, "order": list(order)}
+    for side in order:
+        with tempfile.TemporaryDirectory(prefix="ldb-big-", dir="/tmp") as d:
+            base = Path(d)
+            proc, sock = _start(side, base)
+            try:
+                out[side] = asyncio.run(_run_one(side, proc, sock, body))
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(120)
+    out["time_ratio_vs_floor"] = round(out["ledgerd"]["seconds"] / out["floor"]["seconds"], 2)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mib", type=float, default=16, help="body MiB of a round (%(default)s)")
+    ap.add_argument("--rounds", type=int, default=3, help="paired rounds (%(default)s)")
+    ap.add_argument("--big-mib", type=float, default=55, help="one more round (0: none)")
+    args = ap.parse_args()
+    rounds = [_round(r, args.mib) for r in range(args.rounds)]
+    big = _round(args.rounds, args.big_mib) if args.big_mib else None
+
+    def median(side: str, k: str) -> float:
+        return float(statistics.median(x[side][k] for x in rounds))
+
+    emit(
+        "bigbatch",
+        {
+            "mib": args.mib,
+            "rounds": rounds,
+            "median_rise_per_byte": median("ledgerd", "rise_per_byte") if rounds else None,
+            "median_floor_rise_per_byte": median("floor", "rise_per_byte") if rounds else None,
+            "median_probe_max_ms": median("ledgerd", "probe_max_ms") if rounds else None,
+            "median_time_ratio_vs_floor": (
+                statistics.median(x["time_ratio_vs_floor"] for x in rounds) if rounds else None
+            ),
+            "big": big,
+            "target_rise_per_byte": 3,
+            "target_probe_max_ms": 100,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
