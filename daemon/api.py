@@ -45,8 +45,9 @@ from ledgerd.daemon import docs_api as docs
 from ledgerd.daemon import errors as ae
 from ledgerd.daemon import status_report as report
 from ledgerd.daemon.codec import (
+    Change,
     b64,
-    batch_changes,
+    batch_body_changes,
     commit_json,
     entries_json,
     flag_param,
@@ -56,7 +57,6 @@ from ledgerd.daemon.codec import (
     parse_priority,
     priority_name,
     repeated_param,
-    stamp_of,
     text_or_none,
     token_param,
 )
@@ -65,6 +65,7 @@ from ledgerd.daemon.config import Config
 from ledgerd.daemon.metrics import ROUTE_KEY
 from ledgerd.store import (
     KEY_LIMIT,
+    OFF_LOOP_BYTES,
     HeldBudget,
     Page,
     Policy,
@@ -72,7 +73,7 @@ from ledgerd.store import (
     StoreError,
     TooManyOpenPagesError,
     View,
-    check_key,
+    off_loop,
 )
 from ledgerd.store import digest as dg
 from ledgerd.store.errors import named
@@ -371,6 +372,14 @@ async def _expect(request: web.BaseRequest) -> None:
     await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     request.writer.output_size = 0  # the response has not started
     await request.writer.drain()
+
+
+def _handed_over(changes: list[Change]) -> Iterator[Change]:
+    """``changes`` in order, each dropped from the list as it is taken (the list ends
+    empty): what the write has taken is not held here too."""
+    changes.reverse()
+    while changes:
+        yield changes.pop()
 
 
 class Api:
@@ -953,23 +962,23 @@ class Api:
 
     async def batch(self, request: web.Request, p: Params) -> web.Response:
         """The ops in one commit. Its versionstamped keys and values share one stamp:
-        the answer carries it (hex) and the completed keys and values, in op order."""
-        doc = parse_json(await self.read_body(request), "batch body")
-        ops = doc.get("ops") if isinstance(doc, dict) else None
-        if not isinstance(ops, list):
-            raise ae.BadRequest('batch body must be {"ops": [...]}')
-        changes = batch_changes(ops)
+        the answer carries it (hex) and the completed keys and values, in op order.
+
+        A big body is parsed and decoded on a thread, and its values are handed to the
+        write one by one, each dropped here as the write takes it (docs/performance.md:
+        a big batch)."""
+        body = [await self.read_body(request)]
+        big = len(body[0]) > OFF_LOOP_BYTES
+        changes, offset = await off_loop(big, batch_body_changes, body)
         if not changes:  # nothing to write: no commit, and no page made for it
             return web.json_response({"applied": 0, "versionstamp": None, "versionstamped": []})
-        for change in changes:  # refused before the page is made, as a bad template is
-            if type(change[0]) is bytes:  # (a versionstamped key is checked when stamped)
-                check_key(change[0])
+        applied = len(changes)
         async with self.first_write(p.ledger, p.page) as page:
-            completed = await page.write(changes)
-        stamp = stamp_of(changes, completed)
+            completed = await page.write(_handed_over(changes))
+        stamp = None if offset is None else completed[0][offset : offset + 10]
         return web.json_response(
             {
-                "applied": len(changes),
+                "applied": applied,
                 "versionstamp": stamp.hex() if stamp is not None else None,
                 "versionstamped": [b64(x) for x in completed],
             }

@@ -27,6 +27,7 @@ from ledgerd.store import (
     StampedValue,
     VersionstampError,
     View,
+    check_key,
 )
 from ledgerd.store import digest as dg
 
@@ -60,21 +61,23 @@ STAMPED_OPS = ("set_versionstamped_key", "set_versionstamped_value")
 OP_NAMES = "'put', 'delete', 'set_versionstamped_key' or 'set_versionstamped_value'"
 
 
-def batch_changes(ops: list[Any]) -> list[Change]:
+def batch_changes(ops: list[Any], consume: bool = False) -> list[Change]:
     """The changes of a batch's ``ops``: ``{"op": "put", "key", "value", "priority"?}``,
     ``{"op": "delete", "key"}``, ``{"op": "set_versionstamped_key", "key", "value",
     "priority"?}`` (``key`` a template ending in its 4-byte offset) or ``{"op":
     "set_versionstamped_value", "key", "value", "priority"?}`` (``value`` a template),
-    keys and values in base64.
+    keys and values in base64. ``consume``: each op is dropped from ``ops`` (set to
+    None) once decoded, so that a big batch's base64 and bytes are not held together.
 
     Well-formed puts and deletes take a lean loop; the first sign of trouble, or a
-    versionstamped op, hands the whole list to the checking loop, whose error names
-    the op and the field (and which decides alone whether the ops are good).
+    versionstamped op, hands the rest of the list to the checking loop, whose error
+    names the op and the field (and which decides alone whether the rest is good).
     """
     a2b, eager = binascii.a2b_base64, Priority.EAGER
     changes: list[Change] = []
+    i = 0
     try:
-        for op in ops:
+        for i, op in enumerate(ops):  # noqa: B007 (i: where the checking loop goes on)
             kind = op["op"]
             if kind == "put":
                 key, value = a2b(op["key"], strict_mode=True), a2b(op["value"], strict_mode=True)
@@ -84,14 +87,21 @@ def batch_changes(ops: list[Any]) -> list[Change]:
                 changes.append((a2b(op["key"], strict_mode=True), None, eager))
             else:
                 raise ValueError(kind)
+            if consume:
+                ops[i] = None
     except (KeyError, TypeError, ValueError, AttributeError, binascii.Error, ae.BadRequest):
-        return _checked_batch_changes(ops)
+        # The ops before i were good puts and deletes, which the checking loop takes
+        # alike: it goes on from the op that stopped this one.
+        return _checked_batch_changes(ops, changes, i, consume)
     return changes
 
 
-def _checked_batch_changes(ops: list[Any]) -> list[Change]:
-    changes: list[Change] = []
-    for i, op in enumerate(ops):
+def _checked_batch_changes(
+    ops: list[Any], changes: list[Change] | None = None, start: int = 0, consume: bool = False
+) -> list[Change]:
+    changes = [] if changes is None else changes
+    for i in range(start, len(ops)):
+        op = ops[i]
         if not isinstance(op, dict):
             raise ae.BadRequest(f"ops[{i}] must be an object")
         kind = op.get("op")
@@ -100,17 +110,47 @@ def _checked_batch_changes(ops: list[Any]) -> list[Change]:
         key = unb64(op.get("key"), "key", i)
         if kind == "delete":
             changes.append((key, None, Priority.EAGER))
-            continue
-        value = unb64(op.get("value"), "value", i)
-        p = op.get("priority")
-        prio = Priority.EAGER if p is None else parse_priority(p)
-        if kind == "put":
-            changes.append((key, value, prio))
-        elif kind == "set_versionstamped_key":
-            changes.append((stamped_key(key, f"ops[{i}].key"), value, prio))
         else:
-            changes.append((key, stamped_value(value, f"ops[{i}].value"), prio))
+            value = unb64(op.get("value"), "value", i)
+            p = op.get("priority")
+            prio = Priority.EAGER if p is None else parse_priority(p)
+            if kind == "put":
+                changes.append((key, value, prio))
+            elif kind == "set_versionstamped_key":
+                changes.append((stamped_key(key, f"ops[{i}].key"), value, prio))
+            else:
+                changes.append((key, stamped_value(value, f"ops[{i}].value"), prio))
+        if consume:
+            ops[i] = None
     return changes
+
+
+def batch_body_changes(body: list[bytes]) -> tuple[list[Change], int | None]:
+    """The changes of a batch body ``{"ops": [...]}`` (:func:`batch_changes`), its keys
+    checked (:func:`store.check_key`), and their :func:`stamp_offset`; taken out of
+    ``body``, a one-item list.
+
+    Made for a big body, on a thread (:func:`store.off_loop`): the body's bytes are
+    dropped once decoded to text, the text once parsed, each op once decoded, so that
+    at most about two copies of the body are held at once (bytes and text, or text
+    and parsed ops), rather than bytes, text, ops and values together."""
+    try:
+        text = body.pop().decode()
+    except UnicodeDecodeError as e:
+        raise ae.BadRequest(f"batch body is not valid JSON: {e}") from None
+    ops = None if may_hold_surrogate(text, True) else _plain_batch_ops(text)
+    if ops is None:  # another shape, or not JSON: parsed whole, which says why
+        doc = parse_json(text, "batch body")
+        ops = doc.get("ops") if isinstance(doc, dict) else None
+        if not isinstance(ops, list):
+            raise ae.BadRequest('batch body must be {"ops": [...]}')
+        del doc
+    del text
+    changes = batch_changes(ops, consume=True)
+    for change in changes:  # refused before the page is made, as a bad template is
+        if type(change[0]) is bytes:  # (a versionstamped key is checked when stamped)
+            check_key(change[0])
+    return changes, stamp_offset(changes)
 
 
 def stamped_key(template: bytes, what: str) -> StampedKey:
@@ -132,14 +172,13 @@ def stamped_value(template: bytes, what: str) -> StampedValue:
         raise ae.BadRequest(f"{what}: {e}") from None
 
 
-def stamp_of(changes: list[Change], completed: list[bytes]) -> bytes | None:
-    """The ten bytes that completed a write's stamped keys and values (a write takes
-    one stamp), read from the first of them; None if the write stamped nothing."""
+def stamp_offset(changes: list[Change]) -> int | None:
+    """Where the stamp sits in the first stamped key or value of a write (a write takes
+    one stamp), to read it from the first completed one; None if nothing is stamped."""
     for key, value, _ in changes:
         stamped = key if isinstance(key, StampedKey) else value
         if isinstance(stamped, StampedKey | StampedValue):
-            offset = int.from_bytes(stamped.template[-4:], "little")
-            return completed[0][offset : offset + 10]
+            return int.from_bytes(stamped.template[-4:], "little")
     return None
 
 
@@ -193,6 +232,53 @@ def may_hold_surrogate(text: str, decoded: bool) -> bool:
 
 def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_not_json)
+_BLANKS = re.compile(r"[ \t\n\r]*")
+_OPS_START = re.compile(r'[ \t\n\r]*\{[ \t\n\r]*"ops"[ \t\n\r]*:[ \t\n\r]*\[[ \t\n\r]*')
+
+
+def _past_blanks(text: str, i: int) -> int:
+    m = _BLANKS.match(text, i)
+    return i if m is None else m.end()
+
+
+def _plain_batch_ops(text: str) -> list[Any] | None:
+    """The ops of a batch body of the plain shape ``{"ops": [...]}`` (blanks aside),
+    parsed an op at a time; None for any other shape or any error (the caller parses
+    the body whole: the same ops, or the error).
+
+    A thread that parses a whole body in one ``json.loads`` holds the GIL throughout
+    (seconds for a big batch), stalling the event loop as if it ran there; between
+    ops, the loop gets its turn."""
+    start = _OPS_START.match(text)
+    if start is None:
+        return None
+    decode = _DECODER.raw_decode
+    ops: list[Any] = []
+    i = start.end()
+    if text.startswith("]", i):
+        i += 1
+    else:
+        while True:
+            try:
+                op, i = decode(text, i)
+            except (ValueError, RecursionError):
+                return None
+            ops.append(op)
+            i = _past_blanks(text, i)
+            sep = text[i : i + 1]
+            i += 1
+            if sep == "]":
+                break
+            if sep != ",":
+                return None
+            i = _past_blanks(text, i)
+    i = _past_blanks(text, i)
+    if text[i : i + 1] != "}" or _past_blanks(text, i + 1) != len(text):
+        return None
+    return ops
 
 
 FLAG_TRUE = ("1", "true", "yes")
