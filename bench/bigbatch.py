@@ -1,20 +1,24 @@
 """Big-batch benchmark: the daemon's memory and event-loop stall for one large batch.
 
-    python -m bench.bigbatch [--mib 16] [--rounds 3] [--big-mib 55]
+    python -m bench.bigbatch [--mib 16] [--rounds 3] [--big-mib 55] [--before DIR]
 
 Prints JSON. Each round starts the real daemon as a subprocess on a temp socket,
 warms it with a small batch, reads its idle RSS, then posts one batch whose JSON
 body is N bytes (puts of random values of 1–64 KiB, base64 in JSON). Meanwhile the
 daemon's VmRSS (``/proc/PID/status``) is sampled every 20 ms (the peak is kept), and
 a loop-lag probe sends ``GET /v1/health`` on another connection every 25 ms and
-records each answer's latency: the daemon's event-loop stalls show as that latency.
+records each answer's latency: the daemon's event-loop stalls show as that latency
+(the probe also runs for a second against the idle daemon first: the lag the shared
+machine alone causes).
 
 The floor, in the same round (which of the two goes first turns round by round):
 ``bench.daemon``'s bare SQLite server, in a subprocess too, given the same body: it
 decodes the JSON and the base64 and stores every value in SQLite in one transaction.
 Its RSS is sampled the same way. Figures: (peak − idle) / N for both (target for the
 daemon: at most 3), the probe's max and p99, and the batch's time over the floor's.
-``--big-mib`` adds one more round at that size (0: none).
+``--big-mib`` adds one more round at that size (0: none). ``--before DIR`` runs, in
+each round too, the daemon of an older commit (``DIR/ledgerd``: its ``daemon``,
+``store`` and ``sync`` trees, e.g. from ``git archive``), for before/after figures.
 """
 
 from __future__ import annotations
@@ -45,7 +49,9 @@ from bench.daemon import _wait_for_socket
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_S = 0.02
 PROBE_S = 0.025
-SIDES = ("ledgerd", "floor")
+IDLE_PROBE_S = 1.0
+"""How long the probe runs against the idle daemon first: the lag the machine alone
+causes (it is shared), for comparison."""
 
 
 def batch_body(n: int, seed: int) -> tuple[bytes, int]:
@@ -102,10 +108,12 @@ class RssSampler:
         self.peak = max(self.peak, rss_bytes(self.pid))
 
 
-def _start(side: str, base: Path) -> tuple[subprocess.Popen[bytes], Path]:
+def _start(side: str, base: Path, before: Path | None) -> tuple[subprocess.Popen[bytes], Path]:
     sock = base / f"{side}.sock"
-    if side == "ledgerd":
+    if side.startswith("ledgerd"):
         env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGERD_")}
+        if side == "ledgerd_before" and before is not None:
+            env["PYTHONPATH"] = str(before)
         cmd = [
             sys.executable,
             "-m",
@@ -151,11 +159,19 @@ async def _run_one(
     async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(sock))) as http:
         warm, _ = batch_body(64 * 1024, seed=1)
         await _post(http, "warm", warm)
+        if side.startswith("ledgerd"):  # (its first answer imports what it uses)
+            async with http.get(URL("http://ledgerd/v1/health", encoded=True)) as r:
+                await r.read()
         await asyncio.sleep(0.5)
         idle = rss_bytes(proc.pid)
         lat: list[float] = []
         stop = asyncio.Event()
-        probe = asyncio.create_task(_probe(sock, lat, stop)) if side == "ledgerd" else None
+        idle_lat: list[float] = []
+        if side.startswith("ledgerd"):  # the machine's own noise, for comparison
+            idle_stop = asyncio.Event()
+            asyncio.get_running_loop().call_later(IDLE_PROBE_S, idle_stop.set)
+            await _probe(sock, idle_lat, idle_stop)
+        probe = asyncio.create_task(_probe(sock, lat, stop)) if side.startswith("ledgerd") else None
         with RssSampler(proc.pid) as rss:
             t0 = time.perf_counter()
             await _post(http, "big", body)
@@ -174,23 +190,26 @@ async def _run_one(
         out["probe_max_ms"] = round(lat[-1] * 1000, 1)
         out["probe_p99_ms"] = round(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, 1)
         out["probes"] = len(lat)
+        out["idle_probe_max_ms"] = round(max(idle_lat) * 1000, 1)
     return out
 
 
-def _round(r: int, mib: float) -> dict[str, Any]:
+def _round(r: int, mib: float, before: Path | None) -> dict[str, Any]:
     body, ops = batch_body(int(mib * 2**20), seed=100 + r)
-    order = SIDES if r % 2 == 0 else SIDES[::-1]
+    sides = ("ledgerd", "floor", "ledgerd_before") if before else ("ledgerd", "floor")
+    order = sides[r % len(sides) :] + sides[: r % len(sides)]
     out: dict[str, Any] = {"n_bytes": len(body), "ops": ops, "order": list(order)}
     for side in order:
         with tempfile.TemporaryDirectory(prefix="ldb-big-", dir="/tmp") as d:
             base = Path(d)
-            proc, sock = _start(side, base)
+            proc, sock = _start(side, base, before)
             try:
                 out[side] = asyncio.run(_run_one(side, proc, sock, body))
             finally:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(120)
-    out["time_ratio_vs_floor"] = round(out["ledgerd"]["seconds"] / out["floor"]["seconds"], 2)
+    for side in sides[::2]:
+        out[side]["time_ratio_vs_floor"] = round(out[side]["seconds"] / out["floor"]["seconds"], 2)
     return out
 
 
@@ -199,24 +218,38 @@ def main() -> None:
     ap.add_argument("--mib", type=float, default=16, help="body MiB of a round (%(default)s)")
     ap.add_argument("--rounds", type=int, default=3, help="paired rounds (%(default)s)")
     ap.add_argument("--big-mib", type=float, default=55, help="one more round (0: none)")
+    ap.add_argument(
+        "--before",
+        type=Path,
+        help="also run the daemon of an older commit: a directory holding its ledgerd package",
+    )
     args = ap.parse_args()
-    rounds = [_round(r, args.mib) for r in range(args.rounds)]
-    big = _round(args.rounds, args.big_mib) if args.big_mib else None
+    rounds = [_round(r, args.mib, args.before) for r in range(args.rounds)]
+    big = _round(args.rounds, args.big_mib, args.before) if args.big_mib else None
 
-    def median(side: str, k: str) -> float:
-        return float(statistics.median(x[side][k] for x in rounds))
+    def median(side: str, k: str) -> float | None:
+        return float(statistics.median(x[side][k] for x in rounds)) if rounds else None
 
     emit(
         "bigbatch",
         {
             "mib": args.mib,
             "rounds": rounds,
-            "median_rise_per_byte": median("ledgerd", "rise_per_byte") if rounds else None,
-            "median_floor_rise_per_byte": median("floor", "rise_per_byte") if rounds else None,
-            "median_probe_max_ms": median("ledgerd", "probe_max_ms") if rounds else None,
-            "median_time_ratio_vs_floor": (
-                statistics.median(x["time_ratio_vs_floor"] for x in rounds) if rounds else None
-            ),
+            "median": {
+                side: {
+                    k: median(side, k)
+                    for k in (
+                        "rise_per_byte",
+                        "probe_max_ms",
+                        "probe_p99_ms",
+                        "time_ratio_vs_floor",
+                    )
+                    if side != "floor" or k == "rise_per_byte"
+                }
+                for side in (
+                    ("ledgerd", "floor", "ledgerd_before") if args.before else ("ledgerd", "floor")
+                )
+            },
             "big": big,
             "target_rise_per_byte": 3,
             "target_probe_max_ms": 100,
