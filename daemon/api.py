@@ -89,6 +89,10 @@ CONTROL_BODY_BYTES = 64 * 1024
 """The longest body of a control request (a page's merge policy, check, GC, evict):
 a few names and flags, so a large one is refused (413) before it is read, rather
 than read up to ``max_batch_bytes`` and parsed on the event loop."""
+BIG_BATCH_BYTES = 4 * 1024 * 1024
+"""A batch whose body is over this, or of a length not given (chunked), is big: big
+batches are read and written one at a time (:attr:`Api.big_batches`), so that what
+batches hold in memory stays about twice ``max_batch_bytes`` (docs/performance.md)."""
 MIN_SECONDS = 0.001
 """The smallest timeout a query takes (``POST /v1/sync?timeout=``): a millisecond, below
 which nothing could finish (5e-324 is a number, not a timeout)."""
@@ -402,6 +406,8 @@ class Api:
         self.metrics: Any = None  # daemon.metrics.Metrics, set by the server
         self.requests: set[asyncio.Task[Any]] = set()
         """The tasks of the requests being served (:meth:`cancel_requests`)."""
+        self.big_batches = asyncio.Semaphore(1)
+        """Held by the big batch being read and written (:data:`BIG_BATCH_BYTES`)."""
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Every request, as aiohttp's low-level server (:mod:`daemon.protocol`) hands
@@ -968,16 +974,19 @@ class Api:
         the answer carries it (hex) and the completed keys and values, in op order.
 
         A big body is parsed and decoded on a thread, and its values are handed to the
-        write one by one, each dropped here as the write takes it (docs/performance.md:
-        a big batch)."""
-        body = [await self.read_body(request)]
-        big = len(body[0]) > OFF_LOOP_BYTES
-        changes, offset = await off_loop(big, batch_body_changes, body)
-        if not changes:  # nothing to write: no commit, and no page made for it
-            return web.json_response({"applied": 0, "versionstamp": None, "versionstamped": []})
-        applied = len(changes)
-        async with self.first_write(p.ledger, p.page) as page:
-            completed = await page.write(_handed_over(changes))
+        write one by one, each dropped here as the write takes it; big batches go one at
+        a time (:data:`BIG_BATCH_BYTES`; docs/performance.md, "A big batch")."""
+        length = request.content_length
+        one_at_a_time = length is None or length > BIG_BATCH_BYTES
+        async with self.big_batches if one_at_a_time else contextlib.nullcontext():
+            body = [await self.read_body(request)]
+            big = len(body[0]) > OFF_LOOP_BYTES
+            changes, offset = await off_loop(big, batch_body_changes, body)
+            if not changes:  # nothing to write: no commit, and no page made for it
+                return web.json_response({"applied": 0, "versionstamp": None, "versionstamped": []})
+            applied = len(changes)
+            async with self.first_write(p.ledger, p.page) as page:
+                completed = await page.write(_handed_over(changes))
         stamp = None if offset is None else completed[0][offset : offset + 10]
         return web.json_response(
             {
