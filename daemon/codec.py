@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import codecs
 import json
 import math
 import re
@@ -130,22 +131,19 @@ def batch_body_changes(body: list[bytes]) -> tuple[list[Change], int | None]:
     checked (:func:`store.check_key`), and their :func:`stamp_offset`; taken out of
     ``body``, a one-item list.
 
-    Made for a big body, on a thread (:func:`store.off_loop`): the body's bytes are
-    dropped once decoded to text, the text once parsed, each op once decoded, so that
-    at most about two copies of the body are held at once (bytes and text, or text
-    and parsed ops), rather than bytes, text, ops and values together."""
-    try:
-        text = body.pop().decode()
-    except UnicodeDecodeError as e:
-        raise ae.BadRequest(f"batch body is not valid JSON: {e}") from None
-    ops = None if may_hold_surrogate(text, True) else _plain_batch_ops(text)
+    Made for a big body, on a thread (:func:`store.off_loop`): the body is parsed an
+    op at a time (:func:`_plain_batch_ops`) and dropped once parsed, each op once
+    decoded, so that at most about two copies of the body are held at once (bytes and
+    parsed ops, or ops and values), rather than bytes, text, ops and values together."""
+    data = body.pop()
+    ops = _plain_batch_ops(data)
     if ops is None:  # another shape, or not JSON: parsed whole, which says why
-        doc = parse_json(text, "batch body")
+        doc = parse_json(data, "batch body")
         ops = doc.get("ops") if isinstance(doc, dict) else None
         if not isinstance(ops, list):
             raise ae.BadRequest('batch body must be {"ops": [...]}')
         del doc
-    del text
+    del data
     changes = batch_changes(ops, consume=True)
     for change in changes:  # refused before the page is made, as a bad template is
         if type(change[0]) is bytes:  # (a versionstamped key is checked when stamped)
@@ -239,46 +237,85 @@ _BLANKS = re.compile(r"[ \t\n\r]*")
 _OPS_START = re.compile(r'[ \t\n\r]*\{[ \t\n\r]*"ops"[ \t\n\r]*:[ \t\n\r]*\[[ \t\n\r]*')
 
 
-def _past_blanks(text: str, i: int) -> int:
-    m = _BLANKS.match(text, i)
-    return i if m is None else m.end()
+TEXT_PART = 1024 * 1024
+"""Bytes of a batch body decoded to text at a time (:func:`_plain_batch_ops`)."""
 
 
-def _plain_batch_ops(text: str) -> list[Any] | None:
+def _plain_batch_ops(body: bytes) -> list[Any] | None:
     """The ops of a batch body of the plain shape ``{"ops": [...]}`` (blanks aside),
-    parsed an op at a time; None for any other shape or any error (the caller parses
-    the body whole: the same ops, or the error).
+    decoded to text a :data:`TEXT_PART` at a time and parsed an op at a time; None for
+    any other shape, any error, or an escaped UTF-16 surrogate (the caller parses the
+    body whole: the same ops, or the error).
 
-    A thread that parses a whole body in one ``json.loads`` holds the GIL throughout
-    (seconds for a big batch), stalling the event loop as if it ran there; between
-    ops, the loop gets its turn."""
-    start = _OPS_START.match(text)
-    if start is None:
-        return None
+    A thread that decodes, searches or parses a whole big body in one call holds the
+    GIL throughout (for 55 MB, one ``json.loads`` took seconds, decoding and searching
+    the text about 100 ms), stalling the event loop as if it ran there; here no call
+    covers more than a part or an op, and the loop gets its turn between them."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    view = memoryview(body)
+    parts = (
+        decoder.decode(view[i : i + TEXT_PART], i + TEXT_PART >= len(body))
+        for i in range(0, len(body), TEXT_PART)
+    )
+    text, i = "", 0
+
+    def more() -> bool:
+        """Append the next part to what is left of the text; False at the end."""
+        nonlocal text, i
+        part = next(parts, None)
+        if part is None:
+            return False
+        text, i = text[i:] + part, 0
+        return True
+
+    def past_blanks() -> bool:
+        """Move ``i`` past blanks; False if the text ends there."""
+        nonlocal i
+        while True:
+            m = _BLANKS.match(text, i)
+            i = i if m is None else m.end()
+            if i < len(text) or not more():
+                return i < len(text)
+
     decode = _DECODER.raw_decode
     ops: list[Any] = []
-    i = start.end()
-    if text.startswith("]", i):
-        i += 1
-    else:
-        while True:
-            try:
-                op, i = decode(text, i)
-            except (ValueError, RecursionError):
-                return None
-            ops.append(op)
-            i = _past_blanks(text, i)
-            sep = text[i : i + 1]
+    try:
+        more()
+        start = _OPS_START.match(text)
+        if start is None:
+            return None
+        i = start.end()
+        if not past_blanks():
+            return None
+        if text[i] == "]":
             i += 1
-            if sep == "]":
-                break
-            if sep != ",":
-                return None
-            i = _past_blanks(text, i)
-    i = _past_blanks(text, i)
-    if text[i : i + 1] != "}" or _past_blanks(text, i + 1) != len(text):
+        else:
+            while True:
+                try:
+                    op, end = decode(text, i)
+                    whole = end < len(text)  # else a number may go on in the next part
+                except ValueError:
+                    whole = False
+                if not whole:  # the op may go on in the next part (or be bad)
+                    if len(text) - i <= 2 * TEXT_PART and more():
+                        continue
+                    return None  # (an op of over a part or two is parsed whole)
+                if text.find("\\u", i, end) != -1 and _SURROGATE.search(text, i, end):
+                    return None
+                ops.append(op)
+                i = end
+                if not past_blanks():
+                    return None
+                sep = text[i]
+                i += 1
+                if sep == "]":
+                    break
+                if sep != "," or not past_blanks():
+                    return None
+        rest = text[i:] + "".join(parts)
+    except (ValueError, RecursionError):  # UnicodeDecodeError, or a nesting too deep
         return None
-    return ops
+    return ops if rest.strip(" \t\n\r") == "}" else None
 
 
 FLAG_TRUE = ("1", "true", "yes")

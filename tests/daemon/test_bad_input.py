@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 from yarl import URL
 
+from ledgerd.daemon import codec
 from ledgerd.daemon import errors as ae
 from ledgerd.daemon.codec import (
     OP_NAMES,
@@ -552,9 +553,14 @@ def _whole_body_changes(body: bytes) -> object:
         return str(e)
 
 
-def test_a_batch_body_parsed_op_by_op_reads_as_parsed_whole() -> None:
-    """The op-at-a-time parse of a plain ``{"ops": [...]}`` body gives the same changes,
-    or the same error, as parsing it whole, for bodies of many shapes and damages."""
+@pytest.mark.parametrize("part", [1, 7, 64, codec.TEXT_PART])
+def test_a_batch_body_parsed_op_by_op_reads_as_parsed_whole(
+    part: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The op-at-a-time parse of a plain ``{"ops": [...]}`` body, its text decoded a part
+    at a time, gives the same changes, or the same error, as parsing it whole, for
+    bodies of many shapes and damages, whatever the parts' size."""
+    monkeypatch.setattr(codec, "TEXT_PART", part)
     rnd = random.Random(11)
     blanks = ["", " ", "\n", " \t\r\n "]
     damages = [
@@ -569,8 +575,12 @@ def test_a_batch_body_parsed_op_by_op_reads_as_parsed_whole() -> None:
         lambda t: t + "x",
         lambda t: "[" + t + "]",
         lambda t: t.replace('"put"', '"\\ud800"', 1),
+        lambda t: t.replace('"put"', '"p\u00e9t"', 1),
+        lambda t: t.replace('"put"', '"p\xe9t"', 1),
+        lambda t: t.replace("]", "12345]", 1),
+        lambda t: t.replace("[", "[12345, ", 1),
     ]
-    for _ in range(2000):
+    for _ in range(600):
         ops = [_op(i) if rnd.random() < 0.8 else {"op": "delete"} for i in range(rnd.randrange(4))]
         b = rnd.choice
         inner = (b(blanks) + "," + b(blanks)).join(json.dumps(op) for op in ops)
