@@ -49,20 +49,22 @@ from bench.daemon import _wait_for_socket
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_S = 0.02
 PROBE_S = 0.025
+VALUES = (1024, 64 * 1024)
+"""The sizes of a batch's values, at least and at most, by default."""
 IDLE_PROBE_S = 1.0
 """How long the probe runs against the idle daemon first: the lag the machine alone
 causes (it is shared), for comparison."""
 
 
-def batch_body(n: int, seed: int) -> tuple[bytes, int]:
-    """A batch body of about ``n`` bytes: puts of random values of 1–64 KiB (and 16-byte
-    keys), base64 in JSON; and how many ops it holds."""
+def batch_body(n: int, seed: int, sizes: tuple[int, int] = VALUES) -> tuple[bytes, int]:
+    """A batch body of about ``n`` bytes: puts of random values of ``sizes`` bytes (1–64
+    KiB; and 16-byte keys), base64 in JSON; and how many ops it holds."""
     rng = random.Random(seed)
     parts: list[str] = []
     size = len('{"ops": []}')
     i = 0
     while size < n:
-        value = rng.randbytes(rng.randint(1024, 64 * 1024))
+        value = rng.randbytes(rng.randint(*sizes))
         op = json.dumps(
             {
                 "op": "put",
@@ -194,8 +196,8 @@ async def _run_one(
     return out
 
 
-def _round(r: int, mib: float, before: Path | None) -> dict[str, Any]:
-    body, ops = batch_body(int(mib * 2**20), seed=100 + r)
+def _round(r: int, mib: float, before: Path | None, sizes: tuple[int, int]) -> dict[str, Any]:
+    body, ops = batch_body(int(mib * 2**20), 100 + r, sizes)
     sides = ("ledgerd", "floor", "ledgerd_before") if before else ("ledgerd", "floor")
     order = sides[r % len(sides) :] + sides[: r % len(sides)]
     out: dict[str, Any] = {"n_bytes": len(body), "ops": ops, "order": list(order)}
@@ -219,13 +221,22 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="paired rounds (%(default)s)")
     ap.add_argument("--big-mib", type=float, default=55, help="one more round (0: none)")
     ap.add_argument(
+        "--values",
+        nargs=2,
+        type=int,
+        default=VALUES,
+        metavar=("MIN", "MAX"),
+        help="the values' sizes in bytes (%(default)s)",
+    )
+    ap.add_argument(
         "--before",
         type=Path,
         help="also run the daemon of an older commit: a directory holding its ledgerd package",
     )
     args = ap.parse_args()
-    rounds = [_round(r, args.mib, args.before) for r in range(args.rounds)]
-    big = _round(args.rounds, args.big_mib, args.before) if args.big_mib else None
+    sizes = tuple(args.values)
+    rounds = [_round(r, args.mib, args.before, sizes) for r in range(args.rounds)]
+    big = _round(args.rounds, args.big_mib, args.before, sizes) if args.big_mib else None
 
     def median(side: str, k: str) -> float | None:
         return float(statistics.median(x[side][k] for x in rounds)) if rounds else None
