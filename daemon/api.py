@@ -45,8 +45,9 @@ from ledgerd.daemon import docs_api as docs
 from ledgerd.daemon import errors as ae
 from ledgerd.daemon import status_report as report
 from ledgerd.daemon.codec import (
+    Change,
     b64,
-    batch_changes,
+    batch_body_changes,
     commit_json,
     entries_json,
     flag_param,
@@ -56,7 +57,6 @@ from ledgerd.daemon.codec import (
     parse_priority,
     priority_name,
     repeated_param,
-    stamp_of,
     text_or_none,
     token_param,
 )
@@ -65,6 +65,7 @@ from ledgerd.daemon.config import Config
 from ledgerd.daemon.metrics import ROUTE_KEY
 from ledgerd.store import (
     KEY_LIMIT,
+    OFF_LOOP_BYTES,
     HeldBudget,
     Page,
     Policy,
@@ -72,7 +73,7 @@ from ledgerd.store import (
     StoreError,
     TooManyOpenPagesError,
     View,
-    check_key,
+    off_loop,
 )
 from ledgerd.store import digest as dg
 from ledgerd.store.errors import named
@@ -88,6 +89,10 @@ CONTROL_BODY_BYTES = 64 * 1024
 """The longest body of a control request (a page's merge policy, check, GC, evict):
 a few names and flags, so a large one is refused (413) before it is read, rather
 than read up to ``max_batch_bytes`` and parsed on the event loop."""
+BIG_BATCH_BYTES = 4 * 1024 * 1024
+"""A batch whose body is over this, or of a length not given (chunked), is big: big
+batches are read and written one at a time (:attr:`Api.big_batches`), so that what
+batches hold in memory stays about twice ``max_batch_bytes`` (docs/performance.md)."""
 MIN_SECONDS = 0.001
 """The smallest timeout a query takes (``POST /v1/sync?timeout=``): a millisecond, below
 which nothing could finish (5e-324 is a number, not a timeout)."""
@@ -373,6 +378,14 @@ async def _expect(request: web.BaseRequest) -> None:
     await request.writer.drain()
 
 
+def _handed_over(changes: list[Change]) -> Iterator[Change]:
+    """``changes`` in order, each dropped from the list as it is taken (the list ends
+    empty): what the write has taken is not held here too."""
+    changes.reverse()
+    while changes:
+        yield changes.pop()
+
+
 class Api:
     def __init__(self, repo: Repository, cfg: Config, state: DaemonState) -> None:
         self.repo = repo
@@ -393,6 +406,8 @@ class Api:
         self.metrics: Any = None  # daemon.metrics.Metrics, set by the server
         self.requests: set[asyncio.Task[Any]] = set()
         """The tasks of the requests being served (:meth:`cancel_requests`)."""
+        self.big_batches = asyncio.Semaphore(1)
+        """Held by the big batch being read and written (:data:`BIG_BATCH_BYTES`)."""
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Every request, as aiohttp's low-level server (:mod:`daemon.protocol`) hands
@@ -684,12 +699,15 @@ class Api:
             if len(whole) > limit:
                 raise ae.TooLarge(f"{what} is over the {limit}-byte limit")
             return whole
-        body = bytearray()
+        chunks, size = [], 0
         async for chunk in self.body_chunks(request):
-            body += chunk
-            if len(body) > limit:
+            size += len(chunk)
+            if size > limit:
                 raise ae.TooLarge(f"{what} is over the {limit}-byte limit")
-        return bytes(body)
+            chunks.append(chunk)
+        # Joined in one copy, on a thread when big (it runs without the GIL): copying
+        # tens of MB, the pages first touched, was a step of hundreds of ms on the loop.
+        return await off_loop(size > OFF_LOOP_BYTES, b"".join, chunks)
 
     async def optional_json(self, request: web.Request, what: str) -> Any:
         """The body of a control request (at most :data:`CONTROL_BODY_BYTES`) as JSON,
@@ -953,23 +971,26 @@ class Api:
 
     async def batch(self, request: web.Request, p: Params) -> web.Response:
         """The ops in one commit. Its versionstamped keys and values share one stamp:
-        the answer carries it (hex) and the completed keys and values, in op order."""
-        doc = parse_json(await self.read_body(request), "batch body")
-        ops = doc.get("ops") if isinstance(doc, dict) else None
-        if not isinstance(ops, list):
-            raise ae.BadRequest('batch body must be {"ops": [...]}')
-        changes = batch_changes(ops)
-        if not changes:  # nothing to write: no commit, and no page made for it
-            return web.json_response({"applied": 0, "versionstamp": None, "versionstamped": []})
-        for change in changes:  # refused before the page is made, as a bad template is
-            if type(change[0]) is bytes:  # (a versionstamped key is checked when stamped)
-                check_key(change[0])
-        async with self.first_write(p.ledger, p.page) as page:
-            completed = await page.write(changes)
-        stamp = stamp_of(changes, completed)
+        the answer carries it (hex) and the completed keys and values, in op order.
+
+        A big body is parsed and decoded on a thread, and its values are handed to the
+        write one by one, each dropped here as the write takes it; big batches go one at
+        a time (:data:`BIG_BATCH_BYTES`; docs/performance.md, "A big batch")."""
+        length = request.content_length
+        one_at_a_time = length is None or length > BIG_BATCH_BYTES
+        async with self.big_batches if one_at_a_time else contextlib.nullcontext():
+            body = [await self.read_body(request)]
+            big = len(body[0]) > OFF_LOOP_BYTES
+            changes, offset = await off_loop(big, batch_body_changes, body)
+            if not changes:  # nothing to write: no commit, and no page made for it
+                return web.json_response({"applied": 0, "versionstamp": None, "versionstamped": []})
+            applied = len(changes)
+            async with self.first_write(p.ledger, p.page) as page:
+                completed = await page.write(_handed_over(changes))
+        stamp = None if offset is None else completed[0][offset : offset + 10]
         return web.json_response(
             {
-                "applied": len(changes),
+                "applied": applied,
                 "versionstamp": stamp.hex() if stamp is not None else None,
                 "versionstamped": [b64(x) for x in completed],
             }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import codecs
 import json
 import math
 import re
@@ -27,6 +28,7 @@ from ledgerd.store import (
     StampedValue,
     VersionstampError,
     View,
+    check_key,
 )
 from ledgerd.store import digest as dg
 
@@ -60,21 +62,23 @@ STAMPED_OPS = ("set_versionstamped_key", "set_versionstamped_value")
 OP_NAMES = "'put', 'delete', 'set_versionstamped_key' or 'set_versionstamped_value'"
 
 
-def batch_changes(ops: list[Any]) -> list[Change]:
+def batch_changes(ops: list[Any], consume: bool = False) -> list[Change]:
     """The changes of a batch's ``ops``: ``{"op": "put", "key", "value", "priority"?}``,
     ``{"op": "delete", "key"}``, ``{"op": "set_versionstamped_key", "key", "value",
     "priority"?}`` (``key`` a template ending in its 4-byte offset) or ``{"op":
     "set_versionstamped_value", "key", "value", "priority"?}`` (``value`` a template),
-    keys and values in base64.
+    keys and values in base64. ``consume``: each op is dropped from ``ops`` (set to
+    None) once decoded, so that a big batch's base64 and bytes are not held together.
 
     Well-formed puts and deletes take a lean loop; the first sign of trouble, or a
-    versionstamped op, hands the whole list to the checking loop, whose error names
-    the op and the field (and which decides alone whether the ops are good).
+    versionstamped op, hands the rest of the list to the checking loop, whose error
+    names the op and the field (and which decides alone whether the rest is good).
     """
     a2b, eager = binascii.a2b_base64, Priority.EAGER
     changes: list[Change] = []
+    i = 0
     try:
-        for op in ops:
+        for i, op in enumerate(ops):  # noqa: B007 (i: where the checking loop goes on)
             kind = op["op"]
             if kind == "put":
                 key, value = a2b(op["key"], strict_mode=True), a2b(op["value"], strict_mode=True)
@@ -84,14 +88,21 @@ def batch_changes(ops: list[Any]) -> list[Change]:
                 changes.append((a2b(op["key"], strict_mode=True), None, eager))
             else:
                 raise ValueError(kind)
+            if consume:
+                ops[i] = None
     except (KeyError, TypeError, ValueError, AttributeError, binascii.Error, ae.BadRequest):
-        return _checked_batch_changes(ops)
+        # The ops before i were good puts and deletes, which the checking loop takes
+        # alike: it goes on from the op that stopped this one.
+        return _checked_batch_changes(ops, changes, i, consume)
     return changes
 
 
-def _checked_batch_changes(ops: list[Any]) -> list[Change]:
-    changes: list[Change] = []
-    for i, op in enumerate(ops):
+def _checked_batch_changes(
+    ops: list[Any], changes: list[Change] | None = None, start: int = 0, consume: bool = False
+) -> list[Change]:
+    changes = [] if changes is None else changes
+    for i in range(start, len(ops)):
+        op = ops[i]
         if not isinstance(op, dict):
             raise ae.BadRequest(f"ops[{i}] must be an object")
         kind = op.get("op")
@@ -100,17 +111,44 @@ def _checked_batch_changes(ops: list[Any]) -> list[Change]:
         key = unb64(op.get("key"), "key", i)
         if kind == "delete":
             changes.append((key, None, Priority.EAGER))
-            continue
-        value = unb64(op.get("value"), "value", i)
-        p = op.get("priority")
-        prio = Priority.EAGER if p is None else parse_priority(p)
-        if kind == "put":
-            changes.append((key, value, prio))
-        elif kind == "set_versionstamped_key":
-            changes.append((stamped_key(key, f"ops[{i}].key"), value, prio))
         else:
-            changes.append((key, stamped_value(value, f"ops[{i}].value"), prio))
+            value = unb64(op.get("value"), "value", i)
+            p = op.get("priority")
+            prio = Priority.EAGER if p is None else parse_priority(p)
+            if kind == "put":
+                changes.append((key, value, prio))
+            elif kind == "set_versionstamped_key":
+                changes.append((stamped_key(key, f"ops[{i}].key"), value, prio))
+            else:
+                changes.append((key, stamped_value(value, f"ops[{i}].value"), prio))
+        if consume:
+            ops[i] = None
     return changes
+
+
+def batch_body_changes(body: list[bytes]) -> tuple[list[Change], int | None]:
+    """The changes of a batch body ``{"ops": [...]}`` (:func:`batch_changes`), its keys
+    checked (:func:`store.check_key`), and their :func:`stamp_offset`; taken out of
+    ``body``, a one-item list.
+
+    Made for a big body, on a thread (:func:`store.off_loop`): the body is parsed an
+    op at a time (:func:`_plain_batch_ops`) and dropped once parsed, each op once
+    decoded, so that at most about two copies of the body are held at once (bytes and
+    parsed ops, or ops and values), rather than bytes, text, ops and values together."""
+    data = body.pop()
+    ops = _plain_batch_ops(data)
+    if ops is None:  # another shape, or not JSON: parsed whole, which says why
+        doc = parse_json(data, "batch body")
+        ops = doc.get("ops") if isinstance(doc, dict) else None
+        if not isinstance(ops, list):
+            raise ae.BadRequest('batch body must be {"ops": [...]}')
+        del doc
+    del data
+    changes = batch_changes(ops, consume=True)
+    for change in changes:  # refused before the page is made, as a bad template is
+        if type(change[0]) is bytes:  # (a versionstamped key is checked when stamped)
+            check_key(change[0])
+    return changes, stamp_offset(changes)
 
 
 def stamped_key(template: bytes, what: str) -> StampedKey:
@@ -132,14 +170,13 @@ def stamped_value(template: bytes, what: str) -> StampedValue:
         raise ae.BadRequest(f"{what}: {e}") from None
 
 
-def stamp_of(changes: list[Change], completed: list[bytes]) -> bytes | None:
-    """The ten bytes that completed a write's stamped keys and values (a write takes
-    one stamp), read from the first of them; None if the write stamped nothing."""
+def stamp_offset(changes: list[Change]) -> int | None:
+    """Where the stamp sits in the first stamped key or value of a write (a write takes
+    one stamp), to read it from the first completed one; None if nothing is stamped."""
     for key, value, _ in changes:
         stamped = key if isinstance(key, StampedKey) else value
         if isinstance(stamped, StampedKey | StampedValue):
-            offset = int.from_bytes(stamped.template[-4:], "little")
-            return completed[0][offset : offset + 10]
+            return int.from_bytes(stamped.template[-4:], "little")
     return None
 
 
@@ -193,6 +230,92 @@ def may_hold_surrogate(text: str, decoded: bool) -> bool:
 
 def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_not_json)
+_BLANKS = re.compile(r"[ \t\n\r]*")
+_OPS_START = re.compile(r'[ \t\n\r]*\{[ \t\n\r]*"ops"[ \t\n\r]*:[ \t\n\r]*\[[ \t\n\r]*')
+
+
+TEXT_PART = 1024 * 1024
+"""Bytes of a batch body decoded to text at a time (:func:`_plain_batch_ops`)."""
+
+
+def _plain_batch_ops(body: bytes) -> list[Any] | None:
+    """The ops of a batch body of the plain shape ``{"ops": [...]}`` (blanks aside),
+    decoded to text a :data:`TEXT_PART` at a time and parsed an op at a time; None for
+    any other shape, any error, or an escaped UTF-16 surrogate (the caller parses the
+    body whole: the same ops, or the error).
+
+    A thread that decodes, searches or parses a whole big body in one call holds the
+    GIL throughout (for 55 MB, one ``json.loads`` took seconds, decoding and searching
+    the text about 100 ms), stalling the event loop as if it ran there; here no call
+    covers more than a part or an op, and the loop gets its turn between them."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    view = memoryview(body)
+    parts = (
+        decoder.decode(view[i : i + TEXT_PART], i + TEXT_PART >= len(body))
+        for i in range(0, len(body), TEXT_PART)
+    )
+    text, i = "", 0
+
+    def more() -> bool:
+        """Append the next part to what is left of the text; False at the end."""
+        nonlocal text, i
+        part = next(parts, None)
+        if part is None:
+            return False
+        text, i = text[i:] + part, 0
+        return True
+
+    def past_blanks() -> bool:
+        """Move ``i`` past blanks; False if the text ends there."""
+        nonlocal i
+        while True:
+            m = _BLANKS.match(text, i)
+            i = i if m is None else m.end()
+            if i < len(text) or not more():
+                return i < len(text)
+
+    decode = _DECODER.raw_decode
+    ops: list[Any] = []
+    try:
+        more()
+        start = _OPS_START.match(text)
+        if start is None:
+            return None
+        i = start.end()
+        if not past_blanks():
+            return None
+        if text[i] == "]":
+            i += 1
+        else:
+            while True:
+                try:
+                    op, end = decode(text, i)
+                    whole = end < len(text)  # else a number may go on in the next part
+                except ValueError:
+                    whole = False
+                if not whole:  # the op may go on in the next part (or be bad)
+                    if len(text) - i <= 2 * TEXT_PART and more():
+                        continue
+                    return None  # (an op of over a part or two is parsed whole)
+                if text.find("\\u", i, end) != -1 and _SURROGATE.search(text, i, end):
+                    return None
+                ops.append(op)
+                i = end
+                if not past_blanks():
+                    return None
+                sep = text[i]
+                i += 1
+                if sep == "]":
+                    break
+                if sep != "," or not past_blanks():
+                    return None
+        rest = text[i:] + "".join(parts)
+    except (ValueError, RecursionError):  # UnicodeDecodeError, or a nesting too deep
+        return None
+    return ops if rest.strip(" \t\n\r") == "}" else None
 
 
 FLAG_TRUE = ("1", "true", "yes")

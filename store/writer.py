@@ -50,6 +50,7 @@ from ledgerd.store.graph import DIRECT_BATCH, CommitGraph
 from ledgerd.store.objects import ObjectStore, Source
 from ledgerd.store.schema import TRANSIENT
 from ledgerd.store.stamps import StampClock, StampedKey, StampedValue, VersionstampError
+from ledgerd.store.threads import OFF_LOOP_BYTES
 from ledgerd.store.view import KEY_LIMIT, NO_OVERLAY, Overlay, check_key
 
 log = logging.getLogger(__name__)
@@ -172,8 +173,12 @@ class JournalWriter:
         pieces_of: dict[bytes, list[split.Piece]] = {}  # value root digest -> its pieces
         staged: dict[str, bytes] = {}  # token -> its value's root digest
         small = split.MIN_CHUNK
+        inline = 0  # bytes split and hashed on the loop since it last yielded
         try:
             for change in changes:
+                if inline > OFF_LOOP_BYTES:  # a big write lets other requests in
+                    await asyncio.sleep(0)
+                    inline = 0
                 key, value = change[0], change[1]
                 p = change[2] if len(change) == 3 else prio
                 if type(key) is not bytes or len(key) > KEY_LIMIT:
@@ -196,6 +201,8 @@ class JournalWriter:
                 if value is None:
                     prepared.append((key, None))
                     continue
+                if type(value) is bytes:
+                    inline += len(value)
                 if type(value) is bytes and len(value) <= small:  # the common case
                     entry, piece = staging.one_chunk(key, value, p)
                     if piece is not None:

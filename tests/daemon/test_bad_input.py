@@ -14,8 +14,15 @@ import aiohttp
 import pytest
 from yarl import URL
 
+from ledgerd.daemon import codec
 from ledgerd.daemon import errors as ae
-from ledgerd.daemon.codec import OP_NAMES, _checked_batch_changes, batch_changes
+from ledgerd.daemon.codec import (
+    OP_NAMES,
+    _checked_batch_changes,
+    batch_body_changes,
+    batch_changes,
+    parse_json,
+)
 from ledgerd.store import Priority, Repository
 from ledgerd.store.schema import TRANSIENT
 from tests.daemon.conftest import Daemon, start_daemon
@@ -505,3 +512,83 @@ async def test_a_query_integer_is_ascii_digits(
         "code": "bad_request",
         "message": f"query parameter {query.rsplit('?')[1][:-1]} must be an integer",
     }
+
+
+def test_a_batch_body_is_taken_and_its_ops_dropped_as_decoded() -> None:
+    """What the daemon runs on a thread for a big body: the body is taken out of its
+    list, and the changes and stamp are those of the ops (a stamped op among them
+    hands the rest to the checking loop, which goes on from there)."""
+    ops: list[object] = [_op(i) for i in range(5)]
+    template = b"t" + b"\xff" * 10 + (1).to_bytes(4, "little")
+    ops.append(
+        {
+            "op": "set_versionstamped_key",
+            "key": base64.b64encode(template).decode(),
+            "value": "dg==",
+        }
+    )
+    ops.append(_op(6))
+    body = [json.dumps({"ops": ops}).encode()]
+    changes, offset = batch_body_changes(body)
+    assert body == [] and offset == 1
+    assert changes == _checked_batch_changes(ops)
+    consumed = list(ops)
+    assert batch_changes(consumed, consume=True) == changes and consumed == [None] * 7
+    with pytest.raises(ae.BadRequest, match="ops\\[1\\].key must be a base64"):
+        batch_body_changes([json.dumps({"ops": [_op(0), {"op": "put"}]}).encode()])
+    for bad in (b"\xff", b"[]", b'{"ops": {}}'):
+        with pytest.raises(ae.BadRequest, match="batch body"):
+            batch_body_changes([bad])
+
+
+def _whole_body_changes(body: bytes) -> object:
+    """The reference for :func:`batch_body_changes`: the body parsed whole."""
+    try:
+        doc = parse_json(body, "batch body")
+        ops = doc.get("ops") if isinstance(doc, dict) else None
+        if not isinstance(ops, list):
+            raise ae.BadRequest('batch body must be {"ops": [...]}')
+        return batch_changes(ops)
+    except ae.BadRequest as e:
+        return str(e)
+
+
+@pytest.mark.parametrize("part", [1, 7, 64, codec.TEXT_PART])
+def test_a_batch_body_parsed_op_by_op_reads_as_parsed_whole(
+    part: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The op-at-a-time parse of a plain ``{"ops": [...]}`` body, its text decoded a part
+    at a time, gives the same changes, or the same error, as parsing it whole, for
+    bodies of many shapes and damages, whatever the parts' size."""
+    monkeypatch.setattr(codec, "TEXT_PART", part)
+    rnd = random.Random(11)
+    blanks = ["", " ", "\n", " \t\r\n "]
+    damages = [
+        lambda t: t,
+        lambda t: t[: rnd.randrange(len(t) + 1)],
+        lambda t: t.replace("]", ",]", 1),
+        lambda t: t.replace("{", '{"x": 1, ', 1),
+        lambda t: t.rstrip() + ' , "ops": []}',
+        lambda t: t.replace('"put"', '"p\\u0075t"', 1),
+        lambda t: t.replace('"put"', "NaN", 1),
+        lambda t: t.replace('"ops"', '"\\u006fps"', 1),
+        lambda t: t + "x",
+        lambda t: "[" + t + "]",
+        lambda t: t.replace('"put"', '"\\ud800"', 1),
+        lambda t: t.replace('"put"', '"p\u00e9t"', 1),
+        lambda t: t.replace('"put"', '"p\xe9t"', 1),
+        lambda t: t.replace("]", "12345]", 1),
+        lambda t: t.replace("[", "[12345, ", 1),
+    ]
+    for _ in range(600):
+        ops = [_op(i) if rnd.random() < 0.8 else {"op": "delete"} for i in range(rnd.randrange(4))]
+        b = rnd.choice
+        inner = (b(blanks) + "," + b(blanks)).join(json.dumps(op) for op in ops)
+        text = f'{b(blanks)}{{{b(blanks)}"ops"{b(blanks)}:{b(blanks)}[{b(blanks)}{inner}'
+        text += f"{b(blanks)}]{b(blanks)}}}{b(blanks)}"
+        body = rnd.choice(damages)(text).encode()
+        try:
+            got: object = batch_body_changes([body])[0]
+        except ae.BadRequest as e:
+            got = str(e)
+        assert got == _whole_body_changes(body), body

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -300,3 +301,34 @@ def test_expect_100_continue_and_requests_the_router_never_saw(daemon: Daemon) -
         head, _, body = rest(s).partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 404")
         assert json.loads(body) == {"error": {"code": "not_found", "message": "Not Found"}}
+
+
+async def test_big_batches_go_one_at_a_time_and_small_ones_pass(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """A batch of unknown length (chunked) or over ``BIG_BATCH_BYTES`` waits for the big
+    batch under way (it cannot be done before), and is written once that one ends; a
+    small batch does not wait, and is answered meanwhile."""
+    reader, writer = await asyncio.open_unix_connection(str(daemon.socket))
+    writer.write(
+        f"POST {P}/batch HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        "Expect: 100-continue\r\n\r\n".encode()
+    )
+    assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 100")
+    first = b'{"ops": [{"op": "put", "key": "YQ==", "value": "MQ=="}'
+    writer.write(b"%x\r\n%s\r\n" % (len(first), first))  # the first big batch, unfinished
+    await writer.drain()
+    ops = [{"op": "put", "key": b64(b"b%d" % i), "value": b64(b"v" * 60_000)} for i in range(90)]
+    body = io.BytesIO(json.dumps({"ops": ops}).encode())  # over BIG_BATCH_BYTES
+    second = asyncio.create_task(http.post(u(P + "/batch"), data=body))
+    small = {"ops": [{"op": "put", "key": b64(b"s"), "value": b64(b"2")}]}
+    assert (await http.post(u(P + "/batch"), json=small)).status == 200
+    assert not second.done()  # it waits for the first
+    writer.write(b"1\r\n]\r\n1\r\n}\r\n0\r\n\r\n")
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    writer.close()
+    assert (await second).status == 200
+    doc = await (await http.get(u(P + "/entries?values=false&limit=1000"))).json()
+    assert len(doc["entries"]) == 92

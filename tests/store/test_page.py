@@ -6,7 +6,7 @@ import asyncio
 import random
 import sqlite3
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledgerd.store import (
+    OFF_LOOP_BYTES,
     AmbiguousCommitError,
     ClosedError,
     CommitNotFoundError,
@@ -880,3 +881,26 @@ async def test_reads_of_a_closed_page_are_refused_whether_cached_or_not(tmp_path
         for read in (page.get(b"k"), page.get_entry(b"k"), page.entries()):
             with pytest.raises(ClosedError, match="page p is closed"):
                 await read
+
+
+async def test_a_big_write_lets_other_tasks_run_while_it_prepares(page: Page) -> None:
+    """Values split and hashed on the loop (4 KiB: no thread hop) give the loop back
+    every ``OFF_LOOP_BYTES``: a task started with the write runs before the write has
+    taken its last change, not only once it waits for SQLite."""
+    other_ran = asyncio.Event()
+
+    async def other() -> None:
+        other_ran.set()
+
+    seen: list[bool] = []
+
+    def changes() -> Iterator[tuple[bytes, bytes]]:
+        for i in range(3 * OFF_LOOP_BYTES // 4096 + 2):
+            yield b"k%06d" % i, random.randbytes(4096)
+        seen.append(other_ran.is_set())
+
+    task = asyncio.create_task(other())
+    await page.write(changes())
+    await task
+    assert seen == [True]
+    assert len((await page.keys(limit=10_000)).items) == 3 * OFF_LOOP_BYTES // 4096 + 2
