@@ -135,6 +135,35 @@ FEATURES: list[tuple[str, str, str, list[str]]] = [
         ],
     ),
     (
+        "kept conflicts: ledgerctl doc get --conflicts/--rev, doc rm --rev, synced",
+        "docs/documents.md",
+        "shell",
+        [
+            r"--cloud file://",
+            r"^\$ ledgerctl .*doc get \S+ \S+ \S+ \S+ --conflicts",
+            r'"_conflicts":\["01…"\]',
+            r"^\$ ledgerctl .*doc get \S+ \S+ \S+ \S+ --rev ",
+            r"^\$ ledgerctl .*doc rm \S+ \S+ \S+ \S+ --rev ",
+            r"^\$ ledgerctl .*sync",
+            # then, on the other device, the document without _conflicts
+            r"^\$ ledgerctl --socket \S+ doc get .* --conflicts --json\n\{\"_meta\":\{[^}\[]*\},",
+        ],
+    ),
+    (
+        "kept conflicts over HTTP: ?conflicts=1, _changes, ?rev=, PUT ?resolves=",
+        "docs/documents.md",
+        "shell",
+        [
+            r"--cloud file://",
+            r"curl .*/people/ann\?conflicts=1",
+            r"/_changes\?conflicts=1",
+            r"\?rev=\$R",
+            r"-X PUT .*\?resolves=\$R",
+            r"-X DELETE .*\?rev=\$R",
+            r"\} 409$",
+        ],
+    ),
+    (
         "conflicts() and resolve(): client",
         "docs/merging.md",
         "daemon",
