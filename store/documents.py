@@ -395,7 +395,8 @@ class DocumentStore:
         elif r is None or (r.state is not State.LIVE and not include_deleted and wanted is None):
             raise DocumentNotFoundError(f"no document {doc_id} in {collection!r}")
         doc = Document.of(collection, raw, r)
-        return doc.with_conflicts(k.rev for k in kept) if conflicts else doc
+        # (a kept conflict read by its revision: the others, not itself)
+        return doc.with_conflicts(k.rev for k in kept if k.rev != r.rev) if conflicts else doc
 
     async def conflicts(self, collection: str, doc_id: str) -> list[Document]:
         """The kept conflicts of a document (revisions that lost to its current one
@@ -867,12 +868,13 @@ class DocumentStore:
         DocumentConflictError; DocumentNotFoundError if there is no such document)."""
         raw = parse_ulid(rev, "revision")
         cur = await self.get(collection, doc_id, include_deleted=True, conflicts=True)
-        if (
-            cur.rev == ulid_text(raw)
-            or cur.conflicts is None
-            or ulid_text(raw) not in cur.conflicts
-        ):
+        if cur.rev == ulid_text(raw):
             return await self.delete(collection, doc_id, expected_rev=rev)
+        if cur.conflicts is None or ulid_text(raw) not in cur.conflicts:
+            raise DocumentConflictError(
+                f"document {doc_id} is at revision {cur.rev} and keeps no conflict of "
+                f"revision {ulid_text(raw)}: nothing deleted"
+            )
         return await self.delete_conflict(collection, doc_id, rev)
 
     # -- attachments -----------------------------------------------------------------

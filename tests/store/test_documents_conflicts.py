@@ -224,3 +224,17 @@ async def test_bulk_resolves_as_couchdb_does_winner_written_losers_deleted(
             assert (doc.rev, doc.data, doc.conflicts) == (got[1].document.rev, {"v": "merged"}, ())
         alone = await stores[0].bulk("c", [BulkWrite(None, id=doc_id, rev=lose, deleted=True)])
         assert isinstance(alone[0].error, DocumentConflictError)  # (resolved already)
+
+
+async def test_a_kept_conflict_read_by_revision_lists_the_others_not_itself(
+    tmp_path: Path,
+) -> None:
+    async with _devices(tmp_path, 2) as (pages, stores):
+        bucket = Bucket()
+        doc_id, win, lose = await _conflicting(bucket, pages, stores)
+        await _settled(bucket, pages, stores)
+        old = await stores[0].get("c", doc_id, rev=lose, conflicts=True)
+        assert (old.rev, old.conflicts) == (lose, ())
+        await stores[0].delete_revision("c", doc_id, lose)
+        with pytest.raises(DocumentConflictError, match="keeps no conflict of revision"):
+            await stores[0].delete_revision("c", doc_id, lose)  # (resolved already)
