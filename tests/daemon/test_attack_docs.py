@@ -5,6 +5,7 @@ it was well formed."""
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 
@@ -98,5 +99,46 @@ async def test_a_range_with_leading_zeros_is_served(
             assert await r.read() == content[start : end + 1]
         r = await http.get(u(path), headers={"Range": f"bytes=5-{zeros}"})  # 5-0
         assert r.status == 400, await r.text()
+        assert (await r.json())["error"]["code"] == "bad_request"
+    _no_traceback(daemon)
+
+
+async def test_a_made_up_find_bookmark_is_400_not_500(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """A bookmark's check is a digest anyone can compute (it catches garbling, it is no
+    signature), so a client can send one whose position is any JSON text. One nested
+    thousands of levels deep was a 500 (``RecursionError``), and one whose sort value
+    held a lone surrogate a 500 (``UnicodeEncodeError``) while it was compared; NaN was
+    taken as a position. They are 400 ``bad_request``, as a garbled bookmark is."""
+    from ledgerd.store import doctoken
+    from ledgerd.store.docfind import BOOKMARK, parse_request
+
+    r = await http.post(
+        u(D + "/people/_bulk_docs"), json={"docs": [{"_id": "ann", "age": 41}, {"age": 29}]}
+    )
+    assert r.status == 201, await r.text()
+
+    def made_up(request: dict[str, object], position: bytes) -> str:
+        canonical = parse_request(request).canonical
+        bound = doctoken.binding("find", b"app", b"people", "people", canonical)
+        token = doctoken.encode(BOOKMARK, bound, [position])
+        return base64.urlsafe_b64encode(token).decode().rstrip("=")
+
+    plain = {"selector": {"age": {"$gt": 0}}, "limit": 1}
+    by_age = {**plain, "sort": ["age"]}
+    good = made_up(plain, b'["ann"]')  # made up too, and well formed: it is taken
+    r = await http.post(u(D + "/people/_find"), json={**plain, "bookmark": good})
+    assert r.status == 200, await r.text()
+    for request, position in [
+        (plain, b"[" * 50_000 + b"]" * 50_000),
+        (by_age, b'[{"a": ' + b"[" * 3000 + b"]" * 3000 + b'}, "ann"]'),
+        (by_age, b'["\\ud800", "ann"]'),
+        (by_age, b'[NaN, "ann"]'),
+        (by_age, b'[Infinity, "ann"]'),
+    ]:
+        bookmark = made_up(request, position)
+        r = await http.post(u(D + "/people/_find"), json={**request, "bookmark": bookmark})
+        assert r.status == 400, (position[:40], await r.text())
         assert (await r.json())["error"]["code"] == "bad_request"
     _no_traceback(daemon)
