@@ -142,3 +142,25 @@ async def test_a_made_up_find_bookmark_is_400_not_500(
         assert r.status == 400, (position[:40], await r.text())
         assert (await r.json())["error"]["code"] == "bad_request"
     _no_traceback(daemon)
+
+
+async def test_a_made_up_changes_token_of_text_is_400_not_500(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """A changes token holds the head's commit id and a key, both bytes; its check is a
+    digest a client can compute, and the token's format lets either be text. A token
+    made with text there was a 500 (``TypeError``) instead of 400 ``bad_request``."""
+    from ledgerd.store import commit, doclayout, doctoken
+
+    r = await http.post(u(D + "/people/_bulk_docs"), json={"docs": [{"n": 1}, {"n": 2}]})
+    assert r.status == 201, await r.text()
+    r = await http.get(u(D + "/_changes?limit=1"))
+    head = bytes.fromhex((await r.json())["commit"])
+    bound = doctoken.binding("changes", b"app", b"people", commit.FIRST.id, doclayout.DOCS)
+    for position in (["x", "y"], [head, "y"], ["x", doclayout.DOCS]):
+        token = doctoken.encode(doctoken.CHANGES, bound, position)
+        text = base64.urlsafe_b64encode(token).decode().rstrip("=")
+        r = await http.get(u(f"{D}/_changes?limit=1&token={text}"))
+        assert r.status == 400, (position, await r.text())
+        assert (await r.json())["error"]["code"] == "bad_request"
+    _no_traceback(daemon)
