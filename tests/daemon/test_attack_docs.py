@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import io
 import json
 
 import aiohttp
@@ -163,4 +164,37 @@ async def test_a_made_up_changes_token_of_text_is_400_not_500(
         r = await http.get(u(f"{D}/_changes?limit=1&token={text}"))
         assert r.status == 400, (position, await r.text())
         assert (await r.json())["error"]["code"] == "bad_request"
+    _no_traceback(daemon)
+
+
+async def test_a_bulk_whose_every_document_is_refused_makes_no_page(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """A document refused for what it is alone (not an object, a reserved id or name,
+    too large) makes no page when sent by itself, but ``_bulk_docs`` opened the page's
+    document store, which made the page, before the writes were looked at: a bulk whose
+    every document was refused left an empty document page listed. It answers the same
+    results and makes no page; a bulk with one good document still makes it."""
+    big = {"x": "y" * (2 << 20)}
+    docs = [5, {"_id": "_x"}, {"_id": "a", "_r": 1}, {"_id": "b", **big}, {"_id": "a\x00"}]
+    body = io.BytesIO(json.dumps({"docs": docs}).encode())  # (aiohttp warns of large bytes)
+    r = await http.post(u("/v1/ledgers/z/pages/p/docs/c/_bulk_docs"), data=body)
+    assert r.status == 201, await r.text()
+    got = await r.json()
+    assert [x.get("error") for x in got] == [
+        "invalid_document",
+        "invalid_id",
+        "invalid_document",
+        "too_large",
+        "invalid_id",
+    ], got
+    assert [x["id"] for x in got] == [None, "_x", "a", "b", "a\x00"], got
+    r = await http.get(u("/v1/ledgers/z/pages"))
+    assert r.status == 404, await r.text()  # no page, so no ledger either
+    r = await http.post(
+        u("/v1/ledgers/z/pages/p/docs/c/_bulk_docs"), json={"docs": [{"_id": "_x"}, {"n": 1}]}
+    )
+    assert [x.get("ok") for x in await r.json()] == [None, True]
+    r = await http.get(u("/v1/ledgers/z/pages"))
+    assert [p["text"] for p in (await r.json())["pages"]] == ["p"]
     _no_traceback(daemon)
