@@ -427,7 +427,9 @@ async def bulk_docs(api: Api, request: web.Request, p: Params) -> web.Response:
     )
     if not isinstance(body, dict) or not isinstance(body.get("docs"), list):
         raise ae.BadRequest('a _bulk_docs body is {"docs": [...]}')
-    if set(body) - {"docs", "new_edits"} or body.get("new_edits", True) is not True:
+    if unknown := sorted(set(body) - {"docs", "new_edits"}):
+        raise ae.BadRequest(f'_bulk_docs takes {{"docs": [...]}}, not {", ".join(unknown)}')
+    if body.get("new_edits", True) is not True:
         raise ae.BadRequest('_bulk_docs takes {"docs": [...]} (new_edits=false is not supported)')
     items = body["docs"]
     if len(items) > MAX_BULK_DOCS:

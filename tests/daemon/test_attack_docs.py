@@ -198,3 +198,22 @@ async def test_a_bulk_whose_every_document_is_refused_makes_no_page(
     r = await http.get(u("/v1/ledgers/z/pages"))
     assert [p["text"] for p in (await r.json())["pages"]] == ["p"]
     _no_traceback(daemon)
+
+
+async def test_a_bulk_option_not_taken_is_named_in_the_refusal(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """``_bulk_docs`` takes ``docs`` and ``new_edits: true`` only, but every other key
+    (CouchDB's ``all_or_nothing``, a typo) was refused with "new_edits=false is not
+    supported", which sends the client looking at an option it did not send."""
+    for extra, named in [
+        ({"all_or_nothing": True}, "all_or_nothing"),
+        ({"doc": []}, "doc"),
+        ({"new_edits": False}, "new_edits=false"),
+    ]:
+        r = await http.post(u(D + "/people/_bulk_docs"), json={"docs": [{"n": 1}], **extra})
+        assert r.status == 400, await r.text()
+        error = (await r.json())["error"]
+        assert error["code"] == "bad_request" and named in error["message"], error
+    r = await http.get(u(D + "/people"))
+    assert r.status == 404, await r.text()  # nothing written, no page made
