@@ -158,7 +158,8 @@ async def test_a_made_up_changes_token_of_text_is_400_not_500(
     r = await http.get(u(D + "/_changes?limit=1"))
     head = bytes.fromhex((await r.json())["commit"])
     bound = doctoken.binding("changes", b"app", b"people", commit.FIRST.id, doclayout.DOCS)
-    for position in (["x", "y"], [head, "y"], ["x", doclayout.DOCS]):
+    positions: list[list[bytes | str]] = [["x", "y"], [head, "y"], ["x", doclayout.DOCS]]
+    for position in positions:
         token = doctoken.encode(doctoken.CHANGES, bound, position)
         text = base64.urlsafe_b64encode(token).decode().rstrip("=")
         r = await http.get(u(f"{D}/_changes?limit=1&token={text}"))
@@ -206,11 +207,12 @@ async def test_a_bulk_option_not_taken_is_named_in_the_refusal(
     """``_bulk_docs`` takes ``docs`` and ``new_edits: true`` only, but every other key
     (CouchDB's ``all_or_nothing``, a typo) was refused with "new_edits=false is not
     supported", which sends the client looking at an option it did not send."""
-    for extra, named in [
+    extras: list[tuple[dict[str, object], str]] = [
         ({"all_or_nothing": True}, "all_or_nothing"),
         ({"doc": []}, "doc"),
         ({"new_edits": False}, "new_edits=false"),
-    ]:
+    ]
+    for extra, named in extras:
         r = await http.post(u(D + "/people/_bulk_docs"), json={"docs": [{"n": 1}], **extra})
         assert r.status == 400, await r.text()
         error = (await r.json())["error"]
