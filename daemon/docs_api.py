@@ -452,19 +452,29 @@ async def bulk_docs(api: Api, request: web.Request, p: Params) -> web.Response:
     )
     if not isinstance(body, dict) or not isinstance(body.get("docs"), list):
         raise ae.BadRequest('a _bulk_docs body is {"docs": [...]}')
-    if set(body) - {"docs", "new_edits"} or body.get("new_edits", True) is not True:
+    if unknown := sorted(set(body) - {"docs", "new_edits"}):
+        raise ae.BadRequest(f'_bulk_docs takes {{"docs": [...]}}, not {", ".join(unknown)}')
+    if body.get("new_edits", True) is not True:
         raise ae.BadRequest('_bulk_docs takes {"docs": [...]} (new_edits=false is not supported)')
     items = body["docs"]
     if len(items) > MAX_BULK_DOCS:
         raise ae.BadRequest(f"_bulk_docs takes at most {MAX_BULK_DOCS} documents")
     writes = [_bulk_write(item) for item in items]
     valid = [w for w in writes if isinstance(w, BulkWrite)]
+    max_bytes = api.cfg.max_document_bytes
+    alone = all(_refused(collection, w, max_bytes) for w in valid)  # (to the first good one)
+    if alone:  # every write is refused for what it is alone: as a single write, it makes
+        valid = []  # no page (opening the store would make one)
     results = []
     done = iter(await (await _store(api, p, write=True)).bulk(collection, valid) if valid else [])
     for item, w in zip(items, writes, strict=True):
         if not isinstance(w, BulkWrite):
             given = item.get("_id") if isinstance(item, dict) else None
             results.append({"id": given, "error": "invalid_document", "reason": w})
+            continue
+        if alone:
+            code, reason = _refused(collection, w, max_bytes) or ("internal", "")
+            results.append({"id": w.id, "error": code, "reason": reason})
             continue
         r = next(done)
         if r.document is not None:
@@ -473,6 +483,16 @@ async def bulk_docs(api: Api, request: web.Request, p: Params) -> web.Response:
             code = ae.from_store(r.error).code if r.error is not None else "internal"
             results.append({"id": r.id, "error": code, "reason": str(r.error)})
     return web.json_response(results, status=201, dumps=_dumps)
+
+
+def _refused(collection: str, w: BulkWrite, max_bytes: int) -> tuple[str, str] | None:
+    """The error code and reason that refuse ``w`` for what it is alone (as
+    :meth:`DocumentStore.check` finds them, before any page is made), or None."""
+    try:
+        DocumentStore.check(collection, doc_id=w.id, data=w.data, max_document_bytes=max_bytes)
+    except StoreError as e:
+        return ae.from_store(e).code, str(e)
+    return None
 
 
 async def _find_request(api: Api, request: web.Request) -> tuple[str, Any]:

@@ -383,15 +383,20 @@ class Conflicts:
         listing), or when a write comes meanwhile, siblings that changed are
         SiblingsChangedError and nothing is written. Returns the conflicts resolved, as
         they were."""
-        if self.policy is Policy.DOCUMENTS or (
+        documents = self.policy is Policy.DOCUMENTS or (
             await btree.lookup(self.nodes, self.graph.head.root, doclayout.MARKER) is not None
-        ):
-            raise NotResolvableError(
-                f"page {named(self.name)} holds documents: each is resolved whole, by its"
-                " higher _rev"
-            )
+        )
+        refused = NotResolvableError(
+            f"page {named(self.name)} holds documents: each is resolved whole, by its higher _rev"
+        )
+        if documents and key is not None and _document_key(key):
+            raise refused
         if key is None:
             found = await self.listing()
+            if documents:  # (its keys outside the documents are resolved as on any page)
+                found = [c for c in found if not _document_key(c.key)]
+                if not found:
+                    raise refused
             if not found:
                 raise NotInConflictError(f"page {named(self.name)} holds no conflict")
         else:
@@ -433,6 +438,13 @@ class Conflicts:
         if self._pending == _unresolved(len(found) + self.graph.conflicts):
             self._pending = _unresolved(self.graph.conflicts)  # (the count it shows)
         return found
+
+
+def _document_key(key: bytes) -> bool:
+    """Whether ``key`` is one the document layer keeps (its marker, a document's or an
+    index definition's): on a document page those merge whole, by ``_rev``, and are
+    never resolved by key; the page's other keys are keys like any page's."""
+    return key == doclayout.MARKER or key.startswith((doclayout.DOCS, doclayout.INDEXES))
 
 
 def _unresolved(n: int) -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ledgerd.store import doctoken
-from ledgerd.store.docmodel import Document, shown
+from ledgerd.store.docmodel import Document, InvalidDocumentError, check_data, loads, shown
 from ledgerd.store.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -607,10 +607,15 @@ async def explain(store: DocumentStore, collection: str, request: FindRequest) -
 
 
 def _position(raw: Any, sort_fields: int) -> list[Any]:
-    """The order key a bookmark holds: the sort fields' values, then the ``_id``."""
+    """The order key a bookmark holds: the sort fields' values, then the ``_id``. A
+    bookmark's check is no signature (a client can make one that passes it), so its
+    values are read as a document's are: JSON that a document could hold (no NaN, no
+    lone surrogate, no deeper nesting), never compared when they are not."""
     try:
-        after = json.loads(raw) if isinstance(raw, bytes) else None
-    except ValueError:
+        after = check_data(loads(raw)) if isinstance(raw, bytes) else None
+        if after is not None:
+            json.dumps(after, ensure_ascii=False).encode()  # a lone surrogate raises
+    except (InvalidDocumentError, UnicodeEncodeError):
         after = None
     if not isinstance(after, list) or len(after) != sort_fields + 1:
         raise InvalidSelectorError("malformed bookmark")

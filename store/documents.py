@@ -1224,6 +1224,8 @@ class DocumentStore:
         else:
             bound = _binding(self.page, "changes", resume, prefix)
             head_id, start = doctoken.decode(token, doctoken.CHANGES, bound, 2)
+            if not isinstance(head_id, bytes) or not isinstance(start, bytes):
+                raise doctoken.TokenError("malformed continuation token")  # made up
             if not start.startswith(prefix):
                 raise InvalidArgumentError("the continuation token is for another collection")
             head = await self.page.load_commit(head_id)

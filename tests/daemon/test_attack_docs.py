@@ -5,7 +5,9 @@ it was well formed."""
 
 from __future__ import annotations
 
+import base64
 import gzip
+import io
 import json
 
 import aiohttp
@@ -100,3 +102,120 @@ async def test_a_range_with_leading_zeros_is_served(
         assert r.status == 400, await r.text()
         assert (await r.json())["error"]["code"] == "bad_request"
     _no_traceback(daemon)
+
+
+async def test_a_made_up_find_bookmark_is_400_not_500(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """A bookmark's check is a digest anyone can compute (it catches garbling, it is no
+    signature), so a client can send one whose position is any JSON text. One nested
+    thousands of levels deep was a 500 (``RecursionError``), and one whose sort value
+    held a lone surrogate a 500 (``UnicodeEncodeError``) while it was compared; NaN was
+    taken as a position. They are 400 ``bad_request``, as a garbled bookmark is."""
+    from ledgerd.store import doctoken
+    from ledgerd.store.docfind import BOOKMARK, parse_request
+
+    r = await http.post(
+        u(D + "/people/_bulk_docs"), json={"docs": [{"_id": "ann", "age": 41}, {"age": 29}]}
+    )
+    assert r.status == 201, await r.text()
+
+    def made_up(request: dict[str, object], position: bytes) -> str:
+        canonical = parse_request(request).canonical
+        bound = doctoken.binding("find", b"app", b"people", "people", canonical)
+        token = doctoken.encode(BOOKMARK, bound, [position])
+        return base64.urlsafe_b64encode(token).decode().rstrip("=")
+
+    plain = {"selector": {"age": {"$gt": 0}}, "limit": 1}
+    by_age = {**plain, "sort": ["age"]}
+    good = made_up(plain, b'["ann"]')  # made up too, and well formed: it is taken
+    r = await http.post(u(D + "/people/_find"), json={**plain, "bookmark": good})
+    assert r.status == 200, await r.text()
+    for request, position in [
+        (plain, b"[" * 50_000 + b"]" * 50_000),
+        (by_age, b'[{"a": ' + b"[" * 3000 + b"]" * 3000 + b'}, "ann"]'),
+        (by_age, b'["\\ud800", "ann"]'),
+        (by_age, b'[NaN, "ann"]'),
+        (by_age, b'[Infinity, "ann"]'),
+    ]:
+        bookmark = made_up(request, position)
+        r = await http.post(u(D + "/people/_find"), json={**request, "bookmark": bookmark})
+        assert r.status == 400, (position[:40], await r.text())
+        assert (await r.json())["error"]["code"] == "bad_request"
+    _no_traceback(daemon)
+
+
+async def test_a_made_up_changes_token_of_text_is_400_not_500(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """A changes token holds the head's commit id and a key, both bytes; its check is a
+    digest a client can compute, and the token's format lets either be text. A token
+    made with text there was a 500 (``TypeError``) instead of 400 ``bad_request``."""
+    from ledgerd.store import commit, doclayout, doctoken
+
+    r = await http.post(u(D + "/people/_bulk_docs"), json={"docs": [{"n": 1}, {"n": 2}]})
+    assert r.status == 201, await r.text()
+    r = await http.get(u(D + "/_changes?limit=1"))
+    head = bytes.fromhex((await r.json())["commit"])
+    bound = doctoken.binding("changes", b"app", b"people", commit.FIRST.id, doclayout.DOCS)
+    positions: list[list[bytes | str]] = [["x", "y"], [head, "y"], ["x", doclayout.DOCS]]
+    for position in positions:
+        token = doctoken.encode(doctoken.CHANGES, bound, position)
+        text = base64.urlsafe_b64encode(token).decode().rstrip("=")
+        r = await http.get(u(f"{D}/_changes?limit=1&token={text}"))
+        assert r.status == 400, (position, await r.text())
+        assert (await r.json())["error"]["code"] == "bad_request"
+    _no_traceback(daemon)
+
+
+async def test_a_bulk_whose_every_document_is_refused_makes_no_page(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """A document refused for what it is alone (not an object, a reserved id or name,
+    too large) makes no page when sent by itself, but ``_bulk_docs`` opened the page's
+    document store, which made the page, before the writes were looked at: a bulk whose
+    every document was refused left an empty document page listed. It answers the same
+    results and makes no page; a bulk with one good document still makes it."""
+    big = {"x": "y" * (2 << 20)}
+    docs = [5, {"_id": "_x"}, {"_id": "a", "_r": 1}, {"_id": "b", **big}, {"_id": "a\x00"}]
+    body = io.BytesIO(json.dumps({"docs": docs}).encode())  # (aiohttp warns of large bytes)
+    r = await http.post(u("/v1/ledgers/z/pages/p/docs/c/_bulk_docs"), data=body)
+    assert r.status == 201, await r.text()
+    got = await r.json()
+    assert [x.get("error") for x in got] == [
+        "invalid_document",
+        "invalid_id",
+        "invalid_document",
+        "too_large",
+        "invalid_id",
+    ], got
+    assert [x["id"] for x in got] == [None, "_x", "a", "b", "a\x00"], got
+    r = await http.get(u("/v1/ledgers/z/pages"))
+    assert r.status == 404, await r.text()  # no page, so no ledger either
+    r = await http.post(
+        u("/v1/ledgers/z/pages/p/docs/c/_bulk_docs"), json={"docs": [{"_id": "_x"}, {"n": 1}]}
+    )
+    assert [x.get("ok") for x in await r.json()] == [None, True]
+    r = await http.get(u("/v1/ledgers/z/pages"))
+    assert [p["text"] for p in (await r.json())["pages"]] == ["p"]
+    _no_traceback(daemon)
+
+
+async def test_a_bulk_option_not_taken_is_named_in_the_refusal(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    """``_bulk_docs`` takes ``docs`` and ``new_edits: true`` only, but every other key
+    (CouchDB's ``all_or_nothing``, a typo) was refused with "new_edits=false is not
+    supported", which sends the client looking at an option it did not send."""
+    extras: list[tuple[dict[str, object], str]] = [
+        ({"all_or_nothing": True}, "all_or_nothing"),
+        ({"doc": []}, "doc"),
+        ({"new_edits": False}, "new_edits=false"),
+    ]
+    for extra, named in extras:
+        r = await http.post(u(D + "/people/_bulk_docs"), json={"docs": [{"n": 1}], **extra})
+        assert r.status == 400, await r.text()
+        error = (await r.json())["error"]
+        assert error["code"] == "bad_request" and named in error["message"], error
+    r = await http.get(u(D + "/people"))
+    assert r.status == 404, await r.text()  # nothing written, no page made

@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 
 from ledgerd.daemon.client import AsyncClient, Client, LedgerError
+from ledgerd.store import doclayout
 from tests.daemon.conftest import Daemon
 
 
@@ -236,3 +237,34 @@ async def test_taking_a_lazy_sibling_over_1_mib_fetches_it_and_converges(
         for cl in (ca, cb):
             assert await cl.get("l", "p", b"k") == big
             assert (await cl.conflicts("l", "p"))[0].count == 0
+
+
+async def test_a_key_conflict_on_a_page_that_came_to_hold_documents_is_resolved(
+    three: list[Daemon],
+) -> None:
+    """A page whose keys were in conflict and that then took a document (any document
+    write makes a page a document page) listed those conflicts, in ``ledgerctl
+    conflicts`` and ``status``, with the ``ledgerctl resolve`` commands that end them,
+    and each of those commands was refused (409 ``not_resolvable``, exit status 4):
+    the page's keys could only be ended by writing them again. The keys outside the
+    document layer are resolved as on any page; a document's keys still are not."""
+    a, b, _ = three
+    await _conflicting_writes(a, b)
+    c = AsyncClient(b.socket)
+    try:
+        await c.documents("l", "p").create("people", {"name": "Ann"}, id="ann")
+    finally:
+        await c.close()
+    (page,) = _conflicts(b)
+    (key,) = page["conflicts"]
+    text = b.ledgerctl("conflicts", "l", "p", check=True).stdout.decode()
+    assert f"ledgerctl resolve l p k --take ours --expect {key['expect']}" in text, text
+    out = b.ledgerctl("resolve", "l", "p", "k", "--take", "theirs", "--expect", key["expect"])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.decode() == "resolved 1 key (k); 0 conflicts left on l p\n"
+    assert _ls(b)[b"k"] == b"from a"
+    for held in (doclayout.MARKER, doclayout.head_key("people", "ann")):
+        out = b.ledgerctl("--hex", "resolve", b"l".hex(), b"p".hex(), held.hex(), "--take", "ours")
+        assert out.returncode == 4 and b"(not_resolvable)" in out.stderr, out.stderr
+    out = b.ledgerctl("resolve", "l", "p", "--take", "ours")  # nothing left to resolve
+    assert out.returncode == 4 and b"(not_resolvable)" in out.stderr, out.stderr
