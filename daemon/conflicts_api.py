@@ -196,7 +196,12 @@ async def resolve(api: Api, request: web.Request, p: Params) -> web.Response:
     doc = parse_json(body, "resolve body")
     if not isinstance(doc, dict):
         raise ae.BadRequest('resolve body must be {"key"?, "take", "expect"?}')
-    key = None if doc.get("key") is None else check_key(unb64(doc["key"], "key"))
+    unknown = sorted(set(doc) - _RESOLVE_FIELDS)
+    if unknown:  # (a misspelt "key" must not make a page-wide resolution)
+        raise ae.BadRequest(f"a resolve body takes key, take and expect, not {', '.join(unknown)}")
+    if "key" in doc and doc["key"] is None:
+        raise ae.BadRequest('key is base64 text; leave "key" out to resolve the whole page')
+    key = None if "key" not in doc else check_key(unb64(doc["key"], "key"))
     take = _take(doc.get("take"))
     expect = doc.get("expect")
     if expect is not None and (not isinstance(expect, str) or not _EXPECT.fullmatch(expect)):
@@ -206,6 +211,9 @@ async def resolve(api: Api, request: web.Request, p: Params) -> web.Response:
     return web.json_response(
         {"resolved": [b64(c.key) for c in done], "conflicts": page.conflict_count}
     )
+
+
+_RESOLVE_FIELDS = {"key", "take", "expect"}
 
 
 def _take(take: object) -> Take:

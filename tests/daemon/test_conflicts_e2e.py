@@ -163,6 +163,8 @@ async def test_http_lists_and_resolves_and_refuses_with_stable_codes(
         ({"key": b64(b"x"), "take": "ours", "expect": y["expect"]}, 409, "siblings_changed"),
         ({"key": b64(b"other"), "take": "ours"}, 409, "no_conflict"),
         ({"key": b64(b"absent"), "take": "ours"}, 404, "key_not_found"),
+        ({"key": None, "take": "ours"}, 400, "bad_request"),  # (not the whole page)
+        ({"kye": b64(b"x"), "take": "ours"}, 400, "bad_request"),
     ]:
         got = await _resolve(http, body)
         assert (got[0], got[1]["error"]["code"]) == (status, code), (body, got)
