@@ -414,7 +414,7 @@ class AsyncClient:
         self,
         ledger: Name,
         page: Name,
-        key: bytes | None = None,
+        key: Name | None = None,
         *,
         take: TakeName | None = None,
         value: bytes | None = None,

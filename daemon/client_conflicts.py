@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ledgerd.daemon.client_types import LedgerError, unb64
+from ledgerd.daemon.client_urls import Name, raw
 from ledgerd.daemon.codec import b64
 
 TakeName = Literal["ours", "theirs", "delete"]
@@ -110,14 +111,14 @@ def page_conflicts(doc: dict[str, Any]) -> PageConflicts:
 
 
 def resolve_body(
-    key: bytes | None, take: TakeName | None, value: bytes | None, expect: str | None
+    key: Name | None, take: TakeName | None, value: bytes | None, expect: str | None
 ) -> dict[str, Any]:
     """The body of ``POST .../conflicts/resolve``: exactly one of ``take`` and ``value``."""
     if (take is None) == (value is None):
         raise LedgerError("bad_request", "give take ('ours', 'theirs' or 'delete') or a value")
     body: dict[str, Any] = {"take": take if value is None else {"value": b64(value)}}
     if key is not None:
-        body["key"] = b64(key)
+        body["key"] = b64(raw(key))  # (a str as UTF-8, as every client method takes it)
     if expect is not None:
         body["expect"] = expect
     return body
