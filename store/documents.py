@@ -868,14 +868,14 @@ class DocumentStore:
         DocumentConflictError; DocumentNotFoundError if there is no such document)."""
         raw = parse_ulid(rev, "revision")
         cur = await self.get(collection, doc_id, include_deleted=True, conflicts=True)
-        if cur.rev == ulid_text(raw):
+        if cur.conflicts is not None and ulid_text(raw) in cur.conflicts:
+            return await self.delete_conflict(collection, doc_id, rev)
+        if cur.rev == ulid_text(raw) or cur.deleted:  # (a deleted one: not found)
             return await self.delete(collection, doc_id, expected_rev=rev)
-        if cur.conflicts is None or ulid_text(raw) not in cur.conflicts:
-            raise DocumentConflictError(
-                f"document {doc_id} is at revision {cur.rev} and keeps no conflict of "
-                f"revision {ulid_text(raw)}: nothing deleted"
-            )
-        return await self.delete_conflict(collection, doc_id, rev)
+        raise DocumentConflictError(
+            f"document {doc_id} is at revision {cur.rev} and keeps no conflict of "
+            f"revision {ulid_text(raw)}: nothing deleted"
+        )
 
     # -- attachments -----------------------------------------------------------------
 
