@@ -729,9 +729,18 @@ def test_progress_of_sync(short_tmp: Path) -> None:
     }
     d = start_daemon(short_tmp / "d", "--cloud", f"file://{short_tmp}/bucket", env=env)
     try:
-        for page in ("a", "b", "c"):
+
+        def pending() -> int:
+            return int(json.loads(ctl(d, "status", "--json"))["sync"]["pending_uploads"])
+
+        seed(d, "l", "a", [(b"k", b"v", "eager")])
+        deadline = time.monotonic() + 60
+        while pending():  # the round the first write starts, done: the rest wait
+            assert time.monotonic() < deadline, "the first write's round never ended"
+            time.sleep(0.05)
+        for page in ("b", "c"):
             seed(d, "l", page, [(b"k", b"v", "eager")])
-        assert json.loads(ctl(d, "status", "--json"))["sync"]["pending_uploads"] >= 2
+        assert pending() == 2
         code, shown, _ = run_tty(d, "sync")
         text = shown.decode()
         assert code == 0, text
