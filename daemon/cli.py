@@ -34,6 +34,17 @@ from collections.abc import AsyncIterator
 from typing import Any, BinaryIO, NoReturn
 
 from ledgerd.daemon import __version__, cli_conflicts, cli_doc
+from ledgerd.daemon.cli_exit import (
+    EXIT_DAMAGED,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    HEX_DIGITS,
+    TerminalGuard,
+    output_failed,
+)
 from ledgerd.daemon.cli_format import (
     UsageError,
     arg_bytes,
@@ -53,17 +64,6 @@ from ledgerd.daemon.cli_format import (
 )
 from ledgerd.daemon.cli_import import Importer, file_size
 from ledgerd.daemon.cli_progress import ENTRIES_MIN, Progress
-from ledgerd.daemon.cli_quick import (
-    EXIT_DAMAGED,
-    EXIT_INTERRUPTED,
-    EXIT_NOT_FOUND,
-    EXIT_UNAVAILABLE,
-    EXIT_USAGE,
-    HEX_DIGITS,
-    TerminalGuard,
-    output_failed,
-)
-from ledgerd.daemon.cli_quick import EXIT_ERROR as EXIT_ERROR  # (cli_doc's, from here)
 from ledgerd.daemon.cli_status import fetch_status, pages_arg, retry_line, status_lines
 from ledgerd.daemon.cli_stdio import blocking
 from ledgerd.daemon.client import (

@@ -19,6 +19,7 @@ import shlex
 import sys
 from typing import Any, TextIO
 
+from ledgerd.daemon.cli_exit import EXIT_ERROR
 from ledgerd.daemon.cli_format import (
     arg_bytes,
     counted,
@@ -30,7 +31,6 @@ from ledgerd.daemon.cli_format import (
     size_text,
     when,
 )
-from ledgerd.daemon.cli_quick import EXIT_ERROR
 from ledgerd.daemon.client import (
     AsyncClient,
     LedgerError,

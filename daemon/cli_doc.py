@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ledgerd.daemon.cli_exit import EXIT_ERROR
 from ledgerd.daemon.cli_format import file_arg, positive_int
 from ledgerd.daemon.cli_stdio import blocking, write_all
 from ledgerd.daemon.client_docs import AsyncDocuments, Doc
@@ -236,8 +237,6 @@ async def run(cli: Cli, usage: type[Exception]) -> int:
         for d in damaged:  # (listed past, as the daemon does: exit 4 at the end)
             print(f"ledgerctl: {d['message']}", file=sys.stderr)
         if damaged:
-            from ledgerd.daemon.cli import EXIT_ERROR  # (cli imports this module)
-
             return EXIT_ERROR
     elif c in ("rm", "purge"):
         op = docs.delete if c == "rm" else docs.purge

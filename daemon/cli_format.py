@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ledgerd.daemon.cli_quick import UsageError as UsageError
+from ledgerd.daemon.cli_exit import UsageError as UsageError
 from ledgerd.daemon.client import Item
 from ledgerd.daemon.codec import b64
 from ledgerd.store import SingleFloat, Versionstamp
