@@ -110,19 +110,24 @@ def status_lines(st: dict[str, Any], now: float | None = None) -> list[str]:
         lines += conflict_lines(st.get("conflicts") or [])
         return lines
     for p in st.get("open_pages", []):  # (an older daemon: it lists the open pages only)
-        extra = f"  conflicts={p['conflicts']}" if p.get("conflicts") else ""
-        if p.get("unuploaded_writes"):
-            extra += "  writes not uploaded"
-        if p.get("last_sync"):
-            extra += f"  synced {when_s(p['last_sync'])}"
-        elif p.get("sync") == "synced":  # (nothing moved since the daemon started)
-            extra += "  synced"
-        if p.get("conflict"):
-            extra += f"  conflict: {p['conflict']}"
-        if p.get("last_error"):
-            extra += f"  error: {p['last_error']}"
-        lines.append(f"page     {_page(p)}{extra}")
+        lines.append(f"page     {_page(p)}{_open_page_extra(p)}")
     return lines
+
+
+def _open_page_extra(p: dict[str, Any]) -> str:
+    """What an older daemon's ``open_pages`` says of a page, after its name."""
+    extra = f"  conflicts={p['conflicts']}" if p.get("conflicts") else ""
+    if p.get("unuploaded_writes"):
+        extra += "  writes not uploaded"
+    if p.get("last_sync"):
+        extra += f"  synced {when_s(p['last_sync'])}"
+    elif p.get("sync") == "synced":  # (nothing moved since the daemon started)
+        extra += "  synced"
+    if p.get("conflict"):
+        extra += f"  conflict: {p['conflict']}"
+    if p.get("last_error"):
+        extra += f"  error: {p['last_error']}"
+    return extra
 
 
 def sync_lines(sync: dict[str, Any]) -> list[str]:
