@@ -137,15 +137,6 @@ def _uid(user: str) -> int:
 _TYPES: dict[str, type] = {f.name: f.type for f in fields(Config)}  # type: ignore[misc]
 
 
-def _coerce(key: str, value: Any, source: str) -> Any:
-    kind = Config.__dataclass_fields__[key].type
-    where = f"{key} (from {source})"
-    try:
-        return _COERCE.get(str(kind), _as_str)(value)
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"{where}: {e}: {value!r}") from None
-
-
 def _as_path(value: Any) -> Path:
     if not isinstance(value, str | Path) or not str(value):
         raise ValueError("expected a path")
@@ -198,6 +189,16 @@ _COERCE: dict[str, Callable[[Any], Any]] = {
 }
 """How a value from a file, the environment or a flag becomes a key's type (by the
 annotation's text; every other key is a string)."""
+
+
+def _coerce(key: str, value: Any, source: str) -> Any:
+    kind = str(Config.__dataclass_fields__[key].type)
+    coerce: Callable[[Any], Any] = _COERCE.get(kind, _as_str)
+    where = f"{key} (from {source})"
+    try:
+        return coerce(value)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{where}: {e}: {value!r}") from None
 
 
 def load(
