@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     _claim_closed_streams()
     ap = parser()
     if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions (docs/cli.md)
-        import argcomplete
+        import argcomplete  # (here: only completion needs it, and it slows start-up)
 
         argcomplete.autocomplete(ap)
     if not (sys.argv[1:] if argv is None else argv):  # no command: what there is to say

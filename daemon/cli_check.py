@@ -1,7 +1,7 @@
 """``ledgerctl check [LEDGER [PAGE]] [--cloud] [--repair] [--json]``.
 
 This module owns the ``check`` subcommand: its arguments (:func:`register`, called
-once by :mod:`ledgerd.daemon.cli` when it builds its parser) and its one-screen
+once by :mod:`ledgerd.daemon.cli_parser` when it builds its parser) and its one-screen
 summary. The check runs in the daemon (``POST /v1/check``). Exit status 0 when
 every page checked is healthy or was repaired, 1 otherwise (the other statuses
 are ``ledgerctl``'s own: 2 bad usage, 3 daemon unreachable, 4 daemon error).

@@ -33,7 +33,7 @@ from ledgerd.daemon.cli_progress import ENTRIES_MIN, Progress
 from ledgerd.daemon.cli_status import fetch_status, retry_line, status_lines
 from ledgerd.daemon.cli_stdio import blocking
 from ledgerd.daemon.client import DaemonUnavailableError, Item, LedgerError, NotFoundError, Watch
-from ledgerd.daemon.codec import b64
+from ledgerd.daemon.client_types import b64
 
 LIST_PAGE_SIZE = 100
 """Entries per listing request: at most this many inline values (1 MiB each) in memory."""

@@ -3,7 +3,8 @@
 This module owns the ``doc`` subcommands (their arguments and output) on
 :class:`~ledgerd.daemon.client_docs.AsyncDocuments`. The rest of ``ledgerctl``
 (global options, the client, exit statuses) is :mod:`daemon.cli`'s, which
-registers these with :func:`add_parser` and runs them with :func:`run`.
+runs these with :func:`run`; :mod:`daemon.cli_parser` registers them with
+:func:`add_parser`.
 
 Output: ``put``, ``rm``, ``purge``, ``detach`` print ``_id<TAB>_rev``; ``indexes``
 prints ``name<TAB>partition<TAB>sort<TAB>ready|building`` (``--json``: one object a

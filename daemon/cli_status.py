@@ -20,7 +20,6 @@ from typing import Any
 
 from ledgerd.daemon.cli_format import counted, positive_int, show_b64_name, when_s
 from ledgerd.daemon.client import AsyncClient
-from ledgerd.daemon.codec import text_or_none
 
 PAGES_SHOWN, PAGES_JSON = 20, 1000
 """Pages ``status`` shows by default (``--pages``), as lines and with ``--json``."""
@@ -249,7 +248,10 @@ def _page_state(p: dict[str, Any], now: float) -> str:
 def _arg(b64: str) -> tuple[str, bool]:
     """A name as a ``ledgerctl`` argument (hex when it is not UTF-8), and whether it is hex."""
     raw = base64.b64decode(b64)
-    text = text_or_none(raw)
+    try:
+        text: str | None = raw.decode()
+    except UnicodeDecodeError:
+        text = None
     return (
         (shlex.quote(text), False)
         if text is not None and text.isprintable()

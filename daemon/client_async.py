@@ -43,6 +43,7 @@ from ledgerd.daemon.client_types import (
     Name,
     Progress,
     ResolverCallback,
+    b64,
     item_of,
     paged,
     quote,
@@ -50,7 +51,6 @@ from ledgerd.daemon.client_types import (
     reaching,
     unb64,
 )
-from ledgerd.daemon.codec import b64
 
 
 class AsyncClient(HttpClient):

@@ -35,7 +35,7 @@ from ledgerd.daemon.codec import (
     parse_json,
     unb64,
 )
-from ledgerd.daemon.session_resolve import ResolveRounds
+from ledgerd.daemon.session_resolve import ResolveRounds, ResolverSession
 from ledgerd.daemon.session_resolve import Resolvers as Resolvers  # (server's, from here)
 from ledgerd.store import StoreError, Transaction, Watcher
 from ledgerd.store.merge import Choice, MergeRequest
@@ -93,7 +93,7 @@ class Sessions:
             await s.ws.close(code=1001, message=b"ledgerd is shutting down")
 
 
-class Session:
+class Session(ResolverSession):
     def __init__(
         self,
         sessions: Sessions,

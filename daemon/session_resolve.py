@@ -7,11 +7,12 @@ The session itself (frames, transactions, watchers) is :mod:`ledgerd.daemon.sess
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, Protocol
+from typing import Any
 
 from ledgerd.daemon import errors as ae
 from ledgerd.daemon.api import Api
@@ -77,12 +78,14 @@ class Resolvers:
                 del self.by_ledger[ledger]
 
 
-class ResolverSession(Protocol):
-    """What :class:`Resolvers` needs of a session: its API (for the repository) and the
+class ResolverSession(abc.ABC):
+    """A session that may offer to resolve a ledger's conflicts
+    (:class:`ledgerd.daemon.session.Session`): its API (for the repository) and the
     resolver it offers."""
 
     api: Api
 
+    @abc.abstractmethod
     async def ask(self, req: MergeRequest) -> dict[bytes, Choice]: ...
 
 
