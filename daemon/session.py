@@ -38,7 +38,7 @@ from ledgerd.daemon.codec import (
 from ledgerd.daemon.session_resolve import ResolveRounds, ResolverSession
 from ledgerd.daemon.session_resolve import Resolvers as Resolvers  # (server's, from here)
 from ledgerd.store import StoreError, Transaction, Watcher
-from ledgerd.store.merge import Choice, MergeRequest
+from ledgerd.store.tree.merge import Choice, MergeRequest
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from ledgerd.daemon.api import Api
 from ledgerd.daemon.codec import b64, priority_name, unb64
 from ledgerd.store import Entry, Page, Repository
 from ledgerd.store.errors import named
-from ledgerd.store.merge import Choice, Conflict, MergeRequest, Resolver
+from ledgerd.store.tree.merge import Choice, Conflict, MergeRequest, Resolver
 
 log = logging.getLogger("ledgerd.daemon.session")  # (the session's: its lines read as before)
 
@@ -31,7 +31,7 @@ class Resolvers:
     """Which sessions offered to resolve conflicts, per ledger.
 
     The repository's pages ask it for a ledger's resolver when their policy calls for
-    one (:class:`ledgerd.store.hooks.ResolverSource`): the first session registered
+    one (:class:`ledgerd.store.page.hooks.ResolverSource`): the first session registered
     for the ledger answers. With none registered a page's conflicts wait (reads show
     each key's winner meanwhile), and are put to the resolver once one registers.
     """
