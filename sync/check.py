@@ -51,6 +51,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+__all__ = [  # with what sync.cloudview reads, as callers import it from here
+    "REPAIR_ROUNDS",
+    "BucketIndex",
+    "Checked",
+    "CloudView",
+    "check_page",
+    "read_checkpoint",
+    "read_page",
+]
+
 REPAIR_ROUNDS = 4
 """Checks of one page in a repair: each restored tree node may reveal more to restore."""
 
