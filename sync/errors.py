@@ -138,3 +138,14 @@ class BucketNotEncryptedError(BucketIdentityError):
     """the bucket is not encrypted, and this device has an encryption key."""
 
     code = "bucket_not_encrypted"
+
+
+class CorruptPackError(SyncError):
+    """A pack is malformed or truncated; it was refused and nothing was stored."""
+
+
+class PackKeyMissingError(CorruptPackError):
+    """A pack is sealed with an encryption key this device does not have. It is not
+    damaged: it opens once the key file that has the key is copied here and ledgerd
+    restarted. (A CorruptPackError as well, so that every reader holds it unread, as
+    it does a pack it cannot read; its state says which it is.)"""
