@@ -38,7 +38,7 @@ those.
 
 Discovery: one LIST of ``packs/`` after a cursor that lags the names a window shows
 every device's new packs; feed times are a hybrid logical clock
-(:meth:`sync.feed.Feed.next_seq`), so no clock's error hides a pack. Each pack
+(:meth:`sync.naming.Naming.next_seq`), so no clock's error hides a pack. Each pack
 carries its device's sequence number: sequences missing from a device's log are
 gaps, probed with backoff over the stretch of the feed where they must lie.
 

@@ -279,13 +279,13 @@ class StatusBoard:
         newest pack listed (``last_pack_at``: the pack's feed time, in seconds; its
         sequence), a bound on its clock's lead over this one (``clock_ahead_s``, see
         :meth:`clock_seen`; None before a write of it was imported), and its error."""
-        own = self.ctx.device
+        own, names = self.ctx.device, self.feed.names
         out: list[dict[str, Any]] = [
             {
                 "device": own,
                 "this_device": True,
-                "last_pack_at": self.feed.own_time / 1000 if self.feed.own_time else None,
-                "last_seq": self.feed.own_seq or None,
+                "last_pack_at": names.own_time / 1000 if names.own_time else None,
+                "last_seq": names.own_seq or None,
                 "clock_ahead_s": 0.0,
                 "clock_seen_at": None,
                 "error": None,

@@ -7,7 +7,7 @@ LAZY pieces in the order of their values' bytes); past ``max_pack`` bytes the ro
 writes more packs, a page's entries always in the last pack that holds its pieces,
 so pieces are in the bucket before any entry that references them is visible. A
 pack is named (sequence number and feed time, from
-:meth:`sync.feed.Feed.next_seq`) before its PUT; once it is up, its pages' pieces
+:meth:`sync.naming.Naming.next_seq`) before its PUT; once it is up, its pages' pieces
 become ``synced`` and the page records how far its writes are uploaded, and a
 page's checkpoint may follow (:mod:`sync.checkpoint_policy`). It also seals this
 device's packs again under a new key (:meth:`Uploader.reseal`). Which pages are
@@ -280,7 +280,7 @@ class Uploader:
             # if its time is old: a pack named long before it lands is below the
             # others' cursors, and older than the grace at once.
             u = self._unsent
-            seq, t = u.seq, await self.feed.retime(u.time)
+            seq, t = u.seq, await self.feed.names.retime(u.time)
             name, data, head_end = u.name, u.data, u.head_end
             if t != u.time:
                 name, data, head_end = await self._encode(seq, t, u.sections)
@@ -290,12 +290,12 @@ class Uploader:
                 if await store.get(name, 0, head_end) != data[:head_end]:
                     log.warning("sequence %d was already used; its pack is dropped", seq)
             self._unsent = None
-            await self.feed.wrote(seq, t)
+            await self.feed.names.wrote(seq, t)
             log.info("uploaded pack %s, whose upload had failed", name)
         if not self._spent_checked:
             await self._fill_spent()
         while True:
-            seq, t = await self.feed.next_seq()  # taken (and saved) before the PUT
+            seq, t = await self.feed.names.next_seq()  # taken (and saved) before the PUT
             name, data, head_end = await self._encode(seq, t, sections)
             try:
                 await store.put(name, data)
@@ -303,12 +303,12 @@ class Uploader:
                 # Ours if a retried PUT's first attempt landed; otherwise a reused number.
                 if await store.get(name, 0, head_end) != data[:head_end]:
                     log.warning("sequence %d was already used; taking the next", seq)
-                    self.feed.own_seq = max(self.feed.own_seq, seq)
+                    self.feed.names.own_seq = max(self.feed.names.own_seq, seq)
                     continue
             except Exception:
                 self._unsent = _Unsent(seq, t, sections, name, data, head_end)
                 raise
-            await self.feed.wrote(seq, t)
+            await self.feed.names.wrote(seq, t)
             log.debug("uploaded pack %s: %d pages, %d bytes", name, len(sections), len(data))
             return
 
@@ -329,13 +329,13 @@ class Uploader:
         pack carries them. Should the lost pack land after all, a reader takes whichever
         of the two it lists first (it skips a number it has): neither leaves anything
         out."""
-        spent = await self.feed.spent()
+        spent = await self.feed.names.spent()
         if spent is not None:
             seq, t = spent
             name, data, _ = await self._encode(seq, t, [])
             with contextlib.suppress(AlreadyExistsError):  # a retried PUT had landed
                 await self.ctx.store.put(name, data)
-            await self.feed.wrote(seq, t)
+            await self.feed.names.wrote(seq, t)
             log.info("sequence %d was spent by a pack that never went up: filled", seq)
         self._spent_checked = True
 
