@@ -70,11 +70,12 @@ from ledgerd.sync.errors import SyncStoppedError, SyncTimeoutError
 from ledgerd.sync.feed import FEED_WINDOW, LISTED_WALL, LISTED_WALL_STEP, Feed
 from ledgerd.sync.fetch import COALESCE_GAP, COALESCE_SPAN, PREFETCH, LazyFetcher
 from ledgerd.sync.metered import Metered
+from ledgerd.sync.pagestate import PageState
 from ledgerd.sync.pending import PENDING_SLACK_MS, Pending
 from ledgerd.sync.polling import Poller
 from ledgerd.sync.progress import Held
 from ledgerd.sync.rounds import RoundObserver, Rounds, Stats
-from ledgerd.sync.status import PageState, StatusBoard, describe
+from ledgerd.sync.status import StatusBoard, describe
 from ledgerd.sync.upload import LEASE_MOST, MAX_PACK, READ_BATCH, Uploader
 
 log = logging.getLogger(__name__)
