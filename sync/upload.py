@@ -136,64 +136,87 @@ class Uploader:
         """Upload the pages with writes not uploaded and the open ones (of ``only``, if
         given; just ``pages``, if given), all in one pack (more only past ``max_pack``
         bytes). Returns packs put."""
-        repo = self.ctx.repo
         if not self.pending.loaded:
             await self.pending.load()
-        # Open pages too: their latest writes may not be committed yet (group commit).
-        candidates = set(self.pending.counts) | {(p.ledger, p.id) for p in repo.open_pages()}
-        if pages is not None:
-            candidates &= set(pages)
-        keys = [
-            k
-            for k in sorted(candidates)
-            if k[0] != LOCAL and (only is None or (k[0] == only[0] and only[1] in (None, k[1])))
-        ]
+        keys = self._round_keys(only, pages)
         await self.pending.save()
         rnd = _Round()
         async with contextlib.AsyncExitStack() as stack:
             # Pages stay leased until their pack is up (a bounded number of them;
             # the others are opened again to record the upload).
             leased: dict[Key, Page] = {}
-            # At most half of max_open_pages: the round's pages past it, and everyone
-            # else's meanwhile, need room to open.
-            lease_most = min(LEASE_MOST, repo.max_open_pages // 2)
-            for key in keys:
-                seen = self.pending.seen(key)
-                if not repo.page_exists(*key) or repo.is_evicted(*key):
-                    self.pending.forget(key)
-                    if not repo.page_exists(*key):  # (an evicted page keeps its last sync)
-                        self.board.forget(key)
-                    continue
-                try:
-                    if len(leased) < lease_most:
-                        page = await stack.enter_async_context(self.ctx.using(key))
-                        leased[key] = page
-                        await self._take_page(rnd, page, seen)
-                    else:
-                        async with self.ctx.using(key) as page:
-                            await self._take_page(rnd, page, seen)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:  # this page's failure stays this page's
-                    rnd.drop(key)
-                    self.board.page_failed(key, e)
-                    self.pending.again(key)  # retried next round, pending or not
+            await self._take_pages(rnd, keys, stack, leased)
             with contextlib.suppress(Exception):  # its pages' failures are in status
                 await self._flush(rnd)
-            for u in rnd.uploaded:  # each page's commits are in the bucket now
-                try:
-                    if u.key in leased:
-                        await self._mark(leased[u.key], u)
-                    else:
-                        async with self.ctx.using(u.key) as page:
-                            await self._mark(page, u)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:  # uploaded, not recorded: it goes up again next round
-                    self.board.page_failed(u.key, e)
-                    self.pending.again(u.key)
+            await self._mark_all(rnd, leased)
         await self.pending.save()
         return rnd.packs
+
+    def _round_keys(
+        self, only: tuple[bytes, bytes | None] | None, pages: Collection[Key] | None
+    ) -> list[Key]:
+        """The pages a round looks at: pending or open (of ``only``; of ``pages``)."""
+        # Open pages too: their latest writes may not be committed yet (group commit).
+        candidates = set(self.pending.counts) | {
+            (p.ledger, p.id) for p in self.ctx.repo.open_pages()
+        }
+        if pages is not None:
+            candidates &= set(pages)
+        return [
+            k
+            for k in sorted(candidates)
+            if k[0] != LOCAL and (only is None or (k[0] == only[0] and only[1] in (None, k[1])))
+        ]
+
+    async def _take_pages(
+        self,
+        rnd: _Round,
+        keys: list[Key],
+        stack: contextlib.AsyncExitStack,
+        leased: dict[Key, Page],
+    ) -> None:
+        """Add each page's delta to the round; the first pages stay leased (in
+        ``leased``, until ``stack`` closes)."""
+        repo = self.ctx.repo
+        # At most half of max_open_pages: the round's pages past it, and everyone
+        # else's meanwhile, need room to open.
+        lease_most = min(LEASE_MOST, repo.max_open_pages // 2)
+        for key in keys:
+            seen = self.pending.seen(key)
+            if not repo.page_exists(*key) or repo.is_evicted(*key):
+                self.pending.forget(key)
+                if not repo.page_exists(*key):  # (an evicted page keeps its last sync)
+                    self.board.forget(key)
+                continue
+            try:
+                if len(leased) < lease_most:
+                    page = await stack.enter_async_context(self.ctx.using(key))
+                    leased[key] = page
+                    await self._take_page(rnd, page, seen)
+                else:
+                    async with self.ctx.using(key) as page:
+                        await self._take_page(rnd, page, seen)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # this page's failure stays this page's
+                rnd.drop(key)
+                self.board.page_failed(key, e)
+                self.pending.again(key)  # retried next round, pending or not
+
+    async def _mark_all(self, rnd: _Round, leased: dict[Key, Page]) -> None:
+        """Record the round's uploads in their pages: their commits are in the bucket."""
+        for u in rnd.uploaded:
+            try:
+                if u.key in leased:
+                    await self._mark(leased[u.key], u)
+                else:
+                    async with self.ctx.using(u.key) as page:
+                        await self._mark(page, u)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # uploaded, not recorded: it goes up again next round
+                self.board.page_failed(u.key, e)
+                self.pending.again(u.key)
 
     async def _take_page(self, rnd: _Round, page: Page, seen: int | None) -> None:
         key = (page.ledger, page.id)
