@@ -68,15 +68,15 @@ from ledgerd.sync.context import LOCAL, Key, SyncContext
 from ledgerd.sync.download import Downloader
 from ledgerd.sync.errors import SyncStoppedError, SyncTimeoutError
 from ledgerd.sync.feed import FEED_WINDOW, LISTED_WALL, LISTED_WALL_STEP, Feed
-from ledgerd.sync.fetch import COALESCE_GAP, COALESCE_SPAN, PREFETCH, LazyFetcher
+from ledgerd.sync.fetch import COALESCE_GAP, COALESCE_SPAN, PREFETCH
 from ledgerd.sync.metered import Metered
 from ledgerd.sync.pagestate import PageState
-from ledgerd.sync.pending import PENDING_SLACK_MS, Pending
+from ledgerd.sync.pending import PENDING_SLACK_MS
 from ledgerd.sync.polling import Poller
 from ledgerd.sync.progress import Held
 from ledgerd.sync.rounds import RoundObserver, Rounds, Stats
 from ledgerd.sync.status import StatusBoard, describe
-from ledgerd.sync.upload import LEASE_MOST, MAX_PACK, READ_BATCH, Uploader
+from ledgerd.sync.upload import LEASE_MOST, MAX_PACK, READ_BATCH
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ class SyncEngine:
         self._compacted_at: float | None = None  # wall time of the last compaction
         self._compact_again_at: float | None = None  # monotonic: a run a window later
 
-    # -- the jobs (:mod:`sync.assembly`), as the engine's own attributes ----------------
+    # -- the jobs (:mod:`sync.assembly`) others reach, as the engine's own attributes ------
 
     @property
     def store(self) -> Metered:
@@ -198,16 +198,8 @@ class SyncEngine:
         return self.jobs.checkpoints
 
     @property
-    def pending(self) -> Pending:
-        return self.jobs.pending
-
-    @property
     def feed(self) -> Feed:
         return self.jobs.feed
-
-    @property
-    def fetcher(self) -> LazyFetcher:
-        return self.jobs.fetcher
 
     @property
     def compactor(self) -> compaction.Compactor:
@@ -224,10 +216,6 @@ class SyncEngine:
     @property
     def downloader(self) -> Downloader:
         return self.jobs.downloader
-
-    @property
-    def uploader(self) -> Uploader:
-        return self.jobs.uploader
 
     @property
     def interval(self) -> float:
@@ -289,7 +277,7 @@ class SyncEngine:
         self.ctx.attach(repo)
         await self.feed.load()
         await self.board.load()
-        await self.pending.load()  # (status tells pending pages from the start)
+        await self.jobs.pending.load()  # (status tells pending pages from the start)
         await self.checkpoints.load(repo)
         if background:
             self._task = asyncio.create_task(
@@ -338,7 +326,7 @@ class SyncEngine:
         await self.store.close()
 
     async def fetch_pieces(self, page: Page, digests: list[bytes]) -> dict[bytes, bytes]:
-        return await self.fetcher.fetch(page, digests)
+        return await self.jobs.fetcher.fetch(page, digests)
 
     def page_committed(self, page: Page, commit: Commit) -> None:
         self._changed((page.ledger, page.id))
@@ -354,7 +342,7 @@ class SyncEngine:
         return self.board.upload_error(key)
 
     def _changed(self, key: Key) -> None:
-        if not self.pending.changed(key):  # the _local ledger never leaves this device
+        if not self.jobs.pending.changed(key):  # the _local ledger never leaves this device
             return
         self.poller.changed()
 
