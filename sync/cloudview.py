@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ledgerd.store import digest as dg
+from ledgerd.store.pieces import digest as dg
 from ledgerd.sync import pack
 from ledgerd.sync.checkpoints import Checkpoint, Checkpoints
 from ledgerd.sync.cloud import CloudStore

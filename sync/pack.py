@@ -49,8 +49,8 @@ from typing import Any
 import msgpack
 
 from ledgerd.store import OFF_LOOP_BYTES as OFF_LOOP_BYTES  # sections over it: on a thread
-from ledgerd.store import digest as dg
 from ledgerd.store import off_loop
+from ledgerd.store.pieces import digest as dg
 from ledgerd.sync import crypto
 from ledgerd.sync.compress import MAX_SECTION, RAW, ZSTD, squeeze, unsqueeze
 from ledgerd.sync.crypto import Codec, Context, KeyNotHereError, TamperedError
