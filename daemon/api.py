@@ -75,8 +75,8 @@ from ledgerd.store import (
     View,
     off_loop,
 )
-from ledgerd.store import digest as dg
 from ledgerd.store.errors import named
+from ledgerd.store.pieces import digest as dg
 
 log = logging.getLogger(__name__)
 access = logging.getLogger("ledgerd.daemon.access")
@@ -1061,7 +1061,7 @@ class Api:
         return web.json_response(await run_gc(self, doc))
 
     async def evict(self, request: web.Request, p: Params) -> web.Response:
-        """POST {"ledger", "page"}: evict the page now (see :mod:`ledgerd.store.eviction`)."""
+        """POST {"ledger", "page"}: evict the page now (see :mod:`ledgerd.store.repo.eviction`)."""
         from ledgerd.daemon.collector import evict_now
 
         doc = await self.optional_json(request, "evict body")

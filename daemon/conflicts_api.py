@@ -38,11 +38,11 @@ from ledgerd.store import (
     PageUnavailableError,
     Take,
     check_key,
-    dots,
     expect_of,
 )
-from ledgerd.store import digest as dg
 from ledgerd.store.errors import named
+from ledgerd.store.pieces import digest as dg
+from ledgerd.store.tree import dots
 
 if TYPE_CHECKING:
     from ledgerd.daemon.api import Api, Params
