@@ -1048,12 +1048,15 @@ class Repository:
         )
 
     async def _open_page(self, ledger: bytes, page_id: bytes) -> Page:
+        hooks = self.hooks
         return await Page.open(
             self.page_path(ledger, page_id),
             ledger,
             page_id,
             synchronous=self.synchronous,
-            hooks=self.hooks,
+            fetch=None if hooks.fetcher is None else hooks.fetcher.fetch_pieces,
+            on_commit=None if hooks.listener is None else hooks.listener.page_committed,
+            resolvers=hooks.resolvers,
             txn_memory=self.txn_memory,
             max_watch_queue=self.max_watch_queue,
             max_watch_queue_bytes=self.max_watch_queue_bytes,
