@@ -6,7 +6,7 @@ purge, listing, attachments, secondary indexes and the changes feed. The model
 and its checks are :mod:`store.documents.docmodel`, the layout in the tree
 :mod:`store.documents.doclayout`, the local indexes :mod:`store.documents.docindex`,
 kept conflicts :mod:`store.documents.docconflicts`; concurrent revisions join by
-:func:`store.tree.join.join_group`.
+:func:`store.documents.docjoin.join_group`.
 
 A page is one document store (documents that must change atomically together
 share a page); a collection is a key range in it. One :class:`DocumentStore` per

@@ -213,7 +213,7 @@ async def check_page(page: Page) -> PageCheck:
     # rest of the history, the nodes the head shares with it not read again.
     await walker.trees([head.root], documents=True)
     walker.report_documents()
-    # Pruned commits (history retention, store.gc) keep their rows, not their trees.
+    # Pruned commits (history retention, store.page.gc) keep their rows, not their trees.
     await walker.trees([c.root for c in commits.values() if c.id not in tables.pruned])
     await walker.journals(tables.journal_values)
     return report

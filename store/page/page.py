@@ -437,7 +437,7 @@ class Page(View):
                     "history retention: its contents are no longer kept"
                 )
         snap = Snapshot(self, c)
-        self._readers.add(snap)  # what it reads is kept while it lives (store.gc)
+        self._readers.add(snap)  # what it reads is kept while it lives (store.page.gc)
         return snap
 
     def pinned_roots(self) -> set[bytes]:
@@ -567,7 +567,7 @@ class Page(View):
         """A transaction on the current head: ``async with page.transaction() as txn:``."""
         self._check_open()
         txn = self.transactions.begin()
-        self._readers.add(txn)  # its base is kept while it lives (store.gc)
+        self._readers.add(txn)  # its base is kept while it lives (store.page.gc)
         return txn
 
     def watch(self, prefix: bytes = b"") -> Watcher:
