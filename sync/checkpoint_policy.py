@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from ledgerd.store import Page
-from ledgerd.store import exchange as ex
 from ledgerd.store.errors import named
+from ledgerd.store.page import exchange as ex
 from ledgerd.sync.checkpoints import Checkpoints
 from ledgerd.sync.context import LOCAL, Key, SyncContext
 from ledgerd.sync.feed import Feed
