@@ -3,19 +3,20 @@
 :class:`Page` is a façade: it opens and closes the page, counts who holds it,
 serves reads of its current state, and hands each job to the part that owns it:
 
-=========================  ==================================================
-:mod:`store.page.writer`        plain writes: the implicit journal, group commit
-:mod:`store.page.transaction`   transactions (explicit journals)
-:mod:`store.page.graph`         commits, heads, storing a commit (the commit lock)
-:mod:`store.merging`       merge policy, merging heads, adopting remote commits
-:mod:`store.page.watch`         watchers and their notifications
-:mod:`store.page.stamps`        versionstamps: the page's stamp clock
-:mod:`store.page.view`          reads over a root plus an overlay
-:mod:`store.pieces.objects`       pieces and values
-=========================  ==================================================
+=============================  ====================================================
+:mod:`store.page.writer`       plain writes: the implicit journal, group commit
+:mod:`store.page.transaction`  transactions (explicit journals)
+:mod:`store.page.graph`        commits, heads, storing a commit (the commit lock)
+:mod:`store.page.conflicts`    merge policy, merging heads, adopting remote commits
+:mod:`store.page.watch`        watchers and their notifications
+:mod:`store.page.stamps`       versionstamps: the page's stamp clock
+:mod:`store.page.view`         reads over a root plus an overlay
+:mod:`store.pieces.objects`    pieces and values
+=============================  ====================================================
 
 What a page reaches outside the store (fetching pieces, resolvers, telling sync
-about commits) is given when the repository opens, as :class:`store.page.hooks.PageHooks`.
+about commits) is given when it opens: the repository passes its
+:class:`store.page.hooks.PageHooks`.
 Reads see the head plus the implicit journal's acknowledged writes, so a caller
 always reads its own writes.
 """
@@ -39,7 +40,6 @@ from ledgerd.store.errors import (
 )
 from ledgerd.store.page.conflicts import RESOLVER_TIMEOUT, Conflicts, KeyConflict, Take
 from ledgerd.store.page.graph import DIRECT_BATCH, CommitGraph
-from ledgerd.store.page.hooks import NO_HOOKS, PageHooks
 from ledgerd.store.page.staging import SMALL_VALUE
 from ledgerd.store.page.stamps import StampClock, StampedKey, StampedValue
 from ledgerd.store.page.transaction import TXN_MEMORY, Transaction, Transactions
@@ -63,6 +63,11 @@ from ledgerd.store.tree.btree import NodeStore, Priority
 from ledgerd.store.tree.commit import FIRST, Commit
 
 log = logging.getLogger(__name__)
+
+FetchPieces = Callable[["Page", list[bytes]], Awaitable[dict[bytes, bytes]]]
+"""Brings pieces this device does not store (:meth:`store.page.hooks.PieceFetcher.fetch_pieces`)."""
+CommitCallback = Callable[["Page", Commit], None]
+"""Told of every commit the page stores (:meth:`store.page.hooks.CommitListener.page_committed`)."""
 
 __all__ = [
     "COMMIT_DELAY",
@@ -105,8 +110,10 @@ class Page(View):
         ledger: bytes,
         page_id: bytes,
         db: Database,
-        hooks: PageHooks = NO_HOOKS,
         *,
+        fetch: FetchPieces | None = None,
+        on_commit: CommitCallback | None = None,
+        resolvers: merge.ResolverSource | None = None,
         txn_memory: int = TXN_MEMORY,
         max_watch_queue: int = MAX_WATCH_QUEUE,
         max_watch_queue_bytes: int = MAX_WATCH_QUEUE_BYTES,
@@ -115,18 +122,17 @@ class Page(View):
         cache: Cache | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        fetcher = hooks.fetcher
         cache = cache if cache is not None else Cache()
         objects = ObjectStore(
             db,
-            fetcher=None if fetcher is None else lambda ds: fetcher.fetch_pieces(self, ds),
+            fetcher=None if fetch is None else lambda ds: fetch(self, ds),
             cache=cache.space(),
         )
         super().__init__(objects, NodeStore(_Nodes(objects), cache.space()))
         self.ledger = ledger
         self.id = page_id
         self.db = db
-        self._hooks = hooks
+        self._on_commit = on_commit
         self._on_close = on_close
         self._closing: list[Callable[[], Awaitable[None]]] = []
         self._closed = False
@@ -167,7 +173,7 @@ class Page(View):
             self.nodes,
             objects,
             self.graph,
-            hooks.resolvers,
+            resolvers,
             lambda: self._closed,
             self.writer.flush,
         )
@@ -195,7 +201,9 @@ class Page(View):
         page_id: bytes,
         *,
         synchronous: Synchronous = "NORMAL",
-        hooks: PageHooks = NO_HOOKS,
+        fetch: FetchPieces | None = None,
+        on_commit: CommitCallback | None = None,
+        resolvers: merge.ResolverSource | None = None,
         txn_memory: int = TXN_MEMORY,
         max_watch_queue: int = MAX_WATCH_QUEUE,
         max_watch_queue_bytes: int = MAX_WATCH_QUEUE_BYTES,
@@ -205,7 +213,9 @@ class Page(View):
         settle: bool = True,
         clock: Callable[[], float] = time.time,
     ) -> Page:
-        """Open the page's database (``on_close`` is called once it is closed: the
+        """Open the page's database (``fetch``, ``on_commit`` and ``resolvers``: what it
+        reaches outside the store, see :mod:`store.page.hooks`; ``on_close`` is called
+        once it is closed: the
         repository that owns the page's lifetime; ``device_id`` ends its versionstamps;
         ``cache`` is the repository's read cache, shared by its pages: by default the
         page gets one of its own, of the default budget). Several heads left from
@@ -219,7 +229,9 @@ class Page(View):
             ledger,
             page_id,
             db,
-            hooks,
+            fetch=fetch,
+            on_commit=on_commit,
+            resolvers=resolvers,
             txn_memory=txn_memory,
             max_watch_queue=max_watch_queue,
             max_watch_queue_bytes=max_watch_queue_bytes,
@@ -257,9 +269,9 @@ class Page(View):
         self.last_used = time.monotonic()
 
     def _committed(self, c: Commit) -> None:
-        if self._hooks.listener is not None:
+        if self._on_commit is not None:
             try:
-                self._hooks.listener.page_committed(self, c)
+                self._on_commit(self, c)
             except Exception:
                 log.exception("commit listener failed")
 
@@ -425,7 +437,7 @@ class Page(View):
                     "history retention: its contents are no longer kept"
                 )
         snap = Snapshot(self, c)
-        self._readers.add(snap)  # what it reads is kept while it lives (store.gc)
+        self._readers.add(snap)  # what it reads is kept while it lives (store.page.gc)
         return snap
 
     def pinned_roots(self) -> set[bytes]:
@@ -555,7 +567,7 @@ class Page(View):
         """A transaction on the current head: ``async with page.transaction() as txn:``."""
         self._check_open()
         txn = self.transactions.begin()
-        self._readers.add(txn)  # its base is kept while it lives (store.gc)
+        self._readers.add(txn)  # its base is kept while it lives (store.page.gc)
         return txn
 
     def watch(self, prefix: bytes = b"") -> Watcher:

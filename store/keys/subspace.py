@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .tuple import TupleError, pack, pack_with_versionstamp, range, unpack
+from ledgerd.store.keys.tuple import TupleError, pack, pack_with_versionstamp, range, unpack
 
 
 class Subspace:

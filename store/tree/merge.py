@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from ledgerd.store.errors import StoreError
 from ledgerd.store.tree.btree import Entry
@@ -83,3 +83,12 @@ class NeedsResolver(StoreError):
 
 def needs_resolver(policy: Policy) -> bool:
     return policy in (Policy.AUTOMATIC_WITH_FALLBACK, Policy.CUSTOM)
+
+
+class ResolverSource(Protocol):
+    """Where a page finds the resolver of its ledger (given by the repository's
+    :class:`store.page.hooks.PageHooks`)."""
+
+    def resolver_for(self, ledger: bytes) -> Resolver | None:
+        """The conflict resolver connected for ``ledger``, or None."""
+        ...

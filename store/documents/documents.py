@@ -4,8 +4,9 @@ This module owns the operations of the document layer, as an embedded API that
 the HTTP API and clients map onto one to one: create, get, replace, soft delete,
 purge, listing, attachments, secondary indexes and the changes feed. The model
 and its checks are :mod:`store.documents.docmodel`, the layout in the tree
-:mod:`store.documents.doclayout`, the local indexes :mod:`store.documents.docindex`, kept conflicts
-:mod:`store.documents.docconflicts`; concurrent revisions join by :func:`store.tree.join.join_group`.
+:mod:`store.documents.doclayout`, the local indexes :mod:`store.documents.docindex`,
+kept conflicts :mod:`store.documents.docconflicts`; concurrent revisions join by
+:func:`store.documents.docjoin.join_group`.
 
 A page is one document store (documents that must change atomically together
 share a page); a collection is a key range in it. One :class:`DocumentStore` per
@@ -48,6 +49,7 @@ from ledgerd.store.documents.docmodel import (
     DocumentError,
     DocumentNotFoundError,
     DocumentTooLargeError,
+    IndexInfo,
     IndexNotFoundError,
     InvalidDocumentError,
     MalformedRecordError,
@@ -156,33 +158,6 @@ class DocumentRange(RangeResult[Document]):
     read (:class:`Damaged`), in their place in the order, not in ``items``."""
 
     damaged: list[Damaged] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True)
-class IndexInfo:
-    """An index as declared: its paths as the names themselves (``partition_path``,
-    ``sort_path``), which tell a field named ``"a.b"`` from ``["a", "b"]``, and as
-    dotted text for reading (``partition``, ``sort``: ``"address.city"``).
-
-    An index whose definition cannot be read here has empty paths, is not ``ready``
-    and names why in ``code`` and ``message``: ``unsupported_layout`` (a newer
-    ledgerd's definition, come through sync) or ``corrupt`` (damaged)."""
-
-    collection: str
-    name: str
-    partition_path: tuple[str, ...]
-    sort_path: tuple[str, ...] | None
-    ready: bool
-    code: str | None = None
-    message: str | None = None
-
-    @property
-    def partition(self) -> str:
-        return ".".join(self.partition_path)
-
-    @property
-    def sort(self) -> str | None:
-        return None if self.sort_path is None else ".".join(self.sort_path)
 
 
 def _encoded(r: Record, max_document_bytes: int) -> bytes:

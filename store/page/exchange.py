@@ -16,7 +16,6 @@ import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ledgerd.store.documents import doclayout
 from ledgerd.store.errors import CorruptObjectError, InvalidDigestError, StoreError, named
 from ledgerd.store.page import deleted, gc
 from ledgerd.store.page.page import Page
@@ -121,16 +120,17 @@ async def pending_delta(page: Page) -> Delta | None:
     entries: dict[bytes, RawEntry] = {}
     groups: dict[bytes, None] = {}
     doc_page = await join.is_document_page(nodes, head.root)
+    rule = join.group_rule()
     async for c in btree.diff(nodes, base, head.root):
         if c.new is None or not mine(c.new):
             continue
-        group = doclayout.group_of(c.key) if doc_page else None
+        group = rule.group_of(c.key) if doc_page else None
         if group is not None:
             groups[group] = None
         else:
             entries[c.key] = btree.raw(c.new)
     for group in groups:
-        async for g in btree.iterate(nodes, head.root, group, doclayout.elements_end(group)):
+        async for g in btree.iterate(nodes, head.root, group, rule.group_end(group)):
             entries[g.key] = btree.raw(g)
     ordered = [entries[k] for k in sorted(entries)]
     eager_values: set[bytes] = set()

@@ -47,17 +47,15 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ledgerd.store.errors import InvalidArgumentError, StoreError, named
+from ledgerd.store.page.page import Page
 from ledgerd.store.pieces import digest as dg
 from ledgerd.store.pieces import split
 from ledgerd.store.sqlite.schema import PIECES_WAITING, UPLOADED_AT_ROW, UPLOADED_ROW
 from ledgerd.store.tree import btree
 from ledgerd.store.tree.commit import FIRST
-
-if TYPE_CHECKING:
-    from ledgerd.store.page.page import Page
 
 log = logging.getLogger(__name__)
 

@@ -1,47 +1,21 @@
-"""Joining states: how a page takes in writes from elsewhere (and its own transactions).
+"""The document layer's join rule: how a document's keys join on a document page.
 
-This module owns the join of a page's tree with a *delta* (another state restricted to
-some keys, whole documents on a document page: :func:`join_delta`) and with a whole
-*state* (a checkpoint: :func:`join_state`), each with that state's context. Both return
-the changes to apply to the local tree; they read trees and write nothing. The rule for
-one key is :func:`store.tree.dots.join_versions`; a document's keys join as a set of revisions,
-the winner's keys taken whole and the others kept as conflicts (:func:`join_group`). Why
-this converges is in ``docs/convergence.md``.
+This module owns :func:`join_group` (a document's revisions join as an observed-remove
+set; the winner's keys taken whole, the others kept as conflicts: ``docs/documents.md``)
+and :data:`DOCUMENT_RULE`, the :class:`store.tree.join.GroupRule` through which
+:mod:`store.tree.join` applies it (``ledgerd.store`` sets it when it is imported). The
+join of deltas and states, and of every other key, is :mod:`store.tree.join`'s.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from ledgerd.store.documents import doclayout
 from ledgerd.store.pieces.digest import TOMBSTONE
 from ledgerd.store.tree import btree, dots
-from ledgerd.store.tree.btree import EMPTY, Builder, NodeLoader, RawEntry, Version
-
-TURN_KEYS = 1024
-"""Keys (or documents) a join handles between two turns it gives the event loop."""
-
-Changes = list[tuple[bytes, RawEntry | None]]
-
-
-async def is_document_page(nodes: NodeLoader, root: bytes, more: Sequence[RawEntry] = ()) -> bool:
-    """Whether a join treats the page as a document page: the tree, or the entries
-    coming in, hold the marker (the same answer on every device)."""
-    if any(e[0] == doclayout.MARKER for e in more):
-        return True
-    return await btree.lookup(nodes, root, doclayout.MARKER) is not None
-
-
-def _marker_rule(key: bytes, vs: list[Version]) -> list[Version]:
-    """The document marker stays while any version of it is live: a page deleted on one
-    device while another wrote documents in it (and so the marker again) stays a
-    document page. Every other key keeps its versions as joined."""
-    if key != doclayout.MARKER:
-        return vs
-    live = [v for v in vs if v[0] != TOMBSTONE]
-    return live or vs
+from ledgerd.store.tree.btree import RawEntry
 
 
 def _group_of(key: bytes) -> bytes:
@@ -204,91 +178,31 @@ def _promoted(group: bytes, r: _Revision) -> dict[bytes, RawEntry]:
     return {head: (head, value, 0, r.dot), body: (body, r.kept[1], r.kept[2], r.dot)}
 
 
-async def join_delta(
-    nodes: NodeLoader,
-    root: bytes,
-    remote: Sequence[RawEntry],
-    local_saw: dots.Seen,
-    remote_saw: dots.Seen,
-) -> Changes:
-    """The changes that join ``remote`` (a state restricted to its keys, in key order;
-    on a document page, whole documents) into the tree at ``root``. ``local_saw`` and
-    ``remote_saw`` tell which writes each state has seen (:func:`store.tree.dots.seen_by` of
-    its context). A transaction commits through it too: its writes are a
-    delta whose context is what it saw (its base's, and its own dot), so versions it
-    had not seen stay beside its own as siblings."""
-    doc_page = await is_document_page(nodes, root, remote)
-    changes: Changes = []
-    groups: dict[bytes, dict[bytes, RawEntry]] = {}
-    for i, e in enumerate(remote):
-        if i % TURN_KEYS == TURN_KEYS - 1:
-            await asyncio.sleep(0)
-        key = e[0]
-        group = doclayout.group_of(key) if doc_page else None
-        if group is not None:
-            groups.setdefault(group, {})[key] = e
-            continue
-        local = await btree.lookup(nodes, root, key)
-        vs = dots.join_versions(dots.versions(local), dots.versions(e), local_saw, remote_saw)
-        joined = dots.entry(key, _marker_rule(key, vs))
-        if joined != (None if local is None else btree.raw(local)):
-            changes.append((key, joined))
-    for i, (group, rgroup) in enumerate(groups.items()):
-        if i % TURN_KEYS == TURN_KEYS - 1:
-            await asyncio.sleep(0)
-        lgroup = {
-            e[0]: btree.raw(e)
-            async for e in btree.iterate(nodes, root, group, doclayout.elements_end(group))
-        }
-        changes.extend(_group_changes(lgroup, join_group(lgroup, rgroup, local_saw, remote_saw)))
-    changes.sort(key=lambda c: c[0])
-    return changes
+class DocumentRule:
+    """The :class:`store.tree.join.GroupRule` of documents: a document's keys (head,
+    body, attachments, kept conflicts) are its group."""
+
+    @property
+    def marker(self) -> bytes:
+        return doclayout.MARKER
+
+    def owns(self, key: bytes) -> bool:
+        return key == doclayout.MARKER or key.startswith((doclayout.DOCS, doclayout.INDEXES))
+
+    def group_of(self, key: bytes) -> bytes | None:
+        return doclayout.group_of(key)
+
+    def group_end(self, group: bytes) -> bytes:
+        return doclayout.elements_end(group)
+
+    def join_group(
+        self,
+        local: Mapping[bytes, RawEntry],
+        remote: Mapping[bytes, RawEntry],
+        local_saw: dots.Seen,
+        remote_saw: dots.Seen,
+    ) -> Mapping[bytes, RawEntry]:
+        return join_group(local, remote, local_saw, remote_saw)
 
 
-def _group_changes(old: Mapping[bytes, RawEntry], new: Mapping[bytes, RawEntry]) -> Changes:
-    if new is old:
-        return []
-    out: Changes = [(k, None) for k in old if k not in new]
-    out.extend((k, e) for k, e in new.items() if old.get(k) != e)
-    return out
-
-
-async def join_state(
-    builder: Builder,
-    root: bytes,
-    remote_root: bytes,
-    local_saw: dots.Seen,
-    remote_saw: dots.Seen,
-) -> Changes:
-    """The changes that join the whole state at ``remote_root`` (built in ``builder``:
-    a checkpoint's entries) into the tree at ``root`` (``*_saw`` as for
-    :func:`join_delta`). Only the keys where the trees differ are looked at (the diff skips equal
-    subtrees), so a checkpoint of a state close to this one costs little."""
-    doc_page = await is_document_page(builder, root) or await is_document_page(builder, remote_root)
-    changes: Changes = []
-    groups: dict[bytes, None] = {}
-    n = 0
-    async for c in btree.diff(builder, root, remote_root):
-        n += 1
-        if n % TURN_KEYS == 0:
-            await asyncio.sleep(0)
-        group = doclayout.group_of(c.key) if doc_page else None
-        if group is not None:
-            groups[group] = None
-            continue
-        vs = dots.join_versions(dots.versions(c.old), dots.versions(c.new), local_saw, remote_saw)
-        joined = dots.entry(c.key, _marker_rule(c.key, vs))
-        if joined != (None if c.old is None else btree.raw(c.old)):
-            changes.append((c.key, joined))
-    for group in groups:
-        end = doclayout.elements_end(group)
-        lgroup = {e[0]: btree.raw(e) async for e in btree.iterate(builder, root, group, end)}
-        rgroup = {e[0]: btree.raw(e) async for e in btree.iterate(builder, remote_root, group, end)}
-        changes.extend(_group_changes(lgroup, join_group(lgroup, rgroup, local_saw, remote_saw)))
-    changes.sort(key=lambda c: c[0])
-    return changes
-
-
-async def state_tree(builder: Builder, entries: Sequence[RawEntry]) -> bytes:
-    """The tree of a whole state given as its entries (a checkpoint's), in ``builder``."""
-    return await builder.apply(EMPTY, [(e[0], btree.new_entry(e)) for e in entries])
+DOCUMENT_RULE = DocumentRule()

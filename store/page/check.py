@@ -13,8 +13,9 @@ This module owns what "a healthy page" means on this device and how to tell:
   commit without children (history is a line), ``unsynced``, ``remote_pieces``
   and the journal tables refer to what exists;
 * in a document page, every document record and index definition of the head
-  decodes (:mod:`store.documents.doclayout`): a record that does not is ``damaged_document``, a
-  definition ``damaged_index_definition``, either of a newer ledgerd's layout
+  decodes (read by the :class:`ContentCheck` of :mod:`store.documents.doccheck`): a
+  record that does not is ``damaged_document``, a definition
+  ``damaged_index_definition``, either of a newer ledgerd's layout
   ``unsupported_layout``. Its pieces are sound (a piece that
   is not is reported as such, and its record is not read); these are reported,
   never repaired here (``purge`` of the documents API is the operator's way to be
@@ -40,17 +41,15 @@ import functools
 import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
-from ledgerd.store.documents import doclayout
-from ledgerd.store.documents.docmodel import id_text, ulid_text
 from ledgerd.store.errors import CorruptObjectError, InvalidArgumentError, StoreError, named
 from ledgerd.store.page.page import Page
 from ledgerd.store.pieces import digest as dg
 from ledgerd.store.pieces import split
 from ledgerd.store.sqlite import sql
 from ledgerd.store.sqlite.schema import LOCAL, SYNCED, TRANSIENT, UPLOADED_AT_ROW, UPLOADED_ROW
-from ledgerd.store.tree import btree, commit
+from ledgerd.store.tree import btree, commit, join
 
 SCAN_ROWS = 256
 """Stored pieces read and verified per query of the scan (pieces are at most 64 KiB)."""
@@ -84,6 +83,46 @@ DAMAGED_INDEX_DEFINITION = "damaged_index_definition"
 """An index definition of the head does not decode (its pieces are sound)."""
 DOCUMENT_CODES = (DAMAGED_DOCUMENT, UNSUPPORTED_LAYOUT, DAMAGED_INDEX_DEFINITION)
 """Problems of documents, not of pieces: reported, never repaired here."""
+
+
+class ContentRecord(NamedTuple):
+    """A value the content check reads: what it is (the start of a problem's message),
+    and whether it counts among :attr:`PageCheck.documents`."""
+
+    where: str
+    counted: bool
+
+
+class ContentCheck(Protocol):
+    """What the check reads in a document page's values beyond their pieces: the
+    document layer's records (:data:`store.documents.doccheck.DOCUMENT_CHECK`)."""
+
+    def record_of(self, key: bytes, value: bytes) -> ContentRecord | None:
+        """The record the entry (``key``, its value's digest) holds, or None: none to read."""
+        ...
+
+    def problem_of(self, key: bytes, data: bytes) -> tuple[str, str] | None:
+        """The problem code and why of the record at ``key`` whose contents are
+        ``data``, or None: it reads."""
+        ...
+
+
+_content: list[ContentCheck] = []
+
+
+def set_content_check(check: ContentCheck) -> None:
+    """Make ``check`` the one that reads records (``ledgerd.store`` sets the document
+    layer's when it is imported; a second, different one is refused)."""
+    if _content and _content[0] is not check:
+        raise ValueError("the check's content check is set already")
+    _content[:] = [check]
+
+
+def content_check() -> ContentCheck:
+    """The check set by :func:`set_content_check`."""
+    if not _content:
+        raise RuntimeError("no content check: ledgerd.store sets it when it is imported")
+    return _content[0]
 
 
 @dataclass
@@ -174,7 +213,7 @@ async def check_page(page: Page) -> PageCheck:
     # rest of the history, the nodes the head shares with it not read again.
     await walker.trees([head.root], documents=True)
     walker.report_documents()
-    # Pruned commits (history retention, store.gc) keep their rows, not their trees.
+    # Pruned commits (history retention, store.page.gc) keep their rows, not their trees.
     await walker.trees([c.root for c in commits.values() if c.id not in tables.pruned])
     await walker.journals(tables.journal_values)
     return report
@@ -474,6 +513,7 @@ class _Walker:
         read their document records too (:meth:`report_documents`)."""
         frontier = list(dict.fromkeys(r for r in roots if r))
         done = self.done
+        rule = join.group_rule()
         while frontier:
             frontier = [d for d in frontier if d not in done]
             done.update(frontier)
@@ -488,59 +528,36 @@ class _Walker:
                     for v in btree.values_of((e,)):
                         if v not in self.seen and v not in values:
                             values[v] = key
-                    if documents and key.startswith((doclayout.DOCS, doclayout.INDEXES)):
-                        bodies.append((key, value))
-                    elif documents and key == doclayout.MARKER:
+                    if documents and key == rule.marker:
                         self.marked = True
+                    elif documents and rule.owns(key):
+                        bodies.append((key, value))
             await self.values(values, committed=True)
             for i in range(0, len(bodies), SCAN_ROWS):
                 await self._records(bodies[i : i + SCAN_ROWS])
             frontier = list(dict.fromkeys(children))
 
     async def _records(self, entries: list[tuple[bytes, bytes]]) -> None:
-        """Decode the document records among ``entries`` (key, value digest); keep a
-        problem for each that does not. A record with a piece that is not stored here
-        or does not verify is not read (the walk reports the piece)."""
-        found: list[tuple[str, bool, bytes, bytes]] = []  # (what, a definition?, key, value)
-        for key, value in entries:
-            k = doclayout.parse_doc_key(key)
-            kept = k is not None and k.conflict is not None and value != dg.TOMBSTONE
-            if k is not None and (k.part == doclayout.BODY or kept):
-                doc = (  # (a body key the key API wrote may hold any id)
-                    id_text(k.doc_id)
-                    if isinstance(k.doc_id, str) or len(k.doc_id) == doclayout.ULID_SIZE
-                    else f"id {k.doc_id.hex()} (not a ULID)"
-                )
-                where = f"document {doc} in {k.collection!r}"
-                if k.conflict is not None:
-                    rev = ulid_text(k.conflict[: doclayout.ULID_SIZE])
-                    where = f"kept conflict {rev} of {where}"
-                found.append((where, False, key, value))
-            elif (x := doclayout.parse_index_key(key)) is not None and value != dg.TOMBSTONE:
-                found.append((f"index {x[1]!r} on {x[0]!r}", True, key, value))
-        got = await self._contents([v for _, _, _, v in found])
-        for where, definition, key, value in found:
+        """Read the records among ``entries`` (key, value digest) by the content check;
+        keep a problem for each that does not read. A record with a piece that is not
+        stored here or does not verify is not read (the walk reports the piece)."""
+        reader = content_check()
+        found = [
+            (key, value, r)
+            for key, value in entries
+            if (r := reader.record_of(key, value)) is not None
+        ]
+        got = await self._contents([v for _, v, _ in found])
+        for key, value, r in found:
             data = got.get(value)
             if data is None:
                 continue
-            if not definition and _is_body(key):  # (a kept conflict is no document)
+            if r.counted:
                 self.report.documents += 1
-            try:
-                if definition:
-                    doclayout.decode_definition(data)
-                else:
-                    doclayout.decode_record(data)
-            except doclayout.FutureLayoutError as e:
-                code, why = UNSUPPORTED_LAYOUT, f"cannot be read by this ledgerd: {e}"
-            except ValueError as e:
-                code = DAMAGED_INDEX_DEFINITION if definition else DAMAGED_DOCUMENT
-                why = f"is damaged: {e}"
-            else:
-                odd = None if definition else _odd_id(key)
-                if odd is None:
-                    continue
-                code, why = DAMAGED_DOCUMENT, f"is damaged: its id is {odd} bytes, not 16"
-            self.documents.append(Problem(code, f"{where} {why}", key=key))
+            problem = reader.problem_of(key, data)
+            if problem is not None:
+                code, why = problem
+                self.documents.append(Problem(code, f"{r.where} {why}", key=key))
 
     def report_documents(self) -> None:
         """Report the records :meth:`trees` found that do not decode, if the tree it
@@ -867,17 +884,3 @@ async def check_quietly(page: Page) -> PageCheck:
         report = PageCheck(page.ledger, page.id)
         report.add(Problem(SQLITE, f"the check could not finish: {e}"))
         return report
-
-
-def _is_body(key: bytes) -> bool:
-    k = doclayout.parse_doc_key(key)
-    return k is not None and k.part == doclayout.BODY
-
-
-def _odd_id(key: bytes) -> int | None:
-    """The length of a document key's id that is not a ULID's 16 bytes (the key API
-    may write one: the documents API names its body damaged too); else None."""
-    k = doclayout.parse_doc_key(key)
-    if k is None or isinstance(k.doc_id, str) or len(k.doc_id) == doclayout.ULID_SIZE:
-        return None
-    return len(k.doc_id)

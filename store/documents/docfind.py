@@ -19,20 +19,20 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ledgerd.store.documents import doctoken
 from ledgerd.store.documents.docmodel import (
     Document,
+    IndexInfo,
     InvalidDocumentError,
     check_data,
     loads,
     shown,
 )
 from ledgerd.store.errors import InvalidArgumentError
-
-if TYPE_CHECKING:
-    from ledgerd.store.documents.documents import DocumentStore, IndexInfo
+from ledgerd.store.page.page import Page
+from ledgerd.store.page.view import RangeResult
 
 DEFAULT_LIMIT = 25
 """Documents a find answers when it names no ``limit`` (CouchDB's default)."""
@@ -55,6 +55,30 @@ _MISSING: Any = object()
 
 COMPARISONS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")
 OPERATORS = (*COMPARISONS, "$in", "$nin", "$exists", "$elemMatch", "$and", "$or", "$nor", "$not")
+
+
+class Documents(Protocol):
+    """What a find reads of a page's documents
+    (:class:`store.documents.documents.DocumentStore`)."""
+
+    @property
+    def page(self) -> Page: ...
+
+    async def list_documents(
+        self, collection: str, *, limit: int = ..., token: bytes | None = ...
+    ) -> RangeResult[Document]: ...
+
+    async def query(
+        self,
+        collection: str,
+        index: str,
+        partition: Any,
+        *,
+        limit: int = ...,
+        token: bytes | None = ...,
+    ) -> RangeResult[Document]: ...
+
+    async def indexes(self, collection: str) -> list[IndexInfo]: ...
 
 
 class InvalidSelectorError(InvalidArgumentError):
@@ -537,7 +561,7 @@ def _cmp_keyed(a: tuple[list[Any], Any], b: tuple[list[Any], Any]) -> int:
     return _cmp_keys(a[0], b[0])
 
 
-async def _candidates(store: DocumentStore, collection: str, p: Plan) -> list[Document]:
+async def _candidates(store: Documents, collection: str, p: Plan) -> list[Document]:
     """The documents a plan reads: the index's partition, or the whole collection."""
     out: list[Document] = []
     token: bytes | None = None
@@ -552,12 +576,12 @@ async def _candidates(store: DocumentStore, collection: str, p: Plan) -> list[Do
             return out
 
 
-def _bound(store: DocumentStore, collection: str, request: FindRequest) -> bytes:
+def _bound(store: Documents, collection: str, request: FindRequest) -> bytes:
     page = store.page
     return doctoken.binding("find", page.ledger, page.id, collection, request.canonical)
 
 
-async def find(store: DocumentStore, collection: str, request: FindRequest) -> FindResult:
+async def find(store: Documents, collection: str, request: FindRequest) -> FindResult:
     """Answer ``request`` on ``collection``: candidates by :func:`plan`, kept when the
     selector matches them (and, with ``sort``, when they have every sort field: CouchDB
     sorts through an index that holds only such documents), ordered by the sort
@@ -598,7 +622,7 @@ async def find(store: DocumentStore, collection: str, request: FindRequest) -> F
     return FindResult(docs, mark, p)
 
 
-async def explain(store: DocumentStore, collection: str, request: FindRequest) -> dict[str, Any]:
+async def explain(store: Documents, collection: str, request: FindRequest) -> dict[str, Any]:
     """Which plan :func:`find` would run for ``request``, and the request as read."""
     p = plan(request, await store.indexes(collection))
     return {

@@ -31,7 +31,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from ledgerd.store.documents import doclayout
 from ledgerd.store.errors import ClosedError, TransactionClosedError, named
 from ledgerd.store.page import staging, view
 from ledgerd.store.page.graph import CommitGraph, Work
@@ -489,12 +488,13 @@ async def _whole_documents(
     """``puts`` with each document key replaced by its document, whole, as the
     transaction saw it (its base, then its writes)."""
     mine = {e[0]: e for e in puts}
-    groups = {g for e in puts if (g := doclayout.group_of(e[0])) is not None}
-    out = [e for e in puts if doclayout.group_of(e[0]) is None]
+    rule = join.group_rule()
+    groups = {g for e in puts if (g := rule.group_of(e[0])) is not None}
+    out = [e for e in puts if rule.group_of(e[0]) is None]
     for g in sorted(groups):
         seen = {
             e[0]: btree.raw(e)
-            async for e in btree.iterate(builder, base_root, g, doclayout.elements_end(g))
+            async for e in btree.iterate(builder, base_root, g, rule.group_end(g))
         }
         seen.update((k, e) for k, e in mine.items() if k.startswith(g))
         out.extend(seen.values())

@@ -141,7 +141,7 @@ def _create_private(path: Path, empty_is_damage: bool) -> None:
     conn = sqlite3.connect(new, isolation_level=None)
     try:
         conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
-        # Free pages can be given back (store.gc); set before the first table.
+        # Free pages can be given back (store.page.gc); set before the first table.
         conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
         conn.execute("PRAGMA journal_mode = WAL")  # writes the header
     finally:

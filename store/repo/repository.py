@@ -214,7 +214,7 @@ def _never_made(path: Path) -> bool:
 def _remove_unmade(walked: eviction.Walk) -> list[Path]:
     """Remove what a making of a page's database cut short left (blocking): in a page
     directory with no ``page.sqlite``, its ``page.sqlite.new`` and that file's -journal,
-    -wal and -shm (see store.db._create_private), then the directory if that leaves it
+    -wal and -shm (see store.sqlite.db._create_private), then the directory if that leaves it
     empty, and its ledger's too. A page made without an unwritten mark (a policy set, a
     sync download) left its ledger listed with no page, and the file until the page was
     made again. Anything else (a -wal whose database is lost) stays, as does a page with
@@ -347,7 +347,7 @@ class Repository:
         self._closed_deleted: dict[tuple[bytes, bytes], bool] = {}
         """Whether pages closed a moment ago are deleted, until page_usage says it."""
         self._evicted: dict[tuple[bytes, bytes], int] = {}
-        """Evicted pages (store.eviction): their page_usage.evicted."""
+        """Evicted pages (store.repo.eviction): their page_usage.evicted."""
         self._evicted_written: dict[tuple[bytes, bytes], int] = {}
         """Evicted pages: the time of this device's last write to each (page_usage.written)."""
         self._marked: set[tuple[bytes, bytes]] = set()
@@ -1048,12 +1048,15 @@ class Repository:
         )
 
     async def _open_page(self, ledger: bytes, page_id: bytes) -> Page:
+        hooks = self.hooks
         return await Page.open(
             self.page_path(ledger, page_id),
             ledger,
             page_id,
             synchronous=self.synchronous,
-            hooks=self.hooks,
+            fetch=None if hooks.fetcher is None else hooks.fetcher.fetch_pieces,
+            on_commit=None if hooks.listener is None else hooks.listener.page_committed,
+            resolvers=hooks.resolvers,
             txn_memory=self.txn_memory,
             max_watch_queue=self.max_watch_queue,
             max_watch_queue_bytes=self.max_watch_queue_bytes,

@@ -1,15 +1,17 @@
 """What a repository's pages reach out to: the collaborators given when it opens.
 
-A page needs three things it cannot do itself, and gets them through these small
-protocols when :meth:`store.repo.repository.Repository.open` is called, rather than
-having them patched onto it afterwards:
+A page needs things it cannot do itself, and gets them through these small
+protocols when :meth:`store.repo.repository.Repository.open` is called (the
+repository hands each page its parts), rather than having them patched onto it
+afterwards:
 
 * a :class:`PieceFetcher`, which brings pieces this device does not store (LAZY
   values, in the daemon the sync engine fetching them from the bucket);
 * a :class:`CommitListener`, told of every commit a page stores (sync uses it to
   know which pages have something to upload);
-* a :class:`ResolverSource`, asked for the conflict resolver of a ledger when a
-  merge under a non-automatic policy needs an answer;
+* a :class:`ResolverSource` (defined in :mod:`store.tree.merge`, where the page's
+  conflicts find it), asked for the conflict resolver of a ledger when a merge under
+  a non-automatic policy needs an answer;
 * a :class:`PageRestorer`, which brings back a page this device evicted (its
   local storage deleted because everything in it was in the bucket), on its next use.
 
@@ -20,12 +22,20 @@ only; what implements them lives above ``store``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from ledgerd.store.page.page import Page
-    from ledgerd.store.tree.commit import Commit
-    from ledgerd.store.tree.merge import Resolver
+from ledgerd.store.page.page import Page
+from ledgerd.store.tree.commit import Commit
+from ledgerd.store.tree.merge import ResolverSource
+
+__all__ = [
+    "NO_HOOKS",
+    "CommitListener",
+    "PageHooks",
+    "PageRestorer",
+    "PieceFetcher",
+    "ResolverSource",
+]
 
 
 class PieceFetcher(Protocol):
@@ -37,12 +47,6 @@ class PieceFetcher(Protocol):
 class CommitListener(Protocol):
     def page_committed(self, page: Page, commit: Commit) -> None:
         """``commit`` is stored in ``page`` (called on the event loop; must not block)."""
-        ...
-
-
-class ResolverSource(Protocol):
-    def resolver_for(self, ledger: bytes) -> Resolver | None:
-        """The conflict resolver connected for ``ledger``, or None."""
         ...
 
 

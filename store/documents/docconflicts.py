@@ -3,7 +3,7 @@
 This module owns reading a document's kept conflicts from a page's view (:func:`kept`,
 highest ranked first) and what a write of the document does with them (:func:`carry`:
 keep them, but those it resolves and those past the bound). How they are made (the join
-keeps the revisions that lost) is :func:`store.tree.join.join_group`; their keys are
+keeps the revisions that lost) is :func:`store.documents.docjoin.join_group`; their keys are
 :mod:`store.documents.doclayout`'s; the API that shows and resolves them is
 :class:`store.documents.documents.DocumentStore`. Why, and the bound: ``docs/documents.md``.
 """

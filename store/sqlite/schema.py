@@ -64,7 +64,7 @@ PAGE_SCHEMA = """
 --   id:     assigned on insert, increasing; never reused while the row exists and
 --           never changed (an INTEGER PRIMARY KEY: VACUUM keeps it), so that
 --           unsynced can refer to it.
---   digest: a hashed digest (store.digest); inline pieces are never rows.
+--   digest: a hashed digest (store.pieces.digest); inline pieces are never rows.
 --   data:   the piece's exact content; digest.verify(digest, data) holds unless the
 --           file was damaged, which every read checks.
 --   Rows are deleted only when transient and garbage (see unsynced).
@@ -104,8 +104,8 @@ CREATE TABLE journal_pieces (
     PRIMARY KEY (journal_id, digest)
 ) WITHOUT ROWID;
 
--- commits: every commit of this page's local history (a line: store.graph). id =
---   hash of data (store.commit); data is the deterministic encoding; the other
+-- commits: every commit of this page's local history (a line: store.page.graph). id =
+--   hash of data (store.tree.commit); data is the deterministic encoding; the other
 --   columns are copies of fields of data, kept for queries. generation = 1 + the
 --   parent's, 0 for the first commit. Rows are never changed or deleted (a pruned
 --   commit keeps its row: see pruned_commits).
@@ -131,7 +131,7 @@ CREATE TABLE heads (
 ) WITHOUT ROWID;
 
 -- conflicts: the keys whose entry in the head holds siblings of different values
---   (concurrent writes: store.dots), kept by every commit that changes them. Derived
+--   (concurrent writes: store.tree.dots), kept by every commit that changes them. Derived
 --   from the head's tree: a key is here exactly when its entry has such siblings.
 CREATE TABLE conflicts (
     key BLOB PRIMARY KEY
@@ -160,7 +160,7 @@ CREATE TABLE journal_entries (
 ) WITHOUT ROWID;
 
 -- pruned_commits: commits whose tree and values are no longer kept here (history
---   retention, store.gc). Their commits rows stay, so that the graph, generations
+--   retention, store.page.gc). Their commits rows stay, so that the graph, generations
 --   and common ancestors still work; reading at one of them is refused
 --   (HistoryPrunedError). A row is never deleted: once pruned, a commit's pieces may
 --   be gone. The head is never pruned.
@@ -184,7 +184,7 @@ CREATE TABLE remote_pieces (
 ) WITHOUT ROWID;
 
 -- page_metadata: small named values owned by the store (merge policy, the head's
---   context: store.graph.CONTEXT).
+--   context: store.page.graph.CONTEXT).
 CREATE TABLE page_metadata (
     name  TEXT PRIMARY KEY,
     value BLOB NOT NULL
@@ -207,14 +207,14 @@ CREATE TABLE repository (
 --   a deleted page's tree (store/page/deleted.py) when it was last closed or deleted here:
 --   listings leave it out; an open page is asked directly instead. Rows are never
 --   removed (the page's files stay until garbage collection frees them). evicted
---   (store.eviction): 0 the page is stored here; 1 its storage was deleted because
+--   (store.repo.eviction): 0 the page is stored here; 1 its storage was deleted because
 --   the bucket had all of it (its next use restores it from there); 2 it was deleted
 --   empty and never synced (its next use starts it empty again). A page directory is
 --   deleted before its row says evicted; a directory renamed '*.evicting' is an
 --   eviction cut short, finished at the next open. written (evicted pages): the
 --   time of this device's last write to the page when it was evicted (-1: none); a
 --   restore that does not bring every one of them back fails, since the page's
---   next write would claim to have seen them (store.eviction).
+--   next write would claim to have seen them (store.repo.eviction).
 CREATE TABLE page_usage (
     ledger    BLOB NOT NULL,
     page      BLOB NOT NULL,

@@ -2,8 +2,9 @@
 the revision clock.
 
 This module owns what a document *is* to a caller (:class:`Document`, its JSON
-shape after Yoda), the checks on what callers give (JSON values, reserved names,
-sizes, ULIDs, client-supplied revisions), the errors of the document layer, and
+shape after Yoda; :class:`IndexInfo`, an index as declared), the checks on what
+callers give (JSON values, reserved names, sizes, ULIDs, client-supplied revisions),
+the errors of the document layer, and
 :class:`RevClock`, which makes ``_rev`` values. Where documents are kept in a page
 is :mod:`store.documents.doclayout`; the operations are :mod:`store.documents.documents`.
 
@@ -563,6 +564,33 @@ del _slot
 
 _RANDOM_BITS = 80
 _POOL_BYTES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class IndexInfo:
+    """An index as declared: its paths as the names themselves (``partition_path``,
+    ``sort_path``), which tell a field named ``"a.b"`` from ``["a", "b"]``, and as
+    dotted text for reading (``partition``, ``sort``: ``"address.city"``).
+
+    An index whose definition cannot be read here has empty paths, is not ``ready``
+    and names why in ``code`` and ``message``: ``unsupported_layout`` (a newer
+    ledgerd's definition, come through sync) or ``corrupt`` (damaged)."""
+
+    collection: str
+    name: str
+    partition_path: tuple[str, ...]
+    sort_path: tuple[str, ...] | None
+    ready: bool
+    code: str | None = None
+    message: str | None = None
+
+    @property
+    def partition(self) -> str:
+        return ".".join(self.partition_path)
+
+    @property
+    def sort(self) -> str | None:
+        return None if self.sort_path is None else ".".join(self.sort_path)
 
 
 class RevClock:

@@ -26,7 +26,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from ledgerd.store.documents import doclayout
 from ledgerd.store.errors import (
     AmbiguousTakeError,
     ClosedError,
@@ -39,14 +38,20 @@ from ledgerd.store.errors import (
     named,
 )
 from ledgerd.store.page.graph import CommitGraph
-from ledgerd.store.page.hooks import ResolverSource
 from ledgerd.store.pieces import digest as dg
 from ledgerd.store.pieces import split
 from ledgerd.store.pieces.objects import ObjectStore
 from ledgerd.store.sqlite.db import Database
-from ledgerd.store.tree import btree, commit, dots
+from ledgerd.store.tree import btree, commit, dots, join
 from ledgerd.store.tree.btree import Builder, Entry, NodeStore, Priority, RawEntry, Version
-from ledgerd.store.tree.merge import Choice, Conflict, MergeRequest, NeedsResolver, Policy
+from ledgerd.store.tree.merge import (
+    Choice,
+    Conflict,
+    MergeRequest,
+    NeedsResolver,
+    Policy,
+    ResolverSource,
+)
 from ledgerd.store.tree.merge import needs_resolver as _needs_resolver
 
 log = logging.getLogger(__name__)
@@ -386,7 +391,7 @@ class Conflicts:
         SiblingsChangedError and nothing is written. Returns the conflicts resolved, as
         they were."""
         documents = self.policy is Policy.DOCUMENTS or (
-            await btree.lookup(self.nodes, self.graph.head.root, doclayout.MARKER) is not None
+            await join.is_document_page(self.nodes, self.graph.head.root)
         )
         refused = NotResolvableError(
             f"page {named(self.name)} holds documents: each is resolved whole, by its higher _rev"
@@ -446,7 +451,7 @@ def _document_key(key: bytes) -> bool:
     """Whether ``key`` is one the document layer keeps (its marker, a document's or an
     index definition's): on a document page those merge whole, by ``_rev``, and are
     never resolved by key; the page's other keys are keys like any page's."""
-    return key == doclayout.MARKER or key.startswith((doclayout.DOCS, doclayout.INDEXES))
+    return join.group_rule().owns(key)
 
 
 def _unresolved(n: int) -> str:

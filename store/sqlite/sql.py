@@ -13,9 +13,9 @@ from __future__ import annotations
 import functools
 import sqlite3
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 from ledgerd.store.sqlite.schema import LOCAL, SYNCED, TRANSIENT
-from ledgerd.store.tree.commit import Commit
 
 # The joins say CROSS JOIN to fix their order (SQLite keeps it as written): from the
 # few rows at hand to the pieces by key, never a scan of a large table first.
@@ -204,7 +204,24 @@ def drop_journal(conn: sqlite3.Connection, journal_id: str) -> None:
     conn.execute("DELETE FROM journals WHERE id = ?", (journal_id,))
 
 
-def insert_commit(conn: sqlite3.Connection, c: Commit) -> None:
+class CommitRow(Protocol):
+    """What :func:`insert_commit` stores of a commit (:class:`store.tree.commit.Commit`)."""
+
+    @property
+    def id(self) -> bytes: ...
+    @property
+    def data(self) -> bytes: ...
+    @property
+    def generation(self) -> int: ...
+    @property
+    def timestamp(self) -> int: ...
+    @property
+    def root(self) -> bytes: ...
+    @property
+    def parents(self) -> Sequence[bytes]: ...
+
+
+def insert_commit(conn: sqlite3.Connection, c: CommitRow) -> None:
     """Store a commit and make it the head (history is a line: its parent was)."""
     conn.execute(
         "INSERT OR IGNORE INTO commits (id, data, generation, timestamp, root) "
