@@ -41,6 +41,7 @@ from ledgerd.store.page.graph import CommitGraph
 from ledgerd.store.pieces import digest as dg
 from ledgerd.store.pieces import split
 from ledgerd.store.pieces.objects import ObjectStore
+from ledgerd.store.sqlite import metadata
 from ledgerd.store.sqlite.db import Database
 from ledgerd.store.tree import btree, commit, dots, join
 from ledgerd.store.tree.btree import Builder, Entry, NodeStore, Priority, RawEntry, Version
@@ -195,10 +196,7 @@ class Conflicts:
         """Remember the page's merge policy (and ask a resolver now if it calls for one)."""
         value = policy.value.encode()
         await self.db.run(
-            lambda conn: conn.execute(
-                "INSERT OR REPLACE INTO page_metadata (name, value) VALUES ('merge_policy', ?)",
-                (value,),
-            ),
+            lambda conn: metadata.set_page_value(conn, "merge_policy", value),
             write=True,
         )
         self.policy, self.remembered = policy, True

@@ -23,7 +23,7 @@ from ledgerd.store.page.view import KEY_LIMIT
 from ledgerd.store.pieces import digest as dg
 from ledgerd.store.pieces import split
 from ledgerd.store.pieces.objects import mismatched
-from ledgerd.store.sqlite import sql
+from ledgerd.store.sqlite import metadata, piece_rows, sql
 from ledgerd.store.sqlite.schema import PIECES_WAITING as PIECES_WAITING
 from ledgerd.store.sqlite.schema import SYNCED, UPLOADED_AT_ROW, UPLOADED_ROW
 from ledgerd.store.tree import btree, dots, join
@@ -183,7 +183,7 @@ async def mark_uploaded(page: Page, delta: Delta) -> None:
 
     def work(conn: sqlite3.Connection) -> None:
         sql.mark_uploaded(conn, [*delta.eager, *delta.lazy])
-        conn.executemany("INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)", rows)
+        metadata.set_sync_values(conn, rows)
 
     await page.db.run(work, write=True)
 
@@ -482,9 +482,7 @@ async def _write_markers(
 
 
 def _markers(conn: sqlite3.Connection, markers: Sequence[tuple[str, bytes]]) -> None:
-    conn.executemany(
-        "INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)", list(markers)
-    )
+    metadata.set_sync_values(conn, list(markers))
 
 
 def _store_remote(
@@ -493,11 +491,7 @@ def _store_remote(
     """Store verified pieces from the cloud, and where the LAZY ones left there lie."""
     sql.put_pieces(conn, pieces.items(), SYNCED)
     sql.mark_synced(conn, lazy)
-    conn.executemany(
-        "INSERT OR REPLACE INTO remote_pieces (digest, location) SELECT ?, ? "
-        "WHERE NOT EXISTS (SELECT 1 FROM objects WHERE digest = ?)",
-        [(d, loc, d) for d, loc in lazy.items()],
-    )
+    piece_rows.note_remote(conn, lazy)
 
 
 async def forget(page: Page) -> None:
@@ -512,12 +506,9 @@ async def forget(page: Page) -> None:
         c = child(head, btree.EMPTY, graph.next_time())
 
         def work(conn: sqlite3.Connection) -> None:
-            conn.execute("DELETE FROM conflicts")
-            conn.execute(
-                "INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)",
-                (UPLOADED_AT_ROW, c.id),
-            )
-            conn.execute("DELETE FROM sync_metadata WHERE name LIKE 'imported/%'")
+            metadata.clear_conflicts(conn)
+            metadata.set_sync_values(conn, [(UPLOADED_AT_ROW, c.id)])
+            metadata.drop_imported_markers(conn)
 
         await graph.store(c, Builder(page.nodes), also=work, also_small=False, ctx={})
         graph.conflicts = 0
@@ -593,9 +584,7 @@ async def sync_value(page: Page, name: str) -> bytes | None:
 
 async def set_sync_value(page: Page, name: str, value: bytes) -> None:
     await page.db.run(
-        lambda conn: conn.execute(
-            "INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)", (name, value)
-        ),
+        lambda conn: metadata.set_sync_values(conn, [(name, value)]),
         write=True,
     )
 

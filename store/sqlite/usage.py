@@ -147,9 +147,7 @@ async def forget(usage: Database, key: Key) -> None:
 
 
 async def is_deleted(usage: Database, key: Key) -> bool:
-    rows = await usage.read_all(
-        "SELECT deleted FROM page_usage WHERE ledger = ? AND page = ?", key
-    )
+    rows = await usage.read_all("SELECT deleted FROM page_usage WHERE ledger = ? AND page = ?", key)
     return bool(rows and rows[0][0])
 
 
