@@ -123,10 +123,7 @@ async def set_page_retention(page: Page, seconds: float | None) -> None:
 
 
 async def is_pruned(page: Page, commit_id: bytes) -> bool:
-    rows = await page.db.read_all(
-        "SELECT 1 FROM pruned_commits WHERE commit_id = ?", (commit_id,), small=True
-    )
-    return bool(rows)
+    return await collection.is_pruned(page.db, commit_id)
 
 
 async def retained_commits(page: Page, retention: float) -> set[bytes]:

@@ -97,7 +97,7 @@ def never_made(path: Path) -> bool:
 def remove_unmade(walked: eviction.Walk) -> list[Path]:
     """Remove what a making of a page's database cut short left (blocking): in a page
     directory with no ``page.sqlite``, its ``page.sqlite.new`` and that file's -journal,
-    -wal and -shm (see store.sqlite.db._create_private), then the directory if that leaves it
+    -wal and -shm (see store.sqlite.files.create_private), then the directory if that leaves it
     empty, and its ledger's too. A page made without an unwritten mark (a policy set, a
     sync download) left its ledger listed with no page, and the file until the page was
     made again. Anything else (a -wal whose database is lost) stays, as does a page with

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterable
 
+from ledgerd.store.sqlite.db import Database
 from ledgerd.store.sqlite.schema import PIECES_WAITING, UPLOADED_AT_ROW
 
 CANDIDATES = 4096
@@ -43,6 +44,14 @@ def retained_and_pruned(conn: sqlite3.Connection, cutoff_us: int) -> tuple[set[b
         return keep, pruned
     finally:
         conn.execute("COMMIT")
+
+
+async def is_pruned(db: Database, commit_id: bytes) -> bool:
+    """Whether the commit is pruned (its contents no longer kept)."""
+    rows = await db.read_all(
+        "SELECT 1 FROM pruned_commits WHERE commit_id = ?", (commit_id,), small=True
+    )
+    return bool(rows)
 
 
 def prune(conn: sqlite3.Connection, ids: Iterable[bytes]) -> int:
