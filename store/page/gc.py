@@ -360,13 +360,17 @@ async def _sweep(
                 if d not in marked
             ]
             n, nbytes = await page.db.run(
-                lambda conn, ids=ids: collection.delete(conn, ids),  # type: ignore[misc]
+                lambda conn, ids=ids: _delete(conn, ids),  # type: ignore[misc]
                 write=True,
             )
         done += SWEEP_BATCH
         result.pieces_freed += n
         result.bytes_freed += nbytes
         await marker._yield()
+
+
+def _delete(conn: sqlite3.Connection, ids: list[int]) -> tuple[int, int]:
+    return collection.delete(conn, ids)
 
 
 def _vacuum_step(conn: sqlite3.Connection) -> int:

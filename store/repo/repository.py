@@ -50,8 +50,7 @@ from ledgerd.store.repo.layout import DISCARDED as DISCARDED
 from ledgerd.store.repo.layout import NAME_LIMIT as NAME_LIMIT
 from ledgerd.store.repo.layout import decode_name as decode_name
 from ledgerd.store.repo.layout import encode_name as encode_name
-from ledgerd.store.repo.layout import lock_directory, remove_aside
-from ledgerd.store.repo.layout import remove_page_dir as _remove_page_dir
+from ledgerd.store.repo.layout import lock_directory, remove_aside, remove_page_dir
 from ledgerd.store.repo.listing import Ledger as Ledger
 from ledgerd.store.repo.listing import Listing
 from ledgerd.store.repo.marks import UNWRITTEN as UNWRITTEN
@@ -62,6 +61,10 @@ from ledgerd.store.sqlite.db import Database, Synchronous
 from ledgerd.store.sqlite.schema import FORMAT_VERSION, create_usage_schema
 
 log = logging.getLogger(__name__)
+
+_remove_page_dir = remove_page_dir
+"""Removes a page's directory (:func:`store.repo.layout.remove_page_dir`); looked up
+in this module at each call, so a test can hold a removal at this step."""
 
 
 async def _open_directory(root: Path) -> tuple[int, Database]:
