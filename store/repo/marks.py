@@ -80,9 +80,10 @@ def never_made(path: Path) -> bool:
     version left it, killed between creating the file and SQLite writing it) an empty
     one with no -wal. A page that was written has its -wal until it closes, and its
     close drops its mark, so an empty file beside a -wal is damage (refused as such).
-    So is no file beside a -wal or -journal (:func:`_lost`): SQLite makes those only
-    once the file is in place (a making writes ``page.sqlite.new`` and its own side
-    files, :func:`_remove_unmade`), so the page was made, and they may hold commits."""
+    So is no file beside a -wal or -journal (:func:`store.repo.layout.is_lost`):
+    SQLite makes those only once the file is in place (a making writes
+    ``page.sqlite.new`` and its own side files, :func:`remove_unmade`), so the page
+    was made, and they may hold commits."""
     try:
         if path.stat().st_size > 0:
             return False
