@@ -87,21 +87,6 @@ def writer_pragmas(synchronous: Synchronous = "NORMAL") -> list[str]:
     ]
 
 
-def _connect_inline(path: Path, synchronous: Synchronous) -> sqlite3.Connection:
-    """The connection for inline writes: it never checkpoints (the writer on its
-    thread does) and never waits for a lock (the caller falls back to the writer)."""
-    conn = sqlite3.connect(path, isolation_level=None, timeout=0, check_same_thread=False)
-    try:
-        for pragma in writer_pragmas(synchronous):
-            conn.execute(pragma)
-        conn.execute("PRAGMA wal_autocheckpoint = 0")
-        conn.execute("PRAGMA cache_size = -2048")  # 2 MiB: it writes a few rows at a time
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
 _WAL_INDEX_VERSION = 3007000
 _WAL_INDEX = struct.Struct("=I12xI76xI")
 """The start of a WAL index (the ``-shm`` file; layout in SQLite's documented
@@ -259,7 +244,9 @@ class Database:
             inline_reader = await asyncio.to_thread(files.connect_inline_reader, path)
             # With FULL every commit waits for an fsync: not something for the loop.
             if synchronous != "FULL":
-                inline = await asyncio.to_thread(_connect_inline, path, synchronous)
+                inline = await asyncio.to_thread(
+                    files.connect_inline, path, writer_pragmas(synchronous)
+                )
         except BaseException:
             if inline_reader is not None:
                 inline_reader.close()

@@ -2,9 +2,9 @@
 store's errors for what SQLite and the file system say of it.
 
 This module owns making a database file private (``0600``) and never empty, the
-schema's first preparation, the URI a connection opens it by, the inline reader's
-connection, and :func:`translating` errors (blocking functions, run on a thread).
-The connections' discipline is :mod:`store.sqlite.db`'s.
+schema's first preparation, the URI a connection opens it by, the connections of
+inline writes and reads, and :func:`translating` errors (blocking functions, run on
+a thread). The connections' discipline is :mod:`store.sqlite.db`'s.
 """
 
 from __future__ import annotations
@@ -100,6 +100,22 @@ def prepare(path: Path, create_schema: Callable[[sqlite3.Connection], None]) -> 
         create_schema(conn)
     finally:
         conn.close()
+
+
+def connect_inline(path: Path, pragmas: list[str]) -> sqlite3.Connection:
+    """The connection for inline writes, with the writer's ``pragmas``: it never
+    checkpoints (the writer on its thread does) and never waits for a lock (the
+    caller falls back to the writer)."""
+    conn = sqlite3.connect(path, isolation_level=None, timeout=0, check_same_thread=False)
+    try:
+        for pragma in pragmas:
+            conn.execute(pragma)
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
+        conn.execute("PRAGMA cache_size = -2048")  # 2 MiB: it writes a few rows at a time
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def connect_inline_reader(path: Path) -> sqlite3.Connection:
