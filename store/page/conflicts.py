@@ -41,6 +41,7 @@ from ledgerd.store.page.graph import CommitGraph
 from ledgerd.store.pieces import digest as dg
 from ledgerd.store.pieces import split
 from ledgerd.store.pieces.objects import ObjectStore
+from ledgerd.store.sqlite import metadata
 from ledgerd.store.sqlite.db import Database
 from ledgerd.store.tree import btree, commit, dots, join
 from ledgerd.store.tree.btree import Builder, Entry, NodeStore, Priority, RawEntry, Version
@@ -195,10 +196,7 @@ class Conflicts:
         """Remember the page's merge policy (and ask a resolver now if it calls for one)."""
         value = policy.value.encode()
         await self.db.run(
-            lambda conn: conn.execute(
-                "INSERT OR REPLACE INTO page_metadata (name, value) VALUES ('merge_policy', ?)",
-                (value,),
-            ),
+            lambda conn: metadata.set_page_value(conn, "merge_policy", value),
             write=True,
         )
         self.policy, self.remembered = policy, True
@@ -390,6 +388,34 @@ class Conflicts:
         listing), or when a write comes meanwhile, siblings that changed are
         SiblingsChangedError and nothing is written. Returns the conflicts resolved, as
         they were."""
+        found = await self._to_resolve(key)
+        what = f"key {named(key)}" if key is not None else f"page {named(self.name)}"
+        changed = (
+            f"the conflicts of {what} changed since they were listed (a write or a sync"
+            " came): nothing was resolved; list them again"
+        )
+        if expect is not None and expect_of(found) != expect:
+            raise SiblingsChangedError(changed)
+        _check_take(found, take)
+        # The sides shown, then every other version (the resolution supersedes all).
+        shown: Shown = {
+            c.key: (*c.sides[:2], *(v for v in c.versions if v not in c.sides[:2])) for c in found
+        }
+        choice: Choice = "left" if take == "ours" else "right" if take == "theirs" else take
+        answers = {c.key: choice for c in found}
+        await self._hold(shown, answers)
+        stored = await self._store(shown, answers, exact=True)
+        if len(stored) != len(found):
+            if self._is_closed():
+                raise ClosedError(f"page {named(self.name)} is closing")
+            raise SiblingsChangedError(changed)
+        if self._pending == _unresolved(len(found) + self.graph.conflicts):
+            self._pending = _unresolved(self.graph.conflicts)  # (the count it shows)
+        return found
+
+    async def _to_resolve(self, key: bytes | None) -> list[KeyConflict]:
+        """The conflicts :meth:`resolve` resolves: ``key``'s, or the page's (those of
+        its document keys left out); refused when there is none, or a document's."""
         documents = self.policy is Policy.DOCUMENTS or (
             await join.is_document_page(self.nodes, self.graph.head.root)
         )
@@ -415,36 +441,19 @@ class Conflicts:
                     raise KeyNotFoundError(f"key {named(key)} is not in page {named(self.name)}")
                 raise NotInConflictError(f"key {named(key)} holds no conflict")
             found = [c]
-        what = f"key {named(key)}" if key is not None else f"page {named(self.name)}"
-        changed = (
-            f"the conflicts of {what} changed since they were listed (a write or a sync"
-            " came): nothing was resolved; list them again"
-        )
-        if expect is not None and expect_of(found) != expect:
-            raise SiblingsChangedError(changed)
-        if take == "theirs":
-            many = [c for c in found if len(c.theirs) != 1]
-            if many:
-                raise AmbiguousTakeError(
-                    f"theirs names {len(many[0].theirs)} siblings of {named(many[0].key)}"
-                    f"{f' (and of {len(many) - 1} other keys)' if len(many) > 1 else ''}:"
-                    " take ours or give a value"
-                )
-        # The sides shown, then every other version (the resolution supersedes all).
-        shown: Shown = {
-            c.key: (*c.sides[:2], *(v for v in c.versions if v not in c.sides[:2])) for c in found
-        }
-        choice: Choice = "left" if take == "ours" else "right" if take == "theirs" else take
-        answers = {c.key: choice for c in found}
-        await self._hold(shown, answers)
-        stored = await self._store(shown, answers, exact=True)
-        if len(stored) != len(found):
-            if self._is_closed():
-                raise ClosedError(f"page {named(self.name)} is closing")
-            raise SiblingsChangedError(changed)
-        if self._pending == _unresolved(len(found) + self.graph.conflicts):
-            self._pending = _unresolved(self.graph.conflicts)  # (the count it shows)
         return found
+
+
+def _check_take(found: list[KeyConflict], take: Take) -> None:
+    """``theirs`` names one sibling of each key, or the take is refused."""
+    if take == "theirs":
+        many = [c for c in found if len(c.theirs) != 1]
+        if many:
+            raise AmbiguousTakeError(
+                f"theirs names {len(many[0].theirs)} siblings of {named(many[0].key)}"
+                f"{f' (and of {len(many) - 1} other keys)' if len(many) > 1 else ''}:"
+                " take ours or give a value"
+            )
 
 
 def _document_key(key: bytes) -> bool:

@@ -23,7 +23,7 @@ from ledgerd.store.page.view import KEY_LIMIT
 from ledgerd.store.pieces import digest as dg
 from ledgerd.store.pieces import split
 from ledgerd.store.pieces.objects import mismatched
-from ledgerd.store.sqlite import sql
+from ledgerd.store.sqlite import metadata, piece_rows, sql
 from ledgerd.store.sqlite.schema import PIECES_WAITING as PIECES_WAITING
 from ledgerd.store.sqlite.schema import SYNCED, UPLOADED_AT_ROW, UPLOADED_ROW
 from ledgerd.store.tree import btree, dots, join
@@ -105,13 +105,29 @@ async def pending_delta(page: Page) -> Delta | None:
     upto = ctx.get(tag, -1)
     if upto <= since:
         return None
-    base = FIRST.root
+    base = await _delta_base(page)
+    ordered = await _changed_entries(page, base, head.root, tag, since)
+    eager, lazy = await _delta_pieces(page, ordered, tag, since)
+    return Delta(ordered, ctx, since, upto, head.id, eager, lazy)
+
+
+async def _delta_base(page: Page) -> bytes:
+    """The root the delta diffs from: the commit the last upload was read at, or the
+    first commit's (none, or pruned, or not loaded)."""
     at = await sync_value(page, UPLOADED_AT_ROW)
     if at is not None and len(at) == 32 and not await gc.is_pruned(page, at):
         try:
-            base = (await page.load_commit(at)).root
+            return (await page.load_commit(at)).root
         except StoreError:
-            base = FIRST.root
+            return FIRST.root
+    return FIRST.root
+
+
+async def _changed_entries(
+    page: Page, base: bytes, root: bytes, tag: bytes, since: int
+) -> list[RawEntry]:
+    """The entries changed from ``base`` to ``root`` that hold a version of this device
+    (``tag``) newer than ``since``, in key order; on a document page, whole documents."""
     nodes = page.nodes
 
     def mine(e: RawEntry) -> bool:
@@ -119,9 +135,9 @@ async def pending_delta(page: Page) -> Delta | None:
 
     entries: dict[bytes, RawEntry] = {}
     groups: dict[bytes, None] = {}
-    doc_page = await join.is_document_page(nodes, head.root)
+    doc_page = await join.is_document_page(nodes, root)
     rule = join.group_rule()
-    async for c in btree.diff(nodes, base, head.root):
+    async for c in btree.diff(nodes, base, root):
         if c.new is None or not mine(c.new):
             continue
         group = rule.group_of(c.key) if doc_page else None
@@ -130,9 +146,16 @@ async def pending_delta(page: Page) -> Delta | None:
         else:
             entries[c.key] = btree.raw(c.new)
     for group in groups:
-        async for g in btree.iterate(nodes, head.root, group, rule.group_end(group)):
+        async for g in btree.iterate(nodes, root, group, rule.group_end(group)):
             entries[g.key] = btree.raw(g)
-    ordered = [entries[k] for k in sorted(entries)]
+    return [entries[k] for k in sorted(entries)]
+
+
+async def _delta_pieces(
+    page: Page, ordered: list[RawEntry], tag: bytes, since: int
+) -> tuple[list[bytes], list[bytes]]:
+    """(eager, lazy) pieces of the values this device wrote after ``since``: the eager
+    ones stored here, sorted; the lazy ones in the order of their values' bytes."""
     eager_values: set[bytes] = set()
     lazy_values: set[bytes] = set()
     for e in ordered:
@@ -146,7 +169,7 @@ async def pending_delta(page: Page) -> Delta | None:
         for d in await _pieces_in_order(page, root):
             if d not in eager_set:
                 lazy[d] = None
-    return Delta(ordered, ctx, since, upto, head.id, eager, list(lazy))
+    return eager, list(lazy)
 
 
 async def _stored_pieces(page: Page, roots: Iterable[bytes]) -> set[bytes]:
@@ -183,7 +206,7 @@ async def mark_uploaded(page: Page, delta: Delta) -> None:
 
     def work(conn: sqlite3.Connection) -> None:
         sql.mark_uploaded(conn, [*delta.eager, *delta.lazy])
-        conn.executemany("INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)", rows)
+        metadata.set_sync_values(conn, rows)
 
     await page.db.run(work, write=True)
 
@@ -482,9 +505,7 @@ async def _write_markers(
 
 
 def _markers(conn: sqlite3.Connection, markers: Sequence[tuple[str, bytes]]) -> None:
-    conn.executemany(
-        "INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)", list(markers)
-    )
+    metadata.set_sync_values(conn, list(markers))
 
 
 def _store_remote(
@@ -493,11 +514,7 @@ def _store_remote(
     """Store verified pieces from the cloud, and where the LAZY ones left there lie."""
     sql.put_pieces(conn, pieces.items(), SYNCED)
     sql.mark_synced(conn, lazy)
-    conn.executemany(
-        "INSERT OR REPLACE INTO remote_pieces (digest, location) SELECT ?, ? "
-        "WHERE NOT EXISTS (SELECT 1 FROM objects WHERE digest = ?)",
-        [(d, loc, d) for d, loc in lazy.items()],
-    )
+    piece_rows.note_remote(conn, lazy)
 
 
 async def forget(page: Page) -> None:
@@ -512,12 +529,9 @@ async def forget(page: Page) -> None:
         c = child(head, btree.EMPTY, graph.next_time())
 
         def work(conn: sqlite3.Connection) -> None:
-            conn.execute("DELETE FROM conflicts")
-            conn.execute(
-                "INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)",
-                (UPLOADED_AT_ROW, c.id),
-            )
-            conn.execute("DELETE FROM sync_metadata WHERE name LIKE 'imported/%'")
+            metadata.clear_conflicts(conn)
+            metadata.set_sync_values(conn, [(UPLOADED_AT_ROW, c.id)])
+            metadata.drop_imported_markers(conn)
 
         await graph.store(c, Builder(page.nodes), also=work, also_small=False, ctx={})
         graph.conflicts = 0
@@ -593,9 +607,7 @@ async def sync_value(page: Page, name: str) -> bytes | None:
 
 async def set_sync_value(page: Page, name: str, value: bytes) -> None:
     await page.db.run(
-        lambda conn: conn.execute(
-            "INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)", (name, value)
-        ),
+        lambda conn: metadata.set_sync_values(conn, [(name, value)]),
         write=True,
     )
 

@@ -53,7 +53,8 @@ from ledgerd.store.errors import InvalidArgumentError, StoreError, named
 from ledgerd.store.page.page import Page
 from ledgerd.store.pieces import digest as dg
 from ledgerd.store.pieces import split
-from ledgerd.store.sqlite.schema import PIECES_WAITING, UPLOADED_AT_ROW, UPLOADED_ROW
+from ledgerd.store.sqlite import collection, metadata
+from ledgerd.store.sqlite.schema import UPLOADED_ROW
 from ledgerd.store.tree import btree
 from ledgerd.store.tree.commit import FIRST
 
@@ -117,55 +118,18 @@ async def page_retention(page: Page) -> float | None:
 async def set_page_retention(page: Page, seconds: float | None) -> None:
     """Give the page its own retention (None: back to the repository's)."""
 
-    def work(conn: sqlite3.Connection) -> None:
-        if seconds is None:
-            conn.execute("DELETE FROM page_metadata WHERE name = ?", (RETENTION_META,))
-        else:
-            conn.execute(
-                "INSERT OR REPLACE INTO page_metadata (name, value) VALUES (?, ?)",
-                (RETENTION_META, repr(check_retention(seconds)).encode()),
-            )
-
-    await page.db.run(work, write=True)
+    value = None if seconds is None else repr(check_retention(seconds)).encode()
+    await page.db.run(lambda conn: metadata.set_page_value(conn, RETENTION_META, value), write=True)
 
 
 async def is_pruned(page: Page, commit_id: bytes) -> bool:
-    rows = await page.db.read_all(
-        "SELECT 1 FROM pruned_commits WHERE commit_id = ?", (commit_id,), small=True
-    )
-    return bool(rows)
-
-
-def _retained_sql(conn: sqlite3.Connection, cutoff_us: int) -> tuple[set[bytes], set[bytes]]:
-    """(retained commit ids, pruned commit ids) as of one read transaction."""
-    conn.execute("BEGIN")
-    try:
-        keep: set[bytes] = set()
-        for q, p in (
-            ("SELECT commit_id FROM heads", ()),
-            ("SELECT value FROM sync_metadata WHERE name = ?", (UPLOADED_AT_ROW,)),
-            ("SELECT id FROM commits WHERE timestamp >= ?", (cutoff_us,)),
-        ):
-            keep.update(bytes(r[0]) for r in conn.execute(q, p))
-        has_docs = conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'doc_state'"
-        ).fetchone()
-        if has_docs:
-            keep.update(
-                bytes(r[0])
-                for r in conn.execute("SELECT value FROM doc_state WHERE name = 'reflected'")
-                if r[0] is not None
-            )
-        pruned = {bytes(r[0]) for r in conn.execute("SELECT commit_id FROM pruned_commits")}
-        return keep, pruned
-    finally:
-        conn.execute("COMMIT")
+    return await collection.is_pruned(page.db, commit_id)
 
 
 async def retained_commits(page: Page, retention: float) -> set[bytes]:
     """The ids of the commits the page keeps whole (see the module docstring)."""
     cutoff = page.graph.clock_us() - int(retention * 1_000_000)
-    keep, pruned = await page.db.run(lambda conn: _retained_sql(conn, cutoff))
+    keep, pruned = await page.db.run(lambda conn: collection.retained_and_pruned(conn, cutoff))
     # A commit pruned before stays pruned (its pieces may be gone), even if a longer
     # retention would keep it now.
     return (keep | page.pinned_commits()) - pruned
@@ -301,62 +265,6 @@ async def _mark_current(page: Page, marker: _Marker, retention: float) -> set[by
     return keep
 
 
-def _candidates(conn: sqlite3.Connection, after: int, upto: int) -> tuple[list[int], list[bytes]]:
-    """Ids and digests of the next pieces after ``after``, up to ``upto``: two flat lists,
-    not a tuple per row (fewer objects for Python's cyclic collector to walk)."""
-    ids: list[int] = []
-    digests: list[bytes] = []
-    for i, d in conn.execute(
-        "SELECT id, digest FROM objects WHERE id > ? AND id <= ? ORDER BY id LIMIT 4096",
-        (after, upto),
-    ):
-        ids.append(i)
-        digests.append(d)
-    return ids, digests
-
-
-def _delete(conn: sqlite3.Connection, ids: list[int]) -> tuple[int, int]:
-    """Delete these pieces unless staged by a journal (transient, or in
-    journal_pieces), or from the cloud while pieces wait for their entries
-    (:data:`store.sqlite.schema.PIECES_WAITING`); returns (pieces, bytes) deleted. Their
-    bytes are overwritten (``secure_delete``), so that a purged value leaves nothing
-    in the file."""
-    conn.execute("PRAGMA secure_delete = ON")
-    try:
-        return _delete_rows(conn, ids)
-    finally:
-        conn.execute("PRAGMA secure_delete = OFF")
-
-
-def _delete_rows(conn: sqlite3.Connection, ids: list[int]) -> tuple[int, int]:
-    conn.execute("CREATE TEMP TABLE IF NOT EXISTS gc_gone (id INTEGER PRIMARY KEY)")
-    conn.executemany("INSERT OR IGNORE INTO temp.gc_gone (id) VALUES (?)", [(i,) for i in ids])
-    waiting = conn.execute(
-        "SELECT 1 FROM sync_metadata WHERE substr(name, 1, ?) = ? AND value != ? LIMIT 1",
-        (len(PIECES_WAITING), PIECES_WAITING, b"0"),
-    ).fetchone()
-    if waiting:  # (a piece from the cloud has no unsynced row)
-        conn.execute("DELETE FROM temp.gc_gone WHERE id NOT IN (SELECT id FROM unsynced)")
-    conn.execute(
-        "DELETE FROM temp.gc_gone WHERE id IN (SELECT id FROM unsynced WHERE status = 0) "
-        "OR id IN (SELECT o.id FROM journal_pieces j CROSS JOIN objects o ON o.digest = j.digest)"
-    )
-    nbytes = conn.execute(
-        "SELECT coalesce(sum(length(o.data)), 0) FROM temp.gc_gone g "
-        "CROSS JOIN objects o ON o.id = g.id"
-    ).fetchone()[0]
-    n = conn.execute("DELETE FROM objects WHERE id IN (SELECT id FROM temp.gc_gone)").rowcount
-    conn.execute("DELETE FROM unsynced WHERE id IN (SELECT id FROM temp.gc_gone)")
-    conn.execute("DELETE FROM temp.gc_gone")
-    return int(n), int(nbytes)
-
-
-def _vacuum_step(conn: sqlite3.Connection) -> int:
-    """Give back up to VACUUM_STEP free file pages; returns how many are left."""
-    conn.execute(f"PRAGMA incremental_vacuum({VACUUM_STEP})").fetchall()
-    return int(conn.execute("PRAGMA freelist_count").fetchone()[0])
-
-
 def _never() -> bool:
     return False
 
@@ -380,43 +288,8 @@ async def collect(page: Page, retention: float, *, stop: Callable[[], bool] = _n
     keep = await _mark_current(page, marker, retention)
     result.retained_commits = len(keep)
     result.commits_pruned = await _prune(page, known - keep)
-    garbage: list[int] = []
-    garbage_digests: list[bytes] = []
-    after = 0
-    marked = marker.marked
-    while True:
-        ids, digests = await page.db.run(lambda conn, a=after: _candidates(conn, a, upto))  # type: ignore[misc]
-        if not ids:
-            break
-        after = ids[-1]
-        for i, d in zip(ids, digests, strict=True):
-            if d not in marked:
-                garbage.append(i)
-                garbage_digests.append(d)
-        await marker._yield()
-    done = 0
-    while done < len(garbage):
-        if stop():
-            result.deferred = "stopped"
-            break
-        async with page.graph.lock:
-            if page.conflicts.running or page.gc_holds:
-                result.deferred = "a merge or an import was under way"
-                break
-            # What appeared since the mark began (commits, snapshots, journals): a new
-            # commit may reuse a piece found unreachable before; it is kept.
-            await _mark_current(page, marker, retention)
-            part = slice(done, done + SWEEP_BATCH)
-            ids = [
-                i
-                for i, d in zip(garbage[part], garbage_digests[part], strict=True)
-                if d not in marked
-            ]
-            n, nbytes = await page.db.run(lambda conn, ids=ids: _delete(conn, ids), write=True)  # type: ignore[misc]
-        done += SWEEP_BATCH
-        result.pieces_freed += n
-        result.bytes_freed += nbytes
-        await marker._yield()
+    garbage = await _unmarked(page, marker, upto)
+    await _sweep(page, marker, retention, garbage, result, stop)
     while await page.db.run(_vacuum_step, write=True) and not stop():
         await marker._yield()
     await page.db.checkpoint()
@@ -435,35 +308,79 @@ async def collect(page: Page, retention: float, *, stop: Callable[[], bool] = _n
     return result
 
 
+async def _unmarked(page: Page, marker: _Marker, upto: int) -> tuple[list[int], list[bytes]]:
+    """Ids and digests of the pieces stored up to id ``upto`` that the mark did not reach."""
+    garbage: list[int] = []
+    garbage_digests: list[bytes] = []
+    after = 0
+    marked = marker.marked
+    while True:
+        ids, digests = await page.db.run(
+            lambda conn, a=after: collection.candidates(conn, a, upto)  # type: ignore[misc]
+        )
+        if not ids:
+            break
+        after = ids[-1]
+        for i, d in zip(ids, digests, strict=True):
+            if d not in marked:
+                garbage.append(i)
+                garbage_digests.append(d)
+        await marker._yield()
+    return garbage, garbage_digests
+
+
+async def _sweep(
+    page: Page,
+    marker: _Marker,
+    retention: float,
+    unmarked: tuple[list[int], list[bytes]],
+    result: GcResult,
+    stop: Callable[[], bool],
+) -> None:
+    """Delete the ``unmarked`` pieces still unreached, a batch per transaction under the
+    commit lock, unless a merge or an import is under way or ``stop()`` is true."""
+    garbage, garbage_digests = unmarked
+    marked = marker.marked
+    done = 0
+    while done < len(garbage):
+        if stop():
+            result.deferred = "stopped"
+            break
+        async with page.graph.lock:
+            if page.conflicts.running or page.gc_holds:
+                result.deferred = "a merge or an import was under way"
+                break
+            # What appeared since the mark began (commits, snapshots, journals): a new
+            # commit may reuse a piece found unreachable before; it is kept.
+            await _mark_current(page, marker, retention)
+            part = slice(done, done + SWEEP_BATCH)
+            ids = [
+                i
+                for i, d in zip(garbage[part], garbage_digests[part], strict=True)
+                if d not in marked
+            ]
+            n, nbytes = await page.db.run(
+                lambda conn, ids=ids: _delete(conn, ids),  # type: ignore[misc]
+                write=True,
+            )
+        done += SWEEP_BATCH
+        result.pieces_freed += n
+        result.bytes_freed += nbytes
+        await marker._yield()
+
+
+def _delete(conn: sqlite3.Connection, ids: list[int]) -> tuple[int, int]:
+    return collection.delete(conn, ids)
+
+
+def _vacuum_step(conn: sqlite3.Connection) -> int:
+    return collection.vacuum_step(conn, VACUUM_STEP)
+
+
 async def _prune(page: Page, ids: set[bytes]) -> int:
     """Record these commits as pruned; returns how many were new."""
-
-    def work(conn: sqlite3.Connection) -> int:
-        before = conn.total_changes
-        conn.executemany(
-            "INSERT OR IGNORE INTO pruned_commits (commit_id) VALUES (?)",
-            [(c,) for c in ids if c != FIRST.id],  # FIRST: nothing to free
-        )
-        return conn.total_changes - before
-
-    return int(await page.db.run(work, write=True))
-
-
-def _counts(conn: sqlite3.Connection) -> dict[str, int]:
-    conn.execute("BEGIN")
-    try:
-        q = {
-            "stored_bytes": "SELECT coalesce(sum(length(data)), 0) FROM objects",
-            "pieces": "SELECT count(*) FROM objects",
-            "commits": "SELECT count(*) FROM commits",
-            "pruned_commits": "SELECT count(*) FROM pruned_commits",
-            "unsynced_pieces": "SELECT count(*) FROM unsynced",
-            "journals": "SELECT count(*) FROM journals",
-            "free_file_pages": "PRAGMA freelist_count",
-        }
-        return {k: int(conn.execute(v).fetchone()[0]) for k, v in q.items()}
-    finally:
-        conn.execute("COMMIT")
+    pruned = [c for c in ids if c != FIRST.id]  # FIRST: nothing to free
+    return int(await page.db.run(lambda conn: collection.prune(conn, pruned), write=True))
 
 
 async def usage(page: Page, retention: float) -> dict[str, Any]:
@@ -474,7 +391,7 @@ async def usage(page: Page, retention: float) -> dict[str, Any]:
     journal), which is what eviction needs of a closed page (``evictable``)."""
     await page.flush()
     own = await page_retention(page)
-    counts = await page.db.run(_counts)
+    counts = await page.db.run(collection.counts)
     rows = await page.db.read_all(
         "SELECT value FROM sync_metadata WHERE name = ?", (UPLOADED_ROW,), small=True
     )

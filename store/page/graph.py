@@ -32,7 +32,7 @@ from ledgerd.store.page import deleted
 from ledgerd.store.page.watch import Watchers
 from ledgerd.store.pieces import split
 from ledgerd.store.pieces.objects import ObjectStore
-from ledgerd.store.sqlite import sql
+from ledgerd.store.sqlite import metadata, sql
 from ledgerd.store.sqlite.db import Database, fits_inline
 from ledgerd.store.sqlite.schema import CONTEXT_ROW, LOCAL, SYNCED
 from ledgerd.store.tree import commit, dots
@@ -291,16 +291,11 @@ class CommitGraph:
             sql.put_pieces(conn, written, LOCAL)
             sql.insert_commit(conn, c)
             if encoded_ctx is not None:
-                conn.execute(
-                    "INSERT OR REPLACE INTO page_metadata (name, value) VALUES (?, ?)",
-                    (CONTEXT_ROW, encoded_ctx),
-                )
+                metadata.set_page_value(conn, CONTEXT_ROW, encoded_ctx)
             for token in tokens:
                 sql.mark_local(conn, token)
             if settled:
-                conn.executemany("DELETE FROM conflicts WHERE key = ?", zip(settled))
-                conn.executemany("INSERT INTO conflicts (key) VALUES (?)", zip(conflicted))
-                count[0] = conn.execute("SELECT count(*) FROM conflicts").fetchone()[0]
+                count[0] = metadata.settle_conflicts(conn, settled, conflicted)
             if also is not None:
                 also(conn)
 

@@ -28,11 +28,10 @@ import contextlib
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 
 from ledgerd.store.errors import (
-    ClosedError,
     HistoryPrunedError,
     InvalidArgumentError,
     TransactionClosedError,
@@ -40,6 +39,7 @@ from ledgerd.store.errors import (
 )
 from ledgerd.store.page.conflicts import RESOLVER_TIMEOUT, Conflicts, KeyConflict, Take
 from ledgerd.store.page.graph import DIRECT_BATCH, CommitGraph
+from ledgerd.store.page.lifetime import PageLifetime
 from ledgerd.store.page.staging import SMALL_VALUE
 from ledgerd.store.page.stamps import StampClock, StampedKey, StampedValue
 from ledgerd.store.page.transaction import TXN_MEMORY, Transaction, Transactions
@@ -56,6 +56,7 @@ from ledgerd.store.page.watch import (
 from ledgerd.store.page.writer import COMMIT_DELAY, MAX_JOURNAL_ENTRIES, Change, JournalWriter
 from ledgerd.store.pieces.cache import Cache
 from ledgerd.store.pieces.objects import ObjectStore, Source
+from ledgerd.store.sqlite import collection
 from ledgerd.store.sqlite.db import Database, Synchronous
 from ledgerd.store.sqlite.schema import create_page_schema
 from ledgerd.store.tree import dots, merge
@@ -102,7 +103,7 @@ class Snapshot(TreeView):
         self.commit = c
 
 
-class Page(View):
+class Page(PageLifetime, View):
     """One page. Obtain it from :class:`store.repo.repository.Ledger`; close it when done."""
 
     def __init__(
@@ -150,6 +151,18 @@ class Page(View):
         self.watchers = Watchers(
             self.nodes, objects, self._touch, max_watch_queue, max_watch_queue_bytes
         )
+        self._build_parts(device_id, resolvers, txn_memory, clock)
+
+    def _build_parts(
+        self,
+        device_id: bytes,
+        resolvers: merge.ResolverSource | None,
+        txn_memory: int,
+        clock: Callable[[], float],
+    ) -> None:
+        """Make the parts the page hands its jobs to: its commit graph, stamp clock,
+        journal writer, conflicts and transactions."""
+        objects, page_id, db, ledger = self.objects, self.id, self.db, self.ledger
         clock_us = lambda: int(clock() * 1_000_000)  # noqa: E731
         self.graph = CommitGraph(
             page_id,
@@ -257,141 +270,12 @@ class Page(View):
         if settle and self.graph.conflicts:
             await self.conflicts.settle()
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedError(f"page {named(self.id)} is closed")
-
-    def _touch(self) -> None:
-        self.last_used = time.monotonic()
-
     def _committed(self, c: Commit) -> None:
         if self._on_commit is not None:
             try:
                 self._on_commit(self, c)
             except Exception:
                 log.exception("commit listener failed")
-
-    @contextlib.contextmanager
-    def lease(self, *, use: bool = True) -> Iterator[Page]:
-        """Hold the page open for the block: :meth:`Repository.close_idle` never
-        closes a page while someone holds a lease on it. Unless ``use`` is false
-        (a look that should not keep the page open, like a status listing), the
-        page counts as used when the lease ends."""
-        self._check_open()
-        self._leases += 1
-        try:
-            yield self
-        finally:
-            self._leases -= 1
-            if use:
-                self._touch()
-            if not self._leases and self.on_release is not None:
-                self.on_release(self)
-
-    @property
-    def idle(self) -> bool:
-        """Nobody holds the page and nothing is under way in it: closing it now
-        would interrupt nobody (no lease, watcher, transaction, queued write,
-        uncommitted journal, merge or commit in progress)."""
-        return self.quiet and not self.writer.busy
-
-    @property
-    def quiet(self) -> bool:
-        """Nobody holds the page, though acknowledged writes may still wait in its
-        journal for their commit: closing it commits them first (:meth:`close`), so a
-        close for room interrupts nobody either (a page just written stays busy for
-        the journal's commit delay)."""
-        return not (
-            self._leases
-            or self.watchers
-            or self.transactions.busy
-            or self.graph.lock.locked()
-            or self.conflicts.running
-        )
-
-    @property
-    def unheld(self) -> bool:
-        """Nobody holds the page and no merge runs in it, though a commit of its
-        journal may be under way (the commit lock held): a close waits for that commit
-        (:meth:`_close`), so a close for room interrupts nobody either. (An open for
-        room that came during such a commit was refused: 'all 1 open pages are in
-        use', 503 in the daemon, though nobody held the page.)"""
-        return not (
-            self._leases or self.watchers or self.transactions.busy or self.conflicts.running
-        )
-
-    async def close(self) -> None:
-        """Finish queued writes, end watchers, close the database.
-
-        Once begun, closing completes even if the caller is cancelled (a page left
-        half closed would keep its connections, threads and files). A call while the
-        page is closing returns once the close has ended, however it ended (so that
-        the file is not opened again while this page still writes to it)."""
-        if self._closed:
-            if self._close_done is not None:
-                await asyncio.wait([self._close_done])
-            return
-        await asyncio.shield(self.start_close())
-
-    def start_close(self) -> asyncio.Future[None]:
-        """Begin closing the page, at once (it is :attr:`closed` on return), and return
-        what ends when the close has ended (the close under way, if one is)."""
-        if self._close_done is None:
-            self._closed = True
-            self.conflicts.abandon()  # a resolver asked now is no longer waited for
-            self._close_done = asyncio.ensure_future(self._close())
-            self._close_done.add_done_callback(self._closed_with)
-        return self._close_done
-
-    def _closed_with(self, done: asyncio.Future[None]) -> None:
-        # Logged here too: a close begun for room (Repository._make_room) has no caller
-        # that sees its error. A caller of close() still gets it raised.
-        if not done.cancelled() and done.exception() is not None:
-            left = self.db.unclosed
-            log.error(
-                "page %s of ledger %s: closing failed: %s%s",
-                named(self.id),
-                named(self.ledger),
-                done.exception(),
-                f" (its {', '.join(left)} connection left open: the page is not opened "
-                "again until a close of it succeeds)"
-                if left
-                else "",
-            )
-
-    def when_closing(self, fn: Callable[[], Awaitable[None]]) -> None:
-        """Run ``fn`` when the page closes, after its queued writes, before its database
-        closes (the document layer stores its held index rows); its errors are logged."""
-        self._closing.append(fn)
-
-    def not_when_closing(self, fn: Callable[[], Awaitable[None]]) -> None:
-        """Undo :meth:`when_closing`."""
-        with contextlib.suppress(ValueError):
-            self._closing.remove(fn)
-
-    async def _close(self) -> None:
-        try:
-            await self.writer.stop()
-            for fn in list(self._closing):  # a hook may undo itself, or another
-                if fn not in self._closing:
-                    continue  # undone meanwhile
-                try:
-                    await fn()
-                except Exception:
-                    log.exception("page %s: closing", named(self.id))
-        finally:  # its database closes however the steps before ended
-            try:
-                async with self.graph.lock:  # let an in-flight commit or merge finish
-                    pass
-                self.watchers.close_all()
-                await self.db.close()
-            finally:  # closed however it went: its owner stops counting it as open
-                if self._on_close is not None:
-                    self._on_close(self)
 
     async def __aenter__(self) -> Page:
         return self
@@ -427,15 +311,12 @@ class Page(View):
     async def snapshot(self, commit_id: bytes | None = None) -> Snapshot:
         """Reads at ``commit_id`` (any commit of the page), or at the current head."""
         c = self.head if commit_id is None else await self.graph.load(commit_id)
-        if commit_id is not None and c not in self.graph.heads:
-            rows = await self.db.read_all(
-                "SELECT 1 FROM pruned_commits WHERE commit_id = ?", (c.id,), small=True
+        pruned = commit_id is not None and c not in self.graph.heads
+        if pruned and await collection.is_pruned(self.db, c.id):
+            raise HistoryPrunedError(
+                f"commit {c.id.hex()} of page {self.id!r} is older than the page's "
+                "history retention: its contents are no longer kept"
             )
-            if rows:
-                raise HistoryPrunedError(
-                    f"commit {c.id.hex()} of page {self.id!r} is older than the page's "
-                    "history retention: its contents are no longer kept"
-                )
         snap = Snapshot(self, c)
         self._readers.add(snap)  # what it reads is kept while it lives (store.page.gc)
         return snap

@@ -42,7 +42,7 @@ from ledgerd.store.errors import CorruptObjectError, ObjectNotFoundError, RangeE
 from ledgerd.store.pieces import digest as dg
 from ledgerd.store.pieces import split
 from ledgerd.store.pieces.cache import Cache, CacheSpace, piece_cost
-from ledgerd.store.sqlite import sql
+from ledgerd.store.sqlite import piece_rows, sql
 from ledgerd.store.sqlite.db import Database
 from ledgerd.store.sqlite.schema import SYNCED, TRANSIENT
 from ledgerd.store.sqlite.threads import OFF_LOOP_BYTES, Connection, off_loop
@@ -170,10 +170,7 @@ class ObjectStore:
 
         def work(conn: sqlite3.Connection) -> None:
             sql.put_pieces(conn, pieces, TRANSIENT)
-            conn.executemany(
-                "INSERT OR IGNORE INTO journal_pieces (journal_id, digest) VALUES (?, ?)",
-                [(token, p.digest) for p in pieces],
-            )
+            piece_rows.stage(conn, token, [p.digest for p in pieces])
 
         await self.db.run(work, write=True)
 
@@ -221,17 +218,11 @@ class ObjectStore:
 
         Pass the open write connection when calling inside a transaction.
         """
-        sql = (
-            "INSERT OR IGNORE INTO journal_pieces (journal_id, digest) "
-            "SELECT ?, digest FROM journal_pieces WHERE journal_id = ?"
-        )
         if conn is None:
             async with self.db.write() as c:
-                await c.execute(sql, (journal_id, token))
-                await c.execute("DELETE FROM journal_pieces WHERE journal_id = ?", (token,))
+                await piece_rows.adopt(c, token, journal_id)
         else:
-            await conn.execute(sql, (journal_id, token))
-            await conn.execute("DELETE FROM journal_pieces WHERE journal_id = ?", (token,))
+            await piece_rows.adopt(conn, token, journal_id)
 
     async def put_value(
         self, source: Source, journal_id: str, kind: dg.Kind = dg.Kind.VALUE

@@ -49,8 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ledgerd.store.errors import CorruptObjectError
-from ledgerd.store.sqlite.db import file_uri
-from ledgerd.store.sqlite.schema import CONTEXT_ROW, UPLOADED_ROW
+from ledgerd.store.sqlite import metadata
 from ledgerd.store.tree import dots
 from ledgerd.store.tree.commit import FIRST
 
@@ -81,27 +80,18 @@ def evictability(path: Path, tag: bytes) -> Evictability:
     device's writer tag (:func:`store.tree.dots.tag_of_device`)."""
     if not path.exists():
         return Evictability(0, "the page is not stored here")
-    conn = sqlite3.connect(file_uri(path, "ro"), uri=True, isolation_level=None)
-    try:
-        conn.execute("BEGIN")
-        # (Pieces still "local" are those of values replaced before an upload read
-        # them, which no upload carries; what matters is the writes.)
-        q = {"open journals": "SELECT count(*) FROM journals"}
-        counts = {k: int(conn.execute(v).fetchone()[0]) for k, v in q.items()}
-        heads = [bytes(r[0]) for r in conn.execute("SELECT commit_id FROM heads")]
-        ctx = conn.execute("SELECT value FROM page_metadata WHERE name = ?", (CONTEXT_ROW,))
-        row = ctx.fetchone()
-        up = conn.execute("SELECT value FROM sync_metadata WHERE name = ?", (UPLOADED_ROW,))
-        uploaded = up.fetchone()
-        conn.execute("COMMIT")
-    finally:
-        conn.close()
+    state = metadata.read_sync_state(path)
+    # (Pieces still "local" are those of values replaced before an upload read
+    # them, which no upload carries; what matters is the writes.)
+    counts = {"open journals": state.open_journals}
+    heads = state.heads
     waiting = [f"{n} {k}" for k, n in counts.items() if n]
     try:
-        written = dots.decode_context(bytes(row[0])).get(tag, -1) if row else -1
+        ctx = state.context
+        written = dots.decode_context(ctx).get(tag, -1) if ctx is not None else -1
     except CorruptObjectError:
         written = 1 << 62
-    if written > (int(bytes(uploaded[0])) if uploaded else -1):
+    if written > (int(state.uploaded) if state.uploaded is not None else -1):
         waiting.append("writes not uploaded")
     if waiting:
         return Evictability(0, "not fully synced: " + ", ".join(waiting))

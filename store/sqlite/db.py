@@ -39,13 +39,18 @@ import logging
 import os
 import sqlite3
 import struct
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from ledgerd.store.errors import ClosedError, CorruptDatabaseError, from_os, from_sqlite
+from ledgerd.store.errors import ClosedError
+from ledgerd.store.sqlite import files
+from ledgerd.store.sqlite.files import NEW_SUFFIX as NEW_SUFFIX
+from ledgerd.store.sqlite.files import PAGE_SIZE as PAGE_SIZE
+from ledgerd.store.sqlite.files import file_uri as file_uri
+from ledgerd.store.sqlite.files import translating as translating
 from ledgerd.store.sqlite.threads import Connection, pool
 
 log = logging.getLogger(__name__)
@@ -53,7 +58,6 @@ log = logging.getLogger(__name__)
 Synchronous = Literal["OFF", "NORMAL", "FULL"]
 T = TypeVar("T")
 
-PAGE_SIZE = 4096
 WAL_CHECKPOINT_PAGES = 16384
 INLINE_MAX_ROWS = 64
 INLINE_MAX_BYTES = 64 * 1024
@@ -81,110 +85,6 @@ def writer_pragmas(synchronous: Synchronous = "NORMAL") -> list[str]:
         f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}",
         f"PRAGMA journal_size_limit = {WAL_CHECKPOINT_PAGES * PAGE_SIZE}",
     ]
-
-
-@contextlib.contextmanager
-def translating(path: Path) -> Iterator[None]:
-    """SQLite's and the file system's errors on ``path`` as the store's own (see
-    :func:`store.errors.from_sqlite`); errors that are bugs pass unchanged."""
-    try:
-        yield
-    except sqlite3.Error as e:
-        err = from_sqlite(e, path)
-        if err is None:
-            raise
-        raise err from e
-    except OSError as e:
-        raise from_os(e, path) from e
-
-
-NEW_SUFFIX = ".new"
-"""Suffix of a database file being made, renamed to its name once it has a header."""
-
-
-def _create_private(path: Path, empty_is_damage: bool) -> None:
-    """Create the database file ``0600`` (and missing directories ``0700``) whatever the
-    umask, before SQLite opens it: SQLite gives its -wal and -shm files the database's
-    mode. It is made under another name and renamed once SQLite has written its header
-    (page size, WAL), so a database file is never empty: with ``empty_is_damage``, one
-    found empty lost what it held (a truncation) and is refused rather than made anew."""
-    try:
-        size: int | None = os.stat(path).st_size
-    except FileNotFoundError:
-        size = None
-    if size:
-        return
-    if size == 0 and empty_is_damage:
-        log.error("%s is empty: its contents were lost (refused, not made anew)", path)
-        raise CorruptDatabaseError(
-            f"{path} is damaged: the file is empty (truncated; what it held is lost "
-            "unless restored), so it is not opened as a new database"
-        )
-    # SQLite would replay a -wal or -journal left by a lost file of this name onto the
-    # new database, mixing that file's pages into it.
-    stale = [path.with_name(path.name + s) for s in ("-wal", "-journal")]
-    if empty_is_damage and (found := [p for p in stale if p.exists()]):
-        log.error("%s is missing but its %s remains (refused, not made anew)", path, found[0])
-        raise CorruptDatabaseError(
-            f"{path} is damaged: the file is missing but its {found[0].name} remains (the "
-            "database was lost; what it held is lost unless restored), so it is not made anew"
-        )
-    for leftover in stale:
-        leftover.unlink(missing_ok=True)
-    missing = [d for d in (path.parent, *path.parent.parents) if not d.exists()]
-    for d in reversed(missing):
-        d.mkdir(mode=0o700, exist_ok=True)
-    new = path.with_name(path.name + NEW_SUFFIX)
-    for leftover in (new, *(new.with_name(new.name + s) for s in ("-wal", "-shm", "-journal"))):
-        leftover.unlink(missing_ok=True)  # a making cut short
-    os.close(os.open(new, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
-    conn = sqlite3.connect(new, isolation_level=None)
-    try:
-        conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
-        # Free pages can be given back (store.page.gc); set before the first table.
-        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
-        conn.execute("PRAGMA journal_mode = WAL")  # writes the header
-    finally:
-        conn.close()
-    os.rename(new, path)
-
-
-def _prepare(path: Path, create_schema: Callable[[sqlite3.Connection], None]) -> None:
-    """Create or migrate the schema (the file has its page size and WAL from
-    _create_private)."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.execute("PRAGMA journal_mode = WAL")
-        create_schema(conn)
-    finally:
-        conn.close()
-
-
-def _connect_inline(path: Path, synchronous: Synchronous) -> sqlite3.Connection:
-    """The connection for inline writes: it never checkpoints (the writer on its
-    thread does) and never waits for a lock (the caller falls back to the writer)."""
-    conn = sqlite3.connect(path, isolation_level=None, timeout=0, check_same_thread=False)
-    try:
-        for pragma in writer_pragmas(synchronous):
-            conn.execute(pragma)
-        conn.execute("PRAGMA wal_autocheckpoint = 0")
-        conn.execute("PRAGMA cache_size = -2048")  # 2 MiB: it writes a few rows at a time
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
-def _connect_inline_reader(path: Path) -> sqlite3.Connection:
-    """The connection for inline reads: read only, and it never waits for a lock."""
-    conn = sqlite3.connect(path, isolation_level=None, timeout=0, check_same_thread=False)
-    try:
-        conn.execute("PRAGMA query_only = 1")
-        conn.execute("PRAGMA cache_size = -16384")  # 16 MiB, as the reader's
-    except BaseException:
-        conn.close()
-        raise
-    return conn
 
 
 _WAL_INDEX_VERSION = 3007000
@@ -222,13 +122,6 @@ def _wal_index_unread() -> None:
         sqlite3.sqlite_version,
         _WAL_INDEX_VERSION,
     )
-
-
-def file_uri(path: Path, mode: Literal["ro", "rw"]) -> str:
-    """The SQLite URI that opens ``path`` read-only (``ro``) or read-write without
-    creating it (``rw``); the path percent-encoded, so that a ``?``, ``#`` or ``%``
-    in a directory's name stays part of the name."""
-    return f"{path.absolute().as_uri()}?mode={mode}"
 
 
 def _checkpoint(path: Path, synchronous: Synchronous) -> None:
@@ -321,7 +214,8 @@ class Database:
     ) -> Database:
         """Open (creating it if there is none) the database ``path``. With
         ``empty_is_damage``, an empty file there is refused with
-        :class:`CorruptDatabaseError` (the store never leaves one: see _create_private)."""
+        :class:`CorruptDatabaseError` (the store never leaves one: see
+        :func:`store.sqlite.files.create_private`)."""
         with translating(path):
             return await cls._open(path, create_schema, synchronous, empty_is_damage)
 
@@ -333,8 +227,8 @@ class Database:
         synchronous: Synchronous,
         empty_is_damage: bool,
     ) -> Database:
-        await asyncio.to_thread(_create_private, path, empty_is_damage)
-        await asyncio.to_thread(_prepare, path, create_schema)
+        await asyncio.to_thread(files.create_private, path, empty_is_damage)
+        await asyncio.to_thread(files.prepare, path, create_schema)
         writer = await Connection.connect(path, isolation_level=None)
         try:
             for pragma in writer_pragmas(synchronous):
@@ -347,10 +241,12 @@ class Database:
         try:
             await reader.execute("PRAGMA query_only = 1")
             await reader.execute("PRAGMA cache_size = -16384")
-            inline_reader = await asyncio.to_thread(_connect_inline_reader, path)
+            inline_reader = await asyncio.to_thread(files.connect_inline_reader, path)
             # With FULL every commit waits for an fsync: not something for the loop.
             if synchronous != "FULL":
-                inline = await asyncio.to_thread(_connect_inline, path, synchronous)
+                inline = await asyncio.to_thread(
+                    files.connect_inline, path, writer_pragmas(synchronous)
+                )
         except BaseException:
             if inline_reader is not None:
                 inline_reader.close()
