@@ -32,7 +32,6 @@ async def put_attachment(
     collection: str,
     doc_id: str,
     content: Source,
-    *,
     filename: str,
     content_type: str,
     attachment_id: str | None,
@@ -110,7 +109,6 @@ async def read_attachment(
     attachment_id: str,
     offset: int,
     length: int | None,
-    *,
     include_deleted: bool,
 ) -> AsyncIterator[bytes]:
     """:meth:`DocumentStore.read_attachment

@@ -41,7 +41,6 @@ class Changes:
 async def changes(
     core: DocCore,
     since: bytes | None,
-    *,
     collection: str | None,
     follow: bool,
     batch: int,
@@ -82,7 +81,6 @@ async def changes(
 async def changes_page(
     core: DocCore,
     since: bytes | None,
-    *,
     collection: str | None,
     limit: int,
     token: bytes | None,

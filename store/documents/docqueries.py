@@ -104,7 +104,6 @@ async def query(
     collection: str,
     index: str,
     partition: Any,
-    *,
     start: Any,
     end: Any,
     limit: int,

@@ -34,7 +34,6 @@ async def get(
     core: DocCore,
     collection: str,
     doc_id: str,
-    *,
     include_deleted: bool,
     conflicts: bool,
     rev: str | None,

@@ -38,50 +38,27 @@ from ledgerd.store.documents import (
 from ledgerd.store.documents.docbulk import BulkResult, BulkWrite
 from ledgerd.store.documents.docchanges import Changes
 from ledgerd.store.documents.doccore import (
-    BULK_LIMIT,
     LIST_LIMIT,
-    NO_REV,
-    Damaged,
     DocCore,
     DocumentRange,
-    encoded,
     marker_if_lost,
 )
 from ledgerd.store.documents.docindex import HELD_BYTES, HeldBudget
-from ledgerd.store.documents.doclayout import Record, State
 from ledgerd.store.documents.docmodel import (
     MAX_DOCUMENT_BYTES,
     MISSING,
     REV_TOLERANCE,
     Attachment,
     Document,
-    DocumentConflictError,
     IndexInfo,
     RevClock,
     check_collection,
-    check_data,
-    parse_id,
-    parse_ulid,
-    ulid_ms,
-    ulid_text,
 )
 from ledgerd.store.errors import named
 from ledgerd.store.page.page import Page
 from ledgerd.store.pieces.objects import Source
 from ledgerd.store.tree.commit import Commit
 from ledgerd.store.tree.merge import Policy
-
-__all__ = [
-    "BULK_LIMIT",
-    "LIST_LIMIT",
-    "NO_REV",
-    "BulkResult",
-    "BulkWrite",
-    "Changes",
-    "Damaged",
-    "DocumentRange",
-    "DocumentStore",
-]
 
 log = logging.getLogger(__name__)
 
@@ -173,18 +150,13 @@ class DocumentStore:
         more than ``REV_TOLERANCE`` ahead of the clock; with ``max_document_bytes``, the
         size of ``data`` as a new document), before any page is opened or created. The
         indexed-field and revision-order checks need the page: they come with the write."""
-        check_collection(collection)
-        if doc_id is not None:
-            parse_id(doc_id)
-        rev = None if new_rev is None else parse_ulid(new_rev, "revision")
-        if rev is not None:
-            RevClock().check_supplied(rev, None, REV_TOLERANCE)
-        if data is not MISSING:
-            check_data(data)
-            if max_document_bytes is not None:  # encoded as create encodes it
-                rev = rev or RevClock().next()
-                r = Record(rev, State.LIVE, ulid_ms(rev), None, None, None, data)
-                encoded(r, max_document_bytes)
+        docwrites.check_arguments(
+            collection,
+            doc_id=doc_id,
+            data=data,
+            new_rev=new_rev,
+            max_document_bytes=max_document_bytes,
+        )
 
     @staticmethod
     def check_index(
@@ -268,14 +240,8 @@ class DocumentStore:
         ``conflicts``: with the revisions of its kept conflicts (:attr:`Document.conflicts`,
         highest ranked first). ``rev``: that revision, the current one or a kept
         conflict, whatever its state (DocumentNotFoundError if it is neither)."""
-        return await docreads.get(
-            self._core,
-            collection,
-            doc_id,
-            include_deleted=include_deleted,
-            conflicts=conflicts,
-            rev=rev,
-        )
+        core = self._core
+        return await docreads.get(core, collection, doc_id, include_deleted, conflicts, rev)
 
     async def conflicts(self, collection: str, doc_id: str) -> list[Document]:
         """The kept conflicts of a document (revisions that lost to its current one
@@ -353,15 +319,8 @@ class DocumentStore:
         if the current revision is that one (else DocumentConflictError). The
         document's kept conflicts stay, but those whose revisions ``resolves`` names:
         this revision supersedes them (DocumentConflictError if one is not kept)."""
-        return await docwrites.replace(
-            self._core,
-            collection,
-            doc_id,
-            data,
-            expected_rev=expected_rev,
-            new_rev=new_rev,
-            resolves=resolves,
-        )
+        revs = (expected_rev, new_rev, resolves)
+        return await docwrites.replace(self._core, collection, doc_id, data, *revs)
 
     async def delete(
         self,
@@ -413,16 +372,7 @@ class DocumentStore:
         """CouchDB's ``DELETE …?rev=R``: :meth:`delete` the document if ``rev`` is its
         current revision, :meth:`delete_conflict` if it is a kept conflict's (else
         DocumentConflictError; DocumentNotFoundError if there is no such document)."""
-        raw = parse_ulid(rev, "revision")
-        cur = await self.get(collection, doc_id, include_deleted=True, conflicts=True)
-        if cur.conflicts is not None and ulid_text(raw) in cur.conflicts:
-            return await self.delete_conflict(collection, doc_id, rev)
-        if cur.rev == ulid_text(raw) or cur.deleted:  # (a deleted one: not found)
-            return await self.delete(collection, doc_id, expected_rev=rev)
-        raise DocumentConflictError(
-            f"document {doc_id} is at revision {cur.rev} and keeps no conflict of "
-            f"revision {ulid_text(raw)}: nothing deleted"
-        )
+        return await docwrites.delete_revision(self._core, collection, doc_id, rev)
 
     # -- attachments (docattach) -----------------------------------------------------
 
@@ -440,16 +390,8 @@ class DocumentStore:
         """Add an attachment (or replace ``attachment_id``) in a new revision. The
         content (bytes, an async iterator of bytes, or a file) is streamed and stored
         LAZY: other devices fetch it on first read."""
-        return await docattach.put_attachment(
-            self._core,
-            collection,
-            doc_id,
-            content,
-            filename=filename,
-            content_type=content_type,
-            attachment_id=attachment_id,
-            expected_rev=expected_rev,
-        )
+        how = (filename, content_type, attachment_id, expected_rev)
+        return await docattach.put_attachment(self._core, collection, doc_id, content, *how)
 
     async def attachment(
         self, collection: str, doc_id: str, attachment_id: str, *, include_deleted: bool = False
@@ -471,14 +413,9 @@ class DocumentStore:
     ) -> AsyncIterator[bytes]:
         """Stream an attachment's content (``length`` bytes from ``offset``); a soft-deleted
         document keeps its attachments, read with ``include_deleted``."""
+        where = (offset, length, include_deleted)
         return await docattach.read_attachment(
-            self._core,
-            collection,
-            doc_id,
-            attachment_id,
-            offset,
-            length,
-            include_deleted=include_deleted,
+            self._core, collection, doc_id, attachment_id, *where
         )
 
     async def delete_attachment(
@@ -536,17 +473,8 @@ class DocumentStore:
         Reflects exactly the documents of the page's head. ``token`` continues the same
         query (collection, index and its definition, partition value, range and
         ``include_deleted``): another's is InvalidArgumentError."""
-        return await docqueries.query(
-            self._core,
-            collection,
-            index,
-            partition,
-            start=start,
-            end=end,
-            limit=limit,
-            token=token,
-            include_deleted=include_deleted,
-        )
+        how = (start, end, limit, token, include_deleted)
+        return await docqueries.query(self._core, collection, index, partition, *how)
 
     async def find(self, collection: str, request: Any) -> docfind.FindResult:
         """A selector query (pouchdb-find's and CouchDB Mango's ``{"selector", "fields",
@@ -580,14 +508,8 @@ class DocumentStore:
         from, so resuming there sends the rest again, and this batch once more. The
         cost follows the change (a tree diff). ``conflicts``: each document with the
         revisions of its kept conflicts (:attr:`Document.conflicts`)."""
-        return docchanges.changes(
-            self._core,
-            since,
-            collection=collection,
-            follow=follow,
-            batch=batch,
-            conflicts=conflicts,
-        )
+        how = (collection, follow, batch, conflicts)
+        return docchanges.changes(self._core, since, *how)
 
     async def changes_page(
         self,
@@ -602,11 +524,5 @@ class DocumentStore:
         ``since`` to the head, at most ``limit``; when more remain, ``token`` is set and
         the next call with it (and the same ``since`` and ``collection``: another's is
         InvalidArgumentError) continues up to the same head."""
-        return await docchanges.changes_page(
-            self._core,
-            since,
-            collection=collection,
-            limit=limit,
-            token=token,
-            conflicts=conflicts,
-        )
+        how = (collection, limit, token, conflicts)
+        return await docchanges.changes_page(self._core, since, *how)

@@ -10,14 +10,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ledgerd.store.documents import docconflicts, doclayout
+from ledgerd.store.documents import docconflicts, doclayout, docreads
 from ledgerd.store.documents.doccore import BULK_LIMIT, NO_REV, DocCore, encoded
 from ledgerd.store.documents.doclayout import AttachmentMeta, DocId, Record, State, new_record
 from ledgerd.store.documents.docmodel import (
+    MISSING,
+    REV_TOLERANCE,
     Document,
     DocumentConflictError,
     DocumentNotFoundError,
     MalformedRecordError,
+    RevClock,
     check_collection,
     check_data,
     id_text,
@@ -28,6 +31,29 @@ from ledgerd.store.documents.docmodel import (
 )
 from ledgerd.store.errors import InvalidArgumentError
 from ledgerd.store.page.transaction import Transaction
+
+
+def check_arguments(
+    collection: str,
+    *,
+    doc_id: str | None,
+    data: Any,
+    new_rev: str | None,
+    max_document_bytes: int | None,
+) -> None:
+    """:meth:`DocumentStore.check <store.documents.documents.DocumentStore.check>`."""
+    check_collection(collection)
+    if doc_id is not None:
+        parse_id(doc_id)
+    rev = None if new_rev is None else parse_ulid(new_rev, "revision")
+    if rev is not None:
+        RevClock().check_supplied(rev, None, REV_TOLERANCE)
+    if data is not MISSING:
+        check_data(data)
+        if max_document_bytes is not None:  # encoded as create encodes it
+            rev = rev or RevClock().next()
+            r = Record(rev, State.LIVE, ulid_ms(rev), None, None, None, data)
+            encoded(r, max_document_bytes)
 
 
 async def create_many(
@@ -126,7 +152,6 @@ async def replace(
     collection: str,
     doc_id: str,
     data: Any,
-    *,
     expected_rev: str | None,
     new_rev: str | None,
     resolves: Sequence[str],
@@ -250,3 +275,18 @@ async def delete_conflict(
         doc = await core.write_one(txn, collection, raw, r)
     await core.after_write()
     return doc
+
+
+async def delete_revision(core: DocCore, collection: str, doc_id: str, rev: str) -> Document:
+    """:meth:`DocumentStore.delete_revision
+    <store.documents.documents.DocumentStore.delete_revision>`."""
+    raw = parse_ulid(rev, "revision")
+    cur = await docreads.get(core, collection, doc_id, True, True, None)
+    if cur.conflicts is not None and ulid_text(raw) in cur.conflicts:
+        return await delete_conflict(core, collection, doc_id, rev, expected_rev=None)
+    if cur.rev == ulid_text(raw) or cur.deleted:  # (a deleted one: not found)
+        return await delete(core, collection, doc_id, expected_rev=rev, new_rev=None)
+    raise DocumentConflictError(
+        f"document {doc_id} is at revision {cur.rev} and keeps no conflict of "
+        f"revision {ulid_text(raw)}: nothing deleted"
+    )
