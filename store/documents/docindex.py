@@ -51,7 +51,8 @@ from ledgerd.store.keys.tuple import encode_float as _encode_float
 from ledgerd.store.keys.tuple import encode_str as _encode_str
 from ledgerd.store.page.page import Page, Snapshot, Transaction
 from ledgerd.store.page.view import live
-from ledgerd.store.sqlite import schema, sql
+from ledgerd.store.sqlite import docindex_sql, schema
+from ledgerd.store.sqlite.docindex_sql import INSERT_ROWS as INSERT_ROWS  # (bench.docs's)
 from ledgerd.store.tree import btree
 from ledgerd.store.tree.btree import EMPTY, Entry
 from ledgerd.store.tree.commit import Commit
@@ -83,7 +84,6 @@ KEY_FORMAT = b"\x02"
 one double to JSON and to a query). Opening a page whose rows were packed otherwise
 (no ``key_format``: the first format) builds its indexes again."""
 
-INSERT_ROWS = "INSERT OR REPLACE INTO doc_index_rows (ix, doc, key, deleted)"
 
 Scalar = str | float | bool | None
 
@@ -199,7 +199,7 @@ class Views:
     async def load(self) -> None:
         db = self.page.db
         await db.run(schema.create_doc_index_schema, write=True)
-        rows = await db.read_all("SELECT name, value FROM doc_state")
+        rows = await db.read_all(docindex_sql.STATE)
         state = {r[0]: bytes(r[1]) for r in rows}
         self.reflected = state.get("reflected")
         self.max_rev = state.get("max_rev", b"")
@@ -218,9 +218,7 @@ class Views:
 
     async def _reset(self) -> None:
         def work(conn: sqlite3.Connection) -> None:
-            conn.execute("DELETE FROM doc_state")
-            conn.execute("DELETE FROM doc_index_rows")
-            conn.execute("DELETE FROM doc_indexes")
+            docindex_sql.clear(conn)
             _new_key_format(conn)
 
         await self.page.db.run(work, write=True)
@@ -229,9 +227,7 @@ class Views:
         self._pin = None
 
     async def _load_indexes(self) -> None:
-        rows = await self.page.db.read_all(
-            "SELECT id, collection, name, definition, ready FROM doc_indexes"
-        )
+        rows = await self.page.db.read_all(docindex_sql.INDEXES)
         unread: list[int] = []
         for ix, coll, name, raw, ready in rows:
             d = _definition(coll, name, bytes(raw))
@@ -240,13 +236,7 @@ class Views:
             else:  # (an older ledgerd stored what it misread): its rows go
                 unread.append(ix)
         if unread:
-
-            def drop(conn: sqlite3.Connection) -> None:
-                for ix in unread:
-                    conn.execute("DELETE FROM doc_index_rows WHERE ix = ?", (ix,))
-                    conn.execute("DELETE FROM doc_indexes WHERE id = ?", (ix,))
-
-            await self.page.db.run(drop, write=True)
+            await self.page.db.run(lambda conn: docindex_sql.drop_indexes(conn, unread), write=True)
         # Definitions and rows as of `reflected`: the tree's definitions there decide.
         root = EMPTY
         if self.reflected is not None:
@@ -298,19 +288,8 @@ class Views:
                     unreadable[name] = d
 
         def work(conn: sqlite3.Connection) -> list[int]:
-            for ix in dropped:
-                conn.execute("DELETE FROM doc_index_rows WHERE ix = ?", (ix,))
-                conn.execute("DELETE FROM doc_indexes WHERE id = ?", (ix,))
-            ids = []
-            for (coll, name), d in added.items():
-                cur = conn.execute(
-                    "INSERT INTO doc_indexes (collection, name, definition, ready)"
-                    " VALUES (?, ?, ?, 0)",
-                    (coll, name, d.raw),
-                )
-                assert cur.lastrowid is not None
-                ids.append(cur.lastrowid)
-            return ids
+            docindex_sql.drop_indexes(conn, dropped)
+            return docindex_sql.add_indexes(conn, [(c, n, d.raw) for (c, n), d in added.items()])
 
         async def store() -> None:
             self._adopt_definitions(dropped, added, await self.page.db.run(work, write=True))
@@ -610,7 +589,7 @@ class Views:
 
                 def work(conn: sqlite3.Connection) -> None:
                     _write_rows(conn, rows)
-                    conn.execute("UPDATE doc_indexes SET ready = 1 WHERE id = ?", (ix,))
+                    docindex_sql.mark_ready(conn, ix)
 
                 await self.page.db.run(work, write=True)
                 self.indexes[(d.collection, d.name)] = (ix, d, True)
@@ -671,17 +650,14 @@ class Views:
         """Rows with ``lo <= key < hi`` after ``after`` (key, doc), in (key, doc) order,
         as of the head (which is returned); None if the catch-up under the lock found
         the ready index ``ix`` (defined as ``d``) dropped or redefined: look it up again."""
-        sql = "SELECT doc, key FROM doc_index_rows WHERE ix = ? AND key >= ?"
+        sql = docindex_sql.rows_query(
+            below=hi is not None, after=after is not None, include_deleted=include_deleted
+        )
         params: list[object] = [ix, lo]
         if hi is not None:
-            sql += " AND key < ?"
             params.append(hi)
         if after is not None:
-            sql += " AND (key, doc) > (?, ?)"
             params.extend(after)
-        if not include_deleted:
-            sql += " AND deleted = 0"
-        sql += " ORDER BY key, doc LIMIT ?"
         params.append(limit)
         async with self.lock:
             head = await self._catch_up()
@@ -782,26 +758,22 @@ def _storing(
 
     def work(conn: sqlite3.Connection) -> None:
         _write_rows(conn, rows)
-        conn.executemany("INSERT OR REPLACE INTO doc_state (name, value) VALUES (?, ?)", state)
+        docindex_sql.put_state(conn, state)
 
     return work
 
 
 def _new_key_format(conn: sqlite3.Connection) -> None:
     """Every index is to be built again (its rows packed as :data:`KEY_FORMAT` packs)."""
-    conn.execute("UPDATE doc_indexes SET ready = 0")
-    conn.execute(
-        "INSERT OR REPLACE INTO doc_state (name, value) VALUES ('key_format', ?)", (KEY_FORMAT,)
-    )
+    docindex_sql.new_key_format(conn, KEY_FORMAT)
 
 
 def _write_rows(conn: sqlite3.Connection, rows: Iterable[Row]) -> None:
     rows = list(rows)
     drop = [(ix, doc) for ix, doc, key, _ in rows if key is None]
-    conn.executemany("DELETE FROM doc_index_rows WHERE ix = ? AND doc = ?", drop)
     put = [row for row in rows if row[2] is not None]
     put.sort(key=_IN_INDEX_ORDER)  # neighbours in the ordered index are written together
-    sql.insert_rows(conn, INSERT_ROWS, put)
+    docindex_sql.write_rows(conn, drop, put)
 
 
 def _definition(collection: str, name: str, raw: bytes) -> IndexDef | ValueError:
