@@ -10,7 +10,7 @@ from typing import Any
 
 from ledgerd.store.documents import doclayout, docreads, doctoken
 from ledgerd.store.documents.doccore import DocCore, DocumentRange, check_limit, marker_if_lost
-from ledgerd.store.documents.docindex import IndexDef, partition_range
+from ledgerd.store.documents.docindexdef import IndexDef, partition_range
 from ledgerd.store.documents.docmodel import (
     IndexInfo,
     IndexNotFoundError,
