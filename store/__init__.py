@@ -29,6 +29,9 @@ Documents after Yoda (:class:`DocumentStore`, one per page)::
 
 from ledgerd.store.documents import doccheck as _doccheck
 from ledgerd.store.documents import docjoin as _docjoin
+from ledgerd.store.documents.docbulk import BulkResult, BulkWrite
+from ledgerd.store.documents.docchanges import Changes
+from ledgerd.store.documents.doccore import Damaged, DocumentRange
 from ledgerd.store.documents.docfind import FindResult, InvalidSelectorError
 from ledgerd.store.documents.docindex import HeldBudget
 from ledgerd.store.documents.docmodel import (
@@ -49,14 +52,7 @@ from ledgerd.store.documents.docmodel import (
     RevisionInPastError,
     UnsupportedLayoutError,
 )
-from ledgerd.store.documents.documents import (
-    BulkResult,
-    BulkWrite,
-    Changes,
-    Damaged,
-    DocumentRange,
-    DocumentStore,
-)
+from ledgerd.store.documents.documents import DocumentStore
 from ledgerd.store.errors import (
     AmbiguousCommitError,
     AmbiguousTakeError,

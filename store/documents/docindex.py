@@ -35,23 +35,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import operator
 import sqlite3
 from collections.abc import Callable, Coroutine, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ledgerd.store.documents import doclayout
+from ledgerd.store.documents.docindexdef import (
+    KEY_FORMAT,
+    IndexDef,
+    IndexRow,
+    Row,
+    definition,
+)
 from ledgerd.store.documents.doclayout import DocId, Record, State
-from ledgerd.store.documents.docmodel import MISSING, lookup_path
-from ledgerd.store.errors import ClosedError, InvalidArgumentError, StoreError, named
-from ledgerd.store.keys import tuple as tup
-from ledgerd.store.keys.tuple import encode_float as _encode_float
-from ledgerd.store.keys.tuple import encode_str as _encode_str
+from ledgerd.store.errors import ClosedError, StoreError, named
 from ledgerd.store.page.page import Page, Snapshot, Transaction
 from ledgerd.store.page.view import live
-from ledgerd.store.sqlite import schema, sql
+from ledgerd.store.sqlite import docindex_sql, schema
+from ledgerd.store.sqlite.docindex_sql import INSERT_ROWS as INSERT_ROWS  # (bench.docs's)
 from ledgerd.store.tree import btree
 from ledgerd.store.tree.btree import EMPTY, Entry
 from ledgerd.store.tree.commit import Commit
@@ -77,91 +79,6 @@ stored with a write (see :meth:`Views.commit`): ``DocumentStore.open(held_index_
 HELD_ROW_OVERHEAD = 200
 """What a held row takes in memory beyond its key and document id (its dict entry,
 tuples and bytes objects), for ``HELD_BYTES``."""
-
-KEY_FORMAT = b"\x02"
-"""How index keys are packed, in ``doc_state.key_format``: 2 packs -0.0 as 0.0 (they are
-one double to JSON and to a query). Opening a page whose rows were packed otherwise
-(no ``key_format``: the first format) builds its indexes again."""
-
-INSERT_ROWS = "INSERT OR REPLACE INTO doc_index_rows (ix, doc, key, deleted)"
-
-Scalar = str | float | bool | None
-
-
-def _scalar(v: Any) -> tuple[bool, Scalar]:
-    """(indexable, the value as indexed): numbers as floats, so 1 and 1.5 sort together;
-    an integer past every double (only a query's, documents hold 64-bit ones) as the
-    infinity of its sign, as JSON's ``1e400`` is."""
-    if v is None or isinstance(v, bool | str):
-        return True, v
-    if isinstance(v, int | float):
-        try:
-            return True, float(v) + 0.0  # (-0.0 + 0.0 is 0.0)
-        except OverflowError:
-            return True, math.inf if v > 0 else -math.inf
-    return False, None
-
-
-@dataclass(frozen=True, slots=True)
-class IndexDef:
-    """An index: documents of ``collection`` by the value at ``partition`` (then ``sort``)."""
-
-    collection: str
-    name: str
-    partition: list[str]
-    sort: list[str] | None
-    raw: bytes  # its definition's bytes in the tree
-
-    def key_of(self, r: Record) -> bytes | None:
-        """The index key of a document, or None if it is not indexed (sparse)."""
-        if r.state is State.PURGED:
-            return None
-        # A packed tuple is its elements' encodings one after the other: each value
-        # is encoded alone, the common kinds without the generic packer.
-        parts = []
-        data = r.data
-        for path in (self.partition, self.sort):
-            if path is None:
-                continue
-            if len(path) == 1 and type(data) is dict:  # the common case, without a call
-                v = data.get(path[0], MISSING)
-            else:
-                v = lookup_path(data, path)
-            kind = type(v)
-            if kind is float or kind is int:
-                parts.append(_encode_float(float(v) + 0.0))  # -0.0 is indexed as 0.0
-            elif kind is str and "/" not in v:
-                parts.append(_encode_str(v))
-            else:
-                if v is MISSING:
-                    return None
-                ok, s = _scalar(v)
-                if not ok or (isinstance(s, str) and "/" in s):
-                    return None
-                parts.append(tup.pack((s,)))
-        return b"".join(parts)
-
-    def reserved_value(self, data: Any) -> str | None:
-        """The first indexed string value of ``data`` holding a '/', or None."""
-        for path in (self.partition, self.sort):
-            if path is None:
-                continue
-            v = lookup_path(data, path)
-            if isinstance(v, str) and "/" in v:
-                return ".".join(path)
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class IndexRow:
-    doc: DocId
-    key: bytes
-
-
-Row = tuple[int, DocId, bytes | None, bool]
-"""An index row to write: (index, document id, key or None to remove it, deleted). A
-chosen id (text) is stored as SQLite text, a ULID's bytes as a blob: SQLite orders text
-before blobs, so each document keeps one place in the index order."""
 
 
 class Views:
@@ -199,7 +116,7 @@ class Views:
     async def load(self) -> None:
         db = self.page.db
         await db.run(schema.create_doc_index_schema, write=True)
-        rows = await db.read_all("SELECT name, value FROM doc_state")
+        rows = await db.read_all(docindex_sql.STATE)
         state = {r[0]: bytes(r[1]) for r in rows}
         self.reflected = state.get("reflected")
         self.max_rev = state.get("max_rev", b"")
@@ -218,9 +135,7 @@ class Views:
 
     async def _reset(self) -> None:
         def work(conn: sqlite3.Connection) -> None:
-            conn.execute("DELETE FROM doc_state")
-            conn.execute("DELETE FROM doc_index_rows")
-            conn.execute("DELETE FROM doc_indexes")
+            docindex_sql.clear(conn)
             _new_key_format(conn)
 
         await self.page.db.run(work, write=True)
@@ -229,24 +144,16 @@ class Views:
         self._pin = None
 
     async def _load_indexes(self) -> None:
-        rows = await self.page.db.read_all(
-            "SELECT id, collection, name, definition, ready FROM doc_indexes"
-        )
+        rows = await self.page.db.read_all(docindex_sql.INDEXES)
         unread: list[int] = []
         for ix, coll, name, raw, ready in rows:
-            d = _definition(coll, name, bytes(raw))
+            d = definition(coll, name, bytes(raw))
             if isinstance(d, IndexDef):
                 self.indexes[(coll, name)] = (ix, d, bool(ready))
             else:  # (an older ledgerd stored what it misread): its rows go
                 unread.append(ix)
         if unread:
-
-            def drop(conn: sqlite3.Connection) -> None:
-                for ix in unread:
-                    conn.execute("DELETE FROM doc_index_rows WHERE ix = ?", (ix,))
-                    conn.execute("DELETE FROM doc_indexes WHERE id = ?", (ix,))
-
-            await self.page.db.run(drop, write=True)
+            await self.page.db.run(lambda conn: docindex_sql.drop_indexes(conn, unread), write=True)
         # Definitions and rows as of `reflected`: the tree's definitions there decide.
         root = EMPTY
         if self.reflected is not None:
@@ -290,7 +197,7 @@ class Views:
             if raw is None or name not in plan:
                 unreadable.pop(name, None)
             if raw is not None and name not in plan:
-                d = _definition(name[0], name[1], raw)
+                d = definition(name[0], name[1], raw)
                 if isinstance(d, IndexDef):
                     added[name] = d
                     plan[name] = (0, d)
@@ -298,19 +205,8 @@ class Views:
                     unreadable[name] = d
 
         def work(conn: sqlite3.Connection) -> list[int]:
-            for ix in dropped:
-                conn.execute("DELETE FROM doc_index_rows WHERE ix = ?", (ix,))
-                conn.execute("DELETE FROM doc_indexes WHERE id = ?", (ix,))
-            ids = []
-            for (coll, name), d in added.items():
-                cur = conn.execute(
-                    "INSERT INTO doc_indexes (collection, name, definition, ready)"
-                    " VALUES (?, ?, ?, 0)",
-                    (coll, name, d.raw),
-                )
-                assert cur.lastrowid is not None
-                ids.append(cur.lastrowid)
-            return ids
+            docindex_sql.drop_indexes(conn, dropped)
+            return docindex_sql.add_indexes(conn, [(c, n, d.raw) for (c, n), d in added.items()])
 
         async def store() -> None:
             self._adopt_definitions(dropped, added, await self.page.db.run(work, write=True))
@@ -610,7 +506,7 @@ class Views:
 
                 def work(conn: sqlite3.Connection) -> None:
                     _write_rows(conn, rows)
-                    conn.execute("UPDATE doc_indexes SET ready = 1 WHERE id = ?", (ix,))
+                    docindex_sql.mark_ready(conn, ix)
 
                 await self.page.db.run(work, write=True)
                 self.indexes[(d.collection, d.name)] = (ix, d, True)
@@ -671,17 +567,14 @@ class Views:
         """Rows with ``lo <= key < hi`` after ``after`` (key, doc), in (key, doc) order,
         as of the head (which is returned); None if the catch-up under the lock found
         the ready index ``ix`` (defined as ``d``) dropped or redefined: look it up again."""
-        sql = "SELECT doc, key FROM doc_index_rows WHERE ix = ? AND key >= ?"
+        sql = docindex_sql.rows_query(
+            below=hi is not None, after=after is not None, include_deleted=include_deleted
+        )
         params: list[object] = [ix, lo]
         if hi is not None:
-            sql += " AND key < ?"
             params.append(hi)
         if after is not None:
-            sql += " AND (key, doc) > (?, ?)"
             params.extend(after)
-        if not include_deleted:
-            sql += " AND deleted = 0"
-        sql += " ORDER BY key, doc LIMIT ?"
         params.append(limit)
         async with self.lock:
             head = await self._catch_up()
@@ -782,72 +675,22 @@ def _storing(
 
     def work(conn: sqlite3.Connection) -> None:
         _write_rows(conn, rows)
-        conn.executemany("INSERT OR REPLACE INTO doc_state (name, value) VALUES (?, ?)", state)
+        docindex_sql.put_state(conn, state)
 
     return work
 
 
 def _new_key_format(conn: sqlite3.Connection) -> None:
     """Every index is to be built again (its rows packed as :data:`KEY_FORMAT` packs)."""
-    conn.execute("UPDATE doc_indexes SET ready = 0")
-    conn.execute(
-        "INSERT OR REPLACE INTO doc_state (name, value) VALUES ('key_format', ?)", (KEY_FORMAT,)
-    )
+    docindex_sql.new_key_format(conn, KEY_FORMAT)
 
 
 def _write_rows(conn: sqlite3.Connection, rows: Iterable[Row]) -> None:
     rows = list(rows)
     drop = [(ix, doc) for ix, doc, key, _ in rows if key is None]
-    conn.executemany("DELETE FROM doc_index_rows WHERE ix = ? AND doc = ?", drop)
     put = [row for row in rows if row[2] is not None]
     put.sort(key=_IN_INDEX_ORDER)  # neighbours in the ordered index are written together
-    sql.insert_rows(conn, INSERT_ROWS, put)
-
-
-def _definition(collection: str, name: str, raw: bytes) -> IndexDef | ValueError:
-    """The index a definition's bytes define; the error if they cannot be read here
-    (FutureLayoutError: a newer ledgerd's; another ValueError: damaged)."""
-    try:
-        partition, sort = doclayout.decode_definition(raw)
-    except ValueError as e:
-        log.warning("index %s/%s is not kept here (%s)", collection, name, e)
-        return e
-    return IndexDef(collection, name, partition, sort, raw)
-
-
-def partition_range(
-    partition: Any, start: Any, end: Any, d: IndexDef
-) -> tuple[bytes, bytes | None]:
-    """The keys of one partition value, narrowed to ``start <= sort < end``."""
-    try:
-        return _partition_range(partition, start, end, d)
-    except UnicodeEncodeError:  # a str the tuple layer cannot encode: a lone surrogate
-        raise InvalidArgumentError("a query's strings must be UTF-8 text") from None
-
-
-def _partition_range(
-    partition: Any, start: Any, end: Any, d: IndexDef
-) -> tuple[bytes, bytes | None]:
-    ok, p = _scalar(partition)
-    if not ok:
-        raise InvalidArgumentError("an index is queried by a string, number, boolean or null")
-    prefix = tup.pack((p,))
-    if d.sort is None:
-        if start is not None or end is not None:
-            raise InvalidArgumentError(f"index {d.name!r} has no sort key to range over")
-        return prefix, doclayout.elements_end(prefix)
-    lo, hi = prefix, doclayout.elements_end(prefix)
-    for bound, is_start in ((start, True), (end, False)):
-        if bound is None:
-            continue
-        ok, s = _scalar(bound)
-        if not ok:
-            raise InvalidArgumentError("a sort range is bounded by scalars")
-        if is_start:
-            lo = tup.pack((p, s))
-        else:
-            hi = tup.pack((p, s))
-    return lo, hi
+    docindex_sql.write_rows(conn, drop, put)
 
 
 _IN_INDEX_ORDER = operator.itemgetter(0, 2, 1)  # (ix, key, doc)

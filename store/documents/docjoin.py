@@ -94,27 +94,58 @@ def join_group(
         if one is not None:
             return one
     ls, rs = _split(group, local), _split(group, remote)
-    if (
+    if _same_revisions(ls, rs):
+        return local  # the same revisions (the same write of each)
+    joined = _joined(ls, rs, local_saw, remote_saw)
+    if not joined:
+        return _none_left(ls, rs)
+    out = _with_winner(group, ls, rs, joined)
+    return local if out == local else out
+
+
+def _same_revisions(ls: _Split, rs: _Split) -> bool:
+    """Whether both sides hold the same winner and kept conflicts (by dot)."""
+    return (
         ls.winner is not None
         and rs.winner is not None
         and ls.winner.dot == rs.winner.dot
         and ls.conflicts.keys() == rs.conflicts.keys()
-    ):
-        return local  # the same revisions (the same write of each)
-    lrevs = dict(ls.conflicts)
-    if ls.winner is not None:
-        lrevs[ls.winner.dot] = ls.winner
-    rrevs = dict(rs.conflicts)
-    if rs.winner is not None:
-        rrevs[rs.winner.dot] = rs.winner
+    )
+
+
+def _revisions(s: _Split) -> dict[bytes, _Revision]:
+    """A side's revisions by dot: its kept conflicts and its winner."""
+    revs = dict(s.conflicts)
+    if s.winner is not None:
+        revs[s.winner.dot] = s.winner
+    return revs
+
+
+def _joined(
+    ls: _Split, rs: _Split, local_saw: dots.Seen, remote_saw: dots.Seen
+) -> dict[bytes, _Revision]:
+    """The revisions the join keeps, as an observed-remove set: a revision one side
+    holds goes when the other side has seen it without keeping it."""
+    lrevs, rrevs = _revisions(ls), _revisions(rs)
     joined = {d: r for d, r in lrevs.items() if d in rrevs or not remote_saw(d)}
     joined.update((d, r) for d, r in rrevs.items() if d not in lrevs and not local_saw(d))
-    if not joined:
-        if ls.winner is None or rs.winner is None:
-            return {}
-        # (from a damaged peer: each side has seen the other's winner without keeping
-        # it; the higher-ranked one stays, as before revisions were kept)
-        return ls.main if ls.winner.order > rs.winner.order else rs.main
+    return joined
+
+
+def _none_left(ls: _Split, rs: _Split) -> Mapping[bytes, RawEntry]:
+    """The join when no revision is left: nothing, unless both sides have a winner
+    (from a damaged peer: each side has seen the other's winner without keeping it;
+    the higher-ranked one stays, as before revisions were kept)."""
+    if ls.winner is None or rs.winner is None:
+        return {}
+    return ls.main if ls.winner.order > rs.winner.order else rs.main
+
+
+def _with_winner(
+    group: bytes, ls: _Split, rs: _Split, joined: dict[bytes, _Revision]
+) -> dict[bytes, RawEntry]:
+    """The entries of the joined revisions: the highest-ranked one's keys taken whole
+    from the side that holds it, the others kept as conflicts."""
     winner = max(joined.values(), key=_order)
     if ls.winner is not None and winner.dot == ls.winner.dot:
         out = dict(ls.main)
@@ -125,7 +156,7 @@ def join_group(
     for r in joined.values():
         if r is not winner and r.kept is not None and r.dot != winner.dot:
             out[r.kept[0]] = r.kept
-    return local if out == local else out
+    return out
 
 
 def _holds_kept(group: Mapping[bytes, RawEntry], kept_prefix: bytes) -> bool:
