@@ -12,7 +12,6 @@ RUNS_SQL = re.compile(r"\.(execute|executemany|executescript)\(")
 NOT_MOVED_YET = {
     "page/check.py",  # storetree
     "page/writer.py",  # storetree
-    "documents/docindex.py",  # storedocs
 }
 
 
