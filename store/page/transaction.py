@@ -41,7 +41,8 @@ from ledgerd.store.pieces import digest as dg
 from ledgerd.store.pieces import split
 from ledgerd.store.pieces.objects import ObjectStore, Source
 from ledgerd.store.tree import btree, commit, dots, join
-from ledgerd.store.tree.btree import Builder, Entry, NodeStore, Priority, RawEntry, new_entry
+from ledgerd.store.tree.btree import Entry, NodeStore, Priority, RawEntry, new_entry
+from ledgerd.store.tree.builder import Builder
 from ledgerd.store.tree.commit import Commit
 
 _VALUE = operator.itemgetter(1)  # an entry's value digest

@@ -54,7 +54,8 @@ from ledgerd.store.sqlite.db import INLINE_MAX_ROWS, Database, fits_inline
 from ledgerd.store.sqlite.schema import TRANSIENT
 from ledgerd.store.sqlite.threads import OFF_LOOP_BYTES
 from ledgerd.store.tree import commit
-from ledgerd.store.tree.btree import Builder, Entry, NodeStore, Priority, new_entry
+from ledgerd.store.tree.btree import Entry, NodeStore, Priority, new_entry
+from ledgerd.store.tree.builder import Builder
 
 log = logging.getLogger(__name__)
 
