@@ -1,9 +1,10 @@
 """The page tree: a history-independent Merkle search tree of entries.
 
-This module owns tree nodes (their encoding, levels and digests) and the
-algorithms over them: lookup, batch update, ordered range iteration, and two-
-and three-way diffs. It reads and writes nodes through a :class:`NodeStore`; it
-knows nothing of commits, journals or SQLite.
+This module owns tree entries and nodes (their encoding, levels and digests) and the
+reads over them: lookup, ordered range iteration, and two-way diffs. It reads nodes
+through a :class:`NodeStore`; it knows nothing of commits, journals or SQLite. Batch
+updates are :mod:`store.tree.builder`'s, a node's column checks :mod:`store.tree.nodecheck`'s,
+three-way diffs :mod:`store.tree.diff3`'s.
 
 Shape
     Every key has a *level*: the number of trailing zero 6-bit groups of
