@@ -45,6 +45,7 @@ from ledgerd.store import Page, Repository
 from ledgerd.store.pieces import digest as dg
 from ledgerd.store.pieces.cache import Cache
 from ledgerd.store.tree import btree
+from ledgerd.store.tree.builder import Builder
 
 
 def _rows(n: int, seed: int = 1) -> list[tuple[bytes, bytes]]:
@@ -97,7 +98,7 @@ async def _tree_only(rows: list[tuple[bytes, bytes]], txn: int) -> float:
     root = btree.EMPTY
     with timed() as t:
         for i in range(0, len(rows), txn):
-            builder = btree.Builder(nodes)
+            builder = Builder(nodes)
             changes = [(k, btree.Entry(k, dg.value_chunk_digest(v))) for k, v in rows[i : i + txn]]
             root = await builder.apply(root, changes)
             memory.data.update((p.digest, p.data) for p in builder.pieces_reachable(root))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,23 @@ def test_layers_hold() -> None:
         check=False,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_private_modules_contract_names_every_private_store_module() -> None:
+    """The forbidden contract lists every module of store/ but the public ones, so a new
+    module is private until it is named public here and in docs/architecture.md."""
+    public = {"errors", "page.hooks", "tree.merge", "page.exchange", "pieces.digest"}
+    public |= {"keys.tuple", "keys.subspace", "page.check", "page.gc", "tree.dots"}
+    store = ROOT / "store"
+    private = {
+        "ledgerd.store." + path.relative_to(store).with_suffix("").as_posix().replace("/", ".")
+        for path in store.rglob("*.py")
+        if path.name != "__init__.py"
+    } - {f"ledgerd.store.{m}" for m in public}
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (contract,) = [
+        c
+        for c in contracts["contracts"]
+        if c["name"] == "store's private modules stay inside store"
+    ]
+    assert set(contract["forbidden_modules"]) == private

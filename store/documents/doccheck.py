@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ledgerd.store.documents import doclayout
 from ledgerd.store.documents.docmodel import id_text, ulid_text
-from ledgerd.store.page.check import (
+from ledgerd.store.page.checkreport import (
     DAMAGED_DOCUMENT,
     DAMAGED_INDEX_DEFINITION,
     UNSUPPORTED_LAYOUT,

@@ -44,7 +44,8 @@ from ledgerd.store.pieces.objects import ObjectStore
 from ledgerd.store.sqlite import metadata
 from ledgerd.store.sqlite.db import Database
 from ledgerd.store.tree import btree, commit, dots, join
-from ledgerd.store.tree.btree import Builder, Entry, NodeStore, Priority, RawEntry, Version
+from ledgerd.store.tree.btree import Entry, NodeStore, Priority, RawEntry, Version
+from ledgerd.store.tree.builder import Builder
 from ledgerd.store.tree.merge import (
     Choice,
     Conflict,

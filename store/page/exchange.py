@@ -27,7 +27,8 @@ from ledgerd.store.sqlite import metadata, piece_rows, sql
 from ledgerd.store.sqlite.schema import PIECES_WAITING as PIECES_WAITING
 from ledgerd.store.sqlite.schema import SYNCED, UPLOADED_AT_ROW, UPLOADED_ROW
 from ledgerd.store.tree import btree, dots, join
-from ledgerd.store.tree.btree import Builder, Priority, RawEntry, Version
+from ledgerd.store.tree.btree import Priority, RawEntry, Version
+from ledgerd.store.tree.builder import Builder
 from ledgerd.store.tree.commit import FIRST, Commit, child
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,8 @@ from ledgerd.store.sqlite import metadata, sql
 from ledgerd.store.sqlite.db import Database, fits_inline
 from ledgerd.store.sqlite.schema import CONTEXT_ROW, LOCAL, SYNCED
 from ledgerd.store.tree import commit, dots
-from ledgerd.store.tree.btree import Builder, NodeStore, RawEntry
+from ledgerd.store.tree.btree import NodeStore, RawEntry
+from ledgerd.store.tree.builder import Builder
 from ledgerd.store.tree.commit import Commit
 
 log = logging.getLogger(__name__)

@@ -40,7 +40,7 @@ from ledgerd.store.errors import (
 from ledgerd.store.page.conflicts import RESOLVER_TIMEOUT, Conflicts, KeyConflict, Take
 from ledgerd.store.page.graph import DIRECT_BATCH, CommitGraph
 from ledgerd.store.page.lifetime import PageLifetime
-from ledgerd.store.page.staging import SMALL_VALUE
+from ledgerd.store.page.staging import SMALL_VALUE, Change
 from ledgerd.store.page.stamps import StampClock, StampedKey, StampedValue
 from ledgerd.store.page.transaction import TXN_MEMORY, Transaction, Transactions
 from ledgerd.store.page.view import Overlay, TreeView, View, check_key
@@ -53,7 +53,7 @@ from ledgerd.store.page.watch import (
     Watcher,
     Watchers,
 )
-from ledgerd.store.page.writer import COMMIT_DELAY, MAX_JOURNAL_ENTRIES, Change, JournalWriter
+from ledgerd.store.page.writer import COMMIT_DELAY, MAX_JOURNAL_ENTRIES, JournalWriter
 from ledgerd.store.pieces.cache import Cache
 from ledgerd.store.pieces.objects import ObjectStore, Source
 from ledgerd.store.sqlite import collection

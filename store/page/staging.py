@@ -7,7 +7,9 @@ large or streamed. Plain writes (:mod:`store.page.writer`) and transactions
 (:mod:`store.page.transaction`) both use it; neither splits values by itself.
 
 It also owns what a write becomes at commit (:func:`stamped`): its entries with the
-write's dot, a delete as a tombstone, a clear as a tombstone over every key it saw.
+write's dot, a delete as a tombstone, a clear as a tombstone over every key it saw; and
+the one path by which a staged batch becomes a commit (:func:`commit_staged`), which the
+implicit journal, a large plain write and a transaction all take.
 """
 
 from __future__ import annotations
@@ -15,16 +17,24 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-from collections.abc import AsyncIterable, Iterable, Mapping
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from ledgerd.store.errors import InvalidArgumentError
 from ledgerd.store.page import deleted
+from ledgerd.store.page.graph import CommitGraph, Work
+from ledgerd.store.page.stamps import StampedKey, StampedValue, VersionstampError
+from ledgerd.store.page.view import KEY_LIMIT, check_key
 from ledgerd.store.pieces import digest as dg
 from ledgerd.store.pieces import split
 from ledgerd.store.pieces.objects import ObjectStore, Source
-from ledgerd.store.tree import btree
+from ledgerd.store.sqlite.threads import OFF_LOOP_BYTES
+from ledgerd.store.tree import btree, commit
 from ledgerd.store.tree.btree import Entry, NodeStore, Priority, RawEntry
+from ledgerd.store.tree.builder import Builder
+from ledgerd.store.tree.commit import Commit
 
 SMALL_VALUE = 256 * 1024
 """Values given as bytes up to this size are split in memory and written with their
@@ -82,6 +92,95 @@ async def prepare(
     )
 
 
+Change = (
+    tuple[bytes | StampedKey, Source | StampedValue | None]
+    | tuple[bytes | StampedKey, Source | StampedValue | None, Priority]
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StampSlot:
+    """A change of a write that is completed when the write is stamped."""
+
+    index: int  # in the write's changes
+    template: StampedKey | StampedValue
+    priority: Priority
+
+
+async def stage_changes(
+    objects: ObjectStore, changes: Iterable[Change], prio: Priority
+) -> tuple[
+    list[tuple[bytes, Entry | None]],
+    list[StampSlot],
+    dict[bytes, list[split.Piece]],
+    dict[str, bytes],
+]:
+    """A write's changes as entries (a stamped one as a placeholder: :class:`StampSlot`),
+    the pieces of its values held in memory (by value root digest) and the tokens of
+    those staged (token -> value root digest); on an error, those staged are dropped."""
+    prepared: list[tuple[bytes, Entry | None]] = []
+    stamps: list[StampSlot] = []
+    pieces_of: dict[bytes, list[split.Piece]] = {}  # value root digest -> its pieces
+    staged: dict[str, bytes] = {}  # token -> its value's root digest
+    small = split.MIN_CHUNK
+    inline = 0  # bytes split and hashed on the loop since it last yielded
+    try:
+        for change in changes:
+            if inline > OFF_LOOP_BYTES:  # a big write lets other requests in
+                await asyncio.sleep(0)
+                inline = 0
+            key, value = change[0], change[1]
+            p = change[2] if len(change) == 3 else prio
+            if type(key) is not bytes or len(key) > KEY_LIMIT:
+                key = _key_of(key, value, p, stamps, len(prepared))
+            if isinstance(value, StampedValue):
+                stamps.append(StampSlot(len(prepared), value, priority(p)))
+                prepared.append((key, None))  # its entry is made when it is stamped
+                continue
+            if value is None:
+                prepared.append((key, None))
+                continue
+            if type(value) is bytes:
+                inline += len(value)
+                if len(value) <= small:  # the common case
+                    entry, piece = one_chunk(key, value, p)
+                    if piece is not None:
+                        pieces_of[entry.value] = [piece]
+                    prepared.append((key, entry))
+                    continue
+            entry, more, token = await prepare(objects, key, value, p)
+            if more:
+                pieces_of[entry.value] = more
+            if token is not None:
+                staged[token] = entry.value
+            prepared.append((key, entry))
+    except BaseException:
+        await discard(objects, staged)
+        raise
+    return prepared, stamps, pieces_of, staged
+
+
+def _key_of(
+    key: bytes | StampedKey,
+    value: Source | StampedValue | None,
+    p: object,
+    stamps: list[StampSlot],
+    index: int,
+) -> bytes:
+    """The key a change is stored under, when it is not a plain key of at most
+    ``KEY_LIMIT`` bytes: a versionstamped key's template (its stamp listed in
+    ``stamps`` at the change's ``index``), else the key checked (and refused)."""
+    if not isinstance(key, StampedKey):
+        return check_key(key)
+    if isinstance(value, StampedValue):
+        raise VersionstampError("a change stamps its key or its value, not both")
+    if value is None:
+        raise VersionstampError("a versionstamped key needs a value")
+    # Stored under its template until the write is stamped.
+    stamps.append(StampSlot(index, key, priority(p)))
+    return key.template
+
+
 async def discard(objects: ObjectStore, tokens: Iterable[str]) -> None:
     """Drop staged values (each drop completes even if the caller is cancelled)."""
     for t in tokens:
@@ -131,3 +230,62 @@ async def stamped(
         (key, (key, tomb, 0, dot) if e is None else (key, e[1], int(e[2]), dot)) for key, e in items
     )
     return out
+
+
+Changes = list[tuple[bytes, RawEntry | None]]
+"""A batch's changes as a commit applies them: key -> entry with its dot, or None."""
+
+
+class Storing(NamedTuple):
+    """What storing a batch's commit takes besides the commit and its nodes (see
+    :meth:`store.page.graph.CommitGraph.store`)."""
+
+    values: Sequence[split.Piece] = ()
+    tokens: Sequence[str] = ()
+    also: Work | None = None
+    also_small: bool = True
+    then: Callable[[], None] | None = None
+
+
+async def commit_staged(
+    graph: CommitGraph,
+    nodes: NodeStore,
+    entries: Mapping[bytes, Entry | None] | Iterable[tuple[bytes, Entry | None]],
+    storing: Callable[[Commit], Awaitable[Storing]],
+    *,
+    cleared: bool = False,
+    at: int | None = None,
+    base: Commit | None = None,
+    onto: Callable[[Builder, Commit, Changes], Awaitable[Changes]] | None = None,
+) -> Commit | None:
+    """Commit a staged batch on the head (commit lock held): its changes, made on
+    ``base`` (None: the head), are stamped with the commit's dot (:func:`stamped`), moved
+    onto the head by ``onto`` when the head is no longer ``base``, applied to the head's
+    tree, and stored as a child of the head at a time no older than ``at``, with what
+    ``storing(commit)`` gives. None, and nothing stored, when the batch changes nothing."""
+    head = graph.head
+    base = head if base is None else base
+    ts = graph.next_time(at)
+    builder = Builder(nodes)
+    changes = await stamped(nodes, base.root, entries, graph.dot(ts), cleared=cleared)
+    if head.id != base.id:
+        if onto is None:
+            raise ValueError("a batch made on an older commit needs a way onto the head")
+        changes = await onto(builder, head, changes)
+    root = await builder.apply(head.root, changes)
+    if root == head.root:
+        return None
+    c = commit.child(head, root, ts)
+    s = await storing(c)
+    await graph.store(
+        c,
+        builder,
+        values=s.values,
+        tokens=s.tokens,
+        also=s.also,
+        also_small=s.also_small,
+        then=s.then,
+        ctx={**graph.ctx, graph.tag: c.timestamp},
+        changed=changes,
+    )
+    return c

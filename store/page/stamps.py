@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 from ledgerd.store.errors import InvalidArgumentError
 from ledgerd.store.keys.tuple import complete_versionstamp
-from ledgerd.store.page.staging import SMALL_VALUE
 from ledgerd.store.page.view import check_key
 from ledgerd.store.tree import commit
 
@@ -41,8 +40,9 @@ STAMP_SIZE = 10
 OFFSET_SIZE = 4
 """The little-endian offset that ends a key or value given for stamping."""
 
-STAMPED_VALUE_LIMIT = SMALL_VALUE
-"""Largest versionstamped value, in bytes (it is split in memory when stamped)."""
+STAMPED_VALUE_LIMIT = 256 * 1024
+"""Largest versionstamped value, in bytes: at most :data:`store.page.staging.SMALL_VALUE`,
+so that it is split in memory when stamped (``tests/store/test_staging.py`` checks)."""
 
 _PLACEHOLDER = b"\xff" * STAMP_SIZE
 _TUPLE_PLACEHOLDER = b"\x33" + _PLACEHOLDER

@@ -40,8 +40,9 @@ from ledgerd.store.page.view import Overlay, View, bounds, check_key
 from ledgerd.store.pieces import digest as dg
 from ledgerd.store.pieces import split
 from ledgerd.store.pieces.objects import ObjectStore, Source
-from ledgerd.store.tree import btree, commit, dots, join
-from ledgerd.store.tree.btree import Builder, Entry, NodeStore, Priority, RawEntry, new_entry
+from ledgerd.store.tree import btree, dots, join
+from ledgerd.store.tree.btree import Entry, NodeStore, Priority, RawEntry, new_entry
+from ledgerd.store.tree.builder import Builder
 from ledgerd.store.tree.commit import Commit
 
 _VALUE = operator.itemgetter(1)  # an entry's value digest
@@ -140,34 +141,35 @@ class Transactions:
             if st.stamped_keys or st.stamped_values:
                 entries = dict(entries)
                 at = await self._stamp(txn, entries)
-            head, base = graph.head, txn.base
-            ts = graph.next_time(at)
-            builder = Builder(self.nodes)
-            changes = await staging.stamped(
-                self.nodes, base.root, entries, graph.dot(ts), cleared=st.cleared
+            base = txn.base
+
+            async def onto(
+                builder: Builder, head: Commit, changes: staging.Changes
+            ) -> staging.Changes:
+                # The page moved: what the transaction did not see stays.
+                return await _onto_moved(builder, base.root, head, changes, graph.ctx, txn)
+
+            async def storing(c: Commit) -> staging.Storing:
+                # Values a later put of the transaction replaced are not stored.
+                live = set(map(_VALUE, filter(None, entries.values())))  # (None: a delete)
+                values, tokens = await staging.only_live(self.objects, live, st.pieces, st.staged)
+                st.staged = {t: st.staged[t] for t in tokens}
+                also = None if st.also is None else st.also(c)
+                return staging.Storing(values, tokens, also, st.also_small)
+
+            c = await staging.commit_staged(
+                graph,
+                self.nodes,
+                entries,
+                storing,
+                cleared=st.cleared,
+                at=at,
+                base=base,
+                onto=onto,
             )
-            if head.id != base.id:  # the page moved: what the transaction did not see stays
-                changes = await _onto_moved(builder, base.root, head, changes, graph.ctx, txn)
-            root = await builder.apply(head.root, changes)
-            if root == head.root:
+            if c is None:
                 await staging.discard(self.objects, st.staged)
                 return None
-            c = commit.child(head, root, ts)
-            # Values a later put of the transaction replaced are not stored.
-            live = set(map(_VALUE, filter(None, entries.values())))  # (None: a delete)
-            values, tokens = await staging.only_live(self.objects, live, st.pieces, st.staged)
-            st.staged = {t: st.staged[t] for t in tokens}
-            also = None if st.also is None else st.also(c)
-            await graph.store(
-                c,
-                builder,
-                values=values,
-                tokens=tokens,
-                also=also,
-                also_small=st.also_small,
-                ctx={**graph.ctx, graph.tag: c.timestamp},
-                changed=changes,
-            )
         stored.set()
         if graph.conflicts:  # writes it did not see stay beside its own: a resolver may decide
             await self._settle()

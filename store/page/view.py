@@ -204,20 +204,7 @@ class View(abc.ABC):
         if not overlay.cleared:
             async for run in btree.runs(self.nodes, root, lo, hi):
                 if i < n and pending[i][0] <= run[-1][0]:
-                    merged: list[RawEntry] = []
-                    for e in run:
-                        while i < n and pending[i][0] < e[0]:
-                            over = live(pending[i][1])
-                            if over is not None:
-                                merged.append(over)
-                            i += 1
-                        if i < n and pending[i][0] == e[0]:
-                            over = live(pending[i][1])
-                            i += 1
-                            if over is not None:
-                                merged.append(over)
-                        elif e[1] != TOMBSTONE:
-                            merged.append(e)
+                    merged, i = _merged(run, pending, i)
                     if merged:
                         yield merged
                 elif TOMBSTONE in map(_VALUE, run):  # rare: deletes kept for merges
@@ -293,6 +280,30 @@ class View(abc.ABC):
     ) -> RangeResult[bytes]:
         found, nxt = await self._page(start, end, prefix, limit, token)
         return RangeResult([e[0] for e in found], nxt)
+
+
+def _merged(
+    run: Sequence[RawEntry], pending: list[tuple[bytes, Entry | None]], i: int
+) -> tuple[list[RawEntry], int]:
+    """The live entries of ``run`` merged with the overlay's ``pending[i:]`` up to the
+    run's last key (an overlay entry wins over the tree's of its key), and the index in
+    ``pending`` of the first overlay entry past the run."""
+    n = len(pending)
+    merged: list[RawEntry] = []
+    for e in run:
+        while i < n and pending[i][0] < e[0]:
+            over = live(pending[i][1])
+            if over is not None:
+                merged.append(over)
+            i += 1
+        if i < n and pending[i][0] == e[0]:
+            over = live(pending[i][1])
+            i += 1
+            if over is not None:
+                merged.append(over)
+        elif e[1] != TOMBSTONE:
+            merged.append(e)
+    return merged, i
 
 
 class TreeView(View):

@@ -44,17 +44,16 @@ from dataclasses import dataclass, field
 from ledgerd.store.errors import InvalidDigestError, named
 from ledgerd.store.page import deleted, staging
 from ledgerd.store.page.graph import DIRECT_BATCH, CommitGraph
-from ledgerd.store.page.stamps import StampClock, StampedKey, StampedValue, VersionstampError
-from ledgerd.store.page.view import KEY_LIMIT, NO_OVERLAY, Overlay, check_key
+from ledgerd.store.page.staging import Change
+from ledgerd.store.page.stamps import StampClock, StampedValue
+from ledgerd.store.page.view import KEY_LIMIT, NO_OVERLAY, Overlay
 from ledgerd.store.pieces import digest as dg
 from ledgerd.store.pieces import split
-from ledgerd.store.pieces.objects import ObjectStore, Source
-from ledgerd.store.sqlite import sql
+from ledgerd.store.pieces.objects import ObjectStore
+from ledgerd.store.sqlite import journal, sql
 from ledgerd.store.sqlite.db import INLINE_MAX_ROWS, Database, fits_inline
-from ledgerd.store.sqlite.schema import TRANSIENT
-from ledgerd.store.sqlite.threads import OFF_LOOP_BYTES
-from ledgerd.store.tree import commit
-from ledgerd.store.tree.btree import Builder, Entry, NodeStore, Priority, new_entry
+from ledgerd.store.tree.btree import Entry, NodeStore, Priority, new_entry
+from ledgerd.store.tree.commit import Commit
 
 log = logging.getLogger(__name__)
 
@@ -63,15 +62,6 @@ COMMIT_DELAY = 0.005
 
 MAX_JOURNAL_ENTRIES = 4096
 """The journal is committed at once when it holds this many keys."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Stamp:
-    """A change of a write that is completed when the write is stamped."""
-
-    index: int  # in _Write.changes
-    template: StampedKey | StampedValue
-    priority: Priority
 
 
 @dataclass(slots=True)
@@ -83,18 +73,12 @@ class _Write:
     done: asyncio.Future[None]
     flush: bool = False  # resolve only once the journal is committed
     direct: bool = False  # a large batch: committed on its own, without the journal
-    stamps: list[_Stamp] = field(default_factory=list)
+    stamps: list[staging.StampSlot] = field(default_factory=list)
     completed: list[bytes] = field(default_factory=list)  # the stamped keys and values
 
     @property
     def empty(self) -> bool:
         return not (self.clear or self.changes or self.pieces or self.tokens)
-
-
-Change = (
-    tuple[bytes | StampedKey, Source | StampedValue | None]
-    | tuple[bytes | StampedKey, Source | StampedValue | None, Priority]
-)
 
 
 class JournalWriter:
@@ -171,56 +155,9 @@ class JournalWriter:
     ) -> list[bytes]:
         """Many puts (value) and deletes (None) that land in one commit; returns the
         completed versionstamped keys and values, in the order of the changes."""
-        prepared: list[tuple[bytes, Entry | None]] = []
-        stamps: list[_Stamp] = []
-        pieces_of: dict[bytes, list[split.Piece]] = {}  # value root digest -> its pieces
-        staged: dict[str, bytes] = {}  # token -> its value's root digest
-        small = split.MIN_CHUNK
-        inline = 0  # bytes split and hashed on the loop since it last yielded
-        try:
-            for change in changes:
-                if inline > OFF_LOOP_BYTES:  # a big write lets other requests in
-                    await asyncio.sleep(0)
-                    inline = 0
-                key, value = change[0], change[1]
-                p = change[2] if len(change) == 3 else prio
-                if type(key) is not bytes or len(key) > KEY_LIMIT:
-                    if isinstance(key, StampedKey):
-                        if isinstance(value, StampedValue):
-                            raise VersionstampError(
-                                "a change stamps its key or its value, not both"
-                            )
-                        if value is None:
-                            raise VersionstampError("a versionstamped key needs a value")
-                        # Stored under its template until the write is stamped.
-                        stamps.append(_Stamp(len(prepared), key, staging.priority(p)))
-                        key = key.template
-                    else:
-                        key = check_key(key)
-                if isinstance(value, StampedValue):
-                    stamps.append(_Stamp(len(prepared), value, staging.priority(p)))
-                    prepared.append((key, None))  # its entry is made when it is stamped
-                    continue
-                if value is None:
-                    prepared.append((key, None))
-                    continue
-                if type(value) is bytes:
-                    inline += len(value)
-                if type(value) is bytes and len(value) <= small:  # the common case
-                    entry, piece = staging.one_chunk(key, value, p)
-                    if piece is not None:
-                        pieces_of[entry.value] = [piece]
-                    prepared.append((key, entry))
-                    continue
-                entry, more, token = await staging.prepare(self.objects, key, value, p)
-                if more:
-                    pieces_of[entry.value] = more
-                if token is not None:
-                    staged[token] = entry.value
-                prepared.append((key, entry))
-        except BaseException:
-            await staging.discard(self.objects, staged)
-            raise
+        prepared, stamps, pieces_of, staged = await staging.stage_changes(
+            self.objects, changes, prio
+        )
         # The last change to a key wins: values overwritten within this same write
         # are not stored.
         live = {e.value for e in dict(prepared).values() if e is not None}
@@ -341,25 +278,15 @@ class JournalWriter:
                 await self.commit_journal()
             async with self.graph.lock:
                 at = await self._stamp(w) if w.stamps else None
-                base = self.graph.head
-                ts = self.graph.next_time(at)
-                builder = Builder(self.nodes)
-                changes = await staging.stamped(
-                    self.nodes, base.root, w.changes, self.graph.dot(ts), cleared=w.clear
+
+                async def storing(c: Commit) -> staging.Storing:
+                    return staging.Storing(values=w.pieces, tokens=w.tokens)
+
+                stored = await staging.commit_staged(
+                    self.graph, self.nodes, w.changes, storing, cleared=w.clear, at=at
                 )
-                root = await builder.apply(base.root, changes)
-                if root == base.root:
+                if stored is None:
                     await staging.discard(self.objects, w.tokens)
-                else:
-                    c = commit.child(base, root, ts)
-                    await self.graph.store(
-                        c,
-                        builder,
-                        values=w.pieces,
-                        tokens=w.tokens,
-                        ctx={**self.graph.ctx, self.graph.tag: c.timestamp},
-                        changed=changes,
-                    )
         except BaseException as e:
             if not w.done.done():
                 w.done.set_exception(e)
@@ -429,30 +356,22 @@ class JournalWriter:
 
         def work(conn: sqlite3.Connection) -> None:
             if new:
-                conn.execute(
-                    "INSERT INTO journals (id, cleared, since) VALUES (?, 0, ?)", (jid, since)
-                )
+                journal.open_journal(conn, jid, since)
             for w in batch:
                 if w.clear:
-                    conn.execute("UPDATE journals SET cleared = 1 WHERE id = ?", (jid,))
-                    conn.execute("DELETE FROM journal_entries WHERE journal_id = ?", (jid,))
+                    journal.clear_journal(conn, jid)
                 if w.changes:
-                    conn.executemany(
-                        "INSERT OR REPLACE INTO journal_entries (journal_id, key, value, priority) "
-                        "VALUES (?, ?, ?, ?)",
+                    journal.put_entries(
+                        conn,
+                        jid,
                         [
-                            (jid, k, None if e is None else e.value, 0 if e is None else e.priority)
+                            (k, None if e is None else e.value, 0 if e is None else e.priority)
                             for k, e in w.changes
                         ],
                     )
-                for t in w.tokens:
-                    sql.adopt(conn, t, jid)
+                journal.adopt_staged(conn, jid, w.tokens)
             if pieces:
-                sql.put_pieces(conn, pieces.items(), TRANSIENT)
-                conn.executemany(
-                    "INSERT OR IGNORE INTO journal_pieces (journal_id, digest) VALUES (?, ?)",
-                    [(jid, d) for d in pieces],
-                )
+                journal.put_pieces(conn, jid, pieces)
 
         # Staged values (tokens) and clears move rows in proportion to their size.
         rows = sum(len(w.changes) for w in batch) + len(pieces)
@@ -478,51 +397,38 @@ class JournalWriter:
             jid, overlay = self._journal, self.overlay
             if jid is None:
                 return
-            base = self.graph.head
             at = self._since if self._stamped is None else max(self._since or 0, self._stamped)
-            ts = self.graph.next_time(at)
-            builder = Builder(self.nodes)
-            changes = await staging.stamped(
-                self.nodes, base.root, overlay.entries, self.graph.dot(ts), cleared=overlay.cleared
+
+            async def storing(c: Commit) -> staging.Storing:
+                # Values a later write of this journal replaced are in no commit: their
+                # pieces are collected rather than kept (and uploaded) for nothing.
+                live = {e.value for e in overlay.entries.values() if e is not None}
+                keep = await self.objects.value_pieces(live)
+
+                def drop(conn: sqlite3.Connection) -> None:
+                    sql.keep_journal_pieces(conn, jid, keep)
+                    sql.drop_journal(conn, jid)
+
+                return staging.Storing(
+                    also=drop, also_small=fits_inline(self._rows, 0), then=self._reset
+                )
+
+            stored = await staging.commit_staged(
+                self.graph, self.nodes, overlay.entries, storing, cleared=overlay.cleared, at=at
             )
-            root = await builder.apply(base.root, changes)
-            if root == base.root:
+            if stored is None:
                 await self.db.run(lambda conn: sql.drop_journal(conn, jid), write=True)
                 await self.objects.discard(jid)
                 self._reset()
-                return
-            c = commit.child(base, root, ts)
-            # Values a later write of this journal replaced are in no commit: their
-            # pieces are collected rather than kept (and uploaded) for nothing.
-            live = {e.value for e in overlay.entries.values() if e is not None}
-            keep = await self.objects.value_pieces(live)
-
-            def drop(conn: sqlite3.Connection) -> None:
-                sql.keep_journal_pieces(conn, jid, keep)
-                sql.drop_journal(conn, jid)
-
-            await self.graph.store(
-                c,
-                builder,
-                also=drop,
-                also_small=fits_inline(self._rows, 0),
-                then=self._reset,
-                ctx={**self.graph.ctx, self.graph.tag: c.timestamp},
-                changed=changes,
-            )
 
     def _reset(self) -> None:
         self._journal, self.overlay, self._since, self._stamped = None, NO_OVERLAY, None, None
 
     async def recover(self) -> bool:
         """Commit the implicit journals a crash left (their writes were acknowledged)."""
-        journals = await self.db.read_all(
-            "SELECT id, cleared, since FROM journals WHERE substr(id, 1, 1) = 'I' ORDER BY id"
-        )
+        journals = await self.db.read_all(journal.IMPLICIT_JOURNALS)
         for jid, cleared, since in journals:
-            entries = await self.db.read_all(
-                "SELECT key, value, priority FROM journal_entries WHERE journal_id = ?", (jid,)
-            )
+            entries = await self.db.read_all(journal.JOURNAL_ENTRIES, (jid,))
             changes = [c for k, v, p in entries if (c := _recovered(k, v, p)) is not None]
             if len(changes) < len(entries):
                 log.warning(

@@ -1,9 +1,10 @@
 """The page tree: a history-independent Merkle search tree of entries.
 
-This module owns tree nodes (their encoding, levels and digests) and the
-algorithms over them: lookup, batch update, ordered range iteration, and two-
-and three-way diffs. It reads and writes nodes through a :class:`NodeStore`; it
-knows nothing of commits, journals or SQLite.
+This module owns tree entries and nodes (their encoding, levels and digests) and the
+reads over them: lookup, ordered range iteration, and two-way diffs. It reads nodes
+through a :class:`NodeStore`; it knows nothing of commits, journals or SQLite. Batch
+updates are :mod:`store.tree.builder`'s, a node's column checks :mod:`store.tree.nodecheck`'s,
+three-way diffs :mod:`store.tree.diff3`'s.
 
 Shape
     Every key has a *level*: the number of trailing zero 6-bit groups of
@@ -34,7 +35,6 @@ import asyncio
 import bisect
 import enum
 import functools
-import itertools
 import operator
 from array import array
 from collections.abc import (
@@ -42,7 +42,6 @@ from collections.abc import (
     AsyncIterator,
     Iterable,
     Iterator,
-    Sequence,
 )
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
@@ -54,6 +53,7 @@ from ledgerd.store.errors import CorruptObjectError
 from ledgerd.store.pieces import digest as dg
 from ledgerd.store.pieces import split
 from ledgerd.store.pieces.cache import ENTRY_OVERHEAD, Cache, CacheSpace
+from ledgerd.store.tree.nodecheck import check_digests, check_entries
 
 LEVEL_BITS = 6
 MAX_LEVEL = 10
@@ -213,21 +213,9 @@ def decode_node(data: bytes) -> Node:
         if type(level) is not int or type(raw) is not tuple or type(children) is not tuple:
             raise TypeError("a node is [level, entries, children]")
         if raw:
-            # Four columns of equal length (entries with siblings apart), or zip or the
-            # unpacking raises; an entry that is not an array fails the columns' type
-            # checks below.
-            plain = raw if set(map(len, raw)) == {4} else _with_siblings(raw)
-            keys, values, priorities, dots = zip(*plain, strict=True)
-            if set(map(type, priorities)) != {int} or not set(priorities) <= {0, 1}:
-                raise TypeError("priorities are 0 or 1")
-            # msgpack makes bytes of bin and nothing else: joining them is the check
-            # that every key is bytes (anything else raises TypeError), at C speed.
-            b"".join(keys)
-            if set(map(len, dots)) != {DOT_SIZE} or len(b"".join(dots)) != DOT_SIZE * len(dots):
-                raise TypeError(f"a dot is {DOT_SIZE} bytes")
-            _validate_digests(values)
+            check_entries(raw, DOT_SIZE)
         if children:
-            _validate_digests([c for c in children if c])
+            check_digests([c for c in children if c])
         node = Node(level, raw, children)
     except (ValueError, TypeError, IndexError) as e:
         raise CorruptObjectError(f"undecodable tree node: {e}") from e
@@ -237,63 +225,6 @@ def decode_node(data: bytes) -> Node:
     if node.level < 0 or len(node.children) != (n + 1 if node.level else 0):
         raise CorruptObjectError("tree node has a malformed shape")
     return node
-
-
-def _with_siblings(raw: tuple[tuple[object, ...], ...]) -> list[tuple[object, ...]]:
-    """The first four fields of each entry, after checking the siblings of those that
-    have a fifth: a non-empty tuple of ``(value, priority, dot)`` versions, dots
-    strictly decreasing and all below the entry's own (the winner is the largest)."""
-    out: list[tuple[object, ...]] = []
-    for e in raw:
-        if len(e) == 5:
-            siblings, dot = e[4], e[3]
-            if type(siblings) is not tuple or not siblings or type(dot) is not bytes:
-                raise TypeError("siblings are a non-empty array")
-            last = dot
-            for v in siblings:
-                if type(v) is not tuple or len(v) != 3:
-                    raise TypeError("a sibling is [value, priority, dot]")
-                value, prio, vdot = v
-                if type(prio) is not int or prio not in (0, 1):
-                    raise TypeError("priorities are 0 or 1")
-                if type(vdot) is not bytes or len(vdot) != DOT_SIZE or not vdot < last:
-                    raise TypeError("siblings' dots decrease, below the entry's own")
-                if type(value) is not bytes:
-                    raise TypeError("a sibling's value is a digest")
-                dg.validate(value)
-                last = vdot
-            out.append(e[:4])
-        elif len(e) == 4:
-            out.append(e)
-        else:
-            raise TypeError("an entry is [key, value, priority, dot(, siblings)]")
-    return out
-
-
-_HASHED = 1 + dg.HASH_SIZE
-_HASHED_TYPES = frozenset(t for t in range(256) if dg.is_valid_hashed_type(t))
-
-
-def _validate_digests(digests: Sequence[bytes]) -> None:
-    """Raise TypeError unless every one is bytes, and InvalidDigestError unless every
-    one is a well-formed digest (all hashed ones: at C speed)."""
-    # The join raises TypeError unless every one is bytes-like, and msgpack makes
-    # bytes and never bytearray or memoryview.
-    joined = b"".join(digests)
-    if set(map(len, digests)) == {_HASHED} and set(joined[::_HASHED]) <= _HASHED_TYPES:
-        return
-    for d in digests:
-        dg.validate(d)
-
-
-_LEAF_TAIL = _packer.pack(())  # a leaf's children: none
-
-
-@functools.lru_cache(maxsize=1024)
-def _leaf_head(n: int) -> bytes:
-    """The bytes a leaf of ``n`` entries starts with: ``[0, [`` and the entries' count."""
-    head: bytes = _packer.pack_array_header(3) + _packer.pack(0) + _packer.pack_array_header(n)
-    return head
 
 
 def node_pieces(data: bytes) -> tuple[bytes, list[split.Piece]]:
@@ -339,224 +270,15 @@ class NodeStore:
         else:
             data = await self.reader.read_node_bytes(digest)
         node = decode_node(data)
-        self._remember(digest, node, len(data))
+        self.remember(digest, node, len(data))
         return node
 
-    def _remember(self, digest: bytes, node: Node, encoded_size: int) -> None:
+    def remember(self, digest: bytes, node: Node, encoded_size: int) -> None:
         self.cache.put(digest, node, node_cost(node, encoded_size))
 
     def clear_cache(self) -> None:
         """Forget every decoded node (as in a freshly started process)."""
         self.cache.clear()
-
-
-class Builder:
-    """One batch of changes: new nodes are kept here until the caller stores them."""
-
-    def __init__(self, nodes: NodeStore) -> None:
-        self.nodes = nodes
-        self.new: dict[bytes, tuple[Node, list[split.Piece]]] = {}
-        self.replaced: list[bytes] = []
-        """Nodes this batch rewrote (see :meth:`pieces_reachable`)."""
-
-    async def load(self, digest: bytes) -> Node:
-        got = self.new.get(digest)
-        return got[0] if got is not None else await self.nodes.load(digest)
-
-    def make(self, level: int, entries: Sequence[RawEntry], children: list[bytes]) -> bytes:
-        if level == 0:
-            if not entries:
-                return EMPTY
-            # Entry by entry (msgpack's encoding of a whole is its parts' encodings one
-            # after the other), so that the leaf knows where each entry lies in it.
-            packed = list(map(_packer.pack, entries))
-            parts = [_leaf_head(len(entries)), *packed, _LEAF_TAIL]
-            sizes = array("I", map(len, packed))
-            return self._add(Node(0, tuple(entries), (), b"".join(parts), sizes))
-        node = Node(level, tuple(entries), tuple(children))
-        if node.is_empty():
-            return EMPTY
-        return self._add(node)
-
-    def _add(self, node: Node) -> bytes:
-        encoded = node.encoded if node.encoded is not None else encode_node(node)
-        d, pieces = node_pieces(encoded)
-        if d not in self.new:
-            self.new[d] = (node, pieces)
-        return d
-
-    def _splice(self, node: Node, items: list[tuple[bytes, int, RawEntry | None]]) -> bytes:
-        """The leaf ``node`` with ``items`` applied, made from runs of its own encoding
-        and the new entries' encodings (it must have its encoding and sizes)."""
-        assert node.encoded is not None and node.sizes is not None
-        old, encoded, sizes = node.entries, node.encoded, node.sizes
-        view = memoryview(encoded)
-        n = len(old)
-        runs: list[tuple[RawEntry, ...]] = []
-        parts: list[bytes | memoryview] = []
-        new_sizes = array("I")
-        at = 0  # the first entry of old not yet taken or skipped
-        pos = len(_leaf_head(n))  # where it starts in encoded
-        for key, _, new in items:
-            i = bisect.bisect_left(old, key, at, key=_KEY)
-            if i > at:  # the unchanged run before key
-                run = sizes[at:i]
-                end = pos + sum(run)
-                runs.append(old[at:i])
-                parts.append(view[pos:end])
-                new_sizes.extend(run)
-                at, pos = i, end
-            if new is not None:
-                packed = _packer.pack(new)
-                runs.append((new,))
-                parts.append(packed)
-                new_sizes.append(len(packed))
-            if i < n and old[i][0] == key:  # replaced or deleted: skip the old one
-                pos += sizes[i]
-                at = i + 1
-        if at < n:
-            runs.append(old[at:])
-            parts.append(view[pos : len(encoded) - len(_LEAF_TAIL)])
-            new_sizes.extend(sizes[at:])
-        entries = tuple(itertools.chain.from_iterable(runs))
-        if not entries:
-            return EMPTY
-        data = b"".join([_leaf_head(len(entries)), *parts, _LEAF_TAIL])
-        return self._add(Node(0, entries, (), data, new_sizes))
-
-    def pieces_reachable(self, root: bytes) -> list[split.Piece]:
-        """Pieces of the new nodes reachable from ``root`` (drops intermediate ones),
-        which are kept in the node cache, where the nodes they replace become the first
-        to go: else, once a load's old versions filled it, the nodes it evicted were
-        the live leaves that the last commits did not touch, read back and encoded
-        whole by the next."""
-        out: list[split.Piece] = []
-        stack = [root]
-        seen: set[bytes] = set()
-        while stack:
-            d = stack.pop()
-            if d in seen or d not in self.new:
-                continue
-            seen.add(d)
-            node, pieces = self.new[d]
-            out.extend(pieces)
-            stack.extend(c for c in node.children if c)
-        self.nodes.cache.demote(d for d in self.replaced if d not in seen)
-        for d in seen:
-            node, pieces = self.new[d]
-            self.nodes._remember(d, node, sum(len(p.data) for p in pieces) or dg.INLINE_LIMIT)
-        return out
-
-    # -- update ----------------------------------------------------------------
-
-    async def apply(
-        self, root: bytes, changes: Iterable[tuple[bytes, Entry | RawEntry | None]]
-    ) -> bytes:
-        """New root after applying ``changes`` (key -> entry to put, or None to delete).
-
-        The last change to a key wins. Only nodes on changed paths are rewritten.
-        """
-        batch: dict[bytes, RawEntry | None] = {  # plain tuples of bytes and ints: see RawEntry
-            key: None if e is None else raw(e) for key, e in changes
-        }
-        if not batch:
-            return root
-        # The keys sorted alone (list.sort compares bytes directly, not tuples).
-        keys = sorted(batch)
-        items = list(zip(keys, key_levels(keys), map(batch.__getitem__, keys), strict=True))
-        level = (await self.load(root)).level if root else -1
-        top = max([level] + [lvl for _, lvl, e in items if e is not None])
-        if top < 0:
-            return EMPTY  # deletes on an empty tree
-        d = root
-        if root:  # grow: wrap the root in separator-less nodes up to the new top level
-            for lvl in range(level + 1, top + 1):
-                d = self.make(lvl, [], [d])
-        d = await self._update(d, top, items)
-        # The root sits at the highest level present: drop separator-less tops.
-        while d:
-            node = await self.load(d)
-            if node.entries or node.level == 0:
-                break
-            d = node.children[0]
-        return d
-
-    async def _update(
-        self, d: bytes, level: int, items: list[tuple[bytes, int, RawEntry | None]]
-    ) -> bytes:
-        if not items:
-            return d
-        if d:
-            node = await self.load(d)
-            if node.level != level:
-                raise CorruptObjectError(f"tree node at level {node.level}, expected {level}")
-            self.replaced.append(d)
-            if node.sizes is not None:  # a leaf this process made: splice it
-                return self._splice(node, items)
-            entries = list(node.entries)
-            children = list(node.children)
-        else:
-            entries, children = [], ([EMPTY] if level > 0 else [])
-        if level > 0:  # most keys belong lower: split them off in one pass
-            lower = [item for item in items if item[1] < level]
-            items = [item for item in items if item[1] >= level]
-        else:
-            lower = []
-        for key, _, new in items:
-            i = bisect.bisect_left(entries, key, key=_KEY)
-            present = i < len(entries) and entries[i][0] == key
-            if present and new is not None:
-                entries[i] = new
-            elif present:
-                del entries[i]
-                if level > 0:
-                    children[i : i + 2] = [
-                        await self._merge(children[i], children[i + 1], level - 1)
-                    ]
-            elif new is not None:
-                entries.insert(i, new)
-                if level > 0:
-                    children[i : i + 1] = list(await self._split(children[i], level - 1, key))
-        if level > 0 and lower:
-            start = 0
-            for i in range(len(children)):
-                if i < len(entries):
-                    end = bisect.bisect_left(lower, entries[i][0], start, key=_KEY)
-                else:
-                    end = len(lower)
-                if end > start:
-                    children[i] = await self._update(children[i], level - 1, lower[start:end])
-                start = end
-        return self.make(level, entries, children)
-
-    async def _split(self, d: bytes, level: int, key: bytes) -> tuple[bytes, bytes]:
-        """Split a subtree into the parts below and above ``key`` (which it lacks)."""
-        if not d:
-            return EMPTY, EMPTY
-        node = await self.load(d)
-        i = bisect.bisect_left(node.entries, key, key=_KEY)
-        if level == 0:
-            return (
-                self.make(0, list(node.entries[:i]), []),
-                self.make(0, list(node.entries[i:]), []),
-            )
-        lo, hi = await self._split(node.children[i], level - 1, key)
-        left = self.make(level, list(node.entries[:i]), [*node.children[:i], lo])
-        right = self.make(level, list(node.entries[i:]), [hi, *node.children[i + 1 :]])
-        return left, right
-
-    async def _merge(self, a: bytes, b: bytes, level: int) -> bytes:
-        """Join two adjacent subtrees of the same level (all keys of ``a`` < keys of ``b``)."""
-        if not a:
-            return b
-        if not b:
-            return a
-        na, nb = await self.load(a), await self.load(b)
-        entries = [*na.entries, *nb.entries]
-        if level == 0:
-            return self.make(0, entries, [])
-        mid = await self._merge(na.children[-1], nb.children[0], level - 1)
-        return self.make(level, entries, [*na.children[:-1], mid, *nb.children[1:]])
 
 
 # -- reading ------------------------------------------------------------------
@@ -679,6 +401,9 @@ class _Cursor:
         self.stack.extend(reversed(items))
 
 
+_END: tuple[bytes, int, RawEntry | None] = (EMPTY, -2, None)
+"""The front of a :class:`_Cursor` that has nothing left."""
+
 DIFF_TURN_NODES = 16
 """Nodes a diff opens between two turns it gives the event loop (about a thousand
 entries): loading cached nodes never yields, so a diff of a whole large page (a
@@ -701,77 +426,41 @@ async def diff(
     await a.start()
     await b.start()
     opened = 0
+    # Each front is (digest, level, None) for a subtree, (b"", -1, entry) for an entry,
+    # or _END for an exhausted side.
     while True:
         if opened >= DIFF_TURN_NODES:
             opened = 0
             await asyncio.sleep(0)
-        x, y = a.peek(), b.peek()
-        if x is None and y is None:
-            return
-        if x is not None and y is not None and x[2] is None and y[2] is None and x[0] == y[0]:
-            a.stack.pop()
-            b.stack.pop()
-            continue
-        if x is not None and x[2] is None and (y is None or y[2] is not None or x[1] >= y[1]):
-            await a.expand()
-            opened += 1
-            continue
-        if y is not None and y[2] is None:
+        x = a.stack[-1] if a.stack else _END
+        y = b.stack[-1] if b.stack else _END
+        xl, yl = x[1], y[1]
+        if xl >= 0:  # a subtree: skip it with an equal one, else open the taller
+            if x[0] == y[0]:
+                a.stack.pop()
+                b.stack.pop()
+            elif xl >= yl:
+                await a.expand()
+                opened += 1
+            else:
+                await b.expand()
+                opened += 1
+        elif yl >= 0:
             await b.expand()
             opened += 1
-            continue
-        # Both fronts are entries (or one side is exhausted).
-        ex = x[2] if x is not None else None
-        ey = y[2] if y is not None else None
-        if ey is None or (ex is not None and ex[0] < ey[0]):
-            assert ex is not None
-            a.stack.pop()
-            yield Change(ex[0], new_entry(ex), None)
-        elif ex is None or ey[0] < ex[0]:
-            b.stack.pop()
-            yield Change(ey[0], None, new_entry(ey))
-        else:
-            a.stack.pop()
-            b.stack.pop()
-            if ex != ey:
-                yield Change(ex[0], new_entry(ex), new_entry(ey))
-
-
-@dataclass(frozen=True, slots=True)
-class Change3:
-    """A key changed on at least one side of a three-way diff."""
-
-    key: bytes
-    base: Entry | None
-    left: Entry | None
-    right: Entry | None
-
-
-async def diff3(
-    nodes: NodeLoader, base: bytes, left: bytes, right: bytes
-) -> AsyncIterator[Change3]:
-    """Keys changed base→left or base→right, in key order, with all three entries."""
-    lefts = [c async for c in diff(nodes, base, left)]
-    rights = [c async for c in diff(nodes, base, right)]
-    for c in join3(lefts, rights):
-        yield c
-
-
-def join3(lefts: Sequence[Change], rights: Sequence[Change]) -> list[Change3]:
-    """Two diffs from one base (each in key order) as three-way changes."""
-    out: list[Change3] = []
-    i = j = 0
-    while i < len(lefts) or j < len(rights):
-        if j == len(rights) or (i < len(lefts) and lefts[i].key < rights[j].key):
-            c = lefts[i]
-            out.append(Change3(c.key, c.old, c.new, c.old))
-            i += 1
-        elif i == len(lefts) or rights[j].key < lefts[i].key:
-            c = rights[j]
-            out.append(Change3(c.key, c.old, c.old, c.new))
-            j += 1
-        else:
-            out.append(Change3(lefts[i].key, lefts[i].old, lefts[i].new, rights[j].new))
-            i += 1
-            j += 1
-    return out
+        elif xl == yl == -2:
+            return
+        else:  # two entries, or an entry and an exhausted side
+            ex, ey = x[2], y[2]
+            if ey is None or (ex is not None and ex[0] < ey[0]):
+                assert ex is not None
+                a.stack.pop()
+                yield Change(ex[0], new_entry(ex), None)
+            elif ex is None or ey[0] < ex[0]:
+                b.stack.pop()
+                yield Change(ey[0], None, new_entry(ey))
+            else:
+                a.stack.pop()
+                b.stack.pop()
+                if ex != ey:
+                    yield Change(ex[0], new_entry(ex), new_entry(ey))

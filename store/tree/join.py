@@ -18,7 +18,8 @@ from typing import Protocol
 
 from ledgerd.store.pieces.digest import TOMBSTONE
 from ledgerd.store.tree import btree, dots
-from ledgerd.store.tree.btree import EMPTY, Builder, NodeLoader, RawEntry, Version
+from ledgerd.store.tree.btree import EMPTY, NodeLoader, RawEntry, Version
+from ledgerd.store.tree.builder import Builder
 
 TURN_KEYS = 1024
 """Keys (or documents) a join handles between two turns it gives the event loop."""

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from ledgerd.store.errors import CorruptObjectError
 from ledgerd.store.pieces import digest as dg
-from ledgerd.store.tree import btree
-from ledgerd.store.tree.btree import EMPTY, Builder, Entry, NodeStore, Priority
+from ledgerd.store.tree import btree, diff3
+from ledgerd.store.tree.btree import EMPTY, Entry, NodeStore, Priority
+from ledgerd.store.tree.builder import Builder
 
 
 class MemoryNodes:
@@ -208,7 +209,7 @@ async def _three_way_diff(base, left_edits, right_edits) -> None:
 
     got = [
         (c.key, val(c.base), val(c.left), val(c.right))
-        async for c in btree.diff3(NodeStore(mem), b, lroot, rroot)
+        async for c in diff3.diff3(NodeStore(mem), b, lroot, rroot)
     ]
     assert got == want
 

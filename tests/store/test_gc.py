@@ -294,7 +294,8 @@ async def test_a_piece_that_a_commit_reuses_during_the_sweep_is_kept(tmp_path: P
     found unreachable (content addressing: the piece is not written again). The batch
     must not delete it."""
     from ledgerd.store.pieces.digest import Kind, chunk_digest
-    from ledgerd.store.tree.btree import Builder, Entry, Priority
+    from ledgerd.store.tree.btree import Entry, Priority
+    from ledgerd.store.tree.builder import Builder
     from ledgerd.store.tree.commit import child
 
     old = b"an old value, replaced, so its piece is garbage" * 3

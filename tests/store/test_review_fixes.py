@@ -10,7 +10,8 @@ from pathlib import Path
 from ledgerd.store import PageHooks, Policy, Priority, Repository
 from ledgerd.store.pieces import digest as dg
 from ledgerd.store.tree import commit
-from ledgerd.store.tree.btree import Builder, Entry
+from ledgerd.store.tree.btree import Entry
+from ledgerd.store.tree.builder import Builder
 from ledgerd.store.tree.merge import Choice, MergeRequest
 from tests.exchanges import exchange_all
 from tests.store.resolvers import hooks, set_resolver

@@ -1,0 +1,247 @@
+"""The SQL of a page's integrity check and of the repairs that need only the page.
+
+This module owns the statements :mod:`store.page.check` runs: SQLite's own integrity
+check, the scan of stored pieces, the one read transaction over the page's small tables
+(:class:`Tables`), the queries of the tree walk, and the writes of the local repairs. Each
+function runs on a page database's thread (:meth:`store.sqlite.db.Database.run`); what a
+row means for the page's health is the check's business, not this module's.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ledgerd.store.sqlite import sql
+from ledgerd.store.sqlite.schema import LOCAL, SYNCED, TRANSIENT, UPLOADED_AT_ROW, UPLOADED_ROW
+
+PIECE_STATUS = (
+    "SELECT o.digest, coalesce(u.status, 2) FROM objects o LEFT JOIN unsynced u "
+    "ON u.id = o.id WHERE o.digest IN ({marks}) "
+    "UNION ALL SELECT digest, -1 FROM remote_pieces WHERE digest IN ({marks})"
+)
+"""For :meth:`store.sqlite.db.Database.read_in` (``repeat=2``): the status of each stored
+piece named (2, synced, when it has no ``unsynced`` row), and -1 for each known as remote."""
+
+PIECE_DATA = "SELECT digest, data FROM objects WHERE digest IN ({marks})"
+"""For :meth:`store.sqlite.db.Database.read_in`: the stored pieces named."""
+
+JOURNAL_VALUES = "SELECT value FROM journal_entries WHERE value IS NOT NULL"
+"""The value digests of every open journal's entries."""
+
+SYNCED_PIECES = (
+    "SELECT o.digest FROM objects o WHERE NOT EXISTS "
+    "(SELECT 1 FROM unsynced u WHERE u.id = o.id) "
+    "UNION SELECT digest FROM remote_pieces"
+)
+"""Stored pieces without an ``unsynced`` row, and pieces known only as remote."""
+
+
+def integrity_lines(conn: sqlite3.Connection, most: int) -> list[str]:
+    """SQLite's ``PRAGMA integrity_check``: ``["ok"]``, or up to ``most`` problems."""
+    rows = conn.execute(f"PRAGMA integrity_check({int(most)})").fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def pieces_after(conn: sqlite3.Connection, after: int, most: int) -> list[Any]:
+    """Up to ``most`` rows ``(id, digest, data)`` of stored pieces, of ids past ``after``."""
+    return conn.execute(
+        "SELECT id, digest, data FROM objects WHERE id > ? ORDER BY id LIMIT ?", (after, most)
+    ).fetchall()
+
+
+@dataclass
+class Tables:
+    """The page's small tables, read in one read transaction."""
+
+    commits: list[tuple[Any, ...]]
+    """(id, data, generation, timestamp, root): the last three as stored, whatever
+    their type."""
+    parents: set[tuple[bytes, bytes]]
+    heads: set[bytes]
+    dangling_unsynced: int
+    stale_remote: list[bytes]
+    journals: set[str]
+    journal_values: list[tuple[Any, ...]]
+    orphan_entries: list[str]
+    pruned: set[bytes]
+    mistyped: dict[str, int]
+    """Rows left out of the lists above, by table: their columns hold the wrong types."""
+
+
+class _TypedRows:
+    """Reads rows whose columns hold the types given (``object``: any), counting the
+    others in ``mistyped``: the tables are not STRICT, so a damaged row may hold anything."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.mistyped: dict[str, int] = {}
+
+    def __call__(self, table: str, query: str, *types: type) -> list[tuple[Any, ...]]:
+        good = []
+        for row in self.conn.execute(query):
+            if all(isinstance(v, t) for v, t in zip(row, types, strict=True)):
+                good.append(tuple(row))
+            else:
+                self.mistyped[table] = self.mistyped.get(table, 0) + 1
+        return good
+
+
+def read_tables(conn: sqlite3.Connection) -> Tables:
+    """The page's commits, heads, journals and sync bookkeeping, in one read transaction."""
+    conn.execute("BEGIN")
+    try:
+        rows = _TypedRows(conn)
+        # A commit's other columns are compared with its data as they are.
+        commits = rows(
+            "commits",
+            "SELECT id, data, generation, timestamp, root FROM commits",
+            *(bytes, bytes, object, object, object),
+        )
+        parents = set(rows("commit_parents", "SELECT * FROM commit_parents", bytes, bytes))
+        heads = {r[0] for r in rows("heads", "SELECT commit_id FROM heads", bytes)}
+        journal_values = rows(
+            "journal_entries",
+            "SELECT journal_id, key, value FROM journal_entries WHERE value IS NOT NULL",
+            *(str, bytes, bytes),
+        )
+        pruned = {
+            r[0] for r in rows("pruned_commits", "SELECT commit_id FROM pruned_commits", bytes)
+        }
+        return Tables(
+            commits=commits,
+            parents=parents,
+            heads=heads,
+            dangling_unsynced=int(
+                conn.execute(
+                    "SELECT count(*) FROM unsynced u WHERE NOT EXISTS "
+                    "(SELECT 1 FROM objects o WHERE o.id = u.id)"
+                ).fetchone()[0]
+            ),
+            stale_remote=[
+                bytes(r[0])
+                for r in conn.execute(
+                    "SELECT r.digest FROM remote_pieces r CROSS JOIN objects o "
+                    "ON o.digest = r.digest"
+                )
+            ],
+            journals={str(r[0]) for r in conn.execute("SELECT id FROM journals")},
+            journal_values=journal_values,
+            orphan_entries=[
+                str(r[0])
+                for r in conn.execute(
+                    "SELECT DISTINCT journal_id FROM journal_entries WHERE journal_id NOT IN "
+                    "(SELECT id FROM journals)"
+                )
+            ],
+            pruned=pruned,
+            mistyped=rows.mistyped,
+        )
+    finally:
+        conn.execute("COMMIT")
+
+
+def read_history(conn: sqlite3.Connection) -> tuple[list[Any], list[Any], list[Any]]:
+    """In one read transaction: the rows ``(child, parent)`` of ``commit_parents``,
+    ``(id, root)`` of every commit not pruned, and ``(commit_id,)`` of ``heads``."""
+    conn.execute("BEGIN")
+    try:
+        edges = conn.execute("SELECT child, parent FROM commit_parents").fetchall()
+        roots = conn.execute(
+            "SELECT id, root FROM commits WHERE id NOT IN (SELECT commit_id FROM pruned_commits)"
+        ).fetchall()
+        heads = conn.execute("SELECT commit_id FROM heads").fetchall()
+    finally:
+        conn.execute("COMMIT")
+    return edges, roots, heads
+
+
+# -- repairs (inside a write transaction) ---------------------------------------------
+
+
+def restore_pieces(conn: sqlite3.Connection, good: dict[bytes, bytes]) -> None:
+    """Store verified pieces from the cloud: a stored row gets the right bytes, a missing
+    piece is inserted; both are ``synced``."""
+    conn.executemany(
+        "UPDATE objects SET data = ? WHERE digest = ?", [(v, d) for d, v in good.items()]
+    )
+    sql.put_pieces(conn, list(good.items()), SYNCED)
+    sql.mark_synced(conn, good)
+
+
+def drop_pieces(conn: sqlite3.Connection, digests: Sequence[bytes]) -> None:
+    """Delete these stored pieces and their ``unsynced`` rows."""
+    ds = [(d,) for d in digests]
+    conn.executemany(
+        "DELETE FROM unsynced WHERE id = (SELECT id FROM objects WHERE digest = ?)", ds
+    )
+    conn.executemany("DELETE FROM objects WHERE digest = ?", ds)
+
+
+def prune_commits(conn: sqlite3.Connection, commits: Iterable[bytes]) -> None:
+    """Mark these commits pruned (their rows stay, their trees no longer count)."""
+    conn.executemany(
+        "INSERT OR IGNORE INTO pruned_commits (commit_id) VALUES (?)", [(c,) for c in commits]
+    )
+
+
+def requeue_pieces(
+    conn: sqlite3.Connection, digests: Iterable[bytes], uploaded_upto: int | None
+) -> list[bytes]:
+    """Make the stored pieces among ``digests`` ``local`` again (and, with
+    ``uploaded_upto``, the page's writes after it to upload again); those requeued."""
+    done = []
+    for d in digests:
+        row = conn.execute("SELECT id FROM objects WHERE digest = ?", (d,)).fetchone()
+        if row is None:
+            continue
+        conn.execute(
+            "INSERT INTO unsynced (id, status) VALUES (?, ?) "
+            "ON CONFLICT (id) DO UPDATE SET status = max(status, excluded.status)",
+            (row[0], LOCAL),
+        )
+        done.append(d)
+    if uploaded_upto is not None:
+        conn.execute(
+            "INSERT OR REPLACE INTO sync_metadata (name, value) VALUES (?, ?)",
+            (UPLOADED_ROW, str(uploaded_upto).encode()),
+        )
+        conn.execute("DELETE FROM sync_metadata WHERE name = ?", (UPLOADED_AT_ROW,))
+    return done
+
+
+def repair_rows(
+    conn: sqlite3.Connection, transient: Sequence[bytes], remote: Sequence[bytes], heads: bool
+) -> None:
+    """The local repairs: ``transient`` pieces become local, the ``remote`` rows of stored
+    pieces go, ``unsynced`` rows of no piece go, and with ``heads`` the heads are rebuilt
+    as the commits without children."""
+    conn.executemany(
+        f"UPDATE unsynced SET status = {LOCAL} WHERE status = {TRANSIENT} AND id = "
+        "(SELECT id FROM objects WHERE digest = ?)",
+        [(d,) for d in transient],
+    )
+    conn.executemany(
+        "DELETE FROM remote_pieces WHERE digest = ? AND EXISTS "
+        "(SELECT 1 FROM objects WHERE digest = ?)",
+        [(d, d) for d in remote],
+    )
+    conn.execute(
+        "DELETE FROM unsynced WHERE NOT EXISTS (SELECT 1 FROM objects o WHERE o.id = unsynced.id)"
+    )
+    if heads:
+        expected = {  # a damaged row may hold anything
+            r[0]
+            for r in conn.execute(
+                "SELECT id FROM commits WHERE id NOT IN (SELECT parent FROM commit_parents)"
+            )
+            if isinstance(r[0], bytes)
+        }
+        conn.execute("DELETE FROM heads")
+        conn.executemany(
+            "INSERT INTO heads (commit_id, timestamp) SELECT id, timestamp FROM commits "
+            "WHERE id = ?",
+            [(h,) for h in sorted(expected)],
+        )

@@ -1,0 +1,280 @@
+"""Batch updates of the page tree (:mod:`store.tree.btree`): the :class:`Builder`.
+
+This module owns turning a batch of changes into new nodes: it rewrites only the nodes
+on changed paths, splicing a leaf it made from runs of its own encoding, and keeps the
+new nodes until the caller stores them. Node shapes, encodings and reads live in
+:mod:`store.tree.btree`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import itertools
+import operator
+from array import array
+from collections.abc import Iterable, Sequence
+
+import msgpack
+
+from ledgerd.store.errors import CorruptObjectError
+from ledgerd.store.pieces import digest as dg
+from ledgerd.store.pieces import split
+from ledgerd.store.tree.btree import (
+    EMPTY,
+    Entry,
+    Node,
+    NodeStore,
+    RawEntry,
+    encode_node,
+    key_levels,
+    node_pieces,
+    raw,
+)
+
+_KEY = operator.itemgetter(0)
+_packer = msgpack.Packer(use_bin_type=True)
+
+_LEAF_TAIL = _packer.pack(())  # a leaf's children: none
+
+
+@functools.lru_cache(maxsize=1024)
+def _leaf_head(n: int) -> bytes:
+    """The bytes a leaf of ``n`` entries starts with: ``[0, [`` and the entries' count."""
+    head: bytes = _packer.pack_array_header(3) + _packer.pack(0) + _packer.pack_array_header(n)
+    return head
+
+
+class Builder:
+    """One batch of changes: new nodes are kept here until the caller stores them."""
+
+    def __init__(self, nodes: NodeStore) -> None:
+        self.nodes = nodes
+        self.new: dict[bytes, tuple[Node, list[split.Piece]]] = {}
+        self.replaced: list[bytes] = []
+        """Nodes this batch rewrote (see :meth:`pieces_reachable`)."""
+
+    async def load(self, digest: bytes) -> Node:
+        got = self.new.get(digest)
+        return got[0] if got is not None else await self.nodes.load(digest)
+
+    def make(self, level: int, entries: Sequence[RawEntry], children: list[bytes]) -> bytes:
+        if level == 0:
+            if not entries:
+                return EMPTY
+            # Entry by entry (msgpack's encoding of a whole is its parts' encodings one
+            # after the other), so that the leaf knows where each entry lies in it.
+            packed = list(map(_packer.pack, entries))
+            parts = [_leaf_head(len(entries)), *packed, _LEAF_TAIL]
+            sizes = array("I", map(len, packed))
+            return self._add(Node(0, tuple(entries), (), b"".join(parts), sizes))
+        node = Node(level, tuple(entries), tuple(children))
+        if node.is_empty():
+            return EMPTY
+        return self._add(node)
+
+    def _add(self, node: Node) -> bytes:
+        encoded = node.encoded if node.encoded is not None else encode_node(node)
+        d, pieces = node_pieces(encoded)
+        if d not in self.new:
+            self.new[d] = (node, pieces)
+        return d
+
+    def _splice(self, node: Node, items: list[tuple[bytes, int, RawEntry | None]]) -> bytes:
+        """The leaf ``node`` with ``items`` applied, made from runs of its own encoding
+        and the new entries' encodings (it must have its encoding and sizes)."""
+        assert node.encoded is not None and node.sizes is not None
+        old, encoded, sizes = node.entries, node.encoded, node.sizes
+        view = memoryview(encoded)
+        n = len(old)
+        runs: list[tuple[RawEntry, ...]] = []
+        parts: list[bytes | memoryview] = []
+        new_sizes = array("I")
+        at = 0  # the first entry of old not yet taken or skipped
+        pos = len(_leaf_head(n))  # where it starts in encoded
+        for key, _, new in items:
+            i = bisect.bisect_left(old, key, at, key=_KEY)
+            if i > at:  # the unchanged run before key
+                run = sizes[at:i]
+                end = pos + sum(run)
+                runs.append(old[at:i])
+                parts.append(view[pos:end])
+                new_sizes.extend(run)
+                at, pos = i, end
+            if new is not None:
+                packed = _packer.pack(new)
+                runs.append((new,))
+                parts.append(packed)
+                new_sizes.append(len(packed))
+            if i < n and old[i][0] == key:  # replaced or deleted: skip the old one
+                pos += sizes[i]
+                at = i + 1
+        if at < n:
+            runs.append(old[at:])
+            parts.append(view[pos : len(encoded) - len(_LEAF_TAIL)])
+            new_sizes.extend(sizes[at:])
+        entries = tuple(itertools.chain.from_iterable(runs))
+        if not entries:
+            return EMPTY
+        data = b"".join([_leaf_head(len(entries)), *parts, _LEAF_TAIL])
+        return self._add(Node(0, entries, (), data, new_sizes))
+
+    def pieces_reachable(self, root: bytes) -> list[split.Piece]:
+        """Pieces of the new nodes reachable from ``root`` (drops intermediate ones),
+        which are kept in the node cache, where the nodes they replace become the first
+        to go: else, once a load's old versions filled it, the nodes it evicted were
+        the live leaves that the last commits did not touch, read back and encoded
+        whole by the next."""
+        out: list[split.Piece] = []
+        stack = [root]
+        seen: set[bytes] = set()
+        while stack:
+            d = stack.pop()
+            if d in seen or d not in self.new:
+                continue
+            seen.add(d)
+            node, pieces = self.new[d]
+            out.extend(pieces)
+            stack.extend(c for c in node.children if c)
+        self.nodes.cache.demote(d for d in self.replaced if d not in seen)
+        for d in seen:
+            node, pieces = self.new[d]
+            self.nodes.remember(d, node, sum(len(p.data) for p in pieces) or dg.INLINE_LIMIT)
+        return out
+
+    # -- update ----------------------------------------------------------------
+
+    async def apply(
+        self, root: bytes, changes: Iterable[tuple[bytes, Entry | RawEntry | None]]
+    ) -> bytes:
+        """New root after applying ``changes`` (key -> entry to put, or None to delete).
+
+        The last change to a key wins. Only nodes on changed paths are rewritten.
+        """
+        batch: dict[bytes, RawEntry | None] = {  # plain tuples of bytes and ints: see RawEntry
+            key: None if e is None else raw(e) for key, e in changes
+        }
+        if not batch:
+            return root
+        # The keys sorted alone (list.sort compares bytes directly, not tuples).
+        keys = sorted(batch)
+        items = list(zip(keys, key_levels(keys), map(batch.__getitem__, keys), strict=True))
+        level = (await self.load(root)).level if root else -1
+        top = max([level] + [lvl for _, lvl, e in items if e is not None])
+        if top < 0:
+            return EMPTY  # deletes on an empty tree
+        d = root
+        if root:  # grow: wrap the root in separator-less nodes up to the new top level
+            for lvl in range(level + 1, top + 1):
+                d = self.make(lvl, [], [d])
+        d = await self._update(d, top, items)
+        # The root sits at the highest level present: drop separator-less tops.
+        while d:
+            node = await self.load(d)
+            if node.entries or node.level == 0:
+                break
+            d = node.children[0]
+        return d
+
+    async def _update(
+        self, d: bytes, level: int, items: list[tuple[bytes, int, RawEntry | None]]
+    ) -> bytes:
+        if not items:
+            return d
+        if d:
+            node = await self.load(d)
+            if node.level != level:
+                raise CorruptObjectError(f"tree node at level {node.level}, expected {level}")
+            self.replaced.append(d)
+            if node.sizes is not None:  # a leaf this process made: splice it
+                return self._splice(node, items)
+            entries = list(node.entries)
+            children = list(node.children)
+        else:
+            entries, children = [], ([EMPTY] if level > 0 else [])
+        if level > 0:  # most keys belong lower: split them off in one pass
+            lower = [item for item in items if item[1] < level]
+            items = [item for item in items if item[1] >= level]
+            if items:
+                await self._separators(level, entries, children, items)
+            if lower:
+                await self._children(level, entries, children, lower)
+        else:
+            for key, _, new in items:
+                i = bisect.bisect_left(entries, key, key=_KEY)
+                if i < len(entries) and entries[i][0] == key:
+                    if new is not None:
+                        entries[i] = new
+                    else:
+                        del entries[i]
+                elif new is not None:
+                    entries.insert(i, new)
+        return self.make(level, entries, children)
+
+    async def _separators(
+        self,
+        level: int,
+        entries: list[RawEntry],
+        children: list[bytes],
+        items: list[tuple[bytes, int, RawEntry | None]],
+    ) -> None:
+        """Apply the changes to keys of ``level`` (this node's separators) in place,
+        splitting and merging the children around the ones put and deleted."""
+        for key, _, new in items:
+            i = bisect.bisect_left(entries, key, key=_KEY)
+            present = i < len(entries) and entries[i][0] == key
+            if present and new is not None:
+                entries[i] = new
+            elif present:
+                del entries[i]
+                children[i : i + 2] = [await self._merge(children[i], children[i + 1], level - 1)]
+            elif new is not None:
+                entries.insert(i, new)
+                children[i : i + 1] = list(await self._split(children[i], level - 1, key))
+
+    async def _children(
+        self,
+        level: int,
+        entries: list[RawEntry],
+        children: list[bytes],
+        lower: list[tuple[bytes, int, RawEntry | None]],
+    ) -> None:
+        """Apply the changes to keys below ``level`` to the children they fall in."""
+        start = 0
+        for i in range(len(children)):
+            if i < len(entries):
+                end = bisect.bisect_left(lower, entries[i][0], start, key=_KEY)
+            else:
+                end = len(lower)
+            if end > start:
+                children[i] = await self._update(children[i], level - 1, lower[start:end])
+            start = end
+
+    async def _split(self, d: bytes, level: int, key: bytes) -> tuple[bytes, bytes]:
+        """Split a subtree into the parts below and above ``key`` (which it lacks)."""
+        if not d:
+            return EMPTY, EMPTY
+        node = await self.load(d)
+        i = bisect.bisect_left(node.entries, key, key=_KEY)
+        if level == 0:
+            return (
+                self.make(0, list(node.entries[:i]), []),
+                self.make(0, list(node.entries[i:]), []),
+            )
+        lo, hi = await self._split(node.children[i], level - 1, key)
+        left = self.make(level, list(node.entries[:i]), [*node.children[:i], lo])
+        right = self.make(level, list(node.entries[i:]), [hi, *node.children[i + 1 :]])
+        return left, right
+
+    async def _merge(self, a: bytes, b: bytes, level: int) -> bytes:
+        """Join two adjacent subtrees of the same level (all keys of ``a`` < keys of ``b``)."""
+        if not a:
+            return b
+        if not b:
+            return a
+        na, nb = await self.load(a), await self.load(b)
+        entries = [*na.entries, *nb.entries]
+        if level == 0:
+            return self.make(0, entries, [])
+        mid = await self._merge(na.children[-1], nb.children[0], level - 1)
+        return self.make(level, entries, [*na.children[:-1], mid, *nb.children[1:]])
