@@ -76,10 +76,6 @@ class BlockingCalls:
         self._closed = False
 
     def _work(self) -> None:
-        # Signals go to the main thread, whose handler (asyncio's, for Ctrl-C) runs
-        # only there: one that reached this thread, blocked in a read, would leave the
-        # event loop asleep, unaware of it.
-        signal.pthread_sigmask(signal.SIG_BLOCK, _MAIN_THREAD_SIGNALS)
         while (call := self._calls.get()) is not None:
             call()
             with self._lock:
@@ -119,9 +115,19 @@ class BlockingCalls:
                 self._idle -= 1
             elif self._threads < self.workers:
                 self._threads += 1
-                threading.Thread(
+                thread = threading.Thread(
                     target=self._work, name=f"{self.name}-{self._threads}", daemon=True
-                ).start()
+                )
+                # Signals go to the main thread, whose handler (asyncio's, for Ctrl-C)
+                # runs only there: one that reached a worker, blocked in a read, would
+                # leave the event loop asleep, unaware of it. The worker is born with
+                # them blocked (a mask it set itself left a window as it started); one
+                # that comes meanwhile waits for the main thread's mask to be restored.
+                mask = signal.pthread_sigmask(signal.SIG_BLOCK, _MAIN_THREAD_SIGNALS)
+                try:
+                    thread.start()
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         self._calls.put(call)
         return await fut
 
