@@ -1,6 +1,6 @@
 """The OpenAPI 3 description of the HTTP API, served at ``GET /v1/openapi.json``.
 
-This module owns the document: one entry per route of :data:`ledgerd.daemon.api.ROUTES`
+This module owns the document: one entry per route of :data:`ledgerd.daemon.routes.ROUTES`
 (a test checks that the two list the same methods and paths), with its parameters,
 bodies and answers. It is data, built once; the daemon serves it as is.
 """
