@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -38,6 +37,7 @@ from ledgerd.daemon import __version__
 from ledgerd.daemon import errors as ae
 from ledgerd.daemon.codec import parse_json
 from ledgerd.daemon.config import Config
+from ledgerd.daemon.leases import hold, page_leases
 from ledgerd.daemon.metrics import ROUTE_KEY
 from ledgerd.daemon.peers import Peers, peer_credentials
 from ledgerd.daemon.router import Route, Router
@@ -88,40 +88,6 @@ class DaemonState:
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when ``shutting_down`` is: what long-lived responses wait on to end."""
     extra_status: dict[str, Any] = field(default_factory=dict)
-
-
-class _Leases:
-    """The page leases of one request or session op (see :func:`page_leases`)."""
-
-    __slots__ = ("held", "_token")
-
-    def __init__(self) -> None:
-        self.held: list[contextlib.AbstractContextManager[Page]] = []
-
-    def hold(self, page: Page) -> None:
-        lease = page.lease()
-        lease.__enter__()
-        self.held.append(lease)
-
-    def __enter__(self) -> _Leases:
-        self._token = _leases.set(self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        _leases.reset(self._token)
-        while self.held:  # each ends however the block ended: a lease only counts users
-            self.held.pop().__exit__(None, None, None)
-
-
-_leases: contextvars.ContextVar[_Leases] = contextvars.ContextVar("leases")
-"""The page leases of the request (or session op) being served."""
-
-
-def page_leases() -> _Leases:
-    """Pages that :meth:`Api.page` hands out inside the block stay leased (open)
-    until it ends: one block per request, and one per op of a session (a session's
-    transactions and watchers keep their pages open by themselves)."""
-    return _Leases()
 
 
 def _unquote(segment: str) -> bytes:
@@ -419,9 +385,7 @@ class Api:
                 raise ae.LedgerNotFound(f"no ledger {named(ledger)}")
             raise ae.PageNotFound(f"no page {named(page_id)} in ledger {named(ledger)}")
         page = await self.repo.open_page(ledger, page_id)
-        leases = _leases.get(None)
-        if leases is not None:  # no await since open_page returned: it is still open
-            leases.hold(page)
+        hold(page)  # no await since open_page returned: it is still open
         return page
 
     async def body_chunks(self, request: web.Request) -> AsyncIterator[bytes]:
@@ -496,9 +460,7 @@ class Api:
         whether this made it: a page made here is marked unwritten until its maker drops
         the mark (:meth:`Repository.acquire_new`)."""
         page, made = await self.repo.acquire_new(ledger, page_id)
-        leases = _leases.get(None)
-        if leases is not None:  # no await since acquire_new returned: it is still open
-            leases.hold(page)
+        hold(page)  # no await since acquire_new returned: it is still open
         return page, made
 
     @contextlib.asynccontextmanager

@@ -29,7 +29,7 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from ledgerd.daemon import errors as ae
-from ledgerd.daemon.api import DEFAULT_LIMIT, MAX_LIMIT, Api, page_leases
+from ledgerd.daemon.api import DEFAULT_LIMIT, MAX_LIMIT, Api
 from ledgerd.daemon.codec import (
     b64,
     entries_json,
@@ -40,6 +40,7 @@ from ledgerd.daemon.codec import (
     stamped_value,
     unb64,
 )
+from ledgerd.daemon.leases import page_leases
 from ledgerd.store import Entry, Repository, StoreError, Transaction, Watcher
 from ledgerd.store.errors import named
 from ledgerd.store.merge import Choice, MergeRequest, Resolver
