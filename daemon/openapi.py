@@ -410,7 +410,8 @@ def document() -> dict[str, Any]:
 
 
 def _document_paths() -> dict[str, Any]:
-    """The documents' routes (``daemon/docs_api.py``; docs/documents.md)."""
+    """The documents' routes (``daemon/docs_api.py``, ``indexes_api.py``, ``attachments_api.py``,
+    ``changes_api.py``; docs/documents.md)."""
     obj = {"type": "object"}
     col = _path("collection", "collection name")
     did = _path("id", "document id (a ULID, or one the client chose: 1-512 bytes of UTF-8)")
