@@ -38,7 +38,7 @@ from ledgerd.daemon import errors as ae
 from ledgerd.daemon.codec import parse_json
 from ledgerd.daemon.config import Config
 from ledgerd.daemon.leases import hold, page_leases
-from ledgerd.daemon.metrics import ROUTE_KEY
+from ledgerd.daemon.metrics import ROUTE_KEY, Metrics
 from ledgerd.daemon.peers import Peers, peer_credentials
 from ledgerd.daemon.router import Route, Router
 from ledgerd.store import (
@@ -52,6 +52,7 @@ from ledgerd.store import (
     off_loop,
 )
 from ledgerd.store.errors import named
+from ledgerd.sync.engine import SyncEngine
 
 log = logging.getLogger(__name__)
 access = logging.getLogger("ledgerd.daemon.access")
@@ -123,6 +124,10 @@ async def _expect(request: web.BaseRequest) -> None:
 
 
 class Api:
+    """What every handler and session reaches: the repository, the configuration, the
+    daemon's state, the sync engine and the metrics; pages under the request's leases,
+    bodies, bounded writes; and the loop every request goes through (:meth:`serve`)."""
+
     def __init__(self, repo: Repository, cfg: Config, state: DaemonState) -> None:
         self.repo = repo
         self.cfg = cfg
@@ -136,8 +141,8 @@ class Api:
         self.held_budget = HeldBudget(cfg.max_held_index_bytes)
         """Memory for the index rows every document page holds (store.docindex)."""
         self.sessions: Any = None  # daemon.session.Sessions, set by the server
-        self.engine: Any = None  # sync.engine.SyncEngine when cloud sync is on
-        self.metrics: Any = None  # daemon.metrics.Metrics, set by the server
+        self.engine: SyncEngine | None = None  # when cloud sync is on
+        self.metrics: Metrics | None = None  # set by the server
         self.requests: set[asyncio.Task[Any]] = set()
         """The tasks of the requests being served (:meth:`cancel_requests`)."""
         self.big_batches = asyncio.Semaphore(1)

@@ -87,7 +87,7 @@ async def metrics_text(api: Api, request: web.Request, p: Params) -> web.Respons
     """The metrics in Prometheus' text format (:mod:`ledgerd.daemon.metrics`)."""
     if api.metrics is None:
         raise ae.NotFound("metrics are off")
-    return await api.metrics.endpoint(request)  # type: ignore[no-any-return]
+    return await api.metrics.endpoint(request)
 
 
 async def openapi(api: Api, request: web.Request, p: Params) -> web.Response:
