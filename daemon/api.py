@@ -163,7 +163,8 @@ class Api:
     # -- plumbing ----------------------------------------------------------------
 
     async def serve(self, router: Router[Endpoint], request: web.Request) -> web.StreamResponse:
-        """Every request's plumbing, in one frame: :meth:`dispatch`, errors as JSON
+        """Every request's plumbing, in one frame: :meth:`admit`, its route and request
+        slot, its handler under the request's page leases, errors as JSON
         (:meth:`failure`), the metrics, and the access log (a DEBUG line per request,
         ``--log-level debug``)."""
         started = time.monotonic()
@@ -173,7 +174,13 @@ class Api:
             self.requests.add(task)
         try:
             try:
-                response = await self.dispatch(router, request)
+                self.admit(request)
+                route, found = self.match(router, request)
+                with self.slot(route):
+                    if request.headers.get(hdrs.EXPECT):  # once the request may go on
+                        await _expect(request)
+                    with page_leases():  # pages this request uses stay open until it ends
+                        response = await route.handler(self, request, self.params(found))
             except (ConnectionResetError, asyncio.CancelledError):
                 raise
             except Exception as e:
@@ -184,9 +191,9 @@ class Api:
                 self.requests.discard(task)
             self.served(request, response, time.monotonic() - started)
 
-    async def dispatch(self, router: Router[Endpoint], request: web.Request) -> web.StreamResponse:
-        """The peer check, the request's encodings, its route and request slot, and
-        its handler under the request's page leases."""
+    def admit(self, request: web.Request) -> None:
+        """Refuse a request from a peer not allowed, one that comes while the daemon
+        stops, and one whose body has a coding other than identity or chunked."""
         creds = peer_credentials(request)
         if creds is not None and not self.peers.allowed(*creds):
             log.warning("refused a request from uid %d", creds[0])
@@ -200,12 +207,6 @@ class Api:
             )
         if (coding := request.headers.get(hdrs.TRANSFER_ENCODING)) is not None:
             _check_transfer_coding(coding)
-        route, found = self.match(router, request)
-        with self.slot(route):
-            if request.headers.get(hdrs.EXPECT):  # once the request may go on
-                await _expect(request)
-            with page_leases():  # pages this request uses stay open until it ends
-                return await route.handler(self, request, self.params(found))
 
     def failure(self, request: web.Request, e: Exception) -> web.Response:
         """The answer to a request whose handling raised ``e``."""

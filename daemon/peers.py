@@ -2,7 +2,7 @@
 
 This module owns reading a connection's peer credentials (``SO_PEERCRED``, once per
 connection) and the rule over them (``allowed_users``, ``socket_group``); the refusal
-itself (403 ``peer_refused``) is :meth:`daemon.api.Api.dispatch`'s.
+itself (403 ``peer_refused``) is :meth:`daemon.api.Api.admit`'s.
 """
 
 from __future__ import annotations
