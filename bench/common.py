@@ -130,7 +130,7 @@ def pieces_between(
 def bare_sqlite(path: Path) -> sqlite3.Connection:
     """A plain ``sqlite3`` connection set up like a page's writer: same page size,
     WAL, and the writer's pragmas."""
-    from ledgerd.store.db import PAGE_SIZE, writer_pragmas
+    from ledgerd.store.sqlite.db import PAGE_SIZE, writer_pragmas
 
     db = sqlite3.connect(path, isolation_level=None)
     db.execute(f"PRAGMA page_size = {PAGE_SIZE}")
@@ -188,13 +188,13 @@ def storage_floor(
     """Seconds for bare ``sqlite3`` to store the same pieces the way a page must.
 
     Each transaction stores ``(digest, data)`` rows as ``local`` pieces through the
-    page's own :func:`store.sql.put_pieces`, with the page schema and pragmas: what
+    page's own :func:`store.sqlite.sql.put_pieces`, with the page schema and pragmas: what
     the storage alone costs on this machine, with no tree, hashing, encoding or
     event loop of ours around it. ``schema`` adds tables, and ``also(db, i)`` writes
     transaction ``i``'s rows of them (rows made beforehand: only storing is timed).
     """
-    from ledgerd.store.schema import LOCAL, create_page_schema
-    from ledgerd.store.sql import put_pieces
+    from ledgerd.store.sqlite.schema import LOCAL, create_page_schema
+    from ledgerd.store.sqlite.sql import put_pieces
 
     db = bare_sqlite(path)
     create_page_schema(db)

@@ -46,7 +46,7 @@ from aiohttp import web
 from yarl import URL
 
 from bench.common import emit, raw_kv, storage_floor
-from ledgerd.store import digest as dg
+from ledgerd.store.pieces import digest as dg
 
 ROOT = Path(__file__).resolve().parents[1]
 VALUE = b"v" * 100

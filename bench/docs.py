@@ -98,8 +98,10 @@ from bench.common import (
     written_since,
 )
 from ledgerd.daemon.main import tune_gc
-from ledgerd.store import DocumentStore, Repository, docindex, schema, sql
-from ledgerd.store.docmodel import parse_ulid
+from ledgerd.store import DocumentStore, Repository
+from ledgerd.store.documents import docindex
+from ledgerd.store.documents.docmodel import parse_ulid
+from ledgerd.store.sqlite import schema, sql
 from ledgerd.sync.engine import SyncEngine
 from ledgerd.sync.folder import FolderStore
 

@@ -29,8 +29,9 @@ from typing import Any
 
 from bench.common import StallMeter, emit, install_pouchdb, ratio, run_node, timed
 from ledgerd.daemon.main import tune_gc
-from ledgerd.store import Repository, exchange
-from ledgerd.store.gc import collect, file_bytes, live_bytes
+from ledgerd.store import Repository
+from ledgerd.store.page import exchange
+from ledgerd.store.page.gc import collect, file_bytes, live_bytes
 
 MB = 1e6
 

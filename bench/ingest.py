@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import bare_sqlite, emit, peak_rss_mib, timed
-from ledgerd.store.db import Database
-from ledgerd.store.objects import ObjectStore
-from ledgerd.store.schema import create_page_schema
+from ledgerd.store.pieces.objects import ObjectStore
+from ledgerd.store.sqlite.db import Database
+from ledgerd.store.sqlite.schema import create_page_schema
 
 MiB = 1024 * 1024
 
@@ -57,7 +57,7 @@ def _disk_write(source: Path, path: Path) -> float:
 
 def _sqlite_floor(path: Path, directory: Path, *, best_case: bool = False) -> float:
     """Seconds for bare SQLite to store the value as a page's chunker cuts it: the file
-    read, chunked and hashed by :class:`store.split.Splitter` (4 MiB at a time) and its
+    read, chunked and hashed by :class:`store.pieces.split.Splitter` (4 MiB at a time) and its
     pieces inserted into a blob table, a transaction per 4 MiB, with the page writer's
     pragmas; all of it timed, as ingest's is. What ingest costs with nothing of ours
     around the chunker: no event loop, threads, staging or journal.
@@ -67,7 +67,7 @@ def _sqlite_floor(path: Path, directory: Path, *, best_case: bool = False) -> fl
     copied into the database after the clock stops), an upper bound for any
     SQLite-backed object store here.
     """
-    from ledgerd.store import split
+    from ledgerd.store.pieces import split
 
     db_path = directory / f"floor{int(best_case)}.sqlite"
     if best_case:

@@ -41,9 +41,10 @@ from bench.common import (
     storage_floor,
     timed,
 )
-from ledgerd.store import Page, Repository, btree
-from ledgerd.store import digest as dg
-from ledgerd.store.cache import Cache
+from ledgerd.store import Page, Repository
+from ledgerd.store.pieces import digest as dg
+from ledgerd.store.pieces.cache import Cache
+from ledgerd.store.tree import btree
 
 
 def _rows(n: int, seed: int = 1) -> list[tuple[bytes, bytes]]:

@@ -38,7 +38,7 @@ import boto3
 from bench.common import emit, timed
 from ledgerd.daemon.client import Client, NotFoundError
 from ledgerd.store import Repository
-from ledgerd.store import exchange as ex
+from ledgerd.store.page import exchange as ex
 from ledgerd.sync.engine import SyncEngine
 from ledgerd.sync.s3 import S3Store
 from ledgerd.sync.testing import CountingStore, moto_server

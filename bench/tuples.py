@@ -1,4 +1,4 @@
-"""Tuple layer benchmark: pack and unpack rates of :mod:`store.tuple` next to ``fdb.tuple``.
+"""Tuple layer benchmark: pack and unpack rates of :mod:`store.keys.tuple` next to ``fdb.tuple``.
 
     python -m bench.tuples [--ops 100000] [--repeat 7]
 
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.common import emit
-from ledgerd.store import tuple as ours
+from ledgerd.store.keys import tuple as ours
 
 try:
     import fdb.tuple as theirs

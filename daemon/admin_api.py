@@ -63,7 +63,7 @@ async def gc(api: Api, request: web.Request, p: Params) -> web.Response:
 
 
 async def evict(api: Api, request: web.Request, p: Params) -> web.Response:
-    """POST {"ledger", "page"}: evict the page now (see :mod:`ledgerd.store.eviction`)."""
+    """POST {"ledger", "page"}: evict the page now (see :mod:`ledgerd.store.repo.eviction`)."""
     doc = await api.optional_json(request, "evict body")
     return web.json_response(await collector.evict_now(api, doc))
 

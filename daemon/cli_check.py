@@ -24,7 +24,7 @@ SHOWN_PAGES = 20
 """Unhealthy pages printed in the summary."""
 DOCUMENT_CODES = frozenset({"damaged_document", "unsupported_layout", "damaged_index_definition"})
 """Problems of document records and index definitions whose pieces are sound
-(``store.check.DOCUMENT_CODES``): a page with only these is not called damaged."""
+(``store.page.check.DOCUMENT_CODES``): a page with only these is not called damaged."""
 
 
 def register(sub: Any) -> None:

@@ -29,9 +29,9 @@ from ledgerd.daemon.cli_quick import UsageError as UsageError
 from ledgerd.daemon.client import Item
 from ledgerd.daemon.codec import b64
 from ledgerd.store import SingleFloat, Versionstamp
-from ledgerd.store import tuple as fdbtuple
 from ledgerd.store.errors import counted as counted  # (the CLI's commands use it from here)
 from ledgerd.store.errors import named
+from ledgerd.store.keys import tuple as fdbtuple
 
 # -- arguments in ---------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """``ledgerctl``'s blocking reads and writes of standard input and output (and of
 files), run off the event loop on one daemon thread of its own
-(:class:`store.threads.BlockingCalls`).
+(:class:`store.sqlite.threads.BlockingCalls`).
 
 Not ``asyncio.to_thread``: its threads are joined when the interpreter exits, so on
 Ctrl-C a read of a terminal or pipe that waited for more kept ``ledgerctl`` from
@@ -25,4 +25,4 @@ def write_all(fd: int, data: bytes) -> None:
 
 blocking = BlockingCalls(1, "ledgerctl-io")
 """Runs a blocking read or write of a terminal, pipe or file, one at a time, on a
-daemon thread of its own (:class:`store.threads.BlockingCalls`)."""
+daemon thread of its own (:class:`store.sqlite.threads.BlockingCalls`)."""

@@ -66,10 +66,11 @@ from ledgerd.daemon.client_types import (
     socket_path,
     unb64,
 )
+from ledgerd.store import SingleFloat, Subspace, TupleError, Versionstamp, stamp_time
 
 # Re-exported for client programs. ``tuple`` is the tuple layer in this module: write
 # ``builtins.tuple`` for the type.
-from ledgerd.store import SingleFloat, Subspace, TupleError, Versionstamp, stamp_time, tuple
+from ledgerd.store.keys import tuple
 
 __all__ = [
     "CHUNK",

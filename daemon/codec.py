@@ -30,7 +30,7 @@ from ledgerd.store import (
     View,
     check_key,
 )
-from ledgerd.store import digest as dg
+from ledgerd.store.pieces import digest as dg
 
 INLINE_VALUE_LIMIT = 1024 * 1024
 """``entries`` responses carry values up to this size; larger ones carry null and a size."""

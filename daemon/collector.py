@@ -4,7 +4,7 @@
 This module owns which pages a collection or a disk-usage report covers, how their
 results read over HTTP, and the background task that collects every
 ``gc_interval`` seconds and evicts pages under ``disk_budget`` and ``evict_after``.
-Collecting one page is :func:`ledgerd.store.gc.collect`, evicting one
+Collecting one page is :func:`ledgerd.store.page.gc.collect`, evicting one
 :meth:`ledgerd.store.Repository.evict`; the routes are :mod:`ledgerd.daemon.admin_api`'s.
 A page is collected under a lease, like any request's, and opened only for it if it
 was closed (it closes again after); an evicted page is neither collected nor
@@ -25,8 +25,8 @@ from ledgerd.daemon.codec import b64, text_or_none, unb64
 from ledgerd.daemon.config import Config
 from ledgerd.daemon.metrics import Metrics
 from ledgerd.store import GcResult, Repository, StoreError
-from ledgerd.store import gc as sgc
 from ledgerd.store.errors import named
+from ledgerd.store.page import gc as sgc
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ device: ``local only``), nothing waits for upload, or something does."""
 
 
 def sync_state(api: Api, usage: dict[str, Any]) -> str:
-    """The page's ``sync`` (see :data:`SYNC_OFF`) from its :func:`store.gc.usage`."""
+    """The page's ``sync`` (see :data:`SYNC_OFF`) from its :func:`store.page.gc.usage`."""
     if api.engine is None:
         return SYNC_OFF
     return SYNCED if usage["synced"] else PENDING

@@ -38,11 +38,11 @@ from ledgerd.store import (
     PageUnavailableError,
     Take,
     check_key,
-    dots,
     expect_of,
 )
-from ledgerd.store import digest as dg
 from ledgerd.store.errors import named
+from ledgerd.store.pieces import digest as dg
+from ledgerd.store.tree import dots
 
 DEFAULT_LIMIT, MAX_LIMIT = 100, 1000
 """Conflicting keys per page in a listing."""

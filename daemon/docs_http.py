@@ -12,7 +12,7 @@ Names in the path (collection, document id, attachment id, index name) are
 percent-encoded UTF-8. A document's body is its ``_data``; the expected revision
 of a write is ``If-Match: "REV"`` or ``?rev=REV``, a client-supplied new one
 ``?new_rev=REV``. Continuation tokens are opaque URL-safe base64 (bound to the
-listing they continue: :mod:`store.doctoken`), commit ids hex.
+listing they continue: :mod:`store.documents.doctoken`), commit ids hex.
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ from ledgerd.daemon.codec import (
 )
 from ledgerd.daemon.query import Query, requested_range
 from ledgerd.store import OFF_LOOP_BYTES, Page, View, off_loop
-from ledgerd.store import digest as dg
 from ledgerd.store.errors import named
+from ledgerd.store.pieces import digest as dg
 
 BIG_BATCH_BYTES = 4 * 1024 * 1024
 """A batch whose body is over this, or of a length not given (chunked), is big: big

@@ -2,7 +2,7 @@
 
 This module owns which pages a check covers and how its report reads over HTTP,
 and what a health probe is told.
-The check of a page is :mod:`ledgerd.store.check` (local) and
+The check of a page is :mod:`ledgerd.store.page.check` (local) and
 :mod:`ledgerd.sync.check` (the bucket, and repairs); the routes are
 :mod:`ledgerd.daemon.admin_api`'s and :mod:`ledgerd.daemon.status_api`'s. A page is
 checked under a lease, like any request's, and opened only for its check if it was
@@ -20,8 +20,8 @@ from ledgerd.daemon.api import Api
 from ledgerd.daemon.codec import unb64
 from ledgerd.daemon.collector import pages_of
 from ledgerd.store import StoreError
-from ledgerd.store import check as ck
 from ledgerd.store.errors import TooManyOpenPagesError, counted
+from ledgerd.store.page import check as ck
 from ledgerd.sync.check import BucketIndex, Checked, check_page
 from ledgerd.sync.errors import CloudError
 

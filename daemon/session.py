@@ -43,7 +43,7 @@ from ledgerd.daemon.codec import (
 from ledgerd.daemon.leases import page_leases
 from ledgerd.store import Entry, Repository, StoreError, Transaction, Watcher
 from ledgerd.store.errors import named
-from ledgerd.store.merge import Choice, MergeRequest, Resolver
+from ledgerd.store.tree.merge import Choice, MergeRequest, Resolver
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class Resolvers:
     """Which sessions offered to resolve conflicts, per ledger.
 
     The repository's pages ask it for a ledger's resolver when their policy calls for
-    one (:class:`ledgerd.store.hooks.ResolverSource`): the first session registered
+    one (:class:`ledgerd.store.page.hooks.ResolverSource`): the first session registered
     for the ledger answers. With none registered a page's conflicts wait (reads show
     each key's winner meanwhile), and are put to the resolver once one registers.
     """

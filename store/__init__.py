@@ -27,14 +27,9 @@ Documents after Yoda (:class:`DocumentStore`, one per page)::
     doc = await docs.replace("notes", doc.id, {"title": "hi"}, expected_rev=doc.rev)
 """
 
-from ledgerd.store import tuple
-from ledgerd.store.btree import Entry, Priority, RawEntry
-from ledgerd.store.commit import Commit
-from ledgerd.store.conflicts import KeyConflict, Take, expect_of
-from ledgerd.store.digest import Kind
-from ledgerd.store.docfind import FindResult, InvalidSelectorError
-from ledgerd.store.docindex import HeldBudget
-from ledgerd.store.docmodel import (
+from ledgerd.store.documents.docfind import FindResult, InvalidSelectorError
+from ledgerd.store.documents.docindex import HeldBudget
+from ledgerd.store.documents.docmodel import (
     LOCAL_LEDGER,
     Attachment,
     AttachmentNotFoundError,
@@ -51,7 +46,7 @@ from ledgerd.store.docmodel import (
     RevisionInPastError,
     UnsupportedLayoutError,
 )
-from ledgerd.store.documents import (
+from ledgerd.store.documents.documents import (
     BulkResult,
     BulkWrite,
     Changes,
@@ -92,24 +87,29 @@ from ledgerd.store.errors import (
     TransactionClosedError,
     TransientStoreError,
 )
-from ledgerd.store.gc import HISTORY_RETENTION, GcResult
-from ledgerd.store.hooks import (
+from ledgerd.store.keys import tuple
+from ledgerd.store.keys.subspace import Subspace
+from ledgerd.store.keys.tuple import SingleFloat, TupleError, Versionstamp
+from ledgerd.store.page.conflicts import KeyConflict, Take, expect_of
+from ledgerd.store.page.gc import HISTORY_RETENTION, GcResult
+from ledgerd.store.page.hooks import (
     CommitListener,
     PageHooks,
     PageRestorer,
     PieceFetcher,
     ResolverSource,
 )
-from ledgerd.store.merge import Choice, Conflict, MergeRequest, NeedsResolver, Policy, Resolver
-from ledgerd.store.objects import ObjectStore, ValueRef
-from ledgerd.store.page import ChangedEntry, Notification, Page, Snapshot, Transaction, Watcher
-from ledgerd.store.repository import NAME_LIMIT, Ledger, Repository, decode_name, encode_name
-from ledgerd.store.stamps import StampedKey, StampedValue, VersionstampError, stamp_time
-from ledgerd.store.subspace import Subspace
-from ledgerd.store.threads import OFF_LOOP_BYTES, BlockingCalls, off_loop
-from ledgerd.store.threads import set_threads as set_sqlite_threads
-from ledgerd.store.tuple import SingleFloat, TupleError, Versionstamp
-from ledgerd.store.view import KEY_LIMIT, KeyValue, RangeResult, View, check_key
+from ledgerd.store.page.page import ChangedEntry, Notification, Page, Snapshot, Transaction, Watcher
+from ledgerd.store.page.stamps import StampedKey, StampedValue, VersionstampError, stamp_time
+from ledgerd.store.page.view import KEY_LIMIT, KeyValue, RangeResult, View, check_key
+from ledgerd.store.pieces.digest import Kind
+from ledgerd.store.pieces.objects import ObjectStore, ValueRef
+from ledgerd.store.repo.repository import NAME_LIMIT, Ledger, Repository, decode_name, encode_name
+from ledgerd.store.sqlite.threads import OFF_LOOP_BYTES, BlockingCalls, off_loop
+from ledgerd.store.sqlite.threads import set_threads as set_sqlite_threads
+from ledgerd.store.tree.btree import Entry, Priority, RawEntry
+from ledgerd.store.tree.commit import Commit
+from ledgerd.store.tree.merge import Choice, Conflict, MergeRequest, NeedsResolver, Policy, Resolver
 
 __all__ = [
     "KEY_LIMIT",

@@ -50,10 +50,10 @@ from typing import NamedTuple, Protocol
 import msgpack
 import xxhash
 
-from ledgerd.store import digest as dg
-from ledgerd.store import split
-from ledgerd.store.cache import ENTRY_OVERHEAD, Cache, CacheSpace
 from ledgerd.store.errors import CorruptObjectError
+from ledgerd.store.pieces import digest as dg
+from ledgerd.store.pieces import split
+from ledgerd.store.pieces.cache import ENTRY_OVERHEAD, Cache, CacheSpace
 
 LEVEL_BITS = 6
 MAX_LEVEL = 10
@@ -79,7 +79,7 @@ _PRIORITIES = (Priority.EAGER, Priority.LAZY)
 
 DOT_SIZE = 16
 """Bytes of a dot: the write's clock time (8, big endian, microseconds) and the
-writer's tag (8): see :mod:`store.dots`."""
+writer's tag (8): see :mod:`store.tree.dots`."""
 
 Version = tuple[bytes, int, bytes]
 """One version of a key: its value digest, priority and dot."""
@@ -87,7 +87,7 @@ Version = tuple[bytes, int, bytes]
 
 class Entry(_EntryTuple):
     """One entry of a page: a key, the root digest of its value, its priority, the
-    *dot* of the write that made it (:mod:`store.dots`), and, after the four fields,
+    *dot* of the write that made it (:mod:`store.tree.dots`), and, after the four fields,
     optionally a fifth: the key's other *siblings* (concurrent writes no write has
     superseded yet), as :data:`Version` tuples, largest dot first, all below ``dot``.
 
@@ -322,7 +322,7 @@ def node_cost(node: Node, encoded_size: int) -> int:
 
 
 class NodeStore:
-    """Loads nodes, keeping decoded ones in a cache (:mod:`store.cache`; a node is
+    """Loads nodes, keeping decoded ones in a cache (:mod:`store.pieces.cache`; a node is
     named by its digest, so a cached one is never stale and is checked once, when
     decoded)."""
 

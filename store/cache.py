@@ -1,8 +1,8 @@
 """The read cache of a repository: decoded tree nodes and verified pieces, one byte budget.
 
 This module owns the one bounded LRU that every open page of a repository shares
-(``Repository.open(cache_bytes=...)``): decoded tree nodes (:class:`store.btree.NodeStore`)
-and small pieces known good (:class:`store.objects.ObjectStore`). It knows nothing of
+(``Repository.open(cache_bytes=...)``): decoded tree nodes (:class:`store.tree.btree.NodeStore`)
+and small pieces known good (:class:`store.pieces.objects.ObjectStore`). It knows nothing of
 what it holds beyond a size.
 
 Everything in it is named by a digest, so an entry is never stale: the same digest
@@ -11,7 +11,7 @@ always names the same bytes. Entries are still kept apart per page and per kind 
 piece cached for one page must not make another page that lacks it look complete.
 
 An entry's cost is an estimate of the memory it holds (its bytes plus Python's
-overhead for the objects, see :func:`piece_cost` and :func:`store.btree.node_cost`),
+overhead for the objects, see :func:`piece_cost` and :func:`store.tree.btree.node_cost`),
 so that the budget bounds the process's memory, not just the payload.
 """
 

@@ -13,15 +13,15 @@ This module owns what "a healthy page" means on this device and how to tell:
   commit without children (history is a line), ``unsynced``, ``remote_pieces``
   and the journal tables refer to what exists;
 * in a document page, every document record and index definition of the head
-  decodes (:mod:`store.doclayout`): a record that does not is ``damaged_document``, a
+  decodes (:mod:`store.documents.doclayout`): a record that does not is ``damaged_document``, a
   definition ``damaged_index_definition``, either of a newer ledgerd's layout
   ``unsupported_layout``. Its pieces are sound (a piece that
   is not is reported as such, and its record is not read); these are reported,
   never repaired here (``purge`` of the documents API is the operator's way to be
   rid of a damaged document, declaring or dropping the index of a damaged definition).
 
-It walks trees and values through the store's own modules (:mod:`store.btree`,
-:mod:`store.split`, :mod:`store.commit`), reading pieces straight from SQLite and
+It walks trees and values through the store's own modules (:mod:`store.tree.btree`,
+:mod:`store.pieces.split`, :mod:`store.tree.commit`), reading pieces straight from SQLite and
 never from the piece cache or the fetcher, so what it reports is what is on disk.
 It only reads while checking (the page keeps serving: no lock is held, and each
 query is short); :func:`restore_pieces`, :func:`requeue` and :func:`repair_local`
@@ -42,12 +42,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledgerd.store import btree, commit, doclayout, split, sql
-from ledgerd.store import digest as dg
-from ledgerd.store.docmodel import id_text, ulid_text
+from ledgerd.store.documents import doclayout
+from ledgerd.store.documents.docmodel import id_text, ulid_text
 from ledgerd.store.errors import CorruptObjectError, InvalidArgumentError, StoreError, named
-from ledgerd.store.page import Page
-from ledgerd.store.schema import LOCAL, SYNCED, TRANSIENT, UPLOADED_AT_ROW, UPLOADED_ROW
+from ledgerd.store.page.page import Page
+from ledgerd.store.pieces import digest as dg
+from ledgerd.store.pieces import split
+from ledgerd.store.sqlite import sql
+from ledgerd.store.sqlite.schema import LOCAL, SYNCED, TRANSIENT, UPLOADED_AT_ROW, UPLOADED_ROW
+from ledgerd.store.tree import btree, commit
 
 SCAN_ROWS = 256
 """Stored pieces read and verified per query of the scan (pieces are at most 64 KiB)."""
@@ -685,7 +688,7 @@ async def prune_lost_history(page: Page, lost: Iterable[bytes]) -> int:
     back: the bucket holds states as they were uploaded, not every commit of this
     device's history (two commits uploaded in one pack come back as one), so such a
     tree cannot be made again. Their rows stay, as history retention prunes
-    (:mod:`store.gc`). Returns how many commits were pruned."""
+    (:mod:`store.page.gc`). Returns how many commits were pruned."""
     gone = set(lost)
     if not gone:
         return 0

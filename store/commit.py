@@ -2,14 +2,14 @@
 
 This module owns the commit record, its deterministic encoding and id, and the
 well-known first commit every page starts from. It does not store commits
-(:mod:`store.graph` does) nor pick their times (the page's clock,
-:meth:`store.graph.CommitGraph.next_time`).
+(:mod:`store.page.graph` does) nor pick their times (the page's clock,
+:meth:`store.page.graph.CommitGraph.next_time`).
 
 Commit = ``(parents, timestamp, generation, root, salt)``; its id is SHA-256 over
 the msgpack encoding ``[1, parents, timestamp, generation, root, salt]``. History
 is a line kept on each device, so a commit has one parent (the first has none).
 Timestamps are microseconds since the UNIX epoch; a commit that writes gives its
-time to its entries' dots (:mod:`store.dots`).
+time to its entries' dots (:mod:`store.tree.dots`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import msgpack
 
-from ledgerd.store.btree import EMPTY
 from ledgerd.store.errors import CorruptObjectError
+from ledgerd.store.tree.btree import EMPTY
 
 FORMAT = 1
 ID_SIZE = 32

@@ -2,9 +2,9 @@
 
 This module owns the policy of one page (remembered in the page's database) and the
 resolver's round: the keys whose entry holds siblings of different values (the
-``conflicts`` table, kept by :mod:`store.graph`), two versions of each shown to the
+``conflicts`` table, kept by :mod:`store.page.graph`), two versions of each shown to the
 ledger's resolver, and its answers stored as one local commit whose versions supersede
-exactly what it was shown. It does not join states (:mod:`store.join` does, the same way
+exactly what it was shown. It does not join states (:mod:`store.tree.join` does, the same way
 under every policy).
 
 Under ``last_one_wins`` and ``documents`` nobody is asked: reads show the winner, and a
@@ -26,10 +26,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from ledgerd.store import btree, commit, doclayout, dots, split
-from ledgerd.store import digest as dg
-from ledgerd.store.btree import Builder, Entry, NodeStore, Priority, RawEntry, Version
-from ledgerd.store.db import Database
+from ledgerd.store.documents import doclayout
 from ledgerd.store.errors import (
     AmbiguousTakeError,
     ClosedError,
@@ -41,11 +38,16 @@ from ledgerd.store.errors import (
     SiblingsChangedError,
     named,
 )
-from ledgerd.store.graph import CommitGraph
-from ledgerd.store.hooks import ResolverSource
-from ledgerd.store.merge import Choice, Conflict, MergeRequest, NeedsResolver, Policy
-from ledgerd.store.merge import needs_resolver as _needs_resolver
-from ledgerd.store.objects import ObjectStore
+from ledgerd.store.page.graph import CommitGraph
+from ledgerd.store.page.hooks import ResolverSource
+from ledgerd.store.pieces import digest as dg
+from ledgerd.store.pieces import split
+from ledgerd.store.pieces.objects import ObjectStore
+from ledgerd.store.sqlite.db import Database
+from ledgerd.store.tree import btree, commit, dots
+from ledgerd.store.tree.btree import Builder, Entry, NodeStore, Priority, RawEntry, Version
+from ledgerd.store.tree.merge import Choice, Conflict, MergeRequest, NeedsResolver, Policy
+from ledgerd.store.tree.merge import needs_resolver as _needs_resolver
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,10 @@
 """SQLite connections of one database file, off the event loop.
 
 This module owns opening a database (pragmas, schema), its connections (a
-writer and a reader on the shared SQLite threads of :mod:`store.threads`, and a
+writer and a reader on the shared SQLite threads of :mod:`store.sqlite.threads`, and a
 plain one for inline writes), the write transaction discipline, and translating
 SQLite's errors into the store's. It
-knows nothing about what the tables mean; :mod:`store.schema` owns that.
+knows nothing about what the tables mean; :mod:`store.sqlite.schema` owns that.
 
 * WAL mode, so readers never wait for the writer and the writer never waits for
   readers.
@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from ledgerd.store.errors import ClosedError, CorruptDatabaseError, from_os, from_sqlite
-from ledgerd.store.threads import Connection, pool
+from ledgerd.store.sqlite.threads import Connection, pool
 
 log = logging.getLogger(__name__)
 
@@ -404,7 +404,7 @@ class Database:
 
         With ``write`` it runs as one ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction under
         the write lock (rolled back if ``fn`` raises). It runs on a shared SQLite
-        thread (:mod:`store.threads`); the hot paths use it so that a transaction
+        thread (:mod:`store.sqlite.threads`); the hot paths use it so that a transaction
         costs one thread round trip instead of one per statement.
 
         A ``small`` write (a few rows, at most about ``INLINE_MAX_BYTES``) runs inline

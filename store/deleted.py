@@ -6,22 +6,22 @@ puts :data:`MARK`, itself a tombstone. Every read treats a tombstone as absent, 
 page reads as empty. A page whose state holds the mark and no live entry is
 *deleted*: listings leave it out. A write after the delete (on any device) makes a
 live entry, and the page is listed again; a write concurrent with the delete stays,
-as any write concurrent with a delete of its key does (:mod:`store.dots`).
+as any write concurrent with a delete of its key does (:mod:`store.tree.dots`).
 
 :data:`MARK` is one byte over the key limit, so no write can make or remove it: only
 a page delete (which puts it) and a ``clear`` (which drops it) do.
 
 This module owns the mark and the test; the writer makes the commit
-(:meth:`store.writer.JournalWriter.delete_page`) and the repository keeps which
+(:meth:`store.page.writer.JournalWriter.delete_page`) and the repository keeps which
 closed pages are deleted (``page_usage.deleted``).
 """
 
 from __future__ import annotations
 
-from ledgerd.store import btree
-from ledgerd.store.btree import NodeLoader
-from ledgerd.store.digest import TOMBSTONE
-from ledgerd.store.view import KEY_LIMIT
+from ledgerd.store.page.view import KEY_LIMIT
+from ledgerd.store.pieces.digest import TOMBSTONE
+from ledgerd.store.tree import btree
+from ledgerd.store.tree.btree import NodeLoader
 
 _PREFIX = b"\xffledgerd:deleted-page\xff"
 MARK = _PREFIX + b"\xff" * (KEY_LIMIT + 1 - len(_PREFIX))

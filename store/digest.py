@@ -19,7 +19,7 @@ bit 3  1 = a tombstone: exactly :data:`TOMBSTONE` (0x09, no body)
 
 A *tombstone* is the value of a key deleted by a commit whose base did not have
 it: an inline, empty value with bit 3 set. It keeps such a delete in the tree so
-that merges weigh it like a put (see :mod:`store.view`, which reads it as absent).
+that merges weigh it like a put (see :mod:`store.page.view`, which reads it as absent).
 Being inline, it is never stored, uploaded or fetched.
 
 Identical content of the same kind therefore has an identical digest on every

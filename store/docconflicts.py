@@ -3,9 +3,9 @@
 This module owns reading a document's kept conflicts from a page's view (:func:`kept`,
 highest ranked first) and what a write of the document does with them (:func:`carry`:
 keep them, but those it resolves and those past the bound). How they are made (the join
-keeps the revisions that lost) is :func:`store.join.join_group`; their keys are
-:mod:`store.doclayout`'s; the API that shows and resolves them is
-:class:`store.documents.DocumentStore`. Why, and the bound: ``docs/documents.md``.
+keeps the revisions that lost) is :func:`store.tree.join.join_group`; their keys are
+:mod:`store.documents.doclayout`'s; the API that shows and resolves them is
+:class:`store.documents.documents.DocumentStore`. Why, and the bound: ``docs/documents.md``.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ledgerd.store import doclayout
-from ledgerd.store.doclayout import DocId
-from ledgerd.store.docmodel import DocumentConflictError, id_text, parse_ulid, ulid_text
-from ledgerd.store.transaction import Transaction
-from ledgerd.store.view import View
+from ledgerd.store.documents import doclayout
+from ledgerd.store.documents.doclayout import DocId
+from ledgerd.store.documents.docmodel import DocumentConflictError, id_text, parse_ulid, ulid_text
+from ledgerd.store.page.transaction import Transaction
+from ledgerd.store.page.view import View
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +60,7 @@ async def carry(
     """Carry the document's kept conflicts into the revision ``txn`` writes, but those
     whose revisions ``resolves`` names (DocumentConflictError, before anything is
     written, if one is not kept), the lowest-ranked past
-    :data:`~store.doclayout.MAX_CONFLICTS`, and with ``drop_all`` (a purge) every one:
+    :data:`~store.documents.doclayout.MAX_CONFLICTS`, and with ``drop_all`` (a purge) every one:
     each removed one gets a tombstone, so that the write removes it everywhere."""
     names = {parse_ulid(r, "revision") for r in resolves}
     found = await kept(txn, collection, raw)

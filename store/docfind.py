@@ -5,7 +5,7 @@ This module owns ``find``: reading a request (``selector``, ``fields``, ``sort``
 selector, CouchDB's collation of JSON values, the order and paging of the answer, and
 the plan (a declared index whose partition the selector fixes, or a scan of the
 collection) that :func:`explain` describes. It reads documents only through
-:class:`~store.documents.DocumentStore`'s listings and index queries; it stores
+:class:`~store.documents.documents.DocumentStore`'s listings and index queries; it stores
 nothing. What differs from pouchdb-find, and why, is in docs/documents.md.
 """
 
@@ -21,12 +21,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ledgerd.store import doctoken
-from ledgerd.store.docmodel import Document, InvalidDocumentError, check_data, loads, shown
+from ledgerd.store.documents import doctoken
+from ledgerd.store.documents.docmodel import (
+    Document,
+    InvalidDocumentError,
+    check_data,
+    loads,
+    shown,
+)
 from ledgerd.store.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
-    from ledgerd.store.documents import DocumentStore, IndexInfo
+    from ledgerd.store.documents.documents import DocumentStore, IndexInfo
 
 DEFAULT_LIMIT = 25
 """Documents a find answers when it names no ``limit`` (CouchDB's default)."""
@@ -42,7 +48,7 @@ PAGE = 1000
 """Documents read per listing or index query while a find gathers its candidates."""
 
 BOOKMARK = b"B"
-"""The kind of a find's bookmark (:mod:`store.doctoken`)."""
+"""The kind of a find's bookmark (:mod:`store.documents.doctoken`)."""
 
 _MISSING: Any = object()
 """The value of a path that leads nowhere (told from JSON's null)."""

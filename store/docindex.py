@@ -3,7 +3,7 @@
 This module owns the tables the document layer adds to a page's SQLite database,
 keeping them equal to the documents of the page's head, and querying the
 indexes. Index *definitions* are entries of the page's tree (they travel with the
-page, :mod:`store.doclayout`); index *entries* live only here, derived from the
+page, :mod:`store.documents.doclayout`); index *entries* live only here, derived from the
 documents, never in the tree and never uploaded.
 
 Everything here reflects one commit, ``doc_state.reflected``. :meth:`Views.catch_up`
@@ -42,17 +42,19 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ledgerd.store import btree, doclayout, schema, sql
-from ledgerd.store import tuple as tup
-from ledgerd.store.btree import EMPTY, Entry
-from ledgerd.store.commit import Commit
-from ledgerd.store.doclayout import DocId, Record, State
-from ledgerd.store.docmodel import MISSING, lookup_path
+from ledgerd.store.documents import doclayout
+from ledgerd.store.documents.doclayout import DocId, Record, State
+from ledgerd.store.documents.docmodel import MISSING, lookup_path
 from ledgerd.store.errors import ClosedError, InvalidArgumentError, StoreError, named
-from ledgerd.store.page import Page, Snapshot, Transaction
-from ledgerd.store.tuple import encode_float as _encode_float
-from ledgerd.store.tuple import encode_str as _encode_str
-from ledgerd.store.view import live
+from ledgerd.store.keys import tuple as tup
+from ledgerd.store.keys.tuple import encode_float as _encode_float
+from ledgerd.store.keys.tuple import encode_str as _encode_str
+from ledgerd.store.page.page import Page, Snapshot, Transaction
+from ledgerd.store.page.view import live
+from ledgerd.store.sqlite import schema, sql
+from ledgerd.store.tree import btree
+from ledgerd.store.tree.btree import EMPTY, Entry
+from ledgerd.store.tree.commit import Commit
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +62,7 @@ T = TypeVar("T")
 
 SMALL_ROWS = 16
 """A commit with at most this many index rows may be stored inline (see
-:meth:`store.graph.CommitGraph.store`)."""
+:meth:`store.page.graph.CommitGraph.store`)."""
 
 ROWS_PER_TURN = 1024
 """Documents a catch-up indexes between two turns it gives the event loop."""
@@ -179,7 +181,7 @@ class Views:
         """Rows of the commits after the one the database's rows reflect."""
         self._pin: Snapshot | None = None
         """A snapshot of ``reflected`` while the database names an older commit, so
-        that :mod:`store.gc` keeps its tree (the next catch-up diffs from it)."""
+        that :mod:`store.page.gc` keeps its tree (the next catch-up diffs from it)."""
         self.indexes: dict[tuple[str, str], tuple[int, IndexDef, bool]] = {}
         """(collection, name) -> (row id, definition, ready)."""
         self.unreadable: dict[tuple[str, str], ValueError] = {}

@@ -1,11 +1,11 @@
 """Where documents live in a page's tree, and how their entries are encoded.
 
-This module owns the byte layout of the document layer (:mod:`store.documents`):
+This module owns the byte layout of the document layer (:mod:`store.documents.documents`):
 the keys, the two small records every document keeps, and the helpers the merge
-rule of document pages (:func:`store.merge.by_revision`) uses to group a
+rule of document pages (:func:`store.tree.merge.by_revision`) uses to group a
 three-way diff by document and rank the sides. It has no I/O.
 
-Keys are packed tuples (:mod:`store.tuple`), so a collection is one key range and
+Keys are packed tuples (:mod:`store.keys.tuple`), so a collection is one key range and
 a listing in ``_id`` order is a range read::
 
     ("docs",)                              the marker: this page holds documents
@@ -26,7 +26,7 @@ new id; a client-chosen id (:data:`DocId`, text) is a string element instead, so
 two never meet: a collection lists its ULID documents first, then its chosen ids in
 UTF-8 order. Every change of a document
 rewrites its head with a new, higher revision; the head's value is 17 bytes, so
-it is carried *inline* in the entry's digest (:mod:`store.digest`): a merge reads
+it is carried *inline* in the entry's digest (:mod:`store.pieces.digest`): a merge reads
 both sides' revisions from the trees alone, without reading a value.
 """
 
@@ -41,9 +41,9 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from ledgerd.store import tuple as tup
-from ledgerd.store.btree import DOT_SIZE, Entry
-from ledgerd.store.digest import INLINE_LIMIT, TOMBSTONE, is_inline, value_chunk_digest
+from ledgerd.store.keys import tuple as tup
+from ledgerd.store.pieces.digest import INLINE_LIMIT, TOMBSTONE, is_inline, value_chunk_digest
+from ledgerd.store.tree.btree import DOT_SIZE, Entry
 
 MARKER = tup.pack(("docs",))
 """Present in the tree of every page that holds documents (value: :data:`MARK`)."""
@@ -395,7 +395,7 @@ def decode_record(data: bytes, *, json_data: bool = True) -> Record:
     later layout (:func:`record_layout` above :data:`LAYOUT_VERSION`) raises
     :class:`FutureLayoutError`, a ValueError too, whatever follows its layout.
 
-    ``json_data=False`` leaves the data unchecked: the indexes (:mod:`store.docindex`)
+    ``json_data=False`` leaves the data unchecked: the indexes (:mod:`store.documents.docindex`)
     index such a record by its values that are JSON, so that a query meets it and
     names it damaged, as a listing does."""
     try:

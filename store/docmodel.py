@@ -5,7 +5,7 @@ This module owns what a document *is* to a caller (:class:`Document`, its JSON
 shape after Yoda), the checks on what callers give (JSON values, reserved names,
 sizes, ULIDs, client-supplied revisions), the errors of the document layer, and
 :class:`RevClock`, which makes ``_rev`` values. Where documents are kept in a page
-is :mod:`store.doclayout`; the operations are :mod:`store.documents`.
+is :mod:`store.documents.doclayout`; the operations are :mod:`store.documents.documents`.
 
 Every error has a stable ``code`` (the HTTP API's error code to be).
 """
@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from ulid import ULID
 
-from ledgerd.store.doclayout import AttachmentMeta, DocId, Record, State, rev_in_time
+from ledgerd.store.documents.doclayout import AttachmentMeta, DocId, Record, State, rev_in_time
 from ledgerd.store.errors import CorruptObjectError, InvalidArgumentError, StoreError
 
 LOCAL_LEDGER = "_local"

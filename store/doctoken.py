@@ -8,7 +8,7 @@ URL-safe base64). A token holds its kind, a digest of what it continues (the
 check of all that. A token given to another listing (another collection, index,
 ``eq`` value, range or ``deleted`` flag) is refused, as is one that is garbled or
 made up: continuing from its position would answer documents of a query nobody
-asked for. It does not own the positions' meaning (:mod:`store.documents`).
+asked for. It does not own the positions' meaning (:mod:`store.documents.documents`).
 
 Tokens of ledgerd before this format (a bare document id, or a msgpack pair) are
 refused with a message saying to start the listing again.

@@ -3,9 +3,9 @@
 This module owns the operations of the document layer, as an embedded API that
 the HTTP API and clients map onto one to one: create, get, replace, soft delete,
 purge, listing, attachments, secondary indexes and the changes feed. The model
-and its checks are :mod:`store.docmodel`, the layout in the tree
-:mod:`store.doclayout`, the local indexes :mod:`store.docindex`, kept conflicts
-:mod:`store.docconflicts`; concurrent revisions join by :func:`store.join.join_group`.
+and its checks are :mod:`store.documents.docmodel`, the layout in the tree
+:mod:`store.documents.doclayout`, the local indexes :mod:`store.documents.docindex`, kept conflicts
+:mod:`store.documents.docconflicts`; concurrent revisions join by :func:`store.tree.join.join_group`.
 
 A page is one document store (documents that must change atomically together
 share a page); a collection is a key range in it. One :class:`DocumentStore` per
@@ -28,18 +28,16 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledgerd.store import btree, commit, docconflicts, docfind, doclayout, doctoken
-from ledgerd.store.btree import Priority
-from ledgerd.store.commit import Commit
-from ledgerd.store.docindex import (
+from ledgerd.store.documents import docconflicts, docfind, doclayout, doctoken
+from ledgerd.store.documents.docindex import (
     HELD_BYTES,
     HeldBudget,
     IndexDef,
     Views,
     partition_range,
 )
-from ledgerd.store.doclayout import AttachmentMeta, DocId, Record, State, new_record
-from ledgerd.store.docmodel import (
+from ledgerd.store.documents.doclayout import AttachmentMeta, DocId, Record, State, new_record
+from ledgerd.store.documents.docmodel import (
     MAX_DOCUMENT_BYTES,
     MISSING,
     REV_TOLERANCE,
@@ -67,11 +65,14 @@ from ledgerd.store.docmodel import (
     ulid_text,
 )
 from ledgerd.store.errors import ClosedError, InvalidArgumentError, StoreError, named
-from ledgerd.store.merge import Policy
-from ledgerd.store.objects import Source
-from ledgerd.store.page import Page
-from ledgerd.store.transaction import Transaction
-from ledgerd.store.view import RangeResult, View
+from ledgerd.store.page.page import Page
+from ledgerd.store.page.transaction import Transaction
+from ledgerd.store.page.view import RangeResult, View
+from ledgerd.store.pieces.objects import Source
+from ledgerd.store.tree import btree, commit
+from ledgerd.store.tree.btree import Priority
+from ledgerd.store.tree.commit import Commit
+from ledgerd.store.tree.merge import Policy
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +235,7 @@ class DocumentStore:
         The first call marks the page as a document page (an entry in its tree, so
         every device merges it by revision) and loads or builds its local indexes.
         ``held_index_bytes`` bounds the memory of index rows held between the
-        commits that store them (:meth:`store.docindex.Views.commit`); a
+        commits that store them (:meth:`store.documents.docindex.Views.commit`); a
         ``held_budget`` shared by several stores bounds them all together."""
         lock = _opening.setdefault(page, asyncio.Lock())
         async with lock:
@@ -401,7 +402,7 @@ class DocumentStore:
     async def conflicts(self, collection: str, doc_id: str) -> list[Document]:
         """The kept conflicts of a document (revisions that lost to its current one
         and that nobody resolved), highest ranked first: at most
-        :data:`~store.doclayout.MAX_CONFLICTS` after a write of it here."""
+        :data:`~store.documents.doclayout.MAX_CONFLICTS` after a write of it here."""
         check_collection(collection)
         raw = parse_id(doc_id)
         snap = await self.page.snapshot()
@@ -518,7 +519,7 @@ class DocumentStore:
         self, collection: str, data: Any, *, id: str | None = None, new_rev: str | None = None
     ) -> Document:
         """A new document: with a new ``_id``, or the client-chosen ``id`` (see
-        :func:`~store.docmodel.parse_id`), DocumentConflictError if a document that is
+        :func:`~store.documents.docmodel.parse_id`), DocumentConflictError if a document that is
         not deleted has it (a deleted or purged one is written over, as in CouchDB)."""
         (doc,) = await self.create_many(
             collection,
@@ -1123,7 +1124,7 @@ class DocumentStore:
 
     async def find(self, collection: str, request: Any) -> docfind.FindResult:
         """A selector query (pouchdb-find's and CouchDB Mango's ``{"selector", "fields",
-        "sort", "limit", "skip", "bookmark", "use_index"}``, :mod:`store.docfind`):
+        "sort", "limit", "skip", "bookmark", "use_index"}``, :mod:`store.documents.docfind`):
         served from a declared index whose partition the selector fixes, by a scan of
         the collection otherwise (the answer's ``plan`` says which)."""
         check_collection(collection)

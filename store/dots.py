@@ -1,10 +1,10 @@
 """Dots and contexts: what a write is called, and what a state has seen.
 
 This module owns the *dot* every entry carries (the writer's clock time and tag:
-:data:`store.btree.DOT_SIZE` bytes), a page's *context* (per writer tag, the
+:data:`store.tree.btree.DOT_SIZE` bytes), a page's *context* (per writer tag, the
 largest clock time of that writer's writes the state includes), and the join of
 one key's versions (:func:`join_versions`). It has no I/O; joining trees is
-:mod:`store.join`'s, and why this converges is in ``docs/convergence.md``.
+:mod:`store.tree.join`'s, and why this converges is in ``docs/convergence.md``.
 
 A writer's writes to a page are applied everywhere in the order it made them, so
 ``context[tag] >= time`` means the state has seen that write.
@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable, Mapping
 
 import msgpack
 
-from ledgerd.store.btree import DOT_SIZE, Entry, RawEntry, Version
 from ledgerd.store.errors import CorruptObjectError
+from ledgerd.store.tree.btree import DOT_SIZE, Entry, RawEntry, Version
 
 TAG_SIZE = 8
 """Bytes of a writer's tag: the first bytes of its device id."""

@@ -2,9 +2,9 @@
 
 This module owns when a closed page may be evicted, the order of the steps and
 their recovery, and the policies that choose pages (least recently used under a
-disk budget, and by age). The repository (:mod:`store.repository`) calls it with
+disk budget, and by age). The repository (:mod:`store.repo.repository`) calls it with
 the page closed and its opening lock held, and restores an evicted page on its
-next use through :class:`store.hooks.PageRestorer`.
+next use through :class:`store.page.hooks.PageRestorer`.
 
 Evictable
     A closed page is evictable when it is fully synced (no commit or piece waits
@@ -48,11 +48,11 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from ledgerd.store import dots
-from ledgerd.store.commit import FIRST
-from ledgerd.store.db import file_uri
 from ledgerd.store.errors import CorruptObjectError
-from ledgerd.store.schema import CONTEXT_ROW, UPLOADED_ROW
+from ledgerd.store.sqlite.db import file_uri
+from ledgerd.store.sqlite.schema import CONTEXT_ROW, UPLOADED_ROW
+from ledgerd.store.tree import dots
+from ledgerd.store.tree.commit import FIRST
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class Evictability:
 
 def evictability(path: Path, tag: bytes) -> Evictability:
     """Look at a closed page's database (blocking: run it on a thread); ``tag`` is this
-    device's writer tag (:func:`store.dots.tag_of_device`)."""
+    device's writer tag (:func:`store.tree.dots.tag_of_device`)."""
     if not path.exists():
         return Evictability(0, "the page is not stored here")
     conn = sqlite3.connect(file_uri(path, "ro"), uri=True, isolation_level=None)

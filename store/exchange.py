@@ -16,16 +16,20 @@ import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ledgerd.store import btree, deleted, doclayout, dots, gc, join, split, sql
-from ledgerd.store import digest as dg
-from ledgerd.store.btree import Builder, Priority, RawEntry, Version
-from ledgerd.store.commit import FIRST, Commit, child
+from ledgerd.store.documents import doclayout
 from ledgerd.store.errors import CorruptObjectError, InvalidDigestError, StoreError, named
-from ledgerd.store.objects import mismatched
-from ledgerd.store.page import Page
-from ledgerd.store.schema import PIECES_WAITING as PIECES_WAITING
-from ledgerd.store.schema import SYNCED, UPLOADED_AT_ROW, UPLOADED_ROW
-from ledgerd.store.view import KEY_LIMIT
+from ledgerd.store.page import deleted, gc
+from ledgerd.store.page.page import Page
+from ledgerd.store.page.view import KEY_LIMIT
+from ledgerd.store.pieces import digest as dg
+from ledgerd.store.pieces import split
+from ledgerd.store.pieces.objects import mismatched
+from ledgerd.store.sqlite import sql
+from ledgerd.store.sqlite.schema import PIECES_WAITING as PIECES_WAITING
+from ledgerd.store.sqlite.schema import SYNCED, UPLOADED_AT_ROW, UPLOADED_ROW
+from ledgerd.store.tree import btree, dots, join
+from ledgerd.store.tree.btree import Builder, Priority, RawEntry, Version
+from ledgerd.store.tree.commit import FIRST, Commit, child
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +95,7 @@ async def pending_delta(page: Page) -> Delta | None:
     """The page's delta, or None if this device wrote nothing since its last upload.
 
     The keys are those that changed since the commit the last upload was read at
-    (:data:`store.schema.UPLOADED_AT_ROW`; the first commit if none, or if it was
+    (:data:`store.sqlite.schema.UPLOADED_AT_ROW`; the first commit if none, or if it was
     pruned) whose entry holds a version of this device's newer than the last upload;
     on a document page each such document goes whole. A key carries all its versions
     (siblings written elsewhere included: the receiver has seen them, or will first)."""

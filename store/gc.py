@@ -27,7 +27,7 @@ Collection
     batch, under that lock, the commits, snapshots and journals that appeared since
     are marked too, so a piece that a new commit reuses is never deleted; staged
     (transient) pieces are never deleted here, nor pieces from the cloud while some
-    wait for the entries that refer to them (:data:`store.schema.PIECES_WAITING`). A
+    wait for the entries that refer to them (:data:`store.sqlite.schema.PIECES_WAITING`). A
     batch does not run while a resolver round or an import is under way (they read
     trees without the lock); the rest waits for the next collection. Every step is one SQLite
     transaction: a crash (even SIGKILL) loses nothing that is reachable.
@@ -49,14 +49,15 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ledgerd.store import btree, split
-from ledgerd.store import digest as dg
-from ledgerd.store.commit import FIRST
 from ledgerd.store.errors import InvalidArgumentError, StoreError, named
-from ledgerd.store.schema import PIECES_WAITING, UPLOADED_AT_ROW, UPLOADED_ROW
+from ledgerd.store.pieces import digest as dg
+from ledgerd.store.pieces import split
+from ledgerd.store.sqlite.schema import PIECES_WAITING, UPLOADED_AT_ROW, UPLOADED_ROW
+from ledgerd.store.tree import btree
+from ledgerd.store.tree.commit import FIRST
 
 if TYPE_CHECKING:
-    from ledgerd.store.page import Page
+    from ledgerd.store.page.page import Page
 
 log = logging.getLogger(__name__)
 
@@ -319,7 +320,7 @@ def _candidates(conn: sqlite3.Connection, after: int, upto: int) -> tuple[list[i
 def _delete(conn: sqlite3.Connection, ids: list[int]) -> tuple[int, int]:
     """Delete these pieces unless staged by a journal (transient, or in
     journal_pieces), or from the cloud while pieces wait for their entries
-    (:data:`store.schema.PIECES_WAITING`); returns (pieces, bytes) deleted. Their
+    (:data:`store.sqlite.schema.PIECES_WAITING`); returns (pieces, bytes) deleted. Their
     bytes are overwritten (``secure_delete``), so that a purged value leaves nothing
     in the file."""
     conn.execute("PRAGMA secure_delete = ON")

@@ -1,7 +1,7 @@
 """A page's local history: its commits, its head, its context, and storing a new commit.
 
 This module owns the in-memory view of a page's head (kept equal to the ``heads``
-table) and context (what writes the page's state has seen: :mod:`store.dots`), the
+table) and context (what writes the page's state has seen: :mod:`store.tree.dots`), the
 page's clock, the cache of loaded commits, walking history, and the one routine that
 writes a local commit with its new pieces and moves the head. History is a line: a
 commit has one parent (none for the first), and every commit is made here, by a write,
@@ -10,8 +10,8 @@ a transaction or an import; commits never leave the device. The head moves only 
 the moment it stores, and never while it waits for something outside the page (a
 resolver, the network).
 
-It does not decide what to commit (:mod:`store.writer`, :mod:`store.transaction`,
-:mod:`store.conflicts` and :mod:`store.exchange` do) nor how the tree is built.
+It does not decide what to commit (:mod:`store.page.writer`, :mod:`store.page.transaction`,
+:mod:`store.page.conflicts` and :mod:`store.page.exchange` do) nor how the tree is built.
 """
 
 from __future__ import annotations
@@ -21,10 +21,6 @@ import logging
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from ledgerd.store import commit, deleted, dots, split, sql
-from ledgerd.store.btree import Builder, NodeStore, RawEntry
-from ledgerd.store.commit import Commit
-from ledgerd.store.db import Database, fits_inline
 from ledgerd.store.errors import (
     AmbiguousCommitError,
     CommitNotFoundError,
@@ -32,9 +28,16 @@ from ledgerd.store.errors import (
     InvalidArgumentError,
     named,
 )
-from ledgerd.store.objects import ObjectStore
-from ledgerd.store.schema import CONTEXT_ROW, LOCAL, SYNCED
-from ledgerd.store.watch import Watchers
+from ledgerd.store.page import deleted
+from ledgerd.store.page.watch import Watchers
+from ledgerd.store.pieces import split
+from ledgerd.store.pieces.objects import ObjectStore
+from ledgerd.store.sqlite import sql
+from ledgerd.store.sqlite.db import Database, fits_inline
+from ledgerd.store.sqlite.schema import CONTEXT_ROW, LOCAL, SYNCED
+from ledgerd.store.tree import commit, dots
+from ledgerd.store.tree.btree import Builder, NodeStore, RawEntry
+from ledgerd.store.tree.commit import Commit
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +74,7 @@ class CommitGraph:
         self.watchers = watchers
         self._committed = committed
         self.tag = tag
-        """This device's writer tag (:func:`store.dots.tag_of_device`)."""
+        """This device's writer tag (:func:`store.tree.dots.tag_of_device`)."""
         self.clock_us = clock_us
         """The wall clock, in microseconds (the repository's: tests skew it)."""
         self.lock = asyncio.Lock()
@@ -82,7 +85,7 @@ class CommitGraph:
         self.ctx: dots.Context = {}
         """What writes the head's state has seen, per writer tag."""
         self.deleted = False
-        """The head is a deleted page's state (:func:`store.deleted.is_deleted`)."""
+        """The head is a deleted page's state (:func:`store.page.deleted.is_deleted`)."""
         self.conflicts = 0
         """Keys of the head whose siblings hold different values (``conflicts`` rows)."""
         self.last_kind = "local"

@@ -1,7 +1,7 @@
 """What a repository's pages reach out to: the collaborators given when it opens.
 
 A page needs three things it cannot do itself, and gets them through these small
-protocols when :meth:`store.repository.Repository.open` is called, rather than
+protocols when :meth:`store.repo.repository.Repository.open` is called, rather than
 having them patched onto it afterwards:
 
 * a :class:`PieceFetcher`, which brings pieces this device does not store (LAZY
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from ledgerd.store.commit import Commit
-    from ledgerd.store.merge import Resolver
-    from ledgerd.store.page import Page
+    from ledgerd.store.page.page import Page
+    from ledgerd.store.tree.commit import Commit
+    from ledgerd.store.tree.merge import Resolver
 
 
 class PieceFetcher(Protocol):

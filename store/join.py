@@ -4,7 +4,7 @@ This module owns the join of a page's tree with a *delta* (another state restric
 some keys, whole documents on a document page: :func:`join_delta`) and with a whole
 *state* (a checkpoint: :func:`join_state`), each with that state's context. Both return
 the changes to apply to the local tree; they read trees and write nothing. The rule for
-one key is :func:`store.dots.join_versions`; a document's keys join as a set of revisions,
+one key is :func:`store.tree.dots.join_versions`; a document's keys join as a set of revisions,
 the winner's keys taken whole and the others kept as conflicts (:func:`join_group`). Why
 this converges is in ``docs/convergence.md``.
 """
@@ -15,9 +15,10 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from ledgerd.store import btree, doclayout, dots
-from ledgerd.store.btree import EMPTY, Builder, NodeLoader, RawEntry, Version
-from ledgerd.store.digest import TOMBSTONE
+from ledgerd.store.documents import doclayout
+from ledgerd.store.pieces.digest import TOMBSTONE
+from ledgerd.store.tree import btree, dots
+from ledgerd.store.tree.btree import EMPTY, Builder, NodeLoader, RawEntry, Version
 
 TURN_KEYS = 1024
 """Keys (or documents) a join handles between two turns it gives the event loop."""
@@ -51,7 +52,7 @@ def _group_of(key: bytes) -> bytes:
 
 class _Revision(NamedTuple):
     """One revision a document's group holds: its winner (the head, body and
-    attachments) or a kept conflict. ``order`` ranks it (:func:`store.doclayout.rank`,
+    attachments) or a kept conflict. ``order`` ranks it (:func:`store.documents.doclayout.rank`,
     then its dot); ``kept`` is the entry that keeps it as a conflict (None: it cannot be
     kept, a winner without a readable head or body)."""
 
@@ -107,7 +108,7 @@ def join_group(
     """A document's entries after the join. Each side holds a set of revisions (its
     winner and its kept conflicts); they join as an observed-remove set: a revision one
     side holds goes when the other side has seen it without keeping it. Of the
-    revisions left, the one that ranks highest (:func:`store.doclayout.rank`:
+    revisions left, the one that ranks highest (:func:`store.documents.doclayout.rank`:
     revision, then digest, then dot) is the winner, its keys taken whole from the side
     that holds it; the others are kept conflicts (``docs/documents.md``)."""
     if not remote and not local:
@@ -212,7 +213,7 @@ async def join_delta(
 ) -> Changes:
     """The changes that join ``remote`` (a state restricted to its keys, in key order;
     on a document page, whole documents) into the tree at ``root``. ``local_saw`` and
-    ``remote_saw`` tell which writes each state has seen (:func:`store.dots.seen_by` of
+    ``remote_saw`` tell which writes each state has seen (:func:`store.tree.dots.seen_by` of
     its context). A transaction commits through it too: its writes are a
     delta whose context is what it saw (its base's, and its own dot), so versions it
     had not seen stay beside its own as siblings."""

@@ -2,9 +2,9 @@
 
 This module owns the names a page's policy and a conflict resolver use: the policies,
 what a resolver is asked (:class:`MergeRequest`, one :class:`Conflict` per key) and
-what it answers (:data:`Choice`). How states join is :mod:`store.join`'s (the same on
+what it answers (:data:`Choice`). How states join is :mod:`store.tree.join`'s (the same on
 every device, whatever its policy); asking resolvers and storing their answers is
-:mod:`store.conflicts`'.
+:mod:`store.page.conflicts`'.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from ledgerd.store.btree import Entry
-from ledgerd.store.commit import Commit
 from ledgerd.store.errors import StoreError
+from ledgerd.store.tree.btree import Entry
+from ledgerd.store.tree.commit import Commit
 
 
 class Policy(enum.Enum):
@@ -34,7 +34,7 @@ class Policy(enum.Enum):
     written concurrently with different values)."""
     DOCUMENTS = "documents"
     """Per document, the revision with the higher ``_rev`` wins, whole. A page whose
-    tree holds :data:`store.doclayout.MARKER` merges so whatever its remembered
+    tree holds :data:`store.documents.doclayout.MARKER` merges so whatever its remembered
     policy."""
 
 

@@ -4,7 +4,7 @@ This module owns storing and reading pieces (``objects``), their sync status
 (``unsynced``), which open journal staged them (``journal_pieces``), and
 garbage collection of transient pieces. It does not know about trees, commits or
 the cloud; a *fetcher*, given when the store is made, supplies pieces that are
-not stored locally (:class:`store.hooks.PieceFetcher`, through the page).
+not stored locally (:class:`store.page.hooks.PieceFetcher`, through the page).
 
 Writing a value
     The source (bytes, an async iterator of bytes, or a file) is read in blocks;
@@ -20,7 +20,7 @@ Reading a value
     verified against their digest before a byte is returned. Ranged reads skip
     every subtree outside the range. Pieces up to CACHE_PIECE_LIMIT bytes that were
     read (and so verified) or written are kept in the repository's cache
-    (:mod:`store.cache`): a piece is verified once, when it enters the cache, and a
+    (:mod:`store.pieces.cache`): a piece is verified once, when it enters the cache, and a
     read of a cached piece needs no trip to SQLite. A read of a few pieces runs
     inline on the event loop (``Database.run(..., small=True)``).
 """
@@ -38,13 +38,14 @@ from pathlib import Path
 
 import aiofiles
 
-from ledgerd.store import digest as dg
-from ledgerd.store import split, sql
-from ledgerd.store.cache import Cache, CacheSpace, piece_cost
-from ledgerd.store.db import Database
 from ledgerd.store.errors import CorruptObjectError, ObjectNotFoundError, RangeError
-from ledgerd.store.schema import SYNCED, TRANSIENT
-from ledgerd.store.threads import OFF_LOOP_BYTES, Connection, off_loop
+from ledgerd.store.pieces import digest as dg
+from ledgerd.store.pieces import split
+from ledgerd.store.pieces.cache import Cache, CacheSpace, piece_cost
+from ledgerd.store.sqlite import sql
+from ledgerd.store.sqlite.db import Database
+from ledgerd.store.sqlite.schema import SYNCED, TRANSIENT
+from ledgerd.store.sqlite.threads import OFF_LOOP_BYTES, Connection, off_loop
 
 log = logging.getLogger(__name__)
 

@@ -4,18 +4,18 @@
 serves reads of its current state, and hands each job to the part that owns it:
 
 =========================  ==================================================
-:mod:`store.writer`        plain writes: the implicit journal, group commit
-:mod:`store.transaction`   transactions (explicit journals)
-:mod:`store.graph`         commits, heads, storing a commit (the commit lock)
+:mod:`store.page.writer`        plain writes: the implicit journal, group commit
+:mod:`store.page.transaction`   transactions (explicit journals)
+:mod:`store.page.graph`         commits, heads, storing a commit (the commit lock)
 :mod:`store.merging`       merge policy, merging heads, adopting remote commits
-:mod:`store.watch`         watchers and their notifications
-:mod:`store.stamps`        versionstamps: the page's stamp clock
-:mod:`store.view`          reads over a root plus an overlay
-:mod:`store.objects`       pieces and values
+:mod:`store.page.watch`         watchers and their notifications
+:mod:`store.page.stamps`        versionstamps: the page's stamp clock
+:mod:`store.page.view`          reads over a root plus an overlay
+:mod:`store.pieces.objects`       pieces and values
 =========================  ==================================================
 
 What a page reaches outside the store (fetching pieces, resolvers, telling sync
-about commits) is given when the repository opens, as :class:`store.hooks.PageHooks`.
+about commits) is given when the repository opens, as :class:`store.page.hooks.PageHooks`.
 Reads see the head plus the implicit journal's acknowledged writes, so a caller
 always reads its own writes.
 """
@@ -30,12 +30,6 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 
-from ledgerd.store import dots, merge
-from ledgerd.store.btree import NodeStore, Priority
-from ledgerd.store.cache import Cache
-from ledgerd.store.commit import FIRST, Commit
-from ledgerd.store.conflicts import RESOLVER_TIMEOUT, Conflicts, KeyConflict, Take
-from ledgerd.store.db import Database, Synchronous
 from ledgerd.store.errors import (
     ClosedError,
     HistoryPrunedError,
@@ -43,15 +37,14 @@ from ledgerd.store.errors import (
     TransactionClosedError,
     named,
 )
-from ledgerd.store.graph import DIRECT_BATCH, CommitGraph
-from ledgerd.store.hooks import NO_HOOKS, PageHooks
-from ledgerd.store.objects import ObjectStore, Source
-from ledgerd.store.schema import create_page_schema
-from ledgerd.store.staging import SMALL_VALUE
-from ledgerd.store.stamps import StampClock, StampedKey, StampedValue
-from ledgerd.store.transaction import TXN_MEMORY, Transaction, Transactions
-from ledgerd.store.view import Overlay, TreeView, View, check_key
-from ledgerd.store.watch import (
+from ledgerd.store.page.conflicts import RESOLVER_TIMEOUT, Conflicts, KeyConflict, Take
+from ledgerd.store.page.graph import DIRECT_BATCH, CommitGraph
+from ledgerd.store.page.hooks import NO_HOOKS, PageHooks
+from ledgerd.store.page.staging import SMALL_VALUE
+from ledgerd.store.page.stamps import StampClock, StampedKey, StampedValue
+from ledgerd.store.page.transaction import TXN_MEMORY, Transaction, Transactions
+from ledgerd.store.page.view import Overlay, TreeView, View, check_key
+from ledgerd.store.page.watch import (
     MAX_WATCH_QUEUE,
     MAX_WATCH_QUEUE_BYTES,
     WATCH_VALUE_LIMIT,
@@ -60,7 +53,14 @@ from ledgerd.store.watch import (
     Watcher,
     Watchers,
 )
-from ledgerd.store.writer import COMMIT_DELAY, MAX_JOURNAL_ENTRIES, Change, JournalWriter
+from ledgerd.store.page.writer import COMMIT_DELAY, MAX_JOURNAL_ENTRIES, Change, JournalWriter
+from ledgerd.store.pieces.cache import Cache
+from ledgerd.store.pieces.objects import ObjectStore, Source
+from ledgerd.store.sqlite.db import Database, Synchronous
+from ledgerd.store.sqlite.schema import create_page_schema
+from ledgerd.store.tree import dots, merge
+from ledgerd.store.tree.btree import NodeStore, Priority
+from ledgerd.store.tree.commit import FIRST, Commit
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class Snapshot(TreeView):
 
 
 class Page(View):
-    """One page. Obtain it from :class:`store.repository.Ledger`; close it when done."""
+    """One page. Obtain it from :class:`store.repo.repository.Ledger`; close it when done."""
 
     def __init__(
         self,
@@ -138,7 +138,7 @@ class Page(View):
         self._readers: weakref.WeakSet[Snapshot | Transaction] = weakref.WeakSet()
         self.gc_holds = 0
         """Imports checking remote trees without the commit lock: garbage collection
-        deletes nothing meanwhile (see :mod:`store.gc`)."""
+        deletes nothing meanwhile (see :mod:`store.page.gc`)."""
         self.last_used = time.monotonic()
         """When a lease on the page last ended (or it was opened); see :meth:`lease`."""
         self.watchers = Watchers(
@@ -430,7 +430,7 @@ class Page(View):
 
     def pinned_roots(self) -> set[bytes]:
         """Tree roots that something open on the page may still read: live snapshots,
-        transactions' bases, the state watchers last heard about (for :mod:`store.gc`)."""
+        transactions' bases, the state watchers last heard about (for :mod:`store.page.gc`)."""
         roots = {self.graph.notified_root}
         for r in list(self._readers):
             if isinstance(r, Snapshot):
@@ -444,7 +444,7 @@ class Page(View):
     def pinned_commits(self) -> set[bytes]:
         """The bases of open transactions: a transaction's commit is merged with the
         heads from its base, so history retention must not prune it (for
-        :mod:`store.gc`)."""
+        :mod:`store.page.gc`)."""
         ids: set[bytes] = set()
         for r in list(self._readers):
             if not isinstance(r, Snapshot) and r.state.open:  # (an ended one may live on)
@@ -486,8 +486,8 @@ class Page(View):
 
     async def delete_page(self) -> None:
         """Delete the page: one commit that removes every entry and marks the page
-        deleted (:mod:`store.deleted`), synced like any commit. Returns once it is
-        committed. Prefer :meth:`store.repository.Repository.delete_page`, which also
+        deleted (:mod:`store.page.deleted`), synced like any commit. Returns once it is
+        committed. Prefer :meth:`store.repo.repository.Repository.delete_page`, which also
         records it for listings of closed pages."""
         self._check_open()
         await self.writer.delete_page()
@@ -510,8 +510,8 @@ class Page(View):
         """Many puts (value) and deletes (None) that land in one commit.
 
         Each change is ``(key, value)`` or ``(key, value, priority)``. A key given as
-        :class:`~store.stamps.StampedKey`, or a value as
-        :class:`~store.stamps.StampedValue`, is completed with the write's one
+        :class:`~store.page.stamps.StampedKey`, or a value as
+        :class:`~store.page.stamps.StampedValue`, is completed with the write's one
         versionstamp; returns those completed keys and values, in order.
 
         Deletes alone on a deleted page (which holds no key) change nothing: they are
@@ -532,7 +532,7 @@ class Page(View):
     ) -> bytes:
         """Set the key ``key`` becomes once its incomplete versionstamp is filled in
         (``key`` ends in the stamp's 4-byte offset, as
-        :func:`store.tuple.pack_with_versionstamp` makes it); returns that key."""
+        :func:`store.keys.tuple.pack_with_versionstamp` makes it); returns that key."""
         (done,) = await self.write([(StampedKey(key), value, priority)])
         return done
 

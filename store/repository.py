@@ -34,9 +34,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ledgerd.store import dots, eviction, gc, threads
-from ledgerd.store.cache import CACHE_BYTES, Cache
-from ledgerd.store.db import NEW_SUFFIX, Database, Synchronous
 from ledgerd.store.errors import (
     ClosedError,
     CorruptDatabaseError,
@@ -52,12 +49,18 @@ from ledgerd.store.errors import (
     TooManyOpenPagesError,
     named,
 )
-from ledgerd.store.gc import HISTORY_RETENTION, GcResult
-from ledgerd.store.hooks import NO_HOOKS, PageHooks
-from ledgerd.store.page import Page
-from ledgerd.store.schema import FORMAT_VERSION, create_usage_schema
-from ledgerd.store.transaction import TXN_MEMORY
-from ledgerd.store.watch import MAX_WATCH_QUEUE, MAX_WATCH_QUEUE_BYTES
+from ledgerd.store.page import gc
+from ledgerd.store.page.gc import HISTORY_RETENTION, GcResult
+from ledgerd.store.page.hooks import NO_HOOKS, PageHooks
+from ledgerd.store.page.page import Page
+from ledgerd.store.page.transaction import TXN_MEMORY
+from ledgerd.store.page.watch import MAX_WATCH_QUEUE, MAX_WATCH_QUEUE_BYTES
+from ledgerd.store.pieces.cache import CACHE_BYTES, Cache
+from ledgerd.store.repo import eviction
+from ledgerd.store.sqlite import threads
+from ledgerd.store.sqlite.db import NEW_SUFFIX, Database, Synchronous
+from ledgerd.store.sqlite.schema import FORMAT_VERSION, create_usage_schema
+from ledgerd.store.tree import dots
 
 log = logging.getLogger(__name__)
 
@@ -318,10 +321,10 @@ class Repository:
         self.history_retention = gc.check_retention(history_retention)
         self.clock = clock
         """The wall clock pages time their writes by (seconds)."""
-        """Seconds of history pages keep (unless a page has its own): see :mod:`store.gc`."""
+        """Seconds of history pages keep (unless a page has its own): see :mod:`store.page.gc`."""
         self.cache = Cache(cache_bytes)
         """The read cache every page of the repository shares (decoded tree nodes and
-        verified pieces): one budget of ``cache_bytes``, see :mod:`store.cache`."""
+        verified pieces): one budget of ``cache_bytes``, see :mod:`store.pieces.cache`."""
         self._lock_fd = lock_fd
         """The open ``ledgerd.lock`` whose flock this repository holds (-1: none)."""
         self.max_open_pages = max_open_pages
@@ -377,15 +380,15 @@ class Repository:
 
         Raises :class:`RepositoryLockedError` while another process (a running
         ledgerd) has it open. ``hooks`` are the collaborators every page gets (see
-        :mod:`store.hooks`); ``txn_memory`` is what one transaction may hold in
+        :mod:`store.page.hooks`); ``txn_memory`` is what one transaction may hold in
         memory before staging its values, ``max_watch_queue`` how far a watcher may
         fall behind (``max_watch_queue_bytes``: in the bytes its notifications hold),
         and ``max_open_pages`` how many pages may be open at once: opening one more
         closes the least recently used idle page, and fails with
         :class:`TooManyOpenPagesError` when every open page is busy. ``cache_bytes``
         bounds the one read cache all pages share (decoded tree nodes and verified
-        pieces, see :mod:`store.cache`). ``history_retention`` is how many seconds of
-        history a page keeps (:mod:`store.gc`). ``clock`` is the wall clock every page's
+        pieces, see :mod:`store.pieces.cache`). ``history_retention`` is how many seconds of
+        history a page keeps (:mod:`store.page.gc`). ``clock`` is the wall clock every page's
         writes are timed by (seconds; tests skew it).
 
         A data directory written by an unreleased development version of ledgerd (its
@@ -677,7 +680,7 @@ class Repository:
 
     async def delete_page(self, ledger: bytes | str, page_id: bytes | str) -> None:
         """Delete a page: one commit that removes every entry and marks the page
-        deleted (:mod:`store.deleted`), synced to the other devices like any commit,
+        deleted (:mod:`store.page.deleted`), synced to the other devices like any commit,
         so they empty the page and leave it out of listings too. Listings here leave
         it out at once. A later write brings the page back with only the new keys.
         Raises :class:`PageNotFoundError` for a page that is not listed (never
@@ -1016,7 +1019,7 @@ class Repository:
 
     async def _restore(self, page: Page, written: int, *, empty_ok: bool) -> None:
         """Bring an evicted page back from the bucket, with every write of this device
-        up to ``written`` (see :mod:`store.eviction`), or fail as unavailable (its
+        up to ``written`` (see :mod:`store.repo.eviction`), or fail as unavailable (its
         storage is removed again: an empty page is never handed out, unless
         ``empty_ok``, a page evicted empty that the bucket has nothing of)."""
         restorer = self.hooks.restorer
@@ -1164,7 +1167,7 @@ class Repository:
         self, ledger: bytes, page_id: bytes, *, stop: Callable[[], bool] | None = None
     ) -> GcResult:
         """Prune the page's history past its retention and collect what nothing kept
-        reaches (:func:`store.gc.collect`, which ends early once ``stop()`` is true); a
+        reaches (:func:`store.page.gc.collect`, which ends early once ``stop()`` is true); a
         page this opens is closed again after."""
         async with self.page(ledger, page_id, transient=True) as page:
             if stop is None:
@@ -1173,7 +1176,7 @@ class Repository:
 
     async def evict(self, ledger: bytes, page_id: bytes) -> int:
         """Delete the local storage of a closed, fully synced (or empty) page; its next
-        use restores it (:mod:`store.eviction`). An open page is closed first if idle.
+        use restores it (:mod:`store.repo.eviction`). An open page is closed first if idle.
         Returns the bytes its files took. Raises :class:`NotEvictableError` when the
         page is in use or not fully synced."""
         self._check_open()

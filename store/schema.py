@@ -33,7 +33,7 @@ from ledgerd.store.errors import CorruptDatabaseError, SchemaError
 
 FORMAT_VERSION = 2
 """Path component of the repository layout: ``{data_dir}/{FORMAT_VERSION}/ledgers/...``.
-Format 2 keeps a dot in every entry (:mod:`store.dots`); format 1 (an unreleased
+Format 2 keeps a dot in every entry (:mod:`store.tree.dots`); format 1 (an unreleased
 development version) is not read."""
 
 SCHEMA_VERSION = 1
@@ -41,10 +41,10 @@ SCHEMA_VERSION = 1
 
 TRANSIENT, LOCAL, SYNCED = 0, 1, 2
 CONTEXT_ROW = "context"
-"""``page_metadata`` row: the head's context (:func:`store.dots.encode_context`)."""
+"""``page_metadata`` row: the head's context (:func:`store.tree.dots.encode_context`)."""
 UPLOADED_ROW = "uploaded"
 """``sync_metadata`` row: the clock time (decimal) up to which this device's own writes
-to the page are uploaded; its writes past it are not (:mod:`store.exchange`)."""
+to the page are uploaded; its writes past it are not (:mod:`store.page.exchange`)."""
 UPLOADED_AT_ROW = "uploaded_at"
 """``sync_metadata`` row: the commit that was the head when the last upload was read
 (an upload diffs from its tree)."""
@@ -52,7 +52,7 @@ PIECES_WAITING = "pieces/"
 """Prefix of ``sync_metadata`` rows, one per device, that sync sets while value pieces
 from the cloud wait for the entries that refer to them (a large upload spreads them
 over packs before the one with its entries): the sequence numbers of those packs
-(``0``: none; :func:`store.exchange.waiting_seqs`). Garbage collection keeps the
+(``0``: none; :func:`store.page.exchange.waiting_seqs`). Garbage collection keeps the
 pieces from the cloud while any row is not ``0``, for nothing refers to them yet."""
 INCREMENTAL_VACUUM = 2
 """``PRAGMA auto_vacuum`` of a page file."""
@@ -204,7 +204,7 @@ CREATE TABLE repository (
 -- page_usage: one row per page stored on this device ('opened/{ledger}{page}'
 --   in the Ledger storage layout). closed_at is the UNIX time in milliseconds the
 --   page was last closed, 0 while it is open. deleted is 1 when the page's head was
---   a deleted page's tree (store/deleted.py) when it was last closed or deleted here:
+--   a deleted page's tree (store/page/deleted.py) when it was last closed or deleted here:
 --   listings leave it out; an open page is asked directly instead. Rows are never
 --   removed (the page's files stay until garbage collection frees them). evicted
 --   (store.eviction): 0 the page is stored here; 1 its storage was deleted because
@@ -331,7 +331,7 @@ def create_page_schema(conn: sqlite3.Connection) -> None:
     """Create or migrate a page database (runs on the connection's own thread).
 
     A page file uses ``auto_vacuum = INCREMENTAL``, so that garbage collection
-    (:mod:`store.gc`) can give freed pages back to the file system with
+    (:mod:`store.page.gc`) can give freed pages back to the file system with
     ``PRAGMA incremental_vacuum``. SQLite applies that setting to an existing file
     only through a ``VACUUM``: a file made before (or a new, empty one) gets it
     once, here, at its first open by this version. VACUUM is atomic: a crash
@@ -393,7 +393,7 @@ CREATE TABLE IF NOT EXISTS doc_index_rows (
     PRIMARY KEY (ix, doc)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS doc_index_order ON doc_index_rows (ix, key, doc);"""
-"""The document layer's local views in a page's database (:mod:`store.docindex`): never
+"""The document layer's local views in a page's database (:mod:`store.documents.docindex`): never
 uploaded, made when a page is first opened as documents."""
 
 

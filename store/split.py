@@ -2,7 +2,7 @@
 
 This module owns how bytes become pieces: FastCDC chunk boundaries, the index
 tree over the chunks, and the index encoding. It does no I/O: callers feed it
-bytes and store the pieces it returns (see :mod:`store.objects`).
+bytes and store the pieces it returns (see :mod:`store.pieces.objects`).
 
 Chunks
     FastCDC (the compiled ``pyfastcdc``) with a 16 KiB target, 4 KiB minimum and
@@ -29,8 +29,8 @@ import msgpack
 import xxhash
 from pyfastcdc import FastCDC
 
-from ledgerd.store import digest as dg
 from ledgerd.store.errors import CorruptObjectError
+from ledgerd.store.pieces import digest as dg
 
 MIN_CHUNK = 4 * 1024
 AVG_CHUNK = 16 * 1024

@@ -1,10 +1,10 @@
 """Multi-statement SQL steps shared by the page's write transactions.
 
 This module owns small synchronous functions that run on a page database's
-writer thread inside one transaction (see :meth:`store.db.Database.run`): storing
+writer thread inside one transaction (see :meth:`store.sqlite.db.Database.run`): storing
 pieces and moving their sync status, adopting staged pieces, marking a journal's
 pieces local (and collecting those it no longer needs), inserting a commit and
-moving heads, dropping a journal. They know the schema (:mod:`store.schema`) and
+moving heads, dropping a journal. They know the schema (:mod:`store.sqlite.schema`) and
 nothing else.
 """
 
@@ -14,8 +14,8 @@ import functools
 import sqlite3
 from collections.abc import Iterable, Sequence
 
-from ledgerd.store.commit import Commit
-from ledgerd.store.schema import LOCAL, SYNCED, TRANSIENT
+from ledgerd.store.sqlite.schema import LOCAL, SYNCED, TRANSIENT
+from ledgerd.store.tree.commit import Commit
 
 # The joins say CROSS JOIN to fix their order (SQLite keeps it as written): from the
 # few rows at hand to the pieces by key, never a scan of a large table first.

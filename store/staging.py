@@ -3,8 +3,8 @@
 This module owns the one path by which a value (bytes, an async iterator of
 bytes, or a file) becomes a tree entry: split in memory when small (its pieces
 travel with the write), staged in SQLite as transient pieces under a token when
-large or streamed. Plain writes (:mod:`store.writer`) and transactions
-(:mod:`store.transaction`) both use it; neither splits values by itself.
+large or streamed. Plain writes (:mod:`store.page.writer`) and transactions
+(:mod:`store.page.transaction`) both use it; neither splits values by itself.
 
 It also owns what a write becomes at commit (:func:`stamped`): its entries with the
 write's dot, a delete as a tombstone, a clear as a tombstone over every key it saw.
@@ -18,11 +18,13 @@ import itertools
 from collections.abc import AsyncIterable, Iterable, Mapping
 from pathlib import Path
 
-from ledgerd.store import btree, deleted, split
-from ledgerd.store import digest as dg
-from ledgerd.store.btree import Entry, NodeStore, Priority, RawEntry
 from ledgerd.store.errors import InvalidArgumentError
-from ledgerd.store.objects import ObjectStore, Source
+from ledgerd.store.page import deleted
+from ledgerd.store.pieces import digest as dg
+from ledgerd.store.pieces import split
+from ledgerd.store.pieces.objects import ObjectStore, Source
+from ledgerd.store.tree import btree
+from ledgerd.store.tree.btree import Entry, NodeStore, Priority, RawEntry
 
 SMALL_VALUE = 256 * 1024
 """Values given as bytes up to this size are split in memory and written with their
@@ -55,7 +57,7 @@ def one_chunk(key: bytes, value: bytes, prio: object) -> tuple[Entry, split.Piec
     """Entry and piece of a value that is a single chunk (at most ``split.MIN_CHUNK``
     bytes); no piece when the value is inline in its digest. The fast path of
     :func:`prepare`: both give the same entry for the same value.
-    :meth:`store.transaction.Transaction.put_many` writes these lines out in its loop."""
+    :meth:`store.page.transaction.Transaction.put_many` writes these lines out in its loop."""
     d = dg.value_chunk_digest(value)
     piece = new_piece((d, value)) if len(value) > dg.INLINE_LIMIT else None
     return btree.new_entry((key, d, priority(prio))), piece
@@ -114,7 +116,7 @@ async def stamped(
     older concurrent put of the key, even one this device never saw). ``cleared``: the
     write starts with a clear, which writes a tombstone over every key of the base that
     holds anything but one (the keys it saw; keys created elsewhere concurrently stay),
-    and drops a deleted page's mark (:mod:`store.deleted`)."""
+    and drops a deleted page's mark (:mod:`store.page.deleted`)."""
     out: list[tuple[bytes, RawEntry | None]] = []
     if cleared:
         async for run in btree.runs(nodes, base_root):

@@ -3,10 +3,10 @@
 This module owns where a versionstamp's ten bytes come from in ledgerd (a page's
 :class:`StampClock`) and how a versionstamped write is checked and completed
 (:class:`StampedKey`, :class:`StampedValue`). It does not pack tuples
-(:mod:`store.tuple` does; :func:`store.tuple.pack_with_versionstamp` makes the key
-or value given here) nor decide when a write is stamped: :mod:`store.writer`
+(:mod:`store.keys.tuple` does; :func:`store.keys.tuple.pack_with_versionstamp` makes the key
+or value given here) nor decide when a write is stamped: :mod:`store.page.writer`
 stamps a plain write when it appends it to the journal (just before it is
-acknowledged), one stamp per write; :mod:`store.transaction` stamps a transaction
+acknowledged), one stamp per write; :mod:`store.page.transaction` stamps a transaction
 when it commits, one stamp shared by all its stamped keys and values.
 
 The ten bytes
@@ -29,11 +29,11 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ledgerd.store import commit
 from ledgerd.store.errors import InvalidArgumentError
-from ledgerd.store.staging import SMALL_VALUE
-from ledgerd.store.tuple import complete_versionstamp
-from ledgerd.store.view import check_key
+from ledgerd.store.keys.tuple import complete_versionstamp
+from ledgerd.store.page.staging import SMALL_VALUE
+from ledgerd.store.page.view import check_key
+from ledgerd.store.tree import commit
 
 STAMP_SIZE = 10
 """Bytes a versionstamped write fills in: 8 of clock, 2 of device tag."""
@@ -92,7 +92,7 @@ class StampClock:
 
 def check_template(data: object, what: str) -> bytes:
     """``data`` if it holds exactly one incomplete versionstamp where its trailing
-    4-byte offset says (as :func:`store.tuple.pack_with_versionstamp` makes it)."""
+    4-byte offset says (as :func:`store.keys.tuple.pack_with_versionstamp` makes it)."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise VersionstampError(f"a versionstamped {what} is bytes, not {type(data).__name__}")
     data = bytes(data)
@@ -121,7 +121,7 @@ def check_template(data: object, what: str) -> bytes:
 @dataclass(frozen=True, slots=True)
 class StampedKey:
     """A key to be completed with the write's versionstamp: a change's key in
-    :meth:`store.page.Page.write`. Checked when made."""
+    :meth:`store.page.page.Page.write`. Checked when made."""
 
     template: bytes
 
@@ -137,7 +137,7 @@ class StampedKey:
 @dataclass(frozen=True, slots=True)
 class StampedValue:
     """A value (bytes) to be completed with the write's versionstamp: a change's
-    value in :meth:`store.page.Page.write`. Checked when made."""
+    value in :meth:`store.page.page.Page.write`. Checked when made."""
 
     template: bytes
 

@@ -7,10 +7,10 @@ commit plus its own writes. Small values live in memory, up to the page's
 the budget are staged in SQLite as transient pieces. Committing creates one commit
 on the head; its writes supersede what the transaction saw (its base), and writes
 made since (on this device or imported) that it did not see stay beside its own as
-siblings (:mod:`store.dots`), as if they had come from another device. Rollback, an
+siblings (:mod:`store.tree.dots`), as if they had come from another device. Rollback, an
 exception, or a crash discards everything the transaction staged.
 
-Versionstamped keys and values (:mod:`store.stamps`) are held apart from the
+Versionstamped keys and values (:mod:`store.page.stamps`) are held apart from the
 other changes and completed at commit, under the commit lock, all with one stamp
 (they differ by the user version, as in FoundationDB). Their stamp is known only
 then: :meth:`Transaction.set_versionstamped_key` returns nothing, and after
@@ -18,7 +18,7 @@ then: :meth:`Transaction.set_versionstamped_key` returns nothing, and after
 ``versionstamped_keys`` hold the stamp and the completed keys. As in FoundationDB,
 the transaction cannot read what it stamps: a stamped key is not among its
 entries, and reading a key whose value it stamps raises
-:class:`~store.stamps.VersionstampError`.
+:class:`~store.page.stamps.VersionstampError`.
 """
 
 from __future__ import annotations
@@ -31,16 +31,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from ledgerd.store import btree, commit, doclayout, dots, join, split, staging, view
-from ledgerd.store import digest as dg
-from ledgerd.store.btree import Builder, Entry, NodeStore, Priority, RawEntry, new_entry
-from ledgerd.store.commit import Commit
+from ledgerd.store.documents import doclayout
 from ledgerd.store.errors import ClosedError, TransactionClosedError, named
-from ledgerd.store.graph import CommitGraph, Work
-from ledgerd.store.objects import ObjectStore, Source
-from ledgerd.store.staging import new_piece
-from ledgerd.store.stamps import StampClock, StampedKey, StampedValue, VersionstampError
-from ledgerd.store.view import Overlay, View, bounds, check_key
+from ledgerd.store.page import staging, view
+from ledgerd.store.page.graph import CommitGraph, Work
+from ledgerd.store.page.staging import new_piece
+from ledgerd.store.page.stamps import StampClock, StampedKey, StampedValue, VersionstampError
+from ledgerd.store.page.view import Overlay, View, bounds, check_key
+from ledgerd.store.pieces import digest as dg
+from ledgerd.store.pieces import split
+from ledgerd.store.pieces.objects import ObjectStore, Source
+from ledgerd.store.tree import btree, commit, dots, join
+from ledgerd.store.tree.btree import Builder, Entry, NodeStore, Priority, RawEntry, new_entry
+from ledgerd.store.tree.commit import Commit
 
 _VALUE = operator.itemgetter(1)  # an entry's value digest
 
@@ -322,7 +325,7 @@ class Transaction(View):
     ) -> None:
         """Set the key that ``key`` becomes once its incomplete versionstamp is filled
         in at commit (``key`` ends in the stamp's 4-byte offset, as
-        :func:`store.tuple.pack_with_versionstamp` makes it). After the commit the
+        :func:`store.keys.tuple.pack_with_versionstamp` makes it). After the commit the
         completed key is in :attr:`versionstamped_keys`."""
         await self._check()
         template = StampedKey(key)
@@ -334,7 +337,7 @@ class Transaction(View):
     ) -> None:
         """Set ``key`` to ``value`` with its incomplete versionstamp filled in at commit
         (``value`` ends in the stamp's 4-byte offset; at most
-        :data:`store.stamps.STAMPED_VALUE_LIMIT` bytes). The transaction cannot read
+        :data:`store.page.stamps.STAMPED_VALUE_LIMIT` bytes). The transaction cannot read
         ``key`` afterwards."""
         await self._check()
         key = check_key(key)
@@ -464,7 +467,7 @@ async def _onto_moved(
 ) -> list[tuple[bytes, RawEntry | None]]:
     """A transaction's stamped changes (made on ``base_root``) as changes of ``head``,
     which moved since the transaction started: its writes join the head as a delta made
-    with what it saw (:func:`store.join.join_delta`); on a document page, each document
+    with what it saw (:func:`store.tree.join.join_delta`); on a document page, each document
     it wrote goes whole, as it saw it."""
     puts = [e for _, e in changes if e is not None]
     if await join.is_document_page(builder, head.root, puts):

@@ -5,7 +5,7 @@ This module owns the tuple encoding and nothing else: :func:`pack`, :func:`unpac
 (:func:`pack_with_versionstamp`, :func:`complete_versionstamp`) and the two value types
 the encoding adds (:class:`SingleFloat`, :class:`Versionstamp`). It does no I/O and
 knows nothing of pages, transactions or where a versionstamp's ten bytes come from;
-:mod:`store.subspace` builds key prefixes on top of it, and :mod:`store.stamps` fills in
+:mod:`store.keys.subspace` builds key prefixes on top of it, and :mod:`store.page.stamps` fills in
 versionstamps when a page commits.
 
 It is longer than the store's ~600 lines because it is one format: the encoders and

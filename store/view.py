@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Generic, NamedTuple, TypeVar
 
-from ledgerd.store import btree
-from ledgerd.store.btree import EMPTY, Entry, NodeStore, Priority, RawEntry, new_entry
-from ledgerd.store.digest import TOMBSTONE
 from ledgerd.store.errors import InvalidArgumentError, KeyNotFoundError, KeyTooLargeError, named
-from ledgerd.store.objects import ObjectStore
+from ledgerd.store.pieces.digest import TOMBSTONE
+from ledgerd.store.pieces.objects import ObjectStore
+from ledgerd.store.tree import btree
+from ledgerd.store.tree.btree import EMPTY, Entry, NodeStore, Priority, RawEntry, new_entry
 
 KEY_LIMIT = 4096
 
@@ -36,7 +36,7 @@ T = TypeVar("T")
 
 def live(e: Entry | None) -> Entry | None:
     """``e``, or None if it is absent or a tombstone (a delete kept for merges:
-    :data:`store.digest.TOMBSTONE`). Every read goes through this."""
+    :data:`store.pieces.digest.TOMBSTONE`). Every read goes through this."""
     return None if e is None or e.value == TOMBSTONE else e
 
 
@@ -86,7 +86,7 @@ _PRIORITIES = (Priority.EAGER, Priority.LAZY)
 class KeyValue(_KeyValueTuple):
     """An entry with its value, as a range query returns it.
 
-    A tuple, like :class:`store.btree.Entry`, so that a scan makes them at C speed;
+    A tuple, like :class:`store.tree.btree.Entry`, so that a scan makes them at C speed;
     ``priority`` answers with the enum. (The garbage collector tracks them all the
     same, as every instance of a tuple subclass: see :func:`_collector_paused`.)"""
 
@@ -191,8 +191,8 @@ class View(abc.ABC):
         token: bytes | None = None,
     ) -> AsyncIterator[Sequence[RawEntry]]:
         """The live entries of a range in key order, in non-empty runs: a leaf's entries
-        come as one slice (see :func:`store.btree.runs`), merged with the overlay; as
-        plain tuples (:data:`store.btree.RawEntry`)."""
+        come as one slice (see :func:`store.tree.btree.runs`), merged with the overlay; as
+        plain tuples (:data:`store.tree.btree.RawEntry`)."""
         lo, hi = bounds(start, end, prefix, token)
         root, overlay = self._state()
         if hi is not None and lo >= hi:

@@ -21,11 +21,11 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ledgerd.store import btree
-from ledgerd.store.btree import NodeStore, Priority
 from ledgerd.store.errors import StoreError
-from ledgerd.store.objects import ObjectStore
-from ledgerd.store.view import live
+from ledgerd.store.page.view import live
+from ledgerd.store.pieces.objects import ObjectStore
+from ledgerd.store.tree import btree
+from ledgerd.store.tree.btree import NodeStore, Priority
 
 WATCH_VALUE_LIMIT = 64 * 1024
 """Notifications carry values up to this size; larger ones carry None."""

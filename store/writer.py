@@ -18,11 +18,11 @@ The journal's commit is stamped with the time of its first acknowledged write
 that last-one-wins orders writes by when they were acknowledged, not by when the
 group commit ran; if the journal holds versionstamped writes, with the time of its
 latest stamp, so that the stamps a device has seen are all older than its head
-(:mod:`store.stamps`). A plain write has seen the whole state it is applied to (an
+(:mod:`store.page.stamps`). A plain write has seen the whole state it is applied to (an
 import commits the journal first): it supersedes every version of its keys.
 
-A write's versionstamped keys and values (:class:`store.stamps.StampedKey`,
-:class:`~store.stamps.StampedValue`) share one stamp, taken by the worker just
+A write's versionstamped keys and values (:class:`store.page.stamps.StampedKey`,
+:class:`~store.page.stamps.StampedValue`) share one stamp, taken by the worker just
 before it appends the write: writes are stamped in the order they are appended
 and acknowledged, so several in one group commit get distinct, increasing stamps. Journals left by a
 crash are committed when the page opens (:meth:`JournalWriter.recover`).
@@ -41,17 +41,20 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from ledgerd.store import commit, deleted, split, sql, staging
-from ledgerd.store import digest as dg
-from ledgerd.store.btree import Builder, Entry, NodeStore, Priority, new_entry
-from ledgerd.store.db import INLINE_MAX_ROWS, Database, fits_inline
 from ledgerd.store.errors import InvalidDigestError, named
-from ledgerd.store.graph import DIRECT_BATCH, CommitGraph
-from ledgerd.store.objects import ObjectStore, Source
-from ledgerd.store.schema import TRANSIENT
-from ledgerd.store.stamps import StampClock, StampedKey, StampedValue, VersionstampError
-from ledgerd.store.threads import OFF_LOOP_BYTES
-from ledgerd.store.view import KEY_LIMIT, NO_OVERLAY, Overlay, check_key
+from ledgerd.store.page import deleted, staging
+from ledgerd.store.page.graph import DIRECT_BATCH, CommitGraph
+from ledgerd.store.page.stamps import StampClock, StampedKey, StampedValue, VersionstampError
+from ledgerd.store.page.view import KEY_LIMIT, NO_OVERLAY, Overlay, check_key
+from ledgerd.store.pieces import digest as dg
+from ledgerd.store.pieces import split
+from ledgerd.store.pieces.objects import ObjectStore, Source
+from ledgerd.store.sqlite import sql
+from ledgerd.store.sqlite.db import INLINE_MAX_ROWS, Database, fits_inline
+from ledgerd.store.sqlite.schema import TRANSIENT
+from ledgerd.store.sqlite.threads import OFF_LOOP_BYTES
+from ledgerd.store.tree import commit
+from ledgerd.store.tree.btree import Builder, Entry, NodeStore, Priority, new_entry
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +160,7 @@ class JournalWriter:
         await self._submit(_Write(True, [], [], [], loop.create_future()))
 
     async def delete_page(self) -> None:
-        """Queue the page's delete (a clear that leaves :data:`store.deleted.MARK` as a
+        """Queue the page's delete (a clear that leaves :data:`store.page.deleted.MARK` as a
         tombstone: one commit like any write) and wait until it is committed."""
         loop = asyncio.get_running_loop()
         await self._submit(_Write(True, [(deleted.MARK, None)], [], [], loop.create_future()))

@@ -6,7 +6,7 @@ the pack format (:mod:`sync.pack`); the protocol and background loop
 (:mod:`sync.engine`, a façade over its jobs: :mod:`sync.feed`, :mod:`sync.upload`,
 :mod:`sync.download`, :mod:`sync.fetch`...); a counting store and moto's server for
 the tests and benchmarks (:mod:`sync.testing`).
-``sync`` sees the store only through its public API (:mod:`store.exchange`,
+``sync`` sees the store only through its public API (:mod:`store.page.exchange`,
 :class:`store.Repository`).
 """
 

@@ -22,10 +22,10 @@ This module owns checking a page against the bucket and repairing it from there:
   again; writes of this device the bucket lacks go back to pending and are uploaded
   by one upload round of the page; pieces the bucket lacks go up in a checkpoint of
   the page (it holds every piece its state reaches); what needs no cloud
-  (:func:`ledgerd.store.check.repair_local`) is done too. The page is checked again
+  (:func:`ledgerd.store.page.check.repair_local`) is done too. The page is checked again
   after a repair.
 
-The local check itself is :mod:`ledgerd.store.check`. Nothing here holds a lock of
+The local check itself is :mod:`ledgerd.store.page.check`. Nothing here holds a lock of
 the page: the page keeps serving, and so does every other page.
 """
 
@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ledgerd.store import Page
-from ledgerd.store import check as ck
-from ledgerd.store import digest as dg
-from ledgerd.store import exchange as ex
 from ledgerd.store.errors import named
+from ledgerd.store.page import check as ck
+from ledgerd.store.page import exchange as ex
+from ledgerd.store.pieces import digest as dg
 from ledgerd.sync import layout, pack
 from ledgerd.sync.checkpoints import Checkpoints
 from ledgerd.sync.cloud import CloudStore

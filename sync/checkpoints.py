@@ -19,7 +19,7 @@ device was away longer than the compaction grace; packs whose sequence the cover
 includes are then skipped for that page.
 
 This module does the cloud side of that; the store side (states and their joins) is
-in :mod:`store.exchange`.
+in :mod:`store.page.exchange`.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from typing import Any
 import msgpack
 
 from ledgerd.store import Page, Repository
-from ledgerd.store import exchange as ex
 from ledgerd.store.errors import ClosedError, StorageError, TransientStoreError, named
+from ledgerd.store.page import exchange as ex
 from ledgerd.sync import layout, pack
 from ledgerd.sync.cloud import CloudStore
 from ledgerd.sync.crypto import Codec
@@ -342,7 +342,7 @@ class Checkpoints:
         return held, joined, newest
 
     async def take(self, page: Page, cp: Checkpoint, *, save: bool = True) -> None:
-        """Join checkpoint ``cp`` into ``page`` (:func:`store.exchange.apply_state`). The
+        """Join checkpoint ``cp`` into ``page`` (:func:`store.page.exchange.apply_state`). The
         page then skips the packs its cover includes, and counts its history from it."""
         markers = [(BASE, str(cp.name.eager_end - cp.name.head_end).encode())]
         for d, seq in cp.cover.items():

@@ -23,8 +23,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from ledgerd.store import Page, dots
-from ledgerd.store import exchange as ex
+from ledgerd.store import Page
 from ledgerd.store.errors import (
     ClosedError,
     CorruptObjectError,
@@ -32,6 +31,8 @@ from ledgerd.store.errors import (
     TransientStoreError,
     named,
 )
+from ledgerd.store.page import exchange as ex
+from ledgerd.store.tree import dots
 from ledgerd.sync import layout, pack, progress
 from ledgerd.sync.checkpoints import Checkpoints
 from ledgerd.sync.context import Key, SyncContext
@@ -448,14 +449,14 @@ def _feed_order(h: Held) -> tuple[int, str, int, str]:
 async def _import_marks(page: Page, device: str, seq: int, writes: bool) -> list[tuple[str, bytes]]:
     """The sync values an import of ``device``'s pack ``seq`` sets with its commits.
     ``imported/{device}``: the highest of that device's packs imported into ``page``
-    (it never goes back). ``pieces/{device}`` (:data:`store.schema.PIECES_WAITING`,
+    (it never goes back). ``pieces/{device}`` (:data:`store.sqlite.schema.PIECES_WAITING`,
     which garbage collection heeds): the packs of that device whose section held only
     value pieces (an upload larger than a pack spreads its pieces over several, its
     writes in the last) while the pack with their writes is not in yet; the page's
     cover stops below the lowest (:meth:`sync.feed.Feed.cover`), for a checkpoint
     holds no piece that nothing it holds refers to. A pack with writes ends the wait
     of every pieces-only pack below it, and only those: one device's writes join a
-    page in order (:func:`store.exchange.readiness`), so the writes each of those
+    page in order (:func:`store.page.exchange.readiness`), so the writes each of those
     waited for are in once it is; pieces-only packs above it, imported before it
     (a pack's GET failed and was retried), still wait."""
     done = await ex.sync_value(page, f"imported/{device}")

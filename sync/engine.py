@@ -17,7 +17,7 @@ checkpoints) and schedules rounds and compaction. The jobs are
 The bucket's names are in :mod:`sync.layout`, the pack format in :mod:`sync.pack`,
 the per-device download state in :mod:`sync.progress`, checkpoints in
 :mod:`sync.checkpoints`, compaction in :mod:`sync.compaction`. Sync sees the store
-only through its public API (:mod:`store.exchange`, :class:`store.Repository`) and
+only through its public API (:mod:`store.page.exchange`, :class:`store.Repository`) and
 the cloud only through :class:`~sync.cloud.CloudStore`.
 
 Bucket identity: the first daemon to use a bucket writes the marker

@@ -50,7 +50,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from typing import Protocol
 
 from ledgerd.store import Page
-from ledgerd.store import exchange as ex
+from ledgerd.store.page import exchange as ex
 from ledgerd.sync import layout, progress
 from ledgerd.sync.context import Key, SyncContext
 from ledgerd.sync.errors import TransientCloudError

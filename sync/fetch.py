@@ -8,7 +8,7 @@ sections too), a value's other pieces prefetched with its root index (up to
 newest checkpoint, every piece verified against its digest (one sealed with a key
 this device lacks is ObjectKeyMissingError, not a mismatch), all within
 ``fetch_timeout``. It does not decide which pieces are LAZY (the upload does) nor
-record where they are (the download does, through :mod:`store.exchange`).
+record where they are (the download does, through :mod:`store.page.exchange`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ledgerd.store import Page
-from ledgerd.store import digest as dg
-from ledgerd.store import exchange as ex
 from ledgerd.store.errors import CorruptObjectError, ObjectKeyMissingError, ObjectNotFoundError
+from ledgerd.store.page import exchange as ex
+from ledgerd.store.pieces import digest as dg
 from ledgerd.sync import pack
 from ledgerd.sync.checkpoints import Checkpoints
 from ledgerd.sync.context import SyncContext

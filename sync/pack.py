@@ -51,7 +51,7 @@ import zstandard
 
 from ledgerd.store import NAME_LIMIT, off_loop
 from ledgerd.store import OFF_LOOP_BYTES as OFF_LOOP_BYTES  # sections over it: on a thread
-from ledgerd.store import digest as dg
+from ledgerd.store.pieces import digest as dg
 from ledgerd.sync import crypto
 from ledgerd.sync.crypto import Codec, Context, KeyNotHereError, TamperedError
 from ledgerd.sync.errors import SyncError
@@ -74,7 +74,7 @@ refuse that page on every other device for good."""
 MAX_PIECE = 1024 * 1024
 """Largest raw LAZY piece a reader accepts: a pack index declaring one larger (or
 stored larger than its raw bytes need) is refused. Values are split into
-pieces of at most 64 KiB (``store.split.MAX_CHUNK``; an index piece holds at most
+pieces of at most 64 KiB (``store.pieces.split.MAX_CHUNK``; an index piece holds at most
 1,024 children, about 45 KiB), so none is near it. A LAZY piece is fetched whole on
 first read: before, a hostile index could declare one as long as its object, and a
 read fetched all of it into memory before its digest check failed."""

@@ -116,7 +116,7 @@ def unreachable(e: EndpointConnectionError) -> str:
 
 
 class BlockingCalls(StoreBlockingCalls):
-    """:class:`store.threads.BlockingCalls` whose calls after :meth:`close` raise
+    """:class:`store.sqlite.threads.BlockingCalls` whose calls after :meth:`close` raise
     PermanentCloudError (see the module docstring for why daemon threads)."""
 
     def __init__(self, workers: int, name: str) -> None:

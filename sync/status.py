@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ledgerd.store import Page
-from ledgerd.store import exchange as ex
 from ledgerd.store.errors import counted, named
-from ledgerd.store.merge import needs_resolver
+from ledgerd.store.page import exchange as ex
+from ledgerd.store.tree.merge import needs_resolver
 from ledgerd.sync import layout, progress
 from ledgerd.sync.checkpoints import Checkpoints
 from ledgerd.sync.compaction import Compactor

@@ -23,7 +23,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from ledgerd.store import Page
-from ledgerd.store import exchange as ex
+from ledgerd.store.page import exchange as ex
 from ledgerd.sync import crypto, layout, pack
 from ledgerd.sync.checkpoint_policy import CheckpointPolicy
 from ledgerd.sync.checkpoints import Checkpoints

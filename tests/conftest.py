@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from ledgerd.store.db import Database
-from ledgerd.store.objects import ObjectStore
-from ledgerd.store.page import Page
-from ledgerd.store.repository import Repository
-from ledgerd.store.schema import create_page_schema
+from ledgerd.store.page.page import Page
+from ledgerd.store.pieces.objects import ObjectStore
+from ledgerd.store.repo.repository import Repository
+from ledgerd.store.sqlite.db import Database
+from ledgerd.store.sqlite.schema import create_page_schema
 from tests.store import resolvers
 
 

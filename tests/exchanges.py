@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ledgerd.store import Page
-from ledgerd.store import exchange as ex
+from ledgerd.store.page import exchange as ex
 
 
 async def mark_all_uploaded(page: Page) -> ex.Delta | None:

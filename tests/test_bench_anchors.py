@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench import common, daemon, ingest, reads
-from ledgerd.store.db import PAGE_SIZE
+from ledgerd.store.sqlite.db import PAGE_SIZE
 
 
 @pytest.mark.parametrize("shape", sorted(common.KV_TABLES))

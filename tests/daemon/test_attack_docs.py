@@ -112,8 +112,8 @@ async def test_a_made_up_find_bookmark_is_400_not_500(
     thousands of levels deep was a 500 (``RecursionError``), and one whose sort value
     held a lone surrogate a 500 (``UnicodeEncodeError``) while it was compared; NaN was
     taken as a position. They are 400 ``bad_request``, as a garbled bookmark is."""
-    from ledgerd.store import doctoken
-    from ledgerd.store.docfind import BOOKMARK, parse_request
+    from ledgerd.store.documents import doctoken
+    from ledgerd.store.documents.docfind import BOOKMARK, parse_request
 
     r = await http.post(
         u(D + "/people/_bulk_docs"), json={"docs": [{"_id": "ann", "age": 41}, {"age": 29}]}
@@ -151,7 +151,8 @@ async def test_a_made_up_changes_token_of_text_is_400_not_500(
     """A changes token holds the head's commit id and a key, both bytes; its check is a
     digest a client can compute, and the token's format lets either be text. A token
     made with text there was a 500 (``TypeError``) instead of 400 ``bad_request``."""
-    from ledgerd.store import commit, doclayout, doctoken
+    from ledgerd.store.documents import doclayout, doctoken
+    from ledgerd.store.tree import commit
 
     r = await http.post(u(D + "/people/_bulk_docs"), json={"docs": [{"n": 1}, {"n": 2}]})
     assert r.status == 201, await r.text()

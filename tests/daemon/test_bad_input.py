@@ -24,7 +24,7 @@ from ledgerd.daemon.codec import (
     parse_json,
 )
 from ledgerd.store import Priority, Repository
-from ledgerd.store.schema import TRANSIENT
+from ledgerd.store.sqlite.schema import TRANSIENT
 from tests.daemon.conftest import Daemon, start_daemon
 
 P = "/v1/ledgers/l/pages/p"

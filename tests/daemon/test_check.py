@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from ledgerd.daemon.client import Client, LedgerError
-from ledgerd.store import digest as dg
-from ledgerd.store.repository import encode_name
+from ledgerd.store.pieces import digest as dg
+from ledgerd.store.repo.repository import encode_name
 from tests.daemon.conftest import Daemon, start_daemon
 
 VALUE = os.urandom(4000)  # under split.MIN_CHUNK: one chunk, stored as one piece (5,000
@@ -295,8 +295,8 @@ def test_check_names_document_records_that_do_not_decode(short_tmp: Path) -> Non
     one is purged, only the other is left."""
     import msgpack
 
-    from ledgerd.store import doclayout
-    from ledgerd.store.docmodel import RevClock, parse_ulid
+    from ledgerd.store.documents import doclayout
+    from ledgerd.store.documents.docmodel import RevClock, parse_ulid
 
     d = _start(short_tmp)
     try:
@@ -381,7 +381,7 @@ def test_check_of_a_body_key_whose_id_is_not_a_ulid_is_not_internal(short_tmp: P
     """A body key whose id is over 16 bytes, written through the key API into a
     document page with a body that is no record, made the check fail as a whole:
     ``POST /v1/check`` answered 500 ``internal``. It is named as a damaged document."""
-    from ledgerd.store import doclayout
+    from ledgerd.store.documents import doclayout
 
     d = _start(short_tmp)
     try:

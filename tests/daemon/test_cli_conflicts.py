@@ -11,7 +11,7 @@ import pytest
 from ledgerd.daemon.cli import parser
 from ledgerd.daemon.cli_conflicts import command_line
 from ledgerd.daemon.cli_format import arg_bytes, pack_tuple
-from ledgerd.store import tuple as fdbtuple
+from ledgerd.store.keys import tuple as fdbtuple
 
 
 def _args(*, hex: bool = False, tuple: bool = False) -> argparse.Namespace:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from ledgerd.daemon.cli_format import UsageError, parse_tuple, show_tuple
 from ledgerd.daemon.client import Client
 from ledgerd.store import SingleFloat, Versionstamp
-from ledgerd.store import tuple as fdbtuple
+from ledgerd.store.keys import tuple as fdbtuple
 from tests.daemon.conftest import Daemon
 from tests.daemon.test_cli import ctl, ctl_all, ctl_fails, ledger, outputs, seed, shared_daemon
 

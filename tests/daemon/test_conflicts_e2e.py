@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 
 from ledgerd.daemon.client import AsyncClient, Client, LedgerError
-from ledgerd.store import doclayout
+from ledgerd.store.documents import doclayout
 from tests.daemon.conftest import Daemon
 
 

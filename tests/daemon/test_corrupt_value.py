@@ -13,8 +13,9 @@ import pytest
 from yarl import URL
 
 from ledgerd.daemon.client import Client, DaemonUnavailableError, LedgerError
-from ledgerd.store import Repository, split
-from ledgerd.store import digest as dg
+from ledgerd.store import Repository
+from ledgerd.store.pieces import digest as dg
+from ledgerd.store.pieces import split
 from tests.daemon.conftest import start_daemon
 
 P = "/v1/ledgers/l/pages/p"

@@ -95,4 +95,4 @@ async def test_a_full_disk_is_507_and_loses_nothing(full_daemon: Daemon) -> None
     log = full_daemon.log.read_text()
     assert "internal error" not in log and "ERROR aiohttp" not in log, log
     # (Not checked here: a clean stop. With the disk full, the store's write worker can
-    # leave a later batch or the shutdown flush waiting: reported, store/page.py.)
+    # leave a later batch or the shutdown flush waiting: reported, store/page/page.py.)

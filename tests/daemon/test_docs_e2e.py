@@ -853,8 +853,8 @@ async def test_a_malformed_document_body_is_corrupt_not_internal(
 ) -> None:
     """A body that is not a document record (written through the key API) answered
     500 ``internal`` (a bug, with a traceback) to every read of it."""
-    from ledgerd.store import doclayout
-    from ledgerd.store.docmodel import parse_ulid
+    from ledgerd.store.documents import doclayout
+    from ledgerd.store.documents.docmodel import parse_ulid
 
     docs = base + "/docs/c"
     doc_id = (await call(http, "POST", docs, 201, {"k": 1}))["_meta"]["_id"]
@@ -876,8 +876,8 @@ async def test_a_damaged_body_is_reported_and_listings_go_on(
     (500 ``corrupt``, every page after it too: no token past it) and every page of the
     changes feed that held it, for good. Listings and the feed now go on, and name it
     under ``damaged`` with code ``corrupt``; reading it alone stays 500 ``corrupt``."""
-    from ledgerd.store import doclayout
-    from ledgerd.store.docmodel import parse_ulid
+    from ledgerd.store.documents import doclayout
+    from ledgerd.store.documents.docmodel import parse_ulid
 
     docs = base + "/docs/c"
     ids = [(await call(http, "POST", docs, 201, {"k": i}))["_meta"]["_id"] for i in range(3)]
@@ -913,8 +913,8 @@ async def _newer_layout(http: aiohttp.ClientSession, base: str, doc_id: str) -> 
     ledgerd's would come through sync; the body."""
     import msgpack
 
-    from ledgerd.store import doclayout
-    from ledgerd.store.docmodel import RevClock, parse_ulid
+    from ledgerd.store.documents import doclayout
+    from ledgerd.store.documents.docmodel import RevClock, parse_ulid
 
     raw, rev = parse_ulid(doc_id), RevClock().next()
     body: bytes = msgpack.packb([2, rev, 0, 1, None, None, None, {"k": "new"}, []])
@@ -933,8 +933,8 @@ async def test_a_record_of_a_newer_layout_is_unsupported_layout(
     ``purge`` wrote a tombstone over it, for every peer. Now each call on it is 409
     ``unsupported_layout`` and stores nothing; listings and the changes feed name it
     under ``damaged`` with that code."""
-    from ledgerd.store import doclayout
-    from ledgerd.store.docmodel import parse_ulid
+    from ledgerd.store.documents import doclayout
+    from ledgerd.store.documents.docmodel import parse_ulid
 
     docs = base + "/docs/c"
     ids = [(await call(http, "POST", docs, 201, {"k": i}))["_meta"]["_id"] for i in range(3)]
@@ -969,8 +969,8 @@ def test_ledgerctl_doc_names_a_record_of_a_newer_layout(shared: Daemon) -> None:
     import msgpack
 
     from ledgerd.daemon.client import Client
-    from ledgerd.store import doclayout
-    from ledgerd.store.docmodel import RevClock, parse_ulid
+    from ledgerd.store.documents import doclayout
+    from ledgerd.store.documents.docmodel import RevClock, parse_ulid
 
     with Client(shared.socket) as c:
         docs = c.documents("cli_newer", "p")
@@ -1077,8 +1077,8 @@ def test_clients_and_ledgerctl_doc_ls_name_a_damaged_document(shared: Daemon) ->
     ones unseen; ``on_damaged`` is called with each (a warning is logged without it),
     and ``ledgerctl doc ls`` lists the rest, names it on stderr and exits 4."""
     from ledgerd.daemon.client import Client
-    from ledgerd.store import doclayout
-    from ledgerd.store.docmodel import parse_ulid
+    from ledgerd.store.documents import doclayout
+    from ledgerd.store.documents.docmodel import parse_ulid
 
     with Client(shared.socket) as c:
         docs = c.documents("cli_damaged", "p")
@@ -1103,8 +1103,8 @@ def test_find_names_a_document_with_no_json_form_as_ls_does(shared: Daemon) -> N
     import msgpack
 
     from ledgerd.daemon.client import Client
-    from ledgerd.store import doclayout
-    from ledgerd.store.docmodel import parse_ulid
+    from ledgerd.store.documents import doclayout
+    from ledgerd.store.documents.docmodel import parse_ulid
 
     with Client(shared.socket) as c:
         docs = c.documents("find_damaged", "p")
@@ -1174,8 +1174,8 @@ async def test_data_with_no_json_form_is_damaged_not_internal(
     encoder, a traceback), or for NaN sent ``NaN``, which is not JSON."""
     import msgpack
 
-    from ledgerd.store import doclayout
-    from ledgerd.store.docmodel import parse_ulid
+    from ledgerd.store.documents import doclayout
+    from ledgerd.store.documents.docmodel import parse_ulid
 
     docs = base + "/docs/c"
     made = await call(http, "POST", docs, 201, {"k": 1})
@@ -1215,7 +1215,7 @@ async def test_an_index_definition_this_ledgerd_cannot_read_is_named(
     check`` name it too."""
     import msgpack
 
-    from ledgerd.store import doclayout
+    from ledgerd.store.documents import doclayout
 
     docs = base + "/docs/c"
     await call(http, "PUT", docs + "/_indexes/by_m", 200, {"partition": "m"})
@@ -1259,7 +1259,7 @@ def test_ledgerctl_names_an_index_definition_it_cannot_read(shared: Daemon) -> N
     import msgpack
 
     from ledgerd.daemon.client import Client
-    from ledgerd.store import doclayout
+    from ledgerd.store.documents import doclayout
 
     with Client(shared.socket) as c:
         docs = c.documents("cli_newer_ix", "p")
@@ -1290,8 +1290,8 @@ def test_ledgerctl_check_names_a_record_whose_data_has_no_json_form(shared: Daem
     import msgpack
 
     from ledgerd.daemon.client import Client
-    from ledgerd.store import doclayout
-    from ledgerd.store.docmodel import parse_ulid
+    from ledgerd.store.documents import doclayout
+    from ledgerd.store.documents.docmodel import parse_ulid
 
     with Client(shared.socket) as c:
         docs = c.documents("check_no_json", "p")
@@ -1319,8 +1319,8 @@ async def test_document_keys_whose_id_is_not_a_ulid_are_named_not_a_500(
     index query answer 500 ``internal`` (IndexError in ulid_text), and ``ledgerctl doc
     ls`` fail. Now they are named in ``damaged`` (code ``corrupt``, the id as
     ``hex:...``) past the documents; writes and a purge beside them work."""
-    from ledgerd.store import doclayout
-    from ledgerd.store.docmodel import RevClock
+    from ledgerd.store.documents import doclayout
+    from ledgerd.store.documents.docmodel import RevClock
 
     docs = base + "/docs/c"
     await call(http, "PUT", docs + "/_indexes/by_k", 200, {"partition": "k"})
@@ -1392,8 +1392,8 @@ async def test_the_changes_feed_names_a_deleted_body_key_with_an_odd_id(
     ``damaged``, was passed over by the feed once DELETEd through the key API (while a
     ULID's document so deleted is reported purged): a follower never learnt it was
     gone. Now the feed from a commit that held it names it (``hex:...``, corrupt)."""
-    from ledgerd.store import doclayout
-    from ledgerd.store.docmodel import RevClock
+    from ledgerd.store.documents import doclayout
+    from ledgerd.store.documents.docmodel import RevClock
 
     docs = base + "/docs/c"
     await call(http, "POST", docs, 201, {"k": 1})

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ledgerd.daemon.client import Client, LedgerError
-from ledgerd.store.repository import encode_name
+from ledgerd.store.repo.repository import encode_name
 from tests.daemon.conftest import Daemon, start_daemon
 
 MiB = 1024 * 1024

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ledgerd.daemon.client import Client, LedgerError
-from ledgerd.store.repository import encode_name
+from ledgerd.store.repo.repository import encode_name
 from tests.daemon.conftest import Daemon, start_daemon
 
 

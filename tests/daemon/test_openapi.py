@@ -189,7 +189,7 @@ def test_an_index_listing_with_unreadable_definitions_matches_its_schema(daemon:
     and the schema names every field of it."""
     import msgpack
 
-    from ledgerd.store import doclayout
+    from ledgerd.store.documents import doclayout
 
     with Client(daemon.socket) as c:
         docs = c.documents("app", "idx")

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ledgerd.daemon.client import AsyncClient, Client
-from ledgerd.store.repository import encode_name
-from ledgerd.store.schema import FORMAT_VERSION
+from ledgerd.store.repo.repository import encode_name
+from ledgerd.store.sqlite.schema import FORMAT_VERSION
 from tests.daemon.conftest import Daemon, start_daemon
 
 MiB = 1024 * 1024

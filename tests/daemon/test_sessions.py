@@ -22,7 +22,8 @@ from ledgerd.daemon.api import Api, DaemonState
 from ledgerd.daemon.client import AsyncClient, LedgerError, NotFoundError
 from ledgerd.daemon.config import Config
 from ledgerd.daemon.session import Resolvers, Session
-from ledgerd.store import Repository, repository
+from ledgerd.store import Repository
+from ledgerd.store.repo import repository
 from tests.daemon.conftest import Daemon, start_daemon
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import boto3
 
 from ledgerd.daemon.client import Client, NotFoundError
-from ledgerd.store.repository import encode_name
+from ledgerd.store.repo.repository import encode_name
 from ledgerd.sync import pack
 from ledgerd.sync.layout import PackName
 from tests.daemon.conftest import AWS, ROOT, Daemon, _ls, _start, _sync, start_daemon

@@ -16,7 +16,7 @@ from yarl import URL
 
 from ledgerd.daemon.client import quote
 from ledgerd.store import Subspace, Versionstamp, stamp_time
-from ledgerd.store import tuple as fdbtuple
+from ledgerd.store.keys import tuple as fdbtuple
 from tests.daemon.conftest import Daemon, start_daemon
 
 LOG = Subspace(("log",))

@@ -6,7 +6,7 @@ is adapted here alone. What this module reaches, beyond the public API of
 :class:`ledgerd.store.Repository`, :class:`ledgerd.store.Page`,
 :class:`ledgerd.store.DocumentStore` and :class:`ledgerd.sync.engine.SyncEngine`:
 
-* ``ledgerd.store.db.Database.run`` / ``.write`` / ``.write_now`` (public methods of
+* ``ledgerd.store.sqlite.db.Database.run`` / ``.write`` / ``.write_now`` (public methods of
   a private module), wrapped once per process: the seam where a device's k-th SQLite
   write crashes it. Which device a database belongs to is told by its ``path``.
 * ``ledgerd.sync.checkpoints.FLOOR`` (a module constant, read at each call): the
@@ -42,8 +42,8 @@ from ledgerd.store import (
     Subspace,
     Versionstamp,
 )
-from ledgerd.store import db as store_db
-from ledgerd.store.merge import Choice, MergeRequest, Resolver
+from ledgerd.store.sqlite import db as store_db
+from ledgerd.store.tree.merge import Choice, MergeRequest, Resolver
 from ledgerd.sync import checkpoints as sync_checkpoints
 from ledgerd.sync import crypto
 from ledgerd.sync.engine import Stats, SyncEngine

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from ledgerd.store import Repository
-from ledgerd.store.gc import collect
+from ledgerd.store.page.gc import collect
 from tests.exchanges import mark_all_uploaded
 
 

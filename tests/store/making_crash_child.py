@@ -20,7 +20,7 @@ from typing import Any
 from unittest.mock import patch
 
 from ledgerd.store import Repository
-from ledgerd.store.db import NEW_SUFFIX
+from ledgerd.store.sqlite.db import NEW_SUFFIX
 
 
 def die() -> None:

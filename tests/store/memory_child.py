@@ -14,9 +14,9 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from ledgerd.store.db import Database
-from ledgerd.store.objects import ObjectStore
-from ledgerd.store.schema import create_page_schema
+from ledgerd.store.pieces.objects import ObjectStore
+from ledgerd.store.sqlite.db import Database
+from ledgerd.store.sqlite.schema import create_page_schema
 
 
 def _rss_kib() -> int:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import cast
 
 from ledgerd.store import Repository
-from ledgerd.store.hooks import PageHooks
-from ledgerd.store.merge import Resolver
+from ledgerd.store.page.hooks import PageHooks
+from ledgerd.store.tree.merge import Resolver
 
 
 class OneResolver:

@@ -1,4 +1,4 @@
-"""The threads of :class:`store.threads.BlockingCalls` leave signals to the main thread."""
+"""The threads of :class:`store.sqlite.threads.BlockingCalls` leave signals to the main thread."""
 
 from __future__ import annotations
 

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledgerd.store import btree
-from ledgerd.store import digest as dg
-from ledgerd.store.btree import EMPTY, Builder, Entry, NodeStore, Priority
 from ledgerd.store.errors import CorruptObjectError
+from ledgerd.store.pieces import digest as dg
+from ledgerd.store.tree import btree
+from ledgerd.store.tree.btree import EMPTY, Builder, Entry, NodeStore, Priority
 
 
 class MemoryNodes:
@@ -44,7 +44,7 @@ def _level_bits(bits: int) -> Iterator[None]:
 
 
 DOT = bytes(16)
-"""A dot for entries made here (a tree's entries carry one: :mod:`store.dots`)."""
+"""A dot for entries made here (a tree's entries carry one: :mod:`store.tree.dots`)."""
 
 
 def _entry(key: bytes, value: bytes = b"v") -> Entry:

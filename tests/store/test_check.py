@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from ledgerd.store import Page, Priority, Repository
-from ledgerd.store import check as ck
-from ledgerd.store import digest as dg
-from ledgerd.store.docmodel import parse_ulid
+from ledgerd.store.documents.docmodel import parse_ulid
 from ledgerd.store.errors import CorruptObjectError
+from ledgerd.store.page import check as ck
+from ledgerd.store.pieces import digest as dg
 
 
 async def _page_with_data(root: Path) -> tuple[Repository, bytes, bytes]:
@@ -125,7 +125,7 @@ async def test_requeue_makes_synced_pieces_and_writes_pending_again(tmp_path: Pa
     repo, _, small = await _page_with_data(tmp_path)
     try:
         page = await repo.ledger("l").page("p")
-        from ledgerd.store import exchange as ex
+        from ledgerd.store.page import exchange as ex
 
         up = await ex.pending_delta(page)
         assert up is not None
@@ -244,8 +244,9 @@ async def test_document_records_that_do_not_decode_are_named_not_their_pieces(
     reported; a record whose piece is corrupt is that piece's problem alone."""
     import msgpack
 
-    from ledgerd.store import DocumentStore, doclayout
-    from ledgerd.store.docmodel import RevClock, parse_ulid
+    from ledgerd.store import DocumentStore
+    from ledgerd.store.documents import doclayout
+    from ledgerd.store.documents.docmodel import RevClock, parse_ulid
 
     async with await Repository.open(tmp_path) as repo:
         page = await repo.ledger("l").page("p")
@@ -291,8 +292,9 @@ async def test_a_document_record_with_a_corrupt_piece_is_the_piece_s_problem(
 ) -> None:
     """A record whose piece does not match its digest is reported as that piece
     (``corrupt_piece``, to be repaired from the bucket), never as a damaged document."""
-    from ledgerd.store import DocumentStore, doclayout
-    from ledgerd.store.docmodel import parse_ulid
+    from ledgerd.store import DocumentStore
+    from ledgerd.store.documents import doclayout
+    from ledgerd.store.documents.docmodel import parse_ulid
 
     async with await Repository.open(tmp_path) as repo:
         page = await repo.ledger("l").page("p")
@@ -315,7 +317,8 @@ async def test_a_body_key_whose_id_is_not_a_ulid_is_named_not_a_crash(tmp_path: 
     """A document page's key API can write a body key whose id is not 16 bytes, with a
     body that is no record: the check named it with ulid_text, which fails (IndexError)
     on an id over 16 bytes, so the whole check failed (500 ``internal`` over HTTP)."""
-    from ledgerd.store import DocumentStore, doclayout
+    from ledgerd.store import DocumentStore
+    from ledgerd.store.documents import doclayout
 
     async with await Repository.open(tmp_path) as repo:
         page = await repo.ledger("l").page("p")
@@ -335,7 +338,8 @@ async def test_a_body_key_whose_id_is_not_a_ulid_is_damaged_even_if_its_record_r
     """A record that reads, under a body key whose id is not 16 bytes, passed the check
     (the page called healthy) while the documents API can show no document for it (it
     names it in ``damaged``). Now it is a damaged document too, its id's length said."""
-    from ledgerd.store import DocumentStore, doclayout
+    from ledgerd.store import DocumentStore
+    from ledgerd.store.documents import doclayout
 
     async with await Repository.open(tmp_path) as repo:
         page = await repo.ledger("l").page("p")
@@ -360,7 +364,8 @@ async def test_index_definitions_that_do_not_decode_are_named(tmp_path: Path) ->
     document record count as before."""
     import msgpack
 
-    from ledgerd.store import DocumentStore, doclayout
+    from ledgerd.store import DocumentStore
+    from ledgerd.store.documents import doclayout
 
     async with await Repository.open(tmp_path) as repo:
         page = await repo.ledger("l").page("p")

@@ -17,7 +17,7 @@ from ledgerd.store.errors import (
     PageUnavailableError,
     TooManyOpenPagesError,
 )
-from ledgerd.store.merge import Choice, MergeRequest
+from ledgerd.store.tree.merge import Choice, MergeRequest
 from tests.store.resolvers import set_resolver
 from tests.store.test_open_close_merge import DETECTOR, _reopened_with_a_held_resolver
 
@@ -50,7 +50,7 @@ async def test_a_page_whose_close_fails_is_not_opened_again_beside_its_open_conn
 
         db.reader.close = failing_close  # type: ignore[method-assign]
         with (
-            caplog.at_level(logging.ERROR, "ledgerd.store.page"),
+            caplog.at_level(logging.ERROR, "ledgerd.store.page.page"),
             pytest.raises(sqlite3.OperationalError, match="injected"),
         ):
             await page.close()

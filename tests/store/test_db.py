@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from ledgerd.store import db as store_db
-from ledgerd.store import sql
-from ledgerd.store.db import Database
 from ledgerd.store.errors import ClosedError, CorruptDatabaseError
-from ledgerd.store.schema import LOCAL, TRANSIENT, create_page_schema
+from ledgerd.store.sqlite import db as store_db
+from ledgerd.store.sqlite import sql
+from ledgerd.store.sqlite.db import Database
+from ledgerd.store.sqlite.schema import LOCAL, TRANSIENT, create_page_schema
 
 
 def _schema(conn: sqlite3.Connection) -> None:
@@ -74,7 +74,7 @@ async def test_an_inline_write_waits_on_the_writer_thread_while_another_process_
     other = sqlite3.connect(tmp_path / "t.sqlite", isolation_level=None)
     other.execute("BEGIN IMMEDIATE")  # holds the write lock, as another process could
     other.execute("INSERT INTO t (k, thread) VALUES (1, 0)")
-    caplog.set_level(logging.DEBUG, logger="ledgerd.store.db")
+    caplog.set_level(logging.DEBUG, logger="ledgerd.store.sqlite.db")
     writing = asyncio.ensure_future(db.run(_insert(2), write=True, small=True))
     while not any("waits for the writer" in r.message for r in caplog.records):
         await asyncio.sleep(0)  # the loop is free: the write waits off it
@@ -287,7 +287,7 @@ async def test_a_failed_checkpoint_beside_the_writes_is_logged_and_writes_go_on(
     monkeypatch.setattr(store_db, "_checkpoint", failing)
     db = await Database.open(tmp_path / "f.sqlite", _schema)
     try:
-        with caplog.at_level(logging.WARNING, logger="ledgerd.store.db"):
+        with caplog.at_level(logging.WARNING, logger="ledgerd.store.sqlite.db"):
             for k in range(10):
                 await db.run(_blobs(k), write=True)
                 if db._checkpointing is not None:
@@ -312,7 +312,7 @@ async def test_a_wal_index_of_another_layout_is_said_once_and_left_alone(
     store_db._wal_index_unread.cache_clear()
     db = await Database.open(tmp_path / "v.sqlite", _schema)
     try:
-        with caplog.at_level(logging.WARNING, logger="ledgerd.store.db"):
+        with caplog.at_level(logging.WARNING, logger="ledgerd.store.sqlite.db"):
             for k in range(10):
                 await db.run(_blobs(k), write=True)
         assert db.background_checkpoints == 0 and not _copying(db)

@@ -8,14 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from ledgerd.store import (
-    LedgerNotFoundError,
-    PageNotFoundError,
-    Repository,
-    btree,
-)
-from ledgerd.store import deleted as dl
-from ledgerd.store.digest import TOMBSTONE
+from ledgerd.store import LedgerNotFoundError, PageNotFoundError, Repository
+from ledgerd.store.page import deleted as dl
+from ledgerd.store.pieces.digest import TOMBSTONE
+from ledgerd.store.tree import btree
 
 
 async def _fill(repo: Repository, ledger: str, page: str, n: int = 3) -> None:

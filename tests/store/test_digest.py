@@ -5,8 +5,8 @@ import struct
 
 import pytest
 
-from ledgerd.store import digest as dg
 from ledgerd.store.errors import InvalidDigestError
+from ledgerd.store.pieces import digest as dg
 
 
 def test_inline_up_to_32_bytes() -> None:

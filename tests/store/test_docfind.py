@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from ledgerd.store import DocumentStore, InvalidArgumentError, InvalidSelectorError, Page, docfind
+from ledgerd.store import DocumentStore, InvalidArgumentError, InvalidSelectorError, Page
+from ledgerd.store.documents import docfind
 
 PEOPLE: list[tuple[str, dict[str, Any]]] = [
     ("ann", {"name": "Ann", "age": 41, "city": "Oslo", "tags": ["a", "b"], "pet": {"kind": "cat"}}),

@@ -18,9 +18,9 @@ from ledgerd.store import (
     Page,
     Repository,
     StoreError,
-    docindex,
 )
-from ledgerd.store.gc import collect
+from ledgerd.store.documents import docindex
+from ledgerd.store.page.gc import collect
 from tests.exchanges import mark_all_uploaded
 
 HELD = 6 * 1024  # room for about 25 held rows

@@ -10,10 +10,10 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ledgerd.store import doclayout
-from ledgerd.store import tuple as tup
-from ledgerd.store.digest import value_chunk_digest
-from ledgerd.store.doclayout import AttachmentMeta, Record, State
+from ledgerd.store.documents import doclayout
+from ledgerd.store.documents.doclayout import AttachmentMeta, Record, State
+from ledgerd.store.keys import tuple as tup
+from ledgerd.store.pieces.digest import value_chunk_digest
 
 DOC = bytes(range(16))  # holds a 0x00, escaped in keys
 REV = bytes.fromhex("0190a1b2c3d400ff00ee11dd22cc33bb")

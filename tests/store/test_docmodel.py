@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ulid import ULID
 
-from ledgerd.store.docmodel import (
+from ledgerd.store.documents.docmodel import (
     MAX_DEPTH,
     InvalidDocumentError,
     RevClock,

@@ -31,15 +31,13 @@ from ledgerd.store import (
     RevisionInFutureError,
     RevisionInPastError,
     StoreError,
-    btree,
-    commit,
-    docindex,
-    doclayout,
 )
-from ledgerd.store import tuple as tup
-from ledgerd.store.doclayout import State
-from ledgerd.store.docmodel import RevClock, loads, ulid_text
-from ledgerd.store.gc import collect
+from ledgerd.store.documents import docindex, doclayout
+from ledgerd.store.documents.doclayout import State
+from ledgerd.store.documents.docmodel import RevClock, loads, ulid_text
+from ledgerd.store.keys import tuple as tup
+from ledgerd.store.page.gc import collect
+from ledgerd.store.tree import btree, commit
 from tests.exchanges import mark_all_uploaded
 
 
@@ -112,7 +110,7 @@ async def test_soft_delete_hides_and_purge_keeps_a_tombstone(page: Page) -> None
 
 
 def _raw(text: str) -> bytes:
-    from ledgerd.store.docmodel import parse_ulid
+    from ledgerd.store.documents.docmodel import parse_ulid
 
     return parse_ulid(text)
 
@@ -217,7 +215,7 @@ async def test_deep_nesting_and_invalid_json_text() -> None:
     deep: Any = 1
     for _ in range(100):
         deep = [deep]
-    from ledgerd.store.docmodel import check_data
+    from ledgerd.store.documents.docmodel import check_data
 
     with pytest.raises(InvalidDocumentError):
         check_data(deep)
@@ -927,7 +925,7 @@ async def test_a_failed_build_is_logged_and_the_next_query_builds_again(
             await real_store_chunk(self, *args)
 
         monkeypatch.setattr(docindex.Views, "_store_chunk", failing_store_chunk)
-        with caplog.at_level(logging.ERROR, logger="ledgerd.store.docindex"):
+        with caplog.at_level(logging.ERROR, logger="ledgerd.store.documents.docindex"):
             await docs.declare_index("c", "by_k", "k", "v")
             builds = _builds_under_way()
             assert builds
@@ -1259,7 +1257,7 @@ async def test_a_query_waiting_for_a_build_when_closing_starts_no_other(
                 waiting.set()
             return await asyncio.wait(fs, *args, **kwargs)
 
-    with caplog.at_level(logging.ERROR, logger="ledgerd.store.docindex"):
+    with caplog.at_level(logging.ERROR, logger="ledgerd.store.documents.docindex"):
         with pytest.MonkeyPatch.context() as m:
             m.setattr(docindex, "asyncio", Asyncio())
             query = asyncio.create_task(docs.query("c", "by_k", 1))
@@ -1393,7 +1391,12 @@ def test_a_long_name_or_id_is_cut_visibly_in_messages() -> None:
     """A message quotes at most 60 characters of a name, id or path it refuses, and
     shows where it cut: before, ``{name!r:.60}`` left the quote open, so the message
     read ``collection name 'xxx…xxx must be 1-128 bytes``."""
-    from ledgerd.store.docmodel import check_collection, check_index_name, parse_path, parse_ulid
+    from ledgerd.store.documents.docmodel import (
+        check_collection,
+        check_index_name,
+        parse_path,
+        parse_ulid,
+    )
 
     cases: list[tuple[Callable[[], Any], str]] = [
         (lambda: check_collection("x" * 300), "collection name "),

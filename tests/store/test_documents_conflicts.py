@@ -16,9 +16,9 @@ from ledgerd.store import (
     DocumentStore,
     Page,
     Repository,
-    doclayout,
 )
-from ledgerd.store import check as ck
+from ledgerd.store.documents import doclayout
+from ledgerd.store.page import check as ck
 from tests.exchanges import Bucket
 
 

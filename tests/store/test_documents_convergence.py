@@ -13,8 +13,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledgerd.store import Document, DocumentError, DocumentStore, Repository, doclayout
-from ledgerd.store.docmodel import RevClock
+from ledgerd.store import Document, DocumentError, DocumentStore, Repository
+from ledgerd.store.documents import doclayout
+from ledgerd.store.documents.docmodel import RevClock
 from ledgerd.sync.engine import SyncEngine
 from ledgerd.sync.folder import FolderStore
 

@@ -14,9 +14,9 @@ from ledgerd.store import (
     InvalidIdError,
     Page,
     Repository,
-    doclayout,
 )
-from ledgerd.store.docmodel import ID_LIMIT
+from ledgerd.store.documents import doclayout
+from ledgerd.store.documents.docmodel import ID_LIMIT
 from tests.store.test_documents_convergence import _two_devices
 
 

@@ -11,14 +11,9 @@ from typing import Any
 import msgpack
 import pytest
 
-from ledgerd.store import (
-    DocumentStore,
-    Page,
-    Repository,
-    UnsupportedLayoutError,
-    doclayout,
-)
-from ledgerd.store.docmodel import MalformedRecordError, RevClock, parse_ulid, ulid_text
+from ledgerd.store import DocumentStore, Page, Repository, UnsupportedLayoutError
+from ledgerd.store.documents import doclayout
+from ledgerd.store.documents.docmodel import MalformedRecordError, RevClock, parse_ulid, ulid_text
 
 
 @pytest.fixture
@@ -286,7 +281,7 @@ async def test_a_record_whose_data_has_no_json_form_is_damaged_everywhere(
     ``get`` raises MalformedRecordError, listings, the changes feed and a query of an
     index (which still holds it by its other values) name it in ``damaged``, and the
     check reports ``damaged_document``; ``purge`` removes it."""
-    from ledgerd.store import check as ck
+    from ledgerd.store.page import check as ck
 
     docs = await DocumentStore.open(page)
     await docs.declare_index("c", "by_k", "k")

@@ -9,16 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ledgerd.store import (
-    DocumentNotFoundError,
-    DocumentStore,
-    Page,
-    Repository,
-    doclayout,
-    docmodel,
-)
-from ledgerd.store.doclayout import Record, State
-from ledgerd.store.docmodel import RevClock
+from ledgerd.store import DocumentNotFoundError, DocumentStore, Page, Repository
+from ledgerd.store.documents import doclayout, docmodel
+from ledgerd.store.documents.doclayout import Record, State
+from ledgerd.store.documents.docmodel import RevClock
 
 LONG, SHORT, LOOKALIKE = b"\xff" * 20, b"\x01\x02", b"\x00" * 13
 """Odd ids: longer than a ULID, shorter (ulid_text made 26 wrong characters of it), and

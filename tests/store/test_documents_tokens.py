@@ -16,9 +16,9 @@ from ledgerd.store import (
     InvalidArgumentError,
     Page,
     Repository,
-    doclayout,
 )
-from ledgerd.store.docmodel import MalformedRecordError, parse_ulid
+from ledgerd.store.documents import doclayout
+from ledgerd.store.documents.docmodel import MalformedRecordError, parse_ulid
 
 
 @pytest.fixture

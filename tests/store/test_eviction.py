@@ -16,12 +16,12 @@ from ledgerd.store import (
     PageHooks,
     PageUnavailableError,
     Repository,
-    commit,
-    eviction,
-    exchange,
 )
-from ledgerd.store.eviction import SUFFIX
-from ledgerd.store.hooks import NO_HOOKS
+from ledgerd.store.page import exchange
+from ledgerd.store.page.hooks import NO_HOOKS
+from ledgerd.store.repo import eviction
+from ledgerd.store.repo.eviction import SUFFIX
+from ledgerd.store.tree import commit
 from tests.store.test_crash import run_and_kill
 from tests.store.test_gc import upload_all
 from tests.store.test_repository import held_close
@@ -64,7 +64,7 @@ async def test_a_synced_page_is_evicted_and_comes_back_on_its_next_use(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     bucket = Bucket()
-    caplog.set_level(logging.INFO, logger="ledgerd.store.repository")
+    caplog.set_level(logging.INFO, logger="ledgerd.store.repo.repository")
     async with await Repository.open(tmp_path, hooks=PageHooks(restorer=bucket)) as repo:
         path = await synced_page(repo, bucket, "p")
         assert await repo.evict(b"l", b"p") > 0
@@ -226,7 +226,7 @@ async def test_lru_under_a_disk_budget_and_by_age(tmp_path: Path) -> None:
         for i in range(6):
             await synced_page(repo, bucket, f"p{i}")
             await asyncio.gather(*repo._closing)  # closed_at recorded, in this order
-        from ledgerd.store.eviction import directory_bytes
+        from ledgerd.store.repo.eviction import directory_bytes
 
         total = directory_bytes(tmp_path)
         one = directory_bytes(repo.page_path(b"l", b"p0").parent)

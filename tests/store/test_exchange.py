@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from ledgerd.store import Page, Priority, Repository, exchange
+from ledgerd.store import Page, Priority, Repository
 from ledgerd.store.errors import CorruptObjectError
+from ledgerd.store.page import exchange
 from tests.exchanges import exchange_all, mark_all_uploaded, ship
 
 

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledgerd.store import HistoryPrunedError, KeyNotFoundError, Page, Repository, Snapshot
-from ledgerd.store.check import check_page
-from ledgerd.store.gc import collect, live_bytes, set_page_retention
+from ledgerd.store.page.check import check_page
+from ledgerd.store.page.gc import collect, live_bytes, set_page_retention
 from tests.exchanges import mark_all_uploaded, ship
 from tests.store.test_crash import run_and_kill
 
@@ -118,7 +118,7 @@ async def test_a_commit_made_while_gc_marks_is_not_pruned(
     """The retained commits are read once, then the mark walks their trees (the event
     loop runs meanwhile). A commit stored during that walk was not among them; it must
     not be recorded as pruned (whatever the retention: it is new)."""
-    from ledgerd.store import gc
+    from ledgerd.store.page import gc
 
     async with await Repository.open(tmp_path) as repo:  # 7 days: nothing is old
         page = await repo.ledger("l").page("p")
@@ -293,9 +293,9 @@ async def test_a_piece_that_a_commit_reuses_during_the_sweep_is_kept(tmp_path: P
     """Between the mark and a sweep batch, a commit stores a value whose piece the mark
     found unreachable (content addressing: the piece is not written again). The batch
     must not delete it."""
-    from ledgerd.store.btree import Builder, Entry, Priority
-    from ledgerd.store.commit import child
-    from ledgerd.store.digest import Kind, chunk_digest
+    from ledgerd.store.pieces.digest import Kind, chunk_digest
+    from ledgerd.store.tree.btree import Builder, Entry, Priority
+    from ledgerd.store.tree.commit import child
 
     old = b"an old value, replaced, so its piece is garbage" * 3
     async with await Repository.open(tmp_path, history_retention=0) as repo:
@@ -337,7 +337,7 @@ async def test_an_import_during_a_sweep_batch_keeps_what_it_brings(
     commit lock orders them). The page reads the value and stays healthy."""
     import threading
 
-    from ledgerd.store import gc
+    from ledgerd.store.page import gc
 
     old = b"an old value, replaced, so its piece is garbage" * 3
     async with (

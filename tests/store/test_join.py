@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ledgerd.store import DocumentStore, Page, Repository
-from ledgerd.store import exchange as ex
+from ledgerd.store.page import exchange as ex
 from tests.exchanges import Bucket, exchange_all, ship
 
 DEVICES = 3

@@ -10,11 +10,12 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledgerd.store import doclayout, dots
-from ledgerd.store.btree import RawEntry
-from ledgerd.store.digest import TOMBSTONE, value_chunk_digest
-from ledgerd.store.doclayout import State
-from ledgerd.store.join import join_group
+from ledgerd.store.documents import doclayout
+from ledgerd.store.documents.docjoin import join_group
+from ledgerd.store.documents.doclayout import State
+from ledgerd.store.pieces.digest import TOMBSTONE, value_chunk_digest
+from ledgerd.store.tree import dots
+from ledgerd.store.tree.btree import RawEntry
 
 DEVICES = 4
 BOUND = 2

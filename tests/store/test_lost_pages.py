@@ -11,8 +11,8 @@ import pytest
 
 from ledgerd.store import Repository
 from ledgerd.store.errors import CorruptDatabaseError
-from ledgerd.store.repository import UNWRITTEN, encode_name
-from ledgerd.store.schema import FORMAT_VERSION
+from ledgerd.store.repo.repository import UNWRITTEN, encode_name
+from ledgerd.store.sqlite.schema import FORMAT_VERSION
 
 
 async def _lose(root: Path, ledger: bytes = b"l", page_id: bytes = b"p") -> tuple[Path, bytes]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ledgerd.store import Repository
-from ledgerd.store.repository import encode_name
+from ledgerd.store.repo.repository import encode_name
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from ledgerd.store import digest as dg
-from ledgerd.store import split, sql
 from ledgerd.store.errors import CorruptObjectError, ObjectNotFoundError, RangeError
-from ledgerd.store.objects import ObjectStore
-from ledgerd.store.schema import LOCAL, SYNCED, TRANSIENT
+from ledgerd.store.pieces import digest as dg
+from ledgerd.store.pieces import split
+from ledgerd.store.pieces.objects import ObjectStore
+from ledgerd.store.sqlite import sql
+from ledgerd.store.sqlite.schema import LOCAL, SYNCED, TRANSIENT
 
 MiB = 1024 * 1024
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from ledgerd.store import Page, Policy, Repository
-from ledgerd.store.merge import Choice, MergeRequest
-from ledgerd.store.repository import MAX_OPEN_PAGES
+from ledgerd.store.repo.repository import MAX_OPEN_PAGES
+from ledgerd.store.tree.merge import Choice, MergeRequest
 from tests.store.resolvers import hooks, set_resolver
 from tests.store.test_repository import held_close
 

@@ -29,17 +29,17 @@ from ledgerd.store import (
     StorageError,
     TransactionClosedError,
     Versionstamp,
-    exchange,
 )
-from ledgerd.store import commit as commit_mod
-from ledgerd.store import db as store_db
-from ledgerd.store import page as store_page
-from ledgerd.store import tuple as tuple_layer
-from ledgerd.store import writer as store_writer
-from ledgerd.store.merge import Choice, MergeRequest, Policy
-from ledgerd.store.page import SMALL_VALUE, Notification
-from ledgerd.store.schema import LOCAL, TRANSIENT
-from ledgerd.store.writer import JournalWriter
+from ledgerd.store.keys import tuple as tuple_layer
+from ledgerd.store.page import exchange
+from ledgerd.store.page import page as store_page
+from ledgerd.store.page import writer as store_writer
+from ledgerd.store.page.page import SMALL_VALUE, Notification
+from ledgerd.store.page.writer import JournalWriter
+from ledgerd.store.sqlite import db as store_db
+from ledgerd.store.sqlite.schema import LOCAL, TRANSIENT
+from ledgerd.store.tree import commit as commit_mod
+from ledgerd.store.tree.merge import Choice, MergeRequest, Policy
 from tests.store.resolvers import set_resolver
 
 
@@ -813,7 +813,7 @@ async def test_writes_queued_behind_a_failed_commit_are_answered(
     """A journal commit that fails (a full disk) answers every write queued behind
     it, a large batch included, instead of leaving them waiting for another write."""
     from ledgerd.store import StorageFullError
-    from ledgerd.store.graph import CommitGraph
+    from ledgerd.store.page.graph import CommitGraph
 
     real = CommitGraph.store
     failing = True

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ledgerd.store import Page, Policy, Repository
-from ledgerd.store.merge import Choice, MergeRequest
+from ledgerd.store.tree.merge import Choice, MergeRequest
 from tests.exchanges import exchange_all, ship
 from tests.store.resolvers import hooks, set_resolver
 
@@ -149,7 +149,7 @@ async def test_a_failing_resolver_changes_nothing(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
-    from ledgerd.store import conflicts
+    from ledgerd.store.page import conflicts
 
     monkeypatch.setattr(conflicts, "RESOLVER_TIMEOUT", 0.2)
     ra, a, _, b = two

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from ledgerd.store import CorruptObjectError, InvalidArgumentError, Page, Priority, Repository
-from ledgerd.store import page as store_page
-from ledgerd.store.cache import Cache, CacheSpace
+from ledgerd.store.page import page as store_page
+from ledgerd.store.pieces.cache import Cache, CacheSpace
 
 
 def _rows(n: int, tag: bytes) -> list[tuple[bytes, bytes]]:

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from ledgerd.store import ClosedError, Page, Repository, TooManyOpenPagesError, writer
-from ledgerd.store.commit import FIRST
+from ledgerd.store import ClosedError, Page, Repository, TooManyOpenPagesError
 from ledgerd.store.errors import CorruptDatabaseError
-from ledgerd.store.merge import Policy
-from ledgerd.store.repository import DISCARDED, UNWRITTEN, encode_name
-from ledgerd.store.schema import FORMAT_VERSION
+from ledgerd.store.page import writer
+from ledgerd.store.repo.repository import DISCARDED, UNWRITTEN, encode_name
+from ledgerd.store.sqlite.schema import FORMAT_VERSION
+from ledgerd.store.tree.commit import FIRST
+from ledgerd.store.tree.merge import Policy
 
 
 async def test_opening_past_max_open_pages_closes_the_least_recently_used(
@@ -114,7 +115,7 @@ async def test_open_pages_share_a_bounded_set_of_threads(tmp_path: Path) -> None
     """Threads do not grow with open pages (they did: two per page)."""
     import threading
 
-    from ledgerd.store import threads
+    from ledgerd.store.sqlite import threads
 
     async with await Repository.open(tmp_path) as repo:
         for i in range(60):

@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from ledgerd.store import PageHooks, Policy, Priority, Repository, commit
-from ledgerd.store import digest as dg
-from ledgerd.store.btree import Builder, Entry
-from ledgerd.store.merge import Choice, MergeRequest
+from ledgerd.store import PageHooks, Policy, Priority, Repository
+from ledgerd.store.pieces import digest as dg
+from ledgerd.store.tree import commit
+from ledgerd.store.tree.btree import Builder, Entry
+from ledgerd.store.tree.merge import Choice, MergeRequest
 from tests.exchanges import exchange_all
 from tests.store.resolvers import hooks, set_resolver
 

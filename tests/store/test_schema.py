@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from ledgerd.store import Repository, SchemaError, schema, sql
+from ledgerd.store import Repository, SchemaError
 from ledgerd.store.errors import CorruptDatabaseError
-from ledgerd.store.schema import (
+from ledgerd.store.sqlite import schema, sql
+from ledgerd.store.sqlite.schema import (
     SCHEMA_VERSION,
     SYNCED,
     create_page_schema,

@@ -8,8 +8,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledgerd.store import digest as dg
-from ledgerd.store import split
+from ledgerd.store.pieces import digest as dg
+from ledgerd.store.pieces import split
 
 
 def _random_bytes(seed: int, n: int) -> bytes:

@@ -6,8 +6,8 @@ import random
 import sqlite3
 from pathlib import Path
 
-from ledgerd.store import sql
-from ledgerd.store.schema import LOCAL, SYNCED, TRANSIENT, create_page_schema
+from ledgerd.store.sqlite import sql
+from ledgerd.store.sqlite.schema import LOCAL, SYNCED, TRANSIENT, create_page_schema
 
 
 def _statuses(conn: sqlite3.Connection) -> dict[bytes, int]:

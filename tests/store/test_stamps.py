@@ -13,10 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ledgerd.store import InvalidArgumentError, Page, Repository
-from ledgerd.store import tuple as fdbtuple
-from ledgerd.store import writer as store_writer
-from ledgerd.store.graph import DIRECT_BATCH
-from ledgerd.store.stamps import (
+from ledgerd.store.keys import tuple as fdbtuple
+from ledgerd.store.keys.subspace import Subspace
+from ledgerd.store.keys.tuple import Versionstamp
+from ledgerd.store.page import writer as store_writer
+from ledgerd.store.page.graph import DIRECT_BATCH
+from ledgerd.store.page.stamps import (
     STAMPED_VALUE_LIMIT,
     StampClock,
     StampedKey,
@@ -25,8 +27,6 @@ from ledgerd.store.stamps import (
     device_tag,
     stamp_time,
 )
-from ledgerd.store.subspace import Subspace
-from ledgerd.store.tuple import Versionstamp
 
 LOG = Subspace(("log",))
 
@@ -308,7 +308,7 @@ async def test_bad_templates_are_refused_and_write_nothing(page: Page) -> None:
 
 def test_structured_keys_are_exported_for_embedded_users() -> None:
     import ledgerd.store as store
-    from ledgerd.store import subspace
+    from ledgerd.store.keys import subspace
 
     assert store.tuple is fdbtuple and store.tuple.pack(("a", 1)) == b"\x02a\x00\x15\x01"
     assert store.Subspace is subspace.Subspace and store.Versionstamp is Versionstamp

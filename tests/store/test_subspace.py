@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledgerd.store import tuple as fdbtuple
-from ledgerd.store.subspace import Subspace
-from ledgerd.store.tuple import TupleError, Versionstamp
+from ledgerd.store.keys import tuple as fdbtuple
+from ledgerd.store.keys.subspace import Subspace
+from ledgerd.store.keys.tuple import TupleError, Versionstamp
 
 fdb_subspace: Any = pytest.importorskip("fdb.subspace_impl")  # the test extra has it
 

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from ledgerd.store import tuple as fdbtuple
-from ledgerd.store.tuple import SingleFloat, TupleError, Versionstamp
+from ledgerd.store.keys import tuple as fdbtuple
+from ledgerd.store.keys.tuple import SingleFloat, TupleError, Versionstamp
 
 fdb_tuple: Any = pytest.importorskip("fdb.tuple")  # in the test extra: runs in CI
 if not hasattr(sys.modules["fdb"], "impl"):

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ledgerd.store import Page, Priority
-from ledgerd.store import check as ck
+from ledgerd.store.page import check as ck
 from ledgerd.sync import check as sc
 from ledgerd.sync.cloud import CloudStore
 from ledgerd.sync.folder import FolderStore

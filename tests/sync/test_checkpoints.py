@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from ledgerd.store import PageUnavailableError, Priority
-from ledgerd.store import exchange as ex
-from ledgerd.store.check import check_page
+from ledgerd.store.page import exchange as ex
+from ledgerd.store.page.check import check_page
 from ledgerd.sync import layout
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import CheckpointName
@@ -210,7 +210,7 @@ async def test_an_evicted_page_comes_back_from_its_checkpoint(
 async def test_hundreds_of_pages_under_a_disk_budget(tmp_path: Path, bucket: FolderStore) -> None:
     """The budget holds once the least recently used pages are evicted, and evicted
     pages come back on use, whole."""
-    from ledgerd.store import eviction
+    from ledgerd.store.repo import eviction
 
     rng = random.Random(13)
     # 300 pages, not the 1,000 this test began with: 300 still fail the budget under
@@ -239,7 +239,7 @@ async def test_a_checkpoint_needs_no_history(tmp_path: Path, bucket: FolderStore
     """With history retention at zero and a collection after every write, a device still
     writes checkpoints (a state is the head's entries, nothing older), and a new device
     starts from one."""
-    from ledgerd.store import gc
+    from ledgerd.store.page import gc
 
     rng = random.Random(3)
     async with device(tmp_path / "a", bucket) as a, device(tmp_path / "b", bucket) as b:

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from ledgerd.store import Page, Priority
-from ledgerd.store.check import HEADS, check_page, repair_local
-from ledgerd.store.gc import collect
+from ledgerd.store.page.check import HEADS, check_page, repair_local
+from ledgerd.store.page.gc import collect
 from ledgerd.sync.feed import RESTARTING
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import PackName

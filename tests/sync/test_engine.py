@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ledgerd.store import HISTORY_RETENTION, ObjectNotFoundError, Priority, Repository
-from ledgerd.store import digest as dg
+from ledgerd.store.pieces import digest as dg
 from ledgerd.sync import crypto, pack
 from ledgerd.sync.cloud import CloudStore, Retrying
 from ledgerd.sync.crypto import KeyRing

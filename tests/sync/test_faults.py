@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from ledgerd.store import ObjectNotFoundError, Page, Priority, Repository, commit
-from ledgerd.store import digest as dg
-from ledgerd.store import exchange as ex
+from ledgerd.store import ObjectNotFoundError, Page, Priority, Repository
+from ledgerd.store.page import exchange as ex
+from ledgerd.store.pieces import digest as dg
+from ledgerd.store.tree import commit
 from ledgerd.sync import engine, pack
 from ledgerd.sync.cloud import Retrying
 from ledgerd.sync.crypto import KeyRing

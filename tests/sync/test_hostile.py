@@ -16,8 +16,8 @@ import pytest
 import zstandard
 
 from ledgerd.store import Priority, Repository
-from ledgerd.store import digest as dg
 from ledgerd.store.errors import StoreError
+from ledgerd.store.pieces import digest as dg
 from ledgerd.sync import layout, pack
 from ledgerd.sync.folder import FolderStore
 from ledgerd.sync.layout import PackName

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ledgerd.store import exchange as ex
+from ledgerd.store.page import exchange as ex
 from ledgerd.sync.errors import SyncStoppedError
 from ledgerd.sync.folder import FolderStore
 from tests.sync.test_engine import _keys, device

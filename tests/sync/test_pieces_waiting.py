@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ledgerd.store import Repository
-from ledgerd.store import exchange as ex
+from ledgerd.store.page import exchange as ex
 from ledgerd.sync.download import _import_marks
 
 DEVICE = "ab" * 16

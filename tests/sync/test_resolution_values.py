@@ -15,9 +15,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from ledgerd.store import Page, Priority, Repository, btree, dots, split
-from ledgerd.store import digest as dg
-from ledgerd.store.merge import Choice, MergeRequest, Policy
+from ledgerd.store import Page, Priority, Repository
+from ledgerd.store.pieces import digest as dg
+from ledgerd.store.pieces import split
+from ledgerd.store.tree import btree, dots
+from ledgerd.store.tree.merge import Choice, MergeRequest, Policy
 from ledgerd.sync.engine import SyncEngine
 from ledgerd.sync.folder import FolderStore
 from tests.sync.test_engine import Device

@@ -15,7 +15,7 @@ import msgpack
 import pytest
 
 from ledgerd.store import Priority, Repository
-from ledgerd.store import digest as dg
+from ledgerd.store.pieces import digest as dg
 from ledgerd.sync import layout, pack
 from ledgerd.sync.engine import SyncEngine
 from ledgerd.sync.errors import BucketIdentityError

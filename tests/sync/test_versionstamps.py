@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from ledgerd.store import Page, Repository, commit
-from ledgerd.store import tuple as fdbtuple
-from ledgerd.store.stamps import device_tag
-from ledgerd.store.subspace import Subspace
-from ledgerd.store.tuple import Versionstamp
+from ledgerd.store import Page, Repository
+from ledgerd.store.keys import tuple as fdbtuple
+from ledgerd.store.keys.subspace import Subspace
+from ledgerd.store.keys.tuple import Versionstamp
+from ledgerd.store.page.stamps import device_tag
+from ledgerd.store.tree import commit
 from ledgerd.sync.engine import SyncEngine
 from ledgerd.sync.folder import FolderStore
 
