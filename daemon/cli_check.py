@@ -1,7 +1,7 @@
 """``ledgerctl check [LEDGER [PAGE]] [--cloud] [--repair] [--json]``.
 
 This module owns the ``check`` subcommand: its arguments (:func:`register`, called
-once by :mod:`ledgerd.daemon.cli` when it builds its parser) and its one-screen
+once by :mod:`ledgerd.daemon.cli_parser` when it builds its parser) and its one-screen
 summary. The check runs in the daemon (``POST /v1/check``). Exit status 0 when
 every page checked is healthy or was repaired, 1 otherwise (the other statuses
 are ``ledgerctl``'s own: 2 bad usage, 3 daemon unreachable, 4 daemon error).
@@ -72,27 +72,7 @@ def summary(report: dict[str, Any], out: TextIO) -> None:
     pages = report["pages"]
     bad = [p for p in pages if not p["healthy"] or any(x["repaired"] for x in p["problems"])]
     for p in bad[:SHOWN_PAGES]:
-        codes = {x["code"] for x in p["problems"] if not x["repaired"]}
-        state = (
-            "ok (repaired)"
-            if p["healthy"]
-            else "NOT CHECKED (busy)"
-            if codes == {"not_checked"}
-            else "DOCUMENTS NOT READABLE"
-            if codes and codes <= DOCUMENT_CODES
-            else "DAMAGED"
-        )
-        out.write(f"{_page_name(p)}: {state}\n")
-        shown = [x for x in p["problems"] if not x["repaired"]] or p["problems"]
-        for x in shown[:SHOWN_PROBLEMS]:
-            mark = "repaired" if x["repaired"] else x["code"]
-            piece = f" piece {x['digest']}" if x["digest"] else ""
-            out.write(f"  {mark}: {x['message']}{piece}\n")
-        more = len(shown) - SHOWN_PROBLEMS + p["more_problems"]
-        if more > 0:
-            out.write(f"  ... and {more} more (--json lists them)\n")
-        for note in p["notes"]:
-            out.write(f"  note: {note}\n")
+        _page_summary(p, out)
     if len(bad) > SHOWN_PAGES:
         out.write(f"... and {len(bad) - SHOWN_PAGES} more pages (--json lists them)\n")
     # The healthy pages' notes (such as "cloud sync is off"), each once.
@@ -104,3 +84,29 @@ def summary(report: dict[str, Any], out: TextIO) -> None:
         f"checked {counted(report['checked_pages'], 'page')}{cloud}: {verdict}; "
         f"{counted(report['problems'], 'problem')}, {report['repaired']} repaired\n"
     )
+
+
+def _page_summary(p: dict[str, Any], out: TextIO) -> None:
+    """A page's line, its first problems and its notes."""
+    out.write(f"{_page_name(p)}: {_page_state(p)}\n")
+    shown = [x for x in p["problems"] if not x["repaired"]] or p["problems"]
+    for x in shown[:SHOWN_PROBLEMS]:
+        mark = "repaired" if x["repaired"] else x["code"]
+        piece = f" piece {x['digest']}" if x["digest"] else ""
+        out.write(f"  {mark}: {x['message']}{piece}\n")
+    more = len(shown) - SHOWN_PROBLEMS + p["more_problems"]
+    if more > 0:
+        out.write(f"  ... and {more} more (--json lists them)\n")
+    for note in p["notes"]:
+        out.write(f"  note: {note}\n")
+
+
+def _page_state(p: dict[str, Any]) -> str:
+    codes = {x["code"] for x in p["problems"] if not x["repaired"]}
+    if p["healthy"]:
+        return "ok (repaired)"
+    if codes == {"not_checked"}:
+        return "NOT CHECKED (busy)"
+    if codes and codes <= DOCUMENT_CODES:
+        return "DOCUMENTS NOT READABLE"
+    return "DAMAGED"

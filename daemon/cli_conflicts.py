@@ -1,7 +1,7 @@
 """``ledgerctl conflicts [LEDGER [PAGE]]`` and ``ledgerctl resolve LEDGER PAGE [KEY]``.
 
 This module owns the two subcommands: their arguments (:func:`register`, called once by
-:mod:`ledgerd.daemon.cli` when it builds its parser), the listing of conflicts (each
+:mod:`ledgerd.daemon.cli_parser` when it builds its parser), the listing of conflicts (each
 key's siblings shown as ``ls`` shows values, and the command that resolves it) and
 what a resolution prints. Both run in the daemon (``GET .../conflicts``,
 ``POST .../conflicts/resolve``; see docs/merging.md). Exit status 0 (``conflicts`` with
@@ -19,6 +19,7 @@ import shlex
 import sys
 from typing import Any, TextIO
 
+from ledgerd.daemon.cli_exit import EXIT_ERROR
 from ledgerd.daemon.cli_format import (
     arg_bytes,
     counted,
@@ -30,7 +31,6 @@ from ledgerd.daemon.cli_format import (
     size_text,
     when,
 )
-from ledgerd.daemon.cli_quick import EXIT_ERROR
 from ledgerd.daemon.client import (
     AsyncClient,
     LedgerError,
@@ -39,7 +39,7 @@ from ledgerd.daemon.client import (
     Sibling,
 )
 from ledgerd.daemon.client_conflicts import TakeName
-from ledgerd.daemon.codec import b64
+from ledgerd.daemon.client_types import b64
 
 SHOWN_VALUE = 60
 """Characters of a value a listing shows; a longer one is cut, with its size."""
@@ -54,7 +54,7 @@ EXAMPLES = {
     "ledgerctl resolve notes inbox --take ours   # every conflict of the page\n"
     "ledgerctl resolve notes inbox greeting --value 'hello, both'",
 }
-"""``--help`` examples (:data:`ledgerd.daemon.cli.EXAMPLES` takes them)."""
+"""``--help`` examples (:data:`ledgerd.daemon.cli_parser.EXAMPLES` takes them)."""
 
 
 def register(sub: Any) -> None:

@@ -3,7 +3,8 @@
 This module owns the ``doc`` subcommands (their arguments and output) on
 :class:`~ledgerd.daemon.client_docs.AsyncDocuments`. The rest of ``ledgerctl``
 (global options, the client, exit statuses) is :mod:`daemon.cli`'s, which
-registers these with :func:`add_parser` and runs them with :func:`run`.
+runs these with :func:`run`; :mod:`daemon.cli_parser` registers them with
+:func:`add_parser`.
 
 Output: ``put``, ``rm``, ``purge``, ``detach`` print ``_id<TAB>_rev``; ``indexes``
 prints ``name<TAB>partition<TAB>sort<TAB>ready|building`` (``--json``: one object a
@@ -21,17 +22,16 @@ import contextlib
 import json
 import mimetypes
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ledgerd.daemon.cli_command import Command
+from ledgerd.daemon.cli_exit import EXIT_ERROR
 from ledgerd.daemon.cli_format import file_arg, positive_int
 from ledgerd.daemon.cli_stdio import blocking, write_all
 from ledgerd.daemon.client_docs import AsyncDocuments, Doc
 from ledgerd.daemon.client_types import LedgerError
-
-if TYPE_CHECKING:
-    from ledgerd.daemon.cli import Cli
-
 
 DESCRIPTION = """documents of a page (see "Documents through the daemon" in docs/documents.md).
 Output: put, rm, purge, detach print _id<TAB>_rev; indexes prints
@@ -52,6 +52,21 @@ def add_parser(sub: Any) -> None:
             p.add_argument(a)
         return p
 
+    _add_documents(cmd)
+    _add_indexes(cmd)
+    _add_attachments(cmd)
+    p = cmd("changes", "documents changed since a commit, as JSON lines")
+    p.add_argument("--since", metavar="COMMIT", help="a commit id (hex) from an earlier line")
+    p.add_argument("--collection")
+    p.add_argument("--follow", action="store_true", help="then every later change")
+
+
+_Cmd = Callable[..., argparse.ArgumentParser]
+"""``cmd(name, help, *positionals)``: a ``doc`` subcommand's parser."""
+
+
+def _add_documents(cmd: _Cmd) -> None:
+    """``put``, ``get``, ``ls``, ``rm`` and ``purge``."""
     p = cmd(
         "put",
         "create a document (or write --id); prints _id and _rev. Example: ledgerctl doc put "
@@ -84,6 +99,10 @@ def add_parser(sub: Any) -> None:
             help="only if its current revision is REV"
             + ("; REV a kept conflict's: remove that conflict" if name == "rm" else ""),
         )
+
+
+def _add_indexes(cmd: _Cmd) -> None:
+    """``index``, ``indexes``, ``drop-index``, ``rebuild-index`` and ``find``."""
     p = cmd("index", "declare an index", "collection", "name")
     p.add_argument(
         "--partition",
@@ -103,6 +122,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="one whole document per line")
     p.add_argument("--deleted", action="store_true", help="deleted documents too")
     p.add_argument("--limit", type=positive_int)
+
+
+def _add_attachments(cmd: _Cmd) -> None:
+    """``attach``, ``detach`` and ``attachment``."""
     p = cmd("attach", "attach a file; prints the attachment id and _rev", "collection", "id")
     p.add_argument("file")
     p.add_argument("--name", help="its filename (default: FILE's name)")
@@ -120,10 +143,6 @@ def add_parser(sub: Any) -> None:
         "attachment_id",
     )
     p.add_argument("-o", "--output", help="write it to this file ('-': standard output)")
-    p = cmd("changes", "documents changed since a commit, as JSON lines")
-    p.add_argument("--since", metavar="COMMIT", help="a commit id (hex) from an earlier line")
-    p.add_argument("--collection")
-    p.add_argument("--follow", action="store_true", help="then every later change")
 
 
 async def _put_id(docs: AsyncDocuments, collection: str, doc_id: str, data: Any) -> Doc:
@@ -186,12 +205,30 @@ def _row(d: Doc) -> str:
     return f"{meta['_id']}\t{meta['_rev']}\t{_compact(d['_data'])}{state}"
 
 
-async def run(cli: Cli, usage: type[Exception]) -> int:
+async def run(cli: Command, usage: type[Exception]) -> int:
     """Run ``ledgerctl doc SUBCOMMAND``; ``usage`` is the error for a wrong command line."""
-    a = cli.a
-    docs = AsyncDocuments(cli.c, *cli.lp)
-    c = a.doc_command
-    if c == "put":
+    command = _DocCommand(cli, usage)
+    name = cli.a.doc_command.replace("-", "_")
+    return int(await getattr(command, _ALIASES.get(name, name))())
+
+
+_ALIASES = {"find": "ls", "purge": "rm", "index": "declare_index"}
+"""The subcommands that share a method (or whose name is not a method's)."""
+
+
+class _DocCommand:
+    """The ``doc`` subcommands, a method each (its exit status)."""
+
+    def __init__(self, cli: Command, usage: type[Exception]) -> None:
+        self.cli, self.a, self.usage = cli, cli.a, usage
+        self.docs = AsyncDocuments(cli.c, *cli.lp)
+
+    def _written(self, d: Doc) -> int:
+        self.cli.line(f"{d['_meta']['_id']}\t{d['_meta']['_rev']}")
+        return 0
+
+    async def put(self) -> int:
+        a, usage = self.a, self.usage
         text = sys.stdin.read() if a.data == "-" else a.data
         try:
             data = json.loads(text, parse_constant=_not_json)
@@ -203,20 +240,24 @@ async def run(cli: Cli, usage: type[Exception]) -> int:
         if a.rev is not None and a.id is None:
             raise usage("--rev needs --id (a new document has no revision to expect)")
         if a.id is None:
-            d = await docs.create(a.collection, data)
-        elif a.rev is None:
-            d = await _put_id(docs, a.collection, a.id, data)
-        else:
-            d = await docs.replace(a.collection, a.id, data, rev=a.rev)
-        cli.line(f"{d['_meta']['_id']}\t{d['_meta']['_rev']}")
-    elif c == "get":
-        doc = await docs.get(
+            return self._written(await self.docs.create(a.collection, data))
+        if a.rev is None:
+            return self._written(await _put_id(self.docs, a.collection, a.id, data))
+        return self._written(await self.docs.replace(a.collection, a.id, data, rev=a.rev))
+
+    async def get(self) -> int:
+        a = self.a
+        doc = await self.docs.get(
             a.collection, a.id, deleted=a.deleted, conflicts=a.conflicts, rev=a.rev
         )
-        cli.line(_compact(doc) if a.json else json.dumps(doc, indent=2))
-    elif c in ("ls", "find"):
+        self.cli.line(_compact(doc) if a.json else json.dumps(doc, indent=2))
+        return 0
+
+    async def ls(self) -> int:
+        """``ls`` and ``find``."""
+        a, docs = self.a, self.docs
         damaged: list[dict[str, Any]] = []
-        if c == "ls":
+        if a.doc_command == "ls":
             found = docs.list_documents(
                 a.collection, deleted=a.deleted, limit=a.limit, on_damaged=damaged.append
             )
@@ -225,55 +266,66 @@ async def run(cli: Cli, usage: type[Exception]) -> int:
                 a.collection,
                 a.name,
                 _value(a.eq),
-                start=_bound(a.start, "--start", usage),
-                end=_bound(a.end, "--end", usage),
+                start=_bound(a.start, "--start", self.usage),
+                end=_bound(a.end, "--end", self.usage),
                 deleted=a.deleted,
                 limit=a.limit,
                 on_damaged=damaged.append,
             )
         async for d in found:
-            cli.line(_compact(d) if a.json else _row(d))
+            self.cli.line(_compact(d) if a.json else _row(d))
         for d in damaged:  # (listed past, as the daemon does: exit 4 at the end)
             print(f"ledgerctl: {d['message']}", file=sys.stderr)
-        if damaged:
-            from ledgerd.daemon.cli import EXIT_ERROR  # (cli imports this module)
+        return EXIT_ERROR if damaged else 0
 
-            return EXIT_ERROR
-    elif c in ("rm", "purge"):
-        op = docs.delete if c == "rm" else docs.purge
-        d = await op(a.collection, a.id, rev=a.rev)
-        cli.line(f"{d['_meta']['_id']}\t{d['_meta']['_rev']}")
-    elif c == "index":
+    async def rm(self) -> int:
+        """``rm`` and ``purge``."""
+        a = self.a
+        op = self.docs.delete if a.doc_command == "rm" else self.docs.purge
+        return self._written(await op(a.collection, a.id, rev=a.rev))
+
+    async def declare_index(self) -> int:
+        a = self.a
         sort = None if a.sort is None else _path(a.sort)
-        info = await docs.declare_index(a.collection, a.name, _path(a.partition), sort)
-        cli.line(f"{info['name']}\t{'ready' if info['ready'] else 'building'}")
-    elif c == "indexes":
-        for info in await docs.indexes(a.collection):
-            if a.json:
-                cli.line(_compact(info))
-                continue
-            if info.get("code") is not None:  # a definition this ledgerd cannot read
-                cli.line(f"{info['name']}\t-\t-\t{info['code']}")
-                continue
-            sort = "-" if info["sort"] is None else _compact(info["sort"])
-            state = "ready" if info["ready"] else "building"
-            cli.line(f"{info['name']}\t{_compact(info['partition'])}\t{sort}\t{state}")
-    elif c == "drop-index":
-        await docs.drop_index(a.collection, a.name)
-    elif c == "rebuild-index":
-        await docs.rebuild_index(a.collection, a.name)
-    elif c == "detach":
-        d = await docs.delete_attachment(a.collection, a.id, a.attachment_id, rev=a.rev)
-        cli.line(f"{d['_meta']['_id']}\t{d['_meta']['_rev']}")
-    elif c == "attach":
+        info = await self.docs.declare_index(a.collection, a.name, _path(a.partition), sort)
+        self.cli.line(f"{info['name']}\t{'ready' if info['ready'] else 'building'}")
+        return 0
+
+    async def indexes(self) -> int:
+        for info in await self.docs.indexes(self.a.collection):
+            if self.a.json:
+                self.cli.line(_compact(info))
+            elif info.get("code") is not None:  # a definition this ledgerd cannot read
+                self.cli.line(f"{info['name']}\t-\t-\t{info['code']}")
+            else:
+                sort = "-" if info["sort"] is None else _compact(info["sort"])
+                state = "ready" if info["ready"] else "building"
+                self.cli.line(f"{info['name']}\t{_compact(info['partition'])}\t{sort}\t{state}")
+        return 0
+
+    async def drop_index(self) -> int:
+        await self.docs.drop_index(self.a.collection, self.a.name)
+        return 0
+
+    async def rebuild_index(self) -> int:
+        await self.docs.rebuild_index(self.a.collection, self.a.name)
+        return 0
+
+    async def detach(self) -> int:
+        a = self.a
+        d = await self.docs.delete_attachment(a.collection, a.id, a.attachment_id, rev=a.rev)
+        return self._written(d)
+
+    async def attach(self) -> int:
+        a = self.a
         path = Path(a.file)
         if path.is_dir():
-            raise usage(f"{path}: is a directory")
+            raise self.usage(f"{path}: is a directory")
         if not path.is_file():
-            raise usage(f"{path}: no such file")
+            raise self.usage(f"{path}: no such file")
         name = a.name or path.name
         ctype = a.type or mimetypes.guess_type(name)[0] or "application/octet-stream"
-        res = await docs.put_attachment(
+        res = await self.docs.put_attachment(
             a.collection,
             a.id,
             path,
@@ -282,28 +334,33 @@ async def run(cli: Cli, usage: type[Exception]) -> int:
             attachment_id=a.replace,
             rev=a.rev,
         )
-        cli.line(f"{res['attachment']['_id']}\t{res['document']['_meta']['_rev']}")
-    elif c == "attachment":
+        self.cli.line(f"{res['attachment']['_id']}\t{res['document']['_meta']['_rev']}")
+        return 0
+
+    async def attachment(self) -> int:
+        a = self.a
         if (target := file_arg(a.output)) is not None:
             if not target.parent.is_dir():
-                raise usage(f"-o {target}: directory {target.parent} does not exist")
+                raise self.usage(f"-o {target}: directory {target.parent} does not exist")
             try:
-                await docs.attachment_to_file(a.collection, a.id, a.attachment_id, target)
+                await self.docs.attachment_to_file(a.collection, a.id, a.attachment_id, target)
             except (PermissionError, IsADirectoryError) as e:
-                raise usage(f"-o {target}: {e.strerror}") from None
-        else:
-            sys.stdout.flush()
-            out = sys.stdout.buffer
-            out.flush()
-            async for chunk in docs.attachment_stream(a.collection, a.id, a.attachment_id):
-                await blocking.run(write_all, out.fileno(), chunk)
-    elif c == "changes":
-        if not a.follow:
-            async for page in docs.all_changes(a.since, collection=a.collection):
-                cli.line(_compact(page))
+                raise self.usage(f"-o {target}: {e.strerror}") from None
             return 0
-        async for batch in docs.follow(a.since, collection=a.collection):
-            cli.line(_compact(batch))
+        sys.stdout.flush()
+        out = sys.stdout.buffer
+        out.flush()
+        async for chunk in self.docs.attachment_stream(a.collection, a.id, a.attachment_id):
+            await blocking.run(write_all, out.fileno(), chunk)
+        return 0
+
+    async def changes(self) -> int:
+        a = self.a
+        if not a.follow:
+            async for page in self.docs.all_changes(a.since, collection=a.collection):
+                self.cli.line(_compact(page))
+            return 0
+        async for batch in self.docs.follow(a.since, collection=a.collection):
+            self.cli.line(_compact(batch))
         print("ledgerctl: the daemon ended the changes feed", file=sys.stderr)
         return 1
-    return 0

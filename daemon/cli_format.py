@@ -8,8 +8,8 @@ and values escaped on one line (:func:`show`), ledger and page names as text or 
 (:func:`show_tuple`). ``--json`` records are built here too, so that every command
 writes the same shape (see :func:`entry_doc`, :func:`name_doc`).
 
-It does no I/O and knows nothing of the daemon; :mod:`ledgerd.daemon.cli` runs the
-commands.
+It does no I/O and knows nothing of the daemon; :mod:`ledgerd.daemon.cli_commands` has
+the commands.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ledgerd.daemon.cli_quick import UsageError as UsageError
+from ledgerd.daemon.cli_exit import UsageError as UsageError
 from ledgerd.daemon.client import Item
-from ledgerd.daemon.codec import b64
+from ledgerd.daemon.client_types import b64
 from ledgerd.store import SingleFloat, Versionstamp
 from ledgerd.store.errors import counted as counted  # (the CLI's commands use it from here)
 from ledgerd.store.errors import named

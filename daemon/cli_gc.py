@@ -1,12 +1,12 @@
 """``ledgerctl gc [LEDGER [PAGE]] [--json]`` and ``ledgerctl evict LEDGER PAGE [--json]``.
 
 This module owns the ``gc`` and ``evict`` subcommands: their arguments
-(:func:`register`, called once by :mod:`ledgerd.daemon.cli` when it builds its
-parser) and their summaries. Both run in the daemon (``POST /v1/gc``,
+(:func:`register`, called once by :mod:`ledgerd.daemon.cli_parser` when it builds
+its parser) and their summaries. Both run in the daemon (``POST /v1/gc``,
 ``POST /v1/evict``). Exit status 0, or 1 when a page could not be collected (the
 other statuses are ``ledgerctl``'s own: 2 bad usage, 3 daemon unreachable, 4 daemon
 error: a page that cannot be evicted is 409 ``not_evictable``). ``ledgerctl du`` (in
-:mod:`ledgerd.daemon.cli`) shows the disk figures (``GET /v1/du``).
+:mod:`ledgerd.daemon.cli_commands`) shows the disk figures (``GET /v1/du``).
 """
 
 from __future__ import annotations

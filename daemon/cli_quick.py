@@ -13,8 +13,8 @@ command, which asks again and reports it, so that both paths print the same.
 :func:`quick_put` sends ``put LEDGER PAGE KEY VALUE`` (a value given on the command
 line) likewise, and ends quietly on a 2xx answer, as the full command does; anything
 else goes to the full command, which sends it again (a put of the same value twice
-leaves the same value) and reports what it gets. What is shared by both, the terminal
-check and the exit statuses, lives here.
+leaves the same value) and reports what it gets. What both share, the terminal check
+and the exit statuses, is :mod:`ledgerd.daemon.cli_exit`'s.
 
 Its imports are few on purpose: ``socket`` (with ``enum`` and ``selectors``) and ``re``
 took longer to import than the request took to answer, so the request goes through
@@ -25,53 +25,23 @@ took longer to import than the request took to answer, so the request goes throu
 from __future__ import annotations
 
 import _socket
-import codecs
 import os
 import sys
 
+from ledgerd.daemon.cli_exit import (
+    EXIT_INTERRUPTED,
+    HEX_DIGITS,
+    TerminalGuard,
+    UsageError,
+    output_failed,
+)
 from ledgerd.daemon.client_urls import quote
 from ledgerd.daemon.socketdir import socket_dir_problem, socket_file
 
-EXIT_NOT_FOUND, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_ERROR, EXIT_DAMAGED = 1, 2, 3, 4, 5
-EXIT_INTERRUPTED = 130
 QUICK_MAX = 1024 * 1024
 """The largest value the quick path prints (a larger one may want a progress bar)."""
-HEX_DIGITS = "0123456789abcdefABCDEF"
-_CONTROL = dict.fromkeys([*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), *range(0x7F, 0xA0)])
-"""Characters that a terminal may act on: a value holding any is not written to one
-(a ``str.translate`` table that drops them: ``re`` takes longer to import)."""
 _VALUED = {"--socket": "socket", "--at": "at"}
 """The options with a value that the quick path takes (``--at`` after ``get`` only)."""
-
-
-class UsageError(Exception):
-    """The command line is wrong (exit status 2)."""
-
-
-class TerminalGuard:
-    """Lets text through to a terminal and stops at the first sign of binary data; text
-    that does not end a line is ended with a newline there (a pipe gets the value's
-    bytes exactly), so that the shell's prompt starts a line of its own."""
-
-    def __init__(self) -> None:
-        self.decoder = codecs.getincrementaldecoder("utf-8")()
-        self.last = b""
-
-    def tail(self) -> bytes:
-        """What to write after the value: a newline if it did not end with one."""
-        return b"\n" if self.last and not self.last.endswith(b"\n") else b""
-
-    def check(self, chunk: bytes, final: bool = False) -> None:
-        if chunk:
-            self.last = chunk
-        try:
-            text = self.decoder.decode(chunk, final)
-        except UnicodeDecodeError:
-            text = "\x00"
-        if len(text.translate(_CONTROL)) != len(text):
-            raise UsageError(
-                "the value is binary: not written to a terminal (use -o FILE, a pipe, or --force)"
-            )
 
 
 class QuickGet:
@@ -101,6 +71,29 @@ def quick_args(argv: list[str]) -> QuickGet | None:
     ``--socket PATH`` (before or after ``get``), ``--at COMMIT`` and ``--force`` (after
     it), each once, or ``put LEDGER PAGE KEY VALUE`` with at most ``--socket PATH``;
     None for every other command line, left to the full parser."""
+    scanned = _scan(argv)
+    if scanned is None:
+        return None
+    put, values, force, positional = scanned
+    at, sock = values.get("at"), values.get("socket")
+    if sock == "":
+        return None
+    if put:
+        if len(positional) != 4 or at is not None or force:
+            return None
+        ledger, page, key, value = positional
+        return QuickGet(ledger, page, key, sock, None, False, value)
+    if len(positional) != 3:
+        return None
+    if at is not None and (not at or at.strip(HEX_DIGITS)):
+        return None
+    ledger, page, key = positional
+    return QuickGet(ledger, page, key, sock, at, force)
+
+
+def _scan(argv: list[str]) -> tuple[bool, dict[str, str], bool, list[str]] | None:
+    """``argv``'s words as (a put, the options' values, ``--force``, the positionals), or
+    None when a word is one the quick path does not take."""
     values: dict[str, str] = {}
     force, command, put = False, False, False
     positional: list[str] = []
@@ -110,12 +103,8 @@ def quick_args(argv: list[str]) -> QuickGet | None:
         if name in _VALUED:
             if not given:
                 value = next(words, "-")
-            if value.startswith("-") or _VALUED[name] in values:
-                return None  # (an option's value that looks like an option: argparse's call)
-            if name == "--at" and not command:
+            if not _option_taken(name, value, values, command, put, len(positional)):
                 return None
-            if put and 0 < len(positional) < 4:
-                return None  # (argparse gives the optional VALUE nothing before an option)
             values[_VALUED[name]] = value
         elif word == "--force" and command and not force:
             force = True
@@ -127,20 +116,20 @@ def quick_args(argv: list[str]) -> QuickGet | None:
             command, put = True, word == "put"
         else:
             positional.append(word)
-    at = values.get("at")
-    if values.get("socket") == "":
-        return None
-    if put:
-        if len(positional) != 4 or at is not None or force:
-            return None
-        ledger, page, key, value = positional
-        return QuickGet(ledger, page, key, values.get("socket"), None, False, value)
-    if len(positional) != 3:
-        return None
-    if at is not None and (not at or at.strip(HEX_DIGITS)):
-        return None
-    ledger, page, key = positional
-    return QuickGet(ledger, page, key, values.get("socket"), at, force)
+    return put, values, force, positional
+
+
+def _option_taken(
+    name: str, value: str, values: dict[str, str], command: bool, put: bool, given: int
+) -> bool:
+    """Whether option ``name`` with ``value`` is one the quick path takes where it stands
+    (after ``command``, if any, and ``given`` positionals)."""
+    if value.startswith("-") or _VALUED[name] in values:
+        return False  # (an option's value that looks like an option: argparse's call)
+    if name == "--at" and not command:
+        return False
+    # (argparse gives put's optional VALUE nothing before an option)
+    return not (put and 0 < given < 4)
 
 
 def _fetch(path: str, target: str, put: bytes | None = None) -> bytes | None:
@@ -155,49 +144,77 @@ def _fetch(path: str, target: str, put: bytes | None = None) -> bytes | None:
         except OSError:
             return None
         s.settimeout(None)
-        if put is None:
-            request = f"GET {target} HTTP/1.1\r\nHost: ledgerd\r\nConnection: close\r\n\r\n"
-        else:
-            request = (
-                f"PUT {target} HTTP/1.1\r\nHost: ledgerd\r\nConnection: close\r\n"
-                "Content-Type: application/octet-stream\r\n"
-                f"Content-Length: {len(put)}\r\n\r\n"
-            )
-        s.sendall(request.encode("ascii") + (put or b""))
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = s.recv(65536)
-            if not chunk or len(data) > 65536:
-                return None
-            data += chunk
-        head, _, body = data.partition(b"\r\n\r\n")
-        status, *headers = head.split(b"\r\n")
+        s.sendall(_request(target, put))
+        answer = _read_head(s)
+        if answer is None:
+            return None
+        status, headers, body = answer
         if put is not None:
             code = status[9:13]  # "2xx "
             ok = code[:1] == b"2" and code[1:3].isdigit() and code[3:] == b" "
             return b"" if status.startswith(b"HTTP/1.1 ") and ok else None
         if not status.startswith(b"HTTP/1.1 200 "):
             return None
-        length: int | None = None
-        for line in headers:
-            name, colon, value = line.partition(b":")
-            name, value = name.strip().lower(), value.strip()
-            if not colon or name == b"transfer-encoding":
-                return None
-            if name == b"content-length":
-                if length is not None or not value.isdigit():
-                    return None
-                length = int(value)
+        length = _content_length(headers)
         if length is None or length > QUICK_MAX:
             return None
-        while len(body) < length:
-            chunk = s.recv(65536)
-            if not chunk:
-                return None  # cut short: the full path asks again and says why
-            body += chunk
-        return body if len(body) == length else None
+        return _read_body(s, body, length)
     finally:
         s.close()
+
+
+def _request(target: str, put: bytes | None) -> bytes:
+    """The request's bytes: a GET of ``target``, or a PUT of ``put`` there."""
+    if put is None:
+        request = f"GET {target} HTTP/1.1\r\nHost: ledgerd\r\nConnection: close\r\n\r\n"
+    else:
+        request = (
+            f"PUT {target} HTTP/1.1\r\nHost: ledgerd\r\nConnection: close\r\n"
+            "Content-Type: application/octet-stream\r\n"
+            f"Content-Length: {len(put)}\r\n\r\n"
+        )
+    return request.encode("ascii") + (put or b"")
+
+
+def _read_head(s: _socket.socket) -> tuple[bytes, list[bytes], bytes] | None:
+    """The answer's status line, header lines and the body's first bytes; None when the
+    connection ends first or the head is too long."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        if not chunk or len(data) > 65536:
+            return None
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status, *headers = head.split(b"\r\n")
+    return status, headers, body
+
+
+def _content_length(headers: list[bytes]) -> int | None:
+    """The one ``Content-Length`` of ``headers``; None without one, with two, with a
+    ``Transfer-Encoding`` or a line that is not a header."""
+    length: int | None = None
+    for line in headers:
+        name, colon, value = line.partition(b":")
+        name, value = name.strip().lower(), value.strip()
+        if not colon or name == b"transfer-encoding":
+            return None
+        if name == b"content-length":
+            if length is not None or not value.isdigit():
+                return None
+            length = int(value)
+    return length
+
+
+def _read_body(s: _socket.socket, body: bytes, length: int) -> bytes | None:
+    """The body, ``length`` bytes of which ``body`` came with the head; None when the
+    connection ends short of it or the daemon sends more."""
+    while len(body) < length:
+        chunk = s.recv(65536)
+        if not chunk:
+            return None  # cut short: the full path asks again and says why
+        body += chunk
+    return body if len(body) == length else None
 
 
 def quick_get(q: QuickGet) -> int | None:
@@ -234,25 +251,6 @@ def quick_get(q: QuickGet) -> int | None:
     return 0
 
 
-def output_failed(e: OSError) -> int:
-    """The exit status of a failed write to standard output (or another local file):
-    a closed pipe (``ledgerctl get | head``) is a normal end; anything else is one line
-    on stderr."""
-    try:
-        if isinstance(e, BrokenPipeError):
-            sys.stdout.close()
-        else:  # what is still buffered goes to /dev/null, so that Python's flush at exit
-            # does not fail again (and print a traceback)
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except Exception:  # (contextlib.suppress: an import the quick path does without)
-        pass
-    if isinstance(e, BrokenPipeError):
-        return 0
-    where = f"{e.filename}: " if e.filename else ""
-    print(f"ledgerctl: {where}a local read or write failed: {e.strerror or e}", file=sys.stderr)
-    return EXIT_USAGE
-
-
 def main(argv: list[str] | None = None) -> int:
     """``ledgerctl``: the quick path when it applies, else the full command."""
     args = sys.argv[1:] if argv is None else argv
@@ -263,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_INTERRUPTED
         if code is not None:
             return code
+    # (imported here for start-up speed: the quick path never loads the full command)
     from ledgerd.daemon import cli
 
     return cli.main(argv)

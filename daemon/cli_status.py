@@ -20,7 +20,6 @@ from typing import Any
 
 from ledgerd.daemon.cli_format import counted, positive_int, show_b64_name, when_s
 from ledgerd.daemon.client import AsyncClient
-from ledgerd.daemon.codec import text_or_none
 
 PAGES_SHOWN, PAGES_JSON = 20, 1000
 """Pages ``status`` shows by default (``--pages``), as lines and with ``--json``."""
@@ -110,19 +109,24 @@ def status_lines(st: dict[str, Any], now: float | None = None) -> list[str]:
         lines += conflict_lines(st.get("conflicts") or [])
         return lines
     for p in st.get("open_pages", []):  # (an older daemon: it lists the open pages only)
-        extra = f"  conflicts={p['conflicts']}" if p.get("conflicts") else ""
-        if p.get("unuploaded_writes"):
-            extra += "  writes not uploaded"
-        if p.get("last_sync"):
-            extra += f"  synced {when_s(p['last_sync'])}"
-        elif p.get("sync") == "synced":  # (nothing moved since the daemon started)
-            extra += "  synced"
-        if p.get("conflict"):
-            extra += f"  conflict: {p['conflict']}"
-        if p.get("last_error"):
-            extra += f"  error: {p['last_error']}"
-        lines.append(f"page     {_page(p)}{extra}")
+        lines.append(f"page     {_page(p)}{_open_page_extra(p)}")
     return lines
+
+
+def _open_page_extra(p: dict[str, Any]) -> str:
+    """What an older daemon's ``open_pages`` says of a page, after its name."""
+    extra = f"  conflicts={p['conflicts']}" if p.get("conflicts") else ""
+    if p.get("unuploaded_writes"):
+        extra += "  writes not uploaded"
+    if p.get("last_sync"):
+        extra += f"  synced {when_s(p['last_sync'])}"
+    elif p.get("sync") == "synced":  # (nothing moved since the daemon started)
+        extra += "  synced"
+    if p.get("conflict"):
+        extra += f"  conflict: {p['conflict']}"
+    if p.get("last_error"):
+        extra += f"  error: {p['last_error']}"
+    return extra
 
 
 def sync_lines(sync: dict[str, Any]) -> list[str]:
@@ -244,7 +248,10 @@ def _page_state(p: dict[str, Any], now: float) -> str:
 def _arg(b64: str) -> tuple[str, bool]:
     """A name as a ``ledgerctl`` argument (hex when it is not UTF-8), and whether it is hex."""
     raw = base64.b64decode(b64)
-    text = text_or_none(raw)
+    try:
+        text: str | None = raw.decode()
+    except UnicodeDecodeError:
+        text = None
     return (
         (shlex.quote(text), False)
         if text is not None and text.isprintable()

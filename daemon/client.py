@@ -7,14 +7,16 @@ and ``ledgerctl`` import from here; the parts live in
   :class:`Change`, :class:`ResolveRequest`, ...), names quoted into URLs, the socket;
 * :mod:`ledgerd.daemon.client_body`: what a value may be (:data:`Content`), the same
   for both clients;
-* :mod:`ledgerd.daemon.client_async`: :class:`AsyncClient`, HTTP over the Unix socket
-  (values streamed, ranges paged through, errors mapped);
+* :mod:`ledgerd.daemon.client_http`: the connection over the Unix socket, URLs, the
+  daemon's errors mapped;
+* :mod:`ledgerd.daemon.client_async`: :class:`AsyncClient`, the calls of the HTTP API
+  (values streamed, ranges paged through);
 * :mod:`ledgerd.daemon.client_session`: WebSocket sessions (:class:`Session`),
   watchers as iterators (:class:`Watch`) and :class:`AsyncTransaction`;
 * :mod:`ledgerd.daemon.client_bridge`: the one way from blocking code to the async
   classes, a private event loop on a thread and methods made blocking through it;
 * :mod:`ledgerd.daemon.client_blocking`: :class:`Client` and its blocking sessions,
-  watches and transactions, the async classes through that bridge;
+  watches, transactions and documents, the async classes through that bridge;
 * :mod:`ledgerd.daemon.client_docs`: documents (``client.documents(ledger, page)``);
 * :mod:`ledgerd.daemon.client_conflicts`: conflicts listed and resolved by hand
   (``client.conflicts()``, ``client.resolve(...)``).

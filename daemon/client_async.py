@@ -1,9 +1,9 @@
 """The asyncio client: :class:`AsyncClient`.
 
-This module owns talking HTTP to ledgerd over its Unix socket: the connection (refused
-when the socket's directory is unsafe), URLs, values streamed both ways (from and to
-files too), ranges paged through, the daemon's errors as :class:`LedgerError`, and the
-repository, sync, policy and operations calls. Sessions, watches and transactions are
+This module owns the calls of the HTTP API: values streamed both ways (from and to
+files too), ranges paged through, and the repository, sync, policy and operations
+calls. The connection, URLs and the daemon's errors are
+:mod:`ledgerd.daemon.client_http`'s. Sessions, watches and transactions are
 :mod:`ledgerd.daemon.client_session`'s: this module opens their connections, and
 :class:`TxnContext` is ``async with client.transaction(...)``, a transaction on a session
 of its own. The blocking client is this one through a bridge
@@ -13,7 +13,6 @@ of its own. The blocking client is this one through a bridge
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import AsyncGenerator, Awaitable, Coroutine, Iterable
 from pathlib import Path
@@ -22,7 +21,6 @@ from typing import Any
 
 import aiofiles
 import aiohttp
-from yarl import URL
 
 from ledgerd.daemon.client_body import Content, sending
 from ledgerd.daemon.client_conflicts import (
@@ -34,6 +32,7 @@ from ledgerd.daemon.client_conflicts import (
     resolved,
 )
 from ledgerd.daemon.client_docs import AsyncDocuments
+from ledgerd.daemon.client_http import HttpClient
 from ledgerd.daemon.client_session import AsyncTransaction, Session, Watch
 from ledgerd.daemon.client_types import (
     CHUNK,
@@ -42,101 +41,27 @@ from ledgerd.daemon.client_types import (
     Item,
     LedgerError,
     Name,
-    NotFoundError,
     Progress,
     ResolverCallback,
-    UnsafeSocketError,
+    b64,
     item_of,
     paged,
     quote,
     raw,
     reaching,
-    socket_path,
     unb64,
 )
-from ledgerd.daemon.codec import b64
-from ledgerd.daemon.socketdir import socket_dir_problem
 
 
-def _error(status: int, body: bytes) -> LedgerError:
-    try:
-        err = json.loads(body)["error"]
-        code, message = str(err["code"]), str(err["message"])
-    except (ValueError, KeyError, TypeError):
-        code, message = f"http_{status}", body.decode(errors="replace")[:500]
-    cls = NotFoundError if status == 404 else LedgerError
-    return cls(code, message, status)
-
-
-class AsyncClient:
+class AsyncClient(HttpClient):
     """A client of one daemon: an aiohttp session over its Unix socket, opened at first
     use; close it, or use the client in ``async with``."""
-
-    def __init__(self, socket: str | Path | None = None, timeout: float | None = None) -> None:
-        self.socket = socket_path(socket)
-        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=10)
-        self._session: aiohttp.ClientSession | None = None
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            if problem := socket_dir_problem(self.socket):
-                raise UnsafeSocketError("unsafe_socket", f"refusing to connect: {problem}")
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.UnixConnector(path=str(self.socket)), timeout=self._timeout
-            )
-        return self._session
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
 
     async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    @staticmethod
-    def url(path: str, query: dict[str, str | bytes | int | None] | None = None) -> URL:
-        q = ""
-        if query:
-            parts = []
-            for k, v in query.items():
-                if v is None:
-                    continue
-                parts.append(f"{k}={quote(v if isinstance(v, bytes) else str(v))}")
-            q = "?" + "&".join(parts) if parts else ""
-        return URL("http://ledgerd" + path + q, encoded=True)
-
-    @staticmethod
-    def page_path(ledger: Name, page: Name) -> str:
-        return f"/v1/ledgers/{quote(ledger)}/pages/{quote(page)}"
-
-    async def request(
-        self,
-        method: str,
-        url: URL,
-        *,
-        data: Any = None,
-        json_body: Any = None,
-        headers: dict[str, str] | None = None,
-    ) -> aiohttp.ClientResponse:
-        session = self.session
-        with reaching(self.socket):
-            resp = await session.request(method, url, data=data, json=json_body, headers=headers)
-            if resp.status >= 400:
-                body = await resp.read()
-                resp.release()
-                raise _error(resp.status, body)
-        return resp
-
-    async def _json(self, method: str, url: URL, body: Any = None) -> Any:
-        resp = await self.request(method, url, json_body=body)
-        with reaching(self.socket):
-            async with resp:
-                return await resp.json()
 
     # -- repository ----------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from types import TracebackType
 
 from ledgerd.daemon.client_async import AsyncClient, TxnContext
 from ledgerd.daemon.client_bridge import Bridge, blocking, blocking_iter, bridged, then
-from ledgerd.daemon.client_docs import Documents
+from ledgerd.daemon.client_docs import AsyncDocuments
 from ledgerd.daemon.client_session import AsyncTransaction, Session, Watch
 from ledgerd.daemon.client_types import (
     Answer,
@@ -38,6 +38,7 @@ __all__ = [
     "BlockingWatch",
     "Bridge",
     "Client",
+    "Documents",
 ]
 
 BlockingResolver = Callable[[ResolveRequest], Answer]
@@ -164,6 +165,38 @@ class BlockingSession:
         """Answer the ledger's conflicts with ``callback`` (run on a worker thread)
         while this session is open."""
         self._call(self.aio.register_resolver(ledger, _on_thread(callback)))
+
+
+class Documents:
+    """:class:`AsyncDocuments` for blocking code: its methods through the
+    :class:`~ledgerd.daemon.client.Client`'s bridge."""
+
+    def __init__(self, bridge: Bridge, aio: AsyncDocuments) -> None:
+        self._bridge = bridge
+        self.aio = aio
+
+    create = blocking(AsyncDocuments.create)
+    get = blocking(AsyncDocuments.get)
+    replace = blocking(AsyncDocuments.replace)
+    bulk_docs = blocking(AsyncDocuments.bulk_docs)
+    select = blocking(AsyncDocuments.select)
+    explain = blocking(AsyncDocuments.explain)
+    delete = blocking(AsyncDocuments.delete)
+    purge = blocking(AsyncDocuments.purge)
+    list_documents = blocking_iter(AsyncDocuments.list_documents)
+    put_attachment = blocking(AsyncDocuments.put_attachment)
+    attachment_stream = blocking_iter(AsyncDocuments.attachment_stream)
+    read_attachment = blocking(AsyncDocuments.read_attachment)
+    attachment_to_file = blocking(AsyncDocuments.attachment_to_file)
+    delete_attachment = blocking(AsyncDocuments.delete_attachment)
+    declare_index = blocking(AsyncDocuments.declare_index)
+    drop_index = blocking(AsyncDocuments.drop_index)
+    rebuild_index = blocking(AsyncDocuments.rebuild_index)
+    indexes = blocking(AsyncDocuments.indexes)
+    find = blocking_iter(AsyncDocuments.find)
+    changes = blocking(AsyncDocuments.changes)
+    all_changes = blocking_iter(AsyncDocuments.all_changes)
+    follow = blocking_iter(AsyncDocuments.follow)
 
 
 class Client:

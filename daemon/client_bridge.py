@@ -4,7 +4,7 @@ This module owns running the async clients' coroutines and async iterators from 
 code: :class:`Bridge` is a private event loop on a background thread, and :func:`bridged`
 (with :func:`blocking`, :func:`blocking_iter` and :func:`then`) makes a blocking method of
 an async one, with its parameters and types. The blocking classes made of them are
-:mod:`ledgerd.daemon.client_blocking`'s and :mod:`ledgerd.daemon.client_docs`'s; what
+:mod:`ledgerd.daemon.client_blocking`'s; what
 goes over the socket is the async classes' business.
 """
 

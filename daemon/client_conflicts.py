@@ -13,9 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ledgerd.daemon.client_types import LedgerError, unb64
+from ledgerd.daemon.client_types import LedgerError, b64, unb64
 from ledgerd.daemon.client_urls import Name, raw
-from ledgerd.daemon.codec import b64
 
 TakeName = Literal["ours", "theirs", "delete"]
 

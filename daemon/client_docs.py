@@ -1,11 +1,12 @@
-"""Documents in the Python clients: :class:`AsyncDocuments` and its blocking :class:`Documents`.
+"""Documents in the Python clients: :class:`AsyncDocuments`.
 
 This module owns the client side of ``/v1/ledgers/{L}/pages/{P}/docs/...``
 (:mod:`daemon.docs_api`): documents as their JSON (``{"_meta", "_data",
 "_attachments"}`` dicts), attachments streamed both ways, index queries and
-listings paged through, and the changes feed, and their blocking :class:`Documents`
-through the client's bridge. Connections, URLs and errors are
-:class:`~ledgerd.daemon.client.AsyncClient`'s (as :class:`Requests`); get one from it::
+listings paged through, and the changes feed. Their blocking
+:class:`~ledgerd.daemon.client_blocking.Documents` is the blocking client's module's.
+Connections, URLs and errors are :class:`~ledgerd.daemon.client_http.HttpClient`'s;
+get the documents of a page from a client::
 
     async with AsyncClient() as c:
         docs = c.documents("app", "people")
@@ -24,14 +25,12 @@ import json
 import logging
 from collections.abc import AsyncGenerator, Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import aiofiles
-import aiohttp
-from yarl import URL
 
 from ledgerd.daemon.client_body import Content, sending
-from ledgerd.daemon.client_bridge import Bridge, blocking, blocking_iter
+from ledgerd.daemon.client_http import HttpClient
 from ledgerd.daemon.client_types import CHUNK, LedgerError, Name, paged, quote, reaching
 
 Doc = dict[str, Any]
@@ -79,31 +78,11 @@ def _find_body(
     return {"selector": selector, **{k: v for k, v in given.items() if v is not None}}
 
 
-class Requests(Protocol):
-    """What documents need of :class:`~ledgerd.daemon.client_async.AsyncClient`."""
-
-    socket: Path
-
-    def url(self, path: str, query: dict[str, str | bytes | int | None] | None = None) -> URL: ...
-
-    def page_path(self, ledger: Name, page: Name) -> str: ...
-
-    async def request(
-        self,
-        method: str,
-        url: URL,
-        *,
-        data: Any = None,
-        json_body: Any = None,
-        headers: dict[str, str] | None = None,
-    ) -> aiohttp.ClientResponse: ...
-
-
 class AsyncDocuments:
     """The documents of one page, through an :class:`AsyncClient` (which owns the
     connection: close the client, not this)."""
 
-    def __init__(self, client: Requests, ledger: Name, page: Name) -> None:
+    def __init__(self, client: HttpClient, ledger: Name, page: Name) -> None:
         self.client = client
         self.ledger = ledger
         self.page = page
@@ -529,35 +508,3 @@ class AsyncDocuments:
                         err = doc["error"]
                         raise LedgerError(err["code"], err["message"], resp.status)
                     yield doc
-
-
-class Documents:
-    """:class:`AsyncDocuments` for blocking code: its methods through the
-    :class:`~ledgerd.daemon.client.Client`'s bridge."""
-
-    def __init__(self, bridge: Bridge, aio: AsyncDocuments) -> None:
-        self._bridge = bridge
-        self.aio = aio
-
-    create = blocking(AsyncDocuments.create)
-    get = blocking(AsyncDocuments.get)
-    replace = blocking(AsyncDocuments.replace)
-    bulk_docs = blocking(AsyncDocuments.bulk_docs)
-    select = blocking(AsyncDocuments.select)
-    explain = blocking(AsyncDocuments.explain)
-    delete = blocking(AsyncDocuments.delete)
-    purge = blocking(AsyncDocuments.purge)
-    list_documents = blocking_iter(AsyncDocuments.list_documents)
-    put_attachment = blocking(AsyncDocuments.put_attachment)
-    attachment_stream = blocking_iter(AsyncDocuments.attachment_stream)
-    read_attachment = blocking(AsyncDocuments.read_attachment)
-    attachment_to_file = blocking(AsyncDocuments.attachment_to_file)
-    delete_attachment = blocking(AsyncDocuments.delete_attachment)
-    declare_index = blocking(AsyncDocuments.declare_index)
-    drop_index = blocking(AsyncDocuments.drop_index)
-    rebuild_index = blocking(AsyncDocuments.rebuild_index)
-    indexes = blocking(AsyncDocuments.indexes)
-    find = blocking_iter(AsyncDocuments.find)
-    changes = blocking(AsyncDocuments.changes)
-    all_changes = blocking_iter(AsyncDocuments.all_changes)
-    follow = blocking_iter(AsyncDocuments.follow)

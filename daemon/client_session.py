@@ -32,11 +32,11 @@ from ledgerd.daemon.client_types import (
     ResolverCallback,
     ResolveRequest,
     Side,
+    b64,
     item_of,
     raw,
     unb64,
 )
-from ledgerd.daemon.codec import b64
 
 
 def _side(d: dict[str, Any] | None) -> Side | None:

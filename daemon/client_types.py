@@ -106,6 +106,11 @@ def socket_path(path: str | Path | None = None) -> Path:
     return Path(socket_file(path))
 
 
+def b64(data: bytes) -> str:
+    """Bytes as the API's base64 (the daemon's :func:`~ledgerd.daemon.codec.b64`)."""
+    return base64.b64encode(data).decode()
+
+
 def unb64(text: str) -> bytes:
     """The daemon's base64 (trusted: the daemon wrote it)."""
     return base64.b64decode(text)

@@ -18,6 +18,7 @@ import math
 import os
 import pwd
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -136,43 +137,66 @@ def _uid(user: str) -> int:
 _TYPES: dict[str, type] = {f.name: f.type for f in fields(Config)}  # type: ignore[misc]
 
 
+def _as_path(value: Any) -> Path:
+    if not isinstance(value, str | Path) or not str(value):
+        raise ValueError("expected a path")
+    return Path(os.path.abspath(os.path.expanduser(str(value))))
+
+
+def _as_int(value: Any) -> int:
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError("expected an integer")
+    try:
+        v = int(value)
+    except ValueError:  # (int()'s message repeats the value)
+        raise ValueError("expected an integer") from None
+    if v <= 0:
+        raise ValueError("must be positive")
+    return v
+
+
+def _as_float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError("expected a number")
+    try:
+        f = float(value)
+    except ValueError:
+        raise ValueError("expected a number") from None
+    if not math.isfinite(f) or f < 0:
+        raise ValueError("must be a finite number, not negative")
+    return f
+
+
+def _as_names(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [x.strip() for x in value.split(",") if x.strip()]
+    if not isinstance(value, list) or not all(isinstance(x, str | int) for x in value):
+        raise ValueError("expected a list of names")
+    return [str(x) for x in value]
+
+
+def _as_str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("expected a string")
+    return value
+
+
+_COERCE: dict[str, Callable[[Any], Any]] = {
+    "Path": _as_path,
+    "int": _as_int,
+    "float": _as_float,
+    "list[str]": _as_names,
+}
+"""How a value from a file, the environment or a flag becomes a key's type (by the
+annotation's text; every other key is a string)."""
+
+
 def _coerce(key: str, value: Any, source: str) -> Any:
-    kind = Config.__dataclass_fields__[key].type
+    kind = str(Config.__dataclass_fields__[key].type)
+    coerce: Callable[[Any], Any] = _COERCE.get(kind, _as_str)
     where = f"{key} (from {source})"
     try:
-        if kind == "Path":
-            if not isinstance(value, str | Path) or not str(value):
-                raise ValueError("expected a path")
-            return Path(os.path.abspath(os.path.expanduser(str(value))))
-        if kind == "int":
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError("expected an integer")
-            try:
-                v = int(value)
-            except ValueError:  # (int()'s message repeats the value)
-                raise ValueError("expected an integer") from None
-            if v <= 0:
-                raise ValueError("must be positive")
-            return v
-        if kind == "float":
-            if isinstance(value, bool):
-                raise ValueError("expected a number")
-            try:
-                f = float(value)
-            except ValueError:
-                raise ValueError("expected a number") from None
-            if not math.isfinite(f) or f < 0:
-                raise ValueError("must be a finite number, not negative")
-            return f
-        if kind == "list[str]":
-            if isinstance(value, str):
-                return [x.strip() for x in value.split(",") if x.strip()]
-            if not isinstance(value, list) or not all(isinstance(x, str | int) for x in value):
-                raise ValueError("expected a list of names")
-            return [str(x) for x in value]
-        if not isinstance(value, str):
-            raise ValueError("expected a string")
-        return value
+        return coerce(value)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"{where}: {e}: {value!r}") from None
 

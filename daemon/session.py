@@ -29,21 +29,17 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from ledgerd.daemon import errors as ae
-from ledgerd.daemon.api import DEFAULT_LIMIT, MAX_LIMIT, Api
+from ledgerd.daemon import session_ops as ops
+from ledgerd.daemon.api import Api
+from ledgerd.daemon.leases import page_leases
 from ledgerd.daemon.codec import (
-    b64,
-    entries_json,
     parse_json,
-    parse_priority,
-    priority_name,
-    stamped_key,
-    stamped_value,
     unb64,
 )
-from ledgerd.daemon.leases import page_leases
-from ledgerd.store import Entry, Repository, StoreError, Transaction, Watcher
-from ledgerd.store.errors import named
-from ledgerd.store.tree.merge import Choice, MergeRequest, Resolver
+from ledgerd.daemon.session_resolve import ResolveRounds, ResolverSession
+from ledgerd.daemon.session_resolve import Resolvers as Resolvers  # (server's, from here)
+from ledgerd.store import StoreError, Transaction, Watcher
+from ledgerd.store.tree.merge import Choice, MergeRequest
 
 log = logging.getLogger(__name__)
 
@@ -60,61 +56,6 @@ def _queued_txn(data: str) -> str | None:
 
 _Queue = asyncio.Queue[tuple[str, str | None] | None]
 """A session's queued requests: each with the transaction it names (read once)."""
-
-
-INLINE_RESOLVE = 1024 * 1024
-"""Resolve events carry values up to this size; larger ones carry null (read them by key)."""
-
-
-class Resolvers:
-    """Which sessions offered to resolve conflicts, per ledger.
-
-    The repository's pages ask it for a ledger's resolver when their policy calls for
-    one (:class:`ledgerd.store.page.hooks.ResolverSource`): the first session registered
-    for the ledger answers. With none registered a page's conflicts wait (reads show
-    each key's winner meanwhile), and are put to the resolver once one registers.
-    """
-
-    def __init__(self) -> None:
-        self.by_ledger: dict[bytes, list[Session]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def resolver_for(self, ledger: bytes) -> Resolver | None:
-        sessions = self.by_ledger.get(ledger)
-        if not sessions:
-            return None
-        return sessions[0].ask
-
-    def add(self, ledger: bytes, s: Session) -> None:
-        sessions = self.by_ledger.setdefault(ledger, [])
-        if s in sessions:  # registered already (its conflicts were put to it then)
-            return
-        sessions.append(s)
-        task = asyncio.create_task(self._resume(ledger, s.api.repo), name="resume-conflicts")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _resume(self, ledger: bytes, repo: Repository) -> None:
-        """A resolver arrived: put the conflicts of the ledger's pages to it.
-
-        Pages keep one head; a page's conflicts are its keys whose siblings hold
-        different values (``conflict_count``), under every policy: ``try_merge`` asks
-        the resolver only where the page's policy calls for one."""
-        for pid in await repo.ledger(ledger).pages(include_deleted=True):
-            try:
-                page = await repo.open_page(ledger, pid)
-                with page.lease():
-                    if page.conflict_count:
-                        await page.try_merge()
-            except Exception:
-                log.exception("resolving the conflicts of page %s failed", named(pid))
-
-    def remove(self, s: Session) -> None:
-        for ledger, lst in list(self.by_ledger.items()):
-            while s in lst:
-                lst.remove(s)
-            if not lst:  # no trace of a ledger once its resolvers are gone
-                del self.by_ledger[ledger]
 
 
 class Sessions:
@@ -153,7 +94,7 @@ class Sessions:
             await s.ws.close(code=1001, message=b"ledgerd is shutting down")
 
 
-class Session:
+class Session(ResolverSession):
     def __init__(
         self,
         sessions: Sessions,
@@ -181,7 +122,8 @@ class Session:
         self.watchers: dict[str, tuple[Watcher, asyncio.Task[None]]] = {}
         self._send_lock = asyncio.Lock()
         self._ids = itertools.count(1)
-        self._asked: dict[str, asyncio.Future[dict[bytes, Choice]]] = {}
+        self.resolving = ResolveRounds(self.api, self.send, self._ids)
+        """The conflicts put to this session, as a resolver, waiting for its answers."""
         self.transport = transport
         """The connection, aborted when its client takes nothing for ``request_timeout``
         seconds (:meth:`_bounded`); None: sends wait without bound."""
@@ -396,9 +338,7 @@ class Session:
             await self._ended(wid, changed=False)
         self.watchers.clear()
         self.sessions.resolvers.remove(self)
-        for fut in self._asked.values():  # rounds waiting on us change nothing
-            if not fut.done():
-                fut.set_exception(ConnectionResetError("the resolver disconnected"))
+        self.resolving.disconnected()
 
     # -- helpers -----------------------------------------------------------------
 
@@ -427,11 +367,6 @@ class Session:
             raise ae.Conflict(why or f"no open transaction {req.get('txn')!r} in this session")
         return txn
 
-    @staticmethod
-    def _opt_bytes(req: dict[str, Any], name: str) -> bytes | None:
-        v = req.get(name)
-        return None if v is None else unb64(v, name)
-
     # -- ops ---------------------------------------------------------------------
 
     async def op_ping(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -456,52 +391,16 @@ class Session:
         return {"txn": tid, "base": txn.base.id.hex()}
 
     async def op_get(self, req: dict[str, Any]) -> dict[str, Any]:
-        txn = self._txn(req)
-        entry = await txn.get_entry(unb64(req.get("key"), "key"))
-        if entry is None:
-            return {"found": False}
-        # The reply carries the whole value: no larger than a session message may be
-        # (max_batch_bytes, as base64), checked before anything is read.
-        size, most = await txn.objects.size(entry.value), self.api.cfg.max_batch_bytes
-        if 4 * -(-size // 3) > most:
-            raise ae.TooLarge(
-                f"the value of {size} bytes is over what a session message carries "
-                f"({most} bytes as base64, max_batch_bytes): read it by key over HTTP"
-            )
-        value = await txn.objects.read_all(entry.value)
-        return {"found": True, "value": b64(value), "priority": priority_name(entry.priority)}
+        return await ops.get(self._txn(req), req, self.api.cfg.max_batch_bytes)
 
     async def op_put(self, req: dict[str, Any]) -> dict[str, Any]:
-        txn = self._txn(req)
-        prio = req.get("priority")
-        await txn.put(
-            unb64(req.get("key"), "key"),
-            unb64(req.get("value"), "value"),
-            parse_priority(prio),
-        )
-        return {}
+        return await ops.put(self._txn(req), req)
 
     async def op_set_versionstamped_key(self, req: dict[str, Any]) -> dict[str, Any]:
-        """``key`` is a template (its trailing 4-byte offset included), completed at commit."""
-        txn = self._txn(req)
-        prio = req.get("priority")
-        await txn.set_versionstamped_key(
-            stamped_key(unb64(req.get("key"), "key"), "key").template,
-            unb64(req.get("value"), "value"),
-            parse_priority(prio),
-        )
-        return {}
+        return await ops.set_versionstamped_key(self._txn(req), req)
 
     async def op_set_versionstamped_value(self, req: dict[str, Any]) -> dict[str, Any]:
-        """``value`` is a template (its trailing 4-byte offset included), completed at commit."""
-        txn = self._txn(req)
-        prio = req.get("priority")
-        await txn.set_versionstamped_value(
-            unb64(req.get("key"), "key"),
-            stamped_value(unb64(req.get("value"), "value"), "value").template,
-            parse_priority(prio),
-        )
-        return {}
+        return await ops.set_versionstamped_value(self._txn(req), req)
 
     async def op_delete(self, req: dict[str, Any]) -> dict[str, Any]:
         await self._txn(req).delete(unb64(req.get("key"), "key"))
@@ -512,21 +411,7 @@ class Session:
         return {}
 
     async def op_entries(self, req: dict[str, Any]) -> dict[str, Any]:
-        txn = self._txn(req)
-        limit = req.get("limit", DEFAULT_LIMIT)
-        if type(limit) is not int or not 1 <= limit <= MAX_LIMIT:
-            raise ae.BadRequest(f"limit must be an integer from 1 to {MAX_LIMIT}")
-        found, nxt = await txn._page(
-            self._opt_bytes(req, "start"),
-            self._opt_bytes(req, "end"),
-            self._opt_bytes(req, "prefix"),
-            limit,
-            self._opt_bytes(req, "token"),
-        )
-        out, n = await entries_json(txn, found, True, self.api.cfg.max_listing_bytes)
-        if n < len(found):  # the message is full: the next listing starts at the first left out
-            nxt = found[n][0]
-        return {"entries": out, "next": b64(nxt) if nxt is not None else None}
+        return await ops.entries(self._txn(req), req, self.api.cfg.max_listing_bytes)
 
     async def op_commit(self, req: dict[str, Any]) -> dict[str, Any]:
         txn = self._txn(req)
@@ -536,12 +421,7 @@ class Session:
             cid = await txn.commit()
         finally:
             await self._ended(tid, changed=txn.commit_id is not None)
-        stamp = txn.versionstamp
-        return {
-            "commit": cid.hex() if cid else None,
-            "versionstamp": stamp.hex() if stamp is not None else None,
-            "versionstamped_keys": [b64(k) for k in txn.versionstamped_keys],
-        }
+        return ops.committed(txn, cid)
 
     async def op_rollback(self, req: dict[str, Any]) -> dict[str, Any]:
         txn = self._txn(req)
@@ -558,7 +438,7 @@ class Session:
                 f"{limit} watchers of this session are open (max_session_watchers):"
                 " unwatch one first"
             )
-        prefix = self._opt_bytes(req, "prefix") or b""  # a bad one makes no page
+        prefix = ops.opt_bytes(req, "prefix") or b""  # a bad one makes no page
         # A page this makes is marked unwritten, as a begin's is: a kill, which ends the
         # watcher with nothing written, leaves it unlisted after the restart.
         page, _ = await self.api.new_page(*self._names(req))
@@ -575,23 +455,7 @@ class Session:
         ended: dict[str, Any] = {"event": "ended", "watch": wid}
         try:
             async for note in watcher:
-                await self.send(
-                    {
-                        "event": "change",
-                        "watch": wid,
-                        "commit": note.commit.hex(),
-                        "changed": [
-                            {
-                                "key": b64(c.key),
-                                "value": b64(c.value) if c.value is not None else None,
-                                "priority": priority_name(c.priority),
-                                "size": c.size,
-                            }
-                            for c in note.changed
-                        ],
-                        "deleted": [b64(k) for k in note.deleted],
-                    }
-                )
+                await self.send(ops.change_event(wid, note))
         except (ConnectionResetError, asyncio.CancelledError):
             return  # the session ended or unwatched: nobody to tell
         except Exception as e:
@@ -619,100 +483,11 @@ class Session:
         return {}
 
     async def ask(self, req: MergeRequest) -> dict[bytes, Choice]:
-        """Send a page's conflicts to this session's resolver and wait for its answers.
-
-        The conflicts go in ``resolve`` events of at most ``max_event_bytes`` each (but
-        at least one conflict each), built and sent one at a time; each event is a
-        request of its own, answered by its own ``resolved``. The answers are stored
-        once every part is answered; nothing is if one part fails.
-        """
-        page = await self.api.repo.open_page(req.ledger, req.page)  # open: it is asking
-        head = {
-            "event": "resolve",
-            "ledger": b64(page.ledger),
-            "page": b64(page.id),
-            "policy": req.policy.value,
-            "left": req.left.id.hex(),
-            "right": req.right.id.hex(),
-        }
-        budget = self.api.cfg.max_event_bytes
-
-        async def side(e: Entry | None) -> dict[str, Any] | None:
-            if e is None:
-                return None
-            size = await page.objects.size(e.value)
-            value = await page.objects.read_all(e.value) if size <= INLINE_RESOLVE else None
-            return {
-                "value": b64(value) if value is not None else None,
-                "size": size,
-                "priority": priority_name(e.priority),
-            }
-
-        asked: list[tuple[str, asyncio.Future[dict[bytes, Choice]]]] = []
-
-        async def send(part: list[dict[str, Any]]) -> None:
-            rid = f"r{next(self._ids)}"
-            fut: asyncio.Future[dict[bytes, Choice]] = asyncio.get_running_loop().create_future()
-            self._asked[rid] = fut
-            asked.append((rid, fut))
-            await self.send({**head, "request": rid, "conflicts": part})
-
-        try:
-            part: list[dict[str, Any]] = []
-            used = len(json.dumps(head)) + 64
-            for c in req.conflicts:
-                item = {
-                    "key": b64(c.key),
-                    "base": await side(c.base),
-                    "left": await side(c.left),
-                    "right": await side(c.right),
-                }
-                n = len(json.dumps(item)) + 2
-                if part and used + n > budget:
-                    await send(part)
-                    part, used = [], len(json.dumps(head)) + 64
-                part.append(item)
-                used += n
-            if part or not asked:
-                await send(part)
-            results = await asyncio.gather(*(f for _, f in asked), return_exceptions=True)
-            answers: dict[bytes, Choice] = {}
-            for r in results:
-                if isinstance(r, BaseException):
-                    raise r
-                answers.update(r)
-            return answers
-        finally:
-            for rid, _ in asked:
-                self._asked.pop(rid, None)
+        """This session as the resolver of a page's conflicts (:class:`ResolveRounds`)."""
+        return await self.resolving.ask(req)
 
     async def op_resolved(self, req: dict[str, Any]) -> dict[str, Any]:
-        fut = self._asked.get(str(req.get("request")))
-        if fut is None or fut.done():
-            raise ae.Conflict(
-                f"no resolve request {req.get('request')!r} is waiting for this session"
-            )
-        if req.get("error"):
-            fut.set_exception(RuntimeError(ae.bounded(f"the resolver failed: {req.get('error')}")))
-            return {}
-        choices = req.get("choices")
-        if not isinstance(choices, list):
-            raise ae.BadRequest("choices must be a list")
-        out: dict[bytes, Choice] = {}
-        for i, ch in enumerate(choices):
-            if not isinstance(ch, dict):
-                raise ae.BadRequest(f"choices[{i}] must be an object")
-            key = unb64(ch.get("key"), f"choices[{i}].key")
-            take = ch.get("take")
-            if take in ("left", "right"):
-                out[key] = take
-            elif take == "delete":
-                out[key] = None
-            elif take == "value":
-                out[key] = unb64(ch.get("value"), f"choices[{i}].value")
-            else:
-                raise ae.BadRequest(f"choices[{i}].take must be left, right, delete or value")
-        fut.set_result(out)
+        self.resolving.resolved(req)
         return {}
 
     async def op_register_resolver(self, req: dict[str, Any]) -> dict[str, Any]:

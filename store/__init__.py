@@ -27,6 +27,8 @@ Documents after Yoda (:class:`DocumentStore`, one per page)::
     doc = await docs.replace("notes", doc.id, {"title": "hi"}, expected_rev=doc.rev)
 """
 
+from ledgerd.store.documents import doccheck as _doccheck
+from ledgerd.store.documents import docjoin as _docjoin
 from ledgerd.store.documents.docfind import FindResult, InvalidSelectorError
 from ledgerd.store.documents.docindex import HeldBudget
 from ledgerd.store.documents.docmodel import (
@@ -38,6 +40,7 @@ from ledgerd.store.documents.docmodel import (
     DocumentError,
     DocumentNotFoundError,
     DocumentTooLargeError,
+    IndexInfo,
     IndexNotFoundError,
     InvalidDocumentError,
     InvalidIdError,
@@ -53,7 +56,6 @@ from ledgerd.store.documents.documents import (
     Damaged,
     DocumentRange,
     DocumentStore,
-    IndexInfo,
 )
 from ledgerd.store.errors import (
     AmbiguousCommitError,
@@ -90,6 +92,7 @@ from ledgerd.store.errors import (
 from ledgerd.store.keys import tuple
 from ledgerd.store.keys.subspace import Subspace
 from ledgerd.store.keys.tuple import SingleFloat, TupleError, Versionstamp
+from ledgerd.store.page import check as _check
 from ledgerd.store.page.conflicts import KeyConflict, Take, expect_of
 from ledgerd.store.page.gc import HISTORY_RETENTION, GcResult
 from ledgerd.store.page.hooks import (
@@ -107,9 +110,16 @@ from ledgerd.store.pieces.objects import ObjectStore, ValueRef
 from ledgerd.store.repo.repository import NAME_LIMIT, Ledger, Repository, decode_name, encode_name
 from ledgerd.store.sqlite.threads import OFF_LOOP_BYTES, BlockingCalls, off_loop
 from ledgerd.store.sqlite.threads import set_threads as set_sqlite_threads
+from ledgerd.store.tree import join as _join
 from ledgerd.store.tree.btree import Entry, Priority, RawEntry
 from ledgerd.store.tree.commit import Commit
 from ledgerd.store.tree.merge import Choice, Conflict, MergeRequest, NeedsResolver, Policy, Resolver
+
+# The document layer's rules for the layers below it, set when the package is imported
+# (before any of its modules can run), so that every join on every device, those sync
+# runs through store.page.exchange among them, keeps documents whole.
+_join.set_group_rule(_docjoin.DOCUMENT_RULE)
+_check.set_content_check(_doccheck.DOCUMENT_CHECK)
 
 __all__ = [
     "KEY_LIMIT",

@@ -2,7 +2,7 @@
 
 This module owns checking a page against the bucket and repairing it from there:
 
-* **What the bucket holds.** The feed is listed once per check
+* **What the bucket holds** (read by :mod:`sync.cloudview`). The feed is listed once per check
   (:class:`BucketIndex`) and each pack's index read once; a page's sections are then
   read one at a time: every one's EAGER pieces (they must verify), LAZY pieces read
   (and verified) in this device's own packs and where wanted. Then the page's best
@@ -42,265 +42,27 @@ from ledgerd.store.errors import named
 from ledgerd.store.page import check as ck
 from ledgerd.store.page import exchange as ex
 from ledgerd.store.pieces import digest as dg
-from ledgerd.sync import layout, pack
-from ledgerd.sync.checkpoints import Checkpoints
-from ledgerd.sync.cloud import CloudStore
-from ledgerd.sync.crypto import Codec
-from ledgerd.sync.errors import CloudError, CloudNotFoundError
-from ledgerd.sync.fetch import Location
-from ledgerd.sync.layout import PACKS, PackName
+from ledgerd.sync import layout
+from ledgerd.sync.cloudview import BucketIndex, CloudView, read_checkpoint, read_page
+from ledgerd.sync.errors import CloudError
 
 if TYPE_CHECKING:
     from ledgerd.sync.engine import SyncEngine
 
 log = logging.getLogger(__name__)
 
-Key = tuple[bytes, bytes]
+__all__ = [  # with what sync.cloudview reads, as callers import it from here
+    "REPAIR_ROUNDS",
+    "BucketIndex",
+    "Checked",
+    "CloudView",
+    "check_page",
+    "read_checkpoint",
+    "read_page",
+]
 
 REPAIR_ROUNDS = 4
 """Checks of one page in a repair: each restored tree node may reveal more to restore."""
-
-
-class BucketIndex:
-    """Every pack in the bucket, by page: one listing of ``packs/`` with each pack's
-    header read once per check."""
-
-    def __init__(self, store: CloudStore, codec: Codec | None = None) -> None:
-        self.store = store
-        self.codec = codec
-        """The bucket's codec, if it is encrypted (:attr:`SyncEngine.codec`)."""
-        self._sections: dict[Key, list[tuple[PackName, pack.PageIndex]]] | None = None
-        self.problems: list[str] = []
-        """Packs whose header could not be read."""
-        self.notes: list[str] = []
-        """Packs sealed with a key this device lacks (not damage)."""
-
-    def forget(self) -> None:
-        """List the bucket again at the next use (packs may have come since)."""
-        self._sections = None
-        self.problems = []
-
-    async def sections(self, key: Key) -> list[tuple[PackName, pack.PageIndex]]:
-        """The page's sections in the packs, oldest pack first."""
-        if self._sections is None:
-            found: dict[Key, list[tuple[PackName, pack.PageIndex]]] = {}
-            async for name in self.store.list(PACKS):
-                pn = PackName.parse(name)
-                if pn is None:
-                    continue
-                try:
-                    pack.check_head_end(pn.head_end)
-                    head = await self.store.get(pn.name, 0, pn.head_end)
-                    seal = (self.codec, pn.ident) if self.codec is not None else None
-                    header = pack.decode_header(head, pn.head_end, pn.eager_end, seal)
-                except CloudNotFoundError:
-                    continue  # compacted since the listing: a checkpoint holds it
-                except (CloudError, pack.CorruptPackError) as e:
-                    _unreadable(f"pack {pn.name}", e, self.problems, self.notes)
-                    continue
-                for pi in header.pages:
-                    found.setdefault(pi.key, []).append((pn, pi))
-            self._sections = found
-        return sorted(self._sections.get(key, []), key=lambda x: (x[0].device, x[0].seq))
-
-
-@dataclass
-class CloudView:
-    """What the bucket holds of one page."""
-
-    packs: int = 0
-    own_packs: int = 0
-    pieces: set[bytes] = field(default_factory=set)
-    uploaded: int = -1
-    """How far this device's writes to the page are in the bucket (its clock)."""
-    found: dict[bytes, bytes] = field(default_factory=dict)
-    """Wanted pieces, verified."""
-    problems: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    """What could not be read for want of a key this device lacks (not damage)."""
-    checkpoint: str | None = None
-    """The name of the page's checkpoint that was read, if any."""
-    unread: bool = False
-    """The page has checkpoints, and none could be read: what compaction removed cannot
-    be told from what the bucket lost, so nothing is judged missing (or uploaded)."""
-
-    def add_pack(
-        self, own: bool, eager: dict[bytes, bytes], wanted: set[bytes], bad: list[str]
-    ) -> None:
-        """Count a section's EAGER pieces as in the bucket, keeping the wanted ones; what
-        does not check out goes to ``bad``."""
-        self.packs += 1
-        self.own_packs += own
-        for d, v in eager.items():
-            if not dg.verify(d, v):
-                bad.append(f"piece {dg.short(d)} does not match its digest")
-                continue
-            self.pieces.add(d)
-            if d in wanted:
-                self.found[d] = v
-
-
-async def _read_sections(
-    store: CloudStore,
-    sections: list[tuple[PackName, pack.PageIndex]],
-    device: str,
-    wanted: set[bytes],
-    view: CloudView,
-    codec: Codec | None,
-) -> None:
-    """The page's sections: every one's EAGER pieces; LAZY pieces read (and verified)
-    in this device's own packs and where wanted."""
-    for pn, pi in sections:
-        await _read_section(store, pn, pi, device, wanted, view, codec)
-        if pn.device == device:
-            view.uploaded = max(view.uploaded, pi.upto)
-
-
-async def _read_section(
-    store: CloudStore,
-    pn: PackName,
-    pi: pack.PageIndex,
-    device: str,
-    wanted: set[bytes],
-    view: CloudView,
-    codec: Codec | None,
-) -> None:
-    """One section of :func:`_read_sections`."""
-    own = pn.device == device
-    bad: list[str] = []
-    try:
-        stored = await store.get(pn.name, pi.eager.offset, pi.eager.stored)
-        _, eager = pack.decode_section(stored, pi.eager, codec)
-    except CloudNotFoundError:
-        return  # compacted since the listing: a checkpoint holds it
-    except (CloudError, pack.CorruptPackError) as e:
-        _unreadable(f"pack {pn.name}", e, view.problems, view.notes)
-        return
-    view.add_pack(own, eager, wanted, bad)
-    for d, part in pi.lazy:
-        view.pieces.add(d)
-        if not (own or (d in wanted and d not in view.found)):
-            continue
-        try:
-            plain = pack.unseal(await store.get(pn.name, part.offset, part.stored), part, codec)
-            raw = pack.unsqueeze(plain, part.codec, part.raw if part.codec else len(plain))
-        except CloudNotFoundError:
-            view.pieces.discard(d)  # compacted since the listing
-            continue
-        except (CloudError, pack.CorruptPackError) as e:
-            view.pieces.discard(d)
-            if isinstance(e, pack.PackKeyMissingError):
-                _unreadable(f"pack {pn.name}: LAZY piece {dg.short(d)}", e, [], view.notes)
-            else:
-                bad.append(f"LAZY piece {dg.short(d)}: {e}")
-            continue
-        if not dg.verify(d, raw):
-            bad.append(f"LAZY piece {dg.short(d)} does not match its digest")
-            view.pieces.discard(d)
-            continue
-        if d in wanted:
-            view.found[d] = raw
-    if bad:
-        view.problems.append(f"pack {pn.name}: " + "; ".join(bad[:5]))
-
-
-async def read_page(
-    store: CloudStore,
-    device: str,
-    want: Iterable[bytes],
-    sections: Iterable[tuple[PackName, pack.PageIndex]] = (),
-    codec: Codec | None = None,
-) -> CloudView:
-    """Read the page's sections (see the module docstring); keep the ``want`` pieces."""
-    view = CloudView()
-    await _read_sections(store, list(sections), device, set(want), view, codec)
-    return view
-
-
-async def read_checkpoint(
-    checkpoints: Checkpoints,
-    key: Key,
-    want: Iterable[bytes],
-    view: CloudView,
-    codec: Codec | None = None,
-    tag: bytes = b"",
-) -> None:
-    """Add the page's best checkpoint (the one compaction goes by, see
-    :meth:`Checkpoints.best`) to ``view``: its pieces are in the bucket, the writes of
-    this device (``tag``) its context holds are too, and wanted pieces it holds are
-    ``found`` (a LAZY one with a ranged GET of it). Read after the packs, so that a
-    pack compacted while they were read is covered by what is read here. Cost: one
-    LIST of the page's checkpoints, the index of each of its newest few when it has
-    several, one ranged GET of the chosen one."""
-    wanted = set(want)
-    for _ in range(2):  # the chosen one may be deleted under us: a newer one is there
-        names = [cn async for cn in checkpoints.names(checkpoints.tag(key))]
-        best = await checkpoints.best(names)
-        if not best:
-            if names:
-                view.unread = True
-                view.problems.append(f"none of the page's {len(names)} checkpoints can be read")
-            return
-        cn = next(iter(best.values()))
-        try:
-            cp = await checkpoints.read(cn)
-        except CloudNotFoundError:
-            continue
-        except (CloudError, pack.CorruptPackError) as e:
-            view.unread = True
-            _unreadable(f"checkpoint {cn.name}", e, view.problems, view.notes)
-            return
-        break
-    else:
-        return
-    if cp.key != key:
-        view.problems.append(f"checkpoint {cn.name}: it holds another page than its name says")
-        return
-    view.checkpoint = cn.name
-    view.uploaded = max(view.uploaded, cp.ctx.get(tag, -1))
-    for d, v in cp.eager.items():  # (their digests are computed from them)
-        view.pieces.add(d)
-        if d in wanted:
-            view.found[d] = v
-    for d, where in cp.lazy.items():
-        view.pieces.add(d)
-        if d not in wanted or d in view.found:
-            continue
-        loc = Location.parse(where)
-        try:
-            stored = await checkpoints.store.get(loc.name, loc.offset, loc.stored)
-            if codec is not None:
-                ident = loc.name.rsplit(".", 2)[0]
-                piece = pack.open_piece(stored, codec, ident, d, loc.codec, loc.raw)
-            else:
-                piece = pack.unsqueeze(stored, loc.codec, loc.raw)
-        except CloudNotFoundError:
-            continue
-        except (CloudError, pack.CorruptPackError) as e:
-            where = f"checkpoint {cn.name}: LAZY piece {dg.short(d)}"
-            if isinstance(e, pack.PackKeyMissingError):
-                _unreadable(where, e, view.problems, view.notes)
-            else:
-                view.problems.append(f"{where}: {e}")
-            continue
-        if dg.verify(d, piece):
-            view.found[d] = piece
-        else:
-            view.problems.append(
-                f"checkpoint {cn.name}: LAZY piece {dg.short(d)} does not match its digest"
-            )
-
-
-def _unreadable(where: str, e: Exception, problems: list[str], notes: list[str]) -> None:
-    """Record what could not be read: a problem, unless it is sealed with a key this
-    device lacks (``key_missing``, as sync holds such a pack): not damage, a note."""
-    if isinstance(e, pack.PackKeyMissingError):
-        notes.append(
-            f"{where}: not checked, key_missing (sealed with a key this device lacks): "
-            f"{type(e).__name__}: {e}"
-        )
-    else:
-        problems.append(f"{where}: {type(e).__name__}: {e}")
 
 
 @dataclass
@@ -349,15 +111,41 @@ async def check_page(
     if (cloud or repair) and engine is None:
         result.notes.append("cloud sync is off: nothing was checked or fetched in a bucket")
     if use_cloud and engine is not None and index is not None:
-        try:
-            result.cloud = await _cloud(page, engine, index, report, repair)
-        except CloudError as e:
-            report.add(ck.Problem(ck.CLOUD, f"the bucket could not be read: {e}"))
-        else:
-            result.notes.extend(dict.fromkeys([*index.notes, *result.cloud.notes]))
+        await _check_cloud(page, engine, index, result, repair)
     if not repair:
         return result
     await ck.repair_local(page, report)
+    await _repair(page, engine, index, result)
+    unread = result.cloud is not None and result.cloud.unread
+    if engine is not None and not unread and not report.open_problems(ck.NOT_IN_CLOUD):
+        # Everything the page counts as synced is in packs that verify: a broken pack
+        # left in the bucket no longer holds anything that is not elsewhere too.
+        for p in report.open_problems(ck.CLOUD):
+            p.repaired = True
+    result.report = report
+    return result
+
+
+async def _check_cloud(
+    page: Page, engine: SyncEngine, index: BucketIndex, result: Checked, repair: bool
+) -> None:
+    """The bucket's part of the check (:func:`_cloud`): a bucket that cannot be read
+    is a problem of the page's report."""
+    report = result.report
+    try:
+        result.cloud = await _cloud(page, engine, index, report, repair)
+    except CloudError as e:
+        report.add(ck.Problem(ck.CLOUD, f"the bucket could not be read: {e}"))
+    else:
+        result.notes.extend(dict.fromkeys([*index.notes, *result.cloud.notes]))
+
+
+async def _repair(
+    page: Page, engine: SyncEngine | None, index: BucketIndex | None, result: Checked
+) -> None:
+    """Restore from the bucket and check again, up to :data:`REPAIR_ROUNDS` times, while
+    the page is not healthy and a restore changed something."""
+    report = result.report
     for _ in range(REPAIR_ROUNDS):
         if report.healthy or engine is None or index is None or _documents_only(report):
             break
@@ -378,14 +166,6 @@ async def check_page(
         report.documents = again.documents
         if not fixed:
             break
-    unread = result.cloud is not None and result.cloud.unread
-    if engine is not None and not unread and not report.open_problems(ck.NOT_IN_CLOUD):
-        # Everything the page counts as synced is in packs that verify: a broken pack
-        # left in the bucket no longer holds anything that is not elsewhere too.
-        for p in report.open_problems(ck.CLOUD):
-            p.repaired = True
-    result.report = report
-    return result
 
 
 _CLOUD_CODES = (ck.CLOUD, ck.NOT_IN_CLOUD)
@@ -455,70 +235,102 @@ async def _restore(
     unfit: set[bytes] = set()  # damaged here and not restored: nothing to upload
     bad = report.bad_pieces()
     if any(dg.kind_of(d) is dg.Kind.TREE for d in bad):
-        # The bucket holds entries, not this device's tree: a damaged tree is rebuilt
-        # from the bucket whole (the page's best checkpoint and the packs above it).
-        if await ex.has_unuploaded(page):
-            result.notes.append(
-                "the page's tree is damaged and it holds writes of this device not uploaded "
-                "yet: rebuilding it from the bucket would lose them (nothing was changed)"
-            )
-            return False
-        await ck.drop_pieces(page, bad)
-        await ex.forget(page)
-        if not await engine.downloader.restore(page):
-            result.notes.append("the page's tree is damaged and the bucket holds nothing of it")
-            return True
-        pruned = await ck.prune_lost_history(page, bad)  # (older trees the bucket lacks)
-        if pruned:
-            result.notes.append(
-                f"{pruned} older commits of the page could not be rebuilt from the bucket "
-                "(it holds their writes in later states): their history was pruned"
-            )
-        for p in report.open_problems(ck.CORRUPT_PIECE, ck.MISSING_PIECE):
-            p.repaired = True
-        log.info("rebuilt the damaged tree of page %s from the bucket", named(page.id))
-        return True
+        return await _rebuild_tree(page, engine, report, result, bad)
     if bad:
-        found = {d: v for d, v in (result.cloud.found if result.cloud else {}).items() if d in bad}
-        if len(found) < len(bad):  # (the first read of the bucket kept what was bad then)
-            found.update((await _read_bucket(page, engine, index, "", bad)).found)
-        restored = set(await ck.restore_pieces(page, found))
-        for p in report.open_problems(ck.CORRUPT_PIECE, ck.MISSING_PIECE):
-            if p.digest in restored:
-                p.repaired = True
-                changed = True
-        left = [d for d in bad if d not in restored]
+        changed, left = await _restore_pieces(page, engine, index, report, result, bad)
         unfit.update(left)
-        if left:
-            result.notes.append(
-                f"{len(left)} pieces are in no pack of the bucket (first: {dg.short(left[0])})"
-            )
     lacking = [p for p in report.open_problems(ck.NOT_IN_CLOUD) if p.digest not in unfit]
-    if lacking:
-        key = (page.ledger, page.id)
-        writes = [p for p in lacking if p.digest is None]
-        pieces = [p for p in lacking if p.digest is not None]
-        try:
-            if writes:  # this device's writes the bucket lacks: uploaded again
-                view = result.cloud
-                await ck.requeue(page, [], view.uploaded if view is not None else -1)
-                engine.requeued(key)
-                await engine.round(download=False, only=key)
-                error = engine.upload_error(key)
-                if error is not None:
-                    raise CloudError(error)
-            # Pieces the bucket lacks: a checkpoint holds every one.
-            if pieces and not await engine.policy.write_for_compaction(key):
-                raise CloudError("no checkpoint of the page could be written")
-        except (CloudError, OSError) as e:
-            result.notes.append(f"the upload of what the bucket lacks failed: {e}")
-        except asyncio.CancelledError:
-            raise
-        else:
-            for p in lacking:
-                p.repaired = changed = True
-            log.info("uploaded again what the bucket lacked of page %s", named(page.id))
+    if lacking and await _upload_lacking(page, engine, result, lacking):
+        changed = True
     return changed
+
+
+async def _rebuild_tree(
+    page: Page, engine: SyncEngine, report: ck.PageCheck, result: Checked, bad: list[bytes]
+) -> bool:
+    """The bucket holds entries, not this device's tree: a damaged tree is rebuilt
+    from the bucket whole (the page's best checkpoint and the packs above it). True if
+    anything changed."""
+    if await ex.has_unuploaded(page):
+        result.notes.append(
+            "the page's tree is damaged and it holds writes of this device not uploaded "
+            "yet: rebuilding it from the bucket would lose them (nothing was changed)"
+        )
+        return False
+    await ck.drop_pieces(page, bad)
+    await ex.forget(page)
+    if not await engine.downloader.restore(page):
+        result.notes.append("the page's tree is damaged and the bucket holds nothing of it")
+        return True
+    pruned = await ck.prune_lost_history(page, bad)  # (older trees the bucket lacks)
+    if pruned:
+        result.notes.append(
+            f"{pruned} older commits of the page could not be rebuilt from the bucket "
+            "(it holds their writes in later states): their history was pruned"
+        )
+    for p in report.open_problems(ck.CORRUPT_PIECE, ck.MISSING_PIECE):
+        p.repaired = True
+    log.info("rebuilt the damaged tree of page %s from the bucket", named(page.id))
+    return True
+
+
+async def _restore_pieces(
+    page: Page,
+    engine: SyncEngine,
+    index: BucketIndex,
+    report: ck.PageCheck,
+    result: Checked,
+    bad: list[bytes],
+) -> tuple[bool, list[bytes]]:
+    """Store again the ``bad`` pieces the bucket holds (verified). Whether any was,
+    and the ones it does not hold."""
+    changed = False
+    found = {d: v for d, v in (result.cloud.found if result.cloud else {}).items() if d in bad}
+    if len(found) < len(bad):  # (the first read of the bucket kept what was bad then)
+        found.update((await _read_bucket(page, engine, index, "", bad)).found)
+    restored = set(await ck.restore_pieces(page, found))
+    for p in report.open_problems(ck.CORRUPT_PIECE, ck.MISSING_PIECE):
+        if p.digest in restored:
+            p.repaired = True
+            changed = True
+    left = [d for d in bad if d not in restored]
+    if left:
+        result.notes.append(
+            f"{len(left)} pieces are in no pack of the bucket (first: {dg.short(left[0])})"
+        )
+    return changed, left
+
+
+async def _upload_lacking(
+    page: Page, engine: SyncEngine, result: Checked, lacking: list[ck.Problem]
+) -> bool:
+    """Upload what the bucket lacks of the page: this device's writes (one upload round
+    of the page) and pieces (in a checkpoint, which holds every one). True if it went
+    up (its problems are then repaired)."""
+    key = (page.ledger, page.id)
+    writes = [p for p in lacking if p.digest is None]
+    pieces = [p for p in lacking if p.digest is not None]
+    try:
+        if writes:  # this device's writes the bucket lacks: uploaded again
+            view = result.cloud
+            await ck.requeue(page, [], view.uploaded if view is not None else -1)
+            engine.requeued(key)
+            await engine.round(download=False, only=key)
+            error = engine.upload_error(key)
+            if error is not None:
+                raise CloudError(error)
+        # Pieces the bucket lacks: a checkpoint holds every one.
+        if pieces and not await engine.policy.write_for_compaction(key):
+            raise CloudError("no checkpoint of the page could be written")
+    except (CloudError, OSError) as e:
+        result.notes.append(f"the upload of what the bucket lacks failed: {e}")
+        return False
+    except asyncio.CancelledError:
+        raise
+    for p in lacking:
+        p.repaired = True
+    log.info("uploaded again what the bucket lacked of page %s", named(page.id))
+    return True
 
 
 def _problem_json(p: ck.Problem) -> dict[str, Any]:

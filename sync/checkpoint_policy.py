@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 from ledgerd.store import Page
 from ledgerd.store.errors import named
+from ledgerd.store.page import exchange as ex
 from ledgerd.sync.checkpoints import Checkpoints
 from ledgerd.sync.context import LOCAL, Key, SyncContext
 from ledgerd.sync.feed import Feed
@@ -78,17 +79,20 @@ class CheckpointPolicy:
             if not await self.checkpoints.due(page):
                 self._due.pop(key, None)
                 return
+            if page.writer.uncommitted or await ex.has_unuploaded(page):
+                return  # written since the upload: the next upload's round writes it
             if time.monotonic() < self._at.get(key, -1e9) + self.interval:
                 self._due[key] = None
                 return
             self._due.pop(key, None)
-            self._at[key] = time.monotonic()
-            await self.checkpoints.write(
+            written = await self.checkpoints.write(
                 page,
                 self.ctx.repo.device_id,
                 await self.feed.feed_time(),
                 await self._cover_after_best(page),
             )
+            if written is not None:  # (one not written, e.g. for a write that came since
+                self._at[key] = time.monotonic()  # the upload, waits for no interval)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # the page's history is still there; a later round retries

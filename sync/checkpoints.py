@@ -120,6 +120,8 @@ class Checkpoints:
         self.joined: dict[Key, str] = {}
         """The name of the checkpoint each page joined last (in this process)."""
         self.written = 0
+        self.unuploaded = 0
+        """Checkpoints not written because the page held writes not uploaded yet."""
         self._repo: Repository | None = None
 
     async def load(self, repo: Repository) -> None:
@@ -203,6 +205,14 @@ class Checkpoints:
         threshold = max(FLOOR, live * 4 // 3 - base)
         await ex.set_sync_value(page, THRESHOLD, str(threshold).encode())
         if since <= threshold and not force:
+            return None
+        if st.ctx.get(page.graph.tag, -1) > await ex.uploaded_upto(page):
+            # A write of this device's since its last upload: a device that joined this
+            # state would hold the write before any pack does, and packs made after that
+            # could each wait for the other's write for good (docs/convergence.md). The
+            # next upload's round writes it.
+            log.debug("checkpoint of page %s waits for its writes' upload", named(page.id))
+            self.unuploaded += 1
             return None
         lazy_size = sum((await ex.piece_sizes(page, st.lazy)).values())
         if live + lazy_size > self.max_size:

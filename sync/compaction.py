@@ -32,7 +32,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ledgerd.sync import layout, pack
 from ledgerd.sync.checkpoints import BEST_OF, Checkpoints
@@ -64,6 +64,19 @@ class Report:
     packs_settling: int = 0  # of those, covered by checkpoints not listed a window yet
 
 
+@dataclass
+class _Run:
+    """One run's state: what it listed, its checkpoints' covers read, what it did."""
+
+    device: str
+    names: list[CheckpointName]
+    best: dict[str, CheckpointName]
+    write: WriteCheckpoint
+    covers: dict[str, dict[str, int]] = field(default_factory=dict)
+    tried: set[str] = field(default_factory=set)  # pages this run wrote a checkpoint of
+    report: Report = field(default_factory=Report)
+
+
 class Compactor:
     def __init__(
         self,
@@ -87,20 +100,49 @@ class Compactor:
 
     async def run(self, device: str, now_ms: int, write: WriteCheckpoint) -> Report:
         """Delete what this device may delete (``device``: its id in hex)."""
-        report = Report()
         cutoff = now_ms - int(self.grace * 1000)
         names = [cn async for cn in self.checkpoints.names()]
         now = self.monotonic()
         self._listed = {cn.name: self._listed.get(cn.name, now) for cn in names}
         best = await self.checkpoints.best(names)
-        for cn in names:  # (once the best has settled: readers list it by then)
-            best_cn = best[cn.tag]
-            superseded = cn.device == device and best_cn != cn and cn.time < cutoff
+        run = _Run(device, names, best, write)
+        await self._delete_superseded(run, cutoff)
+        for pn in await self._old_packs(device, cutoff):
+            keys = await self._keys(pn)
+            if keys is None:
+                continue
+            covered, settling = await self._pack_covered(run, pn, keys)
+            if not covered:
+                run.report.packs_kept += 1
+                run.report.packs_settling += settling
+                continue
+            with contextlib.suppress(CloudNotFoundError):
+                await self.store.delete(pn.name)
+            self._pages.pop(pn.name, None)
+            run.report.packs_deleted += 1
+            run.report.bytes_deleted += pn.eager_end
+        report = self.last = run.report
+        if report.packs_deleted or report.checkpoints_deleted:
+            log.info(
+                "compaction deleted %d packs and %d checkpoints of this device",
+                report.packs_deleted,
+                report.checkpoints_deleted,
+            )
+        return report
+
+    async def _delete_superseded(self, run: _Run, cutoff: int) -> None:
+        """This device's checkpoints older than ``cutoff`` that are no longer the best
+        of their page (once the best has settled: readers list it by then)."""
+        for cn in run.names:
+            best_cn = run.best[cn.tag]
+            superseded = cn.device == run.device and best_cn != cn and cn.time < cutoff
             if superseded and self._settled(best_cn):
                 with contextlib.suppress(CloudNotFoundError):
                     await self.store.delete(cn.name)
-                report.checkpoints_deleted += 1
-        covers: dict[str, dict[str, int]] = {}
+                run.report.checkpoints_deleted += 1
+
+    async def _old_packs(self, device: str, cutoff: int) -> list[PackName]:
+        """This device's packs named before ``cutoff``, in feed order."""
         old: list[PackName] = []
         async for name in self.store.list(layout.PACKS, layout.feed_after(0)):
             pn = PackName.parse(name)
@@ -110,66 +152,52 @@ class Compactor:
                 break  # in feed order: the rest are younger
             if pn.device == device:
                 old.append(pn)
-        tried: set[str] = set()  # pages this run wrote a checkpoint of
-        for pn in old:
-            keys = await self._keys(pn)
-            if keys is None:
-                continue
-            need = {device: pn.seq}  # what the covering checkpoint must hold
-            covered = True
-            settling = False
-            if not keys:
-                # A pack of no page (a spent sequence filled): one checkpoint's cover
-                # must reach it, or a device that starts from the checkpoints would
-                # take its number for a gap.
-                covered = False
-                for cn in sorted(best.values(), key=lambda n: n.time, reverse=True):
-                    if (
-                        cn.device == device
-                        and self._settled(cn)
-                        and await self._covers(cn, covers, need)
-                    ):
-                        covered = True
-                        break
-            for key in keys:
-                tag = self.checkpoints.tag(key)
-                if not await self._covers(best.get(tag), covers, need):
-                    if tag not in tried and await write(key):
-                        report.checkpoints_written += 1
-                        tried.add(tag)
-                        listed = [cn async for cn in self.checkpoints.names(tag)]
-                        now = self.monotonic()
-                        for cn in listed:
-                            self._listed.setdefault(cn.name, now)
-                        fresh = await self.checkpoints.best(listed)
-                        if tag in fresh:
-                            best[tag] = fresh[tag]
-                    if not await self._covers(best.get(tag), covers, need):
-                        covered = False
-                        break
-                if not self._settled(best.get(tag)) and not await self._settled_cover(
-                    names, tag, covers, need
-                ):  # covered, but not listed long enough: it goes at a later run
-                    covered = False
-                    settling = True
-                    break
-            if not covered:
-                report.packs_kept += 1
-                report.packs_settling += settling
-                continue
-            with contextlib.suppress(CloudNotFoundError):
-                await self.store.delete(pn.name)
-            self._pages.pop(pn.name, None)
-            report.packs_deleted += 1
-            report.bytes_deleted += pn.eager_end
-        self.last = report
-        if report.packs_deleted or report.checkpoints_deleted:
-            log.info(
-                "compaction deleted %d packs and %d checkpoints of this device",
-                report.packs_deleted,
-                report.checkpoints_deleted,
-            )
-        return report
+        return old
+
+    async def _pack_covered(self, run: _Run, pn: PackName, keys: list[Key]) -> tuple[bool, bool]:
+        """Whether the pack of pages ``keys`` is covered by settled checkpoints (it may
+        go), writing one of a page that has none; and whether it only waits for its
+        covering checkpoints to settle."""
+        need = {run.device: pn.seq}  # what the covering checkpoint must hold
+        if not keys:
+            return await self._covered_without_pages(run, need), False
+        for key in keys:
+            tag = self.checkpoints.tag(key)
+            if not await self._covers(run.best.get(tag), run.covers, need):
+                if tag not in run.tried and await run.write(key):
+                    run.report.checkpoints_written += 1
+                    run.tried.add(tag)
+                    await self._list_again(run, tag)
+                if not await self._covers(run.best.get(tag), run.covers, need):
+                    return False, False
+            if not self._settled(run.best.get(tag)) and not await self._settled_cover(
+                run.names, tag, run.covers, need
+            ):  # covered, but not listed long enough: it goes at a later run
+                return False, True
+        return True, False
+
+    async def _covered_without_pages(self, run: _Run, need: dict[str, int]) -> bool:
+        """A pack of no page (a spent sequence filled): one checkpoint's cover must
+        reach it, or a device that starts from the checkpoints would take its number
+        for a gap."""
+        for cn in sorted(run.best.values(), key=lambda n: n.time, reverse=True):
+            if (
+                cn.device == run.device
+                and self._settled(cn)
+                and await self._covers(cn, run.covers, need)
+            ):
+                return True
+        return False
+
+    async def _list_again(self, run: _Run, tag: str) -> None:
+        """The page's checkpoints listed again after this run wrote one: its best."""
+        listed = [cn async for cn in self.checkpoints.names(tag)]
+        now = self.monotonic()
+        for cn in listed:
+            self._listed.setdefault(cn.name, now)
+        fresh = await self.checkpoints.best(listed)
+        if tag in fresh:
+            run.best[tag] = fresh[tag]
 
     async def _keys(self, pn: PackName) -> list[Key] | None:
         keys = self._pages.get(pn.name)

@@ -211,67 +211,11 @@ class SyncContext:
             encrypted: bool | None = None  # what the marker says, when it is read
             held: Holdings | None = None  # what the bucket holds, when that was looked at
             if not versions:
-                if known is not None:
-                    raise BucketMarkerMissingError(
-                        f"the bucket has no {layout.MARKER} marker although this device "
-                        "synced with it before: it was moved, unmounted or emptied, or its "
-                        "marker was deleted. ledgerd does not start a new bucket in its "
-                        "place; bring it back (or restore its marker from a backup or "
-                        "another copy of the bucket), or use another cloud URL for a new bucket"
-                    )
-                await self.store.create_bucket()
-                held = await self._holdings(names)
-                if held.what:
-                    raise BucketIdentityMissingError(
-                        f"the bucket holds ledgerd data ({held}) but no {layout.MARKER} "
-                        "marker: it was deleted, or the bucket copied without it. ledgerd "
-                        "does not start a new bucket over existing data; restore the "
-                        f"{layout.MARKER}.* marker from a backup or another copy of the "
-                        "bucket, or use a new cloud URL for a new bucket"
-                    )
-                # The marker first, written only if absent: the device whose marker
-                # lands decides whether the bucket is encrypted.
-                if await self._mark(self.keys is not None):
-                    names.append(layout.marker_name())
-                    versions, encrypted = [layout.BUCKET_FORMAT], self.keys is not None
-                else:  # another device made the bucket meanwhile: read what it wrote
-                    names, versions = await self._markers()
-            lost = sorted(known.markers - set(versions)) if known is not None else []
-            if lost:
-                raise BucketMarkerMissingError(
-                    f"the bucket has lost its {layout.marker_name(lost[0])} marker, which "
-                    "it had when this device last synced with it: ledgerd does not take "
-                    "it for another bucket. Restore the marker from a backup or another "
-                    "copy of the bucket, or use another cloud URL for a new bucket"
-                )
+                names, versions, encrypted, held = await self._new_bucket(known, names)
+            _markers_kept(known, versions)
             top = max(versions, default=layout.BUCKET_FORMAT)
             layout.check_version(top)
-            remembered = known.encrypted if known is not None else None
-            has_desc = crypto.DESCRIPTOR in names
-            # Without a descriptor, the marker says whether the bucket is encrypted (its
-            # descriptor may be on its way). Read once: a bucket this device remembers
-            # was plain or encrypted already, and a marker never changes. (Older markers
-            # do not say.)
-            current = top == layout.BUCKET_FORMAT
-            if encrypted is None and remembered is None and not has_desc and current:
-                encrypted = layout.marker_encrypted(await self.store.get(layout.marker_name()))
-                if encrypted is None:
-                    log.warning(
-                        "the bucket's marker does not say whether the bucket is encrypted "
-                        "(an older ledgerd wrote it, or it is damaged): taken as written "
-                        "by a device without a key, since no encryption descriptor is there"
-                    )
-            desc = None
-            if has_desc:
-                desc = crypto.parse_descriptor(await self.store.get(crypto.DESCRIPTOR))
-            _same_identity(known, desc)
-            if desc is None:
-                held = await self._without_descriptor(names, encrypted, remembered, held)
-                if encrypted and self.keys is not None:  # a new bucket: its first device
-                    desc = await crypto.create_descriptor(self.store, self.keys)
-            self.codec = await crypto.open_bucket(
-                self.store, names, self.keys, desc, bool(encrypted)
-            )
+            desc = await self._open(known, names, top, encrypted, held)
         except (BucketIdentityError, NoBucketError) as e:
             if self.bucket_error != str(e):
                 log.error("cloud sync stopped: %s", e)
@@ -286,6 +230,74 @@ class SyncContext:
         # Not if a check was asked for meanwhile (a key rotation: the key file read
         # again): the next caller checks again, with what it knows now.
         self._bucket_ok = asked == self.checks_asked
+
+    async def _new_bucket(
+        self, known: Identity | None, names: list[str]
+    ) -> tuple[list[str], list[int], bool | None, Holdings]:
+        """A bucket without a marker: made, if this device never synced with it and it
+        holds no ledgerd data. Its names and markers' versions then, whether its marker
+        (if this device wrote it) says it is encrypted, and what it holds."""
+        if known is not None:
+            raise BucketMarkerMissingError(
+                f"the bucket has no {layout.MARKER} marker although this device "
+                "synced with it before: it was moved, unmounted or emptied, or its "
+                "marker was deleted. ledgerd does not start a new bucket in its "
+                "place; bring it back (or restore its marker from a backup or "
+                "another copy of the bucket), or use another cloud URL for a new bucket"
+            )
+        await self.store.create_bucket()
+        held = await self._holdings(names)
+        if held.what:
+            raise BucketIdentityMissingError(
+                f"the bucket holds ledgerd data ({held}) but no {layout.MARKER} "
+                "marker: it was deleted, or the bucket copied without it. ledgerd "
+                "does not start a new bucket over existing data; restore the "
+                f"{layout.MARKER}.* marker from a backup or another copy of the "
+                "bucket, or use a new cloud URL for a new bucket"
+            )
+        # The marker first, written only if absent: the device whose marker
+        # lands decides whether the bucket is encrypted.
+        if await self._mark(self.keys is not None):
+            names.append(layout.marker_name())
+            return names, [layout.BUCKET_FORMAT], self.keys is not None, held
+        names, versions = await self._markers()  # another device made it: read what it wrote
+        return names, versions, None, held
+
+    async def _open(
+        self,
+        known: Identity | None,
+        names: list[str],
+        top: int,
+        encrypted: bool | None,
+        held: Holdings | None,
+    ) -> crypto.Descriptor | None:
+        """Set the bucket's codec (its descriptor read, or written for a new encrypted
+        bucket); the descriptor, None if the bucket is plain."""
+        remembered = known.encrypted if known is not None else None
+        has_desc = crypto.DESCRIPTOR in names
+        # Without a descriptor, the marker says whether the bucket is encrypted (its
+        # descriptor may be on its way). Read once: a bucket this device remembers
+        # was plain or encrypted already, and a marker never changes. (Older markers
+        # do not say.)
+        current = top == layout.BUCKET_FORMAT
+        if encrypted is None and remembered is None and not has_desc and current:
+            encrypted = layout.marker_encrypted(await self.store.get(layout.marker_name()))
+            if encrypted is None:
+                log.warning(
+                    "the bucket's marker does not say whether the bucket is encrypted "
+                    "(an older ledgerd wrote it, or it is damaged): taken as written "
+                    "by a device without a key, since no encryption descriptor is there"
+                )
+        desc = None
+        if has_desc:
+            desc = crypto.parse_descriptor(await self.store.get(crypto.DESCRIPTOR))
+        _same_identity(known, desc)
+        if desc is None:
+            await self._without_descriptor(names, encrypted, remembered, held)
+            if encrypted and self.keys is not None:  # a new bucket: its first device
+                desc = await crypto.create_descriptor(self.store, self.keys)
+        self.codec = await crypto.open_bucket(self.store, names, self.keys, desc, bool(encrypted))
+        return desc
 
     async def _without_descriptor(
         self,
@@ -445,6 +457,19 @@ class SyncContext:
     def wanted(self, key: Key) -> bool:
         # Another device's pack never writes into this device's _local ledger.
         return key[0] != LOCAL and (self.wants is None or self.wants(*key))
+
+
+def _markers_kept(known: Identity | None, versions: list[int]) -> None:
+    """BucketMarkerMissingError if the bucket lost a marker it had when this device
+    last synced with it."""
+    lost = sorted(known.markers - set(versions)) if known is not None else []
+    if lost:
+        raise BucketMarkerMissingError(
+            f"the bucket has lost its {layout.marker_name(lost[0])} marker, which "
+            "it had when this device last synced with it: ledgerd does not take "
+            "it for another bucket. Restore the marker from a backup or another "
+            "copy of the bucket, or use another cloud URL for a new bucket"
+        )
 
 
 def _same_identity(known: Identity | None, desc: crypto.Descriptor | None) -> None:

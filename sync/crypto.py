@@ -1,11 +1,12 @@
-"""Client-side encryption: key files, the per-part codec, and the bucket's key objects.
+"""Client-side encryption: the per-part codec, and the bucket's key objects.
 
-This module owns what makes a bucket unreadable without the key: reading key
-files (and refusing ones others can read), deriving keys, sealing and opening
-one *part* of an object (:meth:`Codec.seal`, :meth:`Codec.open`), keyed names,
-and the bucket's encryption descriptor and key objects. It does not know the
-pack format (:mod:`sync.pack` calls the codec once per part) nor when sync
-writes what (:mod:`sync.engine`).
+This module owns what makes a bucket unreadable without the key: deriving keys,
+sealing and opening one *part* of an object (:meth:`Codec.seal`,
+:meth:`Codec.open`), keyed names, and the bucket's encryption descriptor and key
+objects. It does not know the pack format (:mod:`sync.pack` calls the codec once
+per part) nor when sync writes what (:mod:`sync.engine`). Key files and each key's
+master are :mod:`sync.keyring`'s; the errors are :mod:`sync.errors`'s (all
+importable from here).
 
 Keys. A key file holds one entry a line, ``key <base64 of 32 random bytes>`` or
 ``passphrase <text>``; ``#`` starts a comment. The first entry writes, every
@@ -40,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import contextlib
 import hashlib
 import hmac
@@ -48,25 +48,90 @@ import json
 import logging
 import os
 import secrets
-import stat
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import NoReturn
 
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from ledgerd.sync.cloud import CloudStore
-from ledgerd.sync.errors import AlreadyExistsError, BucketIdentityError, SyncError
+from ledgerd.sync.errors import (
+    AlreadyExistsError,
+    BucketIdentityError,
+    BucketNotEncryptedError,
+    EncryptionError,
+    EncryptionKeyMismatchError,
+    EncryptionKeyMissingError,
+    KeyFileError,
+    KeyNotHereError,
+    KeyNotRegisteredError,
+    TamperedError,
+)
+from ledgerd.sync.keyring import (
+    CREDENTIAL,
+    KEY_LEN,
+    KID_LEN,
+    VERSION,
+    KeyRing,
+    Secret,
+    add_key,
+    find_key_file,
+    hkdf,
+    key_line,
+    load_key_file,
+    new_key,
+    parse_key_file,
+    write_key_file,
+)
 
 log = logging.getLogger(__name__)
 
-KEY_LEN = 32
-KID_LEN = 4
+__all__ = [  # with the key ring's and the errors' names, as callers import them from here
+    "CREDENTIAL",
+    "DESCRIPTOR",
+    "KEY_LEN",
+    "KEY_OBJECT",
+    "KID_LEN",
+    "MIN_PADDED",
+    "NONCE_LEN",
+    "OVERHEAD",
+    "SALT_LEN",
+    "SCRYPT_MOST_MEMORY",
+    "SCRYPT_N",
+    "SCRYPT_P",
+    "SCRYPT_R",
+    "TAG_LEN",
+    "BucketNotEncryptedError",
+    "Codec",
+    "Context",
+    "Descriptor",
+    "EncryptionError",
+    "EncryptionKeyMismatchError",
+    "EncryptionKeyMissingError",
+    "KeyFileError",
+    "KeyNotHereError",
+    "KeyNotRegisteredError",
+    "KeyRing",
+    "Secret",
+    "TamperedError",
+    "add_key",
+    "create_descriptor",
+    "find_key_file",
+    "is_crypto_object",
+    "key_line",
+    "key_object_id",
+    "load_key_file",
+    "new_key",
+    "open_bucket",
+    "padded",
+    "parse_descriptor",
+    "parse_key_file",
+    "sealed_size",
+    "write_key_file",
+]
+
 NONCE_LEN = 12
 TAG_LEN = 16
 OVERHEAD = KID_LEN + NONCE_LEN + TAG_LEN
@@ -84,201 +149,9 @@ SCRYPT_MOST_MEMORY = 1 << 30
 """The largest scrypt cost (128·n·r·p bytes) a bucket may ask for."""
 DESCRIPTOR = "ledgerd-bucket.crypt"
 KEY_OBJECT = "ledgerd-bucket.key."
-CREDENTIAL = "ledgerd-key"
-"""The systemd credential a key file is read from (``$CREDENTIALS_DIRECTORY/ledgerd-key``)."""
-_VERSION = b"ledgerd-crypt-1"
-
-
-class EncryptionError(SyncError):
-    """Encryption failed."""
-
-
-class KeyFileError(EncryptionError):
-    """The encryption key file cannot be used."""
-
-
-class TamperedError(EncryptionError):
-    """A sealed part does not authenticate: it was altered, moved, or sealed with another key."""
-
-
-class KeyNotHereError(TamperedError):
-    """A part is sealed with a key this device does not have: not damaged, and it
-    opens once that key is in this device's key file (and the daemon restarted)."""
-
-
-class KeyNotRegisteredError(TamperedError):
-    """A part is sealed with a key this bucket never registered (neither its
-    descriptor's key nor any ``ledgerd-bucket.key.*``): it was written for another
-    bucket, or forged. No key file opens it, so it is refused, not waited for."""
-
-
-class EncryptionKeyMismatchError(BucketIdentityError):
-    """encryption key mismatch: none of this device's keys opens the bucket."""
-
-    code = "encryption_key_mismatch"
-
-
-class EncryptionKeyMissingError(BucketIdentityError):
-    """encryption key missing: the bucket is encrypted and this device has no key."""
-
-    code = "encryption_key_missing"
-
-
-class BucketNotEncryptedError(BucketIdentityError):
-    """the bucket is not encrypted, and this device has an encryption key."""
-
-    code = "bucket_not_encrypted"
-
-
-# -- key files ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Secret:
-    """One entry of a key file: a random key or a passphrase (never logged: no repr)."""
-
-    kind: str  # "key" or "passphrase"
-    value: bytes = field(repr=False)
-
-
-@dataclass
-class KeyRing:
-    """A key file's entries, in order (the first writes), and where they came from."""
-
-    secrets: list[Secret]
-    source: str
-    _masters: dict[tuple[bytes, int, int, int], list[tuple[bytes, bytes]]] = field(
-        default_factory=dict, repr=False
-    )
-
-    def masters(self, salt: bytes, n: int, r: int, p: int) -> list[tuple[bytes, bytes]]:
-        """``(key id, master key)`` per entry for a bucket (scrypt runs once per bucket)."""
-        at = (salt, n, r, p)
-        if at not in self._masters:
-            out = []
-            for s in self.secrets:
-                if s.kind == "key":
-                    master = _hkdf(s.value, b"master", salt)
-                else:
-                    master = Scrypt(salt=salt, length=KEY_LEN, n=n, r=r, p=p).derive(s.value)
-                out.append((_hkdf(master, b"key id")[:KID_LEN], master))
-            self._masters[at] = out
-        return self._masters[at]
-
-
-def new_key() -> bytes:
-    return secrets.token_bytes(KEY_LEN)
-
-
-def key_line(key: bytes) -> str:
-    return f"key {base64.b64encode(key).decode()}\n"
-
-
-def parse_key_file(text: str, source: str) -> KeyRing:
-    """The entries of a key file's text; KeyFileError (naming the line, never its content)."""
-    out: list[Secret] = []
-    for n, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        kind, _, value = line.partition(" ")
-        value = value.strip()
-        if kind == "key":
-            try:
-                raw = base64.b64decode(value, validate=True)
-            except (binascii.Error, ValueError):
-                raw = b""
-            if len(raw) != KEY_LEN:
-                raise KeyFileError(f"{source}, line {n}: a key is base64 of {KEY_LEN} bytes")
-            out.append(Secret("key", raw))
-        elif kind == "passphrase":
-            if len(value) < 8:
-                raise KeyFileError(f"{source}, line {n}: a passphrase has at least 8 characters")
-            out.append(Secret("passphrase", value.encode()))
-        else:
-            raise KeyFileError(f"{source}, line {n}: expected 'key BASE64' or 'passphrase TEXT'")
-    if not out:
-        raise KeyFileError(f"{source}: holds no key")
-    return KeyRing(out, source)
-
-
-def load_key_file(path: Path) -> KeyRing:
-    """A key file's keys; KeyFileError if it is missing, unreadable, malformed, or
-    readable or writable by group or others."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as e:
-        raise KeyFileError(f"key file {path}: {e.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise KeyFileError(f"key file {path}: not a regular file")
-        if st.st_mode & 0o077:
-            raise KeyFileError(
-                f"key file {path}: group or others may access it (mode "
-                f"{stat.S_IMODE(st.st_mode):04o}); run chmod 600 {path}"
-            )
-        data = f.read(64 * 1024)
-    try:
-        text = data.decode()
-    except UnicodeDecodeError:
-        raise KeyFileError(f"key file {path}: not UTF-8 text") from None
-    return parse_key_file(text, f"key file {path}")
-
-
-def write_key_file(path: Path, prepend_to: bytes | None = None, text: str | None = None) -> bytes:
-    """Write a new random key (or the entry ``text``) to ``path``, mode 0600; refuses
-    to overwrite. With ``prepend_to`` (an existing file's content) the new key goes
-    first. Returns the new key."""
-    key = new_key()
-    head = "# ledgerd encryption keys: the first one writes, every one reads. Keep it secret.\n"
-    text = head + (text if text is not None else key_line(key))
-    if prepend_to is not None:
-        old = prepend_to.decode()
-        text += "".join(
-            line + "\n" for line in old.splitlines() if not line.startswith("# ledgerd")
-        )
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        os.fchmod(f.fileno(), 0o600)
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    return key
-
-
-def add_key(path: Path) -> None:
-    """Rotation's first step: a new random key at the top of ``path`` (the old ones
-    stay, for reading). Written next to it and renamed over it, mode 0600."""
-    load_key_file(path)  # it is a good key file
-    old = path.read_bytes()
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        write_key_file(tmp, prepend_to=old)
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-
-
-def find_key_file(configured: Path | None, env: dict[str, str]) -> Path | None:
-    """The key file to use: ``encryption_key_file`` (or ``LEDGERD_ENCRYPTION_KEY_FILE``,
-    already in ``configured``), else the systemd credential ``ledgerd-key``."""
-    if configured is not None:
-        return configured
-    creds = env.get("CREDENTIALS_DIRECTORY")
-    if creds and (Path(creds) / CREDENTIAL).exists():
-        return Path(creds) / CREDENTIAL
-    return None
 
 
 # -- the codec ---------------------------------------------------------------------
-
-
-def _hkdf(ikm: bytes, purpose: bytes, salt: bytes | None = None) -> bytes:
-    return HKDF(
-        algorithm=hashes.SHA256(), length=KEY_LEN, salt=salt, info=_VERSION + b" " + purpose
-    ).derive(ikm)
 
 
 def padded(n: int) -> int:
@@ -310,7 +183,7 @@ class Context:
     def ad(self, kid: bytes) -> bytes:
         obj, role = self.object.encode(), self.role.encode()
         return b"".join(
-            [_VERSION, kid, _LEN.pack(len(obj)), obj, _LEN.pack(len(role)), role, self.item]
+            [VERSION, kid, _LEN.pack(len(obj)), obj, _LEN.pack(len(role)), role, self.item]
         )
 
 
@@ -340,8 +213,8 @@ class Codec:
         read) knows: the registry is read again before such a part is refused for good
         (see :meth:`sync.context.SyncContext.keys_registered_since`)."""
         self._aeads: dict[tuple[bytes, str], AESGCM] = {}
-        self._names = _hkdf(secret, b"names")
-        self._digests = _hkdf(secret, b"digests")
+        self._names = hkdf(secret, b"names")
+        self._digests = hkdf(secret, b"digests")
 
     @property
     def key_ids(self) -> list[str]:
@@ -374,7 +247,7 @@ class Codec:
                     "(another device's key file has it first: copy that file here and "
                     "restart ledgerd)"
                 )
-            aead = self._aeads[(kid, role)] = AESGCM(_hkdf(master, b"part " + role.encode()))
+            aead = self._aeads[(kid, role)] = AESGCM(hkdf(master, b"part " + role.encode()))
         return aead
 
     def seal(self, plain: bytes, ctx: Context) -> bytes:
@@ -462,42 +335,10 @@ async def open_bucket(
     if keys is None:
         return None
     if desc is None:
-        if encrypted:  # (sync.context writes the descriptor of a new bucket first)
-            raise ValueError("an encrypted bucket without its descriptor")
-        raise BucketNotEncryptedError(
-            "the bucket is not encrypted, and this device has an encryption key "
-            f"({keys.source}): ledgerd does not mix plain and encrypted objects in a "
-            "bucket. Use a new cloud URL for an encrypted bucket, or remove the key"
-        )
+        _refuse_without_descriptor(keys, encrypted)
     masters = await _masters(keys, desc.salt, desc.n, desc.r, desc.p)
     kids = {kid: n for n in names if (kid := key_object_id(n)) is not None}
-    secret: bytes | None = None
-    damaged: list[str] = []  # sealed under a key of this device, yet they do not open
-    for kid, master in masters:
-        if kid == desc.key:
-            sealed, where = desc.secret, DESCRIPTOR
-        elif kid in kids:
-            sealed, where = await store.get(kids[kid]), kids[kid]
-        else:
-            continue
-        try:
-            secret = Codec([(kid, master)], b"").open(sealed, Context(DESCRIPTOR, "secret"))
-            break
-        except TamperedError:
-            damaged.append(f"{where} (key {kid.hex()})")
-    if secret is None and damaged:
-        raise EncryptionKeyMismatchError(
-            f"encryption key mismatch: {', '.join(damaged)} is sealed under a key this "
-            "device has, yet does not open with it: it is damaged or was tampered with. "
-            "Nothing was read from or written to the bucket"
-        )
-    if secret is None:
-        known = sorted({desc.key.hex(), *(k.hex() for k in kids)})
-        raise EncryptionKeyMismatchError(
-            f"encryption key mismatch: none of this device's keys ({keys.source}: ids "
-            f"{', '.join(k.hex() for k, _ in masters)}) opens the bucket (its keys: "
-            f"{', '.join(known)}). Nothing was read from or written to it"
-        )
+    secret = await _open_secret(store, keys, desc, masters, kids)
     codec = Codec(masters, secret, {desc.key, *kids})
     write = codec.write_kid
     if write != desc.key and write not in kids:
@@ -508,6 +349,53 @@ async def open_bucket(
         codec.register([write])
         log.info("registered encryption key %s in the bucket (it writes from now on)", write.hex())
     return codec
+
+
+def _refuse_without_descriptor(keys: KeyRing, encrypted: bool) -> NoReturn:
+    """A bucket without a descriptor, and a device with a key: refused."""
+    if encrypted:  # (sync.context writes the descriptor of a new bucket first)
+        raise ValueError("an encrypted bucket without its descriptor")
+    raise BucketNotEncryptedError(
+        "the bucket is not encrypted, and this device has an encryption key "
+        f"({keys.source}): ledgerd does not mix plain and encrypted objects in a "
+        "bucket. Use a new cloud URL for an encrypted bucket, or remove the key"
+    )
+
+
+async def _open_secret(
+    store: CloudStore,
+    keys: KeyRing,
+    desc: Descriptor,
+    masters: list[tuple[bytes, bytes]],
+    kids: dict[bytes, str],
+) -> bytes:
+    """The bucket secret, opened with the first of ``masters`` that the descriptor or
+    a key object (``kids``: key id -> its name) is sealed under; EncryptionKeyMismatchError
+    if none opens it."""
+    damaged: list[str] = []  # sealed under a key of this device, yet they do not open
+    for kid, master in masters:
+        if kid == desc.key:
+            sealed, where = desc.secret, DESCRIPTOR
+        elif kid in kids:
+            sealed, where = await store.get(kids[kid]), kids[kid]
+        else:
+            continue
+        try:
+            return Codec([(kid, master)], b"").open(sealed, Context(DESCRIPTOR, "secret"))
+        except TamperedError:
+            damaged.append(f"{where} (key {kid.hex()})")
+    if damaged:
+        raise EncryptionKeyMismatchError(
+            f"encryption key mismatch: {', '.join(damaged)} is sealed under a key this "
+            "device has, yet does not open with it: it is damaged or was tampered with. "
+            "Nothing was read from or written to the bucket"
+        )
+    known = sorted({desc.key.hex(), *(k.hex() for k in kids)})
+    raise EncryptionKeyMismatchError(
+        f"encryption key mismatch: none of this device's keys ({keys.source}: ids "
+        f"{', '.join(k.hex() for k, _ in masters)}) opens the bucket (its keys: "
+        f"{', '.join(known)}). Nothing was read from or written to it"
+    )
 
 
 async def _masters(keys: KeyRing, salt: bytes, n: int, r: int, p: int) -> list[tuple[bytes, bytes]]:
@@ -564,7 +452,7 @@ class Descriptor:
         """A hash of the descriptor (of its salt, cost, key id and sealed secret, all
         public in the bucket): what each device remembers of it. Neither a key nor the
         bucket secret can be learnt from it."""
-        h = hashlib.sha256(_VERSION + b" descriptor")
+        h = hashlib.sha256(VERSION + b" descriptor")
         for part in (self.salt, self.key, self.secret):
             h.update(_LEN.pack(len(part)) + part)
         h.update(struct.pack(">QQQ", self.n, self.r, self.p))

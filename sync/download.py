@@ -180,30 +180,8 @@ class Downloader:
         index, then the EAGER sections of those pages, coalesced into few ranged GETs
         (one GET for index and sections when every page is wanted). A page that cannot
         be imported is held on its own; the others go on. Returns 1 if a page got in."""
-        whole = Held(pn, None, progress.RETRY, "").id
         try:
-            wanted_all = (
-                only is None
-                and self.ctx.wants is None
-                and not self.checkpoints.may_cover(pn.device, pn.seq)
-            )
-            pack.check_head_end(pn.head_end)
-            first = await self.ctx.store.get(
-                pn.name, 0, pn.eager_end if wanted_all else pn.head_end
-            )
-            header = pack.decode_header(
-                first[: pn.head_end], pn.head_end, pn.eager_end, self.ctx.seal(pn.ident)
-            )
-            named_as = (self.ctx.device_name(header.device), header.seq, header.time)
-            if named_as != (pn.device, pn.seq, pn.time):
-                raise pack.CorruptPackError("pack does not match its name")
-            pages = [
-                p
-                for p in header.pages
-                if (p.key == only if only is not None else self.ctx.wanted_here(p.key))
-                and not self.checkpoints.covered(p.key, pn.device, pn.seq)
-            ]
-            sections = await self._sections(pn.name, pages, first)
+            header, pages, sections = await self._read_pack(pn, only)
         except asyncio.CancelledError:
             raise
         except CloudNotFoundError:
@@ -216,10 +194,53 @@ class Downloader:
         except TransientCloudError as e:
             self._hold(dl, pn, only, progress.DEFERRED, f"not imported now: {describe(e)}")
             return 0
-        # Each page stays held on its own until it is in: a download stopped midway (a
-        # daemon's stop cancels it, and the log is saved after) leaves the pages it
-        # did not reach held, where dropping the whole pack first lost them for good.
-        listed = dl.held.pop(whole, None)
+        self._hold_pages(dl, pn, only, header, pages)
+        writer = dots.tag_of_device(header.device)
+        got = 0
+        for p in pages:
+            if await self._import_page(dl, pn, p, sections[p.key], writer):
+                got = 1
+        return got
+
+    async def _read_pack(
+        self, pn: PackName, only: Key | None
+    ) -> tuple[pack.Header, list[pack.PageIndex], dict[Key, bytes]]:
+        """The pack's header, the pages of it to import (those this device holds, or
+        just ``only``, that no checkpoint it joined covers) and their stored sections."""
+        wanted_all = (
+            only is None
+            and self.ctx.wants is None
+            and not self.checkpoints.may_cover(pn.device, pn.seq)
+        )
+        pack.check_head_end(pn.head_end)
+        first = await self.ctx.store.get(pn.name, 0, pn.eager_end if wanted_all else pn.head_end)
+        header = pack.decode_header(
+            first[: pn.head_end], pn.head_end, pn.eager_end, self.ctx.seal(pn.ident)
+        )
+        named_as = (self.ctx.device_name(header.device), header.seq, header.time)
+        if named_as != (pn.device, pn.seq, pn.time):
+            raise pack.CorruptPackError("pack does not match its name")
+        pages = [
+            p
+            for p in header.pages
+            if (p.key == only if only is not None else self.ctx.wanted_here(p.key))
+            and not self.checkpoints.covered(p.key, pn.device, pn.seq)
+        ]
+        return header, pages, await self._sections(pn.name, pages, first)
+
+    def _hold_pages(
+        self,
+        dl: DeviceLog,
+        pn: PackName,
+        only: Key | None,
+        header: pack.Header,
+        pages: list[pack.PageIndex],
+    ) -> None:
+        """The pack read, each of its ``pages`` is held on its own until it is in: a
+        download stopped midway (a daemon's stop cancels it, and the log is saved
+        after) leaves the pages it did not reach held, where dropping the whole pack
+        first lost them for good."""
+        listed = dl.held.pop(Held(pn, None, progress.RETRY, "").id, None)
         if listed is not None and only is not None:
             # Read for one page (a restore): the pack's other pages stay held, each
             # on its own.
@@ -241,44 +262,40 @@ class Downloader:
             if listed is not None:
                 h.since = listed.since
             dl.held.setdefault(h.id, h)
-        writer = dots.tag_of_device(header.device)
-        got = 0
-        for p in pages:
-            mine = Held(pn, p.key, progress.RETRY, "").id
-            try:
-                lazy = {d: part.location(pn.name) for d, part in p.lazy}
-                raw, eager = await pack.decode_section_async(
-                    sections[p.key], p.eager, self.ctx.codec
-                )
-                entries = ex.check_entries(raw)
-                async with self.ctx.using(p.key) as page:
-                    marks = await _import_marks(
-                        page, pn.device, pn.seq, bool(entries) or p.upto >= 0
-                    )
-                    await ex.apply_delta(
-                        page,
-                        entries,
-                        eager,
-                        lazy,
-                        p.ctx,
-                        writer=writer,
-                        since=p.since,
-                        upto=p.upto,
-                        markers=marks,
-                    )
-                    if p.eager.raw:
-                        await self.checkpoints.grew(page, p.eager.raw)
-                    self.board.imported(page)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                self._hold_for(dl, pn, p.key, e)
-                continue
-            dl.held.pop(mine, None)
 
-            self._imported(p.key, pn.device, p.upto)
-            got = 1
-        return got
+    async def _import_page(
+        self, dl: DeviceLog, pn: PackName, p: pack.PageIndex, stored: bytes, writer: bytes
+    ) -> bool:
+        """Import one page's section (``stored``) of pack ``pn``; True if it got in, else
+        it stays held, in the state its failure calls for."""
+        try:
+            lazy = {d: part.location(pn.name) for d, part in p.lazy}
+            raw, eager = await pack.decode_section_async(stored, p.eager, self.ctx.codec)
+            entries = ex.check_entries(raw)
+            async with self.ctx.using(p.key) as page:
+                marks = await _import_marks(page, pn.device, pn.seq, bool(entries) or p.upto >= 0)
+                await ex.apply_delta(
+                    page,
+                    entries,
+                    eager,
+                    lazy,
+                    p.ctx,
+                    writer=writer,
+                    since=p.since,
+                    upto=p.upto,
+                    markers=marks,
+                )
+                if p.eager.raw:
+                    await self.checkpoints.grew(page, p.eager.raw)
+                self.board.imported(page)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self._hold_for(dl, pn, p.key, e)
+            return False
+        dl.held.pop(Held(pn, p.key, progress.RETRY, "").id, None)
+        self._imported(p.key, pn.device, p.upto)
+        return True
 
     async def _sections(
         self, name: str, pages: list[pack.PageIndex], first: bytes
@@ -387,40 +404,9 @@ class Downloader:
             await self.ctx.check_bucket()
         self.ctx.restoring[key] = page
         try:
-            cover: dict[str, int] = {}
-            found = False
-            waiting: list[tuple[DeviceLog, PackName]] = []
-            best = await self.checkpoints.best(
-                [cn async for cn in self.checkpoints.names(self.checkpoints.tag(key))]
-            )
-            for cn in best.values():
-                cp = await self.checkpoints.read(cn)
-                if cp.key != key:
-                    continue
-                await self.checkpoints.take(page, cp)
-                await self.feed.absorb(cp.cover, key, cp.name.time)
-                cover, found = cp.cover, True
-            async for name in self.ctx.store.list(layout.PACKS):
-                pn = PackName.parse(name)
-                if pn is None or pn.seq <= cover.get(pn.device, 0):
-                    continue
-                dl = await self.feed.device_log(pn.device)
-                if await self._import_pack(dl, pn, key):
-                    found = True
-                elif self._waits(dl, pn, key):
-                    waiting.append((dl, pn))
-            # Packs of one feed time are listed by device: a delta can come before one
-            # it needs. Those are tried again while any of them gets in.
-            while waiting:
-                left = []
-                for dl, pn in waiting:
-                    if await self._import_pack(dl, pn, key):
-                        found = True
-                    elif self._waits(dl, pn, key):
-                        left.append((dl, pn))
-                if len(left) == len(waiting):
-                    break
-                waiting = left
+            cover, found = await self._restore_checkpoint(page, key)
+            if await self._restore_packs(key, cover):
+                found = True
             for dl in self.feed.logs.values():
                 await self.feed.save_log(dl)
             deferred = [
@@ -436,6 +422,50 @@ class Downloader:
             return found
         finally:
             del self.ctx.restoring[key]
+
+    async def _restore_checkpoint(self, page: Page, key: Key) -> tuple[dict[str, int], bool]:
+        """The page joins its best checkpoint, if it has one: its cover, and whether
+        there was one."""
+        cover: dict[str, int] = {}
+        found = False
+        best = await self.checkpoints.best(
+            [cn async for cn in self.checkpoints.names(self.checkpoints.tag(key))]
+        )
+        for cn in best.values():
+            cp = await self.checkpoints.read(cn)
+            if cp.key != key:
+                continue
+            await self.checkpoints.take(page, cp)
+            await self.feed.absorb(cp.cover, key, cp.name.time)
+            cover, found = cp.cover, True
+        return cover, found
+
+    async def _restore_packs(self, key: Key, cover: dict[str, int]) -> bool:
+        """Import the page's sections of every pack above ``cover``; True if one got in."""
+        found = False
+        waiting: list[tuple[DeviceLog, PackName]] = []
+        async for name in self.ctx.store.list(layout.PACKS):
+            pn = PackName.parse(name)
+            if pn is None or pn.seq <= cover.get(pn.device, 0):
+                continue
+            dl = await self.feed.device_log(pn.device)
+            if await self._import_pack(dl, pn, key):
+                found = True
+            elif self._waits(dl, pn, key):
+                waiting.append((dl, pn))
+        # Packs of one feed time are listed by device: a delta can come before one
+        # it needs. Those are tried again while any of them gets in.
+        while waiting:
+            left = []
+            for dl, pn in waiting:
+                if await self._import_pack(dl, pn, key):
+                    found = True
+                elif self._waits(dl, pn, key):
+                    left.append((dl, pn))
+            if len(left) == len(waiting):
+                break
+            waiting = left
+        return found
 
 
 RESCUE_PASSES = 2

@@ -1,10 +1,10 @@
-"""Page sync: the engine that runs the protocol, and its background loop.
+"""Page sync: the engine, a façade over the jobs that run the protocol.
 
-This module owns :class:`SyncEngine`, a façade: it builds the jobs below (each
-given the :class:`~sync.context.SyncContext` and the other jobs it needs), is the
-repository's piece fetcher, commit listener and page restorer, runs one round at a
-time (the bucket check, the listing, the upload, the imports, the due
-checkpoints) and schedules rounds and compaction. The jobs are
+This module owns :class:`SyncEngine`: it has its jobs built (:mod:`sync.assembly`,
+each given the :class:`~sync.context.SyncContext` and the other jobs it needs), is
+the repository's piece fetcher, commit listener and page restorer, starts and stops
+the background loop (:mod:`sync.polling`) and the rounds of :meth:`SyncEngine.sync`
+(:mod:`sync.rounds`), and schedules compaction. The jobs are
 
 * :mod:`sync.context`: the bucket's identity and codec, the repository, page leases;
 * :mod:`sync.feed`: listing the feed, the devices' logs, this device's next name;
@@ -38,7 +38,7 @@ those.
 
 Discovery: one LIST of ``packs/`` after a cursor that lags the names a window shows
 every device's new packs; feed times are a hybrid logical clock
-(:meth:`sync.feed.Feed.next_seq`), so no clock's error hides a pack. Each pack
+(:meth:`sync.naming.Naming.next_seq`), so no clock's error hides a pack. Each pack
 carries its device's sequence number: sequences missing from a device's log are
 gaps, probed with backoff over the stretch of the feed where they must lie.
 
@@ -48,44 +48,35 @@ store verifies everything and joins a delta once it is causally ready (the write
 it builds on are here); one that is not is held and retried, and never blocks later
 packs. LAZY pieces are recorded with their location and fetched on first read,
 adjacent ranges of one pack in one GET, within ``fetch_timeout``.
-
-Polling adapts: every ``poll_interval`` while this device or the devices it hears
-from are active (for ``active_for`` seconds after a round moved anything), then
-doubling up to ``poll_interval_max``; a local commit starts a round at once (at
-most one per ``debounce``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from ledgerd.store import Commit, CommitListener, Page, PageHooks, Repository, ResolverSource
-from ledgerd.store.errors import ClosedError
 from ledgerd.sync import compaction, crypto
+from ledgerd.sync.assembly import Jobs, Settings, build
 from ledgerd.sync.checkpoint_policy import CheckpointPolicy
 from ledgerd.sync.checkpoints import MAX_CHECKPOINT, Checkpoints
 from ledgerd.sync.cloud import CloudStore
 from ledgerd.sync.context import LOCAL, Key, SyncContext
 from ledgerd.sync.download import Downloader
-from ledgerd.sync.errors import (
-    BucketIdentityError,
-    NoBucketError,
-    SyncStoppedError,
-    SyncTimeoutError,
-)
+from ledgerd.sync.errors import SyncStoppedError, SyncTimeoutError
 from ledgerd.sync.feed import FEED_WINDOW, LISTED_WALL, LISTED_WALL_STEP, Feed
-from ledgerd.sync.fetch import COALESCE_GAP, COALESCE_SPAN, PREFETCH, LazyFetcher
+from ledgerd.sync.fetch import COALESCE_GAP, COALESCE_SPAN, PREFETCH
 from ledgerd.sync.metered import Metered
-from ledgerd.sync.pending import PENDING_SLACK_MS, Pending
+from ledgerd.sync.pagestate import PageState
+from ledgerd.sync.pending import PENDING_SLACK_MS
+from ledgerd.sync.polling import Poller
 from ledgerd.sync.progress import Held
-from ledgerd.sync.status import PageState, StatusBoard, describe
-from ledgerd.sync.upload import LEASE_MOST, MAX_PACK, READ_BATCH, Uploader
+from ledgerd.sync.rounds import RoundObserver, Rounds, Stats
+from ledgerd.sync.status import StatusBoard, describe
+from ledgerd.sync.upload import LEASE_MOST, MAX_PACK, READ_BATCH
 
 log = logging.getLogger(__name__)
 
@@ -111,19 +102,6 @@ __all__ = [  # the names other modules and tests import from here
 
 COMPACTED_AT = "sync/compacted_at"
 """Repository meta: the wall time of this device's last compaction."""
-
-
-class RoundObserver(Protocol):
-    """Told of every sync round (the daemon's metrics)."""
-
-    def round_done(self, seconds: float, stats: Stats, error: BaseException | None) -> None: ...
-
-
-@dataclass
-class Stats:
-    uploaded_packs: int = 0
-    downloaded_packs: int = 0
-    rounds: int = 0
 
 
 class SyncEngine:
@@ -170,86 +148,79 @@ class SyncEngine:
         compaction_settle: float | None = None,
         keys: crypto.KeyRing | None = None,
     ) -> None:
-        self.store = Metered(store)
-        self.ctx = SyncContext(
-            self.store,
-            location=location,
-            keys=keys,
-            clock=clock,
-            wants=wants,
-            monotonic=monotonic,
+        self.jobs: Jobs = build(
+            store,
+            Settings(
+                location=location,
+                keys=keys,
+                clock=clock,
+                monotonic=monotonic,
+                wants=wants,
+                max_pack=max_pack,
+                feed_window=feed_window,
+                fetch_timeout=fetch_timeout,
+                retry_first=retry_first,
+                retry_most=retry_most,
+                clock_skew=clock_skew,
+                max_checkpoint=max_checkpoint,
+                checkpoint_interval=checkpoint_interval,
+                compaction_grace=compaction_grace,
+                compaction_settle=compaction_settle,
+                # This module's PENDING_SLACK_MS, read when the engine is made (a test
+                # sets it).
+                pending_slack_ms=PENDING_SLACK_MS,
+            ),
+            changed=self._changed,
         )
-        self.poll_interval = poll_interval
-        self.poll_interval_max = max(poll_interval, poll_interval_max)
-        self.active_for = active_for
-        self.debounce = debounce
-        self.observer = observer
+        self.rounds = Rounds(self.jobs, observer)
+        self.poller = Poller(poll_interval, poll_interval_max, active_for, debounce)
         self._also: CommitListener | None = None
-        self.interval = poll_interval  # seconds to the next background poll
-        self._lock = asyncio.Lock()  # one round at a time
         self._task: asyncio.Task[None] | None = None
         self._syncs: set[asyncio.Task[None]] = set()  # the rounds of sync() calls in flight
         self._stopping = False  # interrupt() was called: no new sync() calls
         self._stopped = False
-        self._dirty = False
-        self._active_until = 0.0
-        self._wake = asyncio.Event()
-        self.checkpoints = Checkpoints(self.store, max_checkpoint, lambda: self.ctx.codec)
-        # This module's PENDING_SLACK_MS, read when the engine is made (a test sets it).
-        self.pending = Pending(self.ctx, PENDING_SLACK_MS)
-        self.feed = Feed(
-            self.ctx,
-            feed_window=feed_window,
-            retry_first=retry_first,
-            retry_most=retry_most,
-            grace=compaction_grace,
-        )
-        self.fetcher = LazyFetcher(self.ctx, self.checkpoints, fetch_timeout)
-        self.compactor = compaction.Compactor(
-            self.store,
-            self.checkpoints,
-            compaction_grace,
-            self.ctx.seal,
-            settle=feed_window if compaction_settle is None else compaction_settle,
-            monotonic=self.ctx.monotonic,
-        )
-        self.policy = CheckpointPolicy(
-            self.ctx,
-            self.feed,
-            self.checkpoints,
-            interval=checkpoint_interval,
-            grace=compaction_grace,
-            changed=self._changed,
-        )
-        self.board = StatusBoard(
-            self.ctx, self.feed, self.pending, self.checkpoints, self.compactor
-        )
-        self.downloader = Downloader(
-            self.ctx,
-            self.feed,
-            self.board,
-            self.checkpoints,
-            retry_first=retry_first,
-            retry_most=retry_most,
-            clock_skew=clock_skew,
-            missed=self.policy.missed,
-            rescue=self.policy.rescue,
-        )
-        self.policy.wake = self.downloader.wake
-        self.feed.absent = self.policy.absent
-        self.feed.restarter = self.policy
-        self.uploader = Uploader(
-            self.ctx,
-            self.feed,
-            self.pending,
-            self.board,
-            self.checkpoints,
-            self.policy,
-            max_pack=max_pack,
-        )
         self.compaction_interval = compaction_interval
         self._compacted_at: float | None = None  # wall time of the last compaction
         self._compact_again_at: float | None = None  # monotonic: a run a window later
+
+    # -- the jobs (:mod:`sync.assembly`) others reach, as the engine's own attributes ------
+
+    @property
+    def store(self) -> Metered:
+        return self.jobs.store
+
+    @property
+    def ctx(self) -> SyncContext:
+        return self.jobs.ctx
+
+    @property
+    def checkpoints(self) -> Checkpoints:
+        return self.jobs.checkpoints
+
+    @property
+    def feed(self) -> Feed:
+        return self.jobs.feed
+
+    @property
+    def compactor(self) -> compaction.Compactor:
+        return self.jobs.compactor
+
+    @property
+    def policy(self) -> CheckpointPolicy:
+        return self.jobs.policy
+
+    @property
+    def board(self) -> StatusBoard:
+        return self.jobs.board
+
+    @property
+    def downloader(self) -> Downloader:
+        return self.jobs.downloader
+
+    @property
+    def interval(self) -> float:
+        """Seconds to the next background poll."""
+        return self.poller.interval
 
     # -- what the jobs hold, as the engine's own attributes ----------------------------
 
@@ -306,10 +277,12 @@ class SyncEngine:
         self.ctx.attach(repo)
         await self.feed.load()
         await self.board.load()
-        await self.pending.load()  # (status tells pending pages from the start)
+        await self.jobs.pending.load()  # (status tells pending pages from the start)
         await self.checkpoints.load(repo)
         if background:
-            self._task = asyncio.create_task(self._loop(), name="sync")
+            self._task = asyncio.create_task(
+                self.poller.run(self.round, self._compact_when_due), name="sync"
+            )
 
     async def interrupt(self, timeout: float = 5.0) -> None:
         """End sync's work in flight: the background loop, and every :meth:`sync` call
@@ -353,7 +326,7 @@ class SyncEngine:
         await self.store.close()
 
     async def fetch_pieces(self, page: Page, digests: list[bytes]) -> dict[bytes, bytes]:
-        return await self.fetcher.fetch(page, digests)
+        return await self.jobs.fetcher.fetch(page, digests)
 
     def page_committed(self, page: Page, commit: Commit) -> None:
         self._changed((page.ledger, page.id))
@@ -369,54 +342,13 @@ class SyncEngine:
         return self.board.upload_error(key)
 
     def _changed(self, key: Key) -> None:
-        if not self.pending.changed(key):  # the _local ledger never leaves this device
+        if not self.jobs.pending.changed(key):  # the _local ledger never leaves this device
             return
-        self._dirty = True
-        self._wake.set()
+        self.poller.changed()
 
     def poke(self) -> None:
         """Poll at once, and fast for a while (``ledgerctl sync`` does this)."""
-        self._active_until = time.monotonic() + self.active_for
-        self.interval = self.poll_interval
-        self._wake.set()
-
-    async def _loop(self) -> None:
-        next_poll = 0.0
-        last_push = -self.debounce  # the last round started by a local commit
-        while True:
-            try:
-                if not self._dirty:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(
-                            self._wake.wait(), max(0.0, next_poll - time.monotonic())
-                        )
-                if self._dirty:  # a local commit: at once, but one such round per debounce
-                    await asyncio.sleep(max(0.0, last_push + self.debounce - time.monotonic()))
-                    self._active_until = time.monotonic() + self.active_for
-                    last_push = time.monotonic()
-                self._dirty = False
-                self._wake.clear()
-                stats = await self.round()
-                if stats.uploaded_packs or stats.downloaded_packs:
-                    self._active_until = time.monotonic() + self.active_for
-                await self._compact_when_due()
-                self.interval = self._next_interval()
-                next_poll = time.monotonic() + self.interval
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # keep syncing; the error is in status
-                log.warning("sync round failed: %s", describe(e))
-                self.interval = self._next_interval()
-                next_poll = time.monotonic() + self.interval
-
-    async def _resolve_again(self) -> None:
-        """Resolutions that could not read a value the resolver took (a LAZY value
-        fetched first, :meth:`ledgerd.store.ObjectStore.hold`) run again: no import
-        may come to start them (a closed page runs them when it opens)."""
-        for page in self.ctx.repo.open_pages():
-            if not page.closed and page.resolution_fetch_failed:
-                with contextlib.suppress(ClosedError):
-                    await page.try_merge()
+        self.poller.poke()
 
     async def _compact_when_due(self) -> None:
         """Compact when ``compaction_interval`` has passed since the last compaction,
@@ -444,18 +376,7 @@ class SyncEngine:
     async def compact(self) -> compaction.Report:
         """Delete this device's packs and checkpoints that checkpoints made unneeded
         and that are older than ``compaction_grace`` (see :mod:`sync.compaction`)."""
-        async with self._lock:
-            await self.ctx.check_bucket()
-            await self.uploader.upload_all()  # what is pending goes up first: covers include it
-            return await self.compactor.run(
-                self.device, int(self.ctx.clock() * 1000), self.policy.write_for_compaction
-            )
-
-    def _next_interval(self) -> float:
-        """``poll_interval`` while active; then doubling up to ``poll_interval_max``."""
-        if time.monotonic() < self._active_until:
-            return self.poll_interval
-        return min(self.poll_interval_max, max(self.poll_interval, self.interval * 2))
+        return await self.rounds.compact()
 
     # -- rounds --------------------------------------------------------------------
 
@@ -473,62 +394,7 @@ class SyncEngine:
         a pack's failure stays theirs, in status. Without ``download`` (at stop) it
         lists only if the last listing is old (the feed time of a new pack needs it).
         """
-        stats = Stats()
-        async with self._lock:
-            before = self.store.snapshot()
-            started = time.monotonic()
-            try:
-                if full:
-                    self.ctx.bucket_ok = False
-                await self.ctx.check_bucket()
-                # (Before an upload too: its listing, for the pack's name, is the
-                # device's first, which a bootstrap marks as a restart.)
-                await self.policy.bootstrap()
-                if download:
-                    await self.policy.rejoin_if_away()
-                    await self.feed.list_new()
-                stats.uploaded_packs = await self.uploader.upload_all(only)
-                if download:
-                    stats.downloaded_packs = await self.downloader.download(force=full)
-                    await self._resolve_again()
-                await self.policy.write_due()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                self.board.round_error = describe(e)
-                if isinstance(e, NoBucketError | BucketIdentityError):
-                    self.ctx.bucket_ok = False
-                self._observe(started, stats, e)
-                raise
-            finally:
-                self.board.last_round = {
-                    **self.store.since(before),
-                    "uploaded_packs": stats.uploaded_packs,
-                    "imported_packs": stats.downloaded_packs,
-                    "seconds": round(time.monotonic() - started, 3),
-                    "at": time.time(),
-                }
-                await self._save_sync_times()
-            self.board.round_error = None
-            self.board.last_round_ok = time.time()
-            stats.rounds = 1
-            self._observe(started, stats, None)
-        return stats
-
-    async def _save_sync_times(self) -> None:
-        """The pages' last sync times (status shows them after a restart): one lost to
-        a full disk is no failure of the round."""
-        try:
-            await self.board.save()
-        except Exception as e:
-            log.warning("could not record the pages' last sync times: %s", describe(e))
-
-    def _observe(self, started: float, stats: Stats, error: BaseException | None) -> None:
-        if self.observer is not None:
-            try:
-                self.observer.round_done(time.monotonic() - started, stats, error)
-            except Exception:
-                log.exception("the sync round observer failed")
+        return await self.rounds.round(download, only, full)
 
     async def sync(
         self, ledger: bytes | None = None, page: bytes | None = None, timeout: float = 60.0
@@ -541,30 +407,13 @@ class SyncEngine:
         """
         only = (ledger, page) if ledger is not None else None
         total = Stats()
-
-        async def go() -> None:
-            full, retries = True, 0
-            while True:
-                s = await self.round(only=only, full=full)
-                full = False
-                total.rounds += 1
-                total.uploaded_packs += s.uploaded_packs
-                total.downloaded_packs += s.downloaded_packs
-                if s.uploaded_packs or s.downloaded_packs:
-                    continue
-                if retries < 3 and self.feed.deferred():  # a page closing, a dropped connection
-                    retries += 1
-                    continue
-                return
-
         if self._stopping:
             raise SyncStoppedError()
         log.debug("sync requested: rounds until quiet, for up to %gs", timeout)
-        self._active_until = time.monotonic() + self.active_for
-        self.interval = self.poll_interval
+        self.poller.active()
         # The rounds run in a task of their own, which :meth:`interrupt` cancels and
         # waits for: none outlives the engine (or the repository it syncs).
-        task = asyncio.create_task(go(), name="sync request")
+        task = asyncio.create_task(self.rounds.until_quiet(only, total), name="sync request")
         self._syncs.add(task)
         task.add_done_callback(self._syncs.discard)
         try:
@@ -596,12 +445,7 @@ class SyncEngine:
         run goes on where the first stopped). ``keys``: the key file read again (its
         first key is the new one; it is registered in the bucket). Returns the packs
         uploaded."""
-        async with self._lock:
-            if keys is not None:
-                self.keys = keys
-            self.ctx.bucket_ok = False
-            await self.ctx.check_bucket()
-            return await self.uploader.reseal()
+        return await self.rounds.reencrypt(keys)
 
     # -- status ----------------------------------------------------------------------
 
@@ -621,16 +465,18 @@ class SyncEngine:
 
     def status(self) -> dict[str, Any]:
         """Sync's part of ``/v1/status``: every problem, for open and closed pages."""
-        return self.board.status(self.interval, self.poll_interval, self.poll_interval_max)
+        return self.board.status(
+            self.interval, self.poller.poll_interval, self.poller.poll_interval_max
+        )
 
     def health(self) -> dict[str, Any]:
         """Whether sync works, and whether this device is synced, with every reason why
         not (see :meth:`sync.status.StatusBoard.health`)."""
-        return self.board.health(self.poll_interval, self.poll_interval_max)
+        return self.board.health(self.poller.poll_interval, self.poller.poll_interval_max)
 
     def gauges(self) -> dict[str, Any]:
         """Sync's state for the metrics (see :meth:`sync.status.StatusBoard.gauges`)."""
-        return self.board.gauges(self.poll_interval, self.poll_interval_max)
+        return self.board.gauges(self.poller.poll_interval, self.poller.poll_interval_max)
 
     async def page_status(self, page: Page) -> dict[str, Any]:
         return await self.board.page_status(page)

@@ -97,3 +97,55 @@ class SyncStoppedError(SyncError):
     start)."""
 
     code = "shutting_down"
+
+
+class EncryptionError(SyncError):
+    """Encryption failed."""
+
+
+class KeyFileError(EncryptionError):
+    """The encryption key file cannot be used."""
+
+
+class TamperedError(EncryptionError):
+    """A sealed part does not authenticate: it was altered, moved, or sealed with another key."""
+
+
+class KeyNotHereError(TamperedError):
+    """A part is sealed with a key this device does not have: not damaged, and it
+    opens once that key is in this device's key file (and the daemon restarted)."""
+
+
+class KeyNotRegisteredError(TamperedError):
+    """A part is sealed with a key this bucket never registered (neither its
+    descriptor's key nor any ``ledgerd-bucket.key.*``): it was written for another
+    bucket, or forged. No key file opens it, so it is refused, not waited for."""
+
+
+class EncryptionKeyMismatchError(BucketIdentityError):
+    """encryption key mismatch: none of this device's keys opens the bucket."""
+
+    code = "encryption_key_mismatch"
+
+
+class EncryptionKeyMissingError(BucketIdentityError):
+    """encryption key missing: the bucket is encrypted and this device has no key."""
+
+    code = "encryption_key_missing"
+
+
+class BucketNotEncryptedError(BucketIdentityError):
+    """the bucket is not encrypted, and this device has an encryption key."""
+
+    code = "bucket_not_encrypted"
+
+
+class CorruptPackError(SyncError):
+    """A pack is malformed or truncated; it was refused and nothing was stored."""
+
+
+class PackKeyMissingError(CorruptPackError):
+    """A pack is sealed with an encryption key this device does not have. It is not
+    damaged: it opens once the key file that has the key is copied here and ledgerd
+    restarted. (A CorruptPackError as well, so that every reader holds it unread, as
+    it does a pack it cannot read; its state says which it is.)"""

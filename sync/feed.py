@@ -1,21 +1,21 @@
-"""Discovery: listing the feed, the devices' logs read so far, and this device's next name.
+"""Discovery: listing the feed, and the devices' logs read so far.
 
 This module owns :class:`Feed`: the LIST of ``packs/`` after a cursor (every
-device's new packs, each held to be imported),
-the gaps in a device's sequence and their probes with backoff, the per-device logs
-(:class:`sync.progress.DeviceLog`, saved in repository meta), and the hybrid
-logical clock that names this device's next pack (:meth:`Feed.next_seq`). From
-those it tells a page's *cover* (how far each device's packs of it are all here).
-It imports nothing: what to do with a held pack is :mod:`sync.download`'s.
+device's new packs, each held to be imported), the gaps in a device's sequence and
+their probes with backoff, the per-device logs (:class:`sync.progress.DeviceLog`,
+saved in repository meta). From those it tells a page's *cover* (how far each
+device's packs of it are all here). It imports nothing: what to do with a held pack
+is :mod:`sync.download`'s. The hybrid logical clock that names this device's next
+pack is :mod:`sync.naming`'s (:attr:`Feed.names`).
 
 The cursor
     A listing starts at the newest feed time this device had listed a window
     (``feed_window``) before its previous listing, less the window; not at the
     newest it has listed. A device names a pack at least the newest time it listed
-    within a quarter of the window (:meth:`Feed.next_seq`), and its PUT lands (and
-    shows in listings) within another quarter, so a pack that was not listed at the
-    previous listing was named from a listing that saw every name visible a window
-    before that one: it lies above the cursor, however long ago the previous
+    within a quarter of the window (:meth:`sync.naming.Naming.next_seq`), and its
+    PUT lands (and shows in listings) within another quarter, so a pack that was
+    not listed at the previous listing was named from a listing that saw every name
+    visible a window before that one: it lies above the cursor, however long ago the previous
     listing was. The newest name alone moves with the fastest clock: a device
     an hour ahead names packs an hour ahead, and a device that listed just before
     that pack and uploads just after it names its own an hour behind, below a
@@ -46,7 +46,7 @@ Gaps and restarts
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from ledgerd.store import Page
@@ -55,6 +55,7 @@ from ledgerd.sync import layout, progress
 from ledgerd.sync.context import Key, SyncContext
 from ledgerd.sync.errors import TransientCloudError
 from ledgerd.sync.layout import PackName
+from ledgerd.sync.naming import Naming, named_between
 from ledgerd.sync.progress import DeviceLog, Gap, Held
 
 log = logging.getLogger(__name__)
@@ -67,8 +68,6 @@ RESTARTING = "sync/restarting"
 from the checkpoints (see ``Feed.restarting``)."""
 LOG_PREFIX = "sync/log/"
 """Repository meta: each device's log (:class:`sync.progress.DeviceLog`), by device id."""
-SEQ_UP = "sync/seq_up"
-"""Repository meta: the highest sequence of this device's packs known to be in the bucket."""
 LISTED_WALL_STEP = 3600.0
 FEED_WINDOW = 120.0
 """Seconds of feed time each listing looks back past the newest name seen: packs
@@ -112,8 +111,7 @@ class Feed:
         self.logs: dict[str, DeviceLog] = {}
         self.devices: set[str] = set()
         self.feed_max = -1  # the newest feed time listed (-1: not loaded)
-        self.own_seq = 0  # the highest sequence of this device listed or written
-        self.own_time = 0
+        self.names = Naming(ctx, feed_window, fresh=self.fresh, newest=lambda: self.feed_max)
         self._ignored: set[str] = set()
         self._listed_at: float | None = None  # monotonic time of the last listing
         # (wall time, monotonic time, newest feed time listed) at the end of each
@@ -139,8 +137,7 @@ class Feed:
         stored = int(await self.ctx.repo.get_meta("sync/feed") or b"0")
         self.feed_max = min(stored, layout.NAMED_TIME_CEILING)
         self._marks = [(float("-inf"), float("-inf"), self.feed_max)]
-        up = int(await self.ctx.repo.get_meta(SEQ_UP) or b"0")
-        self.own_seq = max(self.own_seq, min(up, layout.NAMED_SEQ_CEILING))
+        await self.names.load()
         # Every device's log, now: one whose packs the next listings do not reach
         # still holds packs to retry (those of this device too, held by a restore).
         for name in await self.ctx.repo.metas(LOG_PREFIX):
@@ -218,10 +215,7 @@ class Feed:
         whole = self.restarting or cursor <= 0
         after = "" if whole else layout.feed_after(cursor - window)
         if not self.restarting and self.absent is not None:
-            listed = await self.wall_listed()
-            away = max(self.ctx.clock() - listed, self.listed_ago())
-            if listed and away > self.grace:
-                await self.absent(away)
+            await self._tell_absence(self.absent)
         restarter = self.restarter if self.restarting else None
         # The checkpoints right before the feed (see the module docstring, Restarts).
         checkpoints_at = self.ctx.monotonic()
@@ -233,14 +227,43 @@ class Feed:
             # (a pack compacted since may be covered by a checkpoint written after
             # that listing: the next round lists both again)
             raise TransientCloudError("listing the feed took too long after the checkpoints")
-        held: dict[str, int] = {}
-        covers_time = 0
-        if restarter is not None:
-            held, covers_time = await restarter.join_checkpoints(checkpoints)
-            for device, seq in held.items():
-                if device != self.ctx.device:
-                    dl = await self.device_log(device)
-                    dl.floor = max(dl.floor, seq)
+        held, covers_time = await self._join_checkpoints(restarter, checkpoints)
+        touched, newest = await self._take_listed(names, held, covers_time)
+        await self._save_listing(held, touched, covers_time, newest, wall - self.feed_window)
+        self._marks.append((self.ctx.clock(), self.ctx.monotonic(), newest))
+        self._listed_at = started
+        # The time it started (what it lists is in the bucket by then), known at once
+        # here; saved now and then (a write each round is too many), and at stop.
+        self._listed_wall = wall
+        if not 0 <= wall - self._saved_wall <= min(LISTED_WALL_STEP, self.grace / 4):
+            await self.set_wall_listed(wall)
+
+    async def _tell_absence(self, absent: Callable[[float], Awaitable[None]]) -> None:
+        """Tell ``absent`` if the last listing is longer ago than the grace."""
+        listed = await self.wall_listed()
+        away = max(self.ctx.clock() - listed, self.listed_ago())
+        if listed and away > self.grace:
+            await absent(away)
+
+    async def _join_checkpoints(
+        self, restarter: Restarter | None, checkpoints: Sequence[object]
+    ) -> tuple[dict[str, int], int]:
+        """A restart listing's pages join the ``checkpoints``: per device, the highest
+        sequence they cover (the logs' floors), and their newest feed time."""
+        if restarter is None:
+            return {}, 0
+        held, covers_time = await restarter.join_checkpoints(checkpoints)
+        for device, seq in held.items():
+            if device != self.ctx.device:
+                dl = await self.device_log(device)
+                dl.floor = max(dl.floor, seq)
+        return held, covers_time
+
+    async def _take_listed(
+        self, names: list[str], held: dict[str, int], covers_time: int
+    ) -> tuple[set[str], int]:
+        """Note the listed ``names``: the devices whose logs changed, and the newest
+        feed time listed (or covered)."""
         touched = set(held) - {self.ctx.device}
         newest = max(self.feed_max, covers_time)
         for name in names:
@@ -251,6 +274,20 @@ class Feed:
             newest = max(newest, min(pn.time, layout.NAMED_TIME_CEILING))
             if await self.saw(pn):
                 touched.add(pn.device)
+        return touched, newest
+
+    async def _save_listing(
+        self,
+        held: dict[str, int],
+        touched: set[str],
+        covers_time: int,
+        newest: int,
+        seen_before: float,
+    ) -> None:
+        """Save what a listing changed: the logs (all of them after a restart, whose
+        listing was the probe of every gap seen before ``seen_before``) and the newest
+        feed time."""
+        window = int(self.feed_window * 1000)
         for device in touched & set(held):
             # Packs a checkpoint covers and that are not listed were compacted away,
             # also those above a device's last listed pack (or all of its packs).
@@ -258,7 +295,7 @@ class Feed:
             dl.floor_time = max(dl.floor_time, covers_time or newest)
         if self.restarting:
             for dl in self.logs.values():  # (the listing was the probe)
-                dl.drop_covered(wall - self.feed_window, newest - window)
+                dl.drop_covered(seen_before, newest - window)
         for device in sorted(self.logs if self.restarting else touched):
             await self.save_log(self.logs[device])
         if self.restarting:  # the logs it started are saved
@@ -267,13 +304,6 @@ class Feed:
         if newest != self.feed_max:
             self.feed_max = newest
             await self.ctx.repo.set_meta("sync/feed", str(newest).encode())
-        self._marks.append((self.ctx.clock(), self.ctx.monotonic(), newest))
-        self._listed_at = started
-        # The time it started (what it lists is in the bucket by then), known at once
-        # here; saved now and then (a write each round is too many), and at stop.
-        self._listed_wall = wall
-        if not 0 <= wall - self._saved_wall <= min(LISTED_WALL_STEP, self.grace / 4):
-            await self.set_wall_listed(wall)
 
     def listed_ago(self) -> float:
         """Seconds since this process's last listing by the monotonic clock (0 before
@@ -308,9 +338,7 @@ class Feed:
     async def saw(self, pn: PackName) -> bool:
         """Take note of a listed pack; True if it is new (then it is held for import)."""
         if pn.device == self.ctx.device:
-            # Anyone may name an object so: a name moves the next ones only so far.
-            self.own_seq = max(self.own_seq, min(pn.seq, layout.NAMED_SEQ_CEILING))
-            self.own_time = max(self.own_time, min(pn.time, layout.NAMED_TIME_CEILING))
+            self.names.saw(pn)
             return False
         dl = await self.device_log(pn.device)
         if not dl.is_new(pn.seq):
@@ -334,7 +362,7 @@ class Feed:
                 continue
             found = 0
             for after, until in _stretches(old):
-                async for pn in self._named_between(after, until):
+                async for pn in named_between(self.ctx, after, until):
                     if pn.device == dl.device and await self.saw(pn):
                         found += 1
             dl.drop_covered(
@@ -380,98 +408,9 @@ class Feed:
             h.state == progress.DEFERRED for dl in self.logs.values() for h in dl.held.values()
         )
 
-    # -- this device's names -------------------------------------------------------------
-
-    async def next_seq(self) -> tuple[int, int]:
-        """The next sequence number and feed time, saved before use.
-
-        The sequence is never below what the bucket shows of this device (the last
-        listing saw its packs after the cursor); the feed time is never below this
-        device's last pack nor the newest name listed (a hybrid logical clock), so
-        a reader's cursor never passes a pack that is not up yet, whatever the
-        clocks say.
-        """
-        await self.fresh()
-        stored, last = await self._saved()
-        seq = max(stored, self.own_seq) + 1
-        t = self._time_after(last)
-        # The time first: a stop between the two writes leaves the number untaken
-        # (taken again, at a new time), never taken with no time to look for it at.
-        await self.ctx.repo.set_meta("sync/seq_time", str(t).encode())
-        await self.ctx.repo.set_meta("sync/seq", str(seq).encode())
-        return seq, t
-
-    async def _saved(self) -> tuple[int, int]:
-        """The sequence number and feed time :meth:`next_seq` saved last, held to the
-        ceilings (saved before listed names were, they may be past them)."""
-        repo = self.ctx.repo
-        stored = int(await repo.get_meta("sync/seq") or b"0")
-        t = int(await repo.get_meta("sync/seq_time") or b"0")
-        return min(stored, layout.NAMED_SEQ_CEILING), min(t, layout.NAMED_TIME_CEILING)
-
-    def _time_after(self, last: int) -> int:
-        """A feed time after ``last``, this device's last pack and the newest name listed."""
-        return max(int(self.ctx.clock() * 1000), self.feed_max, last + 1, self.own_time + 1)
-
-    async def retime(self, t: int) -> int:
-        """The feed time for the PUT, tried again, of the pack this device last took a
-        number for, named ``t`` then: ``t`` while it is recent (a quarter of the
-        window), else a new one, saved for :meth:`spent` to look at (should the first
-        PUT land after all, a reader takes whichever of the two it lists first)."""
-        now = self._time_after(t)
-        if now - t <= self.feed_window * 1000 / 4:
-            return t
-        await self.ctx.repo.set_meta("sync/seq_time", str(now).encode())
-        return now
-
-    async def spent(self) -> tuple[int, int] | None:
-        """The sequence number this device last took (saved before its pack's PUT, see
-        :meth:`next_seq`) if its pack is not in the bucket: the process that took it
-        stopped during the PUT. Other devices wait for that number as a gap in this
-        device's log, so it has to go up (:mod:`sync.upload`); returned with a new feed
-        time for it, saved. None when the pack is listed or found at its feed time (one
-        LIST, only when this process has not listed it)."""
-        await self.fresh()
-        stored, t0 = await self._saved()
-        if stored <= self.own_seq:
-            return None
-        if stored == layout.NAMED_SEQ_CEILING or t0 == layout.NAMED_TIME_CEILING:
-            return None  # held to the ceilings: saved from a hostile name, never spent
-        if not t0:
-            return None
-        async for pn in self._named_between(t0, t0):
-            if pn.device == self.ctx.device:  # its pack is older than the listing window
-                await self.wrote(pn.seq, pn.time)
-        if stored <= self.own_seq:
-            return None
-        t = self._time_after(t0)
-        await self.ctx.repo.set_meta("sync/seq_time", str(t).encode())
-        return stored, t
-
-    async def _named_between(self, after: int, until: int) -> AsyncIterator[PackName]:
-        """The packs listed with feed times from ``after`` to ``until`` (one listing)."""
-        async for name in self.ctx.store.list(layout.PACKS, layout.feed_after(after)):
-            pn = PackName.parse(name)
-            if pn is None:
-                continue
-            if pn.time > until:
-                return
-            yield pn
-
-    async def wrote(self, seq: int, t: int) -> None:
-        """This device's pack of sequence ``seq`` and feed time ``t`` is in the bucket:
-        remembered (``sync/seq_up``), since compaction deletes it later, and a number
-        taken and not seen in the bucket would be taken for spent (:meth:`spent`) and
-        filled again, a second pack of that number that readers take for a broken
-        cover."""
-        if seq > self.own_seq:
-            await self.ctx.repo.set_meta(SEQ_UP, str(seq).encode())
-        self.own_seq, self.own_time = max(self.own_seq, seq), max(self.own_time, t)
-
     async def feed_time(self) -> int:
-        """A feed time for a checkpoint: never below this device's last pack nor the
-        newest name listed (as for packs, without using a sequence number)."""
-        return max(int(self.ctx.clock() * 1000), self.feed_max, self.own_time)
+        """A feed time for a checkpoint (:meth:`sync.naming.Naming.feed_time`)."""
+        return await self.names.feed_time()
 
     async def cover(self, page: Page, joined: Mapping[str, int]) -> dict[str, int]:
         """Per device, the highest sequence whose packs' sections of this page are all
@@ -479,7 +418,7 @@ class Feed:
         the page joined covered: ``joined``, whose packs held are not needed)."""
         key = (page.ledger, page.id)
         device_here = self.ctx.device
-        cover = {device_here: self.own_seq}
+        cover = {device_here: self.names.own_seq}
         for name, value in await ex.sync_values(page, "imported/"):
             device = name.removeprefix("imported/")
             if layout.device_ok(device) and device != device_here:

@@ -7,18 +7,16 @@ built from them and from the held packs and gaps of :class:`sync.feed.Feed` (syn
 part of ``/v1/status``, the problems ``ledgerctl sync`` prints, the health the
 daemon serves), each page's sync state and every device the feed showed. The jobs
 tell it what happened; it changes nothing it reports on, and its only I/O is the
-pages' last sync times, kept in repository meta (:data:`SYNCED_PREFIX`).
+pages' last sync times, kept in repository meta (:mod:`sync.pagestate`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ledgerd.store import Page
@@ -30,13 +28,10 @@ from ledgerd.sync.checkpoints import Checkpoints
 from ledgerd.sync.compaction import Compactor
 from ledgerd.sync.context import LOCAL, Key, SyncContext
 from ledgerd.sync.feed import Feed
+from ledgerd.sync.pagestate import SYNCED_PREFIX, PageState, meta_key, meta_name, waiting_reason
 
 log = logging.getLogger(__name__)
 
-SYNCED_PREFIX = "sync/synced/"
-"""Repository meta: per page (``{ledger hex}.{page hex}``), the UNIX time of its last
-upload or import, and its conflicts then (:class:`PageState`, JSON): what status shows of
-a page that is not open, also after a restart."""
 CLOCK_WINDOW = 3600.0
 """Seconds a device's clock bound stands before a smaller one replaces it (a clock
 set right is seen within the hour)."""
@@ -50,25 +45,6 @@ class PendingPages(Protocol):
     def __contains__(self, key: object) -> bool: ...
 
 
-def _waiting(st: PageState | None) -> str | None:
-    """Why a page's conflicts wait (as :attr:`ledgerd.store.Page.pending_conflict`)."""
-    if st is None or not st.waiting:
-        return None
-    return f"{st.conflicts} keys need a conflict resolver"
-
-
-def _meta_name(key: Key) -> str:
-    return f"{SYNCED_PREFIX}{key[0].hex()}.{key[1].hex()}"
-
-
-def _meta_key(name: str) -> Key | None:
-    ledger, dot, page = name.removeprefix(SYNCED_PREFIX).partition(".")
-    try:
-        return (bytes.fromhex(ledger), bytes.fromhex(page)) if dot else None
-    except ValueError:
-        return None
-
-
 def describe(e: BaseException) -> str:
     """An exception as status shows it: its type and message."""
     return f"{type(e).__name__}: {e}"
@@ -80,31 +56,6 @@ def stale_after(poll_interval: float, poll_max: float) -> float:
     idle device waits between rounds (with only ``3 * poll_interval``, a device idle
     for a minute turned unhealthy before each of its polls)."""
     return max(60.0, 3 * poll_interval, 2 * poll_max)
-
-
-@dataclass
-class PageState:
-    last_sync: float | None = None
-    last_error: str | None = None  # why the page could not be uploaded
-    conflicts: int | None = None  # keys with concurrent values at its last sync (None: unknown)
-    waiting: bool = False  # ... and its policy asks a resolver about them
-
-    def encode(self) -> bytes:
-        return json.dumps([self.last_sync, self.conflicts, self.waiting]).encode()
-
-    @classmethod
-    def decode(cls, raw: bytes) -> PageState:
-        """Raises ValueError unless ``raw`` is what :meth:`encode` wrote (or a time alone)."""
-        v = json.loads(raw)
-        if isinstance(v, int | float):
-            return cls(float(v))
-        t, conflicts, waiting = v
-        return cls(
-            None if t is None else float(t),
-            None,
-            None if conflicts is None else int(conflicts),
-            bool(waiting),
-        )
 
 
 class StatusBoard:
@@ -142,7 +93,7 @@ class StatusBoard:
     async def load(self) -> None:
         """The pages' last sync times saved by :meth:`save` (before this process's)."""
         for name, raw in (await self.ctx.repo.metas(SYNCED_PREFIX)).items():
-            key = _meta_key(name)
+            key = meta_key(name)
             try:
                 saved = PageState.decode(raw)
             except (ValueError, TypeError):  # (json's errors are ValueErrors)
@@ -156,7 +107,7 @@ class StatusBoard:
         values: dict[str, bytes | None] = {}
         for key in keys:
             st = self.states.get(key)
-            values[_meta_name(key)] = None if st is None else st.encode()
+            values[meta_name(key)] = None if st is None else st.encode()
         try:
             await self.ctx.repo.set_metas(values)
         except Exception:
@@ -260,7 +211,7 @@ class StatusBoard:
                     "last_sync": st.last_sync if st is not None else None,
                     "last_error": error,
                     "conflicts": st.conflicts if st is not None else None,
-                    "conflict": _waiting(st),
+                    "conflict": waiting_reason(st),
                 }
             )
         return out
@@ -269,7 +220,7 @@ class StatusBoard:
         """The pages whose keys held concurrent values at their last sync: each with
         how many, and why they wait (None: the policy shows the winner)."""
         return [
-            (key, st.conflicts, _waiting(st))
+            (key, st.conflicts, waiting_reason(st))
             for key, st in sorted(self.states.items())
             if st.conflicts
         ]
@@ -279,13 +230,13 @@ class StatusBoard:
         newest pack listed (``last_pack_at``: the pack's feed time, in seconds; its
         sequence), a bound on its clock's lead over this one (``clock_ahead_s``, see
         :meth:`clock_seen`; None before a write of it was imported), and its error."""
-        own = self.ctx.device
+        own, names = self.ctx.device, self.feed.names
         out: list[dict[str, Any]] = [
             {
                 "device": own,
                 "this_device": True,
-                "last_pack_at": self.feed.own_time / 1000 if self.feed.own_time else None,
-                "last_seq": self.feed.own_seq or None,
+                "last_pack_at": names.own_time / 1000 if names.own_time else None,
+                "last_seq": names.own_seq or None,
                 "clock_ahead_s": 0.0,
                 "clock_seen_at": None,
                 "error": None,
@@ -367,30 +318,8 @@ class StatusBoard:
         """Sync's part of ``/v1/status``: every problem, for open and closed pages
         (``interval``: the seconds to the next background poll; the others: see
         :meth:`health`)."""
-        pages = []
-        for key, st in sorted(self.states.items()):
-            if st.last_error:
-                pages.append(
-                    {
-                        "ledger": layout.b64(key[0]),
-                        "page": layout.b64(key[1]),
-                        "ledger_text": layout.text_or_none(key[0]),
-                        "page_text": layout.text_or_none(key[1]),
-                        "error": st.last_error,
-                        "last_sync": st.last_sync,
-                    }
-                )
-        packs = []
-        for h in self.feed.held():
-            packs.append(
-                {
-                    **h.json(),
-                    "ledger": layout.b64(h.key[0]) if h.key else None,
-                    "page": layout.b64(h.key[1]) if h.key else None,
-                    "ledger_text": layout.text_or_none(h.key[0]) if h.key else None,
-                    "page_text": layout.text_or_none(h.key[1]) if h.key else None,
-                }
-            )
+        pages = [_page_json(key, st) for key, st in sorted(self.states.items()) if st.last_error]
+        packs = [_held_json(h) for h in self.feed.held()]
         gaps = [
             {"device": dl.device, "first_seq": g.first, "last_seq": g.last, "since": g.since}
             for _, dl in sorted(self.feed.logs.items())
@@ -504,3 +433,26 @@ class StatusBoard:
             "last_sync": st.last_sync,
             "last_error": st.last_error or self.pack_error(key),
         }
+
+
+def _page_json(key: Key, st: PageState) -> dict[str, Any]:
+    """A page whose last upload failed, as status lists it."""
+    return {
+        "ledger": layout.b64(key[0]),
+        "page": layout.b64(key[1]),
+        "ledger_text": layout.text_or_none(key[0]),
+        "page_text": layout.text_or_none(key[1]),
+        "error": st.last_error,
+        "last_sync": st.last_sync,
+    }
+
+
+def _held_json(h: progress.Held) -> dict[str, Any]:
+    """A held pack, as status lists it."""
+    return {
+        **h.json(),
+        "ledger": layout.b64(h.key[0]) if h.key else None,
+        "page": layout.b64(h.key[1]) if h.key else None,
+        "ledger_text": layout.text_or_none(h.key[0]) if h.key else None,
+        "page_text": layout.text_or_none(h.key[1]) if h.key else None,
+    }

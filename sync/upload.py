@@ -7,7 +7,7 @@ LAZY pieces in the order of their values' bytes); past ``max_pack`` bytes the ro
 writes more packs, a page's entries always in the last pack that holds its pieces,
 so pieces are in the bucket before any entry that references them is visible. A
 pack is named (sequence number and feed time, from
-:meth:`sync.feed.Feed.next_seq`) before its PUT; once it is up, its pages' pieces
+:meth:`sync.naming.Naming.next_seq`) before its PUT; once it is up, its pages' pieces
 become ``synced`` and the page records how far its writes are uploaded, and a
 page's checkpoint may follow (:mod:`sync.checkpoint_policy`). It also seals this
 device's packs again under a new key (:meth:`Uploader.reseal`). Which pages are
@@ -136,64 +136,87 @@ class Uploader:
         """Upload the pages with writes not uploaded and the open ones (of ``only``, if
         given; just ``pages``, if given), all in one pack (more only past ``max_pack``
         bytes). Returns packs put."""
-        repo = self.ctx.repo
         if not self.pending.loaded:
             await self.pending.load()
-        # Open pages too: their latest writes may not be committed yet (group commit).
-        candidates = set(self.pending.counts) | {(p.ledger, p.id) for p in repo.open_pages()}
-        if pages is not None:
-            candidates &= set(pages)
-        keys = [
-            k
-            for k in sorted(candidates)
-            if k[0] != LOCAL and (only is None or (k[0] == only[0] and only[1] in (None, k[1])))
-        ]
+        keys = self._round_keys(only, pages)
         await self.pending.save()
         rnd = _Round()
         async with contextlib.AsyncExitStack() as stack:
             # Pages stay leased until their pack is up (a bounded number of them;
             # the others are opened again to record the upload).
             leased: dict[Key, Page] = {}
-            # At most half of max_open_pages: the round's pages past it, and everyone
-            # else's meanwhile, need room to open.
-            lease_most = min(LEASE_MOST, repo.max_open_pages // 2)
-            for key in keys:
-                seen = self.pending.seen(key)
-                if not repo.page_exists(*key) or repo.is_evicted(*key):
-                    self.pending.forget(key)
-                    if not repo.page_exists(*key):  # (an evicted page keeps its last sync)
-                        self.board.forget(key)
-                    continue
-                try:
-                    if len(leased) < lease_most:
-                        page = await stack.enter_async_context(self.ctx.using(key))
-                        leased[key] = page
-                        await self._take_page(rnd, page, seen)
-                    else:
-                        async with self.ctx.using(key) as page:
-                            await self._take_page(rnd, page, seen)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:  # this page's failure stays this page's
-                    rnd.drop(key)
-                    self.board.page_failed(key, e)
-                    self.pending.again(key)  # retried next round, pending or not
+            await self._take_pages(rnd, keys, stack, leased)
             with contextlib.suppress(Exception):  # its pages' failures are in status
                 await self._flush(rnd)
-            for u in rnd.uploaded:  # each page's commits are in the bucket now
-                try:
-                    if u.key in leased:
-                        await self._mark(leased[u.key], u)
-                    else:
-                        async with self.ctx.using(u.key) as page:
-                            await self._mark(page, u)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:  # uploaded, not recorded: it goes up again next round
-                    self.board.page_failed(u.key, e)
-                    self.pending.again(u.key)
+            await self._mark_all(rnd, leased)
         await self.pending.save()
         return rnd.packs
+
+    def _round_keys(
+        self, only: tuple[bytes, bytes | None] | None, pages: Collection[Key] | None
+    ) -> list[Key]:
+        """The pages a round looks at: pending or open (of ``only``; of ``pages``)."""
+        # Open pages too: their latest writes may not be committed yet (group commit).
+        candidates = set(self.pending.counts) | {
+            (p.ledger, p.id) for p in self.ctx.repo.open_pages()
+        }
+        if pages is not None:
+            candidates &= set(pages)
+        return [
+            k
+            for k in sorted(candidates)
+            if k[0] != LOCAL and (only is None or (k[0] == only[0] and only[1] in (None, k[1])))
+        ]
+
+    async def _take_pages(
+        self,
+        rnd: _Round,
+        keys: list[Key],
+        stack: contextlib.AsyncExitStack,
+        leased: dict[Key, Page],
+    ) -> None:
+        """Add each page's delta to the round; the first pages stay leased (in
+        ``leased``, until ``stack`` closes)."""
+        repo = self.ctx.repo
+        # At most half of max_open_pages: the round's pages past it, and everyone
+        # else's meanwhile, need room to open.
+        lease_most = min(LEASE_MOST, repo.max_open_pages // 2)
+        for key in keys:
+            seen = self.pending.seen(key)
+            if not repo.page_exists(*key) or repo.is_evicted(*key):
+                self.pending.forget(key)
+                if not repo.page_exists(*key):  # (an evicted page keeps its last sync)
+                    self.board.forget(key)
+                continue
+            try:
+                if len(leased) < lease_most:
+                    page = await stack.enter_async_context(self.ctx.using(key))
+                    leased[key] = page
+                    await self._take_page(rnd, page, seen)
+                else:
+                    async with self.ctx.using(key) as page:
+                        await self._take_page(rnd, page, seen)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # this page's failure stays this page's
+                rnd.drop(key)
+                self.board.page_failed(key, e)
+                self.pending.again(key)  # retried next round, pending or not
+
+    async def _mark_all(self, rnd: _Round, leased: dict[Key, Page]) -> None:
+        """Record the round's uploads in their pages: their commits are in the bucket."""
+        for u in rnd.uploaded:
+            try:
+                if u.key in leased:
+                    await self._mark(leased[u.key], u)
+                else:
+                    async with self.ctx.using(u.key) as page:
+                        await self._mark(page, u)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # uploaded, not recorded: it goes up again next round
+                self.board.page_failed(u.key, e)
+                self.pending.again(u.key)
 
     async def _take_page(self, rnd: _Round, page: Page, seen: int | None) -> None:
         key = (page.ledger, page.id)
@@ -280,7 +303,7 @@ class Uploader:
             # if its time is old: a pack named long before it lands is below the
             # others' cursors, and older than the grace at once.
             u = self._unsent
-            seq, t = u.seq, await self.feed.retime(u.time)
+            seq, t = u.seq, await self.feed.names.retime(u.time)
             name, data, head_end = u.name, u.data, u.head_end
             if t != u.time:
                 name, data, head_end = await self._encode(seq, t, u.sections)
@@ -290,12 +313,12 @@ class Uploader:
                 if await store.get(name, 0, head_end) != data[:head_end]:
                     log.warning("sequence %d was already used; its pack is dropped", seq)
             self._unsent = None
-            await self.feed.wrote(seq, t)
+            await self.feed.names.wrote(seq, t)
             log.info("uploaded pack %s, whose upload had failed", name)
         if not self._spent_checked:
             await self._fill_spent()
         while True:
-            seq, t = await self.feed.next_seq()  # taken (and saved) before the PUT
+            seq, t = await self.feed.names.next_seq()  # taken (and saved) before the PUT
             name, data, head_end = await self._encode(seq, t, sections)
             try:
                 await store.put(name, data)
@@ -303,12 +326,12 @@ class Uploader:
                 # Ours if a retried PUT's first attempt landed; otherwise a reused number.
                 if await store.get(name, 0, head_end) != data[:head_end]:
                     log.warning("sequence %d was already used; taking the next", seq)
-                    self.feed.own_seq = max(self.feed.own_seq, seq)
+                    self.feed.names.own_seq = max(self.feed.names.own_seq, seq)
                     continue
             except Exception:
                 self._unsent = _Unsent(seq, t, sections, name, data, head_end)
                 raise
-            await self.feed.wrote(seq, t)
+            await self.feed.names.wrote(seq, t)
             log.debug("uploaded pack %s: %d pages, %d bytes", name, len(sections), len(data))
             return
 
@@ -329,13 +352,13 @@ class Uploader:
         pack carries them. Should the lost pack land after all, a reader takes whichever
         of the two it lists first (it skips a number it has): neither leaves anything
         out."""
-        spent = await self.feed.spent()
+        spent = await self.feed.names.spent()
         if spent is not None:
             seq, t = spent
             name, data, _ = await self._encode(seq, t, [])
             with contextlib.suppress(AlreadyExistsError):  # a retried PUT had landed
                 await self.ctx.store.put(name, data)
-            await self.feed.wrote(seq, t)
+            await self.feed.names.wrote(seq, t)
             log.info("sequence %d was spent by a pack that never went up: filled", seq)
         self._spent_checked = True
 

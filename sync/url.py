@@ -30,6 +30,8 @@ def open_store(
         raise PermanentCloudError(problem)
     u = urlparse(url)
     inner: CloudStore
+    # The stores are imported here, not at the top, for start-up speed: a folder store
+    # need not load boto3.
     if u.scheme == "file":
         from ledgerd.sync.folder import FolderStore
 

@@ -104,18 +104,18 @@ def _table_after(page: Path, heading: str) -> list[list[str]]:
 
 def test_the_owner_table_names_every_module() -> None:
     """docs/architecture.md's "Who owns what" has one row per module of store/, sync/
-    and daemon/ (but their __init__ and __main__): no module is missing, none is named
-    that does not exist."""
+    and daemon/, subpackages included (but their __init__ and __main__): no module is
+    missing, none is named that does not exist."""
     rows = _table_after(DOCS / "architecture.md", "## Who owns what")
-    named = [re.fullmatch(r"`([a-z0-9_]+/[a-z0-9_]+\.py)`", row[0]) for row in rows]
+    named = [re.fullmatch(r"`((?:[a-z0-9_]+/)+[a-z0-9_]+\.py)`", row[0]) for row in rows]
     assert all(named), [row[0] for row, m in zip(rows, named, strict=True) if not m]
     listed = [m.group(1) for m in named if m]
     assert len(listed) == len(set(listed)), "a module is listed twice"
     assert all(row[1] for row in rows), "a module's row says nothing"
     exist = {
-        f"{package}/{path.name}"
+        path.relative_to(ROOT).as_posix()
         for package in PACKAGES
-        for path in (ROOT / package).glob("*.py")
+        for path in (ROOT / package).rglob("*.py")
         if path.name not in LEFT_OUT
     }
     missing, extra = sorted(exist - set(listed)), sorted(set(listed) - exist)

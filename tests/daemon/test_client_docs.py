@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from ledgerd.daemon.client import AsyncClient, Client, LedgerError, NotFoundError
-from ledgerd.daemon.client_docs import AsyncDocuments, Documents
+from ledgerd.daemon.client_blocking import Documents
+from ledgerd.daemon.client_docs import AsyncDocuments
 from tests.daemon.conftest import Daemon
 
 

@@ -3,7 +3,7 @@
 ``python -m tests.store.making_crash_child DATA_DIR POINT`` opens the repository and
 opens (so makes) the page ``p`` of ledger ``l`` as a policy PUT or a sync download does
 (no unwritten mark), killing itself with SIGKILL at ``POINT`` of the database file's
-making (store.db._create_private): ``made`` once the ``.new`` file is created,
+making (store.sqlite.db._create_private): ``made`` once the ``.new`` file is created,
 ``header`` once SQLite wrote its header (its journal may be left), ``rename`` just
 before the rename into place. Exits 0 if it was never killed (the point was missed).
 """
@@ -62,7 +62,7 @@ def main(data: Path, point: str) -> None:
 
     async def run() -> None:
         repo = await Repository.open(data)
-        # store.db calls sqlite3.connect and os.rename through their modules
+        # store.sqlite.db calls sqlite3.connect and os.rename through their modules
         with patch.object(sqlite3, "connect", connecting), patch.object(os, "rename", renaming):
             await repo.open_page(b"l", b"p")
 

@@ -125,7 +125,8 @@ async def test_an_acknowledged_write_of_the_empty_key_survives_a_crash(tmp_path:
     code = (
         "import asyncio, os, signal, sys\n"
         "from pathlib import Path\n"
-        "from ledgerd.store import Repository, writer\n"
+        "from ledgerd.store import Repository\n"
+        "from ledgerd.store.page import writer\n"
         "writer.COMMIT_DELAY = 3600.0  # nothing is committed before the kill\n"
         "async def main():\n"
         "    repo = await Repository.open(Path(sys.argv[1]))\n"

@@ -1,5 +1,5 @@
 """Random sequences of document writes, page writes and index changes on one page whose
-index rows are held a few at a time (store.docindex): every query equals a scan of
+index rows are held a few at a time (store.documents.docindex): every query equals a scan of
 the head's documents."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Page eviction (store.eviction): what may be evicted, restoring on the next use,
+"""Page eviction (store.repo.eviction): what may be evicted, restoring on the next use,
 an eviction cut short, and the LRU and age policies."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""History retention and garbage collection (store.gc)."""
+"""History retention and garbage collection (store.page.gc)."""
 
 from __future__ import annotations
 

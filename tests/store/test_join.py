@@ -216,8 +216,9 @@ async def test_states_joined_both_ways_before_any_upload(tmp_path: Path) -> None
     """Found by the property above when states were joined without an upload first: two
     concurrent puts, each device joins the other's whole state, then both upload. Each
     pack's context covers the other's write, so a third device holds both packs, waiting
-    for each other, for good. Sync does not join a state that holds writes never uploaded
-    (a checkpoint follows its device's upload), so this is not known to be reachable."""
+    for each other, for good. Sync cannot make it: a checkpoint never holds a write its
+    device has not uploaded (tests/sync/test_checkpoints.py::
+    test_a_checkpoint_never_holds_a_write_not_uploaded; docs/convergence.md)."""
     repos = [await Repository.open(tmp_path / f"r{i}") for i in range(DEVICES)]
     try:
         pages = [await r.ledger("l").page("p") for r in repos]

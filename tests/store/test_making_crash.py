@@ -1,4 +1,4 @@
-"""A process killed while it makes a page's database file (store.db._create_private)."""
+"""A process killed while it makes a page's database file (store.sqlite.db._create_private)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The SQL steps of the page's write transactions (store.sql)."""
+"""The SQL steps of the page's write transactions (store.sqlite.sql)."""
 
 from __future__ import annotations
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from ledgerd.store import PageUnavailableError, Priority
+from ledgerd.store import Page, PageUnavailableError, Priority
 from ledgerd.store.page import exchange as ex
 from ledgerd.store.page.check import check_page
 from ledgerd.sync import layout
@@ -324,3 +325,55 @@ async def test_a_restore_without_every_own_write_leaves_the_page_evicted(
         assert a.repo.is_evicted(b"l", b"p")
         aside.rename(newest)
         assert await _keys(a.repo) == want
+
+
+async def test_a_checkpoint_never_holds_a_write_not_uploaded(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """A checkpoint holds only writes that some pack holds: a device that joined a state
+    with writes of another's not uploaded yet could make packs that wait for each other's
+    writes for good (tests/store/test_join.py::test_states_joined_both_ways_before_any_upload).
+    One asked for while a write waits for its upload is not written; the write's upload
+    round writes it."""
+    async with device(tmp_path / "a", bucket, checkpoint_interval=0) as a:
+        pa = await a.repo.ledger("l").page("p")
+        await pa.put(b"k", b"1")
+        await a.engine.sync()
+        await pa.put(b"k", b"2")  # not uploaded
+        assert not await a.engine.policy.write_for_compaction((b"l", b"p"))
+        assert a.engine.checkpoints.unuploaded == 1
+        await a.engine.sync()  # uploads k=2
+        assert await a.engine.policy.write_for_compaction((b"l", b"p"))
+    async with device(tmp_path / "b", bucket) as b:
+        await b.engine.sync()
+        assert await _keys(b.repo) == {b"k": b"2"}
+        assert not b.engine.problems()
+
+
+async def test_the_round_after_a_write_writes_the_checkpoint_it_missed(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """A write that lands between a page's upload and its checkpoint defers the
+    checkpoint to the next upload, not to a checkpoint interval later."""
+    async with device(tmp_path / "a", bucket, checkpoint_interval=3600) as a:
+        pa = await a.repo.ledger("l").page("p")
+        rng = random.Random(5)
+        upload = a.engine.checkpoints.write
+        late: list[bool] = []
+
+        async def write_after_a_late_write(page: Page, *args: Any, **kw: Any) -> str | None:
+            if not a.engine.checkpoints.unuploaded:  # its state sees one more write
+                late.append(True)
+                await pa.put(b"late", b"%d" % len(late))
+            return await upload(page, *args, **kw)
+
+        a.engine.checkpoints.write = write_after_a_late_write  # type: ignore[method-assign]
+        while not a.engine.checkpoints.unuploaded:  # history piles up until one is due
+            await _load(pa, rng, 1, 1000)
+            await a.engine.sync()
+        # The same sync's next round uploaded the late write, then wrote the checkpoint.
+        assert a.engine.checkpoints.unuploaded == 1 and a.engine.checkpoints.written == 1
+        want = await _keys(a.repo)
+    async with device(tmp_path / "b", bucket) as b:
+        await b.engine.sync()
+        assert b.engine.checkpoints.joined and await _keys(b.repo) == want

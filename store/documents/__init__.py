@@ -1,0 +1,1 @@
+"""The document layer (after Yoda) on top of a page: layout, model, indexes, find, conflicts."""

@@ -1,0 +1,1 @@
+"""Structured keys: FoundationDB's tuple encoding and subspaces."""

@@ -1,0 +1,2 @@
+"""Pieces: content-addressed values (digests, content-defined splitting), stored in SQLite with
+a read cache."""

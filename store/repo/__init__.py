@@ -1,0 +1,1 @@
+"""The repository: ledgers and their pages, opened and closed and evicted."""
