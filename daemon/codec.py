@@ -241,6 +241,75 @@ TEXT_PART = 1024 * 1024
 """Bytes of a batch body decoded to text at a time (:func:`_plain_batch_ops`)."""
 
 
+class _BodyText:
+    """A batch body's text, decoded a :data:`TEXT_PART` at a time, and a position ``i``
+    in what is left of it (:func:`_plain_batch_ops`)."""
+
+    def __init__(self, body: bytes) -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        view = memoryview(body)
+        self.parts = (
+            decoder.decode(view[i : i + TEXT_PART], i + TEXT_PART >= len(body))
+            for i in range(0, len(body), TEXT_PART)
+        )
+        self.text, self.i = "", 0
+
+    def more(self) -> bool:
+        """Append the next part to what is left of the text; False at the end."""
+        part = next(self.parts, None)
+        if part is None:
+            return False
+        self.text, self.i = self.text[self.i :] + part, 0
+        return True
+
+    def past_blanks(self) -> bool:
+        """Move ``i`` past blanks; False if the text ends there."""
+        while True:
+            m = _BLANKS.match(self.text, self.i)
+            self.i = self.i if m is None else m.end()
+            if self.i < len(self.text) or not self.more():
+                return self.i < len(self.text)
+
+    def op(self) -> list[Any] | None:
+        """``[op]``, the JSON value at ``i`` (``i`` moves past it); None when it is not
+        one, is over a part or two long, or holds an escaped UTF-16 surrogate."""
+        while True:
+            try:
+                op, end = _DECODER.raw_decode(self.text, self.i)
+                whole = end < len(self.text)  # else a number may go on in the next part
+            except ValueError:
+                whole = False
+            if whole:
+                break
+            # The op may go on in the next part (or be bad); one of over a part or two
+            # is parsed whole by the caller.
+            if len(self.text) - self.i > 2 * TEXT_PART or not self.more():
+                return None
+        if self.text.find("\\u", self.i, end) != -1 and _SURROGATE.search(self.text, self.i, end):
+            return None
+        self.i = end
+        return [op]
+
+    def ops(self) -> list[Any] | None:
+        """The ops of the list whose first op (or ``]``) is at ``i``, and ``i`` past
+        its ``]``; None when it is not a plain list of JSON values."""
+        ops: list[Any] = []
+        if self.text[self.i] == "]":
+            self.i += 1
+            return ops
+        while True:
+            found = self.op()
+            if found is None or not self.past_blanks():
+                return None
+            ops.extend(found)
+            sep = self.text[self.i]
+            self.i += 1
+            if sep == "]":
+                return ops
+            if sep != "," or not self.past_blanks():
+                return None
+
+
 def _plain_batch_ops(body: bytes) -> list[Any] | None:
     """The ops of a batch body of the plain shape ``{"ops": [...]}`` (blanks aside),
     decoded to text a :data:`TEXT_PART` at a time and parsed an op at a time; None for
@@ -251,68 +320,19 @@ def _plain_batch_ops(body: bytes) -> list[Any] | None:
     GIL throughout (for 55 MB, one ``json.loads`` took seconds, decoding and searching
     the text about 100 ms), stalling the event loop as if it ran there; here no call
     covers more than a part or an op, and the loop gets its turn between them."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    view = memoryview(body)
-    parts = (
-        decoder.decode(view[i : i + TEXT_PART], i + TEXT_PART >= len(body))
-        for i in range(0, len(body), TEXT_PART)
-    )
-    text, i = "", 0
-
-    def more() -> bool:
-        """Append the next part to what is left of the text; False at the end."""
-        nonlocal text, i
-        part = next(parts, None)
-        if part is None:
-            return False
-        text, i = text[i:] + part, 0
-        return True
-
-    def past_blanks() -> bool:
-        """Move ``i`` past blanks; False if the text ends there."""
-        nonlocal i
-        while True:
-            m = _BLANKS.match(text, i)
-            i = i if m is None else m.end()
-            if i < len(text) or not more():
-                return i < len(text)
-
-    decode = _DECODER.raw_decode
-    ops: list[Any] = []
+    body_text = _BodyText(body)
     try:
-        more()
-        start = _OPS_START.match(text)
+        body_text.more()
+        start = _OPS_START.match(body_text.text)
         if start is None:
             return None
-        i = start.end()
-        if not past_blanks():
+        body_text.i = start.end()
+        if not body_text.past_blanks():
             return None
-        if text[i] == "]":
-            i += 1
-        else:
-            while True:
-                try:
-                    op, end = decode(text, i)
-                    whole = end < len(text)  # else a number may go on in the next part
-                except ValueError:
-                    whole = False
-                if not whole:  # the op may go on in the next part (or be bad)
-                    if len(text) - i <= 2 * TEXT_PART and more():
-                        continue
-                    return None  # (an op of over a part or two is parsed whole)
-                if text.find("\\u", i, end) != -1 and _SURROGATE.search(text, i, end):
-                    return None
-                ops.append(op)
-                i = end
-                if not past_blanks():
-                    return None
-                sep = text[i]
-                i += 1
-                if sep == "]":
-                    break
-                if sep != "," or not past_blanks():
-                    return None
-        rest = text[i:] + "".join(parts)
+        ops = body_text.ops()
+        if ops is None:
+            return None
+        rest = body_text.text[body_text.i :] + "".join(body_text.parts)
     except (ValueError, RecursionError):  # UnicodeDecodeError, or a nesting too deep
         return None
     return ops if rest.strip(" \t\n\r") == "}" else None

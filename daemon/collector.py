@@ -5,8 +5,8 @@ This module owns which pages a collection or a disk-usage report covers, how the
 results read over HTTP, and the background task that collects every
 ``gc_interval`` seconds and evicts pages under ``disk_budget`` and ``evict_after``.
 Collecting one page is :func:`ledgerd.store.page.gc.collect`, evicting one
-:meth:`ledgerd.store.Repository.evict`; routes are in :mod:`ledgerd.daemon.api`. A
-page is collected under a lease, like any request's, and opened only for it if it
+:meth:`ledgerd.store.Repository.evict`; the routes are :mod:`ledgerd.daemon.admin_api`'s.
+A page is collected under a lease, like any request's, and opened only for it if it
 was closed (it closes again after); an evicted page is neither collected nor
 opened for a report.
 """
@@ -17,18 +17,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ledgerd.daemon import errors as ae
-from ledgerd.daemon.codec import text_or_none, unb64
+from ledgerd.daemon.api import Api
+from ledgerd.daemon.codec import b64, text_or_none, unb64
+from ledgerd.daemon.config import Config
+from ledgerd.daemon.metrics import Metrics
 from ledgerd.store import GcResult, Repository, StoreError
 from ledgerd.store.errors import named
 from ledgerd.store.page import gc as sgc
-
-if TYPE_CHECKING:
-    from ledgerd.daemon.api import Api
-    from ledgerd.daemon.config import Config
-    from ledgerd.daemon.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +77,6 @@ async def pages_of(
 
 
 def _names_json(ledger: bytes, page: bytes) -> dict[str, Any]:
-    from ledgerd.daemon.codec import b64
-
     return {
         "ledger": b64(ledger),
         "page": b64(page),

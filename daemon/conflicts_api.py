@@ -4,7 +4,7 @@ This module owns ``GET /v1/conflicts``, ``GET /v1/ledgers/{L}/pages/{P}/conflict
 ``POST /v1/ledgers/{L}/pages/{P}/conflicts/resolve``: how a page's conflicts
 (:meth:`ledgerd.store.Page.list_conflicts`) become JSON, and how a resolution's body
 becomes :meth:`ledgerd.store.Page.resolve`. Its handlers are entries of
-:data:`ledgerd.daemon.api.ROUTES`; the routes' matching, page leases, error responses
+:data:`ledgerd.daemon.routes.ROUTES`; the routes' matching, page leases, error responses
 and request bodies are :mod:`daemon.api`'s, the error codes :mod:`daemon.errors`'.
 
 Keys and values in JSON are base64, names base64 with their text, as everywhere in
@@ -15,22 +15,22 @@ changed since they were listed.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl
+from typing import Any
 
 from aiohttp import web
 
 from ledgerd.daemon import errors as ae
+from ledgerd.daemon.api import Api, Params
 from ledgerd.daemon.codec import (
     INLINE_VALUE_LIMIT,
     b64,
     integer_param,
     parse_json,
     priority_name,
-    repeated_param,
     text_or_none,
     unb64,
 )
+from ledgerd.daemon.query import Query
 from ledgerd.store import (
     KeyConflict,
     ObjectNotFoundError,
@@ -43,9 +43,6 @@ from ledgerd.store import (
 from ledgerd.store.errors import named
 from ledgerd.store.pieces import digest as dg
 from ledgerd.store.tree import dots
-
-if TYPE_CHECKING:
-    from ledgerd.daemon.api import Api, Params
 
 DEFAULT_LIMIT, MAX_LIMIT = 100, 1000
 """Conflicting keys per page in a listing."""
@@ -127,19 +124,14 @@ async def page_doc(page: Page, start: bytes, limit: int, budget: int) -> tuple[d
 
 def _params(request: web.Request) -> tuple[int, bytes | None, bytes | None]:
     """``limit``, and ``start`` and ``ledger`` (percent-encoded bytes), from the query."""
-    got: dict[str, bytes] = {}
-    for k, v in parse_qsl(
-        request.rel_url.raw_query_string, keep_blank_values=True, encoding="latin-1"
-    ):
-        if k in got:
-            raise repeated_param(k)
-        got[k] = v.encode("latin-1")
+    q = Query.of(request)
+    q.distinct()  # (any parameter given twice: these routes never took one twice)
     limit = DEFAULT_LIMIT
-    if got.get("limit"):
-        limit = integer_param("limit", got["limit"].decode("latin-1"))
+    if given := q.bytes("limit"):
+        limit = integer_param("limit", given.decode("latin-1"))
         if not 1 <= limit <= MAX_LIMIT:
             raise ae.BadRequest(f"limit must be from 1 to {MAX_LIMIT}")
-    return limit, got.get("start"), got.get("ledger")
+    return limit, q.bytes("start"), q.bytes("ledger")
 
 
 async def page_conflicts(api: Api, request: web.Request, p: Params) -> web.Response:

@@ -392,55 +392,42 @@ def from_exception(e: Exception) -> ApiError | None:
     return None
 
 
+_STORE_ERRORS: tuple[
+    tuple[type[se.StoreError] | tuple[type[se.StoreError], ...], type[ApiError]], ...
+] = (
+    (se.KeyTooLargeError, KeyTooLarge),
+    (se.NameTooLargeError, TooLarge),
+    (se.RangeError, RangeNotSatisfiable),
+    (se.AmbiguousCommitError, AmbiguousCommit),  # before InvalidArgumentError, its base
+    (se.InvalidArgumentError, BadRequest),
+    (se.KeyNotFoundError, KeyNotFound),
+    (se.CommitNotFoundError, CommitNotFound),
+    (se.PageNotFoundError, PageNotFound),
+    (se.LedgerNotFoundError, LedgerNotFound),
+    (se.HistoryPrunedError, HistoryPruned),
+    (se.NotEvictableError, NotEvictable),
+    (se.NotInConflictError, NoConflict),
+    (se.SiblingsChangedError, SiblingsChanged),
+    (se.AmbiguousTakeError, AmbiguousTheirs),
+    (se.NotResolvableError, NotResolvable),
+    (se.TransactionClosedError, Conflict),
+    (se.ObjectKeyMissingError, EncryptionKeyMissing),  # before ObjectNotFoundError, its base
+    (se.ObjectNotFoundError, Unavailable),
+    ((se.CorruptObjectError, se.CorruptDatabaseError), Corrupt),
+    (se.SchemaError, SchemaTooNew),
+    (se.TransientStoreError, Unavailable),  # every open page busy; a locked database
+    (se.ClosedError, ShuttingDown),
+)
+"""Store errors and the API errors they are, the first that matches winning."""
+
+
 def from_store(e: se.StoreError) -> ApiError:
     """The API error for a store error (its message is kept)."""
-    msg = str(e)
     if disk_full(e):
         return InsufficientStorage()
     if isinstance(e, DocumentError):  # before InvalidArgumentError, which some subclass
         return from_document(e, e.code)
-    if isinstance(e, se.KeyTooLargeError):
-        return KeyTooLarge(msg)
-    if isinstance(e, se.NameTooLargeError):
-        return TooLarge(msg)
-    if isinstance(e, se.RangeError):
-        return RangeNotSatisfiable(msg)
-    if isinstance(e, se.AmbiguousCommitError):  # before InvalidArgumentError, its base
-        return AmbiguousCommit(msg)
-    if isinstance(e, se.InvalidArgumentError):
-        return BadRequest(msg)
-    if isinstance(e, se.KeyNotFoundError):
-        return KeyNotFound(msg)
-    if isinstance(e, se.CommitNotFoundError):
-        return CommitNotFound(msg)
-    if isinstance(e, se.PageNotFoundError):
-        return PageNotFound(msg)
-    if isinstance(e, se.LedgerNotFoundError):
-        return LedgerNotFound(msg)
-    if isinstance(e, se.HistoryPrunedError):
-        return HistoryPruned(msg)
-    if isinstance(e, se.NotEvictableError):
-        return NotEvictable(msg)
-    if isinstance(e, se.NotInConflictError):
-        return NoConflict(msg)
-    if isinstance(e, se.SiblingsChangedError):
-        return SiblingsChanged(msg)
-    if isinstance(e, se.AmbiguousTakeError):
-        return AmbiguousTheirs(msg)
-    if isinstance(e, se.NotResolvableError):
-        return NotResolvable(msg)
-    if isinstance(e, se.TransactionClosedError):
-        return Conflict(msg)
-    if isinstance(e, se.ObjectKeyMissingError):  # before ObjectNotFoundError, its base
-        return EncryptionKeyMissing(msg)
-    if isinstance(e, se.ObjectNotFoundError):
-        return Unavailable(msg)
-    if isinstance(e, se.CorruptObjectError | se.CorruptDatabaseError):
-        return Corrupt(msg)
-    if isinstance(e, se.SchemaError):
-        return SchemaTooNew(msg)
-    if isinstance(e, se.TransientStoreError):  # every open page busy; a locked database
-        return Unavailable(msg)
-    if isinstance(e, se.ClosedError):
-        return ShuttingDown(msg)
-    return ApiError(msg)
+    for kind, error in _STORE_ERRORS:
+        if isinstance(e, kind):
+            return error(str(e))
+    return ApiError(str(e))

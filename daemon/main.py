@@ -77,7 +77,7 @@ def tune_gc() -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["key"]:  # ledgerd key init|add|rotate (daemon/keys.py)
-        from ledgerd.daemon import keys
+        from ledgerd.daemon import keys  # (here: start-up speed; the server is not needed)
 
         return keys.main(argv[1:])
     args = parser().parse_args(argv)
@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check_config:
         sys.stdout.write(render_config(cfg))
         return 0
+    # Imported here for start-up speed: --check-config and errors need none of the server.
     from ledgerd.daemon.server import serve, setup_logging
 
     setup_logging(cfg)

@@ -291,55 +291,62 @@ class _State(Collector):
         )
         if (sync := snap.get("sync")) is not None:
             yield from _sync_gauges(sync)
-        pieces = GaugeMetricFamily(
-            "ledgerd_pieces",
-            "Pieces of the open pages by status (transient: staged by a journal; local: "
-            "stored here only, tree nodes included, which never travel; synced; remote: in "
-            "the cloud only)",
-            labels=["status"],
-        )
-        for status in ("transient", "local", "synced", "remote"):
-            pieces.add_metric([status], snap.get("pieces", {}).get(status, 0.0))
-        yield pieces
-        c = self.m.cloud
-        requests = CounterMetricFamily(
-            "ledgerd_cloud_requests",
-            "Requests to the bucket, each attempt counted (kind: put, get, list, delete, "
-            "create_bucket; a listing counts once)",
-            labels=["kind"],
-        )
-        for kind, n in sorted(c.requests.items()):
-            requests.add_metric([kind], n)
-        yield requests
-        errors = CounterMetricFamily(
-            "ledgerd_cloud_errors",
-            "Failed requests to the bucket, by kind and error type",
-            labels=["kind", "error"],
-        )
-        for (kind, error), n in sorted(c.errors.items()):
-            errors.add_metric([kind, error], n)
-        yield errors
-        yield CounterMetricFamily(
-            "ledgerd_cloud_retries",
-            "Transient failures of requests to the bucket (each one is retried)",
-            value=c.retried,
-        )
-        moved = CounterMetricFamily(
-            "ledgerd_cloud_bytes",
-            "Bytes sent to (up) and read from (down) the bucket",
-            labels=["direction"],
-        )
-        moved.add_metric(["up"], c.bytes_up)
-        moved.add_metric(["down"], c.bytes_down)
-        yield moved
-        seconds = CounterMetricFamily(
-            "ledgerd_cloud_request_seconds",
-            "Time spent in requests to the bucket, by kind",
-            labels=["kind"],
-        )
-        for kind, s in sorted(c.seconds.items()):
-            seconds.add_metric([kind], s)
-        yield seconds
+        yield _pieces(snap)
+        yield from _cloud_counters(self.m.cloud)
+
+
+def _pieces(snap: dict[str, Any]) -> Metric:
+    pieces = GaugeMetricFamily(
+        "ledgerd_pieces",
+        "Pieces of the open pages by status (transient: staged by a journal; local: "
+        "stored here only, tree nodes included, which never travel; synced; remote: in "
+        "the cloud only)",
+        labels=["status"],
+    )
+    for status in ("transient", "local", "synced", "remote"):
+        pieces.add_metric([status], snap.get("pieces", {}).get(status, 0.0))
+    return pieces
+
+
+def _cloud_counters(c: CloudCounters) -> Iterable[Metric]:
+    requests = CounterMetricFamily(
+        "ledgerd_cloud_requests",
+        "Requests to the bucket, each attempt counted (kind: put, get, list, delete, "
+        "create_bucket; a listing counts once)",
+        labels=["kind"],
+    )
+    for kind, n in sorted(c.requests.items()):
+        requests.add_metric([kind], n)
+    yield requests
+    errors = CounterMetricFamily(
+        "ledgerd_cloud_errors",
+        "Failed requests to the bucket, by kind and error type",
+        labels=["kind", "error"],
+    )
+    for (kind, error), n in sorted(c.errors.items()):
+        errors.add_metric([kind, error], n)
+    yield errors
+    yield CounterMetricFamily(
+        "ledgerd_cloud_retries",
+        "Transient failures of requests to the bucket (each one is retried)",
+        value=c.retried,
+    )
+    moved = CounterMetricFamily(
+        "ledgerd_cloud_bytes",
+        "Bytes sent to (up) and read from (down) the bucket",
+        labels=["direction"],
+    )
+    moved.add_metric(["up"], c.bytes_up)
+    moved.add_metric(["down"], c.bytes_down)
+    yield moved
+    seconds = CounterMetricFamily(
+        "ledgerd_cloud_request_seconds",
+        "Time spent in requests to the bucket, by kind",
+        labels=["kind"],
+    )
+    for kind, s in sorted(c.seconds.items()):
+        seconds.add_metric([kind], s)
+    yield seconds
 
 
 HELD_STATES = (

@@ -1,6 +1,6 @@
 """The OpenAPI 3 description of the HTTP API, served at ``GET /v1/openapi.json``.
 
-This module owns the document: one entry per route of :data:`ledgerd.daemon.api.ROUTES`
+This module owns the document: one entry per route of :data:`ledgerd.daemon.routes.ROUTES`
 (a test checks that the two list the same methods and paths), with its parameters,
 bodies and answers. It is data, built once; the daemon serves it as is.
 """
@@ -410,7 +410,8 @@ def document() -> dict[str, Any]:
 
 
 def _document_paths() -> dict[str, Any]:
-    """The documents' routes (``daemon/docs_api.py``; docs/documents.md)."""
+    """The documents' routes (``daemon/docs_api.py``, ``indexes_api.py``, ``attachments_api.py``,
+    ``changes_api.py``; docs/documents.md)."""
     obj = {"type": "object"}
     col = _path("collection", "collection name")
     did = _path("id", "document id (a ULID, or one the client chose: 1-512 bytes of UTF-8)")

@@ -3,18 +3,20 @@
 This module owns which pages a check covers and how its report reads over HTTP,
 and what a health probe is told.
 The check of a page is :mod:`ledgerd.store.page.check` (local) and
-:mod:`ledgerd.sync.check` (the bucket, and repairs); routes are in
-:mod:`ledgerd.daemon.api`. A page is checked under a lease, like any request's,
-and opened only for its check if it was closed (it closes again after), so the
-daemon keeps serving every page, the one being checked included.
+:mod:`ledgerd.sync.check` (the bucket, and repairs); the routes are
+:mod:`ledgerd.daemon.admin_api`'s and :mod:`ledgerd.daemon.status_api`'s. A page is
+checked under a lease, like any request's, and opened only for its check if it was
+closed (it closes again after), so the daemon keeps serving every page, the one being
+checked included.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ledgerd.daemon import errors as ae
+from ledgerd.daemon.api import Api
 from ledgerd.daemon.codec import unb64
 from ledgerd.daemon.collector import pages_of
 from ledgerd.store import StoreError
@@ -22,9 +24,6 @@ from ledgerd.store.errors import TooManyOpenPagesError, counted
 from ledgerd.store.page import check as ck
 from ledgerd.sync.check import BucketIndex, Checked, check_page
 from ledgerd.sync.errors import CloudError
-
-if TYPE_CHECKING:
-    from ledgerd.daemon.api import Api
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +41,7 @@ def _name(doc: dict[str, Any], name: str, what: str) -> bytes | None:
     v = doc.get(name)
     if v is None:
         return None
-    raw = unb64(v, f"check body: {name}")
-    from ledgerd.daemon.api import Api
-
-    return Api.name_bytes(raw, what)
+    return Api.name_bytes(unb64(v, f"check body: {name}"), what)
 
 
 async def run_check(api: Api, doc: Any) -> dict[str, Any]:

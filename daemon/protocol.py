@@ -15,7 +15,8 @@ site's protocol factory). So :class:`ApiRunner` runs a :class:`_Server` that
 makes :class:`_Connection` protocols, whose ``handle_error`` answers JSON.
 
 Why no ``web.Application``: the API matches its own table of routes on the raw
-path (:data:`daemon.api.ROUTES`) and does its plumbing in one function, so an
+path (:data:`daemon.routes.ROUTES`) and does its plumbing in one function
+(:meth:`daemon.api.Api.serve`), so an
 application's router (one catch-all route, resolved on every request) and
 middleware chain only cost time: :class:`ApiRunner` is a ``web.ServerRunner`` of
 aiohttp's low-level server (``web.Server``) serving the API's handler, and its

@@ -37,11 +37,12 @@ from typing import Any
 from aiohttp import web
 
 from ledgerd.daemon import systemd
-from ledgerd.daemon.api import Api, DaemonState
+from ledgerd.daemon.api import VERSION, Api, DaemonState
 from ledgerd.daemon.collector import collect_in_background
 from ledgerd.daemon.config import Config, ConfigError, key_ring, log_level, metrics_address
 from ledgerd.daemon.metrics import Metrics, scraper_app
 from ledgerd.daemon.protocol import ApiRunner, Limits
+from ledgerd.daemon.routes import ROUTER
 from ledgerd.daemon.session import Resolvers, Sessions
 from ledgerd.daemon.socketdir import socket_dir_problem
 from ledgerd.store import (
@@ -52,6 +53,8 @@ from ledgerd.store import (
     set_sqlite_threads,
 )
 from ledgerd.store.errors import named
+from ledgerd.sync.engine import SyncEngine
+from ledgerd.sync.url import open_store
 
 log = logging.getLogger("ledgerd")
 
@@ -150,28 +153,9 @@ async def serve(cfg: Config) -> int:
         # The collaborators of every page exist before the repository opens.
         resolvers = Resolvers()
         metrics = Metrics()
-        engine = None
+        engine = _sync_engine(cfg, metrics)
         hooks = PageHooks(resolvers=resolvers, listener=metrics.listener(None))
-        if cfg.cloud:
-            from ledgerd.sync.engine import SyncEngine
-            from ledgerd.sync.url import open_store
-
-            engine = SyncEngine(
-                open_store(
-                    cfg.cloud, endpoint_url=cfg.endpoint_url or None, counters=metrics.cloud
-                ),
-                location=cfg.cloud,
-                poll_interval=cfg.sync_interval,
-                poll_interval_max=cfg.sync_interval_max,
-                debounce=cfg.sync_debounce,
-                fetch_timeout=cfg.fetch_timeout,
-                observer=metrics,
-                checkpoint_interval=cfg.checkpoint_interval,
-                max_checkpoint=cfg.max_checkpoint_bytes,
-                compaction_grace=cfg.compaction_grace,
-                compaction_interval=cfg.compaction_interval,
-                keys=key_ring(cfg),
-            )
+        if engine is not None:
             hooks = engine.hooks(resolvers, also=metrics.listener(None))
         repo = await _open_repository(cfg, hooks)  # takes its lock
         stack.push_async_callback(repo.close)
@@ -182,99 +166,134 @@ async def serve(cfg: Config) -> int:
             stack.push_async_callback(engine.stop)
             log.info("cloud sync on with %s", cfg.cloud)
 
-        state = DaemonState()
-        api = Api(repo, cfg, state)
+        api = Api(repo, cfg, DaemonState())
         api.engine = engine
         api.metrics = metrics
-        sessions = Sessions(api, resolvers)
-        api.sessions = sessions
+        api.sessions = Sessions(api, resolvers)
         runner = ApiRunner(
-            api.handle,
+            api.handler(ROUTER),
             Limits.of(cfg),
             client_max_size=cfg.max_batch_bytes,
-            on_shutdown=sessions.close_all,  # WebSockets end first, with code 1001
+            on_shutdown=api.sessions.close_all,  # WebSockets end first, with code 1001
             handle_signals=False,
             shutdown_timeout=cfg.shutdown_timeout,
         )
         await runner.setup()
         stop_serving = _once(runner.cleanup)
         stack.push_async_callback(stop_serving)
-
-        site: web.BaseSite
-        if activated is not None:
-            site = web.SockSite(runner, activated)
-            where = "a socket passed by systemd"
-        else:
-            _prepare_socket_path(cfg.socket)
-            old = os.umask(0o177)  # the socket is born 0600: no window where others can connect
-            try:
-                site = web.UnixSite(runner, str(cfg.socket), backlog=cfg.listen_backlog)
-                await site.start()
-            except OSError as e:
-                raise ConfigError(f"socket: cannot listen on {cfg.socket}: {e.strerror}") from None
-            finally:
-                os.umask(old)
-            gid = cfg.socket_gid()
-            if gid is not None:
-                os.chown(cfg.socket, -1, gid)
-                os.chmod(cfg.socket, 0o660)
-            stack.callback(_unlink, cfg.socket)
-            where = str(cfg.socket)
-        if activated is not None:
-            await site.start()
+        where = await _listen(stack, cfg, runner, activated)
         if cfg.metrics_listen:
             await _serve_metrics(stack, cfg, metrics)
-
-        # Background work lives in a task group that shutdown awaits (after `done`).
-        done = asyncio.Event()
-        tasks = await stack.enter_async_context(asyncio.TaskGroup())
-        stack.callback(done.set)
-        tasks.create_task(_close_idle_pages(repo, cfg.page_idle_seconds, done), name="idle-pages")
-        if cfg.gc_interval > 0 or cfg.disk_budget or cfg.evict_after:
-            tasks.create_task(collect_in_background(repo, cfg, metrics, done), name="gc")
-        interval = systemd.watchdog_interval()
-        if interval is not None:
-            tasks.create_task(_until(done, systemd.watchdog(interval)), name="watchdog")
+        await _start_background(stack, repo, cfg, metrics)
 
         systemd.notify(f"READY=1\nSTATUS=serving on {where}\nMAINPID={os.getpid()}")
-        log.info("ledgerd %s ready on %s (pid %d)", _version(), where, os.getpid())
+        log.info("ledgerd %s ready on %s (pid %d)", VERSION, where, os.getpid())
 
         await stop.wait()
-        deadline = loop.time() + cfg.shutdown_timeout
-
-        log.info("stopping: draining requests and flushing pages")
-        systemd.notify("STOPPING=1\nSTATUS=draining")
-        state.shutting_down = True  # requests on open connections: 503 shutting_down
-        state.stopping.set()  # followed feeds end now
-        if engine is not None:  # sync rounds end now: POST /v1/sync answers 503 shutting_down
-            await engine.interrupt(timeout=STOP_MARGIN)
-        # aiohttp's own shutdown: stop listening, end the sessions (on_shutdown), let
-        # requests in flight finish, close connections. Requests still running at
-        # shutdown_timeout are cancelled (aiohttp would wait as long again first).
-        draining = asyncio.ensure_future(stop_serving())
-        await asyncio.wait({draining}, timeout=max(0.0, deadline - loop.time()))
-        if not draining.done():
-            n = await api.cancel_requests(timeout=STOP_MARGIN)
-            log.warning("cancelled %d requests still running after %gs", n, cfg.shutdown_timeout)
-            if cut := runner.abort_connections():  # answers their clients do not read
-                log.warning("cut %d connections still open after %gs", cut, cfg.shutdown_timeout)
-            await asyncio.wait({draining}, timeout=STOP_MARGIN)
-        for page in repo.open_pages():
-            try:
-                await page.flush()
-            except Exception:
-                log.exception("flushing page %s failed", named(page.id))
-        if engine is not None:  # one last upload round, within what is left of the bound
-            left = min(FINAL_UPLOAD, max(deadline - loop.time(), FINAL_UPLOAD_LEAST))
-            await engine.stop(final_upload_timeout=left)
-        if not draining.done():  # past every bound: the connections close as the loop ends
-            log.error("the HTTP server has not stopped; its connections close as ledgerd exits")
-            draining.cancel()
-            await asyncio.wait({draining})
-        elif not draining.cancelled() and (error := draining.exception()) is not None:
-            log.error("stopping the HTTP server failed: %s", error)
+        await _stop(api, runner, stop_serving)
     log.info("ledgerd stopped")
     return 0
+
+
+def _sync_engine(cfg: Config, metrics: Metrics) -> SyncEngine | None:
+    """The sync engine of ``cloud`` (not started), or None when cloud sync is off."""
+    if not cfg.cloud:
+        return None
+    return SyncEngine(
+        open_store(cfg.cloud, endpoint_url=cfg.endpoint_url or None, counters=metrics.cloud),
+        location=cfg.cloud,
+        poll_interval=cfg.sync_interval,
+        poll_interval_max=cfg.sync_interval_max,
+        debounce=cfg.sync_debounce,
+        fetch_timeout=cfg.fetch_timeout,
+        observer=metrics,
+        checkpoint_interval=cfg.checkpoint_interval,
+        max_checkpoint=cfg.max_checkpoint_bytes,
+        compaction_grace=cfg.compaction_grace,
+        compaction_interval=cfg.compaction_interval,
+        keys=key_ring(cfg),
+    )
+
+
+async def _listen(
+    stack: contextlib.AsyncExitStack,
+    cfg: Config,
+    runner: ApiRunner,
+    activated: socket.socket | None,
+) -> str:
+    """Serve the API on the socket systemd passed, or on ``cfg.socket`` (made 0600,
+    or 0660 for ``socket_group``, and removed at stop); where, for the logs."""
+    if activated is not None:
+        await web.SockSite(runner, activated).start()
+        return "a socket passed by systemd"
+    _prepare_socket_path(cfg.socket)
+    old = os.umask(0o177)  # the socket is born 0600: no window where others can connect
+    try:
+        await web.UnixSite(runner, str(cfg.socket), backlog=cfg.listen_backlog).start()
+    except OSError as e:
+        raise ConfigError(f"socket: cannot listen on {cfg.socket}: {e.strerror}") from None
+    finally:
+        os.umask(old)
+    gid = cfg.socket_gid()
+    if gid is not None:
+        os.chown(cfg.socket, -1, gid)
+        os.chmod(cfg.socket, 0o660)
+    stack.callback(_unlink, cfg.socket)
+    return str(cfg.socket)
+
+
+async def _start_background(
+    stack: contextlib.AsyncExitStack, repo: Repository, cfg: Config, metrics: Metrics
+) -> None:
+    """Background work, in a task group that shutdown awaits (after ``done`` is set):
+    closing idle pages, collection and eviction, the systemd watchdog."""
+    done = asyncio.Event()
+    tasks = await stack.enter_async_context(asyncio.TaskGroup())
+    stack.callback(done.set)
+    tasks.create_task(_close_idle_pages(repo, cfg.page_idle_seconds, done), name="idle-pages")
+    if cfg.gc_interval > 0 or cfg.disk_budget or cfg.evict_after:
+        tasks.create_task(collect_in_background(repo, cfg, metrics, done), name="gc")
+    interval = systemd.watchdog_interval()
+    if interval is not None:
+        tasks.create_task(_until(done, systemd.watchdog(interval)), name="watchdog")
+
+
+async def _stop(api: Api, runner: ApiRunner, stop_serving: Callable[[], Awaitable[None]]) -> None:
+    """The stop, within ``shutdown_timeout`` (and the margins): requests drained or
+    cancelled, pages flushed, one last upload round."""
+    cfg, engine, loop = api.cfg, api.engine, asyncio.get_running_loop()
+    deadline = loop.time() + cfg.shutdown_timeout
+    log.info("stopping: draining requests and flushing pages")
+    systemd.notify("STOPPING=1\nSTATUS=draining")
+    api.state.shutting_down = True  # requests on open connections: 503 shutting_down
+    api.state.stopping.set()  # followed feeds end now
+    if engine is not None:  # sync rounds end now: POST /v1/sync answers 503 shutting_down
+        await engine.interrupt(timeout=STOP_MARGIN)
+    # aiohttp's own shutdown: stop listening, end the sessions (on_shutdown), let
+    # requests in flight finish, close connections. Requests still running at
+    # shutdown_timeout are cancelled (aiohttp would wait as long again first).
+    draining = asyncio.ensure_future(stop_serving())
+    await asyncio.wait({draining}, timeout=max(0.0, deadline - loop.time()))
+    if not draining.done():
+        n = await api.cancel_requests(timeout=STOP_MARGIN)
+        log.warning("cancelled %d requests still running after %gs", n, cfg.shutdown_timeout)
+        if cut := runner.abort_connections():  # answers their clients do not read
+            log.warning("cut %d connections still open after %gs", cut, cfg.shutdown_timeout)
+        await asyncio.wait({draining}, timeout=STOP_MARGIN)
+    for page in api.repo.open_pages():
+        try:
+            await page.flush()
+        except Exception:
+            log.exception("flushing page %s failed", named(page.id))
+    if engine is not None:  # one last upload round, within what is left of the bound
+        left = min(FINAL_UPLOAD, max(deadline - loop.time(), FINAL_UPLOAD_LEAST))
+        await engine.stop(final_upload_timeout=left)
+    if not draining.done():  # past every bound: the connections close as the loop ends
+        log.error("the HTTP server has not stopped; its connections close as ledgerd exits")
+        draining.cancel()
+        await asyncio.wait({draining})
+    elif not draining.cancelled() and (error := draining.exception()) is not None:
+        log.error("stopping the HTTP server failed: %s", error)
 
 
 async def _serve_metrics(stack: contextlib.AsyncExitStack, cfg: Config, metrics: Metrics) -> None:
@@ -346,9 +365,3 @@ def raise_open_file_limit(want: int = 65536) -> None:
 def _unlink(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
-
-
-def _version() -> str:
-    from ledgerd.daemon.api import VERSION
-
-    return VERSION

@@ -30,11 +30,12 @@ from aiohttp import WSMsgType, web
 
 from ledgerd.daemon import errors as ae
 from ledgerd.daemon import session_ops as ops
-from ledgerd.daemon.api import Api, page_leases
+from ledgerd.daemon.api import Api
 from ledgerd.daemon.codec import (
     parse_json,
     unb64,
 )
+from ledgerd.daemon.leases import page_leases
 from ledgerd.daemon.session_resolve import ResolveRounds, ResolverSession
 from ledgerd.daemon.session_resolve import Resolvers as Resolvers  # (server's, from here)
 from ledgerd.store import StoreError, Transaction, Watcher

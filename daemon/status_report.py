@@ -6,7 +6,7 @@ in name order, a bounded number per request with a continuation token), its
 usage database, and their sync state comes from what sync recorded
 (:meth:`ledgerd.sync.engine.SyncEngine.page_states`): no page is opened. Open pages
 add what only an open page knows (heads, conflicts, unuploaded writes). The route
-itself is :meth:`ledgerd.daemon.api.Api.status`.
+itself is :func:`ledgerd.daemon.status_api.status`.
 """
 
 from __future__ import annotations

@@ -17,10 +17,10 @@ import schemathesis
 from hypothesis import HealthCheck, Phase
 from schemathesis.core.result import Ok
 
-from ledgerd.daemon.api import ROUTES
 from ledgerd.daemon.client import Client, Subspace, Versionstamp
 from ledgerd.daemon.codec import STAMPED_OPS, b64
 from ledgerd.daemon.openapi import document
+from ledgerd.daemon.routes import ROUTES
 from tests.daemon.conftest import Daemon
 
 EXAMPLES = int(os.environ.get("LEDGERD_SCHEMATHESIS_EXAMPLES", "25"))

@@ -1,4 +1,4 @@
-"""Route dispatch: the index of :class:`ledgerd.daemon.api.Router` answers exactly as
+"""Route dispatch: the index of :class:`ledgerd.daemon.router.Router` answers exactly as
 trying every route of ``ROUTES`` in order (its first match by path and method)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ledgerd.daemon.api import ROUTER, ROUTES, Route
+from ledgerd.daemon.routes import ROUTER, ROUTES, Route
 
 METHODS = ["GET", "HEAD", "PUT", "POST", "DELETE", "PATCH", "OPTIONS"]
 LITERALS = sorted({s for r in ROUTES for s in r.path if not s.startswith("{")})
