@@ -64,6 +64,7 @@ def _init(path: Path, passphrase: bool) -> None:
 
 
 async def _rotate(args: argparse.Namespace) -> int:
+    # Imported here for start-up speed: only rotation needs the store and sync's engine.
     from ledgerd.store import Repository, RepositoryLockedError
     from ledgerd.store.errors import counted
     from ledgerd.sync.engine import SyncEngine

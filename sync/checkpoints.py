@@ -196,8 +196,14 @@ class Checkpoints:
         if not force and not await self.due(page):
             return None
         st = await ex.state(page)
-        if st is None:
+        if st is None or not await self._may_write(page, st, force):
             return None
+        return await self._put(page, st, device, feed_time, cover)
+
+    async def _may_write(self, page: Page, st: ex.State, force: bool) -> bool:
+        """Whether a checkpoint of the page's state ``st`` goes now: the history since
+        the last one passed the threshold (or ``force``), the state holds no write of
+        this device's not uploaded, and it is not too large."""
         sizes = await ex.piece_sizes(page, st.eager)
         live = sum(sizes.values()) + 64 * len(st.entries)
         since = int(await ex.sync_value(page, SINCE) or b"0")
@@ -205,7 +211,7 @@ class Checkpoints:
         threshold = max(FLOOR, live * 4 // 3 - base)
         await ex.set_sync_value(page, THRESHOLD, str(threshold).encode())
         if since <= threshold and not force:
-            return None
+            return False
         if st.ctx.get(page.graph.tag, -1) > await ex.uploaded_upto(page):
             # A write of this device's since its last upload: a device that joined this
             # state would hold the write before any pack does, and packs made after that
@@ -213,14 +219,21 @@ class Checkpoints:
             # next upload's round writes it.
             log.debug("checkpoint of page %s waits for its writes' upload", named(page.id))
             self.unuploaded += 1
-            return None
+            return False
         lazy_size = sum((await ex.piece_sizes(page, st.lazy)).values())
         if live + lazy_size > self.max_size:
             log.info(
                 "page %s is too large for a checkpoint (%d bytes)", named(page.id), live + lazy_size
             )
             await ex.set_sync_value(page, THRESHOLD, str(1 << 62).encode())
-            return None
+            return False
+        return True
+
+    async def _put(
+        self, page: Page, st: ex.State, device: bytes, feed_time: int, cover: dict[str, int]
+    ) -> str:
+        """Encode the checkpoint of state ``st`` and put it in the bucket; its name."""
+        since = int(await ex.sync_value(page, SINCE) or b"0")
         eager = await ex.read_pieces(page, st.eager)
         lazy = await ex.read_pieces(page, st.lazy)  # fetched if this device never read them
         section = pack.Section(

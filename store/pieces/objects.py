@@ -32,8 +32,7 @@ import logging
 import os
 import sqlite3
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 
 import aiofiles
@@ -42,15 +41,17 @@ from ledgerd.store.errors import CorruptObjectError, ObjectNotFoundError, RangeE
 from ledgerd.store.pieces import digest as dg
 from ledgerd.store.pieces import split
 from ledgerd.store.pieces.cache import Cache, CacheSpace, piece_cost
+from ledgerd.store.pieces.sources import BLOCK_SIZE as BLOCK_SIZE
+from ledgerd.store.pieces.sources import Source as Source
+from ledgerd.store.pieces.sources import ValueRef as ValueRef
+from ledgerd.store.pieces.sources import blocks
+from ledgerd.store.pieces.sources import mismatched as mismatched
 from ledgerd.store.sqlite import piece_rows, sql
 from ledgerd.store.sqlite.db import Database
 from ledgerd.store.sqlite.schema import SYNCED, TRANSIENT
 from ledgerd.store.sqlite.threads import OFF_LOOP_BYTES, Connection, off_loop
 
 log = logging.getLogger(__name__)
-
-BLOCK_SIZE = 4 * 1024 * 1024
-"""Bytes read from a source and split per worker-thread hop."""
 
 READ_BATCH = 64
 """Pieces fetched per query when reading a value."""
@@ -60,17 +61,6 @@ TURN_PIECES = 8192
 the event loop."""
 HOLD_BATCH = 64
 """Pieces :meth:`ObjectStore.hold` fetches at a time (at most a few MiB in memory)."""
-
-
-async def mismatched(pieces: dict[bytes, bytes], *, most_inline: int | None = None) -> list[bytes]:
-    """The digests of ``pieces`` that their content does not match. Hashed on a thread
-    when they hold ``OFF_LOOP_BYTES`` bytes or more, or number more than ``most_inline``."""
-
-    def check() -> list[bytes]:
-        return [d for d, v in pieces.items() if not dg.verify(d, v)]
-
-    many = most_inline is not None and len(pieces) > most_inline
-    return await off_loop(many or sum(map(len, pieces.values())) >= OFF_LOOP_BYTES, check)
 
 
 CACHE_PIECE_LIMIT = 64 * 1024
@@ -85,42 +75,6 @@ value through would only push everything else out."""
 
 Fetcher = Callable[[list[bytes]], Awaitable[dict[bytes, bytes]]]
 """Given digests of pieces missing locally, returns their contents (unverified)."""
-
-Source = bytes | bytearray | memoryview | AsyncIterable[bytes] | Path
-
-
-@dataclass(frozen=True, slots=True)
-class ValueRef:
-    """A stored value: its root digest and size in bytes."""
-
-    digest: bytes
-    size: int
-
-
-async def _blocks(source: Source, block_size: int = BLOCK_SIZE) -> AsyncIterator[bytes]:
-    """Re-block any source into blocks of about ``block_size`` bytes."""
-    if isinstance(source, bytes | bytearray | memoryview):
-        mv = memoryview(source)
-        for i in range(0, len(mv), block_size):
-            yield bytes(mv[i : i + block_size])
-        return
-    if isinstance(source, Path):
-        async with aiofiles.open(source, "rb") as f:
-            while block := await f.read(block_size):
-                yield block
-        return
-    pending: list[bytes] = []
-    size = 0
-    async for part in source:
-        if not isinstance(part, bytes | bytearray | memoryview):
-            raise TypeError(f"value stream yielded {type(part).__name__}, expected bytes")
-        pending.append(bytes(part))
-        size += len(part)
-        if size >= block_size:
-            yield b"".join(pending)
-            pending, size = [], 0
-    if pending:
-        yield b"".join(pending)
 
 
 class ObjectStore:
@@ -187,7 +141,7 @@ class ObjectStore:
         splitter = split.Splitter(kind)
         inserting: asyncio.Task[None] | None = None
         try:
-            async for block in _blocks(source):
+            async for block in blocks(source):
                 pieces = await off_loop(len(block) >= OFF_LOOP_BYTES, splitter.feed, block)
                 if inserting is not None:
                     await inserting
