@@ -105,6 +105,11 @@ class DocCore:
         self.write = asyncio.Lock()
         """Held by every write: they run one at a time."""
 
+    def observe_views(self) -> None:
+        """Take the highest revision the views have seen as seen by the clock."""
+        if self.views.max_rev:
+            self.clock.observe(self.views.max_rev)
+
     async def record(self, view: View, collection: str, doc_id: DocId) -> Record | None:
         """The document's record in ``view`` (None: it has no body)."""
         e = await view.get_entry(doclayout.body_key(collection, doc_id))

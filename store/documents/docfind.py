@@ -1,10 +1,10 @@
 """Selector queries on a collection, in the shape of pouchdb-find and CouchDB's Mango.
 
 This module owns ``find``: reading a request (``selector``, ``fields``, ``sort``,
-``limit``, ``skip``, ``bookmark``, ``use_index``), matching documents against its
-selector, CouchDB's collation of JSON values, the order and paging of the answer, and
-the plan (a declared index whose partition the selector fixes, or a scan of the
-collection) that :func:`explain` describes. It reads documents only through
+``limit``, ``skip``, ``bookmark``, ``use_index``), the order and paging of the answer,
+and the plan (a declared index whose partition the selector fixes, or a scan of the
+collection) that :func:`explain` describes. The selector itself and CouchDB's collation
+are :mod:`store.documents.docselect`'s. It reads documents only through
 :class:`~store.documents.documents.DocumentStore`'s listings and index queries; it stores
 nothing. What differs from pouchdb-find, and why, is in docs/documents.md.
 """
@@ -16,8 +16,6 @@ import binascii
 import functools
 import heapq
 import json
-import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,7 +28,19 @@ from ledgerd.store.documents.docmodel import (
     loads,
     shown,
 )
-from ledgerd.store.errors import InvalidArgumentError
+from ledgerd.store.documents.docselect import MAX_DEPTH as MAX_DEPTH
+from ledgerd.store.documents.docselect import MAX_TERMS as MAX_TERMS
+from ledgerd.store.documents.docselect import (
+    MISSING,
+    Compiler,
+    Cond,
+    cmp_text,
+    parse_field,
+    value_at,
+)
+from ledgerd.store.documents.docselect import InvalidSelectorError as InvalidSelectorError
+from ledgerd.store.documents.docselect import collate as collate
+from ledgerd.store.documents.docselect import compile_selector as compile_selector
 from ledgerd.store.page.page import Page
 from ledgerd.store.page.view import RangeResult
 
@@ -40,21 +50,11 @@ MAX_LIMIT = 1000
 """The largest ``limit`` of one find."""
 MAX_SKIP = 100_000
 """The largest ``skip``."""
-MAX_DEPTH = 32
-"""Nesting of a selector's objects and lists."""
-MAX_TERMS = 1000
-"""Operators, fields and listed values in a selector, ``fields`` and ``sort`` together."""
 PAGE = 1000
 """Documents read per listing or index query while a find gathers its candidates."""
 
 BOOKMARK = b"B"
 """The kind of a find's bookmark (:mod:`store.documents.doctoken`)."""
-
-_MISSING: Any = object()
-"""The value of a path that leads nowhere (told from JSON's null)."""
-
-COMPARISONS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")
-OPERATORS = (*COMPARISONS, "$in", "$nin", "$exists", "$elemMatch", "$and", "$or", "$nor", "$not")
 
 
 class Documents(Protocol):
@@ -79,251 +79,6 @@ class Documents(Protocol):
     ) -> RangeResult[Document]: ...
 
     async def indexes(self, collection: str) -> list[IndexInfo]: ...
-
-
-class InvalidSelectorError(InvalidArgumentError):
-    """The find request is not one this store answers (400 ``bad_request``)."""
-
-
-# -- collation --------------------------------------------------------------------
-
-
-def _rank(v: Any) -> int:
-    if v is None or v is _MISSING:
-        return 0
-    if v is False:
-        return 1
-    if v is True:
-        return 2
-    if isinstance(v, int | float):
-        return 3
-    if isinstance(v, str):
-        return 4
-    if isinstance(v, list):
-        return 5
-    return 6
-
-
-def _cmp_text(a: str, b: str) -> int:
-    """Strings as JavaScript orders them (by UTF-16 code units, as PouchDB compares
-    them): code points give that order unless a character is past U+FFFF."""
-    if a == b:
-        return 0
-    if a.isascii() and b.isascii():
-        return -1 if a < b else 1
-    x, y = a.encode("utf-16-be"), b.encode("utf-16-be")
-    return -1 if x < y else 1
-
-
-def collate(a: Any, b: Any) -> int:
-    """CouchDB's order of JSON values (as pouchdb-collate has it): null < false < true <
-    numbers < strings < arrays < objects; arrays element by element, then by length;
-    objects key by key in their order, each key then its value, then by size. A missing
-    value collates as null. Negative, zero or positive."""
-    ra, rb = _rank(a), _rank(b)
-    if ra != rb:
-        return ra - rb
-    if ra == 3:
-        return -1 if a < b else (1 if a > b else 0)
-    if ra == 4:
-        return _cmp_text(a, b)
-    if ra == 5:
-        for x, y in zip(a, b, strict=False):
-            c = collate(x, y)
-            if c:
-                return c
-        return (len(a) > len(b)) - (len(a) < len(b))
-    if ra == 6:
-        for (ka, va), (kb, vb) in zip(a.items(), b.items(), strict=False):
-            c = _cmp_text(ka, kb) or collate(va, vb)
-            if c:
-                return c
-        return (len(a) > len(b)) - (len(a) < len(b))
-    return 0
-
-
-# -- selectors ----------------------------------------------------------------------
-
-Cond = Callable[[Any], bool]
-"""A compiled condition on a value (``_MISSING`` for a path that leads nowhere)."""
-
-
-def parse_field(name: str) -> tuple[str, ...]:
-    """A field path: names split at dots, ``\\.`` a dot inside a name (as in pouchdb-find)."""
-    parts, cur, i = [], [], 0
-    while i < len(name):
-        ch = name[i]
-        if ch == "\\" and i + 1 < len(name) and name[i + 1] in ".$":
-            cur.append(name[i + 1])
-            i += 2
-            continue
-        if ch == ".":
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-        i += 1
-    parts.append("".join(cur))
-    return tuple(parts)
-
-
-def value_at(value: Any, path: tuple[str, ...]) -> Any:
-    """The value at ``path`` in ``value``; :data:`_MISSING` when a step is not a field of
-    an object (a step into a list, a string or a number leads nowhere)."""
-    for name in path:
-        if not isinstance(value, dict):
-            return _MISSING
-        value = value.get(name, _MISSING)
-        if value is _MISSING:
-            return _MISSING
-    return value
-
-
-class _Compiler:
-    """Compiles a selector into nested :data:`Cond` closures, counting its terms."""
-
-    def __init__(self) -> None:
-        self.terms = 0
-
-    def _count(self, n: int = 1) -> None:
-        self.terms += n
-        if self.terms > MAX_TERMS:
-            raise InvalidSelectorError(f"the request has over {MAX_TERMS} operators and values")
-
-    def root(self, selector: Any) -> Cond:
-        if not isinstance(selector, dict):
-            raise InvalidSelectorError("selector must be a JSON object")
-        for key in selector:
-            if key.startswith("$") and key not in ("$and", "$or", "$nor", "$not"):
-                raise InvalidSelectorError(
-                    f"{shown(key)} at the top of a selector: only fields, $and, $or, $nor "
-                    "and $not go there"
-                )
-        return self.cond(selector, 0)
-
-    def cond(self, spec: Any, depth: int) -> Cond:
-        """The condition an operator object (or a value: implicit ``$eq``) puts on a value."""
-        if depth > MAX_DEPTH:
-            raise InvalidSelectorError(f"the selector is nested over {MAX_DEPTH} levels")
-        self._count()
-        if not isinstance(spec, dict):
-            _check_value(spec, depth)
-            return _comparison("$eq", spec)
-        conds = [self._one(key, arg, depth + 1) for key, arg in spec.items()]
-        if len(conds) == 1:
-            return conds[0]
-        return lambda v: all(c(v) for c in conds)
-
-    def _list(self, op: str, arg: Any, depth: int) -> list[Cond]:
-        if not isinstance(arg, list) or not arg:
-            raise InvalidSelectorError(f"{op} takes a non-empty list of selectors")
-        return [self.cond(_selector(op, s), depth + 1) for s in arg]
-
-    def _one(self, key: str, arg: Any, depth: int) -> Cond:
-        if not key.startswith("$"):  # a field of the value
-            path = parse_field(key)
-            inner = self.cond(arg, depth)
-            return lambda v: inner(value_at(v, path))
-        if key in COMPARISONS:
-            _check_value(arg, depth)
-            self._count()
-            return _comparison(key, arg)
-        if key in ("$in", "$nin"):
-            if not isinstance(arg, list):
-                raise InvalidSelectorError(f"{key} takes a list of values")
-            self._count(len(arg))
-            _check_value(arg, depth)
-            return _membership(arg, key == "$in")
-        if key == "$exists":
-            if not isinstance(arg, bool):
-                raise InvalidSelectorError("$exists takes true or false")
-            return lambda v: (v is not _MISSING) is arg
-        if key == "$elemMatch":
-            inner = self.cond(_selector(key, arg), depth)
-            return lambda v: isinstance(v, list) and any(inner(x) for x in v)
-        if key == "$and":
-            conds = self._list(key, arg, depth)
-            return lambda v: all(c(v) for c in conds)
-        if key == "$or":
-            conds = self._list(key, arg, depth)
-            return lambda v: any(c(v) for c in conds)
-        if key == "$nor":
-            conds = self._list(key, arg, depth)
-            return lambda v: not any(c(v) for c in conds)
-        if key == "$not":
-            inner = self.cond(_selector(key, arg), depth)
-            return lambda v: not inner(v)
-        raise InvalidSelectorError(
-            f"unknown or unsupported operator {shown(key)} (supported: {', '.join(OPERATORS)})"
-        )
-
-
-def _selector(op: str, arg: Any) -> dict[str, Any]:
-    if not isinstance(arg, dict):
-        raise InvalidSelectorError(f"{op} takes a selector (a JSON object)")
-    return arg
-
-
-def _check_value(v: Any, depth: int) -> None:
-    """Refuse an operand that is not JSON or nests too deeply."""
-    stack = [(v, depth)]
-    while stack:
-        x, d = stack.pop()
-        if d > MAX_DEPTH:
-            raise InvalidSelectorError(f"the selector is nested over {MAX_DEPTH} levels")
-        if isinstance(x, float) and not math.isfinite(x):
-            raise InvalidSelectorError("a selector's numbers must be finite")
-        if isinstance(x, str) and not _is_text(x):
-            raise InvalidSelectorError("a selector's strings must be UTF-8 text (a lone surrogate)")
-        if isinstance(x, list):
-            stack.extend((y, d + 1) for y in x)
-        elif isinstance(x, dict):
-            stack.extend((y, d + 1) for y in x.values())
-
-
-def _is_text(s: str) -> bool:
-    try:
-        s.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _comparison(op: str, operand: Any) -> Cond:
-    if op == "$eq":
-        return lambda v: v is not _MISSING and collate(v, operand) == 0
-    if op == "$ne":
-        return lambda v: collate(v, operand) != 0  # (a missing value collates as null)
-    if op == "$gt":
-        return lambda v: v is not _MISSING and collate(v, operand) > 0
-    if op == "$gte":
-        return lambda v: v is not _MISSING and collate(v, operand) >= 0
-    if op == "$lt":
-        return lambda v: v is not _MISSING and collate(v, operand) < 0
-    return lambda v: v is not _MISSING and collate(v, operand) <= 0
-
-
-def _membership(values: list[Any], inside: bool) -> Cond:
-    """``$in`` (``inside``) or ``$nin``: a value that is present and not null, equal to
-    one of ``values`` (a list: one of its elements equal to one of them) or not."""
-
-    def cond(v: Any) -> bool:
-        if v is _MISSING or v is None:
-            return False
-        items = v if isinstance(v, list) else [v]
-        found = any(collate(x, y) == 0 for y in values for x in items)
-        return found is inside
-
-    return cond
-
-
-def compile_selector(selector: Any) -> Cond:
-    """The condition a selector puts on a document (its data, with ``_id`` and
-    ``_rev``); InvalidSelectorError for one this store does not answer."""
-    return _Compiler().root(selector)
-
-
-# -- requests ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,15 +122,15 @@ def parse_request(body: Any) -> FindRequest:
         raise InvalidSelectorError(f"unknown find option {shown(sorted(unknown)[0])}")
     if "selector" not in body:
         raise InvalidSelectorError("a find request needs a selector")
-    compiler = _Compiler()
+    compiler = Compiler()
     match = compiler.root(body["selector"])
     sort, descending = _sort(body.get("sort"))
     fields = body.get("fields")
     if fields is not None:
         if not isinstance(fields, list) or not all(isinstance(f, str) and f for f in fields):
             raise InvalidSelectorError("fields must be a list of field names")
-        compiler._count(len(fields))
-    compiler._count(len(sort))
+        compiler.count(len(fields))
+    compiler.count(len(sort))
     bookmark = body.get("bookmark")
     if bookmark is not None and not isinstance(bookmark, str):
         raise InvalidSelectorError("bookmark must be the text a find answered")
@@ -533,7 +288,7 @@ def _project(doc: dict[str, Any], fields: tuple[tuple[str, ...], ...]) -> dict[s
     out: dict[str, Any] = {"_id": doc["_id"]}
     for path in fields:
         v = value_at(doc, path)
-        if v is _MISSING:
+        if v is MISSING:
             continue
         at = out
         for name in path[:-1]:
@@ -554,7 +309,7 @@ def _cmp_keys(a: list[Any], b: list[Any]) -> int:
         c = collate(x, y)
         if c:
             return c
-    return _cmp_text(a[-1], b[-1])
+    return cmp_text(a[-1], b[-1])
 
 
 def _cmp_keyed(a: tuple[list[Any], Any], b: tuple[list[Any], Any]) -> int:
@@ -600,7 +355,7 @@ async def find(store: Documents, collection: str, request: FindRequest) -> FindR
         if not request.match(doc):
             continue
         key = _order_key(request, doc)
-        if any(v is _MISSING for v in key[:-1]):
+        if any(v is MISSING for v in key[:-1]):
             continue
         if after is not None:
             c = _cmp_keys(key, after)

@@ -33,41 +33,37 @@ changed, ``reflected`` is not a commit of the page), is built again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import operator
 import sqlite3
-from collections.abc import Callable, Coroutine, Iterable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Sequence
 
-from ledgerd.store.documents import doclayout
+from ledgerd.store.documents import doclayout, docrows
+from ledgerd.store.documents.docheld import Held, to_the_end
+from ledgerd.store.documents.docheld import HeldBudget as HeldBudget
 from ledgerd.store.documents.docindexdef import (
     KEY_FORMAT,
     IndexDef,
     IndexRow,
     Row,
     definition,
+    plan_changes,
 )
-from ledgerd.store.documents.doclayout import DocId, Record, State
+from ledgerd.store.documents.doclayout import DocId, Record
+from ledgerd.store.documents.docrows import HELD_ROW_OVERHEAD as HELD_ROW_OVERHEAD
+from ledgerd.store.documents.docrows import Bodies, Defs
 from ledgerd.store.errors import ClosedError, StoreError, named
 from ledgerd.store.page.page import Page, Snapshot, Transaction
-from ledgerd.store.page.view import live
 from ledgerd.store.sqlite import docindex_sql, schema
 from ledgerd.store.sqlite.docindex_sql import INSERT_ROWS as INSERT_ROWS  # (bench.docs's)
-from ledgerd.store.tree import btree
-from ledgerd.store.tree.btree import EMPTY, Entry
+from ledgerd.store.tree.btree import EMPTY
 from ledgerd.store.tree.commit import Commit
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 SMALL_ROWS = 16
 """A commit with at most this many index rows may be stored inline (see
 :meth:`store.page.graph.CommitGraph.store`)."""
-
-ROWS_PER_TURN = 1024
-"""Documents a catch-up indexes between two turns it gives the event loop."""
 
 BUILD_CHUNK = 1000
 """Documents per SQLite transaction while an index is built."""
@@ -75,10 +71,6 @@ BUILD_CHUNK = 1000
 HELD_BYTES = 2 * 1024 * 1024
 """Memory the index rows of one page's document writes may take before they are
 stored with a write (see :meth:`Views.commit`): ``DocumentStore.open(held_index_bytes=...)``."""
-
-HELD_ROW_OVERHEAD = 200
-"""What a held row takes in memory beyond its key and document id (its dict entry,
-tuples and bytes objects), for ``HELD_BYTES``."""
 
 
 class Views:
@@ -94,7 +86,7 @@ class Views:
         self.reflected: bytes | None = None
         """The commit the views reflect, counting the rows held in memory."""
         self.max_rev = b""
-        self._held = _Held(self.budget)
+        self._held = Held(self.budget)
         """Rows of the commits after the one the database's rows reflect."""
         self._pin: Snapshot | None = None
         """A snapshot of ``reflected`` while the database names an older commit, so
@@ -158,14 +150,8 @@ class Views:
         root = EMPTY
         if self.reflected is not None:
             root = (await self.page.load_commit(self.reflected)).root
-        want: dict[tuple[str, str], bytes] = {}
-        async for e in btree.iterate(
-            self.page.nodes, root, doclayout.INDEXES, btree.prefix_end(doclayout.INDEXES)
-        ):
-            name = doclayout.parse_index_key(e.key)
-            if name is not None and live(e) is not None:
-                want[name] = await self.page.objects.read_all(e.value)
-        changes: list[tuple[tuple[str, str], bytes | None]] = []
+        want = await docrows.tree_definitions(self.page, root)
+        changes: Defs = []
         for name, (_, d, ready) in self.indexes.items():
             if want.get(name) != d.raw or not ready:
                 changes.append((name, None))  # stale or half built: built again
@@ -174,7 +160,7 @@ class Views:
 
     # -- definitions -----------------------------------------------------------------
 
-    async def _apply_definitions(self, changes: list[tuple[tuple[str, str], bytes | None]]) -> None:
+    async def _apply_definitions(self, changes: Defs) -> None:
         """Drop removed or changed indexes, add new ones (not ready) and start their builds.
 
         The views in memory follow the database only once it has the change, and
@@ -184,25 +170,8 @@ class Views:
         if not changes:
             return
         await self._store_held()  # the held rows' indexes may be dropped
-        plan = {name: (ix, d) for name, (ix, d, _) in self.indexes.items()}
-        added: dict[tuple[str, str], IndexDef] = {}
-        dropped: list[int] = []
-        unreadable = dict(self.unreadable)
-        for name, raw in changes:
-            cur = plan.get(name)
-            if cur is not None and (raw is None or cur[1].raw != raw):
-                del plan[name]
-                if added.pop(name, None) is None:
-                    dropped.append(cur[0])
-            if raw is None or name not in plan:
-                unreadable.pop(name, None)
-            if raw is not None and name not in plan:
-                d = definition(name[0], name[1], raw)
-                if isinstance(d, IndexDef):
-                    added[name] = d
-                    plan[name] = (0, d)
-                else:  # no entries here: see `unreadable`
-                    unreadable[name] = d
+        current = {name: (ix, d) for name, (ix, d, _) in self.indexes.items()}
+        dropped, added, unreadable = plan_changes(current, self.unreadable, changes)
 
         def work(conn: sqlite3.Connection) -> list[int]:
             docindex_sql.drop_indexes(conn, dropped)
@@ -212,7 +181,7 @@ class Views:
             self._adopt_definitions(dropped, added, await self.page.db.run(work, write=True))
             self.unreadable = unreadable
 
-        await _to_the_end(store())
+        await to_the_end(store())
 
     def _adopt_definitions(
         self, dropped: list[int], added: dict[tuple[str, str], IndexDef], ids: list[int]
@@ -317,9 +286,9 @@ class Views:
         old = (
             EMPTY if self.reflected is None else (await self.page.load_commit(self.reflected)).root
         )
-        rows, max_rev, defs = await self._changes(old, head.root, ready)
+        rows, max_rev, defs = await docrows.read_diff(self.page, old, head.root, ready)
         max_rev = max(self.max_rev, max_rev)
-        await _to_the_end(self._reflect(head.id, rows, max_rev, defs))
+        await to_the_end(self._reflect(head.id, rows, max_rev, defs))
         return head
 
     async def _reflect(
@@ -327,10 +296,10 @@ class Views:
         cid: bytes,
         rows: list[Row],
         max_rev: bytes,
-        defs: list[tuple[tuple[str, str], bytes | None]],
+        defs: Defs,
     ) -> None:
         """Store ``rows`` with the held ones as of commit ``cid``; then the views in memory
-        reflect it and follow its definition changes. Run to its end (:func:`_to_the_end`):
+        reflect it and follow its definition changes. Run to its end (:func:`to_the_end`):
         once the database names ``cid``, memory must too (the older commit may no longer
         be kept), and the definitions must follow (the next diff starts at ``cid``)."""
         await self.page.db.run(_storing(self._held.then(rows), cid, max_rev), write=True)
@@ -373,26 +342,13 @@ class Views:
             self._check_open()
             if self.reflected != txn.base.id:
                 return await txn.commit()
-            by_coll = _by_collection(self._ready())
-            rows: list[Row] = []
-            max_rev = self.max_rev
-            size = self._held.size
-            deleted_state = State.DELETED
-            for coll, doc_id, r in records:
-                if r.rev > max_rev:
-                    max_rev = r.rev
-                views = by_coll.get(coll)
-                if views is None:
-                    continue
-                deleted = r.state is deleted_state
-                for ix, d in views:
-                    key = d.key_of(r)
-                    rows.append((ix, doc_id, key, deleted))
-                    # what the row takes held in memory (HELD_ROW_OVERHEAD: see there)
-                    size += HELD_ROW_OVERHEAD + len(doc_id) + (0 if key is None else len(key))
+            by_coll = docrows.by_collection(self._ready())
+            rows, max_rev, size = docrows.record_rows(
+                by_coll, records, self.max_rev, self._held.size
+            )
             more = size - self._held.size
             if size > self.held_bytes or self.budget.used + more > self.budget.limit:
-                return await _to_the_end(self._commit_storing(txn, rows, max_rev))
+                return await to_the_end(self._commit_storing(txn, rows, max_rev))
             # A caller cancelled from here on leaves the views at the base, which the
             # database names or the snapshot of the held rows keeps.
             cid = await txn.commit()
@@ -407,7 +363,7 @@ class Views:
         self, txn: Transaction, rows: list[Row], max_rev: bytes
     ) -> bytes | None:
         """Commit ``txn`` with ``rows`` and every held row in its SQLite transaction; then
-        the views reflect the commit, nothing held. Run to its end (:func:`_to_the_end`):
+        the views reflect the commit, nothing held. Run to its end (:func:`to_the_end`):
         once the database names the commit, memory must too (the base may no longer be
         kept)."""
         rows = self._held.then(rows)
@@ -427,56 +383,6 @@ class Views:
             return await self.page.snapshot()
         return await self.page.snapshot(cid)
 
-    async def _changes(
-        self, old: bytes, new: bytes, indexes: list[tuple[int, IndexDef]]
-    ) -> tuple[list[Row], bytes, list[tuple[tuple[str, str], bytes | None]]]:
-        """Index rows to write, the highest revision among new heads, and the
-        definitions that changed, from old to new."""
-        by_coll = _by_collection(indexes)
-        max_rev = b""
-        bodies: list[tuple[doclayout.DocKey, Entry | None]] = []
-        defs: list[tuple[tuple[str, str], bytes | None]] = []
-        async for c in btree.diff(self.page.nodes, old, new):
-            k = doclayout.parse_doc_key(c.key)
-            if k is not None:
-                if k.part == doclayout.HEAD:
-                    h = doclayout.head_of(c.new)
-                    if h is not None and h[0] > max_rev:
-                        max_rev = h[0]
-                elif k.part == doclayout.BODY and k.collection in by_coll:
-                    bodies.append((k, live(c.new)))
-                continue
-            name = doclayout.parse_index_key(c.key)
-            if name is not None:
-                e = live(c.new)
-                defs.append(
-                    (name, None if e is None else await self.page.objects.read_all(e.value))
-                )
-        rows = await self._rows(bodies, by_coll)
-        return rows, max_rev, defs
-
-    async def _rows(
-        self,
-        bodies: list[tuple[doclayout.DocKey, Entry | None]],
-        by_coll: dict[str, list[tuple[int, IndexDef]]],
-    ) -> list[Row]:
-        values = await self.page.objects.read_many(e.value for _, e in bodies if e is not None)
-        rows: list[Row] = []
-        for i, (k, e) in enumerate(bodies):
-            if i % ROWS_PER_TURN == ROWS_PER_TURN - 1:
-                await asyncio.sleep(0)  # a large catch-up lets others run meanwhile
-            r = None
-            if e is not None:
-                try:  # (data with no JSON form is indexed: a query names it damaged)
-                    r = doclayout.decode_record(values[e.value], json_data=False)
-                except ValueError as e:  # damaged, or of a newer layout: in no index
-                    log.warning(
-                        "page %s: a document body is not indexed: %s", named(self.page.id), e
-                    )
-            for ix, d in by_coll[k.collection]:
-                rows.append(_row(ix, d, k.doc_id, r))
-        return rows
-
     # -- building --------------------------------------------------------------------
 
     async def _build(self, ix: int, d: IndexDef) -> None:
@@ -486,7 +392,7 @@ class Views:
             snap = await self.page.snapshot(start.id)
             start_key = doclayout.collection_prefix(d.collection)
             end_key = doclayout.collection_end(d.collection)
-            chunk: list[tuple[doclayout.DocKey, Entry | None]] = []
+            chunk: Bodies = []
             async for e in snap.iter_entries(start=start_key, end=end_key):
                 k = doclayout.parse_doc_key(e.key)
                 if k is not None and k.part == doclayout.BODY:
@@ -502,7 +408,7 @@ class Views:
                 now = self.reflected
                 assert now is not None
                 root = (await self.page.load_commit(now)).root
-                rows, _, _ = await self._changes(start.root, root, [(ix, d)])
+                rows, _, _ = await docrows.read_diff(self.page, start.root, root, [(ix, d)])
 
                 def work(conn: sqlite3.Connection) -> None:
                     _write_rows(conn, rows)
@@ -515,10 +421,8 @@ class Views:
             if self._builds.get(ix) is asyncio.current_task():
                 del self._builds[ix]
 
-    async def _store_chunk(
-        self, ix: int, d: IndexDef, chunk: list[tuple[doclayout.DocKey, Entry | None]]
-    ) -> None:
-        rows = await self._rows(chunk, {d.collection: [(ix, d)]})
+    async def _store_chunk(self, ix: int, d: IndexDef, chunk: Bodies) -> None:
+        rows = await docrows.body_rows(self.page, chunk, {d.collection: [(ix, d)]})
         if rows:
             await self.page.db.run(lambda conn: _write_rows(conn, rows), write=True)
 
@@ -582,89 +486,7 @@ class Views:
                 return None
             await self._store_held()
             rows = await self.page.db.read_all(sql, params)
-        return head, [IndexRow(_doc_id(r[0]), bytes(r[1])) for r in rows]
-
-
-def _doc_id(value: Any) -> DocId:
-    """A row's document id as SQLite gives it back: text for a chosen id, else bytes."""
-    return value if isinstance(value, str) else bytes(value)
-
-
-async def _to_the_end(work: Coroutine[Any, Any, T]) -> T:
-    """Await ``work`` in a task of its own that the caller's cancellation does not
-    reach: a caller cancelled meanwhile waits for it to end, then raises
-    CancelledError (rather than the work's own failure, if it failed)."""
-    task = asyncio.ensure_future(work)
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        while not task.done():
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait({task})
-        if not task.cancelled():
-            task.exception()  # retrieved: the caller's cancellation is what it sees
-        raise
-
-
-class HeldBudget:
-    """Memory for the index rows document stores hold (:meth:`Views.commit`), shared
-    by the stores given the same budget: the daemon gives every page the one of
-    ``max_held_index_bytes``."""
-
-    __slots__ = ("limit", "used")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-
-
-class _Held:
-    """Index rows not stored yet: the last of each (index, document), and about what
-    they take in memory (counted in a budget)."""
-
-    __slots__ = ("budget", "rows", "since", "size")
-
-    def __init__(self, budget: HeldBudget) -> None:
-        self.budget = budget
-        self.rows: dict[tuple[int, DocId], tuple[bytes | None, bool]] = {}
-        self.size = 0
-        self.since: bytes | None = None
-        """The commit the stored rows reflect while rows are held."""
-
-    def add(self, rows: Iterable[Row], size: int, base: bytes) -> None:
-        """Hold ``rows`` of a commit on ``base``; ``size`` is what the held rows take
-        with them."""
-        if not self.rows:
-            self.since = base
-        held = self.rows
-        for ix, doc, key, deleted in rows:
-            held[(ix, doc)] = (key, deleted)
-        self.budget.used += size - self.size
-        self.size = size
-
-    def clear(self) -> None:
-        self.budget.used -= self.size
-        self.rows, self.size = {}, 0
-
-    def then(self, rows: Iterable[Row]) -> list[Row]:
-        """The held rows, each replaced by the row of ``rows`` for its document if any."""
-        held = dict(self.rows)
-        for ix, doc, key, deleted in rows:
-            held[(ix, doc)] = (key, deleted)
-        return [(ix, doc, key, deleted) for (ix, doc), (key, deleted) in held.items()]
-
-
-def _by_collection(indexes: list[tuple[int, IndexDef]]) -> dict[str, list[tuple[int, IndexDef]]]:
-    by_coll: dict[str, list[tuple[int, IndexDef]]] = {}
-    for ix, d in indexes:
-        by_coll.setdefault(d.collection, []).append((ix, d))
-    return by_coll
-
-
-def _row(ix: int, d: IndexDef, doc_id: DocId, r: Record | None) -> Row:
-    """The row of index ``ix`` for a document whose body is ``r`` (None: no body)."""
-    key = None if r is None else d.key_of(r)
-    return ix, doc_id, key, r is not None and r.state is State.DELETED
+        return head, [IndexRow(docrows.doc_id(r[0]), bytes(r[1])) for r in rows]
 
 
 def _storing(

@@ -153,3 +153,37 @@ def _partition_range(
         else:
             hi = tup.pack((p, s))
     return lo, hi
+
+
+Name = tuple[str, str]
+"""An index's (collection, name)."""
+
+
+def plan_changes(
+    current: dict[Name, tuple[int, IndexDef]],
+    unreadable: dict[Name, ValueError],
+    changes: list[tuple[Name, bytes | None]],
+) -> tuple[list[int], dict[Name, IndexDef], dict[Name, ValueError]]:
+    """What definition ``changes`` (the new definition, None: dropped) do to the
+    ``current`` indexes (their row ids and definitions): the row ids to drop, the
+    definitions to add, and the definitions that cannot be read here after them."""
+    plan = dict(current)
+    added: dict[Name, IndexDef] = {}
+    dropped: list[int] = []
+    unreadable = dict(unreadable)
+    for name, raw in changes:
+        cur = plan.get(name)
+        if cur is not None and (raw is None or cur[1].raw != raw):
+            del plan[name]
+            if added.pop(name, None) is None:
+                dropped.append(cur[0])
+        if raw is None or name not in plan:
+            unreadable.pop(name, None)
+        if raw is not None and name not in plan:
+            d = definition(name[0], name[1], raw)
+            if isinstance(d, IndexDef):
+                added[name] = d
+                plan[name] = (0, d)
+            else:  # no entries here: see `Views.unreadable`
+                unreadable[name] = d
+    return dropped, added, unreadable

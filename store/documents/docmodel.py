@@ -1,35 +1,44 @@
-"""The document layer's model: documents as callers see them, validation, ids and
-the revision clock.
+"""The document layer's model: documents as callers see them, validation and ids.
 
 This module owns what a document *is* to a caller (:class:`Document`, its JSON
-shape after Yoda; :class:`IndexInfo`, an index as declared), the checks on what
-callers give (JSON values, reserved names, sizes, ULIDs, client-supplied revisions),
-the errors of the document layer, and
-:class:`RevClock`, which makes ``_rev`` values. Where documents are kept in a page
-is :mod:`store.documents.doclayout`; the operations are :mod:`store.documents.documents`.
-
-Every error has a stable ``code`` (the HTTP API's error code to be).
+shape after Yoda; :class:`IndexInfo`, an index as declared) and the checks on what
+callers give (JSON values, reserved names, sizes, ULIDs). It re-exports the errors
+(:mod:`store.documents.docerrors`) and the revision clock
+(:mod:`store.documents.docclock`). Where documents are kept in a page is
+:mod:`store.documents.doclayout`; the operations are :mod:`store.documents.documents`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import itertools
 import json
 import math
-import os
 import re
-import struct
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from ulid import ULID
 
-from ledgerd.store.documents.doclayout import AttachmentMeta, DocId, Record, State, rev_in_time
-from ledgerd.store.errors import CorruptObjectError, InvalidArgumentError, StoreError
+from ledgerd.store.documents.docclock import RevClock as RevClock
+from ledgerd.store.documents.docclock import ulid_ms as ulid_ms
+from ledgerd.store.documents.docclock import ulid_text as ulid_text
+from ledgerd.store.documents.docerrors import AttachmentNotFoundError as AttachmentNotFoundError
+from ledgerd.store.documents.docerrors import DocumentConflictError as DocumentConflictError
+from ledgerd.store.documents.docerrors import DocumentError as DocumentError
+from ledgerd.store.documents.docerrors import DocumentNotFoundError as DocumentNotFoundError
+from ledgerd.store.documents.docerrors import DocumentTooLargeError as DocumentTooLargeError
+from ledgerd.store.documents.docerrors import IndexNotFoundError as IndexNotFoundError
+from ledgerd.store.documents.docerrors import InvalidDocumentError as InvalidDocumentError
+from ledgerd.store.documents.docerrors import InvalidIdError as InvalidIdError
+from ledgerd.store.documents.docerrors import InvalidNameError as InvalidNameError
+from ledgerd.store.documents.docerrors import MalformedRecordError as MalformedRecordError
+from ledgerd.store.documents.docerrors import RevisionInFutureError as RevisionInFutureError
+from ledgerd.store.documents.docerrors import RevisionInPastError as RevisionInPastError
+from ledgerd.store.documents.docerrors import UnsupportedLayoutError as UnsupportedLayoutError
+from ledgerd.store.documents.doclayout import AttachmentMeta, DocId, Record, State
+from ledgerd.store.errors import InvalidArgumentError
 
 LOCAL_LEDGER = "_local"
 """The ledger that is never uploaded: documents (and pages) that stay on this device."""
@@ -47,94 +56,6 @@ PATH_LIMIT = 1024
 a definition is an entry every device stores and every error may quote."""
 
 _INDEX_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-
-
-# -- errors -------------------------------------------------------------------
-
-
-class DocumentError(StoreError):
-    """The document layer refused the request."""
-
-    code: ClassVar[str] = "bad_request"
-
-
-class InvalidDocumentError(DocumentError, InvalidArgumentError):
-    """The document is not valid (not JSON, or it uses a reserved name)."""
-
-    code = "invalid_document"
-
-
-class DocumentTooLargeError(InvalidDocumentError):
-    """The document is over the size limit."""
-
-    code = "too_large"
-
-
-class MalformedRecordError(CorruptObjectError):
-    """A document's stored body is not a document record, or an index's stored
-    definition not an index definition (the HTTP API's ``corrupt``): the page's keys
-    can be written through the key API, and a peer's through sync."""
-
-
-class UnsupportedLayoutError(DocumentError):
-    """A document's stored record is of a layout this ledgerd does not know (a newer
-    ledgerd wrote it, on another device): it can be neither read nor changed here,
-    so that this device never overwrites or tombstones what it cannot read."""
-
-    code = "unsupported_layout"
-
-
-class InvalidIdError(DocumentError, InvalidArgumentError):
-    """Not a ULID (26 characters of Crockford's base 32), or not a document id a
-    client may choose (1-512 bytes of UTF-8, no NUL, no leading ``_``)."""
-
-    code = "invalid_id"
-
-
-class InvalidNameError(DocumentError, InvalidArgumentError):
-    """Not a valid collection or index name."""
-
-    code = "invalid_name"
-
-
-class DocumentNotFoundError(DocumentError, KeyError):
-    """No such document (or it is deleted)."""
-
-    code = "document_not_found"
-
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
-class AttachmentNotFoundError(DocumentNotFoundError):
-    """The document has no such attachment."""
-
-    code = "attachment_not_found"
-
-
-class IndexNotFoundError(DocumentError, KeyError):
-    """No such index on the collection."""
-
-    code = "index_not_found"
-
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
-class DocumentConflictError(DocumentError):
-    """The document's current revision is not the one expected."""
-
-    code = "conflict"
-
-
-class RevisionInPastError(DocumentConflictError):
-    """The revision supplied is not after the document's current one."""
-
-
-class RevisionInFutureError(DocumentError, InvalidArgumentError):
-    """The revision supplied is too far ahead of this device's clock."""
-
-    code = "rev_in_future"
 
 
 # -- ids ----------------------------------------------------------------------
@@ -191,38 +112,6 @@ def parse_id(value: str) -> DocId:
 def id_text(doc_id: DocId) -> str:
     """A document id as callers see it: a ULID's 26 characters, or the chosen text."""
     return doc_id if isinstance(doc_id, str) else ulid_text(doc_id)
-
-
-_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]
-"""The two characters of every 10-bit value."""
-
-
-def ulid_text(raw: bytes) -> str:
-    """The 26 characters of a ULID's 16 bytes, as python-ulid writes them: its 128 bits
-    after two zero bits, 10 bits (two characters) at a time (a property test checks it
-    against python-ulid; this is about three times as fast)."""
-    v = int.from_bytes(raw, "big")
-    p = _PAIRS
-    return (
-        p[v >> 120]
-        + p[v >> 110 & 1023]
-        + p[v >> 100 & 1023]
-        + p[v >> 90 & 1023]
-        + p[v >> 80 & 1023]
-        + p[v >> 70 & 1023]
-        + p[v >> 60 & 1023]
-        + p[v >> 50 & 1023]
-        + p[v >> 40 & 1023]
-        + p[v >> 30 & 1023]
-        + p[v >> 20 & 1023]
-        + p[v >> 10 & 1023]
-        + p[v & 1023]
-    )
-
-
-def ulid_ms(raw: bytes) -> int:
-    return int.from_bytes(raw[:6], "big")
 
 
 def iso(ms: int | None) -> str | None:
@@ -559,13 +448,6 @@ _set_kept = _slot["_kept"].__set__
 del _slot
 
 
-# -- the revision clock -------------------------------------------------------------
-
-
-_RANDOM_BITS = 80
-_POOL_BYTES = 4096
-
-
 @dataclass(frozen=True, slots=True)
 class IndexInfo:
     """An index as declared: its paths as the names themselves (``partition_path``,
@@ -591,81 +473,3 @@ class IndexInfo:
     @property
     def sort(self) -> str | None:
         return None if self.sort_path is None else ".".join(self.sort_path)
-
-
-class RevClock:
-    """Makes ``_rev`` values: ULIDs from a hybrid logical clock.
-
-    A revision is the latest of the wall clock (a new ULID in a new millisecond)
-    and the highest revision seen so far, plus a random step of 1 to 2**32 in the
-    ULID's random part (so two devices stepping past the same revision do not
-    collide). Revisions therefore strictly increase on one device, and a device
-    whose clock is slow still makes revisions newer than any it has read.
-    """
-
-    def __init__(self, now_ms: Callable[[], int] | None = None) -> None:
-        self._now = now_ms or (lambda: time.time_ns() // 1_000_000)
-        self.last = 0
-        self._pool = b""  # random bytes from the OS, taken 10 or 4 at a time
-        self._taken = 0
-
-    def now_ms(self) -> int:
-        return self._now()
-
-    def observe(self, rev: bytes) -> None:
-        """Take ``rev`` as seen: later revisions follow it. Not one whose time is past
-        what a record carries (a damaged head's, a peer's): every revision after it,
-        and every document written with them, would be past it too."""
-        if rev_in_time(rev):
-            self.last = max(self.last, int.from_bytes(rev, "big"))
-
-    def _bytes(self, size: int) -> bytes:
-        """``size`` random bytes: one ``os.urandom`` call per 4 KiB."""
-        if size > _POOL_BYTES:
-            return os.urandom(size)
-        at = self._taken
-        if at + size > len(self._pool):
-            self._pool, at = os.urandom(_POOL_BYTES), 0
-        self._taken = at + size
-        return self._pool[at : at + size]
-
-    def _random(self, size: int) -> int:
-        """``size`` random bytes as an integer."""
-        return int.from_bytes(self._bytes(size), "big")
-
-    def next(self) -> bytes:
-        now = self._now()
-        if now > self.last >> _RANDOM_BITS:
-            value = now << _RANDOM_BITS | self._random(_RANDOM_BITS // 8)
-        else:
-            value = self.last + 1 + self._random(4)
-        self.last = value
-        return value.to_bytes(16, "big")
-
-    def next_many(self, n: int) -> list[bytes]:
-        """``n`` revisions, as ``n`` calls of :meth:`next` in one millisecond make them:
-        the first as :meth:`next` makes it, each of the others a random step of 1 to
-        2**32 after the one before (a batch's revisions share the millisecond of its
-        first; a bulk write makes two per document)."""
-        if n <= 0:
-            return []
-        first = int.from_bytes(self.next(), "big")
-        steps = struct.unpack(f">{n - 1}I", self._bytes(4 * (n - 1)))
-        values = list(itertools.accumulate([s + 1 for s in steps], initial=first))
-        self.last = values[-1]
-        return [v.to_bytes(16, "big") for v in values]
-
-    def check_supplied(self, rev: bytes, current: bytes | None, tolerance: float) -> None:
-        """Refuse a client's revision that is not after ``current`` or is more than
-        ``tolerance`` seconds ahead of this clock; then take it as seen."""
-        if current is not None and rev <= current:
-            raise RevisionInPastError(
-                f"revision {ulid_text(rev)} is not after the current {ulid_text(current)}"
-            )
-        ahead = ulid_ms(rev) - self._now()
-        if ahead > tolerance * 1000:
-            raise RevisionInFutureError(
-                f"revision {ulid_text(rev)} is {ahead / 1000:.1f} s ahead of this device's"
-                f" clock (tolerance {tolerance:g} s): check the clocks"
-            )
-        self.observe(rev)

@@ -1,9 +1,9 @@
 """Documents after Yoda: JSON documents with ULID ids and revisions in a page.
 
 This module owns :class:`DocumentStore`, the document layer's embedded API that
-the HTTP API and clients map onto one to one, and the registry of one store per
-open page. The façade is the map: each operation is one job module's
-(:mod:`~store.documents.docreads`, :mod:`~store.documents.docwrites`,
+the HTTP API and clients map onto one to one; one store per open page is
+:mod:`~store.documents.docstores`'s registry. The façade is the map: each operation
+is one job module's (:mod:`~store.documents.docreads`, :mod:`~store.documents.docwrites`,
 :mod:`~store.documents.docbulk`, :mod:`~store.documents.docattach`,
 :mod:`~store.documents.docqueries`, :mod:`~store.documents.docchanges`), on the
 shared state of :class:`~store.documents.doccore.DocCore`. The model is
@@ -19,9 +19,7 @@ one commit, so an expected ``_rev`` is checked atomically.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
@@ -54,6 +52,7 @@ from ledgerd.store.documents.docmodel import (
     RevClock,
     check_collection,
 )
+from ledgerd.store.documents.docstores import Registry
 from ledgerd.store.errors import named
 from ledgerd.store.page.page import Page
 from ledgerd.store.pieces.objects import Source
@@ -62,10 +61,8 @@ from ledgerd.store.tree.merge import Policy
 
 log = logging.getLogger(__name__)
 
-_stores: weakref.WeakKeyDictionary[Page, DocumentStore] = weakref.WeakKeyDictionary()
-"""Each open page's document store. A store refers to its page, so its key never
-dies on its own: the store leaves when it or its page closes."""
-_opening: weakref.WeakKeyDictionary[Page, asyncio.Lock] = weakref.WeakKeyDictionary()
+_stores: Registry[DocumentStore] = Registry()
+"""Each open page's document store."""
 
 
 class DocumentStore:
@@ -113,8 +110,7 @@ class DocumentStore:
         ``held_index_bytes`` bounds the memory of index rows held between the
         commits that store them (:meth:`store.documents.docindex.Views.commit`); a
         ``held_budget`` shared by several stores bounds them all together."""
-        lock = _opening.setdefault(page, asyncio.Lock())
-        async with lock:
+        async with _stores.lock(page):
             store = _stores.get(page)
             if store is None or page.closed:
                 store = cls(
@@ -127,7 +123,7 @@ class DocumentStore:
                     held_budget=held_budget,
                 )
                 await store._open_or_clean_up()
-                _stores[page] = store
+                _stores.put(page, store)
             return store
 
     @staticmethod
@@ -188,24 +184,21 @@ class DocumentStore:
             await self.page.set_policy(Policy.DOCUMENTS)
         await self.views.load()
         self.page.when_closing(self._page_closing)
-        if self.views.max_rev:
-            self.clock.observe(self.views.max_rev)
+        self._core.observe_views()
         await self.views.catch_up()
-        if self.views.max_rev:
-            self.clock.observe(self.views.max_rev)
+        self._core.observe_views()
 
     async def close(self) -> None:
         """Store the held index rows, stop index builds (the page stays open: its owner
         closes it). Its writes, queries and index calls then raise ClosedError; :meth:`open` waits
         for the close to end and returns a new store, so two never keep one page's
         indexes at once."""
-        async with _opening.setdefault(self.page, asyncio.Lock()):
+        async with _stores.lock(self.page):
             self.page.not_when_closing(self._page_closing)
             try:
                 await self.views.close()
             finally:
-                if _stores.get(self.page) is self:
-                    del _stores[self.page]
+                _stores.forget(self.page, self)
 
     async def _page_closing(self) -> None:
         """The page closes: store the held index rows, and forget this store. The
@@ -214,15 +207,13 @@ class DocumentStore:
         try:
             await self.views.page_closing()
         finally:
-            if _stores.get(self.page) is self:
-                del _stores[self.page]
+            _stores.forget(self.page, self)
 
     async def refresh(self) -> Commit:
         """Bring the indexes up to the page's head now, in storage (queries do it
         anyway); returns that head."""
         head = await self.views.catch_up(store=True)
-        if self.views.max_rev:
-            self.clock.observe(self.views.max_rev)
+        self._core.observe_views()
         return head
 
     # -- reading (docreads) ----------------------------------------------------------
