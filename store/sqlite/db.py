@@ -1,10 +1,11 @@
 """SQLite connections of one database file, off the event loop.
 
-This module owns opening a database (pragmas, schema), its connections (a
-writer and a reader on the shared SQLite threads of :mod:`store.sqlite.threads`, and a
-plain one for inline writes), the write transaction discipline, and translating
-SQLite's errors into the store's. It
-knows nothing about what the tables mean; :mod:`store.sqlite.schema` owns that.
+This module owns a database's connections once open (a writer and a reader on the
+shared SQLite threads of :mod:`store.sqlite.threads`, and plain ones for inline writes
+and reads): which one runs what, the write lock, the WAL checkpoints, closing them.
+Opening them is :mod:`store.sqlite.opening`'s; one transaction on a connection, and
+the limits of what runs inline, :mod:`store.sqlite.transactions`'s. It knows nothing
+about what the tables mean; :mod:`store.sqlite.schema` owns that.
 
 * WAL mode, so readers never wait for the writer and the writer never waits for
   readers.
@@ -33,7 +34,6 @@ knows nothing about what the tables mean; :mod:`store.sqlite.schema` owns that.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import os
@@ -43,15 +43,27 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 from ledgerd.store.errors import ClosedError
-from ledgerd.store.sqlite import files
+from ledgerd.store.sqlite import opening
 from ledgerd.store.sqlite.files import NEW_SUFFIX as NEW_SUFFIX
 from ledgerd.store.sqlite.files import PAGE_SIZE as PAGE_SIZE
 from ledgerd.store.sqlite.files import file_uri as file_uri
 from ledgerd.store.sqlite.files import translating as translating
 from ledgerd.store.sqlite.threads import Connection, pool
+from ledgerd.store.sqlite.transactions import INLINE_MAX_BYTES as INLINE_MAX_BYTES
+from ledgerd.store.sqlite.transactions import INLINE_MAX_ROWS as INLINE_MAX_ROWS
+from ledgerd.store.sqlite.transactions import INLINE_READ_ROWS as INLINE_READ_ROWS
+from ledgerd.store.sqlite.transactions import INLINE_ROUND as INLINE_ROUND
+from ledgerd.store.sqlite.transactions import (
+    close_now,
+    in_begun_transaction,
+    in_transaction,
+    is_busy,
+    undo_begin,
+)
+from ledgerd.store.sqlite.transactions import fits_inline as fits_inline
 
 log = logging.getLogger(__name__)
 
@@ -59,19 +71,10 @@ Synchronous = Literal["OFF", "NORMAL", "FULL"]
 T = TypeVar("T")
 
 WAL_CHECKPOINT_PAGES = 16384
-INLINE_MAX_ROWS = 64
-INLINE_MAX_BYTES = 64 * 1024
-"""What a caller may write inline (see :meth:`Database.run`): about this many rows
-and bytes."""
 BACKGROUND_CHECKPOINT_PAGES = 4096
 """Pages of WAL not yet copied into the database (16 MiB) past which a write on the
 writer's thread starts copying them on a connection of its own (see the module
 docstring)."""
-INLINE_ROUND = 64
-INLINE_READ_ROWS = 8
-"""What a caller may read inline (``Database.run(fn, small=True)`` without ``write``):
-a query of at most this many rows by primary key, each of at most 64 KiB (a piece)."""
-"""One small write in this many goes to the writer's thread, whose commit checkpoints."""
 
 
 def writer_pragmas(synchronous: Synchronous = "NORMAL") -> list[str]:
@@ -136,40 +139,6 @@ def _checkpoint(path: Path, synchronous: Synchronous) -> None:
         conn.close()
 
 
-def _is_busy(e: sqlite3.OperationalError) -> bool:
-    code = getattr(e, "sqlite_errorcode", 0)  # none on errors of the module itself
-    return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-
-
-def fits_inline(rows: int, nbytes: int) -> bool:
-    """Whether a write of ``rows`` rows and ``nbytes`` bytes is small enough to run
-    inline (``Database.run(..., small=True)``)."""
-    return rows <= INLINE_MAX_ROWS and nbytes <= INLINE_MAX_BYTES
-
-
-def _in_transaction(fn: Callable[[sqlite3.Connection], T], conn: sqlite3.Connection) -> T:
-    conn.execute("BEGIN IMMEDIATE")
-    return _in_begun_transaction(fn, conn)
-
-
-def _in_begun_transaction(fn: Callable[[sqlite3.Connection], T], conn: sqlite3.Connection) -> T:
-    try:
-        result = fn(conn)
-        conn.commit()
-    except BaseException:
-        if conn.in_transaction:  # fn failed, or COMMIT did (disk full, I/O error)
-            conn.rollback()
-        raise
-    return result
-
-
-async def _undo_begin(conn: Connection, begin: asyncio.Future[Any]) -> None:
-    with contextlib.suppress(BaseException):
-        await begin
-    if conn.in_transaction:
-        await conn.rollback()
-
-
 class Database:
     """One SQLite database file with a writer and a reader connection."""
 
@@ -217,43 +186,15 @@ class Database:
         :class:`CorruptDatabaseError` (the store never leaves one: see
         :func:`store.sqlite.files.create_private`)."""
         with translating(path):
-            return await cls._open(path, create_schema, synchronous, empty_is_damage)
-
-    @classmethod
-    async def _open(
-        cls,
-        path: Path,
-        create_schema: Callable[[sqlite3.Connection], None],
-        synchronous: Synchronous,
-        empty_is_damage: bool,
-    ) -> Database:
-        await asyncio.to_thread(files.create_private, path, empty_is_damage)
-        await asyncio.to_thread(files.prepare, path, create_schema)
-        writer = await Connection.connect(path, isolation_level=None)
-        try:
-            for pragma in writer_pragmas(synchronous):
-                await writer.execute(pragma)
-            reader = await Connection.connect(path, isolation_level=None)
-        except BaseException:
-            await writer.close()
-            raise
-        inline = inline_reader = None
-        try:
-            await reader.execute("PRAGMA query_only = 1")
-            await reader.execute("PRAGMA cache_size = -16384")
-            inline_reader = await asyncio.to_thread(files.connect_inline_reader, path)
-            # With FULL every commit waits for an fsync: not something for the loop.
-            if synchronous != "FULL":
-                inline = await asyncio.to_thread(
-                    files.connect_inline, path, writer_pragmas(synchronous)
-                )
-        except BaseException:
-            if inline_reader is not None:
-                inline_reader.close()
-            await reader.close()
-            await writer.close()
-            raise
-        return cls(path, writer, reader, inline, inline_reader, synchronous)
+            c = await opening.connect(
+                path,
+                create_schema,
+                writer_pragmas(synchronous),
+                # With FULL every commit waits for an fsync: not something for the loop.
+                inline=synchronous != "FULL",
+                empty_is_damage=empty_is_damage,
+            )
+            return cls(path, c.writer, c.reader, c.inline, c.inline_reader, synchronous)
 
     @property
     def closed(self) -> bool:
@@ -282,7 +223,7 @@ class Database:
             except BaseException:
                 # Cancelled while BEGIN ran on the thread: once it has run, undo it, so
                 # that the connection is never left inside a transaction.
-                await asyncio.shield(_undo_begin(conn, begin))
+                await asyncio.shield(undo_begin(conn, begin))
                 raise
             try:
                 yield conn
@@ -319,7 +260,7 @@ class Database:
                     try:
                         result = fn(self.inline_reader)
                     except sqlite3.OperationalError as e:
-                        if not _is_busy(e):
+                        if not is_busy(e):
                             raise
                         log.debug("inline read of %s takes the thread: %s", self.path, e)
                     else:
@@ -336,7 +277,7 @@ class Database:
                 done, result = self._inline_write(fn)
                 if done:
                     return result  # type: ignore[return-value]
-            result = await asyncio.shield(self.writer.run(partial(_in_transaction, fn)))
+            result = await asyncio.shield(self.writer.run(partial(in_transaction, fn)))
             self._after_write()
             return result
 
@@ -406,7 +347,7 @@ class Database:
                 raise
             log.debug("inline write to %s waits for the writer: %s", self.path, e)
             return False, None
-        return True, _in_begun_transaction(fn, inline)
+        return True, in_begun_transaction(fn, inline)
 
     def _inline_turn(self) -> bool:
         """Whether this small write may run inline: all but one in ``INLINE_ROUND``.
@@ -478,7 +419,7 @@ class Database:
         out: list[tuple[str, Callable[[], Awaitable[None]]]] = []
         for name, conn in (("inline writer", self.inline), ("inline reader", self.inline_reader)):
             if conn is not None:
-                out.append((name, partial(_close_now, conn)))
+                out.append((name, partial(close_now, conn)))
         out.append(("reader", lambda: self.reader.close()))
         out.append(("writer", self._close_writer))
         return out
@@ -525,8 +466,3 @@ class Database:
                 log.debug("closing %s left its %s open: %r", self.path, names, errors)
                 with translating(self.path):
                     raise errors[0]
-
-
-async def _close_now(conn: sqlite3.Connection) -> None:
-    """Close an inline connection (on this thread: it never runs a long call)."""
-    conn.close()
