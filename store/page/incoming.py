@@ -10,6 +10,7 @@ The design is ``docs/convergence.md``.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import Mapping, Sequence
 
@@ -58,7 +59,26 @@ def check_entries(raw: object) -> list[RawEntry]:
     if not isinstance(raw, list | tuple):
         raise CorruptObjectError("entries are an array")
     out: list[RawEntry] = []
+    _check_run(raw, None, out)
+    return out
+
+
+async def check_entries_async(raw: object) -> list[RawEntry]:
+    """:func:`check_entries`, giving the event loop a turn every
+    :data:`~store.tree.join.TURN_KEYS` entries (a first sync brings every key)."""
+    if not isinstance(raw, list | tuple):
+        raise CorruptObjectError("entries are an array")
+    out: list[RawEntry] = []
     last: bytes | None = None
+    for start in range(0, len(raw), join.TURN_KEYS):
+        if start:
+            await asyncio.sleep(0)
+        last = _check_run(raw[start : start + join.TURN_KEYS], last, out)
+    return out
+
+
+def _check_run(raw: Sequence[object], last: bytes | None, out: list[RawEntry]) -> bytes | None:
+    """Check ``raw``'s entries (following one keyed ``last``) into ``out``; the last key."""
     for item in raw:
         if not isinstance(item, list | tuple) or len(item) not in (4, 5):
             raise CorruptObjectError("an entry is [key, value, priority, dot(, siblings)]")
@@ -79,7 +99,7 @@ def check_entries(raw: object) -> list[RawEntry]:
         e = dots.entry(key, versions)
         assert e is not None
         out.append(e)
-    return out
+    return last
 
 
 def _check_version(v: object) -> Version:
@@ -248,10 +268,12 @@ async def _check_values(
     in the cloud (``lazy``), the pieces its index pieces list too: else
     :class:`MissingValueError`."""
     wanted: set[bytes] = set()
-    for key, e in changes:
+    for i, (key, e) in enumerate(changes):
+        if i % join.TURN_KEYS == join.TURN_KEYS - 1:
+            await asyncio.sleep(0)  # a first sync's join keeps every key: let others in
         if e is None:
             continue
-        old = await btree.lookup(page.nodes, head.root, key)
+        old = await btree.lookup(page.nodes, head.root, key) if head.root else None
         had = {v[2] for v in dots.versions(old)}
         for v in dots.versions(e):
             if v[2] not in had and not dg.is_inline(v[0]):

@@ -11,6 +11,8 @@ import pytest
 from ledgerd.store import Page, Priority, Repository
 from ledgerd.store.errors import CorruptObjectError
 from ledgerd.store.page import exchange
+from ledgerd.store.pieces import digest as dg
+from ledgerd.store.tree.join import TURN_KEYS
 from tests.exchanges import exchange_all, mark_all_uploaded, ship
 
 
@@ -114,6 +116,22 @@ async def test_an_import_with_a_corrupt_piece_stores_nothing(tmp_path: Path, ent
 def test_entries_that_no_ledgerd_makes_are_refused(raw: object) -> None:
     with pytest.raises(CorruptObjectError):
         exchange.check_entries(raw)
+
+
+async def test_the_check_in_turns_is_the_check_across_its_turns() -> None:
+    """check_entries_async checks in turns of TURN_KEYS entries: it gives what
+    check_entries gives, and the key order is checked across a turn's edge too."""
+    dot = b"\x00" * 7 + b"\x01" + b"d" * 8
+    value = dg.value_chunk_digest(b"v")
+    raw = [[b"k%08d" % i, value, 0, dot] for i in range(2 * TURN_KEYS + 5)]
+    assert await exchange.check_entries_async(raw) == exchange.check_entries(raw)
+    for edge in (TURN_KEYS, 2 * TURN_KEYS):
+        swapped = list(raw)
+        swapped[edge - 1], swapped[edge] = swapped[edge], swapped[edge - 1]
+        with pytest.raises(CorruptObjectError, match="increasing key order"):
+            await exchange.check_entries_async(swapped)
+    with pytest.raises(CorruptObjectError):
+        await exchange.check_entries_async("not a list")
 
 
 async def test_a_delta_waits_for_what_its_writer_had_seen(tmp_path: Path) -> None:
