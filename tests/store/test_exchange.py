@@ -10,10 +10,10 @@ import pytest
 
 from ledgerd.store import Page, Priority, Repository
 from ledgerd.store.errors import CorruptObjectError
-from ledgerd.store.page import exchange
+from ledgerd.store.page import exchange, incoming
 from ledgerd.store.pieces import digest as dg
 from ledgerd.store.tree.join import TURN_KEYS
-from tests.exchanges import exchange_all, mark_all_uploaded, ship
+from tests.exchanges import Bucket, exchange_all, mark_all_uploaded, ship
 
 
 async def _values(page: Page) -> dict[bytes, bytes]:
@@ -187,6 +187,33 @@ async def test_a_state_joins_into_a_page_with_writes_of_its_own(tmp_path: Path) 
         await exchange_all(a, b, c)
         assert await _values(a) == await _values(b) == got
         assert a.head.root == b.head.root == c.head.root
+    finally:
+        for r in repos:
+            await r.close()
+
+
+async def test_an_import_applied_in_turns_makes_the_tree_one_apply_makes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An import applies its changes a turn of APPLY_TURN at a time; the tree is the one
+    a single apply makes, and the nodes the turns made in between are not stored."""
+    repos = [await Repository.open(tmp_path / n) for n in "abc"]
+    try:
+        a, b, c = [await r.ledger("l").page("p") for r in repos]
+        await a.put(b"before", b"1")
+        await ship(a, b, c)
+        async with a.transaction() as tx:
+            await tx.put_many([(b"k%05d" % i, b"v%d" % i) for i in range(0, 3000, 3)])
+        await a.delete(b"before")
+        bucket = Bucket()
+        assert await bucket.upload(a)
+        assert await bucket.download(b)  # in one apply
+        monkeypatch.setattr(incoming, "APPLY_TURN", 7)
+        assert await bucket.download(c)  # in 143 turns
+        assert b.head.root == c.head.root
+        assert await _values(c) == await _values(a)
+        count = "SELECT count(*) FROM objects"
+        assert await b.db.read_all(count) == await c.db.read_all(count)
     finally:
         for r in repos:
             await r.close()
