@@ -282,17 +282,7 @@ async def _check_values(
     """The values a join keeps that are new here; each must be here, in what came, or
     in the cloud (``lazy``), the pieces its index pieces list too: else
     :class:`MissingValueError`."""
-    wanted: set[bytes] = set()
-    for i, (key, e) in enumerate(changes):
-        if i % join.TURN_KEYS == join.TURN_KEYS - 1:
-            await asyncio.sleep(0)  # a first sync's join keeps every key: let others in
-        if e is None:
-            continue
-        old = await btree.lookup(page.nodes, head.root, key) if head.root else None
-        had = {v[2] for v in dots.versions(old)}
-        for v in dots.versions(e):
-            if v[2] not in had and not dg.is_inline(v[0]):
-                wanted.add(v[0])
+    wanted = await _new_values(page, head, changes)
     elsewhere = wanted - pieces.keys() - lazy.keys()
     # An index piece that came names the rest of its value, which must be somewhere too:
     # the packs that brought those pieces before this one may be compacted away.
@@ -320,6 +310,25 @@ async def _check_values(
         raise MissingValueError(
             f"value {dg.short(next(iter(missing)))} of an entry it keeps is nowhere", {}
         )
+    return wanted
+
+
+async def _new_values(
+    page: Page, head: Commit, changes: Sequence[tuple[bytes, RawEntry | None]]
+) -> set[bytes]:
+    """The value digests (not inline) of the versions ``changes`` keep that ``head``'s
+    entries do not hold."""
+    wanted: set[bytes] = set()
+    for i, (key, e) in enumerate(changes):
+        if i % join.TURN_KEYS == join.TURN_KEYS - 1:
+            await asyncio.sleep(0)  # a first sync's join keeps every key: let others in
+        if e is None:
+            continue
+        old = await btree.lookup(page.nodes, head.root, key) if head.root else None
+        had = {v[2] for v in dots.versions(old)}
+        for v in dots.versions(e):
+            if v[2] not in had and not dg.is_inline(v[0]):
+                wanted.add(v[0])
     return wanted
 
 
