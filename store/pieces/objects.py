@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import os
 import sqlite3
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import aiofiles
@@ -68,6 +69,13 @@ CACHE_PIECE_LIMIT = 64 * 1024
 repository's cache, so reading what was just written or read needs no trip to SQLite."""
 
 _ONE_PIECE = "SELECT data FROM objects WHERE digest = ?"
+
+READ_MANY_BATCH = 500
+"""Pieces :meth:`ObjectStore.read_each` reads (and verifies) from SQLite at a time."""
+
+_TYPE_BYTE = operator.itemgetter(0)
+_CHUNK_TYPE = dg.value_chunk_digest(bytes(dg.INLINE_LIMIT + 1))[:1]
+"""The type byte of the digest of a value of one hashed piece."""
 
 CACHE_VALUE_LIMIT = 1024 * 1024
 """The chunks of a value larger than this are not cached when read: streaming a large
@@ -302,7 +310,11 @@ class ObjectStore:
         rows = await self.db.read_in(
             "SELECT digest, data FROM objects WHERE digest IN ({marks})", want
         )
-        fresh = {bytes(d): self._blob(d, v) for d, v in rows}
+        # Keyed by the digests asked for, not the rows' equal copies: a later lookup of
+        # the same digest object (a scan's, from a cached tree node) then compares keys
+        # by identity, without reading a second copy from memory.
+        asked = dict(zip(want, want, strict=True))
+        fresh = {asked.get(d, d): self._blob(d, v) for d, v in rows}
         await self._verify(fresh)
         if remember:
             self.remember(fresh.items())
@@ -426,6 +438,27 @@ class ObjectStore:
 
     async def read_many(self, digests: Iterable[bytes]) -> dict[bytes, bytes]:
         """Whole values of many digests; single-piece values are fetched in batches."""
+        wanted = list(dict.fromkeys(digests))
+        return dict(zip(wanted, await self.read_each(wanted), strict=True))
+
+    async def read_each(self, digests: Sequence[bytes]) -> list[bytes]:
+        """The whole value of each of ``digests``, in order (a scan's values): those in
+        the cache found in one pass, with no call per digest, when all are values of
+        one hashed piece (a page of small values); the others read as :meth:`read_many`
+        says."""
+        if bytes(map(_TYPE_BYTE, digests)).strip(_CHUNK_TYPE):  # not all single pieces
+            return await self._read_each_kind(digests)
+        values = self.cache.get_each(digests)
+        cold = [d for d, v in zip(digests, values, strict=True) if v is None]
+        if not cold:
+            return values  # type: ignore[return-value]
+        more: dict[bytes, bytes] = {}
+        for i in range(0, len(cold), READ_MANY_BATCH):
+            more.update(await self.get_pieces(cold[i : i + READ_MANY_BATCH]))
+        return [more[d] if v is None else v for d, v in zip(digests, values, strict=True)]
+
+    async def _read_each_kind(self, digests: Sequence[bytes]) -> list[bytes]:
+        """:meth:`read_each` of digests of any kind: inline, of many pieces, of one."""
         out: dict[bytes, bytes] = {}
         single: list[bytes] = []
         for d in dict.fromkeys(digests):
@@ -435,9 +468,9 @@ class ObjectStore:
                 out[d] = await self.read_all(d)
             else:
                 single.append(d)
-        for i in range(0, len(single), 500):
-            out.update(await self.get_pieces(single[i : i + 500]))
-        return out
+        for i in range(0, len(single), READ_MANY_BATCH):
+            out.update(await self.get_pieces(single[i : i + READ_MANY_BATCH]))
+        return list(map(out.__getitem__, digests))
 
     async def read_all(self, digest: bytes, *, remember: bool = True) -> bytes:
         """The whole value in memory; for small values (tree nodes, tests).
