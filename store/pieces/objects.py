@@ -70,12 +70,11 @@ repository's cache, so reading what was just written or read needs no trip to SQ
 
 _ONE_PIECE = "SELECT data FROM objects WHERE digest = ?"
 
-READ_MANY_BATCH = 500
-"""Pieces :meth:`ObjectStore.read_each` reads (and verifies) from SQLite at a time."""
+READ_MANY_BATCH = 400
+"""Pieces :meth:`ObjectStore.read_each` reads (and verifies) at a time: one query each."""
 
 _TYPE_BYTE = operator.itemgetter(0)
-_CHUNK_TYPE = dg.value_chunk_digest(bytes(dg.INLINE_LIMIT + 1))[:1]
-"""The type byte of the digest of a value of one hashed piece."""
+_CHUNK_TYPE = dg.value_chunk_digest(bytes(dg.INLINE_LIMIT + 1))[:1]  # a one-piece value's
 
 CACHE_VALUE_LIMIT = 1024 * 1024
 """The chunks of a value larger than this are not cached when read: streaming a large
@@ -310,9 +309,7 @@ class ObjectStore:
         rows = await self.db.read_in(
             "SELECT digest, data FROM objects WHERE digest IN ({marks})", want
         )
-        # Keyed by the digests asked for, not the rows' equal copies: a later lookup of
-        # the same digest object (a scan's, from a cached tree node) then compares keys
-        # by identity, without reading a second copy from memory.
+        # Keyed by the digest objects asked for: a scan's next lookups compare by identity.
         asked = dict(zip(want, want, strict=True))
         fresh = {asked.get(d, d): self._blob(d, v) for d, v in rows}
         await self._verify(fresh)
@@ -442,20 +439,23 @@ class ObjectStore:
         return dict(zip(wanted, await self.read_each(wanted), strict=True))
 
     async def read_each(self, digests: Sequence[bytes]) -> list[bytes]:
-        """The whole value of each of ``digests``, in order (a scan's values): those in
-        the cache found in one pass, with no call per digest, when all are values of
-        one hashed piece (a page of small values); the others read as :meth:`read_many`
-        says."""
+        """The whole value of each of ``digests``, in order (a scan's). When each is a
+        value of one hashed piece (one pass over their type bytes tells), the cached
+        ones are found by one :meth:`CacheSpace.get_each`, with no call per digest."""
         if bytes(map(_TYPE_BYTE, digests)).strip(_CHUNK_TYPE):  # not all single pieces
             return await self._read_each_kind(digests)
         values = self.cache.get_each(digests)
         cold = [d for d, v in zip(digests, values, strict=True) if v is None]
         if not cold:
             return values  # type: ignore[return-value]
-        more: dict[bytes, bytes] = {}
-        for i in range(0, len(cold), READ_MANY_BATCH):
-            more.update(await self.get_pieces(cold[i : i + READ_MANY_BATCH]))
+        more = await self._get_batched(cold)
         return [more[d] if v is None else v for d, v in zip(digests, values, strict=True)]
+
+    async def _get_batched(self, digests: list[bytes]) -> dict[bytes, bytes]:
+        out: dict[bytes, bytes] = {}
+        for i in range(0, len(digests), READ_MANY_BATCH):
+            out.update(await self.get_pieces(digests[i : i + READ_MANY_BATCH]))
+        return out
 
     async def _read_each_kind(self, digests: Sequence[bytes]) -> list[bytes]:
         """:meth:`read_each` of digests of any kind: inline, of many pieces, of one."""
@@ -468,8 +468,7 @@ class ObjectStore:
                 out[d] = await self.read_all(d)
             else:
                 single.append(d)
-        for i in range(0, len(single), READ_MANY_BATCH):
-            out.update(await self.get_pieces(single[i : i + READ_MANY_BATCH]))
+        out.update(await self._get_batched(single))
         return list(map(out.__getitem__, digests))
 
     async def read_all(self, digest: bytes, *, remember: bool = True) -> bytes:

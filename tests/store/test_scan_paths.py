@@ -69,7 +69,7 @@ def test_batched_lookups_keep_the_cache_a_plain_lru(ops: list[tuple[object, ...]
         space = spaces[s]
         if kind == "put":
             d, cost = op[2], op[3]
-            space.put(d, f"v{n}", cost)  # type: ignore[arg-type]
+            space.put(d, f"v{n}", cost)
             model.put((s, d), f"v{n}", cost)  # type: ignore[arg-type]
         elif kind == "get":
             assert space.get(op[2]) == model.get((s, op[2]))  # type: ignore[arg-type]
@@ -83,7 +83,7 @@ def test_batched_lookups_keep_the_cache_a_plain_lru(ops: list[tuple[object, ...]
             assert found == {d: v for d, v in expected if v is not None}
             assert missing == [d for d, v in expected if v is None]
         elif kind == "demote":
-            space.demote(op[2])  # type: ignore[arg-type]
+            space.demote(op[2])
             for d in op[2]:  # type: ignore[attr-defined]
                 if (s, d) in model.entries:
                     model.entries.move_to_end((s, d), last=False)
