@@ -76,22 +76,25 @@ class Cache:
     def __len__(self) -> int:
         return len(self._order)
 
-    def _put(self, home: dict[bytes, _Entry], digest: bytes, value: object, cost: int) -> None:
-        order = self._order
-        old = home.pop(digest, None)
-        if old is not None:
-            del order[old]
-            self.used -= old.cost
-        if cost > self.budget:
-            return
-        entry = _Entry(value, cost, home, digest)
-        home[digest] = entry
-        order[entry] = None
-        self.used += cost
-        while self.used > self.budget:
-            gone, _ = order.popitem(last=False)
-            del gone.home[gone.digest]
-            self.used -= gone.cost
+    def _put(self, home: dict[bytes, _Entry], items: Iterable[tuple[bytes, object, int]]) -> None:
+        """Keep each ``(digest, value, cost)`` of ``items`` in ``home``, the most recent
+        last, evicting the least recent entries as the budget needs."""
+        order, budget = self._order, self.budget
+        for digest, value, cost in items:
+            old = home.pop(digest, None)
+            if old is not None:
+                del order[old]
+                self.used -= old.cost
+            if cost > budget:
+                continue
+            entry = _Entry(value, cost, home, digest)
+            home[digest] = entry
+            order[entry] = None
+            self.used += cost
+            while self.used > budget:
+                gone, _ = order.popitem(last=False)
+                del gone.home[gone.digest]
+                self.used -= gone.cost
 
     def _drop(self, home: dict[bytes, _Entry]) -> None:
         order = self._order
@@ -156,7 +159,11 @@ class CacheSpace(Generic[V]):
         return found, missing
 
     def put(self, digest: bytes, value: V, cost: int) -> None:
-        self.cache._put(self._found, digest, value, cost)
+        self.cache._put(self._found, ((digest, value, cost),))
+
+    def put_many(self, items: Iterable[tuple[bytes, V, int]]) -> None:
+        """:meth:`put` each ``(digest, value, cost)``, in order."""
+        self.cache._put(self._found, items)
 
     def demote(self, digests: Iterable[bytes]) -> None:
         """Make these entries the first to go when room is needed (a tree node that a

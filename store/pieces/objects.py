@@ -114,10 +114,7 @@ class ObjectStore:
 
     def remember(self, pieces: Iterable[tuple[bytes, bytes]]) -> None:
         """Keep verified (or just written) small pieces in the cache."""
-        cache = self.cache
-        for d, v in pieces:
-            if len(v) <= CACHE_PIECE_LIMIT:
-                cache.put(d, v, piece_cost(v))
+        self.cache.put_many((d, v, piece_cost(v)) for d, v in pieces if len(v) <= CACHE_PIECE_LIMIT)
 
     def clear_cache(self) -> None:
         """Forget every cached piece (as in a freshly started process)."""

@@ -1,6 +1,7 @@
 """A scan's values: the column-wise cache lookups and ordered reads against plain paths.
 
-``CacheSpace.get_each`` (a batch of lookups by ``map``) against a model LRU;
+``CacheSpace.get_each`` (a batch of lookups by ``map``) and ``put_many`` against a model
+LRU;
 ``ObjectStore.read_each`` (a scan's values in order, the cached ones found in one pass)
 against reading each value alone; and a scan still verifies what it reads from SQLite."""
 
@@ -23,6 +24,11 @@ _digests = st.sampled_from([bytes([i]) * 3 for i in range(8)])
 _ops = st.lists(
     st.one_of(
         st.tuples(st.just("put"), st.integers(0, 1), _digests, st.integers(0, 500)),
+        st.tuples(
+            st.just("put_many"),
+            st.integers(0, 1),
+            st.lists(st.tuples(_digests, st.integers(0, 500)), max_size=5),
+        ),
         st.tuples(st.just("get"), st.integers(0, 1), _digests),
         st.tuples(st.just("each"), st.integers(0, 1), st.lists(_digests, max_size=6)),
         st.tuples(st.just("many"), st.integers(0, 1), st.lists(_digests, max_size=6)),
@@ -71,6 +77,11 @@ def test_batched_lookups_keep_the_cache_a_plain_lru(ops: list[tuple[object, ...]
             d, cost = op[2], op[3]
             space.put(d, f"v{n}", cost)
             model.put((s, d), f"v{n}", cost)  # type: ignore[arg-type]
+        elif kind == "put_many":
+            items: list[tuple[bytes, int]] = op[2]  # type: ignore[assignment]
+            space.put_many([(d, f"v{n}.{i}", c) for i, (d, c) in enumerate(items)])
+            for i, (d, c) in enumerate(items):
+                model.put((s, d), f"v{n}.{i}", c)
         elif kind == "get":
             assert space.get(op[2]) == model.get((s, op[2]))  # type: ignore[arg-type]
         elif kind == "each":
