@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 
 READ_BATCH = 64
 """Pieces fetched per query when reading a value."""
+READ_MANY_BATCH = 400
+"""Pieces :meth:`ObjectStore.read_each` reads (and verifies) at a time: one query each."""
 
 TURN_PIECES = 8192
 """Pieces :meth:`ObjectStore.value_pieces` goes through between two turns it gives
@@ -63,18 +65,14 @@ the event loop."""
 HOLD_BATCH = 64
 """Pieces :meth:`ObjectStore.hold` fetches at a time (at most a few MiB in memory)."""
 
-
 CACHE_PIECE_LIMIT = 64 * 1024
 """Pieces up to this size that were read (and verified) or written are kept in the
 repository's cache, so reading what was just written or read needs no trip to SQLite."""
 
 _ONE_PIECE = "SELECT data FROM objects WHERE digest = ?"
-
-READ_MANY_BATCH = 400
-"""Pieces :meth:`ObjectStore.read_each` reads (and verifies) at a time: one query each."""
-
-_TYPE_BYTE = operator.itemgetter(0)
-_CHUNK_TYPE = dg.value_chunk_digest(bytes(dg.INLINE_LIMIT + 1))[:1]  # a one-piece value's
+_PIECES = "SELECT digest, data FROM objects WHERE digest IN ({marks})"
+_TYPE_BYTE, _CHUNK_TYPE = operator.itemgetter(0), dg.value_chunk_digest(bytes(33))[:1]
+"""A digest's type byte; that of a value of one hashed piece (of over 32 bytes)."""
 
 CACHE_VALUE_LIMIT = 1024 * 1024
 """The chunks of a value larger than this are not cached when read: streaming a large
@@ -290,33 +288,32 @@ class ObjectStore:
 
         Pieces read from SQLite are verified, then kept in the cache unless not
         ``remember`` (tree nodes: their decoded form is cached instead)."""
+        found, want = self._known(digests)
+        if want:
+            found.update(await self._stored(want, await self.db.read_in(_PIECES, want), remember))
+        return found
+
+    def _known(self, digests: Iterable[bytes]) -> tuple[dict[bytes, bytes], list[bytes]]:
+        """Those of ``digests`` in the cache or in memory, and the others, in order."""
         found, cold = self.cache.get_many(dict.fromkeys(digests))
-        want = cold
-        if cold and self.memory:
-            memory = self.memory
-            want = []
-            for d in cold:
-                v = memory.get(d)
-                if v is None:
-                    want.append(d)
-                else:
-                    found[d] = v
-        if not want:
-            return found
-        rows = await self.db.read_in(
-            "SELECT digest, data FROM objects WHERE digest IN ({marks})", want
-        )
+        if not cold or not (memory := self.memory):
+            return found, cold
+        found.update((d, memory[d]) for d in cold if d in memory)
+        return found, [d for d in cold if d not in memory]
+
+    async def _stored(
+        self, want: list[bytes], rows: list[sqlite3.Row], remember: bool
+    ) -> dict[bytes, bytes]:
+        """The pieces ``want`` from their ``rows``, verified; the others fetched."""
         # Keyed by the digest objects asked for: a scan's next lookups compare by identity.
         asked = dict(zip(want, want, strict=True))
         fresh = {asked.get(d, d): self._blob(d, v) for d, v in rows}
         await self._verify(fresh)
         if remember:
             self.remember(fresh.items())
-        found.update(fresh)
-        missing = [d for d in want if d not in found]
-        if missing:
-            found.update(await self._fetch(missing))
-        return found
+        if missing := [d for d in want if d not in fresh]:
+            fresh.update(await self._fetch(missing))
+        return fresh
 
     def _blob(self, digest: bytes, data: object) -> bytes:
         """A stored piece's data as read; the table is not STRICT, so a damaged file may
@@ -442,30 +439,36 @@ class ObjectStore:
         if bytes(map(_TYPE_BYTE, digests)).strip(_CHUNK_TYPE):  # not all single pieces
             return await self._read_each_kind(digests)
         values = self.cache.get_each(digests)
-        cold = [d for d, v in zip(digests, values, strict=True) if v is None]
-        if not cold:
+        if None not in values:
             return values  # type: ignore[return-value]
+        cold = [d for d, v in zip(digests, values, strict=True) if v is None]
         more = await self._get_batched(cold)
         return [more[d] if v is None else v for d, v in zip(digests, values, strict=True)]
 
     async def _get_batched(self, digests: list[bytes]) -> dict[bytes, bytes]:
-        out: dict[bytes, bytes] = {}
-        for i in range(0, len(digests), READ_MANY_BATCH):
-            out.update(await self.get_pieces(digests[i : i + READ_MANY_BATCH]))
+        """:meth:`get_pieces` in batches of a query each, the next one's query running on
+        the reader's thread while this one's pieces are verified and cached."""
+        out, want = self._known(digests)
+        parts = [want[i : i + READ_MANY_BATCH] for i in range(0, len(want), READ_MANY_BATCH)]
+        if not parts:
+            return out
+        reading = asyncio.ensure_future(self.db.read_in(_PIECES, parts[0]))
+        try:
+            for part, after in zip(parts, [*parts[1:], None], strict=True):
+                rows = await reading
+                if after is not None:
+                    reading = asyncio.ensure_future(self.db.read_in(_PIECES, after))
+                out.update(await self._stored(part, rows, True))
+        finally:  # (if one failed, the next one's result is not wanted)
+            reading.cancel()
+            await asyncio.gather(reading, return_exceptions=True)
         return out
 
     async def _read_each_kind(self, digests: Sequence[bytes]) -> list[bytes]:
         """:meth:`read_each` of digests of any kind: inline, of many pieces, of one."""
-        out: dict[bytes, bytes] = {}
-        single: list[bytes] = []
-        for d in dict.fromkeys(digests):
-            if dg.is_inline(d):
-                out[d] = dg.inline_content(d)
-            elif dg.is_index(d):
-                out[d] = await self.read_all(d)
-            else:
-                single.append(d)
-        out.update(await self._get_batched(single))
+        unique = dict.fromkeys(digests)
+        out = {d: await self.read_all(d) for d in unique if dg.is_inline(d) or dg.is_index(d)}
+        out.update(await self._get_batched([d for d in unique if d not in out]))
         return list(map(out.__getitem__, digests))
 
     async def read_all(self, digest: bytes, *, remember: bool = True) -> bytes:
