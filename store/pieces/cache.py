@@ -11,8 +11,9 @@ always names the same bytes. Entries are still kept apart per page and per kind 
 piece cached for one page must not make another page that lacks it look complete.
 
 Each space finds its entries in a dict of its own, keyed by digest; the LRU order of
-them all is one ``OrderedDict`` of the entries themselves (hashed by identity), so that a
-batch of lookups (a scan's values) runs as ``map`` over the two at C speed.
+them all is one ``OrderedDict`` keyed by each entry's ``id()``, so that a batch of
+lookups (a scan's values) runs as ``map`` over the two at C speed. An entry is a plain
+tuple, which the garbage collector stops tracking once it holds only bytes and ints.
 
 An entry's cost is an estimate of the memory it holds (its bytes plus Python's
 overhead for the objects, see :func:`piece_cost` and :func:`store.tree.btree.node_cost`),
@@ -31,26 +32,18 @@ CACHE_BYTES = 64 * 1024 * 1024
 """The default budget of a repository's cache (the daemon's ``cache_bytes``)."""
 
 ENTRY_OVERHEAD = 240
-"""Bytes an entry costs besides its payload: its :class:`_Entry`, its slots in its
-space's dict and in the LRU, and the payload object's header."""
+"""Bytes an entry costs besides its payload: its tuple, its slots in its space's dict
+and in the LRU (with its ``id()``), and the payload object's header."""
 
 V = TypeVar("V")
 
+_Entry = tuple[object, int, bytes, int]
+"""A cached value, what it costs, its digest and the id of its space."""
 
-class _Entry:
-    """One cached value: what it costs, and where it is found (its space's dict, its
-    digest there). Hashed and compared by identity, as the LRU's key."""
+_Item = tuple[bytes, object, int]
+"""What to cache: a digest, its value and what it costs."""
 
-    __slots__ = ("value", "cost", "home", "digest")
-
-    def __init__(self, value: object, cost: int, home: dict[bytes, _Entry], digest: bytes) -> None:
-        self.value = value
-        self.cost = cost
-        self.home = home
-        self.digest = digest
-
-
-_VALUE = operator.attrgetter("value")
+_VALUE = operator.itemgetter(0)
 
 
 def piece_cost(data: bytes) -> int:
@@ -58,15 +51,17 @@ def piece_cost(data: bytes) -> int:
 
 
 class Cache:
-    """An LRU of entries in its spaces holding at most ``budget`` bytes (estimated)."""
+    """An LRU of the entries of its spaces holding at most ``budget`` bytes (estimated)."""
 
     def __init__(self, budget: int = CACHE_BYTES) -> None:
         if budget < 0:
             raise ValueError("a cache budget is not negative")
         self.budget = budget
         self.used = 0
-        self._order: OrderedDict[_Entry, None] = OrderedDict()
-        """Every entry, the least recently used first."""
+        self._order: OrderedDict[int, _Entry] = OrderedDict()
+        """Every entry by its ``id()``, the least recently used first."""
+        self._homes: dict[int, dict[bytes, _Entry]] = {}
+        """The entries of each space that holds any, by digest."""
         self._spaces = itertools.count()
 
     def space(self) -> CacheSpace[V]:
@@ -76,36 +71,43 @@ class Cache:
     def __len__(self) -> int:
         return len(self._order)
 
-    def _put(self, home: dict[bytes, _Entry], items: Iterable[tuple[bytes, object, int]]) -> None:
+    def _put(self, space: int, home: dict[bytes, _Entry], items: Iterable[_Item]) -> None:
         """Keep each ``(digest, value, cost)`` of ``items`` in ``home``, the most recent
         last, evicting the least recent entries as the budget needs."""
-        order, budget = self._order, self.budget
+        order, budget, homes = self._order, self.budget, self._homes
         for digest, value, cost in items:
             old = home.pop(digest, None)
             if old is not None:
-                del order[old]
-                self.used -= old.cost
+                del order[id(old)]
+                self.used -= old[1]
             if cost > budget:
                 continue
-            entry = _Entry(value, cost, home, digest)
+            entry = (value, cost, digest, space)
             home[digest] = entry
-            order[entry] = None
+            homes[space] = home
+            order[id(entry)] = entry
             self.used += cost
-            while self.used > budget:
-                gone, _ = order.popitem(last=False)
-                del gone.home[gone.digest]
-                self.used -= gone.cost
+            while self.used > budget:  # (never down to the new entry: cost <= budget)
+                _, (_, gone_cost, gone, gone_space) = order.popitem(last=False)
+                self.used -= gone_cost
+                emptied = homes[gone_space]
+                del emptied[gone]
+                if not emptied:  # a space that holds nothing is not kept track of
+                    del homes[gone_space]
 
-    def _drop(self, home: dict[bytes, _Entry]) -> None:
-        order = self._order
+    def _drop(self, space: int) -> None:
+        home = self._homes.pop(space, None)
+        if home is None:
+            return
         for entry in home.values():
-            del order[entry]
-            self.used -= entry.cost
+            del self._order[id(entry)]
+            self.used -= entry[1]
         home.clear()
 
     def clear(self) -> None:
-        for entry in self._order:
-            entry.home.clear()
+        for home in self._homes.values():
+            home.clear()
+        self._homes.clear()
         self._order.clear()
         self.used = 0
 
@@ -124,8 +126,8 @@ class CacheSpace(Generic[V]):
         entry = self._found.get(digest)
         if entry is None:
             return None
-        self.cache._order.move_to_end(entry)
-        return entry.value  # type: ignore[return-value]
+        self.cache._order.move_to_end(id(entry))
+        return entry[0]  # type: ignore[return-value]
 
     def get_each(self, digests: Iterable[bytes]) -> list[V | None]:
         """The cached value of each of ``digests`` in order, None where there is none;
@@ -133,16 +135,16 @@ class CacheSpace(Generic[V]):
         at C speed: a scan looks up every value of a page here."""
         got = list(map(self._found.get, digests))
         touch = self.cache._order.move_to_end
-        if None not in got:  # all found (an entry is equal to nothing but itself)
-            deque(map(touch, got), 0)  # type: ignore[arg-type]
-            return list(map(_VALUE, got))
+        if None not in got:  # all found (no tuple is equal to None)
+            deque(map(touch, map(id, got)), 0)
+            return list(map(_VALUE, got))  # type: ignore[arg-type]
         out: list[V | None] = []
         for entry in got:
             if entry is None:
                 out.append(None)
             else:
-                touch(entry)
-                out.append(entry.value)  # type: ignore[arg-type]
+                touch(id(entry))
+                out.append(entry[0])  # type: ignore[arg-type]
         return out
 
     def get_many(self, digests: Iterable[bytes]) -> tuple[dict[bytes, V], list[bytes]]:
@@ -159,11 +161,11 @@ class CacheSpace(Generic[V]):
         return found, missing
 
     def put(self, digest: bytes, value: V, cost: int) -> None:
-        self.cache._put(self._found, ((digest, value, cost),))
+        self.cache._put(self.id, self._found, ((digest, value, cost),))
 
     def put_many(self, items: Iterable[tuple[bytes, V, int]]) -> None:
         """:meth:`put` each ``(digest, value, cost)``, in order."""
-        self.cache._put(self._found, items)
+        self.cache._put(self.id, self._found, items)
 
     def demote(self, digests: Iterable[bytes]) -> None:
         """Make these entries the first to go when room is needed (a tree node that a
@@ -172,11 +174,11 @@ class CacheSpace(Generic[V]):
         for d in digests:
             entry = found.get(d)
             if entry is not None:
-                order.move_to_end(entry, last=False)
+                order.move_to_end(id(entry), last=False)
 
     def __contains__(self, digest: bytes) -> bool:
         return digest in self._found
 
     def clear(self) -> None:
         """Forget this space's entries (as in a freshly started process)."""
-        self.cache._drop(self._found)
+        self.cache._drop(self.id)
