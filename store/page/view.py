@@ -260,11 +260,10 @@ class View(abc.ABC):
         found, nxt = await self._page(start, end, prefix, limit, token)
         if not found:
             return RangeResult([], nxt)
-        values = await self.objects.read_many(map(_VALUE, found))
+        values = await self.objects.read_each(list(map(_VALUE, found)))
         # Column by column, at C speed: no Python call per entry (and no zip(*found),
         # which makes an iterator per entry for the collector to count).
-        keys, digests, priorities = map(_KEY, found), map(_VALUE, found), map(_PRIORITY, found)
-        columns = zip(keys, map(values.__getitem__, digests), priorities, strict=True)
+        columns = zip(map(_KEY, found), values, map(_PRIORITY, found), strict=True)
         made = map(tuple.__new__, repeat(KeyValue), columns)
         with _collector_paused():
             items = list(made)

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import os
 import sqlite3
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import aiofiles
@@ -55,6 +56,8 @@ log = logging.getLogger(__name__)
 
 READ_BATCH = 64
 """Pieces fetched per query when reading a value."""
+READ_MANY_BATCH = 400
+"""Pieces :meth:`ObjectStore.read_each` reads (and verifies) at a time: one query each."""
 
 TURN_PIECES = 8192
 """Pieces :meth:`ObjectStore.value_pieces` goes through between two turns it gives
@@ -62,12 +65,14 @@ the event loop."""
 HOLD_BATCH = 64
 """Pieces :meth:`ObjectStore.hold` fetches at a time (at most a few MiB in memory)."""
 
-
 CACHE_PIECE_LIMIT = 64 * 1024
 """Pieces up to this size that were read (and verified) or written are kept in the
 repository's cache, so reading what was just written or read needs no trip to SQLite."""
 
 _ONE_PIECE = "SELECT data FROM objects WHERE digest = ?"
+_PIECES = "SELECT digest, data FROM objects WHERE digest IN ({marks})"
+_TYPE_BYTE, _CHUNK_TYPE = operator.itemgetter(0), dg.value_chunk_digest(bytes(33))[:1]
+"""A digest's type byte; that of a value of one hashed piece (of over 32 bytes)."""
 
 CACHE_VALUE_LIMIT = 1024 * 1024
 """The chunks of a value larger than this are not cached when read: streaming a large
@@ -107,10 +112,7 @@ class ObjectStore:
 
     def remember(self, pieces: Iterable[tuple[bytes, bytes]]) -> None:
         """Keep verified (or just written) small pieces in the cache."""
-        cache = self.cache
-        for d, v in pieces:
-            if len(v) <= CACHE_PIECE_LIMIT:
-                cache.put(d, v, piece_cost(v))
+        self.cache.put_many((d, v, piece_cost(v)) for d, v in pieces if len(v) <= CACHE_PIECE_LIMIT)
 
     def clear_cache(self) -> None:
         """Forget every cached piece (as in a freshly started process)."""
@@ -286,31 +288,32 @@ class ObjectStore:
 
         Pieces read from SQLite are verified, then kept in the cache unless not
         ``remember`` (tree nodes: their decoded form is cached instead)."""
+        found, want = self._known(digests)
+        if want:
+            found.update(await self._stored(want, await self.db.read_in(_PIECES, want), remember))
+        return found
+
+    def _known(self, digests: Iterable[bytes]) -> tuple[dict[bytes, bytes], list[bytes]]:
+        """Those of ``digests`` in the cache or in memory, and the others, in order."""
         found, cold = self.cache.get_many(dict.fromkeys(digests))
-        want = cold
-        if cold and self.memory:
-            memory = self.memory
-            want = []
-            for d in cold:
-                v = memory.get(d)
-                if v is None:
-                    want.append(d)
-                else:
-                    found[d] = v
-        if not want:
-            return found
-        rows = await self.db.read_in(
-            "SELECT digest, data FROM objects WHERE digest IN ({marks})", want
-        )
-        fresh = {bytes(d): self._blob(d, v) for d, v in rows}
+        if not cold or not (memory := self.memory):
+            return found, cold
+        found.update((d, memory[d]) for d in cold if d in memory)
+        return found, [d for d in cold if d not in memory]
+
+    async def _stored(
+        self, want: list[bytes], rows: list[sqlite3.Row], remember: bool
+    ) -> dict[bytes, bytes]:
+        """The pieces ``want`` from their ``rows``, verified; the others fetched."""
+        # Keyed by the digest objects asked for: a scan's next lookups compare by identity.
+        asked = dict(zip(want, want, strict=True))
+        fresh = {asked.get(d, d): self._blob(d, v) for d, v in rows}
         await self._verify(fresh)
         if remember:
             self.remember(fresh.items())
-        found.update(fresh)
-        missing = [d for d in want if d not in found]
-        if missing:
-            found.update(await self._fetch(missing))
-        return found
+        if missing := [d for d in want if d not in fresh]:
+            fresh.update(await self._fetch(missing))
+        return fresh
 
     def _blob(self, digest: bytes, data: object) -> bytes:
         """A stored piece's data as read; the table is not STRICT, so a damaged file may
@@ -426,18 +429,47 @@ class ObjectStore:
 
     async def read_many(self, digests: Iterable[bytes]) -> dict[bytes, bytes]:
         """Whole values of many digests; single-piece values are fetched in batches."""
-        out: dict[bytes, bytes] = {}
-        single: list[bytes] = []
-        for d in dict.fromkeys(digests):
-            if dg.is_inline(d):
-                out[d] = dg.inline_content(d)
-            elif dg.is_index(d):
-                out[d] = await self.read_all(d)
-            else:
-                single.append(d)
-        for i in range(0, len(single), 500):
-            out.update(await self.get_pieces(single[i : i + 500]))
+        wanted = list(dict.fromkeys(digests))
+        return dict(zip(wanted, await self.read_each(wanted), strict=True))
+
+    async def read_each(self, digests: Sequence[bytes]) -> list[bytes]:
+        """The whole value of each of ``digests``, in order (a scan's). When each is a
+        value of one hashed piece (one pass over their type bytes tells), the cached
+        ones are found by one :meth:`CacheSpace.get_each`, with no call per digest."""
+        if bytes(map(_TYPE_BYTE, digests)).strip(_CHUNK_TYPE):  # not all single pieces
+            return await self._read_each_kind(digests)
+        values = self.cache.get_each(digests)
+        if None not in values:
+            return values  # type: ignore[return-value]
+        cold = [d for d, v in zip(digests, values, strict=True) if v is None]
+        more = await self._get_batched(cold)
+        return [more[d] if v is None else v for d, v in zip(digests, values, strict=True)]
+
+    async def _get_batched(self, digests: list[bytes]) -> dict[bytes, bytes]:
+        """:meth:`get_pieces` in batches of a query each, the next one's query running on
+        the reader's thread while this one's pieces are verified and cached."""
+        out, want = self._known(digests)
+        parts = [want[i : i + READ_MANY_BATCH] for i in range(0, len(want), READ_MANY_BATCH)]
+        if not parts:
+            return out
+        reading = asyncio.ensure_future(self.db.read_in(_PIECES, parts[0]))
+        try:
+            for part, after in zip(parts, [*parts[1:], None], strict=True):
+                rows = await reading
+                if after is not None:
+                    reading = asyncio.ensure_future(self.db.read_in(_PIECES, after))
+                out.update(await self._stored(part, rows, True))
+        finally:  # (if one failed, the next one's result is not wanted)
+            reading.cancel()
+            await asyncio.gather(reading, return_exceptions=True)
         return out
+
+    async def _read_each_kind(self, digests: Sequence[bytes]) -> list[bytes]:
+        """:meth:`read_each` of digests of any kind: inline, of many pieces, of one."""
+        unique = dict.fromkeys(digests)
+        out = {d: await self.read_all(d) for d in unique if dg.is_inline(d) or dg.is_index(d)}
+        out.update(await self._get_batched([d for d in unique if d not in out]))
+        return list(map(out.__getitem__, digests))
 
     async def read_all(self, digest: bytes, *, remember: bool = True) -> bytes:
         """The whole value in memory; for small values (tree nodes, tests).
