@@ -33,7 +33,7 @@ from ledgerd.store.pieces.objects import ObjectStore, Source
 from ledgerd.store.sqlite.threads import OFF_LOOP_BYTES
 from ledgerd.store.tree import btree, commit
 from ledgerd.store.tree.btree import Entry, NodeStore, Priority, RawEntry
-from ledgerd.store.tree.builder import Builder
+from ledgerd.store.tree.builder import SLICE_ENTRIES, Builder
 from ledgerd.store.tree.commit import Commit
 
 SMALL_VALUE = 256 * 1024
@@ -189,12 +189,15 @@ async def discard(objects: ObjectStore, tokens: Iterable[str]) -> None:
 
 async def only_live(
     objects: ObjectStore,
-    live: set[bytes],
+    live: set[bytes] | None,
     pieces_of: dict[bytes, list[split.Piece]],
     staged: dict[str, bytes],
 ) -> tuple[list[split.Piece], list[str]]:
     """The pieces (held in memory) and staged tokens of the values in ``live``,
-    by value root digest; staged values not in it are discarded."""
+    by value root digest (None: every value is live); staged values not in it are
+    discarded."""
+    if live is None:
+        return list(itertools.chain.from_iterable(pieces_of.values())), list(staged)
     pieces = list(
         itertools.chain.from_iterable(map(pieces_of.__getitem__, pieces_of.keys() & live))
     )
@@ -224,12 +227,17 @@ async def stamped(
                     out.append((e[0], None))
                 elif e[1] != dg.TOMBSTONE or len(e) > 4:
                     out.append((e[0], (e[0], dg.TOMBSTONE, 0, dot)))
-    items = changes.items() if isinstance(changes, Mapping) else changes
+    items = iter(changes.items() if isinstance(changes, Mapping) else changes)
     tomb = dg.TOMBSTONE
-    out.extend(
-        (key, (key, tomb, 0, dot) if e is None else (key, e[1], int(e[2]), dot)) for key, e in items
-    )
-    return out
+    while True:  # a slice at a time, the event loop given a turn between slices
+        n = len(out)
+        out.extend(
+            (key, (key, tomb, 0, dot) if e is None else (key, e[1], int(e[2]), dot))
+            for key, e in itertools.islice(items, SLICE_ENTRIES)
+        )
+        if len(out) - n < SLICE_ENTRIES:
+            return out
+        await asyncio.sleep(0)
 
 
 Changes = list[tuple[bytes, RawEntry | None]]
@@ -272,7 +280,7 @@ async def commit_staged(
         if onto is None:
             raise ValueError("a batch made on an older commit needs a way onto the head")
         changes = await onto(builder, head, changes)
-    root = await builder.apply(head.root, changes)
+    root = await builder.apply_raw(head.root, dict(changes))
     if root == head.root:
         return None
     c = commit.child(head, root, ts)

@@ -159,8 +159,14 @@ class JournalWriter:
             self.objects, changes, prio
         )
         # The last change to a key wins: values overwritten within this same write
-        # are not stored.
-        live = {e.value for e in dict(prepared).values() if e is not None}
+        # are not stored (when no key comes twice, every value is live).
+        latest = dict(prepared)
+        live = (
+            None
+            if len(latest) == len(prepared)
+            else {e.value for e in latest.values() if e is not None}
+        )
+        del latest
         pieces, tokens = await staging.only_live(self.objects, live, pieces_of, staged)
         loop = asyncio.get_running_loop()
         direct = len(prepared) >= DIRECT_BATCH
