@@ -62,6 +62,11 @@ def priority(p: object) -> Priority:
 # Made without the named tuple's Python-level __new__ (a batch makes one per value).
 new_piece = functools.partial(tuple.__new__, split.Piece)
 
+_NO_PRIORITY = object()
+_ENTRY_BYTES = 64
+"""What staging an entry counts for besides its value's bytes, towards the
+``OFF_LOOP_BYTES`` a write stages on the loop between its turns."""
+
 
 def one_chunk(key: bytes, value: bytes, prio: object) -> tuple[Entry, split.Piece | None]:
     """Entry and piece of a value that is a single chunk (at most ``split.MIN_CHUNK``
@@ -122,32 +127,40 @@ async def stage_changes(
     stamps: list[StampSlot] = []
     pieces_of: dict[bytes, list[split.Piece]] = {}  # value root digest -> its pieces
     staged: dict[str, bytes] = {}  # token -> its value's root digest
-    small = split.MIN_CHUNK
-    inline = 0  # bytes split and hashed on the loop since it last yielded
+    small, inline_limit = split.MIN_CHUNK, dg.INLINE_LIMIT
+    digest_of, entry_of = dg.value_chunk_digest, btree.new_entry
+    seen: object = _NO_PRIORITY  # the last priority given, and what it is
+    level = Priority.EAGER
+    taken = 0  # bytes split and hashed (and entries made) on the loop since it yielded
     try:
         for change in changes:
-            if inline > OFF_LOOP_BYTES:  # a big write lets other requests in
+            if taken > OFF_LOOP_BYTES:  # a big write lets other requests in
                 await asyncio.sleep(0)
-                inline = 0
+                taken = 0
             key, value = change[0], change[1]
             p = change[2] if len(change) == 3 else prio
             if type(key) is not bytes or len(key) > KEY_LIMIT:
                 key = _key_of(key, value, p, stamps, len(prepared))
+            if type(value) is bytes and len(value) <= small:  # the common case
+                # (:func:`one_chunk` written out: a batch makes one per value)
+                if p is not seen:  # a write's changes mostly share one priority
+                    level, seen = priority(p), p
+                d = digest_of(value)
+                if len(value) > inline_limit:
+                    pieces_of[d] = [new_piece((d, value))]
+                prepared.append((key, entry_of((key, d, level))))
+                taken += len(value) + _ENTRY_BYTES
+                continue
             if isinstance(value, StampedValue):
                 stamps.append(StampSlot(len(prepared), value, priority(p)))
                 prepared.append((key, None))  # its entry is made when it is stamped
                 continue
             if value is None:
                 prepared.append((key, None))
+                taken += _ENTRY_BYTES
                 continue
             if type(value) is bytes:
-                inline += len(value)
-                if len(value) <= small:  # the common case
-                    entry, piece = one_chunk(key, value, p)
-                    if piece is not None:
-                        pieces_of[entry.value] = [piece]
-                    prepared.append((key, entry))
-                    continue
+                taken += len(value)
             entry, more, token = await prepare(objects, key, value, p)
             if more:
                 pieces_of[entry.value] = more
