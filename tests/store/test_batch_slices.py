@@ -136,7 +136,7 @@ async def _plain(
             continue
         entry, more, _ = await staging.prepare(_NO_OBJECTS, key, value, prio)
         if more:
-            pieces[entry.value] = [tuple(p) for p in more]
+            pieces[entry.value] = [(p.digest, p.data) for p in more]
         prepared.append((key, _staged(entry)))
     return prepared, pieces
 
@@ -161,7 +161,7 @@ async def test_staging_a_write_is_preparing_each_value(
     )
     assert not stamps and not staged
     assert [(k, _staged(e)) for k, e in prepared] == plain[0]
-    assert {d: [tuple(p) for p in ps] for d, ps in pieces_of.items()} == plain[1]
+    assert {d: [(p.digest, p.data) for p in ps] for d, ps in pieces_of.items()} == plain[1]
     for _, entry in prepared:
         assert entry is None or (type(entry) is Entry and type(entry.priority) is Priority)
 
