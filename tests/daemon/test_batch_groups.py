@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from ledgerd.daemon import codec
 from ledgerd.daemon import errors as ae
+from ledgerd.store import check_key
 
 
 def _whole(body: bytes) -> object:
@@ -67,11 +68,11 @@ def test_ops_decoded_a_group_at_a_time_read_as_the_body_parsed_whole(
         except ae.BadRequest as e:
             got = str(e)
         want = _whole(body)
-        if not isinstance(want, str):  # a good body: its keys are checked too
+        if isinstance(want, list):  # a good body: its keys are checked too
             try:
                 for change in want:
                     if type(change[0]) is bytes:
-                        codec.check_key(change[0])
+                        check_key(change[0])
             except Exception as e:
                 assert isinstance(got, str), e
                 return
