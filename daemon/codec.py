@@ -131,20 +131,22 @@ def batch_body_changes(body: list[bytes]) -> tuple[list[Change], int | None]:
     checked (:func:`store.check_key`), and their :func:`stamp_offset`; taken out of
     ``body``, a one-item list.
 
-    Made for a big body, on a thread (:func:`store.off_loop`): the body is parsed an
-    op at a time (:func:`_plain_batch_ops`) and dropped once parsed, each op once
-    decoded, so that at most about two copies of the body are held at once (bytes and
-    parsed ops, or ops and values), rather than bytes, text, ops and values together."""
+    Made for a big body, on a thread (:func:`store.off_loop`): a body of over
+    :data:`WHOLE_PARTS` parts is parsed an op at a time and its ops decoded a group at a
+    time (:func:`_plain_batch_changes`), so that about two copies of the body are held
+    at once (its bytes and its values), rather than bytes, text, ops and values."""
     data = body.pop()
-    ops = _plain_batch_ops(data)
-    if ops is None:  # another shape, or not JSON: parsed whole, which says why
+    changes = _plain_batch_changes(data) if len(data) > WHOLE_PARTS * TEXT_PART else None
+    if changes is None:  # small, another shape, or not JSON: parsed whole (which says why)
         doc = parse_json(data, "batch body")
+        del data
         ops = doc.get("ops") if isinstance(doc, dict) else None
         if not isinstance(ops, list):
             raise ae.BadRequest('batch body must be {"ops": [...]}')
         del doc
-    del data
-    changes = batch_changes(ops, consume=True)
+        changes = batch_changes(ops, consume=True)
+    else:
+        del data
     for change in changes:  # refused before the page is made, as a bad template is
         if type(change[0]) is bytes:  # (a versionstamped key is checked when stamped)
             check_key(change[0])
@@ -238,12 +240,18 @@ _OPS_START = re.compile(r'[ \t\n\r]*\{[ \t\n\r]*"ops"[ \t\n\r]*:[ \t\n\r]*\[[ \t
 
 
 TEXT_PART = 1024 * 1024
-"""Bytes of a batch body decoded to text at a time (:func:`_plain_batch_ops`)."""
+"""Bytes of a batch body decoded to text at a time (:func:`_plain_batch_changes`)."""
+OPS_GROUP = 1024
+"""Ops of a big batch body parsed before they are decoded (:func:`_plain_batch_changes`)."""
+WHOLE_PARTS = 4
+"""A batch body of at most this many :data:`TEXT_PART` is parsed whole, by one
+``json.loads``: it holds the GIL about 3 ms a MiB, and parsing op by op took four times
+the CPU (a batch of 10,000 small puts spent a fifth of its time there)."""
 
 
 class _BodyText:
     """A batch body's text, decoded a :data:`TEXT_PART` at a time, and a position ``i``
-    in what is left of it (:func:`_plain_batch_ops`)."""
+    in what is left of it (:func:`_plain_batch_changes`)."""
 
     def __init__(self, body: bytes) -> None:
         decoder = codecs.getincrementaldecoder("utf-8")()
@@ -290,13 +298,15 @@ class _BodyText:
         self.i = end
         return [op]
 
-    def ops(self) -> list[Any] | None:
-        """The ops of the list whose first op (or ``]``) is at ``i``, and ``i`` past
-        its ``]``; None when it is not a plain list of JSON values."""
+    def changes(self) -> list[Change] | None:
+        """The changes of the list of ops whose first op (or ``]``) is at ``i``, its
+        ops decoded :data:`OPS_GROUP` at a time as they are parsed (:func:`batch_changes`),
+        and ``i`` past its ``]``; None when it is not a plain list of JSON values."""
+        changes: list[Change] = []
         ops: list[Any] = []
         if self.text[self.i] == "]":
             self.i += 1
-            return ops
+            return changes
         while True:
             found = self.op()
             if found is None or not self.past_blanks():
@@ -304,22 +314,26 @@ class _BodyText:
             ops.extend(found)
             sep = self.text[self.i]
             self.i += 1
+            if sep == "]" or len(ops) == OPS_GROUP:
+                changes.extend(batch_changes(ops, consume=True))
+                ops.clear()
             if sep == "]":
-                return ops
+                return changes
             if sep != "," or not self.past_blanks():
                 return None
 
 
-def _plain_batch_ops(body: bytes) -> list[Any] | None:
-    """The ops of a batch body of the plain shape ``{"ops": [...]}`` (blanks aside),
-    decoded to text a :data:`TEXT_PART` at a time and parsed an op at a time; None for
-    any other shape, any error, or an escaped UTF-16 surrogate (the caller parses the
-    body whole: the same ops, or the error).
+def _plain_batch_changes(body: bytes) -> list[Change] | None:
+    """The changes of a batch body of the plain shape ``{"ops": [...]}`` (blanks
+    aside), decoded to text a :data:`TEXT_PART` at a time and parsed an op at a time;
+    None for any other shape, any error (a bad op's included), or an escaped UTF-16
+    surrogate (the caller parses the body whole: the same changes, or the error).
 
     A thread that decodes, searches or parses a whole big body in one call holds the
     GIL throughout (for 55 MB, one ``json.loads`` took seconds, decoding and searching
     the text about 100 ms), stalling the event loop as if it ran there; here no call
-    covers more than a part or an op, and the loop gets its turn between them."""
+    covers more than a part or an op, and the loop gets its turn between them. Ops are
+    decoded as they are parsed, so the parsed ops of the whole body are never held."""
     body_text = _BodyText(body)
     try:
         body_text.more()
@@ -329,13 +343,13 @@ def _plain_batch_ops(body: bytes) -> list[Any] | None:
         body_text.i = start.end()
         if not body_text.past_blanks():
             return None
-        ops = body_text.ops()
-        if ops is None:
+        changes = body_text.changes()
+        if changes is None:
             return None
         rest = body_text.text[body_text.i :] + "".join(body_text.parts)
-    except (ValueError, RecursionError):  # UnicodeDecodeError, or a nesting too deep
-        return None
-    return ops if rest.strip(" \t\n\r") == "}" else None
+    except (ValueError, RecursionError, ae.BadRequest):  # (UnicodeDecodeError, a nesting
+        return None  # too deep, a bad op: the whole-body parse says which)
+    return changes if rest.strip(" \t\n\r") == "}" else None
 
 
 FLAG_TRUE = ("1", "true", "yes")

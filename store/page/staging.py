@@ -33,7 +33,7 @@ from ledgerd.store.pieces.objects import ObjectStore, Source
 from ledgerd.store.sqlite.threads import OFF_LOOP_BYTES
 from ledgerd.store.tree import btree, commit
 from ledgerd.store.tree.btree import Entry, NodeStore, Priority, RawEntry
-from ledgerd.store.tree.builder import Builder
+from ledgerd.store.tree.builder import SLICE_ENTRIES, Builder
 from ledgerd.store.tree.commit import Commit
 
 SMALL_VALUE = 256 * 1024
@@ -61,6 +61,11 @@ def priority(p: object) -> Priority:
 
 # Made without the named tuple's Python-level __new__ (a batch makes one per value).
 new_piece = functools.partial(tuple.__new__, split.Piece)
+
+_NO_PRIORITY = object()
+_ENTRY_BYTES = 64
+"""What staging an entry counts for besides its value's bytes, towards the
+``OFF_LOOP_BYTES`` a write stages on the loop between its turns."""
 
 
 def one_chunk(key: bytes, value: bytes, prio: object) -> tuple[Entry, split.Piece | None]:
@@ -122,32 +127,40 @@ async def stage_changes(
     stamps: list[StampSlot] = []
     pieces_of: dict[bytes, list[split.Piece]] = {}  # value root digest -> its pieces
     staged: dict[str, bytes] = {}  # token -> its value's root digest
-    small = split.MIN_CHUNK
-    inline = 0  # bytes split and hashed on the loop since it last yielded
+    small, inline_limit = split.MIN_CHUNK, dg.INLINE_LIMIT
+    digest_of, entry_of = dg.value_chunk_digest, btree.new_entry
+    seen: object = _NO_PRIORITY  # the last priority given, and what it is
+    level = Priority.EAGER
+    taken = 0  # bytes split and hashed (and entries made) on the loop since it yielded
     try:
         for change in changes:
-            if inline > OFF_LOOP_BYTES:  # a big write lets other requests in
+            if taken > OFF_LOOP_BYTES:  # a big write lets other requests in
                 await asyncio.sleep(0)
-                inline = 0
+                taken = 0
             key, value = change[0], change[1]
             p = change[2] if len(change) == 3 else prio
             if type(key) is not bytes or len(key) > KEY_LIMIT:
                 key = _key_of(key, value, p, stamps, len(prepared))
+            if type(value) is bytes and len(value) <= small:  # the common case
+                # (:func:`one_chunk` written out: a batch makes one per value)
+                if p is not seen:  # a write's changes mostly share one priority
+                    level, seen = priority(p), p
+                d = digest_of(value)
+                if len(value) > inline_limit:
+                    pieces_of[d] = [new_piece((d, value))]
+                prepared.append((key, entry_of((key, d, level))))
+                taken += len(value) + _ENTRY_BYTES
+                continue
             if isinstance(value, StampedValue):
                 stamps.append(StampSlot(len(prepared), value, priority(p)))
                 prepared.append((key, None))  # its entry is made when it is stamped
                 continue
             if value is None:
                 prepared.append((key, None))
+                taken += _ENTRY_BYTES
                 continue
             if type(value) is bytes:
-                inline += len(value)
-                if len(value) <= small:  # the common case
-                    entry, piece = one_chunk(key, value, p)
-                    if piece is not None:
-                        pieces_of[entry.value] = [piece]
-                    prepared.append((key, entry))
-                    continue
+                taken += len(value)
             entry, more, token = await prepare(objects, key, value, p)
             if more:
                 pieces_of[entry.value] = more
@@ -189,12 +202,15 @@ async def discard(objects: ObjectStore, tokens: Iterable[str]) -> None:
 
 async def only_live(
     objects: ObjectStore,
-    live: set[bytes],
+    live: set[bytes] | None,
     pieces_of: dict[bytes, list[split.Piece]],
     staged: dict[str, bytes],
 ) -> tuple[list[split.Piece], list[str]]:
     """The pieces (held in memory) and staged tokens of the values in ``live``,
-    by value root digest; staged values not in it are discarded."""
+    by value root digest (None: every value is live); staged values not in it are
+    discarded."""
+    if live is None:
+        return list(itertools.chain.from_iterable(pieces_of.values())), list(staged)
     pieces = list(
         itertools.chain.from_iterable(map(pieces_of.__getitem__, pieces_of.keys() & live))
     )
@@ -224,12 +240,17 @@ async def stamped(
                     out.append((e[0], None))
                 elif e[1] != dg.TOMBSTONE or len(e) > 4:
                     out.append((e[0], (e[0], dg.TOMBSTONE, 0, dot)))
-    items = changes.items() if isinstance(changes, Mapping) else changes
+    items = iter(changes.items() if isinstance(changes, Mapping) else changes)
     tomb = dg.TOMBSTONE
-    out.extend(
-        (key, (key, tomb, 0, dot) if e is None else (key, e[1], int(e[2]), dot)) for key, e in items
-    )
-    return out
+    while True:  # a slice at a time, the event loop given a turn between slices
+        n = len(out)
+        out.extend(
+            (key, (key, tomb, 0, dot) if e is None else (key, e[1], int(e[2]), dot))
+            for key, e in itertools.islice(items, SLICE_ENTRIES)
+        )
+        if len(out) - n < SLICE_ENTRIES:
+            return out
+        await asyncio.sleep(0)
 
 
 Changes = list[tuple[bytes, RawEntry | None]]
@@ -272,7 +293,7 @@ async def commit_staged(
         if onto is None:
             raise ValueError("a batch made on an older commit needs a way onto the head")
         changes = await onto(builder, head, changes)
-    root = await builder.apply(head.root, changes)
+    root = await builder.apply_raw(head.root, dict(changes))
     if root == head.root:
         return None
     c = commit.child(head, root, ts)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import sqlite3
 import time
 import uuid
@@ -62,6 +63,8 @@ COMMIT_DELAY = 0.005
 
 MAX_JOURNAL_ENTRIES = 4096
 """The journal is committed at once when it holds this many keys."""
+
+_DIGEST = operator.itemgetter(0)  # of a piece
 
 
 @dataclass(slots=True)
@@ -159,8 +162,14 @@ class JournalWriter:
             self.objects, changes, prio
         )
         # The last change to a key wins: values overwritten within this same write
-        # are not stored.
-        live = {e.value for e in dict(prepared).values() if e is not None}
+        # are not stored (when no key comes twice, every value is live).
+        latest = dict(prepared)
+        live = (
+            None
+            if len(latest) == len(prepared)
+            else {e.value for e in latest.values() if e is not None}
+        )
+        del latest
         pieces, tokens = await staging.only_live(self.objects, live, pieces_of, staged)
         loop = asyncio.get_running_loop()
         direct = len(prepared) >= DIRECT_BATCH
@@ -280,7 +289,10 @@ class JournalWriter:
                 at = await self._stamp(w) if w.stamps else None
 
                 async def storing(c: Commit) -> staging.Storing:
-                    return staging.Storing(values=w.pieces, tokens=w.tokens)
+                    # Many distinct values never fit inline: said here, at C speed, so
+                    # that the commit does not add up every value's size to find out.
+                    small = fits_inline(len(set(map(_DIGEST, w.pieces))), 0)
+                    return staging.Storing(values=w.pieces, tokens=w.tokens, also_small=small)
 
                 stored = await staging.commit_staged(
                     self.graph, self.nodes, w.changes, storing, cleared=w.clear, at=at
