@@ -240,7 +240,8 @@ async def _store(
     ctx = dots.join_contexts(lctx, rctx)
     wanted = await _check_values(page, head, changes, pieces, lazy)
     pieces = _pieces_of(wanted, pieces)  # not those of versions the join dropped
-    root = await _apply(builder, head.root, changes)
+    # The join's entries are plain tuples already (RawEntry): no conversion per entry.
+    root = await builder.apply_raw(head.root, dict(changes)) if changes else head.root
     if root == head.root and ctx == lctx:
         await _write_markers(page, markers, pieces, lazy)
         return False
@@ -255,21 +256,6 @@ async def _store(
         c, builder, also=work, also_small=False, ctx=ctx, changed=changes, kind="import"
     )
     return root != head.root
-
-
-APPLY_TURN = 4 * join.TURN_KEYS
-"""Changes an import applies to its tree between two turns it gives the event loop."""
-
-
-async def _apply(builder: Builder, root: bytes, changes: join.Changes) -> bytes:
-    """``builder.apply`` of ``changes`` a turn of :data:`APPLY_TURN` at a time (a first
-    sync brings every key; the builder splices the nodes it made itself and keeps only
-    those the last root reaches, so the tree is the one a single apply makes)."""
-    for start in range(0, len(changes), APPLY_TURN):
-        if start:
-            await asyncio.sleep(0)
-        root = await builder.apply(root, changes[start : start + APPLY_TURN])
-    return root
 
 
 async def _check_values(

@@ -10,8 +10,9 @@ import pytest
 
 from ledgerd.store import Page, Priority, Repository
 from ledgerd.store.errors import CorruptObjectError
-from ledgerd.store.page import exchange, incoming
+from ledgerd.store.page import exchange
 from ledgerd.store.pieces import digest as dg
+from ledgerd.store.tree import builder
 from ledgerd.store.tree.join import TURN_KEYS
 from tests.exchanges import Bucket, exchange_all, mark_all_uploaded, ship
 
@@ -195,8 +196,9 @@ async def test_a_state_joins_into_a_page_with_writes_of_its_own(tmp_path: Path) 
 async def test_an_import_applied_in_turns_makes_the_tree_one_apply_makes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An import applies its changes a turn of APPLY_TURN at a time; the tree is the one
-    a single apply makes, and the nodes the turns made in between are not stored."""
+    """An import builds its tree a slice of SLICE_ENTRIES at a time, the event loop given
+    a turn between; the tree is the one a single slice makes, and the nodes the slices
+    made in between are not stored."""
     repos = [await Repository.open(tmp_path / n) for n in "abc"]
     try:
         a, b, c = [await r.ledger("l").page("p") for r in repos]
@@ -208,8 +210,8 @@ async def test_an_import_applied_in_turns_makes_the_tree_one_apply_makes(
         bucket = Bucket()
         assert await bucket.upload(a)
         assert await bucket.download(b)  # in one apply
-        monkeypatch.setattr(incoming, "APPLY_TURN", 7)
-        assert await bucket.download(c)  # in 143 turns
+        monkeypatch.setattr(builder, "SLICE_ENTRIES", 7)
+        assert await bucket.download(c)  # in slices of 7
         assert b.head.root == c.head.root
         assert await _values(c) == await _values(a)
         count = "SELECT count(*) FROM objects"
