@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -153,12 +154,12 @@ class Api:
     ) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
         """What aiohttp's low-level server (:mod:`daemon.protocol`) hands every request
         to: :meth:`serve` with ``router``, so there is no ``web.Application`` router or
-        middleware chain to go through first."""
-
-        async def handle(request: web.BaseRequest) -> web.StreamResponse:
-            return await self.serve(router, cast(web.Request, request))  # the server makes Requests
-
-        return handle
+        middleware chain to go through first (nor a frame of ours: the server makes
+        ``web.Request`` objects, which is what :meth:`serve` takes)."""
+        return cast(
+            Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
+            functools.partial(self.serve, router),
+        )
 
     # -- plumbing ----------------------------------------------------------------
 
@@ -269,26 +270,22 @@ class Api:
         return len(tasks)
 
     def served(
-        self,
-        request: web.Request,
-        route: str,
-        response: web.StreamResponse | None,
-        seconds: float,
+        self, request: web.Request, route: str, response: web.StreamResponse | None, t: float
     ) -> None:
-        """Count the request under its ``route`` template (its status is 500 for the
-        metrics, ``-`` in the access log, when it ended with no response: the client
-        left, or shutdown)."""
+        """Count the request, of ``t`` seconds, under its ``route`` template (its status
+        is 500 for the metrics, ``-`` in the access log, when it ended with no response:
+        the client left, or shutdown)."""
         if self.metrics is not None:
             status = 500 if response is None else response.status
             method = request.method if request.method in METHODS else "other"
-            self.metrics.request_done(route, method, status, seconds)
+            self.metrics.request_done(route, method, status, t)
         if access.isEnabledFor(logging.DEBUG):
             access.debug(
                 "%s %s %s %.1f ms",
                 request.method,
                 request.raw_path[:200],
                 "-" if response is None else response.status,
-                seconds * 1000,
+                t * 1000,
             )
 
     def _warn_bound(self, message: str) -> None:

@@ -6,9 +6,10 @@ implicit journal in one SQLite transaction and acknowledges the writers: the
 write is durable from then on, and readable at once through the journal's
 in-memory overlay. A small write that finds nothing queued and the worker
 between rounds appends itself, inline, when SQLite lets it without waiting
-(handing it over cost a small put three turns of the event loop). The worker
-commits the journal, one commit for everything appended since the last one,
-when writes pause for ``COMMIT_DELAY``, when the journal holds
+(handing it over cost a small put three turns of the event loop); the writes of
+other tasks in that turn of the loop queue, and the worker appends them in one
+transaction. The worker commits the journal, one commit for everything appended
+since the last one, when writes pause for ``COMMIT_DELAY``, when the journal holds
 ``MAX_JOURNAL_ENTRIES`` keys, or when someone flushes; so concurrent and
 back-to-back writers share commits. A write of at least ``DIRECT_BATCH`` changes
 is committed on its own, after the journal.
