@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -38,7 +39,7 @@ from ledgerd.daemon import errors as ae
 from ledgerd.daemon.codec import parse_json
 from ledgerd.daemon.config import Config
 from ledgerd.daemon.leases import hold, page_leases
-from ledgerd.daemon.metrics import ROUTE_KEY, Metrics
+from ledgerd.daemon.metrics import Metrics
 from ledgerd.daemon.peers import Peers, peer_credentials
 from ledgerd.daemon.router import Route, Router
 from ledgerd.store import (
@@ -134,7 +135,7 @@ class Api:
         self.state = state
         self.peers = Peers(cfg)
         self.in_flight = 0
-        """Requests holding one of ``max_concurrent_requests`` (:meth:`slot`)."""
+        """Requests holding one of ``max_concurrent_requests`` (:meth:`take_slot`)."""
         self._bound_warned = -60.0  # (monotonic) when a bound last turned requests away
         self.followers = 0
         """Followed changes feeds holding one of ``max_followers`` (:meth:`following`)."""
@@ -153,12 +154,12 @@ class Api:
     ) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
         """What aiohttp's low-level server (:mod:`daemon.protocol`) hands every request
         to: :meth:`serve` with ``router``, so there is no ``web.Application`` router or
-        middleware chain to go through first."""
-
-        async def handle(request: web.BaseRequest) -> web.StreamResponse:
-            return await self.serve(router, cast(web.Request, request))  # the server makes Requests
-
-        return handle
+        middleware chain to go through first (nor a frame of ours: the server makes
+        ``web.Request`` objects, which is what :meth:`serve` takes)."""
+        return cast(
+            Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
+            functools.partial(self.serve, router),
+        )
 
     # -- plumbing ----------------------------------------------------------------
 
@@ -169,6 +170,7 @@ class Api:
         ``--log-level debug``)."""
         started = time.monotonic()
         response: web.StreamResponse | None = None
+        template = "unmatched"  # the route's, for the metrics
         task = asyncio.current_task()
         if task is not None:
             self.requests.add(task)
@@ -176,11 +178,15 @@ class Api:
             try:
                 self.admit(request)
                 route, found = self.match(router, request)
-                with self.slot(route):
+                template = route.template
+                counted = self.take_slot(route)
+                try:
                     if request.headers.get(hdrs.EXPECT):  # once the request may go on
                         await _expect(request)
                     with page_leases():  # pages this request uses stay open until it ends
                         response = await route.handler(self, request, self.params(found))
+                finally:
+                    self.in_flight -= counted
             except (ConnectionResetError, asyncio.CancelledError):
                 raise
             except Exception as e:
@@ -189,7 +195,7 @@ class Api:
         finally:
             if task is not None:
                 self.requests.discard(task)
-            self.served(request, response, time.monotonic() - started)
+            self.served(request, template, response, time.monotonic() - started)
 
     def admit(self, request: web.Request) -> None:
         """Refuse a request from a peer not allowed, one that comes while the daemon
@@ -264,21 +270,22 @@ class Api:
         return len(tasks)
 
     def served(
-        self, request: web.Request, response: web.StreamResponse | None, seconds: float
+        self, request: web.Request, route: str, response: web.StreamResponse | None, t: float
     ) -> None:
-        """Count the request (its status is 500 for the metrics, ``-`` in the access
-        log, when it ended with no response: the client left, or shutdown)."""
+        """Count the request, of ``t`` seconds, under its ``route`` template (its status
+        is 500 for the metrics, ``-`` in the access log, when it ended with no response:
+        the client left, or shutdown)."""
         if self.metrics is not None:
             status = 500 if response is None else response.status
             method = request.method if request.method in METHODS else "other"
-            self.metrics.request_done(request.get(ROUTE_KEY, "unmatched"), method, status, seconds)
+            self.metrics.request_done(route, method, status, t)
         if access.isEnabledFor(logging.DEBUG):
             access.debug(
                 "%s %s %s %.1f ms",
                 request.method,
                 request.raw_path[:200],
                 "-" if response is None else response.status,
-                seconds * 1000,
+                t * 1000,
             )
 
     def _warn_bound(self, message: str) -> None:
@@ -319,34 +326,28 @@ class Api:
                     headers={"Allow": ", ".join(allowed)},
                 )
             raise ae.NotFound(f"no such endpoint: {request.method} {raw_path}")
-        route, found = hit
-        request[ROUTE_KEY] = route.template  # for the metrics
-        return route, found
+        return hit
 
-    @contextlib.contextmanager
-    def slot(self, route: Route[Endpoint]) -> Iterator[None]:
-        """One of ``max_concurrent_requests`` for the request's whole life, or 503
-        ``overloaded`` at once when none is free. Routes that do not count (health and
-        metrics, cheap and needed most when the daemon is busy; a session, which is
-        bounded as a connection) take none."""
+    def take_slot(self, route: Route[Endpoint]) -> int:
+        """One of ``max_concurrent_requests`` for the request's whole life (how many it
+        took, 0 or 1: :meth:`serve` gives it back), or 503 ``overloaded`` at once when
+        none is free. Routes that do not count (health and metrics, cheap and needed
+        most when the daemon is busy; a session, which is bounded as a connection)
+        take none."""
         if not route.counted:
-            yield
-            return
+            return 0
         limit = self.cfg.max_concurrent_requests
         if self.in_flight >= limit:
             raise ae.Overloaded(
                 f"{limit} requests are being served (max_concurrent_requests): try again shortly"
             )
         self.in_flight += 1
-        try:
-            yield
-        finally:
-            self.in_flight -= 1
+        return 1
 
     @contextlib.contextmanager
     def following(self) -> Iterator[None]:
         """For a request that becomes a stream for as long as its client stays (a
-        followed changes feed): it gives back its request slot (:meth:`slot`) and holds
+        followed changes feed): it gives back its request slot (:meth:`take_slot`) and holds
         one of ``max_followers`` instead, or is 503 ``overloaded`` at once when none is
         free; so followers, however many, never take the slots of short requests."""
         limit = self.cfg.max_followers
@@ -359,7 +360,7 @@ class Api:
         try:
             yield
         finally:
-            self.in_flight += 1  # given back by slot() when the request ends
+            self.in_flight += 1  # given back by serve() when the request ends
             self.followers -= 1
 
     def params(self, found: dict[str, str]) -> Params:

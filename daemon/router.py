@@ -24,7 +24,7 @@ class Route(Generic[H]):
     path: tuple[str, ...]
     handler: H
     counted: bool = True
-    """Whether a request takes one of ``max_concurrent_requests`` (``Api.slot``)."""
+    """Whether a request takes one of ``max_concurrent_requests`` (``Api.take_slot``)."""
     template: str = field(init=False)
     """The path as ``/v1/...`` with ``{name}`` for every parameter (the metrics' label)."""
     _literals: tuple[tuple[int, str], ...] = field(init=False, repr=False)

@@ -6,9 +6,10 @@ implicit journal in one SQLite transaction and acknowledges the writers: the
 write is durable from then on, and readable at once through the journal's
 in-memory overlay. A small write that finds nothing queued and the worker
 between rounds appends itself, inline, when SQLite lets it without waiting
-(handing it over cost a small put three turns of the event loop). The worker
-commits the journal, one commit for everything appended since the last one,
-when writes pause for ``COMMIT_DELAY``, when the journal holds
+(handing it over cost a small put three turns of the event loop); the writes of
+other tasks in that turn of the loop queue, and the worker appends them in one
+transaction. The worker commits the journal, one commit for everything appended
+since the last one, when writes pause for ``COMMIT_DELAY``, when the journal holds
 ``MAX_JOURNAL_ENTRIES`` keys, or when someone flushes; so concurrent and
 back-to-back writers share commits. A write of at least ``DIRECT_BATCH`` changes
 is committed on its own, after the journal.
@@ -117,6 +118,9 @@ class JournalWriter:
         """Held by the worker while it appends to or commits the journal (a write
         appends itself only when it is free: :meth:`_submit`)."""
         self._last_append = 0.0  # loop time of the last append (the commit waits a pause)
+        self._appended_by: asyncio.Task[object] | None = None
+        """The task of a write that appended itself in this turn of the event loop
+        (:meth:`_submit`)."""
         self.stopping = False
         """Set when the page closes: the worker commits what it has and ends."""
 
@@ -191,7 +195,12 @@ class JournalWriter:
 
     async def _submit(self, w: _Write) -> None:
         self._check_open()
-        alone = not (self._pending or self._lock.locked() or self.stopping)
+        task = asyncio.current_task()
+        # Writes of other tasks in the turn of the loop where one appended itself
+        # (concurrent requests) queue: the worker appends them together, in one
+        # SQLite transaction, rather than each in its own (group commit).
+        others = self._appended_by is not None and self._appended_by is not task
+        alone = not (self._pending or self._lock.locked() or self.stopping or others)
         if alone and not (w.empty or w.direct or w.stamps or w.tokens or w.clear):
             # Nothing queued, and the worker is between rounds: a small write appends
             # itself, inline and at once, rather than handing itself over and waiting
@@ -201,6 +210,9 @@ class JournalWriter:
             work, small, appended = self._appending([w])
             if small and self.db.write_now(work)[0]:
                 appended()
+                if self._appended_by is None:
+                    asyncio.get_running_loop().call_soon(self._turn_ended)
+                self._appended_by = task
                 if len(self.overlay.entries) >= MAX_JOURNAL_ENTRIES:
                     self._wake.set()
                 self._start_worker()
@@ -209,6 +221,9 @@ class JournalWriter:
         self._wake.set()
         self._start_worker()
         await asyncio.shield(w.done)
+
+    def _turn_ended(self) -> None:
+        self._appended_by = None
 
     def _start_worker(self) -> None:
         if self._worker is None or self._worker.done():
@@ -395,14 +410,30 @@ class JournalWriter:
             self._last_append = asyncio.get_running_loop().time()
             self._rows = rows + (0 if new else self._rows)
             self.objects.remember(pieces.items())  # read-your-writes
-            overlay = self.overlay
-            for w in batch:
-                overlay = overlay.with_changes(w.clear, w.changes)
+            self.overlay = self._overlaid(batch, new)
             self._since = since
             self._journal = jid
-            self.overlay = overlay
 
         return work, small, appended
+
+    def _overlaid(self, batch: list[_Write], new: bool) -> Overlay:
+        """The overlay with ``batch`` appended: a new one for a new journal, else the
+        journal's own, its dict updated in place rather than copied per write (a copy
+        cost a put time in proportion to the journal). Reads take the overlay at once,
+        never across an await, and the journal's commit holds the lock that appends
+        wait for (:meth:`_submit`), so nothing sees it change under it."""
+        overlay = NO_OVERLAY if new else self.overlay
+        if overlay is NO_OVERLAY or not isinstance(overlay.entries, dict):
+            overlay = Overlay(overlay.cleared, dict(overlay.entries))
+        entries = overlay.entries
+        assert isinstance(entries, dict)
+        for w in batch:
+            if w.clear:
+                entries.clear()
+                if not overlay.cleared:
+                    overlay = Overlay(True, entries)
+            entries.update(w.changes)
+        return overlay
 
     async def commit_journal(self) -> None:
         async with self.graph.lock:
