@@ -45,9 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ROUTE_KEY = "ledgerd_route"
-"""Where the API's router leaves the matched route's template in the request."""
-
 _PIECES = (
     "SELECT 'all', count(*) FROM objects UNION ALL "
     "SELECT status, count(*) FROM unsynced GROUP BY status UNION ALL "
