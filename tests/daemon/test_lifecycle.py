@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from ledgerd.daemon.client import AsyncClient, DaemonUnavailableError, LedgerError
-from ledgerd.daemon.main import GC_YOUNG_THRESHOLD, tune_gc
+from ledgerd.daemon.main import GC_YOUNG_THRESHOLD, SWITCH_INTERVAL_S, tune_gc, tune_threads
 from tests.daemon.conftest import ROOT, Daemon, start_daemon
 
 
@@ -273,6 +273,16 @@ def test_the_daemon_collects_young_objects_less_often() -> None:
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_the_daemon_hands_the_gil_over_every_millisecond() -> None:
+    before = sys.getswitchinterval()
+    try:
+        tune_threads()
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
+        assert before > SWITCH_INTERVAL_S  # CPython's default is 5 ms
+    finally:
+        sys.setswitchinterval(before)
 
 
 def test_log_lines_carry_their_time_and_requests_are_logged_at_debug(daemon: Daemon) -> None:
