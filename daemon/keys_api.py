@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 from collections.abc import Iterator
 
 from aiohttp import web
@@ -28,7 +27,7 @@ from ledgerd.daemon.codec import (
     token_param,
 )
 from ledgerd.daemon.query import Query, requested_range
-from ledgerd.store import OFF_LOOP_BYTES, Page, View, off_loop
+from ledgerd.store import OFF_LOOP_BYTES, Page, View, collector_paused, off_loop
 from ledgerd.store.errors import named
 from ledgerd.store.pieces import digest as dg
 
@@ -157,24 +156,6 @@ async def entries(api: Api, request: web.Request, p: Params) -> web.Response:
     return web.json_response({"entries": out, "next": b64(nxt) if nxt is not None else None})
 
 
-@contextlib.contextmanager
-def _collector_paused(pause: bool) -> Iterator[None]:
-    """With ``pause``, no automatic garbage collection while a big batch is decoded,
-    staged and committed (its objects form no cycles). A batch of 250,000 small values
-    holds a million objects the collector tracks; a full collection of them, set off as
-    the heap grows by a quarter, held the GIL for most of a second. Big batches go one
-    at a time (:attr:`Api.big_batches`), so pauses never overlap; other requests'
-    cycles are collected when the batch ends."""
-    if not pause or not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
 def _handed_over(changes: list[Change]) -> Iterator[Change]:
     """``changes`` in order, each dropped from the list as it is taken (the list ends
     empty): what the write has taken is not held here too."""
@@ -195,7 +176,10 @@ async def batch(api: Api, request: web.Request, p: Params) -> web.Response:
     async with api.big_batches if one_at_a_time else contextlib.nullcontext():
         body = [await api.read_body(request)]
         big = len(body[0]) > OFF_LOOP_BYTES
-        with _collector_paused(one_at_a_time):
+        # A batch of 250,000 small values holds a million tracked objects: a full
+        # collection of them held the GIL for most of a second. Big batches go one at
+        # a time (Api.big_batches); others' cycles are collected when it ends.
+        with collector_paused() if one_at_a_time else contextlib.nullcontext():
             changes, offset = await off_loop(big, batch_body_changes, body)
             if not changes:  # nothing to write: no commit, and no page made for it
                 return web.json_response({"applied": 0, "versionstamp": None, "versionstamped": []})

@@ -100,7 +100,14 @@ from ledgerd.store.page.hooks import (
 )
 from ledgerd.store.page.page import ChangedEntry, Notification, Page, Snapshot, Transaction, Watcher
 from ledgerd.store.page.stamps import StampedKey, StampedValue, VersionstampError, stamp_time
-from ledgerd.store.page.view import KEY_LIMIT, KeyValue, RangeResult, View, check_key
+from ledgerd.store.page.view import (
+    KEY_LIMIT,
+    KeyValue,
+    RangeResult,
+    View,
+    check_key,
+    collector_paused,
+)
 from ledgerd.store.pieces.digest import Kind
 from ledgerd.store.pieces.objects import ObjectStore, ValueRef
 from ledgerd.store.repo.repository import NAME_LIMIT, Ledger, Repository, decode_name, encode_name
@@ -219,6 +226,7 @@ __all__ = [
     "Watcher",
     "decode_name",
     "off_loop",
+    "collector_paused",
     "OFF_LOOP_BYTES",
     "set_sqlite_threads",
     "check_key",

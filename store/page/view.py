@@ -88,7 +88,7 @@ class KeyValue(_KeyValueTuple):
 
     A tuple, like :class:`store.tree.btree.Entry`, so that a scan makes them at C speed;
     ``priority`` answers with the enum. (The garbage collector tracks them all the
-    same, as every instance of a tuple subclass: see :func:`_collector_paused`.)"""
+    same, as every instance of a tuple subclass: see :func:`collector_paused`.)"""
 
     __slots__ = ()
 
@@ -98,11 +98,12 @@ class KeyValue(_KeyValueTuple):
 
 
 @contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """No garbage collection while a scan makes its result (objects that cannot form
-    cycles): made one by one, 100,000 tracked objects set off a full collection of
-    the whole heap each time the heap grows by a quarter, six or more per scan, which
-    took as long as the rest of the scan. After it, the collector runs as usual."""
+def collector_paused() -> Iterator[None]:
+    """No automatic garbage collection while many objects that cannot form cycles are
+    made: a scan's result, a big batch's changes. Made one by one, 100,000 tracked
+    objects set off a full collection of the whole heap each time the heap grows by a
+    quarter, six or more per scan, which took as long as the rest of the scan. After
+    it, the collector runs as usual (nested pauses leave it off until the outer ends)."""
     if not gc.isenabled():
         yield
         return
@@ -265,7 +266,7 @@ class View(abc.ABC):
         # which makes an iterator per entry for the collector to count).
         columns = zip(map(_KEY, found), values, map(_PRIORITY, found), strict=True)
         made = map(tuple.__new__, repeat(KeyValue), columns)
-        with _collector_paused():
+        with collector_paused():
             items = list(made)
         return RangeResult(items, nxt)
 
