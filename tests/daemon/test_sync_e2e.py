@@ -38,7 +38,10 @@ def test_writes_propagate_and_converge(three: list[Daemon]) -> None:
         cb.put("notes", "inbox", b"only-b", b"2")
         cc.batch("notes", "inbox", puts=[(b"only-c%d" % i, b"3") for i in range(50)])
         for cl, v in ((ca, b"A"), (cb, b"B"), (cc, b"C")):
-            cl.put("notes", "inbox", b"same", v)
+            # A transaction commits (and takes its dot) before it returns; a plain put
+            # is committed a pause later, so under load a's could commit after c's.
+            with cl.transaction("notes", "inbox") as txn:
+                txn.put(b"same", v)
         for _ in range(2):
             for d in three:
                 _sync(d)
