@@ -100,11 +100,8 @@ async def put_key(api: Api, request: web.Request, p: Params) -> web.Response:
         body = await api.read_body(request)
         if len(body) != length:
             raise ae.BadRequest("request body is shorter than its Content-Length")
-        # As Api.first_write, written out: the hot path of small puts.
-        page, made = await api.new_page(p.ledger, p.page)
-        await page.put(key, body, priority)
-        if made:
-            await api.repo.written(p.ledger, p.page)
+        async with api.first_write(p.ledger, p.page) as page:
+            await page.put(key, body, priority)
         return web.Response(status=204)
     # A page this makes is removed again if the body fails (its lease is this block's,
     # not the request's, so that it ends first): a broken upload leaves no empty page
