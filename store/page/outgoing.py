@@ -136,12 +136,21 @@ async def _delta_pieces(
         for v in dots.versions(e):
             if v[2][8:] == tag and dots.time_of(v[2]) > since and not dg.is_inline(v[0]):
                 (lazy_values if v[1] == Priority.LAZY else eager_values).add(v[0])
+    return await _eager_and_lazy(page, eager_values, lazy_values, missing_ok=True)
+
+
+async def _eager_and_lazy(
+    page: Page, eager_values: set[bytes], lazy_values: set[bytes], *, missing_ok: bool
+) -> tuple[list[bytes], list[bytes]]:
+    """The stored pieces of the EAGER values, sorted, and the pieces of the LAZY ones
+    that are not among them, in each value's byte order (``missing_ok``: as
+    :func:`_pieces_in_order`)."""
     eager = sorted(await _stored_pieces(page, eager_values))
+    seen = set(eager)
     lazy: dict[bytes, None] = {}
-    eager_set = set(eager)
     for root in sorted(lazy_values - eager_values):
-        for d in await _pieces_in_order(page, root):
-            if d not in eager_set:
+        for d in await _pieces_in_order(page, root, missing_ok=missing_ok):
+            if d not in seen:
                 lazy[d] = None
     return eager, list(lazy)
 
@@ -154,9 +163,10 @@ async def _stored_pieces(page: Page, roots: Iterable[bytes]) -> set[bytes]:
     return await page.objects.value_pieces(roots)
 
 
-async def _pieces_in_order(page: Page, root: bytes) -> list[bytes]:
-    """A value's pieces in the order of its bytes (each index before what it lists);
-    pieces not stored here are left out."""
+async def _pieces_in_order(page: Page, root: bytes, *, missing_ok: bool) -> list[bytes]:
+    """A value's pieces in the order of its bytes (each index before what it lists). An
+    index piece this device cannot read (not stored here, nor fetched: it never read
+    the value) leaves out what it lists if ``missing_ok``, else raises."""
     out: list[bytes] = []
     stack = [root]
     while stack:
@@ -168,6 +178,8 @@ async def _pieces_in_order(page: Page, root: bytes) -> list[bytes]:
             try:
                 children = split.decode_index(await page.objects.get_piece(d))
             except StoreError:
+                if not missing_ok:
+                    raise
                 continue
             stack.extend(reversed([c.digest for c in children]))
     return out
@@ -220,29 +232,8 @@ async def state(page: Page) -> State | None:
     for v in btree.versions_of(entries):
         if not dg.is_inline(v[0]):
             (lazy_values if v[1] == Priority.LAZY else eager_values).add(v[0])
-    eager = sorted(await _stored_pieces(page, eager_values))
-    seen = set(eager)
-    lazy: dict[bytes, None] = {}
-    for root in sorted(lazy_values - eager_values):
-        for d in await _value_pieces_anywhere(page, root):
-            if d not in seen:
-                lazy[d] = None
-    return State(head, entries, ctx, eager, list(lazy))
-
-
-async def _value_pieces_anywhere(page: Page, root: bytes) -> list[bytes]:
-    """A value's pieces in byte order, fetched if this device never read it."""
-    out: list[bytes] = []
-    stack = [root]
-    while stack:
-        d = stack.pop()
-        if dg.is_inline(d):
-            continue
-        out.append(d)
-        if dg.is_index(d):
-            children = split.decode_index(await page.objects.get_piece(d))
-            stack.extend(reversed([c.digest for c in children]))
-    return out
+    eager, lazy = await _eager_and_lazy(page, eager_values, lazy_values, missing_ok=False)
+    return State(head, entries, ctx, eager, lazy)
 
 
 # -- the sync rows it reads ----------------------------------------------------------------
