@@ -376,7 +376,7 @@ class Checkpoints:
             left = [p for p in waiting if p > seq]  # (the writes of the others are in it)
             if left != waiting:
                 markers.append((name, ex.waiting_value(left)))
-        entries = await ex.check_entries_async(cp.entries)
+        entries = await ex.check_entries(cp.entries)
         await ex.apply_state(page, entries, cp.eager, cp.lazy, cp.ctx, markers)
         old = self.covers.get(cp.key, {})
         self.covers[cp.key] = {d: max(s, old.get(d, 0)) for d, s in {**old, **cp.cover}.items()}

@@ -271,7 +271,7 @@ class Downloader:
         try:
             lazy = {d: part.location(pn.name) for d, part in p.lazy}
             raw, eager = await pack.decode_section_async(stored, p.eager, self.ctx.codec)
-            entries = await ex.check_entries_async(raw)
+            entries = await ex.check_entries(raw)
             async with self.ctx.using(p.key) as page:
                 marks = await _import_marks(page, pn.device, pn.seq, bool(entries) or p.upto >= 0)
                 await ex.apply_delta(

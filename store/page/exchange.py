@@ -19,7 +19,6 @@ from ledgerd.store.page.incoming import NotReadyError as NotReadyError
 from ledgerd.store.page.incoming import apply_delta as apply_delta
 from ledgerd.store.page.incoming import apply_state as apply_state
 from ledgerd.store.page.incoming import check_entries as check_entries
-from ledgerd.store.page.incoming import check_entries_async as check_entries_async
 from ledgerd.store.page.incoming import forget as forget
 from ledgerd.store.page.incoming import index_children as index_children
 from ledgerd.store.page.incoming import readiness as readiness

@@ -51,20 +51,11 @@ class MissingValueError(NotReadyError):
 # -- checking what arrives -----------------------------------------------------------------
 
 
-def check_entries(raw: object) -> list[RawEntry]:
+async def check_entries(raw: object) -> list[RawEntry]:
     """The entries of a delta or a state as received (msgpack arrays), checked: keys
     strictly increasing, each a key a write can make (or the deleted-page mark); values
     are value digests; priorities 0 or 1; dots well formed; siblings as a tree holds
-    them. CorruptObjectError otherwise."""
-    if not isinstance(raw, list | tuple):
-        raise CorruptObjectError("entries are an array")
-    out: list[RawEntry] = []
-    _check_run(raw, None, out)
-    return out
-
-
-async def check_entries_async(raw: object) -> list[RawEntry]:
-    """:func:`check_entries`, giving the event loop a turn every
+    them. CorruptObjectError otherwise. The event loop gets a turn every
     :data:`~store.tree.join.TURN_KEYS` entries (a first sync brings every key)."""
     if not isinstance(raw, list | tuple):
         raise CorruptObjectError("entries are an array")
