@@ -72,7 +72,9 @@ def one_chunk(key: bytes, value: bytes, prio: object) -> tuple[Entry, split.Piec
     """Entry and piece of a value that is a single chunk (at most ``split.MIN_CHUNK``
     bytes); no piece when the value is inline in its digest. The fast path of
     :func:`prepare`: both give the same entry for the same value.
-    :meth:`store.page.transaction.Transaction.put_many` writes these lines out in its loop."""
+    :meth:`store.page.transaction.Transaction.put_many` and :func:`stage_changes` write
+    these lines out in their loops (tests/store/test_staging.py and
+    tests/store/test_batch_slices.py hold each to it)."""
     d = dg.value_chunk_digest(value)
     piece = new_piece((d, value)) if len(value) > dg.INLINE_LIMIT else None
     return btree.new_entry((key, d, priority(prio))), piece
