@@ -147,6 +147,14 @@ class CacheSpace(Generic[V]):
                 out.append(entry[0])  # type: ignore[arg-type]
         return out
 
+    def peek_each(self, digests: Iterable[bytes]) -> list[V | None]:
+        """:meth:`get_each` that leaves the LRU order as it is: a bulk read's lookups
+        (see :meth:`store.pieces.objects.ObjectStore.read_each`), which do not count as use."""
+        got = list(map(self._found.get, digests))
+        if None not in got:
+            return list(map(_VALUE, got))  # type: ignore[arg-type]
+        return [None if entry is None else entry[0] for entry in got]  # type: ignore[misc]
+
     def get_many(self, digests: Iterable[bytes]) -> tuple[dict[bytes, V], list[bytes]]:
         """The cached values among ``digests`` (each counts as used, as by :meth:`get`),
         and the digests that are not cached, in their order."""

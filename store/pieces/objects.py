@@ -435,11 +435,11 @@ class ObjectStore:
     async def read_each(self, digests: Sequence[bytes]) -> list[bytes]:
         """The whole value of each of ``digests``, in order (a scan's). When each is a
         value of one hashed piece (one pass over their type bytes tells), the cached
-        ones are found by one :meth:`CacheSpace.get_each`, with no call per digest."""
+        ones are found by one :meth:`CacheSpace.peek_each`, with no call per digest and
+        no LRU move: a bulk read's hits do not count as use (docs/performance.md)."""
         if bytes(map(_TYPE_BYTE, digests)).strip(_CHUNK_TYPE):  # not all single pieces
             return await self._read_each_kind(digests)
-        values = self.cache.get_each(digests)
-        if None not in values:
+        if None not in (values := self.cache.peek_each(digests)):
             return values  # type: ignore[return-value]
         cold = [d for d, v in zip(digests, values, strict=True) if v is None]
         more = await self._get_batched(cold)

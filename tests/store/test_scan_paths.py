@@ -1,7 +1,7 @@
 """A scan's values: the column-wise cache lookups and ordered reads against plain paths.
 
-``CacheSpace.get_each`` (a batch of lookups by ``map``) and ``put_many`` against a model
-LRU; ``ObjectStore.read_each`` (a scan's values in order, the cached ones found in one
+``CacheSpace.get_each`` and ``peek_each`` (batches of lookups by ``map``; a peek leaves
+the order alone) and ``put_many`` against a model LRU; ``ObjectStore.read_each`` (a scan's values in order, the cached ones found in one
 pass) against reading each value alone; and a scan still verifies what it reads from
 SQLite."""
 
@@ -31,6 +31,7 @@ _ops = st.lists(
         ),
         st.tuples(st.just("get"), st.integers(0, 1), _digests),
         st.tuples(st.just("each"), st.integers(0, 1), st.lists(_digests, max_size=6)),
+        st.tuples(st.just("peek"), st.integers(0, 1), st.lists(_digests, max_size=6)),
         st.tuples(st.just("many"), st.integers(0, 1), st.lists(_digests, max_size=6)),
         st.tuples(st.just("demote"), st.integers(0, 1), st.lists(_digests, max_size=3)),
         st.tuples(st.just("clear"), st.integers(0, 1)),
@@ -63,6 +64,9 @@ class _ModelLRU:
         self.entries.move_to_end(key)
         return self.entries[key][0]
 
+    def peek(self, key: tuple[int, bytes]) -> str | None:
+        return self.entries[key][0] if key in self.entries else None
+
 
 @settings(max_examples=200, deadline=None)
 @given(_ops)
@@ -87,6 +91,9 @@ def test_batched_lookups_keep_the_cache_a_plain_lru(ops: list[tuple[object, ...]
         elif kind == "each":
             want: list[bytes] = op[2]  # type: ignore[assignment]
             assert space.get_each(want) == [model.get((s, d)) for d in want]
+        elif kind == "peek":  # a bulk read's lookups: found, the LRU order left alone
+            want = op[2]  # type: ignore[assignment]
+            assert space.peek_each(want) == [model.peek((s, d)) for d in want]
         elif kind == "many":
             want = op[2]  # type: ignore[assignment]
             found, missing = space.get_many(want)
@@ -160,3 +167,19 @@ async def test_a_scan_verifies_each_value_it_reads_from_sqlite(page: Page) -> No
     assert [kv.value for kv in (await page.entries(end=rows[523][0])).items] == [
         v for _, v in rows[:523]
     ]
+
+
+async def test_a_bulk_reads_hits_keep_their_place_in_the_lru(page: Page) -> None:
+    """Values a scan finds cached are not moved to the recent end; point reads are."""
+    objects: ObjectStore = page.objects
+    a, b = [(await objects.put_value(bytes([i]) * 100, "Ia")).digest for i in (1, 2)]
+    objects.clear_cache()
+    await objects.read_all(b)
+    await objects.read_all(a)  # a is the most recent
+    order = objects.cache.cache._order
+    assert await objects.read_each([b, a, b]) == [bytes([2]) * 100, bytes([1]) * 100] + [
+        bytes([2]) * 100
+    ]
+    assert [entry[2] for entry in order.values()][-2:] == [b, a]
+    await objects.read_all(b)
+    assert [entry[2] for entry in order.values()][-2:] == [a, b]
