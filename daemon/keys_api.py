@@ -35,6 +35,11 @@ BIG_BATCH_BYTES = 4 * 1024 * 1024
 """A batch whose body is over this, or of a length not given (chunked), is big: big
 batches are read and written one at a time (:attr:`Api.big_batches`), so that what
 batches hold in memory stays about twice ``max_batch_bytes`` (docs/performance.md)."""
+
+YOUNG_EVERY_S = 0.05
+"""How often the young objects are collected during a big batch, while the collector
+is otherwise paused (:func:`store.page.view.collector_paused`)."""
+
 SMALL_VALUE = 256 * 1024
 """A value whose body is at most this (and ``max_batch_bytes``) is read whole before it
 is written; a larger one is streamed into the page."""
@@ -176,7 +181,8 @@ async def batch(api: Api, request: web.Request, p: Params) -> web.Response:
         # A batch of 250,000 small values holds a million tracked objects: a full
         # collection of them held the GIL for most of a second. Big batches go one at
         # a time (Api.big_batches); others' cycles are collected when it ends.
-        with collector_paused() if one_at_a_time else contextlib.nullcontext():
+        paused = collector_paused(YOUNG_EVERY_S) if one_at_a_time else contextlib.nullcontext()
+        with paused:
             changes, offset = await off_loop(big, batch_body_changes, body)
             if not changes:  # nothing to write: no commit, and no page made for it
                 return web.json_response({"applied": 0, "versionstamp": None, "versionstamped": []})

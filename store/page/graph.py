@@ -17,6 +17,7 @@ It does not decide what to commit (:mod:`store.page.writer`, :mod:`store.page.tr
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -279,17 +280,17 @@ class CommitGraph:
         # One row per distinct piece: many entries may share a value. Tree nodes never
         # leave the device (a delta carries entries and values): nothing to upload.
         nodes = list({p.digest: p for p in builder.pieces_reachable(c.root)}.values())
-        written = list({p.digest: p for p in values}.values())
-        pieces = [*nodes, *written]
         encoded_ctx = None if ctx is None else dots.encode_context(ctx)
         is_deleted = await deleted.is_deleted(builder, c.root)
-        conflicted = [k for k, e in changed if e is not None and len(e) > 4 and _conflict(e)]
+        conflicted = await _conflicted(changed)
         settled = [k for k, _ in changed] if self.conflicts or conflicted else []
 
         def work(conn: sqlite3.Connection) -> None:
-            # Pieces are (digest, data) tuples already: no row is built in Python.
+            # Pieces are (digest, data) tuples already: no row is built in Python. The
+            # values are told apart here, on the thread: a big batch has 250,000, and
+            # on the event loop that held it for a tenth of a second.
             sql.put_pieces(conn, nodes, SYNCED)
-            sql.put_pieces(conn, written, LOCAL)
+            sql.put_pieces(conn, list({p.digest: p for p in values}.values()), LOCAL)
             sql.insert_commit(conn, c)
             if encoded_ctx is not None:
                 metadata.set_page_value(conn, CONTEXT_ROW, encoded_ctx)
@@ -303,7 +304,11 @@ class CommitGraph:
         count = [self.conflicts]
         # A commit of a few keys writes a few nodes: inline (see Database.run).
         small = not settled and (
-            not tokens and also_small and fits_inline(len(pieces), sum(len(p.data) for p in pieces))
+            not tokens
+            and also_small
+            and fits_inline(
+                len(nodes) + len(values), sum(len(p.data) for p in itertools.chain(nodes, values))
+            )
         )
         await self.db.run(work, write=True, small=small)
         if len(values) < DIRECT_BATCH:
@@ -324,3 +329,20 @@ class CommitGraph:
 
 def _conflict(e: RawEntry) -> bool:
     return dots.distinct_values(e) > 1
+
+
+CONFLICT_TURN = 16384
+"""Changes :func:`_conflicted` looks at before it gives the event loop a turn."""
+
+
+async def _conflicted(changed: Sequence[tuple[bytes, RawEntry | None]]) -> list[bytes]:
+    """The keys of ``changed`` whose new entry holds siblings of different values, a
+    turn of the event loop every :data:`CONFLICT_TURN` changes (a big batch has
+    250,000: one pass held the loop for tens of milliseconds)."""
+    out: list[bytes] = []
+    for start in range(0, len(changed), CONFLICT_TURN):
+        if start:
+            await asyncio.sleep(0)
+        part = changed[start : start + CONFLICT_TURN]
+        out += [k for k, e in part if e is not None and len(e) > 4 and _conflict(e)]
+    return out

@@ -20,7 +20,7 @@ import itertools
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ledgerd.store.errors import InvalidArgumentError
 from ledgerd.store.page import deleted
@@ -218,6 +218,26 @@ async def only_live(
     )
     await discard(objects, [t for t, root in staged.items() if root not in live])
     return pieces, [t for t, root in staged.items() if root in live]
+
+
+RELEASE_SLICE = 16384
+"""Objects :func:`released` frees between turns of the event loop."""
+
+
+async def released(*held: list[Any] | dict[Any, Any]) -> None:
+    """Empty ``held`` (a big write's changes and pieces, once committed) a slice at a
+    time, the event loop given a turn between slices: the 250,000 changes of a 55 MB
+    batch are about two million objects, and freeing them in one go when the write
+    returned held the loop for 75 ms."""
+    for each in held:
+        while len(each) > RELEASE_SLICE:
+            if isinstance(each, list):
+                del each[-RELEASE_SLICE:]
+            else:
+                for _ in range(RELEASE_SLICE):
+                    each.popitem()
+            await asyncio.sleep(0)
+        each.clear()
 
 
 async def stamped(

@@ -46,6 +46,9 @@ hundreds of milliseconds. A batch is built alone (the commit lock is held) and i
 nodes are the builder's own until stored, so the turns change nothing it makes, and
 a reader meanwhile sees the head it started from."""
 
+MERGE_RUNS = 8
+"""Sorted runs of keys one call merges while a big batch's keys are sorted in slices."""
+
 
 @functools.lru_cache(maxsize=1024)
 def _leaf_head(n: int) -> bytes:
@@ -180,8 +183,7 @@ class Builder:
         of each is itself), as a commit's stamped changes are, by key."""
         if not batch:
             return root
-        # The keys sorted alone (list.sort compares bytes directly, not tuples).
-        keys = sorted(batch)
+        keys = await self._sorted(batch)
         level = (await self.load(root)).level if root else -1
         items: list[tuple[bytes, int, RawEntry | None]] = []
         top = level
@@ -206,6 +208,25 @@ class Builder:
                 break
             d = node.children[0]
         return d
+
+    async def _sorted(self, batch: Iterable[bytes]) -> list[bytes]:
+        """The keys sorted alone (``list.sort`` compares bytes directly, not tuples), in
+        slices: 250,000 random keys sorted in one call held the event loop for 0.1 s.
+        Slices of :data:`SLICE_ENTRIES` are sorted, then runs of them merged
+        :data:`MERGE_RUNS` at a time (each such sort merges the sorted runs it finds),
+        a turn of the loop after each."""
+        keys = list(batch)
+        run = SLICE_ENTRIES
+        if len(keys) <= run:
+            keys.sort()
+            return keys
+        while run < len(keys):
+            for i in range(0, len(keys), run):
+                keys[i : i + run] = sorted(keys[i : i + run])
+                await self._turn(run)
+            run *= MERGE_RUNS
+        keys.sort()  # (the runs left are sorted: one merge of at most MERGE_RUNS)
+        return keys
 
     async def _update(
         self, d: bytes, level: int, items: list[tuple[bytes, int, RawEntry | None]]

@@ -1,9 +1,9 @@
 """A scan's values: the column-wise cache lookups and ordered reads against plain paths.
 
 ``CacheSpace.get_each`` and ``peek_each`` (batches of lookups by ``map``; a peek leaves
-the order alone) and ``put_many`` against a model LRU; ``ObjectStore.read_each`` (a scan's values in order, the cached ones found in one
-pass) against reading each value alone; and a scan still verifies what it reads from
-SQLite."""
+the order alone) and ``put_many`` against a model LRU; ``ObjectStore.read_each`` (a
+scan's values in order, the cached ones found in one pass) against reading each value
+alone; and a scan still verifies what it reads from SQLite."""
 
 from __future__ import annotations
 
