@@ -303,13 +303,7 @@ class CommitGraph:
 
         count = [self.conflicts]
         # A commit of a few keys writes a few nodes: inline (see Database.run).
-        small = not settled and (
-            not tokens
-            and also_small
-            and fits_inline(
-                len(nodes) + len(values), sum(len(p.data) for p in itertools.chain(nodes, values))
-            )
-        )
+        small = not settled and not tokens and also_small and _fit_inline(nodes, values)
         await self.db.run(work, write=True, small=small)
         if len(values) < DIRECT_BATCH:
             self.objects.remember(values)  # pieces are (digest, data) pairs
@@ -325,6 +319,11 @@ class CommitGraph:
         self._committed(c)
         if notify:
             await self.tell()
+
+
+def _fit_inline(nodes: Sequence[split.Piece], values: Sequence[split.Piece]) -> bool:
+    pieces = itertools.chain(nodes, values)
+    return fits_inline(len(nodes) + len(values), sum(len(p.data) for p in pieces))
 
 
 def _conflict(e: RawEntry) -> bool:
