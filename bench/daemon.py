@@ -21,6 +21,16 @@ every entry (so one value piece is stored per batch), the SQLite server's batche
 and the value-piece floor: bare SQLite storing just the random values' pieces, batch
 by batch, with the page schema (no keys, no tree). The daemon's CPU during its
 random batches is split between its event loop's thread and the others.
+
+Batches also run against a third bare server, ``pieces_server``: the floor issue 42
+defines, which does a batch's work without ledgerd. It decodes the JSON and the
+base64, hashes each value (SHA-256) and stores, in one transaction of bare SQLite with
+the page's schema, the values' pieces and the tree nodes the daemon's commit of the
+same batch stores (the nodes of each batch are made beforehand by an embedded page
+given the same batches, and handed to the server when it starts: their count and
+sizes are the daemon's; building them is ours, not the floor's). Its ratio is the
+target's figure (>= 0.5); the SQLite server's, which stores keys and values in a
+plain table with no hashing and no tree, stays beside it as the stricter anchor.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import asyncio
 import base64
 import json
 import os
+import pickle
 import signal
 import socket
 import sqlite3
@@ -65,6 +76,43 @@ def _serve_echo(sock: str) -> None:
     app = web.Application()
     app.router.add_put("/{tail:.*}", put)
     app.router.add_get("/{tail:.*}", get)
+    web.run_app(app, path=sock, print=None, access_log=None)
+
+
+def _serve_pieces(sock: str, directory: Path, nodes_file: Path) -> None:
+    """Issue 42's batch floor: decode, hash, and store the values' pieces and the tree
+    nodes of the daemon's commit of the same batch (``nodes_file``: a list per batch,
+    in order) in bare SQLite with the page's schema, a transaction per batch."""
+    import hashlib
+    import pickle
+
+    from bench.common import bare_sqlite
+    from ledgerd.store.sqlite.schema import LOCAL, SYNCED, create_page_schema
+    from ledgerd.store.sqlite.sql import put_pieces
+
+    nodes: list[list[tuple[bytes, bytes]]] = pickle.loads(nodes_file.read_bytes())
+    pages: dict[str, tuple[sqlite3.Connection, list[int]]] = {}
+    sha256, kind = hashlib.sha256, bytes([dg.Kind.VALUE])
+
+    async def batch(request: web.Request) -> web.Response:
+        name = f"{request.match_info['ledger']}-{request.match_info['page']}"
+        if name not in pages:
+            db = bare_sqlite(directory / f"{name}.sqlite")
+            create_page_schema(db)
+            pages[name] = (db, [0])
+        db, count = pages[name]
+        ops = json.loads(await request.read())["ops"]
+        entries = [(base64.b64decode(op["key"]), base64.b64decode(op["value"])) for op in ops]
+        values = [(kind + sha256(v).digest(), v) for _, v in entries]
+        db.execute("BEGIN IMMEDIATE")
+        put_pieces(db, nodes[count[0] % len(nodes)], SYNCED)
+        put_pieces(db, values, LOCAL)
+        db.execute("COMMIT")
+        count[0] += 1
+        return web.json_response({"applied": len(entries)})
+
+    app = web.Application(client_max_size=64 * 2**20)
+    app.router.add_post("/v1/ledgers/{ledger}/pages/{page}/batch", batch)
     web.run_app(app, path=sock, print=None, access_log=None)
 
 
@@ -234,6 +282,33 @@ def _value_rows(bodies: list[bytes]) -> list[list[tuple[bytes, bytes]]]:
     return out
 
 
+async def _batch_nodes(directory: Path, bodies: list[bytes]) -> list[list[tuple[bytes, bytes]]]:
+    """The tree nodes each batch's commit stores, made by an embedded page given the same
+    batches as the daemon is (``page.write`` of the decoded changes, as ``Api.batch``)."""
+    from bench.common import last_piece, pieces_between
+    from ledgerd.daemon.codec import batch_body_changes
+    from ledgerd.store import Repository
+
+    marks: list[int] = []
+    values: list[set[bytes]] = []
+    async with await Repository.open(directory) as repo:
+        page = await repo.ledger("bench").page("nodes")
+        for body in bodies:
+            changes, _ = batch_body_changes([body])
+            values.append({dg.value_chunk_digest(c[1]) for c in changes})  # type: ignore[arg-type]
+            await page.write(changes)
+            marks.append(await last_piece(page))
+        path = page.db.path
+    source = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return [
+            [(d, data) for d, data in stored if d not in values[i]]
+            for i, stored in enumerate(pieces_between(source, marks))
+        ]
+    finally:
+        source.close()
+
+
 SIDES = ("ledgerd", "sqlite_server", "echo")
 """The servers of a round; :func:`_order` turns which goes first."""
 
@@ -253,9 +328,9 @@ def _ratios(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> dict[st
     return out
 
 
-def _server(kind: str, sock: Path) -> subprocess.Popen[bytes]:
+def _server(kind: str, sock: Path, *more: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "bench.daemon", "--serve", kind, str(sock)], cwd=ROOT
+        [sys.executable, "-m", "bench.daemon", "--serve", kind, str(sock), *more], cwd=ROOT
     )
 
 
@@ -266,19 +341,26 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="paired rounds (%(default)s)")
     ap.add_argument("--batches", type=int, default=10, help="batches a round (%(default)s)")
     ap.add_argument("--batch-size", type=int, default=10_000)
-    ap.add_argument("--serve", nargs=2, metavar=("KIND", "SOCKET"), help=argparse.SUPPRESS)
+    ap.add_argument("--serve", nargs="+", metavar="KIND SOCKET", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
-        kind, sock = args.serve
+        kind, sock, *more = args.serve
         if kind == "echo":
             _serve_echo(sock)
+        elif kind == "pieces":
+            (Path(sock).parent / "pieces").mkdir()
+            _serve_pieces(sock, Path(sock).parent / "pieces", Path(more[0]))
         else:
             (Path(sock).parent / "floor").mkdir()
             _serve_sqlite(sock, Path(sock).parent / "floor")
         return
     with tempfile.TemporaryDirectory(prefix="ldb-", dir="/tmp") as d:
         base = Path(d)
-        socks = {side: base / f"{side}.sock" for side in SIDES}
+        distinct = _batch_bodies(args.batches, args.batch_size, distinct=True)
+        same = _batch_bodies(args.batches, args.batch_size, distinct=False)
+        nodes = asyncio.run(_batch_nodes(base / "nodes", distinct))
+        (base / "nodes.pickle").write_bytes(pickle.dumps(nodes))
+        socks = {side: base / f"{side}.sock" for side in (*SIDES, "pieces_server")}
         env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGERD_")}
         procs = {
             "ledgerd": subprocess.Popen(
@@ -298,10 +380,11 @@ def main() -> None:
             ),
             "sqlite_server": _server("sqlite", socks["sqlite_server"]),
             "echo": _server("echo", socks["echo"]),
+            "pieces_server": _server("pieces", socks["pieces_server"], str(base / "nodes.pickle")),
         }
         daemon = procs["ledgerd"]
         try:
-            for side in SIDES:
+            for side in procs:
                 _wait_for_socket(socks[side], procs[side])
             # Rounds run the servers one after another, the first turning, so that a
             # drift in the machine's speed (it is shared) hits every side alike.
@@ -312,12 +395,11 @@ def main() -> None:
                     single[side].append(
                         asyncio.run(_single(socks[side], args.ops, args.concurrency, page))
                     )
-            distinct = _batch_bodies(args.batches, args.batch_size, distinct=True)
-            same = _batch_bodies(args.batches, args.batch_size, distinct=False)
-            batch_s: dict[str, list[float]] = {"ledgerd": [], "sqlite_server": []}
+            batch_sides = ("ledgerd", "sqlite_server", "pieces_server")
+            batch_s: dict[str, list[float]] = {side: [] for side in batch_sides}
             batch_cpu = []
             for r in range(args.rounds):
-                for side in _order(r, ("ledgerd", "sqlite_server")):
+                for side in _order(r, batch_sides):
                     cpu0 = _thread_cpu(daemon.pid)
                     batch_s[side].append(asyncio.run(_batch(socks[side], f"d{r}", distinct)))
                     if side == "ledgerd":
@@ -329,9 +411,10 @@ def main() -> None:
                 p.send_signal(signal.SIGTERM)
                 p.wait(60)
     entries = args.batches * args.batch_size
-    batch_ratios = [
-        round(f / o, 3) for o, f in zip(batch_s["ledgerd"], batch_s["sqlite_server"], strict=True)
-    ]
+    batch_ratios, floor_ratios = (
+        [round(f / o, 3) for o, f in zip(batch_s["ledgerd"], batch_s[side], strict=True)]
+        for side in ("sqlite_server", "pieces_server")
+    )
     emit(
         "daemon",
         {
@@ -356,6 +439,15 @@ def main() -> None:
                 "median": round(statistics.median(batch_ratios), 3),
                 "rounds": batch_ratios,
             },
+            "batch_pieces_server_entries_per_s": round(
+                entries / statistics.median(batch_s["pieces_server"])
+            ),
+            "batch_ratio_vs_pieces_server": {
+                "median": round(statistics.median(floor_ratios), 3),
+                "rounds": floor_ratios,
+            },
+            "batch_pieces_server_nodes_per_batch": round(statistics.mean(map(len, nodes)), 1),
+            "target_batch_ratio_vs_pieces_server": 0.5,
             "batch_same_value_entries_per_s": round(entries / same_s),
             "value_storage_floor_entries_per_s": round(entries / floor_s),
             "batch_size": args.batch_size,
