@@ -6,16 +6,19 @@ Prints JSON. Each round starts the real daemon as a subprocess on a temp socket,
 warms it with a small batch, reads its idle RSS, then posts one batch whose JSON
 body is N bytes (puts of random values of 1–64 KiB, base64 in JSON). Meanwhile the
 daemon's VmRSS (``/proc/PID/status``) is sampled every 20 ms (the peak is kept), and
-a loop-lag probe sends ``GET /v1/health`` on another connection every 25 ms and
-records each answer's latency: the daemon's event-loop stalls show as that latency
-(the probe also runs for a second against the idle daemon first: the lag the shared
-machine alone causes).
+two probes each send a request every 25 ms on a connection of their own and record each
+answer's latency. The loop-lag probe asks for a path no route has
+(:data:`LOOP_PROBE_PATH`), which the daemon answers on its event loop alone: its
+latency is the loop's stall, the target's figure. The health probe sends
+``GET /v1/health``, which also reads SQLite on the shared thread pool: what a
+liveness check sees, reported beside it. (The health probe also runs for a second
+against the idle daemon first: the lag the shared machine alone causes.)
 
 The floor, in the same round (which of the two goes first turns round by round):
 ``bench.daemon``'s bare SQLite server, in a subprocess too, given the same body: it
 decodes the JSON and the base64 and stores every value in SQLite in one transaction.
 Its RSS is sampled the same way. Figures: (peak − idle) / N for both (target for the
-daemon: at most 3), the probe's max and p99, and the batch's time over the floor's.
+daemon: at most 3), the probes' max and p99, and the batch's time over the floor's.
 ``--big-mib`` adds one more round at that size (0: none). ``--before DIR`` runs, in
 each round too, the daemon of an older commit (``DIR/ledgerd``: its ``daemon``,
 ``store`` and ``sync`` trees, e.g. from ``git archive``), for before/after figures.
@@ -142,9 +145,16 @@ async def _post(http: aiohttp.ClientSession, page: str, body: bytes) -> None:
         await r.read()
 
 
-async def _probe(sock: Path, lat: list[float], stop: asyncio.Event) -> None:
-    """``GET /v1/health`` every :data:`PROBE_S`, one at a time; each latency is kept."""
-    url = URL("http://ledgerd/v1/health", encoded=True)
+LOOP_PROBE_PATH = "/v1/loop-probe"
+"""A path no route has: the daemon answers 404 on its event loop alone, so the latency
+is the loop's lag (and HTTP's), with no work on a thread to wait for."""
+
+
+async def _probe(
+    sock: Path, lat: list[float], stop: asyncio.Event, path: str = "/v1/health"
+) -> None:
+    """``GET path`` every :data:`PROBE_S`, one at a time; each latency is kept."""
+    url = URL(f"http://ledgerd{path}", encoded=True)
     async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(sock))) as http:
         while not stop.is_set():
             t0 = time.perf_counter()
@@ -153,6 +163,41 @@ async def _probe(sock: Path, lat: list[float], stop: asyncio.Event) -> None:
             lat.append(time.perf_counter() - t0)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), PROBE_S)
+
+
+async def _probe_child(sock: Path, path: str) -> None:
+    """The probe process: probe ``path`` until a line arrives on stdin, then print the
+    latencies (seconds) as JSON. A process of its own, so that the client's event loop,
+    which blocks while it hands the big body to the socket (90 ms for 55 MB), is not in
+    the figure."""
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_reader(sys.stdin.fileno(), stop.set)
+    connector = aiohttp.UnixConnector(path=str(sock))
+    async with (
+        aiohttp.ClientSession(connector=connector) as http,
+        http.get(URL(f"http://ledgerd{path}", encoded=True)) as r,
+    ):
+        await r.read()
+    print("ready", flush=True)
+    lat: list[float] = []
+    await _probe(sock, lat, stop, path)
+    print(json.dumps(lat), flush=True)
+
+
+def _start_probe(sock: Path, path: str) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "bench.bigbatch", "--probe", str(sock), path]
+    return subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def _wait_probing(probes: list[subprocess.Popen[str]]) -> None:
+    """Until each probe process has had its first answer."""
+    for proc in probes:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+
+
+def _probe_result(proc: subprocess.Popen[str]) -> list[float]:
+    out, _ = proc.communicate("stop\n", timeout=60)
+    return sorted(json.loads(out))
 
 
 async def _run_one(
@@ -166,21 +211,23 @@ async def _run_one(
                 await r.read()
         await asyncio.sleep(0.5)
         idle = rss_bytes(proc.pid)
-        lat: list[float] = []
-        stop = asyncio.Event()
         idle_lat: list[float] = []
         if side.startswith("ledgerd"):  # the machine's own noise, for comparison
             idle_stop = asyncio.Event()
             asyncio.get_running_loop().call_later(IDLE_PROBE_S, idle_stop.set)
             await _probe(sock, idle_lat, idle_stop)
-        probe = asyncio.create_task(_probe(sock, lat, stop)) if side.startswith("ledgerd") else None
+        probes = (
+            [_start_probe(sock, "/v1/health"), _start_probe(sock, LOOP_PROBE_PATH)]
+            if side.startswith("ledgerd")
+            else []
+        )
+        if probes:  # each has answered once: both are running
+            await asyncio.to_thread(_wait_probing, probes)
         with RssSampler(proc.pid) as rss:
             t0 = time.perf_counter()
             await _post(http, "big", body)
             took = time.perf_counter() - t0
-            stop.set()
-            if probe is not None:
-                await probe
+        lat, loop_lat = ([], []) if not probes else map(_probe_result, probes)
     out: dict[str, Any] = {
         "idle_rss_mib": round(idle / 2**20, 1),
         "peak_rss_mib": round(rss.peak / 2**20, 1),
@@ -188,11 +235,14 @@ async def _run_one(
         "seconds": round(took, 2),
     }
     if lat:
-        lat.sort()
         out["probe_max_ms"] = round(lat[-1] * 1000, 1)
         out["probe_p99_ms"] = round(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, 1)
         out["probes"] = len(lat)
         out["idle_probe_max_ms"] = round(max(idle_lat) * 1000, 1)
+        out["loop_probe_max_ms"] = round(loop_lat[-1] * 1000, 1)
+        out["loop_probe_p99_ms"] = round(
+            loop_lat[min(len(loop_lat) - 1, int(len(loop_lat) * 0.99))] * 1000, 1
+        )
     return out
 
 
@@ -233,7 +283,11 @@ def main() -> None:
         type=Path,
         help="also run the daemon of an older commit: a directory holding its ledgerd package",
     )
+    ap.add_argument("--probe", nargs=2, metavar=("SOCKET", "PATH"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.probe:  # a probe process (see _probe_child)
+        asyncio.run(_probe_child(Path(args.probe[0]), args.probe[1]))
+        return
     sizes = tuple(args.values)
     rounds = [_round(r, args.mib, args.before, sizes) for r in range(args.rounds)]
     big = _round(args.rounds, args.big_mib, args.before, sizes) if args.big_mib else None
@@ -253,6 +307,7 @@ def main() -> None:
                         "rise_per_byte",
                         "probe_max_ms",
                         "probe_p99_ms",
+                        "loop_probe_max_ms",
                         "time_ratio_vs_floor",
                     )
                     if side != "floor" or k == "rise_per_byte"
