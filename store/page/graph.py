@@ -36,7 +36,7 @@ from ledgerd.store.pieces.objects import ObjectStore
 from ledgerd.store.sqlite import metadata, sql
 from ledgerd.store.sqlite.db import Database, fits_inline
 from ledgerd.store.sqlite.schema import CONTEXT_ROW, LOCAL, SYNCED
-from ledgerd.store.tree import commit, dots
+from ledgerd.store.tree import commit, dots, join
 from ledgerd.store.tree.btree import NodeStore, RawEntry
 from ledgerd.store.tree.builder import Builder
 from ledgerd.store.tree.commit import Commit
@@ -339,9 +339,6 @@ async def _conflicted(changed: Sequence[tuple[bytes, RawEntry | None]]) -> list[
     turn of the event loop every :data:`CONFLICT_TURN` changes (a big batch has
     250,000: one pass held the loop for tens of milliseconds)."""
     out: list[bytes] = []
-    for start in range(0, len(changed), CONFLICT_TURN):
-        if start:
-            await asyncio.sleep(0)
-        part = changed[start : start + CONFLICT_TURN]
+    async for part in join.in_turns(changed, CONFLICT_TURN):
         out += [k for k, e in part if e is not None and len(e) > 4 and _conflict(e)]
     return out

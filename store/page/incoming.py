@@ -61,10 +61,8 @@ async def check_entries(raw: object) -> list[RawEntry]:
         raise CorruptObjectError("entries are an array")
     out: list[RawEntry] = []
     last: bytes | None = None
-    for start in range(0, len(raw), join.TURN_KEYS):
-        if start:
-            await asyncio.sleep(0)
-        last = _check_run(raw[start : start + join.TURN_KEYS], last, out)
+    async for part in join.in_turns(raw, join.TURN_KEYS):
+        last = _check_run(part, last, out)
     return out
 
 

@@ -63,11 +63,6 @@ class Overlay:
     cleared: bool = False
     entries: Mapping[bytes, Entry | None] = field(default_factory=dict)
 
-    def with_changes(self, clear: bool, changes: list[tuple[bytes, Entry | None]]) -> Overlay:
-        entries = {} if clear else dict(self.entries)
-        entries.update(changes)
-        return Overlay(self.cleared or clear, entries)
-
     def __bool__(self) -> bool:
         return self.cleared or bool(self.entries)
 
@@ -115,20 +110,21 @@ def collector_paused(young_every: float | None = None) -> Iterator[None]:
         yield
         return
     gc.disable()
-    timer: list[asyncio.TimerHandle] = []
+    timer: asyncio.TimerHandle | None = None
     if young_every is not None:
-        loop = asyncio.get_running_loop()
+        loop, every = asyncio.get_running_loop(), young_every
 
         def young() -> None:
+            nonlocal timer
             gc.collect(0)
-            timer[0] = loop.call_later(young_every, young)
+            timer = loop.call_later(every, young)
 
-        timer.append(loop.call_later(young_every, young))
+        timer = loop.call_later(every, young)
     try:
         yield
     finally:
-        if timer:
-            timer[0].cancel()
+        if timer is not None:
+            timer.cancel()
         gc.enable()
 
 

@@ -134,26 +134,14 @@ class CacheSpace(Generic[V]):
         each found counts as used, as by :meth:`get` (in this order). Column by column,
         at C speed: a scan looks up every value of a page here."""
         got = list(map(self._found.get, digests))
-        touch = self.cache._order.move_to_end
-        if None not in got:  # all found (no tuple is equal to None)
-            deque(map(touch, map(id, got)), 0)
-            return list(map(_VALUE, got))  # type: ignore[arg-type]
-        out: list[V | None] = []
-        for entry in got:
-            if entry is None:
-                out.append(None)
-            else:
-                touch(id(entry))
-                out.append(entry[0])  # type: ignore[arg-type]
-        return out
+        # (an entry is a non-empty tuple: filter(None, ...) keeps those found, in order)
+        deque(map(self.cache._order.move_to_end, map(id, filter(None, got))), 0)
+        return _values(got)
 
     def peek_each(self, digests: Iterable[bytes]) -> list[V | None]:
         """:meth:`get_each` that leaves the LRU order as it is: a bulk read's lookups
         (see :meth:`store.pieces.objects.ObjectStore.read_each`), which do not count as use."""
-        got = list(map(self._found.get, digests))
-        if None not in got:
-            return list(map(_VALUE, got))  # type: ignore[arg-type]
-        return [None if entry is None else entry[0] for entry in got]  # type: ignore[misc]
+        return _values(list(map(self._found.get, digests)))
 
     def get_many(self, digests: Iterable[bytes]) -> tuple[dict[bytes, V], list[bytes]]:
         """The cached values among ``digests`` (each counts as used, as by :meth:`get`),
@@ -190,3 +178,10 @@ class CacheSpace(Generic[V]):
     def clear(self) -> None:
         """Forget this space's entries (as in a freshly started process)."""
         self.cache._drop(self.id)
+
+
+def _values(got: list[_Entry | None]) -> list[V | None]:
+    """The values of looked-up entries, None where none was found."""
+    if None not in got:  # all found (no tuple is equal to None)
+        return list(map(_VALUE, got))  # type: ignore[arg-type]
+    return [None if entry is None else entry[0] for entry in got]  # type: ignore[misc]

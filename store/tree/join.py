@@ -13,8 +13,8 @@ every device joins with it. Why this converges is in ``docs/convergence.md``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Protocol, TypeVar
 
 from ledgerd.store.pieces.digest import TOMBSTONE
 from ledgerd.store.tree import btree, dots
@@ -23,6 +23,18 @@ from ledgerd.store.tree.builder import Builder
 
 TURN_KEYS = 1024
 """Keys (or documents) a join handles between two turns it gives the event loop."""
+
+T = TypeVar("T")
+
+
+async def in_turns(items: Sequence[T], size: int) -> AsyncIterator[Sequence[T]]:
+    """``items`` in slices of ``size``, the event loop given a turn between two (a
+    first sync or a big batch brings hundreds of thousands of entries)."""
+    for start in range(0, len(items), size):
+        if start:
+            await asyncio.sleep(0)
+        yield items[start : start + size]
+
 
 Changes = list[tuple[bytes, RawEntry | None]]
 
