@@ -56,7 +56,7 @@ class Walker:
 
     async def _status(self, digests: list[bytes]) -> dict[bytes, int]:
         """Status of each digest this page knows (stored: its status; remote: -1)."""
-        rows = await self.page.db.read_in(integrity.PIECE_STATUS, digests, repeat=2)
+        rows = await self.page.db.read_in(integrity.PIECE_STATUS, digests)
         out: dict[bytes, int] = {}
         for d, s in rows:
             out[bytes(d)] = max(out.get(bytes(d), -1), int(s))

@@ -33,6 +33,7 @@ from ledgerd.store.page.outgoing import sync_value as sync_value
 from ledgerd.store.page.outgoing import uploaded_upto as uploaded_upto
 from ledgerd.store.page.page import Page
 from ledgerd.store.sqlite import metadata
+from ledgerd.store.sqlite.schema import DIGEST_IN
 from ledgerd.store.sqlite.schema import PIECES_WAITING as PIECES_WAITING
 from ledgerd.store.tree import dots
 
@@ -75,7 +76,7 @@ async def sync_values(page: Page, prefix: str) -> list[tuple[str, bytes]]:
 async def piece_sizes(page: Page, digests: list[bytes]) -> dict[bytes, int]:
     """Length of each stored piece, without reading its bytes."""
     rows = await page.db.read_in(
-        "SELECT digest, length(data) FROM objects WHERE digest IN ({marks})", digests
+        f"SELECT digest, length(data) FROM objects WHERE {DIGEST_IN}", digests
     )
     return {bytes(d): int(n) for d, n in rows}
 

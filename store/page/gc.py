@@ -54,7 +54,7 @@ from ledgerd.store.page.page import Page
 from ledgerd.store.pieces import digest as dg
 from ledgerd.store.pieces import split
 from ledgerd.store.sqlite import collection, metadata
-from ledgerd.store.sqlite.schema import UPLOADED_ROW
+from ledgerd.store.sqlite.schema import DIGEST_IN, UPLOADED_ROW
 from ledgerd.store.tree import btree
 from ledgerd.store.tree.commit import FIRST
 
@@ -168,7 +168,7 @@ class _Marker:
         for i in range(0, len(digests), READ_BATCH):
             part = digests[i : i + READ_BATCH]
             rows = await self.page.db.read_in(
-                "SELECT digest, data FROM objects WHERE digest IN ({marks})", part, chunk=READ_BATCH
+                f"SELECT digest, data FROM objects WHERE {DIGEST_IN}", part, chunk=READ_BATCH
             )
             out.update((bytes(d), bytes(v)) for d, v in rows)
             await self._yield()
@@ -234,7 +234,7 @@ async def live_bytes(page: Page) -> int:
     total = 0
     for i in range(0, len(digests), READ_BATCH):
         rows = await page.db.read_in(
-            "SELECT coalesce(sum(length(data)), 0) FROM objects WHERE digest IN ({marks})",
+            f"SELECT coalesce(sum(length(data)), 0) FROM objects WHERE {DIGEST_IN}",
             digests[i : i + READ_BATCH],
             chunk=READ_BATCH,
         )

@@ -49,7 +49,7 @@ from ledgerd.store.pieces.sources import blocks
 from ledgerd.store.pieces.sources import mismatched as mismatched
 from ledgerd.store.sqlite import piece_rows, sql
 from ledgerd.store.sqlite.db import Database
-from ledgerd.store.sqlite.schema import SYNCED, TRANSIENT
+from ledgerd.store.sqlite.schema import DIGEST_IN, SYNCED, TRANSIENT, digest_is
 from ledgerd.store.sqlite.threads import OFF_LOOP_BYTES, Connection, off_loop
 
 log = logging.getLogger(__name__)
@@ -69,8 +69,8 @@ CACHE_PIECE_LIMIT = 64 * 1024
 """Pieces up to this size that were read (and verified) or written are kept in the
 repository's cache, so reading what was just written or read needs no trip to SQLite."""
 
-_ONE_PIECE = "SELECT data FROM objects WHERE digest = ?"
-_PIECES = "SELECT digest, data FROM objects WHERE digest IN ({marks})"
+_ONE_PIECE = f"SELECT data FROM objects WHERE {digest_is('digest', '?1')}"
+_PIECES = f"SELECT digest, data FROM objects WHERE {DIGEST_IN}"
 _TYPE_BYTE, _CHUNK_TYPE = operator.itemgetter(0), dg.value_chunk_digest(bytes(33))[:1]
 """A digest's type byte; that of a value of one hashed piece (of over 32 bytes)."""
 
@@ -211,7 +211,7 @@ class ObjectStore:
         """TRANSIENT, LOCAL or SYNCED; None if this page does not know the piece."""
         rows = await self.db.read_all(
             f"SELECT coalesce(u.status, {SYNCED}) FROM objects o "
-            "LEFT JOIN unsynced u ON u.id = o.id WHERE o.digest = ?1 "
+            f"LEFT JOIN unsynced u ON u.id = o.id WHERE {digest_is('o.digest', '?1')} "
             f"UNION ALL SELECT {SYNCED} FROM remote_pieces WHERE digest = ?1",
             (digest,),
         )
@@ -220,10 +220,9 @@ class ObjectStore:
     async def known(self, digests: list[bytes]) -> set[bytes]:
         """Which of ``digests`` this page knows (stored, or known to be in the cloud)."""
         rows = await self.db.read_in(
-            "SELECT digest FROM objects WHERE digest IN ({marks}) "
+            f"SELECT digest FROM objects WHERE {DIGEST_IN} "
             "UNION SELECT digest FROM remote_pieces WHERE digest IN ({marks})",
             list(dict.fromkeys(digests)),
-            repeat=2,
         )
         return {bytes(r[0]) for r in rows}
 
@@ -271,9 +270,7 @@ class ObjectStore:
         pieces = [d for d in await self.value_pieces(roots) if not dg.is_inline(d)]
         for i in range(0, len(pieces), HOLD_BATCH):
             batch = pieces[i : i + HOLD_BATCH]
-            rows = await self.db.read_in(
-                "SELECT digest FROM objects WHERE digest IN ({marks})", batch
-            )
+            rows = await self.db.read_in(f"SELECT digest FROM objects WHERE {DIGEST_IN}", batch)
             here = {bytes(r[0]) for r in rows}
             missing = [d for d in batch if d not in here]
             if missing:
@@ -361,7 +358,9 @@ class ObjectStore:
         if known is not None:
             return len(known)
         rows = await self.db.read_all(
-            "SELECT length(data) FROM objects WHERE digest = ?", (digest,), small=True
+            f"SELECT length(data) FROM objects WHERE {digest_is('digest', '?1')}",
+            (digest,),
+            small=True,
         )
         if rows:
             return int(rows[0][0])

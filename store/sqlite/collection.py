@@ -12,7 +12,7 @@ import sqlite3
 from collections.abc import Iterable
 
 from ledgerd.store.sqlite.db import Database
-from ledgerd.store.sqlite.schema import PIECES_WAITING, UPLOADED_AT_ROW
+from ledgerd.store.sqlite.schema import PIECES_WAITING, UPLOADED_AT_ROW, digest_is
 
 CANDIDATES = 4096
 """Pieces :func:`candidates` returns at most."""
@@ -101,7 +101,8 @@ def _delete_rows(conn: sqlite3.Connection, ids: list[int]) -> tuple[int, int]:
         conn.execute("DELETE FROM temp.gc_gone WHERE id NOT IN (SELECT id FROM unsynced)")
     conn.execute(
         "DELETE FROM temp.gc_gone WHERE id IN (SELECT id FROM unsynced WHERE status = 0) "
-        "OR id IN (SELECT o.id FROM journal_pieces j CROSS JOIN objects o ON o.digest = j.digest)"
+        "OR id IN (SELECT o.id FROM journal_pieces j CROSS JOIN objects o "
+        f"ON {digest_is('o.digest', 'j.digest')})"
     )
     nbytes = conn.execute(
         "SELECT coalesce(sum(length(o.data)), 0) FROM temp.gc_gone g "

@@ -374,17 +374,24 @@ class Database:
         return await self.run(work, small=small)
 
     async def read_in(
-        self, sql: str, keys: Sequence[bytes], *, repeat: int = 1, chunk: int = 400
+        self, sql: str, keys: Sequence[bytes], *, chunk: int = 400
     ) -> list[sqlite3.Row]:
-        """Rows of ``sql`` for many keys: ``{marks}`` in ``sql`` becomes the placeholders
-        of one chunk of keys (used ``repeat`` times), so no query has too many. A query of
-        at most ``INLINE_READ_ROWS`` keys, by primary key, runs inline (see :meth:`run`)."""
+        """Rows of ``sql`` for many keys, a chunk of keys to a query, so that no query
+        has too many. In ``sql``, each ``{marks}`` becomes the chunk's placeholders and
+        each ``{keys}`` the placeholders of their digest prefixes (``objects_digest``'s
+        expression: :data:`store.sqlite.schema.DIGEST_IN`); each takes the chunk's
+        keys. A query of at most ``INLINE_READ_ROWS`` keys runs inline (see
+        :meth:`run`)."""
+        lookups = sql.count("{marks}")  # a {keys} narrows its {marks}' lookup
+        groups = lookups + sql.count("{keys}")
         rows: list[sqlite3.Row] = []
         for i in range(0, len(keys), chunk):
             part = list(keys[i : i + chunk])
             marks = ",".join("?" * len(part))
-            small = len(part) * repeat <= INLINE_READ_ROWS
-            rows.extend(await self.read_all(sql.format(marks=marks), part * repeat, small=small))
+            prefixes = ",".join(["substr(?, 2, 8)"] * len(part))
+            small = len(part) * lookups <= INLINE_READ_ROWS
+            query = sql.format(marks=marks, keys=prefixes)
+            rows.extend(await self.read_all(query, part * groups, small=small))
         return rows
 
     async def checkpoint(self) -> None:

@@ -15,17 +15,28 @@ from dataclasses import dataclass
 from typing import Any
 
 from ledgerd.store.sqlite import sql
-from ledgerd.store.sqlite.schema import LOCAL, SYNCED, TRANSIENT, UPLOADED_AT_ROW, UPLOADED_ROW
+from ledgerd.store.sqlite.schema import (
+    DIGEST_IN,
+    LOCAL,
+    SYNCED,
+    TRANSIENT,
+    UPLOADED_AT_ROW,
+    UPLOADED_ROW,
+    digest_is,
+)
+
+_BY_DIGEST = digest_is("digest", "?1")
+"""A piece by the statement's first parameter, through ``objects_digest``."""
 
 PIECE_STATUS = (
     "SELECT o.digest, coalesce(u.status, 2) FROM objects o LEFT JOIN unsynced u "
-    "ON u.id = o.id WHERE o.digest IN ({marks}) "
+    f"ON u.id = o.id WHERE {DIGEST_IN} "
     "UNION ALL SELECT digest, -1 FROM remote_pieces WHERE digest IN ({marks})"
 )
-"""For :meth:`store.sqlite.db.Database.read_in` (``repeat=2``): the status of each stored
+"""For :meth:`store.sqlite.db.Database.read_in`: the status of each stored
 piece named (2, synced, when it has no ``unsynced`` row), and -1 for each known as remote."""
 
-PIECE_DATA = "SELECT digest, data FROM objects WHERE digest IN ({marks})"
+PIECE_DATA = f"SELECT digest, data FROM objects WHERE {DIGEST_IN}"
 """For :meth:`store.sqlite.db.Database.read_in`: the stored pieces named."""
 
 JOURNAL_VALUES = "SELECT value FROM journal_entries WHERE value IS NOT NULL"
@@ -124,7 +135,7 @@ def read_tables(conn: sqlite3.Connection) -> Tables:
                 bytes(r[0])
                 for r in conn.execute(
                     "SELECT r.digest FROM remote_pieces r CROSS JOIN objects o "
-                    "ON o.digest = r.digest"
+                    f"ON {digest_is('o.digest', 'r.digest')}"
                 )
             ],
             journals={str(r[0]) for r in conn.execute("SELECT id FROM journals")},
@@ -165,7 +176,8 @@ def restore_pieces(conn: sqlite3.Connection, good: dict[bytes, bytes]) -> None:
     """Store verified pieces from the cloud: a stored row gets the right bytes, a missing
     piece is inserted; both are ``synced``."""
     conn.executemany(
-        "UPDATE objects SET data = ? WHERE digest = ?", [(v, d) for d, v in good.items()]
+        f"UPDATE objects SET data = ?1 WHERE {digest_is('digest', '?2')}",
+        [(v, d) for d, v in good.items()],
     )
     sql.put_pieces(conn, list(good.items()), SYNCED)
     sql.mark_synced(conn, good)
@@ -175,9 +187,9 @@ def drop_pieces(conn: sqlite3.Connection, digests: Sequence[bytes]) -> None:
     """Delete these stored pieces and their ``unsynced`` rows."""
     ds = [(d,) for d in digests]
     conn.executemany(
-        "DELETE FROM unsynced WHERE id = (SELECT id FROM objects WHERE digest = ?)", ds
+        f"DELETE FROM unsynced WHERE id IN (SELECT id FROM objects WHERE {_BY_DIGEST})", ds
     )
-    conn.executemany("DELETE FROM objects WHERE digest = ?", ds)
+    conn.executemany(f"DELETE FROM objects WHERE {_BY_DIGEST}", ds)
 
 
 def prune_commits(conn: sqlite3.Connection, commits: Iterable[bytes]) -> None:
@@ -194,7 +206,7 @@ def requeue_pieces(
     ``uploaded_upto``, the page's writes after it to upload again); those requeued."""
     done = []
     for d in digests:
-        row = conn.execute("SELECT id FROM objects WHERE digest = ?", (d,)).fetchone()
+        row = conn.execute(f"SELECT id FROM objects WHERE {_BY_DIGEST}", (d,)).fetchone()
         if row is None:
             continue
         conn.execute(
@@ -219,14 +231,14 @@ def repair_rows(
     pieces go, ``unsynced`` rows of no piece go, and with ``heads`` the heads are rebuilt
     as the commits without children."""
     conn.executemany(
-        f"UPDATE unsynced SET status = {LOCAL} WHERE status = {TRANSIENT} AND id = "
-        "(SELECT id FROM objects WHERE digest = ?)",
+        f"UPDATE unsynced SET status = {LOCAL} WHERE status = {TRANSIENT} AND id IN "
+        f"(SELECT id FROM objects WHERE {_BY_DIGEST})",
         [(d,) for d in transient],
     )
     conn.executemany(
-        "DELETE FROM remote_pieces WHERE digest = ? AND EXISTS "
-        "(SELECT 1 FROM objects WHERE digest = ?)",
-        [(d, d) for d in remote],
+        "DELETE FROM remote_pieces WHERE digest = ?1 AND EXISTS "
+        f"(SELECT 1 FROM objects WHERE {_BY_DIGEST})",
+        [(d,) for d in remote],
     )
     conn.execute(
         "DELETE FROM unsynced WHERE NOT EXISTS (SELECT 1 FROM objects o WHERE o.id = unsynced.id)"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterable, Mapping
 
+from ledgerd.store.sqlite.schema import digest_is
 from ledgerd.store.sqlite.threads import Connection
 
 _ADOPT = (
@@ -37,7 +38,7 @@ async def adopt(conn: Connection, token: str, journal_id: str) -> None:
 def note_remote(conn: sqlite3.Connection, lazy: Mapping[bytes, str]) -> None:
     """Record where in the cloud the pieces of ``lazy`` are, those not stored here."""
     conn.executemany(
-        "INSERT OR REPLACE INTO remote_pieces (digest, location) SELECT ?, ? "
-        "WHERE NOT EXISTS (SELECT 1 FROM objects WHERE digest = ?)",
-        [(d, loc, d) for d, loc in lazy.items()],
+        "INSERT OR REPLACE INTO remote_pieces (digest, location) SELECT ?1, ?2 "
+        f"WHERE NOT EXISTS (SELECT 1 FROM objects WHERE {digest_is('digest', '?1')})",
+        list(lazy.items()),
     )

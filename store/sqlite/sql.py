@@ -15,7 +15,7 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-from ledgerd.store.sqlite.schema import LOCAL, SYNCED, TRANSIENT
+from ledgerd.store.sqlite.schema import LOCAL, SYNCED, TRANSIENT, digest_is
 
 # The joins say CROSS JOIN to fix their order (SQLite keeps it as written): from the
 # few rows at hand to the pieces by key, never a scan of a large table first.
@@ -27,12 +27,17 @@ LOCAL_PIECES = (
 ROWS_PER_STATEMENT = 256
 """Rows one statement of :func:`put_pieces` inserts when there are many."""
 
-_INSERT = "INSERT OR IGNORE INTO objects (digest, data) VALUES "
-
 
 @functools.cache
 def _insert_rows_sql(rows: int) -> str:
-    return _INSERT + ", ".join(["(?, ?)"] * rows)
+    """Insert those of ``rows`` (digest, data) pairs whose digest is not stored: one
+    statement, the test in SQLite (no UNIQUE constraint does it: see ``objects_digest``).
+    The pairs must be distinct: SQLite runs the test on every row before it inserts any."""
+    values = ", ".join(["(?, ?)"] * rows)
+    return (
+        f"INSERT INTO objects (digest, data) SELECT column1, column2 FROM (VALUES {values}) "
+        f"WHERE NOT EXISTS (SELECT 1 FROM objects WHERE {digest_is('digest', 'column1')})"
+    )
 
 
 @functools.cache
@@ -61,13 +66,16 @@ def put_pieces(
     keeps the higher of its status and ``status``; one that ``remote_pieces`` lists
     is in the cloud already, so it is synced, and its row there is dropped.
 
-    New pieces cost one random index insert each (their digest) and an append to
-    ``unsynced``. Many go ``ROWS_PER_STATEMENT`` to a statement: a fifth faster
+    New pieces cost one random index insert each (eight bytes of their digest) and an
+    append to ``unsynced``. Many go ``ROWS_PER_STATEMENT`` to a statement: a fifth faster
     than a row per statement, and SQLite then works that long without the GIL.
     """
-    rows = pieces if isinstance(pieces, list) else list(pieces)
-    if not rows:
+    given = pieces if isinstance(pieces, list) else list(pieces)
+    if not given:
         return
+    rows = given
+    if len(given) > 1 and len(distinct := dict(given)) < len(given):
+        rows = list(distinct.items())
     last = conn.execute("SELECT coalesce(max(id), 0) FROM objects").fetchone()[0]
     changes = conn.total_changes
     full = len(rows) - len(rows) % ROWS_PER_STATEMENT
@@ -93,14 +101,14 @@ def put_pieces(
             "DELETE FROM remote_pieces WHERE digest IN (SELECT digest FROM objects WHERE id > ?)",
             (last,),
         )
-    if inserted < len(rows):  # some were stored already (or came twice): raise those
+    if inserted < len(given):  # some were stored already (or came twice): raise those
         if status == LOCAL:
             _make_local(conn, (d for d, _ in rows))
         elif status == SYNCED:
             mark_synced(conn, (d for d, _ in rows))
 
 
-_BY_DIGEST = "id = (SELECT id FROM objects WHERE digest = ?)"
+_BY_DIGEST = f"id IN (SELECT id FROM objects WHERE {digest_is('digest', '?1')})"
 
 
 def _make_local(conn: sqlite3.Connection, digests: Iterable[bytes]) -> None:
@@ -136,7 +144,8 @@ def mark_local(conn: sqlite3.Connection, journal_id: str) -> None:
     """The journal committed: its pieces become ``local`` and stop being staged."""
     conn.execute(
         f"UPDATE unsynced SET status = {LOCAL} WHERE status = {TRANSIENT} AND id IN "
-        "(SELECT o.id FROM journal_pieces j CROSS JOIN objects o ON o.digest = j.digest "
+        "(SELECT o.id FROM journal_pieces j CROSS JOIN objects o "
+        f"ON {digest_is('o.digest', 'j.digest')} "
         "WHERE j.journal_id = ?)",
         (journal_id,),
     )
@@ -167,7 +176,8 @@ def collect(conn: sqlite3.Connection, journals: str, params: tuple[object, ...])
     # still open are few.
     n = _delete(
         conn,
-        "SELECT o.id FROM temp.gc g CROSS JOIN objects o ON o.digest = g.digest "
+        "SELECT o.id FROM temp.gc g CROSS JOIN objects o "
+        f"ON {digest_is('o.digest', 'g.digest')} "
         f"CROSS JOIN unsynced u ON u.id = o.id WHERE u.status = {TRANSIENT} "
         "AND g.digest NOT IN (SELECT digest FROM journal_pieces)",
     )

@@ -4,6 +4,7 @@ format."""
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +15,8 @@ import pytest
 
 from ledgerd.store import Repository, SchemaError
 from ledgerd.store.errors import CorruptDatabaseError
-from ledgerd.store.sqlite import schema, sql
+from ledgerd.store.pieces import objects
+from ledgerd.store.sqlite import integrity, schema, sql
 from ledgerd.store.sqlite.schema import (
     SCHEMA_VERSION,
     SYNCED,
@@ -125,3 +127,95 @@ async def test_a_data_directory_of_an_unreleased_format_is_refused(tmp_path: Pat
     (tmp_path / "1" / "ledgers").mkdir(parents=True)
     with pytest.raises(SchemaError, match="unreleased development version"):
         await Repository.open(tmp_path)
+
+
+def _version_1(conn: sqlite3.Connection) -> None:
+    """A page database as schema version 1 made it: a unique index on the whole
+    digest, no objects_digest."""
+    old = schema.PAGE_SCHEMA.replace("digest BLOB NOT NULL,", "digest BLOB NOT NULL UNIQUE,", 1)
+    old = old.replace("CREATE INDEX objects_digest ON objects (substr(digest, 2, 8));", "")
+    for statement in schema._statements(old):
+        conn.execute(statement)
+    conn.execute("PRAGMA user_version = 1")
+
+
+def test_version_1_migrates_to_the_prefix_index_keeping_ids_and_statuses() -> None:
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    _version_1(conn)
+    pieces = [(bytes([1]) + bytes([i]) * 32, b"data %d" % i) for i in range(5)]
+    conn.executemany(
+        "INSERT INTO objects (id, digest, data) VALUES (?, ?, ?)",
+        [(10 * (i + 1), d, v) for i, (d, v) in enumerate(pieces)],
+    )
+    conn.execute("INSERT INTO unsynced (id, status) VALUES (20, 1), (40, 0)")
+    before = conn.execute(
+        "SELECT id, digest, data, status FROM piece_status ORDER BY id"
+    ).fetchall()
+    create_page_schema(conn)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    after = conn.execute("SELECT id, digest, data, status FROM piece_status ORDER BY id").fetchall()
+    assert after == before
+    indexes = {r[1]: r[2] for r in conn.execute("PRAGMA index_list(objects)")}
+    assert indexes == {"objects_digest": 0}  # not unique, and the old one is gone
+    sql.put_pieces(conn, pieces[:2] + [(bytes([1]) + b"\xee" * 32, b"new")], SYNCED)
+    assert conn.execute("SELECT count(*) FROM objects").fetchone()[0] == 6
+    assert conn.execute("SELECT max(id) FROM objects").fetchone()[0] == 51
+
+
+def test_a_digest_is_stored_once_whatever_the_batches() -> None:
+    """No constraint keeps a digest to one row any more: put_pieces does, for pieces
+    given twice in one call, across its statements, and across calls."""
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    create_page_schema(conn)
+    pieces = [(bytes([1]) + i.to_bytes(32, "big"), b"v%d" % i) for i in range(600)]
+    sql.put_pieces(conn, pieces[:300] + pieces[:300] + pieces[250:400], schema.TRANSIENT)
+    sql.put_pieces(conn, pieces[250:], schema.LOCAL)
+    sql.put_pieces(conn, pieces[599:] * 3, schema.TRANSIENT)
+    rows = conn.execute("SELECT digest, count(*) FROM objects GROUP BY digest").fetchall()
+    assert len(rows) == 600 and {n for _, n in rows} == {1}
+    status = dict(conn.execute("SELECT digest, status FROM piece_status"))
+    assert status == {
+        d: schema.TRANSIENT if i < 250 else schema.LOCAL for i, (d, _) in enumerate(pieces)
+    }
+
+
+def test_two_digests_sharing_a_prefix_are_two_pieces() -> None:
+    """The index holds eight bytes of the hash; lookups compare the whole digest."""
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    create_page_schema(conn)
+    a, b = bytes([1]) + b"\x07" * 8 + b"\x00" * 24, bytes([1]) + b"\x07" * 8 + b"\x01" * 24
+    sql.put_pieces(conn, [(a, b"a")], SYNCED)
+    sql.put_pieces(conn, [(b, b"b"), (a, b"a")], SYNCED)
+    got = conn.execute(
+        f"SELECT data FROM objects WHERE {schema.digest_is('digest', '?1')}", (b,)
+    ).fetchall()
+    assert got == [(b"b",)]
+    assert conn.execute("SELECT count(*) FROM objects").fetchone()[0] == 2
+
+
+def _in(query: str) -> str:
+    return query.format(marks="?,?", keys="substr(?, 2, 8),substr(?, 2, 8)")
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        objects._ONE_PIECE,
+        _in(objects._PIECES),
+        _in(integrity.PIECE_STATUS),
+        _in(integrity.PIECE_DATA),
+        sql._insert_rows_sql(2),
+        f"DELETE FROM unsynced WHERE {sql._BY_DIGEST}",
+        "SELECT o.id FROM journal_pieces j CROSS JOIN objects o "
+        f"ON {schema.digest_is('o.digest', 'j.digest')} WHERE j.journal_id = ?",
+    ],
+)
+def test_a_piece_is_found_by_digest_through_the_prefix_index(query: str) -> None:
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    create_page_schema(conn)
+    params = [bytes(33)] * (
+        len(set(re.findall(r"\?\d", query))) + len(re.findall(r"\?(?!\d)", query))
+    )
+    plan = [str(row[-1]) for row in conn.execute(f"EXPLAIN QUERY PLAN {query}", params)]
+    assert any("USING INDEX objects_digest" in step for step in plan), plan
+    assert not [s for s in plan if s.startswith(("SCAN objects", "SCAN o"))], plan
