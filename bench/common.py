@@ -213,21 +213,35 @@ def storage_floor(
     return seconds
 
 
+PIECE_LAYOUTS = {
+    "with_digest_index": (
+        "CREATE TABLE objects (id INTEGER PRIMARY KEY, digest BLOB NOT NULL UNIQUE,"
+        " data BLOB NOT NULL)",
+    ),
+    "with_prefix_index": (
+        "CREATE TABLE objects (id INTEGER PRIMARY KEY, digest BLOB NOT NULL, data BLOB NOT NULL)",
+        "CREATE INDEX objects_digest ON objects (substr(digest, 2, 8))",
+    ),
+    "without_digest_index": (
+        "CREATE TABLE objects (id INTEGER PRIMARY KEY, digest BLOB NOT NULL, data BLOB NOT NULL)",
+    ),
+}
+"""The ``objects`` layouts :func:`pieces_alone` measures: a unique index on the whole
+digest (schema version 1), one on eight bytes of it (the page's since version 2), none."""
+
+
 def pieces_alone(source_path: Path, marks: list[int], directory: Path) -> dict[str, Any]:
     """What storing just the pieces a load stored costs bare SQLite (the pieces stored
     up to each of ``marks`` in ``source_path``, as :func:`pieces_between` gives them; a
-    plain INSERT per piece into ``(id, digest, data)``, a transaction per mark),
-    with the unique index on ``digest`` that every page has (pieces are found and
-    deduplicated by digest) and without it: seconds and MiB written (null where the
-    kernel does not say) each. Digests are random, so a batch's new index entries
-    land all over the index and dirty most of its pages."""
+    plain INSERT per piece, a transaction per mark), in each of :data:`PIECE_LAYOUTS`:
+    seconds and MiB written (null where the kernel does not say) each. Digests are
+    random, so a batch's new index entries land all over the index and dirty most of
+    its pages: the smaller the entries, the fewer the pages."""
     out: dict[str, Any] = {}
-    for name, unique in (("with_digest_index", "UNIQUE"), ("without_digest_index", "")):
+    for name, statements in PIECE_LAYOUTS.items():
         db = bare_sqlite(directory / f"pieces-{name}.sqlite")
-        db.execute(
-            f"CREATE TABLE objects (id INTEGER PRIMARY KEY, digest BLOB NOT NULL {unique},"
-            " data BLOB NOT NULL)"
-        )
+        for statement in statements:
+            db.execute(statement)
         source = sqlite3.connect(f"file:{source_path}?mode=ro", uri=True)
         seconds, written = 0.0, 0.0
         for rows in pieces_between(source, marks):  # only storing is timed and counted

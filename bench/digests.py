@@ -1,4 +1,4 @@
-"""What the unique index on piece digests costs, and what holding its entries would save.
+"""What an index on piece digests costs, and what holding its entries would save.
 
     python -m bench.digests [--every 8 16] [--rounds 2]
 
@@ -6,9 +6,13 @@ Prints JSON. Makes the pieces of two workloads with the real store (``bench.docs
 100,000 documents in batches of 1,000 with one index, and ``bench.reads``' load of
 100,000 random keys in transactions of 1,000), then stores each workload's pieces
 again in bare SQLite (the page writer's pragmas, a transaction per batch), timing
-only the storing, in three layouts:
+only the storing, in these layouts:
 
-* ``unique``: ``objects (id, digest UNIQUE, data)``, as every page has it;
+* ``unique``: ``objects (id, digest UNIQUE, data)``, as pages had it up to schema
+  version 1 (``INSERT OR IGNORE``, 256 rows to a statement, as they stored them);
+* ``prefix``: the page's own schema (version 2: ``objects_digest`` on eight bytes of
+  the digest, no unique constraint) and its own :func:`store.sqlite.sql.put_pieces`,
+  which tests for each digest before it inserts;
 * ``no_index``: the same table with no index on ``digest`` (a floor: pieces could
   not be found);
 * ``held_N``: ``objects`` with no index, and the digest -> id mapping in a
@@ -17,7 +21,7 @@ only the storing, in three layouts:
   works: a measurement of a design, see docs/performance.md, "The digest index".
 
 Each layout's seconds and MiB written (``/proc/self/io``; null where the kernel does
-not say), ``--rounds`` times each.
+not say), ``--rounds`` times each, the order of the layouts reversed every other round.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from bench import docs, reads
 from bench.common import bare_sqlite, emit, last_piece, pieces_between, timed, written_mib
 from ledgerd.daemon.main import tune_gc
 from ledgerd.store import DocumentStore, Repository
+from ledgerd.store.sqlite.schema import SYNCED, create_page_schema
+from ledgerd.store.sqlite.sql import insert_rows, put_pieces
 
 BATCH = 1000
 
@@ -60,23 +66,32 @@ async def _load_pieces(directory: Path) -> tuple[Path, list[int]]:
 def _store(
     batches: list[list[tuple[bytes, bytes]]], path: Path, every: int | None
 ) -> dict[str, Any]:
-    """Store ``batches`` in a fresh database: ``every`` None for the unique index, 0 for
-    none, N for the mapping's rows held and entered every N batches."""
+    """Store ``batches`` in a fresh database: ``every`` None for the unique index, -1
+    for the page's schema, 0 for no index, N for the mapping's rows held and entered
+    every N batches."""
     db = bare_sqlite(path)
-    unique = "UNIQUE" if every is None else ""
-    db.execute(
-        f"CREATE TABLE objects (id INTEGER PRIMARY KEY, digest BLOB NOT NULL {unique},"
-        " data BLOB NOT NULL)"
-    )
+    if every == -1:
+        create_page_schema(db)
+    else:
+        unique = "UNIQUE" if every is None else ""
+        db.execute(
+            f"CREATE TABLE objects (id INTEGER PRIMARY KEY, digest BLOB NOT NULL {unique},"
+            " data BLOB NOT NULL)"
+        )
     db.execute("CREATE TABLE digests (digest BLOB PRIMARY KEY, id INTEGER NOT NULL) WITHOUT ROWID")
     held: list[tuple[bytes, int]] = []
     seconds, before = 0.0, written_mib()
     for i, rows in enumerate(batches):
         with timed() as t:
             db.execute("BEGIN IMMEDIATE")
-            last = db.execute("SELECT coalesce(max(id), 0) FROM objects").fetchone()[0]
-            db.executemany("INSERT INTO objects (digest, data) VALUES (?, ?)", rows)
-            if every:
+            if every == -1:
+                put_pieces(db, rows, SYNCED)
+            elif every is None:
+                insert_rows(db, "INSERT OR IGNORE INTO objects (digest, data)", rows)
+            else:
+                last = db.execute("SELECT coalesce(max(id), 0) FROM objects").fetchone()[0]
+                db.executemany("INSERT INTO objects (digest, data) VALUES (?, ?)", rows)
+            if every is not None and every > 0:
                 held.extend((d, last + j + 1) for j, (d, _) in enumerate(rows))
                 if (i + 1) % every == 0 or i + 1 == len(batches):
                     held.sort()
@@ -106,11 +121,13 @@ def main() -> None:
             source.close()
             layouts: dict[str, list[dict[str, Any]]] = {}
             for r in range(args.rounds):
-                for layout, every in [
+                order = [
                     ("unique", None),
+                    ("prefix", -1),
                     ("no_index", 0),
                     *((f"held_{n}", n) for n in args.every),
-                ]:
+                ]
+                for layout, every in order if r % 2 == 0 else order[::-1]:
                     target = directory / f"{name}-{layout}-{r}.sqlite"
                     layouts.setdefault(layout, []).append(_store(batches, target, every))
                     target.unlink()
