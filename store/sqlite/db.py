@@ -51,6 +51,7 @@ from ledgerd.store.sqlite.files import NEW_SUFFIX as NEW_SUFFIX
 from ledgerd.store.sqlite.files import PAGE_SIZE as PAGE_SIZE
 from ledgerd.store.sqlite.files import file_uri as file_uri
 from ledgerd.store.sqlite.files import translating as translating
+from ledgerd.store.sqlite.schema import digest_key
 from ledgerd.store.sqlite.threads import Connection, pool
 from ledgerd.store.sqlite.transactions import INLINE_MAX_BYTES as INLINE_MAX_BYTES
 from ledgerd.store.sqlite.transactions import INLINE_MAX_ROWS as INLINE_MAX_ROWS
@@ -388,7 +389,7 @@ class Database:
         for i in range(0, len(keys), chunk):
             part = list(keys[i : i + chunk])
             marks = ",".join("?" * len(part))
-            prefixes = ",".join(["substr(?, 2, 8)"] * len(part))
+            prefixes = ",".join([digest_key("?")] * len(part))
             small = len(part) * lookups <= INLINE_READ_ROWS
             query = sql.format(marks=marks, keys=prefixes)
             rows.extend(await self.read_all(query, part * groups, small=small))

@@ -25,7 +25,7 @@ from ledgerd.store.sqlite.schema import (
     digest_is,
 )
 
-_BY_DIGEST = digest_is("digest", "?1")
+_THIS_DIGEST = digest_is("digest", "?1")
 """A piece by the statement's first parameter, through ``objects_digest``."""
 
 PIECE_STATUS = (
@@ -187,9 +187,9 @@ def drop_pieces(conn: sqlite3.Connection, digests: Sequence[bytes]) -> None:
     """Delete these stored pieces and their ``unsynced`` rows."""
     ds = [(d,) for d in digests]
     conn.executemany(
-        f"DELETE FROM unsynced WHERE id IN (SELECT id FROM objects WHERE {_BY_DIGEST})", ds
+        f"DELETE FROM unsynced WHERE id IN (SELECT id FROM objects WHERE {_THIS_DIGEST})", ds
     )
-    conn.executemany(f"DELETE FROM objects WHERE {_BY_DIGEST}", ds)
+    conn.executemany(f"DELETE FROM objects WHERE {_THIS_DIGEST}", ds)
 
 
 def prune_commits(conn: sqlite3.Connection, commits: Iterable[bytes]) -> None:
@@ -206,7 +206,7 @@ def requeue_pieces(
     ``uploaded_upto``, the page's writes after it to upload again); those requeued."""
     done = []
     for d in digests:
-        row = conn.execute(f"SELECT id FROM objects WHERE {_BY_DIGEST}", (d,)).fetchone()
+        row = conn.execute(f"SELECT id FROM objects WHERE {_THIS_DIGEST}", (d,)).fetchone()
         if row is None:
             continue
         conn.execute(
@@ -232,12 +232,12 @@ def repair_rows(
     as the commits without children."""
     conn.executemany(
         f"UPDATE unsynced SET status = {LOCAL} WHERE status = {TRANSIENT} AND id IN "
-        f"(SELECT id FROM objects WHERE {_BY_DIGEST})",
+        f"(SELECT id FROM objects WHERE {_THIS_DIGEST})",
         [(d,) for d in transient],
     )
     conn.executemany(
         "DELETE FROM remote_pieces WHERE digest = ?1 AND EXISTS "
-        f"(SELECT 1 FROM objects WHERE {_BY_DIGEST})",
+        f"(SELECT 1 FROM objects WHERE {_THIS_DIGEST})",
         [(d,) for d in remote],
     )
     conn.execute(

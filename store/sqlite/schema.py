@@ -41,11 +41,18 @@ SCHEMA_VERSION = 2
 each piece's digest (``objects_digest``) where version 1 had a unique index on all of
 it."""
 
-DIGEST_KEY = "substr(digest, 2, 8)"
-"""What ``objects_digest`` indexes: eight bytes of the hash (after the digest's type
-byte). A query finds a piece by digest through it only if it says this expression."""
 
-DIGEST_IN = "substr(digest, 2, 8) IN ({keys}) AND digest IN ({marks})"
+def digest_key(digest: str) -> str:
+    """The SQL of what ``objects_digest`` indexes, for the digest ``digest`` (a column or
+    a parameter): eight bytes of its hash, after the digest's type byte. A query finds a
+    piece by digest through the index only if it says this expression."""
+    return f"substr({digest}, 2, 8)"
+
+
+DIGEST_KEY = digest_key("digest")
+"""``objects_digest``'s expression, as :data:`PAGE_SCHEMA` and the migration write it."""
+
+DIGEST_IN = f"{DIGEST_KEY} IN ({{keys}}) AND digest IN ({{marks}})"
 """SQL for :meth:`store.sqlite.db.Database.read_in`: ``objects`` rows whose digest is
 one of a chunk's (``{keys}`` becomes the chunk's prefixes, ``{marks}`` its digests)."""
 
@@ -54,7 +61,7 @@ def digest_is(column: str, value: str) -> str:
     """SQL true when ``column`` (``digest`` or ``o.digest`` of ``objects``) equals the
     digest ``value`` (a parameter such as ``?1`` or another table's column), found
     through ``objects_digest``."""
-    return f"substr({column}, 2, 8) = substr({value}, 2, 8) AND {column} = {value}"
+    return f"{digest_key(column)} = {digest_key(value)} AND {column} = {value}"
 
 
 TRANSIENT, LOCAL, SYNCED = 0, 1, 2

@@ -133,7 +133,7 @@ def _version_1(conn: sqlite3.Connection) -> None:
     """A page database as schema version 1 made it: a unique index on the whole
     digest, no objects_digest."""
     old = schema.PAGE_SCHEMA.replace("digest BLOB NOT NULL,", "digest BLOB NOT NULL UNIQUE,", 1)
-    old = old.replace("CREATE INDEX objects_digest ON objects (substr(digest, 2, 8));", "")
+    old = old.replace(f"CREATE INDEX objects_digest ON objects ({schema.DIGEST_KEY});", "")
     for statement in schema._statements(old):
         conn.execute(statement)
     conn.execute("PRAGMA user_version = 1")
@@ -191,6 +191,11 @@ def test_two_digests_sharing_a_prefix_are_two_pieces() -> None:
     ).fetchall()
     assert got == [(b"b",)]
     assert conn.execute("SELECT count(*) FROM objects").fetchone()[0] == 2
+
+
+def test_the_schema_and_the_migration_index_what_lookups_name() -> None:
+    statement = f"CREATE INDEX objects_digest ON objects ({schema.DIGEST_KEY});"
+    assert statement in schema.PAGE_SCHEMA and statement in schema._MIGRATIONS[1]
 
 
 def _in(query: str) -> str:
