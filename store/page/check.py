@@ -51,6 +51,7 @@ from ledgerd.store.page.checkreport import (
     DAMAGED_DOCUMENT,
     DAMAGED_INDEX_DEFINITION,
     DOCUMENT_CODES,
+    DUPLICATE_PIECE,
     HEADS,
     INTEGRITY_ERRORS,
     JOURNAL,
@@ -84,6 +85,7 @@ __all__ = [
     "DAMAGED_DOCUMENT",
     "DAMAGED_INDEX_DEFINITION",
     "DOCUMENT_CODES",
+    "DUPLICATE_PIECE",
     "HEADS",
     "INTEGRITY_ERRORS",
     "JOURNAL",
@@ -271,6 +273,12 @@ def _check_tables(t: integrity.Tables, report: PageCheck) -> None:
         report.add(
             Problem(REMOTE, f"piece {dg.short(d)} is stored and still listed as remote", digest=d)
         )
+    for d in t.duplicates:
+        report.add(
+            Problem(
+                DUPLICATE_PIECE, f"piece {dg.short(d)} is stored in more than one row", digest=d
+            )
+        )
     for j in t.orphan_entries:
         report.add(Problem(JOURNAL, f"journal entries of {j!r}, a journal that does not exist"))
 
@@ -382,28 +390,31 @@ async def requeue(
 
 async def repair_local(page: Page, report: PageCheck) -> None:
     """Repair what needs no cloud: a transient piece a commit reaches becomes local,
-    stale ``remote_pieces`` rows and ``unsynced`` rows of no piece go, ``heads`` is
+    stale ``remote_pieces`` rows, ``unsynced`` rows of no piece and second rows of a
+    digest go, ``heads`` is
     rebuilt from the commits (under the commit lock, and the page reloads them).
     Marks those problems repaired."""
     transient = [p for p in report.open_problems(TRANSIENT_PIECE) if p.digest is not None]
     remote = [p for p in report.open_problems(REMOTE) if p.digest is not None]
     dangling = report.open_problems(UNSYNCED)
     heads = report.open_problems(HEADS)
+    twice = [p for p in report.open_problems(DUPLICATE_PIECE) if p.digest is not None]
 
     work = functools.partial(
         integrity.repair_rows,
         transient=[p.digest for p in transient if p.digest is not None],
         remote=[p.digest for p in remote if p.digest is not None],
         heads=bool(heads),
+        duplicates=[p.digest for p in twice if p.digest is not None],
     )
 
-    if not (transient or remote or dangling or heads):
+    if not (transient or remote or dangling or heads or twice):
         return
     async with page.graph.lock:
         await page.db.run(work, write=True)
         if heads:
             await page.graph.load_heads()
-    for p in [*transient, *remote, *heads]:
+    for p in [*transient, *remote, *heads, *twice]:
         p.repaired = True
     for p in dangling:
         if p.code == UNSYNCED and not any(

@@ -17,6 +17,7 @@ from typing import Any
 from ledgerd.store.sqlite import sql
 from ledgerd.store.sqlite.schema import (
     DIGEST_IN,
+    DIGEST_KEY,
     LOCAL,
     SYNCED,
     TRANSIENT,
@@ -38,6 +39,14 @@ piece named (2, synced, when it has no ``unsynced`` row), and -1 for each known 
 
 PIECE_DATA = f"SELECT digest, data FROM objects WHERE {DIGEST_IN}"
 """For :meth:`store.sqlite.db.Database.read_in`: the stored pieces named."""
+
+DUPLICATES = (
+    f"SELECT digest FROM objects WHERE {DIGEST_KEY} IN "
+    f"(SELECT {DIGEST_KEY} FROM objects GROUP BY 1 HAVING count(*) > 1) "
+    "GROUP BY digest HAVING count(*) > 1"
+)
+"""Digests with more than one row: the inner query walks ``objects_digest`` in order
+(no sort), so it costs a scan of the index, and only prefixes found twice are read."""
 
 JOURNAL_VALUES = "SELECT value FROM journal_entries WHERE value IS NOT NULL"
 """The value digests of every open journal's entries."""
@@ -74,6 +83,9 @@ class Tables:
     heads: set[bytes]
     dangling_unsynced: int
     stale_remote: list[bytes]
+    duplicates: list[bytes]
+    """Digests stored in more than one ``objects`` row (no constraint forbids it since
+    schema version 2; :func:`store.sqlite.sql.put_pieces` never makes one)."""
     journals: set[str]
     journal_values: list[tuple[Any, ...]]
     orphan_entries: list[str]
@@ -138,6 +150,7 @@ def read_tables(conn: sqlite3.Connection) -> Tables:
                     f"ON {digest_is('o.digest', 'r.digest')}"
                 )
             ],
+            duplicates=[bytes(r[0]) for r in conn.execute(DUPLICATES) if isinstance(r[0], bytes)],
             journals={str(r[0]) for r in conn.execute("SELECT id FROM journals")},
             journal_values=journal_values,
             orphan_entries=[
@@ -224,12 +237,43 @@ def requeue_pieces(
     return done
 
 
+def drop_duplicates(conn: sqlite3.Connection, digests: Sequence[bytes]) -> None:
+    """Keep one row of each digest stored twice or more (the first stored): the others
+    go with their ``unsynced`` rows, and the one kept is ``local`` if any was (uploading
+    a piece again is harmless; not uploading one is not)."""
+    for d in digests:
+        ids = [
+            int(r[0])
+            for r in conn.execute(f"SELECT id FROM objects WHERE {_THIS_DIGEST} ORDER BY id", (d,))
+        ]
+        if len(ids) < 2:
+            continue
+        keep, extra = ids[0], ids[1:]
+        marks = ",".join("?" * len(extra))
+        local = conn.execute(
+            f"SELECT 1 FROM unsynced WHERE id IN ({marks}) AND status = {LOCAL}", extra
+        ).fetchone()
+        conn.execute(f"DELETE FROM unsynced WHERE id IN ({marks})", extra)
+        conn.execute(f"DELETE FROM objects WHERE id IN ({marks})", extra)
+        if local:
+            conn.execute(
+                "INSERT INTO unsynced (id, status) VALUES (?, ?) "
+                "ON CONFLICT (id) DO UPDATE SET status = max(status, excluded.status)",
+                (keep, LOCAL),
+            )
+
+
 def repair_rows(
-    conn: sqlite3.Connection, transient: Sequence[bytes], remote: Sequence[bytes], heads: bool
+    conn: sqlite3.Connection,
+    transient: Sequence[bytes],
+    remote: Sequence[bytes],
+    heads: bool,
+    duplicates: Sequence[bytes] = (),
 ) -> None:
     """The local repairs: ``transient`` pieces become local, the ``remote`` rows of stored
     pieces go, ``unsynced`` rows of no piece go, and with ``heads`` the heads are rebuilt
-    as the commits without children."""
+    as the commits without children; ``duplicates``: see :func:`drop_duplicates`."""
+    drop_duplicates(conn, duplicates)
     conn.executemany(
         f"UPDATE unsynced SET status = {LOCAL} WHERE status = {TRANSIENT} AND id IN "
         f"(SELECT id FROM objects WHERE {_THIS_DIGEST})",

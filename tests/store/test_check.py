@@ -121,6 +121,33 @@ async def test_heads_that_disagree_with_the_commits_are_rebuilt(tmp_path: Path) 
         assert await page.get(b"small") == b"s" * 1000
 
 
+async def test_a_digest_stored_twice_is_named_and_its_second_row_dropped(tmp_path: Path) -> None:
+    """No constraint keeps a digest to one row since schema version 2: the check finds
+    a second row (a scan of the prefix index) and the local repair keeps the first, local
+    if either was."""
+    repo, _, small = await _page_with_data(tmp_path)
+    await repo.close()
+    with _db(tmp_path) as conn:
+        first = conn.execute("SELECT id FROM objects WHERE digest = ?", (small,)).fetchone()[0]
+        conn.execute("DELETE FROM unsynced WHERE id = ?", (first,))  # synced
+        conn.execute(
+            "INSERT INTO objects (digest, data) SELECT digest, data FROM objects WHERE id = ?",
+            (first,),
+        )
+        conn.execute("INSERT INTO unsynced (id, status) SELECT max(id), 1 FROM objects")
+    async with _reopened(tmp_path) as page:
+        assert await page.get(b"small") == b"s" * 1000  # either row reads
+        report = await ck.check_page(page)
+        assert [(p.code, p.digest) for p in report.problems] == [(ck.DUPLICATE_PIECE, small)]
+        await ck.repair_local(page, report)
+        assert report.healthy and (await ck.check_page(page)).problems == []
+        assert await page.get(b"small") == b"s" * 1000
+        rows = await page.db.read_all(
+            "SELECT o.id, status FROM piece_status o WHERE digest = ?", (small,)
+        )
+        assert [tuple(r) for r in rows] == [(first, 1)]  # the first, local as the second was
+
+
 async def test_requeue_makes_synced_pieces_and_writes_pending_again(tmp_path: Path) -> None:
     repo, _, small = await _page_with_data(tmp_path)
     try:
