@@ -23,7 +23,9 @@ The cursor
     its writer showed the gap (and never, were it that device's last). A cursor
     that follows names only a window late passes no such pack, whatever the
     clocks; after a leap of the names it covers the leap for one window, which
-    costs a listing of the few packs named in between.
+    costs a listing of the few packs named in between. A new process starts from
+    the cursor saved (``FEED_CURSOR``), not from the newest name: the marks that
+    trailed it ended with the process before.
 
 Gaps and restarts
     A device's packs missing between two listed are a gap, probed (a listing of
@@ -68,6 +70,11 @@ RESTARTING = "sync/restarting"
 from the checkpoints (see ``Feed.restarting``)."""
 LOG_PREFIX = "sync/log/"
 """Repository meta: each device's log (:class:`sync.progress.DeviceLog`), by device id."""
+FEED_CURSOR = "sync/feed-cursor"
+"""Repository meta: the cursor the last listing started from (the newest feed time
+listed a window before the one before it). A new process's first listing starts
+there: the newest name listed (``sync/feed``) can be far above a pack named from
+an older listing by a device whose clock is behind."""
 LISTED_WALL_STEP = 3600.0
 FEED_WINDOW = 120.0
 """Seconds of feed time each listing looks back past the newest name seen: packs
@@ -111,6 +118,7 @@ class Feed:
         self.logs: dict[str, DeviceLog] = {}
         self.devices: set[str] = set()
         self.feed_max = -1  # the newest feed time listed (-1: not loaded)
+        self._saved_cursor = 0  # the cursor saved as FEED_CURSOR
         self.names = Naming(ctx, feed_window, fresh=self.fresh, newest=lambda: self.feed_max)
         self._ignored: set[str] = set()
         self._listed_at: float | None = None  # monotonic time of the last listing
@@ -136,7 +144,11 @@ class Feed:
         # (as listed names move it: one saved before that rule may be past the ceiling)
         stored = int(await self.ctx.repo.get_meta("sync/feed") or b"0")
         self.feed_max = min(stored, layout.NAMED_TIME_CEILING)
-        self._marks = [(float("-inf"), float("-inf"), self.feed_max)]
+        # Not feed_max: the marks that trailed it a window behind ended with the last
+        # process. A data directory of before the cursor was saved lists it all once.
+        cursor = await self.ctx.repo.get_meta(FEED_CURSOR)
+        self._saved_cursor = min(int(cursor), self.feed_max) if cursor is not None else 0
+        self._marks = [(float("-inf"), float("-inf"), self._saved_cursor)]
         await self.names.load()
         # Every device's log, now: one whose packs the next listings do not reach
         # still holds packs to retry (those of this device too, held by a restore).
@@ -231,6 +243,11 @@ class Feed:
         touched, newest = await self._take_listed(names, held, covers_time)
         await self._save_listing(held, touched, covers_time, newest, wall - self.feed_window)
         self._marks.append((self.ctx.clock(), self.ctx.monotonic(), newest))
+        # Saved once it moved a window on: one lower than the cursor is safe (a longer
+        # listing), and a write per round is too many.
+        if cursor - self._saved_cursor >= window:
+            await self.ctx.repo.set_meta(FEED_CURSOR, str(cursor).encode())
+            self._saved_cursor = cursor
         self._listed_at = started
         # The time it started (what it lists is in the bucket by then), known at once
         # here; saved now and then (a write each round is too many), and at stop.

@@ -84,4 +84,5 @@ SEEDS: list[tuple[int, str]] = [
     (4637, "diverged unavailable; a resolution took a LAZY value its device never read"),
     (6092, "diverged unavailable; a resolution took a LAZY value its device never read"),
     (2995, "heads; a resolution whose value's GET failed was never run again"),
+    (150454, "diverged; a restarted process listed from the newest name, past a pack named behind"),
 ]
