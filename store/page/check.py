@@ -388,28 +388,31 @@ async def requeue(
     return await page.db.run(work, write=True)
 
 
+def _of_pieces(report: PageCheck, code: str) -> tuple[list[Problem], list[bytes]]:
+    """The open problems of ``code`` that name a piece, and those pieces."""
+    problems = [p for p in report.open_problems(code) if p.digest is not None]
+    return problems, [p.digest for p in problems if p.digest is not None]
+
+
 async def repair_local(page: Page, report: PageCheck) -> None:
     """Repair what needs no cloud: a transient piece a commit reaches becomes local,
     stale ``remote_pieces`` rows, ``unsynced`` rows of no piece and second rows of a
-    digest go, ``heads`` is
-    rebuilt from the commits (under the commit lock, and the page reloads them).
-    Marks those problems repaired."""
-    transient = [p for p in report.open_problems(TRANSIENT_PIECE) if p.digest is not None]
-    remote = [p for p in report.open_problems(REMOTE) if p.digest is not None]
+    digest go, ``heads`` is rebuilt from the commits (under the commit lock, and the
+    page reloads them). Marks those problems repaired."""
+    transient, transient_ds = _of_pieces(report, TRANSIENT_PIECE)
+    remote, remote_ds = _of_pieces(report, REMOTE)
+    twice, twice_ds = _of_pieces(report, DUPLICATE_PIECE)
     dangling = report.open_problems(UNSYNCED)
     heads = report.open_problems(HEADS)
-    twice = [p for p in report.open_problems(DUPLICATE_PIECE) if p.digest is not None]
-
-    work = functools.partial(
-        integrity.repair_rows,
-        transient=[p.digest for p in transient if p.digest is not None],
-        remote=[p.digest for p in remote if p.digest is not None],
-        heads=bool(heads),
-        duplicates=[p.digest for p in twice if p.digest is not None],
-    )
-
     if not (transient or remote or dangling or heads or twice):
         return
+    work = functools.partial(
+        integrity.repair_rows,
+        transient=transient_ds,
+        remote=remote_ds,
+        heads=bool(heads),
+        duplicates=twice_ds,
+    )
     async with page.graph.lock:
         await page.db.run(work, write=True)
         if heads:
