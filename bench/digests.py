@@ -64,16 +64,15 @@ async def _load_pieces(directory: Path) -> tuple[Path, list[int]]:
 
 
 def _store(
-    batches: list[list[tuple[bytes, bytes]]], path: Path, every: int | None
+    batches: list[list[tuple[bytes, bytes]]], path: Path, layout: str, every: int = 0
 ) -> dict[str, Any]:
-    """Store ``batches`` in a fresh database: ``every`` None for the unique index, -1
-    for the page's schema, 0 for no index, N for the mapping's rows held and entered
-    every N batches."""
+    """Store ``batches`` in a fresh database in ``layout`` (``unique``, ``prefix``,
+    ``no_index`` or ``held``, the mapping's rows then entered every ``every`` batches)."""
     db = bare_sqlite(path)
-    if every == -1:
+    if layout == "prefix":
         create_page_schema(db)
     else:
-        unique = "UNIQUE" if every is None else ""
+        unique = "UNIQUE" if layout == "unique" else ""
         db.execute(
             f"CREATE TABLE objects (id INTEGER PRIMARY KEY, digest BLOB NOT NULL {unique},"
             " data BLOB NOT NULL)"
@@ -84,14 +83,14 @@ def _store(
     for i, rows in enumerate(batches):
         with timed() as t:
             db.execute("BEGIN IMMEDIATE")
-            if every == -1:
+            if layout == "prefix":
                 put_pieces(db, rows, SYNCED)
-            elif every is None:
+            elif layout == "unique":
                 insert_rows(db, "INSERT OR IGNORE INTO objects (digest, data)", rows)
             else:
                 last = db.execute("SELECT coalesce(max(id), 0) FROM objects").fetchone()[0]
                 db.executemany("INSERT INTO objects (digest, data) VALUES (?, ?)", rows)
-            if every is not None and every > 0:
+            if layout == "held":
                 held.extend((d, last + j + 1) for j, (d, _) in enumerate(rows))
                 if (i + 1) % every == 0 or i + 1 == len(batches):
                     held.sort()
@@ -122,14 +121,15 @@ def main() -> None:
             layouts: dict[str, list[dict[str, Any]]] = {}
             for r in range(args.rounds):
                 order = [
-                    ("unique", None),
-                    ("prefix", -1),
-                    ("no_index", 0),
-                    *((f"held_{n}", n) for n in args.every),
+                    ("unique", "unique", 0),
+                    ("prefix", "prefix", 0),
+                    ("no_index", "no_index", 0),
+                    *((f"held_{n}", "held", n) for n in args.every),
                 ]
-                for layout, every in order if r % 2 == 0 else order[::-1]:
-                    target = directory / f"{name}-{layout}-{r}.sqlite"
-                    layouts.setdefault(layout, []).append(_store(batches, target, every))
+                for label, layout, every in order if r % 2 == 0 else order[::-1]:
+                    target = directory / f"{name}-{label}-{r}.sqlite"
+                    got = _store(batches, target, layout, every)
+                    layouts.setdefault(label, []).append(got)
                     target.unlink()
                     Path(f"{target}-wal").unlink(missing_ok=True)
             out[name] = {"pieces": sum(map(len, batches)), **layouts}
