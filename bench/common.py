@@ -213,32 +213,33 @@ def storage_floor(
     return seconds
 
 
-PIECE_LAYOUTS = {
-    "with_digest_index": (
-        "CREATE TABLE objects (id INTEGER PRIMARY KEY, digest BLOB NOT NULL UNIQUE,"
-        " data BLOB NOT NULL)",
-    ),
-    "with_prefix_index": (
-        "CREATE TABLE objects (id INTEGER PRIMARY KEY, digest BLOB NOT NULL, data BLOB NOT NULL)",
-        "CREATE INDEX objects_digest ON objects (substr(digest, 2, 8))",
-    ),
-    "without_digest_index": (
-        "CREATE TABLE objects (id INTEGER PRIMARY KEY, digest BLOB NOT NULL, data BLOB NOT NULL)",
-    ),
-}
-"""The ``objects`` layouts :func:`pieces_alone` measures: a unique index on the whole
-digest (schema version 1), one on eight bytes of it (the page's since version 2), none."""
+def piece_layouts() -> dict[str, tuple[str, ...]]:
+    """The ``objects`` layouts :func:`pieces_alone` measures: a unique index on the whole
+    digest (schema version 1), one on eight bytes of it (the page's since version 2), none."""
+    from ledgerd.store.sqlite.schema import DIGEST_KEY
+
+    table = (
+        "CREATE TABLE objects (id INTEGER PRIMARY KEY, digest BLOB NOT NULL{}, data BLOB NOT NULL)"
+    )
+    return {
+        "with_digest_index": (table.format(" UNIQUE"),),
+        "with_prefix_index": (
+            table.format(""),
+            f"CREATE INDEX objects_digest ON objects ({DIGEST_KEY})",
+        ),
+        "without_digest_index": (table.format(""),),
+    }
 
 
 def pieces_alone(source_path: Path, marks: list[int], directory: Path) -> dict[str, Any]:
     """What storing just the pieces a load stored costs bare SQLite (the pieces stored
     up to each of ``marks`` in ``source_path``, as :func:`pieces_between` gives them; a
-    plain INSERT per piece, a transaction per mark), in each of :data:`PIECE_LAYOUTS`:
+    plain INSERT per piece, a transaction per mark), in each of :func:`piece_layouts`:
     seconds and MiB written (null where the kernel does not say) each. Digests are
     random, so a batch's new index entries land all over the index and dirty most of
     its pages: the smaller the entries, the fewer the pages."""
     out: dict[str, Any] = {}
-    for name, statements in PIECE_LAYOUTS.items():
+    for name, statements in piece_layouts().items():
         db = bare_sqlite(directory / f"pieces-{name}.sqlite")
         for statement in statements:
             db.execute(statement)

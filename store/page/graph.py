@@ -287,10 +287,10 @@ class CommitGraph:
 
         def work(conn: sqlite3.Connection) -> None:
             # Pieces are (digest, data) tuples already: no row is built in Python. The
-            # values are told apart here, on the thread: a big batch has 250,000, and
-            # on the event loop that held it for a tenth of a second.
+            # values are told apart here, on the thread, by put_pieces: a big batch has
+            # 250,000, and on the event loop that held it for a tenth of a second.
             sql.put_pieces(conn, nodes, SYNCED)
-            sql.put_pieces(conn, list({p.digest: p for p in values}.values()), LOCAL)
+            sql.put_pieces(conn, values, LOCAL)
             sql.insert_commit(conn, c)
             if encoded_ctx is not None:
                 metadata.set_page_value(conn, CONTEXT_ROW, encoded_ctx)

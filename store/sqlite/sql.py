@@ -70,12 +70,11 @@ def put_pieces(
     append to ``unsynced``. Many go ``ROWS_PER_STATEMENT`` to a statement: a fifth faster
     than a row per statement, and SQLite then works that long without the GIL.
     """
-    given = pieces if isinstance(pieces, list) else list(pieces)
-    if not given:
+    rows = pieces if isinstance(pieces, list) else list(pieces)
+    if not rows:
         return
-    rows = given
-    if len(given) > 1 and len(distinct := dict(given)) < len(given):
-        rows = list(distinct.items())
+    if len(rows) > 1 and len(distinct := dict(rows)) < len(rows):
+        rows = list(distinct.items())  # (each digest once: see _insert_rows_sql)
     last = conn.execute("SELECT coalesce(max(id), 0) FROM objects").fetchone()[0]
     changes = conn.total_changes
     full = len(rows) - len(rows) % ROWS_PER_STATEMENT
@@ -101,7 +100,7 @@ def put_pieces(
             "DELETE FROM remote_pieces WHERE digest IN (SELECT digest FROM objects WHERE id > ?)",
             (last,),
         )
-    if inserted < len(given):  # some were stored already (or came twice): raise those
+    if inserted < len(rows):  # some were stored already: raise those
         if status == LOCAL:
             _make_local(conn, (d for d, _ in rows))
         elif status == SYNCED:
