@@ -215,7 +215,7 @@ def storage_floor(
 
 def piece_layouts() -> dict[str, tuple[str, ...]]:
     """The ``objects`` layouts :func:`pieces_alone` measures: a unique index on the whole
-    digest (schema version 1), one on eight bytes of it (the page's since version 2), none."""
+    digest (schema version 1), the page's on a prefix of it (four bytes since version 3), none."""
     from ledgerd.store.sqlite.schema import DIGEST_KEY
 
     table = (

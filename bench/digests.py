@@ -10,9 +10,9 @@ only the storing, in these layouts:
 
 * ``unique``: ``objects (id, digest UNIQUE, data)``, as pages had it up to schema
   version 1 (``INSERT OR IGNORE``, 256 rows to a statement, as they stored them);
-* ``prefix``: the page's own schema (version 2: ``objects_digest`` on eight bytes of
-  the digest, no unique constraint) and its own :func:`store.sqlite.sql.put_pieces`,
-  which tests for each digest before it inserts;
+* ``prefix``: the page's own schema (``objects_digest`` on four bytes of the digest
+  since version 3, eight in version 2; no unique constraint) and its own
+  :func:`store.sqlite.sql.put_pieces`, which tests for each digest before it inserts;
 * ``no_index``: the same table with no index on ``digest`` (a floor: pieces could
   not be found);
 * ``held_N``: ``objects`` with no index, and the digest -> id mapping in a

@@ -39,7 +39,7 @@ sort ``v``), and in the same run:
 Each side's inserts are reported with the MiB they wrote to storage
 (``insert_written_MiB``, from ``/proc/self/io``; null where the kernel does not say).
 ``pieces_alone`` breaks our floor down: bare SQLite storing just the pieces of each
-batch, with a unique index on their digests, with the page's index on eight bytes of
+batch, with a unique index on their digests, with the page's index on four bytes of
 them, and with none (see :func:`bench.common.pieces_alone`).
 
 Like with like: both sides insert the same documents in batches of the same size;

@@ -33,7 +33,7 @@ stored, commit by commit; see :mod:`bench.pages`), and each side's load with the
 MiB it wrote to storage (``load_written_MiB``, from ``/proc/self/io``; null where
 the kernel does not say). ``pieces_alone`` breaks the floor down: bare SQLite
 storing just those pieces, with a unique index on their digests, with the page's
-index on eight bytes of them, and with none (:func:`bench.common.pieces_alone`).
+index on four bytes of them, and with none (:func:`bench.common.pieces_alone`).
 
 Python runs with the daemon's garbage collector settings
 (:func:`ledgerd.daemon.main.tune_gc`), as ``ledgerd`` runs and as :mod:`bench.docs`

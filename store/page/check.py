@@ -74,6 +74,7 @@ from ledgerd.store.page.checkreport import (
 )
 from ledgerd.store.page.checkwalk import Walker, verifies
 from ledgerd.store.page.page import Page
+from ledgerd.store.pieces import delta
 from ledgerd.store.pieces import digest as dg
 from ledgerd.store.sqlite import integrity
 from ledgerd.store.tree import commit
@@ -166,8 +167,14 @@ async def _scan(page: Page, report: PageCheck) -> set[bytes]:
     last = 0
 
     def batch(conn: sqlite3.Connection, after: int) -> tuple[int, int, list[bytes]]:
-        rows = integrity.pieces_after(conn, after, SCAN_ROWS)
-        bad = [bytes(d) for _, d, v in rows if not verifies(bytes(d), v)]
+        rows, chains = integrity.pieces_after(conn, after, SCAN_ROWS)
+        broken: set[bytes] = set()
+        rebuilt = delta.assemble(chains, broken)  # those stored as deltas
+        bad = [
+            bytes(d)
+            for _, d, v in rows
+            if bytes(d) in broken or not verifies(bytes(d), rebuilt.get(bytes(d), v))
+        ]
         return (int(rows[-1][0]) if rows else after), len(rows), bad
 
     while True:

@@ -23,8 +23,8 @@ from ledgerd.store.page.checkreport import (
     content_check,
 )
 from ledgerd.store.page.page import Page
+from ledgerd.store.pieces import delta, split
 from ledgerd.store.pieces import digest as dg
-from ledgerd.store.pieces import split
 from ledgerd.store.sqlite import integrity
 from ledgerd.store.sqlite.schema import TRANSIENT
 from ledgerd.store.tree import btree, join
@@ -65,7 +65,8 @@ class Walker:
     async def _read(self, digests: list[bytes]) -> dict[bytes, bytes]:
         """Contents of stored pieces that verify (others are reported by the scan)."""
         rows = await self.page.db.read_in(integrity.PIECE_DATA, digests)
-        return {bytes(d): bytes(v) for d, v in rows if verifies(bytes(d), v)}
+        pieces = delta.assemble(rows, broken=set())  # (a broken chain: the scan's)
+        return {d: v for d, v in pieces.items() if verifies(d, v)}
 
     def _problem(self, code: str, message: str, d: bytes, key: bytes | None) -> None:
         if d not in self.reported:

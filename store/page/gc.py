@@ -51,10 +51,10 @@ from typing import Any
 
 from ledgerd.store.errors import InvalidArgumentError, StoreError, named
 from ledgerd.store.page.page import Page
+from ledgerd.store.pieces import delta, split
 from ledgerd.store.pieces import digest as dg
-from ledgerd.store.pieces import split
 from ledgerd.store.sqlite import collection, metadata
-from ledgerd.store.sqlite.schema import DIGEST_IN, UPLOADED_ROW
+from ledgerd.store.sqlite.schema import CHAIN_IN, DIGEST_IN, UPLOADED_ROW
 from ledgerd.store.tree import btree
 from ledgerd.store.tree.commit import FIRST
 
@@ -174,6 +174,19 @@ class _Marker:
             await self._yield()
         return out
 
+    async def _read_nodes(self, digests: list[bytes]) -> dict[bytes, bytes]:
+        """Stored tree nodes, rebuilt from their chains (:mod:`store.pieces.delta`); the
+        bases those chains pass through are marked, for the nodes need them."""
+        out: dict[bytes, bytes] = {}
+        for i in range(0, len(digests), READ_BATCH):
+            rows = await self.page.db.read_in(
+                CHAIN_IN, digests[i : i + READ_BATCH], chunk=READ_BATCH
+            )
+            self.marked.update(bytes(r[4]) for r in rows if r[3])
+            out.update(delta.assemble(rows))
+            await self._yield()
+        return out
+
     async def trees(self, roots: Iterable[bytes]) -> None:
         """Mark the trees under ``roots`` (and the values they hold)."""
         frontier = [r for r in roots if r and r not in self.roots]
@@ -183,7 +196,7 @@ class _Marker:
             todo = [d for d in dict.fromkeys(frontier) if d not in self.marked]
             frontier = []
             plain = [d for d in todo if not dg.is_inline(d) and not dg.is_index(d)]
-            data = await self._read(plain)
+            data = await self._read_nodes(plain)
             nodes: list[bytes] = []
             for d in todo:
                 if dg.is_inline(d):

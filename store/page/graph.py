@@ -31,7 +31,7 @@ from ledgerd.store.errors import (
 )
 from ledgerd.store.page import deleted
 from ledgerd.store.page.watch import Watchers
-from ledgerd.store.pieces import split
+from ledgerd.store.pieces import delta, split
 from ledgerd.store.pieces.objects import ObjectStore
 from ledgerd.store.sqlite import metadata, sql
 from ledgerd.store.sqlite.db import Database, fits_inline
@@ -280,6 +280,7 @@ class CommitGraph:
         # One row per distinct piece: many entries may share a value. Tree nodes never
         # leave the device (a delta carries entries and values): nothing to upload.
         nodes = list({p.digest: p for p in builder.pieces_reachable(c.root)}.values())
+        whole, spliced = builder.split_deltas(nodes)
         encoded_ctx = None if ctx is None else dots.encode_context(ctx)
         is_deleted = await deleted.is_deleted(builder, c.root)
         conflicted = await _conflicted(changed)
@@ -289,7 +290,8 @@ class CommitGraph:
             # Pieces are (digest, data) tuples already: no row is built in Python. The
             # values are told apart here, on the thread, by put_pieces: a big batch has
             # 250,000, and on the event loop that held it for a tenth of a second.
-            sql.put_pieces(conn, nodes, SYNCED)
+            sql.put_pieces(conn, whole, SYNCED)
+            sql.put_deltas(conn, spliced, delta.MAX_DEPTH)
             sql.put_pieces(conn, values, LOCAL)
             sql.insert_commit(conn, c)
             if encoded_ctx is not None:

@@ -35,12 +35,13 @@ import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import aiofiles
 
 from ledgerd.store.errors import CorruptObjectError, ObjectNotFoundError, RangeError
+from ledgerd.store.pieces import delta, split
 from ledgerd.store.pieces import digest as dg
-from ledgerd.store.pieces import split
 from ledgerd.store.pieces.cache import Cache, CacheSpace, piece_cost
 from ledgerd.store.pieces.sources import BLOCK_SIZE as BLOCK_SIZE
 from ledgerd.store.pieces.sources import Source as Source
@@ -69,8 +70,6 @@ CACHE_PIECE_LIMIT = 64 * 1024
 """Pieces up to this size that were read (and verified) or written are kept in the
 repository's cache, so reading what was just written or read needs no trip to SQLite."""
 
-_ONE_PIECE = f"SELECT data FROM objects WHERE {digest_is('digest', '?1')}"
-_PIECES = f"SELECT digest, data FROM objects WHERE {DIGEST_IN}"
 _TYPE_BYTE, _CHUNK_TYPE = operator.itemgetter(0), dg.value_chunk_digest(bytes(33))[:1]
 """A digest's type byte; that of a value of one hashed piece (of over 32 bytes)."""
 
@@ -287,7 +286,7 @@ class ObjectStore:
         ``remember`` (tree nodes: their decoded form is cached instead)."""
         found, want = self._known(digests)
         if want:
-            found.update(await self._stored(want, await self.db.read_in(_PIECES, want), remember))
+            found.update(await self._stored(want, await delta.read_rows(self.db, want), remember))
         return found
 
     def _known(self, digests: Iterable[bytes]) -> tuple[dict[bytes, bytes], list[bytes]]:
@@ -299,7 +298,7 @@ class ObjectStore:
         return found, [d for d in cold if d not in memory]
 
     async def _stored(
-        self, want: list[bytes], rows: list[sqlite3.Row], remember: bool
+        self, want: list[bytes], rows: Sequence[Sequence[Any]], remember: bool
     ) -> dict[bytes, bytes]:
         """The pieces ``want`` from their ``rows``, verified; the others fetched."""
         # Keyed by the digest objects asked for: a scan's next lookups compare by identity.
@@ -451,12 +450,12 @@ class ObjectStore:
         parts = [want[i : i + READ_MANY_BATCH] for i in range(0, len(want), READ_MANY_BATCH)]
         if not parts:
             return out
-        reading = asyncio.ensure_future(self.db.read_in(_PIECES, parts[0]))
+        reading = asyncio.ensure_future(delta.read_rows(self.db, parts[0]))
         try:
             for part, after in zip(parts, [*parts[1:], None], strict=True):
                 rows = await reading
                 if after is not None:
-                    reading = asyncio.ensure_future(self.db.read_in(_PIECES, after))
+                    reading = asyncio.ensure_future(delta.read_rows(self.db, after))
                 out.update(await self._stored(part, rows, True))
         finally:  # (if one failed, the next one's result is not wanted)
             reading.cancel()
@@ -491,10 +490,10 @@ class ObjectStore:
         """One stored piece, verified (and cached if ``remember``); None if it is not
         stored (:meth:`get_pieces` fetches it). The path of a point read, without
         :meth:`get_pieces`' batching around one piece."""
-        rows = await self.db.read_all(_ONE_PIECE, (digest,), small=True)
-        if not rows:
+        stored = await delta.read_one(self.db, digest)
+        if stored is None:
             return None
-        data = self._blob(digest, rows[0][0])
+        data = self._blob(digest, stored)
         await self._verify({digest: data})  # inline for a small one
         if remember:
             self.remember(((digest, data),))

@@ -16,6 +16,7 @@ from typing import Any
 
 from ledgerd.store.sqlite import sql
 from ledgerd.store.sqlite.schema import (
+    CHAIN_IN,
     DIGEST_IN,
     DIGEST_KEY,
     LOCAL,
@@ -23,6 +24,7 @@ from ledgerd.store.sqlite.schema import (
     TRANSIENT,
     UPLOADED_AT_ROW,
     UPLOADED_ROW,
+    chain_of,
     digest_is,
 )
 
@@ -37,8 +39,9 @@ PIECE_STATUS = (
 """For :meth:`store.sqlite.db.Database.read_in`: the status of each stored
 piece named (2, synced, when it has no ``unsynced`` row), and -1 for each known as remote."""
 
-PIECE_DATA = f"SELECT digest, data FROM objects WHERE {DIGEST_IN}"
-"""For :meth:`store.sqlite.db.Database.read_in`: the stored pieces named."""
+PIECE_DATA = CHAIN_IN
+"""For :meth:`store.sqlite.db.Database.read_in`: the chains of the stored pieces named
+(:func:`store.sqlite.schema.chain_of`)."""
 
 DUPLICATES = (
     f"SELECT digest FROM objects WHERE {DIGEST_KEY} IN "
@@ -65,11 +68,26 @@ def integrity_lines(conn: sqlite3.Connection, most: int) -> list[str]:
     return [str(r[0]) for r in rows]
 
 
-def pieces_after(conn: sqlite3.Connection, after: int, most: int) -> list[Any]:
-    """Up to ``most`` rows ``(id, digest, data)`` of stored pieces, of ids past ``after``."""
-    return conn.execute(
-        "SELECT id, digest, data FROM objects WHERE id > ? ORDER BY id LIMIT ?", (after, most)
-    ).fetchall()
+def pieces_after(conn: sqlite3.Connection, after: int, most: int) -> tuple[list[Any], list[Any]]:
+    """Up to ``most`` rows ``(id, digest, data)`` of stored pieces, of ids past ``after``,
+    in one read transaction with the chains (:func:`store.sqlite.schema.chain_of`) of
+    those among them stored as deltas, whose data is a delta."""
+    conn.execute("BEGIN")
+    try:
+        rows = conn.execute(
+            "SELECT id, digest, data, base IS NOT NULL FROM objects WHERE id > ? "
+            "ORDER BY id LIMIT ?",
+            (after, most),
+        ).fetchall()
+        ids = [r[0] for r in rows if r[3]]
+        chains: list[Any] = []
+        for i in range(0, len(ids), 400):
+            part = ids[i : i + 400]
+            where = f"id IN ({','.join('?' * len(part))})"
+            chains.extend(conn.execute(chain_of(where), part).fetchall())
+        return [r[:3] for r in rows], chains
+    finally:
+        conn.execute("COMMIT")
 
 
 @dataclass
@@ -189,7 +207,8 @@ def restore_pieces(conn: sqlite3.Connection, good: dict[bytes, bytes]) -> None:
     """Store verified pieces from the cloud: a stored row gets the right bytes, a missing
     piece is inserted; both are ``synced``."""
     conn.executemany(
-        f"UPDATE objects SET data = ?1 WHERE {digest_is('digest', '?2')}",
+        f"UPDATE objects SET data = ?1, base = NULL, depth = NULL "
+        f"WHERE {digest_is('digest', '?2')}",
         [(v, d) for d, v in good.items()],
     )
     sql.put_pieces(conn, list(good.items()), SYNCED)
@@ -255,6 +274,8 @@ def drop_duplicates(conn: sqlite3.Connection, digests: Sequence[bytes]) -> None:
         ).fetchone()
         conn.execute(f"DELETE FROM unsynced WHERE id IN ({marks})", extra)
         conn.execute(f"DELETE FROM objects WHERE id IN ({marks})", extra)
+        # (a scan: repairs are rare) deltas against a row dropped use the one kept
+        conn.execute(f"UPDATE objects SET base = ? WHERE base IN ({marks})", [keep, *extra])
         if local:
             conn.execute(
                 "INSERT INTO unsynced (id, status) VALUES (?, ?) "

@@ -36,17 +36,22 @@ FORMAT_VERSION = 2
 Format 2 keeps a dot in every entry (:mod:`store.tree.dots`); format 1 (an unreleased
 development version) is not read."""
 
-SCHEMA_VERSION = 2
-"""``PRAGMA user_version`` of a current page database. Version 2 indexes eight bytes of
-each piece's digest (``objects_digest``) where version 1 had a unique index on all of
-it."""
+SCHEMA_VERSION = 3
+"""``PRAGMA user_version`` of a current page database. Version 3 stores a tree node a
+commit rewrote as a delta against the node it replaced (``objects.base``,
+:mod:`store.pieces.delta`) and indexes four bytes of each piece's digest
+(``objects_digest``); version 2 stored every piece whole and indexed eight bytes;
+version 1 had a unique index on the whole digest."""
 
 
 def digest_key(digest: str) -> str:
     """The SQL of what ``objects_digest`` indexes, for the digest ``digest`` (a column or
-    a parameter): eight bytes of its hash, after the digest's type byte. A query finds a
-    piece by digest through the index only if it says this expression."""
-    return f"substr({digest}, 2, 8)"
+    a parameter): four bytes of its hash, after the digest's type byte. A query finds a
+    piece by digest through the index only if it says this expression. (Four bytes tell
+    apart the pieces of a page of a hundred million with one row too many read in
+    forty lookups; each new piece's entry is one random insert into the index, whose
+    pages a commit dirties: smaller entries dirty fewer, see docs/performance.md.)"""
+    return f"substr({digest}, 2, 4)"
 
 
 DIGEST_KEY = digest_key("digest")
@@ -62,6 +67,32 @@ def digest_is(column: str, value: str) -> str:
     digest ``value`` (a parameter such as ``?1`` or another table's column), found
     through ``objects_digest``."""
     return f"{digest_key(column)} = {digest_key(value)} AND {column} = {value}"
+
+
+CHAIN_LIMIT = 64
+"""Rows a chain query follows at most past the piece asked for: more than any chain
+storage makes (:data:`store.pieces.delta.MAX_DEPTH`), so that a damaged file whose
+bases loop ends the query, and the chain is reported as not ending."""
+
+
+def chain_of(where: str) -> str:
+    """SQL of the rows that rebuild the pieces of ``objects`` that ``where`` selects: for
+    each, ``(digest, data, is a delta, 0, digest)``, then its base's row at depth 1
+    (``(digest asked for, data, is a delta, 1, the base's digest)``), and so on to a
+    piece stored whole (:func:`store.pieces.delta.assemble`). One statement, so
+    one snapshot of the file: a chain read in two could lose its base to a collection
+    in between."""
+    return (
+        "WITH RECURSIVE chain(asked, data, base, depth, digest) AS ("
+        f"SELECT digest, data, base, 0, digest FROM objects WHERE {where} "
+        "UNION ALL SELECT c.asked, o.data, o.base, c.depth + 1, o.digest FROM chain c "
+        f"CROSS JOIN objects o ON o.id = c.base WHERE c.depth < {CHAIN_LIMIT}) "
+        "SELECT asked, data, base IS NOT NULL, depth, digest FROM chain"
+    )
+
+
+CHAIN_IN = chain_of(DIGEST_IN)
+""":func:`chain_of` the pieces a :meth:`store.sqlite.db.Database.read_in` chunk names."""
 
 
 TRANSIENT, LOCAL, SYNCED = 0, 1, 2
@@ -90,23 +121,33 @@ PAGE_SCHEMA = """
 --           never changed (an INTEGER PRIMARY KEY: VACUUM keeps it), so that
 --           unsynced can refer to it.
 --   digest: a hashed digest (store.pieces.digest); inline pieces are never rows.
---   data:   the piece's exact content; digest.verify(digest, data) holds unless the
---           file was damaged, which every read checks.
+--   data:   the piece's exact content when base is NULL; else a delta against the
+--           piece whose id is base (store.pieces.delta), which may be a delta too.
+--           The piece rebuilt verifies against digest unless the file was damaged,
+--           which every read checks.
+--   base:   NULL, or the id of the piece data is a delta against: only a tree node
+--           a commit rewrote (store.sqlite.sql.put_deltas). Garbage collection
+--           keeps the base of every kept delta.
+--   depth:  NULL for a whole piece, else 1 + its base's depth (at most
+--           store.pieces.delta.MAX_DEPTH): rows a cold read follows.
 --   Rows are deleted only when transient and garbage (see unsynced).
 --   A digest has at most one row: store.sqlite.sql.put_pieces inserts only those not
 --   stored, in the write transaction (no UNIQUE constraint: see objects_digest).
 CREATE TABLE objects (
     id     INTEGER PRIMARY KEY,
     digest BLOB NOT NULL,
-    data   BLOB NOT NULL
+    data   BLOB NOT NULL,
+    base   INTEGER,
+    depth  INTEGER
 );
 
--- objects_digest: finds a piece by eight bytes of its digest's hash (DIGEST_KEY); a
+-- objects_digest: finds a piece by four bytes of its digest's hash (DIGEST_KEY); a
 --   lookup compares the whole digest after it (digest_is, DIGEST_IN). Digests are
 --   random, so a commit's new pieces land all over this index and dirty most of its
---   pages, which SQLite writes whole to the WAL and again at the checkpoint: entries a
---   third the size of the whole digest's dirty a third of the pages.
-CREATE INDEX objects_digest ON objects (substr(digest, 2, 8));
+--   pages, which SQLite writes whole to the WAL and again at the checkpoint: entries of
+--   four bytes and a row id, a quarter the size of the whole digest's, dirty about a
+--   quarter of the pages.
+CREATE INDEX objects_digest ON objects (substr(digest, 2, 4));
 
 -- unsynced: the stored value pieces not yet in the cloud, by objects.id: status 0
 --   transient, 1 local (see the module docstring). No row: synced (or a tree node). A status
@@ -292,6 +333,14 @@ CREATE INDEX objects_digest ON objects (substr(digest, 2, 8));
 CREATE VIEW piece_status AS
     SELECT o.id, o.digest, o.data, coalesce(u.status, 2) AS status
     FROM objects o LEFT JOIN unsynced u ON u.id = o.id;
+""",
+    # 2 -> 3: a piece may be a delta against another (every stored piece is whole), and
+    # objects_digest holds four bytes of each digest, not eight.
+    2: """
+ALTER TABLE objects ADD COLUMN base INTEGER;
+ALTER TABLE objects ADD COLUMN depth INTEGER;
+DROP INDEX objects_digest;
+CREATE INDEX objects_digest ON objects (substr(digest, 2, 4));
 """,
 }
 """Statements that take a page database from version ``n`` to ``n + 1``."""

@@ -26,7 +26,9 @@ Shape
     nodes.
 
 Nodes are objects of kind TREE: a node encoding of at most 64 KiB is one chunk
-(inline when at most 32 bytes), a larger one is split like any value.
+(inline when at most 32 bytes), a larger one is split like any value. A node a batch
+rewrote from a stored one is stored as a delta against it (:mod:`store.pieces.delta`);
+reads get it whole.
 """
 
 from __future__ import annotations

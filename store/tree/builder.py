@@ -2,9 +2,11 @@
 
 This module owns turning a batch of changes into new nodes: it rewrites only the nodes
 on changed paths, splicing a leaf it made from runs of its own encoding, and keeps the
-new nodes until the caller stores them. A large batch is built a slice at a time, the
-event loop given a turn between slices (:data:`SLICE_ENTRIES`). Node shapes, encodings
-and reads live in :mod:`store.tree.btree`.
+new nodes until the caller stores them, with the delta of each node it rewrote from a
+stored one (:mod:`store.pieces.delta`: the runs it kept, as it splices a leaf, else
+found by :func:`_diff`). A large batch is built a slice at a time, the event loop given
+a turn between slices (:data:`SLICE_ENTRIES`). Node shapes, encodings and reads live in
+:mod:`store.tree.btree`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import msgpack
 
 from ledgerd.store.errors import CorruptObjectError
+from ledgerd.store.pieces import delta as deltas
 from ledgerd.store.pieces import digest as dg
 from ledgerd.store.pieces import split
 from ledgerd.store.tree.btree import (
@@ -57,6 +60,35 @@ def _leaf_head(n: int) -> bytes:
     return head
 
 
+def _parts(node: Node) -> list[bytes]:
+    """``node``'s encoding in parts: its head, each entry, its children's head, each child
+    (a leaf's children: its tail). Their concatenation is :func:`encode_node`'s."""
+    packed = list(map(_packer.pack, node.entries))
+    if node.level == 0:
+        return [_leaf_head(len(node.entries)), *packed, _LEAF_TAIL]
+    head = _packer.pack_array_header(3) + _packer.pack(node.level)
+    return [
+        head + _packer.pack_array_header(len(packed)),
+        *packed,
+        _packer.pack_array_header(len(node.children)),
+        *map(_packer.pack, node.children),
+    ]
+
+
+def _diff(old: list[bytes], new: list[bytes]) -> list[deltas.Op]:
+    """The runs that make the parts ``new`` from the concatenation of ``old``: each part
+    found among the old ones is copied from there (equal bytes, wherever they lie, are
+    the same bytes), the others are bytes of their own. Entries are in key order and
+    children follow them, so a node's unchanged parts come as long copies."""
+    at: dict[bytes, int] = {}
+    pos = 0
+    for part in old:
+        at.setdefault(part, pos)
+        pos += len(part)
+    find = at.get
+    return [part if (i := find(part)) is None else (i, len(part)) for part in new]
+
+
 class Builder:
     """One batch of changes: new nodes are kept here until the caller stores them."""
 
@@ -65,6 +97,9 @@ class Builder:
         self.new: dict[bytes, tuple[Node, list[split.Piece]]] = {}
         self.replaced: list[bytes] = []
         """Nodes this batch rewrote (see :meth:`pieces_reachable`)."""
+        self.deltas: dict[bytes, tuple[bytes, bytes]] = {}
+        """Leaves spliced from a stored one: digest -> (the base's digest, the delta),
+        in the order made (a base comes before the leaves made from it)."""
         self._taken = 0  # entries taken in since the event loop last had a turn
 
     async def _turn(self, entries: int = 0) -> None:
@@ -78,7 +113,15 @@ class Builder:
         got = self.new.get(digest)
         return got[0] if got is not None else await self.nodes.load(digest)
 
-    def make(self, level: int, entries: Sequence[RawEntry], children: list[bytes]) -> bytes:
+    def make(
+        self,
+        level: int,
+        entries: Sequence[RawEntry],
+        children: list[bytes],
+        base: tuple[bytes, Node] | None = None,
+    ) -> bytes:
+        """The node of these entries and children; ``base``, the node it replaces (digest,
+        node), if any, makes its delta (see :meth:`_delta`)."""
         if level == 0:
             if not entries:
                 return EMPTY
@@ -88,28 +131,52 @@ class Builder:
             packed = list(map(_packer.pack, entries))
             parts = [_leaf_head(len(entries)), *packed, _LEAF_TAIL]
             sizes = array("I", map(len, packed))
-            return self._add(Node(0, tuple(entries), (), b"".join(parts), sizes))
-        node = Node(level, tuple(entries), tuple(children))
-        if node.is_empty():
-            return EMPTY
-        return self._add(node)
+            node = Node(0, tuple(entries), (), b"".join(parts), sizes)
+        else:
+            node = Node(level, tuple(entries), tuple(children))
+            if node.is_empty():
+                return EMPTY
+            if base is None:
+                return self._add(node)
+            parts = _parts(node)
+        data = b"".join(parts) if node.encoded is None else node.encoded
+        d = self._add(node, data)
+        if base is not None:
+            self._delta(d, data, base, _diff(_parts(base[1]), parts))
+        return d
 
-    def _add(self, node: Node) -> bytes:
-        encoded = node.encoded if node.encoded is not None else encode_node(node)
+    def _add(self, node: Node, encoded: bytes | None = None) -> bytes:
+        if encoded is None:
+            encoded = node.encoded if node.encoded is not None else encode_node(node)
         d, pieces = node_pieces(encoded)
         if d not in self.new:
             self.new[d] = (node, pieces)
         return d
 
-    def _splice(self, node: Node, items: list[tuple[bytes, int, RawEntry | None]]) -> bytes:
-        """The leaf ``node`` with ``items`` applied, made from runs of its own encoding
-        and the new entries' encodings (it must have its encoding and sizes)."""
+    def _delta(self, d: bytes, data: bytes, base: tuple[bytes, Node], ops: list[deltas.Op]) -> None:
+        """Keep the delta of node ``d`` (encoded ``data``) against ``base``, a stored node of
+        one piece, when both are a piece of their own and the delta is less than half
+        the node (else the node changed too much for it to be worth a read's while)."""
+        b = base[0]
+        whole = dg.INLINE_LIMIT < len(data) <= split.MAX_CHUNK
+        if d != b and whole and not dg.is_inline(b) and not dg.is_index(b):
+            delta = deltas.encode(ops)
+            if 2 * len(delta) < len(data):
+                self.deltas.setdefault(d, (b, delta))
+
+    def _splice(
+        self, node: Node, items: list[tuple[bytes, int, RawEntry | None]], base: bytes
+    ) -> bytes:
+        """The leaf ``node`` (digest ``base``) with ``items`` applied, made from runs of
+        its own encoding and the new entries' encodings (it must have its encoding and
+        sizes); the runs, as copies from ``base``, are the new leaf's delta."""
         assert node.encoded is not None and node.sizes is not None
         old, encoded, sizes = node.entries, node.encoded, node.sizes
         view = memoryview(encoded)
         n = len(old)
         runs: list[tuple[RawEntry, ...]] = []
         parts: list[bytes | memoryview] = []
+        ops: list[deltas.Op] = []
         new_sizes = array("I")
         at = 0  # the first entry of old not yet taken or skipped
         pos = len(_leaf_head(n))  # where it starts in encoded
@@ -120,12 +187,14 @@ class Builder:
                 end = pos + sum(run)
                 runs.append(old[at:i])
                 parts.append(view[pos:end])
+                ops.append((pos, end - pos))
                 new_sizes.extend(run)
                 at, pos = i, end
             if new is not None:
                 packed = _packer.pack(new)
                 runs.append((new,))
                 parts.append(packed)
+                ops.append(packed)
                 new_sizes.append(len(packed))
             if i < n and old[i][0] == key:  # replaced or deleted: skip the old one
                 pos += sizes[i]
@@ -133,13 +202,17 @@ class Builder:
         if at < n:
             runs.append(old[at:])
             parts.append(view[pos : len(encoded) - len(_LEAF_TAIL)])
+            ops.append((pos, len(encoded) - len(_LEAF_TAIL) - pos))
             new_sizes.extend(sizes[at:])
         entries = tuple(itertools.chain.from_iterable(runs))
         self._taken += len(items)
         if not entries:
             return EMPTY
-        data = b"".join([_leaf_head(len(entries)), *parts, _LEAF_TAIL])
-        return self._add(Node(0, entries, (), data, new_sizes))
+        head = _leaf_head(len(entries))
+        data = b"".join([head, *parts, _LEAF_TAIL])
+        d = self._add(Node(0, entries, (), data, new_sizes))
+        self._delta(d, data, (base, node), [head, *ops, _LEAF_TAIL])
+        return d
 
     def pieces_reachable(self, root: bytes) -> list[split.Piece]:
         """Pieces of the new nodes reachable from ``root`` (drops intermediate ones),
@@ -163,6 +236,18 @@ class Builder:
             node, pieces = self.new[d]
             self.nodes.remember(d, node, sum(len(p.data) for p in pieces) or dg.INLINE_LIMIT)
         return out
+
+    def split_deltas(
+        self, pieces: Sequence[split.Piece]
+    ) -> tuple[list[split.Piece], list[tuple[bytes, bytes, bytes, bytes]]]:
+        """``pieces`` (of :meth:`pieces_reachable`) as (those to store whole, those to store
+        as deltas: ``(digest, data, base digest, delta)``, each after its base if both
+        are new): the arguments of :func:`store.sqlite.sql.put_pieces` and
+        :func:`store.sqlite.sql.put_deltas`."""
+        data = {p.digest: p.data for p in pieces if p.digest in self.deltas}
+        whole = [p for p in pieces if p.digest not in data]
+        spliced = [(d, data[d], *self.deltas[d]) for d in self.deltas if d in data]
+        return whole, spliced
 
     # -- update ----------------------------------------------------------------
 
@@ -239,11 +324,13 @@ class Builder:
                 raise CorruptObjectError(f"tree node at level {node.level}, expected {level}")
             self.replaced.append(d)
             if node.sizes is not None:  # a leaf this process made: splice it
-                return self._splice(node, items)
+                return self._splice(node, items, d)
             entries = list(node.entries)
             children = list(node.children)
+            base: tuple[bytes, Node] | None = (d, node)
         else:
             entries, children = [], ([EMPTY] if level > 0 else [])
+            base = None
         if level > 0:  # most keys belong lower: split them off in one pass
             lower = [item for item in items if item[1] < level]
             items = [item for item in items if item[1] >= level]
@@ -261,7 +348,7 @@ class Builder:
                         del entries[i]
                 elif new is not None:
                     entries.insert(i, new)
-        return self.make(level, entries, children)
+        return self.make(level, entries, children, base)
 
     async def _separators(
         self,

@@ -407,9 +407,9 @@ async def test_a_batch_splices_the_leaves_the_last_one_made(monkeypatch) -> None
     spliced: list[int] = []
     splice = Builder._splice
 
-    def counting(self: Builder, node: btree.Node, items: list[Any]) -> bytes:
+    def counting(self: Builder, node: btree.Node, items: list[Any], base: bytes) -> bytes:
         spliced.append(len(node.entries))
-        return splice(self, node, items)
+        return splice(self, node, items, base)
 
     monkeypatch.setattr(Builder, "_splice", counting)
     mem = MemoryNodes()

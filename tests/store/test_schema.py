@@ -15,7 +15,7 @@ import pytest
 
 from ledgerd.store import Repository, SchemaError
 from ledgerd.store.errors import CorruptDatabaseError
-from ledgerd.store.pieces import objects
+from ledgerd.store.pieces import delta
 from ledgerd.store.sqlite import integrity, schema, sql
 from ledgerd.store.sqlite.schema import (
     SCHEMA_VERSION,
@@ -129,11 +129,17 @@ async def test_a_data_directory_of_an_unreleased_format_is_refused(tmp_path: Pat
         await Repository.open(tmp_path)
 
 
+_DELTA_COLUMNS = ",\n    base   INTEGER,\n    depth  INTEGER\n"
+"""What version 3 added to objects."""
+
+
 def _version_1(conn: sqlite3.Connection) -> None:
     """A page database as schema version 1 made it: a unique index on the whole
     digest, no objects_digest."""
     old = schema.PAGE_SCHEMA.replace("digest BLOB NOT NULL,", "digest BLOB NOT NULL UNIQUE,", 1)
     old = old.replace(f"CREATE INDEX objects_digest ON objects ({schema.DIGEST_KEY});", "")
+    assert _DELTA_COLUMNS in old
+    old = old.replace(_DELTA_COLUMNS, "\n", 1)
     for statement in schema._statements(old):
         conn.execute(statement)
     conn.execute("PRAGMA user_version = 1")
@@ -152,7 +158,7 @@ def test_version_1_migrates_to_the_prefix_index_keeping_ids_and_statuses() -> No
         "SELECT id, digest, data, status FROM piece_status ORDER BY id"
     ).fetchall()
     create_page_schema(conn)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     after = conn.execute("SELECT id, digest, data, status FROM piece_status ORDER BY id").fetchall()
     assert after == before
     indexes = {r[1]: r[2] for r in conn.execute("PRAGMA index_list(objects)")}
@@ -195,18 +201,22 @@ def test_two_digests_sharing_a_prefix_are_two_pieces() -> None:
 
 def test_the_schema_and_the_migration_index_what_lookups_name() -> None:
     statement = f"CREATE INDEX objects_digest ON objects ({schema.DIGEST_KEY});"
-    assert statement in schema.PAGE_SCHEMA and statement in schema._MIGRATIONS[1]
+    assert statement in schema.PAGE_SCHEMA and statement in schema._MIGRATIONS[2]
 
 
 def _in(query: str) -> str:
-    return query.format(marks="?,?", keys="substr(?, 2, 8),substr(?, 2, 8)")
+    key = schema.digest_key("?")
+    return query.format(marks="?,?", keys=f"{key},{key}")
 
 
 @pytest.mark.parametrize(
     "query",
     [
-        objects._ONE_PIECE,
-        _in(objects._PIECES),
+        delta._ONE_PIECE,
+        _in(delta._PIECES),
+        delta._ONE_CHAIN,
+        _in(schema.CHAIN_IN),
+        sql._INSERT_DELTA,
         _in(integrity.PIECE_STATUS),
         _in(integrity.PIECE_DATA),
         sql._insert_rows_sql(2),
