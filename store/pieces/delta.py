@@ -40,9 +40,8 @@ from ledgerd.store.sqlite.schema import CHAIN_IN, DIGEST_IN, chain_of, digest_is
 
 MAX_DEPTH = 16
 """Deltas at most between a stored piece and the whole piece its chain ends at. The
-random-key load of ``bench.reads`` wrote about 205 MiB at 16, 226 at 10 and 272 at 8
-(PouchDB: 216-221), and a cold read follows half of it on average (docs/performance.md,
-Bulk loads)."""
+random-key load of ``bench.reads`` wrote 205-211 MiB at 16 and 226 at 10 (PouchDB:
+216-221), and a cold read follows about half of it (docs/performance.md, Bulk loads)."""
 
 Op = bytes | memoryview | tuple[int, int]
 """One run of a piece: bytes as they are, or ``(offset, length)`` copied from the base."""
