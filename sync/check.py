@@ -257,12 +257,12 @@ async def _rebuild_tree(
             "yet: rebuilding it from the bucket would lose them (nothing was changed)"
         )
         return False
-    await ck.drop_pieces(page, bad)
+    dropped = await ck.drop_pieces(page, bad)  # (with the deltas made against them)
     await ex.forget(page)
     if not await engine.downloader.restore(page):
         result.notes.append("the page's tree is damaged and the bucket holds nothing of it")
         return True
-    pruned = await ck.prune_lost_history(page, bad)  # (older trees the bucket lacks)
+    pruned = await ck.prune_lost_history(page, {*bad, *dropped})  # (trees the bucket lacks)
     if pruned:
         result.notes.append(
             f"{pruned} older commits of the page could not be rebuilt from the bucket "

@@ -308,13 +308,15 @@ async def restore_pieces(page: Page, pieces: dict[bytes, bytes]) -> list[bytes]:
     return list(good)
 
 
-async def drop_pieces(page: Page, digests: Iterable[bytes]) -> None:
+async def drop_pieces(page: Page, digests: Iterable[bytes]) -> list[bytes]:
     """Delete stored pieces that are damaged (before the page is rebuilt: what is made
-    again is then stored, where a damaged row of the same digest would stay)."""
+    again is then stored, where a damaged row of the same digest would stay), with the
+    deltas made against them; the digests of every piece deleted."""
     ds = list(digests)
-    await page.db.run(functools.partial(integrity.drop_pieces, digests=ds), write=True)
+    gone = await page.db.run(functools.partial(integrity.drop_pieces, digests=ds), write=True)
     page.objects.clear_cache()
     page.nodes.clear_cache()
+    return gone
 
 
 async def prune_lost_history(page: Page, lost: Iterable[bytes]) -> int:

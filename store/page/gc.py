@@ -22,8 +22,10 @@ Collection
     *Mark*: walk the trees and values of the retained commits, of the snapshots
     and transactions open on the page and of the journals, level by level, a
     batch of pieces per query, skipping every subtree already marked (trees share
-    most nodes). *Sweep*: the pieces stored before the mark began and not marked
-    are deleted, a batch per SQLite transaction under the commit lock. Before each
+    most nodes); a node stored as a delta keeps the bases its chain passes through
+    (:mod:`store.pieces.delta`). *Sweep*: the pieces stored before the mark began and
+    not marked are deleted, the newest first (a delta before its base), a batch per
+    SQLite transaction under the commit lock. Before each
     batch, under that lock, the commits, snapshots and journals that appeared since
     are marked too, so a piece that a new commit reuses is never deleted; staged
     (transient) pieces are never deleted here, nor pieces from the cloud while some
@@ -152,12 +154,19 @@ async def held(page: Page) -> AsyncIterator[None]:
 
 
 class _Marker:
-    """The set of stored pieces reachable from what was marked so far."""
+    """The set of stored pieces reachable from what was marked so far (``marked``, the
+    pieces walked), and the bases their chains of deltas pass through (``bases``, kept
+    but not walked for that: a node may be a base of a kept one and reached by a tree
+    later, which must then walk it)."""
 
     def __init__(self, page: Page) -> None:
         self.page = page
         self.marked: set[bytes] = set()
+        self.bases: set[bytes] = set()
         self.roots: set[bytes] = set()
+
+    def keeps(self, digest: bytes) -> bool:
+        return digest in self.marked or digest in self.bases
 
     async def _yield(self) -> None:
         await asyncio.sleep(0)
@@ -176,13 +185,13 @@ class _Marker:
 
     async def _read_nodes(self, digests: list[bytes]) -> dict[bytes, bytes]:
         """Stored tree nodes, rebuilt from their chains (:mod:`store.pieces.delta`); the
-        bases those chains pass through are marked, for the nodes need them."""
+        bases those chains pass through are kept (``bases``), for the nodes need them."""
         out: dict[bytes, bytes] = {}
         for i in range(0, len(digests), READ_BATCH):
             rows = await self.page.db.read_in(
                 CHAIN_IN, digests[i : i + READ_BATCH], chunk=READ_BATCH
             )
-            self.marked.update(bytes(r[4]) for r in rows if r[3])
+            self.bases.update(bytes(r[4]) for r in rows if r[3])
             out.update(delta.assemble(rows))
             await self._yield()
         return out
@@ -238,12 +247,12 @@ class _Marker:
 
 
 async def live_bytes(page: Page) -> int:
-    """Bytes of the stored pieces the page's heads and journals reach: what the page
-    would hold with no history at all."""
+    """Bytes of the stored pieces the page's heads and journals reach, with the bases
+    of their chains of deltas: what the page would hold with no history at all."""
     marker = _Marker(page)
     await marker.trees([page.graph.head.root])
     await marker.values(await _journal_values(page))
-    digests = sorted(d for d in marker.marked if not dg.is_inline(d))
+    digests = sorted(d for d in marker.marked | marker.bases if not dg.is_inline(d))
     total = 0
     for i in range(0, len(digests), READ_BATCH):
         rows = await page.db.read_in(
@@ -322,11 +331,13 @@ async def collect(page: Page, retention: float, *, stop: Callable[[], bool] = _n
 
 
 async def _unmarked(page: Page, marker: _Marker, upto: int) -> tuple[list[int], list[bytes]]:
-    """Ids and digests of the pieces stored up to id ``upto`` that the mark did not reach."""
+    """Ids and digests of the pieces stored up to id ``upto`` that the mark did not reach,
+    the newest first: a delta is newer than its base, so a sweep cut short never leaves
+    a delta without its base."""
     garbage: list[int] = []
     garbage_digests: list[bytes] = []
     after = 0
-    marked = marker.marked
+    keeps = marker.keeps
     while True:
         ids, digests = await page.db.run(
             lambda conn, a=after: collection.candidates(conn, a, upto)  # type: ignore[misc]
@@ -335,11 +346,11 @@ async def _unmarked(page: Page, marker: _Marker, upto: int) -> tuple[list[int], 
             break
         after = ids[-1]
         for i, d in zip(ids, digests, strict=True):
-            if d not in marked:
+            if not keeps(d):
                 garbage.append(i)
                 garbage_digests.append(d)
         await marker._yield()
-    return garbage, garbage_digests
+    return garbage[::-1], garbage_digests[::-1]
 
 
 async def _sweep(
@@ -353,7 +364,7 @@ async def _sweep(
     """Delete the ``unmarked`` pieces still unreached, a batch per transaction under the
     commit lock, unless a merge or an import is under way or ``stop()`` is true."""
     garbage, garbage_digests = unmarked
-    marked = marker.marked
+    keeps = marker.keeps
     done = 0
     while done < len(garbage):
         if stop():
@@ -368,9 +379,7 @@ async def _sweep(
             await _mark_current(page, marker, retention)
             part = slice(done, done + SWEEP_BATCH)
             ids = [
-                i
-                for i, d in zip(garbage[part], garbage_digests[part], strict=True)
-                if d not in marked
+                i for i, d in zip(garbage[part], garbage_digests[part], strict=True) if not keeps(d)
             ]
             n, nbytes = await page.db.run(
                 lambda conn, ids=ids: _delete(conn, ids),  # type: ignore[misc]

@@ -215,13 +215,31 @@ def restore_pieces(conn: sqlite3.Connection, good: dict[bytes, bytes]) -> None:
     sql.mark_synced(conn, good)
 
 
-def drop_pieces(conn: sqlite3.Connection, digests: Sequence[bytes]) -> None:
-    """Delete these stored pieces and their ``unsynced`` rows."""
-    ds = [(d,) for d in digests]
+def drop_pieces(conn: sqlite3.Connection, digests: Sequence[bytes]) -> list[bytes]:
+    """Delete these stored pieces, the deltas made against them down their chains (they
+    cannot be read without them, even those that copy only sound bytes), and their
+    ``unsynced`` rows; the digests of every piece deleted."""
+    conn.execute("CREATE TEMP TABLE IF NOT EXISTS dropped (id INTEGER PRIMARY KEY)")
     conn.executemany(
-        f"DELETE FROM unsynced WHERE id IN (SELECT id FROM objects WHERE {_THIS_DIGEST})", ds
+        f"INSERT OR IGNORE INTO temp.dropped (id) SELECT id FROM objects WHERE {_THIS_DIGEST}",
+        [(d,) for d in digests],
     )
-    conn.executemany(f"DELETE FROM objects WHERE {_THIS_DIGEST}", ds)
+    # A scan of objects per link of the chains (no index on base: repairs are rare).
+    while conn.execute(
+        "INSERT OR IGNORE INTO temp.dropped (id) SELECT id FROM objects "
+        "WHERE base IN (SELECT id FROM temp.dropped)"
+    ).rowcount:
+        pass
+    gone = [
+        bytes(r[0])
+        for r in conn.execute(
+            "SELECT o.digest FROM temp.dropped d CROSS JOIN objects o ON o.id = d.id"
+        )
+    ]
+    conn.execute("DELETE FROM unsynced WHERE id IN (SELECT id FROM temp.dropped)")
+    conn.execute("DELETE FROM objects WHERE id IN (SELECT id FROM temp.dropped)")
+    conn.execute("DELETE FROM temp.dropped")
+    return gone
 
 
 def prune_commits(conn: sqlite3.Connection, commits: Iterable[bytes]) -> None:
@@ -274,8 +292,14 @@ def drop_duplicates(conn: sqlite3.Connection, digests: Sequence[bytes]) -> None:
         ).fetchone()
         conn.execute(f"DELETE FROM unsynced WHERE id IN ({marks})", extra)
         conn.execute(f"DELETE FROM objects WHERE id IN ({marks})", extra)
-        # (a scan: repairs are rare) deltas against a row dropped use the one kept
-        conn.execute(f"UPDATE objects SET base = ? WHERE base IN ({marks})", [keep, *extra])
+        # (a scan: repairs are rare) deltas against a row dropped use the one kept, one
+        # link deeper or shallower than before (their own deltas' depths stay: reads
+        # follow up to schema.CHAIN_LIMIT rows, and depth only bounds new chains)
+        conn.execute(
+            f"UPDATE objects SET base = ?1, depth = 1 + coalesce((SELECT depth FROM objects "
+            f"WHERE id = ?1), 0) WHERE base IN ({','.join(['?'] * len(extra))})",
+            [keep, *extra],
+        )
         if local:
             conn.execute(
                 "INSERT INTO unsynced (id, status) VALUES (?, ?) "

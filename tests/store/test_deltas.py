@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from ledgerd.store import Page, Repository, Snapshot
 from ledgerd.store.errors import CorruptObjectError
 from ledgerd.store.page import check as ck
+from ledgerd.store.page import gc
 from ledgerd.store.page.gc import collect
 from ledgerd.store.pieces import delta
 from ledgerd.store.sqlite import schema
@@ -300,3 +301,68 @@ def test_version_2_migrates_to_deltas_and_the_four_byte_index() -> None:
         (pieces[3][0],),
     ).fetchall()
     assert got == [(b"data 3", None, None)]
+
+
+async def test_a_node_kept_as_a_base_is_still_walked_when_a_tree_reaches_it(
+    tmp_path: Path,
+) -> None:
+    """The mark keeps the bases of a kept node's chain; a tree that reaches such a base
+    later must still walk it, or the values only it holds would be swept."""
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        await _loaded(repo, {})
+        await page.put(_key(7), b"the old value of key 7, long enough to be a piece")
+        await page.flush()
+        old = page.head
+        await page.put(_key(7), b"the new value of key 7, long enough to be a piece")
+        await page.flush()
+        marker = gc._Marker(page)
+        await marker.trees([page.head.root])  # the new leaf's chain keeps the old leaf
+        entry = await (await page.snapshot(old.id)).get_entry(_key(7))
+        assert entry is not None and entry.value not in marker.marked
+        await marker.trees([old.root])
+        assert entry.value in marker.marked
+
+
+async def test_a_sweep_cut_short_leaves_no_delta_without_its_base(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gc, "SWEEP_BATCH", 16)
+    model: dict[bytes, bytes] = {}
+    async with await Repository.open(tmp_path, history_retention=0) as repo:
+        page = await _loaded(repo, model)
+        await _churn(page, model, 30, seed=6)
+        batches = 0
+
+        def stop() -> bool:
+            nonlocal batches
+            batches += 1
+            return batches > 3
+
+        result = await gc.collect(page, repo.history_retention, stop=stop)
+        assert result.deferred == "stopped" and result.pieces_freed > 0
+        report = await ck.check_page(page)
+        assert report.healthy, report.problems
+    with _db(tmp_path) as conn:
+        assert not conn.execute(
+            "SELECT 1 FROM objects d WHERE base IS NOT NULL "
+            "AND NOT EXISTS (SELECT 1 FROM objects b WHERE b.id = d.base)"
+        ).fetchall()
+
+
+async def test_dropping_a_damaged_base_drops_the_deltas_made_against_it(tmp_path: Path) -> None:
+    model: dict[bytes, bytes] = {}
+    async with await Repository.open(tmp_path) as repo:
+        page = await _loaded(repo, model)
+        await _churn(page, model, 30, seed=7)
+    with _db(tmp_path) as conn:
+        _, base, on_it = _a_base(conn)
+    async with await Repository.open(tmp_path) as repo:
+        page = await repo.ledger("l").page("p")
+        gone = await ck.drop_pieces(page, [base])
+        assert base in gone and set(on_it) <= set(gone)
+    with _db(tmp_path) as conn:
+        assert not conn.execute(
+            "SELECT 1 FROM objects d WHERE base IS NOT NULL "
+            "AND NOT EXISTS (SELECT 1 FROM objects b WHERE b.id = d.base)"
+        ).fetchall()
