@@ -224,12 +224,12 @@ def drop_pieces(conn: sqlite3.Connection, digests: Sequence[bytes]) -> list[byte
         f"INSERT OR IGNORE INTO temp.dropped (id) SELECT id FROM objects WHERE {_THIS_DIGEST}",
         [(d,) for d in digests],
     )
-    # A scan of objects per link of the chains (no index on base: repairs are rare).
-    while conn.execute(
-        "INSERT OR IGNORE INTO temp.dropped (id) SELECT id FROM objects "
-        "WHERE base IN (SELECT id FROM temp.dropped)"
-    ).rowcount:
-        pass
+    # Down the chains: a scan of objects per link (no index on base: repairs are rare).
+    conn.execute(
+        "INSERT OR IGNORE INTO temp.dropped (id) WITH RECURSIVE down(id) AS "
+        "(SELECT id FROM temp.dropped UNION SELECT o.id FROM down CROSS JOIN objects o "
+        "ON o.base = down.id) SELECT id FROM down"
+    )
     gone = [
         bytes(r[0])
         for r in conn.execute(

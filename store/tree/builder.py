@@ -60,12 +60,18 @@ def _leaf_head(n: int) -> bytes:
     return head
 
 
+def _leaf_parts(entries: Sequence[RawEntry]) -> list[bytes]:
+    """A leaf's encoding in parts: its head, each entry, its tail (msgpack's encoding of
+    a whole is its parts' encodings one after the other)."""
+    return [_leaf_head(len(entries)), *map(_packer.pack, entries), _LEAF_TAIL]
+
+
 def _parts(node: Node) -> list[bytes]:
     """``node``'s encoding in parts: its head, each entry, its children's head, each child
     (a leaf's children: its tail). Their concatenation is :func:`encode_node`'s."""
-    packed = list(map(_packer.pack, node.entries))
     if node.level == 0:
-        return [_leaf_head(len(node.entries)), *packed, _LEAF_TAIL]
+        return _leaf_parts(node.entries)
+    packed = list(map(_packer.pack, node.entries))
     head = _packer.pack_array_header(3) + _packer.pack(node.level)
     return [
         head + _packer.pack_array_header(len(packed)),
@@ -73,6 +79,13 @@ def _parts(node: Node) -> list[bytes]:
         _packer.pack_array_header(len(node.children)),
         *map(_packer.pack, node.children),
     ]
+
+
+def _deltable(d: bytes, data: bytes, base: bytes) -> bool:
+    """Whether node ``d`` (encoded ``data``) may be stored as a delta against node
+    ``base``: both are pieces of their own (not inline, not split), and differ."""
+    one_piece = dg.INLINE_LIMIT < len(data) <= split.MAX_CHUNK
+    return d != base and one_piece and not dg.is_inline(base) and not dg.is_index(base)
 
 
 def _diff(old: list[bytes], new: list[bytes]) -> list[deltas.Op]:
@@ -128,9 +141,8 @@ class Builder:
             # Entry by entry (msgpack's encoding of a whole is its parts' encodings one
             # after the other), so that the leaf knows where each entry lies in it.
             self._taken += len(entries)
-            packed = list(map(_packer.pack, entries))
-            parts = [_leaf_head(len(entries)), *packed, _LEAF_TAIL]
-            sizes = array("I", map(len, packed))
+            parts = _leaf_parts(entries)
+            sizes = array("I", map(len, parts[1:-1]))
             node = Node(0, tuple(entries), (), b"".join(parts), sizes)
         else:
             node = Node(level, tuple(entries), tuple(children))
@@ -141,8 +153,8 @@ class Builder:
             parts = _parts(node)
         data = b"".join(parts) if node.encoded is None else node.encoded
         d = self._add(node, data)
-        if base is not None:
-            self._delta(d, data, base, _diff(_parts(base[1]), parts))
+        if base is not None and _deltable(d, data, base[0]):
+            self._delta(d, data, base[0], _diff(_parts(base[1]), parts))
         return d
 
     def _add(self, node: Node, encoded: bytes | None = None) -> bytes:
@@ -153,16 +165,13 @@ class Builder:
             self.new[d] = (node, pieces)
         return d
 
-    def _delta(self, d: bytes, data: bytes, base: tuple[bytes, Node], ops: list[deltas.Op]) -> None:
-        """Keep the delta of node ``d`` (encoded ``data``) against ``base``, a stored node of
-        one piece, when both are a piece of their own and the delta is less than half
-        the node (else the node changed too much for it to be worth a read's while)."""
-        b = base[0]
-        whole = dg.INLINE_LIMIT < len(data) <= split.MAX_CHUNK
-        if d != b and whole and not dg.is_inline(b) and not dg.is_index(b):
-            delta = deltas.encode(ops)
-            if 2 * len(delta) < len(data):
-                self.deltas.setdefault(d, (b, delta))
+    def _delta(self, d: bytes, data: bytes, base: bytes, ops: list[deltas.Op]) -> None:
+        """Keep the delta of node ``d`` (encoded ``data``) against the node ``base`` when
+        it is less than half the node (else the node changed too much for it to be worth
+        a read's while)."""
+        delta = deltas.encode(ops)
+        if 2 * len(delta) < len(data):
+            self.deltas.setdefault(d, (base, delta))
 
     def _splice(
         self, node: Node, items: list[tuple[bytes, int, RawEntry | None]], base: bytes
@@ -211,7 +220,8 @@ class Builder:
         head = _leaf_head(len(entries))
         data = b"".join([head, *parts, _LEAF_TAIL])
         d = self._add(Node(0, entries, (), data, new_sizes))
-        self._delta(d, data, (base, node), [head, *ops, _LEAF_TAIL])
+        if _deltable(d, data, base):
+            self._delta(d, data, base, [head, *ops, _LEAF_TAIL])
         return d
 
     def pieces_reachable(self, root: bytes) -> list[split.Piece]:

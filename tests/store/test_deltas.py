@@ -205,15 +205,27 @@ async def test_collection_keeps_the_bases_of_the_deltas_it_keeps(tmp_path: Path)
         report = await ck.check_page(page)
         assert report.healthy, report.problems
     with _db(tmp_path) as conn:
-        kept_bases = conn.execute(
-            "SELECT count(*) FROM objects d WHERE base IS NOT NULL "
-            "AND NOT EXISTS (SELECT 1 FROM objects b WHERE b.id = d.base)"
-        ).fetchone()[0]
-        assert kept_bases == 0
+        assert _baseless(conn) == 0
         assert conn.execute("SELECT count(*) FROM objects WHERE base IS NOT NULL").fetchone()[0] > 0
     async with await Repository.open(tmp_path) as repo:
         page = await repo.ledger("l").page("p")
         assert await _read_all(page) == dict(sorted(model.items()))
+
+
+def _baseless(conn: sqlite3.Connection) -> int:
+    """Deltas whose base is not stored."""
+    return int(
+        conn.execute(
+            "SELECT count(*) FROM objects d WHERE base IS NOT NULL "
+            "AND NOT EXISTS (SELECT 1 FROM objects b WHERE b.id = d.base)"
+        ).fetchone()[0]
+    )
+
+
+async def _churned(tmp_path: Path, commits: int, seed: int) -> None:
+    """A page of :data:`KEYS` keys, then ``commits`` transactions of churn, closed."""
+    async with await Repository.open(tmp_path) as repo:
+        await _churn(await _loaded(repo, {}), {}, commits, seed)
 
 
 def _a_base(conn: sqlite3.Connection) -> tuple[int, bytes, list[bytes]]:
@@ -229,10 +241,7 @@ def _a_base(conn: sqlite3.Connection) -> tuple[int, bytes, list[bytes]]:
 
 
 async def test_a_damaged_base_is_reported_with_the_nodes_built_on_it(tmp_path: Path) -> None:
-    model: dict[bytes, bytes] = {}
-    async with await Repository.open(tmp_path) as repo:
-        page = await _loaded(repo, model)
-        await _churn(page, model, 30, seed=3)
+    await _churned(tmp_path, 30, seed=3)
     with _db(tmp_path) as conn:
         base_id, base, on_it = _a_base(conn)
         data = conn.execute("SELECT data FROM objects WHERE id = ?", (base_id,)).fetchone()[0]
@@ -247,10 +256,7 @@ async def test_a_damaged_base_is_reported_with_the_nodes_built_on_it(tmp_path: P
 
 
 async def test_a_delta_whose_base_is_gone_is_corrupt_not_a_crash(tmp_path: Path) -> None:
-    model: dict[bytes, bytes] = {}
-    async with await Repository.open(tmp_path) as repo:
-        page = await _loaded(repo, model)
-        await _churn(page, model, 30, seed=4)
+    await _churned(tmp_path, 30, seed=4)
     with _db(tmp_path) as conn:
         base_id, base, on_it = _a_base(conn)
         conn.execute("DELETE FROM objects WHERE id = ?", (base_id,))
@@ -265,10 +271,7 @@ async def test_a_delta_whose_base_is_gone_is_corrupt_not_a_crash(tmp_path: Path)
 
 
 async def test_a_base_looping_to_itself_ends_the_read(tmp_path: Path) -> None:
-    model: dict[bytes, bytes] = {}
-    async with await Repository.open(tmp_path) as repo:
-        page = await _loaded(repo, model)
-        await _churn(page, model, 5, seed=5)
+    await _churned(tmp_path, 5, seed=5)
     with _db(tmp_path) as conn:
         d_id, digest = conn.execute(
             "SELECT id, digest FROM objects WHERE base IS NOT NULL LIMIT 1"
@@ -344,17 +347,11 @@ async def test_a_sweep_cut_short_leaves_no_delta_without_its_base(
         report = await ck.check_page(page)
         assert report.healthy, report.problems
     with _db(tmp_path) as conn:
-        assert not conn.execute(
-            "SELECT 1 FROM objects d WHERE base IS NOT NULL "
-            "AND NOT EXISTS (SELECT 1 FROM objects b WHERE b.id = d.base)"
-        ).fetchall()
+        assert _baseless(conn) == 0
 
 
 async def test_dropping_a_damaged_base_drops_the_deltas_made_against_it(tmp_path: Path) -> None:
-    model: dict[bytes, bytes] = {}
-    async with await Repository.open(tmp_path) as repo:
-        page = await _loaded(repo, model)
-        await _churn(page, model, 30, seed=7)
+    await _churned(tmp_path, 30, seed=7)
     with _db(tmp_path) as conn:
         _, base, on_it = _a_base(conn)
     async with await Repository.open(tmp_path) as repo:
@@ -362,7 +359,4 @@ async def test_dropping_a_damaged_base_drops_the_deltas_made_against_it(tmp_path
         gone = await ck.drop_pieces(page, [base])
         assert base in gone and set(on_it) <= set(gone)
     with _db(tmp_path) as conn:
-        assert not conn.execute(
-            "SELECT 1 FROM objects d WHERE base IS NOT NULL "
-            "AND NOT EXISTS (SELECT 1 FROM objects b WHERE b.id = d.base)"
-        ).fetchall()
+        assert _baseless(conn) == 0
