@@ -28,7 +28,7 @@ ROWS_PER_STATEMENT = 256
 """Rows one statement of :func:`put_pieces` inserts when there are many."""
 
 
-@functools.cache
+@functools.lru_cache(maxsize=16)
 def _insert_rows_sql(rows: int) -> str:
     """Insert those of ``rows`` (digest, data) pairs whose digest is not stored: one
     statement, the test in SQLite (no UNIQUE constraint does it: see ``objects_digest``).
@@ -58,6 +58,20 @@ def insert_rows(conn: sqlite3.Connection, head: str, rows: Sequence[Sequence[obj
         conn.execute(_values_sql(head, width, len(part)), [x for row in part for x in row])
 
 
+def _insert_new(conn: sqlite3.Connection, rows: Sequence[tuple[bytes, bytes]]) -> None:
+    """Insert those of ``rows`` not stored (at most ``ROWS_PER_STATEMENT``) in statements
+    of a power of two rows each: a few statements where executemany would step, and
+    take the GIL back, row by row. Only those few sizes: a cached statement keeps the
+    values last bound to it (sqlite3 never clears them), and a statement for every
+    size held hundreds of MiB of a big value's chunks."""
+    at, size = 0, ROWS_PER_STATEMENT
+    while at < len(rows):
+        while at + size > len(rows):
+            size //= 2
+        conn.execute(_insert_rows_sql(size), [x for row in rows[at : at + size] for x in row])
+        at += size
+
+
 def put_pieces(
     conn: sqlite3.Connection, pieces: Iterable[tuple[bytes, bytes]], status: int
 ) -> None:
@@ -77,13 +91,8 @@ def put_pieces(
         rows = list(distinct.items())  # (each digest once: see _insert_rows_sql)
     last = conn.execute("SELECT coalesce(max(id), 0) FROM objects").fetchone()[0]
     changes = conn.total_changes
-    full = len(rows) - len(rows) % ROWS_PER_STATEMENT
-    if full:
-        statement = _insert_rows_sql(ROWS_PER_STATEMENT)
-        for i in range(0, full, ROWS_PER_STATEMENT):
-            conn.execute(statement, [x for row in rows[i : i + ROWS_PER_STATEMENT] for x in row])
-    if full < len(rows):
-        conn.executemany(_insert_rows_sql(1), rows[full:])
+    for i in range(0, len(rows), ROWS_PER_STATEMENT):
+        _insert_new(conn, rows[i : i + ROWS_PER_STATEMENT])
     inserted = conn.total_changes - changes  # (no triggers) the new ones: ids above last
     if inserted and status != SYNCED:
         conn.execute(
