@@ -22,8 +22,11 @@ Collection
     *Mark*: walk the trees and values of the retained commits, of the snapshots
     and transactions open on the page and of the journals, level by level, a
     batch of pieces per query, skipping every subtree already marked (trees share
-    most nodes); a node stored as a delta keeps the bases its chain passes through
-    (:mod:`store.pieces.delta`). *Sweep*: the pieces stored before the mark began and
+    most nodes). *Flatten*: a marked node stored as a delta whose chain passes
+    through a base nothing marked (:mod:`store.pieces.delta`: an older version of the
+    node, of a pruned commit) is stored whole, so that the base can go: keeping it
+    would keep the keys and the inline values that the pruned versions held, which
+    a purge must remove. *Sweep*: the pieces stored before the mark began and
     not marked are deleted, the newest first (a delta before its base), a batch per
     SQLite transaction under the commit lock. Before each
     batch, under that lock, the commits, snapshots and journals that appeared since
@@ -51,10 +54,11 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ledgerd.store.errors import InvalidArgumentError, StoreError, named
+from ledgerd.store.errors import CorruptObjectError, InvalidArgumentError, StoreError, named
 from ledgerd.store.page.page import Page
 from ledgerd.store.pieces import delta, split
 from ledgerd.store.pieces import digest as dg
+from ledgerd.store.pieces.sources import mismatched
 from ledgerd.store.sqlite import collection, metadata
 from ledgerd.store.sqlite.schema import CHAIN_IN, DIGEST_IN, UPLOADED_ROW
 from ledgerd.store.tree import btree
@@ -155,18 +159,28 @@ async def held(page: Page) -> AsyncIterator[None]:
 
 class _Marker:
     """The set of stored pieces reachable from what was marked so far (``marked``, the
-    pieces walked), and the bases their chains of deltas pass through (``bases``, kept
-    but not walked for that: a node may be a base of a kept one and reached by a tree
-    later, which must then walk it)."""
+    pieces walked), and the bases the chains of the marked nodes stored as deltas pass
+    through (``chains``: not marked for that; see :meth:`stale`)."""
 
     def __init__(self, page: Page) -> None:
         self.page = page
         self.marked: set[bytes] = set()
-        self.bases: set[bytes] = set()
+        self.chains: dict[bytes, list[bytes]] = {}
+        """A marked node stored as a delta -> the bases its chain passes through."""
         self.roots: set[bytes] = set()
 
     def keeps(self, digest: bytes) -> bool:
-        return digest in self.marked or digest in self.bases
+        return digest in self.marked
+
+    @property
+    def bases(self) -> set[bytes]:
+        return set().union(*self.chains.values())
+
+    def stale(self) -> list[bytes]:
+        """The marked nodes whose chains pass through a base nothing marked: each must
+        be stored whole before that base is deleted (:func:`_flatten`)."""
+        marked = self.marked
+        return [d for d, bases in self.chains.items() if not all(b in marked for b in bases)]
 
     async def _yield(self) -> None:
         await asyncio.sleep(0)
@@ -185,13 +199,15 @@ class _Marker:
 
     async def _read_nodes(self, digests: list[bytes]) -> dict[bytes, bytes]:
         """Stored tree nodes, rebuilt from their chains (:mod:`store.pieces.delta`); the
-        bases those chains pass through are kept (``bases``), for the nodes need them."""
+        bases those chains pass through are noted (``chains``)."""
         out: dict[bytes, bytes] = {}
         for i in range(0, len(digests), READ_BATCH):
             rows = await self.page.db.read_in(
                 CHAIN_IN, digests[i : i + READ_BATCH], chunk=READ_BATCH
             )
-            self.bases.update(bytes(r[4]) for r in rows if r[3])
+            for r in rows:
+                if r[3]:  # (depth 0 is the node itself)
+                    self.chains.setdefault(bytes(r[0]), []).append(bytes(r[4]))
             out.update(delta.assemble(rows))
             await self._yield()
         return out
@@ -311,6 +327,7 @@ async def collect(page: Page, retention: float, *, stop: Callable[[], bool] = _n
     result.retained_commits = len(keep)
     result.commits_pruned = await _prune(page, known - keep)
     garbage = await _unmarked(page, marker, upto)
+    await _flatten(page, marker)
     await _sweep(page, marker, retention, garbage, result, stop)
     while await page.db.run(_vacuum_step, write=True) and not stop():
         await marker._yield()
@@ -377,6 +394,7 @@ async def _sweep(
             # What appeared since the mark began (commits, snapshots, journals): a new
             # commit may reuse a piece found unreachable before; it is kept.
             await _mark_current(page, marker, retention)
+            await _flatten(page, marker)  # (its nodes' chains: usually none to flatten)
             part = slice(done, done + SWEEP_BATCH)
             ids = [
                 i for i, d in zip(garbage[part], garbage_digests[part], strict=True) if not keeps(d)
@@ -389,6 +407,29 @@ async def _sweep(
         result.pieces_freed += n
         result.bytes_freed += nbytes
         await marker._yield()
+
+
+async def _flatten(page: Page, marker: _Marker) -> None:
+    """Store whole the marked nodes whose chains pass through a base nothing marked
+    (:meth:`_Marker.stale`), before any such base is deleted. Each is rebuilt and
+    verified first: a damaged chain stops the collection (``ledgerctl check`` repairs
+    it) rather than be stored whole as it reads."""
+    stale = marker.stale()
+    for i in range(0, len(stale), READ_BATCH):
+        part = stale[i : i + READ_BATCH]
+        whole = await delta.read_whole(page.db, part)
+        if bad := await mismatched(whole):
+            raise CorruptObjectError(
+                f"tree node {dg.short(bad[0])} of page {named(page.id)} does not match its "
+                "digest: run ledgerctl check"
+            )
+        rows = list(whole.items())
+        await page.db.run(lambda conn, rows=rows: collection.flatten(conn, rows), write=True)  # type: ignore[misc]
+        for d in part:
+            del marker.chains[d]
+        await marker._yield()
+    if stale:
+        log.debug("gc of page %s: %d nodes stored whole", named(page.id), len(stale))
 
 
 def _delete(conn: sqlite3.Connection, ids: list[int]) -> tuple[int, int]:

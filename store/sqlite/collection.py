@@ -114,6 +114,23 @@ def _delete_rows(conn: sqlite3.Connection, ids: list[int]) -> tuple[int, int]:
     return int(n), int(nbytes)
 
 
+def flatten(conn: sqlite3.Connection, pieces: Iterable[tuple[bytes, bytes]]) -> int:
+    """Store these tree pieces ``(digest, whole data)`` whole where they are deltas, so
+    that the bases of their chains may be deleted; returns how many were. The deltas'
+    bytes are overwritten (``secure_delete``), as deleted pieces' are."""
+    conn.execute("PRAGMA secure_delete = ON")
+    try:
+        return int(
+            conn.executemany(
+                "UPDATE objects SET data = ?2, base = NULL, depth = NULL "
+                f"WHERE {digest_is('digest', '?1')} AND base IS NOT NULL",
+                pieces,
+            ).rowcount
+        )
+    finally:
+        conn.execute("PRAGMA secure_delete = OFF")
+
+
 def vacuum_step(conn: sqlite3.Connection, pages: int) -> int:
     """Give back up to ``pages`` free file pages; returns how many are left."""
     conn.execute(f"PRAGMA incremental_vacuum({int(pages)})").fetchall()
