@@ -37,11 +37,12 @@ from ledgerd.sync import pack
 from ledgerd.sync.errors import BucketLayoutError
 
 MARKER = "ledgerd-bucket"
-BUCKET_FORMAT = 4
+BUCKET_FORMAT = 5
 """Version of the bucket layout; the marker carries it. A bucket of another one is
 refused: a newer one by "upgrade ledgerd", an older one (an unreleased development
-layout that shipped commit graphs) by "use a new cloud URL". 4 is pack format 3:
-deltas of stamped entries (``docs/convergence.md``)."""
+layout) by "use a new cloud URL". 4 is pack format 3: deltas of stamped entries
+(``docs/convergence.md``); 5 is the same packs with values of up to 128 bytes inside
+their digests (:data:`ledgerd.store.pieces.digest.INLINE_LIMIT`, 32 in 4)."""
 
 MAX_EAGER_END = 1 << 40
 """Largest ``eager_end`` a pack name may carry (sync never writes one near it)."""

@@ -54,7 +54,7 @@ _LENGTH = (1 << _LENGTH_BITS) - 1
 _packer = msgpack.Packer(use_bin_type=True)
 
 _ONE_CHAIN = chain_of(digest_is("digest", "?1"))
-_TREE_CHUNK = dg.chunk_digest(dg.Kind.TREE, bytes(33))[:1]
+_TREE_CHUNK = dg.chunk_digest(dg.Kind.TREE, bytes(dg.TREE_INLINE_LIMIT + 1))[:1]  # hashed
 
 
 def may_be_delta(digest: bytes) -> bool:

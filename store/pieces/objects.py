@@ -70,8 +70,9 @@ CACHE_PIECE_LIMIT = 64 * 1024
 """Pieces up to this size that were read (and verified) or written are kept in the
 repository's cache, so reading what was just written or read needs no trip to SQLite."""
 
-_TYPE_BYTE, _CHUNK_TYPE = operator.itemgetter(0), dg.value_chunk_digest(bytes(33))[:1]
-"""A digest's type byte; that of a value of one hashed piece (of over 32 bytes)."""
+_TYPE_BYTE = operator.itemgetter(0)
+_CHUNK_TYPE = dg.value_chunk_digest(bytes(dg.INLINE_LIMIT + 1))[:1]
+"""A digest's type byte; that of a value of one hashed piece (over ``INLINE_LIMIT``)."""
 
 CACHE_VALUE_LIMIT = 1024 * 1024
 """The chunks of a value larger than this are not cached when read: streaming a large

@@ -72,12 +72,13 @@ async def _open_directory(root: Path) -> tuple[int, Database]:
     the layout's directories and open the usage database: the lock's fd and it."""
     lock_fd = await asyncio.to_thread(lock_directory, root)
     try:
-        if (root / "1" / "ledgers").exists():
-            raise SchemaError(
-                f"{root} holds pages of an unreleased development version of ledgerd "
-                f"(in {root / '1'}), which this version does not read: move that "
-                "directory away (its data is in the bucket if it was synced)"
-            )
+        for old in map(str, range(1, FORMAT_VERSION)):
+            if (root / old / "ledgers").exists():
+                raise SchemaError(
+                    f"{root} holds pages of an unreleased development version of ledgerd "
+                    f"(in {root / old}), which this version does not read: move that "
+                    "directory away"
+                )
         for d in (root / str(FORMAT_VERSION), root / str(FORMAT_VERSION) / "ledgers"):
             d.mkdir(mode=0o700, exist_ok=True)
         # FULL: the device id and sync's sequence numbers must survive a power loss.

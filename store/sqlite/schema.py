@@ -31,10 +31,12 @@ import sqlite3
 
 from ledgerd.store.errors import CorruptDatabaseError, SchemaError
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """Path component of the repository layout: ``{data_dir}/{FORMAT_VERSION}/ledgers/...``.
-Format 2 keeps a dot in every entry (:mod:`store.tree.dots`); format 1 (an unreleased
-development version) is not read."""
+Format 3 carries values of up to 128 bytes inside their digests
+(:data:`store.pieces.digest.INLINE_LIMIT`; 32 before); format 2 kept a dot in every entry
+(:mod:`store.tree.dots`). Formats 1 and 2 (unreleased development versions) are not
+read: the same value had another digest there."""
 
 SCHEMA_VERSION = 3
 """``PRAGMA user_version`` of a current page database. Version 3 stores a tree node a

@@ -26,9 +26,10 @@ Shape
     nodes.
 
 Nodes are objects of kind TREE: a node encoding of at most 64 KiB is one chunk
-(inline when at most 32 bytes), a larger one is split like any value. A node a batch
-rewrote from a stored one is stored as a delta against it (:mod:`store.pieces.delta`);
-reads get it whole.
+(inline when at most ``TREE_INLINE_LIMIT``, 32 bytes), a larger one is split like any
+value. A node a batch rewrote from a stored one is stored as a delta against it
+(:mod:`store.pieces.delta`); reads get it whole. A leaf carries its values of up to
+``INLINE_LIMIT`` (128 bytes) in their digests.
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ def _parts(node: Node) -> list[bytes]:
 def _deltable(d: bytes, data: bytes, base: bytes) -> bool:
     """Whether node ``d`` (encoded ``data``) may be stored as a delta against node
     ``base``: both are pieces of their own (not inline, not split), and differ."""
-    one_piece = dg.INLINE_LIMIT < len(data) <= split.MAX_CHUNK
+    one_piece = dg.TREE_INLINE_LIMIT < len(data) <= split.MAX_CHUNK
     return d != base and one_piece and not dg.is_inline(base) and not dg.is_index(base)
 
 
@@ -244,7 +244,7 @@ class Builder:
         self.nodes.cache.demote(d for d in self.replaced if d not in seen)
         for d in seen:
             node, pieces = self.new[d]
-            self.nodes.remember(d, node, sum(len(p.data) for p in pieces) or dg.INLINE_LIMIT)
+            self.nodes.remember(d, node, sum(len(p.data) for p in pieces) or dg.TREE_INLINE_LIMIT)
         return out
 
     def split_deltas(

@@ -24,8 +24,11 @@ from ledgerd.daemon.codec import (
     parse_json,
 )
 from ledgerd.store import Priority, Repository
-from ledgerd.store.sqlite.schema import TRANSIENT
+from ledgerd.store.sqlite.schema import FORMAT_VERSION, TRANSIENT
 from tests.daemon.conftest import Daemon, start_daemon
+
+FORMAT_DIR = str(FORMAT_VERSION)
+"""The directory of the data directory's pages (``{data}/{FORMAT_VERSION}/ledgers``)."""
 
 P = "/v1/ledgers/l/pages/p"
 
@@ -426,7 +429,7 @@ async def test_a_refused_body_makes_no_page(daemon: Daemon, http: aiohttp.Client
         )
     async with http.get(u("/v1/ledgers")) as r:
         assert (await r.json())["ledgers"] == []
-    assert not list((daemon.data / "2" / "ledgers").glob("*"))
+    assert not list((daemon.data / FORMAT_DIR / "ledgers").glob("*"))
 
 
 async def test_a_document_too_large_makes_no_page(
@@ -441,7 +444,7 @@ async def test_a_document_too_large_makes_no_page(
         assert (await r.json())["error"]["code"] == "too_large"
     async with http.get(u("/v1/ledgers")) as r:
         assert (await r.json())["ledgers"] == []
-    assert not list((daemon.data / "2" / "ledgers").glob("*"))
+    assert not list((daemon.data / FORMAT_DIR / "ledgers").glob("*"))
     async with http.post(u("/v1/ledgers/new/pages/q/docs/c"), json={"x": "a"}) as r:
         assert r.status == 201, await r.text()  # one under the limit is stored
 
@@ -458,7 +461,7 @@ async def test_a_session_watch_with_a_bad_prefix_makes_no_page(
     assert reply["ok"] is False and reply["error"]["code"] == "bad_request", reply
     async with http.get(u("/v1/ledgers")) as r:
         assert (await r.json())["ledgers"] == []
-    assert not list((daemon.data / "2" / "ledgers").glob("*"))
+    assert not list((daemon.data / FORMAT_DIR / "ledgers").glob("*"))
     await ws.send_json({"id": 2, "op": "watch", **page, "prefix": "YQ=="})
     assert (await ws.receive_json(timeout=10))["ok"] is True
     await ws.close()
@@ -475,7 +478,7 @@ async def test_a_revision_in_the_future_makes_no_page(
         assert (await r.json())["error"]["code"] == "rev_in_future", await r.text()
     async with http.get(u("/v1/ledgers")) as r:
         assert (await r.json())["ledgers"] == []
-    assert not list((daemon.data / "2" / "ledgers").glob("*"))
+    assert not list((daemon.data / FORMAT_DIR / "ledgers").glob("*"))
 
 
 async def test_a_small_value_whose_body_stalls_makes_no_page(short_tmp: Path) -> None:
@@ -493,7 +496,7 @@ async def test_a_small_value_whose_body_stalls_makes_no_page(short_tmp: Path) ->
             http.get(u("/v1/ledgers")) as r,
         ):
             assert (await r.json())["ledgers"] == []
-        assert not list((daemon.data / "2" / "ledgers").glob("*"))
+        assert not list((daemon.data / FORMAT_DIR / "ledgers").glob("*"))
     finally:
         assert daemon.stop() == 0, daemon.log_text()
 

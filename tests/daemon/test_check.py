@@ -14,7 +14,11 @@ import pytest
 from ledgerd.daemon.client import Client, LedgerError
 from ledgerd.store.pieces import digest as dg
 from ledgerd.store.repo.repository import encode_name
+from ledgerd.store.sqlite.schema import FORMAT_VERSION
 from tests.daemon.conftest import Daemon, start_daemon
+
+FORMAT_DIR = str(FORMAT_VERSION)
+"""The directory of the data directory's pages (``{data}/{FORMAT_VERSION}/ledgers``)."""
 
 VALUE = os.urandom(4000)  # under split.MIN_CHUNK: one chunk, stored as one piece (5,000
 # random bytes were cut in two now and then, and the tests below missed their piece)
@@ -28,7 +32,7 @@ def _start(base: Path) -> Daemon:
 
 
 def _page_file(d: Daemon, ledger: bytes = b"notes", page: bytes = b"inbox") -> Path:
-    return d.data / "2" / "ledgers" / encode_name(ledger) / encode_name(page) / "page.sqlite"
+    return d.data / FORMAT_DIR / "ledgers" / encode_name(ledger) / encode_name(page) / "page.sqlite"
 
 
 @pytest.fixture

@@ -15,13 +15,17 @@ import pytest
 
 from ledgerd.daemon.client import Client, LedgerError
 from ledgerd.store.repo.repository import encode_name
+from ledgerd.store.sqlite.schema import FORMAT_VERSION
 from tests.daemon.conftest import Daemon, start_daemon
+
+FORMAT_DIR = str(FORMAT_VERSION)
+"""The directory of the data directory's pages (``{data}/{FORMAT_VERSION}/ledgers``)."""
 
 MiB = 1024 * 1024
 
 
 def _page_files(d: Daemon, ledger: bytes, page: bytes) -> list[Path]:
-    db = d.data / "2" / "ledgers" / encode_name(ledger) / encode_name(page) / "page.sqlite"
+    db = d.data / FORMAT_DIR / "ledgers" / encode_name(ledger) / encode_name(page) / "page.sqlite"
     return [p for p in (db, db.with_name("page.sqlite-wal")) if p.exists()]
 
 
@@ -127,7 +131,7 @@ def test_ledgerctl_evict(d: Daemon) -> None:
         c.sync()
     out = d.ledgerctl("evict", "notes", "inbox")  # synced now; closed if idle
     assert out.returncode == 0, out
-    page_dir = d.data / "2" / "ledgers" / encode_name(b"notes") / encode_name(b"inbox")
+    page_dir = d.data / FORMAT_DIR / "ledgers" / encode_name(b"notes") / encode_name(b"inbox")
     assert not (page_dir / "page.sqlite").exists()  # its storage is gone
     # du lists nothing of an evicted page (that would fetch it back), so its logical
     # size is unknown: '?' and null, not '0 entries' (before: 0 bytes, 0 entries).

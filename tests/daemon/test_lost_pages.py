@@ -11,11 +11,15 @@ import pytest
 
 from ledgerd.daemon.client import Client, LedgerError
 from ledgerd.store.repo.repository import encode_name
+from ledgerd.store.sqlite.schema import FORMAT_VERSION
 from tests.daemon.conftest import Daemon, start_daemon
+
+FORMAT_DIR = str(FORMAT_VERSION)
+"""The directory of the data directory's pages (``{data}/{FORMAT_VERSION}/ledgers``)."""
 
 
 def _page_dir(d: Daemon, ledger: bytes = b"notes", page: bytes = b"inbox") -> Path:
-    return d.data / "2" / "ledgers" / encode_name(ledger) / encode_name(page)
+    return d.data / FORMAT_DIR / "ledgers" / encode_name(ledger) / encode_name(page)
 
 
 def _lose(base: Path) -> tuple[Path, bytes, str]:

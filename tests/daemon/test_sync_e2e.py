@@ -19,9 +19,13 @@ import boto3
 
 from ledgerd.daemon.client import Client, NotFoundError
 from ledgerd.store.repo.repository import encode_name
+from ledgerd.store.sqlite.schema import FORMAT_VERSION
 from ledgerd.sync import pack
 from ledgerd.sync.layout import PackName
 from tests.daemon.conftest import AWS, ROOT, Daemon, _ls, _start, _sync, start_daemon
+
+FORMAT_DIR = str(FORMAT_VERSION)
+"""The directory of the data directory's pages (``{data}/{FORMAT_VERSION}/ledgers``)."""
 
 
 def test_writes_propagate_and_converge(three: list[Daemon]) -> None:
@@ -77,7 +81,7 @@ def test_new_device_bootstraps_and_lazy_values_wait_for_a_read(
             assert sorted(d.ledgerctl("ledgers", check=True).stdout.split()) == [b"notes", b"other"]
             db = (
                 d.data
-                / "2"
+                / FORMAT_DIR
                 / "ledgers"
                 / encode_name(b"notes")
                 / encode_name(b"photos")

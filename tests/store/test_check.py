@@ -15,6 +15,7 @@ from ledgerd.store.documents.docmodel import parse_ulid
 from ledgerd.store.errors import CorruptObjectError
 from ledgerd.store.page import check as ck
 from ledgerd.store.pieces import digest as dg
+from ledgerd.store.sqlite.schema import FORMAT_VERSION
 
 
 async def _page_with_data(root: Path) -> tuple[Repository, bytes, bytes]:
@@ -45,7 +46,9 @@ async def test_a_healthy_page_has_no_problem(tmp_path: Path) -> None:
 @contextlib.contextmanager
 def _db(root: Path) -> Iterator[sqlite3.Connection]:
     """The page file of ``root``'s only page, open for damage (the repository closed)."""
-    conn = sqlite3.connect(next(root.glob("2/ledgers/*/*/page.sqlite")), isolation_level=None)
+    conn = sqlite3.connect(
+        next(root.glob(f"{FORMAT_VERSION}/ledgers/*/*/page.sqlite")), isolation_level=None
+    )
     try:
         yield conn
     finally:

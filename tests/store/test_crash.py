@@ -15,6 +15,7 @@ import pytest
 
 from ledgerd.store import Repository
 from ledgerd.store.repo.repository import encode_name
+from ledgerd.store.sqlite.schema import FORMAT_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,7 +68,14 @@ async def _crash_loop(tmp_path: Path, iterations: int) -> None:
     acked: set[bytes] = set()
     begun: set[str] = set()
     committed: set[str] = set()
-    db_file = data / "2" / "ledgers" / encode_name(b"crash") / encode_name(b"page") / "page.sqlite"
+    db_file = (
+        data
+        / str(FORMAT_VERSION)
+        / "ledgers"
+        / encode_name(b"crash")
+        / encode_name(b"page")
+        / "page.sqlite"
+    )
     for it in range(iterations):
         lines = await run_and_kill(data, it, rng.randint(2, 120))
         for line in lines:
@@ -142,7 +150,7 @@ async def test_an_acknowledged_write_of_the_empty_key_survives_a_crash(tmp_path:
     )
     out, _ = await proc.communicate()
     assert out == b"acknowledged\n" and proc.returncode == -signal.SIGKILL
-    conn = sqlite3.connect(next(tmp_path.glob("2/ledgers/*/*/page.sqlite")))
+    conn = sqlite3.connect(next(tmp_path.glob(f"{FORMAT_VERSION}/ledgers/*/*/page.sqlite")))
     try:  # the writes were still in the journal: recovery is what this tests
         assert conn.execute("SELECT count(*) FROM journal_entries").fetchone()[0] == 2
     finally:

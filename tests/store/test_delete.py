@@ -11,6 +11,7 @@ import pytest
 from ledgerd.store import LedgerNotFoundError, PageNotFoundError, Repository
 from ledgerd.store.page import deleted as dl
 from ledgerd.store.pieces.digest import TOMBSTONE
+from ledgerd.store.sqlite.schema import FORMAT_VERSION
 from ledgerd.store.tree import btree
 
 
@@ -86,7 +87,9 @@ async def test_deleting_a_page_that_is_not_there_is_not_found(tmp_path: Path) ->
         await repo.delete_page("l", "p")
         with pytest.raises(LedgerNotFoundError):  # its only page: the ledger is gone too
             await repo.delete_page("l", "p")
-        assert not (tmp_path / "2" / "ledgers").joinpath("bm9wZQ").exists()  # made nothing
+        assert (
+            not (tmp_path / str(FORMAT_VERSION) / "ledgers").joinpath("bm9wZQ").exists()
+        )  # made nothing
 
 
 async def test_a_write_after_the_delete_brings_the_page_back_with_only_new_keys(

@@ -9,18 +9,27 @@ from ledgerd.store.errors import InvalidDigestError
 from ledgerd.store.pieces import digest as dg
 
 
-def test_inline_up_to_32_bytes() -> None:
-    for n in (0, 1, 32):
-        d = dg.chunk_digest(dg.Kind.VALUE, b"x" * n)
+@pytest.mark.parametrize(
+    ("kind", "limit"), [(dg.Kind.VALUE, 128), (dg.Kind.TREE, 32)], ids=["value", "tree"]
+)
+def test_values_are_inline_up_to_128_bytes_tree_nodes_up_to_32(kind: dg.Kind, limit: int) -> None:
+    assert dg.inline_limit(kind) == limit
+    for n in (0, 1, limit):
+        d = dg.chunk_digest(kind, b"x" * n)
         assert dg.is_inline(d) and dg.inline_content(d) == b"x" * n
-        assert len(d) == n + 1
-    d = dg.chunk_digest(dg.Kind.VALUE, b"x" * 33)
+        assert len(d) == n + 1 and dg.validate(d) == d and dg.verify(d, b"x" * n)
+    d = dg.chunk_digest(kind, b"x" * (limit + 1))
     assert not dg.is_inline(d)
-    assert d[1:] == hashlib.sha256(struct.pack(">Q", 33) + b"x" * 33).digest()
+    assert d[1:] == hashlib.sha256(struct.pack(">Q", limit + 1) + b"x" * (limit + 1)).digest()
+    # One name for each piece: content this short is never named by its hash.
+    hashed = bytes([d[0]]) + dg.content_hash(b"x" * limit)
+    assert not dg.verify(hashed, b"x" * limit)
+    with pytest.raises(InvalidDigestError, match=f"longer than {limit} bytes"):
+        dg.validate(bytes([dg.chunk_digest(kind, b"")[0]]) + b"x" * (limit + 1))
 
 
 def test_type_byte_tells_kind_and_index() -> None:
-    data = b"y" * 100
+    data = b"y" * 200
     v = dg.chunk_digest(dg.Kind.VALUE, data)
     t = dg.chunk_digest(dg.Kind.TREE, data)
     i = dg.index_digest(dg.Kind.VALUE, data)
@@ -31,7 +40,9 @@ def test_type_byte_tells_kind_and_index() -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", [b"", b"\x80" + b"\0" * 32, b"\x00" + b"\0" * 10, b"\x01" + b"\0" * 33, b"\x03abc"]
+    "bad",
+    [b"", b"\x80" + b"\0" * 32, b"\x00" + b"\0" * 10, b"\x01" + b"\0" * 129, b"\x05" + b"\0" * 33]
+    + [b"\x03abc"],
 )
 def test_validate_rejects_malformed(bad: bytes) -> None:
     with pytest.raises(InvalidDigestError):

@@ -21,6 +21,7 @@ from ledgerd.store.page import exchange
 from ledgerd.store.page.hooks import NO_HOOKS
 from ledgerd.store.repo import eviction
 from ledgerd.store.repo.eviction import SUFFIX
+from ledgerd.store.sqlite.schema import FORMAT_VERSION
 from ledgerd.store.tree import commit
 from tests.store.test_crash import run_and_kill
 from tests.store.test_gc import upload_all
@@ -256,7 +257,9 @@ async def test_sigkill_during_eviction_leaves_each_page_whole_or_evicted(tmp_pat
                 continue
             page = await repo.ledger("l").page(name)  # whole: it reads back
             assert await page.get(b"k") == name.encode() * 100
-        assert not any(p.name.endswith(SUFFIX) for p in (data / "2" / "ledgers").rglob("*"))
+        assert not any(
+            p.name.endswith(SUFFIX) for p in (data / str(FORMAT_VERSION) / "ledgers").rglob("*")
+        )
 
 
 class _Missing:

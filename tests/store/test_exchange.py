@@ -86,7 +86,7 @@ async def test_an_import_with_a_corrupt_piece_stores_nothing(tmp_path: Path, ent
     ):
         a = await ra.ledger("l").page("p")
         b = await rb.ledger("l").page("p")
-        await a.write([(b"k%d" % i, b"v%d" % i * 20) for i in range(entries)])
+        await a.write([(b"k%d" % i, b"v%d" % i * 50) for i in range(entries)])
         d = await exchange.pending_delta(a)
         assert d is not None
         pieces = await exchange.read_pieces(a, d.eager)

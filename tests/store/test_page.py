@@ -195,7 +195,7 @@ async def test_batch_write_is_one_commit(page: Page) -> None:
 
 @pytest.mark.parametrize("n", [10, 2000])  # through the journal; a direct commit
 async def test_shared_value_is_stored_once(page: Page, n: int) -> None:
-    value = b"shared" * 20  # one piece, not inline
+    value = b"shared" * 40  # one piece, not inline
     await page.write([(b"k%05d" % i, value) for i in range(n)])
     async with page.transaction() as txn:
         for i in range(n, n + 10):

@@ -15,7 +15,7 @@ from ledgerd.store.pieces.cache import Cache, CacheSpace
 
 
 def _rows(n: int, tag: bytes) -> list[tuple[bytes, bytes]]:
-    return [(tag + b"%06d" % i, (tag + b"%06d" % i) * 12) for i in range(n)]
+    return [(tag + b"%06d" % i, (tag + b"%06d" % i) * 20) for i in range(n)]
 
 
 async def _fill(page: Page, rows: list[tuple[bytes, bytes]]) -> None:
@@ -112,8 +112,8 @@ async def _corrupt(page: Page, digest: bytes) -> None:
 
 
 async def test_a_piece_is_verified_when_it_enters_the_cache(page: Page) -> None:
-    await page.put(b"k", b"v" * 100)
-    await page.put(b"j", b"w" * 100)
+    await page.put(b"k", b"v" * 200)
+    await page.put(b"j", b"w" * 200)
     await page.flush()
     entry = await page.get_entry(b"k")
     assert entry is not None
@@ -125,12 +125,12 @@ async def test_a_piece_is_verified_when_it_enters_the_cache(page: Page) -> None:
     assert entry.value not in page.objects.cache
 
     # Verified once: a piece read good is served from the cache with no trip to SQLite.
-    assert await page.get(b"j") == b"w" * 100
+    assert await page.get(b"j") == b"w" * 200
     good = await page.get_entry(b"j")
     assert good is not None
     await _corrupt(page, good.value)
     reads = page.db.inline_reads + page.db.thread_reads
-    assert await page.get(b"j") == b"w" * 100
+    assert await page.get(b"j") == b"w" * 200
     assert page.db.inline_reads + page.db.thread_reads == reads
 
 

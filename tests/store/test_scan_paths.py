@@ -154,13 +154,13 @@ async def test_read_each_gives_what_reading_each_alone_gives(
 async def test_a_scan_verifies_each_value_it_reads_from_sqlite(page: Page) -> None:
     """The damaged value in the second of three batches is refused, the third's query
     (read meanwhile) dropped; the values before it are read."""
-    rows = [(b"k%04d" % i, b"value %04d " % i * 8) for i in range(1000)]
+    rows = [(b"k%04d" % i, b"value %04d " % i * 16) for i in range(1000)]
     async with page.transaction() as txn:
         await txn.put_many(rows)
     await page.flush()
     victim = (await page.get_entry(rows[523][0])).value  # type: ignore[union-attr]
     async with page.objects.db.write() as conn:
-        await conn.execute("UPDATE objects SET data = ? WHERE digest = ?", (b"x" * 88, victim))
+        await conn.execute("UPDATE objects SET data = ? WHERE digest = ?", (b"x" * 176, victim))
     page.objects.clear_cache()
     with pytest.raises(CorruptObjectError, match="does not match its digest"):
         await page.entries()
@@ -172,13 +172,13 @@ async def test_a_scan_verifies_each_value_it_reads_from_sqlite(page: Page) -> No
 async def test_a_bulk_reads_hits_keep_their_place_in_the_lru(page: Page) -> None:
     """Values a scan finds cached are not moved to the recent end; point reads are."""
     objects: ObjectStore = page.objects
-    a, b = [(await objects.put_value(bytes([i]) * 100, "Ia")).digest for i in (1, 2)]
+    a, b = [(await objects.put_value(bytes([i]) * 200, "Ia")).digest for i in (1, 2)]
     objects.clear_cache()
     await objects.read_all(b)
     await objects.read_all(a)  # a is the most recent
     order = objects.cache.cache._order
-    assert await objects.read_each([b, a, b]) == [bytes([2]) * 100, bytes([1]) * 100] + [
-        bytes([2]) * 100
+    assert await objects.read_each([b, a, b]) == [bytes([2]) * 200, bytes([1]) * 200] + [
+        bytes([2]) * 200
     ]
     assert [entry[2] for entry in order.values()][-2:] == [b, a]
     await objects.read_all(b)

@@ -121,12 +121,17 @@ async def test_a_page_missing_a_table_is_refused_clearly(tmp_path: Path, damage:
         assert str(path) in str(e.value)
 
 
-async def test_a_data_directory_of_an_unreleased_format_is_refused(tmp_path: Path) -> None:
-    """Pages kept under ``1/`` (an unreleased development format, with no dots in its
-    entries) are not read: the repository refuses to open, saying what to do."""
-    (tmp_path / "1" / "ledgers").mkdir(parents=True)
-    with pytest.raises(SchemaError, match="unreleased development version"):
+@pytest.mark.parametrize("old", ["1", "2"])
+async def test_a_data_directory_of_an_unreleased_format_is_refused(
+    tmp_path: Path, old: str
+) -> None:
+    """Pages kept under ``1/`` (no dots in their entries) or ``2/`` (values of 33 to 128
+    bytes stored as pieces, under other digests) are not read: the repository refuses
+    to open, saying what to do."""
+    (tmp_path / old / "ledgers").mkdir(parents=True)
+    with pytest.raises(SchemaError, match=f"unreleased development version.*{old}"):
         await Repository.open(tmp_path)
+    assert schema.FORMAT_VERSION == 3
 
 
 _DELTA_COLUMNS = ",\n    base   INTEGER,\n    depth  INTEGER\n"

@@ -46,12 +46,12 @@ async def _load(pg: object, rng: random.Random, txns: int, per: int) -> dict[byt
 
 
 async def _live_bytes(page: object) -> int:
-    """The page's state as stored: its entries and its EAGER values' pieces, what any
-    device must download."""
+    """The page's state as stored: its entries (with the values they carry inline) and
+    its EAGER values' pieces, what any device must download."""
     st = await ex.state(page)  # type: ignore[arg-type]
     assert st is not None
     pieces = sum((await ex.piece_sizes(page, st.eager)).values())  # type: ignore[arg-type]
-    return pieces + 64 * len(st.entries)
+    return pieces + sum(64 + len(e[1]) for e in st.entries)
 
 
 async def test_a_new_device_downloads_the_page_not_its_history(

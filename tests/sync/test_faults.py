@@ -229,7 +229,7 @@ async def test_a_bucket_that_went_away_is_not_recreated(tmp_path: Path) -> None:
         await a.engine.sync()  # the first daemon creates and marks the bucket
         crypt = ["ledgerd-bucket.crypt"] if ENCRYPTION["keys"] else []
         assert sorted(p.name for p in root.iterdir() if p.name.startswith("ledgerd")) == [
-            "ledgerd-bucket.4",
+            "ledgerd-bucket.5",
             *crypt,
         ]
         root.rename(tmp_path / "unmounted")

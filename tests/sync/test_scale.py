@@ -136,7 +136,7 @@ async def test_ten_thousand_pages_in_the_bucket_an_idle_poll_is_one_list(
     one LIST per poll."""
     x = os.urandom(16)
     sections = [
-        pack.Section(b"l", b"p%05d" % i, [], [(_digest(b"value %40d" % i), b"value %40d" % i)])
+        pack.Section(b"l", b"p%05d" % i, [], [(_digest(b"value %140d" % i), b"value %140d" % i)])
         for i in range(10_000)
     ]
     await put_pack(bucket, x, 1, sections, int(time.time() * 1000))
