@@ -93,16 +93,18 @@ def chunk_digest(kind: Kind, content: bytes | memoryview) -> bytes:
     return bytes((_type_byte(kind, index=False, inline=False),)) + content_hash(content)
 
 
-_VALUE_CHUNK = bytes((_type_byte(Kind.VALUE, index=False, inline=False),))
-_VALUE_INLINE = bytes((_type_byte(Kind.VALUE, index=False, inline=True),))
+VALUE_CHUNK = bytes((_type_byte(Kind.VALUE, index=False, inline=False),))
+"""The type byte of a value of one hashed piece."""
+VALUE_INLINE = bytes((_type_byte(Kind.VALUE, index=False, inline=True),))
+"""The type byte of a value carried in its digest."""
 _sha256 = hashlib.sha256
 
 
 def value_chunk_digest(content: bytes) -> bytes:
     """``chunk_digest(Kind.VALUE, content)`` for bytes, on the hot path of small writes."""
     if len(content) <= INLINE_LIMIT:
-        return _VALUE_INLINE + content
-    return _VALUE_CHUNK + _sha256(_U64.pack(len(content)) + content).digest()
+        return VALUE_INLINE + content
+    return VALUE_CHUNK + _sha256(_U64.pack(len(content)) + content).digest()
 
 
 def index_digest(kind: Kind, content: bytes | memoryview) -> bytes:

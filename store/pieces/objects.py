@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 READ_BATCH = 64
 """Pieces fetched per query when reading a value."""
 READ_MANY_BATCH = 400
-"""Pieces :meth:`ObjectStore.read_each` reads (and verifies) at a time: one query each."""
+"""Pieces :meth:`ObjectStore.read_each` reads (and verifies) at a time, a query each."""
 
 TURN_PIECES = 8192
 """Pieces :meth:`ObjectStore.value_pieces` goes through between two turns it gives
@@ -71,8 +71,6 @@ CACHE_PIECE_LIMIT = 64 * 1024
 repository's cache, so reading what was just written or read needs no trip to SQLite."""
 
 _TYPE_BYTE = operator.itemgetter(0)
-_CHUNK_TYPE = dg.value_chunk_digest(bytes(dg.INLINE_LIMIT + 1))[:1]
-"""A digest's type byte; that of a value of one hashed piece (over ``INLINE_LIMIT``)."""
 
 CACHE_VALUE_LIMIT = 1024 * 1024
 """The chunks of a value larger than this are not cached when read: streaming a large
@@ -323,8 +321,7 @@ class ObjectStore:
         )
 
     async def _verify(self, pieces: dict[bytes, bytes]) -> None:
-        bad = await mismatched(pieces)
-        if bad:
+        if bad := await mismatched(pieces):
             raise CorruptObjectError(
                 f"stored object {dg.short(bad[0])} in {self.db.path} does not match its digest"
             )
@@ -432,11 +429,14 @@ class ObjectStore:
         return dict(zip(wanted, await self.read_each(wanted), strict=True))
 
     async def read_each(self, digests: Sequence[bytes]) -> list[bytes]:
-        """The whole value of each of ``digests``, in order (a scan's). When each is a
-        value of one hashed piece (one pass over their type bytes tells), the cached
-        ones are found by one :meth:`CacheSpace.peek_each`, with no call per digest and
-        no LRU move: a bulk read's hits do not count as use (docs/performance.md)."""
-        if bytes(map(_TYPE_BYTE, digests)).strip(_CHUNK_TYPE):  # not all single pieces
+        """The whole value of each of ``digests``, in order (a scan's). When each is
+        inline, or of one hashed piece (their type bytes tell), there is no call per
+        digest: cached pieces come from one :meth:`CacheSpace.peek_each`, no LRU move
+        (a bulk read's hits do not count as use: docs/performance.md)."""
+        types = bytes(map(_TYPE_BYTE, digests))
+        if not types.strip(dg.VALUE_INLINE):  # all carried in their digests (small values)
+            return [d[1:] for d in digests]
+        if types.strip(dg.VALUE_CHUNK):  # not all single pieces
             return await self._read_each_kind(digests)
         if None not in (values := self.cache.peek_each(digests)):
             return values  # type: ignore[return-value]
@@ -466,7 +466,8 @@ class ObjectStore:
     async def _read_each_kind(self, digests: Sequence[bytes]) -> list[bytes]:
         """:meth:`read_each` of digests of any kind: inline, of many pieces, of one."""
         unique = dict.fromkeys(digests)
-        out = {d: await self.read_all(d) for d in unique if dg.is_inline(d) or dg.is_index(d)}
+        out = {d: dg.inline_content(d) for d in unique if dg.is_inline(d)}
+        out.update({d: await self.read_all(d) for d in unique if dg.is_index(d)})
         out.update(await self._get_batched([d for d in unique if d not in out]))
         return list(map(out.__getitem__, digests))
 

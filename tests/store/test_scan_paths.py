@@ -183,3 +183,24 @@ async def test_a_bulk_reads_hits_keep_their_place_in_the_lru(page: Page) -> None
     assert [entry[2] for entry in order.values()][-2:] == [b, a]
     await objects.read_all(b)
     assert [entry[2] for entry in order.values()][-2:] == [a, b]
+
+
+@pytest.mark.parametrize("sizes", [(0, 128), (0, 200_000)], ids=["inline", "mixed"])
+async def test_a_scan_of_values_carried_in_the_leaves_reads_them_from_the_leaves(
+    page: Page, sizes: tuple[int, int]
+) -> None:
+    """Values of up to INLINE_LIMIT bytes are in their digests: a warm scan of them makes
+    no SQLite call; beside pieces (one of many pieces too), each value is exact."""
+    rows = [(b"k%04d" % i, b"%d" % i * (1 + i % 40)) for i in range(1000)]
+    rows = [(k, v[: sizes[1]]) for k, v in rows]  # up to 128 bytes each
+    if sizes[1] > 128:
+        rows[10] = (rows[10][0], b"a piece " * 40)
+        rows[500] = (rows[500][0], bytes(range(256)) * 800)  # several pieces
+    async with page.transaction() as txn:
+        await txn.put_many(rows)
+    await page.flush()
+    assert [(kv.key, kv.value) for kv in (await page.entries()).items] == rows
+    reads = page.db.inline_reads + page.db.thread_reads
+    assert [(kv.key, kv.value) for kv in (await page.entries()).items] == rows
+    if sizes[1] <= 128:
+        assert page.db.inline_reads + page.db.thread_reads == reads
