@@ -8,6 +8,8 @@ little more than msgpack's own decoding. It knows nothing of node shapes or leve
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Sequence
 
 from ledgerd.store.pieces import digest as dg
@@ -63,15 +65,39 @@ def _with_siblings(raw: tuple[tuple[object, ...], ...], dot_size: int) -> list[t
 
 _HASHED = 1 + dg.HASH_SIZE
 _HASHED_TYPES = frozenset(t for t in range(256) if dg.is_valid_hashed_type(t))
+_FIRST = operator.itemgetter(0)
+
+
+def _table(types: Sequence[int]) -> bytes:
+    """A ``bytes.translate`` table: 1 for these type bytes, 0 for the others."""
+    return bytes(int(t in types) for t in range(256))
+
+
+_IS_HASHED = _table(sorted(_HASHED_TYPES))
+_IS_INLINE_VALUE = _table(dg.VALUE_INLINE)
+_IS_TOMBSTONE = _table(dg.TOMBSTONE)
 
 
 def check_digests(digests: Sequence[bytes]) -> None:
     """Raise TypeError unless every one is bytes, and InvalidDigestError unless every
-    one is a well-formed digest (all hashed ones: at C speed)."""
+    one is a well-formed digest. Hashed ones, values carried inline and tombstones (a
+    leaf's values) are checked at C speed, column by column; others one by one."""
     # The join raises TypeError unless every one is bytes-like, and msgpack makes
     # bytes and never bytearray or memoryview.
     joined = b"".join(digests)
-    if set(map(len, digests)) == {_HASHED} and set(joined[::_HASHED]) <= _HASHED_TYPES:
+    lengths = list(map(len, digests))
+    if set(lengths) == {_HASHED} and set(joined[::_HASHED]) <= _HASHED_TYPES:
         return
+    if 0 not in lengths:
+        types = bytes(map(_FIRST, digests))
+        hashed, inline = types.translate(_IS_HASHED), types.translate(_IS_INLINE_VALUE)
+        tombs = types.translate(_IS_TOMBSTONE)
+        if (
+            hashed.count(1) + inline.count(1) + tombs.count(1) == len(types)
+            and set(itertools.compress(lengths, hashed)) <= {_HASHED}
+            and max(itertools.compress(lengths, inline), default=0) <= 1 + dg.INLINE_LIMIT
+            and set(itertools.compress(lengths, tombs)) <= {1}
+        ):
+            return
     for d in digests:
         dg.validate(d)

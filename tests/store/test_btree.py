@@ -14,11 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledgerd.store.errors import CorruptObjectError
+from ledgerd.store.errors import CorruptObjectError, InvalidDigestError
 from ledgerd.store.pieces import digest as dg
 from ledgerd.store.tree import btree, diff3
 from ledgerd.store.tree.btree import EMPTY, Entry, NodeStore, Priority
 from ledgerd.store.tree.builder import Builder
+from ledgerd.store.tree.nodecheck import check_digests
 
 
 class MemoryNodes:
@@ -431,3 +432,38 @@ async def test_a_batch_splices_the_leaves_the_last_one_made(monkeypatch) -> None
     root = await b.apply(root, changes)
     assert len(spliced) >= 5  # the changed leaves, from the nodes the first batch made
     assert root == await _build(MemoryNodes(), EMPTY, sorted(rows.items()))
+
+
+_INLINE = dg.value_chunk_digest(b"v" * 128)
+_MIXED = [
+    _GOOD,
+    _INLINE,
+    dg.TOMBSTONE,
+    dg.value_chunk_digest(b""),
+    dg.index_digest(dg.Kind.VALUE, b"i"),
+]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dg.VALUE_INLINE + b"v" * 129,  # inline, over INLINE_LIMIT
+        dg.TOMBSTONE + b"x",  # a tombstone with a body
+        _GOOD[:-1],  # hashed, a byte short
+        _GOOD + b"x",  # hashed, a byte long
+        bytes([0x80]) + b"h" * 32,  # an unknown type byte
+        bytes([0x05]) + b"t" * 33,  # an inline tree node over TREE_INLINE_LIMIT
+        bytes([0x03]) + b"h",  # an inline index
+        b"",  # empty
+    ],
+)
+def test_a_leaf_s_values_are_checked_column_by_column(bad: bytes) -> None:
+    """Hashed digests, values carried inline and tombstones pass together at C speed;
+    one malformed digest among them is found, wherever it lies."""
+    check_digests(_MIXED * 20)
+    check_digests([dg.chunk_digest(dg.Kind.TREE, b"t" * 32), *_MIXED])  # (one by one)
+    for at in (0, 37, 100):
+        digests = _MIXED * 20
+        digests.insert(at, bad)
+        with pytest.raises(InvalidDigestError):
+            check_digests(digests)
