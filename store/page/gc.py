@@ -22,20 +22,22 @@ Collection
     *Mark*: walk the trees and values of the retained commits, of the snapshots
     and transactions open on the page and of the journals, level by level, a
     batch of pieces per query, skipping every subtree already marked (trees share
-    most nodes). *Flatten*: a marked node stored as a delta whose chain passes
-    through a base nothing marked (:mod:`store.pieces.delta`: an older version of the
-    node, of a pruned commit) is stored whole, so that the base can go: keeping it
-    would keep the keys and the inline values that the pruned versions held, which
-    a purge must remove. *Sweep*: the pieces stored before the mark began and
-    not marked are deleted, the newest first (a delta before its base), a batch per
-    SQLite transaction under the commit lock. Before each
-    batch, under that lock, the commits, snapshots and journals that appeared since
-    are marked too, so a piece that a new commit reuses is never deleted; staged
-    (transient) pieces are never deleted here, nor pieces from the cloud while some
-    wait for the entries that refer to them (:data:`store.sqlite.schema.PIECES_WAITING`). A
-    batch does not run while a resolver round or an import is under way (they read
-    trees without the lock); the rest waits for the next collection. Every step is one SQLite
-    transaction: a crash (even SIGKILL) loses nothing that is reachable.
+    most nodes). *Flatten*: a marked node stored as a delta against a base nothing
+    marked (:mod:`store.pieces.delta`: an older version of the node, of a pruned
+    commit) is stored whole, so that the base can go: keeping it would keep the keys
+    and the inline values that the pruned versions held, which a purge must remove.
+    *Sweep*: the pieces stored before the mark began and not marked are deleted, the
+    newest first (a delta before its base), a batch per SQLite transaction under the
+    commit lock. Before each batch, under that lock, the commits, snapshots and
+    journals that appeared since (every commit stored since the collection began,
+    retained or not: this collection prunes none of them) are marked and flattened
+    too, so a piece that a new commit reuses or builds a delta on is never deleted;
+    staged (transient) pieces are never deleted here, nor pieces from the cloud while
+    some wait for the entries that refer to them
+    (:data:`store.sqlite.schema.PIECES_WAITING`). A batch does not run while a resolver
+    round or an import is under way (they read trees without the lock); the rest
+    waits for the next collection. Every step is one SQLite transaction: a crash
+    (even SIGKILL) loses nothing that is reachable.
     *Vacuum*: ``PRAGMA incremental_vacuum`` 1 MiB per transaction, then a WAL
     checkpoint, so the file shrinks.
 
@@ -159,28 +161,30 @@ async def held(page: Page) -> AsyncIterator[None]:
 
 class _Marker:
     """The set of stored pieces reachable from what was marked so far (``marked``, the
-    pieces walked), and the bases the chains of the marked nodes stored as deltas pass
-    through (``chains``: not marked for that; see :meth:`stale`)."""
+    pieces walked), and the base of each marked node stored as a delta (``bases_of``,
+    not marked for that; see :meth:`stale`). With ``chains``, every base the marked
+    nodes' chains pass through too (``chain_bases``: :func:`live_bytes`)."""
 
-    def __init__(self, page: Page) -> None:
+    def __init__(self, page: Page, *, chains: bool = False) -> None:
         self.page = page
         self.marked: set[bytes] = set()
-        self.chains: dict[bytes, list[bytes]] = {}
-        """A marked node stored as a delta -> the bases its chain passes through."""
+        self.bases_of: dict[bytes, bytes] = {}
+        """A marked node stored as a delta, not checked yet by :meth:`stale` -> its base."""
+        self.chain_bases: set[bytes] | None = set() if chains else None
         self.roots: set[bytes] = set()
 
     def keeps(self, digest: bytes) -> bool:
         return digest in self.marked
 
-    @property
-    def bases(self) -> set[bytes]:
-        return set().union(*self.chains.values())
-
     def stale(self) -> list[bytes]:
-        """The marked nodes whose chains pass through a base nothing marked: each must
-        be stored whole before that base is deleted (:func:`_flatten`)."""
+        """The marked nodes stored as deltas against a base nothing marked: each must be
+        stored whole before that base is deleted (:func:`_flatten`). A base that is
+        marked was walked, so its own base is checked in turn: a chain through kept
+        versions stays as it is. Each node is checked once (what is marked stays so)."""
         marked = self.marked
-        return [d for d, bases in self.chains.items() if not all(b in marked for b in bases)]
+        out = [d for d, base in self.bases_of.items() if base not in marked]
+        self.bases_of.clear()
+        return out
 
     async def _yield(self) -> None:
         await asyncio.sleep(0)
@@ -199,15 +203,17 @@ class _Marker:
 
     async def _read_nodes(self, digests: list[bytes]) -> dict[bytes, bytes]:
         """Stored tree nodes, rebuilt from their chains (:mod:`store.pieces.delta`); the
-        bases those chains pass through are noted (``chains``)."""
+        base of each is noted (``bases_of``; every base on the chain in ``chain_bases``)."""
         out: dict[bytes, bytes] = {}
         for i in range(0, len(digests), READ_BATCH):
             rows = await self.page.db.read_in(
                 CHAIN_IN, digests[i : i + READ_BATCH], chunk=READ_BATCH
             )
             for r in rows:
-                if r[3]:  # (depth 0 is the node itself)
-                    self.chains.setdefault(bytes(r[0]), []).append(bytes(r[4]))
+                if r[3] == 1:  # (at depth 0 the node itself, at 1 its base)
+                    self.bases_of[bytes(r[0])] = bytes(r[4])
+                if r[3] and self.chain_bases is not None:
+                    self.chain_bases.add(bytes(r[4]))
             out.update(delta.assemble(rows))
             await self._yield()
         return out
@@ -264,11 +270,13 @@ class _Marker:
 
 async def live_bytes(page: Page) -> int:
     """Bytes of the stored pieces the page's heads and journals reach, with the bases
-    of their chains of deltas: what the page would hold with no history at all."""
-    marker = _Marker(page)
+    their chains of deltas pass through, as stored: what the page needs now (a
+    collection with no history kept stores those chains' nodes whole instead)."""
+    marker = _Marker(page, chains=True)
     await marker.trees([page.graph.head.root])
     await marker.values(await _journal_values(page))
-    digests = sorted(d for d in marker.marked | marker.bases if not dg.is_inline(d))
+    assert marker.chain_bases is not None
+    digests = sorted(d for d in marker.marked | marker.chain_bases if not dg.is_inline(d))
     total = 0
     for i in range(0, len(digests), READ_BATCH):
         rows = await page.db.read_in(
@@ -294,13 +302,28 @@ async def _journal_values(page: Page) -> list[bytes]:
     return [bytes(r[0]) for r in rows]
 
 
-async def _mark_current(page: Page, marker: _Marker, retention: float) -> set[bytes]:
-    """Mark everything retained now; returns the retained commit ids."""
+async def _mark_current(
+    page: Page, marker: _Marker, retention: float, known: set[bytes] | None = None
+) -> set[bytes]:
+    """Mark everything retained now, and the commits stored since ``known`` was read
+    (not pruned by this collection: they stay readable); returns the retained ids."""
     keep = await retained_commits(page, retention)
-    roots = [(await page.graph.load(cid)).root for cid in keep]
+    since = set() if known is None else await _stored_since(page, known)
+    roots = [(await page.graph.load(cid)).root for cid in keep | since]
     await marker.trees([*roots, *page.pinned_roots()])
     await marker.values(await _journal_values(page))
     return keep
+
+
+async def _stored_since(page: Page, known: set[bytes]) -> set[bytes]:
+    """The commits stored since ``known`` was read: history is a line, so those from the
+    head back to the first one known."""
+    out: set[bytes] = set()
+    c = page.graph.head
+    while c.id not in known and c.parents:
+        out.add(c.id)
+        c = await page.graph.load(c.parents[0])
+    return out
 
 
 def _never() -> bool:
@@ -328,7 +351,7 @@ async def collect(page: Page, retention: float, *, stop: Callable[[], bool] = _n
     result.commits_pruned = await _prune(page, known - keep)
     garbage = await _unmarked(page, marker, upto)
     await _flatten(page, marker)
-    await _sweep(page, marker, retention, garbage, result, stop)
+    await _sweep(page, marker, (retention, known), garbage, result, stop)
     while await page.db.run(_vacuum_step, write=True) and not stop():
         await marker._yield()
     await page.db.checkpoint()
@@ -373,13 +396,14 @@ async def _unmarked(page: Page, marker: _Marker, upto: int) -> tuple[list[int], 
 async def _sweep(
     page: Page,
     marker: _Marker,
-    retention: float,
+    kept: tuple[float, set[bytes]],
     unmarked: tuple[list[int], list[bytes]],
     result: GcResult,
     stop: Callable[[], bool],
 ) -> None:
     """Delete the ``unmarked`` pieces still unreached, a batch per transaction under the
-    commit lock, unless a merge or an import is under way or ``stop()`` is true."""
+    commit lock, unless a merge or an import is under way or ``stop()`` is true.
+    ``kept``: the retention, and the commits known when the collection began."""
     garbage, garbage_digests = unmarked
     keeps = marker.keeps
     done = 0
@@ -393,7 +417,7 @@ async def _sweep(
                 break
             # What appeared since the mark began (commits, snapshots, journals): a new
             # commit may reuse a piece found unreachable before; it is kept.
-            await _mark_current(page, marker, retention)
+            await _mark_current(page, marker, *kept)
             await _flatten(page, marker)  # (its nodes' chains: usually none to flatten)
             part = slice(done, done + SWEEP_BATCH)
             ids = [
@@ -425,8 +449,6 @@ async def _flatten(page: Page, marker: _Marker) -> None:
             )
         rows = list(whole.items())
         await page.db.run(lambda conn, rows=rows: collection.flatten(conn, rows), write=True)  # type: ignore[misc]
-        for d in part:
-            del marker.chains[d]
         await marker._yield()
     if stale:
         log.debug("gc of page %s: %d nodes stored whole", named(page.id), len(stale))

@@ -129,7 +129,7 @@ PAGE_SCHEMA = """
 --           which every read checks.
 --   base:   NULL, or the id of the piece data is a delta against: only a tree node
 --           a commit rewrote (store.sqlite.sql.put_deltas). Garbage collection
---           keeps the base of every kept delta.
+--           stores a kept delta whole before it deletes its base (store.page.gc).
 --   depth:  NULL for a whole piece, else 1 + its base's depth (at most
 --           store.pieces.delta.MAX_DEPTH): rows a cold read follows.
 --   Rows are deleted only when transient and garbage (see unsynced).

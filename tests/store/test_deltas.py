@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -237,6 +238,68 @@ async def test_a_kept_history_keeps_its_chains(tmp_path: Path) -> None:
         with _db(tmp_path) as conn:
             after = conn.execute("SELECT id, base, data FROM objects ORDER BY id").fetchall()
             assert after == before and _deltas(conn) > 0
+
+
+def _stored_bytes(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("SELECT coalesce(sum(length(data)), 0) FROM objects").fetchone()[0])
+
+
+async def test_a_partial_history_flattens_only_the_oldest_kept_versions(tmp_path: Path) -> None:
+    """With part of the history kept, a kept node is stored whole only where its own base
+    is a pruned version: the later kept versions stay deltas on it, so the collection
+    leaves the page smaller, not larger, and every kept commit reads back."""
+    now = [time.time_ns() // 1000 + 10**6]
+    model: dict[bytes, bytes] = {}
+    async with await Repository.open(tmp_path, history_retention=3600) as repo:
+        page = await _loaded(repo, model)
+        page.graph.clock_us = lambda: now[0]
+        await _churn(page, model, 20, seed=1)  # two hours old at the collection: pruned
+        now[0] += 2 * 3600 * 10**6
+        kept = await _churn(page, model, 10, seed=2)
+        expected = {c: await _read_all(await page.snapshot(c)) for c in kept}
+        with _db(tmp_path) as conn:
+            before = _stored_bytes(conn)
+        result = await collect(page, repo.history_retention)
+        assert result.commits_pruned >= 20
+        with _db(tmp_path) as conn:
+            assert _stored_bytes(conn) < before
+            assert _deltas(conn) > 0 and _baseless(conn) == 0
+        page.nodes.clear_cache()
+        for c, state in expected.items():
+            assert await _read_all(await page.snapshot(c)) == state
+        assert (await ck.check_page(page)).healthy
+
+
+async def test_a_commit_made_during_the_collection_stays_readable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two commits stored after the collection read which commits there are and before it
+    read which it retains, the second over the first's leaves: the first is neither
+    retained (no history kept, and the second is the head) nor pruned (it is new), and
+    its nodes are deltas against the old head's, which the collection deletes. Its tree
+    is marked before any deletion, so it still reads back whole."""
+    model: dict[bytes, bytes] = {}
+    async with await Repository.open(tmp_path, history_retention=0) as repo:
+        page = await _loaded(repo, model)
+        await _churn(page, model, 3, seed=1)
+        retained = gc.retained_commits
+        made: list[tuple[bytes, dict[bytes, bytes]]] = []
+
+        async def retained_commits(page_: Page, retention: float) -> set[bytes]:
+            if not made:
+                for seed in (2, 3):  # 20 keys of 2,000 twice: some leaves both times
+                    await _churn(page, model, 1, seed=seed)
+                    made.append((page.head.id, dict(model)))
+            return await retained(page_, retention)
+
+        monkeypatch.setattr(gc, "retained_commits", retained_commits)
+        await collect(page, repo.history_retention)
+        assert len(made) == 2 and page.head.id == made[1][0]
+        assert not await gc.is_pruned(page, made[0][0])
+        page.nodes.clear_cache()
+        assert await _read_all(await page.snapshot(made[0][0])) == dict(sorted(made[0][1].items()))
+        assert await _read_all(page) == dict(sorted(model.items()))
+        assert (await ck.check_page(page)).healthy
 
 
 @pytest.mark.parametrize("value", [b"SECRET-", b"SECRET, a piece " * 20], ids=["inline", "piece"])
