@@ -205,7 +205,7 @@ class Checkpoints:
         the last one passed the threshold (or ``force``), the state holds no write of
         this device's not uploaded, and it is not too large."""
         sizes = await ex.piece_sizes(page, st.eager)
-        live = sum(sizes.values()) + 64 * len(st.entries)
+        live = sum(sizes.values()) + pack.entries_size(st.entries)
         since = int(await ex.sync_value(page, SINCE) or b"0")
         base = int(await ex.sync_value(page, BASE) or b"0")
         threshold = max(FLOOR, live * 4 // 3 - base)

@@ -43,6 +43,8 @@ digests are verified, and entries checked, by the store on import.
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +109,19 @@ __all__ = [  # with the header's, the codecs' and the errors' names, as callers 
 ]
 
 
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
+ENTRY_OVERHEAD = 24
+"""Bytes an entry takes in a section beside its key and its value's digest: its dot, its
+priority and msgpack's headers (siblings aside)."""
+
+
+def entries_size(entries: Sequence[Sequence[Any]]) -> int:
+    """About the bytes ``entries`` take in a section: their keys, their values' digests
+    (a value of up to 128 bytes is its digest) and ``ENTRY_OVERHEAD`` each."""
+    keys = sum(map(len, map(_FIRST, entries)))
+    return keys + sum(map(len, map(_SECOND, entries))) + ENTRY_OVERHEAD * len(entries)
+
+
 @dataclass
 class Section:
     """One page's part of a pack, as written: entries, EAGER pieces, LAZY pieces, and
@@ -124,7 +139,7 @@ class Section:
     """EAGER pieces without their digests (the reader computes them): a checkpoint."""
 
     def size(self) -> int:
-        return 64 * len(self.entries) + sum(len(v) for _, v in (*self.eager, *self.lazy))
+        return entries_size(self.entries) + sum(len(v) for _, v in (*self.eager, *self.lazy))
 
 
 def encode(

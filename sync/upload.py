@@ -245,7 +245,8 @@ class Uploader:
         entry that references them (a reader applies a delta whole)."""
         key = (page.ledger, page.id)
         sizes = await ex.piece_sizes(page, [*delta.eager, *delta.lazy])
-        total = sum(sizes.values()) + 64 * len(delta.entries)
+        entries = pack.entries_size(delta.entries)
+        total = sum(sizes.values()) + entries
         if rnd.size + total > self.max_pack and rnd.sections:
             await self._flush(rnd)
         batch: list[tuple[bool, bytes]] = []
@@ -272,8 +273,8 @@ class Uploader:
         sec = rnd.section(key)
         sec.entries = [list(e) for e in delta.entries]
         sec.since, sec.upto, sec.ctx = delta.since, delta.upto, delta.ctx
-        rnd.size += 64 * len(delta.entries)
-        return sum(sizes.get(d, 0) for d in delta.eager) + 64 * len(delta.entries)
+        rnd.size += entries
+        return sum(sizes.get(d, 0) for d in delta.eager) + entries
 
     async def _flush(self, rnd: _Round) -> None:
         """PUT the round's pack, if it holds anything; its pages' commits are then up."""

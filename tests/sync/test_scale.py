@@ -96,6 +96,34 @@ async def test_a_page_larger_than_a_pack_sends_its_entries_last(
         assert len(await _keys(b.repo, "l", "big")) == 6
 
 
+def test_a_section_s_size_counts_the_values_its_entries_carry() -> None:
+    """A value of up to 128 bytes is its digest, in its entry: a page of such values is
+    sized by them, not by a flat guess per entry (which sized a page of 128-byte
+    values at a third of its bytes)."""
+    dot = bytes(16)
+    small = [(b"k%05d" % i, dg.value_chunk_digest(b"v" * 128), 0, dot) for i in range(1000)]
+    hashed = [(b"k%05d" % i, dg.value_chunk_digest(b"v" * 200), 0, dot) for i in range(1000)]
+    assert pack.entries_size(small) == 1000 * (6 + 129 + pack.ENTRY_OVERHEAD)
+    assert pack.entries_size(hashed) == 1000 * (6 + 33 + pack.ENTRY_OVERHEAD)
+    section = pack.Section(b"l", b"p", [list(e) for e in small], [])
+    encoded = len(msgpack.packb(section.entries, use_bin_type=True))
+    assert 0.95 * encoded <= section.size() <= 1.25 * encoded
+
+
+async def test_pages_of_small_values_go_up_in_packs_of_at_most_max_pack(
+    tmp_path: Path, bucket: FolderStore
+) -> None:
+    """Two pages whose entries carry 100-byte values, each about 0.6 of ``max_pack``: two
+    packs, not one of 1.2 times it."""
+    max_pack = 200_000
+    async with device(tmp_path / "a", bucket, max_pack=max_pack) as a:
+        for name in ("p1", "p2"):
+            page = await a.repo.ledger("l").page(name)
+            await page.write([(b"k%05d" % i, os.urandom(100)) for i in range(800)])
+        stats = await a.engine.round()
+        assert stats.uploaded_packs == 2, stats
+
+
 async def test_a_device_fetches_only_the_sections_of_the_pages_it_holds(
     tmp_path: Path, bucket: FolderStore
 ) -> None:
