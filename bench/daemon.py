@@ -24,11 +24,13 @@ random batches is split between its event loop's thread and the others.
 
 Batches also run against a third bare server, ``pieces_server``: the floor issue 42
 defines, which does a batch's work without ledgerd. It decodes the JSON and the
-base64, hashes each value (SHA-256) and stores, in one transaction of bare SQLite with
-the page's schema, the values' pieces and the tree nodes the daemon's commit of the
-same batch stores (the nodes of each batch are made beforehand by an embedded page
-given the same batches, and handed to the server when it starts: their count and
-sizes are the daemon's; building them is ours, not the floor's). Its ratio is the
+base64, hashes each value stored as a piece of its own (SHA-256: one of over
+``INLINE_LIMIT`` bytes; a smaller one is carried in the tree's leaves) and stores, in
+one transaction of bare SQLite with the page's schema, those pieces and the tree nodes
+the daemon's commit of the same batch stores (the nodes of each batch are made
+beforehand by an embedded page given the same batches, and handed to the server when it
+starts: their count and sizes are the daemon's; building them is ours, not the
+floor's). Its ratio is the
 target's figure (>= 0.5); the SQLite server's, which stores keys and values in a
 plain table with no hashing and no tree, stays beside it as the stricter anchor.
 """
@@ -80,9 +82,10 @@ def _serve_echo(sock: str) -> None:
 
 
 def _serve_pieces(sock: str, directory: Path, nodes_file: Path) -> None:
-    """Issue 42's batch floor: decode, hash, and store the values' pieces and the tree
-    nodes of the daemon's commit of the same batch (``nodes_file``: a list per batch,
-    in order) in bare SQLite with the page's schema, a transaction per batch."""
+    """Issue 42's batch floor: decode, hash, and store the values' pieces (of the values
+    stored as pieces, over ``INLINE_LIMIT`` bytes) and the tree nodes of the daemon's
+    commit of the same batch (``nodes_file``: a list per batch, in order; they carry the
+    smaller values) in bare SQLite with the page's schema, a transaction per batch."""
     import hashlib
     import pickle
 
@@ -92,7 +95,7 @@ def _serve_pieces(sock: str, directory: Path, nodes_file: Path) -> None:
 
     nodes: list[list[tuple[bytes, bytes]]] = pickle.loads(nodes_file.read_bytes())
     pages: dict[str, tuple[sqlite3.Connection, list[int]]] = {}
-    sha256, kind = hashlib.sha256, bytes([dg.Kind.VALUE])
+    sha256, kind, limit = hashlib.sha256, bytes([dg.Kind.VALUE]), dg.INLINE_LIMIT
 
     async def batch(request: web.Request) -> web.Response:
         name = f"{request.match_info['ledger']}-{request.match_info['page']}"
@@ -103,7 +106,7 @@ def _serve_pieces(sock: str, directory: Path, nodes_file: Path) -> None:
         db, count = pages[name]
         ops = json.loads(await request.read())["ops"]
         entries = [(base64.b64decode(op["key"]), base64.b64decode(op["value"])) for op in ops]
-        values = [(kind + sha256(v).digest(), v) for _, v in entries]
+        values = [(kind + sha256(v).digest(), v) for _, v in entries if len(v) > limit]
         db.execute("BEGIN IMMEDIATE")
         put_pieces(db, nodes[count[0] % len(nodes)], SYNCED)
         put_pieces(db, values, LOCAL)
