@@ -173,9 +173,6 @@ class _Marker:
         self.chain_bases: set[bytes] | None = set() if chains else None
         self.roots: set[bytes] = set()
 
-    def keeps(self, digest: bytes) -> bool:
-        return digest in self.marked
-
     def stale(self) -> list[bytes]:
         """The marked nodes stored as deltas against a base nothing marked: each must be
         stored whole before that base is deleted (:func:`_flatten`). A base that is
@@ -351,7 +348,7 @@ async def collect(page: Page, retention: float, *, stop: Callable[[], bool] = _n
     result.commits_pruned = await _prune(page, known - keep)
     garbage = await _unmarked(page, marker, upto)
     await _flatten(page, marker)
-    await _sweep(page, marker, (retention, known), garbage, result, stop)
+    await _sweep(page, marker, retention, known, garbage, result, stop)
     while await page.db.run(_vacuum_step, write=True) and not stop():
         await marker._yield()
     await page.db.checkpoint()
@@ -377,7 +374,7 @@ async def _unmarked(page: Page, marker: _Marker, upto: int) -> tuple[list[int], 
     garbage: list[int] = []
     garbage_digests: list[bytes] = []
     after = 0
-    keeps = marker.keeps
+    marked = marker.marked
     while True:
         ids, digests = await page.db.run(
             lambda conn, a=after: collection.candidates(conn, a, upto)  # type: ignore[misc]
@@ -386,7 +383,7 @@ async def _unmarked(page: Page, marker: _Marker, upto: int) -> tuple[list[int], 
             break
         after = ids[-1]
         for i, d in zip(ids, digests, strict=True):
-            if not keeps(d):
+            if d not in marked:
                 garbage.append(i)
                 garbage_digests.append(d)
         await marker._yield()
@@ -396,16 +393,17 @@ async def _unmarked(page: Page, marker: _Marker, upto: int) -> tuple[list[int], 
 async def _sweep(
     page: Page,
     marker: _Marker,
-    kept: tuple[float, set[bytes]],
+    retention: float,
+    known: set[bytes],
     unmarked: tuple[list[int], list[bytes]],
     result: GcResult,
     stop: Callable[[], bool],
 ) -> None:
     """Delete the ``unmarked`` pieces still unreached, a batch per transaction under the
     commit lock, unless a merge or an import is under way or ``stop()`` is true.
-    ``kept``: the retention, and the commits known when the collection began."""
+    ``known``: the commits there were when the collection began."""
     garbage, garbage_digests = unmarked
-    keeps = marker.keeps
+    marked = marker.marked
     done = 0
     while done < len(garbage):
         if stop():
@@ -417,11 +415,13 @@ async def _sweep(
                 break
             # What appeared since the mark began (commits, snapshots, journals): a new
             # commit may reuse a piece found unreachable before; it is kept.
-            await _mark_current(page, marker, *kept)
+            await _mark_current(page, marker, retention, known)
             await _flatten(page, marker)  # (its nodes' chains: usually none to flatten)
             part = slice(done, done + SWEEP_BATCH)
             ids = [
-                i for i, d in zip(garbage[part], garbage_digests[part], strict=True) if not keeps(d)
+                i
+                for i, d in zip(garbage[part], garbage_digests[part], strict=True)
+                if d not in marked
             ]
             n, nbytes = await page.db.run(
                 lambda conn, ids=ids: _delete(conn, ids),  # type: ignore[misc]
@@ -434,7 +434,7 @@ async def _sweep(
 
 
 async def _flatten(page: Page, marker: _Marker) -> None:
-    """Store whole the marked nodes whose chains pass through a base nothing marked
+    """Store whole the marked nodes stored as deltas against a base nothing marked
     (:meth:`_Marker.stale`), before any such base is deleted. Each is rebuilt and
     verified first: a damaged chain stops the collection (``ledgerctl check`` repairs
     it) rather than be stored whole as it reads."""

@@ -54,13 +54,12 @@ _LENGTH = (1 << _LENGTH_BITS) - 1
 _packer = msgpack.Packer(use_bin_type=True)
 
 _ONE_CHAIN = chain_of(digest_is("digest", "?1"))
-_TREE_CHUNK = dg.chunk_digest(dg.Kind.TREE, bytes(dg.TREE_INLINE_LIMIT + 1))[:1]  # hashed
 
 
 def may_be_delta(digest: bytes) -> bool:
     """Whether the piece ``digest`` names may be stored as a delta: a tree node of one
     hashed piece. Other pieces are read as stored, with no chain query."""
-    return digest[:1] == _TREE_CHUNK
+    return digest[:1] == dg.TREE_CHUNK
 
 
 _ONE_PIECE = f"SELECT data FROM objects WHERE {digest_is('digest', '?1')}"

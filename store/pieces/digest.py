@@ -97,6 +97,8 @@ VALUE_CHUNK = bytes((_type_byte(Kind.VALUE, index=False, inline=False),))
 """The type byte of a value of one hashed piece."""
 VALUE_INLINE = bytes((_type_byte(Kind.VALUE, index=False, inline=True),))
 """The type byte of a value carried in its digest."""
+TREE_CHUNK = bytes((_type_byte(Kind.TREE, index=False, inline=False),))
+"""The type byte of a tree node of one hashed piece."""
 _sha256 = hashlib.sha256
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterable
 
+from ledgerd.store.sqlite import sql
 from ledgerd.store.sqlite.db import Database
 from ledgerd.store.sqlite.schema import PIECES_WAITING, UPLOADED_AT_ROW, digest_is
 
@@ -120,13 +121,7 @@ def flatten(conn: sqlite3.Connection, pieces: Iterable[tuple[bytes, bytes]]) -> 
     bytes are overwritten (``secure_delete``), as deleted pieces' are."""
     conn.execute("PRAGMA secure_delete = ON")
     try:
-        return int(
-            conn.executemany(
-                "UPDATE objects SET data = ?2, base = NULL, depth = NULL "
-                f"WHERE {digest_is('digest', '?1')} AND base IS NOT NULL",
-                pieces,
-            ).rowcount
-        )
+        return int(conn.executemany(f"{sql.STORE_WHOLE} AND base IS NOT NULL", pieces).rowcount)
     finally:
         conn.execute("PRAGMA secure_delete = OFF")
 

@@ -206,11 +206,7 @@ def read_history(conn: sqlite3.Connection) -> tuple[list[Any], list[Any], list[A
 def restore_pieces(conn: sqlite3.Connection, good: dict[bytes, bytes]) -> None:
     """Store verified pieces from the cloud: a stored row gets the right bytes, a missing
     piece is inserted; both are ``synced``."""
-    conn.executemany(
-        f"UPDATE objects SET data = ?1, base = NULL, depth = NULL "
-        f"WHERE {digest_is('digest', '?2')}",
-        [(v, d) for d, v in good.items()],
-    )
+    conn.executemany(sql.STORE_WHOLE, good.items())
     sql.put_pieces(conn, list(good.items()), SYNCED)
     sql.mark_synced(conn, good)
 

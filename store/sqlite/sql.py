@@ -138,6 +138,11 @@ def put_deltas(
             conn.execute(_insert_rows_sql(1), (digest, data))
 
 
+STORE_WHOLE = (
+    f"UPDATE objects SET data = ?2, base = NULL, depth = NULL WHERE {digest_is('digest', '?1')}"
+)
+"""Store a piece ``(?1 digest, ?2 data)`` whole in its row, a delta or not."""
+
 _BY_DIGEST = f"id IN (SELECT id FROM objects WHERE {digest_is('digest', '?1')})"
 
 

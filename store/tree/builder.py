@@ -111,8 +111,8 @@ class Builder:
         self.replaced: list[bytes] = []
         """Nodes this batch rewrote (see :meth:`pieces_reachable`)."""
         self.deltas: dict[bytes, tuple[bytes, bytes]] = {}
-        """Leaves spliced from a stored one: digest -> (the base's digest, the delta),
-        in the order made (a base comes before the leaves made from it)."""
+        """Nodes rewritten from a stored one: digest -> (the base's digest, the delta), in
+        the order made (a base comes before the nodes made from it)."""
         self._taken = 0  # entries taken in since the event loop last had a turn
 
     async def _turn(self, entries: int = 0) -> None:
